@@ -1,0 +1,3 @@
+from comfysup.cli import main
+
+raise SystemExit(main())

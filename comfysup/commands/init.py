@@ -1,0 +1,145 @@
+"""``comfysup init``: write a commented config.toml for this machine.
+
+Values are written with tomli-w, one key at a time, so each can carry its comment; the comments are the
+reference for every key (the example config.toml at the top of the repository is made by this).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+
+from comfysup.config import SECTIONS, Config, build_config
+from comfysup.errors import UsageError
+from comfysup.supervisor.gpus import discover
+
+DOCS: dict[str, dict[str, str]] = {
+    "queue": {
+        "": "The durable job queue.",
+        "path": "SQLite file of the queue (relative paths are relative to this file). Keep it on a local disk.",
+        "url": "postgresql://user@host/db to share one queue between machines; empty: use path.",
+        "busy_timeout_seconds": "How long a write waits for another process's lock before it fails.",
+        "checkpoint_seconds": "How often the write-ahead log is checkpointed, so it stays small.",
+    },
+    "store": {
+        "": "The result store: <dir>/<job id>/<files>.",
+        "dir": "Where finished jobs' files are kept.",
+        "max_file_mb": "Largest output file accepted from ComfyUI, in MiB.",
+    },
+    "comfyui": {
+        "": "The ComfyUI servers that comfysup launches, one per GPU.",
+        "main": "ComfyUI's main.py (fake_comfy/main.py runs the bundled fake, for trying comfysup out).",
+        "python": "The Python that runs ComfyUI (its virtual environment); empty: the one running comfysup.",
+        "listen": "Address the servers listen on. ComfyUI has no authentication: keep it on loopback.",
+        "private_network": "Allow a non-loopback listen address (only on a network where every host is "
+                           "trusted).",
+        "base_port": "Port of the first server; slot i listens on base_port + i.",
+        "base_directory": "Each server gets <base_directory>/<slot> as its --base-directory.",
+        "extra_args": "More arguments for every ComfyUI server, e.g. [\"--highvram\"].",
+        "gpus": "\"auto\" (every GPU NVML finds, honouring CUDA_VISIBLE_DEVICES), a list of CUDA indices "
+                "like [0, 2], or \"cpu:N\" for N servers with --cpu.",
+        "startup_seconds": "How long a server may take to answer /system_stats after it starts.",
+        "extra_model_paths_config": "A shared extra_model_paths.yaml given to every server; empty: none.",
+    },
+    "runner": {
+        "": "How each job is run: attempts, backoff, timeouts, leases.",
+        "attempts": "Attempts per job before it is dead-lettered (transient failures only are retried).",
+        "base_delay_seconds": "Backoff before retry n is random(0, min(max, base * 2^(n-1))) (full jitter).",
+        "max_delay_seconds": "Upper bound of the backoff.",
+        "jitter": "false: wait the whole backoff instead of a random part of it (for tests).",
+        "timeout_seconds": "A job still running after this is interrupted and counted as a failed attempt.",
+        "poll_seconds": "How often /history is read while a job runs (the WebSocket is not trusted alone).",
+        "lease_seconds": "A claim not renewed for this long is handed to another runner.",
+        "heartbeat_seconds": "How often a running job's lease is renewed; shorter than lease_seconds.",
+        "max_queue": "A runner claims only while its server holds fewer prompts of other clients than this.",
+        "grace_seconds": "On SIGTERM, how long running jobs may finish before they are interrupted.",
+        "http_timeout_seconds": "Timeout of every HTTP call to ComfyUI.",
+    },
+    "supervisor": {
+        "": "comfysup run: keeping servers and runners alive.",
+        "runner_timeout_seconds": "A runner silent this long is killed and its job released; shorter than "
+                                  "[runner] lease_seconds.",
+        "recycle_after_jobs": "Restart a server after this many jobs (0: never).",
+        "recycle_rss_mb": "Restart a server whose process tree uses more memory than this, in MiB (0: never).",
+        "max_quick_failures": "A server that fails this many times in a row, each soon after starting, is "
+                              "marked failed.",
+        "quick_failure_seconds": "A server exit within this many seconds of its start counts as a quick "
+                                 "failure.",
+        "restart_max_delay_seconds": "Upper bound of the growing delay between server restarts.",
+        "log_max_mb": "Size of each server's log file before it is rotated, in MiB.",
+        "status_listen": "Address of the status and metrics endpoint (loopback unless private_network).",
+    },
+}
+
+
+def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser("init", parents=[common], help="write a commented config.toml for this machine",
+                       description="Write a commented config.toml. GPUs come from NVML; on a machine "
+                                   "without an NVIDIA driver the config uses gpus = \"cpu:1\" and says so.")
+    p.add_argument("-o", "--output", default="config.toml", help="where to write (default: ./config.toml; "
+                   "- for standard output)")
+    p.add_argument("--force", action="store_true", help="overwrite an existing file")
+    p.add_argument("--comfyui", metavar="MAIN_PY", help="path of ComfyUI's main.py")
+    p.add_argument("--cpu", type=int, metavar="N", help="N servers on the CPU, whatever NVML finds")
+    p.set_defaults(func=run)
+
+
+def render(config: Config, header: str = "") -> str:
+    """config.toml text: every key of every section, each under its comment."""
+    out = [f"# {line}".rstrip() for line in header.splitlines()] + ([""] if header else [])
+    for section in SECTIONS:
+        out.append(f"# {DOCS[section]['']}")
+        out.append(f"[{section}]")
+        values = dataclasses.asdict(getattr(config, section))
+        for key, value in values.items():
+            out.append(f"# {DOCS[section][key]}")
+            out.append(tomli_w.dumps({key: _plain(value)}).strip())
+        out.append("")
+    out += ["# Servers that run elsewhere and are used as they are (not launched), e.g.:",
+            "# [[servers]]", '# name = "remote0"', '# url = "http://127.0.0.1:8288"']
+    for server in config.servers:
+        out += ["[[servers]]", tomli_w.dumps({"name": server.name, "url": server.url}).strip()]
+    return "\n".join(out) + "\n"
+
+
+def _plain(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
+
+
+def run(args: argparse.Namespace) -> int:
+    comfyui: dict[str, Any] = {}
+    if args.comfyui:
+        comfyui["main"] = args.comfyui
+    if args.cpu is not None:
+        if args.cpu < 1:
+            raise UsageError("--cpu N needs N of 1 or more")
+        comfyui["gpus"] = f"cpu:{args.cpu}"
+        note = f"{args.cpu} CPU server(s), as --cpu asked"
+    else:
+        found = discover()
+        if found.gpus:
+            comfyui["gpus"] = [g.index for g in found.gpus]
+            names = ", ".join(f"{g.index}: {g.name} ({g.memory_total_mb} MiB)" for g in found.gpus)
+            note = f"{found.note}: {names}"
+        else:
+            comfyui["gpus"] = "cpu:1"
+            note = f"{found.note}; using one CPU server (gpus = \"cpu:1\")"
+    config = build_config({"comfyui": comfyui}, env={})
+    text = render(config, header=f"comfysup configuration, written by comfysup init.\nGPUs: {note}")
+    if args.output == "-":
+        sys.stdout.write(text)
+        return 0
+    path = Path(args.output)
+    if path.exists() and not args.force:
+        raise UsageError(f"{path} exists; use --force to overwrite it, or -o to write elsewhere")
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+    print(f"wrote {path} ({note})")
+    return 0

@@ -1,0 +1,52 @@
+"""``comfysup retry`` and ``comfysup cancel``: a person's hand on the queue."""
+
+from __future__ import annotations
+
+import argparse
+
+from comfysup.commands._common import config_from, queue_from
+from comfysup.errors import UsageError
+
+
+def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser("retry", parents=[common], help="put dead jobs back in the queue",
+                       description="Put dead jobs back in the queue with their attempts reset; their "
+                                   "earlier attempts stay in their history.")
+    p.add_argument("ids", nargs="*", metavar="ID", help="job ids")
+    p.add_argument("--all-dead", action="store_true", help="every dead job")
+    p.set_defaults(func=retry)
+    p = sub.add_parser("cancel", parents=[common], help="cancel queued or running jobs",
+                       description="A queued job becomes cancelled at once; a running one is marked, and "
+                                   "its runner interrupts it on the server and records it as cancelled.")
+    p.add_argument("ids", nargs="+", metavar="ID", help="job ids")
+    p.set_defaults(func=cancel)
+
+
+def _report(results: dict[str, str], good: set[str]) -> int:
+    for job_id, what in results.items():
+        print(f"{job_id}: {what}")
+    bad = [i for i, what in results.items() if what not in good]
+    return 1 if bad else 0
+
+
+def retry(args: argparse.Namespace) -> int:
+    if bool(args.ids) == bool(args.all_dead):
+        raise UsageError("give job ids, or --all-dead (not both)")
+    queue = queue_from(config_from(args))
+    try:
+        results = queue.requeue_dead(None if args.all_dead else args.ids)
+    finally:
+        queue.close()
+    if args.all_dead:
+        print(f"requeued {len(results)} dead job(s)")
+        return 0
+    return _report(results, {"requeued"})
+
+
+def cancel(args: argparse.Namespace) -> int:
+    queue = queue_from(config_from(args))
+    try:
+        results = queue.cancel(args.ids)
+    finally:
+        queue.close()
+    return _report(results, {"cancelled", "cancelling"})

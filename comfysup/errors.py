@@ -1,0 +1,48 @@
+"""One exception base for everything a person should read instead of a traceback.
+
+Like procrastinate's errors, the message defaults to the class docstring, so a raise site only adds
+what it knows (the file, the key, the id) and the CLI prints ``str(exc)`` and exits with ``exit_code``.
+"""
+
+from __future__ import annotations
+
+
+class ComfysupError(Exception):
+    """comfysup failed."""
+
+    exit_code = 1
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message or (self.__doc__ or "").strip())
+
+
+class ConfigError(ComfysupError):
+    """The configuration is invalid."""
+
+    exit_code = 2
+
+
+class UsageError(ComfysupError):
+    """The command line is invalid."""
+
+    exit_code = 2
+
+
+class QueueError(ComfysupError):
+    """The queue cannot be used."""
+
+
+class DatabaseMissing(QueueError):
+    """The queue database does not exist yet: submit jobs first, or check [queue] path."""
+
+
+class DatabaseLocked(QueueError):
+    """The queue database stayed locked beyond the busy timeout: another process holds a write lock."""
+
+
+class LeaseLost(QueueError):
+    """This runner's claim on the job is gone (expired and taken, released, or cancelled); stop without writing."""
+
+
+class NotFound(QueueError):
+    """No job has this id."""

@@ -1,0 +1,356 @@
+"""jobs.jsonl: read, validate and resolve jobs before anything reaches the queue.
+
+A line is ``{"id", "workflow", "set", "priority", "extra_data", "meta"}`` (DESIGN.md "Jobs"). The
+whole file is checked first and every problem is reported as ``file:line: reason``; only a clean file
+is inserted, in one transaction. The graph checks are the ones ComfyUI would make at POST /prompt
+(links to existing nodes, no cycles, an output node), so a bad job is refused at submit rather than
+dead-lettered an hour later.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from comfysup.queue.base import NewJob
+
+MAX_LINE_BYTES = 16 * 1024 * 1024
+MAX_WORKFLOW_BYTES = 16 * 1024 * 1024
+MAX_LINES = 1_000_000
+MAX_PROBLEMS_SHOWN = 50
+LINE_KEYS = frozenset({"id", "workflow", "set", "priority", "extra_data", "meta"})
+
+# ComfyUI's built-in nodes with OUTPUT_NODE = True: a prompt without one of these (or a custom output
+# node) is refused with prompt_no_outputs.
+BUILTIN_OUTPUT_NODES = frozenset({
+    "SaveImage", "PreviewImage", "SaveAnimatedWEBP", "SaveAnimatedPNG", "SaveLatent", "SaveAudio",
+    "SaveAudioMP3", "SaveAudioOpus", "PreviewAudio", "SaveVideo", "SaveWEBM", "SaveGLB", "Preview3D",
+    "Preview3DAnimation", "PreviewAny", "CheckpointSave", "CLIPSave", "VAESave", "ModelSave", "LoraSave",
+    "SaveSVGNode", "ImageAddNoise_Save", "SaveImageWebsocket", "ETN_SendImageWebSocket",
+})
+# Built-in classes that are known not to be output nodes, so "no output node" can be an error rather than
+# a warning when a workflow uses only these.
+BUILTIN_OTHER_NODES = frozenset({
+    "EmptyImage", "ImageInvert", "ImageBlur", "ImageToMask", "MaskToImage", "LoadImage", "ImageScale",
+    "ImageScaleBy", "ImageSharpen", "ImageBatch", "ImagePadForOutpaint", "ImageCrop", "SolidMask",
+    "CheckpointLoaderSimple", "CheckpointLoader", "UNETLoader", "CLIPLoader", "DualCLIPLoader",
+    "VAELoader", "LoraLoader", "LoraLoaderModelOnly", "ControlNetLoader", "CLIPTextEncode", "KSampler",
+    "KSamplerAdvanced", "EmptyLatentImage", "VAEDecode", "VAEEncode", "LatentUpscale", "ConditioningCombine",
+    "ControlNetApply", "ControlNetApplyAdvanced", "CLIPSetLastLayer", "UpscaleModelLoader",
+    "ImageUpscaleWithModel", "PrimitiveNode",
+})
+
+
+class JobLineError(ValueError):
+    """One line of a jobs file is invalid; the message is the reason a person reads."""
+
+
+@dataclass
+class Problem:
+    line: int
+    message: str
+    warning: bool = False
+
+
+@dataclass
+class Validation:
+    """What the first pass over a file found."""
+
+    count: int = 0
+    problems: list[Problem] = field(default_factory=list)
+    warnings: list[Problem] = field(default_factory=list)
+    lines_by_id: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def canonical_id(value: Any) -> str:
+    """The id must be a lowercase hyphenated UUID exactly: it becomes ComfyUI's prompt id."""
+    if not isinstance(value, str):
+        raise JobLineError(f"id {value!r} is not a string; expected a lowercase hyphenated UUID like "
+                           f"{uuid.UUID(int=0)}")
+    try:
+        parsed = str(uuid.UUID(value))
+    except ValueError as exc:
+        raise JobLineError(f"id {value!r} is not a UUID; expected a lowercase hyphenated UUID "
+                           "(python -c 'import uuid; print(uuid.uuid4())')") from exc
+    if parsed != value:
+        raise JobLineError(f"id {value!r} is not in canonical form; write it as {parsed!r} (lowercase, "
+                           "hyphenated): ComfyUI uses it as the prompt id")
+    return value
+
+
+def _reject_constant(name: str) -> Any:
+    raise JobLineError(f"{name} is not valid JSON; use null or a number")
+
+
+def loads_strict(text: str | bytes) -> Any:
+    """JSON without NaN or Infinity, which ComfyUI's own JSON handling would not round-trip."""
+    return json.loads(text, parse_constant=_reject_constant)
+
+
+class ObjectInfo:
+    """What is known of node classes: ComfyUI's /object_info when a cached copy exists, else built-ins."""
+
+    def __init__(self, data: dict[str, Any] | None = None) -> None:
+        self.data = data or {}
+
+    @classmethod
+    def load(cls, path: Path | None) -> ObjectInfo:
+        if path is not None and path.is_file():
+            try:
+                return cls(json.loads(path.read_text()))
+            except (OSError, ValueError):
+                return cls()
+        return cls()
+
+    def is_output(self, class_type: str) -> bool | None:
+        """True/False when known, None when this class is unknown here."""
+        if class_type in self.data:
+            return bool(self.data[class_type].get("output_node"))
+        if class_type in BUILTIN_OUTPUT_NODES:
+            return True
+        if class_type in BUILTIN_OTHER_NODES:
+            return False
+        return None
+
+    def inputs(self, class_type: str) -> set[str] | None:
+        info = self.data.get(class_type)
+        if not info:
+            return None
+        spec = info.get("input", {})
+        return set(spec.get("required", {})) | set(spec.get("optional", {}))
+
+
+class WorkflowCache:
+    """Workflow files parsed and checked once per file, however many lines name them."""
+
+    def __init__(self, object_info: ObjectInfo) -> None:
+        self.object_info = object_info
+        self._files: dict[Path, tuple[str, str]] = {}
+
+    def text(self, path: Path) -> tuple[str, str]:
+        """(canonical JSON text, name) of an API-format workflow file."""
+        key = path.resolve()
+        if key not in self._files:
+            if not path.is_file():
+                raise JobLineError(f"workflow file {str(path)!r} does not exist")
+            if path.stat().st_size > MAX_WORKFLOW_BYTES:
+                raise JobLineError(f"workflow file {str(path)!r} is larger than "
+                                   f"{MAX_WORKFLOW_BYTES // 2**20} MiB")
+            try:
+                workflow = loads_strict(path.read_bytes())
+            except JobLineError as exc:
+                raise JobLineError(f"workflow file {str(path)!r}: {exc}") from exc
+            except ValueError as exc:
+                raise JobLineError(f"workflow file {str(path)!r} is not valid JSON: {exc}") from exc
+            check_api_format(workflow, f"workflow file {str(path)!r}")
+            self._files[key] = (json.dumps(workflow, sort_keys=True, separators=(",", ":")), path.stem)
+        return self._files[key]
+
+
+def check_api_format(workflow: Any, where: str) -> None:
+    if not isinstance(workflow, dict):
+        raise JobLineError(f"{where} is not an API-format workflow (expected an object of nodes)")
+    if "nodes" in workflow and "links" in workflow:
+        raise JobLineError(f"{where} is in ComfyUI's UI format (it has 'nodes' and 'links'); export it in "
+                           "API format: in ComfyUI, Workflow > Export (API), or with the dev mode setting "
+                           "on, 'Save (API Format)'")
+    if not workflow:
+        raise JobLineError(f"{where} has no nodes")
+    for node_id, node in workflow.items():
+        if not isinstance(node, dict) or not isinstance(node.get("class_type"), str) \
+                or not isinstance(node.get("inputs", {}), dict):
+            raise JobLineError(f"{where}: node {node_id!r} is not an API-format node "
+                               "(expected {\"class_type\": ..., \"inputs\": {...}})")
+
+
+def _is_link(value: Any) -> bool:
+    return (isinstance(value, list) and len(value) == 2 and isinstance(value[0], str)
+            and isinstance(value[1], int) and not isinstance(value[1], bool))
+
+
+def check_graph(workflow: dict[str, Any], object_info: ObjectInfo) -> list[str]:
+    """Raise on a broken graph (dangling link, cycle, no output node); return warnings."""
+    edges: dict[str, list[str]] = {}
+    for node_id, node in workflow.items():
+        edges[node_id] = []
+        for name, value in node.get("inputs", {}).items():
+            if _is_link(value):
+                if value[0] not in workflow:
+                    raise JobLineError(f"node {node_id} ({node['class_type']}) input {name!r} links to node "
+                                       f"{value[0]!r}, which is not in the workflow")
+                edges[node_id].append(value[0])
+    cycle = _find_cycle(edges)
+    if cycle:
+        named = " -> ".join(f"{n} ({workflow[n]['class_type']})" for n in cycle)
+        raise JobLineError(f"the workflow has a cycle: {named}")
+    kinds = {node_id: object_info.is_output(node["class_type"]) for node_id, node in workflow.items()}
+    if any(kinds.values()):
+        return []
+    unknown = sorted({workflow[n]["class_type"] for n, k in kinds.items() if k is None})
+    if not unknown:
+        raise JobLineError("the workflow has no output node (such as SaveImage or PreviewImage); "
+                           "ComfyUI would refuse it with prompt_no_outputs")
+    return [f"no known output node; {', '.join(unknown)} unknown here (run a server once so comfysup caches "
+            "its /object_info); ComfyUI refuses the job if none of them is an output node"]
+
+
+def _find_cycle(edges: dict[str, list[str]]) -> list[str] | None:
+    """An iterative depth-first search: a workflow can be deep enough to overflow recursion."""
+    state: dict[str, int] = {}
+    for start in edges:
+        if state.get(start):
+            continue
+        stack = [(start, iter(edges[start]))]
+        path = [start]
+        state[start] = 1
+        while stack:
+            node, children = stack[-1]
+            for child in children:
+                if state.get(child) == 1:
+                    return [*path[path.index(child):], child]
+                if not state.get(child):
+                    state[child] = 1
+                    stack.append((child, iter(edges.get(child, []))))
+                    path.append(child)
+                    break
+            else:
+                state[node] = 2
+                stack.pop()
+                path.pop()
+    return None
+
+
+def apply_set(workflow: dict[str, Any], overrides: Any, object_info: ObjectInfo) -> dict[str, Any]:
+    """Set ``"<node>.<input>": value`` overrides in place; the node and the input must exist."""
+    if not isinstance(overrides, dict):
+        raise JobLineError(f"set must be an object of \"<node>.<input>\": value, not {type(overrides).__name__}")
+    for key, value in overrides.items():
+        node_id, dot, name = key.rpartition(".")
+        if not dot or not node_id or not name:
+            raise JobLineError(f"set key {key!r} is not \"<node>.<input>\" (for example \"3.seed\")")
+        node = workflow.get(node_id)
+        if node is None:
+            raise JobLineError(f"set key {key!r} names node {node_id!r}, which is not in the workflow "
+                               f"(nodes: {', '.join(sorted(workflow)[:20])})")
+        inputs = node.setdefault("inputs", {})
+        allowed = object_info.inputs(node["class_type"])
+        if name not in inputs and (allowed is None or name not in allowed):
+            raise JobLineError(f"set key {key!r}: node {node_id} ({node['class_type']}) has no input {name!r} "
+                               f"(inputs: {', '.join(sorted(inputs)) or 'none'})")
+        inputs[name] = value
+    return workflow
+
+
+class JobsFile:
+    """A jobs file read twice: once to validate everything, once to yield jobs for one transaction."""
+
+    def __init__(self, path: Path, *, label: str | None = None, base_dir: Path | None = None,
+                 object_info: ObjectInfo | None = None) -> None:
+        self.path = path
+        self.label = label or str(path)
+        self.base_dir = base_dir if base_dir is not None else path.resolve().parent
+        self.object_info = object_info or ObjectInfo()
+        self.cache = WorkflowCache(self.object_info)
+
+    def _lines(self) -> Iterator[tuple[int, bytes]]:
+        with open(self.path, "rb") as f:
+            yield from enumerate(f, start=1)
+
+    def validate(self) -> Validation:
+        result = Validation()
+        for number, raw in self._lines():
+            if not raw.strip():
+                continue
+            if number > MAX_LINES:
+                result.problems.append(Problem(number, f"the file has more than {MAX_LINES:,} lines; split it"))
+                break
+            try:
+                job, warnings = self.parse(raw, check=True)
+            except JobLineError as exc:
+                result.problems.append(Problem(number, str(exc)))
+                continue
+            result.count += 1
+            result.warnings += [Problem(number, w, warning=True) for w in warnings]
+            first = result.lines_by_id.get(job.id)
+            if first is not None:
+                result.problems.append(Problem(number, f"id {job.id} appears twice (first on line {first})"))
+            else:
+                result.lines_by_id[job.id] = number
+        return result
+
+    def jobs(self) -> Iterator[NewJob]:
+        """The jobs of a file that ``validate`` found clean; the graph checks are not repeated."""
+        for _number, raw in self._lines():
+            if raw.strip():
+                yield self.parse(raw, check=False)[0]
+
+    def parse(self, raw: bytes, *, check: bool) -> tuple[NewJob, list[str]]:
+        if len(raw) > MAX_LINE_BYTES:
+            raise JobLineError(f"the line is larger than {MAX_LINE_BYTES // 2**20} MiB")
+        try:
+            line = loads_strict(raw)
+        except JobLineError:
+            raise
+        except ValueError as exc:
+            raise JobLineError(f"not valid JSON: {exc}") from exc
+        if not isinstance(line, dict):
+            raise JobLineError(f"expected a JSON object, got {type(line).__name__}")
+        unknown = set(line) - LINE_KEYS
+        if unknown:
+            raise JobLineError(f"unknown key {sorted(unknown)[0]!r}; a line may have "
+                               f"{', '.join(sorted(LINE_KEYS))}")
+        job_id = canonical_id(line.get("id"))
+        priority = line.get("priority", 0)
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise JobLineError(f"priority {priority!r} is not a whole number")
+        for key in ("extra_data", "meta"):
+            if not isinstance(line.get(key, {}), dict):
+                raise JobLineError(f"{key} must be an object")
+        workflow, name = self._workflow(line.get("workflow"))
+        params = line.get("set", {})
+        if params:
+            apply_set(workflow, params, self.object_info)
+        warnings = check_graph(workflow, self.object_info) if check else []
+        meta = line.get("meta", {})
+        extra = line.get("extra_data", {})
+        text = json.dumps(workflow, sort_keys=True, separators=(",", ":"))
+        digest = hashlib.sha256()
+        for part in (text, json.dumps(extra, sort_keys=True), json.dumps(meta, sort_keys=True), str(priority)):
+            digest.update(part.encode())
+            digest.update(b"\0")
+        if isinstance(meta.get("kind"), str) and meta["kind"]:
+            name = meta["kind"]
+        return NewJob(id=job_id, workflow=workflow, spec_hash=digest.hexdigest(), priority=priority,
+                      extra_data=extra, meta=meta, params=params or {}, workflow_name=name,
+                      workflow_json=text), warnings
+
+    def _workflow(self, value: Any) -> tuple[dict[str, Any], str]:
+        if isinstance(value, str):
+            path = Path(value)
+            if not path.is_absolute():
+                path = self.base_dir / path
+            text, name = self.cache.text(path)
+            return json.loads(text), name
+        if isinstance(value, dict):
+            check_api_format(value, "the inline workflow")
+            return value, "inline"
+        if value is None:
+            raise JobLineError("workflow is missing: give a path relative to the jobs file, or an API-format "
+                               "object")
+        raise JobLineError(f"workflow must be a path or an API-format object, not {type(value).__name__}")
+
+
+def format_problems(label: str, problems: list[Problem], limit: int = MAX_PROBLEMS_SHOWN) -> list[str]:
+    lines = [f"{label}:{p.line}: {'warning: ' if p.warning else ''}{p.message}" for p in problems[:limit]]
+    if len(problems) > limit:
+        lines.append(f"… and {len(problems) - limit} more problem(s) not shown")
+    return lines

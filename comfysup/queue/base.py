@@ -1,0 +1,198 @@
+"""The queue interface: what every backend promises, and the records it hands out.
+
+The contract (tested once in tests/queue_contract.py and run against every backend):
+
+- ``submit`` inserts a batch in one transaction, or nothing. An id already present with the same
+  ``spec_hash`` is counted as already submitted; with a different one the whole batch is refused
+  (``SubmitConflict`` names the ids).
+- ``claim`` takes the next job whose ``run_after`` has passed, highest ``priority`` first, then in
+  submission order; it increments ``attempt``, sets ``owner``/``server`` and a lease, and opens an
+  attempt row. A running job whose lease has expired is claimable again. One job is never held by two
+  owners at once: the claimed row is the lock.
+- Every write after the claim is fenced by id + attempt + owner: when the row is no longer this
+  claim's, the call raises ``LeaseLost`` and changes nothing.
+- ``release`` puts a claimed job back without waiting for its lease; with ``count_attempt=False`` the
+  attempt does not count (a graceful stop). ``release_owner`` does that for every claim of one owner,
+  which the supervisor calls when a runner's pid has died.
+- Terminal states are ``done``, ``dead`` and ``cancelled``; a job reaches one of them exactly once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from comfysup.errors import QueueError
+
+QUEUED, RUNNING, DONE, DEAD, CANCELLED = "queued", "running", "done", "dead", "cancelled"
+TERMINAL = frozenset({DONE, DEAD, CANCELLED})
+STATES = (QUEUED, RUNNING, DONE, DEAD, CANCELLED)
+
+
+class SubmitConflict(QueueError):
+    """Some ids are already in the queue with different content; nothing was inserted."""
+
+    def __init__(self, ids: Sequence[str]) -> None:
+        self.ids = list(ids)
+        super().__init__(f"{len(self.ids)} id(s) already in the queue with different content: "
+                         + ", ".join(self.ids[:5]) + (" …" if len(self.ids) > 5 else ""))
+
+
+@dataclass(frozen=True)
+class NewJob:
+    """A validated job, ready to insert. ``workflow`` has ``set`` applied already."""
+
+    id: str
+    workflow: dict[str, Any]
+    spec_hash: str
+    priority: int = 0
+    extra_data: dict[str, Any] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
+    params: dict[str, Any] = field(default_factory=dict)
+    """The job's ``set`` overrides, kept to show and to tabulate results by."""
+    workflow_name: str = ""
+    workflow_json: str = ""
+    """The workflow serialised once at submit, so it is not parsed and dumped again on every claim."""
+
+
+@dataclass(frozen=True)
+class SubmitResult:
+    inserted: int
+    existing: int
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A job held by one runner: the fence (id, attempt, owner) and what is needed to run it."""
+
+    id: str
+    attempt: int
+    owner: str
+    server: str
+    workflow: dict[str, Any]
+    extra_data: dict[str, Any]
+    lease_until: float
+    last_server: str | None = None
+    last_prompt_number: int | None = None
+    last_reason: str | None = None
+    cancel_requested: bool = False
+
+
+@dataclass(frozen=True)
+class Output:
+    """A file in the result store: its name in the job's folder, size and sha256."""
+
+    name: str
+    size: int
+    sha256: str
+    path: str = ""
+
+
+@dataclass(frozen=True)
+class Attempt:
+    attempt: int
+    owner: str
+    server: str
+    started_at: float
+    ended_at: float | None
+    outcome: str | None
+    reason: str | None
+    prompt_number: int | None
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    id: str
+    state: str
+    priority: int
+    attempt: int
+    workflow: dict[str, Any]
+    extra_data: dict[str, Any]
+    meta: dict[str, Any]
+    params: dict[str, Any]
+    workflow_name: str
+    submitted_at: float
+    run_after: float
+    owner: str | None
+    server: str | None
+    lease_until: float | None
+    started_at: float | None
+    finished_at: float | None
+    reason: str | None
+    outputs: list[Output]
+    cancel_requested: bool
+    attempts: list[Attempt] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class RunningJob:
+    id: str
+    owner: str
+    server: str
+    attempt: int
+    started_at: float
+    lease_until: float
+
+
+@dataclass(frozen=True)
+class Status:
+    counts: dict[str, int]
+    """By state, with ``waiting`` (queued, waiting to retry) split out of ``queued``."""
+    oldest_queued_at: float | None
+    running: list[RunningJob]
+    recent_dead: list[tuple[str, float, str]]
+    """(id, finished_at, reason), newest first."""
+
+
+class Queue(Protocol):
+    """A durable job queue. Methods take ``now`` (UTC epoch seconds) where time matters, for tests."""
+
+    def submit(self, jobs: Iterable[NewJob], now: float | None = None) -> SubmitResult: ...
+
+    def claim(self, owner: str, server: str, lease_seconds: float,
+              now: float | None = None) -> Claim | None: ...
+
+    def heartbeat(self, claim: Claim, lease_seconds: float, now: float | None = None) -> bool:
+        """Renew the lease; returns whether a cancel was requested. Raises LeaseLost."""
+        ...
+
+    def record_prompt(self, claim: Claim, server: str, prompt_number: int) -> None: ...
+
+    def complete(self, claim: Claim, outputs: Sequence[Output], now: float | None = None) -> None: ...
+
+    def retry_later(self, claim: Claim, run_after: float, reason: str, now: float | None = None) -> None: ...
+
+    def dead(self, claim: Claim, reason: str, now: float | None = None) -> None: ...
+
+    def cancelled(self, claim: Claim, reason: str, now: float | None = None) -> None: ...
+
+    def release(self, claim: Claim, reason: str, count_attempt: bool = True,
+                now: float | None = None) -> None: ...
+
+    def release_owner(self, owner: str, reason: str, count_attempt: bool = True,
+                      now: float | None = None) -> list[str]: ...
+
+    def cancel(self, ids: Sequence[str], now: float | None = None) -> dict[str, str]:
+        """Cancel queued jobs, mark running ones; returns id -> what happened (or 'unknown')."""
+        ...
+
+    def requeue_dead(self, ids: Sequence[str] | None, now: float | None = None) -> dict[str, str]:
+        """Dead jobs back to the queue with attempts reset (``None``: all dead jobs)."""
+        ...
+
+    def get(self, job_id: str) -> JobRecord: ...
+
+    def get_many(self, ids: Sequence[str]) -> list[JobRecord]: ...
+
+    def iter_jobs(self, states: Sequence[str] | None = None) -> Iterator[JobRecord]: ...
+
+    def status(self, now: float | None = None, dead_limit: int = 5) -> Status: ...
+
+    def running_owners(self) -> list[str]: ...
+
+    def maintenance(self) -> None:
+        """Periodic upkeep (a WAL checkpoint for SQLite); cheap to call often."""
+        ...
+
+    def close(self) -> None: ...

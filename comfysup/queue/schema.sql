@@ -1,0 +1,47 @@
+-- name: v1
+-- The jobs table: a claimed row (state 'running', owner, lease_until) is the lock.
+-- seq is the rowid: submission order, and the tie-breaker after priority.
+CREATE TABLE jobs (
+    seq                INTEGER PRIMARY KEY,
+    id                 TEXT    NOT NULL UNIQUE,
+    state              TEXT    NOT NULL DEFAULT 'queued',
+    priority           INTEGER NOT NULL DEFAULT 0,
+    run_after          REAL    NOT NULL DEFAULT 0,
+    attempt            INTEGER NOT NULL DEFAULT 0,
+    owner              TEXT,
+    server             TEXT,
+    lease_until        REAL,
+    started_at         REAL,
+    cancel_requested   INTEGER NOT NULL DEFAULT 0,
+    submitted_at       REAL    NOT NULL,
+    finished_at        REAL,
+    reason             TEXT,
+    outputs            TEXT,
+    last_server        TEXT,
+    last_prompt_number INTEGER,
+    spec_hash          TEXT    NOT NULL,
+    workflow_name      TEXT    NOT NULL DEFAULT '',
+    workflow           TEXT    NOT NULL,
+    extra_data         TEXT    NOT NULL DEFAULT '{}',
+    meta               TEXT    NOT NULL DEFAULT '{}',
+    params             TEXT    NOT NULL DEFAULT '{}'
+);
+-- The claim walks this partial index in order and stops at the first row whose run_after has passed;
+-- run_after is in the index so that filter never reads the (large) row.
+CREATE INDEX jobs_ready ON jobs (priority DESC, seq, run_after) WHERE state = 'queued';
+-- Expired leases are found without scanning running jobs.
+CREATE INDEX jobs_lease ON jobs (lease_until) WHERE state = 'running';
+-- Counts by state and the newest dead letters, without reading rows.
+CREATE INDEX jobs_state ON jobs (state, finished_at);
+CREATE TABLE attempts (
+    job_id        TEXT    NOT NULL,
+    attempt       INTEGER NOT NULL,
+    owner         TEXT    NOT NULL,
+    server        TEXT    NOT NULL,
+    started_at    REAL    NOT NULL,
+    ended_at      REAL,
+    outcome       TEXT,
+    reason        TEXT,
+    prompt_number INTEGER
+);
+CREATE INDEX attempts_job ON attempts (job_id, attempt);

@@ -1,0 +1,467 @@
+"""The SQLite backend: one WAL file on a local disk, every write its own durable transaction.
+
+- ``synchronous=FULL``: a committed submit or ``done`` survives a power loss.
+- ``BEGIN IMMEDIATE`` for every transaction that writes: a deferred transaction that upgrades to a
+  write lock gets SQLITE_BUSY at once, ignoring the busy timeout.
+- The connection is opened lazily in the process that uses it and reopened after a fork, never
+  inherited (SQLite forbids carrying a connection across fork).
+- A periodic PASSIVE checkpoint and ``journal_size_limit`` keep the WAL bounded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sqlite3
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from comfysup.errors import DatabaseLocked, DatabaseMissing, LeaseLost, NotFound, QueueError
+from comfysup.queue.base import (
+    CANCELLED,
+    DEAD,
+    DONE,
+    QUEUED,
+    RUNNING,
+    STATES,
+    TERMINAL,
+    Attempt,
+    Claim,
+    JobRecord,
+    NewJob,
+    Output,
+    RunningJob,
+    Status,
+    SubmitConflict,
+    SubmitResult,
+)
+
+SCHEMA_VERSION = 1
+NETWORK_FILESYSTEMS = frozenset({
+    "nfs", "nfs4", "cifs", "smb", "smb2", "smb3", "smbfs", "9p", "afs", "ceph", "glusterfs", "lustre",
+    "fuse.sshfs", "fuse.s3fs", "fuse.gcsfuse", "fuse.rclone", "davfs", "fuse.glusterfs", "beegfs", "gpfs",
+})
+SUBMIT_BATCH = 500
+
+
+def _named_sql() -> dict[str, str]:
+    """Named statements from schema.sql (``-- name: NAME`` headers), as procrastinate keeps its SQL."""
+    text = resources.files("comfysup.queue").joinpath("schema.sql").read_text()
+    out: dict[str, str] = {}
+    name = None
+    for line in text.splitlines():
+        if line.startswith("-- name:"):
+            name = line.split(":", 1)[1].strip()
+            out[name] = ""
+        elif name:
+            out[name] += line + "\n"
+    return out
+
+
+def filesystem_type(path: Path) -> str:
+    """The type of the filesystem that holds ``path`` (the longest matching mount point)."""
+    target = str(path.resolve())
+    best, kind = "", ""
+    for part in psutil.disk_partitions(all=True):
+        mount = part.mountpoint.rstrip("/") or "/"
+        if (target == mount or target.startswith(mount.rstrip("/") + "/")) and len(mount) >= len(best):
+            best, kind = mount, part.fstype
+    return kind
+
+
+def _now(now: float | None) -> float:
+    return time.time() if now is None else now
+
+
+class SQLiteQueue:
+    """The default queue backend. See comfysup.queue.base for the contract."""
+
+    def __init__(self, path: str | Path, *, create: bool = True, busy_timeout_seconds: float = 30.0,
+                 checkpoint_seconds: float = 30.0) -> None:
+        self.path = Path(path)
+        self.busy_timeout_seconds = busy_timeout_seconds
+        self.checkpoint_seconds = checkpoint_seconds
+        self._conn: sqlite3.Connection | None = None
+        self._pid = -1
+        self._last_checkpoint = time.monotonic()
+        if not self.path.exists():
+            if not create:
+                raise DatabaseMissing(f"{self.path}: no queue database here. Submit jobs first "
+                                      "(comfysup submit jobs.jsonl), or point [queue] path at the right file.")
+            self._create_file()
+        kind = filesystem_type(self.path.parent)
+        if kind.lower() in NETWORK_FILESYSTEMS:
+            raise QueueError(f"{self.path}: on a network filesystem ({kind}). SQLite's locks are not reliable "
+                             "there and the queue could hand one job to two runners; put [queue] path on a "
+                             "local disk, or use PostgreSQL ([queue] url) to share a queue between machines.")
+        self._migrate()
+
+    # -- connection -----------------------------------------------------------------------------------
+
+    def _create_file(self) -> None:
+        directory = self.path.parent
+        if not directory.exists():
+            directory.mkdir(mode=0o700, parents=True)
+        fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+        os.close(fd)
+
+    @property
+    def conn(self) -> sqlite3.Connection:
+        """This process's connection; a connection inherited across fork is dropped, never used."""
+        if self._conn is None or self._pid != os.getpid():
+            self._conn = self._connect()
+            self._pid = os.getpid()
+        return self._conn
+
+    def _connect(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self.path, timeout=self.busy_timeout_seconds, isolation_level=None,
+                               check_same_thread=False)
+        conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_seconds * 1000)}")
+        mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+        if mode.lower() != "wal":
+            raise QueueError(f"{self.path}: could not switch the database to WAL mode (got {mode})")
+        conn.execute("PRAGMA synchronous = FULL")
+        conn.execute("PRAGMA journal_size_limit = 67108864")
+        conn.execute("PRAGMA foreign_keys = ON")
+        return conn
+
+    @contextlib.contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """A write transaction taken with BEGIN IMMEDIATE, committed or rolled back as a whole."""
+        conn = self.conn
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as exc:
+            raise self._translate(exc) from exc
+        try:
+            yield conn
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        try:
+            conn.execute("COMMIT")
+        except sqlite3.OperationalError as exc:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+            raise self._translate(exc) from exc
+
+    def _read(self, sql: str, args: Sequence[Any] = ()) -> list[sqlite3.Row | tuple]:
+        try:
+            return self.conn.execute(sql, args).fetchall()
+        except sqlite3.OperationalError as exc:
+            raise self._translate(exc) from exc
+
+    def _translate(self, exc: sqlite3.OperationalError) -> Exception:
+        text = str(exc)
+        if "locked" in text or "busy" in text:
+            return DatabaseLocked(f"{self.path}: {text} for more than {self.busy_timeout_seconds:g} s; another "
+                                  "process holds a write lock (a long transaction or a stuck process)")
+        return QueueError(f"{self.path}: {text}")
+
+    def _migrate(self) -> None:
+        with self._write() as conn:
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            if version > SCHEMA_VERSION:
+                raise QueueError(f"{self.path}: schema version {version} is newer than this comfysup "
+                                 f"({SCHEMA_VERSION}); upgrade comfysup")
+            sql = _named_sql()
+            for step in range(version + 1, SCHEMA_VERSION + 1):
+                for statement in sql[f"v{step}"].split(";"):
+                    if statement.strip():
+                        conn.execute(statement)
+            if version != SCHEMA_VERSION:
+                conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+    def close(self) -> None:
+        if self._conn is not None and self._pid == os.getpid():
+            self._conn.close()
+        self._conn = None
+
+    def maintenance(self) -> None:
+        """A PASSIVE checkpoint every ``checkpoint_seconds``: it never blocks readers or writers."""
+        if time.monotonic() - self._last_checkpoint >= self.checkpoint_seconds:
+            self._last_checkpoint = time.monotonic()
+            with contextlib.suppress(sqlite3.OperationalError):
+                self.conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+
+    # -- submit -----------------------------------------------------------------------------------------
+
+    def submit(self, jobs: Iterable[NewJob], now: float | None = None) -> SubmitResult:
+        """Insert a batch in one transaction; memory is bounded by SUBMIT_BATCH, not by the batch size."""
+        at = _now(now)
+        inserted = existing = 0
+        conflicts: list[str] = []
+        with self._write() as conn:
+            batch: list[NewJob] = []
+            for job in jobs:
+                batch.append(job)
+                if len(batch) >= SUBMIT_BATCH:
+                    i, e = self._insert_batch(conn, batch, at, conflicts)
+                    inserted, existing, batch = inserted + i, existing + e, []
+            if batch:
+                i, e = self._insert_batch(conn, batch, at, conflicts)
+                inserted, existing = inserted + i, existing + e
+            if conflicts:
+                raise SubmitConflict(conflicts)
+        return SubmitResult(inserted=inserted, existing=existing)
+
+    def _insert_batch(self, conn: sqlite3.Connection, batch: list[NewJob], at: float,
+                      conflicts: list[str]) -> tuple[int, int]:
+        marks = ",".join("?" * len(batch))
+        known = dict(conn.execute(f"SELECT id, spec_hash FROM jobs WHERE id IN ({marks})",
+                                  [j.id for j in batch]).fetchall())
+        fresh = []
+        for job in batch:
+            if job.id in known:
+                if known[job.id] != job.spec_hash:
+                    conflicts.append(job.id)
+                continue
+            fresh.append((job.id, job.priority, at, job.spec_hash, job.workflow_name,
+                          job.workflow_json or json.dumps(job.workflow, separators=(",", ":")),
+                          json.dumps(job.extra_data), json.dumps(job.meta), json.dumps(job.params)))
+        conn.executemany(
+            "INSERT INTO jobs (id, priority, submitted_at, spec_hash, workflow_name, workflow, extra_data, "
+            "meta, params) VALUES (?,?,?,?,?,?,?,?,?)", fresh)
+        return len(fresh), len(batch) - len(fresh)
+
+    # -- the runner's side --------------------------------------------------------------------------------
+
+    def claim(self, owner: str, server: str, lease_seconds: float, now: float | None = None) -> Claim | None:
+        at = _now(now)
+        with self._write() as conn:
+            self._expire_leases(conn, at)
+            row = conn.execute(
+                "SELECT seq FROM jobs WHERE state = 'queued' AND run_after <= ? "
+                "ORDER BY priority DESC, seq LIMIT 1", (at,)).fetchone()
+            if row is None:
+                return None
+            lease_until = at + lease_seconds
+            job = conn.execute(
+                "UPDATE jobs SET state = 'running', attempt = attempt + 1, owner = ?, server = ?, "
+                "lease_until = ?, started_at = ? WHERE seq = ? "
+                "RETURNING id, attempt, workflow, extra_data, last_server, last_prompt_number, reason, "
+                "cancel_requested",
+                (owner, server, lease_until, at, row[0])).fetchone()
+            conn.execute("INSERT INTO attempts (job_id, attempt, owner, server, started_at) VALUES (?,?,?,?,?)",
+                         (job[0], job[1], owner, server, at))
+        return Claim(id=job[0], attempt=job[1], owner=owner, server=server, workflow=json.loads(job[2]),
+                     extra_data=json.loads(job[3]), lease_until=lease_until, last_server=job[4],
+                     last_prompt_number=job[5], last_reason=job[6], cancel_requested=bool(job[7]))
+
+    def _expire_leases(self, conn: sqlite3.Connection, at: float) -> None:
+        """Running jobs whose lease passed are queued again; their attempt stays counted."""
+        expired = conn.execute(
+            "UPDATE jobs SET state = 'queued', owner = NULL, lease_until = NULL, "
+            "reason = 'lease expired: the runner stopped renewing it' "
+            "WHERE state = 'running' AND lease_until < ? RETURNING id, attempt", (at,)).fetchall()
+        for job_id, attempt in expired:
+            conn.execute("UPDATE attempts SET ended_at = ?, outcome = 'lease_expired', "
+                         "reason = 'lease expired' WHERE job_id = ? AND attempt = ? AND ended_at IS NULL",
+                         (at, job_id, attempt))
+
+    def _fenced(self, conn: sqlite3.Connection, claim: Claim, sql: str, args: Sequence[Any]) -> sqlite3.Cursor:
+        """Run an UPDATE on the job row guarded by id + attempt + owner; zero rows means the lease is gone."""
+        cur = conn.execute(sql + " WHERE id = ? AND attempt = ? AND owner = ? AND state = 'running'",
+                           (*args, claim.id, claim.attempt, claim.owner))
+        if cur.rowcount != 1:
+            raise LeaseLost(f"job {claim.id}: attempt {claim.attempt} of {claim.owner} no longer holds the job")
+        return cur
+
+    def _end_attempt(self, conn: sqlite3.Connection, claim: Claim, at: float, outcome: str,
+                     reason: str | None) -> None:
+        conn.execute("UPDATE attempts SET ended_at = ?, outcome = ?, reason = ? "
+                     "WHERE job_id = ? AND attempt = ? AND owner = ? AND ended_at IS NULL",
+                     (at, outcome, reason, claim.id, claim.attempt, claim.owner))
+
+    def heartbeat(self, claim: Claim, lease_seconds: float, now: float | None = None) -> bool:
+        at = _now(now)
+        with self._write() as conn:
+            self._fenced(conn, claim, "UPDATE jobs SET lease_until = ?", (at + lease_seconds,))
+            row = conn.execute("SELECT cancel_requested FROM jobs WHERE id = ?", (claim.id,)).fetchone()
+        return bool(row[0])
+
+    def record_prompt(self, claim: Claim, server: str, prompt_number: int) -> None:
+        with self._write() as conn:
+            self._fenced(conn, claim, "UPDATE jobs SET last_server = ?, last_prompt_number = ?",
+                         (server, prompt_number))
+            conn.execute("UPDATE attempts SET prompt_number = ?, server = ? "
+                         "WHERE job_id = ? AND attempt = ? AND owner = ? AND ended_at IS NULL",
+                         (prompt_number, server, claim.id, claim.attempt, claim.owner))
+
+    def complete(self, claim: Claim, outputs: Sequence[Output], now: float | None = None) -> None:
+        at = _now(now)
+        files = json.dumps([o.__dict__ for o in outputs])
+        with self._write() as conn:
+            self._fenced(conn, claim, "UPDATE jobs SET state = 'done', outputs = ?, finished_at = ?, reason = NULL, "
+                         "owner = NULL, lease_until = NULL", (files, at))
+            self._end_attempt(conn, claim, at, "done", None)
+
+    def retry_later(self, claim: Claim, run_after: float, reason: str, now: float | None = None) -> None:
+        at = _now(now)
+        with self._write() as conn:
+            self._fenced(conn, claim, "UPDATE jobs SET state = 'queued', run_after = ?, reason = ?, owner = NULL, "
+                         "lease_until = NULL", (run_after, reason))
+            self._end_attempt(conn, claim, at, "retry", reason)
+
+    def dead(self, claim: Claim, reason: str, now: float | None = None) -> None:
+        self._finish(claim, DEAD, reason, now)
+
+    def cancelled(self, claim: Claim, reason: str, now: float | None = None) -> None:
+        self._finish(claim, CANCELLED, reason, now)
+
+    def _finish(self, claim: Claim, state: str, reason: str, now: float | None) -> None:
+        at = _now(now)
+        with self._write() as conn:
+            self._fenced(conn, claim, "UPDATE jobs SET state = ?, reason = ?, finished_at = ?, owner = NULL, "
+                         "lease_until = NULL", (state, reason, at))
+            self._end_attempt(conn, claim, at, state, reason)
+
+    def release(self, claim: Claim, reason: str, count_attempt: bool = True, now: float | None = None) -> None:
+        at = _now(now)
+        with self._write() as conn:
+            self._fenced(conn, claim, "UPDATE jobs SET state = 'queued', owner = NULL, lease_until = NULL, "
+                         "reason = ?, attempt = attempt - ?", (reason, 0 if count_attempt else 1))
+            self._end_attempt(conn, claim, at, "released" if count_attempt else "released_uncounted", reason)
+
+    def release_owner(self, owner: str, reason: str, count_attempt: bool = True,
+                      now: float | None = None) -> list[str]:
+        at = _now(now)
+        with self._write() as conn:
+            rows = conn.execute(
+                "UPDATE jobs SET state = 'queued', owner = NULL, lease_until = NULL, reason = ?, "
+                "attempt = attempt - ? WHERE state = 'running' AND owner = ? RETURNING id, attempt",
+                (reason, 0 if count_attempt else 1, owner)).fetchall()
+            for job_id, attempt in rows:
+                conn.execute("UPDATE attempts SET ended_at = ?, outcome = 'released', reason = ? "
+                             "WHERE job_id = ? AND attempt = ? AND owner = ? AND ended_at IS NULL",
+                             (at, reason, job_id, attempt + (0 if count_attempt else 1), owner))
+        return [r[0] for r in rows]
+
+    def running_owners(self) -> list[str]:
+        return [r[0] for r in self._read("SELECT DISTINCT owner FROM jobs WHERE state = 'running'")]
+
+    # -- the people's side ------------------------------------------------------------------------------
+
+    def cancel(self, ids: Sequence[str], now: float | None = None) -> dict[str, str]:
+        at = _now(now)
+        out: dict[str, str] = {}
+        with self._write() as conn:
+            for job_id in ids:
+                row = conn.execute("SELECT state FROM jobs WHERE id = ?", (job_id,)).fetchone()
+                if row is None:
+                    out[job_id] = "unknown"
+                elif row[0] == QUEUED:
+                    conn.execute("UPDATE jobs SET state = 'cancelled', finished_at = ?, "
+                                 "reason = 'cancelled by user' WHERE id = ?", (at, job_id))
+                    out[job_id] = "cancelled"
+                elif row[0] == RUNNING:
+                    conn.execute("UPDATE jobs SET cancel_requested = 1 WHERE id = ?", (job_id,))
+                    out[job_id] = "cancelling"
+                else:
+                    out[job_id] = f"already {row[0]}"
+        return out
+
+    def requeue_dead(self, ids: Sequence[str] | None, now: float | None = None) -> dict[str, str]:
+        out: dict[str, str] = {}
+        with self._write() as conn:
+            if ids is None:
+                rows = conn.execute("UPDATE jobs SET state = 'queued', attempt = 0, run_after = 0, reason = NULL, "
+                                    "finished_at = NULL, cancel_requested = 0 WHERE state = 'dead' "
+                                    "RETURNING id").fetchall()
+                return {r[0]: "requeued" for r in rows}
+            for job_id in ids:
+                row = conn.execute("SELECT state FROM jobs WHERE id = ?", (job_id,)).fetchone()
+                if row is None:
+                    out[job_id] = "unknown"
+                elif row[0] != DEAD:
+                    out[job_id] = f"not dead ({row[0]})"
+                else:
+                    conn.execute("UPDATE jobs SET state = 'queued', attempt = 0, run_after = 0, reason = NULL, "
+                                 "finished_at = NULL, cancel_requested = 0 WHERE id = ?", (job_id,))
+                    out[job_id] = "requeued"
+        return out
+
+    _COLUMNS = ("id, state, priority, attempt, workflow, extra_data, meta, params, workflow_name, submitted_at, "
+                "run_after, owner, server, lease_until, started_at, finished_at, reason, outputs, "
+                "cancel_requested")
+
+    def _record(self, row: Sequence[Any], attempts: list[Attempt]) -> JobRecord:
+        outputs = [Output(**o) for o in json.loads(row[17])] if row[17] else []
+        return JobRecord(
+            id=row[0], state=row[1], priority=row[2], attempt=row[3], workflow=json.loads(row[4]),
+            extra_data=json.loads(row[5]), meta=json.loads(row[6]), params=json.loads(row[7]),
+            workflow_name=row[8], submitted_at=row[9], run_after=row[10], owner=row[11], server=row[12],
+            lease_until=row[13], started_at=row[14], finished_at=row[15], reason=row[16], outputs=outputs,
+            cancel_requested=bool(row[18]), attempts=attempts)
+
+    def _attempts(self, ids: Sequence[str]) -> dict[str, list[Attempt]]:
+        out: dict[str, list[Attempt]] = {i: [] for i in ids}
+        for start in range(0, len(ids), 500):
+            chunk = ids[start:start + 500]
+            for r in self._read(
+                    "SELECT job_id, attempt, owner, server, started_at, ended_at, outcome, reason, prompt_number "
+                    f"FROM attempts WHERE job_id IN ({','.join('?' * len(chunk))}) ORDER BY rowid", chunk):
+                out[r[0]].append(Attempt(*r[1:]))
+        return out
+
+    def get(self, job_id: str) -> JobRecord:
+        rows = self.get_many([job_id])
+        if not rows:
+            raise NotFound(f"no job with id {job_id} in {self.path}")
+        return rows[0]
+
+    def get_many(self, ids: Sequence[str]) -> list[JobRecord]:
+        ids = list(ids)
+        rows: list[Any] = []
+        for start in range(0, len(ids), 500):
+            chunk = ids[start:start + 500]
+            rows += self._read(f"SELECT {self._COLUMNS} FROM jobs WHERE id IN ({','.join('?' * len(chunk))})",
+                               chunk)
+        attempts = self._attempts([r[0] for r in rows])
+        order = {job_id: i for i, job_id in enumerate(ids)}
+        return sorted((self._record(r, attempts[r[0]]) for r in rows), key=lambda j: order[j.id])
+
+    def iter_jobs(self, states: Sequence[str] | None = None) -> Iterator[JobRecord]:
+        """Every job in submission order, read in pages so memory stays flat on a large table."""
+        last = 0
+        where = ""
+        args: list[Any] = []
+        if states:
+            where = f" AND state IN ({','.join('?' * len(states))})"
+            args = list(states)
+        while True:
+            rows = self._read(f"SELECT seq, {self._COLUMNS} FROM jobs WHERE seq > ?{where} ORDER BY seq LIMIT 500",
+                              [last, *args])
+            if not rows:
+                return
+            attempts = self._attempts([r[1] for r in rows])
+            for r in rows:
+                yield self._record(r[1:], attempts[r[1]])
+            last = rows[-1][0]
+
+    def status(self, now: float | None = None, dead_limit: int = 5) -> Status:
+        at = _now(now)
+        counts = dict.fromkeys(STATES, 0)
+        counts.update(dict(self._read("SELECT state, count(*) FROM jobs GROUP BY state")))
+        waiting = self._read("SELECT count(*) FROM jobs WHERE state = 'queued' AND run_after > ?", (at,))[0][0]
+        counts["waiting"] = waiting
+        counts[QUEUED] -= waiting
+        oldest = self._read("SELECT submitted_at FROM jobs WHERE seq = "
+                            "(SELECT min(seq) FROM jobs WHERE state = 'queued')")
+        running = [RunningJob(*r) for r in self._read(
+            "SELECT id, owner, server, attempt, started_at, lease_until FROM jobs WHERE state = 'running' "
+            "ORDER BY started_at")]
+        dead = [tuple(r) for r in self._read(
+            "SELECT id, finished_at, reason FROM jobs WHERE state = 'dead' ORDER BY finished_at DESC LIMIT ?",
+            (dead_limit,))]
+        return Status(counts=counts, oldest_queued_at=oldest[0][0] if oldest else None, running=running,
+                      recent_dead=dead)  # type: ignore[arg-type]
+
+
+__all__ = ["DONE", "TERMINAL", "SQLiteQueue", "filesystem_type"]
