@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from comfysup import __version__
 from comfysup.errors import ComfysupError
 
-COMMANDS = ("init", "submit", "status", "show", "manage")
+COMMANDS = ("init", "submit", "status", "show", "manage", "work", "results")
 
 
 class _Parser(argparse.ArgumentParser):

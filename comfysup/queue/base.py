@@ -191,6 +191,10 @@ class Queue(Protocol):
 
     def running_owners(self) -> list[str]: ...
 
+    def active_count(self) -> int:
+        """Jobs not yet terminal (queued, waiting to retry, running): zero means the queue is drained."""
+        ...
+
     def maintenance(self) -> None:
         """Periodic upkeep (a WAL checkpoint for SQLite); cheap to call often."""
         ...

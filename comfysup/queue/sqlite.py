@@ -343,6 +343,9 @@ class SQLiteQueue:
                              (at, reason, job_id, attempt + (0 if count_attempt else 1), owner))
         return [r[0] for r in rows]
 
+    def active_count(self) -> int:
+        return self._read("SELECT count(*) FROM jobs WHERE state IN ('queued', 'running')")[0][0]
+
     def running_owners(self) -> list[str]:
         return [r[0] for r in self._read("SELECT DISTINCT owner FROM jobs WHERE state = 'running'")]
 

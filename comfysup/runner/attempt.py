@@ -1,0 +1,426 @@
+"""One attempt at one job, step by step (DESIGN.md "One attempt"), ending in exactly one recorded outcome.
+
+1. Catch up: a prompt of an earlier attempt that finished is adopted from /history; one still queued is
+   followed where it is. Nothing is posted twice while a run of it may still exist.
+2. Connect the WebSocket with a fresh client id, then POST /prompt with prompt_id = job id; record the
+   returned number, which tells this run's history entry from others of the same id.
+3. Follow events after this run's execution_start; reconnect a dropped socket with the same client id;
+   read /history every poll_seconds and after each reconnection (success is announced before the history
+   is written, and nothing is replayed to a reconnected socket). Renew the lease from this loop.
+4. On the deadline (or a cancel, or the end of a graceful stop's grace) interrupt the prompt, delete it
+   from the queue and wait until it has left /queue before the attempt ends.
+5. Download outputs to temporary names, then rename. 6. Record done, fenced.
+
+Every write to the queue is fenced; a LeaseLost anywhere ends the attempt without writing anything.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from comfysup.errors import LeaseLost
+from comfysup.queue.base import Claim, Output, Queue
+from comfysup.redact import Redactor
+from comfysup.runner.client import (
+    ComfyClient,
+    ComfyError,
+    EventStream,
+    PermanentError,
+    ServerUnavailable,
+    SocketLost,
+    new_client_id,
+)
+from comfysup.runner.retry import Failure, RetryPolicy, decide, execution_failure, gave_up
+from comfysup.runner.store import ResultStore, TooLarge, UnsafeName, is_disk_full, safe_relative
+
+log = logging.getLogger("comfysup.runner")
+OUTPUT_TYPES = ("output", "temp")
+HISTORY_AFTER_SUCCESS_SECONDS = 0.05
+
+
+@dataclass(frozen=True)
+class AttemptSettings:
+    server: str
+    url: str
+    policy: RetryPolicy = field(default_factory=RetryPolicy)
+    timeout_seconds: float = 600.0
+    poll_seconds: float = 1.0
+    lease_seconds: float = 60.0
+    heartbeat_seconds: float = 5.0
+    http_timeout_seconds: float = 30.0
+    server_lost_seconds: float = 30.0
+    """A server unreachable this long while it holds our prompt is taken as dead (transient)."""
+    leave_queue_seconds: float = 60.0
+    """How long to wait for an interrupted prompt to leave the server's queue."""
+    peers: dict[str, str] = field(default_factory=dict)
+    """Other servers by name, where an earlier attempt of a job may have run (for catch-up)."""
+
+
+@dataclass
+class Outcome:
+    """What an attempt ended in, as recorded: done, retry, dead, cancelled, released, or lost."""
+
+    state: str
+    reason: str = ""
+    kind: str = ""
+    outputs: list[Output] = field(default_factory=list)
+    delay_seconds: float = 0.0
+    adopted: bool = False
+
+
+class _Stop(Exception):
+    """The attempt must end now with this outcome (raised from deep in the follow loop)."""
+
+    def __init__(self, outcome: Outcome) -> None:
+        super().__init__(outcome.reason)
+        self.outcome = outcome
+
+
+@dataclass
+class _Run:
+    """The prompt being followed: where, which number, and what was seen of it."""
+
+    client: ComfyClient
+    server: str
+    number: int | None
+    stream: EventStream | None = None
+    adopted_entry: dict[str, Any] | None = None
+    """A finished run's history entry found at catch-up: nothing to follow."""
+    started: bool = False
+    success_seen: bool = False
+    interrupt_asked: bool = False
+
+
+class AttemptRunner:
+    """Runs attempts for one runner: one server, one queue, one result store."""
+
+    def __init__(self, settings: AttemptSettings, queue: Queue, store: ResultStore,
+                 stop_deadline: Callable[[], float | None] = lambda: None,
+                 on_alive: Callable[[], None] = lambda: None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.s = settings
+        self.queue = queue
+        self.store = store
+        self.client = ComfyClient(settings.url, timeout_seconds=settings.http_timeout_seconds)
+        self._peers: dict[str, ComfyClient] = {}
+        self.stop_deadline = stop_deadline
+        self.on_alive = on_alive
+        self.clock = clock
+
+    def close(self) -> None:
+        self.client.close()
+        for peer in self._peers.values():
+            peer.close()
+
+    def client_for(self, server: str | None) -> ComfyClient | None:
+        if server is None:
+            return None
+        if server == self.s.server:
+            return self.client
+        if server not in self.s.peers:
+            return None
+        if server not in self._peers:
+            self._peers[server] = ComfyClient(self.s.peers[server], timeout_seconds=self.s.http_timeout_seconds)
+        return self._peers[server]
+
+    # -- the attempt ------------------------------------------------------------------------------------
+
+    def run(self, claim: Claim) -> Outcome:
+        """Run the attempt and record its outcome; LeaseLost at any point means: stop, write nothing."""
+        self.claim = claim
+        self.redact = Redactor.for_job(claim.workflow, claim.extra_data)
+        self.deadline = self.clock() + self.s.timeout_seconds
+        self.next_heartbeat = self.clock() + self.s.heartbeat_seconds
+        self.cancel_requested = claim.cancel_requested
+        try:
+            outcome = self._attempt()
+            outcome.reason = self.redact(outcome.reason)
+            self._record(outcome)
+        except LeaseLost as exc:
+            return Outcome("lost", str(exc), kind="lease_lost")
+        return outcome
+
+    def _record(self, o: Outcome) -> None:
+        if o.state == "done":
+            self.queue.complete(self.claim, o.outputs)
+        elif o.state == "retry":
+            self.queue.retry_later(self.claim, time.time() + o.delay_seconds, o.reason)
+        elif o.state == "dead":
+            self.queue.dead(self.claim, o.reason)
+        elif o.state == "cancelled":
+            self.queue.cancelled(self.claim, o.reason)
+        elif o.state == "released":
+            self.queue.release(self.claim, o.reason, count_attempt=False)
+
+    def _attempt(self) -> Outcome:
+        run: _Run | None = None
+        try:
+            run = self._catch_up()
+            if self.cancel_requested:
+                self._interrupt(run)
+                return Outcome("cancelled", "cancelled by user", kind="cancelled")
+            if run is None:
+                if self.claim.attempt > self.s.policy.attempts:
+                    return Outcome("dead", gave_up(self.claim.attempt - 1, self.claim.last_reason), kind="gave_up")
+                run = self._post()
+            entry = self._follow(run)
+            outputs = self._download(run, entry)
+            return Outcome("done", kind="done", outputs=outputs, adopted=run.adopted_entry is not None)
+        except _Stop as stop:
+            return stop.outcome
+        except ComfyError as exc:
+            return self._failed(Failure(exc.kind, exc.reason, transient=not isinstance(exc, PermanentError)))
+        finally:
+            if run is not None and run.stream is not None:
+                run.stream.close()
+
+    def _failed(self, failure: Failure) -> Outcome:
+        decision = decide(self.s.policy, self.claim.attempt, failure)
+        if decision.dead:
+            return Outcome("dead", decision.reason, kind=failure.kind)
+        return Outcome("retry", decision.reason, kind=failure.kind, delay_seconds=decision.delay_seconds)
+
+    # -- 1. catch up ------------------------------------------------------------------------------------
+
+    def _catch_up(self) -> _Run | None:
+        """A run of this job that an earlier attempt left on a server: adopt it, or None to post anew."""
+        candidates = [self.claim.last_server, self.s.server]
+        for server in dict.fromkeys(c for c in candidates if c):
+            client = self.client_for(server)
+            if client is None:
+                continue
+            known = self.claim.last_prompt_number if server == self.claim.last_server else None
+            try:
+                for entry in client.queue():
+                    if entry.prompt_id == self.claim.id and (known is None or entry.number == known):
+                        log.info("job %s attempt %d on %s: following prompt #%d left by attempt %d",
+                                 self.claim.id[:8], self.claim.attempt, server, entry.number, self.claim.attempt - 1)
+                        self.queue.record_prompt(self.claim, server, entry.number)
+                        return _Run(client, server, entry.number)
+                history = client.history(self.claim.id)
+            except ServerUnavailable:
+                continue
+            if history and (known is None or _number(history) == known):
+                # A run that ended: its result is this attempt's, success or failure; nothing is re-run.
+                _judge(history)
+                log.info("job %s attempt %d on %s: adopting finished prompt #%s from /history",
+                         self.claim.id[:8], self.claim.attempt, server, _number(history))
+                return _Run(client, server, _number(history), adopted_entry=history)
+        return None
+
+    # -- 2. post ----------------------------------------------------------------------------------------
+
+    def _post(self) -> _Run:
+        stream = self.client.events(new_client_id())
+        stream.connect()
+        try:
+            number = self.client.post_prompt(self.claim.workflow, self.claim.id, stream.client_id,
+                                             self.claim.extra_data)
+        except BaseException:
+            stream.close()
+            raise
+        log.info("job %s attempt %d on %s: POST /prompt 200", self.claim.id[:8], self.claim.attempt, self.s.server)
+        self.queue.record_prompt(self.claim, self.s.server, number)
+        return _Run(self.client, self.s.server, number, stream=stream)
+
+    # -- 3. follow --------------------------------------------------------------------------------------
+
+    def _follow(self, run: _Run) -> dict[str, Any]:
+        """Until this run's history entry says success; raises _Stop or ComfyError otherwise."""
+        if run.adopted_entry is not None:
+            return run.adopted_entry
+        next_poll = self.clock()
+        unreachable_since: float | None = None
+        while True:
+            now = self.clock()
+            self._checkpoints(run, now)
+            if now >= next_poll:
+                try:
+                    entry = self._poll(run)
+                    unreachable_since = None
+                except ServerUnavailable as exc:
+                    unreachable_since = unreachable_since or now
+                    if now - unreachable_since >= self.s.server_lost_seconds:
+                        raise ServerUnavailable(f"the ComfyUI server died or stopped answering ({exc.reason})",
+                                                "server_died") from exc
+                    entry = None
+                if entry is not None:
+                    return entry
+                next_poll = now + (HISTORY_AFTER_SUCCESS_SECONDS if run.success_seen else self.s.poll_seconds)
+            wait = max(0.0, min(next_poll, self.deadline, self.next_heartbeat) - self.clock())
+            message = self._receive(run, wait)
+            if message is not None and self._on_message(run, message):
+                next_poll = self.clock()
+
+    def _checkpoints(self, run: _Run, now: float) -> None:
+        """The deadline, the heartbeat (lease, cancel) and a graceful stop, checked on every wake-up."""
+        self.on_alive()
+        if now >= self.next_heartbeat:
+            self.next_heartbeat = now + self.s.heartbeat_seconds
+            if self.queue.heartbeat(self.claim, self.s.lease_seconds):
+                self._interrupt(run)
+                raise _Stop(Outcome("cancelled", "cancelled by user", kind="cancelled"))
+        if now >= self.deadline:
+            self._interrupt(run)
+            raise ComfyError(f"timed out after {self.s.timeout_seconds:g} s", "timeout")
+        stop_at = self.stop_deadline()
+        if stop_at is not None and now >= stop_at:
+            self._interrupt(run)
+            raise _Stop(Outcome("released", "interrupted by a graceful stop; attempt not counted", kind="shutdown"))
+
+    def _receive(self, run: _Run, wait: float) -> dict[str, Any] | None:
+        if run.stream is None:
+            run.stream = run.client.events(new_client_id())
+            try:
+                run.stream.connect()
+            except SocketLost:
+                run.stream = None
+                time.sleep(min(wait, 0.2))
+                return None
+        try:
+            return run.stream.recv(wait)
+        except SocketLost:
+            # Reconnect with the same client id (the old socket is closed first), then poll /history.
+            try:
+                run.stream.connect()
+            except SocketLost:
+                time.sleep(min(wait, 0.2))
+            return {"type": "comfysup_reconnected", "data": {"prompt_id": self.claim.id}}
+
+    def _on_message(self, run: _Run, message: dict[str, Any]) -> bool:
+        """Handle one event; returns True when /history should be read now."""
+        kind = message.get("type")
+        data = message.get("data") or {}
+        if kind == "comfysup_reconnected":
+            return True
+        if data.get("prompt_id") != self.claim.id:
+            return False
+        if kind == "execution_start":
+            run.started = True
+            return False
+        if not run.started:
+            return False
+        if kind == "execution_success":
+            run.success_seen = True
+            return True
+        if kind == "executing" and data.get("node") is None:
+            return True
+        if kind == "execution_error":
+            failure = execution_failure(data)
+            raise ComfyError(failure.reason, failure.kind) if failure.transient else PermanentError(failure.reason,
+                                                                                                   failure.kind)
+        if kind == "execution_interrupted" and not run.interrupt_asked:
+            raise ComfyError(f"execution_interrupted at node {data.get('node_id')} ({data.get('node_type')}), "
+                             "not asked for by comfysup", "interrupted")
+        return False
+
+    def _poll(self, run: _Run) -> dict[str, Any] | None:
+        """This run's history entry when it succeeded; None while it runs. Raises on failure or loss."""
+        queued = any(e.prompt_id == self.claim.id for e in run.client.queue())
+        entry = run.client.history(self.claim.id)
+        ours = entry is not None and (run.number is None or _number(entry) == run.number)
+        if ours:
+            return _judge(entry)
+        if not queued:
+            # Read /queue before /history: a finished prompt is in the history before it leaves the queue.
+            raise ServerUnavailable("the prompt is gone from the server's queue without a history entry "
+                                    "(the ComfyUI server restarted)", "server_died")
+        return None
+
+    # -- 4. interrupt -----------------------------------------------------------------------------------
+
+    def _interrupt(self, run: _Run | None) -> None:
+        """Interrupt our prompt, delete it from the queue, and wait until it has left /queue."""
+        if run is None:
+            return
+        run.interrupt_asked = True
+        until = self.clock() + self.s.leave_queue_seconds
+        try:
+            run.client.interrupt(self.claim.id)
+            run.client.delete_queued([self.claim.id])
+        except ServerUnavailable:
+            return
+        while self.clock() < until:
+            try:
+                if not any(e.prompt_id == self.claim.id for e in run.client.queue()):
+                    return
+            except ServerUnavailable:
+                return
+            self.on_alive()
+            if self.clock() >= self.next_heartbeat:
+                self.next_heartbeat = self.clock() + self.s.heartbeat_seconds
+                self.queue.heartbeat(self.claim, self.s.lease_seconds)
+            time.sleep(0.05)
+        log.warning("job %s: prompt still in %s's queue %g s after the interrupt; the next attempt follows it "
+                    "there", self.claim.id[:8], run.server, self.s.leave_queue_seconds)
+
+    # -- 5. download ------------------------------------------------------------------------------------
+
+    def _download(self, run: _Run, entry: dict[str, Any]) -> list[Output]:
+        files = _output_files(entry)
+        try:
+            named = [(safe_relative(f["filename"], f.get("subfolder") or ""), f) for f in files]
+        except (UnsafeName, TypeError) as exc:
+            raise PermanentError(str(exc), "unsafe_output") from exc
+        self.store.prepare(self.claim.id)
+        outputs = []
+        for relative, f in named:
+            self._checkpoints(run, self.clock())
+            try:
+                outputs.append(self.store.write(self.claim.id, relative,
+                                                run.client.view(f["filename"], f.get("subfolder") or "", f["type"])))
+            except UnsafeName as exc:
+                raise PermanentError(str(exc), "unsafe_output") from exc
+            except TooLarge as exc:
+                raise PermanentError(str(exc), "too_large") from exc
+            except OSError as exc:
+                what = "the result store's disk is full" if is_disk_full(exc) else "cannot write to the result store"
+                raise ComfyError(f"{what}: {exc.strerror} ({relative})", "store") from exc
+        return outputs
+
+
+def _number(entry: dict[str, Any]) -> int | None:
+    prompt = entry.get("prompt")
+    return prompt[0] if isinstance(prompt, list) and prompt else None
+
+
+def _status(entry: dict[str, Any]) -> str | None:
+    return (entry.get("status") or {}).get("status_str")
+
+
+def _judge(entry: dict[str, Any]) -> dict[str, Any]:
+    """A finished run's history entry: returned when it succeeded, else its failure is raised."""
+    status = _status(entry)
+    if status == "success":
+        return entry
+    messages = dict((m[0], m[1]) for m in (entry.get("status") or {}).get("messages") or []
+                    if isinstance(m, list) and len(m) == 2)
+    if "execution_error" in messages:
+        failure = execution_failure(messages["execution_error"])
+        raise (ComfyError if failure.transient else PermanentError)(failure.reason, failure.kind)
+    if "execution_interrupted" in messages:
+        raise ComfyError("execution_interrupted, not asked for by comfysup", "interrupted")
+    raise ComfyError(f"ComfyUI reported status {status!r} without an error message", "execution_error")
+
+
+def _output_files(entry: dict[str, Any]) -> list[dict[str, Any]]:
+    """The files a history entry names: 'output' ones, or the 'temp' previews when there are none."""
+    found: dict[str, list[dict[str, Any]]] = {t: [] for t in OUTPUT_TYPES}
+    seen: set[tuple[str, str, str]] = set()
+    for node in (entry.get("outputs") or {}).values():
+        if not isinstance(node, dict):
+            continue
+        for items in node.values():
+            if not isinstance(items, list):
+                continue
+            for item in items:
+                if isinstance(item, dict) and "filename" in item and item.get("type", "output") in found:
+                    key = (item.get("type", "output"), item.get("subfolder") or "", str(item["filename"]))
+                    if key not in seen:
+                        seen.add(key)
+                        found[key[0]].append({**item, "type": key[0]})
+    return found["output"] or found["temp"]

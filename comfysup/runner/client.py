@@ -1,0 +1,251 @@
+"""A ComfyUI client: HTTP on one kept-alive requests.Session, events on websocket-client.
+
+Every HTTP call has a timeout. Errors are sorted here into what the failure table needs: a 400 from
+POST /prompt is ``PromptRejected`` (permanent), anything that says the server is unwell or unreachable
+is ``ServerUnavailable`` (transient). The socket has a receive timeout so the runner's loop wakes up to
+renew its lease, poll /history and check its deadline.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import requests
+import websocket
+
+CLIENT_PREFIX = "comfysup-"
+
+
+class ComfyError(Exception):
+    """A ComfyUI call failed; ``reason`` is what a person reads, ``kind`` the reason class."""
+
+    kind = "connection"
+
+    def __init__(self, reason: str, kind: str | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        if kind:
+            self.kind = kind
+
+
+class ServerUnavailable(ComfyError):
+    """Transient: refused, reset, timed out, or a 5xx."""
+
+
+class PermanentError(ComfyError):
+    """A failure that another attempt cannot mend: the job is dead-lettered at once."""
+
+    kind = "permanent"
+
+
+class PromptRejected(PermanentError):
+    """Permanent: POST /prompt answered 400 (validation, node_errors)."""
+
+    kind = "validation"
+
+
+@dataclass(frozen=True)
+class QueueEntry:
+    number: int
+    prompt_id: str
+    client_id: str | None
+    running: bool
+
+
+def new_client_id() -> str:
+    return f"{CLIENT_PREFIX}{uuid.uuid4()}"
+
+
+def describe_rejection(body: Any) -> str:
+    """``prompt_outputs_failed_validation: node 3 (KSampler): value_bigger_than_max: …`` from a 400 body."""
+    if not isinstance(body, dict):
+        return str(body)[:500]
+    error = body.get("error") or {}
+    parts = [str(error.get("type") or error.get("message") or "rejected")]
+    details = error.get("details")
+    if details:
+        parts.append(str(details))
+    for node_id, node in (body.get("node_errors") or {}).items():
+        errors = node.get("errors") or []
+        what = "; ".join(
+            ": ".join(str(x) for x in (e.get("type"), e.get("details") or e.get("message")) if x) for e in errors)
+        parts.append(f"node {node_id} ({node.get('class_type', '?')}): {what}")
+    return ": ".join(parts)
+
+
+class ComfyClient:
+    """One ComfyUI server, by URL."""
+
+    def __init__(self, url: str, *, timeout_seconds: float = 30.0) -> None:
+        self.url = url.rstrip("/")
+        self.timeout_seconds = timeout_seconds
+        self.session = requests.Session()
+
+    def close(self) -> None:
+        self.session.close()
+
+    # -- HTTP -----------------------------------------------------------------------------------------
+
+    def _call(self, method: str, path: str, **kwargs: Any) -> requests.Response:
+        kwargs.setdefault("timeout", self.timeout_seconds)
+        try:
+            response = self.session.request(method, self.url + path, **kwargs)
+        except requests.Timeout as exc:
+            raise ServerUnavailable(f"{method} {path}: timed out after {kwargs['timeout']:g} s",
+                                    "connection") from exc
+        except requests.ConnectionError as exc:
+            raise ServerUnavailable(f"{method} {path}: {_short(exc)}", "connection") from exc
+        if response.status_code >= 500:
+            raise ServerUnavailable(f"{method} {path} {response.status_code}, {_body_text(response)}", "http_5xx")
+        return response
+
+    def _json(self, method: str, path: str, **kwargs: Any) -> Any:
+        response = self._call(method, path, **kwargs)
+        if response.status_code != 200:
+            raise ServerUnavailable(f"{method} {path} {response.status_code}, {_body_text(response)}", "http")
+        try:
+            return response.json()
+        except ValueError as exc:
+            raise ServerUnavailable(f"{method} {path}: not JSON", "http") from exc
+
+    def system_stats(self, timeout_seconds: float | None = None) -> dict[str, Any]:
+        return self._json("GET", "/system_stats", timeout=timeout_seconds or self.timeout_seconds)
+
+    def object_info(self) -> dict[str, Any]:
+        return self._json("GET", "/object_info")
+
+    def queue(self) -> list[QueueEntry]:
+        body = self._json("GET", "/queue")
+        out = []
+        for key, running in (("queue_running", True), ("queue_pending", False)):
+            for item in body.get(key) or []:
+                extra = item[3] if len(item) > 3 and isinstance(item[3], dict) else {}
+                out.append(QueueEntry(number=item[0], prompt_id=str(item[1]), client_id=extra.get("client_id"),
+                                      running=running))
+        return out
+
+    def history(self, prompt_id: str) -> dict[str, Any] | None:
+        """The history entry of ``prompt_id``, or None while ComfyUI has not written it."""
+        body = self._json("GET", f"/history/{prompt_id}")
+        return body.get(prompt_id) if isinstance(body, dict) else None
+
+    def post_prompt(self, prompt: dict[str, Any], prompt_id: str, client_id: str,
+                    extra_data: dict[str, Any] | None = None) -> int:
+        """Queue a prompt under our id; returns ComfyUI's number for this run of it."""
+        payload: dict[str, Any] = {"prompt": prompt, "prompt_id": prompt_id, "client_id": client_id}
+        if extra_data:
+            payload["extra_data"] = extra_data
+        response = self._call("POST", "/prompt", data=json.dumps(payload, separators=(",", ":")),
+                              headers={"Content-Type": "application/json"})
+        if response.status_code == 400:
+            try:
+                body = response.json()
+            except ValueError:
+                body = _body_text(response)
+            raise PromptRejected(f"POST /prompt 400, {describe_rejection(body)}")
+        if response.status_code != 200:
+            raise ServerUnavailable(f"POST /prompt {response.status_code}, {_body_text(response)}", "http")
+        return int(response.json()["number"])
+
+    def interrupt(self, prompt_id: str | None = None) -> None:
+        self._call("POST", "/interrupt", json={"prompt_id": prompt_id} if prompt_id else {})
+
+    def delete_queued(self, prompt_ids: Sequence[str]) -> None:
+        self._call("POST", "/queue", json={"delete": list(prompt_ids)})
+
+    def view(self, filename: str, subfolder: str, kind: str) -> Iterator[bytes]:
+        """Stream one output file's bytes; raises ServerUnavailable on any error."""
+        response = self._call("GET", "/view", params={"filename": filename, "subfolder": subfolder, "type": kind},
+                              stream=True)
+        if response.status_code != 200:
+            response.close()
+            raise ServerUnavailable(f"GET /view {filename}: {response.status_code}", "download")
+        try:
+            yield from response.iter_content(chunk_size=1 << 16)
+        except requests.RequestException as exc:
+            raise ServerUnavailable(f"GET /view {filename}: {_short(exc)}", "download") from exc
+        finally:
+            response.close()
+
+    # -- WebSocket ------------------------------------------------------------------------------------
+
+    def events(self, client_id: str) -> EventStream:
+        return EventStream(self.url, client_id, self.timeout_seconds)
+
+
+class SocketLost(ComfyError):
+    """The WebSocket closed or failed."""
+
+    kind = "socket_lost"
+
+
+class EventStream:
+    """ComfyUI's WebSocket for one client id. JSON messages only; binary preview frames are skipped."""
+
+    def __init__(self, url: str, client_id: str, connect_timeout_seconds: float) -> None:
+        self.url = "ws" + url[4:] + f"/ws?clientId={client_id}" if url.startswith("http") else url
+        self.client_id = client_id
+        self.connect_timeout_seconds = connect_timeout_seconds
+        self.ws: websocket.WebSocket | None = None
+
+    def connect(self) -> None:
+        """(Re)connect with the same client id. The old socket is closed first: when an old socket of one
+        client id closes after a new one opened, ComfyUI silently stops sending to the new one."""
+        self.close()
+        try:
+            self.ws = websocket.create_connection(self.url, timeout=self.connect_timeout_seconds,
+                                                  enable_multithread=False)
+        except (OSError, websocket.WebSocketException) as exc:
+            self.ws = None
+            raise SocketLost(f"WebSocket connect: {_short(exc)}") from exc
+
+    def recv(self, timeout_seconds: float) -> dict[str, Any] | None:
+        """The next JSON message, or None when ``timeout_seconds`` passed without one."""
+        if self.ws is None:
+            raise SocketLost("WebSocket not connected")
+        self.ws.settimeout(max(timeout_seconds, 0.001))
+        while True:
+            try:
+                opcode, data = self.ws.recv_data()
+            except (TimeoutError, websocket.WebSocketTimeoutException):
+                return None
+            except (OSError, websocket.WebSocketException) as exc:
+                self.close()
+                raise SocketLost(f"WebSocket lost: {_short(exc)}") from exc
+            if opcode == websocket.ABNF.OPCODE_TEXT:
+                try:
+                    message = json.loads(data)
+                except ValueError:
+                    continue
+                if isinstance(message, dict):
+                    return message
+            elif opcode == websocket.ABNF.OPCODE_CLOSE:
+                self.close()
+                raise SocketLost("WebSocket closed by the server")
+
+    def close(self) -> None:
+        if self.ws is not None:
+            try:
+                self.ws.close(timeout=0.5)
+            except Exception:
+                pass
+            self.ws = None
+
+
+def _short(exc: BaseException) -> str:
+    """The last, most specific line of a requests/urllib3 error, not its whole nested repr."""
+    text = str(exc) or type(exc).__name__
+    for marker in ("Connection refused", "Connection reset", "timed out", "Remote end closed", "Broken pipe",
+                   "Name or service not known"):
+        if marker in text:
+            return marker.lower() if marker != "Connection refused" else "connection refused"
+    return text[:300]
+
+
+def _body_text(response: requests.Response) -> str:
+    text = response.text.strip().splitlines()
+    return (text[0] if text else response.reason or "")[:300]

@@ -1,0 +1,177 @@
+"""The runner process: claim a job only when its server can run it, run one attempt, repeat.
+
+A runner blocks on its server. It claims only while the server answers and holds fewer than
+``max_queue`` prompts of other clients, so several runners pulling from one queue make a
+"least loaded server" scheduler with no scheduler. Signals only set flags; the loop acts on them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+
+from comfysup.config import Config
+from comfysup.queue import open_queue
+from comfysup.queue.base import Claim, Queue
+from comfysup.redact import bound
+from comfysup.runner.attempt import AttemptRunner, AttemptSettings, Outcome
+from comfysup.runner.client import CLIENT_PREFIX, ServerUnavailable
+from comfysup.runner.retry import RetryPolicy
+from comfysup.runner.store import ResultStore
+
+log = logging.getLogger("comfysup.runner")
+OBJECT_INFO_MAX_AGE_SECONDS = 3600.0
+
+
+def make_owner(server: str) -> str:
+    """host/pid/server/random: unique per runner process; the pid lets a supervisor prove it dead."""
+    return f"{socket.gethostname()}/{os.getpid()}/{server}/{uuid.uuid4().hex[:6]}"
+
+
+def owner_pid(owner: str) -> int | None:
+    parts = owner.split("/")
+    return int(parts[1]) if len(parts) >= 2 and parts[1].isdigit() else None
+
+
+def settings_from(config: Config, server: str, url: str, peers: dict[str, str]) -> AttemptSettings:
+    r = config.runner
+    return AttemptSettings(
+        server=server, url=url,
+        policy=RetryPolicy(attempts=r.attempts, base_delay_seconds=r.base_delay_seconds,
+                           max_delay_seconds=r.max_delay_seconds, jitter=r.jitter),
+        timeout_seconds=r.timeout_seconds, poll_seconds=r.poll_seconds, lease_seconds=r.lease_seconds,
+        heartbeat_seconds=r.heartbeat_seconds, http_timeout_seconds=r.http_timeout_seconds,
+        server_lost_seconds=max(r.http_timeout_seconds, 10.0),
+        peers={k: v for k, v in peers.items() if k != server})
+
+
+@dataclass
+class RunnerState:
+    """Flags set by signal handlers and read by the loop (gunicorn's arbiter style)."""
+
+    stopping: bool = False
+    stop_deadline: float | None = None
+    counts: Counter[str] = field(default_factory=Counter)
+
+
+class Runner:
+    def __init__(self, config: Config, server: str, url: str, *, peers: dict[str, str] | None = None,
+                 until_empty: bool = False, queue: Queue | None = None,
+                 on_alive: Callable[[], None] = lambda: None,
+                 may_claim: Callable[[], bool] = lambda: True) -> None:
+        self.config = config
+        self.server = server
+        self.owner = make_owner(server)
+        self.until_empty = until_empty
+        self.queue = queue or open_queue(config, create=True)
+        self.state = RunnerState()
+        self.on_alive = on_alive
+        self.may_claim = may_claim
+        store = ResultStore(config.resolve(config.store.dir), config.store.max_file_mb * 2**20)
+        self.attempts = AttemptRunner(settings_from(config, server, url, peers or {}), self.queue, store,
+                                      stop_deadline=lambda: self.state.stop_deadline, on_alive=on_alive)
+        self.idle_seconds = min(config.runner.poll_seconds, 0.25)
+
+    # -- signals --------------------------------------------------------------------------------------
+
+    def install_signals(self) -> None:
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if self.state.stopping:
+            self.state.stop_deadline = time.monotonic()  # a second signal: stop now
+        else:
+            self.state.stopping = True
+            self.state.stop_deadline = time.monotonic() + self.config.runner.grace_seconds
+
+    # -- the loop -------------------------------------------------------------------------------------
+
+    def run(self) -> Counter[str]:
+        """Claim and run until stopped (or, with until_empty, until no job is left to do)."""
+        self._cache_object_info()
+        try:
+            while not self.state.stopping:
+                self.on_alive()
+                if not self.may_claim() or not self._server_free():
+                    self._sleep(self.idle_seconds)
+                    continue
+                claim = self.queue.claim(self.owner, self.server, self.config.runner.lease_seconds)
+                if claim is None:
+                    if self.until_empty and self.queue.active_count() == 0:
+                        break
+                    self.queue.maintenance()
+                    self._sleep(self.idle_seconds)
+                    continue
+                self.run_one(claim)
+        finally:
+            self.attempts.close()
+            self.queue.close()
+        return self.state.counts
+
+    def run_one(self, claim: Claim) -> Outcome:
+        outcome = self.attempts.run(claim)
+        self.state.counts[outcome.state] += 1
+        self._log(claim, outcome)
+        return outcome
+
+    def _server_free(self) -> bool:
+        """The server answers and holds fewer than max_queue prompts of other clients."""
+        try:
+            entries = self.attempts.client.queue()
+        except ServerUnavailable:
+            return False
+        others = sum(1 for e in entries if not (e.client_id or "").startswith(CLIENT_PREFIX))
+        return others < self.config.runner.max_queue
+
+    def _sleep(self, seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while not self.state.stopping and time.monotonic() < end:
+            time.sleep(min(0.05, max(0.0, end - time.monotonic())))
+
+    def _cache_object_info(self) -> None:
+        """Keep a copy of the server's /object_info next to the queue, for submit's graph checks."""
+        path = self.config.resolve(self.config.queue.path).parent / "object_info.json"
+        with contextlib.suppress(OSError):
+            if path.exists() and time.time() - path.stat().st_mtime < OBJECT_INFO_MAX_AGE_SECONDS:
+                return
+        with contextlib.suppress(Exception):
+            info = self.attempts.client.object_info()
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(info))
+            os.replace(tmp, path)
+
+    def _log(self, claim: Claim, o: Outcome) -> None:
+        short = claim.id[:8]
+        if o.state == "done":
+            files = ", ".join(f"{Path(f.name).name} {f.sha256[:16]}" for f in o.outputs[:4])
+            more = ", …" if len(o.outputs) > 4 else ""
+            how = " (adopted from /history)" if o.adopted else ""
+            log.info("job %s: done on %s after %d attempt(s)%s, %d file(s): %s%s", short, self.server,
+                     claim.attempt, how, len(o.outputs), files, more)
+        elif o.state == "retry":
+            log.info("job %s: attempt %d failed, %s; retry in %s", short, claim.attempt, bound(o.reason, 500),
+                     _delay(o.delay_seconds))
+        elif o.state == "dead":
+            log.info("job %s: dead-lettered, %s", short, bound(o.reason, 500))
+        elif o.state == "cancelled":
+            log.info("job %s: cancelled on %s", short, self.server)
+        elif o.state == "released":
+            log.info("job %s: released without counting the attempt (%s)", short, o.reason)
+        else:
+            log.warning("job %s: attempt %d stopped without writing: %s", short, claim.attempt, o.reason)
+
+
+def _delay(seconds: float) -> str:
+    return f"{seconds * 1000:.0f} ms" if seconds < 10 else f"{seconds:.1f} s"

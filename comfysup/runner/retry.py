@@ -1,0 +1,76 @@
+"""What to do after a failed attempt: a pure decision, tested as a table (procrastinate's RetryStrategy).
+
+Transient failures are retried after ``random(0, min(cap, base × 2^(attempt-1)))`` — full jitter, so
+runners that failed together do not retry together — until ``attempts`` is spent; then the job is dead
+with ``gave up after N attempts, last: <reason>``. Permanent failures are dead at once.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+OOM_TYPES = frozenset({"torch.OutOfMemoryError", "torch.cuda.OutOfMemoryError", "OutOfMemoryError"})
+OOM_MESSAGE = re.compile(r"out of memory|allocation on device", re.I)
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Why an attempt failed. ``kind`` is the reason class (metrics, logs); ``reason`` the text."""
+
+    kind: str
+    reason: str
+    transient: bool
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    attempts: int = 4
+    base_delay_seconds: float = 2.0
+    max_delay_seconds: float = 60.0
+    jitter: bool = True
+
+    def backoff(self, attempt: int, rand: Callable[[], float] = random.random) -> float:
+        """Seconds to wait before the attempt after ``attempt`` (1-based)."""
+        ceiling = min(self.max_delay_seconds, self.base_delay_seconds * 2 ** max(attempt - 1, 0))
+        return ceiling * rand() if self.jitter else ceiling
+
+
+@dataclass(frozen=True)
+class Decision:
+    dead: bool
+    reason: str
+    delay_seconds: float = 0.0
+
+
+def decide(policy: RetryPolicy, attempt: int, failure: Failure,
+           rand: Callable[[], float] = random.random) -> Decision:
+    if not failure.transient:
+        return Decision(dead=True, reason=failure.reason)
+    if attempt >= policy.attempts:
+        return Decision(dead=True, reason=gave_up(attempt, failure.reason))
+    return Decision(dead=False, reason=failure.reason, delay_seconds=policy.backoff(attempt, rand))
+
+
+def gave_up(attempts: int, last: str | None) -> str:
+    return f"gave up after {attempts} attempts, last: {last or 'unknown'}"
+
+
+def is_oom(error: dict[str, Any]) -> bool:
+    """An out-of-memory execution_error, from its exception type or message, not guessed."""
+    kind = str(error.get("exception_type") or "")
+    return kind in OOM_TYPES or kind.endswith(".OutOfMemoryError") \
+        or bool(OOM_MESSAGE.search(str(error.get("exception_message") or "")))
+
+
+def execution_failure(error: dict[str, Any]) -> Failure:
+    """The failure an ``execution_error`` message stands for: OOM is transient, the rest permanent."""
+    message = str(error.get("exception_message") or "").strip()
+    text = (f"execution_error, node {error.get('node_id')} ({error.get('node_type')}): "
+            f"{error.get('exception_type')}: {message}")
+    if is_oom(error):
+        return Failure("oom", text, transient=True)
+    return Failure("execution_error", text, transient=False)
