@@ -222,6 +222,7 @@ class SQLiteQueue:
                 if known[job.id] != job.spec_hash:
                     conflicts.append(job.id)
                 continue
+            known[job.id] = job.spec_hash  # a repeat later in this same chunk is judged like one in the table
             fresh.append((job.id, job.priority, at, job.spec_hash, job.workflow_name,
                           job.workflow_json or json.dumps(job.workflow, separators=(",", ":")),
                           json.dumps(job.extra_data), json.dumps(job.meta), json.dumps(job.params)))
