@@ -34,9 +34,13 @@ log = logging.getLogger("comfysup.runner")
 OBJECT_INFO_MAX_AGE_SECONDS = 3600.0
 
 
-def make_owner(server: str) -> str:
-    """host/pid/server/random: unique per runner process; the pid lets a supervisor prove it dead."""
-    return f"{socket.gethostname()}/{os.getpid()}/{server}/{uuid.uuid4().hex[:6]}"
+def make_owner(server: str, pid: int | None = None, token: str | None = None) -> str:
+    """host/pid/server/token: unique per runner process; the pid lets a supervisor prove it dead.
+
+    A supervisor picks ``token`` before it forks the runner, so it knows the owner of the child's claims
+    (``make_owner(server, child_pid, token)``) without asking the child.
+    """
+    return f"{socket.gethostname()}/{pid or os.getpid()}/{server}/{token or uuid.uuid4().hex[:8]}"
 
 
 def owner_pid(owner: str) -> int | None:
@@ -67,12 +71,12 @@ class RunnerState:
 
 class Runner:
     def __init__(self, config: Config, server: str, url: str, *, peers: dict[str, str] | None = None,
-                 until_empty: bool = False, queue: Queue | None = None,
+                 until_empty: bool = False, queue: Queue | None = None, owner_token: str | None = None,
                  on_alive: Callable[[], None] = lambda: None,
                  may_claim: Callable[[], bool] = lambda: True) -> None:
         self.config = config
         self.server = server
-        self.owner = make_owner(server)
+        self.owner = make_owner(server, token=owner_token)
         self.until_empty = until_empty
         self.queue = queue or open_queue(config, create=True)
         self.state = RunnerState()
