@@ -338,10 +338,11 @@ class SQLiteQueue:
                 "UPDATE jobs SET state = 'queued', owner = NULL, lease_until = NULL, reason = ?, "
                 "attempt = attempt - ? WHERE state = 'running' AND owner = ? RETURNING id, attempt",
                 (reason, 0 if count_attempt else 1, owner)).fetchall()
+            outcome = "released" if count_attempt else "released_uncounted"
             for job_id, attempt in rows:
-                conn.execute("UPDATE attempts SET ended_at = ?, outcome = 'released', reason = ? "
+                conn.execute("UPDATE attempts SET ended_at = ?, outcome = ?, reason = ? "
                              "WHERE job_id = ? AND attempt = ? AND owner = ? AND ended_at IS NULL",
-                             (at, reason, job_id, attempt + (0 if count_attempt else 1), owner))
+                             (at, outcome, reason, job_id, attempt + (0 if count_attempt else 1), owner))
         return [r[0] for r in rows]
 
     def active_count(self) -> int:
