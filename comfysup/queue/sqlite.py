@@ -90,17 +90,24 @@ class SQLiteQueue:
         self._conn: sqlite3.Connection | None = None
         self._pid = -1
         self._last_checkpoint = time.monotonic()
+        if not self.path.exists() and not create:
+            raise DatabaseMissing(f"{self.path}: no queue database here. Submit jobs first "
+                                  "(comfysup submit jobs.jsonl), or point [queue] path at the right file.")
+        self._refuse_network_filesystem()
         if not self.path.exists():
-            if not create:
-                raise DatabaseMissing(f"{self.path}: no queue database here. Submit jobs first "
-                                      "(comfysup submit jobs.jsonl), or point [queue] path at the right file.")
             self._create_file()
-        kind = filesystem_type(self.path.parent)
+        self._migrate()
+
+    def _refuse_network_filesystem(self) -> None:
+        """Checked on the nearest existing folder, before anything is created on a share."""
+        existing = self.path.parent
+        while not existing.exists() and existing != existing.parent:
+            existing = existing.parent
+        kind = filesystem_type(existing)
         if kind.lower() in NETWORK_FILESYSTEMS:
             raise QueueError(f"{self.path}: on a network filesystem ({kind}). SQLite's locks are not reliable "
                              "there and the queue could hand one job to two runners; put [queue] path on a "
                              "local disk, or use PostgreSQL ([queue] url) to share a queue between machines.")
-        self._migrate()
 
     # -- connection -----------------------------------------------------------------------------------
 
