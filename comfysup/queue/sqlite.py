@@ -172,6 +172,10 @@ class SQLiteQueue:
         return QueueError(f"{self.path}: {text}")
 
     def _migrate(self) -> None:
+        """Bring the schema forward. An up-to-date file is only read, so opening it to run ``status`` or
+        ``show`` never waits for the write lock that a long submit holds."""
+        if self._read("PRAGMA user_version")[0][0] == SCHEMA_VERSION:
+            return
         with self._write() as conn:
             version = conn.execute("PRAGMA user_version").fetchone()[0]
             if version > SCHEMA_VERSION:
