@@ -3,8 +3,14 @@
 - ``synchronous=FULL``: a committed submit or ``done`` survives a power loss.
 - ``BEGIN IMMEDIATE`` for every transaction that writes: a deferred transaction that upgrades to a
   write lock gets SQLITE_BUSY at once, ignoring the busy timeout.
-- The connection is opened lazily in the process that uses it and reopened after a fork, never
-  inherited (SQLite forbids carrying a connection across fork).
+- The connection is opened lazily in the process that uses it, never inherited: SQLite forbids
+  carrying a connection across fork. Its in-process lock bookkeeping is copied into the child, where
+  the OS locks it stands for are not held, so a child opening a second connection would believe it
+  holds locks it does not, and the parent's last close would then delete the WAL under the child's
+  feet (committed writes lost). So every queue closes its idle connection just before ``os.fork``
+  (``os.register_at_fork``), and a connection a child still inherits is never used or closed there.
+- One lock per queue serialises its transactions, so threads sharing a queue never interleave
+  statements on one connection, and a fork waits for a running transaction to end.
 - A periodic PASSIVE checkpoint and ``journal_size_limit`` keep the WAL bounded.
 """
 
@@ -14,7 +20,9 @@ import contextlib
 import json
 import os
 import sqlite3
+import threading
 import time
+import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from importlib import resources
 from pathlib import Path
@@ -79,6 +87,36 @@ def _now(now: float | None) -> float:
     return time.time() if now is None else now
 
 
+_LIVE: weakref.WeakSet[SQLiteQueue] = weakref.WeakSet()
+_FORKING: list[SQLiteQueue] = []
+_INHERITED: list[sqlite3.Connection] = []
+"""Connections that came across a fork: kept referenced so the child never closes (frees) them."""
+
+
+def _before_fork() -> None:
+    """Each queue ends up with no open connection in the parent, so the child inherits no SQLite state."""
+    for queue in list(_LIVE):
+        queue._lock.acquire()
+        _FORKING.append(queue)
+        queue._drop_for_fork()
+
+
+def _after_fork_in_parent() -> None:
+    while _FORKING:
+        _FORKING.pop()._lock.release()
+
+
+def _after_fork_in_child() -> None:
+    while _FORKING:
+        queue = _FORKING.pop()
+        queue._abandon()
+        queue._lock.release()
+
+
+os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
+                    after_in_child=_after_fork_in_child)
+
+
 class SQLiteQueue:
     """The default queue backend. See comfysup.queue.base for the contract."""
 
@@ -89,6 +127,8 @@ class SQLiteQueue:
         self.checkpoint_seconds = checkpoint_seconds
         self._conn: sqlite3.Connection | None = None
         self._pid = -1
+        self._lock = threading.RLock()
+        _LIVE.add(self)
         self._last_checkpoint = time.monotonic()
         if not self.path.exists() and not create:
             raise DatabaseMissing(f"{self.path}: no queue database here. Submit jobs first "
@@ -122,9 +162,24 @@ class SQLiteQueue:
     def conn(self) -> sqlite3.Connection:
         """This process's connection; a connection inherited across fork is dropped, never used."""
         if self._conn is None or self._pid != os.getpid():
+            self._abandon()
             self._conn = self._connect()
             self._pid = os.getpid()
         return self._conn
+
+    def _abandon(self) -> None:
+        """Forget a connection opened by another process without closing it (closing frees state the
+        parent still uses)."""
+        if self._conn is not None and self._pid != os.getpid():
+            _INHERITED.append(self._conn)
+            self._conn = None
+
+    def _drop_for_fork(self) -> None:
+        """Just before fork: close this process's connection unless a transaction of this thread is open
+        (then the child abandons it)."""
+        if self._conn is not None and self._pid == os.getpid() and not self._conn.in_transaction:
+            self._conn.close()
+            self._conn = None
 
     def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, timeout=self.busy_timeout_seconds, isolation_level=None,
@@ -141,28 +196,30 @@ class SQLiteQueue:
     @contextlib.contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
         """A write transaction taken with BEGIN IMMEDIATE, committed or rolled back as a whole."""
-        conn = self.conn
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-        except sqlite3.OperationalError as exc:
-            raise self._translate(exc) from exc
-        try:
-            yield conn
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-        try:
-            conn.execute("COMMIT")
-        except sqlite3.OperationalError as exc:
-            with contextlib.suppress(sqlite3.Error):
+        with self._lock:
+            conn = self.conn
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.OperationalError as exc:
+                raise self._translate(exc) from exc
+            try:
+                yield conn
+            except BaseException:
                 conn.execute("ROLLBACK")
-            raise self._translate(exc) from exc
+                raise
+            try:
+                conn.execute("COMMIT")
+            except sqlite3.OperationalError as exc:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
+                raise self._translate(exc) from exc
 
     def _read(self, sql: str, args: Sequence[Any] = ()) -> list[sqlite3.Row | tuple]:
-        try:
-            return self.conn.execute(sql, args).fetchall()
-        except sqlite3.OperationalError as exc:
-            raise self._translate(exc) from exc
+        with self._lock:
+            try:
+                return self.conn.execute(sql, args).fetchall()
+            except sqlite3.OperationalError as exc:
+                raise self._translate(exc) from exc
 
     def _translate(self, exc: sqlite3.OperationalError) -> Exception:
         text = str(exc)
@@ -190,15 +247,17 @@ class SQLiteQueue:
                 conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     def close(self) -> None:
-        if self._conn is not None and self._pid == os.getpid():
-            self._conn.close()
-        self._conn = None
+        with self._lock:
+            self._abandon()
+            if self._conn is not None:
+                self._conn.close()
+            self._conn = None
 
     def maintenance(self) -> None:
         """A PASSIVE checkpoint every ``checkpoint_seconds``: it never blocks readers or writers."""
         if time.monotonic() - self._last_checkpoint >= self.checkpoint_seconds:
             self._last_checkpoint = time.monotonic()
-            with contextlib.suppress(sqlite3.OperationalError):
+            with self._lock, contextlib.suppress(sqlite3.OperationalError):
                 self.conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
 
     # -- submit -----------------------------------------------------------------------------------------
