@@ -1,0 +1,487 @@
+"""The behaviour every queue backend promises (comfysup/queue/base.py), written once.
+
+Like huey's storage tests: a backend's test module subclasses ``QueueContract`` and says how to make
+its queue; every test here then runs against that backend. Time is passed explicitly (``now=``), so
+leases and retry delays are tested without sleeping.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from comfysup.errors import LeaseLost, NotFound
+from comfysup.queue.base import Claim, NewJob, Output, Queue, SubmitConflict
+
+T0 = 1_700_000_000.0
+LEASE = 30.0
+
+
+def make_job(n: int, *, priority: int = 0, seed: int | None = None, extra: dict[str, Any] | None = None,
+             meta: dict[str, Any] | None = None) -> NewJob:
+    """A small valid job; ``seed`` changes its content (and so its spec_hash) without changing its id."""
+    workflow = {"1": {"class_type": "EmptyImage", "inputs": {"width": 8, "height": 8, "color": seed or n}},
+                "2": {"class_type": "SaveImage", "inputs": {"images": ["1", 0], "filename_prefix": f"j{n}"}}}
+    extra = extra or {}
+    meta = meta if meta is not None else {"n": n}
+    text = json.dumps(workflow, sort_keys=True, separators=(",", ":"))
+    digest = hashlib.sha256(f"{text}\0{json.dumps(extra, sort_keys=True)}\0{json.dumps(meta, sort_keys=True)}"
+                            f"\0{priority}".encode()).hexdigest()
+    return NewJob(id=str(uuid.uuid5(uuid.NAMESPACE_URL, f"comfysup-test/{n}")), workflow=workflow,
+                  spec_hash=digest, priority=priority, extra_data=extra, meta=meta,
+                  params={"1.color": seed or n}, workflow_name="test", workflow_json=text)
+
+
+class QueueContract:
+    """Subclass with ``make_queue(self, tmp_path) -> Queue``; the name keeps pytest from collecting it."""
+
+    def make_queue(self, tmp_path: Path) -> Queue:
+        raise NotImplementedError
+
+    @pytest.fixture
+    def q(self, tmp_path: Path) -> Any:
+        queue = self.make_queue(tmp_path)
+        yield queue
+        queue.close()
+
+    # -- helpers ----------------------------------------------------------------------------------------
+
+    @staticmethod
+    def submit(q: Queue, *jobs: NewJob, now: float = T0) -> None:
+        result = q.submit(list(jobs), now=now)
+        assert result.inserted == len(jobs)
+
+    @staticmethod
+    def claim(q: Queue, owner: str = "runner-a", server: str = "gpu0", now: float = T0,
+              lease: float = LEASE) -> Claim:
+        claim = q.claim(owner, server, lease, now=now)
+        assert claim is not None, "expected a claimable job"
+        return claim
+
+    # -- submit -----------------------------------------------------------------------------------------
+
+    def test_submit_inserts_a_batch_and_keeps_its_content(self, q: Queue) -> None:
+        jobs = [make_job(i, priority=i % 3, extra={"k": i}, meta={"n": i, "tag": "x"}) for i in range(5)]
+        result = q.submit(jobs, now=T0)
+        assert (result.inserted, result.existing) == (5, 0)
+        got = q.get(jobs[3].id)
+        assert got.state == "queued"
+        assert got.attempt == 0
+        assert got.priority == 0
+        assert got.workflow == jobs[3].workflow
+        assert got.extra_data == {"k": 3}
+        assert got.meta == {"n": 3, "tag": "x"}
+        assert got.params == {"1.color": 3}
+        assert got.workflow_name == "test"
+        assert got.submitted_at == T0
+        assert got.attempts == []
+        assert got.outputs == []
+
+    def test_submit_same_ids_same_content_counts_existing(self, q: Queue) -> None:
+        q.submit([make_job(1), make_job(2)], now=T0)
+        result = q.submit([make_job(1), make_job(2), make_job(3)], now=T0 + 5)
+        assert (result.inserted, result.existing) == (1, 2)
+        assert q.get(make_job(1).id).submitted_at == T0  # the first submission is kept, not replaced
+        assert q.status(now=T0 + 5).counts["queued"] == 3
+
+    def test_submit_conflict_inserts_nothing_from_the_whole_batch(self, q: Queue) -> None:
+        q.submit([make_job(1)], now=T0)
+        batch = [make_job(10), make_job(11), make_job(1, seed=999), make_job(12)]
+        with pytest.raises(SubmitConflict) as info:
+            q.submit(batch, now=T0)
+        assert info.value.ids == [make_job(1).id]
+        assert q.get_many([j.id for j in batch]) == [q.get(make_job(1).id)]
+        assert q.get(make_job(1).id).workflow == make_job(1).workflow  # the original is unchanged
+        assert sum(q.status(now=T0).counts.values()) == 1
+
+    def test_submit_conflict_at_the_end_of_a_large_batch_inserts_nothing(self, q: Queue) -> None:
+        """Backends insert in chunks; a conflict found in the last chunk must undo the first ones."""
+        q.submit([make_job(5000)], now=T0)
+        batch = [make_job(i) for i in range(1200)] + [make_job(5000, seed=1)]
+        with pytest.raises(SubmitConflict):
+            q.submit(batch, now=T0)
+        assert sum(q.status(now=T0).counts.values()) == 1
+
+    def test_submit_accepts_a_generator(self, q: Queue) -> None:
+        result = q.submit((make_job(i) for i in range(700)), now=T0)
+        assert (result.inserted, result.existing) == (700, 0)
+
+    def test_submit_the_same_id_twice_in_one_batch(self, q: Queue) -> None:
+        """Same content twice is one job counted once as existing; different content is a conflict."""
+        result = q.submit([make_job(1), make_job(1)], now=T0)
+        assert (result.inserted, result.existing) == (1, 1)
+        with pytest.raises(SubmitConflict):
+            q.submit([make_job(2), make_job(2, seed=77)], now=T0)
+        with pytest.raises(NotFound):
+            q.get(make_job(2).id)
+
+    # -- claim ------------------------------------------------------------------------------------------
+
+    def test_claim_on_an_empty_queue_returns_none(self, q: Queue) -> None:
+        assert q.claim("runner-a", "gpu0", LEASE, now=T0) is None
+
+    def test_claim_sets_attempt_owner_server_and_lease(self, q: Queue) -> None:
+        job = make_job(1, extra={"api_key_comfy_org": "k-123456"})
+        self.submit(q, job)
+        claim = self.claim(q, "runner-a", "gpu0", now=T0 + 1, lease=20)
+        assert (claim.id, claim.attempt, claim.owner, claim.server) == (job.id, 1, "runner-a", "gpu0")
+        assert claim.lease_until == T0 + 21
+        assert claim.workflow == job.workflow
+        assert claim.extra_data == job.extra_data
+        assert claim.last_server is None and claim.last_prompt_number is None
+        assert not claim.cancel_requested
+        record = q.get(job.id)
+        assert (record.state, record.owner, record.server, record.attempt) == ("running", "runner-a", "gpu0", 1)
+        assert record.lease_until == T0 + 21
+        assert record.started_at == T0 + 1
+        assert len(record.attempts) == 1
+        a = record.attempts[0]
+        assert (a.attempt, a.owner, a.server, a.started_at, a.ended_at, a.outcome) == \
+            (1, "runner-a", "gpu0", T0 + 1, None, None)
+        assert q.claim("runner-b", "gpu1", LEASE, now=T0 + 2) is None  # the claimed row is the lock
+
+    def test_claim_order_is_priority_then_submission(self, q: Queue) -> None:
+        q.submit([make_job(1, priority=0), make_job(2, priority=5), make_job(3, priority=0)], now=T0)
+        q.submit([make_job(4, priority=5), make_job(5, priority=-1), make_job(6, priority=10)], now=T0 + 1)
+        order = [self.claim(q, now=T0 + 2).id for _ in range(6)]
+        assert order == [make_job(n).id for n in (6, 2, 4, 1, 3, 5)]
+        assert q.claim("runner-a", "gpu0", LEASE, now=T0 + 2) is None
+
+    def test_claim_respects_run_after(self, q: Queue) -> None:
+        self.submit(q, make_job(1, priority=9), make_job(2))
+        first = self.claim(q, now=T0)
+        assert first.id == make_job(1).id
+        q.retry_later(first, run_after=T0 + 100, reason="server went away", now=T0 + 1)
+        second = self.claim(q, now=T0 + 2, lease=1000)
+        assert second.id == make_job(2).id  # the higher priority job waits for its run_after
+        assert q.claim("runner-a", "gpu0", LEASE, now=T0 + 99.9) is None
+        again = self.claim(q, now=T0 + 100)
+        assert (again.id, again.attempt) == (make_job(1).id, 2)
+        assert again.last_reason == "server went away"
+
+    def test_each_claim_increments_the_attempt(self, q: Queue) -> None:
+        self.submit(q, make_job(1))
+        for n in range(1, 4):
+            claim = self.claim(q, now=T0 + n)
+            assert claim.attempt == n
+            q.retry_later(claim, run_after=T0 + n, reason=f"try {n}", now=T0 + n)
+        record = q.get(make_job(1).id)
+        assert [a.attempt for a in record.attempts] == [1, 2, 3]
+        assert [a.outcome for a in record.attempts] == ["retry"] * 3
+        assert [a.reason for a in record.attempts] == ["try 1", "try 2", "try 3"]
+
+    # -- leases and fencing ------------------------------------------------------------------------------
+
+    def test_heartbeat_extends_the_lease(self, q: Queue) -> None:
+        self.submit(q, make_job(1))
+        claim = self.claim(q, now=T0, lease=10)
+        assert q.heartbeat(claim, 10, now=T0 + 8) is False
+        assert q.get(claim.id).lease_until == T0 + 18
+        assert q.claim("runner-b", "gpu1", 10, now=T0 + 15) is None  # not expired: renewed at T0+8
+
+    def test_expired_lease_is_reclaimed_with_the_next_attempt(self, q: Queue) -> None:
+        self.submit(q, make_job(1))
+        old = self.claim(q, "runner-a", "gpu0", now=T0, lease=10)
+        assert q.claim("runner-b", "gpu1", 10, now=T0 + 10) is None  # the lease runs to T0+10 inclusive
+        new = self.claim(q, "runner-b", "gpu1", now=T0 + 11, lease=10)
+        assert (new.id, new.attempt, new.owner) == (old.id, 2, "runner-b")
+        record = q.get(old.id)
+        assert [(a.attempt, a.owner, a.outcome) for a in record.attempts] == \
+            [(1, "runner-a", "lease_expired"), (2, "runner-b", None)]
+        assert record.attempts[0].ended_at == T0 + 11
+
+    @pytest.mark.parametrize("call", ["heartbeat", "complete", "retry_later", "dead", "cancelled", "release",
+                                      "record_prompt"])
+    def test_the_old_owner_is_fenced_out_after_a_reclaim(self, q: Queue, call: str) -> None:
+        self.submit(q, make_job(1))
+        old = self.claim(q, "runner-a", "gpu0", now=T0, lease=10)
+        new = self.claim(q, "runner-b", "gpu1", now=T0 + 11, lease=10)
+        before = q.get(old.id)
+        with pytest.raises(LeaseLost):
+            self._write_with(q, call, old, now=T0 + 12)
+        assert q.get(old.id) == before
+        q.complete(new, [Output("a.png", 3, "00" * 32)], now=T0 + 13)  # the new owner still can
+        assert q.get(old.id).state == "done"
+
+    @staticmethod
+    def _write_with(q: Queue, call: str, claim: Claim, now: float) -> None:
+        if call == "heartbeat":
+            q.heartbeat(claim, 10, now=now)
+        elif call == "complete":
+            q.complete(claim, [Output("x.png", 1, "ab" * 32)], now=now)
+        elif call == "retry_later":
+            q.retry_later(claim, run_after=now, reason="stale", now=now)
+        elif call == "dead":
+            q.dead(claim, "stale", now=now)
+        elif call == "cancelled":
+            q.cancelled(claim, "stale", now=now)
+        elif call == "release":
+            q.release(claim, "stale", now=now)
+        elif call == "record_prompt":
+            q.record_prompt(claim, "gpu9", 42)
+        else:
+            raise AssertionError(call)
+
+    @pytest.mark.parametrize("call", ["heartbeat", "complete", "retry_later", "dead", "cancelled", "release"])
+    def test_every_write_after_a_terminal_state_is_fenced(self, q: Queue, call: str) -> None:
+        self.submit(q, make_job(1))
+        claim = self.claim(q, now=T0)
+        q.complete(claim, [], now=T0 + 1)
+        before = q.get(claim.id)
+        with pytest.raises(LeaseLost):
+            self._write_with(q, call, claim, now=T0 + 2)
+        assert q.get(claim.id) == before
+
+    def test_a_claim_with_another_owner_or_attempt_is_fenced(self, q: Queue) -> None:
+        self.submit(q, make_job(1))
+        claim = self.claim(q, now=T0)
+        for forged in (Claim(**{**claim.__dict__, "owner": "runner-z"}),
+                       Claim(**{**claim.__dict__, "attempt": claim.attempt + 1})):
+            with pytest.raises(LeaseLost):
+                q.complete(forged, [], now=T0 + 1)
+        assert q.get(claim.id).state == "running"
+
+    # -- what a runner records ----------------------------------------------------------------------------
+
+    def test_record_prompt_is_kept_for_the_next_attempt(self, q: Queue) -> None:
+        self.submit(q, make_job(1))
+        claim = self.claim(q, "runner-a", "gpu0", now=T0)
+        q.record_prompt(claim, "gpu0", 17)
+        record = q.get(claim.id)
+        assert record.attempts[0].prompt_number == 17
+        assert record.attempts[0].server == "gpu0"
+        q.release(claim, "runner died", now=T0 + 1)
+        again = self.claim(q, "runner-b", "gpu1", now=T0 + 2)
+        assert (again.last_server, again.last_prompt_number) == ("gpu0", 17)
+        assert again.attempt == 2
+
+    def test_complete_records_outputs_and_ends_the_attempt(self, q: Queue) -> None:
+        self.submit(q, make_job(1))
+        claim = self.claim(q, now=T0)
+        outputs = [Output("a.png", 10, "aa" * 32, "/store/x/a.png"), Output("b.png", 20, "bb" * 32)]
+        q.complete(claim, outputs, now=T0 + 5)
+        record = q.get(claim.id)
+        assert record.state == "done"
+        assert record.outputs == outputs
+        assert record.finished_at == T0 + 5
+        assert record.owner is None and record.lease_until is None
+        assert [(a.outcome, a.ended_at) for a in record.attempts] == [("done", T0 + 5)]
+        assert q.claim("runner-b", "gpu0", LEASE, now=T0 + 1000) is None  # done is terminal
+
+    def test_dead_keeps_the_reason(self, q: Queue) -> None:
+        self.submit(q, make_job(1))
+        claim = self.claim(q, now=T0)
+        q.dead(claim, "gave up after 1 attempts, last: boom", now=T0 + 3)
+        record = q.get(claim.id)
+        assert (record.state, record.reason, record.finished_at) == ("dead", "gave up after 1 attempts, last: boom",
+                                                                     T0 + 3)
+        assert [(a.outcome, a.reason) for a in record.attempts] == [("dead", "gave up after 1 attempts, last: boom")]
+        assert q.claim("runner-b", "gpu0", LEASE, now=T0 + 1000) is None
+
+    def test_cancelled_by_the_runner(self, q: Queue) -> None:
+        self.submit(q, make_job(1))
+        claim = self.claim(q, now=T0)
+        q.cancelled(claim, "cancelled by user", now=T0 + 1)
+        record = q.get(claim.id)
+        assert (record.state, record.reason) == ("cancelled", "cancelled by user")
+        assert record.attempts[0].outcome == "cancelled"
+
+    def test_retry_later_requeues_with_run_after_and_reason(self, q: Queue) -> None:
+        self.submit(q, make_job(1))
+        claim = self.claim(q, now=T0)
+        q.retry_later(claim, run_after=T0 + 60, reason="connection refused", now=T0 + 1)
+        record = q.get(claim.id)
+        assert (record.state, record.run_after, record.reason, record.attempt) == \
+            ("queued", T0 + 60, "connection refused", 1)
+        assert record.owner is None
+        assert record.attempts[0].outcome == "retry"
+        assert q.status(now=T0 + 2).counts["waiting"] == 1
+        assert q.status(now=T0 + 60).counts["waiting"] == 0
+
+    def test_release_counts_the_attempt(self, q: Queue) -> None:
+        self.submit(q, make_job(1))
+        claim = self.claim(q, now=T0)
+        q.release(claim, "runner pid 123 died", now=T0 + 1)
+        record = q.get(claim.id)
+        assert (record.state, record.attempt, record.owner) == ("queued", 1, None)
+        assert record.attempts[0].outcome == "released"
+        assert self.claim(q, "runner-b", now=T0 + 1).attempt == 2  # no wait for the lease
+
+    def test_release_without_counting_the_attempt(self, q: Queue) -> None:
+        self.submit(q, make_job(1))
+        claim = self.claim(q, now=T0)
+        q.release(claim, "graceful stop", count_attempt=False, now=T0 + 1)
+        record = q.get(claim.id)
+        assert (record.state, record.attempt) == ("queued", 0)
+        assert [(a.outcome, a.ended_at) for a in record.attempts] == [("released_uncounted", T0 + 1)]
+        again = self.claim(q, "runner-b", now=T0 + 2)
+        assert again.attempt == 1
+        assert len(q.get(claim.id).attempts) == 2  # the history still shows both
+        q.complete(again, [], now=T0 + 3)
+        assert q.get(claim.id).state == "done"
+
+    @pytest.mark.parametrize("count_attempt", [True, False])
+    def test_release_owner_frees_every_claim_of_one_owner(self, q: Queue, count_attempt: bool) -> None:
+        self.submit(q, make_job(1), make_job(2), make_job(3))
+        a1 = self.claim(q, "runner-a", "gpu0", now=T0)
+        b = self.claim(q, "runner-b", "gpu1", now=T0)
+        a2 = self.claim(q, "runner-a", "gpu0", now=T0)
+        released = q.release_owner("runner-a", "runner pid 7 died", count_attempt=count_attempt, now=T0 + 1)
+        assert sorted(released) == sorted([a1.id, a2.id])
+        for claim in (a1, a2):
+            record = q.get(claim.id)
+            assert (record.state, record.owner) == ("queued", None)
+            assert record.attempt == (1 if count_attempt else 0)
+            assert record.attempts[0].outcome == ("released" if count_attempt else "released_uncounted")
+            assert record.attempts[0].ended_at == T0 + 1
+            with pytest.raises(LeaseLost):
+                q.heartbeat(claim, LEASE, now=T0 + 2)
+        assert q.get(b.id).state == "running"
+        assert q.release_owner("runner-a", "again", now=T0 + 2) == []
+        assert q.running_owners() == ["runner-b"]
+
+    # -- the people's side ------------------------------------------------------------------------------
+
+    def test_cancel_queued_running_terminal_and_unknown(self, q: Queue) -> None:
+        self.submit(q, make_job(1), make_job(2), make_job(3))
+        running = self.claim(q, now=T0)
+        finished = self.claim(q, now=T0)
+        q.complete(finished, [], now=T0 + 1)
+        queued_id = make_job(3).id
+        unknown = str(uuid.uuid4())
+        result = q.cancel([queued_id, running.id, finished.id, unknown], now=T0 + 2)
+        assert result == {queued_id: "cancelled", running.id: "cancelling", finished.id: "already done",
+                          unknown: "unknown"}
+        record = q.get(queued_id)
+        assert (record.state, record.finished_at) == ("cancelled", T0 + 2)
+        assert q.get(running.id).state == "running"
+        assert q.get(running.id).cancel_requested
+        assert q.heartbeat(running, LEASE, now=T0 + 3) is True  # the runner learns it on its next heartbeat
+        q.cancelled(running, "cancelled by user", now=T0 + 4)
+        assert q.get(running.id).state == "cancelled"
+        assert q.claim("runner-a", "gpu0", LEASE, now=T0 + 5) is None
+
+    def test_a_cancel_request_survives_a_release(self, q: Queue) -> None:
+        self.submit(q, make_job(1))
+        claim = self.claim(q, now=T0)
+        q.cancel([claim.id], now=T0 + 1)
+        q.release(claim, "runner died", now=T0 + 2)
+        assert self.claim(q, now=T0 + 3).cancel_requested
+
+    def test_requeue_one_dead_job_resets_attempts_and_keeps_history(self, q: Queue) -> None:
+        self.submit(q, make_job(1), make_job(2))
+        claim = self.claim(q, now=T0)
+        q.retry_later(claim, run_after=T0, reason="transient", now=T0 + 1)
+        claim = self.claim(q, now=T0 + 2)
+        q.dead(claim, "gave up", now=T0 + 3)
+        other = make_job(2).id
+        unknown = str(uuid.uuid4())
+        result = q.requeue_dead([claim.id, other, unknown], now=T0 + 4)
+        assert result == {claim.id: "requeued", other: "not dead (queued)", unknown: "unknown"}
+        record = q.get(claim.id)
+        assert (record.state, record.attempt, record.reason, record.finished_at) == ("queued", 0, None, None)
+        assert [a.outcome for a in record.attempts] == ["retry", "dead"]
+        again = self.claim(q, now=T0 + 5)
+        assert (again.id, again.attempt) == (claim.id, 1)
+
+    def test_requeue_all_dead_jobs(self, q: Queue) -> None:
+        self.submit(q, make_job(1), make_job(2), make_job(3))
+        for _ in range(2):
+            q.dead(self.claim(q, now=T0), "broken", now=T0 + 1)
+        assert q.status(now=T0 + 1).counts["dead"] == 2
+        result = q.requeue_dead(None, now=T0 + 2)
+        assert sorted(result) == sorted([make_job(1).id, make_job(2).id])
+        assert set(result.values()) == {"requeued"}
+        status = q.status(now=T0 + 2)
+        assert (status.counts["dead"], status.counts["queued"]) == (0, 3)
+        assert q.requeue_dead(None, now=T0 + 3) == {}
+
+    def test_get_unknown_raises_not_found(self, q: Queue) -> None:
+        with pytest.raises(NotFound):
+            q.get(str(uuid.uuid4()))
+
+    def test_get_many_keeps_the_order_asked_and_skips_unknown(self, q: Queue) -> None:
+        self.submit(q, *[make_job(i) for i in range(5)])
+        ids = [make_job(3).id, str(uuid.uuid4()), make_job(0).id, make_job(4).id]
+        assert [j.id for j in q.get_many(ids)] == [ids[0], ids[2], ids[3]]
+        assert q.get_many([]) == []
+
+    def test_iter_jobs_in_submission_order_filtered_by_state(self, q: Queue) -> None:
+        jobs = [make_job(i, priority=i % 4) for i in range(1234)]
+        q.submit(jobs, now=T0)
+        claimed = [self.claim(q, now=T0) for _ in range(3)]
+        q.complete(claimed[0], [], now=T0 + 1)
+        assert [j.id for j in q.iter_jobs()] == [j.id for j in jobs]
+        assert [j.id for j in q.iter_jobs(["running", "done"])] == \
+            [j.id for j in jobs if j.id in {c.id for c in claimed}]
+        assert [j.id for j in q.iter_jobs(["done"])] == [claimed[0].id]
+        assert next(iter(q.iter_jobs(["running"]))).attempts[0].owner == "runner-a"
+        assert list(q.iter_jobs(["dead"])) == []
+
+    def test_status_counts_every_state_and_waiting(self, q: Queue) -> None:
+        self.submit(q, *[make_job(i) for i in range(8)])
+        done = self.claim(q, now=T0)
+        q.complete(done, [], now=T0 + 1)
+        dead1 = self.claim(q, now=T0)
+        q.dead(dead1, "first dead", now=T0 + 2)
+        dead2 = self.claim(q, now=T0)
+        q.dead(dead2, "second dead", now=T0 + 3)
+        waiting = self.claim(q, now=T0)
+        q.retry_later(waiting, run_after=T0 + 500, reason="later", now=T0 + 1)
+        running = self.claim(q, "runner-b", "gpu1", now=T0 + 4, lease=60)
+        q.cancel([make_job(7).id], now=T0 + 5)
+        status = q.status(now=T0 + 10, dead_limit=5)
+        assert status.counts == {"queued": 2, "waiting": 1, "running": 1, "done": 1, "dead": 2, "cancelled": 1}
+        assert status.oldest_queued_at == T0
+        assert [(r.id, r.owner, r.server, r.attempt, r.started_at, r.lease_until) for r in status.running] == \
+            [(running.id, "runner-b", "gpu1", 1, T0 + 4, T0 + 64)]
+        assert [(i, t, r) for i, t, r in status.recent_dead] == \
+            [(dead2.id, T0 + 3, "second dead"), (dead1.id, T0 + 2, "first dead")]
+        assert [i for i, _, _ in q.status(now=T0 + 10, dead_limit=1).recent_dead] == [dead2.id]
+        assert q.status(now=T0 + 500).counts["waiting"] == 0
+
+    def test_status_of_an_empty_queue(self, q: Queue) -> None:
+        status = q.status(now=T0)
+        assert status.counts == {"queued": 0, "waiting": 0, "running": 0, "done": 0, "dead": 0, "cancelled": 0}
+        assert status.oldest_queued_at is None
+        assert status.running == [] and status.recent_dead == []
+
+    def test_running_owners(self, q: Queue) -> None:
+        self.submit(q, make_job(1), make_job(2), make_job(3))
+        assert q.running_owners() == []
+        self.claim(q, "runner-a", now=T0)
+        self.claim(q, "runner-a", now=T0)
+        self.claim(q, "runner-b", now=T0)
+        assert sorted(q.running_owners()) == ["runner-a", "runner-b"]
+
+    def test_attempt_rows_tell_the_whole_story(self, q: Queue) -> None:
+        self.submit(q, make_job(1))
+        c1 = self.claim(q, "runner-a", "gpu0", now=T0, lease=10)
+        q.record_prompt(c1, "gpu0", 3)
+        c2 = self.claim(q, "runner-b", "gpu1", now=T0 + 20, lease=10)  # c1's lease expired
+        q.retry_later(c2, run_after=T0 + 21, reason="out of memory", now=T0 + 21)
+        c3 = self.claim(q, "runner-a", "gpu0", now=T0 + 22)
+        q.release(c3, "graceful stop", count_attempt=False, now=T0 + 23)
+        c4 = self.claim(q, "runner-b", "gpu1", now=T0 + 24)
+        q.record_prompt(c4, "gpu1", 9)
+        q.complete(c4, [Output("a.png", 1, "cd" * 32)], now=T0 + 30)
+        rows = [(a.attempt, a.owner, a.server, a.started_at, a.ended_at, a.outcome, a.prompt_number)
+                for a in q.get(c1.id).attempts]
+        assert rows == [
+            (1, "runner-a", "gpu0", T0, T0 + 20, "lease_expired", 3),
+            (2, "runner-b", "gpu1", T0 + 20, T0 + 21, "retry", None),
+            (3, "runner-a", "gpu0", T0 + 22, T0 + 23, "released_uncounted", None),
+            (3, "runner-b", "gpu1", T0 + 24, T0 + 30, "done", 9),
+        ]
+        assert q.get(c1.id).attempt == 3
+
+    def test_maintenance_is_cheap_to_call_often(self, q: Queue) -> None:
+        self.submit(q, *[make_job(i) for i in range(50)])
+        for _ in range(100):
+            q.maintenance()
+        assert q.status(now=T0).counts["queued"] == 50

@@ -1,0 +1,202 @@
+"""The SQLite backend: the shared contract, plus what only a file on a local disk has to get right."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import stat
+import time
+from pathlib import Path
+
+import pytest
+from queue_contract import T0, QueueContract, make_job
+
+from comfysup.errors import DatabaseLocked, DatabaseMissing, QueueError
+from comfysup.queue import sqlite as sqlite_backend
+from comfysup.queue.sqlite import SCHEMA_VERSION, SQLiteQueue
+
+
+class TestSQLiteQueue(QueueContract):
+    def make_queue(self, tmp_path: Path) -> SQLiteQueue:
+        return SQLiteQueue(tmp_path / "queue.db")
+
+
+def test_connection_is_wal_with_full_sync_and_a_busy_timeout(tmp_path: Path) -> None:
+    q = SQLiteQueue(tmp_path / "q.db", busy_timeout_seconds=7)
+    assert q.conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert q.conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+    assert q.conn.execute("PRAGMA busy_timeout").fetchone()[0] == 7000
+    q.close()
+
+
+def test_new_file_is_0600_in_a_new_0700_directory(tmp_path: Path) -> None:
+    path = tmp_path / "new" / "queue.db"
+    q = SQLiteQueue(path)
+    q.submit([make_job(1)], now=T0)
+    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    wal = path.with_name("queue.db-wal")
+    assert wal.exists() and stat.S_IMODE(wal.stat().st_mode) == 0o600  # SQLite copies the file's mode
+    q.close()
+
+
+def test_schema_version_is_recorded_and_a_newer_one_refused(tmp_path: Path) -> None:
+    path = tmp_path / "q.db"
+    SQLiteQueue(path).close()
+    conn = sqlite3.connect(path)
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    conn.close()
+    with pytest.raises(QueueError, match="newer than this comfysup"):
+        SQLiteQueue(path)
+
+
+def test_reopening_keeps_the_jobs(tmp_path: Path) -> None:
+    q = SQLiteQueue(tmp_path / "q.db")
+    q.submit([make_job(i) for i in range(3)], now=T0)
+    q.close()
+    again = SQLiteQueue(tmp_path / "q.db", create=False)
+    assert again.status(now=T0).counts["queued"] == 3
+    again.close()
+
+
+def test_missing_database_without_create(tmp_path: Path) -> None:
+    with pytest.raises(DatabaseMissing, match="no queue database"):
+        SQLiteQueue(tmp_path / "absent.db", create=False)
+    assert not (tmp_path / "absent.db").exists()
+
+
+def test_network_filesystem_is_refused_before_anything_is_created(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sqlite_backend, "filesystem_type", lambda path: "nfs4")
+    path = tmp_path / "sub" / "q.db"
+    with pytest.raises(QueueError, match=r"network filesystem \(nfs4\)"):
+        SQLiteQueue(path)
+    assert not path.exists()
+
+
+def test_filesystem_type_finds_the_mount_of_a_path(tmp_path: Path) -> None:
+    assert sqlite_backend.filesystem_type(tmp_path) != ""
+
+
+def _hold_write_lock(path: Path) -> sqlite3.Connection:
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    return holder
+
+
+def test_a_write_lock_held_beyond_the_busy_timeout_is_database_locked(tmp_path: Path) -> None:
+    path = tmp_path / "q.db"
+    q = SQLiteQueue(path, busy_timeout_seconds=0.2)
+    q.submit([make_job(1)], now=T0)
+    holder = _hold_write_lock(path)
+    try:
+        started = time.monotonic()
+        with pytest.raises(DatabaseLocked, match="another process holds a write lock"):
+            q.claim("runner-a", "gpu0", 30, now=T0)
+        assert time.monotonic() - started >= 0.15  # it waited for the busy timeout, not SQLITE_BUSY at once
+        assert q.status(now=T0).counts["queued"] == 1  # WAL: reads go on under a writer
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert q.claim("runner-a", "gpu0", 30, now=T0) is not None  # and the connection is still usable
+    q.close()
+
+
+def test_opening_an_existing_queue_does_not_need_the_write_lock(tmp_path: Path) -> None:
+    """status and show must work while a long submit holds the write lock."""
+    path = tmp_path / "q.db"
+    SQLiteQueue(path).close()
+    holder = _hold_write_lock(path)
+    try:
+        q = SQLiteQueue(path, create=False, busy_timeout_seconds=0.2)
+        assert q.status(now=T0).counts["queued"] == 0
+        q.close()
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+
+
+def _fork(child: object) -> int:
+    """Run ``child()`` in a forked process; return its exit status (0 when it returned normally)."""
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            child()  # type: ignore[operator]
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
+
+
+@pytest.mark.timeout(30)
+def test_a_forked_child_uses_its_own_connection(tmp_path: Path) -> None:
+    q = SQLiteQueue(tmp_path / "q.db")
+    q.submit([make_job(1)], now=T0)
+    parent_conn = q.conn
+
+    def child() -> None:
+        assert q.conn is not parent_conn
+        q.submit([make_job(2)], now=T0)
+        claim = q.claim("child", "gpu0", 30, now=T0)
+        assert claim is not None
+        q.complete(claim, [], now=T0 + 1)
+
+    assert _fork(child) == 0
+    counts = q.status(now=T0).counts
+    assert (counts["queued"], counts["done"]) == (1, 1)
+    q.close()
+
+
+@pytest.mark.timeout(30)
+def test_a_child_keeps_its_commits_when_the_parent_closes_first(tmp_path: Path) -> None:
+    """The parent's last close must not delete the WAL under a forked child that still writes.
+
+    A connection inherited across fork shares SQLite's in-process lock bookkeeping with the parent's,
+    so the child holds none of the parent's OS locks while believing it does; when the parent then
+    closes, it checkpoints and deletes the WAL that the child keeps writing to, and the child's
+    commits vanish. The queue must hand the child a clean start instead.
+    """
+    path = tmp_path / "q.db"
+    q = SQLiteQueue(path)
+    q.submit([make_job(1)], now=T0)
+    to_parent_r, to_parent_w = os.pipe()
+    to_child_r, to_child_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            q.submit([make_job(2)], now=T0)
+            os.write(to_parent_w, b"1")
+            os.read(to_child_r, 1)  # the parent has closed its connection
+            q.submit([make_job(3)], now=T0)
+            q.submit([make_job(4)], now=T0)
+            code = 0
+        finally:
+            os._exit(code)
+    assert os.read(to_parent_r, 1) == b"1"
+    q.close()
+    os.write(to_child_w, b"1")
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    conn = sqlite3.connect(path)
+    assert conn.execute("SELECT count(*) FROM jobs").fetchone()[0] == 4
+    assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    conn.close()
+
+
+def test_maintenance_checkpoints_the_wal_at_its_pace(tmp_path: Path) -> None:
+    """A checkpoint copies the WAL into the database file; between two, maintenance does nothing."""
+    path = tmp_path / "q.db"
+    idle = SQLiteQueue(path, checkpoint_seconds=3600)
+    idle.submit([make_job(i) for i in range(200)], now=T0)
+    before = path.stat().st_size
+    idle.maintenance()
+    assert path.stat().st_size == before
+    eager = SQLiteQueue(path, checkpoint_seconds=1e-9)
+    eager.maintenance()
+    assert path.stat().st_size > before
+    idle.close()
+    eager.close()
