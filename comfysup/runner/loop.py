@@ -73,7 +73,8 @@ class Runner:
     def __init__(self, config: Config, server: str, url: str, *, peers: dict[str, str] | None = None,
                  until_empty: bool = False, queue: Queue | None = None, owner_token: str | None = None,
                  on_alive: Callable[[], None] = lambda: None,
-                 may_claim: Callable[[], bool] = lambda: True) -> None:
+                 may_claim: Callable[[], bool] = lambda: True,
+                 on_job: Callable[[Claim, Outcome | None], None] = lambda claim, outcome: None) -> None:
         self.config = config
         self.server = server
         self.owner = make_owner(server, token=owner_token)
@@ -82,6 +83,9 @@ class Runner:
         self.state = RunnerState()
         self.on_alive = on_alive
         self.may_claim = may_claim
+        self.on_job = on_job
+        """Called with (claim, None) when an attempt starts and (claim, outcome) when it ends: a supervisor
+        learns the current job and counts jobs per server (for recycling) without asking the queue."""
         store = ResultStore(config.resolve(config.store.dir), config.store.max_file_mb * 2**20)
         self.attempts = AttemptRunner(settings_from(config, server, url, peers or {}), self.queue, store,
                                       stop_deadline=lambda: self.state.stop_deadline, on_alive=on_alive)
@@ -125,8 +129,10 @@ class Runner:
         return self.state.counts
 
     def run_one(self, claim: Claim) -> Outcome:
+        self.on_job(claim, None)
         outcome = self.attempts.run(claim)
         self.state.counts[outcome.state] += 1
+        self.on_job(claim, outcome)
         self._log(claim, outcome)
         return outcome
 
