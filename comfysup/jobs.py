@@ -23,6 +23,8 @@ MAX_LINE_BYTES = 16 * 1024 * 1024
 MAX_WORKFLOW_BYTES = 16 * 1024 * 1024
 MAX_LINES = 1_000_000
 MAX_PROBLEMS_SHOWN = 50
+PRIORITY_RANGE = (-(2**63), 2**63 - 1)
+"""What SQLite's INTEGER holds; a larger number would fail at insert, after validation said yes."""
 LINE_KEYS = frozenset({"id", "workflow", "set", "priority", "extra_data", "meta"})
 
 # ComfyUI's built-in nodes with OUTPUT_NODE = True: a prompt without one of these (or a custom output
@@ -149,6 +151,8 @@ class WorkflowCache:
                 workflow = loads_strict(path.read_bytes())
             except JobLineError as exc:
                 raise JobLineError(f"workflow file {str(path)!r}: {exc}") from exc
+            except RecursionError as exc:
+                raise JobLineError(f"workflow file {str(path)!r} is nested too deeply to be a workflow") from exc
             except ValueError as exc:
                 raise JobLineError(f"workflow file {str(path)!r} is not valid JSON: {exc}") from exc
             check_api_format(workflow, f"workflow file {str(path)!r}")
@@ -300,6 +304,8 @@ class JobsFile:
             line = loads_strict(raw)
         except JobLineError:
             raise
+        except RecursionError as exc:
+            raise JobLineError("the line is nested too deeply (JSON arrays or objects inside each other)") from exc
         except ValueError as exc:
             raise JobLineError(f"not valid JSON: {exc}") from exc
         if not isinstance(line, dict):
@@ -312,6 +318,9 @@ class JobsFile:
         priority = line.get("priority", 0)
         if isinstance(priority, bool) or not isinstance(priority, int):
             raise JobLineError(f"priority {priority!r} is not a whole number")
+        if not PRIORITY_RANGE[0] <= priority <= PRIORITY_RANGE[1]:
+            raise JobLineError(f"priority {priority} is out of range; expected a whole number from "
+                               f"{PRIORITY_RANGE[0]} to {PRIORITY_RANGE[1]}")
         for key in ("extra_data", "meta"):
             if not isinstance(line.get(key, {}), dict):
                 raise JobLineError(f"{key} must be an object")
