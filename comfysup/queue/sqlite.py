@@ -153,9 +153,14 @@ class SQLiteQueue:
 
     def _create_file(self) -> None:
         directory = self.path.parent
-        if not directory.exists():
-            directory.mkdir(mode=0o700, parents=True)
-        fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+        try:
+            if not directory.exists():
+                directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+        except FileExistsError:
+            return  # another process created it first; its file is as good as ours
+        except OSError as exc:
+            raise QueueError(f"{self.path}: cannot create the queue database: {exc.strerror}") from exc
         os.close(fd)
 
     @property
@@ -163,7 +168,10 @@ class SQLiteQueue:
         """This process's connection; a connection inherited across fork is dropped, never used."""
         if self._conn is None or self._pid != os.getpid():
             self._abandon()
-            self._conn = self._connect()
+            try:
+                self._conn = self._connect()
+            except sqlite3.Error as exc:
+                raise self._translate(exc) from exc
             self._pid = os.getpid()
         return self._conn
 
@@ -184,13 +192,17 @@ class SQLiteQueue:
     def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, timeout=self.busy_timeout_seconds, isolation_level=None,
                                check_same_thread=False)
-        conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_seconds * 1000)}")
-        mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-        if mode.lower() != "wal":
-            raise QueueError(f"{self.path}: could not switch the database to WAL mode (got {mode})")
-        conn.execute("PRAGMA synchronous = FULL")
-        conn.execute("PRAGMA journal_size_limit = 67108864")
-        conn.execute("PRAGMA foreign_keys = ON")
+        try:
+            conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_seconds * 1000)}")
+            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            if mode.lower() != "wal":
+                raise QueueError(f"{self.path}: could not switch the database to WAL mode (got {mode})")
+            conn.execute("PRAGMA synchronous = FULL")
+            conn.execute("PRAGMA journal_size_limit = 67108864")
+            conn.execute("PRAGMA foreign_keys = ON")
+        except BaseException:
+            conn.close()
+            raise
         return conn
 
     @contextlib.contextmanager
@@ -200,28 +212,30 @@ class SQLiteQueue:
             conn = self.conn
             try:
                 conn.execute("BEGIN IMMEDIATE")
-            except sqlite3.OperationalError as exc:
+            except sqlite3.Error as exc:
                 raise self._translate(exc) from exc
             try:
                 yield conn
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            try:
                 conn.execute("COMMIT")
-            except sqlite3.OperationalError as exc:
-                with contextlib.suppress(sqlite3.Error):
-                    conn.execute("ROLLBACK")
-                raise self._translate(exc) from exc
+            except BaseException as exc:
+                # SQLite may have rolled back by itself (disk full, I/O error): never let a failing
+                # ROLLBACK hide the error that caused it.
+                if conn.in_transaction:
+                    with contextlib.suppress(sqlite3.Error):
+                        conn.execute("ROLLBACK")
+                if isinstance(exc, sqlite3.Error):
+                    raise self._translate(exc) from exc
+                raise
 
     def _read(self, sql: str, args: Sequence[Any] = ()) -> list[sqlite3.Row | tuple]:
         with self._lock:
             try:
                 return self.conn.execute(sql, args).fetchall()
-            except sqlite3.OperationalError as exc:
+            except sqlite3.Error as exc:
                 raise self._translate(exc) from exc
 
-    def _translate(self, exc: sqlite3.OperationalError) -> Exception:
+    def _translate(self, exc: sqlite3.Error) -> Exception:
+        """A message a person can act on instead of sqlite3's exception (and its traceback)."""
         text = str(exc)
         if "locked" in text or "busy" in text:
             return DatabaseLocked(f"{self.path}: {text} for more than {self.busy_timeout_seconds:g} s; another "
@@ -442,13 +456,15 @@ class SQLiteQueue:
                     out[job_id] = f"already {row[0]}"
         return out
 
+    _REQUEUE = ("UPDATE jobs SET state = 'queued', attempt = 0, run_after = 0, reason = NULL, finished_at = NULL, "
+                "cancel_requested = 0, last_server = NULL, last_prompt_number = NULL")
+    """A retried dead job runs afresh: no earlier prompt is looked for, so its old failure is not adopted."""
+
     def requeue_dead(self, ids: Sequence[str] | None, now: float | None = None) -> dict[str, str]:
         out: dict[str, str] = {}
         with self._write() as conn:
             if ids is None:
-                rows = conn.execute("UPDATE jobs SET state = 'queued', attempt = 0, run_after = 0, reason = NULL, "
-                                    "finished_at = NULL, cancel_requested = 0 WHERE state = 'dead' "
-                                    "RETURNING id").fetchall()
+                rows = conn.execute(f"{self._REQUEUE} WHERE state = 'dead' RETURNING id").fetchall()
                 return {r[0]: "requeued" for r in rows}
             for job_id in ids:
                 row = conn.execute("SELECT state FROM jobs WHERE id = ?", (job_id,)).fetchone()
@@ -457,8 +473,7 @@ class SQLiteQueue:
                 elif row[0] != DEAD:
                     out[job_id] = f"not dead ({row[0]})"
                 else:
-                    conn.execute("UPDATE jobs SET state = 'queued', attempt = 0, run_after = 0, reason = NULL, "
-                                 "finished_at = NULL, cancel_requested = 0 WHERE id = ?", (job_id,))
+                    conn.execute(f"{self._REQUEUE} WHERE id = ?", (job_id,))
                     out[job_id] = "requeued"
         return out
 

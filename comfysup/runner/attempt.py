@@ -187,29 +187,38 @@ class AttemptRunner:
     # -- 1. catch up ------------------------------------------------------------------------------------
 
     def _catch_up(self) -> _Run | None:
-        """A run of this job that an earlier attempt left on a server: adopt it, or None to post anew."""
-        candidates = [self.claim.last_server, self.s.server]
-        for server in dict.fromkeys(c for c in candidates if c):
+        """A run of this job that an earlier attempt left on a server: follow or adopt it, or None to post.
+
+        A prompt of ours still in a server's queue is followed whatever its number: it is live, and
+        posting again would run the job twice. A history entry is adopted when its number is the one
+        recorded; when the attempt that posted died before recording it, only a success is adopted.
+        """
+        if self.claim.last_server is None and self.claim.attempt <= 1:
+            return None  # nothing was ever posted for this job (or a retry of a dead job was asked for)
+        for server in dict.fromkeys(c for c in (self.claim.last_server, self.s.server) if c):
             client = self.client_for(server)
             if client is None:
                 continue
             known = self.claim.last_prompt_number if server == self.claim.last_server else None
             try:
-                for entry in client.queue():
-                    if entry.prompt_id == self.claim.id and (known is None or entry.number == known):
-                        log.info("job %s attempt %d on %s: following prompt #%d left by attempt %d",
-                                 self.claim.id[:8], self.claim.attempt, server, entry.number, self.claim.attempt - 1)
-                        self.queue.record_prompt(self.claim, server, entry.number)
-                        return _Run(client, server, entry.number)
-                history = client.history(self.claim.id)
+                live = next((e for e in client.queue() if e.prompt_id == self.claim.id), None)
+                history = None if live else client.history(self.claim.id)
             except ServerUnavailable:
                 continue
-            if history and (known is None or _number(history) == known):
-                # A run that ended: its result is this attempt's, success or failure; nothing is re-run.
-                _judge(history)
-                log.info("job %s attempt %d on %s: adopting finished prompt #%s from /history",
-                         self.claim.id[:8], self.claim.attempt, server, _number(history))
-                return _Run(client, server, _number(history), adopted_entry=history)
+            if live is not None:
+                log.info("job %s attempt %d on %s: following prompt #%d left by an earlier attempt",
+                         self.claim.id[:8], self.claim.attempt, server, live.number)
+                self.queue.record_prompt(self.claim, server, live.number)
+                # Already running: its execution_start was sent before this socket existed.
+                return _Run(client, server, live.number, started=live.running)
+            if history is None or (known is not None and _number(history) != known):
+                continue
+            if known is None and _status(history) != "success":
+                continue
+            _judge(history)  # a run that ended in failure: that failure is this attempt's outcome
+            log.info("job %s attempt %d on %s: adopting finished prompt #%s from /history",
+                     self.claim.id[:8], self.claim.attempt, server, _number(history))
+            return _Run(client, server, _number(history), adopted_entry=history)
         return None
 
     # -- 2. post ----------------------------------------------------------------------------------------
