@@ -200,3 +200,21 @@ def test_maintenance_checkpoints_the_wal_at_its_pace(tmp_path: Path) -> None:
     assert path.stat().st_size > before
     idle.close()
     eager.close()
+
+
+def test_a_file_that_is_not_a_database_is_a_queue_error(tmp_path: Path) -> None:
+    path = tmp_path / "q.db"
+    path.write_bytes(b"this is not a database, it is a shopping list\n" * 200)
+    with pytest.raises(QueueError, match="file is not a database"):
+        SQLiteQueue(path, create=False)
+
+
+def test_a_failed_write_rolls_back_and_the_queue_stays_usable(tmp_path: Path) -> None:
+    q = SQLiteQueue(tmp_path / "q.db")
+    with pytest.raises(QueueError, match="no such table"), q._write() as conn:
+        conn.execute("INSERT INTO jobs (id, submitted_at, spec_hash, workflow) VALUES ('a', 0, 'h', '{}')")
+        conn.execute("INSERT INTO no_such_table VALUES (1)")
+    assert q.status(now=T0).counts["queued"] == 0  # the first insert was rolled back with the second
+    q.submit([make_job(1)], now=T0)
+    assert q.status(now=T0).counts["queued"] == 1
+    q.close()
