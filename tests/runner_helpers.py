@@ -1,0 +1,72 @@
+"""Shared pieces of the runner tests: a config in a temp dir, jobs, and running `comfysup work`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+
+from comfysup.config import Config, load_config
+from comfysup.jobs import JobsFile
+from comfysup.queue.sqlite import SQLiteQueue
+
+ROOT = Path(__file__).resolve().parents[1]
+TRIVIAL = json.loads((ROOT / "examples" / "workflows" / "trivial.json").read_text())
+
+
+def job_id(n: int) -> str:
+    return str(uuid.UUID(int=n))
+
+
+def write_config(tmp: Path, **runner: Any) -> Path:
+    """A config.toml in ``tmp`` with fast settings for tests; ``runner`` overrides [runner] keys."""
+    settings = {"attempts": 2, "base_delay_seconds": 0.05, "max_delay_seconds": 0.2, "jitter": False,
+                "timeout_seconds": 20.0, "poll_seconds": 0.2, "lease_seconds": 10.0, "heartbeat_seconds": 0.5,
+                "http_timeout_seconds": 5.0}
+    settings.update(runner)
+    doc = {"queue": {"path": str(tmp / "queue.db")}, "store": {"dir": str(tmp / "store")},
+           "comfyui": {"gpus": "cpu:1"}, "runner": settings}
+    path = tmp / "config.toml"
+    path.write_bytes(tomli_w.dumps(doc).encode())
+    return path
+
+
+def jobs_file(tmp: Path, jobs: list[dict[str, Any]], name: str = "jobs.jsonl") -> Path:
+    path = tmp / name
+    path.write_text("".join(json.dumps(j) + "\n" for j in jobs))
+    return path
+
+
+def trivial_job(n: int, **extra: Any) -> dict[str, Any]:
+    """A trivial job whose colour differs per n, so ComfyUI's cache never serves it."""
+    line = {"id": job_id(n), "workflow": TRIVIAL, "set": {"1.color": n, "3.filename_prefix": f"job{n}"}}
+    line.update(extra)
+    return line
+
+
+def submit(config_path: Path, jobs: list[dict[str, Any]]) -> SQLiteQueue:
+    """Submit through the same path as the CLI; returns the opened queue."""
+    config = load_config(str(config_path), env={})
+    path = jobs_file(config_path.parent, jobs, name=f"jobs-{uuid.uuid4().hex[:6]}.jsonl")
+    file = JobsFile(path)
+    checked = file.validate()
+    assert checked.ok, checked.problems
+    queue = SQLiteQueue(config.resolve(config.queue.path))
+    queue.submit(file.jobs())
+    return queue
+
+
+def config_of(config_path: Path) -> Config:
+    return load_config(str(config_path), env={})
+
+
+def comfysup(*args: str, timeout: float = 60, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """The real CLI in a subprocess, as a person runs it."""
+    return subprocess.run([sys.executable, "-m", "comfysup", *args], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, **(env or {})}, cwd=ROOT)

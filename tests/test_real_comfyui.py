@@ -1,0 +1,99 @@
+"""The runner against a real ComfyUI on the CPU (opt-in: COMFYUI_DIR names a checkout that runs --cpu).
+
+COMFYUI_PYTHON names the Python of its environment (default: the one running the tests).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from comfysup.runner.client import ComfyClient
+from comfysup.runner.loop import Runner
+from tests.runner_helpers import ROOT, config_of, job_id, submit, write_config
+
+COMFYUI_DIR = os.environ.get("COMFYUI_DIR")
+pytestmark = [pytest.mark.comfyui,
+              pytest.mark.skipif(not COMFYUI_DIR, reason="set COMFYUI_DIR to a ComfyUI checkout that runs with --cpu")]
+WORKFLOWS = ROOT / "examples" / "workflows"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def comfyui(tmp_path_factory):
+    base = tmp_path_factory.mktemp("comfyui")
+    (base / "custom_nodes").mkdir()
+    port = _free_port()
+    python = os.environ.get("COMFYUI_PYTHON", sys.executable)
+    with open(base / "comfyui.log", "wb") as log:
+        proc = subprocess.Popen([python, str(Path(COMFYUI_DIR) / "main.py"), "--cpu", "--listen", "127.0.0.1",
+                                 "--port", str(port), "--base-directory", str(base), "--disable-auto-launch"],
+                                stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"ComfyUI exited with {proc.returncode}; see {base / 'comfyui.log'}")
+        try:
+            requests.get(f"{url}/system_stats", timeout=1).raise_for_status()
+            break
+        except requests.RequestException:
+            time.sleep(0.2)
+    else:
+        proc.kill()
+        pytest.fail("ComfyUI did not answer /system_stats within 120 s")
+    yield url
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(30)
+
+
+def _job(n: int, workflow: str, **set_: object) -> dict:
+    return {"id": job_id(n), "workflow": json.loads((WORKFLOWS / workflow).read_text()),
+            "set": {"1.color": int(time.time() * 1000) % 16777216, **set_}}
+
+
+@pytest.mark.timeout(300)
+def test_real_comfyui_runs_the_model_free_workflows(tmp_path, comfyui):
+    config = write_config(tmp_path, attempts=2, timeout_seconds=120)
+    queue = submit(config, [_job(1, "trivial.json"), _job(2, "error_image_to_mask.json"), _job(3, "slow.json")])
+    Runner(config_of(config), "real", comfyui, until_empty=True).run()
+    trivial, error, slow = (queue.get(job_id(n)) for n in (1, 2, 3))
+    assert trivial.state == "done" and trivial.outputs[0].size > 0
+    assert error.state == "dead" and error.reason.startswith("execution_error, node 2 (ImageToMask): IndexError:")
+    assert slow.state == "done" and slow.outputs
+    for job in (trivial, slow):
+        assert Path(job.outputs[0].path).read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.timeout(300)
+def test_real_comfyui_finished_prompt_is_adopted_not_rerun(tmp_path, comfyui):
+    """A runner died after ComfyUI finished: the next attempt adopts the result from /history."""
+    config = write_config(tmp_path, timeout_seconds=120)
+    queue = submit(config, [_job(4, "trivial.json")])
+    claim = queue.claim("dead-runner", "real", lease_seconds=60)
+    client = ComfyClient(comfyui)
+    number = client.post_prompt(claim.workflow, claim.id, "someone")
+    queue.record_prompt(claim, "real", number)
+    deadline = time.monotonic() + 60
+    while client.history(claim.id) is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    queue.release_owner("dead-runner", "runner process died")
+    Runner(config_of(config), "real", comfyui, until_empty=True).run()
+    job = queue.get(claim.id)
+    assert job.state == "done" and job.attempt == 2
+    # Not re-run: the history entry is still the first run's number.
+    assert client.history(claim.id)["prompt"][0] == number
