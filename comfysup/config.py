@@ -274,7 +274,9 @@ def _describe(kind: Any) -> str:
     if origin in (types.UnionType, typing.Union):
         return " or ".join(_describe(k) for k in typing.get_args(kind))
     if origin is tuple:
-        return f"a list of {_describe(typing.get_args(kind)[0])}s"
+        item = typing.get_args(kind)[0]
+        return "a list of " + {float: "numbers", int: "whole numbers", bool: "true/false values",
+                               str: "strings"}[item]
     return {float: "a number", int: "a whole number", bool: "true or false", str: "a string"}[kind]
 
 
