@@ -264,6 +264,9 @@ class JobsFile:
         self.base_dir = base_dir if base_dir is not None else path.resolve().parent
         self.object_info = object_info or ObjectInfo()
         self.cache = WorkflowCache(self.object_info)
+        self._named: dict[str, tuple[str, str]] = {}
+        """Workflow text by the path as the lines spell it: resolving it again for every line (realpath,
+        one lstat per path component) took half the time of a large submit."""
 
     def _lines(self) -> Iterator[tuple[int, bytes]]:
         with open(self.path, "rb") as f:
@@ -344,10 +347,12 @@ class JobsFile:
 
     def _workflow(self, value: Any) -> tuple[dict[str, Any], str]:
         if isinstance(value, str):
-            path = Path(value)
-            if not path.is_absolute():
-                path = self.base_dir / path
-            text, name = self.cache.text(path)
+            if value not in self._named:
+                path = Path(value)
+                if not path.is_absolute():
+                    path = self.base_dir / path
+                self._named[value] = self.cache.text(path)
+            text, name = self._named[value]
             return json.loads(text), name
         if isinstance(value, dict):
             check_api_format(value, "the inline workflow")
