@@ -77,7 +77,7 @@ class RunnerConfig:
 
 @dataclass(frozen=True)
 class SupervisorConfig:
-    runner_timeout_seconds: float = 120.0
+    runner_timeout_seconds: float = 45.0
     recycle_after_jobs: int = 0
     recycle_rss_mb: int = 0
     max_quick_failures: int = 5
@@ -357,6 +357,27 @@ def _check(c: Config) -> None:
     if not host or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise bad("supervisor", "status_listen", s.status_listen, "expected HOST:PORT, e.g. 127.0.0.1:9188")
     _check_listen(c.source, "supervisor", "status_listen", host.strip("[]"), u.private_network)
+
+
+def check_supervisor(c: Config) -> None:
+    """What only ``comfysup run`` needs: a stalled runner must be killed (and its claim released) before
+    its lease could expire and hand the job to another runner while the stalled one may still act on it.
+
+    Not part of ``_check``: ``comfysup work`` and tools that never start a supervisor may use a short
+    lease with the default runner timeout.
+    """
+    r, s = c.runner, c.supervisor
+    if s.runner_timeout_seconds + r.heartbeat_seconds >= r.lease_seconds:
+        raise ConfigError(
+            f"{c.source}: [supervisor] runner_timeout_seconds = {s.runner_timeout_seconds:g}: must be shorter "
+            f"than [runner] lease_seconds ({r.lease_seconds:g}) minus heartbeat_seconds "
+            f"({r.heartbeat_seconds:g}), so a runner that stops answering is killed and its job released "
+            "before its lease could hand the job to another runner; lower it, or raise lease_seconds")
+    if s.runner_timeout_seconds <= r.http_timeout_seconds:
+        raise ConfigError(
+            f"{c.source}: [supervisor] runner_timeout_seconds = {s.runner_timeout_seconds:g}: must be longer "
+            f"than [runner] http_timeout_seconds ({r.http_timeout_seconds:g}), or a runner waiting on one slow "
+            "answer from ComfyUI is killed as if it had hung")
 
 
 def _check_listen(source: str, section: str, key: str, host: str, private_network: bool) -> None:

@@ -64,7 +64,8 @@ DOCS: dict[str, dict[str, str]] = {
     "supervisor": {
         "": "comfysup run: keeping servers and runners alive.",
         "runner_timeout_seconds": "A runner silent this long is killed and its job released; shorter than "
-                                  "[runner] lease_seconds.",
+                                  "[runner] lease_seconds minus heartbeat_seconds, longer than "
+                                  "http_timeout_seconds.",
         "recycle_after_jobs": "Restart a server after this many jobs (0: never).",
         "recycle_rss_mb": "Restart a server whose process tree uses more memory than this, in MiB (0: never).",
         "max_quick_failures": "A server that fails this many times in a row, each soon after starting, is "
