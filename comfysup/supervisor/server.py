@@ -1,0 +1,164 @@
+"""One ComfyUI server: its command line (a pure function), its folders, its port, its log, its readiness.
+
+What a real ComfyUI 0.3.64 showed (../shared/recorded): its base directory must already hold
+``custom_nodes/`` or it crashes at start; it keeps a SQLite database of its own outside the base
+directory unless given ``--database-url``, so servers of one machine would share one file; and when its
+port is taken it starts fully and only exits about 6 s later, so the port is checked before the launch
+and the process holding it is named.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+import requests
+
+from comfysup.config import Config
+from comfysup.supervisor.gpus import Slot
+from comfysup.supervisor.notify import child_environment
+
+LOG_NAME = "comfyui.log"
+
+
+@dataclass(frozen=True)
+class ServerPlan:
+    """Everything needed to launch one slot's server, computed once from the config."""
+
+    slot: Slot
+    argv: tuple[str, ...]
+    port: int
+    url: str
+    directory: Path
+    log_path: Path
+
+
+def base_directory(config: Config, slot: Slot) -> Path:
+    return (config.resolve(config.comfyui.base_directory) / slot.name).absolute()
+
+
+def command_line(config: Config, slot: Slot) -> list[str]:
+    """``<python> <main> --listen … --port … --cuda-device N|--cpu --base-directory … --database-url …``."""
+    c = config.comfyui
+    directory = base_directory(config, slot)
+    argv = [c.python or sys.executable, str(config.resolve(c.main).absolute()),
+            "--listen", c.listen, "--port", str(c.base_port + slot.index)]
+    argv += ["--cpu"] if slot.device is None else ["--cuda-device", str(slot.device)]
+    argv += ["--base-directory", str(directory), "--database-url", f"sqlite:///{directory / 'comfyui.db'}"]
+    if c.extra_model_paths_config:
+        argv += ["--extra-model-paths-config", str(config.resolve(c.extra_model_paths_config).absolute())]
+    return argv + list(c.extra_args)
+
+
+def url_for(config: Config, slot: Slot) -> str:
+    host = config.comfyui.listen
+    if host in ("0.0.0.0", "::"):
+        host = "127.0.0.1"  # listening everywhere; the supervisor talks to it on loopback
+    if ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{config.comfyui.base_port + slot.index}"
+
+
+def plan(config: Config, slot: Slot) -> ServerPlan:
+    directory = base_directory(config, slot)
+    return ServerPlan(slot=slot, argv=tuple(command_line(config, slot)), port=config.comfyui.base_port + slot.index,
+                      url=url_for(config, slot), directory=directory, log_path=directory / LOG_NAME)
+
+
+def environment(base: Mapping[str, str]) -> dict[str, str]:
+    """CUDA numbers devices as NVML does (PCI bus order), so ``--cuda-device N`` is NVML's GPU N."""
+    env = child_environment(base)
+    env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    env.setdefault("PYTHONUNBUFFERED", "1")  # the log file shows what happened up to a crash
+    return env
+
+
+def prepare(p: ServerPlan) -> None:
+    """Create the base directory and ``custom_nodes/`` (ComfyUI crashes at start without it)."""
+    (p.directory / "custom_nodes").mkdir(parents=True, exist_ok=True)
+
+
+def port_holder(host: str, port: int) -> str | None:
+    """None when the port can be bound; else who holds it, as precisely as this user may see."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as aiohttp binds: TIME_WAIT is no holder
+        try:
+            sock.bind((host, port))
+        except OSError:
+            pass
+        else:
+            return None
+    return f"port {port} is already in use by {_listener(port)}"
+
+
+def _listener(port: int) -> str:
+    with contextlib.suppress(psutil.Error, OSError):
+        for conn in psutil.net_connections(kind="inet"):
+            if conn.laddr and conn.laddr.port == port and conn.status == psutil.CONN_LISTEN and conn.pid:
+                try:
+                    cmd = " ".join(psutil.Process(conn.pid).cmdline())[:200]
+                except psutil.Error:
+                    cmd = "?"
+                return f"pid {conn.pid} ({cmd})"
+    return "another process (not visible to this user; try: sudo ss -ltnp)"
+
+
+def answers(url: str, timeout_seconds: float = 1.0) -> bool:
+    """Readiness: ComfyUI answers GET /system_stats only once it has loaded and bound its port."""
+    try:
+        response = requests.get(f"{url}/system_stats", timeout=timeout_seconds)
+    except requests.RequestException:
+        return False
+    return response.status_code == 200
+
+
+def tree_rss_mb(pid: int) -> float:
+    """Resident memory of a process and all its descendants, in MiB (0 when it is gone)."""
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return 0.0
+    total = 0
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            total += proc.memory_info().rss
+    return total / 2**20
+
+
+def rotate_log(path: Path, max_bytes: int) -> bool:
+    """Copy-truncate: the server keeps writing with O_APPEND into the same file, which restarts at 0.
+
+    One older generation is kept as ``<name>.1``. Lines written between the copy and the truncation are
+    lost; that is the price of not having to signal ComfyUI, which cannot reopen its output.
+    """
+    try:
+        if path.stat().st_size <= max_bytes:
+            return False
+        shutil.copyfile(path, path.with_name(path.name + ".1"))
+        with open(path, "r+b") as f:
+            f.truncate(0)
+    except OSError:
+        return False
+    return True
+
+
+def log_tail(path: Path, lines: int = 5, max_bytes: int = 4096) -> str:
+    """The last lines of a log, for a reason shown to people (why did it exit?)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - max_bytes))
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return ""
+    return " | ".join(line.strip() for line in text.strip().splitlines()[-lines:] if line.strip())

@@ -1,0 +1,47 @@
+"""The supervisor's state file, ``<queue folder>/supervisor.json``: written every loop tick, read by people.
+
+``comfysup status`` and ``comfysup health`` read it instead of asking the supervisor, so they work with
+no endpoint and say plainly when the file is stale (the supervisor is not running).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from comfysup.config import Config
+
+STATE_FILE = "supervisor.json"
+STALE_SECONDS = 10.0
+"""The supervisor rewrites the file several times a second; older than this, it has stopped or hangs."""
+
+
+def state_path(config: Config) -> Path:
+    return config.resolve(config.queue.path).parent.absolute() / STATE_FILE
+
+
+def read_state(config: Config) -> dict[str, Any] | None:
+    """The last state written, or None when there is none (never ran here) or it cannot be read."""
+    try:
+        data = json.loads(state_path(config).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and isinstance(data.get("slots"), list) else None
+
+
+def staleness(state: dict[str, Any], now: float | None = None) -> str | None:
+    """None while the supervisor is running; otherwise why the file should not be believed."""
+    now = time.time() if now is None else now
+    age = now - float(state.get("updated_at") or 0)
+    if state.get("state") == "stopped":
+        return f"the supervisor stopped {age:.0f} s ago"
+    pid = state.get("pid")
+    if not isinstance(pid, int) or not psutil.pid_exists(pid):
+        return f"the supervisor (pid {pid}) is not running; last update {age:.0f} s ago"
+    if age > STALE_SECONDS:
+        return f"no update for {age:.0f} s: the supervisor (pid {pid}) may hang"
+    return None
