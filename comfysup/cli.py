@@ -15,7 +15,8 @@ from collections.abc import Sequence
 from comfysup import __version__
 from comfysup.errors import ComfysupError
 
-COMMANDS = ("init", "submit", "status", "show", "manage", "work", "results")
+COMMANDS = ("init", "submit", "status", "show", "manage", "work", "results", "run", "health", "systemd_unit",
+            "demo")
 
 
 class _Parser(argparse.ArgumentParser):

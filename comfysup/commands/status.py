@@ -10,6 +10,7 @@ from typing import Any
 from comfysup.commands._common import age, config_from, queue_from
 from comfysup.queue.base import Status
 from comfysup.redact import bound
+from comfysup.supervisor.state import read_state, staleness
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -50,12 +51,42 @@ def render(status: Status, now: float) -> str:
     return "\n".join(lines)
 
 
+def render_slots(state: dict[str, Any] | None, now: float) -> str:
+    """One row per slot of the supervisor: server state, pid, port, restarts, runner pid, current job."""
+    if state is None:
+        return "supervisor: no state file (comfysup run has not run with this queue)"
+    stale = staleness(state, now)
+    head = (f"supervisor pid {state.get('pid')}: {state.get('summary', '')}" if stale is None
+            else f"supervisor not running ({stale}); last known slots:")
+    lines = [head, f"{'slot':10} {'device':9} {'server':9} {'pid':>7} {'port':>5} {'restarts':>8} "
+                   f"{'runner':>7}  {'job':36}  reason"]
+    for slot in state["slots"]:
+        lines.append(f"{_cell(slot.get('name')):10} {_cell(slot.get('device')):9} {_cell(slot.get('state')):9} "
+                     f"{_cell(slot.get('pid')):>7} {_cell(slot.get('port')):>5} {_cell(slot.get('restarts')):>8} "
+                     f"{_cell(slot.get('runner_pid')):>7}  {_cell(slot.get('job')):36}  "
+                     f"{bound(slot.get('reason') or slot.get('runner_reason') or '', 200)}".rstrip())
+    return "\n".join(lines)
+
+
+def _cell(value: Any) -> str:
+    return "-" if value is None or value == "" else str(value)
+
+
 def run(args: argparse.Namespace) -> int:
-    queue = queue_from(config_from(args))
+    config = config_from(args)
+    queue = queue_from(config)
     try:
         now = time.time()
         status = queue.status(now, dead_limit=args.dead)
     finally:
         queue.close()
-    print(json.dumps(snapshot(status, now), indent=2) if args.json else render(status, now))
+    state = read_state(config)
+    if args.json:
+        out = snapshot(status, now)
+        out["supervisor"] = None if state is None else {**state, "stale": staleness(state, now)}
+        print(json.dumps(out, indent=2))
+    else:
+        print(render(status, now))
+        print()
+        print(render_slots(state, now))
     return 0

@@ -1,0 +1,183 @@
+"""``comfysup demo``: the whole pipeline on the bundled example, with no GPU and no ComfyUI installed.
+
+It writes its own config in a folder (two fake ComfyUI servers on the CPU, launched by the supervisor
+exactly as it launches ComfyUI), submits the example jobs, starts ``comfysup run`` as a child, shows
+progress until every job of the file has ended, prints the results and where the files are, and stops
+the supervisor with SIGTERM as systemd would. A real installation changes only ``[comfyui] main`` and
+``gpus``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+
+from comfysup.commands.results import _ids_of, _table, row
+from comfysup.config import load_config
+from comfysup.errors import ComfysupError, UsageError
+from comfysup.queue import open_queue
+from comfysup.queue.base import TERMINAL
+from comfysup.supervisor.process import die_with_parent
+from comfysup.supervisor.server import port_holder
+
+POLL_SECONDS = 0.5
+FIRST_PORT = 8188
+
+
+class DemoFailed(ComfysupError):
+    """The demo could not finish."""
+
+
+def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser("demo", help="run the example jobs end to end on two fake ComfyUI servers (no GPU)",
+                       description="Write a config in --dir with two fake ComfyUI servers on the CPU, submit "
+                                   "the jobs file, run the supervisor until every job has ended, print the "
+                                   "results and where the files are, then stop it. Installs nothing.")
+    p.add_argument("--dir", default="comfysup-demo", help="folder for the config, queue, results and logs "
+                   "(default: ./comfysup-demo)")
+    p.add_argument("--jobs", default="examples/jobs.jsonl", help="jobs file (default: examples/jobs.jsonl)")
+    p.add_argument("--timeout-seconds", type=float, default=600.0, help="give up after this long (default 600)")
+    p.set_defaults(func=run)
+
+
+def fake_main() -> Path:
+    import fake_comfy
+
+    return Path(next(iter(fake_comfy.__path__))).resolve() / "main.py"
+
+
+def free_ports(count: int, first: int = FIRST_PORT, tries: int = 200) -> int:
+    """The first port of ``count`` consecutive free ones, so the demo never collides with a real ComfyUI."""
+    for base in range(first, first + tries):
+        if all(port_holder("127.0.0.1", base + i) is None for i in range(count)):
+            return base
+    raise DemoFailed(f"no {count} consecutive free ports between {first} and {first + tries}")
+
+
+def write_config(directory: Path, base_port: int) -> Path:
+    doc: dict[str, Any] = {
+        "queue": {"path": "var/queue.db"},
+        "store": {"dir": "var/results"},
+        "comfyui": {"main": str(fake_main()), "gpus": "cpu:2", "base_port": base_port,
+                    "base_directory": "var/comfyui", "startup_seconds": 60.0},
+        "runner": {"grace_seconds": 10.0, "base_delay_seconds": 0.5, "timeout_seconds": 120.0},
+    }
+    path = directory / "config.toml"
+    text = ("# Written by comfysup demo: two fake ComfyUI servers on the CPU. For a real installation set\n"
+            "# [comfyui] main to ComfyUI's main.py and gpus = \"auto\" (or run comfysup init).\n")
+    path.write_text(text + tomli_w.dumps(doc))
+    return path
+
+
+def start_supervisor(config_path: Path, log_path: Path) -> subprocess.Popen[bytes]:
+    """``comfysup run`` as a child in its own session (Ctrl-C reaches the demo, which stops it once),
+    dying with the demo."""
+    parent = os.getpid()
+    with open(log_path, "ab") as log:
+        return subprocess.Popen([sys.executable, "-m", "comfysup", "run", "--config", str(config_path)],
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True, preexec_fn=lambda: die_with_parent(parent))
+
+
+def stop_supervisor(proc: subprocess.Popen[bytes], wait_seconds: float) -> int | None:
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(wait_seconds)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode
+
+
+def progress_line(counts: Counter[str], total: int) -> str:
+    ended = sum(counts[s] for s in TERMINAL)
+    width = 24
+    bar = "#" * (width * ended // max(total, 1))
+    return (f"[{bar:<{width}}] {ended}/{total} ended: {counts['done']} done, {counts['dead']} dead · "
+            f"{counts['running']} running · {counts['queued']} queued")
+
+
+def follow(config_path: Path, ids: list[str], proc: subprocess.Popen[bytes], timeout_seconds: float,
+           log_path: Path) -> Counter[str]:
+    """Poll the queue until every job of the file has ended; fail if the supervisor dies first."""
+    queue = open_queue(load_config(str(config_path), env={}), create=False)
+    tty = sys.stderr.isatty()
+    last = ""
+    deadline = time.monotonic() + timeout_seconds
+    try:
+        while True:
+            counts = Counter(job.state for job in queue.get_many(ids))
+            line = progress_line(counts, len(ids))
+            if line != last:
+                print(("\r" + line) if tty else line, end="" if tty else "\n", file=sys.stderr, flush=True)
+                last = line
+            if sum(counts[s] for s in TERMINAL) >= len(ids):
+                break
+            if proc.poll() is not None:
+                raise DemoFailed(f"the supervisor exited ({proc.returncode}); see {log_path}")
+            if time.monotonic() > deadline:
+                raise DemoFailed(f"not finished after {timeout_seconds:g} s; see {log_path}")
+            time.sleep(POLL_SECONDS)
+    finally:
+        if tty:
+            print(file=sys.stderr)
+        queue.close()
+    return counts
+
+
+def report(config_path: Path, ids: list[str]) -> str:
+    config = load_config(str(config_path), env={})
+    queue = open_queue(config, create=False)
+    try:
+        jobs = queue.get_many(ids)
+    finally:
+        queue.close()
+    params = sorted({k for job in jobs for k in job.params})
+    by_id = {job.id: job for job in jobs}
+    return _table(row(by_id[i], params, full=False) for i in ids if i in by_id)
+
+
+def run(args: argparse.Namespace) -> int:
+    from comfysup.cli import main as cli
+
+    jobs = Path(args.jobs)
+    if not jobs.is_file():
+        raise UsageError(f"{jobs}: no such jobs file (run from the repository, or give --jobs FILE)")
+    directory = Path(args.dir).absolute()
+    directory.mkdir(parents=True, exist_ok=True)
+    config_path = write_config(directory, free_ports(2))
+    log_path = directory / "supervisor.log"
+    print(f"demo in {directory}: two fake ComfyUI servers on the CPU, config {config_path}", file=sys.stderr)
+    code = cli(["submit", "--config", str(config_path), str(jobs)])
+    if code:
+        return code
+    ids = _ids_of(jobs)
+    proc = start_supervisor(config_path, log_path)
+    print(f"supervisor started (pid {proc.pid}), log {log_path}", file=sys.stderr)
+    try:
+        counts = follow(config_path, ids, proc, args.timeout_seconds, log_path)
+    finally:
+        config = load_config(str(config_path), env={})
+        stopped = stop_supervisor(proc, config.runner.grace_seconds + 30)
+        print(f"supervisor stopped ({'exit code ' + str(stopped) if stopped is not None else '?'})",
+              file=sys.stderr)
+    print(report(config_path, ids))
+    print()
+    print(f"files:   {config.resolve(config.store.dir)}/<job id>/")
+    print(f"queue:   {config.resolve(config.queue.path)}   (comfysup status --config {config_path})")
+    print(f"logs:    {log_path}, {config.resolve(config.comfyui.base_directory)}/<slot>/comfyui.log")
+    done = counts["done"]
+    print(f"{done} of {len(ids)} job(s) done")
+    return 0 if done == len(ids) else 1
