@@ -1,0 +1,144 @@
+"""`python -m fake_comfy` / `python fake_comfy/main.py`: ComfyUI's command line, plus the fake's knobs.
+
+The supervisor launches the fake exactly as it launches ComfyUI, so every ComfyUI flag is accepted:
+the ones that matter here are honoured, the others (--database-url, --preview-method, ...) are
+ignored. Exit codes and signals behave like ComfyUI's: exit 1 when the port is taken, killed by
+SIGTERM (-15) since there is no handler, killed by SIGKILL (-9) on a scripted "crash".
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from . import __version__
+from .options import MAXIMUM_HISTORY_SIZE, Options
+from .script import WORDS, ScriptError, load_script_file, parse_words
+from .server import FakeServer, PortInUse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fake_comfy",
+        description="A scriptable stand-in for ComfyUI 0.3.64 (no GPU, no models).",
+        allow_abbrev=False,  # an unknown ComfyUI flag must never be taken for a prefix of ours
+        epilog="script words: " + "; ".join(f"{w}: {what}" for w, what in WORDS.items()),
+    )
+    comfy = parser.add_argument_group("ComfyUI's flags")
+    comfy.add_argument("--listen", type=str, default="127.0.0.1", metavar="IP", nargs="?", const="0.0.0.0,::")
+    comfy.add_argument("--port", type=int, default=8188)
+    comfy.add_argument("--cuda-device", type=int, default=None, metavar="DEVICE_ID")
+    comfy.add_argument("--base-directory", type=str, default=None)
+    comfy.add_argument("--output-directory", type=str, default=None)
+    comfy.add_argument("--temp-directory", type=str, default=None)
+    comfy.add_argument("--input-directory", type=str, default=None)
+    comfy.add_argument("--cpu", action="store_true")
+    comfy.add_argument(
+        "--extra-model-paths-config", type=str, default=None, metavar="PATH", nargs="+", action="append"
+    )
+    fake = parser.add_argument_group("fake_comfy's knobs")
+    fake.add_argument("--node-ms", type=float, default=5.0, help="time each executed node takes (default 5)")
+    fake.add_argument(
+        "--load-ms",
+        type=float,
+        default=50.0,
+        help="extra time of a loader whose model differs from the one it loaded last (default 50)",
+    )
+    fake.add_argument(
+        "--history-delay-ms",
+        type=float,
+        default=0.0,
+        help="gap between execution_success and the history write (default 0)",
+    )
+    fake.add_argument(
+        "--script",
+        type=str,
+        default="",
+        metavar="WORD,WORD,...",
+        help="one word per posted prompt, in order of arrival; then ok",
+    )
+    fake.add_argument(
+        "--script-file",
+        type=str,
+        default=None,
+        metavar="FILE",
+        help="JSON object from prompt id to a list of words, one per time the id is posted",
+    )
+    fake.add_argument(
+        "--busy",
+        type=int,
+        default=0,
+        metavar="N",
+        help="queue N prompts of another client that hang until interrupted or deleted",
+    )
+    fake.add_argument("--max-history", type=int, default=MAXIMUM_HISTORY_SIZE, help=argparse.SUPPRESS)
+    parser.add_argument("--version", action="version", version=f"fake_comfy {__version__}")
+    return parser
+
+
+def parse_options(argv: Sequence[str]) -> Options:
+    """Options from a ComfyUI-style command line (unknown flags ignored). Raises ScriptError."""
+    args, _unknown = build_parser().parse_known_args(list(argv))
+    script_file = Path(args.script_file) if args.script_file else None
+    if script_file is not None:
+        load_script_file(script_file)
+    return Options(
+        listen=args.listen,
+        port=args.port,
+        base_directory=Path(args.base_directory) if args.base_directory else Path.cwd(),
+        output_directory=Path(args.output_directory) if args.output_directory else None,
+        temp_directory=Path(args.temp_directory) if args.temp_directory else None,
+        input_directory=Path(args.input_directory) if args.input_directory else None,
+        cuda_device=args.cuda_device,
+        cpu=args.cpu,
+        extra_model_paths_config=[path for group in args.extra_model_paths_config or [] for path in group],
+        node_ms=args.node_ms,
+        load_ms=args.load_ms,
+        history_delay_ms=args.history_delay_ms,
+        script=parse_words(args.script),
+        script_file=script_file,
+        busy=args.busy,
+        max_history=args.max_history,
+    )
+
+
+def kill_self() -> None:
+    """The "crash" word: die as a killed ComfyUI does (SIGKILL: no cleanup, no history, exit -9)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+async def serve(options: Options) -> None:
+    """Start, announce the address as ComfyUI does, and serve until killed."""
+    server = FakeServer(options, crash=kill_self)
+    port = await server.start()
+    print(f"fake_comfy {__version__} (ComfyUI 0.3.64 stand-in), base directory {options.base_directory}")
+    print("Starting server\n")
+    for host in options.listen.split(","):
+        shown = f"[{host}]" if ":" in host else host
+        print(f"To see the GUI go to: http://{shown}:{port}", flush=True)
+    await asyncio.Event().wait()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    arguments = sys.argv[1:] if argv is None else list(argv)
+    try:
+        options = parse_options(arguments)
+    except (ScriptError, OSError, ValueError) as exc:
+        print(f"fake_comfy: {exc}", file=sys.stderr)
+        return 2
+    options.argv = ["main.py", *arguments]
+    try:
+        asyncio.run(serve(options))
+    except PortInUse as exc:
+        print(f"fake_comfy: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("\nStopped server")
+    return 0

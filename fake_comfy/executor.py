@@ -1,0 +1,517 @@
+"""Runs one prompt the way ComfyUI 0.3.64's PromptExecutor does, in the recorded message order.
+
+Per prompt: execution_start, execution_cached, then per node progress_state(running), executing,
+[the node's work], executed (output nodes), progress_state(finished); then execution_success, or
+execution_error / execution_interrupted. Who hears what follows ComfyUI's add_message: events go to the
+prompt's client only; with no client id, execution_interrupted and progress_state go to everyone and
+execution_start/cached/error/success, executing and executed to no one.
+
+The output cache is ComfyUI's classic cache: a node whose inputs (recursively) are unchanged since the
+previous prompt is not run again; an output node served from the cache replays `executed` with its
+old file names and writes nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import random
+import string
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .images import OutsideOutputFolder, jpeg_bytes, png_bytes, save_image_path
+from .nodes import data, is_link, is_loader, model_name
+
+if TYPE_CHECKING:
+    from .hub import Hub
+    from .options import Options
+    from .prompt_queue import QueueItem
+    from .stats import Recorder
+
+#: Script words whose fault happens at a node, and the index (in execution order) of that node.
+FAULT_AT = {"drop": 0, "crash": 0, "error": 1, "oom": 1, "hang": 1}
+#: Words that may use the output cache (a fault must not be hidden by a cache hit).
+CACHE_WORDS = ("ok", "slow")
+#: Largest side of a written PNG; bigger images are written at this size (their names are unaffected).
+MAX_SIDE = 2048
+
+
+@dataclass(frozen=True)
+class Image:
+    width: int
+    height: int
+    batch: int
+    rgb: tuple[int, int, int]
+
+
+@dataclass(frozen=True)
+class Model:
+    class_type: str
+    name: str | None
+
+
+@dataclass
+class CacheEntry:
+    value: Any
+    ui: dict[str, Any] | None
+
+
+class NodeFailure(Exception):
+    """A node ended the prompt: interrupted, or an exception with ComfyUI's error details."""
+
+    def __init__(self, node_id: str, details: dict[str, Any] | None = None) -> None:
+        super().__init__(node_id)
+        self.node_id = node_id
+        self.details = details
+
+    @property
+    def interrupted(self) -> bool:
+        return self.details is None
+
+
+def physical_memory() -> int:
+    """RAM in bytes (what EmptyImage may allocate before the recorded allocation failure)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - not POSIX
+        return 16 << 30
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _links(node: dict[str, Any], prompt: dict[str, Any]) -> list[str]:
+    return [v[0] for v in node.get("inputs", {}).values() if is_link(v) and v[0] in prompt]
+
+
+def post_order(prompt: dict[str, Any], roots: Iterable[str], expand: Callable[[str], bool]) -> list[str]:
+    """Ancestors before descendants, from `roots`; a node's inputs are walked only if `expand(node)`."""
+    order: list[str] = []
+    seen: set[str] = set()
+    stack: list[tuple[str, bool]] = [(r, False) for r in reversed(list(roots))]
+    while stack:
+        node_id, done = stack.pop()
+        if done:
+            order.append(node_id)
+            continue
+        if node_id in seen:
+            continue
+        seen.add(node_id)
+        stack.append((node_id, True))
+        if expand(node_id):
+            stack.extend((src, False) for src in reversed(_links(prompt[node_id], prompt)) if src not in seen)
+    return order
+
+
+def signatures(prompt: dict[str, Any]) -> dict[str, str]:
+    """Cache keys: class and inputs, with each link replaced by its source's key (node ids do not count)."""
+    sigs: dict[str, str] = {}
+    for node_id in post_order(prompt, prompt, lambda _: True):
+        node = prompt[node_id]
+        parts = []
+        for name in sorted(node.get("inputs", {})):
+            value = node["inputs"][name]
+            if is_link(value) and value[0] in prompt:
+                parts.append([name, "link", sigs[value[0]], value[1]])
+            else:
+                parts.append([name, "value", value])
+        text = json.dumps([node.get("class_type"), parts], sort_keys=True, default=str)
+        sigs[node_id] = hashlib.sha256(text.encode()).hexdigest()
+    return sigs
+
+
+def hostile_names(images: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The "hostile" word: the same files named with ../ and absolute paths."""
+    out = []
+    for image in images:
+        name = image["filename"]
+        out += [
+            {"filename": f"../../{name}", "subfolder": "", "type": image["type"]},
+            {"filename": f"/etc/{name}", "subfolder": "", "type": image["type"]},
+            {"filename": name, "subfolder": "../../..", "type": image["type"]},
+            {"filename": name, "subfolder": "/tmp", "type": image["type"]},
+        ]
+    return out
+
+
+class Executor:
+    """Server-lifetime execution state: client id, last node, interrupt flag, cache, loaded models."""
+
+    def __init__(self, options: Options, hub: Hub, recorder: Recorder, crash: Callable[[], None]) -> None:
+        self.options = options
+        self.hub = hub
+        self.recorder = recorder
+        self.crash = crash
+        self.client_id: str | None = None
+        self.last_node_id: str | None = None
+        self.interrupt_flag = asyncio.Event()
+        self.cache: dict[str, CacheEntry] = {}
+        self.loaded: dict[str, str | None] = {}
+        self.status_messages: list[list[Any]] = []
+        self.preview_prefix = "_temp_" + "".join(random.choice(string.ascii_lowercase) for _ in range(5))
+
+    def interrupt(self) -> None:
+        """nodes.interrupt_processing(): the running prompt stops at its next check."""
+        self.interrupt_flag.set()
+
+    def free(self, unload_models: bool, free_memory: bool) -> None:
+        """What the worker does with POST /free's flags: forget loaded models, drop the output cache."""
+        if unload_models:
+            self.loaded.clear()
+        if free_memory:
+            self.cache.clear()
+
+    async def execute(self, item: QueueItem) -> tuple[dict[str, Any], str, dict[str, Any]]:
+        """Run a prompt; returns (history result, outcome, stats record)."""
+        return await _Run(self, item).go()
+
+
+class _Run:
+    """One execution of one queue item."""
+
+    def __init__(self, executor: Executor, item: QueueItem) -> None:
+        self.ex = executor
+        self.item = item
+        self.pid = item.prompt_id
+        self.prompt = item.prompt
+        self.client = item.client_id
+        self.progress: dict[str, dict[str, Any]] = {}
+        self.executed: list[str] = []
+        self.values: dict[str, Any] = {}
+        self.ui: dict[str, Any] = {}
+        self.meta: dict[str, Any] = {}
+        self.slow = 10.0 if item.word == "slow" else 1.0
+        self.sigs: dict[str, str] = {}
+
+    # -- messages -------------------------------------------------------------------------------
+
+    def message(self, event: str, payload: dict[str, Any], broadcast: bool) -> None:
+        """PromptExecutor.add_message: timestamped, kept for the history, sent by the rules above."""
+        payload = {**payload, "timestamp": now_ms()}
+        self.ex.status_messages.append([event, payload])
+        if self.client is not None or broadcast:
+            self.ex.hub.post(event, payload, self.client)
+
+    def to_client(self, event: str, payload: dict[str, Any]) -> None:
+        if self.client is not None:
+            self.ex.hub.post(event, payload, self.client)
+
+    def progress_state(self, node_id: str, value: float, maximum: float, state: str) -> None:
+        self.progress[node_id] = {
+            "value": value,
+            "max": maximum,
+            "state": state,
+            "node_id": node_id,
+            "prompt_id": self.pid,
+            "display_node_id": node_id,
+            "parent_node_id": None,
+            "real_node_id": node_id,
+        }
+        nodes = {k: dict(v) for k, v in self.progress.items()}
+        self.ex.hub.post("progress_state", {"prompt_id": self.pid, "nodes": nodes}, self.client)
+
+    # -- the run --------------------------------------------------------------------------------
+
+    async def go(self) -> tuple[dict[str, Any], str, dict[str, Any]]:
+        ex = self.ex
+        ex.interrupt_flag.clear()
+        ex.client_id = self.client
+        ex.status_messages = []
+        self.sigs = sigs = signatures(self.prompt)
+        wanted = set(sigs.values())
+        ex.cache = {k: v for k, v in ex.cache.items() if k in wanted}
+        use_cache = self.item.word in CACHE_WORDS
+        cached = {n for n in self.prompt if use_cache and sigs[n] in ex.cache}
+        stages = post_order(self.prompt, self.item.outputs, lambda n: n not in cached)
+        stages = [n for n in stages if n not in cached or n in self.item.outputs]
+        record = ex.recorder.started(
+            self.pid, self.item.number, self.item.word, all(n in cached for n in stages)
+        )
+        self.message("execution_start", {"prompt_id": self.pid}, broadcast=False)
+        self.message(
+            "execution_cached",
+            {"nodes": [n for n in self.prompt if n in cached], "prompt_id": self.pid},
+            broadcast=False,
+        )
+        try:
+            outcome = await self.run_stages(stages, cached, record)
+        except asyncio.CancelledError:
+            ex.recorder.ended(record, "stopped")
+            raise
+        ex.last_node_id = None
+        return {"outputs": self.ui, "meta": self.meta}, outcome, record
+
+    async def run_stages(self, stages: list[str], cached: set[str], record: dict[str, Any]) -> str:
+        """Every staged node in order; the outcome is success, error or interrupted."""
+        fault_index = min(FAULT_AT.get(self.item.word, -1), len(stages) - 1)
+        try:
+            for index, node_id in enumerate(stages):
+                if node_id in cached:
+                    self.replay(node_id, self.ex.cache[self.sigs[node_id]])
+                else:
+                    fault = self.item.word if index == fault_index else None
+                    await self.run_node(node_id, self.sigs[node_id], fault, record)
+        except NodeFailure as failure:
+            self.report(failure)
+            return "interrupted" if failure.interrupted else "error"
+        self.message("execution_success", {"prompt_id": self.pid}, broadcast=False)
+        return "success"
+
+    def replay(self, node_id: str, entry: CacheEntry) -> None:
+        """An output node served from the cache: executed with the old output, no executing, no file."""
+        self.to_client(
+            "executed",
+            {
+                "node": node_id,
+                "display_node": node_id,
+                "output": entry.ui["output"] if entry.ui else None,
+                "prompt_id": self.pid,
+            },
+        )
+        self.progress_state(node_id, 1.0, 1.0, "finished")
+        self.values[node_id] = entry.value
+        if entry.ui:
+            self.ui[node_id] = entry.ui["output"]
+            self.meta[node_id] = entry.ui["meta"]
+
+    async def run_node(self, node_id: str, sig: str, fault: str | None, record: dict[str, Any]) -> None:
+        class_type = self.prompt[node_id]["class_type"]
+        self.progress_state(node_id, 0.0, 1.0, "running")
+        if self.client is not None:
+            self.ex.last_node_id = node_id
+            self.to_client("executing", {"node": node_id, "display_node": node_id, "prompt_id": self.pid})
+        await self.apply_fault(fault, node_id, record)
+        self.check_interrupt(node_id)
+        value, output = await self.compute(node_id, class_type)
+        if output:
+            ui = {
+                "meta": {
+                    "node_id": node_id,
+                    "display_node": node_id,
+                    "parent_node": None,
+                    "real_node_id": node_id,
+                },
+                "output": output,
+            }
+            self.ui[node_id], self.meta[node_id] = output, ui["meta"]
+            self.to_client(
+                "executed",
+                {"node": node_id, "display_node": node_id, "output": output, "prompt_id": self.pid},
+            )
+        else:
+            ui = None
+        self.progress_state(node_id, 1.0, 1.0, "finished")
+        self.executed.append(node_id)
+        self.values[node_id] = value
+        self.ex.cache[sig] = CacheEntry(value, ui)
+
+    async def apply_fault(self, fault: str | None, node_id: str, record: dict[str, Any]) -> None:
+        """The scripted misfortune, at the node the word names (after its executing message)."""
+        if fault == "crash":
+            self.ex.recorder.ended(record, "crashed")
+            self.ex.hub.post_action(self.ex.crash)
+            await asyncio.Event().wait()  # the server is going away under us
+        elif fault == "drop":
+            client = self.client
+            self.ex.hub.post_action(lambda: self.ex.hub.abort(client))
+        elif fault == "hang":
+            await self.ex.interrupt_flag.wait()
+            raise NodeFailure(node_id)
+        elif fault == "error":
+            raise NodeFailure(node_id, self.error_details(node_id, "image_to_mask"))
+        elif fault == "oom":
+            self.ex.loaded.clear()  # ComfyUI unloads every model after an out-of-memory error
+            raise NodeFailure(node_id, self.error_details(node_id, "oom"))
+
+    def check_interrupt(self, node_id: str) -> None:
+        """nodes.before_node_execution(): raises when POST /interrupt has set the flag."""
+        if self.ex.interrupt_flag.is_set():
+            raise NodeFailure(node_id)
+
+    async def work(self, node_id: str, ms: float) -> None:
+        """A node's time, cut short by an interrupt (which then stops the prompt at this node)."""
+        if ms <= 0:
+            await asyncio.sleep(0)
+            self.check_interrupt(node_id)
+            return
+        try:
+            await asyncio.wait_for(self.ex.interrupt_flag.wait(), ms / 1000)
+        except TimeoutError:
+            return
+        raise NodeFailure(node_id)
+
+    def report(self, failure: NodeFailure) -> None:
+        """PromptExecutor.handle_execution_error."""
+        base = {
+            "prompt_id": self.pid,
+            "node_id": failure.node_id,
+            "node_type": self.prompt[failure.node_id]["class_type"],
+            "executed": list(self.executed),
+        }
+        if failure.details is None:
+            self.message("execution_interrupted", base, broadcast=True)
+        else:
+            self.message(
+                "execution_error",
+                {**base, **failure.details, "current_outputs": list(self.prompt)},
+                broadcast=False,
+            )
+
+    def error_details(self, node_id: str, kind: str, message: str | None = None) -> dict[str, Any]:
+        """exception_message/type, traceback and current_inputs, from the recorded error `kind`."""
+        recorded = data("errors.json")[kind]
+        return {
+            "exception_message": message if message is not None else recorded["exception_message"],
+            "exception_type": recorded["exception_type"],
+            "traceback": list(recorded["traceback"]),
+            "current_inputs": self.current_inputs(node_id),
+        }
+
+    def current_inputs(self, node_id: str) -> dict[str, list[Any]]:
+        """Inputs as ComfyUI formats them: plain values as they are, tensors and models as their repr."""
+        tensor = data("errors.json")["image_to_mask"]["tensor_repr"]
+        out: dict[str, list[Any]] = {}
+        for name, value in self.prompt[node_id].get("inputs", {}).items():
+            if is_link(value):
+                source = self.input_value(value)
+                out[name] = [tensor if isinstance(source, Image) or source is None else repr(source)]
+            else:
+                out[name] = [
+                    value if isinstance(value, int | float | str | bool) or value is None else str(value)
+                ]
+        return out
+
+    def input_value(self, link: list[Any]) -> Any:
+        source = link[0]
+        if source in self.values:
+            return self.values[source]
+        entry = self.ex.cache.get(self.sigs[source])
+        return entry.value if entry else None
+
+    def inputs(self, node_id: str) -> dict[str, Any]:
+        """The node's inputs with links replaced by the values their sources produced."""
+        resolved = {}
+        for name, value in self.prompt[node_id].get("inputs", {}).items():
+            resolved[name] = self.input_value(value) if is_link(value) and value[0] in self.prompt else value
+        return resolved
+
+    # -- what each node does ------------------------------------------------------------------
+
+    async def compute(self, node_id: str, class_type: str) -> tuple[Any, dict[str, Any] | None]:
+        """The node's value and UI output, after its time (node_ms; loaders add load_ms on a swap)."""
+        inputs = self.inputs(node_id)
+        if class_type == "ComfysupProgressDemo":
+            await self.progress_demo(node_id, inputs)
+            return inputs.get("image"), None
+        await self.work(node_id, self.ex.options.node_ms * self.slow)
+        if is_loader(class_type):
+            return await self.load(node_id, class_type, inputs), None
+        if class_type == "SaveImage":
+            return None, {"images": self.save(node_id, inputs, "output")}
+        if class_type == "PreviewImage":
+            return None, {"images": self.save(node_id, inputs, "temp")}
+        return self.transform(node_id, class_type, inputs), None
+
+    async def load(self, node_id: str, class_type: str, inputs: dict[str, Any]) -> Model:
+        """A pass-through loader; a model name other than the one this class loaded last costs load_ms."""
+        name = model_name(inputs)
+        if class_type not in self.ex.loaded or self.ex.loaded[class_type] != name:
+            self.ex.loaded[class_type] = name
+            self.ex.recorder.event(
+                "model_loads", prompt_id=self.pid, node_id=node_id, class_type=class_type, model=name
+            )
+            await self.work(node_id, self.ex.options.load_ms * self.slow)
+        return Model(class_type, name)
+
+    def transform(self, node_id: str, class_type: str, inputs: dict[str, Any]) -> Any:
+        """The image nodes of the recorded workflows, well enough for sizes, colours and their errors."""
+        image = inputs.get("image") if isinstance(inputs.get("image"), Image) else Image(64, 64, 1, (0, 0, 0))
+        if class_type == "EmptyImage":
+            width, height, batch = int(inputs["width"]), int(inputs["height"]), int(inputs["batch_size"])
+            nbytes = width * height * batch * 4
+            if nbytes > physical_memory():
+                message = data("errors.json")["cpu_alloc"]["exception_message"].replace(
+                    "{nbytes}", str(nbytes)
+                )
+                raise NodeFailure(node_id, self.error_details(node_id, "cpu_alloc", message))
+            color = int(inputs["color"])
+            return Image(width, height, batch, ((color >> 16) & 0xFF, (color >> 8) & 0xFF, color & 0xFF))
+        if class_type == "ImageInvert":
+            return Image(image.width, image.height, image.batch, tuple(255 - c for c in image.rgb))  # type: ignore[arg-type]
+        if class_type == "ImageToMask":
+            if inputs.get("channel") == "alpha":  # the fake's images have three channels, like EmptyImage's
+                raise NodeFailure(node_id, self.error_details(node_id, "image_to_mask"))
+            channel = ("red", "green", "blue").index(inputs.get("channel", "red"))
+            return Image(image.width, image.height, image.batch, (image.rgb[channel],) * 3)
+        if class_type == "ImageScale":
+            width, height = int(inputs.get("width", 0)), int(inputs.get("height", 0))
+            if width == 0 and height == 0:
+                return image
+            width = width or max(1, round(image.width * height / image.height))
+            height = height or max(1, round(image.height * width / image.width))
+            return Image(width, height, image.batch, image.rgb)
+        if class_type == "LoadImage":
+            return Image(64, 64, 1, (128, 128, 128))
+        mask = inputs.get("mask")
+        if class_type == "MaskToImage" and isinstance(mask, Image):
+            return mask
+        return image
+
+    def save(self, node_id: str, inputs: dict[str, Any], kind: str) -> list[dict[str, Any]]:
+        """SaveImage (output) and PreviewImage (temp): real PNGs, named and counted as ComfyUI does."""
+        image = (
+            inputs.get("images")
+            if isinstance(inputs.get("images"), Image)
+            else Image(64, 64, 1, (128, 128, 128))
+        )
+        options = self.ex.options
+        if kind == "output":
+            prefix, folder_root = str(inputs.get("filename_prefix", "ComfyUI")), options.output_dir
+        else:
+            prefix, folder_root = "ComfyUI" + self.ex.preview_prefix, options.temp_dir
+        try:
+            folder, stem, counter, subfolder = save_image_path(prefix, folder_root, image.width, image.height)
+        except OutsideOutputFolder as exc:
+            message = data("errors.json")["save_outside"]["exception_message"].replace("{message}", str(exc))
+            raise NodeFailure(node_id, self.error_details(node_id, "save_outside", message)) from None
+        text = {"prompt": json.dumps(self.prompt)}
+        for key, value in (self.item.extra_data.get("extra_pnginfo") or {}).items():
+            text[str(key)] = json.dumps(value)
+        png = png_bytes(min(image.width, MAX_SIDE), min(image.height, MAX_SIDE), image.rgb, text)
+        results = []
+        for batch_number in range(image.batch):
+            name = f"{stem.replace('%batch_num%', str(batch_number))}_{counter:05}_.png"
+            (folder / name).write_bytes(png)
+            results.append({"filename": name, "subfolder": subfolder, "type": kind})
+            counter += 1
+        return hostile_names(results) if self.item.word == "hostile" else results
+
+    async def progress_demo(self, node_id: str, inputs: dict[str, Any]) -> None:
+        """The recorded test-only custom node: N progress steps, each with a 16x16 JPEG preview."""
+        steps, step_seconds = int(inputs.get("steps", 3)), float(inputs.get("step_seconds", 0.1))
+        preview = jpeg_bytes(16, 16, (255, 0, 0))
+        with_metadata = self.ex.hub.supports(self.client, "supports_preview_metadata")
+        for step in range(1, steps + 1):
+            await self.work(node_id, step_seconds * 1000 * self.slow)
+            self.progress_state(node_id, float(step), float(steps), "running")
+            if with_metadata:
+                metadata = {
+                    "node_id": node_id,
+                    "prompt_id": self.pid,
+                    "display_node_id": node_id,
+                    "parent_node_id": None,
+                    "real_node_id": node_id,
+                    "image_type": "image/jpeg",
+                }
+                self.ex.hub.post_preview(preview, metadata, self.client)
+            self.ex.hub.post(
+                "progress", {"value": step, "max": steps, "prompt_id": self.pid, "node": node_id}, self.client
+            )
+            if not with_metadata:
+                self.ex.hub.post_preview(preview, None, self.client)

@@ -1,0 +1,60 @@
+"""Everything a fake server is started with, shared by the command line and the in-process class."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+#: ComfyUI's execution.MAXIMUM_HISTORY_SIZE; checked with '>' before an insert, so 10,001 entries stay.
+MAXIMUM_HISTORY_SIZE = 10000
+
+
+@dataclass
+class Options:
+    """ComfyUI's own flags that the fake honours, then the fake's knobs.
+
+    The knobs (node_ms, load_ms, history_delay_ms) are read live on every use, so an in-process test
+    may change them while the server runs.
+    """
+
+    listen: str = "127.0.0.1"
+    port: int = 8188
+    base_directory: Path = field(default_factory=Path.cwd)
+    output_directory: Path | None = None
+    temp_directory: Path | None = None
+    input_directory: Path | None = None
+    cuda_device: int | None = None
+    cpu: bool = False
+    extra_model_paths_config: list[str] = field(default_factory=list)
+    node_ms: float = 5.0
+    load_ms: float = 50.0
+    history_delay_ms: float = 0.0
+    script: list[str] = field(default_factory=list)
+    script_file: Path | None = None
+    busy: int = 0
+    max_history: int = MAXIMUM_HISTORY_SIZE
+    argv: list[str] = field(default_factory=list)
+
+    def _absolute(self, path: Path | None, default: str) -> Path:
+        chosen = Path(path) if path is not None else Path(self.base_directory) / default
+        return Path(os.path.abspath(chosen))
+
+    @property
+    def output_dir(self) -> Path:
+        """Where SaveImage writes: <base-directory>/output unless --output-directory says otherwise."""
+        return self._absolute(self.output_directory, "output")
+
+    @property
+    def temp_dir(self) -> Path:
+        """Where PreviewImage writes (type "temp"); ComfyUI empties it at start."""
+        return self._absolute(self.temp_directory, "temp")
+
+    @property
+    def input_dir(self) -> Path:
+        """Where LoadImage reads from (type "input")."""
+        return self._absolute(self.input_directory, "input")
+
+    def directory_for_type(self, kind: str) -> Path | None:
+        """ComfyUI's folder_paths.get_directory_by_type: None for an unknown type."""
+        return {"output": self.output_dir, "temp": self.temp_dir, "input": self.input_dir}.get(kind)

@@ -1,0 +1,120 @@
+"""What the fake received and did, per prompt id, for tests to assert on ("posted twice, executed once").
+
+Kept outside the server so that it survives an in-process crash and restart: a test that kills the
+fake mid-prompt still sees that the prompt was executed once before the crash. Times are UTC epoch
+seconds (`time.time()`).
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+from typing import Any
+
+
+def _prompt_record() -> dict[str, Any]:
+    return {"posted": 0, "executed": 0, "cached": 0, "posts": [], "executions": []}
+
+
+class Recorder:
+    """Thread-safe log; `snapshot()` is the JSON served at GET /fake/stats.
+
+    Shape::
+
+        {"prompts": {id: {"posted": n, "executed": n, "cached": n,
+                          "posts": [{"at", "number", "word", "status"}],
+                          "executions": [{"number", "word", "cached", "started_at", "ended_at", "outcome"}]}},
+         "order": [id, ...],                      # execution starts, in order
+         "interrupts": [{"at", "prompt_id", "running", "effective"}],
+         "queue_deletes": [{"at", "prompt_id", "removed"}], "queue_clears": [{"at", "removed": [id]}],
+         "frees": [{"at", "unload_models", "free_memory"}],
+         "model_loads": [{"at", "prompt_id", "node_id", "class_type", "model"}],
+         "servers": [{"started_at", "port", "ended_at", "crashed"}], "busy": [id, ...]}
+
+    `executed` counts every execution start, including runs served entirely from the cache (those
+    also count in `cached`); outcome is success, error, interrupted, crashed (the server died under it)
+    or stopped (the in-process server was stopped under it); None while running.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._data: dict[str, Any] = {
+            "prompts": {},
+            "order": [],
+            "interrupts": [],
+            "queue_deletes": [],
+            "queue_clears": [],
+            "frees": [],
+            "model_loads": [],
+            "servers": [],
+            "busy": [],
+        }
+
+    def _prompt(self, prompt_id: str) -> dict[str, Any]:
+        return self._data["prompts"].setdefault(prompt_id, _prompt_record())
+
+    def posted(self, prompt_id: str, word: str) -> dict[str, Any]:
+        """Count a POST /prompt for this id; the returned post is completed by `answered`."""
+        with self._lock:
+            record = self._prompt(prompt_id)
+            record["posted"] += 1
+            post = {"at": time.time(), "number": None, "word": word, "status": None}
+            record["posts"].append(post)
+            return post
+
+    def answered(self, post: dict[str, Any], status: int, number: float | None) -> None:
+        with self._lock:
+            post["status"], post["number"] = status, number
+
+    def busy(self, prompt_id: str, number: float) -> None:
+        """A prompt the fake queued itself (--busy)."""
+        with self._lock:
+            record = self._prompt(prompt_id)
+            record["posted"] += 1
+            record["posts"].append({"at": time.time(), "number": number, "word": "hang", "status": 200})
+            self._data["busy"].append(prompt_id)
+
+    def started(self, prompt_id: str, number: float, word: str, cached: bool) -> dict[str, Any]:
+        """An execution began (execution_start); finish it with `ended`."""
+        with self._lock:
+            record = self._prompt(prompt_id)
+            record["executed"] += 1
+            record["cached"] += int(cached)
+            run = {
+                "number": number,
+                "word": word,
+                "cached": cached,
+                "started_at": time.time(),
+                "ended_at": None,
+                "outcome": None,
+            }
+            record["executions"].append(run)
+            self._data["order"].append(prompt_id)
+            return run
+
+    def ended(self, run: dict[str, Any], outcome: str) -> None:
+        """Set the outcome of an execution that has none yet (a crash is recorded before the end)."""
+        with self._lock:
+            if run["outcome"] is None:
+                run["ended_at"], run["outcome"] = time.time(), outcome
+
+    def event(self, kind: str, **fields: Any) -> None:
+        """Append to one of the plain lists (interrupts, queue_deletes, queue_clears, frees, model_loads)."""
+        with self._lock:
+            self._data[kind].append({"at": time.time(), **fields})
+
+    def server_started(self, port: int) -> dict[str, Any]:
+        with self._lock:
+            entry = {"started_at": time.time(), "port": port, "ended_at": None, "crashed": False}
+            self._data["servers"].append(entry)
+            return entry
+
+    def server_ended(self, entry: dict[str, Any], crashed: bool) -> None:
+        with self._lock:
+            entry["ended_at"], entry["crashed"] = time.time(), crashed
+
+    def snapshot(self) -> dict[str, Any]:
+        """A deep copy, safe to keep and compare while the server goes on."""
+        with self._lock:
+            return copy.deepcopy(self._data)
