@@ -64,3 +64,12 @@ def test_execution_failure_reason_names_node_and_exception():
     assert f.reason == ("execution_error, node 2 (ImageToMask): IndexError: index 3 is out of bounds for "
                         "dimension 3 with size 3")
     assert f.kind == "execution_error"
+
+
+def test_execution_failure_reason_is_one_line():
+    f = execution_failure({"node_id": "2", "node_type": "KSampler", "exception_type": "torch.OutOfMemoryError",
+                           "exception_message": "Allocation on device 0 would exceed allowed memory.\n"
+                                                "CUDA out of memory. Tried to allocate 1.25 GiB.\nTIPS: lower it"})
+    assert f.reason == ("execution_error, node 2 (KSampler): torch.OutOfMemoryError: Allocation on device 0 would "
+                        "exceed allowed memory. …")
+    assert f.transient

@@ -390,8 +390,10 @@ class SQLiteQueue:
     def retry_later(self, claim: Claim, run_after: float, reason: str, now: float | None = None) -> None:
         at = _now(now)
         with self._write() as conn:
+            # The attempt judged its prompt: the next one must not adopt that run's failure again, so the
+            # number is forgotten (a live prompt is still followed, and a success still adopted, by id).
             self._fenced(conn, claim, "UPDATE jobs SET state = 'queued', run_after = ?, reason = ?, owner = NULL, "
-                         "lease_until = NULL", (run_after, reason))
+                         "lease_until = NULL, last_prompt_number = NULL", (run_after, reason))
             self._end_attempt(conn, claim, at, "retry", reason)
 
     def dead(self, claim: Claim, reason: str, now: float | None = None) -> None:
@@ -410,8 +412,10 @@ class SQLiteQueue:
     def release(self, claim: Claim, reason: str, count_attempt: bool = True, now: float | None = None) -> None:
         at = _now(now)
         with self._write() as conn:
+            # A runner releases only a prompt it interrupted itself: forget the number, as for a retry.
             self._fenced(conn, claim, "UPDATE jobs SET state = 'queued', owner = NULL, lease_until = NULL, "
-                         "reason = ?, attempt = attempt - ?", (reason, 0 if count_attempt else 1))
+                         "reason = ?, attempt = attempt - ?, last_prompt_number = NULL",
+                         (reason, 0 if count_attempt else 1))
             self._end_attempt(conn, claim, at, "released" if count_attempt else "released_uncounted", reason)
 
     def release_owner(self, owner: str, reason: str, count_attempt: bool = True,

@@ -112,10 +112,8 @@ class Runner:
         try:
             while not self.state.stopping:
                 self.on_alive()
-                if not self.may_claim() or not self._server_free():
-                    self._sleep(self.idle_seconds)
-                    continue
-                claim = self.queue.claim(self.owner, self.server, self.config.runner.lease_seconds)
+                free = self.may_claim() and self._server_free()
+                claim = self.queue.claim(self.owner, self.server, self.config.runner.lease_seconds) if free else None
                 if claim is None:
                     if self.until_empty and self.queue.active_count() == 0:
                         break

@@ -68,7 +68,9 @@ def is_oom(error: dict[str, Any]) -> bool:
 
 def execution_failure(error: dict[str, Any]) -> Failure:
     """The failure an ``execution_error`` message stands for: OOM is transient, the rest permanent."""
-    message = str(error.get("exception_message") or "").strip()
+    # The first line is the message; the rest (ComfyUI's TIPS, a tensor dump) is not a reason.
+    lines = [line.strip() for line in str(error.get("exception_message") or "").strip().splitlines()]
+    message = lines[0] + (" …" if len(lines) > 1 else "") if lines else ""
     text = (f"execution_error, node {error.get('node_id')} ({error.get('node_type')}): "
             f"{error.get('exception_type')}: {message}")
     if is_oom(error):
