@@ -40,8 +40,8 @@ class ScriptError(ValueError):
 
 def check_words(words: Sequence[str]) -> list[str]:
     """The words as a list, or ScriptError naming the first unknown one."""
-    if isinstance(words, str):
-        raise ScriptError(f"a script is a list of words, not the string {words!r}")
+    if not isinstance(words, list | tuple):
+        raise ScriptError(f"a script is a list of words, not {words!r}")
     for word in words:
         if word not in WORDS:
             raise ScriptError(f"unknown script word {word!r}; known: {', '.join(WORDS)}")
