@@ -287,7 +287,6 @@ class _Run:
             self.ex.last_node_id = node_id
             self.to_client("executing", {"node": node_id, "display_node": node_id, "prompt_id": self.pid})
         await self.apply_fault(fault, node_id, record)
-        self.check_interrupt(node_id)
         value, output = await self.compute(node_id, class_type)
         if output:
             ui = {
@@ -329,21 +328,17 @@ class _Run:
             self.ex.loaded.clear()  # ComfyUI unloads every model after an out-of-memory error
             raise NodeFailure(node_id, self.error_details(node_id, "oom"))
 
-    def check_interrupt(self, node_id: str) -> None:
-        """nodes.before_node_execution(): raises when POST /interrupt has set the flag."""
-        if self.ex.interrupt_flag.is_set():
-            raise NodeFailure(node_id)
-
     async def work(self, node_id: str, ms: float) -> None:
-        """A node's time, cut short by an interrupt (which then stops the prompt at this node)."""
-        if ms <= 0:
-            await asyncio.sleep(0)
-            self.check_interrupt(node_id)
-            return
-        try:
-            await asyncio.wait_for(self.ex.interrupt_flag.wait(), ms / 1000)
-        except TimeoutError:
-            return
+        """A node's time; an interrupt (set before or during it) stops the prompt at this node.
+
+        ComfyUI checks the flag before each node and samplers check it at every step, so the running
+        node is where the interrupt lands either way: "executing X", then execution_interrupted at X.
+        """
+        if not self.ex.interrupt_flag.is_set():
+            try:
+                await asyncio.wait_for(self.ex.interrupt_flag.wait(), max(ms, 0) / 1000)
+            except TimeoutError:
+                return
         raise NodeFailure(node_id)
 
     def report(self, failure: NodeFailure) -> None:
