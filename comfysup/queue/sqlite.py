@@ -321,8 +321,10 @@ class SQLiteQueue:
         at = _now(now)
         with self._write() as conn:
             self._expire_leases(conn, at)
+            # INDEXED BY: without statistics the planner picks jobs_state and sorts every queued row
+            # on every claim (O(queued): 3x slower at 5,000 jobs, seconds per claim at a million).
             row = conn.execute(
-                "SELECT seq FROM jobs WHERE state = 'queued' AND run_after <= ? "
+                "SELECT seq FROM jobs INDEXED BY jobs_ready WHERE state = 'queued' AND run_after <= ? "
                 "ORDER BY priority DESC, seq LIMIT 1", (at,)).fetchone()
             if row is None:
                 return None
@@ -344,7 +346,8 @@ class SQLiteQueue:
         expired = conn.execute(
             "UPDATE jobs SET state = 'queued', owner = NULL, lease_until = NULL, "
             "reason = 'lease expired: the runner stopped renewing it' "
-            "WHERE state = 'running' AND lease_until < ? RETURNING id, attempt", (at,)).fetchall()
+            "WHERE seq IN (SELECT seq FROM jobs INDEXED BY jobs_lease WHERE state = 'running' AND lease_until < ?) "
+            "RETURNING id, attempt", (at,)).fetchall()
         for job_id, attempt in expired:
             conn.execute("UPDATE attempts SET ended_at = ?, outcome = 'lease_expired', "
                          "reason = 'lease expired' WHERE job_id = ? AND attempt = ? AND ended_at IS NULL",
