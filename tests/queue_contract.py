@@ -249,16 +249,33 @@ class QueueContract:
     # -- what a runner records ----------------------------------------------------------------------------
 
     def test_record_prompt_is_kept_for_the_next_attempt(self, q: Queue) -> None:
-        self.submit(q, make_job(1))
-        claim = self.claim(q, "runner-a", "gpu0", now=T0)
+        """A runner that died (pid gone or lease expired) leaves its prompt for the next one to adopt."""
+        self.submit(q, make_job(1), make_job(2))
+        claim = self.claim(q, "runner-a", "gpu0", now=T0, lease=10)
         q.record_prompt(claim, "gpu0", 17)
         record = q.get(claim.id)
         assert record.attempts[0].prompt_number == 17
         assert record.attempts[0].server == "gpu0"
-        q.release(claim, "runner died", now=T0 + 1)
-        again = self.claim(q, "runner-b", "gpu1", now=T0 + 2)
-        assert (again.last_server, again.last_prompt_number) == ("gpu0", 17)
-        assert again.attempt == 2
+        again = self.claim(q, "runner-b", "gpu1", now=T0 + 11)  # the lease expired
+        assert (again.id, again.last_server, again.last_prompt_number, again.attempt) == (claim.id, "gpu0", 17, 2)
+        q.record_prompt(again, "gpu1", 4)
+        q.release_owner("runner-b", "runner pid 9 died", now=T0 + 12)
+        third = self.claim(q, "runner-c", "gpu0", now=T0 + 13)
+        assert (third.id, third.last_server, third.last_prompt_number) == (claim.id, "gpu1", 4)
+
+    @pytest.mark.parametrize("how", ["retry_later", "release"])
+    def test_a_runner_that_judged_its_prompt_forgets_its_number(self, q: Queue, how: str) -> None:
+        """After its own retry or release the prompt was judged: the next attempt must not adopt it."""
+        self.submit(q, make_job(1))
+        claim = self.claim(q, now=T0)
+        q.record_prompt(claim, "gpu0", 17)
+        if how == "retry_later":
+            q.retry_later(claim, run_after=T0, reason="out of memory", now=T0 + 1)
+        else:
+            q.release(claim, "interrupted for shutdown", count_attempt=False, now=T0 + 1)
+        again = self.claim(q, now=T0 + 2)
+        assert again.last_prompt_number is None
+        assert q.get(claim.id).attempts[0].prompt_number == 17  # the history keeps it
 
     def test_complete_records_outputs_and_ends_the_attempt(self, q: Queue) -> None:
         self.submit(q, make_job(1))
