@@ -242,7 +242,8 @@ class AttemptRunner:
         """Until this run's history entry says success; raises _Stop or ComfyError otherwise."""
         if run.adopted_entry is not None:
             return run.adopted_entry
-        next_poll = self.clock()
+        # A followed (caught-up) run may have finished already; a fresh one is announced on the socket.
+        next_poll = self.clock() + (0.0 if run.stream is None else self.s.poll_seconds)
         unreachable_since: float | None = None
         while True:
             now = self.clock()
@@ -329,15 +330,23 @@ class AttemptRunner:
 
     def _poll(self, run: _Run) -> dict[str, Any] | None:
         """This run's history entry when it succeeded; None while it runs. Raises on failure or loss."""
-        queued = any(e.prompt_id == self.claim.id for e in run.client.queue())
-        entry = run.client.history(self.claim.id)
-        ours = entry is not None and (run.number is None or _number(entry) == run.number)
-        if ours:
+        entry = self._own_entry(run)
+        if entry is not None:
             return _judge(entry)
-        if not queued:
-            # Read /queue before /history: a finished prompt is in the history before it leaves the queue.
-            raise ServerUnavailable("the prompt is gone from the server's queue without a history entry "
-                                    "(the ComfyUI server restarted)", "server_died")
+        if any(e.prompt_id == self.claim.id for e in run.client.queue()):
+            return None
+        # Not in the queue: it finished between the two reads (the history is written before the prompt
+        # leaves the queue), or the server lost it.
+        entry = self._own_entry(run)
+        if entry is not None:
+            return _judge(entry)
+        raise ServerUnavailable("the prompt is gone from the server's queue without a history entry "
+                                "(the ComfyUI server restarted)", "server_died")
+
+    def _own_entry(self, run: _Run) -> dict[str, Any] | None:
+        entry = run.client.history(self.claim.id)
+        if entry is not None and (run.number is None or _number(entry) == run.number):
+            return entry
         return None
 
     # -- 4. interrupt -----------------------------------------------------------------------------------
