@@ -46,3 +46,7 @@ class LeaseLost(QueueError):
 
 class NotFound(QueueError):
     """No job has this id."""
+
+
+class DatabaseUnavailable(QueueError):
+    """The queue database does not answer (server down, network lost, connection refused)."""

@@ -8,10 +8,18 @@ from comfysup.queue.base import Queue
 
 
 def open_queue(config: Config, *, create: bool = True) -> Queue:
-    """The backend the config names: ``[queue] url`` (PostgreSQL) or ``[queue] path`` (SQLite)."""
+    """The backend the config names: ``[queue] url`` (PostgreSQL) or ``[queue] path`` (SQLite).
+
+    PostgreSQL creates its schema on open whatever ``create`` says: the database itself is made by
+    whoever runs the server, and an empty one is a queue with no jobs yet.
+    """
     if config.queue.url:
-        raise ConfigError(f"{config.source}: [queue] url: the PostgreSQL backend is not available in this "
-                          "version; use [queue] path (SQLite)")
+        try:
+            from comfysup.queue.postgres import PostgresQueue
+        except ImportError as exc:
+            raise ConfigError(f"{config.source}: [queue] url needs psycopg 3: pip install 'comfysup[postgres]' "
+                              f"({exc})") from exc
+        return PostgresQueue(config.queue.url, busy_timeout_seconds=config.queue.busy_timeout_seconds)
     from comfysup.queue.sqlite import SQLiteQueue
 
     return SQLiteQueue(config.resolve(config.queue.path), create=create,

@@ -15,6 +15,16 @@ The contract (tested once in tests/queue_contract.py and run against every backe
   attempt does not count (a graceful stop). ``release_owner`` does that for every claim of one owner,
   which the supervisor calls when a runner's pid has died.
 - Terminal states are ``done``, ``dead`` and ``cancelled``; a job reaches one of them exactly once.
+- ``complete`` records the machine that did the work (the host part of the owner), so a result store on
+  each machine's own disk can still be found: ``JobRecord.machine`` plus each ``Output.path``.
+- ``wait_for_work`` returns when a job may have become claimable (PostgreSQL: a NOTIFY from ``submit``,
+  ``requeue_dead``, ``release`` or a ``retry_later`` due now) or after its timeout; a backend that cannot
+  be woken just sleeps. It is only a hint: callers claim again after it, whatever woke them.
+- Machines (supervisors) register and heartbeat with their slots, so ``status`` shows every machine that
+  shares the queue and how long ago each was heard from.
+- Time: methods take ``now`` (UTC epoch seconds) for tests. When it is None a backend uses one clock for
+  every machine: SQLite the local one (one machine), PostgreSQL the database server's, so clock skew
+  between machines cannot expire a live lease early.
 """
 
 from __future__ import annotations
@@ -54,6 +64,11 @@ class NewJob:
     workflow_name: str = ""
     workflow_json: str = ""
     """The workflow serialised once at submit, so it is not parsed and dumped again on every claim."""
+
+
+def owner_host(owner: str) -> str:
+    """The machine in an owner token (``host/pid/server/token``, see comfysup.runner.loop.make_owner)."""
+    return owner.split("/", 1)[0]
 
 
 @dataclass(frozen=True)
@@ -123,6 +138,11 @@ class JobRecord:
     outputs: list[Output]
     cancel_requested: bool
     attempts: list[Attempt] = field(default_factory=list)
+    machine: str | None = None
+    """The host whose runner completed the job: where its files are when ``store.dir`` is not shared."""
+    spec_hash: str = ""
+    last_server: str | None = None
+    last_prompt_number: int | None = None
 
 
 @dataclass(frozen=True)
@@ -143,6 +163,20 @@ class Status:
     running: list[RunningJob]
     recent_dead: list[tuple[str, float, str]]
     """(id, finished_at, reason), newest first."""
+
+
+@dataclass(frozen=True)
+class Machine:
+    """A supervisor sharing the queue: one row per host and pid, refreshed by its heartbeat."""
+
+    host: str
+    pid: int
+    slots: list[dict[str, Any]]
+    started_at: float
+    heartbeat_at: float
+    age_seconds: float
+    """Seconds since the last heartbeat, measured on the clock that stamped it (the database's for
+    PostgreSQL), so the age is right even when this machine's clock is not."""
 
 
 class Queue(Protocol):
@@ -198,5 +232,22 @@ class Queue(Protocol):
     def maintenance(self) -> None:
         """Periodic upkeep (a WAL checkpoint for SQLite); cheap to call often."""
         ...
+
+    def wait_for_work(self, timeout_seconds: float) -> None:
+        """Block until a job may be claimable, or ``timeout_seconds`` passed; never raises for a lost link."""
+        ...
+
+    def register_machine(self, host: str, pid: int, slots: Sequence[dict[str, Any]],
+                         now: float | None = None) -> None:
+        """A supervisor starts: its row replaces earlier rows of the same host (a host runs one supervisor
+        per queue)."""
+        ...
+
+    def machine_heartbeat(self, host: str, pid: int, slots: Sequence[dict[str, Any]],
+                          now: float | None = None) -> None:
+        """Refresh the heartbeat and the slots (recreating the row if it was removed)."""
+        ...
+
+    def machines(self, now: float | None = None) -> list[Machine]: ...
 
     def close(self) -> None: ...

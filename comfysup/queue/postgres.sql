@@ -1,0 +1,60 @@
+-- The PostgreSQL schema, one named step per version (``-- name: vN``), applied in order on open under an
+-- advisory lock. Times are UTC epoch seconds as double precision, like the SQLite backend, so a value
+-- given as ``now=`` in a test comes back exactly; JSON is kept as text, byte for byte as submitted.
+
+-- name: v1
+CREATE TABLE jobs (
+    seq                bigint  GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    id                 text    NOT NULL UNIQUE,
+    state              text    NOT NULL DEFAULT 'queued',
+    priority           bigint  NOT NULL DEFAULT 0,
+    run_after          double precision NOT NULL DEFAULT 0,
+    attempt            integer NOT NULL DEFAULT 0,
+    owner              text,
+    server             text,
+    lease_until        double precision,
+    started_at         double precision,
+    cancel_requested   boolean NOT NULL DEFAULT false,
+    submitted_at       double precision NOT NULL,
+    finished_at        double precision,
+    reason             text,
+    outputs            text,
+    machine            text,
+    last_server        text,
+    last_prompt_number bigint,
+    spec_hash          text    NOT NULL,
+    workflow_name      text    NOT NULL DEFAULT '',
+    workflow           text    NOT NULL,
+    extra_data         text    NOT NULL DEFAULT '{}',
+    meta               text    NOT NULL DEFAULT '{}',
+    params             text    NOT NULL DEFAULT '{}'
+);
+-- The claim walks this partial index in order and stops at the first unlocked row whose run_after has
+-- passed; run_after is included so that filter never reads the (large) row.
+CREATE INDEX jobs_ready ON jobs (priority DESC, seq) INCLUDE (run_after) WHERE state = 'queued';
+-- Expired leases are found without scanning running jobs.
+CREATE INDEX jobs_lease ON jobs (lease_until) WHERE state = 'running';
+-- Counts by state and the newest dead letters.
+CREATE INDEX jobs_state ON jobs (state, finished_at);
+CREATE TABLE attempts (
+    n             bigint  GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    job_id        text    NOT NULL,
+    attempt       integer NOT NULL,
+    owner         text    NOT NULL,
+    server        text    NOT NULL,
+    started_at    double precision NOT NULL,
+    ended_at      double precision,
+    outcome       text,
+    reason        text,
+    prompt_number bigint
+);
+CREATE INDEX attempts_job ON attempts (job_id, attempt);
+-- One row per supervisor (host, pid): what ``comfysup status`` shows of every machine.
+CREATE TABLE machines (
+    host         text    NOT NULL,
+    pid          integer NOT NULL,
+    slots        text    NOT NULL DEFAULT '[]',
+    started_at   double precision NOT NULL,
+    heartbeat_at double precision NOT NULL,
+    PRIMARY KEY (host, pid)
+);
