@@ -910,9 +910,9 @@ def test_object_info_matches_recorded_sample(server: Target) -> None:
 
 
 @pytest.fixture
-def fake(tmp_path: Path) -> Iterator[FakeComfy]:
-    with FakeComfy(base_directory=tmp_path / "fake", node_ms=5) as server:
-        yield server
+def fake(fake_comfy: FakeComfy) -> FakeComfy:
+    """The conftest's started fake (tests/conftest.py, fake_comfy section)."""
+    return fake_comfy
 
 
 @dataclass

@@ -1,0 +1,30 @@
+"""Shared pytest fixtures. Each section belongs to the part of the project named in its heading."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+# ==== fake_comfy fixtures (owned by fake_comfy; see tests/test_fake_comfy.py) ===========================
+
+if TYPE_CHECKING:
+    from fake_comfy import FakeComfy
+
+
+@pytest.fixture
+def fake_comfy(tmp_path: Path) -> Iterator[FakeComfy]:
+    """A started FakeComfy in tmp_path/fake_comfy (node_ms=5), stopped after the test.
+
+    Script it with .script([...]) / .script_by_id({...}), read .stats(). Imported lazily so that tests
+    which never use it run without aiohttp.
+    """
+    from fake_comfy import FakeComfy
+
+    with FakeComfy(base_directory=tmp_path / "fake_comfy", node_ms=5) as server:
+        yield server
+
+
+# ==== end of fake_comfy fixtures ========================================================================
