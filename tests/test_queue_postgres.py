@@ -1,0 +1,289 @@
+"""The PostgreSQL backend: the shared contract, plus what only a shared server has to get right."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import psycopg
+import pytest
+from pg_support import pg_url  # noqa: F401  (a fixture)
+from queue_contract import LEASE, T0, QueueContract, make_job
+
+from comfysup.errors import DatabaseUnavailable, LeaseLost, QueueError
+from comfysup.queue.postgres import SCHEMA_VERSION, PostgresQueue, describe_url
+
+
+class TestPostgresQueue(QueueContract):
+    @pytest.fixture(autouse=True)
+    def _database(self, pg_url: str) -> None:  # noqa: F811
+        self.url = pg_url
+
+    def make_queue(self, tmp_path: Path) -> PostgresQueue:
+        return PostgresQueue(self.url)
+
+
+def _sql(url: str, sql: str, args: tuple = ()) -> list[tuple]:
+    with psycopg.connect(url, autocommit=True) as conn:
+        cur = conn.execute(sql, args)
+        return cur.fetchall() if cur.description else []
+
+
+def test_schema_version_is_recorded_and_a_newer_one_refused(pg_url: str) -> None:  # noqa: F811
+    PostgresQueue(pg_url).close()
+    assert _sql(pg_url, "SELECT max(version) FROM schema_version") == [(SCHEMA_VERSION,)]
+    PostgresQueue(pg_url).close()  # opening again applies nothing twice
+    assert _sql(pg_url, "SELECT count(*) FROM schema_version") == [(SCHEMA_VERSION,)]
+    _sql(pg_url, "INSERT INTO schema_version VALUES (%s, 0)", (SCHEMA_VERSION + 1,))
+    try:
+        with pytest.raises(QueueError, match="newer than this comfysup"):
+            PostgresQueue(pg_url)
+    finally:
+        _sql(pg_url, "DELETE FROM schema_version WHERE version > %s", (SCHEMA_VERSION,))
+
+
+def test_machines_opening_at_once_create_the_schema_once(pg_url: str) -> None:  # noqa: F811
+    """The advisory lock: several processes opening a new database at the same moment all succeed."""
+    _sql(pg_url, "DROP TABLE IF EXISTS jobs, attempts, machines, schema_version")
+    errors: list[BaseException] = []
+    start = threading.Barrier(6)
+
+    def open_one() -> None:
+        try:
+            start.wait()
+            PostgresQueue(pg_url).close()
+        except BaseException as exc:  # reported below, with the others
+            errors.append(exc)
+
+    threads = [threading.Thread(target=open_one) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert errors == []
+    assert _sql(pg_url, "SELECT version FROM schema_version") == [(SCHEMA_VERSION,)]
+
+
+def test_leases_and_run_after_use_the_database_clock(pg_url: str) -> None:  # noqa: F811
+    """Without now=, every stamp comes from the server's clock, however wrong this machine's is."""
+    q = PostgresQueue(pg_url)
+    q.submit([make_job(1), make_job(2)])
+    (db_now,) = _sql(pg_url, "SELECT extract(epoch from now())::float8")[0]
+    claim = q.claim("runner-a", "gpu0", 30)
+    assert claim is not None
+    assert abs(claim.lease_until - (db_now + 30)) < 5
+    record = q.get(claim.id)
+    assert abs(record.submitted_at - db_now) < 5
+    # A retry 100 s from now on this machine's clock is 100 s from now on the database's.
+    q.retry_later(claim, time.time() + 100, "later")
+    assert abs(q.get(claim.id).run_after - (db_now + 100)) < 5
+    q.close()
+
+
+def test_a_machine_clock_far_ahead_cannot_expire_a_live_lease(pg_url: str,  # noqa: F811
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    q = PostgresQueue(pg_url)
+    q.submit([make_job(1)])
+    first = q.claim("runner-a", "gpu0", 60)
+    assert first is not None
+    monkeypatch.setattr(time, "time", lambda: 4_000_000_000.0)  # this machine thinks it is 2096
+    assert q.claim("runner-b", "gpu1", 60) is None
+    q.heartbeat(first, 60)
+    q.close()
+
+
+def test_skip_locked_claims_never_wait_for_each_other(pg_url: str) -> None:  # noqa: F811
+    """A claim whose transaction is still open holds its row; another claim takes the next row at once."""
+    q = PostgresQueue(pg_url)
+    q.submit([make_job(1), make_job(2)], now=T0)
+    holder = psycopg.connect(pg_url)
+    try:
+        holder.execute("SELECT seq FROM jobs WHERE id = %s FOR UPDATE", (make_job(1).id,))
+        started = time.monotonic()
+        claim = q.claim("runner-b", "gpu1", LEASE, now=T0)
+        assert claim is not None and claim.id == make_job(2).id
+        assert time.monotonic() - started < 1.0
+        assert q.claim("runner-c", "gpu2", LEASE, now=T0) is None  # job 1 is locked, not free
+    finally:
+        holder.rollback()
+        holder.close()
+    assert q.claim("runner-c", "gpu2", LEASE, now=T0).id == make_job(1).id
+    q.close()
+
+
+def test_a_stale_connection_is_replaced_and_the_operation_retried(pg_url: str) -> None:  # noqa: F811
+    """The server ended our idle session (a restart, an idle timeout): the next call still works."""
+    q = PostgresQueue(pg_url)
+    q.submit([make_job(1)], now=T0)
+    claim = q.claim("runner-a", "gpu0", LEASE, now=T0)
+    assert claim is not None
+    pid = q._conn.info.backend_pid  # type: ignore[union-attr]
+    _sql(pg_url, "SELECT pg_terminate_backend(%s)", (pid,))
+    assert q.heartbeat(claim, LEASE, now=T0 + 1) is False
+    assert q._conn.info.backend_pid != pid  # type: ignore[union-attr]
+    q.close()
+
+
+def test_an_unreachable_server_is_database_unavailable_without_the_password() -> None:
+    url = "postgresql://someone:sekrit-pw@127.0.0.1:1/nowhere"
+    with pytest.raises(DatabaseUnavailable) as info:
+        PostgresQueue(url)
+    assert "sekrit" not in str(info.value)
+    assert "127.0.0.1:1/nowhere" in str(info.value)
+    assert describe_url(url) == "postgresql://someone@127.0.0.1:1/nowhere"
+
+
+def test_a_failed_transaction_rolls_back_and_the_queue_stays_usable(pg_url: str) -> None:  # noqa: F811
+    q = PostgresQueue(pg_url)
+
+    def half(cur: psycopg.Cursor) -> None:
+        cur.execute("INSERT INTO jobs (id, submitted_at, spec_hash, workflow) VALUES ('a', 0, 'h', '{}')")
+        cur.execute("INSERT INTO no_such_table VALUES (1)")
+
+    with pytest.raises(QueueError, match="no_such_table"):
+        q._transaction(half)
+    assert q.status(now=T0).counts["queued"] == 0
+    q.submit([make_job(1)], now=T0)
+    assert q.status(now=T0).counts["queued"] == 1
+    q.close()
+
+
+def test_a_forked_child_uses_its_own_connection_and_the_parent_keeps_its_own(pg_url: str) -> None:  # noqa: F811
+    q = PostgresQueue(pg_url)
+    q.submit([make_job(1), make_job(2)], now=T0)
+    parent_pid = q._conn.info.backend_pid  # type: ignore[union-attr]
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            claim = q.claim("child", "gpu0", LEASE, now=T0)
+            assert claim is not None
+            q.complete(claim, [], now=T0 + 1)
+            os.write(w, str(q._conn.info.backend_pid).encode())  # type: ignore[union-attr]
+            q.close()
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    child_backend = int(os.read(r, 32))
+    assert child_backend != parent_pid
+    assert q._conn.info.backend_pid == parent_pid  # the child neither used nor closed the parent's session
+    counts = q.status(now=T0 + 1).counts
+    assert (counts["queued"], counts["done"]) == (1, 1)
+    q.close()
+
+
+@pytest.mark.timeout(20)
+def test_wait_for_work_wakes_at_a_submit(pg_url: str) -> None:  # noqa: F811
+    waiter = PostgresQueue(pg_url)
+    submitter = PostgresQueue(pg_url)
+    waiter.wait_for_work(0.01)  # LISTEN is in place from here on
+    woke = threading.Event()
+
+    def wait() -> None:
+        waiter.wait_for_work(10)
+        woke.set()
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    time.sleep(0.1)  # let the waiter block in its wait (a wait that returned early would fail below)
+    assert not woke.is_set()
+    started = time.monotonic()
+    submitter.submit([make_job(1)])
+    assert woke.wait(5)
+    assert time.monotonic() - started < 1.0
+    thread.join(5)
+    waiter.close()
+    submitter.close()
+
+
+@pytest.mark.parametrize("action", ["release", "retry_now", "requeue", "release_owner"])
+def test_what_makes_a_job_claimable_again_notifies(pg_url: str, action: str) -> None:  # noqa: F811
+    q = PostgresQueue(pg_url)
+    q.submit([make_job(1)])
+    claim = q.claim("runner-a", "gpu0", LEASE)
+    assert claim is not None
+    if action == "requeue":
+        q.dead(claim, "broken")
+    q.wait_for_work(0.01)
+    q.wait_for_work(0.01)  # nothing pending now
+    started = time.monotonic()
+    q.wait_for_work(0.3)
+    assert time.monotonic() - started >= 0.25  # no notification yet: the wait ran its course
+    if action == "release":
+        q.release(claim, "test")
+    elif action == "retry_now":
+        q.retry_later(claim, time.time() - 1, "again")
+    elif action == "requeue":
+        q.requeue_dead([claim.id])
+    else:
+        q.release_owner("runner-a", "gone")
+    started = time.monotonic()
+    q.wait_for_work(5)
+    assert time.monotonic() - started < 1.0
+    q.close()
+
+
+def test_a_retry_due_later_does_not_notify(pg_url: str) -> None:  # noqa: F811
+    q = PostgresQueue(pg_url)
+    q.submit([make_job(1)])
+    claim = q.claim("runner-a", "gpu0", LEASE)
+    assert claim is not None
+    q.wait_for_work(0.01)
+    q.retry_later(claim, time.time() + 60, "later")
+    started = time.monotonic()
+    q.wait_for_work(0.3)
+    assert time.monotonic() - started >= 0.25
+    q.close()
+
+
+def test_wait_for_work_sleeps_when_the_listen_connection_dropped(pg_url: str) -> None:  # noqa: F811
+    q = PostgresQueue(pg_url)
+    q.wait_for_work(0.01)
+    listener_pid = q._listen.info.backend_pid  # type: ignore[union-attr]
+    _sql(pg_url, "SELECT pg_terminate_backend(%s)", (listener_pid,))
+    started = time.monotonic()
+    q.wait_for_work(0.3)  # the dropped connection is noticed; the rest of the timeout is slept
+    assert 0.25 <= time.monotonic() - started < 2
+    q._listen_failed_at = None  # do not wait LISTEN_RETRY_SECONDS in a test
+    submitter = PostgresQueue(pg_url)
+    q.wait_for_work(0.01)  # reconnected and listening again
+    assert q._listen is not None and q._listen.info.backend_pid != listener_pid
+    submitter.submit([make_job(1)])
+    started = time.monotonic()
+    q.wait_for_work(5)
+    assert time.monotonic() - started < 1.0
+    submitter.close()
+    q.close()
+
+
+def test_an_old_owner_is_fenced_across_sessions(pg_url: str) -> None:  # noqa: F811
+    """Two sessions: a reclaim committed through one fences the stale claim of the other out."""
+    a, b = PostgresQueue(pg_url), PostgresQueue(pg_url)
+    a.submit([make_job(1)], now=T0)
+    old = a.claim("runner-a", "gpu0", 10, now=T0)
+    new = b.claim("runner-b", "gpu1", 10, now=T0 + 11)
+    assert old is not None and new is not None and new.attempt == 2
+    with pytest.raises(LeaseLost):
+        a.complete(old, [], now=T0 + 12)
+    b.complete(new, [], now=T0 + 13)
+    record = a.get(old.id)
+    assert (record.state, record.machine) == ("done", "runner-b")
+    a.close()
+    b.close()
+
+
+def test_open_queue_selects_postgres_when_the_config_has_a_url(pg_url: str, tmp_path: Path) -> None:  # noqa: F811
+    from comfysup.config import build_config
+    from comfysup.queue import open_queue
+
+    config = build_config({"queue": {"url": pg_url, "busy_timeout_seconds": 7}}, root=str(tmp_path))
+    q = open_queue(config, create=False)
+    assert isinstance(q, PostgresQueue)
+    assert q.busy_timeout_seconds == 7
+    assert _sql(pg_url, "SELECT to_regclass('jobs') IS NOT NULL") == [(True,)]
+    q.close()
