@@ -78,6 +78,7 @@ class Shared(ctypes.Structure):
         ("may_claim", ctypes.c_int),  # by the supervisor: 0 while the server is not running, draining, stopping
         ("busy", ctypes.c_int),  # by the runner: 1 from a may_claim that said yes until its next may_claim call
         ("jobs", ctypes.c_long),  # attempts finished by this slot's runners (for recycle_after_jobs)
+        ("recycle_at", ctypes.c_long),  # by the supervisor: claim nothing once jobs reaches this (0: never)
         ("job", ctypes.c_char * 40),  # the job id being run, or empty
     )
 
@@ -488,6 +489,8 @@ class Supervisor:
             return
         unit.server_pid = pid
         unit.jobs_at_server_start = unit.shared.jobs
+        every = self.config.supervisor.recycle_after_jobs
+        unit.shared.recycle_at = unit.shared.jobs + every if every else 0
         unit.draining = None
         policy.spawned(now)
         log.info("%s: ComfyUI started, pid %d, port %d, log %s", unit.name, pid, plan.port, plan.log_path)
@@ -549,7 +552,8 @@ class Supervisor:
 
         def may_claim() -> bool:
             shared.busy = 1  # before reading the flag: a supervisor that cleared it then sees busy or a no
-            if shared.may_claim:
+            # The runner itself stops at the recycling count, so no job slips in before the supervisor acts.
+            if shared.may_claim and not (shared.recycle_at and shared.jobs >= shared.recycle_at):
                 return True
             shared.busy = 0
             return False
@@ -691,6 +695,8 @@ def _owner_alive(owner: str, claimed_at: float) -> bool:
     if pid is None or not psutil.pid_exists(pid):
         return False
     try:
-        return psutil.Process(pid).create_time() <= claimed_at + 1.0
+        process = psutil.Process(pid)
+        # A zombie has stopped running (its reaper has not come yet): it acts on nothing.
+        return process.status() != psutil.STATUS_ZOMBIE and process.create_time() <= claimed_at + 1.0
     except psutil.Error:
         return False
