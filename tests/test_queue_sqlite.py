@@ -218,3 +218,15 @@ def test_a_failed_write_rolls_back_and_the_queue_stays_usable(tmp_path: Path) ->
     q.submit([make_job(1)], now=T0)
     assert q.status(now=T0).counts["queued"] == 1
     q.close()
+
+
+def test_wait_for_work_sleeps_at_most_a_quarter_second(tmp_path: Path) -> None:
+    """Nothing can wake a waiter on a SQLite file, so the wait is capped: a runner's stop flag stays responsive."""
+    q = SQLiteQueue(tmp_path / "q.db")
+    started = time.monotonic()
+    q.wait_for_work(30)
+    assert 0.2 <= time.monotonic() - started < 1.0
+    started = time.monotonic()
+    q.wait_for_work(0.05)
+    assert time.monotonic() - started < 0.2
+    q.close()

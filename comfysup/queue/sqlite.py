@@ -56,6 +56,7 @@ NETWORK_FILESYSTEMS = frozenset({
     "fuse.sshfs", "fuse.s3fs", "fuse.gcsfuse", "fuse.rclone", "davfs", "fuse.glusterfs", "beegfs", "gpfs",
 })
 SUBMIT_BATCH = 500
+IDLE_WAIT_CAP_SECONDS = 0.25
 
 
 def _named_sql() -> dict[str, str]:
@@ -273,6 +274,11 @@ class SQLiteQueue:
             self._last_checkpoint = time.monotonic()
             with self._lock, contextlib.suppress(sqlite3.OperationalError):
                 self.conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+
+    def wait_for_work(self, timeout_seconds: float) -> None:
+        """Nothing can wake a process waiting on a SQLite file, so this sleeps; never longer than
+        IDLE_WAIT_CAP_SECONDS, so a caller that checks a stop flag between waits stays responsive."""
+        time.sleep(max(0.0, min(timeout_seconds, IDLE_WAIT_CAP_SECONDS)))
 
     # -- submit -----------------------------------------------------------------------------------------
 

@@ -118,7 +118,9 @@ class Runner:
                     if self.until_empty and self.queue.active_count() == 0:
                         break
                     self.queue.maintenance()
-                    self._sleep(self.idle_seconds)
+                    # PostgreSQL returns at the NOTIFY of a new job; SQLite sleeps. Either way at most
+                    # idle_seconds, so a stop flag set by a signal is seen soon.
+                    self.queue.wait_for_work(self.idle_seconds)
                     continue
                 self.run_one(claim)
         finally:
@@ -142,11 +144,6 @@ class Runner:
             return False
         others = sum(1 for e in entries if not (e.client_id or "").startswith(CLIENT_PREFIX))
         return others < self.config.runner.max_queue
-
-    def _sleep(self, seconds: float) -> None:
-        end = time.monotonic() + seconds
-        while not self.state.stopping and time.monotonic() < end:
-            time.sleep(min(0.05, max(0.0, end - time.monotonic())))
 
     def _cache_object_info(self) -> None:
         """Keep a copy of the server's /object_info next to the queue, for submit's graph checks."""
