@@ -19,7 +19,7 @@ from pathlib import Path
 from . import __version__
 from .options import MAXIMUM_HISTORY_SIZE, Options
 from .script import WORDS, ScriptError, load_script_file, parse_words
-from .server import FakeServer, PortInUse
+from .server import CannotBind, FakeServer
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -136,7 +136,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     options.argv = ["main.py", *arguments]
     try:
         asyncio.run(serve(options))
-    except PortInUse as exc:
+    except CannotBind as exc:
         print(f"fake_comfy: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -42,8 +42,8 @@ class ScriptedServerError(Exception):
     """The "500" word: raised in the handler so aiohttp answers with its own plain-text 500."""
 
 
-class PortInUse(OSError):
-    """The port is taken (ComfyUI exits 1 then, and so does the fake)."""
+class CannotBind(OSError):
+    """A --listen address cannot be bound, usually a taken port (ComfyUI exits 1 then; so does the fake)."""
 
 
 def trivial_prompt(color: int, prefix: str) -> dict[str, Any]:
@@ -84,7 +84,7 @@ def bind_sockets(hosts: list[str], port: int) -> list[socket.socket]:
                 sock.bind(address)
             except OSError as exc:
                 message = f"error while attempting to bind on address {address}: {exc.strerror}"
-                raise PortInUse(exc.errno, message) from exc
+                raise CannotBind(exc.errno, message) from exc
             port = sock.getsockname()[1]
             sock.listen(128)
             sock.setblocking(False)
@@ -126,7 +126,7 @@ class FakeServer:
     # -- life cycle -----------------------------------------------------------------------------
 
     async def start(self) -> int:
-        """Bind, serve, start the worker; returns the port. Raises PortInUse when it is taken."""
+        """Bind, serve, start the worker; returns the port. Raises CannotBind when it cannot listen."""
         self._prepare_directories()
         sockets = bind_sockets(self.options.listen.split(","), self.options.port)
         self._runner = web.AppRunner(self.app, access_log=None, shutdown_timeout=1.0)
