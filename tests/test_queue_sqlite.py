@@ -211,12 +211,13 @@ def test_a_file_that_is_not_a_database_is_a_queue_error(tmp_path: Path) -> None:
 
 def test_a_failed_write_rolls_back_and_the_queue_stays_usable(tmp_path: Path) -> None:
     q = SQLiteQueue(tmp_path / "q.db")
-    with pytest.raises(QueueError, match="no such table"), q._write() as conn:
-        conn.execute("INSERT INTO jobs (id, submitted_at, spec_hash, workflow) VALUES ('a', 0, 'h', '{}')")
-        conn.execute("INSERT INTO no_such_table VALUES (1)")
-    assert q.status(now=T0).counts["queued"] == 0  # the first insert was rolled back with the second
     q.submit([make_job(1)], now=T0)
-    assert q.status(now=T0).counts["queued"] == 1
+    with pytest.raises(QueueError, match="no such table"), q._write() as conn:
+        conn.execute("UPDATE jobs SET priority = 7")
+        conn.execute("INSERT INTO no_such_table VALUES (1)")
+    assert q.get(make_job(1).id).priority == 0  # the first statement was rolled back with the second
+    q.submit([make_job(2)], now=T0)
+    assert q.status(now=T0).counts["queued"] == 2
     q.close()
 
 
