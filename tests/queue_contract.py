@@ -502,3 +502,46 @@ class QueueContract:
         for _ in range(100):
             q.maintenance()
         assert q.status(now=T0).counts["queued"] == 50
+
+    # -- where results are, and the machines sharing the queue ---------------------------------------------
+
+    def test_complete_names_the_machine_of_the_owner(self, q: Queue) -> None:
+        self.submit(q, make_job(1), make_job(2))
+        claim = self.claim(q, "render-07/4242/gpu3/abcd1234", "gpu3", now=T0)
+        q.complete(claim, [Output("a.png", 1, "ab" * 32, "/srv/results/x/a.png")], now=T0 + 1)
+        record = q.get(claim.id)
+        assert record.machine == "render-07"
+        assert record.outputs[0].path == "/srv/results/x/a.png"
+        other = self.claim(q, "render-08/1/gpu0/ffff0000", "gpu0", now=T0)
+        q.dead(other, "broken", now=T0 + 1)
+        assert q.get(other.id).machine is None  # only a done job has files somewhere
+
+    def test_a_record_carries_what_a_migration_needs(self, q: Queue) -> None:
+        job = make_job(1)
+        self.submit(q, job)
+        claim = self.claim(q, now=T0)
+        q.record_prompt(claim, "gpu0", 17)
+        record = q.get(job.id)
+        assert (record.spec_hash, record.last_server, record.last_prompt_number) == (job.spec_hash, "gpu0", 17)
+
+    def test_machines_register_heartbeat_and_age(self, q: Queue) -> None:
+        assert q.machines(now=T0) == []
+        q.register_machine("render-07", 100, [{"name": "gpu0", "state": "starting"}], now=T0)
+        q.register_machine("render-08", 200, [], now=T0 + 1)
+        q.machine_heartbeat("render-07", 100, [{"name": "gpu0", "state": "running"}], now=T0 + 5)
+        machines = q.machines(now=T0 + 7)
+        assert [(m.host, m.pid, m.started_at, m.heartbeat_at, m.age_seconds) for m in machines] == \
+            [("render-07", 100, T0, T0 + 5, 2.0), ("render-08", 200, T0 + 1, T0 + 1, 6.0)]
+        assert machines[0].slots == [{"name": "gpu0", "state": "running"}]
+
+    def test_a_restarted_supervisor_replaces_its_hosts_row(self, q: Queue) -> None:
+        q.register_machine("render-07", 100, [], now=T0)
+        q.register_machine("render-08", 200, [], now=T0)
+        q.register_machine("render-07", 101, [{"name": "gpu0"}], now=T0 + 60)
+        assert [(m.host, m.pid) for m in q.machines(now=T0 + 60)] == [("render-07", 101), ("render-08", 200)]
+
+    def test_a_heartbeat_recreates_a_removed_row(self, q: Queue) -> None:
+        q.register_machine("render-07", 100, [], now=T0)
+        q.register_machine("render-07", 101, [], now=T0 + 1)  # another supervisor on the host took over
+        q.machine_heartbeat("render-07", 100, [{"name": "gpu0"}], now=T0 + 2)  # the first one still beats
+        assert [(m.pid, m.started_at) for m in q.machines(now=T0 + 2)] == [(100, T0 + 2), (101, T0 + 1)]

@@ -231,3 +231,26 @@ def test_wait_for_work_sleeps_at_most_a_quarter_second(tmp_path: Path) -> None:
     q.wait_for_work(0.05)
     assert time.monotonic() - started < 0.2
     q.close()
+
+
+def test_a_version_1_database_is_migrated_and_keeps_its_jobs(tmp_path: Path) -> None:
+    """Schema v2 (machines, jobs.machine) is added on open; a queue made by an earlier comfysup keeps working."""
+    path = tmp_path / "q.db"
+    conn = sqlite3.connect(path)
+    for statement in sqlite_backend._named_sql()["v1"].split(";"):
+        if statement.strip():
+            conn.execute(statement)
+    conn.execute("INSERT INTO jobs (id, submitted_at, spec_hash, workflow) VALUES (?, ?, 'h', '{}')",
+                 (make_job(1).id, T0))
+    conn.execute("PRAGMA user_version = 1")
+    conn.commit()
+    conn.close()
+    q = SQLiteQueue(path, create=False)
+    assert q.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
+    claim = q.claim("host-a/1/gpu0/t", "gpu0", 30, now=T0)
+    assert claim is not None and claim.id == make_job(1).id
+    q.complete(claim, [], now=T0 + 1)
+    assert q.get(claim.id).machine == "host-a"
+    q.register_machine("host-a", 1, [], now=T0)
+    assert [m.host for m in q.machines(now=T0)] == ["host-a"]
+    q.close()

@@ -45,3 +45,14 @@ CREATE TABLE attempts (
     prompt_number INTEGER
 );
 CREATE INDEX attempts_job ON attempts (job_id, attempt);
+-- name: v2
+-- The host whose runner completed a job (where its files are), and one row per supervisor sharing the queue.
+ALTER TABLE jobs ADD COLUMN machine TEXT;
+CREATE TABLE machines (
+    host         TEXT    NOT NULL,
+    pid          INTEGER NOT NULL,
+    slots        TEXT    NOT NULL DEFAULT '[]',
+    started_at   REAL    NOT NULL,
+    heartbeat_at REAL    NOT NULL,
+    PRIMARY KEY (host, pid)
+);

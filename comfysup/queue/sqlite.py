@@ -42,15 +42,17 @@ from comfysup.queue.base import (
     Attempt,
     Claim,
     JobRecord,
+    Machine,
     NewJob,
     Output,
     RunningJob,
     Status,
     SubmitConflict,
     SubmitResult,
+    owner_host,
 )
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 NETWORK_FILESYSTEMS = frozenset({
     "nfs", "nfs4", "cifs", "smb", "smb2", "smb3", "smbfs", "9p", "afs", "ceph", "glusterfs", "lustre",
     "fuse.sshfs", "fuse.s3fs", "fuse.gcsfuse", "fuse.rclone", "davfs", "fuse.glusterfs", "beegfs", "gpfs",
@@ -393,7 +395,7 @@ class SQLiteQueue:
         files = json.dumps([o.__dict__ for o in outputs])
         with self._write() as conn:
             self._fenced(conn, claim, "UPDATE jobs SET state = 'done', outputs = ?, finished_at = ?, reason = NULL, "
-                         "owner = NULL, lease_until = NULL", (files, at))
+                         "owner = NULL, lease_until = NULL, machine = ?", (files, at, owner_host(claim.owner)))
             self._end_attempt(conn, claim, at, "done", None)
 
     def retry_later(self, claim: Claim, run_after: float, reason: str, now: float | None = None) -> None:
@@ -492,7 +494,7 @@ class SQLiteQueue:
 
     _COLUMNS = ("id, state, priority, attempt, workflow, extra_data, meta, params, workflow_name, submitted_at, "
                 "run_after, owner, server, lease_until, started_at, finished_at, reason, outputs, "
-                "cancel_requested")
+                "cancel_requested, machine, spec_hash, last_server, last_prompt_number")
 
     def _record(self, row: Sequence[Any], attempts: list[Attempt]) -> JobRecord:
         outputs = [Output(**o) for o in json.loads(row[17])] if row[17] else []
@@ -501,7 +503,8 @@ class SQLiteQueue:
             extra_data=json.loads(row[5]), meta=json.loads(row[6]), params=json.loads(row[7]),
             workflow_name=row[8], submitted_at=row[9], run_after=row[10], owner=row[11], server=row[12],
             lease_until=row[13], started_at=row[14], finished_at=row[15], reason=row[16], outputs=outputs,
-            cancel_requested=bool(row[18]), attempts=attempts)
+            cancel_requested=bool(row[18]), attempts=attempts, machine=row[19], spec_hash=row[20],
+            last_server=row[21], last_prompt_number=row[22])
 
     def _attempts(self, ids: Sequence[str]) -> dict[str, list[Attempt]]:
         out: dict[str, list[Attempt]] = {i: [] for i in ids}
@@ -565,6 +568,31 @@ class SQLiteQueue:
             (dead_limit,))]
         return Status(counts=counts, oldest_queued_at=oldest[0][0] if oldest else None, running=running,
                       recent_dead=dead)  # type: ignore[arg-type]
+
+    # -- machines -----------------------------------------------------------------------------------------
+
+    def register_machine(self, host: str, pid: int, slots: Sequence[dict[str, Any]],
+                         now: float | None = None) -> None:
+        at = _now(now)
+        with self._write() as conn:
+            conn.execute("DELETE FROM machines WHERE host = ?", (host,))
+            conn.execute("INSERT INTO machines (host, pid, slots, started_at, heartbeat_at) VALUES (?,?,?,?,?)",
+                         (host, pid, json.dumps(list(slots)), at, at))
+
+    def machine_heartbeat(self, host: str, pid: int, slots: Sequence[dict[str, Any]],
+                          now: float | None = None) -> None:
+        at = _now(now)
+        with self._write() as conn:
+            conn.execute("INSERT INTO machines (host, pid, slots, started_at, heartbeat_at) VALUES (?,?,?,?,?) "
+                         "ON CONFLICT (host, pid) DO UPDATE SET slots = excluded.slots, "
+                         "heartbeat_at = excluded.heartbeat_at", (host, pid, json.dumps(list(slots)), at, at))
+
+    def machines(self, now: float | None = None) -> list[Machine]:
+        at = _now(now)
+        return [Machine(host=r[0], pid=r[1], slots=json.loads(r[2]), started_at=r[3], heartbeat_at=r[4],
+                        age_seconds=max(0.0, at - r[4]))
+                for r in self._read("SELECT host, pid, slots, started_at, heartbeat_at FROM machines "
+                                    "ORDER BY host, pid")]
 
 
 __all__ = ["DONE", "TERMINAL", "SQLiteQueue", "filesystem_type"]
