@@ -1,0 +1,591 @@
+"""Queue benchmark: what comfysup's durability and fencing cost, against a plain loop and three peers.
+
+Run: ``.venv/bin/python bench/queue.py`` (``--quick`` for a smaller run). Not a test: it prints
+figures for docs/benchmarks.md and asserts only that no job was lost or handed out twice.
+
+What it measures, and why:
+
+- submit: N jobs of a 10 KB workflow through ``JobsFile`` (validate, then read again) and
+  ``SQLiteQueue.submit``, exactly as ``comfysup submit`` does, at two sizes, with the peak memory of
+  each run: it must not grow with the file.
+- claim + complete per second, 1/2/4/8 processes, every claim and every complete its own durable
+  transaction (WAL, synchronous=FULL), with and without a heartbeat every 100 ms. The baseline is a
+  plain WAL + synchronous=FULL claim/complete loop on a minimal table, run alternately with comfysup
+  in the same process tree, so the ratio compares like with like on a noisy machine.
+- the same on huey's SqliteStorage, persist-queue's SQLiteAckQueue and litequeue when installed
+  (``pip install -e '.[bench]'``), each counted for duplicates (a job handed out twice) and losses.
+- ``comfysup status`` on a table of a million jobs (in process, and the whole command).
+"""
+
+# ruff: noqa: E402  (the sys.path fix below must run before the other imports)
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+# This file is named queue.py, and Python puts its folder first on sys.path: drop it, or every
+# ``import queue`` (multiprocessing, psycopg under huey) would import this script instead.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+
+import argparse
+import json
+import multiprocessing
+import os
+import resource
+import shutil
+import sqlite3
+import statistics
+import subprocess
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from comfysup.jobs import JobsFile
+from comfysup.queue.base import NewJob
+from comfysup.queue.sqlite import SQLiteQueue
+
+CTX = multiprocessing.get_context("fork")
+LEASE_SECONDS = 60.0
+HEARTBEAT_SECONDS = 0.1
+
+
+# -- the workload -------------------------------------------------------------------------------------------
+
+def workflow_10kb() -> dict[str, Any]:
+    """An SDXL-shaped API workflow padded with prompt text to about 10 KB, as real ones are."""
+    prompt = ("a lighthouse on a cliff at dusk, volumetric light, 35mm, film grain, detailed rocks, "
+              "crashing waves, seabirds, soft clouds, ") * 4
+    wf: dict[str, Any] = {
+        "4": {"class_type": "CheckpointLoaderSimple", "inputs": {"ckpt_name": "sdxl_base_1.0.safetensors"}},
+        "5": {"class_type": "EmptyLatentImage", "inputs": {"width": 1024, "height": 1024, "batch_size": 1}},
+        "3": {"class_type": "KSampler", "inputs": {"seed": 0, "steps": 30, "cfg": 7.0, "sampler_name": "euler",
+                                                   "scheduler": "normal", "denoise": 1.0, "model": ["4", 0],
+                                                   "positive": ["6", 0], "negative": ["7", 0],
+                                                   "latent_image": ["5", 0]}},
+        "8": {"class_type": "VAEDecode", "inputs": {"samples": ["3", 0], "vae": ["4", 2]}},
+        "9": {"class_type": "SaveImage", "inputs": {"filename_prefix": "bench", "images": ["8", 0]}},
+    }
+    n = 10
+    while len(json.dumps(wf)) < 10_000:
+        wf[str(n)] = {"class_type": "CLIPTextEncode", "inputs": {"text": prompt, "clip": ["4", 1]}}
+        n += 1
+    wf["6"] = {"class_type": "ConditioningCombine", "inputs": {"conditioning_1": ["10", 0],
+                                                                "conditioning_2": ["11", 0]}}
+    wf["7"] = {"class_type": "CLIPTextEncode", "inputs": {"text": "blurry, low quality", "clip": ["4", 1]}}
+    return wf
+
+
+WORKFLOW = workflow_10kb()
+WORKFLOW_JSON = json.dumps(WORKFLOW, sort_keys=True, separators=(",", ":"))
+
+
+def job_ids(n: int) -> list[str]:
+    return [str(uuid.uuid5(uuid.NAMESPACE_URL, f"bench/{i}")) for i in range(n)]
+
+
+def new_jobs(n: int) -> list[NewJob]:
+    return [NewJob(id=i, workflow=WORKFLOW, spec_hash=i, workflow_json=WORKFLOW_JSON, workflow_name="bench")
+            for i in job_ids(n)]
+
+
+# -- claim + complete drivers ---------------------------------------------------------------------------------
+
+@dataclass
+class Report:
+    claimed: list[str] = field(default_factory=list)
+    completed: int = 0
+    heartbeats: int = 0
+    started: float = 0.0
+    ended: float = 0.0
+
+
+class Driver:
+    """One queue under test: fill it in the parent, drain it in forked workers."""
+
+    name = ""
+    heartbeat = True
+    """False when the library has no lease to renew; its heartbeat rows are then skipped."""
+
+    def available(self) -> str | None:
+        """None when usable, else why not (a peer that is not installed)."""
+        return None
+
+    def fill(self, directory: Path, ids: list[str]) -> None:
+        raise NotImplementedError
+
+    def drain(self, directory: Path, owner: str, heartbeat: bool, report: Report) -> None:
+        raise NotImplementedError
+
+    def check(self, directory: Path, n: int) -> str:
+        """Anything the queue's own records say is wrong after a drain ('' when fine)."""
+        return ""
+
+
+def _tick(last: float) -> bool:
+    return time.monotonic() - last >= HEARTBEAT_SECONDS
+
+
+class ComfysupDriver(Driver):
+    name = "comfysup"
+
+    def fill(self, directory: Path, ids: list[str]) -> None:
+        q = SQLiteQueue(directory / "q.db")
+        q.submit(NewJob(id=i, workflow=WORKFLOW, spec_hash=i, workflow_json=WORKFLOW_JSON) for i in ids)
+        q.close()
+
+    def drain(self, directory: Path, owner: str, heartbeat: bool, report: Report) -> None:
+        q = SQLiteQueue(directory / "q.db", create=False)
+        last = time.monotonic()
+        report.started = time.time()
+        while (claim := q.claim(owner, "bench", LEASE_SECONDS)) is not None:
+            report.claimed.append(claim.id)
+            if heartbeat and _tick(last):
+                q.heartbeat(claim, LEASE_SECONDS)
+                report.heartbeats += 1
+                last = time.monotonic()
+            q.complete(claim, [])
+            report.completed += 1
+        report.ended = time.time()
+        q.close()
+
+    def check(self, directory: Path, n: int) -> str:
+        conn = sqlite3.connect(directory / "q.db")
+        done = conn.execute("SELECT count(*) FROM jobs WHERE state = 'done'").fetchone()[0]
+        attempts = conn.execute("SELECT count(*) FROM attempts").fetchone()[0]
+        conn.close()
+        return "" if done == attempts == n else f"{done} done, {attempts} attempts of {n}"
+
+
+class PlainDriver(Driver):
+    """The floor: the least a durable claim/complete can do on SQLite (WAL, FULL, BEGIN IMMEDIATE).
+
+    A minimal table of (id, state, owner, lease) with one partial index; the claim also reads the
+    10 KB workflow, from a table of its own, since a claim that did not hand the job out would not be
+    comparable. ``payload_in_row`` keeps it in the claimed row instead, which every update rewrites.
+    """
+
+    name = "plain loop"
+
+    def __init__(self, payload_in_row: bool = False) -> None:
+        self.payload_in_row = payload_in_row
+        if payload_in_row:
+            self.name = "plain, payload in row"
+
+    @staticmethod
+    def connect(path: Path) -> sqlite3.Connection:
+        conn = sqlite3.connect(path, timeout=60, isolation_level=None)
+        conn.execute("PRAGMA busy_timeout = 60000")
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("PRAGMA synchronous = FULL")
+        return conn
+
+    def fill(self, directory: Path, ids: list[str]) -> None:
+        conn = self.connect(directory / "plain.db")
+        conn.execute("CREATE TABLE q (seq INTEGER PRIMARY KEY, id TEXT NOT NULL, state INTEGER NOT NULL DEFAULT 0, "
+                     "owner TEXT, lease_until REAL, payload TEXT)")
+        conn.execute("CREATE TABLE payloads (seq INTEGER PRIMARY KEY, payload TEXT NOT NULL)")
+        conn.execute("CREATE INDEX q_ready ON q (seq) WHERE state = 0")
+        conn.execute("BEGIN IMMEDIATE")
+        if self.payload_in_row:
+            conn.executemany("INSERT INTO q (id, payload) VALUES (?, ?)", ((i, WORKFLOW_JSON) for i in ids))
+        else:
+            conn.executemany("INSERT INTO q (seq, id) VALUES (?, ?)", enumerate(ids, start=1))
+            conn.executemany("INSERT INTO payloads (seq, payload) VALUES (?, ?)",
+                             ((n, WORKFLOW_JSON) for n in range(1, len(ids) + 1)))
+        conn.execute("COMMIT")
+        conn.close()
+
+    def drain(self, directory: Path, owner: str, heartbeat: bool, report: Report) -> None:
+        conn = self.connect(directory / "plain.db")
+        last = time.monotonic()
+        report.started = time.time()
+        while True:
+            conn.execute("BEGIN IMMEDIATE")
+            row = conn.execute("UPDATE q SET state = 1, owner = ?, lease_until = ? WHERE seq = "
+                               "(SELECT seq FROM q WHERE state = 0 ORDER BY seq LIMIT 1) RETURNING seq, id, payload",
+                               (owner, time.time() + LEASE_SECONDS)).fetchone()
+            if row is not None and not self.payload_in_row:
+                conn.execute("SELECT payload FROM payloads WHERE seq = ?", (row[0],)).fetchone()
+            conn.execute("COMMIT")
+            if row is None:
+                break
+            report.claimed.append(row[1])
+            if heartbeat and _tick(last):
+                conn.execute("BEGIN IMMEDIATE")
+                conn.execute("UPDATE q SET lease_until = ? WHERE seq = ? AND owner = ? AND state = 1",
+                             (time.time() + LEASE_SECONDS, row[0], owner))
+                conn.execute("COMMIT")
+                report.heartbeats += 1
+                last = time.monotonic()
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("UPDATE q SET state = 2 WHERE seq = ? AND owner = ? AND state = 1", (row[0], owner))
+            conn.execute("COMMIT")
+            report.completed += 1
+        report.ended = time.time()
+        conn.close()
+
+
+class HueyDriver(Driver):
+    """huey's SqliteStorage: dequeue deletes the task (no lease); complete stores its result, as huey does."""
+
+    name = "huey SqliteStorage"
+    heartbeat = False
+
+    def available(self) -> str | None:
+        try:
+            import huey.storage  # noqa: F401
+        except ImportError:
+            return "not installed (pip install huey)"
+        return None
+
+    @staticmethod
+    def storage(directory: Path) -> Any:
+        from huey.storage import SqliteStorage
+
+        return SqliteStorage(name="bench", filename=str(directory / "huey.db"), fsync=True, timeout=60)
+
+    def fill(self, directory: Path, ids: list[str]) -> None:
+        s = self.storage(directory)
+        for i in ids:
+            s.enqueue(f"{i}\n{WORKFLOW_JSON}".encode())
+        s.close()
+
+    def drain(self, directory: Path, owner: str, heartbeat: bool, report: Report) -> None:
+        s = self.storage(directory)
+        report.started = time.time()
+        while (data := s.dequeue()) is not None:
+            job = bytes(data).split(b"\n", 1)[0].decode()
+            report.claimed.append(job)
+            s.put_data(job, b"done")
+            report.completed += 1
+        report.ended = time.time()
+        s.close()
+
+
+class PersistQueueDriver(Driver):
+    """persist-queue's SQLiteAckQueue: get marks the row unacked, ack marks it done."""
+
+    name = "persist-queue SQLiteAckQueue"
+    heartbeat = False
+
+    def available(self) -> str | None:
+        try:
+            import persistqueue  # noqa: F401
+        except ImportError:
+            return "not installed (pip install persist-queue)"
+        return None
+
+    @staticmethod
+    def queue(directory: Path) -> Any:
+        from persistqueue import SQLiteAckQueue
+
+        # auto_resume=False: each worker opening the queue would otherwise re-ready every unacked row.
+        return SQLiteAckQueue(str(directory / "pq"), auto_resume=False, multithreading=True, timeout=60)
+
+    def fill(self, directory: Path, ids: list[str]) -> None:
+        q = self.queue(directory)
+        for i in ids:
+            q.put({"id": i, "workflow": WORKFLOW_JSON})
+
+    def drain(self, directory: Path, owner: str, heartbeat: bool, report: Report) -> None:
+        from persistqueue import Empty
+
+        q = self.queue(directory)
+        report.started = time.time()
+        while True:
+            try:
+                item = q.get(block=False, raw=True)
+            except Empty:
+                break
+            report.claimed.append(item["data"]["id"])
+            q.ack(id=item["pqid"])
+            report.completed += 1
+        report.ended = time.time()
+
+
+class LiteQueueDriver(Driver):
+    """litequeue: pop locks a message (with its lock time, the lease), done marks it done."""
+
+    name = "litequeue"
+    heartbeat = False
+
+    def available(self) -> str | None:
+        try:
+            import litequeue  # noqa: F401
+        except ImportError:
+            return "not installed (pip install litequeue)"
+        return None
+
+    @staticmethod
+    def queue(directory: Path) -> Any:
+        from litequeue import LiteQueue
+
+        q = LiteQueue(str(directory / "lite.db"), timeout=60)
+        q.conn.execute("PRAGMA synchronous = FULL")  # litequeue sets NORMAL; compare durable with durable
+        return q
+
+    def fill(self, directory: Path, ids: list[str]) -> None:
+        q = self.queue(directory)
+        q.conn.execute("BEGIN IMMEDIATE")
+        for i in ids:
+            q.put(f"{i}\n{WORKFLOW_JSON}")
+        q.conn.execute("COMMIT")
+        q.close()
+
+    def drain(self, directory: Path, owner: str, heartbeat: bool, report: Report) -> None:
+        q = self.queue(directory)
+        report.started = time.time()
+        while (message := q.pop()) is not None:
+            report.claimed.append(message.data.split("\n", 1)[0])
+            q.done(message.message_id)
+            report.completed += 1
+        report.ended = time.time()
+        q.close()
+
+
+def _worker(driver: Driver, directory: str, owner: str, heartbeat: bool, barrier: Any, out: str) -> None:
+    report = Report()
+    barrier.wait()
+    driver.drain(Path(directory), owner, heartbeat, report)
+    Path(out).write_text(json.dumps(report.__dict__))
+
+
+@dataclass
+class Drain:
+    jobs_per_second: float
+    duplicates: int
+    lost: int
+    heartbeats: int
+    problem: str
+
+
+def drain(driver: Driver, workdir: Path, n: int, processes: int, heartbeat: bool) -> Drain:
+    directory = Path(tempfile.mkdtemp(prefix="run-", dir=workdir))
+    ids = job_ids(n)
+    driver.fill(directory, ids)
+    barrier = CTX.Barrier(processes)
+    procs = []
+    for p in range(processes):
+        out = directory / f"report-{p}.json"
+        proc = CTX.Process(target=_worker, args=(driver, str(directory), f"bench-{p}", heartbeat, barrier, str(out)))
+        proc.start()
+        procs.append((proc, out))
+    reports = []
+    for proc, out in procs:
+        proc.join()
+        if proc.exitcode != 0:
+            raise RuntimeError(f"{driver.name}: a worker exited with {proc.exitcode}")
+        reports.append(Report(**json.loads(out.read_text())))
+    claimed = [c for r in reports for c in r.claimed]
+    seconds = max(r.ended for r in reports) - min(r.started for r in reports)
+    result = Drain(jobs_per_second=n / seconds, duplicates=len(claimed) - len(set(claimed)),
+                   lost=len(set(ids) - set(claimed)), heartbeats=sum(r.heartbeats for r in reports),
+                   problem=driver.check(directory, n))
+    shutil.rmtree(directory)
+    return result
+
+
+# -- submit ---------------------------------------------------------------------------------------------------
+
+def _submit_child(directory: str, lines: int, out: str) -> None:
+    base = Path(directory)
+    jobs = JobsFile(base / "jobs.jsonl")
+    started = time.perf_counter()
+    checked = jobs.validate()
+    validated = time.perf_counter()
+    assert checked.ok, checked.problems[:3]
+    q = SQLiteQueue(base / "q.db")
+    result = q.submit(jobs.jobs())
+    q.close()
+    done = time.perf_counter()
+    assert result.inserted == lines
+    Path(out).write_text(json.dumps({
+        "validate_s": validated - started, "insert_s": done - validated, "total_s": done - started,
+        "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "db_mb": (base / "q.db").stat().st_size / 2**20}))
+
+
+def submit(workdir: Path, lines: int) -> dict[str, float]:
+    directory = Path(tempfile.mkdtemp(prefix="submit-", dir=workdir))
+    (directory / "workflow.json").write_text(json.dumps(WORKFLOW, indent=1))
+    with open(directory / "jobs.jsonl", "w") as f:
+        for n, i in enumerate(job_ids(lines)):
+            f.write(json.dumps({"id": i, "workflow": "workflow.json", "set": {"3.seed": n, "9.filename_prefix": i},
+                                "meta": {"n": n}}) + "\n")
+    out = directory / "result.json"
+    proc = CTX.Process(target=_submit_child, args=(str(directory), lines, str(out)))
+    proc.start()
+    proc.join()
+    if proc.exitcode != 0:
+        raise RuntimeError(f"submit of {lines} lines failed")
+    result = json.loads(out.read_text())
+    shutil.rmtree(directory)
+    return result
+
+
+# -- status on a big table --------------------------------------------------------------------------------------
+
+def big_table(path: Path, rows: int) -> None:
+    """``rows`` jobs in every state (70% done, 15% queued, 5% waiting, 5% dead, 5% cancelled, 8 running),
+    written with SQL directly: going through submit would take minutes and test submit, not status."""
+    SQLiteQueue(path).close()
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("PRAGMA synchronous = OFF")
+    conn.execute("BEGIN")
+    conn.execute(
+        "WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i + 1 < ?) "
+        "INSERT INTO jobs (id, state, priority, run_after, attempt, owner, server, lease_until, started_at, "
+        "submitted_at, finished_at, reason, spec_hash, workflow) "
+        "SELECT printf('%08x-0000-4000-8000-%012x', i, i), "
+        "CASE WHEN i < 8 THEN 'running' WHEN i % 100 < 70 THEN 'done' WHEN i % 100 < 90 THEN 'queued' "
+        "     WHEN i % 100 < 95 THEN 'dead' ELSE 'cancelled' END, "
+        "i % 3, CASE WHEN i % 100 BETWEEN 85 AND 89 THEN 4e9 ELSE 0 END, 1, "
+        "CASE WHEN i < 8 THEN 'runner-' || i END, CASE WHEN i < 8 THEN 'gpu' || i END, "
+        "CASE WHEN i < 8 THEN 4e9 END, 1.7e9 + i, 1.7e9 + i, "
+        "CASE WHEN i >= 8 AND (i % 100 < 70 OR i % 100 >= 90) THEN 1.7e9 + i + 60 END, "
+        "CASE WHEN i >= 8 AND i % 100 BETWEEN 90 AND 94 THEN 'gave up after 4 attempts, last: out of memory' END, "
+        "'h' || i, '{}' FROM n", (rows,))
+    conn.execute("COMMIT")
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.close()
+
+
+def status_times(workdir: Path, rows: int) -> dict[str, float]:
+    directory = Path(tempfile.mkdtemp(prefix="status-", dir=workdir))
+    path = directory / "var" / "queue.db"
+    path.parent.mkdir()
+    built = time.perf_counter()
+    big_table(path, rows)
+    built = time.perf_counter() - built
+    (directory / "config.toml").write_text('[queue]\npath = "var/queue.db"\n')
+    out: dict[str, float] = {"build_s": built}
+    times = []
+    for _ in range(5):
+        started = time.perf_counter()
+        q = SQLiteQueue(path, create=False)
+        status = q.status()
+        q.close()
+        times.append(time.perf_counter() - started)
+    assert status.counts["running"] == 8 and sum(status.counts.values()) == rows, status.counts
+    out["status_in_process_first_s"], out["status_in_process_median_s"] = times[0], statistics.median(times)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COMFYSUP_")} | {"PYTHONPATH": str(REPO)}
+    for flag in ("", "--json"):
+        runs = []
+        for _ in range(3):
+            started = time.perf_counter()
+            subprocess.run([sys.executable, "-m", "comfysup", "status", "--config", str(directory / "config.toml"),
+                            *([flag] if flag else [])], env=env, check=True, capture_output=True)
+            runs.append(time.perf_counter() - started)
+        out[f"command{flag.replace('--', '_')}_s"] = statistics.median(runs)
+    q = SQLiteQueue(path, create=False)
+    started = time.perf_counter()
+    for _ in range(200):
+        claim = q.claim("bench", "gpu9", LEASE_SECONDS)
+        assert claim is not None
+        q.complete(claim, [])
+    out["claim_complete_on_big_table_per_s"] = 200 / (time.perf_counter() - started)
+    q.close()
+    shutil.rmtree(directory)
+    return out
+
+
+# -- main -------------------------------------------------------------------------------------------------------
+
+def fmt(x: float) -> str:
+    return f"{x:,.0f}"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="small sizes, one repetition (about a minute)")
+    parser.add_argument("--dir", help="where the databases go (default: a temporary folder under ./var); use "
+                        "the disk the queue will live on")
+    parser.add_argument("--only", choices=["submit", "drain", "status"], action="append",
+                        help="run only these parts (repeatable)")
+    args = parser.parse_args()
+    quick = args.quick
+    parts = set(args.only or ["submit", "drain", "status"])
+    drain_jobs = 1000 if quick else 4000
+    repeats = 1 if quick else 3
+    submit_sizes = (2_000, 20_000) if quick else (10_000, 100_000)
+    status_rows = 200_000 if quick else 1_000_000
+    base = Path(args.dir) if args.dir else REPO / "var"
+    base.mkdir(parents=True, exist_ok=True)
+    workdir = Path(tempfile.mkdtemp(prefix="bench-queue-", dir=base))
+    print(f"# comfysup queue benchmark{' (--quick)' if quick else ''}")
+    print(f"python {sys.version.split()[0]}, SQLite {sqlite3.sqlite_version}, {os.cpu_count()} CPUs, "
+          f"databases in {workdir}")
+    print(f"workflow {len(WORKFLOW_JSON):,} bytes; every claim and complete is its own transaction, WAL, "
+          "synchronous=FULL")
+    try:
+        if "submit" in parts:
+            print("\n## submit (JobsFile validate + read again + SQLiteQueue.submit, as `comfysup submit`)")
+            print(f"{'lines':>8} {'validate s':>11} {'insert s':>9} {'total s':>8} {'jobs/s':>8} {'peak RSS MB':>12}"
+                  f" {'db MB':>7}")
+            for lines in submit_sizes:
+                r = submit(workdir, lines)
+                print(f"{lines:>8,} {r['validate_s']:>11.1f} {r['insert_s']:>9.1f} {r['total_s']:>8.1f} "
+                      f"{fmt(lines / r['total_s']):>8} {r['max_rss_mb']:>12.0f} {r['db_mb']:>7.0f}")
+        if "drain" in parts:
+            run_drains(workdir, drain_jobs, repeats)
+        if "status" in parts:
+            print(f"\n## status on {status_rows:,} jobs")
+            r = status_times(workdir, status_rows)
+            print(f"table built in {r['build_s']:.1f} s (SQL, not submit)")
+            print(f"SQLiteQueue.status(): first {r['status_in_process_first_s'] * 1000:.0f} ms, "
+                  f"median of 5 {r['status_in_process_median_s'] * 1000:.0f} ms")
+            print(f"`comfysup status` (whole command, with Python start-up): {r['command_s'] * 1000:.0f} ms; "
+                  f"`--json`: {r['command_json_s'] * 1000:.0f} ms")
+            print(f"claim + complete on that table, 1 process: {fmt(r['claim_complete_on_big_table_per_s'])}/s")
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return 0
+
+
+def run_drains(workdir: Path, n: int, repeats: int) -> None:
+    plain, ours = PlainDriver(), ComfysupDriver()
+    peers: list[Driver] = [HueyDriver(), PersistQueueDriver(), LiteQueueDriver()]
+    print(f"\n## claim + complete, {n:,} jobs, median of {repeats} alternating run(s); jobs/s")
+    for peer in peers:
+        why = peer.available()
+        if why:
+            print(f"note: {peer.name} skipped: {why}")
+    peers = [p for p in peers if p.available() is None]
+    header = f"{'procs':>5} {'heartbeat':>9} {'plain loop':>10} {'comfysup':>9} {'ratio':>6}"
+    for peer in peers:
+        header += f" | {peer.name[:22]:>22} {'dup':>4} {'lost':>4} {'us/them':>7}"
+    print(header)
+    problems: list[str] = []
+    for heartbeat in (False, True):
+        for processes in (1, 2, 4, 8):
+            runs: dict[str, list[Drain]] = {"plain": [], "ours": []}
+            for _ in range(repeats):  # alternate, so drift in the machine's load hits both alike
+                runs["plain"].append(drain(plain, workdir, n, processes, heartbeat))
+                runs["ours"].append(drain(ours, workdir, n, processes, heartbeat))
+            p = statistics.median(r.jobs_per_second for r in runs["plain"])
+            o = statistics.median(r.jobs_per_second for r in runs["ours"])
+            for name, rs in runs.items():
+                for r in rs:
+                    if r.duplicates or r.lost or r.problem:
+                        problems.append(f"{name} {processes}p: {r.duplicates} dup, {r.lost} lost {r.problem}")
+            row = f"{processes:>5} {'100 ms' if heartbeat else 'no':>9} {fmt(p):>10} {fmt(o):>9} {o / p:>6.2f}"
+            for peer in peers:
+                if heartbeat and not peer.heartbeat:
+                    row += f" | {'(no lease to renew)':>22} {'':>4} {'':>4} {'':>7}"
+                    continue
+                r = drain(peer, workdir, n, processes, False)
+                row += f" | {fmt(r.jobs_per_second):>22} {r.duplicates:>4} {r.lost:>4} {o / r.jobs_per_second:>7.2f}"
+            print(row, flush=True)
+    if problems:
+        print("PROBLEMS (comfysup or the plain loop handed a job out twice or lost one):")
+        for line in problems:
+            print("  " + line)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
