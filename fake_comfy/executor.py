@@ -61,6 +61,16 @@ class CacheEntry:
     ui: dict[str, Any] | None
 
 
+@dataclass
+class Outcome:
+    """How a run ended, what its history entry holds (result and status) and its stats record."""
+
+    outcome: str
+    result: dict[str, Any]
+    status: dict[str, Any]
+    record: dict[str, Any]
+
+
 class NodeFailure(Exception):
     """A node ended the prompt: interrupted, or an exception with ComfyUI's error details."""
 
@@ -153,7 +163,6 @@ class Executor:
         self.interrupt_flag = asyncio.Event()
         self.cache: dict[str, CacheEntry] = {}
         self.loaded: dict[str, str | None] = {}
-        self.status_messages: list[list[Any]] = []
         self.preview_prefix = "_temp_" + "".join(random.choice(string.ascii_lowercase) for _ in range(5))
 
     def interrupt(self) -> None:
@@ -167,8 +176,8 @@ class Executor:
         if free_memory:
             self.cache.clear()
 
-    async def execute(self, item: QueueItem) -> tuple[dict[str, Any], str, dict[str, Any]]:
-        """Run a prompt; returns (history result, outcome, stats record)."""
+    async def execute(self, item: QueueItem) -> Outcome:
+        """Run a prompt to its end (success, error or interrupted)."""
         return await _Run(self, item).go()
 
 
@@ -186,6 +195,7 @@ class _Run:
         self.values: dict[str, Any] = {}
         self.ui: dict[str, Any] = {}
         self.meta: dict[str, Any] = {}
+        self.status_messages: list[list[Any]] = []
         self.slow = 10.0 if item.word == "slow" else 1.0
         self.sigs: dict[str, str] = {}
 
@@ -194,7 +204,7 @@ class _Run:
     def message(self, event: str, payload: dict[str, Any], broadcast: bool) -> None:
         """PromptExecutor.add_message: timestamped, kept for the history, sent by the rules above."""
         payload = {**payload, "timestamp": now_ms()}
-        self.ex.status_messages.append([event, payload])
+        self.status_messages.append([event, payload])
         if self.client is not None or broadcast:
             self.ex.hub.post(event, payload, self.client)
 
@@ -218,11 +228,10 @@ class _Run:
 
     # -- the run --------------------------------------------------------------------------------
 
-    async def go(self) -> tuple[dict[str, Any], str, dict[str, Any]]:
+    async def go(self) -> Outcome:
         ex = self.ex
         ex.interrupt_flag.clear()
         ex.client_id = self.client
-        ex.status_messages = []
         self.sigs = sigs = signatures(self.prompt)
         wanted = set(sigs.values())
         ex.cache = {k: v for k, v in ex.cache.items() if k in wanted}
@@ -245,7 +254,12 @@ class _Run:
             ex.recorder.ended(record, "stopped")
             raise
         ex.last_node_id = None
-        return {"outputs": self.ui, "meta": self.meta}, outcome, record
+        status = {
+            "status_str": "success" if outcome == "success" else "error",
+            "completed": outcome == "success",
+            "messages": self.status_messages,
+        }
+        return Outcome(outcome, {"outputs": self.ui, "meta": self.meta}, status, record)
 
     async def run_stages(self, stages: list[str], cached: set[str], record: dict[str, Any]) -> str:
         """Every staged node in order; the outcome is success, error or interrupted."""

@@ -119,7 +119,6 @@ class FakeServer:
         self._free: dict[str, bool] | None = None
         self._runner: web.AppRunner | None = None
         self._worker: asyncio.Task[None] | None = None
-        self._current: QueueItem | None = None
         self._server_entry: dict[str, Any] | None = None
         self.app = self._make_app()
 
@@ -130,9 +129,14 @@ class FakeServer:
         self._prepare_directories()
         sockets = bind_sockets(self.options.listen.split(","), self.options.port)
         self._runner = web.AppRunner(self.app, access_log=None, shutdown_timeout=1.0)
-        await self._runner.setup()
-        for sock in sockets:
-            await web.SockSite(self._runner, sock).start()
+        try:
+            await self._runner.setup()
+            for sock in sockets:
+                await web.SockSite(self._runner, sock).start()
+        except BaseException:
+            for sock in sockets:
+                sock.close()
+            raise
         self.port = sockets[0].getsockname()[1]
         self.hub.start()
         self._worker = asyncio.get_running_loop().create_task(self._work())
@@ -200,20 +204,13 @@ class FakeServer:
             await self._run(item)
 
     async def _run(self, item: QueueItem) -> None:
-        self._current = item
-        result, outcome, record = await self.executor.execute(item)
-        delay = self.options.history_delay_ms
-        await asyncio.sleep(delay / 1000 if delay > 0 else 0)
-        status = {
-            "status_str": "success" if outcome == "success" else "error",
-            "completed": outcome == "success",
-            "messages": self.executor.status_messages,
-        }
-        self.queue.task_done(item, result, status)
-        self._current = None
+        """Execute, wait the history gap, write the history, then executing{node: null} as ComfyUI does."""
+        ended = await self.executor.execute(item)
+        await asyncio.sleep(max(self.options.history_delay_ms, 0) / 1000)
+        self.queue.task_done(item, ended.result, ended.status)
         if item.client_id is not None:
             self.hub.post("executing", {"node": None, "prompt_id": item.prompt_id}, item.client_id)
-        self.recorder.ended(record, outcome)
+        self.recorder.ended(ended.record, ended.outcome)
 
     # -- routes -----------------------------------------------------------------------------------
 
