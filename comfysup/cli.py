@@ -3,6 +3,10 @@
 Each subcommand lives in comfysup/commands/<name>.py with ``register(subparsers)``; this module only
 builds the parser, loads the config, and turns a ComfysupError into its message and exit code, so a
 person sees what was wrong and what to do rather than a traceback.
+
+Only the module of the command being run is imported: importing every command (requests, the
+supervisor) took half a second of each ``comfysup status``. ``--help``, an unknown command or a module
+that does not register the name asked for falls back to all of them, so usage and errors list everything.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ from collections.abc import Sequence
 from comfysup import __version__
 from comfysup.errors import ComfysupError
 
+MODULE_OF = {"retry": "manage", "cancel": "manage", "systemd-unit": "systemd_unit"}
+"""Commands whose module is not named after them."""
 COMMANDS = ("init", "submit", "status", "show", "manage", "work", "results", "run", "health", "systemd_unit",
             "demo")
 
@@ -25,7 +31,7 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(modules: Sequence[str] = COMMANDS) -> argparse.ArgumentParser:
     parser = _Parser(
         prog="comfysup",
         description="Run ComfyUI in production: a durable queue of jobs, one supervised ComfyUI server "
@@ -38,14 +44,28 @@ def build_parser() -> argparse.ArgumentParser:
                         "/etc/comfysup/config.toml)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
-    for name in COMMANDS:
+    for name in modules:
         module = importlib.import_module(f"comfysup.commands.{name}")
         module.register(sub, common)
     return parser
 
 
+def _parser_for(argv: Sequence[str]) -> argparse.ArgumentParser:
+    """A parser with only the asked command's module when that module registers it, else all of them."""
+    command = next((a for a in argv if not a.startswith("-")), None)
+    if command is not None and not any(a in ("-h", "--help", "--version") for a in argv[:argv.index(command)]):
+        module = MODULE_OF.get(command, command.replace("-", "_"))
+        if module in COMMANDS:
+            parser = build_parser((module,))
+            sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+            if command in sub.choices:
+                return parser
+    return build_parser()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = _parser_for(argv)
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
