@@ -24,6 +24,9 @@ from comfysup.errors import ConfigError
 DEFAULT_PATHS = (Path("config.toml"), Path("/etc/comfysup/config.toml"))
 ENV_PREFIX = "COMFYSUP_"
 ENV_CONFIG = "COMFYSUP_CONFIG"
+ENV_NOT_SETTINGS = frozenset({ENV_CONFIG, "COMFYSUP_HOSTNAME", "COMFYSUP_SKIP_POSTGRES", "COMFYSUP_TEST_POSTGRES"})
+"""COMFYSUP_* variables that are not COMFYSUP_<SECTION>_<KEY> settings (the machine's name in the queue,
+and switches of the test suite), so they are not refused as unknown settings."""
 
 
 @dataclass(frozen=True)
@@ -180,7 +183,7 @@ def build_config(
         for key, value in body.items():
             values[section][key] = (value, source)
     for name, text in (env or {}).items():
-        if not name.startswith(ENV_PREFIX) or name == ENV_CONFIG:
+        if not name.startswith(ENV_PREFIX) or name in ENV_NOT_SETTINGS:
             continue
         section, key = _env_key(name)
         values[section][key] = (_parse_env(name, text, _field_type(section, key, name)), f"${name}")

@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from comfysup.commands._common import age, config_from, queue_from
-from comfysup.queue.base import Status
+from comfysup.queue.base import Machine, Status
 from comfysup.redact import bound
 from comfysup.supervisor.state import read_state, staleness
 
@@ -51,6 +51,34 @@ def render(status: Status, now: float) -> str:
     return "\n".join(lines)
 
 
+MACHINE_STALE_SECONDS = 20.0
+"""A supervisor heartbeats every 5 s; after this long without one it has stopped, hangs, or cannot reach the
+database, and its slots are shown as last known, not as running."""
+
+
+def machines_snapshot(machines: list[Machine]) -> list[dict[str, Any]]:
+    return [{"host": m.host, "pid": m.pid, "started_at": m.started_at, "heartbeat_at": m.heartbeat_at,
+             "heartbeat_age_seconds": m.age_seconds, "stale": m.age_seconds > MACHINE_STALE_SECONDS,
+             "slots": m.slots} for m in machines]
+
+
+def render_machines(machines: list[Machine]) -> str:
+    """Every supervisor sharing the queue, each slot on a line: one status for a cluster."""
+    lines = [f"machines sharing this queue: {len(machines)}"]
+    for m in machines:
+        heard = f"heartbeat {age(m.age_seconds)} ago"
+        mark = (f"  STALE: no heartbeat for {age(m.age_seconds)} (stopped, hung, or cannot reach the database)"
+                if m.age_seconds > MACHINE_STALE_SECONDS else "")
+        lines.append(f"  {m.host} (supervisor pid {m.pid}, {heard}){mark}")
+        for slot in m.slots:
+            if not isinstance(slot, dict):
+                continue
+            lines.append(f"    {_cell(slot.get('name')):10} {_cell(slot.get('device')):9} "
+                         f"{_cell(slot.get('state')):9} {_cell(slot.get('job')):36}  "
+                         f"{bound(slot.get('reason') or slot.get('runner_reason') or '', 200)}".rstrip())
+    return "\n".join(lines)
+
+
 def render_slots(state: dict[str, Any] | None, now: float) -> str:
     """One row per slot of the supervisor: server state, pid, port, restarts, runner pid, current job."""
     if state is None:
@@ -78,15 +106,20 @@ def run(args: argparse.Namespace) -> int:
     try:
         now = time.time()
         status = queue.status(now, dead_limit=args.dead)
+        machines = queue.machines()
     finally:
         queue.close()
     state = read_state(config)
     if args.json:
         out = snapshot(status, now)
         out["supervisor"] = None if state is None else {**state, "stale": staleness(state, now)}
+        out["machines"] = machines_snapshot(machines)
         print(json.dumps(out, indent=2))
     else:
         print(render(status, now))
         print()
         print(render_slots(state, now))
+        if machines:
+            print()
+            print(render_machines(machines))
     return 0

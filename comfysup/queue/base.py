@@ -29,6 +29,8 @@ The contract (tested once in tests/queue_contract.py and run against every backe
 
 from __future__ import annotations
 
+import os
+import socket
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -64,6 +66,19 @@ class NewJob:
     workflow_name: str = ""
     workflow_json: str = ""
     """The workflow serialised once at submit, so it is not parsed and dumped again on every claim."""
+
+
+HOSTNAME_VARIABLE = "COMFYSUP_HOSTNAME"
+
+
+def host_name() -> str:
+    """This machine's name in the queue (owners, the machine registry, done records).
+
+    ``$COMFYSUP_HOSTNAME`` overrides the system's host name: two supervisors on one host can then act as
+    two machines (the two-machine tests), and a container's random host name can be replaced by one that
+    means something to people. A ``/`` would break the owner token, so it is replaced.
+    """
+    return (os.environ.get(HOSTNAME_VARIABLE) or socket.gethostname()).replace("/", "-")
 
 
 def owner_host(owner: str) -> str:

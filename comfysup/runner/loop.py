@@ -12,7 +12,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import time
 import uuid
 from collections import Counter
@@ -23,7 +22,7 @@ from types import FrameType
 
 from comfysup.config import Config
 from comfysup.queue import open_queue
-from comfysup.queue.base import Claim, Queue
+from comfysup.queue.base import Claim, Queue, host_name
 from comfysup.redact import bound
 from comfysup.runner.attempt import AttemptRunner, AttemptSettings, Outcome
 from comfysup.runner.client import CLIENT_PREFIX, ServerUnavailable
@@ -40,7 +39,7 @@ def make_owner(server: str, pid: int | None = None, token: str | None = None) ->
     A supervisor picks ``token`` before it forks the runner, so it knows the owner of the child's claims
     (``make_owner(server, child_pid, token)``) without asking the child.
     """
-    return f"{socket.gethostname()}/{pid or os.getpid()}/{server}/{token or uuid.uuid4().hex[:8]}"
+    return f"{host_name()}/{pid or os.getpid()}/{server}/{token or uuid.uuid4().hex[:8]}"
 
 
 def owner_pid(owner: str) -> int | None:

@@ -29,7 +29,6 @@ import os
 import select
 import shutil
 import signal
-import socket
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -40,9 +39,9 @@ from typing import Any
 import psutil
 
 from comfysup.config import Config, check_supervisor, parse_gpus
-from comfysup.errors import ComfysupError, ConfigError
+from comfysup.errors import ComfysupError, ConfigError, QueueError
 from comfysup.queue import Queue, open_queue
-from comfysup.queue.base import Claim
+from comfysup.queue.base import Claim, host_name
 from comfysup.runner.attempt import Outcome
 from comfysup.runner.loop import make_owner, owner_pid
 from comfysup.supervisor import server as servers
@@ -145,6 +144,8 @@ class Supervisor:
         self._lock_file: Any = None
         self._next_housekeeping = 0.0
         self._previous_handlers: dict[int, Any] = {}
+        self.queue_ok = True
+        """False while the queue database does not answer: runners are told not to claim."""
 
     # -- setup ------------------------------------------------------------------------------------------
 
@@ -219,7 +220,7 @@ class Supervisor:
         number, so the runner is gone all the same.
         """
         assert self.queue is not None
-        host = socket.gethostname()
+        host = host_name()
         released: list[str] = []
         for job in self.queue.status(dead_limit=0).running:
             if job.owner.split("/")[0] != host or _owner_alive(job.owner, job.started_at):
@@ -261,6 +262,7 @@ class Supervisor:
         self._take_lock()
         self.queue = open_queue(self.config, create=True)
         self.release_stale_claims()
+        self.heartbeat_machine(register=True)
         self._install_signals()
         log.info("comfysup supervisor %d: %s", os.getpid(),
                  ", ".join(f"{u.name} ({u.device}, {u.url})" for u in self.units))
@@ -300,7 +302,7 @@ class Supervisor:
         else:
             self._stop_step(now)
         for unit in self.units:
-            unit.shared.may_claim = int(self.stop is None and unit.usable)
+            unit.shared.may_claim = int(self.stop is None and unit.usable and self.queue_ok)
         self._notify(now)
         self.write_state()
 
@@ -408,7 +410,12 @@ class Supervisor:
                 why = f"supervisor stopping ({reason or how}); attempt not counted"
             else:
                 why = f"runner process died ({reason + ', ' if reason else ''}{how})"
-            released = self.queue.release_owner(owner, why, count_attempt=not stopping)
+            try:
+                released = self.queue.release_owner(owner, why, count_attempt=not stopping)
+            except QueueError as exc:
+                log.warning("%s: cannot release the claims of runner %s (%s); they come back when their "
+                            "leases expire", unit.name, owner, exc)
+                released = []
             if released:
                 log.info("%s: runner %s; released %s", unit.name, why, ", ".join(i[:8] for i in released))
         if stopping:
@@ -598,7 +605,29 @@ class Supervisor:
         unit.shared.may_claim = 0
         log.info("%s: %s: the runner finishes its job, then ComfyUI is restarted", unit.name, why)
 
+    def heartbeat_machine(self, register: bool = False) -> None:
+        """Tell the queue this machine is alive and what its slots do (``comfysup status`` on any machine
+        shows it). A database that does not answer stops the runners claiming, said once in the log; the
+        jobs they run stop by themselves before their leases could hand them on (their heartbeats fail)."""
+        if self.queue is None:
+            return
+        try:
+            slots = self.snapshot()["slots"]
+            if register:
+                self.queue.register_machine(host_name(), os.getpid(), slots)
+            else:
+                self.queue.machine_heartbeat(host_name(), os.getpid(), slots)
+        except QueueError as exc:
+            if self.queue_ok:
+                log.error("the queue database does not answer: %s; runners stop claiming until it does", exc)
+            self.queue_ok = False
+            return
+        if not self.queue_ok:
+            log.info("the queue database answers again; runners claim again")
+        self.queue_ok = True
+
     def _housekeeping(self, now: float) -> None:
+        self.heartbeat_machine()
         s = self.config.supervisor
         for unit in self.units:
             if unit.plan is None:
@@ -655,7 +684,7 @@ class Supervisor:
                 "job": u.shared.job.decode() or None, "jobs": u.shared.jobs,
             })
         state = "stopped" if final else ("stopping" if self.stop else "running")
-        return {"pid": os.getpid(), "host": socket.gethostname(), "state": state,
+        return {"pid": os.getpid(), "host": host_name(), "state": state,
                 "config": _absolute(self.config.source), "started_at": self.started_at, "updated_at": now,
                 "summary": self.summary(), "slots": slots}
 
