@@ -1,0 +1,95 @@
+"""JobsFile without the command: what a parsed job holds, and that the shared-template shortcut is exact.
+
+Lines that name one workflow file share its parsed nodes and their encoded text; these tests pin that a
+job's stored text and spec_hash are exactly what encoding the applied workflow would give (so resubmits
+stay idempotent across versions), that one line's ``set`` never leaks into another's, and that a ``set``
+which adds a link is still checked in full.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+from cli_support import TRIVIAL, job_id, line, write_jobs
+
+from comfysup.jobs import JobsFile
+
+
+def expected_hash(workflow: dict, extra: dict, meta: dict, priority: int) -> str:
+    digest = hashlib.sha256()
+    for part in (json.dumps(workflow, sort_keys=True, separators=(",", ":")), json.dumps(extra, sort_keys=True),
+                 json.dumps(meta, sort_keys=True), str(priority)):
+        digest.update(part.encode())
+        digest.update(b"\0")
+    return digest.hexdigest()
+
+
+def test_text_and_hash_are_those_of_the_applied_workflow(tmp_path: Path) -> None:
+    overrides = [{"1.color": 5, "3.filename_prefix": "a"}, {}, {"2.image": ["1", 0], "1.width": 8},
+                 {"1.color": {"nested": ["x", 1]}}]
+    lines = [line(n, set=o, meta={"n": n}, extra_data={"k": "v"}, priority=n) for n, o in enumerate(overrides)]
+    path = write_jobs(tmp_path, lines)
+    jobs = JobsFile(path)
+    assert jobs.validate().ok
+    for n, (job, o) in enumerate(zip(jobs.jobs(), overrides, strict=True)):
+        applied = copy.deepcopy(TRIVIAL)
+        for key, value in o.items():
+            node, _, name = key.rpartition(".")
+            applied[node]["inputs"][name] = value
+        assert job.workflow == applied
+        assert job.workflow_json == json.dumps(applied, sort_keys=True, separators=(",", ":"))
+        assert job.spec_hash == expected_hash(applied, {"k": "v"}, {"n": n}, n)
+        assert job.params == o
+
+
+def test_one_lines_set_does_not_leak_into_the_next(tmp_path: Path) -> None:
+    path = write_jobs(tmp_path, [line(1, set={"1.color": 111}), line(2, set={})])
+    first, second = JobsFile(path).jobs()
+    assert first.workflow["1"]["inputs"]["color"] == 111
+    assert second.workflow == TRIVIAL
+
+
+def test_inline_and_file_workflows_hash_alike(tmp_path: Path) -> None:
+    path = write_jobs(tmp_path, [line(1, set={"1.color": 3}), line(1, workflow=TRIVIAL, set={"1.color": 3})])
+    a, b = (JobsFile(path).parse(raw, check=True)[0] for raw in path.read_bytes().splitlines())
+    assert a.workflow_json == b.workflow_json
+    assert a.spec_hash == b.spec_hash
+    assert (a.workflow_name, b.workflow_name) == ("wf", "inline")
+
+
+@pytest.mark.parametrize(("overrides", "reason"), [
+    ({"2.image": ["9", 0]}, "input 'image' links to node '9', which is not in the workflow"),
+    ({"1.color": ["2", 0]}, "the workflow has a cycle"),
+])
+def test_a_set_that_adds_a_link_is_checked_in_full(tmp_path: Path, overrides: dict, reason: str) -> None:
+    path = write_jobs(tmp_path, [line(1, set={"1.color": 1}), line(2, set=overrides)])
+    result = JobsFile(path).validate()
+    assert [(p.line, reason in p.message) for p in result.problems] == [(2, True)]
+
+
+def test_a_set_can_repair_a_broken_file_and_the_file_alone_stays_broken(tmp_path: Path) -> None:
+    broken = copy.deepcopy(TRIVIAL)
+    broken["2"]["inputs"]["image"] = ["7", 0]
+    path = write_jobs(tmp_path, [line(1, set={}), line(2, set={"2.image": ["1", 0]})], workflow=broken)
+    result = JobsFile(path).validate()
+    assert [p.line for p in result.problems] == [1]
+    assert "links to node '7'" in result.problems[0].message
+
+
+@pytest.mark.parametrize("bad", [[], "x", 0])
+def test_set_must_be_an_object_even_when_empty(tmp_path: Path, bad: object) -> None:
+    path = write_jobs(tmp_path, [line(1, set=bad)])
+    result = JobsFile(path).validate()
+    assert [p.line for p in result.problems] == [1]
+    assert "set must be an object" in result.problems[0].message
+
+
+def test_the_ids_and_lines_are_recorded(tmp_path: Path) -> None:
+    path = write_jobs(tmp_path, [line(1), "", line(2)])
+    result = JobsFile(path).validate()
+    assert result.count == 2
+    assert result.lines_by_id == {job_id(1): 1, job_id(2): 3}
