@@ -118,7 +118,10 @@ async def serve(options: Options) -> None:
     """Start, announce the address as ComfyUI does, and serve until killed."""
     server = FakeServer(options, crash=kill_self)
     port = await server.start()
-    print(f"fake_comfy {__version__} (ComfyUI 0.3.64 stand-in), base directory {options.base_directory}")
+    package = Path(__file__).resolve().parent
+    print(
+        f"fake_comfy {__version__} (a ComfyUI 0.3.64 stand-in) from {package}, base {options.base_directory}"
+    )
     print("Starting server\n")
     for host in options.listen.split(","):
         shown = f"[{host}]" if ":" in host else host

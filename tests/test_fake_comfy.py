@@ -1389,9 +1389,11 @@ def test_stop_is_idempotent_and_leaves_nothing_listening(tmp_path: Path) -> None
 # -- the command line ---------------------------------------------------------------------------------
 
 
-def start_cli(args: list[str], cwd: Path, module: bool = False) -> tuple[subprocess.Popen[str], str]:
-    """Run the fake as the supervisor would, wait for its "To see the GUI" line, return (process, url)."""
-    entry = ["-m", "fake_comfy"] if module else [str(ROOT / "fake_comfy" / "main.py")]
+def start_cli(
+    args: list[str], cwd: Path, module: bool = False, main: Path = ROOT / "fake_comfy" / "main.py"
+) -> tuple[subprocess.Popen[str], str, list[str]]:
+    """Run the fake as the supervisor would; wait for its "To see the GUI" line; (process, url, lines)."""
+    entry = ["-m", "fake_comfy"] if module else [str(main)]
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     process = subprocess.Popen(
         [sys.executable, *entry, *args],
@@ -1402,9 +1404,11 @@ def start_cli(args: list[str], cwd: Path, module: bool = False) -> tuple[subproc
         env=env,
     )
     assert process.stdout is not None
+    lines = []
     for line in process.stdout:
+        lines.append(line)
         if match := re.match(r"To see the GUI go to: (http://\S+)", line):
-            return process, match.group(1)
+            return process, match.group(1), lines
     process.wait(TIMEOUT)
     pytest.fail(
         f"no startup line; exit {process.returncode}: {process.stderr.read() if process.stderr else ''}"
@@ -1412,7 +1416,16 @@ def start_cli(args: list[str], cwd: Path, module: bool = False) -> tuple[subproc
 
 
 @pytest.mark.timeout(30)
-def test_cli_takes_comfyuis_command_line_and_dies_of_sigterm_like_it(tmp_path: Path) -> None:
+def test_cli_takes_comfyuis_command_line_and_stops_as_recorded(tmp_path: Path) -> None:
+    """A checkout's fake_comfy/main.py run as a plain script (no install used), as ComfyUI's main.py is."""
+    timing = RECORDED / "timing.json"  # killed by SIGTERM (-15): ComfyUI installs no handler
+    sigterm_exit = (
+        json.loads(timing.read_text())["startup_and_memory"][0]["exit_code"] if timing.is_file() else -15
+    )
+    checkout = tmp_path / "checkout"
+    shutil.copytree(
+        ROOT / "fake_comfy", checkout / "fake_comfy", ignore=shutil.ignore_patterns("__pycache__")
+    )
     base = tmp_path / "base"
     args = [
         "--listen",
@@ -1435,8 +1448,9 @@ def test_cli_takes_comfyuis_command_line_and_dies_of_sigterm_like_it(tmp_path: P
         "--node-ms",
         "1",
     ]
-    process, url = start_cli(args, cwd=tmp_path)  # a plain script from elsewhere: no install, no PYTHONPATH
+    process, url, lines = start_cli(args, cwd=tmp_path, main=checkout / "fake_comfy" / "main.py")
     try:
+        assert f"from {checkout / 'fake_comfy'}," in lines[0], "the checkout's copy, not an installed package"
         stats = requests.get(f"{url}/system_stats", timeout=TIMEOUT).json()
         assert stats["system"]["argv"] == ["main.py", *args]
         assert stats["devices"][0]["type"] == "cuda"
@@ -1447,12 +1461,12 @@ def test_cli_takes_comfyuis_command_line_and_dies_of_sigterm_like_it(tmp_path: P
         assert (base / "output" / "cli_00001_.png").is_file()
     finally:
         process.send_signal(signal.SIGTERM)
-        assert process.wait(TIMEOUT) == -signal.SIGTERM
+        assert process.wait(TIMEOUT) == sigterm_exit
 
 
 @pytest.mark.timeout(30)
 def test_cli_crash_word_kills_the_process(tmp_path: Path) -> None:
-    process, url = start_cli(
+    process, url, _ = start_cli(
         ["--port", "0", "--base-directory", str(tmp_path), "--script", "ok,crash", "--cpu"],
         cwd=ROOT,
         module=True,
