@@ -11,7 +11,10 @@
    from the queue and wait until it has left /queue before the attempt ends.
 5. Download outputs to temporary names, then rename. 6. Record done, fenced.
 
-Every write to the queue is fenced; a LeaseLost anywhere ends the attempt without writing anything.
+Every write to the queue is fenced; a LeaseLost anywhere ends the attempt without writing anything. A
+queue that does not answer (QueueError) ends it the same way, after interrupting the prompt: the attempt
+can no longer renew its lease, and the job must not still run here when the lease hands it to another
+runner, perhaps on another machine that cannot see this server.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from comfysup.errors import LeaseLost
+from comfysup.errors import LeaseLost, QueueError
 from comfysup.queue.base import Claim, Output, Queue
 from comfysup.redact import Redactor
 from comfysup.runner.client import (
@@ -136,12 +139,20 @@ class AttemptRunner:
         self.deadline = self.clock() + self.s.timeout_seconds
         self.next_heartbeat = self.clock() + self.s.heartbeat_seconds
         self.cancel_requested = claim.cancel_requested
+        self.live: _Run | None = None
+        """The prompt of this job known to be on a server (posted or followed), to stop if the queue goes."""
         try:
             outcome = self._attempt()
             outcome.reason = self.redact(outcome.reason)
             self._record(outcome)
         except LeaseLost as exc:
             return Outcome("lost", str(exc), kind="lease_lost")
+        except QueueError as exc:
+            self._interrupt(self.live, renew=False)
+            if self.live is not None and self.live.stream is not None:
+                self.live.stream.close()  # idempotent; _attempt did not get the run when record_prompt failed
+            return Outcome("lost", f"the queue did not answer ({exc}); the prompt was interrupted and nothing "
+                           "was recorded: the job comes back when its lease expires", kind="queue_unavailable")
         return outcome
 
     def _record(self, o: Outcome) -> None:
@@ -208,9 +219,10 @@ class AttemptRunner:
             if live is not None:
                 log.info("job %s attempt %d on %s: following prompt #%d left by an earlier attempt",
                          self.claim.id[:8], self.claim.attempt, server, live.number)
-                self.queue.record_prompt(self.claim, server, live.number)
                 # Already running: its execution_start was sent before this socket existed.
-                return _Run(client, server, live.number, started=live.running)
+                self.live = _Run(client, server, live.number, started=live.running)
+                self.queue.record_prompt(self.claim, server, live.number)
+                return self.live
             if history is None or (known is not None and _number(history) != known):
                 continue
             if known is None and _status(history) != "success":
@@ -233,8 +245,9 @@ class AttemptRunner:
             stream.close()
             raise
         log.info("job %s attempt %d on %s: POST /prompt 200", self.claim.id[:8], self.claim.attempt, self.s.server)
+        self.live = _Run(self.client, self.s.server, number, stream=stream)
         self.queue.record_prompt(self.claim, self.s.server, number)
-        return _Run(self.client, self.s.server, number, stream=stream)
+        return self.live
 
     # -- 3. follow --------------------------------------------------------------------------------------
 
@@ -351,8 +364,9 @@ class AttemptRunner:
 
     # -- 4. interrupt -----------------------------------------------------------------------------------
 
-    def _interrupt(self, run: _Run | None) -> None:
-        """Interrupt our prompt, delete it from the queue, and wait until it has left /queue."""
+    def _interrupt(self, run: _Run | None, renew: bool = True) -> None:
+        """Interrupt our prompt, delete it from the queue, and wait until it has left /queue (renewing the
+        lease on the way, unless the queue is what failed)."""
         if run is None:
             return
         run.interrupt_asked = True
@@ -369,7 +383,7 @@ class AttemptRunner:
             except ServerUnavailable:
                 return
             self.on_alive()
-            if self.clock() >= self.next_heartbeat:
+            if renew and self.clock() >= self.next_heartbeat:
                 self.next_heartbeat = self.clock() + self.s.heartbeat_seconds
                 self.queue.heartbeat(self.claim, self.s.lease_seconds)
             time.sleep(0.05)

@@ -21,6 +21,7 @@ from pathlib import Path
 from types import FrameType
 
 from comfysup.config import Config
+from comfysup.errors import DatabaseLocked, DatabaseUnavailable, QueueError
 from comfysup.queue import open_queue
 from comfysup.queue.base import Claim, Queue, host_name
 from comfysup.redact import bound
@@ -31,6 +32,8 @@ from comfysup.runner.store import ResultStore
 
 log = logging.getLogger("comfysup.runner")
 OBJECT_INFO_MAX_AGE_SECONDS = 3600.0
+QUEUE_RETRY_SECONDS = 1.0
+"""How often a runner whose queue database does not answer tries it again (claiming nothing meanwhile)."""
 
 
 def make_owner(server: str, pid: int | None = None, token: str | None = None) -> str:
@@ -78,8 +81,9 @@ class Runner:
         self.server = server
         self.owner = make_owner(server, token=owner_token)
         self.until_empty = until_empty
-        self.queue = queue or open_queue(config, create=True)
         self.state = RunnerState()
+        self.queue_down_since: float | None = None
+        self.queue = queue or self._open_queue(config, on_alive)
         self.on_alive = on_alive
         self.may_claim = may_claim
         self.on_job = on_job
@@ -112,11 +116,19 @@ class Runner:
             while not self.state.stopping:
                 self.on_alive()
                 free = self.may_claim() and self._server_free()
-                claim = self.queue.claim(self.owner, self.server, self.config.runner.lease_seconds) if free else None
+                lease = self.config.runner.lease_seconds
+                try:
+                    claim = self.queue.claim(self.owner, self.server, lease) if free else None
+                    drained = claim is None and self.until_empty and self.queue.active_count() == 0
+                    if claim is None:
+                        self.queue.maintenance()
+                except QueueError as exc:
+                    self._queue_down(exc)
+                    continue
+                self._queue_up()
+                if drained:
+                    break
                 if claim is None:
-                    if self.until_empty and self.queue.active_count() == 0:
-                        break
-                    self.queue.maintenance()
                     # PostgreSQL returns at the NOTIFY of a new job; SQLite sleeps. Either way at most
                     # idle_seconds, so a stop flag set by a signal is seen soon.
                     self.queue.wait_for_work(self.idle_seconds)
@@ -126,6 +138,34 @@ class Runner:
             self.attempts.close()
             self.queue.close()
         return self.state.counts
+
+    def _open_queue(self, config: Config, on_alive: Callable[[], None]) -> Queue:
+        """The queue, waited for while its database does not answer: a runner that crashed instead would be
+        restarted in a loop until its supervisor marked the slot failed."""
+        while True:
+            try:
+                queue = open_queue(config, create=True)
+            except (DatabaseUnavailable, DatabaseLocked) as exc:  # not a wrong config: that must fail
+                on_alive()
+                self._queue_down(exc)
+                continue
+            self._queue_up()
+            return queue
+
+    def _queue_down(self, exc: QueueError) -> None:
+        """Say once that the database does not answer; claim nothing until it does (retried every second)."""
+        if self.queue_down_since is None:
+            self.queue_down_since = time.monotonic()
+            log.error("%s: the queue does not answer (%s); claiming nothing until it does", self.server, exc)
+        end = time.monotonic() + QUEUE_RETRY_SECONDS
+        while not self.state.stopping and time.monotonic() < end:
+            time.sleep(min(0.05, max(0.0, end - time.monotonic())))
+
+    def _queue_up(self) -> None:
+        if self.queue_down_since is not None:
+            log.info("%s: the queue answers again after %.0f s; claiming again", self.server,
+                     time.monotonic() - self.queue_down_since)
+            self.queue_down_since = None
 
     def run_one(self, claim: Claim) -> Outcome:
         self.on_job(claim, None)

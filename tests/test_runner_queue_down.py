@@ -1,0 +1,173 @@
+"""A runner whose queue database stops answering, against fake_comfy.
+
+The attempt cannot renew its lease any more, and when the lease runs out the job may be handed to a
+runner on another machine that cannot see this server. So the attempt interrupts its prompt and ends
+without writing anything, and the runner claims nothing until the database answers again.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from comfysup.errors import DatabaseLocked, DatabaseUnavailable
+from comfysup.queue.sqlite import SQLiteQueue
+from comfysup.runner.attempt import AttemptRunner
+from comfysup.runner.loop import Runner, settings_from
+from comfysup.runner.store import ResultStore
+from fake_comfy import FakeComfy
+from tests.runner_helpers import config_of, job_id, submit, trivial_job, write_config
+
+
+@pytest.fixture
+def fake(tmp_path: Path) -> Any:
+    server = FakeComfy(base_directory=tmp_path / "fake", node_ms=5)
+    server.start()
+    yield server
+    server.stop()
+
+
+class FlakyQueue:
+    """A real queue whose chosen methods fail like a database that went away, while ``down`` is set."""
+
+    def __init__(self, inner: SQLiteQueue, failing: set[str], error: Exception) -> None:
+        self.inner = inner
+        self.failing = failing
+        self.error = error
+        self.down = threading.Event()
+        self.calls: dict[str, int] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.inner, name)
+        if not callable(attr):
+            return attr
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if self.down.is_set() and name in self.failing:
+                self.calls[name] = self.calls.get(name, 0) + 1
+                raise self.error
+            return attr(*args, **kwargs)
+
+        return call
+
+
+def executions(fake: FakeComfy, n: int) -> list[dict[str, Any]]:
+    return fake.stats()["prompts"].get(job_id(n), {}).get("executions", [])
+
+
+def wait_until(condition: Any, seconds: float, what: str) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("error", [DatabaseLocked("q.db: database is locked for more than 30 s"),
+                                   DatabaseUnavailable("postgresql://db:5432/q: the database does not answer")])
+def test_a_heartbeat_that_fails_interrupts_the_prompt_and_writes_nothing(tmp_path: Path, fake: FakeComfy,
+                                                                         error: Exception) -> None:
+    fake.script(["hang"])
+    config = write_config(tmp_path, heartbeat_seconds=0.1)
+    queue = submit(config, [trivial_job(1)])
+    claim = queue.claim("runner-a", "cpu0", lease_seconds=30)
+    assert claim is not None
+    flaky = FlakyQueue(queue, {"heartbeat", "complete", "retry_later", "dead", "release", "cancelled"}, error)
+    attempt = AttemptRunner(settings_from(config_of(config), "cpu0", fake.url, {}), flaky,  # type: ignore[arg-type]
+                            ResultStore(tmp_path / "store", 1 << 30))
+    result: dict[str, Any] = {}
+    thread = threading.Thread(target=lambda: result.setdefault("outcome", attempt.run(claim)))
+    thread.start()
+    wait_until(lambda: executions(fake, 1), 10, "the prompt to run")
+    flaky.down.set()
+    thread.join(20)
+    assert not thread.is_alive()
+    outcome = result["outcome"]
+    assert (outcome.state, outcome.kind) == ("lost", "queue_unavailable")
+    assert str(error) in outcome.reason
+    assert flaky.calls == {"heartbeat": 1}  # no second try, no write of any outcome
+    assert executions(fake, 1)[-1]["outcome"] == "interrupted"
+    assert not any(e.prompt_id == job_id(1) for e in attempt.client.queue())  # gone from the server
+    job = queue.get(job_id(1))
+    assert (job.state, job.owner, job.attempt) == ("running", "runner-a", 1)  # untouched: the lease decides
+    assert job.attempts[0].ended_at is None
+    attempt.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_prompt_posted_when_the_queue_stops_answering_is_interrupted(tmp_path: Path, fake: FakeComfy) -> None:
+    """record_prompt fails right after POST /prompt: the prompt must not run on unattended."""
+    fake.script(["hang"])
+    config = write_config(tmp_path)
+    queue = submit(config, [trivial_job(1)])
+    claim = queue.claim("runner-a", "cpu0", lease_seconds=30)
+    assert claim is not None
+    flaky = FlakyQueue(queue, {"record_prompt"}, DatabaseUnavailable("postgresql://db:5432/q: gone"))
+    flaky.down.set()
+    attempt = AttemptRunner(settings_from(config_of(config), "cpu0", fake.url, {}), flaky,  # type: ignore[arg-type]
+                            ResultStore(tmp_path / "store", 1 << 30))
+    outcome = attempt.run(claim)
+    assert (outcome.state, outcome.kind) == ("lost", "queue_unavailable")
+    assert fake.stats()["prompts"][job_id(1)]["posted"] == 1
+    wait_until(lambda: not any(e.prompt_id == job_id(1) for e in attempt.client.queue()), 10,
+               "the prompt to leave the server's queue")
+    assert fake.stats()["interrupts"]  # POST /interrupt for this prompt was sent
+    assert all(e["outcome"] != "success" for e in executions(fake, 1))
+    assert queue.get(job_id(1)).attempts[0].prompt_number is None
+    attempt.close()
+
+
+@pytest.mark.timeout(60)
+def test_the_runner_claims_nothing_while_the_queue_is_down_and_resumes_after(
+        tmp_path: Path, fake: FakeComfy, caplog: pytest.LogCaptureFixture) -> None:
+    config = write_config(tmp_path)
+    queue = submit(config, [trivial_job(1), trivial_job(2)])
+    flaky = FlakyQueue(queue, {"claim", "active_count", "maintenance"},
+                       DatabaseUnavailable("postgresql://db:5432/q: the database does not answer"))
+    flaky.down.set()
+    caplog.set_level(logging.INFO, logger="comfysup.runner")
+    runner = Runner(config_of(config), "cpu0", fake.url, until_empty=True, queue=flaky)  # type: ignore[arg-type]
+    thread = threading.Thread(target=runner.run)
+    thread.start()
+    wait_until(lambda: flaky.calls.get("claim", 0) >= 2, 10, "the runner to try claiming twice")
+    assert thread.is_alive()  # it did not crash
+    assert flaky.calls["claim"] <= 4  # about once a second, not a hot loop
+    assert fake.stats()["prompts"] == {}
+    flaky.down.clear()
+    thread.join(30)
+    assert not thread.is_alive()
+    assert [queue.get(job_id(n)).state for n in (1, 2)] == ["done", "done"]
+    messages = [r.getMessage() for r in caplog.records]
+    assert sum("the queue does not answer" in m for m in messages) == 1  # said once
+    assert any("the queue answers again" in m for m in messages)
+
+
+@pytest.mark.timeout(30)
+def test_a_runner_started_while_the_database_is_down_waits_for_it(tmp_path: Path, fake: FakeComfy,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Crashing instead would be restarted in a loop until the supervisor marked the slot failed."""
+    from comfysup.runner import loop
+
+    config = write_config(tmp_path)
+    queue = submit(config, [trivial_job(1)])
+    tries: list[float] = []
+    real_open = loop.open_queue
+
+    def open_queue(cfg: Any, create: bool = True) -> Any:
+        tries.append(time.monotonic())
+        if len(tries) < 3:
+            raise DatabaseUnavailable("postgresql://db:5432/q: cannot connect: connection refused")
+        return real_open(cfg, create=create)
+
+    monkeypatch.setattr(loop, "open_queue", open_queue)
+    alive: list[float] = []
+    runner = Runner(config_of(config), "cpu0", fake.url, until_empty=True, on_alive=lambda: alive.append(1))
+    assert len(tries) == 3 and tries[2] - tries[0] >= 1.5  # retried about once a second
+    assert len(alive) >= 2  # and told the supervisor it is alive meanwhile
+    runner.run()
+    assert queue.get(job_id(1)).state == "done"
