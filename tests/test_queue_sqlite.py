@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import stat
@@ -246,11 +247,42 @@ def test_a_version_1_database_is_migrated_and_keeps_its_jobs(tmp_path: Path) -> 
     conn.commit()
     conn.close()
     q = SQLiteQueue(path, create=False)
-    assert q.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
+    assert q.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     claim = q.claim("host-a/1/gpu0/t", "gpu0", 30, now=T0)
     assert claim is not None and claim.id == make_job(1).id
     q.complete(claim, [], now=T0 + 1)
     assert q.get(claim.id).machine == "host-a"
     q.register_machine("host-a", 1, [], now=T0)
     assert [m.host for m in q.machines(now=T0)] == ["host-a"]
+    q.close()
+
+
+def test_a_version_2_database_keeps_every_jobs_workflow_and_data_through_v3(tmp_path: Path) -> None:
+    """v3 moves workflow, extra_data, meta and params into job_specs; nothing may be lost on the way."""
+    path = tmp_path / "q.db"
+    conn = sqlite3.connect(path)
+    for step in ("v1", "v2"):
+        for statement in sqlite_backend._named_sql()[step].split(";"):
+            if statement.strip():
+                conn.execute(statement)
+    jobs = [make_job(n, extra={"api_key_comfy_org": f"k{n}"}, meta={"n": n, "tag": "old"}) for n in range(3)]
+    for job in jobs:
+        conn.execute("INSERT INTO jobs (id, priority, submitted_at, spec_hash, workflow_name, workflow, extra_data, "
+                     "meta, params) VALUES (?,?,?,?,?,?,?,?,?)",
+                     (job.id, job.priority, T0, job.spec_hash, "old", job.workflow_json,
+                      json.dumps(job.extra_data), json.dumps(job.meta), json.dumps(job.params)))
+    conn.execute("PRAGMA user_version = 2")
+    conn.commit()
+    conn.close()
+    q = SQLiteQueue(path, create=False)
+    assert q.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    for job, record in zip(jobs, q.get_many([j.id for j in jobs]), strict=True):
+        assert (record.workflow, record.extra_data, record.meta, record.params) == \
+            (job.workflow, job.extra_data, job.meta, job.params)
+    assert q.submit(jobs, now=T0).existing == 3  # the same content is still recognised
+    claim = q.claim("runner-a", "gpu0", 30, now=T0)
+    assert claim is not None and claim.workflow == jobs[0].workflow
+    assert claim.extra_data == {"api_key_comfy_org": "k0"}
+    q.submit([make_job(9)], now=T0)  # new jobs after the migrated ones
+    assert [j.id for j in q.iter_jobs()] == [*(j.id for j in jobs), make_job(9).id]
     q.close()

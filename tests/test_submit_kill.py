@@ -58,7 +58,12 @@ def _inspect(run_dir: Path) -> int:
     try:
         assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-        return conn.execute("SELECT count(*) FROM jobs").fetchone()[0] if "jobs" in tables else 0
+        if "jobs" not in tables:
+            return 0
+        count = conn.execute("SELECT count(*) FROM jobs").fetchone()[0]
+        if "job_specs" in tables:  # a job and its workflow are inserted together or not at all
+            assert conn.execute("SELECT count(*) FROM job_specs").fetchone()[0] == count
+        return count
     finally:
         conn.close()
 
