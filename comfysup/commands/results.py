@@ -19,11 +19,13 @@ from comfysup.redact import Redactor, mask
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser("results", parents=[common], help="one row per job: parameters, status, files, times",
                        description="Print one row per job: its id, its `set` parameters as columns, status, "
-                                   "server, attempts, files (name:sha256 prefix), reason, time waited in the "
-                                   "queue, and run time per attempt and in all. With a jobs file, only its jobs, "
-                                   "in its order.")
+                                   "server, the machine that did it, attempts, files (name:sha256 prefix), "
+                                   "reason, time waited in the queue, and run time per attempt and in all. With a "
+                                   "jobs file, only its jobs, in its order. --csv adds where each file is, as "
+                                   "host:path, for a store on each machine's own disk.")
     p.add_argument("file", nargs="?", help="a jobs.jsonl file: show only its jobs")
-    p.add_argument("--csv", action="store_true", help="CSV on standard output (full hashes and file paths)")
+    p.add_argument("--csv", action="store_true", help="CSV on standard output (full hashes and file paths, and "
+                   "a locations column of host:path)")
     p.set_defaults(func=run)
 
 
@@ -42,7 +44,10 @@ def _ids_of(path: Path) -> list[str]:
     return ids
 
 
-RESULT_COLUMNS = ("status", "server", "attempts", "files", "reason", "queue_wait_s", "attempt_run_s", "total_s")
+RESULT_COLUMNS = ("status", "server", "machine", "attempts", "files", "reason", "queue_wait_s", "attempt_run_s",
+                  "total_s")
+CSV_COLUMNS = (*RESULT_COLUMNS, "locations")
+"""``locations``: each file as host:path, since store.dir may be each machine's own disk."""
 
 
 def row(job: JobRecord, params: list[str], full: bool) -> dict[str, Any]:
@@ -56,6 +61,7 @@ def row(job: JobRecord, params: list[str], full: bool) -> dict[str, Any]:
     out.update({
         "status": job.state,
         "server": job.server or (job.attempts[-1].server if job.attempts else ""),
+        "machine": job.machine or "",
         "attempts": job.attempt,
         "files": " ".join(files),
         "reason": clean(job.reason, 2000 if full else 120) if job.reason else "",
@@ -63,6 +69,8 @@ def row(job: JobRecord, params: list[str], full: bool) -> dict[str, Any]:
         "attempt_run_s": ";".join(f"{r:.3f}" for r in runs),
         "total_s": f"{job.finished_at - job.submitted_at:.3f}" if job.finished_at else "",
     })
+    if full:
+        out["locations"] = " ".join(f"{job.machine or ''}:{o.path or o.name}" for o in job.outputs)
     return out
 
 
@@ -98,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
         params = sorted({k for job in _jobs(args, queue, warn=True) for k in job.params})
         rows = (row(job, params, full=args.csv) for job in _jobs(args, queue))
         if args.csv:
-            writer = csv.DictWriter(sys.stdout, fieldnames=["id", *params, *RESULT_COLUMNS])
+            writer = csv.DictWriter(sys.stdout, fieldnames=["id", *params, *CSV_COLUMNS])
             writer.writeheader()
             writer.writerows(rows)
         else:
