@@ -744,32 +744,32 @@ class PostgresQueue:
                 return
             known = dict(cur.execute("SELECT id, spec_hash FROM jobs WHERE id = ANY(%s)",
                                      ([r.id for r in records],)).fetchall())
+            fresh: list[JobRecord] = []
             for r in records:
                 if r.id in known:
                     (result.existing if known[r.id] == r.spec_hash else result.conflicts).append(r.id)
                     continue
-                cur.execute(
-                    "INSERT INTO jobs (id, state, priority, run_after, attempt, owner, server, lease_until, "
-                    "started_at, cancel_requested, submitted_at, finished_at, reason, outputs, machine, last_server, "
-                    "last_prompt_number, spec_hash, workflow_name, workflow, extra_data, meta, params) VALUES "
-                    "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
-                    "ON CONFLICT (id) DO NOTHING",
-                    (r.id, r.state, r.priority, r.run_after, r.attempt, r.owner, r.server, r.lease_until,
-                     r.started_at, r.cancel_requested, r.submitted_at, r.finished_at, r.reason,
-                     json.dumps([o.__dict__ for o in r.outputs]) if r.outputs else None, r.machine,
-                     r.last_server, r.last_prompt_number, r.spec_hash, r.workflow_name,
-                     json.dumps(r.workflow, separators=(",", ":")), json.dumps(r.extra_data), json.dumps(r.meta),
-                     json.dumps(r.params)))
                 known[r.id] = r.spec_hash
-                result.inserted.append(r.id)
-                if with_attempts and r.attempts:
-                    cur.executemany(
-                        "INSERT INTO attempts (job_id, attempt, owner, server, started_at, ended_at, outcome, reason, "
-                        "prompt_number) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
-                        [(r.id, a.attempt, a.owner, a.server, a.started_at, a.ended_at, a.outcome, a.reason,
-                          a.prompt_number) for a in r.attempts])
-                    result.attempts += len(r.attempts)
-            if any(known.get(i) for i in result.inserted):
+                fresh.append(r)
+            cur.executemany(
+                "INSERT INTO jobs (id, state, priority, run_after, attempt, owner, server, lease_until, "
+                "started_at, cancel_requested, submitted_at, finished_at, reason, outputs, machine, last_server, "
+                "last_prompt_number, spec_hash, workflow_name, workflow, extra_data, meta, params) VALUES "
+                "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                [(r.id, r.state, r.priority, r.run_after, r.attempt, r.owner, r.server, r.lease_until,
+                  r.started_at, r.cancel_requested, r.submitted_at, r.finished_at, r.reason,
+                  json.dumps([o.__dict__ for o in r.outputs]) if r.outputs else None, r.machine,
+                  r.last_server, r.last_prompt_number, r.spec_hash, r.workflow_name,
+                  json.dumps(r.workflow, separators=(",", ":")), json.dumps(r.extra_data), json.dumps(r.meta),
+                  json.dumps(r.params)) for r in fresh])
+            rows = [(r.id, a.attempt, a.owner, a.server, a.started_at, a.ended_at, a.outcome, a.reason,
+                     a.prompt_number) for r in fresh if with_attempts for a in r.attempts]
+            if rows:
+                cur.executemany("INSERT INTO attempts (job_id, attempt, owner, server, started_at, ended_at, "
+                                "outcome, reason, prompt_number) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)", rows)
+            result.inserted = [r.id for r in fresh]
+            result.attempts = len(rows)
+            if any(r.state == QUEUED for r in fresh):
                 self._notify(cur)
 
         self._transaction(copy)

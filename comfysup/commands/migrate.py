@@ -1,0 +1,122 @@
+"""``comfysup migrate --to postgresql://…``: a user who outgrows one machine keeps their queue.
+
+The jobs of the configured SQLite queue that are not yet terminal are copied into PostgreSQL (with
+``--history`` also the terminal ones and every attempt row), in chunks of one transaction each. It is
+idempotent: an id already in PostgreSQL with the same content is left alone, so a migration that was
+interrupted is finished by running it again; the same id with different content is reported and left
+as it is on both sides. The SQLite file is only read, never changed.
+
+A job running in SQLite under a live lease is refused: its runner would go on working on a job that
+PostgreSQL's runners can claim too. Stop ``comfysup run`` first (a running job's lease then expires, or
+its supervisor releases it); a running job whose lease has expired is copied as queued, as a claim on it
+would have requeued it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import time
+from collections.abc import Iterator, Sequence
+
+from comfysup.commands._common import config_from
+from comfysup.errors import ConfigError, UsageError
+from comfysup.queue.base import CANCELLED, DEAD, DONE, QUEUED, RUNNING, Attempt, JobRecord
+from comfysup.queue.sqlite import SQLiteQueue
+
+CHUNK = 500
+"""Jobs per transaction: a crash loses at most one chunk's work, and memory stays flat."""
+SHOWN_CONFLICTS = 20
+
+
+def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser("migrate", parents=[common], help="copy the SQLite queue's jobs into PostgreSQL",
+                       description="Copy the jobs of the configured SQLite queue ([queue] path) that are not "
+                                   "yet done, dead or cancelled into a PostgreSQL queue, so several machines can "
+                                   "share it; with --history also the finished jobs and every attempt. Running "
+                                   "it again copies nothing twice. Then set [queue] url to the same URL.")
+    p.add_argument("--to", required=True, metavar="URL", help="the PostgreSQL queue: postgresql://user@host/db")
+    p.add_argument("--history", action="store_true",
+                   help="also copy done, dead and cancelled jobs, and the attempt rows of every copied job")
+    p.set_defaults(func=run)
+
+
+def _ready(job: JobRecord, now: float) -> JobRecord:
+    """A running job whose lease expired goes over as queued, its open attempt ended as expired."""
+    if job.state != RUNNING:
+        return job
+    attempts = [a if a.ended_at is not None else dataclasses.replace(a, ended_at=now, outcome="lease_expired",
+                                                                      reason="lease expired")
+                for a in job.attempts]
+    return dataclasses.replace(job, state=QUEUED, owner=None, lease_until=None, attempts=attempts,
+                               reason="lease expired: the runner stopped renewing it (before the migration)")
+
+
+def _chunks(source: SQLiteQueue, states: Sequence[str], now: float) -> Iterator[list[JobRecord]]:
+    chunk: list[JobRecord] = []
+    for job in source.iter_jobs(states):
+        chunk.append(_ready(job, now))
+        if len(chunk) >= CHUNK:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def _without_attempts(jobs: list[JobRecord]) -> list[JobRecord]:
+    empty: list[Attempt] = []
+    return [dataclasses.replace(j, attempts=empty) for j in jobs]
+
+
+def run(args: argparse.Namespace) -> int:
+    if not args.to.startswith(("postgresql://", "postgres://")):
+        raise UsageError("--to: expected a postgresql://user@host/dbname URL")
+    try:  # psycopg is an extra: every other command works without it
+        from comfysup.queue.postgres import ImportResult, PostgresQueue, describe_url
+    except ImportError as exc:
+        raise ConfigError(f"migrate needs psycopg 3: pip install 'comfysup[postgres]' ({exc})") from exc
+    config = config_from(args)
+    source = SQLiteQueue(config.resolve(config.queue.path), create=False,
+                         busy_timeout_seconds=config.queue.busy_timeout_seconds)
+    where = describe_url(args.to)
+    try:
+        now = time.time()
+        live = [j.id for j in source.iter_jobs([RUNNING]) if (j.lease_until or 0) >= now]
+        if live:
+            raise UsageError(f"{len(live)} job(s) are running in {source.path} under a live lease (first: "
+                             f"{live[0]}); stop comfysup run on this queue first, then migrate")
+        states = [QUEUED, RUNNING, *([DONE, DEAD, CANCELLED] if args.history else [])]
+        counts = source.status(now=now, dead_limit=0).counts
+        total = sum(counts[s] for s in states) + (counts["waiting"] if QUEUED in states else 0)
+        target = PostgresQueue(args.to, busy_timeout_seconds=config.queue.busy_timeout_seconds)
+        done = ImportResult()
+        seen = 0
+        print(f"migrating {total} job(s) from {source.path} to {where}"
+              f"{' with their history' if args.history else ''}", file=sys.stderr)
+        try:
+            for chunk in _chunks(source, states, now):
+                got = target.import_records(chunk if args.history else _without_attempts(chunk),
+                                            with_attempts=args.history)
+                done.inserted += got.inserted
+                done.existing += got.existing
+                done.conflicts += got.conflicts
+                done.attempts += got.attempts
+                seen += len(chunk)
+                print(f"  {seen}/{total}: {len(done.inserted)} copied, {len(done.existing)} already there, "
+                      f"{len(done.conflicts)} conflict(s)", file=sys.stderr)
+        finally:
+            target.close()
+    finally:
+        source.close()
+    history = f" with {done.attempts} attempt row(s)" if args.history else ""
+    print(f"copied {len(done.inserted)} job(s){history}, {len(done.existing)} already in {where}, "
+          f"{len(done.conflicts)} conflict(s)")
+    for job_id in done.conflicts[:SHOWN_CONFLICTS]:
+        print(f"{job_id}: already in {where} with different content; left as it is on both sides")
+    if len(done.conflicts) > SHOWN_CONFLICTS:
+        print(f"… and {len(done.conflicts) - SHOWN_CONFLICTS} more conflict(s)")
+    if not done.conflicts and done.inserted:
+        print(f"now set [queue] url = \"{where}\" (with its password, if any) on every machine; {source.path} "
+              "was not changed")
+    return 1 if done.conflicts else 0
