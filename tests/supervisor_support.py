@@ -77,7 +77,7 @@ class Supervised:
 
     def __init__(self, tmp: Path, *, script: dict[str, list[str]] | None = None, node_ms: float = 20.0,
                  main: Path = FAKE_MAIN, runner: dict[str, Any] | None = None,
-                 supervisor: dict[str, Any] | None = None) -> None:
+                 supervisor: dict[str, Any] | None = None, servers: list[dict[str, str]] | None = None) -> None:
         self.tmp = tmp
         self.base_port = free_base_port()
         extra = ["--node-ms", str(node_ms)]
@@ -96,6 +96,8 @@ class Supervised:
                "comfyui": {"main": str(main), "gpus": "cpu:2", "base_port": self.base_port,
                            "base_directory": "var/comfyui", "startup_seconds": 20.0, "extra_args": extra},
                "runner": runner_settings, "supervisor": supervisor_settings}
+        if servers:
+            doc["servers"] = servers
         self.config_path = tmp / "config.toml"
         self.config_path.write_bytes(tomli_w.dumps(doc).encode())
         self.config = load_config(str(self.config_path), env={})

@@ -189,3 +189,63 @@ def test_kill_9_of_the_supervisor_leaves_no_process_and_a_new_one_finishes_every
     for job_id_ in ids:
         assert sum(executions(s["url"], job_id_) for s in state["slots"]) <= 1
     assert h.stop(second) == 0
+
+
+@pytest.mark.timeout(90)
+def test_a_silent_runner_is_killed_after_runner_timeout_then_released_before_its_lease(
+        harness: list[Supervised], tmp_path: Path) -> None:
+    victim = job_id(60)
+    h = make(harness, tmp_path, script={victim: ["slow"]}, node_ms=200)  # ~6 s; runner_timeout 5 s, lease 10 s
+    ids = h.submit([job(60), job(61)])
+    proc = h.start()
+    slot = wait_for(lambda: h.slot_running(victim), 30, "the job to run on a server", h.describe)
+    stopped_at = time.time()
+    os.kill(slot["runner_pid"], signal.SIGSTOP)  # alive but silent: a hung runner
+
+    def released() -> bool:
+        attempts = h.jobs([victim])[victim].attempts
+        return bool(attempts) and attempts[0].ended_at is not None
+
+    wait_for(released, 15, "the silent runner's claim to be released", h.describe)
+    first = h.jobs([victim])[victim].attempts[0]
+    assert first.outcome == "released" and "silent for" in (first.reason or "")
+    assert first.ended_at is not None and 4.5 <= first.ended_at - stopped_at < 9.5, \
+        "killed after runner_timeout_seconds (5 s), before the 10 s lease could expire"
+    assert gone(slot["runner_pid"])
+    jobs = h.wait_terminal(ids)
+    assert {j.state for j in jobs.values()} == {"done"}, h.describe()
+    state = h.state()
+    assert state is not None
+    assert sum(executions(s["url"], victim) for s in state["slots"]) == 1, "followed on its server, not re-run"
+    assert h.stop(proc) == 0
+
+
+@pytest.mark.timeout(60)
+def test_a_server_above_recycle_rss_mb_is_restarted(harness: list[Supervised], tmp_path: Path) -> None:
+    h = make(harness, tmp_path, supervisor={"recycle_rss_mb": 1})  # every server is above 1 MiB
+    proc = h.start()
+    h.wait_ready(proc)
+    first = h.slot("cpu0")
+    recycled = wait_for(lambda: (s := h.slot("cpu0"))["restarts"] >= 1 and s["state"] == "running" and s, 20,
+                        "a restart for memory", h.describe)
+    assert recycled["pid"] != first["pid"]
+    assert recycled["reason"].startswith("memory ") and "above recycle_rss_mb = 1" in recycled["reason"]
+    assert h.stop(proc) == 0
+
+
+@pytest.mark.timeout(60)
+def test_servers_of_the_config_are_used_as_they_are_not_launched(harness: list[Supervised], tmp_path: Path,
+                                                                  fake_comfy: object) -> None:
+    url = fake_comfy.url  # type: ignore[attr-defined]
+    h = make(harness, tmp_path, node_ms=150, servers=[{"name": "remote0", "url": url}])
+    ids = h.submit([job(n) for n in range(70, 76)])
+    proc = h.start()
+    jobs = h.wait_terminal(ids)
+    assert {j.state for j in jobs.values()} == {"done"}
+    assert "remote0" in {j.server for j in jobs.values()}, "the external server's runner takes jobs too"
+    remote = h.slot("remote0")
+    assert (remote["state"], remote["device"], remote["pid"], remote["port"]) == ("external", "external", None, None)
+    assert remote["runner_pid"] and not gone(remote["runner_pid"])
+    assert h.stop(proc) == 0
+    assert fake_comfy.stats()["prompts"], "the external server was used"  # type: ignore[attr-defined]
+    assert not processes_under(tmp_path)
