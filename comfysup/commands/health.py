@@ -72,7 +72,7 @@ def targets(config: Any, state: dict[str, Any] | None, now: float) -> tuple[list
         stale = staleness(state, now)
         note = f"supervisor pid {state.get('pid')}: running" if stale is None else f"supervisor: {stale}"
         for slot in state["slots"]:
-            slot_state = str(slot.get("state")) if stale is None else "supervisor not running"
+            slot_state = str(slot.get("state")) if stale is None else "stale"
             found[str(slot.get("name"))] = (str(slot.get("name")), str(slot.get("url")), slot_state)
     for remote in config.servers:
         found.setdefault(remote.name, (remote.name, remote.url, "external"))
