@@ -76,6 +76,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="queue N prompts of another client that hang until interrupted or deleted",
     )
+    fake.add_argument(
+        "--exec-log",
+        type=str,
+        default=None,
+        metavar="FILE",
+        help="append one JSON line per server start, post, execution start and end (survives a kill)",
+    )
     fake.add_argument("--max-history", type=int, default=MAXIMUM_HISTORY_SIZE, help=argparse.SUPPRESS)
     parser.add_argument("--version", action="version", version=f"fake_comfy {__version__}")
     return parser
@@ -104,6 +111,7 @@ def parse_options(argv: Sequence[str]) -> Options:
         script_file=script_file,
         busy=args.busy,
         max_history=args.max_history,
+        exec_log=Path(args.exec_log).absolute() if args.exec_log else None,
     )
 
 

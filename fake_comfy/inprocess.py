@@ -49,6 +49,7 @@ class FakeComfy:
         cuda_device: int | None = None,
         output_directory: str | os.PathLike[str] | None = None,
         max_history: int = MAXIMUM_HISTORY_SIZE,
+        exec_log: str | Path | None = None,
     ) -> None:
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         if base_directory is None:
@@ -66,8 +67,9 @@ class FakeComfy:
             history_delay_ms=history_delay_ms,
             busy=busy,
             max_history=max_history,
+            exec_log=Path(exec_log) if exec_log is not None else None,
         )
-        self.recorder = Recorder()
+        self.recorder = Recorder(self.options.exec_log)
         self._script = Script(script, script_by_id, script_file)
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None

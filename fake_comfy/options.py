@@ -34,6 +34,8 @@ class Options:
     script_file: Path | None = None
     busy: int = 0
     max_history: int = MAXIMUM_HISTORY_SIZE
+    exec_log: Path | None = None
+    """--exec-log: append each execution's start and end to this file (see stats.Recorder)."""
     argv: list[str] = field(default_factory=list)
 
     def _absolute(self, path: Path | None, default: str) -> Path:

@@ -107,7 +107,7 @@ class FakeServer:
         crash: Callable[[], None],
     ) -> None:
         self.options = options
-        self.recorder = recorder or Recorder()
+        self.recorder = recorder or Recorder(options.exec_log)
         self.script = script or Script(options.script, file=options.script_file)
         self.catalogue = Catalogue(options.input_dir)
         self.hub = Hub()

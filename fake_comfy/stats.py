@@ -8,8 +8,11 @@ seconds (`time.time()`).
 from __future__ import annotations
 
 import copy
+import json
+import os
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 
@@ -35,10 +38,22 @@ class Recorder:
     `executed` counts every execution start, including runs served entirely from the cache (those
     also count in `cached`); outcome is success, error, interrupted, crashed (the server died under it)
     or stopped (the in-process server was stopped under it); None while running.
+
+    With ``exec_log`` (``--exec-log FILE``) every server start, answered post, execution start and
+    execution end is also appended to that file as one JSON line, with this process's pid and port.
+    The stats above die with the process, so a test that kills and restarts servers (the chaos suite)
+    reads this file instead: it outlives every server, and several servers can share it (each line is
+    one ``write`` to a file opened with O_APPEND, so lines of two processes never interleave). An
+    execution whose server was killed has a start line and no end line.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, exec_log: Path | None = None) -> None:
         self._lock = threading.Lock()
+        self._exec_log = exec_log
+        self._port: int | None = None
+        self._ids: dict[int, str] = {}
+        """The prompt id of each post and run record (by object id; the records live as long as this), for
+        the log lines of ``answered`` and ``ended``, without adding a key to the records /fake/stats shows."""
         self._data: dict[str, Any] = {
             "prompts": {},
             "order": [],
@@ -51,6 +66,17 @@ class Recorder:
             "busy": [],
         }
 
+    def _log(self, event: str, **fields: Any) -> None:
+        """One line in the execution log, if there is one (called with the lock held)."""
+        if self._exec_log is None:
+            return
+        line = json.dumps({"event": event, "at": time.time(), "pid": os.getpid(), "port": self._port, **fields})
+        fd = os.open(self._exec_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            os.write(fd, (line + "\n").encode())
+        finally:
+            os.close(fd)
+
     def _prompt(self, prompt_id: str) -> dict[str, Any]:
         return self._data["prompts"].setdefault(prompt_id, _prompt_record())
 
@@ -60,12 +86,14 @@ class Recorder:
             record = self._prompt(prompt_id)
             record["posted"] += 1
             post = {"at": time.time(), "number": None, "word": word, "status": None}
+            self._ids[id(post)] = prompt_id
             record["posts"].append(post)
             return post
 
     def answered(self, post: dict[str, Any], status: int, number: float | None) -> None:
         with self._lock:
             post["status"], post["number"] = status, number
+            self._log("post", prompt_id=self._ids.get(id(post)), number=number, word=post["word"], status=status)
 
     def busy(self, prompt_id: str, number: float) -> None:
         """A prompt the fake queued itself (--busy)."""
@@ -91,6 +119,9 @@ class Recorder:
             }
             record["executions"].append(run)
             self._data["order"].append(prompt_id)
+            self._ids[id(run)] = prompt_id
+            self._log("start", prompt_id=prompt_id, number=number, word=word, cached=cached,
+                      started_at=run["started_at"])
             return run
 
     def ended(self, run: dict[str, Any], outcome: str) -> None:
@@ -98,6 +129,8 @@ class Recorder:
         with self._lock:
             if run["outcome"] is None:
                 run["ended_at"], run["outcome"] = time.time(), outcome
+                self._log("end", prompt_id=self._ids.get(id(run)), number=run["number"], word=run["word"],
+                          started_at=run["started_at"], ended_at=run["ended_at"], outcome=outcome)
 
     def event(self, kind: str, **fields: Any) -> None:
         """Append to one of the plain lists (interrupts, queue_deletes, queue_clears, frees, model_loads)."""
@@ -108,6 +141,8 @@ class Recorder:
         with self._lock:
             entry = {"started_at": time.time(), "port": port, "ended_at": None, "crashed": False}
             self._data["servers"].append(entry)
+            self._port = port
+            self._log("server", started_at=entry["started_at"])
             return entry
 
     def server_ended(self, entry: dict[str, Any], crashed: bool) -> None:
