@@ -52,6 +52,8 @@ from comfysup.queue.sqlite import SQLiteQueue
 CTX = multiprocessing.get_context("fork")
 LEASE_SECONDS = 60.0
 HEARTBEAT_SECONDS = 0.1
+PEER_MIN_JOBS = 300
+PEER_RUN_SECONDS = 8
 
 
 # -- the workload -------------------------------------------------------------------------------------------
@@ -556,6 +558,12 @@ def run_drains(workdir: Path, n: int, repeats: int) -> None:
         if why:
             print(f"note: {peer.name} skipped: {why}")
     peers = [p for p in peers if p.available() is None]
+    # A peer much slower than comfysup would take minutes per run at n jobs: it gets as many as it
+    # drains in about PEER_RUN_SECONDS at one process (at least PEER_MIN_JOBS), said below the table.
+    peer_jobs: dict[str, int] = {}
+    for peer in peers:
+        rate = drain(peer, workdir, PEER_MIN_JOBS, 1, False).jobs_per_second
+        peer_jobs[peer.name] = min(n, max(PEER_MIN_JOBS, int(rate * PEER_RUN_SECONDS)))
     header = f"{'procs':>5} {'heartbeat':>9} {'plain loop':>10} {'comfysup':>9} {'ratio':>6}"
     for peer in peers:
         header += f" | {peer.name[:22]:>22} {'dup':>4} {'lost':>4} {'us/them':>7}"
@@ -578,9 +586,13 @@ def run_drains(workdir: Path, n: int, repeats: int) -> None:
                 if heartbeat and not peer.heartbeat:
                     row += f" | {'(no lease to renew)':>22} {'':>4} {'':>4} {'':>7}"
                     continue
-                r = drain(peer, workdir, n, processes, False)
+                r = drain(peer, workdir, peer_jobs[peer.name], processes, False)
                 row += f" | {fmt(r.jobs_per_second):>22} {r.duplicates:>4} {r.lost:>4} {o / r.jobs_per_second:>7.2f}"
             print(row, flush=True)
+    for peer in peers:
+        if peer_jobs[peer.name] < n:
+            print(f"note: {peer.name} drained {peer_jobs[peer.name]:,} jobs a run (about {PEER_RUN_SECONDS} s at "
+                  "one process), not " + f"{n:,}")
     if problems:
         print("PROBLEMS (comfysup or the plain loop handed a job out twice or lost one):")
         for line in problems:
