@@ -353,8 +353,9 @@ class AttemptRunner:
         entry = self._own_entry(run)
         if entry is not None:
             return _judge(entry)
-        raise ServerUnavailable("the prompt is gone from the server's queue without a history entry "
-                                "(the ComfyUI server restarted)", "server_died")
+        # The server answered: this is certain, not a reason to wait for it to come back.
+        raise ComfyError("the prompt is gone from the server's queue without a history entry "
+                         "(the ComfyUI server restarted)", "server_died")
 
     def _own_entry(self, run: _Run) -> dict[str, Any] | None:
         entry = run.client.history(self.claim.id)
