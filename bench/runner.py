@@ -9,7 +9,15 @@ ms against the bare client, and the runner process's peak memory.
     .venv/bin/python bench/runner.py --jobs 500 --node-ms 0,5,50
 """
 
+# ruff: noqa: E402  (the sys.path fix below must run before the other imports)
 from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+# Run as a script, this folder comes first on sys.path, and bench/queue.py would shadow the standard
+# library's queue module for everything imported after it.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
 import argparse
 import json

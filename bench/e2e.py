@@ -1,0 +1,178 @@
+"""bench/e2e.py: how close `comfysup run` keeps K servers to always rendering, against the ideal and a bare client.
+
+N jobs through `comfysup run` on K fake_comfy servers (launched by the supervisor exactly as ComfyUI
+would be) whose prompts take a fixed T ms, against (a) the ideal N·T/K and (b) a bare client in the same
+run: one thread per server that posts, waits for the end on the WebSocket, reads /history and downloads
+the file, with nothing durable. Reports efficiency (ideal / actual) and the overhead per job in ms over
+the bare client.
+
+    .venv/bin/python bench/e2e.py                       # T = 20, 200, 2000 ms; K = 1, 2, 4
+    .venv/bin/python bench/e2e.py --t-ms 200 --k 4      # one cell
+"""
+
+# ruff: noqa: E402  (the sys.path fix below must run before the other imports)
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+# Run as a script, this folder comes first on sys.path, and bench/queue.py would shadow the standard
+# library's queue module for everything imported after it.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+
+import argparse
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import psutil
+import tomli_w
+
+
+def _bench_runner():
+    """bench/runner.py's bare client, loaded by path (bench/queue.py would shadow the stdlib's queue)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_runner", Path(__file__).resolve().parent / "runner.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_runner = _bench_runner()
+bare_client, free_port, start_fake = _runner.bare_client, _runner.free_port, _runner.start_fake
+
+ROOT = Path(__file__).resolve().parents[1]
+TRIVIAL = json.loads((ROOT / "examples" / "workflows" / "trivial.json").read_text())
+NODES = len(TRIVIAL)
+
+
+def prompt(n: int, salt: int) -> dict:
+    workflow = json.loads(json.dumps(TRIVIAL))
+    workflow["1"]["inputs"]["color"] = (n * 7919 + salt * 104729) % 16777216
+    workflow["3"]["inputs"]["filename_prefix"] = f"e{salt}_{n}"
+    return workflow
+
+
+def jobs_for(t_ms: float, k: int, quick: bool) -> int:
+    """Enough jobs for about 10 s of ideal work (4 s with --quick), at least 4 per server."""
+    seconds = 4.0 if quick else 10.0
+    return max(4 * k, int(seconds * 1000 / max(t_ms, 1) * k))
+
+
+def run_bare(k: int, n: int, node_ms: float, tmp: Path) -> float:
+    fakes = [start_fake(tmp / f"bare{i}", node_ms) for i in range(k)]
+    try:
+        out = tmp / "bare-out"
+        out.mkdir()
+        for _proc, url in fakes:
+            bare_client(url, 2, 99, out)  # warm-up
+        per = [n // k + (1 if i < n % k else 0) for i in range(k)]
+        elapsed = [0.0] * k
+        threads = [threading.Thread(target=lambda i=i: elapsed.__setitem__(
+            i, bare_client(fakes[i][1], per[i], 10 + i, out))) for i in range(k)]
+        start = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return time.perf_counter() - start
+    finally:
+        for proc, _url in fakes:
+            proc.terminate()
+            proc.wait()
+
+
+def run_comfysup(k: int, n: int, node_ms: float, tmp: Path) -> tuple[float, float, float]:
+    """(span from first claim to last done, runner RSS MiB, supervisor RSS MiB)."""
+    config = tmp / "config.toml"
+    base_port = free_port()
+    config.write_bytes(tomli_w.dumps({
+        "queue": {"path": str(tmp / "var" / "queue.db")}, "store": {"dir": str(tmp / "var" / "results")},
+        "comfyui": {"main": str(ROOT / "fake_comfy" / "main.py"), "python": sys.executable, "gpus": f"cpu:{k}",
+                    "base_port": base_port, "base_directory": str(tmp / "var" / "comfyui"),
+                    "extra_args": ["--node-ms", str(node_ms)], "startup_seconds": 30.0},
+        "runner": {"jitter": False}}).encode())
+    jobs = tmp / "jobs.jsonl"
+    jobs.write_text("".join(json.dumps({"id": str(uuid.uuid4()), "workflow": prompt(i, 3)}) + "\n"
+                            for i in range(n)))
+    subprocess.run([sys.executable, "-m", "comfysup", "submit", str(jobs), "--config", str(config)], check=True,
+                   capture_output=True, cwd=ROOT)
+    log = open(tmp / "supervisor.log", "wb")  # noqa: SIM115 - closed below, after the process ends
+    proc = subprocess.Popen([sys.executable, "-m", "comfysup", "run", "--config", str(config)],
+                            stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    db_path = tmp / "var" / "queue.db"
+    runner_rss = supervisor_rss = 0.0
+    deadline = time.monotonic() + 30 + n * node_ms * NODES / 1000 * 3
+    try:
+        sup = psutil.Process(proc.pid)
+        while time.monotonic() < deadline:
+            with sqlite3.connect(db_path) as db:
+                left = db.execute("SELECT count(*) FROM jobs WHERE state NOT IN ('done', 'dead')").fetchone()[0]
+            try:
+                supervisor_rss = max(supervisor_rss, sup.memory_info().rss / 2**20)
+                for child in sup.children():
+                    if child.name().startswith("comfysup-"):
+                        runner_rss = max(runner_rss, child.memory_info().rss / 2**20)
+            except psutil.Error:
+                pass
+            if left == 0:
+                break
+            time.sleep(0.1)
+        else:
+            raise SystemExit(f"comfysup run did not finish in time; see {tmp / 'supervisor.log'}")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+        log.close()
+    if os.environ.get("E2E_GAPS"):
+        with sqlite3.connect(db_path) as db:
+            rows = db.execute("SELECT a.server, a.started_at, j.finished_at FROM attempts a JOIN jobs j "
+                              "ON a.job_id = j.id ORDER BY a.started_at").fetchall()
+        last_end: dict[str, float] = {}
+        for server, start, end in rows:
+            gap = (start - last_end[server]) * 1000 if server in last_end else float("nan")
+            print(f"  {server} gap {gap:7.1f} ms  run {(end - start) * 1000:7.1f} ms")
+            last_end[server] = end
+    with sqlite3.connect(db_path) as db:
+        first, last, done = db.execute("SELECT min(a.started_at), max(j.finished_at), sum(j.state = 'done') "
+                                       "FROM jobs j JOIN attempts a ON a.job_id = j.id").fetchone()
+    if done != n:
+        raise SystemExit(f"only {done} of {n} jobs done")
+    return last - first, runner_rss, supervisor_rss
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--t-ms", default="20,200,2000", help="prompt times in ms, comma-separated")
+    parser.add_argument("--k", default="1,2,4", help="servers, comma-separated")
+    parser.add_argument("--quick", action="store_true", help="about 4 s of ideal work a cell instead of 10")
+    args = parser.parse_args()
+    print(f"comfysup run on K fake servers, prompts of T ms; {os.cpu_count()} CPUs; "
+          "efficiency = ideal N*T/K / actual")
+    print(f"{'T ms':>6} {'K':>2} {'N':>5} {'ideal s':>8} {'bare s':>8} {'comfysup s':>10} {'eff bare':>9} "
+          f"{'eff comfysup':>12} {'overhead ms/job':>16} {'runner MiB':>10} {'superv. MiB':>11}")
+    for t_ms in (float(x) for x in args.t_ms.split(",")):
+        for k in (int(x) for x in args.k.split(",")):
+            n = jobs_for(t_ms, k, args.quick)
+            with tempfile.TemporaryDirectory(prefix="comfysup-e2e-") as name:
+                tmp = Path(name)
+                node_ms = t_ms / NODES
+                bare = run_bare(k, n, node_ms, tmp)
+                ours, runner_mib, sup_mib = run_comfysup(k, n, node_ms, tmp)
+            ideal = n * t_ms / 1000 / k
+            overhead = (ours - bare) / n * k * 1000  # per job, on its server's timeline
+            print(f"{t_ms:>6.0f} {k:>2} {n:>5} {ideal:>8.2f} {bare:>8.2f} {ours:>10.2f} {ideal / bare:>9.3f} "
+                  f"{ideal / ours:>12.3f} {overhead:>16.2f} {runner_mib:>10.1f} {sup_mib:>11.1f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
