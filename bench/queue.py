@@ -15,6 +15,10 @@ What it measures, and why:
 - the same on huey's SqliteStorage, persist-queue's SQLiteAckQueue and litequeue when installed
   (``pip install -e '.[bench]'``), each counted for duplicates (a job handed out twice) and losses.
 - ``comfysup status`` on a table of a million jobs (in process, and the whole command).
+- PostgreSQL (``--only postgres``; the server at ``--postgres URL``, default 127.0.0.1:5432, in a
+  database the benchmark creates and drops): claim + complete per second with 8 and 32 runner
+  processes beside SQLite, and the time from submit to claim for an idle runner woken by
+  LISTEN/NOTIFY against one that polls every 0.25 s (the runner's idle wait).
 """
 
 # ruff: noqa: E402  (the sys.path fix below must run before the other imports)
@@ -496,6 +500,178 @@ def status_times(workdir: Path, rows: int) -> dict[str, float]:
     return out
 
 
+# -- PostgreSQL ---------------------------------------------------------------------------------------------------
+
+ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
+POLL_SECONDS = 0.25
+"""What an idle runner waits between claims without NOTIFY (comfysup.runner.loop: min(poll_seconds, 0.25))."""
+
+
+class PostgresDriver(Driver):
+    """comfysup's PostgreSQL queue: the same claim + complete loop as ComfysupDriver, in the database ``url``."""
+
+    name = "comfysup PostgreSQL"
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    def fill(self, directory: Path, ids: list[str]) -> None:
+        import psycopg
+
+        from comfysup.queue.postgres import PostgresQueue
+
+        PostgresQueue(self.url).close()
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            conn.execute("TRUNCATE jobs, attempts, machines RESTART IDENTITY")
+            conn.execute("VACUUM ANALYZE jobs")
+        q = PostgresQueue(self.url)
+        q.submit(NewJob(id=i, workflow=WORKFLOW, spec_hash=i, workflow_json=WORKFLOW_JSON) for i in ids)
+        q.close()
+
+    def drain(self, directory: Path, owner: str, heartbeat: bool, report: Report) -> None:
+        from comfysup.queue.postgres import PostgresQueue
+
+        q = PostgresQueue(self.url)
+        last = time.monotonic()
+        report.started = time.time()
+        while (claim := q.claim(owner, "bench", LEASE_SECONDS)) is not None:
+            report.claimed.append(claim.id)
+            if heartbeat and _tick(last):
+                q.heartbeat(claim, LEASE_SECONDS)
+                report.heartbeats += 1
+                last = time.monotonic()
+            q.complete(claim, [])
+            report.completed += 1
+        report.ended = time.time()
+        q.close()
+
+    def check(self, directory: Path, n: int) -> str:
+        import psycopg
+
+        with psycopg.connect(self.url) as conn:
+            done = conn.execute("SELECT count(*) FROM jobs WHERE state = 'done'").fetchone()[0]
+            attempts = conn.execute("SELECT count(*) FROM attempts").fetchone()[0]
+        return "" if done == attempts == n else f"{done} done, {attempts} attempts of {n}"
+
+
+def _idle_runner(open_queue: Any, how: str, jobs: int, ready: Any) -> None:
+    """Claim ``jobs`` jobs one by one, waiting between claims as an idle runner does: ``notify`` with
+    wait_for_work (LISTEN on PostgreSQL), ``poll`` with a plain sleep of POLL_SECONDS."""
+    q = open_queue()
+    if how == "notify":
+        q.wait_for_work(0)  # LISTEN from here on, as a runner that has been idle for a while
+    ready.set()
+    taken = 0
+    while taken < jobs:
+        claim = q.claim("bench-idle", "bench", LEASE_SECONDS)
+        if claim is None:
+            if how == "notify":
+                q.wait_for_work(POLL_SECONDS)
+            else:
+                time.sleep(POLL_SECONDS)
+            continue
+        q.complete(claim, [])
+        taken += 1
+    q.close()
+
+
+def submit_to_claim(open_queue: Any, how: str, jobs: int) -> list[float]:
+    """Seconds from each submit to its claim (both stamped by the queue's clock) for an idle runner: each
+    job is submitted a random 50-300 ms after the previous one was done, so the runner is waiting."""
+    import random
+
+    q = open_queue()
+    ready = CTX.Event()
+    proc = CTX.Process(target=_idle_runner, args=(open_queue, how, jobs, ready))
+    proc.start()
+    ready.wait(30)
+    rng = random.Random(7)
+    ids = [str(uuid.uuid4()) for _ in range(jobs)]
+    for job_id in ids:
+        time.sleep(rng.uniform(0.05, 0.3))
+        q.submit([NewJob(id=job_id, workflow=WORKFLOW, spec_hash=job_id, workflow_json=WORKFLOW_JSON)])
+        deadline = time.monotonic() + 10
+        while q.get(job_id).state != "done":
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{how}: job {job_id} not done after 10 s")
+            time.sleep(0.002)
+    proc.join(30)
+    waits = [j.attempts[0].started_at - j.submitted_at for j in q.get_many(ids)]
+    q.close()
+    return waits
+
+
+def _pg_database(admin_url: str) -> tuple[str, Any]:
+    """A fresh database for the benchmark, and a function that drops it."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    import psycopg
+
+    name = f"comfysup_bench_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+
+    def drop() -> None:
+        with psycopg.connect(admin_url, autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+    return urlunsplit(urlsplit(admin_url)._replace(path=f"/{name}")), drop
+
+
+def run_postgres(workdir: Path, admin_url: str, n: int, repeats: int, latency_jobs: int) -> None:
+    try:
+        import psycopg
+
+        with psycopg.connect(admin_url, connect_timeout=5) as conn:
+            version = conn.execute("SHOW server_version").fetchone()[0]
+    except Exception as exc:  # the section is skipped, the rest of the benchmark still runs
+        print(f"\n## PostgreSQL: skipped ({str(exc).strip().splitlines()[0]})")
+        return
+    url, drop = _pg_database(admin_url)
+    try:
+        with psycopg.connect(url) as conn:
+            sync = conn.execute("SHOW synchronous_commit").fetchone()[0]
+            fsync = conn.execute("SHOW fsync").fetchone()[0]
+        pg = PostgresDriver(url)
+        print(f"\n## PostgreSQL {version} (local, fsync={fsync}, synchronous_commit={sync}): claim + complete, "
+              f"{n:,} jobs, median of {repeats} alternating run(s); jobs/s")
+        print(f"{'procs':>5} {'SQLite':>9} {'PostgreSQL':>11} {'PG/SQLite':>9}")
+        sqlite = ComfysupDriver()
+        problems = []
+        for processes in (1, 8, 32):
+            runs: dict[str, list[Drain]] = {"sqlite": [], "pg": []}
+            for _ in range(repeats):
+                runs["sqlite"].append(drain(sqlite, workdir, n, processes, False))
+                runs["pg"].append(drain(pg, workdir, n, processes, False))
+            for name, rs in runs.items():
+                problems += [f"{name} {processes}p: {r.duplicates} dup, {r.lost} lost {r.problem}"
+                             for r in rs if r.duplicates or r.lost or r.problem]
+            s_ = statistics.median(r.jobs_per_second for r in runs["sqlite"])
+            p_ = statistics.median(r.jobs_per_second for r in runs["pg"])
+            print(f"{processes:>5} {fmt(s_):>9} {fmt(p_):>11} {p_ / s_:>9.2f}", flush=True)
+        if problems:
+            print("PROBLEMS (a job handed out twice or lost):")
+            for line in problems:
+                print("  " + line)
+
+        from comfysup.queue.postgres import PostgresQueue
+
+        sqlite_path = workdir / "latency.db"
+        print(f"\n## submit to claim, one idle runner, {latency_jobs} jobs each submitted 50-300 ms after the "
+              "previous one was done; ms")
+        print(f"{'queue':>12} {'idle wait':>24} {'median':>7} {'p90':>7} {'max':>7}")
+        cases = [("PostgreSQL", "LISTEN/NOTIFY", lambda: PostgresQueue(url), "notify"),
+                 ("PostgreSQL", f"poll every {POLL_SECONDS:g} s", lambda: PostgresQueue(url), "poll"),
+                 ("SQLite", f"poll every {POLL_SECONDS:g} s", lambda: SQLiteQueue(sqlite_path), "poll")]
+        for queue_name, wait_name, opener, how in cases:
+            waits = sorted(w * 1000 for w in submit_to_claim(opener, how, latency_jobs))
+            p90 = waits[min(len(waits) - 1, int(len(waits) * 0.9))]
+            print(f"{queue_name:>12} {wait_name:>24} {statistics.median(waits):>7.1f} {p90:>7.1f} {waits[-1]:>7.1f}",
+                  flush=True)
+    finally:
+        drop()
+
+
 # -- main -------------------------------------------------------------------------------------------------------
 
 def fmt(x: float) -> str:
@@ -507,11 +683,13 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="small sizes, one repetition (about a minute)")
     parser.add_argument("--dir", help="where the databases go (default: a temporary folder under ./var); use "
                         "the disk the queue will live on")
-    parser.add_argument("--only", choices=["submit", "drain", "status"], action="append",
+    parser.add_argument("--only", choices=["submit", "drain", "status", "postgres"], action="append",
                         help="run only these parts (repeatable)")
+    parser.add_argument("--postgres", default=ADMIN_URL, metavar="URL",
+                        help=f"a PostgreSQL server where this user may create a database (default {ADMIN_URL})")
     args = parser.parse_args()
     quick = args.quick
-    parts = set(args.only or ["submit", "drain", "status"])
+    parts = set(args.only or ["submit", "drain", "status", "postgres"])
     drain_jobs = 1000 if quick else 4000
     repeats = 1 if quick else 3
     submit_sizes = (2_000, 20_000) if quick else (10_000, 100_000)
@@ -535,6 +713,8 @@ def main() -> int:
                       f"{fmt(lines / r['total_s']):>8} {r['max_rss_mb']:>12.0f} {r['db_mb']:>7.0f}")
         if "drain" in parts:
             run_drains(workdir, drain_jobs, repeats)
+        if "postgres" in parts:
+            run_postgres(workdir, args.postgres, drain_jobs, repeats, 20 if quick else 40)
         if "status" in parts:
             print(f"\n## status on {status_rows:,} jobs")
             r = status_times(workdir, status_rows)
