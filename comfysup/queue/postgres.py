@@ -56,7 +56,7 @@ from comfysup.queue.base import (
     owner_host,
 )
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 SUBMIT_BATCH = 500
 CHANNEL = "comfysup_jobs"
 MIGRATION_LOCK = 0x636F6D6679737570  # "comfysup": one advisory lock key for schema changes

@@ -58,3 +58,29 @@ CREATE TABLE machines (
     heartbeat_at double precision NOT NULL,
     PRIMARY KEY (host, pid)
 );
+
+-- name: v2
+-- What people see of each job (issue 8), as in schema.sql's v4: the reason class and trace of each
+-- attempt, a running job's progress, a per-job webhook, and webhook deliveries as their own durable
+-- record, inserted by the same transaction as the job's terminal state.
+ALTER TABLE attempts ADD COLUMN kind text;
+ALTER TABLE attempts ADD COLUMN trace text;
+-- Metrics read the attempts that ended since their last look, not the whole table, on every scrape.
+CREATE INDEX attempts_ended ON attempts (ended_at) WHERE ended_at IS NOT NULL;
+ALTER TABLE jobs ADD COLUMN progress text;
+ALTER TABLE jobs ADD COLUMN callback_url text;
+-- next_at is set while a delivery is pending (and pushed ahead while a deliverer holds it), and NULL once it
+-- was delivered (delivered_at) or given up.
+CREATE TABLE deliveries (
+    id           bigint  GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    job_id       text    NOT NULL,
+    url          text    NOT NULL,
+    attempts     integer NOT NULL DEFAULT 0,
+    created_at   double precision NOT NULL,
+    next_at      double precision,
+    last_status  integer,
+    last_error   text,
+    delivered_at double precision
+);
+CREATE INDEX deliveries_due ON deliveries (next_at) WHERE next_at IS NOT NULL;
+CREATE INDEX deliveries_job ON deliveries (job_id);

@@ -76,3 +76,31 @@ ALTER TABLE jobs DROP COLUMN params;
 -- Expired leases are found through jobs_state (running rows are few): this index cost a page write on
 -- every claim, heartbeat and complete.
 DROP INDEX jobs_lease;
+-- name: v4
+-- What people see of each job (issue 8). An attempt keeps the reason class of its outcome (``kind``: oom,
+-- timeout, http_5xx, …, what metrics count) and its trace as JSON (phases, each node's time, cached
+-- nodes). A running job keeps its progress (JSON, rewritten at most once a second, fenced like every
+-- write after the claim). A job may name its own webhook, and a delivery is its own durable record, inserted
+-- by the same transaction as the job's terminal state, so a crash can never end a job without it.
+ALTER TABLE attempts ADD COLUMN kind TEXT;
+ALTER TABLE attempts ADD COLUMN trace TEXT;
+-- Metrics read the attempts that ended since their last look, not the whole table, on every scrape.
+CREATE INDEX attempts_ended ON attempts (ended_at) WHERE ended_at IS NOT NULL;
+ALTER TABLE jobs ADD COLUMN progress TEXT;
+ALTER TABLE jobs ADD COLUMN callback_url TEXT;
+-- next_at is set while a delivery is pending (and pushed ahead while a deliverer holds it), and NULL once it
+-- was delivered (delivered_at) or given up. The partial index holds pending rows only, so finding due
+-- ones and counting them stays cheap however many jobs the queue has seen.
+CREATE TABLE deliveries (
+    id           INTEGER PRIMARY KEY,
+    job_id       TEXT    NOT NULL,
+    url          TEXT    NOT NULL,
+    attempts     INTEGER NOT NULL DEFAULT 0,
+    created_at   REAL    NOT NULL,
+    next_at      REAL,
+    last_status  INTEGER,
+    last_error   TEXT,
+    delivered_at REAL
+);
+CREATE INDEX deliveries_due ON deliveries (next_at) WHERE next_at IS NOT NULL;
+CREATE INDEX deliveries_job ON deliveries (job_id);

@@ -52,7 +52,7 @@ from comfysup.queue.base import (
     owner_host,
 )
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 NETWORK_FILESYSTEMS = frozenset({
     "nfs", "nfs4", "cifs", "smb", "smb2", "smb3", "smbfs", "9p", "afs", "ceph", "glusterfs", "lustre",
     "fuse.sshfs", "fuse.s3fs", "fuse.gcsfuse", "fuse.rclone", "davfs", "fuse.glusterfs", "beegfs", "gpfs",
