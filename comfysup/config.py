@@ -24,9 +24,10 @@ from comfysup.errors import ConfigError
 DEFAULT_PATHS = (Path("config.toml"), Path("/etc/comfysup/config.toml"))
 ENV_PREFIX = "COMFYSUP_"
 ENV_CONFIG = "COMFYSUP_CONFIG"
-ENV_NOT_SETTINGS = frozenset({ENV_CONFIG, "COMFYSUP_HOSTNAME", "COMFYSUP_SKIP_POSTGRES", "COMFYSUP_TEST_POSTGRES"})
-"""COMFYSUP_* variables that are not COMFYSUP_<SECTION>_<KEY> settings (the machine's name in the queue,
-and switches of the test suite), so they are not refused as unknown settings."""
+ENV_NOT_SETTINGS = frozenset({ENV_CONFIG, "COMFYSUP_HOSTNAME", "COMFYSUP_SKIP_POSTGRES", "COMFYSUP_TEST_POSTGRES",
+                              "COMFYSUP_LOG_FORMAT"})
+"""COMFYSUP_* variables that are not COMFYSUP_<SECTION>_<KEY> settings (the machine's name in the queue, the
+log format of a process, and switches of the test suite), so they are not refused as unknown settings."""
 
 
 @dataclass(frozen=True)
@@ -87,7 +88,26 @@ class SupervisorConfig:
     quick_failure_seconds: float = 30.0
     restart_max_delay_seconds: float = 60.0
     log_max_mb: int = 50
-    status_listen: str = "127.0.0.1:9188"
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    listen: str = "127.0.0.1:9188"
+    """HOST:PORT of /metrics and the status page; port 0 takes any free port; empty: no endpoint."""
+    refresh_seconds: float = 2.0
+    """How often the status page reloads itself."""
+
+
+@dataclass(frozen=True)
+class WebhooksConfig:
+    url: str = ""
+    """Where every terminal job's record is POSTed when its line has no callback_url; empty: nowhere."""
+    secret: str = ""
+    """The HMAC-SHA256 key of the X-Comfysup-Signature header; empty: deliveries are not signed."""
+    attempts: int = 8
+    base_delay_seconds: float = 5.0
+    max_delay_seconds: float = 600.0
+    timeout_seconds: float = 10.0
 
 
 @dataclass(frozen=True)
@@ -98,6 +118,8 @@ class Config:
     servers: tuple[ServerConfig, ...] = ()
     runner: RunnerConfig = field(default_factory=RunnerConfig)
     supervisor: SupervisorConfig = field(default_factory=SupervisorConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    webhooks: WebhooksConfig = field(default_factory=WebhooksConfig)
     source: str = "<defaults>"
     """Where the file values came from, for messages."""
     root: str = "."
@@ -115,6 +137,8 @@ SECTIONS: dict[str, type] = {
     "comfyui": ComfyUIConfig,
     "runner": RunnerConfig,
     "supervisor": SupervisorConfig,
+    "metrics": MetricsConfig,
+    "webhooks": WebhooksConfig,
 }
 
 
@@ -356,10 +380,27 @@ def _check(c: Config) -> None:
         raise bad("queue", "url", q.url, "expected a postgresql://user@host/dbname URL")
     parse_gpus(u.gpus, c.source)
     _check_listen(c.source, "comfyui", "listen", u.listen, u.private_network)
-    host, _, port = s.status_listen.rpartition(":")
-    if not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise bad("supervisor", "status_listen", s.status_listen, "expected HOST:PORT, e.g. 127.0.0.1:9188")
-    _check_listen(c.source, "supervisor", "status_listen", host.strip("[]"), u.private_network)
+    m, w = c.metrics, c.webhooks
+    if m.listen:
+        host, _, port = m.listen.rpartition(":")
+        if not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+            raise bad("metrics", "listen", m.listen, "expected HOST:PORT, e.g. 127.0.0.1:9188 (port 0: any free "
+                      "port; an empty string: no endpoint)")
+        _check_listen(c.source, "metrics", "listen", host.strip("[]"), u.private_network)
+    if m.refresh_seconds <= 0:
+        raise bad("metrics", "refresh_seconds", m.refresh_seconds, "must be greater than 0")
+    if w.url:
+        parsed = urlparse(w.url)
+        if parsed.scheme not in ("http", "https") or not parsed.hostname:
+            raise bad("webhooks", "url", w.url, "expected an http:// or https:// URL, or an empty string")
+    for key in ("base_delay_seconds", "max_delay_seconds", "timeout_seconds"):
+        if getattr(w, key) <= 0:
+            raise bad("webhooks", key, getattr(w, key), "must be greater than 0")
+    if w.attempts < 1:
+        raise bad("webhooks", "attempts", w.attempts, "must be at least 1")
+    if w.base_delay_seconds > w.max_delay_seconds:
+        raise bad("webhooks", "base_delay_seconds", w.base_delay_seconds,
+                  f"must not exceed [webhooks] max_delay_seconds ({w.max_delay_seconds:g})")
 
 
 def check_supervisor(c: Config) -> None:

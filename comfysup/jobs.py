@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 from comfysup.queue.base import NewJob
 
@@ -25,7 +26,8 @@ MAX_LINES = 1_000_000
 MAX_PROBLEMS_SHOWN = 50
 PRIORITY_RANGE = (-(2**63), 2**63 - 1)
 """What SQLite's INTEGER holds; a larger number would fail at insert, after validation said yes."""
-LINE_KEYS = frozenset({"id", "workflow", "set", "priority", "extra_data", "meta"})
+LINE_KEYS = frozenset({"id", "workflow", "set", "priority", "extra_data", "meta", "callback_url"})
+MAX_URL_CHARS = 2048
 
 # ComfyUI's built-in nodes with OUTPUT_NODE = True: a prompt without one of these (or a custom output
 # node) is refused with prompt_no_outputs.
@@ -199,6 +201,22 @@ class WorkflowCache:
             check_api_format(workflow, f"workflow file {str(path)!r}")
             self._files[key] = Template(workflow, path.stem)
         return self._files[key]
+
+
+def check_callback_url(value: Any) -> str:
+    """A job's webhook: an http(s) URL with a host, checked at submit rather than failing at its end."""
+    if value in ("", None):
+        return ""
+    if not isinstance(value, str) or len(value) > MAX_URL_CHARS:
+        raise JobLineError(f"callback_url must be an http:// or https:// URL of at most {MAX_URL_CHARS} characters")
+    try:
+        parsed = urlparse(value)
+        ok = parsed.scheme in ("http", "https") and bool(parsed.hostname)
+    except ValueError:
+        ok = False
+    if not ok:
+        raise JobLineError(f"callback_url {value[:100]!r} is not an http:// or https:// URL with a host")
+    return value
 
 
 def check_api_format(workflow: Any, where: str) -> None:
@@ -389,15 +407,18 @@ class JobsFile:
             warnings = check_graph(workflow, self.object_info) if check else []
         meta = line.get("meta", {})
         extra = line.get("extra_data", {})
+        callback = check_callback_url(line.get("callback_url", ""))
         digest = hashlib.sha256()
-        for part in (text, json.dumps(extra, sort_keys=True), json.dumps(meta, sort_keys=True), str(priority)):
+        # The callback joins the hash only when given, so the ids of every file without one keep their hash.
+        for part in (text, json.dumps(extra, sort_keys=True), json.dumps(meta, sort_keys=True), str(priority),
+                     *([callback] if callback else [])):
             digest.update(part.encode())
             digest.update(b"\0")
         if isinstance(meta.get("kind"), str) and meta["kind"]:
             name = meta["kind"]
         return NewJob(id=job_id, workflow=workflow, spec_hash=digest.hexdigest(), priority=priority,
                       extra_data=extra, meta=meta, params=params or {}, workflow_name=name,
-                      workflow_json=text), warnings
+                      workflow_json=text, callback_url=callback), warnings
 
     def _template(self, value: str) -> Template:
         if value not in self._named:

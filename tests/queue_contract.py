@@ -23,7 +23,7 @@ LEASE = 30.0
 
 
 def make_job(n: int, *, priority: int = 0, seed: int | None = None, extra: dict[str, Any] | None = None,
-             meta: dict[str, Any] | None = None) -> NewJob:
+             meta: dict[str, Any] | None = None, callback_url: str = "") -> NewJob:
     """A small valid job; ``seed`` changes its content (and so its spec_hash) without changing its id."""
     workflow = {"1": {"class_type": "EmptyImage", "inputs": {"width": 8, "height": 8, "color": seed or n}},
                 "2": {"class_type": "SaveImage", "inputs": {"images": ["1", 0], "filename_prefix": f"j{n}"}}}
@@ -34,7 +34,7 @@ def make_job(n: int, *, priority: int = 0, seed: int | None = None, extra: dict[
                             f"\0{priority}".encode()).hexdigest()
     return NewJob(id=str(uuid.uuid5(uuid.NAMESPACE_URL, f"comfysup-test/{n}")), workflow=workflow,
                   spec_hash=digest, priority=priority, extra_data=extra, meta=meta,
-                  params={"1.color": seed or n}, workflow_name="test", workflow_json=text)
+                  params={"1.color": seed or n}, workflow_name="test", workflow_json=text, callback_url=callback_url)
 
 
 class QueueContract:
@@ -545,3 +545,132 @@ class QueueContract:
         q.register_machine("render-07", 101, [], now=T0 + 1)  # another supervisor on the host took over
         q.machine_heartbeat("render-07", 100, [{"name": "gpu0"}], now=T0 + 2)  # the first one still beats
         assert [(m.pid, m.started_at) for m in q.machines(now=T0 + 2)] == [(100, T0 + 2), (101, T0 + 1)]
+
+    # -- what people see: kinds, traces, progress, metrics' reads (issue 8) ----------------------------------
+
+    def test_every_end_of_an_attempt_keeps_its_kind_and_trace(self, q: Queue) -> None:
+        self.submit(q, make_job(1), make_job(2), make_job(3))
+        trace = {"phases": [["claimed", T0], ["executing", T0 + 1]], "nodes": {"1": {"seconds": 0.5}}}
+        c1 = self.claim(q, now=T0)
+        q.retry_later(c1, run_after=T0, reason="oom at node 2", now=T0 + 1, kind="oom", trace=trace)
+        c1 = self.claim(q, now=T0 + 2)
+        q.complete(c1, [], now=T0 + 3, trace={"phases": [["recorded", T0 + 3]]})
+        c2 = self.claim(q, now=T0)
+        q.dead(c2, "POST /prompt 400", now=T0 + 1, kind="validation", trace={"phases": []})
+        c3 = self.claim(q, now=T0)
+        q.release(c3, "graceful stop", count_attempt=False, now=T0 + 1, kind="shutdown")
+        c3 = self.claim(q, now=T0 + 2)
+        q.cancelled(c3, "cancelled by user", now=T0 + 3)
+        one = q.get(c1.id).attempts
+        assert [(a.outcome, a.kind, a.trace) for a in one] == \
+            [("retry", "oom", trace), ("done", None, {"phases": [["recorded", T0 + 3]]})]
+        assert [(a.outcome, a.kind) for a in q.get(c2.id).attempts] == [("dead", "validation")]
+        assert [(a.outcome, a.kind, a.trace) for a in q.get(c3.id).attempts] == \
+            [("released_uncounted", "shutdown", None), ("cancelled", "cancelled", None)]
+
+    def test_attempts_ended_by_the_queue_itself_have_a_kind(self, q: Queue) -> None:
+        self.submit(q, make_job(1), make_job(2))
+        self.claim(q, "runner-a", now=T0, lease=10)
+        self.claim(q, "runner-b", now=T0, lease=100)
+        again = self.claim(q, "runner-c", now=T0 + 11)  # runner-a's lease expired
+        q.release_owner("runner-b", "runner process died", now=T0 + 12)
+        kinds = {a.owner: a.kind for j in (make_job(1), make_job(2)) for a in q.get(j.id).attempts}
+        assert kinds == {"runner-a": "lease_expired", "runner-b": "runner_died", "runner-c": None}
+        assert again.attempt == 2
+
+    def test_progress_is_fenced_shown_while_running_and_cleared_by_the_next_claim(self, q: Queue) -> None:
+        self.submit(q, make_job(1))
+        claim = self.claim(q, now=T0, lease=10)
+        progress = {"node": 2, "nodes": 3, "step": 4, "steps": 20}
+        q.set_progress(claim, progress)
+        assert q.get(claim.id).progress == progress
+        assert [r.progress for r in q.status(now=T0).running] == [progress]
+        again = self.claim(q, "runner-b", now=T0 + 11)  # the lease expired: a new attempt starts from nothing
+        with pytest.raises(LeaseLost):
+            q.set_progress(claim, {"node": 3, "nodes": 3})
+        assert q.get(claim.id).progress is None
+        q.set_progress(again, {"node": 1, "nodes": 3})
+        assert q.get(claim.id).progress == {"node": 1, "nodes": 3}
+
+    def test_a_terminal_job_gets_its_delivery_in_the_same_write(self, q: Queue) -> None:
+        own = "http://hooks.example/own"
+        self.submit(q, make_job(1, callback_url=own), make_job(2), make_job(3), make_job(4, callback_url=own),
+                    make_job(5))
+        c1 = self.claim(q, now=T0)
+        q.retry_later(c1, run_after=T0, reason="later", now=T0 + 1)
+        assert q.deliveries(c1.id) == []  # not terminal yet
+        c1 = self.claim(q, now=T0 + 2)
+        q.complete(c1, [], now=T0 + 3)
+        c2 = self.claim(q, now=T0 + 2)
+        q.dead(c2, "broken", now=T0 + 4)
+        assert q.deliveries(c2.id) == []  # no url of its own and no default
+        q.default_callback_url = "http://hooks.example/all"  # type: ignore[attr-defined]
+        c3 = self.claim(q, now=T0 + 2)
+        q.dead(c3, "broken", now=T0 + 5)
+        q.cancel([make_job(4).id], now=T0 + 6)  # a queued job cancelled by a person is terminal too
+        c5 = self.claim(q, now=T0 + 2)
+        with pytest.raises(LeaseLost):  # a stale write changes nothing, and so delivers nothing
+            q.complete(Claim(**{**c5.__dict__, "attempt": 7}), [], now=T0 + 7)
+        assert q.deliveries(c5.id) == []
+        rows = [(d.job_id, d.url, d.attempts, d.created_at, d.next_at, d.state)
+                for j in (1, 3, 4) for d in q.deliveries(make_job(j).id)]
+        assert rows == [(c1.id, own, 0, T0 + 3, T0 + 3, "pending"),
+                        (c3.id, "http://hooks.example/all", 0, T0 + 5, T0 + 5, "pending"),
+                        (make_job(4).id, own, 0, T0 + 6, T0 + 6, "pending")]
+        assert q.pending_deliveries() == 3
+
+    def test_deliveries_are_held_while_sent_and_each_try_is_recorded(self, q: Queue) -> None:
+        self.submit(q, *[make_job(i, callback_url=f"http://hooks.example/{i}") for i in range(3)])
+        for i in range(3):
+            q.dead(self.claim(q, now=T0), "broken", now=T0 + i)
+        assert q.claim_deliveries(10, hold_seconds=30, now=T0 - 1) == []  # none due yet
+        first = q.claim_deliveries(2, hold_seconds=30, now=T0 + 5)
+        assert [d.job_id for d in first] == [make_job(0).id, make_job(1).id]
+        assert [d.next_at for d in first] == [T0 + 35, T0 + 35]
+        held = q.claim_deliveries(10, hold_seconds=30, now=T0 + 6)
+        assert [d.job_id for d in held] == [make_job(2).id]  # the two held ones are not handed out again
+        q.delivery_result(first[0].id, delivered=False, status=500, error="HTTP 500", next_at=T0 + 10, now=T0 + 7)
+        q.delivery_result(first[1].id, delivered=True, status=204, error=None, next_at=None, now=T0 + 8)
+        q.delivery_result(held[0].id, delivered=False, status=None, error="refused", next_at=None, now=T0 + 9)
+        got = {d.job_id: d for i in range(3) for d in q.deliveries(make_job(i).id)}
+        zero, one, two = (got[make_job(i).id] for i in range(3))
+        assert (zero.state, zero.attempts, zero.last_status, zero.last_error, zero.next_at) == \
+            ("pending", 1, 500, "HTTP 500", T0 + 10)
+        assert (one.state, one.attempts, one.last_status, one.delivered_at, one.next_at) == \
+            ("delivered", 1, 204, T0 + 8, None)
+        assert (two.state, two.attempts, two.last_error) == ("failed", 1, "refused")  # given up
+        assert q.pending_deliveries() == 1
+        assert [d.id for d in q.claim_deliveries(10, hold_seconds=30, now=T0 + 10)] == [zero.id]
+        q.requeue_dead([make_job(0).id], now=T0 + 11)  # a delivery outlives a requeue: it is its own record
+        assert len(q.deliveries(make_job(0).id)) == 1
+
+    def test_ended_since_hands_each_ended_attempt_once_in_order(self, q: Queue) -> None:
+        self.submit(q, make_job(1), make_job(2), now=T0 - 10)
+        c1 = self.claim(q, now=T0)
+        c2 = self.claim(q, now=T0)
+        q.retry_later(c1, run_after=T0, reason="oom", now=T0 + 1, kind="oom", trace={"cached": 1})
+        c1 = self.claim(q, now=T0 + 3)
+        q.complete(c1, [], now=T0 + 5)
+        assert q.ended_since(T0 + 6) == []
+        ended = q.ended_since(T0)
+        assert [(e.job_id, e.attempt, e.outcome, e.kind, e.started_at, e.ended_at, e.trace) for e in ended] == [
+            (c1.id, 1, "retry", "oom", T0, T0 + 1, {"cached": 1}), (c1.id, 2, "done", None, T0 + 3, T0 + 5, None)]
+        assert [(e.workflow_name, e.submitted_at, e.first_started_at) for e in ended] == \
+            [("test", T0 - 10, T0), ("test", T0 - 10, T0)]
+        assert [e.attempt for e in q.ended_since(T0 + 2)] == [2]
+        assert len(q.ended_since(T0, limit=1)) == 1
+        assert q.get(c2.id).state == "running"  # an attempt still running has not ended
+
+    def test_states_finished_counts_and_recent_done(self, q: Queue) -> None:
+        self.submit(q, *[make_job(i) for i in range(5)])
+        q.complete(self.claim(q, now=T0), [], now=T0 + 1)
+        q.complete(self.claim(q, now=T0), [], now=T0 + 3)
+        q.dead(self.claim(q, now=T0), "broken", now=T0 + 2)
+        q.cancel([make_job(4).id], now=T0 + 4)
+        assert q.states([make_job(i).id for i in range(5)] + ["unknown"]) == {
+            make_job(0).id: "done", make_job(1).id: "done", make_job(2).id: "dead", make_job(3).id: "queued",
+            make_job(4).id: "cancelled"}
+        assert q.finished_counts(T0 + 2) == {"done": 1, "dead": 1, "cancelled": 1}
+        assert q.finished_counts(T0) == {"done": 2, "dead": 1, "cancelled": 1}
+        assert q.status(now=T0 + 5, done_limit=5).recent_done == [(make_job(1).id, T0 + 3), (make_job(0).id, T0 + 1)]
+        assert q.status(now=T0 + 5).recent_done == []

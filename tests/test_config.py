@@ -89,7 +89,9 @@ def test_wrong_type_names_file_key_value_and_expected_type(tmp_path: Path, text:
     ("[runner]\nattempts = 0\n", "[runner] attempts = 0: must be at least 1"),
     ("[runner]\ntimeout_seconds = -1\n", "[runner] timeout_seconds = -1.0: must be greater than 0"),
     ('[queue]\nurl = "mysql://x"\n', "[queue] url = 'mysql://x': expected a postgresql://"),
-    ('[supervisor]\nstatus_listen = "9188"\n', "[supervisor] status_listen = '9188': expected HOST:PORT"),
+    ('[metrics]\nlisten = "9188"\n', "[metrics] listen = '9188': expected HOST:PORT"),
+    ('[webhooks]\nurl = "ftp://x"\n', "[webhooks] url = 'ftp://x': expected an http:// or https:// URL"),
+    ('[webhooks]\nattempts = 0\n', "[webhooks] attempts = 0: must be at least 1"),
 ])
 def test_impossible_values_name_file_key_value_and_what_would_do(tmp_path: Path, text: str, expected: str) -> None:
     path = write(tmp_path, text)
@@ -165,8 +167,11 @@ def test_loopback_listen_addresses_are_fine(tmp_path: Path, listen: str) -> None
 
 
 def test_the_status_endpoint_stays_on_loopback_too(tmp_path: Path) -> None:
-    message = error_of(write(tmp_path, '[supervisor]\nstatus_listen = "0.0.0.0:9188"\n'))
-    assert "[supervisor] status_listen = '0.0.0.0': not a loopback address" in message
+    message = error_of(write(tmp_path, '[metrics]\nlisten = "0.0.0.0:9188"\n'))
+    assert "[metrics] listen = '0.0.0.0': not a loopback address" in message
+    allowed = write(tmp_path, '[comfyui]\nprivate_network = true\n[metrics]\nlisten = "0.0.0.0:9188"\n')
+    assert load_config(str(allowed), env={}).metrics.listen == "0.0.0.0:9188"
+    assert load_config(str(write(tmp_path, '[metrics]\nlisten = ""\n')), env={}).metrics.listen == ""
 
 
 def test_a_listen_address_that_is_not_an_ip(tmp_path: Path) -> None:

@@ -93,3 +93,19 @@ def test_the_ids_and_lines_are_recorded(tmp_path: Path) -> None:
     result = JobsFile(path).validate()
     assert result.count == 2
     assert result.lines_by_id == {job_id(1): 1, job_id(2): 3}
+
+
+def test_a_callback_url_is_kept_checked_and_part_of_the_hash_only_when_given(tmp_path: Path) -> None:
+    hook = "https://hooks.example/comfysup?team=7"
+    path = write_jobs(tmp_path, [line(1), line(2, callback_url=hook)])
+    plain, hooked = list(JobsFile(path).jobs())
+    assert (plain.callback_url, hooked.callback_url) == ("", hook)
+    applied = copy.deepcopy(TRIVIAL)
+    applied["1"]["inputs"]["color"] = 1
+    assert plain.spec_hash == expected_hash(applied, {}, {}, 0)  # files without one keep their old hashes
+    again = next(iter(JobsFile(write_jobs(tmp_path, [line(2)], name="again.jsonl")).jobs()))
+    assert again.spec_hash != hooked.spec_hash  # a changed webhook is changed content for the same id
+    bad = write_jobs(tmp_path, [line(3, callback_url="file:///etc/passwd"), line(4, callback_url=7)], name="bad.jsonl")
+    problems = [p.message for p in JobsFile(bad).validate().problems]
+    assert problems == ["callback_url 'file:///etc/passwd' is not an http:// or https:// URL with a host",
+                        "callback_url must be an http:// or https:// URL of at most 2048 characters"]

@@ -74,7 +74,21 @@ DOCS: dict[str, dict[str, str]] = {
                                  "failure.",
         "restart_max_delay_seconds": "Upper bound of the growing delay between server restarts.",
         "log_max_mb": "Size of each server's log file before it is rotated, in MiB.",
-        "status_listen": "Address of the status and metrics endpoint (loopback unless private_network).",
+    },
+    "metrics": {
+        "": "comfysup run: Prometheus /metrics and a read-only status page at /.",
+        "listen": "HOST:PORT of the endpoint, loopback unless [comfyui] private_network; port 0 takes any free "
+                  "port; \"\" serves nothing.",
+        "refresh_seconds": "How often the status page reloads itself.",
+    },
+    "webhooks": {
+        "": "When a job ends (done, dead or cancelled), its record is POSTed to its callback_url or to url.",
+        "url": "Where every job's record goes when its line has no callback_url; \"\": nowhere.",
+        "secret": "HMAC-SHA256 key of the X-Comfysup-Signature header (see the README); \"\": unsigned.",
+        "attempts": "Tries per delivery before it is given up (visible in comfysup show and in metrics).",
+        "base_delay_seconds": "Backoff before try n is random(0, min(max, base * 2^(n-1))).",
+        "max_delay_seconds": "Upper bound of the backoff.",
+        "timeout_seconds": "Timeout of each POST.",
     },
 }
 

@@ -22,6 +22,13 @@ The contract (tested once in tests/queue_contract.py and run against every backe
   be woken just sleeps. It is only a hint: callers claim again after it, whatever woke them.
 - Machines (supervisors) register and heartbeat with their slots, so ``status`` shows every machine that
   shares the queue and how long ago each was heard from.
+- What people see (issue 8): every write that ends an attempt may carry its reason class (``kind``) and
+  its trace (phases, node times, cached nodes); ``set_progress`` is a fenced write of a running job's
+  progress. A job that reaches a terminal state with a webhook (its own ``callback_url``, else the
+  backend's ``default_callback_url``) gets a delivery row in the same transaction, so a job is never
+  terminal without it; deliverers take due rows with ``claim_deliveries`` (held, so two deliverers do
+  not send one row at once) and record each try with ``delivery_result``.
+- ``ended_since`` hands metrics the attempts that ended from a time on (index-backed, not a scan).
 - Time: methods take ``now`` (UTC epoch seconds) for tests. When it is None a backend uses one clock for
   every machine: SQLite the local one (one machine), PostgreSQL the database server's, so clock skew
   between machines cannot expire a live lease early.
@@ -66,6 +73,8 @@ class NewJob:
     workflow_name: str = ""
     workflow_json: str = ""
     """The workflow serialised once at submit, so it is not parsed and dumped again on every claim."""
+    callback_url: str = ""
+    """Where to POST the job's record when it is terminal; empty: the config's [webhooks] url, if any."""
 
 
 HOSTNAME_VARIABLE = "COMFYSUP_HOSTNAME"
@@ -129,6 +138,10 @@ class Attempt:
     outcome: str | None
     reason: str | None
     prompt_number: int | None
+    kind: str | None = None
+    """The reason class of the outcome (oom, timeout, http_5xx, lease_expired, …); None for a success."""
+    trace: dict[str, Any] | None = None
+    """What the attempt saw: phases with times, each node's time, cached nodes, last progress."""
 
 
 @dataclass(frozen=True)
@@ -158,6 +171,9 @@ class JobRecord:
     spec_hash: str = ""
     last_server: str | None = None
     last_prompt_number: int | None = None
+    progress: dict[str, Any] | None = None
+    """The running attempt's progress (node k of n, step i of m), as last written."""
+    callback_url: str | None = None
 
 
 @dataclass(frozen=True)
@@ -168,6 +184,7 @@ class RunningJob:
     attempt: int
     started_at: float
     lease_until: float
+    progress: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -178,6 +195,46 @@ class Status:
     running: list[RunningJob]
     recent_dead: list[tuple[str, float, str]]
     """(id, finished_at, reason), newest first."""
+    recent_done: list[tuple[str, float]] = field(default_factory=list)
+    """(id, finished_at), newest first: what the status page links the files of."""
+
+
+@dataclass(frozen=True)
+class EndedAttempt:
+    """An attempt that ended, with what metrics need of its job (observed once each, as it ends)."""
+
+    job_id: str
+    attempt: int
+    outcome: str
+    kind: str | None
+    started_at: float
+    ended_at: float
+    trace: dict[str, Any] | None
+    workflow_name: str
+    submitted_at: float
+    first_started_at: float
+    """When the job's first attempt started: queue wait is this minus ``submitted_at``."""
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """One webhook of one terminal job: pending while ``next_at`` is set, else delivered or given up."""
+
+    id: int
+    job_id: str
+    url: str
+    attempts: int
+    created_at: float
+    next_at: float | None
+    last_status: int | None
+    last_error: str | None
+    delivered_at: float | None
+
+    @property
+    def state(self) -> str:
+        if self.delivered_at is not None:
+            return "delivered"
+        return "pending" if self.next_at is not None else "failed"
 
 
 @dataclass(frozen=True)
@@ -208,16 +265,25 @@ class Queue(Protocol):
 
     def record_prompt(self, claim: Claim, server: str, prompt_number: int) -> None: ...
 
-    def complete(self, claim: Claim, outputs: Sequence[Output], now: float | None = None) -> None: ...
+    def set_progress(self, claim: Claim, progress: dict[str, Any] | None) -> None:
+        """The running job's progress, for status and the status page; fenced (raises LeaseLost)."""
+        ...
 
-    def retry_later(self, claim: Claim, run_after: float, reason: str, now: float | None = None) -> None: ...
+    def complete(self, claim: Claim, outputs: Sequence[Output], now: float | None = None, *,
+                 trace: dict[str, Any] | None = None) -> None: ...
 
-    def dead(self, claim: Claim, reason: str, now: float | None = None) -> None: ...
+    def retry_later(self, claim: Claim, run_after: float, reason: str, now: float | None = None, *,
+                    kind: str | None = None, trace: dict[str, Any] | None = None) -> None: ...
 
-    def cancelled(self, claim: Claim, reason: str, now: float | None = None) -> None: ...
+    def dead(self, claim: Claim, reason: str, now: float | None = None, *, kind: str | None = None,
+             trace: dict[str, Any] | None = None) -> None: ...
+
+    def cancelled(self, claim: Claim, reason: str, now: float | None = None, *,
+                  trace: dict[str, Any] | None = None) -> None: ...
 
     def release(self, claim: Claim, reason: str, count_attempt: bool = True,
-                now: float | None = None) -> None: ...
+                now: float | None = None, *, kind: str | None = None,
+                trace: dict[str, Any] | None = None) -> None: ...
 
     def release_owner(self, owner: str, reason: str, count_attempt: bool = True,
                       now: float | None = None) -> list[str]: ...
@@ -236,7 +302,35 @@ class Queue(Protocol):
 
     def iter_jobs(self, states: Sequence[str] | None = None) -> Iterator[JobRecord]: ...
 
-    def status(self, now: float | None = None, dead_limit: int = 5) -> Status: ...
+    def status(self, now: float | None = None, dead_limit: int = 5, done_limit: int = 0) -> Status: ...
+
+    def states(self, ids: Sequence[str]) -> dict[str, str]:
+        """id -> state, without reading workflows (what ``submit --wait`` polls); unknown ids are left out."""
+        ...
+
+    def finished_counts(self, since: float, now: float | None = None) -> dict[str, int]:
+        """Jobs that reached each terminal state at or after ``since`` (jobs per minute)."""
+        ...
+
+    def ended_since(self, since: float, limit: int = 10000) -> list[EndedAttempt]:
+        """Attempts whose end is at or after ``since``, oldest end first (metrics observe each once)."""
+        ...
+
+    def deliveries(self, job_id: str) -> list[Delivery]:
+        """The webhook deliveries of one job, oldest first."""
+        ...
+
+    def pending_deliveries(self) -> int: ...
+
+    def claim_deliveries(self, limit: int, hold_seconds: float, now: float | None = None) -> list[Delivery]:
+        """Due deliveries, each held for ``hold_seconds`` (its ``next_at`` pushed ahead) so that another
+        deliverer does not send it meanwhile; a deliverer that dies leaves it due again after the hold."""
+        ...
+
+    def delivery_result(self, delivery_id: int, *, delivered: bool, status: int | None, error: str | None,
+                        next_at: float | None, now: float | None = None) -> None:
+        """One try of a delivery: counted; delivered, due again at ``next_at``, or given up (None)."""
+        ...
 
     def running_owners(self) -> list[str]: ...
 

@@ -45,6 +45,8 @@ from comfysup.queue.base import (
     STATES,
     Attempt,
     Claim,
+    Delivery,
+    EndedAttempt,
     JobRecord,
     Machine,
     NewJob,
@@ -140,8 +142,9 @@ class ImportResult:
 class PostgresQueue:
     """The queue for several machines. See comfysup.queue.base for the contract."""
 
-    def __init__(self, url: str, *, busy_timeout_seconds: float = 30.0) -> None:
+    def __init__(self, url: str, *, busy_timeout_seconds: float = 30.0, default_callback_url: str = "") -> None:
         self.url = url
+        self.default_callback_url = default_callback_url
         self.where = describe_url(url)
         self.busy_timeout_seconds = busy_timeout_seconds
         self._conn: psycopg.Connection[Any] | None = None
@@ -374,16 +377,18 @@ class PostgresQueue:
         then judge every row that was not inserted by its spec_hash."""
         cur.execute(
             "INSERT INTO jobs (id, priority, submitted_at, spec_hash, workflow_name, workflow, extra_data, meta, "
-            f"params) SELECT t.id, t.priority, {AT}, t.spec_hash, t.workflow_name, t.workflow, t.extra_data, "
-            "t.meta, t.params FROM unnest(%(ids)s::text[], %(priorities)s::bigint[], %(hashes)s::text[], "
-            "%(names)s::text[], %(workflows)s::text[], %(extras)s::text[], %(metas)s::text[], %(params)s::text[]) "
-            "WITH ORDINALITY AS t(id, priority, spec_hash, workflow_name, workflow, extra_data, meta, params, ord) "
+            f"params, callback_url) SELECT t.id, t.priority, {AT}, t.spec_hash, t.workflow_name, t.workflow, "
+            "t.extra_data, t.meta, t.params, t.callback_url FROM unnest(%(ids)s::text[], %(priorities)s::bigint[], "
+            "%(hashes)s::text[], %(names)s::text[], %(workflows)s::text[], %(extras)s::text[], %(metas)s::text[], "
+            "%(params)s::text[], %(callbacks)s::text[]) WITH ORDINALITY "
+            "AS t(id, priority, spec_hash, workflow_name, workflow, extra_data, meta, params, callback_url, ord) "
             "ORDER BY t.ord ON CONFLICT (id) DO NOTHING RETURNING id",
             {"now": now, "ids": [j.id for j in batch], "priorities": [j.priority for j in batch],
              "hashes": [j.spec_hash for j in batch], "names": [j.workflow_name for j in batch],
              "workflows": [j.workflow_json or json.dumps(j.workflow, separators=(",", ":")) for j in batch],
              "extras": [json.dumps(j.extra_data) for j in batch], "metas": [json.dumps(j.meta) for j in batch],
-             "params": [json.dumps(j.params) for j in batch]})
+             "params": [json.dumps(j.params) for j in batch],
+             "callbacks": [j.callback_url or None for j in batch]})
         fresh = {r[0] for r in cur.fetchall()}
         rest = [j for j in batch if j.id not in fresh]
         # An id that appears twice in the batch is inserted once; its other copies are judged like rows
@@ -413,7 +418,7 @@ class PostgresQueue:
             row = cur.execute(
                 "WITH claimed AS ("
                 "  UPDATE jobs SET state = 'running', attempt = attempt + 1, owner = %(owner)s, server = %(server)s, "
-                f"   lease_until = {AT} + %(lease)s, started_at = {AT} "
+                f"   lease_until = {AT} + %(lease)s, started_at = {AT}, progress = NULL "
                 "  WHERE seq = (SELECT seq FROM jobs WHERE state = 'queued' "
                 f"                AND run_after <= {AT} ORDER BY priority DESC, seq LIMIT 1 FOR UPDATE SKIP LOCKED) "
                 "  RETURNING id, attempt, workflow, extra_data, last_server, last_prompt_number, reason, "
@@ -441,7 +446,8 @@ class PostgresQueue:
             "  WHERE seq IN (SELECT seq FROM jobs WHERE state = 'running' "
             f"                 AND lease_until < {AT} FOR UPDATE SKIP LOCKED) "
             "  RETURNING id, attempt) "
-            f"UPDATE attempts a SET ended_at = {AT}, outcome = 'lease_expired', reason = 'lease expired' "
+            f"UPDATE attempts a SET ended_at = {AT}, outcome = 'lease_expired', kind = 'lease_expired', "
+            "reason = 'lease expired' "
             "FROM expired e WHERE a.job_id = e.id AND a.attempt = e.attempt AND a.ended_at IS NULL",
             {"now": now})
 
@@ -452,8 +458,20 @@ class PostgresQueue:
     _FENCE = " WHERE id = %(id)s AND attempt = %(attempt)s AND owner = %(owner)s AND state = 'running'"
     _ATTEMPT_ROW = ("WHERE job_id = %(id)s AND attempt = %(attempt)s AND owner = %(owner)s AND ended_at IS NULL "
                     "AND EXISTS (SELECT 1 FROM job)")
-    _END = f"ended_at = {AT}, outcome = %(outcome)s, reason = %(end_reason)s"
+    _END = (f"ended_at = {AT}, outcome = %(outcome)s, reason = %(end_reason)s, kind = %(kind)s, "
+            "trace = %(trace)s")
     """Set on the attempt row by every write that ends an attempt."""
+
+    def _deliver(self, cur: psycopg.Cursor[Any], job_id: str, now: float | None) -> None:
+        """A terminal job's webhook, in the transaction that made it terminal: due at once."""
+        cur.execute(f"INSERT INTO deliveries (job_id, url, created_at, next_at) "
+                    f"SELECT id, coalesce(nullif(callback_url, ''), %(url)s), {AT}, {AT} FROM jobs "
+                    "WHERE id = %(id)s AND coalesce(nullif(callback_url, ''), %(url)s) != ''",
+                    {"url": self.default_callback_url, "now": now, "id": job_id})
+
+    def set_progress(self, claim: Claim, progress: dict[str, Any] | None) -> None:
+        self._transaction(lambda cur: self._fenced(cur, claim, "UPDATE jobs SET progress = %(progress)s",
+                                                   {"progress": _dumps(progress)}))
 
     def _fenced(self, cur: psycopg.Cursor[Any], claim: Claim, sql: str, args: dict[str, Any], *,
                 attempt_set: str = "", returning: str = "1") -> tuple[Any, ...]:
@@ -483,15 +501,21 @@ class PostgresQueue:
             {"server": server, "number": prompt_number},
             attempt_set="prompt_number = %(number)s, server = %(server)s"))
 
-    def complete(self, claim: Claim, outputs: Sequence[Output], now: float | None = None) -> None:
+    def complete(self, claim: Claim, outputs: Sequence[Output], now: float | None = None, *,
+                 trace: dict[str, Any] | None = None) -> None:
         files = json.dumps([o.__dict__ for o in outputs])
-        self._transaction(lambda cur: self._fenced(
-            cur, claim, f"UPDATE jobs SET state = 'done', outputs = %(files)s, finished_at = {AT}, "
-            "reason = NULL, owner = NULL, lease_until = NULL, machine = %(machine)s",
-            {"files": files, "now": now, "machine": owner_host(claim.owner), "outcome": "done", "end_reason": None},
-            attempt_set=self._END))
 
-    def retry_later(self, claim: Claim, run_after: float, reason: str, now: float | None = None) -> None:
+        def done(cur: psycopg.Cursor[Any]) -> None:
+            self._fenced(cur, claim, f"UPDATE jobs SET state = 'done', outputs = %(files)s, finished_at = {AT}, "
+                         "reason = NULL, owner = NULL, lease_until = NULL, machine = %(machine)s",
+                         {"files": files, "now": now, "machine": owner_host(claim.owner), "outcome": "done",
+                          "end_reason": None, "kind": None, "trace": _dumps(trace)}, attempt_set=self._END)
+            self._deliver(cur, claim.id, now)
+
+        self._transaction(done)
+
+    def retry_later(self, claim: Claim, run_after: float, reason: str, now: float | None = None, *,
+                    kind: str | None = None, trace: dict[str, Any] | None = None) -> None:
         """``run_after`` is read on the caller's clock: without ``now`` the delay it leaves from this
         machine's time is added to the database's time, so a skewed machine neither hurries nor holds
         back its retries."""
@@ -504,32 +528,42 @@ class PostgresQueue:
                 cur, claim, "UPDATE jobs SET state = 'queued', "
                 "run_after = coalesce(%(given)s::float8, extract(epoch from now())::float8 + %(delay)s), "
                 "reason = %(end_reason)s, owner = NULL, lease_until = NULL, last_prompt_number = NULL",
-                {"given": given, "delay": delay, "now": now, "outcome": "retry", "end_reason": reason},
+                {"given": given, "delay": delay, "now": now, "outcome": "retry", "end_reason": reason, "kind": kind,
+                 "trace": _dumps(trace)},
                 attempt_set=self._END, returning=f"run_after <= {AT}")
             if due:
                 self._notify(cur)
 
         self._transaction(later)
 
-    def dead(self, claim: Claim, reason: str, now: float | None = None) -> None:
-        self._finish(claim, DEAD, reason, now)
+    def dead(self, claim: Claim, reason: str, now: float | None = None, *, kind: str | None = None,
+             trace: dict[str, Any] | None = None) -> None:
+        self._finish(claim, DEAD, reason, now, kind, trace)
 
-    def cancelled(self, claim: Claim, reason: str, now: float | None = None) -> None:
-        self._finish(claim, "cancelled", reason, now)
+    def cancelled(self, claim: Claim, reason: str, now: float | None = None, *,
+                  trace: dict[str, Any] | None = None) -> None:
+        self._finish(claim, "cancelled", reason, now, "cancelled", trace)
 
-    def _finish(self, claim: Claim, state: str, reason: str, now: float | None) -> None:
-        self._transaction(lambda cur: self._fenced(
-            cur, claim, f"UPDATE jobs SET state = %(outcome)s, reason = %(end_reason)s, finished_at = {AT}, "
-            "owner = NULL, lease_until = NULL", {"now": now, "outcome": state, "end_reason": reason},
-            attempt_set=self._END))
+    def _finish(self, claim: Claim, state: str, reason: str, now: float | None, kind: str | None,
+                trace: dict[str, Any] | None) -> None:
+        def end(cur: psycopg.Cursor[Any]) -> None:
+            self._fenced(cur, claim, f"UPDATE jobs SET state = %(outcome)s, reason = %(end_reason)s, "
+                         f"finished_at = {AT}, owner = NULL, lease_until = NULL",
+                         {"now": now, "outcome": state, "end_reason": reason, "kind": kind, "trace": _dumps(trace)},
+                         attempt_set=self._END)
+            self._deliver(cur, claim.id, now)
 
-    def release(self, claim: Claim, reason: str, count_attempt: bool = True, now: float | None = None) -> None:
+        self._transaction(end)
+
+    def release(self, claim: Claim, reason: str, count_attempt: bool = True, now: float | None = None, *,
+                kind: str | None = None, trace: dict[str, Any] | None = None) -> None:
         def put_back(cur: psycopg.Cursor[Any]) -> None:
             # A runner releases only a prompt it interrupted itself: forget the number, as for a retry.
             self._fenced(cur, claim, "UPDATE jobs SET state = 'queued', owner = NULL, lease_until = NULL, "
                          "reason = %(end_reason)s, attempt = attempt - %(uncount)s, last_prompt_number = NULL",
                          {"uncount": 0 if count_attempt else 1, "now": now, "end_reason": reason,
-                          "outcome": "released" if count_attempt else "released_uncounted"},
+                          "outcome": "released" if count_attempt else "released_uncounted", "kind": kind,
+                          "trace": _dumps(trace)},
                          attempt_set=self._END)
             self._notify(cur)
 
@@ -538,18 +572,20 @@ class PostgresQueue:
     def release_owner(self, owner: str, reason: str, count_attempt: bool = True,
                       now: float | None = None) -> list[str]:
         outcome = "released" if count_attempt else "released_uncounted"
+        kind = "runner_died" if count_attempt else "shutdown"
 
         def put_back(cur: psycopg.Cursor[Any]) -> list[str]:
             rows = cur.execute(
                 "WITH freed AS (UPDATE jobs SET state = 'queued', owner = NULL, lease_until = NULL, "
                 "  reason = %(reason)s, attempt = attempt - %(uncount)s "
                 "  WHERE state = 'running' AND owner = %(owner)s RETURNING id, attempt + %(uncount)s AS attempt), "
-                f"ended AS (UPDATE attempts a SET ended_at = {AT}, outcome = %(outcome)s, reason = %(reason)s "
+                f"ended AS (UPDATE attempts a SET ended_at = {AT}, outcome = %(outcome)s, reason = %(reason)s, "
+                "  kind = %(kind)s "
                 "  FROM freed f WHERE a.job_id = f.id AND a.attempt = f.attempt AND a.owner = %(owner)s "
                 "  AND a.ended_at IS NULL) "
                 "SELECT id FROM freed",
                 {"reason": reason, "uncount": 0 if count_attempt else 1, "owner": owner, "outcome": outcome,
-                 "now": now}).fetchall()
+                 "kind": kind, "now": now}).fetchall()
             if rows:
                 self._notify(cur)
             return [r[0] for r in rows]
@@ -580,6 +616,7 @@ class PostgresQueue:
                 elif row[0] == QUEUED:
                     cur.execute(f"UPDATE jobs SET state = 'cancelled', finished_at = {AT}, "
                                 "reason = 'cancelled by user' WHERE id = %(id)s", {"now": now, "id": job_id})
+                    self._deliver(cur, job_id, now)
                     out[job_id] = "cancelled"
                 elif row[0] == RUNNING:
                     cur.execute("UPDATE jobs SET cancel_requested = true WHERE id = %s", (job_id,))
@@ -618,7 +655,7 @@ class PostgresQueue:
 
     _COLUMNS = ("id, state, priority, attempt, workflow, extra_data, meta, params, workflow_name, submitted_at, "
                 "run_after, owner, server, lease_until, started_at, finished_at, reason, outputs, "
-                "cancel_requested, machine, spec_hash, last_server, last_prompt_number")
+                "cancel_requested, machine, spec_hash, last_server, last_prompt_number, progress, callback_url")
 
     @staticmethod
     def _record(row: Sequence[Any], attempts: list[Attempt]) -> JobRecord:
@@ -629,16 +666,16 @@ class PostgresQueue:
             workflow_name=row[8], submitted_at=row[9], run_after=row[10], owner=row[11], server=row[12],
             lease_until=row[13], started_at=row[14], finished_at=row[15], reason=row[16], outputs=outputs,
             cancel_requested=bool(row[18]), attempts=attempts, machine=row[19], spec_hash=row[20],
-            last_server=row[21], last_prompt_number=row[22])
+            last_server=row[21], last_prompt_number=row[22], progress=_loads(row[23]), callback_url=row[24])
 
     @staticmethod
     def _attempts(cur: psycopg.Cursor[Any], ids: Sequence[str]) -> dict[str, list[Attempt]]:
         out: dict[str, list[Attempt]] = {i: [] for i in ids}
         if ids:
             for r in cur.execute(
-                    "SELECT job_id, attempt, owner, server, started_at, ended_at, outcome, reason, prompt_number "
-                    "FROM attempts WHERE job_id = ANY(%s) ORDER BY n", (list(ids),)).fetchall():
-                out[r[0]].append(Attempt(*r[1:]))
+                    "SELECT job_id, attempt, owner, server, started_at, ended_at, outcome, reason, prompt_number, "
+                    "kind, trace FROM attempts WHERE job_id = ANY(%s) ORDER BY n", (list(ids),)).fetchall():
+                out[r[0]].append(Attempt(*r[1:9], kind=r[9], trace=_loads(r[10])))
         return out
 
     def get(self, job_id: str) -> JobRecord:
@@ -679,7 +716,7 @@ class PostgresQueue:
                 yield record
             last = records[-1][0]
 
-    def status(self, now: float | None = None, dead_limit: int = 5) -> Status:
+    def status(self, now: float | None = None, dead_limit: int = 5, done_limit: int = 0) -> Status:
         def read(cur: psycopg.Cursor[Any]) -> Status:
             counts = dict.fromkeys(STATES, 0)
             counts.update(dict(cur.execute("SELECT state, count(*) FROM jobs GROUP BY state").fetchall()))
@@ -688,16 +725,68 @@ class PostgresQueue:
             counts["waiting"] = waiting
             counts[QUEUED] -= waiting
             oldest = cur.execute("SELECT submitted_at FROM jobs WHERE state = 'queued' ORDER BY seq LIMIT 1").fetchone()
-            running = [RunningJob(*r) for r in cur.execute(
-                "SELECT id, owner, server, attempt, started_at, lease_until FROM jobs WHERE state = 'running' "
-                "ORDER BY started_at").fetchall()]
+            running = [RunningJob(*r[:6], progress=_loads(r[6])) for r in cur.execute(
+                "SELECT id, owner, server, attempt, started_at, lease_until, progress FROM jobs "
+                "WHERE state = 'running' ORDER BY started_at").fetchall()]
             dead = [tuple(r) for r in cur.execute(
                 "SELECT id, finished_at, reason FROM jobs WHERE state = 'dead' ORDER BY finished_at DESC LIMIT %s",
                 (dead_limit,)).fetchall()]
+            done = [tuple(r) for r in cur.execute(
+                "SELECT id, finished_at FROM jobs WHERE state = 'done' ORDER BY finished_at DESC LIMIT %s",
+                (done_limit,)).fetchall()] if done_limit else []
             return Status(counts=counts, oldest_queued_at=oldest[0] if oldest else None, running=running,
-                          recent_dead=dead)  # type: ignore[arg-type]
+                          recent_dead=dead, recent_done=done)  # type: ignore[arg-type]
 
         return self._transaction(read)
+
+    def states(self, ids: Sequence[str]) -> dict[str, str]:
+        ids = list(ids)
+        out: dict[str, str] = {}
+        for start in range(0, len(ids), 5000):
+            out.update(dict(self._rows("SELECT id, state FROM jobs WHERE id = ANY(%s)", (ids[start:start + 5000],))))
+        return out
+
+    def finished_counts(self, since: float, now: float | None = None) -> dict[str, int]:
+        return dict(self._rows("SELECT state, count(*) FROM jobs WHERE state IN ('done', 'dead', 'cancelled') "
+                               "AND finished_at >= %s GROUP BY state", (since,)))
+
+    def ended_since(self, since: float, limit: int = 10000) -> list[EndedAttempt]:
+        rows = self._rows(
+            "SELECT a.job_id, a.attempt, a.outcome, a.kind, a.started_at, a.ended_at, a.trace, j.workflow_name, "
+            "j.submitted_at, (SELECT min(f.started_at) FROM attempts f WHERE f.job_id = a.job_id) "
+            "FROM attempts a JOIN jobs j ON j.id = a.job_id WHERE a.ended_at >= %s ORDER BY a.ended_at LIMIT %s",
+            (since, limit))
+        return [EndedAttempt(job_id=r[0], attempt=r[1], outcome=r[2], kind=r[3], started_at=r[4], ended_at=r[5],
+                             trace=_loads(r[6]), workflow_name=r[7], submitted_at=r[8], first_started_at=r[9])
+                for r in rows]
+
+    # -- webhook deliveries --------------------------------------------------------------------------------
+
+    _DELIVERY = "id, job_id, url, attempts, created_at, next_at, last_status, last_error, delivered_at"
+
+    def deliveries(self, job_id: str) -> list[Delivery]:
+        return [Delivery(*r) for r in self._rows(f"SELECT {self._DELIVERY} FROM deliveries WHERE job_id = %s "
+                                                 "ORDER BY id", (job_id,))]
+
+    def pending_deliveries(self) -> int:
+        return self._scalar("SELECT count(*) FROM deliveries WHERE next_at IS NOT NULL")
+
+    def claim_deliveries(self, limit: int, hold_seconds: float, now: float | None = None) -> list[Delivery]:
+        """SKIP LOCKED, as the job claim: deliverers on several machines take different rows."""
+        rows = self._rows(
+            f"UPDATE deliveries SET next_at = {AT} + %(hold)s WHERE id IN (SELECT id FROM deliveries "
+            f"WHERE next_at IS NOT NULL AND next_at <= {AT} ORDER BY next_at LIMIT %(limit)s "
+            f"FOR UPDATE SKIP LOCKED) RETURNING {self._DELIVERY}",
+            {"now": now, "hold": hold_seconds, "limit": limit})
+        return sorted((Delivery(*r) for r in rows), key=lambda d: d.id)  # next_at: the end of the hold
+
+    def delivery_result(self, delivery_id: int, *, delivered: bool, status: int | None, error: str | None,
+                        next_at: float | None, now: float | None = None) -> None:
+        self._rows(f"UPDATE deliveries SET attempts = attempts + 1, last_status = %(status)s, last_error = %(error)s, "
+                   f"delivered_at = CASE WHEN %(delivered)s THEN {AT} END, next_at = %(next_at)s "
+                   "WHERE id = %(id)s RETURNING id",
+                   {"status": status, "error": error, "delivered": delivered, "now": now,
+                    "next_at": None if delivered else next_at, "id": delivery_id})
 
     # -- machines -----------------------------------------------------------------------------------------
 
@@ -748,19 +837,21 @@ class PostgresQueue:
             cur.executemany(
                 "INSERT INTO jobs (id, state, priority, run_after, attempt, owner, server, lease_until, "
                 "started_at, cancel_requested, submitted_at, finished_at, reason, outputs, machine, last_server, "
-                "last_prompt_number, spec_hash, workflow_name, workflow, extra_data, meta, params) VALUES "
-                "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                "last_prompt_number, spec_hash, workflow_name, workflow, extra_data, meta, params, progress, "
+                "callback_url) VALUES "
+                "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
                 [(r.id, r.state, r.priority, r.run_after, r.attempt, r.owner, r.server, r.lease_until,
                   r.started_at, r.cancel_requested, r.submitted_at, r.finished_at, r.reason,
                   json.dumps([o.__dict__ for o in r.outputs]) if r.outputs else None, r.machine,
                   r.last_server, r.last_prompt_number, r.spec_hash, r.workflow_name,
                   json.dumps(r.workflow, separators=(",", ":")), json.dumps(r.extra_data), json.dumps(r.meta),
-                  json.dumps(r.params)) for r in fresh])
+                  json.dumps(r.params), _dumps(r.progress), r.callback_url) for r in fresh])
             rows = [(r.id, a.attempt, a.owner, a.server, a.started_at, a.ended_at, a.outcome, a.reason,
-                     a.prompt_number) for r in fresh if with_attempts for a in r.attempts]
+                     a.prompt_number, a.kind, _dumps(a.trace)) for r in fresh if with_attempts for a in r.attempts]
             if rows:
                 cur.executemany("INSERT INTO attempts (job_id, attempt, owner, server, started_at, ended_at, "
-                                "outcome, reason, prompt_number) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)", rows)
+                                "outcome, reason, prompt_number, kind, trace) "
+                                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)", rows)
             result.inserted = [r.id for r in fresh]
             result.attempts = len(rows)
             if any(r.state == QUEUED for r in fresh):
@@ -768,6 +859,14 @@ class PostgresQueue:
 
         self._transaction(copy)
         return result
+
+
+def _dumps(value: dict[str, Any] | None) -> str | None:
+    return None if value is None else json.dumps(value, separators=(",", ":"))
+
+
+def _loads(text: str | None) -> Any:
+    return None if not text else json.loads(text)
 
 
 def _first_line(exc: BaseException) -> str:

@@ -41,6 +41,8 @@ from comfysup.queue.base import (
     TERMINAL,
     Attempt,
     Claim,
+    Delivery,
+    EndedAttempt,
     JobRecord,
     Machine,
     NewJob,
@@ -124,8 +126,9 @@ class SQLiteQueue:
     """The default queue backend. See comfysup.queue.base for the contract."""
 
     def __init__(self, path: str | Path, *, create: bool = True, busy_timeout_seconds: float = 30.0,
-                 checkpoint_seconds: float = 30.0) -> None:
+                 checkpoint_seconds: float = 30.0, default_callback_url: str = "") -> None:
         self.path = Path(path)
+        self.default_callback_url = default_callback_url
         self.busy_timeout_seconds = busy_timeout_seconds
         self.checkpoint_seconds = checkpoint_seconds
         self._conn: sqlite3.Connection | None = None
@@ -318,11 +321,12 @@ class SQLiteQueue:
                 continue
             known[job.id] = job.spec_hash  # a repeat later in this same chunk is judged like one in the table
             seq += 1  # explicit, so the spec row gets the same key without a round trip per job
-            fresh.append((seq, job.id, job.priority, at, job.spec_hash, job.workflow_name))
+            fresh.append((seq, job.id, job.priority, at, job.spec_hash, job.workflow_name, job.callback_url or None))
             specs.append((seq, job.workflow_json or json.dumps(job.workflow, separators=(",", ":")),
                           json.dumps(job.extra_data), json.dumps(job.meta), json.dumps(job.params)))
         conn.executemany(
-            "INSERT INTO jobs (seq, id, priority, submitted_at, spec_hash, workflow_name) VALUES (?,?,?,?,?,?)",
+            "INSERT INTO jobs (seq, id, priority, submitted_at, spec_hash, workflow_name, callback_url) "
+            "VALUES (?,?,?,?,?,?,?)",
             fresh)
         conn.executemany("INSERT INTO job_specs (seq, workflow, extra_data, meta, params) VALUES (?,?,?,?,?)",
                          specs)
@@ -344,7 +348,7 @@ class SQLiteQueue:
             lease_until = at + lease_seconds
             job = conn.execute(
                 "UPDATE jobs SET state = 'running', attempt = attempt + 1, owner = ?, server = ?, "
-                "lease_until = ?, started_at = ? WHERE seq = ? "
+                "lease_until = ?, started_at = ?, progress = NULL WHERE seq = ? "
                 "RETURNING id, attempt, last_server, last_prompt_number, reason, cancel_requested",
                 (owner, server, lease_until, at, row[0])).fetchone()
             spec = conn.execute("SELECT workflow, extra_data FROM job_specs WHERE seq = ?", (row[0],)).fetchone()
@@ -368,7 +372,7 @@ class SQLiteQueue:
             "reason = 'lease expired: the runner stopped renewing it' "
             "WHERE state = 'running' AND lease_until < ? RETURNING id, attempt", (at,)).fetchall()
         for job_id, attempt in expired:
-            conn.execute("UPDATE attempts SET ended_at = ?, outcome = 'lease_expired', "
+            conn.execute("UPDATE attempts SET ended_at = ?, outcome = 'lease_expired', kind = 'lease_expired', "
                          "reason = 'lease expired' WHERE job_id = ? AND attempt = ? AND ended_at IS NULL",
                          (at, job_id, attempt))
 
@@ -381,10 +385,22 @@ class SQLiteQueue:
         return cur
 
     def _end_attempt(self, conn: sqlite3.Connection, claim: Claim, at: float, outcome: str,
-                     reason: str | None) -> None:
-        conn.execute("UPDATE attempts SET ended_at = ?, outcome = ?, reason = ? "
+                     reason: str | None, kind: str | None = None, trace: dict[str, Any] | None = None) -> None:
+        conn.execute("UPDATE attempts SET ended_at = ?, outcome = ?, reason = ?, kind = ?, trace = ? "
                      "WHERE job_id = ? AND attempt = ? AND owner = ? AND ended_at IS NULL",
-                     (at, outcome, reason, claim.id, claim.attempt, claim.owner))
+                     (at, outcome, reason, kind, _dumps(trace), claim.id, claim.attempt, claim.owner))
+
+    def _deliver(self, conn: sqlite3.Connection, job_id: str, at: float) -> None:
+        """A terminal job's webhook, in the transaction that made it terminal: due at once."""
+        default = self.default_callback_url
+        conn.execute("INSERT INTO deliveries (job_id, url, created_at, next_at) "
+                     "SELECT id, coalesce(nullif(callback_url, ''), ?), ?, ? FROM jobs "
+                     "WHERE id = ? AND coalesce(nullif(callback_url, ''), ?) != ''",
+                     (default, at, at, job_id, default))
+
+    def set_progress(self, claim: Claim, progress: dict[str, Any] | None) -> None:
+        with self._write() as conn:
+            self._fenced(conn, claim, "UPDATE jobs SET progress = ?", (_dumps(progress),))
 
     def heartbeat(self, claim: Claim, lease_seconds: float, now: float | None = None) -> bool:
         at = _now(now)
@@ -401,44 +417,53 @@ class SQLiteQueue:
                          "WHERE job_id = ? AND attempt = ? AND owner = ? AND ended_at IS NULL",
                          (prompt_number, server, claim.id, claim.attempt, claim.owner))
 
-    def complete(self, claim: Claim, outputs: Sequence[Output], now: float | None = None) -> None:
+    def complete(self, claim: Claim, outputs: Sequence[Output], now: float | None = None, *,
+                 trace: dict[str, Any] | None = None) -> None:
         at = _now(now)
         files = json.dumps([o.__dict__ for o in outputs])
         with self._write() as conn:
             self._fenced(conn, claim, "UPDATE jobs SET state = 'done', outputs = ?, finished_at = ?, reason = NULL, "
                          "owner = NULL, lease_until = NULL, machine = ?", (files, at, owner_host(claim.owner)))
-            self._end_attempt(conn, claim, at, "done", None)
+            self._end_attempt(conn, claim, at, "done", None, None, trace)
+            self._deliver(conn, claim.id, at)
 
-    def retry_later(self, claim: Claim, run_after: float, reason: str, now: float | None = None) -> None:
+    def retry_later(self, claim: Claim, run_after: float, reason: str, now: float | None = None, *,
+                    kind: str | None = None, trace: dict[str, Any] | None = None) -> None:
         at = _now(now)
         with self._write() as conn:
             # The attempt judged its prompt: the next one must not adopt that run's failure again, so the
             # number is forgotten (a live prompt is still followed, and a success still adopted, by id).
             self._fenced(conn, claim, "UPDATE jobs SET state = 'queued', run_after = ?, reason = ?, owner = NULL, "
                          "lease_until = NULL, last_prompt_number = NULL", (run_after, reason))
-            self._end_attempt(conn, claim, at, "retry", reason)
+            self._end_attempt(conn, claim, at, "retry", reason, kind, trace)
 
-    def dead(self, claim: Claim, reason: str, now: float | None = None) -> None:
-        self._finish(claim, DEAD, reason, now)
+    def dead(self, claim: Claim, reason: str, now: float | None = None, *, kind: str | None = None,
+             trace: dict[str, Any] | None = None) -> None:
+        self._finish(claim, DEAD, reason, now, kind, trace)
 
-    def cancelled(self, claim: Claim, reason: str, now: float | None = None) -> None:
-        self._finish(claim, CANCELLED, reason, now)
+    def cancelled(self, claim: Claim, reason: str, now: float | None = None, *,
+                  trace: dict[str, Any] | None = None) -> None:
+        self._finish(claim, CANCELLED, reason, now, "cancelled", trace)
 
-    def _finish(self, claim: Claim, state: str, reason: str, now: float | None) -> None:
+    def _finish(self, claim: Claim, state: str, reason: str, now: float | None, kind: str | None,
+                trace: dict[str, Any] | None) -> None:
         at = _now(now)
         with self._write() as conn:
             self._fenced(conn, claim, "UPDATE jobs SET state = ?, reason = ?, finished_at = ?, owner = NULL, "
                          "lease_until = NULL", (state, reason, at))
-            self._end_attempt(conn, claim, at, state, reason)
+            self._end_attempt(conn, claim, at, state, reason, kind, trace)
+            self._deliver(conn, claim.id, at)
 
-    def release(self, claim: Claim, reason: str, count_attempt: bool = True, now: float | None = None) -> None:
+    def release(self, claim: Claim, reason: str, count_attempt: bool = True, now: float | None = None, *,
+                kind: str | None = None, trace: dict[str, Any] | None = None) -> None:
         at = _now(now)
         with self._write() as conn:
             # A runner releases only a prompt it interrupted itself: forget the number, as for a retry.
             self._fenced(conn, claim, "UPDATE jobs SET state = 'queued', owner = NULL, lease_until = NULL, "
                          "reason = ?, attempt = attempt - ?, last_prompt_number = NULL",
                          (reason, 0 if count_attempt else 1))
-            self._end_attempt(conn, claim, at, "released" if count_attempt else "released_uncounted", reason)
+            self._end_attempt(conn, claim, at, "released" if count_attempt else "released_uncounted", reason,
+                              kind, trace)
 
     def release_owner(self, owner: str, reason: str, count_attempt: bool = True,
                       now: float | None = None) -> list[str]:
@@ -449,10 +474,11 @@ class SQLiteQueue:
                 "attempt = attempt - ? WHERE state = 'running' AND owner = ? RETURNING id, attempt",
                 (reason, 0 if count_attempt else 1, owner)).fetchall()
             outcome = "released" if count_attempt else "released_uncounted"
+            kind = "runner_died" if count_attempt else "shutdown"
             for job_id, attempt in rows:
-                conn.execute("UPDATE attempts SET ended_at = ?, outcome = ?, reason = ? "
+                conn.execute("UPDATE attempts SET ended_at = ?, outcome = ?, reason = ?, kind = ? "
                              "WHERE job_id = ? AND attempt = ? AND owner = ? AND ended_at IS NULL",
-                             (at, outcome, reason, job_id, attempt + (0 if count_attempt else 1), owner))
+                             (at, outcome, reason, kind, job_id, attempt + (0 if count_attempt else 1), owner))
         return [r[0] for r in rows]
 
     def active_count(self) -> int:
@@ -474,6 +500,7 @@ class SQLiteQueue:
                 elif row[0] == QUEUED:
                     conn.execute("UPDATE jobs SET state = 'cancelled', finished_at = ?, "
                                  "reason = 'cancelled by user' WHERE id = ?", (at, job_id))
+                    self._deliver(conn, job_id, at)
                     out[job_id] = "cancelled"
                 elif row[0] == RUNNING:
                     conn.execute("UPDATE jobs SET cancel_requested = 1 WHERE id = ?", (job_id,))
@@ -506,7 +533,7 @@ class SQLiteQueue:
     _FROM = "jobs JOIN job_specs ON job_specs.seq = jobs.seq"
     _COLUMNS = ("id, state, priority, attempt, workflow, extra_data, meta, params, workflow_name, submitted_at, "
                 "run_after, owner, server, lease_until, started_at, finished_at, reason, outputs, "
-                "cancel_requested, machine, spec_hash, last_server, last_prompt_number")
+                "cancel_requested, machine, spec_hash, last_server, last_prompt_number, progress, callback_url")
 
     def _record(self, row: Sequence[Any], attempts: list[Attempt]) -> JobRecord:
         outputs = [Output(**o) for o in json.loads(row[17])] if row[17] else []
@@ -516,16 +543,17 @@ class SQLiteQueue:
             workflow_name=row[8], submitted_at=row[9], run_after=row[10], owner=row[11], server=row[12],
             lease_until=row[13], started_at=row[14], finished_at=row[15], reason=row[16], outputs=outputs,
             cancel_requested=bool(row[18]), attempts=attempts, machine=row[19], spec_hash=row[20],
-            last_server=row[21], last_prompt_number=row[22])
+            last_server=row[21], last_prompt_number=row[22], progress=_loads(row[23]), callback_url=row[24])
 
     def _attempts(self, ids: Sequence[str]) -> dict[str, list[Attempt]]:
         out: dict[str, list[Attempt]] = {i: [] for i in ids}
         for start in range(0, len(ids), 500):
             chunk = ids[start:start + 500]
             for r in self._read(
-                    "SELECT job_id, attempt, owner, server, started_at, ended_at, outcome, reason, prompt_number "
-                    f"FROM attempts WHERE job_id IN ({','.join('?' * len(chunk))}) ORDER BY rowid", chunk):
-                out[r[0]].append(Attempt(*r[1:]))
+                    "SELECT job_id, attempt, owner, server, started_at, ended_at, outcome, reason, prompt_number, "
+                    f"kind, trace FROM attempts WHERE job_id IN ({','.join('?' * len(chunk))}) ORDER BY rowid",
+                    chunk):
+                out[r[0]].append(Attempt(*r[1:9], kind=r[9], trace=_loads(r[10])))
         return out
 
     def get(self, job_id: str) -> JobRecord:
@@ -564,7 +592,7 @@ class SQLiteQueue:
                 yield self._record(r[1:], attempts[r[1]])
             last = rows[-1][0]
 
-    def status(self, now: float | None = None, dead_limit: int = 5) -> Status:
+    def status(self, now: float | None = None, dead_limit: int = 5, done_limit: int = 0) -> Status:
         at = _now(now)
         counts = dict.fromkeys(STATES, 0)
         counts.update(dict(self._read("SELECT state, count(*) FROM jobs GROUP BY state")))
@@ -573,14 +601,68 @@ class SQLiteQueue:
         counts[QUEUED] -= waiting
         oldest = self._read("SELECT submitted_at FROM jobs WHERE seq = "
                             "(SELECT min(seq) FROM jobs WHERE state = 'queued')")
-        running = [RunningJob(*r) for r in self._read(
-            "SELECT id, owner, server, attempt, started_at, lease_until FROM jobs WHERE state = 'running' "
+        running = [RunningJob(*r[:6], progress=_loads(r[6])) for r in self._read(
+            "SELECT id, owner, server, attempt, started_at, lease_until, progress FROM jobs WHERE state = 'running' "
             "ORDER BY started_at")]
         dead = [tuple(r) for r in self._read(
             "SELECT id, finished_at, reason FROM jobs WHERE state = 'dead' ORDER BY finished_at DESC LIMIT ?",
             (dead_limit,))]
+        done = [tuple(r) for r in self._read(
+            "SELECT id, finished_at FROM jobs WHERE state = 'done' ORDER BY finished_at DESC LIMIT ?",
+            (done_limit,))] if done_limit else []
         return Status(counts=counts, oldest_queued_at=oldest[0][0] if oldest else None, running=running,
-                      recent_dead=dead)  # type: ignore[arg-type]
+                      recent_dead=dead, recent_done=done)  # type: ignore[arg-type]
+
+    def states(self, ids: Sequence[str]) -> dict[str, str]:
+        ids = list(ids)
+        out: dict[str, str] = {}
+        for start in range(0, len(ids), 500):
+            chunk = ids[start:start + 500]
+            out.update(dict(self._read(f"SELECT id, state FROM jobs WHERE id IN ({','.join('?' * len(chunk))})",
+                                       chunk)))
+        return out
+
+    def finished_counts(self, since: float, now: float | None = None) -> dict[str, int]:
+        return dict(self._read("SELECT state, count(*) FROM jobs WHERE state IN ('done', 'dead', 'cancelled') "
+                               "AND finished_at >= ? GROUP BY state", (since,)))
+
+    def ended_since(self, since: float, limit: int = 10000) -> list[EndedAttempt]:
+        rows = self._read(
+            "SELECT a.job_id, a.attempt, a.outcome, a.kind, a.started_at, a.ended_at, a.trace, j.workflow_name, "
+            "j.submitted_at, (SELECT min(f.started_at) FROM attempts f WHERE f.job_id = a.job_id) "
+            "FROM attempts a JOIN jobs j ON j.id = a.job_id WHERE a.ended_at >= ? ORDER BY a.ended_at LIMIT ?",
+            (since, limit))
+        return [EndedAttempt(job_id=r[0], attempt=r[1], outcome=r[2], kind=r[3], started_at=r[4], ended_at=r[5],
+                             trace=_loads(r[6]), workflow_name=r[7], submitted_at=r[8], first_started_at=r[9])
+                for r in rows]
+
+    # -- webhook deliveries --------------------------------------------------------------------------------
+
+    _DELIVERY = "id, job_id, url, attempts, created_at, next_at, last_status, last_error, delivered_at"
+
+    def deliveries(self, job_id: str) -> list[Delivery]:
+        return [Delivery(*r) for r in self._read(f"SELECT {self._DELIVERY} FROM deliveries WHERE job_id = ? "
+                                                 "ORDER BY id", (job_id,))]
+
+    def pending_deliveries(self) -> int:
+        return self._read("SELECT count(*) FROM deliveries WHERE next_at IS NOT NULL")[0][0]
+
+    def claim_deliveries(self, limit: int, hold_seconds: float, now: float | None = None) -> list[Delivery]:
+        at = _now(now)
+        with self._write() as conn:
+            rows = conn.execute(f"SELECT {self._DELIVERY} FROM deliveries WHERE next_at IS NOT NULL AND next_at <= ? "
+                                "ORDER BY next_at LIMIT ?", (at, limit)).fetchall()
+            conn.executemany("UPDATE deliveries SET next_at = ? WHERE id = ?",
+                             [(at + hold_seconds, r[0]) for r in rows])
+        return [Delivery(*r[:5], at + hold_seconds, *r[6:]) for r in rows]  # next_at: the end of the hold
+
+    def delivery_result(self, delivery_id: int, *, delivered: bool, status: int | None, error: str | None,
+                        next_at: float | None, now: float | None = None) -> None:
+        at = _now(now)
+        with self._write() as conn:
+            conn.execute("UPDATE deliveries SET attempts = attempts + 1, last_status = ?, last_error = ?, "
+                         "delivered_at = ?, next_at = ? WHERE id = ?",
+                         (status, error, at if delivered else None, None if delivered else next_at, delivery_id))
 
     # -- machines -----------------------------------------------------------------------------------------
 
@@ -606,6 +688,14 @@ class SQLiteQueue:
                         age_seconds=max(0.0, at - r[4]))
                 for r in self._read("SELECT host, pid, slots, started_at, heartbeat_at FROM machines "
                                     "ORDER BY host, pid")]
+
+
+def _dumps(value: dict[str, Any] | None) -> str | None:
+    return None if value is None else json.dumps(value, separators=(",", ":"))
+
+
+def _loads(text: str | None) -> Any:
+    return None if not text else json.loads(text)
 
 
 __all__ = ["DONE", "TERMINAL", "SQLiteQueue", "filesystem_type"]
