@@ -455,7 +455,8 @@ def big_table(path: Path, rows: int) -> None:
         "CASE WHEN i < 8 THEN 4e9 END, 1.7e9 + i, 1.7e9 + i, "
         "CASE WHEN i >= 8 AND (i % 100 < 70 OR i % 100 >= 90) THEN 1.7e9 + i + 60 END, "
         "CASE WHEN i >= 8 AND i % 100 BETWEEN 90 AND 94 THEN 'gave up after 4 attempts, last: out of memory' END, "
-        "'h' || i, '{}' FROM n", (rows,))
+        "'h' || i FROM n", (rows,))
+    conn.execute("INSERT INTO job_specs (seq, workflow) SELECT seq, '{}' FROM jobs")
     conn.execute("COMMIT")
     conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     conn.close()
