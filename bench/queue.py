@@ -446,7 +446,7 @@ def big_table(path: Path, rows: int) -> None:
     conn.execute(
         "WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i + 1 < ?) "
         "INSERT INTO jobs (id, state, priority, run_after, attempt, owner, server, lease_until, started_at, "
-        "submitted_at, finished_at, reason, spec_hash, workflow) "
+        "submitted_at, finished_at, reason, spec_hash) "
         "SELECT printf('%08x-0000-4000-8000-%012x', i, i), "
         "CASE WHEN i < 8 THEN 'running' WHEN i % 100 < 70 THEN 'done' WHEN i % 100 < 90 THEN 'queued' "
         "     WHEN i % 100 < 95 THEN 'dead' ELSE 'cancelled' END, "
