@@ -340,18 +340,17 @@ class SQLiteQueue:
             self._expire_leases(conn, at)
             # INDEXED BY: without statistics the planner picks jobs_state and sorts every queued row
             # on every claim (O(queued): 3x slower at 5,000 jobs, seconds per claim at a million).
-            row = conn.execute(
-                "SELECT seq FROM jobs INDEXED BY jobs_ready WHERE state = 'queued' AND run_after <= ? "
-                "ORDER BY priority DESC, seq LIMIT 1", (at,)).fetchone()
-            if row is None:
-                return None
+            # One statement picks and takes the row: the write lock is held, so nobody else can.
             lease_until = at + lease_seconds
             job = conn.execute(
                 "UPDATE jobs SET state = 'running', attempt = attempt + 1, owner = ?, server = ?, "
-                "lease_until = ?, started_at = ?, progress = NULL WHERE seq = ? "
-                "RETURNING id, attempt, last_server, last_prompt_number, reason, cancel_requested",
-                (owner, server, lease_until, at, row[0])).fetchone()
-            spec = conn.execute("SELECT workflow, extra_data FROM job_specs WHERE seq = ?", (row[0],)).fetchone()
+                "lease_until = ?, started_at = ?, progress = NULL WHERE seq = (SELECT seq FROM jobs "
+                "INDEXED BY jobs_ready WHERE state = 'queued' AND run_after <= ? ORDER BY priority DESC, seq LIMIT 1) "
+                "RETURNING id, attempt, last_server, last_prompt_number, reason, cancel_requested, seq",
+                (owner, server, lease_until, at, at)).fetchone()
+            if job is None:
+                return None
+            spec = conn.execute("SELECT workflow, extra_data FROM job_specs WHERE seq = ?", (job[6],)).fetchone()
             conn.execute("INSERT INTO attempts (job_id, attempt, owner, server, started_at) VALUES (?,?,?,?,?)",
                          (job[0], job[1], owner, server, at))
         return Claim(id=job[0], attempt=job[1], owner=owner, server=server, workflow=json.loads(spec[0]),
