@@ -108,6 +108,17 @@ class Report:
     heartbeats: int = 0
     started: float = 0.0
     ended: float = 0.0
+    cpu_seconds: float = 0.0
+    written_bytes: int = 0
+
+
+def _written_bytes() -> int:
+    """Bytes this process passed to write() (/proc/self/io wchar): WAL frames and checkpoints alike."""
+    try:
+        with open("/proc/self/io") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("wchar:"))
+    except (OSError, StopIteration):
+        return 0
 
 
 class Driver:
@@ -357,7 +368,9 @@ class LiteQueueDriver(Driver):
 def _worker(driver: Driver, directory: str, owner: str, heartbeat: bool, barrier: Any, out: str) -> None:
     report = Report()
     barrier.wait()
+    cpu, written = time.process_time(), _written_bytes()
     driver.drain(Path(directory), owner, heartbeat, report)
+    report.cpu_seconds, report.written_bytes = time.process_time() - cpu, _written_bytes() - written
     Path(out).write_text(json.dumps(report.__dict__))
 
 
@@ -368,6 +381,10 @@ class Drain:
     lost: int
     heartbeats: int
     problem: str
+    cpu_us_per_job: float = 0.0
+    """CPU time of the workers (user + system, fsync's share included) per job: steadier than jobs/s on a
+    busy machine."""
+    written_kib_per_job: float = 0.0
 
 
 def drain(driver: Driver, workdir: Path, n: int, processes: int, heartbeat: bool) -> Drain:
@@ -391,7 +408,9 @@ def drain(driver: Driver, workdir: Path, n: int, processes: int, heartbeat: bool
     seconds = max(r.ended for r in reports) - min(r.started for r in reports)
     result = Drain(jobs_per_second=n / seconds, duplicates=len(claimed) - len(set(claimed)),
                    lost=len(set(ids) - set(claimed)), heartbeats=sum(r.heartbeats for r in reports),
-                   problem=driver.check(directory, n))
+                   problem=driver.check(directory, n),
+                   cpu_us_per_job=sum(r.cpu_seconds for r in reports) / n * 1e6,
+                   written_kib_per_job=sum(r.written_bytes for r in reports) / n / 1024)
     shutil.rmtree(directory)
     return result
 
@@ -750,12 +769,16 @@ def run_drains(workdir: Path, n: int, repeats: int) -> None:
         header += f" | {peer.name[:22]:>22} {'dup':>4} {'lost':>4} {'us/them':>7}"
     print(header)
     problems: list[str] = []
+    costs: dict[str, Drain] = {}
     for heartbeat in (False, True):
         for processes in (1, 2, 4, 8):
             runs: dict[str, list[Drain]] = {"plain": [], "ours": []}
             for _ in range(repeats):  # alternate, so drift in the machine's load hits both alike
                 runs["plain"].append(drain(plain, workdir, n, processes, heartbeat))
                 runs["ours"].append(drain(ours, workdir, n, processes, heartbeat))
+            if processes == 1 and not heartbeat:
+                costs[plain.name] = min(runs["plain"], key=lambda r: r.cpu_us_per_job)
+                costs[ours.name] = min(runs["ours"], key=lambda r: r.cpu_us_per_job)
             p = statistics.median(r.jobs_per_second for r in runs["plain"])
             o = statistics.median(r.jobs_per_second for r in runs["ours"])
             for name, rs in runs.items():
@@ -768,8 +791,14 @@ def run_drains(workdir: Path, n: int, repeats: int) -> None:
                     row += f" | {'(no lease to renew)':>22} {'':>4} {'':>4} {'':>7}"
                     continue
                 r = drain(peer, workdir, peer_jobs[peer.name], processes, False)
+                if processes == 1:
+                    costs[peer.name] = r
                 row += f" | {fmt(r.jobs_per_second):>22} {r.duplicates:>4} {r.lost:>4} {o / r.jobs_per_second:>7.2f}"
             print(row, flush=True)
+    print("\nper job at 1 process, no heartbeat (least CPU of the runs): CPU us (user + system), KiB written "
+          "(WAL and checkpoints)")
+    for name, r in costs.items():
+        print(f"  {name:30} {r.cpu_us_per_job:7,.0f} us  {r.written_kib_per_job:6.1f} KiB")
     for peer in peers:
         if peer_jobs[peer.name] < n:
             print(f"note: {peer.name} drained {peer_jobs[peer.name]:,} jobs a run (about {PEER_RUN_SECONDS} s at "
