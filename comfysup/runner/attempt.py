@@ -203,10 +203,17 @@ class AttemptRunner:
         A prompt of ours still in a server's queue is followed whatever its number: it is live, and
         posting again would run the job twice. A history entry is adopted when its number is the one
         recorded; when the attempt that posted died before recording it, only a success is adopted.
+
+        After a first attempt, every server this runner can reach is searched, not only the recorded one
+        and its own: a runner killed between its POST and ``record_prompt`` left no record of where its
+        prompt runs (``last_server`` is empty, or names an older attempt's server), and the prompt goes on
+        running there. Posting it here would run the job on two servers at once (the chaos suite's
+        kill-after-POST found exactly that).
         """
         if self.claim.last_server is None and self.claim.attempt <= 1:
             return None  # nothing was ever posted for this job (or a retry of a dead job was asked for)
-        for server in dict.fromkeys(c for c in (self.claim.last_server, self.s.server) if c):
+        places = [self.claim.last_server, self.s.server, *(sorted(self.s.peers) if self.claim.attempt > 1 else [])]
+        for server in dict.fromkeys(c for c in places if c):
             client = self.client_for(server)
             if client is None:
                 continue

@@ -1,0 +1,45 @@
+"""Catch-up after a runner died between its POST and recording the prompt (found by the chaos suite).
+
+The dead attempt left no record of the server its prompt runs on; the next attempt, on another server,
+must find the prompt there and follow it, not post it again (two executions of one job at once).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from comfysup.runner.client import ComfyClient
+from comfysup.runner.loop import Runner
+from fake_comfy import FakeComfy
+from tests.runner_helpers import config_of, submit, trivial_job, write_config
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("recorded", [None, "b"], ids=["nothing recorded", "an older attempt's server"])
+def test_a_prompt_posted_by_a_runner_that_died_before_recording_it_is_followed_on_its_server(
+        tmp_path: Path, recorded: str | None) -> None:
+    with FakeComfy(base_directory=tmp_path / "a", node_ms=300) as a, \
+            FakeComfy(base_directory=tmp_path / "b", node_ms=5) as b:
+        config = write_config(tmp_path)
+        queue = submit(config, [trivial_job(1)])
+        if recorded:  # an earlier attempt ran on b and was retried: last_server names b
+            first = queue.claim("runner-b", "b", lease_seconds=30)
+            assert first is not None
+            queue.record_prompt(first, "b", 99)
+            queue.retry_later(first, time.time(), "POST /prompt 500")
+        claim = queue.claim("runner-a", "a", lease_seconds=30)
+        assert claim is not None
+        ComfyClient(a.url).post_prompt(claim.workflow, claim.id, "runner-a-socket")
+        # runner-a was killed here, before record_prompt: the supervisor proves it dead and releases it.
+        assert queue.release_owner("runner-a", "runner process died") == [claim.id]
+
+        Runner(config_of(config), "b", b.url, peers={"a": a.url, "b": b.url}, until_empty=True).run()
+
+        job = queue.get(claim.id)
+        assert job.state == "done" and job.attempt == (3 if recorded else 2)
+        assert a.stats()["prompts"][claim.id]["executed"] == 1
+        assert b.stats()["prompts"].get(claim.id, {}).get("posted", 0) == 0, "posted again on b"
+        assert job.attempts[-1].server == "a"  # followed where it ran
