@@ -1,19 +1,110 @@
-"""Logging for comfysup's processes: one line per event, plain by default."""
+"""Logging for comfysup's processes: one line per event, plain by default, or one JSON object per event.
+
+``--log-format json`` (or ``COMFYSUP_LOG_FORMAT=json``) is for log shippers: each event is an object with
+its time, level, message and the job, slot and attempt it concerns (null when it concerns none), so
+"everything that happened to job X" is one query instead of a grep through free text.
+
+Whatever the format, every message passes through the redaction of the current job's secrets: the runner
+binds the job (and its :class:`~comfysup.redact.Redactor`) for the length of an attempt, so a message that
+quotes a ComfyUI error quoting an API key never reaches the log with the key in it.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import json
 import logging
+import os
 import sys
+from collections.abc import Callable, Iterator
+from typing import Any
+
+FORMATS = ("plain", "json")
+FORMAT_VARIABLE = "COMFYSUP_LOG_FORMAT"
+FIELDS = ("job", "slot", "attempt")
+
+_EMPTY: dict[str, Any] = {}
+_context: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("comfysup_log_context", default=_EMPTY)
+"""The job, slot and attempt of what this process (or thread) is doing, and the job's redactor. Never
+mutated in place: each change sets a new dict, so the shared default stays empty."""
 
 
-def setup_logging(level: int = logging.INFO) -> None:
-    """Plain lines on stderr, like the examples in the runner's issue: ``job 1a2b3c4d: done on gpu0 …``."""
+def bind(**fields: Any) -> None:
+    """Set context fields for the rest of this process or thread (a runner binds its slot once)."""
+    _context.set({**_context.get(), **fields})
+
+
+@contextlib.contextmanager
+def job_context(job: str, attempt: int, redact: Callable[[str], str] | None = None) -> Iterator[None]:
+    """The job and attempt that log lines inside the block concern, and the redaction of its secrets."""
+    token = _context.set({**_context.get(), "job": job, "attempt": attempt, "redact": redact})
+    try:
+        yield
+    finally:
+        _context.reset(token)
+
+
+class _Redact(logging.Filter):
+    """Renders the message once, scrubbed of the bound job's secrets, and attaches the context fields."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        context = _context.get()
+        message = record.getMessage()
+        redact = context.get("redact")
+        if redact is not None:
+            message = redact(message)
+        record.msg, record.args = message, None
+        for name in FIELDS:
+            if getattr(record, name, None) is None:
+                setattr(record, name, context.get(name))
+        return True
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: ts, level, logger, event, message, job, slot, attempt, pid."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {
+            "ts": round(record.created, 3), "level": record.levelname.lower(), "logger": record.name,
+            "event": getattr(record, "event", None), "message": record.getMessage(),
+        }
+        kind = getattr(record, "kind", None)
+        if kind and kind != out["event"]:
+            out["kind"] = kind  # the reason class of a retry or a dead letter: oom, timeout, http_5xx, …
+        for name in FIELDS:
+            out[name] = getattr(record, name, None)
+        out["pid"] = record.process
+        if record.exc_info:
+            out["exception"] = self.formatException(record.exc_info)
+        return json.dumps(out, ensure_ascii=False)
+
+
+def resolve_format(given: str | None, env: dict[str, str] | None = None) -> str:
+    """The flag wins over ``COMFYSUP_LOG_FORMAT``; plain when neither says."""
+    env = dict(os.environ) if env is None else env
+    chosen = (given or env.get(FORMAT_VARIABLE) or "plain").strip().lower()
+    if chosen not in FORMATS:
+        from comfysup.errors import UsageError
+
+        raise UsageError(f"log format {chosen!r}: expected one of {', '.join(FORMATS)} (--log-format or "
+                         f"${FORMAT_VARIABLE})")
+    return chosen
+
+
+def setup_logging(level: int = logging.INFO, fmt: str | None = None) -> None:
+    """Lines on stderr, like the examples in the runner's issue: ``job 1a2b3c4d: done on gpu0 …``, or JSON.
+
+    Called once per process; a second call only changes the format (the handler is kept, so forked
+    runners inherit one handler, never two)."""
+    chosen = resolve_format(fmt)
     root = logging.getLogger("comfysup")
-    if any(getattr(h, "_comfysup", False) for h in root.handlers):
-        return
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(message)s"))
-    handler._comfysup = True  # type: ignore[attr-defined]
-    root.addHandler(handler)
+    handler = next((h for h in root.handlers if getattr(h, "_comfysup", False)), None)
+    if handler is None:
+        handler = logging.StreamHandler(sys.stderr)
+        handler._comfysup = True  # type: ignore[attr-defined]
+        handler.addFilter(_Redact())
+        root.addHandler(handler)
+    handler.setFormatter(JsonFormatter() if chosen == "json" else logging.Formatter("%(message)s"))
     root.setLevel(level)
     root.propagate = False

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from comfysup.commands._common import config_from
-from comfysup.logs import setup_logging
+from comfysup.logs import FORMATS, setup_logging
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -15,12 +15,15 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
                     "one runner per server, and keep them alive: restart what dies with growing delays, mark a "
                     "slot failed after repeated quick failures, recycle servers after N jobs or above a memory "
                     "bound. SIGTERM or Ctrl-C stops gracefully (running jobs get [runner] grace_seconds); a "
-                    "second one stops at once. Speaks systemd's notify protocol when NOTIFY_SOCKET is set.")
+                    "second one stops at once. Speaks systemd's notify protocol when NOTIFY_SOCKET is set. "
+                    "Serves /metrics and a status page at [metrics] listen, and sends [webhooks].")
+    p.add_argument("--log-format", choices=FORMATS, help="plain lines (default) or one JSON object per event "
+                   "with job, slot and attempt ($COMFYSUP_LOG_FORMAT)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from comfysup.supervisor.supervisor import Supervisor
 
-    setup_logging()
+    setup_logging(fmt=args.log_format)
     return Supervisor(config_from(args)).run()

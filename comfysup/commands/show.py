@@ -1,15 +1,24 @@
-"""``comfysup show ID``: one job, its parameters, attempts and reasons — secrets masked."""
+"""``comfysup show ID``: one job, its parameters, attempts with their timelines, reasons, files and
+webhook deliveries — secrets masked."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import time
+from typing import Any
 
 from comfysup.commands._common import age, config_from, queue_from, when
 from comfysup.errors import UsageError
 from comfysup.jobs import JobLineError, canonical_id
-from comfysup.queue.base import JobRecord
-from comfysup.redact import Redactor, mask
+from comfysup.queue.base import Delivery, JobRecord
+from comfysup.redact import Redactor, bound, mask
+from comfysup.runner.trace import phase_durations
+from comfysup.views import progress_text
+from comfysup.webhooks import display_url
+
+PHASE_NOTES = {"posted": "waiting in ComfyUI's queue", "followed": "following a prompt an earlier attempt left",
+               "adopted": "a finished run adopted from /history"}
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -22,7 +31,7 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.set_defaults(func=run)
 
 
-def as_dict(job: JobRecord, with_workflow: bool) -> dict:
+def as_dict(job: JobRecord, with_workflow: bool, deliveries: list[Delivery] | None = None) -> dict:
     clean = Redactor.for_job(job.workflow, job.extra_data)
     out = {
         "id": job.id, "state": job.state, "priority": job.priority, "attempt": job.attempt,
@@ -32,14 +41,57 @@ def as_dict(job: JobRecord, with_workflow: bool) -> dict:
         "cancel_requested": job.cancel_requested,
         "outputs": [o.__dict__ for o in job.outputs],
         "attempts": [{**a.__dict__, "reason": clean(a.reason) if a.reason else None} for a in job.attempts],
+        "progress": job.progress if job.state == "running" else None,
+        "callback_url": display_url(job.callback_url) if job.callback_url else None,
+        "deliveries": [{**d.__dict__, "url": display_url(d.url), "state": d.state,
+                        "last_error": clean(d.last_error) if d.last_error else None} for d in deliveries or []],
     }
     if with_workflow:
         out["workflow"] = mask(job.workflow)
     return out
 
 
-def render(job: JobRecord, with_workflow: bool) -> str:
-    d = as_dict(job, with_workflow)
+def timeline(trace: dict[str, Any]) -> list[str]:
+    """An attempt's trace as lines: each phase with its offset and length, each node's time, cached nodes."""
+    phases = phase_durations(trace)
+    if not phases:
+        return []
+    start = phases[0][1]
+    nodes = [n for n in trace.get("nodes") or [] if isinstance(n, dict)]
+    lines = []
+    for name, at, seconds in phases:
+        took = "" if seconds is None else age(seconds)
+        note = f"  ({PHASE_NOTES[name]})" if name in PHASE_NOTES else ""
+        offset = f"+{at - start:.3f} s"
+        lines.append(f"      {offset:>11}  {name:12} {took:>10}{note}".rstrip())
+        if name == "executing":
+            for n in nodes:
+                took = "running" if n.get("seconds") is None else age(float(n["seconds"]))
+                kind = str(n.get("class_type"))[:40]
+                lines.append(f"      {'':11}  node {n.get('id')!s:>4} {kind:40} {took:>10}")
+    cached = [str(c) for c in trace.get("cached") or []]
+    if cached:
+        total = trace.get("total_nodes") or "?"
+        lines.append(f"      {'':11}  cached: {len(cached)} of {total} node(s) from ComfyUI's cache "
+                     f"({', '.join(cached[:20])}{' …' if len(cached) > 20 else ''})")
+    return lines
+
+
+def delivery_line(d: dict[str, Any], now: float) -> str:
+    tries = f"{d['attempts']} tr{'y' if d['attempts'] == 1 else 'ies'}"
+    last = ""
+    if d["last_status"] or d["last_error"]:
+        last = f", last: {d['last_error'] or 'HTTP ' + str(d['last_status'])}"
+    if d["state"] == "delivered":
+        return f"  webhook    {d['url']} delivered {when(d['delivered_at'])} (HTTP {d['last_status']}, {tries})"
+    if d["state"] == "pending":
+        due = max(0.0, (d["next_at"] or now) - now)
+        return f"  webhook    {d['url']} pending, {tries}, next try in {age(due)}{last}"
+    return f"  webhook    {d['url']} given up after {tries}{last}"
+
+
+def render(job: JobRecord, with_workflow: bool, deliveries: list[Delivery] | None = None) -> str:
+    d = as_dict(job, with_workflow, deliveries)
     lines = [f"job {job.id}: {job.state}" + (" (cancel requested)" if job.cancel_requested else ""),
              f"  workflow   {job.workflow_name}   priority {job.priority}   attempts {job.attempt}",
              f"  submitted  {when(job.submitted_at)}"]
@@ -53,13 +105,19 @@ def render(job: JobRecord, with_workflow: bool) -> str:
         lines.append("  meta       " + json.dumps(job.meta))
     if d["reason"]:
         lines.append(f"  reason     {d['reason']}")
+    if d["progress"]:
+        lines.append(f"  progress   {bound(progress_text(d['progress']), 200)}")
     for a in d["attempts"]:
         took = age(a["ended_at"] - a["started_at"]) if a["ended_at"] else "running"
         prompt = f" prompt #{a['prompt_number']}" if a["prompt_number"] is not None else ""
+        kind = f" [{a['kind']}]" if a.get("kind") and a["kind"] != a["outcome"] else ""
         lines.append(f"  attempt {a['attempt']}  {when(a['started_at'])} on {a['server']}{prompt}: "
-                     f"{a['outcome'] or 'running'} ({took})" + (f": {a['reason']}" if a["reason"] else ""))
+                     f"{a['outcome'] or 'running'}{kind} ({took})" + (f": {a['reason']}" if a["reason"] else ""))
+        lines += timeline(a.get("trace") or {})
     for o in job.outputs:
         lines.append(f"  file       {o.path or o.name}  {o.size} bytes  sha256 {o.sha256}")
+    now = time.time()
+    lines += [delivery_line(x, now) for x in d["deliveries"]]
     if with_workflow:
         lines.append(json.dumps(d["workflow"], indent=2))
     return "\n".join(lines)
@@ -73,7 +131,9 @@ def run(args: argparse.Namespace) -> int:
     queue = queue_from(config_from(args))
     try:
         job = queue.get(args.id)
+        deliveries = queue.deliveries(args.id)
     finally:
         queue.close()
-    print(json.dumps(as_dict(job, args.workflow), indent=2) if args.json else render(job, args.workflow))
+    print(json.dumps(as_dict(job, args.workflow, deliveries), indent=2) if args.json
+          else render(job, args.workflow, deliveries))
     return 0

@@ -10,13 +10,15 @@ import os
 import queue
 import signal
 import sys
+import threading
+import time
 from collections import Counter
 from typing import Any
 
 from comfysup.commands._common import config_from
 from comfysup.config import Config
-from comfysup.errors import UsageError
-from comfysup.logs import setup_logging
+from comfysup.errors import ComfysupError, UsageError
+from comfysup.logs import FORMATS, setup_logging
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -35,6 +37,8 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("--no-jitter", action="store_true", help="wait the whole backoff, not a random part")
     p.add_argument("--poll-ms", type=float, help="how often /history is read, in ms ([runner] poll_seconds)")
     p.add_argument("--lease-seconds", type=float, help="lease of a claim ([runner] lease_seconds)")
+    p.add_argument("--log-format", choices=FORMATS, help="plain lines (default) or one JSON object per event "
+                   "with job, slot and attempt ($COMFYSUP_LOG_FORMAT)")
     p.set_defaults(func=run)
 
 
@@ -93,10 +97,47 @@ def summary(counts: Counter[str]) -> str:
     return "summary: " + ", ".join(parts)
 
 
+class Webhooks:
+    """This process's deliverer: a thread started only after every runner has been forked (a fork while a
+    thread holds a lock would leave the lock held forever in the child), with a last pass at the end so
+    that ``--until-empty`` sends the webhooks of its last jobs before it returns."""
+
+    def __init__(self, config: Config) -> None:
+        from comfysup.queue import open_queue
+        from comfysup.webhooks import Deliverer
+
+        self.config = config
+        self.queue = open_queue(config, create=True)
+        self.deliverer = Deliverer(self.queue, config.webhooks)
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.deliverer.loop, args=(self.stop,), name="comfysup-webhooks",
+                                       daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def finish(self) -> None:
+        """Stop the loop, then keep delivering (retries included) for at most ``[webhooks] timeout_seconds``
+        while deliveries are pending; whatever is left is sent by the next ``work`` or ``run``."""
+        self.stop.set()
+        self.thread.join()
+        try:
+            deadline = time.monotonic() + self.config.webhooks.timeout_seconds
+            while True:
+                self.deliverer.run_once()
+                if not self.queue.pending_deliveries() or time.monotonic() >= deadline:
+                    break
+                time.sleep(0.05)
+        except ComfysupError as exc:
+            logging.getLogger("comfysup").warning("webhooks: %s; undelivered ones are sent by the next run", exc)
+        finally:
+            self.queue.close()
+
+
 def run(args: argparse.Namespace) -> int:
     config = load_with_overrides(args)
     servers = parse_servers(args.server, config)
-    setup_logging()
+    setup_logging(fmt=args.log_format)
     ctx = multiprocessing.get_context("fork")
     results = ctx.Queue()
     children = [ctx.Process(target=_child, name=f"comfysup-runner-{name}",
@@ -104,6 +145,8 @@ def run(args: argparse.Namespace) -> int:
                 for name, url in servers.items()]
     for child in children:
         child.start()
+    webhooks = Webhooks(config)
+    webhooks.start()
 
     def forward(signum: int, frame: object) -> None:
         for child in children:
@@ -125,6 +168,7 @@ def run(args: argparse.Namespace) -> int:
         except queue.Empty:
             break
         totals.update(counts)
+    webhooks.finish()
     for line in failed:
         logging.getLogger("comfysup").error(line)
     print(summary(totals), file=sys.stderr)

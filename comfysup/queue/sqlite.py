@@ -647,7 +647,11 @@ class SQLiteQueue:
         return self._read("SELECT count(*) FROM deliveries WHERE next_at IS NOT NULL")[0][0]
 
     def claim_deliveries(self, limit: int, hold_seconds: float, now: float | None = None) -> list[Delivery]:
+        """A read looks first: deliverers poll every second, and an idle poll must not take the write lock
+        that runners' claims and heartbeats wait for."""
         at = _now(now)
+        if not self._read("SELECT 1 FROM deliveries WHERE next_at IS NOT NULL AND next_at <= ? LIMIT 1", (at,)):
+            return []
         with self._write() as conn:
             rows = conn.execute(f"SELECT {self._DELIVERY} FROM deliveries WHERE next_at IS NOT NULL AND next_at <= ? "
                                 "ORDER BY next_at LIMIT ?", (at, limit)).fetchall()

@@ -39,10 +39,13 @@ from comfysup.runner.client import (
 )
 from comfysup.runner.retry import Failure, RetryPolicy, decide, execution_failure, gave_up
 from comfysup.runner.store import ResultStore, TooLarge, UnsafeName, is_disk_full, safe_relative
+from comfysup.runner.trace import Trace
 
 log = logging.getLogger("comfysup.runner")
 OUTPUT_TYPES = ("output", "temp")
 HISTORY_AFTER_SUCCESS_SECONDS = 0.05
+PROGRESS_WRITE_SECONDS = 1.0
+"""At most one progress write per second: a sampler's steps come faster than a queue row should change."""
 
 
 @dataclass(frozen=True)
@@ -104,7 +107,7 @@ class AttemptRunner:
     def __init__(self, settings: AttemptSettings, queue: Queue, store: ResultStore,
                  stop_deadline: Callable[[], float | None] = lambda: None,
                  on_alive: Callable[[], None] = lambda: None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> None:
         self.s = settings
         self.queue = queue
         self.store = store
@@ -113,6 +116,8 @@ class AttemptRunner:
         self.stop_deadline = stop_deadline
         self.on_alive = on_alive
         self.clock = clock
+        self.wall = wall
+        """Epoch time for the trace (stored); ``clock`` (monotonic) for deadlines and throttles."""
 
     def close(self) -> None:
         self.client.close()
@@ -139,6 +144,8 @@ class AttemptRunner:
         self.deadline = self.clock() + self.s.timeout_seconds
         self.next_heartbeat = self.clock() + self.s.heartbeat_seconds
         self.cancel_requested = claim.cancel_requested
+        self.trace = Trace.start(claim.workflow, self.wall())
+        self.progress_written_at = float("-inf")
         self.live: _Run | None = None
         """The prompt of this job known to be on a server (posted or followed), to stop if the queue goes."""
         try:
@@ -156,16 +163,29 @@ class AttemptRunner:
         return outcome
 
     def _record(self, o: Outcome) -> None:
+        """The outcome, its reason class and the attempt's trace, in one fenced write."""
+        self.trace.phase("recorded", self.wall())
+        trace = self.trace.as_dict()
         if o.state == "done":
-            self.queue.complete(self.claim, o.outputs)
+            self.queue.complete(self.claim, o.outputs, trace=trace)
         elif o.state == "retry":
-            self.queue.retry_later(self.claim, time.time() + o.delay_seconds, o.reason)
+            self.queue.retry_later(self.claim, time.time() + o.delay_seconds, o.reason, kind=o.kind, trace=trace)
         elif o.state == "dead":
-            self.queue.dead(self.claim, o.reason)
+            self.queue.dead(self.claim, o.reason, kind=o.kind, trace=trace)
         elif o.state == "cancelled":
-            self.queue.cancelled(self.claim, o.reason)
+            self.queue.cancelled(self.claim, o.reason, trace=trace)
         elif o.state == "released":
-            self.queue.release(self.claim, o.reason, count_attempt=False)
+            self.queue.release(self.claim, o.reason, count_attempt=False, kind=o.kind, trace=trace)
+
+    def _write_progress(self) -> None:
+        """The live progress, when it moved and a second has passed since the last write (fenced)."""
+        if not self.trace.changed or self.clock() - self.progress_written_at < PROGRESS_WRITE_SECONDS:
+            return
+        progress = self.trace.progress()
+        self.trace.changed = False
+        if progress is not None:
+            self.progress_written_at = self.clock()
+            self.queue.set_progress(self.claim, progress)
 
     def _attempt(self) -> Outcome:
         run: _Run | None = None
@@ -227,6 +247,9 @@ class AttemptRunner:
                 log.info("job %s attempt %d on %s: following prompt #%d left by an earlier attempt",
                          self.claim.id[:8], self.claim.attempt, server, live.number)
                 # Already running: its execution_start was sent before this socket existed.
+                self.trace.phase("followed", self.wall())
+                if live.running:
+                    self.trace.phase("executing", self.wall())
                 self.live = _Run(client, server, live.number, started=live.running)
                 self.queue.record_prompt(self.claim, server, live.number)
                 return self.live
@@ -236,7 +259,8 @@ class AttemptRunner:
                 continue
             _judge(history)  # a run that ended in failure: that failure is this attempt's outcome
             log.info("job %s attempt %d on %s: adopting finished prompt #%s from /history",
-                     self.claim.id[:8], self.claim.attempt, server, _number(history))
+                     self.claim.id[:8], self.claim.attempt, server, _number(history), extra={"event": "adopted"})
+            self.trace.phase("adopted", self.wall())
             return _Run(client, server, _number(history), adopted_entry=history)
         return None
 
@@ -251,7 +275,9 @@ class AttemptRunner:
         except BaseException:
             stream.close()
             raise
-        log.info("job %s attempt %d on %s: POST /prompt 200", self.claim.id[:8], self.claim.attempt, self.s.server)
+        log.info("job %s attempt %d on %s: POST /prompt 200", self.claim.id[:8], self.claim.attempt, self.s.server,
+                 extra={"event": "posted"})
+        self.trace.phase("posted", self.wall())
         self.live = _Run(self.client, self.s.server, number, stream=stream)
         self.queue.record_prompt(self.claim, self.s.server, number)
         return self.live
@@ -285,10 +311,12 @@ class AttemptRunner:
             message = self._receive(run, wait)
             if message is not None and self._on_message(run, message):
                 next_poll = self.clock()
+            self._write_progress()
 
     def _checkpoints(self, run: _Run, now: float) -> None:
         """The deadline, the heartbeat (lease, cancel) and a graceful stop, checked on every wake-up."""
         self.on_alive()
+        self._write_progress()
         if now >= self.next_heartbeat:
             self.next_heartbeat = now + self.s.heartbeat_seconds
             if self.queue.heartbeat(self.claim, self.s.lease_seconds):
@@ -331,8 +359,10 @@ class AttemptRunner:
             return False
         if kind == "execution_start":
             run.started = True
-            return False
         if not run.started:
+            return False
+        self.trace.on_event(kind, data, self.wall())
+        if kind == "execution_start":
             return False
         if kind == "execution_success":
             run.success_seen = True
@@ -406,10 +436,8 @@ class AttemptRunner:
             named = [(safe_relative(f["filename"], f.get("subfolder") or ""), f) for f in files]
         except (UnsafeName, TypeError) as exc:
             raise PermanentError(str(exc), "unsafe_output") from exc
-        try:
-            self.store.prepare(self.claim.id)
-        except OSError as exc:  # the job's folder cannot be made: as transient as a file that cannot be written
-            raise _store_failure(exc, self.claim.id) from exc
+        self.trace.phase("downloading", self.wall())
+        self.store.prepare(self.claim.id)
         outputs = []
         for relative, f in named:
             self._checkpoints(run, self.clock())
@@ -421,16 +449,9 @@ class AttemptRunner:
             except TooLarge as exc:
                 raise PermanentError(str(exc), "too_large") from exc
             except OSError as exc:
-                raise _store_failure(exc, relative) from exc
+                what = "the result store's disk is full" if is_disk_full(exc) else "cannot write to the result store"
+                raise ComfyError(f"{what}: {exc.strerror} ({relative})", "store") from exc
         return outputs
-
-
-def _store_failure(exc: OSError, where: str) -> ComfyError:
-    """A transient failure of the result store (a full disk is freed, a mount comes back): retried, then
-    dead with this reason. Never an exception out of the attempt: that crashes the runner, and a job
-    whose every attempt crashes its runner would never end while it takes down one runner after another."""
-    what = "the result store's disk is full" if is_disk_full(exc) else "cannot write to the result store"
-    return ComfyError(f"{what}: {exc.strerror} ({where})", "store")
 
 
 def _number(entry: dict[str, Any]) -> int | None:

@@ -22,9 +22,10 @@ from types import FrameType
 
 from comfysup.config import Config
 from comfysup.errors import DatabaseLocked, DatabaseUnavailable, QueueError
+from comfysup.logs import bind, job_context
 from comfysup.queue import open_queue
 from comfysup.queue.base import Claim, Queue, host_name
-from comfysup.redact import bound
+from comfysup.redact import Redactor, bound
 from comfysup.runner.attempt import AttemptRunner, AttemptSettings, Outcome
 from comfysup.runner.client import CLIENT_PREFIX, ServerUnavailable
 from comfysup.runner.retry import RetryPolicy
@@ -79,6 +80,7 @@ class Runner:
                  on_job: Callable[[Claim, Outcome | None], None] = lambda claim, outcome: None) -> None:
         self.config = config
         self.server = server
+        bind(slot=server)  # every log line of this runner names its slot
         self.owner = make_owner(server, token=owner_token)
         self.until_empty = until_empty
         self.state = RunnerState()
@@ -168,11 +170,12 @@ class Runner:
             self.queue_down_since = None
 
     def run_one(self, claim: Claim) -> Outcome:
-        self.on_job(claim, None)
-        outcome = self.attempts.run(claim)
-        self.state.counts[outcome.state] += 1
-        self.on_job(claim, outcome)
-        self._log(claim, outcome)
+        with job_context(claim.id, claim.attempt, Redactor.for_job(claim.workflow, claim.extra_data)):
+            self.on_job(claim, None)
+            outcome = self.attempts.run(claim)
+            self.state.counts[outcome.state] += 1
+            self.on_job(claim, outcome)
+            self._log(claim, outcome)
         return outcome
 
     def _server_free(self) -> bool:
@@ -198,23 +201,25 @@ class Runner:
 
     def _log(self, claim: Claim, o: Outcome) -> None:
         short = claim.id[:8]
+        event = {"event": o.state, "kind": o.kind}
         if o.state == "done":
             files = ", ".join(f"{Path(f.name).name} {f.sha256[:16]}" for f in o.outputs[:4])
             more = ", …" if len(o.outputs) > 4 else ""
             how = " (adopted from /history)" if o.adopted else ""
             log.info("job %s: done on %s after %d attempt(s)%s, %d file(s): %s%s", short, self.server,
-                     claim.attempt, how, len(o.outputs), files, more)
+                     claim.attempt, how, len(o.outputs), files, more, extra=event)
         elif o.state == "retry":
             log.info("job %s: attempt %d failed, %s; retry in %s", short, claim.attempt, bound(o.reason, 500),
-                     _delay(o.delay_seconds))
+                     _delay(o.delay_seconds), extra=event)
         elif o.state == "dead":
-            log.info("job %s: dead-lettered, %s", short, bound(o.reason, 500))
+            log.info("job %s: dead-lettered, %s", short, bound(o.reason, 500), extra=event)
         elif o.state == "cancelled":
-            log.info("job %s: cancelled on %s", short, self.server)
+            log.info("job %s: cancelled on %s", short, self.server, extra=event)
         elif o.state == "released":
-            log.info("job %s: released without counting the attempt (%s)", short, o.reason)
+            log.info("job %s: released without counting the attempt (%s)", short, o.reason, extra=event)
         else:
-            log.warning("job %s: attempt %d stopped without writing: %s", short, claim.attempt, o.reason)
+            log.warning("job %s: attempt %d stopped without writing: %s", short, claim.attempt, o.reason,
+                        extra=event)
 
 
 def _delay(seconds: float) -> str:

@@ -1,0 +1,124 @@
+"""What one attempt saw, built from ComfyUI's events: phases, each node's time, cached nodes, progress.
+
+People ask "where is my job, how far along, where did the time go". ComfyUI tells a client all of it on
+the socket (``execution_start``, ``execution_cached``, ``executing`` per node, ``progress`` per step), so
+the attempt feeds every event of its prompt here, writes the live progress to the queue (at most once a
+second), and stores the whole trace with the attempt's outcome; ``comfysup show`` prints it as a
+timeline.
+
+Pure: every method takes the time (UTC epoch seconds, as stored) and nothing here does I/O, so it is
+tested as a table of events.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+MAX_NODES = 500
+"""Node timings kept per attempt: a trace stays a few KB however large the workflow."""
+PHASES = ("claimed", "followed", "adopted", "posted", "executing", "downloading", "recorded")
+"""claimed → posted (waiting in ComfyUI's queue) → executing (after execution_start) → downloading →
+recorded; an attempt that caught up with an earlier run is ``followed`` or ``adopted`` instead of posted."""
+
+
+@dataclass
+class NodeTime:
+    id: str
+    class_type: str
+    started: float
+    ended: float | None = None
+
+
+@dataclass
+class Trace:
+    """The trace of one attempt. ``changed`` says whether ``progress()`` moved since it was last written."""
+
+    classes: dict[str, str]
+    phases: list[tuple[str, float]] = field(default_factory=list)
+    nodes: list[NodeTime] = field(default_factory=list)
+    cached: list[str] = field(default_factory=list)
+    current: NodeTime | None = None
+    step: tuple[int, int] | None = None
+    changed: bool = False
+
+    @classmethod
+    def start(cls, workflow: dict[str, Any], now: float) -> Trace:
+        classes = {str(k): str(v.get("class_type", "?")) if isinstance(v, dict) else "?" for k, v in workflow.items()}
+        return cls(classes=classes, phases=[("claimed", now)])
+
+    def phase(self, name: str, now: float) -> None:
+        """Enter a phase; closing the running node when execution is over."""
+        if name in ("downloading", "recorded"):
+            self._close(now)
+        if not self.phases or self.phases[-1][0] != name:
+            self.phases.append((name, now))
+            self.changed = True
+
+    def on_event(self, kind: str | None, data: dict[str, Any], now: float) -> None:
+        """One event of this attempt's prompt, in the order the socket delivered it."""
+        if kind == "execution_start":
+            self.phase("executing", now)
+        elif kind == "execution_cached":
+            nodes = data.get("nodes") or []
+            self.cached = [str(n) for n in nodes if str(n) not in self.cached][:MAX_NODES]
+            self.changed = True
+        elif kind == "executing":
+            node = data.get("node")
+            self._close(now)
+            if node is not None:
+                node = str(node)
+                self.current = NodeTime(node, self.classes.get(node, "?"), now)
+                if len(self.nodes) < MAX_NODES:
+                    self.nodes.append(self.current)
+                self.step = None
+                self.changed = True
+        elif kind == "progress":
+            value, maximum = data.get("value"), data.get("max")
+            if isinstance(value, int | float) and isinstance(maximum, int | float) and maximum > 0:
+                self.step = (int(value), int(maximum))
+                self.changed = True
+        elif kind == "execution_success":
+            self._close(now)
+
+    def _close(self, now: float) -> None:
+        if self.current is not None and self.current.ended is None:
+            self.current.ended = now
+        self.current = None
+        self.step = None
+
+    def progress(self) -> dict[str, Any] | None:
+        """Node k of n (n: the workflow's nodes that ComfyUI did not serve from its cache) and step i of m.
+
+        None before anything ran: there is no progress to show while the prompt waits in ComfyUI's queue.
+        """
+        phase = self.phases[-1][0] if self.phases else None
+        if phase is None or phase in ("claimed", "posted"):
+            return None
+        total = max(1, len(self.classes) - len(self.cached))
+        out: dict[str, Any] = {"phase": phase, "node": min(len(self.nodes), total), "nodes": total,
+                               "cached": len(self.cached)}
+        if self.current is not None:
+            out["node_id"] = self.current.id
+            out["class_type"] = self.current.class_type
+        if self.step is not None:
+            out["step"], out["steps"] = self.step
+        return out
+
+    def as_dict(self) -> dict[str, Any]:
+        """What is stored with the attempt (JSON): phases, node times in run order, cached nodes, progress."""
+        return {
+            "phases": [[name, at] for name, at in self.phases],
+            "nodes": [{"id": n.id, "class_type": n.class_type, "started": n.started,
+                       "seconds": None if n.ended is None else round(n.ended - n.started, 6)} for n in self.nodes],
+            "cached": list(self.cached),
+            "total_nodes": len(self.classes),
+            "progress": self.progress(),
+        }
+
+
+def phase_durations(trace: dict[str, Any]) -> list[tuple[str, float, float | None]]:
+    """(phase, start, seconds until the next phase) from a stored trace; the last phase has no length."""
+    phases = [(str(p[0]), float(p[1])) for p in trace.get("phases") or [] if isinstance(p, list) and len(p) == 2]
+    return [(name, at, (phases[i + 1][1] - at) if i + 1 < len(phases) else None)
+            for i, (name, at) in enumerate(phases)]

@@ -1,0 +1,72 @@
+"""What ``comfysup status --watch`` and the status page show: one snapshot, two renderings.
+
+Both answer the same questions at a glance (which slots are up, which jobs run and how far along they
+are, how many wait, how fast jobs finish, what died lately), so both are built from one
+:class:`Overview`, read from the queue and the supervisor's state file in one go.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from comfysup.queue.base import JobRecord, Queue, Status
+from comfysup.supervisor.state import staleness
+
+WINDOW_SECONDS = 300.0
+"""Jobs per minute are counted over the last five minutes."""
+
+
+@dataclass(frozen=True)
+class Overview:
+    now: float
+    status: Status
+    finished: dict[str, int]
+    """Jobs that reached each terminal state in the last WINDOW_SECONDS."""
+    recent_done: list[JobRecord]
+    supervisor: dict[str, Any] | None
+    stale: str | None
+    """Why the supervisor's state should not be believed (None while it runs, or when there is none)."""
+
+    @property
+    def per_minute(self) -> float:
+        """Jobs done per minute over the window."""
+        return self.finished.get("done", 0) / (WINDOW_SECONDS / 60)
+
+
+def overview(queue: Queue, state: dict[str, Any] | None, now: float | None = None, *, dead: int = 5,
+             done: int = 0) -> Overview:
+    now = time.time() if now is None else now
+    status = queue.status(now, dead_limit=dead, done_limit=done)
+    finished = queue.finished_counts(now - WINDOW_SECONDS)
+    recent = queue.get_many([i for i, _ in status.recent_done]) if status.recent_done else []
+    return Overview(now=now, status=status, finished=finished, recent_done=recent, supervisor=state,
+                    stale=None if state is None else staleness(state, now))
+
+
+def progress_text(progress: dict[str, Any] | None) -> str:
+    """``node 2/3 KSampler, step 12/20`` — or ``waiting in ComfyUI's queue`` before anything ran."""
+    if not progress:
+        return "waiting in ComfyUI's queue"
+    if progress.get("phase") == "downloading":
+        return "downloading outputs"
+    parts = [f"node {progress.get('node', '?')}/{progress.get('nodes', '?')}"
+             + (f" {progress['class_type']}" if progress.get("class_type") else "")]
+    if progress.get("steps"):
+        parts.append(f"step {progress.get('step', 0)}/{progress['steps']}")
+    if progress.get("cached"):
+        parts.append(f"{progress['cached']} cached")
+    return ", ".join(parts)
+
+
+def progress_fraction(progress: dict[str, Any] | None) -> float:
+    """How far along, 0..1, for a bar: whole nodes done plus the running node's steps."""
+    if not progress:
+        return 0.0
+    if progress.get("phase") == "downloading":
+        return 1.0
+    nodes = max(1, int(progress.get("nodes") or 1))
+    node = max(0, int(progress.get("node") or 0))
+    within = (progress.get("step") or 0) / progress["steps"] if progress.get("steps") else 0.0
+    return max(0.0, min(1.0, (max(node - 1, 0) + within) / nodes))

@@ -1,0 +1,197 @@
+"""Completion webhooks (issue 8, "Webhooks"): signed, durable, retried with backoff, never in a job's way.
+
+A receiving server in the test fails the first deliveries; ``comfysup work`` runs the jobs and its
+deliverer keeps trying until each job's record has arrived once, signed as the README says. A receiver
+that never answers costs a job nothing: it is done, and its delivery is given up after its tries, which
+``comfysup show`` says.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+import tomli_w
+
+from comfysup.config import WebhooksConfig
+from comfysup.queue.sqlite import SQLiteQueue
+from comfysup.webhooks import (
+    DELIVERY_HEADER,
+    SIGNATURE_HEADER,
+    TIMESTAMP_HEADER,
+    Deliverer,
+    display_url,
+    sign,
+    verify,
+)
+from fake_comfy import FakeComfy
+from tests.runner_helpers import comfysup, job_id, jobs_file, trivial_job, write_config
+
+SECRET = "whsec-test-3c7f1a"
+CANARY = "sk-canary-hook-91be0c2d77"
+URL_TOKEN = "T0KEN-in-the-path-5e1d"
+
+
+@dataclass
+class Received:
+    path: str
+    headers: dict[str, str]
+    body: bytes
+    answered: int
+
+
+@dataclass
+class Receiver:
+    """An HTTP server that answers ``fail_first`` requests with 500, then 204, and keeps what it got."""
+
+    fail_first: int
+    got: list[Received] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    server: ThreadingHTTPServer | None = None
+
+    @property
+    def url(self) -> str:
+        assert self.server is not None
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def start(self) -> Receiver:
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                with receiver.lock:
+                    code = 500 if len(receiver.got) < receiver.fail_first else 204
+                    receiver.got.append(Received(self.path, dict(self.headers), body, code))
+                self.send_response(code)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    r = Receiver(fail_first=3).start()
+    yield r
+    r.stop()
+
+
+def with_webhooks(config_path: Path, **webhooks: Any) -> None:
+    import tomllib
+
+    doc = tomllib.loads(config_path.read_text())
+    doc["webhooks"] = webhooks
+    config_path.write_bytes(tomli_w.dumps(doc).encode())
+
+
+def test_the_signature_covers_timestamp_and_body() -> None:
+    body = b'{"id":"x","status":"done"}'
+    signature = sign(SECRET, "1700000000", body)
+    assert signature.startswith("sha256=") and len(signature) == 7 + 64
+    assert verify(SECRET, "1700000000", body, signature, now=1700000100)
+    assert not verify(SECRET, "1700000001", body, signature, now=1700000100)  # another timestamp
+    assert not verify(SECRET, "1700000000", body + b" ", signature, now=1700000100)  # another body
+    assert not verify("other", "1700000000", body, signature, now=1700000100)
+    assert not verify(SECRET, "1700000000", body, signature, now=1700000000 + 301)  # too old: a replay
+    assert display_url(f"https://hooks.example:8443/services/{URL_TOKEN}?k=v") == "https://hooks.example:8443/…"
+
+
+@pytest.mark.timeout(60)
+def test_deliveries_survive_a_failing_receiver_and_arrive_signed_once_each(tmp_path: Path,
+                                                                          receiver: Receiver) -> None:
+    config_path = write_config(tmp_path, attempts=1)
+    with_webhooks(config_path, url=f"{receiver.url}/all/{URL_TOKEN}", secret=SECRET, attempts=6,
+                  base_delay_seconds=0.05, max_delay_seconds=0.2, timeout_seconds=2.0)
+    jobs = [trivial_job(1, callback_url=f"{receiver.url}/own?token={URL_TOKEN}",
+                        extra_data={"api_key_comfy_org": CANARY}, meta={"api_token": CANARY, "team": "a"}),
+            trivial_job(2), trivial_job(3)]
+    assert comfysup("submit", "--config", str(config_path), str(jobs_file(tmp_path, jobs))).returncode == 0
+    with FakeComfy(base_directory=tmp_path / "fake", node_ms=5) as fake:
+        fake.script_by_id({job_id(3): ["invalid"]})
+        out = comfysup("work", "--config", str(config_path), "--server", f"gpu0={fake.url}", "--until-empty")
+    assert out.returncode == 0, out.stderr
+    assert "summary: 2 done, 1 dead-lettered" in out.stderr  # the failing receiver changed no job
+
+    accepted = [r for r in receiver.got if r.answered == 204]
+    bodies = {json.loads(r.body)["id"]: (r, json.loads(r.body)) for r in accepted}
+    assert sorted(bodies) == sorted(job_id(n) for n in (1, 2, 3))
+    assert len(accepted) == 3 and len(receiver.got) == 6  # three 500s, each retried until accepted
+    queue = SQLiteQueue(tmp_path / "queue.db", create=False)
+    for n in (1, 2, 3):
+        request, body = bodies[job_id(n)]
+        stamp, signature = request.headers[TIMESTAMP_HEADER], request.headers[SIGNATURE_HEADER]
+        assert verify(SECRET, stamp, request.body, signature), n
+        assert abs(int(stamp) - time.time()) < 60
+        job = queue.get(job_id(n))
+        [delivery] = queue.deliveries(job_id(n))
+        assert request.headers[DELIVERY_HEADER] == str(delivery.id)
+        assert (delivery.state, delivery.last_status) == ("delivered", 204)
+        assert body["status"] == job.state
+        assert body["files"] == [{"name": o.name, "size": o.size, "sha256": o.sha256, "path": o.path}
+                                 for o in job.outputs]
+        timings = body["timings"]
+        assert timings["submitted_at"] == job.submitted_at and timings["finished_at"] == job.finished_at
+        assert timings["queue_wait_seconds"] >= 0 and timings["run_seconds"] >= 0
+    assert bodies[job_id(1)][0].path == f"/own?token={URL_TOKEN}"  # its own callback_url
+    assert {bodies[job_id(n)][0].path for n in (2, 3)} == {f"/all/{URL_TOKEN}"}  # the config's url
+    assert bodies[job_id(1)][1]["meta"] == {"api_token": "***", "team": "a"}
+    assert bodies[job_id(3)][1]["reason"].startswith("POST /prompt 400")
+    assert bodies[job_id(3)][1]["files"] == []
+    assert all(CANARY not in r.body.decode() for r in receiver.got)
+    retried = [n for n in (1, 2, 3) if queue.deliveries(job_id(n))[0].attempts > 1]
+    assert retried, "the first tries failed, so some delivery took several"
+    shown = comfysup("show", "--config", str(config_path), job_id(retried[0]))
+    assert shown.returncode == 0, shown.stderr
+    webhook_lines = [line for line in shown.stdout.splitlines() if line.strip().startswith("webhook")]
+    assert len(webhook_lines) == 1 and " delivered " in webhook_lines[0] and "HTTP 204" in webhook_lines[0]
+    assert "tries" in webhook_lines[0] and URL_TOKEN not in shown.stdout and "/…" in webhook_lines[0]
+    assert URL_TOKEN not in out.stderr and CANARY not in out.stderr
+    queue.close()
+
+
+@pytest.mark.timeout(30)
+def test_a_receiver_that_never_answers_costs_the_job_nothing_and_is_given_up(tmp_path: Path) -> None:
+    config_path = write_config(tmp_path)
+    closed = Receiver(fail_first=0).start()
+    url = f"{closed.url}/hook/{URL_TOKEN}"
+    closed.stop()  # nothing listens there any more
+    with_webhooks(config_path, url=url, attempts=2, base_delay_seconds=0.05, max_delay_seconds=0.05,
+                  timeout_seconds=1.0)
+    assert comfysup("submit", "--config", str(config_path), str(jobs_file(tmp_path, [trivial_job(1)]))).returncode == 0
+    with FakeComfy(base_directory=tmp_path / "fake", node_ms=5) as fake:
+        out = comfysup("work", "--config", str(config_path), "--server", f"gpu0={fake.url}", "--until-empty")
+    assert out.returncode == 0 and "summary: 1 done" in out.stderr, out.stderr
+    queue = SQLiteQueue(tmp_path / "queue.db", create=False)
+    assert queue.get(job_id(1)).state == "done"
+    deliverer = Deliverer(queue, WebhooksConfig(url=url, attempts=2, base_delay_seconds=0.05,
+                                                max_delay_seconds=0.05, timeout_seconds=1.0))
+    deadline = time.monotonic() + 10
+    while queue.deliveries(job_id(1))[0].state == "pending":  # work's last pass may have left one try
+        assert time.monotonic() < deadline, queue.deliveries(job_id(1))
+        deliverer.run_once()
+        time.sleep(0.02)
+    [delivery] = queue.deliveries(job_id(1))
+    assert (delivery.state, delivery.attempts, delivery.last_error) == ("failed", 2, "cannot connect")
+    shown = comfysup("show", "--config", str(config_path), job_id(1))
+    assert "webhook" in shown.stdout and "given up after 2 tries, last: cannot connect" in shown.stdout
+    assert URL_TOKEN not in shown.stdout + out.stderr
+    assert queue.pending_deliveries() == 0
+    queue.close()
