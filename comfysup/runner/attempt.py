@@ -437,7 +437,10 @@ class AttemptRunner:
         except (UnsafeName, TypeError) as exc:
             raise PermanentError(str(exc), "unsafe_output") from exc
         self.trace.phase("downloading", self.wall())
-        self.store.prepare(self.claim.id)
+        try:
+            self.store.prepare(self.claim.id)
+        except OSError as exc:  # the job's folder cannot be made: as transient as a file that cannot be written
+            raise _store_failure(exc, self.claim.id) from exc
         outputs = []
         for relative, f in named:
             self._checkpoints(run, self.clock())
@@ -449,9 +452,16 @@ class AttemptRunner:
             except TooLarge as exc:
                 raise PermanentError(str(exc), "too_large") from exc
             except OSError as exc:
-                what = "the result store's disk is full" if is_disk_full(exc) else "cannot write to the result store"
-                raise ComfyError(f"{what}: {exc.strerror} ({relative})", "store") from exc
+                raise _store_failure(exc, relative) from exc
         return outputs
+
+
+def _store_failure(exc: OSError, where: str) -> ComfyError:
+    """A transient failure of the result store (a full disk is freed, a mount comes back): retried, then
+    dead with this reason. Never an exception out of the attempt: that crashes the runner, and a job
+    whose every attempt crashes its runner would never end while it takes down one runner after another."""
+    what = "the result store's disk is full" if is_disk_full(exc) else "cannot write to the result store"
+    return ComfyError(f"{what}: {exc.strerror} ({where})", "store")
 
 
 def _number(entry: dict[str, Any]) -> int | None:
