@@ -1,0 +1,136 @@
+"""The fault table of issue 6, each row its own test, at small counts (the full counts: bench/chaos.py).
+
+Every row runs a real ``comfysup run`` on ``cpu:2`` with fake_comfy servers (B1 and K4 run ``comfysup
+submit``), injects its fault, drains, and hands everything to the checker: the assertion is the
+checker's verdict, with its counts and the seed in the message (replay with ``CHAOS_SEED=<seed>``).
+Each also asserts that its fault really landed (kills mid-prompt, kills before the done record, …), so
+a row cannot pass by missing its target.
+
+Rows marked ``chaos`` (Z2, D2) take longer and are deselected by default; run them with ``-m chaos``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from chaos import scenarios
+from chaos.checker import Report
+
+
+def verdict(report: Report) -> None:
+    print(report.explain())
+    print(report.figures)
+    assert report.ok, report.explain()
+
+
+@pytest.mark.timeout(120)
+def test_k1_runners_killed_at_random_moments(tmp_path: Path, chaos_seed: int) -> None:
+    report = scenarios.k1_runner_kills(tmp_path, chaos_seed, jobs=40, kills=8, aimed=4)
+    verdict(report)
+    assert report.figures["kills"] == 8 and report.figures["kills_holding_a_job"] >= 1
+    assert report.figures["kills_after_post"] == 4
+    assert report.states["done"] == report.jobs and report.re_executions.total() == 0
+
+
+@pytest.mark.timeout(120)
+def test_k2_the_supervisor_killed_and_started_again(tmp_path: Path, chaos_seed: int) -> None:
+    report = scenarios.k2_supervisor_kills(tmp_path, chaos_seed, kills=3)
+    verdict(report)
+    assert report.figures["strays"] == 0 and report.states["done"] == report.jobs
+
+
+@pytest.mark.timeout(120)
+def test_k3_servers_killed_mid_prompt(tmp_path: Path, chaos_seed: int) -> None:
+    report = scenarios.k3_server_kills(tmp_path, chaos_seed, jobs=40, kills=6)
+    verdict(report)
+    assert report.figures["kills"] == 6 and not report.figures["failed_slots"]
+    assert report.re_executions["server_kill mid-prompt"] >= 1, "no kill landed mid-prompt"
+    assert report.states["done"] == report.jobs
+
+
+@pytest.mark.timeout(120)
+def test_k4_submit_killed_mid_file(tmp_path: Path, chaos_seed: int) -> None:
+    report = scenarios.k4_submit_kills(tmp_path, chaos_seed, kills=6)
+    verdict(report)
+    assert report.figures["kills"] + report.figures["finished_before_the_kill"] == 6
+    assert report.figures["kills"] >= 1
+
+
+@pytest.mark.timeout(120)
+def test_k5_runner_killed_between_success_and_the_done_record(tmp_path: Path, chaos_seed: int) -> None:
+    report = scenarios.k5_kill_after_success(tmp_path, chaos_seed, jobs=20, kills=6)
+    verdict(report)
+    landed = report.figures["kills_before_the_done_record"]
+    assert landed >= 1, "no kill landed between the success and the done record"
+    assert report.figures["adopted"] >= landed and report.executions == 20
+
+
+@pytest.mark.timeout(120)
+def test_z1_runner_stopped_past_its_lease(tmp_path: Path, chaos_seed: int) -> None:
+    report = scenarios.z1_stopped_runners(tmp_path, chaos_seed, jobs=20, stops=4)
+    verdict(report)
+    assert report.figures["stops"] == 4 and report.figures["killed_by_supervisor"] == 4
+
+
+@pytest.mark.chaos
+@pytest.mark.timeout(180)
+def test_z2_database_locked_past_the_lease(tmp_path: Path, chaos_seed: int) -> None:
+    report = scenarios.z2_lock_past_the_lease(tmp_path, chaos_seed, jobs=30, locks=2)
+    verdict(report)
+    assert report.figures["attempts_stopped"] >= 1
+
+
+@pytest.mark.timeout(120)
+def test_d1_database_locked_for_short_moments(tmp_path: Path, chaos_seed: int) -> None:
+    report = scenarios.d1_short_locks(tmp_path, chaos_seed, jobs=20, locks=6)
+    verdict(report)
+
+
+@pytest.mark.chaos
+@pytest.mark.timeout(300)
+def test_d2_a_long_reader_and_the_wal(tmp_path: Path, chaos_seed: int) -> None:
+    verdict(scenarios.d2_long_reader(tmp_path, chaos_seed, jobs=600))
+
+
+@pytest.mark.timeout(120)
+def test_f1_the_result_store_s_disk_full(tmp_path: Path, chaos_seed: int) -> None:
+    try:
+        report = scenarios.f1_disk_full(tmp_path, chaos_seed, jobs=20)
+    except scenarios.CannotMount as exc:
+        pytest.skip(str(exc))
+    verdict(report)
+
+
+@pytest.mark.timeout(120)
+def test_t1_thirty_percent_of_prompts_fail_transiently(tmp_path: Path, chaos_seed: int) -> None:
+    report = scenarios.t1_transient_failures(tmp_path, chaos_seed, jobs=40)
+    verdict(report)
+    assert report.figures["first_posts_faulty"] >= 1
+
+
+@pytest.mark.timeout(120)
+def test_s1_hostile_output_names(tmp_path: Path, chaos_seed: int) -> None:
+    report = scenarios.s1_hostile_names(tmp_path, chaos_seed, jobs=10)
+    verdict(report)
+    assert report.figures["hostile"] >= 1
+
+
+@pytest.mark.timeout(120)
+def test_s2_only_loopback_sockets(tmp_path: Path, chaos_seed: int) -> None:
+    verdict(scenarios.s2_listening_sockets(tmp_path, chaos_seed, jobs=8))
+
+
+@pytest.mark.timeout(120)
+def test_s3_a_canary_secret_appears_nowhere(tmp_path: Path, chaos_seed: int) -> None:
+    report = scenarios.s3_canary_secret(tmp_path, chaos_seed, jobs=16)
+    verdict(report)
+    assert report.figures["dead"] >= 1 and report.figures["outputs_searched"] >= 10
+
+
+@pytest.mark.timeout(120)
+def test_b1_fuzzed_jobs_files(tmp_path: Path, chaos_seed: int) -> None:
+    report = scenarios.b1_fuzzed_lines(tmp_path, chaos_seed, examples=120)
+    verdict(report)
+    assert report.figures["accepted"] >= 1 and report.figures["rejected"] >= 1
