@@ -462,6 +462,22 @@ class QueueContract:
         assert [i for i, _, _ in q.status(now=T0 + 10, dead_limit=1).recent_dead] == [dead2.id]
         assert q.status(now=T0 + 500).counts["waiting"] == 0
 
+    def test_the_oldest_queued_job_counts_requeued_and_retried_jobs(self, q: Queue) -> None:
+        self.submit(q, make_job(1), now=T0)
+        self.submit(q, make_job(2), now=T0 + 10)
+        self.submit(q, make_job(3), now=T0 + 20)
+        first = self.claim(q, now=T0 + 30)
+        q.dead(first, "broken", now=T0 + 31)
+        assert q.status(now=T0 + 32).oldest_queued_at == T0 + 10
+        q.requeue_dead([first.id], now=T0 + 33)
+        assert q.status(now=T0 + 34).oldest_queued_at == T0
+        again = self.claim(q, now=T0 + 35)
+        q.retry_later(again, run_after=T0 + 99, reason="later", now=T0 + 36)
+        assert q.status(now=T0 + 37).oldest_queued_at == T0  # waiting to retry is still queued
+        for _ in range(3):
+            q.complete(self.claim(q, now=T0 + 100), [], now=T0 + 101)
+        assert q.status(now=T0 + 102).oldest_queued_at is None
+
     def test_status_of_an_empty_queue(self, q: Queue) -> None:
         status = q.status(now=T0)
         assert status.counts == {"queued": 0, "waiting": 0, "running": 0, "done": 0, "dead": 0, "cancelled": 0}
