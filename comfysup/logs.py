@@ -108,3 +108,10 @@ def setup_logging(level: int = logging.INFO, fmt: str | None = None) -> None:
     handler.setFormatter(JsonFormatter() if chosen == "json" else logging.Formatter("%(message)s"))
     root.setLevel(level)
     root.propagate = False
+    # Python's warnings (a library's deprecation notice) become log events too, in the same format,
+    # instead of bare lines on stderr between JSON objects.
+    logging.captureWarnings(True)
+    warnings_log = logging.getLogger("py.warnings")
+    if handler not in warnings_log.handlers:
+        warnings_log.addHandler(handler)
+    warnings_log.propagate = False

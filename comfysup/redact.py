@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from typing import Any
+from urllib.parse import urlparse
 
 MASK = "***"
 MAX_REASON_CHARS = 2000
@@ -80,3 +81,15 @@ def bound(text: str, limit: int = MAX_REASON_CHARS) -> str:
         return text
     cut = len(text) - limit
     return text[:limit] + f" … ({cut} more characters)"
+
+
+def display_url(url: str) -> str:
+    """scheme://host[:port]/… — the path and query of a webhook URL often are its secret (Slack, Discord),
+    so they are never shown, logged or put in an error."""
+    try:
+        parsed = urlparse(url)
+        host = parsed.hostname or "?"
+        port = f":{parsed.port}" if parsed.port else ""
+    except ValueError:
+        return "(unreadable url)"
+    return f"{parsed.scheme}://{host}{port}/…"

@@ -24,14 +24,13 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import urlparse
 
 import requests
 
 from comfysup.config import WebhooksConfig
 from comfysup.errors import NotFound, QueueError
 from comfysup.queue.base import TERMINAL, Delivery, JobRecord, Queue
-from comfysup.redact import Redactor, bound, mask
+from comfysup.redact import Redactor, bound, display_url, mask
 from comfysup.runner.retry import RetryPolicy
 
 log = logging.getLogger("comfysup.webhooks")
@@ -59,18 +58,6 @@ def verify(secret: str, timestamp: str, body: bytes, signature: str, *, now: flo
     except ValueError:
         return False
     return age <= tolerance_seconds and hmac.compare_digest(sign(secret, timestamp, body), signature)
-
-
-def display_url(url: str) -> str:
-    """scheme://host[:port]/… — the path and query of a webhook URL often are its secret (Slack, Discord),
-    so they are never shown, logged or put in an error."""
-    try:
-        parsed = urlparse(url)
-        host = parsed.hostname or "?"
-        port = f":{parsed.port}" if parsed.port else ""
-    except ValueError:
-        return "(unreadable url)"
-    return f"{parsed.scheme}://{host}{port}/…"
 
 
 def record_body(job: JobRecord) -> dict[str, Any]:

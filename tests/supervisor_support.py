@@ -77,7 +77,8 @@ class Supervised:
 
     def __init__(self, tmp: Path, *, script: dict[str, list[str]] | None = None, node_ms: float = 20.0,
                  main: Path = FAKE_MAIN, runner: dict[str, Any] | None = None,
-                 supervisor: dict[str, Any] | None = None, servers: list[dict[str, str]] | None = None) -> None:
+                 supervisor: dict[str, Any] | None = None, servers: list[dict[str, str]] | None = None,
+                 extra_sections: dict[str, Any] | None = None) -> None:
         self.tmp = tmp
         self.base_port = free_base_port()
         extra = ["--node-ms", str(node_ms)]
@@ -95,7 +96,9 @@ class Supervised:
         doc = {"queue": {"path": "var/queue.db"}, "store": {"dir": "var/results"},
                "comfyui": {"main": str(main), "gpus": "cpu:2", "base_port": self.base_port,
                            "base_directory": "var/comfyui", "startup_seconds": 20.0, "extra_args": extra},
-               "runner": runner_settings, "supervisor": supervisor_settings}
+               "runner": runner_settings, "supervisor": supervisor_settings,
+               # Any free port: tests never meet on the default 9188, nor a person's running comfysup.
+               "metrics": {"listen": "127.0.0.1:0", "refresh_seconds": 1.0}, **(extra_sections or {})}
         if servers:
             doc["servers"] = servers
         self.config_path = tmp / "config.toml"
@@ -142,6 +145,15 @@ class Supervised:
             return json.loads(self.state_path.read_text())
         except (OSError, ValueError):
             return None
+
+    def metrics_url(self, proc: subprocess.Popen[bytes], seconds: float = 20.0) -> str:
+        """http://127.0.0.1:PORT/ of the supervisor's monitor, once it listens (the state file names it)."""
+        def listening() -> str | None:
+            assert proc.poll() is None, f"the supervisor exited with {proc.returncode}\n{self.describe()}"
+            state = self.state()
+            return state.get("metrics_url") if state and state.get("pid") == proc.pid else None
+
+        return wait_for(listening, seconds, "the metrics endpoint", self.describe)
 
     def slot(self, name: str) -> dict[str, Any]:
         state = self.state()

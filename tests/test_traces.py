@@ -187,8 +187,16 @@ def test_the_log_format_comes_from_the_flag_then_the_environment(monkeypatch: py
     with pytest.raises(UsageError, match="expected one of plain, json"):
         resolve_format(None, {"COMFYSUP_LOG_FORMAT": "xml"})
     monkeypatch.setenv("COMFYSUP_LOG_FORMAT", "json")
-    setup_logging()
-    root = logging.getLogger("comfysup")
-    assert [type(h.formatter) for h in root.handlers if getattr(h, "_comfysup", False)] == [JsonFormatter]
-    setup_logging(fmt="plain")  # a second call changes the format, it adds no second handler
-    assert [type(h.formatter) for h in root.handlers if getattr(h, "_comfysup", False)] == [logging.Formatter]
+    root, warned = logging.getLogger("comfysup"), logging.getLogger("py.warnings")
+    saved = (list(root.handlers), root.level, root.propagate, list(warned.handlers), warned.propagate)
+    try:
+        setup_logging()
+        assert [type(h.formatter) for h in root.handlers if getattr(h, "_comfysup", False)] == [JsonFormatter]
+        setup_logging(fmt="plain")  # a second call changes the format, it adds no second handler
+        assert [type(h.formatter) for h in root.handlers if getattr(h, "_comfysup", False)] == [logging.Formatter]
+        assert any(getattr(h, "_comfysup", False) for h in warned.handlers)  # warnings are log events too
+    finally:  # this process is pytest's: leave its logging as it was
+        root.handlers[:], warned.handlers[:] = saved[0], saved[3]
+        root.setLevel(saved[1])
+        root.propagate, warned.propagate = saved[2], saved[4]
+        logging.captureWarnings(False)

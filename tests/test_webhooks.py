@@ -9,11 +9,8 @@ that never answers costs a job nothing: it is done, and its delivery is given up
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -22,69 +19,22 @@ import tomli_w
 
 from comfysup.config import WebhooksConfig
 from comfysup.queue.sqlite import SQLiteQueue
+from comfysup.redact import display_url
 from comfysup.webhooks import (
     DELIVERY_HEADER,
     SIGNATURE_HEADER,
     TIMESTAMP_HEADER,
     Deliverer,
-    display_url,
     sign,
     verify,
 )
 from fake_comfy import FakeComfy
 from tests.runner_helpers import comfysup, job_id, jobs_file, trivial_job, write_config
+from tests.webhook_support import Receiver
 
 SECRET = "whsec-test-3c7f1a"
 CANARY = "sk-canary-hook-91be0c2d77"
 URL_TOKEN = "T0KEN-in-the-path-5e1d"
-
-
-@dataclass
-class Received:
-    path: str
-    headers: dict[str, str]
-    body: bytes
-    answered: int
-
-
-@dataclass
-class Receiver:
-    """An HTTP server that answers ``fail_first`` requests with 500, then 204, and keeps what it got."""
-
-    fail_first: int
-    got: list[Received] = field(default_factory=list)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    server: ThreadingHTTPServer | None = None
-
-    @property
-    def url(self) -> str:
-        assert self.server is not None
-        return f"http://127.0.0.1:{self.server.server_address[1]}"
-
-    def start(self) -> Receiver:
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                with receiver.lock:
-                    code = 500 if len(receiver.got) < receiver.fail_first else 204
-                    receiver.got.append(Received(self.path, dict(self.headers), body, code))
-                self.send_response(code)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        return self
-
-    def stop(self) -> None:
-        if self.server is not None:
-            self.server.shutdown()
-            self.server.server_close()
 
 
 @pytest.fixture

@@ -12,10 +12,9 @@ from comfysup.commands._common import age, config_from, queue_from, when
 from comfysup.errors import UsageError
 from comfysup.jobs import JobLineError, canonical_id
 from comfysup.queue.base import Delivery, JobRecord
-from comfysup.redact import Redactor, bound, mask
+from comfysup.redact import Redactor, bound, display_url, mask
 from comfysup.runner.trace import phase_durations
 from comfysup.views import progress_text
-from comfysup.webhooks import display_url
 
 PHASE_NOTES = {"posted": "waiting in ComfyUI's queue", "followed": "following a prompt an earlier attempt left",
                "adopted": "a finished run adopted from /history"}
@@ -35,7 +34,7 @@ def as_dict(job: JobRecord, with_workflow: bool, deliveries: list[Delivery] | No
     clean = Redactor.for_job(job.workflow, job.extra_data)
     out = {
         "id": job.id, "state": job.state, "priority": job.priority, "attempt": job.attempt,
-        "workflow_name": job.workflow_name, "params": mask(job.params), "meta": job.meta,
+        "workflow_name": job.workflow_name, "params": mask(job.params), "meta": mask(job.meta),
         "extra_data": mask(job.extra_data), "submitted_at": job.submitted_at, "finished_at": job.finished_at,
         "server": job.server, "reason": clean(job.reason) if job.reason else None,
         "cancel_requested": job.cancel_requested,
@@ -101,8 +100,8 @@ def render(job: JobRecord, with_workflow: bool, deliveries: list[Delivery] | Non
         lines.append("  set        " + ", ".join(f"{k}={json.dumps(v)}" for k, v in d["params"].items()))
     if d["extra_data"]:
         lines.append("  extra_data " + json.dumps(d["extra_data"]))
-    if job.meta:
-        lines.append("  meta       " + json.dumps(job.meta))
+    if d["meta"]:
+        lines.append("  meta       " + json.dumps(d["meta"]))
     if d["reason"]:
         lines.append(f"  reason     {d['reason']}")
     if d["progress"]:

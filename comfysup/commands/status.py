@@ -1,16 +1,18 @@
-"""``comfysup status``: where every job is, at a glance; ``--json`` for scripts."""
+"""``comfysup status``: where every job is, at a glance; ``--json`` for scripts; ``--watch`` to keep looking."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
-from typing import Any
+from typing import Any, TextIO
 
 from comfysup.commands._common import age, config_from, queue_from
 from comfysup.queue.base import Machine, Status
 from comfysup.redact import bound
 from comfysup.supervisor.state import read_state, staleness
+from comfysup.views import WINDOW_SECONDS, Overview, overview, progress_text
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -20,6 +22,9 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
                                    "last dead letters with their reasons.")
     p.add_argument("--json", action="store_true", help="print one JSON object instead")
     p.add_argument("--dead", type=int, default=5, metavar="N", help="how many dead letters to list (default 5)")
+    p.add_argument("--watch", nargs="?", const=2.0, type=float, metavar="SECONDS",
+                   help="refresh in place every SECONDS (default 2): slots, running jobs with their progress, "
+                        "counts, jobs per minute, the last dead letters; Ctrl-C stops")
     p.set_defaults(func=run)
 
 
@@ -28,8 +33,8 @@ def snapshot(status: Status, now: float) -> dict[str, Any]:
         "counts": status.counts,
         "oldest_queued_age_seconds": None if status.oldest_queued_at is None else now - status.oldest_queued_at,
         "running": [{"id": r.id, "server": r.server, "owner": r.owner, "attempt": r.attempt,
-                     "elapsed_seconds": now - r.started_at, "lease_left_seconds": r.lease_until - now}
-                    for r in status.running],
+                     "elapsed_seconds": now - r.started_at, "lease_left_seconds": r.lease_until - now,
+                     "progress": r.progress} for r in status.running],
         "recent_dead": [{"id": i, "finished_at": t, "reason": reason} for i, t, reason in status.recent_dead],
     }
 
@@ -42,8 +47,9 @@ def render(status: Status, now: float) -> str:
         lines.append(f"oldest queued job: {age(now - status.oldest_queued_at)} old")
     if status.running:
         lines.append("")
-        lines.append(f"{'running job':36}  {'server':10} {'attempt':>7}  elapsed")
-        lines += [f"{r.id:36}  {r.server:10} {r.attempt:>7}  {age(now - r.started_at)}" for r in status.running]
+        lines.append(f"{'running job':36}  {'server':10} {'attempt':>7}  {'elapsed':>10}  progress")
+        lines += [f"{r.id:36}  {r.server:10} {r.attempt:>7}  {age(now - r.started_at):>10}  "
+                  f"{bound(progress_text(r.progress), 80)}" for r in status.running]
     if status.recent_dead:
         lines.append("")
         lines.append("last dead letters:")
@@ -100,7 +106,47 @@ def _cell(value: Any) -> str:
     return "-" if value is None or value == "" else str(value)
 
 
+def render_watch(view: Overview, interval: float) -> str:
+    """One frame of ``status --watch``: the same sections as the status page."""
+    f = view.finished
+    head = (f"comfysup status at {time.strftime('%H:%M:%S', time.localtime(view.now))} (every {interval:g} s; "
+            "Ctrl-C stops)")
+    rate = (f"last {WINDOW_SECONDS / 60:.0f} min: {f.get('done', 0)} done ({view.per_minute:.1f} jobs/min), "
+            f"{f.get('dead', 0)} dead, {f.get('cancelled', 0)} cancelled")
+    return "\n".join([head, "", render(view.status, view.now), rate, "", render_slots(view.supervisor, view.now)])
+
+
+CLEAR_HOME, CLEAR_LINE, CLEAR_BELOW = "\x1b[H", "\x1b[K", "\x1b[J"
+FRAME_SEPARATOR = "\f\n"
+"""Between frames when the output is not a terminal (a pipe, a file): a form feed, so frames can be split."""
+
+
+def watch(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+    """Redraw in place until Ctrl-C, which ends it with exit 0 (stopping to watch is not an error)."""
+    interval = max(0.1, float(args.watch))
+    config = config_from(args)
+    queue = queue_from(config)
+    tty = out.isatty()
+    try:
+        while True:
+            frame = render_watch(overview(queue, read_state(config), dead=args.dead), interval)
+            if tty:
+                out.write(CLEAR_HOME + frame.replace("\n", CLEAR_LINE + "\n") + CLEAR_LINE + "\n" + CLEAR_BELOW)
+            else:
+                out.write(frame + "\n" + FRAME_SEPARATOR)
+            out.flush()
+            time.sleep(interval)
+    except KeyboardInterrupt:
+        out.write("\n")
+        out.flush()
+        return 0
+    finally:
+        queue.close()
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.watch is not None:
+        return watch(args)
     config = config_from(args)
     queue = queue_from(config)
     try:

@@ -6,12 +6,18 @@ import argparse
 import shutil
 import sys
 import tempfile
+import time
+from collections import Counter
 from pathlib import Path
 
 from comfysup.commands._common import config_from, object_info_path, queue_from
+from comfysup.config import Config
 from comfysup.errors import ComfysupError, UsageError
 from comfysup.jobs import JobsFile, ObjectInfo, Problem, format_problems
-from comfysup.queue.base import SubmitConflict
+from comfysup.queue.base import CANCELLED, DEAD, DONE, TERMINAL, Queue, SubmitConflict
+from comfysup.redact import bound
+
+WAIT_POLL_SECONDS = 0.5
 
 
 class InvalidJobs(ComfysupError):
@@ -29,6 +35,8 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("file", help="the jobs file, one JSON object a line; - reads standard input (workflow "
                    "paths are then relative to the current directory)")
     p.add_argument("--dry-run", action="store_true", help="validate only; insert nothing")
+    p.add_argument("--wait", action="store_true", help="then show a progress bar until every job of the file "
+                   "is done, dead or cancelled, and print the summary; exit 0 when all are done, 1 otherwise")
     p.set_defaults(func=run)
 
 
@@ -47,6 +55,7 @@ def run(args: argparse.Namespace) -> int:
         if args.dry_run:
             print(f"{label}: {checked.count} job(s) valid; nothing submitted (--dry-run)")
             return 0
+        ids = list(checked.lines_by_id)
         queue = queue_from(config, create=True)
         try:
             result = queue.submit(jobs.jobs())
@@ -59,7 +68,49 @@ def run(args: argparse.Namespace) -> int:
         finally:
             queue.close()
     print(f"submitted {result.inserted} job(s), {result.existing} already submitted")
+    if args.wait:
+        sys.stdout.flush()
+        return wait(config, ids)
     return 0
+
+
+def wait(config: Config, ids: list[str]) -> int:
+    """A tqdm bar until every job of the file is terminal, then the summary: exit 0 when all are done.
+
+    Only the jobs not yet terminal are asked about on each poll (``Queue.states``, no workflows read), so
+    waiting on a file of 100,000 jobs costs the queue less with every job that ends.
+    """
+    from tqdm import tqdm
+
+    queue = queue_from(config)
+    ended: dict[str, str] = {}
+    left = list(ids)
+    try:
+        with tqdm(total=len(ids), unit="job", desc="jobs", file=sys.stderr, dynamic_ncols=True) as bar:
+            while left:
+                states = queue.states(left)
+                now_ended = {i: s for i, s in states.items() if s in TERMINAL}
+                ended.update(now_ended)
+                left = [i for i in left if i not in now_ended]
+                bar.update(len(now_ended))
+                counts = Counter(ended.values())
+                bar.set_postfix(done=counts[DONE], dead=counts[DEAD], cancelled=counts[CANCELLED], refresh=False)
+                if left:
+                    time.sleep(WAIT_POLL_SECONDS)
+        return _summary(queue, ended)
+    finally:
+        queue.close()
+
+
+def _summary(queue: Queue, ended: dict[str, str]) -> int:
+    counts = Counter(ended.values())
+    print(f"summary: {counts[DONE]} done, {counts[DEAD]} dead-lettered, {counts[CANCELLED]} cancelled")
+    failed = [i for i, s in ended.items() if s != DONE]
+    for job in queue.get_many(failed[:10]):
+        print(f"  {job.id} {job.state}: {bound(job.reason or '', 300)}")
+    if len(failed) > 10:
+        print(f"  … and {len(failed) - 10} more (comfysup status, comfysup show ID)")
+    return 0 if not failed else 1
 
 
 class _opened:

@@ -8,6 +8,7 @@ CUDA_DEVICE_ORDER=PCI_BUS_ID so CUDA numbers devices as NVML does.
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import ModuleType
@@ -45,8 +46,12 @@ class Slot:
 
 
 def _load_nvml() -> ModuleType | None:
+    """pynvml, without its import-time FutureWarning about its package name: a person can do nothing
+    about it, and a bare line on stderr breaks ``--log-format json``'s one object per line."""
     try:
-        import pynvml
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", category=FutureWarning)
+            import pynvml
     except ImportError:
         return None
     return pynvml
@@ -122,3 +127,71 @@ def slots_for(spec: GpuSpec, discovery: Discovery | None = None) -> list[Slot]:
         raise ConfigError(f"[comfyui] gpus = \"auto\" but no GPU is usable: {note}. On a machine without "
                           "an NVIDIA GPU set gpus = \"cpu:N\" to run N ComfyUI servers with --cpu")
     return [Slot(f"gpu{g.index}", i, g.index) for i, g in enumerate(discovery.gpus)]
+
+
+@dataclass(frozen=True)
+class GpuSample:
+    """What metrics export per GPU, read from NVML at scrape time."""
+
+    index: int
+    name: str
+    memory_used_bytes: int
+    memory_total_bytes: int
+    utilization: float | None
+    """Fraction of the last sample period a kernel ran (0..1); None where NVML does not tell."""
+    uuid: str = ""
+
+
+class GpuSampler:
+    """NVML kept open for the life of the process that scrapes it (nvmlInit is slow to repeat per scrape).
+
+    Never raises: without a driver (or pynvml) ``sample`` returns nothing and per-GPU metrics are absent,
+    which is what a machine without GPUs should show. GPUs hidden by ``CUDA_VISIBLE_DEVICES`` are left out.
+    """
+
+    def __init__(self, env: Mapping[str, str] | None = None, nvml: ModuleType | None = None) -> None:
+        self.env = os.environ if env is None else env
+        self.nvml = nvml if nvml is not None else _load_nvml()
+        self.ready = False
+        self.note = ""
+        if self.nvml is None:
+            self.note = "pynvml is not installed"
+            return
+        try:
+            self.nvml.nvmlInit()
+            self.ready = True
+        except Exception as exc:
+            self.note = f"no NVIDIA driver found (NVML: {_text(exc) or type(exc).__name__})"
+
+    def sample(self) -> list[GpuSample]:
+        if not self.ready or self.nvml is None:
+            return []
+        nvml = self.nvml
+        out: list[GpuSample] = []
+        try:
+            for i in range(nvml.nvmlDeviceGetCount()):
+                handle = nvml.nvmlDeviceGetHandleByIndex(i)
+                memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+                try:
+                    utilization: float | None = float(nvml.nvmlDeviceGetUtilizationRates(handle).gpu) / 100.0
+                except Exception:  # some devices (MIG, vGPU) do not report it
+                    utilization = None
+                out.append(GpuSample(i, _text(nvml.nvmlDeviceGetName(handle)), int(memory.used), int(memory.total),
+                                     utilization, _text(nvml.nvmlDeviceGetUUID(handle))))
+        except Exception as exc:
+            self.note = f"NVML failed: {_text(exc) or type(exc).__name__}"
+            return []
+        visible = self.env.get("CUDA_VISIBLE_DEVICES")
+        if visible is None:
+            return out
+        gpus = [Gpu(s.index, s.name, s.uuid, 0) for s in out]
+        keep = {g.index for g in _filter_visible(gpus, visible)}
+        return [s for s in out if s.index in keep]
+
+    def close(self) -> None:
+        if self.ready and self.nvml is not None:
+            try:
+                self.nvml.nvmlShutdown()
+            except Exception:
+                pass
+            self.ready = False

@@ -15,6 +15,9 @@ What the supervisor promises (DESIGN.md, "The promise"):
   of runners that no longer exist without fear that one still runs.
 - SIGTERM: stop claiming, let the runners use their grace, then stop the servers. Claims of runners
   that had to be killed at the end are released without counting an attempt.
+- The supervisor stays single-threaded, because it forks runners for as long as it lives: /metrics, the
+  status page and webhook deliveries run in a monitor child (comfysup.supervisor.monitor), forked like a
+  runner and restarted when it dies; it stops last, so webhooks of jobs that end during the grace go out.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ from comfysup.runner.attempt import Outcome
 from comfysup.runner.loop import make_owner, owner_pid
 from comfysup.supervisor import server as servers
 from comfysup.supervisor.gpus import Slot, discover, slots_for
+from comfysup.supervisor.monitor import BIND_FAILED
 from comfysup.supervisor.notify import Notifier
 from comfysup.supervisor.policy import Action, Limits, Policy, State
 from comfysup.supervisor.process import ProcessOps, SpawnError, describe_status, set_name
@@ -61,6 +65,9 @@ RUNNER_STOP_MARGIN_SECONDS = 10.0
 """After the grace, how long a runner may take to interrupt its prompt and release its claim."""
 KILL_WAIT_SECONDS = 5.0
 """How long a SIGTERMed server may take to exit, and how long a SIGKILLed child is waited for."""
+MONITOR_STOP_SECONDS = 3.0
+"""How long the monitor may take to finish a webhook try and close its endpoint at the end."""
+MONITOR_MAX_DELAY_SECONDS = 30.0
 LOCK_FILE = "supervisor.lock"
 
 
@@ -146,6 +153,13 @@ class Supervisor:
         self._previous_handlers: dict[int, Any] = {}
         self.queue_ok = True
         """False while the queue database does not answer: runners are told not to claim."""
+        self.monitor_wanted = False
+        """Set by run(): unit tests that tick a supervisor by hand fork no monitor."""
+        self.monitor_pid: int | None = None
+        self.monitor_port: Any = multiprocessing.sharedctypes.RawValue(ctypes.c_int, 0)
+        self.monitor_endpoint = bool(self.config.metrics.listen)
+        self.monitor_restart_at = 0.0
+        self.monitor_delay = 0.5
 
     # -- setup ------------------------------------------------------------------------------------------
 
@@ -266,12 +280,14 @@ class Supervisor:
         self._install_signals()
         log.info("comfysup supervisor %d: %s", os.getpid(),
                  ", ".join(f"{u.name} ({u.device}, {u.url})" for u in self.units))
+        self.monitor_wanted = True
         try:
             while not self.finished:
                 self.tick(self.clock())
                 if not self.finished:
                     self._wait(TICK_SECONDS)
         finally:
+            self._stop_monitor()
             self._restore_signals()
             self.write_state(final=True)
             self.queue.close()
@@ -291,6 +307,8 @@ class Supervisor:
         self._reap(now)
         if self.finished:
             return
+        if self.stop is None or self.stop.phase in ("runners", "killing runners"):
+            self._monitor_step(now)  # webhooks of jobs that end during the grace still go out
         if self.stop is None:
             for unit in self.units:
                 self._server_step(unit, now)
@@ -394,6 +412,9 @@ class Supervisor:
     def _reap(self, now: float) -> None:
         for pid, status in self.ops.reap():
             how = describe_status(status)
+            if pid == self.monitor_pid:
+                self._monitor_exited(now, status, how)
+                continue
             for unit in self.units:
                 if unit.runner_pid == pid:
                     self._runner_exited(unit, now, how)
@@ -538,12 +559,10 @@ class Supervisor:
         unit.runner.spawned(now)
         log.info("%s: runner started, pid %d", unit.name, pid)
 
-    def _runner_main(self, unit: Unit, token: str) -> int:
-        """In the forked child: become a plain runner process (own process group, default signals)."""
-        from comfysup.runner.loop import Runner
-
-        set_name(f"comfysup-{unit.name}")
-        os.setpgid(0, 0)  # Ctrl-C in a terminal reaches the supervisor alone, which then asks each runner
+    def _become_child(self, name: str) -> None:
+        """In a forked child: own process group, default signals, none of the supervisor's descriptors."""
+        set_name(name)
+        os.setpgid(0, 0)  # Ctrl-C in a terminal reaches the supervisor alone, which then asks each child
         signal.set_wakeup_fd(-1)
         for sig in self._previous_handlers:
             signal.signal(sig, signal.SIG_DFL)
@@ -552,6 +571,12 @@ class Supervisor:
                 os.close(fd)
         if self._lock_file is not None:
             self._lock_file.close()
+
+    def _runner_main(self, unit: Unit, token: str) -> int:
+        """In the forked child: become a plain runner process (own process group, default signals)."""
+        from comfysup.runner.loop import Runner
+
+        self._become_child(f"comfysup-{unit.name}")
         shared = unit.shared
 
         def on_alive() -> None:
@@ -578,6 +603,53 @@ class Supervisor:
         runner.install_signals()
         runner.run()
         return 0
+
+    # -- the monitor (metrics, status page, webhooks) -------------------------------------------------
+
+    def _monitor_step(self, now: float) -> None:
+        if self.monitor_wanted and self.monitor_pid is None and now >= self.monitor_restart_at:
+            self.monitor_port.value = 0
+            self.monitor_pid = self.ops.fork(self._monitor_main)
+            log.info("monitor started, pid %d", self.monitor_pid)
+
+    def _monitor_main(self) -> int:
+        from comfysup.supervisor.monitor import monitor_main
+
+        self._become_child("comfysup-monitor")
+        return monitor_main(self.config, self.monitor_port, serve_endpoint=self.monitor_endpoint)
+
+    def _monitor_exited(self, now: float, status: int, how: str) -> None:
+        """Restarted after a growing delay; after a bind failure, without its endpoint (webhooks still go)."""
+        self.monitor_pid = None
+        self.monitor_port.value = 0
+        if self.stop is not None:
+            return
+        if os.WIFEXITED(status) and os.WEXITSTATUS(status) == BIND_FAILED and self.monitor_endpoint:
+            self.monitor_endpoint = False
+            log.error("no /metrics and no status page: [metrics] listen = %r cannot be bound (see above); webhooks "
+                      "are still delivered", self.config.metrics.listen)
+            self.monitor_restart_at = now
+            return
+        self.monitor_restart_at = now + self.monitor_delay
+        log.warning("monitor exited (%s); restarting it in %.1f s", how, self.monitor_delay)
+        self.monitor_delay = min(MONITOR_MAX_DELAY_SECONDS, self.monitor_delay * 2)
+
+    def _stop_monitor(self) -> None:
+        """Last of all: SIGTERM, a few seconds to finish a webhook try, then SIGKILL."""
+        pid, self.monitor_wanted = self.monitor_pid, False
+        if pid is None:
+            return
+        self.ops.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + MONITOR_STOP_SECONDS
+        while time.monotonic() < deadline:
+            if any(ended == pid for ended, _ in self.ops.reap()):
+                self.monitor_pid = None
+                return
+            time.sleep(0.05)
+        self.ops.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+        self.monitor_pid = None
 
     # -- recycling --------------------------------------------------------------------------------------
 
@@ -684,9 +756,13 @@ class Supervisor:
                 "job": u.shared.job.decode() or None, "jobs": u.shared.jobs,
             })
         state = "stopped" if final else ("stopping" if self.stop else "running")
+        port = self.monitor_port.value
+        host = self.config.metrics.listen.rpartition(":")[0] if self.config.metrics.listen else ""
         return {"pid": os.getpid(), "host": host_name(), "state": state,
                 "config": _absolute(self.config.source), "started_at": self.started_at, "updated_at": now,
-                "summary": self.summary(), "slots": slots}
+                "summary": self.summary(), "slots": slots,
+                "metrics_url": f"http://{host}:{port}/" if port and not final else None,
+                "monitor_pid": None if final else self.monitor_pid}
 
     def write_state(self, *, final: bool = False) -> None:
         """Atomically, every tick: ``comfysup status`` and ``health`` read it."""

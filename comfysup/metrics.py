@@ -1,0 +1,228 @@
+"""Prometheus metrics, computed from the queue, the supervisor's state and NVML (prometheus-client).
+
+Two kinds of values:
+
+- Gauges read at scrape time: jobs by state, the oldest queued job's age, per slot (server up, restarts,
+  busy, jobs finished), per GPU (memory used and total, utilisation), pending webhook deliveries.
+- Counters and histograms observed as attempts end: attempts, retries and dead letters by reason class
+  (the attempts table's ``kind``), OOMs, nodes run and served from ComfyUI's cache (from the traces), and
+  per workflow the queue wait and run time of each job that ends. The :class:`Observer` reads the
+  attempts that ended since its last look (``Queue.ended_since``, an index range, never a scan), keeps
+  the keys of the last LOOKBACK_SECONDS so a write that committed late is counted once and only once,
+  and counts from the moment this process started, as Prometheus counters do (``rate()`` handles the
+  reset of a restart).
+
+Labels are bounded and never carry a job id or a secret: state, kind, outcome, slot, device, gpu index
+and name, and the workflow name (the workflow file's stem or the job's ``meta.kind``, cut to 64 chars).
+With several machines on one PostgreSQL queue, every supervisor reports the same queue-wide values
+(aggregate them with ``max``), and its own slots and GPUs.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from comfysup.queue.base import TERMINAL, EndedAttempt, Queue
+from comfysup.supervisor.gpus import GpuSample
+from comfysup.supervisor.state import staleness
+
+LOOKBACK_SECONDS = 120.0
+"""An attempt's end is stamped before its transaction waits for the write lock (SQLite's busy timeout is
+30 s by default), so a row can appear up to that long after rows with later stamps; looking this far back
+and skipping what was counted catches it exactly once."""
+WAIT_BUCKETS = (0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 4 * 3600, 24 * 3600, float("inf"))
+RUN_BUCKETS = (0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800, 3600, 4 * 3600, float("inf"))
+LABEL_CHARS = 64
+PAGE = 10000
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def label(value: str | None, default: str = "none") -> str:
+    """A label value: bounded, printable, never empty."""
+    text = "".join(c if c.isprintable() else "?" for c in (value or default))[:LABEL_CHARS]
+    return text or default
+
+
+class Observer:
+    """Counters and histograms fed by the attempts that end; ``catch_up`` is cheap to call often."""
+
+    def __init__(self, registry: CollectorRegistry, since: float) -> None:
+        self.cursor = since
+        """The latest end observed (never before the start: earlier attempts are not this process's)."""
+        self.start = since
+        self.node_total = self.node_cached = 0
+        self.seen: dict[tuple[str, int, float], float] = {}
+        self.lock = threading.Lock()
+        self.attempts = Counter("comfysup_attempts", "Attempts that ended, by outcome and reason class (kind).",
+                                ["outcome", "kind"], registry=registry)
+        self.retries = Counter("comfysup_retries", "Attempts that failed and were retried, by reason class.",
+                               ["kind"], registry=registry)
+        self.dead = Counter("comfysup_dead_letters", "Jobs dead-lettered, by the reason class of the last attempt.",
+                            ["kind"], registry=registry)
+        self.oom = Counter("comfysup_oom", "Attempts that ended in an out-of-memory error of ComfyUI.",
+                           registry=registry)
+        self.nodes = Counter("comfysup_nodes", "Nodes of ended attempts: run by ComfyUI or served from its cache.",
+                             registry=registry)
+        self.cached = Counter("comfysup_nodes_cached", "Nodes ComfyUI served from its cache (execution_cached).",
+                              registry=registry)
+        self.wait = Histogram("comfysup_job_queue_wait_seconds", "From submit to the first attempt's start, of "
+                              "each job that ended.", ["workflow"], buckets=WAIT_BUCKETS, registry=registry)
+        self.run = Histogram("comfysup_job_duration_seconds", "From the first attempt's start to the end, "
+                             "retries included, of each job that ended.", ["workflow", "state"],
+                             buckets=RUN_BUCKETS, registry=registry)
+
+    def catch_up(self, queue: Queue) -> int:
+        """Observe every attempt that ended since the last call; returns how many were new."""
+        with self.lock:
+            new = 0
+            since = max(self.start, self.cursor - LOOKBACK_SECONDS)
+            while True:
+                rows = queue.ended_since(since, limit=PAGE)
+                fresh = [r for r in rows if (r.job_id, r.attempt, r.started_at) not in self.seen]
+                for row in fresh:
+                    self.seen[(row.job_id, row.attempt, row.started_at)] = row.ended_at
+                    self.observe(row)
+                    self.cursor = max(self.cursor, row.ended_at)
+                new += len(fresh)
+                if len(rows) < PAGE or rows[-1].ended_at == since:
+                    break
+                since = rows[-1].ended_at  # a full page: the next one starts where it stopped
+            horizon = self.cursor - LOOKBACK_SECONDS
+            self.seen = {k: v for k, v in self.seen.items() if v >= horizon}
+            return new
+
+    def observe(self, row: EndedAttempt) -> None:
+        kind = label(row.kind)
+        self.attempts.labels(outcome=label(row.outcome), kind=kind).inc()
+        if row.outcome == "retry":
+            self.retries.labels(kind=kind).inc()
+        elif row.outcome == "dead":
+            self.dead.labels(kind=kind).inc()
+        if row.kind == "oom":
+            self.oom.inc()
+        trace = row.trace or {}
+        ran, cached = len(trace.get("nodes") or []), len(trace.get("cached") or [])
+        if ran or cached:
+            self.nodes.inc(ran + cached)
+            self.cached.inc(cached)
+            self.node_total += ran + cached
+            self.node_cached += cached
+        if row.outcome in TERMINAL:
+            workflow = label(row.workflow_name, "unnamed")
+            self.wait.labels(workflow=workflow).observe(max(0.0, row.first_started_at - row.submitted_at))
+            self.run.labels(workflow=workflow, state=row.outcome).observe(max(0.0, row.ended_at - row.first_started_at))
+
+    def cache_ratio(self) -> float | None:
+        return None if not self.node_total else self.node_cached / self.node_total
+
+
+class Live(Collector):
+    """The gauges read at scrape time (prometheus-client calls ``collect`` on every scrape)."""
+
+    def __init__(self, queue: Queue, state: Callable[[], dict[str, Any] | None], gpus: Callable[[], list[GpuSample]],
+                 observer: Observer, deliveries: Callable[[], dict[str, int]] = dict) -> None:
+        self.queue = queue
+        self.state = state
+        self.gpus = gpus
+        self.observer = observer
+        self.deliveries = deliveries
+
+    def collect(self) -> Iterator[Metric]:
+        self.observer.catch_up(self.queue)  # the counters are exact as of this scrape
+        now = time.time()
+        status = self.queue.status(now, dead_limit=0)
+        jobs = GaugeMetricFamily("comfysup_jobs", "Jobs by state (waiting: queued, waiting to retry).",
+                                 labels=["state"])
+        for state, count in sorted(status.counts.items()):
+            jobs.add_metric([state], count)
+        yield jobs
+        oldest = GaugeMetricFamily("comfysup_oldest_queued_age_seconds", "Age of the oldest queued job (0: none).")
+        oldest.add_metric([], 0.0 if status.oldest_queued_at is None else max(0.0, now - status.oldest_queued_at))
+        yield oldest
+        ratio = self.observer.cache_ratio()
+        if ratio is not None:
+            hit = GaugeMetricFamily("comfysup_node_cache_hit_ratio", "Nodes served from ComfyUI's cache over all "
+                                    "nodes of the attempts that ended since this process started.")
+            hit.add_metric([], ratio)
+            yield hit
+        pending = GaugeMetricFamily("comfysup_webhook_deliveries_pending", "Webhook deliveries not yet sent "
+                                    "(due, or waiting for their next try).")
+        pending.add_metric([], self.queue.pending_deliveries())
+        yield pending
+        tries = CounterMetricFamily("comfysup_webhook_tries", "Webhook tries by this deliverer, by result "
+                                    "(delivered, retry: failed and tried again later, failed: given up).",
+                                    labels=["result"])
+        for result in ("delivered", "retry", "failed"):
+            tries.add_metric([result], self.deliveries().get(result, 0))
+        yield tries
+        yield from self._slots(now)
+        yield from self._gpus()
+
+    def _slots(self, now: float) -> Iterable[Metric]:
+        state = self.state()
+        if state is None:
+            return
+        running = staleness(state, now) is None
+        labels = ["slot", "device"]
+        up = GaugeMetricFamily("comfysup_slot_up", "1 while the slot's ComfyUI server runs (or an external one "
+                               "is used) and its supervisor is alive.", labels=labels)
+        restarts = GaugeMetricFamily("comfysup_slot_restarts", "Restarts of the slot's ComfyUI server since the "
+                                     "supervisor started.", labels=labels)
+        runner_restarts = GaugeMetricFamily("comfysup_slot_runner_restarts", "Restarts of the slot's runner since "
+                                            "the supervisor started.", labels=labels)
+        busy = GaugeMetricFamily("comfysup_slot_busy", "1 while the slot runs a job (its id is in comfysup status, "
+                                 "never in a label).", labels=labels)
+        done = CounterMetricFamily("comfysup_slot_jobs", "Attempts the slot's runners finished since the "
+                                   "supervisor started.", labels=labels)
+        for slot in state.get("slots") or []:
+            if not isinstance(slot, dict):
+                continue
+            key = [label(str(slot.get("name"))), label(str(slot.get("device")))]
+            up.add_metric(key, 1.0 if running and slot.get("state") in ("running", "external") else 0.0)
+            restarts.add_metric(key, float(slot.get("restarts") or 0))
+            runner_restarts.add_metric(key, float(slot.get("runner_restarts") or 0))
+            busy.add_metric(key, 1.0 if running and slot.get("job") else 0.0)
+            done.add_metric(key, float(slot.get("jobs") or 0))
+        yield from (up, restarts, runner_restarts, busy, done)
+
+    def _gpus(self) -> Iterable[Metric]:
+        samples = self.gpus()
+        if not samples:
+            return  # no driver: per-GPU metrics are absent, not zero
+        labels = ["gpu", "name"]
+        used = GaugeMetricFamily("comfysup_gpu_memory_used_bytes", "GPU memory in use (NVML).", labels=labels)
+        total = GaugeMetricFamily("comfysup_gpu_memory_total_bytes", "GPU memory in all (NVML).", labels=labels)
+        busy = GaugeMetricFamily("comfysup_gpu_utilization_ratio", "Fraction of time a kernel ran (NVML).",
+                                 labels=labels)
+        for g in samples:
+            key = [str(g.index), label(g.name)]
+            used.add_metric(key, g.memory_used_bytes)
+            total.add_metric(key, g.memory_total_bytes)
+            if g.utilization is not None:
+                busy.add_metric(key, g.utilization)
+        yield from (used, total, busy)
+
+
+class Metrics:
+    """The registry of one monitor process: observed counters plus the live gauges."""
+
+    def __init__(self, queue: Queue, state: Callable[[], dict[str, Any] | None],
+                 gpus: Callable[[], list[GpuSample]] = list, deliveries: Callable[[], dict[str, int]] = dict,
+                 since: float | None = None) -> None:
+        self.registry = CollectorRegistry()
+        self.queue = queue
+        self.observer = Observer(self.registry, time.time() if since is None else since)
+        self.registry.register(Live(queue, state, gpus, self.observer, deliveries))
+
+    def catch_up(self) -> int:
+        return self.observer.catch_up(self.queue)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,86 @@
+"""The monitor: a child of the supervisor that serves ``/metrics`` and the status page, and sends webhooks.
+
+Why a process of its own rather than threads in the supervisor: the supervisor forks runners for as long
+as it lives (a runner that dies is forked again), and a fork copies only the thread that calls it; a lock
+held at that moment by another thread (an HTTP handler inside logging, the SQLite queue's lock, a
+``requests`` connection pool) would stay locked forever in the new runner. So the supervisor keeps a
+single thread, and everything that needs threads lives here, in a process that never forks. It reads
+what the supervisor knows from ``supervisor.json`` (rewritten every tick) and the rest from the queue, so
+it needs nothing else from its parent; a monitor that dies is started again and the supervisor's work
+never waits for it.
+
+It exits with BIND_FAILED when ``[metrics] listen`` cannot be bound (a port already taken): restarting it
+could not help, so the supervisor says why once and carries on without an endpoint (webhooks are then
+delivered by a monitor started without one).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from types import FrameType
+from typing import Any
+
+from comfysup.config import Config
+from comfysup.metrics import Metrics
+from comfysup.queue import open_queue
+from comfysup.supervisor.gpus import GpuSampler
+from comfysup.supervisor.state import read_state
+from comfysup.web import App, serve
+from comfysup.webhooks import Deliverer
+
+log = logging.getLogger("comfysup.monitor")
+
+BIND_FAILED = 3
+"""Exit code: the endpoint's address cannot be bound; do not restart (gunicorn's named boot failure)."""
+PASS_SECONDS = 1.0
+
+
+def monitor_main(config: Config, port_out: Any, serve_endpoint: bool = True) -> int:
+    """Serve and deliver until SIGTERM. ``port_out.value`` gets the bound port (0 while there is none)."""
+    stop = threading.Event()
+
+    def on_term(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the supervisor, which stops us in order
+    server = None
+    gpus = GpuSampler()
+    web_queue = open_queue(config, create=True)
+    deliver_queue = open_queue(config, create=True)
+    deliverer = Deliverer(deliver_queue, config.webhooks)
+    metrics = Metrics(web_queue, lambda: read_state(config), gpus.sample, lambda: dict(deliverer.counts))
+    if serve_endpoint and config.metrics.listen:
+        app = App(web_queue, metrics, lambda: read_state(config), config.resolve(config.store.dir),
+                  refresh_seconds=config.metrics.refresh_seconds)
+        try:
+            server = serve(config.metrics.listen, app)
+        except OSError as exc:
+            log.error("cannot serve /metrics and the status page on %s: %s; set [metrics] listen to a free "
+                      "address (port 0 takes any free port), or \"\" for none", config.metrics.listen,
+                      exc.strerror or exc)
+            return BIND_FAILED
+        host, port = server.server_address[:2]
+        port_out.value = port
+        threading.Thread(target=server.serve_forever, name="comfysup-http", daemon=True).start()
+        log.info("metrics on http://%s/metrics, status page on http://%s/",
+                 f"{host}:{port}" if ":" not in str(host) else f"[{host}]:{port}",
+                 f"{host}:{port}" if ":" not in str(host) else f"[{host}]:{port}")
+    try:
+        while not stop.is_set():
+            try:
+                deliverer.run_once()
+                metrics.catch_up()  # keeps the look-back window small even when nobody scrapes
+            except Exception as exc:  # a queue that does not answer: try again at the next pass
+                log.warning("monitor: %s", exc)
+            stop.wait(PASS_SECONDS)
+    finally:
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+        gpus.close()
+        web_queue.close()
+        deliver_queue.close()
+    return 0

@@ -1,0 +1,270 @@
+"""The endpoint at ``[metrics] listen``: ``/metrics`` for Prometheus, ``/`` a read-only status page, and
+``/files/<job id>/<name>`` serving the result store's files read-only.
+
+The page is plain HTML from the standard library (no build step, no JavaScript): it reloads itself every
+``refresh_seconds`` and shows what ``comfysup status --watch`` shows, plus the last finished jobs with
+their files linked. Nothing on it can change anything: only GET and HEAD are answered.
+
+Files are served only from inside the store directory: the job id must be a canonical UUID, every part of
+the name is checked as the runner checks names from ComfyUI (no ``..``, no absolute path, no NUL, no
+backslash), and the resolved path must still be inside ``<store>/<job id>`` (a symlink pointing out is
+refused). Everything shown went through the redaction of secrets when it was stored (reasons) or is
+masked here (nothing of a job's workflow, extra_data or meta is shown at all).
+"""
+
+from __future__ import annotations
+
+import html
+import logging
+import mimetypes
+import time
+import urllib.parse
+from collections.abc import Callable
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from comfysup.commands._common import age
+from comfysup.jobs import JobLineError, canonical_id
+from comfysup.metrics import CONTENT_TYPE, Metrics
+from comfysup.queue.base import Queue
+from comfysup.redact import bound
+from comfysup.runner.store import UnsafeName, check_part
+from comfysup.views import WINDOW_SECONDS, Overview, overview, progress_fraction, progress_text
+
+log = logging.getLogger("comfysup.web")
+PAGE_CSP = "default-src 'none'; img-src 'self'; style-src 'unsafe-inline'; base-uri 'none'; form-action 'none'"
+FILE_CSP = "default-src 'none'; img-src 'self'; style-src 'unsafe-inline'; sandbox"
+INLINE_TYPES = frozenset({"image/png", "image/jpeg", "image/webp", "image/gif", "audio/mpeg", "audio/flac",
+                          "audio/wav", "video/mp4", "video/webm", "text/plain"})
+"""Types a browser may show in place; anything else is a download (an SVG or HTML output could script)."""
+THUMBNAIL_TYPES = frozenset({"image/png", "image/jpeg", "image/webp", "image/gif"})
+
+
+@dataclass
+class Answer:
+    status: int
+    content_type: str
+    body: bytes
+    headers: dict[str, str]
+
+
+class App:
+    """Routes to answers; the HTTP plumbing stays in the handler so this is tested without sockets."""
+
+    def __init__(self, queue: Queue, metrics: Metrics, state: Callable[[], dict[str, Any] | None], store: Path,
+                 refresh_seconds: float = 2.0, done_limit: int = 12) -> None:
+        self.queue = queue
+        self.metrics = metrics
+        self.state = state
+        self.store = store
+        self.refresh_seconds = refresh_seconds
+        self.done_limit = done_limit
+
+    def get(self, raw_path: str) -> Answer:
+        path = urllib.parse.urlsplit(raw_path).path
+        if path == "/metrics":
+            return Answer(200, CONTENT_TYPE, self.metrics.exposition(), {})
+        if path in ("/", "/index.html"):
+            view = overview(self.queue, self.state(), dead=5, done=self.done_limit)
+            body = render_page(view, self.refresh_seconds).encode()
+            return Answer(200, "text/html; charset=utf-8", body, {"Content-Security-Policy": PAGE_CSP,
+                                                                   "Cache-Control": "no-store"})
+        if path.startswith("/files/"):
+            return self.file(path[len("/files/"):])
+        return _text(404, "not found")
+
+    def file(self, rest: str) -> Answer:
+        """A file of the result store, or 404: nothing outside ``<store>/<job id>`` is ever read."""
+        job, _, name = rest.partition("/")
+        try:
+            canonical_id(job)
+            parts = [check_part(urllib.parse.unquote(p), "name") for p in name.split("/")]
+        except (JobLineError, UnsafeName):
+            return _text(404, "not found")
+        folder = (self.store / job).resolve()
+        target = folder.joinpath(*parts).resolve()
+        if folder not in target.parents or not target.is_file():
+            return _text(404, "not found")
+        try:
+            body = target.read_bytes()
+        except OSError:
+            return _text(404, "not found")
+        kind = mimetypes.guess_type(target.name)[0] or "application/octet-stream"
+        headers = {"Content-Security-Policy": FILE_CSP, "Cache-Control": "private, max-age=60"}
+        if kind not in INLINE_TYPES:
+            headers["Content-Disposition"] = f"attachment; filename*=UTF-8''{urllib.parse.quote(target.name)}"
+        return Answer(200, kind, body, headers)
+
+
+def _text(status: int, message: str) -> Answer:
+    return Answer(status, "text/plain; charset=utf-8", (message + "\n").encode(), {})
+
+
+def file_link(job_id: str, name: str) -> str:
+    return f"/files/{job_id}/" + "/".join(urllib.parse.quote(p) for p in name.split("/"))
+
+
+STYLE = """
+body{font:14px/1.4 system-ui,sans-serif;margin:1.2em 2em;color:#1d2330;background:#fafbfc}
+h1{font-size:20px;margin:0 0 .2em}h2{font-size:15px;margin:1.4em 0 .4em;color:#46516a}
+table{border-collapse:collapse;background:#fff;box-shadow:0 0 0 1px #dde2ea}
+th,td{padding:.3em .7em;text-align:left;border-bottom:1px solid #eef0f4;vertical-align:top}
+th{font-weight:600;background:#f2f4f8}code{font:12px ui-monospace,monospace}
+.counts span{display:inline-block;margin-right:1.2em}.counts b{font-size:18px}
+.running{color:#1a6fd1}.done{color:#1e8a4a}.dead{color:#c0392b}.muted{color:#7a849a}
+.bar{width:160px;height:10px;background:#e5e9f0;border-radius:5px;overflow:hidden;display:inline-block;
+vertical-align:middle;margin-right:.5em}.bar i{display:block;height:100%;background:#1a6fd1}
+img.thumb{width:48px;height:48px;object-fit:cover;border:1px solid #dde2ea;margin-right:4px;vertical-align:middle}
+.stale{background:#fff4e5;padding:.4em .7em;border:1px solid #f0c36d}
+"""
+
+
+def render_page(view: Overview, refresh_seconds: float) -> str:
+    """The status page: same sections as ``status --watch``, and the last finished jobs' files linked."""
+    e = html.escape
+    c = view.status.counts
+    f = view.finished
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(view.now))
+    out = ["<!doctype html><html lang=en><head><meta charset=utf-8>",
+           f'<meta http-equiv="refresh" content="{refresh_seconds:g}">',
+           "<meta name=viewport content='width=device-width'>",
+           f"<title>comfysup: {c['running']} running, {c['queued'] + c['waiting']} waiting</title>",
+           f"<style>{STYLE}</style></head><body>",
+           f"<h1>comfysup</h1><div class=muted>at {e(when)}, reloads every {refresh_seconds:g} s</div>"]
+    state = view.supervisor
+    if state is None:
+        out.append("<p class=stale>No supervisor state (comfysup run has not run with this queue).</p>")
+    elif view.stale:
+        out.append(f"<p class=stale>Supervisor not running: {e(view.stale)}. Slots as last known.</p>")
+    else:
+        out.append(f"<p>{e(bound(str(state.get('summary', '')), 300))}</p>")
+    out.append("<div class=counts>" + "".join(
+        f"<span class={k}><b>{c.get(k, 0)}</b> {label}</span>"
+        for k, label in (("queued", "queued"), ("waiting", "waiting to retry"), ("running", "running"),
+                         ("done", "done"), ("dead", "dead"), ("cancelled", "cancelled"))) + "</div>")
+    out.append(f"<p class=muted>last {WINDOW_SECONDS / 60:.0f} min: {f.get('done', 0)} done "
+               f"({view.per_minute:.1f} jobs/min), {f.get('dead', 0)} dead, {f.get('cancelled', 0)} cancelled</p>")
+    if state is not None:
+        out.append("<h2>Slots</h2><table><tr><th>slot<th>device<th>server<th>pid<th>port<th>restarts<th>runner"
+                   "<th>current job<th>finished<th>reason</tr>")
+        for slot in state.get("slots") or []:
+            if not isinstance(slot, dict):
+                continue
+            out.append("<tr>" + "".join(f"<td>{e(_cell(slot.get(k)))}" for k in (
+                "name", "device", "state", "pid", "port", "restarts", "runner_pid")) +
+                f"<td><code>{e(_cell(slot.get('job')))}</code><td>{e(_cell(slot.get('jobs')))}"
+                f"<td>{e(bound(str(slot.get('reason') or slot.get('runner_reason') or ''), 200))}</tr>")
+        out.append("</table>")
+    out.append("<h2>Running</h2>")
+    if view.status.running:
+        out.append("<table><tr><th>job<th>server<th>attempt<th>elapsed<th>progress</tr>")
+        for r in view.status.running:
+            share = progress_fraction(r.progress)
+            out.append(f"<tr><td><code>{e(r.id)}</code><td>{e(r.server)}<td>{r.attempt}"
+                       f"<td>{e(age(view.now - r.started_at))}<td><span class=bar><i style='width:{share * 100:.0f}%'>"
+                       f"</i></span>{e(progress_text(r.progress))}</tr>")
+        out.append("</table>")
+    else:
+        out.append("<p class=muted>nothing running</p>")
+    out.append("<h2>Last finished</h2>")
+    if view.recent_done:
+        out.append("<table><tr><th>job<th>workflow<th>finished<th>files</tr>")
+        for job in view.recent_done:
+            links = []
+            for o in job.outputs:
+                href = e(file_link(job.id, o.name))
+                kind = mimetypes.guess_type(o.name)[0]
+                thumb = f"<img class=thumb src='{href}' alt='' loading=lazy>" if kind in THUMBNAIL_TYPES else ""
+                links.append(f"<a href='{href}'>{thumb}{e(Path(o.name).name)}</a> "
+                             f"<span class=muted>{o.sha256[:12]}</span>")
+            ago = age(view.now - job.finished_at) + " ago" if job.finished_at else "-"
+            out.append(f"<tr><td><code>{e(job.id)}</code><td>{e(job.workflow_name)}<td>{e(ago)}"
+                       f"<td>{'<br>'.join(links) or '<span class=muted>no files</span>'}</tr>")
+        out.append("</table>")
+    else:
+        out.append("<p class=muted>none yet</p>")
+    out.append("<h2>Last dead letters</h2>")
+    if view.status.recent_dead:
+        out.append("<table><tr><th>job<th>when<th>reason</tr>")
+        for job_id, at, reason in view.status.recent_dead:
+            out.append(f"<tr><td><code>{e(job_id)}</code><td>{e(age(view.now - at))} ago"
+                       f"<td class=dead>{e(bound(reason or '', 300))}</tr>")
+        out.append("</table>")
+    else:
+        out.append("<p class=muted>none</p>")
+    out.append("<p class=muted><a href='/metrics'>/metrics</a></p></body></html>")
+    return "\n".join(out)
+
+
+def _cell(value: Any) -> str:
+    return "-" if value is None or value == "" else str(value)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server_version = "comfysup"
+    sys_version = ""
+
+    def do_GET(self) -> None:
+        self._answer(with_body=True)
+
+    def do_HEAD(self) -> None:
+        self._answer(with_body=False)
+
+    def _answer(self, with_body: bool) -> None:
+        app: App = self.server.app  # type: ignore[attr-defined]
+        try:
+            answer = app.get(self.path)
+        except Exception as exc:  # a queue that does not answer: say so, keep serving
+            log.warning("status endpoint: %s failed: %s", self.path.split("?")[0][:100], bound(str(exc), 300))
+            answer = _text(503, "the queue does not answer; see the supervisor's log")
+        self.send_response(answer.status)
+        self.send_header("Content-Type", answer.content_type)
+        self.send_header("Content-Length", str(len(answer.body)))
+        self.send_header("X-Content-Type-Options", "nosniff")
+        self.send_header("Referrer-Policy", "no-referrer")
+        for key, value in answer.headers.items():
+            self.send_header(key, value)
+        self.end_headers()
+        if with_body:
+            self.wfile.write(answer.body)
+
+    def _refuse(self) -> None:
+        self.send_response(405)
+        self.send_header("Allow", "GET, HEAD")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    do_POST = do_PUT = do_DELETE = do_PATCH = _refuse
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("status endpoint: " + format, *args)
+
+
+class StatusServer(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, address: tuple[str, int], app: App) -> None:
+        self.app = app
+        super().__init__(address, _Handler)
+
+
+def parse_listen(listen: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[::1]:9188`` for IPv6) as a bind address; checked by the config already."""
+    host, _, port = listen.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def serve(listen: str, app: App) -> StatusServer:
+    """Bind now (an OSError says the port is taken); the caller runs ``serve_forever`` in a thread."""
+    host, port = parse_listen(listen)
+    if ":" in host:
+        import socket
+
+        class _V6(StatusServer):
+            address_family = socket.AF_INET6
+
+        return _V6((host, port), app)
+    return StatusServer((host, port), app)

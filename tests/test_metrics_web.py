@@ -1,0 +1,192 @@
+"""The parts of /metrics and the status page, without sockets: counting each ended attempt once, the live
+gauges, NVML sampling, the page's escaping, and files served only from inside the result store."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+from queue_contract import T0, make_job
+
+from comfysup.metrics import Metrics, Observer
+from comfysup.queue.base import Output
+from comfysup.queue.sqlite import SQLiteQueue
+from comfysup.supervisor.gpus import GpuSample, GpuSampler
+from comfysup.views import overview
+from comfysup.web import App, render_page
+
+
+@pytest.fixture
+def queue(tmp_path: Path) -> Any:
+    q = SQLiteQueue(tmp_path / "queue.db")
+    yield q
+    q.close()
+
+
+def value(registry: CollectorRegistry, name: str, **labels: str) -> float:
+    got = registry.get_sample_value(name, labels)
+    return 0.0 if got is None else got
+
+
+def test_each_ended_attempt_is_counted_once_even_when_its_write_lands_late(queue: SQLiteQueue) -> None:
+    queue.submit([make_job(i) for i in range(4)], now=T0 - 30)
+    registry = CollectorRegistry()
+    observer = Observer(registry, since=T0)
+    c0 = queue.claim("a", "gpu0", 60, now=T0)
+    queue.retry_later(c0, T0, "oom", now=T0 + 1, kind="oom", trace={"nodes": [{"id": "1"}], "cached": ["2"]})
+    c0 = queue.claim("a", "gpu0", 60, now=T0 + 2)
+    queue.complete(c0, [], now=T0 + 10, trace={"nodes": [{"id": "1"}, {"id": "2"}], "cached": []})
+    assert observer.catch_up(queue) == 2
+    assert observer.catch_up(queue) == 0  # nothing new: nothing counted twice
+    c1 = queue.claim("b", "gpu1", 60, now=T0)
+    c2 = queue.claim("c", "gpu1", 60, now=T0)
+    queue.dead(c1, "POST /prompt 400", now=T0 + 12, kind="validation")
+    assert observer.catch_up(queue) == 1
+    queue.dead(c2, "gave up", now=T0 + 5, kind="timeout")  # stamped before the last one, committed after
+    assert observer.catch_up(queue) == 1
+    assert value(registry, "comfysup_attempts_total", outcome="retry", kind="oom") == 1
+    assert value(registry, "comfysup_attempts_total", outcome="done", kind="none") == 1
+    assert value(registry, "comfysup_retries_total", kind="oom") == 1
+    assert value(registry, "comfysup_oom_total") == 1
+    assert value(registry, "comfysup_dead_letters_total", kind="validation") == 1
+    assert value(registry, "comfysup_dead_letters_total", kind="timeout") == 1
+    assert value(registry, "comfysup_nodes_total") == 4 and value(registry, "comfysup_nodes_cached_total") == 1
+    assert observer.cache_ratio() == 0.25
+    # Per workflow, once per job that ended: queue wait from submit to the first start, duration after.
+    assert value(registry, "comfysup_job_queue_wait_seconds_count", workflow="test") == 3
+    assert value(registry, "comfysup_job_queue_wait_seconds_sum", workflow="test") == 90
+    assert value(registry, "comfysup_job_duration_seconds_sum", workflow="test", state="done") == 10
+    assert value(registry, "comfysup_job_duration_seconds_count", workflow="test", state="dead") == 2
+    early = Observer(CollectorRegistry(), since=T0 + 11)
+    assert early.catch_up(queue) == 1  # only what ended after it started: counters start at zero
+
+
+class FakeNVML:
+    def __init__(self, fail: bool = False) -> None:
+        self.fail = fail
+
+    def nvmlInit(self) -> None:
+        if self.fail:
+            raise RuntimeError("Driver Not Loaded")
+
+    def nvmlShutdown(self) -> None:
+        pass
+
+    def nvmlDeviceGetCount(self) -> int:
+        return 2
+
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> int:
+        return i
+
+    def nvmlDeviceGetName(self, h: int) -> bytes:
+        return b"NVIDIA H200"
+
+    def nvmlDeviceGetUUID(self, h: int) -> str:
+        return f"GPU-{h}aaa"
+
+    def nvmlDeviceGetMemoryInfo(self, h: int) -> Any:
+        return SimpleNamespace(total=141 * 2**30, used=(h + 1) * 2**30)
+
+    def nvmlDeviceGetUtilizationRates(self, h: int) -> Any:
+        if h == 1:
+            raise RuntimeError("Not Supported")
+        return SimpleNamespace(gpu=37, memory=5)
+
+
+def test_gpu_samples_from_nvml_honour_cuda_visible_devices_and_are_absent_without_a_driver() -> None:
+    both = GpuSampler(env={}, nvml=FakeNVML()).sample()  # type: ignore[arg-type]
+    assert [(g.index, g.memory_used_bytes, g.memory_total_bytes, g.utilization) for g in both] == \
+        [(0, 2**30, 141 * 2**30, 0.37), (1, 2 * 2**30, 141 * 2**30, None)]
+    assert [g.index for g in GpuSampler(env={"CUDA_VISIBLE_DEVICES": "1"}, nvml=FakeNVML()).sample()] == [1]  # type: ignore[arg-type]
+    none = GpuSampler(env={}, nvml=FakeNVML(fail=True))  # type: ignore[arg-type]
+    assert none.sample() == [] and "no NVIDIA driver" in none.note
+
+
+def test_live_gauges_come_from_the_queue_the_supervisor_state_and_nvml(queue: SQLiteQueue) -> None:
+    queue.submit([make_job(i) for i in range(3)])
+    claim = queue.claim("a", "cpu0", 60)
+    assert claim is not None
+    queue.set_progress(claim, {"node": 1, "nodes": 2})
+    state = {"pid": os.getpid(), "updated_at": 1e12, "state": "running", "slots": [
+        {"name": "cpu0", "device": "cpu", "state": "running", "restarts": 2, "runner_restarts": 1,
+         "job": claim.id, "jobs": 7},
+        {"name": "cpu1", "device": "cpu", "state": "failed", "restarts": 5, "runner_restarts": 0, "job": None,
+         "jobs": 0}]}
+    gpus = [GpuSample(0, "NVIDIA H200", 5 * 2**30, 141 * 2**30, 0.5)]
+    metrics = Metrics(queue, lambda: state, lambda: gpus, lambda: {"delivered": 3, "retry": 1})
+    text = metrics.exposition().decode()
+    r = metrics.registry
+
+    def v(metric: str, **labels: str) -> float | None:
+        return r.get_sample_value(metric, labels)
+
+    assert (v("comfysup_jobs", state="queued"), v("comfysup_jobs", state="running")) == (2, 1)
+    assert v("comfysup_slot_up", slot="cpu0", device="cpu") == 1 and v("comfysup_slot_up", slot="cpu1",
+                                                                        device="cpu") == 0
+    assert v("comfysup_slot_restarts", slot="cpu1", device="cpu") == 5
+    assert v("comfysup_slot_busy", slot="cpu0", device="cpu") == 1
+    assert v("comfysup_slot_jobs_total", slot="cpu0", device="cpu") == 7
+    assert v("comfysup_gpu_memory_used_bytes", gpu="0", name="NVIDIA H200") == 5 * 2**30
+    assert v("comfysup_gpu_utilization_ratio", gpu="0", name="NVIDIA H200") == 0.5
+    assert v("comfysup_webhook_tries_total", result="delivered") == 3
+    assert v("comfysup_webhook_deliveries_pending") == 0
+    assert claim.id not in text  # the running job is a 1 in comfysup_slot_busy, never a label
+    stale = {**state, "pid": 0}  # the supervisor is gone: nothing is up, whatever the file says
+    assert Metrics(queue, lambda: stale).registry.get_sample_value(
+        "comfysup_slot_up", {"slot": "cpu0", "device": "cpu"}) == 0
+    assert "comfysup_gpu" not in Metrics(queue, lambda: None).exposition().decode()  # no driver: absent
+
+
+def app_with_a_done_job(tmp_path: Path, queue: SQLiteQueue) -> tuple[App, str]:
+    job = make_job(1)
+    queue.submit([job])
+    claim = queue.claim("a", "cpu0", 60)
+    assert claim is not None
+    folder = tmp_path / "store" / job.id
+    (folder / "sub").mkdir(parents=True)
+    (folder / "sub" / "a b.png").write_bytes(b"\x89PNG fake")
+    (folder / "page.html").write_text("<script>alert(1)</script>")
+    (tmp_path / "secret.txt").write_text("outside the store")
+    (folder / "link.png").symlink_to(tmp_path / "secret.txt")
+    queue.complete(claim, [Output("sub/a b.png", 9, "ab" * 32, str(folder / "sub" / "a b.png")),
+                           Output("page.html", 25, "cd" * 32, str(folder / "page.html"))])
+    metrics = Metrics(queue, lambda: None)
+    return App(queue, metrics, lambda: None, tmp_path / "store"), job.id
+
+
+def test_files_are_served_read_only_and_only_from_inside_the_store(tmp_path: Path, queue: SQLiteQueue) -> None:
+    app, job = app_with_a_done_job(tmp_path, queue)
+    ok = app.get(f"/files/{job}/sub/a%20b.png")
+    assert (ok.status, ok.content_type, ok.body) == (200, "image/png", b"\x89PNG fake")
+    assert "Content-Disposition" not in ok.headers and "sandbox" in ok.headers["Content-Security-Policy"]
+    html = app.get(f"/files/{job}/page.html")
+    assert html.status == 200 and html.headers["Content-Disposition"].startswith("attachment")  # never rendered
+    for path in (f"/files/{job}/../../secret.txt", f"/files/{job}/sub/..%2F..%2F..%2Fsecret.txt",
+                 f"/files/{job}/link.png", f"/files/{job}/%2e%2e/%2e%2e/secret.txt", "/files/not-a-uuid/a.png",
+                 f"/files/{job.upper()}/sub/a%20b.png", f"/files/{job}//etc/passwd", f"/files/{job}/sub%00.png",
+                 f"/files/{job}/sub", f"/files/{job}/missing.png", "/files/", "/etc/passwd"):
+        answer = app.get(path)
+        assert answer.status == 404, path
+        assert b"outside the store" not in answer.body
+
+
+def test_the_page_links_the_files_and_escapes_what_it_shows(tmp_path: Path, queue: SQLiteQueue) -> None:
+    app, job = app_with_a_done_job(tmp_path, queue)
+    bad = make_job(2)
+    queue.submit([bad])
+    claim = queue.claim("a", "cpu0", 60)
+    assert claim is not None
+    queue.dead(claim, "<img src=x onerror=alert(1)> node 2")
+    page = app.get("/")
+    text = page.body.decode()
+    assert page.status == 200 and "default-src 'none'" in page.headers["Content-Security-Policy"]
+    assert f"href='/files/{job}/sub/a%20b.png'" in text and "<img class=thumb" in text
+    assert "&lt;img src=x onerror=alert(1)&gt;" in text and "<img src=x" not in text
+    assert 'http-equiv="refresh" content="2"' in text
+    view = overview(queue, None, done=5)
+    assert render_page(view, 2.0).count("<tr>") >= 3
+    assert app.get("/metrics").content_type.startswith("text/plain; version=0.0.4")
