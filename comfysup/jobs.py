@@ -19,6 +19,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from comfysup.queue.base import NewJob
+from comfysup.workflows import content_hash, model_key, touches_loader
 
 MAX_LINE_BYTES = 16 * 1024 * 1024
 MAX_WORKFLOW_BYTES = 16 * 1024 * 1024
@@ -151,6 +152,16 @@ class Template:
         self.order = sorted(workflow)
         self.node_text = {k: f"{_canonical(k)}:{_canonical(workflow[k])}" for k in self.order}
         self._graph: tuple[list[str], JobLineError | None] | None = None
+        self.stored = self.text({})
+        """What the queue stores once for every line of this file: the workflow before any ``set``."""
+        self.stored_hash = content_hash(self.stored)
+        self._model_key = model_key(workflow) or ""
+
+    def model_key(self, changed: dict[str, Any]) -> str:
+        """The model key of the template with ``changed`` nodes: the template's, unless a loader changed."""
+        if changed and touches_loader(self.workflow, changed):
+            return model_key({**self.workflow, **changed}) or ""
+        return self._model_key
 
     def text(self, changed: dict[str, Any]) -> str:
         return "{" + ",".join(f"{_canonical(k)}:{_canonical(changed[k])}" if k in changed else self.node_text[k]
@@ -400,11 +411,15 @@ class JobsFile:
             workflow, name = {**template.workflow, **changed}, template.name
             text = template.text(changed)
             warnings = template.check(workflow, params, self.object_info) if check else []
+            stored, stored_hash, key = template.stored, template.stored_hash, template.model_key(changed)
         else:
-            workflow, name = self._inline(value), "inline"
-            workflow = {**workflow, **apply_set(workflow, params, self.object_info)}
+            inline, name = self._inline(value), "inline"
+            workflow = {**inline, **apply_set(inline, params, self.object_info)}
             text = _canonical(workflow)
             warnings = check_graph(workflow, self.object_info) if check else []
+            # Stored before its `set`, so lines that share an inline workflow share one stored copy.
+            stored = _canonical(inline) if params else text
+            stored_hash, key = content_hash(stored), model_key(workflow) or ""
         meta = line.get("meta", {})
         extra = line.get("extra_data", {})
         callback = check_callback_url(line.get("callback_url", ""))
@@ -418,7 +433,8 @@ class JobsFile:
             name = meta["kind"]
         return NewJob(id=job_id, workflow=workflow, spec_hash=digest.hexdigest(), priority=priority,
                       extra_data=extra, meta=meta, params=params or {}, workflow_name=name,
-                      workflow_json=text, callback_url=callback), warnings
+                      workflow_json=text, callback_url=callback, template_json=stored, template_hash=stored_hash,
+                      model_key=key), warnings
 
     def _template(self, value: str) -> Template:
         if value not in self._named:

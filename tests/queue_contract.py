@@ -17,9 +17,12 @@ import pytest
 
 from comfysup.errors import LeaseLost, NotFound
 from comfysup.queue.base import Claim, NewJob, Output, Queue, SubmitConflict
+from comfysup.workflows import model_key
 
 T0 = 1_700_000_000.0
 LEASE = 30.0
+WAIT = 30.0
+"""affinity_max_wait_seconds in the affinity tests."""
 
 
 def make_job(n: int, *, priority: int = 0, seed: int | None = None, extra: dict[str, Any] | None = None,
@@ -37,10 +40,42 @@ def make_job(n: int, *, priority: int = 0, seed: int | None = None, extra: dict[
                   params={"1.color": seed or n}, workflow_name="test", workflow_json=text, callback_url=callback_url)
 
 
+def model_job(n: int, model: str, *, priority: int = 0) -> NewJob:
+    """A job whose checkpoint loader loads ``model``: its model key is derived by the queue."""
+    workflow = {"1": {"class_type": "CheckpointLoaderSimple", "inputs": {"ckpt_name": model}},
+                "2": {"class_type": "SaveImage", "inputs": {"images": ["1", 0], "filename_prefix": f"m{n}"}}}
+    return NewJob(id=str(uuid.uuid5(uuid.NAMESPACE_URL, f"comfysup-test/{n}")), workflow=workflow,
+                  spec_hash=f"model-{n}-{model}-{priority}", priority=priority, workflow_name="model")
+
+
+BIG_TEMPLATE = {
+    "1": {"class_type": "EmptyImage", "inputs": {"width": 8, "height": 8, "batch_size": 1, "color": 0}},
+    "2": {"class_type": "CLIPTextEncode", "inputs": {"text": "a lighthouse " * 200, "clip": ["1", 0]}},
+    "3": {"class_type": "SaveImage", "inputs": {"images": ["1", 0], "filename_prefix": "batch"}},
+}
+
+
+def batch_job(n: int, template: dict[str, Any] = BIG_TEMPLATE) -> NewJob:
+    """A line of a batch as comfysup submit makes it: the template's text and hash, and the line's own set."""
+    params = {"1.color": n, "3.filename_prefix": f"b{n}"}
+    workflow = json.loads(json.dumps(template))
+    workflow["1"]["inputs"]["color"] = n
+    workflow["3"]["inputs"]["filename_prefix"] = f"b{n}"
+    stored = json.dumps(template, sort_keys=True, separators=(",", ":"))
+    return NewJob(id=str(uuid.uuid5(uuid.NAMESPACE_URL, f"comfysup-test/{n}")), workflow=workflow,
+                  spec_hash=hashlib.sha256(json.dumps(workflow, sort_keys=True).encode()).hexdigest(),
+                  params=params, workflow_json=json.dumps(workflow, sort_keys=True, separators=(",", ":")),
+                  template_json=stored, template_hash=hashlib.sha256(stored.encode()).hexdigest(), model_key="")
+
+
 class QueueContract:
-    """Subclass with ``make_queue(self, tmp_path) -> Queue``; the name keeps pytest from collecting it."""
+    """Subclass with ``make_queue(self, tmp_path) -> Queue`` and ``count(self, q, table) -> int`` (rows in
+    one of the backend's tables); the name keeps pytest from collecting it."""
 
     def make_queue(self, tmp_path: Path) -> Queue:
+        raise NotImplementedError
+
+    def count(self, q: Queue, table: str) -> int:
         raise NotImplementedError
 
     @pytest.fixture
@@ -690,3 +725,153 @@ class QueueContract:
         assert q.finished_counts(T0) == {"done": 2, "dead": 1, "cancelled": 1}
         assert q.status(now=T0 + 5, done_limit=5).recent_done == [(make_job(1).id, T0 + 3), (make_job(0).id, T0 + 1)]
         assert q.status(now=T0 + 5).recent_done == []
+
+    # -- issue 7: workflows stored once, model affinity, complete_and_claim, prune ----------------------
+
+    def test_a_batch_stores_its_workflow_once_and_each_job_gets_its_own(self, q: Queue) -> None:
+        jobs = [batch_job(n) for n in range(4)]
+        self.submit(q, *jobs)
+        assert self.count(q, "workflows") == 1
+        for job in jobs:
+            record = q.get(job.id)
+            assert record.workflow == job.workflow  # what ComfyUI receives is what submit applied
+            assert json.dumps(record.workflow, sort_keys=True, separators=(",", ":")) == job.workflow_json
+            assert record.params == job.params
+        claims = [self.claim(q, owner=f"r{i}") for i in range(4)]
+        assert [c.workflow for c in claims] == [j.workflow for j in jobs]
+        other = dict(BIG_TEMPLATE, **{"2": {"class_type": "CLIPTextEncode",
+                                            "inputs": {"text": "a harbour", "clip": ["1", 0]}}})
+        q.submit([batch_job(10, other), batch_job(11, other), make_job(12)], now=T0)
+        assert self.count(q, "workflows") == 3
+        assert q.get(batch_job(11, other).id).workflow == batch_job(11, other).workflow
+        assert q.submit([batch_job(1)], now=T0).existing == 1  # still recognised by its spec_hash
+
+    def test_the_model_key_is_derived_at_submit_and_comes_with_the_claim(self, q: Queue) -> None:
+        self.submit(q, model_job(1, "sdxl.safetensors"), make_job(2))
+        first, second = self.claim(q, owner="a"), self.claim(q, owner="b")
+        assert first.model_key == model_key(model_job(1, "sdxl.safetensors").workflow) is not None
+        assert second.model_key is None  # no loader node, no affinity
+        assert q.get(first.id).model_key == first.model_key
+
+    def test_a_claim_prefers_the_model_its_server_ran_last(self, q: Queue) -> None:
+        self.submit(q, model_job(1, "a"), model_job(2, "b"), model_job(3, "a"), model_job(4, "b"))
+        b = model_key(model_job(2, "b").workflow)
+        got = q.claim("r1", "gpu0", LEASE, now=T0, prefer_model=b, max_wait_seconds=WAIT)
+        assert got is not None and got.id == model_job(2, "b").id and got.model_key == b
+        got = q.claim("r1", "gpu0", LEASE, now=T0 + 1, prefer_model=b, max_wait_seconds=WAIT)
+        assert got is not None and got.id == model_job(4, "b").id
+        got = q.claim("r1", "gpu0", LEASE, now=T0 + 2, prefer_model=b, max_wait_seconds=WAIT)
+        assert got is not None and got.id == model_job(1, "a").id  # none of b left: strict order
+        unknown = q.claim("r1", "gpu0", LEASE, now=T0 + 3, prefer_model="0" * 16, max_wait_seconds=WAIT)
+        assert unknown is not None and unknown.id == model_job(3, "a").id
+
+    def test_priority_always_wins_over_affinity(self, q: Queue) -> None:
+        self.submit(q, model_job(1, "b", priority=0), model_job(2, "a", priority=5), model_job(3, "b", priority=5))
+        b = model_key(model_job(1, "b").workflow)
+        got = q.claim("r1", "gpu0", LEASE, now=T0, prefer_model=b, max_wait_seconds=WAIT)
+        assert got is not None and got.id == model_job(3, "b").id  # b within the highest priority present
+        got = q.claim("r1", "gpu0", LEASE, now=T0, prefer_model=b, max_wait_seconds=WAIT)
+        assert got is not None and got.id == model_job(2, "a").id  # not the b job of a lower priority
+
+    def test_no_affinity_without_a_wait_bound(self, q: Queue) -> None:
+        self.submit(q, model_job(1, "a"), model_job(2, "b"))
+        b = model_key(model_job(2, "b").workflow)
+        got = q.claim("r1", "gpu0", LEASE, now=T0, prefer_model=b, max_wait_seconds=0)
+        assert got is not None and got.id == model_job(1, "a").id
+
+    def test_jobs_passed_over_for_max_wait_are_taken_in_strict_order(self, q: Queue) -> None:
+        """Every ready job that a claim passes over starts its clock then, not when it reaches the head: once
+        the head is overdue, the jobs passed over with it follow it in strict order, before any affinity."""
+        self.submit(q, model_job(1, "a"), model_job(2, "c"), model_job(3, "b"), model_job(4, "b"),
+                    model_job(5, "b"), model_job(6, "b"))
+        b = model_key(model_job(3, "b").workflow)
+
+        def take(at: float) -> str:
+            got = q.claim("r1", "gpu0", LEASE, now=at, prefer_model=b, max_wait_seconds=WAIT)
+            assert got is not None
+            return got.id
+
+        assert take(T0) == model_job(3, "b").id  # jobs 1 and 2 passed over from T0
+        assert take(T0 + WAIT - 1) == model_job(4, "b").id  # still within the bound
+        assert take(T0 + WAIT) == model_job(1, "a").id  # the head is overdue
+        assert take(T0 + WAIT) == model_job(2, "c").id  # and so is the job behind it, passed over with it
+        assert take(T0 + WAIT) == model_job(5, "b").id  # the rest were never passed over
+
+    def test_a_job_submitted_later_starts_its_own_clock(self, q: Queue) -> None:
+        self.submit(q, model_job(1, "a"), model_job(2, "b"), model_job(3, "b"))
+        b = model_key(model_job(2, "b").workflow)
+        first = q.claim("r1", "gpu0", LEASE, now=T0, prefer_model=b, max_wait_seconds=WAIT)
+        assert first is not None and first.id == model_job(2, "b").id
+        q.complete(first, [], now=T0 + 1)
+        q.complete(q.claim("r2", "gpu1", LEASE, now=T0 + 1), [], now=T0 + 2)  # strict: job 1, the head
+        q.submit([model_job(4, "c"), model_job(5, "b")], now=T0 + 40)
+        got = q.claim("r1", "gpu0", LEASE, now=T0 + 40, prefer_model=b, max_wait_seconds=WAIT)
+        assert got is not None and got.id == model_job(3, "b").id  # job 3 is the head: no one is overdue
+        got = q.claim("r1", "gpu0", LEASE, now=T0 + 41, prefer_model=b, max_wait_seconds=WAIT)
+        assert got is not None and got.id == model_job(5, "b").id  # job 4 passed over from now, not from T0
+
+    def test_complete_and_claim_does_both_in_one_write(self, q: Queue) -> None:
+        self.submit(q, make_job(1), model_job(2, "a"), model_job(3, "b"))
+        first = self.claim(q, owner="host-a/1/gpu0/t")
+        b = model_key(model_job(3, "b").workflow)
+        out = [Output(name="x.png", size=3, sha256="ab" * 32)]
+        nxt = q.complete_and_claim(first, out, "host-a/1/gpu0/t", "gpu0", LEASE, now=T0 + 5, trace={"t": 1},
+                                   prefer_model=b, max_wait_seconds=WAIT)
+        assert nxt is not None and (nxt.id, nxt.attempt, nxt.owner, nxt.lease_until) == \
+            (model_job(3, "b").id, 1, "host-a/1/gpu0/t", T0 + 5 + LEASE)
+        done = q.get(first.id)
+        assert (done.state, done.outputs, done.finished_at, done.machine) == ("done", out, T0 + 5, "host-a")
+        assert (done.attempts[0].outcome, done.attempts[0].ended_at, done.attempts[0].trace) == ("done", T0 + 5,
+                                                                                                {"t": 1})
+        assert q.get(nxt.id).state == "running"
+        last = q.complete_and_claim(nxt, [], "host-a/1/gpu0/t", "gpu0", LEASE, now=T0 + 6)
+        assert last is not None and last.id == model_job(2, "a").id
+        assert q.complete_and_claim(last, [], "host-a/1/gpu0/t", "gpu0", LEASE, now=T0 + 7) is None
+        assert q.get(last.id).state == "done"  # the done is kept when there is nothing more to claim
+
+    def test_complete_and_claim_with_a_lost_lease_claims_nothing(self, q: Queue) -> None:
+        self.submit(q, make_job(1), make_job(2))
+        old = self.claim(q, owner="runner-a", lease=10)
+        taken = self.claim(q, owner="runner-b", now=T0 + 11)  # the lease expired: job 1 again
+        assert taken.id == old.id
+        with pytest.raises(LeaseLost):
+            q.complete_and_claim(old, [], "runner-a", "gpu0", LEASE, now=T0 + 12)
+        assert q.get(make_job(2).id).state == "queued"  # nothing was claimed by the stale writer
+        assert q.get(old.id).state == "running" and q.get(old.id).owner == "runner-b"
+
+    def test_prune_removes_old_terminal_jobs_and_what_only_they_used(self, q: Queue) -> None:
+        other = dict(BIG_TEMPLATE, **{"2": {"class_type": "CLIPTextEncode", "inputs": {"text": "x", "clip": ["1", 0]}}})
+        self.submit(q, batch_job(0), batch_job(1), batch_job(2, other), make_job(3), make_job(4), make_job(5),
+                    make_job(6))
+        q.complete(self.claim(q, now=T0), [], now=T0 + 1)  # batch 0
+        q.dead(self.claim(q, now=T0), "broken", now=T0 + 2)  # batch 1
+        q.complete(self.claim(q, now=T0), [], now=T0 + 3)  # job 2, the only one of `other`
+        q.cancel([make_job(3).id], now=T0 + 4)
+        q.complete(self.claim(q, now=T0), [], now=T0 + 100)  # job 4: too recent
+        running = self.claim(q, now=T0)  # job 5
+        assert self.count(q, "workflows") == 6  # the batch's, `other`, and one for each of jobs 3 to 6
+        batch = q.prune(T0 + 50, limit=2)
+        assert len(batch.removed) == 2
+        rest = q.prune(T0 + 50, limit=10)
+        assert sorted(i for i, _ in batch.removed + rest.removed) == sorted(
+            [batch_job(0).id, batch_job(1).id, batch_job(2, other).id, make_job(3).id])
+        # `other`, job 3's, and the batch's once both of its jobs have gone; those of jobs 4 to 6 stay
+        assert batch.workflows_removed + rest.workflows_removed == 3
+        assert self.count(q, "workflows") == 3
+        assert q.prune(T0 + 50).removed == []
+        for gone in (batch_job(0).id, make_job(3).id):
+            with pytest.raises(NotFound):
+                q.get(gone)
+        assert q.get(make_job(4).id).state == "done" and q.get(running.id).state == "running"
+        assert q.get(make_job(6).id).workflow == make_job(6).workflow
+        assert self.count(q, "attempts") == 2  # jobs 4 and 5
+        assert dict(rest.removed + batch.removed)[batch_job(0).id] == "runner-a"  # the machine of its files
+
+    def test_prune_keeps_a_job_whose_webhook_is_still_pending(self, q: Queue) -> None:
+        self.submit(q, make_job(1, callback_url="http://hooks.example/1"), make_job(2))
+        q.complete(self.claim(q, now=T0), [], now=T0 + 1)
+        q.complete(self.claim(q, now=T0), [], now=T0 + 1)
+        assert [i for i, _ in q.prune(T0 + 50).removed] == [make_job(2).id]
+        (delivery,) = q.deliveries(make_job(1).id)
+        q.delivery_result(delivery.id, delivered=True, status=204, error=None, next_at=None, now=T0 + 2)
+        assert [i for i, _ in q.prune(T0 + 50).removed] == [make_job(1).id]

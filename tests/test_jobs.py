@@ -109,3 +109,38 @@ def test_a_callback_url_is_kept_checked_and_part_of_the_hash_only_when_given(tmp
     problems = [p.message for p in JobsFile(bad).validate().problems]
     assert problems == ["callback_url 'file:///etc/passwd' is not an http:// or https:// URL with a host",
                         "callback_url must be an http:// or https:// URL of at most 2048 characters"]
+
+
+LOADED = {
+    "1": {"class_type": "CheckpointLoaderSimple", "inputs": {"ckpt_name": "sdxl.safetensors"}},
+    "2": {"class_type": "EmptyImage", "inputs": {"width": 64, "height": 64, "batch_size": 1, "color": 0}},
+    "3": {"class_type": "SaveImage", "inputs": {"images": ["2", 0], "filename_prefix": "comfysup"}},
+}
+
+
+def test_the_queue_stores_the_template_once_and_claims_exactly_the_applied_workflow(tmp_path: Path) -> None:
+    """What ComfyUI receives after the queue rebuilt it from the stored template and the line's ``set`` is,
+    byte for byte once encoded, the workflow submit applied; a batch of one file is one stored workflow."""
+    from comfysup.queue.sqlite import SQLiteQueue
+    from comfysup.workflows import model_key
+
+    lines = [line(n, set={"2.color": n, "3.filename_prefix": f"p{n}"}) for n in range(5)]
+    lines.append(line(5, set={"1.ckpt_name": "flux.safetensors"}))  # a set that changes the model
+    lines.append(line(6, workflow=LOADED, set={"2.color": 6}))  # inline, with a set
+    lines.append(line(7, workflow=LOADED, set={"2.color": 7}))  # the same inline workflow again
+    path = write_jobs(tmp_path, lines, workflow=LOADED)
+    jobs_file = JobsFile(path)
+    assert jobs_file.validate().ok
+    jobs = list(jobs_file.jobs())
+    assert len({j.template_hash for j in jobs}) == 1  # the file and the inline copies: one text
+    assert [j.model_key for j in jobs] == [model_key(LOADED)] * 5 + [model_key(
+        {**LOADED, "1": {"class_type": "CheckpointLoaderSimple", "inputs": {"ckpt_name": "flux.safetensors"}}}),
+        model_key(LOADED), model_key(LOADED)]
+    q = SQLiteQueue(tmp_path / "q.db")
+    q.submit(jobs)
+    assert q._read("SELECT count(*) FROM workflows")[0][0] == 1
+    for job in jobs:
+        claim = q.claim("r", "gpu0", 30)
+        assert claim is not None and claim.id == job.id and claim.model_key == job.model_key
+        assert json.dumps(claim.workflow, sort_keys=True, separators=(",", ":")) == job.workflow_json
+    q.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -23,6 +24,9 @@ class TestPostgresQueue(QueueContract):
 
     def make_queue(self, tmp_path: Path) -> PostgresQueue:
         return PostgresQueue(self.url)
+
+    def count(self, q: PostgresQueue, table: str) -> int:  # type: ignore[override]
+        return q._scalar(f"SELECT count(*) FROM {table}")
 
 
 def _sql(url: str, sql: str, args: tuple = ()) -> list[tuple]:
@@ -46,7 +50,8 @@ def test_schema_version_is_recorded_and_a_newer_one_refused(pg_url: str) -> None
 
 def test_machines_opening_at_once_create_the_schema_once(pg_url: str) -> None:  # noqa: F811
     """The advisory lock: several processes opening a new database at the same moment all succeed."""
-    _sql(pg_url, "DROP TABLE IF EXISTS jobs, attempts, machines, deliveries, schema_version")
+    _sql(pg_url, "DROP TABLE IF EXISTS jobs, attempts, machines, deliveries, workflows, affinity_skips, "
+         "schema_version")
     errors: list[BaseException] = []
     start = threading.Barrier(6)
 
@@ -140,7 +145,8 @@ def test_a_failed_transaction_rolls_back_and_the_queue_stays_usable(pg_url: str)
     q = PostgresQueue(pg_url)
 
     def half(cur: psycopg.Cursor) -> None:
-        cur.execute("INSERT INTO jobs (id, submitted_at, spec_hash, workflow) VALUES ('a', 0, 'h', '{}')")
+        cur.execute("WITH w AS (INSERT INTO workflows (hash, workflow) VALUES ('h', '{}') RETURNING id) "
+                    "INSERT INTO jobs (id, submitted_at, spec_hash, workflow_id) SELECT 'a', 0, 'h', id FROM w")
         cur.execute("INSERT INTO no_such_table VALUES (1)")
 
     with pytest.raises(QueueError, match="no_such_table"):
@@ -287,4 +293,43 @@ def test_open_queue_selects_postgres_when_the_config_has_a_url(pg_url: str, tmp_
     assert isinstance(q, PostgresQueue)
     assert q.busy_timeout_seconds == 7
     assert _sql(pg_url, "SELECT to_regclass('jobs') IS NOT NULL") == [(True,)]
+    q.close()
+
+
+def test_a_version_2_database_keeps_its_jobs_and_stores_each_workflow_once_in_v3(pg_url: str) -> None:  # noqa: F811
+    """v3 moves workflows into their own table by hash: every job keeps its workflow and data, identical
+    workflows are kept once, and the jobs still to run get their model key (the migration's Python step)."""
+    from comfysup.queue import postgres as pg_backend
+    from comfysup.workflows import model_key
+
+    _sql(pg_url, "DROP TABLE IF EXISTS jobs, attempts, machines, deliveries, workflows, affinity_skips, "
+         "schema_version")
+    sql = pg_backend._named_sql()
+    loaded = {"1": {"class_type": "UNETLoader", "inputs": {"unet_name": "flux.safetensors"}},
+              "2": {"class_type": "SaveImage", "inputs": {"images": ["1", 0], "filename_prefix": "m"}}}
+    jobs = [make_job(n, extra={"api_key_comfy_org": f"k{n}"}) for n in range(2)]
+    texts = [j.workflow_json for j in jobs] + [json.dumps(loaded, sort_keys=True, separators=(",", ":"))] * 2
+    ids = [j.id for j in jobs] + [make_job(7).id, make_job(8).id]
+    states = ["done", "queued", "queued", "running"]
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE schema_version (version integer PRIMARY KEY, applied_at double precision NOT NULL)")
+        for step in (1, 2):
+            conn.execute(sql[f"v{step}"])
+            conn.execute("INSERT INTO schema_version VALUES (%s, 0)", (step,))
+        for n, (job_id, text, state) in enumerate(zip(ids, texts, states, strict=True)):
+            conn.execute("INSERT INTO jobs (id, state, submitted_at, spec_hash, workflow, extra_data, meta, params) "
+                         "VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+                         (job_id, state, T0, f"h{n}", text, json.dumps({"k": n}), json.dumps({"n": n}),
+                          json.dumps({"1.color": n} if n < 2 else {})))
+    q = PostgresQueue(pg_url)
+    assert _sql(pg_url, "SELECT max(version) FROM schema_version") == [(SCHEMA_VERSION,)]
+    assert _sql(pg_url, "SELECT count(*) FROM workflows") == [(3,)]
+    records = q.get_many(ids)
+    assert [r.state for r in records] == states
+    assert [r.workflow for r in records] == [json.loads(t) for t in texts]
+    assert [(r.extra_data, r.meta) for r in records] == [({"k": n}, {"n": n}) for n in range(4)]
+    key = model_key(loaded)
+    assert [r.model_key for r in records] == [None, None, key, key]
+    claim = q.claim("r2", "gpu1", LEASE, now=T0, prefer_model=key, max_wait_seconds=60)
+    assert claim is not None and claim.id == make_job(7).id and claim.workflow == loaded
     q.close()

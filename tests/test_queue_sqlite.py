@@ -15,11 +15,15 @@ from queue_contract import T0, QueueContract, make_job
 from comfysup.errors import DatabaseLocked, DatabaseMissing, QueueError
 from comfysup.queue import sqlite as sqlite_backend
 from comfysup.queue.sqlite import SCHEMA_VERSION, SQLiteQueue
+from comfysup.workflows import model_key
 
 
 class TestSQLiteQueue(QueueContract):
     def make_queue(self, tmp_path: Path) -> SQLiteQueue:
         return SQLiteQueue(tmp_path / "queue.db")
+
+    def count(self, q: SQLiteQueue, table: str) -> int:  # type: ignore[override]
+        return q._read(f"SELECT count(*) FROM {table}")[0][0]
 
 
 def test_connection_is_wal_with_full_sync_and_a_busy_timeout(tmp_path: Path) -> None:
@@ -285,4 +289,44 @@ def test_a_version_2_database_keeps_every_jobs_workflow_and_data_through_v3(tmp_
     assert claim.extra_data == {"api_key_comfy_org": "k0"}
     q.submit([make_job(9)], now=T0)  # new jobs after the migrated ones
     assert [j.id for j in q.iter_jobs()] == [*(j.id for j in jobs), make_job(9).id]
+    q.close()
+
+
+def test_a_version_4_database_keeps_its_jobs_and_stores_each_workflow_once_in_v5(tmp_path: Path) -> None:
+    """v5 moves workflows into their own table by hash: every job keeps its workflow and data, identical
+    workflows are kept once, and the jobs still to run get their model key."""
+    path = tmp_path / "q.db"
+    conn = sqlite3.connect(path)
+    for step in ("v1", "v2", "v3", "v4"):
+        for statement in sqlite_backend._named_sql()[step].split(";"):
+            if statement.strip():
+                conn.execute(statement)
+    loaded = {"1": {"class_type": "CheckpointLoaderSimple", "inputs": {"ckpt_name": "sdxl.safetensors"}},
+              "2": {"class_type": "SaveImage", "inputs": {"images": ["1", 0], "filename_prefix": "m"}}}
+    jobs = [make_job(n, extra={"api_key_comfy_org": f"k{n}"}) for n in range(3)]
+    texts = [j.workflow_json for j in jobs] + [json.dumps(loaded, sort_keys=True, separators=(",", ":"))] * 2
+    ids = [j.id for j in jobs] + [make_job(7).id, make_job(8).id]
+    states = ["done", "queued", "running", "queued", "queued"]
+    for seq, (job_id, text, state) in enumerate(zip(ids, texts, states, strict=True), start=1):
+        conn.execute("INSERT INTO jobs (seq, id, state, submitted_at, spec_hash, attempt, owner) "
+                     "VALUES (?,?,?,?,?,?,?)", (seq, job_id, state, T0, f"h{seq}", int(state != "queued"),
+                                                "r/1/gpu0/t" if state == "running" else None))
+        conn.execute("INSERT INTO job_specs (seq, workflow, extra_data, meta, params) VALUES (?,?,?,?,?)",
+                     (seq, text, json.dumps({"api_key_comfy_org": f"k{seq}"}), json.dumps({"n": seq}),
+                      json.dumps({"1.color": seq - 1} if seq <= 3 else {})))
+    conn.execute("PRAGMA user_version = 4")
+    conn.commit()
+    conn.close()
+    q = SQLiteQueue(path, create=False)
+    assert q.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    assert q._read("SELECT count(*) FROM workflows")[0][0] == 4  # the two identical ones stored once
+    records = q.get_many(ids)
+    assert [r.state for r in records] == states
+    assert [r.workflow for r in records] == [json.loads(t) for t in texts]
+    assert [r.extra_data for r in records] == [{"api_key_comfy_org": f"k{n}"} for n in range(1, 6)]
+    assert [r.meta for r in records] == [{"n": n} for n in range(1, 6)]
+    key = model_key(loaded)
+    assert [r.model_key for r in records] == [None, None, None, key, key]  # done: not needed any more
+    claim = q.claim("r2", "gpu1", 30, now=T0 + 1, prefer_model=key, max_wait_seconds=60)
+    assert claim is not None and claim.id == make_job(7).id and claim.workflow == loaded
     q.close()

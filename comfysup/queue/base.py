@@ -9,6 +9,18 @@ The contract (tested once in tests/queue_contract.py and run against every backe
   submission order; it increments ``attempt``, sets ``owner``/``server`` and a lease, and opens an
   attempt row. A running job whose lease has expired is claimable again. One job is never held by two
   owners at once: the claimed row is the lock.
+- Model affinity (issue 7): a claim may name the model key its server ran last (``prefer_model``). It
+  then takes the first ready job with that key among those of the head's priority (priority always wins
+  over affinity), unless the head — the job strict order would hand out — has been passed over for
+  ``max_wait_seconds``: from then on strict order holds until every job passed over that long is out.
+  A job is passed over when a job behind it in strict order is claimed while it is ready; the queue keeps
+  when that first happened (a staircase of (priority, seq bound, time) rows), so no job waits more than
+  ``max_wait_seconds`` plus one claim interval longer than strict order would have made it wait.
+- ``complete_and_claim`` records done and claims the next job in one transaction (one fsync per job).
+- Each distinct workflow text is stored once, addressed by its hash; a job keeps its ``set``
+  (``params``) and ``extra_data``, and ``Claim.workflow`` / ``JobRecord.workflow`` are rebuilt from both
+  (comfysup.workflows.apply_params) exactly as submit applied them.
+- ``prune`` removes old terminal jobs in short batches.
 - Every write after the claim is fenced by id + attempt + owner: when the row is no longer this
   claim's, the call raises ``LeaseLost`` and changes nothing.
 - ``release`` puts a claimed job back without waiting for its lease; with ``count_attempt=False`` the
@@ -75,6 +87,13 @@ class NewJob:
     """The workflow serialised once at submit, so it is not parsed and dumped again on every claim."""
     callback_url: str = ""
     """Where to POST the job's record when it is terminal; empty: the config's [webhooks] url, if any."""
+    template_json: str = ""
+    """The workflow before ``set`` (canonical text), stored once per distinct text however many jobs share
+    it; empty: ``workflow_json`` is stored as it is. ``params`` rebuilds ``workflow`` from it."""
+    template_hash: str = ""
+    """sha256 of ``template_json`` when the caller has it (computed once per file, not once per line)."""
+    model_key: str | None = None
+    """The model files the workflow loads (comfysup.workflows.model_key); None: the queue derives it."""
 
 
 HOSTNAME_VARIABLE = "COMFYSUP_HOSTNAME"
@@ -116,6 +135,8 @@ class Claim:
     last_prompt_number: int | None = None
     last_reason: str | None = None
     cancel_requested: bool = False
+    model_key: str | None = None
+    """What the job's loader nodes load: a runner passes it to its next claim as ``prefer_model``."""
 
 
 @dataclass(frozen=True)
@@ -174,6 +195,9 @@ class JobRecord:
     progress: dict[str, Any] | None = None
     """The running attempt's progress (node k of n, step i of m), as last written."""
     callback_url: str | None = None
+    model_key: str | None = None
+    template: dict[str, Any] | None = None
+    """The stored workflow before ``params`` (shared by every job of a batch); what a migration copies."""
 
 
 @dataclass(frozen=True)
@@ -238,6 +262,14 @@ class Delivery:
 
 
 @dataclass(frozen=True)
+class PruneBatch:
+    """One transaction of ``prune``: the jobs removed (with the machine that holds their files)."""
+
+    removed: list[tuple[str, str | None]]
+    workflows_removed: int = 0
+
+
+@dataclass(frozen=True)
 class Machine:
     """A supervisor sharing the queue: one row per host and pid, refreshed by its heartbeat."""
 
@@ -256,8 +288,19 @@ class Queue(Protocol):
 
     def submit(self, jobs: Iterable[NewJob], now: float | None = None) -> SubmitResult: ...
 
-    def claim(self, owner: str, server: str, lease_seconds: float,
-              now: float | None = None) -> Claim | None: ...
+    def claim(self, owner: str, server: str, lease_seconds: float, now: float | None = None, *,
+              prefer_model: str | None = None, max_wait_seconds: float = 0.0) -> Claim | None:
+        """The next job (see the module docstring); with ``prefer_model`` and ``max_wait_seconds`` > 0, model
+        affinity: the first job of the head's priority whose model key is ``prefer_model``, unless the head
+        (the job strict order would hand out) has been passed over for ``max_wait_seconds``."""
+        ...
+
+    def complete_and_claim(self, claim: Claim, outputs: Sequence[Output], owner: str, server: str,
+                           lease_seconds: float, now: float | None = None, *, trace: dict[str, Any] | None = None,
+                           prefer_model: str | None = None, max_wait_seconds: float = 0.0) -> Claim | None:
+        """``complete`` and then ``claim`` in one transaction: one durable commit (one fsync) per job for a
+        runner that goes on. Raises LeaseLost, claiming nothing, when ``claim`` is no longer held."""
+        ...
 
     def heartbeat(self, claim: Claim, lease_seconds: float, now: float | None = None) -> bool:
         """Renew the lease; returns whether a cancel was requested. Raises LeaseLost."""
@@ -336,6 +379,12 @@ class Queue(Protocol):
 
     def active_count(self) -> int:
         """Jobs not yet terminal (queued, waiting to retry, running): zero means the queue is drained."""
+        ...
+
+    def prune(self, finished_before: float, limit: int = 500) -> PruneBatch:
+        """Remove up to ``limit`` terminal jobs that finished before ``finished_before`` (their attempts,
+        deliveries and workflows no other job uses) in one short transaction; callers repeat until a batch
+        comes back empty, so runners wait at most one batch for the write lock."""
         ...
 
     def maintenance(self) -> None:

@@ -29,6 +29,7 @@ import os
 import threading
 import time
 import weakref
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
@@ -51,20 +52,25 @@ from comfysup.queue.base import (
     Machine,
     NewJob,
     Output,
+    PruneBatch,
     RunningJob,
     Status,
     SubmitConflict,
     SubmitResult,
     owner_host,
 )
+from comfysup.queue.specs import SpecCache, dumps_plain
+from comfysup.workflows import apply_params, canonical, content_hash, model_key
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 SUBMIT_BATCH = 500
 CHANNEL = "comfysup_jobs"
 MIGRATION_LOCK = 0x636F6D6679737570  # "comfysup": one advisory lock key for schema changes
 CONNECT_TIMEOUT_SECONDS = 5
 NETWORK_TIMEOUT_SECONDS = 10.0
 """A statement that gets no answer for this long fails (tcp_user_timeout, keepalives): well inside a lease."""
+TEMPLATE_CACHE = 32
+"""Parsed workflows kept by id in each process (identity ids are never reused)."""
 LISTEN_RETRY_SECONDS = 2.0
 """After the LISTEN connection failed, idle waits just sleep this long before it is tried again."""
 
@@ -154,6 +160,7 @@ class PostgresQueue:
         self._lock = threading.RLock()
         self._listen_lock = threading.Lock()
         self._listen_failed_at: float | None = None
+        self._templates: OrderedDict[int, dict[str, Any]] = OrderedDict()
         _LIVE.add(self)
         self._migrate()
 
@@ -275,9 +282,19 @@ class PostgresQueue:
             sql = _named_sql()
             for step in range(version + 1, SCHEMA_VERSION + 1):
                 cur.execute(sql[f"v{step}"])
+                if step == 3:
+                    self._fill_model_keys(cur)
                 cur.execute("INSERT INTO schema_version VALUES (%s, extract(epoch from now()))", (step,))
 
         self._transaction(migrate)
+
+    @staticmethod
+    def _fill_model_keys(cur: psycopg.Cursor[Any]) -> None:
+        """v3's Python step: the model key of every job still to run (SQL cannot read loader nodes)."""
+        rows = cur.execute("SELECT j.seq, w.workflow, j.params FROM jobs j JOIN workflows w ON w.id = j.workflow_id "
+                           "WHERE j.state IN ('queued', 'running')").fetchall()
+        keys = [(model_key(apply_params(json.loads(text), json.loads(params))), seq) for seq, text, params in rows]
+        cur.executemany("UPDATE jobs SET model_key = %s WHERE seq = %s", [k for k in keys if k[0] is not None])
 
     def _version(self) -> int | None:
         def read(cur: psycopg.Cursor[Any]) -> int | None:
@@ -355,13 +372,14 @@ class PostgresQueue:
             inserted = existing = 0
             conflicts: list[str] = []
             batch: list[NewJob] = []
+            specs = SpecCache()
             for job in jobs:
                 batch.append(job)
                 if len(batch) >= SUBMIT_BATCH:
-                    i, e = self._insert_batch(cur, batch, now, conflicts)
+                    i, e = self._insert_batch(cur, batch, now, conflicts, specs)
                     inserted, existing, batch = inserted + i, existing + e, []
             if batch:
-                i, e = self._insert_batch(cur, batch, now, conflicts)
+                i, e = self._insert_batch(cur, batch, now, conflicts, specs)
                 inserted, existing = inserted + i, existing + e
             if conflicts:
                 raise SubmitConflict(conflicts)
@@ -371,24 +389,44 @@ class PostgresQueue:
 
         return self._transaction(insert)
 
+    @staticmethod
+    def _workflow_ids(cur: psycopg.Cursor[Any], texts: dict[str, str], cache: SpecCache) -> None:
+        """Each workflow's id by hash, inserted when new. The upsert locks an existing row until this
+        transaction ends, so a ``prune`` running now cannot delete a workflow that this submit is about to
+        reference (its delete waits, then the foreign key keeps the row)."""
+        missing = {h: t for h, t in texts.items() if h not in cache.ids}
+        if not missing:
+            return
+        if len(cache.ids) >= 4096:
+            cache.ids.clear()
+        rows = cur.execute(
+            "INSERT INTO workflows (hash, workflow) SELECT * FROM unnest(%s::text[], %s::text[]) "
+            "ON CONFLICT (hash) DO UPDATE SET hash = excluded.hash RETURNING hash, id",
+            (list(missing), list(missing.values()))).fetchall()
+        cache.ids.update(dict(rows))
+
     def _insert_batch(self, cur: psycopg.Cursor[Any], batch: list[NewJob], now: float | None,
-                      conflicts: list[str]) -> tuple[int, int]:
+                      conflicts: list[str], specs: SpecCache) -> tuple[int, int]:
         """Insert what is new (ON CONFLICT DO NOTHING: a concurrent submit of the same id cannot fail),
         then judge every row that was not inserted by its spec_hash."""
+        stored = [specs.template(j) for j in batch]
+        self._workflow_ids(cur, {h: t for t, h in stored}, specs)
         cur.execute(
-            "INSERT INTO jobs (id, priority, submitted_at, spec_hash, workflow_name, workflow, extra_data, meta, "
-            f"params, callback_url) SELECT t.id, t.priority, {AT}, t.spec_hash, t.workflow_name, t.workflow, "
-            "t.extra_data, t.meta, t.params, t.callback_url FROM unnest(%(ids)s::text[], %(priorities)s::bigint[], "
-            "%(hashes)s::text[], %(names)s::text[], %(workflows)s::text[], %(extras)s::text[], %(metas)s::text[], "
-            "%(params)s::text[], %(callbacks)s::text[]) WITH ORDINALITY "
-            "AS t(id, priority, spec_hash, workflow_name, workflow, extra_data, meta, params, callback_url, ord) "
+            "INSERT INTO jobs (id, priority, submitted_at, spec_hash, workflow_name, workflow_id, extra_data, meta, "
+            f"params, callback_url, model_key) SELECT t.id, t.priority, {AT}, t.spec_hash, t.workflow_name, "
+            "t.workflow_id, t.extra_data, t.meta, t.params, t.callback_url, t.model_key "
+            "FROM unnest(%(ids)s::text[], %(priorities)s::bigint[], "
+            "%(hashes)s::text[], %(names)s::text[], %(workflows)s::bigint[], %(extras)s::text[], %(metas)s::text[], "
+            "%(params)s::text[], %(callbacks)s::text[], %(keys)s::text[]) WITH ORDINALITY "
+            "AS t(id, priority, spec_hash, workflow_name, workflow_id, extra_data, meta, params, callback_url, "
+            "model_key, ord) "
             "ORDER BY t.ord ON CONFLICT (id) DO NOTHING RETURNING id",
             {"now": now, "ids": [j.id for j in batch], "priorities": [j.priority for j in batch],
              "hashes": [j.spec_hash for j in batch], "names": [j.workflow_name for j in batch],
-             "workflows": [j.workflow_json or json.dumps(j.workflow, separators=(",", ":")) for j in batch],
-             "extras": [json.dumps(j.extra_data) for j in batch], "metas": [json.dumps(j.meta) for j in batch],
-             "params": [json.dumps(j.params) for j in batch],
-             "callbacks": [j.callback_url or None for j in batch]})
+             "workflows": [specs.ids[h] for _t, h in stored],
+             "extras": [dumps_plain(j.extra_data) for j in batch], "metas": [dumps_plain(j.meta) for j in batch],
+             "params": [dumps_plain(j.params) for j in batch],
+             "callbacks": [j.callback_url or None for j in batch], "keys": [specs.model_key(j) for j in batch]})
         fresh = {r[0] for r in cur.fetchall()}
         rest = [j for j in batch if j.id not in fresh]
         # An id that appears twice in the batch is inserted once; its other copies are judged like rows
@@ -410,31 +448,96 @@ class PostgresQueue:
 
     # -- the runner's side ------------------------------------------------------------------------------
 
-    def claim(self, owner: str, server: str, lease_seconds: float, now: float | None = None) -> Claim | None:
+    def claim(self, owner: str, server: str, lease_seconds: float, now: float | None = None, *,
+              prefer_model: str | None = None, max_wait_seconds: float = 0.0) -> Claim | None:
         """Expired leases go back to the queue, then the next ready job is taken in one statement."""
+        return self._claim_from(self._transaction(
+            lambda cur: self._claim(cur, owner, server, lease_seconds, now, prefer_model, max_wait_seconds)))
 
-        def take(cur: psycopg.Cursor[Any]) -> Claim | None:
-            self._expire_leases(cur, now)
-            row = cur.execute(
-                "WITH claimed AS ("
-                "  UPDATE jobs SET state = 'running', attempt = attempt + 1, owner = %(owner)s, server = %(server)s, "
-                f"   lease_until = {AT} + %(lease)s, started_at = {AT}, progress = NULL "
-                "  WHERE seq = (SELECT seq FROM jobs WHERE state = 'queued' "
-                f"                AND run_after <= {AT} ORDER BY priority DESC, seq LIMIT 1 FOR UPDATE SKIP LOCKED) "
-                "  RETURNING id, attempt, workflow, extra_data, last_server, last_prompt_number, reason, "
-                "            cancel_requested, lease_until, started_at), "
-                "opened AS (INSERT INTO attempts (job_id, attempt, owner, server, started_at) "
-                "  SELECT id, attempt, %(owner)s, %(server)s, started_at FROM claimed) "
-                "SELECT id, attempt, workflow, extra_data, last_server, last_prompt_number, reason, "
-                "cancel_requested, lease_until FROM claimed",
-                {"owner": owner, "server": server, "lease": lease_seconds, "now": now}).fetchone()
-            if row is None:
-                return None
-            return Claim(id=row[0], attempt=row[1], owner=owner, server=server, workflow=json.loads(row[2]),
-                         extra_data=json.loads(row[3]), lease_until=row[8], last_server=row[4],
-                         last_prompt_number=row[5], last_reason=row[6], cancel_requested=bool(row[7]))
+    def complete_and_claim(self, claim: Claim, outputs: Sequence[Output], owner: str, server: str,
+                           lease_seconds: float, now: float | None = None, *, trace: dict[str, Any] | None = None,
+                           prefer_model: str | None = None, max_wait_seconds: float = 0.0) -> Claim | None:
+        """One transaction, so one commit flushed, for a job done and the next one claimed. A lost fence
+        raises LeaseLost before anything is claimed (the transaction is rolled back)."""
 
-        return self._transaction(take)
+        def both(cur: psycopg.Cursor[Any]) -> tuple[Any, ...] | None:
+            self._complete(cur, claim, outputs, now, trace)
+            return self._claim(cur, owner, server, lease_seconds, now, prefer_model, max_wait_seconds)
+
+        return self._claim_from(self._transaction(both))
+
+    _HEAD = (f"SELECT seq, priority FROM jobs WHERE state = 'queued' AND run_after <= {AT} "
+             "ORDER BY priority DESC, seq LIMIT 1 FOR UPDATE SKIP LOCKED")
+    _PICK = (
+        f"SELECT coalesce((SELECT j.seq FROM jobs j WHERE j.state = 'queued' AND j.model_key = %(key)s "
+        f"  AND j.priority = h.priority AND j.run_after <= {AT} "
+        "  AND coalesce((SELECT min(s.at) FROM affinity_skips s WHERE s.priority = h.priority "
+        f"      AND s.seq_bound > h.seq), {AT}) > {AT} - %(wait)s "
+        "  ORDER BY j.seq LIMIT 1 FOR UPDATE SKIP LOCKED), h.seq) FROM head h")
+    """The first job of the head's priority with the preferred model key, unless the head has been passed over
+    for ``wait`` seconds already; else the head. Index seeks only: jobs_ready, affinity_skips, jobs_affinity."""
+
+    def _claim(self, cur: psycopg.Cursor[Any], owner: str, server: str, lease_seconds: float, now: float | None,
+               prefer_model: str | None, max_wait_seconds: float) -> tuple[Any, ...] | None:
+        self._expire_leases(cur, now)
+        affinity = bool(prefer_model) and max_wait_seconds > 0
+        pick = self._PICK if affinity else "SELECT seq FROM head"
+        row = cur.execute(
+            f"WITH head AS ({self._HEAD}), pick AS ({pick}), "
+            "claimed AS ("
+            "  UPDATE jobs SET state = 'running', attempt = attempt + 1, owner = %(owner)s, server = %(server)s, "
+            f"   lease_until = {AT} + %(lease)s, started_at = {AT}, progress = NULL "
+            "  WHERE seq = (SELECT * FROM pick) "
+            "  RETURNING seq, id, attempt, workflow_id, extra_data, params, last_server, last_prompt_number, reason, "
+            "            cancel_requested, lease_until, started_at, model_key), "
+            "opened AS (INSERT INTO attempts (job_id, attempt, owner, server, started_at) "
+            "  SELECT id, attempt, %(owner)s, %(server)s, started_at FROM claimed) "
+            "SELECT c.id, c.attempt, c.workflow_id, c.extra_data, c.params, c.last_server, c.last_prompt_number, "
+            "c.reason, c.cancel_requested, c.lease_until, c.model_key, "
+            "(SELECT w.workflow FROM workflows w WHERE w.id = c.workflow_id AND NOT w.id = ANY(%(cached)s::bigint[])), "
+            "c.seq, h.seq, h.priority FROM claimed c, head h",
+            {"owner": owner, "server": server, "lease": lease_seconds, "now": now, "key": prefer_model,
+             "wait": max_wait_seconds, "cached": list(self._templates)}).fetchone()
+        if row is None:
+            return None
+        if affinity:
+            taken, head, priority = row[12], row[13], row[14]
+            if taken != head:
+                # ON CONFLICT: two machines passing over the same jobs at once; the claim reads min(at).
+                cur.execute(f"INSERT INTO affinity_skips (priority, seq_bound, at) SELECT %(p)s, %(bound)s, {AT} "
+                            "WHERE NOT EXISTS (SELECT 1 FROM affinity_skips WHERE priority = %(p)s AND "
+                            "seq_bound >= %(bound)s) ON CONFLICT DO NOTHING",
+                            {"p": priority, "bound": taken, "now": now})
+            else:
+                cur.execute("DELETE FROM affinity_skips WHERE priority = %s AND seq_bound <= %s", (priority, head))
+        return (owner, server, *row[:12])
+
+    def _claim_from(self, taken: tuple[Any, ...] | None) -> Claim | None:
+        """The Claim, with its workflow rebuilt from the cached (or just read) template and its params."""
+        if taken is None:
+            return None
+        (owner, server, job_id, attempt, workflow_id, extra_data, params, last_server, last_prompt_number, reason,
+         cancel_requested, lease_until, key, text) = taken
+        return Claim(id=job_id, attempt=attempt, owner=owner, server=server,
+                     workflow=apply_params(self._template(workflow_id, text), json.loads(params)),
+                     extra_data=json.loads(extra_data), lease_until=lease_until, last_server=last_server,
+                     last_prompt_number=last_prompt_number, last_reason=reason,
+                     cancel_requested=bool(cancel_requested), model_key=key)
+
+    def _template(self, workflow_id: int, text: str | None) -> dict[str, Any]:
+        """A parsed workflow by id, from this process's small cache."""
+        with self._lock:
+            template = self._templates.get(workflow_id)
+            if template is None:
+                if text is None:  # evicted since the claim was sent
+                    text = self._scalar("SELECT workflow FROM workflows WHERE id = %s", (workflow_id,))
+                template = json.loads(text)
+                self._templates[workflow_id] = template
+                if len(self._templates) > TEMPLATE_CACHE:
+                    self._templates.popitem(last=False)
+            else:
+                self._templates.move_to_end(workflow_id)
+            return template
 
     def _expire_leases(self, cur: psycopg.Cursor[Any], now: float | None) -> None:
         """Running jobs whose lease passed are queued again; their attempt stays counted. SKIP LOCKED: a row
@@ -503,16 +606,16 @@ class PostgresQueue:
 
     def complete(self, claim: Claim, outputs: Sequence[Output], now: float | None = None, *,
                  trace: dict[str, Any] | None = None) -> None:
-        files = json.dumps([o.__dict__ for o in outputs])
+        self._transaction(lambda cur: self._complete(cur, claim, outputs, now, trace))
 
-        def done(cur: psycopg.Cursor[Any]) -> None:
-            self._fenced(cur, claim, f"UPDATE jobs SET state = 'done', outputs = %(files)s, finished_at = {AT}, "
-                         "reason = NULL, owner = NULL, lease_until = NULL, machine = %(machine)s",
-                         {"files": files, "now": now, "machine": owner_host(claim.owner), "outcome": "done",
-                          "end_reason": None, "kind": None, "trace": _dumps(trace)}, attempt_set=self._END)
-            self._deliver(cur, claim.id, now)
-
-        self._transaction(done)
+    def _complete(self, cur: psycopg.Cursor[Any], claim: Claim, outputs: Sequence[Output], now: float | None,
+                  trace: dict[str, Any] | None) -> None:
+        files = json.dumps([o.__dict__ for o in outputs], separators=(",", ":"))
+        self._fenced(cur, claim, f"UPDATE jobs SET state = 'done', outputs = %(files)s, finished_at = {AT}, "
+                     "reason = NULL, owner = NULL, lease_until = NULL, machine = %(machine)s",
+                     {"files": files, "now": now, "machine": owner_host(claim.owner), "outcome": "done",
+                      "end_reason": None, "kind": None, "trace": _dumps(trace)}, attempt_set=self._END)
+        self._deliver(cur, claim.id, now)
 
     def retry_later(self, claim: Claim, run_after: float, reason: str, now: float | None = None, *,
                     kind: str | None = None, trace: dict[str, Any] | None = None) -> None:
@@ -653,20 +756,25 @@ class PostgresQueue:
 
         return self._transaction(requeue)
 
-    _COLUMNS = ("id, state, priority, attempt, workflow, extra_data, meta, params, workflow_name, submitted_at, "
-                "run_after, owner, server, lease_until, started_at, finished_at, reason, outputs, "
-                "cancel_requested, machine, spec_hash, last_server, last_prompt_number, progress, callback_url")
+    _COLUMNS = ("jobs.id, state, priority, attempt, w.workflow, extra_data, meta, params, workflow_name, "
+                "submitted_at, run_after, owner, server, lease_until, started_at, finished_at, reason, outputs, "
+                "cancel_requested, machine, spec_hash, last_server, last_prompt_number, progress, callback_url, "
+                "model_key")
+    _FROM = "jobs JOIN workflows w ON w.id = jobs.workflow_id"
 
     @staticmethod
     def _record(row: Sequence[Any], attempts: list[Attempt]) -> JobRecord:
         outputs = [Output(**o) for o in json.loads(row[17])] if row[17] else []
+        params = json.loads(row[7])
+        template = json.loads(row[4])
         return JobRecord(
-            id=row[0], state=row[1], priority=row[2], attempt=row[3], workflow=json.loads(row[4]),
-            extra_data=json.loads(row[5]), meta=json.loads(row[6]), params=json.loads(row[7]),
+            id=row[0], state=row[1], priority=row[2], attempt=row[3], workflow=apply_params(template, params),
+            extra_data=json.loads(row[5]), meta=json.loads(row[6]), params=params,
             workflow_name=row[8], submitted_at=row[9], run_after=row[10], owner=row[11], server=row[12],
             lease_until=row[13], started_at=row[14], finished_at=row[15], reason=row[16], outputs=outputs,
             cancel_requested=bool(row[18]), attempts=attempts, machine=row[19], spec_hash=row[20],
-            last_server=row[21], last_prompt_number=row[22], progress=_loads(row[23]), callback_url=row[24])
+            last_server=row[21], last_prompt_number=row[22], progress=_loads(row[23]), callback_url=row[24],
+            model_key=row[25], template=template)
 
     @staticmethod
     def _attempts(cur: psycopg.Cursor[Any], ids: Sequence[str]) -> dict[str, list[Attempt]]:
@@ -688,7 +796,7 @@ class PostgresQueue:
         ids = list(ids)
 
         def read(cur: psycopg.Cursor[Any]) -> list[JobRecord]:
-            rows = cur.execute(f"SELECT {self._COLUMNS} FROM jobs WHERE id = ANY(%s)", (ids,)).fetchall()
+            rows = cur.execute(f"SELECT {self._COLUMNS} FROM {self._FROM} WHERE jobs.id = ANY(%s)", (ids,)).fetchall()
             attempts = self._attempts(cur, [r[0] for r in rows])
             return [self._record(r, attempts[r[0]]) for r in rows]
 
@@ -703,7 +811,7 @@ class PostgresQueue:
         where = " AND state = ANY(%(states)s)" if states else ""
 
         def page(cur: psycopg.Cursor[Any]) -> list[tuple[int, JobRecord]]:
-            rows = cur.execute(f"SELECT seq, {self._COLUMNS} FROM jobs WHERE seq > %(last)s{where} "
+            rows = cur.execute(f"SELECT seq, {self._COLUMNS} FROM {self._FROM} WHERE seq > %(last)s{where} "
                                "ORDER BY seq LIMIT 500", {"last": last, "states": list(states or ())}).fetchall()
             attempts = self._attempts(cur, [r[1] for r in rows])
             return [(r[0], self._record(r[1:], attempts[r[1]])) for r in rows]
@@ -788,6 +896,37 @@ class PostgresQueue:
                    {"status": status, "error": error, "delivered": delivered, "now": now,
                     "next_at": None if delivered else next_at, "id": delivery_id})
 
+    # -- prune ------------------------------------------------------------------------------------------
+
+    def prune(self, finished_before: float, limit: int = 500) -> PruneBatch:
+        """As SQLite's: up to ``limit`` old terminal jobs (not one whose webhook is still pending), their
+        attempts and deliveries, and the workflows no job uses any more, in one short transaction. SKIP
+        LOCKED: a row someone else holds (a cancel, another prune) is left for the next batch. A workflow
+        that a concurrent submit references is kept: the foreign key refuses its delete, undone alone."""
+
+        def batch(cur: psycopg.Cursor[Any]) -> PruneBatch:
+            rows = cur.execute(
+                "WITH gone AS (DELETE FROM jobs WHERE seq IN (SELECT seq FROM jobs j "
+                "  WHERE state IN ('done', 'dead', 'cancelled') AND finished_at < %(before)s AND NOT EXISTS "
+                "  (SELECT 1 FROM deliveries d WHERE d.job_id = j.id AND d.next_at IS NOT NULL) "
+                "  LIMIT %(limit)s FOR UPDATE SKIP LOCKED) RETURNING id, machine, workflow_id), "
+                "a AS (DELETE FROM attempts WHERE job_id IN (SELECT id FROM gone)), "
+                "d AS (DELETE FROM deliveries WHERE job_id IN (SELECT id FROM gone)) "
+                "SELECT id, machine, workflow_id FROM gone",
+                {"before": finished_before, "limit": limit}).fetchall()
+            removed = 0
+            for workflow_id in sorted({r[2] for r in rows}):
+                cur.execute("SAVEPOINT prune_workflow")
+                try:
+                    removed += cur.execute("DELETE FROM workflows w WHERE id = %s AND NOT EXISTS "
+                                           "(SELECT 1 FROM jobs WHERE workflow_id = w.id)", (workflow_id,)).rowcount
+                    cur.execute("RELEASE SAVEPOINT prune_workflow")
+                except psycopg.errors.ForeignKeyViolation:
+                    cur.execute("ROLLBACK TO SAVEPOINT prune_workflow")
+            return PruneBatch(removed=[(r[0], r[1]) for r in rows], workflows_removed=removed)
+
+        return self._transaction(batch)
+
     # -- machines -----------------------------------------------------------------------------------------
 
     def register_machine(self, host: str, pid: int, slots: Sequence[dict[str, Any]],
@@ -834,18 +973,24 @@ class PostgresQueue:
                     continue
                 known[r.id] = r.spec_hash
                 fresh.append(r)
+            # A batch's jobs share one stored template: it is copied once, not once per job.
+            memo: dict[str, str] = {}
+            stored = [_stored_template(r, memo) for r in fresh]
+            specs = SpecCache()
+            self._workflow_ids(cur, {h: t for t, h in stored}, specs)
             cur.executemany(
                 "INSERT INTO jobs (id, state, priority, run_after, attempt, owner, server, lease_until, "
                 "started_at, cancel_requested, submitted_at, finished_at, reason, outputs, machine, last_server, "
-                "last_prompt_number, spec_hash, workflow_name, workflow, extra_data, meta, params, progress, "
-                "callback_url) VALUES "
-                "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                "last_prompt_number, spec_hash, workflow_name, workflow_id, extra_data, meta, params, progress, "
+                "callback_url, model_key) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, "
+                "%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
                 [(r.id, r.state, r.priority, r.run_after, r.attempt, r.owner, r.server, r.lease_until,
                   r.started_at, r.cancel_requested, r.submitted_at, r.finished_at, r.reason,
                   json.dumps([o.__dict__ for o in r.outputs]) if r.outputs else None, r.machine,
-                  r.last_server, r.last_prompt_number, r.spec_hash, r.workflow_name,
-                  json.dumps(r.workflow, separators=(",", ":")), json.dumps(r.extra_data), json.dumps(r.meta),
-                  json.dumps(r.params), _dumps(r.progress), r.callback_url) for r in fresh])
+                  r.last_server, r.last_prompt_number, r.spec_hash, r.workflow_name, specs.ids[h],
+                  dumps_plain(r.extra_data), dumps_plain(r.meta), dumps_plain(r.params), _dumps(r.progress),
+                  r.callback_url, r.model_key if r.model_key is not None else model_key(r.workflow))
+                 for r, (_t, h) in zip(fresh, stored, strict=True)])
             rows = [(r.id, a.attempt, a.owner, a.server, a.started_at, a.ended_at, a.outcome, a.reason,
                      a.prompt_number, a.kind, _dumps(a.trace)) for r in fresh if with_attempts for a in r.attempts]
             if rows:
@@ -863,6 +1008,18 @@ class PostgresQueue:
 
 def _dumps(value: dict[str, Any] | None) -> str | None:
     return None if value is None else json.dumps(value, separators=(",", ":"))
+
+
+def _stored_template(record: JobRecord, memo: dict[str, str]) -> tuple[str, str]:
+    """The text and hash to store for a migrated job: its template (shared by its batch), else its workflow.
+    ``memo`` remembers recent texts, so a batch's 10 KB template is hashed once rather than once per job."""
+    text = canonical(record.template if record.template is not None else record.workflow)
+    digest = memo.get(text)
+    if digest is None:
+        if len(memo) >= 64:
+            memo.clear()
+        digest = memo[text] = content_hash(text)
+    return text, digest
 
 
 def _loads(text: str | None) -> Any:

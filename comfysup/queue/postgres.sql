@@ -84,3 +84,38 @@ CREATE TABLE deliveries (
 );
 CREATE INDEX deliveries_due ON deliveries (next_at) WHERE next_at IS NOT NULL;
 CREATE INDEX deliveries_job ON deliveries (job_id);
+
+-- name: v3
+-- (issue 7), as in schema.sql's v5: each distinct workflow is stored once, addressed by the sha256 of its
+-- text, and a job keeps its own `set` (params) and extra_data, from which the workflow ComfyUI receives is
+-- rebuilt. A job's model key (the files its loader nodes load) lets a runner prefer jobs its server
+-- already has in memory. Identity ids are never reused, so a runner may cache parsed workflows by id.
+CREATE TABLE workflows (
+    id       bigint  GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    hash     text    NOT NULL UNIQUE,
+    workflow text    NOT NULL
+);
+INSERT INTO workflows (hash, workflow)
+    SELECT DISTINCT ON (h) h, workflow
+    FROM (SELECT encode(sha256(convert_to(workflow, 'UTF8')), 'hex') AS h, workflow, seq FROM jobs) AS t
+    ORDER BY h, seq;
+ALTER TABLE jobs ADD COLUMN workflow_id bigint;
+UPDATE jobs SET workflow_id = w.id FROM workflows w
+    WHERE w.hash = encode(sha256(convert_to(jobs.workflow, 'UTF8')), 'hex');
+ALTER TABLE jobs ALTER COLUMN workflow_id SET NOT NULL;
+ALTER TABLE jobs DROP COLUMN workflow;
+-- prune finds whether a workflow is still used without a scan, and the foreign key stops it from deleting
+-- one that a concurrent submit has just referenced.
+CREATE INDEX jobs_workflow ON jobs (workflow_id);
+ALTER TABLE jobs ADD CONSTRAINT jobs_workflow_fk FOREIGN KEY (workflow_id) REFERENCES workflows (id);
+-- Filled for jobs still to run by the migration's Python step (SQL cannot read loader nodes by itself).
+ALTER TABLE jobs ADD COLUMN model_key text;
+CREATE INDEX jobs_affinity ON jobs (model_key, priority, seq) INCLUDE (run_after)
+    WHERE state = 'queued' AND model_key IS NOT NULL;
+-- When jobs were first passed over by an affinity claim (see schema.sql's v5).
+CREATE TABLE affinity_skips (
+    priority  bigint           NOT NULL,
+    seq_bound bigint           NOT NULL,
+    at        double precision NOT NULL,
+    PRIMARY KEY (priority, seq_bound)
+);

@@ -104,3 +104,36 @@ CREATE TABLE deliveries (
 );
 CREATE INDEX deliveries_due ON deliveries (next_at) WHERE next_at IS NOT NULL;
 CREATE INDEX deliveries_job ON deliveries (job_id);
+-- name: v5
+-- (issue 7) Each distinct workflow is stored once, addressed by the sha256 of its text: a batch of one
+-- 10 KB workflow with 100,000 different `set` values kept 100,000 copies (about 1.2 GB): a job now keeps
+-- its own `set` (params) and extra_data, and the workflow ComfyUI receives is rebuilt from the two.
+-- AUTOINCREMENT: an id is never reused after prune, so a runner's cache of parsed workflows by id
+-- cannot hand out another workflow under an old id.
+CREATE TABLE workflows (
+    id       INTEGER PRIMARY KEY AUTOINCREMENT,
+    hash     TEXT    NOT NULL UNIQUE,
+    workflow TEXT    NOT NULL
+);
+INSERT OR IGNORE INTO workflows (hash, workflow) SELECT comfysup_sha256(workflow), workflow FROM job_specs ORDER BY seq;
+ALTER TABLE job_specs ADD COLUMN workflow_id INTEGER;
+UPDATE job_specs SET workflow_id = (SELECT id FROM workflows WHERE hash = comfysup_sha256(job_specs.workflow));
+ALTER TABLE job_specs DROP COLUMN workflow;
+-- prune finds whether a workflow is still used without a scan.
+CREATE INDEX job_specs_workflow ON job_specs (workflow_id);
+-- The model files a job's loader nodes load (comfysup.workflows.model_key), derived at submit: a runner
+-- prefers the next job whose key matches what its server ran last. Jobs still to run get theirs now.
+ALTER TABLE jobs ADD COLUMN model_key TEXT;
+UPDATE jobs SET model_key = (SELECT comfysup_model_key(w.workflow) FROM job_specs s JOIN workflows w
+    ON w.id = s.workflow_id WHERE s.seq = jobs.seq) WHERE state IN ('queued', 'running');
+-- The affinity claim seeks (model key, the head's priority) and walks seq, as jobs_ready does for all.
+CREATE INDEX jobs_affinity ON jobs (model_key, priority, seq, run_after) WHERE state = 'queued' AND model_key IS NOT NULL;
+-- When jobs were first passed over by an affinity claim: (priority, seq_bound, at) says every job of that
+-- priority before seq_bound was passed over at `at`. Kept as a staircase (a row is added only when it
+-- reaches further than every row before it), so the oldest time that covers a job is one index seek.
+CREATE TABLE affinity_skips (
+    priority  INTEGER NOT NULL,
+    seq_bound INTEGER NOT NULL,
+    at        REAL    NOT NULL,
+    PRIMARY KEY (priority, seq_bound)
+) WITHOUT ROWID;

@@ -23,6 +23,7 @@ import sqlite3
 import threading
 import time
 import weakref
+from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
 from importlib import resources
 from pathlib import Path
@@ -47,20 +48,25 @@ from comfysup.queue.base import (
     Machine,
     NewJob,
     Output,
+    PruneBatch,
     RunningJob,
     Status,
     SubmitConflict,
     SubmitResult,
     owner_host,
 )
+from comfysup.queue.specs import SpecCache, dumps_plain
+from comfysup.workflows import apply_params, content_hash, model_key
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 NETWORK_FILESYSTEMS = frozenset({
     "nfs", "nfs4", "cifs", "smb", "smb2", "smb3", "smbfs", "9p", "afs", "ceph", "glusterfs", "lustre",
     "fuse.sshfs", "fuse.s3fs", "fuse.gcsfuse", "fuse.rclone", "davfs", "fuse.glusterfs", "beegfs", "gpfs",
 })
 SUBMIT_BATCH = 500
 IDLE_WAIT_CAP_SECONDS = 0.25
+TEMPLATE_CACHE = 32
+"""Parsed workflows kept by id in each process: a runner parses a batch's 10 KB workflow once, not per claim."""
 
 
 def _named_sql() -> dict[str, str]:
@@ -134,6 +140,7 @@ class SQLiteQueue:
         self._conn: sqlite3.Connection | None = None
         self._pid = -1
         self._lock = threading.RLock()
+        self._templates: OrderedDict[int, dict[str, Any]] = OrderedDict()
         _LIVE.add(self)
         self._last_checkpoint = time.monotonic()
         if not self.path.exists() and not create:
@@ -206,19 +213,32 @@ class SQLiteQueue:
             conn.execute("PRAGMA synchronous = FULL")
             conn.execute("PRAGMA journal_size_limit = 67108864")
             conn.execute("PRAGMA foreign_keys = ON")
+            # For the v5 migration (and only there): SQL cannot hash or read loader nodes by itself.
+            conn.create_function("comfysup_sha256", 1, content_hash, deterministic=True)
+            conn.create_function("comfysup_model_key", 1, _model_key_of_text, deterministic=True)
         except BaseException:
             conn.close()
             raise
         return conn
 
     @contextlib.contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
-        """A write transaction taken with BEGIN IMMEDIATE, committed or rolled back as a whole."""
+    def _write(self, durable: bool = True) -> Iterator[sqlite3.Connection]:
+        """A write transaction taken with BEGIN IMMEDIATE, committed or rolled back as a whole.
+
+        ``durable=False`` commits without an fsync (``synchronous=NORMAL`` for this transaction): still
+        safe from a crash of any process, lost only with the machine's power, and made durable by the
+        next durable commit, which syncs every frame before it. Only writes that describe a prompt
+        running on this very machine use it (heartbeat, record_prompt, set_progress): a power loss ends
+        that prompt too, so what they said is moot after one. Claims, submits and ends stay durable.
+        """
         with self._lock:
             conn = self.conn
             try:
+                if not durable:
+                    conn.execute("PRAGMA synchronous = NORMAL")
                 conn.execute("BEGIN IMMEDIATE")
             except sqlite3.Error as exc:
+                self._restore_sync(conn, durable)
                 raise self._translate(exc) from exc
             try:
                 yield conn
@@ -232,6 +252,14 @@ class SQLiteQueue:
                 if isinstance(exc, sqlite3.Error):
                     raise self._translate(exc) from exc
                 raise
+            finally:
+                self._restore_sync(conn, durable)
+
+    @staticmethod
+    def _restore_sync(conn: sqlite3.Connection, durable: bool) -> None:
+        if not durable:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("PRAGMA synchronous = FULL")
 
     def _read(self, sql: str, args: Sequence[Any] = ()) -> list[sqlite3.Row | tuple]:
         with self._lock:
@@ -292,22 +320,23 @@ class SQLiteQueue:
         at = _now(now)
         inserted = existing = 0
         conflicts: list[str] = []
+        specs = SpecCache()
         with self._write() as conn:
             batch: list[NewJob] = []
             for job in jobs:
                 batch.append(job)
                 if len(batch) >= SUBMIT_BATCH:
-                    i, e = self._insert_batch(conn, batch, at, conflicts)
+                    i, e = self._insert_batch(conn, batch, at, conflicts, specs)
                     inserted, existing, batch = inserted + i, existing + e, []
             if batch:
-                i, e = self._insert_batch(conn, batch, at, conflicts)
+                i, e = self._insert_batch(conn, batch, at, conflicts, specs)
                 inserted, existing = inserted + i, existing + e
             if conflicts:
                 raise SubmitConflict(conflicts)
         return SubmitResult(inserted=inserted, existing=existing)
 
     def _insert_batch(self, conn: sqlite3.Connection, batch: list[NewJob], at: float,
-                      conflicts: list[str]) -> tuple[int, int]:
+                      conflicts: list[str], cache: SpecCache) -> tuple[int, int]:
         marks = ",".join("?" * len(batch))
         known = dict(conn.execute(f"SELECT id, spec_hash FROM jobs WHERE id IN ({marks})",
                                   [j.id for j in batch]).fetchall())
@@ -321,41 +350,125 @@ class SQLiteQueue:
                 continue
             known[job.id] = job.spec_hash  # a repeat later in this same chunk is judged like one in the table
             seq += 1  # explicit, so the spec row gets the same key without a round trip per job
-            fresh.append((seq, job.id, job.priority, at, job.spec_hash, job.workflow_name, job.callback_url or None))
-            specs.append((seq, job.workflow_json or json.dumps(job.workflow, separators=(",", ":")),
-                          json.dumps(job.extra_data), json.dumps(job.meta), json.dumps(job.params)))
+            text, digest = cache.template(job)
+            workflow_id = cache.ids.get(digest)
+            if workflow_id is None:
+                if len(cache.ids) >= 4096:
+                    cache.ids.clear()
+                row = conn.execute("SELECT id FROM workflows WHERE hash = ?", (digest,)).fetchone()
+                workflow_id = cache.ids[digest] = row[0] if row else conn.execute(
+                    "INSERT INTO workflows (hash, workflow) VALUES (?, ?)", (digest, text)).lastrowid
+            fresh.append((seq, job.id, job.priority, at, job.spec_hash, job.workflow_name, job.callback_url or None,
+                          cache.model_key(job)))
+            specs.append((seq, workflow_id, dumps_plain(job.extra_data), dumps_plain(job.meta),
+                          dumps_plain(job.params)))
         conn.executemany(
-            "INSERT INTO jobs (seq, id, priority, submitted_at, spec_hash, workflow_name, callback_url) "
-            "VALUES (?,?,?,?,?,?,?)",
+            "INSERT INTO jobs (seq, id, priority, submitted_at, spec_hash, workflow_name, callback_url, model_key) "
+            "VALUES (?,?,?,?,?,?,?,?)",
             fresh)
-        conn.executemany("INSERT INTO job_specs (seq, workflow, extra_data, meta, params) VALUES (?,?,?,?,?)",
+        conn.executemany("INSERT INTO job_specs (seq, workflow_id, extra_data, meta, params) VALUES (?,?,?,?,?)",
                          specs)
         return len(fresh), len(batch) - len(fresh)
 
     # -- the runner's side --------------------------------------------------------------------------------
 
-    def claim(self, owner: str, server: str, lease_seconds: float, now: float | None = None) -> Claim | None:
+    def claim(self, owner: str, server: str, lease_seconds: float, now: float | None = None, *,
+              prefer_model: str | None = None, max_wait_seconds: float = 0.0) -> Claim | None:
         at = _now(now)
         with self._write() as conn:
-            self._expire_leases(conn, at)
-            # INDEXED BY: without statistics the planner picks jobs_state and sorts every queued row
-            # on every claim (O(queued): 3x slower at 5,000 jobs, seconds per claim at a million).
-            # One statement picks and takes the row: the write lock is held, so nobody else can.
-            lease_until = at + lease_seconds
-            job = conn.execute(
-                "UPDATE jobs SET state = 'running', attempt = attempt + 1, owner = ?, server = ?, "
-                "lease_until = ?, started_at = ?, progress = NULL WHERE seq = (SELECT seq FROM jobs "
-                "INDEXED BY jobs_ready WHERE state = 'queued' AND run_after <= ? ORDER BY priority DESC, seq LIMIT 1) "
-                "RETURNING id, attempt, last_server, last_prompt_number, reason, cancel_requested, seq",
-                (owner, server, lease_until, at, at)).fetchone()
-            if job is None:
+            taken = self._claim(conn, owner, server, lease_seconds, at, prefer_model, max_wait_seconds)
+        return self._claim_from(taken)
+
+    def complete_and_claim(self, claim: Claim, outputs: Sequence[Output], owner: str, server: str,
+                           lease_seconds: float, now: float | None = None, *, trace: dict[str, Any] | None = None,
+                           prefer_model: str | None = None, max_wait_seconds: float = 0.0) -> Claim | None:
+        """One transaction, so one fsync, for a job done and the next one claimed: half the commits of
+        ``complete`` then ``claim``. A lost fence raises LeaseLost before anything is claimed."""
+        at = _now(now)
+        with self._write() as conn:
+            self._complete(conn, claim, outputs, at, trace)
+            taken = self._claim(conn, owner, server, lease_seconds, at, prefer_model, max_wait_seconds)
+        return self._claim_from(taken)
+
+    _HEAD = ("SELECT seq, priority FROM jobs INDEXED BY jobs_ready WHERE state = 'queued' AND run_after <= ? "
+             "ORDER BY priority DESC, seq LIMIT 1")
+    """The job strict order hands out. INDEXED BY: without statistics the planner picks jobs_state and sorts
+    every queued row on every claim (O(queued): 3x slower at 5,000 jobs, seconds per claim at a million)."""
+    _PICK = (
+        "WITH head AS (" + _HEAD.replace("?", ":now") + ") "
+        "SELECT head.seq, head.priority, CASE WHEN coalesce((SELECT min(at) FROM affinity_skips s "
+        "  WHERE s.priority = head.priority AND s.seq_bound > head.seq), :now) > :now - :wait "
+        "THEN (SELECT seq FROM jobs INDEXED BY jobs_affinity WHERE state = 'queued' AND model_key = :key "
+        "  AND priority = head.priority AND run_after <= :now ORDER BY seq LIMIT 1) END FROM head")
+    """The head and, unless the head has been passed over for ``wait`` seconds already, the first job of its
+    priority whose model key is ``key``: one statement, three index seeks (jobs_ready, affinity_skips,
+    jobs_affinity), whatever the size of the table."""
+
+    def _claim(self, conn: sqlite3.Connection, owner: str, server: str, lease_seconds: float, at: float,
+               prefer_model: str | None, max_wait_seconds: float) -> tuple[Any, ...] | None:
+        self._expire_leases(conn, at)
+        if prefer_model and max_wait_seconds > 0:
+            row = conn.execute(self._PICK, {"now": at, "wait": max_wait_seconds, "key": prefer_model}).fetchone()
+            if row is None:
                 return None
-            spec = conn.execute("SELECT workflow, extra_data FROM job_specs WHERE seq = ?", (job[6],)).fetchone()
-            conn.execute("INSERT INTO attempts (job_id, attempt, owner, server, started_at) VALUES (?,?,?,?,?)",
-                         (job[0], job[1], owner, server, at))
-        return Claim(id=job[0], attempt=job[1], owner=owner, server=server, workflow=json.loads(spec[0]),
+            head, priority, match = row
+            seq = match if match is not None else head
+            self._note_passed_over(conn, priority, head, seq, at)
+        else:
+            row = conn.execute(self._HEAD, (at,)).fetchone()
+            if row is None:
+                return None
+            seq = row[0]
+        lease_until = at + lease_seconds
+        job = conn.execute(
+            "UPDATE jobs SET state = 'running', attempt = attempt + 1, owner = ?, server = ?, "
+            "lease_until = ?, started_at = ?, progress = NULL WHERE seq = ? "
+            "RETURNING id, attempt, last_server, last_prompt_number, reason, cancel_requested, model_key",
+            (owner, server, lease_until, at, seq)).fetchone()
+        spec = conn.execute("SELECT workflow_id, extra_data, params FROM job_specs WHERE seq = ?", (seq,)).fetchone()
+        text = None
+        if spec[0] not in self._templates:
+            text = conn.execute("SELECT workflow FROM workflows WHERE id = ?", (spec[0],)).fetchone()[0]
+        conn.execute("INSERT INTO attempts (job_id, attempt, owner, server, started_at) VALUES (?,?,?,?,?)",
+                     (job[0], job[1], owner, server, at))
+        return owner, server, lease_until, job, spec, text
+
+    @staticmethod
+    def _note_passed_over(conn: sqlite3.Connection, priority: int, head: int, taken: int, at: float) -> None:
+        """Keep the staircase of affinity_skips: taking a job behind the head passes over every ready job of
+        its priority before it, from now unless an older row already covers them; taking the head drops
+        the rows that cover only jobs before it (claimed, or waiting to retry)."""
+        if taken != head:
+            conn.execute("INSERT INTO affinity_skips (priority, seq_bound, at) SELECT ?, ?, ? WHERE NOT EXISTS "
+                         "(SELECT 1 FROM affinity_skips WHERE priority = ? AND seq_bound >= ?)",
+                         (priority, taken, at, priority, taken))
+        else:
+            conn.execute("DELETE FROM affinity_skips WHERE priority = ? AND seq_bound <= ?", (priority, head))
+
+    def _claim_from(self, taken: tuple[Any, ...] | None) -> Claim | None:
+        """The Claim, built after the commit: parsing a workflow does not hold the write lock."""
+        if taken is None:
+            return None
+        owner, server, lease_until, job, spec, text = taken
+        return Claim(id=job[0], attempt=job[1], owner=owner, server=server,
+                     workflow=apply_params(self._template(spec[0], text), json.loads(spec[2])),
                      extra_data=json.loads(spec[1]), lease_until=lease_until, last_server=job[2],
-                     last_prompt_number=job[3], last_reason=job[4], cancel_requested=bool(job[5]))
+                     last_prompt_number=job[3], last_reason=job[4], cancel_requested=bool(job[5]), model_key=job[6])
+
+    def _template(self, workflow_id: int, text: str | None) -> dict[str, Any]:
+        """A parsed workflow by id, from this process's small cache (ids are never reused: AUTOINCREMENT)."""
+        with self._lock:
+            template = self._templates.get(workflow_id)
+            if template is None:
+                if text is None:  # evicted by another thread since the claim read it
+                    text = self._read("SELECT workflow FROM workflows WHERE id = ?", (workflow_id,))[0][0]
+                template = json.loads(text)
+                self._templates[workflow_id] = template
+                if len(self._templates) > TEMPLATE_CACHE:
+                    self._templates.popitem(last=False)
+            else:
+                self._templates.move_to_end(workflow_id)
+            return template
 
     def _expire_leases(self, conn: sqlite3.Connection, at: float) -> None:
         """Running jobs whose lease passed are queued again; their attempt stays counted.
@@ -398,18 +511,18 @@ class SQLiteQueue:
                      (default, at, at, job_id, default))
 
     def set_progress(self, claim: Claim, progress: dict[str, Any] | None) -> None:
-        with self._write() as conn:
+        with self._write(durable=False) as conn:
             self._fenced(conn, claim, "UPDATE jobs SET progress = ?", (_dumps(progress),))
 
     def heartbeat(self, claim: Claim, lease_seconds: float, now: float | None = None) -> bool:
         at = _now(now)
-        with self._write() as conn:
+        with self._write(durable=False) as conn:
             self._fenced(conn, claim, "UPDATE jobs SET lease_until = ?", (at + lease_seconds,))
             row = conn.execute("SELECT cancel_requested FROM jobs WHERE id = ?", (claim.id,)).fetchone()
         return bool(row[0])
 
     def record_prompt(self, claim: Claim, server: str, prompt_number: int) -> None:
-        with self._write() as conn:
+        with self._write(durable=False) as conn:
             self._fenced(conn, claim, "UPDATE jobs SET last_server = ?, last_prompt_number = ?",
                          (server, prompt_number))
             conn.execute("UPDATE attempts SET prompt_number = ?, server = ? "
@@ -419,12 +532,16 @@ class SQLiteQueue:
     def complete(self, claim: Claim, outputs: Sequence[Output], now: float | None = None, *,
                  trace: dict[str, Any] | None = None) -> None:
         at = _now(now)
-        files = json.dumps([o.__dict__ for o in outputs])
         with self._write() as conn:
-            self._fenced(conn, claim, "UPDATE jobs SET state = 'done', outputs = ?, finished_at = ?, reason = NULL, "
-                         "owner = NULL, lease_until = NULL, machine = ?", (files, at, owner_host(claim.owner)))
-            self._end_attempt(conn, claim, at, "done", None, None, trace)
-            self._deliver(conn, claim.id, at)
+            self._complete(conn, claim, outputs, at, trace)
+
+    def _complete(self, conn: sqlite3.Connection, claim: Claim, outputs: Sequence[Output], at: float,
+                  trace: dict[str, Any] | None) -> None:
+        files = json.dumps([o.__dict__ for o in outputs], separators=(",", ":"))
+        self._fenced(conn, claim, "UPDATE jobs SET state = 'done', outputs = ?, finished_at = ?, reason = NULL, "
+                     "owner = NULL, lease_until = NULL, machine = ?", (files, at, owner_host(claim.owner)))
+        self._end_attempt(conn, claim, at, "done", None, None, trace)
+        self._deliver(conn, claim.id, at)
 
     def retry_later(self, claim: Claim, run_after: float, reason: str, now: float | None = None, *,
                     kind: str | None = None, trace: dict[str, Any] | None = None) -> None:
@@ -529,20 +646,25 @@ class SQLiteQueue:
                     out[job_id] = "requeued"
         return out
 
-    _FROM = "jobs JOIN job_specs ON job_specs.seq = jobs.seq"
-    _COLUMNS = ("id, state, priority, attempt, workflow, extra_data, meta, params, workflow_name, submitted_at, "
+    _FROM = ("jobs JOIN job_specs ON job_specs.seq = jobs.seq "
+             "JOIN workflows ON workflows.id = job_specs.workflow_id")
+    _COLUMNS = ("jobs.id, state, priority, attempt, workflow, extra_data, meta, params, workflow_name, submitted_at, "
                 "run_after, owner, server, lease_until, started_at, finished_at, reason, outputs, "
-                "cancel_requested, machine, spec_hash, last_server, last_prompt_number, progress, callback_url")
+                "cancel_requested, machine, spec_hash, last_server, last_prompt_number, progress, callback_url, "
+                "model_key")
 
     def _record(self, row: Sequence[Any], attempts: list[Attempt]) -> JobRecord:
         outputs = [Output(**o) for o in json.loads(row[17])] if row[17] else []
+        params = json.loads(row[7])
+        template = json.loads(row[4])
         return JobRecord(
-            id=row[0], state=row[1], priority=row[2], attempt=row[3], workflow=json.loads(row[4]),
-            extra_data=json.loads(row[5]), meta=json.loads(row[6]), params=json.loads(row[7]),
+            id=row[0], state=row[1], priority=row[2], attempt=row[3], workflow=apply_params(template, params),
+            extra_data=json.loads(row[5]), meta=json.loads(row[6]), params=params,
             workflow_name=row[8], submitted_at=row[9], run_after=row[10], owner=row[11], server=row[12],
             lease_until=row[13], started_at=row[14], finished_at=row[15], reason=row[16], outputs=outputs,
             cancel_requested=bool(row[18]), attempts=attempts, machine=row[19], spec_hash=row[20],
-            last_server=row[21], last_prompt_number=row[22], progress=_loads(row[23]), callback_url=row[24])
+            last_server=row[21], last_prompt_number=row[22], progress=_loads(row[23]), callback_url=row[24],
+            model_key=row[25], template=template)
 
     def _attempts(self, ids: Sequence[str]) -> dict[str, list[Attempt]]:
         out: dict[str, list[Attempt]] = {i: [] for i in ids}
@@ -566,8 +688,8 @@ class SQLiteQueue:
         rows: list[Any] = []
         for start in range(0, len(ids), 500):
             chunk = ids[start:start + 500]
-            rows += self._read(f"SELECT {self._COLUMNS} FROM {self._FROM} WHERE id IN ({','.join('?' * len(chunk))})",
-                               chunk)
+            marks = ",".join("?" * len(chunk))
+            rows += self._read(f"SELECT {self._COLUMNS} FROM {self._FROM} WHERE jobs.id IN ({marks})", chunk)
         attempts = self._attempts([r[0] for r in rows])
         order = {job_id: i for i, job_id in enumerate(ids)}
         return sorted((self._record(r, attempts[r[0]]) for r in rows), key=lambda j: order[j.id])
@@ -671,6 +793,34 @@ class SQLiteQueue:
                          "delivered_at = ?, next_at = ? WHERE id = ?",
                          (status, error, at if delivered else None, None if delivered else next_at, delivery_id))
 
+    # -- prune ------------------------------------------------------------------------------------------
+
+    def prune(self, finished_before: float, limit: int = 500) -> PruneBatch:
+        """Up to ``limit`` terminal jobs finished before ``finished_before``, with their attempts, deliveries
+        and the workflows no remaining job uses, in one short transaction. A job whose webhook is still being
+        delivered stays until its delivery ends."""
+        with self._write() as conn:
+            rows = conn.execute(
+                "SELECT seq, id, machine FROM jobs INDEXED BY jobs_state WHERE state IN ('done', 'dead', 'cancelled') "
+                "AND finished_at < ? AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.job_id = jobs.id "
+                "AND d.next_at IS NOT NULL) LIMIT ?", (finished_before, limit)).fetchall()
+            if not rows:
+                return PruneBatch(removed=[])
+            seqs, ids = [r[0] for r in rows], [r[1] for r in rows]
+            marks = ",".join("?" * len(rows))
+            used = [r[0] for r in conn.execute(f"SELECT DISTINCT workflow_id FROM job_specs WHERE seq IN ({marks})",
+                                               seqs)]
+            conn.execute(f"DELETE FROM jobs WHERE seq IN ({marks})", seqs)
+            conn.execute(f"DELETE FROM job_specs WHERE seq IN ({marks})", seqs)
+            conn.execute(f"DELETE FROM attempts WHERE job_id IN ({marks})", ids)
+            conn.execute(f"DELETE FROM deliveries WHERE job_id IN ({marks})", ids)
+            gone = 0
+            for workflow_id in used:
+                gone += conn.execute("DELETE FROM workflows WHERE id = ? AND NOT EXISTS "
+                                     "(SELECT 1 FROM job_specs WHERE workflow_id = ?)",
+                                     (workflow_id, workflow_id)).rowcount
+        return PruneBatch(removed=[(r[1], r[2]) for r in rows], workflows_removed=gone)
+
     # -- machines -----------------------------------------------------------------------------------------
 
     def register_machine(self, host: str, pid: int, slots: Sequence[dict[str, Any]],
@@ -699,6 +849,13 @@ class SQLiteQueue:
 
 def _dumps(value: dict[str, Any] | None) -> str | None:
     return None if value is None else json.dumps(value, separators=(",", ":"))
+
+
+def _model_key_of_text(text: str | None) -> str | None:
+    try:
+        return model_key(json.loads(text)) if text else None
+    except ValueError:
+        return None
 
 
 def _loads(text: str | None) -> Any:

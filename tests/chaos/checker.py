@@ -485,8 +485,8 @@ def _check_secrets(evidence: Evidence, conn: sqlite3.Connection, report: Report)
     for table in tables:
         columns = [r[1] for r in conn.execute(f"PRAGMA table_info({table})")]
         for column in columns:
-            if table == "job_specs" and column in ("workflow", "extra_data"):
-                continue  # the job's own stored workflow: where the secret belongs
+            if (table, column) in (("job_specs", "workflow"), ("job_specs", "extra_data"), ("workflows", "workflow")):
+                continue  # the job's own stored workflow (once per distinct text since v5): where the secret belongs
             for canary in evidence.canaries:
                 n = conn.execute(f"SELECT count(*) FROM {table} WHERE instr(CAST({column} AS TEXT), ?) > 0",
                                  (canary,)).fetchone()[0]
