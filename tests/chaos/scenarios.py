@@ -359,9 +359,10 @@ class _Frozen:
     dead_at: float | None = None
 
 
-def z1_stopped_runners(tmp: Path, seed: int, *, stops: int, jobs: int, node_ms: float = 60.0) -> Report:
+def z1_stopped_runners(tmp: Path, seed: int, *, stops: int, jobs: int, node_ms: float = 60.0,
+                       at_once: int = 2) -> Report:
     """A runner frozen with SIGSTOP while it holds a job, for longer than its lease (2 s), then continued
-    with SIGCONT; both slots' runners are frozen independently. The supervisor sees a frozen runner
+    with SIGCONT; up to ``at_once`` slots' runners are frozen at a time. The supervisor sees a frozen runner
     silent past ``runner_timeout_seconds``, kills it, and only then releases its job: the next attempt
     starts after the runner was dead, and the frozen runner writes nothing after it was frozen."""
     runner = {"lease_seconds": 2.0, "heartbeat_seconds": 0.2, "http_timeout_seconds": 0.8}
@@ -382,8 +383,9 @@ def z1_stopped_runners(tmp: Path, seed: int, *, stops: int, jobs: int, node_ms: 
                 name, pid = slot["name"], slot.get("runner_pid")
                 f = frozen.get(name)
                 if f is None:
-                    if (done + len(frozen) < stops and pid and pid not in used and slot.get("job")
-                            and slot["runner_state"] == "running" and h.age(pid) >= MIN_LIFE_SECONDS):
+                    wanted = done + len(frozen) < stops and len(frozen) < at_once
+                    if (wanted and pid and pid not in used and slot.get("job") and slot["runner_state"] == "running"
+                            and h.age(pid) >= MIN_LIFE_SECONDS):
                         used.add(pid)  # supervisor.json may still name it after it was killed and reaped
                         try:
                             os.kill(pid, signal.SIGSTOP)
@@ -413,9 +415,9 @@ def z1_stopped_runners(tmp: Path, seed: int, *, stops: int, jobs: int, node_ms: 
         report = h.finish(proc, drain_seconds=120 + jobs * 0.3)
         stale = 0
         for fault in h.faults.faults():
-            # What the frozen runner wrote after it was frozen: only the supervisor's release may follow.
-            stale += h.sql("SELECT count(*) FROM attempts WHERE owner LIKE ? AND ended_at > ? "
-                           "AND outcome != 'released'", (f"%/{fault.pids[0]}/%", fault.at))[0][0]
+            # What the frozen runner recorded of its job after it was frozen: only the supervisor's release.
+            stale += h.sql("SELECT count(*) FROM attempts WHERE owner LIKE ? AND job_id = ? AND ended_at > ? "
+                           "AND outcome != 'released'", (f"%/{fault.pids[0]}/%", fault.job, fault.at))[0][0]
         report.figures.update(stops=done, killed_by_supervisor=sum(1 for f in h.faults.faults()
                                                                    if (f.detail or {}).get("killed_by_supervisor")),
                               stale_commits=stale)
