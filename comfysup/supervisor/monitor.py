@@ -65,9 +65,8 @@ def monitor_main(config: Config, port_out: Any, serve_endpoint: bool = True) -> 
         host, port = server.server_address[:2]
         port_out.value = port
         threading.Thread(target=server.serve_forever, name="comfysup-http", daemon=True).start()
-        log.info("metrics on http://%s/metrics, status page on http://%s/",
-                 f"{host}:{port}" if ":" not in str(host) else f"[{host}]:{port}",
-                 f"{host}:{port}" if ":" not in str(host) else f"[{host}]:{port}")
+        address = f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
+        log.info("metrics on http://%s/metrics, status page on http://%s/", address, address)
     try:
         while not stop.is_set():
             try:
