@@ -12,6 +12,9 @@
 - One lock per queue serialises its transactions, so threads sharing a queue never interleave
   statements on one connection, and a fork waits for a running transaction to end.
 - A periodic PASSIVE checkpoint and ``journal_size_limit`` keep the WAL bounded.
+- The runner's side takes its time once the write lock is held, so the times recorded follow the order of
+  commits: a claim that waited for the lock behind a release never appears to start before that release
+  ended, and a lease is counted from when it was granted, not from before a wait for the lock.
 """
 
 from __future__ import annotations
@@ -374,8 +377,8 @@ class SQLiteQueue:
 
     def claim(self, owner: str, server: str, lease_seconds: float, now: float | None = None, *,
               prefer_model: str | None = None, max_wait_seconds: float = 0.0) -> Claim | None:
-        at = _now(now)
         with self._write() as conn:
+            at = _now(now)
             taken = self._claim(conn, owner, server, lease_seconds, at, prefer_model, max_wait_seconds)
         return self._claim_from(taken)
 
@@ -384,8 +387,8 @@ class SQLiteQueue:
                            prefer_model: str | None = None, max_wait_seconds: float = 0.0) -> Claim | None:
         """One transaction, so one fsync, for a job done and the next one claimed: half the commits of
         ``complete`` then ``claim``. A lost fence raises LeaseLost before anything is claimed."""
-        at = _now(now)
         with self._write() as conn:
+            at = _now(now)
             self._complete(conn, claim, outputs, at, trace)
             taken = self._claim(conn, owner, server, lease_seconds, at, prefer_model, max_wait_seconds)
         return self._claim_from(taken)
@@ -515,8 +518,8 @@ class SQLiteQueue:
             self._fenced(conn, claim, "UPDATE jobs SET progress = ?", (_dumps(progress),))
 
     def heartbeat(self, claim: Claim, lease_seconds: float, now: float | None = None) -> bool:
-        at = _now(now)
         with self._write(durable=False) as conn:
+            at = _now(now)
             self._fenced(conn, claim, "UPDATE jobs SET lease_until = ?", (at + lease_seconds,))
             row = conn.execute("SELECT cancel_requested FROM jobs WHERE id = ?", (claim.id,)).fetchone()
         return bool(row[0])
@@ -531,8 +534,8 @@ class SQLiteQueue:
 
     def complete(self, claim: Claim, outputs: Sequence[Output], now: float | None = None, *,
                  trace: dict[str, Any] | None = None) -> None:
-        at = _now(now)
         with self._write() as conn:
+            at = _now(now)
             self._complete(conn, claim, outputs, at, trace)
 
     def _complete(self, conn: sqlite3.Connection, claim: Claim, outputs: Sequence[Output], at: float,
@@ -545,8 +548,8 @@ class SQLiteQueue:
 
     def retry_later(self, claim: Claim, run_after: float, reason: str, now: float | None = None, *,
                     kind: str | None = None, trace: dict[str, Any] | None = None) -> None:
-        at = _now(now)
         with self._write() as conn:
+            at = _now(now)
             # The attempt judged its prompt: the next one must not adopt that run's failure again, so the
             # number is forgotten (a live prompt is still followed, and a success still adopted, by id).
             self._fenced(conn, claim, "UPDATE jobs SET state = 'queued', run_after = ?, reason = ?, owner = NULL, "
@@ -563,8 +566,8 @@ class SQLiteQueue:
 
     def _finish(self, claim: Claim, state: str, reason: str, now: float | None, kind: str | None,
                 trace: dict[str, Any] | None) -> None:
-        at = _now(now)
         with self._write() as conn:
+            at = _now(now)
             self._fenced(conn, claim, "UPDATE jobs SET state = ?, reason = ?, finished_at = ?, owner = NULL, "
                          "lease_until = NULL", (state, reason, at))
             self._end_attempt(conn, claim, at, state, reason, kind, trace)
@@ -572,8 +575,8 @@ class SQLiteQueue:
 
     def release(self, claim: Claim, reason: str, count_attempt: bool = True, now: float | None = None, *,
                 kind: str | None = None, trace: dict[str, Any] | None = None) -> None:
-        at = _now(now)
         with self._write() as conn:
+            at = _now(now)
             # A runner releases only a prompt it interrupted itself: forget the number, as for a retry.
             self._fenced(conn, claim, "UPDATE jobs SET state = 'queued', owner = NULL, lease_until = NULL, "
                          "reason = ?, attempt = attempt - ?, last_prompt_number = NULL",
@@ -583,8 +586,8 @@ class SQLiteQueue:
 
     def release_owner(self, owner: str, reason: str, count_attempt: bool = True,
                       now: float | None = None) -> list[str]:
-        at = _now(now)
         with self._write() as conn:
+            at = _now(now)
             rows = conn.execute(
                 "UPDATE jobs SET state = 'queued', owner = NULL, lease_until = NULL, reason = ?, "
                 "attempt = attempt - ? WHERE state = 'running' AND owner = ? RETURNING id, attempt",
