@@ -437,6 +437,10 @@ class AttemptRunner:
         except (UnsafeName, TypeError) as exc:
             raise PermanentError(str(exc), "unsafe_output") from exc
         self.trace.phase("downloading", self.wall())
+        # Only the attempt that holds the job may clear its folder: a fenced heartbeat now stops a stale
+        # one (LeaseLost) before it touches files that the job's new owner may be writing.
+        self.next_heartbeat = self.clock()
+        self._checkpoints(run, self.clock())
         try:
             self.store.prepare(self.claim.id)
         except OSError as exc:  # the job's folder cannot be made: as transient as a file that cannot be written

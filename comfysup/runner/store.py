@@ -57,14 +57,24 @@ class ResultStore:
         return self.root / job_id
 
     def prepare(self, job_id: str) -> Path:
-        """The job's folder, created 0700, with leftovers of an interrupted earlier attempt removed."""
+        """The job's folder, created 0700, with leftovers of an interrupted earlier attempt removed.
+
+        Everything in it is a leftover: a job being downloaded is not done, so no file there belongs to a
+        recorded result. An attempt killed after downloading and before its done record leaves complete
+        files; when the run has to be repeated (its server died with the history) the new run's files
+        have other names, and the old ones would stay beside them as a second result set (the chaos
+        suite's K2 found one in 100 supervisor kills). Only the attempt holding the job calls this.
+        """
         if not self.root.exists():
             self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
         folder = self.job_dir(job_id)
         folder.mkdir(mode=0o700, exist_ok=True)
-        for leftover in folder.rglob(".*.part"):
+        for leftover in sorted(folder.rglob("*"), key=lambda p: len(p.parts), reverse=True):
             with contextlib.suppress(OSError):
-                leftover.unlink()
+                if leftover.is_dir() and not leftover.is_symlink():
+                    leftover.rmdir()
+                else:
+                    leftover.unlink()
         return folder
 
     def write(self, job_id: str, relative: str, chunks: Iterable[bytes]) -> Output:

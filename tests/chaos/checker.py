@@ -258,10 +258,12 @@ def _bound_deaths(executions: list[Execution], faults: list[Fault], servers: dic
     for run in executions:
         if run.ended_at is not None:
             continue
+        # A supervisor's children outlive it by a moment: a prompt its dying runner had just posted may
+        # start in that moment, after the kill was recorded.
         kill = next((f for f in sorted(faults, key=lambda f: f.at)
-                     if f.kind in KILLS and run.pid in f.pids and f.at >= run.started_at), None)
+                     if f.kind in KILLS and run.pid in f.pids and f.at + DEATH_SLACK_SECONDS >= run.started_at), None)
         if kill is not None:
-            run.ended_at, run.death = kill.at, kill.kind
+            run.ended_at, run.death = max(kill.at, run.started_at), kill.kind
             continue
         later = [t for t in servers.get(run.port or -1, []) if t > run.started_at]
         run.ended_at = later[0] if later else ended_at
