@@ -77,6 +77,9 @@ class RunnerConfig:
     max_queue: int = 1
     grace_seconds: float = 60.0
     http_timeout_seconds: float = 30.0
+    affinity_max_wait_seconds: float = 300.0
+    """Model affinity's fairness bound: a runner prefers jobs of the model its server ran last, but no job
+    waits longer than this beyond what strict priority order would have made it wait; 0: strict order."""
 
 
 @dataclass(frozen=True)
@@ -348,7 +351,7 @@ def _check(c: Config) -> None:
     for section, obj, key in positive:
         if getattr(obj, key) <= 0:
             raise bad(section, key, getattr(obj, key), "must be greater than 0")
-    for key in ("grace_seconds",):
+    for key in ("grace_seconds", "affinity_max_wait_seconds"):
         if getattr(r, key) < 0:
             raise bad("runner", key, getattr(r, key), "must be 0 or more")
     if r.attempts < 1:

@@ -60,6 +60,9 @@ DOCS: dict[str, dict[str, str]] = {
         "max_queue": "A runner claims only while its server holds fewer prompts of other clients than this.",
         "grace_seconds": "On SIGTERM, how long running jobs may finish before they are interrupted.",
         "http_timeout_seconds": "Timeout of every HTTP call to ComfyUI.",
+        "affinity_max_wait_seconds": "A runner prefers jobs that load the models its server ran last (no reload), "
+                                     "but no job waits longer than this beyond strict priority order; 0: strict "
+                                     "order. Priority always comes first.",
     },
     "supervisor": {
         "": "comfysup run: keeping servers and runners alive.",

@@ -2,14 +2,18 @@
 
 1. Catch up: a prompt of an earlier attempt that finished is adopted from /history; one still queued is
    followed where it is. Nothing is posted twice while a run of it may still exist.
-2. Connect the WebSocket with a fresh client id, then POST /prompt with prompt_id = job id; record the
-   returned number, which tells this run's history entry from others of the same id.
+2. POST /prompt with prompt_id = job id on the runner's kept WebSocket (one client id per runner, emptied
+   of earlier messages; a job posted again gets a fresh client id, so none of its earlier run's messages
+   can pass for this run's); record the returned number, which tells this run's history entry from
+   others of the same id.
 3. Follow events after this run's execution_start; reconnect a dropped socket with the same client id;
-   read /history every poll_seconds and after each reconnection (success is announced before the history
+   read /history when ComfyUI says the run ended (``executing`` with node None, sent after it wrote the
+   history), every poll_seconds, and after each reconnection (success is announced before the history
    is written, and nothing is replayed to a reconnected socket). Renew the lease from this loop.
 4. On the deadline (or a cancel, or the end of a graceful stop's grace) interrupt the prompt, delete it
    from the queue and wait until it has left /queue before the attempt ends.
-5. Download outputs to temporary names, then rename. 6. Record done, fenced.
+5. Download outputs to temporary names, then rename. 6. Record done, fenced (with the next claim, in one
+   transaction, when the runner goes on: see comfysup.runner.loop).
 
 Every write to the queue is fenced; a LeaseLost anywhere ends the attempt without writing anything. A
 queue that does not answer (QueueError) ends it the same way, after interrupting the prompt: the attempt
@@ -76,6 +80,14 @@ class Outcome:
     outputs: list[Output] = field(default_factory=list)
     delay_seconds: float = 0.0
     adopted: bool = False
+    server_free: bool = False
+    """The server's own broadcast said its queue was empty once this prompt left it: the runner may claim
+    the next job without asking GET /queue (see Runner._chain)."""
+
+
+Chain = Callable[[Outcome], dict[str, Any] | None]
+"""Asked just before a done is recorded: the arguments of the next claim (owner, server, lease_seconds,
+prefer_model, max_wait_seconds) to make in the same transaction, or None to record the done alone."""
 
 
 class _Stop(Exception):
@@ -99,6 +111,11 @@ class _Run:
     started: bool = False
     success_seen: bool = False
     interrupt_asked: bool = False
+    end_seen: bool = False
+    """``executing`` with node None for this prompt: ComfyUI sends it after the history is written, and
+    after the ``status`` broadcast that follows the prompt leaving its queue."""
+    queue_remaining: int | None = None
+    """``exec_info.queue_remaining`` of the last ``status`` broadcast read on this run's socket."""
 
 
 class AttemptRunner:
@@ -137,9 +154,15 @@ class AttemptRunner:
 
     # -- the attempt ------------------------------------------------------------------------------------
 
-    def run(self, claim: Claim) -> Outcome:
-        """Run the attempt and record its outcome; LeaseLost at any point means: stop, write nothing."""
+    def run(self, claim: Claim, chain: Chain | None = None) -> Outcome:
+        """Run the attempt and record its outcome; LeaseLost at any point means: stop, write nothing.
+
+        With ``chain``, a done is recorded together with the next claim (``next_claim`` afterwards): one
+        transaction, one fsync, and no second trip to the queue while the server waits.
+        """
         self.claim = claim
+        self.chain = chain
+        self.next_claim: Claim | None = None
         self.redact = Redactor.for_job(claim.workflow, claim.extra_data)
         self.deadline = self.clock() + self.s.timeout_seconds
         self.next_heartbeat = self.clock() + self.s.heartbeat_seconds
@@ -167,7 +190,11 @@ class AttemptRunner:
         self.trace.phase("recorded", self.wall())
         trace = self.trace.as_dict()
         if o.state == "done":
-            self.queue.complete(self.claim, o.outputs, trace=trace)
+            more = self.chain(o) if self.chain is not None else None
+            if more is not None:
+                self.next_claim = self.queue.complete_and_claim(self.claim, o.outputs, trace=trace, **more)
+            else:
+                self.queue.complete(self.claim, o.outputs, trace=trace)
         elif o.state == "retry":
             self.queue.retry_later(self.claim, time.time() + o.delay_seconds, o.reason, kind=o.kind, trace=trace)
         elif o.state == "dead":
@@ -200,14 +227,15 @@ class AttemptRunner:
                 run = self._post()
             entry = self._follow(run)
             outputs = self._download(run, entry)
-            return Outcome("done", kind="done", outputs=outputs, adopted=run.adopted_entry is not None)
+            return Outcome("done", kind="done", outputs=outputs, adopted=run.adopted_entry is not None,
+                           server_free=run.end_seen and run.queue_remaining == 0 and run.client is self.client)
         except _Stop as stop:
             return stop.outcome
         except ComfyError as exc:
             return self._failed(Failure(exc.kind, exc.reason, transient=not isinstance(exc, PermanentError)))
         finally:
-            if run is not None and run.stream is not None:
-                run.stream.close()
+            if run is not None and run.stream is not None and run.stream is not run.client.stream:
+                run.stream.close()  # a followed run's own socket; the client's kept one stays open
 
     def _failed(self, failure: Failure) -> Outcome:
         decision = decide(self.s.policy, self.claim.attempt, failure)
@@ -267,14 +295,11 @@ class AttemptRunner:
     # -- 2. post ----------------------------------------------------------------------------------------
 
     def _post(self) -> _Run:
-        stream = self.client.events(new_client_id())
-        stream.connect()
-        try:
-            number = self.client.post_prompt(self.claim.workflow, self.claim.id, stream.client_id,
-                                             self.claim.extra_data)
-        except BaseException:
-            stream.close()
-            raise
+        # The kept socket, emptied of what earlier prompts left in it; a job posted again gets a new client
+        # id, so no message of its earlier run can be read as one of this run.
+        stream = self.client.own_stream(fresh=self.claim.attempt > 1)
+        number = self.client.post_prompt(self.claim.workflow, self.claim.id, stream.client_id,
+                                         self.claim.extra_data)
         log.info("job %s attempt %d on %s: POST /prompt 200", self.claim.id[:8], self.claim.attempt, self.s.server,
                  extra={"event": "posted"})
         self.trace.phase("posted", self.wall())
@@ -309,8 +334,9 @@ class AttemptRunner:
                 next_poll = now + (HISTORY_AFTER_SUCCESS_SECONDS if run.success_seen else self.s.poll_seconds)
             wait = max(0.0, min(next_poll, self.deadline, self.next_heartbeat) - self.clock())
             message = self._receive(run, wait)
-            if message is not None and self._on_message(run, message):
-                next_poll = self.clock()
+            poll_in = None if message is None else self._on_message(run, message)
+            if poll_in is not None:
+                next_poll = min(next_poll, self.clock() + poll_in)
             self._write_progress()
 
     def _checkpoints(self, run: _Run, now: float) -> None:
@@ -349,26 +375,36 @@ class AttemptRunner:
                 time.sleep(min(wait, 0.2))
             return {"type": "comfysup_reconnected", "data": {"prompt_id": self.claim.id}}
 
-    def _on_message(self, run: _Run, message: dict[str, Any]) -> bool:
-        """Handle one event; returns True when /history should be read now."""
+    def _on_message(self, run: _Run, message: dict[str, Any]) -> float | None:
+        """Handle one event; returns in how many seconds /history should be read (None: no change).
+
+        ``execution_success`` comes before ComfyUI writes the history, ``executing`` with node None right
+        after it: reading /history at the first would mostly find nothing and cost two more calls (history
+        and queue), so it is read at the second, or HISTORY_AFTER_SUCCESS_SECONDS after the first at most.
+        """
         kind = message.get("type")
         data = message.get("data") or {}
         if kind == "comfysup_reconnected":
-            return True
+            return 0.0
+        if kind == "status":
+            remaining = ((data.get("status") or {}).get("exec_info") or {}).get("queue_remaining")
+            run.queue_remaining = remaining if isinstance(remaining, int) else None
+            return None
         if data.get("prompt_id") != self.claim.id:
-            return False
+            return None
         if kind == "execution_start":
             run.started = True
         if not run.started:
-            return False
+            return None
         self.trace.on_event(kind, data, self.wall())
         if kind == "execution_start":
-            return False
+            return None
         if kind == "execution_success":
             run.success_seen = True
-            return True
+            return HISTORY_AFTER_SUCCESS_SECONDS
         if kind == "executing" and data.get("node") is None:
-            return True
+            run.end_seen = True
+            return 0.0
         if kind == "execution_error":
             failure = execution_failure(data)
             raise ComfyError(failure.reason, failure.kind) if failure.transient else PermanentError(failure.reason,
@@ -376,7 +412,7 @@ class AttemptRunner:
         if kind == "execution_interrupted" and not run.interrupt_asked:
             raise ComfyError(f"execution_interrupted at node {data.get('node_id')} ({data.get('node_type')}), "
                              "not asked for by comfysup", "interrupted")
-        return False
+        return None
 
     def _poll(self, run: _Run) -> dict[str, Any] | None:
         """This run's history entry when it succeeded; None while it runs. Raises on failure or loss."""

@@ -1,9 +1,14 @@
-"""A ComfyUI client: HTTP on one kept-alive requests.Session, events on websocket-client.
+"""A ComfyUI client: HTTP on one kept-alive urllib3 connection pool, events on websocket-client.
 
 Every HTTP call has a timeout. Errors are sorted here into what the failure table needs: a 400 from
 POST /prompt is ``PromptRejected`` (permanent), anything that says the server is unwell or unreachable
 is ``ServerUnavailable`` (transient). The socket has a receive timeout so the runner's loop wakes up to
 renew its lease, poll /history and check its deadline.
+
+urllib3 rather than requests (which is built on it): a runner makes five calls per job to one server
+it already knows, and requests' per-call work (merging settings, cookies, hooks, re-parsing the URL)
+cost about 0.7 ms of CPU each on this project's two-core test machine, where four runners share the
+CPUs with their four servers (bench/e2e.py). Nothing of it is needed here.
 """
 
 from __future__ import annotations
@@ -13,8 +18,9 @@ import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlencode, urlsplit
 
-import requests
+import urllib3
 import websocket
 
 CLIENT_PREFIX = "comfysup-"
@@ -78,40 +84,47 @@ def describe_rejection(body: Any) -> str:
 
 
 class ComfyClient:
-    """One ComfyUI server, by URL."""
+    """One ComfyUI server, by URL (ComfyUI is reached directly: no proxy variables, no .netrc)."""
 
     def __init__(self, url: str, *, timeout_seconds: float = 30.0) -> None:
         self.url = url.rstrip("/")
         self.timeout_seconds = timeout_seconds
-        self.session = requests.Session()
-        # Not reading proxy variables and .netrc on every call saves about 1.5 ms a request; ComfyUI is
-        # reached directly (it listens on loopback or a private network).
-        self.session.trust_env = False
+        self._prefix = urlsplit(self.url).path
+        # One connection: a runner makes one call at a time. No retries: a failure is the runner's to judge.
+        self.pool = urllib3.connection_from_url(self.url, maxsize=1, block=False, retries=False)
+        self.stream: EventStream | None = None
+        """This client's own socket, kept open from one prompt to the next (see ``own_stream``)."""
 
     def close(self) -> None:
-        self.session.close()
+        if self.stream is not None:
+            self.stream.close()
+            self.stream = None
+        self.pool.close()
 
     # -- HTTP -----------------------------------------------------------------------------------------
 
-    def _call(self, method: str, path: str, **kwargs: Any) -> requests.Response:
-        kwargs.setdefault("timeout", self.timeout_seconds)
+    def _call(self, method: str, path: str, *, timeout: float | None = None, body: bytes | None = None,
+              fields: dict[str, str] | None = None, stream: bool = False) -> urllib3.BaseHTTPResponse:
+        seconds = timeout or self.timeout_seconds
+        url = self._prefix + path + (f"?{urlencode(fields)}" if fields else "")
+        headers = {"Content-Type": "application/json"} if body is not None else None
         try:
-            response = self.session.request(method, self.url + path, **kwargs)
-        except requests.Timeout as exc:
-            raise ServerUnavailable(f"{method} {path}: timed out after {kwargs['timeout']:g} s",
-                                    "connection") from exc
-        except requests.ConnectionError as exc:
+            response = self.pool.urlopen(method, url, body=body, headers=headers, timeout=seconds, retries=False,
+                                         redirect=False, preload_content=not stream)
+        except urllib3.exceptions.TimeoutError as exc:
+            raise ServerUnavailable(f"{method} {path}: timed out after {seconds:g} s", "connection") from exc
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
             raise ServerUnavailable(f"{method} {path}: {_short(exc)}", "connection") from exc
-        if response.status_code >= 500:
-            raise ServerUnavailable(f"{method} {path} {response.status_code}, {_body_text(response)}", "http_5xx")
+        if response.status >= 500:
+            raise ServerUnavailable(f"{method} {path} {response.status}, {_body_text(response)}", "http_5xx")
         return response
 
-    def _json(self, method: str, path: str, **kwargs: Any) -> Any:
-        response = self._call(method, path, **kwargs)
-        if response.status_code != 200:
-            raise ServerUnavailable(f"{method} {path} {response.status_code}, {_body_text(response)}", "http")
+    def _json(self, method: str, path: str, *, timeout: float | None = None, body: bytes | None = None) -> Any:
+        response = self._call(method, path, timeout=timeout, body=body)
+        if response.status != 200:
+            raise ServerUnavailable(f"{method} {path} {response.status}, {_body_text(response)}", "http")
         try:
-            return response.json()
+            return json.loads(response.data)
         except ValueError as exc:
             raise ServerUnavailable(f"{method} {path}: not JSON", "http") from exc
 
@@ -142,42 +155,58 @@ class ComfyClient:
         payload: dict[str, Any] = {"prompt": prompt, "prompt_id": prompt_id, "client_id": client_id}
         if extra_data:
             payload["extra_data"] = extra_data
-        response = self._call("POST", "/prompt", data=json.dumps(payload, separators=(",", ":")),
-                              headers={"Content-Type": "application/json"})
-        if response.status_code == 400:
+        response = self._call("POST", "/prompt", body=json.dumps(payload, separators=(",", ":")).encode())
+        if response.status == 400:
             try:
-                body = response.json()
+                body = json.loads(response.data)
             except ValueError:
                 body = _body_text(response)
             raise PromptRejected(f"POST /prompt 400, {describe_rejection(body)}")
-        if response.status_code != 200:
-            raise ServerUnavailable(f"POST /prompt {response.status_code}, {_body_text(response)}", "http")
-        return int(response.json()["number"])
+        if response.status != 200:
+            raise ServerUnavailable(f"POST /prompt {response.status}, {_body_text(response)}", "http")
+        try:
+            return int(json.loads(response.data)["number"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ServerUnavailable("POST /prompt 200 without a prompt number", "http") from exc
 
     def interrupt(self, prompt_id: str | None = None) -> None:
-        self._call("POST", "/interrupt", json={"prompt_id": prompt_id} if prompt_id else {})
+        self._call("POST", "/interrupt", body=json.dumps({"prompt_id": prompt_id} if prompt_id else {}).encode())
 
     def delete_queued(self, prompt_ids: Sequence[str]) -> None:
-        self._call("POST", "/queue", json={"delete": list(prompt_ids)})
+        self._call("POST", "/queue", body=json.dumps({"delete": list(prompt_ids)}).encode())
 
     def view(self, filename: str, subfolder: str, kind: str) -> Iterator[bytes]:
         """Stream one output file's bytes; raises ServerUnavailable on any error."""
-        response = self._call("GET", "/view", params={"filename": filename, "subfolder": subfolder, "type": kind},
+        response = self._call("GET", "/view", fields={"filename": filename, "subfolder": subfolder, "type": kind},
                               stream=True)
-        if response.status_code != 200:
-            response.close()
-            raise ServerUnavailable(f"GET /view {filename}: {response.status_code}", "download")
         try:
-            yield from response.iter_content(chunk_size=1 << 16)
-        except requests.RequestException as exc:
-            raise ServerUnavailable(f"GET /view {filename}: {_short(exc)}", "download") from exc
+            if response.status != 200:
+                raise ServerUnavailable(f"GET /view {filename}: {response.status}", "download")
+            try:
+                yield from response.stream(1 << 16)
+            except (urllib3.exceptions.HTTPError, OSError) as exc:
+                raise ServerUnavailable(f"GET /view {filename}: {_short(exc)}", "download") from exc
         finally:
-            response.close()
+            response.drain_conn()
+            response.release_conn()
 
     # -- WebSocket ------------------------------------------------------------------------------------
 
     def events(self, client_id: str) -> EventStream:
         return EventStream(self.url, client_id, self.timeout_seconds)
+
+    def own_stream(self, fresh: bool = False) -> EventStream:
+        """This client's kept socket, connected: one per runner, reused for every prompt it posts, so a job
+        does not pay a WebSocket handshake. ``fresh``: a new client id first (a job posted again, whose
+        earlier run's messages must not be taken for this run's)."""
+        if self.stream is None or fresh:
+            if self.stream is not None:
+                self.stream.close()
+            self.stream = self.events(new_client_id())
+        self.stream.drain()
+        if self.stream.ws is None:
+            self.stream.connect()
+        return self.stream
 
 
 class SocketLost(ComfyError):
@@ -232,6 +261,20 @@ class EventStream:
                 self.close()
                 raise SocketLost("WebSocket closed by the server")
 
+    def drain(self) -> None:
+        """Discard what is already buffered (a finished prompt's last messages, status broadcasts) without
+        waiting; a socket found broken is closed, for the caller to reconnect."""
+        if self.ws is None:
+            return
+        try:
+            self.ws.settimeout(0.0001)
+            while True:
+                self.ws.recv_data()
+        except (TimeoutError, websocket.WebSocketTimeoutException, BlockingIOError):
+            return
+        except (OSError, websocket.WebSocketException):
+            self.close()
+
     def close(self) -> None:
         if self.ws is not None:
             try:
@@ -251,6 +294,9 @@ def _short(exc: BaseException) -> str:
     return text[:300]
 
 
-def _body_text(response: requests.Response) -> str:
-    text = response.text.strip().splitlines()
+def _body_text(response: urllib3.BaseHTTPResponse) -> str:
+    try:
+        text = response.data.decode("utf-8", "replace").strip().splitlines()
+    except (urllib3.exceptions.HTTPError, OSError):
+        text = []
     return (text[0] if text else response.reason or "")[:300]

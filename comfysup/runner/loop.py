@@ -3,6 +3,10 @@
 A runner blocks on its server. It claims only while the server answers and holds fewer than
 ``max_queue`` prompts of other clients, so several runners pulling from one queue make a
 "least loaded server" scheduler with no scheduler. Signals only set flags; the loop acts on them.
+
+Between two jobs the server waits, so that stretch is kept short (issue 7): a job done and the next one
+claimed are one transaction (``Queue.complete_and_claim``), the server's own ``status`` broadcast stands in
+for a GET /queue when it said the queue was empty, and the claim prefers the model the server ran last.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from comfysup.config import Config
 from comfysup.errors import DatabaseLocked, DatabaseUnavailable, QueueError
@@ -95,6 +100,9 @@ class Runner:
         self.attempts = AttemptRunner(settings_from(config, server, url, peers or {}), self.queue, store,
                                       stop_deadline=lambda: self.state.stop_deadline, on_alive=on_alive)
         self.idle_seconds = min(config.runner.poll_seconds, 0.25)
+        self.last_model: str | None = None
+        """The model key of what this runner's server ran last (None: unknown, or unloaded since)."""
+        self._counted: str | None = None
 
     # -- signals --------------------------------------------------------------------------------------
 
@@ -114,13 +122,17 @@ class Runner:
     def run(self) -> Counter[str]:
         """Claim and run until stopped (or, with until_empty, until no job is left to do)."""
         self._cache_object_info()
+        claim: Claim | None = None
         try:
             while not self.state.stopping:
                 self.on_alive()
+                if claim is not None:  # claimed with the last job's done, in one transaction
+                    claim = self.run_one(claim)
+                    continue
                 free = self.may_claim() and self._server_free()
-                lease = self.config.runner.lease_seconds
                 try:
-                    claim = self.queue.claim(self.owner, self.server, lease) if free else None
+                    claim = self.queue.claim(self.owner, self.server, self.config.runner.lease_seconds,
+                                             **self._affinity()) if free else None
                     drained = claim is None and self.until_empty and self.queue.active_count() == 0
                     if claim is None:
                         self.queue.maintenance()
@@ -135,7 +147,11 @@ class Runner:
                     # idle_seconds, so a stop flag set by a signal is seen soon.
                     self.queue.wait_for_work(self.idle_seconds)
                     continue
-                self.run_one(claim)
+                claim = self.run_one(claim)
+            if claim is not None:  # stopping with a job claimed and not started: give it back, uncounted
+                with contextlib.suppress(QueueError):
+                    self.queue.release(claim, "the runner stopped before starting it", count_attempt=False,
+                                       kind="shutdown")
         finally:
             self.attempts.close()
             self.queue.close()
@@ -169,14 +185,47 @@ class Runner:
                      time.monotonic() - self.queue_down_since)
             self.queue_down_since = None
 
-    def run_one(self, claim: Claim) -> Outcome:
+    def run_one(self, claim: Claim) -> Claim | None:
+        """One attempt; returns the next job when it was claimed together with this one's done."""
         with job_context(claim.id, claim.attempt, Redactor.for_job(claim.workflow, claim.extra_data)):
             self.on_job(claim, None)
-            outcome = self.attempts.run(claim)
+            self._counted = None
+            outcome = self.attempts.run(claim, chain=self._chain)
             self.state.counts[outcome.state] += 1
-            self.on_job(claim, outcome)
+            if self._counted != claim.id:
+                self.on_job(claim, outcome)
+            self.last_model = self._model_after(claim, outcome)
             self._log(claim, outcome)
-        return outcome
+        return self.attempts.next_claim
+
+    def _affinity(self) -> dict[str, Any]:
+        """The claim's model preference: the model its server ran last, within [runner]
+        affinity_max_wait_seconds of strict priority order."""
+        return {"prefer_model": self.last_model, "max_wait_seconds": self.config.runner.affinity_max_wait_seconds}
+
+    @staticmethod
+    def _model_after(claim: Claim, outcome: Outcome) -> str | None:
+        """What the server holds after this attempt: its model, unless the server died or ran out of memory
+        (ComfyUI unloads models after an OOM) or the prompt never reached it."""
+        if outcome.kind in ("connection", "server_died", "oom", "lease_lost", "queue_unavailable"):
+            return None
+        return claim.model_key
+
+    def _chain(self, outcome: Outcome) -> dict[str, Any] | None:
+        """Whether to claim the next job in the transaction that records this done (see AttemptRunner.run).
+
+        The attempt is over on the server, so it is counted first (a supervisor recycling after N jobs
+        must see this one before it answers may_claim). The server is free when its own broadcast said
+        so; otherwise GET /queue decides, as before any claim."""
+        claim = self.attempts.claim
+        self.on_job(claim, outcome)
+        self._counted = claim.id
+        if self.state.stopping or not self.may_claim():
+            return None
+        if not outcome.server_free and not self._server_free():
+            return None
+        return {"owner": self.owner, "server": self.server, "lease_seconds": self.config.runner.lease_seconds,
+                "prefer_model": claim.model_key, "max_wait_seconds": self.config.runner.affinity_max_wait_seconds}
 
     def _server_free(self) -> bool:
         """The server answers and holds fewer than max_queue prompts of other clients."""

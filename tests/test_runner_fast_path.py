@@ -1,0 +1,134 @@
+"""Issue 7 in the runner: what a job no longer pays between two prompts, and model affinity end to end.
+
+Each test counts what actually happened (sockets opened, GET /queue calls, transactions, model loads in
+the fake), so a change that brings a cost back makes it fail; nothing here is timed.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from comfysup.queue.sqlite import SQLiteQueue
+from comfysup.runner.client import ComfyClient, EventStream
+from comfysup.runner.loop import Runner
+from fake_comfy import FakeComfy
+from tests.runner_helpers import TRIVIAL, config_of, job_id, submit, trivial_job, write_config
+
+
+@pytest.fixture
+def fake(tmp_path: Path) -> Any:
+    server = FakeComfy(base_directory=tmp_path / "fake", node_ms=2)
+    server.start()
+    yield server
+    server.stop()
+
+
+class Counts:
+    """Calls of a few methods, counted by wrapping them on their class for one test."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.calls: dict[str, int] = {}
+        self.monkeypatch = monkeypatch
+
+    def watch(self, cls: type, name: str) -> None:
+        original = getattr(cls, name)
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self.calls[name] = self.calls.get(name, 0) + 1
+            return original(*args, **kwargs)
+
+        self.monkeypatch.setattr(cls, name, counted)
+
+    def __getitem__(self, name: str) -> int:
+        return self.calls.get(name, 0)
+
+
+@pytest.mark.timeout(60)
+def test_consecutive_jobs_share_a_socket_a_transaction_each_and_no_queue_check(tmp_path: Path, fake: FakeComfy,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    counts = Counts(monkeypatch)
+    for cls, name in ((EventStream, "connect"), (ComfyClient, "queue"), (ComfyClient, "history"),
+                      (SQLiteQueue, "claim"), (SQLiteQueue, "complete"), (SQLiteQueue, "complete_and_claim")):
+        counts.watch(cls, name)
+    config = write_config(tmp_path)
+    queue = submit(config, [trivial_job(n) for n in range(1, 7)])
+    Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
+    assert [j.state for j in queue.iter_jobs()] == ["done"] * 6
+    assert all(p["executed"] == 1 for p in fake.stats()["prompts"].values())
+    assert counts["connect"] == 1  # one socket for all six prompts
+    # Each done claims the next in the same transaction; the last finds nothing left to claim.
+    assert counts["complete_and_claim"] == 6 and counts["complete"] == 0
+    assert counts["claim"] == 2  # the first job, and the empty queue at the end
+    # The server's own status broadcast said it was free: GET /queue only before the first and last claims.
+    assert counts["queue"] == 2
+    assert counts["history"] == 6  # read once, when ComfyUI says the run ended, not at execution_success
+    queue.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_job_posted_again_gets_a_socket_of_its_own(tmp_path: Path, fake: FakeComfy,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The second attempt of a job must not read its first run's late messages as its own."""
+    counts = Counts(monkeypatch)
+    counts.watch(EventStream, "connect")
+    fake.script_by_id({job_id(1): ["oom", "ok"]})
+    config = write_config(tmp_path)
+    queue = submit(config, [trivial_job(1), trivial_job(2)])
+    Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
+    assert queue.get(job_id(1)).state == "done" and queue.get(job_id(1)).attempt == 2
+    assert queue.get(job_id(2)).state == "done"
+    assert counts["connect"] == 2  # the kept socket, and a new client id for the repost
+    queue.close()
+
+
+def model_job(n: int, model: str) -> dict[str, Any]:
+    """A trivial job whose graph runs a checkpoint loader: the fake costs load_ms when the model changes."""
+    workflow = copy.deepcopy(TRIVIAL)
+    workflow["4"] = {"class_type": "CheckpointLoaderSimple", "inputs": {"ckpt_name": model}}
+    workflow["2"]["inputs"]["model_hint"] = ["4", 0]  # an input ImageInvert ignores, linking the loader in
+    return {"id": job_id(n), "workflow": workflow, "set": {"1.color": n, "3.filename_prefix": f"job{n}"}}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("max_wait", "loads"), [(300.0, 2), (0.0, 8)])
+def test_a_runner_keeps_to_the_model_its_server_has_loaded(tmp_path: Path, fake: FakeComfy, max_wait: float,
+                                                           loads: int) -> None:
+    """Jobs alternating between two checkpoints: with affinity the runner runs all of one model, then the
+    other (two loads); with affinity_max_wait_seconds = 0 it keeps submission order (a load per job)."""
+    config = write_config(tmp_path, affinity_max_wait_seconds=max_wait)
+    models = ["a.safetensors", "b.safetensors"] * 4
+    queue = submit(config, [model_job(n, m) for n, m in enumerate(models, start=1)])
+    Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
+    assert [j.state for j in queue.iter_jobs()] == ["done"] * 8
+    assert len([m for m in fake.stats()["model_loads"] if m["class_type"] == "CheckpointLoaderSimple"]) == loads
+    order = fake.stats()["order"]  # execution starts
+    expected = [job_id(n) for n in (1, 3, 5, 7, 2, 4, 6, 8)] if max_wait else [job_id(n) for n in range(1, 9)]
+    assert order == expected
+    queue.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_job_claimed_with_the_last_done_goes_back_uncounted_when_the_runner_stops(
+        tmp_path: Path, fake: FakeComfy, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = write_config(tmp_path)
+    queue = submit(config, [trivial_job(1), trivial_job(2)])
+    runner = Runner(config_of(config), "cpu0", fake.url, until_empty=True)
+    original = SQLiteQueue.complete_and_claim
+
+    def then_stop(self: SQLiteQueue, *args: Any, **kwargs: Any) -> Any:
+        claim = original(self, *args, **kwargs)
+        runner.state.stopping = True  # SIGTERM right after the transaction that claimed job 2
+        return claim
+
+    monkeypatch.setattr(SQLiteQueue, "complete_and_claim", then_stop)
+    runner.run()
+    assert queue.get(job_id(1)).state == "done"
+    second = queue.get(job_id(2))
+    assert (second.state, second.attempt) == ("queued", 0)
+    assert [a.outcome for a in second.attempts] == ["released_uncounted"]
+    assert job_id(2) not in fake.stats()["prompts"]  # never posted
+    queue.close()
