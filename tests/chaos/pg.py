@@ -220,7 +220,12 @@ def two_machines(tmp: Path, seed: int, url: str, *, jobs: int, node_ms: float = 
                               (held, f"{b.host}/%"))[0][0]
                 return taken == len(held)
 
-            wait_for(handed_on, lease_seconds * 3 + 30, "machine-a's claims to expire and be taken on", b.describe)
+            def why() -> str:
+                rows = b.sql("SELECT id, state, owner, lease_until, run_after, "
+                             "extract(epoch from clock_timestamp()) FROM jobs WHERE id = ANY(?)", (held,))
+                return f"held at the kill: {rows}\n{b.describe()}"
+
+            wait_for(handed_on, lease_seconds * 3 + 30, "machine-a's claims to expire and be taken on", why)
         procs[a.host] = a.start()
         a.wait_ready(procs[a.host], seconds=60)
         for m in (a, b):
