@@ -850,6 +850,7 @@ class QueueContract:
         q.complete(self.claim(q, now=T0), [], now=T0 + 100)  # job 4: too recent
         running = self.claim(q, now=T0)  # job 5
         assert self.count(q, "workflows") == 6  # the batch's, `other`, and one for each of jobs 3 to 6
+        assert q.prunable(T0 + 50) == 4 and q.prunable(T0 + 3) == 2
         batch = q.prune(T0 + 50, limit=2)
         assert len(batch.removed) == 2
         rest = q.prune(T0 + 50, limit=10)

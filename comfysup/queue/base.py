@@ -387,6 +387,11 @@ class Queue(Protocol):
         comes back empty, so runners wait at most one batch for the write lock."""
         ...
 
+    def prunable(self, finished_before: float) -> int:
+        """How many terminal jobs finished before ``finished_before`` (what ``prune`` would remove, less any
+        whose webhook is still pending): the progress total of ``comfysup prune``."""
+        ...
+
     def maintenance(self) -> None:
         """Periodic upkeep (a WAL checkpoint for SQLite); cheap to call often."""
         ...

@@ -898,6 +898,10 @@ class PostgresQueue:
 
     # -- prune ------------------------------------------------------------------------------------------
 
+    def prunable(self, finished_before: float) -> int:
+        return self._scalar("SELECT count(*) FROM jobs WHERE state IN ('done', 'dead', 'cancelled') "
+                            "AND finished_at < %s", (finished_before,))
+
     def prune(self, finished_before: float, limit: int = 500) -> PruneBatch:
         """As SQLite's: up to ``limit`` old terminal jobs (not one whose webhook is still pending), their
         attempts and deliveries, and the workflows no job uses any more, in one short transaction. SKIP

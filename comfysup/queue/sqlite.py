@@ -798,6 +798,10 @@ class SQLiteQueue:
 
     # -- prune ------------------------------------------------------------------------------------------
 
+    def prunable(self, finished_before: float) -> int:
+        return self._read("SELECT count(*) FROM jobs INDEXED BY jobs_state WHERE state IN ('done', 'dead', "
+                          "'cancelled') AND finished_at < ?", (finished_before,))[0][0]
+
     def prune(self, finished_before: float, limit: int = 500) -> PruneBatch:
         """Up to ``limit`` terminal jobs finished before ``finished_before``, with their attempts, deliveries
         and the workflows no remaining job uses, in one short transaction. A job whose webhook is still being

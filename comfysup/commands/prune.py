@@ -1,0 +1,119 @@
+"""``comfysup prune --done-before DATE [--files]``: forget old finished jobs, in batches runners do not feel.
+
+A queue that runs for months holds millions of finished jobs. Claims do not slow down for them (every
+claim is an index seek), but the file grows and ``results`` has more to read. Prune removes terminal jobs
+(done, dead, cancelled) that finished before DATE, with their attempts, webhook deliveries, and the stored
+workflows no remaining job uses; with ``--files``, their folders in the result store too.
+
+Each batch is its own short transaction (``--batch`` jobs, 500 by default), with a pause between batches,
+so a runner waiting to record a done or claim the next job waits for one batch at most, never for the
+whole prune. A job whose webhook is still being delivered is kept until its delivery ends. Files are
+removed after their rows are committed: a prune killed in between leaves a batch's folders without rows
+(harmless, though a later prune no longer knows them), never rows whose files are gone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+
+from comfysup.commands._common import config_from, queue_from
+from comfysup.errors import UsageError
+from comfysup.queue.base import host_name
+
+PAUSE_SECONDS = 0.02
+"""Between two batches: a runner waiting for the write lock gets it before the next batch."""
+_RELATIVE = re.compile(r"(\d+(?:\.\d+)?)\s*([dhm])")
+
+
+def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser("prune", parents=[common], help="remove old finished jobs (and, with --files, their files)",
+                       description="Remove done, dead and cancelled jobs that finished before DATE, with their "
+                                   "attempts and webhook deliveries, in short batches that running jobs do not "
+                                   "wait for. Queued and running jobs are never touched.")
+    p.add_argument("--done-before", required=True, metavar="DATE",
+                   help="a date or time (2026-01-31, 2026-01-31T18:00, local time unless it says +00:00) or an "
+                        "age (30d, 12h, 90m): jobs that finished before it are removed")
+    p.add_argument("--files", action="store_true",
+                   help="also delete each removed job's folder in the result store ([store] dir)")
+    p.add_argument("--batch", type=int, default=500, metavar="N", help="jobs per transaction (default 500)")
+    p.add_argument("--dry-run", action="store_true", help="only say how many jobs would be removed")
+    p.set_defaults(func=run)
+
+
+def parse_before(text: str, now: float) -> float:
+    """DATE as UTC epoch seconds: an ISO date or date-time (local time when it has no offset), or an age."""
+    relative = _RELATIVE.fullmatch(text.strip())
+    if relative:
+        amount, unit = float(relative.group(1)), relative.group(2)
+        return now - amount * {"d": 86400, "h": 3600, "m": 60}[unit]
+    try:
+        moment = datetime.fromisoformat(text.strip())
+    except ValueError as exc:
+        raise UsageError(f"--done-before {text!r}: expected a date like 2026-01-31, a time like "
+                         "2026-01-31T18:00 (local unless it has an offset such as +00:00), or an age like 30d, "
+                         "12h or 90m") from exc
+    return moment.timestamp()  # a naive datetime is local time, as a person typed it
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.batch < 1:
+        raise UsageError("--batch needs 1 or more")
+    now = time.time()
+    before = parse_before(args.done_before, now)
+    if before > now:
+        raise UsageError(f"--done-before {args.done_before!r} is in the future; nothing finished after now")
+    config = config_from(args)
+    queue = queue_from(config)
+    label = datetime.fromtimestamp(before).strftime("%Y-%m-%d %H:%M:%S")
+    try:
+        total = queue.prunable(before)
+        if args.dry_run or total == 0:
+            print(f"{total:,} finished job(s) before {label}" + (" would be removed" if total else ""))
+            return 0
+        store = config.resolve(config.store.dir)
+        removed = folders = 0
+        elsewhere: dict[str, int] = {}
+        here = host_name()
+        started = last_report = time.monotonic()
+        while True:
+            batch = queue.prune(before, limit=args.batch)
+            if not batch.removed:
+                break
+            removed += len(batch.removed)
+            if args.files:
+                for job_id, machine in batch.removed:
+                    folder = store / job_id
+                    if _remove(folder):
+                        folders += 1
+                    elif machine and machine != here:
+                        elsewhere[machine] = elsewhere.get(machine, 0) + 1
+            if time.monotonic() - last_report >= 1.0:
+                last_report = time.monotonic()
+                _progress(removed, total, last_report - started)
+            time.sleep(PAUSE_SECONDS)
+    finally:
+        queue.close()
+    print(f"removed {removed:,} finished job(s) before {label}"
+          + (f", and {folders:,} result folder(s) from {store}" if args.files else ""))
+    for machine, count in sorted(elsewhere.items()):
+        print(f"note: {count:,} of them ran on {machine}, whose result store is not here; their folders stay on "
+              f"that machine (under its [store] dir, named by job id)")
+    return 0
+
+
+def _remove(folder: Path) -> bool:
+    if not folder.is_dir() or folder.is_symlink():
+        return False
+    shutil.rmtree(folder, ignore_errors=True)
+    return True
+
+
+def _progress(removed: int, total: int, seconds: float) -> None:
+    rate = removed / seconds if seconds > 0 else 0.0
+    print(f"pruning: {removed:,} of {max(total, removed):,} job(s), {rate:,.0f}/s", file=sys.stderr, flush=True)
