@@ -475,7 +475,8 @@ def big_table(path: Path, rows: int) -> None:
         "CASE WHEN i >= 8 AND (i % 100 < 70 OR i % 100 >= 90) THEN 1.7e9 + i + 60 END, "
         "CASE WHEN i >= 8 AND i % 100 BETWEEN 90 AND 94 THEN 'gave up after 4 attempts, last: out of memory' END, "
         "'h' || i FROM n", (rows,))
-    conn.execute("INSERT INTO job_specs (seq, workflow) SELECT seq, '{}' FROM jobs")
+    conn.execute("INSERT INTO workflows (id, hash, workflow) VALUES (1, 'bench', '{}')")  # schema v5: shared
+    conn.execute("INSERT INTO job_specs (seq, workflow_id) SELECT seq, 1 FROM jobs")
     conn.execute("COMMIT")
     conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     conn.close()

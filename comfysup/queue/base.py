@@ -14,8 +14,10 @@ The contract (tested once in tests/queue_contract.py and run against every backe
   over affinity), unless the head — the job strict order would hand out — has been passed over for
   ``max_wait_seconds``: from then on strict order holds until every job passed over that long is out.
   A job is passed over when a job behind it in strict order is claimed while it is ready; the queue keeps
-  when that first happened (a staircase of (priority, seq bound, time) rows), so no job waits more than
-  ``max_wait_seconds`` plus one claim interval longer than strict order would have made it wait.
+  when that first happened (a staircase of (priority, seq bound, time) rows). Once a job has been passed
+  over for ``max_wait_seconds``, claims return to strict order until it and every job ahead of it are out,
+  so affinity delays a job by at most ``max_wait_seconds`` (plus the wait for the next claim, which strict
+  order has too) beyond what strict order would have made it wait (bench/affinity.py measures it).
 - ``complete_and_claim`` records done and claims the next job in one transaction (one fsync per job).
 - Each distinct workflow text is stored once, addressed by its hash; a job keeps its ``set``
   (``params``) and ``extra_data``, and ``Claim.workflow`` / ``JobRecord.workflow`` are rebuilt from both

@@ -1,0 +1,337 @@
+"""bench/scale.py: what the queue costs as it grows, in one run (issue 7, section 3).
+
+- claim, heartbeat, complete and complete_and_claim, each its own transaction as a runner makes it, on a
+  queue of 1,000 jobs and on one of 1,000,000 (70% done, 15% queued over three priorities, 5% waiting to
+  retry, 5% dead, 5% cancelled, every started job with its attempt row), measured alternately in rounds
+  so drift in the machine's load hits both alike: the median wall and CPU time of each, and the ratio
+  big/small (goal: at most 1.3);
+- ``comfysup status`` on the million (goal: under 200 ms), in process and as the whole command;
+- submit of 100,000 lines of one 10 KB workflow with different ``set`` values, through JobsFile and
+  SQLiteQueue.submit as ``comfysup submit`` does (goal: under 10 s), and the database's size per job
+  after it (goal: under 1 KB, each distinct workflow stored once);
+- prune of 100,000 of the million's finished jobs in batches of 500, while a runner process claims and
+  completes jobs: the runner's worst and 99th-percentile transaction time before and during the prune.
+
+    .venv/bin/python bench/scale.py              # the figures in docs/benchmarks.md
+    .venv/bin/python bench/scale.py --quick      # 100,000 jobs instead of a million, 20,000 lines, 20,000 pruned
+"""
+
+# ruff: noqa: E402  (the sys.path fix below must run before the other imports)
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+# bench/queue.py would shadow the standard library's queue module for everything imported after it.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+
+import argparse
+import json
+import multiprocessing
+import os
+import resource
+import shutil
+import sqlite3
+import statistics
+import subprocess
+import tempfile
+import time
+import uuid
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from comfysup.jobs import JobsFile
+from comfysup.queue.sqlite import SQLiteQueue
+
+CTX = multiprocessing.get_context("fork")
+LEASE = 60.0
+T_BASE = 1.7e9
+
+
+def workflow_10kb() -> dict[str, Any]:
+    """An SDXL-shaped API workflow padded with prompt text to about 10 KB (as bench/queue.py's)."""
+    prompt = ("a lighthouse on a cliff at dusk, volumetric light, 35mm, film grain, detailed rocks, "
+              "crashing waves, seabirds, soft clouds, ") * 4
+    wf: dict[str, Any] = {
+        "4": {"class_type": "CheckpointLoaderSimple", "inputs": {"ckpt_name": "sdxl_base_1.0.safetensors"}},
+        "5": {"class_type": "EmptyLatentImage", "inputs": {"width": 1024, "height": 1024, "batch_size": 1}},
+        "3": {"class_type": "KSampler", "inputs": {"seed": 0, "steps": 30, "cfg": 7.0, "sampler_name": "euler",
+                                                   "scheduler": "normal", "denoise": 1.0, "model": ["4", 0],
+                                                   "positive": ["6", 0], "negative": ["7", 0],
+                                                   "latent_image": ["5", 0]}},
+        "8": {"class_type": "VAEDecode", "inputs": {"samples": ["3", 0], "vae": ["4", 2]}},
+        "9": {"class_type": "SaveImage", "inputs": {"filename_prefix": "bench", "images": ["8", 0]}},
+    }
+    n = 10
+    while len(json.dumps(wf)) < 10_000:
+        wf[str(n)] = {"class_type": "CLIPTextEncode", "inputs": {"text": prompt, "clip": ["4", 1]}}
+        n += 1
+    wf["6"] = {"class_type": "ConditioningCombine", "inputs": {"conditioning_1": ["10", 0],
+                                                                "conditioning_2": ["11", 0]}}
+    wf["7"] = {"class_type": "CLIPTextEncode", "inputs": {"text": "blurry, low quality", "clip": ["4", 1]}}
+    return wf
+
+
+WORKFLOW = workflow_10kb()
+
+
+# -- a big queue, written with SQL ---------------------------------------------------------------------------
+
+def build(path: Path, rows: int) -> float:
+    """``rows`` jobs of one stored 10 KB workflow, in every state, each started one with its attempt row.
+    Written with SQL directly: going through submit and runners would take hours and measure them, not
+    the table. Returns the seconds it took."""
+    started = time.perf_counter()
+    SQLiteQueue(path).close()
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("PRAGMA synchronous = OFF")
+    conn.execute("BEGIN")
+    text = json.dumps(WORKFLOW, sort_keys=True, separators=(",", ":"))
+    conn.execute("INSERT INTO workflows (id, hash, workflow) VALUES (1, 'bench', ?)", (text,))
+    conn.execute(
+        "WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i + 1 < ?) "
+        "INSERT INTO jobs (seq, id, state, priority, run_after, attempt, owner, server, lease_until, started_at, "
+        "submitted_at, finished_at, reason, spec_hash, workflow_name, outputs, machine) "
+        "SELECT i + 1, printf('%08x-0000-4000-8000-%012x', i, i), "
+        "CASE WHEN i % 100 < 70 THEN 'done' WHEN i % 100 < 90 THEN 'queued' "
+        "     WHEN i % 100 < 95 THEN 'dead' ELSE 'cancelled' END, "
+        "i % 3, CASE WHEN i % 100 BETWEEN 85 AND 89 THEN 4e9 ELSE 0 END, "
+        "CASE WHEN i % 100 BETWEEN 70 AND 84 THEN 0 ELSE 1 END, NULL, "
+        "CASE WHEN i % 100 < 70 OR i % 100 >= 85 THEN 'gpu' || (i % 8) END, NULL, "
+        "CASE WHEN i % 100 < 70 OR i % 100 >= 85 THEN ?2 + i END, ?2 + i, "
+        "CASE WHEN i % 100 < 70 OR i % 100 >= 90 THEN ?2 + i + 60 END, "
+        "CASE WHEN i % 100 BETWEEN 90 AND 94 THEN 'gave up after 4 attempts, last: out of memory' END, "
+        "'h' || i, 'bench', "
+        "CASE WHEN i % 100 < 70 THEN '[{\"name\":\"bench_00001_.png\",\"size\":1234567,\"sha256\":\"' || "
+        "     printf('%064x', i) || '\",\"path\":\"\"}]' END, "
+        "CASE WHEN i % 100 < 70 THEN 'host' END FROM n", (rows, T_BASE))
+    conn.execute("INSERT INTO job_specs (seq, workflow_id, extra_data, meta, params) "
+                 "SELECT seq, 1, '{}', '{}', '{\"3.seed\":' || seq || '}' FROM jobs")
+    conn.execute("INSERT INTO attempts (job_id, attempt, owner, server, started_at, ended_at, outcome, reason, "
+                 "prompt_number) SELECT id, 1, 'host/1/' || server || '/t', server, started_at, finished_at, "
+                 "CASE state WHEN 'done' THEN 'done' WHEN 'dead' THEN 'dead' WHEN 'cancelled' THEN 'cancelled' "
+                 "ELSE 'retry' END, reason, seq FROM jobs WHERE attempt = 1")
+    conn.execute("COMMIT")
+    conn.execute("ANALYZE")
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.close()
+    return time.perf_counter() - started
+
+
+# -- per-operation cost ---------------------------------------------------------------------------------------
+
+OPS = ("claim", "heartbeat", "complete", "complete_and_claim")
+
+
+def measure_round(q: SQLiteQueue, ops: int, out: dict[str, list[tuple[float, float]]]) -> None:
+    """``ops`` of each operation, each its own transaction, as a runner makes them."""
+    for _ in range(ops):
+        t, c = time.perf_counter(), time.process_time()
+        claim = q.claim("bench/1/gpu9/t", "gpu9", LEASE)
+        out["claim"].append((time.perf_counter() - t, time.process_time() - c))
+        assert claim is not None
+        t, c = time.perf_counter(), time.process_time()
+        q.heartbeat(claim, LEASE)
+        out["heartbeat"].append((time.perf_counter() - t, time.process_time() - c))
+        t, c = time.perf_counter(), time.process_time()
+        q.complete(claim, [])
+        out["complete"].append((time.perf_counter() - t, time.process_time() - c))
+    claim = q.claim("bench/1/gpu9/t", "gpu9", LEASE)
+    for _ in range(ops):
+        t, c = time.perf_counter(), time.process_time()
+        claim = q.complete_and_claim(claim, [], "bench/1/gpu9/t", "gpu9", LEASE)
+        out["complete_and_claim"].append((time.perf_counter() - t, time.process_time() - c))
+        assert claim is not None
+    q.complete(claim, [])
+
+
+def op_costs(small: Path, big: Path, rounds: int, ops: int) -> dict[str, dict[str, list[tuple[float, float]]]]:
+    got: dict[str, dict[str, list[tuple[float, float]]]] = {"small": {o: [] for o in OPS}, "big": {o: [] for o in OPS}}
+    queues = {"small": SQLiteQueue(small, create=False), "big": SQLiteQueue(big, create=False)}
+    for q in queues.values():  # warm: the first claim reads the schema and the workflow
+        q.complete(q.claim("warm/1/gpu9/t", "gpu9", LEASE), [])
+    for _ in range(rounds):
+        for name in ("small", "big"):
+            measure_round(queues[name], ops, got[name])
+    for q in queues.values():
+        q.close()
+    return got
+
+
+# -- status, submit, prune ----------------------------------------------------------------------------------
+
+def status_times(path: Path) -> tuple[float, float, float]:
+    """(first, median of 5) SQLiteQueue.status() in process, and the median whole `comfysup status`."""
+    times = []
+    for _ in range(5):
+        t = time.perf_counter()
+        q = SQLiteQueue(path, create=False)
+        q.status()
+        q.close()
+        times.append(time.perf_counter() - t)
+    config = path.parent / "config.toml"
+    config.write_text(f'[queue]\npath = "{path}"\n')
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COMFYSUP_")} | {"PYTHONPATH": str(REPO)}
+    runs = []
+    for _ in range(3):
+        t = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "comfysup", "status", "--config", str(config)], env=env, check=True,
+                       capture_output=True)
+        runs.append(time.perf_counter() - t)
+    return times[0], statistics.median(times), statistics.median(runs)
+
+
+def _submit_child(directory: str, out: str) -> None:
+    base = Path(directory)
+    started = time.perf_counter()
+    jobs = JobsFile(base / "jobs.jsonl")
+    checked = jobs.validate()
+    assert checked.ok, checked.problems[:3]
+    validated = time.perf_counter()
+    q = SQLiteQueue(base / "q.db")
+    result = q.submit(jobs.jobs())
+    q.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    q.close()
+    done = time.perf_counter()
+    Path(out).write_text(json.dumps({"validate_s": validated - started, "insert_s": done - validated,
+                                     "inserted": result.inserted,
+                                     "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+
+
+def submit_batch(workdir: Path, lines: int) -> dict[str, float]:
+    directory = Path(tempfile.mkdtemp(prefix="submit-", dir=workdir))
+    (directory / "workflow.json").write_text(json.dumps(WORKFLOW, indent=1))
+    with open(directory / "jobs.jsonl", "w") as f:
+        for n in range(lines):
+            f.write(json.dumps({"id": str(uuid.uuid5(uuid.NAMESPACE_URL, f"scale/{n}")), "workflow": "workflow.json",
+                                "set": {"3.seed": n * 7919, "9.filename_prefix": f"batch/{n:06d}"}}) + "\n")
+    out = directory / "result.json"
+    proc = CTX.Process(target=_submit_child, args=(str(directory), str(out)))
+    proc.start()
+    proc.join()
+    if proc.exitcode != 0:
+        raise RuntimeError("submit failed")
+    result = json.loads(out.read_text())
+    assert result["inserted"] == lines
+    db = directory / "q.db"
+    result["db_bytes"] = sum(p.stat().st_size for p in directory.glob("q.db*"))
+    conn = sqlite3.connect(db)
+    result["workflows"] = conn.execute("SELECT count(*) FROM workflows").fetchone()[0]
+    conn.close()
+    shutil.rmtree(directory)
+    return result
+
+
+def _runner_during(path: str, stop: Any, out: str) -> None:
+    """A runner's transactions while the parent prunes: claim, heartbeat, complete, each timed."""
+    q = SQLiteQueue(path, create=False)
+    times: list[tuple[float, float]] = []
+    while not stop.is_set():
+        t = time.perf_counter()
+        claim = q.claim("live/1/gpu0/t", "gpu0", LEASE)
+        if claim is None:
+            break
+        q.complete(claim, [])
+        times.append((t, time.perf_counter() - t))
+    q.close()
+    Path(out).write_text(json.dumps(times))
+
+
+def prune_under_load(path: Path, jobs: int) -> dict[str, float]:
+    """Prune ``jobs`` finished jobs in batches of 500 while a runner works; the runner's worst waits."""
+    q = SQLiteQueue(path, create=False)
+    # The oldest ``jobs`` finished jobs: finished_at is T_BASE + i + 60 for done/cancelled/dead rows.
+    before = T_BASE + jobs / 0.8 + 60
+    stop, out = CTX.Event(), path.parent / "runner.json"
+    proc = CTX.Process(target=_runner_during, args=(str(path), stop, str(out)))
+    proc.start()
+    time.sleep(2.0)  # the runner alone first: its own baseline
+    started = time.perf_counter()
+    mark = time.perf_counter()
+    removed = 0
+    while removed < jobs and (batch := q.prune(before, limit=500).removed):
+        removed += len(batch)
+        time.sleep(0.02)  # as comfysup prune does between batches
+    seconds = time.perf_counter() - started
+    time.sleep(0.5)
+    stop.set()
+    proc.join()
+    q.close()
+    times = json.loads(out.read_text())
+    alone = sorted(d for t, d in times if t < mark - 0.2)
+    during = sorted(d for t, d in times if mark <= t <= mark + seconds)
+
+    def p99(xs: list[float]) -> float:
+        return xs[min(len(xs) - 1, int(len(xs) * 0.99))] if xs else float("nan")
+
+    return {"removed": removed, "seconds": seconds, "alone_max": max(alone, default=float("nan")),
+            "alone_p99": p99(alone), "during_max": max(during, default=float("nan")), "during_p99": p99(during),
+            "during_n": len(during), "alone_n": len(alone)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="100,000 jobs instead of a million; smaller parts")
+    parser.add_argument("--dir", help="where the databases go (default: a temporary folder under ./var)")
+    parser.add_argument("--only", choices=["ops", "status", "submit", "prune"], action="append",
+                        help="run only these parts (repeatable)")
+    args = parser.parse_args()
+    big_rows = 100_000 if args.quick else 1_000_000
+    lines = 20_000 if args.quick else 100_000
+    prune_jobs = 20_000 if args.quick else 100_000
+    parts = set(args.only or ["ops", "status", "submit", "prune"])
+    base = Path(args.dir) if args.dir else REPO / "var"
+    base.mkdir(parents=True, exist_ok=True)
+    workdir = Path(tempfile.mkdtemp(prefix="bench-scale-", dir=base))
+    load = os.getloadavg()
+    print(f"# queue cost as it grows; {os.cpu_count()} CPUs, load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}, "
+          f"SQLite {sqlite3.sqlite_version}, databases in {workdir}")
+    try:
+        big = workdir / "big" / "queue.db"
+        small = workdir / "small" / "queue.db"
+        if parts & {"ops", "status", "prune"}:
+            big.parent.mkdir()
+            print(f"built {big_rows:,} jobs in {build(big, big_rows):.0f} s "
+                  f"({sum(p.stat().st_size for p in big.parent.glob('queue.db*')) / 2**20:,.0f} MiB)")
+        if "ops" in parts:
+            small.parent.mkdir()
+            build(small, 1000)
+            rounds, ops = 6, 10  # the small queue has 150 ready jobs: 6 x (10 + 11) of them
+            got = op_costs(small, big, rounds, ops)
+            print(f"\n## one transaction each, {rounds * ops} of each per table (alternating rounds); median µs")
+            print(f"{'operation':>20} {'1,000 wall':>11} {f'{big_rows:,} wall':>15} {'ratio':>6}   "
+                  f"{'1,000 CPU':>10} {f'{big_rows:,} CPU':>14} {'ratio':>6}")
+            for op in OPS:
+                sw, bw = (statistics.median(x[0] for x in got[k][op]) * 1e6 for k in ("small", "big"))
+                sc, bc = (statistics.median(x[1] for x in got[k][op]) * 1e6 for k in ("small", "big"))
+                print(f"{op:>20} {sw:>11,.0f} {bw:>15,.0f} {bw / sw:>6.2f}   {sc:>10,.0f} {bc:>14,.0f} {bc / sc:>6.2f}",
+                      flush=True)
+        if "status" in parts:
+            first, median, command = status_times(big)
+            print(f"\n## status on {big_rows:,} jobs: SQLiteQueue.status() first {first * 1000:.0f} ms, median of 5 "
+                  f"{median * 1000:.0f} ms; `comfysup status` (whole command, Python start-up included) "
+                  f"{command * 1000:.0f} ms")
+        if "submit" in parts:
+            r = submit_batch(workdir, lines)
+            total = r["validate_s"] + r["insert_s"]
+            print(f"\n## submit {lines:,} lines of one {len(json.dumps(WORKFLOW)):,}-byte workflow with different set "
+                  f"values: {total:.1f} s (validate {r['validate_s']:.1f} s, insert {r['insert_s']:.1f} s), "
+                  f"{lines / total:,.0f} jobs/s, peak RSS {r['max_rss_mb']:.0f} MB; database "
+                  f"{r['db_bytes'] / 2**20:.1f} MiB = {r['db_bytes'] / lines:,.0f} bytes per job, "
+                  f"{r['workflows']} stored workflow(s)")
+        if "prune" in parts:
+            r = prune_under_load(big, prune_jobs)
+            print(f"\n## prune {r['removed']:,.0f} finished jobs of {big_rows:,} in batches of 500 while a runner "
+                  f"claims and completes: {r['seconds']:.1f} s ({r['removed'] / r['seconds']:,.0f} jobs/s)")
+            print(f"runner's claim + complete, ms: alone p99 {r['alone_p99'] * 1000:.1f}, max "
+                  f"{r['alone_max'] * 1000:.1f} ({r['alone_n']:.0f} jobs); during the prune p99 "
+                  f"{r['during_p99'] * 1000:.1f}, max {r['during_max'] * 1000:.1f} ({r['during_n']:.0f} jobs)")
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
