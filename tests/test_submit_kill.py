@@ -27,7 +27,10 @@ from cli_support import REPO, TRIVIAL, write_config
 
 LINES = 10_000
 TIME_KILLS = 20
-WAL_KILLS = 5
+WAL_KILLS = 6
+PARALLEL = 2
+INSERT_WAL_BYTES = 256 * 1024
+"""More WAL than creating the schema writes (about 80 KiB): a kill past it landed inside the insert."""
 
 
 def _jobs_file(directory: Path) -> Path:
@@ -95,45 +98,55 @@ def test_kill_9_during_submit_leaves_all_or_nothing(tmp_path: Path) -> None:
     rng = random.Random(seed)
     jobs = _jobs_file(tmp_path)
 
+    # Two submits run side by side (two cores), for the calibration as for every kill: half the wall time.
     started = time.monotonic()
-    calibration = _start(tmp_path / "calibration", jobs)
-    assert calibration.wait(timeout=120) == 0, calibration.communicate()[1].decode()
+    calibration = [_start(tmp_path / f"calibration-{n}", jobs) for n in range(PARALLEL)]
+    for proc in calibration:
+        assert proc.wait(timeout=120) == 0, proc.communicate()[1].decode()
     full_seconds = time.monotonic() - started
-    assert _inspect(tmp_path / "calibration") == LINES
-    full_bytes = (tmp_path / "calibration" / "var" / "queue.db").stat().st_size
+    assert _inspect(tmp_path / "calibration-0") == LINES
+    full_bytes = (tmp_path / "calibration-0" / "var" / "queue.db").stat().st_size
 
     outcomes: list[tuple[str, float, int, int, bool]] = []
-    for i in range(TIME_KILLS * 2):
+    for i in range(0, TIME_KILLS * 2, PARALLEL):
         if sum(1 for o in outcomes if o[4]) >= TIME_KILLS:
             break
-        run_dir = tmp_path / f"time-{i}"
-        delay = rng.uniform(0.0, full_seconds * 1.05)
-        proc = _start(run_dir, jobs)
-        time.sleep(delay)  # the random moment of the kill, not a wait for anything
-        wal = _wal_size(run_dir)
-        killed = _kill(proc)
-        outcomes.append((f"after {delay:.3f} s", delay, wal, _inspect(run_dir), killed))
+        run_dirs = [tmp_path / f"time-{i + n}" for n in range(PARALLEL)]
+        delays = [rng.uniform(0.0, full_seconds * 1.05) for _ in run_dirs]
+        procs = [_start(run_dir, jobs) for run_dir in run_dirs]
+        begun = time.monotonic()
+        for delay, proc, run_dir in sorted(zip(delays, procs, run_dirs, strict=True), key=lambda x: x[0]):
+            time.sleep(max(0.0, delay - (time.monotonic() - begun)))  # the random moment, not a wait for anything
+            wal = _wal_size(run_dir)
+            killed = _kill(proc)
+            outcomes.append((f"after {delay:.3f} s", delay, wal, _inspect(run_dir), killed))
 
-    for i in range(WAL_KILLS):
-        run_dir = tmp_path / f"wal-{i}"
-        threshold = rng.uniform(64 * 1024, full_bytes * 0.9)
-        proc = _start(run_dir, jobs)
-        while proc.poll() is None and _wal_size(run_dir) < threshold:
-            time.sleep(0.0005)  # polling the WAL: the kill is triggered by its size
-        wal = _wal_size(run_dir)
-        killed = _kill(proc)
-        outcomes.append((f"at WAL {threshold / 1e6:.1f} MB", 0.0, wal, _inspect(run_dir), killed))
+    for i in range(0, WAL_KILLS, PARALLEL):
+        run_dirs = [tmp_path / f"wal-{n}" for n in range(i, min(i + PARALLEL, WAL_KILLS))]
+        thresholds = [rng.uniform(INSERT_WAL_BYTES, full_bytes * 0.9) for _ in run_dirs]
+        procs = [_start(run_dir, jobs) for run_dir in run_dirs]
+        pending = list(zip(thresholds, procs, run_dirs, strict=True))
+        while pending:
+            time.sleep(0.0005)  # polling the WALs: each kill is triggered by its WAL's size
+            for item in list(pending):
+                threshold, proc, run_dir = item
+                if proc.poll() is None and _wal_size(run_dir) < threshold:
+                    continue
+                wal = _wal_size(run_dir)
+                killed = _kill(proc)
+                outcomes.append((f"at WAL {threshold / 1e6:.1f} MB", 0.0, wal, _inspect(run_dir), killed))
+                pending.remove(item)
 
     for moment, _, wal, count, killed in outcomes:
         print(f"{moment:>18}: WAL {wal / 1e6:5.2f} MB, {'killed' if killed else 'finished'}, {count} jobs")
     counts = [count for _, _, _, count, _ in outcomes]
     assert all(c in (0, LINES) for c in counts), f"a partial submit: {counts} (seed {seed})"
-    during_insert = [o for o in outcomes if o[4] and o[3] == 0 and o[2] > 64 * 1024]
+    during_insert = [o for o in outcomes if o[4] and o[3] == 0 and o[2] > INSERT_WAL_BYTES]
     assert len(during_insert) >= WAL_KILLS // 2, f"too few kills landed inside the insert (seed {seed})"
     assert sum(1 for o in outcomes if o[4]) >= TIME_KILLS + WAL_KILLS // 2
 
     # A queue left by a kill takes the same file afterwards, whole.
-    survivor = next(tmp_path / f"wal-{i}" for i in range(WAL_KILLS) if outcomes[-WAL_KILLS + i][3] == 0)
+    survivor = next(tmp_path / f"wal-{i}" for i in range(WAL_KILLS) if _inspect(tmp_path / f"wal-{i}") == 0)
     rerun = _start(survivor, jobs)
     assert rerun.wait(timeout=120) == 0, rerun.communicate()[1].decode()
     assert _inspect(survivor) == LINES
