@@ -3,8 +3,10 @@
 N jobs through `comfysup run` on K fake_comfy servers (launched by the supervisor exactly as ComfyUI
 would be) whose prompts take a fixed T ms, against (a) the ideal N·T/K and (b) a bare client in the same
 run: one thread per server that posts, waits for the end on the WebSocket, reads /history and downloads
-the file, with nothing durable. Reports efficiency (ideal / actual) and the overhead per job in ms over
-the bare client.
+the file, with nothing durable, on the same HTTP and WebSocket libraries as comfysup's runner (urllib3,
+websocket-client), so the difference is what comfysup does, not which library it uses. Reports
+efficiency (ideal / actual), the overhead per job in ms over the bare client, and the CPU time per job of
+comfysup's processes (runners, supervisor, monitor) against the bare client's.
 
     .venv/bin/python bench/e2e.py                       # T = 20, 200, 2000 ms; K = 1, 2, 4
     .venv/bin/python bench/e2e.py --t-ms 200 --k 4      # one cell
@@ -32,9 +34,12 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from urllib.parse import urlencode
 
 import psutil
 import tomli_w
+import urllib3
+import websocket
 
 
 def _bench_runner():
@@ -48,7 +53,7 @@ def _bench_runner():
 
 
 _runner = _bench_runner()
-bare_client, free_port, start_fake = _runner.bare_client, _runner.free_port, _runner.start_fake
+free_port, start_fake = _runner.free_port, _runner.start_fake
 
 ROOT = Path(__file__).resolve().parents[1]
 TRIVIAL = json.loads((ROOT / "examples" / "workflows" / "trivial.json").read_text())
@@ -68,7 +73,37 @@ def jobs_for(t_ms: float, k: int, quick: bool) -> int:
     return max(4 * k, int(seconds * 1000 / max(t_ms, 1) * k))
 
 
-def run_bare(k: int, n: int, node_ms: float, tmp: Path) -> float:
+def bare_client(url: str, n_jobs: int, salt: int, out: Path) -> float:
+    """The least a client can do: one socket, post, wait for the end, read history, download; nothing durable."""
+    pool = urllib3.connection_from_url(url, maxsize=1, retries=False)
+    client_id = str(uuid.uuid4())
+    ws = websocket.create_connection(f"ws{url[4:]}/ws?clientId={client_id}", timeout=30,
+                                     skip_utf8_validation=True)
+    start = time.perf_counter()
+    for n in range(n_jobs):
+        prompt_id = str(uuid.uuid4())
+        body = json.dumps({"prompt": prompt(n, salt), "prompt_id": prompt_id, "client_id": client_id}).encode()
+        assert pool.urlopen("POST", "/prompt", body=body, headers={"Content-Type": "application/json"},
+                            timeout=30.0).status == 200
+        while True:
+            message = ws.recv()
+            if isinstance(message, str):
+                data = json.loads(message)
+                if data["type"] == "executing" and data["data"].get("node") is None \
+                        and data["data"].get("prompt_id") == prompt_id:
+                    break
+        entry = json.loads(pool.urlopen("GET", f"/history/{prompt_id}", timeout=30.0).data)[prompt_id]
+        for image in entry["outputs"]["3"]["images"]:
+            body = pool.urlopen("GET", f"/view?{urlencode(image)}", timeout=30.0).data
+            (out / image["filename"]).write_bytes(body)
+    elapsed = time.perf_counter() - start
+    ws.close()
+    pool.close()
+    return elapsed
+
+
+def run_bare(k: int, n: int, node_ms: float, tmp: Path) -> tuple[float, float]:
+    """(seconds, CPU seconds of this process) for n jobs over k servers, one client thread per server."""
     fakes = [start_fake(tmp / f"bare{i}", node_ms) for i in range(k)]
     try:
         out = tmp / "bare-out"
@@ -79,20 +114,21 @@ def run_bare(k: int, n: int, node_ms: float, tmp: Path) -> float:
         elapsed = [0.0] * k
         threads = [threading.Thread(target=lambda i=i: elapsed.__setitem__(
             i, bare_client(fakes[i][1], per[i], 10 + i, out))) for i in range(k)]
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         for t in threads:
             t.start()
         for t in threads:
             t.join()
-        return time.perf_counter() - start
+        return time.perf_counter() - start, time.process_time() - cpu
     finally:
         for proc, _url in fakes:
             proc.terminate()
             proc.wait()
 
 
-def run_comfysup(k: int, n: int, node_ms: float, tmp: Path) -> tuple[float, float, float]:
-    """(span from first claim to last done, runner RSS MiB, supervisor RSS MiB)."""
+def run_comfysup(k: int, n: int, node_ms: float, tmp: Path) -> tuple[float, float, float, dict[str, float]]:
+    """(mean span per server from its first claim to the last done, runner RSS MiB, supervisor RSS MiB, CPU
+    seconds by process kind)."""
     config = tmp / "config.toml"
     base_port = free_port()
     config.write_bytes(tomli_w.dumps({
@@ -100,7 +136,7 @@ def run_comfysup(k: int, n: int, node_ms: float, tmp: Path) -> tuple[float, floa
         "comfyui": {"main": str(ROOT / "fake_comfy" / "main.py"), "python": sys.executable, "gpus": f"cpu:{k}",
                     "base_port": base_port, "base_directory": str(tmp / "var" / "comfyui"),
                     "extra_args": ["--node-ms", str(node_ms)], "startup_seconds": 30.0},
-        "runner": {"jitter": False}}).encode())
+        "runner": {"jitter": False}, "metrics": {"listen": "127.0.0.1:0"}}).encode())
     jobs = tmp / "jobs.jsonl"
     jobs.write_text("".join(json.dumps({"id": str(uuid.uuid4()), "workflow": prompt(i, 3)}) + "\n"
                             for i in range(n)))
@@ -111,6 +147,7 @@ def run_comfysup(k: int, n: int, node_ms: float, tmp: Path) -> tuple[float, floa
                             stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
     db_path = tmp / "var" / "queue.db"
     runner_rss = supervisor_rss = 0.0
+    cpu: dict[str, float] = {}
     deadline = time.monotonic() + 30 + n * node_ms * NODES / 1000 * 3
     try:
         sup = psutil.Process(proc.pid)
@@ -120,7 +157,7 @@ def run_comfysup(k: int, n: int, node_ms: float, tmp: Path) -> tuple[float, floa
             try:
                 supervisor_rss = max(supervisor_rss, sup.memory_info().rss / 2**20)
                 for child in sup.children():
-                    if child.name().startswith("comfysup-"):
+                    if child.name().startswith("comfysup-") and not child.name().startswith("comfysup-monito"):
                         runner_rss = max(runner_rss, child.memory_info().rss / 2**20)
             except psutil.Error:
                 pass
@@ -129,6 +166,7 @@ def run_comfysup(k: int, n: int, node_ms: float, tmp: Path) -> tuple[float, floa
             time.sleep(0.1)
         else:
             raise SystemExit(f"comfysup run did not finish in time; see {tmp / 'supervisor.log'}")
+        cpu = cpu_by_kind(sup)
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)
@@ -145,9 +183,30 @@ def run_comfysup(k: int, n: int, node_ms: float, tmp: Path) -> tuple[float, floa
     with sqlite3.connect(db_path) as db:
         first, last, done = db.execute("SELECT min(a.started_at), max(j.finished_at), sum(j.state = 'done') "
                                        "FROM jobs j JOIN attempts a ON a.job_id = j.id").fetchone()
+        starts = dict(db.execute("SELECT server, min(started_at) FROM attempts GROUP BY server").fetchall())
     if done != n:
         raise SystemExit(f"only {done} of {n} jobs done")
-    return last - first, runner_rss, supervisor_rss
+    # Each server's span from its own first claim to the last done: the supervisor brings its K servers up
+    # one after another, and that start-up stagger (once per run) is not per-job overhead. A server that
+    # got no job at all counts from the first claim of any.
+    spans = [last - starts.get(f"cpu{i}", first) for i in range(k)]
+    return sum(spans) / k, runner_rss, supervisor_rss, cpu
+
+
+def cpu_by_kind(sup: psutil.Process) -> dict[str, float]:
+    """CPU seconds (user + system) so far of the supervisor, its runners and its monitor (servers excluded).
+    Start-up included: a few hundred ms each, spread over the run's jobs."""
+    out = {"supervisor": sum(sup.cpu_times()[:2]), "runners": 0.0, "monitor": 0.0}
+    for child in sup.children():
+        try:
+            name = child.name()
+            if name.startswith("comfysup-monito"):
+                out["monitor"] += sum(child.cpu_times()[:2])
+            elif name.startswith("comfysup-"):
+                out["runners"] += sum(child.cpu_times()[:2])
+        except psutil.Error:
+            continue
+    return out
 
 
 def main() -> None:
@@ -156,22 +215,27 @@ def main() -> None:
     parser.add_argument("--k", default="1,2,4", help="servers, comma-separated")
     parser.add_argument("--quick", action="store_true", help="about 4 s of ideal work a cell instead of 10")
     args = parser.parse_args()
-    print(f"comfysup run on K fake servers, prompts of T ms; {os.cpu_count()} CPUs; "
-          "efficiency = ideal N*T/K / actual")
+    load = os.getloadavg()
+    print(f"comfysup run on K fake servers, prompts of T ms; {os.cpu_count()} CPUs, load average {load[0]:.1f} "
+          f"{load[1]:.1f} {load[2]:.1f}; efficiency = ideal N*T/K / actual; CPU ms per job: bare client | "
+          "comfysup runners + supervisor + monitor")
     print(f"{'T ms':>6} {'K':>2} {'N':>5} {'ideal s':>8} {'bare s':>8} {'comfysup s':>10} {'eff bare':>9} "
-          f"{'eff comfysup':>12} {'overhead ms/job':>16} {'runner MiB':>10} {'superv. MiB':>11}")
+          f"{'eff comfysup':>12} {'overhead ms/job':>16} {'CPU bare':>8} {'CPU ours':>17} {'runner MiB':>10} "
+          f"{'superv. MiB':>11}")
     for t_ms in (float(x) for x in args.t_ms.split(",")):
         for k in (int(x) for x in args.k.split(",")):
             n = jobs_for(t_ms, k, args.quick)
             with tempfile.TemporaryDirectory(prefix="comfysup-e2e-") as name:
                 tmp = Path(name)
                 node_ms = t_ms / NODES
-                bare = run_bare(k, n, node_ms, tmp)
-                ours, runner_mib, sup_mib = run_comfysup(k, n, node_ms, tmp)
+                bare, bare_cpu = run_bare(k, n, node_ms, tmp)
+                ours, runner_mib, sup_mib, cpu = run_comfysup(k, n, node_ms, tmp)
             ideal = n * t_ms / 1000 / k
             overhead = (ours - bare) / n * k * 1000  # per job, on its server's timeline
+            ours_cpu = "+".join(f"{cpu[kind] / n * 1000:.1f}" for kind in ("runners", "supervisor", "monitor"))
             print(f"{t_ms:>6.0f} {k:>2} {n:>5} {ideal:>8.2f} {bare:>8.2f} {ours:>10.2f} {ideal / bare:>9.3f} "
-                  f"{ideal / ours:>12.3f} {overhead:>16.2f} {runner_mib:>10.1f} {sup_mib:>11.1f}", flush=True)
+                  f"{ideal / ours:>12.3f} {overhead:>16.2f} {bare_cpu / n * 1000:>8.1f} {ours_cpu:>17} "
+                  f"{runner_mib:>10.1f} {sup_mib:>11.1f}", flush=True)
 
 
 if __name__ == "__main__":

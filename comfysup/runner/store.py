@@ -68,7 +68,11 @@ class ResultStore:
         if not self.root.exists():
             self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
         folder = self.job_dir(job_id)
-        folder.mkdir(mode=0o700, exist_ok=True)
+        try:
+            folder.mkdir(mode=0o700)
+            return folder  # just made: nothing left over (a scan saved on every job's first attempt)
+        except FileExistsError:
+            pass
         for leftover in sorted(folder.rglob("*"), key=lambda p: len(p.parts), reverse=True):
             with contextlib.suppress(OSError):
                 if leftover.is_dir() and not leftover.is_symlink():
