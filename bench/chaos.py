@@ -55,7 +55,7 @@ ROWS = [
     Row("K2", "kill -9 the supervisor, start it again", scenarios.k2_supervisor_kills, {"kills": 100}, ("kills",)),
     Row("K3", "kill -9 a ComfyUI server mid-prompt", scenarios.k3_server_kills, {"jobs": 600, "kills": 200},
         ("jobs", "kills")),
-    Row("K4", "kill -9 comfysup submit mid-file (2,000-line files)", scenarios.k4_submit_kills,
+    Row("K4", "kill -9 comfysup submit mid-file", scenarios.k4_submit_kills,
         {"kills": 200, "lines": 2000}, ("kills",)),
     Row("K5", "kill -9 a runner between ComfyUI's success and the done record", scenarios.k5_kill_after_success,
         {"jobs": 400, "kills": 200}, ("jobs", "kills")),

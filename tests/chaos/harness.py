@@ -190,16 +190,21 @@ class ChaosRun(Supervised):
         """What a person sees (status, results, show of every dead job and a sample of the others): the
         secret search reads these."""
         self.outputs["status"] = self.command("status")[1]
-        metrics = (self.state() or {}).get("metrics_url")
-        if metrics:  # the supervisor's status and metrics endpoint, where it has one
-            with contextlib.suppress(requests.RequestException):
-                self.outputs["metrics"] = requests.get(f"{metrics.rstrip('/')}/metrics", timeout=5).text
         self.outputs["results --csv"] = self.command("results", "--csv")[1]
         dead = [r[0] for r in self.sql("SELECT id FROM jobs WHERE state = 'dead'")]
         sample = [r[0] for r in self.sql(f"SELECT id FROM jobs WHERE state != 'dead' LIMIT {SHOW_SAMPLE}")]
         for job_id in dead + sample:
             self.outputs[f"show {job_id}"] = self.command("show", job_id, "--workflow")[1]
             self.outputs[f"show --json {job_id}"] = self.command("show", job_id, "--json")[1]
+
+    def capture_metrics(self) -> None:
+        """The supervisor's status page and /metrics, while it still serves them (secrets are searched)."""
+        url = (self.state() or {}).get("metrics_url")
+        if not url:
+            return
+        for page in ("metrics", ""):
+            with contextlib.suppress(requests.RequestException):
+                self.outputs[f"GET /{page}"] = requests.get(f"{url.rstrip('/')}/{page}", timeout=5).text
 
     def finish(self, proc: subprocess.Popen[bytes] | None, *, drain_seconds: float = 120.0) -> Report:
         """Drain, stop the supervisor (SIGTERM: it must exit 0), then check everything the run left.
@@ -211,6 +216,7 @@ class ChaosRun(Supervised):
                 self.drain(proc, drain_seconds)
             except AssertionError as exc:  # the checker still runs: it says which jobs never ended
                 stuck = str(exc).splitlines()[0]
+            self.capture_metrics()
             self.figures["supervisor_exit"] = self.stop(proc) if proc.poll() is None else proc.returncode
         self.capture_outputs()
         evidence = self.evidence()
