@@ -64,7 +64,7 @@ def test_k5_runner_killed_between_success_and_the_done_record(tmp_path: Path, ch
     verdict(report)
     landed = report.figures["kills_before_the_done_record"]
     assert landed >= 1, "no kill landed between the success and the done record"
-    assert report.figures["adopted"] >= landed and report.executions == 20
+    assert report.figures["adopted"] >= landed and report.executions == report.jobs  # each job once
 
 
 @pytest.mark.timeout(120)
