@@ -7,6 +7,7 @@ the fake), so a change that brings a cost back makes it fail; nothing here is ti
 from __future__ import annotations
 
 import copy
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -48,8 +49,10 @@ class Counts:
 
 
 @pytest.mark.timeout(60)
-def test_consecutive_jobs_share_a_socket_a_transaction_each_and_no_queue_check(tmp_path: Path, fake: FakeComfy,
-                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_next_job_is_posted_before_the_last_ones_files_are_recorded(tmp_path: Path, fake: FakeComfy,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The handoff: when a prompt succeeded and the server said its queue is empty, the next job is claimed and
+    posted at once, and the finished one is downloaded and recorded while the server runs it."""
     counts = Counts(monkeypatch)
     for cls, name in ((EventStream, "connect"), (ComfyClient, "queue"), (ComfyClient, "history"),
                       (SQLiteQueue, "claim"), (SQLiteQueue, "complete"), (SQLiteQueue, "complete_and_claim")):
@@ -57,15 +60,39 @@ def test_consecutive_jobs_share_a_socket_a_transaction_each_and_no_queue_check(t
     config = write_config(tmp_path)
     queue = submit(config, [trivial_job(n) for n in range(1, 7)])
     Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
-    assert [j.state for j in queue.iter_jobs()] == ["done"] * 6
-    assert all(p["executed"] == 1 for p in fake.stats()["prompts"].values())
+    jobs = list(queue.iter_jobs())
+    assert [j.state for j in jobs] == ["done"] * 6
+    assert all(p["posted"] == p["executed"] == 1 for p in fake.stats()["prompts"].values())
+    assert fake.stats()["order"] == [job_id(n) for n in range(1, 7)]
+    for before, after in itertools.pairwise(jobs):
+        assert after.attempts[0].started_at < before.finished_at  # claimed (and posted) before the last was done
+        assert after.last_server == "cpu0" and after.attempts[0].prompt_number is not None
     assert counts["connect"] == 1  # one socket for all six prompts
-    # Each done claims the next in the same transaction; the last finds nothing left to claim.
-    assert counts["complete_and_claim"] == 6 and counts["complete"] == 0
-    assert counts["claim"] == 2  # the first job, and the empty queue at the end
+    # Claims: the first, one handoff after each job (the sixth finds none), and the empty queue at the end;
+    # the last done still tries to take a job in its own transaction.
+    assert counts["claim"] == 8 and counts["complete"] == 5 and counts["complete_and_claim"] == 1
     # The server's own status broadcast said it was free: GET /queue only before the first and last claims.
     assert counts["queue"] == 2
     assert counts["history"] == 6  # read once, when ComfyUI says the run ended, not at execution_success
+    queue.close()
+
+
+@pytest.mark.timeout(60)
+def test_without_a_handoff_the_done_and_the_next_claim_are_one_transaction(
+        tmp_path: Path, fake: FakeComfy, monkeypatch: pytest.MonkeyPatch) -> None:
+    counts = Counts(monkeypatch)
+    for cls, name in ((ComfyClient, "queue"), (SQLiteQueue, "claim"), (SQLiteQueue, "complete"),
+                      (SQLiteQueue, "complete_and_claim")):
+        counts.watch(cls, name)
+    monkeypatch.setattr(Runner, "_handoff", lambda self: None)  # as when the server's queue was not empty
+    config = write_config(tmp_path)
+    queue = submit(config, [trivial_job(n) for n in range(1, 7)])
+    Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
+    assert [j.state for j in queue.iter_jobs()] == ["done"] * 6
+    assert all(p["executed"] == 1 for p in fake.stats()["prompts"].values())
+    assert counts["complete_and_claim"] == 6 and counts["complete"] == 0  # the sixth finds nothing left
+    assert counts["claim"] == 2  # the first job, and the empty queue at the end
+    assert counts["queue"] == 2
     queue.close()
 
 
@@ -114,6 +141,7 @@ def test_a_runner_keeps_to_the_model_its_server_has_loaded(tmp_path: Path, fake:
 @pytest.mark.timeout(60)
 def test_a_job_claimed_with_the_last_done_goes_back_uncounted_when_the_runner_stops(
         tmp_path: Path, fake: FakeComfy, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(Runner, "_handoff", lambda self: None)  # the job comes with the done, not before it
     config = write_config(tmp_path)
     queue = submit(config, [trivial_job(1), trivial_job(2)])
     runner = Runner(config_of(config), "cpu0", fake.url, until_empty=True)
@@ -131,4 +159,59 @@ def test_a_job_claimed_with_the_last_done_goes_back_uncounted_when_the_runner_st
     assert (second.state, second.attempt) == ("queued", 0)
     assert [a.outcome for a in second.attempts] == ["released_uncounted"]
     assert job_id(2) not in fake.stats()["prompts"]  # never posted
+    queue.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_job_handed_off_before_a_stop_is_followed_to_its_end(tmp_path: Path, fake: FakeComfy,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Already on the server when the stop came: it runs within the grace like any running job, and is not
+    left running there without an owner, nor put back in the queue while it runs."""
+    config = write_config(tmp_path)
+    queue = submit(config, [trivial_job(n) for n in range(1, 4)])
+    runner = Runner(config_of(config), "cpu0", fake.url, until_empty=True)
+    original = Runner._handoff
+
+    def then_stop(self: Runner) -> Any:
+        claim = original(self)
+        self.state.stopping = True  # SIGTERM right after the handoff claimed job 2
+        return claim
+
+    monkeypatch.setattr(Runner, "_handoff", then_stop)
+    runner.run()
+    assert [queue.get(job_id(n)).state for n in (1, 2, 3)] == ["done", "done", "queued"]
+    assert fake.stats()["order"] == [job_id(1), job_id(2)]
+    queue.close()
+
+
+class Killed(BaseException):
+    """The runner process dies here (a kill -9 in the middle of a download)."""
+
+
+@pytest.mark.timeout(60)
+def test_a_runner_killed_after_a_handoff_leaves_both_jobs_to_be_adopted_not_rerun(
+        tmp_path: Path, fake: FakeComfy, monkeypatch: pytest.MonkeyPatch) -> None:
+    from comfysup.runner.store import ResultStore
+
+    config = write_config(tmp_path)
+    queue = submit(config, [trivial_job(1), trivial_job(2)])
+    runner = Runner(config_of(config), "cpu0", fake.url, until_empty=True)
+    original = ResultStore.write
+
+    def die(self: ResultStore, job: str, *args: Any, **kwargs: Any) -> Any:
+        if job == job_id(1):
+            raise Killed  # job 2 was claimed and posted a moment ago; job 1 is not recorded
+        return original(self, job, *args, **kwargs)
+
+    monkeypatch.setattr(ResultStore, "write", die)
+    with pytest.raises(Killed):
+        runner.run()
+    assert queue.get(job_id(2)).last_server == "cpu0"  # its number was recorded with the handoff
+    assert sorted(queue.release_owner(runner.owner, "runner process died")) == [job_id(1), job_id(2)]
+    monkeypatch.setattr(ResultStore, "write", original)
+    Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
+    for n in (1, 2):
+        job = queue.get(job_id(n))
+        assert (job.state, job.attempt) == ("done", 2)
+        assert fake.stats()["prompts"][job_id(n)]["posted"] == fake.stats()["prompts"][job_id(n)]["executed"] == 1
     queue.close()

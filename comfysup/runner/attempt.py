@@ -89,6 +89,22 @@ Chain = Callable[[Outcome], dict[str, Any] | None]
 """Asked just before a done is recorded: the arguments of the next claim (owner, server, lease_seconds,
 prefer_model, max_wait_seconds) to make in the same transaction, or None to record the done alone."""
 
+Handoff = Callable[[], Claim | None]
+"""Asked as soon as this attempt's prompt has succeeded and the server said its queue is empty, before the
+outputs are downloaded: the next job, claimed (durably) for this server, or None to go on as usual."""
+
+
+@dataclass(frozen=True)
+class Posted:
+    """The next job's prompt, posted by the previous attempt the moment its own run ended: where the next
+    attempt starts instead of posting (``error``: what the post raised, the next attempt's failure)."""
+
+    claim_id: str
+    claimed_at: float
+    posted_at: float
+    number: int | None = None
+    error: ComfyError | None = None
+
 
 class _Stop(Exception):
     """The attempt must end now with this outcome (raised from deep in the follow loop)."""
@@ -154,20 +170,28 @@ class AttemptRunner:
 
     # -- the attempt ------------------------------------------------------------------------------------
 
-    def run(self, claim: Claim, chain: Chain | None = None) -> Outcome:
+    def run(self, claim: Claim, chain: Chain | None = None, handoff: Handoff | None = None,
+            posted: Posted | None = None) -> Outcome:
         """Run the attempt and record its outcome; LeaseLost at any point means: stop, write nothing.
 
-        With ``chain``, a done is recorded together with the next claim (``next_claim`` afterwards): one
-        transaction, one fsync, and no second trip to the queue while the server waits.
+        The server idles from the end of one prompt to the start of the next, so the next job is started
+        as early as it safely can be (``next_claim`` afterwards):
+        - ``handoff``: when the prompt succeeded and the server's broadcast said its queue is empty, the
+          next job is claimed and posted at once, and this job's outputs are downloaded and recorded while
+          the server runs it (``posted_out``: what the next attempt is given as ``posted``);
+        - ``chain``: otherwise a done is recorded together with the next claim, in one transaction.
         """
         self.claim = claim
         self.chain = chain
+        self.handoff = handoff
+        self.posted_in = posted if posted is not None and posted.claim_id == claim.id else None
+        self.posted_out: Posted | None = None
         self.next_claim: Claim | None = None
         self.redact = Redactor.for_job(claim.workflow, claim.extra_data)
         self.deadline = self.clock() + self.s.timeout_seconds
         self.next_heartbeat = self.clock() + self.s.heartbeat_seconds
         self.cancel_requested = claim.cancel_requested
-        self.trace = Trace.start(claim.workflow, self.wall())
+        self.trace = Trace.start(claim.workflow, self.posted_in.claimed_at if self.posted_in else self.wall())
         self.progress_written_at = float("-inf")
         self.live: _Run | None = None
         """The prompt of this job known to be on a server (posted or followed), to stop if the queue goes."""
@@ -190,7 +214,7 @@ class AttemptRunner:
         self.trace.phase("recorded", self.wall())
         trace = self.trace.as_dict()
         if o.state == "done":
-            more = self.chain(o) if self.chain is not None else None
+            more = self.chain(o) if self.chain is not None and self.next_claim is None else None
             if more is not None:
                 self.next_claim = self.queue.complete_and_claim(self.claim, o.outputs, trace=trace, **more)
             else:
@@ -226,6 +250,8 @@ class AttemptRunner:
                     return Outcome("dead", gave_up(self.claim.attempt - 1, self.claim.last_reason), kind="gave_up")
                 run = self._post()
             entry = self._follow(run)
+            if self.handoff is not None and run.end_seen and run.queue_remaining == 0 and run.client is self.client:
+                self._hand_off()
             outputs = self._download(run, entry)
             return Outcome("done", kind="done", outputs=outputs, adopted=run.adopted_entry is not None,
                            server_free=run.end_seen and run.queue_remaining == 0 and run.client is self.client)
@@ -295,6 +321,13 @@ class AttemptRunner:
     # -- 2. post ----------------------------------------------------------------------------------------
 
     def _post(self) -> _Run:
+        if self.posted_in is not None:  # posted by the previous attempt as its own run ended
+            posted, self.posted_in = self.posted_in, None
+            if posted.error is not None:
+                raise posted.error
+            self.trace.phase("posted", posted.posted_at)
+            self.live = _Run(self.client, self.s.server, posted.number, stream=self.client.own_stream(drain=False))
+            return self.live
         # The kept socket, emptied of what earlier prompts left in it; a job posted again gets a new client
         # id, so no message of its earlier run can be read as one of this run.
         stream = self.client.own_stream(fresh=self.claim.attempt > 1)
@@ -306,6 +339,43 @@ class AttemptRunner:
         self.live = _Run(self.client, self.s.server, number, stream=stream)
         self.queue.record_prompt(self.claim, self.s.server, number)
         return self.live
+
+    def _hand_off(self) -> None:
+        """Claim the next job and post it now, before this one's outputs are downloaded and recorded: the
+        server runs it meanwhile instead of waiting. As in an attempt's own post, the claim is durable
+        before the prompt is posted and its number is recorded right after; a job that may have an earlier
+        run somewhere is claimed here but posted by its own attempt, which looks for that run first."""
+        claimed_at = self.wall()
+        nxt = self.handoff() if self.handoff is not None else None
+        if nxt is None:
+            return
+        self.next_claim = nxt
+        if nxt.attempt != 1 or nxt.last_server is not None or nxt.cancel_requested:
+            return
+        try:
+            stream = self.client.own_stream()
+        except ComfyError:
+            return  # nothing was posted: the next attempt posts it
+        try:
+            number = self.client.post_prompt(nxt.workflow, nxt.id, stream.client_id, nxt.extra_data)
+        except ComfyError as exc:
+            self.posted_out = Posted(nxt.id, claimed_at, self.wall(), error=exc)
+            return
+        self.posted_out = Posted(nxt.id, claimed_at, self.wall(), number=number)
+        log.info("job %s attempt %d on %s: POST /prompt 200 (while job %s is downloaded)", nxt.id[:8], nxt.attempt,
+                 self.s.server, self.claim.id[:8], extra={"event": "posted"})
+        try:
+            self.queue.record_prompt(nxt, self.s.server, number)
+        except LeaseLost:
+            self._drop_next()
+
+    def _drop_next(self) -> None:
+        """The next job's lease is gone (another runner may hold it now): its prompt must not run here."""
+        nxt, posted = self.next_claim, self.posted_out
+        self.next_claim = self.posted_out = None
+        if nxt is not None and posted is not None and posted.number is not None:
+            log.warning("job %s: lost its lease before its attempt began; interrupting its prompt", nxt.id[:8])
+            self._interrupt(_Run(self.client, self.s.server, posted.number), prompt_id=nxt.id)
 
     # -- 3. follow --------------------------------------------------------------------------------------
 
@@ -345,6 +415,11 @@ class AttemptRunner:
         self._write_progress()
         if now >= self.next_heartbeat:
             self.next_heartbeat = now + self.s.heartbeat_seconds
+            if self.next_claim is not None:  # handed off, running on the server while this one downloads
+                try:
+                    self.queue.heartbeat(self.next_claim, self.s.lease_seconds)
+                except LeaseLost:
+                    self._drop_next()
             if self.queue.heartbeat(self.claim, self.s.lease_seconds):
                 self._interrupt(run)
                 raise _Stop(Outcome("cancelled", "cancelled by user", kind="cancelled"))
@@ -438,21 +513,22 @@ class AttemptRunner:
 
     # -- 4. interrupt -----------------------------------------------------------------------------------
 
-    def _interrupt(self, run: _Run | None, renew: bool = True) -> None:
-        """Interrupt our prompt, delete it from the queue, and wait until it has left /queue (renewing the
-        lease on the way, unless the queue is what failed)."""
+    def _interrupt(self, run: _Run | None, renew: bool = True, prompt_id: str | None = None) -> None:
+        """Interrupt our prompt (this job's, or ``prompt_id``), delete it from the queue, and wait until it
+        has left /queue (renewing the lease on the way, unless the queue is what failed)."""
         if run is None:
             return
         run.interrupt_asked = True
+        target = prompt_id or self.claim.id
         until = self.clock() + self.s.leave_queue_seconds
         try:
-            run.client.interrupt(self.claim.id)
-            run.client.delete_queued([self.claim.id])
+            run.client.interrupt(target)
+            run.client.delete_queued([target])
         except ServerUnavailable:
             return
         while self.clock() < until:
             try:
-                if not any(e.prompt_id == self.claim.id for e in run.client.queue()):
+                if not any(e.prompt_id == target for e in run.client.queue()):
                     return
             except ServerUnavailable:
                 return
@@ -462,7 +538,7 @@ class AttemptRunner:
                 self.queue.heartbeat(self.claim, self.s.lease_seconds)
             time.sleep(0.05)
         log.warning("job %s: prompt still in %s's queue %g s after the interrupt; the next attempt follows it "
-                    "there", self.claim.id[:8], run.server, self.s.leave_queue_seconds)
+                    "there", target[:8], run.server, self.s.leave_queue_seconds)
 
     # -- 5. download ------------------------------------------------------------------------------------
 

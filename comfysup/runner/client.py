@@ -195,15 +195,17 @@ class ComfyClient:
     def events(self, client_id: str) -> EventStream:
         return EventStream(self.url, client_id, self.timeout_seconds)
 
-    def own_stream(self, fresh: bool = False) -> EventStream:
+    def own_stream(self, fresh: bool = False, drain: bool = True) -> EventStream:
         """This client's kept socket, connected: one per runner, reused for every prompt it posts, so a job
         does not pay a WebSocket handshake. ``fresh``: a new client id first (a job posted again, whose
-        earlier run's messages must not be taken for this run's)."""
+        earlier run's messages must not be taken for this run's). ``drain``: empty it of what earlier
+        prompts left (before posting; never after, when the messages are the new prompt's)."""
         if self.stream is None or fresh:
             if self.stream is not None:
                 self.stream.close()
             self.stream = self.events(new_client_id())
-        self.stream.drain()
+        if drain:
+            self.stream.drain()
         if self.stream.ws is None:
             self.stream.connect()
         return self.stream

@@ -4,9 +4,12 @@ A runner blocks on its server. It claims only while the server answers and holds
 ``max_queue`` prompts of other clients, so several runners pulling from one queue make a
 "least loaded server" scheduler with no scheduler. Signals only set flags; the loop acts on them.
 
-Between two jobs the server waits, so that stretch is kept short (issue 7): a job done and the next one
-claimed are one transaction (``Queue.complete_and_claim``), the server's own ``status`` broadcast stands in
-for a GET /queue when it said the queue was empty, and the claim prefers the model the server ran last.
+Between two jobs the server waits, so that stretch is kept short (issue 7). When a prompt has succeeded
+and the server's own ``status`` broadcast said its queue is empty, the next job is claimed and posted at
+once and the finished one's files are downloaded and recorded while the server runs it (the handoff).
+Otherwise the next claim rides in the transaction that records the done (``Queue.complete_and_claim``).
+Either way the claim prefers the model the server ran last, and no GET /queue is asked when the broadcast
+already answered it.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from comfysup.logs import bind, job_context
 from comfysup.queue import open_queue
 from comfysup.queue.base import Claim, Queue, host_name
 from comfysup.redact import Redactor, bound
-from comfysup.runner.attempt import AttemptRunner, AttemptSettings, Outcome
+from comfysup.runner.attempt import AttemptRunner, AttemptSettings, Outcome, Posted
 from comfysup.runner.client import CLIENT_PREFIX, ServerUnavailable
 from comfysup.runner.retry import RetryPolicy
 from comfysup.runner.store import ResultStore
@@ -103,6 +106,8 @@ class Runner:
         self.last_model: str | None = None
         """The model key of what this runner's server ran last (None: unknown, or unloaded since)."""
         self._counted: str | None = None
+        self._posted: Posted | None = None
+        """The next job's prompt, posted by the last attempt's handoff."""
 
     # -- signals --------------------------------------------------------------------------------------
 
@@ -148,6 +153,10 @@ class Runner:
                     self.queue.wait_for_work(self.idle_seconds)
                     continue
                 claim = self.run_one(claim)
+            while claim is not None and self._posted is not None and self._posted.claim_id == claim.id:
+                # Stopping with a job already posted by a handoff: its attempt follows it through the grace
+                # and interrupts it after, as any running job; left alone it would run here unowned.
+                claim = self.run_one(claim)
             if claim is not None:  # stopping with a job claimed and not started: give it back, uncounted
                 with contextlib.suppress(QueueError):
                     self.queue.release(claim, "the runner stopped before starting it", count_attempt=False,
@@ -190,7 +199,9 @@ class Runner:
         with job_context(claim.id, claim.attempt, Redactor.for_job(claim.workflow, claim.extra_data)):
             self.on_job(claim, None)
             self._counted = None
-            outcome = self.attempts.run(claim, chain=self._chain)
+            posted, self._posted = self._posted, None
+            outcome = self.attempts.run(claim, chain=self._chain, handoff=self._handoff, posted=posted)
+            self._posted = self.attempts.posted_out
             self.state.counts[outcome.state] += 1
             if self._counted != claim.id:
                 self.on_job(claim, outcome)
@@ -211,15 +222,31 @@ class Runner:
             return None
         return claim.model_key
 
+    def _handoff(self) -> Claim | None:
+        """The next job, claimed while the last prompt's files are still to be downloaded (see
+        AttemptRunner.run); the attempt is counted first, as in ``_chain``."""
+        claim = self.attempts.claim
+        self._count(claim, Outcome("done", kind="done"))
+        if self.state.stopping or not self.may_claim():
+            return None
+        return self.queue.claim(self.owner, self.server, self.config.runner.lease_seconds,
+                                prefer_model=claim.model_key,
+                                max_wait_seconds=self.config.runner.affinity_max_wait_seconds)
+
+    def _count(self, claim: Claim, outcome: Outcome) -> None:
+        """The attempt is over on the server: counted before the next claim is considered (a supervisor
+        recycling after N jobs must see this one before it answers may_claim), and only once."""
+        if self._counted != claim.id:
+            self.on_job(claim, outcome)
+            self._counted = claim.id
+
     def _chain(self, outcome: Outcome) -> dict[str, Any] | None:
         """Whether to claim the next job in the transaction that records this done (see AttemptRunner.run).
 
-        The attempt is over on the server, so it is counted first (a supervisor recycling after N jobs
-        must see this one before it answers may_claim). The server is free when its own broadcast said
-        so; otherwise GET /queue decides, as before any claim."""
+        The server is free when its own broadcast said so; otherwise GET /queue decides, as before any
+        claim."""
         claim = self.attempts.claim
-        self.on_job(claim, outcome)
-        self._counted = claim.id
+        self._count(claim, outcome)
         if self.state.stopping or not self.may_claim():
             return None
         if not outcome.server_free and not self._server_free():
