@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -51,6 +52,10 @@ BUILTIN_OTHER_NODES = frozenset({
 })
 
 
+_CANONICAL_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+"""Exactly the strings ``str(uuid.UUID(s)) == s`` accepts: checked first, uuid only to explain a refusal."""
+
+
 class JobLineError(ValueError):
     """One line of a jobs file is invalid; the message is the reason a person reads."""
 
@@ -78,6 +83,8 @@ class Validation:
 
 def canonical_id(value: Any) -> str:
     """The id must be a lowercase hyphenated UUID exactly: it becomes ComfyUI's prompt id."""
+    if isinstance(value, str) and _CANONICAL_UUID.fullmatch(value):
+        return value
     if not isinstance(value, str):
         raise JobLineError(f"id {value!r} is not a string; expected a lowercase hyphenated UUID like "
                            f"{uuid.UUID(int=0)}")
@@ -96,9 +103,18 @@ def _reject_constant(name: str) -> Any:
     raise JobLineError(f"{name} is not valid JSON; use null or a number")
 
 
+_STRICT = json.JSONDecoder(parse_constant=_reject_constant)
+"""One decoder for every line: json.loads with an argument builds a new one per call."""
+
+
 def loads_strict(text: str | bytes) -> Any:
     """JSON without NaN or Infinity, which ComfyUI's own JSON handling would not round-trip."""
-    return json.loads(text, parse_constant=_reject_constant)
+    if isinstance(text, bytes | bytearray):
+        try:
+            text = text.decode("utf-8-sig")  # a BOM, as json.loads of bytes accepts (editors on Windows)
+        except UnicodeDecodeError:
+            return json.loads(text, parse_constant=_reject_constant)  # its error, for the message
+    return _STRICT.decode(text)
 
 
 class ObjectInfo:
@@ -156,6 +172,29 @@ class Template:
         """What the queue stores once for every line of this file: the workflow before any ``set``."""
         self.stored_hash = content_hash(self.stored)
         self._model_key = model_key(workflow) or ""
+        self.index = {k: i for i, k in enumerate(self.order)}
+        self._keys = {k: f"{_canonical(k)}:" for k in self.order}
+        self._parts = [self.node_text[k].encode() for k in self.order]
+        # sha256 states of the text so far before each node: a line's spec hash starts from the state before
+        # the first node its set changes, rather than hashing the whole (10 KB) text again for every line.
+        digest = hashlib.sha256(b"{")
+        self._states = []
+        for i, part in enumerate(self._parts):
+            self._states.append(digest.copy())
+            digest.update(part if i == len(self._parts) - 1 else part + b",")
+        self._states.append(digest)
+
+    def hasher(self, changed: dict[str, Any]) -> Any:
+        """sha256 fed with exactly ``text(changed)``, mostly from a saved state (see ``__init__``)."""
+        first = min((self.index[k] for k in changed), default=len(self._parts))
+        digest = self._states[first].copy()
+        last = len(self._parts) - 1
+        for i in range(first, len(self._parts)):
+            key = self.order[i]
+            part = (self._keys[key] + _canonical(changed[key])).encode() if key in changed else self._parts[i]
+            digest.update(part if i == last else part + b",")
+        digest.update(b"}")
+        return digest
 
     def model_key(self, changed: dict[str, Any]) -> str:
         """The model key of the template with ``changed`` nodes: the template's, unless a loader changed."""
@@ -355,17 +394,17 @@ class JobsFile:
                 result.problems.append(Problem(number, f"the file has more than {MAX_LINES:,} lines; split it"))
                 break
             try:
-                job, warnings = self.parse(raw, check=True)
+                job_id, warnings = self._parse(raw, check=True, build=False)
             except JobLineError as exc:
                 result.problems.append(Problem(number, str(exc)))
                 continue
             result.count += 1
             result.warnings += [Problem(number, w, warning=True) for w in warnings]
-            first = result.lines_by_id.get(job.id)
+            first = result.lines_by_id.get(job_id)
             if first is not None:
-                result.problems.append(Problem(number, f"id {job.id} appears twice (first on line {first})"))
+                result.problems.append(Problem(number, f"id {job_id} appears twice (first on line {first})"))
             else:
-                result.lines_by_id[job.id] = number
+                result.lines_by_id[job_id] = number
         return result
 
     def jobs(self) -> Iterator[NewJob]:
@@ -375,6 +414,12 @@ class JobsFile:
                 yield self.parse(raw, check=False)[0]
 
     def parse(self, raw: bytes, *, check: bool) -> tuple[NewJob, list[str]]:
+        """One line as a job (with ``check``, the graph checks too) and its warnings; JobLineError if bad."""
+        return self._parse(raw, check=check, build=True)
+
+    def _parse(self, raw: bytes, *, check: bool, build: bool) -> tuple[Any, list[str]]:
+        """The line's checks; with ``build`` the NewJob (its hashes, model key), else only its id. The first
+        pass over a file needs no hash: 100,000 lines of a 10 KB workflow are a gigabyte to hash."""
         if len(raw) > MAX_LINE_BYTES:
             raise JobLineError(f"the line is larger than {MAX_LINE_BYTES // 2**20} MiB")
         try:
@@ -404,29 +449,36 @@ class JobsFile:
         params = line.get("set", {})
         if not isinstance(params, dict):
             raise JobLineError(f"set must be an object of \"<node>.<input>\": value, not {type(params).__name__}")
+        callback = check_callback_url(line.get("callback_url", ""))
         value = line.get("workflow")
         if isinstance(value, str):
             template = self._template(value)
             changed = apply_set(template.workflow, params, self.object_info)
             workflow, name = {**template.workflow, **changed}, template.name
-            text = template.text(changed)
             warnings = template.check(workflow, params, self.object_info) if check else []
+            if not build:
+                return job_id, warnings
+            # The text ComfyUI would be given is never stored (the template is, with the set): only its hash
+            # is needed, and it starts from the template's saved state.
+            text, digest = "", template.hasher(changed)
             stored, stored_hash, key = template.stored, template.stored_hash, template.model_key(changed)
         else:
             inline, name = self._inline(value), "inline"
             workflow = {**inline, **apply_set(inline, params, self.object_info)}
-            text = _canonical(workflow)
             warnings = check_graph(workflow, self.object_info) if check else []
+            if not build:
+                return job_id, warnings
+            text = _canonical(workflow)
+            digest = hashlib.sha256(text.encode())
             # Stored before its `set`, so lines that share an inline workflow share one stored copy.
             stored = _canonical(inline) if params else text
             stored_hash, key = content_hash(stored), model_key(workflow) or ""
         meta = line.get("meta", {})
         extra = line.get("extra_data", {})
-        callback = check_callback_url(line.get("callback_url", ""))
-        digest = hashlib.sha256()
-        # The callback joins the hash only when given, so the ids of every file without one keep their hash.
-        for part in (text, json.dumps(extra, sort_keys=True), json.dumps(meta, sort_keys=True), str(priority),
-                     *([callback] if callback else [])):
+        # The spec hash: the applied workflow's text, then these. The callback joins only when given, so the
+        # ids of every file without one keep their hash.
+        digest.update(b"\0")
+        for part in (_sorted_json(extra), _sorted_json(meta), str(priority), *([callback] if callback else [])):
             digest.update(part.encode())
             digest.update(b"\0")
         if isinstance(meta.get("kind"), str) and meta["kind"]:
@@ -452,6 +504,11 @@ class JobsFile:
             raise JobLineError("workflow is missing: give a path relative to the jobs file, or an API-format "
                                "object")
         raise JobLineError(f"workflow must be a path or an API-format object, not {type(value).__name__}")
+
+
+def _sorted_json(value: dict[str, Any]) -> str:
+    """json.dumps(value, sort_keys=True), without encoding the empty object most lines have."""
+    return json.dumps(value, sort_keys=True) if value else "{}"
 
 
 def format_problems(label: str, problems: list[Problem], limit: int = MAX_PROBLEMS_SHOWN) -> list[str]:

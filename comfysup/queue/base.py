@@ -86,7 +86,8 @@ class NewJob:
     """The job's ``set`` overrides, kept to show and to tabulate results by."""
     workflow_name: str = ""
     workflow_json: str = ""
-    """The workflow serialised once at submit, so it is not parsed and dumped again on every claim."""
+    """The workflow's canonical text, stored when no ``template_json`` is given (comfysup submit gives one and
+    leaves this empty: the text is never built, only hashed into ``spec_hash``)."""
     callback_url: str = ""
     """Where to POST the job's record when it is terminal; empty: the config's [webhooks] url, if any."""
     template_json: str = ""
