@@ -202,9 +202,7 @@ def two_machines(tmp: Path, seed: int, url: str, *, jobs: int, node_ms: float = 
             return a.terminal() >= kill_at * jobs and a.executing()
 
         wait_for(time_to_kill, 60 + jobs * 0.2, "machine-a mid-prompt after a share of the jobs", a.describe)
-        held = a.held()
         children = a.kill_supervisor(procs[a.host])
-        figures.update(held_at_kill=len(held), done_at_kill=a.terminal(), killed_pids=len(children) + 1)
         try:
             wait_for(a.all_gone, 5, "machine-a's servers and runners to die with its supervisor")
             figures["strays"] = 0
@@ -213,6 +211,10 @@ def two_machines(tmp: Path, seed: int, url: str, *, jobs: int, node_ms: float = 
             for pid in a.strays():
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
+        # Read after every process of machine-a is gone: a job it finished between a read before the kill
+        # and the kill itself is done, and no other machine will (or should) take it on.
+        held = a.held()
+        figures.update(held_at_kill=len(held), done_at_kill=a.terminal(), killed_pids=len(children) + 1)
         if handover and held:
             def handed_on() -> bool:
                 assert procs[b.host].poll() is None, f"machine-b exited\n{b.describe()}"
