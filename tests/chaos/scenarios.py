@@ -469,7 +469,7 @@ class _Locker:
         self.conn.close()
 
 
-def z2_lock_past_the_lease(tmp: Path, seed: int, *, locks: int, jobs: int, node_ms: float = 80.0) -> Report:
+def z2_lock_past_the_lease(tmp: Path, seed: int, *, locks: int, jobs: int, node_ms: float = 500.0) -> Report:
     """The write lock held past the lease (and past the busy timeout): heartbeats fail, the attempt
     interrupts its prompt and stops without writing; when the lock goes, leases expire and the jobs come
     back. Nothing lost; each re-run matched to the lock."""
