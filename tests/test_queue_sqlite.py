@@ -330,3 +330,66 @@ def test_a_version_4_database_keeps_its_jobs_and_stores_each_workflow_once_in_v5
     claim = q.claim("r2", "gpu1", 30, now=T0 + 1, prefer_model=key, max_wait_seconds=60)
     assert claim is not None and claim.id == make_job(7).id and claim.workflow == loaded
     q.close()
+
+
+def test_finished_counts_follow_every_transition(tmp_path: Path) -> None:
+    """Schema v6 counts finished jobs with triggers: after any mix of what runners and people do, the counts
+    that status shows must equal a full count of the table."""
+    import random
+
+    rng = random.Random(11)
+    q = SQLiteQueue(tmp_path / "q.db")
+    q.submit([make_job(n) for n in range(120)], now=T0)
+    held = []
+    for step in range(400):
+        at = T0 + step
+        action = rng.choice(["claim", "claim", "end", "end", "cancel", "requeue", "prune", "release"])
+        if action == "claim" and (claim := q.claim(f"r{step}", "gpu0", 1e6, now=at)) is not None:
+            held.append(claim)
+        elif action == "end" and held:
+            claim, how = held.pop(rng.randrange(len(held))), rng.choice(["done", "dead", "cancelled", "retry"])
+            if how == "done":
+                q.complete(claim, [], now=at)
+            elif how == "dead":
+                q.dead(claim, "x", now=at)
+            elif how == "cancelled":
+                q.cancelled(claim, "x", now=at)
+            else:
+                q.retry_later(claim, at, "x", now=at)
+        elif action == "release" and held:
+            q.release(held.pop(), "x", now=at)
+        elif action == "cancel":
+            q.cancel([make_job(rng.randrange(120)).id], now=at)
+        elif action == "requeue":
+            q.requeue_dead([make_job(rng.randrange(120)).id], now=at)
+        elif action == "prune":
+            q.prune(at - 50, limit=5)
+        full = dict(q._read("SELECT state, count(*) FROM jobs GROUP BY state"))
+        shown = q.status(now=at).counts
+        assert {s: shown[s] + (shown["waiting"] if s == "queued" else 0) for s in full} == full, (step, action)
+    assert set(dict(q._read("SELECT state, n FROM finished_counts"))) == {"done", "dead", "cancelled"}
+    q.close()
+
+
+def test_a_version_5_database_counts_its_finished_jobs_in_v6(tmp_path: Path) -> None:
+    path = tmp_path / "q.db"
+    q = SQLiteQueue(path)
+    q.submit([make_job(n) for n in range(6)], now=T0)
+    q.complete(q.claim("r", "gpu0", 30, now=T0), [], now=T0 + 1)
+    q.dead(q.claim("r", "gpu0", 30, now=T0), "x", now=T0 + 1)
+    q.cancel([make_job(5).id], now=T0 + 2)
+    q.claim("r", "gpu0", 30, now=T0)
+    q.close()
+    conn = sqlite3.connect(path)  # back to v5: as a queue made by the comfysup before this one left it
+    for name in ("jobs_finished_insert", "jobs_finished_into", "jobs_finished_out_of", "jobs_finished_delete"):
+        conn.execute(f"DROP TRIGGER {name}")
+    conn.execute("DROP TABLE finished_counts")
+    conn.execute("PRAGMA user_version = 5")
+    conn.commit()
+    conn.close()
+    q = SQLiteQueue(path, create=False)
+    assert q.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    assert q.status(now=T0 + 3).counts == {"queued": 2, "waiting": 0, "running": 1, "done": 1, "dead": 1,
+                                           "cancelled": 1}
+    assert [j.state for j in q.iter_jobs()].count("queued") == 2  # every job kept
+    q.close()

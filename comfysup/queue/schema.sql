@@ -137,3 +137,33 @@ CREATE TABLE affinity_skips (
     at        REAL    NOT NULL,
     PRIMARY KEY (priority, seq_bound)
 ) WITHOUT ROWID;
+-- name: v6
+-- (issue 7) status at a million jobs: counting every job by state walked the whole of jobs_state (about
+-- 120 ms at a million, most of them finished). Finished jobs are now counted as they finish, by triggers
+-- that fire only on a change into or out of done, dead or cancelled (never on a claim or a heartbeat),
+-- and status counts only the queued and running ranges of the index.
+CREATE TABLE finished_counts (
+    state TEXT    PRIMARY KEY,
+    n     INTEGER NOT NULL
+) WITHOUT ROWID;
+INSERT INTO finished_counts (state, n)
+    SELECT s.state, (SELECT count(*) FROM jobs WHERE jobs.state = s.state)
+    FROM (SELECT 'done' AS state UNION ALL SELECT 'dead' UNION ALL SELECT 'cancelled') AS s;
+CREATE TRIGGER jobs_finished_insert AFTER INSERT ON jobs WHEN new.state IN ('done', 'dead', 'cancelled')
+BEGIN
+    UPDATE finished_counts SET n = n + 1 WHERE state = new.state;
+END;
+CREATE TRIGGER jobs_finished_into AFTER UPDATE OF state ON jobs
+WHEN new.state IN ('done', 'dead', 'cancelled') AND old.state IS NOT new.state
+BEGIN
+    UPDATE finished_counts SET n = n + 1 WHERE state = new.state;
+END;
+CREATE TRIGGER jobs_finished_out_of AFTER UPDATE OF state ON jobs
+WHEN old.state IN ('done', 'dead', 'cancelled') AND old.state IS NOT new.state
+BEGIN
+    UPDATE finished_counts SET n = n - 1 WHERE state = old.state;
+END;
+CREATE TRIGGER jobs_finished_delete AFTER DELETE ON jobs WHEN old.state IN ('done', 'dead', 'cancelled')
+BEGIN
+    UPDATE finished_counts SET n = n - 1 WHERE state = old.state;
+END;

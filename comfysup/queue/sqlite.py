@@ -61,7 +61,7 @@ from comfysup.queue.base import (
 from comfysup.queue.specs import SpecCache, dumps_plain
 from comfysup.workflows import apply_params, content_hash, model_key
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 NETWORK_FILESYSTEMS = frozenset({
     "nfs", "nfs4", "cifs", "smb", "smb2", "smb3", "smbfs", "9p", "afs", "ceph", "glusterfs", "lustre",
     "fuse.sshfs", "fuse.s3fs", "fuse.gcsfuse", "fuse.rclone", "davfs", "fuse.glusterfs", "beegfs", "gpfs",
@@ -84,6 +84,19 @@ def _named_sql() -> dict[str, str]:
         elif name:
             out[name] += line + "\n"
     return out
+
+
+def _statements(script: str) -> Iterator[str]:
+    """The statements of a named step, one at a time: split at semicolons, rejoined until SQLite says a
+    statement is complete (a trigger's body holds semicolons of its own); comment-only pieces are skipped."""
+    pending = ""
+    for piece in script.split(";"):
+        pending += piece + ";"
+        if sqlite3.complete_statement(pending):
+            code = "\n".join(line for line in pending.splitlines() if not line.lstrip().startswith("--"))
+            if code.strip(" \n;"):
+                yield pending
+            pending = ""
 
 
 def filesystem_type(path: Path) -> str:
@@ -291,9 +304,8 @@ class SQLiteQueue:
                                  f"({SCHEMA_VERSION}); upgrade comfysup")
             sql = _named_sql()
             for step in range(version + 1, SCHEMA_VERSION + 1):
-                for statement in sql[f"v{step}"].split(";"):
-                    if statement.strip():
-                        conn.execute(statement)
+                for statement in _statements(sql[f"v{step}"]):
+                    conn.execute(statement)
             if version != SCHEMA_VERSION:
                 conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
@@ -719,7 +731,11 @@ class SQLiteQueue:
     def status(self, now: float | None = None, dead_limit: int = 5, done_limit: int = 0) -> Status:
         at = _now(now)
         counts = dict.fromkeys(STATES, 0)
-        counts.update(dict(self._read("SELECT state, count(*) FROM jobs GROUP BY state")))
+        # Finished jobs are counted as they finish (schema v6's triggers); the index is walked only over the
+        # queued and running ranges, so a million finished jobs cost nothing here.
+        counts.update(dict(self._read("SELECT state, count(*) FROM jobs INDEXED BY jobs_state "
+                                      "WHERE state IN ('queued', 'running') GROUP BY state")))
+        counts.update(dict(self._read("SELECT state, n FROM finished_counts")))
         # jobs_ready holds run_after: counting through it reads no rows (98 -> 30 ms at 200,000 queued).
         waiting = self._read("SELECT count(*) FROM jobs INDEXED BY jobs_ready WHERE state = 'queued' "
                              "AND run_after > ?", (at,))[0][0]
