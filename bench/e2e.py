@@ -103,7 +103,7 @@ def bare_client(url: str, n_jobs: int, salt: int, out: Path) -> float:
 
 
 def run_bare(k: int, n: int, node_ms: float, tmp: Path) -> tuple[float, float]:
-    """(seconds, CPU seconds of this process) for n jobs over k servers, one client thread per server."""
+    """(mean seconds per server, CPU seconds of this process) for n jobs over k servers, a thread per server."""
     fakes = [start_fake(tmp / f"bare{i}", node_ms) for i in range(k)]
     try:
         out = tmp / "bare-out"
@@ -114,12 +114,12 @@ def run_bare(k: int, n: int, node_ms: float, tmp: Path) -> tuple[float, float]:
         elapsed = [0.0] * k
         threads = [threading.Thread(target=lambda i=i: elapsed.__setitem__(
             i, bare_client(fakes[i][1], per[i], 10 + i, out))) for i in range(k)]
-        start, cpu = time.perf_counter(), time.process_time()
+        cpu = time.process_time()
         for t in threads:
             t.start()
         for t in threads:
             t.join()
-        return time.perf_counter() - start, time.process_time() - cpu
+        return sum(elapsed) / k, time.process_time() - cpu  # each server's own span, as for comfysup
     finally:
         for proc, _url in fakes:
             proc.terminate()
@@ -127,7 +127,7 @@ def run_bare(k: int, n: int, node_ms: float, tmp: Path) -> tuple[float, float]:
 
 
 def run_comfysup(k: int, n: int, node_ms: float, tmp: Path) -> tuple[float, float, float, dict[str, float]]:
-    """(mean span per server from its first claim to the last done, runner RSS MiB, supervisor RSS MiB, CPU
+    """(mean span per server from its first claim to its last done, runner RSS MiB, supervisor RSS MiB, CPU
     seconds by process kind)."""
     config = tmp / "config.toml"
     base_port = free_port()
@@ -183,14 +183,14 @@ def run_comfysup(k: int, n: int, node_ms: float, tmp: Path) -> tuple[float, floa
     with sqlite3.connect(db_path) as db:
         first, last, done = db.execute("SELECT min(a.started_at), max(j.finished_at), sum(j.state = 'done') "
                                        "FROM jobs j JOIN attempts a ON a.job_id = j.id").fetchone()
-        starts = dict(db.execute("SELECT server, min(started_at) FROM attempts GROUP BY server").fetchall())
+        spans = dict(db.execute("SELECT a.server, max(j.finished_at) - min(a.started_at) FROM attempts a "
+                                "JOIN jobs j ON j.id = a.job_id GROUP BY a.server").fetchall())
     if done != n:
         raise SystemExit(f"only {done} of {n} jobs done")
-    # Each server's span from its own first claim to the last done: the supervisor brings its K servers up
-    # one after another, and that start-up stagger (once per run) is not per-job overhead. A server that
-    # got no job at all counts from the first claim of any.
-    spans = [last - starts.get(f"cpu{i}", first) for i in range(k)]
-    return sum(spans) / k, runner_rss, supervisor_rss, cpu
+    # Each server's span from its own first claim to its own last done: the supervisor brings its K servers
+    # up one after another, and that start-up stagger (once per run, carried to the end of a short run) is
+    # not per-job overhead. A server that got no job at all counts the whole run.
+    return sum(spans.get(f"cpu{i}", last - first) for i in range(k)) / k, runner_rss, supervisor_rss, cpu
 
 
 def cpu_by_kind(sup: psutil.Process) -> dict[str, float]:

@@ -131,7 +131,7 @@ class Runner:
         try:
             while not self.state.stopping:
                 self.on_alive()
-                if claim is not None:  # claimed with the last job's done, in one transaction
+                if claim is not None:  # claimed by the last attempt: its handoff, or with its done
                     claim = self.run_one(claim)
                     continue
                 free = self.may_claim() and self._server_free()
