@@ -68,6 +68,8 @@ NETWORK_FILESYSTEMS = frozenset({
 })
 SUBMIT_BATCH = 500
 IDLE_WAIT_CAP_SECONDS = 0.25
+SUBMIT_CACHE_KIB = -16384
+"""PRAGMA cache_size during a submit: 16 MiB (negative: KiB), the id index of about 200,000 jobs."""
 TEMPLATE_CACHE = 32
 """Parsed workflows kept by id in each process: a runner parses a batch's 10 KB workflow once, not per claim."""
 
@@ -336,7 +338,7 @@ class SQLiteQueue:
         inserted = existing = 0
         conflicts: list[str] = []
         specs = SpecCache()
-        with self._write() as conn:
+        with self._write() as conn, self._submit_cache(conn):
             batch: list[NewJob] = []
             for job in jobs:
                 batch.append(job)
@@ -349,6 +351,20 @@ class SQLiteQueue:
             if conflicts:
                 raise SubmitConflict(conflicts)
         return SubmitResult(inserted=inserted, existing=existing)
+
+    @staticmethod
+    @contextlib.contextmanager
+    def _submit_cache(conn: sqlite3.Connection) -> Iterator[None]:
+        """A larger page cache while a submit inserts: job ids are random, so each insert lands on a random
+        page of the id index, and with the default 2 MB cache a 100,000-job submit spent a fifth of its
+        time writing out and reading back those pages. Given back after, so a long-lived process keeps the
+        default."""
+        size = conn.execute("PRAGMA cache_size").fetchone()[0]
+        conn.execute(f"PRAGMA cache_size = {SUBMIT_CACHE_KIB}")
+        try:
+            yield
+        finally:
+            conn.execute(f"PRAGMA cache_size = {int(size)}")
 
     def _insert_batch(self, conn: sqlite3.Connection, batch: list[NewJob], at: float,
                       conflicts: list[str], cache: SpecCache) -> tuple[int, int]:

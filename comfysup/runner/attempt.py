@@ -349,7 +349,7 @@ class AttemptRunner:
         nxt = self.handoff() if self.handoff is not None else None
         if nxt is None:
             return
-        self.next_claim = nxt
+        self.next_claim, self.next_renewed = nxt, self.clock()
         if nxt.attempt != 1 or nxt.last_server is not None or nxt.cancel_requested:
             return
         try:
@@ -415,7 +415,9 @@ class AttemptRunner:
         self._write_progress()
         if now >= self.next_heartbeat:
             self.next_heartbeat = now + self.s.heartbeat_seconds
-            if self.next_claim is not None:  # handed off, running on the server while this one downloads
+            if self.next_claim is not None and now - self.next_renewed >= self.s.heartbeat_seconds:
+                # Handed off, running on the server while this one downloads (not renewed just after its claim).
+                self.next_renewed = now
                 try:
                     self.queue.heartbeat(self.next_claim, self.s.lease_seconds)
                 except LeaseLost:
