@@ -8,8 +8,10 @@ leases and retry delays are tested without sleeping.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import uuid
+from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -876,3 +878,23 @@ class QueueContract:
         (delivery,) = q.deliveries(make_job(1).id)
         q.delivery_result(delivery.id, delivered=True, status=204, error=None, next_at=None, now=T0 + 2)
         assert [i for i, _ in q.prune(T0 + 50).removed] == [make_job(1).id]
+
+
+def check_attempt_history(rows: list[tuple], ids: set[str], completions: list[tuple[str, str]]) -> None:
+    """The attempts table after a concurrent drain, as rows of (job_id, attempt, owner, started_at, ended_at,
+    outcome) in start order: per job no overlapping attempts, increasing numbers, every attempt before the
+    last ended by an expired lease, and one done, recorded for the owner that completed it."""
+    by_job: dict[str, list[tuple]] = defaultdict(list)
+    for row in rows:
+        by_job[row[0]].append(row)
+    assert set(by_job) == ids
+    completed_by = dict((job_id, owner) for owner, job_id in completions)
+    for job_id, attempts in by_job.items():
+        assert all(a[4] is not None for a in attempts), f"{job_id}: an attempt was never ended"
+        for earlier, later in itertools.pairwise(attempts):
+            assert earlier[4] <= later[3], f"{job_id}: attempts {earlier} and {later} overlap"
+            assert earlier[1] < later[1], f"{job_id}: attempt numbers not increasing"
+            assert earlier[5] == "lease_expired", f"{job_id}: an attempt before the last one ended {earlier[5]}"
+        done = [a for a in attempts if a[5] == "done"]
+        assert len(done) == 1 and done[0] is attempts[-1]
+        assert done[0][2] == completed_by[job_id], f"{job_id}: done recorded for another owner"

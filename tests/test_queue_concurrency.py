@@ -6,16 +6,14 @@ start and end: no two attempts of one job overlap in time, and each job has exac
 
 from __future__ import annotations
 
-import itertools
 import json
 import multiprocessing
 import random
 import time
-from collections import defaultdict
 from pathlib import Path
 
 import pytest
-from queue_contract import make_job
+from queue_contract import check_attempt_history, make_job
 
 from comfysup.errors import LeaseLost
 from comfysup.queue.base import Output
@@ -88,20 +86,7 @@ def _check_invariants(queue: SQLiteQueue, reports: dict[str, dict[str, list[str]
     rows = queue.conn.execute(
         "SELECT job_id, attempt, owner, started_at, ended_at, outcome FROM attempts ORDER BY job_id, started_at"
     ).fetchall()
-    by_job: dict[str, list[tuple]] = defaultdict(list)
-    for row in rows:
-        by_job[row[0]].append(row)
-    assert set(by_job) == ids
-    completed_by = dict((job_id, owner) for owner, job_id in completions)
-    for job_id, attempts in by_job.items():
-        assert all(a[4] is not None for a in attempts), f"{job_id}: an attempt was never ended"
-        for earlier, later in itertools.pairwise(attempts):
-            assert earlier[4] <= later[3], f"{job_id}: attempts {earlier} and {later} overlap"
-            assert earlier[1] < later[1], f"{job_id}: attempt numbers not increasing"
-            assert earlier[5] == "lease_expired", f"{job_id}: an attempt before the last one ended {earlier[5]}"
-        done = [a for a in attempts if a[5] == "done"]
-        assert len(done) == 1 and done[0] is attempts[-1]
-        assert done[0][2] == completed_by[job_id], f"{job_id}: done recorded for another owner"
+    check_attempt_history(rows, ids, completions)
     assert queue.conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
 
 

@@ -7,18 +7,16 @@ has exactly one ``done``, recorded for the owner that reported completing it.
 
 from __future__ import annotations
 
-import itertools
 import json
 import multiprocessing
 import random
 import time
-from collections import defaultdict
 from pathlib import Path
 
 import psycopg
 import pytest
 from pg_support import pg_url  # noqa: F401  (a fixture)
-from queue_contract import make_job
+from queue_contract import check_attempt_history, make_job
 
 from comfysup.errors import LeaseLost
 from comfysup.queue.base import Output
@@ -87,20 +85,7 @@ def _check_invariants(url: str, jobs: int, reports: dict[str, dict[str, list[str
         assert conn.execute("SELECT count(*) FROM jobs WHERE state = 'done'").fetchone()[0] == jobs
         rows = conn.execute("SELECT job_id, attempt, owner, started_at, ended_at, outcome FROM attempts "
                             "ORDER BY job_id, started_at, n").fetchall()
-    by_job: dict[str, list[tuple]] = defaultdict(list)
-    for row in rows:
-        by_job[row[0]].append(row)
-    assert set(by_job) == ids
-    completed_by = dict((job_id, owner) for owner, job_id in completions)
-    for job_id, attempts in by_job.items():
-        assert all(a[4] is not None for a in attempts), f"{job_id}: an attempt was never ended"
-        for earlier, later in itertools.pairwise(attempts):
-            assert earlier[4] <= later[3], f"{job_id}: attempts {earlier} and {later} overlap"
-            assert earlier[1] < later[1], f"{job_id}: attempt numbers not increasing"
-            assert earlier[5] == "lease_expired", f"{job_id}: an attempt before the last one ended {earlier[5]}"
-        done = [a for a in attempts if a[5] == "done"]
-        assert len(done) == 1 and done[0] is attempts[-1]
-        assert done[0][2] == completed_by[job_id], f"{job_id}: done recorded for another owner"
+    check_attempt_history(rows, ids, completions)
     return sum(1 for r in rows if r[5] == "lease_expired")
 
 
