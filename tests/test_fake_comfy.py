@@ -1086,6 +1086,18 @@ def test_word_slow_takes_ten_times_longer(fake: FakeComfy) -> None:
     assert fast < slow / 2
 
 
+def test_node_times_are_kept_against_execution_start(fake: FakeComfy) -> None:
+    """A prompt lasts at least its nodes' time from execution_start (late wake-ups are absorbed by the
+    next node's deadline, never by running a node short), and each executed node took its turn."""
+    fake.node_ms = 40
+    fake.script(["ok", "slow"])
+    run = run_prompt(fake)
+    assert [m["data"]["node"] for m in run.messages if kind(m) == "executing"] == ["1", "2", "3", None]
+    assert run.first("execution_success")["timestamp"] - run.first("execution_start")["timestamp"] >= 3 * 40
+    slow = run_prompt(fake, trivial_prompt(fresh_color(), "slow"))  # a fresh run starts its own clock
+    assert slow.first("execution_success")["timestamp"] - slow.first("execution_start")["timestamp"] >= 3 * 400
+
+
 def test_word_crash_in_process_drops_everything_and_restarts_clean(fake: FakeComfy) -> None:
     fake.script(["crash"])
     port, client_id, prompt_id = fake.port, new_id(), new_id()
