@@ -113,6 +113,8 @@ def build(path: Path, rows: int) -> float:
                  "prompt_number) SELECT id, 1, 'host/1/' || server || '/t', server, started_at, finished_at, "
                  "CASE state WHEN 'done' THEN 'done' WHEN 'dead' THEN 'dead' WHEN 'cancelled' THEN 'cancelled' "
                  "ELSE 'retry' END, reason, seq FROM jobs WHERE attempt = 1")
+    # comfysup counts a job as it finishes, never on insert (schema v7): rows inserted finished are counted here.
+    conn.execute("UPDATE finished_counts SET n = (SELECT count(*) FROM jobs WHERE jobs.state = finished_counts.state)")
     conn.execute("COMMIT")
     conn.execute("ANALYZE")
     conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")

@@ -382,7 +382,7 @@ def test_a_version_5_database_counts_its_finished_jobs_in_v6(tmp_path: Path) -> 
     q.close()
     conn = sqlite3.connect(path)  # back to v5: as a queue made by the comfysup before this one left it
     for name in ("jobs_finished_insert", "jobs_finished_into", "jobs_finished_out_of", "jobs_finished_delete"):
-        conn.execute(f"DROP TRIGGER {name}")
+        conn.execute(f"DROP TRIGGER IF EXISTS {name}")  # v7 dropped the first
     conn.execute("DROP TABLE finished_counts")
     conn.execute("PRAGMA user_version = 5")
     conn.commit()
@@ -392,4 +392,29 @@ def test_a_version_5_database_counts_its_finished_jobs_in_v6(tmp_path: Path) -> 
     assert q.status(now=T0 + 3).counts == {"queued": 2, "waiting": 0, "running": 1, "done": 1, "dead": 1,
                                            "cancelled": 1}
     assert [j.state for j in q.iter_jobs()].count("queued") == 2  # every job kept
+    q.close()
+
+
+def test_v7_drops_the_insert_trigger_and_counts_stay_right(tmp_path: Path) -> None:
+    """A v6 queue (with the per-row insert trigger that made submit slow) opened by this comfysup: the
+    trigger is gone, and the finished counts still follow every finish, removal and fresh submit."""
+    path = tmp_path / "q.db"
+    q = SQLiteQueue(path)
+    q.submit([make_job(n) for n in range(4)], now=T0)
+    q.complete(q.claim("r", "gpu0", 30, now=T0), [], now=T0 + 1)
+    q.close()
+    conn = sqlite3.connect(path)  # back to v6: as the comfysup before this one left it
+    conn.execute("CREATE TRIGGER jobs_finished_insert AFTER INSERT ON jobs WHEN new.state IN "
+                 "('done', 'dead', 'cancelled') BEGIN UPDATE finished_counts SET n = n + 1 WHERE state = new.state; END")
+    conn.execute("PRAGMA user_version = 6")
+    conn.commit()
+    conn.close()
+    q = SQLiteQueue(path, create=False)
+    assert q.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    assert q._read("SELECT name FROM sqlite_master WHERE type = 'trigger' AND name = 'jobs_finished_insert'") == []
+    q.submit([make_job(n) for n in range(4, 8)], now=T0 + 2)
+    q.dead(q.claim("r", "gpu0", 30, now=T0 + 2), "x", now=T0 + 3)
+    q.cancel([make_job(7).id], now=T0 + 4)
+    assert q.status(now=T0 + 5).counts == {"queued": 5, "waiting": 0, "running": 0, "done": 1, "dead": 1,
+                                           "cancelled": 1}
     q.close()
