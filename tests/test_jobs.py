@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 from cli_support import TRIVIAL, job_id, line, write_jobs
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from comfysup.jobs import JobsFile
 
@@ -45,6 +47,33 @@ def test_text_and_hash_are_those_of_the_applied_workflow(tmp_path: Path) -> None
         # full text's (the queue stores the template and the set, and rebuilds the workflow from them).
         assert job.spec_hash == expected_hash(applied, {"k": "v"}, {"n": n}, n)
         assert job.params == o
+
+
+_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+    max_leaves=6)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(overrides=st.dictionaries(st.sampled_from(["1.color", "1.width", "3.filename_prefix", "2.image", "1.new_input",
+                                                  "3.images"]), _VALUES, max_size=4),
+       title=st.text())
+def test_a_changed_nodes_text_is_assembled_exactly_as_json_encodes_it(overrides: dict, title: str) -> None:
+    """Template builds a changed node's text from its inputs' texts (only the changed values encoded
+    again); whatever the values, that text, and so the spec hash, must be the applied workflow's own."""
+    from comfysup.jobs import ObjectInfo, Template, apply_set
+
+    workflow = copy.deepcopy(TRIVIAL)
+    workflow["1"]["_meta"] = {"title": title}  # keys before and after "inputs", with any text in them
+    workflow["3"]["z_after"] = ["x", 1]
+    template = Template(workflow, "w")
+    changed = apply_set(workflow, overrides, ObjectInfo({"EmptyImage": {"input": {"optional": {"new_input": {}}}}}))
+    applied = {**workflow, **changed}
+    text = json.dumps(applied, sort_keys=True, separators=(",", ":"))
+    assert template.text(changed) == text
+    assert template.hasher(changed).hexdigest() == hashlib.sha256(text.encode()).hexdigest()
 
 
 def test_one_lines_set_does_not_leak_into_the_next(tmp_path: Path) -> None:
