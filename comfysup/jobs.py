@@ -218,8 +218,8 @@ class Template:
         text = layout.text(node) if layout is not None else None
         return text if text is not None else _canonical(node)
 
-    def check(self, workflow: dict[str, Any], overrides: dict[str, Any], object_info: ObjectInfo) -> list[str]:
-        """check_graph's answer for ``workflow`` (this template with ``overrides``).
+    def check(self, changed: dict[str, Any], overrides: dict[str, Any], object_info: ObjectInfo) -> list[str]:
+        """check_graph's answer for this template with ``overrides`` (``changed``: the nodes they change).
 
         Overrides that set no link can only change values or drop links, which adds no cycle, no dangling
         link and no output node, so the template's own answer holds; it is computed once. A template that
@@ -233,7 +233,7 @@ class Template:
         warnings, error = self._graph
         if error is None and not any(_is_link(v) for v in overrides.values()):
             return list(warnings)
-        return check_graph(workflow, object_info)
+        return check_graph({**self.workflow, **changed}, object_info)
 
 
 class _NodeLayout:
@@ -424,8 +424,7 @@ def apply_set(workflow: dict[str, Any], overrides: Any, object_info: ObjectInfo)
             raise JobLineError(f"set key {key!r} names node {node_id!r}, which is not in the workflow "
                                f"(nodes: {', '.join(sorted(workflow)[:20])})")
         inputs = node.get("inputs", {})
-        allowed = object_info.inputs(node["class_type"])
-        if name not in inputs and (allowed is None or name not in allowed):
+        if name not in inputs and ((allowed := object_info.inputs(node["class_type"])) is None or name not in allowed):
             raise JobLineError(f"set key {key!r}: node {node_id} ({node['class_type']}) has no input {name!r} "
                                f"(inputs: {', '.join(sorted(inputs)) or 'none'})")
         if node_id not in changed:
@@ -521,10 +520,10 @@ class JobsFile:
         if isinstance(value, str):
             template = self._template(value)
             changed = apply_set(template.workflow, params, self.object_info)
-            workflow, name = {**template.workflow, **changed}, template.name
-            warnings = template.check(workflow, params, self.object_info) if check else []
+            warnings = template.check(changed, params, self.object_info) if check else []
             if not build:
                 return job_id, warnings
+            workflow, name = {**template.workflow, **changed}, template.name
             # The text ComfyUI would be given is never stored (the template is, with the set): only its hash
             # is needed, and it starts from the template's saved state.
             text, digest = "", template.hasher(changed)
