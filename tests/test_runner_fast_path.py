@@ -78,6 +78,30 @@ def test_the_next_job_is_posted_before_the_last_ones_files_are_recorded(tmp_path
 
 
 @pytest.mark.timeout(60)
+def test_the_next_job_is_posted_before_the_last_ones_history_is_read(tmp_path: Path, fake: FakeComfy,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """execution_success and then the end with an empty queue say the server is idle: the next prompt goes
+    to it at once, and the finished one's /history (a round trip of idle server) is read after."""
+    calls: list[tuple[str, str]] = []
+    for name, id_at in (("post_prompt", 1), ("history", 0)):
+        original = getattr(ComfyClient, name)
+
+        def recorded(self: Any, *args: Any, _original: Any = original, _name: str = name, _at: int = id_at,
+                     **kwargs: Any) -> Any:
+            calls.append((_name, args[_at]))
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(ComfyClient, name, recorded)
+    config = write_config(tmp_path)
+    queue = submit(config, [trivial_job(n) for n in range(1, 5)])
+    Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
+    assert [j.state for j in queue.iter_jobs()] == ["done"] * 4
+    for n in range(2, 5):
+        assert calls.index(("post_prompt", job_id(n))) < calls.index(("history", job_id(n - 1))), calls
+    queue.close()
+
+
+@pytest.mark.timeout(60)
 def test_without_a_handoff_the_done_and_the_next_claim_are_one_transaction(
         tmp_path: Path, fake: FakeComfy, monkeypatch: pytest.MonkeyPatch) -> None:
     counts = Counts(monkeypatch)

@@ -187,6 +187,8 @@ class AttemptRunner:
         self.posted_in = posted if posted is not None and posted.claim_id == claim.id else None
         self.posted_out: Posted | None = None
         self.next_claim: Claim | None = None
+        self.handed_off = False
+        """The hand-off was tried (once an attempt: as the end is read, or after the history at the latest)."""
         self.redact = Redactor.for_job(claim.workflow, claim.extra_data)
         self.deadline = self.clock() + self.s.timeout_seconds
         self.next_heartbeat = self.clock() + self.s.heartbeat_seconds
@@ -250,7 +252,7 @@ class AttemptRunner:
                     return Outcome("dead", gave_up(self.claim.attempt - 1, self.claim.last_reason), kind="gave_up")
                 run = self._post()
             entry = self._follow(run)
-            if self.handoff is not None and run.end_seen and run.queue_remaining == 0 and run.client is self.client:
+            if self._may_hand_off(run):
                 self._hand_off()
             outputs = self._download(run, entry)
             return Outcome("done", kind="done", outputs=outputs, adopted=run.adopted_entry is not None,
@@ -340,11 +342,18 @@ class AttemptRunner:
         self.queue.record_prompt(self.claim, self.s.server, number)
         return self.live
 
+    def _may_hand_off(self, run: _Run) -> bool:
+        """This run has ended on its server (``executing`` with node None), the server's queue is empty, and
+        it was followed on this runner's own socket: the server is free for the next job."""
+        return (self.handoff is not None and not self.handed_off and run.end_seen and run.queue_remaining == 0
+                and run.client is self.client)
+
     def _hand_off(self) -> None:
         """Claim the next job and post it now, before this one's outputs are downloaded and recorded: the
         server runs it meanwhile instead of waiting. As in an attempt's own post, the claim is durable
         before the prompt is posted and its number is recorded right after; a job that may have an earlier
         run somewhere is claimed here but posted by its own attempt, which looks for that run first."""
+        self.handed_off = True
         claimed_at = self.wall()
         nxt = self.handoff() if self.handoff is not None else None
         if nxt is None:
@@ -405,6 +414,11 @@ class AttemptRunner:
             wait = max(0.0, min(next_poll, self.deadline, self.next_heartbeat) - self.clock())
             message = self._receive(run, wait)
             poll_in = None if message is None else self._on_message(run, message)
+            if run.success_seen and self._may_hand_off(run):
+                # execution_success, then the end with an empty queue: the server is idle from this moment, so
+                # the next job goes to it before this run's history is read (that read costs the server a
+                # round trip of idle time, and it comes next anyway).
+                self._hand_off()
             if poll_in is not None:
                 next_poll = min(next_poll, self.clock() + poll_in)
             self._write_progress()
