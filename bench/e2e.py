@@ -23,6 +23,7 @@ from pathlib import Path
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
 import argparse
+import itertools
 import json
 import os
 import signal
@@ -102,8 +103,23 @@ def bare_client(url: str, n_jobs: int, salt: int, out: Path) -> float:
     return elapsed
 
 
-def run_bare(k: int, n: int, node_ms: float, tmp: Path) -> tuple[float, float]:
-    """(mean seconds per server, CPU seconds of this process) for n jobs over k servers, a thread per server."""
+def idle_gaps(url: str, last: int) -> list[float]:
+    """The server's idle time in ms between its ``last`` executions, from the fake's own record
+    (/fake/stats: when each execution started and ended): how long the GPU would have waited for the next
+    prompt, whoever is to blame for it (the client, the queue, or the server's own HTTP and WebSocket)."""
+    stats = json.loads(urllib3.request("GET", f"{url}/fake/stats", timeout=10.0).data)
+    runs = sorted((r["started_at"], r["ended_at"]) for p in stats["prompts"].values() for r in p["executions"]
+                  if r["ended_at"] is not None)[-last:]
+    return [(b[0] - a[1]) * 1000 for a, b in itertools.pairwise(runs)]
+
+
+def median(xs: list[float]) -> float:
+    return sorted(xs)[len(xs) // 2] if xs else float("nan")
+
+
+def run_bare(k: int, n: int, node_ms: float, tmp: Path) -> tuple[float, float, list[float]]:
+    """(mean seconds per server, CPU seconds of this process, the servers' idle gaps in ms) for n jobs over k
+    servers, a thread per server."""
     fakes = [start_fake(tmp / f"bare{i}", node_ms) for i in range(k)]
     try:
         out = tmp / "bare-out"
@@ -119,16 +135,19 @@ def run_bare(k: int, n: int, node_ms: float, tmp: Path) -> tuple[float, float]:
             t.start()
         for t in threads:
             t.join()
-        return sum(elapsed) / k, time.process_time() - cpu  # each server's own span, as for comfysup
+        cpu = time.process_time() - cpu
+        gaps = [g for i, (_proc, url) in enumerate(fakes) for g in idle_gaps(url, per[i])]
+        return sum(elapsed) / k, cpu, gaps  # each server's own span, as for comfysup
     finally:
         for proc, _url in fakes:
             proc.terminate()
             proc.wait()
 
 
-def run_comfysup(k: int, n: int, node_ms: float, tmp: Path) -> tuple[float, float, float, dict[str, float]]:
+def run_comfysup(k: int, n: int, node_ms: float, tmp: Path) -> tuple[float, float, float, dict[str, float],
+                                                                    list[float]]:
     """(mean span per server from its first claim to its last done, runner RSS MiB, supervisor RSS MiB, CPU
-    seconds by process kind)."""
+    seconds by process kind, the servers' idle gaps in ms)."""
     config = tmp / "config.toml"
     base_port = free_port()
     config.write_bytes(tomli_w.dumps({
@@ -178,6 +197,11 @@ def run_comfysup(k: int, n: int, node_ms: float, tmp: Path) -> tuple[float, floa
         else:
             raise SystemExit(f"comfysup run did not finish in time; see {tmp / 'supervisor.log'}")
         cpu = {kind: seconds - started[kind] for kind, seconds in cpu_by_kind(sup).items()}
+        with sqlite3.connect(db_path) as db:  # the measured batch's jobs each server ran
+            ran = dict(db.execute("SELECT a.server, count(*) FROM attempts a JOIN jobs j ON j.id = a.job_id "
+                                  "WHERE j.submitted_at = (SELECT max(submitted_at) FROM jobs) GROUP BY a.server"
+                                  ).fetchall())
+        gaps = [g for i in range(k) for g in idle_gaps(f"http://127.0.0.1:{base_port + i}", ran.get(f"cpu{i}", 0))]
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)
@@ -202,7 +226,7 @@ def run_comfysup(k: int, n: int, node_ms: float, tmp: Path) -> tuple[float, floa
     # Each server's span from its own first claim to its own last done: the supervisor brings its K servers
     # up one after another, and that start-up stagger (once per run, carried to the end of a short run) is
     # not per-job overhead. A server that got no job at all counts the whole run.
-    return sum(spans.get(f"cpu{i}", last - first) for i in range(k)) / k, runner_rss, supervisor_rss, cpu
+    return sum(spans.get(f"cpu{i}", last - first) for i in range(k)) / k, runner_rss, supervisor_rss, cpu, gaps
 
 
 def _left(db_path: Path) -> int:
@@ -241,21 +265,22 @@ def main() -> None:
           "comfysup runners + supervisor + monitor")
     print(f"{'T ms':>6} {'K':>2} {'N':>5} {'ideal s':>8} {'bare s':>8} {'comfysup s':>10} {'eff bare':>9} "
           f"{'eff comfysup':>12} {'overhead ms/job':>16} {'CPU bare':>8} {'CPU ours':>17} {'runner MiB':>10} "
-          f"{'superv. MiB':>11}")
+          f"{'superv. MiB':>11} {'idle ms bare':>12} {'idle ms ours':>12}")
     for t_ms in (float(x) for x in args.t_ms.split(",")):
         for k in (int(x) for x in args.k.split(",")):
             n = jobs_for(t_ms, k, args.quick)
             with tempfile.TemporaryDirectory(prefix="comfysup-e2e-") as name:
                 tmp = Path(name)
                 node_ms = t_ms / NODES
-                bare, bare_cpu = run_bare(k, n, node_ms, tmp)
-                ours, runner_mib, sup_mib, cpu = run_comfysup(k, n, node_ms, tmp)
+                bare, bare_cpu, bare_gaps = run_bare(k, n, node_ms, tmp)
+                ours, runner_mib, sup_mib, cpu, our_gaps = run_comfysup(k, n, node_ms, tmp)
             ideal = n * t_ms / 1000 / k
             overhead = (ours - bare) / n * k * 1000  # per job, on its server's timeline
             ours_cpu = "+".join(f"{cpu[kind] / n * 1000:.1f}" for kind in ("runners", "supervisor", "monitor"))
             print(f"{t_ms:>6.0f} {k:>2} {n:>5} {ideal:>8.2f} {bare:>8.2f} {ours:>10.2f} {ideal / bare:>9.3f} "
                   f"{ideal / ours:>12.3f} {overhead:>16.2f} {bare_cpu / n * 1000:>8.1f} {ours_cpu:>17} "
-                  f"{runner_mib:>10.1f} {sup_mib:>11.1f}", flush=True)
+                  f"{runner_mib:>10.1f} {sup_mib:>11.1f} {median(bare_gaps):>12.1f} {median(our_gaps):>12.1f}",
+                  flush=True)
 
 
 if __name__ == "__main__":
