@@ -10,7 +10,10 @@ Two kinds of values:
   attempts that ended since its last look (``Queue.ended_since``, an index range, never a scan), keeps
   the keys of the last LOOKBACK_SECONDS so a write that committed late is counted once and only once,
   and counts from the moment this process started, as Prometheus counters do (``rate()`` handles the
-  reset of a restart).
+  reset of a restart). What it reads and keeps does not follow the rate of jobs: each look reads the
+  attempts that are new (no traces: the database counts their nodes) and counts the look-back window
+  in the index; only when that count differs from the keys it kept does it read the window's keys, to
+  find the late ones. It keeps one small key per attempt of the window, and nothing else.
 
 Labels are bounded and never carry a job id or a secret: state, kind, outcome, slot, device, gpu index
 and name, and the workflow name (the workflow file's stem or the job's ``meta.kind``, cut to 64 chars).
@@ -20,6 +23,7 @@ With several machines on one PostgreSQL queue, every supervisor reports the same
 
 from __future__ import annotations
 
+import heapq
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -40,7 +44,8 @@ and skipping what was counted catches it exactly once."""
 WAIT_BUCKETS = (0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 4 * 3600, 24 * 3600, float("inf"))
 RUN_BUCKETS = (0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800, 3600, 4 * 3600, float("inf"))
 LABEL_CHARS = 64
-PAGE = 10000
+PAGE = 1000
+"""Attempts read at once: a catch-up after a stall reads this many rows at a time, never all of them."""
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
@@ -58,7 +63,11 @@ class Observer:
         """The latest end observed (never before the start: earlier attempts are not this process's)."""
         self.start = since
         self.node_total = self.node_cached = 0
-        self.seen: dict[tuple[str, int, float], float] = {}
+        self.seen: set[tuple[str, int, float]] = set()
+        """(job id, attempt, started_at) of each attempt counted that ended in the look-back window: exactly
+        those, so its size is what ``Queue.ended_count`` says of the window when no write landed late."""
+        self.expiry: list[tuple[float, tuple[str, int, float]]] = []
+        """A heap of (ended_at, key) of ``seen``: keys leave as the window moves on, in end order."""
         self.lock = threading.Lock()
         self.attempts = Counter("comfysup_attempts", "Attempts that ended, by outcome and reason class (kind).",
                                 ["outcome", "kind"], registry=registry)
@@ -79,24 +88,51 @@ class Observer:
                              buckets=RUN_BUCKETS, registry=registry)
 
     def catch_up(self, queue: Queue) -> int:
-        """Observe every attempt that ended since the last call; returns how many were new."""
+        """Observe every attempt that ended since the last call; returns how many were new.
+
+        The attempts that ended at or after the cursor are read (a few rows a second); those that ended
+        before it, in the look-back window, are only counted by the index. A count above the keys kept
+        means a write landed late: then the window's keys (small tuples, no row) show which, and the
+        rows are read again from the oldest end among them."""
         with self.lock:
-            new = 0
             since = max(self.start, self.cursor - LOOKBACK_SECONDS)
+            read_from = self.cursor
+            if queue.ended_count(since, self.cursor) != len(self.seen):
+                read_from = self._late(queue, since, read_from)
+            new = 0
             while True:
-                rows = queue.ended_since(since, limit=PAGE)
-                fresh = [r for r in rows if (r.job_id, r.attempt, r.started_at) not in self.seen]
-                for row in fresh:
-                    self.seen[(row.job_id, row.attempt, row.started_at)] = row.ended_at
+                rows = queue.ended_since(read_from, limit=PAGE)
+                for row in rows:
+                    key = (row.job_id, row.attempt, row.started_at)
+                    if key in self.seen:
+                        continue
+                    self.seen.add(key)
+                    heapq.heappush(self.expiry, (row.ended_at, key))
                     self.observe(row)
                     self.cursor = max(self.cursor, row.ended_at)
-                new += len(fresh)
-                if len(rows) < PAGE or rows[-1].ended_at == since:
+                    new += 1
+                if len(rows) < PAGE or rows[-1].ended_at == read_from:
                     break
-                since = rows[-1].ended_at  # a full page: the next one starts where it stopped
+                read_from = rows[-1].ended_at  # a full page: the next one starts where it stopped
             horizon = self.cursor - LOOKBACK_SECONDS
-            self.seen = {k: v for k, v in self.seen.items() if v >= horizon}
+            while self.expiry and self.expiry[0][0] < horizon:
+                self.seen.discard(heapq.heappop(self.expiry)[1])
             return new
+
+    def _late(self, queue: Queue, since: float, read_from: float) -> float:
+        """Where to read from so that the window's attempts not yet counted are read; drops the keys of
+        attempts no longer in the queue (pruned), so the counts agree again."""
+        keys = queue.ended_keys(since, self.cursor)
+        present = {(job_id, attempt, started_at) for job_id, attempt, started_at, _ in keys}
+        gone = self.seen - present
+        if gone:
+            self.seen -= gone
+            self.expiry = [entry for entry in self.expiry if entry[1] not in gone]
+            heapq.heapify(self.expiry)
+        for job_id, attempt, started_at, ended_at in keys:
+            if (job_id, attempt, started_at) not in self.seen:
+                read_from = min(read_from, ended_at)
+        return read_from
 
     def observe(self, row: EndedAttempt) -> None:
         kind = label(row.kind)
@@ -107,8 +143,7 @@ class Observer:
             self.dead.labels(kind=kind).inc()
         if row.kind == "oom":
             self.oom.inc()
-        trace = row.trace or {}
-        ran, cached = len(trace.get("nodes") or []), len(trace.get("cached") or [])
+        ran, cached = row.nodes_run, row.nodes_cached
         if ran or cached:
             self.nodes.inc(ran + cached)
             self.cached.inc(cached)

@@ -7,6 +7,7 @@ leases and retry delays are tested without sleeping.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
 import json
@@ -701,18 +702,36 @@ class QueueContract:
         self.submit(q, make_job(1), make_job(2), now=T0 - 10)
         c1 = self.claim(q, now=T0)
         c2 = self.claim(q, now=T0)
-        q.retry_later(c1, run_after=T0, reason="oom", now=T0 + 1, kind="oom", trace={"cached": 1})
+        q.retry_later(c1, run_after=T0, reason="oom", now=T0 + 1, kind="oom",
+                      trace={"nodes": [{"id": "1", "class_type": "x" * 5000}], "cached": ["2", "3"], "phases": {}})
         c1 = self.claim(q, now=T0 + 3)
         q.complete(c1, [], now=T0 + 5)
         assert q.ended_since(T0 + 6) == []
         ended = q.ended_since(T0)
-        assert [(e.job_id, e.attempt, e.outcome, e.kind, e.started_at, e.ended_at, e.trace) for e in ended] == [
-            (c1.id, 1, "retry", "oom", T0, T0 + 1, {"cached": 1}), (c1.id, 2, "done", None, T0 + 3, T0 + 5, None)]
+        # The trace's node lists are counted by the database: the trace itself is never handed out.
+        assert [(e.job_id, e.attempt, e.outcome, e.kind, e.started_at, e.ended_at, e.nodes_run, e.nodes_cached)
+                for e in ended] == [(c1.id, 1, "retry", "oom", T0, T0 + 1, 1, 2),
+                                    (c1.id, 2, "done", None, T0 + 3, T0 + 5, 0, 0)]
+        assert not any(isinstance(v, (dict, list)) or (isinstance(v, str) and len(v) > 100)
+                       for e in ended for v in (getattr(e, f.name) for f in dataclasses.fields(e)))
         assert [(e.workflow_name, e.submitted_at, e.first_started_at) for e in ended] == \
             [("test", T0 - 10, T0), ("test", T0 - 10, T0)]
         assert [e.attempt for e in q.ended_since(T0 + 2)] == [2]
         assert len(q.ended_since(T0, limit=1)) == 1
         assert q.get(c2.id).state == "running"  # an attempt still running has not ended
+
+    def test_ended_count_and_keys_see_the_window_inclusive(self, q: Queue) -> None:
+        self.submit(q, make_job(1), make_job(2), make_job(3), now=T0 - 10)
+        c1, c2, c3 = (self.claim(q, now=T0 + i) for i in range(3))
+        q.retry_later(c1, run_after=T0, reason="oom", now=T0 + 4, kind="oom", trace={"nodes": [1, 2], "cached": []})
+        q.complete(c2, [], now=T0 + 5)
+        assert [q.ended_count(a, b) for a, b in ((T0 + 4, T0 + 5), (T0 + 4.5, T0 + 5), (T0, T0 + 3.9))] == [2, 1, 0]
+        q.dead(c3, "gave up", now=T0 + 4.5, kind="timeout")  # stamped before the last one, committed after
+        assert q.ended_count(T0 + 4, T0 + 5) == 3
+        assert q.ended_keys(T0 + 4, T0 + 5) == [(c1.id, 1, T0, T0 + 4), (c3.id, 1, T0 + 2, T0 + 4.5),
+                                                (c2.id, 1, T0 + 1, T0 + 5)]
+        assert q.ended_keys(T0 + 4.1, T0 + 4.9) == [(c3.id, 1, T0 + 2, T0 + 4.5)]
+        assert (q.ended_count(T0 + 6, T0 + 9), q.ended_keys(T0 + 6, T0 + 9)) == (0, [])
 
     def test_states_finished_counts_and_recent_done(self, q: Queue) -> None:
         self.submit(q, *[make_job(i) for i in range(5)])

@@ -42,7 +42,10 @@ The contract (tested once in tests/queue_contract.py and run against every backe
   backend's ``default_callback_url``) gets a delivery row in the same transaction, so a job is never
   terminal without it; deliverers take due rows with ``claim_deliveries`` (held, so two deliverers do
   not send one row at once) and record each try with ``delivery_result``.
-- ``ended_since`` hands metrics the attempts that ended from a time on (index-backed, not a scan).
+- ``ended_since`` hands metrics the attempts that ended from a time on (index-backed, not a scan), with
+  the numbers metrics need of each trace (nodes run and cached, counted in SQL) rather than the trace;
+  ``ended_count`` and ``ended_keys`` let metrics find a write that committed late without reading
+  the whole look-back window again each time.
 - Time: methods take ``now`` (UTC epoch seconds) for tests. When it is None a backend uses one clock for
   every machine: SQLite the local one (one machine), PostgreSQL the database server's, so clock skew
   between machines cannot expire a live lease early.
@@ -226,9 +229,12 @@ class Status:
     """(id, finished_at), newest first: what the status page links the files of."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class EndedAttempt:
-    """An attempt that ended, with what metrics need of its job (observed once each, as it ends)."""
+    """An attempt that ended, with what metrics need of its job (observed once each, as it ends).
+
+    Never its trace (several KB of JSON): only the two numbers metrics take from it, counted by the
+    database, so reading the attempts that ended costs the same whatever their traces hold."""
 
     job_id: str
     attempt: int
@@ -236,7 +242,10 @@ class EndedAttempt:
     kind: str | None
     started_at: float
     ended_at: float
-    trace: dict[str, Any] | None
+    nodes_run: int
+    """Nodes in the trace's ``nodes`` list (run by ComfyUI); 0 without a trace."""
+    nodes_cached: int
+    """Nodes in the trace's ``cached`` list (served from ComfyUI's cache); 0 without a trace."""
     workflow_name: str
     submitted_at: float
     first_started_at: float
@@ -360,6 +369,15 @@ class Queue(Protocol):
 
     def ended_since(self, since: float, limit: int = 10000) -> list[EndedAttempt]:
         """Attempts whose end is at or after ``since``, oldest end first (metrics observe each once)."""
+        ...
+
+    def ended_count(self, since: float, until: float) -> int:
+        """How many attempts ended in ``[since, until]`` (an index range, counted without reading rows)."""
+        ...
+
+    def ended_keys(self, since: float, until: float) -> list[tuple[str, int, float, float]]:
+        """``(job_id, attempt, started_at, ended_at)`` of the attempts that ended in ``[since, until]``, oldest
+        end first: what metrics compare with what they counted when ``ended_count`` says a write landed late."""
         ...
 
     def deliveries(self, job_id: str) -> list[Delivery]:

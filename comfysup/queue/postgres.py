@@ -859,14 +859,27 @@ class PostgresQueue:
                                "AND finished_at >= %s GROUP BY state", (since,)))
 
     def ended_since(self, since: float, limit: int = 10000) -> list[EndedAttempt]:
+        """The trace stays in the database: its node lists are counted there (0 when one is missing or not
+        a list, as SQLite's json_array_length), so metrics never hold the several KB of JSON of each attempt."""
         rows = self._rows(
-            "SELECT a.job_id, a.attempt, a.outcome, a.kind, a.started_at, a.ended_at, a.trace, j.workflow_name, "
-            "j.submitted_at, (SELECT min(f.started_at) FROM attempts f WHERE f.job_id = a.job_id) "
-            "FROM attempts a JOIN jobs j ON j.id = a.job_id WHERE a.ended_at >= %s ORDER BY a.ended_at LIMIT %s",
+            "SELECT a.job_id, a.attempt, a.outcome, a.kind, a.started_at, a.ended_at, "
+            "CASE json_typeof(t.doc -> 'nodes') WHEN 'array' THEN json_array_length(t.doc -> 'nodes') ELSE 0 END, "
+            "CASE json_typeof(t.doc -> 'cached') WHEN 'array' THEN json_array_length(t.doc -> 'cached') ELSE 0 END, "
+            "j.workflow_name, j.submitted_at, (SELECT min(f.started_at) FROM attempts f WHERE f.job_id = a.job_id) "
+            "FROM attempts a JOIN jobs j ON j.id = a.job_id CROSS JOIN LATERAL (SELECT a.trace::json AS doc) t "
+            "WHERE a.ended_at >= %s ORDER BY a.ended_at LIMIT %s",
             (since, limit))
         return [EndedAttempt(job_id=r[0], attempt=r[1], outcome=r[2], kind=r[3], started_at=r[4], ended_at=r[5],
-                             trace=_loads(r[6]), workflow_name=r[7], submitted_at=r[8], first_started_at=r[9])
+                             nodes_run=r[6], nodes_cached=r[7], workflow_name=r[8], submitted_at=r[9],
+                             first_started_at=r[10])
                 for r in rows]
+
+    def ended_count(self, since: float, until: float) -> int:
+        return self._scalar("SELECT count(*) FROM attempts WHERE ended_at >= %s AND ended_at <= %s", (since, until))
+
+    def ended_keys(self, since: float, until: float) -> list[tuple[str, int, float, float]]:
+        return self._rows("SELECT job_id, attempt, started_at, ended_at FROM attempts "  # type: ignore[return-value]
+                          "WHERE ended_at >= %s AND ended_at <= %s ORDER BY ended_at", (since, until))
 
     # -- webhook deliveries --------------------------------------------------------------------------------
 

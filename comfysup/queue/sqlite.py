@@ -787,14 +787,27 @@ class SQLiteQueue:
                                "AND finished_at >= ? GROUP BY state", (since,)))
 
     def ended_since(self, since: float, limit: int = 10000) -> list[EndedAttempt]:
+        """The trace stays in the database: json_array_length counts its nodes there (0 when a list is
+        missing or not a list), so metrics never hold the several KB of JSON of each attempt."""
         rows = self._read(
-            "SELECT a.job_id, a.attempt, a.outcome, a.kind, a.started_at, a.ended_at, a.trace, j.workflow_name, "
-            "j.submitted_at, (SELECT min(f.started_at) FROM attempts f WHERE f.job_id = a.job_id) "
+            "SELECT a.job_id, a.attempt, a.outcome, a.kind, a.started_at, a.ended_at, "
+            "coalesce(json_array_length(a.trace, '$.nodes'), 0), coalesce(json_array_length(a.trace, '$.cached'), 0), "
+            "j.workflow_name, j.submitted_at, (SELECT min(f.started_at) FROM attempts f WHERE f.job_id = a.job_id) "
             "FROM attempts a JOIN jobs j ON j.id = a.job_id WHERE a.ended_at >= ? ORDER BY a.ended_at LIMIT ?",
             (since, limit))
         return [EndedAttempt(job_id=r[0], attempt=r[1], outcome=r[2], kind=r[3], started_at=r[4], ended_at=r[5],
-                             trace=_loads(r[6]), workflow_name=r[7], submitted_at=r[8], first_started_at=r[9])
+                             nodes_run=r[6], nodes_cached=r[7], workflow_name=r[8], submitted_at=r[9],
+                             first_started_at=r[10])
                 for r in rows]
+
+    def ended_count(self, since: float, until: float) -> int:
+        return self._read("SELECT count(*) FROM attempts WHERE ended_at >= ? AND ended_at <= ?",
+                          (since, until))[0][0]
+
+    def ended_keys(self, since: float, until: float) -> list[tuple[str, int, float, float]]:
+        return [tuple(r) for r in self._read(  # type: ignore[misc]
+            "SELECT job_id, attempt, started_at, ended_at FROM attempts WHERE ended_at >= ? AND ended_at <= ? "
+            "ORDER BY ended_at", (since, until))]
 
     # -- webhook deliveries --------------------------------------------------------------------------------
 
