@@ -405,7 +405,8 @@ def test_v7_drops_the_insert_trigger_and_counts_stay_right(tmp_path: Path) -> No
     q.close()
     conn = sqlite3.connect(path)  # back to v6: as the comfysup before this one left it
     conn.execute("CREATE TRIGGER jobs_finished_insert AFTER INSERT ON jobs WHEN new.state IN "
-                 "('done', 'dead', 'cancelled') BEGIN UPDATE finished_counts SET n = n + 1 WHERE state = new.state; END")
+                 "('done', 'dead', 'cancelled') BEGIN "
+                 "UPDATE finished_counts SET n = n + 1 WHERE state = new.state; END")
     conn.execute("PRAGMA user_version = 6")
     conn.commit()
     conn.close()
