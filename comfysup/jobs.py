@@ -22,7 +22,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from comfysup.queue.base import NewJob
-from comfysup.workflows import content_hash, model_key, touches_loader
+from comfysup.workflows import canonical, content_hash, model_key, touches_loader
 
 MAX_LINE_BYTES = 16 * 1024 * 1024
 MAX_WORKFLOW_BYTES = 16 * 1024 * 1024
@@ -152,8 +152,8 @@ class ObjectInfo:
         return set(spec.get("required", {})) | set(spec.get("optional", {}))
 
 
-_canonical = json.JSONEncoder(sort_keys=True, separators=(",", ":")).encode
-"""The stored text of a workflow (and the input of its spec_hash): one encoder, not one per call."""
+_canonical = canonical
+"""The stored text of a workflow (and the input of its spec_hash)."""
 
 
 class Template:

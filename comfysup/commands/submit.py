@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import gc
 import shutil
 import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 from comfysup.commands._common import config_from, object_info_path, queue_from
@@ -42,7 +45,7 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
 
 def run(args: argparse.Namespace) -> int:
     config = config_from(args)
-    with _opened(args.file) as (path, label, base_dir):
+    with _opened(args.file) as (path, label, base_dir), _without_cycle_collection():
         jobs = JobsFile(path, label=label, base_dir=base_dir,
                         object_info=ObjectInfo.load(object_info_path(config)))
         checked = jobs.validate()
@@ -111,6 +114,20 @@ def _summary(queue: Queue, ended: dict[str, str]) -> int:
     if len(failed) > 10:
         print(f"  … and {len(failed) - 10} more (comfysup status, comfysup show ID)")
     return 0 if not failed else 1
+
+
+@contextlib.contextmanager
+def _without_cycle_collection() -> Iterator[None]:
+    """Python's cycle collector off while a file is read and inserted: each line allocates a few dozen
+    short-lived dicts and lists, freed by their reference counts, and the collector, started every 700
+    allocations, found nothing to collect in 100,000 lines and took about a sixth of the submit's time."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 class _opened:

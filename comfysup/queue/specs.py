@@ -8,23 +8,18 @@ would otherwise keep a copy of every one of them in memory.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from comfysup.queue.base import NewJob
-from comfysup.workflows import canonical, content_hash, model_key
+from comfysup.workflows import canonical, compact, content_hash, model_key
 
 SPEC_CACHE = 64
 """Workflow objects one submit remembers the hash and model key of (a file names a few; inline ones differ)."""
 
 
-_compact = json.JSONEncoder(separators=(",", ":")).encode
-"""One encoder: json.dumps with an argument builds a new one per call (100,000 of them in a large submit)."""
-
-
 def dumps_plain(value: dict[str, Any]) -> str:
     """A job's own small JSON (params, extra_data, meta): compact, and the empty object without encoding."""
-    return _compact(value) if value else "{}"
+    return compact(value) if value else "{}"
 
 
 class SpecCache:
