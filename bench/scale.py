@@ -26,6 +26,7 @@ from pathlib import Path
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
 import argparse
+import gc
 import json
 import multiprocessing
 import os
@@ -187,6 +188,7 @@ def status_times(path: Path) -> tuple[float, float, float]:
 
 def _submit_child(directory: str, out: str) -> None:
     base = Path(directory)
+    gc.disable()  # as `comfysup submit` does while it reads and inserts
     started = time.perf_counter()
     jobs = JobsFile(base / "jobs.jsonl")
     checked = jobs.validate()
@@ -217,6 +219,18 @@ def submit_batch(workdir: Path, lines: int) -> dict[str, float]:
         raise RuntimeError("submit failed")
     result = json.loads(out.read_text())
     assert result["inserted"] == lines
+    # The command itself, as a person runs it (start-up, imports, output included), on a queue of its own.
+    (directory / "config.toml").write_text(f'[queue]\npath = "{directory / "cli.db"}"\n')
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COMFYSUP_")} | {"PYTHONPATH": str(REPO)}
+    started = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-m", "comfysup", "submit", str(directory / "jobs.jsonl"), "--config",
+                             str(directory / "config.toml")], env=env, stdout=subprocess.PIPE)
+    _pid, status, usage = os.wait4(proc.pid, 0)
+    result["command_s"] = time.perf_counter() - started
+    result["command_rss_mb"] = usage.ru_maxrss / 1024
+    if status != 0 or f"submitted {lines} job(s)".encode() not in proc.stdout.read():
+        raise RuntimeError("comfysup submit failed")
+    proc.stdout.close()
     db = directory / "q.db"
     result["db_bytes"] = sum(p.stat().st_size for p in directory.glob("q.db*"))
     conn = sqlite3.connect(db)
@@ -333,6 +347,8 @@ def main() -> int:
                   f"{lines / total:,.0f} jobs/s, peak RSS {r['max_rss_mb']:.0f} MB; database "
                   f"{r['db_bytes'] / 2**20:.1f} MiB = {r['db_bytes'] / lines:,.0f} bytes per job, "
                   f"{r['workflows']} stored workflow(s)")
+            print(f"`comfysup submit` of the same file (the whole command, on an empty queue): {r['command_s']:.1f} s, "
+                  f"peak RSS {r['command_rss_mb']:.0f} MB")
         if "prune" in parts:
             r = prune_under_load(big, prune_jobs)
             print(f"\n## prune {r['removed']:,.0f} finished jobs of {big_rows:,} in batches of 500 while a runner "

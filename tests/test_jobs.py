@@ -9,16 +9,22 @@ which adds a link is still checked in full.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import json
+import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cli_support import TRIVIAL, job_id, line, write_jobs
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from comfysup.errors import ComfysupError
 from comfysup.jobs import JobsFile
+from comfysup.queue.base import NewJob
+from comfysup.queue.sqlite import SQLiteQueue
 
 
 def expected_hash(workflow: dict, extra: dict, meta: dict, priority: int) -> str:
@@ -175,3 +181,63 @@ def test_the_queue_stores_the_template_once_and_claims_exactly_the_applied_workf
         assert json.dumps(claim.workflow, sort_keys=True, separators=(",", ":")) == \
             json.dumps(job.workflow, sort_keys=True, separators=(",", ":"))
     q.close()
+
+
+def _mixed_file(tmp_path: Path, n: int) -> Path:
+    """Lines of the shared file workflow and inline ones, with extra data, meta, priorities and callbacks."""
+    lines = []
+    for i in range(n):
+        if i % 7 == 3:
+            inline = copy.deepcopy(TRIVIAL)
+            inline["1"]["inputs"]["width"] = 8 + i
+            lines.append(line(i, workflow=inline, meta={"i": i}))
+        else:
+            lines.append(line(i, priority=i % 3, extra_data={"k": str(i)} if i % 5 == 0 else {},
+                              callback_url="http://127.0.0.1:9/hook" if i % 11 == 0 else ""))
+    return write_jobs(tmp_path, lines)
+
+
+def test_the_read_ahead_yields_the_jobs_that_jobs_builds_workflow_aside(tmp_path: Path) -> None:
+    jobs = JobsFile(_mixed_file(tmp_path, 1234))
+    assert jobs.validate().ok
+    fields = [f.name for f in dataclasses.fields(NewJob) if f.name != "workflow"]
+    direct = [tuple(getattr(j, f) for f in fields) for j in jobs.jobs()]
+    ahead = list(jobs.jobs_read_ahead(batch=100))
+    assert [tuple(getattr(j, f) for f in fields) for j in ahead] == direct
+    assert len(direct) == 1234 and all(not j.workflow for j in ahead)
+
+
+def test_a_read_ahead_submit_stores_what_a_plain_one_stores(tmp_path: Path) -> None:
+    jobs = JobsFile(_mixed_file(tmp_path, 600))
+    plain, ahead = SQLiteQueue(tmp_path / "a.db"), SQLiteQueue(tmp_path / "b.db")
+    assert plain.submit(jobs.jobs()).inserted == ahead.submit(jobs.jobs_read_ahead(batch=64)).inserted == 600
+    for a, b in zip(plain.iter_jobs(), ahead.iter_jobs(), strict=True):
+        assert (a.id, a.workflow, a.extra_data, a.meta, a.params, a.priority, a.workflow_name) == (
+            b.id, b.workflow, b.extra_data, b.meta, b.params, b.priority, b.workflow_name)
+    assert ahead.submit(jobs.jobs_read_ahead()).existing == 600  # the same spec hashes: nothing twice
+    plain.close()
+    ahead.close()
+
+
+@pytest.mark.parametrize("how", ["dies", "raises"])
+def test_a_reader_that_fails_leaves_nothing_inserted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                     how: str) -> None:
+    """The child reads the file; if it dies (killed, out of memory) or fails half-way, the submit raises in
+    its transaction and rolls back, whatever it had inserted already."""
+    jobs = JobsFile(_mixed_file(tmp_path, 300))
+    original = JobsFile.jobs
+
+    def failing(self: JobsFile) -> Any:  # runs in the forked child
+        for n, job in enumerate(original(self)):
+            if n == 150:
+                if how == "dies":
+                    os._exit(3)
+                raise OSError("disk read error")
+            yield job
+
+    monkeypatch.setattr(JobsFile, "jobs", failing)
+    queue = SQLiteQueue(tmp_path / "q.db")
+    with pytest.raises(ComfysupError, match="exit code 3" if how == "dies" else "OSError: disk read error"):
+        queue.submit(jobs.jobs_read_ahead(batch=50))
+    assert queue.status().counts["queued"] == 0
+    queue.close()

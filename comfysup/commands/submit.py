@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
+import os
 import shutil
 import sys
 import tempfile
@@ -16,7 +17,7 @@ from pathlib import Path
 from comfysup.commands._common import config_from, object_info_path, queue_from
 from comfysup.config import Config
 from comfysup.errors import ComfysupError, UsageError
-from comfysup.jobs import JobsFile, ObjectInfo, Problem, format_problems
+from comfysup.jobs import READ_AHEAD_LINES, JobsFile, ObjectInfo, Problem, format_problems
 from comfysup.queue.base import CANCELLED, DEAD, DONE, TERMINAL, Queue, SubmitConflict
 from comfysup.redact import bound
 
@@ -61,7 +62,9 @@ def run(args: argparse.Namespace) -> int:
         ids = list(checked.lines_by_id)
         queue = queue_from(config, create=True)
         try:
-            result = queue.submit(jobs.jobs())
+            # A large file is read a second time by a child process while this one inserts (see jobs_read_ahead).
+            two_cpus = checked.count >= READ_AHEAD_LINES and (os.cpu_count() or 1) > 1
+            result = queue.submit(jobs.jobs_read_ahead() if two_cpus else jobs.jobs())
         except SubmitConflict as exc:
             problems = [Problem(checked.lines_by_id[i], f"id {i} is already in the queue with different "
                                 "content; give the changed job a new id") for i in exc.ids]

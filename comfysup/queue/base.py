@@ -55,7 +55,7 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -77,10 +77,14 @@ class SubmitConflict(QueueError):
 
 @dataclass(frozen=True)
 class NewJob:
-    """A validated job, ready to insert. ``workflow`` has ``set`` applied already."""
+    """A validated job, ready to insert. ``workflow`` has ``set`` applied already.
+
+    A queue stores ``template_json`` (else ``workflow_json``, else ``workflow``'s text) and ``params``, and
+    reads ``workflow`` only when neither text is given, or for its model key when ``model_key`` is None;
+    comfysup submit's read-ahead (comfysup.jobs.JobsFile.jobs_read_ahead) gives both and leaves it empty."""
 
     id: str
-    workflow: dict[str, Any]
+    workflow: Mapping[str, Any]
     spec_hash: str
     priority: int = 0
     extra_data: dict[str, Any] = field(default_factory=dict)
