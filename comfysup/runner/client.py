@@ -269,7 +269,9 @@ class EventStream:
         if self.ws is None:
             return
         try:
-            self.ws.settimeout(0.0001)
+            # Non-blocking: any timeout, however short, became a poll() of at least 1 ms (its resolution), paid
+            # before every post; with none, an empty socket raises BlockingIOError at once.
+            self.ws.settimeout(0)
             while True:
                 self.ws.recv_data()
         except (TimeoutError, websocket.WebSocketTimeoutException, BlockingIOError):
