@@ -37,6 +37,9 @@ if TYPE_CHECKING:
 FAULT_AT = {"drop": 0, "crash": 0, "error": 1, "oom": 1, "hang": 1}
 #: Words that may use the output cache (a fault must not be hidden by a cache hit).
 CACHE_WORDS = ("ok", "slow")
+MAX_LATENESS = 0.003
+"""How early a node's wait may aim: at most what the loop's wake-ups are late on an idle machine (epoll's
+whole milliseconds). On a loaded one they are later still, and that rest is waited out as before."""
 #: Largest side of a written PNG; bigger images are written at this size (their names are unaffected).
 MAX_SIDE = 2048
 
@@ -161,6 +164,8 @@ class Executor:
         self.client_id: str | None = None
         self.last_node_id: str | None = None
         self.interrupt_flag = asyncio.Event()
+        self.lateness = 0.0
+        """Seconds the event loop has been waking up after a node's wait should have ended (a running mean)."""
         self.cache: dict[str, CacheEntry] = {}
         self.loaded: dict[str, str | None] = {}
         self.preview_prefix = "_temp_" + "".join(random.choice(string.ascii_lowercase) for _ in range(5))
@@ -351,22 +356,29 @@ class _Run:
         """A node's time; an interrupt (set before or during it) stops the prompt at this node.
 
         The time is kept against a deadline, execution_start + every node time given so far, rather than
-        slept node by node: each wake-up of the event loop comes a little late (about 2 ms here, with the
-        messages and the PNG of each node), and slept node by node those delays added up, so a prompt of
-        three 66.7 ms nodes took 209 ms instead of 200. A prompt now takes its nodes' time, plus at most
-        the last wake-up's delay, which is what ``--node-ms`` promises a benchmark.
+        slept node by node: each wake-up of the event loop comes late (epoll counts whole milliseconds,
+        rounded up), and slept node by node those delays added up, so a prompt of three 66.7 ms nodes took
+        209 ms instead of 200. The wait also aims early by how late the loop has been waking up lately
+        (``Executor.lateness``) and yields to the loop for what is left, so the last node ends at its
+        deadline too: a prompt takes its nodes' time, which is what ``--node-ms`` promises a benchmark.
 
         ComfyUI checks the flag before each node and samplers check it at every step, so the running
         node is where the interrupt lands either way: "executing X", then execution_interrupted at X.
         """
-        loop = asyncio.get_running_loop()
+        loop, flag = asyncio.get_running_loop(), self.ex.interrupt_flag
         self.planned += max(ms, 0) / 1000
-        if not self.ex.interrupt_flag.is_set():
+        deadline = self.started + self.planned
+        target = deadline - self.ex.lateness
+        if not flag.is_set() and target > loop.time():
             try:
-                await asyncio.wait_for(self.ex.interrupt_flag.wait(), max(self.started + self.planned - loop.time(), 0))
+                await asyncio.wait_for(flag.wait(), target - loop.time())
             except TimeoutError:
-                return
-        raise NodeFailure(node_id)
+                late = loop.time() - target
+                self.ex.lateness = min(max(self.ex.lateness + (late - self.ex.lateness) / 4, 0.0), MAX_LATENESS)
+        while not flag.is_set() and loop.time() < deadline:
+            await asyncio.sleep(0)  # the rest, a fraction of a millisecond: let the loop run meanwhile
+        if flag.is_set():
+            raise NodeFailure(node_id)
 
     def report(self, failure: NodeFailure) -> None:
         """PromptExecutor.handle_execution_error."""
