@@ -11,13 +11,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import multiprocessing
 import re
 import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from json.encoder import encode_basestring_ascii
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -283,20 +281,8 @@ class _NodeLayout:
                     return None
                 if pieces is self.pieces:
                     pieces = list(pieces)
-                pieces[i] = self.quoted[i] + _json_value(value)
+                pieces[i] = self.quoted[i] + _canonical(value)
         return self.head + "{" + ",".join(pieces) + "}" + self.tail
-
-
-def _json_value(value: Any) -> str:
-    """``_canonical(value)``, without building an encoder for the values a ``set`` usually holds."""
-    kind = type(value)
-    if kind is int:
-        return int.__repr__(value)
-    if kind is str:
-        return encode_basestring_ascii(value)
-    if kind is float and math.isfinite(value):
-        return float.__repr__(value)
-    return _canonical(value)
 
 
 class WorkflowCache:
