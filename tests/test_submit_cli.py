@@ -9,11 +9,17 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cli_support import TRIVIAL, cli, count_jobs, job_id, line, run_cli, write_config, write_jobs
+from pg_support import pg_url  # noqa: F401  (a fixture, by name)
 
 from comfysup import jobs as jobs_module
+from comfysup.commands import submit as submit_command
+from comfysup.config import load_config
+from comfysup.jobs import JobsFile
+from comfysup.queue import open_queue
 from comfysup.queue.sqlite import SQLiteQueue
 
 UI_FORMAT = {"last_node_id": 3, "last_link_id": 2, "nodes": [{"id": 1, "type": "EmptyImage"}],
@@ -218,3 +224,41 @@ def test_submit_from_standard_input(tmp_path: Path) -> None:
     assert "<stdin>:2: not valid JSON" in bad.stderr
     assert "Traceback" not in bad.stderr
     assert count_jobs(tmp_path) == 2
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_a_large_file_is_read_ahead_and_stored_alike_on_either_backend(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        request: pytest.FixtureRequest, backend: str) -> None:
+    """From READ_AHEAD_LINES lines a forked child reads the file while the submit inserts (lowered here):
+    the queue, SQLite or PostgreSQL, gets every job with its own set, and a second submit adds none."""
+    monkeypatch.setattr(submit_command, "READ_AHEAD_LINES", 20)
+    used = []
+    original = JobsFile.jobs_read_ahead
+
+    def watched(self: JobsFile, *args: Any, **kwargs: Any) -> Any:
+        used.append(self.path)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(JobsFile, "jobs_read_ahead", watched)
+    if backend == "postgres":
+        url = request.getfixturevalue("pg_url")
+        config = tmp_path / "config.toml"
+        config.write_text(f'[queue]\nurl = "{url}"\n')
+    else:
+        config = write_config(tmp_path)
+    path = write_jobs(tmp_path, [line(n, priority=n % 2) for n in range(60)])
+    code, out, err = cli(capsys, "submit", str(path), "--config", str(config))
+    assert (code, out.strip()) == (0, "submitted 60 job(s), 0 already submitted"), err
+    assert used == [path]
+    queue = open_queue(load_config(str(config)))
+    try:
+        jobs = {j.id: j for j in queue.iter_jobs()}
+        assert len(jobs) == 60
+        for n in range(60):
+            job = jobs[job_id(n)]
+            assert (job.params, job.priority, job.workflow["1"]["inputs"]["color"]) == ({"1.color": n}, n % 2, n)
+    finally:
+        queue.close()
+    code, out, _ = cli(capsys, "submit", str(path), "--config", str(config))
+    assert (code, out.strip()) == (0, "submitted 0 job(s), 60 already submitted")
