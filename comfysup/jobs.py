@@ -158,10 +158,6 @@ class ObjectInfo:
         return set(spec.get("required", {})) | set(spec.get("optional", {}))
 
 
-_canonical = canonical
-"""The stored text of a workflow (and the input of its spec_hash)."""
-
-
 class Template:
     """A workflow file parsed and checked once, shared by every line that names it.
 
@@ -169,21 +165,21 @@ class Template:
     text, encoded once, so a 10 KB workflow is neither parsed nor encoded again for each of 100,000
     lines. A changed node is assembled the same way from its inputs' texts, only the values that its
     line changed encoded again (encoding the whole node took most of a submit's time per line). The text
-    is exactly ``_canonical(workflow)``: spec hashes do not depend on these shortcuts.
+    is exactly ``canonical(workflow)``: spec hashes do not depend on these shortcuts.
     """
 
     def __init__(self, workflow: dict[str, Any], name: str) -> None:
         self.workflow = workflow
         self.name = name
         self.order = sorted(workflow)
-        self.node_text = {k: f"{_canonical(k)}:{_canonical(workflow[k])}" for k in self.order}
+        self.node_text = {k: f"{canonical(k)}:{canonical(workflow[k])}" for k in self.order}
         self._graph: tuple[list[str], JobLineError | None] | None = None
         self.stored = self.text({})
         """What the queue stores once for every line of this file: the workflow before any ``set``."""
         self.stored_hash = content_hash(self.stored)
         self._model_key = model_key(workflow) or ""
         self.index = {k: i for i, k in enumerate(self.order)}
-        self._keys = {k: f"{_canonical(k)}:" for k in self.order}
+        self._keys = {k: f"{canonical(k)}:" for k in self.order}
         self._layouts = {k: layout for k in self.order if (layout := _NodeLayout.of(workflow[k])) is not None}
         self._parts = [self.node_text[k].encode() for k in self.order]
         # sha256 states of the text so far before each node: a line's spec hash starts from the state before
@@ -219,10 +215,10 @@ class Template:
                               for k in self.order) + "}"
 
     def _node_text(self, key: str, node: Any) -> str:
-        """``_canonical(node)`` for a changed copy of node ``key``."""
+        """``canonical(node)`` for a changed copy of node ``key``."""
         layout = self._layouts.get(key)
         text = layout.text(node) if layout is not None else None
-        return text if text is not None else _canonical(node)
+        return text if text is not None else canonical(node)
 
     def check(self, changed: dict[str, Any], overrides: dict[str, Any], object_info: ObjectInfo) -> list[str]:
         """check_graph's answer for this template with ``overrides`` (``changed``: the nodes they change).
@@ -253,14 +249,14 @@ class _NodeLayout:
         self.node = node
         self.head, self.tail = head, tail
         self.names = sorted(node["inputs"])  # the order sort_keys gives
-        self.quoted = [_canonical(n) + ":" for n in self.names]
-        self.pieces = [q + _canonical(node["inputs"][n]) for q, n in zip(self.quoted, self.names, strict=True)]
+        self.quoted = [canonical(n) + ":" for n in self.names]
+        self.pieces = [q + canonical(node["inputs"][n]) for q, n in zip(self.quoted, self.names, strict=True)]
 
     @classmethod
     def of(cls, node: Any) -> _NodeLayout | None:
         if not isinstance(node, dict) or not isinstance(node.get("inputs"), dict):
             return None
-        text, mark = _canonical({**node, "inputs": cls._MARK}), _canonical(cls._MARK)
+        text, mark = canonical({**node, "inputs": cls._MARK}), canonical(cls._MARK)
         if text.count(mark) != 1:  # the mark within the node's own strings: not worth a layout
             return None
         head, tail = text.split(mark)
@@ -281,7 +277,7 @@ class _NodeLayout:
                     return None
                 if pieces is self.pieces:
                     pieces = list(pieces)
-                pieces[i] = self.quoted[i] + _canonical(value)
+                pieces[i] = self.quoted[i] + canonical(value)
         return self.head + "{" + ",".join(pieces) + "}" + self.tail
 
 
@@ -595,10 +591,10 @@ class JobsFile:
             warnings = check_graph(workflow, self.object_info) if check else []
             if not build:
                 return job_id, warnings
-            text = _canonical(workflow)
+            text = canonical(workflow)
             digest = hashlib.sha256(text.encode())
             # Stored before its `set`, so lines that share an inline workflow share one stored copy.
-            stored = _canonical(inline) if params else text
+            stored = canonical(inline) if params else text
             stored_hash, key = content_hash(stored), model_key(workflow) or ""
         meta = line.get("meta", {})
         extra = line.get("extra_data", {})
