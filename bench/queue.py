@@ -27,9 +27,11 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-# This file is named queue.py, and Python puts its folder first on sys.path: drop it, or every
-# ``import queue`` (multiprocessing, psycopg under huey) would import this script instead.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+# This file is named queue.py, and Python puts its folder first on sys.path: move it last, or every
+# ``import queue`` (multiprocessing, psycopg under huey) would import this script instead. Last, the
+# folder still gives bench/workload.py.
+HERE = Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE] + [str(HERE)]
 
 import argparse
 import json
@@ -49,6 +51,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from workload import workflow_10kb
+
 from comfysup.jobs import JobsFile
 from comfysup.queue.base import NewJob
 from comfysup.queue.sqlite import SQLiteQueue
@@ -61,30 +65,6 @@ PEER_RUN_SECONDS = 8
 
 
 # -- the workload -------------------------------------------------------------------------------------------
-
-def workflow_10kb() -> dict[str, Any]:
-    """An SDXL-shaped API workflow padded with prompt text to about 10 KB, as real ones are."""
-    prompt = ("a lighthouse on a cliff at dusk, volumetric light, 35mm, film grain, detailed rocks, "
-              "crashing waves, seabirds, soft clouds, ") * 4
-    wf: dict[str, Any] = {
-        "4": {"class_type": "CheckpointLoaderSimple", "inputs": {"ckpt_name": "sdxl_base_1.0.safetensors"}},
-        "5": {"class_type": "EmptyLatentImage", "inputs": {"width": 1024, "height": 1024, "batch_size": 1}},
-        "3": {"class_type": "KSampler", "inputs": {"seed": 0, "steps": 30, "cfg": 7.0, "sampler_name": "euler",
-                                                   "scheduler": "normal", "denoise": 1.0, "model": ["4", 0],
-                                                   "positive": ["6", 0], "negative": ["7", 0],
-                                                   "latent_image": ["5", 0]}},
-        "8": {"class_type": "VAEDecode", "inputs": {"samples": ["3", 0], "vae": ["4", 2]}},
-        "9": {"class_type": "SaveImage", "inputs": {"filename_prefix": "bench", "images": ["8", 0]}},
-    }
-    n = 10
-    while len(json.dumps(wf)) < 10_000:
-        wf[str(n)] = {"class_type": "CLIPTextEncode", "inputs": {"text": prompt, "clip": ["4", 1]}}
-        n += 1
-    wf["6"] = {"class_type": "ConditioningCombine", "inputs": {"conditioning_1": ["10", 0],
-                                                                "conditioning_2": ["11", 0]}}
-    wf["7"] = {"class_type": "CLIPTextEncode", "inputs": {"text": "blurry, low quality", "clip": ["4", 1]}}
-    return wf
-
 
 WORKFLOW = workflow_10kb()
 WORKFLOW_JSON = json.dumps(WORKFLOW, sort_keys=True, separators=(",", ":"))
