@@ -18,7 +18,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 from queue_contract import T0, make_job
 
-from comfysup.metrics import LOOKBACK_SECONDS, Observer
+from comfysup.observability.metrics import LOOKBACK_SECONDS, Observer
 from comfysup.queue.base import Claim
 from comfysup.queue.sqlite import SQLiteQueue
 

@@ -12,12 +12,12 @@ import pytest
 from prometheus_client import CollectorRegistry
 from queue_contract import T0, make_job
 
-from comfysup.metrics import Metrics, Observer
+from comfysup.gpus import GpuSample, GpuSampler
+from comfysup.observability.metrics import Metrics, Observer
+from comfysup.observability.views import overview
+from comfysup.observability.web import App, render_page
 from comfysup.queue.base import Output
 from comfysup.queue.sqlite import SQLiteQueue
-from comfysup.supervisor.gpus import GpuSample, GpuSampler
-from comfysup.views import overview
-from comfysup.web import App, render_page
 
 
 @pytest.fixture

@@ -27,9 +27,9 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 from supervisor_support import REPO, TRIVIAL, Supervised, job_id, wait_for
 
+from comfysup.gpus import GpuSampler
+from comfysup.observability.webhooks import verify
 from comfysup.queue.sqlite import SQLiteQueue
-from comfysup.supervisor.gpus import GpuSampler
-from comfysup.webhooks import verify
 from tests.webhook_support import Receiver
 
 CANARY = "sk-canary-observe-42c0de19f3"

@@ -18,10 +18,11 @@ from typing import Any
 import psutil
 import pytest
 
+from comfysup import gpus
 from comfysup.config import build_config, check_supervisor, parse_gpus
 from comfysup.errors import ConfigError
-from comfysup.supervisor import gpus, notify, server
-from comfysup.supervisor.gpus import Slot
+from comfysup.gpus import Slot
+from comfysup.supervisor import notify, server
 from comfysup.supervisor.process import ProcessOps, describe_status
 
 # -- the ComfyUI command line ----------------------------------------------------------------------------

@@ -18,9 +18,7 @@ import pytest
 import tomli_w
 
 from comfysup.config import WebhooksConfig
-from comfysup.queue.sqlite import SQLiteQueue
-from comfysup.redact import display_url
-from comfysup.webhooks import (
+from comfysup.observability.webhooks import (
     DELIVERY_HEADER,
     SIGNATURE_HEADER,
     TIMESTAMP_HEADER,
@@ -28,6 +26,8 @@ from comfysup.webhooks import (
     sign,
     verify,
 )
+from comfysup.queue.sqlite import SQLiteQueue
+from comfysup.redact import display_url
 from fake_comfy import FakeComfy
 from tests.runner_helpers import comfysup, job_id, jobs_file, trivial_job, write_config
 from tests.webhook_support import Receiver

@@ -22,6 +22,7 @@ from typing import Any
 
 import tomli_w
 
+from comfysup.commands import submit
 from comfysup.commands.results import _ids_of, _table, row
 from comfysup.config import load_config
 from comfysup.errors import ComfysupError, UsageError
@@ -150,8 +151,6 @@ def report(config_path: Path, ids: list[str]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from comfysup.cli import main as cli
-
     jobs = Path(args.jobs)
     if not jobs.is_file():
         raise UsageError(f"{jobs}: no such jobs file (run from the repository, or give --jobs FILE)")
@@ -160,7 +159,7 @@ def run(args: argparse.Namespace) -> int:
     config_path = write_config(directory, free_ports(2))
     log_path = directory / "supervisor.log"
     print(f"demo in {directory}: two fake ComfyUI servers on the CPU, config {config_path}", file=sys.stderr)
-    code = cli(["submit", "--config", str(config_path), str(jobs)])
+    code = submit.run(argparse.Namespace(config=str(config_path), file=str(jobs), dry_run=False, wait=False))
     if code:
         return code
     ids = _ids_of(jobs)

@@ -16,7 +16,7 @@ from typing import Any
 
 from comfysup.commands._common import config_from
 from comfysup.runner.client import ComfyClient, ComfyError
-from comfysup.supervisor.state import read_state, staleness
+from comfysup.slotstate import read_state, staleness
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:

@@ -17,7 +17,7 @@ import tomli_w
 
 from comfysup.config import SECTIONS, Config, build_config
 from comfysup.errors import UsageError
-from comfysup.supervisor.gpus import discover
+from comfysup.gpus import discover
 
 DOCS: dict[str, dict[str, str]] = {
     "queue": {

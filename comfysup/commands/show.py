@@ -8,13 +8,14 @@ import json
 import time
 from typing import Any
 
-from comfysup.commands._common import age, config_from, queue_from, when
+from comfysup.commands._common import config_from, queue_from
 from comfysup.errors import UsageError
 from comfysup.jobs import JobLineError, canonical_id
+from comfysup.observability.views import progress_text
 from comfysup.queue.base import Delivery, JobRecord
 from comfysup.redact import Redactor, bound, display_url, mask
 from comfysup.runner.trace import phase_durations
-from comfysup.views import progress_text
+from comfysup.timefmt import age, when
 
 PHASE_NOTES = {"posted": "waiting in ComfyUI's queue", "followed": "following a prompt an earlier attempt left",
                "adopted": "a finished run adopted from /history"}

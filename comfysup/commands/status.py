@@ -8,11 +8,12 @@ import sys
 import time
 from typing import Any, TextIO
 
-from comfysup.commands._common import age, config_from, queue_from
+from comfysup.commands._common import config_from, queue_from
+from comfysup.observability.views import WINDOW_SECONDS, Overview, overview, progress_text
 from comfysup.queue.base import Machine, Status
 from comfysup.redact import bound
-from comfysup.supervisor.state import read_state, staleness
-from comfysup.views import WINDOW_SECONDS, Overview, overview, progress_text
+from comfysup.slotstate import read_state, staleness
+from comfysup.timefmt import age
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:

@@ -103,8 +103,8 @@ class Webhooks:
     that ``--until-empty`` sends the webhooks of its last jobs before it returns."""
 
     def __init__(self, config: Config) -> None:
+        from comfysup.observability.webhooks import Deliverer
         from comfysup.queue import open_queue
-        from comfysup.webhooks import Deliverer
 
         self.config = config
         self.queue = open_queue(config, create=True)

@@ -22,7 +22,7 @@ import psutil
 import requests
 
 from comfysup.config import Config
-from comfysup.supervisor.gpus import Slot
+from comfysup.gpus import Slot
 from comfysup.supervisor.notify import child_environment
 
 LOG_NAME = "comfyui.log"

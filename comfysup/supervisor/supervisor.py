@@ -16,7 +16,7 @@ What the supervisor promises (DESIGN.md, "The promise"):
 - SIGTERM: stop claiming, let the runners use their grace, then stop the servers. Claims of runners
   that had to be killed at the end are released without counting an attempt.
 - The supervisor stays single-threaded, because it forks runners for as long as it lives: /metrics, the
-  status page and webhook deliveries run in a monitor child (comfysup.supervisor.monitor), forked like a
+  status page and webhook deliveries run in a monitor child (comfysup.observability.monitor), forked like a
   runner and restarted when it dies; it stops last, so webhooks of jobs that end during the grace go out.
 """
 
@@ -43,17 +43,17 @@ import psutil
 
 from comfysup.config import Config, check_supervisor, parse_gpus
 from comfysup.errors import ComfysupError, ConfigError, QueueError
+from comfysup.gpus import Slot, discover, slots_for
+from comfysup.observability.monitor import BIND_FAILED
 from comfysup.queue import Queue, open_queue
 from comfysup.queue.base import Claim, host_name
 from comfysup.runner.attempt import Outcome
 from comfysup.runner.loop import make_owner, owner_pid
+from comfysup.slotstate import STATE_FILE, state_path
 from comfysup.supervisor import server as servers
-from comfysup.supervisor.gpus import Slot, discover, slots_for
-from comfysup.supervisor.monitor import BIND_FAILED
 from comfysup.supervisor.notify import Notifier
 from comfysup.supervisor.policy import Action, Limits, Policy, State
 from comfysup.supervisor.process import ProcessOps, SpawnError, describe_status, set_name
-from comfysup.supervisor.state import STATE_FILE, state_path
 
 log = logging.getLogger("comfysup.supervisor")
 
@@ -613,7 +613,7 @@ class Supervisor:
             log.info("monitor started, pid %d", self.monitor_pid)
 
     def _monitor_main(self) -> int:
-        from comfysup.supervisor.monitor import monitor_main
+        from comfysup.observability.monitor import monitor_main
 
         self._become_child("comfysup-monitor")
         return monitor_main(self.config, self.monitor_port, serve_endpoint=self.monitor_endpoint)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from comfysup.queue.base import JobRecord, Queue, Status
-from comfysup.supervisor.state import staleness
+from comfysup.slotstate import staleness
 
 WINDOW_SECONDS = 300.0
 """Jobs per minute are counted over the last five minutes."""

@@ -23,12 +23,12 @@ from types import FrameType
 from typing import Any
 
 from comfysup.config import Config
-from comfysup.metrics import Metrics
+from comfysup.gpus import GpuSampler
+from comfysup.observability.metrics import Metrics
+from comfysup.observability.web import App, serve
+from comfysup.observability.webhooks import Deliverer
 from comfysup.queue import open_queue
-from comfysup.supervisor.gpus import GpuSampler
-from comfysup.supervisor.state import read_state
-from comfysup.web import App, serve
-from comfysup.webhooks import Deliverer
+from comfysup.slotstate import read_state
 
 log = logging.getLogger("comfysup.monitor")
 

@@ -33,7 +33,7 @@ from comfysup.queue.base import TERMINAL, Delivery, JobRecord, Queue
 from comfysup.redact import Redactor, bound, display_url, mask
 from comfysup.runner.retry import RetryPolicy
 
-log = logging.getLogger("comfysup.webhooks")
+log = logging.getLogger("comfysup.observability.webhooks")
 
 TIMESTAMP_HEADER = "X-Comfysup-Timestamp"
 SIGNATURE_HEADER = "X-Comfysup-Signature"

@@ -25,15 +25,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from comfysup.commands._common import age
 from comfysup.jobs import JobLineError, canonical_id
-from comfysup.metrics import CONTENT_TYPE, Metrics
+from comfysup.observability.metrics import CONTENT_TYPE, Metrics
+from comfysup.observability.views import WINDOW_SECONDS, Overview, overview, progress_fraction, progress_text
 from comfysup.queue.base import Queue
 from comfysup.redact import bound
 from comfysup.runner.store import UnsafeName, check_part
-from comfysup.views import WINDOW_SECONDS, Overview, overview, progress_fraction, progress_text
+from comfysup.timefmt import age
 
-log = logging.getLogger("comfysup.web")
+log = logging.getLogger("comfysup.observability.web")
 PAGE_CSP = "default-src 'none'; img-src 'self'; style-src 'unsafe-inline'; base-uri 'none'; form-action 'none'"
 FILE_CSP = "default-src 'none'; img-src 'self'; style-src 'unsafe-inline'; sandbox"
 INLINE_TYPES = frozenset({"image/png", "image/jpeg", "image/webp", "image/gif", "audio/mpeg", "audio/flac",

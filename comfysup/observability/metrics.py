@@ -33,9 +33,9 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from comfysup.gpus import GpuSample
 from comfysup.queue.base import TERMINAL, EndedAttempt, Queue
-from comfysup.supervisor.gpus import GpuSample
-from comfysup.supervisor.state import staleness
+from comfysup.slotstate import staleness
 
 LOOKBACK_SECONDS = 120.0
 """An attempt's end is stamped before its transaction waits for the write lock (SQLite's busy timeout is
