@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import multiprocessing
 import re
 import uuid
@@ -38,6 +39,9 @@ PRIORITY_RANGE = (-(2**63), 2**63 - 1)
 """What SQLite's INTEGER holds; a larger number would fail at insert, after validation said yes."""
 LINE_KEYS = frozenset({"id", "workflow", "set", "priority", "extra_data", "meta", "callback_url"})
 MAX_URL_CHARS = 2048
+MAX_DEPTH = 64
+"""Arrays and objects inside each other, at most: every walk over a job's data (masking, rendering, hashing)
+then stays far from Python's recursion limit, and no workflow needs more than a handful of levels."""
 
 # ComfyUI's built-in nodes with OUTPUT_NODE = True: a prompt without one of these (or a custom output
 # node) is refused with prompt_no_outputs.
@@ -111,7 +115,15 @@ def _reject_constant(name: str) -> Any:
     raise JobLineError(f"{name} is not valid JSON; use null or a number")
 
 
-_STRICT = json.JSONDecoder(parse_constant=_reject_constant)
+def _finite_float(text: str) -> float:
+    """A number too large for a float (``1e999``) is infinity, which json would accept silently."""
+    value = float(text)
+    if value in (math.inf, -math.inf):
+        raise JobLineError(f"{text[:40]} is too large for a number (it would be Infinity); use a smaller one")
+    return value
+
+
+_STRICT = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float)
 """One decoder for every line: json.loads with an argument builds a new one per call."""
 
 
@@ -123,6 +135,44 @@ def loads_strict(text: str | bytes) -> Any:
         except UnicodeDecodeError:
             return json.loads(text, parse_constant=_reject_constant)  # its error, for the message
     return _STRICT.decode(text)
+
+
+def depth(value: Any) -> int:
+    """How many arrays and objects are nested at the deepest point of ``value``, without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, dict):
+            children: Any = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        deepest = max(deepest, level)
+        stack.extend((child, level + 1) for child in children if isinstance(child, dict | list))
+    return deepest
+
+
+def check_depth(value: Any, what: str, raw: bytes | None = None) -> None:
+    """JobLineError when ``value`` nests deeper than MAX_DEPTH. With its ``raw`` text, a line that has
+    fewer brackets than that in all is passed without a walk: most lines have a handful."""
+    if raw is not None and raw.count(b"[") + raw.count(b"{") <= MAX_DEPTH:
+        return
+    if depth(value) > MAX_DEPTH:
+        raise JobLineError(f"{what} is nested more than {MAX_DEPTH} levels deep (arrays or objects inside each "
+                           "other); flatten it")
+
+
+def check_text(value: str, what: str) -> str:
+    """A path or URL that the file system or the network can take: no NUL byte, no lone surrogate."""
+    if "\0" in value:
+        raise JobLineError(f"{what} {value[:100]!r} contains a NUL byte")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise JobLineError(f"{what} {value[:100]!r} contains a lone surrogate (\\u{ord(value[exc.start]):04x}), "
+                           "which is not text; write the character itself") from None
+    return value
 
 
 class ObjectInfo:
@@ -306,6 +356,7 @@ class WorkflowCache:
             except ValueError as exc:
                 raise JobLineError(f"workflow file {str(path)!r} is not valid JSON: {exc}") from exc
             check_api_format(workflow, f"workflow file {str(path)!r}")
+            check_depth(workflow, f"workflow file {str(path)!r}")
             self._files[key] = Template(workflow, path.stem)
         return self._files[key]
 
@@ -316,6 +367,7 @@ def check_callback_url(value: Any) -> str:
         return ""
     if not isinstance(value, str) or len(value) > MAX_URL_CHARS:
         raise JobLineError(f"callback_url must be an http:// or https:// URL of at most {MAX_URL_CHARS} characters")
+    check_text(value, "callback_url")
     try:
         parsed = urlparse(value)
         ok = parsed.scheme in ("http", "https") and bool(parsed.hostname)
@@ -555,6 +607,7 @@ class JobsFile:
             raise JobLineError(f"not valid JSON: {exc}") from exc
         if not isinstance(line, dict):
             raise JobLineError(f"expected a JSON object, got {type(line).__name__}")
+        check_depth(line, "the line", raw)
         unknown = set(line) - LINE_KEYS
         if unknown:
             raise JobLineError(f"unknown key {sorted(unknown)[0]!r}; a line may have "
@@ -613,6 +666,7 @@ class JobsFile:
 
     def _template(self, value: str) -> Template:
         if value not in self._named:
+            check_text(value, "workflow path")
             path = Path(value)
             if not path.is_absolute():
                 path = self.base_dir / path

@@ -142,8 +142,16 @@ class _opened:
 
     def __enter__(self) -> tuple[Path, str, Path]:
         if self.name == "-":
+            if sys.stdin is None or sys.stdin.closed:
+                raise UsageError("standard input is closed: pipe the jobs in (comfysup submit - < jobs.jsonl) "
+                                 "or give the file's path")
             self.tmp = tempfile.NamedTemporaryFile(prefix="comfysup-submit-", suffix=".jsonl")
-            shutil.copyfileobj(sys.stdin.buffer, self.tmp)
+            try:
+                shutil.copyfileobj(sys.stdin.buffer, self.tmp)
+            except OSError as exc:
+                self.tmp.close()
+                raise UsageError(f"standard input cannot be read ({exc.strerror or exc}): pipe the jobs in "
+                                 "or give the file's path") from None
             self.tmp.flush()
             return Path(self.tmp.name), "<stdin>", Path.cwd()
         path = Path(self.name)

@@ -1,0 +1,156 @@
+"""Issue 14 at the edges a user controls: numbers, nesting, paths, URLs and standard input at submit, and
+secrets that a cut text could leak. Each case fails without its fix (see the issue's list)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from cli_support import cli, count_jobs, job_id, line, run_cli, write_config, write_jobs
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from comfysup.jobs import MAX_DEPTH
+from comfysup.redact import FRAGMENT_CHARS, MASK, Redactor, bound, mask, secret_values
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def nested(levels: int, leaf: object = "x") -> object:
+    """``levels`` lists inside each other, built without recursion."""
+    value: object = leaf
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+@pytest.fixture(autouse=True)
+def _clean(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.chdir(tmp_path)
+
+
+def submit(capsys: pytest.CaptureFixture[str], tmp_path: Path, lines: list[str]) -> tuple[int, str, str]:
+    config = write_config(tmp_path)
+    write_jobs(tmp_path, lines)
+    return cli(capsys, "submit", "--config", str(config), "jobs.jsonl")
+
+
+@pytest.mark.parametrize(("raw", "message"), [
+    (line(1).replace('"1.color": 1', '"1.color": 1e999'), "1e999 is too large for a number"),
+    (line(1).replace('"1.color": 1', '"1.color": -1e999'), "-1e999 is too large for a number"),
+    (line(1, workflow="wf\u0000.json"), "contains a NUL byte"),
+    (line(1, workflow="wf\ud800.json"), "contains a lone surrogate (\\ud800)"),
+    (line(1, callback_url="http://example.com/\u0000hook"), "callback_url 'http://example.com/\\x00hook' "
+                                                            "contains a NUL byte"),
+    (line(1, callback_url="http://example.com/\udc80"), "contains a lone surrogate (\\udc80)"),
+    (line(1, meta={"deep": nested(MAX_DEPTH)}), f"nested more than {MAX_DEPTH} levels deep"),
+    (line(1, extra_data={"deep": nested(MAX_DEPTH)}), f"nested more than {MAX_DEPTH} levels deep"),
+])
+def test_bad_values_are_refused_with_their_line(capsys: pytest.CaptureFixture[str], tmp_path: Path, raw: str,
+                                                message: str) -> None:
+    code, _, err = submit(capsys, tmp_path, [raw])
+    assert code == 2, err
+    assert "jobs.jsonl:1: " in err and message in err, err
+    assert "Traceback" not in err
+    assert count_jobs(tmp_path) == 0
+
+
+def test_nesting_at_the_limit_is_accepted(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    # The line itself is one level, meta another: MAX_DEPTH - 2 lists inside them reach the limit exactly.
+    code, out, err = submit(capsys, tmp_path, [line(1, meta={"deep": nested(MAX_DEPTH - 2)})])
+    assert code == 0, err
+    assert "submitted 1 job(s)" in out
+
+
+def test_a_line_nested_600_deep_is_refused_not_stored(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    raw = json.dumps({"id": job_id(1), "workflow": "wf.json", "meta": nested(600)})
+    code, _, err = submit(capsys, tmp_path, [raw])
+    assert code == 2 and "jobs.jsonl:1: the line is nested more than 64 levels deep" in err, err
+
+
+def test_a_workflow_file_nested_too_deep(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    config = write_config(tmp_path)
+    workflow = {"1": {"class_type": "SaveImage", "inputs": {"images": nested(MAX_DEPTH + 1),
+                                                            "filename_prefix": "x"}}}
+    write_jobs(tmp_path, [line(1)], workflow=workflow)
+    code, _, err = cli(capsys, "submit", "--config", str(config), "jobs.jsonl")
+    assert code == 2 and "workflow file" in err and "nested more than 64 levels" in err, err
+
+
+def test_closed_standard_input_is_a_clear_error(tmp_path: Path) -> None:
+    config = write_config(tmp_path)
+    import subprocess
+    import sys
+
+    from cli_support import REPO
+    proc = subprocess.run([sys.executable, "-m", "comfysup", "submit", "--config", str(config), "-"],
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30,
+                          env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}, check=False,
+                          # close fd 0 in the child: what `comfysup submit - <&-` does
+                          preexec_fn=lambda: __import__("os").close(0))
+    assert proc.returncode == 2, proc.stderr
+    assert "standard input is closed" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_standard_input_still_works(tmp_path: Path) -> None:
+    config = write_config(tmp_path)
+    write_jobs(tmp_path, [])
+    proc = run_cli("submit", "--config", str(config), "-", cwd=tmp_path, stdin=line(1) + "\n")
+    assert proc.returncode == 0 and "submitted 1 job(s)" in proc.stdout, proc.stderr
+
+
+# ---- secrets ---------------------------------------------------------------------------------------------
+
+SECRET = "comfyui-AbCdEfGh1234567890-ZyXwVuT"
+
+
+def fragments(text: str, secret: str) -> list[str]:
+    return [secret[i:i + FRAGMENT_CHARS] for i in range(len(secret) - FRAGMENT_CHARS + 1)
+            if secret[i:i + FRAGMENT_CHARS] in text]
+
+
+def test_a_body_cut_before_redaction_leaves_no_fragment() -> None:
+    # What a 5xx answer cut at 300 characters by the client looked like: the key's first half at the end.
+    body = ("x" * 260 + f'"api_key_comfy_org": "{SECRET}"')[:300]
+    redact = Redactor.for_job({}, {"api_key_comfy_org": SECRET})
+    out = redact(f"POST /prompt: 500: {body}")
+    assert fragments(out, SECRET) == []
+    assert MASK in out
+
+
+@settings(max_examples=200, deadline=None)
+@given(secret=st.text(alphabet=st.characters(min_codepoint=33, max_codepoint=126), min_size=8, max_size=60),
+       before=st.text(max_size=40), after=st.text(max_size=40), start=st.integers(0, 80), size=st.integers(0, 140),
+       limit=st.integers(10, 200))
+def test_no_cut_anywhere_leaves_a_fragment(secret: str, before: str, after: str, start: int, size: int,
+                                           limit: int) -> None:
+    """Any window of a text that held the secret, redacted then bounded, holds no run of 8 of its characters
+    — unless that run was in the text around it anyway (then it is not the secret's doing)."""
+    text = (before + secret + after)[start:start + size]
+    out = Redactor([secret])(text, limit)
+    assert fragments(out, secret) == [] or fragments(before + after, secret)
+    assert len(out) <= limit + len(" … (999999 more characters)")
+
+
+def test_bound_cuts_after_redaction() -> None:
+    redact = Redactor([SECRET])
+    out = redact("a" * 10 + SECRET + "b" * 10, limit=12)
+    assert out.startswith("a" * 10 + "**") and fragments(out, SECRET) == []
+    assert bound("abc", 2) == "ab … (1 more characters)"
+
+
+def test_masking_and_collecting_survive_any_depth() -> None:
+    deep = nested(200_000, {"api_key_comfy_org": SECRET})
+    extra = {"wrapper": deep}
+    assert secret_values({}, extra) == {SECRET}
+    masked = mask(extra)
+    inner = masked["wrapper"]
+    for _ in range(200_000):
+        inner = inner[0]
+    assert inner == {"api_key_comfy_org": MASK}
+
+
+def test_mask_keeps_links_and_plain_values() -> None:
+    value = {"images": ["2", 0], "token": ["a", "b"], "n": 3, "password": None, "auth": True}
+    assert mask(value) == {"images": ["2", 0], "token": [MASK, MASK], "n": 3, "password": None, "auth": True}
