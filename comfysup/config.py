@@ -19,7 +19,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from comfysup.destinations import url_problem
 from comfysup.errors import ConfigError
+from comfysup.redact import display_url
 
 DEFAULT_PATHS = (Path("config.toml"), Path("/etc/comfysup/config.toml"))
 ENV_PREFIX = "COMFYSUP_"
@@ -111,6 +113,9 @@ class WebhooksConfig:
     base_delay_seconds: float = 5.0
     max_delay_seconds: float = 600.0
     timeout_seconds: float = 10.0
+    allow_private: bool = False
+    """Allow webhooks to loopback, link-local and private addresses and to cloud metadata names; off, a job
+    cannot make comfysup POST inside its own network (comfysup.destinations)."""
 
 
 @dataclass(frozen=True)
@@ -396,6 +401,9 @@ def _check(c: Config) -> None:
         parsed = urlparse(w.url)
         if parsed.scheme not in ("http", "https") or not parsed.hostname:
             raise bad("webhooks", "url", w.url, "expected an http:// or https:// URL, or an empty string")
+        if w.url and not w.allow_private and (problem := url_problem(w.url)):
+            raise bad("webhooks", "url", display_url(w.url), f"{problem}; set [webhooks] allow_private = true "
+                      "to send webhooks inside this network")
     for key in ("base_delay_seconds", "max_delay_seconds", "timeout_seconds"):
         if getattr(w, key) <= 0:
             raise bad("webhooks", key, getattr(w, key), "must be greater than 0")

@@ -22,8 +22,10 @@ from types import MappingProxyType
 from typing import Any
 from urllib.parse import urlparse
 
+from comfysup.destinations import url_problem
 from comfysup.errors import ComfysupError
 from comfysup.queue.base import NewJob
+from comfysup.redact import display_url
 from comfysup.workflows import canonical, content_hash, model_key, touches_loader
 
 MAX_LINE_BYTES = 16 * 1024 * 1024
@@ -361,8 +363,9 @@ class WorkflowCache:
         return self._files[key]
 
 
-def check_callback_url(value: Any) -> str:
-    """A job's webhook: an http(s) URL with a host, checked at submit rather than failing at its end."""
+def check_callback_url(value: Any, *, allow_private: bool = False) -> str:
+    """A job's webhook: an http(s) URL with a host, checked at submit rather than failing at its end; not to
+    this machine or a private network unless ``allow_private`` (comfysup.destinations)."""
     if value in ("", None):
         return ""
     if not isinstance(value, str) or len(value) > MAX_URL_CHARS:
@@ -375,6 +378,9 @@ def check_callback_url(value: Any) -> str:
         ok = False
     if not ok:
         raise JobLineError(f"callback_url {value[:100]!r} is not an http:// or https:// URL with a host")
+    if not allow_private and (problem := url_problem(value)):
+        raise JobLineError(f"callback_url {display_url(value)}: {problem}; set [webhooks] allow_private = true to "
+                           "send webhooks inside this network")
     return value
 
 
@@ -479,8 +485,10 @@ class JobsFile:
     """A jobs file read twice: once to validate everything, once to yield jobs for one transaction."""
 
     def __init__(self, path: Path, *, label: str | None = None, base_dir: Path | None = None,
-                 object_info: ObjectInfo | None = None) -> None:
+                 object_info: ObjectInfo | None = None, allow_private_callbacks: bool = False) -> None:
         self.path = path
+        self.allow_private_callbacks = allow_private_callbacks
+        """[webhooks] allow_private: a callback_url may then name this machine or a private network."""
         self.label = label or str(path)
         self.base_dir = base_dir if base_dir is not None else path.resolve().parent
         self.object_info = object_info or ObjectInfo()
@@ -625,7 +633,7 @@ class JobsFile:
         params = line.get("set", {})
         if not isinstance(params, dict):
             raise JobLineError(f"set must be an object of \"<node>.<input>\": value, not {type(params).__name__}")
-        callback = check_callback_url(line.get("callback_url", ""))
+        callback = check_callback_url(line.get("callback_url", ""), allow_private=self.allow_private_callbacks)
         value = line.get("workflow")
         if isinstance(value, str):
             template = self._template(value)

@@ -154,3 +154,86 @@ def test_masking_and_collecting_survive_any_depth() -> None:
 def test_mask_keeps_links_and_plain_values() -> None:
     value = {"images": ["2", 0], "token": ["a", "b"], "n": 3, "password": None, "auth": True}
     assert mask(value) == {"images": ["2", 0], "token": [MASK, MASK], "n": 3, "password": None, "auth": True}
+
+
+# ---- webhooks to private destinations (item 7) --------------------------------------------------------------
+
+@pytest.mark.parametrize("url", [
+    "http://127.0.0.1:9/hook", "http://localhost/hook", "http://[::1]/hook", "http://10.1.2.3/hook",
+    "http://192.168.0.7/hook", "http://172.16.5.5/hook", "http://169.254.169.254/latest/meta-data",
+    "http://[fe80::1]/hook", "http://metadata.google.internal/computeMetadata/v1/", "http://0.0.0.0/hook",
+    "http://[::ffff:127.0.0.1]/hook", "https://user:pass@hooks.example/hook",
+])
+def test_private_callbacks_are_refused_at_submit(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                                 url: str) -> None:
+    code, _, err = submit(capsys, tmp_path, [line(1, callback_url=url)])
+    assert code == 2 and "jobs.jsonl:1: callback_url" in err and "allow_private = true" in err, err
+    assert "/hook" not in err.split("callback_url", 1)[1].split(":", 3)[-1] or "…" in err  # no path shown
+    assert count_jobs(tmp_path) == 0
+
+
+def test_private_callbacks_pass_when_allowed(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    config = write_config(tmp_path)
+    config.write_text(config.read_text() + "[webhooks]\nallow_private = true\n")
+    write_jobs(tmp_path, [line(1, callback_url="http://127.0.0.1:9/hook")])
+    code, out, err = cli(capsys, "submit", "--config", str(config), "jobs.jsonl")
+    assert code == 0 and "submitted 1 job(s)" in out, err
+
+
+def test_a_public_callback_is_accepted(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code, _, err = submit(capsys, tmp_path, [line(1, callback_url="https://hooks.example.com/x")])
+    assert code == 0, err
+
+
+def test_a_private_webhooks_url_in_the_config_is_refused(tmp_path: Path) -> None:
+    from comfysup.config import load_config
+    from comfysup.errors import ConfigError
+
+    config = write_config(tmp_path)
+    config.write_text(config.read_text() + '[webhooks]\nurl = "http://169.254.169.254/secret-path"\n')
+    with pytest.raises(ConfigError, match=r"169\.254\.169\.254 is a link-local address; set \[webhooks\] "
+                                          r"allow_private") as info:
+        load_config(str(config), env={})
+    assert "secret-path" not in str(info.value)
+
+
+def test_the_connected_address_is_checked_not_only_the_name() -> None:
+    """2130706433 is no IP literal to a URL check (so a name, to be resolved), yet it connects to 127.0.0.1:
+    what a rebinding name does. The session refuses it on the connected socket, before sending a byte."""
+    from webhook_support import Receiver
+
+    from comfysup.destinations import url_problem
+    from comfysup.observability.safehttp import PrivateDestination, public_only_session
+
+    receiver = Receiver(fail_first=0).start()
+    try:
+        port = receiver.url.rsplit(":", 1)[1]
+        url = f"http://2130706433:{port}/hook"
+        assert url_problem(url) is None
+        with pytest.raises(PrivateDestination, match=r"127\.0\.0\.1 is a loopback address"):
+            public_only_session().post(url, data=b"{}", timeout=5)
+        assert receiver.got == []  # nothing reached it
+        import requests
+        assert requests.post(url, data=b"{}", timeout=5).status_code == 204  # the plain session does reach it
+    finally:
+        receiver.stop()
+
+
+def test_a_refused_delivery_says_why(tmp_path: Path) -> None:
+    from queue_contract import make_job
+
+    from comfysup.config import WebhooksConfig
+    from comfysup.observability.webhooks import Deliverer
+    from comfysup.queue.sqlite import SQLiteQueue
+
+    queue = SQLiteQueue(tmp_path / "q.db", create=True)
+    try:
+        job = make_job(1, callback_url="http://2130706433:9/hook")
+        queue.submit([job])
+        queue.cancel([job.id])  # a terminal state: its delivery is due
+        deliverer = Deliverer(queue, WebhooksConfig(attempts=1))
+        deliverer.run_once()
+        [delivery] = queue.deliveries(job.id)
+        assert delivery.state == "failed" and "127.0.0.1 is a loopback address" in (delivery.last_error or "")
+    finally:
+        queue.close()

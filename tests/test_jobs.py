@@ -193,7 +193,7 @@ def _mixed_file(tmp_path: Path, n: int) -> Path:
             lines.append(line(i, workflow=inline, meta={"i": i}))
         else:
             lines.append(line(i, priority=i % 3, extra_data={"k": str(i)} if i % 5 == 0 else {},
-                              callback_url="http://127.0.0.1:9/hook" if i % 11 == 0 else ""))
+                              callback_url="http://hooks.example:9/hook" if i % 11 == 0 else ""))
     return write_jobs(tmp_path, lines)
 
 

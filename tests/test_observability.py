@@ -97,7 +97,7 @@ def watch_frames(config: Path, frames: int) -> tuple[int, list[str]]:
 def test_a_running_supervisor_can_be_seen_every_way(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     receiver = Receiver(fail_first=1).start()
     h = Supervised(tmp_path, script={job_id(5): ["oom", "ok"], job_id(6): ["invalid"]}, node_ms=20,
-                   extra_sections={"webhooks": {"url": f"{receiver.url}/hook", "secret": SECRET,
+                   extra_sections={"webhooks": {"url": f"{receiver.url}/hook", "secret": SECRET, "allow_private": True,
                                                 "base_delay_seconds": 0.05, "max_delay_seconds": 0.2}})
     jobs = [line(n) for n in range(1, 7)]
     jobs.append({"id": job_id(7), "workflow": PROGRESS, "meta": {"kind": "long"},
@@ -266,7 +266,7 @@ def test_a_taken_metrics_port_leaves_the_supervisor_working_and_webhooks_going(t
     holder.listen()
     receiver = Receiver(fail_first=0).start()
     port = holder.getsockname()[1]
-    h = Supervised(tmp_path, extra_sections={"webhooks": {"url": f"{receiver.url}/hook"}})
+    h = Supervised(tmp_path, extra_sections={"webhooks": {"url": f"{receiver.url}/hook", "allow_private": True}})
     doc = h.config_path.read_text().replace('listen = "127.0.0.1:0"', f'listen = "127.0.0.1:{port}"')
     h.config_path.write_text(doc)
     try:

@@ -92,6 +92,8 @@ DOCS: dict[str, dict[str, str]] = {
         "base_delay_seconds": "Backoff before try n is random(0, min(max, base * 2^(n-1))).",
         "max_delay_seconds": "Upper bound of the backoff.",
         "timeout_seconds": "Timeout of each POST.",
+        "allow_private": "Allow webhooks to this machine, link-local and private addresses and cloud metadata "
+                         "names (checked at submit and on the connected socket).",
     },
 }
 

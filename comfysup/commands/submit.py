@@ -48,7 +48,8 @@ def run(args: argparse.Namespace) -> int:
     config = config_from(args)
     with _opened(args.file) as (path, label, base_dir), _without_cycle_collection():
         jobs = JobsFile(path, label=label, base_dir=base_dir,
-                        object_info=ObjectInfo.load(object_info_path(config)))
+                        object_info=ObjectInfo.load(object_info_path(config)),
+                        allow_private_callbacks=config.webhooks.allow_private)
         checked = jobs.validate()
         for line in format_problems(label, checked.warnings):
             print(line, file=sys.stderr)

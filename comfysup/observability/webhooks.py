@@ -29,6 +29,7 @@ import requests
 
 from comfysup.config import WebhooksConfig
 from comfysup.errors import NotFound, QueueError
+from comfysup.observability.safehttp import PrivateDestination, public_only_session
 from comfysup.queue.base import TERMINAL, Delivery, JobRecord, Queue
 from comfysup.redact import Redactor, bound, display_url, mask
 from comfysup.runner.retry import RetryPolicy
@@ -97,7 +98,7 @@ class Deliverer:
                  on_result: Callable[[str], None] = lambda result: None) -> None:
         self.queue = queue
         self.settings = settings
-        self.session = session or requests.Session()
+        self.session = session or (requests.Session() if settings.allow_private else public_only_session())
         self.policy = RetryPolicy(attempts=settings.attempts, base_delay_seconds=settings.base_delay_seconds,
                                   max_delay_seconds=settings.max_delay_seconds, jitter=True)
         self.rand = rand
@@ -151,6 +152,8 @@ class Deliverer:
             status = answer.status_code
             answer.close()
             error = None if 200 <= status < 300 else f"HTTP {status}"
+        except PrivateDestination as exc:
+            error = str(exc)  # names the host, never the URL's path
         except requests.Timeout:
             error = f"no answer within {self.settings.timeout_seconds:g} s"
         except requests.ConnectionError:
