@@ -221,19 +221,23 @@ def test_the_connected_address_is_checked_not_only_the_name() -> None:
 
 def test_a_refused_delivery_says_why(tmp_path: Path) -> None:
     from queue_contract import make_job
+    from webhook_support import Receiver
 
     from comfysup.config import WebhooksConfig
     from comfysup.observability.webhooks import Deliverer
     from comfysup.queue.sqlite import SQLiteQueue
 
+    receiver = Receiver(fail_first=0).start()  # it listens: the refusal is the check's, not the network's
     queue = SQLiteQueue(tmp_path / "q.db", create=True)
     try:
-        job = make_job(1, callback_url="http://2130706433:9/hook")
+        job = make_job(1, callback_url=f"http://2130706433:{receiver.url.rsplit(':', 1)[1]}/hook")
         queue.submit([job])
         queue.cancel([job.id])  # a terminal state: its delivery is due
         deliverer = Deliverer(queue, WebhooksConfig(attempts=1))
         deliverer.run_once()
         [delivery] = queue.deliveries(job.id)
         assert delivery.state == "failed" and "127.0.0.1 is a loopback address" in (delivery.last_error or "")
+        assert receiver.got == []
     finally:
         queue.close()
+        receiver.stop()
