@@ -101,6 +101,9 @@ class MetricsConfig:
     """HOST:PORT of /metrics and the status page; port 0 takes any free port; empty: no endpoint."""
     refresh_seconds: float = 2.0
     """How often the status page reloads itself."""
+    max_workflow_labels: int = 50
+    """Distinct workflow label values in the metrics (the workflow file's name or meta.kind); past this a new
+    one is counted as "other", so freely chosen kinds cannot grow the metrics without bound."""
 
 
 @dataclass(frozen=True)
@@ -397,6 +400,8 @@ def _check(c: Config) -> None:
         _check_listen(c.source, "metrics", "listen", host.strip("[]"), u.private_network)
     if m.refresh_seconds <= 0:
         raise bad("metrics", "refresh_seconds", m.refresh_seconds, "must be greater than 0")
+    if m.max_workflow_labels < 1:
+        raise bad("metrics", "max_workflow_labels", m.max_workflow_labels, "must be at least 1")
     if w.url:
         parsed = urlparse(w.url)
         if parsed.scheme not in ("http", "https") or not parsed.hostname:

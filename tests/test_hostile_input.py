@@ -4,6 +4,7 @@ secrets that a cut text could leak. Each case fails without its fix (see the iss
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -241,3 +242,153 @@ def test_a_refused_delivery_says_why(tmp_path: Path) -> None:
     finally:
         queue.close()
         receiver.stop()
+
+
+# ---- the status page and metrics server (item 8) ----------------------------------------------------------
+
+def test_workflow_labels_past_the_bound_fold_into_other() -> None:
+    from prometheus_client import CollectorRegistry
+
+    from comfysup.observability.metrics import OTHER, Observer
+
+    observer = Observer(CollectorRegistry(), since=0.0, max_workflow_labels=3)
+    names = [f"kind-{i}" for i in range(1000)]
+    got = [observer.workflow_label(n) for n in names]
+    assert got[:3] == names[:3] and set(got[3:]) == {OTHER}
+    assert observer.workflow_label("kind-1") == "kind-1"  # one already in use keeps its label
+    assert len(observer.workflows) == 3
+
+
+def test_the_label_bound_is_configurable_and_checked(tmp_path: Path) -> None:
+    from comfysup.config import load_config
+    from comfysup.errors import ConfigError
+
+    config = write_config(tmp_path)
+    config.write_text(config.read_text() + "[metrics]\nmax_workflow_labels = 0\n")
+    with pytest.raises(ConfigError, match="max_workflow_labels = 0: must be at least 1"):
+        load_config(str(config), env={})
+
+
+def test_a_job_folder_that_is_a_symlink_is_never_written_through(tmp_path: Path) -> None:
+    from comfysup.runner.store import ResultStore, UnsafeFolder
+
+    outside = tmp_path / "etc"
+    outside.mkdir()
+    (outside / "passwd").write_text("root:x:0:0")
+    store = ResultStore(tmp_path / "store", max_file_bytes=2**20)
+    store.root.mkdir()
+    job = job_id(1)
+    (store.root / job).symlink_to(outside)
+    with pytest.raises(UnsafeFolder, match="is a symlink"):
+        store.prepare(job)
+    with pytest.raises(UnsafeFolder, match="is a symlink"):
+        store.write(job, "out.png", [b"png"])
+    assert sorted(p.name for p in outside.iterdir()) == ["passwd"]
+    assert (outside / "passwd").read_text() == "root:x:0:0"
+
+
+def test_a_subfolder_that_turns_into_a_symlink_is_refused(tmp_path: Path) -> None:
+    from comfysup.runner.store import ResultStore, UnsafeFolder
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    store = ResultStore(tmp_path / "store", max_file_bytes=2**20)
+    job = job_id(2)
+    store.prepare(job)
+    (store.root / job / "sub").symlink_to(outside)
+    with pytest.raises(UnsafeFolder):
+        store.write(job, "sub/out.png", [b"png"])
+    assert list(outside.iterdir()) == []
+    store.prepare(job)  # the leftover link is removed as a link, its target untouched
+    assert list((store.root / job).iterdir()) == [] and outside.is_dir()
+
+
+@pytest.mark.parametrize("name", ["a\nb.png", "a\rb.png", "a\x1bb.png", "a\x00b.png"])
+def test_output_names_with_control_characters_are_unsafe(name: str) -> None:
+    from comfysup.runner.store import UnsafeName, safe_relative
+
+    with pytest.raises(UnsafeName):
+        safe_relative(name, "")
+    with pytest.raises(UnsafeName):
+        safe_relative("ok.png", name)
+
+
+@pytest.fixture
+def big_file_server(tmp_path: Path):  # type: ignore[no-untyped-def]
+    """The status endpoint in this process, serving one job's 256 MiB output (a sparse file: no disk)."""
+    import threading
+
+    from comfysup.observability.metrics import Metrics
+    from comfysup.observability.web import App, serve
+    from comfysup.queue.sqlite import SQLiteQueue
+
+    job = job_id(9)
+    folder = tmp_path / "store" / job
+    folder.mkdir(parents=True)
+    with open(folder / "big.bin", "wb") as f:
+        f.truncate(256 * 2**20)
+    queue = SQLiteQueue(tmp_path / "q.db", create=True)
+    server = serve("127.0.0.1:0", App(queue, Metrics(queue, lambda: None), lambda: None, tmp_path / "store"))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/files/{job}/big.bin"
+    server.shutdown()
+    server.server_close()
+    queue.close()
+
+
+@pytest.mark.timeout(120)
+def test_large_files_stream_with_bounded_memory(big_file_server: str) -> None:
+    import threading
+
+    import psutil
+    import requests
+
+    me = psutil.Process()
+    before = me.memory_info().rss
+    peak = [before]
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.01):
+            peak[0] = max(peak[0], me.memory_info().rss)
+
+    def fetch(sizes: list[int]) -> None:
+        with requests.get(big_file_server, stream=True, timeout=60) as answer:
+            sizes.append(sum(len(c) for c in answer.iter_content(2**20)))
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    sizes: list[int] = []
+    clients = [threading.Thread(target=fetch, args=(sizes,)) for _ in range(3)]
+    for c in clients:
+        c.start()
+    for c in clients:
+        c.join()
+    done.set()
+    sampler.join()
+    assert sizes == [256 * 2**20] * 3
+    assert peak[0] - before < 100 * 2**20, f"RSS grew by {(peak[0] - before) / 2**20:.0f} MiB"
+
+
+def test_a_client_that_goes_away_leaves_no_traceback(big_file_server: str, capfd: pytest.CaptureFixture[str],
+                                                     caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+    import socket
+    import urllib.parse
+
+    caplog.set_level(logging.DEBUG, logger="comfysup.observability.web")
+    url = urllib.parse.urlsplit(big_file_server)
+    for _ in range(3):
+        with socket.create_connection((url.hostname, url.port), timeout=10) as s:
+            s.sendall(f"GET {url.path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+            assert s.recv(1024).startswith(b"HTTP/1.0 200")
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")  # RST
+    import requests
+    assert requests.get(big_file_server.replace("big.bin", "missing"), timeout=10).status_code == 404  # serving on
+    deadline = time.monotonic() + 10
+    while not any("went away" in r.getMessage() for r in caplog.records):
+        assert time.monotonic() < deadline, [r.getMessage() for r in caplog.records]
+        time.sleep(0.02)
+    out, err = capfd.readouterr()
+    assert "Traceback" not in err and "Traceback" not in out, err

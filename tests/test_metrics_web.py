@@ -161,7 +161,7 @@ def app_with_a_done_job(tmp_path: Path, queue: SQLiteQueue) -> tuple[App, str]:
 def test_files_are_served_read_only_and_only_from_inside_the_store(tmp_path: Path, queue: SQLiteQueue) -> None:
     app, job = app_with_a_done_job(tmp_path, queue)
     ok = app.get(f"/files/{job}/sub/a%20b.png")
-    assert (ok.status, ok.content_type, ok.body) == (200, "image/png", b"\x89PNG fake")
+    assert (ok.status, ok.content_type, ok.content()) == (200, "image/png", b"\x89PNG fake")
     assert "Content-Disposition" not in ok.headers and "sandbox" in ok.headers["Content-Security-Policy"]
     html = app.get(f"/files/{job}/page.html")
     assert html.status == 200 and html.headers["Content-Disposition"].startswith("attachment")  # never rendered
@@ -171,7 +171,18 @@ def test_files_are_served_read_only_and_only_from_inside_the_store(tmp_path: Pat
                  f"/files/{job}/sub", f"/files/{job}/missing.png", "/files/", "/etc/passwd"):
         answer = app.get(path)
         assert answer.status == 404, path
-        assert b"outside the store" not in answer.body
+        assert b"outside the store" not in answer.content()
+
+
+def test_a_job_folder_that_is_a_symlink_is_not_served(tmp_path: Path, queue: SQLiteQueue) -> None:
+    app, _ = app_with_a_done_job(tmp_path, queue)
+    outside = tmp_path / "etc"
+    outside.mkdir()
+    (outside / "passwd").write_text("root:x:0:0")
+    other = "6f1c1b0e-2d7a-4e43-9a55-0d8e7f0c1a11"
+    (tmp_path / "store" / other).symlink_to(outside)
+    answer = app.get(f"/files/{other}/passwd")
+    assert answer.status == 404 and b"root" not in answer.content()
 
 
 def test_the_page_links_the_files_and_escapes_what_it_shows(tmp_path: Path, queue: SQLiteQueue) -> None:

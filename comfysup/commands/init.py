@@ -80,6 +80,8 @@ DOCS: dict[str, dict[str, str]] = {
     },
     "metrics": {
         "": "comfysup run: Prometheus /metrics and a read-only status page at /.",
+        "max_workflow_labels": "Distinct workflow label values in the metrics; past this a new one counts as "
+                               "\"other\".",
         "listen": "HOST:PORT of the endpoint, loopback unless [comfyui] private_network; port 0 takes any free "
                   "port; \"\" serves nothing.",
         "refresh_seconds": "How often the status page reloads itself.",

@@ -33,6 +33,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from comfysup.config import MetricsConfig
 from comfysup.gpus import GpuSample
 from comfysup.queue.base import TERMINAL, EndedAttempt, Queue
 from comfysup.slotstate import staleness
@@ -47,6 +48,8 @@ LABEL_CHARS = 64
 PAGE = 1000
 """Attempts read at once: a catch-up after a stall reads this many rows at a time, never all of them."""
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+OTHER = "other"
+"""The workflow label of every workflow past ``[metrics] max_workflow_labels``."""
 
 
 def label(value: str | None, default: str = "none") -> str:
@@ -58,7 +61,12 @@ def label(value: str | None, default: str = "none") -> str:
 class Observer:
     """Counters and histograms fed by the attempts that end; ``catch_up`` is cheap to call often."""
 
-    def __init__(self, registry: CollectorRegistry, since: float) -> None:
+    def __init__(self, registry: CollectorRegistry, since: float,
+                 max_workflow_labels: int = MetricsConfig.max_workflow_labels) -> None:
+        self.max_workflow_labels = max_workflow_labels
+        self.workflows: set[str] = set()
+        """The workflow label values in use: past ``max_workflow_labels`` a new one counts as ``other``, so a
+        submitter choosing ``meta.kind`` freely cannot grow the exposition (and Prometheus) without bound."""
         self.cursor = since
         """The latest end observed (never before the start: earlier attempts are not this process's)."""
         self.start = since
@@ -150,9 +158,17 @@ class Observer:
             self.node_total += ran + cached
             self.node_cached += cached
         if row.outcome in TERMINAL:
-            workflow = label(row.workflow_name, "unnamed")
+            workflow = self.workflow_label(row.workflow_name)
             self.wait.labels(workflow=workflow).observe(max(0.0, row.first_started_at - row.submitted_at))
             self.run.labels(workflow=workflow, state=row.outcome).observe(max(0.0, row.ended_at - row.first_started_at))
+
+    def workflow_label(self, name: str | None) -> str:
+        value = label(name, "unnamed")
+        if value not in self.workflows:
+            if len(self.workflows) >= self.max_workflow_labels:
+                return OTHER
+            self.workflows.add(value)
+        return value
 
     def cache_ratio(self) -> float | None:
         return None if not self.node_total else self.node_cached / self.node_total
@@ -250,10 +266,10 @@ class Metrics:
 
     def __init__(self, queue: Queue, state: Callable[[], dict[str, Any] | None],
                  gpus: Callable[[], list[GpuSample]] = list, deliveries: Callable[[], dict[str, int]] = dict,
-                 since: float | None = None) -> None:
+                 since: float | None = None, max_workflow_labels: int = MetricsConfig.max_workflow_labels) -> None:
         self.registry = CollectorRegistry()
         self.queue = queue
-        self.observer = Observer(self.registry, time.time() if since is None else since)
+        self.observer = Observer(self.registry, time.time() if since is None else since, max_workflow_labels)
         self.registry.register(Live(queue, state, gpus, self.observer, deliveries))
 
     def catch_up(self) -> int:

@@ -51,7 +51,8 @@ def monitor_main(config: Config, port_out: Any, serve_endpoint: bool = True) -> 
     web_queue = open_queue(config, create=True)
     deliver_queue = open_queue(config, create=True)
     deliverer = Deliverer(deliver_queue, config.webhooks)
-    metrics = Metrics(web_queue, lambda: read_state(config), gpus.sample, lambda: dict(deliverer.counts))
+    metrics = Metrics(web_queue, lambda: read_state(config), gpus.sample, lambda: dict(deliverer.counts),
+                      max_workflow_labels=config.metrics.max_workflow_labels)
     if serve_endpoint and config.metrics.listen:
         app = App(web_queue, metrics, lambda: read_state(config), config.resolve(config.store.dir),
                   refresh_seconds=config.metrics.refresh_seconds)

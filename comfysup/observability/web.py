@@ -17,6 +17,8 @@ from __future__ import annotations
 import html
 import logging
 import mimetypes
+import os
+import sys
 import time
 import urllib.parse
 from collections.abc import Callable
@@ -25,6 +27,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from comfysup import safefs
 from comfysup.jobs import JobLineError, canonical_id
 from comfysup.observability.metrics import CONTENT_TYPE, Metrics
 from comfysup.observability.views import WINDOW_SECONDS, Overview, overview, progress_fraction, progress_text
@@ -48,6 +51,19 @@ class Answer:
     content_type: str
     body: bytes
     headers: dict[str, str]
+    file: int | None = None
+    """An open descriptor whose ``size`` bytes are the body instead: sent with sendfile, then closed, so
+    serving a 2 GB output costs no memory."""
+    size: int = 0
+
+    def content(self) -> bytes:
+        """The whole body (for tests and small answers: the handler streams a file instead)."""
+        return self.body if self.file is None else os.pread(self.file, self.size, 0)
+
+    def close(self) -> None:
+        if self.file is not None:
+            os.close(self.file)
+            self.file = None
 
 
 class App:
@@ -83,19 +99,24 @@ class App:
             parts = [check_part(urllib.parse.unquote(p), "name") for p in name.split("/")]
         except (JobLineError, UnsafeName):
             return _text(404, "not found")
-        folder = (self.store / job).resolve()
-        target = folder.joinpath(*parts).resolve()
-        if folder not in target.parents or not target.is_file():
-            return _text(404, "not found")
         try:
-            body = target.read_bytes()
+            root = safefs.open_root(self.store)
         except OSError:
             return _text(404, "not found")
-        kind = mimetypes.guess_type(target.name)[0] or "application/octet-stream"
+        try:
+            # Every step without following a symlink: a job folder or a file that is a link is not served.
+            with safefs.dir_beneath(root, [job, *parts[:-1]]) as folder:
+                fd = safefs.open_file(folder, parts[-1])
+        except OSError:
+            return _text(404, "not found")
+        finally:
+            os.close(root)
+        name = parts[-1]
+        kind = mimetypes.guess_type(name)[0] or "application/octet-stream"
         headers = {"Content-Security-Policy": FILE_CSP, "Cache-Control": "private, max-age=60"}
         if kind not in INLINE_TYPES:
-            headers["Content-Disposition"] = f"attachment; filename*=UTF-8''{urllib.parse.quote(target.name)}"
-        return Answer(200, kind, body, headers)
+            headers["Content-Disposition"] = f"attachment; filename*=UTF-8''{urllib.parse.quote(name)}"
+        return Answer(200, kind, b"", headers, file=fd, size=os.fstat(fd).st_size)
 
 
 def _text(status: int, message: str) -> Answer:
@@ -219,16 +240,25 @@ class _Handler(BaseHTTPRequestHandler):
         except Exception as exc:  # a queue that does not answer: say so, keep serving
             log.warning("status endpoint: %s failed: %s", self.path.split("?")[0][:100], bound(str(exc), 300))
             answer = _text(503, "the queue does not answer; see the supervisor's log")
-        self.send_response(answer.status)
-        self.send_header("Content-Type", answer.content_type)
-        self.send_header("Content-Length", str(len(answer.body)))
-        self.send_header("X-Content-Type-Options", "nosniff")
-        self.send_header("Referrer-Policy", "no-referrer")
-        for key, value in answer.headers.items():
-            self.send_header(key, value)
-        self.end_headers()
-        if with_body:
-            self.wfile.write(answer.body)
+        try:
+            self.send_response(answer.status)
+            self.send_header("Content-Type", answer.content_type)
+            self.send_header("Content-Length", str(answer.size if answer.file is not None else len(answer.body)))
+            self.send_header("X-Content-Type-Options", "nosniff")
+            self.send_header("Referrer-Policy", "no-referrer")
+            for key, value in answer.headers.items():
+                self.send_header(key, value)
+            self.end_headers()
+            if not with_body:
+                return
+            if answer.file is not None:
+                self.wfile.flush()
+                with os.fdopen(os.dup(answer.file), "rb") as f:
+                    self.connection.sendfile(f)
+            else:
+                self.wfile.write(answer.body)
+        finally:
+            answer.close()
 
     def _refuse(self) -> None:
         self.send_response(405)
@@ -249,6 +279,15 @@ class StatusServer(ThreadingHTTPServer):
     def __init__(self, address: tuple[str, int], app: App) -> None:
         self.app = app
         super().__init__(address, _Handler)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """One log line, never socketserver's traceback on stderr: a client that goes away mid-answer is
+        routine, and with ``--log-format json`` every line of the log must stay one JSON object."""
+        exc = sys.exc_info()[1]
+        if isinstance(exc, ConnectionError | TimeoutError):
+            log.debug("status endpoint: the client went away (%s)", type(exc).__name__)
+        else:
+            log.warning("status endpoint: a request failed: %s: %s", type(exc).__name__, bound(str(exc), 300))
 
 
 def parse_listen(listen: str) -> tuple[str, int]:

@@ -11,14 +11,20 @@ import contextlib
 import errno
 import hashlib
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from comfysup import safefs
 from comfysup.queue.base import Output
 
 
 class UnsafeName(ValueError):
     """An output name that could write outside the job's folder."""
+
+
+class UnsafeFolder(UnsafeName):
+    """The job's folder in the store is a symlink (or not a folder): the job is dead-lettered, nothing outside
+    the store is read, written or removed."""
 
 
 class TooLarge(ValueError):
@@ -27,28 +33,29 @@ class TooLarge(ValueError):
 
 def check_part(part: str, what: str) -> str:
     if (not part or part in (".", "..") or "\0" in part or "/" in part or "\\" in part or ".." in part
-            or os.path.isabs(part) or part.startswith("~")):
+            or os.path.isabs(part) or part.startswith("~") or not part.isprintable()):
         raise UnsafeName(f"unsafe output name {what}={part!r}")
     return part
+
+
+MAX_SUBFOLDERS = 16
+"""Folders an output name may nest in: ComfyUI's own are one or two deep."""
 
 
 def safe_relative(filename: str, subfolder: str) -> str:
     """``subfolder/filename`` after checking each part; ComfyUI's own subfolders are plain names."""
     parts = [check_part(p, "subfolder") for p in subfolder.replace("\\", "/").split("/") if p] if subfolder else []
+    if len(parts) > MAX_SUBFOLDERS:
+        raise UnsafeName(f"unsafe output name subfolder={subfolder[:100]!r}: more than {MAX_SUBFOLDERS} folders deep")
     if subfolder and (subfolder.startswith(("/", "\\")) or "\0" in subfolder or ".." in subfolder):
         raise UnsafeName(f"unsafe output name subfolder={subfolder!r}")
     return "/".join([*parts, check_part(filename, "filename")])
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 class ResultStore:
+    """Every folder and file below ``root`` is opened through its parent's descriptor without following a
+    symlink (comfysup.safefs): a job folder replaced by ``-> /etc`` is refused, never written through."""
+
     def __init__(self, root: Path, max_file_bytes: int) -> None:
         self.root = root
         self.max_file_bytes = max_file_bytes
@@ -64,52 +71,71 @@ class ResultStore:
         files; when the run has to be repeated (its server died with the history) the new run's files
         have other names, and the old ones would stay beside them as a second result set (the chaos
         suite's K2 found one in 100 supervisor kills). Only the attempt holding the job calls this.
+        A job folder that is a symlink raises UnsafeFolder: nothing outside the store is touched.
         """
-        if not self.root.exists():
-            self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
-        folder = self.job_dir(job_id)
+        check_part(job_id, "job id")
+        root = safefs.open_root(self.root, create=True)
         try:
-            folder.mkdir(mode=0o700)
-            return folder  # just made: nothing left over (a scan saved on every job's first attempt)
-        except FileExistsError:
-            pass
-        for leftover in sorted(folder.rglob("*"), key=lambda p: len(p.parts), reverse=True):
-            with contextlib.suppress(OSError):
-                if leftover.is_dir() and not leftover.is_symlink():
-                    leftover.rmdir()
-                else:
-                    leftover.unlink()
-        return folder
+            try:
+                os.mkdir(job_id, 0o700, dir_fd=root)
+                return self.job_dir(job_id)  # just made: nothing left over (a scan saved on every first attempt)
+            except FileExistsError:
+                pass
+            with self._job_fd(root, job_id) as folder:
+                safefs.empty(folder)
+        finally:
+            os.close(root)
+        return self.job_dir(job_id)
 
     def write(self, job_id: str, relative: str, chunks: Iterable[bytes]) -> Output:
         """Stream into ``.<name>.part``, fsync, then rename to the final name; returns its size and hash."""
-        folder = self.job_dir(job_id).resolve()
-        final = (folder / relative).resolve()
-        if folder not in final.parents:
-            raise UnsafeName(f"unsafe output name {relative!r}: outside the job's folder")
-        final.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        tmp = final.with_name(f".{final.name}.part")
+        *subfolders, name = [check_part(p, "name") for p in relative.split("/")]
+        tmp = f".{name}.part"
         digest = hashlib.sha256()
         size = 0
+        root = safefs.open_root(self.root, create=True)
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-            with os.fdopen(fd, "wb") as f:
-                for chunk in chunks:
-                    size += len(chunk)
-                    if size > self.max_file_bytes:
-                        raise TooLarge(f"output {relative!r} is larger than {self.max_file_bytes // 2**20} MiB "
-                                       "([store] max_file_mb)")
-                    digest.update(chunk)
-                    f.write(chunk)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, final)
-            _fsync_dir(final.parent)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
-            raise
-        return Output(name=relative, size=size, sha256=digest.hexdigest(), path=str(final))
+            with self._job_fd(root, job_id) as job, self._beneath(job, subfolders, relative) as folder:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp, dir_fd=folder)
+                try:
+                    fd = safefs.open_file(folder, tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                    with os.fdopen(fd, "wb") as f:
+                        for chunk in chunks:
+                            size += len(chunk)
+                            if size > self.max_file_bytes:
+                                raise TooLarge(f"output {relative!r} is larger than {self.max_file_bytes // 2**20}"
+                                               " MiB ([store] max_file_mb)")
+                            digest.update(chunk)
+                            f.write(chunk)
+                        f.flush()
+                        os.fsync(f.fileno())
+                    os.replace(tmp, name, src_dir_fd=folder, dst_dir_fd=folder)
+                    os.fsync(folder)
+                except BaseException:
+                    with contextlib.suppress(OSError):
+                        os.unlink(tmp, dir_fd=folder)
+                    raise
+        finally:
+            os.close(root)
+        return Output(name=relative, size=size, sha256=digest.hexdigest(), path=str(self.job_dir(job_id) / relative))
+
+    @staticmethod
+    @contextlib.contextmanager
+    def _beneath(job: int, subfolders: list[str], relative: str) -> Iterator[int]:
+        try:
+            with safefs.dir_beneath(job, subfolders, create=True, where=relative) as fd:
+                yield fd
+        except safefs.Escapes as exc:
+            raise UnsafeFolder(f"output {exc.strerror}") from None
+
+    @contextlib.contextmanager
+    def _job_fd(self, root: int, job_id: str) -> Iterator[int]:
+        try:
+            with safefs.dir_beneath(root, [job_id], where=str(self.job_dir(job_id))) as fd:
+                yield fd
+        except safefs.Escapes as exc:
+            raise UnsafeFolder(f"the result store's folder for this job {exc.strerror}") from None
 
 
 def is_disk_full(exc: OSError) -> bool:

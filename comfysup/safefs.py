@@ -1,0 +1,102 @@
+"""Files under a root that no symlink can lead out of: every step is opened relative to the one before,
+with O_NOFOLLOW, so the check and the use are the same system call and cannot be raced.
+
+Checking ``Path.resolve()`` and then opening the path is not enough: a folder can be replaced by a symlink
+between the two (``<store>/<job id> -> /etc``). Here each component is opened with ``dir_fd`` and
+``O_NOFOLLOW`` (a symlink fails with ELOOP, a non-folder with ENOTDIR), files are created with ``O_EXCL``,
+and renames and removals name a folder by its descriptor. The root itself is the operator's choice and may
+be a symlink; nothing below it may.
+
+A base module: it imports nothing of comfysup.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import stat
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class Escapes(OSError):
+    """A component below the root is a symlink or not what it should be: nothing was opened through it."""
+
+
+def _refuse(exc: OSError, where: str) -> Escapes:
+    if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK):
+        return Escapes(exc.errno, f"{where} is a symlink or not a folder; nothing is read or written through it")
+    return exc  # type: ignore[return-value]
+
+
+def open_root(root: Path, *, create: bool = False) -> int:
+    """A descriptor of ``root`` (made 0700 with its parents when ``create``)."""
+    if create:
+        root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+
+
+def open_dir(parent_fd: int, name: str, *, create: bool = False, where: str = "") -> int:
+    """The folder ``name`` inside ``parent_fd``, never through a symlink; made 0700 when ``create``."""
+    if create:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(name, 0o700, dir_fd=parent_fd)
+    try:
+        return os.open(name, _DIR, dir_fd=parent_fd)
+    except OSError as exc:
+        raise _refuse(exc, where or name) from None
+
+
+@contextlib.contextmanager
+def dir_beneath(root_fd: int, parts: Sequence[str], *, create: bool = False,
+                where: str = "") -> Iterator[int]:
+    """The folder at ``parts`` below ``root_fd``, each step opened without following a symlink."""
+    fd = os.dup(root_fd)
+    try:
+        for part in parts:
+            child = open_dir(fd, part, create=create, where=where or "/".join(parts))
+            os.close(fd)
+            fd = child
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def open_file(dir_fd: int, name: str, flags: int = os.O_RDONLY, mode: int = 0o600, where: str = "") -> int:
+    """``name`` in ``dir_fd``, never through a symlink; only a regular file is returned for reading."""
+    try:
+        fd = os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dir_fd)
+    except OSError as exc:
+        raise _refuse(exc, where or name) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise Escapes(errno.EINVAL, f"{where or name} is not a regular file")
+    return fd
+
+
+def remove_tree(parent_fd: int, name: str) -> None:
+    """Remove ``name`` in ``parent_fd`` and, if it is a real folder, all below it; a symlink is removed as a
+    link, never followed."""
+    try:
+        info = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISDIR(info.st_mode):
+        os.unlink(name, dir_fd=parent_fd)
+        return
+    fd = os.open(name, _DIR, dir_fd=parent_fd)
+    try:
+        for child in os.listdir(fd):
+            remove_tree(fd, child)
+    finally:
+        os.close(fd)
+    os.rmdir(name, dir_fd=parent_fd)
+
+
+def empty(dir_fd: int) -> None:
+    """Remove everything inside the folder ``dir_fd``, following no symlink."""
+    for child in os.listdir(dir_fd):
+        remove_tree(dir_fd, child)
