@@ -45,6 +45,11 @@ def job_context(job: str, attempt: int, redact: Callable[[str], str] | None = No
         _context.reset(token)
 
 
+_ESCAPES = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7f, 0xa0))} | {0x0A: "\\n", 0x0D: "\\r", 0x09: "\\t"}
+"""Control characters in a message, written as escapes: a name from ComfyUI holding CR/LF cannot forge a log
+line, nor an ESC sequence rewrite a terminal."""
+
+
 class _Redact(logging.Filter):
     """Renders the message once, scrubbed of the bound job's secrets, and attaches the context fields."""
 
@@ -54,7 +59,7 @@ class _Redact(logging.Filter):
         redact = context.get("redact")
         if redact is not None:
             message = redact(message)
-        record.msg, record.args = message, None
+        record.msg, record.args = message.translate(_ESCAPES), None
         for name in FIELDS:
             if getattr(record, name, None) is None:
                 setattr(record, name, context.get(name))

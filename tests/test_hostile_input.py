@@ -392,3 +392,15 @@ def test_a_client_that_goes_away_leaves_no_traceback(big_file_server: str, capfd
         time.sleep(0.02)
     out, err = capfd.readouterr()
     assert "Traceback" not in err and "Traceback" not in out, err
+
+
+def test_log_lines_escape_control_characters(capfd: pytest.CaptureFixture[str]) -> None:
+    import logging
+
+    from comfysup.logs import setup_logging
+
+    setup_logging(fmt="plain")
+    logging.getLogger("comfysup.test").warning("output %s saved", "a.png\r\n2026-01-01 job 1 done\x1b[2J")
+    err = capfd.readouterr().err
+    assert "output a.png\\r\\n2026-01-01 job 1 done\\x1b[2J saved\n" in err
+    assert err.count("\n") == 1
