@@ -404,3 +404,18 @@ def test_log_lines_escape_control_characters(capfd: pytest.CaptureFixture[str]) 
     err = capfd.readouterr().err
     assert "output a.png\\r\\n2026-01-01 job 1 done\\x1b[2J saved\n" in err
     assert err.count("\n") == 1
+
+
+def test_base_directories_made_by_comfysup_are_private(tmp_path: Path) -> None:
+    import stat
+
+    from comfysup.config import build_config
+    from comfysup.gpus import Slot
+    from comfysup.supervisor import server
+
+    config = build_config({"comfyui": {"main": "main.py", "base_directory": str(tmp_path / "var" / "comfyui")}},
+                          source="<test>", root=str(tmp_path))
+    plan = server.plan(config, Slot(index=0, name="cpu0", device=None))
+    server.prepare(plan)
+    for folder in (tmp_path / "var", tmp_path / "var" / "comfyui", plan.directory, plan.directory / "custom_nodes"):
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o700, folder

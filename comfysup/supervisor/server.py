@@ -81,8 +81,15 @@ def environment(base: Mapping[str, str]) -> dict[str, str]:
 
 
 def prepare(p: ServerPlan) -> None:
-    """Create the base directory and ``custom_nodes/`` (ComfyUI crashes at start without it)."""
-    (p.directory / "custom_nodes").mkdir(parents=True, exist_ok=True)
+    """Create the base directory and ``custom_nodes/`` (ComfyUI crashes at start without it), 0700 like the
+    result store: the inputs and outputs of every job pass through it. A folder that exists is left as it is
+    (its owner chose its mode)."""
+    missing, folder = [], p.directory / "custom_nodes"
+    while not folder.exists():
+        missing.append(folder)
+        folder = folder.parent
+    for folder in reversed(missing):  # mkdir -p would make the parents with the umask's mode
+        folder.mkdir(mode=0o700, exist_ok=True)
 
 
 def port_holder(host: str, port: int) -> str | None:
