@@ -1,0 +1,301 @@
+"""Everything ComfyUI answers is untrusted input: this module checks each shape before the runner reads it.
+
+ComfyUI is a large Python server full of custom nodes; any answer can be malformed, truncated, enormous or
+deeply nested. A runner that reads ``entry["status"]["status_str"]`` from whatever came back dies of an
+AttributeError on the first string where an object was expected, the supervisor counts the crash as a
+quick failure, and one bad answer takes a GPU out of service. So every body and message passes through one
+function here, which returns the same plain shape the runner already reads (dicts and lists whose types are
+now guaranteed, unknown keys dropped) or raises :class:`Malformed` with what was wrong
+(``/history entry: status is a str``). The client turns that into a transient, classified failure of the
+attempt (kind ``malformed``), retried and counted like any other.
+
+Pure functions, no I/O: the client reads bounded bytes, these judge them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+MAX_ITEMS = 10_000
+"""Lists longer than this (outputs of one node, queue entries, messages) are not a real server's answer."""
+MAX_NUMBER = 2**53
+"""Prompt numbers, progress values: JSON numbers a client can hold exactly."""
+MAX_TEXT = 1 << 20
+"""Strings ComfyUI sends about one prompt (a traceback, an exception message) are far below a MiB."""
+
+
+class Malformed(ValueError):
+    """ComfyUI answered something that is not the shape it documents; the text says what and where."""
+
+
+def _no_constant(name: str) -> Any:
+    raise Malformed(f"{name} is not a number")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise Malformed(f"{text[:40]} is not a finite number")
+    return value
+
+
+_DECODER = json.JSONDecoder(parse_constant=_no_constant, parse_float=_finite)
+
+
+def decode(raw: bytes | str, what: str) -> Any:
+    """JSON without NaN, Infinity or overflowing numbers; never a RecursionError."""
+    try:
+        text = raw.decode("utf-8") if isinstance(raw, bytes | bytearray) else raw
+        return _DECODER.decode(text)
+    except Malformed as exc:
+        raise Malformed(f"{what}: {exc}") from None
+    except RecursionError:
+        raise Malformed(f"{what} is nested too deeply to be JSON of ComfyUI's") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise Malformed(f"{what} is not JSON ({str(exc)[:80]})") from None
+
+
+def _get(body: dict[str, Any], key: str, default: Any) -> Any:
+    """``body[key]``, or ``default`` when the key is absent or null (never when it is "" or [])."""
+    value = body.get(key)
+    return default if value is None else value
+
+
+def _type(value: Any) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+def _obj(value: Any, where: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise Malformed(f"{where} is a {_type(value)}, not an object")
+    return value
+
+
+def _list(value: Any, where: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise Malformed(f"{where} is a {_type(value)}, not a list")
+    if len(value) > MAX_ITEMS:
+        raise Malformed(f"{where} has {len(value)} items")
+    return value
+
+
+def _str(value: Any, where: str, *, optional: bool = False) -> str | None:
+    if value is None and optional:
+        return None
+    if not isinstance(value, str):
+        raise Malformed(f"{where} is a {_type(value)}, not a string")
+    if len(value) > MAX_TEXT:
+        raise Malformed(f"{where} is {len(value)} characters long")
+    return value
+
+
+def _int(value: Any, where: str, *, optional: bool = False) -> int | None:
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not -MAX_NUMBER <= value <= MAX_NUMBER:
+        raise Malformed(f"{where} is {_type(value) if not isinstance(value, int) else 'out of range'}, "
+                        "not a prompt number")
+    return value
+
+
+def _number(value: Any, where: str) -> float | int:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise Malformed(f"{where} is a {_type(value)}, not a number")
+    if not (math.isfinite(value) and -MAX_NUMBER <= value <= MAX_NUMBER):
+        raise Malformed(f"{where} is out of range")
+    return value
+
+
+def _node_id(value: Any, where: str) -> str | None:
+    """Node ids are strings ("3", "12:4" inside subgraphs); None means none (executing's end)."""
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    return _str(value, where)
+
+
+# ---- POST /prompt, GET /queue ----------------------------------------------------------------------------
+
+def prompt_number(body: Any) -> int:
+    """The ``number`` of a 200 answer to POST /prompt."""
+    number = _int(_obj(body, "POST /prompt's answer").get("number"), "POST /prompt's number")
+    assert number is not None
+    return number
+
+
+def queue(body: Any) -> list[tuple[int, str, str | None, bool]]:
+    """GET /queue as (number, prompt id, client id, running) for each entry, running ones first."""
+    body = _obj(body, "/queue")
+    out = []
+    for key, running in (("queue_running", True), ("queue_pending", False)):
+        for i, item in enumerate(_list(_get(body, key, []), f"/queue {key}")):
+            where = f"/queue {key}[{i}]"
+            item = _list(item, where)
+            if len(item) < 2:
+                raise Malformed(f"{where} has {len(item)} fields")
+            number = _int(item[0], f"{where}'s number")
+            prompt_id = _str(item[1], f"{where}'s prompt id")
+            extra = item[3] if len(item) > 3 and isinstance(item[3], dict) else {}
+            client = extra.get("client_id")
+            out.append((number, prompt_id, client if isinstance(client, str) else None, running))
+    return out  # type: ignore[return-value]
+
+
+# ---- GET /history/{id} -------------------------------------------------------------------------------------
+
+def history_entry(body: Any, prompt_id: str, *, max_files: int = MAX_ITEMS) -> dict[str, Any] | None:
+    """The entry of ``prompt_id`` in a /history/{id} answer, checked at every level the runner reads, or None
+    while ComfyUI has not written it. Output items keep only filename, subfolder and type."""
+    body = _obj(body, "/history")
+    if prompt_id not in body:
+        return None
+    where = "/history entry"
+    entry = _obj(body[prompt_id], where)
+    prompt = entry.get("prompt")
+    number = None
+    if prompt is not None:
+        prompt = _list(prompt, f"{where}'s prompt")
+        if not prompt:
+            raise Malformed(f"{where}'s prompt is empty")
+        number = _int(prompt[0], f"{where}'s prompt number")
+    status = _obj(_get(entry, "status", {}), f"{where}'s status")
+    status_str = _str(status.get("status_str"), f"{where}'s status_str", optional=True)
+    messages = []
+    for i, message in enumerate(_list(_get(status, "messages", []), f"{where}'s status messages")):
+        message = _list(message, f"{where}'s status message {i}")
+        if len(message) != 2:
+            raise Malformed(f"{where}'s status message {i} has {len(message)} fields, not 2")
+        kind = _str(message[0], f"{where}'s status message {i}'s type")
+        data = _obj(message[1], f"{where}'s status message {i} ({kind})")
+        messages.append([kind, _event_data(kind, data, f"{where}'s {kind}") if kind in _EVENTS else data])
+    outputs: dict[str, dict[str, list[dict[str, str]]]] = {}
+    files = 0
+    for node_id, node in _obj(_get(entry, "outputs", {}), f"{where}'s outputs").items():
+        node = _obj(node, f"{where}'s outputs of node {node_id}")
+        kept: dict[str, list[dict[str, str]]] = {}
+        for key, items in node.items():
+            if not isinstance(items, list):
+                continue  # other output kinds (text, booleans of custom nodes): not files
+            checked = []
+            for i, item in enumerate(_list(items, f"{where}'s node {node_id} {key}")):
+                if not isinstance(item, dict) or "filename" not in item:
+                    continue  # not a file (a number, a text)
+                what = f"{where}'s node {node_id} {key}[{i}]"
+                checked.append({"filename": _str(item["filename"], f"{what} filename") or "",
+                                "subfolder": _str(_get(item, "subfolder", ""), f"{what} subfolder") or "",
+                                "type": _str(item.get("type", "output"), f"{what} type") or "output"})
+                files += 1
+                if files > max_files:
+                    raise Malformed(f"{where} names more than {max_files} files ([store] max_files_per_job)")
+            kept[key] = checked
+        outputs[str(node_id)] = kept
+    return {"prompt": [number] if number is not None else [], "status": {"status_str": status_str,
+                                                                          "messages": messages},
+            "outputs": outputs}
+
+
+# ---- WebSocket messages -------------------------------------------------------------------------------------
+
+_EVENTS = frozenset({"execution_start", "execution_cached", "executing", "executed", "progress", "progress_state",
+                     "execution_success", "execution_error", "execution_interrupted"})
+"""The events about one prompt that the runner reads; every other type (status aside) passes unread."""
+
+
+def ws_message(raw: str | bytes) -> dict[str, Any] | None:
+    """A text frame as ``{"type": str, "data": dict}`` with the fields of its type checked; None for a type
+    the runner does not read (ComfyUI 0.38 broadcasts ``assets.seed.*``; custom nodes send their own)."""
+    message = _obj(decode(raw, "a WebSocket message"), "a WebSocket message")
+    kind = _str(message.get("type"), "a WebSocket message's type")
+    assert kind is not None
+    if kind == "status":
+        data = _obj(_get(message, "data", {}), "the status message's data")
+        status = _obj(_get(data, "status", {}), "the status message's status")
+        info = _obj(_get(status, "exec_info", {}), "the status message's exec_info")
+        remaining = info.get("queue_remaining")
+        remaining = _int(remaining, "queue_remaining", optional=True)
+        return {"type": "status", "data": {"status": {"exec_info": {"queue_remaining": remaining}}}}
+    if kind not in _EVENTS:
+        return None
+    data = _obj(message.get("data"), f"the {kind} message's data")
+    return {"type": kind, "data": _event_data(kind, data, f"the {kind} message")}
+
+
+def _event_data(kind: str, data: dict[str, Any], where: str) -> dict[str, Any]:
+    """The fields of one event that the runner and its trace read, each of the type they expect."""
+    out: dict[str, Any] = {"prompt_id": _str(data.get("prompt_id"), f"{where}'s prompt_id", optional=True)}
+    if "timestamp" in data:
+        out["timestamp"] = _number(data["timestamp"], f"{where}'s timestamp")
+    if kind == "execution_cached":
+        out["nodes"] = [_node_id(n, f"{where}'s nodes") for n in _list(_get(data, "nodes", []), f"{where}'s nodes")]
+    elif kind in ("executing", "executed", "progress"):
+        out["node"] = _node_id(data.get("node"), f"{where}'s node")
+        if "display_node" in data:
+            out["display_node"] = _node_id(data["display_node"], f"{where}'s display_node")
+    if kind == "progress":
+        out["value"] = _number(data.get("value"), f"{where}'s value")
+        out["max"] = _number(data.get("max"), f"{where}'s max")
+    elif kind == "executed" and "output" in data:
+        out["output"] = _obj(_get(data, "output", {}), f"{where}'s output")
+    elif kind == "progress_state":
+        nodes = _obj(_get(data, "nodes", {}), f"{where}'s nodes")
+        out["nodes"] = {str(k): _progress_node(v, f"{where}'s node {k}") for k, v in nodes.items()}
+    elif kind in ("execution_error", "execution_interrupted"):
+        out["node_id"] = _node_id(data.get("node_id"), f"{where}'s node_id")
+        out["node_type"] = _str(data.get("node_type"), f"{where}'s node_type", optional=True)
+        if kind == "execution_error":
+            out["exception_type"] = _str(_get(data, "exception_type", ""), f"{where}'s exception_type")
+            out["exception_message"] = _str(_get(data, "exception_message", ""), f"{where}'s exception_message")
+            out["traceback"] = [_str(line, f"{where}'s traceback") for line in
+                                _list(_get(data, "traceback", []), f"{where}'s traceback")]
+    return out
+
+
+def _progress_node(value: Any, where: str) -> dict[str, Any]:
+    node = _obj(value, where)
+    out: dict[str, Any] = {}
+    for key in ("value", "max"):
+        if key in node:
+            out[key] = _number(node[key], f"{where}'s {key}")
+    for key in ("state", "node_id", "display_node_id", "prompt_id"):
+        if key in node:
+            out[key] = _str(node[key], f"{where}'s {key}", optional=True) if not isinstance(node[key], int) \
+                else str(node[key])
+    return out
+
+
+# ---- GET /system_stats, GET /object_info --------------------------------------------------------------------
+
+def system_stats(body: Any) -> dict[str, Any]:
+    """``system`` (versions, RAM) and ``devices`` (name, type, index, VRAM) with the types health reads."""
+    body = _obj(body, "/system_stats")
+    system = _obj(_get(body, "system", {}), "/system_stats system")
+    devices = []
+    for i, device in enumerate(_list(_get(body, "devices", []), "/system_stats devices")):
+        device = _obj(device, f"/system_stats device {i}")
+        clean: dict[str, Any] = {}
+        for key in ("name", "type"):
+            if key in device:
+                clean[key] = _str(device[key], f"/system_stats device {i} {key}", optional=True)
+        for key in ("index", "vram_total", "vram_free", "torch_vram_total", "torch_vram_free"):
+            if device.get(key) is not None:
+                clean[key] = _number(device[key], f"/system_stats device {i} {key}")
+        devices.append(clean)
+    clean_system: dict[str, Any] = {}
+    for key in ("os", "comfyui_version", "python_version", "pytorch_version", "embedded_python"):
+        if key in system:
+            value = system[key]
+            clean_system[key] = value if isinstance(value, bool) else _str(value, f"/system_stats {key}",
+                                                                            optional=True)
+    for key in ("ram_total", "ram_free"):
+        if system.get(key) is not None:
+            clean_system[key] = _number(system[key], f"/system_stats {key}")
+    return {"system": clean_system, "devices": devices}
+
+
+def object_info(body: Any) -> dict[str, dict[str, Any]]:
+    """Node classes by name, each an object; a class whose description is not an object is malformed."""
+    body = _obj(body, "/object_info")
+    return {str(name): _obj(info, f"/object_info {str(name)[:80]}") for name, info in body.items()}
