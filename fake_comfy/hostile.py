@@ -63,7 +63,8 @@ KINDS: dict[str, Any] = {"str": "fake_comfy: not what you expected", "list": [],
 @dataclass(frozen=True)
 class Raw:
     """A body sent byte for byte: `pause_s` between chunks, `length` declared (None: chunked), then
-    `abort` the connection instead of ending the body. `endless` bodies repeat `tail` until the cap."""
+    `abort` the connection instead of ending the body. `endless` bodies (chunked, no length) repeat
+    `tail` until the cap; the others declare `length`, or their own length when it is None."""
 
     head: bytes
     content_type: str = "application/json; charset=utf-8"

@@ -27,9 +27,9 @@ from .hostile import (
 
 # Per answer: where a huge string, a huge list, control characters and breaking numbers go.
 HUGE_STRING_AT = {"post": "prompt_id", "history": "@.status.status_str", "queue": "queue_pending",
-                  "system_stats": "devices.*.name", "object_info": "*.display_name"}
+                  "system_stats": "devices.*.name", "object_info": "EmptyImage.display_name"}
 HUGE_LIST_AT = {"post": "node_errors", "history": "@.status.messages", "queue": "queue_pending",
-                "system_stats": "devices", "object_info": "*.output"}
+                "system_stats": "devices", "object_info": "EmptyImage.output"}
 CONTROL_AT = {"post": ["prompt_id"], "history": ["@.status.status_str", "@.status.messages.*.0",
                                                  "@.outputs.*.images.*.filename", "@.outputs.*.images.*.subfolder"],
               "queue": ["queue_pending.*.1"], "system_stats": ["devices.*.name", "system.comfyui_version"],

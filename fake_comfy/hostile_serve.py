@@ -47,8 +47,8 @@ def mutation_of(word: str) -> Mutation | None:
 async def send_raw(request: web.Request, raw: Raw, options: Options) -> web.StreamResponse:
     """Send `raw` as it is; past options.hostile_cap_s or hostile_cap_bytes the connection is dropped."""
     response = web.StreamResponse(headers={"Content-Type": raw.content_type})
-    if raw.length is not None:
-        response.content_length = raw.length
+    if not raw.endless:  # the declared length, or the honest one
+        response.content_length = raw.length if raw.length is not None else len(raw.head)
     pause = options.hostile_trickle_s if raw.pause_s == TRICKLE else raw.pause_s
     await response.prepare(request)
     sent, complete = 0, False
