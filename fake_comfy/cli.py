@@ -104,6 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
     fake.add_argument(
         "--hostile-cap-s", type=float, default=60.0, metavar="S", help="a trickled or endless body ends after S"
     )
+    fake.add_argument(
+        "--hostile-list", action="store_true", help="print the hostile catalogue (name, place, what) and exit"
+    )
     fake.add_argument("--max-history", type=int, default=MAXIMUM_HISTORY_SIZE, help=argparse.SUPPRESS)
     parser.add_argument("--version", action="version", version=f"fake_comfy {__version__}")
     return parser
@@ -170,6 +173,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ScriptError, OSError, ValueError) as exc:
         print(f"fake_comfy: {exc}", file=sys.stderr)
         return 2
+    if "--hostile-list" in arguments:
+        from .hostile import CATALOGUE
+
+        for mutation in CATALOGUE.values():
+            print(f"{mutation.name}\t{mutation.where}\t{mutation.doc}")
+        return 0
     options.argv = ["main.py", *arguments]
     try:
         asyncio.run(serve(options))

@@ -98,7 +98,7 @@ def _body_mutations(where: str) -> None:
     register(f"{where}:deep", f"{DEPTH:,} levels of nested arrays")(deep)
     register(f"{where}:trickle", "the right body, one byte per trickle interval, dropped at the cap")(trickle)
     register(f"{where}:endless", "a JSON body that never ends (chunked), dropped at the cap")(endless)
-    register(f"{where}:huge-string", f"{HUGE_STRING_AT[where]} is a {HUGE_STRING >> 20} MiB string")(huge_string)
+    register(f"{where}:huge-string", f"{HUGE_STRING_AT[where]} is a string of {HUGE_STRING >> 20} MiB")(huge_string)
     register(f"{where}:huge-list", f"{HUGE_LIST_AT[where]} is a list of {HUGE_LIST:,} items")(huge_list)
     register(f"{where}:control", "CR/LF, ESC, BEL, NUL appended to " + ", ".join(CONTROL_AT[where]))(control)
     for label, token in NUMBER_TOKENS.items():

@@ -347,7 +347,9 @@ def check_ws(what: str, frames: list[str | bytes]) -> None:
         pytest.fail(f"no check for ws:{what}")
 
 
-@pytest.mark.parametrize("name", names("ws"))
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=pytest.mark.slow) if "huge" in n else n for n in names("ws")]
+)
 def test_ws_mutations(fake: FakeComfy, name: str) -> None:
     result = run(fake, "hostile:" + name)
     check_ws(name.split(":", 1)[1], result.frames)
@@ -399,6 +401,7 @@ def test_view_mutations(fake: FakeComfy, name: str) -> None:
     assert fake.stats()["prompts"][result.prompt_id]["hostile"]["hits"] == 1
 
 
+@pytest.mark.slow
 def test_endless_and_trickled_bodies_stop_at_the_cap(tmp_path: Path) -> None:
     """Bounded by the fake itself: past hostile_cap_s the connection is dropped, whoever is reading."""
     with FakeComfy(base_directory=tmp_path, node_ms=1, hostile_trickle_s=0.05, hostile_cap_s=1.0) as fake:
@@ -475,3 +478,24 @@ def test_script_and_command_line_vocabulary() -> None:
     for bad in ("hostile:nope", "hostile:NAME", "hostile:"):
         with pytest.raises(ScriptError):
             parse_options(["--script", bad])
+
+
+def test_hostile_list_prints_the_whole_catalogue(capsys: pytest.CaptureFixture[str]) -> None:
+    from fake_comfy.cli import main
+
+    assert main(["--hostile-list"]) == 0
+    rows = [line.split("\t") for line in capsys.readouterr().out.splitlines()]
+    assert [(name, where) for name, where, _doc in rows] == [(m.name, m.where) for m in CATALOGUE.values()]
+
+
+def test_fake_control_sets_hostile_words_and_the_seed(fake: FakeComfy) -> None:
+    prompt_id = uuid.uuid4().hex
+    control = fake.url + "/fake/control"
+    answer = requests.post(control, json={"script_by_id": {prompt_id: ["hostile:nope"]}}, timeout=TIMEOUT)
+    assert answer.status_code == 400
+    assert requests.post(control, json={"hostile_seed": 11, "hostile_rate": 0.5}, timeout=TIMEOUT).ok
+    try:
+        assert (fake.hostile_seed, fake.hostile_rate) == (11, 0.5)
+    finally:
+        requests.post(control, json={"hostile_seed": None}, timeout=TIMEOUT)
+    assert fake.hostile_seed is None
