@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+from collections import deque
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -82,7 +83,8 @@ class Hostility:
         self.recorder = recorder
         self.queue = queue
         self.by_prompt: dict[str, Mutation] = {}
-        self.armed: dict[str, list[str]] = {where: [] for where in ONCE}
+        """Bounded (oldest forgotten first) so that days of seeded chaos do not grow the fake."""
+        self.armed: dict[str, deque[str]] = {where: deque(maxlen=1000) for where in ONCE}
 
     def assign(self, prompt_id: str, word: str) -> str:
         """The word this post runs with; records (and arms) the prompt's mutation if it has one."""
@@ -96,7 +98,10 @@ class Hostility:
         if mutation is None:
             self.by_prompt.pop(prompt_id, None)
             return word
+        self.by_prompt.pop(prompt_id, None)
         self.by_prompt[prompt_id] = mutation
+        while len(self.by_prompt) > 2 * self.options.max_history + 1000:
+            del self.by_prompt[next(iter(self.by_prompt))]
         if mutation.where in ONCE:
             self.armed[mutation.where].append(prompt_id)
         self.recorder.hostile(prompt_id, mutation.name, mutation.where, source)
@@ -137,7 +142,7 @@ class Hostility:
             armed = self.armed[where]
             if not armed:
                 return []
-            prompt_id = armed.pop(0)
+            prompt_id = armed.popleft()
             return [(prompt_id, self.by_prompt[prompt_id].fn)] if prompt_id in self.by_prompt else []
         if where == "post":
             prompt_id = body.get("prompt_id") if isinstance(body, dict) else None
