@@ -83,6 +83,30 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="append one JSON line per server start, post, execution start and end (survives a kill)",
     )
+    fake.add_argument(
+        "--hostile-seed",
+        type=int,
+        default=None,
+        metavar="N",
+        help="give a random hostile mutation to a share of the prompts scripted ok (same seed, same choice)",
+    )
+    fake.add_argument("--hostile-rate", type=float, default=0.3, metavar="R", help="that share (default 0.3)")
+    fake.add_argument(
+        "--hostile-only",
+        type=str,
+        default="",
+        metavar="NAME,...",
+        help="the seed picks only among these mutations or places (e.g. history,ws:not-json)",
+    )
+    fake.add_argument(
+        "--hostile-trickle-s", type=float, default=1.0, metavar="S", help="seconds per byte of a trickled body"
+    )
+    fake.add_argument(
+        "--hostile-cap-s", type=float, default=60.0, metavar="S", help="a trickled or endless body ends after S"
+    )
+    fake.add_argument(
+        "--hostile-list", action="store_true", help="print the hostile catalogue (name, place, what) and exit"
+    )
     fake.add_argument("--max-history", type=int, default=MAXIMUM_HISTORY_SIZE, help=argparse.SUPPRESS)
     parser.add_argument("--version", action="version", version=f"fake_comfy {__version__}")
     return parser
@@ -112,6 +136,11 @@ def parse_options(argv: Sequence[str]) -> Options:
         busy=args.busy,
         max_history=args.max_history,
         exec_log=Path(args.exec_log).absolute() if args.exec_log else None,
+        hostile_seed=args.hostile_seed,
+        hostile_rate=args.hostile_rate,
+        hostile_only=[name.strip() for name in args.hostile_only.split(",") if name.strip()],
+        hostile_trickle_s=args.hostile_trickle_s,
+        hostile_cap_s=args.hostile_cap_s,
     )
 
 
@@ -144,6 +173,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ScriptError, OSError, ValueError) as exc:
         print(f"fake_comfy: {exc}", file=sys.stderr)
         return 2
+    if "--hostile-list" in arguments:
+        from .hostile import CATALOGUE
+
+        for mutation in CATALOGUE.values():
+            print(f"{mutation.name}\t{mutation.where}\t{mutation.doc}")
+        return 0
     options.argv = ["main.py", *arguments]
     try:
         asyncio.run(serve(options))

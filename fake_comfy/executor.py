@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from .stats import Recorder
 
 #: Script words whose fault happens at a node, and the index (in execution order) of that node.
-FAULT_AT = {"drop": 0, "crash": 0, "error": 1, "oom": 1, "hang": 1}
+FAULT_AT = {"drop": 0, "crash": 0, "error": 1, "oom": 1, "hang": 1, "hostile:run:ignore-interrupt": 1}
 #: Words that may use the output cache (a fault must not be hidden by a cache hit).
 CACHE_WORDS = ("ok", "slow")
 MAX_LATENESS = 0.003
@@ -346,6 +346,8 @@ class _Run:
         elif fault == "hang":
             await self.ex.interrupt_flag.wait()
             raise NodeFailure(node_id)
+        elif fault == "hostile:run:ignore-interrupt":  # a custom node that never checks the flag
+            await asyncio.Event().wait()
         elif fault == "error":
             raise NodeFailure(node_id, self.error_details(node_id, "image_to_mask"))
         elif fault == "oom":

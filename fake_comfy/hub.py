@@ -39,6 +39,8 @@ class Hub:
         self.requests: dict[web.WebSocketResponse, web.Request] = {}
         self._outbox: asyncio.Queue[Callable[[], Any]] = asyncio.Queue()
         self._publisher: asyncio.Task[None] | None = None
+        self.rewrite: Callable[[str, Any], list[str | bytes] | None] | None = None
+        """Hostile mode: the frames to send instead of a message (None: the message as it is)."""
 
     def start(self) -> None:
         """Start the publisher (inside the server's event loop)."""
@@ -102,10 +104,12 @@ class Hub:
 
     async def send_json(self, event: str, data: Any, sid: str | None = None) -> None:
         """To one client id, or to every registered socket when `sid` is None; lost sends are ignored."""
-        message = json.dumps({"type": event, "data": data})
+        frames = self.rewrite(event, data) if self.rewrite is not None else None
+        frames = [json.dumps({"type": event, "data": data})] if frames is None else frames
         for ws in self._targets(sid):
             try:
-                await ws.send_str(message)
+                for frame in frames:
+                    await (ws.send_bytes(frame) if isinstance(frame, bytes) else ws.send_str(frame))
             except _SEND_ERRORS:
                 pass
 

@@ -50,6 +50,11 @@ class FakeComfy:
         output_directory: str | os.PathLike[str] | None = None,
         max_history: int = MAXIMUM_HISTORY_SIZE,
         exec_log: str | Path | None = None,
+        hostile_seed: int | None = None,
+        hostile_rate: float = 0.3,
+        hostile_only: Sequence[str] = (),
+        hostile_trickle_s: float = 1.0,
+        hostile_cap_s: float = 60.0,
     ) -> None:
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         if base_directory is None:
@@ -68,6 +73,11 @@ class FakeComfy:
             busy=busy,
             max_history=max_history,
             exec_log=Path(exec_log) if exec_log is not None else None,
+            hostile_seed=hostile_seed,
+            hostile_rate=hostile_rate,
+            hostile_only=list(hostile_only),
+            hostile_trickle_s=hostile_trickle_s,
+            hostile_cap_s=hostile_cap_s,
         )
         self.recorder = Recorder(self.options.exec_log)
         self._script = Script(script, script_by_id, script_file)
@@ -268,3 +278,21 @@ class FakeComfy:
     @history_delay_ms.setter
     def history_delay_ms(self, value: float) -> None:
         self.options.history_delay_ms = float(value)
+
+    @property
+    def hostile_seed(self) -> int | None:
+        """Hostile mode by chance: prompts scripted ok get a random mutation (None: off); live."""
+        return self.options.hostile_seed
+
+    @hostile_seed.setter
+    def hostile_seed(self, value: int | None) -> None:
+        self.options.hostile_seed = value
+
+    @property
+    def hostile_rate(self) -> float:
+        """The share of those prompts that get one (0..1); live."""
+        return self.options.hostile_rate
+
+    @hostile_rate.setter
+    def hostile_rate(self, value: float) -> None:
+        self.options.hostile_rate = float(value)

@@ -37,6 +37,16 @@ class Options:
     exec_log: Path | None = None
     """--exec-log: append each execution's start and end to this file (see stats.Recorder)."""
     argv: list[str] = field(default_factory=list)
+    hostile_seed: int | None = None
+    """--hostile-seed: give a random mutation (hostile.choose) to a share of the prompts scripted "ok"."""
+    hostile_rate: float = 0.3
+    hostile_only: list[str] = field(default_factory=list)
+    """--hostile-only: the seed picks among these mutations (names, or places such as "history")."""
+    hostile_trickle_s: float = 1.0
+    """Seconds between the bytes of a trickled body."""
+    hostile_cap_s: float = 60.0
+    hostile_cap_bytes: int = 256 << 20
+    """A trickled or endless body is dropped after this long or this much."""
 
     def _absolute(self, path: Path | None, default: str) -> Path:
         chosen = Path(path) if path is not None else Path(self.base_directory) / default

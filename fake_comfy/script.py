@@ -31,6 +31,7 @@ WORDS: dict[str, str] = {
     "slow": "like ok, ten times slower",
     "crash": "the whole server dies at the first node",
     "hostile": "history and executed name output files with ../ and absolute paths",
+    "hostile:NAME": "the prompt faces the mutation NAME of fake_comfy.hostile.CATALOGUE",
 }
 
 
@@ -42,8 +43,10 @@ def check_words(words: Sequence[str]) -> list[str]:
     """The words as a list, or ScriptError naming the first unknown one."""
     if not isinstance(words, list | tuple):
         raise ScriptError(f"a script is a list of words, not {words!r}")
+    from .hostile_serve import mutation_of
+
     for word in words:
-        if word not in WORDS:
+        if (word not in WORDS and mutation_of(word) is None) or word == "hostile:NAME":
             raise ScriptError(f"unknown script word {word!r}; known: {', '.join(WORDS)}")
     return list(words)
 

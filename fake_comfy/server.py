@@ -24,6 +24,7 @@ from aiohttp import WSMsgType, web
 
 from . import __version__
 from .executor import Executor, physical_memory
+from .hostile_serve import Hostility
 from .hub import Hub
 from .nodes import Catalogue, data
 from .options import Options
@@ -113,6 +114,8 @@ class FakeServer:
         self.hub = Hub()
         self.queue = PromptQueue(self._queue_updated, options.max_history)
         self.executor = Executor(options, self.hub, self.recorder, crash)
+        self.hostility = Hostility(options, self.recorder, self.queue)
+        self.hub.rewrite = self.hostility.ws_frames
         self.number = 0
         self.port: int | None = None
         self._wake = asyncio.Event()
@@ -215,7 +218,7 @@ class FakeServer:
     # -- routes -----------------------------------------------------------------------------------
 
     def _make_app(self) -> web.Application:
-        app = web.Application(client_max_size=MAX_UPLOAD_SIZE)
+        app = web.Application(client_max_size=MAX_UPLOAD_SIZE, middlewares=[self.hostility.middleware])
         routes: list[tuple[str, str, Callable[[web.Request], Any]]] = [
             ("GET", "/ws", self.websocket),
             ("GET", "/", self.root),
@@ -360,7 +363,7 @@ class FakeServer:
         post = word = None
         if isinstance(json_data, dict) and "prompt" in json_data:
             prompt_id = str(json_data.get("prompt_id", uuid.uuid4()))
-            word = self.script.take(prompt_id)
+            word = self.hostility.assign(prompt_id, self.script.take(prompt_id))
             post = self.recorder.posted(prompt_id, word)
             if word == "500":
                 self.recorder.answered(post, 500, None)
@@ -489,7 +492,8 @@ class FakeServer:
         """Not ComfyUI: change the script and knobs of a running fake (for tests that only have its URL).
 
         Body: any of {"script": [words], "script_by_id": {id: [words]}, "node_ms", "load_ms",
-        "history_delay_ms"}; 400 with {"error": ...} for an unknown word.
+        "history_delay_ms", "hostile_seed", "hostile_rate", "hostile_trickle_s", "hostile_cap_s"};
+        400 with {"error": ...} for an unknown word.
         """
         body = await request.json()
         try:
@@ -499,7 +503,9 @@ class FakeServer:
                 self.script.set_by_id(body["script_by_id"])
         except ValueError as exc:
             return web.json_response({"error": str(exc)}, status=400)
-        for knob in ("node_ms", "load_ms", "history_delay_ms"):
+        for knob in ("node_ms", "load_ms", "history_delay_ms", "hostile_rate", "hostile_trickle_s", "hostile_cap_s"):
             if knob in body:
                 setattr(self.options, knob, float(body[knob]))
+        if "hostile_seed" in body:
+            self.options.hostile_seed = None if body["hostile_seed"] is None else int(body["hostile_seed"])
         return web.json_response({"ok": True})

@@ -27,7 +27,8 @@ class Recorder:
 
         {"prompts": {id: {"posted": n, "executed": n, "cached": n,
                           "posts": [{"at", "number", "word", "status"}],
-                          "executions": [{"number", "word", "cached", "started_at", "ended_at", "outcome"}]}},
+                          "executions": [{"number", "word", "cached", "started_at", "ended_at", "outcome"}],
+                          "hostile": {"mutation", "where", "source", "hits", "last_hit"}}},  # hostile only
          "order": [id, ...],                      # execution starts, in order
          "interrupts": [{"at", "prompt_id", "running", "effective"}],
          "queue_deletes": [{"at", "prompt_id", "removed"}], "queue_clears": [{"at", "removed": [id]}],
@@ -131,6 +132,20 @@ class Recorder:
                 run["ended_at"], run["outcome"] = time.time(), outcome
                 self._log("end", prompt_id=self._ids.get(id(run)), number=run["number"], word=run["word"],
                           started_at=run["started_at"], ended_at=run["ended_at"], outcome=outcome)
+
+    def hostile(self, prompt_id: str, mutation: str, where: str, source: str) -> None:
+        """A post gave this prompt a mutation (source: script or seed); `hits` counts mangled answers."""
+        with self._lock:
+            self._prompt(prompt_id)["hostile"] = {
+                "mutation": mutation, "where": where, "source": source, "hits": 0, "last_hit": None
+            }
+
+    def hostile_hit(self, prompt_id: str, answer: str) -> None:
+        with self._lock:
+            record = self._prompt(prompt_id).get("hostile")
+            if record is not None:
+                record["hits"] += 1
+                record["last_hit"] = {"at": time.time(), "answer": answer}
 
     def event(self, kind: str, **fields: Any) -> None:
         """Append to one of the plain lists (interrupts, queue_deletes, queue_clears, frees, model_loads)."""
