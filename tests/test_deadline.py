@@ -1,0 +1,103 @@
+"""comfysup.runner.deadline: a deadline interrupts a read that would block past it (issue 14, item 2)."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import pytest
+
+from comfysup.runner import deadline
+from comfysup.runner.deadline import DeadlineExceeded
+
+pytestmark = pytest.mark.timeout(30)
+
+
+@pytest.fixture(autouse=True)
+def _clean() -> None:
+    deadline.reset()
+    yield
+    deadline.reset()
+
+
+def test_a_blocking_read_is_interrupted_at_the_deadline() -> None:
+    a, b = socket.socketpair()
+    a.settimeout(20)  # the socket's own timeout would wait 20 s
+    start = time.monotonic()
+    with pytest.raises(DeadlineExceeded, match="the job's timeout"), deadline.within(0.3, "the job's timeout"):
+        a.recv(1)
+    assert 0.25 < time.monotonic() - start < 2
+    a.close()
+    b.close()
+
+
+def test_a_trickle_is_bounded_by_the_whole_not_each_read() -> None:
+    """One byte every 0.1 s never trips a per-read timeout; the deadline over the whole read does."""
+    a, b = socket.socketpair()
+    a.settimeout(1)
+    got = 0
+    start = time.monotonic()
+    with pytest.raises(DeadlineExceeded), deadline.within(0.5, "the download"):
+        while True:
+            b.send(b"x")
+            got += len(a.recv(1))
+            time.sleep(0.1)
+    assert 3 <= got <= 7 and time.monotonic() - start < 2
+    a.close()
+    b.close()
+
+
+def test_nested_deadlines_take_the_earliest_and_restore_the_outer() -> None:
+    with deadline.within(5, "outer"):
+        with pytest.raises(DeadlineExceeded, match="inner"), deadline.within(0.1, "inner"):
+            time.sleep(3)
+        assert 4 < deadline.remaining() <= 5
+        with deadline.within(10, "later inner"):
+            assert deadline.remaining() <= 5  # the outer one is still the first to fall
+    assert deadline.remaining() == float("inf")
+
+
+def test_shorten_brings_a_running_block_to_its_grace() -> None:
+    start = time.monotonic()
+    with pytest.raises(DeadlineExceeded, match="stopping"), deadline.within(30, "the job's timeout"):
+        deadline.shorten(0.2, "stopping: grace_seconds passed")
+        time.sleep(5)
+    assert time.monotonic() - start < 2
+
+
+def test_in_a_thread_deadlines_are_checked_between_reads() -> None:
+    import threading
+
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            with deadline.within(0.05, "x"):
+                time.sleep(0.1)  # no signal here: nothing interrupts the sleep
+                deadline.check()
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join()
+    assert len(errors) == 1 and isinstance(errors[0], DeadlineExceeded)
+
+
+def test_an_earlier_timer_is_kept_and_restored() -> None:
+    """pytest-timeout's own timer (or any earlier SIGALRM user) survives our deadlines."""
+    import signal
+
+    fired: list[int] = []
+    previous = signal.signal(signal.SIGALRM, lambda *_: fired.append(1))
+    old = signal.setitimer(signal.ITIMER_REAL, 0.4)
+    try:
+        with deadline.within(5, "ours"):
+            time.sleep(0.6)  # the earlier timer falls first: its handler runs, ours stays
+        assert fired == [1]
+        with deadline.within(0.1, "ours again"), pytest.raises(DeadlineExceeded):
+            time.sleep(1)
+        assert signal.getsignal(signal.SIGALRM) is not deadline._on_alarm
+    finally:
+        signal.signal(signal.SIGALRM, previous)
+        signal.setitimer(signal.ITIMER_REAL, *old)
