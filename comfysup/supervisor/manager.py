@@ -9,7 +9,8 @@ What it owns, for both commands:
   A child leads its own process group and drops the parent's handlers and descriptors.
 - Reaping with ``waitpid(WNOHANG)`` (``ProcessOps.reap``), and releasing a dead runner's claims the
   moment its pid is reaped: the pid's death proves that nothing acts on the job any more, so it does not
-  wait for the lease. While stopping, the release does not count an attempt.
+  wait for the lease. While stopping, the release does not count an attempt. At start-up, the claims of
+  runners of an earlier process on this host that no longer exist (:func:`release_stale_claims`).
 
 What to do about an exit (restart, give up, stop) is the caller's: the supervisor asks its restart
 policies, ``work`` does not restart. Both stop with :class:`comfysup.supervisor.stop.StopPlan`.
@@ -26,8 +27,11 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
+import psutil
+
 from comfysup.errors import QueueError
-from comfysup.runner.loop import make_owner
+from comfysup.queue.base import host_name
+from comfysup.runner.loop import make_owner, owner_pid
 from comfysup.supervisor.process import ProcessOps, set_name
 
 log = logging.getLogger("comfysup.supervisor")
@@ -161,3 +165,35 @@ class ProcessManager:
         if released:
             log.info("%s: runner %s; released %s", runner.name, why, ", ".join(i[:8] for i in released))
         return runner
+
+
+def release_stale_claims(queue: Any) -> list[str]:
+    """Claims held by runners of an earlier supervisor on this host that no longer exist.
+
+    A pid that exists again but was created after the claim started is another process that got the
+    number, so the runner is gone all the same.
+    """
+    host = host_name()
+    released: list[str] = []
+    for job in queue.status(dead_limit=0).running:
+        if job.owner.split("/")[0] != host or _owner_alive(job.owner, job.started_at):
+            continue
+        released += queue.release_owner(job.owner, "its runner (of an earlier supervisor) is gone",
+                                        count_attempt=True)
+    if released:
+        log.info("released %d claim(s) of runners that no longer exist: %s", len(released),
+                 ", ".join(i[:8] for i in released))
+    return released
+
+
+def _owner_alive(owner: str, claimed_at: float) -> bool:
+    """The pid in the owner exists and is older than the claim (so it can be the runner that made it)."""
+    pid = owner_pid(owner)
+    if pid is None or not psutil.pid_exists(pid):
+        return False
+    try:
+        process = psutil.Process(pid)
+        # A zombie has stopped running (its reaper has not come yet): it acts on nothing.
+        return process.status() != psutil.STATUS_ZOMBIE and process.create_time() <= claimed_at + 1.0
+    except psutil.Error:
+        return False

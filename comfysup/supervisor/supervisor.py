@@ -39,13 +39,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import psutil
-
 from comfysup.config import Config, check_supervisor
 from comfysup.errors import ComfysupError, QueueError
 from comfysup.queue import Queue, open_queue
 from comfysup.queue.base import host_name
-from comfysup.runner.loop import owner_pid
 from comfysup.supervisor import server as servers
 from comfysup.supervisor.children import (
     Shared,
@@ -59,7 +56,7 @@ from comfysup.supervisor.children import (
     runner_main,
     spawn_server,
 )
-from comfysup.supervisor.manager import ProcessManager
+from comfysup.supervisor.manager import ProcessManager, release_stale_claims
 from comfysup.supervisor.monitor import BIND_FAILED
 from comfysup.supervisor.policy import Action, Policy, State
 from comfysup.supervisor.process import ProcessOps, describe_status
@@ -147,24 +144,9 @@ class Supervisor:
         self.manager.hold(handle)
 
     def release_stale_claims(self) -> list[str]:
-        """Claims held by runners of an earlier supervisor on this host that no longer exist.
-
-        A pid that exists again but was created after the claim started is another process that got the
-        number, so the runner is gone all the same.
-        """
+        """Claims held by runners of an earlier supervisor on this host that no longer exist."""
         assert self.queue is not None
-        host = host_name()
-        released: list[str] = []
-        for job in self.queue.status(dead_limit=0).running:
-            if job.owner.split("/")[0] != host or _owner_alive(job.owner, job.started_at):
-                continue
-            ids = self.queue.release_owner(job.owner, "its runner (of an earlier supervisor) is gone",
-                                           count_attempt=True)
-            released += ids
-        if released:
-            log.info("released %d claim(s) of runners that no longer exist: %s", len(released),
-                     ", ".join(i[:8] for i in released))
-        return released
+        return release_stale_claims(self.queue)
 
     # -- the loop ---------------------------------------------------------------------------------------
 
@@ -528,15 +510,3 @@ class Supervisor:
         """Atomically, every tick: ``comfysup status`` and ``health`` read it."""
         self.reporter.write_state(self.snapshot(final=final))
 
-
-def _owner_alive(owner: str, claimed_at: float) -> bool:
-    """The pid in the owner exists and is older than the claim (so it can be the runner that made it)."""
-    pid = owner_pid(owner)
-    if pid is None or not psutil.pid_exists(pid):
-        return False
-    try:
-        process = psutil.Process(pid)
-        # A zombie has stopped running (its reaper has not come yet): it acts on nothing.
-        return process.status() != psutil.STATUS_ZOMBIE and process.create_time() <= claimed_at + 1.0
-    except psutil.Error:
-        return False
