@@ -33,8 +33,10 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
         "work", parents=[common], help="run jobs on ComfyUI servers that are already running",
         description="Start one runner process per server. Each claims a job only while its server is free, "
                     "runs it to the end (retrying transient failures with backoff, dead-lettering permanent "
-                    "ones) and stores its files. Runs until SIGTERM, or with --until-empty until no job is "
-                    "left. Without --server, the [[servers]] of the config are used.")
+                    "ones) and stores its files. Runs until SIGTERM or Ctrl-C (running jobs get [runner] "
+                    "grace_seconds; a second one stops at once), or with --until-empty until no job is left. "
+                    "A runner that dies has its claims released at once. Without --server, the [[servers]] "
+                    "of the config are used.")
     p.add_argument("--server", action="append", default=[], metavar="NAME=URL",
                    help="a server, e.g. gpu0=http://127.0.0.1:8188 (repeat for more)")
     p.add_argument("--until-empty", action="store_true", help="stop when no job is queued, waiting or running")
