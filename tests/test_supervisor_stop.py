@@ -174,3 +174,39 @@ def test_work_stops_gracefully_then_cold_and_releases_without_counting(tmp_path:
     assert (record.state, record.attempt) == ("queued", 0)  # a stop is not the job's fault
     assert record.reason == "comfysup work stopping (cold stop of comfysup work); attempt not counted"
     queue.close()
+
+
+# -- the supervisor: the monitor's restarts and the stop, ticked by hand ----------------------------------
+
+
+def test_the_monitor_restarts_by_its_policy_and_stops_last(tmp_path: Path) -> None:
+    from comfysup.supervisor.policy import State
+    from comfysup.supervisor.supervisor import Supervisor
+
+    ops = FakeOps()
+    config = build_config({"queue": {"path": str(tmp_path / "var" / "q.db")}, "comfyui": {"gpus": "cpu:1"},
+                           "servers": [{"name": "remote0", "url": "http://127.0.0.1:9"}]}, env={})
+    sup = Supervisor(config, ops=ops, env={}, clock=lambda: T)  # type: ignore[arg-type]
+    sup.units = [u for u in sup.build_units() if u.plan is None]
+    sup.monitor_wanted = True
+    sup.tick(T)
+    first = sup.monitor_pid
+    assert first is not None and sup.units[0].runner_pid is not None
+    ops.ended.append((first, 1 << 8))  # exit code 1
+    sup.tick(T + 1)
+    assert sup.monitor_pid is None and sup.monitor.state is State.BACKOFF
+    sup.tick(T + 1.5)
+    assert sup.monitor_pid is None  # the first restart waits 1 s
+    sup.tick(T + 2)
+    assert sup.monitor_pid not in (None, first) and sup.monitor.restarts == 1
+
+    sup.manager.signals.append(signal.SIGTERM)
+    sup.tick(T + 3)
+    runner = sup.units[0].runner_pid
+    assert ops.killed == [(runner, signal.SIGTERM)]  # the runners first; the monitor keeps delivering
+    ops.ended.append((runner, 0))
+    sup.tick(T + 4)
+    assert ops.killed[-1] == (sup.monitor_pid, signal.SIGTERM) and not sup.finished
+    ops.ended.append((sup.monitor_pid, 0))
+    sup.tick(T + 5)
+    assert sup.finished and sup.monitor.state is State.STOPPED

@@ -411,7 +411,7 @@ class Supervisor:
         """Restarted by its policy; after a bind failure at once, without its endpoint (webhooks still go)."""
         self.monitor_pid = None
         self.monitor_port.value = 0
-        if self.stopping:
+        if not self.plan.keeps_monitor:  # its own stop, at the end
             self.monitor.stop()
             return
         if os.WIFEXITED(status) and os.WEXITSTATUS(status) == BIND_FAILED and self.monitor_endpoint:
