@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import logging
 import multiprocessing
-import os
 import queue
 import signal
 import sys
@@ -19,6 +17,15 @@ from comfysup.commands._common import config_from
 from comfysup.config import Config
 from comfysup.errors import ComfysupError, UsageError
 from comfysup.logs import FORMATS, setup_logging
+from comfysup.supervisor.manager import STOP_SIGNALS, ProcessManager
+from comfysup.supervisor.policy import Action
+from comfysup.supervisor.process import ProcessOps, describe_status
+from comfysup.supervisor.stop import Step, StopPlan, Target
+
+log = logging.getLogger("comfysup")
+
+TICK_SECONDS = 0.25
+"""The loop wakes at least this often; signals and runners' exits wake it at once."""
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -26,8 +33,10 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
         "work", parents=[common], help="run jobs on ComfyUI servers that are already running",
         description="Start one runner process per server. Each claims a job only while its server is free, "
                     "runs it to the end (retrying transient failures with backoff, dead-lettering permanent "
-                    "ones) and stores its files. Runs until SIGTERM, or with --until-empty until no job is "
-                    "left. Without --server, the [[servers]] of the config are used.")
+                    "ones) and stores its files. Runs until SIGTERM or Ctrl-C (running jobs get [runner] "
+                    "grace_seconds; a second one stops at once), or with --until-empty until no job is left. "
+                    "A runner that dies has its claims released at once. Without --server, the [[servers]] "
+                    "of the config are used.")
     p.add_argument("--server", action="append", default=[], metavar="NAME=URL",
                    help="a server, e.g. gpu0=http://127.0.0.1:8188 (repeat for more)")
     p.add_argument("--until-empty", action="store_true", help="stop when no job is queued, waiting or running")
@@ -81,14 +90,18 @@ def parse_servers(values: list[str], config: Config) -> dict[str, str]:
     return servers
 
 
-def _child(config: Config, name: str, url: str, peers: dict[str, str], until_empty: bool,
-           results: Any) -> None:
+def _child(config: Config, name: str, url: str, peers: dict[str, str], until_empty: bool, results: Any,
+           token: str) -> int:
+    """In a forked runner process (its own process group, default signals, dying with ``work``)."""
     from comfysup.runner.loop import Runner
 
-    runner = Runner(config, name, url, peers=peers, until_empty=until_empty)
+    runner = Runner(config, name, url, peers=peers, until_empty=until_empty, owner_token=token)
     runner.install_signals()
     counts = runner.run()
     results.put((name, dict(counts)))
+    results.close()
+    results.join_thread()  # the process ends with os._exit: flush the queue's feeder first
+    return 0
 
 
 def summary(counts: Counter[str]) -> str:
@@ -129,47 +142,100 @@ class Webhooks:
                     break
                 time.sleep(0.05)
         except ComfysupError as exc:
-            logging.getLogger("comfysup").warning("webhooks: %s; undelivered ones are sent by the next run", exc)
+            log.warning("webhooks: %s; undelivered ones are sent by the next run", exc)
         finally:
             self.queue.close()
 
 
+class Work:
+    """One runner process per server, through the supervisor's process manager: a runner's claims are
+    released the moment it dies, the runners die with this process, and SIGTERM or Ctrl-C stops them
+    with their grace (SIGKILLed after it), a second one at once. Runners are not restarted."""
+
+    def __init__(self, config: Config, servers: dict[str, str], until_empty: bool,
+                 ops: ProcessOps | None = None) -> None:
+        self.config = config
+        self.servers = servers
+        self.until_empty = until_empty
+        self.manager = ProcessManager(ops or ProcessOps(), who="comfysup work")
+        self.plan = StopPlan()
+        self.failed: list[str] = []
+        self.queue: Any = None
+        """For releasing the claims of runners that died (opened after the forks, like every connection)."""
+
+    def start(self, results: Any) -> None:
+        self.manager.install_signals()
+        for name, url in self.servers.items():
+            self.manager.fork_runner(name, lambda token, name=name, url=url: _child(
+                self.config, name, url, self.servers, self.until_empty, results, token))
+
+    def loop(self) -> None:
+        """Until every runner has ended: signals, exits, then the stop plan."""
+        try:
+            while self.manager.runners:
+                self.tick(time.monotonic())
+                if self.manager.runners:
+                    self.manager.wait(TICK_SECONDS)
+        finally:
+            self.manager.restore_signals()
+
+    def tick(self, now: float) -> None:
+        grace = self.config.runner.grace_seconds
+        for sig in self.manager.pop_signals():
+            if sig not in STOP_SIGNALS:
+                continue
+            name = signal.Signals(sig).name
+            if not self.plan.stopping:
+                log.info("%s: stopping; running jobs get %g s to finish, then are interrupted and released",
+                         name, grace)
+                self._carry_out(self.plan.begin(now, grace))
+            elif not self.plan.cold:
+                log.info("%s again: cold stop, killing the runners now", name)
+                self._carry_out(self.plan.cold_stop(now, grace))
+        for pid, status in self.manager.reap():
+            how = describe_status(status)
+            runner = self.manager.runner_exited(pid, how, self.queue, stopping=self.plan.stopping)
+            if runner is not None and status != 0:
+                self.failed.append(f"comfysup-runner-{runner.name} exited with {runner.kill_reason or how}")
+        if self.plan.stopping:
+            self._carry_out(self.plan.step(now, runners=bool(self.manager.runners), servers=False, monitor=False))
+
+    def _carry_out(self, actions: Step) -> None:
+        for target, action in actions:
+            if target is not Target.RUNNERS:
+                continue  # work launches no server, and its webhooks run in a thread
+            if action is Action.TERM:
+                self.manager.signal_runners(signal.SIGTERM)
+            else:
+                why = "cold stop of comfysup work" if self.plan.cold else "did not stop within the grace"
+                self.manager.signal_runners(signal.SIGKILL, reason=why)
+
+
 def run(args: argparse.Namespace) -> int:
+    from comfysup.queue import open_queue
+
     config = load_with_overrides(args)
     servers = parse_servers(args.server, config)
     setup_logging(fmt=args.log_format)
-    ctx = multiprocessing.get_context("fork")
-    results = ctx.Queue()
-    children = [ctx.Process(target=_child, name=f"comfysup-runner-{name}",
-                            args=(config, name, url, servers, args.until_empty, results))
-                for name, url in servers.items()]
-    for child in children:
-        child.start()
+    results = multiprocessing.get_context("fork").Queue()
+    work = Work(config, servers, args.until_empty)
+    work.start(results)
+    work.queue = open_queue(config, create=True)
     webhooks = Webhooks(config)
     webhooks.start()
-
-    def forward(signum: int, frame: object) -> None:
-        for child in children:
-            if child.pid and child.exitcode is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(child.pid, signum)
-
-    signal.signal(signal.SIGTERM, forward)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # children get Ctrl-C from the terminal themselves
+    try:
+        work.loop()
+    finally:
+        work.queue.close()
     totals: Counter[str] = Counter()
-    failed = []
-    for child in children:
-        child.join()
-        if child.exitcode != 0:
-            failed.append(f"{child.name} exited with {child.exitcode}")
-    for _ in range(len(children) - len(failed)):
+    for _ in range(len(servers) - len(work.failed)):
         try:
             _name, counts = results.get(timeout=5)
         except queue.Empty:
             break
         totals.update(counts)
     webhooks.finish()
-    for line in failed:
-        logging.getLogger("comfysup").error(line)
+    for line in work.failed:
+        log.error(line)
     print(summary(totals), file=sys.stderr)
-    return 1 if failed else 0
+    return 1 if work.failed else 0

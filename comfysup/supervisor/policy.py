@@ -40,11 +40,14 @@ class Action(enum.StrEnum):
 
 @dataclass(frozen=True)
 class Limits:
-    startup_seconds: float = 120.0
-    quick_failure_seconds: float = 30.0
-    max_quick_failures: int = 5
-    max_delay_seconds: float = 60.0
-    stop_seconds: float = 5.0
+    """No defaults here: they are declared once, in comfysup.config, and the supervisor builds its Limits
+    from the config (comfysup.supervisor.children.limits_from)."""
+
+    startup_seconds: float
+    quick_failure_seconds: float
+    max_quick_failures: int
+    max_delay_seconds: float
+    stop_seconds: float
     """How long a deliberate stop (SIGTERM) may take before SIGKILL."""
 
 

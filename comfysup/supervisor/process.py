@@ -13,6 +13,7 @@ import ctypes
 import ctypes.util
 import errno
 import os
+import select
 import signal
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
@@ -69,7 +70,11 @@ def describe_status(status: int) -> str:
 
 
 class ProcessOps:
-    """Real process calls. Tests of the supervisor's decisions replace this object."""
+    """Real process calls. Tests of the supervisor's decisions replace this object.
+
+    Everything the supervisor and ``comfysup work`` ask of the OS goes through here: spawning, forking,
+    signalling, reaping, and the self-pipe that wakes the main loop when a signal or a child exit comes.
+    """
 
     def spawn(self, argv: Sequence[str], *, env: Mapping[str, str], log_path: Path, cwd: str | None = None) -> int:
         """Start a command in its own session (so its process group can be signalled as one), with
@@ -144,3 +149,41 @@ class ProcessOps:
                 break
             ended.append((pid, status))
         return ended
+
+    def wait_pid(self, pid: int) -> int | None:
+        """Block until ``pid`` (a child already sent SIGKILL) has ended; its wait status, or None when
+        it was already reaped."""
+        try:
+            return os.waitpid(pid, 0)[1]
+        except ChildProcessError:
+            return None
+
+    def new_process_group(self) -> None:
+        """In a forked child: lead a process group of its own, so Ctrl-C in a terminal reaches the parent
+        alone (which then asks each child in order) and the child's group can be signalled as one."""
+        os.setpgid(0, 0)
+
+    def open_wakeup(self) -> tuple[int, int]:
+        """A non-blocking self-pipe that signal delivery writes to (``signal.set_wakeup_fd``), so the main
+        loop's wait ends as soon as a signal or a child's exit (SIGCHLD) comes. Returns (read, write)."""
+        read_fd, write_fd = os.pipe()
+        os.set_blocking(read_fd, False)
+        os.set_blocking(write_fd, False)
+        signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+        return read_fd, write_fd
+
+    def close_wakeup(self, fds: tuple[int, int]) -> None:
+        """Stop writing signals to the pipe and close it (in the parent at the end, in a child at once)."""
+        signal.set_wakeup_fd(-1)
+        for fd in fds:
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+
+    def wait_wakeup(self, read_fd: int, seconds: float) -> None:
+        """Sleep until the pipe is written to or ``seconds`` pass, then empty it."""
+        with contextlib.suppress(InterruptedError):
+            select.select([read_fd], [], [], seconds)
+        with contextlib.suppress(BlockingIOError, OSError):
+            while os.read(read_fd, 512):
+                pass

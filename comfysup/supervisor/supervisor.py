@@ -1,9 +1,16 @@
 """The arbiter: one ComfyUI server and one runner per slot, kept alive, stopped cleanly.
 
 Like gunicorn's arbiter, signal handlers only record the signal (and wake the loop through a pipe); the
-main loop reaps children with ``waitpid(WNOHANG)``, acts on the signals, and then manages the
-processes. Decisions about restarting are made by :mod:`comfysup.supervisor.policy`; every OS call goes
-through :class:`comfysup.supervisor.process.ProcessOps`.
+main loop reaps children with ``waitpid(WNOHANG)``, dispatches ``handle_<signal>``, and then manages the
+processes. The supervisor decides; its parts carry out:
+
+- :mod:`~comfysup.supervisor.children`: what the slots are and how servers, runners and the monitor start;
+- :mod:`~comfysup.supervisor.manager`: signals, forks, reaping and the release of a dead runner's claims
+  (the same process manager as ``comfysup work``);
+- :mod:`~comfysup.supervisor.policy` (restarts of servers, runners and the monitor) and
+  :mod:`~comfysup.supervisor.stop` (the shutdown): pure state machines that take ``now``;
+- :mod:`~comfysup.supervisor.report`: the state file and systemd's notifications;
+- :class:`~comfysup.supervisor.process.ProcessOps`: every OS call.
 
 What the supervisor promises (DESIGN.md, "The promise"):
 
@@ -22,38 +29,50 @@ What the supervisor promises (DESIGN.md, "The promise"):
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import fcntl
-import json
 import logging
 import multiprocessing.sharedctypes
 import os
-import select
-import shutil
 import signal
 import time
-import uuid
 from dataclasses import dataclass, field
-from pathlib import Path
-from types import FrameType
 from typing import Any
 
-import psutil
-
-from comfysup.config import Config, check_supervisor, parse_gpus
-from comfysup.errors import ComfysupError, ConfigError, QueueError
-from comfysup.gpus import Slot, discover, slots_for
+from comfysup.config import Config, check_supervisor
+from comfysup.errors import ComfysupError, QueueError
 from comfysup.observability.monitor import BIND_FAILED
 from comfysup.queue import Queue, open_queue
-from comfysup.queue.base import Claim, host_name
-from comfysup.runner.attempt import Outcome
-from comfysup.runner.loop import make_owner, owner_pid
-from comfysup.slotstate import STATE_FILE, state_path
+from comfysup.queue.base import host_name
 from comfysup.supervisor import server as servers
-from comfysup.supervisor.notify import Notifier
-from comfysup.supervisor.policy import Action, Limits, Policy, State
-from comfysup.supervisor.process import ProcessOps, SpawnError, describe_status, set_name
+from comfysup.supervisor.children import (
+    Shared,
+    Unit,
+    build_units,
+    check_comfyui,
+    monitor_main,
+    next_restart,
+    prepare_runner,
+    runner_limits,
+    runner_main,
+    spawn_server,
+)
+from comfysup.supervisor.manager import ProcessManager, release_stale_claims
+from comfysup.supervisor.policy import Action, Policy, State
+from comfysup.supervisor.process import ProcessOps, describe_status
+from comfysup.supervisor.report import Reporter, slot_rows
+from comfysup.supervisor.report import summary as summarize
+from comfysup.supervisor.stop import (
+    KILL_WAIT_SECONDS,
+    MONITOR_STOP_SECONDS,
+    RUNNER_STOP_MARGIN_SECONDS,
+    Step,
+    StopPlan,
+    Target,
+)
+
+__all__ = ["KILL_WAIT_SECONDS", "MONITOR_STOP_SECONDS", "RUNNER_STOP_MARGIN_SECONDS", "AlreadyRunning", "Shared",
+           "Supervisor", "Unit"]
 
 log = logging.getLogger("comfysup.supervisor")
 
@@ -61,73 +80,11 @@ TICK_SECONDS = 0.25
 """The loop wakes at least this often; signals and child exits wake it at once."""
 HOUSEKEEPING_SECONDS = 5.0
 """How often log sizes and servers' memory are checked."""
-RUNNER_STOP_MARGIN_SECONDS = 10.0
-"""After the grace, how long a runner may take to interrupt its prompt and release its claim."""
-KILL_WAIT_SECONDS = 5.0
-"""How long a SIGTERMed server may take to exit, and how long a SIGKILLed child is waited for."""
-MONITOR_STOP_SECONDS = 3.0
-"""How long the monitor may take to finish a webhook try and close its endpoint at the end."""
-MONITOR_MAX_DELAY_SECONDS = 30.0
 LOCK_FILE = "supervisor.lock"
 
 
 class AlreadyRunning(ComfysupError):
     """Another comfysup run uses this queue on this machine."""
-
-
-class Shared(ctypes.Structure):
-    """What a runner tells the supervisor through shared memory (no lock: single writers, and a lock
-    held by a runner killed with SIGKILL would stall the supervisor)."""
-
-    _fields_ = (
-        ("alive", ctypes.c_double),  # time.monotonic() of the runner's last sign of life (one clock for all)
-        ("may_claim", ctypes.c_int),  # by the supervisor: 0 while the server is not running, draining, stopping
-        ("busy", ctypes.c_int),  # by the runner: 1 from a may_claim that said yes until its next may_claim call
-        ("jobs", ctypes.c_long),  # attempts finished by this slot's runners (for recycle_after_jobs)
-        ("recycle_at", ctypes.c_long),  # by the supervisor: claim nothing once jobs reaches this (0: never)
-        ("job", ctypes.c_char * 40),  # the job id being run, or empty
-    )
-
-
-@dataclass
-class Unit:
-    """A slot: its server (None for a [[servers]] entry, which is used as it is) and its runner."""
-
-    name: str
-    device: str
-    url: str
-    plan: servers.ServerPlan | None
-    server: Policy | None
-    runner: Policy
-    shared: Any
-    server_pid: int | None = None
-    runner_pid: int | None = None
-    runner_owner: str | None = None
-    runner_kill_reason: str | None = None
-    jobs_at_server_start: int = 0
-    draining: str | None = None
-    draining_since: float = 0.0
-    first_start_over: bool = False
-    last_rss_mb: float = 0.0
-
-    @property
-    def state(self) -> str:
-        return "external" if self.server is None else self.server.state.value
-
-    @property
-    def usable(self) -> bool:
-        """The runner may claim: its server answers and is not being recycled."""
-        return self.draining is None and (self.server is None or self.server.state is State.RUNNING)
-
-
-@dataclass
-class StopPlan:
-    """Where a shutdown is: runners first (grace), then servers."""
-
-    phase: str = "runners"
-    deadline: float = 0.0
-    cold: bool = False
-    servers_killed: bool = False
 
 
 @dataclass
@@ -139,75 +96,34 @@ class Supervisor:
 
     def __post_init__(self) -> None:
         self.units: list[Unit] = []
-        self.signals: list[int] = []
-        self.stop: StopPlan | None = None
+        self.manager = ProcessManager(self.ops)
+        self.plan = StopPlan()
         self.finished = False
-        self.notifier = Notifier(self.env)
+        self.reporter = Reporter(self.config, self.env)
+        self.notifier = self.reporter.notifier
         self.queue: Queue | None = None
-        self.started_at = time.time()
-        self.state_path = state_path(self.config)
+        self.state_path = self.reporter.state_path
         self.state_dir = self.state_path.parent
-        self._wake_r = self._wake_w = -1
-        self._lock_file: Any = None
         self._next_housekeeping = 0.0
-        self._previous_handlers: dict[int, Any] = {}
         self.queue_ok = True
         """False while the queue database does not answer: runners are told not to claim."""
         self.monitor_wanted = False
         """Set by run(): unit tests that tick a supervisor by hand fork no monitor."""
+        self.monitor = Policy(runner_limits(self.config))
+        """The monitor's restarts, like a runner's: it is up as soon as it is forked."""
         self.monitor_pid: int | None = None
         self.monitor_port: Any = multiprocessing.sharedctypes.RawValue(ctypes.c_int, 0)
         self.monitor_endpoint = bool(self.config.metrics.listen)
-        self.monitor_restart_at = 0.0
-        self.monitor_delay = 0.5
+
+    @property
+    def stopping(self) -> bool:
+        return self.plan.stopping
 
     # -- setup ------------------------------------------------------------------------------------------
 
     def build_units(self) -> list[Unit]:
         """A unit per slot from ``gpus``, then one per [[servers]] entry."""
-        config = self.config
-        spec = parse_gpus(config.comfyui.gpus, config.source)
-        if spec.mode == "cpu":
-            slots = slots_for(spec)
-        else:
-            found = discover(self.env)
-            log.info("GPUs: %s", found.note)
-            slots = slots_for(spec, found)
-        s = config.supervisor
-        server_limits = Limits(startup_seconds=config.comfyui.startup_seconds,
-                               quick_failure_seconds=s.quick_failure_seconds,
-                               max_quick_failures=s.max_quick_failures,
-                               max_delay_seconds=s.restart_max_delay_seconds, stop_seconds=KILL_WAIT_SECONDS)
-        runner_limits = Limits(startup_seconds=s.runner_timeout_seconds + config.runner.http_timeout_seconds,
-                               quick_failure_seconds=s.quick_failure_seconds,
-                               max_quick_failures=s.max_quick_failures,
-                               max_delay_seconds=s.restart_max_delay_seconds, stop_seconds=KILL_WAIT_SECONDS)
-        units = []
-        for slot in slots:
-            plan = servers.plan(config, slot)
-            units.append(Unit(name=slot.name, device=_device(slot), url=plan.url, plan=plan,
-                              server=Policy(server_limits), runner=Policy(runner_limits), shared=_shared()))
-        taken = {u.name for u in units}
-        for remote in config.servers:
-            if remote.name in taken:
-                raise ConfigError(f"{config.source}: [[servers]] name = {remote.name!r} is also the name of a "
-                                  "launched slot; choose another name")
-            units.append(Unit(name=remote.name, device="external", url=remote.url, plan=None, server=None,
-                              runner=Policy(runner_limits), shared=_shared()))
-        if not units:
-            raise ConfigError(f"{config.source}: nothing to supervise")
-        return units
-
-    def _check_comfyui(self) -> None:
-        if not any(u.plan for u in self.units):
-            return
-        main = self.config.resolve(self.config.comfyui.main)
-        if not main.is_file():
-            raise ConfigError(f"{self.config.source}: [comfyui] main = {self.config.comfyui.main!r}: no such file "
-                              f"({main.absolute()}); point it at ComfyUI's main.py")
-        python = self.config.comfyui.python
-        if python and shutil.which(python) is None:
-            raise ConfigError(f"{self.config.source}: [comfyui] python = {python!r}: not an executable")
+        return build_units(self.config, self.env)
 
     def _take_lock(self) -> None:
         """One supervisor per queue folder: two would fight over ports and each other's claims."""
@@ -225,59 +141,24 @@ class Supervisor:
         handle.truncate()
         handle.write(f"{os.getpid()}\n")
         handle.flush()
-        self._lock_file = handle
+        self.manager.hold(handle)
 
     def release_stale_claims(self) -> list[str]:
-        """Claims held by runners of an earlier supervisor on this host that no longer exist.
-
-        A pid that exists again but was created after the claim started is another process that got the
-        number, so the runner is gone all the same.
-        """
+        """Claims held by runners of an earlier supervisor on this host that no longer exist."""
         assert self.queue is not None
-        host = host_name()
-        released: list[str] = []
-        for job in self.queue.status(dead_limit=0).running:
-            if job.owner.split("/")[0] != host or _owner_alive(job.owner, job.started_at):
-                continue
-            ids = self.queue.release_owner(job.owner, "its runner (of an earlier supervisor) is gone",
-                                           count_attempt=True)
-            released += ids
-        if released:
-            log.info("released %d claim(s) of runners that no longer exist: %s", len(released),
-                     ", ".join(i[:8] for i in released))
-        return released
-
-    def _install_signals(self) -> None:
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_r, False)
-        os.set_blocking(self._wake_w, False)
-        signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, signal.SIGHUP):
-            self._previous_handlers[sig] = signal.signal(sig, self._on_signal)
-
-    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        self.signals.append(signum)
-
-    def _restore_signals(self) -> None:
-        signal.set_wakeup_fd(-1)
-        for sig, handler in self._previous_handlers.items():
-            with contextlib.suppress(Exception):
-                signal.signal(sig, handler)
-        for fd in (self._wake_r, self._wake_w):
-            with contextlib.suppress(OSError):
-                os.close(fd)
+        return release_stale_claims(self.queue)
 
     # -- the loop ---------------------------------------------------------------------------------------
 
     def run(self) -> int:
         check_supervisor(self.config)
         self.units = self.build_units()
-        self._check_comfyui()
+        check_comfyui(self.config, self.units)
         self._take_lock()
         self.queue = open_queue(self.config, create=True)
         self.release_stale_claims()
         self.heartbeat_machine(register=True)
-        self._install_signals()
+        self.manager.install_signals()
         log.info("comfysup supervisor %d: %s", os.getpid(),
                  ", ".join(f"{u.name} ({u.device}, {u.url})" for u in self.units))
         self.monitor_wanted = True
@@ -285,31 +166,25 @@ class Supervisor:
             while not self.finished:
                 self.tick(self.clock())
                 if not self.finished:
-                    self._wait(TICK_SECONDS)
+                    self.manager.wait(TICK_SECONDS)
         finally:
-            self._stop_monitor()
-            self._restore_signals()
+            self._kill_monitor()
+            self.manager.restore_signals()
             self.write_state(final=True)
             self.queue.close()
         log.info("comfysup supervisor %d: stopped", os.getpid())
         return 0
 
-    def _wait(self, seconds: float) -> None:
-        with contextlib.suppress(InterruptedError):
-            select.select([self._wake_r], [], [], seconds)
-        with contextlib.suppress(BlockingIOError, OSError):
-            while os.read(self._wake_r, 512):
-                pass
-
     def tick(self, now: float) -> None:
         """One pass: signals, exits, servers, runners, recycling, housekeeping, state for people."""
-        self._handle_signals(now)
+        for sig in self.manager.pop_signals():
+            self.handle_signal(sig, now)
         self._reap(now)
         if self.finished:
             return
-        if self.stop is None or self.stop.phase in ("runners", "killing runners"):
+        if self.plan.keeps_monitor:
             self._monitor_step(now)  # webhooks of jobs that end during the grace still go out
-        if self.stop is None:
+        if not self.stopping:
             for unit in self.units:
                 self._server_step(unit, now)
                 self._runner_step(unit, now)
@@ -320,97 +195,96 @@ class Supervisor:
         else:
             self._stop_step(now)
         for unit in self.units:
-            unit.shared.may_claim = int(self.stop is None and unit.usable and self.queue_ok)
-        self._notify(now)
+            unit.shared.may_claim = int(not self.stopping and unit.usable and self.queue_ok)
+        self.reporter.notify(self.units, now, stopping=self.stopping)
         self.write_state()
 
     # -- signals ----------------------------------------------------------------------------------------
 
-    def _handle_signals(self, now: float) -> None:
-        while self.signals:
-            sig = self.signals.pop(0)
-            if sig in (signal.SIGTERM, signal.SIGINT):
-                name = signal.Signals(sig).name
-                if self.stop is None:
-                    self.begin_stop(now, name)
-                elif not self.stop.cold:
-                    self.cold_stop(now, name)
-            elif sig == signal.SIGHUP:
-                log.info("SIGHUP ignored: restart the service to read a changed config")
+    def handle_signal(self, sig: int, now: float) -> None:
+        """gunicorn's dispatch: ``handle_<name>`` for each queued signal."""
+        handler = getattr(self, f"handle_{signal.Signals(sig).name.lower()}", None)
+        if handler is not None:
+            handler(now)
+
+    def handle_sigterm(self, now: float) -> None:
+        self._stop_signal(now, "SIGTERM")
+
+    def handle_sigint(self, now: float) -> None:
+        self._stop_signal(now, "SIGINT")
+
+    def handle_sighup(self, now: float) -> None:
+        log.info("SIGHUP ignored: restart the service to read a changed config")
+
+    def _stop_signal(self, now: float, name: str) -> None:
+        if not self.stopping:
+            self.begin_stop(now, name)
+        elif not self.plan.cold:
+            self.cold_stop(now, name)
 
     def begin_stop(self, now: float, why: str) -> None:
         grace = self.config.runner.grace_seconds
         log.info("%s: stopping; running jobs get %g s to finish, then are interrupted and released", why, grace)
-        self.stop = StopPlan(deadline=now + grace + RUNNER_STOP_MARGIN_SECONDS)
-        self.notifier.stopping(f"stopping: running jobs have {grace:g} s to finish")
+        actions = self.plan.begin(now, grace)
+        self.reporter.stopping(f"stopping: running jobs have {grace:g} s to finish")
         for unit in self.units:
             unit.shared.may_claim = 0
-            if unit.runner_pid is not None:
-                self.ops.kill(unit.runner_pid, signal.SIGTERM)
+        self._carry_out(actions)
 
     def cold_stop(self, now: float, why: str) -> None:
         """A second signal: kill everything now; claims go back to the queue without counting."""
         log.info("%s again: cold stop, killing runners and servers now", why)
-        if self.stop is None:
+        if not self.stopping:
             self.begin_stop(now, why)
-        assert self.stop is not None
-        self.stop.cold = True
-        for unit in self.units:
-            if unit.runner_pid is not None:
-                unit.runner_kill_reason = "cold stop of the supervisor"
-                self.ops.kill(unit.runner_pid, signal.SIGKILL)
-            if unit.server_pid is not None:
-                self.ops.killpg(unit.server_pid, signal.SIGKILL)
-        self.stop.phase = "killed"
-        self.stop.deadline = now + KILL_WAIT_SECONDS
+        self._carry_out(self.plan.cold_stop(now, self.config.runner.grace_seconds))
 
     def _stop_step(self, now: float) -> None:
-        stop = self.stop
-        assert stop is not None
-        runners = [u for u in self.units if u.runner_pid is not None]
-        launched = [u for u in self.units if u.server_pid is not None]
-        if stop.phase == "runners":
-            if not runners:
-                self._stop_servers(now)
-            elif now >= stop.deadline:
-                for unit in runners:
-                    log.warning("%s: runner %d still running %g s after the grace; killing it", unit.name,
-                                unit.runner_pid, RUNNER_STOP_MARGIN_SECONDS)
-                    unit.runner_kill_reason = "did not stop within the grace"
-                    self.ops.kill(unit.runner_pid, signal.SIGKILL)  # type: ignore[arg-type]
-                stop.phase = "killing runners"
-                stop.deadline = now + KILL_WAIT_SECONDS
-        elif stop.phase == "killing runners":
-            if not runners or now >= stop.deadline:
-                self._stop_servers(now)
-        elif stop.phase == "servers":
-            if not launched:
-                self.finished = True
-            elif now >= stop.deadline and not stop.servers_killed:
-                for unit in launched:
-                    log.warning("%s: ComfyUI pid %d did not stop within %g s; killing it", unit.name,
-                                unit.server_pid, KILL_WAIT_SECONDS)
-                    self.ops.killpg(unit.server_pid, signal.SIGKILL)  # type: ignore[arg-type]
-                stop.servers_killed = True
-                stop.deadline = now + KILL_WAIT_SECONDS
-            elif now >= stop.deadline:
-                self.finished = True
-        elif stop.phase == "killed" and ((not runners and not launched) or now >= stop.deadline):
+        self._carry_out(self.plan.step(now, runners=any(u.runner_pid is not None for u in self.units),
+                                       servers=any(u.server_pid is not None for u in self.units),
+                                       monitor=self.monitor_pid is not None))
+        if self.plan.done:
             self.finished = True
 
-    def _stop_servers(self, now: float) -> None:
-        assert self.stop is not None
-        self.stop.phase = "servers"
-        self.stop.deadline = now + KILL_WAIT_SECONDS
+    def _carry_out(self, actions: Step) -> None:
+        """The stop plan's actions, as signals."""
+        for target, action in actions:
+            if target is Target.RUNNERS:
+                self._signal_runners(action)
+            elif target is Target.SERVERS:
+                self._signal_servers(action)
+            elif self.monitor_pid is not None:
+                self.ops.kill(self.monitor_pid, signal.SIGTERM if action is Action.TERM else signal.SIGKILL)
+
+    def _signal_runners(self, action: Action) -> None:
         for unit in self.units:
-            if unit.server_pid is not None:
+            if unit.runner_pid is None:
+                continue
+            if action is Action.TERM:
+                self.ops.kill(unit.runner_pid, signal.SIGTERM)
+            elif self.plan.cold:
+                self.manager.kill_runner(unit.runner_pid, "cold stop of the supervisor")
+            else:
+                log.warning("%s: runner %d still running %g s after the grace; killing it", unit.name,
+                            unit.runner_pid, RUNNER_STOP_MARGIN_SECONDS)
+                self.manager.kill_runner(unit.runner_pid, "did not stop within the grace")
+
+    def _signal_servers(self, action: Action) -> None:
+        for unit in self.units:
+            if unit.server_pid is None:
+                continue
+            if action is Action.TERM:
                 log.info("%s: stopping ComfyUI (pid %d)", unit.name, unit.server_pid)
                 self.ops.killpg(unit.server_pid, signal.SIGTERM)
+                continue
+            if not self.plan.cold:
+                log.warning("%s: ComfyUI pid %d did not stop within %g s; killing it", unit.name,
+                            unit.server_pid, KILL_WAIT_SECONDS)
+            self.ops.killpg(unit.server_pid, signal.SIGKILL)
 
     # -- children that ended ----------------------------------------------------------------------------
 
     def _reap(self, now: float) -> None:
-        for pid, status in self.ops.reap():
+        for pid, status in self.manager.reap():
             how = describe_status(status)
             if pid == self.monitor_pid:
                 self._monitor_exited(now, status, how)
@@ -422,37 +296,25 @@ class Supervisor:
                     self._server_exited(unit, now, how)
 
     def _runner_exited(self, unit: Unit, now: float, how: str) -> None:
-        owner, reason = unit.runner_owner, unit.runner_kill_reason
-        unit.runner_pid = unit.runner_owner = unit.runner_kill_reason = None
+        """Its claims are released at once (by the manager); then its policy says when it starts again."""
+        runner = self.manager.runner_exited(unit.runner_pid, how, self.queue, stopping=self.stopping)
+        reason = runner.kill_reason if runner is not None else None
+        unit.runner_pid = None
         unit.shared.job = b""
-        stopping = self.stop is not None
-        if owner is not None and self.queue is not None:
-            if stopping:
-                why = f"supervisor stopping ({reason or how}); attempt not counted"
-            else:
-                why = f"runner process died ({reason + ', ' if reason else ''}{how})"
-            try:
-                released = self.queue.release_owner(owner, why, count_attempt=not stopping)
-            except QueueError as exc:
-                log.warning("%s: cannot release the claims of runner %s (%s); they come back when their "
-                            "leases expire", unit.name, owner, exc)
-                released = []
-            if released:
-                log.info("%s: runner %s; released %s", unit.name, why, ", ".join(i[:8] for i in released))
-        if stopping:
+        if self.stopping:
             unit.runner.stop()
-        else:
-            for action in unit.runner.transition(now, exited=reason or how):
-                self._runner_action(unit, now, action)
-            level = logging.INFO if how == "exit code 0" else logging.WARNING
-            log.log(level, "%s: runner exited (%s)%s", unit.name, reason or how, _next(unit.runner, now))
+            return
+        for action in unit.runner.transition(now, exited=reason or how):
+            self._runner_action(unit, now, action)
+        level = logging.INFO if how == "exit code 0" else logging.WARNING
+        log.log(level, "%s: runner exited (%s)%s", unit.name, reason or how, next_restart(unit.runner, now))
 
     def _server_exited(self, unit: Unit, now: float, how: str) -> None:
         pid = unit.server_pid
         unit.server_pid = None
         assert pid is not None and unit.server is not None and unit.plan is not None
         self.ops.killpg(pid, signal.SIGKILL)  # anything it started, in its process group
-        if self.stop is not None:
+        if self.stopping:
             unit.server.stop()
             log.info("%s: ComfyUI stopped (%s)", unit.name, how)
             return
@@ -461,7 +323,7 @@ class Supervisor:
             self._server_action(unit, now, action)
         if not expected:
             tail = servers.log_tail(unit.plan.log_path)
-            log.warning("%s: ComfyUI pid %d exited (%s)%s%s", unit.name, pid, how, _next(unit.server, now),
+            log.warning("%s: ComfyUI pid %d exited (%s)%s%s", unit.name, pid, how, next_restart(unit.server, now),
                         f"; last log lines: {tail}" if tail else "")
 
     # -- servers ----------------------------------------------------------------------------------------
@@ -491,37 +353,9 @@ class Supervisor:
     def _server_action(self, unit: Unit, now: float, action: Action) -> None:
         assert unit.server is not None
         if action is Action.SPAWN:
-            self._spawn_server(unit, now)
+            spawn_server(unit, self.config, self.ops, self.env, now)
         elif unit.server_pid is not None:
             self.ops.killpg(unit.server_pid, signal.SIGTERM if action is Action.TERM else signal.SIGKILL)
-
-    def _spawn_server(self, unit: Unit, now: float) -> None:
-        plan, policy = unit.plan, unit.server
-        assert plan is not None and policy is not None
-        try:
-            servers.prepare(plan)
-        except OSError as exc:
-            policy.spawn_failed(now, f"cannot create {plan.directory}: {exc.strerror}")
-            return
-        holder = servers.port_holder(self.config.comfyui.listen, plan.port)
-        if holder is not None:
-            policy.spawn_failed(now, holder)
-            log.warning("%s: cannot start ComfyUI: %s%s", unit.name, holder, _next(policy, now))
-            return
-        try:
-            pid = self.ops.spawn(plan.argv, env=servers.environment(self.env), log_path=plan.log_path,
-                                 cwd=str(Path(plan.argv[1]).parent))
-        except (SpawnError, OSError) as exc:
-            policy.spawn_failed(now, str(exc))
-            log.warning("%s: %s%s", unit.name, exc, _next(policy, now))
-            return
-        unit.server_pid = pid
-        unit.jobs_at_server_start = unit.shared.jobs
-        every = self.config.supervisor.recycle_after_jobs
-        unit.shared.recycle_at = unit.shared.jobs + every if every else 0
-        unit.draining = None
-        policy.spawned(now)
-        log.info("%s: ComfyUI started, pid %d, port %d, log %s", unit.name, pid, plan.port, plan.log_path)
 
     # -- runners ----------------------------------------------------------------------------------------
 
@@ -532,124 +366,74 @@ class Supervisor:
         for action in policy.transition(now, answered=answered):
             self._runner_action(unit, now, action)
         timeout = self.config.supervisor.runner_timeout_seconds
-        if (policy.state is State.RUNNING and unit.runner_pid is not None and unit.runner_kill_reason is None
-                and now - alive > timeout):
-            unit.runner_kill_reason = f"silent for {now - alive:.0f} s (runner_timeout_seconds = {timeout:g})"
-            log.warning("%s: runner %d %s; killing it", unit.name, unit.runner_pid, unit.runner_kill_reason)
-            self.ops.kill(unit.runner_pid, signal.SIGKILL)
+        runner = self.manager.runners.get(unit.runner_pid) if unit.runner_pid is not None else None
+        if policy.state is State.RUNNING and runner is not None and runner.kill_reason is None \
+                and now - alive > timeout:
+            reason = f"silent for {now - alive:.0f} s (runner_timeout_seconds = {timeout:g})"
+            log.warning("%s: runner %d %s; killing it", unit.name, runner.pid, reason)
+            self.manager.kill_runner(runner.pid, reason)
 
     def _runner_action(self, unit: Unit, now: float, action: Action) -> None:
         if action is Action.SPAWN:
             self._fork_runner(unit, now)
         elif unit.runner_pid is not None:
-            unit.runner_kill_reason = unit.runner.reason.split(";")[0]
-            self.ops.kill(unit.runner_pid, signal.SIGKILL)
+            self.manager.kill_runner(unit.runner_pid, unit.runner.reason.split(";")[0])
 
     def _fork_runner(self, unit: Unit, now: float) -> None:
-        token = uuid.uuid4().hex[:8]
-        shared = unit.shared
-        shared.alive = now
-        shared.busy = 0
-        shared.job = b""
-        shared.may_claim = int(self.stop is None and unit.usable)
-        pid = self.ops.fork(lambda: self._runner_main(unit, token))
-        unit.runner_pid = pid
-        unit.runner_owner = make_owner(unit.name, pid, token)
-        unit.runner_kill_reason = None
-        unit.runner.spawned(now)
-        log.info("%s: runner started, pid %d", unit.name, pid)
-
-    def _become_child(self, name: str) -> None:
-        """In a forked child: own process group, default signals, none of the supervisor's descriptors."""
-        set_name(name)
-        os.setpgid(0, 0)  # Ctrl-C in a terminal reaches the supervisor alone, which then asks each child
-        signal.set_wakeup_fd(-1)
-        for sig in self._previous_handlers:
-            signal.signal(sig, signal.SIG_DFL)
-        for fd in (self._wake_r, self._wake_w):
-            with contextlib.suppress(OSError):
-                os.close(fd)
-        if self._lock_file is not None:
-            self._lock_file.close()
-
-    def _runner_main(self, unit: Unit, token: str) -> int:
-        """In the forked child: become a plain runner process (own process group, default signals)."""
-        from comfysup.runner.loop import Runner
-
-        self._become_child(f"comfysup-{unit.name}")
-        shared = unit.shared
-
-        def on_alive() -> None:
-            shared.alive = time.monotonic()
-
-        def may_claim() -> bool:
-            shared.busy = 1  # before reading the flag: a supervisor that cleared it then sees busy or a no
-            # The runner itself stops at the recycling count, so no job slips in before the supervisor acts.
-            if shared.may_claim and not (shared.recycle_at and shared.jobs >= shared.recycle_at):
-                return True
-            shared.busy = 0
-            return False
-
-        def on_job(claim: Claim, outcome: Outcome | None) -> None:
-            if outcome is None:
-                shared.job = claim.id.encode()[:39]
-            else:
-                shared.jobs += 1
-                shared.job = b""
-
+        prepare_runner(unit, now, may_claim=not self.stopping and unit.usable)
         peers = {u.name: u.url for u in self.units}
-        runner = Runner(self.config, unit.name, unit.url, peers=peers, owner_token=token, on_alive=on_alive,
-                        may_claim=may_claim, on_job=on_job)
-        runner.install_signals()
-        runner.run()
-        return 0
+        runner = self.manager.fork_runner(unit.name, lambda token: runner_main(self.config, unit, peers, token))
+        unit.runner_pid = runner.pid
+        unit.runner.spawned(now)
+        log.info("%s: runner started, pid %d", unit.name, runner.pid)
 
     # -- the monitor (metrics, status page, webhooks) -------------------------------------------------
 
     def _monitor_step(self, now: float) -> None:
-        if self.monitor_wanted and self.monitor_pid is None and now >= self.monitor_restart_at:
-            self.monitor_port.value = 0
-            self.monitor_pid = self.ops.fork(self._monitor_main)
-            log.info("monitor started, pid %d", self.monitor_pid)
+        if not self.monitor_wanted:
+            return
+        policy = self.monitor
+        answered = policy.state is State.STARTING and self.monitor_pid is not None  # up once forked
+        for action in policy.transition(now, answered=answered):
+            if action is Action.SPAWN:
+                self._fork_monitor(now)
+            elif self.monitor_pid is not None:
+                self.ops.kill(self.monitor_pid, signal.SIGKILL)
 
-    def _monitor_main(self) -> int:
-        from comfysup.observability.monitor import monitor_main
-
-        self._become_child("comfysup-monitor")
-        return monitor_main(self.config, self.monitor_port, serve_endpoint=self.monitor_endpoint)
+    def _fork_monitor(self, now: float) -> None:
+        self.monitor_port.value = 0
+        self.monitor_pid = self.manager.fork(
+            "comfysup-monitor", lambda: monitor_main(self.config, self.monitor_port, self.monitor_endpoint))
+        self.monitor.spawned(now)
+        log.info("monitor started, pid %d", self.monitor_pid)
 
     def _monitor_exited(self, now: float, status: int, how: str) -> None:
-        """Restarted after a growing delay; after a bind failure, without its endpoint (webhooks still go)."""
+        """Restarted by its policy; after a bind failure at once, without its endpoint (webhooks still go)."""
         self.monitor_pid = None
         self.monitor_port.value = 0
-        if self.stop is not None:
+        if not self.plan.keeps_monitor:  # its own stop, at the end
+            self.monitor.stop()
             return
         if os.WIFEXITED(status) and os.WEXITSTATUS(status) == BIND_FAILED and self.monitor_endpoint:
             self.monitor_endpoint = False
             log.error("no /metrics and no status page: [metrics] listen = %r cannot be bound (see above); webhooks "
                       "are still delivered", self.config.metrics.listen)
-            self.monitor_restart_at = now
+            self.monitor = Policy(self.monitor.limits)  # not a failure of the monitor: start it again now
             return
-        self.monitor_restart_at = now + self.monitor_delay
-        log.warning("monitor exited (%s); restarting it in %.1f s", how, self.monitor_delay)
-        self.monitor_delay = min(MONITOR_MAX_DELAY_SECONDS, self.monitor_delay * 2)
+        self.monitor.transition(now, exited=how)
+        if self.monitor.state is State.FAILED:
+            log.error("monitor exited (%s): no /metrics, status page or webhooks until comfysup is restarted; "
+                      "%s", how, self.monitor.reason)
+        else:
+            log.warning("monitor exited (%s)%s", how, next_restart(self.monitor, now))
 
-    def _stop_monitor(self) -> None:
-        """Last of all: SIGTERM, a few seconds to finish a webhook try, then SIGKILL."""
+    def _kill_monitor(self) -> None:
+        """At the very end, whatever happened: the stop plan normally stopped it already."""
         pid, self.monitor_wanted = self.monitor_pid, False
-        if pid is None:
-            return
-        self.ops.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + MONITOR_STOP_SECONDS
-        while time.monotonic() < deadline:
-            if any(ended == pid for ended, _ in self.ops.reap()):
-                self.monitor_pid = None
-                return
-            time.sleep(0.05)
-        self.ops.kill(pid, signal.SIGKILL)
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(pid, 0)
-        self.monitor_pid = None
+        if pid is not None:
+            self.ops.kill(pid, signal.SIGKILL)
+            self.ops.wait_pid(pid)
+            self.monitor_pid = None
 
     # -- recycling --------------------------------------------------------------------------------------
 
@@ -684,7 +468,7 @@ class Supervisor:
         if self.queue is None:
             return
         try:
-            slots = self.snapshot()["slots"]
+            slots = slot_rows(self.units)
             if register:
                 self.queue.register_machine(host_name(), os.getpid(), slots)
             else:
@@ -716,92 +500,13 @@ class Supervisor:
     # -- what people and systemd see ---------------------------------------------------------------------
 
     def summary(self) -> str:
-        launched = [u for u in self.units if u.server is not None]
-        running = sum(1 for u in launched if u.state == "running")
-        parts = [f"{running} of {len(launched)} ComfyUI server(s) running"] if launched else []
-        failed = [u.name for u in launched if u.state == "failed"]
-        if failed:
-            parts.append(f"failed: {', '.join(failed)}")
-        external = len(self.units) - len(launched)
-        if external:
-            parts.append(f"{external} external server(s)")
-        busy = sum(1 for u in self.units if u.shared.job)
-        parts.append(f"{busy} job(s) running, {sum(u.shared.jobs for u in self.units)} finished since start")
-        return "; ".join(parts)
-
-    def _notify(self, now: float) -> None:
-        if self.stop is None and not self.notifier.ready_sent:
-            started = all(u.first_start_over or u.server is None for u in self.units)
-            if started and all(u.runner_pid is not None for u in self.units):
-                self.notifier.ready(self.summary())
-                log.info("ready: %s", self.summary())
-        if self.notifier.ready_sent:
-            self.notifier.watchdog(now)
-            if self.stop is None:
-                self.notifier.status(self.summary())
+        return summarize(self.units)
 
     def snapshot(self, *, final: bool = False) -> dict[str, Any]:
-        now = time.time()
-        slots = []
-        for u in self.units:
-            policy = u.server or u.runner
-            slots.append({
-                "name": u.name, "device": u.device, "state": "stopped" if final and u.server else u.state,
-                "pid": u.server_pid, "port": u.plan.port if u.plan else None, "url": u.url,
-                "restarts": u.server.restarts if u.server else 0, "reason": policy.reason or None,
-                "log": str(u.plan.log_path) if u.plan else None, "draining": u.draining,
-                "rss_mb": round(u.last_rss_mb, 1) if u.plan else None,
-                "runner_pid": u.runner_pid, "runner_state": u.runner.state.value,
-                "runner_restarts": u.runner.restarts, "runner_reason": u.runner.reason or None,
-                "job": u.shared.job.decode() or None, "jobs": u.shared.jobs,
-            })
-        state = "stopped" if final else ("stopping" if self.stop else "running")
-        port = self.monitor_port.value
-        host = self.config.metrics.listen.rpartition(":")[0] if self.config.metrics.listen else ""
-        return {"pid": os.getpid(), "host": host_name(), "state": state,
-                "config": _absolute(self.config.source), "started_at": self.started_at, "updated_at": now,
-                "summary": self.summary(), "slots": slots,
-                "metrics_url": f"http://{host}:{port}/" if port and not final else None,
-                "monitor_pid": None if final else self.monitor_pid}
+        return self.reporter.snapshot(self.units, stopping=self.stopping, monitor_pid=self.monitor_pid,
+                                      monitor_port=self.monitor_port.value, final=final)
 
     def write_state(self, *, final: bool = False) -> None:
         """Atomically, every tick: ``comfysup status`` and ``health`` read it."""
-        tmp = self.state_path.with_name(f".{STATE_FILE}.{os.getpid()}.tmp")
-        try:
-            tmp.write_text(json.dumps(self.snapshot(final=final), indent=1))
-            os.replace(tmp, self.state_path)
-        except OSError as exc:
-            log.warning("cannot write %s: %s", self.state_path, exc.strerror)
+        self.reporter.write_state(self.snapshot(final=final))
 
-
-def _absolute(source: str) -> str:
-    return str(Path(source).absolute()) if source != "<defaults>" else source
-
-
-def _shared() -> Any:
-    return multiprocessing.sharedctypes.RawValue(Shared)
-
-
-def _device(slot: Slot) -> str:
-    return "cpu" if slot.device is None else f"cuda:{slot.device}"
-
-
-def _next(policy: Policy, now: float) -> str:
-    if policy.state is State.BACKOFF and policy.retry_at is not None:
-        return f"; restart {policy.restarts + 1} in {max(0.0, policy.retry_at - now):.1f} s"
-    if policy.state is State.FAILED:
-        return f"; {policy.reason}"
-    return ""
-
-
-def _owner_alive(owner: str, claimed_at: float) -> bool:
-    """The pid in the owner exists and is older than the claim (so it can be the runner that made it)."""
-    pid = owner_pid(owner)
-    if pid is None or not psutil.pid_exists(pid):
-        return False
-    try:
-        process = psutil.Process(pid)
-        # A zombie has stopped running (its reaper has not come yet): it acts on nothing.
-        return process.status() != psutil.STATUS_ZOMBIE and process.create_time() <= claimed_at + 1.0
-    except psutil.Error:
-        return False

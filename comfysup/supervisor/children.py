@@ -1,0 +1,239 @@
+"""Child start-up: what the supervisor's slots are, and how a ComfyUI server, a runner and the monitor start.
+
+A slot (:class:`Unit`) is one ComfyUI server (launched, or a ``[[servers]]`` entry used as it is) and one
+runner process, each with its restart :class:`~comfysup.supervisor.policy.Policy`; the policies' limits
+are built from the config (:func:`limits_from`), the one place their values are declared. The runner
+reports to the supervisor through a small shared-memory :class:`Shared` block.
+
+Starting is all that is here: when to start, restart or stop is the supervisor's (through the policies
+and the stop plan), and every OS call goes through :class:`~comfysup.supervisor.process.ProcessOps`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import multiprocessing.sharedctypes
+import shutil
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from comfysup.config import Config, parse_gpus
+from comfysup.errors import ConfigError
+from comfysup.gpus import Slot, discover, slots_for
+from comfysup.queue.base import Claim
+from comfysup.runner.attempt import Outcome
+from comfysup.supervisor import server as servers
+from comfysup.supervisor.policy import Limits, Policy, State
+from comfysup.supervisor.process import ProcessOps, SpawnError
+from comfysup.supervisor.stop import KILL_WAIT_SECONDS
+
+log = logging.getLogger("comfysup.supervisor")
+
+
+class Shared(ctypes.Structure):
+    """What a runner tells the supervisor through shared memory (no lock: single writers, and a lock
+    held by a runner killed with SIGKILL would stall the supervisor)."""
+
+    _fields_ = (
+        ("alive", ctypes.c_double),  # time.monotonic() of the runner's last sign of life (one clock for all)
+        ("may_claim", ctypes.c_int),  # by the supervisor: 0 while the server is not running, draining, stopping
+        ("busy", ctypes.c_int),  # by the runner: 1 from a may_claim that said yes until its next may_claim call
+        ("jobs", ctypes.c_long),  # attempts finished by this slot's runners (for recycle_after_jobs)
+        ("recycle_at", ctypes.c_long),  # by the supervisor: claim nothing once jobs reaches this (0: never)
+        ("job", ctypes.c_char * 40),  # the job id being run, or empty
+    )
+
+
+@dataclass
+class Unit:
+    """A slot: its server (None for a [[servers]] entry, which is used as it is) and its runner."""
+
+    name: str
+    device: str
+    url: str
+    plan: servers.ServerPlan | None
+    server: Policy | None
+    runner: Policy
+    shared: Any
+    server_pid: int | None = None
+    runner_pid: int | None = None
+    jobs_at_server_start: int = 0
+    draining: str | None = None
+    draining_since: float = 0.0
+    first_start_over: bool = False
+    last_rss_mb: float = 0.0
+
+    @property
+    def state(self) -> str:
+        return "external" if self.server is None else self.server.state.value
+
+    @property
+    def usable(self) -> bool:
+        """The runner may claim: its server answers and is not being recycled."""
+        return self.draining is None and (self.server is None or self.server.state is State.RUNNING)
+
+
+# -- limits -------------------------------------------------------------------------------------------
+
+
+def limits_from(config: Config, startup_seconds: float) -> Limits:
+    """A restart policy's limits from ``[supervisor]``: the defaults live in comfysup.config alone."""
+    s = config.supervisor
+    return Limits(startup_seconds=startup_seconds, quick_failure_seconds=s.quick_failure_seconds,
+                  max_quick_failures=s.max_quick_failures, max_delay_seconds=s.restart_max_delay_seconds,
+                  stop_seconds=KILL_WAIT_SECONDS)
+
+
+def server_limits(config: Config) -> Limits:
+    return limits_from(config, config.comfyui.startup_seconds)
+
+
+def runner_limits(config: Config) -> Limits:
+    """A runner "answers" when it signals that it is alive; one HTTP call may delay its first sign."""
+    return limits_from(config, config.supervisor.runner_timeout_seconds + config.runner.http_timeout_seconds)
+
+
+# -- slots --------------------------------------------------------------------------------------------
+
+
+def build_units(config: Config, env: Mapping[str, str]) -> list[Unit]:
+    """A unit per slot from ``gpus``, then one per [[servers]] entry."""
+    spec = parse_gpus(config.comfyui.gpus, config.source)
+    if spec.mode == "cpu":
+        slots = slots_for(spec)
+    else:
+        found = discover(env)
+        log.info("GPUs: %s", found.note)
+        slots = slots_for(spec, found)
+    for_servers, for_runners = server_limits(config), runner_limits(config)
+    units = []
+    for slot in slots:
+        plan = servers.plan(config, slot)
+        units.append(Unit(name=slot.name, device=_device(slot), url=plan.url, plan=plan,
+                          server=Policy(for_servers), runner=Policy(for_runners), shared=new_shared()))
+    taken = {u.name for u in units}
+    for remote in config.servers:
+        if remote.name in taken:
+            raise ConfigError(f"{config.source}: [[servers]] name = {remote.name!r} is also the name of a "
+                              "launched slot; choose another name")
+        units.append(Unit(name=remote.name, device="external", url=remote.url, plan=None, server=None,
+                          runner=Policy(for_runners), shared=new_shared()))
+    if not units:
+        raise ConfigError(f"{config.source}: nothing to supervise")
+    return units
+
+
+def check_comfyui(config: Config, units: list[Unit]) -> None:
+    """Before anything starts: ComfyUI's main.py and python exist (only when a server is launched)."""
+    if not any(u.plan for u in units):
+        return
+    main = config.resolve(config.comfyui.main)
+    if not main.is_file():
+        raise ConfigError(f"{config.source}: [comfyui] main = {config.comfyui.main!r}: no such file "
+                          f"({main.absolute()}); point it at ComfyUI's main.py")
+    python = config.comfyui.python
+    if python and shutil.which(python) is None:
+        raise ConfigError(f"{config.source}: [comfyui] python = {python!r}: not an executable")
+
+
+def new_shared() -> Any:
+    return multiprocessing.sharedctypes.RawValue(Shared)
+
+
+def _device(slot: Slot) -> str:
+    return "cpu" if slot.device is None else f"cuda:{slot.device}"
+
+
+def next_restart(policy: Policy, now: float) -> str:
+    """For a log line: when the next restart comes, or why there is none."""
+    if policy.state is State.BACKOFF and policy.retry_at is not None:
+        return f"; restart {policy.restarts + 1} in {max(0.0, policy.retry_at - now):.1f} s"
+    if policy.state is State.FAILED:
+        return f"; {policy.reason}"
+    return ""
+
+
+# -- starting -----------------------------------------------------------------------------------------
+
+
+def spawn_server(unit: Unit, config: Config, ops: ProcessOps, env: Mapping[str, str], now: float) -> None:
+    """Start the slot's ComfyUI server; a folder that cannot be made, a port taken or a spawn that fails
+    is a quick failure of its policy."""
+    plan, policy = unit.plan, unit.server
+    assert plan is not None and policy is not None
+    try:
+        servers.prepare(plan)
+    except OSError as exc:
+        policy.spawn_failed(now, f"cannot create {plan.directory}: {exc.strerror}")
+        return
+    holder = servers.port_holder(config.comfyui.listen, plan.port)
+    if holder is not None:
+        policy.spawn_failed(now, holder)
+        log.warning("%s: cannot start ComfyUI: %s%s", unit.name, holder, next_restart(policy, now))
+        return
+    try:
+        pid = ops.spawn(plan.argv, env=servers.environment(env), log_path=plan.log_path,
+                        cwd=str(Path(plan.argv[1]).parent))
+    except (SpawnError, OSError) as exc:
+        policy.spawn_failed(now, str(exc))
+        log.warning("%s: %s%s", unit.name, exc, next_restart(policy, now))
+        return
+    unit.server_pid = pid
+    unit.jobs_at_server_start = unit.shared.jobs
+    every = config.supervisor.recycle_after_jobs
+    unit.shared.recycle_at = unit.shared.jobs + every if every else 0
+    unit.draining = None
+    policy.spawned(now)
+    log.info("%s: ComfyUI started, pid %d, port %d, log %s", unit.name, pid, plan.port, plan.log_path)
+
+
+def prepare_runner(unit: Unit, now: float, may_claim: bool) -> None:
+    """Before a runner is forked: a fresh sign of life, no job, and whether it may claim."""
+    shared = unit.shared
+    shared.alive = now
+    shared.busy = 0
+    shared.job = b""
+    shared.may_claim = int(may_claim)
+
+
+def runner_main(config: Config, unit: Unit, peers: dict[str, str], token: str) -> int:
+    """In the forked child (already its own process group, default signals): be a plain runner that
+    reports through the unit's shared block."""
+    from comfysup.runner.loop import Runner
+
+    shared = unit.shared
+
+    def on_alive() -> None:
+        shared.alive = time.monotonic()
+
+    def may_claim() -> bool:
+        shared.busy = 1  # before reading the flag: a supervisor that cleared it then sees busy or a no
+        # The runner itself stops at the recycling count, so no job slips in before the supervisor acts.
+        if shared.may_claim and not (shared.recycle_at and shared.jobs >= shared.recycle_at):
+            return True
+        shared.busy = 0
+        return False
+
+    def on_job(claim: Claim, outcome: Outcome | None) -> None:
+        if outcome is None:
+            shared.job = claim.id.encode()[:39]
+        else:
+            shared.jobs += 1
+            shared.job = b""
+
+    runner = Runner(config, unit.name, unit.url, peers=peers, owner_token=token, on_alive=on_alive,
+                    may_claim=may_claim, on_job=on_job)
+    runner.install_signals()
+    runner.run()
+    return 0
+
+
+def monitor_main(config: Config, port_out: Any, serve_endpoint: bool) -> int:
+    """In the forked monitor child: /metrics, the status page and webhook deliveries."""
+    from comfysup.observability.monitor import monitor_main as serve
+
+    return serve(config, port_out, serve_endpoint=serve_endpoint)

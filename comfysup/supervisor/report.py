@@ -1,0 +1,108 @@
+"""Reporting: what people (the state file behind ``comfysup status`` and ``health``) and systemd (READY,
+WATCHDOG, STATUS, STOPPING through :mod:`comfysup.supervisor.notify`) are told about the slots.
+
+It only reads the supervisor's slots; it decides nothing about them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from comfysup.config import Config
+from comfysup.queue.base import host_name
+from comfysup.slotstate import STATE_FILE, state_path
+from comfysup.supervisor.children import Unit
+from comfysup.supervisor.notify import Notifier
+
+log = logging.getLogger("comfysup.supervisor")
+
+
+def summary(units: Sequence[Unit]) -> str:
+    """One line, for ``systemctl status`` and the state file."""
+    launched = [u for u in units if u.server is not None]
+    running = sum(1 for u in launched if u.state == "running")
+    parts = [f"{running} of {len(launched)} ComfyUI server(s) running"] if launched else []
+    failed = [u.name for u in launched if u.state == "failed"]
+    if failed:
+        parts.append(f"failed: {', '.join(failed)}")
+    external = len(units) - len(launched)
+    if external:
+        parts.append(f"{external} external server(s)")
+    busy = sum(1 for u in units if u.shared.job)
+    parts.append(f"{busy} job(s) running, {sum(u.shared.jobs for u in units)} finished since start")
+    return "; ".join(parts)
+
+
+def slot_rows(units: Sequence[Unit], *, final: bool = False) -> list[dict[str, Any]]:
+    """Each slot as the state file and the machines table show it."""
+    rows = []
+    for u in units:
+        policy = u.server or u.runner
+        rows.append({
+            "name": u.name, "device": u.device, "state": "stopped" if final and u.server else u.state,
+            "pid": u.server_pid, "port": u.plan.port if u.plan else None, "url": u.url,
+            "restarts": u.server.restarts if u.server else 0, "reason": policy.reason or None,
+            "log": str(u.plan.log_path) if u.plan else None, "draining": u.draining,
+            "rss_mb": round(u.last_rss_mb, 1) if u.plan else None,
+            "runner_pid": u.runner_pid, "runner_state": u.runner.state.value,
+            "runner_restarts": u.runner.restarts, "runner_reason": u.runner.reason or None,
+            "job": u.shared.job.decode() or None, "jobs": u.shared.jobs,
+        })
+    return rows
+
+
+class Reporter:
+    """The state file and systemd's notifications of one supervisor."""
+
+    def __init__(self, config: Config, env: Mapping[str, str]) -> None:
+        self.config = config
+        self.notifier = Notifier(env)
+        self.started_at = time.time()
+        self.state_path: Path = state_path(config)
+
+    def snapshot(self, units: Sequence[Unit], *, stopping: bool, monitor_pid: int | None, monitor_port: int,
+                 final: bool = False) -> dict[str, Any]:
+        state = "stopped" if final else ("stopping" if stopping else "running")
+        listen = self.config.metrics.listen
+        host = listen.rpartition(":")[0] if listen else ""
+        return {"pid": os.getpid(), "host": host_name(), "state": state,
+                "config": _absolute(self.config.source), "started_at": self.started_at, "updated_at": time.time(),
+                "summary": summary(units), "slots": slot_rows(units, final=final),
+                "metrics_url": f"http://{host}:{monitor_port}/" if monitor_port and not final else None,
+                "monitor_pid": None if final else monitor_pid}
+
+    def write_state(self, snapshot: dict[str, Any]) -> None:
+        """Atomically, every tick: ``comfysup status`` and ``health`` read it."""
+        tmp = self.state_path.with_name(f".{STATE_FILE}.{os.getpid()}.tmp")
+        try:
+            tmp.write_text(json.dumps(snapshot, indent=1))
+            os.replace(tmp, self.state_path)
+        except OSError as exc:
+            log.warning("cannot write %s: %s", self.state_path, exc.strerror)
+
+    def notify(self, units: Sequence[Unit], now: float, *, stopping: bool) -> None:
+        """READY once every slot's first start is over and every runner runs; then WATCHDOG every tick and
+        STATUS when the summary changes."""
+        notifier = self.notifier
+        if not stopping and not notifier.ready_sent:
+            started = all(u.first_start_over or u.server is None for u in units)
+            if started and all(u.runner_pid is not None for u in units):
+                notifier.ready(summary(units))
+                log.info("ready: %s", summary(units))
+        if notifier.ready_sent:
+            notifier.watchdog(now)
+            if not stopping:
+                notifier.status(summary(units))
+
+    def stopping(self, status: str) -> None:
+        self.notifier.stopping(status)
+
+
+def _absolute(source: str) -> str:
+    return str(Path(source).absolute()) if source != "<defaults>" else source
