@@ -28,7 +28,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from typing import Any, TypeVar
 
-from comfysup.errors import LeaseLost
+from comfysup.errors import LeaseLost, QueueError
 from comfysup.queue import records
 from comfysup.queue.base import (
     CANCELLED,
@@ -46,7 +46,7 @@ from comfysup.queue.base import (
     SubmitResult,
     owner_host,
 )
-from comfysup.queue.queries import load
+from comfysup.queue.queries import load, read
 from comfysup.queue.reads import SQLReads, fetch
 from comfysup.queue.specs import SpecCache
 from comfysup.workflows import apply_params
@@ -94,6 +94,10 @@ class SQLQueue(SQLReads):
     (ids are never reused, so a cached id never stands for another workflow)."""
     default_callback_url = ""
 
+    SCHEMA = ""
+    """The named-SQL file of the schema's steps (``-- name: vN``)."""
+    SCHEMA_VERSION = 0
+
     def _setup(self) -> None:
         self.sql = load(self.DIALECT)
         self._lock = threading.RLock()
@@ -131,6 +135,14 @@ class SQLQueue(SQLReads):
         """Run a fenced job UPDATE (its args end with the fence) and, only when it held, the attempt row's
         UPDATE; returns the job row's RETURNING row, or None when the fence did not hold."""
         raise NotImplementedError
+
+    def _schema_steps(self, version: int) -> list[tuple[int, str]]:
+        """The schema steps a database at ``version`` still needs, in order; a newer one is refused."""
+        if version > self.SCHEMA_VERSION:
+            raise QueueError(f"{self.where}: schema version {version} is newer than this comfysup "
+                             f"({self.SCHEMA_VERSION}); upgrade comfysup")
+        sql = read(self.SCHEMA)
+        return [(step, sql[f"v{step}"]) for step in range(version + 1, self.SCHEMA_VERSION + 1)]
 
     def _bulk(self, cur: Any) -> contextlib.AbstractContextManager[Any]:
         """Settings for a large insert (SQLite: a larger page cache)."""

@@ -29,7 +29,6 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import psycopg
@@ -38,11 +37,11 @@ from psycopg.rows import dict_row, tuple_row
 
 from comfysup.errors import DatabaseLocked, DatabaseUnavailable, QueueError
 from comfysup.queue import queries, records
-from comfysup.queue.base import QUEUED, Delivery, JobRecord, NewJob, PruneBatch
+from comfysup.queue.base import Delivery, NewJob, PruneBatch
 from comfysup.queue.core import SQLQueue
-from comfysup.queue.records import dumps
+from comfysup.queue.pg_import import ImportRecords, ImportResult
 from comfysup.queue.specs import SpecCache, dumps_plain
-from comfysup.workflows import apply_params, canonical, content_hash, model_key
+from comfysup.workflows import apply_params, model_key
 
 SCHEMA_VERSION = 3
 SUBMIT_BATCH = 500
@@ -93,21 +92,13 @@ _INHERITED: list[Any] = []
 parent's sessions."""
 
 
-@dataclass
-class ImportResult:
-    """What ``import_records`` did: rows inserted, already there with the same content, and conflicts."""
-
-    inserted: list[str] = field(default_factory=list)
-    existing: list[str] = field(default_factory=list)
-    conflicts: list[str] = field(default_factory=list)
-    attempts: int = 0
-
-
-class PostgresQueue(SQLQueue):
+class PostgresQueue(ImportRecords, SQLQueue):
     """The queue for several machines. See comfysup.queue.base for the contract, comfysup.queue.core for the
     code both backends share: this class is PostgreSQL's dialect."""
 
     DIALECT = "postgres"
+    SCHEMA = "postgres.sql"
+    SCHEMA_VERSION = SCHEMA_VERSION
     SUBMIT_BATCH = SUBMIT_BATCH
     ID_CHUNK = 5000
     TEMPLATE_CACHE = TEMPLATE_CACHE
@@ -240,12 +231,8 @@ class PostgresQueue(SQLQueue):
             cur.execute("CREATE TABLE IF NOT EXISTS schema_version "
                         "(version integer PRIMARY KEY, applied_at double precision NOT NULL)")
             version = cur.execute("SELECT coalesce(max(version), 0) FROM schema_version").fetchone()[0]
-            if version > SCHEMA_VERSION:
-                raise QueueError(f"{self.where}: schema version {version} is newer than this comfysup "
-                                 f"({SCHEMA_VERSION}); upgrade comfysup")
-            sql = _named_sql()
-            for step in range(version + 1, SCHEMA_VERSION + 1):
-                cur.execute(sql[f"v{step}"])
+            for step, script in self._schema_steps(version):
+                cur.execute(script)
                 if step == 3:
                     self._fill_model_keys(cur)
                 cur.execute("INSERT INTO schema_version VALUES (%s, extract(epoch from now()))", (step,))
@@ -439,73 +426,8 @@ class PostgresQueue(SQLQueue):
                 cur.execute("ROLLBACK TO SAVEPOINT prune_workflow")
         return PruneBatch(removed=[(r[0], r[1]) for r in rows], workflows_removed=removed)
 
-    # -- migration from another queue ------------------------------------------------------------------
-
-    def import_records(self, records: Sequence[JobRecord], *, with_attempts: bool) -> ImportResult:
-        """Copy jobs as they are (state, attempts, times) in one transaction: an id already here with the
-        same spec_hash is left alone, with another one it is a conflict; attempt rows come only with the
-        jobs inserted now, so running this twice copies nothing twice."""
-        result = ImportResult()
-
-        def copy(cur: psycopg.Cursor[Any]) -> None:
-            if not records:
-                return
-            known = dict(cur.execute("SELECT id, spec_hash FROM jobs WHERE id = ANY(%s)",
-                                     ([r.id for r in records],)).fetchall())
-            fresh: list[JobRecord] = []
-            for r in records:
-                if r.id in known:
-                    (result.existing if known[r.id] == r.spec_hash else result.conflicts).append(r.id)
-                    continue
-                known[r.id] = r.spec_hash
-                fresh.append(r)
-            # A batch's jobs share one stored template: it is copied once, not once per job.
-            memo: dict[str, str] = {}
-            stored = [_stored_template(r, memo) for r in fresh]
-            specs = SpecCache()
-            self._workflow_ids(cur, {h: t for t, h in stored}, specs)
-            cur.executemany(
-                "INSERT INTO jobs (id, state, priority, run_after, attempt, owner, server, lease_until, "
-                "started_at, cancel_requested, submitted_at, finished_at, reason, outputs, machine, last_server, "
-                "last_prompt_number, spec_hash, workflow_name, workflow_id, extra_data, meta, params, progress, "
-                "callback_url, model_key) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, "
-                "%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
-                [(r.id, r.state, r.priority, r.run_after, r.attempt, r.owner, r.server, r.lease_until,
-                  r.started_at, r.cancel_requested, r.submitted_at, r.finished_at, r.reason,
-                  json.dumps([o.__dict__ for o in r.outputs]) if r.outputs else None, r.machine,
-                  r.last_server, r.last_prompt_number, r.spec_hash, r.workflow_name, specs.ids[h],
-                  dumps_plain(r.extra_data), dumps_plain(r.meta), dumps_plain(r.params), dumps(r.progress),
-                  r.callback_url, r.model_key if r.model_key is not None else model_key(r.workflow))
-                 for r, (_t, h) in zip(fresh, stored, strict=True)])
-            rows = [(r.id, a.attempt, a.owner, a.server, a.started_at, a.ended_at, a.outcome, a.reason,
-                     a.prompt_number, a.kind, dumps(a.trace)) for r in fresh if with_attempts for a in r.attempts]
-            if rows:
-                cur.executemany("INSERT INTO attempts (job_id, attempt, owner, server, started_at, ended_at, "
-                                "outcome, reason, prompt_number, kind, trace) "
-                                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)", rows)
-            result.inserted = [r.id for r in fresh]
-            result.attempts = len(rows)
-            if any(r.state == QUEUED for r in fresh):
-                self._notify(cur)
-
-        self._transaction(copy)
-        return result
-
-
 def _fetch_all(cur: psycopg.Cursor[Any], sql: str, args: Sequence[Any]) -> list[Any]:
     return cur.execute(sql, args).fetchall()
-
-
-def _stored_template(record: JobRecord, memo: dict[str, str]) -> tuple[str, str]:
-    """The text and hash to store for a migrated job: its template (shared by its batch), else its workflow.
-    ``memo`` remembers recent texts, so a batch's 10 KB template is hashed once rather than once per job."""
-    text = canonical(record.template if record.template is not None else record.workflow)
-    digest = memo.get(text)
-    if digest is None:
-        if len(memo) >= 64:
-            memo.clear()
-        digest = memo[text] = content_hash(text)
-    return text, digest
 
 
 def _first_line(exc: BaseException) -> str:

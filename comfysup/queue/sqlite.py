@@ -99,6 +99,8 @@ class SQLiteQueue(SQLQueue):
     both backends share: this class is SQLite's dialect."""
 
     DIALECT = "sqlite"
+    SCHEMA = "schema.sql"
+    SCHEMA_VERSION = SCHEMA_VERSION
     SUBMIT_BATCH = SUBMIT_BATCH
     TEMPLATE_CACHE = TEMPLATE_CACHE
 
@@ -276,12 +278,8 @@ class SQLiteQueue(SQLQueue):
             return
         with self._write() as conn:
             version = conn.execute("PRAGMA user_version").fetchone()[0]
-            if version > SCHEMA_VERSION:
-                raise QueueError(f"{self.path}: schema version {version} is newer than this comfysup "
-                                 f"({SCHEMA_VERSION}); upgrade comfysup")
-            sql = _named_sql()
-            for step in range(version + 1, SCHEMA_VERSION + 1):
-                for statement in _statements(sql[f"v{step}"]):
+            for _step, script in self._schema_steps(version):
+                for statement in _statements(script):
                     conn.execute(statement)
             if version != SCHEMA_VERSION:
                 conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")

@@ -149,3 +149,16 @@ DELETE FROM workflows w WHERE id = ? AND NOT EXISTS (SELECT 1 FROM jobs WHERE wo
 -- v3's Python step reads the jobs still to run
 SELECT j.seq, w.workflow, j.params FROM jobs j JOIN workflows w ON w.id = j.workflow_id
 WHERE j.state IN ('queued', 'running')
+
+-- name: import_job
+-- a job copied from another queue as it is (state, attempts, times)
+INSERT INTO jobs (id, state, priority, run_after, attempt, owner, server, lease_until, started_at, cancel_requested,
+    submitted_at, finished_at, reason, outputs, machine, last_server, last_prompt_number, spec_hash, workflow_name,
+    workflow_id, extra_data, meta, params, progress, callback_url, model_key)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+
+-- name: import_attempt
+-- an attempt copied with its job
+INSERT INTO attempts (job_id, attempt, owner, server, started_at, ended_at, outcome, reason, prompt_number, kind,
+    trace)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
