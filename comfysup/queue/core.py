@@ -201,6 +201,15 @@ class SQLQueue(SQLReads):
         self._complete(cur, claim, outputs, at, trace)
         return self._claim(cur, owner, server, lease_seconds, at, prefer_model, max_wait_seconds)
 
+    def _note_passed_over(self, cur: Any, priority: int, head: int, taken: int, at: float | None) -> None:
+        """After an affinity claim, keep the staircase of affinity_skips: taking a job behind the head passes
+        over every ready job of its priority before it; taking the head drops the rows that cover only jobs
+        before it."""
+        if taken != head:
+            cur.execute(self.sql["passed_over"], (priority, taken, at, priority, taken))
+        else:
+            cur.execute(self.sql["head_taken"], (priority, head))
+
     def _claim_from(self, taken: tuple[Any, ...] | None) -> Claim | None:
         """The Claim, built after the commit: parsing a workflow does not hold the transaction open."""
         if taken is None:

@@ -392,11 +392,7 @@ class PostgresQueue(ImportRecords, SQLQueue):
         if row is None:
             return None
         if affinity:
-            taken, head, priority = row[12], row[13], row[14]
-            if taken != head:
-                cur.execute(SQL["passed_over"], (priority, taken, now, priority, taken))
-            else:
-                cur.execute(SQL["head_taken"], (priority, head))
+            self._note_passed_over(cur, row[14], row[13], row[12], now)
         return (owner, server, *row[:12])
 
     # -- webhook deliveries and prune ------------------------------------------------------------------------

@@ -361,10 +361,7 @@ class SQLiteQueue(SQLQueue):
                 return None
             head, priority, match = row
             seq = match if match is not None else head
-            if seq != head:
-                conn.execute(SQL["passed_over"], (priority, seq, at, priority, seq))
-            else:
-                conn.execute(SQL["head_taken"], (priority, head))
+            self._note_passed_over(conn, priority, head, seq, at)
         else:
             row = conn.execute(SQL["head"], (at,)).fetchone()
             if row is None:

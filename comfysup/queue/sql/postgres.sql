@@ -89,15 +89,6 @@ SELECT c.id, c.attempt, c.workflow_id, c.extra_data, c.params, c.last_server, c.
     c.seq, h.seq, h.priority
 FROM claimed c, head h
 
--- name: passed_over
--- a job behind the head was taken (ON CONFLICT: two machines passing over the same jobs at once)
-INSERT INTO affinity_skips (priority, seq_bound, at) SELECT ?, ?, {now}
-WHERE NOT EXISTS (SELECT 1 FROM affinity_skips WHERE priority = ? AND seq_bound >= ?) ON CONFLICT DO NOTHING
-
--- name: head_taken
--- the head was taken: rows covering only jobs before it go
-DELETE FROM affinity_skips WHERE priority = ? AND seq_bound <= ?
-
 -- name: expire
 -- running jobs whose lease passed go back to the queue and their attempts end; SKIP LOCKED: a row
 -- another transaction is renewing or expiring is left to it

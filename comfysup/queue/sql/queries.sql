@@ -50,6 +50,16 @@ UPDATE attempts SET ended_at = {now}, outcome = ?, reason = ?, kind = ?, trace =
 -- the prompt number and server of the claim's open attempt
 UPDATE attempts SET prompt_number = ?, server = ? {attempt_row}
 
+-- name: passed_over
+-- an affinity claim took a job behind the head: its priority's jobs before it are passed over from now,
+-- unless an older row already covers them (a staircase); ON CONFLICT: two machines passing over at once
+INSERT INTO affinity_skips (priority, seq_bound, at) SELECT ?, ?, {now}
+WHERE NOT EXISTS (SELECT 1 FROM affinity_skips WHERE priority = ? AND seq_bound >= ?) ON CONFLICT DO NOTHING
+
+-- name: head_taken
+-- an affinity claim took the head: rows covering only jobs before it (claimed, or waiting to retry) go
+DELETE FROM affinity_skips WHERE priority = ? AND seq_bound <= ?
+
 -- name: deliver
 -- a terminal job's webhook (its own url, else the default), due at once
 INSERT INTO deliveries (job_id, url, created_at, next_at)
@@ -173,9 +183,29 @@ SELECT count(*) AS n FROM jobs WHERE state IN ('queued', 'running')
 -- the owners holding jobs
 SELECT DISTINCT owner FROM jobs WHERE state = 'running'
 
+-- name: passed_over
+-- an affinity claim took a job behind the head: its priority's jobs before it are passed over from now,
+-- unless an older row already covers them (a staircase); ON CONFLICT: two machines passing over at once
+INSERT INTO affinity_skips (priority, seq_bound, at) SELECT ?, ?, {now}
+WHERE NOT EXISTS (SELECT 1 FROM affinity_skips WHERE priority = ? AND seq_bound >= ?) ON CONFLICT DO NOTHING
+
+-- name: head_taken
+-- an affinity claim took the head: rows covering only jobs before it (claimed, or waiting to retry) go
+DELETE FROM affinity_skips WHERE priority = ? AND seq_bound <= ?
+
 -- name: delivery_columns
 -- what a Delivery is read from
 id, job_id, url, attempts, created_at, next_at, last_status, last_error, delivered_at
+
+-- name: passed_over
+-- an affinity claim took a job behind the head: its priority's jobs before it are passed over from now,
+-- unless an older row already covers them (a staircase); ON CONFLICT: two machines passing over at once
+INSERT INTO affinity_skips (priority, seq_bound, at) SELECT ?, ?, {now}
+WHERE NOT EXISTS (SELECT 1 FROM affinity_skips WHERE priority = ? AND seq_bound >= ?) ON CONFLICT DO NOTHING
+
+-- name: head_taken
+-- an affinity claim took the head: rows covering only jobs before it (claimed, or waiting to retry) go
+DELETE FROM affinity_skips WHERE priority = ? AND seq_bound <= ?
 
 -- name: deliveries
 -- the webhook deliveries of one job, oldest first
@@ -184,6 +214,16 @@ SELECT {delivery_columns} FROM deliveries WHERE job_id = ? ORDER BY id
 -- name: pending_deliveries
 -- deliveries still to send
 SELECT count(*) AS n FROM deliveries WHERE next_at IS NOT NULL
+
+-- name: passed_over
+-- an affinity claim took a job behind the head: its priority's jobs before it are passed over from now,
+-- unless an older row already covers them (a staircase); ON CONFLICT: two machines passing over at once
+INSERT INTO affinity_skips (priority, seq_bound, at) SELECT ?, ?, {now}
+WHERE NOT EXISTS (SELECT 1 FROM affinity_skips WHERE priority = ? AND seq_bound >= ?) ON CONFLICT DO NOTHING
+
+-- name: head_taken
+-- an affinity claim took the head: rows covering only jobs before it (claimed, or waiting to retry) go
+DELETE FROM affinity_skips WHERE priority = ? AND seq_bound <= ?
 
 -- name: delivery_result
 -- one try of a delivery: delivered, due again at next_at, or given up

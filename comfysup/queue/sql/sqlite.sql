@@ -72,15 +72,6 @@ SELECT workflow_id, extra_data, params FROM job_specs WHERE seq = ?
 -- the attempt row a claim opens
 INSERT INTO attempts (job_id, attempt, owner, server, started_at) VALUES (?, ?, ?, ?, ?)
 
--- name: passed_over
--- a job behind the head was taken: its priority's jobs before it are passed over from now (staircase row)
-INSERT INTO affinity_skips (priority, seq_bound, at) SELECT ?, ?, ?
-WHERE NOT EXISTS (SELECT 1 FROM affinity_skips WHERE priority = ? AND seq_bound >= ?)
-
--- name: head_taken
--- the head was taken: rows covering only jobs before it go
-DELETE FROM affinity_skips WHERE priority = ? AND seq_bound <= ?
-
 -- name: any_expired
 -- a read first: an UPDATE that changes nothing still cost a fifth of a claim's statements
 SELECT 1 FROM jobs INDEXED BY jobs_state WHERE state = 'running' AND lease_until < ? LIMIT 1
