@@ -40,18 +40,16 @@ from comfysup.queue import queries, records
 from comfysup.queue.base import Delivery, NewJob, PruneBatch
 from comfysup.queue.core import SQLQueue
 from comfysup.queue.pg_import import ImportRecords, ImportResult
+from comfysup.queue.reads import fetch
 from comfysup.queue.specs import SpecCache, dumps_plain
 from comfysup.workflows import apply_params, model_key
 
 SCHEMA_VERSION = 3
-SUBMIT_BATCH = 500
 CHANNEL = "comfysup_jobs"
 MIGRATION_LOCK = 0x636F6D6679737570  # "comfysup": one advisory lock key for schema changes
 CONNECT_TIMEOUT_SECONDS = 5
 NETWORK_TIMEOUT_SECONDS = 10.0
 """A statement that gets no answer for this long fails (tcp_user_timeout, keepalives): well inside a lease."""
-TEMPLATE_CACHE = 32
-"""Parsed workflows kept by id in each process (identity ids are never reused)."""
 LISTEN_RETRY_SECONDS = 2.0
 """After the LISTEN connection failed, idle waits just sleep this long before it is tried again."""
 SQL = queries.load("postgres")
@@ -99,9 +97,7 @@ class PostgresQueue(ImportRecords, SQLQueue):
     DIALECT = "postgres"
     SCHEMA = "postgres.sql"
     SCHEMA_VERSION = SCHEMA_VERSION
-    SUBMIT_BATCH = SUBMIT_BATCH
     ID_CHUNK = 5000
-    TEMPLATE_CACHE = TEMPLATE_CACHE
 
     def __init__(self, url: str, *, busy_timeout_seconds: float = 30.0, default_callback_url: str = "") -> None:
         self.url = url
@@ -399,7 +395,7 @@ class PostgresQueue(ImportRecords, SQLQueue):
 
     def claim_deliveries(self, limit: int, hold_seconds: float, now: float | None = None) -> list[Delivery]:
         """SKIP LOCKED, as the job claim: deliverers on several machines take different rows."""
-        rows = self._transaction(_fetch_all, SQL["claim_deliveries"], (now, hold_seconds, now, limit), named=True)
+        rows = self._transaction(fetch, SQL["claim_deliveries"], (now, hold_seconds, now, limit), named=True)
         return sorted((records.delivery(r) for r in rows), key=lambda d: d.id)  # next_at: the end of the hold
 
     def prune(self, finished_before: float, limit: int = 500) -> PruneBatch:
@@ -421,10 +417,6 @@ class PostgresQueue(ImportRecords, SQLQueue):
             except psycopg.errors.ForeignKeyViolation:
                 cur.execute("ROLLBACK TO SAVEPOINT prune_workflow")
         return PruneBatch(removed=[(r[0], r[1]) for r in rows], workflows_removed=removed)
-
-def _fetch_all(cur: psycopg.Cursor[Any], sql: str, args: Sequence[Any]) -> list[Any]:
-    return cur.execute(sql, args).fetchall()
-
 
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()

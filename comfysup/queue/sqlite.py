@@ -40,6 +40,7 @@ from comfysup.errors import DatabaseLocked, DatabaseMissing, QueueError
 from comfysup.queue import queries, records
 from comfysup.queue.base import DONE, TERMINAL, Delivery, NewJob, PruneBatch
 from comfysup.queue.core import SQLQueue
+from comfysup.queue.reads import fetch
 from comfysup.queue.specs import SpecCache, dumps_plain
 from comfysup.workflows import content_hash, model_key
 
@@ -48,12 +49,9 @@ NETWORK_FILESYSTEMS = frozenset({
     "nfs", "nfs4", "cifs", "smb", "smb2", "smb3", "smbfs", "9p", "afs", "ceph", "glusterfs", "lustre",
     "fuse.sshfs", "fuse.s3fs", "fuse.gcsfuse", "fuse.rclone", "davfs", "fuse.glusterfs", "beegfs", "gpfs",
 })
-SUBMIT_BATCH = 500
 IDLE_WAIT_CAP_SECONDS = 0.25
 SUBMIT_CACHE_KIB = -16384
 """PRAGMA cache_size during a submit: 16 MiB (negative: KiB), the id index of about 200,000 jobs."""
-TEMPLATE_CACHE = 32
-"""Parsed workflows kept by id in each process: a runner parses a batch's 10 KB workflow once, not per claim."""
 SQL = queries.load("sqlite")
 PICK = SQL["pick"].replace("?", ":now")
 """The head's query inside pick takes the named time too."""
@@ -101,8 +99,6 @@ class SQLiteQueue(SQLQueue):
     DIALECT = "sqlite"
     SCHEMA = "schema.sql"
     SCHEMA_VERSION = SCHEMA_VERSION
-    SUBMIT_BATCH = SUBMIT_BATCH
-    TEMPLATE_CACHE = TEMPLATE_CACHE
 
     def __init__(self, path: str | Path, *, create: bool = True, busy_timeout_seconds: float = 30.0,
                  checkpoint_seconds: float = 30.0, default_callback_url: str = "") -> None:
@@ -399,7 +395,7 @@ class SQLiteQueue(SQLQueue):
         """A read looks first: deliverers poll every second, and an idle poll must not take the write lock
         that runners' claims and heartbeats wait for."""
         at = self._time(now)
-        if not self._transaction(_first, SQL["any_due"], (at,), write=False):
+        if not self._transaction(fetch, SQL["any_due"], (at,), write=False):
             return []
         rows = self._transaction(self._hold_deliveries, at, limit, at + hold_seconds)
         return [records.delivery(r, next_at=at + hold_seconds) for r in rows]  # next_at: the end of the hold
@@ -428,10 +424,6 @@ class SQLiteQueue(SQLQueue):
         conn.execute(SQL["prune_deliveries"], (ids,))
         gone = sum(conn.execute(SQL["prune_workflow"], (w, w)).rowcount for w in used)
         return PruneBatch(removed=[(r[1], r[2]) for r in rows], workflows_removed=gone)
-
-
-def _first(conn: sqlite3.Connection, sql: str, args: Sequence[Any]) -> Any:
-    return conn.execute(sql, args).fetchone()
 
 
 def _model_key_of_text(text: str | None) -> str | None:
