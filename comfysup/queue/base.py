@@ -57,13 +57,34 @@ import os
 import socket
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any, Protocol
 
 from comfysup.errors import QueueError
 
-QUEUED, RUNNING, DONE, DEAD, CANCELLED = "queued", "running", "done", "dead", "cancelled"
+
+class State(StrEnum):
+    """Every state a job or an attempt can be in: a job is queued, running, or ended (done, dead, cancelled);
+    an attempt ends with one of those or with what put its job back (retry, released, lease expired).
+    A StrEnum, so each member is the text stored in the database and compares equal to it."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    DONE = "done"
+    DEAD = "dead"
+    CANCELLED = "cancelled"
+    RETRY = "retry"
+    RELEASED = "released"
+    RELEASED_UNCOUNTED = "released_uncounted"
+    LEASE_EXPIRED = "lease_expired"
+
+
+QUEUED, RUNNING, DONE, DEAD, CANCELLED = State.QUEUED, State.RUNNING, State.DONE, State.DEAD, State.CANCELLED
+RETRY, RELEASED, RELEASED_UNCOUNTED, LEASE_EXPIRED = (State.RETRY, State.RELEASED, State.RELEASED_UNCOUNTED,
+                                                      State.LEASE_EXPIRED)
 TERMINAL = frozenset({DONE, DEAD, CANCELLED})
 STATES = (QUEUED, RUNNING, DONE, DEAD, CANCELLED)
+"""A job's states, in the order status shows them."""
 
 
 class SubmitConflict(QueueError):

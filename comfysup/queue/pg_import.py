@@ -1,0 +1,97 @@
+"""PostgreSQL's ``import_records``: what ``comfysup migrate`` copies a SQLite queue's jobs into it with."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+
+from comfysup.queue.base import QUEUED, JobRecord
+from comfysup.queue.queries import load
+from comfysup.queue.records import dumps
+from comfysup.queue.specs import SpecCache, dumps_plain
+from comfysup.workflows import canonical, content_hash, model_key
+
+SQL = load("postgres")
+
+
+@dataclass
+class ImportResult:
+    """What ``import_records`` did: rows inserted, already there with the same content, and conflicts."""
+
+    inserted: list[str] = field(default_factory=list)
+    existing: list[str] = field(default_factory=list)
+    conflicts: list[str] = field(default_factory=list)
+    attempts: int = 0
+
+
+class ImportRecords:
+    """The import of PostgresQueue (a mixin: it runs in that class's transactions)."""
+
+    def _transaction(self, fn: Any, *args: Any, **how: Any) -> Any:
+        raise NotImplementedError
+
+    def _notify(self, cur: Any) -> None:
+        raise NotImplementedError
+
+    @staticmethod
+    def _workflow_ids(cur: Any, texts: dict[str, str], cache: SpecCache) -> None:
+        raise NotImplementedError
+
+    def import_records(self, records: Sequence[JobRecord], *, with_attempts: bool) -> ImportResult:
+        """Copy jobs as they are (state, attempts, times) in one transaction: an id already here with the
+        same spec_hash is left alone, with another one it is a conflict; attempt rows come only with the
+        jobs inserted now, so running this twice copies nothing twice."""
+        result = ImportResult()
+
+        def copy(cur: psycopg.Cursor[Any]) -> None:
+            if not records:
+                return
+            known = dict(cur.execute(SQL["known_ids"], ([r.id for r in records],)).fetchall())
+            fresh: list[JobRecord] = []
+            for r in records:
+                if r.id in known:
+                    (result.existing if known[r.id] == r.spec_hash else result.conflicts).append(r.id)
+                    continue
+                known[r.id] = r.spec_hash
+                fresh.append(r)
+            # A batch's jobs share one stored template: it is copied once, not once per job.
+            memo: dict[str, str] = {}
+            stored = [_stored_template(r, memo) for r in fresh]
+            specs = SpecCache()
+            self._workflow_ids(cur, {h: t for t, h in stored}, specs)
+            cur.executemany(
+                SQL["import_job"],
+                [(r.id, r.state, r.priority, r.run_after, r.attempt, r.owner, r.server, r.lease_until,
+                  r.started_at, r.cancel_requested, r.submitted_at, r.finished_at, r.reason,
+                  json.dumps([o.__dict__ for o in r.outputs]) if r.outputs else None, r.machine,
+                  r.last_server, r.last_prompt_number, r.spec_hash, r.workflow_name, specs.ids[h],
+                  dumps_plain(r.extra_data), dumps_plain(r.meta), dumps_plain(r.params), dumps(r.progress),
+                  r.callback_url, r.model_key if r.model_key is not None else model_key(r.workflow))
+                 for r, (_t, h) in zip(fresh, stored, strict=True)])
+            rows = [(r.id, a.attempt, a.owner, a.server, a.started_at, a.ended_at, a.outcome, a.reason,
+                     a.prompt_number, a.kind, dumps(a.trace)) for r in fresh if with_attempts for a in r.attempts]
+            if rows:
+                cur.executemany(SQL["import_attempt"], rows)
+            result.inserted = [r.id for r in fresh]
+            result.attempts = len(rows)
+            if any(r.state == QUEUED for r in fresh):
+                self._notify(cur)
+
+        self._transaction(copy)
+        return result
+
+
+def _stored_template(record: JobRecord, memo: dict[str, str]) -> tuple[str, str]:
+    """The text and hash to store for a migrated job: its template (shared by its batch), else its workflow.
+    ``memo`` remembers recent texts, so a batch's 10 KB template is hashed once rather than once per job."""
+    text = canonical(record.template if record.template is not None else record.workflow)
+    digest = memo.get(text)
+    if digest is None:
+        if len(memo) >= 64:
+            memo.clear()
+        digest = memo[text] = content_hash(text)
+    return text, digest

@@ -1,0 +1,61 @@
+"""Named SQL, as procrastinate keeps it: ``-- name: NAME`` heads each query in a ``.sql`` file, loaded once.
+
+comfysup/queue/sql/queries.sql holds what both backends run, written once with ``?`` for a positional
+parameter; sql/sqlite.sql and sql/postgres.sql hold each dialect's own statements and the fragments the
+shared ones leave open (``{now}``: where time comes from; ``{by_jobs_state}``: SQLite's index hints; …).
+Loading a dialect inlines the fragments and translates what differs in spelling only, once per process:
+PostgreSQL's ``%s`` for ``?``, SQLite's ``IN (SELECT value FROM json_each(?))`` for ``= ANY(?)`` (a list of
+ids travels as one JSON text, see ``SQLiteQueue.id_list``).
+"""
+
+from __future__ import annotations
+
+import re
+from functools import cache
+from importlib import resources
+
+FRAGMENT = re.compile(r"\{([a-z_]+)\}")
+ANY = re.compile(r"\s*=\s*ANY\(\?\)")
+
+
+def parse(text: str) -> dict[str, str]:
+    """The blocks of a named-SQL file by name, as written (comments kept: schema steps are run as they are)."""
+    out: dict[str, str] = {}
+    name = None
+    for line in text.splitlines():
+        if line.startswith("-- name:"):
+            name = line.split(":", 1)[1].strip()
+            out[name] = ""
+        elif name:
+            out[name] += line + "\n"
+    return out
+
+
+def read(filename: str) -> dict[str, str]:
+    """A named-SQL file of this package (``schema.sql``, ``sql/postgres.sql``) by name, as written."""
+    folder = resources.files("comfysup.queue")
+    for part in filename.split("/"):
+        folder = folder.joinpath(part)
+    return parse(folder.read_text())
+
+
+def _code(block: str) -> str:
+    """A block without its comment lines (its one-line purpose) and surrounding blank space."""
+    return "\n".join(line for line in block.splitlines() if not line.lstrip().startswith("--")).strip()
+
+
+@cache
+def load(dialect: str) -> dict[str, str]:
+    """Every query of ``dialect`` ("sqlite" or "postgres") by name, ready to execute."""
+    raw = {name: _code(block) for name, block in read("sql/queries.sql").items()}
+    raw.update((name, _code(block)) for name, block in read(f"sql/{dialect}.sql").items())
+
+    def expand(name: str, seen: tuple[str, ...] = ()) -> str:
+        if name in seen:
+            raise ValueError(f"SQL fragment {name} includes itself")
+        return FRAGMENT.sub(lambda m: expand(m.group(1), (*seen, name)), raw[name])
+
+    out = {name: expand(name) for name in raw}
+    if dialect == "postgres":
+        return {name: text.replace("?", "%s") for name, text in out.items()}
+    return {name: ANY.sub(" IN (SELECT value FROM json_each(?))", text) for name, text in out.items()}

@@ -1,0 +1,151 @@
+"""What people and metrics read of the queue, written once for both backends (see comfysup.queue.core).
+
+Every read asks for rows that name their columns, and comfysup.queue.records maps them by name."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar
+
+from comfysup.errors import NotFound
+from comfysup.queue import records
+from comfysup.queue.base import QUEUED, STATES, Delivery, EndedAttempt, JobRecord, Machine, Status
+
+T = TypeVar("T")
+PAGE = 500
+"""Jobs read per page by ``iter_jobs``: memory stays flat on a large table."""
+
+
+def fetch(cur: Any, sql: str, args: Sequence[Any]) -> list[Any]:
+    return cur.execute(sql, args).fetchall()
+
+
+class SQLReads:
+    """The reads of the Queue contract; the dialect comes from the class that uses this one (SQLQueue)."""
+
+    sql: dict[str, str]
+    ID_CHUNK = 500
+    """Ids per statement when reading jobs by id."""
+    where = ""
+
+    def _transaction(self, fn: Callable[..., T], *args: Any, write: bool = True, durable: bool = True,
+                     named: bool = False) -> T:
+        raise NotImplementedError
+
+    def _time(self, now: float | None) -> float | None:
+        raise NotImplementedError
+
+    def id_list(self, ids: Sequence[str]) -> Any:
+        """A list of ids (or states) as the parameter of ``= ANY(?)``."""
+        return list(ids)
+
+    def active_count(self) -> int:
+        return self._rows("active_count")[0]["n"]
+
+    def running_owners(self) -> list[str]:
+        return [r["owner"] for r in self._rows("running_owners")]
+
+    def _rows(self, name: str, args: Sequence[Any] = ()) -> list[Any]:
+        """A read by query name; rows name their columns."""
+        return self._transaction(fetch, self.sql[name], args, write=False, named=True)
+
+    def get(self, job_id: str) -> JobRecord:
+        rows = self.get_many([job_id])
+        if not rows:
+            raise NotFound(f"no job with id {job_id} in {self.where}")
+        return rows[0]
+
+    def get_many(self, ids: Sequence[str]) -> list[JobRecord]:
+        ids = list(ids)
+        if not ids:
+            return []
+        order = {job_id: i for i, job_id in enumerate(ids)}
+        return sorted(self._transaction(self._records, ids, write=False, named=True), key=lambda j: order[j.id])
+
+    def _records(self, cur: Any, ids: list[str]) -> list[JobRecord]:
+        rows: list[Any] = []
+        for start in range(0, len(ids), self.ID_CHUNK):
+            rows += cur.execute(self.sql["jobs_by_id"], (self.id_list(ids[start:start + self.ID_CHUNK]),)).fetchall()
+        return self._with_attempts(cur, rows)
+
+    def _with_attempts(self, cur: Any, rows: list[Any]) -> list[JobRecord]:
+        """Records of job rows, each with its attempts (read in chunks of ids)."""
+        ids = [r["id"] for r in rows]
+        attempts: dict[str, list[Any]] = {i: [] for i in ids}
+        for start in range(0, len(ids), self.ID_CHUNK):
+            chunk = self.id_list(ids[start:start + self.ID_CHUNK])
+            for r in cur.execute(self.sql["attempts_of"], (chunk,)).fetchall():
+                attempts[r["job_id"]].append(records.attempt(r))
+        return [records.job_record(r, attempts[r["id"]]) for r in rows]
+
+    def iter_jobs(self, states: Sequence[str] | None = None) -> Iterator[JobRecord]:
+        """Every job in submission order, read in pages so memory stays flat on a large table."""
+        last = 0
+        while True:
+            seq, page = self._transaction(self._page, last, states, write=False, named=True)
+            if not page:
+                return
+            yield from page
+            last = seq
+
+    def _page(self, cur: Any, last: int, states: Sequence[str] | None) -> tuple[int, list[JobRecord]]:
+        if states:
+            rows = cur.execute(self.sql["jobs_page_in_states"], (last, self.id_list(list(states)), PAGE)).fetchall()
+        else:
+            rows = cur.execute(self.sql["jobs_page"], (last, PAGE)).fetchall()
+        return (rows[-1]["seq"] if rows else last), self._with_attempts(cur, rows)
+
+    def status(self, now: float | None = None, dead_limit: int = 5, done_limit: int = 0) -> Status:
+        return self._transaction(self._status, now, dead_limit, done_limit, write=False, named=True)
+
+    def _status(self, cur: Any, now: float | None, dead_limit: int, done_limit: int) -> Status:
+        sql = self.sql
+        counts = dict.fromkeys([s.value for s in STATES], 0)
+        counts.update({r["state"]: r["n"] for r in cur.execute(sql["state_counts"]).fetchall()})
+        waiting = cur.execute(sql["waiting"], (self._time(now),)).fetchone()["n"]
+        counts["waiting"] = waiting
+        counts[QUEUED] -= waiting
+        oldest = cur.execute(sql["oldest_queued"]).fetchone()
+        running = [records.running_job(r) for r in cur.execute(sql["running"]).fetchall()]
+        dead = [(r["id"], r["finished_at"], r["reason"]) for r in cur.execute(sql["recent_dead"], (dead_limit,))]
+        done = [(r["id"], r["finished_at"]) for r in cur.execute(sql["recent_done"], (done_limit,))
+                ] if done_limit else []
+        return Status(counts=counts, oldest_queued_at=oldest["submitted_at"] if oldest else None, running=running,
+                      recent_dead=dead, recent_done=done)
+
+    def states(self, ids: Sequence[str]) -> dict[str, str]:
+        ids = list(ids)
+        out: dict[str, str] = {}
+        for start in range(0, len(ids), self.ID_CHUNK):
+            chunk = self.id_list(ids[start:start + self.ID_CHUNK])
+            out.update((r["id"], r["state"]) for r in self._rows("states", (chunk,)))
+        return out
+
+    def finished_counts(self, since: float, now: float | None = None) -> dict[str, int]:
+        return {r["state"]: r["n"] for r in self._rows("finished_counts", (since,))}
+
+    def ended_since(self, since: float, limit: int = 10000) -> list[EndedAttempt]:
+        """The trace stays in the database, which counts its node lists: metrics never hold its JSON."""
+        return [records.ended_attempt(r) for r in self._rows("ended_since", (since, limit))]
+
+    def ended_count(self, since: float, until: float) -> int:
+        return self._rows("ended_count", (since, until))[0]["n"]
+
+    def ended_keys(self, since: float, until: float) -> list[tuple[str, int, float, float]]:
+        return [(r["job_id"], r["attempt"], r["started_at"], r["ended_at"])
+                for r in self._rows("ended_keys", (since, until))]
+
+    def deliveries(self, job_id: str) -> list[Delivery]:
+        return [records.delivery(r) for r in self._rows("deliveries", (job_id,))]
+
+    def pending_deliveries(self) -> int:
+        return self._rows("pending_deliveries")[0]["n"]
+
+    def prunable(self, finished_before: float) -> int:
+        return self._rows("prunable", (finished_before,))[0]["n"]
+
+    def machines(self, now: float | None = None) -> list[Machine]:
+        return [records.machine(r) for r in self._transaction(self._machines, now, write=False, named=True)]
+
+    def _machines(self, cur: Any, now: float | None) -> list[Any]:
+        return cur.execute(self.sql["machines"], (self._time(now),)).fetchall()

@@ -1,0 +1,155 @@
+-- PostgreSQL's dialect: the fragments queries.sql leaves open, and the statements only PostgreSQL runs.
+-- Time is the caller's ``now`` in tests, else the database server's clock (``now()``, the transaction's
+-- start), so every machine's leases are stamped by one clock. Claims take rows with SKIP LOCKED.
+
+-- name: now
+-- the operation's time, as a positional parameter
+coalesce(CAST(? AS float8), extract(epoch from now())::float8)
+
+-- name: at
+-- the operation's time, as the named parameter %(now)s
+coalesce(%(now)s::float8, extract(epoch from now())::float8)
+
+-- name: for_update
+-- lock the row for the change that follows
+FOR UPDATE
+
+-- name: by_jobs_state
+-- PostgreSQL's planner picks its index itself
+
+-- name: by_jobs_ready
+-- PostgreSQL's planner picks its index itself
+
+-- name: job_from
+-- a job with its stored workflow
+jobs JOIN workflows ON workflows.id = jobs.workflow_id
+
+-- name: attempt_order
+-- attempts in the order they were opened
+n
+
+-- name: trace_nodes
+-- nodes run in an attempt's trace (0 when the list is missing or not a list, as SQLite's json_array_length)
+CASE json_typeof(t.doc -> 'nodes') WHEN 'array' THEN json_array_length(t.doc -> 'nodes') ELSE 0 END
+
+-- name: trace_cached
+-- nodes served from ComfyUI's cache in an attempt's trace
+CASE json_typeof(t.doc -> 'cached') WHEN 'array' THEN json_array_length(t.doc -> 'cached') ELSE 0 END
+
+-- name: trace_doc
+-- the trace text parsed once per row
+CROSS JOIN LATERAL (SELECT a.trace::json AS doc) t
+
+-- name: state_counts
+-- jobs by state
+SELECT state, count(*) AS n FROM jobs GROUP BY state
+
+-- name: oldest_queued
+-- the first queued job in submission order
+SELECT submitted_at FROM jobs WHERE state = 'queued' ORDER BY seq LIMIT 1
+
+-- name: head
+-- the job strict order hands out, skipping rows another claim holds
+SELECT seq, priority FROM jobs WHERE state = 'queued' AND run_after <= {at}
+ORDER BY priority DESC, seq LIMIT 1 FOR UPDATE SKIP LOCKED
+
+-- name: pick_head
+-- strict order: the head
+SELECT seq FROM head
+
+-- name: pick_affine
+-- the first job of the head's priority with model %(key)s, unless the head has been passed over for %(wait)s s
+SELECT coalesce((SELECT j.seq FROM jobs j WHERE j.state = 'queued' AND j.model_key = %(key)s
+    AND j.priority = h.priority AND j.run_after <= {at}
+    AND coalesce((SELECT min(s.at) FROM affinity_skips s WHERE s.priority = h.priority
+        AND s.seq_bound > h.seq), {at}) > {at} - %(wait)s
+    ORDER BY j.seq LIMIT 1 FOR UPDATE SKIP LOCKED), h.seq) FROM head h
+
+-- name: claim_strict
+-- the claim in strict order
+WITH head AS ({head}), pick AS ({pick_head}), {claimed}
+
+-- name: claim_affine
+-- the claim with model affinity
+WITH head AS ({head}), pick AS ({pick_affine}), {claimed}
+
+-- name: claimed
+-- take the picked job, open its attempt, and read its workflow unless this process has it cached
+claimed AS (
+    UPDATE jobs SET state = 'running', attempt = attempt + 1, owner = %(owner)s, server = %(server)s,
+        lease_until = {at} + %(lease)s, started_at = {at}, progress = NULL
+    WHERE seq = (SELECT * FROM pick)
+    RETURNING seq, id, attempt, workflow_id, extra_data, params, last_server, last_prompt_number, reason,
+        cancel_requested, lease_until, started_at, model_key),
+opened AS (INSERT INTO attempts (job_id, attempt, owner, server, started_at)
+    SELECT id, attempt, %(owner)s, %(server)s, started_at FROM claimed)
+SELECT c.id, c.attempt, c.workflow_id, c.extra_data, c.params, c.last_server, c.last_prompt_number, c.reason,
+    c.cancel_requested, c.lease_until, c.model_key,
+    (SELECT w.workflow FROM workflows w WHERE w.id = c.workflow_id AND NOT w.id = ANY(%(cached)s::bigint[])),
+    c.seq, h.seq, h.priority
+FROM claimed c, head h
+
+-- name: expire
+-- running jobs whose lease passed go back to the queue and their attempts end; SKIP LOCKED: a row
+-- another transaction is renewing or expiring is left to it
+WITH expired AS (
+    UPDATE jobs SET state = 'queued', owner = NULL, lease_until = NULL,
+        reason = 'lease expired: the runner stopped renewing it'
+    WHERE seq IN (SELECT seq FROM jobs WHERE state = 'running' AND lease_until < {now} FOR UPDATE SKIP LOCKED)
+    RETURNING id, attempt)
+UPDATE attempts a SET ended_at = {now}, outcome = 'lease_expired', kind = 'lease_expired', reason = 'lease expired'
+FROM expired e WHERE a.job_id = e.id AND a.attempt = e.attempt AND a.ended_at IS NULL
+
+-- name: insert_workflows
+-- each new workflow text stored by hash; the upsert locks an existing row, so a concurrent prune keeps it
+INSERT INTO workflows (hash, workflow) SELECT * FROM unnest(?::text[], ?::text[])
+ON CONFLICT (hash) DO UPDATE SET hash = excluded.hash RETURNING hash, id
+
+-- name: insert_jobs
+-- a batch of new jobs in one statement; an id already there is left alone and judged after
+INSERT INTO jobs (id, priority, submitted_at, spec_hash, workflow_name, workflow_id, extra_data, meta, params,
+    callback_url, model_key)
+SELECT t.id, t.priority, {now}, t.spec_hash, t.workflow_name, t.workflow_id, t.extra_data, t.meta, t.params,
+    t.callback_url, t.model_key
+FROM unnest(?::text[], ?::bigint[], ?::text[], ?::text[], ?::bigint[], ?::text[], ?::text[], ?::text[], ?::text[],
+    ?::text[]) WITH ORDINALITY
+    AS t(id, priority, spec_hash, workflow_name, workflow_id, extra_data, meta, params, callback_url, model_key, ord)
+ORDER BY t.ord ON CONFLICT (id) DO NOTHING RETURNING id
+
+-- name: claim_deliveries
+-- due deliveries, each held for a while; SKIP LOCKED, as the job claim
+UPDATE deliveries SET next_at = {now} + ? WHERE id IN (SELECT id FROM deliveries
+    WHERE next_at IS NOT NULL AND next_at <= {now} ORDER BY next_at LIMIT ? FOR UPDATE SKIP LOCKED)
+RETURNING {delivery_columns}
+
+-- name: prune_batch
+-- old terminal jobs (not one whose webhook is pending) with their attempts and deliveries
+WITH gone AS (DELETE FROM jobs WHERE seq IN (SELECT seq FROM jobs j
+    WHERE state IN ('done', 'dead', 'cancelled') AND finished_at < ? AND NOT EXISTS
+    (SELECT 1 FROM deliveries d WHERE d.job_id = j.id AND d.next_at IS NOT NULL)
+    LIMIT ? FOR UPDATE SKIP LOCKED) RETURNING id, machine, workflow_id),
+a AS (DELETE FROM attempts WHERE job_id IN (SELECT id FROM gone)),
+d AS (DELETE FROM deliveries WHERE job_id IN (SELECT id FROM gone))
+SELECT id, machine, workflow_id FROM gone
+
+-- name: prune_workflow
+-- a workflow no job uses any more
+DELETE FROM workflows w WHERE id = ? AND NOT EXISTS (SELECT 1 FROM jobs WHERE workflow_id = w.id)
+
+-- name: fill_model_keys
+-- v3's Python step reads the jobs still to run
+SELECT j.seq, w.workflow, j.params FROM jobs j JOIN workflows w ON w.id = j.workflow_id
+WHERE j.state IN ('queued', 'running')
+
+-- name: import_job
+-- a job copied from another queue as it is (state, attempts, times)
+INSERT INTO jobs (id, state, priority, run_after, attempt, owner, server, lease_until, started_at, cancel_requested,
+    submitted_at, finished_at, reason, outputs, machine, last_server, last_prompt_number, spec_hash, workflow_name,
+    workflow_id, extra_data, meta, params, progress, callback_url, model_key)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+
+-- name: import_attempt
+-- an attempt copied with its job
+INSERT INTO attempts (job_id, attempt, owner, server, started_at, ended_at, outcome, reason, prompt_number, kind,
+    trace)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)

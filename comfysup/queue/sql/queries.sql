@@ -1,0 +1,248 @@
+-- Queries both backends run, written once. ``?`` is a positional parameter (PostgreSQL's ``%s``, translated
+-- by comfysup.queue.queries); ``{name}`` is a fragment each dialect file defines: ``{now}`` is the
+-- operation's time (a parameter on SQLite, the caller's ``now`` or the database clock on PostgreSQL),
+-- ``{by_jobs_state}`` and the like are SQLite's index hints (empty on PostgreSQL).
+
+-- name: fence
+-- the guard of every write after the claim: the row is still this claim's
+WHERE id = ? AND attempt = ? AND owner = ? AND state = 'running'
+
+-- name: set_progress
+-- a running job's progress, fenced
+UPDATE jobs SET progress = ? {fence} RETURNING 1
+
+-- name: heartbeat
+-- renew the lease, fenced; says whether a cancel was requested
+UPDATE jobs SET lease_until = {now} + ? {fence} RETURNING cancel_requested
+
+-- name: record_prompt
+-- the prompt a running job was queued as on its server, fenced
+UPDATE jobs SET last_server = ?, last_prompt_number = ? {fence} RETURNING 1
+
+-- name: complete
+-- the job is done: its outputs and the machine that holds them, fenced
+UPDATE jobs SET state = 'done', outputs = ?, finished_at = {now}, reason = NULL, owner = NULL, lease_until = NULL,
+    machine = ? {fence} RETURNING 1
+
+-- name: retry_later
+-- back to the queue until run_after (given, else the delay from now); the prompt number is forgotten
+UPDATE jobs SET state = 'queued', run_after = coalesce(CAST(? AS double precision), {now} + ?), reason = ?,
+    owner = NULL, lease_until = NULL, last_prompt_number = NULL {fence} RETURNING run_after <= {now}
+
+-- name: finish
+-- a terminal state other than done (dead, cancelled), fenced
+UPDATE jobs SET state = ?, reason = ?, finished_at = {now}, owner = NULL, lease_until = NULL {fence} RETURNING 1
+
+-- name: release
+-- put a claimed job back at once (its attempt counted or not), fenced
+UPDATE jobs SET state = 'queued', owner = NULL, lease_until = NULL, reason = ?, attempt = attempt - ?,
+    last_prompt_number = NULL {fence} RETURNING 1
+
+-- name: attempt_row
+-- the open attempt row of a claim
+WHERE job_id = ? AND attempt = ? AND owner = ? AND ended_at IS NULL
+
+-- name: end_attempt
+-- close the claim's attempt with its outcome, reason class and trace
+UPDATE attempts SET ended_at = {now}, outcome = ?, reason = ?, kind = ?, trace = ? {attempt_row}
+
+-- name: attempt_prompt
+-- the prompt number and server of the claim's open attempt
+UPDATE attempts SET prompt_number = ?, server = ? {attempt_row}
+
+-- name: passed_over
+-- an affinity claim took a job behind the head: its priority's jobs before it are passed over from now,
+-- unless an older row already covers them (a staircase); ON CONFLICT: two machines passing over at once
+INSERT INTO affinity_skips (priority, seq_bound, at) SELECT ?, ?, {now}
+WHERE NOT EXISTS (SELECT 1 FROM affinity_skips WHERE priority = ? AND seq_bound >= ?) ON CONFLICT DO NOTHING
+
+-- name: head_taken
+-- an affinity claim took the head: rows covering only jobs before it (claimed, or waiting to retry) go
+DELETE FROM affinity_skips WHERE priority = ? AND seq_bound <= ?
+
+-- name: deliver
+-- a terminal job's webhook (its own url, else the default), due at once
+INSERT INTO deliveries (job_id, url, created_at, next_at)
+SELECT id, coalesce(nullif(callback_url, ''), ?), {now}, {now} FROM jobs
+WHERE id = ? AND coalesce(nullif(callback_url, ''), ?) != ''
+
+-- name: release_owner
+-- every job of one owner back to the queue; the attempt each held
+UPDATE jobs SET state = 'queued', owner = NULL, lease_until = NULL, reason = ?, attempt = attempt - ?
+WHERE state = 'running' AND owner = ? RETURNING id, attempt + ? AS attempt
+
+-- name: end_owner_attempt
+-- close one attempt of a released owner
+UPDATE attempts SET ended_at = {now}, outcome = ?, reason = ?, kind = ?
+WHERE job_id = ? AND attempt = ? AND owner = ? AND ended_at IS NULL
+
+-- name: job_state
+-- one job's state, locked for the change that follows (cancel, requeue)
+SELECT state FROM jobs WHERE id = ? {for_update}
+
+-- name: cancel_queued
+-- a queued job cancelled by a person
+UPDATE jobs SET state = 'cancelled', finished_at = {now}, reason = 'cancelled by user' WHERE id = ?
+
+-- name: cancel_running
+-- ask the runner of a running job to stop it
+UPDATE jobs SET cancel_requested = true WHERE id = ?
+
+-- name: requeue
+-- a dead job runs afresh: no earlier prompt is looked for, so its old failure is not adopted
+UPDATE jobs SET state = 'queued', attempt = 0, run_after = 0, reason = NULL, finished_at = NULL,
+    cancel_requested = false, last_server = NULL, last_prompt_number = NULL
+
+-- name: requeue_one
+-- requeue one dead job
+{requeue} WHERE id = ?
+
+-- name: requeue_all
+-- requeue every dead job
+{requeue} WHERE state = 'dead' RETURNING id
+
+-- name: known_ids
+-- the spec hashes of the ids of a batch already in the table
+SELECT id, spec_hash FROM jobs WHERE id = ANY(?)
+
+-- name: workflow_text
+-- a stored workflow by id (a runner's template cache missed)
+SELECT workflow FROM workflows WHERE id = ?
+
+-- name: job_columns
+-- what a JobRecord is read from
+jobs.id AS id, state, priority, attempt, workflows.workflow AS workflow, extra_data, meta, params, workflow_name,
+submitted_at, run_after, owner, server, lease_until, started_at, finished_at, reason, outputs, cancel_requested,
+machine, spec_hash, last_server, last_prompt_number, progress, callback_url, model_key
+
+-- name: jobs_by_id
+-- the records of some jobs
+SELECT {job_columns} FROM {job_from} WHERE jobs.id = ANY(?)
+
+-- name: jobs_page
+-- a page of every job, in submission order
+SELECT jobs.seq AS seq, {job_columns} FROM {job_from} WHERE jobs.seq > ? ORDER BY jobs.seq LIMIT ?
+
+-- name: jobs_page_in_states
+-- a page of the jobs in some states, in submission order
+SELECT jobs.seq AS seq, {job_columns} FROM {job_from} WHERE jobs.seq > ? AND state = ANY(?)
+ORDER BY jobs.seq LIMIT ?
+
+-- name: attempts_of
+-- the attempts of some jobs, in the order they were opened
+SELECT job_id, attempt, owner, server, started_at, ended_at, outcome, reason, prompt_number, kind, trace
+FROM attempts WHERE job_id = ANY(?) ORDER BY {attempt_order}
+
+-- name: states
+-- id and state of some jobs, without their workflows
+SELECT id, state FROM jobs WHERE id = ANY(?)
+
+-- name: waiting
+-- queued jobs waiting to retry
+SELECT count(*) AS n FROM jobs {by_jobs_ready} WHERE state = 'queued' AND run_after > {now}
+
+-- name: running
+-- the running jobs, oldest start first
+SELECT id, owner, server, attempt, started_at, lease_until, progress FROM jobs WHERE state = 'running'
+ORDER BY started_at
+
+-- name: recent_dead
+-- the newest dead jobs
+SELECT id, finished_at, reason FROM jobs WHERE state = 'dead' ORDER BY finished_at DESC LIMIT ?
+
+-- name: recent_done
+-- the newest done jobs
+SELECT id, finished_at FROM jobs WHERE state = 'done' ORDER BY finished_at DESC LIMIT ?
+
+-- name: finished_counts
+-- jobs that reached each terminal state since a time
+SELECT state, count(*) AS n FROM jobs WHERE state IN ('done', 'dead', 'cancelled') AND finished_at >= ?
+GROUP BY state
+
+-- name: ended_since
+-- attempts that ended since a time, with the numbers metrics take from their traces (counted here)
+SELECT a.job_id AS job_id, a.attempt AS attempt, a.outcome AS outcome, a.kind AS kind, a.started_at AS started_at,
+    a.ended_at AS ended_at, {trace_nodes} AS nodes_run, {trace_cached} AS nodes_cached,
+    j.workflow_name AS workflow_name, j.submitted_at AS submitted_at,
+    (SELECT min(f.started_at) FROM attempts f WHERE f.job_id = a.job_id) AS first_started_at
+FROM attempts a JOIN jobs j ON j.id = a.job_id {trace_doc} WHERE a.ended_at >= ? ORDER BY a.ended_at LIMIT ?
+
+-- name: ended_count
+-- how many attempts ended in a range of time (an index range)
+SELECT count(*) AS n FROM attempts WHERE ended_at >= ? AND ended_at <= ?
+
+-- name: ended_keys
+-- the attempts that ended in a range of time, oldest end first
+SELECT job_id, attempt, started_at, ended_at FROM attempts WHERE ended_at >= ? AND ended_at <= ? ORDER BY ended_at
+
+-- name: active_count
+-- jobs not yet terminal
+SELECT count(*) AS n FROM jobs WHERE state IN ('queued', 'running')
+
+-- name: running_owners
+-- the owners holding jobs
+SELECT DISTINCT owner FROM jobs WHERE state = 'running'
+
+-- name: passed_over
+-- an affinity claim took a job behind the head: its priority's jobs before it are passed over from now,
+-- unless an older row already covers them (a staircase); ON CONFLICT: two machines passing over at once
+INSERT INTO affinity_skips (priority, seq_bound, at) SELECT ?, ?, {now}
+WHERE NOT EXISTS (SELECT 1 FROM affinity_skips WHERE priority = ? AND seq_bound >= ?) ON CONFLICT DO NOTHING
+
+-- name: head_taken
+-- an affinity claim took the head: rows covering only jobs before it (claimed, or waiting to retry) go
+DELETE FROM affinity_skips WHERE priority = ? AND seq_bound <= ?
+
+-- name: delivery_columns
+-- what a Delivery is read from
+id, job_id, url, attempts, created_at, next_at, last_status, last_error, delivered_at
+
+-- name: passed_over
+-- an affinity claim took a job behind the head: its priority's jobs before it are passed over from now,
+-- unless an older row already covers them (a staircase); ON CONFLICT: two machines passing over at once
+INSERT INTO affinity_skips (priority, seq_bound, at) SELECT ?, ?, {now}
+WHERE NOT EXISTS (SELECT 1 FROM affinity_skips WHERE priority = ? AND seq_bound >= ?) ON CONFLICT DO NOTHING
+
+-- name: head_taken
+-- an affinity claim took the head: rows covering only jobs before it (claimed, or waiting to retry) go
+DELETE FROM affinity_skips WHERE priority = ? AND seq_bound <= ?
+
+-- name: deliveries
+-- the webhook deliveries of one job, oldest first
+SELECT {delivery_columns} FROM deliveries WHERE job_id = ? ORDER BY id
+
+-- name: pending_deliveries
+-- deliveries still to send
+SELECT count(*) AS n FROM deliveries WHERE next_at IS NOT NULL
+
+-- name: passed_over
+-- an affinity claim took a job behind the head: its priority's jobs before it are passed over from now,
+-- unless an older row already covers them (a staircase); ON CONFLICT: two machines passing over at once
+INSERT INTO affinity_skips (priority, seq_bound, at) SELECT ?, ?, {now}
+WHERE NOT EXISTS (SELECT 1 FROM affinity_skips WHERE priority = ? AND seq_bound >= ?) ON CONFLICT DO NOTHING
+
+-- name: head_taken
+-- an affinity claim took the head: rows covering only jobs before it (claimed, or waiting to retry) go
+DELETE FROM affinity_skips WHERE priority = ? AND seq_bound <= ?
+
+-- name: delivery_result
+-- one try of a delivery: delivered, due again at next_at, or given up
+UPDATE deliveries SET attempts = attempts + 1, last_status = ?, last_error = ?,
+    delivered_at = CASE WHEN ? THEN {now} END, next_at = ? WHERE id = ?
+
+-- name: prunable
+-- terminal jobs finished before a time
+SELECT count(*) AS n FROM jobs {by_jobs_state} WHERE state IN ('done', 'dead', 'cancelled') AND finished_at < ?
+
+-- name: forget_machine
+-- a supervisor starts: earlier rows of its host go
+DELETE FROM machines WHERE host = ?
+
+-- name: machine_heartbeat
+-- a supervisor's row, inserted or refreshed
+INSERT INTO machines (host, pid, slots, started_at, heartbeat_at) VALUES (?, ?, ?, {now}, {now})
+ON CONFLICT (host, pid) DO UPDATE SET slots = excluded.slots, heartbeat_at = excluded.heartbeat_at
+
+-- name: machines
+-- every supervisor, with the age of its heartbeat on the clock that stamped it
+SELECT host, pid, slots, started_at, heartbeat_at, {now} - heartbeat_at AS age FROM machines ORDER BY host, pid

@@ -1,0 +1,151 @@
+-- SQLite's dialect: the fragments queries.sql leaves open, and the statements only SQLite runs. Time is
+-- always a parameter (the local clock, taken once the write lock is held); INDEXED BY hints stand where
+-- the planner, without statistics, would pick jobs_state and sort every queued row.
+
+-- name: now
+-- the operation's time: a parameter
+?
+
+-- name: for_update
+-- BEGIN IMMEDIATE already holds the write lock
+
+-- name: by_jobs_state
+-- walk the (state, finished_at) index
+INDEXED BY jobs_state
+
+-- name: by_jobs_ready
+-- walk the ready index, whose entries hold run_after
+INDEXED BY jobs_ready
+
+-- name: job_from
+-- a job with its spec row and its stored workflow
+jobs JOIN job_specs ON job_specs.seq = jobs.seq JOIN workflows ON workflows.id = job_specs.workflow_id
+
+-- name: attempt_order
+-- attempts in the order they were opened
+rowid
+
+-- name: trace_nodes
+-- nodes run in an attempt's trace (0 when the list is missing or not a list)
+coalesce(json_array_length(a.trace, '$.nodes'), 0)
+
+-- name: trace_cached
+-- nodes served from ComfyUI's cache in an attempt's trace
+coalesce(json_array_length(a.trace, '$.cached'), 0)
+
+-- name: trace_doc
+-- SQLite reads the trace text as it is
+
+-- name: state_counts
+-- running and queued jobs counted through the index, finished ones as their triggers counted them
+SELECT state, count(*) AS n FROM jobs INDEXED BY jobs_state WHERE state IN ('queued', 'running') GROUP BY state
+UNION ALL SELECT state, n FROM finished_counts
+
+-- name: oldest_queued
+-- a queued job has no finished_at, so jobs_state hands min(seq) over at once
+SELECT submitted_at FROM jobs WHERE seq = (SELECT min(seq) FROM jobs WHERE state = 'queued' AND finished_at IS NULL)
+
+-- name: head
+-- the job strict order hands out (INDEXED BY: else O(queued) per claim); ? is :now inside pick
+SELECT seq, priority FROM jobs INDEXED BY jobs_ready WHERE state = 'queued' AND run_after <= ?
+ORDER BY priority DESC, seq LIMIT 1
+
+-- name: pick
+-- the head and, unless it has been passed over for :wait seconds, the first job of its priority with model :key
+WITH head AS ({head}) SELECT head.seq, head.priority,
+    CASE WHEN coalesce((SELECT min(at) FROM affinity_skips s WHERE s.priority = head.priority
+        AND s.seq_bound > head.seq), :now) > :now - :wait
+    THEN (SELECT seq FROM jobs INDEXED BY jobs_affinity WHERE state = 'queued' AND model_key = :key
+        AND priority = head.priority AND run_after <= :now ORDER BY seq LIMIT 1) END FROM head
+
+-- name: take
+-- the claimed job's row
+UPDATE jobs SET state = 'running', attempt = attempt + 1, owner = ?, server = ?, lease_until = ?, started_at = ?,
+    progress = NULL WHERE seq = ?
+RETURNING id, attempt, last_server, last_prompt_number, reason, cancel_requested, model_key
+
+-- name: spec
+-- the claimed job's workflow id and own data
+SELECT workflow_id, extra_data, params FROM job_specs WHERE seq = ?
+
+-- name: open_attempt
+-- the attempt row a claim opens
+INSERT INTO attempts (job_id, attempt, owner, server, started_at) VALUES (?, ?, ?, ?, ?)
+
+-- name: any_expired
+-- a read first: an UPDATE that changes nothing still cost a fifth of a claim's statements
+SELECT 1 FROM jobs INDEXED BY jobs_state WHERE state = 'running' AND lease_until < ? LIMIT 1
+
+-- name: expire
+-- running jobs whose lease passed go back to the queue (read through jobs_state: running rows are few)
+UPDATE jobs INDEXED BY jobs_state SET state = 'queued', owner = NULL, lease_until = NULL,
+    reason = 'lease expired: the runner stopped renewing it'
+WHERE state = 'running' AND lease_until < ? RETURNING id, attempt
+
+-- name: end_expired
+-- the attempt whose lease expired
+UPDATE attempts SET ended_at = ?, outcome = 'lease_expired', kind = 'lease_expired', reason = 'lease expired'
+WHERE job_id = ? AND attempt = ? AND ended_at IS NULL
+
+-- name: last_seq
+-- the last seq given out: a batch numbers its rows itself, so the spec row needs no round trip
+SELECT coalesce(max(seq), 0) FROM jobs
+
+-- name: workflow_id
+-- a stored workflow's id by hash
+SELECT id FROM workflows WHERE hash = ?
+
+-- name: insert_workflow
+-- a workflow text stored for the first time
+INSERT INTO workflows (hash, workflow) VALUES (?, ?)
+
+-- name: insert_job
+-- a new job's row
+INSERT INTO jobs (seq, id, priority, submitted_at, spec_hash, workflow_name, callback_url, model_key)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+
+-- name: insert_spec
+-- a new job's workflow id and own data, beside the row every claim rewrites
+INSERT INTO job_specs (seq, workflow_id, extra_data, meta, params) VALUES (?, ?, ?, ?, ?)
+
+-- name: any_due
+-- a read first: an idle deliverer's poll must not take the write lock
+SELECT 1 FROM deliveries WHERE next_at IS NOT NULL AND next_at <= ? LIMIT 1
+
+-- name: due_deliveries
+-- due deliveries, soonest first
+SELECT {delivery_columns} FROM deliveries WHERE next_at IS NOT NULL AND next_at <= ? ORDER BY next_at LIMIT ?
+
+-- name: hold_delivery
+-- a delivery held by this deliverer until next_at
+UPDATE deliveries SET next_at = ? WHERE id = ?
+
+-- name: prune_batch
+-- terminal jobs finished before a time whose webhook is not pending
+SELECT seq, id, machine FROM jobs INDEXED BY jobs_state WHERE state IN ('done', 'dead', 'cancelled')
+AND finished_at < ? AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.job_id = jobs.id AND d.next_at IS NOT NULL)
+LIMIT ?
+
+-- name: prune_workflows_of
+-- the workflows the pruned jobs used
+SELECT DISTINCT workflow_id FROM job_specs WHERE seq IN (SELECT value FROM json_each(?))
+
+-- name: prune_jobs
+-- the pruned jobs' rows
+DELETE FROM jobs WHERE seq IN (SELECT value FROM json_each(?))
+
+-- name: prune_specs
+-- the pruned jobs' spec rows
+DELETE FROM job_specs WHERE seq IN (SELECT value FROM json_each(?))
+
+-- name: prune_attempts
+-- the pruned jobs' attempts
+DELETE FROM attempts WHERE job_id = ANY(?)
+
+-- name: prune_deliveries
+-- the pruned jobs' deliveries
+DELETE FROM deliveries WHERE job_id = ANY(?)
+
+-- name: prune_workflow
+-- a workflow no remaining job uses
+DELETE FROM workflows WHERE id = ? AND NOT EXISTS (SELECT 1 FROM job_specs WHERE workflow_id = ?)
