@@ -11,7 +11,9 @@ import pytest
 
 from comfysup.config import Config, RunnerConfig
 from comfysup.queue.base import Claim
-from comfysup.runner.attempt import Attempt, AttemptSettings, NextClaim, Outcome, Station
+from comfysup.runner.attempt import Attempt
+from comfysup.runner.result import NextClaim, Outcome
+from comfysup.runner.station import AttemptSettings, Station
 from comfysup.runner.store import ResultStore
 from fake_comfy import FakeComfy
 from tests.runner_helpers import config_of, job_id, submit, trivial_job, write_config

@@ -13,9 +13,10 @@ import pytest
 import requests
 
 from comfysup.errors import LeaseLost
-from comfysup.runner.attempt import Attempt, Station
+from comfysup.runner.attempt import Attempt
 from comfysup.runner.client import ComfyClient
 from comfysup.runner.loop import Runner, settings_from
+from comfysup.runner.station import Station
 from comfysup.runner.store import ResultStore
 from fake_comfy import FakeComfy
 from tests.runner_helpers import comfysup, config_of, job_id, jobs_file, submit, trivial_job, write_config

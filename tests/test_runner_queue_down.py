@@ -17,8 +17,9 @@ import pytest
 
 from comfysup.errors import DatabaseLocked, DatabaseUnavailable
 from comfysup.queue.sqlite import SQLiteQueue
-from comfysup.runner.attempt import Attempt, Station
+from comfysup.runner.attempt import Attempt
 from comfysup.runner.loop import Runner, settings_from
+from comfysup.runner.station import Station
 from comfysup.runner.store import ResultStore
 from fake_comfy import FakeComfy
 from tests.runner_helpers import config_of, job_id, submit, trivial_job, write_config

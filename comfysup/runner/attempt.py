@@ -20,8 +20,9 @@ queue that does not answer (QueueError) ends it the same way, after interrupting
 can no longer renew its lease, and the job must not still run here when the lease hands it to another
 runner, perhaps on another machine that cannot see this server.
 
-The shape: a :class:`Station` holds what a runner keeps from one attempt to the next (settings, queue,
-result store, the server's client and its kept WebSocket, peers' clients, the runner's hooks and clocks).
+The shape: a :class:`Station` (comfysup.runner.station) holds what a runner keeps from one attempt to the
+next (settings, queue, result store, the server's client and its kept WebSocket, peers' clients, the
+runner's hooks and clocks); the values an attempt returns are in comfysup.runner.result.
 An :class:`Attempt` lives for one attempt: ``Attempt(station, claim, ...).run()`` returns an
 :class:`AttemptResult` — the outcome it recorded and, when the runner goes on, the next job it claimed
 (and maybe already posted), which the runner hands to the next ``Attempt`` as a value.
@@ -31,14 +32,11 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from comfysup.backoff import RetryPolicy
-from comfysup.config import Config
 from comfysup.errors import LeaseLost, QueueError
-from comfysup.queue.base import Claim, Output, Queue
+from comfysup.queue.base import Claim, Output
 from comfysup.redact import Redactor
 from comfysup.runner.client import (
     ComfyClient,
@@ -50,109 +48,19 @@ from comfysup.runner.client import (
     new_client_id,
 )
 from comfysup.runner.history import judge, output_files, prompt_number, status_of
+from comfysup.runner.result import AttemptResult, NextClaim, NextJob, Outcome, Posted
 from comfysup.runner.retry import Failure, decide, execution_failure, gave_up
-from comfysup.runner.store import ResultStore, TooLarge, UnsafeName, is_disk_full, safe_relative
+from comfysup.runner.station import AttemptSettings, Station
+from comfysup.runner.store import TooLarge, UnsafeName, is_disk_full, safe_relative
 from comfysup.runner.trace import Trace
+
+__all__ = ["Attempt", "AttemptResult", "AttemptSettings", "NextClaim", "NextJob", "Outcome", "Posted", "Station"]
+"""Outcome, Posted and the rest are also importable from here, where the supervisor and tests find them."""
 
 log = logging.getLogger("comfysup.runner")
 HISTORY_AFTER_SUCCESS_SECONDS = 0.05
 PROGRESS_WRITE_SECONDS = 1.0
 """At most one progress write per second: a sampler's steps come faster than a queue row should change."""
-SERVER_LOST_MIN_SECONDS = 10.0
-"""A server unreachable this long (or [runner] http_timeout_seconds, if longer) is taken as dead."""
-LEAVE_QUEUE_SECONDS = 60.0
-"""How long to wait for an interrupted prompt to leave the server's queue."""
-
-
-@dataclass(frozen=True)
-class AttemptSettings:
-    """A runner's settings for its attempts; no defaults here: they are [runner]'s, in comfysup.config."""
-
-    server: str
-    url: str
-    policy: RetryPolicy
-    timeout_seconds: float
-    poll_seconds: float
-    lease_seconds: float
-    heartbeat_seconds: float
-    http_timeout_seconds: float
-    server_lost_seconds: float
-    """A server unreachable this long while it holds our prompt is taken as dead (transient)."""
-    leave_queue_seconds: float
-    """How long to wait for an interrupted prompt to leave the server's queue."""
-    peers: dict[str, str]
-    """Other servers by name, where an earlier attempt of a job may have run (for catch-up)."""
-
-    @classmethod
-    def from_config(cls, config: Config, server: str, url: str, peers: dict[str, str]) -> AttemptSettings:
-        r = config.runner
-        return cls(
-            server=server, url=url,
-            policy=RetryPolicy(attempts=r.attempts, base_delay_seconds=r.base_delay_seconds,
-                               max_delay_seconds=r.max_delay_seconds, jitter=r.jitter),
-            timeout_seconds=r.timeout_seconds, poll_seconds=r.poll_seconds, lease_seconds=r.lease_seconds,
-            heartbeat_seconds=r.heartbeat_seconds, http_timeout_seconds=r.http_timeout_seconds,
-            server_lost_seconds=max(r.http_timeout_seconds, SERVER_LOST_MIN_SECONDS),
-            leave_queue_seconds=LEAVE_QUEUE_SECONDS,
-            peers={k: v for k, v in peers.items() if k != server})
-
-
-@dataclass
-class Outcome:
-    """What an attempt ended in, as recorded: done, retry, dead, cancelled, released, or lost."""
-
-    state: str
-    reason: str = ""
-    kind: str = ""
-    outputs: list[Output] = field(default_factory=list)
-    delay_seconds: float = 0.0
-    adopted: bool = False
-    server_free: bool = False
-    """The server's own broadcast said its queue was empty once this prompt left it: the runner may claim
-    the next job without asking GET /queue (see Runner._next_job)."""
-
-
-@dataclass(frozen=True)
-class NextClaim:
-    """The arguments of a claim of the next job for this server (Queue.claim, Queue.complete_and_claim)."""
-
-    owner: str
-    server: str
-    lease_seconds: float
-    prefer_model: str | None
-    max_wait_seconds: float
-
-
-NextJob = Callable[[Claim, Outcome], NextClaim | None]
-"""The runner, asked whether the next job may be claimed now that this one is over on the server: the
-claim to make, or None. Asked once the prompt succeeded and the server said its queue is empty (the
-hand-off, with ``server_free``), and again, unless a job was claimed then, just before the done is recorded
-(the claim then rides in the done's transaction). The runner counts the attempt when first asked."""
-
-
-@dataclass(frozen=True)
-class Posted:
-    """The next job's prompt, posted by the previous attempt the moment its own run ended: where the next
-    attempt starts instead of posting (``error``: what the post raised, the next attempt's failure)."""
-
-    claim_id: str
-    claimed_at: float
-    posted_at: float
-    number: int | None = None
-    error: ComfyError | None = None
-
-
-@dataclass(frozen=True)
-class AttemptResult:
-    """What an attempt did: its outcome (recorded, unless ``lost``) and the next job it claimed, if any."""
-
-    outcome: Outcome
-    next_claim: Claim | None = None
-    """Claimed for this server by this attempt, at its hand-off or with its done: the runner's next job."""
-    posted: Posted | None = None
-    """``next_claim``'s prompt, already posted by the hand-off: its attempt follows it instead of posting."""
-
-
 class _Stop(Exception):
     """The attempt must end now with this outcome (raised from deep in the follow loop)."""
 
@@ -179,44 +87,6 @@ class _Run:
     after the ``status`` broadcast that follows the prompt leaving its queue."""
     queue_remaining: int | None = None
     """``exec_info.queue_remaining`` of the last ``status`` broadcast read on this run's socket."""
-
-
-class Station:
-    """What one runner's attempts share, kept from one attempt to the next: one server, one queue, one
-    result store, the server's client (its kept WebSocket included), and clients of peer servers."""
-
-    def __init__(self, settings: AttemptSettings, queue: Queue, store: ResultStore,
-                 stop_deadline: Callable[[], float | None] = lambda: None,
-                 on_alive: Callable[[], None] = lambda: None,
-                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> None:
-        self.settings = settings
-        self.queue = queue
-        self.store = store
-        self.client = ComfyClient(settings.url, timeout_seconds=settings.http_timeout_seconds)
-        self._peers: dict[str, ComfyClient] = {}
-        self.stop_deadline = stop_deadline
-        """When a graceful stop's grace ends (monotonic), or None: running attempts are released then."""
-        self.on_alive = on_alive
-        self.clock = clock
-        self.wall = wall
-        """Epoch time for the trace (stored); ``clock`` (monotonic) for deadlines and throttles."""
-
-    def close(self) -> None:
-        self.client.close()
-        for peer in self._peers.values():
-            peer.close()
-
-    def client_for(self, server: str | None) -> ComfyClient | None:
-        if server is None:
-            return None
-        if server == self.settings.server:
-            return self.client
-        if server not in self.settings.peers:
-            return None
-        if server not in self._peers:
-            self._peers[server] = ComfyClient(self.settings.peers[server],
-                                              timeout_seconds=self.settings.http_timeout_seconds)
-        return self._peers[server]
 
 
 class Attempt:

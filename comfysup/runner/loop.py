@@ -34,8 +34,10 @@ from comfysup.logs import bind, job_context
 from comfysup.queue import open_queue
 from comfysup.queue.base import Claim, Queue, host_name
 from comfysup.redact import Redactor, bound
-from comfysup.runner.attempt import Attempt, AttemptResult, AttemptSettings, NextClaim, Outcome, Posted, Station
+from comfysup.runner.attempt import Attempt
 from comfysup.runner.client import CLIENT_PREFIX, ServerUnavailable
+from comfysup.runner.result import AttemptResult, NextClaim, Outcome, Posted
+from comfysup.runner.station import AttemptSettings, Station
 from comfysup.runner.store import ResultStore
 
 log = logging.getLogger("comfysup.runner")
