@@ -36,7 +36,7 @@ from comfysup.queue.base import Claim, Queue, host_name
 from comfysup.redact import Redactor, bound
 from comfysup.runner.attempt import Attempt
 from comfysup.runner.client import CLIENT_PREFIX, ServerUnavailable
-from comfysup.runner.result import AttemptResult, NextClaim, Outcome, Posted
+from comfysup.runner.result import NextClaim, Outcome, Posted
 from comfysup.runner.station import AttemptSettings, Station
 from comfysup.runner.store import ResultStore
 
@@ -192,7 +192,7 @@ class Runner:
         with job_context(claim.id, claim.attempt, Redactor.for_job(claim.workflow, claim.extra_data)):
             self.on_job(claim, None)
             self._counted = None
-            result: AttemptResult = Attempt(self.station, claim, self._next_job, posted).run()
+            result = Attempt(self.station, claim, self._next_job, posted).run()
             outcome = result.outcome
             self.state.counts[outcome.state] += 1
             if self._counted != claim.id:
