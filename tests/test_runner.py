@@ -13,9 +13,10 @@ import pytest
 import requests
 
 from comfysup.errors import LeaseLost
-from comfysup.runner.attempt import AttemptRunner
+from comfysup.runner.attempt import Attempt
 from comfysup.runner.client import ComfyClient
 from comfysup.runner.loop import Runner, settings_from
+from comfysup.runner.station import Station
 from comfysup.runner.store import ResultStore
 from fake_comfy import FakeComfy
 from tests.runner_helpers import comfysup, config_of, job_id, jobs_file, submit, trivial_job, write_config
@@ -121,10 +122,10 @@ def test_same_job_submitted_twice_and_delivered_twice_runs_once(tmp_path, fake):
     store = ResultStore(tmp_path / "store", 1 << 30)
     first = queue.claim("runner-a", "cpu0", lease_seconds=5)
     # A renews its lease less often than the job takes, so it cannot notice the second delivery early.
-    slow_a = AttemptRunner(dataclasses.replace(settings_from(cfg, "cpu0", fake.url, {}), heartbeat_seconds=30),
-                           queue, store)
+    slow_a = Station(dataclasses.replace(settings_from(cfg, "cpu0", fake.url, {}), heartbeat_seconds=30),
+                     queue, store)
     results = {}
-    thread = threading.Thread(target=lambda: results.setdefault("a", slow_a.run(first)))
+    thread = threading.Thread(target=lambda: results.setdefault("a", Attempt(slow_a, first).run().outcome))
     thread.start()
     # Wait until A's prompt runs on the server, then let its lease lapse and deliver the job again.
     deadline = time.monotonic() + 10
@@ -133,7 +134,7 @@ def test_same_job_submitted_twice_and_delivered_twice_runs_once(tmp_path, fake):
     # Deliver it again as if A's lease had run out (a clock 6 s ahead).
     second = queue.claim("runner-b", "cpu0", lease_seconds=60, now=time.time() + 6)
     assert second is not None and second.attempt == 2
-    outcome_b = AttemptRunner(settings_from(cfg, "cpu0", fake.url, {}), queue, store).run(second)
+    outcome_b = Attempt(Station(settings_from(cfg, "cpu0", fake.url, {}), queue, store), second).run().outcome
     thread.join(15)
     assert outcome_b.state == "done"
     assert results["a"].state == "lost"
@@ -264,11 +265,11 @@ def test_heartbeat_that_finds_the_lease_lost_stops_without_writing(tmp_path, fak
     queue = submit(config, [trivial_job(1)])
     claim = queue.claim("runner-a", "cpu0", lease_seconds=30)
     cfg = config_of(config)
-    attempt = AttemptRunner(settings_from(cfg, "cpu0", fake.url, {}), queue, ResultStore(tmp_path / "store", 1 << 30))
+    station = Station(settings_from(cfg, "cpu0", fake.url, {}), queue, ResultStore(tmp_path / "store", 1 << 30))
     # Steal the job: its lease expires (as seen from a clock 60 s ahead) and runner-b claims it.
     thief = queue.claim("runner-b", "cpu0", lease_seconds=600, now=time.time() + 60)
     assert thief is not None and thief.attempt == 2
-    outcome = attempt.run(claim)
+    outcome = Attempt(station, claim).run().outcome
     assert outcome.state == "lost"
     job = queue.get(job_id(1))
     assert (job.state, job.owner, job.attempt, job.outputs) == ("running", "runner-b", 2, [])

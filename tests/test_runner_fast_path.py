@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from comfysup.queue.sqlite import SQLiteQueue
+from comfysup.runner.attempt import Attempt
 from comfysup.runner.client import ComfyClient, EventStream
 from comfysup.runner.loop import Runner
 from fake_comfy import FakeComfy
@@ -108,7 +109,7 @@ def test_without_a_handoff_the_done_and_the_next_claim_are_one_transaction(
     for cls, name in ((ComfyClient, "queue"), (SQLiteQueue, "claim"), (SQLiteQueue, "complete"),
                       (SQLiteQueue, "complete_and_claim")):
         counts.watch(cls, name)
-    monkeypatch.setattr(Runner, "_handoff", lambda self: None)  # as when the server's queue was not empty
+    monkeypatch.setattr(Attempt, "_may_hand_off", lambda self, run: False)  # as when the server's queue was not empty
     config = write_config(tmp_path)
     queue = submit(config, [trivial_job(n) for n in range(1, 7)])
     Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
@@ -165,7 +166,7 @@ def test_a_runner_keeps_to_the_model_its_server_has_loaded(tmp_path: Path, fake:
 @pytest.mark.timeout(60)
 def test_a_job_claimed_with_the_last_done_goes_back_uncounted_when_the_runner_stops(
         tmp_path: Path, fake: FakeComfy, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(Runner, "_handoff", lambda self: None)  # the job comes with the done, not before it
+    monkeypatch.setattr(Attempt, "_may_hand_off", lambda self, run: False)  # the job comes with the done, not before it
     config = write_config(tmp_path)
     queue = submit(config, [trivial_job(1), trivial_job(2)])
     runner = Runner(config_of(config), "cpu0", fake.url, until_empty=True)
@@ -194,14 +195,14 @@ def test_a_job_handed_off_before_a_stop_is_followed_to_its_end(tmp_path: Path, f
     config = write_config(tmp_path)
     queue = submit(config, [trivial_job(n) for n in range(1, 4)])
     runner = Runner(config_of(config), "cpu0", fake.url, until_empty=True)
-    original = Runner._handoff
+    original = Runner._next_job
 
-    def then_stop(self: Runner) -> Any:
-        claim = original(self)
-        self.state.stopping = True  # SIGTERM right after the handoff claimed job 2
-        return claim
+    def then_stop(self: Runner, claim: Any, outcome: Any) -> Any:
+        more = original(self, claim, outcome)
+        self.state.stopping = True  # SIGTERM right as the hand-off goes on to claim job 2
+        return more
 
-    monkeypatch.setattr(Runner, "_handoff", then_stop)
+    monkeypatch.setattr(Runner, "_next_job", then_stop)
     runner.run()
     assert [queue.get(job_id(n)).state for n in (1, 2, 3)] == ["done", "done", "queued"]
     assert fake.stats()["order"] == [job_id(1), job_id(2)]

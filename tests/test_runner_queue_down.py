@@ -17,8 +17,9 @@ import pytest
 
 from comfysup.errors import DatabaseLocked, DatabaseUnavailable
 from comfysup.queue.sqlite import SQLiteQueue
-from comfysup.runner.attempt import AttemptRunner
+from comfysup.runner.attempt import Attempt
 from comfysup.runner.loop import Runner, settings_from
+from comfysup.runner.station import Station
 from comfysup.runner.store import ResultStore
 from fake_comfy import FakeComfy
 from tests.runner_helpers import config_of, job_id, submit, trivial_job, write_config
@@ -78,10 +79,10 @@ def test_a_heartbeat_that_fails_interrupts_the_prompt_and_writes_nothing(tmp_pat
     claim = queue.claim("runner-a", "cpu0", lease_seconds=30)
     assert claim is not None
     flaky = FlakyQueue(queue, {"heartbeat", "complete", "retry_later", "dead", "release", "cancelled"}, error)
-    attempt = AttemptRunner(settings_from(config_of(config), "cpu0", fake.url, {}), flaky,  # type: ignore[arg-type]
-                            ResultStore(tmp_path / "store", 1 << 30))
+    station = Station(settings_from(config_of(config), "cpu0", fake.url, {}), flaky,  # type: ignore[arg-type]
+                      ResultStore(tmp_path / "store", 1 << 30))
     result: dict[str, Any] = {}
-    thread = threading.Thread(target=lambda: result.setdefault("outcome", attempt.run(claim)))
+    thread = threading.Thread(target=lambda: result.setdefault("outcome", Attempt(station, claim).run().outcome))
     thread.start()
     wait_until(lambda: executions(fake, 1), 10, "the prompt to run")
     flaky.down.set()
@@ -92,11 +93,11 @@ def test_a_heartbeat_that_fails_interrupts_the_prompt_and_writes_nothing(tmp_pat
     assert str(error) in outcome.reason
     assert flaky.calls == {"heartbeat": 1}  # no second try, no write of any outcome
     assert executions(fake, 1)[-1]["outcome"] == "interrupted"
-    assert not any(e.prompt_id == job_id(1) for e in attempt.client.queue())  # gone from the server
+    assert not any(e.prompt_id == job_id(1) for e in station.client.queue())  # gone from the server
     job = queue.get(job_id(1))
     assert (job.state, job.owner, job.attempt) == ("running", "runner-a", 1)  # untouched: the lease decides
     assert job.attempts[0].ended_at is None
-    attempt.close()
+    station.close()
 
 
 @pytest.mark.timeout(60)
@@ -109,17 +110,17 @@ def test_a_prompt_posted_when_the_queue_stops_answering_is_interrupted(tmp_path:
     assert claim is not None
     flaky = FlakyQueue(queue, {"record_prompt"}, DatabaseUnavailable("postgresql://db:5432/q: gone"))
     flaky.down.set()
-    attempt = AttemptRunner(settings_from(config_of(config), "cpu0", fake.url, {}), flaky,  # type: ignore[arg-type]
-                            ResultStore(tmp_path / "store", 1 << 30))
-    outcome = attempt.run(claim)
+    station = Station(settings_from(config_of(config), "cpu0", fake.url, {}), flaky,  # type: ignore[arg-type]
+                      ResultStore(tmp_path / "store", 1 << 30))
+    outcome = Attempt(station, claim).run().outcome
     assert (outcome.state, outcome.kind) == ("lost", "queue_unavailable")
     assert fake.stats()["prompts"][job_id(1)]["posted"] == 1
-    wait_until(lambda: not any(e.prompt_id == job_id(1) for e in attempt.client.queue()), 10,
+    wait_until(lambda: not any(e.prompt_id == job_id(1) for e in station.client.queue()), 10,
                "the prompt to leave the server's queue")
     assert fake.stats()["interrupts"]  # POST /interrupt for this prompt was sent
     assert all(e["outcome"] != "success" for e in executions(fake, 1))
     assert queue.get(job_id(1)).attempts[0].prompt_number is None
-    attempt.close()
+    station.close()
 
 
 @pytest.mark.timeout(60)

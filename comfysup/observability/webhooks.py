@@ -27,12 +27,12 @@ from typing import Any
 
 import requests
 
+from comfysup.backoff import RetryPolicy
 from comfysup.config import WebhooksConfig
 from comfysup.errors import NotFound, QueueError
 from comfysup.observability.safehttp import PrivateDestination, public_only_session
 from comfysup.queue.base import TERMINAL, Delivery, JobRecord, Queue
 from comfysup.redact import Redactor, bound, display_url, mask
-from comfysup.runner.retry import RetryPolicy
 
 log = logging.getLogger("comfysup.observability.webhooks")
 

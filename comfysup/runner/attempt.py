@@ -19,18 +19,24 @@ Every write to the queue is fenced; a LeaseLost anywhere ends the attempt withou
 queue that does not answer (QueueError) ends it the same way, after interrupting the prompt: the attempt
 can no longer renew its lease, and the job must not still run here when the lease hands it to another
 runner, perhaps on another machine that cannot see this server.
+
+The shape: a :class:`Station` (comfysup.runner.station) holds what a runner keeps from one attempt to the
+next (settings, queue, result store, the server's client and its kept WebSocket, peers' clients, the
+runner's hooks and clocks); the values an attempt returns are in comfysup.runner.result.
+An :class:`Attempt` lives for one attempt: ``Attempt(station, claim, ...).run()`` returns an
+:class:`AttemptResult` — the outcome it recorded and, when the runner goes on, the next job it claimed
+(and maybe already posted), which the runner hands to the next ``Attempt`` as a value.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from comfysup.errors import LeaseLost, QueueError
-from comfysup.queue.base import Claim, Output, Queue
+from comfysup.queue.base import Claim, Output
 from comfysup.redact import Redactor
 from comfysup.runner.client import (
     ComfyClient,
@@ -41,71 +47,20 @@ from comfysup.runner.client import (
     SocketLost,
     new_client_id,
 )
-from comfysup.runner.retry import Failure, RetryPolicy, decide, execution_failure, gave_up
-from comfysup.runner.store import ResultStore, TooLarge, UnsafeName, is_disk_full, safe_relative
+from comfysup.runner.history import judge, output_files, prompt_number, status_of
+from comfysup.runner.result import AttemptResult, NextClaim, NextJob, Outcome, Posted
+from comfysup.runner.retry import Failure, decide, execution_failure, gave_up
+from comfysup.runner.station import AttemptSettings, Station
+from comfysup.runner.store import TooLarge, UnsafeName, is_disk_full, safe_relative
 from comfysup.runner.trace import Trace
 
+__all__ = ["Attempt", "AttemptResult", "AttemptSettings", "NextClaim", "NextJob", "Outcome", "Posted", "Station"]
+"""Outcome, Posted and the rest are also importable from here, where the supervisor and tests find them."""
+
 log = logging.getLogger("comfysup.runner")
-OUTPUT_TYPES = ("output", "temp")
 HISTORY_AFTER_SUCCESS_SECONDS = 0.05
 PROGRESS_WRITE_SECONDS = 1.0
 """At most one progress write per second: a sampler's steps come faster than a queue row should change."""
-
-
-@dataclass(frozen=True)
-class AttemptSettings:
-    server: str
-    url: str
-    policy: RetryPolicy = field(default_factory=RetryPolicy)
-    timeout_seconds: float = 600.0
-    poll_seconds: float = 1.0
-    lease_seconds: float = 60.0
-    heartbeat_seconds: float = 5.0
-    http_timeout_seconds: float = 30.0
-    server_lost_seconds: float = 30.0
-    """A server unreachable this long while it holds our prompt is taken as dead (transient)."""
-    leave_queue_seconds: float = 60.0
-    """How long to wait for an interrupted prompt to leave the server's queue."""
-    peers: dict[str, str] = field(default_factory=dict)
-    """Other servers by name, where an earlier attempt of a job may have run (for catch-up)."""
-
-
-@dataclass
-class Outcome:
-    """What an attempt ended in, as recorded: done, retry, dead, cancelled, released, or lost."""
-
-    state: str
-    reason: str = ""
-    kind: str = ""
-    outputs: list[Output] = field(default_factory=list)
-    delay_seconds: float = 0.0
-    adopted: bool = False
-    server_free: bool = False
-    """The server's own broadcast said its queue was empty once this prompt left it: the runner may claim
-    the next job without asking GET /queue (see Runner._chain)."""
-
-
-Chain = Callable[[Outcome], dict[str, Any] | None]
-"""Asked just before a done is recorded: the arguments of the next claim (owner, server, lease_seconds,
-prefer_model, max_wait_seconds) to make in the same transaction, or None to record the done alone."""
-
-Handoff = Callable[[], Claim | None]
-"""Asked as soon as this attempt's prompt has succeeded and the server said its queue is empty, before the
-outputs are downloaded: the next job, claimed (durably) for this server, or None to go on as usual."""
-
-
-@dataclass(frozen=True)
-class Posted:
-    """The next job's prompt, posted by the previous attempt the moment its own run ended: where the next
-    attempt starts instead of posting (``error``: what the post raised, the next attempt's failure)."""
-
-    claim_id: str
-    claimed_at: float
-    posted_at: float
-    number: int | None = None
-    error: ComfyError | None = None
-
-
 class _Stop(Exception):
     """The attempt must end now with this outcome (raised from deep in the follow loop)."""
 
@@ -134,59 +89,31 @@ class _Run:
     """``exec_info.queue_remaining`` of the last ``status`` broadcast read on this run's socket."""
 
 
-class AttemptRunner:
-    """Runs attempts for one runner: one server, one queue, one result store."""
+class Attempt:
+    """One attempt at one job, from its claim to its recorded outcome; made for that attempt and dropped.
 
-    def __init__(self, settings: AttemptSettings, queue: Queue, store: ResultStore,
-                 stop_deadline: Callable[[], float | None] = lambda: None,
-                 on_alive: Callable[[], None] = lambda: None,
-                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> None:
-        self.s = settings
-        self.queue = queue
-        self.store = store
-        self.client = ComfyClient(settings.url, timeout_seconds=settings.http_timeout_seconds)
-        self._peers: dict[str, ComfyClient] = {}
-        self.stop_deadline = stop_deadline
-        self.on_alive = on_alive
-        self.clock = clock
-        self.wall = wall
-        """Epoch time for the trace (stored); ``clock`` (monotonic) for deadlines and throttles."""
+    The server idles from the end of one prompt to the start of the next, so the next job is started as
+    early as it safely can be (given ``next_job``):
+    - the hand-off: when the prompt succeeded and the server's broadcast said its queue is empty, the next
+      job is claimed and posted at once, and this job's outputs are downloaded and recorded while the
+      server runs it (returned as ``AttemptResult.posted``, given to the next attempt as ``posted``);
+    - otherwise a done is recorded together with the next claim, in one transaction.
+    """
 
-    def close(self) -> None:
-        self.client.close()
-        for peer in self._peers.values():
-            peer.close()
-
-    def client_for(self, server: str | None) -> ComfyClient | None:
-        if server is None:
-            return None
-        if server == self.s.server:
-            return self.client
-        if server not in self.s.peers:
-            return None
-        if server not in self._peers:
-            self._peers[server] = ComfyClient(self.s.peers[server], timeout_seconds=self.s.http_timeout_seconds)
-        return self._peers[server]
-
-    # -- the attempt ------------------------------------------------------------------------------------
-
-    def run(self, claim: Claim, chain: Chain | None = None, handoff: Handoff | None = None,
-            posted: Posted | None = None) -> Outcome:
-        """Run the attempt and record its outcome; LeaseLost at any point means: stop, write nothing.
-
-        The server idles from the end of one prompt to the start of the next, so the next job is started
-        as early as it safely can be (``next_claim`` afterwards):
-        - ``handoff``: when the prompt succeeded and the server's broadcast said its queue is empty, the
-          next job is claimed and posted at once, and this job's outputs are downloaded and recorded while
-          the server runs it (``posted_out``: what the next attempt is given as ``posted``);
-        - ``chain``: otherwise a done is recorded together with the next claim, in one transaction.
-        """
+    def __init__(self, station: Station, claim: Claim, next_job: NextJob | None = None,
+                 posted: Posted | None = None) -> None:
+        self.station = station
+        self.s = station.settings
+        self.queue = station.queue
+        self.client = station.client
+        self.clock = station.clock
+        self.wall = station.wall
         self.claim = claim
-        self.chain = chain
-        self.handoff = handoff
+        self.next_job = next_job
         self.posted_in = posted if posted is not None and posted.claim_id == claim.id else None
         self.posted_out: Posted | None = None
         self.next_claim: Claim | None = None
+        self.next_renewed = 0.0
         self.handed_off = False
         """The hand-off was tried (once an attempt: as the end is read, or after the history at the latest)."""
         self.redact = Redactor.for_job(claim.workflow, claim.extra_data)
@@ -197,28 +124,35 @@ class AttemptRunner:
         self.progress_written_at = float("-inf")
         self.live: _Run | None = None
         """The prompt of this job known to be on a server (posted or followed), to stop if the queue goes."""
+
+    def run(self) -> AttemptResult:
+        """Run the attempt (once) and record its outcome; LeaseLost at any point means: stop, write nothing."""
         try:
             outcome = self._attempt()
             outcome.reason = self.redact(outcome.reason)
             self._record(outcome)
         except LeaseLost as exc:
-            return Outcome("lost", str(exc), kind="lease_lost")
+            return AttemptResult(Outcome("lost", str(exc), kind="lease_lost"), self.next_claim, self.posted_out)
         except QueueError as exc:
             self._interrupt(self.live, renew=False)
             if self.live is not None and self.live.stream is not None:
                 self.live.stream.close()  # idempotent; _attempt did not get the run when record_prompt failed
-            return Outcome("lost", f"the queue did not answer ({exc}); the prompt was interrupted and nothing "
-                           "was recorded: the job comes back when its lease expires", kind="queue_unavailable")
-        return outcome
+            return AttemptResult(
+                Outcome("lost", f"the queue did not answer ({exc}); the prompt was interrupted and nothing was "
+                        "recorded: the job comes back when its lease expires", kind="queue_unavailable"),
+                self.next_claim, self.posted_out)
+        return AttemptResult(outcome, self.next_claim, self.posted_out)
 
     def _record(self, o: Outcome) -> None:
         """The outcome, its reason class and the attempt's trace, in one fenced write."""
         self.trace.phase("recorded", self.wall())
         trace = self.trace.as_dict()
         if o.state == "done":
-            more = self.chain(o) if self.chain is not None and self.next_claim is None else None
+            more = self.next_job(self.claim, o) if self.next_job is not None and self.next_claim is None else None
             if more is not None:
-                self.next_claim = self.queue.complete_and_claim(self.claim, o.outputs, trace=trace, **more)
+                self.next_claim = self.queue.complete_and_claim(
+                    self.claim, o.outputs, more.owner, more.server, more.lease_seconds, trace=trace,
+                    prefer_model=more.prefer_model, max_wait_seconds=more.max_wait_seconds)
             else:
                 self.queue.complete(self.claim, o.outputs, trace=trace)
         elif o.state == "retry":
@@ -290,7 +224,7 @@ class AttemptRunner:
             return None  # nothing was ever posted for this job (or a retry of a dead job was asked for)
         places = [self.claim.last_server, self.s.server, *(sorted(self.s.peers) if self.claim.attempt > 1 else [])]
         for server in dict.fromkeys(c for c in places if c):
-            client = self.client_for(server)
+            client = self.station.client_for(server)
             if client is None:
                 continue
             known = self.claim.last_prompt_number if server == self.claim.last_server else None
@@ -309,15 +243,15 @@ class AttemptRunner:
                 self.live = _Run(client, server, live.number, started=live.running)
                 self.queue.record_prompt(self.claim, server, live.number)
                 return self.live
-            if history is None or (known is not None and _number(history) != known):
+            if history is None or (known is not None and prompt_number(history) != known):
                 continue
-            if known is None and _status(history) != "success":
+            if known is None and status_of(history) != "success":
                 continue
-            _judge(history)  # a run that ended in failure: that failure is this attempt's outcome
+            judge(history)  # a run that ended in failure: that failure is this attempt's outcome
             log.info("job %s attempt %d on %s: adopting finished prompt #%s from /history",
-                     self.claim.id[:8], self.claim.attempt, server, _number(history), extra={"event": "adopted"})
+                     self.claim.id[:8], self.claim.attempt, server, prompt_number(history), extra={"event": "adopted"})
             self.trace.phase("adopted", self.wall())
-            return _Run(client, server, _number(history), adopted_entry=history)
+            return _Run(client, server, prompt_number(history), adopted_entry=history)
         return None
 
     # -- 2. post ----------------------------------------------------------------------------------------
@@ -345,7 +279,7 @@ class AttemptRunner:
     def _may_hand_off(self, run: _Run) -> bool:
         """This run has ended on its server (``executing`` with node None), the server's queue is empty, and
         it was followed on this runner's own socket: the server is free for the next job."""
-        return (self.handoff is not None and not self.handed_off and run.end_seen and run.queue_remaining == 0
+        return (self.next_job is not None and not self.handed_off and run.end_seen and run.queue_remaining == 0
                 and run.client is self.client)
 
     def _hand_off(self) -> None:
@@ -355,7 +289,11 @@ class AttemptRunner:
         run somewhere is claimed here but posted by its own attempt, which looks for that run first."""
         self.handed_off = True
         claimed_at = self.wall()
-        nxt = self.handoff() if self.handoff is not None else None
+        more = self.next_job(self.claim, Outcome("done", kind="done", server_free=True)) if self.next_job else None
+        if more is None:
+            return
+        nxt = self.queue.claim(more.owner, more.server, more.lease_seconds, prefer_model=more.prefer_model,
+                               max_wait_seconds=more.max_wait_seconds)
         if nxt is None:
             return
         self.next_claim, self.next_renewed = nxt, self.clock()
@@ -425,7 +363,7 @@ class AttemptRunner:
 
     def _checkpoints(self, run: _Run, now: float) -> None:
         """The deadline, the heartbeat (lease, cancel) and a graceful stop, checked on every wake-up."""
-        self.on_alive()
+        self.station.on_alive()
         self._write_progress()
         if now >= self.next_heartbeat:
             self.next_heartbeat = now + self.s.heartbeat_seconds
@@ -442,7 +380,7 @@ class AttemptRunner:
         if now >= self.deadline:
             self._interrupt(run)
             raise ComfyError(f"timed out after {self.s.timeout_seconds:g} s", "timeout")
-        stop_at = self.stop_deadline()
+        stop_at = self.station.stop_deadline()
         if stop_at is not None and now >= stop_at:
             self._interrupt(run)
             raise _Stop(Outcome("released", "interrupted by a graceful stop; attempt not counted", kind="shutdown"))
@@ -509,21 +447,21 @@ class AttemptRunner:
         """This run's history entry when it succeeded; None while it runs. Raises on failure or loss."""
         entry = self._own_entry(run)
         if entry is not None:
-            return _judge(entry)
+            return judge(entry)
         if any(e.prompt_id == self.claim.id for e in run.client.queue()):
             return None
         # Not in the queue: it finished between the two reads (the history is written before the prompt
         # leaves the queue), or the server lost it.
         entry = self._own_entry(run)
         if entry is not None:
-            return _judge(entry)
+            return judge(entry)
         # The server answered: this is certain, not a reason to wait for it to come back.
         raise ComfyError("the prompt is gone from the server's queue without a history entry "
                          "(the ComfyUI server restarted)", "server_died")
 
     def _own_entry(self, run: _Run) -> dict[str, Any] | None:
         entry = run.client.history(self.claim.id)
-        if entry is not None and (run.number is None or _number(entry) == run.number):
+        if entry is not None and (run.number is None or prompt_number(entry) == run.number):
             return entry
         return None
 
@@ -548,7 +486,7 @@ class AttemptRunner:
                     return
             except ServerUnavailable:
                 return
-            self.on_alive()
+            self.station.on_alive()
             if renew and self.clock() >= self.next_heartbeat:
                 self.next_heartbeat = self.clock() + self.s.heartbeat_seconds
                 self.queue.heartbeat(self.claim, self.s.lease_seconds)
@@ -559,7 +497,7 @@ class AttemptRunner:
     # -- 5. download ------------------------------------------------------------------------------------
 
     def _download(self, run: _Run, entry: dict[str, Any]) -> list[Output]:
-        files = _output_files(entry)
+        files = output_files(entry)
         try:
             named = [(safe_relative(f["filename"], f.get("subfolder") or ""), f) for f in files]
         except (UnsafeName, TypeError) as exc:
@@ -570,14 +508,14 @@ class AttemptRunner:
         self.next_heartbeat = self.clock()
         self._checkpoints(run, self.clock())
         try:
-            self.store.prepare(self.claim.id)
+            self.station.store.prepare(self.claim.id)
         except OSError as exc:  # the job's folder cannot be made: as transient as a file that cannot be written
             raise _store_failure(exc, self.claim.id) from exc
         outputs = []
         for relative, f in named:
             self._checkpoints(run, self.clock())
             try:
-                outputs.append(self.store.write(self.claim.id, relative,
+                outputs.append(self.station.store.write(self.claim.id, relative,
                                                 run.client.view(f["filename"], f.get("subfolder") or "", f["type"])))
             except UnsafeName as exc:
                 raise PermanentError(str(exc), "unsafe_output") from exc
@@ -594,46 +532,3 @@ def _store_failure(exc: OSError, where: str) -> ComfyError:
     whose every attempt crashes its runner would never end while it takes down one runner after another."""
     what = "the result store's disk is full" if is_disk_full(exc) else "cannot write to the result store"
     return ComfyError(f"{what}: {exc.strerror} ({where})", "store")
-
-
-def _number(entry: dict[str, Any]) -> int | None:
-    prompt = entry.get("prompt")
-    return prompt[0] if isinstance(prompt, list) and prompt else None
-
-
-def _status(entry: dict[str, Any]) -> str | None:
-    return (entry.get("status") or {}).get("status_str")
-
-
-def _judge(entry: dict[str, Any]) -> dict[str, Any]:
-    """A finished run's history entry: returned when it succeeded, else its failure is raised."""
-    status = _status(entry)
-    if status == "success":
-        return entry
-    messages = dict((m[0], m[1]) for m in (entry.get("status") or {}).get("messages") or []
-                    if isinstance(m, list) and len(m) == 2)
-    if "execution_error" in messages:
-        failure = execution_failure(messages["execution_error"])
-        raise (ComfyError if failure.transient else PermanentError)(failure.reason, failure.kind)
-    if "execution_interrupted" in messages:
-        raise ComfyError("execution_interrupted, not asked for by comfysup", "interrupted")
-    raise ComfyError(f"ComfyUI reported status {status!r} without an error message", "execution_error")
-
-
-def _output_files(entry: dict[str, Any]) -> list[dict[str, Any]]:
-    """The files a history entry names: 'output' ones, or the 'temp' previews when there are none."""
-    found: dict[str, list[dict[str, Any]]] = {t: [] for t in OUTPUT_TYPES}
-    seen: set[tuple[str, str, str]] = set()
-    for node in (entry.get("outputs") or {}).values():
-        if not isinstance(node, dict):
-            continue
-        for items in node.values():
-            if not isinstance(items, list):
-                continue
-            for item in items:
-                if isinstance(item, dict) and "filename" in item and item.get("type", "output") in found:
-                    key = (item.get("type", "output"), item.get("subfolder") or "", str(item["filename"]))
-                    if key not in seen:
-                        seen.add(key)
-                        found[key[0]].append({**item, "type": key[0]})
-    return found["output"] or found["temp"]

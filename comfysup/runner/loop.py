@@ -34,9 +34,10 @@ from comfysup.logs import bind, job_context
 from comfysup.queue import open_queue
 from comfysup.queue.base import Claim, Queue, host_name
 from comfysup.redact import Redactor, bound
-from comfysup.runner.attempt import AttemptRunner, AttemptSettings, Outcome, Posted
+from comfysup.runner.attempt import Attempt
 from comfysup.runner.client import CLIENT_PREFIX, ServerUnavailable
-from comfysup.runner.retry import RetryPolicy
+from comfysup.runner.result import NextClaim, Outcome, Posted
+from comfysup.runner.station import AttemptSettings, Station
 from comfysup.runner.store import ResultStore
 
 log = logging.getLogger("comfysup.runner")
@@ -59,16 +60,8 @@ def owner_pid(owner: str) -> int | None:
     return int(parts[1]) if len(parts) >= 2 and parts[1].isdigit() else None
 
 
-def settings_from(config: Config, server: str, url: str, peers: dict[str, str]) -> AttemptSettings:
-    r = config.runner
-    return AttemptSettings(
-        server=server, url=url,
-        policy=RetryPolicy(attempts=r.attempts, base_delay_seconds=r.base_delay_seconds,
-                           max_delay_seconds=r.max_delay_seconds, jitter=r.jitter),
-        timeout_seconds=r.timeout_seconds, poll_seconds=r.poll_seconds, lease_seconds=r.lease_seconds,
-        heartbeat_seconds=r.heartbeat_seconds, http_timeout_seconds=r.http_timeout_seconds,
-        server_lost_seconds=max(r.http_timeout_seconds, 10.0),
-        peers={k: v for k, v in peers.items() if k != server})
+settings_from = AttemptSettings.from_config
+"""A runner's attempt settings, from [runner] (the one place their defaults are written)."""
 
 
 @dataclass
@@ -100,14 +93,12 @@ class Runner:
         """Called with (claim, None) when an attempt starts and (claim, outcome) when it ends: a supervisor
         learns the current job and counts jobs per server (for recycling) without asking the queue."""
         store = ResultStore(config.resolve(config.store.dir), config.store.max_file_mb * 2**20)
-        self.attempts = AttemptRunner(settings_from(config, server, url, peers or {}), self.queue, store,
-                                      stop_deadline=lambda: self.state.stop_deadline, on_alive=on_alive)
+        self.station = Station(settings_from(config, server, url, peers or {}), self.queue, store,
+                               stop_deadline=lambda: self.state.stop_deadline, on_alive=on_alive)
         self.idle_seconds = min(config.runner.poll_seconds, 0.25)
         self.last_model: str | None = None
         """The model key of what this runner's server ran last (None: unknown, or unloaded since)."""
         self._counted: str | None = None
-        self._posted: Posted | None = None
-        """The next job's prompt, posted by the last attempt's handoff."""
 
     # -- signals --------------------------------------------------------------------------------------
 
@@ -128,11 +119,12 @@ class Runner:
         """Claim and run until stopped (or, with until_empty, until no job is left to do)."""
         self._cache_object_info()
         claim: Claim | None = None
+        posted: Posted | None = None  # claim's prompt, posted by the last attempt's hand-off
         try:
             while not self.state.stopping:
                 self.on_alive()
-                if claim is not None:  # claimed by the last attempt: its handoff, or with its done
-                    claim = self.run_one(claim)
+                if claim is not None:  # claimed by the last attempt: at its hand-off, or with its done
+                    claim, posted = self.run_one(claim, posted)
                     continue
                 free = self.may_claim() and self._server_free()
                 try:
@@ -152,17 +144,17 @@ class Runner:
                     # idle_seconds, so a stop flag set by a signal is seen soon.
                     self.queue.wait_for_work(self.idle_seconds)
                     continue
-                claim = self.run_one(claim)
-            while claim is not None and self._posted is not None and self._posted.claim_id == claim.id:
-                # Stopping with a job already posted by a handoff: its attempt follows it through the grace
+                claim, posted = self.run_one(claim)
+            while claim is not None and posted is not None:
+                # Stopping with a job already posted by a hand-off: its attempt follows it through the grace
                 # and interrupts it after, as any running job; left alone it would run here unowned.
-                claim = self.run_one(claim)
+                claim, posted = self.run_one(claim, posted)
             if claim is not None:  # stopping with a job claimed and not started: give it back, uncounted
                 with contextlib.suppress(QueueError):
                     self.queue.release(claim, "the runner stopped before starting it", count_attempt=False,
                                        kind="shutdown")
         finally:
-            self.attempts.close()
+            self.station.close()
             self.queue.close()
         return self.state.counts
 
@@ -194,20 +186,20 @@ class Runner:
                      time.monotonic() - self.queue_down_since)
             self.queue_down_since = None
 
-    def run_one(self, claim: Claim) -> Claim | None:
-        """One attempt; returns the next job when it was claimed together with this one's done."""
+    def run_one(self, claim: Claim, posted: Posted | None = None) -> tuple[Claim | None, Posted | None]:
+        """One attempt (``posted``: its prompt, posted by the last attempt's hand-off); returns the next job
+        when this attempt claimed it, and its prompt when the hand-off posted it too."""
         with job_context(claim.id, claim.attempt, Redactor.for_job(claim.workflow, claim.extra_data)):
             self.on_job(claim, None)
             self._counted = None
-            posted, self._posted = self._posted, None
-            outcome = self.attempts.run(claim, chain=self._chain, handoff=self._handoff, posted=posted)
-            self._posted = self.attempts.posted_out
+            result = Attempt(self.station, claim, self._next_job, posted).run()
+            outcome = result.outcome
             self.state.counts[outcome.state] += 1
             if self._counted != claim.id:
                 self.on_job(claim, outcome)
             self.last_model = self._model_after(claim, outcome)
             self._log(claim, outcome)
-        return self.attempts.next_claim
+        return result.next_claim, result.posted
 
     def _affinity(self) -> dict[str, Any]:
         """The claim's model preference: the model its server ran last, within [runner]
@@ -222,17 +214,6 @@ class Runner:
             return None
         return claim.model_key
 
-    def _handoff(self) -> Claim | None:
-        """The next job, claimed while the last prompt's files are still to be downloaded (see
-        AttemptRunner.run); the attempt is counted first, as in ``_chain``."""
-        claim = self.attempts.claim
-        self._count(claim, Outcome("done", kind="done"))
-        if self.state.stopping or not self.may_claim():
-            return None
-        return self.queue.claim(self.owner, self.server, self.config.runner.lease_seconds,
-                                prefer_model=claim.model_key,
-                                max_wait_seconds=self.config.runner.affinity_max_wait_seconds)
-
     def _count(self, claim: Claim, outcome: Outcome) -> None:
         """The attempt is over on the server: counted before the next claim is considered (a supervisor
         recycling after N jobs must see this one before it answers may_claim), and only once."""
@@ -240,24 +221,24 @@ class Runner:
             self.on_job(claim, outcome)
             self._counted = claim.id
 
-    def _chain(self, outcome: Outcome) -> dict[str, Any] | None:
-        """Whether to claim the next job in the transaction that records this done (see AttemptRunner.run).
+    def _next_job(self, claim: Claim, outcome: Outcome) -> NextClaim | None:
+        """Whether the attempt of ``claim`` may claim the next job for this server now (see Attempt): at its
+        hand-off, or in the transaction that records its done.
 
         The server is free when its own broadcast said so; otherwise GET /queue decides, as before any
         claim."""
-        claim = self.attempts.claim
         self._count(claim, outcome)
         if self.state.stopping or not self.may_claim():
             return None
         if not outcome.server_free and not self._server_free():
             return None
-        return {"owner": self.owner, "server": self.server, "lease_seconds": self.config.runner.lease_seconds,
-                "prefer_model": claim.model_key, "max_wait_seconds": self.config.runner.affinity_max_wait_seconds}
+        r = self.config.runner
+        return NextClaim(self.owner, self.server, r.lease_seconds, claim.model_key, r.affinity_max_wait_seconds)
 
     def _server_free(self) -> bool:
         """The server answers and holds fewer than max_queue prompts of other clients."""
         try:
-            entries = self.attempts.client.queue()
+            entries = self.station.client.queue()
         except ServerUnavailable:
             return False
         others = sum(1 for e in entries if not (e.client_id or "").startswith(CLIENT_PREFIX))
@@ -270,7 +251,7 @@ class Runner:
             if path.exists() and time.time() - path.stat().st_mtime < OBJECT_INFO_MAX_AGE_SECONDS:
                 return
         with contextlib.suppress(Exception):
-            info = self.attempts.client.object_info()
+            info = self.station.client.object_info()
             tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
             tmp.write_text(json.dumps(info))
             os.replace(tmp, path)

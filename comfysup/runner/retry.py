@@ -1,8 +1,9 @@
-"""What to do after a failed attempt: a pure decision, tested as a table (procrastinate's RetryStrategy).
+"""What a failure is, and what to do after it: a pure decision, tested as a table (procrastinate's
+RetryStrategy).
 
-Transient failures are retried after ``random(0, min(cap, base × 2^(attempt-1)))`` — full jitter, so
-runners that failed together do not retry together — until ``attempts`` is spent; then the job is dead
-with ``gave up after N attempts, last: <reason>``. Permanent failures are dead at once.
+Transient failures are retried after the policy's full-jitter backoff (comfysup.backoff) until
+``attempts`` is spent; then the job is dead with ``gave up after N attempts, last: <reason>``. Permanent
+failures are dead at once. Which failures are transient is decided here (DESIGN.md's failure table).
 """
 
 from __future__ import annotations
@@ -13,8 +14,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from comfysup.backoff import RetryPolicy
+
 OOM_TYPES = frozenset({"torch.OutOfMemoryError", "torch.cuda.OutOfMemoryError", "OutOfMemoryError"})
 OOM_MESSAGE = re.compile(r"out of memory|allocation on device", re.I)
+__all__ = ["Decision", "Failure", "RetryPolicy", "decide", "execution_failure", "gave_up", "is_oom"]
 
 
 @dataclass(frozen=True)
@@ -24,19 +28,6 @@ class Failure:
     kind: str
     reason: str
     transient: bool
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    attempts: int = 4
-    base_delay_seconds: float = 2.0
-    max_delay_seconds: float = 60.0
-    jitter: bool = True
-
-    def backoff(self, attempt: int, rand: Callable[[], float] = random.random) -> float:
-        """Seconds to wait before the attempt after ``attempt`` (1-based)."""
-        ceiling = min(self.max_delay_seconds, self.base_delay_seconds * 2 ** max(attempt - 1, 0))
-        return ceiling * rand() if self.jitter else ceiling
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,57 @@
+"""Reading a ComfyUI /history entry: which run it is, how it ended, which files it made (pure functions).
+
+An entry is a server's record of one finished run of a prompt id; ``prompt[0]`` is the number POST /prompt
+returned, which tells this run's entry from another run of the same id.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from comfysup.runner.client import ComfyError, PermanentError
+from comfysup.runner.retry import execution_failure
+
+OUTPUT_TYPES = ("output", "temp")
+
+
+def prompt_number(entry: dict[str, Any]) -> int | None:
+    prompt = entry.get("prompt")
+    return prompt[0] if isinstance(prompt, list) and prompt else None
+
+
+def status_of(entry: dict[str, Any]) -> str | None:
+    return (entry.get("status") or {}).get("status_str")
+
+
+def judge(entry: dict[str, Any]) -> dict[str, Any]:
+    """A finished run's history entry: returned when it succeeded, else its failure is raised."""
+    status = status_of(entry)
+    if status == "success":
+        return entry
+    messages = dict((m[0], m[1]) for m in (entry.get("status") or {}).get("messages") or []
+                    if isinstance(m, list) and len(m) == 2)
+    if "execution_error" in messages:
+        failure = execution_failure(messages["execution_error"])
+        raise (ComfyError if failure.transient else PermanentError)(failure.reason, failure.kind)
+    if "execution_interrupted" in messages:
+        raise ComfyError("execution_interrupted, not asked for by comfysup", "interrupted")
+    raise ComfyError(f"ComfyUI reported status {status!r} without an error message", "execution_error")
+
+
+def output_files(entry: dict[str, Any]) -> list[dict[str, Any]]:
+    """The files a history entry names: 'output' ones, or the 'temp' previews when there are none."""
+    found: dict[str, list[dict[str, Any]]] = {t: [] for t in OUTPUT_TYPES}
+    seen: set[tuple[str, str, str]] = set()
+    for node in (entry.get("outputs") or {}).values():
+        if not isinstance(node, dict):
+            continue
+        for items in node.values():
+            if not isinstance(items, list):
+                continue
+            for item in items:
+                if isinstance(item, dict) and "filename" in item and item.get("type", "output") in found:
+                    key = (item.get("type", "output"), item.get("subfolder") or "", str(item["filename"]))
+                    if key not in seen:
+                        seen.add(key)
+                        found[key[0]].append({**item, "type": key[0]})
+    return found["output"] or found["temp"]

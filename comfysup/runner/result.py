@@ -1,0 +1,70 @@
+"""What an attempt returns, and what it asks the runner: plain values handed from one attempt to the next.
+
+An attempt ends in one :class:`Outcome`. When the runner goes on, the attempt also claims the runner's next
+job (the claim's arguments, a :class:`NextClaim`, come from the runner's ``NextJob``) and, at the hand-off,
+posts its prompt (:class:`Posted`); all three come back in an :class:`AttemptResult`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from comfysup.queue.base import Claim, Output
+from comfysup.runner.client import ComfyError
+
+
+@dataclass
+class Outcome:
+    """What an attempt ended in, as recorded: done, retry, dead, cancelled, released, or lost."""
+
+    state: str
+    reason: str = ""
+    kind: str = ""
+    outputs: list[Output] = field(default_factory=list)
+    delay_seconds: float = 0.0
+    adopted: bool = False
+    server_free: bool = False
+    """The server's own broadcast said its queue was empty once this prompt left it: the runner may claim
+    the next job without asking GET /queue (see Runner._next_job)."""
+
+
+@dataclass(frozen=True)
+class NextClaim:
+    """The arguments of a claim of the next job for this server (Queue.claim, Queue.complete_and_claim)."""
+
+    owner: str
+    server: str
+    lease_seconds: float
+    prefer_model: str | None
+    max_wait_seconds: float
+
+
+NextJob = Callable[[Claim, Outcome], NextClaim | None]
+"""The runner, asked whether the next job may be claimed now that this one is over on the server: the
+claim to make, or None. Asked once the prompt succeeded and the server said its queue is empty (the
+hand-off, with ``server_free``), and again, unless a job was claimed then, just before the done is recorded
+(the claim then rides in the done's transaction). The runner counts the attempt when first asked."""
+
+
+@dataclass(frozen=True)
+class Posted:
+    """The next job's prompt, posted by the previous attempt the moment its own run ended: where the next
+    attempt starts instead of posting (``error``: what the post raised, the next attempt's failure)."""
+
+    claim_id: str
+    claimed_at: float
+    posted_at: float
+    number: int | None = None
+    error: ComfyError | None = None
+
+
+@dataclass(frozen=True)
+class AttemptResult:
+    """What an attempt did: its outcome (recorded, unless ``lost``) and the next job it claimed, if any."""
+
+    outcome: Outcome
+    next_claim: Claim | None = None
+    """Claimed for this server by this attempt, at its hand-off or with its done: the runner's next job."""
+    posted: Posted | None = None
+    """``next_claim``'s prompt, already posted by the hand-off: its attempt follows it instead of posting."""

@@ -1,0 +1,94 @@
+"""What a runner keeps from one attempt to the next: its attempt settings, and the :class:`Station`.
+
+A Station holds one server's client (its kept WebSocket included), clients of peer servers (opened when
+first needed, for catch-up), the queue, the result store, and the runner's hooks and clocks. Attempts
+come and go (comfysup.runner.attempt); the station is made once per runner and closed with it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from comfysup.backoff import RetryPolicy
+from comfysup.config import Config
+from comfysup.queue.base import Queue
+from comfysup.runner.client import ComfyClient
+from comfysup.runner.store import ResultStore
+
+SERVER_LOST_MIN_SECONDS = 10.0
+"""A server unreachable this long (or [runner] http_timeout_seconds, if longer) is taken as dead."""
+LEAVE_QUEUE_SECONDS = 60.0
+"""How long to wait for an interrupted prompt to leave the server's queue."""
+
+
+@dataclass(frozen=True)
+class AttemptSettings:
+    """A runner's settings for its attempts; no defaults here: they are [runner]'s, in comfysup.config."""
+
+    server: str
+    url: str
+    policy: RetryPolicy
+    timeout_seconds: float
+    poll_seconds: float
+    lease_seconds: float
+    heartbeat_seconds: float
+    http_timeout_seconds: float
+    server_lost_seconds: float
+    """A server unreachable this long while it holds our prompt is taken as dead (transient)."""
+    leave_queue_seconds: float
+    """How long to wait for an interrupted prompt to leave the server's queue."""
+    peers: dict[str, str]
+    """Other servers by name, where an earlier attempt of a job may have run (for catch-up)."""
+
+    @classmethod
+    def from_config(cls, config: Config, server: str, url: str, peers: dict[str, str]) -> AttemptSettings:
+        r = config.runner
+        return cls(
+            server=server, url=url,
+            policy=RetryPolicy(attempts=r.attempts, base_delay_seconds=r.base_delay_seconds,
+                               max_delay_seconds=r.max_delay_seconds, jitter=r.jitter),
+            timeout_seconds=r.timeout_seconds, poll_seconds=r.poll_seconds, lease_seconds=r.lease_seconds,
+            heartbeat_seconds=r.heartbeat_seconds, http_timeout_seconds=r.http_timeout_seconds,
+            server_lost_seconds=max(r.http_timeout_seconds, SERVER_LOST_MIN_SECONDS),
+            leave_queue_seconds=LEAVE_QUEUE_SECONDS,
+            peers={k: v for k, v in peers.items() if k != server})
+
+
+class Station:
+    """What one runner's attempts share, kept from one attempt to the next: one server, one queue, one
+    result store, the server's client (its kept WebSocket included), and clients of peer servers."""
+
+    def __init__(self, settings: AttemptSettings, queue: Queue, store: ResultStore,
+                 stop_deadline: Callable[[], float | None] = lambda: None,
+                 on_alive: Callable[[], None] = lambda: None,
+                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> None:
+        self.settings = settings
+        self.queue = queue
+        self.store = store
+        self.client = ComfyClient(settings.url, timeout_seconds=settings.http_timeout_seconds)
+        self._peers: dict[str, ComfyClient] = {}
+        self.stop_deadline = stop_deadline
+        """When a graceful stop's grace ends (monotonic), or None: running attempts are released then."""
+        self.on_alive = on_alive
+        self.clock = clock
+        self.wall = wall
+        """Epoch time for the trace (stored); ``clock`` (monotonic) for deadlines and throttles."""
+
+    def close(self) -> None:
+        self.client.close()
+        for peer in self._peers.values():
+            peer.close()
+
+    def client_for(self, server: str | None) -> ComfyClient | None:
+        if server is None:
+            return None
+        if server == self.settings.server:
+            return self.client
+        if server not in self.settings.peers:
+            return None
+        if server not in self._peers:
+            self._peers[server] = ComfyClient(self.settings.peers[server],
+                                              timeout_seconds=self.settings.http_timeout_seconds)
+        return self._peers[server]

@@ -1,0 +1,86 @@
+"""An Attempt lives one attempt and returns what happened as a value: its outcome, and the next job it
+claimed for the runner (with that job's prompt when the hand-off posted it already)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from comfysup.config import Config, RunnerConfig
+from comfysup.queue.base import Claim
+from comfysup.runner.attempt import Attempt
+from comfysup.runner.result import NextClaim, Outcome
+from comfysup.runner.station import AttemptSettings, Station
+from comfysup.runner.store import ResultStore
+from fake_comfy import FakeComfy
+from tests.runner_helpers import config_of, job_id, submit, trivial_job, write_config
+
+
+@pytest.fixture
+def fake(tmp_path: Path) -> Any:
+    server = FakeComfy(base_directory=tmp_path / "fake", node_ms=2)
+    server.start()
+    yield server
+    server.stop()
+
+
+def test_attempt_settings_have_no_defaults_of_their_own() -> None:
+    """[runner]'s declarations in comfysup.config are the only place a default is written."""
+    with pytest.raises(TypeError):
+        AttemptSettings(server="cpu0", url="http://x")  # type: ignore[call-arg]
+    s = AttemptSettings.from_config(Config(), "cpu0", "http://x", {"cpu0": "http://x", "cpu1": "http://y"})
+    r = RunnerConfig()
+    assert (s.policy.attempts, s.policy.base_delay_seconds, s.policy.max_delay_seconds, s.policy.jitter) == \
+        (r.attempts, r.base_delay_seconds, r.max_delay_seconds, r.jitter)
+    assert (s.timeout_seconds, s.poll_seconds, s.lease_seconds, s.heartbeat_seconds, s.http_timeout_seconds) == \
+        (r.timeout_seconds, r.poll_seconds, r.lease_seconds, r.heartbeat_seconds, r.http_timeout_seconds)
+    assert s.peers == {"cpu1": "http://y"}  # not itself
+
+
+@pytest.mark.timeout(60)
+def test_the_next_claim_and_its_posted_prompt_come_back_as_values(tmp_path: Path, fake: FakeComfy) -> None:
+    config = write_config(tmp_path)
+    queue = submit(config, [trivial_job(1), trivial_job(2), trivial_job(3)])
+    station = Station(AttemptSettings.from_config(config_of(config), "cpu0", fake.url, {}), queue,
+                      ResultStore(tmp_path / "store", 1 << 30))
+    asked: list[tuple[str, Outcome]] = []
+
+    def next_job(claim: Claim, outcome: Outcome) -> NextClaim | None:
+        asked.append((claim.id, dataclasses.replace(outcome)))
+        return NextClaim("runner-a", "cpu0", 30, claim.model_key, 0)
+
+    first = queue.claim("runner-a", "cpu0", lease_seconds=30)
+    assert first is not None
+    result = Attempt(station, first, next_job).run()
+    assert result.outcome.state == "done" and result.next_claim is not None
+    assert result.next_claim.id == job_id(2) and result.posted is not None
+    assert (result.posted.claim_id, result.posted.error) == (job_id(2), None)
+    assert [(i, o.server_free) for i, o in asked] == [(job_id(1), True)]  # the hand-off, once
+    assert fake.stats()["prompts"][job_id(2)]["posted"] == 1  # posted before job 1's done was recorded
+
+    # The next attempt starts from the value: it follows the posted prompt and does not post it again.
+    second = Attempt(station, result.next_claim, posted=result.posted).run()
+    assert (second.outcome.state, second.next_claim, second.posted) == ("done", None, None)
+    assert fake.stats()["prompts"][job_id(2)]["posted"] == 1
+    assert queue.get(job_id(3)).state == "queued"  # no next_job: nothing claimed
+    station.close()
+    queue.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_posted_prompt_of_another_job_is_ignored(tmp_path: Path, fake: FakeComfy) -> None:
+    config = write_config(tmp_path)
+    queue = submit(config, [trivial_job(1), trivial_job(2)])
+    station = Station(AttemptSettings.from_config(config_of(config), "cpu0", fake.url, {}), queue,
+                      ResultStore(tmp_path / "store", 1 << 30))
+    first = queue.claim("runner-a", "cpu0", lease_seconds=30)
+    assert first is not None
+    result = Attempt(station, first, lambda claim, o: NextClaim("runner-a", "cpu0", 30, None, 0)).run()
+    assert result.next_claim is not None and result.posted is not None
+    other = dataclasses.replace(result.posted, claim_id=job_id(9))
+    assert Attempt(station, result.next_claim, posted=other).posted_in is None
+    station.close()
+    queue.close()
