@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-# ==== fake_comfy fixtures (owned by fake_comfy; see tests/test_fake_comfy.py) ===========================
+# ==== fake_comfy fixtures (owned by fake_comfy; see tests/acceptance/test_fake_comfy.py) ===========================
 
 if TYPE_CHECKING:
     from fake_comfy import FakeComfy

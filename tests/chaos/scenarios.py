@@ -253,7 +253,7 @@ def k4_submit_kills(tmp: Path, seed: int, *, kills: int, lines: int = 2000) -> R
     over a calibrated full run (start-up, validation, insert, commit), each time with a new file, into
     one queue that keeps growing: each file is in the queue whole or not at all, and the database passes
     its integrity check. Half the killed files are submitted again, as a person would: they go in whole.
-    tests/test_submit_kill.py kills a 10,000-line file into fresh queues; this is the same kill into a
+    tests/acceptance/test_submit_kill.py kills a 10,000-line file into fresh queues; this is the same kill into a
     live queue, many times, with the checker's accounting."""
     from test_submit_kill import _kill  # the same kill-and-check as the single-queue test
 

@@ -23,7 +23,7 @@ import requests
 
 from fake_comfy import FakeComfy
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 TRIVIAL = json.loads((REPO / "examples" / "workflows" / "trivial.json").read_text())
 
 

@@ -16,7 +16,7 @@ from comfysup.runner import wire
 from comfysup.runner.wire import Malformed
 
 pytestmark = pytest.mark.timeout(120)
-RECORDED = Path(__file__).resolve().parents[2] / "shared" / "recorded"
+RECORDED = Path(__file__).resolve().parents[3] / "shared" / "recorded"
 
 
 def recorded(name: str) -> dict[str, Any]:

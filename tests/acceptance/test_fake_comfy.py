@@ -39,8 +39,8 @@ from fake_comfy.options import MAXIMUM_HISTORY_SIZE
 from fake_comfy.script import ScriptError
 from fake_comfy.server import BUSY_CLIENT_ID, trivial_prompt
 
-ROOT = Path(__file__).resolve().parents[1]
-RECORDED = Path(__file__).resolve().parents[2] / "shared" / "recorded"
+ROOT = Path(__file__).resolve().parents[2]
+RECORDED = Path(__file__).resolve().parents[3] / "shared" / "recorded"
 COMFYUI_DIR = os.environ.get("COMFYUI_DIR")
 AIOHTTP_500 = "500 Internal Server Error\n\nServer got itself in trouble"
 TIMEOUT = 10.0
