@@ -5,15 +5,18 @@ trips a 30 s read timeout, and a download could outlive the job's ``timeout_seco
 minutes. The runner is one blocking thread per process, so the classic answer fits: ``ITIMER_REAL`` is
 armed for the earliest deadline in force, and its SIGALRM handler raises :class:`DeadlineExceeded` in the
 middle of the read. Deadlines nest (a call's own bound inside the attempt's): the timer always holds the
-earliest, and leaving a block re-arms the one around it.
+earliest, and leaving a block re-arms the one around it. :func:`shorten` brings every deadline in force to
+a graceful stop's grace, from the SIGTERM handler itself.
 
-After a DeadlineExceeded the connection it interrupted is in an unknown state: the client drops it.
+Queue transactions must never be cut in the middle (a PostgreSQL connection interrupted mid-query is
+left unusable): inside :func:`deferred` the alarm only notes that it fell, and the exception is raised as
+the block ends. After a DeadlineExceeded the ComfyUI connection it interrupted is in an unknown state: the
+client drops it.
 
 A timer that was armed before (pytest-timeout's, in the tests) is kept: its handler and due time are
 saved when the first deadline is armed, called if it falls first, and restored when the last one ends.
-
-Only the main thread of a process can take signals; elsewhere (a test's thread) the deadlines are kept and
-checked between reads by :func:`check`, but nothing interrupts a read.
+Only the main thread of a process can take signals; each thread keeps its own deadlines, and in any other
+thread they are checked between reads by :func:`check` but interrupt nothing.
 """
 
 from __future__ import annotations
@@ -24,40 +27,60 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+
+@dataclass(eq=False)
+class Due:
+    """One deadline: when (monotonic), whose (``the job's timeout of 600 s``) and what kind of bound."""
+
+    at: float
+    what: str
+    kind: str = "call"
+    """call (one HTTP call's own bound), attempt (the job's timeout), stop (a stop signal's grace)."""
 
 
 class DeadlineExceeded(Exception):
-    """The earliest deadline in force passed; ``what`` says whose (``the job's timeout of 600 s``)."""
+    """The earliest deadline in force passed; ``due`` says which."""
 
-    def __init__(self, what: str) -> None:
-        super().__init__(what)
-        self.what = what
+    def __init__(self, due: Due) -> None:
+        super().__init__(due.what)
+        self.due = due
+        self.what = due.what
+        self.kind = due.kind
 
 
-_stack: list[tuple[float, str]] = []
-"""(monotonic time, what) of each deadline in force, innermost last."""
-_ceiling: tuple[float, str] | None = None
-"""A bound on every deadline, set by :func:`shorten` (a graceful stop's grace period)."""
+class _State(threading.local):
+    def __init__(self) -> None:
+        self.stack: list[Due] = []
+        self.ceiling: Due | None = None
+        self.deferring = 0
+        self.fell: Due | None = None
+
+
+_state = _State()
+_main: _State | None = None
+"""The main thread's state, which the SIGALRM handler reads (it runs in the main thread)."""
 _foreign: tuple[object, float | None] | None = None
 """The SIGALRM handler and the due time of a timer armed before ours took the signal over."""
 _clock: Callable[[], float] = time.monotonic
 
 
-def _main_thread() -> bool:
+def _is_main() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
-def _earliest() -> tuple[float, str] | None:
-    """The deadline that falls first among those in force, the ceiling included; None when none is."""
-    if not _stack:
+def _earliest(state: _State) -> Due | None:
+    """The deadline that falls first among those in force, a stop's ceiling included; None when none is."""
+    if not state.stack:
         return None
-    first = min(_stack)
-    return _ceiling if _ceiling is not None and _ceiling[0] < first[0] else first
+    first = min(state.stack, key=lambda d: d.at)
+    return state.ceiling if state.ceiling is not None and state.ceiling.at < first.at else first
 
 
 def _on_alarm(signum: int, frame: object) -> None:
-    now = _clock()
     global _foreign
+    now = _clock()
     if _foreign is not None and _foreign[1] is not None and now >= _foreign[1] - 0.001:
         handler = _foreign[0]
         _foreign = (handler, None)  # a one-shot timer: it has fallen
@@ -65,9 +88,13 @@ def _on_alarm(signum: int, frame: object) -> None:
         if callable(handler):
             handler(signum, frame)  # the earlier timer's own action (pytest-timeout fails the test)
         return
-    due = _earliest()
-    if due is not None and now >= due[0] - 0.001:
-        raise DeadlineExceeded(due[1])
+    state = _main if _main is not None else _state
+    due = _earliest(state)
+    if due is not None and now >= due.at - 0.001:
+        if state.deferring:
+            state.fell = due  # raised when the deferred block ends
+            return
+        raise DeadlineExceeded(due)
     _arm()  # woken early (another deadline was re-armed): sleep on
 
 
@@ -79,15 +106,15 @@ def _release() -> None:
     handler, due = _foreign
     _foreign = None
     signal.signal(signal.SIGALRM, handler)  # type: ignore[arg-type]
-    left = 0.0 if due is None else max(due - _clock(), 0.001)
-    signal.setitimer(signal.ITIMER_REAL, left)
+    signal.setitimer(signal.ITIMER_REAL, 0.0 if due is None else max(due - _clock(), 0.001))
 
 
 def _arm() -> None:
-    global _foreign
-    if not _main_thread():
+    global _foreign, _main
+    if not _is_main():
         return
-    due = _earliest()
+    _main = _state
+    due = _earliest(_state)
     if due is None:
         _release()
         return
@@ -95,59 +122,88 @@ def _arm() -> None:
         left = signal.getitimer(signal.ITIMER_REAL)[0]
         _foreign = (signal.getsignal(signal.SIGALRM), _clock() + left if left > 0 else None)
         signal.signal(signal.SIGALRM, _on_alarm)
-    first = due[0] if _foreign[1] is None else min(due[0], _foreign[1])
+    first = due.at if _foreign[1] is None else min(due.at, _foreign[1])
     signal.setitimer(signal.ITIMER_REAL, max(first - _clock(), 0.001))
 
 
 @contextlib.contextmanager
-def within(seconds: float, what: str) -> Iterator[None]:
-    """Raise DeadlineExceeded(what) if the block is still running ``seconds`` from now (``inf``: no bound)."""
-    if math.isinf(seconds):
-        yield
+def within(seconds: float, what: str, kind: str = "call") -> Iterator[Due]:
+    """Raise DeadlineExceeded if the block is still running ``seconds`` from now (``inf``: no bound). Yields
+    the deadline, so a caller can tell its own (``exc.due is due``) from one around it."""
+    due = Due(_clock() + max(seconds, 0.0) if not math.isinf(seconds) else math.inf, what, kind)
+    if math.isinf(due.at):
+        yield due
         return
-    entry = (_clock() + max(seconds, 0.0), what)
-    _stack.append(entry)
+    _state.stack.append(due)
+    _arm()
+    try:
+        yield due
+    finally:
+        _state.stack.remove(due)
+        _arm()
+
+
+def until(at_monotonic: float, what: str, kind: str = "call") -> contextlib.AbstractContextManager[Due]:
+    """Like :func:`within`, for an absolute monotonic time."""
+    return within(at_monotonic - _clock(), what, kind)
+
+
+@contextlib.contextmanager
+def deferred() -> Iterator[None]:
+    """No DeadlineExceeded inside the block (a queue transaction); one that fell is raised as it ends."""
+    _state.deferring += 1
+    try:
+        yield
+    finally:
+        _state.deferring -= 1
+    if not _state.deferring:
+        fell, _state.fell = _state.fell, None
+        if fell is not None and (fell in _state.stack or fell is _state.ceiling):
+            raise DeadlineExceeded(fell)
+
+
+@contextlib.contextmanager
+def suspended() -> Iterator[None]:
+    """No deadline in force inside the block (an interrupt that must finish after the deadline that caused
+    it); those around it come back as it ends."""
+    saved, _state.stack = _state.stack, []
     _arm()
     try:
         yield
     finally:
-        _stack.remove(entry)
+        _state.stack = saved
         _arm()
-
-
-def until(at_monotonic: float, what: str) -> contextlib.AbstractContextManager[None]:
-    """Like :func:`within`, for an absolute monotonic time."""
-    return within(at_monotonic - _clock(), what)
 
 
 def remaining() -> float:
     """Seconds until the earliest deadline in force (``inf`` when none)."""
-    due = _earliest()
-    return math.inf if due is None else due[0] - _clock()
+    due = _earliest(_state)
+    return math.inf if due is None else due.at - _clock()
 
 
 def check() -> None:
     """Raise DeadlineExceeded when the earliest deadline has passed: for loops between reads, and for
     threads that the timer cannot interrupt."""
-    due = _earliest()
-    if due is not None and _clock() >= due[0]:
-        raise DeadlineExceeded(due[1])
+    due = _earliest(_state)
+    if due is not None and _clock() >= due.at:
+        raise DeadlineExceeded(due)
 
 
 def shorten(seconds: float, what: str) -> None:
-    """Bring every deadline in force to at most ``seconds`` from now: a stop asked for by SIGTERM gives the
-    running job ``grace_seconds``, wherever it is blocked. Called from a signal handler too."""
-    global _ceiling
+    """Bring every deadline in force, now and later, to at most ``seconds`` from now (kind ``stop``): a stop
+    asked for by SIGTERM gives the running job ``grace_seconds``, wherever it is blocked. Safe to call from
+    a signal handler."""
     at = _clock() + max(seconds, 0.0)
-    if _ceiling is None or at < _ceiling[0]:
-        _ceiling = (at, what)
+    if _state.ceiling is None or at < _state.ceiling.at:
+        _state.ceiling = Due(at, what, "stop")
     _arm()
 
 
 def reset() -> None:
     """Forget every deadline and disarm the timer (a forked child starts clean)."""
-    global _ceiling
-    _stack.clear()
-    _ceiling = None
-    if _main_thread():
+    _state.stack.clear()
+    _state.ceiling = None
+    _state.deferring = 0
+    _state.fell = None
+    if _is_main():
         _release()

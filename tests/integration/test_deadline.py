@@ -101,3 +101,35 @@ def test_an_earlier_timer_is_kept_and_restored() -> None:
     finally:
         signal.signal(signal.SIGALRM, previous)
         signal.setitimer(signal.ITIMER_REAL, *old)
+
+
+def test_a_deferred_block_is_finished_and_the_deadline_raised_after_it() -> None:
+    steps: list[str] = []
+    with pytest.raises(DeadlineExceeded, match="the job"), deadline.within(0.1, "the job"):
+        with deadline.deferred():
+            time.sleep(0.3)  # a queue transaction: not cut
+            steps.append("transaction finished")
+        steps.append("not reached")
+    assert steps == ["transaction finished"]
+
+
+def test_suspended_lets_an_interrupt_finish_after_its_deadline() -> None:
+    with pytest.raises(DeadlineExceeded), deadline.within(0.1, "the job"):
+        with deadline.suspended():
+            time.sleep(0.3)
+            finished = True
+        time.sleep(1)
+    assert finished
+
+
+def test_a_caller_tells_its_own_deadline_from_one_around_it() -> None:
+    with deadline.within(5, "the job", kind="attempt") as outer:
+        try:
+            with deadline.within(0.1, "GET /history", kind="call") as own:
+                time.sleep(1)
+        except DeadlineExceeded as exc:
+            assert exc.due is own and exc.due is not outer and exc.kind == "call"
+    with (pytest.raises(DeadlineExceeded) as info, deadline.within(0.1, "the job", kind="attempt") as outer,
+          deadline.within(5, "GET /history")):
+        time.sleep(1)
+    assert info.value.due is outer and info.value.kind == "attempt"
