@@ -43,7 +43,13 @@ class QueueConfig:
 @dataclass(frozen=True)
 class StoreConfig:
     dir: str = "var/results"
-    max_file_mb: int = 4096
+    max_file_mb: int = 2048
+    """The largest output file accepted from ComfyUI. 2 GiB holds minutes of high-bitrate video; no image
+    comes near it, and a server that streams more is misbehaving (the job is dead-lettered)."""
+    max_job_mb: int = 8192
+    """All of one job's outputs together."""
+    max_files_per_job: int = 2000
+    """Output files of one job (a video saved as frames is hundreds); a history naming more is malformed."""
 
 
 @dataclass(frozen=True)
@@ -383,8 +389,9 @@ def _check(c: Config) -> None:
             raise bad("supervisor", key, getattr(s, key), "must be 0 (off) or more")
     if s.log_max_mb < 1:
         raise bad("supervisor", "log_max_mb", s.log_max_mb, "must be at least 1")
-    if c.store.max_file_mb < 1:
-        raise bad("store", "max_file_mb", c.store.max_file_mb, "must be at least 1")
+    for key in ("max_file_mb", "max_job_mb", "max_files_per_job"):
+        if getattr(c.store, key) < 1:
+            raise bad("store", key, getattr(c.store, key), "must be at least 1")
     if not q.path and not q.url:
         raise bad("queue", "path", q.path, "set path (SQLite file) or url (postgresql://...)")
     if q.url and not q.url.startswith(("postgresql://", "postgres://")):

@@ -31,6 +31,8 @@ DOCS: dict[str, dict[str, str]] = {
         "": "The result store: <dir>/<job id>/<files>.",
         "dir": "Where finished jobs' files are kept.",
         "max_file_mb": "Largest output file accepted from ComfyUI, in MiB.",
+        "max_job_mb": "All of one job's output files together, in MiB.",
+        "max_files_per_job": "Output files of one job; a history naming more is treated as malformed.",
     },
     "comfyui": {
         "": "The ComfyUI servers that comfysup launches, one per GPU.",

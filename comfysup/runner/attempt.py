@@ -36,8 +36,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from comfysup.errors import LeaseLost, QueueError
-from comfysup.queue.base import Claim, Output
+from comfysup.queue.base import Claim, Output, Queue
 from comfysup.redact import Redactor
+from comfysup.runner import deadline
 from comfysup.runner.client import (
     ComfyClient,
     ComfyError,
@@ -51,7 +52,7 @@ from comfysup.runner.history import judge, output_files, prompt_number, status_o
 from comfysup.runner.result import AttemptResult, NextClaim, NextJob, Outcome, Posted
 from comfysup.runner.retry import Failure, decide, execution_failure, gave_up
 from comfysup.runner.station import AttemptSettings, Station
-from comfysup.runner.store import TooLarge, UnsafeName, is_disk_full, safe_relative
+from comfysup.runner.store import Incomplete, TooLarge, UnsafeName, is_disk_full, safe_relative
 from comfysup.runner.trace import Trace
 
 __all__ = ["Attempt", "AttemptResult", "AttemptSettings", "NextClaim", "NextJob", "Outcome", "Posted", "Station"]
@@ -59,8 +60,29 @@ __all__ = ["Attempt", "AttemptResult", "AttemptSettings", "NextClaim", "NextJob"
 
 log = logging.getLogger("comfysup.runner")
 HISTORY_AFTER_SUCCESS_SECONDS = 0.05
+ALARM_SLACK_SECONDS = 1.0
+"""The job's deadline is checked at every wake-up of the follow loop, which interrupts the prompt then; the
+alarm (comfysup.runner.deadline) falls this much later, for what no wake-up reaches: a read that blocks, a
+download that trickles."""
 PROGRESS_WRITE_SECONDS = 1.0
 """At most one progress write per second: a sampler's steps come faster than a queue row should change."""
+class _Deferred:
+    """The queue, with every call shielded from the attempt's alarm: a transaction is never cut in the middle
+    (the alarm falls as the call returns instead)."""
+
+    def __init__(self, queue: Queue) -> None:
+        self._queue = queue
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._queue, name)
+
+        def shielded(*args: Any, **kwargs: Any) -> Any:
+            with deadline.deferred():
+                return method(*args, **kwargs)
+
+        return shielded
+
+
 class _Stop(Exception):
     """The attempt must end now with this outcome (raised from deep in the follow loop)."""
 
@@ -104,7 +126,7 @@ class Attempt:
                  posted: Posted | None = None) -> None:
         self.station = station
         self.s = station.settings
-        self.queue = station.queue
+        self.queue: Queue = _Deferred(station.queue)  # type: ignore[assignment]
         self.client = station.client
         self.clock = station.clock
         self.wall = station.wall
@@ -128,7 +150,16 @@ class Attempt:
     def run(self) -> AttemptResult:
         """Run the attempt (once) and record its outcome; LeaseLost at any point means: stop, write nothing."""
         try:
-            outcome = self._attempt()
+            try:
+                outcome = self._attempt()
+            except (LeaseLost, QueueError):
+                raise
+            except Exception as exc:  # a bug of ours: this attempt fails, the runner lives on
+                log.exception("job %s attempt %d: internal error", self.claim.id, self.claim.attempt)
+                with deadline.suspended():
+                    self._interrupt(self.live)
+                outcome = self._failed(Failure("internal", f"comfysup internal error: {type(exc).__name__}: {exc}",
+                                               transient=True))
             outcome.reason = self.redact(outcome.reason)
             self._record(outcome)
         except LeaseLost as exc:
@@ -175,6 +206,24 @@ class Attempt:
             self.queue.set_progress(self.claim, progress)
 
     def _attempt(self) -> Outcome:
+        """The attempt under its deadline: a read that blocks or trickles past the job's timeout (or a stop's
+        grace) is interrupted by the alarm, and the prompt is interrupted after it."""
+        try:
+            with deadline.until(self.deadline + ALARM_SLACK_SECONDS,
+                                f"the job's timeout of {self.s.timeout_seconds:g} s", kind="attempt"):
+                return self._steps()
+        except deadline.DeadlineExceeded as exc:
+            phase = self.trace.phases[-1][0] if self.trace.phases else "starting"
+            self._interrupt(self.live)
+            if self.live is not None and self.live.stream is not None and self.live.stream is not self.client.stream:
+                self.live.stream.close()
+            if exc.kind == "stop":
+                return Outcome("released", f"interrupted by a stop ({exc.what}) while {phase}; attempt not counted",
+                               kind="shutdown")
+            return self._failed(Failure("timeout", f"timed out after {self.s.timeout_seconds:g} s (while {phase}: "
+                                        "the server did not answer in time)", transient=True))
+
+    def _steps(self) -> Outcome:
         run: _Run | None = None
         try:
             run = self._catch_up()
@@ -230,7 +279,7 @@ class Attempt:
             known = self.claim.last_prompt_number if server == self.claim.last_server else None
             try:
                 live = next((e for e in client.queue() if e.prompt_id == self.claim.id), None)
-                history = None if live else client.history(self.claim.id)
+                history = None if live else client.history(self.claim.id, self.s.max_files_per_job)
             except ServerUnavailable:
                 continue
             if live is not None:
@@ -460,7 +509,7 @@ class Attempt:
                          "(the ComfyUI server restarted)", "server_died")
 
     def _own_entry(self, run: _Run) -> dict[str, Any] | None:
-        entry = run.client.history(self.claim.id)
+        entry = run.client.history(self.claim.id, self.s.max_files_per_job)
         if entry is not None and (run.number is None or prompt_number(entry) == run.number):
             return entry
         return None
@@ -472,19 +521,23 @@ class Attempt:
         has left /queue (renewing the lease on the way, unless the queue is what failed)."""
         if run is None:
             return
+        with deadline.suspended():  # it runs because a deadline passed, and must finish all the same
+            self._interrupt_now(run, renew, prompt_id)
+
+    def _interrupt_now(self, run: _Run, renew: bool, prompt_id: str | None) -> None:
         run.interrupt_asked = True
         target = prompt_id or self.claim.id
         until = self.clock() + self.s.leave_queue_seconds
         try:
             run.client.interrupt(target)
             run.client.delete_queued([target])
-        except ServerUnavailable:
+        except ComfyError:
             return
         while self.clock() < until:
             try:
                 if not any(e.prompt_id == target for e in run.client.queue()):
                     return
-            except ServerUnavailable:
+            except ComfyError:
                 return
             self.station.on_alive()
             if renew and self.clock() >= self.next_heartbeat:
@@ -509,18 +562,24 @@ class Attempt:
         self._checkpoints(run, self.clock())
         try:
             self.station.store.prepare(self.claim.id)
+        except UnsafeName as exc:  # its folder is a symlink: nothing of it is touched, the job is dead
+            raise PermanentError(str(exc), "unsafe_output") from exc
         except OSError as exc:  # the job's folder cannot be made: as transient as a file that cannot be written
             raise _store_failure(exc, self.claim.id) from exc
-        outputs = []
+        outputs: list[Output] = []
         for relative, f in named:
             self._checkpoints(run, self.clock())
+            left = self.s.max_job_bytes - sum(o.size for o in outputs)
             try:
-                outputs.append(self.station.store.write(self.claim.id, relative,
-                                                run.client.view(f["filename"], f.get("subfolder") or "", f["type"])))
+                outputs.append(self.station.store.write(
+                    self.claim.id, relative, run.client.view(f["filename"], f.get("subfolder") or "", f["type"]),
+                    limit_bytes=left, limit_name="what is left of [store] max_job_mb"))
             except UnsafeName as exc:
                 raise PermanentError(str(exc), "unsafe_output") from exc
             except TooLarge as exc:
                 raise PermanentError(str(exc), "too_large") from exc
+            except Incomplete as exc:
+                raise ComfyError(str(exc), "download") from exc
             except OSError as exc:
                 raise _store_failure(exc, relative) from exc
         return outputs

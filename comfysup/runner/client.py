@@ -1,9 +1,12 @@
 """A ComfyUI client: HTTP on one kept-alive urllib3 connection pool, events on websocket-client.
 
-Every HTTP call has a timeout. Errors are sorted here into what the failure table needs: a 400 from
-POST /prompt is ``PromptRejected`` (permanent), anything that says the server is unwell or unreachable
-is ``ServerUnavailable`` (transient). The socket has a receive timeout so the runner's loop wakes up to
-renew its lease, poll /history and check its deadline.
+Every HTTP call is bounded as a whole (comfysup.runner.deadline: headers and body within the call's
+timeout, however slowly the bytes come), every body read is bounded in size, and every answer passes
+through comfysup.runner.wire before anything reads it. Errors are sorted here into what the failure table
+needs: a 400 from POST /prompt is ``PromptRejected`` (permanent), anything that says the server is unwell,
+unreachable or talking nonsense is ``ServerUnavailable`` (transient; kind ``malformed`` for the last). The
+socket has a receive timeout so the runner's loop wakes up to renew its lease, poll /history and check
+its deadline.
 
 urllib3 rather than requests (which is built on it): a runner makes five calls per job to one server
 it already knows, and requests' per-call work (merging settings, cookies, hooks, re-parsing the URL)
@@ -23,7 +26,14 @@ from urllib.parse import urlencode, urlsplit
 import urllib3
 import websocket
 
+from comfysup.runner import deadline, wire
+from comfysup.runner.deadline import DeadlineExceeded
+
 CLIENT_PREFIX = "comfysup-"
+MAX_BODY_BYTES = 16 * 2**20
+"""The largest JSON answer read (a history entry, a queue, an error); /object_info may be larger."""
+MAX_OBJECT_INFO_BYTES = 256 * 2**20
+"""/object_info of a server with hundreds of custom nodes is tens of MiB."""
 
 
 class ComfyError(Exception):
@@ -48,6 +58,14 @@ class PermanentError(ComfyError):
     kind = "permanent"
 
 
+class MalformedAnswer(ComfyError):
+    """Transient, and at once: the server answered something that is not the shape ComfyUI documents. Not a
+    ServerUnavailable, which the follow loop waits out: a server that answers nonsense is not coming back
+    with sense, and the attempt ends now (its retry follows the prompt if it still runs)."""
+
+    kind = "malformed"
+
+
 class PromptRejected(PermanentError):
     """Permanent: POST /prompt answered 400 (validation, node_errors)."""
 
@@ -67,19 +85,23 @@ def new_client_id() -> str:
 
 
 def describe_rejection(body: Any) -> str:
-    """``prompt_outputs_failed_validation: node 3 (KSampler): value_bigger_than_max: …`` from a 400 body."""
+    """``prompt_outputs_failed_validation: node 3 (KSampler): value_bigger_than_max: …`` from a 400 body,
+    whatever its shape (it is the server's, and may be anything)."""
     if not isinstance(body, dict):
         return str(body)[:500]
-    error = body.get("error") or {}
-    parts = [str(error.get("type") or error.get("message") or "rejected")]
+    error = body.get("error") if isinstance(body.get("error"), dict) else {}
+    parts = [str(error.get("type") or error.get("message") or "rejected")[:200]]
     details = error.get("details")
     if details:
-        parts.append(str(details))
-    for node_id, node in (body.get("node_errors") or {}).items():
-        errors = node.get("errors") or []
+        parts.append(str(details)[:500])
+    node_errors = body.get("node_errors") if isinstance(body.get("node_errors"), dict) else {}
+    for node_id, node in list(node_errors.items())[:20]:
+        node = node if isinstance(node, dict) else {}
+        errors = node.get("errors") if isinstance(node.get("errors"), list) else []
         what = "; ".join(
-            ": ".join(str(x) for x in (e.get("type"), e.get("details") or e.get("message")) if x) for e in errors)
-        parts.append(f"node {node_id} ({node.get('class_type', '?')}): {what}")
+            ": ".join(str(x)[:300] for x in (e.get("type"), e.get("details") or e.get("message")) if x)
+            for e in errors[:10] if isinstance(e, dict))
+        parts.append(f"node {str(node_id)[:40]} ({str(node.get('class_type', '?'))[:80]}): {what}")
     return ": ".join(parts)
 
 
@@ -101,53 +123,80 @@ class ComfyClient:
             self.stream = None
         self.pool.close()
 
+    def _drop_connection(self) -> None:
+        """A call cut in the middle (a deadline, a body too large) leaves its connection in an unknown
+        state: a new pool, so the next call starts on a fresh connection."""
+        self.pool.close()
+        self.pool = urllib3.connection_from_url(self.url, maxsize=1, block=False, retries=False)
+
     # -- HTTP -----------------------------------------------------------------------------------------
 
     def _call(self, method: str, path: str, *, timeout: float | None = None, body: bytes | None = None,
-              fields: dict[str, str] | None = None, stream: bool = False) -> urllib3.BaseHTTPResponse:
+              fields: dict[str, str] | None = None, stream: bool = False,
+              max_bytes: int = MAX_BODY_BYTES) -> tuple[urllib3.BaseHTTPResponse, bytes]:
+        """The answer and its body (read whole, at most ``max_bytes``; empty for a ``stream``), all of it
+        within ``timeout`` however slowly it comes."""
         seconds = timeout or self.timeout_seconds
         url = self._prefix + path + (f"?{urlencode(fields)}" if fields else "")
         headers = {"Content-Type": "application/json"} if body is not None else None
         try:
-            response = self.pool.urlopen(method, url, body=body, headers=headers, timeout=seconds, retries=False,
-                                         redirect=False, preload_content=not stream)
+            with deadline.within(seconds, f"{method} {path}") as own:
+                response = self.pool.urlopen(method, url, body=body, headers=headers, timeout=seconds,
+                                             retries=False, redirect=False, preload_content=False)
+                data = b"" if stream and response.status < 300 else response.read(max_bytes + 1)
+        except DeadlineExceeded as exc:
+            self._drop_connection()
+            if exc.due is not own:
+                raise  # the attempt's deadline or a stop, not this call's: the caller's to handle
+            raise ServerUnavailable(f"{method} {path}: no complete answer within {seconds:g} s", "connection") from None
+        except urllib3.exceptions.NewConnectionError as exc:  # a subclass of ConnectTimeoutError, so first
+            raise ServerUnavailable(f"{method} {path}: {_short(exc)}", "connection") from exc
         except urllib3.exceptions.TimeoutError as exc:
             raise ServerUnavailable(f"{method} {path}: timed out after {seconds:g} s", "connection") from exc
         except (urllib3.exceptions.HTTPError, OSError) as exc:
+            self._drop_connection()
             raise ServerUnavailable(f"{method} {path}: {_short(exc)}", "connection") from exc
+        if len(data) > max_bytes:
+            self._drop_connection()
+            raise MalformedAnswer(f"{method} {path}: the answer is larger than {max_bytes // 2**20} MiB")
+        if not stream or response.status >= 300:
+            response.release_conn()
         if response.status >= 500:
-            raise ServerUnavailable(f"{method} {path} {response.status}, {_body_text(response)}", "http_5xx")
-        return response
+            raise ServerUnavailable(f"{method} {path} {response.status}, {_first_line(data, response)}", "http_5xx")
+        return response, data
 
-    def _json(self, method: str, path: str, *, timeout: float | None = None, body: bytes | None = None) -> Any:
-        response = self._call(method, path, timeout=timeout, body=body)
+    def _json(self, method: str, path: str, *, timeout: float | None = None, body: bytes | None = None,
+              max_bytes: int = MAX_BODY_BYTES) -> Any:
+        response, data = self._call(method, path, timeout=timeout, body=body, max_bytes=max_bytes)
         if response.status != 200:
-            raise ServerUnavailable(f"{method} {path} {response.status}, {_body_text(response)}", "http")
+            raise ServerUnavailable(f"{method} {path} {response.status}, {_first_line(data, response)}", "http")
         try:
-            return json.loads(response.data)
-        except ValueError as exc:
-            raise ServerUnavailable(f"{method} {path}: not JSON", "http") from exc
+            return wire.decode(data, f"{method} {path}")
+        except wire.Malformed as exc:
+            raise MalformedAnswer(f"server sent a malformed answer: {exc}") from None
+
+    def _checked(self, check: Any, body: Any) -> Any:
+        try:
+            return check(body)
+        except wire.Malformed as exc:
+            raise MalformedAnswer(f"server sent a malformed {exc}") from None
 
     def system_stats(self, timeout_seconds: float | None = None) -> dict[str, Any]:
-        return self._json("GET", "/system_stats", timeout=timeout_seconds or self.timeout_seconds)
+        return self._checked(wire.system_stats, self._json("GET", "/system_stats",
+                                                           timeout=timeout_seconds or self.timeout_seconds))
 
     def object_info(self) -> dict[str, Any]:
-        return self._json("GET", "/object_info")
+        return self._checked(wire.object_info, self._json("GET", "/object_info", max_bytes=MAX_OBJECT_INFO_BYTES))
 
     def queue(self) -> list[QueueEntry]:
-        body = self._json("GET", "/queue")
-        out = []
-        for key, running in (("queue_running", True), ("queue_pending", False)):
-            for item in body.get(key) or []:
-                extra = item[3] if len(item) > 3 and isinstance(item[3], dict) else {}
-                out.append(QueueEntry(number=item[0], prompt_id=str(item[1]), client_id=extra.get("client_id"),
-                                      running=running))
-        return out
+        entries = self._checked(wire.queue, self._json("GET", "/queue"))
+        return [QueueEntry(number=n, prompt_id=p, client_id=c, running=r) for n, p, c, r in entries]
 
-    def history(self, prompt_id: str) -> dict[str, Any] | None:
-        """The history entry of ``prompt_id``, or None while ComfyUI has not written it."""
+    def history(self, prompt_id: str, max_files: int = wire.MAX_ITEMS) -> dict[str, Any] | None:
+        """The history entry of ``prompt_id`` (checked at every level), or None while ComfyUI has not
+        written it."""
         body = self._json("GET", f"/history/{prompt_id}")
-        return body.get(prompt_id) if isinstance(body, dict) else None
+        return self._checked(lambda b: wire.history_entry(b, prompt_id, max_files=max_files), body)
 
     def post_prompt(self, prompt: dict[str, Any], prompt_id: str, client_id: str,
                     extra_data: dict[str, Any] | None = None) -> int:
@@ -155,19 +204,19 @@ class ComfyClient:
         payload: dict[str, Any] = {"prompt": prompt, "prompt_id": prompt_id, "client_id": client_id}
         if extra_data:
             payload["extra_data"] = extra_data
-        response = self._call("POST", "/prompt", body=json.dumps(payload, separators=(",", ":")).encode())
+        response, data = self._call("POST", "/prompt", body=json.dumps(payload, separators=(",", ":")).encode())
         if response.status == 400:
             try:
-                body = json.loads(response.data)
-            except ValueError:
-                body = _body_text(response)
+                body = wire.decode(data, "POST /prompt's 400 answer")
+            except wire.Malformed:
+                body = _first_line(data, response)
             raise PromptRejected(f"POST /prompt 400, {describe_rejection(body)}")
         if response.status != 200:
-            raise ServerUnavailable(f"POST /prompt {response.status}, {_body_text(response)}", "http")
+            raise ServerUnavailable(f"POST /prompt {response.status}, {_first_line(data, response)}", "http")
         try:
-            return int(json.loads(response.data)["number"])
-        except (ValueError, KeyError, TypeError) as exc:
-            raise ServerUnavailable("POST /prompt 200 without a prompt number", "http") from exc
+            return wire.prompt_number(wire.decode(data, "POST /prompt's answer"))
+        except wire.Malformed as exc:
+            raise MalformedAnswer(f"server sent a malformed answer: {exc}") from None
 
     def interrupt(self, prompt_id: str | None = None) -> None:
         self._call("POST", "/interrupt", body=json.dumps({"prompt_id": prompt_id} if prompt_id else {}).encode())
@@ -177,18 +226,22 @@ class ComfyClient:
 
     def view(self, filename: str, subfolder: str, kind: str) -> Iterator[bytes]:
         """Stream one output file's bytes; raises ServerUnavailable on any error."""
-        response = self._call("GET", "/view", fields={"filename": filename, "subfolder": subfolder, "type": kind},
-                              stream=True)
+        response, _ = self._call("GET", "/view", fields={"filename": filename, "subfolder": subfolder, "type": kind},
+                                 stream=True)
+        complete = False
         try:
             if response.status != 200:
-                raise ServerUnavailable(f"GET /view {filename}: {response.status}", "download")
+                raise ServerUnavailable(f"GET /view {filename!r}: {response.status}", "download")
             try:
                 yield from response.stream(1 << 16)
+                complete = True
             except (urllib3.exceptions.HTTPError, OSError) as exc:
-                raise ServerUnavailable(f"GET /view {filename}: {_short(exc)}", "download") from exc
+                raise ServerUnavailable(f"GET /view {filename!r}: {_short(exc)}", "download") from exc
         finally:
-            response.drain_conn()
-            response.release_conn()
+            if complete:
+                response.release_conn()
+            else:  # cut short (a deadline, a file over the cap): never drain an endless body
+                self._drop_connection()
 
     # -- WebSocket ------------------------------------------------------------------------------------
 
@@ -254,10 +307,10 @@ class EventStream:
                 raise SocketLost(f"WebSocket lost: {_short(exc)}") from exc
             if opcode == websocket.ABNF.OPCODE_TEXT:
                 try:
-                    message = json.loads(data)
-                except ValueError:
-                    continue
-                if isinstance(message, dict):
+                    message = wire.ws_message(data)
+                except wire.Malformed as exc:
+                    raise MalformedAnswer(f"server sent a malformed WebSocket message: {exc}") from None
+                if message is not None:
                     return message
             elif opcode == websocket.ABNF.OPCODE_CLOSE:
                 self.close()
@@ -298,9 +351,7 @@ def _short(exc: BaseException) -> str:
     return text[:300]
 
 
-def _body_text(response: urllib3.BaseHTTPResponse) -> str:
-    try:
-        text = response.data.decode("utf-8", "replace").strip().splitlines()
-    except (urllib3.exceptions.HTTPError, OSError):
-        text = []
+def _first_line(data: bytes, response: urllib3.BaseHTTPResponse) -> str:
+    """The first line of an error body, for a reason (redacted and bounded by the attempt after)."""
+    text = data[:4096].decode("utf-8", "replace").strip().splitlines()
     return (text[0] if text else response.reason or "")[:300]

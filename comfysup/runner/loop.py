@@ -34,8 +34,9 @@ from comfysup.logs import bind, job_context
 from comfysup.queue import open_queue
 from comfysup.queue.base import Claim, Queue, host_name
 from comfysup.redact import Redactor, bound
+from comfysup.runner import deadline
 from comfysup.runner.attempt import Attempt
-from comfysup.runner.client import CLIENT_PREFIX, ServerUnavailable
+from comfysup.runner.client import CLIENT_PREFIX, ComfyError
 from comfysup.runner.result import NextClaim, Outcome, Posted
 from comfysup.runner.station import AttemptSettings, Station
 from comfysup.runner.store import ResultStore
@@ -107,11 +108,17 @@ class Runner:
         signal.signal(signal.SIGINT, self._on_signal)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        """Flags for the loop, and the deadline of whatever is blocked now brought to the stop's: a download
+        that trickles or a server that never answers cannot hold a stop past its grace (the attempt then
+        interrupts its prompt and gives the job back uncounted)."""
         if self.state.stopping:
             self.state.stop_deadline = time.monotonic()  # a second signal: stop now
+            deadline.shorten(0.0, "a second stop signal")
         else:
             self.state.stopping = True
-            self.state.stop_deadline = time.monotonic() + self.config.runner.grace_seconds
+            grace = self.config.runner.grace_seconds
+            self.state.stop_deadline = time.monotonic() + grace
+            deadline.shorten(grace, f"a graceful stop's grace of {grace:g} s")
 
     # -- the loop -------------------------------------------------------------------------------------
 
@@ -239,7 +246,7 @@ class Runner:
         """The server answers and holds fewer than max_queue prompts of other clients."""
         try:
             entries = self.station.client.queue()
-        except ServerUnavailable:
+        except (ComfyError, deadline.DeadlineExceeded):  # unreachable, nonsense, or a stop's grace has passed
             return False
         others = sum(1 for e in entries if not (e.client_id or "").startswith(CLIENT_PREFIX))
         return others < self.config.runner.max_queue

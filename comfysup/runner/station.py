@@ -41,6 +41,8 @@ class AttemptSettings:
     """How long to wait for an interrupted prompt to leave the server's queue."""
     peers: dict[str, str]
     """Other servers by name, where an earlier attempt of a job may have run (for catch-up)."""
+    max_files_per_job: int
+    max_job_bytes: int
 
     @classmethod
     def from_config(cls, config: Config, server: str, url: str, peers: dict[str, str]) -> AttemptSettings:
@@ -53,7 +55,8 @@ class AttemptSettings:
             heartbeat_seconds=r.heartbeat_seconds, http_timeout_seconds=r.http_timeout_seconds,
             server_lost_seconds=max(r.http_timeout_seconds, SERVER_LOST_MIN_SECONDS),
             leave_queue_seconds=LEAVE_QUEUE_SECONDS,
-            peers={k: v for k, v in peers.items() if k != server})
+            peers={k: v for k, v in peers.items() if k != server},
+            max_files_per_job=config.store.max_files_per_job, max_job_bytes=config.store.max_job_mb * 2**20)
 
 
 class Station:

@@ -27,6 +27,32 @@ class UnsafeFolder(UnsafeName):
     the store is read, written or removed."""
 
 
+class Incomplete(ValueError):
+    """An output whose bytes are not a whole file of the type its name says (a cut or garbled download)."""
+
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+PNG_END = b"\x00\x00\x00\x00IEND\xaeB`\x82"
+
+
+def check_complete(name: str, head: bytes, tail: bytes, size: int) -> None:
+    """Incomplete unless a file named as a PNG, JPEG or WebP begins and ends as one: a server whose answer
+    was cut with a matching Content-Length (or that sent something else) cannot make a job done with half an
+    image. Other types are taken as they come."""
+    suffix = name.rsplit(".", 1)[-1].lower() if "." in name else ""
+    if suffix == "png":
+        ok, what = head.startswith(PNG_SIGNATURE) and tail.endswith(PNG_END), "a PNG ending in its IEND chunk"
+    elif suffix in ("jpg", "jpeg"):
+        ok, what = head.startswith(b"\xff\xd8") and tail.endswith(b"\xff\xd9"), "a JPEG from SOI to EOI"
+    elif suffix == "webp":
+        riff = int.from_bytes(head[4:8], "little") + 8 if len(head) >= 12 else -1
+        ok, what = head[:4] == b"RIFF" and head[8:12] == b"WEBP" and riff == size, "a WebP of its RIFF size"
+    else:
+        return
+    if not ok:
+        raise Incomplete(f"output {name!r} ({size} bytes) is not {what}: the download was cut or garbled")
+
+
 class TooLarge(ValueError):
     """An output file over the size cap."""
 
@@ -87,8 +113,13 @@ class ResultStore:
             os.close(root)
         return self.job_dir(job_id)
 
-    def write(self, job_id: str, relative: str, chunks: Iterable[bytes]) -> Output:
-        """Stream into ``.<name>.part``, fsync, then rename to the final name; returns its size and hash."""
+    def write(self, job_id: str, relative: str, chunks: Iterable[bytes], *, limit_bytes: int | None = None,
+              limit_name: str = "[store] max_file_mb") -> Output:
+        """Stream into ``.<name>.part``, fsync, then rename to the final name; returns its size and hash.
+        ``limit_bytes`` (what is left of the job's budget, when less than a file's) caps it instead."""
+        cap, cap_name = self.max_file_bytes, "[store] max_file_mb"
+        if limit_bytes is not None and limit_bytes < cap:
+            cap, cap_name = limit_bytes, limit_name
         *subfolders, name = [check_part(p, "name") for p in relative.split("/")]
         tmp = f".{name}.part"
         digest = hashlib.sha256()
@@ -100,14 +131,19 @@ class ResultStore:
                     os.unlink(tmp, dir_fd=folder)
                 try:
                     fd = safefs.open_file(folder, tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                    head = tail = b""
                     with os.fdopen(fd, "wb") as f:
                         for chunk in chunks:
+                            if len(head) < 16:
+                                head += chunk[:16 - len(head)]
+                            tail = (tail + chunk)[-16:]
                             size += len(chunk)
-                            if size > self.max_file_bytes:
-                                raise TooLarge(f"output {relative!r} is larger than {self.max_file_bytes // 2**20}"
-                                               " MiB ([store] max_file_mb)")
+                            if size > cap:
+                                raise TooLarge(f"output {relative!r} is larger than {cap / 2**20:g} MiB "
+                                               f"({cap_name})")
                             digest.update(chunk)
                             f.write(chunk)
+                        check_complete(name, head, tail, size)
                         f.flush()
                         os.fsync(f.fileno())
                     os.replace(tmp, name, src_dir_fd=folder, dst_dir_fd=folder)

@@ -22,8 +22,8 @@ JOB = "00000000-0000-0000-0000-000000000001"
 def test_prepare_removes_every_leftover_of_an_earlier_attempt(tmp_path: Path) -> None:
     store = ResultStore(tmp_path / "store", max_file_bytes=1 << 20)
     store.prepare(JOB)
-    store.write(JOB, "old_00001_.png", [b"complete, never recorded"])
-    store.write(JOB, "sub/old_00002_.png", [b"x"])
+    store.write(JOB, "old_00001_.bin", [b"complete, never recorded"])
+    store.write(JOB, "sub/old_00002_.bin", [b"x"])
     (tmp_path / "store" / JOB / ".old_00003_.png.part").write_bytes(b"half")
     outside = tmp_path / "outside"
     outside.mkdir()

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from comfysup.runner.store import ResultStore, TooLarge, UnsafeName, safe_relative
+from comfysup.runner.store import PNG_END, PNG_SIGNATURE, Incomplete, ResultStore, TooLarge, UnsafeName, safe_relative
 
 JOB = "00000000-0000-0000-0000-000000000001"
 
@@ -28,9 +28,10 @@ def test_safe_names_keep_their_subfolder():
 def test_write_renames_complete_files_and_hashes_them(tmp_path):
     store = ResultStore(tmp_path / "store", max_file_bytes=1 << 20)
     store.prepare(JOB)
-    out = store.write(JOB, "sub/a.png", [b"abc", b"def"])
-    assert out.size == 6 and out.sha256 == hashlib.sha256(b"abcdef").hexdigest()
-    assert (tmp_path / "store" / JOB / "sub" / "a.png").read_bytes() == b"abcdef"
+    png = PNG_SIGNATURE + b"abcdef" + PNG_END
+    out = store.write(JOB, "sub/a.png", [png[:7], png[7:13], png[13:]])
+    assert out.size == len(png) and out.sha256 == hashlib.sha256(png).hexdigest()
+    assert (tmp_path / "store" / JOB / "sub" / "a.png").read_bytes() == png
     assert oct((tmp_path / "store" / JOB).stat().st_mode & 0o777) == "0o700"
     assert not list((tmp_path / "store").rglob("*.part"))
 
@@ -65,3 +66,26 @@ def test_a_symlink_planted_in_the_job_folder_cannot_redirect_a_write(tmp_path):
     with pytest.raises(UnsafeName):
         store.write(JOB, "sub/a.png", [b"x"])
     assert list(outside.iterdir()) == []
+
+
+@pytest.mark.parametrize(("name", "body", "ok"), [
+    ("a.png", PNG_SIGNATURE + b"x" + PNG_END, True),
+    ("a.png", (PNG_SIGNATURE + b"x" + PNG_END)[:-1], False),  # cut one byte short
+    ("a.png", b"<html>not an image</html>", False),
+    ("a.PNG", PNG_SIGNATURE + PNG_END, True),
+    ("a.jpg", b"\xff\xd8 jpeg \xff\xd9", True),
+    ("a.jpeg", b"\xff\xd8 jpeg", False),
+    ("a.webp", b"RIFF" + (8).to_bytes(4, "little") + b"WEBPVP8 ", True),
+    ("a.webp", b"RIFF" + (80).to_bytes(4, "little") + b"WEBPVP8 ", False),
+    ("a.mp4", b"anything", True),  # not a type that is checked
+    ("a.bin", b"", True),
+])
+def test_images_must_be_whole(tmp_path, name, body, ok):
+    store = ResultStore(tmp_path / "store", max_file_bytes=1 << 20)
+    store.prepare(JOB)
+    if ok:
+        assert store.write(JOB, name, [body[:5], body[5:]]).size == len(body)
+    else:
+        with pytest.raises(Incomplete, match="the download was cut or garbled"):
+            store.write(JOB, name, [body])
+        assert list((tmp_path / "store" / JOB).iterdir()) == []  # no final name, no .part left
