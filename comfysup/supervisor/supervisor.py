@@ -45,6 +45,7 @@ from comfysup.observability.monitor import BIND_FAILED
 from comfysup.queue import Queue, open_queue
 from comfysup.queue.base import host_name
 from comfysup.supervisor import server as servers
+from comfysup.supervisor import stuck
 from comfysup.supervisor.children import (
     Shared,
     Unit,
@@ -186,6 +187,8 @@ class Supervisor:
             self._monitor_step(now)  # webhooks of jobs that end during the grace still go out
         if not self.stopping:
             for unit in self.units:
+                for action in stuck.step(unit, now):
+                    self._server_action(unit, now, action)
                 self._server_step(unit, now)
                 self._runner_step(unit, now)
                 self._recycle_step(unit, now)
@@ -314,6 +317,7 @@ class Supervisor:
         unit.server_pid = None
         assert pid is not None and unit.server is not None and unit.plan is not None
         self.ops.killpg(pid, signal.SIGKILL)  # anything it started, in its process group
+        stuck.server_gone(unit)
         if self.stopping:
             unit.server.stop()
             log.info("%s: ComfyUI stopped (%s)", unit.name, how)
