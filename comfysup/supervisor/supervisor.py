@@ -30,7 +30,6 @@ What the supervisor promises (DESIGN.md, "The promise"):
 from __future__ import annotations
 
 import ctypes
-import fcntl
 import logging
 import multiprocessing.sharedctypes
 import os
@@ -40,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from comfysup.config import Config, check_supervisor
-from comfysup.errors import ComfysupError, QueueError
+from comfysup.errors import QueueError
 from comfysup.observability.monitor import BIND_FAILED
 from comfysup.queue import Queue, open_queue
 from comfysup.queue.base import host_name
@@ -58,6 +57,7 @@ from comfysup.supervisor.children import (
     runner_main,
     spawn_server,
 )
+from comfysup.supervisor.lock import AlreadyRunning, take_lock
 from comfysup.supervisor.manager import ProcessManager, release_stale_claims
 from comfysup.supervisor.policy import Action, Policy, State
 from comfysup.supervisor.process import ProcessOps, describe_status
@@ -81,11 +81,6 @@ TICK_SECONDS = 0.25
 """The loop wakes at least this often; signals and child exits wake it at once."""
 HOUSEKEEPING_SECONDS = 5.0
 """How often log sizes and servers' memory are checked."""
-LOCK_FILE = "supervisor.lock"
-
-
-class AlreadyRunning(ComfysupError):
-    """Another comfysup run uses this queue on this machine."""
 
 
 @dataclass
@@ -128,21 +123,7 @@ class Supervisor:
 
     def _take_lock(self) -> None:
         """One supervisor per queue folder: two would fight over ports and each other's claims."""
-        self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        handle = open(self.state_dir / LOCK_FILE, "a+")  # noqa: SIM115 - held for the process's life
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.seek(0)
-            holder = handle.read().strip() or "?"
-            handle.close()
-            raise AlreadyRunning(f"another comfysup run (pid {holder}) already supervises the queue in "
-                                 f"{self.state_dir}") from None
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"{os.getpid()}\n")
-        handle.flush()
-        self.manager.hold(handle)
+        self.manager.hold(take_lock(self.state_dir))
 
     def release_stale_claims(self) -> list[str]:
         """Claims held by runners of an earlier supervisor on this host that no longer exist."""

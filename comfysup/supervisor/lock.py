@@ -1,0 +1,36 @@
+"""The supervisor's lock: one ``comfysup run`` per queue folder on a machine."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from pathlib import Path
+from typing import IO
+
+from comfysup.errors import ComfysupError
+
+LOCK_FILE = "supervisor.lock"
+
+
+class AlreadyRunning(ComfysupError):
+    """Another comfysup run uses this queue on this machine."""
+
+
+def take_lock(state_dir: Path) -> IO[str]:
+    """Lock ``state_dir/supervisor.lock`` for this process's life (two supervisors would fight over ports
+    and each other's claims) and write our pid in it; returns the open file, which must stay open."""
+    state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    handle = open(state_dir / LOCK_FILE, "a+")  # noqa: SIM115 - held for the process's life
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read().strip() or "?"
+        handle.close()
+        raise AlreadyRunning(f"another comfysup run (pid {holder}) already supervises the queue in "
+                             f"{state_dir}") from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"{os.getpid()}\n")
+    handle.flush()
+    return handle
