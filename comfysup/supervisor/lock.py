@@ -1,4 +1,5 @@
-"""The supervisor's lock: one ``comfysup run`` per queue folder on a machine."""
+"""The files a supervisor holds: its lock (one ``comfysup run`` per queue folder on a machine), and the
+exit status that says its queue file was deleted or replaced under it."""
 
 from __future__ import annotations
 
@@ -10,6 +11,10 @@ from typing import IO
 from comfysup.errors import ComfysupError
 
 LOCK_FILE = "supervisor.lock"
+EXIT_DATABASE_REPLACED = 75
+"""The exit status of a supervisor whose SQLite queue file was deleted or replaced under it (EX_TEMPFAIL):
+its runners' writes went to the old file, so it kills them and exits; systemd's Restart=on-failure starts it
+again on the file now at the path, and that one releases the claims of the runners that are gone."""
 
 
 class AlreadyRunning(ComfysupError):

@@ -57,7 +57,7 @@ from comfysup.supervisor.children import (
     runner_main,
     spawn_server,
 )
-from comfysup.supervisor.lock import AlreadyRunning, take_lock
+from comfysup.supervisor.lock import EXIT_DATABASE_REPLACED, AlreadyRunning, take_lock
 from comfysup.supervisor.manager import ProcessManager, release_stale_claims
 from comfysup.supervisor.policy import Action, Policy, State
 from comfysup.supervisor.process import ProcessOps, describe_status
@@ -95,6 +95,7 @@ class Supervisor:
         self.manager = ProcessManager(self.ops)
         self.plan = StopPlan()
         self.finished = False
+        self.exit_code = 0
         self.reporter = Reporter(self.config, self.env)
         self.notifier = self.reporter.notifier
         self.queue: Queue | None = None
@@ -154,8 +155,9 @@ class Supervisor:
             self.manager.restore_signals()
             self.write_state(final=True)
             self.queue.close()
-        log.info("comfysup supervisor %d: stopped", os.getpid())
-        return 0
+        log.info("comfysup supervisor %d: stopped%s", os.getpid(),
+                 f" (exit code {self.exit_code})" if self.exit_code else "")
+        return self.exit_code
 
     def tick(self, now: float) -> None:
         """One pass: signals, exits, servers, runners, recycling, housekeeping, state for people."""
@@ -164,6 +166,7 @@ class Supervisor:
         self._reap(now)
         if self.finished:
             return
+        self._check_database(now)
         if self.plan.keeps_monitor:
             self._monitor_step(now)  # webhooks of jobs that end during the grace still go out
         if not self.stopping:
@@ -445,6 +448,19 @@ class Supervisor:
         unit.draining_since = now
         unit.shared.may_claim = 0
         log.info("%s: %s: the runner finishes its job, then ComfyUI is restarted", unit.name, why)
+
+    def _check_database(self, now: float) -> None:
+        """Every tick: a queue file deleted or replaced under us is an error; everyone stops now, and the
+        supervisor exits with EXIT_DATABASE_REPLACED so that systemd restarts it on the real file."""
+        replaced = self.queue.replaced() if self.queue is not None and not self.exit_code else None
+        if replaced is None:
+            return
+        log.error("the queue database %s; every write since went to the old file. Stopping now (exit code %d) "
+                  "so that comfysup starts again on the file at the path", replaced, EXIT_DATABASE_REPLACED)
+        self.exit_code = EXIT_DATABASE_REPLACED
+        if not self.stopping:
+            self.begin_stop(now, "queue database replaced")
+        self._carry_out(self.plan.cold_stop(now, self.config.runner.grace_seconds))
 
     def heartbeat_machine(self, register: bool = False) -> None:
         """Tell the queue this machine is alive and what its slots do (``comfysup status`` on any machine
