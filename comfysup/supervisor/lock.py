@@ -6,9 +6,9 @@ from __future__ import annotations
 import fcntl
 import os
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
-from comfysup.errors import ComfysupError
+from comfysup.errors import ComfysupError, QueueError
 
 LOCK_FILE = "supervisor.lock"
 EXIT_DATABASE_REPLACED = 75
@@ -39,3 +39,12 @@ def take_lock(state_dir: Path) -> IO[str]:
     handle.write(f"{os.getpid()}\n")
     handle.flush()
     return handle
+
+
+def database_replaced(queue: Any) -> str | None:
+    """What happened to the queue's file when it is no longer the one open (``Queue.replaced``), else None
+    (also when the database does not answer: that is the machine heartbeat's to say)."""
+    try:
+        return queue.replaced() if queue is not None else None
+    except QueueError:
+        return None

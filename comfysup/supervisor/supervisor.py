@@ -57,7 +57,7 @@ from comfysup.supervisor.children import (
     runner_main,
     spawn_server,
 )
-from comfysup.supervisor.lock import EXIT_DATABASE_REPLACED, AlreadyRunning, take_lock
+from comfysup.supervisor.lock import EXIT_DATABASE_REPLACED, AlreadyRunning, database_replaced, take_lock
 from comfysup.supervisor.manager import ProcessManager, release_stale_claims
 from comfysup.supervisor.policy import Action, Policy, State
 from comfysup.supervisor.process import ProcessOps, describe_status
@@ -452,7 +452,7 @@ class Supervisor:
     def _check_database(self, now: float) -> None:
         """Every tick: a queue file deleted or replaced under us is an error; everyone stops now, and the
         supervisor exits with EXIT_DATABASE_REPLACED so that systemd restarts it on the real file."""
-        replaced = self.queue.replaced() if self.queue is not None and not self.exit_code else None
+        replaced = database_replaced(self.queue) if not self.exit_code else None
         if replaced is None:
             return
         log.error("the queue database %s; every write since went to the old file. Stopping now (exit code %d) "

@@ -45,22 +45,3 @@ def test_a_database_deleted_or_replaced_under_the_supervisor_makes_it_exit_75(ha
     assert "exit code 75" in log
     for slot in state["slots"]:
         assert gone(slot["pid"]) and gone(slot["runner_pid"]), "the servers and runners stopped with it"
-
-
-def test_replaced_says_none_while_the_file_is_the_open_one(tmp_path: Path) -> None:
-    path = tmp_path / "q.db"
-    queue = SQLiteQueue(path)
-    try:
-        assert queue.replaced() is None
-        queue.status()
-        assert queue.replaced() is None
-        moved = tmp_path / "moved.db"
-        path.rename(moved)
-        assert queue.replaced() == f"{path} was deleted while open"
-        SQLiteQueue(tmp_path / "new.db").close()
-        (tmp_path / "new.db").rename(path)
-        assert (queue.replaced() or "").startswith(f"{path} was replaced by another file while open")
-        moved.replace(path)
-        assert queue.replaced() is None
-    finally:
-        queue.close()
