@@ -69,6 +69,8 @@ ROWS = [
     Row("F1", "the result store's disk full (bytes and inodes)", scenarios.f1_disk_full, {"jobs": 200}, ("jobs",)),
     Row("T1", "30% of prompts fail transiently (500, drop, oom, hang)", scenarios.t1_transient_failures,
         {"jobs": 1000}, ("jobs",)),
+    Row("H2", "prompts stuck after /interrupt (a node that ignores the flag)", scenarios.h2_stuck_prompts,
+        {"jobs": 200, "stuck": 40}, ("jobs", "stuck")),
     Row("S1", "hostile output names", scenarios.s1_hostile_names, {"jobs": 500}, ("jobs",)),
     Row("S2", "listening sockets", scenarios.s2_listening_sockets, {"jobs": 200}, ("jobs",)),
     Row("S3", "a canary secret in every job's extra_data", scenarios.s3_canary_secret, {"jobs": 500}, ("jobs",)),
@@ -141,6 +143,9 @@ def _injected(row: str, f: dict[str, Any], rep: dict[str, Any]) -> str:
         return f"{f.get('locks', 0)} locks" + (f", {f['locked_seconds']} s locked" if "locked_seconds" in f else "")
     if row == "B1":
         return f"{f.get('files', 0)} files, {f.get('bad_lines', 0)} bad lines"
+    if row == "H2":
+        return (f"{f.get('stuck_prompts', 0)} stuck prompts, {f.get('stuck_restarts', 0)} server restarts "
+                f"(longest stuck attempt {f.get('longest_stuck_attempt_seconds')} s)")
     if row == "D2":
         return f"WAL peaks {f.get('wal_peak_mib')} MiB"
     return ", ".join(f"{v} {k}" for k, v in sorted(faults.items())) or "-"

@@ -85,6 +85,10 @@ class RunnerConfig:
     max_queue: int = 1
     grace_seconds: float = 60.0
     http_timeout_seconds: float = 30.0
+    leave_queue_seconds: float = 60.0
+    """How long an interrupted prompt may take to leave its server's queue; after that it is stuck (a custom
+    node that never checks the interrupt flag): comfysup run restarts that server, comfysup work takes it
+    out of service until its queue is empty."""
     affinity_max_wait_seconds: float = 300.0
     """Model affinity's fairness bound: a runner prefers jobs of the model its server ran last, but no job
     waits longer than this beyond what strict priority order would have made it wait; 0: strict order."""
@@ -358,7 +362,7 @@ def _check(c: Config) -> None:
 
     positive = [("runner", r, k) for k in ("base_delay_seconds", "max_delay_seconds", "timeout_seconds",
                                              "poll_seconds", "lease_seconds", "heartbeat_seconds",
-                                             "http_timeout_seconds")]
+                                             "http_timeout_seconds", "leave_queue_seconds")]
     positive += [("queue", q, "busy_timeout_seconds"), ("queue", q, "checkpoint_seconds"),
                  ("comfyui", u, "startup_seconds"), ("supervisor", s, "runner_timeout_seconds"),
                  ("supervisor", s, "quick_failure_seconds"), ("supervisor", s, "restart_max_delay_seconds")]

@@ -16,6 +16,8 @@ import psutil
 from comfysup.config import Config
 
 STATE_FILE = "supervisor.json"
+WORK_FILE = "work.json"
+"""``comfysup work``'s own state file: its servers and whether each is in service (it has no supervisor)."""
 STALE_SECONDS = 10.0
 """The supervisor rewrites the file several times a second; older than this, it has stopped or hangs."""
 
@@ -45,3 +47,17 @@ def staleness(state: dict[str, Any], now: float | None = None) -> str | None:
     if age > STALE_SECONDS:
         return f"no update for {age:.0f} s: the supervisor (pid {pid}) may hang"
     return None
+
+
+def work_state_path(config: Config) -> Path:
+    return config.resolve(config.queue.path).parent.absolute() / WORK_FILE
+
+
+def read_work_state(config: Config) -> dict[str, Any] | None:
+    """What ``comfysup work`` last wrote of its servers (None: none); believe it only while ``staleness``
+    says None."""
+    try:
+        data = json.loads(work_state_path(config).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and isinstance(data.get("slots"), list) else None

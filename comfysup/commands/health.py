@@ -16,7 +16,7 @@ from typing import Any
 
 from comfysup.commands._common import config_from
 from comfysup.runner.client import ComfyClient, ComfyError
-from comfysup.slotstate import read_state, staleness
+from comfysup.slotstate import read_state, read_work_state, staleness
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -59,12 +59,13 @@ def probe(name: str, url: str, state: str, timeout_seconds: float) -> Health:
     finally:
         client.close()
     if not h.problem and state not in ("running", "external"):
-        h.problem = f"the supervisor says {state}"
+        h.problem = state if state.startswith("out of service") else f"the supervisor says {state}"
     h.healthy = not h.problem
     return h
 
 
-def targets(config: Any, state: dict[str, Any] | None, now: float) -> tuple[list[tuple[str, str, str]], str]:
+def targets(config: Any, state: dict[str, Any] | None, now: float,
+            work: dict[str, Any] | None = None) -> tuple[list[tuple[str, str, str]], str]:
     """(name, url, state) for every server to ask, and a note on the supervisor."""
     found: dict[str, tuple[str, str, str]] = {}
     note = "supervisor: no state file (comfysup run has not run with this queue)"
@@ -76,6 +77,12 @@ def targets(config: Any, state: dict[str, Any] | None, now: float) -> tuple[list
             found[str(slot.get("name"))] = (str(slot.get("name")), str(slot.get("url")), slot_state)
     for remote in config.servers:
         found.setdefault(remote.name, (remote.name, remote.url, "external"))
+    if work is not None and staleness(work, now) is None:
+        # comfysup work's servers: one whose prompt is stuck after /interrupt is out of service.
+        for slot in work["slots"]:
+            name, reason = str(slot.get("name")), slot.get("out_of_service")
+            if reason or name not in found:
+                found[name] = (name, str(slot.get("url")), str(reason) if reason else "external")
     return list(found.values()), note
 
 
@@ -94,7 +101,7 @@ def render(results: list[Health], note: str) -> str:
 def run(args: argparse.Namespace) -> int:
     config = config_from(args)
     now = time.time()
-    servers, note = targets(config, read_state(config), now)
+    servers, note = targets(config, read_state(config), now, read_work_state(config))
     results = [probe(name, url, state, args.timeout_seconds) for name, url, state in servers]
     if args.json:
         print(json.dumps({"note": note, "servers": [asdict(h) for h in results],

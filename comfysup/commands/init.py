@@ -62,6 +62,8 @@ DOCS: dict[str, dict[str, str]] = {
         "max_queue": "A runner claims only while its server holds fewer prompts of other clients than this.",
         "grace_seconds": "On SIGTERM, how long running jobs may finish before they are interrupted.",
         "http_timeout_seconds": "Timeout of every HTTP call to ComfyUI.",
+        "leave_queue_seconds": "An interrupted prompt still in its server's queue after this is stuck: comfysup "
+                               "run restarts that server, comfysup work stops using it until its queue empties.",
         "affinity_max_wait_seconds": "A runner prefers jobs that load the models its server ran last (no reload), "
                                      "but no job waits longer than this beyond strict priority order; 0: strict "
                                      "order. Priority always comes first.",

@@ -12,7 +12,7 @@ from comfysup.commands._common import config_from, queue_from
 from comfysup.observability.views import WINDOW_SECONDS, Overview, overview, progress_text
 from comfysup.queue.base import Machine, Status
 from comfysup.redact import bound
-from comfysup.slotstate import read_state, staleness
+from comfysup.slotstate import read_state, read_work_state, staleness
 from comfysup.timefmt import age
 
 
@@ -103,6 +103,18 @@ def render_slots(state: dict[str, Any] | None, now: float) -> str:
     return "\n".join(lines)
 
 
+def render_work(state: dict[str, Any] | None, now: float) -> str | None:
+    """``comfysup work``'s servers, when it runs on this queue folder: each in service or not, and why."""
+    if state is None or staleness(state, now) is not None:
+        return None
+    lines = [f"comfysup work pid {state.get('pid')}: {state.get('summary', '')}"]
+    for slot in state["slots"]:
+        if isinstance(slot, dict):
+            lines.append(f"  {_cell(slot.get('name')):10} {_cell(slot.get('state')):15} {_cell(slot.get('url')):28} "
+                         f"{bound(slot.get('reason') or '', 200)}".rstrip())
+    return "\n".join(lines)
+
+
 def _cell(value: Any) -> str:
     return "-" if value is None or value == "" else str(value)
 
@@ -157,15 +169,21 @@ def run(args: argparse.Namespace) -> int:
     finally:
         queue.close()
     state = read_state(config)
+    work = read_work_state(config)
+    work_text = render_work(work, now)
     if args.json:
         out = snapshot(status, now)
         out["supervisor"] = None if state is None else {**state, "stale": staleness(state, now)}
+        out["work"] = None if work is None else {**work, "stale": staleness(work, now)}
         out["machines"] = machines_snapshot(machines)
         print(json.dumps(out, indent=2))
     else:
         print(render(status, now))
         print()
         print(render_slots(state, now))
+        if work_text:
+            print()
+            print(work_text)
         if machines:
             print()
             print(render_machines(machines))

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import multiprocessing
+import os
 import queue
 import signal
 import sys
@@ -17,6 +19,10 @@ from comfysup.commands._common import config_from
 from comfysup.config import Config
 from comfysup.errors import ComfysupError, UsageError
 from comfysup.logs import FORMATS, setup_logging
+from comfysup.queue.base import host_name
+from comfysup.runner.stuck import StuckChannel, out_of_service_reason
+from comfysup.slotstate import work_state_path
+from comfysup.supervisor.children import new_shared
 from comfysup.supervisor.manager import STOP_SIGNALS, ProcessManager
 from comfysup.supervisor.policy import Action
 from comfysup.supervisor.process import ProcessOps, describe_status
@@ -91,11 +97,16 @@ def parse_servers(values: list[str], config: Config) -> dict[str, str]:
 
 
 def _child(config: Config, name: str, url: str, peers: dict[str, str], until_empty: bool, results: Any,
-           token: str) -> int:
+           token: str, shared: Any) -> int:
     """In a forked runner process (its own process group, default signals, dying with ``work``)."""
     from comfysup.runner.loop import Runner
 
-    runner = Runner(config, name, url, peers=peers, until_empty=until_empty, owner_token=token)
+    def report_stuck(prompt_id: str) -> None:
+        shared.stuck = prompt_id.encode()[:39]
+
+    # Servers that are not ours are never restarted: the runner takes its server out of service itself.
+    stuck = StuckChannel(restarts=False, report=report_stuck, pending=lambda: bool(shared.stuck))
+    runner = Runner(config, name, url, peers=peers, until_empty=until_empty, owner_token=token, stuck=stuck)
     runner.install_signals()
     counts = runner.run()
     results.put((name, dict(counts)))
@@ -162,12 +173,16 @@ class Work:
         self.failed: list[str] = []
         self.queue: Any = None
         """For releasing the claims of runners that died (opened after the forks, like every connection)."""
+        self.shared = {name: new_shared() for name in servers}
+        """Each runner's shared block: its ``stuck`` field says that its server is out of service."""
+        self.state_path = work_state_path(config)
+        self.said: dict[str, str | None] = {}
 
     def start(self, results: Any) -> None:
         self.manager.install_signals()
         for name, url in self.servers.items():
             self.manager.fork_runner(name, lambda token, name=name, url=url: _child(
-                self.config, name, url, self.servers, self.until_empty, results, token))
+                self.config, name, url, self.servers, self.until_empty, results, token, self.shared[name]))
 
     def loop(self) -> None:
         """Until every runner has ended: signals, exits, then the stop plan."""
@@ -178,6 +193,43 @@ class Work:
                     self.manager.wait(TICK_SECONDS)
         finally:
             self.manager.restore_signals()
+            self.write_state(final=True)
+
+    def slots(self, *, final: bool = False) -> list[dict[str, Any]]:
+        """Each server as ``comfysup status`` and ``health`` show it (state ``out_of_service`` while a
+        prompt is stuck in it)."""
+        pids = {r.name: r.pid for r in self.manager.runners.values()}
+        rows = []
+        for name, url in self.servers.items():
+            prompt = bytes(self.shared[name].stuck).decode(errors="replace")
+            reason = out_of_service_reason(prompt) if prompt else None
+            rows.append({"name": name, "device": "external", "url": url, "runner_pid": pids.get(name),
+                         "state": "stopped" if final else "out_of_service" if reason else "external",
+                         "reason": reason, "out_of_service": reason})
+        return rows
+
+    def write_state(self, *, final: bool = False) -> None:
+        """``work.json`` beside the queue, atomically, every tick; and a log line when a server's service
+        changes."""
+        slots = self.slots(final=final)
+        for slot in slots:
+            if not final and self.said.get(slot["name"]) != slot["reason"]:
+                if slot["reason"]:
+                    log.error("%s: %s; no job goes to it until its queue is empty", slot["name"], slot["reason"])
+                elif slot["name"] in self.said:
+                    log.info("%s: in service again", slot["name"])
+                self.said[slot["name"]] = slot["reason"]
+        out = sum(1 for s in slots if s["reason"])
+        snapshot = {"pid": os.getpid(), "host": host_name(), "state": "stopped" if final else "running",
+                    "updated_at": time.time(), "slots": slots,
+                    "summary": f"{len(slots)} server(s), {out} out of service" if out else f"{len(slots)} server(s)"}
+        tmp = self.state_path.with_name(f".{self.state_path.name}.{os.getpid()}.tmp")
+        try:
+            self.state_path.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(json.dumps(snapshot, indent=1))
+            os.replace(tmp, self.state_path)
+        except OSError as exc:
+            log.warning("cannot write %s: %s", self.state_path, exc.strerror)
 
     def tick(self, now: float) -> None:
         grace = self.config.runner.grace_seconds
@@ -199,6 +251,7 @@ class Work:
                 self.failed.append(f"comfysup-runner-{runner.name} exited with {runner.kill_reason or how}")
         if self.plan.stopping:
             self._carry_out(self.plan.step(now, runners=bool(self.manager.runners), servers=False, monitor=False))
+        self.write_state()
 
     def _carry_out(self, actions: Step) -> None:
         for target, action in actions:

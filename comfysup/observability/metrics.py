@@ -232,16 +232,26 @@ class Live(Collector):
                                  "never in a label).", labels=labels)
         done = CounterMetricFamily("comfysup_slot_jobs", "Attempts the slot's runners finished since the "
                                    "supervisor started.", labels=labels)
+        out = GaugeMetricFamily("comfysup_slot_out_of_service", "1 while the slot takes no job because a prompt "
+                                "stayed in its server's queue after /interrupt (comfysup run: until the server is "
+                                "restarted; comfysup work: until its queue is empty); the prompt id is in comfysup "
+                                "status.", labels=labels)
+        stuck = GaugeMetricFamily("comfysup_slot_stuck_restarts", "Restarts of the slot's ComfyUI server because a "
+                                  "prompt did not leave its queue after /interrupt, since the supervisor started.",
+                                  labels=labels)
         for slot in state.get("slots") or []:
             if not isinstance(slot, dict):
                 continue
             key = [label(str(slot.get("name"))), label(str(slot.get("device")))]
-            up.add_metric(key, 1.0 if running and slot.get("state") in ("running", "external") else 0.0)
+            serving = slot.get("state") in ("running", "external") and not slot.get("out_of_service")
+            up.add_metric(key, 1.0 if running and serving else 0.0)
             restarts.add_metric(key, float(slot.get("restarts") or 0))
             runner_restarts.add_metric(key, float(slot.get("runner_restarts") or 0))
             busy.add_metric(key, 1.0 if running and slot.get("job") else 0.0)
             done.add_metric(key, float(slot.get("jobs") or 0))
-        yield from (up, restarts, runner_restarts, busy, done)
+            out.add_metric(key, 1.0 if running and slot.get("out_of_service") else 0.0)
+            stuck.add_metric(key, float(slot.get("stuck_restarts") or 0))
+        yield from (up, restarts, runner_restarts, busy, done, out, stuck)
 
     def _gpus(self) -> Iterable[Metric]:
         samples = self.gpus()

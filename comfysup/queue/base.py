@@ -459,4 +459,10 @@ class Queue(Protocol):
 
     def machines(self, now: float | None = None) -> list[Machine]: ...
 
+    def replaced(self) -> str | None:
+        """None while the database this process has open is still the one its path names; otherwise what
+        happened to it (SQLite: the file deleted or replaced under a running process). A server database
+        (PostgreSQL) cannot be swapped under an open connection: always None."""
+        ...
+
     def close(self) -> None: ...

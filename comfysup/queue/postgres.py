@@ -254,6 +254,10 @@ class PostgresQueue(ImportRecords, SQLQueue):
     def maintenance(self) -> None:
         """Nothing to do: autovacuum keeps the tables in shape."""
 
+    def replaced(self) -> str | None:
+        """A server's database cannot be swapped under an open connection."""
+        return None
+
     # -- LISTEN/NOTIFY ------------------------------------------------------------------------------------
 
     def _notify(self, cur: psycopg.Cursor[Any]) -> None:

@@ -109,6 +109,8 @@ class SQLiteQueue(SQLQueue):
         self.checkpoint_seconds = checkpoint_seconds
         self._conn: sqlite3.Connection | None = None
         self._pid = -1
+        self._identity: tuple[int, int] | None = None
+        """(device, inode) of the file the open connection holds: see :meth:`replaced`."""
         self._setup()
         self._last_checkpoint = time.monotonic()
         if not self.path.exists() and not create:
@@ -170,9 +172,28 @@ class SQLiteQueue(SQLQueue):
             self._conn.close()
             self._conn = None
 
+    def replaced(self) -> str | None:
+        """None while the file at the path is the one this process has open (or none is open yet); else
+        what happened to it: a database deleted or replaced under a running process takes every later
+        write with the old file, and nothing tells SQLite."""
+        if self._conn is None or self._pid != os.getpid() or self._identity is None:
+            return None
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return f"{self.path} was deleted while open"
+        except OSError:
+            return None  # cannot tell (a permission change): the next write says what is wrong
+        if (st.st_dev, st.st_ino) != self._identity:
+            return f"{self.path} was replaced by another file while open (inode {self._identity[1]} → {st.st_ino})"
+        return None
+
     def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, timeout=self.busy_timeout_seconds, isolation_level=None,
                                check_same_thread=False)
+        with contextlib.suppress(OSError):  # right after the open: the file the connection holds
+            st = os.stat(self.path)
+            self._identity = (st.st_dev, st.st_ino)
         conn.row_factory = sqlite3.Row
         try:
             conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_seconds * 1000)}")

@@ -53,6 +53,7 @@ from comfysup.runner.result import AttemptResult, NextClaim, NextJob, Outcome, P
 from comfysup.runner.retry import Failure, decide, execution_failure, gave_up
 from comfysup.runner.station import AttemptSettings, Station
 from comfysup.runner.store import Incomplete, TooLarge, UnsafeName, is_disk_full, safe_relative
+from comfysup.runner.stuck import STUCK_KIND, report_stuck, stuck_reason
 from comfysup.runner.trace import Trace
 
 __all__ = ["Attempt", "AttemptResult", "AttemptSettings", "NextClaim", "NextJob", "Outcome", "Posted", "Station"]
@@ -214,12 +215,14 @@ class Attempt:
                 return self._steps()
         except deadline.DeadlineExceeded as exc:
             phase = self.trace.phases[-1][0] if self.trace.phases else "starting"
-            self._interrupt(self.live)
+            stuck = self._interrupt(self.live)
             if self.live is not None and self.live.stream is not None and self.live.stream is not self.client.stream:
                 self.live.stream.close()
             if exc.kind == "stop":
                 return Outcome("released", f"interrupted by a stop ({exc.what}) while {phase}; attempt not counted",
                                kind="shutdown")
+            if stuck:
+                return self._failed(Failure(STUCK_KIND, stuck, transient=True))
             return self._failed(Failure("timeout", f"timed out after {self.s.timeout_seconds:g} s (while {phase}: "
                                         "the server did not answer in time)", transient=True))
 
@@ -427,8 +430,9 @@ class Attempt:
                 self._interrupt(run)
                 raise _Stop(Outcome("cancelled", "cancelled by user", kind="cancelled"))
         if now >= self.deadline:
-            self._interrupt(run)
-            raise ComfyError(f"timed out after {self.s.timeout_seconds:g} s", "timeout")
+            stuck = self._interrupt(run)
+            raise ComfyError(stuck, STUCK_KIND) if stuck else ComfyError(
+                f"timed out after {self.s.timeout_seconds:g} s", "timeout")
         stop_at = self.station.stop_deadline()
         if stop_at is not None and now >= stop_at:
             self._interrupt(run)
@@ -516,15 +520,16 @@ class Attempt:
 
     # -- 4. interrupt -----------------------------------------------------------------------------------
 
-    def _interrupt(self, run: _Run | None, renew: bool = True, prompt_id: str | None = None) -> None:
+    def _interrupt(self, run: _Run | None, renew: bool = True, prompt_id: str | None = None) -> str | None:
         """Interrupt our prompt (this job's, or ``prompt_id``), delete it from the queue, and wait until it
-        has left /queue (renewing the lease on the way, unless the queue is what failed)."""
+        has left /queue (renewing the lease on the way, unless the queue is what failed). Returns None, or
+        why the prompt is stuck when it did not leave (see :meth:`_stuck`)."""
         if run is None:
-            return
+            return None
         with deadline.suspended():  # it runs because a deadline passed, and must finish all the same
-            self._interrupt_now(run, renew, prompt_id)
+            return self._interrupt_now(run, renew, prompt_id)
 
-    def _interrupt_now(self, run: _Run, renew: bool, prompt_id: str | None) -> None:
+    def _interrupt_now(self, run: _Run, renew: bool, prompt_id: str | None) -> str | None:
         run.interrupt_asked = True
         target = prompt_id or self.claim.id
         until = self.clock() + self.s.leave_queue_seconds
@@ -532,20 +537,30 @@ class Attempt:
             run.client.interrupt(target)
             run.client.delete_queued([target])
         except ComfyError:
-            return
+            return None
         while self.clock() < until:
             try:
                 if not any(e.prompt_id == target for e in run.client.queue()):
-                    return
+                    return None
             except ComfyError:
-                return
-            self.station.on_alive()
-            if renew and self.clock() >= self.next_heartbeat:
-                self.next_heartbeat = self.clock() + self.s.heartbeat_seconds
-                self.queue.heartbeat(self.claim, self.s.lease_seconds)
+                return None
+            self._interrupt_alive(renew)
             time.sleep(0.05)
-        log.warning("job %s: prompt still in %s's queue %g s after the interrupt; the next attempt follows it "
-                    "there", target[:8], run.server, self.s.leave_queue_seconds)
+        return self._stuck(run, target, renew)
+
+    def _interrupt_alive(self, renew: bool) -> None:
+        self.station.on_alive()
+        if renew and self.clock() >= self.next_heartbeat:
+            self.next_heartbeat = self.clock() + self.s.heartbeat_seconds
+            self.queue.heartbeat(self.claim, self.s.lease_seconds)
+
+    def _stuck(self, run: _Run, target: str, renew: bool) -> str:
+        """The prompt ignored /interrupt: reported, when in this runner's own server (comfysup.runner.stuck)."""
+        log.error("job %s: prompt still in %s's queue %g s after /interrupt (a node that ignores the interrupt "
+                  "flag)", target[:8], run.server, self.s.leave_queue_seconds, extra={"event": "stuck"})
+        own = run.client is self.client
+        restarted = report_stuck(self.station.stuck, target, own, lambda: self._interrupt_alive(renew), self.clock)
+        return stuck_reason(run.server, self.s.leave_queue_seconds, restarted=restarted)
 
     # -- 5. download ------------------------------------------------------------------------------------
 

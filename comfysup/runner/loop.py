@@ -40,6 +40,7 @@ from comfysup.runner.client import CLIENT_PREFIX, ComfyError
 from comfysup.runner.result import NextClaim, Outcome, Posted
 from comfysup.runner.station import AttemptSettings, Station
 from comfysup.runner.store import ResultStore
+from comfysup.runner.stuck import OutOfService, StuckChannel
 
 log = logging.getLogger("comfysup.runner")
 OBJECT_INFO_MAX_AGE_SECONDS = 3600.0
@@ -79,7 +80,8 @@ class Runner:
                  until_empty: bool = False, queue: Queue | None = None, owner_token: str | None = None,
                  on_alive: Callable[[], None] = lambda: None,
                  may_claim: Callable[[], bool] = lambda: True,
-                 on_job: Callable[[Claim, Outcome | None], None] = lambda claim, outcome: None) -> None:
+                 on_job: Callable[[Claim, Outcome | None], None] = lambda claim, outcome: None,
+                 stuck: StuckChannel | None = None) -> None:
         self.config = config
         self.server = server
         bind(slot=server)  # every log line of this runner names its slot
@@ -93,9 +95,15 @@ class Runner:
         self.on_job = on_job
         """Called with (claim, None) when an attempt starts and (claim, outcome) when it ends: a supervisor
         learns the current job and counts jobs per server (for recycling) without asking the queue."""
+        self.stuck = stuck or StuckChannel()
+        """How this runner says that a prompt is stuck in its server (comfysup.runner.stuck)."""
+        self.out_of_service = OutOfService()
+        """When nobody restarts the server (comfysup work): no claim for it until its queue is empty."""
         store = ResultStore(config.resolve(config.store.dir), config.store.max_file_mb * 2**20)
         self.station = Station(settings_from(config, server, url, peers or {}), self.queue, store,
-                               stop_deadline=lambda: self.state.stop_deadline, on_alive=on_alive)
+                               stop_deadline=lambda: self.state.stop_deadline, on_alive=on_alive,
+                               stuck=self.stuck if self.stuck.restarts else
+                               StuckChannel(False, self._stuck_here, self.stuck.pending))
         self.idle_seconds = min(config.runner.poll_seconds, 0.25)
         self.last_model: str | None = None
         """The model key of what this runner's server ran last (None: unknown, or unloaded since)."""
@@ -133,7 +141,7 @@ class Runner:
                 if claim is not None:  # claimed by the last attempt: at its hand-off, or with its done
                     claim, posted = self.run_one(claim, posted)
                     continue
-                free = self.may_claim() and self._server_free()
+                free = self.may_claim() and self._in_service() and self._server_free()
                 try:
                     claim = self.queue.claim(self.owner, self.server, self.config.runner.lease_seconds,
                                              **self._affinity()) if free else None
@@ -217,7 +225,7 @@ class Runner:
     def _model_after(claim: Claim, outcome: Outcome) -> str | None:
         """What the server holds after this attempt: its model, unless the server died or ran out of memory
         (ComfyUI unloads models after an OOM) or the prompt never reached it."""
-        if outcome.kind in ("connection", "server_died", "oom", "lease_lost", "queue_unavailable"):
+        if outcome.kind in ("connection", "server_died", "oom", "lease_lost", "queue_unavailable", "stuck"):
             return None
         return claim.model_key
 
@@ -241,6 +249,31 @@ class Runner:
             return None
         r = self.config.runner
         return NextClaim(self.owner, self.server, r.lease_seconds, claim.model_key, r.affinity_max_wait_seconds)
+
+    def _stuck_here(self, prompt_id: str) -> None:
+        """A prompt stuck in this server and nobody to restart it: out of service until its queue empties."""
+        self.out_of_service.begin(prompt_id, time.monotonic())
+        self.stuck.report(prompt_id)
+
+    def _in_service(self) -> bool:
+        """False while the server holds a stuck prompt; its /queue is read every few seconds meanwhile."""
+        oos = self.out_of_service
+        if not oos.active:
+            return True
+        now = time.monotonic()
+        if not oos.due(now):
+            return False
+        prompt_id, since = oos.prompt_id, oos.since
+        try:
+            length: int | None = len(self.station.client.queue())
+        except (ComfyError, deadline.DeadlineExceeded):
+            length = None
+        if not oos.seen(now, length):
+            return False
+        log.info("%s: back in service: its queue is empty again (prompt %s was stuck there for %.0f s)",
+                 self.server, prompt_id, now - since, extra={"event": "in_service"})
+        self.stuck.report("")
+        return True
 
     def _server_free(self) -> bool:
         """The server answers and holds fewer than max_queue prompts of other clients."""

@@ -16,11 +16,10 @@ from comfysup.config import Config
 from comfysup.queue.base import Queue
 from comfysup.runner.client import ComfyClient
 from comfysup.runner.store import ResultStore
+from comfysup.runner.stuck import StuckChannel
 
 SERVER_LOST_MIN_SECONDS = 10.0
 """A server unreachable this long (or [runner] http_timeout_seconds, if longer) is taken as dead."""
-LEAVE_QUEUE_SECONDS = 60.0
-"""How long to wait for an interrupted prompt to leave the server's queue."""
 
 
 @dataclass(frozen=True)
@@ -54,7 +53,7 @@ class AttemptSettings:
             timeout_seconds=r.timeout_seconds, poll_seconds=r.poll_seconds, lease_seconds=r.lease_seconds,
             heartbeat_seconds=r.heartbeat_seconds, http_timeout_seconds=r.http_timeout_seconds,
             server_lost_seconds=max(r.http_timeout_seconds, SERVER_LOST_MIN_SECONDS),
-            leave_queue_seconds=LEAVE_QUEUE_SECONDS,
+            leave_queue_seconds=r.leave_queue_seconds,
             peers={k: v for k, v in peers.items() if k != server},
             max_files_per_job=config.store.max_files_per_job, max_job_bytes=config.store.max_job_mb * 2**20)
 
@@ -66,6 +65,7 @@ class Station:
     def __init__(self, settings: AttemptSettings, queue: Queue, store: ResultStore,
                  stop_deadline: Callable[[], float | None] = lambda: None,
                  on_alive: Callable[[], None] = lambda: None,
+                 stuck: StuckChannel | None = None,
                  clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> None:
         self.settings = settings
         self.queue = queue
@@ -75,6 +75,8 @@ class Station:
         self.stop_deadline = stop_deadline
         """When a graceful stop's grace ends (monotonic), or None: running attempts are released then."""
         self.on_alive = on_alive
+        self.stuck = stuck or StuckChannel()
+        """Where an attempt reports a prompt stuck in this runner's server (comfysup.runner.stuck)."""
         self.clock = clock
         self.wall = wall
         """Epoch time for the trace (stored); ``clock`` (monotonic) for deadlines and throttles."""

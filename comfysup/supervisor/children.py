@@ -26,6 +26,7 @@ from comfysup.errors import ConfigError
 from comfysup.gpus import Slot, discover, slots_for
 from comfysup.queue.base import Claim
 from comfysup.runner.attempt import Outcome
+from comfysup.runner.stuck import StuckChannel
 from comfysup.supervisor import server as servers
 from comfysup.supervisor.policy import Limits, Policy, State
 from comfysup.supervisor.process import ProcessOps, SpawnError
@@ -45,6 +46,7 @@ class Shared(ctypes.Structure):
         ("jobs", ctypes.c_long),  # attempts finished by this slot's runners (for recycle_after_jobs)
         ("recycle_at", ctypes.c_long),  # by the supervisor: claim nothing once jobs reaches this (0: never)
         ("job", ctypes.c_char * 40),  # the job id being run, or empty
+        ("stuck", ctypes.c_char * 40),  # by the runner: a prompt stuck after /interrupt; cleared once it is gone
     )
 
 
@@ -66,6 +68,8 @@ class Unit:
     draining_since: float = 0.0
     first_start_over: bool = False
     last_rss_mb: float = 0.0
+    stuck_restarts: int = 0
+    """Restarts of the server because a prompt stayed in its queue after /interrupt."""
 
     @property
     def state(self) -> str:
@@ -198,6 +202,7 @@ def prepare_runner(unit: Unit, now: float, may_claim: bool) -> None:
     shared.busy = 0
     shared.job = b""
     shared.may_claim = int(may_claim)
+    # A stuck prompt reported by the runner that died stays reported: the server still holds it.
 
 
 def runner_main(config: Config, unit: Unit, peers: dict[str, str], token: str) -> int:
@@ -225,8 +230,12 @@ def runner_main(config: Config, unit: Unit, peers: dict[str, str], token: str) -
             shared.jobs += 1
             shared.job = b""
 
+    def report_stuck(prompt_id: str) -> None:
+        shared.stuck = prompt_id.encode()[:39]
+
+    stuck = StuckChannel(restarts=unit.server is not None, report=report_stuck, pending=lambda: bool(shared.stuck))
     runner = Runner(config, unit.name, unit.url, peers=peers, owner_token=token, on_alive=on_alive,
-                    may_claim=may_claim, on_job=on_job)
+                    may_claim=may_claim, on_job=on_job, stuck=stuck)
     runner.install_signals()
     runner.run()
     return 0

@@ -30,7 +30,6 @@ What the supervisor promises (DESIGN.md, "The promise"):
 from __future__ import annotations
 
 import ctypes
-import fcntl
 import logging
 import multiprocessing.sharedctypes
 import os
@@ -40,11 +39,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from comfysup.config import Config, check_supervisor
-from comfysup.errors import ComfysupError, QueueError
+from comfysup.errors import QueueError
 from comfysup.observability.monitor import BIND_FAILED
 from comfysup.queue import Queue, open_queue
 from comfysup.queue.base import host_name
 from comfysup.supervisor import server as servers
+from comfysup.supervisor import stuck
 from comfysup.supervisor.children import (
     Shared,
     Unit,
@@ -57,6 +57,7 @@ from comfysup.supervisor.children import (
     runner_main,
     spawn_server,
 )
+from comfysup.supervisor.lock import EXIT_DATABASE_REPLACED, AlreadyRunning, database_replaced, take_lock
 from comfysup.supervisor.manager import ProcessManager, release_stale_claims
 from comfysup.supervisor.policy import Action, Policy, State
 from comfysup.supervisor.process import ProcessOps, describe_status
@@ -80,11 +81,6 @@ TICK_SECONDS = 0.25
 """The loop wakes at least this often; signals and child exits wake it at once."""
 HOUSEKEEPING_SECONDS = 5.0
 """How often log sizes and servers' memory are checked."""
-LOCK_FILE = "supervisor.lock"
-
-
-class AlreadyRunning(ComfysupError):
-    """Another comfysup run uses this queue on this machine."""
 
 
 @dataclass
@@ -99,6 +95,7 @@ class Supervisor:
         self.manager = ProcessManager(self.ops)
         self.plan = StopPlan()
         self.finished = False
+        self.exit_code = 0
         self.reporter = Reporter(self.config, self.env)
         self.notifier = self.reporter.notifier
         self.queue: Queue | None = None
@@ -127,21 +124,7 @@ class Supervisor:
 
     def _take_lock(self) -> None:
         """One supervisor per queue folder: two would fight over ports and each other's claims."""
-        self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        handle = open(self.state_dir / LOCK_FILE, "a+")  # noqa: SIM115 - held for the process's life
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.seek(0)
-            holder = handle.read().strip() or "?"
-            handle.close()
-            raise AlreadyRunning(f"another comfysup run (pid {holder}) already supervises the queue in "
-                                 f"{self.state_dir}") from None
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"{os.getpid()}\n")
-        handle.flush()
-        self.manager.hold(handle)
+        self.manager.hold(take_lock(self.state_dir))
 
     def release_stale_claims(self) -> list[str]:
         """Claims held by runners of an earlier supervisor on this host that no longer exist."""
@@ -172,8 +155,9 @@ class Supervisor:
             self.manager.restore_signals()
             self.write_state(final=True)
             self.queue.close()
-        log.info("comfysup supervisor %d: stopped", os.getpid())
-        return 0
+        log.info("comfysup supervisor %d: stopped%s", os.getpid(),
+                 f" (exit code {self.exit_code})" if self.exit_code else "")
+        return self.exit_code
 
     def tick(self, now: float) -> None:
         """One pass: signals, exits, servers, runners, recycling, housekeeping, state for people."""
@@ -182,10 +166,13 @@ class Supervisor:
         self._reap(now)
         if self.finished:
             return
+        self._check_database(now)
         if self.plan.keeps_monitor:
             self._monitor_step(now)  # webhooks of jobs that end during the grace still go out
         if not self.stopping:
             for unit in self.units:
+                for action in stuck.step(unit, now):
+                    self._server_action(unit, now, action)
                 self._server_step(unit, now)
                 self._runner_step(unit, now)
                 self._recycle_step(unit, now)
@@ -314,6 +301,7 @@ class Supervisor:
         unit.server_pid = None
         assert pid is not None and unit.server is not None and unit.plan is not None
         self.ops.killpg(pid, signal.SIGKILL)  # anything it started, in its process group
+        stuck.server_gone(unit)
         if self.stopping:
             unit.server.stop()
             log.info("%s: ComfyUI stopped (%s)", unit.name, how)
@@ -460,6 +448,19 @@ class Supervisor:
         unit.draining_since = now
         unit.shared.may_claim = 0
         log.info("%s: %s: the runner finishes its job, then ComfyUI is restarted", unit.name, why)
+
+    def _check_database(self, now: float) -> None:
+        """Every tick: a queue file deleted or replaced under us is an error; everyone stops now, and the
+        supervisor exits with EXIT_DATABASE_REPLACED so that systemd restarts it on the real file."""
+        replaced = database_replaced(self.queue) if not self.exit_code else None
+        if replaced is None:
+            return
+        log.error("the queue database %s; every write since went to the old file. Stopping now (exit code %d) "
+                  "so that comfysup starts again on the file at the path", replaced, EXIT_DATABASE_REPLACED)
+        self.exit_code = EXIT_DATABASE_REPLACED
+        if not self.stopping:
+            self.begin_stop(now, "queue database replaced")
+        self._carry_out(self.plan.cold_stop(now, self.config.runner.grace_seconds))
 
     def heartbeat_machine(self, register: bool = False) -> None:
         """Tell the queue this machine is alive and what its slots do (``comfysup status`` on any machine

@@ -49,8 +49,10 @@ from typing import Any
 from chaos.faults import Fault
 
 TERMINAL = ("done", "dead", "cancelled")
-KILLS = ("server_kill", "supervisor_kill")
-"""Faults that kill ComfyUI servers (and so end their executions, and lose their history)."""
+KILLS = ("server_kill", "supervisor_kill", "stuck_restart")
+"""Faults that kill ComfyUI servers (and so end their executions, and lose their history). A
+``stuck_restart`` is the supervisor's own restart of a server whose prompt ignored /interrupt, recorded
+when the supervisor said the server was gone: it ends the stuck execution as a kill does."""
 DEATH_SLACK_SECONDS = 1.0
 """A supervisor's children die of PR_SET_PDEATHSIG a moment after it: a run may still end, and write its
 history, in that moment, and the history dies with the server all the same."""
@@ -281,6 +283,8 @@ def _cause(previous: Execution, following: Execution, job: _Job | None, faults: 
         return "oom"
     if previous.outcome == "crashed":
         return "crash"
+    if previous.outcome is None and previous.death == "stuck_restart":
+        return "stuck (server restarted)"
     if previous.outcome is None and previous.death in KILLS:
         return f"{previous.death} mid-prompt"
     if previous.outcome == "interrupted":

@@ -38,6 +38,7 @@ from supervisor_support import REPO, TRIVIAL, running_prompts, wait_for
 
 from chaos.checker import Report, Submission
 from chaos.harness import MIN_LIFE_SECONDS, ChaosRun
+from comfysup.supervisor.stop import KILL_WAIT_SECONDS
 
 SLOTS = ("cpu0", "cpu1")
 
@@ -737,6 +738,119 @@ def t1_transient_failures(tmp: Path, seed: int, *, jobs: int, node_ms: float = 1
         report.figures.update(first_posts_faulty=faults, scripted_dead=sum(
             1 for words in script.values() if not any(w in ("ok", "drop") for w in words)))
         report.row_failures += [f"wrong end: {w}" for w in wrong] + [f"retried early: {e}" for e in early]
+        return report
+    finally:
+        h.cleanup()
+
+
+# -- H2: prompts stuck after /interrupt -------------------------------------------------------------------
+
+STUCK_WORD = "hostile:run:ignore-interrupt"
+STUCK_LINE = re.compile(r"(\S+): prompt ([0-9a-f-]{36}) did not leave ComfyUI's queue after /interrupt.*"
+                        r"restarting ComfyUI \(pid (\d+)\)")
+GONE_LINE = re.compile(r"(\S+): ComfyUI is gone, and with it stuck prompt ([0-9a-f-]{36})")
+
+
+class _StuckWatch:
+    """Follows the supervisor's log and records a ``stuck_restart`` fault when a server restarted for a
+    stuck prompt is gone: the checker's evidence of when (at the latest) that prompt's execution ended,
+    and of which pid, as for a kill. The line is written just before the runner may record the attempt,
+    so the fault's time comes before any later run of the job."""
+
+    def __init__(self, h: ChaosRun) -> None:
+        self.h = h
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.restarting: dict[str, int] = {}
+        self.recorded = 0
+
+    def __enter__(self) -> _StuckWatch:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(10)
+        self._read()  # whatever came after the last pass
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            if not self._read():
+                time.sleep(0.005)
+
+    offset = 0
+    pending = b""
+
+    def _read(self) -> bool:
+        try:
+            with open(self.h.log_path, "rb") as f:
+                f.seek(self.offset)
+                chunk = f.read()
+        except FileNotFoundError:
+            return False
+        self.offset += len(chunk)
+        *lines, self.pending = (self.pending + chunk).split(b"\n")
+        for raw in lines:
+            line = raw.decode(errors="replace")
+            if (m := STUCK_LINE.search(line)) is not None:
+                self.restarting[m.group(2)] = int(m.group(3))
+            elif (m := GONE_LINE.search(line)) is not None and m.group(2) in self.restarting:
+                self.h.faults.record("stuck_restart", pids=(self.restarting.pop(m.group(2)),), job=m.group(2),
+                                     slot=m.group(1))
+                self.recorded += 1
+        return bool(chunk)
+
+
+def h2_stuck_prompts(tmp: Path, seed: int, *, jobs: int, stuck: int, node_ms: float = 10.0) -> Report:
+    """Some prompts run a node that ignores /interrupt (``hostile:run:ignore-interrupt``); their jobs time
+    out, the prompt stays in the server's queue, and the supervisor restarts that server. Each job ends
+    within its deadline with a readable reason, no slot is marked failed, and the servers are restarted
+    exactly as many times as prompts got stuck (the checker matches each stuck run to its restart)."""
+    runner = {"attempts": 3, "base_delay_seconds": 0.1, "max_delay_seconds": 0.4, "jitter": False,
+              "timeout_seconds": 1.5, "leave_queue_seconds": 1.0}
+    h = ChaosRun(tmp, "H2", seed, node_ms=node_ms, runner=runner)
+    try:
+        batch = h.jobs_for(jobs)
+        victims = h.rng.sample([j["id"] for j in batch], stuck)
+        # A victim is stuck once or twice, then runs (or is stuck up to the last attempt: dead-lettered).
+        script = {v: [STUCK_WORD] * h.rng.choice((1, 1, 2, 3)) + ["ok"] for v in victims}
+        h.set_script(script)
+        h.submit(batch)
+        with _StuckWatch(h) as watch:
+            proc = h.start()
+            h.wait_ready(proc)
+            h.drain(proc, 60 + jobs * 0.5 + stuck * 10)
+        restarts = [(m.group(1), m.group(2)) for m in STUCK_LINE.finditer(h.log())]
+        report = h.finish(proc, drain_seconds=30)
+        report.figures["stuck_faults_recorded"] = watch.recorded
+        expected_stuck = sum(min(words.count(STUCK_WORD), 3) for words in script.values())
+        slots = (h.state() or {}).get("slots", [])
+        report.figures.update(stuck_prompts=expected_stuck, stuck_restarts=len(restarts),
+                              server_restarts=sum(s["restarts"] for s in slots),
+                              failed_slots=[s["name"] for s in slots if s["state"] == "failed"])
+        if len(restarts) != expected_stuck:
+            report.row_failures.append(f"{len(restarts)} stuck restarts for {expected_stuck} stuck prompts")
+        if report.figures["failed_slots"]:
+            report.row_failures.append(f"slots marked failed: {report.figures['failed_slots']}")
+        # Each stuck attempt ends within its timeout, the wait to leave the queue, and the restart's kill bound.
+        bound = runner["timeout_seconds"] + runner["leave_queue_seconds"] + KILL_WAIT_SECONDS + 2.0
+        longest = max((e - b for b, e in h.sql("SELECT started_at, ended_at FROM attempts WHERE kind = 'stuck'")),
+                      default=0.0)
+        report.figures["longest_stuck_attempt_seconds"] = round(longest, 2)
+        if longest > bound:
+            report.row_failures.append(f"a stuck attempt took {longest:.1f} s, more than {bound:g} s")
+        for victim, words in script.items():
+            state, attempt, reason = h.sql("SELECT state, attempt, reason FROM jobs WHERE id = ?", (victim,))[0]
+            times = words.count(STUCK_WORD)
+            expected = ("done", times + 1) if times < 3 else ("dead", 3)
+            if (state, attempt) != expected:
+                report.row_failures.append(f"{victim} {words}: {state} after {attempt}, expected {expected}")
+            if state == "dead" and "did not leave" not in (reason or ""):
+                report.row_failures.append(f"{victim}: dead without the stuck reason: {reason}")
+            kinds = [k for (k,) in h.sql("SELECT kind FROM attempts WHERE job_id = ? AND kind IS NOT NULL "
+                                         "AND kind != 'done' ORDER BY attempt", (victim,))]
+            if kinds != ["stuck"] * min(times, 3):
+                report.row_failures.append(f"{victim}: attempt kinds {kinds}")
         return report
     finally:
         h.cleanup()

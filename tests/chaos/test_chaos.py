@@ -134,3 +134,13 @@ def test_b1_fuzzed_jobs_files(tmp_path: Path, chaos_seed: int) -> None:
     report = scenarios.b1_fuzzed_lines(tmp_path, chaos_seed, examples=120)
     verdict(report)
     assert report.figures["accepted"] >= 1 and report.figures["rejected"] >= 1
+
+
+@pytest.mark.timeout(120)
+def test_h2_prompts_stuck_after_interrupt_restart_their_server(tmp_path: Path, chaos_seed: int) -> None:
+    report = scenarios.h2_stuck_prompts(tmp_path, chaos_seed, jobs=16, stuck=4)
+    verdict(report)
+    assert report.figures["stuck_restarts"] == report.figures["stuck_prompts"] >= 4
+    assert report.figures["server_restarts"] == report.figures["stuck_restarts"]
+    assert not report.figures["failed_slots"]
+    assert report.re_executions["stuck (server restarted)"] >= 1
