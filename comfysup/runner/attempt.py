@@ -38,6 +38,7 @@ from typing import Any
 from comfysup.errors import LeaseLost, QueueError
 from comfysup.queue.base import Claim, Output
 from comfysup.redact import Redactor
+from comfysup.runner import outputs as job_outputs
 from comfysup.runner.client import (
     ComfyClient,
     ComfyError,
@@ -79,6 +80,9 @@ class _Run:
     stream: EventStream | None = None
     adopted_entry: dict[str, Any] | None = None
     """A finished run's history entry found at catch-up: nothing to follow."""
+    from_disk: list[job_outputs.Found] | None = None
+    """A finished run whose history died with its server, adopted from the job's folder in the server's
+    output folder (``adopted_entry`` is then empty): its files are read from there, not through /view."""
     started: bool = False
     success_seen: bool = False
     interrupt_asked: bool = False
@@ -131,6 +135,8 @@ class Attempt:
             outcome = self._attempt()
             outcome.reason = self.redact(outcome.reason)
             self._record(outcome)
+            if outcome.state in ("done", "dead", "cancelled"):
+                self._remove_job_folders()
         except LeaseLost as exc:
             return AttemptResult(Outcome("lost", str(exc), kind="lease_lost"), self.next_claim, self.posted_out)
         except QueueError as exc:
@@ -223,6 +229,8 @@ class Attempt:
         if self.claim.last_server is None and self.claim.attempt <= 1:
             return None  # nothing was ever posted for this job (or a retry of a dead job was asked for)
         places = [self.claim.last_server, self.s.server, *(sorted(self.s.peers) if self.claim.attempt > 1 else [])]
+        gone: list[tuple[str, ComfyClient]] = []
+        """Servers that answered and hold neither the prompt nor its history: restarted since, if it ran there."""
         for server in dict.fromkeys(c for c in places if c):
             client = self.station.client_for(server)
             if client is None:
@@ -243,7 +251,10 @@ class Attempt:
                 self.live = _Run(client, server, live.number, started=live.running)
                 self.queue.record_prompt(self.claim, server, live.number)
                 return self.live
-            if history is None or (known is not None and prompt_number(history) != known):
+            if history is None:
+                gone.append((server, client))
+                continue
+            if known is not None and prompt_number(history) != known:
                 continue
             if known is None and status_of(history) != "success":
                 continue
@@ -252,7 +263,45 @@ class Attempt:
                      self.claim.id[:8], self.claim.attempt, server, prompt_number(history), extra={"event": "adopted"})
             self.trace.phase("adopted", self.wall())
             return _Run(client, server, prompt_number(history), adopted_entry=history)
+        return self._adopt_from_disk(gone)
+
+    def _adopt_from_disk(self, gone: list[tuple[str, ComfyClient]]) -> _Run | None:
+        """A run whose history died with its server, adopted from the job's folder in that server's output
+        folder when every output node left a complete file there (comfysup.runner.outputs). A folder that
+        cannot vouch for a whole run is emptied, and the job runs again (a counted re-run)."""
+        plan = job_outputs.plan(self.claim.workflow, self.claim.id)
+        for server, client in gone:
+            output_dir = self.s.output_dirs.get(server)
+            if output_dir is None:
+                continue
+            found = job_outputs.scan(output_dir, self.claim.id, plan.expected) if plan.adoptable else None
+            if found:
+                log.info("job %s attempt %d on %s: adopting %d file(s) of a run whose history died with its "
+                         "server", self.claim.id[:8], self.claim.attempt, server, len(found),
+                         extra={"event": "adopted"})
+                self.trace.phase("adopted", self.wall())
+                return _Run(client, server, None, adopted_entry={}, from_disk=found)
+            self._remove_job_folder(server, output_dir)
         return None
+
+    def _remove_job_folders(self) -> None:
+        """The job's folder in every output folder this runner can see, once its end is recorded: saves list
+        the folder to count, so it must not keep growing (best-effort)."""
+        for server, output_dir in self.s.output_dirs.items():
+            self._remove_job_folder(server, output_dir)
+
+    def _remove_job_folder(self, server: str, output_dir: Any) -> None:
+        try:
+            job_outputs.remove(output_dir, self.claim.id)
+        except (OSError, ValueError) as exc:
+            log.debug("job %s: could not remove its folder in %s's output folder: %s", self.claim.id[:8], server, exc)
+
+    def _workflow_for(self, claim: Claim) -> dict[str, Any]:
+        """The workflow to post to this runner's server: with the job's own output folder when comfysup can
+        see the server's output folder (for adoption from disk), else as it was submitted."""
+        if self.s.server not in self.s.output_dirs:
+            return claim.workflow
+        return job_outputs.plan(claim.workflow, claim.id).workflow
 
     # -- 2. post ----------------------------------------------------------------------------------------
 
@@ -267,7 +316,10 @@ class Attempt:
         # The kept socket, emptied of what earlier prompts left in it; a job posted again gets a new client
         # id, so no message of its earlier run can be read as one of this run.
         stream = self.client.own_stream(fresh=self.claim.attempt > 1)
-        number = self.client.post_prompt(self.claim.workflow, self.claim.id, stream.client_id,
+        if self.s.server in self.s.output_dirs and (self.claim.attempt > 1 or self.claim.last_server is not None):
+            # Leftovers of an earlier run must not mix with this run's files in a later adoption.
+            self._remove_job_folder(self.s.server, self.s.output_dirs[self.s.server])
+        number = self.client.post_prompt(self._workflow_for(self.claim), self.claim.id, stream.client_id,
                                          self.claim.extra_data)
         log.info("job %s attempt %d on %s: POST /prompt 200", self.claim.id[:8], self.claim.attempt, self.s.server,
                  extra={"event": "posted"})
@@ -304,7 +356,7 @@ class Attempt:
         except ComfyError:
             return  # nothing was posted: the next attempt posts it
         try:
-            number = self.client.post_prompt(nxt.workflow, nxt.id, stream.client_id, nxt.extra_data)
+            number = self.client.post_prompt(self._workflow_for(nxt), nxt.id, stream.client_id, nxt.extra_data)
         except ComfyError as exc:
             self.posted_out = Posted(nxt.id, claimed_at, self.wall(), error=exc)
             return
@@ -497,9 +549,13 @@ class Attempt:
     # -- 5. download ------------------------------------------------------------------------------------
 
     def _download(self, run: _Run, entry: dict[str, Any]) -> list[Output]:
+        if run.from_disk is not None:
+            return self._store_from_disk(run, run.from_disk)
         files = output_files(entry)
         try:
-            named = [(safe_relative(f["filename"], f.get("subfolder") or ""), f) for f in files]
+            # Stored under the names the user chose: without the job's own folder that comfysup added.
+            named = [(safe_relative(f["filename"], job_outputs.store_name(f.get("subfolder") or "", self.claim.id)), f)
+                     for f in files]
         except (UnsafeName, TypeError) as exc:
             raise PermanentError(str(exc), "unsafe_output") from exc
         self.trace.phase("downloading", self.wall())
@@ -524,6 +580,32 @@ class Attempt:
             except OSError as exc:
                 raise _store_failure(exc, relative) from exc
         return outputs
+
+    def _store_from_disk(self, run: _Run, found: list[job_outputs.Found]) -> list[Output]:
+        """An adopted run's files, read from the job's folder in the server's output folder, through the same
+        store writes (temporary name, fsync, rename) as a download."""
+        self.trace.phase("downloading", self.wall())
+        self.next_heartbeat = self.clock()
+        self._checkpoints(run, self.clock())
+        output_dir = self.s.output_dirs[run.server]
+        try:
+            self.station.store.prepare(self.claim.id)
+        except OSError as exc:
+            raise _store_failure(exc, self.claim.id) from exc
+        stored = []
+        for f in found:
+            self._checkpoints(run, self.clock())
+            try:
+                relative = safe_relative(f.filename, f.subfolder)
+                stored.append(self.station.store.write(self.claim.id, relative,
+                                                       job_outputs.read(output_dir, self.claim.id, f.relative)))
+            except UnsafeName as exc:
+                raise PermanentError(str(exc), "unsafe_output") from exc
+            except TooLarge as exc:
+                raise PermanentError(str(exc), "too_large") from exc
+            except OSError as exc:  # the store, or the server's folder changed since the scan: retried
+                raise _store_failure(exc, f.relative) from exc
+        return stored
 
 
 def _store_failure(exc: OSError, where: str) -> ComfyError:

@@ -78,7 +78,8 @@ class Runner:
                  until_empty: bool = False, queue: Queue | None = None, owner_token: str | None = None,
                  on_alive: Callable[[], None] = lambda: None,
                  may_claim: Callable[[], bool] = lambda: True,
-                 on_job: Callable[[Claim, Outcome | None], None] = lambda claim, outcome: None) -> None:
+                 on_job: Callable[[Claim, Outcome | None], None] = lambda claim, outcome: None,
+                 output_dirs: dict[str, Path] | None = None) -> None:
         self.config = config
         self.server = server
         bind(slot=server)  # every log line of this runner names its slot
@@ -93,7 +94,7 @@ class Runner:
         """Called with (claim, None) when an attempt starts and (claim, outcome) when it ends: a supervisor
         learns the current job and counts jobs per server (for recycling) without asking the queue."""
         store = ResultStore(config.resolve(config.store.dir), config.store.max_file_mb * 2**20)
-        self.station = Station(settings_from(config, server, url, peers or {}), self.queue, store,
+        self.station = Station(settings_from(config, server, url, peers or {}, output_dirs), self.queue, store,
                                stop_deadline=lambda: self.state.stop_deadline, on_alive=on_alive)
         self.idle_seconds = min(config.runner.poll_seconds, 0.25)
         self.last_model: str | None = None
