@@ -196,6 +196,7 @@ class Attempt:
                 self._hand_off()
             outputs = self._download(run, entry)
             return Outcome("done", kind="done", outputs=outputs, adopted=run.adopted_entry is not None,
+                           adopted_from_disk=run.from_disk is not None,
                            server_free=run.end_seen and run.queue_remaining == 0 and run.client is self.client)
         except _Stop as stop:
             return stop.outcome

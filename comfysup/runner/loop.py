@@ -263,7 +263,8 @@ class Runner:
         if o.state == "done":
             files = ", ".join(f"{Path(f.name).name} {f.sha256[:16]}" for f in o.outputs[:4])
             more = ", …" if len(o.outputs) > 4 else ""
-            how = " (adopted from /history)" if o.adopted else ""
+            how = ((" (adopted from its files in the server's output folder)" if o.adopted_from_disk
+                    else " (adopted from /history)") if o.adopted else "")
             log.info("job %s: done on %s after %d attempt(s)%s, %d file(s): %s%s", short, self.server,
                      claim.attempt, how, len(o.outputs), files, more, extra=event)
         elif o.state == "retry":
