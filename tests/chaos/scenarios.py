@@ -81,9 +81,6 @@ def _kill_loop(h: ChaosRun, count: int, pick: Callable[[dict[str, Any]], int | N
 def _kill_after_files(h: ChaosRun, count: int, seconds: float) -> dict[str, int]:
     """Kill a slot's server the moment a complete file of the job its runner holds appears in the server's
     output folder (``output/comfysup/<job id>/``), ``count`` times; each server pid once."""
-    from chaos.checker import complete_png
-
-    base = h.config.resolve(h.config.comfyui.base_directory)
     kills = 0
     done_pids: set[int] = set()
     deadline = time.monotonic() + seconds
@@ -94,16 +91,25 @@ def _kill_after_files(h: ChaosRun, count: int, seconds: float) -> dict[str, int]
             if (slot["state"] != "running" or not pid or not job or pid in done_pids
                     or h.age(pid) < MIN_LIFE_SECONDS):
                 continue
-            folder = base / slot["name"] / "output" / "comfysup" / job
-            with contextlib.suppress(OSError):
-                if any(p.suffix == ".png" and complete_png(p.read_bytes()) for p in folder.iterdir()):
-                    done_pids.add(pid)
-                    h.kill("server_kill", pid, job=job, slot=slot["name"], after="file")
-                    kills += 1
-                    if kills >= count:
-                        break
+            if _file_landed(h, slot["name"], job):
+                done_pids.add(pid)
+                h.kill("server_kill", pid, job=job, slot=slot["name"], after="file")
+                kills += 1
+                if kills >= count:
+                    break
         time.sleep(0.002)
     return {"kills_after_a_file": kills}
+
+
+def _file_landed(h: ChaosRun, slot: str, job: str) -> bool:
+    """A complete file of ``job`` is in its folder of the slot's server's output folder."""
+    from chaos.checker import complete_png
+
+    folder = h.config.resolve(h.config.comfyui.base_directory) / slot / "output" / "comfysup" / job
+    try:
+        return any(p.suffix == ".png" and complete_png(p.read_bytes()) for p in folder.iterdir())
+    except OSError:
+        return False
 
 
 class _Tail:
@@ -267,6 +273,8 @@ def k3_server_kills(tmp: Path, seed: int, *, jobs: int, kills: int, file_kills: 
         def executing(slot: dict[str, Any]) -> int | None:
             if slot["state"] != "running" or not slot.get("job") or not slot.get("pid"):
                 return None
+            if _file_landed(h, slot["name"], slot["job"]):
+                return None  # mid-prompt means before its file: later kills are the file_kills below
             return slot["pid"] if slot["job"] in running_prompts(slot["url"]) else None
 
         figures = _kill_loop(h, kills, executing, "server_kill", 0.15, seconds=3600)
