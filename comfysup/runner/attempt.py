@@ -32,7 +32,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from comfysup.errors import LeaseLost, QueueError
@@ -270,32 +272,21 @@ class Attempt:
         """A run whose history died with its server, adopted from the job's folder in that server's output
         folder when every output node left a complete file there (comfysup.runner.outputs). A folder that
         cannot vouch for a whole run is emptied, and the job runs again (a counted re-run)."""
-        plan = job_outputs.plan(self.claim.workflow, self.claim.id)
-        for server, client in gone:
-            output_dir = self.s.output_dirs.get(server)
-            if output_dir is None:
-                continue
-            found = job_outputs.scan(output_dir, self.claim.id, plan.expected) if plan.adoptable else None
-            if found:
-                log.info("job %s attempt %d on %s: adopting %d file(s) of a run whose history died with its "
-                         "server", self.claim.id[:8], self.claim.attempt, server, len(found),
-                         extra={"event": "adopted"})
-                self.trace.phase("adopted", self.wall())
-                return _Run(client, server, None, adopted_entry={}, from_disk=found)
-            self._remove_job_folder(server, output_dir)
-        return None
+        clients = dict(gone)
+        adopted = job_outputs.adopt(self.s.output_dirs, list(clients), self.claim.workflow, self.claim.id)
+        if adopted is None:
+            return None
+        server, found = adopted
+        log.info("job %s attempt %d on %s: adopting %d file(s) of a run whose history died with its server",
+                 self.claim.id[:8], self.claim.attempt, server, len(found), extra={"event": "adopted"})
+        self.trace.phase("adopted", self.wall())
+        return _Run(clients[server], server, None, adopted_entry={}, from_disk=found)
 
     def _remove_job_folders(self) -> None:
         """The job's folder in every output folder this runner can see, once its end is recorded: saves list
         the folder to count, so it must not keep growing (best-effort)."""
-        for server, output_dir in self.s.output_dirs.items():
-            self._remove_job_folder(server, output_dir)
-
-    def _remove_job_folder(self, server: str, output_dir: Any) -> None:
-        try:
-            job_outputs.remove(output_dir, self.claim.id)
-        except (OSError, ValueError) as exc:
-            log.debug("job %s: could not remove its folder in %s's output folder: %s", self.claim.id[:8], server, exc)
+        for server in self.s.output_dirs:
+            job_outputs.discard(self.s.output_dirs, server, self.claim.id)
 
     def _workflow_for(self, claim: Claim) -> dict[str, Any]:
         """The workflow to post to this runner's server: with the job's own output folder when comfysup can
@@ -319,7 +310,7 @@ class Attempt:
         stream = self.client.own_stream(fresh=self.claim.attempt > 1)
         if self.s.server in self.s.output_dirs and (self.claim.attempt > 1 or self.claim.last_server is not None):
             # Leftovers of an earlier run must not mix with this run's files in a later adoption.
-            self._remove_job_folder(self.s.server, self.s.output_dirs[self.s.server])
+            job_outputs.discard(self.s.output_dirs, self.s.server, self.claim.id)
         number = self.client.post_prompt(self._workflow_for(self.claim), self.claim.id, stream.client_id,
                                          self.claim.extra_data)
         log.info("job %s attempt %d on %s: POST /prompt 200", self.claim.id[:8], self.claim.attempt, self.s.server,
@@ -550,13 +541,8 @@ class Attempt:
     # -- 5. download ------------------------------------------------------------------------------------
 
     def _download(self, run: _Run, entry: dict[str, Any]) -> list[Output]:
-        if run.from_disk is not None:
-            return self._store_from_disk(run, run.from_disk)
-        files = output_files(entry)
         try:
-            # Stored under the names the user chose: without the job's own folder that comfysup added.
-            named = [(safe_relative(f["filename"], job_outputs.store_name(f.get("subfolder") or "", self.claim.id)), f)
-                     for f in files]
+            named = self._sources(run, entry)
         except (UnsafeName, TypeError) as exc:
             raise PermanentError(str(exc), "unsafe_output") from exc
         self.trace.phase("downloading", self.wall())
@@ -569,44 +555,29 @@ class Attempt:
         except OSError as exc:  # the job's folder cannot be made: as transient as a file that cannot be written
             raise _store_failure(exc, self.claim.id) from exc
         outputs = []
-        for relative, f in named:
+        for relative, chunks in named:
             self._checkpoints(run, self.clock())
             try:
-                outputs.append(self.station.store.write(self.claim.id, relative,
-                                                run.client.view(f["filename"], f.get("subfolder") or "", f["type"])))
+                outputs.append(self.station.store.write(self.claim.id, relative, chunks()))
             except UnsafeName as exc:
                 raise PermanentError(str(exc), "unsafe_output") from exc
             except TooLarge as exc:
                 raise PermanentError(str(exc), "too_large") from exc
-            except OSError as exc:
+            except OSError as exc:  # the store, or (adopted from disk) the server's folder since the scan
                 raise _store_failure(exc, relative) from exc
         return outputs
 
-    def _store_from_disk(self, run: _Run, found: list[job_outputs.Found]) -> list[Output]:
-        """An adopted run's files, read from the job's folder in the server's output folder, through the same
-        store writes (temporary name, fsync, rename) as a download."""
-        self.trace.phase("downloading", self.wall())
-        self.next_heartbeat = self.clock()
-        self._checkpoints(run, self.clock())
-        output_dir = self.s.output_dirs[run.server]
-        try:
-            self.station.store.prepare(self.claim.id)
-        except OSError as exc:
-            raise _store_failure(exc, self.claim.id) from exc
-        stored = []
-        for f in found:
-            self._checkpoints(run, self.clock())
-            try:
-                relative = safe_relative(f.filename, f.subfolder)
-                stored.append(self.station.store.write(self.claim.id, relative,
-                                                       job_outputs.read(output_dir, self.claim.id, f.relative)))
-            except UnsafeName as exc:
-                raise PermanentError(str(exc), "unsafe_output") from exc
-            except TooLarge as exc:
-                raise PermanentError(str(exc), "too_large") from exc
-            except OSError as exc:  # the store, or the server's folder changed since the scan: retried
-                raise _store_failure(exc, f.relative) from exc
-        return stored
+    def _sources(self, run: _Run, entry: dict[str, Any]) -> list[tuple[str, Callable[[], Iterable[bytes]]]]:
+        """Each file's name in the store and where its bytes come from: /view, or the job's folder in the
+        server's output folder for a run adopted from disk. Stored under the names the user chose: without
+        the job's own folder that comfysup added to the prefixes."""
+        if run.from_disk is not None:
+            folder = self.s.output_dirs[run.server]
+            return [(safe_relative(f.filename, f.subfolder),
+                     partial(job_outputs.read, folder, self.claim.id, f.relative)) for f in run.from_disk]
+        return [(safe_relative(f["filename"], job_outputs.store_name(f.get("subfolder") or "", self.claim.id)),
+                 partial(run.client.view, f["filename"], f.get("subfolder") or "", f["type"]))
+                for f in output_files(entry)]
 
 
 def _store_failure(exc: OSError, where: str) -> ComfyError:

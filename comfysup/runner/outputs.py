@@ -22,6 +22,7 @@ a ``%`` variable other than ``%batch_num%``) is left alone, and such a job is ne
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 import stat
@@ -35,6 +36,7 @@ from typing import Any
 from comfysup import safefs
 from comfysup.jobs import BUILTIN_OUTPUT_NODES
 
+log = logging.getLogger("comfysup.runner")
 FOLDER = "comfysup"
 """The folder of the server's output folder that holds one folder per job."""
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -224,6 +226,30 @@ def _matching(job: int, subfolder: str, pattern: re.Pattern[str]) -> list[str] |
             finally:
                 os.close(fd)
     return names
+
+
+def adopt(output_dirs: dict[str, Path], servers: list[str], workflow: dict[str, Any],
+          job_id: str) -> tuple[str, list[Found]] | None:
+    """The first of ``servers`` (each answered, with neither the prompt nor its history: restarted) whose
+    output folder holds a whole run of the job, and its files. A folder that cannot vouch for a whole run
+    is emptied on the way: the job runs again, and its leftovers must not mix with the new run's files."""
+    job_plan = plan(workflow, job_id)
+    for server in servers:
+        if server not in output_dirs:
+            continue
+        found = scan(output_dirs[server], job_id, job_plan.expected) if job_plan.adoptable else None
+        if found:
+            return server, found
+        discard(output_dirs, server, job_id)
+    return None
+
+
+def discard(output_dirs: dict[str, Path], server: str, job_id: str) -> None:
+    """Best-effort :func:`remove` of the job's folder on ``server`` (a folder that stays costs only space)."""
+    try:
+        remove(output_dirs[server], job_id)
+    except (OSError, ValueError, KeyError) as exc:
+        log.debug("job %s: could not remove its folder in %s's output folder: %s", job_id[:8], server, exc)
 
 
 def read(output_dir: Path, job_id: str, relative: str) -> Iterator[bytes]:
