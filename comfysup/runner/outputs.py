@@ -51,6 +51,10 @@ READ_CHUNK = 1 << 20
 PREVIEW_NODES = frozenset({"PreviewImage", "PreviewAudio", "Preview3D", "Preview3DAnimation", "PreviewAny",
                            "SaveImageWebsocket", "ETN_SendImageWebSocket"})
 """Output nodes that write nothing to the output folder (temp files or the socket): no file is expected."""
+UNLISTED_SAVERS = frozenset({"CheckpointSave", "CLIPSave", "VAESave", "ModelSave", "LoraSave"})
+"""Savers whose files the history does not name (models): comfysup never stores them, so they stay where
+the user's prefix puts them (moved into the job's folder they would be removed with it); such a job is not
+adopted from disk."""
 
 
 def job_folder(job_id: str) -> str:
@@ -112,7 +116,7 @@ def plan(workflow: dict[str, Any], job_id: str) -> Plan:
                 adoptable = False
             continue
         prefix = inputs["filename_prefix"]
-        place = _place(prefix) if isinstance(prefix, str) else None
+        place = _place(prefix) if isinstance(prefix, str) and node.get("class_type") not in UNLISTED_SAVERS else None
         if place is None:
             out[node_id] = node
             adoptable = False  # its files land outside the job's folder: the folder cannot vouch for them

@@ -89,6 +89,12 @@ def test_a_prefix_that_cannot_move_as_it_is_is_left_alone_and_the_job_is_not_ado
     assert not p.adoptable
 
 
+def test_a_model_saver_keeps_its_prefix_its_files_are_not_results() -> None:
+    workflow = {"9": {"class_type": "CheckpointSave", "inputs": {"filename_prefix": "checkpoints/mine"}}}
+    p = outputs.plan(workflow, JOB)
+    assert p.workflow == workflow and not p.adoptable
+
+
 def _folder(tmp_path: Path) -> Path:
     folder = tmp_path / "output" / "comfysup" / JOB
     folder.mkdir(parents=True)
