@@ -209,6 +209,8 @@ class FakeServer:
     async def _run(self, item: QueueItem) -> None:
         """Execute, wait the history gap, write the history, then executing{node: null} as ComfyUI does."""
         ended = await self.executor.execute(item)
+        if ended.outcome == "success":
+            self.recorder.completed(ended.record)
         await asyncio.sleep(max(self.options.history_delay_ms, 0) / 1000)
         self.queue.task_done(item, ended.result, ended.status)
         if item.client_id is not None:

@@ -133,6 +133,12 @@ class Recorder:
                 self._log("end", prompt_id=self._ids.get(id(run)), number=run["number"], word=run["word"],
                           started_at=run["started_at"], ended_at=run["ended_at"], outcome=outcome)
 
+    def completed(self, run: dict[str, Any]) -> None:
+        """Every node of an execution ran (its files are written); its history is written after this."""
+        with self._lock:
+            self._log("completed", prompt_id=self._ids.get(id(run)), number=run["number"], word=run["word"],
+                      completed_at=time.time())
+
     def hostile(self, prompt_id: str, mutation: str, where: str, source: str) -> None:
         """A post gave this prompt a mutation (source: script or seed); `hits` counts mangled answers."""
         with self._lock:

@@ -32,13 +32,16 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from comfysup.errors import LeaseLost, QueueError
 from comfysup.queue.base import Claim, Output, Queue
 from comfysup.redact import Redactor
 from comfysup.runner import deadline
+from comfysup.runner import outputs as job_outputs
 from comfysup.runner.client import (
     ComfyClient,
     ComfyError,
@@ -102,6 +105,9 @@ class _Run:
     stream: EventStream | None = None
     adopted_entry: dict[str, Any] | None = None
     """A finished run's history entry found at catch-up: nothing to follow."""
+    from_disk: list[job_outputs.Found] | None = None
+    """A finished run whose history died with its server, adopted from the job's folder in the server's
+    output folder (``adopted_entry`` is then empty): its files are read from there, not through /view."""
     started: bool = False
     success_seen: bool = False
     interrupt_asked: bool = False
@@ -163,6 +169,8 @@ class Attempt:
                                                transient=True))
             outcome.reason = self.redact(outcome.reason)
             self._record(outcome)
+            if outcome.state in ("done", "dead", "cancelled"):
+                self._remove_job_folders()
         except LeaseLost as exc:
             return AttemptResult(Outcome("lost", str(exc), kind="lease_lost"), self.next_claim, self.posted_out)
         except QueueError as exc:
@@ -242,6 +250,7 @@ class Attempt:
                 self._hand_off()
             outputs = self._download(run, entry)
             return Outcome("done", kind="done", outputs=outputs, adopted=run.adopted_entry is not None,
+                           adopted_from_disk=run.from_disk is not None,
                            server_free=run.end_seen and run.queue_remaining == 0 and run.client is self.client)
         except _Stop as stop:
             return stop.outcome
@@ -275,6 +284,8 @@ class Attempt:
         if self.claim.last_server is None and self.claim.attempt <= 1:
             return None  # nothing was ever posted for this job (or a retry of a dead job was asked for)
         places = [self.claim.last_server, self.s.server, *(sorted(self.s.peers) if self.claim.attempt > 1 else [])]
+        gone: list[tuple[str, ComfyClient]] = []
+        """Servers that answered and hold neither the prompt nor its history: restarted since, if it ran there."""
         for server in dict.fromkeys(c for c in places if c):
             client = self.station.client_for(server)
             if client is None:
@@ -295,7 +306,10 @@ class Attempt:
                 self.live = _Run(client, server, live.number, started=live.running)
                 self.queue.record_prompt(self.claim, server, live.number)
                 return self.live
-            if history is None or (known is not None and prompt_number(history) != known):
+            if history is None:
+                gone.append((server, client))
+                continue
+            if known is not None and prompt_number(history) != known:
                 continue
             if known is None and status_of(history) != "success":
                 continue
@@ -304,7 +318,34 @@ class Attempt:
                      self.claim.id[:8], self.claim.attempt, server, prompt_number(history), extra={"event": "adopted"})
             self.trace.phase("adopted", self.wall())
             return _Run(client, server, prompt_number(history), adopted_entry=history)
-        return None
+        return self._adopt_from_disk(gone)
+
+    def _adopt_from_disk(self, gone: list[tuple[str, ComfyClient]]) -> _Run | None:
+        """A run whose history died with its server, adopted from the job's folder in that server's output
+        folder when every output node left a complete file there (comfysup.runner.outputs). A folder that
+        cannot vouch for a whole run is emptied, and the job runs again (a counted re-run)."""
+        clients = dict(gone)
+        adopted = job_outputs.adopt(self.s.output_dirs, list(clients), self.claim.workflow, self.claim.id)
+        if adopted is None:
+            return None
+        server, found = adopted
+        log.info("job %s attempt %d on %s: adopting %d file(s) of a run whose history died with its server",
+                 self.claim.id[:8], self.claim.attempt, server, len(found), extra={"event": "adopted"})
+        self.trace.phase("adopted", self.wall())
+        return _Run(clients[server], server, None, adopted_entry={}, from_disk=found)
+
+    def _remove_job_folders(self) -> None:
+        """The job's folder in every output folder this runner can see, once its end is recorded: saves list
+        the folder to count, so it must not keep growing (best-effort)."""
+        for server in self.s.output_dirs:
+            job_outputs.discard(self.s.output_dirs, server, self.claim.id)
+
+    def _workflow_for(self, claim: Claim) -> dict[str, Any]:
+        """The workflow to post to this runner's server: with the job's own output folder when comfysup can
+        see the server's output folder (for adoption from disk), else as it was submitted."""
+        if self.s.server not in self.s.output_dirs:
+            return claim.workflow
+        return job_outputs.plan(claim.workflow, claim.id).workflow
 
     # -- 2. post ----------------------------------------------------------------------------------------
 
@@ -319,7 +360,10 @@ class Attempt:
         # The kept socket, emptied of what earlier prompts left in it; a job posted again gets a new client
         # id, so no message of its earlier run can be read as one of this run.
         stream = self.client.own_stream(fresh=self.claim.attempt > 1)
-        number = self.client.post_prompt(self.claim.workflow, self.claim.id, stream.client_id,
+        if self.s.server in self.s.output_dirs and (self.claim.attempt > 1 or self.claim.last_server is not None):
+            # Leftovers of an earlier run must not mix with this run's files in a later adoption.
+            job_outputs.discard(self.s.output_dirs, self.s.server, self.claim.id)
+        number = self.client.post_prompt(self._workflow_for(self.claim), self.claim.id, stream.client_id,
                                          self.claim.extra_data)
         log.info("job %s attempt %d on %s: POST /prompt 200", self.claim.id[:8], self.claim.attempt, self.s.server,
                  extra={"event": "posted"})
@@ -356,7 +400,7 @@ class Attempt:
         except ComfyError:
             return  # nothing was posted: the next attempt posts it
         try:
-            number = self.client.post_prompt(nxt.workflow, nxt.id, stream.client_id, nxt.extra_data)
+            number = self.client.post_prompt(self._workflow_for(nxt), nxt.id, stream.client_id, nxt.extra_data)
         except ComfyError as exc:
             self.posted_out = Posted(nxt.id, claimed_at, self.wall(), error=exc)
             return
@@ -565,9 +609,8 @@ class Attempt:
     # -- 5. download ------------------------------------------------------------------------------------
 
     def _download(self, run: _Run, entry: dict[str, Any]) -> list[Output]:
-        files = output_files(entry)
         try:
-            named = [(safe_relative(f["filename"], f.get("subfolder") or ""), f) for f in files]
+            named = self._sources(run, entry)
         except (UnsafeName, TypeError) as exc:
             raise PermanentError(str(exc), "unsafe_output") from exc
         self.trace.phase("downloading", self.wall())
@@ -582,22 +625,33 @@ class Attempt:
         except OSError as exc:  # the job's folder cannot be made: as transient as a file that cannot be written
             raise _store_failure(exc, self.claim.id) from exc
         outputs: list[Output] = []
-        for relative, f in named:
+        for relative, chunks in named:
             self._checkpoints(run, self.clock())
             left = self.s.max_job_bytes - sum(o.size for o in outputs)
             try:
-                outputs.append(self.station.store.write(
-                    self.claim.id, relative, run.client.view(f["filename"], f.get("subfolder") or "", f["type"]),
-                    limit_bytes=left, limit_name="what is left of [store] max_job_mb"))
+                outputs.append(self.station.store.write(self.claim.id, relative, chunks(), limit_bytes=left,
+                                                        limit_name="what is left of [store] max_job_mb"))
             except UnsafeName as exc:
                 raise PermanentError(str(exc), "unsafe_output") from exc
             except TooLarge as exc:
                 raise PermanentError(str(exc), "too_large") from exc
             except Incomplete as exc:
                 raise ComfyError(str(exc), "download") from exc
-            except OSError as exc:
+            except OSError as exc:  # the store, or (adopted from disk) the server's folder since the scan
                 raise _store_failure(exc, relative) from exc
         return outputs
+
+    def _sources(self, run: _Run, entry: dict[str, Any]) -> list[tuple[str, Callable[[], Iterable[bytes]]]]:
+        """Each file's name in the store and where its bytes come from: /view, or the job's folder in the
+        server's output folder for a run adopted from disk. Stored under the names the user chose: without
+        the job's own folder that comfysup added to the prefixes."""
+        if run.from_disk is not None:
+            folder = self.s.output_dirs[run.server]
+            return [(safe_relative(f.filename, f.subfolder),
+                     partial(job_outputs.read, folder, self.claim.id, f.relative)) for f in run.from_disk]
+        return [(safe_relative(f["filename"], job_outputs.store_name(f.get("subfolder") or "", self.claim.id)),
+                 partial(run.client.view, f["filename"], f.get("subfolder") or "", f["type"]))
+                for f in output_files(entry)]
 
 
 def _store_failure(exc: OSError, where: str) -> ComfyError:

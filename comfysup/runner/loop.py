@@ -81,7 +81,7 @@ class Runner:
                  on_alive: Callable[[], None] = lambda: None,
                  may_claim: Callable[[], bool] = lambda: True,
                  on_job: Callable[[Claim, Outcome | None], None] = lambda claim, outcome: None,
-                 stuck: StuckChannel | None = None) -> None:
+                 stuck: StuckChannel | None = None, output_dirs: dict[str, Path] | None = None) -> None:
         self.config = config
         self.server = server
         bind(slot=server)  # every log line of this runner names its slot
@@ -100,7 +100,7 @@ class Runner:
         self.out_of_service = OutOfService()
         """When nobody restarts the server (comfysup work): no claim for it until its queue is empty."""
         store = ResultStore(config.resolve(config.store.dir), config.store.max_file_mb * 2**20)
-        self.station = Station(settings_from(config, server, url, peers or {}), self.queue, store,
+        self.station = Station(settings_from(config, server, url, peers or {}, output_dirs), self.queue, store,
                                stop_deadline=lambda: self.state.stop_deadline, on_alive=on_alive,
                                stuck=self.stuck if self.stuck.restarts else
                                StuckChannel(False, self._stuck_here, self.stuck.pending))
@@ -302,7 +302,8 @@ class Runner:
         if o.state == "done":
             files = ", ".join(f"{Path(f.name).name} {f.sha256[:16]}" for f in o.outputs[:4])
             more = ", …" if len(o.outputs) > 4 else ""
-            how = " (adopted from /history)" if o.adopted else ""
+            how = ((" (adopted from its files in the server's output folder)" if o.adopted_from_disk
+                    else " (adopted from /history)") if o.adopted else "")
             log.info("job %s: done on %s after %d attempt(s)%s, %d file(s): %s%s", short, self.server,
                      claim.attempt, how, len(o.outputs), files, more, extra=event)
         elif o.state == "retry":

@@ -24,6 +24,8 @@ class Outcome:
     outputs: list[Output] = field(default_factory=list)
     delay_seconds: float = 0.0
     adopted: bool = False
+    adopted_from_disk: bool = False
+    """Adopted from the job's files in the server's output folder: its history had died with the server."""
     server_free: bool = False
     """The server's own broadcast said its queue was empty once this prompt left it: the runner may claim
     the next job without asking GET /queue (see Runner._next_job)."""

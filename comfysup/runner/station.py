@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from comfysup.backoff import RetryPolicy
 from comfysup.config import Config
@@ -42,9 +43,14 @@ class AttemptSettings:
     """Other servers by name, where an earlier attempt of a job may have run (for catch-up)."""
     max_files_per_job: int
     max_job_bytes: int
+    output_dirs: dict[str, Path]
+    """The output folders comfysup can see, by server name (servers ``comfysup run`` launched): each job's
+    files go to its own folder there, adopted from disk when the history died with the server
+    (comfysup.runner.outputs). A server not named here is used as it always was."""
 
     @classmethod
-    def from_config(cls, config: Config, server: str, url: str, peers: dict[str, str]) -> AttemptSettings:
+    def from_config(cls, config: Config, server: str, url: str, peers: dict[str, str],
+                    output_dirs: dict[str, Path] | None = None) -> AttemptSettings:
         r = config.runner
         return cls(
             server=server, url=url,
@@ -54,7 +60,7 @@ class AttemptSettings:
             heartbeat_seconds=r.heartbeat_seconds, http_timeout_seconds=r.http_timeout_seconds,
             server_lost_seconds=max(r.http_timeout_seconds, SERVER_LOST_MIN_SECONDS),
             leave_queue_seconds=r.leave_queue_seconds,
-            peers={k: v for k, v in peers.items() if k != server},
+            peers={k: v for k, v in peers.items() if k != server}, output_dirs=dict(output_dirs or {}),
             max_files_per_job=config.store.max_files_per_job, max_job_bytes=config.store.max_job_mb * 2**20)
 
 

@@ -195,6 +195,12 @@ def spawn_server(unit: Unit, config: Config, ops: ProcessOps, env: Mapping[str, 
     log.info("%s: ComfyUI started, pid %d, port %d, log %s", unit.name, pid, plan.port, plan.log_path)
 
 
+def output_dirs(units: list[Unit]) -> dict[str, Path]:
+    """The output folder of each server this supervisor launches (``<base directory>/output``, as ComfyUI
+    puts it); a [[servers]] entry's folder is not known."""
+    return {u.name: u.plan.directory / "output" for u in units if u.plan is not None}
+
+
 def prepare_runner(unit: Unit, now: float, may_claim: bool) -> None:
     """Before a runner is forked: a fresh sign of life, no job, and whether it may claim."""
     shared = unit.shared
@@ -205,9 +211,11 @@ def prepare_runner(unit: Unit, now: float, may_claim: bool) -> None:
     # A stuck prompt reported by the runner that died stays reported: the server still holds it.
 
 
-def runner_main(config: Config, unit: Unit, peers: dict[str, str], token: str) -> int:
+def runner_main(config: Config, unit: Unit, peers: dict[str, str], token: str,
+                output_dirs: dict[str, Path] | None = None) -> int:
     """In the forked child (already its own process group, default signals): be a plain runner that
-    reports through the unit's shared block."""
+    reports through the unit's shared block. ``output_dirs``: the output folders of the servers this
+    supervisor launched (by name), where a job's files can be adopted from disk."""
     from comfysup.runner.loop import Runner
 
     shared = unit.shared
@@ -235,7 +243,7 @@ def runner_main(config: Config, unit: Unit, peers: dict[str, str], token: str) -
 
     stuck = StuckChannel(restarts=unit.server is not None, report=report_stuck, pending=lambda: bool(shared.stuck))
     runner = Runner(config, unit.name, unit.url, peers=peers, owner_token=token, on_alive=on_alive,
-                    may_claim=may_claim, on_job=on_job, stuck=stuck)
+                    may_claim=may_claim, on_job=on_job, stuck=stuck, output_dirs=output_dirs)
     runner.install_signals()
     runner.run()
     return 0

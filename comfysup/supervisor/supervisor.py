@@ -52,6 +52,7 @@ from comfysup.supervisor.children import (
     check_comfyui,
     monitor_main,
     next_restart,
+    output_dirs,
     prepare_runner,
     runner_limits,
     runner_main,
@@ -370,7 +371,9 @@ class Supervisor:
     def _fork_runner(self, unit: Unit, now: float) -> None:
         prepare_runner(unit, now, may_claim=not self.stopping and unit.usable)
         peers = {u.name: u.url for u in self.units}
-        runner = self.manager.fork_runner(unit.name, lambda token: runner_main(self.config, unit, peers, token))
+        outputs = output_dirs(self.units)
+        runner = self.manager.fork_runner(unit.name,
+                                          lambda token: runner_main(self.config, unit, peers, token, outputs))
         unit.runner_pid = runner.pid
         unit.runner.spawned(now)
         log.info("%s: runner started, pid %d", unit.name, runner.pid)

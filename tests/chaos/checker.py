@@ -14,9 +14,11 @@ secrets are searched for byte by byte. Counted, as in Jepsen's queue checkers:
   An execution cut short by a kill has no end line; it ended when the fault log says its pid was
   killed (else when its port's next server started: an unexplained death, also reported).
 - **re-executions**, each matched to what destroyed the run before it: a scripted OOM, crash or hang
-  (the timeout), a kill of the server that ran it (mid-prompt, or after it with its history), a
-  database lock that made the attempt stop itself, a timeout recorded in the attempts. Any other is
-  **unmatched**. More executions or posts than attempts is an **uncounted** run.
+  (the timeout), a kill of the server that ran it mid-prompt, a database lock that made the attempt
+  stop itself, a timeout recorded in the attempts. Any other is **unmatched**. A run that completed
+  (every node ran, its files written: ``success``, or the fake's ``completed`` line before a kill took
+  its history) is adopted, never run again: any execution after it is **after completed**. More
+  executions or posts than attempts is an **uncounted** run.
 - **missing / partial files**: a ``done`` job whose recorded file is absent or has another size or hash;
   any file under a final name in the store that is not a complete image; **outside**: anything in the
   store that is not in a job's folder. ``.part`` files are fine (not final) and only counted.
@@ -26,9 +28,9 @@ secrets are searched for byte by byte. Counted, as in Jepsen's queue checkers:
 - ``PRAGMA integrity_check`` of the queue.
 
 Any lost, partial submit, double terminal, extra results, overlapping claim, concurrent execution,
-unmatched re-execution, uncounted run, missing or partial file, file outside, leaked secret, a failed
-integrity check, or a failure of the scenario's own expectations (``row_failures``) fails the run
-(:attr:`Report.ok`).
+unmatched re-execution, execution after a completed one, uncounted run, missing or partial file, file
+outside, leaked secret, a failed integrity check, or a failure of the scenario's own expectations
+(``row_failures``) fails the run (:attr:`Report.ok`).
 """
 
 from __future__ import annotations
@@ -109,6 +111,12 @@ class Execution:
     outcome: str | None = None
     death: str | None = None
     """For an execution without an end line: the fault that killed its server, or how its end was bounded."""
+    completed_at: float | None = None
+    """When every node had run and its files were written (the fake's ``completed`` line), before its history."""
+
+    @property
+    def completed(self) -> bool:
+        return self.outcome == "success" or self.completed_at is not None
 
     @property
     def end(self) -> float:
@@ -135,6 +143,9 @@ class Report:
     concurrent: list[str] = field(default_factory=list)
     re_executions: Counter[str] = field(default_factory=Counter)
     unmatched: list[str] = field(default_factory=list)
+    after_completed: list[str] = field(default_factory=list)
+    """Executions of a job after one of it had completed (its files written): a finished run is adopted, from
+    /history or, when the history died with its server, from its files; it is never run again."""
     uncounted: list[str] = field(default_factory=list)
     unexplained_deaths: list[str] = field(default_factory=list)
     missing_files: list[str] = field(default_factory=list)
@@ -151,8 +162,8 @@ class Report:
     """What a scenario adds about itself (kills that landed mid-prompt, WAL sizes, …)."""
 
     FAILING = ("lost", "partial_submits", "unknown_jobs", "double_terminal", "extra_results", "overlapping_claims",
-               "concurrent", "unmatched", "uncounted", "missing_files", "partial_files", "outside_files", "leaks",
-               "row_failures")
+               "concurrent", "unmatched", "after_completed", "uncounted", "missing_files", "partial_files",
+               "outside_files", "leaks", "row_failures")
 
     @property
     def ok(self) -> bool:
@@ -245,6 +256,10 @@ def read_executions(paths: Iterable[Path]) -> tuple[list[Execution], Counter[str
                 runs[(event["pid"], event["number"])] = Execution(
                     pid=event["pid"], port=event.get("port"), job=event["prompt_id"], number=event["number"],
                     word=event.get("word") or "ok", cached=bool(event.get("cached")), started_at=event["started_at"])
+            elif kind == "completed":
+                run = runs.get((event["pid"], event["number"]))
+                if run is not None:
+                    run.completed_at = event["completed_at"]
             elif kind == "end":
                 run = runs.get((event["pid"], event["number"]))
                 if run is not None:
@@ -273,12 +288,16 @@ def _bound_deaths(executions: list[Execution], faults: list[Fault], servers: dic
         report.unexplained_deaths.append(f"{run.job} on pid {run.pid}: no end, no kill recorded ({run.death})")
 
 
+def _requeued(previous: Execution, following: Execution, faults: list[Fault]) -> bool:
+    """A person asked for the job again between the two runs."""
+    return any(fault.kind == "requeue" and previous.job in (fault.detail or {}).get("ids", [])
+               and previous.end <= fault.at <= following.started_at for fault in faults)
+
+
 def _cause(previous: Execution, following: Execution, job: _Job | None, faults: list[Fault]) -> str | None:
     """What destroyed ``previous`` so that ``following`` had to run the job again; None when nothing did."""
-    for fault in faults:
-        if (fault.kind == "requeue" and previous.job in (fault.detail or {}).get("ids", [])
-                and previous.end <= fault.at <= following.started_at):
-            return "retry asked by a person"
+    if _requeued(previous, following, faults):
+        return "retry asked by a person"
     if previous.outcome == "error" and previous.word == "oom":
         return "oom"
     if previous.outcome == "crashed":
@@ -297,13 +316,7 @@ def _cause(previous: Execution, following: Execution, job: _Job | None, faults: 
             if reason and "timed out" in reason and started <= previous.end <= (ended or previous.end) + 1.0:
                 return "timeout"
         return None
-    if previous.outcome == "success":
-        # A finished run whose history died with its server before the runner read it.
-        for fault in faults:
-            if (fault.kind in KILLS and previous.pid in fault.pids
-                    and previous.end - DEATH_SLACK_SECONDS <= fault.at <= following.started_at):
-                return f"{fault.kind} after success (history lost)"
-    return None
+    return None  # a completed run (success) is never a cause: see Report.after_completed
 
 
 # -- the checks ------------------------------------------------------------------------------------------
@@ -399,6 +412,11 @@ def _check_executions(executions: list[Execution], posts: Counter[str], jobs: di
                         f"{job_id}: pid {run.pid} [{run.started_at:.3f}, {run.end:.3f}] ({run.outcome or run.death}) "
                         f"and pid {other.pid} from {other.started_at:.3f}")
         for previous, following in itertools.pairwise(runs):
+            if previous.completed and not _requeued(previous, following, faults):
+                report.after_completed.append(
+                    f"{job_id}: run on pid {previous.pid} completed at {previous.completed_at or previous.end:.3f} "
+                    f"({previous.outcome or previous.death}), then executed again on pid {following.pid}")
+                continue
             cause = _cause(previous, following, jobs.get(job_id), faults)
             if cause is None:
                 how = previous.outcome or previous.death

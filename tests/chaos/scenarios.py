@@ -79,6 +79,40 @@ def _kill_loop(h: ChaosRun, count: int, pick: Callable[[dict[str, Any]], int | N
     return {"kills": kills, "kills_holding_a_job": holding}
 
 
+def _kill_after_files(h: ChaosRun, count: int, seconds: float) -> dict[str, int]:
+    """Kill a slot's server the moment a complete file of the job its runner holds appears in the server's
+    output folder (``output/comfysup/<job id>/``), ``count`` times; each server pid once."""
+    kills = 0
+    done_pids: set[int] = set()
+    deadline = time.monotonic() + seconds
+    while kills < count and time.monotonic() < deadline:
+        _top_up(h, 10)
+        for slot in h.slots():
+            pid, job = slot.get("pid"), slot.get("job")
+            if (slot["state"] != "running" or not pid or not job or pid in done_pids
+                    or h.age(pid) < MIN_LIFE_SECONDS):
+                continue
+            if _file_landed(h, slot["name"], job):
+                done_pids.add(pid)
+                h.kill("server_kill", pid, job=job, slot=slot["name"], after="file")
+                kills += 1
+                if kills >= count:
+                    break
+        time.sleep(0.002)
+    return {"kills_after_a_file": kills}
+
+
+def _file_landed(h: ChaosRun, slot: str, job: str) -> bool:
+    """A complete file of ``job`` is in its folder of the slot's server's output folder."""
+    from chaos.checker import complete_png
+
+    folder = h.config.resolve(h.config.comfyui.base_directory) / slot / "output" / "comfysup" / job
+    try:
+        return any(p.suffix == ".png" and complete_png(p.read_bytes()) for p in folder.iterdir())
+    except OSError:
+        return False
+
+
 class _Tail:
     """Follows fake_comfy's execution log from another thread and calls back on each new event."""
 
@@ -221,10 +255,17 @@ def k2_supervisor_kills(tmp: Path, seed: int, *, kills: int, jobs_per_kill: int 
 # -- K3: kill -9 a ComfyUI server mid-prompt ---------------------------------------------------------------
 
 
-def k3_server_kills(tmp: Path, seed: int, *, jobs: int, kills: int, node_ms: float = 60.0) -> Report:
+def k3_server_kills(tmp: Path, seed: int, *, jobs: int, kills: int, file_kills: int = 0, node_ms: float = 60.0,
+                    history_delay_ms: float = 150.0) -> Report:
     """The server is restarted; the job it ran is re-run (a re-execution matched to the kill) and done
-    once. A kill is aimed at a prompt the server is executing, checked on its /queue just before."""
-    h = ChaosRun(tmp, "K3", seed, node_ms=node_ms)
+    once. A kill is aimed at a prompt the server is executing, checked on its /queue just before.
+
+    Then ``file_kills`` kills land just after a job's file is written: the server's output folder is watched
+    for a complete file of the job its runner holds, and the server is killed at once, before its history
+    is read (ComfyUI writes it a moment after the file; ``history_delay_ms`` widens that moment, as the
+    ~20 ms measured on a real ComfyUI cannot be hit reliably from outside). The job is adopted from its
+    file, never run again: the checker counts any execution after a completed one as a failure."""
+    h = ChaosRun(tmp, "K3", seed, node_ms=node_ms, extra_args=("--history-delay-ms", str(history_delay_ms)))
     try:
         h.submit(h.jobs_for(jobs))
         proc = h.start()
@@ -233,11 +274,15 @@ def k3_server_kills(tmp: Path, seed: int, *, jobs: int, kills: int, node_ms: flo
         def executing(slot: dict[str, Any]) -> int | None:
             if slot["state"] != "running" or not slot.get("job") or not slot.get("pid"):
                 return None
+            if _file_landed(h, slot["name"], slot["job"]):
+                return None  # mid-prompt means before its file: later kills are the file_kills below
             return slot["pid"] if slot["job"] in running_prompts(slot["url"]) else None
 
         figures = _kill_loop(h, kills, executing, "server_kill", 0.15, seconds=3600)
+        figures.update(_kill_after_files(h, file_kills, seconds=60))
         report = h.finish(proc, drain_seconds=120 + jobs * 0.2)
         report.figures.update(figures)
+        report.figures["adopted_from_files"] = h.log().count("(adopted from its files in the server's output folder)")
         report.figures["server_restarts"] = sum(s["restarts"] for s in (h.state() or {}).get("slots", []))
         report.figures["failed_slots"] = [s["name"] for s in (h.state() or {}).get("slots", [])
                                           if s["state"] == "failed"]

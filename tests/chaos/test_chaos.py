@@ -43,10 +43,12 @@ def test_k2_the_supervisor_killed_and_started_again(tmp_path: Path, chaos_seed: 
 
 @pytest.mark.timeout(120)
 def test_k3_servers_killed_mid_prompt(tmp_path: Path, chaos_seed: int) -> None:
-    report = scenarios.k3_server_kills(tmp_path, chaos_seed, jobs=40, kills=6)
-    verdict(report)
+    report = scenarios.k3_server_kills(tmp_path, chaos_seed, jobs=40, kills=6, file_kills=4)
+    verdict(report)  # no execution after a completed one: a run whose files landed is adopted
     assert report.figures["kills"] == 6 and not report.figures["failed_slots"]
     assert report.re_executions["server_kill mid-prompt"] >= 1, "no kill landed mid-prompt"
+    assert report.figures["kills_after_a_file"] == 4
+    assert report.figures["adopted_from_files"] >= 1, "no kill landed between a file and its history"
     assert report.states["done"] == report.jobs
 
 

@@ -160,13 +160,31 @@ def test_overlapping_executions_on_two_servers_are_concurrent(run: Run) -> None:
     assert len(report.concurrent) == 1 and report.concurrent[0].startswith(job)
 
 
-def test_a_re_execution_after_a_success_with_no_fault_is_unmatched(run: Run) -> None:
+def test_an_execution_after_a_success_is_a_failure_even_when_a_kill_took_the_history(run: Run) -> None:
     job = run.ids[0]
     run.exec_line("start", job, pid=301, number=7, at=T0 + 5)
     run.exec_line("end", job, pid=301, number=7, at=T0 + 6, outcome="success", started_at=T0 + 5)
     _attempt(run, job, T0 + 4.5)
     report = run.check()
-    assert len(report.unmatched) == 1 and not report.concurrent and not report.uncounted
+    assert len(report.after_completed) == 1 and not report.unmatched and not report.re_executions
+    assert not report.ok and not report.concurrent and not report.uncounted
+    run.faults.record("server_kill", pids=(200,), at=T0 + 2.1)  # the first run's server, its history with it
+    report = run.check()
+    assert len(report.after_completed) == 1 and not report.re_executions, "a completed run is adopted, never re-run"
+
+
+def test_a_run_killed_after_its_files_and_before_its_history_is_completed(run: Run) -> None:
+    job = run.ids[0]
+    run.exec_line("start", job, pid=400, number=9, at=T0 - 5)
+    run.exec_line("completed", job, pid=400, number=9, at=T0 - 4.9)  # files written, then the kill
+    with open(run.exec_log) as f:  # exec_line writes no completed_at: give the line its field
+        lines = f.read().splitlines()
+    lines[-1] = lines[-1][:-1] + f', "completed_at": {T0 - 4.9}}}'
+    run.exec_log.write_text("\n".join(lines) + "\n")
+    run.faults.record("server_kill", pids=(400,), at=T0 - 4.8)
+    _attempt(run, job, T0 - 6)
+    report = run.check()
+    assert report.after_completed and not report.re_executions and not report.ok
 
 
 def test_a_re_execution_after_the_server_was_killed_mid_prompt_is_matched(run: Run) -> None:

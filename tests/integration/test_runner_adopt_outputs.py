@@ -1,0 +1,108 @@
+"""Each job's own folder in the server's output folder (issue 14, item 11): adopted when the history died.
+
+A ComfyUI server killed after a job's files were written and before its history was read loses the history;
+where comfysup can see the server's output folder, the next attempt adopts the files instead of running the
+job again. The files keep the names the user chose, and the job's folder is removed once done is recorded.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from comfysup.runner.loop import Runner
+from comfysup.runner.outputs import complete_png
+from fake_comfy import FakeComfy
+from tests.runner_helpers import config_of, submit, trivial_job, write_config
+
+
+def complete_png_bytes(data: bytes) -> bool:
+    fd = os.memfd_create("png")  # complete_png reads an open file
+    try:
+        os.write(fd, data)
+        return complete_png(fd)
+    finally:
+        os.close(fd)
+
+
+def _runner(config: Path, fake: FakeComfy) -> Runner:
+    return Runner(config_of(config), "a", fake.url, until_empty=True,
+                  output_dirs={"a": Path(fake.output_directory)})
+
+
+def _wait_for_file(folder: Path, seconds: float = 20.0) -> Path:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        files = [p for p in folder.rglob("*.png") if complete_png_bytes(p.read_bytes())] if folder.exists() else []
+        if files:
+            return files[0]
+        time.sleep(0.005)
+    raise AssertionError(f"no complete file appeared in {folder}")
+
+
+@pytest.mark.timeout(60)
+def test_files_keep_their_names_and_the_servers_job_folder_is_removed_once_done(tmp_path: Path) -> None:
+    with FakeComfy(base_directory=tmp_path / "a", node_ms=5) as a:
+        config = write_config(tmp_path)
+        job = trivial_job(1)
+        job["set"]["3.filename_prefix"] = "portraits/job1"
+        queue = submit(config, [job])
+        _runner(config, a).run()
+
+        record = queue.get(job["id"])
+        assert record.state == "done"
+        assert [o.name for o in record.outputs] == ["portraits/job1_00001_.png"]
+        stored = tmp_path / "store" / job["id"] / "portraits" / "job1_00001_.png"
+        assert complete_png_bytes(stored.read_bytes())
+        assert not (Path(a.output_directory) / "comfysup" / job["id"]).exists()
+        assert a.stats()["prompts"][job["id"]]["executed"] == 1
+
+
+def _crash_after_the_file(tmp_path: Path, damage: bool) -> tuple[object, FakeComfy, str]:
+    a = FakeComfy(base_directory=tmp_path / "a", node_ms=5)
+    a.start()
+    config = write_config(tmp_path)
+    job = trivial_job(2)
+    queue = submit(config, [job])
+    a.history_delay_ms = 5000  # the file is written, the history is not yet: the window of the kill
+    runner = _runner(config, a)
+    thread = threading.Thread(target=runner.run, daemon=True)
+    thread.start()
+    try:
+        landed = _wait_for_file(Path(a.output_directory) / "comfysup" / job["id"])
+        a.crash()
+        if damage:  # a file cut short by the kill: never adopted
+            landed.write_bytes(landed.read_bytes()[:-20])
+        a.history_delay_ms = 0
+        a.start()
+        thread.join(40)
+        assert not thread.is_alive()
+    finally:
+        a.stop()
+    return queue.get(job["id"]), a, job["id"]
+
+
+@pytest.mark.timeout(60)
+def test_a_run_whose_history_died_with_its_server_is_adopted_from_its_files(tmp_path: Path) -> None:
+    record, a, job_id = _crash_after_the_file(tmp_path, damage=False)
+    assert record.state == "done"
+    assert a.stats()["prompts"][job_id]["executed"] == 1, "run again although its file was complete"
+    assert [o.name for o in record.outputs] == ["job2_00001_.png"]
+    assert complete_png_bytes((tmp_path / "store" / job_id / "job2_00001_.png").read_bytes())
+    assert any(p == "adopted" for p, _ in record.attempts[-1].trace["phases"])
+    assert not (Path(a.output_directory) / "comfysup" / job_id).exists()
+
+
+@pytest.mark.timeout(60)
+def test_a_partly_written_file_is_not_adopted_and_the_job_runs_again(tmp_path: Path) -> None:
+    record, a, job_id = _crash_after_the_file(tmp_path, damage=True)
+    assert record.state == "done"
+    assert a.stats()["prompts"][job_id]["executed"] == 2
+    (out,) = record.outputs
+    assert complete_png_bytes((tmp_path / "store" / job_id / out.name).read_bytes())
+    assert not any(p == "adopted" for p, _ in record.attempts[-1].trace["phases"])
+    assert not (Path(a.output_directory) / "comfysup" / job_id).exists()
