@@ -161,6 +161,11 @@ class Attempt:
                 outcome = self._attempt()
             except (LeaseLost, QueueError):
                 raise
+            except deadline.DeadlineExceeded as exc:  # one that fell outside the steps (their own ends them)
+                with deadline.suspended():
+                    self._interrupt(self.live)
+                outcome = Outcome("released", f"interrupted by {exc.what}; attempt not counted", kind="shutdown") \
+                    if exc.kind == "stop" else self._failed(Failure("timeout", f"timed out ({exc.what})", True))
             except Exception as exc:  # a bug of ours: this attempt fails, the runner lives on
                 log.exception("job %s attempt %d: internal error", self.claim.id, self.claim.attempt)
                 with deadline.suspended():

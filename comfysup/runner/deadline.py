@@ -166,14 +166,17 @@ def deferred() -> Iterator[None]:
 
 @contextlib.contextmanager
 def suspended() -> Iterator[None]:
-    """No deadline in force inside the block (an interrupt that must finish after the deadline that caused
-    it); those around it come back as it ends."""
+    """No deadline in force inside the block, a stop's included (an interrupt that must finish after the
+    deadline that caused it; its own calls keep their own bounds); those around it come back as it ends."""
     saved, _state.stack = _state.stack, []
+    ceiling, _state.ceiling = _state.ceiling, None
     _arm()
     try:
         yield
     finally:
         _state.stack = saved
+        if ceiling is not None and (_state.ceiling is None or ceiling.at < _state.ceiling.at):
+            _state.ceiling = ceiling  # a stop asked for inside the block stays too
         _arm()
 
 

@@ -88,6 +88,9 @@ class Evidence:
     logs: list[Path] = field(default_factory=list)
     """comfysup's own logs (the supervisor's, with its runners'), read for terminal lines."""
     canaries: list[str] = field(default_factory=list)
+    fragment_canaries: list[str] = field(default_factory=list)
+    """Canaries of random text only, searched for any run of FRAGMENT_CHARS of their characters too: a cut
+    that kept half a key is a leak (issue 14). Also searched whole, like ``canaries``."""
     outputs: dict[str, str] = field(default_factory=dict)
     """Captured command outputs (status, show, results) by name, searched for secrets."""
     not_scanned: list[Path] = field(default_factory=list)
@@ -486,10 +489,22 @@ def _check_store(store: Path, jobs: dict[str, _Job], report: Report) -> None:
             report.orphan_files += 1
 
 
+FRAGMENT_CHARS = 8
+
+
+def _needles(evidence: Evidence) -> list[str]:
+    """Each canary, and every run of FRAGMENT_CHARS characters of each fragment canary."""
+    out = list(dict.fromkeys([*evidence.canaries, *evidence.fragment_canaries]))
+    for canary in evidence.fragment_canaries:
+        out += [canary[i:i + FRAGMENT_CHARS] for i in range(len(canary) - FRAGMENT_CHARS + 1)]
+    return list(dict.fromkeys(out))
+
+
 def _check_secrets(evidence: Evidence, conn: sqlite3.Connection, report: Report) -> None:
-    if not evidence.canaries:
+    needles = _needles(evidence)
+    if not needles:
         return
-    canaries = [c.encode() for c in evidence.canaries]
+    canaries = [c.encode() for c in needles]
     skip = {p.resolve() for p in evidence.not_scanned}
     queue = evidence.queue_path.resolve()
     skip |= {queue, queue.with_name(queue.name + "-wal"), queue.with_name(queue.name + "-shm"),
@@ -501,7 +516,7 @@ def _check_secrets(evidence: Evidence, conn: sqlite3.Connection, report: Report)
                 if canary in data:
                     report.leaks.append(f"{path.relative_to(evidence.root)}")
     for name, text in evidence.outputs.items():
-        if any(c in text for c in evidence.canaries):
+        if any(c in text for c in needles):
             report.leaks.append(f"output of {name}")
     if report.integrity != "ok":
         return  # a damaged queue is already a failure, and its rows cannot be read
@@ -511,7 +526,7 @@ def _check_secrets(evidence: Evidence, conn: sqlite3.Connection, report: Report)
         for column in columns:
             if (table, column) in (("job_specs", "workflow"), ("job_specs", "extra_data"), ("workflows", "workflow")):
                 continue  # the job's own stored workflow (once per distinct text since v5): where the secret belongs
-            for canary in evidence.canaries:
+            for canary in needles:
                 n = conn.execute(f"SELECT count(*) FROM {table} WHERE instr(CAST({column} AS TEXT), ?) > 0",
                                  (canary,)).fetchone()[0]
                 if n:

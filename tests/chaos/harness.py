@@ -68,6 +68,7 @@ class ChaosRun(Supervised):
         self.faults = FaultLog(tmp / "faults.jsonl")
         self.submissions: list[Submission] = []
         self.canaries: list[str] = []
+        self.fragment_canaries: list[str] = []
         self.outputs: dict[str, str] = {}
         self.figures: dict[str, Any] = {}
         self.seen: dict[int, float] = {}
@@ -233,7 +234,7 @@ class ChaosRun(Supervised):
     def evidence(self) -> Evidence:
         return Evidence(root=self.tmp, queue_path=self.queue_path, store=self.store, exec_logs=[self.exec_log],
                         faults=self.faults.faults(), submissions=self.submissions, logs=[self.log_path],
-                        canaries=self.canaries, outputs=self.outputs,
+                        canaries=self.canaries, fragment_canaries=self.fragment_canaries, outputs=self.outputs,
                         not_scanned=[s.path for s in self.submissions], ended_at=time.time())
 
     def all_gone(self) -> bool:

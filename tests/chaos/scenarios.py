@@ -904,6 +904,66 @@ def h2_stuck_prompts(tmp: Path, seed: int, *, jobs: int, stuck: int, node_ms: fl
 # -- S1, S2, S3: hostile names, listening sockets, a canary secret ------------------------------------------
 
 
+H1_SKIP = ("run:",)
+"""Mutations H1 leaves to other rows: a prompt that ignores /interrupt is H2's."""
+
+
+def h1_hostile_server(tmp: Path, seed: int, *, jobs: int, rate: float = 0.5, node_ms: float = 5.0) -> Report:
+    """Servers that answer garbage: about ``rate`` of the jobs meet a mutation from fake_comfy's hostile
+    catalogue (wrong types at every level, cut and endless bodies, deep nesting, huge values, control
+    characters, garbage WebSocket frames, hostile file names), once or twice, chosen from the seed. Every job
+    ends within its deadline with a readable reason, attempts never pass the limit, no runner dies (no
+    traceback, no runner restart), no slot is marked failed, nothing is written outside the store, and no
+    run of 8 characters of the partner key in every job's extra_data appears anywhere."""
+    from fake_comfy.hostile import CATALOGUE
+
+    runner = {"attempts": 3, "base_delay_seconds": 0.05, "max_delay_seconds": 0.2, "jitter": False,
+              "timeout_seconds": 4.0, "http_timeout_seconds": 1.5, "poll_seconds": 0.2}
+    h = ChaosRun(tmp, "H1", seed, node_ms=node_ms, runner=runner)
+    try:
+        key = uuid.UUID(int=h.rng.getrandbits(128)).hex + uuid.UUID(int=h.rng.getrandbits(128)).hex[:8]
+        h.fragment_canaries = [key]
+        batch = h.jobs_for(jobs, extra_data={"api_key_comfy_org": key})
+        names = sorted(n for n in CATALOGUE if not n.startswith(H1_SKIP))
+        script = {j["id"]: [f"hostile:{h.rng.choice(names)}"] * h.rng.choice((1, 2)) + ["ok"]
+                  for j in batch if h.rng.random() < rate}
+        h.set_script(script)
+        h.submit(batch)
+        proc = h.start()
+        h.wait_ready(proc)
+        report = h.finish(proc, drain_seconds=60 + jobs * 2)
+        limit = runner["attempts"]
+        over = h.sql("SELECT id, attempt FROM jobs WHERE attempt > ?", (limit,))
+        counted = h.sql("SELECT job_id, count(*) FROM attempts WHERE outcome NOT IN ('released_uncounted') "
+                        "GROUP BY job_id HAVING count(*) > ?", (limit,))
+        report.row_failures += [f"{i}: {n} attempts against a limit of {limit}" for i, n in over + counted]
+        for job_id, reason in h.sql("SELECT id, reason FROM jobs WHERE state = 'dead'"):
+            if not reason or not reason.isprintable() or len(reason) > 2100:
+                report.row_failures.append(f"{job_id}: an unreadable reason {str(reason)[:200]!r}")
+        bound = runner["timeout_seconds"] + 2 * runner["http_timeout_seconds"] + 3.0
+        longest = max((e - b for b, e in h.sql("SELECT started_at, ended_at FROM attempts WHERE ended_at IS NOT NULL")),
+                      default=0.0)
+        if longest > bound:
+            report.row_failures.append(f"an attempt took {longest:.1f} s, more than {bound:g} s")
+        log = h.log()
+        if "Traceback" in log:
+            report.row_failures.append("a traceback in the supervisor's log: " + log[log.index("Traceback"):][:300])
+        slots = (h.state() or {}).get("slots", [])
+        failed = [s["name"] for s in slots if s["state"] == "failed"]
+        runner_restarts = sum(s.get("runner_restarts", 0) for s in slots)
+        if failed:
+            report.row_failures.append(f"slots marked failed by bad answers: {failed}")
+        if runner_restarts:
+            report.row_failures.append(f"{runner_restarts} runner restart(s): a runner died of an answer")
+        mutated = {words[0].split(":", 1)[1] for words in script.values()}
+        report.figures.update(hostile_jobs=len(script), mutations=len(mutated), catalogue=len(names),
+                              longest_attempt_seconds=round(longest, 2), failed_slots=failed,
+                              runner_restarts=runner_restarts)
+        return report
+    finally:
+        h.cleanup()
+
+
 def s1_hostile_names(tmp: Path, seed: int, *, jobs: int, node_ms: float = 5.0) -> Report:
     """A server that names its outputs ``../../x``, ``/etc/x``, subfolder ``../../..`` or ``/tmp``: those
     jobs are dead with "unsafe output name", nothing is written outside the job folders, and the other

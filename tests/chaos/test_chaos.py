@@ -120,6 +120,14 @@ def test_s1_hostile_output_names(tmp_path: Path, chaos_seed: int) -> None:
 
 
 @pytest.mark.timeout(120)
+def test_h1_a_hostile_server_never_takes_a_gpu_out_of_service(tmp_path: Path, chaos_seed: int) -> None:
+    report = scenarios.h1_hostile_server(tmp_path, chaos_seed, jobs=30)
+    verdict(report)
+    assert report.figures["hostile_jobs"] >= 5 and report.figures["mutations"] >= 5
+    assert report.states["done"] + report.states.get("dead", 0) == report.jobs
+
+
+@pytest.mark.timeout(120)
 def test_s2_only_loopback_sockets(tmp_path: Path, chaos_seed: int) -> None:
     verdict(scenarios.s2_listening_sockets(tmp_path, chaos_seed, jobs=8))
 

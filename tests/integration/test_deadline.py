@@ -133,3 +133,15 @@ def test_a_caller_tells_its_own_deadline_from_one_around_it() -> None:
           deadline.within(5, "GET /history")):
         time.sleep(1)
     assert info.value.due is outer and info.value.kind == "attempt"
+
+
+def test_calls_inside_a_suspended_block_keep_their_own_bound_but_not_a_stops() -> None:
+    with deadline.within(30, "the job"):
+        deadline.shorten(0.0, "a stop")  # the stop's grace is over
+        with deadline.suspended():
+            with deadline.within(5, "POST /interrupt"):
+                time.sleep(0.2)  # not cut by the stop: the interrupt must be sent
+            with pytest.raises(DeadlineExceeded, match="POST /interrupt"), deadline.within(0.1, "POST /interrupt"):
+                time.sleep(1)
+        with pytest.raises(DeadlineExceeded, match="a stop"):
+            time.sleep(1)  # the stop comes back after the block
