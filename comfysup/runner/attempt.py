@@ -46,12 +46,13 @@ from comfysup.runner.client import (
     ComfyClient,
     ComfyError,
     EventStream,
+    MalformedAnswer,
     PermanentError,
     ServerUnavailable,
     SocketLost,
     new_client_id,
 )
-from comfysup.runner.history import judge, output_files, prompt_number, status_of
+from comfysup.runner.history import judge, output_files, prompt_number, status_of, unlisted_savers
 from comfysup.runner.result import AttemptResult, NextClaim, NextJob, Outcome, Posted
 from comfysup.runner.retry import Failure, decide, execution_failure, gave_up
 from comfysup.runner.station import AttemptSettings, Station
@@ -253,6 +254,9 @@ class Attempt:
             entry = self._follow(run)
             if self._may_hand_off(run):
                 self._hand_off()
+            if run.from_disk is None and (unlisted := unlisted_savers(entry, self.claim.workflow)):
+                raise MalformedAnswer(f"server sent a history entry of a successful run that lists no file of "
+                                      f"{', '.join(unlisted[:5])}")
             outputs = self._download(run, entry)
             return Outcome("done", kind="done", outputs=outputs, adopted=run.adopted_entry is not None,
                            adopted_from_disk=run.from_disk is not None,

@@ -12,6 +12,10 @@ from comfysup.runner.client import ComfyError, PermanentError
 from comfysup.runner.retry import execution_failure
 
 OUTPUT_TYPES = ("output", "temp")
+LISTING_SAVERS = frozenset({"SaveImage", "SaveAnimatedWEBP", "SaveAnimatedPNG", "SaveAudio", "SaveAudioMP3",
+                            "SaveAudioOpus", "SaveVideo", "SaveWEBM"})
+"""ComfyUI's own savers, which always list the files they wrote in the history (a cached run too): a
+successful entry that lists none for one of them is not a whole answer. Custom savers are not held to it."""
 
 
 def prompt_number(entry: dict[str, Any]) -> int | None:
@@ -36,6 +40,19 @@ def judge(entry: dict[str, Any]) -> dict[str, Any]:
     if "execution_interrupted" in messages:
         raise ComfyError("execution_interrupted, not asked for by comfysup", "interrupted")
     raise ComfyError(f"ComfyUI reported status {status!r} without an error message", "execution_error")
+
+
+def unlisted_savers(entry: dict[str, Any], workflow: dict[str, Any]) -> list[str]:
+    """``node 3 (SaveImage)`` for each of ComfyUI's savers in ``workflow`` whose files the entry does not
+    list: the run is done only when its files are, so such an answer fails the attempt (retried)."""
+    outputs = entry.get("outputs") or {}
+    missing = []
+    for node_id, node in workflow.items():
+        if isinstance(node, dict) and node.get("class_type") in LISTING_SAVERS:
+            listed = outputs.get(str(node_id)) or {}
+            if not any(isinstance(items, list) and items for items in listed.values()):
+                missing.append(f"node {node_id} ({node['class_type']})")
+    return missing
 
 
 def output_files(entry: dict[str, Any]) -> list[dict[str, Any]]:

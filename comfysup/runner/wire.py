@@ -103,7 +103,8 @@ def _int(value: Any, where: str, *, optional: bool = False) -> int | None:
 def _number(value: Any, where: str) -> float | int:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise Malformed(f"{where} is a {_type(value)}, not a number")
-    if not (math.isfinite(value) and -MAX_NUMBER <= value <= MAX_NUMBER):
+    # An int is compared as it is: math.isfinite of a 400-digit int raises OverflowError.
+    if not ((isinstance(value, int) or math.isfinite(value)) and -MAX_NUMBER <= value <= MAX_NUMBER):
         raise Malformed(f"{where} is out of range")
     return value
 

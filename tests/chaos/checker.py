@@ -297,10 +297,18 @@ def _requeued(previous: Execution, following: Execution, faults: list[Fault]) ->
                and previous.end <= fault.at <= following.started_at for fault in faults)
 
 
+def _hostile(run: Execution) -> bool:
+    """The server garbled its answers about this run (fake_comfy's hostile mode, row H1): whatever the run
+    did, the client could not see it, and running the job again is how it gets a result."""
+    return run.word.startswith("hostile:") and run.word != "hostile:run:ignore-interrupt"
+
+
 def _cause(previous: Execution, following: Execution, job: _Job | None, faults: list[Fault]) -> str | None:
     """What destroyed ``previous`` so that ``following`` had to run the job again; None when nothing did."""
     if _requeued(previous, following, faults):
         return "retry asked by a person"
+    if _hostile(previous):
+        return "a hostile answer"
     if previous.outcome == "error" and previous.word == "oom":
         return "oom"
     if previous.outcome == "crashed":
@@ -415,7 +423,7 @@ def _check_executions(executions: list[Execution], posts: Counter[str], jobs: di
                         f"{job_id}: pid {run.pid} [{run.started_at:.3f}, {run.end:.3f}] ({run.outcome or run.death}) "
                         f"and pid {other.pid} from {other.started_at:.3f}")
         for previous, following in itertools.pairwise(runs):
-            if previous.completed and not _requeued(previous, following, faults):
+            if previous.completed and not _requeued(previous, following, faults) and not _hostile(previous):
                 report.after_completed.append(
                     f"{job_id}: run on pid {previous.pid} completed at {previous.completed_at or previous.end:.3f} "
                     f"({previous.outcome or previous.death}), then executed again on pid {following.pid}")

@@ -16,6 +16,8 @@ from comfysup.runner import wire
 from comfysup.runner.wire import Malformed
 
 pytestmark = pytest.mark.timeout(120)
+HUGE = "1" + "0" * 400
+"""An int JSON parses but no float holds (math.isfinite of it overflows)."""
 RECORDED = Path(__file__).resolve().parents[3] / "shared" / "recorded"
 
 
@@ -90,6 +92,10 @@ def test_the_recorded_queue_and_stats_pass() -> None:
     ('{"type": "progress", "data": {"prompt_id": "p", "node": "2", "value": 1e999, "max": 10}}',
      "not a finite number"),
     ('{"type": "progress", "data": {"prompt_id": "p", "node": "2", "value": 99999999999999999999, "max": 10}}',
+     "value is out of range"),
+    ('{"type": "progress", "data": {"prompt_id": "p", "node": "2", "value": ' + HUGE + ', "max": 10}}',
+     "value is out of range"),
+    ('{"type": "progress_state", "data": {"prompt_id": "p", "nodes": {"2": {"value": ' + HUGE + '}}}}',
      "value is out of range"),
     ('{"type": "progress", "data": {"prompt_id": "p", "node": "2", "value": "3", "max": 10}}',
      "value is a str, not a number"),
@@ -171,7 +177,8 @@ def test_decode_refuses_what_json_would_let_through() -> None:
             wire.decode(raw, "x")
 
 
-JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
+JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.integers(min_value=10**300)
+                    | st.floats(allow_nan=False, allow_infinity=False)
                     | st.text(max_size=5), lambda children: st.lists(children, max_size=3)
                     | st.dictionaries(st.text(max_size=8), children, max_size=3), max_leaves=8)
 KEYS = st.sampled_from(["prompt", "status", "status_str", "messages", "outputs", "3", "images", "filename",
