@@ -69,6 +69,8 @@ ROWS = [
     Row("F1", "the result store's disk full (bytes and inodes)", scenarios.f1_disk_full, {"jobs": 200}, ("jobs",)),
     Row("T1", "30% of prompts fail transiently (500, drop, oom, hang)", scenarios.t1_transient_failures,
         {"jobs": 1000}, ("jobs",)),
+    Row("H1", "servers answering garbage (fake_comfy's hostile catalogue, half the jobs)", scenarios.h1_hostile_server,
+        {"jobs": 400}, ("jobs",)),
     Row("H2", "prompts stuck after /interrupt (a node that ignores the flag)", scenarios.h2_stuck_prompts,
         {"jobs": 200, "stuck": 40}, ("jobs", "stuck")),
     Row("S1", "hostile output names", scenarios.s1_hostile_names, {"jobs": 500}, ("jobs",)),
@@ -143,6 +145,10 @@ def _injected(row: str, f: dict[str, Any], rep: dict[str, Any]) -> str:
         return f"{f.get('locks', 0)} locks" + (f", {f['locked_seconds']} s locked" if "locked_seconds" in f else "")
     if row == "B1":
         return f"{f.get('files', 0)} files, {f.get('bad_lines', 0)} bad lines"
+    if row == "H1":
+        return (f"{f.get('hostile_jobs', 0)} jobs met {f.get('mutations', 0)} of {f.get('catalogue', 0)} mutations "
+                f"(longest attempt {f.get('longest_attempt_seconds')} s, "
+                f"{f.get('runner_restarts', 0)} runner restarts)")
     if row == "H2":
         return (f"{f.get('stuck_prompts', 0)} stuck prompts, {f.get('stuck_restarts', 0)} server restarts "
                 f"(longest stuck attempt {f.get('longest_stuck_attempt_seconds')} s)")
