@@ -53,8 +53,8 @@ ROWS = [
     Row("K1", "kill -9 a runner at random moments (and right after a POST)", scenarios.k1_runner_kills,
         {"jobs": 2000, "kills": 400, "aimed": 100}, ("jobs", "kills", "aimed")),
     Row("K2", "kill -9 the supervisor, start it again", scenarios.k2_supervisor_kills, {"kills": 100}, ("kills",)),
-    Row("K3", "kill -9 a ComfyUI server mid-prompt", scenarios.k3_server_kills, {"jobs": 600, "kills": 200},
-        ("jobs", "kills")),
+    Row("K3", "kill -9 a ComfyUI server mid-prompt, and just after a job's file landed",
+        scenarios.k3_server_kills, {"jobs": 600, "kills": 200, "file_kills": 50}, ("jobs", "kills", "file_kills")),
     Row("K4", "kill -9 comfysup submit mid-file", scenarios.k4_submit_kills,
         {"kills": 200, "lines": 2000}, ("kills",)),
     Row("K5", "kill -9 a runner between ComfyUI's success and the done record", scenarios.k5_kill_after_success,
@@ -137,6 +137,9 @@ def _injected(row: str, f: dict[str, Any], rep: dict[str, Any]) -> str:
     if row == "K1":
         after_post = f.get("kills_after_post", 0)
         return f"{f.get('kills', 0) + after_post} runner kills ({after_post} right after a POST)"
+    if row == "K3":
+        return (f"{f.get('kills', 0)} kills mid-prompt, {f.get('kills_after_a_file', 0)} just after a file landed "
+                f"({f.get('adopted_from_files', 0)} adopted from the output folder)")
     if row == "K4":
         return f"{f.get('kills', 0)} kills ({f.get('finished_before_the_kill', 0)} finished first)"
     if row == "K5":
