@@ -32,32 +32,29 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 from comfysup.errors import LeaseLost, QueueError
-from comfysup.queue.base import Claim, Output, Queue
+from comfysup.queue.base import Claim, Queue
 from comfysup.redact import Redactor
 from comfysup.runner import deadline
 from comfysup.runner import outputs as job_outputs
+from comfysup.runner.catchup import CatchingUp
 from comfysup.runner.client import (
-    ComfyClient,
     ComfyError,
-    EventStream,
     MalformedAnswer,
     PermanentError,
     ServerUnavailable,
     SocketLost,
     new_client_id,
 )
-from comfysup.runner.history import judge, output_files, prompt_number, status_of, unlisted_savers
+from comfysup.runner.ending import Ending
+from comfysup.runner.history import judge, prompt_number, unlisted_savers
 from comfysup.runner.result import AttemptResult, NextClaim, NextJob, Outcome, Posted
 from comfysup.runner.retry import Failure, decide, execution_failure, gave_up
+from comfysup.runner.running import Run, ShieldedQueue, Stop
 from comfysup.runner.station import AttemptSettings, Station
-from comfysup.runner.store import Incomplete, TooLarge, UnsafeName, is_disk_full, safe_relative
-from comfysup.runner.stuck import STUCK_KIND, report_stuck, stuck_reason
+from comfysup.runner.stuck import STUCK_KIND
 from comfysup.runner.trace import Trace
 
 __all__ = ["Attempt", "AttemptResult", "AttemptSettings", "NextClaim", "NextJob", "Outcome", "Posted", "Station"]
@@ -71,55 +68,9 @@ alarm (comfysup.runner.deadline) falls this much later, for what no wake-up reac
 download that trickles."""
 PROGRESS_WRITE_SECONDS = 1.0
 """At most one progress write per second: a sampler's steps come faster than a queue row should change."""
-class _Deferred:
-    """The queue, with every call shielded from the attempt's alarm: a transaction is never cut in the middle
-    (the alarm falls as the call returns instead)."""
-
-    def __init__(self, queue: Queue) -> None:
-        self._queue = queue
-
-    def __getattr__(self, name: str) -> Any:
-        method = getattr(self._queue, name)
-
-        def shielded(*args: Any, **kwargs: Any) -> Any:
-            with deadline.deferred():
-                return method(*args, **kwargs)
-
-        return shielded
 
 
-class _Stop(Exception):
-    """The attempt must end now with this outcome (raised from deep in the follow loop)."""
-
-    def __init__(self, outcome: Outcome) -> None:
-        super().__init__(outcome.reason)
-        self.outcome = outcome
-
-
-@dataclass
-class _Run:
-    """The prompt being followed: where, which number, and what was seen of it."""
-
-    client: ComfyClient
-    server: str
-    number: int | None
-    stream: EventStream | None = None
-    adopted_entry: dict[str, Any] | None = None
-    """A finished run's history entry found at catch-up: nothing to follow."""
-    from_disk: list[job_outputs.Found] | None = None
-    """A finished run whose history died with its server, adopted from the job's folder in the server's
-    output folder (``adopted_entry`` is then empty): its files are read from there, not through /view."""
-    started: bool = False
-    success_seen: bool = False
-    interrupt_asked: bool = False
-    end_seen: bool = False
-    """``executing`` with node None for this prompt: ComfyUI sends it after the history is written, and
-    after the ``status`` broadcast that follows the prompt leaving its queue."""
-    queue_remaining: int | None = None
-    """``exec_info.queue_remaining`` of the last ``status`` broadcast read on this run's socket."""
-
-
-class Attempt:
+class Attempt(CatchingUp, Ending):
     """One attempt at one job, from its claim to its recorded outcome; made for that attempt and dropped.
 
     The server idles from the end of one prompt to the start of the next, so the next job is started as
@@ -134,7 +85,7 @@ class Attempt:
                  posted: Posted | None = None) -> None:
         self.station = station
         self.s = station.settings
-        self.queue: Queue = _Deferred(station.queue)  # type: ignore[assignment]
+        self.queue: Queue = ShieldedQueue(station.queue)  # type: ignore[assignment]
         self.client = station.client
         self.clock = station.clock
         self.wall = station.wall
@@ -152,7 +103,7 @@ class Attempt:
         self.cancel_requested = claim.cancel_requested
         self.trace = Trace.start(claim.workflow, self.posted_in.claimed_at if self.posted_in else self.wall())
         self.progress_written_at = float("-inf")
-        self.live: _Run | None = None
+        self.live: Run | None = None
         """The prompt of this job known to be on a server (posted or followed), to stop if the queue goes."""
 
     def run(self) -> AttemptResult:
@@ -241,7 +192,7 @@ class Attempt:
                                         "the server did not answer in time)", transient=True))
 
     def _steps(self) -> Outcome:
-        run: _Run | None = None
+        run: Run | None = None
         try:
             run = self._catch_up()
             if self.cancel_requested:
@@ -261,7 +212,7 @@ class Attempt:
             return Outcome("done", kind="done", outputs=outputs, adopted=run.adopted_entry is not None,
                            adopted_from_disk=run.from_disk is not None,
                            server_free=run.end_seen and run.queue_remaining == 0 and run.client is self.client)
-        except _Stop as stop:
+        except Stop as stop:
             return stop.outcome
         except ComfyError as exc:
             return self._failed(Failure(exc.kind, exc.reason, transient=not isinstance(exc, PermanentError)))
@@ -275,96 +226,15 @@ class Attempt:
             return Outcome("dead", decision.reason, kind=failure.kind)
         return Outcome("retry", decision.reason, kind=failure.kind, delay_seconds=decision.delay_seconds)
 
-    # -- 1. catch up ------------------------------------------------------------------------------------
-
-    def _catch_up(self) -> _Run | None:
-        """A run of this job that an earlier attempt left on a server: follow or adopt it, or None to post.
-
-        A prompt of ours still in a server's queue is followed whatever its number: it is live, and
-        posting again would run the job twice. A history entry is adopted when its number is the one
-        recorded; when the attempt that posted died before recording it, only a success is adopted.
-
-        After a first attempt, every server this runner can reach is searched, not only the recorded one
-        and its own: a runner killed between its POST and ``record_prompt`` left no record of where its
-        prompt runs (``last_server`` is empty, or names an older attempt's server), and the prompt goes on
-        running there. Posting it here would run the job on two servers at once (the chaos suite's
-        kill-after-POST found exactly that).
-        """
-        if self.claim.last_server is None and self.claim.attempt <= 1:
-            return None  # nothing was ever posted for this job (or a retry of a dead job was asked for)
-        places = [self.claim.last_server, self.s.server, *(sorted(self.s.peers) if self.claim.attempt > 1 else [])]
-        gone: list[tuple[str, ComfyClient]] = []
-        """Servers that answered and hold neither the prompt nor its history: restarted since, if it ran there."""
-        for server in dict.fromkeys(c for c in places if c):
-            client = self.station.client_for(server)
-            if client is None:
-                continue
-            known = self.claim.last_prompt_number if server == self.claim.last_server else None
-            try:
-                live = next((e for e in client.queue() if e.prompt_id == self.claim.id), None)
-                history = None if live else client.history(self.claim.id, self.s.max_files_per_job)
-            except ServerUnavailable:
-                continue
-            if live is not None:
-                log.info("job %s attempt %d on %s: following prompt #%d left by an earlier attempt",
-                         self.claim.id[:8], self.claim.attempt, server, live.number)
-                # Already running: its execution_start was sent before this socket existed.
-                self.trace.phase("followed", self.wall())
-                if live.running:
-                    self.trace.phase("executing", self.wall())
-                self.live = _Run(client, server, live.number, started=live.running)
-                self.queue.record_prompt(self.claim, server, live.number)
-                return self.live
-            if history is None:
-                gone.append((server, client))
-                continue
-            if known is not None and prompt_number(history) != known:
-                continue
-            if known is None and status_of(history) != "success":
-                continue
-            judge(history)  # a run that ended in failure: that failure is this attempt's outcome
-            log.info("job %s attempt %d on %s: adopting finished prompt #%s from /history",
-                     self.claim.id[:8], self.claim.attempt, server, prompt_number(history), extra={"event": "adopted"})
-            self.trace.phase("adopted", self.wall())
-            return _Run(client, server, prompt_number(history), adopted_entry=history)
-        return self._adopt_from_disk(gone)
-
-    def _adopt_from_disk(self, gone: list[tuple[str, ComfyClient]]) -> _Run | None:
-        """A run whose history died with its server, adopted from the job's folder in that server's output
-        folder when every output node left a complete file there (comfysup.runner.outputs). A folder that
-        cannot vouch for a whole run is emptied, and the job runs again (a counted re-run)."""
-        clients = dict(gone)
-        adopted = job_outputs.adopt(self.s.output_dirs, list(clients), self.claim.workflow, self.claim.id)
-        if adopted is None:
-            return None
-        server, found = adopted
-        log.info("job %s attempt %d on %s: adopting %d file(s) of a run whose history died with its server",
-                 self.claim.id[:8], self.claim.attempt, server, len(found), extra={"event": "adopted"})
-        self.trace.phase("adopted", self.wall())
-        return _Run(clients[server], server, None, adopted_entry={}, from_disk=found)
-
-    def _remove_job_folders(self) -> None:
-        """The job's folder in every output folder this runner can see, once its end is recorded: saves list
-        the folder to count, so it must not keep growing (best-effort)."""
-        for server in self.s.output_dirs:
-            job_outputs.discard(self.s.output_dirs, server, self.claim.id)
-
-    def _workflow_for(self, claim: Claim) -> dict[str, Any]:
-        """The workflow to post to this runner's server: with the job's own output folder when comfysup can
-        see the server's output folder (for adoption from disk), else as it was submitted."""
-        if self.s.server not in self.s.output_dirs:
-            return claim.workflow
-        return job_outputs.plan(claim.workflow, claim.id).workflow
-
     # -- 2. post ----------------------------------------------------------------------------------------
 
-    def _post(self) -> _Run:
+    def _post(self) -> Run:
         if self.posted_in is not None:  # posted by the previous attempt as its own run ended
             posted, self.posted_in = self.posted_in, None
             if posted.error is not None:
                 raise posted.error
             self.trace.phase("posted", posted.posted_at)
-            self.live = _Run(self.client, self.s.server, posted.number, stream=self.client.own_stream(drain=False))
+            self.live = Run(self.client, self.s.server, posted.number, stream=self.client.own_stream(drain=False))
             return self.live
         # The kept socket, emptied of what earlier prompts left in it; a job posted again gets a new client
         # id, so no message of its earlier run can be read as one of this run.
@@ -377,11 +247,11 @@ class Attempt:
         log.info("job %s attempt %d on %s: POST /prompt 200", self.claim.id[:8], self.claim.attempt, self.s.server,
                  extra={"event": "posted"})
         self.trace.phase("posted", self.wall())
-        self.live = _Run(self.client, self.s.server, number, stream=stream)
+        self.live = Run(self.client, self.s.server, number, stream=stream)
         self.queue.record_prompt(self.claim, self.s.server, number)
         return self.live
 
-    def _may_hand_off(self, run: _Run) -> bool:
+    def _may_hand_off(self, run: Run) -> bool:
         """This run has ended on its server (``executing`` with node None), the server's queue is empty, and
         it was followed on this runner's own socket: the server is free for the next job."""
         return (self.next_job is not None and not self.handed_off and run.end_seen and run.queue_remaining == 0
@@ -427,11 +297,11 @@ class Attempt:
         self.next_claim = self.posted_out = None
         if nxt is not None and posted is not None and posted.number is not None:
             log.warning("job %s: lost its lease before its attempt began; interrupting its prompt", nxt.id[:8])
-            self._interrupt(_Run(self.client, self.s.server, posted.number), prompt_id=nxt.id)
+            self._interrupt(Run(self.client, self.s.server, posted.number), prompt_id=nxt.id)
 
     # -- 3. follow --------------------------------------------------------------------------------------
 
-    def _follow(self, run: _Run) -> dict[str, Any]:
+    def _follow(self, run: Run) -> dict[str, Any]:
         """Until this run's history entry says success; raises _Stop or ComfyError otherwise."""
         if run.adopted_entry is not None:
             return run.adopted_entry
@@ -466,7 +336,7 @@ class Attempt:
                 next_poll = min(next_poll, self.clock() + poll_in)
             self._write_progress()
 
-    def _checkpoints(self, run: _Run, now: float) -> None:
+    def _checkpoints(self, run: Run, now: float) -> None:
         """The deadline, the heartbeat (lease, cancel) and a graceful stop, checked on every wake-up."""
         self.station.on_alive()
         self._write_progress()
@@ -481,7 +351,7 @@ class Attempt:
                     self._drop_next()
             if self.queue.heartbeat(self.claim, self.s.lease_seconds):
                 self._interrupt(run)
-                raise _Stop(Outcome("cancelled", "cancelled by user", kind="cancelled"))
+                raise Stop(Outcome("cancelled", "cancelled by user", kind="cancelled"))
         if now >= self.deadline:
             stuck = self._interrupt(run)
             raise ComfyError(stuck, STUCK_KIND) if stuck else ComfyError(
@@ -489,9 +359,9 @@ class Attempt:
         stop_at = self.station.stop_deadline()
         if stop_at is not None and now >= stop_at:
             self._interrupt(run)
-            raise _Stop(Outcome("released", "interrupted by a graceful stop; attempt not counted", kind="shutdown"))
+            raise Stop(Outcome("released", "interrupted by a graceful stop; attempt not counted", kind="shutdown"))
 
-    def _receive(self, run: _Run, wait: float) -> dict[str, Any] | None:
+    def _receive(self, run: Run, wait: float) -> dict[str, Any] | None:
         if run.stream is None:
             run.stream = run.client.events(new_client_id())
             try:
@@ -510,7 +380,7 @@ class Attempt:
                 time.sleep(min(wait, 0.2))
             return {"type": "comfysup_reconnected", "data": {"prompt_id": self.claim.id}}
 
-    def _on_message(self, run: _Run, message: dict[str, Any]) -> float | None:
+    def _on_message(self, run: Run, message: dict[str, Any]) -> float | None:
         """Handle one event; returns in how many seconds /history should be read (None: no change).
 
         ``execution_success`` comes before ComfyUI writes the history, ``executing`` with node None right
@@ -549,7 +419,7 @@ class Attempt:
                              "not asked for by comfysup", "interrupted")
         return None
 
-    def _poll(self, run: _Run) -> dict[str, Any] | None:
+    def _poll(self, run: Run) -> dict[str, Any] | None:
         """This run's history entry when it succeeded; None while it runs. Raises on failure or loss."""
         entry = self._own_entry(run)
         if entry is not None:
@@ -565,107 +435,8 @@ class Attempt:
         raise ComfyError("the prompt is gone from the server's queue without a history entry "
                          "(the ComfyUI server restarted)", "server_died")
 
-    def _own_entry(self, run: _Run) -> dict[str, Any] | None:
+    def _own_entry(self, run: Run) -> dict[str, Any] | None:
         entry = run.client.history(self.claim.id, self.s.max_files_per_job)
         if entry is not None and (run.number is None or prompt_number(entry) == run.number):
             return entry
         return None
-
-    # -- 4. interrupt -----------------------------------------------------------------------------------
-
-    def _interrupt(self, run: _Run | None, renew: bool = True, prompt_id: str | None = None) -> str | None:
-        """Interrupt our prompt (this job's, or ``prompt_id``), delete it from the queue, and wait until it
-        has left /queue (renewing the lease on the way, unless the queue is what failed). Returns None, or
-        why the prompt is stuck when it did not leave (see :meth:`_stuck`)."""
-        if run is None:
-            return None
-        with deadline.suspended():  # it runs because a deadline passed, and must finish all the same
-            return self._interrupt_now(run, renew, prompt_id)
-
-    def _interrupt_now(self, run: _Run, renew: bool, prompt_id: str | None) -> str | None:
-        run.interrupt_asked = True
-        target = prompt_id or self.claim.id
-        until = self.clock() + self.s.leave_queue_seconds
-        try:
-            run.client.interrupt(target)
-            run.client.delete_queued([target])
-        except ComfyError:
-            return None
-        while self.clock() < until:
-            try:
-                if not any(e.prompt_id == target for e in run.client.queue()):
-                    return None
-            except ComfyError:
-                return None
-            self._interrupt_alive(renew)
-            time.sleep(0.05)
-        return self._stuck(run, target, renew)
-
-    def _interrupt_alive(self, renew: bool) -> None:
-        self.station.on_alive()
-        if renew and self.clock() >= self.next_heartbeat:
-            self.next_heartbeat = self.clock() + self.s.heartbeat_seconds
-            self.queue.heartbeat(self.claim, self.s.lease_seconds)
-
-    def _stuck(self, run: _Run, target: str, renew: bool) -> str:
-        """The prompt ignored /interrupt: reported, when in this runner's own server (comfysup.runner.stuck)."""
-        log.error("job %s: prompt still in %s's queue %g s after /interrupt (a node that ignores the interrupt "
-                  "flag)", target[:8], run.server, self.s.leave_queue_seconds, extra={"event": "stuck"})
-        own = run.client is self.client
-        restarted = report_stuck(self.station.stuck, target, own, lambda: self._interrupt_alive(renew), self.clock)
-        return stuck_reason(run.server, self.s.leave_queue_seconds, restarted=restarted)
-
-    # -- 5. download ------------------------------------------------------------------------------------
-
-    def _download(self, run: _Run, entry: dict[str, Any]) -> list[Output]:
-        try:
-            named = self._sources(run, entry)
-        except (UnsafeName, TypeError) as exc:
-            raise PermanentError(str(exc), "unsafe_output") from exc
-        self.trace.phase("downloading", self.wall())
-        # Only the attempt that holds the job may clear its folder: a fenced heartbeat now stops a stale
-        # one (LeaseLost) before it touches files that the job's new owner may be writing.
-        self.next_heartbeat = self.clock()
-        self._checkpoints(run, self.clock())
-        try:
-            self.station.store.prepare(self.claim.id)
-        except UnsafeName as exc:  # its folder is a symlink: nothing of it is touched, the job is dead
-            raise PermanentError(str(exc), "unsafe_output") from exc
-        except OSError as exc:  # the job's folder cannot be made: as transient as a file that cannot be written
-            raise _store_failure(exc, self.claim.id) from exc
-        outputs: list[Output] = []
-        for relative, chunks in named:
-            self._checkpoints(run, self.clock())
-            left = self.s.max_job_bytes - sum(o.size for o in outputs)
-            try:
-                outputs.append(self.station.store.write(self.claim.id, relative, chunks(), limit_bytes=left,
-                                                        limit_name="what is left of [store] max_job_mb"))
-            except UnsafeName as exc:
-                raise PermanentError(str(exc), "unsafe_output") from exc
-            except TooLarge as exc:
-                raise PermanentError(str(exc), "too_large") from exc
-            except Incomplete as exc:
-                raise ComfyError(str(exc), "download") from exc
-            except OSError as exc:  # the store, or (adopted from disk) the server's folder since the scan
-                raise _store_failure(exc, relative) from exc
-        return outputs
-
-    def _sources(self, run: _Run, entry: dict[str, Any]) -> list[tuple[str, Callable[[], Iterable[bytes]]]]:
-        """Each file's name in the store and where its bytes come from: /view, or the job's folder in the
-        server's output folder for a run adopted from disk. Stored under the names the user chose: without
-        the job's own folder that comfysup added to the prefixes."""
-        if run.from_disk is not None:
-            folder = self.s.output_dirs[run.server]
-            return [(safe_relative(f.filename, f.subfolder),
-                     partial(job_outputs.read, folder, self.claim.id, f.relative)) for f in run.from_disk]
-        return [(safe_relative(f["filename"], job_outputs.store_name(f.get("subfolder") or "", self.claim.id)),
-                 partial(run.client.view, f["filename"], f.get("subfolder") or "", f["type"]))
-                for f in output_files(entry)]
-
-
-def _store_failure(exc: OSError, where: str) -> ComfyError:
-    """A transient failure of the result store (a full disk is freed, a mount comes back): retried, then
-    dead with this reason. Never an exception out of the attempt: that crashes the runner, and a job
-    whose every attempt crashes its runner would never end while it takes down one runner after another."""
-    what = "the result store's disk is full" if is_disk_full(exc) else "cannot write to the result store"
-    return ComfyError(f"{what}: {exc.strerror} ({where})", "store")

@@ -35,13 +35,12 @@ from typing import Any
 
 from comfysup import safefs
 from comfysup.jobs import BUILTIN_OUTPUT_NODES
+from comfysup.runner.store import PNG_END, PNG_SIGNATURE
 
 log = logging.getLogger("comfysup.runner")
 FOLDER = "comfysup"
 """The folder of the server's output folder that holds one folder per job."""
-PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-IEND = b"\x00\x00\x00\x00IEND\xae\x42\x60\x82"
-"""An IEND chunk as a PNG ends with it: length 0, the type, its fixed CRC."""
+PNG_MAGIC, IEND = PNG_SIGNATURE, PNG_END
 MAX_PNG_CHUNKS = 1_000_000
 QUIET_SECONDS = 1.0
 """A non-PNG file modified less than this long ago may still be written: not adopted."""

@@ -33,6 +33,8 @@ class Incomplete(ValueError):
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 PNG_END = b"\x00\x00\x00\x00IEND\xaeB`\x82"
+"""An IEND chunk as a PNG ends with it: length 0, the type, its fixed CRC (also used by
+comfysup.runner.outputs, which walks a whole PNG's chunks before adopting it from disk)."""
 
 
 def check_complete(name: str, head: bytes, tail: bytes, size: int) -> None:

@@ -1,0 +1,116 @@
+"""Step 1 of an attempt: catch up with a run of the job that an earlier attempt left on a server, following
+it, adopting its history, or adopting its files from the server's output folder when the history died
+with the server. A part of :class:`comfysup.runner.attempt.Attempt`, kept apart so each module stays
+readable.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from comfysup.queue.base import Claim, Queue
+from comfysup.runner import outputs as job_outputs
+from comfysup.runner.client import ComfyClient, ServerUnavailable
+from comfysup.runner.history import judge, prompt_number, status_of
+from comfysup.runner.running import Run
+
+if TYPE_CHECKING:
+    from comfysup.runner.station import AttemptSettings, Station
+    from comfysup.runner.trace import Trace
+
+log = logging.getLogger("comfysup.runner")
+
+
+class CatchingUp:
+    """Step 1 of an attempt (DESIGN.md): catch up."""
+
+    s: AttemptSettings
+    station: Station
+    claim: Claim
+    queue: Queue
+    trace: Trace
+    wall: Callable[[], float]
+    live: Run | None
+
+    # -- 1. catch up ------------------------------------------------------------------------------------
+
+    def _catch_up(self) -> Run | None:
+        """A run of this job that an earlier attempt left on a server: follow or adopt it, or None to post.
+
+        A prompt of ours still in a server's queue is followed whatever its number: it is live, and
+        posting again would run the job twice. A history entry is adopted when its number is the one
+        recorded; when the attempt that posted died before recording it, only a success is adopted.
+
+        After a first attempt, every server this runner can reach is searched, not only the recorded one
+        and its own: a runner killed between its POST and ``record_prompt`` left no record of where its
+        prompt runs (``last_server`` is empty, or names an older attempt's server), and the prompt goes on
+        running there. Posting it here would run the job on two servers at once (the chaos suite's
+        kill-after-POST found exactly that).
+        """
+        if self.claim.last_server is None and self.claim.attempt <= 1:
+            return None  # nothing was ever posted for this job (or a retry of a dead job was asked for)
+        places = [self.claim.last_server, self.s.server, *(sorted(self.s.peers) if self.claim.attempt > 1 else [])]
+        gone: list[tuple[str, ComfyClient]] = []
+        """Servers that answered and hold neither the prompt nor its history: restarted since, if it ran there."""
+        for server in dict.fromkeys(c for c in places if c):
+            client = self.station.client_for(server)
+            if client is None:
+                continue
+            known = self.claim.last_prompt_number if server == self.claim.last_server else None
+            try:
+                live = next((e for e in client.queue() if e.prompt_id == self.claim.id), None)
+                history = None if live else client.history(self.claim.id, self.s.max_files_per_job)
+            except ServerUnavailable:
+                continue
+            if live is not None:
+                log.info("job %s attempt %d on %s: following prompt #%d left by an earlier attempt",
+                         self.claim.id[:8], self.claim.attempt, server, live.number)
+                # Already running: its execution_start was sent before this socket existed.
+                self.trace.phase("followed", self.wall())
+                if live.running:
+                    self.trace.phase("executing", self.wall())
+                self.live = Run(client, server, live.number, started=live.running)
+                self.queue.record_prompt(self.claim, server, live.number)
+                return self.live
+            if history is None:
+                gone.append((server, client))
+                continue
+            if known is not None and prompt_number(history) != known:
+                continue
+            if known is None and status_of(history) != "success":
+                continue
+            judge(history)  # a run that ended in failure: that failure is this attempt's outcome
+            log.info("job %s attempt %d on %s: adopting finished prompt #%s from /history",
+                     self.claim.id[:8], self.claim.attempt, server, prompt_number(history), extra={"event": "adopted"})
+            self.trace.phase("adopted", self.wall())
+            return Run(client, server, prompt_number(history), adopted_entry=history)
+        return self._adopt_from_disk(gone)
+
+    def _adopt_from_disk(self, gone: list[tuple[str, ComfyClient]]) -> Run | None:
+        """A run whose history died with its server, adopted from the job's folder in that server's output
+        folder when every output node left a complete file there (comfysup.runner.outputs). A folder that
+        cannot vouch for a whole run is emptied, and the job runs again (a counted re-run)."""
+        clients = dict(gone)
+        adopted = job_outputs.adopt(self.s.output_dirs, list(clients), self.claim.workflow, self.claim.id)
+        if adopted is None:
+            return None
+        server, found = adopted
+        log.info("job %s attempt %d on %s: adopting %d file(s) of a run whose history died with its server",
+                 self.claim.id[:8], self.claim.attempt, server, len(found), extra={"event": "adopted"})
+        self.trace.phase("adopted", self.wall())
+        return Run(clients[server], server, None, adopted_entry={}, from_disk=found)
+
+    def _remove_job_folders(self) -> None:
+        """The job's folder in every output folder this runner can see, once its end is recorded: saves list
+        the folder to count, so it must not keep growing (best-effort)."""
+        for server in self.s.output_dirs:
+            job_outputs.discard(self.s.output_dirs, server, self.claim.id)
+
+    def _workflow_for(self, claim: Claim) -> dict[str, Any]:
+        """The workflow to post to this runner's server: with the job's own output folder when comfysup can
+        see the server's output folder (for adoption from disk), else as it was submitted."""
+        if self.s.server not in self.s.output_dirs:
+            return claim.workflow
+        return job_outputs.plan(claim.workflow, claim.id).workflow

@@ -1,0 +1,145 @@
+"""The end of an attempt: interrupting its prompt (and reporting one that will not leave its server's queue),
+and downloading its outputs into the result store. A part of :class:`comfysup.runner.attempt.Attempt`, kept
+apart so each module stays readable; it uses the attempt's settings, claim, clocks and station.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+from comfysup.queue.base import Claim, Output, Queue
+from comfysup.runner import deadline
+from comfysup.runner import outputs as job_outputs
+from comfysup.runner.client import ComfyClient, ComfyError, PermanentError
+from comfysup.runner.history import output_files
+from comfysup.runner.running import Run
+from comfysup.runner.store import Incomplete, TooLarge, UnsafeName, is_disk_full, safe_relative
+from comfysup.runner.stuck import report_stuck, stuck_reason
+
+if TYPE_CHECKING:
+    from comfysup.runner.station import AttemptSettings, Station
+    from comfysup.runner.trace import Trace
+
+log = logging.getLogger("comfysup.runner")
+
+
+class Ending:
+    """Steps 4 and 5 of an attempt (DESIGN.md): interrupt, download."""
+
+    s: AttemptSettings
+    station: Station
+    claim: Claim
+    queue: Queue
+    client: ComfyClient
+    trace: Trace
+    clock: Callable[[], float]
+    wall: Callable[[], float]
+    next_heartbeat: float
+
+    def _checkpoints(self, run: Run, now: float) -> None:  # the attempt's
+        raise NotImplementedError
+
+    # -- 4. interrupt -----------------------------------------------------------------------------------
+
+    def _interrupt(self, run: Run | None, renew: bool = True, prompt_id: str | None = None) -> str | None:
+        """Interrupt our prompt (this job's, or ``prompt_id``), delete it from the queue, and wait until it
+        has left /queue (renewing the lease on the way, unless the queue is what failed). Returns None, or
+        why the prompt is stuck when it did not leave (see :meth:`_stuck`)."""
+        if run is None:
+            return None
+        with deadline.suspended():  # it runs because a deadline passed, and must finish all the same
+            return self._interrupt_now(run, renew, prompt_id)
+
+    def _interrupt_now(self, run: Run, renew: bool, prompt_id: str | None) -> str | None:
+        run.interrupt_asked = True
+        target = prompt_id or self.claim.id
+        until = self.clock() + self.s.leave_queue_seconds
+        try:
+            run.client.interrupt(target)
+            run.client.delete_queued([target])
+        except ComfyError:
+            return None
+        while self.clock() < until:
+            try:
+                if not any(e.prompt_id == target for e in run.client.queue()):
+                    return None
+            except ComfyError:
+                return None
+            self._interrupt_alive(renew)
+            time.sleep(0.05)
+        return self._stuck(run, target, renew)
+
+    def _interrupt_alive(self, renew: bool) -> None:
+        self.station.on_alive()
+        if renew and self.clock() >= self.next_heartbeat:
+            self.next_heartbeat = self.clock() + self.s.heartbeat_seconds
+            self.queue.heartbeat(self.claim, self.s.lease_seconds)
+
+    def _stuck(self, run: Run, target: str, renew: bool) -> str:
+        """The prompt ignored /interrupt: reported, when in this runner's own server (comfysup.runner.stuck)."""
+        log.error("job %s: prompt still in %s's queue %g s after /interrupt (a node that ignores the interrupt "
+                  "flag)", target[:8], run.server, self.s.leave_queue_seconds, extra={"event": "stuck"})
+        own = run.client is self.client
+        restarted = report_stuck(self.station.stuck, target, own, lambda: self._interrupt_alive(renew), self.clock)
+        return stuck_reason(run.server, self.s.leave_queue_seconds, restarted=restarted)
+
+    # -- 5. download ------------------------------------------------------------------------------------
+
+    def _download(self, run: Run, entry: dict[str, Any]) -> list[Output]:
+        try:
+            named = self._sources(run, entry)
+        except (UnsafeName, TypeError) as exc:
+            raise PermanentError(str(exc), "unsafe_output") from exc
+        self.trace.phase("downloading", self.wall())
+        # Only the attempt that holds the job may clear its folder: a fenced heartbeat now stops a stale
+        # one (LeaseLost) before it touches files that the job's new owner may be writing.
+        self.next_heartbeat = self.clock()
+        self._checkpoints(run, self.clock())
+        try:
+            self.station.store.prepare(self.claim.id)
+        except UnsafeName as exc:  # its folder is a symlink: nothing of it is touched, the job is dead
+            raise PermanentError(str(exc), "unsafe_output") from exc
+        except OSError as exc:  # the job's folder cannot be made: as transient as a file that cannot be written
+            raise _store_failure(exc, self.claim.id) from exc
+        outputs: list[Output] = []
+        for relative, chunks in named:
+            self._checkpoints(run, self.clock())
+            left = self.s.max_job_bytes - sum(o.size for o in outputs)
+            try:
+                outputs.append(self.station.store.write(self.claim.id, relative, chunks(), limit_bytes=left,
+                                                        limit_name="what is left of [store] max_job_mb"))
+            except UnsafeName as exc:
+                raise PermanentError(str(exc), "unsafe_output") from exc
+            except TooLarge as exc:
+                raise PermanentError(str(exc), "too_large") from exc
+            except Incomplete as exc:
+                raise ComfyError(str(exc), "download") from exc
+            except OSError as exc:  # the store, or (adopted from disk) the server's folder since the scan
+                raise _store_failure(exc, relative) from exc
+        return outputs
+
+    def _sources(self, run: Run, entry: dict[str, Any]) -> list[tuple[str, Callable[[], Iterable[bytes]]]]:
+        """Each file's name in the store and where its bytes come from: /view, or the job's folder in the
+        server's output folder for a run adopted from disk. Stored under the names the user chose: without
+        the job's own folder that comfysup added to the prefixes."""
+        if run.from_disk is not None:
+            folder = self.s.output_dirs[run.server]
+            return [(safe_relative(f.filename, f.subfolder),
+                     partial(job_outputs.read, folder, self.claim.id, f.relative)) for f in run.from_disk]
+        return [(safe_relative(f["filename"], job_outputs.store_name(f.get("subfolder") or "", self.claim.id)),
+                 partial(run.client.view, f["filename"], f.get("subfolder") or "", f["type"]))
+                for f in output_files(entry)]
+
+
+
+
+def _store_failure(exc: OSError, where: str) -> ComfyError:
+    """A transient failure of the result store (a full disk is freed, a mount comes back): retried, then
+    dead with this reason. Never an exception out of the attempt: that crashes the runner, and a job
+    whose every attempt crashes its runner would never end while it takes down one runner after another."""
+    what = "the result store's disk is full" if is_disk_full(exc) else "cannot write to the result store"
+    return ComfyError(f"{what}: {exc.strerror} ({where})", "store")
