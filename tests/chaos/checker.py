@@ -116,6 +116,9 @@ class Execution:
     """For an execution without an end line: the fault that killed its server, or how its end was bounded."""
     completed_at: float | None = None
     """When every node had run and its files were written (the fake's ``completed`` line), before its history."""
+    machine: int = 0
+    """Which execution log it came from: one per machine (row M1 has two). Only the machine whose server
+    wrote a run's files can adopt them from its output folder."""
 
     @property
     def completed(self) -> bool:
@@ -242,7 +245,7 @@ def read_executions(paths: Iterable[Path]) -> tuple[list[Execution], Counter[str
     runs: dict[tuple[int, Any], Execution] = {}
     posts: Counter[str] = Counter()
     servers: dict[int, list[float]] = defaultdict(list)
-    for path in paths:
+    for machine, path in enumerate(paths):
         if not path.exists():
             continue
         for line in path.read_text().splitlines():
@@ -258,7 +261,8 @@ def read_executions(paths: Iterable[Path]) -> tuple[list[Execution], Counter[str
             elif kind == "start":
                 runs[(event["pid"], event["number"])] = Execution(
                     pid=event["pid"], port=event.get("port"), job=event["prompt_id"], number=event["number"],
-                    word=event.get("word") or "ok", cached=bool(event.get("cached")), started_at=event["started_at"])
+                    word=event.get("word") or "ok", cached=bool(event.get("cached")), started_at=event["started_at"],
+                    machine=machine)
             elif kind == "completed":
                 run = runs.get((event["pid"], event["number"]))
                 if run is not None:
@@ -423,6 +427,12 @@ def _check_executions(executions: list[Execution], posts: Counter[str], jobs: di
                         f"{job_id}: pid {run.pid} [{run.started_at:.3f}, {run.end:.3f}] ({run.outcome or run.death}) "
                         f"and pid {other.pid} from {other.started_at:.3f}")
         for previous, following in itertools.pairwise(runs):
+            if (previous.completed and previous.death in KILLS and previous.outcome is None
+                    and following.machine != previous.machine):
+                # Its server died with the history before it was read, and the job went to another machine,
+                # which cannot see the files in the dead one's output folder: running it again is the only way.
+                report.re_executions[f"{previous.death} after the run (taken over by another machine)"] += 1
+                continue
             if previous.completed and not _requeued(previous, following, faults) and not _hostile(previous):
                 report.after_completed.append(
                     f"{job_id}: run on pid {previous.pid} completed at {previous.completed_at or previous.end:.3f} "

@@ -135,3 +135,22 @@ def test_sigterm_during_a_trickling_download_is_honoured_within_its_grace(tmp_pa
     assert stopped_at and ended - stopped_at[0] < 1.0 + 1.0 + 1.0, f"{ended - stopped_at[0]:.1f} s after SIGTERM"
     job = queue.get(job_id(1))
     assert (job.state == "queued" and job.attempt == 0) or job.state == "queued", (job.state, job.attempt, job.reason)
+
+
+@pytest.mark.timeout(60)
+def test_a_job_folder_replaced_by_a_symlink_is_dead_lettered_and_nothing_outside_is_touched(
+        tmp_path: Path, fake: FakeComfy) -> None:
+    config = write_config(tmp_path, attempts=2)
+    queue = submit(config, [trivial_job(1), trivial_job(2)])
+    outside = tmp_path / "etc"
+    outside.mkdir()
+    (outside / "passwd").write_text("root:x:0:0")
+    store = config_of(config).resolve(config_of(config).store.dir)
+    store.mkdir(parents=True)
+    (store / job_id(1)).symlink_to(outside)  # <store>/<id> -> /etc, as the issue found it followed
+    run_all(config, fake)
+    job = queue.get(job_id(1))
+    assert job.state == "dead" and "is a symlink" in (job.reason or ""), job.reason
+    assert sorted(p.name for p in outside.iterdir()) == ["passwd"]
+    assert (outside / "passwd").read_text() == "root:x:0:0"
+    assert queue.get(job_id(2)).state == "done"  # the runner carries on
