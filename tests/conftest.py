@@ -11,6 +11,8 @@ import pytest
 # ==== fake_comfy fixtures (owned by fake_comfy; see tests/acceptance/test_fake_comfy.py) ===========================
 
 if TYPE_CHECKING:
+    from supervisor_support import Supervised
+
     from fake_comfy import FakeComfy
 
 
@@ -39,3 +41,14 @@ def _no_deadline_left_over() -> Iterator[None]:
     from comfysup.runner import deadline
 
     deadline.reset()
+
+
+# ==== comfysup run as a subprocess (tests/supervisor_support.py) ==========================================
+@pytest.fixture
+def harness(tmp_path: Path) -> Iterator[list[Supervised]]:
+    """Supervised installations a test made; each is cleaned up (its processes killed, its folder kept for
+    pytest) after the test, whatever happened."""
+    made: list[Supervised] = []
+    yield made
+    for h in made:
+        h.cleanup()

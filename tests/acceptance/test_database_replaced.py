@@ -5,7 +5,6 @@ heartbeat, logged as an error, and the supervisor exits with EXIT_DATABASE_REPLA
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -13,14 +12,6 @@ from supervisor_support import Supervised, gone
 
 from comfysup.queue.sqlite import SQLiteQueue
 from comfysup.supervisor.lock import EXIT_DATABASE_REPLACED
-
-
-@pytest.fixture
-def harness(tmp_path: Path) -> Iterator[list[Supervised]]:
-    made: list[Supervised] = []
-    yield made
-    for h in made:
-        h.cleanup()
 
 
 @pytest.mark.timeout(60)

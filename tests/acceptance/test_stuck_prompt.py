@@ -5,21 +5,12 @@ and the slot carries on (never marked failed for it)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from supervisor_support import Supervised, job, job_id, wait_for
 
 STUCK = "hostile:run:ignore-interrupt"
-
-
-@pytest.fixture
-def harness(tmp_path: Path) -> Iterator[list[Supervised]]:
-    made: list[Supervised] = []
-    yield made
-    for h in made:
-        h.cleanup()
 
 
 @pytest.mark.timeout(120)

@@ -12,7 +12,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,14 +25,6 @@ from supervisor_support import (
     processes_under,
     wait_for,
 )
-
-
-@pytest.fixture
-def harness(tmp_path: Path) -> Iterator[list[Supervised]]:
-    made: list[Supervised] = []
-    yield made
-    for h in made:
-        h.cleanup()
 
 
 def make(harness: list[Supervised], tmp_path: Path, **kwargs: object) -> Supervised:

@@ -14,19 +14,10 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from supervisor_support import REPO, Supervised, gone, job, job_id, processes_under, wait_for
-
-
-@pytest.fixture
-def harness(tmp_path: Path) -> Iterator[list[Supervised]]:
-    made: list[Supervised] = []
-    yield made
-    for h in made:
-        h.cleanup()
 
 
 @pytest.mark.timeout(90)
