@@ -70,6 +70,8 @@ class Unit:
     last_rss_mb: float = 0.0
     stuck_restarts: int = 0
     """Restarts of the server because a prompt stayed in its queue after /interrupt."""
+    last_check: str = ""
+    """What the last readiness check of a starting server got (empty: it answered), for the log."""
 
     @property
     def state(self) -> str:

@@ -323,7 +323,8 @@ class Supervisor:
             return
         answered = False
         if policy.state is State.STARTING and unit.server_pid is not None:
-            answered = servers.answers(unit.url, timeout_seconds=0.5)
+            unit.last_check = servers.readiness(unit.url, timeout_seconds=0.5)
+            answered = not unit.last_check
         before = policy.state
         for action in policy.transition(now, answered=answered):
             self._server_action(unit, now, action)
@@ -333,7 +334,7 @@ class Supervisor:
                 log.info("%s: ComfyUI answers on %s (%.1f s after its start)", unit.name, unit.url,
                          now - (policy.started_at or now))
             else:
-                log.warning("%s: ComfyUI %s", unit.name, policy.reason)
+                log.warning("%s: ComfyUI %s (last check: %s)", unit.name, policy.reason, unit.last_check or "-")
         if policy.state is State.FAILED and before is not State.FAILED:
             unit.first_start_over = True
             log.error("%s: slot failed: %s. The other slots keep working; fix the cause and restart comfysup",
