@@ -470,7 +470,7 @@ def _check_listen(source: str, section: str, key: str, host: str, private_networ
 class GpuSpec:
     """What ``gpus`` asks for: ``auto`` (NVML), explicit CUDA indices, or ``cpu`` slots."""
 
-    mode: str  # "auto" | "list" | "cpu"
+    mode: str  # "auto" | "list" | "cpu" | "none" (launch nothing: supervise only the [[servers]])
     indices: tuple[int, ...] = ()
     cpu_slots: int = 0
 
@@ -479,13 +479,16 @@ def parse_gpus(value: str | tuple[int, ...], source: str = "<config>") -> GpuSpe
     where = f"{source}: [comfyui] gpus = {value!r}"
     if isinstance(value, tuple):
         if not value:
-            raise ConfigError(f"{where}: the list is empty; give CUDA indices like [0, 2], or \"auto\"")
+            raise ConfigError(f"{where}: the list is empty; give CUDA indices like [0, 2], \"auto\", or \"none\" "
+                              "to launch no ComfyUI server and supervise only the [[servers]]")
         if any(i < 0 for i in value) or len(set(value)) != len(value):
             raise ConfigError(f"{where}: expected distinct CUDA device indices (0 or more)")
         return GpuSpec("list", indices=tuple(value))
     if value == "auto":
         return GpuSpec("auto")
+    if value == "none":
+        return GpuSpec("none")
     if value.startswith("cpu:") and value[4:].isdigit() and int(value[4:]) >= 1:
         return GpuSpec("cpu", cpu_slots=int(value[4:]))
     raise ConfigError(f"{where}: expected \"auto\", a list of CUDA indices like [0, 2], or \"cpu:N\" "
-                      "(N ComfyUI servers on the CPU)")
+                      "(N ComfyUI servers on the CPU); or \"none\" to launch none and use only the [[servers]]")

@@ -12,11 +12,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
 from collections import Counter
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -43,12 +45,48 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p = sub.add_parser("demo", help="run the example jobs end to end on two fake ComfyUI servers (no GPU)",
                        description="Write a config in --dir with two fake ComfyUI servers on the CPU, submit "
                                    "the jobs file, run the supervisor until every job has ended, print the "
-                                   "results and where the files are, then stop it. Installs nothing.")
-    p.add_argument("--dir", default="comfysup-demo", help="folder for the config, queue, results and logs "
-                   "(default: ./comfysup-demo)")
-    p.add_argument("--jobs", default="examples/jobs.jsonl", help="jobs file (default: examples/jobs.jsonl)")
+                                   "results and where the files are, then stop it. Installs nothing, runs from "
+                                   "any directory, and starts afresh each time: a folder of an earlier demo is "
+                                   "emptied first.")
+    p.add_argument("--dir", default=None, help="folder for the config, queue, results and logs (default: "
+                   f"{default_dir()}, or $XDG_CACHE_HOME/comfysup/demo)")
+    p.add_argument("--jobs", default=None, help="jobs file (default: the example that ships with comfysup, "
+                   f"{EXAMPLES / 'jobs.jsonl'})")
     p.add_argument("--timeout-seconds", type=float, default=600.0, help="give up after this long (default 600)")
     p.set_defaults(func=run)
+
+
+EXAMPLES = Path(str(resources.files("comfysup") / "data" / "examples"))
+"""The example jobs and workflows, shipped in the package (the repository's examples/ links here)."""
+
+MARKER = "# Written by comfysup demo"
+"""The first line of a demo's config: a folder that holds one may be emptied by the next demo."""
+
+
+def default_dir() -> Path:
+    """The user's cache folder, never the current directory: a demo run in a checkout leaves nothing in it."""
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "comfysup" / "demo"
+
+
+def fresh_dir(directory: Path) -> None:
+    """``directory`` empty of an earlier demo, so a second run is as clean as the first; a folder that holds
+    anything else is refused rather than touched."""
+    if not directory.exists():
+        directory.mkdir(parents=True)
+        return
+    if not directory.is_dir():
+        raise UsageError(f"{directory}: not a folder")
+    config = directory / "config.toml"
+    if config.is_file() and config.read_text(errors="replace").startswith(MARKER):
+        for name in ("var", "config.toml", "supervisor.log"):
+            path = directory / name
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            elif path.exists() or path.is_symlink():
+                path.unlink()
+    if any(directory.iterdir()):
+        raise UsageError(f"{directory}: not empty and not an earlier demo's folder; give an empty or new --dir")
 
 
 def fake_main() -> Path:
@@ -74,7 +112,7 @@ def write_config(directory: Path, base_port: int) -> Path:
         "runner": {"grace_seconds": 10.0, "base_delay_seconds": 0.5, "timeout_seconds": 120.0},
     }
     path = directory / "config.toml"
-    text = ("# Written by comfysup demo: two fake ComfyUI servers on the CPU. For a real installation set\n"
+    text = (f"{MARKER}: two fake ComfyUI servers on the CPU. For a real installation set\n"
             "# [comfyui] main to ComfyUI's main.py and gpus = \"auto\" (or run comfysup init).\n")
     path.write_text(text + tomli_w.dumps(doc))
     return path
@@ -151,11 +189,11 @@ def report(config_path: Path, ids: list[str]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    jobs = Path(args.jobs)
+    jobs = Path(args.jobs) if args.jobs else EXAMPLES / "jobs.jsonl"
     if not jobs.is_file():
-        raise UsageError(f"{jobs}: no such jobs file (run from the repository, or give --jobs FILE)")
-    directory = Path(args.dir).absolute()
-    directory.mkdir(parents=True, exist_ok=True)
+        raise UsageError(f"{jobs}: no such jobs file")
+    directory = (Path(args.dir) if args.dir else default_dir()).absolute()
+    fresh_dir(directory)
     config_path = write_config(directory, free_ports(2))
     log_path = directory / "supervisor.log"
     print(f"demo in {directory}: two fake ComfyUI servers on the CPU, config {config_path}", file=sys.stderr)

@@ -45,7 +45,8 @@ DOCS: dict[str, dict[str, str]] = {
         "base_directory": "Each server gets <base_directory>/<slot> as its --base-directory.",
         "extra_args": "More arguments for every ComfyUI server, e.g. [\"--highvram\"].",
         "gpus": "\"auto\" (every GPU NVML finds, honouring CUDA_VISIBLE_DEVICES), a list of CUDA indices "
-                "like [0, 2], or \"cpu:N\" for N servers with --cpu.",
+                "like [0, 2], \"cpu:N\" for N servers with --cpu, or \"none\" to launch no server and supervise "
+                "only the [[servers]] (runners, metrics, status page, webhooks).",
         "startup_seconds": "How long a server may take to answer /system_stats after it starts.",
         "extra_model_paths_config": "A shared extra_model_paths.yaml given to every server; empty: none.",
     },

@@ -21,33 +21,80 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
                        description="Print one row per job: its id, its `set` parameters as columns, status, "
                                    "server, the machine that did it, attempts, files (name:sha256 prefix), "
                                    "reason, time waited in the queue, and run time per attempt and in all. With a "
-                                   "jobs file, only its jobs, in its order. --csv adds where each file is, as "
+                                   "jobs file, every line of it in its order, with status 'not submitted' for an "
+                                   "id that is not in the queue. --csv adds where each file is, as "
                                    "host:path, for a store on each machine's own disk.")
-    p.add_argument("file", nargs="?", help="a jobs.jsonl file: show only its jobs")
-    p.add_argument("--csv", action="store_true", help="CSV on standard output (full hashes and file paths, and "
-                   "a locations column of host:path)")
+    p.add_argument("file", nargs="?", help="a jobs.jsonl file: show only its lines' jobs")
+    p.add_argument("--csv", action="store_true", help="CSV on standard output: parameters as plain values "
+                   "(strings unquoted, numbers as numbers, objects and lists as JSON), full hashes and file paths, "
+                   "and a locations column of host:path")
     p.set_defaults(func=run)
 
 
-def _ids_of(path: Path) -> list[str]:
+def _lines_of(path: Path) -> list[tuple[str, dict[str, Any]]]:
+    """Each line's id and its ``set`` (shown for a line that was never submitted), in the file's order."""
     if not path.is_file():
         raise UsageError(f"{path}: no such file")
-    ids = []
+    lines = []
     with open(path, "rb") as f:
         for number, raw in enumerate(f, start=1):
             if not raw.strip():
                 continue
             try:
-                ids.append(str(json.loads(raw)["id"]))
+                line = json.loads(raw)
+                job_id = str(line["id"])
             except (ValueError, KeyError, TypeError) as exc:
                 raise UsageError(f"{path}:{number}: no readable id ({exc})") from exc
-    return ids
+            params = line.get("set")
+            lines.append((job_id, params if isinstance(params, dict) else {}))
+    return lines
 
+
+def _ids_of(path: Path) -> list[str]:
+    return [job_id for job_id, _ in _lines_of(path)]
+
+
+NOT_SUBMITTED = "not submitted"
+"""The status of a line of the jobs file whose id is not in the queue."""
+
+TABLE_CELL_CHARS = 60
 
 RESULT_COLUMNS = ("status", "server", "machine", "attempts", "files", "reason", "queue_wait_s", "attempt_run_s",
                   "total_s")
 CSV_COLUMNS = (*RESULT_COLUMNS, "locations")
 """``locations``: each file as host:path, since store.dir may be each machine's own disk."""
+
+
+def cell(value: Any) -> str:
+    """A parameter as a spreadsheet reads it: a string as it is, a number as a number, true/false/null as
+    JSON writes them, and only an object or a list as JSON, so a join on a column needs no unquoting."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict | list):
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    return json.dumps(value)
+
+
+def cut(text: str, limit: int = TABLE_CELL_CHARS) -> str:
+    """``text`` in at most ``limit`` characters, cut at a word boundary with an ellipsis (a word longer than
+    the cell is cut inside)."""
+    if len(text) <= limit:
+        return text
+    head = text[:limit - 1]
+    space = head.rfind(" ")
+    if space >= limit // 2:
+        head = head[:space]
+    return head.rstrip(" ,;:") + "…"
+
+
+def not_submitted_row(job_id: str, params: dict[str, Any], columns: list[str], full: bool) -> dict[str, Any]:
+    """The row of a line of the file that is not in the queue: its id and ``set``, status ``not submitted``."""
+    shown = mask(params)
+    out: dict[str, Any] = {"id": job_id}
+    out.update({p: cell(shown[p]) if p in shown else "" for p in columns})
+    out.update(dict.fromkeys(CSV_COLUMNS if full else RESULT_COLUMNS, ""))
+    out["status"] = NOT_SUBMITTED
+    return out
 
 
 def row(job: JobRecord, params: list[str], full: bool) -> dict[str, Any]:
@@ -57,7 +104,7 @@ def row(job: JobRecord, params: list[str], full: bool) -> dict[str, Any]:
     runs = [a.ended_at - a.started_at for a in job.attempts if a.ended_at is not None]
     files = [f"{o.path if full else o.name}:{o.sha256 if full else o.sha256[:12]}" for o in job.outputs]
     out: dict[str, Any] = {"id": job.id}
-    out.update({p: json.dumps(shown[p]) if p in shown else "" for p in params})
+    out.update({p: cell(shown[p]) if p in shown else "" for p in params})
     out.update({
         "status": job.state,
         "server": job.server or (job.attempts[-1].server if job.attempts else ""),
@@ -74,18 +121,30 @@ def row(job: JobRecord, params: list[str], full: bool) -> dict[str, Any]:
     return out
 
 
-def _jobs(args: argparse.Namespace, queue: Any, warn: bool = False) -> Iterator[JobRecord]:
-    if args.file:
-        ids = _ids_of(Path(args.file))
-        for start in range(0, len(ids), 500):
-            found = {j.id: j for j in queue.get_many(ids[start:start + 500])}
-            for job_id in ids[start:start + 500]:
-                if job_id in found:
-                    yield found[job_id]
-                elif warn:
-                    print(f"{job_id}: not in the queue (not submitted?)", file=sys.stderr)
-    else:
+Line = tuple[str, dict[str, Any]]
+
+
+def _jobs(queue: Any, lines: list[Line] | None) -> Iterator[JobRecord | Line]:
+    """Every job of the queue; with a file's lines, each line's job in the file's order, or the line itself
+    when its id is not in the queue."""
+    if lines is None:
         yield from queue.iter_jobs()
+        return
+    for start in range(0, len(lines), 500):
+        chunk = lines[start:start + 500]
+        found = {j.id: j for j in queue.get_many([job_id for job_id, _ in chunk])}
+        for line in chunk:
+            yield found.get(line[0], line)
+
+
+def _params_of(item: JobRecord | Line) -> dict[str, Any]:
+    return item[1] if isinstance(item, tuple) else item.params
+
+
+def _row(item: JobRecord | Line, params: list[str], full: bool) -> dict[str, Any]:
+    if isinstance(item, tuple):
+        return not_submitted_row(item[0], item[1], params, full)
+    return row(item, params, full)
 
 
 def _table(rows: Iterable[dict[str, Any]]) -> str:
@@ -93,18 +152,27 @@ def _table(rows: Iterable[dict[str, Any]]) -> str:
     if not rows:
         return "no jobs"
     columns = list(rows[0])
-    width = {c: min(60, max(len(c), *(len(str(r[c])) for r in rows))) for c in columns}
+    width = {c: min(TABLE_CELL_CHARS, max(len(c), *(len(str(r[c])) for r in rows))) for c in columns}
     lines = ["  ".join(c.ljust(width[c]) for c in columns)]
-    lines += ["  ".join(str(r[c])[:60].ljust(width[c]) for c in columns) for r in rows]
+    lines += ["  ".join(cut(str(r[c])).ljust(width[c]) for c in columns) for r in rows]
     return "\n".join(lines)
 
 
 def run(args: argparse.Namespace) -> int:
     queue = queue_from(config_from(args))
     try:
+        lines = _lines_of(Path(args.file)) if args.file else None
         # Two passes, so every parameter column is known before the first row, with memory kept flat.
-        params = sorted({k for job in _jobs(args, queue, warn=True) for k in job.params})
-        rows = (row(job, params, full=args.csv) for job in _jobs(args, queue))
+        missing = 0
+        keys: set[str] = set()
+        for item in _jobs(queue, lines):
+            keys.update(_params_of(item))
+            missing += isinstance(item, tuple)
+        if missing:
+            print(f"{args.file}: {missing} line(s) not in the queue, listed as {NOT_SUBMITTED!r} "
+                  f"(comfysup submit {args.file})", file=sys.stderr)
+        params = sorted(keys)
+        rows = (_row(item, params, full=args.csv) for item in _jobs(queue, lines))
         if args.csv:
             writer = csv.DictWriter(sys.stdout, fieldnames=["id", *params, *CSV_COLUMNS])
             writer.writeheader()

@@ -314,7 +314,8 @@ class Runner:
         elif o.state == "cancelled":
             log.info("job %s: cancelled on %s", short, self.server, extra=event)
         elif o.state == "released":
-            log.info("job %s: released without counting the attempt (%s)", short, o.reason, extra=event)
+            # o.reason already says "attempt not counted": in parentheses, it read "(…; attempt not counted)".
+            log.info("job %s: released, %s", short, o.reason, extra=event)
         else:
             log.warning("job %s: attempt %d stopped without writing: %s", short, claim.attempt, o.reason,
                         extra=event)

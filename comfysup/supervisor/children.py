@@ -70,6 +70,8 @@ class Unit:
     last_rss_mb: float = 0.0
     stuck_restarts: int = 0
     """Restarts of the server because a prompt stayed in its queue after /interrupt."""
+    last_check: str = ""
+    """What the last readiness check of a starting server got (empty: it answered), for the log."""
 
     @property
     def state(self) -> str:
@@ -105,9 +107,14 @@ def runner_limits(config: Config) -> Limits:
 
 
 def build_units(config: Config, env: Mapping[str, str]) -> list[Unit]:
-    """A unit per slot from ``gpus``, then one per [[servers]] entry."""
+    """A unit per slot from ``gpus`` (none for ``"none"``), then one per [[servers]] entry."""
     spec = parse_gpus(config.comfyui.gpus, config.source)
-    if spec.mode == "cpu":
+    if spec.mode == "none":
+        slots = []
+        if not config.servers:
+            raise ConfigError(f"{config.source}: [comfyui] gpus = \"none\" launches no ComfyUI server; list the "
+                              "servers to supervise as [[servers]] name = ..., url = ...")
+    elif spec.mode == "cpu":
         slots = slots_for(spec)
     else:
         found = discover(env)

@@ -163,7 +163,9 @@ class ProcessManager:
                         "leases expire", runner.name, runner.owner, exc)
             released = []
         if released:
-            log.info("%s: runner %s; released %s", runner.name, why, ", ".join(i[:8] for i in released))
+            # "released JOB: why", not "runner <why>": a why that starts "runner process died" read
+            # "runner runner process died".
+            log.info("%s: released %s: %s", runner.name, ", ".join(i[:8] for i in released), why)
         return runner
 
 

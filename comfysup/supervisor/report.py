@@ -15,10 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from comfysup.config import Config
+from comfysup.errors import QueueError
+from comfysup.queue import Queue
 from comfysup.queue.base import host_name
 from comfysup.slotstate import STATE_FILE, state_path
 from comfysup.supervisor.children import Unit
 from comfysup.supervisor.notify import Notifier
+from comfysup.supervisor.policy import State
 from comfysup.supervisor.stuck import reason as stuck_reason
 
 log = logging.getLogger("comfysup.supervisor")
@@ -38,6 +41,37 @@ def summary(units: Sequence[Unit]) -> str:
     busy = sum(1 for u in units if u.shared.job)
     parts.append(f"{busy} job(s) running, {sum(u.shared.jobs for u in units)} finished since start")
     return "; ".join(parts)
+
+
+EXIT_NO_SLOT_ALIVE = 3
+"""``comfysup run``'s exit code when every slot failed: nothing here can run a job until someone acts, and a
+non-zero exit lets systemd's Restart=on-failure try again (after a driver or a disk came back)."""
+
+
+def no_slot_alive(units: Sequence[Unit]) -> str | None:
+    """Why no slot can run a job (every launched server failed, and no [[servers]] entry), or None."""
+    if not units or any(u.server is None or u.server.state is not State.FAILED for u in units):
+        return None
+    return "every slot failed: " + "; ".join(f"{u.name}: {u.server.reason}" for u in units if u.server)
+
+
+def heartbeat_machine(queue: Queue, units: Sequence[Unit], *, register: bool, was_ok: bool) -> bool:
+    """Tell the queue this machine is alive and what its slots do (``comfysup status`` on any machine shows
+    it); whether the queue answered. A database that does not answer stops the runners claiming, said once in
+    the log; the jobs they run stop by themselves before their leases could hand them on."""
+    try:
+        slots = slot_rows(units)
+        if register:
+            queue.register_machine(host_name(), os.getpid(), slots)
+        else:
+            queue.machine_heartbeat(host_name(), os.getpid(), slots)
+    except QueueError as exc:
+        if was_ok:
+            log.error("the queue database does not answer: %s; runners stop claiming until it does", exc)
+        return False
+    if not was_ok:
+        log.info("the queue database answers again; runners claim again")
+    return True
 
 
 def slot_rows(units: Sequence[Unit], *, final: bool = False) -> list[dict[str, Any]]:
@@ -89,12 +123,14 @@ class Reporter:
             log.warning("cannot write %s: %s", self.state_path, exc.strerror)
 
     def notify(self, units: Sequence[Unit], now: float, *, stopping: bool) -> None:
-        """READY once every slot's first start is over and every runner runs; then WATCHDOG every tick and
-        STATUS when the summary changes."""
+        """READY once every slot's first start is over, at least one slot can run jobs (a server that
+        answers, or a [[servers]] entry) and every runner runs; then WATCHDOG every tick and STATUS when the
+        summary changes. With no slot alive there is no READY: systemd sees a start that failed."""
         notifier = self.notifier
         if not stopping and not notifier.ready_sent:
             started = all(u.first_start_over or u.server is None for u in units)
-            if started and all(u.runner_pid is not None for u in units):
+            alive = any(u.server is None or u.server.state is State.RUNNING for u in units)
+            if started and alive and all(u.runner_pid is not None for u in units):
                 notifier.ready(summary(units))
                 log.info("ready: %s", summary(units))
         if notifier.ready_sent:

@@ -39,10 +39,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from comfysup.config import Config, check_supervisor
-from comfysup.errors import QueueError
 from comfysup.observability.monitor import BIND_FAILED
 from comfysup.queue import Queue, open_queue
-from comfysup.queue.base import host_name
 from comfysup.supervisor import server as servers
 from comfysup.supervisor import stuck
 from comfysup.supervisor.children import (
@@ -62,7 +60,7 @@ from comfysup.supervisor.lock import EXIT_DATABASE_REPLACED, AlreadyRunning, dat
 from comfysup.supervisor.manager import ProcessManager, release_stale_claims
 from comfysup.supervisor.policy import Action, Policy, State
 from comfysup.supervisor.process import ProcessOps, describe_status
-from comfysup.supervisor.report import Reporter, slot_rows
+from comfysup.supervisor.report import EXIT_NO_SLOT_ALIVE, Reporter, heartbeat_machine, no_slot_alive
 from comfysup.supervisor.report import summary as summarize
 from comfysup.supervisor.stop import (
     KILL_WAIT_SECONDS,
@@ -177,6 +175,7 @@ class Supervisor:
                 self._server_step(unit, now)
                 self._runner_step(unit, now)
                 self._recycle_step(unit, now)
+            self._give_up_if_no_slot(now)
             if now >= self._next_housekeeping:
                 self._next_housekeeping = now + HOUSEKEEPING_SECONDS
                 self._housekeeping(now)
@@ -323,7 +322,8 @@ class Supervisor:
             return
         answered = False
         if policy.state is State.STARTING and unit.server_pid is not None:
-            answered = servers.answers(unit.url, timeout_seconds=0.5)
+            unit.last_check = servers.readiness(unit.url, timeout_seconds=0.5)
+            answered = not unit.last_check
         before = policy.state
         for action in policy.transition(now, answered=answered):
             self._server_action(unit, now, action)
@@ -333,7 +333,7 @@ class Supervisor:
                 log.info("%s: ComfyUI answers on %s (%.1f s after its start)", unit.name, unit.url,
                          now - (policy.started_at or now))
             else:
-                log.warning("%s: ComfyUI %s", unit.name, policy.reason)
+                log.warning("%s: ComfyUI %s (last check: %s)", unit.name, policy.reason, unit.last_check or "-")
         if policy.state is State.FAILED and before is not State.FAILED:
             unit.first_start_over = True
             log.error("%s: slot failed: %s. The other slots keep working; fix the cause and restart comfysup",
@@ -466,25 +466,19 @@ class Supervisor:
         self._carry_out(self.plan.cold_stop(now, self.config.runner.grace_seconds))
 
     def heartbeat_machine(self, register: bool = False) -> None:
-        """Tell the queue this machine is alive and what its slots do (``comfysup status`` on any machine
-        shows it). A database that does not answer stops the runners claiming, said once in the log; the
-        jobs they run stop by themselves before their leases could hand them on (their heartbeats fail)."""
-        if self.queue is None:
+        """Tell the queue this machine is alive and what its slots do (report.heartbeat_machine)."""
+        if self.queue is not None:
+            self.queue_ok = heartbeat_machine(self.queue, self.units, register=register, was_ok=self.queue_ok)
+
+    def _give_up_if_no_slot(self, now: float) -> None:
+        """Every slot failed: nothing here can run a job until someone acts, so stop and exit non-zero for
+        systemd's Restart=on-failure (READY was never sent if no slot ever ran)."""
+        why = no_slot_alive(self.units)
+        if why is None or self.exit_code:
             return
-        try:
-            slots = slot_rows(self.units)
-            if register:
-                self.queue.register_machine(host_name(), os.getpid(), slots)
-            else:
-                self.queue.machine_heartbeat(host_name(), os.getpid(), slots)
-        except QueueError as exc:
-            if self.queue_ok:
-                log.error("the queue database does not answer: %s; runners stop claiming until it does", exc)
-            self.queue_ok = False
-            return
-        if not self.queue_ok:
-            log.info("the queue database answers again; runners claim again")
-        self.queue_ok = True
+        log.error("%s; no slot is alive, stopping (exit code %d)", why, EXIT_NO_SLOT_ALIVE)
+        self.exit_code = EXIT_NO_SLOT_ALIVE
+        self.begin_stop(now, "no slot alive")
 
     def _housekeeping(self, now: float) -> None:
         self.heartbeat_machine()
