@@ -124,7 +124,8 @@ def _check_value(node_id: str, class_type: str, name: str, value: Any, kind: Any
                          f"{name} {value!r} is above its maximum {high}", value)
         return None
     choices = _combo(kind, options)
-    if choices is not None:
+    if choices:  # an empty list (a server that lists no file of that kind, fake_comfy's loaders) is not held
+        # against a job: ComfyUI would refuse it at POST, as before this check
         values = value if options.get("multiselect") and isinstance(value, list) else [value]
         for v in values:
             try:
