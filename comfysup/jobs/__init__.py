@@ -94,6 +94,8 @@ class JobsFile:
             object_info = ObjectInfo({name: info for c in catalogues for name, info in c.info.items()})
         self.object_info = object_info or ObjectInfo()
         self._checks: dict[int, TemplateCheck] = {}
+        self._any_refused: bool | None = None
+        """Whether ``validate`` met a line that some catalogue refused; False: building the jobs skips the check."""
         """Each template's nodes checked against every catalogue once, by id(template)."""
         self.cache = WorkflowCache(self.object_info)
         self._named: dict[str, Template] = {}
@@ -106,6 +108,7 @@ class JobsFile:
 
     def validate(self) -> Validation:
         result = Validation()
+        self._any_refused = False
         for number, raw in self._lines():
             if not raw.strip():
                 continue
@@ -289,9 +292,11 @@ class JobsFile:
                  check: bool) -> tuple[tuple[int, str], ...]:
         """(catalogue id, reason) for each catalogue that cannot run the line; with ``check``, JobLineError when
         none can (ComfyUI on every server would refuse it at POST)."""
-        if checker is None:
+        if checker is None or (not check and self._any_refused is False):
             return ()
         issues = checker.refusals(changed)
+        if check and issues:
+            self._any_refused = True
         if check and issues and len(issues) == len(self.catalogues):
             raise JobLineError(refusal_text(issues, self.catalogues))
         return tuple((cid, f"node {i.node_id} ({i.class_type}): {i.text}") for cid, i in issues.items())

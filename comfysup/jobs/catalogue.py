@@ -92,18 +92,24 @@ def check_node(node_id: str, node: Mapping[str, Any], catalogue: Mapping[str, An
         if name not in inputs:
             return Issue(node_id, class_type, name, "required_input_missing", f"required input {name!r} is missing")
     for name, value in inputs.items():
-        spec = _spec(info, name)
-        if spec is None or _is_link(value):
-            continue
-        _category, kind, options = spec
-        if isinstance(value, dict):
-            if "__value__" not in value:
-                continue  # a file reference: the runner uploads it and names it
-            value = value["__value__"]
-        issue = _check_value(node_id, class_type, name, value, kind, options)
+        issue = check_input(node_id, class_type, info, name, value)
         if issue is not None:
             return issue
     return None
+
+
+def check_input(node_id: str, class_type: str, info: Mapping[str, Any], name: str, value: Any) -> Issue | None:
+    """One input's value against its class's spec (a link, an input the class does not declare, or a file
+    reference is not checked here)."""
+    spec = _spec(info, name)
+    if spec is None or _is_link(value):
+        return None
+    _category, kind, options = spec
+    if isinstance(value, dict):
+        if "__value__" not in value:
+            return None  # a file reference: the runner uploads it and names it
+        value = value["__value__"]
+    return _check_value(node_id, class_type, name, value, kind, options)
 
 
 def _check_value(node_id: str, class_type: str, name: str, value: Any, kind: Any,
@@ -187,11 +193,33 @@ class TemplateCheck:
         for cid, catalogue in self.catalogues.items():
             base = self.issues[cid]
             issue = None
-            for node_id in sorted(set(base) | set(changed)):
-                issue = (check_node(node_id, changed[node_id], catalogue.info) if node_id in changed
-                         else base[node_id])
+            for node_id in sorted(set(base) | set(changed)) if base else sorted(changed):
+                issue = (self._changed(node_id, changed[node_id], catalogue.info, node_id in base)
+                         if node_id in changed else base[node_id])
                 if issue is not None:
                     break
             if issue is not None:
                 refused[cid] = issue
         return refused
+
+    def _changed(self, node_id: str, node: Mapping[str, Any], info: Mapping[str, Any], failed: bool) -> Issue | None:
+        """A node a line changed: only the inputs whose values differ from the template's are checked again,
+        unless the template's own node failed, its class changed, or an input went missing."""
+        template = self.workflow.get(node_id)
+        if failed or not isinstance(template, dict) or template.get("class_type") != node.get("class_type"):
+            return check_node(node_id, node, info)
+        inputs, base = node.get("inputs") or {}, template.get("inputs") or {}
+        if not base.keys() <= inputs.keys():
+            return check_node(node_id, node, info)
+        class_info = info.get(node["class_type"])
+        if not isinstance(class_info, dict):
+            return check_node(node_id, node, info)
+        for name, value in inputs.items():
+            if value is not base.get(name, _MISSING):
+                issue = check_input(node_id, node["class_type"], class_info, name, value)
+                if issue is not None:
+                    return issue
+        return None
+
+
+_MISSING = object()
