@@ -134,3 +134,18 @@ def test_no_catalogue_yet_warns_once_and_accepts(tmp_path: Path, capsys: Any) ->
     assert err.count("warning: no server has recorded its node catalogue") == 1
     assert "submitted 3 job(s)" in out
     assert json.loads(path.read_text().splitlines()[0])["id"] == job_id(0)
+
+
+def test_fake_comfy_serves_the_catalogue_its_knobs_make(tmp_path: Path) -> None:
+    import requests
+
+    with FakeComfy(base_directory=tmp_path / "f", without_nodes=["ImageBlur"],
+                   choices={"CheckpointLoaderSimple.ckpt_name": ["a.safetensors"]}) as fake:
+        info = _object_info(fake.url)
+        assert "ImageBlur" not in info and "ImageInvert" in info
+        assert info["CheckpointLoaderSimple"]["input"]["required"]["ckpt_name"][0] == ["a.safetensors"]
+        posted = requests.post(f"{fake.url}/prompt", json={"prompt": BLURLESS}, timeout=5)
+        assert posted.status_code == 400
+        assert "ImageBlur" in posted.json()["error"]["message"]
+        fake.options.without_nodes = []  # changed live, as a restart with the custom node installed
+        assert "ImageBlur" in _object_info(fake.url)
