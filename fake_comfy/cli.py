@@ -107,6 +107,11 @@ def build_parser() -> argparse.ArgumentParser:
     fake.add_argument(
         "--hostile-list", action="store_true", help="print the hostile catalogue (name, place, what) and exit"
     )
+    fake.add_argument("--without-nodes", default="", metavar="CLASS,CLASS",
+                      help="node classes this server lacks: not in /object_info, refused at POST /prompt")
+    fake.add_argument("--choices", action="append", default=[], metavar="CLASS.INPUT=a,b",
+                      help="that combo input's choices (model files this server has), in /object_info and "
+                           "validation; repeatable")
     fake.add_argument("--max-history", type=int, default=MAXIMUM_HISTORY_SIZE, help=argparse.SUPPRESS)
     parser.add_argument("--version", action="version", version=f"fake_comfy {__version__}")
     return parser
@@ -137,6 +142,8 @@ def parse_options(argv: Sequence[str]) -> Options:
         max_history=args.max_history,
         exec_log=Path(args.exec_log).absolute() if args.exec_log else None,
         hostile_seed=args.hostile_seed,
+        without_nodes=[n.strip() for n in args.without_nodes.split(",") if n.strip()],
+        choices={k: [c for c in v.split(",") if c] for k, _, v in (c.partition("=") for c in args.choices)},
         hostile_rate=args.hostile_rate,
         hostile_only=[name.strip() for name in args.hostile_only.split(",") if name.strip()],
         hostile_trickle_s=args.hostile_trickle_s,

@@ -55,6 +55,8 @@ class FakeComfy:
         hostile_only: Sequence[str] = (),
         hostile_trickle_s: float = 1.0,
         hostile_cap_s: float = 60.0,
+        without_nodes: Sequence[str] = (),
+        choices: Mapping[str, Sequence[str]] | None = None,
     ) -> None:
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         if base_directory is None:
@@ -78,6 +80,8 @@ class FakeComfy:
             hostile_only=list(hostile_only),
             hostile_trickle_s=hostile_trickle_s,
             hostile_cap_s=hostile_cap_s,
+            without_nodes=list(without_nodes),
+            choices={k: list(v) for k, v in (choices or {}).items()},
         )
         self.recorder = Recorder(self.options.exec_log)
         self._script = Script(script, script_by_id, script_file)

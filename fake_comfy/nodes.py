@@ -69,9 +69,27 @@ def _synthetic_loader(name: str) -> dict[str, Any]:
 class Catalogue:
     """Looks node classes up by class_type; LoadImage's choices are the files in the input folder."""
 
-    def __init__(self, input_dir: Path) -> None:
+    def __init__(self, input_dir: Path, options: Any = None) -> None:
         self._input_dir = input_dir
         self._known: dict[str, dict[str, Any]] = data("object_info.json")
+        self._options = options
+        """fake_comfy.options.Options: its without_nodes and choices (read live) make this server's own catalogue."""
+
+    def _lacks(self, class_type: str) -> bool:
+        return self._options is not None and class_type in self._options.without_nodes
+
+    def _with_choices(self, class_type: str, info: dict[str, Any]) -> dict[str, Any]:
+        """``info`` with the combo choices that --choices sets for this class."""
+        chosen = {k.partition(".")[2]: v for k, v in (self._options.choices if self._options else {}).items()
+                  if k.partition(".")[0] == class_type}
+        if not chosen:
+            return info
+        info = json.loads(json.dumps(info))
+        for category in ("required", "optional"):
+            for name, spec in info.get("input", {}).get(category, {}).items():
+                if name in chosen:
+                    spec[0] = list(chosen[name])
+        return info
 
     def _load_image_info(self) -> dict[str, Any]:
         info = json.loads(json.dumps(self._known["LoadImage"]))
@@ -84,19 +102,21 @@ class Catalogue:
 
     def get(self, class_type: Any) -> NodeClass | None:
         """The class, or None when ComfyUI would say "node ... does not exist"."""
-        if not isinstance(class_type, str):
+        if not isinstance(class_type, str) or self._lacks(class_type):
             return None
         if class_type == "LoadImage":
             return NodeClass(class_type, self._load_image_info())
         if class_type in self._known:
-            return NodeClass(class_type, self._known[class_type], passthrough=is_loader(class_type))
+            info = self._with_choices(class_type, self._known[class_type])
+            # A loader whose choices --choices set is checked as ComfyUI checks it; the others take any file.
+            return NodeClass(class_type, info, passthrough=is_loader(class_type) and info is self._known[class_type])
         if is_loader(class_type):
             return NodeClass(class_type, _synthetic_loader(class_type), passthrough=True)
         return None
 
     def object_info(self) -> dict[str, Any]:
         """GET /object_info: every class the fake knows by name."""
-        return {name: self.get(name).info for name in self._known}  # type: ignore[union-attr]
+        return {name: self.get(name).info for name in self._known if not self._lacks(name)}  # type: ignore[union-attr]
 
 
 def is_loader(class_type: str) -> bool:

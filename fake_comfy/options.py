@@ -38,6 +38,12 @@ class Options:
     """--exec-log: append each execution's start and end to this file (see stats.Recorder)."""
     argv: list[str] = field(default_factory=list)
     hostile_seed: int | None = None
+    without_nodes: list[str] = field(default_factory=list)
+    """--without-nodes: node classes this server lacks (as a ComfyUI without that custom node): left out of
+    /object_info, and POST /prompt refuses them. Read live: an in-process test may change it."""
+    choices: dict[str, list[str]] = field(default_factory=dict)
+    """--choices CLASS.INPUT=a,b: that combo input's choices in /object_info and in validation (the model files
+    a server has). Read live."""
     """--hostile-seed: give a random mutation (hostile.choose) to a share of the prompts scripted "ok"."""
     hostile_rate: float = 0.3
     hostile_only: list[str] = field(default_factory=list)

@@ -110,7 +110,7 @@ class FakeServer:
         self.options = options
         self.recorder = recorder or Recorder(options.exec_log)
         self.script = script or Script(options.script, file=options.script_file)
-        self.catalogue = Catalogue(options.input_dir)
+        self.catalogue = Catalogue(options.input_dir, options)
         self.hub = Hub()
         self.queue = PromptQueue(self._queue_updated, options.max_history)
         self.executor = Executor(options, self.hub, self.recorder, crash)

@@ -19,7 +19,8 @@ import pytest
 
 ADMIN_URL = os.environ.get("COMFYSUP_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres")
 SKIP_VARIABLE = "COMFYSUP_SKIP_POSTGRES"
-TABLES = ("jobs", "attempts", "machines", "deliveries", "workflows", "affinity_skips")
+TABLES = ("jobs", "attempts", "machines", "deliveries", "workflows", "affinity_skips", "catalogues",
+          "server_catalogues", "job_refusals")
 
 _created: dict[str, str] = {}
 """The session's database URL, made once even when several modules import the fixture."""

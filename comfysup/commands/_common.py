@@ -17,7 +17,3 @@ def config_from(args: argparse.Namespace, overrides: Mapping[str, Any] | None = 
 def queue_from(config: Config, *, create: bool = False) -> Queue:
     return open_queue(config, create=create)
 
-
-def object_info_path(config: Config) -> Any:
-    """Where runners cache their server's /object_info, for submit's graph checks."""
-    return config.resolve(config.queue.path).parent / "object_info.json"

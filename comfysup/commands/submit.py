@@ -14,10 +14,11 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
-from comfysup.commands._common import config_from, object_info_path, queue_from
+from comfysup.commands._common import config_from, queue_from
 from comfysup.config import Config
-from comfysup.errors import ComfysupError, UsageError
-from comfysup.jobs import READ_AHEAD_LINES, JobsFile, ObjectInfo, Problem, format_problems
+from comfysup.errors import ComfysupError, QueueError, UsageError
+from comfysup.jobs import READ_AHEAD_LINES, JobsFile, Problem, format_problems
+from comfysup.jobs.catalogue import Catalogue
 from comfysup.queue.base import CANCELLED, DEAD, DONE, TERMINAL, Queue, SubmitConflict
 from comfysup.redact import bound
 
@@ -46,34 +47,61 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
 
 def run(args: argparse.Namespace) -> int:
     config = config_from(args)
-    with _opened(args.file) as (path, label, base_dir), _without_cycle_collection():
-        jobs = JobsFile(path, label=label, base_dir=base_dir,
-                        object_info=ObjectInfo.load(object_info_path(config)),
-                        allow_private_callbacks=config.webhooks.allow_private)
-        checked = jobs.validate()
-        for line in format_problems(label, checked.warnings):
-            print(line, file=sys.stderr)
-        if not checked.ok:
-            for line in format_problems(label, checked.problems):
-                print(line, file=sys.stderr)
-            raise InvalidJobs(f"{len(checked.problems)} problem(s) in {label}; nothing was submitted")
-        if args.dry_run:
-            print(f"{label}: {checked.count} job(s) valid; nothing submitted (--dry-run)")
-            return 0
-        ids = list(checked.lines_by_id)
-        queue = queue_from(config, create=True)
-        try:
-            # A large file is read a second time by a child process while this one inserts (see jobs_read_ahead).
-            two_cpus = checked.count >= READ_AHEAD_LINES and (os.cpu_count() or 1) > 1
-            result = queue.submit(jobs.jobs_read_ahead() if two_cpus else jobs.jobs())
-        except SubmitConflict as exc:
-            problems = [Problem(checked.lines_by_id[i], f"id {i} is already in the queue with different "
-                                "content; give the changed job a new id") for i in exc.ids]
-            for line in format_problems(label, sorted(problems, key=lambda p: p.line)):
-                print(line, file=sys.stderr)
-            raise InvalidJobs(f"{len(exc.ids)} problem(s) in {label}; nothing was submitted") from exc
-        finally:
+    queue = _queue(config, args.dry_run)
+    try:
+        with _opened(args.file) as (path, label, base_dir), _without_cycle_collection():
+            return _submit(args, config, queue, path, label, base_dir)
+    finally:
+        if queue is not None:
             queue.close()
+
+
+def _queue(config: Config, dry_run: bool) -> Queue | None:
+    """The queue, for its node catalogues and the insert; a dry run of a queue not made yet has none."""
+    if not dry_run:
+        return queue_from(config, create=True)
+    try:
+        return queue_from(config)
+    except QueueError:
+        return None
+
+
+def _catalogues(queue: Queue | None) -> list[Catalogue]:
+    """The node catalogues the servers have now; none yet: the checks that need one are skipped, said once."""
+    found = [Catalogue(r.id, r.info, tuple(r.servers)) for r in queue.catalogues()] if queue is not None else []
+    if not found:
+        print("warning: no server has recorded its node catalogue (/object_info) in the queue yet, so node "
+              "classes, inputs, values and model files are not checked; a runner records it when its server "
+              "starts", file=sys.stderr)
+    return found
+
+
+def _submit(args: argparse.Namespace, config: Config, queue: Queue | None, path: Path, label: str,
+            base_dir: Path) -> int:
+    jobs = JobsFile(path, label=label, base_dir=base_dir, catalogues=_catalogues(queue),
+                    allow_private_callbacks=config.webhooks.allow_private)
+    checked = jobs.validate()
+    for line in format_problems(label, checked.warnings):
+        print(line, file=sys.stderr)
+    if not checked.ok:
+        for line in format_problems(label, checked.problems):
+            print(line, file=sys.stderr)
+        raise InvalidJobs(f"{len(checked.problems)} problem(s) in {label}; nothing was submitted")
+    if args.dry_run:
+        print(f"{label}: {checked.count} job(s) valid; nothing submitted (--dry-run)")
+        return 0
+    ids = list(checked.lines_by_id)
+    assert queue is not None
+    try:
+        # A large file is read a second time by a child process while this one inserts (see jobs_read_ahead).
+        two_cpus = checked.count >= READ_AHEAD_LINES and (os.cpu_count() or 1) > 1
+        result = queue.submit(jobs.jobs_read_ahead() if two_cpus else jobs.jobs())
+    except SubmitConflict as exc:
+        problems = [Problem(checked.lines_by_id[i], f"id {i} is already in the queue with different "
+                            "content; give the changed job a new id") for i in exc.ids]
+        for line in format_problems(label, sorted(problems, key=lambda p: p.line)):
+            print(line, file=sys.stderr)
+        raise InvalidJobs(f"{len(exc.ids)} problem(s) in {label}; nothing was submitted") from exc
     print(f"submitted {result.inserted} job(s), {result.existing} already submitted")
     if args.wait:
         sys.stdout.flush()

@@ -12,13 +12,14 @@ from __future__ import annotations
 import hashlib
 import json
 import multiprocessing
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
 from comfysup.errors import ComfysupError
+from comfysup.jobs.catalogue import Catalogue, TemplateCheck, refusal_text
 from comfysup.jobs.graph import (  # noqa: F401  (the names callers import from comfysup.jobs)
     BUILTIN_OTHER_NODES,
     BUILTIN_OUTPUT_NODES,
@@ -79,13 +80,23 @@ class JobsFile:
     """A jobs file read twice: once to validate everything, once to yield jobs for one transaction."""
 
     def __init__(self, path: Path, *, label: str | None = None, base_dir: Path | None = None,
-                 object_info: ObjectInfo | None = None, allow_private_callbacks: bool = False) -> None:
+                 object_info: ObjectInfo | None = None, allow_private_callbacks: bool = False,
+                 catalogues: Sequence[Catalogue] = ()) -> None:
         self.path = path
         self.allow_private_callbacks = allow_private_callbacks
         """[webhooks] allow_private: a callback_url may then name this machine or a private network."""
         self.label = label or str(path)
         self.base_dir = base_dir if base_dir is not None else path.resolve().parent
+        self.catalogues = {c.id: c for c in catalogues}
+        """The node catalogues servers have now (comfysup.jobs.catalogue): a line that none can run is refused;
+        one that only some can run keeps the others' refusals, which the claim of their servers honours."""
+        if object_info is None and catalogues:
+            object_info = ObjectInfo({name: info for c in catalogues for name, info in c.info.items()})
         self.object_info = object_info or ObjectInfo()
+        self._checks: dict[int, TemplateCheck] = {}
+        self._any_refused: bool | None = None
+        """Whether ``validate`` met a line that some catalogue refused; False: building the jobs skips the check."""
+        """Each template's nodes checked against every catalogue once, by id(template)."""
         self.cache = WorkflowCache(self.object_info)
         self._named: dict[str, Template] = {}
         """Workflow text by the path as the lines spell it: resolving it again for every line (realpath,
@@ -97,6 +108,7 @@ class JobsFile:
 
     def validate(self) -> Validation:
         result = Validation()
+        self._any_refused = False
         for number, raw in self._lines():
             if not raw.strip():
                 continue
@@ -152,11 +164,11 @@ class JobsFile:
                 if kind == "error":
                     raise ComfysupError(f"{self.label}: reading the file failed: {payload}; nothing was submitted")
                 for (job_id, spec_hash, priority, extra, meta, params, name, text, callback, template, template_hash,
-                     key) in payload:
+                     key, refused) in payload:
                     yield NewJob(id=job_id, workflow=_NOT_SENT, spec_hash=spec_hash, priority=priority,
                                  extra_data=extra, meta=meta, params=params, workflow_name=name, workflow_json=text,
                                  callback_url=callback, template_json=template, template_hash=template_hash,
-                                 model_key=key)
+                                 model_key=key, refused=refused)
         finally:
             receive.close()
             child.join(5.0)
@@ -174,7 +186,7 @@ class JobsFile:
             for job in self.jobs():
                 rows.append((job.id, job.spec_hash, job.priority, job.extra_data, job.meta, job.params,
                              job.workflow_name, job.workflow_json, job.callback_url, job.template_json,
-                             job.template_hash, job.model_key))
+                             job.template_hash, job.model_key, job.refused))
                 if len(rows) >= batch:
                     send.send(("jobs", rows))
                     rows = []
@@ -233,6 +245,7 @@ class JobsFile:
             template = self._template(value)
             changed = apply_set(template.workflow, params, self.object_info)
             warnings = template.check(changed, params, self.object_info) if check else []
+            refused = self._refused(self._template_check(template), changed, check)
             if not build:
                 return job_id, warnings
             workflow, name = {**template.workflow, **changed}, template.name
@@ -244,6 +257,7 @@ class JobsFile:
             inline, name = self._inline(value), "inline"
             workflow = {**inline, **apply_set(inline, params, self.object_info)}
             warnings = check_graph(workflow, self.object_info) if check else []
+            refused = self._refused(TemplateCheck(workflow, self.catalogues) if self.catalogues else None, {}, check)
             if not build:
                 return job_id, warnings
             text = canonical(workflow)
@@ -264,7 +278,28 @@ class JobsFile:
         return NewJob(id=job_id, workflow=workflow, spec_hash=digest.hexdigest(), priority=priority,
                       extra_data=extra, meta=meta, params=params or {}, workflow_name=name,
                       workflow_json=text, callback_url=callback, template_json=stored, template_hash=stored_hash,
-                      model_key=key), warnings
+                      model_key=key, refused=refused), warnings
+
+    def _template_check(self, template: Template) -> TemplateCheck | None:
+        if not self.catalogues:
+            return None
+        found = self._checks.get(id(template))
+        if found is None:
+            found = self._checks[id(template)] = TemplateCheck(template.workflow, self.catalogues)
+        return found
+
+    def _refused(self, checker: TemplateCheck | None, changed: dict[str, Any],
+                 check: bool) -> tuple[tuple[int, str], ...]:
+        """(catalogue id, reason) for each catalogue that cannot run the line; with ``check``, JobLineError when
+        none can (ComfyUI on every server would refuse it at POST)."""
+        if checker is None or (not check and self._any_refused is False):
+            return ()
+        issues = checker.refusals(changed)
+        if check and issues:
+            self._any_refused = True
+        if check and issues and len(issues) == len(self.catalogues):
+            raise JobLineError(refusal_text(issues, self.catalogues))
+        return tuple((cid, f"node {i.node_id} ({i.class_type}): {i.text}") for cid, i in issues.items())
 
     def _template(self, value: str) -> Template:
         if value not in self._named:

@@ -106,8 +106,8 @@ def check_graph(workflow: dict[str, Any], object_info: ObjectInfo) -> list[str]:
     if not unknown:
         raise JobLineError("the workflow has no output node (such as SaveImage or PreviewImage); "
                            "ComfyUI would refuse it with prompt_no_outputs")
-    return [f"no known output node; {', '.join(unknown)} unknown here (run a server once so comfysup caches "
-            "its /object_info); ComfyUI refuses the job if none of them is an output node"]
+    return [f"no known output node; {', '.join(unknown)} unknown here (once a server has run, its runner records "
+            "its /object_info in the queue); ComfyUI refuses the job if none of them is an output node"]
 
 
 def _find_cycle(edges: dict[str, list[str]]) -> list[str] | None:

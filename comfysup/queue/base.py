@@ -125,6 +125,9 @@ class NewJob:
     """sha256 of ``template_json`` when the caller has it (computed once per file, not once per line)."""
     model_key: str | None = None
     """The model files the workflow loads (comfysup.workflows.model_key); None: the queue derives it."""
+    refused: tuple[tuple[int, str], ...] = ()
+    """(catalogue id, reason) of each known node catalogue that cannot run the job (comfysup.jobs.catalogue):
+    a server whose catalogue it is never claims the job."""
 
 
 HOSTNAME_VARIABLE = "COMFYSUP_HOSTNAME"
@@ -168,6 +171,16 @@ class Claim:
     cancel_requested: bool = False
     model_key: str | None = None
     """What the job's loader nodes load: a runner passes it to its next claim as ``prefer_model``."""
+
+
+@dataclass
+class CatalogueRecord:
+    """A node catalogue (a server's /object_info) that some server has now, with those servers
+    (``runner@machine``)."""
+
+    id: int
+    info: dict[str, Any]
+    servers: list[str]
 
 
 @dataclass(frozen=True)
@@ -326,15 +339,18 @@ class Queue(Protocol):
     def submit(self, jobs: Iterable[NewJob], now: float | None = None) -> SubmitResult: ...
 
     def claim(self, owner: str, server: str, lease_seconds: float, now: float | None = None, *,
-              prefer_model: str | None = None, max_wait_seconds: float = 0.0) -> Claim | None:
+              prefer_model: str | None = None, max_wait_seconds: float = 0.0,
+              catalogue: int | None = None) -> Claim | None:
         """The next job (see the module docstring); with ``prefer_model`` and ``max_wait_seconds`` > 0, model
         affinity: the first job of the head's priority whose model key is ``prefer_model``, unless the head
-        (the job strict order would hand out) has been passed over for ``max_wait_seconds``."""
+        (the job strict order would hand out) has been passed over for ``max_wait_seconds``. A job that
+        ``catalogue`` (the claiming server's node catalogue) refused is passed over."""
         ...
 
     def complete_and_claim(self, claim: Claim, outputs: Sequence[Output], owner: str, server: str,
                            lease_seconds: float, now: float | None = None, *, trace: dict[str, Any] | None = None,
-                           prefer_model: str | None = None, max_wait_seconds: float = 0.0) -> Claim | None:
+                           prefer_model: str | None = None, max_wait_seconds: float = 0.0,
+                           catalogue: int | None = None) -> Claim | None:
         """``complete`` and then ``claim`` in one transaction: one durable commit (one fsync) per job for a
         runner that goes on. Raises LeaseLost, claiming nothing, when ``claim`` is no longer held."""
         ...
@@ -410,6 +426,19 @@ class Queue(Protocol):
         ...
 
     def pending_deliveries(self) -> int: ...
+
+    def record_catalogue(self, runner: str, machine: str, info: dict[str, Any], now: float | None = None) -> int:
+        """Store a server's /object_info once per distinct content; (runner, machine) has it now. Its id."""
+        ...
+
+    def catalogues(self) -> list[CatalogueRecord]:
+        """The node catalogues some server has now, with the servers that have each."""
+        ...
+
+    def refuse(self, claim: Claim, catalogue: int, reason: str, now: float | None = None) -> bool:
+        """``catalogue`` cannot run the claimed job: no claim of it takes the job again; released uncounted,
+        or dead-lettered (True) when no server's current catalogue can run it."""
+        ...
 
     def claim_deliveries(self, limit: int, hold_seconds: float, now: float | None = None) -> list[Delivery]:
         """Due deliveries, each held for ``hold_seconds`` (its ``next_at`` pushed ahead) so that another

@@ -20,6 +20,7 @@ once at load and positional parameters: no text is built per call.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import threading
@@ -39,6 +40,7 @@ from comfysup.queue.base import (
     RELEASED_UNCOUNTED,
     RETRY,
     RUNNING,
+    CatalogueRecord,
     Claim,
     NewJob,
     Output,
@@ -49,7 +51,7 @@ from comfysup.queue.base import (
 from comfysup.queue.queries import load, read
 from comfysup.queue.reads import SQLReads, fetch
 from comfysup.queue.specs import SpecCache
-from comfysup.workflows import apply_params
+from comfysup.workflows import apply_params, canonical
 
 T = TypeVar("T")
 
@@ -120,8 +122,10 @@ class SQLQueue(SQLReads):
         return run_after, 0.0
 
     def _claim(self, cur: Any, owner: str, server: str, lease_seconds: float, at: float | None,
-               prefer_model: str | None, max_wait_seconds: float) -> tuple[Any, ...] | None:
-        """Expire leases and take the next job: ``(owner, server, id, attempt, workflow_id, extra_data, params,
+               prefer_model: str | None, max_wait_seconds: float, catalogue: int | None = None
+               ) -> tuple[Any, ...] | None:
+        """Expire leases and take the next job that ``catalogue`` (the claiming server's) has not refused:
+        ``(owner, server, id, attempt, workflow_id, extra_data, params,
         last_server, last_prompt_number, reason, cancel_requested, lease_until, model_key, workflow text or
         None when cached)``, or None."""
         raise NotImplementedError
@@ -165,9 +169,11 @@ class SQLQueue(SQLReads):
                 batch.append(job)
                 if len(batch) >= self.SUBMIT_BATCH:
                     i, e = self._insert_batch(cur, batch, at, conflicts, specs)
+                    self._insert_refusals(cur, batch)
                     inserted, existing, batch = inserted + i, existing + e, []
             if batch:
                 i, e = self._insert_batch(cur, batch, at, conflicts, specs)
+                self._insert_refusals(cur, batch)
                 inserted, existing = inserted + i, existing + e
         if conflicts:
             raise SubmitConflict(conflicts)
@@ -178,28 +184,33 @@ class SQLQueue(SQLReads):
     # -- the runner's side ---------------------------------------------------------------------------------
 
     def claim(self, owner: str, server: str, lease_seconds: float, now: float | None = None, *,
-              prefer_model: str | None = None, max_wait_seconds: float = 0.0) -> Claim | None:
+              prefer_model: str | None = None, max_wait_seconds: float = 0.0,
+              catalogue: int | None = None) -> Claim | None:
         return self._claim_from(self._transaction(self._claim_now, owner, server, lease_seconds, now, prefer_model,
-                                                  max_wait_seconds))
+                                                  max_wait_seconds, catalogue))
 
     def _claim_now(self, cur: Any, owner: str, server: str, lease_seconds: float, now: float | None,
-                   prefer_model: str | None, max_wait_seconds: float) -> tuple[Any, ...] | None:
-        return self._claim(cur, owner, server, lease_seconds, self._time(now), prefer_model, max_wait_seconds)
+                   prefer_model: str | None, max_wait_seconds: float, catalogue: int | None) -> tuple[Any, ...] | None:
+        return self._claim(cur, owner, server, lease_seconds, self._time(now), prefer_model, max_wait_seconds,
+                           catalogue)
 
     def complete_and_claim(self, claim: Claim, outputs: Sequence[Output], owner: str, server: str,
                            lease_seconds: float, now: float | None = None, *, trace: dict[str, Any] | None = None,
-                           prefer_model: str | None = None, max_wait_seconds: float = 0.0) -> Claim | None:
+                           prefer_model: str | None = None, max_wait_seconds: float = 0.0,
+                           catalogue: int | None = None) -> Claim | None:
         """One transaction, so one durable commit, for a job done and the next one claimed. A lost fence
         raises LeaseLost before anything is claimed (the transaction is rolled back)."""
         return self._claim_from(self._transaction(self._complete_then_claim, claim, outputs, owner, server,
-                                                  lease_seconds, now, trace, prefer_model, max_wait_seconds))
+                                                  lease_seconds, now, trace, prefer_model, max_wait_seconds,
+                                                  catalogue))
 
     def _complete_then_claim(self, cur: Any, claim: Claim, outputs: Sequence[Output], owner: str, server: str,
                              lease_seconds: float, now: float | None, trace: dict[str, Any] | None,
-                             prefer_model: str | None, max_wait_seconds: float) -> tuple[Any, ...] | None:
+                             prefer_model: str | None, max_wait_seconds: float,
+                             catalogue: int | None = None) -> tuple[Any, ...] | None:
         at = self._time(now)
         self._complete(cur, claim, outputs, at, trace)
-        return self._claim(cur, owner, server, lease_seconds, at, prefer_model, max_wait_seconds)
+        return self._claim(cur, owner, server, lease_seconds, at, prefer_model, max_wait_seconds, catalogue)
 
     def _note_passed_over(self, cur: Any, priority: int, head: int, taken: int, at: float | None) -> None:
         """After an affinity claim, keep the staircase of affinity_skips: taking a job behind the head passes
@@ -353,6 +364,57 @@ class SQLQueue(SQLReads):
                                                             for r in rows])
             self._notify(cur)
         return [r[0] for r in rows]
+
+    # -- node catalogues -----------------------------------------------------------------------------------
+
+    def record_catalogue(self, runner: str, machine: str, info: dict[str, Any], now: float | None = None) -> int:
+        """Store a server's /object_info once per distinct text and say that (runner, machine) has it now; its
+        id is what the runner's claims pass as ``catalogue``."""
+        text = canonical(info)
+        digest = hashlib.sha256(text.encode()).hexdigest()
+        return self._transaction(self._record_catalogue, runner, machine, text, digest, now, durable=False)
+
+    def _record_catalogue(self, cur: Any, runner: str, machine: str, text: str, digest: str,
+                          now: float | None) -> int:
+        at = self._time(now)
+        cur.execute(self.sql["insert_catalogue"], (digest, text, at))
+        (catalogue_id,) = cur.execute(self.sql["catalogue_id"], (digest,)).fetchone()
+        cur.execute(self.sql["server_catalogue"], (runner, machine, catalogue_id, at))
+        return int(catalogue_id)
+
+    def catalogues(self) -> list[CatalogueRecord]:
+        """The catalogues some server has now (by id), each with the servers (``runner@machine``) that have it."""
+        rows = self._transaction(fetch, self.sql["current_catalogues"], (), write=False)
+        found: dict[int, CatalogueRecord] = {}
+        for catalogue_id, text, runner, machine in rows:
+            record = found.get(catalogue_id)
+            if record is None:
+                record = found[catalogue_id] = CatalogueRecord(int(catalogue_id), json.loads(text), [])
+            record.servers.append(f"{runner}@{machine}")
+        return list(found.values())
+
+    def _insert_refusals(self, cur: Any, batch: Sequence[NewJob]) -> None:
+        rows = [(catalogue_id, reason, job.id) for job in batch for catalogue_id, reason in job.refused]
+        if rows:
+            cur.executemany(self.sql["insert_refusal"], rows)
+
+    def refuse(self, claim: Claim, catalogue: int, reason: str, now: float | None = None) -> bool:
+        """The claiming server's catalogue cannot run the job: recorded, so no claim of that catalogue takes it
+        again, and the job released without counting the attempt; dead-lettered instead when no server's
+        current catalogue can run it. True when it was dead-lettered."""
+        return self._transaction(self._refuse, claim, catalogue, reason, now)
+
+    def _refuse(self, cur: Any, claim: Claim, catalogue: int, reason: str, now: float | None) -> bool:
+        cur.execute(self.sql["insert_refusal"], (catalogue, reason, claim.id))
+        (able,) = cur.execute(self.sql["able_servers"], (claim.id,)).fetchone()
+        if able:
+            self._release(cur, claim, f"this server cannot run it ({reason}); left for a server that can", False,
+                          now, "catalogue", None)
+            return False
+        refusals = cur.execute(self.sql["refusals_of"], (claim.id,)).fetchall()
+        why = "; ".join(dict.fromkeys(r[1] for r in refusals))
+        self._finish(cur, claim, DEAD, f"no server can run it: {why}", now, "catalogue", None)
+        return True
 
     # -- the people's side -------------------------------------------------------------------------------
 

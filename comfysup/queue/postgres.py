@@ -44,7 +44,7 @@ from comfysup.queue.reads import fetch
 from comfysup.queue.specs import SpecCache, dumps_plain
 from comfysup.workflows import apply_params, model_key
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 CHANNEL = "comfysup_jobs"
 MIGRATION_LOCK = 0x636F6D6679737570  # "comfysup": one advisory lock key for schema changes
 CONNECT_TIMEOUT_SECONDS = 5
@@ -381,14 +381,15 @@ class PostgresQueue(ImportRecords, SQLQueue):
         return len(fresh), len(rest) - sum(1 for j in rest if known.get(j.id) != j.spec_hash)
 
     def _claim(self, cur: psycopg.Cursor[Any], owner: str, server: str, lease_seconds: float, now: float | None,
-               prefer_model: str | None, max_wait_seconds: float) -> tuple[Any, ...] | None:
+               prefer_model: str | None, max_wait_seconds: float, catalogue: int | None = None
+               ) -> tuple[Any, ...] | None:
         """Expired leases go back to the queue, then the next ready job is taken in one statement."""
         cur.execute(SQL["expire"], (now, now))
         affinity = bool(prefer_model) and max_wait_seconds > 0
         row = cur.execute(
             SQL["claim_affine" if affinity else "claim_strict"],
             {"owner": owner, "server": server, "lease": lease_seconds, "now": now, "key": prefer_model,
-             "wait": max_wait_seconds, "cached": list(self._templates)}).fetchone()
+             "wait": max_wait_seconds, "cached": list(self._templates), "cat": catalogue}).fetchone()
         if row is None:
             return None
         if affinity:

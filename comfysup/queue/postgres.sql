@@ -119,3 +119,26 @@ CREATE TABLE affinity_skips (
     at        double precision NOT NULL,
     PRIMARY KEY (priority, seq_bound)
 );
+
+-- name: v4
+-- (issue 15) The node catalogues, as schema.sql's v8: /object_info stored once per distinct text, the one each
+-- server has now, and the jobs a catalogue cannot run (the claim's NOT EXISTS on its primary key).
+CREATE TABLE catalogues (
+    id          bigint  GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    hash        text    NOT NULL UNIQUE,
+    info        text    NOT NULL,
+    recorded_at double precision NOT NULL
+);
+CREATE TABLE server_catalogues (
+    runner       text    NOT NULL,
+    machine      text    NOT NULL,
+    catalogue_id bigint  NOT NULL,
+    recorded_at  double precision NOT NULL,
+    PRIMARY KEY (runner, machine)
+);
+CREATE TABLE job_refusals (
+    seq          bigint  NOT NULL,
+    catalogue_id bigint  NOT NULL,
+    reason       text    NOT NULL,
+    PRIMARY KEY (seq, catalogue_id)
+);

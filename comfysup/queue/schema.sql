@@ -173,3 +173,26 @@ END;
 -- counted when it finishes (UPDATE OF state) or leaves (DELETE), by the triggers above. Whatever inserts
 -- finished rows with SQL (a tool, a test) adds them to finished_counts itself.
 DROP TRIGGER IF EXISTS jobs_finished_insert;
+-- name: v8
+-- (issue 15) The node catalogues: each server's /object_info as its runner recorded it, stored once per
+-- distinct text; which catalogue each server (runner name, machine) has now; and the jobs a catalogue cannot
+-- run. The claim passes over a job refused by the claiming server's catalogue with one primary-key probe.
+CREATE TABLE catalogues (
+    id          INTEGER PRIMARY KEY,
+    hash        TEXT    NOT NULL UNIQUE,
+    info        TEXT    NOT NULL,
+    recorded_at REAL    NOT NULL
+);
+CREATE TABLE server_catalogues (
+    runner       TEXT    NOT NULL,
+    machine      TEXT    NOT NULL,
+    catalogue_id INTEGER NOT NULL,
+    recorded_at  REAL    NOT NULL,
+    PRIMARY KEY (runner, machine)
+) WITHOUT ROWID;
+CREATE TABLE job_refusals (
+    seq          INTEGER NOT NULL,
+    catalogue_id INTEGER NOT NULL,
+    reason       TEXT    NOT NULL,
+    PRIMARY KEY (seq, catalogue_id)
+) WITHOUT ROWID;

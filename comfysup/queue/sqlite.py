@@ -44,7 +44,7 @@ from comfysup.queue.reads import fetch
 from comfysup.queue.specs import SpecCache, dumps_plain
 from comfysup.workflows import content_hash, model_key
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 NETWORK_FILESYSTEMS = frozenset({
     "nfs", "nfs4", "cifs", "smb", "smb2", "smb3", "smbfs", "9p", "afs", "ceph", "glusterfs", "lustre",
     "fuse.sshfs", "fuse.s3fs", "fuse.gcsfuse", "fuse.rclone", "davfs", "fuse.glusterfs", "beegfs", "gpfs",
@@ -53,8 +53,6 @@ IDLE_WAIT_CAP_SECONDS = 0.25
 SUBMIT_CACHE_KIB = -16384
 """PRAGMA cache_size during a submit: 16 MiB (negative: KiB), the id index of about 200,000 jobs."""
 SQL = queries.load("sqlite")
-PICK = SQL["pick"].replace("?", ":now")
-"""The head's query inside pick takes the named time too."""
 
 T = TypeVar("T")
 
@@ -368,19 +366,21 @@ class SQLiteQueue(SQLQueue):
     # -- the runner's side --------------------------------------------------------------------------------
 
     def _claim(self, conn: sqlite3.Connection, owner: str, server: str, lease_seconds: float, at: float,
-               prefer_model: str | None, max_wait_seconds: float) -> tuple[Any, ...] | None:
+               prefer_model: str | None, max_wait_seconds: float, catalogue: int | None = None
+               ) -> tuple[Any, ...] | None:
         """Several statements, under the write lock: the head (or the affine pick: one statement, three index
         seeks), the job's row, its spec, its workflow unless cached, and its attempt row."""
         self._expire_leases(conn, at)
         if prefer_model and max_wait_seconds > 0:
-            row = conn.execute(PICK, {"now": at, "wait": max_wait_seconds, "key": prefer_model}).fetchone()
+            row = conn.execute(SQL["pick"], {"now": at, "wait": max_wait_seconds, "key": prefer_model,
+                                               "cat": catalogue}).fetchone()
             if row is None:
                 return None
             head, priority, match = row
             seq = match if match is not None else head
             self._note_passed_over(conn, priority, head, seq, at)
         else:
-            row = conn.execute(SQL["head"], (at,)).fetchone()
+            row = conn.execute(SQL["head"], {"now": at, "cat": catalogue}).fetchone()
             if row is None:
                 return None
             seq = row[0]
@@ -441,6 +441,7 @@ class SQLiteQueue(SQLQueue):
         used = [r[0] for r in conn.execute(SQL["prune_workflows_of"], (seqs,))]
         conn.execute(SQL["prune_jobs"], (seqs,))
         conn.execute(SQL["prune_specs"], (seqs,))
+        conn.execute(SQL["prune_refusals"], (seqs,))
         conn.execute(SQL["prune_attempts"], (ids,))
         conn.execute(SQL["prune_deliveries"], (ids,))
         gone = sum(conn.execute(SQL["prune_workflow"], (w, w)).rowcount for w in used)

@@ -149,7 +149,8 @@ class Attempt(CatchingUp, Ending):
             if more is not None:
                 self.next_claim = self.queue.complete_and_claim(
                     self.claim, o.outputs, more.owner, more.server, more.lease_seconds, trace=trace,
-                    prefer_model=more.prefer_model, max_wait_seconds=more.max_wait_seconds)
+                    prefer_model=more.prefer_model, max_wait_seconds=more.max_wait_seconds,
+                    catalogue=more.catalogue)
             else:
                 self.queue.complete(self.claim, o.outputs, trace=trace)
         elif o.state == "retry":
@@ -268,11 +269,11 @@ class Attempt(CatchingUp, Ending):
         if more is None:
             return
         nxt = self.queue.claim(more.owner, more.server, more.lease_seconds, prefer_model=more.prefer_model,
-                               max_wait_seconds=more.max_wait_seconds)
+                               max_wait_seconds=more.max_wait_seconds, catalogue=more.catalogue)
         if nxt is None:
             return
         self.next_claim, self.next_renewed = nxt, self.clock()
-        if nxt.attempt != 1 or nxt.last_server is not None or nxt.cancel_requested:
+        if nxt.attempt != 1 or nxt.last_server is not None or nxt.cancel_requested or not more.runnable(nxt):
             return
         try:
             stream = self.client.own_stream()

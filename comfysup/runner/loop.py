@@ -15,7 +15,6 @@ already answered it.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import signal
@@ -29,13 +28,14 @@ from types import FrameType
 from typing import Any
 
 from comfysup.config import Config
-from comfysup.errors import DatabaseLocked, DatabaseUnavailable, QueueError
+from comfysup.errors import DatabaseLocked, DatabaseUnavailable, LeaseLost, QueueError
 from comfysup.logs import bind, job_context
 from comfysup.queue import open_queue
 from comfysup.queue.base import Claim, Queue, host_name
 from comfysup.redact import Redactor, bound
 from comfysup.runner import deadline
 from comfysup.runner.attempt import Attempt
+from comfysup.runner.catalogue import ServerCatalogue
 from comfysup.runner.client import CLIENT_PREFIX, ComfyError
 from comfysup.runner.result import NextClaim, Outcome, Posted
 from comfysup.runner.station import AttemptSettings, Station
@@ -43,7 +43,6 @@ from comfysup.runner.store import ResultStore
 from comfysup.runner.stuck import OutOfService, StuckChannel
 
 log = logging.getLogger("comfysup.runner")
-OBJECT_INFO_MAX_AGE_SECONDS = 3600.0
 QUEUE_RETRY_SECONDS = 1.0
 """How often a runner whose queue database does not answer tries it again (claiming nothing meanwhile)."""
 
@@ -104,6 +103,8 @@ class Runner:
                                stop_deadline=lambda: self.state.stop_deadline, on_alive=on_alive,
                                stuck=self.stuck if self.stuck.restarts else
                                StuckChannel(False, self._stuck_here, self.stuck.pending))
+        self.catalogue = ServerCatalogue(self.queue, self.station.client, server)
+        """The server's /object_info, recorded in the queue at start and after the server was seen down."""
         self.idle_seconds = min(config.runner.poll_seconds, 0.25)
         self.last_model: str | None = None
         """The model key of what this runner's server ran last (None: unknown, or unloaded since)."""
@@ -132,7 +133,7 @@ class Runner:
 
     def run(self) -> Counter[str]:
         """Claim and run until stopped (or, with until_empty, until no job is left to do)."""
-        self._cache_object_info()
+        self.catalogue.refresh()
         claim: Claim | None = None
         posted: Posted | None = None  # claim's prompt, posted by the last attempt's hand-off
         try:
@@ -142,9 +143,11 @@ class Runner:
                     claim, posted = self.run_one(claim, posted)
                     continue
                 free = self.may_claim() and self._in_service() and self._server_free()
+                if free:
+                    self.catalogue.refresh()
                 try:
                     claim = self.queue.claim(self.owner, self.server, self.config.runner.lease_seconds,
-                                             **self._affinity()) if free else None
+                                             catalogue=self.catalogue.id, **self._affinity()) if free else None
                     drained = claim is None and self.until_empty and self.queue.active_count() == 0
                     if claim is None:
                         self.queue.maintenance()
@@ -205,6 +208,8 @@ class Runner:
         """One attempt (``posted``: its prompt, posted by the last attempt's hand-off); returns the next job
         when this attempt claimed it, and its prompt when the hand-off posted it too."""
         with job_context(claim.id, claim.attempt, Redactor.for_job(claim.workflow, claim.extra_data)):
+            if posted is None and self._refused(claim):
+                return None, None
             self.on_job(claim, None)
             self._counted = None
             result = Attempt(self.station, claim, self._next_job, posted).run()
@@ -248,7 +253,28 @@ class Runner:
         if not outcome.server_free and not self._server_free():
             return None
         r = self.config.runner
-        return NextClaim(self.owner, self.server, r.lease_seconds, claim.model_key, r.affinity_max_wait_seconds)
+        return NextClaim(self.owner, self.server, r.lease_seconds, claim.model_key, r.affinity_max_wait_seconds,
+                         self.catalogue.id, self.catalogue.runnable)
+
+    def _refused(self, claim: Claim) -> bool:
+        """A job this server's catalogue cannot run (a catalogue that changed since the submit): left for a
+        server that can, its attempt not counted, or dead-lettered when no server can. True when left."""
+        reason = self.catalogue.refusal(claim)
+        if reason is None or self.catalogue.id is None:
+            return False
+        try:
+            dead = self.queue.refuse(claim, self.catalogue.id, reason)
+        except (LeaseLost, QueueError) as exc:
+            log.warning("job %s: its refusal by %s's catalogue was not recorded: %s", claim.id, self.server, exc)
+            return True
+        self.state.counts["dead" if dead else "refused"] += 1
+        if dead:
+            log.info("job %s: dead-lettered, no server can run it (here: %s)", claim.id, reason,
+                     extra={"event": "dead", "kind": "catalogue"})
+        else:
+            log.info("job %s: left for another server without counting the attempt: %s cannot run it (%s)",
+                     claim.id, self.server, reason, extra={"event": "released", "kind": "catalogue"})
+        return True
 
     def _stuck_here(self, prompt_id: str) -> None:
         """A prompt stuck in this server and nobody to restart it: out of service until its queue empties."""
@@ -280,21 +306,10 @@ class Runner:
         try:
             entries = self.station.client.queue()
         except (ComfyError, deadline.DeadlineExceeded):  # unreachable, nonsense, or a stop's grace has passed
+            self.catalogue.server_down()  # it may come back restarted, with other nodes or models
             return False
         others = sum(1 for e in entries if not (e.client_id or "").startswith(CLIENT_PREFIX))
         return others < self.config.runner.max_queue
-
-    def _cache_object_info(self) -> None:
-        """Keep a copy of the server's /object_info next to the queue, for submit's graph checks."""
-        path = self.config.resolve(self.config.queue.path).parent / "object_info.json"
-        with contextlib.suppress(OSError):
-            if path.exists() and time.time() - path.stat().st_mtime < OBJECT_INFO_MAX_AGE_SECONDS:
-                return
-        with contextlib.suppress(Exception):
-            info = self.station.client.object_info()
-            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(info))
-            os.replace(tmp, path)
 
     def _log(self, claim: Claim, o: Outcome) -> None:
         short = claim.id[:8]

@@ -40,6 +40,10 @@ class NextClaim:
     lease_seconds: float
     prefer_model: str | None
     max_wait_seconds: float
+    catalogue: int | None = None
+    """The server's node catalogue: the claim passes over jobs it refused (comfysup.runner.catalogue)."""
+    runnable: Callable[[Claim], bool] = lambda claim: True
+    """Whether the server's catalogue can run a claimed job: a hand-off posts only one that it can."""
 
 
 NextJob = Callable[[Claim, Outcome], NextClaim | None]

@@ -381,6 +381,7 @@ def test_a_version_5_database_counts_its_finished_jobs_in_v6(tmp_path: Path) -> 
     q.claim("r", "gpu0", 30, now=T0)
     q.close()
     conn = sqlite3.connect(path)  # back to v5: as a queue made by the comfysup before this one left it
+    conn.executescript("DROP TABLE catalogues; DROP TABLE server_catalogues; DROP TABLE job_refusals;")  # v8's
     for name in ("jobs_finished_insert", "jobs_finished_into", "jobs_finished_out_of", "jobs_finished_delete"):
         conn.execute(f"DROP TRIGGER IF EXISTS {name}")  # v7 dropped the first
     conn.execute("DROP TABLE finished_counts")
@@ -404,6 +405,7 @@ def test_v7_drops_the_insert_trigger_and_counts_stay_right(tmp_path: Path) -> No
     q.complete(q.claim("r", "gpu0", 30, now=T0), [], now=T0 + 1)
     q.close()
     conn = sqlite3.connect(path)  # back to v6: as the comfysup before this one left it
+    conn.executescript("DROP TABLE catalogues; DROP TABLE server_catalogues; DROP TABLE job_refusals;")  # v8's
     conn.execute("CREATE TRIGGER jobs_finished_insert AFTER INSERT ON jobs WHEN new.state IN "
                  "('done', 'dead', 'cancelled') BEGIN "
                  "UPDATE finished_counts SET n = n + 1 WHERE state = new.state; END")

@@ -51,6 +51,7 @@ SELECT submitted_at FROM jobs WHERE state = 'queued' ORDER BY seq LIMIT 1
 -- name: head
 -- the job strict order hands out, skipping rows another claim holds
 SELECT seq, priority FROM jobs WHERE state = 'queued' AND run_after <= {at}
+    AND NOT EXISTS (SELECT 1 FROM job_refusals r WHERE r.seq = jobs.seq AND r.catalogue_id = %(cat)s)
 ORDER BY priority DESC, seq LIMIT 1 FOR UPDATE SKIP LOCKED
 
 -- name: pick_head
@@ -61,6 +62,7 @@ SELECT seq FROM head
 -- the first job of the head's priority with model %(key)s, unless the head has been passed over for %(wait)s s
 SELECT coalesce((SELECT j.seq FROM jobs j WHERE j.state = 'queued' AND j.model_key = %(key)s
     AND j.priority = h.priority AND j.run_after <= {at}
+    AND NOT EXISTS (SELECT 1 FROM job_refusals r WHERE r.seq = j.seq AND r.catalogue_id = %(cat)s)
     AND coalesce((SELECT min(s.at) FROM affinity_skips s WHERE s.priority = h.priority
         AND s.seq_bound > h.seq), {at}) > {at} - %(wait)s
     ORDER BY j.seq LIMIT 1 FOR UPDATE SKIP LOCKED), h.seq) FROM head h
@@ -127,9 +129,10 @@ RETURNING {delivery_columns}
 WITH gone AS (DELETE FROM jobs WHERE seq IN (SELECT seq FROM jobs j
     WHERE state IN ('done', 'dead', 'cancelled') AND finished_at < ? AND NOT EXISTS
     (SELECT 1 FROM deliveries d WHERE d.job_id = j.id AND d.next_at IS NOT NULL)
-    LIMIT ? FOR UPDATE SKIP LOCKED) RETURNING id, machine, workflow_id),
+    LIMIT ? FOR UPDATE SKIP LOCKED) RETURNING id, machine, workflow_id, seq),
 a AS (DELETE FROM attempts WHERE job_id IN (SELECT id FROM gone)),
-d AS (DELETE FROM deliveries WHERE job_id IN (SELECT id FROM gone))
+d AS (DELETE FROM deliveries WHERE job_id IN (SELECT id FROM gone)),
+r AS (DELETE FROM job_refusals WHERE seq IN (SELECT seq FROM gone))
 SELECT id, machine, workflow_id FROM gone
 
 -- name: prune_workflow

@@ -246,3 +246,35 @@ ON CONFLICT (host, pid) DO UPDATE SET slots = excluded.slots, heartbeat_at = exc
 -- name: machines
 -- every supervisor, with the age of its heartbeat on the clock that stamped it
 SELECT host, pid, slots, started_at, heartbeat_at, {now} - heartbeat_at AS age FROM machines ORDER BY host, pid
+
+-- name: insert_catalogue
+-- a server's /object_info, stored once per distinct text (by its sha256)
+INSERT INTO catalogues (hash, info, recorded_at) VALUES (?, ?, {now}) ON CONFLICT (hash) DO NOTHING
+
+-- name: catalogue_id
+-- a stored catalogue's id by hash
+SELECT id FROM catalogues WHERE hash = ?
+
+-- name: server_catalogue
+-- the catalogue a runner's server (runner name, machine) has now
+INSERT INTO server_catalogues (runner, machine, catalogue_id, recorded_at) VALUES (?, ?, ?, {now})
+ON CONFLICT (runner, machine) DO UPDATE SET catalogue_id = excluded.catalogue_id, recorded_at = excluded.recorded_at
+
+-- name: current_catalogues
+-- the catalogues some server has now, with the servers that have each
+SELECT c.id, c.info, s.runner, s.machine FROM server_catalogues s JOIN catalogues c ON c.id = s.catalogue_id
+ORDER BY c.id, s.machine, s.runner
+
+-- name: insert_refusal
+-- a job that a catalogue cannot run, and why: the claim of a server with that catalogue passes it over
+INSERT INTO job_refusals (seq, catalogue_id, reason) SELECT seq, ?, ? FROM jobs WHERE id = ?
+ON CONFLICT (seq, catalogue_id) DO NOTHING
+
+-- name: able_servers
+-- how many servers have a catalogue that has not refused the job
+SELECT count(*) FROM server_catalogues s WHERE NOT EXISTS (SELECT 1 FROM job_refusals r JOIN jobs j ON j.seq = r.seq
+    WHERE j.id = ? AND r.catalogue_id = s.catalogue_id)
+
+-- name: refusals_of
+-- why catalogues refused a job
+SELECT r.catalogue_id, r.reason FROM job_refusals r JOIN jobs j ON j.seq = r.seq WHERE j.id = ? ORDER BY r.catalogue_id

@@ -46,8 +46,10 @@ UNION ALL SELECT state, n FROM finished_counts
 SELECT submitted_at FROM jobs WHERE seq = (SELECT min(seq) FROM jobs WHERE state = 'queued' AND finished_at IS NULL)
 
 -- name: head
--- the job strict order hands out (INDEXED BY: else O(queued) per claim); ? is :now inside pick
-SELECT seq, priority FROM jobs INDEXED BY jobs_ready WHERE state = 'queued' AND run_after <= ?
+-- the job strict order hands out (INDEXED BY: else O(queued) per claim), passing over a job that the
+-- claiming server's catalogue :cat refused (one primary-key probe per job passed; NULL: none)
+SELECT seq, priority FROM jobs INDEXED BY jobs_ready WHERE state = 'queued' AND run_after <= :now
+    AND NOT EXISTS (SELECT 1 FROM job_refusals r WHERE r.seq = jobs.seq AND r.catalogue_id = :cat)
 ORDER BY priority DESC, seq LIMIT 1
 
 -- name: pick
@@ -56,7 +58,9 @@ WITH head AS ({head}) SELECT head.seq, head.priority,
     CASE WHEN coalesce((SELECT min(at) FROM affinity_skips s WHERE s.priority = head.priority
         AND s.seq_bound > head.seq), :now) > :now - :wait
     THEN (SELECT seq FROM jobs INDEXED BY jobs_affinity WHERE state = 'queued' AND model_key = :key
-        AND priority = head.priority AND run_after <= :now ORDER BY seq LIMIT 1) END FROM head
+        AND priority = head.priority AND run_after <= :now
+        AND NOT EXISTS (SELECT 1 FROM job_refusals r WHERE r.seq = jobs.seq AND r.catalogue_id = :cat)
+        ORDER BY seq LIMIT 1) END FROM head
 
 -- name: take
 -- the claimed job's row
@@ -137,6 +141,10 @@ DELETE FROM jobs WHERE seq IN (SELECT value FROM json_each(?))
 -- name: prune_specs
 -- the pruned jobs' spec rows
 DELETE FROM job_specs WHERE seq IN (SELECT value FROM json_each(?))
+
+-- name: prune_refusals
+-- the pruned jobs' catalogue refusals
+DELETE FROM job_refusals WHERE seq IN (SELECT value FROM json_each(?))
 
 -- name: prune_attempts
 -- the pruned jobs' attempts
