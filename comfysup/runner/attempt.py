@@ -272,7 +272,7 @@ class Attempt(CatchingUp, Ending):
         if nxt is None:
             return
         self.next_claim, self.next_renewed = nxt, self.clock()
-        if nxt.attempt != 1 or nxt.last_server is not None or nxt.cancel_requested:
+        if nxt.attempt != 1 or nxt.last_server is not None or nxt.cancel_requested or self._ran_here(nxt):
             return
         try:
             stream = self.client.own_stream()
@@ -290,6 +290,15 @@ class Attempt(CatchingUp, Ending):
             self.queue.record_prompt(nxt, self.s.server, number)
         except LeaseLost:
             self._drop_next()
+
+    def _ran_here(self, nxt: Claim) -> bool:
+        """Whether the server already holds a history entry of the next job's id (run for another queue): its
+        attempt adopts it instead of posting it. One GET /history/{id} (its /queue is known empty from the
+        broadcast); a server that does not answer leaves the question to the attempt."""
+        try:
+            return self.client.history(nxt.id, self.s.max_files_per_job) is not None
+        except ComfyError:
+            return True
 
     def _drop_next(self) -> None:
         """The next job's lease is gone (another runner may hold it now): its prompt must not run here."""

@@ -17,6 +17,7 @@ from comfysup.runner.history import judge, prompt_number, status_of
 from comfysup.runner.running import Run
 
 if TYPE_CHECKING:
+    from comfysup.runner.result import Posted
     from comfysup.runner.station import AttemptSettings, Station
     from comfysup.runner.trace import Trace
 
@@ -33,6 +34,7 @@ class CatchingUp:
     trace: Trace
     wall: Callable[[], float]
     live: Run | None
+    posted_in: Posted | None
 
     # -- 1. catch up ------------------------------------------------------------------------------------
 
@@ -49,9 +51,15 @@ class CatchingUp:
         running there. Posting it here would run the job on two servers at once (the chaos suite's
         kill-after-POST found exactly that).
         """
-        if self.claim.last_server is None and self.claim.attempt <= 1:
-            return None  # nothing was ever posted for this job (or a retry of a dead job was asked for)
-        places = [self.claim.last_server, self.s.server, *(sorted(self.s.peers) if self.claim.attempt > 1 else [])]
+        first = self.claim.last_server is None and self.claim.attempt <= 1
+        if first and self.posted_in is not None:
+            return None  # the hand-off looked in this server's /history before it posted (its queue was empty)
+        # Nothing was posted for this job by this queue (or a retry of a dead job was asked for), but the
+        # server may have run the id for another queue (restored from a backup, a second installation): its
+        # /queue and /history are read before the first POST (two cheap calls), and what is there is followed
+        # or adopted. A file left in its output folder is not adopted on a first look (no run to vouch for).
+        places = [self.s.server] if first else [
+            self.claim.last_server, self.s.server, *(sorted(self.s.peers) if self.claim.attempt > 1 else [])]
         gone: list[tuple[str, ComfyClient]] = []
         """Servers that answered and hold neither the prompt nor its history: restarted since, if it ran there."""
         for server in dict.fromkeys(c for c in places if c):
@@ -86,7 +94,7 @@ class CatchingUp:
                      self.claim.id[:8], self.claim.attempt, server, prompt_number(history), extra={"event": "adopted"})
             self.trace.phase("adopted", self.wall())
             return Run(client, server, prompt_number(history), adopted_entry=history)
-        return self._adopt_from_disk(gone)
+        return None if first else self._adopt_from_disk(gone)
 
     def _adopt_from_disk(self, gone: list[tuple[str, ComfyClient]]) -> Run | None:
         """A run whose history died with its server, adopted from the job's folder in that server's output
