@@ -74,7 +74,7 @@ class CatchingUp:
                 continue
             if live is not None:
                 log.info("job %s attempt %d on %s: following prompt #%d left by an earlier attempt",
-                         self.claim.id[:8], self.claim.attempt, server, live.number)
+                         self.claim.id, self.claim.attempt, server, live.number)
                 # Already running: its execution_start was sent before this socket existed.
                 self.trace.phase("followed", self.wall())
                 if live.running:
@@ -91,7 +91,7 @@ class CatchingUp:
                 continue
             judge(history)  # a run that ended in failure: that failure is this attempt's outcome
             log.info("job %s attempt %d on %s: adopting finished prompt #%s from /history",
-                     self.claim.id[:8], self.claim.attempt, server, prompt_number(history), extra={"event": "adopted"})
+                     self.claim.id, self.claim.attempt, server, prompt_number(history), extra={"event": "adopted"})
             self.trace.phase("adopted", self.wall())
             return Run(client, server, prompt_number(history), adopted_entry=history)
         return None if first else self._adopt_from_disk(gone)
@@ -106,7 +106,7 @@ class CatchingUp:
             return None
         server, found = adopted
         log.info("job %s attempt %d on %s: adopting %d file(s) of a run whose history died with its server",
-                 self.claim.id[:8], self.claim.attempt, server, len(found), extra={"event": "adopted"})
+                 self.claim.id, self.claim.attempt, server, len(found), extra={"event": "adopted"})
         self.trace.phase("adopted", self.wall())
         return Run(clients[server], server, None, adopted_entry={}, from_disk=found)
 

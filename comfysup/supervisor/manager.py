@@ -163,7 +163,7 @@ class ProcessManager:
                         "leases expire", runner.name, runner.owner, exc)
             released = []
         if released:
-            log.info("%s: runner %s; released %s", runner.name, why, ", ".join(i[:8] for i in released))
+            log.info("%s: runner %s; released %s", runner.name, why, ", ".join(released))
         return runner
 
 
@@ -182,7 +182,7 @@ def release_stale_claims(queue: Any) -> list[str]:
                                         count_attempt=True)
     if released:
         log.info("released %d claim(s) of runners that no longer exist: %s", len(released),
-                 ", ".join(i[:8] for i in released))
+                 ", ".join(released))
     return released
 
 
