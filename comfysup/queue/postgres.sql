@@ -119,3 +119,6 @@ CREATE TABLE affinity_skips (
     at        double precision NOT NULL,
     PRIMARY KEY (priority, seq_bound)
 );
+-- name: v4
+-- (issue 15) The URL of the server an attempt posted to or followed on (see schema.sql's v8).
+ALTER TABLE attempts ADD COLUMN url text;

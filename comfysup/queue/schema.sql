@@ -173,3 +173,8 @@ END;
 -- counted when it finishes (UPDATE OF state) or leaves (DELETE), by the triggers above. Whatever inserts
 -- finished rows with SQL (a tool, a test) adds them to finished_counts itself.
 DROP TRIGGER IF EXISTS jobs_finished_insert;
+-- name: v8
+-- (issue 15) The URL of the server an attempt posted to or followed on. Server names are per machine (two
+-- machines both have a gpu0): a claim taken over from a dead machine looks for the job at this URL first,
+-- where the earlier run may still go on (servers managed elsewhere outlive the machine that used them).
+ALTER TABLE attempts ADD COLUMN url TEXT;

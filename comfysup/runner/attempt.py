@@ -249,7 +249,7 @@ class Attempt(CatchingUp, Ending):
                  extra={"event": "posted"})
         self.trace.phase("posted", self.wall())
         self.live = Run(self.client, self.s.server, number, stream=stream)
-        self.queue.record_prompt(self.claim, self.s.server, number)
+        self.queue.record_prompt(self.claim, self.s.server, number, self.s.url)
         return self.live
 
     def _may_hand_off(self, run: Run) -> bool:
@@ -289,7 +289,7 @@ class Attempt(CatchingUp, Ending):
             log.info("job %s attempt %d on %s: POST /prompt 200 (while job %s is downloaded)", nxt.id, nxt.attempt,
                      self.s.server, self.claim.id, extra={"event": "posted"})
         try:
-            self.queue.record_prompt(nxt, self.s.server, number)
+            self.queue.record_prompt(nxt, self.s.server, number, self.s.url)
         except LeaseLost:
             self._drop_next()
 

@@ -58,15 +58,10 @@ class CatchingUp:
         # server may have run the id for another queue (restored from a backup, a second installation): its
         # /queue and /history are read before the first POST (two cheap calls), and what is there is followed
         # or adopted. A file left in its output folder is not adopted on a first look (no run to vouch for).
-        places = [self.s.server] if first else [
-            self.claim.last_server, self.s.server, *(sorted(self.s.peers) if self.claim.attempt > 1 else [])]
+        places = self._places(first)
         gone: list[tuple[str, ComfyClient]] = []
         """Servers that answered and hold neither the prompt nor its history: restarted since, if it ran there."""
-        for server in dict.fromkeys(c for c in places if c):
-            client = self.station.client_for(server)
-            if client is None:
-                continue
-            known = self.claim.last_prompt_number if server == self.claim.last_server else None
+        for server, client, known in places:
             try:
                 live = next((e for e in client.queue() if e.prompt_id == self.claim.id), None)
                 history = None if live else client.history(self.claim.id, self.s.max_files_per_job)
@@ -80,7 +75,7 @@ class CatchingUp:
                 if live.running:
                     self.trace.phase("executing", self.wall())
                 self.live = Run(client, server, live.number, started=live.running)
-                self.queue.record_prompt(self.claim, server, live.number)
+                self.queue.record_prompt(self.claim, server, live.number, client.url)
                 return self.live
             if history is None:
                 gone.append((server, client))
@@ -95,6 +90,31 @@ class CatchingUp:
             self.trace.phase("adopted", self.wall())
             return Run(client, server, prompt_number(history), adopted_entry=history)
         return None if first else self._adopt_from_disk(gone)
+
+    def _places(self, first: bool) -> list[tuple[str, ComfyClient, int | None]]:
+        """Where to look, in order: (server name, its client, the prompt number recorded there or None).
+
+        The recorded server is known by its URL too: a name means a server of this machine (two machines
+        both have a gpu0), so an earlier attempt whose URL is none of this runner's servers ran elsewhere,
+        on another machine's server (``[[servers]]`` managed elsewhere outlive a machine that died). That URL
+        is asked first, with a short timeout, when it can mean the same server from here (not a loopback
+        address of another host); the prompt number recorded belongs to it, not to a server of that name here.
+        """
+        if first:
+            return [(self.s.server, self.station.client, None)]
+        names = [self.claim.last_server, self.s.server, *(sorted(self.s.peers) if self.claim.attempt > 1 else [])]
+        recorded_here = True
+        out: list[tuple[str, ComfyClient, int | None]] = []
+        elsewhere = self.station.client_elsewhere(self.queue.last_url(self.claim.id))
+        if elsewhere is not None:
+            recorded_here = False
+            out.append((self.claim.last_server or elsewhere.url, elsewhere, self.claim.last_prompt_number))
+        for server in dict.fromkeys(c for c in names if c):
+            client = self.station.client_for(server)
+            if client is not None:
+                recorded = recorded_here and server == self.claim.last_server
+                out.append((server, client, self.claim.last_prompt_number if recorded else None))
+        return out
 
     def _adopt_from_disk(self, gone: list[tuple[str, ComfyClient]]) -> Run | None:
         """A run whose history died with its server, adopted from the job's folder in that server's output
