@@ -97,8 +97,8 @@ class CatchingUp:
         The recorded server is known by its URL too: a name means a server of this machine (two machines
         both have a gpu0), so an earlier attempt whose URL is none of this runner's servers ran elsewhere,
         on another machine's server (``[[servers]]`` managed elsewhere outlive a machine that died). That URL
-        is asked first, with a short timeout, when it can mean the same server from here (not a loopback
-        address of another host); the prompt number recorded belongs to it, not to a server of that name here.
+        is asked first, with a short timeout; the prompt number recorded belongs to it, not to a server of that
+        name here.
         """
         if first:
             return [(self.s.server, self.station.client, None)]

@@ -7,16 +7,14 @@ come and go (comfysup.runner.attempt); the station is made once per runner and c
 
 from __future__ import annotations
 
-import ipaddress
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit
 
 from comfysup.backoff import RetryPolicy
 from comfysup.config import Config
-from comfysup.queue.base import Queue, host_name
+from comfysup.queue.base import Queue
 from comfysup.runner.client import ComfyClient
 from comfysup.runner.store import ResultStore
 from comfysup.runner.stuck import StuckChannel
@@ -102,15 +100,13 @@ class Station:
         """A client of the server an earlier attempt ran on (``last``: its URL and that attempt's owner), when
         that server is none of this runner's and its URL can reach it from here; None otherwise.
 
-        A loopback URL recorded by another host names a server of that host, not one reachable from here.
-        Its calls have a short timeout: a machine that died may have taken the server with it."""
+        Asking it is safe whatever answers there: a job id is a UUID, so an entry of it on any server is a run
+        of this job (and a recorded prompt number must match too). Its calls have a short timeout: a machine
+        that died may have taken the server with it, and a refused connection costs nothing."""
         if last is None:
             return None
-        url, owner = last[0].rstrip("/"), last[1]
+        url = last[0].rstrip("/")
         if url in {self.settings.url.rstrip("/"), *(u.rstrip("/") for u in self.settings.peers.values())}:
-            return None
-        host = urlsplit(url).hostname or ""
-        if owner.split("/", 1)[0] != host_name() and (host == "localhost" or _loopback(host)):
             return None
         if url not in self._elsewhere:
             self._elsewhere[url] = ComfyClient(url, timeout_seconds=min(self.settings.http_timeout_seconds,
@@ -128,10 +124,3 @@ class Station:
             self._peers[server] = ComfyClient(self.settings.peers[server],
                                               timeout_seconds=self.settings.http_timeout_seconds)
         return self._peers[server]
-
-
-def _loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
