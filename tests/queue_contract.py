@@ -302,6 +302,20 @@ class QueueContract(CatalogueContract):
         third = self.claim(q, "runner-c", "gpu0", now=T0 + 13)
         assert (third.id, third.last_server, third.last_prompt_number) == (claim.id, "gpu1", 4)
 
+    def test_an_attempt_records_its_server_url_for_a_claim_taken_over(self, q: Queue) -> None:
+        """Server names are per machine: a claim taken over from another machine finds the earlier run's server
+        by the URL its attempt recorded (issue 15)."""
+        self.submit(q, make_job(1))
+        claim = self.claim(q, "host-a/1/gpu0/t", "gpu0", now=T0, lease=10)
+        assert q.last_url(claim.id) is None  # nothing recorded yet
+        q.record_prompt(claim, "gpu0", 17, "http://10.0.0.1:8188")
+        again = self.claim(q, "host-b/2/gpu0/t", "gpu0", now=T0 + 11)  # the lease expired
+        assert q.last_url(claim.id) == ("http://10.0.0.1:8188", "host-a/1/gpu0/t")
+        q.record_prompt(again, "gpu0", 3, "http://10.0.0.2:8188")
+        assert q.last_url(claim.id) == ("http://10.0.0.2:8188", "host-b/2/gpu0/t")
+        q.record_prompt(again, "gpu0", 3)  # a caller that does not say
+        assert q.last_url(claim.id) == ("http://10.0.0.1:8188", "host-a/1/gpu0/t")
+
     @pytest.mark.parametrize("how", ["retry_later", "release"])
     def test_a_runner_that_judged_its_prompt_forgets_its_number(self, q: Queue, how: str) -> None:
         """After its own retry or release the prompt was judged: the next attempt must not adopt it."""

@@ -69,6 +69,10 @@ def timeline(trace: dict[str, Any]) -> list[str]:
                 took = "running" if n.get("seconds") is None else age(float(n["seconds"]))
                 kind = str(n.get("class_type"))[:40]
                 lines.append(f"      {'':11}  node {n.get('id')!s:>4} {kind:40} {took:>10}")
+    for drop in trace.get("reconnects") or []:
+        if isinstance(drop, list) and len(drop) == 2 and isinstance(drop[0], int | float):
+            how = "reconnected with the same client id" if drop[1] else "not reconnected at once; tried again"
+            lines.append(f"      {f'+{drop[0] - start:.3f} s':>11}  WebSocket dropped: {how}")
     cached = [str(c) for c in trace.get("cached") or []]
     if cached:
         total = trace.get("total_nodes") or "?"

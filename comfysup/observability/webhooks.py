@@ -162,18 +162,18 @@ class Deliverer:
             error = type(exc).__name__
         if error is None:
             self._record(delivery, "delivered", status, None)
-            log.info("job %s: webhook delivered to %s (HTTP %d)", job.id[:8], display_url(delivery.url), status,
+            log.info("job %s: webhook delivered to %s (HTTP %d)", job.id, display_url(delivery.url), status,
                      extra={"event": "webhook_delivered", "job": job.id})
             return
         tried = delivery.attempts + 1
         if tried >= self.settings.attempts:
             self._record(delivery, "failed", status, error)
-            log.warning("job %s: webhook to %s given up after %d tries: %s", job.id[:8], display_url(delivery.url),
+            log.warning("job %s: webhook to %s given up after %d tries: %s", job.id, display_url(delivery.url),
                         tried, error, extra={"event": "webhook_failed", "job": job.id})
         else:
             delay = self.policy.backoff(tried, self.rand)
             self._record(delivery, "retry", status, error, next_at=time.time() + delay)
-            log.info("job %s: webhook to %s failed (%s); try %d in %.1f s", job.id[:8], display_url(delivery.url),
+            log.info("job %s: webhook to %s failed (%s); try %d in %.1f s", job.id, display_url(delivery.url),
                      error, tried + 1, delay, extra={"event": "webhook_retry", "job": job.id})
 
     def _record(self, delivery: Delivery, result: str, status: int | None, error: str | None,

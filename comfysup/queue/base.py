@@ -359,7 +359,13 @@ class Queue(Protocol):
         """Renew the lease; returns whether a cancel was requested. Raises LeaseLost."""
         ...
 
-    def record_prompt(self, claim: Claim, server: str, prompt_number: int) -> None: ...
+    def record_prompt(self, claim: Claim, server: str, prompt_number: int, url: str | None = None) -> None:
+        """The prompt the claim's job runs as on ``server`` (at ``url``), fenced (raises LeaseLost)."""
+        ...
+
+    def last_url(self, job_id: str) -> tuple[str, str] | None:
+        """The server URL and owner of the job's latest attempt that recorded a prompt, or None."""
+        ...
 
     def set_progress(self, claim: Claim, progress: dict[str, Any] | None) -> None:
         """The running job's progress, for status and the status page; fenced (raises LeaseLost)."""

@@ -282,12 +282,17 @@ class SQLQueue(SQLReads):
                          (self._time(now), lease_seconds, claim.id, claim.attempt, claim.owner))
         return bool(row[0])
 
-    def record_prompt(self, claim: Claim, server: str, prompt_number: int) -> None:
-        self._transaction(self._record_prompt, claim, server, prompt_number, durable=False)
+    def record_prompt(self, claim: Claim, server: str, prompt_number: int, url: str | None = None) -> None:
+        self._transaction(self._record_prompt, claim, server, prompt_number, url, durable=False)
 
-    def _record_prompt(self, cur: Any, claim: Claim, server: str, prompt_number: int) -> None:
+    def _record_prompt(self, cur: Any, claim: Claim, server: str, prompt_number: int, url: str | None) -> None:
         self._held(cur, claim, self.sql["record_prompt"], (server, prompt_number, claim.id, claim.attempt, claim.owner),
-                   self.sql["attempt_prompt"], (prompt_number, server, claim.id, claim.attempt, claim.owner))
+                   self.sql["attempt_prompt"], (prompt_number, server, url, claim.id, claim.attempt, claim.owner))
+
+    def last_url(self, job_id: str) -> tuple[str, str] | None:
+        """The server URL and owner of the job's latest attempt that recorded a prompt (None: none did)."""
+        rows = self._transaction(lambda cur: cur.execute(self.sql["last_url"], (job_id,)).fetchall(), write=False)
+        return (str(rows[0][0]), str(rows[0][1])) if rows else None
 
     def complete(self, claim: Claim, outputs: Sequence[Output], now: float | None = None, *,
                  trace: dict[str, Any] | None = None) -> None:

@@ -142,3 +142,7 @@ CREATE TABLE job_refusals (
     reason       text    NOT NULL,
     PRIMARY KEY (seq, catalogue_id)
 );
+
+-- name: v5
+-- (issue 15) The URL of the server an attempt posted to or followed on (see schema.sql's v9).
+ALTER TABLE attempts ADD COLUMN url text;

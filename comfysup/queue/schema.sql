@@ -196,3 +196,9 @@ CREATE TABLE job_refusals (
     reason       TEXT    NOT NULL,
     PRIMARY KEY (seq, catalogue_id)
 ) WITHOUT ROWID;
+
+-- name: v9
+-- (issue 15) The URL of the server an attempt posted to or followed on. Server names are per machine (two
+-- machines both have a gpu0): a claim taken over from a dead machine looks for the job at this URL first,
+-- where the earlier run may still go on (servers managed elsewhere outlive the machine that used them).
+ALTER TABLE attempts ADD COLUMN url TEXT;

@@ -44,7 +44,7 @@ from comfysup.queue.reads import fetch
 from comfysup.queue.specs import SpecCache, dumps_plain
 from comfysup.workflows import content_hash, model_key
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 NETWORK_FILESYSTEMS = frozenset({
     "nfs", "nfs4", "cifs", "smb", "smb2", "smb3", "smbfs", "9p", "afs", "ceph", "glusterfs", "lustre",
     "fuse.sshfs", "fuse.s3fs", "fuse.gcsfuse", "fuse.rclone", "davfs", "fuse.glusterfs", "beegfs", "gpfs",

@@ -35,6 +35,7 @@ import time
 from typing import Any
 
 from comfysup.errors import LeaseLost, QueueError
+from comfysup.logs import job_context
 from comfysup.queue.base import Claim, Queue
 from comfysup.redact import Redactor
 from comfysup.runner import deadline
@@ -245,11 +246,11 @@ class Attempt(CatchingUp, Ending):
             job_outputs.discard(self.s.output_dirs, self.s.server, self.claim.id)
         number = self.client.post_prompt(self._workflow_for(self.claim), self.claim.id, stream.client_id,
                                          self.claim.extra_data)
-        log.info("job %s attempt %d on %s: POST /prompt 200", self.claim.id[:8], self.claim.attempt, self.s.server,
+        log.info("job %s attempt %d on %s: POST /prompt 200", self.claim.id, self.claim.attempt, self.s.server,
                  extra={"event": "posted"})
         self.trace.phase("posted", self.wall())
         self.live = Run(self.client, self.s.server, number, stream=stream)
-        self.queue.record_prompt(self.claim, self.s.server, number)
+        self.queue.record_prompt(self.claim, self.s.server, number, self.s.url)
         return self.live
 
     def _may_hand_off(self, run: Run) -> bool:
@@ -273,7 +274,8 @@ class Attempt(CatchingUp, Ending):
         if nxt is None:
             return
         self.next_claim, self.next_renewed = nxt, self.clock()
-        if nxt.attempt != 1 or nxt.last_server is not None or nxt.cancel_requested or not more.runnable(nxt):
+        if (nxt.attempt != 1 or nxt.last_server is not None or nxt.cancel_requested or not more.runnable(nxt)
+                or self._ran_here(nxt)):
             return
         try:
             stream = self.client.own_stream()
@@ -285,19 +287,30 @@ class Attempt(CatchingUp, Ending):
             self.posted_out = Posted(nxt.id, claimed_at, self.wall(), error=exc)
             return
         self.posted_out = Posted(nxt.id, claimed_at, self.wall(), number=number)
-        log.info("job %s attempt %d on %s: POST /prompt 200 (while job %s is downloaded)", nxt.id[:8], nxt.attempt,
-                 self.s.server, self.claim.id[:8], extra={"event": "posted"})
+        with job_context(nxt.id, nxt.attempt, Redactor.for_job(nxt.workflow, nxt.extra_data)):  # its own line
+            log.info("job %s attempt %d on %s: POST /prompt 200 (while job %s is downloaded)", nxt.id, nxt.attempt,
+                     self.s.server, self.claim.id, extra={"event": "posted"})
         try:
-            self.queue.record_prompt(nxt, self.s.server, number)
+            self.queue.record_prompt(nxt, self.s.server, number, self.s.url)
         except LeaseLost:
             self._drop_next()
+
+    def _ran_here(self, nxt: Claim) -> bool:
+        """Whether the server already holds a history entry of the next job's id (run for another queue): its
+        attempt adopts it instead of posting it. One GET /history/{id} (its /queue is known empty from the
+        broadcast); a server that does not answer leaves the question to the attempt."""
+        try:
+            return self.client.history(nxt.id, self.s.max_files_per_job) is not None
+        except ComfyError:
+            return True
 
     def _drop_next(self) -> None:
         """The next job's lease is gone (another runner may hold it now): its prompt must not run here."""
         nxt, posted = self.next_claim, self.posted_out
         self.next_claim = self.posted_out = None
         if nxt is not None and posted is not None and posted.number is not None:
-            log.warning("job %s: lost its lease before its attempt began; interrupting its prompt", nxt.id[:8])
+            with job_context(nxt.id, nxt.attempt):
+                log.warning("job %s: lost its lease before its attempt began; interrupting its prompt", nxt.id)
             self._interrupt(Run(self.client, self.s.server, posted.number), prompt_id=nxt.id)
 
     # -- 3. follow --------------------------------------------------------------------------------------
@@ -373,11 +386,18 @@ class Attempt(CatchingUp, Ending):
                 return None
         try:
             return run.stream.recv(wait)
-        except SocketLost:
+        except SocketLost as lost:
             # Reconnect with the same client id (the old socket is closed first), then poll /history.
             try:
                 run.stream.connect()
+                ok = True
             except SocketLost:
+                ok = False
+            self.trace.reconnected(self.wall(), ok)
+            how = "reconnected with the same client id" if ok else "could not reconnect yet, trying again"
+            log.warning("job %s attempt %d on %s: the WebSocket dropped (%s); %s", self.claim.id, self.claim.attempt,
+                        run.server, lost.reason, how, extra={"event": "reconnected" if ok else "socket_lost"})
+            if not ok:
                 time.sleep(min(wait, 0.2))
             return {"type": "comfysup_reconnected", "data": {"prompt_id": self.claim.id}}
 

@@ -17,6 +17,7 @@ from comfysup.runner.history import judge, prompt_number, status_of
 from comfysup.runner.running import Run
 
 if TYPE_CHECKING:
+    from comfysup.runner.result import Posted
     from comfysup.runner.station import AttemptSettings, Station
     from comfysup.runner.trace import Trace
 
@@ -33,6 +34,7 @@ class CatchingUp:
     trace: Trace
     wall: Callable[[], float]
     live: Run | None
+    posted_in: Posted | None
 
     # -- 1. catch up ------------------------------------------------------------------------------------
 
@@ -49,16 +51,17 @@ class CatchingUp:
         running there. Posting it here would run the job on two servers at once (the chaos suite's
         kill-after-POST found exactly that).
         """
-        if self.claim.last_server is None and self.claim.attempt <= 1:
-            return None  # nothing was ever posted for this job (or a retry of a dead job was asked for)
-        places = [self.claim.last_server, self.s.server, *(sorted(self.s.peers) if self.claim.attempt > 1 else [])]
+        first = self.claim.last_server is None and self.claim.attempt <= 1
+        if first and self.posted_in is not None:
+            return None  # the hand-off looked in this server's /history before it posted (its queue was empty)
+        # Nothing was posted for this job by this queue (or a retry of a dead job was asked for), but the
+        # server may have run the id for another queue (restored from a backup, a second installation): its
+        # /queue and /history are read before the first POST (two cheap calls), and what is there is followed
+        # or adopted. A file left in its output folder is not adopted on a first look (no run to vouch for).
+        places = self._places(first)
         gone: list[tuple[str, ComfyClient]] = []
         """Servers that answered and hold neither the prompt nor its history: restarted since, if it ran there."""
-        for server in dict.fromkeys(c for c in places if c):
-            client = self.station.client_for(server)
-            if client is None:
-                continue
-            known = self.claim.last_prompt_number if server == self.claim.last_server else None
+        for server, client, known in places:
             try:
                 live = next((e for e in client.queue() if e.prompt_id == self.claim.id), None)
                 history = None if live else client.history(self.claim.id, self.s.max_files_per_job)
@@ -66,13 +69,13 @@ class CatchingUp:
                 continue
             if live is not None:
                 log.info("job %s attempt %d on %s: following prompt #%d left by an earlier attempt",
-                         self.claim.id[:8], self.claim.attempt, server, live.number)
+                         self.claim.id, self.claim.attempt, server, live.number)
                 # Already running: its execution_start was sent before this socket existed.
                 self.trace.phase("followed", self.wall())
                 if live.running:
                     self.trace.phase("executing", self.wall())
                 self.live = Run(client, server, live.number, started=live.running)
-                self.queue.record_prompt(self.claim, server, live.number)
+                self.queue.record_prompt(self.claim, server, live.number, client.url)
                 return self.live
             if history is None:
                 gone.append((server, client))
@@ -83,10 +86,35 @@ class CatchingUp:
                 continue
             judge(history)  # a run that ended in failure: that failure is this attempt's outcome
             log.info("job %s attempt %d on %s: adopting finished prompt #%s from /history",
-                     self.claim.id[:8], self.claim.attempt, server, prompt_number(history), extra={"event": "adopted"})
+                     self.claim.id, self.claim.attempt, server, prompt_number(history), extra={"event": "adopted"})
             self.trace.phase("adopted", self.wall())
             return Run(client, server, prompt_number(history), adopted_entry=history)
-        return self._adopt_from_disk(gone)
+        return None if first else self._adopt_from_disk(gone)
+
+    def _places(self, first: bool) -> list[tuple[str, ComfyClient, int | None]]:
+        """Where to look, in order: (server name, its client, the prompt number recorded there or None).
+
+        The recorded server is known by its URL too: a name means a server of this machine (two machines
+        both have a gpu0), so an earlier attempt whose URL is none of this runner's servers ran elsewhere,
+        on another machine's server (``[[servers]]`` managed elsewhere outlive a machine that died). That URL
+        is asked first, with a short timeout; the prompt number recorded belongs to it, not to a server of that
+        name here.
+        """
+        if first:
+            return [(self.s.server, self.station.client, None)]
+        names = [self.claim.last_server, self.s.server, *(sorted(self.s.peers) if self.claim.attempt > 1 else [])]
+        recorded_here = True
+        out: list[tuple[str, ComfyClient, int | None]] = []
+        elsewhere = self.station.client_elsewhere(self.queue.last_url(self.claim.id))
+        if elsewhere is not None:
+            recorded_here = False
+            out.append((self.claim.last_server or elsewhere.url, elsewhere, self.claim.last_prompt_number))
+        for server in dict.fromkeys(c for c in names if c):
+            client = self.station.client_for(server)
+            if client is not None:
+                recorded = recorded_here and server == self.claim.last_server
+                out.append((server, client, self.claim.last_prompt_number if recorded else None))
+        return out
 
     def _adopt_from_disk(self, gone: list[tuple[str, ComfyClient]]) -> Run | None:
         """A run whose history died with its server, adopted from the job's folder in that server's output
@@ -98,7 +126,7 @@ class CatchingUp:
             return None
         server, found = adopted
         log.info("job %s attempt %d on %s: adopting %d file(s) of a run whose history died with its server",
-                 self.claim.id[:8], self.claim.attempt, server, len(found), extra={"event": "adopted"})
+                 self.claim.id, self.claim.attempt, server, len(found), extra={"event": "adopted"})
         self.trace.phase("adopted", self.wall())
         return Run(clients[server], server, None, adopted_entry={}, from_disk=found)
 

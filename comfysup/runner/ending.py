@@ -82,7 +82,7 @@ class Ending:
     def _stuck(self, run: Run, target: str, renew: bool) -> str:
         """The prompt ignored /interrupt: reported, when in this runner's own server (comfysup.runner.stuck)."""
         log.error("job %s: prompt still in %s's queue %g s after /interrupt (a node that ignores the interrupt "
-                  "flag)", target[:8], run.server, self.s.leave_queue_seconds, extra={"event": "stuck"})
+                  "flag)", target, run.server, self.s.leave_queue_seconds, extra={"event": "stuck"})
         own = run.client is self.client
         restarted = report_stuck(self.station.stuck, target, own, lambda: self._interrupt_alive(renew), self.clock)
         return stuck_reason(run.server, self.s.leave_queue_seconds, restarted=restarted)

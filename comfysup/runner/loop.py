@@ -312,7 +312,7 @@ class Runner:
         return others < self.config.runner.max_queue
 
     def _log(self, claim: Claim, o: Outcome) -> None:
-        short = claim.id[:8]
+        short = claim.id  # whole: ids that share their first 8 characters are common (11111111-…)
         event = {"event": o.state, "kind": o.kind}
         if o.state == "done":
             files = ", ".join(f"{Path(f.name).name} {f.sha256[:16]}" for f in o.outputs[:4])

@@ -252,7 +252,7 @@ def discard(output_dirs: dict[str, Path], server: str, job_id: str) -> None:
     try:
         remove(output_dirs[server], job_id)
     except (OSError, ValueError, KeyError) as exc:
-        log.debug("job %s: could not remove its folder in %s's output folder: %s", job_id[:8], server, exc)
+        log.debug("job %s: could not remove its folder in %s's output folder: %s", job_id, server, exc)
 
 
 def read(output_dir: Path, job_id: str, relative: str) -> Iterator[bytes]:

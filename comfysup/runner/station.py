@@ -19,6 +19,8 @@ from comfysup.runner.client import ComfyClient
 from comfysup.runner.store import ResultStore
 from comfysup.runner.stuck import StuckChannel
 
+ELSEWHERE_TIMEOUT_SECONDS = 2.0
+"""How long catch-up waits for a server of another machine (an earlier attempt's) before it goes on."""
 SERVER_LOST_MIN_SECONDS = 10.0
 """A server unreachable this long (or [runner] http_timeout_seconds, if longer) is taken as dead."""
 
@@ -78,6 +80,8 @@ class Station:
         self.store = store
         self.client = ComfyClient(settings.url, timeout_seconds=settings.http_timeout_seconds)
         self._peers: dict[str, ComfyClient] = {}
+        self._elsewhere: dict[str, ComfyClient] = {}
+        """Clients of servers earlier attempts ran on, on other machines, by URL (comfysup.runner.catchup)."""
         self.stop_deadline = stop_deadline
         """When a graceful stop's grace ends (monotonic), or None: running attempts are released then."""
         self.on_alive = on_alive
@@ -89,8 +93,25 @@ class Station:
 
     def close(self) -> None:
         self.client.close()
-        for peer in self._peers.values():
+        for peer in (*self._peers.values(), *self._elsewhere.values()):
             peer.close()
+
+    def client_elsewhere(self, last: tuple[str, str] | None) -> ComfyClient | None:
+        """A client of the server an earlier attempt ran on (``last``: its URL and that attempt's owner), when
+        that server is none of this runner's and its URL can reach it from here; None otherwise.
+
+        Asking it is safe whatever answers there: a job id is a UUID, so an entry of it on any server is a run
+        of this job (and a recorded prompt number must match too). Its calls have a short timeout: a machine
+        that died may have taken the server with it, and a refused connection costs nothing."""
+        if last is None:
+            return None
+        url = last[0].rstrip("/")
+        if url in {self.settings.url.rstrip("/"), *(u.rstrip("/") for u in self.settings.peers.values())}:
+            return None
+        if url not in self._elsewhere:
+            self._elsewhere[url] = ComfyClient(url, timeout_seconds=min(self.settings.http_timeout_seconds,
+                                                                        ELSEWHERE_TIMEOUT_SECONDS))
+        return self._elsewhere[url]
 
     def client_for(self, server: str | None) -> ComfyClient | None:
         if server is None:

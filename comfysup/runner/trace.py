@@ -17,6 +17,8 @@ from typing import Any
 
 MAX_NODES = 500
 """Node timings kept per attempt: a trace stays a few KB however large the workflow."""
+MAX_RECONNECTS = 50
+"""Dropped WebSockets kept per attempt (the first ones: a socket that drops more often says enough)."""
 PHASES = ("claimed", "followed", "adopted", "posted", "executing", "downloading", "recorded")
 """claimed → posted (waiting in ComfyUI's queue) → executing (after execution_start) → downloading →
 recorded; an attempt that caught up with an earlier run is ``followed`` or ``adopted`` instead of posted."""
@@ -40,6 +42,8 @@ class Trace:
     cached: list[str] = field(default_factory=list)
     current: NodeTime | None = None
     step: tuple[int, int] | None = None
+    reconnects: list[tuple[float, bool]] = field(default_factory=list)
+    """When the WebSocket dropped, and whether it was connected again at once (same client id)."""
     changed: bool = False
 
     @classmethod
@@ -54,6 +58,11 @@ class Trace:
         if not self.phases or self.phases[-1][0] != name:
             self.phases.append((name, now))
             self.changed = True
+
+    def reconnected(self, now: float, ok: bool) -> None:
+        """The WebSocket dropped at ``now``; ``ok``: connected again (else the next wake-up tries)."""
+        if len(self.reconnects) < MAX_RECONNECTS:
+            self.reconnects.append((now, ok))
 
     def on_event(self, kind: str | None, data: dict[str, Any], now: float) -> None:
         """One event of this attempt's prompt, in the order the socket delivered it."""
@@ -114,6 +123,7 @@ class Trace:
             "cached": list(self.cached),
             "total_nodes": len(self.classes),
             "progress": self.progress(),
+            **({"reconnects": [[at, ok] for at, ok in self.reconnects]} if self.reconnects else {}),
         }
 
 

@@ -165,7 +165,7 @@ class ProcessManager:
         if released:
             # "released JOB: why", not "runner <why>": a why that starts "runner process died" read
             # "runner runner process died".
-            log.info("%s: released %s: %s", runner.name, ", ".join(i[:8] for i in released), why)
+            log.info("%s: released %s: %s", runner.name, ", ".join(released), why)
         return runner
 
 
@@ -184,7 +184,7 @@ def release_stale_claims(queue: Any) -> list[str]:
                                         count_attempt=True)
     if released:
         log.info("released %d claim(s) of runners that no longer exist: %s", len(released),
-                 ", ".join(i[:8] for i in released))
+                 ", ".join(released))
     return released
 
 

@@ -71,7 +71,7 @@ def test_failure_script(tmp_path, fake):
     p = prompts(fake)
 
     def short(n: int) -> str:
-        return job_id(n)[:8]
+        return job_id(n)
 
     # 500 then ok: done after 2 attempts, posted twice, executed once.
     assert jobs_by_n[1].state == "done" and jobs_by_n[1].attempt == 2

@@ -60,7 +60,8 @@ DEATH_SLACK_SECONDS = 1.0
 history, in that moment, and the history dies with the server all the same."""
 LOCK_SLACK_SECONDS = 1.0
 """An interrupt caused by a database lock lands while the lock is held; this covers the last wake-up."""
-TERMINAL_LINE = re.compile(r"job ([0-9a-f]{8}): (done on|dead-lettered|cancelled on)")
+TERMINAL_LINE = re.compile(r"job ([0-9a-f]{8}(?:-[0-9a-f]{4}){3}-[0-9a-f]{12}): (done on|dead-lettered|cancelled on)")
+"""A terminal line names the whole job id (issue 15: ids that share their first 8 characters are common)."""
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
@@ -391,17 +392,14 @@ def _check_terminals(evidence: Evidence, jobs: dict[str, _Job], report: Report) 
     for log in evidence.logs:
         if log.exists():
             lines.update(m.group(1) for m in TERMINAL_LINE.finditer(log.read_text(errors="replace")))
-    by_short: dict[str, list[str]] = defaultdict(list)
-    for job_id in jobs:
-        by_short[job_id[:8]].append(job_id)
     for job_id, job in jobs.items():
         allowed = 1 + requeued[job_id]
         terminal = [a for a in job.attempts if a[2] in TERMINAL]
         if len(terminal) > allowed:
             report.double_terminal.append(f"{job_id}: {len(terminal)} terminal attempts "
                                           f"({', '.join(str(a[2]) for a in terminal)})")
-        elif len(by_short[job_id[:8]]) == 1 and lines[job_id[:8]] > allowed:
-            report.double_terminal.append(f"{job_id}: {lines[job_id[:8]]} terminal log lines")
+        elif lines[job_id] > allowed:
+            report.double_terminal.append(f"{job_id}: {lines[job_id]} terminal log lines")
         ordered = sorted(job.attempts, key=lambda a: a[0])
         for before, after in itertools.pairwise(ordered):
             if before[1] is None or after[0] < before[1]:

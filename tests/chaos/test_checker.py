@@ -94,7 +94,7 @@ def run(tmp_path: Path) -> Run:
         store.prepare(job_id)
         output = store.write(job_id, f"job{n}_00001_.png", [png_bytes(8, 8, (n, 0, 0))])
         queue.complete(claim, [output], now=T0 + 10 * n + 3)
-        lines.append(f"job {job_id[:8]}: done on cpu{n % 2} after 1 attempt(s), 1 file(s)")
+        lines.append(f"job {job_id}: done on cpu{n % 2} after 1 attempt(s), 1 file(s)")
     r.log.write_text("\n".join(lines) + "\n")
     r.outputs["status"] = "3 done"
     queue.close()
@@ -133,7 +133,7 @@ def test_two_terminal_records_or_log_lines_are_double_terminal(run: Run) -> None
     assert [d.split(":")[0] for d in run.check().double_terminal] == [run.ids[1]]
     run.sql("DELETE FROM attempts WHERE attempt = 2")
     with open(run.log, "a") as f:
-        f.write(f"job {run.ids[2][:8]}: dead-lettered, something\n")
+        f.write(f"job {run.ids[2]}: dead-lettered, something\n")
     assert run.check().double_terminal == [f"{run.ids[2]}: 2 terminal log lines"]
 
 

@@ -385,6 +385,7 @@ def test_a_version_5_database_counts_its_finished_jobs_in_v6(tmp_path: Path) -> 
     for name in ("jobs_finished_insert", "jobs_finished_into", "jobs_finished_out_of", "jobs_finished_delete"):
         conn.execute(f"DROP TRIGGER IF EXISTS {name}")  # v7 dropped the first
     conn.execute("DROP TABLE finished_counts")
+    conn.execute("ALTER TABLE attempts DROP COLUMN url")  # v9 added it
     conn.execute("PRAGMA user_version = 5")
     conn.commit()
     conn.close()
@@ -409,6 +410,7 @@ def test_v7_drops_the_insert_trigger_and_counts_stay_right(tmp_path: Path) -> No
     conn.execute("CREATE TRIGGER jobs_finished_insert AFTER INSERT ON jobs WHEN new.state IN "
                  "('done', 'dead', 'cancelled') BEGIN "
                  "UPDATE finished_counts SET n = n + 1 WHERE state = new.state; END")
+    conn.execute("ALTER TABLE attempts DROP COLUMN url")  # v9 added it
     conn.execute("PRAGMA user_version = 6")
     conn.commit()
     conn.close()
@@ -420,4 +422,25 @@ def test_v7_drops_the_insert_trigger_and_counts_stay_right(tmp_path: Path) -> No
     q.cancel([make_job(7).id], now=T0 + 4)
     assert q.status(now=T0 + 5).counts == {"queued": 5, "waiting": 0, "running": 0, "done": 1, "dead": 1,
                                            "cancelled": 1}
+    q.close()
+
+
+def test_v9_adds_the_attempts_server_url(tmp_path: Path) -> None:
+    """A v8 queue opened by this comfysup: attempts gain the URL of their server (issue 15), kept by
+    record_prompt; earlier attempts have none."""
+    path = tmp_path / "q.db"
+    q = SQLiteQueue(path)
+    q.submit([make_job(1)], now=T0)
+    old = q.claim("host-a/1/gpu0/t", "gpu0", 30, now=T0)
+    q.close()
+    conn = sqlite3.connect(path)  # back to v8
+    conn.execute("ALTER TABLE attempts DROP COLUMN url")
+    conn.execute("PRAGMA user_version = 8")
+    conn.commit()
+    conn.close()
+    q = SQLiteQueue(path, create=False)
+    assert q.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 9
+    assert q.last_url(old.id) is None
+    q.record_prompt(old, "gpu0", 3, "http://10.0.0.1:8188")
+    assert q.last_url(old.id) == ("http://10.0.0.1:8188", "host-a/1/gpu0/t")
     q.close()

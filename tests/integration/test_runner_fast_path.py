@@ -72,9 +72,12 @@ def test_the_next_job_is_posted_before_the_last_ones_files_are_recorded(tmp_path
     # Claims: the first, one handoff after each job (the sixth finds none), and the empty queue at the end;
     # the last done still tries to take a job in its own transaction.
     assert counts["claim"] == 8 and counts["complete"] == 5 and counts["complete_and_claim"] == 1
-    # The server's own status broadcast said it was free: GET /queue only before the first and last claims.
-    assert counts["queue"] == 2
-    assert counts["history"] == 6  # read once, when ComfyUI says the run ended, not at execution_success
+    # The server's own status broadcast said it was free: GET /queue only before the first and last claims, and
+    # in the first job's look for an earlier run of its id before its POST (issue 15).
+    assert counts["queue"] == 3
+    # Read once per run, when ComfyUI says the run ended, not at execution_success; and once per job before its
+    # first POST (the first job's own look, the hand-off's for the five after it: issue 15).
+    assert counts["history"] == 6 + 6
     queue.close()
 
 
@@ -98,7 +101,9 @@ def test_the_next_job_is_posted_before_the_last_ones_history_is_read(tmp_path: P
     Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
     assert [j.state for j in queue.iter_jobs()] == ["done"] * 4
     for n in range(2, 5):
-        assert calls.index(("post_prompt", job_id(n))) < calls.index(("history", job_id(n - 1))), calls
+        # The last read of job n-1's history is its run's (the first is its look before its POST: issue 15).
+        finished = max(i for i, call in enumerate(calls) if call == ("history", job_id(n - 1)))
+        assert calls.index(("post_prompt", job_id(n))) < finished, calls
     queue.close()
 
 
@@ -117,7 +122,8 @@ def test_without_a_handoff_the_done_and_the_next_claim_are_one_transaction(
     assert all(p["executed"] == 1 for p in fake.stats()["prompts"].values())
     assert counts["complete_and_claim"] == 6 and counts["complete"] == 0  # the sixth finds nothing left
     assert counts["claim"] == 2  # the first job, and the empty queue at the end
-    assert counts["queue"] == 2
+    # Before the first and last claims, and each job's look for a run of its id before its POST (issue 15).
+    assert counts["queue"] == 2 + 6
     queue.close()
 
 

@@ -47,8 +47,8 @@ WHERE job_id = ? AND attempt = ? AND owner = ? AND ended_at IS NULL
 UPDATE attempts SET ended_at = {now}, outcome = ?, reason = ?, kind = ?, trace = ? {attempt_row}
 
 -- name: attempt_prompt
--- the prompt number and server of the claim's open attempt
-UPDATE attempts SET prompt_number = ?, server = ? {attempt_row}
+-- the prompt number, server and server URL of the claim's open attempt
+UPDATE attempts SET prompt_number = ?, server = ?, url = ? {attempt_row}
 
 -- name: passed_over
 -- an affinity claim took a job behind the head: its priority's jobs before it are passed over from now,
@@ -132,6 +132,10 @@ ORDER BY jobs.seq LIMIT ?
 -- the attempts of some jobs, in the order they were opened
 SELECT job_id, attempt, owner, server, started_at, ended_at, outcome, reason, prompt_number, kind, trace
 FROM attempts WHERE job_id = ANY(?) ORDER BY {attempt_order}
+
+-- name: last_url
+-- where the job's latest attempt that recorded a prompt ran it: the server's URL and the attempt's owner
+SELECT url, owner FROM attempts WHERE job_id = ? AND url IS NOT NULL ORDER BY started_at DESC, attempt DESC LIMIT 1
 
 -- name: states
 -- id and state of some jobs, without their workflows

@@ -1,0 +1,135 @@
+"""Issue 15, problems 7 and 4: machines whose ComfyUI servers are managed elsewhere (``comfysup work``).
+
+7. Two machines share a PostgreSQL queue, each with its own server, both named gpu0. Machine A's ``work``
+   is killed with ``kill -9`` mid-prompt while its server goes on running the prompt. Machine B takes the
+   claim over when the lease expires and must find the job on A's server (by the URL A's attempt recorded),
+   not run it again on its own: 0 double executions.
+4. ``kill -9`` of ``comfysup work`` takes its runner processes with it, so starting ``work`` again never
+   puts two runners on one server.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import tomli_w
+from pg_support import pg_url  # noqa: F401  (a fixture)
+
+from comfysup.queue import open_queue
+from comfysup.runner.client import ComfyClient
+from fake_comfy import FakeComfy
+from tests.runner_helpers import ROOT, comfysup, config_of, jobs_file, trivial_job, write_config
+
+
+def wait_for(condition, seconds: float, what: str):
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def work(config: Path, server: str, host: str, log: Path, *more: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "comfysup", "work", "--config", str(config), "--server", server,
+                             *more], stdout=log.open("wb"), stderr=subprocess.STDOUT, cwd=ROOT,
+                            env={**os.environ, "COMFYSUP_HOSTNAME": host}, start_new_session=True)
+
+
+def kill_all(processes: list[psutil.Process]) -> None:
+    """Runners that outlived their ``work`` (a regression): killed, so no test leaves one behind."""
+    for process in processes:
+        with contextlib.suppress(psutil.Error):
+            process.kill()
+
+
+def pg_config(folder: Path, url: str) -> Path:
+    folder.mkdir()
+    doc = {"queue": {"url": url}, "store": {"dir": str(folder / "store")}, "comfyui": {"gpus": "cpu:1"},
+           "runner": {"attempts": 2, "base_delay_seconds": 0.05, "max_delay_seconds": 0.2, "jitter": False,
+                      "timeout_seconds": 30.0, "poll_seconds": 0.2, "lease_seconds": 2.0,
+                      "heartbeat_seconds": 0.4, "http_timeout_seconds": 5.0}}
+    path = folder / "config.toml"
+    path.write_bytes(tomli_w.dumps(doc).encode())
+    return path
+
+
+def executing(url: str) -> str | None:
+    running = [e for e in ComfyClient(url, timeout_seconds=2).queue() if e.running]
+    return running[0].prompt_id if running else None
+
+
+@pytest.mark.timeout(120)
+def test_a_claim_taken_over_from_a_killed_machine_follows_the_run_on_its_server(
+        tmp_path: Path, pg_url: str) -> None:  # noqa: F811
+    # About 3 s a job on A's server: the run outlives A's lease (2 s), so B finds it still running there.
+    with FakeComfy(base_directory=tmp_path / "fake-a", node_ms=1000) as a, \
+            FakeComfy(base_directory=tmp_path / "fake-b", node_ms=20) as b:
+        config_a, config_b = pg_config(tmp_path / "machine-a", pg_url), pg_config(tmp_path / "machine-b", pg_url)
+        jobs = [trivial_job(n) for n in range(1, 4)]
+        out = comfysup("submit", str(jobs_file(tmp_path, jobs)), "--config", str(config_a))
+        assert out.returncode == 0, out.stderr
+        proc_a = work(config_a, f"gpu0={a.url}", "machine-a", tmp_path / "a.log")
+        runners: list[psutil.Process] = []
+        try:
+            cut = wait_for(lambda: executing(a.url), 30, "machine-a's server to run a job")
+            runners = psutil.Process(proc_a.pid).children(recursive=True)
+            os.kill(proc_a.pid, signal.SIGKILL)  # the machine dies; its server, managed elsewhere, goes on
+            proc_a.wait(10)
+            wait_for(lambda: not any(r.is_running() and r.status() != psutil.STATUS_ZOMBIE for r in runners), 5,
+                     "machine-a's runners to die with it")
+            assert executing(a.url) == cut, "A's server still runs the job cut short"
+            proc_b = work(config_b, f"gpu0={b.url}", "machine-b", tmp_path / "b.log", "--until-empty")
+            assert proc_b.wait(60) == 0, (tmp_path / "b.log").read_text()
+        finally:
+            if proc_a.poll() is None:
+                proc_a.kill()
+            kill_all(runners)
+        queue = open_queue(config_of(config_b))
+        try:
+            records = {j["id"]: queue.get(j["id"]) for j in jobs}
+        finally:
+            queue.close()
+        log_b = (tmp_path / "b.log").read_text()
+        assert {r.state for r in records.values()} == {"done"}, log_b
+        stats_a, stats_b = a.stats()["prompts"], b.stats()["prompts"]
+        for job_id in records:
+            runs = stats_a.get(job_id, {}).get("executed", 0) + stats_b.get(job_id, {}).get("executed", 0)
+            assert runs == 1, (job_id, stats_a.get(job_id), stats_b.get(job_id), log_b)
+        assert stats_b.get(cut, {}).get("posted", 0) == 0, "the job cut short was posted again on B's server"
+        assert records[cut].attempt == 2 and records[cut].attempts[-1].owner.startswith("machine-b/")
+        assert f"job {cut} attempt 2 on gpu0: following prompt" in log_b or "adopting" in log_b, log_b
+
+
+@pytest.mark.timeout(60)
+def test_kill_9_of_work_takes_its_runners_with_it(tmp_path: Path) -> None:
+    with FakeComfy(base_directory=tmp_path / "fake", node_ms=5) as fake:
+        config = write_config(tmp_path)
+        first = work(config, f"a={fake.url}", "host", tmp_path / "first.log")
+        runners: list[psutil.Process] = []
+        try:
+            runners = wait_for(lambda: psutil.Process(first.pid).children(recursive=True), 20, "a runner process")
+            os.kill(first.pid, signal.SIGKILL)
+            first.wait(10)
+            wait_for(lambda: not any(r.is_running() and r.status() != psutil.STATUS_ZOMBIE for r in runners), 5,
+                     f"the runners {[r.pid for r in runners]} to die with `work`")
+            second = work(config, f"a={fake.url}", "host", tmp_path / "second.log")
+            try:
+                again = wait_for(lambda: psutil.Process(second.pid).children(recursive=True), 20, "a runner process")
+                assert len(again) == len(runners) == 1  # one runner on the server, not two
+            finally:
+                second.send_signal(signal.SIGTERM)
+                assert second.wait(20) == 0
+        finally:
+            if first.poll() is None:
+                first.kill()
+            kill_all(runners)

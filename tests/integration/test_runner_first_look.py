@@ -1,0 +1,59 @@
+"""Issue 15, problem 6: before the first POST of a job, its id is looked up in the server's /queue and
+/history. A fresh queue in front of a server that already ran some of its ids (a queue restored from a
+backup, a second installation on the same server) adopts those runs or follows them; nothing runs twice.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from comfysup.runner.client import ComfyClient
+from comfysup.runner.loop import Runner
+from fake_comfy import FakeComfy
+from tests.runner_helpers import config_of, submit, trivial_job, write_config
+
+
+def _run(folder: Path, url: str, jobs: list[int], **runner: object):
+    folder.mkdir()
+    config = write_config(folder, **runner)
+    queue = submit(config, [trivial_job(n) for n in jobs])
+    Runner(config_of(config), "a", url, until_empty=True).run()
+    return queue
+
+
+def _phases(job) -> list[str]:
+    return [p[0] for p in (job.attempts[-1].trace or {}).get("phases", [])]
+
+
+@pytest.mark.timeout(60)
+def test_a_second_queue_in_front_of_a_server_that_ran_its_ids_adopts_them_all(tmp_path: Path) -> None:
+    with FakeComfy(base_directory=tmp_path / "fake", node_ms=20) as fake:
+        first = _run(tmp_path / "first", fake.url, [1, 2, 3])
+        first.close()
+        # Runs of new ids between the old ones: each old id comes after a run that ended on this server's own
+        # socket with its queue empty, so it is met by the hand-off as well as by an attempt's own look.
+        second = _run(tmp_path / "second", fake.url, [10, 1, 11, 2, 12, 3])
+        prompts = fake.stats()["prompts"]
+        for n in (10, 1, 11, 2, 12, 3):
+            job = second.get(trivial_job(n)["id"])
+            assert job.state == "done" and job.attempt == 1 and len(job.outputs) == 1, job
+            assert prompts[job.id]["posted"] == 1 and prompts[job.id]["executed"] == 1, (n, prompts[job.id])
+            assert ("adopted" in _phases(job)) == (n < 10), (n, _phases(job))
+        second.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_prompt_of_the_id_queued_by_another_client_is_followed_not_posted_again(tmp_path: Path) -> None:
+    with FakeComfy(base_directory=tmp_path / "fake", node_ms=400) as fake:
+        job = trivial_job(5)
+        ComfyClient(fake.url).post_prompt(job["workflow"], job["id"], "another-installation")
+        # max_queue 2: the runner claims while the other client's prompt is still queued or running.
+        queue = _run(tmp_path / "q", fake.url, [5], max_queue=2)
+        record = queue.get(job["id"])
+        assert record.state == "done" and record.attempt == 1, record
+        stats = fake.stats()["prompts"][job["id"]]
+        assert stats["posted"] == 1 and stats["executed"] == 1, stats
+        assert "followed" in _phases(record)
+        queue.close()
