@@ -127,7 +127,7 @@ class Attempt(CatchingUp, Ending):
                                                transient=True))
             outcome.reason = self.redact(outcome.reason)
             self._record(outcome)
-            if outcome.state in ("done", "dead", "cancelled"):
+            if outcome.state == "done":  # a dead job's run stays: a person's retry adopts it from /history
                 self._remove_job_folders()
         except LeaseLost as exc:
             return AttemptResult(Outcome("lost", str(exc), kind="lease_lost"), self.next_claim, self.posted_out)

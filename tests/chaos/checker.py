@@ -308,6 +308,12 @@ def _hostile(run: Execution) -> bool:
     return run.word.startswith("hostile:") and run.word != "hostile:run:ignore-interrupt"
 
 
+def _killed_after(run: Execution, faults: list[Fault]) -> str | None:
+    """The kind of the kill that took ``run``'s server (and its history) down once the run had begun, if any."""
+    return next((f.kind for f in faults
+                 if f.kind in KILLS and run.pid in f.pids and f.at + DEATH_SLACK_SECONDS >= run.started_at), None)
+
+
 def _cause(previous: Execution, following: Execution, job: _Job | None, faults: list[Fault]) -> str | None:
     """What destroyed ``previous`` so that ``following`` had to run the job again; None when nothing did."""
     if _requeued(previous, following, faults):
@@ -425,11 +431,11 @@ def _check_executions(executions: list[Execution], posts: Counter[str], jobs: di
                         f"{job_id}: pid {run.pid} [{run.started_at:.3f}, {run.end:.3f}] ({run.outcome or run.death}) "
                         f"and pid {other.pid} from {other.started_at:.3f}")
         for previous, following in itertools.pairwise(runs):
-            if (previous.completed and previous.death in KILLS and previous.outcome is None
-                    and following.machine != previous.machine):
+            killed = _killed_after(previous, faults)
+            if previous.completed and killed and following.machine != previous.machine:
                 # Its server died with the history before it was read, and the job went to another machine,
                 # which cannot see the files in the dead one's output folder: running it again is the only way.
-                report.re_executions[f"{previous.death} after the run (taken over by another machine)"] += 1
+                report.re_executions[f"{killed} after the run (taken over by another machine)"] += 1
                 continue
             if previous.completed and not _requeued(previous, following, faults) and not _hostile(previous):
                 report.after_completed.append(

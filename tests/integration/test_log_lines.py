@@ -58,7 +58,7 @@ def test_a_dead_runners_release_reads_as_a_sentence(tmp_path: Path, caplog: pyte
         work.tick(1000.0)
     queue.close()
     lines = [r.getMessage() for r in caplog.records if "released" in r.getMessage()]
-    assert lines == [f"gpu0: released {make_job(1).id[:8]}: runner process died (killed by SIGKILL)"]
+    assert lines == [f"gpu0: released {make_job(1).id}: runner process died (killed by SIGKILL)"]
     assert "runner runner" not in caplog.text
 
 
@@ -69,5 +69,5 @@ def test_a_released_attempt_says_attempt_not_counted_once_and_outside_parenthese
     outcome = Outcome("released", "interrupted by a graceful stop; attempt not counted", kind="shutdown")
     with caplog.at_level(logging.INFO):
         Runner._log(SimpleNamespace(server="gpu0"), claim, outcome)  # type: ignore[arg-type]
-    assert caplog.records[-1].getMessage() == (f"job {claim.id[:8]}: released, interrupted by a graceful stop; "
+    assert caplog.records[-1].getMessage() == (f"job {claim.id}: released, interrupted by a graceful stop; "
                                                "attempt not counted")
