@@ -3,10 +3,10 @@
 Every HTTP call is bounded as a whole (comfysup.runner.deadline: headers and body within the call's
 timeout, however slowly the bytes come), every body read is bounded in size, and every answer passes
 through comfysup.runner.wire before anything reads it. Errors are sorted here into what the failure table
-needs: a 400 from POST /prompt is ``PromptRejected`` (permanent), anything that says the server is unwell,
-unreachable or talking nonsense is ``ServerUnavailable`` (transient; kind ``malformed`` for the last). The
-socket has a receive timeout so the runner's loop wakes up to renew its lease, poll /history and check
-its deadline.
+needs: a 400 from POST /prompt is ``PromptRejected`` (permanent), anything that says the server is unwell
+or unreachable is ``ServerUnavailable`` (transient, waited out by the follow loop for a while), and an
+answer of the wrong shape is ``MalformedAnswer`` (transient, ending the attempt at once). The socket has a
+receive timeout so the runner's loop wakes up to renew its lease, poll /history and check its deadline.
 
 urllib3 rather than requests (which is built on it): a runner makes five calls per job to one server
 it already knows, and requests' per-call work (merging settings, cookies, hooks, re-parsing the URL)
