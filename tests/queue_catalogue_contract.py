@@ -88,6 +88,24 @@ class CatalogueContract:
         assert job.state == "dead"
         assert job.reason == "no server can run it: class 'X' is not installed"
 
+    def test_a_changed_catalogue_dead_letters_the_jobs_every_current_one_refused(self, q: Queue) -> None:
+        """gpu1 could run job 1 (refused only by gpu0's catalogue A); gpu1 restarts without FooNode, on A too:
+        no server can run the job now and no claim would ever take it, so it is dead-lettered there and
+        then, with its webhook due. A job some server can still run stays queued."""
+        from tests.queue_contract import make_job
+
+        a = q.record_catalogue("gpu0", "host1", CAT_A, now=T0)
+        q.record_catalogue("gpu1", "host1", CAT_B, now=T0)
+        stranded = dataclasses.replace(make_job(1, callback_url="http://hooks.example/1"),
+                                       refused=((a, "class 'FooNode' is not installed"),))
+        q.submit([stranded, make_job(2)], now=T0)
+        assert q.get(stranded.id).state == "queued"
+        q.record_catalogue("gpu1", "host1", CAT_A, now=T0 + 1)  # gpu1 restarted without the custom node
+        job: Any = q.get(stranded.id)
+        assert (job.state, job.reason) == ("dead", "no server can run it: class 'FooNode' is not installed")
+        assert [d.url for d in q.deliveries(stranded.id)] == ["http://hooks.example/1"]
+        assert q.get(make_job(2).id).state == "queued"
+
     def test_a_resubmitted_job_keeps_its_refusals_once(self, q: Queue) -> None:
         from tests.queue_contract import make_job
 

@@ -385,6 +385,11 @@ class SQLQueue(SQLReads):
         cur.execute(self.sql["insert_catalogue"], (digest, text, at))
         (catalogue_id,) = cur.execute(self.sql["catalogue_id"], (digest,)).fetchone()
         cur.execute(self.sql["server_catalogue"], (runner, machine, catalogue_id, at))
+        # A changed catalogue may leave jobs that every current one refused: no claim would ever take them.
+        for (job_id,) in cur.execute(self.sql["stranded_jobs"]).fetchall():
+            why = "; ".join(dict.fromkeys(r[1] for r in cur.execute(self.sql["refusals_of"], (job_id,)).fetchall()))
+            cur.execute(self.sql["dead_queued"], (at, f"no server can run it: {why}", job_id))
+            self._deliver(cur, job_id, at)
         return int(catalogue_id)
 
     def catalogues(self) -> list[CatalogueRecord]:

@@ -264,6 +264,17 @@ SELECT id FROM catalogues WHERE hash = ?
 INSERT INTO server_catalogues (runner, machine, catalogue_id, recorded_at) VALUES (?, ?, ?, {now})
 ON CONFLICT (runner, machine) DO UPDATE SET catalogue_id = excluded.catalogue_id, recorded_at = excluded.recorded_at
 
+-- name: stranded_jobs
+-- queued jobs that every server's current catalogue has refused: no claim will ever take them (driven from the
+-- refusals, which are few, not from the queued jobs, which may be a million)
+SELECT DISTINCT j.id FROM job_refusals r JOIN jobs j ON j.seq = r.seq WHERE j.state = 'queued'
+    AND NOT EXISTS (SELECT 1 FROM server_catalogues s WHERE NOT EXISTS (
+        SELECT 1 FROM job_refusals q WHERE q.seq = j.seq AND q.catalogue_id = s.catalogue_id))
+
+-- name: dead_queued
+-- a queued job no server can run, dead-lettered without a claim (there is no attempt to end)
+UPDATE jobs SET state = 'dead', finished_at = {now}, reason = ? WHERE id = ? AND state = 'queued'
+
 -- name: current_catalogues
 -- the catalogues some server has now, with the servers that have each
 SELECT c.id, c.info, s.runner, s.machine FROM server_catalogues s JOIN catalogues c ON c.id = s.catalogue_id
