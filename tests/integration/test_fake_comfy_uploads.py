@@ -82,7 +82,7 @@ def test_load_image_invert_save_pixels_follow_comfyui_float32(tmp_path: Path) ->
         (images,) = [o["images"] for o in entry["outputs"].values()]
         out = requests.get(f"{fc.url}/view", params=images[0], timeout=5).content
     w, h, c, inverted = decode_png(out)
-    w0, h0, c0, original = decode_png(REC_PNG)
+    w0, h0, _c0, original = decode_png(REC_PNG)
     assert (w, h, c) == (w0, h0, 3) == (16, 16, 3)
     assert list(inverted) == [expected_inverse(v) for v in original]
     assert sum(a == 255 - b for a, b in zip(inverted, original, strict=True)) not in (0, len(original))
