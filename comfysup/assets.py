@@ -101,3 +101,15 @@ def with_names(workflow: dict[str, Any], names: Mapping[str, str]) -> dict[str, 
             node = out[node_id] = {**node, "inputs": dict(node["inputs"])}
         node["inputs"][input_name] = workflow_value(names[ref_hash(ref)])
     return out
+
+
+def listing(params: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """A job's input files as show, results, webhooks and the status page list them: the ``set`` key, the
+    file's name, its hash and size."""
+    return [{"input": key, "name": ref_name(ref), "hash": ref_hash(ref), "size": ref["info"].get("size")}
+            for key, ref in in_params(params).items()]
+
+
+def short(ref: Mapping[str, Any]) -> str:
+    """A reference in one cell: ``cat.png blake3:<hex>``."""
+    return f"{ref_name(ref)} {ref_hash(ref)}".strip()

@@ -144,3 +144,34 @@ def test_a_launched_servers_copy_stays_under_server_cache_mb(tmp_path: Path, fak
     assert sum(p.stat().st_size for p in left) <= 2**20
     last = assets.upload_name(assets.hash_bytes((tmp_path / names[-1]).read_bytes()), names[-1])
     assert last in {p.name for p in left}
+
+
+@pytest.mark.timeout(60)
+def test_show_results_webhooks_page_status_and_metrics_list_inputs(tmp_path: Path, fake: FakeComfy) -> None:
+    from comfysup.commands import results, show, status
+    from comfysup.observability import web, webhooks
+    from comfysup.observability.views import overview
+
+    config = write_config(tmp_path)
+    (tmp_path / "cat.png").write_bytes(random_png(11))
+    digest = assets.hash_bytes((tmp_path / "cat.png").read_bytes())
+    queue = submit(config, invert_jobs(tmp_path, ["cat.png"]))
+    Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
+    job = queue.get(job_id(1))
+    text = show.render(job, with_workflow=False)
+    assert f"input      1.image  cat.png  {digest}" in text
+    assert show.as_dict(job, False)["inputs"] == [{"input": "1.image", "name": "cat.png", "hash": digest,
+                                                   "size": (tmp_path / "cat.png").stat().st_size}]
+    assert results.cell(job.params["1.image"]) == f"cat.png {digest}"
+    assert webhooks.record_body(job)["inputs"][0]["hash"] == digest
+    page = web.render_page(overview(queue, None, done=5), 5.0)
+    assert digest[:19] in page
+    totals = queue.asset_totals()
+    assert status.render_inputs(totals) == (f"inputs: 1 file(s) stored, {totals['bytes']:,} bytes, 1 upload(s) to "
+                                            "servers")
+    from comfysup.observability.metrics import Metrics
+
+    exposition = Metrics(queue, lambda: None).exposition().decode()
+    assert "comfysup_input_files 1.0" in exposition
+    assert f"comfysup_input_bytes {float(totals['bytes'])}" in exposition
+    assert "comfysup_input_uploads_total 1.0" in exposition
