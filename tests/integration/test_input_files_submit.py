@@ -102,3 +102,12 @@ def test_an_api_v2_asset_reference_names_a_stored_file(tmp_path: Path) -> None:
     assert assets.ref_hash(q.get(job_id(2)).params["1.image"]) == digest
     bad = write_jobs(tmp_path, [{"id": job_id(3), "set": {"1.image": {"__type": "core/ASSET", "info": {"hash": "x"}}}}])
     assert "blake3:<64 hex digits>" in JobsFile(bad).validate().problems[0].message
+
+
+def test_the_bundled_image_to_image_examples_validate(tmp_path: Path) -> None:
+    examples = Path(__file__).resolve().parents[2] / "comfysup" / "data" / "examples"
+    jobs = JobsFile(examples / "image-to-image.jsonl")
+    assert jobs.validate().ok
+    q = SQLiteQueue(tmp_path / "queue.db")
+    assert q.submit(jobs.jobs()).inserted == 2
+    assert q.asset_totals()["assets"] == 2
