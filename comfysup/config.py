@@ -53,6 +53,22 @@ class StoreConfig:
 
 
 @dataclass(frozen=True)
+class AssetsConfig:
+    dir: str = ""
+    """Where input files are stored, once per content. Empty: next to the queue (``<queue>.assets/``) on SQLite,
+    and in the database itself (chunked) on PostgreSQL, so that machines share nothing but the database; set
+    it on PostgreSQL to a folder every machine mounts."""
+    max_file_mb: int = 100
+    """The largest input file submit accepts: ComfyUI's own upload limit (/features max_upload_size) is 100 MiB
+    for the whole request, so a larger file could never reach a server."""
+    max_job_mb: int = 512
+    """All input files of one job together."""
+    server_cache_mb: int = 2048
+    """Inputs kept in each server's input folder (least recently used removed first, never one that a queued or
+    running job needs). Applies to servers that comfysup run launched, whose folders the runner can reach."""
+
+
+@dataclass(frozen=True)
 class ComfyUIConfig:
     main: str = "ComfyUI/main.py"
     python: str = ""
@@ -135,6 +151,7 @@ class WebhooksConfig:
 class Config:
     queue: QueueConfig = field(default_factory=QueueConfig)
     store: StoreConfig = field(default_factory=StoreConfig)
+    assets: AssetsConfig = field(default_factory=AssetsConfig)
     comfyui: ComfyUIConfig = field(default_factory=ComfyUIConfig)
     servers: tuple[ServerConfig, ...] = ()
     runner: RunnerConfig = field(default_factory=RunnerConfig)
@@ -155,6 +172,7 @@ class Config:
 SECTIONS: dict[str, type] = {
     "queue": QueueConfig,
     "store": StoreConfig,
+    "assets": AssetsConfig,
     "comfyui": ComfyUIConfig,
     "runner": RunnerConfig,
     "supervisor": SupervisorConfig,
@@ -396,6 +414,9 @@ def _check(c: Config) -> None:
     for key in ("max_file_mb", "max_job_mb", "max_files_per_job"):
         if getattr(c.store, key) < 1:
             raise bad("store", key, getattr(c.store, key), "must be at least 1")
+    for key in ("max_file_mb", "max_job_mb", "server_cache_mb"):
+        if getattr(c.assets, key) < 1:
+            raise bad("assets", key, getattr(c.assets, key), "must be at least 1")
     if not q.path and not q.url:
         raise bad("queue", "path", q.path, "set path (SQLite file) or url (postgresql://...)")
     if q.url and not q.url.startswith(("postgresql://", "postgres://")):

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from .images import OutsideOutputFolder, jpeg_bytes, png_bytes, save_image_path
 from .nodes import data, is_link, is_loader, model_name
+from .uploads import LOADERS, NotAnImage, Pixels, load, loaded_path
 
 if TYPE_CHECKING:
     from .hub import Hub
@@ -467,6 +468,8 @@ class _Run:
 
     def transform(self, node_id: str, class_type: str, inputs: dict[str, Any]) -> Any:
         """The image nodes of the recorded workflows, well enough for sizes, colours and their errors."""
+        if class_type in LOADERS or isinstance(inputs.get("image"), Pixels) or isinstance(inputs.get("mask"), Pixels):
+            return self.pixels(node_id, class_type, inputs)
         image = inputs.get("image") if isinstance(inputs.get("image"), Image) else Image(64, 64, 1, (0, 0, 0))
         if class_type == "EmptyImage":
             width, height, batch = int(inputs["width"]), int(inputs["height"]), int(inputs["batch_size"])
@@ -499,9 +502,31 @@ class _Run:
             return mask
         return image
 
+    def pixels(self, node_id: str, class_type: str, inputs: dict[str, Any]) -> Any:
+        """Real pixels (fake_comfy.uploads): the loaders read the uploaded file; the nodes after them compute on
+        its values as ComfyUI's float32 tensors would."""
+        if class_type in LOADERS:
+            options = self.ex.options
+            path = loaded_path(str(inputs.get("image", "")), options.input_dir, options.directory_for_type)
+            try:
+                if path is None:
+                    raise NotAnImage(f"No such file: {inputs.get('image')}")
+                return load(path, class_type, str(inputs.get("channel", "alpha")))
+            except (NotAnImage, OSError, ValueError) as exc:
+                details = self.error_details(node_id, "image_to_mask", f"cannot identify image file {path}: {exc}")
+                details["exception_type"] = "PIL.UnidentifiedImageError"
+                raise NodeFailure(node_id, details) from None
+        image = inputs.get("image") if isinstance(inputs.get("image"), Pixels) else inputs.get("mask")
+        if class_type == "ImageInvert":
+            return image.invert()
+        if class_type == "MaskToImage":
+            return image.as_rgb()
+        return image
+
     def save(self, node_id: str, inputs: dict[str, Any], kind: str) -> list[dict[str, Any]]:
         """SaveImage (output) and PreviewImage (temp): real PNGs, named and counted as ComfyUI does."""
-        image = (
+        pixels = inputs.get("images") if isinstance(inputs.get("images"), Pixels) else None
+        image = Image(pixels.width, pixels.height, 1, (0, 0, 0)) if pixels is not None else (
             inputs.get("images")
             if isinstance(inputs.get("images"), Image)
             else Image(64, 64, 1, (128, 128, 128))
@@ -519,7 +544,8 @@ class _Run:
         text = {"prompt": json.dumps(self.prompt)}
         for key, value in (self.item.extra_data.get("extra_pnginfo") or {}).items():
             text[str(key)] = json.dumps(value)
-        png = png_bytes(min(image.width, MAX_SIDE), min(image.height, MAX_SIDE), image.rgb, text)
+        png = pixels.png(text) if pixels is not None else png_bytes(
+            min(image.width, MAX_SIDE), min(image.height, MAX_SIDE), image.rgb, text)
         results = []
         for batch_number in range(image.batch):
             name = f"{stem.replace('%batch_num%', str(batch_number))}_{counter:05}_.png"

@@ -233,6 +233,10 @@ class FakeComfy:
         return self.options.output_dir
 
     @property
+    def input_directory(self) -> Path:
+        return self.options.input_dir
+
+    @property
     def temp_directory(self) -> Path:
         return self.options.temp_dir
 

@@ -7,6 +7,7 @@ and links to anything, because model-swap tests need loaders and the fake has no
 from __future__ import annotations
 
 import json
+import mimetypes
 import os
 import re
 from dataclasses import dataclass
@@ -14,6 +15,8 @@ from functools import cache
 from importlib import resources
 from pathlib import Path
 from typing import Any
+
+from .uploads import LOAD_IMAGE_MASK_INFO
 
 _LOADER = re.compile(r"Loader")
 
@@ -72,6 +75,7 @@ class Catalogue:
     def __init__(self, input_dir: Path, options: Any = None) -> None:
         self._input_dir = input_dir
         self._known: dict[str, dict[str, Any]] = data("object_info.json")
+        self._known.setdefault("LoadImageMask", LOAD_IMAGE_MASK_INFO)
         self._options = options
         """fake_comfy.options.Options: its without_nodes and choices (read live) make this server's own catalogue."""
 
@@ -91,10 +95,11 @@ class Catalogue:
                     spec[0] = list(chosen[name])
         return info
 
-    def _load_image_info(self) -> dict[str, Any]:
-        info = json.loads(json.dumps(self._known["LoadImage"]))
+    def _load_image_info(self, class_type: str = "LoadImage") -> dict[str, Any]:
+        info = json.loads(json.dumps(self._known[class_type]))
         try:
-            files = sorted(f for f in os.listdir(self._input_dir) if (self._input_dir / f).is_file())
+            files = sorted(f for f in os.listdir(self._input_dir) if (self._input_dir / f).is_file()
+                           and (class_type == "LoadImageMask" or _is_image_name(f)))
         except OSError:
             files = []
         info["input"]["required"]["image"][0] = files
@@ -104,8 +109,8 @@ class Catalogue:
         """The class, or None when ComfyUI would say "node ... does not exist"."""
         if not isinstance(class_type, str) or self._lacks(class_type):
             return None
-        if class_type == "LoadImage":
-            return NodeClass(class_type, self._load_image_info())
+        if class_type in ("LoadImage", "LoadImageMask"):
+            return NodeClass(class_type, self._load_image_info(class_type))
         if class_type in self._known:
             info = self._with_choices(class_type, self._known[class_type])
             # A loader whose choices --choices set is checked as ComfyUI checks it; the others take any file.
@@ -117,6 +122,11 @@ class Catalogue:
     def object_info(self) -> dict[str, Any]:
         """GET /object_info: every class the fake knows by name."""
         return {name: self.get(name).info for name in self._known if not self._lacks(name)}  # type: ignore[union-attr]
+
+
+def _is_image_name(name: str) -> bool:
+    """LoadImage lists the files whose extension's mimetype is image/* (a text file named .png too)."""
+    return (mimetypes.guess_type(name)[0] or "").startswith("image/")
 
 
 def is_loader(class_type: str) -> bool:

@@ -22,7 +22,7 @@ from typing import Any
 
 from aiohttp import WSMsgType, web
 
-from . import __version__
+from . import __version__, uploads
 from .executor import Executor, physical_memory
 from .hostile_serve import Hostility
 from .hub import Hub
@@ -242,6 +242,7 @@ class FakeServer:
             ("POST", "/interrupt", self.post_interrupt),
             ("POST", "/free", self.post_free),
             ("POST", "/history", self.post_history),
+            ("POST", "/upload/image", self.upload_image),
             ("GET", "/fake/stats", self.fake_stats),
             ("POST", "/fake/control", self.fake_control),
         ]
@@ -293,6 +294,9 @@ class FakeServer:
 
     async def not_found(self, request: web.Request) -> web.Response:
         return web.Response(status=404, content_type="application/octet-stream")
+
+    async def upload_image(self, request: web.Request) -> web.Response:
+        return await uploads.upload_image(request, self.options.directory_for_type)
 
     async def view(self, request: web.Request) -> web.StreamResponse:
         """GET /view with ComfyUI's checks: '..' or a leading '/' in filename 400, escaping subfolder 403."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from .nodes import Catalogue, data
+from .uploads import LOADERS, loaded_path
 
 Validation = tuple[bool, dict[str, Any] | None, list[str], dict[str, Any]]
 NodeResult = tuple[bool, list[dict[str, Any]], str]
@@ -137,12 +138,24 @@ class _Validator:
                         valid = self._link(value, None, None, errors) and valid
             else:
                 for name, (category, spec) in node.input_specs().items():
+                    if name == "image" and node.name in LOADERS and isinstance(inputs.get(name), str):
+                        self._loaded_file(inputs[name], errors)  # VALIDATE_INPUTS: the file exists, no list
+                        continue
                     valid = self._input(inputs, name, category, spec, errors) and valid
         finally:
             self.active.discard(unique_id)
         result = (not errors and valid, errors, unique_id)
         self.validated[unique_id] = result
         return result
+
+    def _loaded_file(self, name: str, errors: list[dict[str, Any]]) -> None:
+        """LoadImage/LoadImageMask's VALIDATE_INPUTS: only whether the annotated path exists."""
+        options = self.catalogue._options
+        folder = options.input_dir if options is not None else self.catalogue._input_dir
+        kinds = options.directory_for_type if options is not None else (lambda kind: folder)
+        if loaded_path(name, folder, kinds) is None:
+            errors.append(_error("custom_validation_failed", "Custom validation failed for node",
+                                 f"image - Invalid image file: {name}", {"input_name": "image"}))
 
     def _input(
         self, inputs: dict[str, Any], name: str, category: str, spec: list[Any], errors: list[dict[str, Any]]

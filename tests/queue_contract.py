@@ -21,6 +21,7 @@ import pytest
 from comfysup.errors import LeaseLost, NotFound
 from comfysup.queue.base import Claim, NewJob, Output, Queue, SubmitConflict
 from comfysup.workflows import model_key
+from tests.queue_assets_contract import AssetsContract
 from tests.queue_catalogue_contract import CatalogueContract
 
 T0 = 1_700_000_000.0
@@ -72,7 +73,7 @@ def batch_job(n: int, template: dict[str, Any] = BIG_TEMPLATE) -> NewJob:
                   template_json=stored, template_hash=hashlib.sha256(stored.encode()).hexdigest(), model_key="")
 
 
-class QueueContract(CatalogueContract):
+class QueueContract(CatalogueContract, AssetsContract):
     """Subclass with ``make_queue(self, tmp_path) -> Queue`` and ``count(self, q, table) -> int`` (rows in
     one of the backend's tables); the name keeps pytest from collecting it."""
 

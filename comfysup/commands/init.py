@@ -34,6 +34,13 @@ DOCS: dict[str, dict[str, str]] = {
         "max_job_mb": "All of one job's output files together, in MiB.",
         "max_files_per_job": "Output files of one job; a history naming more is treated as malformed.",
     },
+    "assets": {
+        "": "Input files of jobs ({\"file\": ...} in set), stored once per content (BLAKE3).",
+        "dir": "Where they are kept; empty: next to the queue (SQLite) or in the database (PostgreSQL).",
+        "max_file_mb": "Largest input file submit accepts, in MiB (ComfyUI's upload limit is 100).",
+        "max_job_mb": "All input files of one job together, in MiB.",
+        "server_cache_mb": "Inputs kept in each launched server's input folder, in MiB (least recently used go).",
+    },
     "comfyui": {
         "": "The ComfyUI servers that comfysup launches, one per GPU.",
         "main": "ComfyUI's main.py (fake_comfy/main.py runs the bundled fake, for trying comfysup out).",

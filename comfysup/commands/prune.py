@@ -3,7 +3,8 @@
 A queue that runs for months holds millions of finished jobs. Claims do not slow down for them (every
 claim is an index seek), but the file grows and ``results`` has more to read. Prune removes terminal jobs
 (done, dead, cancelled) that finished before DATE, with their attempts, webhook deliveries, and the stored
-workflows no remaining job uses; with ``--files``, their folders in the result store too.
+workflows and input files (the asset store) no remaining job uses; with ``--files``, their folders in the
+result store too.
 
 Each batch is its own short transaction (``--batch`` jobs, 500 by default), with a pause between batches,
 so a runner waiting to record a done or claim the next job waits for one batch at most, never for the
@@ -97,10 +98,13 @@ def run(args: argparse.Namespace) -> int:
                 last_report = time.monotonic()
                 _progress(removed, total, last_report - started)
             time.sleep(PAUSE_SECONDS)
+        inputs, input_bytes = queue.prune_assets()
     finally:
         queue.close()
     print(f"removed {removed:,} finished job(s) before {label}"
           + (f", and {folders:,} result folder(s) from {store}" if args.files else ""))
+    if inputs:
+        print(f"removed {inputs:,} input file(s) ({input_bytes:,} bytes) that no remaining job needs")
     for machine, count in sorted(elsewhere.items()):
         print(f"note: {count:,} of them ran on {machine}, whose result store is not here; their folders stay on "
               f"that machine (under its [store] dir, named by job id)")

@@ -10,6 +10,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from comfysup import assets
 from comfysup.commands._common import config_from, queue_from
 from comfysup.errors import UsageError
 from comfysup.queue.base import JobRecord
@@ -70,6 +71,8 @@ def cell(value: Any) -> str:
     JSON writes them, and only an object or a list as JSON, so a join on a column needs no unquoting."""
     if isinstance(value, str):
         return value
+    if assets.is_reference(value):  # an input file: its name and hash, not the reference's JSON
+        return assets.short(value)
     if isinstance(value, dict | list):
         return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
     return json.dumps(value)

@@ -8,6 +8,7 @@ import json
 import time
 from typing import Any
 
+from comfysup import assets
 from comfysup.commands._common import config_from, queue_from
 from comfysup.errors import UsageError
 from comfysup.jobs import JobLineError, canonical_id
@@ -39,6 +40,7 @@ def as_dict(job: JobRecord, with_workflow: bool, deliveries: list[Delivery] | No
         "extra_data": mask(job.extra_data), "submitted_at": job.submitted_at, "finished_at": job.finished_at,
         "server": job.server, "reason": clean(job.reason) if job.reason else None,
         "cancel_requested": job.cancel_requested,
+        "inputs": assets.listing(job.params),
         "outputs": [o.__dict__ for o in job.outputs],
         "attempts": [{**a.__dict__, "reason": clean(a.reason) if a.reason else None} for a in job.attempts],
         "progress": job.progress if job.state == "running" else None,
@@ -102,7 +104,11 @@ def render(job: JobRecord, with_workflow: bool, deliveries: list[Delivery] | Non
     if job.finished_at:
         lines.append(f"  finished   {when(job.finished_at)} ({age(job.finished_at - job.submitted_at)} after submit)")
     if d["params"]:
-        lines.append("  set        " + ", ".join(f"{k}={json.dumps(v)}" for k, v in d["params"].items()))
+        lines.append("  set        " + ", ".join(
+            f"{k}={assets.short(v) if assets.is_reference(v) else json.dumps(v)}" for k, v in d["params"].items()))
+    for i in d["inputs"]:
+        lines.append(f"  input      {i['input']}  {i['name']}  {i['hash']}" + (f"  {i['size']:,} bytes"
+                                                                               if i["size"] else ""))
     if d["extra_data"]:
         lines.append("  extra_data " + json.dumps(d["extra_data"]))
     if d["meta"]:

@@ -157,6 +157,12 @@ def watch(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
         queue.close()
 
 
+def render_inputs(inputs: dict[str, int]) -> str:
+    """The asset store in one line: input files stored once per content, their bytes, uploads to servers."""
+    return (f"inputs: {inputs['assets']:,} file(s) stored, {inputs['bytes']:,} bytes, {inputs['uploads']:,} "
+            "upload(s) to servers")
+
+
 def run(args: argparse.Namespace) -> int:
     if args.watch is not None:
         return watch(args)
@@ -166,6 +172,7 @@ def run(args: argparse.Namespace) -> int:
         now = time.time()
         status = queue.status(now, dead_limit=args.dead)
         machines = queue.machines()
+        inputs = queue.asset_totals()
     finally:
         queue.close()
     state = read_state(config)
@@ -176,9 +183,12 @@ def run(args: argparse.Namespace) -> int:
         out["supervisor"] = None if state is None else {**state, "stale": staleness(state, now)}
         out["work"] = None if work is None else {**work, "stale": staleness(work, now)}
         out["machines"] = machines_snapshot(machines)
+        out["inputs"] = inputs
         print(json.dumps(out, indent=2))
     else:
         print(render(status, now))
+        if inputs["assets"]:
+            print(render_inputs(inputs))
         print()
         print(render_slots(state, now))
         if work_text:

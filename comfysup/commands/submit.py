@@ -79,7 +79,9 @@ def _catalogues(queue: Queue | None) -> list[Catalogue]:
 def _submit(args: argparse.Namespace, config: Config, queue: Queue | None, path: Path, label: str,
             base_dir: Path) -> int:
     jobs = JobsFile(path, label=label, base_dir=base_dir, catalogues=_catalogues(queue),
-                    allow_private_callbacks=config.webhooks.allow_private)
+                    allow_private_callbacks=config.webhooks.allow_private,
+                    max_input_bytes=config.assets.max_file_mb * 2**20,
+                    max_job_input_bytes=config.assets.max_job_mb * 2**20)
     checked = jobs.validate()
     for line in format_problems(label, checked.warnings):
         print(line, file=sys.stderr)

@@ -28,6 +28,7 @@ from comfysup.jobs.graph import (  # noqa: F401  (the names callers import from 
     check_api_format,
     check_graph,
 )
+from comfysup.jobs.inputs import InputFiles
 from comfysup.jobs.template import MAX_WORKFLOW_BYTES, Template, WorkflowCache  # noqa: F401
 from comfysup.jobs.values import (  # noqa: F401
     MAX_DEPTH,
@@ -81,12 +82,19 @@ class JobsFile:
 
     def __init__(self, path: Path, *, label: str | None = None, base_dir: Path | None = None,
                  object_info: ObjectInfo | None = None, allow_private_callbacks: bool = False,
-                 catalogues: Sequence[Catalogue] = ()) -> None:
+                 catalogues: Sequence[Catalogue] = (), max_input_bytes: int | None = None,
+                 max_job_input_bytes: int | None = None) -> None:
         self.path = path
         self.allow_private_callbacks = allow_private_callbacks
         """[webhooks] allow_private: a callback_url may then name this machine or a private network."""
         self.label = label or str(path)
         self.base_dir = base_dir if base_dir is not None else path.resolve().parent
+        self.inputs = InputFiles(self.base_dir)
+        """Input files named in ``set`` ({"file": ...}), each hashed once per submit ([assets] limits)."""
+        if max_input_bytes is not None:
+            self.inputs.max_file_bytes = max_input_bytes
+        if max_job_input_bytes is not None:
+            self.inputs.max_job_bytes = max_job_input_bytes
         self.catalogues = {c.id: c for c in catalogues}
         """The node catalogues servers have now (comfysup.jobs.catalogue): a line that none can run is refused;
         one that only some can run keeps the others' refusals, which the claim of their servers honours."""
@@ -164,11 +172,11 @@ class JobsFile:
                 if kind == "error":
                     raise ComfysupError(f"{self.label}: reading the file failed: {payload}; nothing was submitted")
                 for (job_id, spec_hash, priority, extra, meta, params, name, text, callback, template, template_hash,
-                     key, refused) in payload:
+                     key, refused, found) in payload:
                     yield NewJob(id=job_id, workflow=_NOT_SENT, spec_hash=spec_hash, priority=priority,
                                  extra_data=extra, meta=meta, params=params, workflow_name=name, workflow_json=text,
                                  callback_url=callback, template_json=template, template_hash=template_hash,
-                                 model_key=key, refused=refused)
+                                 model_key=key, refused=refused, assets=found)
         finally:
             receive.close()
             child.join(5.0)
@@ -186,7 +194,7 @@ class JobsFile:
             for job in self.jobs():
                 rows.append((job.id, job.spec_hash, job.priority, job.extra_data, job.meta, job.params,
                              job.workflow_name, job.workflow_json, job.callback_url, job.template_json,
-                             job.template_hash, job.model_key, job.refused))
+                             job.template_hash, job.model_key, job.refused, job.assets))
                 if len(rows) >= batch:
                     send.send(("jobs", rows))
                     rows = []
@@ -239,6 +247,7 @@ class JobsFile:
         params = line.get("set", {})
         if not isinstance(params, dict):
             raise JobLineError(f"set must be an object of \"<node>.<input>\": value, not {type(params).__name__}")
+        params, found = self.inputs.resolve(params)
         callback = check_callback_url(line.get("callback_url", ""), allow_private=self.allow_private_callbacks)
         value = line.get("workflow")
         if isinstance(value, str):
@@ -278,7 +287,7 @@ class JobsFile:
         return NewJob(id=job_id, workflow=workflow, spec_hash=digest.hexdigest(), priority=priority,
                       extra_data=extra, meta=meta, params=params or {}, workflow_name=name,
                       workflow_json=text, callback_url=callback, template_json=stored, template_hash=stored_hash,
-                      model_key=key, refused=refused), warnings
+                      model_key=key, refused=refused, assets=found), warnings
 
     def _template_check(self, template: Template) -> TemplateCheck | None:
         if not self.catalogues:

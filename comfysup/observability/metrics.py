@@ -213,6 +213,16 @@ class Live(Collector):
         for result in ("delivered", "retry", "failed"):
             tries.add_metric([result], self.deliveries().get(result, 0))
         yield tries
+        totals = self.queue.asset_totals()  # type: ignore[attr-defined]
+        for name, key, text in (("comfysup_input_files", "assets", "Input files in the asset store (one per content)."),
+                                ("comfysup_input_bytes", "bytes", "Bytes of the input files in the asset store.")):
+            gauge = GaugeMetricFamily(name, text)
+            gauge.add_metric([], totals[key])
+            yield gauge
+        uploads = CounterMetricFamily("comfysup_input_uploads", "Input files uploaded to ComfyUI servers (all runners "
+                                      "of this queue; once per server and content unless evicted).")
+        uploads.add_metric([], totals["uploads"])
+        yield uploads
         yield from self._slots(now)
         yield from self._gpus()
 

@@ -27,7 +27,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from comfysup import safefs
+from comfysup import assets, safefs
 from comfysup.jobs import JobLineError, canonical_id
 from comfysup.observability.metrics import CONTENT_TYPE, Metrics
 from comfysup.observability.views import WINDOW_SECONDS, Overview, overview, progress_fraction, progress_text
@@ -191,7 +191,7 @@ def render_page(view: Overview, refresh_seconds: float) -> str:
         out.append("<p class=muted>nothing running</p>")
     out.append("<h2>Last finished</h2>")
     if view.recent_done:
-        out.append("<table><tr><th>job<th>workflow<th>finished<th>files</tr>")
+        out.append("<table><tr><th>job<th>workflow<th>finished<th>inputs<th>files</tr>")
         for job in view.recent_done:
             links = []
             for o in job.outputs:
@@ -201,7 +201,9 @@ def render_page(view: Overview, refresh_seconds: float) -> str:
                 links.append(f"<a href='{href}'>{thumb}{e(Path(o.name).name)}</a> "
                              f"<span class=muted>{o.sha256[:12]}</span>")
             ago = age(view.now - job.finished_at) + " ago" if job.finished_at else "-"
-            out.append(f"<tr><td><code>{e(job.id)}</code><td>{e(job.workflow_name)}<td>{e(ago)}"
+            inputs = "<br>".join(f"{e(i['name'])} <span class=muted>{e(i['hash'][:19])}</span>"
+                                 for i in assets.listing(job.params))
+            out.append(f"<tr><td><code>{e(job.id)}</code><td>{e(job.workflow_name)}<td>{e(ago)}<td>{inputs}"
                        f"<td>{'<br>'.join(links) or '<span class=muted>no files</span>'}</tr>")
         out.append("</table>")
     else:

@@ -27,6 +27,7 @@ from typing import Any
 
 import requests
 
+from comfysup import assets
 from comfysup.backoff import RetryPolicy
 from comfysup.config import WebhooksConfig
 from comfysup.errors import NotFound, QueueError
@@ -71,6 +72,7 @@ def record_body(job: JobRecord) -> dict[str, Any]:
         "reason": clean(job.reason) if job.reason else None,
         "workflow_name": job.workflow_name,
         "params": mask(job.params),
+        "inputs": assets.listing(job.params),
         "meta": mask(job.meta),
         "attempts": job.attempt,
         "machine": job.machine,

@@ -97,6 +97,17 @@ class SubmitConflict(QueueError):
 
 
 @dataclass(frozen=True)
+class NewAsset:
+    """An input file a job needs: stored by its hash at submit. ``path`` is the file to read; None for an asset
+    the job names by its hash alone (an API v2 reference), which must be in the store already."""
+
+    hash: str
+    size: int
+    name: str
+    path: str | None = None
+
+
+@dataclass(frozen=True)
 class NewJob:
     """A validated job, ready to insert. ``workflow`` has ``set`` applied already.
 
@@ -128,6 +139,8 @@ class NewJob:
     refused: tuple[tuple[int, str], ...] = ()
     """(catalogue id, reason) of each known node catalogue that cannot run the job (comfysup.jobs.catalogue):
     a server whose catalogue it is never claims the job."""
+    assets: tuple[NewAsset, ...] = ()
+    """The input files the job's ``set`` names (comfysup.assets): stored with the job, in its transaction."""
 
 
 HOSTNAME_VARIABLE = "COMFYSUP_HOSTNAME"

@@ -31,6 +31,7 @@ from typing import Any, TypeVar
 
 from comfysup.errors import LeaseLost, QueueError
 from comfysup.queue import records
+from comfysup.queue.assets import AssetStore
 from comfysup.queue.base import (
     CANCELLED,
     DEAD,
@@ -86,7 +87,7 @@ os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
                     after_in_child=_after_fork_in_child)
 
 
-class SQLQueue(SQLReads):
+class SQLQueue(SQLReads, AssetStore):
     """The Queue contract over SQL; subclasses give the dialect (see the module docstring)."""
 
     DIALECT = ""
@@ -163,6 +164,7 @@ class SQLQueue(SQLReads):
         inserted = existing = 0
         conflicts: list[str] = []
         specs = SpecCache()
+        stored: set[str] = set()
         with self._bulk(cur):
             batch: list[NewJob] = []
             for job in jobs:
@@ -170,10 +172,12 @@ class SQLQueue(SQLReads):
                 if len(batch) >= self.SUBMIT_BATCH:
                     i, e = self._insert_batch(cur, batch, at, conflicts, specs)
                     self._insert_refusals(cur, batch)
+                    self._insert_assets(cur, batch, at, stored)
                     inserted, existing, batch = inserted + i, existing + e, []
             if batch:
                 i, e = self._insert_batch(cur, batch, at, conflicts, specs)
                 self._insert_refusals(cur, batch)
+                self._insert_assets(cur, batch, at, stored)
                 inserted, existing = inserted + i, existing + e
         if conflicts:
             raise SubmitConflict(conflicts)

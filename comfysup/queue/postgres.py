@@ -29,6 +29,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 
 import psycopg
@@ -44,7 +45,7 @@ from comfysup.queue.reads import fetch
 from comfysup.queue.specs import SpecCache, dumps_plain
 from comfysup.workflows import apply_params, model_key
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 CHANNEL = "comfysup_jobs"
 MIGRATION_LOCK = 0x636F6D6679737570  # "comfysup": one advisory lock key for schema changes
 CONNECT_TIMEOUT_SECONDS = 5
@@ -99,8 +100,11 @@ class PostgresQueue(ImportRecords, SQLQueue):
     SCHEMA_VERSION = SCHEMA_VERSION
     ID_CHUNK = 5000
 
-    def __init__(self, url: str, *, busy_timeout_seconds: float = 30.0, default_callback_url: str = "") -> None:
+    def __init__(self, url: str, *, busy_timeout_seconds: float = 30.0, default_callback_url: str = "",
+                 assets_dir: str | None = None) -> None:
         self.url = url
+        self.assets_dir = Path(assets_dir) if assets_dir else None
+        """Input files: in the database (chunked) unless [assets] dir names a folder every machine shares."""
         self.default_callback_url = default_callback_url
         self.where = describe_url(url)
         self.busy_timeout_seconds = busy_timeout_seconds

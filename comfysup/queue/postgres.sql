@@ -146,3 +146,34 @@ CREATE TABLE job_refusals (
 -- name: v5
 -- (issue 15) The URL of the server an attempt posted to or followed on (see schema.sql's v9).
 ALTER TABLE attempts ADD COLUMN url text;
+
+-- name: v6
+-- (issue 17) Input files (see schema.sql's v10). Without [assets] dir the bytes live here, in chunks of a few
+-- MiB, so machines that share the database share their inputs and nothing else.
+CREATE TABLE assets (
+    hash      text             PRIMARY KEY,
+    size      bigint           NOT NULL,
+    name      text             NOT NULL,
+    stored_at double precision NOT NULL
+);
+CREATE TABLE job_assets (
+    seq  bigint NOT NULL,
+    hash text   NOT NULL,
+    PRIMARY KEY (seq, hash)
+);
+CREATE INDEX job_assets_by_hash ON job_assets (hash);
+CREATE TABLE asset_chunks (
+    hash text    NOT NULL,
+    n    integer NOT NULL,
+    data bytea   NOT NULL,
+    PRIMARY KEY (hash, n)
+);
+CREATE TABLE server_assets (
+    server  text             NOT NULL,
+    hash    text             NOT NULL,
+    name    text             NOT NULL,
+    size    bigint           NOT NULL,
+    uploads integer          NOT NULL,
+    used_at double precision NOT NULL,
+    PRIMARY KEY (server, hash)
+);

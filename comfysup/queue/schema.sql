@@ -202,3 +202,35 @@ CREATE TABLE job_refusals (
 -- machines both have a gpu0): a claim taken over from a dead machine looks for the job at this URL first,
 -- where the earlier run may still go on (servers managed elsewhere outlive the machine that used them).
 ALTER TABLE attempts ADD COLUMN url TEXT;
+
+-- name: v10
+-- (issue 17) Input files: each content stored once (assets, by BLAKE3 hash; the bytes in [assets] dir), which
+-- jobs need which (job_assets, by the job's seq, so a claim's server cache can keep what queued jobs need), and
+-- what each server has been given (server_assets: its name there, uploads, when last used, for the LRU).
+CREATE TABLE assets (
+    hash      TEXT    PRIMARY KEY,
+    size      INTEGER NOT NULL,
+    name      TEXT    NOT NULL,
+    stored_at REAL    NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE job_assets (
+    seq  INTEGER NOT NULL,
+    hash TEXT    NOT NULL,
+    PRIMARY KEY (seq, hash)
+) WITHOUT ROWID;
+CREATE INDEX job_assets_by_hash ON job_assets (hash);
+CREATE TABLE asset_chunks (
+    hash TEXT    NOT NULL,
+    n    INTEGER NOT NULL,
+    data BLOB    NOT NULL,
+    PRIMARY KEY (hash, n)
+) WITHOUT ROWID;
+CREATE TABLE server_assets (
+    server  TEXT    NOT NULL,
+    hash    TEXT    NOT NULL,
+    name    TEXT    NOT NULL,
+    size    INTEGER NOT NULL,
+    uploads INTEGER NOT NULL,
+    used_at REAL    NOT NULL,
+    PRIMARY KEY (server, hash)
+) WITHOUT ROWID;

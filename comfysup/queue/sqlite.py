@@ -44,7 +44,7 @@ from comfysup.queue.reads import fetch
 from comfysup.queue.specs import SpecCache, dumps_plain
 from comfysup.workflows import content_hash, model_key
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 NETWORK_FILESYSTEMS = frozenset({
     "nfs", "nfs4", "cifs", "smb", "smb2", "smb3", "smbfs", "9p", "afs", "ceph", "glusterfs", "lustre",
     "fuse.sshfs", "fuse.s3fs", "fuse.gcsfuse", "fuse.rclone", "davfs", "fuse.glusterfs", "beegfs", "gpfs",
@@ -99,8 +99,11 @@ class SQLiteQueue(SQLQueue):
     SCHEMA_VERSION = SCHEMA_VERSION
 
     def __init__(self, path: str | Path, *, create: bool = True, busy_timeout_seconds: float = 30.0,
-                 checkpoint_seconds: float = 30.0, default_callback_url: str = "") -> None:
+                 checkpoint_seconds: float = 30.0, default_callback_url: str = "",
+                 assets_dir: str | Path | None = None) -> None:
         self.path = Path(path)
+        self.assets_dir = Path(assets_dir) if assets_dir else self.path.parent / "assets"
+        """Input files: [assets] dir, else a folder next to the queue file."""
         self.where = str(self.path)
         self.default_callback_url = default_callback_url
         self.busy_timeout_seconds = busy_timeout_seconds

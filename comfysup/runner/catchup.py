@@ -138,7 +138,9 @@ class CatchingUp:
 
     def _workflow_for(self, claim: Claim) -> dict[str, Any]:
         """The workflow to post to this runner's server: with the job's own output folder when comfysup can
-        see the server's output folder (for adoption from disk), else as it was submitted."""
+        see the server's output folder (for adoption from disk), else as it was submitted; its input files
+        uploaded to the server first and named as ComfyUI expects (comfysup.runner.inputs)."""
+        workflow = self.station.inputs.workflow(claim.workflow)
         if self.s.server not in self.s.output_dirs:
-            return claim.workflow
-        return job_outputs.plan(claim.workflow, claim.id).workflow
+            return workflow
+        return job_outputs.plan(workflow, claim.id).workflow

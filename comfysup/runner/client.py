@@ -36,6 +36,10 @@ MAX_OBJECT_INFO_BYTES = 256 * 2**20
 """/object_info of a server with hundreds of custom nodes is tens of MiB."""
 
 
+UPLOAD_MIN_BYTES_PER_SECOND = 10 * 2**20
+"""An upload's time limit grows with its size (100 MiB: 10 s at least, or the HTTP timeout when longer)."""
+
+
 class ComfyError(Exception):
     """A ComfyUI call failed; ``reason`` is what a person reads, ``kind`` the reason class."""
 
@@ -133,12 +137,13 @@ class ComfyClient:
 
     def _call(self, method: str, path: str, *, timeout: float | None = None, body: bytes | None = None,
               fields: dict[str, str] | None = None, stream: bool = False,
-              max_bytes: int = MAX_BODY_BYTES) -> tuple[urllib3.BaseHTTPResponse, bytes]:
+              max_bytes: int = MAX_BODY_BYTES, content_type: str = "application/json",
+              ) -> tuple[urllib3.BaseHTTPResponse, bytes]:
         """The answer and its body (read whole, at most ``max_bytes``; empty for a ``stream``), all of it
         within ``timeout`` however slowly it comes."""
         seconds = timeout or self.timeout_seconds
         url = self._prefix + path + (f"?{urlencode(fields)}" if fields else "")
-        headers = {"Content-Type": "application/json"} if body is not None else None
+        headers = {"Content-Type": content_type} if body is not None else None
         try:
             with deadline.within(seconds, f"{method} {path}") as own:
                 response = self.pool.urlopen(method, url, body=body, headers=headers, timeout=seconds,
@@ -215,6 +220,24 @@ class ComfyClient:
             raise ServerUnavailable(f"POST /prompt {response.status}, {_first_line(data, response)}", "http")
         try:
             return wire.prompt_number(wire.decode(data, "POST /prompt's answer"))
+        except wire.Malformed as exc:
+            raise MalformedAnswer(f"server sent a malformed answer: {exc}") from None
+
+    def upload_image(self, name: str, data: bytes, subfolder: str) -> tuple[str, str, str]:
+        """POST /upload/image (multipart, overwrite=true): the server's (name, subfolder, type) for the file.
+        A 413 (larger than the server's max_upload_size) or a 400 cannot be mended by retrying: permanent."""
+        body, content_type = urllib3.encode_multipart_formdata(
+            [("image", (name, data, "application/octet-stream")), ("type", "input"), ("subfolder", subfolder),
+             ("overwrite", "true")])
+        seconds = max(self.timeout_seconds, len(data) / UPLOAD_MIN_BYTES_PER_SECOND)
+        response, answer = self._call("POST", "/upload/image", body=body, content_type=content_type, timeout=seconds)
+        if response.status in (400, 413):
+            raise PermanentError(f"POST /upload/image {response.status} for {name} ({len(data):,} bytes), "
+                                 f"{_first_line(answer, response)}", "upload")
+        if response.status != 200:
+            raise ServerUnavailable(f"POST /upload/image {response.status}, {_first_line(answer, response)}", "upload")
+        try:
+            return wire.upload_answer(wire.decode(answer, "POST /upload/image's answer"))
         except wire.Malformed as exc:
             raise MalformedAnswer(f"server sent a malformed answer: {exc}") from None
 

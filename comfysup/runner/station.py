@@ -13,9 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from comfysup.backoff import RetryPolicy
-from comfysup.config import Config
+from comfysup.config import AssetsConfig, Config
 from comfysup.queue.base import Queue
 from comfysup.runner.client import ComfyClient
+from comfysup.runner.inputs import InputDelivery
 from comfysup.runner.store import ResultStore
 from comfysup.runner.stuck import StuckChannel
 
@@ -49,6 +50,8 @@ class AttemptSettings:
     """The output folders comfysup can see, by server name (servers ``comfysup run`` launched): each job's
     files go to its own folder there, adopted from disk when the history died with the server
     (comfysup.runner.outputs). A server not named here is used as it always was."""
+    server_cache_bytes: int = AssetsConfig.server_cache_mb * 2**20
+    """[assets] server_cache_mb: input files kept in a launched server's input folder (comfysup.runner.inputs)."""
 
     @classmethod
     def from_config(cls, config: Config, server: str, url: str, peers: dict[str, str],
@@ -63,7 +66,8 @@ class AttemptSettings:
             server_lost_seconds=max(r.http_timeout_seconds, SERVER_LOST_MIN_SECONDS),
             leave_queue_seconds=r.leave_queue_seconds,
             peers={k: v for k, v in peers.items() if k != server}, output_dirs=dict(output_dirs or {}),
-            max_files_per_job=config.store.max_files_per_job, max_job_bytes=config.store.max_job_mb * 2**20)
+            max_files_per_job=config.store.max_files_per_job, max_job_bytes=config.store.max_job_mb * 2**20,
+            server_cache_bytes=config.assets.server_cache_mb * 2**20)
 
 
 class Station:
@@ -79,6 +83,11 @@ class Station:
         self.queue = queue
         self.store = store
         self.client = ComfyClient(settings.url, timeout_seconds=settings.http_timeout_seconds)
+        output_dir = settings.output_dirs.get(settings.server)
+        self.inputs = InputDelivery(queue, self.client, settings.server,
+                                    output_dir.parent / "input" if output_dir is not None else None,
+                                    settings.server_cache_bytes, wall)
+        """The server's copy of the jobs' input files (uploaded before each POST)."""
         self._peers: dict[str, ComfyClient] = {}
         self._elsewhere: dict[str, ComfyClient] = {}
         """Clients of servers earlier attempts ran on, on other machines, by URL (comfysup.runner.catchup)."""

@@ -127,6 +127,18 @@ def prompt_number(body: Any) -> int:
     return number
 
 
+def upload_answer(body: Any) -> tuple[str, str, str]:
+    """POST /upload/image's 200 answer: ``{name, subfolder, type}`` (uploads.json), as (name, subfolder, type)."""
+    body = _obj(body, "POST /upload/image's answer")
+    out = []
+    for key in ("name", "subfolder", "type"):
+        value = body.get(key)
+        if not isinstance(value, str) or len(value) > 4096:
+            raise Malformed(f"POST /upload/image's answer: {key} is not a string of at most 4096 characters")
+        out.append(value)
+    return out[0], out[1], out[2]
+
+
 def queue(body: Any) -> list[tuple[int, str, str | None, bool]]:
     """GET /queue as (number, prompt id, client id, running) for each entry, running ones first."""
     body = _obj(body, "/queue")

@@ -293,3 +293,66 @@ SELECT count(*) FROM server_catalogues s WHERE NOT EXISTS (SELECT 1 FROM job_ref
 -- name: refusals_of
 -- why catalogues refused a job
 SELECT r.catalogue_id, r.reason FROM job_refusals r JOIN jobs j ON j.seq = r.seq WHERE j.id = ? ORDER BY r.catalogue_id
+
+-- name: asset_size
+-- (issue 17) whether an input file is stored, and its size
+SELECT size FROM assets WHERE hash = ?
+
+-- name: insert_asset
+-- an input file's row, once per content (its bytes are stored first, in the same transaction or before it)
+INSERT INTO assets (hash, size, name, stored_at) VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING
+
+-- name: insert_asset_chunk
+-- a piece of an input file kept in the database
+INSERT INTO asset_chunks (hash, n, data) VALUES (?, ?, ?) ON CONFLICT DO NOTHING
+
+-- name: asset_chunks
+-- an input file kept in the database, in order
+SELECT data FROM asset_chunks WHERE hash = ? ORDER BY n
+
+-- name: insert_job_asset
+-- a job needs an input file (idempotent: the same job submitted again)
+INSERT INTO job_assets (seq, hash) SELECT seq, ? FROM jobs WHERE id = ? ON CONFLICT DO NOTHING
+
+-- name: assets_needed
+-- the input files of queued and running jobs: a server's copy of them is never evicted
+SELECT DISTINCT ja.hash FROM job_assets ja JOIN jobs j ON j.seq = ja.seq WHERE j.state IN ('queued', 'running')
+
+-- name: server_assets
+-- what a server has been given: name, size, last use
+SELECT hash, name, size, used_at FROM server_assets WHERE server = ?
+
+-- name: record_upload
+-- an input file uploaded to a server (again: counted)
+INSERT INTO server_assets (server, hash, name, size, uploads, used_at) VALUES (?, ?, ?, ?, 1, ?)
+ON CONFLICT (server, hash) DO UPDATE SET name = excluded.name, uploads = server_assets.uploads + 1,
+    used_at = excluded.used_at
+
+-- name: touch_upload
+-- a server's copy of an input file used again (the LRU's clock)
+UPDATE server_assets SET used_at = ? WHERE server = ? AND hash = ?
+
+-- name: forget_upload
+-- a server's copy removed (evicted, or found missing)
+DELETE FROM server_assets WHERE server = ? AND hash = ?
+
+-- name: asset_totals
+-- status and metrics: input files stored, their bytes, uploads to servers
+SELECT (SELECT count(*) FROM assets) AS assets, (SELECT coalesce(sum(size), 0) FROM assets) AS bytes,
+    (SELECT coalesce(sum(uploads), 0) FROM server_assets) AS uploads
+
+-- name: prune_job_assets
+-- the links of jobs that prune removed
+DELETE FROM job_assets WHERE NOT EXISTS (SELECT 1 FROM jobs WHERE jobs.seq = job_assets.seq)
+
+-- name: unreferenced_assets
+-- input files no job needs any more
+SELECT hash, size FROM assets a WHERE NOT EXISTS (SELECT 1 FROM job_assets ja WHERE ja.hash = a.hash)
+
+-- name: delete_asset
+-- an input file no job needs (its chunks too, below)
+DELETE FROM assets WHERE hash = ? AND NOT EXISTS (SELECT 1 FROM job_assets ja WHERE ja.hash = ?)
+
+-- name: delete_asset_chunks
+-- the database's copy of a removed input file
+DELETE FROM asset_chunks WHERE hash = ?

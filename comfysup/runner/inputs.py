@@ -1,0 +1,115 @@
+"""Delivery of a job's input files to the runner's server, just before its POST /prompt.
+
+Each input goes into the server's input folder as ``comfysup/<blake3 hex>.<ext>`` (POST /upload/image,
+``overwrite=true``) and the workflow names it so (comfysup.assets). A name made of the content's hash means a
+server never serves an old image for a changed input from its cache, and a file already there under that name
+is the right one:
+
+- a server ``comfysup run`` launched: its input folder is on this machine, so "already there" is looked up on
+  disk (a missing or short file is uploaded again), and the folder is kept under ``[assets] server_cache_mb``:
+  least recently used first, never a file a queued or running job needs, never one of the job being posted;
+- any other server: what this runner's queue recorded it uploaded there (``server_assets``) is trusted.
+
+An upload is part of the attempt: a refused connection, a reset or a 5xx is transient (retried with the
+attempt's backoff), a 413 or 400 permanent; the error is raised before anything is posted, so catch-up's
+guarantee stands (nothing posted, nothing run). Every upload is recorded in the queue (counted in status
+and metrics).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from comfysup import assets
+from comfysup.queue.assets import AssetMissing
+from comfysup.queue.base import Queue, host_name
+from comfysup.runner.client import ComfyClient, MalformedAnswer, PermanentError
+
+log = logging.getLogger(__name__)
+
+
+class InputDelivery:
+    """One server's copy of the inputs, for one runner (kept by its Station)."""
+
+    def __init__(self, queue: Queue, client: ComfyClient, server: str, input_dir: Path | None,
+                 cache_bytes: int, wall: Any = time.time) -> None:
+        self.queue = queue
+        self.client = client
+        self.key = f"{host_name()}/{server}"
+        """The server as server_assets names it: runner names repeat across machines (two gpu0s)."""
+        self.folder = input_dir / assets.UPLOAD_SUBFOLDER if input_dir is not None else None
+        self.cache_bytes = cache_bytes
+        self.wall = wall
+        self.uploaded = 0
+        """Uploads this runner made (the log and tests; the queue keeps the durable count)."""
+
+    def workflow(self, workflow: dict[str, Any]) -> dict[str, Any]:
+        """``workflow`` with each input file on the server and named as ComfyUI expects; unchanged without."""
+        refs = {assets.ref_hash(r): r for _n, _i, r in assets.references(workflow)}
+        if not refs:
+            return workflow
+        known = self.queue.server_assets(self.key) if self.folder is None else {}
+        names: dict[str, str] = {}
+        for digest, ref in refs.items():
+            name = assets.upload_name(digest, assets.ref_name(ref))
+            names[digest] = name
+            size = ref["info"].get("size")
+            if self._has(digest, name, size if isinstance(size, int) and size > 0 else None, known):
+                self.queue.touch_upload(self.key, digest, self.wall())
+                continue
+            try:
+                data = self.queue.read_asset(digest)
+            except AssetMissing as exc:
+                raise PermanentError(str(exc), "input_missing") from None
+            got, subfolder, _kind = self.client.upload_image(name, data, assets.UPLOAD_SUBFOLDER)
+            if (got, subfolder) != (name, assets.UPLOAD_SUBFOLDER):
+                raise MalformedAnswer(f"POST /upload/image stored {subfolder}/{got} instead of "
+                                      f"{assets.UPLOAD_SUBFOLDER}/{name}")
+            self.uploaded += 1
+            self.queue.record_upload(self.key, digest, name, len(data), self.wall())
+            log.info("uploaded input %s (%s, %s bytes) to %s", digest, assets.ref_name(ref), f"{len(data):,}",
+                     self.key, extra={"event": "uploaded"})
+        if self.folder is not None:
+            self._evict(keep=set(names.values()))
+        return assets.with_names(workflow, names)
+
+    def _has(self, digest: str, name: str, size: int | None, known: Mapping[str, tuple[str, int, float]]) -> bool:
+        if self.folder is None:
+            return digest in known and known[digest][0] == name
+        try:
+            stat = (self.folder / name).stat()
+        except OSError:
+            return False
+        if (size is not None and stat.st_size != size) or stat.st_size == 0:
+            return False  # an upload cut short by a crash: sent again (overwrite)
+        os.utime(self.folder / name)  # the LRU's clock: its last use
+        return True
+
+    def _evict(self, keep: set[str]) -> None:
+        """Remove the least recently used uploads beyond ``cache_bytes`` (never those in ``keep`` or needed by a
+        queued or running job)."""
+        try:
+            files = [(e.stat().st_mtime, e.stat().st_size, e.name) for e in os.scandir(self.folder) if e.is_file()]
+        except OSError:
+            return
+        total = sum(size for _m, size, _n in files)
+        if total <= self.cache_bytes:
+            return
+        needed = {assets.upload_name(d, "")[:64] for d in self.queue.assets_needed()}
+        for _mtime, size, name in sorted(files):
+            if total <= self.cache_bytes:
+                break
+            if name in keep or name[:64] in needed:
+                continue
+            try:
+                os.unlink(self.folder / name)  # type: ignore[operator]
+            except OSError:
+                continue
+            total -= size
+            self.queue.forget_upload(self.key, assets.HASH_PREFIX + name[:64])
+            log.info("removed input %s from %s (server_cache_mb)", name, self.key, extra={"event": "evicted"})
