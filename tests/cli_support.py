@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -94,3 +95,16 @@ def run_cli(*args: str, cwd: Path | None = None, stdin: str | None = None,
     environ.update(env or {})
     return subprocess.run([sys.executable, "-m", "comfysup", *args], cwd=cwd, input=stdin, env=environ,
                           capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def kill_submit(proc: subprocess.Popen[bytes]) -> bool:
+    """SIGKILL a ``comfysup submit`` unless it already ended; True when the kill interrupted it (an ended one
+    must have succeeded). Shared by the single-queue kill test and the chaos row K4."""
+    alive = proc.poll() is None
+    if alive:
+        os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    _, err = proc.communicate()
+    if not alive or proc.returncode != -signal.SIGKILL:
+        assert proc.returncode == 0, err.decode()
+    return proc.returncode == -signal.SIGKILL

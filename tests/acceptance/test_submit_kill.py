@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import signal
 import sqlite3
 import subprocess
 import sys
@@ -23,7 +22,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from cli_support import REPO, TRIVIAL, write_config
+from cli_support import REPO, TRIVIAL, kill_submit, write_config
 
 LINES = 10_000
 TIME_KILLS = 20
@@ -78,18 +77,6 @@ def _wal_size(run_dir: Path) -> int:
         return 0
 
 
-def _kill(proc: subprocess.Popen[bytes]) -> bool:
-    """SIGKILL unless it already ended; True when the kill interrupted it."""
-    alive = proc.poll() is None
-    if alive:
-        os.kill(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=30)
-    _, err = proc.communicate()
-    if not alive or proc.returncode != -signal.SIGKILL:
-        assert proc.returncode == 0, err.decode()
-    return proc.returncode == -signal.SIGKILL
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_kill_9_during_submit_leaves_all_or_nothing(tmp_path: Path) -> None:
@@ -118,7 +105,7 @@ def test_kill_9_during_submit_leaves_all_or_nothing(tmp_path: Path) -> None:
         for delay, proc, run_dir in sorted(zip(delays, procs, run_dirs, strict=True), key=lambda x: x[0]):
             time.sleep(max(0.0, delay - (time.monotonic() - begun)))  # the random moment, not a wait for anything
             wal = _wal_size(run_dir)
-            killed = _kill(proc)
+            killed = kill_submit(proc)
             outcomes.append((f"after {delay:.3f} s", delay, wal, _inspect(run_dir), killed))
 
     for i in range(0, WAL_KILLS, PARALLEL):
@@ -133,7 +120,7 @@ def test_kill_9_during_submit_leaves_all_or_nothing(tmp_path: Path) -> None:
                 if proc.poll() is None and _wal_size(run_dir) < threshold:
                     continue
                 wal = _wal_size(run_dir)
-                killed = _kill(proc)
+                killed = kill_submit(proc)
                 outcomes.append((f"at WAL {threshold / 1e6:.1f} MB", 0.0, wal, _inspect(run_dir), killed))
                 pending.remove(item)
 

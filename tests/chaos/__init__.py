@@ -13,5 +13,5 @@ shown here by figures, in the style of Jepsen's queue checkers:
   fast tests (tests/chaos/test_chaos.py) run them small, ``bench/chaos.py`` at full scale.
 
 Imported as ``chaos`` with ``tests/`` on ``sys.path`` (pytest puts it there; bench/chaos.py does it itself),
-next to the helpers it reuses (``supervisor_support``, ``test_submit_kill``).
+next to the helpers it reuses (``supervisor_support``, ``cli_support``).
 """

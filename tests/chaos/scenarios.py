@@ -301,7 +301,7 @@ def k4_submit_kills(tmp: Path, seed: int, *, kills: int, lines: int = 2000) -> R
     its integrity check. Half the killed files are submitted again, as a person would: they go in whole.
     tests/acceptance/test_submit_kill.py kills a 10,000-line file into fresh queues; this is the same kill into a
     live queue, many times, with the checker's accounting."""
-    from test_submit_kill import _kill  # the same kill-and-check as the single-queue test
+    from cli_support import kill_submit as _kill  # the same kill-and-check as the single-queue test
 
     h = ChaosRun(tmp, "K4", seed)
     try:
