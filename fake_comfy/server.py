@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import mimetypes
 import os
 import shutil
@@ -119,7 +120,7 @@ class FakeServer:
         self.executor = Executor(options, self.hub, self.recorder, crash)
         self.hostility = Hostility(options, self.recorder, self.queue)
         self.version = Version(self)
-        self.hub.rewrite = lambda event, data: self.hostility.ws_frames(event, self.version.ws_message(event, data))
+        self.hub.rewrite = self._ws_frames
         self.number = 0
         self.port: int | None = None
         self._wake = asyncio.Event()
@@ -128,6 +129,14 @@ class FakeServer:
         self._worker: asyncio.Task[None] | None = None
         self._server_entry: dict[str, Any] | None = None
         self.app = self._make_app()
+
+    def _ws_frames(self, event: str, data: Any) -> list[str | bytes] | None:
+        """Hostile frames, or (0.38) the message as that version words it, or None: the hub sends it as is."""
+        changed = self.version.ws_message(event, data)
+        frames = self.hostility.ws_frames(event, changed)
+        if frames is None and changed is not data:
+            return [json.dumps({"type": event, "data": changed})]
+        return frames
 
     # -- life cycle -----------------------------------------------------------------------------
 
