@@ -16,7 +16,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from . import __version__
+from . import __version__, v038
 from .options import MAXIMUM_HISTORY_SIZE, Options
 from .script import WORDS, ScriptError, load_script_file, parse_words
 from .server import CannotBind, FakeServer
@@ -32,7 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     comfy = parser.add_argument_group("ComfyUI's flags")
     comfy.add_argument("--listen", type=str, default="127.0.0.1", metavar="IP", nargs="?", const="0.0.0.0,::")
     comfy.add_argument("--port", type=int, default=8188)
-    comfy.add_argument("--cuda-device", type=int, default=None, metavar="DEVICE_ID")
+    comfy.add_argument("--cuda-device", type=str, default=None, metavar="DEVICE_ID")
     comfy.add_argument("--base-directory", type=str, default=None)
     comfy.add_argument("--output-directory", type=str, default=None)
     comfy.add_argument("--temp-directory", type=str, default=None)
@@ -41,7 +41,14 @@ def build_parser() -> argparse.ArgumentParser:
     comfy.add_argument(
         "--extra-model-paths-config", type=str, default=None, metavar="PATH", nargs="+", action="append"
     )
+    comfy.add_argument("--database-url", type=str, default=None)
+    comfy.add_argument("--disable-assets", action="store_true")
+    comfy.add_argument("--cache-classic", action="store_true")
     fake = parser.add_argument_group("fake_comfy's knobs")
+    fake.add_argument("--comfyui-version", default=None, metavar="0.3.64|0.38",
+                      help="answer as this ComfyUI (default: $FAKE_COMFY_VERSION, else 0.38)")
+    fake.add_argument("--fake-ram-pressure", action="store_true",
+                      help="0.38: the RAM_PRESSURE cache keeps nothing (every prompt runs uncached)")
     fake.add_argument("--node-ms", type=float, default=5.0, help="time each executed node takes (default 5)")
     fake.add_argument(
         "--load-ms",
@@ -119,7 +126,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 def parse_options(argv: Sequence[str]) -> Options:
     """Options from a ComfyUI-style command line (unknown flags ignored). Raises ScriptError."""
-    args, _unknown = build_parser().parse_known_args(list(argv))
+    parser = build_parser()
+    args, _unknown = parser.parse_known_args(list(argv))
+    version = v038.normalize(args.comfyui_version) if args.comfyui_version else v038.default_version()
+    cuda_device: int | str | None = args.cuda_device
+    if version == v038.NEW:
+        removed = v038.removed_flag(list(argv))
+        if removed:  # 0.38's argparse knows it no more: "unrecognized arguments", exit 2
+            parser.error(f"unrecognized arguments: {removed}")
+    elif cuda_device is not None:
+        try:
+            cuda_device = int(cuda_device)
+        except ValueError:
+            parser.error(f"argument --cuda-device: invalid int value: {cuda_device!r}")
     script_file = Path(args.script_file) if args.script_file else None
     if script_file is not None:
         load_script_file(script_file)
@@ -130,7 +149,12 @@ def parse_options(argv: Sequence[str]) -> Options:
         output_directory=Path(args.output_directory) if args.output_directory else None,
         temp_directory=Path(args.temp_directory) if args.temp_directory else None,
         input_directory=Path(args.input_directory) if args.input_directory else None,
-        cuda_device=args.cuda_device,
+        cuda_device=cuda_device,
+        comfyui_version=version,
+        database_url=args.database_url,
+        disable_assets=args.disable_assets,
+        cache_classic=args.cache_classic,
+        ram_pressure=args.fake_ram_pressure,
         cpu=args.cpu,
         extra_model_paths_config=[path for group in args.extra_model_paths_config or [] for path in group],
         node_ms=args.node_ms,
@@ -164,7 +188,8 @@ async def serve(options: Options) -> None:
     port = await server.start()
     package = Path(__file__).resolve().parent
     print(
-        f"fake_comfy {__version__} (a ComfyUI 0.3.64 stand-in) from {package}, base {options.base_directory}"
+        f"fake_comfy {__version__} (a ComfyUI {options.comfyui_version} stand-in) from {package}, base "
+        f"{options.base_directory}"
     )
     print("Starting server\n")
     for host in options.listen.split(","):
@@ -190,7 +215,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         asyncio.run(serve(options))
     except CannotBind as exc:
-        print(f"fake_comfy: {exc}", file=sys.stderr)
+        if options.comfyui_version == v038.NEW:
+            print(v038.port_in_use_message(options.port, options.listen.split(",")[0]), file=sys.stderr)
+        else:
+            print(f"fake_comfy: {exc}", file=sys.stderr)
+        return 1
+    except v038.AssetsInUse as exc:
+        print(str(exc), file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("\nStopped server")

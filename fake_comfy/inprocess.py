@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from . import v038
 from .options import MAXIMUM_HISTORY_SIZE, Options
 from .script import Script
 from .server import FakeServer
@@ -46,7 +47,7 @@ class FakeComfy:
         script_file: str | os.PathLike[str] | None = None,
         busy: int = 0,
         cpu: bool = True,
-        cuda_device: int | None = None,
+        cuda_device: int | str | None = None,
         output_directory: str | os.PathLike[str] | None = None,
         max_history: int = MAXIMUM_HISTORY_SIZE,
         exec_log: str | Path | None = None,
@@ -57,6 +58,11 @@ class FakeComfy:
         hostile_cap_s: float = 60.0,
         without_nodes: Sequence[str] = (),
         choices: Mapping[str, Sequence[str]] | None = None,
+        comfyui_version: str | None = None,
+        database_url: str | None = None,
+        disable_assets: bool = False,
+        cache_classic: bool = False,
+        ram_pressure: bool = False,
     ) -> None:
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         if base_directory is None:
@@ -82,6 +88,11 @@ class FakeComfy:
             hostile_cap_s=hostile_cap_s,
             without_nodes=list(without_nodes),
             choices={k: list(v) for k, v in (choices or {}).items()},
+            comfyui_version=v038.normalize(comfyui_version) if comfyui_version else v038.default_version(),
+            database_url=database_url,
+            disable_assets=disable_assets,
+            cache_classic=cache_classic,
+            ram_pressure=ram_pressure,
         )
         self.recorder = Recorder(self.options.exec_log)
         self._script = Script(script, script_by_id, script_file)

@@ -10,6 +10,12 @@ from pathlib import Path
 MAXIMUM_HISTORY_SIZE = 10000
 
 
+def _default_version() -> str:
+    from .v038 import default_version
+
+    return default_version()
+
+
 @dataclass
 class Options:
     """ComfyUI's own flags that the fake honours, then the fake's knobs.
@@ -24,7 +30,8 @@ class Options:
     output_directory: Path | None = None
     temp_directory: Path | None = None
     input_directory: Path | None = None
-    cuda_device: int | None = None
+    cuda_device: int | str | None = None
+    """--cuda-device: an int in 0.3.64; in 0.38 a string (a list such as "0,1", or "all")."""
     cpu: bool = False
     extra_model_paths_config: list[str] = field(default_factory=list)
     node_ms: float = 5.0
@@ -53,6 +60,17 @@ class Options:
     hostile_cap_s: float = 60.0
     hostile_cap_bytes: int = 256 << 20
     """A trickled or endless body is dropped after this long or this much."""
+
+    comfyui_version: str = field(default_factory=lambda: _default_version())
+    """--comfyui-version: "0.3.64" or "0.38" (see v038.py); the default is FAKE_COMFY_VERSION or 0.38."""
+    database_url: str | None = None
+    disable_assets: bool = False
+    cache_classic: bool = False
+    ram_pressure: bool = False
+    """0.38 only: the fake's stand-in for memory pressure under the RAM_PRESSURE cache (every prompt runs
+    uncached). Read live."""
+    device_count: int = 1
+    """How many devices /system_stats of 0.38 lists (it lists every visible one)."""
 
     def _absolute(self, path: Path | None, default: str) -> Path:
         chosen = Path(path) if path is not None else Path(self.base_directory) / default

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import mimetypes
 import os
 import shutil
 import socket
 import sys
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -31,6 +33,8 @@ from .options import Options
 from .prompt_queue import SENSITIVE_EXTRA_DATA_KEYS, PromptQueue, QueueItem
 from .script import Script, check_words
 from .stats import Recorder
+from .v038 import INVALID_PROMPT_ID, Version
+from .v038 import validate as validate_038
 from .validate import scripted_invalid, validate_prompt
 
 #: The client id of the prompts --busy queues.
@@ -115,7 +119,8 @@ class FakeServer:
         self.queue = PromptQueue(self._queue_updated, options.max_history)
         self.executor = Executor(options, self.hub, self.recorder, crash)
         self.hostility = Hostility(options, self.recorder, self.queue)
-        self.hub.rewrite = self.hostility.ws_frames
+        self.version = Version(self)
+        self.hub.rewrite = self._ws_frames
         self.number = 0
         self.port: int | None = None
         self._wake = asyncio.Event()
@@ -125,11 +130,20 @@ class FakeServer:
         self._server_entry: dict[str, Any] | None = None
         self.app = self._make_app()
 
+    def _ws_frames(self, event: str, data: Any) -> list[str | bytes] | None:
+        """Hostile frames, or (0.38) the message as that version words it, or None: the hub sends it as is."""
+        changed = self.version.ws_message(event, data)
+        frames = self.hostility.ws_frames(event, changed)
+        if frames is None and changed is not data:
+            return [json.dumps({"type": event, "data": changed})]
+        return frames
+
     # -- life cycle -----------------------------------------------------------------------------
 
     async def start(self) -> int:
         """Bind, serve, start the worker; returns the port. Raises CannotBind when it cannot listen."""
         self._prepare_directories()
+        self.version.starting()  # 0.38: the assets database's lock, before the port (as main.py does)
         sockets = bind_sockets(self.options.listen.split(","), self.options.port)
         self._runner = web.AppRunner(self.app, access_log=None, shutdown_timeout=1.0)
         try:
@@ -139,6 +153,7 @@ class FakeServer:
         except BaseException:
             for sock in sockets:
                 sock.close()
+            self.version.stopped()
             raise
         self.port = sockets[0].getsockname()[1]
         self.hub.start()
@@ -164,6 +179,7 @@ class FakeServer:
             await self._runner.cleanup()
         if self._server_entry is not None:
             self.recorder.server_ended(self._server_entry, crashed=abrupt)
+        self.version.stopped()
 
     def _prepare_directories(self) -> None:
         """ComfyUI empties its temp folder at start and makes sure output and input exist."""
@@ -200,6 +216,8 @@ class FakeServer:
                 self.executor.free(**self._free)
                 self._free = None
             item = self.queue.get()
+            if item is not None and self.version.evicts_cache():
+                self.executor.cache.clear()
             if item is None:
                 self._wake.clear()
                 await self._wake.wait()
@@ -212,9 +230,10 @@ class FakeServer:
         if ended.outcome == "success":
             self.recorder.completed(ended.record)
         await asyncio.sleep(max(self.options.history_delay_ms, 0) / 1000)
-        self.queue.task_done(item, ended.result, ended.status)
+        self.queue.task_done(item, self.version.history_result(ended.result), ended.status)
         if item.client_id is not None:
             self.hub.post("executing", {"node": None, "prompt_id": item.prompt_id}, item.client_id)
+        self.version.ended(item.prompt_id)
         self.recorder.ended(ended.record, ended.outcome)
 
     # -- routes -----------------------------------------------------------------------------------
@@ -249,6 +268,8 @@ class FakeServer:
         for method, path, handler in routes:  # ComfyUI adds the /api copies first
             app.router.add_route(method, "/api" + path, handler)
         for method, path, handler in routes:
+            app.router.add_route(method, path, handler)
+        for method, path, handler in self.version.routes():  # 0.38's /api/jobs
             app.router.add_route(method, path, handler)
         app.router.add_get("/{tail:.*}", self.not_found)  # the web root's static handler
         return app
@@ -322,6 +343,7 @@ class FakeServer:
                 if content_type in _FORCE_DOWNLOAD:
                     content_type = "application/octet-stream"
                 headers = {"Content-Disposition": f'filename="{filename}"', "Content-Type": content_type}
+                headers = self.version.view_headers(mimetypes.guess_type(filename)[0] or "", filename, headers)
                 return web.FileResponse(path, headers=headers)
         return web.Response(status=404)
 
@@ -356,10 +378,10 @@ class FakeServer:
                 "torch_vram_total": 0,
                 "torch_vram_free": 0,
             }
-        return web.json_response({"system": system, "devices": [device]})
+        return web.json_response(self.version.system_stats({"system": system, "devices": [device]}))
 
     async def features(self, request: web.Request) -> web.Response:
-        return web.json_response(data("system.json")["features"])
+        return web.json_response(self.version.features(data("system.json")["features"]))
 
     async def get_prompt(self, request: web.Request) -> web.Response:
         return web.json_response(self.queue.queue_info())
@@ -368,7 +390,12 @@ class FakeServer:
         json_data = await request.json()
         post = word = None
         if isinstance(json_data, dict) and "prompt" in json_data:
-            prompt_id = str(json_data.get("prompt_id", uuid.uuid4()))
+            checked = self.version.prompt_id(json_data)
+            if checked is None:  # 0.38: not a canonical UUID; the number is taken all the same
+                if "number" not in json_data:
+                    self.number += 1
+                return web.json_response({"error": INVALID_PROMPT_ID, "node_errors": {}}, status=400)
+            prompt_id = checked
             word = self.hostility.assign(prompt_id, self.script.take(prompt_id))
             post = self.recorder.posted(prompt_id, word)
             if word == "500":
@@ -402,6 +429,8 @@ class FakeServer:
         plain = isinstance(prompt, dict) and prompt and all(isinstance(n, dict) for n in prompt.values())
         if word == "invalid" and plain:
             valid = scripted_invalid(prompt, self.catalogue)
+        elif self.version.new:
+            valid = validate_038(prompt, partial, self.catalogue)
         else:
             valid = validate_prompt(prompt, partial, self.catalogue)
         extra_data = json_data.get("extra_data", {})
@@ -410,6 +439,8 @@ class FakeServer:
         if not valid[0]:
             return web.json_response({"error": valid[1], "node_errors": valid[3]}, status=400)
         sensitive = {key: extra_data.pop(key) for key in SENSITIVE_EXTRA_DATA_KEYS if key in extra_data}
+        if self.version.new:
+            extra_data["create_time"] = int(time.time() * 1000)
         self.queue.put(QueueItem(number, prompt_id, prompt, extra_data, valid[2], sensitive, word))
         return web.json_response({"prompt_id": prompt_id, "number": number, "node_errors": valid[3]})
 

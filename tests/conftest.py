@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -14,6 +15,22 @@ if TYPE_CHECKING:
     from supervisor_support import Supervised
 
     from fake_comfy import FakeComfy
+
+
+COMFYUI_VERSIONS = ("0.3.64", "0.38")
+"""The ComfyUI versions fake_comfy answers as (fake_comfy/v038.py)."""
+os.environ.setdefault("FAKE_COMFY_VERSION", "0.3.64")
+"""Every test meets a 0.3.64 fake unless it asks for `comfyui_version` (or the run sets FAKE_COMFY_VERSION=0.38,
+which turns the whole suite to the newer one). The fake itself defaults to 0.38 outside the tests."""
+
+
+@pytest.fixture(params=COMFYUI_VERSIONS)
+def comfyui_version(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run the test once per ComfyUI version: every fake it starts, in process or launched by a supervisor
+    (which passes its environment on), answers as that version. Used by the runner's tests and the chaos
+    suite's fast subset (``pytestmark = pytest.mark.usefixtures("comfyui_version")``)."""
+    monkeypatch.setenv("FAKE_COMFY_VERSION", request.param)
+    return str(request.param)
 
 
 @pytest.fixture

@@ -35,6 +35,7 @@ class Health:
     url: str
     state: str
     device: str = "-"
+    comfyui_version: str = "-"
     vram_free_mb: int | None = None
     queue_length: int | None = None
     healthy: bool = False
@@ -49,6 +50,7 @@ def probe(name: str, url: str, state: str, timeout_seconds: float) -> Health:
         stats = client.system_stats(timeout_seconds)
         devices = stats.get("devices") or [{}]
         h.device = str(devices[0].get("name") or "-")
+        h.comfyui_version = str(stats.get("system", {}).get("comfyui_version") or "-")
         free = devices[0].get("vram_free")
         h.vram_free_mb = int(free) // 2**20 if isinstance(free, int | float) else None
         h.queue_length = len(client.queue())
@@ -87,12 +89,13 @@ def targets(config: Any, state: dict[str, Any] | None, now: float,
 
 
 def render(results: list[Health], note: str) -> str:
-    lines = [note, f"{'server':10} {'state':10} {'device':24} {'free VRAM':>10} {'queue':>5}  health"]
+    lines = [note, f"{'server':10} {'state':10} {'comfyui':8} {'device':24} {'free VRAM':>10} {'queue':>5}  health"]
     for h in results:
         vram = "-" if h.vram_free_mb is None else f"{h.vram_free_mb} MiB"
         queue = "-" if h.queue_length is None else str(h.queue_length)
         verdict = "ok" if h.healthy else f"unhealthy: {h.problem}"
-        lines.append(f"{h.name:10} {h.state[:10]:10} {h.device[:24]:24} {vram:>10} {queue:>5}  {verdict}")
+        lines.append(f"{h.name:10} {h.state[:10]:10} {h.comfyui_version[:8]:8} {h.device[:24]:24} {vram:>10} "
+                     f"{queue:>5}  {verdict}")
     healthy = sum(h.healthy for h in results)
     lines.append(f"{healthy} of {len(results)} server(s) healthy")
     return "\n".join(lines)

@@ -94,11 +94,12 @@ def render_slots(state: dict[str, Any] | None, now: float) -> str:
     head = (f"supervisor pid {state.get('pid')}: {state.get('summary', '')}" if stale is None
             else f"supervisor not running ({stale}); last known slots:")
     lines = [head, f"{'slot':10} {'device':9} {'server':9} {'pid':>7} {'port':>5} {'restarts':>8} "
-                   f"{'runner':>7}  {'job':36}  reason"]
+                   f"{'runner':>7}  {'comfyui':8}  {'job':36}  reason"]
     for slot in state["slots"]:
         lines.append(f"{_cell(slot.get('name')):10} {_cell(slot.get('device')):9} {_cell(slot.get('state')):9} "
                      f"{_cell(slot.get('pid')):>7} {_cell(slot.get('port')):>5} {_cell(slot.get('restarts')):>8} "
-                     f"{_cell(slot.get('runner_pid')):>7}  {_cell(slot.get('job')):36}  "
+                     f"{_cell(slot.get('runner_pid')):>7}  {_cell(slot.get('comfyui_version'))[:8]:8}  "
+                     f"{_cell(slot.get('job')):36}  "
                      f"{bound(slot.get('reason') or slot.get('runner_reason') or '', 200)}".rstrip())
     return "\n".join(lines)
 

@@ -168,13 +168,13 @@ def render_page(view: Overview, refresh_seconds: float) -> str:
     out.append(f"<p class=muted>last {WINDOW_SECONDS / 60:.0f} min: {f.get('done', 0)} done "
                f"({view.per_minute:.1f} jobs/min), {f.get('dead', 0)} dead, {f.get('cancelled', 0)} cancelled</p>")
     if state is not None:
-        out.append("<h2>Slots</h2><table><tr><th>slot<th>device<th>server<th>pid<th>port<th>restarts<th>runner"
+        out.append("<h2>Slots</h2><table><tr><th>slot<th>device<th>server<th>pid<th>port<th>restarts<th>runner<th>ComfyUI"
                    "<th>current job<th>finished<th>reason</tr>")
         for slot in state.get("slots") or []:
             if not isinstance(slot, dict):
                 continue
             out.append("<tr>" + "".join(f"<td>{e(_cell(slot.get(k)))}" for k in (
-                "name", "device", "state", "pid", "port", "restarts", "runner_pid")) +
+                "name", "device", "state", "pid", "port", "restarts", "runner_pid", "comfyui_version")) +
                 f"<td><code>{e(_cell(slot.get('job')))}</code><td>{e(_cell(slot.get('jobs')))}"
                 f"<td>{e(bound(str(slot.get('reason') or slot.get('runner_reason') or ''), 200))}</tr>")
         out.append("</table>")

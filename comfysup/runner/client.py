@@ -95,6 +95,12 @@ def describe_rejection(body: Any) -> str:
         return str(body)[:500]
     error = body.get("error") if isinstance(body.get("error"), dict) else {}
     parts = [str(error.get("type") or error.get("message") or "rejected")[:200]]
+    extra = error.get("extra_info") if isinstance(error.get("extra_info"), dict) else {}
+    if error.get("type") == "missing_node_type":  # ComfyUI 0.38: the class and the node in extra_info
+        class_type = extra.get("class_type")
+        what = f"node class {str(class_type)[:120]!r} is not installed on this server" if class_type else \
+            "a node has no class_type"
+        parts.append(f"{what} (node {str(extra.get('node_id', '?'))[:40]})")
     details = error.get("details")
     if details:
         parts.append(str(details)[:500])
@@ -105,6 +111,10 @@ def describe_rejection(body: Any) -> str:
         what = "; ".join(
             ": ".join(str(x)[:300] for x in (e.get("type"), e.get("details") or e.get("message")) if x)
             for e in errors[:10] if isinstance(e, dict))
+        if any(isinstance(e, dict) and e.get("type") == "dependency_cycle" for e in errors):
+            parts.append(f"node {str(node_id)[:40]} ({str(node.get('class_type', '?'))[:80]}): "
+                         "dependency_cycle: the workflow's links form a loop")
+            continue
         parts.append(f"node {str(node_id)[:40]} ({str(node.get('class_type', '?'))[:80]}): {what}")
     return ": ".join(parts)
 
@@ -120,6 +130,8 @@ class ComfyClient:
         self.pool = urllib3.connection_from_url(self.url, maxsize=1, block=False, retries=False)
         self.stream: EventStream | None = None
         """This client's own socket, kept open from one prompt to the next (see ``own_stream``)."""
+        self.comfyui_version: str | None = None
+        """The server's ComfyUI version as /system_stats last said (None: not asked yet, or not said)."""
 
     def close(self) -> None:
         if self.stream is not None:
@@ -187,8 +199,41 @@ class ComfyClient:
             raise MalformedAnswer(f"server sent a malformed {exc}") from None
 
     def system_stats(self, timeout_seconds: float | None = None) -> dict[str, Any]:
-        return self._checked(wire.system_stats, self._json("GET", "/system_stats",
-                                                           timeout=timeout_seconds or self.timeout_seconds))
+        stats = self._checked(wire.system_stats, self._json("GET", "/system_stats",
+                                                            timeout=timeout_seconds or self.timeout_seconds))
+        version = stats.get("system", {}).get("comfyui_version")
+        self.comfyui_version = version if isinstance(version, str) else None
+        return stats
+
+    def features(self) -> dict[str, Any]:
+        """GET /features (what the server says it supports); extra keys are the server's, kept as they are."""
+        body = self._json("GET", "/features")
+        if not isinstance(body, dict):
+            raise MalformedAnswer("server sent a malformed /features: not an object")
+        return {str(k)[:100]: v for k, v in list(body.items())[:100] if isinstance(v, (bool, int, float, str))}
+
+    def version(self) -> str | None:
+        """The server's version, asked once (a server restarted as another version is met by ``cancel_job``'s
+        fallback); None when it cannot be learned."""
+        if self.comfyui_version is None:
+            try:
+                self.system_stats()
+            except ComfyError:
+                return None
+        return self.comfyui_version
+
+    def cancel_job(self, prompt_id: str) -> bool:
+        """ComfyUI 0.38's atomic cancel: the prompt is interrupted only if it is still the running one, or
+        removed while pending, under the server's queue mutex. False when the server has no such route
+        (then the caller interrupts and deletes as for 0.3.64)."""
+        response, data = self._call("POST", f"/api/jobs/{prompt_id}/cancel", body=b"{}")
+        if response.status in (404, 405):
+            self.comfyui_version = None  # another server now (a downgrade): learn it again next time
+            return False
+        if response.status != 200:
+            raise ServerUnavailable(f"POST /api/jobs/{{id}}/cancel {response.status}, {_first_line(data, response)}",
+                                    "http")
+        return True
 
     def object_info(self) -> dict[str, Any]:
         return self._checked(wire.object_info, self._json("GET", "/object_info", max_bytes=MAX_OBJECT_INFO_BYTES))

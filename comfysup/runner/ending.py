@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from comfysup.comfyversion import has_jobs_api
 from comfysup.queue.base import Claim, Output, Queue
 from comfysup.runner import deadline
 from comfysup.runner import outputs as job_outputs
@@ -59,8 +60,9 @@ class Ending:
         target = prompt_id or self.claim.id
         until = self.clock() + self.s.leave_queue_seconds
         try:
-            run.client.interrupt(target)
-            run.client.delete_queued([target])
+            if not (has_jobs_api(run.client.version()) and run.client.cancel_job(target)):
+                run.client.interrupt(target)  # ComfyUI 0.3.64: a prompt that started in between may be hit
+                run.client.delete_queued([target])
         except ComfyError:
             return None
         while self.clock() < until:

@@ -17,7 +17,7 @@ import multiprocessing.sharedctypes
 import shutil
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +72,11 @@ class Unit:
     """Restarts of the server because a prompt stayed in its queue after /interrupt."""
     last_check: str = ""
     """What the last readiness check of a starting server got (empty: it answered), for the log."""
+    comfyui_version: str | None = None
+    """The ComfyUI version its server reported (None: not learnt yet; "unknown": it did not say)."""
+    features: dict[str, Any] = field(default_factory=dict)
+    """What GET /features of its server said."""
+    next_version_check: float = 0.0
 
     @property
     def state(self) -> str:

@@ -89,6 +89,7 @@ def slot_rows(units: Sequence[Unit], *, final: bool = False) -> list[dict[str, A
             "runner_restarts": u.runner.restarts, "runner_reason": u.runner.reason or None,
             "job": u.shared.job.decode() or None, "jobs": u.shared.jobs,
             "out_of_service": stuck_reason(u), "stuck_restarts": u.stuck_restarts,
+            "comfyui_version": u.comfyui_version, "features": u.features,
         })
     return rows
 

@@ -21,6 +21,7 @@ from pathlib import Path
 import psutil
 import requests
 
+from comfysup import comfyversion
 from comfysup.config import Config
 from comfysup.gpus import Slot
 from comfysup.supervisor.notify import child_environment
@@ -45,7 +46,12 @@ def base_directory(config: Config, slot: Slot) -> Path:
 
 
 def command_line(config: Config, slot: Slot) -> list[str]:
-    """``<python> <main> --listen … --port … --cuda-device N|--cpu --base-directory … --database-url …``."""
+    """``<python> <main> --listen … --port … --cuda-device N|--cpu --base-directory … --database-url …``.
+
+    Every slot gets its own ``--database-url`` in its own base directory: ComfyUI 0.38 keeps its assets
+    database under a lock and a second server on the same database exits at start. Of ``extra_args`` only
+    what the ComfyUI next to ``main`` accepts is passed (its comfyui_version.py says which it is); the flags
+    it removed are dropped (see ``dropped_args``) instead of making every start exit 2."""
     c = config.comfyui
     directory = base_directory(config, slot)
     argv = [c.python or sys.executable, str(config.resolve(c.main).absolute()),
@@ -54,7 +60,18 @@ def command_line(config: Config, slot: Slot) -> list[str]:
     argv += ["--base-directory", str(directory), "--database-url", f"sqlite:///{directory / 'comfyui.db'}"]
     if c.extra_model_paths_config:
         argv += ["--extra-model-paths-config", str(config.resolve(c.extra_model_paths_config).absolute())]
-    return argv + list(c.extra_args)
+    kept, _ = comfyversion.accepted_args(launched_version(config), list(c.extra_args))
+    return argv + kept
+
+
+def launched_version(config: Config) -> str | None:
+    """The version of the ComfyUI ``[comfyui] main`` launches, read before the launch (None: unknown)."""
+    return comfyversion.read_version_file(config.resolve(config.comfyui.main).absolute())
+
+
+def dropped_args(config: Config) -> list[str]:
+    """The ``extra_args`` the launched ComfyUI no longer accepts (the supervisor warns about them once)."""
+    return comfyversion.accepted_args(launched_version(config), list(config.comfyui.extra_args))[1]
 
 
 def url_for(config: Config, slot: Slot) -> str:

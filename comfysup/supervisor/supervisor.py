@@ -70,6 +70,7 @@ from comfysup.supervisor.stop import (
     StopPlan,
     Target,
 )
+from comfysup.supervisor.versions import VersionWatch
 
 __all__ = ["KILL_WAIT_SECONDS", "MONITOR_STOP_SECONDS", "RUNNER_STOP_MARGIN_SECONDS", "AlreadyRunning", "Shared",
            "Supervisor", "Unit"]
@@ -110,6 +111,8 @@ class Supervisor:
         self.monitor_pid: int | None = None
         self.monitor_port: Any = multiprocessing.sharedctypes.RawValue(ctypes.c_int, 0)
         self.monitor_endpoint = bool(self.config.metrics.listen)
+        self.versions = VersionWatch()
+        """Each server's ComfyUI version, learnt when it answers; warns once about an untested one."""
 
     @property
     def stopping(self) -> bool:
@@ -143,6 +146,10 @@ class Supervisor:
         self.manager.install_signals()
         log.info("comfysup supervisor %d: %s", os.getpid(),
                  ", ".join(f"{u.name} ({u.device}, {u.url})" for u in self.units))
+        dropped = servers.dropped_args(self.config)
+        if dropped:
+            log.warning("[comfyui] extra_args: ComfyUI %s no longer accepts %s; not passed",
+                        servers.launched_version(self.config), " ".join(dropped))
         self.monitor_wanted = True
         try:
             while not self.finished:
@@ -299,6 +306,7 @@ class Supervisor:
     def _server_exited(self, unit: Unit, now: float, how: str) -> None:
         pid = unit.server_pid
         unit.server_pid = None
+        unit.comfyui_version, unit.features = None, {}  # a restart may run another ComfyUI
         assert pid is not None and unit.server is not None and unit.plan is not None
         self.ops.killpg(pid, signal.SIGKILL)  # anything it started, in its process group
         stuck.server_gone(unit)
@@ -319,6 +327,8 @@ class Supervisor:
     def _server_step(self, unit: Unit, now: float) -> None:
         policy = unit.server
         if policy is None:
+            if self.versions.due(unit, now):
+                self.versions.learn(unit)
             return
         answered = False
         if policy.state is State.STARTING and unit.server_pid is not None:
@@ -330,6 +340,7 @@ class Supervisor:
         if before is State.STARTING and policy.state is not State.STARTING:
             unit.first_start_over = True
             if policy.state is State.RUNNING:
+                self.versions.learn(unit)
                 log.info("%s: ComfyUI answers on %s (%.1f s after its start)", unit.name, unit.url,
                          now - (policy.started_at or now))
             else:

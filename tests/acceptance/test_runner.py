@@ -21,6 +21,8 @@ from comfysup.runner.store import ResultStore
 from fake_comfy import FakeComfy
 from tests.runner_helpers import comfysup, config_of, job_id, jobs_file, submit, trivial_job, write_config
 
+pytestmark = pytest.mark.usefixtures("comfyui_version")  # against ComfyUI 0.3.64 and 0.38 alike
+
 
 @pytest.fixture
 def fake(tmp_path):

@@ -26,6 +26,7 @@ def verdict(report: Report) -> None:
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.usefixtures("comfyui_version")  # one of the rows run against ComfyUI 0.3.64 and 0.38
 def test_k1_runners_killed_at_random_moments(tmp_path: Path, chaos_seed: int) -> None:
     report = scenarios.k1_runner_kills(tmp_path, chaos_seed, jobs=40, kills=8, aimed=4)
     verdict(report)
@@ -42,6 +43,7 @@ def test_k2_the_supervisor_killed_and_started_again(tmp_path: Path, chaos_seed: 
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.usefixtures("comfyui_version")  # one of the rows run against ComfyUI 0.3.64 and 0.38
 def test_k3_servers_killed_mid_prompt(tmp_path: Path, chaos_seed: int) -> None:
     report = scenarios.k3_server_kills(tmp_path, chaos_seed, jobs=40, kills=6, file_kills=4)
     verdict(report)  # no execution after a completed one: a run whose files landed is adopted
@@ -106,6 +108,7 @@ def test_f1_the_result_store_s_disk_full(tmp_path: Path, chaos_seed: int) -> Non
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.usefixtures("comfyui_version")  # one of the rows run against ComfyUI 0.3.64 and 0.38
 def test_t1_thirty_percent_of_prompts_fail_transiently(tmp_path: Path, chaos_seed: int) -> None:
     report = scenarios.t1_transient_failures(tmp_path, chaos_seed, jobs=40)
     verdict(report)
@@ -147,6 +150,7 @@ def test_b1_fuzzed_jobs_files(tmp_path: Path, chaos_seed: int) -> None:
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.usefixtures("comfyui_version")  # one of the rows run against ComfyUI 0.3.64 and 0.38
 def test_h2_prompts_stuck_after_interrupt_restart_their_server(tmp_path: Path, chaos_seed: int) -> None:
     report = scenarios.h2_stuck_prompts(tmp_path, chaos_seed, jobs=16, stuck=4)
     verdict(report)

@@ -18,6 +18,8 @@ from comfysup.runner.store import ResultStore
 from fake_comfy import FakeComfy
 from tests.runner_helpers import config_of, job_id, submit, trivial_job, write_config
 
+pytestmark = pytest.mark.usefixtures("comfyui_version")  # against ComfyUI 0.3.64 and 0.38 alike
+
 
 @pytest.fixture
 def fake(tmp_path: Path) -> Any:

@@ -19,6 +19,8 @@ from comfysup.runner.outputs import complete_png
 from fake_comfy import FakeComfy
 from tests.runner_helpers import config_of, submit, trivial_job, write_config
 
+pytestmark = pytest.mark.usefixtures("comfyui_version")  # against ComfyUI 0.3.64 and 0.38 alike
+
 
 def complete_png_bytes(data: bytes) -> bool:
     fd = os.memfd_create("png")  # complete_png reads an open file

@@ -16,6 +16,8 @@ from comfysup.runner.loop import Runner
 from fake_comfy import FakeComfy
 from tests.runner_helpers import config_of, submit, trivial_job, write_config
 
+pytestmark = pytest.mark.usefixtures("comfyui_version")  # against ComfyUI 0.3.64 and 0.38 alike
+
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("recorded", [None, "b"], ids=["nothing recorded", "an older attempt's server"])

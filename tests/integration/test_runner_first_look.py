@@ -14,6 +14,8 @@ from comfysup.runner.loop import Runner
 from fake_comfy import FakeComfy
 from tests.runner_helpers import config_of, submit, trivial_job, write_config
 
+pytestmark = pytest.mark.usefixtures("comfyui_version")  # against ComfyUI 0.3.64 and 0.38 alike
+
 
 def _run(folder: Path, url: str, jobs: list[int], **runner: object):
     folder.mkdir()

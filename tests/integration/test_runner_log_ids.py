@@ -20,6 +20,8 @@ from comfysup.runner.loop import Runner
 from fake_comfy import FakeComfy
 from tests.runner_helpers import config_of, submit, trivial_job, write_config
 
+pytestmark = pytest.mark.usefixtures("comfyui_version")  # against ComfyUI 0.3.64 and 0.38 alike
+
 IDS = [f"11111111-0000-4000-8000-00000000000{n}" for n in range(1, 5)]
 
 

@@ -19,6 +19,8 @@ from comfysup.runner.loop import Runner
 from fake_comfy import FakeComfy
 from tests.runner_helpers import job_id, jobs_file, trivial_job
 
+pytestmark = pytest.mark.usefixtures("comfyui_version")  # against ComfyUI 0.3.64 and 0.38 alike
+
 
 @pytest.fixture
 def fake(tmp_path: Path) -> Any:

@@ -18,6 +18,8 @@ from comfysup.runner.store import ResultStore
 from fake_comfy import FakeComfy
 from tests.runner_helpers import config_of, job_id, submit, trivial_job, write_config
 
+pytestmark = pytest.mark.usefixtures("comfyui_version")  # against ComfyUI 0.3.64 and 0.38 alike
+
 
 @pytest.mark.timeout(60)
 def test_a_job_folder_that_cannot_be_made_is_a_transient_failure_not_a_crash(

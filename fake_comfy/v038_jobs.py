@@ -1,0 +1,164 @@
+"""ComfyUI 0.38's jobs API (server.py's /api/jobs routes and comfy_execution/jobs.py), over the fake's queue.
+
+GET /api/jobs (status and workflow_id filters, sort by created_at or execution_duration, limit/offset),
+GET /api/jobs/{id} (404 when unknown), POST /api/jobs/{id}/cancel and POST /api/jobs/cancel. A cancel is
+atomic as upstream's (PromptQueue.interrupt_if_running under the queue's mutex): here the whole handler
+runs in the event loop without awaiting between the look and the act, so no prompt can start in between.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from .v038 import JOB_STATUSES, valid_job_id
+
+if TYPE_CHECKING:
+    from .prompt_queue import QueueItem
+    from .server import FakeServer
+
+
+def _queue_job(item: QueueItem, status: str, detail: bool) -> dict[str, Any]:
+    extra = item.extra_data
+    workflow = (extra.get("extra_pnginfo") or {}).get("workflow") if isinstance(extra.get("extra_pnginfo"), dict) \
+        else None
+    job = {"id": item.prompt_id, "status": status, "priority": item.number, "create_time": extra.get("create_time"),
+           "outputs_count": 0, "previewable_outputs_count": 0,
+           "workflow_id": workflow.get("id") if isinstance(workflow, dict) else None}
+    job = {k: v for k, v in job.items() if v is not None}
+    if detail:
+        job["workflow"] = {"prompt": item.prompt, "extra_data": extra}
+    return job
+
+
+def _history_job(prompt_id: str, entry: dict[str, Any], detail: bool) -> dict[str, Any]:
+    _, _, prompt, extra, _ = entry["prompt"]
+    status_info = entry.get("status") or {}
+    start = end = error = None
+    interrupted = False
+    for message in status_info.get("messages", []):
+        if isinstance(message, list) and len(message) >= 2 and isinstance(message[1], dict):
+            if message[0] == "execution_start":
+                start = message[1].get("timestamp")
+            elif message[0] in ("execution_success", "execution_error", "execution_interrupted"):
+                end = message[1].get("timestamp")
+                error = message[1] if message[0] == "execution_error" else error
+                interrupted = interrupted or message[0] == "execution_interrupted"
+    status = ("cancelled" if interrupted else "failed") if status_info.get("status_str") == "error" else "completed"
+    outputs = entry.get("outputs") or {}
+    items = [i for out in outputs.values() if isinstance(out, dict) for kind, lst in out.items()
+             if kind != "animated" and isinstance(lst, list) for i in lst if isinstance(i, dict)]
+    preview = next((dict(i, nodeId=n, mediaType=k) for n, out in outputs.items() if isinstance(out, dict)
+                    for k, lst in out.items() if k == "images" and isinstance(lst, list) for i in lst
+                    if isinstance(i, dict) and i.get("type") == "output"), None)
+    job = {"id": prompt_id, "status": status, "priority": entry["prompt"][0], "create_time": extra.get("create_time"),
+           "execution_start_time": start, "execution_end_time": end, "execution_error": error,
+           "outputs_count": len(items), "previewable_outputs_count": len(items), "preview_output": preview}
+    job = {k: v for k, v in job.items() if v is not None}
+    if detail:
+        job.update(outputs=outputs, execution_status=status_info, workflow={"prompt": prompt, "extra_data": extra})
+    return job
+
+
+def _bad(message: str) -> web.Response:
+    return web.json_response({"error": message}, status=400)
+
+
+class JobsApi:
+    def __init__(self, server: FakeServer) -> None:
+        self.server = server
+
+    async def list(self, request: web.Request) -> web.Response:
+        query = request.rel_url.query
+        statuses = list(JOB_STATUSES)
+        if query.get("status"):
+            statuses = [s.strip().lower() for s in query["status"].split(",") if s.strip()]
+            invalid = [s for s in statuses if s not in JOB_STATUSES]
+            if invalid:
+                return _bad(f"Invalid status value(s): {', '.join(invalid)}. Valid values: {', '.join(JOB_STATUSES)}")
+        sort_by, order = query.get("sort_by", "created_at").lower(), query.get("sort_order", "desc").lower()
+        if sort_by not in ("created_at", "execution_duration"):
+            return _bad("sort_by must be 'created_at' or 'execution_duration'")
+        if order not in ("asc", "desc"):
+            return _bad("sort_order must be 'asc' or 'desc'")
+        limit = None
+        if "limit" in query:
+            try:
+                limit = int(query["limit"])
+            except ValueError:
+                return _bad("limit must be an integer")
+            if limit <= 0:
+                return _bad("limit must be a positive integer")
+        offset = 0
+        if "offset" in query:
+            try:
+                offset = max(0, int(query["offset"]))
+            except ValueError:
+                return _bad("offset must be an integer")
+        queue = self.server.queue
+        jobs: list[dict[str, Any]] = []
+        if "in_progress" in statuses:
+            jobs += [_queue_job(i, "in_progress", False) for i in queue.running.values()]
+        if "pending" in statuses:
+            jobs += [_queue_job(i, "pending", False) for i in queue.pending]
+        jobs += [j for j in (_history_job(k, v, False) for k, v in queue.history.items()) if j["status"] in statuses]
+        if query.get("workflow_id"):
+            jobs = [j for j in jobs if j.get("workflow_id") == query["workflow_id"]]
+
+        def key(job: dict[str, Any]) -> float:
+            if sort_by == "execution_duration":
+                start, end = job.get("execution_start_time", 0), job.get("execution_end_time", 0)
+                return end - start if end and start else 0
+            return job.get("create_time", 0)
+
+        jobs.sort(key=key, reverse=order == "desc")
+        total = len(jobs)
+        jobs = jobs[offset:]
+        jobs = jobs[:limit] if limit is not None else jobs
+        return web.json_response({"jobs": jobs, "pagination": {"offset": offset, "limit": limit, "total": total,
+                                                                "has_more": offset + len(jobs) < total}})
+
+    async def get(self, request: web.Request) -> web.Response:
+        job_id = request.match_info["job_id"]
+        queue = self.server.queue
+        if job_id in queue.history:
+            return web.json_response(_history_job(job_id, queue.get_history(prompt_id=job_id)[job_id], True))
+        for item in queue.running.values():
+            if item.prompt_id == job_id:
+                return web.json_response(_queue_job(item, "in_progress", True))
+        for item in queue.pending:
+            if item.prompt_id == job_id:
+                return web.json_response(_queue_job(item, "pending", True))
+        return web.json_response({"error": "Job not found"}, status=404)
+
+    def cancel_one(self, job_id: str) -> bool:
+        """Interrupt it when it is the running prompt, remove it when pending; a finished or unknown id is a
+        no-op. Recorded as the fake records /interrupt and /queue deletes, with via="cancel"."""
+        queue, recorder = self.server.queue, self.server.recorder
+        running = queue.running_ids()
+        if job_id in running:
+            self.server.executor.interrupt()
+            recorder.event("interrupts", prompt_id=job_id, running=job_id, effective=True, via="cancel")
+            return True
+        if queue.delete_queue_item(job_id):
+            recorder.event("queue_deletes", prompt_id=job_id, removed=True, via="cancel")
+            return True
+        return False
+
+    async def cancel(self, request: web.Request) -> web.Response:
+        return web.json_response({"cancelled": self.cancel_one(request.match_info["job_id"])})
+
+    async def cancel_many(self, request: web.Request) -> web.Response:
+        try:
+            body = await request.json()
+        except ValueError:
+            return _bad("Request body must be valid JSON")
+        ids = body.get("job_ids") if isinstance(body, dict) else None
+        if not isinstance(ids, list):
+            return _bad("job_ids must be a list")
+        invalid = [i if isinstance(i, str) else repr(i) for i in ids if not valid_job_id(i)]
+        if invalid:
+            return web.json_response({"error": "job_ids contains invalid id(s)", "invalid_ids": invalid}, status=400)
+        results = [self.cancel_one(i) for i in ids]
+        return web.json_response({"cancelled": any(results)})
