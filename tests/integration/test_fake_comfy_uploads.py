@@ -15,6 +15,7 @@ import requests
 
 from fake_comfy import FakeComfy
 from fake_comfy.uploads import decode_png
+from tests.input_images import expected_inverse
 
 RECORDED = Path(__file__).resolve().parents[3] / "shared" / "recorded"
 if not RECORDED.is_dir():
@@ -23,15 +24,6 @@ UPLOADS = json.loads((RECORDED / "uploads.json").read_text())
 FILES = UPLOADS["generated_input_files"]["files"]
 REC_PNG = base64.b64decode(FILES["A (rec.png first upload, seed 1)"]["base64"])
 RGBA_PNG = base64.b64decode(FILES["rgba.png"]["base64"])
-
-
-def expected_inverse(v: int) -> int:
-    import struct
-
-    def f32(x: float) -> float:
-        return struct.unpack("f", struct.pack("f", x))[0]
-
-    return int(f32(255.0 * f32(1.0 - f32(f32(float(v)) / f32(255.0)))))
 
 
 def upload(fc: FakeComfy, name: str, data: bytes, **fields: str) -> requests.Response:

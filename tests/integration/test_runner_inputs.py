@@ -5,9 +5,6 @@ checked against its input; an upload's failure classified and retried; a launche
 from __future__ import annotations
 
 import json
-import random
-import struct
-import zlib
 from pathlib import Path
 from typing import Any
 
@@ -19,33 +16,8 @@ from comfysup.runner.client import ComfyClient, ServerUnavailable
 from comfysup.runner.loop import Runner
 from fake_comfy import FakeComfy
 from fake_comfy.uploads import decode_png
+from tests.input_images import INVERT, expected_inverse, random_png
 from tests.runner_helpers import config_of, job_id, submit, write_config
-
-INVERT = {
-    "1": {"class_type": "LoadImage", "inputs": {"image": "placeholder.png"}},
-    "2": {"class_type": "ImageInvert", "inputs": {"image": ["1", 0]}},
-    "3": {"class_type": "SaveImage", "inputs": {"images": ["2", 0], "filename_prefix": "inv"}},
-}
-
-
-def random_png(seed: int, width: int = 16, height: int = 16, pad: int = 0) -> bytes:
-    """An RGB PNG of random pixels (``pad`` bytes of a text chunk make it larger)."""
-    rng = random.Random(seed)
-    raw = b"".join(b"\x00" + bytes(rng.randrange(256) for _ in range(width * 3)) for _ in range(height))
-
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
-
-    extra = chunk(b"tEXt", b"pad\x00" + b"x" * pad) if pad else b""
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)) + extra
-            + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
-
-
-def expected_inverse(v: int) -> int:
-    def f32(x: float) -> float:
-        return struct.unpack("f", struct.pack("f", x))[0]
-
-    return int(f32(255.0 * f32(1.0 - f32(f32(float(v)) / f32(255.0)))))
 
 
 def invert_jobs(tmp: Path, files: list[str], first: int = 1) -> list[dict[str, Any]]:
