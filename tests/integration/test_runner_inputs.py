@@ -76,6 +76,30 @@ def test_an_input_many_jobs_share_is_uploaded_once_per_server(tmp_path: Path, fa
 
 
 @pytest.mark.timeout(60)
+def test_an_upload_the_server_lost_is_uploaded_again_on_the_retry(tmp_path: Path, fake: FakeComfy) -> None:
+    """A server comfysup did not launch, its input folder wiped (a new container, a clean-up): the queue's
+    record of the upload is stale, ComfyUI refuses the prompt with 400 ``Invalid image file: comfysup/<hash>``;
+    that is transient, the record is forgotten and the retry uploads the file again."""
+    config = write_config(tmp_path)
+    (tmp_path / "cat.png").write_bytes(random_png(11))
+    queue = submit(config, invert_jobs(tmp_path, ["cat.png"]))
+    Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
+    assert queue.get(job_id(1)).state == "done"
+    for path in (Path(fake.input_directory) / "comfysup").iterdir():
+        path.unlink()
+    submit(config, invert_jobs(tmp_path, ["cat.png"], first=2))
+    Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
+    job = queue.get(job_id(2))
+    assert job.state == "done", job.reason
+    assert job.attempt == 2 and "Invalid image file: comfysup/" in (job.attempts[0].reason or "")
+    assert len(list((Path(fake.input_directory) / "comfysup").iterdir())) == 1  # uploaded again
+    (out,) = job.outputs
+    _w, _h, _c, inverted = decode_png(Path(out.path).read_bytes())
+    _w, _h, _c, original = decode_png((tmp_path / "cat.png").read_bytes())
+    assert list(inverted) == [expected_inverse(v) for v in original]
+
+
+@pytest.mark.timeout(60)
 def test_a_failed_upload_is_a_transient_failure_of_the_attempt(tmp_path: Path, fake: FakeComfy,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     original, failures = ComfyClient.upload_image, [1]
