@@ -262,6 +262,7 @@ class FakeServer:
             ("POST", "/free", self.post_free),
             ("POST", "/history", self.post_history),
             ("POST", "/upload/image", self.upload_image),
+            ("POST", "/upload/mask", self.upload_mask),
             ("GET", "/fake/stats", self.fake_stats),
             ("POST", "/fake/control", self.fake_control),
         ]
@@ -318,6 +319,9 @@ class FakeServer:
 
     async def upload_image(self, request: web.Request) -> web.Response:
         return await uploads.upload_image(request, self.options.directory_for_type)
+
+    async def upload_mask(self, request: web.Request) -> web.Response:
+        return await uploads.upload_mask(request, self.options.directory_for_type)
 
     async def view(self, request: web.Request) -> web.StreamResponse:
         """GET /view with ComfyUI's checks: '..' or a leading '/' in filename 400, escaping subfolder 403."""

@@ -1,4 +1,5 @@
-"""Input files, as ComfyUI 0.3.64 handles them (../shared/recorded/uploads.json): POST /upload/image, and the
+"""Input files, as ComfyUI 0.3.64 handles them (../shared/recorded/uploads.json): POST /upload/image and
+/upload/mask (a mask composited into the alpha of an existing image), and the
 LoadImage / LoadImageMask nodes reading real files with the pixel arithmetic of ComfyUI's tensors.
 
 Upload: multipart with an ``image`` file part and optional ``type`` (input, temp, output; anything else is a
@@ -15,6 +16,7 @@ operation on float32 operands computed in double and rounded once is exactly IEE
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import struct
 import zlib
@@ -163,7 +165,61 @@ async def upload_image(request: web.Request, directory_for_type: Any) -> web.Res
     """ComfyUI's image_upload handler (server.py), with its 400s and 500s as recorded."""
     if not (request.content_type or "").startswith("multipart/"):
         return web.Response(status=400)
+    return _receive(await request.post(), directory_for_type, _write_bytes)
+
+
+async def upload_mask(request: web.Request, directory_for_type: Any) -> web.Response:
+    """ComfyUI's upload_mask: the image named by the form's ``original_ref`` ({filename, subfolder, type},
+    type ``output`` when absent), made RGBA with its alpha replaced by the uploaded image's alpha, written under
+    the uploaded name (text chunks of the original kept). As recorded: an original that is missing or whose
+    name has ``..`` still answers 200 with the name and writes nothing; no ``original_ref`` is a 500; the
+    same mask again is renamed (the names are compared with the composite on disk, not the mask)."""
+    if not (request.content_type or "").startswith("multipart/"):
+        return web.Response(status=400)
     post = await request.post()
+
+    def composite(data: bytes, filepath: str) -> None:
+        ref = json.loads(post.get("original_ref"))  # type: ignore[arg-type]  # None: a TypeError, a 500
+        name = str(ref["filename"])
+        folder = None
+        for kind in ("input", "temp", "output"):  # folder_paths.annotated_filepath
+            if name.endswith(f" [{kind}]"):
+                name, folder = name[: -len(kind) - 3], directory_for_type(kind)
+        if not name or name.startswith("/") or ".." in name:
+            return
+        folder = folder or directory_for_type(ref.get("type", "output"))
+        if folder is None:
+            return
+        folder = os.path.abspath(folder)
+        if ref.get("subfolder", ""):
+            inner = os.path.join(folder, ref["subfolder"])
+            if os.path.commonpath((os.path.abspath(inner), folder)) != folder:
+                return
+            folder = inner
+        original = Path(folder) / name
+        if not original.is_file():
+            return
+        source = original.read_bytes()
+        width, height, channels, samples = decode_png(source)
+        _mw, _mh, mask_channels, mask = decode_png(data)
+        rgba = bytearray()
+        for i in range(width * height):
+            pixel = samples[i * channels:(i + 1) * channels]
+            rgb = bytes(pixel[:1] * 3) if channels < 3 else bytes(pixel[:3])
+            alpha = mask[i * mask_channels + mask_channels - 1] if mask_channels in (2, 4) else 255
+            rgba += rgb + bytes((alpha,))
+        Path(filepath).write_bytes(rgba_png(width, height, bytes(rgba), text_chunks(source)))
+
+    return _receive(post, directory_for_type, composite)
+
+
+def _write_bytes(data: bytes, filepath: str) -> None:
+    with open(filepath, "wb") as f:
+        f.write(data)
+
+
+def _receive(post: Any, directory_for_type: Any, save: Any) -> web.Response:
+    """image_upload's shared part: the form's checks, the name (renamed on a collision), then ``save``."""
     image = post.get("image")
     overwrite = post.get("overwrite")
     kind = post.get("type") or "input"
@@ -195,9 +251,30 @@ async def upload_image(request: web.Request, directory_for_type: Any) -> web.Res
             filepath = os.path.join(folder, filename)
             i += 1
     if not duplicate:
-        with open(filepath, "wb") as f:
-            f.write(data)
+        save(data, filepath)
     return web.json_response({"name": filename, "subfolder": subfolder, "type": kind})
+
+
+def text_chunks(data: bytes) -> dict[str, str]:
+    """A PNG's tEXt chunks (PIL's ``.text``), which upload_mask carries over to the composite."""
+    out, pos = {}, len(PNG_MAGIC)
+    while pos + 8 <= len(data):
+        length, kind = struct.unpack(">I4s", data[pos:pos + 8])
+        if kind == b"tEXt":
+            key, _, value = data[pos + 8:pos + 8 + length].partition(b"\x00")
+            out[key.decode("latin-1")] = value.decode("latin-1")
+        pos += 12 + length
+    return out
+
+
+def rgba_png(width: int, height: int, rgba: bytes, text: dict[str, str]) -> bytes:
+    """An 8-bit RGBA PNG (compress level 4, as upload_mask saves), with ``text`` as tEXt chunks."""
+    row = width * 4
+    raw = b"".join(b"\x00" + rgba[y * row:(y + 1) * row] for y in range(height))
+    chunks = [_png_chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 6, 0, 0, 0))]
+    chunks += [_png_chunk(b"tEXt", k.encode("latin-1") + b"\x00" + v.encode("latin-1")) for k, v in text.items()]
+    chunks += [_png_chunk(b"IDAT", zlib.compress(raw, 4)), _png_chunk(b"IEND", b"")]
+    return PNG_MAGIC + b"".join(chunks)
 
 
 def _same_bytes(path: str, data: bytes) -> bool:

@@ -50,14 +50,32 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
                                    "emptied first.")
     p.add_argument("--dir", default=None, help="folder for the config, queue, results and logs (default: "
                    f"{default_dir()}, or $XDG_CACHE_HOME/comfysup/demo)")
-    p.add_argument("--jobs", default=None, help="jobs file (default: the example that ships with comfysup, "
-                   f"{EXAMPLES / 'jobs.jsonl'})")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--jobs", default=None, help="jobs file (default: the example that ships with comfysup, "
+                       f"{EXAMPLES / 'jobs.jsonl'})")
+    which.add_argument("--example", default=None, choices=example_names(),
+                       help="a bundled example by name, from any directory (image-to-image: two input images "
+                            "inverted, LoadImage → ImageInvert → SaveImage)")
     p.add_argument("--timeout-seconds", type=float, default=600.0, help="give up after this long (default 600)")
     p.set_defaults(func=run)
 
 
 EXAMPLES = Path(str(resources.files("comfysup") / "data" / "examples"))
 """The example jobs and workflows, shipped in the package (the repository's examples/ links here)."""
+
+
+
+def example_names() -> list[str]:
+    """The bundled jobs files by name (``jobs``, ``image-to-image``): ``--example`` runs one from anywhere,
+    its workflows and input files found next to it in the package."""
+    return sorted(p.stem for p in EXAMPLES.glob("*.jsonl"))
+
+
+def jobs_path(args: argparse.Namespace) -> Path:
+    if args.jobs:
+        return Path(args.jobs)
+    return EXAMPLES / f"{getattr(args, 'example', None) or 'jobs'}.jsonl"
+
 
 MARKER = "# Written by comfysup demo"
 """The first line of a demo's config: a folder that holds one may be emptied by the next demo."""
@@ -189,7 +207,7 @@ def report(config_path: Path, ids: list[str]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    jobs = Path(args.jobs) if args.jobs else EXAMPLES / "jobs.jsonl"
+    jobs = jobs_path(args)
     if not jobs.is_file():
         raise UsageError(f"{jobs}: no such jobs file")
     directory = (Path(args.dir) if args.dir else default_dir()).absolute()

@@ -244,8 +244,7 @@ class Attempt(CatchingUp, Ending):
         if self.s.server in self.s.output_dirs and (self.claim.attempt > 1 or self.claim.last_server is not None):
             # Leftovers of an earlier run must not mix with this run's files in a later adoption.
             job_outputs.discard(self.s.output_dirs, self.s.server, self.claim.id)
-        number = self.client.post_prompt(self._workflow_for(self.claim), self.claim.id, stream.client_id,
-                                         self.claim.extra_data)
+        number = self._post_prompt(self.claim, stream.client_id)
         log.info("job %s attempt %d on %s: POST /prompt 200", self.claim.id, self.claim.attempt, self.s.server,
                  extra={"event": "posted"})
         self.trace.phase("posted", self.wall())
@@ -282,7 +281,7 @@ class Attempt(CatchingUp, Ending):
         except ComfyError:
             return  # nothing was posted: the next attempt posts it
         try:
-            number = self.client.post_prompt(self._workflow_for(nxt), nxt.id, stream.client_id, nxt.extra_data)
+            number = self._post_prompt(nxt, stream.client_id)
         except ComfyError as exc:
             self.posted_out = Posted(nxt.id, claimed_at, self.wall(), error=exc)
             return

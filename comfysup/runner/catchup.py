@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from comfysup.queue.base import Claim, Queue
 from comfysup.runner import outputs as job_outputs
-from comfysup.runner.client import ComfyClient, ServerUnavailable
+from comfysup.runner.client import ComfyClient, PromptRejected, ServerUnavailable
 from comfysup.runner.history import judge, prompt_number, status_of
 from comfysup.runner.running import Run
 
@@ -135,6 +135,14 @@ class CatchingUp:
         the folder to count, so it must not keep growing (best-effort)."""
         for server in self.s.output_dirs:
             job_outputs.discard(self.s.output_dirs, server, self.claim.id)
+
+    def _post_prompt(self, claim: Claim, client_id: str) -> int:
+        """POST ``claim``'s workflow (inputs delivered first); a refusal because an uploaded input vanished
+        from the server is transient (comfysup.runner.inputs.InputDelivery.stale), any other 400 permanent."""
+        try:
+            return self.client.post_prompt(self._workflow_for(claim), claim.id, client_id, claim.extra_data)
+        except PromptRejected as rejected:
+            raise self.station.inputs.stale(rejected) or rejected from None
 
     def _workflow_for(self, claim: Claim) -> dict[str, Any]:
         """The workflow to post to this runner's server: with the job's own output folder when comfysup can

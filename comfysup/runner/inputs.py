@@ -12,14 +12,17 @@ is the right one:
 
 An upload is part of the attempt: a refused connection, a reset or a 5xx is transient (retried with the
 attempt's backoff), a 413 or 400 permanent; the error is raised before anything is posted, so catch-up's
-guarantee stands (nothing posted, nothing run). Every upload is recorded in the queue (counted in status
-and metrics).
+guarantee stands (nothing posted, nothing run). A POST /prompt refused because an input recorded as uploaded is
+not on the server (``Invalid image file: comfysup/<hash>…``: a server comfysup did not launch, its input
+folder wiped) is transient: the record is forgotten and the retry uploads it again (:meth:`stale`). Every
+upload is recorded in the queue (counted in status and metrics).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -28,9 +31,20 @@ from typing import Any
 from comfysup import assets
 from comfysup.queue.assets import AssetMissing
 from comfysup.queue.base import Queue, host_name
-from comfysup.runner.client import ComfyClient, MalformedAnswer, PermanentError
+from comfysup.runner.client import ComfyClient, ComfyError, MalformedAnswer, PermanentError, PromptRejected
 
 log = logging.getLogger(__name__)
+
+_MISSING = re.compile(rf"Invalid image file: {assets.UPLOAD_SUBFOLDER}/([0-9a-f]{{64}})")
+"""LoadImage's (and LoadImageMask's) validation error for a file that is not in the input folder, as ComfyUI
+0.3.64 answers it (uploads.json: 400 custom_validation_failed ``image - Invalid image file: <name>``)."""
+
+
+class StaleUpload(ComfyError):
+    """Transient: the server no longer has an input this runner's queue recorded it uploaded there (its input
+    folder wiped, the server replaced); the record is forgotten and the next attempt uploads it again."""
+
+    kind = "input_missing"
 
 
 class InputDelivery:
@@ -77,6 +91,22 @@ class InputDelivery:
         if self.folder is not None:
             self._evict(keep=set(names.values()))
         return assets.with_names(workflow, names)
+
+    def stale(self, rejected: PromptRejected) -> StaleUpload | None:
+        """A 400 that names one of comfysup's uploads as a missing file: the upload records of those inputs
+        are forgotten (the retry uploads them again) and the failure becomes transient. Nothing else is
+        changed: any other 400 stays permanent. A server whose input folder this runner sees needs no
+        record (its files are looked up on disk), but a file deleted between that look and the POST is the
+        same story, so it is treated alike."""
+        hexes = set(_MISSING.findall(rejected.reason))
+        if not hexes:
+            return None
+        for hex_digest in sorted(hexes):
+            self.queue.forget_upload(self.key, assets.HASH_PREFIX + hex_digest)
+        log.warning("%s no longer has input(s) %s that were uploaded there: uploading again on the retry",
+                    self.key, ", ".join(sorted(hexes)), extra={"event": "stale_upload"})
+        return StaleUpload(f"the server no longer has an uploaded input ({rejected.reason}); it is uploaded "
+                           "again on the next attempt")
 
     def _has(self, digest: str, name: str, size: int | None, known: Mapping[str, tuple[str, int, float]]) -> bool:
         if self.folder is None:

@@ -4,6 +4,7 @@ the first (an earlier demo's queue would otherwise make it finish at once, havin
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -51,3 +52,33 @@ def test_the_demo_refuses_a_folder_that_is_not_an_earlier_demos(tmp_path: Path) 
     assert result.returncode == 2, result.stderr
     assert "not empty and not an earlier demo's folder" in result.stderr
     assert (tmp_path / "mine.txt").read_text() == "keep me"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_the_image_to_image_example_is_one_command_from_any_directory(tmp_path: Path) -> None:
+    """The README's image-to-image batch: ``comfysup demo --example image-to-image``, run away from the checkout,
+    finds its workflow and input images in the package, and every output pixel is its input's inverse."""
+    from input_images import expected_inverse
+
+    from comfysup.commands.demo import EXAMPLES
+    from fake_comfy.uploads import decode_png
+
+    elsewhere, cache = tmp_path / "elsewhere", tmp_path / "cache"
+    elsewhere.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COMFYSUP_")}
+    env.update(PYTHONPATH=str(REPO), XDG_CACHE_HOME=str(cache))
+    result = subprocess.run([sys.executable, "-m", "comfysup", "demo", "--example", "image-to-image"], cwd=elsewhere,
+                            env=env, capture_output=True, text=True, timeout=90)
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = [json.loads(line) for line in (EXAMPLES / "image-to-image.jsonl").read_text().splitlines() if line]
+    assert f"{len(lines)} of {len(lines)} job(s) done" in result.stdout
+    results = cache / "comfysup" / "demo" / "var" / "results"
+    for line in lines:
+        (output,) = (results / line["id"]).glob("*.png")
+        _w, _h, _c, inverted = decode_png(output.read_bytes())
+        source = next(v["file"] for v in line["set"].values() if isinstance(v, dict) and "file" in v)
+        _w, _h, _c, original = decode_png((EXAMPLES / source).read_bytes())
+        assert list(inverted) == [expected_inverse(v) for v in original]
+    assert list(elsewhere.iterdir()) == []
+    assert not processes_under(tmp_path)

@@ -28,9 +28,10 @@ secrets are searched for byte by byte. Counted, as in Jepsen's queue checkers:
 - ``PRAGMA integrity_check`` of the queue.
 
 Any lost, partial submit, double terminal, extra results, overlapping claim, concurrent execution,
-unmatched re-execution, execution after a completed one, uncounted run, missing or partial file, file
-outside, leaked secret, a failed integrity check, or a failure of the scenario's own expectations
-(``row_failures``) fails the run (:attr:`Report.ok`).
+unmatched re-execution, execution after a completed one, uncounted run, missing or partial file, an output
+that is not its input image inverted (``wrong_outputs``, chaos/inverted.py), file outside, leaked secret, a
+failed integrity check, or a failure of the scenario's own expectations (``row_failures``) fails the run
+(:attr:`Report.ok`).
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from chaos.faults import Fault
+from chaos.inverted import check_inverted
 
 TERMINAL = ("done", "dead", "cancelled")
 KILLS = ("server_kill", "supervisor_kill", "stuck_restart")
@@ -99,6 +101,9 @@ class Evidence:
     ended_at: float = 0.0
     """When the run was stopped: the end of an execution that never ended."""
     require_terminal: bool = True
+    inputs: dict[str, Path] = field(default_factory=dict)
+    """Job id → the input image it was submitted with (the user's file): each output of such a job, once
+    done, must be that image inverted, pixel for pixel (issue 17)."""
     """False for a run of submits alone (K4): an accepted job is lost only when it is not in the queue."""
 
 
@@ -156,6 +161,9 @@ class Report:
     uncounted: list[str] = field(default_factory=list)
     unexplained_deaths: list[str] = field(default_factory=list)
     missing_files: list[str] = field(default_factory=list)
+    wrong_outputs: list[str] = field(default_factory=list)
+    """Outputs of a job with an input image that are not its input inverted (another job's input, a stale
+    upload, a cached result of other bytes)."""
     partial_files: list[str] = field(default_factory=list)
     outside_files: list[str] = field(default_factory=list)
     orphan_files: int = 0
@@ -169,8 +177,8 @@ class Report:
     """What a scenario adds about itself (kills that landed mid-prompt, WAL sizes, …)."""
 
     FAILING = ("lost", "partial_submits", "unknown_jobs", "double_terminal", "extra_results", "overlapping_claims",
-               "concurrent", "unmatched", "after_completed", "uncounted", "missing_files", "partial_files",
-               "outside_files", "leaks", "row_failures")
+               "concurrent", "unmatched", "after_completed", "uncounted", "missing_files", "wrong_outputs",
+               "partial_files", "outside_files", "leaks", "row_failures")
 
     @property
     def ok(self) -> bool:
@@ -190,8 +198,8 @@ class Report:
                 f"{dict(sorted(self.faults.items())) or '{}'}; lost {len(self.lost)}, double terminal "
                 f"{len(self.double_terminal)}, concurrent {len(self.concurrent)}, re-executions {matched} matched "
                 f"{dict(sorted(self.re_executions.items())) or ''} / {len(self.unmatched)} unmatched, missing "
-                f"{len(self.missing_files)}, partial {len(self.partial_files)}, leaks {len(self.leaks)}, "
-                f"integrity {self.integrity}")
+                f"{len(self.missing_files)}, partial {len(self.partial_files)}, wrong outputs "
+                f"{len(self.wrong_outputs)}, leaks {len(self.leaks)}, integrity {self.integrity}")
 
     def explain(self, limit: int = 8) -> str:
         """The summary and a few examples of each violation, for an assertion message."""
@@ -356,6 +364,7 @@ def check(evidence: Evidence) -> Report:
         _bound_deaths(executions, evidence.faults, servers, evidence.ended_at, report)
         _check_executions(executions, posts, jobs, evidence.faults, report)
         _check_store(evidence.store, jobs, report)
+        check_inverted(evidence, jobs, report)
         _check_secrets(evidence, conn, report)
     finally:
         conn.close()

@@ -11,6 +11,7 @@ finding, not an artefact of the schedule.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import json
 import os
@@ -25,6 +26,7 @@ from typing import Any
 
 import requests
 import tomli_w
+from input_images import INVERT, random_png
 from supervisor_support import Supervised, gone, job, processes_under, wait_for
 
 from chaos.checker import Evidence, Report, Submission, check
@@ -41,6 +43,13 @@ MIN_LIFE_SECONDS = 0.7
 """A process is killed only after it lived this long: longer than quick_failure_seconds."""
 SHOW_SAMPLE = 12
 """Jobs whose ``comfysup show`` output is captured (besides every dead one) for the secret search."""
+SHARED_INPUTS = 3
+"""Input images shared between jobs (each job with an input takes one of these or one of its own)."""
+
+
+def hash_seed(text: str) -> int:
+    """A stable seed from text (``hash()`` of a str changes per process)."""
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big")
 
 
 class ChaosRun(Supervised):
@@ -48,7 +57,8 @@ class ChaosRun(Supervised):
 
     def __init__(self, tmp: Path, name: str, seed: int, *, node_ms: float = 20.0,
                  runner: dict[str, Any] | None = None, supervisor: dict[str, Any] | None = None,
-                 queue: dict[str, Any] | None = None, extra_args: tuple[str, ...] = ()) -> None:
+                 queue: dict[str, Any] | None = None, extra_args: tuple[str, ...] = (),
+                 input_share: float = 0.0) -> None:
         tmp.mkdir(parents=True, exist_ok=True)
         super().__init__(tmp, script={}, node_ms=node_ms, runner={**RUNNER, **(runner or {})},
                          supervisor={**SUPERVISOR, **(supervisor or {})})
@@ -74,14 +84,39 @@ class ChaosRun(Supervised):
         self.seen: dict[int, float] = {}
         """When a pid was first seen in supervisor.json (monotonic), to know how long it has lived."""
         self.next_job = 0
+        self.input_share = input_share
+        """The share of new jobs that bring an input image (LoadImage → ImageInvert → SaveImage)."""
+        self.inputs: dict[str, Path] = {}
+        """Job id → the input image it was submitted with: the checker holds each output to it."""
 
     # -- jobs -------------------------------------------------------------------------------------------
 
     def jobs_for(self, count: int, **extra: Any) -> list[dict[str, Any]]:
-        """``count`` new trivial jobs (a colour each, so no server serves one from its cache)."""
-        out = [{**job(n), **extra} for n in range(self.next_job, self.next_job + count)]
+        """``count`` new trivial jobs (a colour each, so no server serves one from its cache); of them, about
+        ``input_share`` bring an input image to invert instead, one shared with other jobs or their own."""
+        out = []
+        for n in range(self.next_job, self.next_job + count):
+            spec = {**job(n), **extra}
+            if self.input_share and self.rng.random() < self.input_share:
+                spec = {**spec, **self._invert_job(n)}
+            out.append(spec)
         self.next_job += count
         return out
+
+    def _invert_job(self, n: int) -> dict[str, Any]:
+        folder = self.tmp / "inputs"
+        folder.mkdir(exist_ok=True)
+        workflow = folder / "invert.json"
+        if not workflow.exists():
+            workflow.write_text(json.dumps(INVERT))
+        shared = self.rng.randrange(SHARED_INPUTS * 2)
+        name = f"shared{shared}.png" if shared < SHARED_INPUTS else f"own{n}.png"
+        path = folder / name
+        if not path.exists():  # pixels differ per image: seeded by its name
+            path.write_bytes(random_png(hash_seed(f"{self.seed}/{name}"), width=8, height=8))
+        self.inputs[job(n)["id"]] = path
+        return {"workflow": "inputs/invert.json",  # relative to the jobs files, written in self.tmp
+                "set": {"1.image": {"file": f"inputs/{name}"}, "3.filename_prefix": f"job{n}"}}
 
     def write_jobs(self, jobs: list[dict[str, Any]]) -> Path:
         path = self.tmp / f"jobs-{uuid.uuid4().hex[:8]}.jsonl"
@@ -235,7 +270,8 @@ class ChaosRun(Supervised):
         return Evidence(root=self.tmp, queue_path=self.queue_path, store=self.store, exec_logs=[self.exec_log],
                         faults=self.faults.faults(), submissions=self.submissions, logs=[self.log_path],
                         canaries=self.canaries, fragment_canaries=self.fragment_canaries, outputs=self.outputs,
-                        not_scanned=[s.path for s in self.submissions], ended_at=time.time())
+                        not_scanned=[s.path for s in self.submissions], ended_at=time.time(),
+                        inputs=dict(self.inputs))
 
     def all_gone(self) -> bool:
         return all(gone(pid) for pid in self.strays())

@@ -41,6 +41,9 @@ from chaos.harness import MIN_LIFE_SECONDS, ChaosRun
 from comfysup.supervisor.stop import KILL_WAIT_SECONDS
 
 SLOTS = ("cpu0", "cpu1")
+INPUT_SHARE = 0.4
+"""The share of K1's, K2's and K3's jobs that bring an input image (issue 17): uploaded by the runner before
+its POST, so kills land around uploads too, and each output is checked against its input."""
 
 
 def _top_up(h: ChaosRun, batch: int) -> None:
@@ -154,12 +157,12 @@ class _Tail:
 
 
 def k1_runner_kills(tmp: Path, seed: int, *, jobs: int, kills: int, aimed: int = 0, node_ms: float = 60.0,
-                    spread_seconds: float = 0.6) -> Report:
+                    spread_seconds: float = 0.6, input_share: float = INPUT_SHARE) -> Report:
     """A runner killed is released at once and the job re-claimed; its prompt, still on the server, is
     followed or adopted, never run again: every job done once. ``kills`` land at random moments;
     ``aimed`` more land right after a POST /prompt was answered, before the runner could record where its
     prompt runs (the moment that once let the other slot post the job a second time)."""
-    h = ChaosRun(tmp, "K1", seed, node_ms=node_ms)
+    h = ChaosRun(tmp, "K1", seed, node_ms=node_ms, input_share=input_share)
     try:
         h.submit(h.jobs_for(jobs))
         proc = h.start()
@@ -221,10 +224,11 @@ def _released_at_once(h: ChaosRun) -> str:
 # -- K2: kill -9 the supervisor, then start it again -----------------------------------------------------
 
 
-def k2_supervisor_kills(tmp: Path, seed: int, *, kills: int, jobs_per_kill: int = 6, node_ms: float = 40.0) -> Report:
+def k2_supervisor_kills(tmp: Path, seed: int, *, kills: int, jobs_per_kill: int = 6, node_ms: float = 40.0,
+                        input_share: float = INPUT_SHARE) -> Report:
     """Its servers and runners die with it (no stray process); a new supervisor releases their claims and
     finishes every job once. The queue is topped up so that every kill lands on a working system."""
-    h = ChaosRun(tmp, "K2", seed, node_ms=node_ms)
+    h = ChaosRun(tmp, "K2", seed, node_ms=node_ms, input_share=input_share)
     strays_left = 0
     try:
         h.submit(h.jobs_for(jobs_per_kill * 2))
@@ -256,7 +260,7 @@ def k2_supervisor_kills(tmp: Path, seed: int, *, kills: int, jobs_per_kill: int 
 
 
 def k3_server_kills(tmp: Path, seed: int, *, jobs: int, kills: int, file_kills: int = 0, node_ms: float = 60.0,
-                    history_delay_ms: float = 150.0) -> Report:
+                    history_delay_ms: float = 150.0, input_share: float = INPUT_SHARE) -> Report:
     """The server is restarted; the job it ran is re-run (a re-execution matched to the kill) and done
     once. A kill is aimed at a prompt the server is executing, checked on its /queue just before.
 
@@ -265,7 +269,8 @@ def k3_server_kills(tmp: Path, seed: int, *, jobs: int, kills: int, file_kills: 
     is read (ComfyUI writes it a moment after the file; ``history_delay_ms`` widens that moment, as the
     ~20 ms measured on a real ComfyUI cannot be hit reliably from outside). The job is adopted from its
     file, never run again: the checker counts any execution after a completed one as a failure."""
-    h = ChaosRun(tmp, "K3", seed, node_ms=node_ms, extra_args=("--history-delay-ms", str(history_delay_ms)))
+    h = ChaosRun(tmp, "K3", seed, node_ms=node_ms, extra_args=("--history-delay-ms", str(history_delay_ms)),
+                 input_share=input_share)
     try:
         h.submit(h.jobs_for(jobs))
         proc = h.start()

@@ -6,6 +6,9 @@ checker's verdict, with its counts and the seed in the message (replay with ``CH
 Each also asserts that its fault really landed (kills mid-prompt, kills before the done record, …), so
 a row cannot pass by missing its target.
 
+K1, K2 and K3 give about 40 % of their jobs an input image (LoadImage → ImageInvert → SaveImage), and the
+checker holds each of their outputs to its input, pixel for pixel.
+
 Rows marked ``chaos`` (Z2, D2) take longer and are deselected by default; run them with ``-m chaos``.
 """
 
@@ -33,6 +36,7 @@ def test_k1_runners_killed_at_random_moments(tmp_path: Path, chaos_seed: int) ->
     assert report.figures["kills"] == 8 and report.figures["kills_holding_a_job"] >= 1
     assert report.figures["kills_after_post"] == 4
     assert report.states["done"] == report.jobs and report.re_executions.total() == 0
+    assert report.figures["outputs_checked_against_inputs"] >= 1
 
 
 @pytest.mark.timeout(120)
@@ -40,6 +44,7 @@ def test_k2_the_supervisor_killed_and_started_again(tmp_path: Path, chaos_seed: 
     report = scenarios.k2_supervisor_kills(tmp_path, chaos_seed, kills=3)
     verdict(report)
     assert report.figures["strays"] == 0 and report.states["done"] == report.jobs
+    assert report.figures["outputs_checked_against_inputs"] >= 1
 
 
 @pytest.mark.timeout(120)
@@ -52,6 +57,7 @@ def test_k3_servers_killed_mid_prompt(tmp_path: Path, chaos_seed: int) -> None:
     assert report.figures["kills_after_a_file"] == 4
     assert report.figures["adopted_from_files"] >= 1, "no kill landed between a file and its history"
     assert report.states["done"] == report.jobs
+    assert report.figures["outputs_checked_against_inputs"] >= 1
 
 
 @pytest.mark.timeout(120)

@@ -43,12 +43,13 @@ class Run:
     jobs_file: Path
     submissions: list[Submission] = field(default_factory=list)
     outputs: dict[str, str] = field(default_factory=dict)
+    inputs: dict[str, Path] = field(default_factory=dict)
 
     def evidence(self) -> Evidence:
         return Evidence(root=self.root, queue_path=self.queue.path, store=self.store.root,
                         exec_logs=[self.exec_log], faults=self.faults.faults(), submissions=self.submissions,
                         logs=[self.log], canaries=[CANARY], outputs=self.outputs, not_scanned=[self.jobs_file],
-                        ended_at=T0 + 100)
+                        ended_at=T0 + 100, inputs=self.inputs)
 
     def check(self) -> Report:
         return check(self.evidence())
@@ -105,6 +106,19 @@ def test_a_clean_run_passes(run: Run) -> None:
     report = run.check()
     assert report.ok, report.explain()
     assert (report.jobs, report.states["done"], report.executions, report.attempts) == (3, 3, 3, 3)
+
+
+def test_an_output_that_is_not_its_input_inverted_is_a_wrong_output(run: Run) -> None:
+    white, black = run.root / "white.png", run.root / "black.png"
+    white.write_bytes(png_bytes(8, 8, (255, 255, 255)))  # job 0's output is black: white inverted
+    black.write_bytes(png_bytes(8, 8, (0, 0, 0)))
+    run.inputs = {run.ids[0]: white}
+    report = run.check()
+    assert report.ok and report.figures["outputs_checked_against_inputs"] == 1, report.explain()
+    run.inputs = {run.ids[0]: black}
+    report = run.check()
+    assert not report.ok and len(report.wrong_outputs) == 1
+    assert "192 of 192 samples are not the inverse of black.png" in report.wrong_outputs[0]
 
 
 def test_a_job_never_terminal_is_lost(run: Run) -> None:

@@ -15,6 +15,7 @@ import requests
 
 from fake_comfy import FakeComfy
 from fake_comfy.uploads import decode_png
+from tests.input_images import expected_inverse, random_png
 
 RECORDED = Path(__file__).resolve().parents[3] / "shared" / "recorded"
 if not RECORDED.is_dir():
@@ -23,15 +24,6 @@ UPLOADS = json.loads((RECORDED / "uploads.json").read_text())
 FILES = UPLOADS["generated_input_files"]["files"]
 REC_PNG = base64.b64decode(FILES["A (rec.png first upload, seed 1)"]["base64"])
 RGBA_PNG = base64.b64decode(FILES["rgba.png"]["base64"])
-
-
-def expected_inverse(v: int) -> int:
-    import struct
-
-    def f32(x: float) -> float:
-        return struct.unpack("f", struct.pack("f", x))[0]
-
-    return int(f32(255.0 * f32(1.0 - f32(f32(float(v)) / f32(255.0)))))
 
 
 def upload(fc: FakeComfy, name: str, data: bytes, **fields: str) -> requests.Response:
@@ -112,4 +104,61 @@ def test_load_image_mask_alpha_is_inverted_as_recorded(tmp_path: Path) -> None:
     _w, _h, _c, pixels = decode_png(out)
     _w, _h, _c, rgba = decode_png(RGBA_PNG)
     alphas = rgba[3::4]
+    assert list(pixels[0::3]) == [expected_inverse(a) for a in alphas]
+
+
+def mask_png(width: int, height: int, alphas: list[int]) -> bytes:
+    """An RGBA mask as the mask editor uploads it: black, the mask in its alpha."""
+    from fake_comfy.uploads import rgba_png
+
+    return rgba_png(width, height, b"".join(bytes((0, 0, 0, a)) for a in alphas), {})
+
+
+def upload_mask(fc: FakeComfy, name: str, data: bytes, **fields: str) -> requests.Response:
+    return requests.post(f"{fc.url}/upload/mask", files={"image": (name, data, "image/png")}, data=fields, timeout=5)
+
+
+@pytest.mark.timeout(30)
+def test_upload_mask_composites_the_mask_into_the_alpha_of_the_original(tmp_path: Path) -> None:
+    with FakeComfy(base_directory=tmp_path, node_ms=1) as fake:
+        mask_checks(fake)
+
+
+def mask_checks(fake: FakeComfy) -> None:
+    """As recorded (uploads.json upload_mask): the original named by original_ref, RGBA, its alpha the mask's,
+    written under the uploaded name in the form's subfolder; the same mask again is renamed; a missing
+    original or one named with '..' answers 200 and writes nothing; no original_ref is a 500."""
+    original = random_png(5, 16, 16)
+    assert upload(fake, "rec.png", original, subfolder="comfysup").status_code == 200
+    alphas = [(7 * i) % 256 for i in range(16 * 16)]
+    ref = json.dumps({"filename": "rec.png", "subfolder": "comfysup", "type": "input"})
+    answer = upload_mask(fake, "clipspace-mask-1.png", mask_png(16, 16, alphas), original_ref=ref,
+                         type="input", subfolder="clipspace")
+    assert answer.status_code == 200
+    assert answer.json() == {"name": "clipspace-mask-1.png", "subfolder": "clipspace", "type": "input"}
+    written = Path(fake.input_directory) / "clipspace" / "clipspace-mask-1.png"
+    width, height, channels, samples = decode_png(written.read_bytes())
+    _w, _h, _c, rgb = decode_png(original)
+    assert (width, height, channels) == (16, 16, 4)
+    assert bytes(b for i, b in enumerate(samples) if i % 4 != 3) == rgb  # the original's colours
+    assert list(samples[3::4]) == alphas  # the mask's alpha
+    again = upload_mask(fake, "clipspace-mask-1.png", mask_png(16, 16, alphas), original_ref=ref,
+                        type="input", subfolder="clipspace")
+    assert again.json()["name"] == "clipspace-mask-1 (1).png"  # compared with the composite: renamed
+    for n, bad in enumerate(({"filename": "nope.png", "subfolder": "comfysup", "type": "input"},
+                             {"filename": "../input/rec.png", "type": "input"}), start=3):
+        answer = upload_mask(fake, f"clipspace-mask-{n}.png", mask_png(16, 16, alphas), original_ref=json.dumps(bad),
+                             type="input", subfolder="clipspace")
+        assert answer.status_code == 200 and answer.json()["name"] == f"clipspace-mask-{n}.png"
+        assert not (Path(fake.input_directory) / "clipspace" / f"clipspace-mask-{n}.png").exists()
+    absent = upload_mask(fake, "clipspace-mask-5.png", mask_png(16, 16, alphas), type="input", subfolder="clipspace")
+    assert absent.status_code == 500
+    # A composite LoadImageMask reads: its alpha channel is the mask, inverted as ComfyUI does.
+    prompt = {"1": {"class_type": "LoadImageMask", "inputs": {"image": "clipspace/clipspace-mask-1.png",
+                                                            "channel": "alpha"}},
+              "2": {"class_type": "MaskToImage", "inputs": {"mask": ["1", 0]}},
+              "3": {"class_type": "SaveImage", "inputs": {"images": ["2", 0], "filename_prefix": "m"}}}
+    entry = run(fake, prompt)
+    (image,) = entry["outputs"]["3"]["images"]
+    _w, _h, _c, pixels = decode_png((Path(fake.output_directory) / image["subfolder"] / image["filename"]).read_bytes())
     assert list(pixels[0::3]) == [expected_inverse(a) for a in alphas]

@@ -5,9 +5,6 @@ checked against its input; an upload's failure classified and retried; a launche
 from __future__ import annotations
 
 import json
-import random
-import struct
-import zlib
 from pathlib import Path
 from typing import Any
 
@@ -19,33 +16,8 @@ from comfysup.runner.client import ComfyClient, ServerUnavailable
 from comfysup.runner.loop import Runner
 from fake_comfy import FakeComfy
 from fake_comfy.uploads import decode_png
+from tests.input_images import INVERT, expected_inverse, random_png
 from tests.runner_helpers import config_of, job_id, submit, write_config
-
-INVERT = {
-    "1": {"class_type": "LoadImage", "inputs": {"image": "placeholder.png"}},
-    "2": {"class_type": "ImageInvert", "inputs": {"image": ["1", 0]}},
-    "3": {"class_type": "SaveImage", "inputs": {"images": ["2", 0], "filename_prefix": "inv"}},
-}
-
-
-def random_png(seed: int, width: int = 16, height: int = 16, pad: int = 0) -> bytes:
-    """An RGB PNG of random pixels (``pad`` bytes of a text chunk make it larger)."""
-    rng = random.Random(seed)
-    raw = b"".join(b"\x00" + bytes(rng.randrange(256) for _ in range(width * 3)) for _ in range(height))
-
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
-
-    extra = chunk(b"tEXt", b"pad\x00" + b"x" * pad) if pad else b""
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)) + extra
-            + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
-
-
-def expected_inverse(v: int) -> int:
-    def f32(x: float) -> float:
-        return struct.unpack("f", struct.pack("f", x))[0]
-
-    return int(f32(255.0 * f32(1.0 - f32(f32(float(v)) / f32(255.0)))))
 
 
 def invert_jobs(tmp: Path, files: list[str], first: int = 1) -> list[dict[str, Any]]:
@@ -101,6 +73,30 @@ def test_an_input_many_jobs_share_is_uploaded_once_per_server(tmp_path: Path, fa
     submit(config, invert_jobs(tmp_path, ["cat.png"] * 2, first=20))
     Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
     assert len(calls) == 1
+
+
+@pytest.mark.timeout(60)
+def test_an_upload_the_server_lost_is_uploaded_again_on_the_retry(tmp_path: Path, fake: FakeComfy) -> None:
+    """A server comfysup did not launch, its input folder wiped (a new container, a clean-up): the queue's
+    record of the upload is stale, ComfyUI refuses the prompt with 400 ``Invalid image file: comfysup/<hash>``;
+    that is transient, the record is forgotten and the retry uploads the file again."""
+    config = write_config(tmp_path)
+    (tmp_path / "cat.png").write_bytes(random_png(11))
+    queue = submit(config, invert_jobs(tmp_path, ["cat.png"]))
+    Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
+    assert queue.get(job_id(1)).state == "done"
+    for path in (Path(fake.input_directory) / "comfysup").iterdir():
+        path.unlink()
+    submit(config, invert_jobs(tmp_path, ["cat.png"], first=2))
+    Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
+    job = queue.get(job_id(2))
+    assert job.state == "done", job.reason
+    assert job.attempt == 2 and "Invalid image file: comfysup/" in (job.attempts[0].reason or "")
+    assert len(list((Path(fake.input_directory) / "comfysup").iterdir())) == 1  # uploaded again
+    (out,) = job.outputs
+    _w, _h, _c, inverted = decode_png(Path(out.path).read_bytes())
+    _w, _h, _c, original = decode_png((tmp_path / "cat.png").read_bytes())
+    assert list(inverted) == [expected_inverse(v) for v in original]
 
 
 @pytest.mark.timeout(60)
