@@ -148,6 +148,24 @@ class WebhooksConfig:
 
 
 @dataclass(frozen=True)
+class ApiConfig:
+    listen: str = "127.0.0.1:9189"
+    """HOST:PORT of the Comfy API v2 (/api/v2/jobs, /api/v2/assets) that ``comfysup run`` serves and ``comfysup
+    api`` serves alone; port 0 takes any free port; empty: ``comfysup run`` serves none. The port is
+    comfy-api-proxy's own default, so an SDK configured for the proxy finds comfysup in its place."""
+    token: str = ""
+    """The bearer token every request must carry (``Authorization: Bearer <token>``); empty: none is asked for,
+    and then only a loopback address may be listened on. Never logged or shown."""
+    max_queued: int = 0
+    """Jobs not yet ended above which POST /api/v2/jobs answers 429 queue_full with Retry-After; 0: no bound."""
+    max_upload_mb: int = 100
+    """The largest body the API accepts (an asset upload; a job's JSON is bounded by the workflow limit)."""
+    allowed_origins: tuple[str, ...] = ()
+    """Browser origins (``https://app.example``) allowed besides the API's own; any other Origin is refused, so
+    a web page cannot make a visitor's browser submit jobs."""
+
+
+@dataclass(frozen=True)
 class Config:
     queue: QueueConfig = field(default_factory=QueueConfig)
     store: StoreConfig = field(default_factory=StoreConfig)
@@ -158,6 +176,7 @@ class Config:
     supervisor: SupervisorConfig = field(default_factory=SupervisorConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     webhooks: WebhooksConfig = field(default_factory=WebhooksConfig)
+    api: ApiConfig = field(default_factory=ApiConfig)
     source: str = "<defaults>"
     """Where the file values came from, for messages."""
     root: str = "."
@@ -178,6 +197,7 @@ SECTIONS: dict[str, type] = {
     "supervisor": SupervisorConfig,
     "metrics": MetricsConfig,
     "webhooks": WebhooksConfig,
+    "api": ApiConfig,
 }
 
 
@@ -430,6 +450,7 @@ def _check(c: Config) -> None:
             raise bad("metrics", "listen", m.listen, "expected HOST:PORT, e.g. 127.0.0.1:9188 (port 0: any free "
                       "port; an empty string: no endpoint)")
         _check_listen(c.source, "metrics", "listen", host.strip("[]"), u.private_network)
+    _check_api(c)
     if m.refresh_seconds <= 0:
         raise bad("metrics", "refresh_seconds", m.refresh_seconds, "must be greater than 0")
     if m.max_workflow_labels < 1:
@@ -449,6 +470,35 @@ def _check(c: Config) -> None:
     if w.base_delay_seconds > w.max_delay_seconds:
         raise bad("webhooks", "base_delay_seconds", w.base_delay_seconds,
                   f"must not exceed [webhooks] max_delay_seconds ({w.max_delay_seconds:g})")
+
+
+def _check_api(c: Config) -> None:
+    """[api]: HOST:PORT, and a token before anything beyond loopback (the API submits jobs, so a listen that
+    other hosts reach without a token would let any of them use the GPUs). The token itself is never shown."""
+    a = c.api
+    if a.listen:
+        host, _, port = a.listen.rpartition(":")
+        if not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+            raise ConfigError(f"{c.source}: [api] listen = {a.listen!r}: expected HOST:PORT, e.g. 127.0.0.1:9189 "
+                              "(port 0: any free port; an empty string: no API)")
+        host = host.strip("[]")
+        try:
+            loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+        except ValueError as exc:
+            raise ConfigError(f"{c.source}: [api] listen = {a.listen!r}: expected an IP address") from exc
+        if not loopback and not a.token:
+            raise ConfigError(f"{c.source}: [api] listen = {a.listen!r}: not a loopback address, and [api] token "
+                              "is not set. The API runs jobs on your GPUs: set a token (every request then "
+                              "carries Authorization: Bearer <token>) or listen on 127.0.0.1")
+    if a.max_queued < 0:
+        raise ConfigError(f"{c.source}: [api] max_queued = {a.max_queued!r}: must be 0 (no bound) or more")
+    if a.max_upload_mb < 1:
+        raise ConfigError(f"{c.source}: [api] max_upload_mb = {a.max_upload_mb!r}: must be at least 1")
+    for origin in a.allowed_origins:
+        parsed = urlparse(origin)
+        if parsed.scheme not in ("http", "https") or not parsed.netloc or parsed.path not in ("", "/"):
+            raise ConfigError(f"{c.source}: [api] allowed_origins: {origin!r}: expected an origin like "
+                              "https://app.example")
 
 
 def check_supervisor(c: Config) -> None:

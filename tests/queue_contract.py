@@ -494,6 +494,18 @@ class QueueContract(CatalogueContract, AssetsContract):
         assert next(iter(q.iter_jobs(["running"]))).attempts[0].owner == "runner-a"
         assert list(q.iter_jobs(["dead"])) == []
 
+    def test_newest_pages_newest_first_with_a_cursor(self, q: Queue) -> None:
+        jobs = [make_job(i) for i in range(7)]
+        q.submit(jobs, now=T0)
+        seen, before = [], None
+        for _ in range(4):
+            before, page = q.newest(before, limit=3)
+            seen += [j.id for j in page]
+            if before is None:
+                break
+        assert seen == [j.id for j in reversed(jobs)]
+        assert q.newest(None, limit=7)[0] is None
+
     def test_status_counts_every_state_and_waiting(self, q: Queue) -> None:
         self.submit(q, *[make_job(i) for i in range(8)])
         done = self.claim(q, now=T0)

@@ -109,6 +109,17 @@ DOCS: dict[str, dict[str, str]] = {
         "allow_private": "Allow webhooks to this machine, link-local and private addresses and cloud metadata "
                          "names (checked at submit and on the connected socket).",
     },
+    "api": {
+        "": "The Comfy API v2 (/api/v2/jobs, /api/v2/assets): code written for Comfy Cloud with comfy-sdk "
+            "submits here. Served by comfysup run, or alone by comfysup api.",
+        "listen": "HOST:PORT of the API; a non-loopback address needs a token; port 0 takes any free port; "
+                  "\"\" serves none.",
+        "token": "Bearer token every request must carry; \"\": none (loopback only). Never logged.",
+        "max_queued": "Jobs not yet ended above which a submit gets 429 queue_full and Retry-After (0: no bound).",
+        "max_upload_mb": "The largest request body (an asset upload), in MiB.",
+        "allowed_origins": "Browser origins allowed besides the API's own (e.g. [\"https://app.example\"]); "
+                           "requests from any other web page are refused.",
+    },
 }
 
 

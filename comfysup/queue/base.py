@@ -417,6 +417,10 @@ class Queue(Protocol):
 
     def iter_jobs(self, states: Sequence[str] | None = None) -> Iterator[JobRecord]: ...
 
+    def newest(self, before: int | None = None, limit: int = 50) -> tuple[int | None, list[JobRecord]]:
+        """A page of jobs, newest first, below ``before``; and the ``before`` of the next page (None: the last)."""
+        ...
+
     def status(self, now: float | None = None, dead_limit: int = 5, done_limit: int = 0) -> Status: ...
 
     def states(self, ids: Sequence[str]) -> dict[str, str]:

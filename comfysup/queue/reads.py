@@ -95,6 +95,19 @@ class SQLReads:
             rows = cur.execute(self.sql["jobs_page"], (last, PAGE)).fetchall()
         return (rows[-1]["seq"] if rows else last), self._with_attempts(cur, rows)
 
+    def newest(self, before: int | None = None, limit: int = 50) -> tuple[int | None, list[JobRecord]]:
+        """Up to ``limit`` jobs submitted before the one numbered ``before`` (None: the newest), newest first, and
+        the number to pass as ``before`` for the next page (None: this was the last). What the API's list pages
+        through: one indexed range read, whatever the queue holds."""
+        return self._transaction(self._newest, before, limit, write=False, named=True)
+
+    def _newest(self, cur: Any, before: int | None, limit: int) -> tuple[int | None, list[JobRecord]]:
+        start = before if before is not None else 2**62
+        rows = cur.execute(self.sql["jobs_page_newest"], (start, limit + 1)).fetchall()
+        more = len(rows) > limit
+        rows = rows[:limit]
+        return (rows[-1]["seq"] if more and rows else None), self._with_attempts(cur, rows)
+
     def status(self, now: float | None = None, dead_limit: int = 5, done_limit: int = 0) -> Status:
         return self._transaction(self._status, now, dead_limit, done_limit, write=False, named=True)
 

@@ -123,6 +123,10 @@ SELECT {job_columns} FROM {job_from} WHERE jobs.id = ANY(?)
 -- a page of every job, in submission order
 SELECT jobs.seq AS seq, {job_columns} FROM {job_from} WHERE jobs.seq > ? ORDER BY jobs.seq LIMIT ?
 
+-- name: jobs_page_newest
+-- a page of every job, newest first, below a seq (the API's GET /api/v2/jobs and its cursor)
+SELECT jobs.seq AS seq, {job_columns} FROM {job_from} WHERE jobs.seq < ? ORDER BY jobs.seq DESC LIMIT ?
+
 -- name: jobs_page_in_states
 -- a page of the jobs in some states, in submission order
 SELECT jobs.seq AS seq, {job_columns} FROM {job_from} WHERE jobs.seq > ? AND state = ANY(?)
