@@ -1,0 +1,357 @@
+"""The routes of ``/api/v2`` on aiohttp (already comfysup's runtime dependency, and what ComfyUI itself and
+fake_comfy are built on): one event loop for many slow clients and event streams, while every queue call runs
+in a single worker thread, so the queue (a blocking SQLite or PostgreSQL connection) is used by one thread and
+the loop never waits on an fsync.
+
+Paths, bodies and codes: comfy-api-proxy ``spec/openapi.yaml@37fbee21df60dd598638786cbdcc6c1e1beada7c`` (see
+comfysup.api). Everything answered is built by comfysup.api.views; nothing of a job's ``extra_data`` (partner
+keys) is ever in an answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import concurrent.futures
+import json
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from aiohttp import web
+
+from comfysup import safefs
+from comfysup.api import views
+from comfysup.api.errors import ApiError, not_found
+from comfysup.api.intake import Intake
+from comfysup.api.security import check_origin, check_token
+from comfysup.config import Config
+from comfysup.errors import NotFound
+from comfysup.jobs import MAX_WORKFLOW_BYTES, canonical_id
+from comfysup.jobs.catalogue import Catalogue
+from comfysup.jobs.values import JobLineError
+from comfysup.queue.base import SubmitConflict
+
+log = logging.getLogger("comfysup.api")
+T = TypeVar("T")
+API = views.API
+LIST_LIMIT = 50
+MAX_LIST_LIMIT = 500
+SCAN_PAGES = 20
+"""A filtered list reads at most this many pages of ``limit`` jobs for one answer, then hands back a cursor."""
+CATALOGUE_SECONDS = 5.0
+"""How long the node catalogues read from the queue are reused before they are read again."""
+QUEUE_FULL_RETRY_SECONDS = 5
+CHUNK = 1 << 20
+STATE_KEY: web.AppKey[Any] = web.AppKey("state", object)
+
+
+class State:
+    """What the handlers share: the config, the queue, its one worker thread, the intake and the catalogues."""
+
+    def __init__(self, config: Config, queue: Any) -> None:
+        self.config = config
+        self.queue = queue
+        self.worker = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="comfysup-api-queue")
+        self.intake = Intake(config.resolve("."), allow_private_callbacks=config.webhooks.allow_private)
+        self.store = config.resolve(config.store.dir)
+        self._catalogues: list[Catalogue] = []
+        self._catalogues_at = float("-inf")
+
+    async def call(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self.worker, lambda: fn(*args))
+
+    def catalogues(self) -> list[Catalogue]:
+        """In the worker thread: the catalogues the servers have now, read at most every few seconds."""
+        now = time.monotonic()
+        if now - self._catalogues_at > CATALOGUE_SECONDS:
+            self._catalogues = [Catalogue(r.id, r.info, tuple(r.servers)) for r in self.queue.catalogues()]
+            self._catalogues_at = now
+        return self._catalogues
+
+
+def _origin(request: web.Request) -> str:
+    return f"{request.scheme}://{request.host}"
+
+
+def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(status=status, text=json.dumps(body), content_type="application/json", headers=headers)
+
+
+def _job_id(request: web.Request) -> str:
+    try:
+        return canonical_id(request.match_info["id"])
+    except JobLineError:
+        raise not_found("job") from None
+
+
+@web.middleware
+async def guard(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                ) -> web.StreamResponse:
+    """Origin first, then the token (comfysup.api.security); every error as the contract's envelope."""
+    state: State = request.app[STATE_KEY]
+    try:
+        check_origin(request.headers.get("Origin"), request.headers.get("Sec-Fetch-Site"), request.host,
+                     state.config.api.allowed_origins)
+        check_token(state.config.api.token, request.headers.get("Authorization"))
+        return await handler(request)
+    except ApiError as exc:
+        return exc.response()
+    except web.HTTPRequestEntityTooLarge:
+        return ApiError(413, "payload_too_large", f"the body is larger than {state.config.api.max_upload_mb} MiB "
+                        "([api] max_upload_mb)").response()
+    except web.HTTPNotFound:
+        return not_found("route").response()
+    except web.HTTPMethodNotAllowed as exc:
+        return ApiError(405, "method_not_allowed", f"{request.method} is not allowed here",
+                        headers={"Allow": ", ".join(sorted(exc.allowed_methods))}).response()
+
+
+async def health(request: web.Request) -> web.Response:
+    state: State = request.app[STATE_KEY]
+    try:
+        active = await state.call(state.queue.active_count)
+    except Exception as exc:  # the queue does not answer: not healthy, and say why (no secret in it)
+        log.warning("api health: the queue does not answer: %s", exc)
+        return _json({"status": "unavailable", "queue": "unavailable"}, status=503)
+    return _json({"status": "ok", "queue": "ok", "active_jobs": active})
+
+
+async def post_job(request: web.Request) -> web.Response:
+    state: State = request.app[STATE_KEY]
+    raw = await request.read()
+    if len(raw) > MAX_WORKFLOW_BYTES:
+        raise ApiError(413, "payload_too_large", f"the body is larger than {MAX_WORKFLOW_BYTES // 2**20} MiB")
+    try:
+        body = json.loads(raw)
+    except (ValueError, RecursionError):
+        raise ApiError(400, "invalid_request", "the body is not valid JSON") from None
+    key = request.headers.get("Idempotency-Key")
+    return await state.call(_submit, state, body, key, _origin(request))
+
+
+def _submit(state: State, body: Any, key: str | None, origin: str) -> web.Response:
+    """In the worker thread: validate, bound the queue, insert (durable before the answer), answer."""
+    job = state.intake.job(body, key, state.catalogues())
+    bound = state.config.api.max_queued
+    if bound:
+        try:
+            known = state.queue.get(job.id)
+        except NotFound:
+            known = None
+        if known is None and state.queue.active_count() >= bound:
+            raise ApiError(429, "queue_full", f"the queue holds {bound} or more jobs not yet ended ([api] "
+                           "max_queued); retry later", headers={"Retry-After": str(QUEUE_FULL_RETRY_SECONDS)})
+    try:
+        result = state.queue.submit([job])
+    except SubmitConflict:
+        raise ApiError(422, "idempotency_key_reuse", "this Idempotency-Key was used for a different job") from None
+    record = state.queue.get(job.id)
+    headers = {"Idempotency-Replayed": "true"} if result.existing else {}
+    headers["Location"] = views.job_urls(job.id)["self"]
+    return _json(views.job(record, origin, time.time()), status=201, headers=headers)
+
+
+async def get_job(request: web.Request) -> web.Response:
+    state: State = request.app[STATE_KEY]
+    record = await state.call(_record, state, _job_id(request))
+    return _json(views.job(record, _origin(request), time.time()))
+
+
+def _record(state: State, job_id: str) -> Any:
+    try:
+        return state.queue.get(job_id)
+    except NotFound:
+        raise not_found("job") from None
+
+
+async def get_workflow(request: web.Request) -> web.Response:
+    """The executed API-format graph (``JobWorkflowResponse``, ``format: api``): comfysup keeps no UI export."""
+    state: State = request.app[STATE_KEY]
+    record = await state.call(_record, state, _job_id(request))
+    return _json({"workflow": record.workflow, "format": "api"})
+
+
+async def cancel_job(request: web.Request) -> web.Response:
+    """``comfysup cancel``'s transition: a queued job ends cancelled, a running one is marked (``canceling``) and
+    its runner interrupts it; an ended job stays as it is (idempotent, as the contract says)."""
+    state: State = request.app[STATE_KEY]
+    job_id = _job_id(request)
+
+    def cancel() -> Any:
+        record = _record(state, job_id)
+        if record.state not in ("done", "dead", "cancelled"):
+            state.queue.cancel([job_id])
+            record = state.queue.get(job_id)
+        return record
+
+    record = await state.call(cancel)
+    return _json(views.job(record, _origin(request), time.time()))
+
+
+def _cursor(text: str | None) -> int | None:
+    if not text:
+        return None
+    try:
+        value = int(base64.urlsafe_b64decode(text.encode() + b"==").decode())
+    except (ValueError, binascii.Error, UnicodeDecodeError):
+        raise ApiError(400, "invalid_request", "cursor is not one this API handed out") from None
+    if value <= 0:
+        raise ApiError(400, "invalid_request", "cursor is not one this API handed out")
+    return value
+
+
+def _encode_cursor(seq: int) -> str:
+    return base64.urlsafe_b64encode(str(seq).encode()).decode().rstrip("=")
+
+
+async def list_jobs(request: web.Request) -> web.Response:
+    """Newest first; ``metadata[<key>]=<value>`` filters (all must match), ``status`` (contract names, comma
+    separated), ``limit`` (1 to 500) and an opaque ``cursor`` (comfy-sdk 0.5.0 ``comfy_low/transport.py``
+    ``_jobs_list_path``). A filtered page reads at most SCAN_PAGES pages of the queue; it may then be short and
+    carry a cursor, which the SDK follows."""
+    state: State = request.app[STATE_KEY]
+    query = request.query
+    try:
+        limit = int(query.get("limit", LIST_LIMIT))
+    except ValueError:
+        raise ApiError(400, "invalid_request", "limit must be a whole number") from None
+    if not 1 <= limit <= MAX_LIST_LIMIT:
+        raise ApiError(400, "invalid_request", f"limit must be from 1 to {MAX_LIST_LIMIT}")
+    wanted = {k[len("metadata["):-1]: v for k, v in query.items() if k.startswith("metadata[") and k.endswith("]")}
+    statuses = {s for s in query.get("status", "").split(",") if s}
+    unknown = statuses - set(views.STATUS.values()) - {"canceling", "expired"}
+    if unknown:
+        raise ApiError(400, "invalid_request", f"unknown status {sorted(unknown)[0]!r}")
+    before = _cursor(query.get("cursor"))
+
+    def page() -> tuple[list[Any], int | None]:
+        found: list[Any] = []
+        cursor = before
+        for _ in range(SCAN_PAGES):
+            cursor, records = state.queue.newest(cursor, limit)
+            for record in records:
+                labels = views.labels(record.meta)
+                if (not statuses or views.status(record) in statuses) and \
+                        all(labels.get(k) == v for k, v in wanted.items()):
+                    found.append(record)
+            if cursor is None or len(found) >= limit or not (wanted or statuses):
+                break
+        return found[:limit], cursor
+
+    records, cursor = await state.call(page)
+    body: dict[str, Any] = {"jobs": [views.summary(r) for r in records]}
+    if cursor is not None:
+        body["next_cursor"] = _encode_cursor(cursor)
+    return _json(body)
+
+
+async def output_asset(request: web.Request) -> web.Response:
+    """An output as the contract's ``Asset`` (uploaded assets: not served yet)."""
+    state: State = request.app[STATE_KEY]
+    record, index = await state.call(_output, state, request.match_info["id"])
+    item = views.outputs(record, _origin(request), time.time())[index]
+    return _json({"id": item["id"], "hash": None, "size_bytes": item["size_bytes"],
+                  "content_type": item["content_type"], "file_path": item["name"],
+                  "created_at": views.iso(record.finished_at), "url": item["url"],
+                  "url_expires_at": item["url_expires_at"], "job_id": record.id})
+
+
+def _output(state: State, asset_id: str) -> tuple[Any, int]:
+    parsed = views.parse_output_id(asset_id)
+    if parsed is None:
+        raise not_found("asset")
+    try:
+        record = state.queue.get(parsed[0])
+    except NotFound:
+        raise not_found("asset") from None
+    if record.state != "done" or parsed[1] >= len(record.outputs):
+        raise not_found("asset")
+    return record, parsed[1]
+
+
+def _range(header: str | None, size: int) -> tuple[int, int] | None:
+    """``bytes=a-b``, ``bytes=a-``, ``bytes=-n`` as (first, last); None: the whole file; 416 when unsatisfiable."""
+    if not header:
+        return None
+    unit, _, spec = header.partition("=")
+    if unit.strip() != "bytes" or "," in spec:
+        return None  # a multi-range or another unit: the whole file (allowed by RFC 9110)
+    first, _, last = spec.strip().partition("-")
+    try:
+        if not first:
+            n = int(last)
+            start, end = max(0, size - n), size - 1
+        else:
+            start, end = int(first), (int(last) if last else size - 1)
+    except ValueError:
+        return None
+    end = min(end, size - 1)
+    if start < 0 or start > end:
+        raise ApiError(416, "range_not_satisfiable", f"the file has {size} bytes",
+                       headers={"Content-Range": f"bytes */{size}"})
+    return start, end
+
+
+async def output_content(request: web.Request) -> web.StreamResponse:
+    """The file from the result store, opened through comfysup.safefs (no symlink out of the job's folder), with
+    Range for resumable downloads. A store on another machine's disk (``store.dir`` not shared) is not
+    reachable from here: 404 with the machine named."""
+    state: State = request.app[STATE_KEY]
+    record, index = await state.call(_output, state, request.match_info["id"])
+    output = record.outputs[index]
+    parts = [p for p in output.name.split("/") if p]
+    try:
+        root = safefs.open_root(state.store)
+        try:
+            with safefs.dir_beneath(root, [record.id, *parts[:-1]]) as folder:
+                fd = safefs.open_file(folder, parts[-1])
+        finally:
+            os.close(root)
+    except OSError:
+        raise ApiError(404, "not_found", f"the file is not in this machine's result store (the job ran on "
+                       f"{record.machine or 'another machine'})") from None
+    with os.fdopen(fd, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        span = _range(request.headers.get("Range"), size)
+        start, end = span if span is not None else (0, size - 1)
+        response = web.StreamResponse(status=206 if span is not None else 200)
+        response.content_type = views.content_type(output.name)
+        response.content_length = max(0, end - start + 1)
+        response.headers["Accept-Ranges"] = "bytes"
+        if span is not None:
+            response.headers["Content-Range"] = f"bytes {start}-{end}/{size}"
+        await response.prepare(request)
+        f.seek(start)
+        left = end - start + 1
+        while left > 0:
+            chunk = f.read(min(CHUNK, left))
+            if not chunk:
+                break
+            left -= len(chunk)
+            await response.write(chunk)
+        await response.write_eof()
+        return response
+
+
+def make_app(config: Config, queue: Any) -> web.Application:
+    app = web.Application(middlewares=[guard], client_max_size=config.api.max_upload_mb * 2**20)
+    state = State(config, queue)
+    app[STATE_KEY] = state
+    app.router.add_get(f"{API}/health", health)
+    app.router.add_post(f"{API}/jobs", post_job)
+    app.router.add_get(f"{API}/jobs", list_jobs)
+    app.router.add_get(f"{API}/jobs/{{id}}", get_job)
+    app.router.add_get(f"{API}/jobs/{{id}}/workflow", get_workflow)
+    app.router.add_post(f"{API}/jobs/{{id}}/cancel", cancel_job)
+    app.router.add_get(f"{API}/assets/{{id}}", output_asset)
+    app.router.add_get(f"{API}/assets/{{id}}/content", output_content)
+
+    async def close(app: web.Application) -> None:
+        state.worker.shutdown(wait=True)
+
+    app.on_cleanup.append(close)
+    return app

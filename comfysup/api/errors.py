@@ -1,0 +1,38 @@
+"""The contract's error envelope: ``{"error": {"code", "message", "details"}}`` with its HTTP status.
+
+Codes as ``ErrorEnvelope`` lists them (comfy-api-proxy ``spec/openapi.yaml@37fbee21``): ``invalid_workflow``
+(422), ``workflow_format_ui`` (422), ``missing_asset`` (422), ``idempotency_key_reuse`` (422), ``queue_full``
+(429 + Retry-After), ``not_found`` (404), ``unauthorized`` (401), ``forbidden`` (403); comfysup adds
+``payload_too_large`` (413) and ``invalid_request`` (400) for bodies that are not the contract's shape.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from aiohttp import web
+
+
+class ApiError(Exception):
+    """An answer that is an error envelope; raised anywhere in a handler, rendered by the app's middleware."""
+
+    def __init__(self, status: int, code: str, message: str, *, details: dict[str, Any] | None = None,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.details = details
+        self.headers = headers or {}
+
+    def response(self) -> web.Response:
+        body: dict[str, Any] = {"code": self.code, "message": self.message}
+        if self.details is not None:
+            body["details"] = self.details
+        return web.Response(status=self.status, text=json.dumps({"error": body}), content_type="application/json",
+                            headers=self.headers)
+
+
+def not_found(what: str) -> ApiError:
+    return ApiError(404, "not_found", f"{what} not found")

@@ -1,0 +1,96 @@
+"""A ``POST /api/v2/jobs`` body as a comfysup job line, validated by the same code as ``comfysup submit``.
+
+The body (comfy-api-proxy ``spec/openapi.yaml@37fbee21`` ``postJobs``; comfy-sdk 0.5.0 ``comfy_low/transport.py``
+``_jobs_body``) is ``{"workflow": {...API format...}, "extra_data": {...}, "metadata": {"k": "v"}}``; comfysup
+adds ``priority`` (a whole number, as a jobs.jsonl line has it). It becomes the line ``{"id", "workflow",
+"priority", "extra_data", "meta"}`` and goes through ``comfysup.jobs.JobsFile.parse`` with the node catalogues
+the servers recorded: one validation for every front door.
+
+The job id is the ``Idempotency-Key``: itself when it is a UUID, else a UUID derived from it (uuid5 in a fixed
+namespace), so a client that retries after a dropped connection names the same job, and the queue's
+idempotency by id (same content: already submitted; other content: a conflict) is the contract's Stripe
+semantics (same key and body: the same job, ``Idempotency-Replayed: true``; same key, other body: 422
+``idempotency_key_reuse``). Without a key the job gets a fresh random id.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+from typing import Any
+
+from comfysup.api.errors import ApiError
+from comfysup.jobs import JobLineError, JobsFile
+from comfysup.jobs.catalogue import Catalogue
+from comfysup.queue.base import NewJob
+
+KEY_NAMESPACE = uuid.UUID("6f0c4d8e-3b1a-5c7e-9d2f-4a8b6c1e0f35")
+"""The namespace of job ids derived from an Idempotency-Key that is not a UUID (fixed: every API process of
+every machine derives the same id from the same key)."""
+MAX_KEY_CHARS = 255
+BODY_KEYS = frozenset({"workflow", "extra_data", "metadata", "priority"})
+MAX_LABELS = 16
+MAX_LABEL_CHARS = 256
+
+
+def job_id_for(key: str | None) -> str:
+    if key is None:
+        return str(uuid.uuid4())
+    key = key.strip()
+    if not key or len(key) > MAX_KEY_CHARS or not key.isprintable() or not key.isascii():
+        raise ApiError(400, "invalid_request", f"Idempotency-Key must be 1 to {MAX_KEY_CHARS} printable ASCII "
+                       "characters")
+    try:
+        return str(uuid.UUID(key))
+    except ValueError:
+        return str(uuid.uuid5(KEY_NAMESPACE, key))
+
+
+def _labels(value: Any) -> dict[str, str]:
+    """``metadata``: at most 16 string pairs (the SDK's ``submit`` names the limit and ``metadata_invalid``)."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ApiError(422, "metadata_invalid", "metadata must be an object of string labels")
+    if len(value) > MAX_LABELS:
+        raise ApiError(422, "metadata_invalid", f"metadata has {len(value)} pairs; at most {MAX_LABELS}")
+    for key, item in value.items():
+        if not isinstance(item, str) or not key or len(key) > MAX_LABEL_CHARS or len(item) > MAX_LABEL_CHARS:
+            raise ApiError(422, "metadata_invalid", f"metadata {key!r}: keys and values are strings of 1 to "
+                           f"{MAX_LABEL_CHARS} characters")
+    return dict(value)
+
+
+class Intake:
+    """Builds jobs from bodies; one per API process, with the node catalogues refreshed by the caller."""
+
+    def __init__(self, base_dir: Path, *, allow_private_callbacks: bool = False) -> None:
+        self.base_dir = base_dir
+        self.allow_private_callbacks = allow_private_callbacks
+
+    def job(self, body: Any, key: str | None, catalogues: list[Catalogue]) -> NewJob:
+        if not isinstance(body, dict):
+            raise ApiError(400, "invalid_request", "the body must be a JSON object with a workflow")
+        unknown = set(body) - BODY_KEYS
+        if unknown:
+            raise ApiError(422, "invalid_request", f"unknown field {sorted(unknown)[0]!r}; a job has "
+                           f"{', '.join(sorted(BODY_KEYS))}")
+        workflow = body.get("workflow")
+        if isinstance(workflow, dict) and "nodes" in workflow and "links" in workflow:
+            raise ApiError(422, "workflow_format_ui", "workflow is in UI-export format (nodes/links); submit the "
+                           "API-format graph (Workflow > Export (API) in ComfyUI)")
+        if not isinstance(workflow, dict):
+            raise ApiError(422, "invalid_workflow", "workflow must be an API-format object of nodes")
+        extra = body.get("extra_data", {})
+        if not isinstance(extra, dict):
+            raise ApiError(422, "invalid_request", "extra_data must be an object")
+        line: dict[str, Any] = {"id": job_id_for(key), "workflow": workflow, "extra_data": extra,
+                                "meta": _labels(body.get("metadata")), "priority": body.get("priority", 0)}
+        jobs = JobsFile(self.base_dir / "api.jsonl", label="api", base_dir=self.base_dir, catalogues=catalogues,
+                        allow_private_callbacks=self.allow_private_callbacks)
+        try:
+            job, _warnings = jobs.parse(json.dumps(line).encode(), check=True)
+        except JobLineError as exc:
+            raise ApiError(422, "invalid_workflow", str(exc)) from None
+        return job

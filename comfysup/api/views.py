@@ -1,0 +1,171 @@
+"""Queue records as the contract's bodies (pure: a record and the time in, a dict out).
+
+Shapes from comfy-sdk 0.5.0 ``comfy_low/models/_generated.py`` (``Job``, ``Progress``, ``Output``, ``JobError``,
+``JobUrls``), generated from comfy-api-proxy ``spec/openapi.yaml@37fbee21``; the tests validate every body
+against those models. comfysup's states map onto the contract's names: queued → ``queued``, running →
+``running`` (``canceling`` once a cancel was asked), done → ``succeeded``, dead → ``failed``, cancelled →
+``canceled``.
+"""
+
+from __future__ import annotations
+
+import mimetypes
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+from comfysup.queue.base import JobRecord
+
+API = "/api/v2"
+RETENTION_SECONDS = 30 * 86400
+"""``expires_at``: a platform property in the contract. comfysup keeps a job until ``comfysup prune`` removes it;
+this is the horizon the API promises (prune with ``--older-than`` 30 days or more keeps it true)."""
+URL_SECONDS = 3600
+"""``url_expires_at`` of an output's URL: the URL is served by this API and does not expire by itself; an
+hour tells a client when to fetch the job again for a fresh one, as it would on Cloud."""
+
+STATUS = {"queued": "queued", "running": "running", "done": "succeeded", "dead": "failed", "cancelled": "canceled"}
+TERMINAL = frozenset({"succeeded", "failed", "canceled", "expired"})
+_OUTPUT_TYPES = {"image": "image", "video": "video", "audio": "audio", "text": "text"}
+
+
+def iso(epoch: float | None) -> str | None:
+    return None if epoch is None else datetime.fromtimestamp(epoch, UTC).isoformat().replace("+00:00", "Z")
+
+
+def status(record: JobRecord) -> str:
+    if record.state == "running" and record.cancel_requested:
+        return "canceling"
+    return STATUS.get(record.state, record.state)
+
+
+def job_urls(job_id: str) -> dict[str, str]:
+    """Host-relative links (``JobUrls``: the SDK resolves a link that contains ``/api/`` against the origin)."""
+    base = f"{API}/jobs/{job_id}"
+    return {"self": base, "events": f"{base}/events", "cancel": f"{base}/cancel"}
+
+
+def output_id(job_id: str, index: int) -> str:
+    """An output's asset id: the job's id and the output's place in its list. Reading an output is reading its
+    job (one principal: whoever holds the token), so it is exactly as hard to guess as the job's id."""
+    return f"{job_id}.{index}"
+
+
+def parse_output_id(asset_id: str) -> tuple[str, int] | None:
+    job_id, dot, index = asset_id.rpartition(".")
+    if not dot or not index.isdigit() or len(index) > 6:
+        return None
+    try:
+        canonical = str(uuid.UUID(job_id))
+    except ValueError:
+        return None
+    return (canonical, int(index)) if canonical == job_id else None
+
+
+def content_type(name: str) -> str:
+    return mimetypes.guess_type(name)[0] or "application/octet-stream"
+
+
+def output_type(name: str) -> str:
+    return _OUTPUT_TYPES.get(content_type(name).split("/", 1)[0], "file")
+
+
+def outputs(record: JobRecord, origin: str, now: float) -> list[dict[str, Any]]:
+    """The job's files as assets. ``node_id``: the runner stores files by name, not by node, so it is taken from
+    the name ComfyUI gave them when it carries one (``<node>/...``), else ``""`` (the contract's field is required
+    and a string)."""
+    out = []
+    for index, item in enumerate(record.outputs):
+        asset_id = output_id(record.id, index)
+        out.append({
+            "node_id": _node_of(item.name, record.workflow), "name": item.name.rsplit("/", 1)[-1],
+            "type": output_type(item.name), "content_type": content_type(item.name), "size_bytes": item.size,
+            "id": asset_id, "hash": None, "url": f"{origin}{API}/assets/{asset_id}/content",
+            "url_expires_at": iso(now + URL_SECONDS), "job_id": record.id,
+        })
+    return out
+
+
+def _node_of(name: str, workflow: dict[str, Any]) -> str:
+    """The output node whose ``filename_prefix`` the file's name starts with, when exactly that is known."""
+    base = name.rsplit("/", 1)[-1]
+    found = [str(node_id) for node_id, node in workflow.items()
+             if isinstance(node, dict) and isinstance(node.get("inputs"), dict)
+             and isinstance(node["inputs"].get("filename_prefix"), str) and node["inputs"]["filename_prefix"]
+             and base.startswith(node["inputs"]["filename_prefix"].rsplit("/", 1)[-1])]
+    return found[0] if len(found) == 1 else ""
+
+
+def progress(record: JobRecord) -> dict[str, Any] | None:
+    """The runner's last progress write (comfysup.runner.trace ``progress()``: node k of n, step i of m) as the
+    contract's snapshot: ``value`` weights the nodes done and the current node's steps."""
+    if record.state == "done":
+        return {"value": 1.0, "nodes_done": _total(record), "nodes_total": _total(record)}
+    p = record.progress
+    if record.state != "running" or not p:
+        return None
+    total = max(1, int(p.get("nodes") or 1))
+    node = max(0, min(int(p.get("node") or 0), total))
+    step, steps = p.get("step"), p.get("steps")
+    inside = (step / steps) if isinstance(step, int) and isinstance(steps, int) and steps > 0 else 0.0
+    done = max(0, node - 1)
+    value = min(1.0, max(0.0, (done + min(1.0, inside)) / total))
+    out: dict[str, Any] = {"value": round(value, 4), "nodes_done": done, "nodes_total": total,
+                           "current_node": p.get("node_id"), "current_node_class": p.get("class_type"),
+                           "step": step if isinstance(step, int) else None,
+                           "steps": steps if isinstance(steps, int) else None}
+    if out["current_node_class"] and out["step"] is not None:
+        out["message"] = f"{out['current_node_class']} {step}/{steps}"
+    return out
+
+
+def _total(record: JobRecord) -> int:
+    last = record.attempts[-1].trace if record.attempts else None
+    return int((last or {}).get("total_nodes") or len(record.workflow) or 1)
+
+
+def error(record: JobRecord) -> dict[str, Any] | None:
+    """A dead job's reason (already redacted and bounded when it was stored) as ``JobError``."""
+    if record.state != "dead":
+        return None
+    last = record.attempts[-1] if record.attempts else None
+    code = (last.kind if last is not None and last.kind else None) or "job_failed"
+    return {"code": code, "message": record.reason or "failed"}
+
+
+def metrics(record: JobRecord) -> dict[str, int | None]:
+    first = record.attempts[0].started_at if record.attempts else None
+    queue_ms = None if first is None else max(0, round((first - record.submitted_at) * 1000))
+    execution_ms = None
+    if record.started_at is not None and record.finished_at is not None:
+        execution_ms = max(0, round((record.finished_at - record.started_at) * 1000))
+    return {"queue_ms": queue_ms, "execution_ms": execution_ms}
+
+
+def job(record: JobRecord, origin: str, now: float, queue_position: int | None = None) -> dict[str, Any]:
+    """The contract's ``Job`` (plus ``metadata``, which the SDK reads leniently, and ``priority``, comfysup's)."""
+    return {
+        "id": record.id, "status": status(record), "created_at": iso(record.submitted_at),
+        "started_at": iso(record.started_at if record.state != "queued" else None),
+        "completed_at": iso(record.finished_at if record.state in ("done", "dead", "cancelled") else None),
+        "expires_at": iso((record.finished_at or now) + RETENTION_SECONDS),
+        "queue_position": queue_position if record.state == "queued" else None,
+        "progress": progress(record), "outputs": outputs(record, origin, now) if record.state == "done" else [],
+        "error": error(record), "metrics": metrics(record), "urls": job_urls(record.id),
+        "metadata": labels(record.meta), "priority": record.priority,
+    }
+
+
+def labels(meta: dict[str, Any]) -> dict[str, str]:
+    """A job's ``meta`` as the contract's ``metadata`` (string labels): what a jobs.jsonl line put there that is
+    not a string is left out, never shown changed."""
+    return {k: v for k, v in meta.items() if isinstance(k, str) and isinstance(v, str)}
+
+
+def summary(record: JobRecord) -> dict[str, Any]:
+    """A ``GET /api/v2/jobs`` item: the SDK's ``JobSummary`` reads id, status, create_time, update_time and
+    metadata (comfy_sdk/jobs.py ``JobSummary._from_item``)."""
+    updated = record.finished_at or record.started_at or record.submitted_at
+    return {"id": record.id, "status": status(record), "create_time": iso(record.submitted_at),
+            "update_time": iso(updated), "metadata": labels(record.meta), "priority": record.priority,
+            "urls": job_urls(record.id)}

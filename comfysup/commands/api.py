@@ -1,0 +1,29 @@
+"""``comfysup api``: serve the Comfy API v2 alone, for a machine that takes jobs but runs none.
+
+``comfysup run`` serves the same API beside its servers when ``[api] listen`` is set; this command is for the
+machine in front (a web service's host) that shares the queue (PostgreSQL) with the GPU machines.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from comfysup.api.serve import main
+from comfysup.commands._common import config_from
+from comfysup.logs import setup_logging
+
+
+def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser(
+        "api", parents=[common], help="serve the Comfy API v2 (/api/v2/jobs) in front of the queue",
+        description="Serve the Comfy API v2 at [api] listen (default 127.0.0.1:9189) until SIGTERM: code written "
+                    "for Comfy Cloud with comfy-sdk submits its workflows into this queue. A non-loopback "
+                    "address needs [api] token.")
+    p.add_argument("--listen", metavar="HOST:PORT", help="overrides [api] listen")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    config = config_from(args, {"api.listen": args.listen})
+    setup_logging()
+    return main(config)

@@ -1,0 +1,195 @@
+"""The Comfy API v2 (issue 18) driven by Comfy's own client, comfy-sdk, exactly as its README shows; every body
+validated against the SDK's generated models (comfy_low.models, from comfy-api-proxy's spec/openapi.yaml)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from comfy_low.models import ErrorEnvelope, JobWorkflowResponse
+from comfy_low.models import Job as JobModel
+from comfy_sdk import Comfy
+from comfy_sdk.exceptions import ComfyError
+
+from comfysup.queue import open_queue
+from tests.api_support import StandInRunner, api_config, running_api
+
+ROOT = Path(__file__).resolve().parents[2]
+TRIVIAL = ROOT / "examples" / "workflows" / "trivial.json"
+GRAPH = json.loads(TRIVIAL.read_text())
+
+
+@pytest.fixture
+def api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    config = api_config(tmp_path)
+    with running_api(config) as url:
+        monkeypatch.setenv("COMFY_BASE_URL", url)
+        monkeypatch.delenv("COMFY_API_KEY", raising=False)
+        runner = StandInRunner(config)
+        try:
+            yield url, runner, config
+        finally:
+            runner.close()
+
+
+def _working(runner: StandInRunner, stop: threading.Event) -> threading.Thread:
+    def loop() -> None:
+        while not stop.is_set():
+            if runner.run_one() is None:
+                time.sleep(0.05)
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_run_then_outputs_to_bytes_as_the_sdk_readme_shows(api: Any) -> None:
+    url, runner, _ = api
+    stop = threading.Event()
+    worker = _working(runner, stop)
+    try:
+        with Comfy() as client:
+            workflow = client.workflows.from_file(TRIVIAL)
+            workflow.set_input("1", "width", 32)
+            job = client.run(workflow, timeout=30)
+            assert job.status == "succeeded"
+            [output] = job.get_outputs("3")
+            assert output.to_bytes().startswith(b"\x89PNG")
+            assert output.to_bytes(range=(0, 3)) == b"\x89PNG"
+            assert job.get_workflow().graph["1"]["inputs"]["width"] == 32
+    finally:
+        stop.set()
+        worker.join(5)
+    body = httpx.get(f"{url}/api/v2/jobs/{job.id}").json()
+    model = JobModel.model_validate(body)
+    assert model.metrics is not None and model.metrics["execution_ms"] is not None
+    assert model.progress is not None and model.progress.value == 1.0
+    assert body["urls"]["self"] == f"/api/v2/jobs/{job.id}"
+
+
+def test_every_answer_validates_against_the_sdks_models(api: Any) -> None:
+    url, runner, _ = api
+    answer = httpx.post(f"{url}/api/v2/jobs", json={"workflow": GRAPH, "metadata": {"client": "acme"},
+                                                   "priority": 5, "extra_data": {"api_key_comfy_org": "sk-secret"}})
+    assert answer.status_code == 201, answer.text
+    job = JobModel.model_validate(answer.json())
+    assert job.status.value == "queued" and job.progress is None and job.error is None
+    assert "sk-secret" not in answer.text
+    flow = httpx.get(f"{url}/api/v2/jobs/{job.id}/workflow")
+    assert JobWorkflowResponse.model_validate(flow.json()).format.value == "api"
+    assert "sk-secret" not in flow.text
+    claim = runner.claim()
+    runner.queue.set_progress(claim, {"phase": "running", "node": 2, "nodes": 3, "cached": 0, "node_id": "2",
+                                      "class_type": "KSampler", "step": 5, "steps": 20})
+    running = JobModel.model_validate(httpx.get(f"{url}/api/v2/jobs/{job.id}").json())
+    assert running.status.value == "running" and running.progress is not None
+    assert (running.progress.nodes_done, running.progress.current_node_class, running.progress.step) == \
+        (1, "KSampler", 5)
+    assert 0 < running.progress.value < 1
+    runner.queue.dead(claim, "node 2 (KSampler): boom", kind="node_error")
+    failed = JobModel.model_validate(httpx.get(f"{url}/api/v2/jobs/{job.id}").json())
+    assert failed.status.value == "failed" and failed.error is not None and "boom" in failed.error.message
+    missing = httpx.get(f"{url}/api/v2/jobs/{uuid.uuid4()}")
+    assert missing.status_code == 404 and ErrorEnvelope.model_validate(missing.json()).error.code == "not_found"
+
+
+def test_a_retried_idempotency_key_never_creates_a_second_job(api: Any) -> None:
+    url, _, config = api
+    with Comfy() as client:
+        workflow = client.workflows.from_file(TRIVIAL)
+        first = client.submit(workflow, idempotency_key="order-42")
+        again = httpx.post(f"{url}/api/v2/jobs", json={"workflow": GRAPH}, headers={"Idempotency-Key": "order-42"})
+        assert again.status_code == 201 and again.headers["Idempotency-Replayed"] == "true"
+        assert again.json()["id"] == first.id == str(uuid.uuid5(uuid.UUID("6f0c4d8e-3b1a-5c7e-9d2f-4a8b6c1e0f35"),
+                                                                "order-42"))
+        workflow.set_input("1", "width", 8)
+        with pytest.raises(ComfyError) as refused:
+            client.submit(workflow, idempotency_key="order-42")
+        assert refused.value.code == "idempotency_key_reuse"
+    key = str(uuid.uuid4())
+    assert httpx.post(f"{url}/api/v2/jobs", json={"workflow": GRAPH}, headers={"Idempotency-Key": key}).json()["id"] \
+        == key
+    queue = open_queue(config)
+    try:
+        assert queue.status().counts["queued"] == 2
+    finally:
+        queue.close()
+
+
+@pytest.mark.parametrize(("body", "code"), [
+    ({"workflow": {"nodes": [], "links": []}}, "workflow_format_ui"),
+    ({"workflow": {"1": {"class_type": "SaveImage", "inputs": {"images": ["9", 0]}}}}, "invalid_workflow"),
+    ({"workflow": GRAPH, "metadata": {"n": 1}}, "metadata_invalid"),
+    ({"workflow": GRAPH, "webhook_url": "http://x"}, "invalid_request"),
+])
+def test_refusals_carry_the_contracts_envelope(api: Any, body: dict[str, Any], code: str) -> None:
+    url, _, _ = api
+    answer = httpx.post(f"{url}/api/v2/jobs", json=body)
+    assert answer.status_code in (400, 422)
+    assert ErrorEnvelope.model_validate(answer.json()).error.code == code
+
+
+def test_cancel_and_list_with_metadata_and_cursor(api: Any) -> None:
+    url, _, _ = api
+    with Comfy() as client:
+        workflow = client.workflows.from_file(TRIVIAL)
+        ids = [client.submit(workflow, metadata={"batch": "a" if i % 2 else "b"}).id for i in range(7)]
+        job = client.jobs.get(ids[0])
+        listed = [j.id for j in client.list_jobs(metadata={"batch": "a"})]
+        assert listed == [i for n, i in reversed(list(enumerate(ids))) if n % 2]
+        job.cancel()
+        assert job.status == "canceled"
+    pages, cursor, seen = 0, None, []
+    while True:
+        body = httpx.get(f"{url}/api/v2/jobs", params={"limit": 3, **({"cursor": cursor} if cursor else {})}).json()
+        seen += [item["id"] for item in body["jobs"]]
+        pages += 1
+        cursor = body.get("next_cursor")
+        if not cursor:
+            break
+    assert seen == list(reversed(ids)) and pages == 3
+    cancelled = httpx.post(f"{url}/api/v2/jobs/{ids[1]}/cancel")
+    assert JobModel.model_validate(cancelled.json()).status.value == "canceled"
+    assert httpx.post(f"{url}/api/v2/jobs/{ids[1]}/cancel").json()["status"] == "canceled"
+
+
+def test_queue_full_answers_429_with_retry_after(tmp_path: Path) -> None:
+    config = api_config(tmp_path, max_queued=1)
+    with running_api(config) as url:
+        assert httpx.post(f"{url}/api/v2/jobs", json={"workflow": GRAPH}, headers={"Idempotency-Key": "a"}
+                          ).status_code == 201
+        full = httpx.post(f"{url}/api/v2/jobs", json={"workflow": GRAPH})
+        assert full.status_code == 429 and int(full.headers["Retry-After"]) > 0
+        assert ErrorEnvelope.model_validate(full.json()).error.code == "queue_full"
+        # The same key again is not a new job: replayed even while the queue is full.
+        assert httpx.post(f"{url}/api/v2/jobs", json={"workflow": GRAPH}, headers={"Idempotency-Key": "a"}
+                          ).status_code == 201
+
+
+def test_token_origin_and_health(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    config = api_config(tmp_path, token="s3cret-token", allowed_origins=["https://app.example"])
+    with running_api(config) as url:
+        assert httpx.get(f"{url}/api/v2/health").status_code == 401
+        wrong = httpx.get(f"{url}/api/v2/health", headers={"Authorization": "Bearer nope"})
+        assert ErrorEnvelope.model_validate(wrong.json()).error.code == "unauthorized"
+        auth = {"Authorization": "Bearer s3cret-token"}
+        assert httpx.get(f"{url}/api/v2/health", headers=auth).json()["status"] == "ok"
+        evil = httpx.post(f"{url}/api/v2/jobs", json={"workflow": GRAPH},
+                          headers={**auth, "Origin": "https://evil.example"})
+        assert evil.status_code == 403 and evil.json()["error"]["code"] == "forbidden"
+        assert httpx.get(f"{url}/api/v2/health", headers={**auth, "Origin": "https://app.example"}).status_code == 200
+        assert httpx.get(f"{url}/api/v2/health", headers={**auth, "Origin": url}).status_code == 200
+    assert "s3cret-token" not in caplog.text
+
+
+def test_a_non_loopback_listen_without_a_token_is_refused_at_start(tmp_path: Path) -> None:
+    from comfysup.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="token"):
+        api_config(tmp_path, listen="0.0.0.0:9189")
+    assert api_config(tmp_path, listen="0.0.0.0:0", token="t").api.token == "t"
