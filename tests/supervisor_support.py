@@ -98,7 +98,9 @@ class Supervised:
                            "base_directory": "var/comfyui", "startup_seconds": 20.0, "extra_args": extra},
                "runner": runner_settings, "supervisor": supervisor_settings,
                # Any free port: tests never meet on the default 9188, nor a person's running comfysup.
-               "metrics": {"listen": "127.0.0.1:0", "refresh_seconds": 1.0}, **(extra_sections or {})}
+               "metrics": {"listen": "127.0.0.1:0", "refresh_seconds": 1.0},
+               # Likewise the API: any free port, never the default 9189.
+               "api": {"listen": "127.0.0.1:0"}, **(extra_sections or {})}
         if servers:
             doc["servers"] = servers
         self.config_path = tmp / "config.toml"

@@ -44,6 +44,7 @@ from comfysup.queue import Queue, open_queue
 from comfysup.supervisor import server as servers
 from comfysup.supervisor import stuck
 from comfysup.supervisor.children import (
+    API_BIND_FAILED,
     Shared,
     Unit,
     build_units,
@@ -54,6 +55,7 @@ from comfysup.supervisor.children import (
     prepare_runner,
     runner_limits,
     runner_main,
+    spawn_api,
     spawn_server,
 )
 from comfysup.supervisor.lock import EXIT_DATABASE_REPLACED, AlreadyRunning, database_replaced, take_lock
@@ -111,6 +113,10 @@ class Supervisor:
         self.monitor_pid: int | None = None
         self.monitor_port: Any = multiprocessing.sharedctypes.RawValue(ctypes.c_int, 0)
         self.monitor_endpoint = bool(self.config.metrics.listen)
+        self.api_wanted = False
+        """Set by run() when [api] listen is set: the Comfy API v2 runs as a child (``comfysup api``)."""
+        self.api = Policy(runner_limits(self.config))
+        self.api_pid: int | None = None
         self.versions = VersionWatch()
         """Each server's ComfyUI version, learnt when it answers; warns once about an untested one."""
 
@@ -151,6 +157,7 @@ class Supervisor:
             log.warning("[comfyui] extra_args: ComfyUI %s no longer accepts %s; not passed",
                         servers.launched_version(self.config), " ".join(dropped))
         self.monitor_wanted = True
+        self.api_wanted = bool(self.config.api.listen)
         try:
             while not self.finished:
                 self.tick(self.clock())
@@ -158,6 +165,7 @@ class Supervisor:
                     self.manager.wait(TICK_SECONDS)
         finally:
             self._kill_monitor()
+            self._kill_api()
             self.manager.restore_signals()
             self.write_state(final=True)
             self.queue.close()
@@ -175,6 +183,7 @@ class Supervisor:
         self._check_database(now)
         if self.plan.keeps_monitor:
             self._monitor_step(now)  # webhooks of jobs that end during the grace still go out
+            self._api_step(now)  # and clients can still poll the jobs that end in the grace
         if not self.stopping:
             for unit in self.units:
                 for action in stuck.step(unit, now):
@@ -235,7 +244,7 @@ class Supervisor:
     def _stop_step(self, now: float) -> None:
         self._carry_out(self.plan.step(now, runners=any(u.runner_pid is not None for u in self.units),
                                        servers=any(u.server_pid is not None for u in self.units),
-                                       monitor=self.monitor_pid is not None))
+                                       monitor=self.monitor_pid is not None or self.api_pid is not None))
         if self.plan.done:
             self.finished = True
 
@@ -246,8 +255,12 @@ class Supervisor:
                 self._signal_runners(action)
             elif target is Target.SERVERS:
                 self._signal_servers(action)
-            elif self.monitor_pid is not None:
-                self.ops.kill(self.monitor_pid, signal.SIGTERM if action is Action.TERM else signal.SIGKILL)
+            else:
+                sig = signal.SIGTERM if action is Action.TERM else signal.SIGKILL
+                if self.monitor_pid is not None:
+                    self.ops.kill(self.monitor_pid, sig)
+                if self.api_pid is not None:
+                    self.ops.killpg(self.api_pid, sig)
 
     def _signal_runners(self, action: Action) -> None:
         for unit in self.units:
@@ -282,6 +295,9 @@ class Supervisor:
             how = describe_status(status)
             if pid == self.monitor_pid:
                 self._monitor_exited(now, status, how)
+                continue
+            if pid == self.api_pid:
+                self._api_exited(now, status, how)
                 continue
             for unit in self.units:
                 if unit.runner_pid == pid:
@@ -436,6 +452,51 @@ class Supervisor:
             self.ops.kill(pid, signal.SIGKILL)
             self.ops.wait_pid(pid)
             self.monitor_pid = None
+
+    # -- the API (comfysup api, the Comfy API v2) ------------------------------------------------------
+
+    def _api_step(self, now: float) -> None:
+        if not self.api_wanted:
+            return
+        policy = self.api
+        answered = policy.state is State.STARTING and self.api_pid is not None  # up once started
+        for action in policy.transition(now, answered=answered):
+            if action is Action.SPAWN:
+                try:
+                    self.api_pid = spawn_api(self.config, self.ops, self.env, self.state_dir)
+                except OSError as exc:
+                    policy.spawn_failed(now, str(exc))
+                    log.warning("cannot start the API: %s%s", exc, next_restart(policy, now))
+                    continue
+                policy.spawned(now)
+                log.info("API started, pid %d, on %s (log %s)", self.api_pid, self.config.api.listen,
+                         self.state_dir / "api.log")
+            elif self.api_pid is not None:
+                self.ops.killpg(self.api_pid, signal.SIGKILL)
+
+    def _api_exited(self, now: float, status: int, how: str) -> None:
+        """Restarted by its policy, like the monitor; an address that cannot be bound is said once, not retried."""
+        self.api_pid = None
+        if not self.plan.keeps_monitor:
+            self.api.stop()
+            return
+        if os.WIFEXITED(status) and os.WEXITSTATUS(status) == API_BIND_FAILED:
+            self.api_wanted = False
+            log.error("no API: [api] listen = %r cannot be bound (see %s); jobs are still run",
+                      self.config.api.listen, self.state_dir / "api.log")
+            return
+        self.api.transition(now, exited=how)
+        if self.api.state is State.FAILED:
+            log.error("API exited (%s): no /api/v2 until comfysup is restarted; %s", how, self.api.reason)
+        else:
+            log.warning("API exited (%s)%s", how, next_restart(self.api, now))
+
+    def _kill_api(self) -> None:
+        pid, self.api_wanted = self.api_pid, False
+        if pid is not None:
+            self.ops.killpg(pid, signal.SIGKILL)
+            self.ops.wait_pid(pid)
+            self.api_pid = None
 
     # -- recycling --------------------------------------------------------------------------------------
 

@@ -1,0 +1,53 @@
+"""``comfysup run`` serves the Comfy API v2 as a supervised child: comfy-sdk submits, a real runner runs the job
+on fake_comfy, the output comes back through the API, and SIGTERM stops the API with everything else."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+from comfy_sdk import Comfy
+
+from tests.supervisor_support import Supervised, wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_the_sdk_runs_a_job_through_comfysup_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    port = _free_port()
+    sup = Supervised(tmp_path, extra_sections={"api": {"listen": f"127.0.0.1:{port}"}})
+    url = f"http://127.0.0.1:{port}"
+    try:
+        proc = sup.start()
+        sup.wait_ready(proc)
+
+        def answers() -> bool | None:
+            try:
+                return httpx.get(f"{url}/api/v2/health", timeout=1).status_code == 200 or None
+            except httpx.HTTPError:
+                return None
+
+        wait_for(answers, 20, "the API answering", sup.describe)
+        monkeypatch.setenv("COMFY_BASE_URL", url)
+        monkeypatch.delenv("COMFY_API_KEY", raising=False)
+        with Comfy() as client:
+            workflow = client.workflows.from_file(ROOT / "examples" / "workflows" / "trivial.json")
+            job = client.run(workflow, timeout=40)
+            [output] = job.get_outputs("3")
+            assert output.to_bytes().startswith(b"\x89PNG")
+        api_pids = [p.pid for p in psutil.Process(proc.pid).children() if "api" in p.cmdline()]
+        assert len(api_pids) == 1, sup.describe()
+        assert sup.stop(proc) == 0
+        assert not psutil.pid_exists(api_pids[0]) or psutil.Process(api_pids[0]).status() == psutil.STATUS_ZOMBIE
+        assert "API started" in sup.log()
+    finally:
+        sup.cleanup()
