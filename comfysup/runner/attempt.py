@@ -104,6 +104,8 @@ class Attempt(CatchingUp, Ending):
         self.next_renewed = 0.0
         self.handed_off = False
         self.ahead = ahead
+        self.replay = list(self.posted_in.events) if self.posted_in is not None else []
+        """Messages of this job's prompt read by the attempt that queued it: handled before the socket's."""
         self.ahead_tried = False
         """A job was asked for to queue behind this one (once an attempt, as soon as this one executes)."""
         """The hand-off was tried (once an attempt: as the end is read, or after the history at the latest)."""
@@ -425,6 +427,8 @@ class Attempt(CatchingUp, Ending):
             raise Stop(Outcome("released", "interrupted by a graceful stop; attempt not counted", kind="shutdown"))
 
     def _receive(self, run: Run, wait: float) -> dict[str, Any] | None:
+        if self.replay:
+            return self.replay.pop(0)
         if run.stream is None:
             run.stream = run.client.events(new_client_id())
             try:
@@ -466,9 +470,10 @@ class Attempt(CatchingUp, Ending):
             run.queue_remaining = remaining if isinstance(remaining, int) else None
             return None
         if data.get("prompt_id") != self.claim.id:
-            if (kind == "execution_start" and self.posted_out is not None
-                    and data.get("prompt_id") == self.posted_out.claim_id):
-                self.posted_out = replace(self.posted_out, started=True)  # queued ahead: it runs now
+            if self.posted_out is not None and data.get("prompt_id") == self.posted_out.claim_id:
+                # Queued ahead, it runs now: its attempt gets what was read of it here.
+                self.posted_out = replace(self.posted_out, started=self.posted_out.started or kind == "execution_start",
+                                          events=(*self.posted_out.events, message))
             return None
         if kind == "execution_start":
             run.started = True

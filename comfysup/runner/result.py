@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from comfysup.queue.base import Claim, Output
 from comfysup.runner.client import ComfyError
@@ -72,6 +73,8 @@ class Posted:
     started: bool = False
     """Its execution_start was read by the attempt that posted it (queued ahead, it starts when that one's
     run ends): the next attempt knows it runs, although the message is no longer in the socket."""
+    events: tuple[dict[str, Any], ...] = ()
+    """Its messages that the attempt which posted it read from the shared socket: replayed to its attempt."""
 
 
 @dataclass(frozen=True)
