@@ -75,6 +75,8 @@ DOCS: dict[str, dict[str, str]] = {
         "affinity_max_wait_seconds": "A runner prefers jobs that load the models its server ran last (no reload), "
                                      "but no job waits longer than this beyond strict priority order; 0: strict "
                                      "order. Priority always comes first.",
+        "queue_ahead": "Keep one more job waiting in the server's queue behind the running prompt, so the GPU "
+                       "never waits for the client between two prompts; false: post only to a free server.",
     },
     "supervisor": {
         "": "comfysup run: keeping servers and runners alive.",

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 from typing import Any
 
 from comfysup.errors import LeaseLost, QueueError
@@ -51,7 +52,7 @@ from comfysup.runner.client import (
 )
 from comfysup.runner.ending import Ending
 from comfysup.runner.history import judge, prompt_number, unlisted_savers
-from comfysup.runner.result import AttemptResult, NextClaim, NextJob, Outcome, Posted
+from comfysup.runner.result import AheadJob, AttemptResult, NextClaim, NextJob, Outcome, Posted
 from comfysup.runner.retry import Failure, decide, execution_failure, gave_up
 from comfysup.runner.running import Run, ShieldedQueue, Stop
 from comfysup.runner.station import AttemptSettings, Station
@@ -76,6 +77,11 @@ class Attempt(CatchingUp, Ending):
 
     The server idles from the end of one prompt to the start of the next, so the next job is started as
     early as it safely can be (given ``next_job``):
+    - queued ahead (given ``ahead``, [runner] queue_ahead): once this prompt executes, one more job is
+      claimed and posted behind it, so ComfyUI starts it the moment this one ends, whatever this runner is
+      doing then. At most one: it is asked once, and only while the server holds no other waiting prompt of
+      ours. Its lease is renewed here; a cancel of it, or a graceful stop before it started, takes it out of
+      the server's queue (and records the cancel, or releases it uncounted);
     - the hand-off: when the prompt succeeded and the server's broadcast said its queue is empty, the next
       job is claimed and posted at once, and this job's outputs are downloaded and recorded while the
       server runs it (returned as ``AttemptResult.posted``, given to the next attempt as ``posted``);
@@ -83,7 +89,7 @@ class Attempt(CatchingUp, Ending):
     """
 
     def __init__(self, station: Station, claim: Claim, next_job: NextJob | None = None,
-                 posted: Posted | None = None) -> None:
+                 posted: Posted | None = None, ahead: AheadJob | None = None) -> None:
         self.station = station
         self.s = station.settings
         self.queue: Queue = ShieldedQueue(station.queue)  # type: ignore[assignment]
@@ -97,6 +103,11 @@ class Attempt(CatchingUp, Ending):
         self.next_claim: Claim | None = None
         self.next_renewed = 0.0
         self.handed_off = False
+        self.ahead = ahead
+        self.replay = list(self.posted_in.events) if self.posted_in is not None else []
+        """Messages of this job's prompt read by the attempt that queued it: handled before the socket's."""
+        self.ahead_tried = False
+        """A job was asked for to queue behind this one (once an attempt, as soon as this one executes)."""
         """The hand-off was tried (once an attempt: as the end is read, or after the history at the latest)."""
         self.redact = Redactor.for_job(claim.workflow, claim.extra_data)
         self.deadline = self.clock() + self.s.timeout_seconds
@@ -236,7 +247,8 @@ class Attempt(CatchingUp, Ending):
             if posted.error is not None:
                 raise posted.error
             self.trace.phase("posted", posted.posted_at)
-            self.live = Run(self.client, self.s.server, posted.number, stream=self.client.own_stream(drain=False))
+            self.live = Run(self.client, self.s.server, posted.number, stream=self.client.own_stream(drain=False),
+                            started=posted.started)
             return self.live
         # The kept socket, emptied of what earlier prompts left in it; a job posted again gets a new client
         # id, so no message of its earlier run can be read as one of this run.
@@ -255,17 +267,27 @@ class Attempt(CatchingUp, Ending):
     def _may_hand_off(self, run: Run) -> bool:
         """This run has ended on its server (``executing`` with node None), the server's queue is empty, and
         it was followed on this runner's own socket: the server is free for the next job."""
-        return (self.next_job is not None and not self.handed_off and run.end_seen and run.queue_remaining == 0
-                and run.client is self.client)
+        return (self.next_job is not None and not self.handed_off and self.next_claim is None and run.end_seen
+                and run.queue_remaining == 0 and run.client is self.client)
 
-    def _hand_off(self) -> None:
+    def _may_queue_ahead(self, run: Run) -> bool:
+        """This run executes on this runner's own server (execution_start seen), nothing was claimed behind
+        it yet, and no stop has begun: one more job may wait in the server's queue behind it."""
+        return (self.ahead is not None and not self.ahead_tried and self.next_claim is None and run.started
+                and not run.end_seen and run.client is self.client and self.station.stop_deadline() is None)
+
+    def _hand_off(self, run: Run | None = None) -> None:
         """Claim the next job and post it now, before this one's outputs are downloaded and recorded: the
         server runs it meanwhile instead of waiting. As in an attempt's own post, the claim is durable
         before the prompt is posted and its number is recorded right after; a job that may have an earlier
         run somewhere is claimed here but posted by its own attempt, which looks for that run first."""
-        self.handed_off = True
         claimed_at = self.wall()
-        more = self.next_job(self.claim, Outcome("done", kind="done", server_free=True)) if self.next_job else None
+        if run is not None:  # queued ahead, behind this run (which executes now)
+            self.ahead_tried = True
+            more = self.ahead(self.claim, run.queue_remaining) if self.ahead else None
+        else:
+            self.handed_off = True
+            more = self.next_job(self.claim, Outcome("done", kind="done", server_free=True)) if self.next_job else None
         if more is None:
             return
         nxt = self.queue.claim(more.owner, more.server, more.lease_seconds, prefer_model=more.prefer_model,
@@ -287,8 +309,9 @@ class Attempt(CatchingUp, Ending):
             return
         self.posted_out = Posted(nxt.id, claimed_at, self.wall(), number=number)
         with job_context(nxt.id, nxt.attempt, Redactor.for_job(nxt.workflow, nxt.extra_data)):  # its own line
-            log.info("job %s attempt %d on %s: POST /prompt 200 (while job %s is downloaded)", nxt.id, nxt.attempt,
-                     self.s.server, self.claim.id, extra={"event": "posted"})
+            log.info("job %s attempt %d on %s: POST /prompt 200 (%s)", nxt.id, nxt.attempt, self.s.server,
+                     f"queued behind job {self.claim.id}" if run is not None else
+                     f"while job {self.claim.id} is downloaded", extra={"event": "posted"})
         try:
             self.queue.record_prompt(nxt, self.s.server, number, self.s.url)
         except LeaseLost:
@@ -311,6 +334,30 @@ class Attempt(CatchingUp, Ending):
             with job_context(nxt.id, nxt.attempt):
                 log.warning("job %s: lost its lease before its attempt began; interrupting its prompt", nxt.id)
             self._interrupt(Run(self.client, self.s.server, posted.number), prompt_id=nxt.id)
+
+    def _withdraw_next(self, cancelled: bool) -> None:
+        """Take the job queued behind this one back: out of the server's queue (interrupted, should it have
+        started in between), then recorded cancelled (a user's cancel) or released without counting the
+        attempt (a graceful stop: it never ran)."""
+        nxt, posted = self.next_claim, self.posted_out
+        if nxt is None:
+            return
+        self.next_claim = self.posted_out = None
+        if posted is not None and posted.number is not None:
+            self._interrupt(Run(self.client, self.s.server, posted.number), prompt_id=nxt.id)
+        with job_context(nxt.id, nxt.attempt, Redactor.for_job(nxt.workflow, nxt.extra_data)):
+            try:
+                if cancelled:
+                    self.queue.cancelled(nxt, "cancelled by user (while queued)")
+                else:
+                    self.queue.release(nxt, "the runner stopped before it started; attempt not counted",
+                                       count_attempt=False, kind="shutdown")
+            except LeaseLost:
+                return
+            log.info("job %s: %s", nxt.id, "cancelled while queued" if cancelled else
+                     "taken out of the server's queue by a stop and released, attempt not counted",
+                     extra={"event": "cancelled" if cancelled else "released",
+                            "kind": "cancelled" if cancelled else "shutdown"})
 
     # -- 3. follow --------------------------------------------------------------------------------------
 
@@ -340,6 +387,8 @@ class Attempt(CatchingUp, Ending):
             wait = max(0.0, min(next_poll, self.deadline, self.next_heartbeat) - self.clock())
             message = self._receive(run, wait)
             poll_in = None if message is None else self._on_message(run, message)
+            if self._may_queue_ahead(run):
+                self._hand_off(run)  # this run executes: the next waits behind it in the server's queue
             if run.success_seen and self._may_hand_off(run):
                 # execution_success, then the end with an empty queue: the server is idle from this moment, so
                 # the next job goes to it before this run's history is read (that read costs the server a
@@ -359,7 +408,8 @@ class Attempt(CatchingUp, Ending):
                 # Handed off, running on the server while this one downloads (not renewed just after its claim).
                 self.next_renewed = now
                 try:
-                    self.queue.heartbeat(self.next_claim, self.s.lease_seconds)
+                    if self.queue.heartbeat(self.next_claim, self.s.lease_seconds):
+                        self._withdraw_next(cancelled=True)
                 except LeaseLost:
                     self._drop_next()
             if self.queue.heartbeat(self.claim, self.s.lease_seconds):
@@ -370,11 +420,15 @@ class Attempt(CatchingUp, Ending):
             raise ComfyError(stuck, STUCK_KIND) if stuck else ComfyError(
                 f"timed out after {self.s.timeout_seconds:g} s", "timeout")
         stop_at = self.station.stop_deadline()
+        if stop_at is not None and self.posted_out is not None and not self.posted_out.started:
+            self._withdraw_next(cancelled=False)  # queued behind this one, not started: it gets no grace
         if stop_at is not None and now >= stop_at:
             self._interrupt(run)
             raise Stop(Outcome("released", "interrupted by a graceful stop; attempt not counted", kind="shutdown"))
 
     def _receive(self, run: Run, wait: float) -> dict[str, Any] | None:
+        if self.replay:
+            return self.replay.pop(0)
         if run.stream is None:
             run.stream = run.client.events(new_client_id())
             try:
@@ -416,6 +470,10 @@ class Attempt(CatchingUp, Ending):
             run.queue_remaining = remaining if isinstance(remaining, int) else None
             return None
         if data.get("prompt_id") != self.claim.id:
+            if self.posted_out is not None and data.get("prompt_id") == self.posted_out.claim_id:
+                # Queued ahead, it runs now: its attempt gets what was read of it here.
+                self.posted_out = replace(self.posted_out, started=self.posted_out.started or kind == "execution_start",
+                                          events=(*self.posted_out.events, message))
             return None
         if kind == "execution_start":
             run.started = True

@@ -10,6 +10,11 @@ once and the finished one's files are downloaded and recorded while the server r
 Otherwise the next claim rides in the transaction that records the done (``Queue.complete_and_claim``).
 Either way the claim prefers the model the server ran last, and no GET /queue is asked when the broadcast
 already answered it.
+
+Better still (issue 19, [runner] queue_ahead): once a prompt executes, one more job is claimed and posted
+behind it, so ComfyUI starts it the moment the running one ends while this runner downloads and records
+(see Attempt). One at most per server, and only while the server holds fewer than ``max_queue`` prompts of
+other clients.
 """
 
 from __future__ import annotations
@@ -80,7 +85,8 @@ class Runner:
                  on_alive: Callable[[], None] = lambda: None,
                  may_claim: Callable[[], bool] = lambda: True,
                  on_job: Callable[[Claim, Outcome | None], None] = lambda claim, outcome: None,
-                 stuck: StuckChannel | None = None, output_dirs: dict[str, Path] | None = None) -> None:
+                 stuck: StuckChannel | None = None, output_dirs: dict[str, Path] | None = None,
+                 may_queue_ahead: Callable[[], bool] = lambda: True) -> None:
         self.config = config
         self.server = server
         bind(slot=server)  # every log line of this runner names its slot
@@ -94,6 +100,9 @@ class Runner:
         self.on_job = on_job
         """Called with (claim, None) when an attempt starts and (claim, outcome) when it ends: a supervisor
         learns the current job and counts jobs per server (for recycling) without asking the queue."""
+        self.may_queue_ahead = may_queue_ahead
+        """Whether a job may be claimed to wait behind the running one (False: the server is recycled after
+        the running one)."""
         self.stuck = stuck or StuckChannel()
         """How this runner says that a prompt is stuck in its server (comfysup.runner.stuck)."""
         self.out_of_service = OutOfService()
@@ -212,7 +221,8 @@ class Runner:
                 return None, None
             self.on_job(claim, None)
             self._counted = None
-            result = Attempt(self.station, claim, self._next_job, posted).run()
+            ahead = self._ahead_job if self.config.runner.queue_ahead else None
+            result = Attempt(self.station, claim, self._next_job, posted, ahead).run()
             outcome = result.outcome
             self.state.counts[outcome.state] += 1
             if self._counted != claim.id:
@@ -252,6 +262,27 @@ class Runner:
             return None
         if not outcome.server_free and not self._server_free():
             return None
+        r = self.config.runner
+        return NextClaim(self.owner, self.server, r.lease_seconds, claim.model_key, r.affinity_max_wait_seconds,
+                         self.catalogue.id, self.catalogue.runnable)
+
+    def _ahead_job(self, claim: Claim, queue_remaining: int | None) -> NextClaim | None:
+        """Whether a job may be queued behind ``claim``'s prompt, which executes on this server now: not
+        while stopping or about to be recycled, and only when the server holds no other waiting prompt of
+        ours and fewer than max_queue of other clients. Its broadcast ``queue_remaining`` of 1 (the running
+        prompt alone) says so; otherwise GET /queue decides."""
+        if self.state.stopping or not self.may_claim() or not self.may_queue_ahead():
+            return None
+        if queue_remaining != 1:
+            try:
+                entries = self.station.client.queue()
+            except (ComfyError, deadline.DeadlineExceeded):
+                return None
+            ours = [e for e in entries if (e.client_id or "").startswith(CLIENT_PREFIX)]
+            if any(not e.running for e in ours):
+                return None  # the bound: one prompt of ours waits behind the running one, never two
+            if len(entries) - len(ours) >= self.config.runner.max_queue:
+                return None
         r = self.config.runner
         return NextClaim(self.owner, self.server, r.lease_seconds, claim.model_key, r.affinity_max_wait_seconds,
                          self.catalogue.id, self.catalogue.runnable)

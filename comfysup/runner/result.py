@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from comfysup.queue.base import Claim, Output
 from comfysup.runner.client import ComfyError
@@ -52,17 +53,28 @@ claim to make, or None. Asked once the prompt succeeded and the server said its 
 hand-off, with ``server_free``), and again, unless a job was claimed then, just before the done is recorded
 (the claim then rides in the done's transaction). The runner counts the attempt when first asked."""
 
+AheadJob = Callable[[Claim, int | None], NextClaim | None]
+"""The runner, asked whether a job may be queued in its server behind ``claim``'s prompt, which has just
+started executing there (given the server's last broadcast ``queue_remaining``): the claim to make, or None.
+Asked at most once an attempt, and never counts the attempt."""
+
 
 @dataclass(frozen=True)
 class Posted:
-    """The next job's prompt, posted by the previous attempt the moment its own run ended: where the next
-    attempt starts instead of posting (``error``: what the post raised, the next attempt's failure)."""
+    """The next job's prompt, posted by the previous attempt while its own run executed (queued ahead behind
+    it, [runner] queue_ahead) or the moment it ended: where the next attempt starts instead of posting
+    (``error``: what the post raised, the next attempt's failure)."""
 
     claim_id: str
     claimed_at: float
     posted_at: float
     number: int | None = None
     error: ComfyError | None = None
+    started: bool = False
+    """Its execution_start was read by the attempt that posted it (queued ahead, it starts when that one's
+    run ends): the next attempt knows it runs, although the message is no longer in the socket."""
+    events: tuple[dict[str, Any], ...] = ()
+    """Its messages that the attempt which posted it read from the shared socket: replayed to its attempt."""
 
 
 @dataclass(frozen=True)

@@ -255,8 +255,13 @@ def runner_main(config: Config, unit: Unit, peers: dict[str, str], token: str,
         shared.stuck = prompt_id.encode()[:39]
 
     stuck = StuckChannel(restarts=unit.server is not None, report=report_stuck, pending=lambda: bool(shared.stuck))
+    def may_queue_ahead() -> bool:
+        # The running job is not counted yet: one more behind it would slip in past the recycling count.
+        return not (shared.recycle_at and shared.jobs + 1 >= shared.recycle_at)
+
     runner = Runner(config, unit.name, unit.url, peers=peers, owner_token=token, on_alive=on_alive,
-                    may_claim=may_claim, on_job=on_job, stuck=stuck, output_dirs=output_dirs)
+                    may_claim=may_claim, on_job=on_job, stuck=stuck, output_dirs=output_dirs,
+                    may_queue_ahead=may_queue_ahead)
     runner.install_signals()
     runner.run()
     return 0

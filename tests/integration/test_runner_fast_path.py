@@ -60,7 +60,7 @@ def test_the_next_job_is_posted_before_the_last_ones_files_are_recorded(tmp_path
     for cls, name in ((EventStream, "connect"), (ComfyClient, "queue"), (ComfyClient, "history"),
                       (SQLiteQueue, "claim"), (SQLiteQueue, "complete"), (SQLiteQueue, "complete_and_claim")):
         counts.watch(cls, name)
-    config = write_config(tmp_path)
+    config = write_config(tmp_path, queue_ahead=False)  # the hand-off at the end (issue 7)
     queue = submit(config, [trivial_job(n) for n in range(1, 7)])
     Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
     jobs = list(queue.iter_jobs())
@@ -98,7 +98,7 @@ def test_the_next_job_is_posted_before_the_last_ones_history_is_read(tmp_path: P
             return _original(self, *args, **kwargs)
 
         monkeypatch.setattr(ComfyClient, name, recorded)
-    config = write_config(tmp_path)
+    config = write_config(tmp_path, queue_ahead=False)  # the hand-off at the end (issue 7)
     queue = submit(config, [trivial_job(n) for n in range(1, 5)])
     Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
     assert [j.state for j in queue.iter_jobs()] == ["done"] * 4
@@ -117,7 +117,7 @@ def test_without_a_handoff_the_done_and_the_next_claim_are_one_transaction(
                       (SQLiteQueue, "complete_and_claim")):
         counts.watch(cls, name)
     monkeypatch.setattr(Attempt, "_may_hand_off", lambda self, run: False)  # as when the server's queue was not empty
-    config = write_config(tmp_path)
+    config = write_config(tmp_path, queue_ahead=False)  # the hand-off at the end (issue 7)
     queue = submit(config, [trivial_job(n) for n in range(1, 7)])
     Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
     assert [j.state for j in queue.iter_jobs()] == ["done"] * 6
@@ -136,7 +136,7 @@ def test_a_job_posted_again_gets_a_socket_of_its_own(tmp_path: Path, fake: FakeC
     counts = Counts(monkeypatch)
     counts.watch(EventStream, "connect")
     fake.script_by_id({job_id(1): ["oom", "ok"]})
-    config = write_config(tmp_path)
+    config = write_config(tmp_path, queue_ahead=False)  # the hand-off at the end (issue 7)
     queue = submit(config, [trivial_job(1), trivial_job(2)])
     Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
     assert queue.get(job_id(1)).state == "done" and queue.get(job_id(1)).attempt == 2
@@ -175,7 +175,7 @@ def test_a_runner_keeps_to_the_model_its_server_has_loaded(tmp_path: Path, fake:
 def test_a_job_claimed_with_the_last_done_goes_back_uncounted_when_the_runner_stops(
         tmp_path: Path, fake: FakeComfy, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(Attempt, "_may_hand_off", lambda self, run: False)  # the job comes with the done, not before it
-    config = write_config(tmp_path)
+    config = write_config(tmp_path, queue_ahead=False)  # the hand-off at the end (issue 7)
     queue = submit(config, [trivial_job(1), trivial_job(2)])
     runner = Runner(config_of(config), "cpu0", fake.url, until_empty=True)
     original = SQLiteQueue.complete_and_claim
@@ -200,7 +200,7 @@ def test_a_job_handed_off_before_a_stop_is_followed_to_its_end(tmp_path: Path, f
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """Already on the server when the stop came: it runs within the grace like any running job, and is not
     left running there without an owner, nor put back in the queue while it runs."""
-    config = write_config(tmp_path)
+    config = write_config(tmp_path, queue_ahead=False)  # the hand-off at the end (issue 7)
     queue = submit(config, [trivial_job(n) for n in range(1, 4)])
     runner = Runner(config_of(config), "cpu0", fake.url, until_empty=True)
     original = Runner._next_job
@@ -226,7 +226,7 @@ def test_a_runner_killed_after_a_handoff_leaves_both_jobs_to_be_adopted_not_reru
         tmp_path: Path, fake: FakeComfy, monkeypatch: pytest.MonkeyPatch) -> None:
     from comfysup.runner.store import ResultStore
 
-    config = write_config(tmp_path)
+    config = write_config(tmp_path, queue_ahead=False)  # the hand-off at the end (issue 7)
     queue = submit(config, [trivial_job(1), trivial_job(2)])
     runner = Runner(config_of(config), "cpu0", fake.url, until_empty=True)
     original = ResultStore.write
