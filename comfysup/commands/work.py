@@ -271,6 +271,10 @@ def run(args: argparse.Namespace) -> int:
     servers = parse_servers(args.server, config)
     setup_logging(fmt=args.log_format)
     results = multiprocessing.get_context("fork").Queue()
+    # The queue's file and schema are made here, before the runners fork, and the connection closed (none
+    # crosses a fork): made by a runner and this process at once, the loser's WAL switch met the winner's
+    # lock and `work` exited "database is locked" on a fresh queue.
+    open_queue(config, create=True).close()
     work = Work(config, servers, args.until_empty)
     work.start(results)
     work.queue = open_queue(config, create=True)

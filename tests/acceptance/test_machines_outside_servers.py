@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -43,6 +44,27 @@ def work(config: Path, server: str, host: str, log: Path, *more: str) -> subproc
     return subprocess.Popen([sys.executable, "-m", "comfysup", "work", "--config", str(config), "--server", server,
                              *more], stdout=log.open("wb"), stderr=subprocess.STDOUT, cwd=ROOT,
                             env={**os.environ, "COMFYSUP_HOSTNAME": host}, start_new_session=True)
+
+
+def runners_of(proc: subprocess.Popen, config: Path) -> list[psutil.Process]:
+    """The children of a ``work`` once its loop runs (its work.json names its pid): its signal handlers are
+    installed by then. Any child alone would do for the count, but a SIGTERM sent at the first child (a
+    helper process of an import, say) can land before the handlers and kill ``work`` outright."""
+    from comfysup.commands.work import work_state_path
+    from comfysup.config import load_config
+
+    state_file = work_state_path(load_config(str(config), env={}))
+
+    def ready() -> list[psutil.Process] | None:
+        try:
+            state = json.loads(state_file.read_text())
+        except (OSError, ValueError):
+            return None
+        if state.get("pid") != proc.pid or state.get("state") != "running":
+            return None
+        return psutil.Process(proc.pid).children(recursive=True) or None
+
+    return wait_for(ready, 20, "work's loop and its runner")
 
 
 def kill_all(processes: list[psutil.Process]) -> None:
@@ -117,14 +139,14 @@ def test_kill_9_of_work_takes_its_runners_with_it(tmp_path: Path) -> None:
         first = work(config, f"a={fake.url}", "host", tmp_path / "first.log")
         runners: list[psutil.Process] = []
         try:
-            runners = wait_for(lambda: psutil.Process(first.pid).children(recursive=True), 20, "a runner process")
+            runners = runners_of(first, config)
             os.kill(first.pid, signal.SIGKILL)
             first.wait(10)
             wait_for(lambda: not any(r.is_running() and r.status() != psutil.STATUS_ZOMBIE for r in runners), 5,
                      f"the runners {[r.pid for r in runners]} to die with `work`")
             second = work(config, f"a={fake.url}", "host", tmp_path / "second.log")
             try:
-                again = wait_for(lambda: psutil.Process(second.pid).children(recursive=True), 20, "a runner process")
+                again = runners_of(second, config)
                 assert len(again) == len(runners) == 1  # one runner on the server, not two
             finally:
                 second.send_signal(signal.SIGTERM)
@@ -133,3 +155,22 @@ def test_kill_9_of_work_takes_its_runners_with_it(tmp_path: Path) -> None:
             if first.poll() is None:
                 first.kill()
             kill_all(runners)
+
+
+@pytest.mark.timeout(90)
+def test_work_on_a_fresh_queue_starts_every_time(tmp_path: Path) -> None:
+    """The queue's file is made before the runners fork: made by a runner and `work` at once, the loser met
+    the winner's lock and `work` exited 1, "database is locked", now and then on a fresh queue."""
+    with FakeComfy(base_directory=tmp_path / "fake", node_ms=5) as fake:
+        for i in range(6):
+            folder = tmp_path / f"run{i}"
+            folder.mkdir()
+            config = write_config(folder)
+            proc = work(config, f"a={fake.url}", "host", folder / "work.log")
+            try:
+                wait_for(lambda proc=proc, folder=folder: (folder / "work.json").exists() or proc.poll() is not None,
+                         20, "work to run its loop or exit")
+                assert proc.poll() is None, (folder / "work.log").read_text()
+            finally:
+                proc.send_signal(signal.SIGTERM)
+            assert proc.wait(30) == 0, (folder / "work.log").read_text()
