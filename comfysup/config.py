@@ -108,13 +108,14 @@ class RunnerConfig:
     affinity_max_wait_seconds: float = 300.0
     """Model affinity's fairness bound: a runner prefers jobs of the model its server ran last, but no job
     waits longer than this beyond what strict priority order would have made it wait; 0: strict order."""
-    queue_ahead: bool = True
+    queue_ahead: bool = False
     """Keep one more job waiting in the server's own queue behind the running prompt (claimed, leased, posted
-    with its own id), so ComfyUI starts it the moment the running one ends. On by default: otherwise the GPU
-    idles between two prompts for the client's claim, POST and socket work (3-4 ms a prompt, a few percent of
-    a fast workflow's time, issue 19); the queued job is still durable, its timeout starts when it starts
-    executing, and a cancel or a graceful stop takes it out of the server's queue. Off: a runner posts only
-    when its server is free (one job per runner at a time, as before issue 19)."""
+    with its own id), so ComfyUI starts it the moment the running one ends: the GPU no longer idles between
+    two prompts for the client's claim, POST and socket work (3-4 ms a prompt; bench/e2e.py: efficiency 0.977
+    → 0.992 at 200 ms × 4 servers). Off by default for now (issue 19 is not finished): a job queued behind a
+    prompt whose server dies before it starts is counted as an attempt, and graceful stops and stuck-prompt
+    restarts were built and tested for one prompt per server. Its timeout starts when it starts executing;
+    a cancel or a graceful stop takes it out of the server's queue."""
 
 
 @dataclass(frozen=True)

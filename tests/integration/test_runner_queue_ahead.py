@@ -46,7 +46,7 @@ def _assert_one_at_a_time(fake: FakeComfy, ns: range) -> None:
 
 @pytest.mark.timeout(60)
 def test_the_next_job_waits_in_the_servers_queue_behind_the_running_one(tmp_path: Path, fake: FakeComfy) -> None:
-    config = write_config(tmp_path)
+    config = write_config(tmp_path, queue_ahead=True)
     queue = submit(config, [trivial_job(n) for n in range(1, 6)])
     Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
     assert [j.state for j in queue.iter_jobs()] == ["done"] * 5
@@ -75,7 +75,7 @@ def test_off_the_next_job_is_posted_only_when_the_server_is_free(tmp_path: Path,
 @pytest.mark.timeout(60)
 def test_a_queued_jobs_timeout_starts_when_it_starts_executing(tmp_path: Path, fake: FakeComfy) -> None:
     fake.node_ms = 300  # about 0.9 s a prompt: the second waits that long in the queue, then runs as long
-    config = write_config(tmp_path, timeout_seconds=1.5, attempts=1)
+    config = write_config(tmp_path, timeout_seconds=1.5, attempts=1, queue_ahead=True)
     queue = submit(config, [trivial_job(1), trivial_job(2)])
     Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
     assert [queue.get(job_id(n)).state for n in (1, 2)] == ["done", "done"]
@@ -86,7 +86,7 @@ def test_a_queued_jobs_timeout_starts_when_it_starts_executing(tmp_path: Path, f
 
 @pytest.mark.timeout(60)
 def test_priority_chooses_the_queued_job_when_it_is_posted(tmp_path: Path, fake: FakeComfy) -> None:
-    config = write_config(tmp_path)
+    config = write_config(tmp_path, queue_ahead=True)
     queue = submit(config, [trivial_job(1, priority=10), trivial_job(2), trivial_job(3, priority=5)])
     Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
     assert fake.stats()["order"] == [job_id(1), job_id(3), job_id(2)]
@@ -110,7 +110,7 @@ def _when_queued(monkeypatch: pytest.MonkeyPatch, act: Any) -> None:
 def test_a_cancel_takes_the_queued_job_out_of_the_servers_queue(tmp_path: Path, fake: FakeComfy,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     fake.node_ms = 300
-    config = write_config(tmp_path, heartbeat_seconds=0.2)
+    config = write_config(tmp_path, heartbeat_seconds=0.2, queue_ahead=True)
     queue = submit(config, [trivial_job(1), trivial_job(2)])
     _when_queued(monkeypatch, lambda attempt: attempt.queue.cancel([job_id(2)]))
     Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
@@ -126,7 +126,7 @@ def test_a_cancel_takes_the_queued_job_out_of_the_servers_queue(tmp_path: Path, 
 def test_a_graceful_stop_releases_the_queued_job_uncounted(tmp_path: Path, fake: FakeComfy,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     fake.node_ms = 300
-    config = write_config(tmp_path)
+    config = write_config(tmp_path, queue_ahead=True)
     queue = submit(config, [trivial_job(1), trivial_job(2)])
     runner = Runner(config_of(config), "cpu0", fake.url)
     _when_queued(monkeypatch, lambda attempt: runner._on_signal(signal.SIGTERM, None))
@@ -148,7 +148,7 @@ class Killed(BaseException):
 def test_after_a_crash_the_queued_job_is_followed_where_it_is_not_posted_again(
         tmp_path: Path, fake: FakeComfy, monkeypatch: pytest.MonkeyPatch) -> None:
     fake.node_ms = 300
-    config = write_config(tmp_path)
+    config = write_config(tmp_path, queue_ahead=True)
     queue = submit(config, [trivial_job(1), trivial_job(2)])
     runner = Runner(config_of(config), "cpu0", fake.url)
 
@@ -172,7 +172,7 @@ def test_after_a_crash_the_queued_job_is_followed_where_it_is_not_posted_again(
 @pytest.mark.timeout(60)
 def test_other_clients_prompts_are_respected(tmp_path: Path, fake: FakeComfy) -> None:
     fake.node_ms = 100
-    config = write_config(tmp_path)
+    config = write_config(tmp_path, queue_ahead=True)
     queue = submit(config, [trivial_job(1), trivial_job(2)])
     runner = Runner(config_of(config), "cpu0", fake.url)
     claim = queue.claim(runner.owner, "cpu0", 10.0)
@@ -185,7 +185,8 @@ def test_other_clients_prompts_are_respected(tmp_path: Path, fake: FakeComfy) ->
     time.sleep(0.05)
     assert runner._ahead_job(claim, None) is None  # one of theirs waits: max_queue 1 says no
     (tmp_path / "wide").mkdir()
-    wide = Runner(config_of(write_config(tmp_path / "wide", max_queue=3)), "cpu0", fake.url, queue=queue)
+    wide_config = config_of(write_config(tmp_path / "wide", max_queue=3, queue_ahead=True))
+    wide = Runner(wide_config, "cpu0", fake.url, queue=queue)
     assert wide._ahead_job(claim, None) is not None
     client.post_prompt(trivial_job(9)["workflow"], job_id(9), runner.station.client.own_stream().client_id)
     assert wide._ahead_job(claim, None) is None  # one of ours already waits: the bound is one
