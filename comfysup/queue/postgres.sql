@@ -146,3 +146,15 @@ CREATE TABLE job_refusals (
 -- name: v5
 -- (issue 15) The URL of the server an attempt posted to or followed on (see schema.sql's v9).
 ALTER TABLE attempts ADD COLUMN url text;
+
+-- name: v6
+-- (issue 20) The broker outbox (see schema.sql's v10).
+CREATE TABLE announcements (
+    id         bigint  GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    job_id     text    NOT NULL,
+    state      text    NOT NULL,
+    created_at double precision NOT NULL,
+    sent_at    double precision
+);
+CREATE INDEX announcements_pending ON announcements (id) WHERE sent_at IS NULL;
+CREATE INDEX announcements_job ON announcements (job_id);

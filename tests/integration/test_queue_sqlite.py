@@ -386,6 +386,7 @@ def test_a_version_5_database_counts_its_finished_jobs_in_v6(tmp_path: Path) -> 
         conn.execute(f"DROP TRIGGER IF EXISTS {name}")  # v7 dropped the first
     conn.execute("DROP TABLE finished_counts")
     conn.execute("ALTER TABLE attempts DROP COLUMN url")  # v9 added it
+    conn.execute("DROP TABLE announcements")  # v10
     conn.execute("PRAGMA user_version = 5")
     conn.commit()
     conn.close()
@@ -411,6 +412,7 @@ def test_v7_drops_the_insert_trigger_and_counts_stay_right(tmp_path: Path) -> No
                  "('done', 'dead', 'cancelled') BEGIN "
                  "UPDATE finished_counts SET n = n + 1 WHERE state = new.state; END")
     conn.execute("ALTER TABLE attempts DROP COLUMN url")  # v9 added it
+    conn.execute("DROP TABLE announcements")  # v10
     conn.execute("PRAGMA user_version = 6")
     conn.commit()
     conn.close()
@@ -435,11 +437,12 @@ def test_v9_adds_the_attempts_server_url(tmp_path: Path) -> None:
     q.close()
     conn = sqlite3.connect(path)  # back to v8
     conn.execute("ALTER TABLE attempts DROP COLUMN url")
+    conn.execute("DROP TABLE announcements")  # v10
     conn.execute("PRAGMA user_version = 8")
     conn.commit()
     conn.close()
     q = SQLiteQueue(path, create=False)
-    assert q.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 9
+    assert q.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 10
     assert q.last_url(old.id) is None
     q.record_prompt(old, "gpu0", 3, "http://10.0.0.1:8188")
     assert q.last_url(old.id) == ("http://10.0.0.1:8188", "host-a/1/gpu0/t")
