@@ -22,6 +22,8 @@ from comfysup.config import RabbitMQConfig
 from comfysup.redact import display_url
 
 log = logging.getLogger("comfysup.broker")
+logging.getLogger("pika.channel").setLevel(logging.ERROR)
+"""pika warns of every channel the broker closes, and a passive declare of a missing queue closes one by design."""
 
 HEARTBEAT_SECONDS = 30
 SOCKET_TIMEOUT_SECONDS = 5.0

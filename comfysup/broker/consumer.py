@@ -139,6 +139,7 @@ class Consumer:
             channel.basic_consume(self.settings.queue, self._on_message, auto_ack=False)
             self.reconnect.worked()
             self.state, self.last_error = "consuming", None
+            self.write_state(force=True, probe=probe)
             log.info("rabbitmq: connected; consuming %r (prefetch %d)", self.settings.queue, self.settings.prefetch)
             while not self.stop.is_set():
                 connection.process_data_events(time_limit=POLL_SECONDS)
