@@ -9,10 +9,11 @@ import time
 from typing import Any, TextIO
 
 from comfysup.commands._common import config_from, queue_from
+from comfysup.observability.brokerview import broker_text
 from comfysup.observability.views import WINDOW_SECONDS, Overview, overview, progress_text
 from comfysup.queue.base import Machine, Status
 from comfysup.redact import bound
-from comfysup.slotstate import read_state, read_work_state, staleness
+from comfysup.slotstate import read_broker_state, read_state, read_work_state, staleness
 from comfysup.timefmt import age
 
 
@@ -166,6 +167,7 @@ def run(args: argparse.Namespace) -> int:
         now = time.time()
         status = queue.status(now, dead_limit=args.dead)
         machines = queue.machines()
+        backlog = queue.announcement_backlog()
     finally:
         queue.close()
     state = read_state(config)
@@ -176,6 +178,8 @@ def run(args: argparse.Namespace) -> int:
         out["supervisor"] = None if state is None else {**state, "stale": staleness(state, now)}
         out["work"] = None if work is None else {**work, "stale": staleness(work, now)}
         out["machines"] = machines_snapshot(machines)
+        if config.rabbitmq.url:
+            out["rabbitmq"] = {"consumer": read_broker_state(config), "outbox_backlog": backlog}
         print(json.dumps(out, indent=2))
     else:
         print(render(status, now))
@@ -187,4 +191,7 @@ def run(args: argparse.Namespace) -> int:
         if machines:
             print()
             print(render_machines(machines))
+        if config.rabbitmq.url:
+            print()
+            print(broker_text(read_broker_state(config), backlog))
     return 0
