@@ -97,6 +97,7 @@ class Consumer:
         self.held: list[Message] = []
         self.unacked = 0
         self.ready: int | None = None
+        self.connected_at: float | None = None
         self._reader: BrokerJobs | None = None
         self._reader_at = 0.0
         self._state_at = 0.0
@@ -138,7 +139,7 @@ class Consumer:
             probe = connection.channel()
             channel.basic_consume(self.settings.queue, self._on_message, auto_ack=False)
             self.reconnect.worked()
-            self.state, self.last_error = "consuming", None
+            self.state, self.last_error, self.connected_at = "consuming", None, time.time()
             self.write_state(force=True, probe=probe)
             log.info("rabbitmq: connected; consuming %r (prefetch %d)", self.settings.queue, self.settings.prefetch)
             while not self.stop.is_set():
@@ -235,6 +236,7 @@ class Consumer:
     def snapshot(self) -> dict[str, Any]:
         return {"pid": os.getpid(), "updated_at": time.time(), "state": self.state, "queue": self.settings.queue,
                 "url": where(self.settings.url), "unacked": self.unacked, "ready": self.ready,
+                "connected_at": self.connected_at,
                 "last_error": self.last_error, "published": self.announcer.published, **self.counts}
 
     def write_state(self, *, force: bool = False, probe: BlockingChannel | None = None) -> None:

@@ -39,6 +39,7 @@ from chaos.harness import ChaosRun
 from comfysup.broker.consumer import Consumer
 from comfysup.config import load_config
 from comfysup.queue import open_queue
+from comfysup.slotstate import read_broker_state
 
 
 class BrokerRun:
@@ -237,11 +238,14 @@ def _broker_faults(tmp: Path, seed: int, name: str, *, jobs: int, faults: int, f
         proc = h.start()
         h.wait_ready(proc)
         publisher = threading.Thread(target=b.publish, args=(h.jobs_for(jobs),),
-                                     kwargs={"chunk": 10, "pause": 0.15}, daemon=True)
+                                     kwargs={"chunk": 5, "pause": 0.3}, daemon=True)
         publisher.start()
         for _ in range(faults):
             time.sleep(h.rng.uniform(0.5, 1.5))
+            at = time.time()
             fault(h)
+            # The consumer noticed and is back before the next fault: each fault is survived on its own.
+            wait_for(lambda at=at: _consuming_since(h, at), 60, "the consumer to consume again", h.describe)
             b.hear()  # results heard between faults too, so the listener's queue is read mid-stream
         publisher.join(120)
         report = b.finish(proc, 120 + jobs * 0.2)
@@ -253,6 +257,11 @@ def _broker_faults(tmp: Path, seed: int, name: str, *, jobs: int, faults: int, f
     finally:
         b.cleanup()
         h.cleanup()
+
+
+def _consuming_since(h: ChaosRun, at: float) -> bool:
+    state = read_broker_state(h.config) or {}
+    return state.get("state") == "consuming" and float(state.get("connected_at") or 0) > at
 
 
 def _restart(h: ChaosRun) -> None:
