@@ -188,7 +188,7 @@ def _killed_consumer(config_path: Path, queue_name: str, rate: float, seed: int)
         os._exit(code)
 
 
-def r1_consumer_killed_before_ack(tmp: Path, seed: int, *, jobs: int, prefetch: int = 2, rate: float = 0.6,
+def r1_consumer_killed_before_ack(tmp: Path, seed: int, *, jobs: int, prefetch: int = 2, rate: float = 0.7,
                                   node_ms: float = 5.0) -> Report:
     h = ChaosRun(tmp, "R1", seed, node_ms=node_ms)
     b = BrokerRun(h, prefetch=prefetch, supervisor_consumes=False)
