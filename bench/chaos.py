@@ -77,6 +77,12 @@ ROWS = [
     Row("S2", "listening sockets", scenarios.s2_listening_sockets, {"jobs": 200}, ("jobs",)),
     Row("S3", "a canary secret in every job's extra_data", scenarios.s3_canary_secret, {"jobs": 500}, ("jobs",)),
     Row("B1", "fuzzed jobs.jsonl files (hypothesis)", scenarios.b1_fuzzed_lines, {"examples": 2000}, ("examples",)),
+    Row("R1", "the RabbitMQ consumer killed between a batch's commit and its ack",
+        scenarios.r1_consumer_killed_before_ack, {"jobs": 600}, ("jobs",)),
+    Row("R2", "the broker restarted mid-stream (rabbitmqctl stop_app / start_app)", scenarios.r2_broker_restarted,
+        {"jobs": 400, "restarts": 8}, ("jobs", "restarts")),
+    Row("R3", "every broker connection closed (rabbitmqctl close_all_connections)", scenarios.r3_connections_closed,
+        {"jobs": 400, "closes": 20}, ("jobs", "closes")),
 ]
 
 

@@ -174,6 +174,26 @@ class ApiConfig:
 
 
 @dataclass(frozen=True)
+class RabbitMQConfig:
+    url: str = ""
+    """amqp://user:password@host:port/vhost of the broker; empty: no consumer, no broker results."""
+    queue: str = "renders"
+    """Where jobs arrive, one jobs.jsonl line per message; declared a durable quorum queue when missing."""
+    prefetch: int = 50
+    """Unacknowledged messages the consumer holds at once (basic_qos): each batch is one insert."""
+    workflows_dir: str = "workflows"
+    """A message's workflow path is read below this folder (relative to the config file); no .. or /."""
+    done_exchange: str = "comfysup.done"
+    """Where a done job's record is published (a durable fanout exchange when comfysup declares it)."""
+    dead_exchange: str = "comfysup.dead"
+    """Where a dead or cancelled job's record is published."""
+    invalid_queue: str = "renders.invalid"
+    """Where a message that fails validation goes, with its reason in the x-comfysup-reason header and body."""
+    reconnect_max_delay_seconds: float = 30.0
+    """Reconnection waits random(0, min(this, 0.5 × 2^(n-1))) after the n-th failure in a row."""
+
+
+@dataclass(frozen=True)
 class Config:
     queue: QueueConfig = field(default_factory=QueueConfig)
     store: StoreConfig = field(default_factory=StoreConfig)
@@ -185,6 +205,7 @@ class Config:
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     webhooks: WebhooksConfig = field(default_factory=WebhooksConfig)
     api: ApiConfig = field(default_factory=ApiConfig)
+    rabbitmq: RabbitMQConfig = field(default_factory=RabbitMQConfig)
     source: str = "<defaults>"
     """Where the file values came from, for messages."""
     root: str = "."
@@ -206,6 +227,7 @@ SECTIONS: dict[str, type] = {
     "metrics": MetricsConfig,
     "webhooks": WebhooksConfig,
     "api": ApiConfig,
+    "rabbitmq": RabbitMQConfig,
 }
 
 
@@ -475,6 +497,13 @@ def _check(c: Config) -> None:
             raise bad("webhooks", key, getattr(w, key), "must be greater than 0")
     if w.attempts < 1:
         raise bad("webhooks", "attempts", w.attempts, "must be at least 1")
+    b = c.rabbitmq
+    if b.url and not b.url.startswith(("amqp://", "amqps://")):
+        raise bad("rabbitmq", "url", display_url(b.url), "expected amqp://user:password@host:5672/ or an empty string")
+    if b.prefetch < 1:
+        raise bad("rabbitmq", "prefetch", b.prefetch, "must be at least 1")
+    if b.reconnect_max_delay_seconds <= 0:
+        raise bad("rabbitmq", "reconnect_max_delay_seconds", b.reconnect_max_delay_seconds, "must be greater than 0")
     if w.base_delay_seconds > w.max_delay_seconds:
         raise bad("webhooks", "base_delay_seconds", w.base_delay_seconds,
                   f"must not exceed [webhooks] max_delay_seconds ({w.max_delay_seconds:g})")

@@ -7,6 +7,7 @@ no endpoint and say plainly when the file is stale (the supervisor is not runnin
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -61,3 +62,38 @@ def read_work_state(config: Config) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) and isinstance(data.get("slots"), list) else None
+
+
+BROKER_FILE = "broker.json"
+"""The RabbitMQ consumer's own state (comfysup.broker): connection, unacknowledged messages, counts."""
+
+
+def broker_state_path(config: Config) -> Path:
+    return config.resolve(config.queue.path).parent.absolute() / BROKER_FILE
+
+
+def write_broker_state(config: Config, state: dict[str, Any]) -> None:
+    """Atomically (a reader never sees half a file); a folder that cannot be written is not fatal."""
+    path = broker_state_path(config)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    try:
+        tmp.write_text(json.dumps(state))
+        os.replace(tmp, path)
+    except OSError:
+        pass
+
+
+def read_broker_state(config: Config) -> dict[str, Any] | None:
+    """The consumer's last state, with ``stale`` set when its process is gone or has not written lately."""
+    try:
+        data = json.loads(broker_state_path(config).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    pid, age = data.get("pid"), time.time() - float(data.get("updated_at") or 0)
+    if not isinstance(pid, int) or not psutil.pid_exists(pid):
+        data["stale"] = f"the consumer (pid {pid}) is not running; last update {age:.0f} s ago"
+    elif age > STALE_SECONDS:
+        data["stale"] = f"no update for {age:.0f} s: the consumer (pid {pid}) may hang"
+    return data

@@ -701,6 +701,29 @@ class QueueContract(CatalogueContract, AssetsContract):
                         (make_job(4).id, own, 0, T0 + 6, T0 + 6, "pending")]
         assert q.pending_deliveries() == 3
 
+    def test_a_terminal_job_gets_its_broker_announcement_in_the_same_write(self, q: Queue) -> None:
+        self.submit(q, make_job(1), make_job(2), make_job(3), make_job(4))
+        c1 = self.claim(q, now=T0)
+        q.complete(c1, [], now=T0 + 1)
+        assert q.announcements(c1.id) == []  # no [rabbitmq] url: no outbox row
+        q.announce = True  # type: ignore[attr-defined]
+        c2 = self.claim(q, now=T0)
+        q.complete(c2, [], now=T0 + 2)
+        c3 = self.claim(q, now=T0)
+        q.dead(c3, "broken", now=T0 + 3)
+        c4 = self.claim(q, now=T0)
+        with pytest.raises(LeaseLost):  # a stale write announces nothing
+            q.complete(Claim(**{**c4.__dict__, "attempt": 7}), [], now=T0 + 4)
+        assert q.announcement_backlog() == 2
+        pending = q.pending_announcements(10)
+        assert [(j, s) for _, j, s in pending] == [(c2.id, "done"), (c3.id, "dead")]
+        q.mark_announced([pending[0][0]], now=T0 + 5)
+        assert [(j, s) for _, j, s in q.pending_announcements(10)] == [(c3.id, "dead")]
+        assert q.announcements(c2.id)[0]["sent_at"] == T0 + 5
+        q.mark_announced([pending[0][0], pending[1][0]], now=T0 + 6)
+        assert q.announcement_backlog() == 0
+        assert q.announcements(c4.id) == []
+
     def test_deliveries_are_held_while_sent_and_each_try_is_recorded(self, q: Queue) -> None:
         self.submit(q, *[make_job(i, callback_url=f"http://hooks.example/{i}") for i in range(3)])
         for i in range(3):

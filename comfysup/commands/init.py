@@ -122,6 +122,17 @@ DOCS: dict[str, dict[str, str]] = {
         "allowed_origins": "Browser origins allowed besides the API's own (e.g. [\"https://app.example\"]); "
                            "requests from any other web page are refused.",
     },
+    "rabbitmq": {
+        "": "The RabbitMQ front door: jobs from a queue (comfysup run, or comfysup consume), results to exchanges.",
+        "url": "amqp://user:password@host:5672/ of the broker; \"\": no consumer and no broker results.",
+        "queue": "Where jobs arrive, one jobs.jsonl line a message; declared a durable quorum queue if missing.",
+        "prefetch": "Unacknowledged messages held at once; each batch is validated and inserted in one go.",
+        "workflows_dir": "A message's workflow path is read below this folder (no .. and no absolute path).",
+        "done_exchange": "Where a done job's record goes (message_id = job id, persistent, confirmed).",
+        "dead_exchange": "Where a dead or cancelled job's record goes.",
+        "invalid_queue": "Where an invalid message goes, with its reason in x-comfysup-reason and the body.",
+        "reconnect_max_delay_seconds": "Upper bound of the backoff between reconnections to the broker.",
+    },
 }
 
 

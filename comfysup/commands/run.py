@@ -16,14 +16,23 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
                     "slot failed after repeated quick failures, recycle servers after N jobs or above a memory "
                     "bound. SIGTERM or Ctrl-C stops gracefully (running jobs get [runner] grace_seconds); a "
                     "second one stops at once. Speaks systemd's notify protocol when NOTIFY_SOCKET is set. "
-                    "Serves /metrics and a status page at [metrics] listen, and sends [webhooks].")
+                    "Serves /metrics and a status page at [metrics] listen, and sends [webhooks]. With [rabbitmq] url, "
+                    "a consumer child takes jobs from the broker and publishes results to it.")
     p.add_argument("--log-format", choices=FORMATS, help="plain lines (default) or one JSON object per event "
                    "with job, slot and attempt ($COMFYSUP_LOG_FORMAT)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from comfysup.supervisor.children import runner_limits
+    from comfysup.supervisor.sidecar import Sidecar
     from comfysup.supervisor.supervisor import Supervisor
 
     setup_logging(fmt=args.log_format)
-    return Supervisor(config_from(args)).run()
+    config = config_from(args)
+    sidecars = []
+    if config.rabbitmq.url:  # the RabbitMQ front door: a child restarted like the monitor
+        from comfysup.broker.consumer import consumer_main
+
+        sidecars.append(Sidecar("consumer", lambda: consumer_main(config), runner_limits(config)))
+    return Supervisor(config, sidecars=sidecars).run()

@@ -9,10 +9,11 @@ import time
 from typing import Any, TextIO
 
 from comfysup.commands._common import config_from, queue_from
+from comfysup.observability.brokerview import broker_text
 from comfysup.observability.views import WINDOW_SECONDS, Overview, overview, progress_text
 from comfysup.queue.base import Machine, Status
 from comfysup.redact import bound
-from comfysup.slotstate import read_state, read_work_state, staleness
+from comfysup.slotstate import read_broker_state, read_state, read_work_state, staleness
 from comfysup.timefmt import age
 
 
@@ -174,6 +175,7 @@ def run(args: argparse.Namespace) -> int:
         status = queue.status(now, dead_limit=args.dead)
         machines = queue.machines()
         inputs = queue.asset_totals()
+        backlog = queue.announcement_backlog()
     finally:
         queue.close()
     state = read_state(config)
@@ -185,6 +187,8 @@ def run(args: argparse.Namespace) -> int:
         out["work"] = None if work is None else {**work, "stale": staleness(work, now)}
         out["machines"] = machines_snapshot(machines)
         out["inputs"] = inputs
+        if config.rabbitmq.url:
+            out["rabbitmq"] = {"consumer": read_broker_state(config), "outbox_backlog": backlog}
         print(json.dumps(out, indent=2))
     else:
         print(render(status, now))
@@ -198,4 +202,7 @@ def run(args: argparse.Namespace) -> int:
         if machines:
             print()
             print(render_machines(machines))
+        if config.rabbitmq.url:
+            print()
+            print(broker_text(read_broker_state(config), backlog))
     return 0

@@ -40,6 +40,9 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("file", help="the jobs file, one JSON object a line; - reads standard input (workflow "
                    "paths are then relative to the current directory)")
     p.add_argument("--dry-run", action="store_true", help="validate only; insert nothing")
+    p.add_argument("--to", choices=("queue", "rabbitmq"), default="queue", help="queue (default): insert into "
+                   "the queue; rabbitmq: publish every line to [rabbitmq] queue, confirmed (workflow paths are "
+                   "then resolved below [rabbitmq] workflows_dir, as the consumer resolves them)")
     p.add_argument("--wait", action="store_true", help="then show a progress bar until every job of the file "
                    "is done, dead or cancelled, and print the summary; exit 0 when all are done, 1 otherwise")
     p.set_defaults(func=run)
@@ -78,6 +81,8 @@ def _catalogues(queue: Queue | None) -> list[Catalogue]:
 
 def _submit(args: argparse.Namespace, config: Config, queue: Queue | None, path: Path, label: str,
             base_dir: Path) -> int:
+    if getattr(args, "to", "queue") == "rabbitmq":
+        return _publish(args, config, queue, path, label)
     jobs = JobsFile(path, label=label, base_dir=base_dir, catalogues=_catalogues(queue),
                     allow_private_callbacks=config.webhooks.allow_private,
                     max_input_bytes=config.assets.max_file_mb * 2**20,
@@ -108,6 +113,35 @@ def _submit(args: argparse.Namespace, config: Config, queue: Queue | None, path:
     if args.wait:
         sys.stdout.flush()
         return wait(config, ids)
+    return 0
+
+
+def _publish(args: argparse.Namespace, config: Config, queue: Queue | None, path: Path, label: str) -> int:
+    """``--to rabbitmq``: the same validation, then every line published with confirms (comfysup.broker)."""
+    if not config.rabbitmq.url:
+        raise UsageError(f"{config.source}: --to rabbitmq needs [rabbitmq] url (or $COMFYSUP_RABBITMQ_URL)")
+    from comfysup.broker import publish
+
+    _catalogues(queue)  # the warning when there is none
+    _jobs, checked = publish.validate(config, queue, path, label)
+    for line in format_problems(label, checked.warnings):
+        print(line, file=sys.stderr)
+    if not checked.ok:
+        for line in format_problems(label, checked.problems):
+            print(line, file=sys.stderr)
+        raise InvalidJobs(f"{len(checked.problems)} problem(s) in {label}; nothing was published")
+    if args.dry_run:
+        print(f"{label}: {checked.count} job(s) valid; nothing published (--dry-run)")
+        return 0
+    try:
+        sent = publish.publish_lines(config, publish.file_lines(path, checked))
+    except publish.BrokerError as exc:
+        raise ComfysupError(f"RabbitMQ at {publish.where(config.rabbitmq.url)}: {type(exc).__name__} {exc}; "
+                            "lines confirmed before it are queued, publishing the file again is safe") from exc
+    print(f"published {sent} job(s) to RabbitMQ queue {config.rabbitmq.queue!r}, each confirmed")
+    if args.wait:
+        sys.stdout.flush()
+        return wait(config, list(checked.lines_by_id))
     return 0
 
 

@@ -35,6 +35,7 @@ from prometheus_client.registry import Collector
 
 from comfysup.config import MetricsConfig
 from comfysup.gpus import GpuSample
+from comfysup.observability.brokerview import broker_metrics
 from comfysup.queue.base import TERMINAL, EndedAttempt, Queue
 from comfysup.slotstate import staleness
 
@@ -225,6 +226,8 @@ class Live(Collector):
         yield uploads
         yield from self._slots(now)
         yield from self._gpus()
+        state = self.state()
+        yield from broker_metrics((state or {}).get("broker"), self.queue.announcement_backlog())
 
     def _slots(self, now: float) -> Iterable[Metric]:
         state = self.state()

@@ -24,11 +24,11 @@ from typing import Any
 
 from comfysup.config import Config
 from comfysup.gpus import GpuSampler
+from comfysup.observability.brokerview import state_with_broker
 from comfysup.observability.metrics import Metrics
 from comfysup.observability.web import App, serve
 from comfysup.observability.webhooks import Deliverer
 from comfysup.queue import open_queue
-from comfysup.slotstate import read_state
 
 log = logging.getLogger("comfysup.monitor")
 
@@ -51,10 +51,10 @@ def monitor_main(config: Config, port_out: Any, serve_endpoint: bool = True) -> 
     web_queue = open_queue(config, create=True)
     deliver_queue = open_queue(config, create=True)
     deliverer = Deliverer(deliver_queue, config.webhooks)
-    metrics = Metrics(web_queue, lambda: read_state(config), gpus.sample, lambda: dict(deliverer.counts),
+    metrics = Metrics(web_queue, lambda: state_with_broker(config), gpus.sample, lambda: dict(deliverer.counts),
                       max_workflow_labels=config.metrics.max_workflow_labels)
     if serve_endpoint and config.metrics.listen:
-        app = App(web_queue, metrics, lambda: read_state(config), config.resolve(config.store.dir),
+        app = App(web_queue, metrics, lambda: state_with_broker(config), config.resolve(config.store.dir),
                   refresh_seconds=config.metrics.refresh_seconds)
         try:
             server = serve(config.metrics.listen, app)

@@ -28,6 +28,8 @@ class Overview:
     supervisor: dict[str, Any] | None
     stale: str | None
     """Why the supervisor's state should not be believed (None while it runs, or when there is none)."""
+    announcements: int = 0
+    """The broker outbox's backlog: ended jobs not yet announced to RabbitMQ."""
 
     @property
     def per_minute(self) -> float:
@@ -42,7 +44,8 @@ def overview(queue: Queue, state: dict[str, Any] | None, now: float | None = Non
     finished = queue.finished_counts(now - WINDOW_SECONDS)
     recent = queue.get_many([i for i, _ in status.recent_done]) if status.recent_done else []
     return Overview(now=now, status=status, finished=finished, recent_done=recent, supervisor=state,
-                    stale=None if state is None else staleness(state, now))
+                    stale=None if state is None else staleness(state, now),
+                    announcements=queue.announcement_backlog())
 
 
 def progress_text(progress: dict[str, Any] | None) -> str:

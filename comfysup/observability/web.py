@@ -29,6 +29,7 @@ from typing import Any
 
 from comfysup import assets, safefs
 from comfysup.jobs import JobLineError, canonical_id
+from comfysup.observability.brokerview import broker_text
 from comfysup.observability.metrics import CONTENT_TYPE, Metrics
 from comfysup.observability.views import WINDOW_SECONDS, Overview, overview, progress_fraction, progress_text
 from comfysup.queue.base import Queue
@@ -167,6 +168,8 @@ def render_page(view: Overview, refresh_seconds: float) -> str:
                          ("done", "done"), ("dead", "dead"), ("cancelled", "cancelled"))) + "</div>")
     out.append(f"<p class=muted>last {WINDOW_SECONDS / 60:.0f} min: {f.get('done', 0)} done "
                f"({view.per_minute:.1f} jobs/min), {f.get('dead', 0)} dead, {f.get('cancelled', 0)} cancelled</p>")
+    if state is not None and "broker" in state:
+        out.append(f"<h2>RabbitMQ</h2><pre>{e(broker_text(state['broker'], view.announcements))}</pre>")
     if state is not None:
         out.append("<h2>Slots</h2><table><tr><th>slot<th>device<th>server<th>pid<th>port<th>restarts<th>runner<th>ComfyUI"
                    "<th>current job<th>finished<th>reason</tr>")

@@ -19,13 +19,18 @@ def open_queue(config: Config, *, create: bool = True) -> Queue:
         except ImportError as exc:
             raise ConfigError(f"{config.source}: [queue] url needs psycopg 3: pip install 'comfysup[postgres]' "
                               f"({exc})") from exc
-        return PostgresQueue(config.queue.url, busy_timeout_seconds=config.queue.busy_timeout_seconds,
-                             default_callback_url=config.webhooks.url,
-                             assets_dir=str(config.resolve(config.assets.dir)) if config.assets.dir else None)
+        queue: Queue = PostgresQueue(
+            config.queue.url, busy_timeout_seconds=config.queue.busy_timeout_seconds,
+            default_callback_url=config.webhooks.url,
+            assets_dir=str(config.resolve(config.assets.dir)) if config.assets.dir else None)
+        queue.announce = bool(config.rabbitmq.url)  # type: ignore[attr-defined]
+        return queue
     from comfysup.queue.sqlite import SQLiteQueue
 
-    return SQLiteQueue(config.resolve(config.queue.path), create=create,
-                       busy_timeout_seconds=config.queue.busy_timeout_seconds,
-                       checkpoint_seconds=config.queue.checkpoint_seconds,
-                       default_callback_url=config.webhooks.url,
-                       assets_dir=config.resolve(config.assets.dir) if config.assets.dir else None)
+    queue = SQLiteQueue(config.resolve(config.queue.path), create=create,
+                        busy_timeout_seconds=config.queue.busy_timeout_seconds,
+                        checkpoint_seconds=config.queue.checkpoint_seconds,
+                        default_callback_url=config.webhooks.url,
+                        assets_dir=config.resolve(config.assets.dir) if config.assets.dir else None)
+    queue.announce = bool(config.rabbitmq.url)  # the broker outbox: results go to the broker too
+    return queue

@@ -450,6 +450,22 @@ class Queue(Protocol):
 
     def pending_deliveries(self) -> int: ...
 
+    def pending_announcements(self, limit: int) -> list[tuple[int, str, str]]:
+        """The broker outbox's oldest unconfirmed rows: ``(row id, job id, terminal state)``."""
+        ...
+
+    def mark_announced(self, ids: Sequence[int], now: float | None = None) -> None:
+        """The broker confirmed these rows; a row marked twice stays sent."""
+        ...
+
+    def announcement_backlog(self) -> int:
+        """Broker announcements not yet confirmed (the outbox backlog)."""
+        ...
+
+    def announcements(self, job_id: str) -> list[dict[str, Any]]:
+        """One job's broker announcements (id, state, created_at, sent_at), oldest first."""
+        ...
+
     def record_catalogue(self, runner: str, machine: str, info: dict[str, Any], now: float | None = None) -> int:
         """Store a server's /object_info once per distinct content; (runner, machine) has it now. Its id."""
         ...

@@ -96,6 +96,8 @@ class SQLQueue(SQLReads, AssetStore):
     """Parsed workflows kept by id in each process: a runner parses a batch's 10 KB workflow once, not per claim
     (ids are never reused, so a cached id never stands for another workflow)."""
     default_callback_url = ""
+    announce = False
+    """[rabbitmq] url is set: a job's end also writes a broker announcement (the outbox) in its transaction."""
 
     SCHEMA = ""
     """The named-SQL file of the schema's steps (``-- name: vN``)."""
@@ -270,6 +272,8 @@ class SQLQueue(SQLReads, AssetStore):
         """A terminal job's webhook, in the transaction that made it terminal: due at once."""
         url = self.default_callback_url
         cur.execute(self.sql["deliver"], (url, at, at, job_id, url))
+        if self.announce:
+            cur.execute(self.sql["announce"], (at, job_id))
 
     def set_progress(self, claim: Claim, progress: dict[str, Any] | None) -> None:
         self._transaction(self._set_progress, claim, progress, durable=False)
@@ -484,6 +488,16 @@ class SQLQueue(SQLReads, AssetStore):
                          next_at: float | None, now: float | None) -> None:
         cur.execute(self.sql["delivery_result"], (status, error, delivered, self._time(now),
                                                   None if delivered else next_at, delivery_id))
+
+    def mark_announced(self, ids: Sequence[int], now: float | None = None) -> None:
+        if ids:
+            self._transaction(self._mark_announced, ids, now, durable=False)
+
+    def _mark_announced(self, cur: Any, ids: Sequence[int], now: float | None) -> None:
+        # Not durable: an announcement whose mark is lost in a power cut is published again (at least once).
+        at = self._time(now)
+        for row_id in ids:
+            cur.execute(self.sql["announced"], (at, row_id))
 
     # -- prune and machines ------------------------------------------------------------------------------
 

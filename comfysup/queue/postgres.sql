@@ -177,3 +177,15 @@ CREATE TABLE server_assets (
     used_at double precision NOT NULL,
     PRIMARY KEY (server, hash)
 );
+
+-- name: v7
+-- (issue 20) The broker outbox (see schema.sql's v11).
+CREATE TABLE announcements (
+    id         bigint  GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    job_id     text    NOT NULL,
+    state      text    NOT NULL,
+    created_at double precision NOT NULL,
+    sent_at    double precision
+);
+CREATE INDEX announcements_pending ON announcements (id) WHERE sent_at IS NULL;
+CREATE INDEX announcements_job ON announcements (job_id);

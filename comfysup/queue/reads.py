@@ -154,6 +154,15 @@ class SQLReads:
     def pending_deliveries(self) -> int:
         return self._rows("pending_deliveries")[0]["n"]
 
+    def pending_announcements(self, limit: int) -> list[tuple[int, str, str]]:
+        return [(r["id"], r["job_id"], r["state"]) for r in self._rows("pending_announcements", (limit,))]
+
+    def announcement_backlog(self) -> int:
+        return self._rows("announcement_backlog")[0]["n"]
+
+    def announcements(self, job_id: str) -> list[dict[str, Any]]:
+        return [dict(r) for r in self._rows("announcements_of", (job_id,))]
+
     def prunable(self, finished_before: float) -> int:
         return self._rows("prunable", (finished_before,))[0]["n"]
 

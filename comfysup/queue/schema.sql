@@ -234,3 +234,18 @@ CREATE TABLE server_assets (
     used_at REAL    NOT NULL,
     PRIMARY KEY (server, hash)
 ) WITHOUT ROWID;
+
+-- name: v11
+-- (issue 20) The broker outbox: when [rabbitmq] url is set, the transaction that ends a job also inserts a
+-- row here, so a job is never terminal without its announcement; the broker's publisher sends each pending
+-- row (sent_at NULL) with publisher confirms to the done or dead exchange and only then marks it sent, so
+-- every terminal job is announced at least once. The partial index holds pending rows only.
+CREATE TABLE announcements (
+    id         INTEGER PRIMARY KEY,
+    job_id     TEXT    NOT NULL,
+    state      TEXT    NOT NULL,
+    created_at REAL    NOT NULL,
+    sent_at    REAL
+);
+CREATE INDEX announcements_pending ON announcements (id) WHERE sent_at IS NULL;
+CREATE INDEX announcements_job ON announcements (job_id);

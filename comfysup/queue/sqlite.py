@@ -44,7 +44,7 @@ from comfysup.queue.reads import fetch
 from comfysup.queue.specs import SpecCache, dumps_plain
 from comfysup.workflows import content_hash, model_key
 
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 NETWORK_FILESYSTEMS = frozenset({
     "nfs", "nfs4", "cifs", "smb", "smb2", "smb3", "smbfs", "9p", "afs", "ceph", "glusterfs", "lustre",
     "fuse.sshfs", "fuse.s3fs", "fuse.gcsfuse", "fuse.rclone", "davfs", "fuse.glusterfs", "beegfs", "gpfs",
@@ -447,6 +447,7 @@ class SQLiteQueue(SQLQueue):
         conn.execute(SQL["prune_refusals"], (seqs,))
         conn.execute(SQL["prune_attempts"], (ids,))
         conn.execute(SQL["prune_deliveries"], (ids,))
+        conn.execute(SQL["prune_announcements"], (ids,))
         gone = sum(conn.execute(SQL["prune_workflow"], (w, w)).rowcount for w in used)
         return PruneBatch(removed=[(r[1], r[2]) for r in rows], workflows_removed=gone)
 

@@ -64,6 +64,7 @@ from comfysup.supervisor.policy import Action, Policy, State
 from comfysup.supervisor.process import ProcessOps, describe_status
 from comfysup.supervisor.report import EXIT_NO_SLOT_ALIVE, Reporter, heartbeat_machine, no_slot_alive
 from comfysup.supervisor.report import summary as summarize
+from comfysup.supervisor.sidecar import Sidecar
 from comfysup.supervisor.stop import (
     KILL_WAIT_SECONDS,
     MONITOR_STOP_SECONDS,
@@ -91,6 +92,8 @@ class Supervisor:
     ops: ProcessOps = field(default_factory=ProcessOps)
     env: dict[str, str] = field(default_factory=lambda: dict(os.environ))
     clock: Any = time.monotonic
+    sidecars: list[Sidecar] = field(default_factory=list)
+    """Children handed in by the command (the RabbitMQ consumer), kept alive like the monitor."""
 
     def __post_init__(self) -> None:
         self.units: list[Unit] = []
@@ -166,6 +169,8 @@ class Supervisor:
         finally:
             self._kill_monitor()
             self._kill_api()
+            for sidecar in self.sidecars:
+                sidecar.kill(self.ops)
             self.manager.restore_signals()
             self.write_state(final=True)
             self.queue.close()
@@ -184,6 +189,9 @@ class Supervisor:
         if self.plan.keeps_monitor:
             self._monitor_step(now)  # webhooks of jobs that end during the grace still go out
             self._api_step(now)  # and clients can still poll the jobs that end in the grace
+            if self.monitor_wanted:
+                for sidecar in self.sidecars:
+                    sidecar.step(now, self.manager, self.ops)
         if not self.stopping:
             for unit in self.units:
                 for action in stuck.step(unit, now):
@@ -244,7 +252,8 @@ class Supervisor:
     def _stop_step(self, now: float) -> None:
         self._carry_out(self.plan.step(now, runners=any(u.runner_pid is not None for u in self.units),
                                        servers=any(u.server_pid is not None for u in self.units),
-                                       monitor=self.monitor_pid is not None or self.api_pid is not None))
+                                       monitor=self.monitor_pid is not None or self.api_pid is not None
+                                       or any(c.pid is not None for c in self.sidecars)))
         if self.plan.done:
             self.finished = True
 
@@ -261,6 +270,8 @@ class Supervisor:
                     self.ops.kill(self.monitor_pid, sig)
                 if self.api_pid is not None:
                     self.ops.killpg(self.api_pid, sig)
+                for sidecar in self.sidecars:
+                    sidecar.signal(self.ops, sig)
 
     def _signal_runners(self, action: Action) -> None:
         for unit in self.units:
@@ -299,6 +310,9 @@ class Supervisor:
             if pid == self.api_pid:
                 self._api_exited(now, status, how)
                 continue
+            for sidecar in self.sidecars:
+                if sidecar.pid == pid:
+                    sidecar.exited(now, how, restart=self.plan.keeps_monitor)
             for unit in self.units:
                 if unit.runner_pid == pid:
                     self._runner_exited(unit, now, how)

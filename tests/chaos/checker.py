@@ -105,6 +105,10 @@ class Evidence:
     """Job id → the input image it was submitted with (the user's file): each output of such a job, once
     done, must be that image inverted, pixel for pixel (issue 17)."""
     """False for a run of submits alone (K4): an accepted job is lost only when it is not in the queue."""
+    announced: set[str] | None = None
+    """Rows R1-R3: the job ids whose record arrived on the broker's done or dead exchange (a listener bound to
+    both). Each terminal job must be among them: **unannounced** otherwise. Jobs published to the broker
+    are given as accepted submissions, so one the consumer never inserted counts as lost."""
 
 
 @dataclass
@@ -170,6 +174,8 @@ class Report:
     """Complete files in the folder of a job that is not done (a download before a failure): allowed."""
     part_files: int = 0
     leaks: list[str] = field(default_factory=list)
+    unannounced: list[str] = field(default_factory=list)
+    """Terminal jobs whose record never reached the broker's done or dead exchange (rows R1-R3)."""
     integrity: str = ""
     row_failures: list[str] = field(default_factory=list)
     """What a scenario expects beyond the promise and did not see (a slot failed, a wrong final state, …)."""
@@ -178,7 +184,7 @@ class Report:
 
     FAILING = ("lost", "partial_submits", "unknown_jobs", "double_terminal", "extra_results", "overlapping_claims",
                "concurrent", "unmatched", "after_completed", "uncounted", "missing_files", "wrong_outputs",
-               "partial_files", "outside_files", "leaks", "row_failures")
+               "partial_files", "outside_files", "leaks", "unannounced", "row_failures")
 
     @property
     def ok(self) -> bool:
@@ -360,6 +366,9 @@ def check(evidence: Evidence) -> Report:
     try:
         _check_submissions(evidence, jobs, report)
         _check_terminals(evidence, jobs, report)
+        if evidence.announced is not None:
+            heard = evidence.announced
+            report.unannounced = sorted(i for i, j in jobs.items() if j.state in TERMINAL and i not in heard)
         executions, posts, servers = read_executions(evidence.exec_logs)
         _bound_deaths(executions, evidence.faults, servers, evidence.ended_at, report)
         _check_executions(executions, posts, jobs, evidence.faults, report)

@@ -1165,3 +1165,4 @@ def b1_fuzzed_lines(tmp: Path, seed: int, *, examples: int) -> Report:
                           bad_lines=counts["bad lines"], seed=seed)
     report.jobs = sum(len(s.ids) for s in h.submissions if s.outcome == "accepted")
     return report
+from chaos.broker_rows import r1_consumer_killed_before_ack, r2_broker_restarted, r3_connections_closed  # noqa: E402, F401  (issue 20's rows)

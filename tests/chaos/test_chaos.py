@@ -164,3 +164,27 @@ def test_h2_prompts_stuck_after_interrupt_restart_their_server(tmp_path: Path, c
     assert report.figures["server_restarts"] == report.figures["stuck_restarts"]
     assert not report.figures["failed_slots"]
     assert report.re_executions["stuck (server restarted)"] >= 1
+
+
+@pytest.mark.timeout(120)
+def test_r1_consumer_killed_between_commit_and_ack(tmp_path: Path, chaos_seed: int) -> None:
+    report = scenarios.r1_consumer_killed_before_ack(tmp_path, chaos_seed, jobs=150, prefetch=2, rate=0.7)
+    verdict(report)  # every published job done exactly once, every end announced, none lost
+    assert report.figures["consumer_kills"] >= 100, "fewer than a hundred kills between commit and ack"
+    assert report.states["done"] == report.jobs == 150
+
+
+@pytest.mark.timeout(120)
+def test_r2_broker_restarted_mid_stream(tmp_path: Path, chaos_seed: int) -> None:
+    report = scenarios.r2_broker_restarted(tmp_path, chaos_seed, jobs=80, restarts=2)
+    verdict(report)
+    assert report.faults["broker_stop"] == 2 and report.figures["consumer_reconnections"] >= 2
+    assert report.states["done"] == report.jobs == 80
+
+
+@pytest.mark.timeout(120)
+def test_r3_all_connections_closed_by_the_broker(tmp_path: Path, chaos_seed: int) -> None:
+    report = scenarios.r3_connections_closed(tmp_path, chaos_seed, jobs=80, closes=4)
+    verdict(report)
+    assert report.faults["broker_closed_connections"] == 4 and report.figures["consumer_reconnections"] >= 4
+    assert report.states["done"] == report.jobs == 80

@@ -50,8 +50,8 @@ def test_schema_version_is_recorded_and_a_newer_one_refused(pg_url: str) -> None
 
 def test_machines_opening_at_once_create_the_schema_once(pg_url: str) -> None:  # noqa: F811
     """The advisory lock: several processes opening a new database at the same moment all succeed."""
-    _sql(pg_url, "DROP TABLE IF EXISTS jobs, attempts, machines, deliveries, workflows, affinity_skips, catalogues, "
-         "server_catalogues, job_refusals, assets, job_assets, asset_chunks, server_assets, "
+    _sql(pg_url, "DROP TABLE IF EXISTS announcements, jobs, attempts, machines, deliveries, workflows, affinity_skips, "
+         "catalogues, server_catalogues, job_refusals, assets, job_assets, asset_chunks, server_assets, "
          "schema_version")
     errors: list[BaseException] = []
     start = threading.Barrier(6)
@@ -303,8 +303,8 @@ def test_a_version_2_database_keeps_its_jobs_and_stores_each_workflow_once_in_v3
     from comfysup.queue import postgres as pg_backend
     from comfysup.workflows import model_key
 
-    _sql(pg_url, "DROP TABLE IF EXISTS jobs, attempts, machines, deliveries, workflows, affinity_skips, catalogues, "
-         "server_catalogues, job_refusals, assets, job_assets, asset_chunks, server_assets, "
+    _sql(pg_url, "DROP TABLE IF EXISTS announcements, jobs, attempts, machines, deliveries, workflows, affinity_skips, "
+         "catalogues, server_catalogues, job_refusals, assets, job_assets, asset_chunks, server_assets, "
          "schema_version")
     sql = pg_backend._named_sql()
     loaded = {"1": {"class_type": "UNETLoader", "inputs": {"unet_name": "flux.safetensors"}},

@@ -388,6 +388,7 @@ def test_a_version_5_database_counts_its_finished_jobs_in_v6(tmp_path: Path) -> 
     conn.execute("ALTER TABLE attempts DROP COLUMN url")  # v9 added it
     conn.executescript("DROP TABLE assets; DROP TABLE job_assets; DROP TABLE asset_chunks; "
                        "DROP TABLE server_assets;")  # v10's
+    conn.execute("DROP TABLE announcements")  # v11
     conn.execute("PRAGMA user_version = 5")
     conn.commit()
     conn.close()
@@ -415,6 +416,7 @@ def test_v7_drops_the_insert_trigger_and_counts_stay_right(tmp_path: Path) -> No
     conn.execute("ALTER TABLE attempts DROP COLUMN url")  # v9 added it
     conn.executescript("DROP TABLE assets; DROP TABLE job_assets; DROP TABLE asset_chunks; "
                        "DROP TABLE server_assets;")  # v10's
+    conn.execute("DROP TABLE announcements")  # v11
     conn.execute("PRAGMA user_version = 6")
     conn.commit()
     conn.close()
@@ -441,11 +443,12 @@ def test_v9_adds_the_attempts_server_url(tmp_path: Path) -> None:
     conn.execute("ALTER TABLE attempts DROP COLUMN url")
     conn.executescript("DROP TABLE assets; DROP TABLE job_assets; DROP TABLE asset_chunks; "
                        "DROP TABLE server_assets;")  # v10's
+    conn.execute("DROP TABLE announcements")  # v11
     conn.execute("PRAGMA user_version = 8")
     conn.commit()
     conn.close()
     q = SQLiteQueue(path, create=False)
-    assert q.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    assert q.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 11
     assert q.last_url(old.id) is None
     q.record_prompt(old, "gpu0", 3, "http://10.0.0.1:8188")
     assert q.last_url(old.id) == ("http://10.0.0.1:8188", "host-a/1/gpu0/t")

@@ -128,10 +128,12 @@ RETURNING {delivery_columns}
 -- old terminal jobs (not one whose webhook is pending) with their attempts and deliveries
 WITH gone AS (DELETE FROM jobs WHERE seq IN (SELECT seq FROM jobs j
     WHERE state IN ('done', 'dead', 'cancelled') AND finished_at < ? AND NOT EXISTS
-    (SELECT 1 FROM deliveries d WHERE d.job_id = j.id AND d.next_at IS NOT NULL)
+    (SELECT 1 FROM deliveries d WHERE d.job_id = j.id AND d.next_at IS NOT NULL) AND NOT EXISTS
+    (SELECT 1 FROM announcements n WHERE n.job_id = j.id AND n.sent_at IS NULL)
     LIMIT ? FOR UPDATE SKIP LOCKED) RETURNING id, machine, workflow_id, seq),
 a AS (DELETE FROM attempts WHERE job_id IN (SELECT id FROM gone)),
 d AS (DELETE FROM deliveries WHERE job_id IN (SELECT id FROM gone)),
+n AS (DELETE FROM announcements WHERE job_id IN (SELECT id FROM gone)),
 r AS (DELETE FROM job_refusals WHERE seq IN (SELECT seq FROM gone))
 SELECT id, machine, workflow_id FROM gone
 

@@ -360,3 +360,23 @@ DELETE FROM assets WHERE hash = ? AND NOT EXISTS (SELECT 1 FROM job_assets ja WH
 -- name: delete_asset_chunks
 -- the database's copy of a removed input file
 DELETE FROM asset_chunks WHERE hash = ?
+
+-- name: announce
+-- a terminal job's broker announcement ([rabbitmq] url set), in the transaction that ended it
+INSERT INTO announcements (job_id, state, created_at) SELECT id, state, {now} FROM jobs WHERE id = ?
+
+-- name: pending_announcements
+-- the oldest announcements not yet confirmed by the broker
+SELECT id, job_id, state FROM announcements WHERE sent_at IS NULL ORDER BY id LIMIT ?
+
+-- name: announced
+-- the broker confirmed an announcement
+UPDATE announcements SET sent_at = {now} WHERE id = ?
+
+-- name: announcement_backlog
+-- announcements still to publish
+SELECT count(*) AS n FROM announcements WHERE sent_at IS NULL
+
+-- name: announcements_of
+-- one job's announcements, oldest first
+SELECT id, job_id, state, created_at, sent_at FROM announcements WHERE job_id = ? ORDER BY id

@@ -128,6 +128,7 @@ UPDATE deliveries SET next_at = ? WHERE id = ?
 -- terminal jobs finished before a time whose webhook is not pending
 SELECT seq, id, machine FROM jobs INDEXED BY jobs_state WHERE state IN ('done', 'dead', 'cancelled')
 AND finished_at < ? AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.job_id = jobs.id AND d.next_at IS NOT NULL)
+AND NOT EXISTS (SELECT 1 FROM announcements a WHERE a.job_id = jobs.id AND a.sent_at IS NULL)
 LIMIT ?
 
 -- name: prune_workflows_of
@@ -153,6 +154,10 @@ DELETE FROM attempts WHERE job_id = ANY(?)
 -- name: prune_deliveries
 -- the pruned jobs' deliveries
 DELETE FROM deliveries WHERE job_id = ANY(?)
+
+-- name: prune_announcements
+-- the pruned jobs' broker announcements
+DELETE FROM announcements WHERE job_id = ANY(?)
 
 -- name: prune_workflow
 -- a workflow no remaining job uses

@@ -1,0 +1,268 @@
+"""The consumer: one message is one jobs.jsonl line, acknowledged only after its insert committed.
+
+Each batch of messages (up to ``[rabbitmq] prefetch``) is validated exactly as ``comfysup submit``
+validates a file (comfysup.jobs, with the node catalogues the servers have now) and inserted in one
+transaction, idempotently by job id (``Queue.submit``). Only then is it acknowledged, with one
+``basic_ack(multiple=True)``: a crash between the commit and the ack makes the broker redeliver, and the
+redelivery is recognised as already submitted (same id, same content: nothing inserted). A message that
+fails validation (or reuses a queued id with other content) is published to ``[rabbitmq] invalid_queue``
+with its reason in the ``x-comfysup-reason`` header and in the body, confirmed, and then acknowledged: never
+dropped silently, never redelivered forever.
+
+The same process publishes the broker outbox (comfysup.broker.outbox) on a second, confirming channel, and
+writes its state for ``status``, the status page and the metrics (comfysup.slotstate ``broker.json``). A
+lost connection (broker restart, closed by an operator, network) is reopened after a full-jitter backoff;
+the unacknowledged messages of the lost connection go back to the queue by themselves.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+from types import FrameType
+from typing import Any
+
+import pika
+from pika.adapters.blocking_connection import BlockingChannel
+
+from comfysup.broker.connection import BrokerError, Reconnect, connect, declare_all, persistent, where
+from comfysup.broker.outbox import Announcer
+from comfysup.config import Config
+from comfysup.errors import QueueError
+from comfysup.jobs import JobLineError, JobsFile, NewJob
+from comfysup.jobs.catalogue import Catalogue
+from comfysup.queue import open_queue
+from comfysup.queue.base import Queue, SubmitConflict
+from comfysup.redact import bound
+from comfysup.slotstate import write_broker_state
+
+log = logging.getLogger("comfysup.broker.consumer")
+
+POLL_SECONDS = 0.2
+STATE_SECONDS = 1.0
+REFRESH_SECONDS = 30.0
+"""The node catalogues and workflow files are read again this often (a server may have new nodes)."""
+REASON_HEADER = "x-comfysup-reason"
+MAX_REASON_CHARS = 1000
+
+
+class BrokerJobs(JobsFile):
+    """A jobs file whose lines come from messages: a workflow path must stay below ``workflows_dir``."""
+
+    def _template(self, value: str) -> Any:
+        path = PurePosixPath(value)
+        if path.is_absolute() or ".." in path.parts or "\\" in value:
+            raise JobLineError(f"workflow {bound(value, 200)!r}: a message names a file below [rabbitmq] "
+                               "workflows_dir, with no .. and no absolute path (or gives the workflow inline)")
+        return super()._template(value)
+
+
+def jobs_reader(config: Config, queue: Queue | None) -> BrokerJobs:
+    """What validates one message, with the node catalogues the servers have now."""
+    base = config.resolve(config.rabbitmq.workflows_dir)
+    found = [Catalogue(r.id, r.info, tuple(r.servers)) for r in queue.catalogues()] if queue is not None else []
+    return BrokerJobs(base / "<rabbitmq>", label=config.rabbitmq.queue, base_dir=base, catalogues=found,
+                      allow_private_callbacks=config.webhooks.allow_private)
+
+
+@dataclass(frozen=True)
+class Message:
+    tag: int
+    body: bytes
+    message_id: str | None
+
+
+class Consumer:
+    """Runs until ``stop`` is set; ``after_commit`` is the chaos suite's seam between commit and ack."""
+
+    def __init__(self, config: Config, queue: Queue, *, after_commit: Callable[[], None] | None = None) -> None:
+        self.config = config
+        self.settings = config.rabbitmq
+        self.queue = queue
+        self.after_commit = after_commit
+        self.stop = threading.Event()
+        self.reconnect = Reconnect(self.settings.reconnect_max_delay_seconds)
+        self.announcer = Announcer(queue, self.settings)
+        self.counts: Counter[str] = Counter()
+        self.state = "starting"
+        self.last_error: str | None = None
+        self.held: list[Message] = []
+        self.unacked = 0
+        self.ready: int | None = None
+        self.connected_at: float | None = None
+        self._reader: BrokerJobs | None = None
+        self._reader_at = 0.0
+        self._state_at = 0.0
+
+    # -- the loop ------------------------------------------------------------------------------------------
+
+    def run(self) -> int:
+        log.info("rabbitmq: consuming %r at %s", self.settings.queue, where(self.settings.url))
+        while not self.stop.is_set():
+            try:
+                self._session()
+            except (BrokerError, OSError) as exc:
+                self._wait("reconnecting", f"the broker connection was lost: {type(exc).__name__} {exc}"[:300])
+            except QueueError as exc:
+                self._wait("queue unavailable", f"the queue does not answer: {exc}"[:300])
+        self.state = "stopped"
+        self.write_state(force=True)
+        return 0
+
+    def _wait(self, state: str, error: str) -> None:
+        self.state, self.last_error, self.unacked = state, error, 0
+        self.held.clear()  # the broker requeues what the closed connection had not acknowledged
+        delay = self.reconnect.failed()
+        log.warning("rabbitmq: %s; trying again in %.1f s", error, delay)
+        self.write_state(force=True)
+        self.stop.wait(delay)
+
+    def _session(self) -> None:
+        self.state = "connecting"
+        self.write_state(force=True)
+        connection = connect(self.settings.url)
+        try:
+            declare_all(connection, self.settings)
+            channel = connection.channel()
+            channel.confirm_delivery()  # an invalid message is acked only after the broker confirmed its copy
+            channel.basic_qos(prefetch_count=self.settings.prefetch)
+            outbox = connection.channel()
+            outbox.confirm_delivery()
+            probe = connection.channel()
+            channel.basic_consume(self.settings.queue, self._on_message, auto_ack=False)
+            self.reconnect.worked()
+            self.state, self.last_error, self.connected_at = "consuming", None, time.time()
+            self.write_state(force=True, probe=probe)
+            log.info("rabbitmq: connected; consuming %r (prefetch %d)", self.settings.queue, self.settings.prefetch)
+            while not self.stop.is_set():
+                connection.process_data_events(time_limit=POLL_SECONDS)
+                while self.held and len(self.held) < self.settings.prefetch:  # fill the batch from what arrived
+                    before = len(self.held)
+                    connection.process_data_events(time_limit=0)
+                    if len(self.held) == before:
+                        break
+                self.unacked = len(self.held)
+                self.write_state(probe=probe)
+                if self.held:
+                    self._handle(channel)
+                self.announcer.flush(outbox)
+        finally:
+            self.held.clear()
+            self.unacked = 0
+            try:
+                connection.close()
+            except Exception:  # already closed by the broker or the network
+                pass
+
+    def _on_message(self, channel: BlockingChannel, method: Any, properties: pika.BasicProperties,
+                    body: bytes) -> None:
+        self.held.append(Message(method.delivery_tag, body, properties.message_id))
+        self.counts["received"] += 1
+
+    # -- one batch -----------------------------------------------------------------------------------------
+
+    def reader(self) -> BrokerJobs:
+        now = time.monotonic()
+        if self._reader is None or now - self._reader_at > REFRESH_SECONDS:
+            self._reader, self._reader_at = jobs_reader(self.config, self.queue), now
+        return self._reader
+
+    def _handle(self, channel: BlockingChannel) -> None:
+        batch, self.held = self.held, []
+        valid, invalid = self.judge(batch)
+        jobs = [job for job, _ in valid.values()]
+        while jobs:
+            try:
+                result = self.queue.submit(jobs)
+                self.counts["inserted"] += result.inserted
+                self.counts["existing"] += result.existing
+                break
+            except SubmitConflict as exc:
+                bad = set(exc.ids)
+                invalid += [(m, f"id {i} is already in the queue with different content; give the changed job a "
+                             "new id") for i, (_, m) in valid.items() if i in bad]
+                jobs = [j for j in jobs if j.id not in bad]
+        if self.after_commit is not None:
+            self.after_commit()
+        for message, reason in invalid:
+            self._refuse(channel, message, reason)
+        channel.basic_ack(delivery_tag=max(m.tag for m in batch), multiple=True)
+        self.counts["acked"] += len(batch)
+        self.unacked = 0
+
+    def judge(self, batch: list[Message]) -> tuple[dict[str, tuple[NewJob, Message]], list[tuple[Message, str]]]:
+        """Each message validated as a jobs.jsonl line; a repeated id with the same content counts once."""
+        reader = self.reader()
+        valid: dict[str, tuple[NewJob, Message]] = {}
+        invalid: list[tuple[Message, str]] = []
+        for message in batch:
+            if not message.body.strip():
+                invalid.append((message, "the message is empty; expected one jobs.jsonl line (a JSON object)"))
+                continue
+            try:
+                job, _warnings = reader.parse(message.body, check=True)
+            except JobLineError as exc:
+                invalid.append((message, str(exc)))
+                continue
+            first = valid.get(job.id)
+            if first is None:
+                valid[job.id] = (job, message)
+            elif first[0].spec_hash != job.spec_hash:
+                invalid.append((message, f"id {job.id} appears twice in a batch with different content"))
+            else:
+                self.counts["duplicates"] += 1
+        return valid, invalid
+
+    def _refuse(self, channel: BlockingChannel, message: Message, reason: str) -> None:
+        """To the invalid-jobs queue with its reason, confirmed (basic_publish waits for it)."""
+        reason = bound(reason, MAX_REASON_CHARS)
+        body = json.dumps({"reason": reason, "message": bound(message.body.decode("utf-8", "replace"), 65536)})
+        props = persistent(message.message_id or "", {REASON_HEADER: reason})
+        channel.basic_publish("", self.settings.invalid_queue, body.encode(), properties=props)
+        self.counts["invalid"] += 1
+        log.warning("rabbitmq: invalid message%s sent to %r: %s",
+                    f" {message.message_id}" if message.message_id else "", self.settings.invalid_queue, reason)
+
+    # -- state for people ------------------------------------------------------------------------------------
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"pid": os.getpid(), "updated_at": time.time(), "state": self.state, "queue": self.settings.queue,
+                "url": where(self.settings.url), "unacked": self.unacked, "ready": self.ready,
+                "connected_at": self.connected_at,
+                "last_error": self.last_error, "published": self.announcer.published, **self.counts}
+
+    def write_state(self, *, force: bool = False, probe: BlockingChannel | None = None) -> None:
+        now = time.monotonic()
+        if not force and now - self._state_at < STATE_SECONDS:
+            return
+        self._state_at = now
+        if probe is not None:
+            self.ready = probe.queue_declare(self.settings.queue, passive=True).method.message_count
+        write_broker_state(self.config, self.snapshot())
+
+
+def consumer_main(config: Config, *, after_commit: Callable[[], None] | None = None) -> int:
+    """A process that consumes until SIGTERM or SIGINT (a supervisor's child, or ``comfysup consume``)."""
+    queue = open_queue(config, create=True)
+    consumer = Consumer(config, queue, after_commit=after_commit)
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        consumer.stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        return consumer.run()
+    finally:
+        queue.close()
+
+
+__all__ = ["Consumer", "consumer_main", "jobs_reader"]

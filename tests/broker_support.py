@@ -1,0 +1,165 @@
+"""RabbitMQ for tests: the real broker at 127.0.0.1:5672 (guest/guest), names unique per test, deleted after.
+
+``.ci/run`` checks that the broker answers before the suite, so these tests run rather than skip; a
+developer without one gets a skip that says how to start it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pika = pytest.importorskip("pika")
+
+from comfysup.config import Config, build_config  # noqa: E402
+
+URL = os.environ.get("COMFYSUP_TEST_RABBITMQ", "amqp://guest:guest@127.0.0.1:5672/%2F")
+EXAMPLES = Path(__file__).resolve().parents[1] / "comfysup" / "data" / "examples"
+
+
+def broker_answers() -> bool:
+    try:
+        pika.BlockingConnection(pika.URLParameters(URL + "?connection_attempts=1&socket_timeout=3")).close()
+        return True
+    except pika.exceptions.AMQPError:
+        return False
+
+
+@dataclass
+class Broker:
+    """Unique queue and exchange names for one test, and helpers to publish and read."""
+
+    tag: str = field(default_factory=lambda: uuid.uuid4().hex[:10])
+
+    @property
+    def names(self) -> dict[str, str]:
+        return {"queue": f"t-{self.tag}-jobs", "invalid_queue": f"t-{self.tag}-invalid",
+                "done_exchange": f"t-{self.tag}-done", "dead_exchange": f"t-{self.tag}-dead"}
+
+    def connection(self) -> Any:
+        return pika.BlockingConnection(pika.URLParameters(URL))
+
+    def listen(self) -> str:
+        """A queue bound to both result exchanges (declared here first): what a downstream service reads."""
+        name = f"t-{self.tag}-results"
+        conn = self.connection()
+        ch = conn.channel()
+        for exchange in (self.names["done_exchange"], self.names["dead_exchange"]):
+            ch.exchange_declare(exchange, exchange_type="fanout", durable=True)
+        ch.queue_declare(name, durable=True)
+        for exchange in (self.names["done_exchange"], self.names["dead_exchange"]):
+            ch.queue_bind(name, exchange)
+        conn.close()
+        return name
+
+    def publish(self, bodies: list[bytes], message_ids: list[str | None] | None = None) -> None:
+        conn = self.connection()
+        ch = conn.channel()
+        ch.confirm_delivery()
+        ch.queue_declare(self.names["queue"], durable=True, arguments={"x-queue-type": "quorum"})
+        for i, body in enumerate(bodies):
+            mid = message_ids[i] if message_ids else None
+            ch.basic_publish("", self.names["queue"], body, pika.BasicProperties(message_id=mid, delivery_mode=2))
+        conn.close()
+
+    def drain(self, queue: str, expect: int = 0, timeout: float = 20.0) -> list[tuple[Any, bytes]]:
+        """Every message of ``queue`` (acked), waiting until at least ``expect`` arrived."""
+        conn = self.connection()
+        ch = conn.channel()
+        got: list[tuple[Any, bytes]] = []
+        deadline = time.monotonic() + timeout
+        while True:
+            method, props, body = ch.basic_get(queue, auto_ack=True)
+            if method is not None:
+                got.append((props, body))
+                continue
+            if len(got) >= expect or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        conn.close()
+        return got
+
+    def depth(self, queue: str) -> int:
+        conn = self.connection()
+        n = conn.channel().queue_declare(queue, passive=True).method.message_count
+        conn.close()
+        return n
+
+    def delete(self) -> None:
+        conn = self.connection()
+        for name in (self.names["queue"], self.names["invalid_queue"], f"t-{self.tag}-results"):
+            ch = conn.channel()
+            try:
+                ch.queue_delete(name)
+            except pika.exceptions.AMQPError:
+                pass
+        for name in (self.names["done_exchange"], self.names["dead_exchange"]):
+            ch = conn.channel()
+            try:
+                ch.exchange_delete(name)
+            except pika.exceptions.AMQPError:
+                pass
+        conn.close()
+
+
+@pytest.fixture
+def broker() -> Iterator[Broker]:
+    if not broker_answers():
+        pytest.skip(f"RabbitMQ does not answer at {URL}: start it (rabbitmq-server) or run .ci/run")
+    b = Broker()
+    yield b
+    b.delete()
+
+
+def broker_config(tmp_path: Path, broker: Broker, **rabbitmq: Any) -> Config:
+    workflows = tmp_path / "workflows"
+    if not workflows.exists():
+        shutil.copytree(EXAMPLES / "workflows", workflows)
+    raw = {"queue": {"path": str(tmp_path / "queue.db")}, "comfyui": {"gpus": "cpu:1"},
+           "rabbitmq": {"url": URL, "workflows_dir": "workflows", "prefetch": 50,
+                        "reconnect_max_delay_seconds": 1.0, **broker.names, **rabbitmq}}
+    return build_config(raw, source=str(tmp_path / "config.toml"), root=str(tmp_path), env={})
+
+
+def job_line(n: int, *, tag: str = "", color: int | None = None) -> dict[str, Any]:
+    job_id = str(uuid.uuid5(uuid.NAMESPACE_URL, f"comfysup-broker-test/{tag}/{n}"))
+    return {"id": job_id, "workflow": "trivial.json",
+            "set": {"1.color": n if color is None else color, "3.filename_prefix": f"b{n}"}, "meta": {"n": n}}
+
+
+def encode(line: dict[str, Any]) -> bytes:
+    return json.dumps(line).encode()
+
+
+def wait_for(check: Callable[[], bool], timeout: float = 20.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+class Running:
+    """A Consumer in a thread of the test's own process; stopped and joined on exit."""
+
+    def __init__(self, consumer: Any) -> None:
+        self.consumer = consumer
+        self.thread = threading.Thread(target=consumer.run, daemon=True)
+
+    def __enter__(self) -> Any:
+        self.thread.start()
+        return self.consumer
+
+    def __exit__(self, *exc: object) -> None:
+        self.consumer.stop.set()
+        self.thread.join(10)
