@@ -60,12 +60,15 @@ class CatchingUp:
         # or adopted. A file left in its output folder is not adopted on a first look (no run to vouch for).
         places = self._places(first)
         gone: list[tuple[str, ComfyClient]] = []
+        down: list[tuple[str, ComfyClient]] = []
         """Servers that answered and hold neither the prompt nor its history: restarted since, if it ran there."""
         for server, client, known in places:
             try:
                 live = next((e for e in client.queue() if e.prompt_id == self.claim.id), None)
                 history = None if live else client.history(self.claim.id, self.s.max_files_per_job)
             except ServerUnavailable:
+                if server in self.s.output_dirs:
+                    down.append((server, client))  # killed and not back yet: its folder may hold a whole run
                 continue
             if live is not None:
                 log.info("job %s attempt %d on %s: following prompt #%d left by an earlier attempt",
@@ -89,7 +92,7 @@ class CatchingUp:
                      self.claim.id, self.claim.attempt, server, prompt_number(history), extra={"event": "adopted"})
             self.trace.phase("adopted", self.wall())
             return Run(client, server, prompt_number(history), adopted_entry=history)
-        return None if first else self._adopt_from_disk(gone)
+        return None if first else self._adopt_from_disk(gone, down)
 
     def _places(self, first: bool) -> list[tuple[str, ComfyClient, int | None]]:
         """Where to look, in order: (server name, its client, the prompt number recorded there or None).
@@ -116,12 +119,20 @@ class CatchingUp:
                 out.append((server, client, self.claim.last_prompt_number if recorded else None))
         return out
 
-    def _adopt_from_disk(self, gone: list[tuple[str, ComfyClient]]) -> Run | None:
+    def _adopt_from_disk(self, gone: list[tuple[str, ComfyClient]],
+                         down: list[tuple[str, ComfyClient]]) -> Run | None:
         """A run whose history died with its server, adopted from the job's folder in that server's output
         folder when every output node left a complete file there (comfysup.runner.outputs). A folder that
-        cannot vouch for a whole run is emptied, and the job runs again (a counted re-run)."""
-        clients = dict(gone)
-        adopted = job_outputs.adopt(self.s.output_dirs, list(clients), self.claim.workflow, self.claim.id)
+        cannot vouch for a whole run is emptied, and the job runs again (a counted re-run).
+
+        ``down``: servers that did not answer at all (killed, and not restarted yet: the chaos suite's K3 saw
+        another slot's runner take the job in that moment and run it again). Their folders are adopted from
+        too, but never emptied: a server that does not answer may still be writing."""
+        clients = dict(gone) | dict(down)
+        adopted = job_outputs.adopt(self.s.output_dirs, [s for s, _ in gone], self.claim.workflow, self.claim.id)
+        if adopted is None and down:
+            adopted = job_outputs.adopt(self.s.output_dirs, [s for s, _ in down], self.claim.workflow, self.claim.id,
+                                        discard_unadoptable=False)
         if adopted is None:
             return None
         server, found = adopted

@@ -232,7 +232,7 @@ def _matching(job: int, subfolder: str, pattern: re.Pattern[str]) -> list[str] |
 
 
 def adopt(output_dirs: dict[str, Path], servers: list[str], workflow: dict[str, Any],
-          job_id: str) -> tuple[str, list[Found]] | None:
+          job_id: str, *, discard_unadoptable: bool = True) -> tuple[str, list[Found]] | None:
     """The first of ``servers`` (each answered, with neither the prompt nor its history: restarted) whose
     output folder holds a whole run of the job, and its files. A folder that cannot vouch for a whole run
     is emptied on the way: the job runs again, and its leftovers must not mix with the new run's files."""
@@ -243,7 +243,8 @@ def adopt(output_dirs: dict[str, Path], servers: list[str], workflow: dict[str, 
         found = scan(output_dirs[server], job_id, job_plan.expected) if job_plan.adoptable else None
         if found:
             return server, found
-        discard(output_dirs, server, job_id)
+        if discard_unadoptable:
+            discard(output_dirs, server, job_id)
     return None
 
 

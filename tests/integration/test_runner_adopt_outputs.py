@@ -108,3 +108,35 @@ def test_a_partly_written_file_is_not_adopted_and_the_job_runs_again(tmp_path: P
     assert complete_png_bytes((tmp_path / "store" / job_id / out.name).read_bytes())
     assert not any(p == "adopted" for p, _ in record.attempts[-1].trace["phases"])
     assert not (Path(a.output_directory) / "comfysup" / job_id).exists()
+
+
+@pytest.mark.timeout(60)
+def test_a_run_on_a_server_still_down_is_adopted_by_another_servers_runner(tmp_path: Path) -> None:
+    """Server a is killed just after the job's file landed and is not back yet when b's runner takes the job
+    (the chaos suite's K3 caught it): b adopts the files from a's output folder instead of running it again.
+    (A folder of a server that does not answer is never emptied: it may still be writing.)"""
+    with FakeComfy(base_directory=tmp_path / "b", node_ms=5) as b:
+        a = FakeComfy(base_directory=tmp_path / "a", node_ms=5)
+        a.start()
+        config = write_config(tmp_path, heartbeat_seconds=0.2, lease_seconds=1.0, attempts=3)
+        job = trivial_job(3)
+        queue = submit(config, [job])
+        dirs = {"a": Path(a.output_directory), "b": Path(b.output_directory)}
+        peers = {"a": a.url, "b": b.url}
+        a.history_delay_ms = 5000  # the file is written, the history is not yet: the window of the kill
+        runner_a = Runner(config_of(config), "a", a.url, peers=peers, until_empty=True, output_dirs=dirs)
+        thread = threading.Thread(target=runner_a.run, daemon=True)
+        thread.start()
+        try:
+            _wait_for_file(dirs["a"] / "comfysup" / job["id"])
+            a.crash()  # and it stays down
+            runner_a.state.stopping = True  # its runner goes too, as with a killed machine; its lease runs out
+            thread.join(30)
+            Runner(config_of(config), "b", b.url, peers=peers, until_empty=True, output_dirs=dirs).run()
+        finally:
+            a.stop()
+        record = queue.get(job["id"])
+        assert record.state == "done", record.reason
+        assert b.stats()["prompts"].get(job["id"], {}).get("executed", 0) == 0, "run again on b"
+        assert any(p == "adopted" for p, _ in record.attempts[-1].trace["phases"])
+        assert [o.name for o in record.outputs] == ["job3_00001_.png"]
