@@ -13,6 +13,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from comfysup.commands._common import config_from, queue_from
 from comfysup.config import Config
@@ -88,14 +89,7 @@ def _submit(args: argparse.Namespace, config: Config, queue: Queue | None, path:
                     max_input_bytes=config.assets.max_file_mb * 2**20,
                     max_job_input_bytes=config.assets.max_job_mb * 2**20)
     checked = jobs.validate()
-    for line in format_problems(label, checked.warnings):
-        print(line, file=sys.stderr)
-    if not checked.ok:
-        for line in format_problems(label, checked.problems):
-            print(line, file=sys.stderr)
-        raise InvalidJobs(f"{len(checked.problems)} problem(s) in {label}; nothing was submitted")
-    if args.dry_run:
-        print(f"{label}: {checked.count} job(s) valid; nothing submitted (--dry-run)")
+    if _refused_or_dry(args, label, checked, "submitted"):
         return 0
     ids = list(checked.lines_by_id)
     assert queue is not None
@@ -124,14 +118,7 @@ def _publish(args: argparse.Namespace, config: Config, queue: Queue | None, path
 
     _catalogues(queue)  # the warning when there is none
     _jobs, checked = publish.validate(config, queue, path, label)
-    for line in format_problems(label, checked.warnings):
-        print(line, file=sys.stderr)
-    if not checked.ok:
-        for line in format_problems(label, checked.problems):
-            print(line, file=sys.stderr)
-        raise InvalidJobs(f"{len(checked.problems)} problem(s) in {label}; nothing was published")
-    if args.dry_run:
-        print(f"{label}: {checked.count} job(s) valid; nothing published (--dry-run)")
+    if _refused_or_dry(args, label, checked, "published"):
         return 0
     try:
         sent = publish.publish_lines(config, publish.file_lines(path, checked))
@@ -227,3 +214,17 @@ class _opened:
     def __exit__(self, *exc: object) -> None:
         if self.tmp is not None:
             self.tmp.close()
+
+
+def _refused_or_dry(args: argparse.Namespace, label: str, checked: Any, done: str) -> bool:
+    """Print the warnings; on problems print every one and raise InvalidJobs; True for a --dry-run (said)."""
+    for line in format_problems(label, checked.warnings):
+        print(line, file=sys.stderr)
+    if not checked.ok:
+        for line in format_problems(label, checked.problems):
+            print(line, file=sys.stderr)
+        raise InvalidJobs(f"{len(checked.problems)} problem(s) in {label}; nothing was {done}")
+    if args.dry_run:
+        print(f"{label}: {checked.count} job(s) valid; nothing {done} (--dry-run)")
+        return True
+    return False
