@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import supervisor_support
 
 pika = pytest.importorskip("pika")
 
@@ -142,11 +143,8 @@ def encode(line: dict[str, Any]) -> bytes:
 
 
 def wait_for(check: Callable[[], bool], timeout: float = 20.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
+    """supervisor_support.wait_for, with the broker tests' defaults."""
+    supervisor_support.wait_for(check, timeout, what)
 
 
 class Running:

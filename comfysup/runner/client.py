@@ -187,10 +187,7 @@ class ComfyClient:
         response, data = self._call(method, path, timeout=timeout, body=body, max_bytes=max_bytes)
         if response.status != 200:
             raise ServerUnavailable(f"{method} {path} {response.status}, {_first_line(data, response)}", "http")
-        try:
-            return wire.decode(data, f"{method} {path}")
-        except wire.Malformed as exc:
-            raise MalformedAnswer(f"server sent a malformed answer: {exc}") from None
+        return _decoded(data, f"{method} {path}")
 
     def _checked(self, check: Any, body: Any) -> Any:
         try:
@@ -263,10 +260,7 @@ class ComfyClient:
             raise PromptRejected(f"POST /prompt 400, {describe_rejection(body)}")
         if response.status != 200:
             raise ServerUnavailable(f"POST /prompt {response.status}, {_first_line(data, response)}", "http")
-        try:
-            return wire.prompt_number(wire.decode(data, "POST /prompt's answer"))
-        except wire.Malformed as exc:
-            raise MalformedAnswer(f"server sent a malformed answer: {exc}") from None
+        return _decoded(data, "POST /prompt's answer", wire.prompt_number)
 
     def upload_image(self, name: str, data: bytes, subfolder: str) -> tuple[str, str, str]:
         """POST /upload/image (multipart, overwrite=true): the server's (name, subfolder, type) for the file.
@@ -281,10 +275,7 @@ class ComfyClient:
                                  f"{_first_line(answer, response)}", "upload")
         if response.status != 200:
             raise ServerUnavailable(f"POST /upload/image {response.status}, {_first_line(answer, response)}", "upload")
-        try:
-            return wire.upload_answer(wire.decode(answer, "POST /upload/image's answer"))
-        except wire.Malformed as exc:
-            raise MalformedAnswer(f"server sent a malformed answer: {exc}") from None
+        return _decoded(answer, "POST /upload/image's answer", wire.upload_answer)
 
     def interrupt(self, prompt_id: str | None = None) -> None:
         self._call("POST", "/interrupt", body=json.dumps({"prompt_id": prompt_id} if prompt_id else {}).encode())
@@ -417,6 +408,16 @@ def _short(exc: BaseException) -> str:
         if marker in text:
             return marker.lower() if marker != "Connection refused" else "connection refused"
     return text[:300]
+
+
+def _decoded(data: bytes, what: str, check: Any = None) -> Any:
+    """JSON of a server's answer (comfysup.runner.wire's strict decoding), passed through ``check`` when given,
+    or MalformedAnswer saying why."""
+    try:
+        body = wire.decode(data, what)
+        return body if check is None else check(body)
+    except wire.Malformed as exc:
+        raise MalformedAnswer(f"server sent a malformed answer: {exc}") from None
 
 
 def _first_line(data: bytes, response: urllib3.BaseHTTPResponse) -> str:

@@ -16,28 +16,18 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psutil
 import pytest
 import tomli_w
 from pg_support import pg_url  # noqa: F401  (a fixture)
+from supervisor_support import wait_for
 
 from comfysup.queue import open_queue
 from comfysup.runner.client import ComfyClient
 from fake_comfy import FakeComfy
 from tests.runner_helpers import ROOT, comfysup, config_of, jobs_file, trivial_job, write_config
-
-
-def wait_for(condition, seconds: float, what: str):
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def work(config: Path, server: str, host: str, log: Path, *more: str) -> subprocess.Popen:

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from supervisor_support import wait_for
 
 from fake_comfy import FakeComfy
 from tests.runner_helpers import ROOT, comfysup, config_of, job_id, submit, trivial_job, write_config
@@ -19,14 +20,6 @@ from tests.runner_helpers import ROOT, comfysup, config_of, job_id, submit, triv
 STUCK = "hostile:run:ignore-interrupt"
 
 
-def wait_for(condition, seconds: float, what: str):
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.mark.timeout(90)
