@@ -83,6 +83,9 @@ ROWS = [
         {"jobs": 400, "restarts": 8}, ("jobs", "restarts")),
     Row("R3", "every broker connection closed (rabbitmqctl close_all_connections)", scenarios.r3_connections_closed,
         {"jobs": 400, "closes": 20}, ("jobs", "closes")),
+    Row("A1", "jobs submitted through the API v2 while the API, runners and servers are killed; clients retry "
+        "with the same Idempotency-Key", scenarios.a1_api_kills,
+        {"api_kills": 50, "runner_kills": 30, "server_kills": 30}, ("api_kills", "runner_kills", "server_kills")),
 ]
 
 

@@ -19,8 +19,9 @@ import sys
 from pathlib import Path
 
 # Run as a script, this folder comes first on sys.path, and bench/queue.py would shadow the standard
-# library's queue module for everything imported after it.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+# library's queue module for everything imported after it: it goes last, where it still gives real_drivers.
+HERE = Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE] + [str(HERE)]
 
 import argparse
 import itertools
@@ -41,6 +42,7 @@ import psutil
 import tomli_w
 import urllib3
 import websocket
+from real_drivers import wait_for_end
 
 
 def _bench_runner():
@@ -86,13 +88,7 @@ def bare_client(url: str, n_jobs: int, salt: int, out: Path) -> float:
         body = json.dumps({"prompt": prompt(n, salt), "prompt_id": prompt_id, "client_id": client_id}).encode()
         assert pool.urlopen("POST", "/prompt", body=body, headers={"Content-Type": "application/json"},
                             timeout=30.0).status == 200
-        while True:
-            message = ws.recv()
-            if isinstance(message, str):
-                data = json.loads(message)
-                if data["type"] == "executing" and data["data"].get("node") is None \
-                        and data["data"].get("prompt_id") == prompt_id:
-                    break
+        wait_for_end(ws, prompt_id)
         entry = json.loads(pool.urlopen("GET", f"/history/{prompt_id}", timeout=30.0).data)[prompt_id]
         for image in entry["outputs"]["3"]["images"]:
             body = pool.urlopen("GET", f"/view?{urlencode(image)}", timeout=30.0).data

@@ -16,8 +16,9 @@ import sys
 from pathlib import Path
 
 # Run as a script, this folder comes first on sys.path, and bench/queue.py would shadow the standard
-# library's queue module for everything imported after it.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+# library's queue module for everything imported after it: it goes last, where it still gives real_drivers.
+HERE = Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE] + [str(HERE)]
 
 import argparse
 import json
@@ -34,6 +35,7 @@ import psutil
 import requests
 import tomli_w
 import websocket
+from real_drivers import wait_for_end
 
 ROOT = Path(__file__).resolve().parents[1]
 TRIVIAL = json.loads((ROOT / "examples" / "workflows" / "trivial.json").read_text())
@@ -80,13 +82,7 @@ def bare_client(url: str, n_jobs: int, salt: int, out: Path) -> float:
         prompt_id = str(uuid.uuid4())
         session.post(f"{url}/prompt", json={"prompt": prompt(n, salt), "prompt_id": prompt_id,
                                             "client_id": client_id}, timeout=30).raise_for_status()
-        while True:
-            message = ws.recv()
-            if isinstance(message, str):
-                data = json.loads(message)
-                if data["type"] == "executing" and data["data"].get("node") is None \
-                        and data["data"].get("prompt_id") == prompt_id:
-                    break
+        wait_for_end(ws, prompt_id)
         entry = session.get(f"{url}/history/{prompt_id}", timeout=30).json()[prompt_id]
         for image in entry["outputs"]["3"]["images"]:
             body = session.get(f"{url}/view", params=image, timeout=30).content

@@ -38,6 +38,13 @@ def in_tested_range(version: str | None) -> bool:
     return parsed >= TESTED_LOW and parsed[:2] <= TESTED_HIGH
 
 
+def tells_every_output(version: str | None) -> bool:
+    """The versions whose WebSocket carries every output of a run (an ``executed`` message for each node with one,
+    cached nodes too) and its end after the history is written: 0.3.64 and later, those comfysup is tested on."""
+    parsed = parse(version)
+    return parsed is not None and parsed >= TESTED_LOW
+
+
 def has_jobs_api(version: str | None) -> bool:
     parsed = parse(version)
     return parsed is not None and parsed[:2] >= JOBS_API

@@ -50,8 +50,11 @@ class QueueItem:
 class PromptQueue:
     """Pending heap, running item, history; `on_change` fires where ComfyUI calls queue_updated."""
 
-    def __init__(self, on_change: Callable[[], None], max_history: int = MAXIMUM_HISTORY_SIZE) -> None:
+    def __init__(self, on_change: Callable[[], None], max_history: int = MAXIMUM_HISTORY_SIZE,
+                 on_withdrawn: Callable[[QueueItem], None] = lambda item: None) -> None:
         self.on_change = on_change
+        self.on_withdrawn = on_withdrawn
+        """Not ComfyUI: told of a pending prompt deleted before it ran (the script gives its word back)."""
         self.max_history = max_history
         self.pending: list[QueueItem] = []
         self.running: dict[int, QueueItem] = {}
@@ -112,6 +115,7 @@ class PromptQueue:
                 else:
                     self.pending.pop(index)
                     heapq.heapify(self.pending)
+                self.on_withdrawn(item)
                 self.on_change()
                 return True
         return False

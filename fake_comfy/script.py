@@ -1,7 +1,8 @@
 """The script: which misfortune each posted prompt meets.
 
 Two sources, both optional. Words by id (set in-process or in a JSON file) give one word per time an
-id is posted, so a test's outcome does not depend on which job arrives first; words in arrival order
+id is posted (a post deleted from the queue before it ran gives its word back to the next one), so a
+test's outcome does not depend on which job arrives first, nor on a client that queues ahead; words in arrival order
 cover the prompts whose id has no entry. Past the end of a list a prompt is "ok".
 
 The file's consumption is kept beside it (`<file>.used`, under an flock), so several fake servers
@@ -81,7 +82,8 @@ def _file_lock(path: Path) -> Iterator[None]:
 
 
 class Script:
-    """Thread-safe word source; `take(prompt_id)` is called once per POST /prompt that has a prompt."""
+    """Thread-safe word source; `take(prompt_id)` is called once per POST /prompt that has a prompt, and
+    `give_back(prompt_id)` when that post is deleted from the queue before it ran."""
 
     def __init__(
         self,
@@ -136,8 +138,28 @@ class Script:
                 return self._order[self._position - 1]
             return "ok"
 
+    def give_back(self, prompt_id: str) -> None:
+        """A post of ``prompt_id`` was deleted from the queue before it ran: its word goes to the next post of
+        that id (a word describes what a run meets; a client that queues a prompt ahead and takes it back
+        did not run it). Words by id only: an arrival-order word stays used."""
+        with self._lock:
+            if self._file is not None and self._count_in_file(self._file, prompt_id, -1) is not None:
+                return
+            if self._used.get(prompt_id, 0) > 0:
+                self._used[prompt_id] -= 1
+
     @staticmethod
     def _take_from_file(path: Path, prompt_id: str) -> str | None:
+        words_and_count = Script._count_in_file(path, prompt_id, +1)
+        if words_and_count is None:
+            return None
+        words, count = words_and_count
+        return words[count] if count < len(words) else "ok"
+
+    @staticmethod
+    def _count_in_file(path: Path, prompt_id: str, step: int) -> tuple[list[str], int] | None:
+        """Move ``prompt_id``'s count in ``<file>.used`` by ``step`` (never below 0); its words and the count
+        before the move, or None when the file has no words for it."""
         with _file_lock(path):
             try:
                 words = load_script_file(path).get(prompt_id)
@@ -152,8 +174,8 @@ class Script:
             except (OSError, ValueError):
                 used = {}
             count = int(used.get(prompt_id, 0))
-            used[prompt_id] = count + 1
+            used[prompt_id] = max(0, count + step)
             tmp = used_path.with_name(used_path.name + f".{os.getpid()}.tmp")
             tmp.write_text(json.dumps(used))
             os.replace(tmp, used_path)
-            return words[count] if count < len(words) else "ok"
+            return words, count

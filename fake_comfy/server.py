@@ -116,7 +116,8 @@ class FakeServer:
         self.script = script or Script(options.script, file=options.script_file)
         self.catalogue = Catalogue(options.input_dir, options)
         self.hub = Hub()
-        self.queue = PromptQueue(self._queue_updated, options.max_history)
+        self.queue = PromptQueue(self._queue_updated, options.max_history,
+                                 on_withdrawn=lambda item: self.script.give_back(item.prompt_id))
         self.executor = Executor(options, self.hub, self.recorder, crash)
         self.hostility = Hostility(options, self.recorder, self.queue)
         self.version = Version(self)

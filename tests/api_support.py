@@ -7,12 +7,15 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
 import tomli_w
+from aiohttp import web
 
 from comfysup.api.serve import serve
 from comfysup.config import Config, load_config
@@ -20,9 +23,13 @@ from comfysup.queue import open_queue
 from comfysup.queue.base import Output
 
 
-def api_config(tmp: Path, **api: Any) -> Config:
-    doc = {"queue": {"path": str(tmp / "queue.db")}, "store": {"dir": str(tmp / "store")},
-           "comfyui": {"gpus": "cpu:1"}, "api": {"listen": "127.0.0.1:0", **api}}
+def api_config(tmp: Path, sections: dict[str, dict[str, Any]] | None = None, queue_url: str = "",
+               **api: Any) -> Config:
+    """A config in ``tmp`` serving the API on a free loopback port, over SQLite in ``tmp`` (or the PostgreSQL at
+    ``queue_url``); ``sections`` adds or replaces other tables."""
+    queue = {"url": queue_url} if queue_url else {"path": str(tmp / "queue.db")}
+    doc = {"queue": queue, "store": {"dir": str(tmp / "store")},
+           "comfyui": {"gpus": "cpu:1"}, "api": {"listen": "127.0.0.1:0", **api}, **(sections or {})}
     path = tmp / "config.toml"
     path.write_bytes(tomli_w.dumps(doc).encode())
     return load_config(str(path), env={})
@@ -31,6 +38,13 @@ def api_config(tmp: Path, **api: Any) -> Config:
 @contextmanager
 def running_api(config: Config) -> Iterator[str]:
     """The API's base URL (``http://127.0.0.1:<port>``) while the block runs; stopped and joined after it."""
+    with running_api_app(config) as (url, _app):
+        yield url
+
+
+@contextmanager
+def running_api_app(config: Config) -> Iterator[tuple[str, web.Application]]:
+    """The API's base URL and its application (its state, its event watcher) while the block runs."""
     bound: list[int] = []
     ready = threading.Event()
     box: dict[str, Any] = {}
@@ -39,7 +53,8 @@ def running_api(config: Config) -> Iterator[str]:
         async def go() -> None:
             box["stop"] = asyncio.Event()
             box["loop"] = asyncio.get_running_loop()
-            await serve(config, on_bound=lambda port: (bound.append(port), ready.set()), stop=box["stop"])
+            await serve(config, on_bound=lambda port: (bound.append(port), ready.set()), stop=box["stop"],
+                        on_app=lambda app: box.update(app=app))
         try:
             asyncio.run(go())
         finally:
@@ -49,22 +64,25 @@ def running_api(config: Config) -> Iterator[str]:
     thread.start()
     assert ready.wait(20) and bound, "the API did not start"
     try:
-        yield f"http://127.0.0.1:{bound[0]}"
+        yield f"http://127.0.0.1:{bound[0]}", box["app"]
     finally:
         box["loop"].call_soon_threadsafe(box["stop"].set)
         thread.join(20)
 
 
 class StandInRunner:
-    """Claims jobs and completes each with one PNG-named file in the result store, as a runner would."""
+    """Claims jobs as ``machine`` and completes each with one PNG-named file in the result store, as a runner
+    would."""
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, machine: str = "host") -> None:
         self.config = config
         self.queue = open_queue(config, create=True)
         self.store = config.resolve(config.store.dir)
+        self.machine = machine
+        """The host part of its claims' owner: the machine a done job names as the holder of its files."""
 
     def claim(self) -> Any:
-        return self.queue.claim("host/1/gpu0/t", "gpu0", 60.0)
+        return self.queue.claim(f"{self.machine}/1/gpu0/t", "gpu0", 60.0)
 
     def complete(self, claim: Any, data: bytes = b"\x89PNG fake image bytes" * 10,
                  name: str = "comfysup_00001_.png") -> bytes:
@@ -80,3 +98,29 @@ class StandInRunner:
 
     def close(self) -> None:
         self.queue.close()
+
+
+def working(runner: StandInRunner, stop: threading.Event) -> threading.Thread:
+    """A thread that runs queued jobs with ``runner`` until ``stop`` is set."""
+    def loop() -> None:
+        while not stop.is_set():
+            if runner.run_one() is None:
+                time.sleep(0.05)
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.fixture
+def api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, StandInRunner, Config]]:
+    """The API on a fresh SQLite queue, COMFY_BASE_URL pointing at it (as comfy-sdk reads it), and a stand-in
+    runner; test modules import it by name (``from tests.api_support import api  # noqa: F401``)."""
+    config = api_config(tmp_path)
+    with running_api(config) as url:
+        monkeypatch.setenv("COMFY_BASE_URL", url)
+        monkeypatch.delenv("COMFY_API_KEY", raising=False)
+        runner = StandInRunner(config)
+        try:
+            yield url, runner, config
+        finally:
+            runner.close()

@@ -20,7 +20,8 @@ import pytest
 ADMIN_URL = os.environ.get("COMFYSUP_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres")
 SKIP_VARIABLE = "COMFYSUP_SKIP_POSTGRES"
 TABLES = ("jobs", "attempts", "machines", "deliveries", "workflows", "affinity_skips", "catalogues",
-          "server_catalogues", "job_refusals", "assets", "job_assets", "asset_chunks", "server_assets")
+          "server_catalogues", "job_refusals", "assets", "job_assets", "asset_chunks", "server_assets", "api_assets",
+          "api_endpoints")
 
 _created: dict[str, str] = {}
 """The session's database URL, made once even when several modules import the fixture."""

@@ -5,6 +5,7 @@ them, the servers' copies recorded, and prune removing what no job references.""
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 from typing import Any
 
@@ -81,3 +82,118 @@ class AssetsContract:
         assert q.read_asset(kept.hash) == b"kept"
         with pytest.raises(QueueError):
             q.read_asset(gone.hash)
+
+    # -- assets uploaded through the API (issue 18) ----------------------------------------------------------
+
+    def test_an_upload_is_a_record_over_one_stored_content(self, q: Any, tmp_path: Path) -> None:
+        cat = asset_file(tmp_path, b"PNG cat")
+        first, new, replayed = q.add_api_asset(cat, "image/png", 3600.0, key="k1", now=T0)
+        second, new2, _ = q.add_api_asset(dataclasses.replace(cat, name="again.png"), "image/png", 3600.0, now=T0)
+        assert (new, replayed, new2) == (True, False, False)
+        assert first.id != second.id and first.hash == second.hash == cat.hash
+        assert (first.size, first.file_path, first.expires_at) == (7, "cat.png", T0 + 3600.0)
+        assert self.count(q, "assets") == 1 and self.count(q, "api_assets") == 2
+        assert q.api_asset(first.id) == first and q.api_asset("no-such-id") is None
+        assert q.has_asset(cat.hash) and not q.has_asset(assets.hash_bytes(b"other"))
+
+    def test_an_upload_retried_with_its_key_answers_the_same_record(self, q: Any, tmp_path: Path) -> None:
+        from comfysup.queue.assets import UploadConflict
+
+        cat, dog = asset_file(tmp_path, b"cat", "cat.png"), asset_file(tmp_path, b"dog", "dog.png")
+        first, _, _ = q.add_api_asset(cat, "image/png", 3600.0, key="k1", now=T0)
+        again, new, replayed = q.add_api_asset(cat, "image/png", 3600.0, key="k1", now=T0 + 5)
+        assert (again, new, replayed) == (first, False, True)
+        with pytest.raises(UploadConflict):
+            q.add_api_asset(dog, "image/png", 3600.0, key="k1", now=T0 + 5)
+        assert not q.has_asset(dog.hash) and self.count(q, "api_assets") == 1
+
+    @pytest.mark.timeout(60)
+    def test_two_processes_uploading_with_one_key_at_once_make_one_record(self, q: Any, tmp_path: Path) -> None:
+        """Two API processes (two queues on one database) given the same upload and key at the same moment:
+        one record, both answered it, no error (on PostgreSQL both may look before either inserts)."""
+        import threading
+
+        other = self.make_queue(tmp_path)
+        try:
+            rounds, answers, errors = 12, [], []
+            barrier = threading.Barrier(2)
+
+            def upload(queue: Any, n: int, name: str) -> None:
+                cat = asset_file(tmp_path, f"cat {n}".encode(), f"{name}-{n}.png")
+                cat = dataclasses.replace(cat, name="cat.png")
+                barrier.wait()
+                try:
+                    answers.append((n, queue.add_api_asset(cat, "image/png", 3600.0, key=f"key-{n}", now=T0)))
+                except Exception as exc:  # the finding is any error at all
+                    errors.append(exc)
+
+            for n in range(rounds):
+                threads = [threading.Thread(target=upload, args=(queue, n, name))
+                           for queue, name in ((q, "a"), (other, "b"))]
+                for thread in threads:
+                    thread.start()
+                for thread in threads:
+                    thread.join(30)
+            assert not errors, errors
+            for n in range(rounds):
+                records = {answer[0].id for k, answer in answers if k == n}
+                replays = sorted(answer[2] for k, answer in answers if k == n)
+                assert len(records) == 1 and replays == [False, True], (n, answers)
+            assert self.count(q, "api_assets") == rounds
+        finally:
+            other.close()
+
+    def test_minting_from_a_hash_reuses_a_live_record_and_extends_it(self, q: Any, tmp_path: Path) -> None:
+        cat = asset_file(tmp_path, b"cat")
+        first, _, _ = q.add_api_asset(cat, "image/png", 100.0, now=T0)
+        same, minted = q.mint_api_asset(cat.hash, "cat.png", "image/png", 500.0, now=T0 + 10)
+        assert (same.id, minted, same.expires_at) == (first.id, False, T0 + 510.0)
+        assert q.api_asset(first.id).expires_at == T0 + 510.0
+        other, minted = q.mint_api_asset(cat.hash, "renamed.png", "image/png", 500.0, now=T0 + 10)
+        assert minted and other.id != first.id and other.size == 3
+        assert q.mint_api_asset(assets.hash_bytes(b"never"), "x.png", "image/png", 500.0, now=T0) is None
+
+    def test_prune_keeps_a_live_upload_and_removes_an_expired_unreferenced_one(self, q: Any, tmp_path: Path) -> None:
+        from tests.queue_contract import make_job
+
+        fresh, old = asset_file(tmp_path, b"fresh", "a.png"), asset_file(tmp_path, b"old!", "b.png")
+        used = asset_file(tmp_path, b"used by a job", "c.png")
+        kept, _, _ = q.add_api_asset(fresh, "image/png", 3600.0, now=T0)
+        gone, _, _ = q.add_api_asset(old, "image/png", 10.0, now=T0)
+        referenced, _, _ = q.add_api_asset(used, "image/png", 10.0, now=T0)
+        q.submit([dataclasses.replace(make_job(1), assets=(NewAsset(used.hash, used.size, "c.png"),))], now=T0 + 1)
+        assert q.prune_assets(now=T0 + 5) == (0, 0)
+        assert q.prune_assets(now=T0 + 60) == (1, 4)
+        assert q.api_asset(gone.id) is None and q.api_asset(referenced.id) is None  # both records expired
+        assert q.api_asset(kept.id) == kept
+        assert q.read_asset(fresh.hash) == b"fresh" and q.read_asset(used.hash) == b"used by a job"
+        with pytest.raises(QueueError):
+            q.read_asset(old.hash)
+
+    def test_deleting_an_upload_keeps_content_a_job_needs(self, q: Any, tmp_path: Path) -> None:
+        from tests.queue_contract import make_job
+
+        lone, shared = asset_file(tmp_path, b"lone", "a.png"), asset_file(tmp_path, b"shared", "b.png")
+        a, _, _ = q.add_api_asset(lone, "image/png", 3600.0, now=T0)
+        b, _, _ = q.add_api_asset(shared, "image/png", 3600.0, now=T0)
+        q.submit([dataclasses.replace(make_job(1), assets=(NewAsset(shared.hash, shared.size, "b.png"),))], now=T0)
+        assert q.delete_api_asset(a.id) and q.delete_api_asset(b.id)
+        assert not q.delete_api_asset(a.id)
+        assert not q.has_asset(lone.hash) and q.read_asset(shared.hash) == b"shared"
+        path = q.asset_file(lone.hash)
+        assert path is None or not path.exists()
+
+    def test_prune_removes_temporary_files_a_killed_copy_left(self, q: Any, tmp_path: Path) -> None:
+        folder = q.asset_file(assets.hash_bytes(b"x"))
+        if folder is None:
+            pytest.skip("this backend keeps inputs in the database")
+        root = folder.parent.parent
+        (root / "ab").mkdir(parents=True, exist_ok=True)
+        old = [root / ".api-upload-old", root / "ab" / ".incoming-old"]
+        fresh = [root / ".api-upload-fresh", root / "ab" / ".incoming-fresh"]
+        for path in old + fresh:
+            path.write_bytes(b"partial")
+        for path in old:
+            os.utime(path, (T0, T0))
+        q.prune_assets(now=T0 + 2 * 86400)
+        assert [p.exists() for p in old + fresh] == [False, False, True, True]

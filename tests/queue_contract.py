@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from comfysup.errors import LeaseLost, NotFound
-from comfysup.queue.base import Claim, NewJob, Output, Queue, SubmitConflict
+from comfysup.queue.base import Claim, JobPulse, NewJob, Output, Queue, SubmitConflict
 from comfysup.workflows import model_key
 from tests.queue_assets_contract import AssetsContract
 from tests.queue_catalogue_contract import CatalogueContract
@@ -308,14 +308,34 @@ class QueueContract(CatalogueContract, AssetsContract):
         by the URL its attempt recorded (issue 15)."""
         self.submit(q, make_job(1))
         claim = self.claim(q, "host-a/1/gpu0/t", "gpu0", now=T0, lease=10)
-        assert q.last_url(claim.id) is None  # nothing recorded yet
+        assert q.attempt_urls(claim.id) == []  # nothing recorded yet (nor named by the claim)
         q.record_prompt(claim, "gpu0", 17, "http://10.0.0.1:8188")
         again = self.claim(q, "host-b/2/gpu0/t", "gpu0", now=T0 + 11)  # the lease expired
-        assert q.last_url(claim.id) == ("http://10.0.0.1:8188", "host-a/1/gpu0/t")
+        assert q.attempt_urls(claim.id) == [("http://10.0.0.1:8188", 17)]
         q.record_prompt(again, "gpu0", 3, "http://10.0.0.2:8188")
-        assert q.last_url(claim.id) == ("http://10.0.0.2:8188", "host-b/2/gpu0/t")
-        q.record_prompt(again, "gpu0", 3)  # a caller that does not say
-        assert q.last_url(claim.id) == ("http://10.0.0.1:8188", "host-a/1/gpu0/t")
+        assert q.attempt_urls(claim.id) == [("http://10.0.0.2:8188", 3), ("http://10.0.0.1:8188", 17)]
+        assert q.attempt_urls(claim.id, other_than=again) == [("http://10.0.0.1:8188", 17)]
+        q.record_prompt(again, "gpu0", 4)  # a caller that does not say keeps the URL
+        assert q.attempt_urls(claim.id)[0] == ("http://10.0.0.2:8188", 4)
+
+    def test_a_claim_names_its_server_url_before_any_prompt_is_posted(self, q: Queue) -> None:
+        """A machine killed between its POST and record_prompt (the job queued behind a running prompt is posted
+        the moment that one starts) leaves no prompt recorded: the URL named by its claim still says where the
+        prompt may be, and the next claim's own attempt is not counted as an earlier one."""
+        self.submit(q, make_job(1))
+        first = q.claim("host-a/1/gpu0/t", "gpu0", 10, now=T0, url="http://10.0.0.1:8188")
+        assert first is not None
+        assert q.attempt_urls(first.id) == [("http://10.0.0.1:8188", None)]
+        assert q.attempt_urls(first.id, other_than=first) == []
+        again = q.claim("host-b/2/gpu0/t", "gpu0", 10, now=T0 + 11, url="http://10.0.0.2:8188")  # the lease expired
+        assert again is not None and (again.id, again.last_server, again.last_prompt_number) == (first.id, None, None)
+        assert q.attempt_urls(again.id, other_than=again) == [("http://10.0.0.1:8188", None)]
+        # One that never posted (released uncounted: refused, stopping) does not hide the earlier machine's.
+        q.release(again, "refused by this server's catalogue", count_attempt=False, now=T0 + 12)
+        third = q.claim("host-b/2/gpu1/t", "gpu1", 10, now=T0 + 13, url="http://10.0.0.3:8188")
+        assert third is not None and third.id == first.id
+        assert q.attempt_urls(third.id, other_than=third) == [("http://10.0.0.2:8188", None),
+                                                               ("http://10.0.0.1:8188", None)]
 
     @pytest.mark.parametrize("how", ["retry_later", "release"])
     def test_a_runner_that_judged_its_prompt_forgets_its_number(self, q: Queue, how: str) -> None:
@@ -628,6 +648,26 @@ class QueueContract(CatalogueContract, AssetsContract):
         q.machine_heartbeat("render-07", 100, [{"name": "gpu0"}], now=T0 + 2)  # the first one still beats
         assert [(m.pid, m.started_at) for m in q.machines(now=T0 + 2)] == [(100, T0 + 2), (101, T0 + 1)]
 
+    def test_an_api_advertises_its_url_and_its_heartbeat_ages(self, q: Queue) -> None:
+        assert q.api_endpoint("render-07", now=T0) is None
+        q.advertise_api("render-07", "http://10.0.0.7:9189", 100, now=T0)
+        q.advertise_api("render-08", "https://b.example", 200, now=T0)
+        q.advertise_api("render-07", "http://10.0.0.7:9189", 100, now=T0 + 10)  # the heartbeat
+        endpoint = q.api_endpoint("render-07", now=T0 + 14)
+        assert endpoint is not None
+        assert (endpoint.host, endpoint.url, endpoint.age_seconds) == ("render-07", "http://10.0.0.7:9189", 4.0)
+        other = q.api_endpoint("render-08", now=T0 + 14)
+        assert other is not None and (other.url, other.age_seconds) == ("https://b.example", 14.0)
+
+    def test_a_stopping_api_withdraws_only_its_own_row(self, q: Queue) -> None:
+        q.advertise_api("render-07", "http://10.0.0.7:9189", 100, now=T0)
+        q.advertise_api("render-07", "http://10.0.0.7:9190", 101, now=T0 + 1)  # a new process took the host over
+        q.withdraw_api("render-07", 100)  # the old one stops: the new one's row stays
+        endpoint = q.api_endpoint("render-07", now=T0 + 1)
+        assert endpoint is not None and endpoint.url == "http://10.0.0.7:9190"
+        q.withdraw_api("render-07", 101)
+        assert q.api_endpoint("render-07", now=T0 + 2) is None
+
     # -- what people see: kinds, traces, progress, metrics' reads (issue 8) ----------------------------------
 
     def test_every_end_of_an_attempt_keeps_its_kind_and_trace(self, q: Queue) -> None:
@@ -797,6 +837,23 @@ class QueueContract(CatalogueContract, AssetsContract):
         assert q.finished_counts(T0) == {"done": 2, "dead": 1, "cancelled": 1}
         assert q.status(now=T0 + 5, done_limit=5).recent_done == [(make_job(1).id, T0 + 3), (make_job(0).id, T0 + 1)]
         assert q.status(now=T0 + 5).recent_done == []
+
+    def test_pulses_read_what_changes_while_jobs_run_in_chunks(self, q: Queue) -> None:
+        self.submit(q, *[make_job(i) for i in range(5)])
+        running = self.claim(q, now=T0)
+        q.set_progress(running, {"node": 2, "nodes": 3, "step": 5, "steps": 20})
+        canceling = self.claim(q, now=T0)
+        q.cancel([canceling.id], now=T0 + 1)
+        q.complete(self.claim(q, now=T0), [], now=T0 + 2)
+        q.ID_CHUNK = 2  # type: ignore[attr-defined]  # three statements for five ids: chunks join up
+        pulses = q.pulses([make_job(i).id for i in range(5)] + ["unknown"])
+        assert sorted(pulses) == sorted(make_job(i).id for i in range(5))
+        assert pulses[running.id] == JobPulse(running.id, "running", 1, False,
+                                              {"node": 2, "nodes": 3, "step": 5, "steps": 20})
+        assert (pulses[canceling.id].state, pulses[canceling.id].cancel_requested) == ("running", True)
+        assert [pulses[make_job(i).id].state for i in (2, 3, 4)] == ["done", "queued", "queued"]
+        assert pulses[make_job(3).id] == JobPulse(make_job(3).id, "queued", 0, False, None)
+        assert q.pulses([]) == {}
 
     # -- issue 7: workflows stored once, model affinity, complete_and_claim, prune ----------------------
 

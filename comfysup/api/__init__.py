@@ -12,5 +12,6 @@ job objects. The contract is Comfy's own, read from its sources:
   ``cursor``; ``{"jobs": [...], "next_cursor"}``).
 
 Modules: ``security`` (token, loopback, origin), ``errors`` (the envelope), ``views`` (records → bodies, pure),
-``intake`` (a request body → a NewJob through comfysup.jobs), ``app`` (the routes), ``serve`` (the process).
+``intake`` (a request body → a NewJob through comfysup.jobs), ``app`` (the routes), ``remote`` (outputs streamed from
+the machine that holds them), ``serve`` (the process).
 """

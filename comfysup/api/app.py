@@ -24,15 +24,19 @@ from typing import Any, TypeVar
 from aiohttp import web
 
 from comfysup import safefs
-from comfysup.api import views
+from comfysup.api import assets, events, remote, views
 from comfysup.api.errors import ApiError, not_found
 from comfysup.api.intake import Intake
+from comfysup.api.replies import STATE_KEY, send
+from comfysup.api.replies import job_id as _job_id
+from comfysup.api.replies import json_response as _json
+from comfysup.api.replies import origin as _origin
 from comfysup.api.security import check_origin, check_token
 from comfysup.config import Config
 from comfysup.errors import NotFound
-from comfysup.jobs import MAX_WORKFLOW_BYTES, canonical_id
+from comfysup.jobs import MAX_WORKFLOW_BYTES
 from comfysup.jobs.catalogue import Catalogue
-from comfysup.jobs.values import JobLineError
+from comfysup.queue.assets import AssetMissing
 from comfysup.queue.base import SubmitConflict
 
 log = logging.getLogger("comfysup.api")
@@ -45,8 +49,6 @@ SCAN_PAGES = 20
 CATALOGUE_SECONDS = 5.0
 """How long the node catalogues read from the queue are reused before they are read again."""
 QUEUE_FULL_RETRY_SECONDS = 5
-CHUNK = 1 << 20
-STATE_KEY: web.AppKey[Any] = web.AppKey("state", object)
 
 
 class State:
@@ -71,21 +73,6 @@ class State:
             self._catalogues = [Catalogue(r.id, r.info, tuple(r.servers)) for r in self.queue.catalogues()]
             self._catalogues_at = now
         return self._catalogues
-
-
-def _origin(request: web.Request) -> str:
-    return f"{request.scheme}://{request.host}"
-
-
-def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
-    return web.Response(status=status, text=json.dumps(body), content_type="application/json", headers=headers)
-
-
-def _job_id(request: web.Request) -> str:
-    try:
-        return canonical_id(request.match_info["id"])
-    except JobLineError:
-        raise not_found("job") from None
 
 
 @web.middleware
@@ -135,7 +122,7 @@ async def post_job(request: web.Request) -> web.Response:
 
 def _submit(state: State, body: Any, key: str | None, origin: str) -> web.Response:
     """In the worker thread: validate, bound the queue, insert (durable before the answer), answer."""
-    job = state.intake.job(body, key, state.catalogues())
+    job = state.intake.job(body, key, state.catalogues(), state.queue.api_asset)
     bound = state.config.api.max_queued
     if bound:
         try:
@@ -149,6 +136,8 @@ def _submit(state: State, body: Any, key: str | None, origin: str) -> web.Respon
         result = state.queue.submit([job])
     except SubmitConflict:
         raise ApiError(422, "idempotency_key_reuse", "this Idempotency-Key was used for a different job") from None
+    except AssetMissing as exc:  # pruned between the lookup and the insert
+        raise ApiError(422, "missing_asset", str(exc)) from None
     record = state.queue.get(job.id)
     headers = {"Idempotency-Replayed": "true"} if result.existing else {}
     headers["Location"] = views.job_urls(job.id)["self"]
@@ -250,7 +239,9 @@ async def list_jobs(request: web.Request) -> web.Response:
 
 
 async def output_asset(request: web.Request) -> web.Response:
-    """An output as the contract's ``Asset`` (uploaded assets: not served yet)."""
+    """An output as the contract's ``Asset``; any other id is an upload's (comfysup.api.assets)."""
+    if views.parse_output_id(request.match_info["id"]) is None:
+        return await assets.get_asset(request)
     state: State = request.app[STATE_KEY]
     record, index = await state.call(_output, state, request.match_info["id"])
     item = views.outputs(record, _origin(request), time.time())[index]
@@ -273,33 +264,12 @@ def _output(state: State, asset_id: str) -> tuple[Any, int]:
     return record, parsed[1]
 
 
-def _range(header: str | None, size: int) -> tuple[int, int] | None:
-    """``bytes=a-b``, ``bytes=a-``, ``bytes=-n`` as (first, last); None: the whole file; 416 when unsatisfiable."""
-    if not header:
-        return None
-    unit, _, spec = header.partition("=")
-    if unit.strip() != "bytes" or "," in spec:
-        return None  # a multi-range or another unit: the whole file (allowed by RFC 9110)
-    first, _, last = spec.strip().partition("-")
-    try:
-        if not first:
-            n = int(last)
-            start, end = max(0, size - n), size - 1
-        else:
-            start, end = int(first), (int(last) if last else size - 1)
-    except ValueError:
-        return None
-    end = min(end, size - 1)
-    if start < 0 or start > end:
-        raise ApiError(416, "range_not_satisfiable", f"the file has {size} bytes",
-                       headers={"Content-Range": f"bytes */{size}"})
-    return start, end
-
-
 async def output_content(request: web.Request) -> web.StreamResponse:
     """The file from the result store, opened through comfysup.safefs (no symlink out of the job's folder), with
-    Range for resumable downloads. A store on another machine's disk (``store.dir`` not shared) is not
-    reachable from here: 404 with the machine named."""
+    Range for resumable downloads. A file in another machine's store (``store.dir`` not shared) is streamed from
+    that machine's API (comfysup.api.remote). Any other id is an upload's (comfysup.api.assets)."""
+    if views.parse_output_id(request.match_info["id"]) is None:
+        return await assets.asset_content(request)
     state: State = request.app[STATE_KEY]
     record, index = await state.call(_output, state, request.match_info["id"])
     output = record.outputs[index]
@@ -312,29 +282,13 @@ async def output_content(request: web.Request) -> web.StreamResponse:
         finally:
             os.close(root)
     except OSError:
-        raise ApiError(404, "not_found", f"the file is not in this machine's result store (the job ran on "
-                       f"{record.machine or 'another machine'})") from None
+        return await remote.stream(request, state, record.machine)
     with os.fdopen(fd, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        span = _range(request.headers.get("Range"), size)
-        start, end = span if span is not None else (0, size - 1)
-        response = web.StreamResponse(status=206 if span is not None else 200)
-        response.content_type = views.content_type(output.name)
-        response.content_length = max(0, end - start + 1)
-        response.headers["Accept-Ranges"] = "bytes"
-        if span is not None:
-            response.headers["Content-Range"] = f"bytes {start}-{end}/{size}"
-        await response.prepare(request)
-        f.seek(start)
-        left = end - start + 1
-        while left > 0:
-            chunk = f.read(min(CHUNK, left))
-            if not chunk:
-                break
-            left -= len(chunk)
-            await response.write(chunk)
-        await response.write_eof()
-        return response
+        async def read(at: int, n: int) -> bytes:
+            f.seek(at)
+            return f.read(n)
+
+        return await send(request, os.fstat(f.fileno()).st_size, views.content_type(output.name), read)
 
 
 def make_app(config: Config, queue: Any) -> web.Application:
@@ -347,8 +301,14 @@ def make_app(config: Config, queue: Any) -> web.Application:
     app.router.add_get(f"{API}/jobs/{{id}}", get_job)
     app.router.add_get(f"{API}/jobs/{{id}}/workflow", get_workflow)
     app.router.add_post(f"{API}/jobs/{{id}}/cancel", cancel_job)
+    app.router.add_post(f"{API}/assets", assets.post_asset)
+    app.router.add_post(f"{API}/assets/from-hash", assets.from_hash)
+    app.router.add_route("HEAD", f"{API}/assets/by-hash/{{hash}}", assets.by_hash)
     app.router.add_get(f"{API}/assets/{{id}}", output_asset)
+    app.router.add_delete(f"{API}/assets/{{id}}", assets.delete_asset)
     app.router.add_get(f"{API}/assets/{{id}}/content", output_content)
+    events.install(app, state.call, queue, config.api.max_event_streams)
+    remote.install(app)
 
     async def close(app: web.Application) -> None:
         state.worker.shutdown(wait=True)

@@ -16,13 +16,17 @@ semantics (same key and body: the same job, ``Idempotency-Replayed: true``; same
 from __future__ import annotations
 
 import json
+import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from comfysup.api.assets import references
 from comfysup.api.errors import ApiError
 from comfysup.jobs import JobLineError, JobsFile
 from comfysup.jobs.catalogue import Catalogue
+from comfysup.queue.assets import ApiAsset
 from comfysup.queue.base import NewJob
 
 KEY_NAMESPACE = uuid.UUID("6f0c4d8e-3b1a-5c7e-9d2f-4a8b6c1e0f35")
@@ -69,7 +73,10 @@ class Intake:
         self.base_dir = base_dir
         self.allow_private_callbacks = allow_private_callbacks
 
-    def job(self, body: Any, key: str | None, catalogues: list[Catalogue]) -> NewJob:
+    def job(self, body: Any, key: str | None, catalogues: list[Catalogue],
+            lookup: Callable[[str], ApiAsset | None] = lambda _id: None) -> NewJob:
+        """``lookup``: an uploaded asset's record by id (the queue's ``api_asset``), for the workflow's
+        ``core/ASSET`` references; each becomes a ``set`` value by hash, as a jobs.jsonl line carries it."""
         if not isinstance(body, dict):
             raise ApiError(400, "invalid_request", "the body must be a JSON object with a workflow")
         unknown = set(body) - BODY_KEYS
@@ -87,6 +94,9 @@ class Intake:
             raise ApiError(422, "invalid_request", "extra_data must be an object")
         line: dict[str, Any] = {"id": job_id_for(key), "workflow": workflow, "extra_data": extra,
                                 "meta": _labels(body.get("metadata")), "priority": body.get("priority", 0)}
+        inputs = references(workflow, lookup, time.time())
+        if inputs:
+            line["set"] = inputs
         jobs = JobsFile(self.base_dir / "api.jsonl", label="api", base_dir=self.base_dir, catalogues=catalogues,
                         allow_private_callbacks=self.allow_private_callbacks)
         try:

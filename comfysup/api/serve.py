@@ -11,19 +11,22 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import socket
 from collections.abc import Callable
 
 from aiohttp import web
 
+from comfysup.api import remote
 from comfysup.api.app import make_app
+from comfysup.api.events import fit_open_files
+from comfysup.api.replies import STATE_KEY
 from comfysup.config import Config
 from comfysup.errors import ConfigError
 from comfysup.queue import open_queue
+from comfysup.supervisor.sidecar import BIND_FAILED  # [api] listen cannot be bound: restarting cannot help
 
 log = logging.getLogger("comfysup.api")
 
-BIND_FAILED = 3
-"""Exit code: ``[api] listen`` cannot be bound; restarting cannot help (the monitor's convention)."""
 
 
 def split_listen(listen: str) -> tuple[str, int]:
@@ -32,13 +35,21 @@ def split_listen(listen: str) -> tuple[str, int]:
 
 
 async def serve(config: Config, on_bound: Callable[[int], None] | None = None,
-                stop: asyncio.Event | None = None) -> int:
-    """Serve until ``stop`` is set (SIGTERM and SIGINT set it when none is given)."""
+                stop: asyncio.Event | None = None, on_app: Callable[[web.Application], None] | None = None,
+                create: bool = True) -> int:
+    """Serve until ``stop`` is set (SIGTERM and SIGINT set it when none is given); ``on_app`` is handed the
+    application before it serves (the tests read its event watcher). ``create``: make the queue if it does
+    not exist (False under ``comfysup run``, which made it: one deleted since is not made again empty)."""
     if not config.api.listen:
         raise ConfigError(f"{config.source}: [api] listen is empty: there is no address to serve the API on")
-    queue = open_queue(config, create=True)
+    queue = open_queue(config, create=create)
     app = make_app(config, queue)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    if on_app is not None:
+        on_app(app)
+    fit_open_files(config.api.max_event_streams)
+    # handler_cancellation: a handler whose client has gone is cancelled at once, so an event stream's slot and
+    # subscription are released when its client leaves, not at its next keep-alive.
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, handler_cancellation=True)
     await runner.setup()
     host, port = split_listen(config.api.listen)
     site = web.TCPSite(runner, host, port, reuse_address=True)
@@ -53,6 +64,7 @@ async def serve(config: Config, on_bound: Callable[[int], None] | None = None,
     bound = site._server.sockets[0].getsockname()[1] if site._server and site._server.sockets else port  # type: ignore[union-attr]
     log.info("Comfy API v2 on http://%s:%d/api/v2 (%s)", host if ":" not in host else f"[{host}]", bound,
              "bearer token required" if config.api.token else "no token: loopback only")
+    advertiser = await _advertise(config, app, bound)
     if on_bound is not None:
         on_bound(bound)
     if stop is None:
@@ -63,10 +75,26 @@ async def serve(config: Config, on_bound: Callable[[int], None] | None = None,
     try:
         await stop.wait()
     finally:
+        if advertiser is not None:
+            await advertiser.stop()
         await runner.cleanup()
         queue.close()
     return 0
 
 
-def main(config: Config) -> int:
-    return asyncio.run(serve(config))
+async def _advertise(config: Config, app: web.Application, bound: int) -> remote.Advertiser | None:
+    """Tell the other machines sharing the queue where this API is, so they can stream the outputs this
+    machine's result store holds (comfysup.api.remote); None when they cannot reach it."""
+    url = remote.advertised_url(config.api.public_url, config.api.listen, bound, socket.getfqdn)
+    if not url:
+        log.info("this API listens on loopback only: other machines sharing the queue cannot stream this "
+                 "machine's outputs through it (set [api] public_url, or share [store] dir)")
+        return None
+    advertiser = remote.Advertiser(app[STATE_KEY], url)
+    await advertiser.start()
+    log.info("advertised in the queue as machine %s's API: %s/api/v2", advertiser.host, url)
+    return advertiser
+
+
+def main(config: Config, create: bool = True) -> int:
+    return asyncio.run(serve(config, create=create))

@@ -14,7 +14,8 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
-from comfysup.queue.base import JobRecord
+from comfysup.queue.assets import ApiAsset
+from comfysup.queue.base import JobPulse, JobRecord
 
 API = "/api/v2"
 RETENTION_SECONDS = 30 * 86400
@@ -33,7 +34,7 @@ def iso(epoch: float | None) -> str | None:
     return None if epoch is None else datetime.fromtimestamp(epoch, UTC).isoformat().replace("+00:00", "Z")
 
 
-def status(record: JobRecord) -> str:
+def status(record: JobRecord | JobPulse) -> str:
     if record.state == "running" and record.cancel_requested:
         return "canceling"
     return STATUS.get(record.state, record.state)
@@ -101,8 +102,12 @@ def progress(record: JobRecord) -> dict[str, Any] | None:
     contract's snapshot: ``value`` weights the nodes done and the current node's steps."""
     if record.state == "done":
         return {"value": 1.0, "nodes_done": _total(record), "nodes_total": _total(record)}
-    p = record.progress
-    if record.state != "running" or not p:
+    return running_progress(record.progress) if record.state == "running" else None
+
+
+def running_progress(p: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A running job's progress write as the contract's ``Progress`` (None before the first write)."""
+    if not p:
         return None
     total = max(1, int(p.get("nodes") or 1))
     node = max(0, min(int(p.get("node") or 0), total))
@@ -169,3 +174,16 @@ def summary(record: JobRecord) -> dict[str, Any]:
     return {"id": record.id, "status": status(record), "create_time": iso(record.submitted_at),
             "update_time": iso(updated), "metadata": labels(record.meta), "priority": record.priority,
             "urls": job_urls(record.id)}
+
+
+def uploaded(record: ApiAsset, origin: str, now: float, created_new: bool | None = None) -> dict[str, Any]:
+    """An asset uploaded through the API as the contract's ``Asset`` (``created_new`` on create answers only)."""
+    body: dict[str, Any] = {
+        "id": record.id, "hash": record.hash, "size_bytes": record.size, "content_type": record.content_type,
+        "file_path": record.file_path or None, "created_at": iso(record.created_at),
+        "url": f"{origin}{API}/assets/{record.id}/content", "url_expires_at": iso(now + URL_SECONDS),
+        "expires_at": iso(record.expires_at), "job_id": None,
+    }
+    if created_new is not None:
+        body["created_new"] = created_new
+    return body

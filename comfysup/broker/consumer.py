@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
 import threading
 import time
 from collections import Counter
@@ -33,6 +32,7 @@ from typing import Any
 import pika
 from pika.adapters.blocking_connection import BlockingChannel
 
+from comfysup import stopsignals
 from comfysup.broker.connection import BrokerError, Reconnect, connect, declare_all, persistent, where
 from comfysup.broker.outbox import Announcer
 from comfysup.config import Config
@@ -249,16 +249,17 @@ class Consumer:
         write_broker_state(self.config, self.snapshot())
 
 
-def consumer_main(config: Config, *, after_commit: Callable[[], None] | None = None) -> int:
-    """A process that consumes until SIGTERM or SIGINT (a supervisor's child, or ``comfysup consume``)."""
-    queue = open_queue(config, create=True)
+def consumer_main(config: Config, *, create: bool = True, after_commit: Callable[[], None] | None = None) -> int:
+    """A process that consumes until SIGTERM or SIGINT (a supervisor's child, or ``comfysup consume``).
+    ``create``: make the queue if it does not exist (False for a supervisor's child: the supervisor made it,
+    and one deleted since must not be made again empty)."""
+    queue = open_queue(config, create=create)
     consumer = Consumer(config, queue, after_commit=after_commit)
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         consumer.stop.set()
 
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    stopsignals.install(on_signal)  # and a stop that came while it was being set up (a supervisor's child)
     try:
         return consumer.run()
     finally:

@@ -20,10 +20,13 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
                     "for Comfy Cloud with comfy-sdk submits its workflows into this queue. A non-loopback "
                     "address needs [api] token.")
     p.add_argument("--listen", metavar="HOST:PORT", help="overrides [api] listen")
+    p.add_argument("--existing-queue", action="store_true",
+                   help="fail if the SQLite queue does not exist instead of making it (how comfysup run starts its "
+                        "API: a queue deleted under it is not made again empty)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     config = config_from(args, {"api.listen": args.listen})
     setup_logging()
-    return main(config)
+    return main(config, create=not args.existing_queue)

@@ -76,7 +76,8 @@ DOCS: dict[str, dict[str, str]] = {
                                      "but no job waits longer than this beyond strict priority order; 0: strict "
                                      "order. Priority always comes first.",
         "queue_ahead": "Keep one more job waiting in the server's queue behind the running prompt, so the GPU "
-                       "never waits for the client between two prompts; false: post only to a free server.",
+                       "never waits for the client between two prompts (never while another server idles); "
+                       "false: post only to a free server.",
     },
     "supervisor": {
         "": "comfysup run: keeping servers and runners alive.",
@@ -118,9 +119,16 @@ DOCS: dict[str, dict[str, str]] = {
                   "\"\" serves none.",
         "token": "Bearer token every request must carry; \"\": none (loopback only). Never logged.",
         "max_queued": "Jobs not yet ended above which a submit gets 429 queue_full and Retry-After (0: no bound).",
+        "max_event_streams": "Event streams (/api/v2/jobs/{id}/events) open at once; one more gets 429 "
+                             "too_many_streams. Each costs a socket and a few KiB, not a ComfyUI connection.",
         "max_upload_mb": "The largest request body (an asset upload), in MiB.",
+        "upload_retention_hours": "Hours an uploaded asset is kept for the jobs that will reference it (its "
+                                  "expires_at); prune removes it after that unless a job in the queue uses it.",
         "allowed_origins": "Browser origins allowed besides the API's own (e.g. [\"https://app.example\"]); "
                            "requests from any other web page are refused.",
+        "public_url": "Where the other machines sharing the queue reach this API (http(s)://host:port), so they "
+                      "can stream outputs held in this machine's result store; \"\": http://<listen> when listen "
+                      "is not loopback, else none.",
     },
     "rabbitmq": {
         "": "The RabbitMQ front door: jobs from a queue (comfysup run, or comfysup consume), results to exchanges.",

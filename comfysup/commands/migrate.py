@@ -1,7 +1,9 @@
 """``comfysup migrate --to postgresql://…``: a user who outgrows one machine keeps their queue.
 
 The jobs of the configured SQLite queue that are not yet terminal are copied into PostgreSQL (with
-``--history`` also the terminal ones and every attempt row), in chunks of one transaction each. It is
+``--history`` also the terminal ones and every attempt row), with the input files they need (issue 17), in
+chunks of one transaction each. Files uploaded through the API that no job uses yet stay behind: a client
+uploads them again (comfy-sdk does, when ``HEAD /api/v2/assets/by-hash`` says the content is not there). It is
 idempotent: an id already in PostgreSQL with the same content is left alone, so a migration that was
 interrupted is finished by running it again; the same id with different content is reported and left
 as it is on both sides. The SQLite file is only read, never changed.
@@ -18,7 +20,7 @@ import argparse
 import dataclasses
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from comfysup.commands._common import config_from
 from comfysup.errors import ConfigError, UsageError
@@ -69,6 +71,14 @@ def _without_attempts(jobs: list[JobRecord]) -> list[JobRecord]:
     return [dataclasses.replace(j, attempts=empty) for j in jobs]
 
 
+def _file_of(source: SQLiteQueue) -> Callable[[str], str | None]:
+    """Where the SQLite queue keeps an input file's bytes (its asset folder), for the import to store."""
+    def file_of(digest: str) -> str | None:
+        path = source.asset_file(digest)
+        return str(path) if path is not None and path.is_file() else None
+    return file_of
+
+
 def run(args: argparse.Namespace) -> int:
     if not args.to.startswith(("postgresql://", "postgres://")):
         raise UsageError("--to: expected a postgresql://user@host/dbname URL")
@@ -97,11 +107,12 @@ def run(args: argparse.Namespace) -> int:
         try:
             for chunk in _chunks(source, states, now):
                 got = target.import_records(chunk if args.history else _without_attempts(chunk),
-                                            with_attempts=args.history)
+                                            with_attempts=args.history, source_file=_file_of(source))
                 done.inserted += got.inserted
                 done.existing += got.existing
                 done.conflicts += got.conflicts
                 done.attempts += got.attempts
+                done.assets += got.assets
                 seen += len(chunk)
                 print(f"  {seen}/{total}: {len(done.inserted)} copied, {len(done.existing)} already there, "
                       f"{len(done.conflicts)} conflict(s)", file=sys.stderr)
@@ -110,7 +121,8 @@ def run(args: argparse.Namespace) -> int:
     finally:
         source.close()
     history = f" with {done.attempts} attempt row(s)" if args.history else ""
-    print(f"copied {len(done.inserted)} job(s){history}, {len(done.existing)} already in {where}, "
+    inputs = f" and {done.assets} input file(s)" if done.assets else ""
+    print(f"copied {len(done.inserted)} job(s){history}{inputs}, {len(done.existing)} already in {where}, "
           f"{len(done.conflicts)} conflict(s)")
     for job_id in done.conflicts[:SHOWN_CONFLICTS]:
         print(f"{job_id}: already in {where} with different content; left as it is on both sides")

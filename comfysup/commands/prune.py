@@ -4,7 +4,9 @@ A queue that runs for months holds millions of finished jobs. Claims do not slow
 claim is an index seek), but the file grows and ``results`` has more to read. Prune removes terminal jobs
 (done, dead, cancelled) that finished before DATE, with their attempts, webhook deliveries, and the stored
 workflows and input files (the asset store) no remaining job uses; with ``--files``, their folders in the
-result store too.
+result store too. Assets uploaded through the API (issue 18) are kept until their ``expires_at`` (``[api]
+upload_retention_hours`` after the upload), whatever DATE says, so a client can still submit the job that
+references one; after it, prune removes the record, and the content unless a remaining job uses it.
 
 Each batch is its own short transaction (``--batch`` jobs, 500 by default), with a pause between batches,
 so a runner waiting to record a done or claim the next job waits for one batch at most, never for the
@@ -74,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     label = datetime.fromtimestamp(before).strftime("%Y-%m-%d %H:%M:%S")
     try:
         total = queue.prunable(before)
-        if args.dry_run or total == 0:
+        if args.dry_run:
             print(f"{total:,} finished job(s) before {label}" + (" would be removed" if total else ""))
             return 0
         store = config.resolve(config.store.dir)

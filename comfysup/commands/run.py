@@ -34,5 +34,6 @@ def run(args: argparse.Namespace) -> int:
     if config.rabbitmq.url:  # the RabbitMQ front door: a child restarted like the monitor
         from comfysup.broker.consumer import consumer_main
 
-        sidecars.append(Sidecar("consumer", lambda: consumer_main(config), runner_limits(config)))
+        sidecars.append(Sidecar.forked("consumer", lambda: consumer_main(config, create=False),
+                                       runner_limits(config)))
     return Supervisor(config, sidecars=sidecars).run()

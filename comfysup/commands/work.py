@@ -22,7 +22,7 @@ from comfysup.logs import FORMATS, setup_logging
 from comfysup.queue.base import host_name
 from comfysup.runner.stuck import StuckChannel, out_of_service_reason
 from comfysup.slotstate import work_state_path
-from comfysup.supervisor.children import new_shared
+from comfysup.supervisor.children import new_shared, waiting_peer
 from comfysup.supervisor.manager import STOP_SIGNALS, ProcessManager
 from comfysup.supervisor.policy import Action
 from comfysup.supervisor.process import ProcessOps, describe_status
@@ -97,8 +97,9 @@ def parse_servers(values: list[str], config: Config) -> dict[str, str]:
 
 
 def _child(config: Config, name: str, url: str, peers: dict[str, str], until_empty: bool, results: Any,
-           token: str, shared: Any) -> int:
-    """In a forked runner process (its own process group, default signals, dying with ``work``)."""
+           token: str, shared: Any, others: list[Any]) -> int:
+    """In a forked runner process (its own process group, default signals, dying with ``work``). ``others``:
+    the other runners' shared blocks (no job is queued ahead while one of them waits for work)."""
     from comfysup.runner.loop import Runner
 
     def report_stuck(prompt_id: str) -> None:
@@ -106,7 +107,11 @@ def _child(config: Config, name: str, url: str, peers: dict[str, str], until_emp
 
     # Servers that are not ours are never restarted: the runner takes its server out of service itself.
     stuck = StuckChannel(restarts=False, report=report_stuck, pending=lambda: bool(shared.stuck))
-    runner = Runner(config, name, url, peers=peers, until_empty=until_empty, owner_token=token, stuck=stuck)
+    def on_waiting(waiting: bool) -> None:
+        shared.waiting = int(waiting)
+
+    runner = Runner(config, name, url, peers=peers, until_empty=until_empty, owner_token=token, stuck=stuck,
+                    on_waiting=on_waiting, peer_waiting=lambda: waiting_peer(others))
     runner.install_signals()
     counts = runner.run()
     results.put((name, dict(counts)))
@@ -174,7 +179,10 @@ class Work:
         self.queue: Any = None
         """For releasing the claims of runners that died (opened after the forks, like every connection)."""
         self.shared = {name: new_shared() for name in servers}
-        """Each runner's shared block: its ``stuck`` field says that its server is out of service."""
+        """Each runner's shared block: its ``stuck`` field says that its server is out of service, ``waiting``
+        that it waits for work (about to ask, at first)."""
+        for shared in self.shared.values():
+            shared.may_claim = shared.waiting = 1  # nothing here forbids a claim; each is about to ask
         self.state_path = work_state_path(config)
         self.said: dict[str, str | None] = {}
 
@@ -182,7 +190,8 @@ class Work:
         self.manager.install_signals()
         for name, url in self.servers.items():
             self.manager.fork_runner(name, lambda token, name=name, url=url: _child(
-                self.config, name, url, self.servers, self.until_empty, results, token, self.shared[name]))
+                self.config, name, url, self.servers, self.until_empty, results, token, self.shared[name],
+                [s for n, s in self.shared.items() if n != name]))
 
     def loop(self) -> None:
         """Until every runner has ended: signals, exits, then the stop plan."""
@@ -247,6 +256,8 @@ class Work:
         for pid, status in self.manager.reap():
             how = describe_status(status)
             runner = self.manager.runner_exited(pid, how, self.queue, stopping=self.plan.stopping)
+            if runner is not None:  # gone, and never started again here: its peers must not leave work for it
+                self.shared[runner.name].waiting = self.shared[runner.name].may_claim = 0
             if runner is not None and status != 0:
                 self.failed.append(f"comfysup-runner-{runner.name} exited with {runner.kill_reason or how}")
         if self.plan.stopping:

@@ -187,7 +187,6 @@ class Live(Collector):
         self.deliveries = deliveries
 
     def collect(self) -> Iterator[Metric]:
-        self.observer.catch_up(self.queue)  # the counters are exact as of this scrape
         now = time.time()
         status = self.queue.status(now, dead_limit=0)
         jobs = GaugeMetricFamily("comfysup_jobs", "Jobs by state (waiting: queued, waiting to retry).",
@@ -303,4 +302,7 @@ class Metrics:
         return self.observer.catch_up(self.queue)
 
     def exposition(self) -> bytes:
+        """The text of a scrape. The counters are caught up first: the registry collects them before the
+        live gauges, so a catch-up inside ``Live.collect`` would show this scrape's attempts only in the next."""
+        self.catch_up()
         return generate_latest(self.registry)

@@ -22,6 +22,7 @@ import threading
 from types import FrameType
 from typing import Any
 
+from comfysup import stopsignals
 from comfysup.config import Config
 from comfysup.gpus import GpuSampler
 from comfysup.observability.brokerview import state_with_broker
@@ -44,12 +45,13 @@ def monitor_main(config: Config, port_out: Any, serve_endpoint: bool = True) -> 
     def on_term(signum: int, frame: FrameType | None) -> None:
         stop.set()
 
-    signal.signal(signal.SIGTERM, on_term)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the supervisor, which stops us in order
+    stopsignals.install(on_term, (signal.SIGTERM,))
+    stopsignals.install(signal.SIG_IGN, (signal.SIGINT,))  # Ctrl-C reaches the supervisor, which stops us in order
     server = None
     gpus = GpuSampler()
-    web_queue = open_queue(config, create=True)
-    deliver_queue = open_queue(config, create=True)
+    # A child of run or work, which made the queue before it: one deleted since is not made again empty here.
+    web_queue = open_queue(config, create=False)
+    deliver_queue = open_queue(config, create=False)
     deliverer = Deliverer(deliver_queue, config.webhooks)
     metrics = Metrics(web_queue, lambda: state_with_broker(config), gpus.sample, lambda: dict(deliverer.counts),
                       max_workflow_labels=config.metrics.max_workflow_labels)

@@ -23,17 +23,17 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
-
-import requests
+from typing import TYPE_CHECKING, Any
 
 from comfysup import assets
 from comfysup.backoff import RetryPolicy
 from comfysup.config import WebhooksConfig
 from comfysup.errors import NotFound, QueueError
-from comfysup.observability.safehttp import PrivateDestination, public_only_session
 from comfysup.queue.base import TERMINAL, Delivery, JobRecord, Queue
 from comfysup.redact import Redactor, bound, display_url, mask
+
+if TYPE_CHECKING:
+    import requests
 
 log = logging.getLogger("comfysup.observability.webhooks")
 
@@ -100,7 +100,7 @@ class Deliverer:
                  on_result: Callable[[str], None] = lambda result: None) -> None:
         self.queue = queue
         self.settings = settings
-        self.session = session or (requests.Session() if settings.allow_private else public_only_session())
+        self._session = session
         self.policy = RetryPolicy(attempts=settings.attempts, base_delay_seconds=settings.base_delay_seconds,
                                   max_delay_seconds=settings.max_delay_seconds, jitter=True)
         self.rand = rand
@@ -109,6 +109,18 @@ class Deliverer:
         self.counts: Counter[str] = Counter()
         if settings.url and not settings.secret:
             log.warning("webhooks: [webhooks] secret is empty, so deliveries are sent unsigned")
+
+    @property
+    def session(self) -> requests.Session:
+        """Made at the first delivery: requests (and safehttp's checked connections) are loaded only by a
+        process that sends one, not by every `comfysup work` and its forked runners (about 4 MB each)."""
+        if self._session is None:
+            import requests
+
+            from comfysup.observability.safehttp import public_only_session
+
+            self._session = requests.Session() if self.settings.allow_private else public_only_session()
+        return self._session
 
     def run_once(self, now: float | None = None) -> int:
         """Send every due delivery (in batches); returns how many tries were made."""
@@ -147,6 +159,10 @@ class Deliverer:
                    TIMESTAMP_HEADER: timestamp, DELIVERY_HEADER: str(delivery.id)}
         if self.settings.secret:
             headers[SIGNATURE_HEADER] = sign(self.settings.secret, timestamp, body)
+        import requests
+
+        from comfysup.observability.safehttp import PrivateDestination
+
         status: int | None = None
         try:
             answer = self.session.post(delivery.url, data=body, headers=headers,

@@ -7,14 +7,23 @@ leaves at most a file without a row, which nothing reads and ``prune`` removes; 
 nor jobs without their inputs. The bytes are hashed again while they are copied, so a file changed between
 validation and insert is refused rather than stored under the old hash.
 
-A mixin of comfysup.queue.core.SQLQueue: the SQL is in sql/queries.sql (``asset_*``, ``server_assets``, …).
+Assets uploaded through the Comfy API v2 (issue 18) are records (``api_assets``: a random id, the name and
+content type the client gave, a retention deadline) over the same stored contents: a record keeps its content
+from prune until it expires, so a client can upload first and submit the job that references it later; the job
+then keeps the content itself, like any job's input.
+
+A mixin of comfysup.queue.core.SQLQueue: the SQL is in sql/queries.sql (``asset_*``, ``api_asset*``,
+``server_assets``, …).
 """
 
 from __future__ import annotations
 
 import os
 import tempfile
+import time
+import uuid
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,10 +34,33 @@ from comfysup.errors import QueueError
 from comfysup.queue.base import NewAsset, NewJob
 
 CHUNK_BYTES = 4 * 1024 * 1024
+TEMPORARY_SECONDS = 86400.0
+"""A temporary file in the asset folder older than this is a killed process's leftover; prune removes it."""
 
 
 class AssetMissing(QueueError):
     """A job names an input file by its hash that the asset store does not hold."""
+
+
+class UploadConflict(QueueError):
+    """An upload's Idempotency-Key was used before for another content or name."""
+
+
+@dataclass(frozen=True)
+class ApiAsset:
+    """An asset uploaded through the API: the record a client's ``core/ASSET`` reference names by ``id``."""
+
+    id: str
+    hash: str
+    size: int
+    file_path: str
+    content_type: str
+    created_at: float
+    expires_at: float
+
+
+def _api_asset(row: Any) -> ApiAsset:
+    return ApiAsset(str(row[0]), str(row[1]), int(row[2]), str(row[3]), str(row[4]), float(row[5]), float(row[6]))
 
 
 class AssetStore:
@@ -81,6 +113,11 @@ class AssetStore:
                 out.flush()
                 os.fsync(out.fileno())
             os.replace(tmp, target)
+            folder = os.open(target.parent, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                os.fsync(folder)  # the rename itself, before the row that says the file exists is committed
+            finally:
+                os.close(folder)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
@@ -148,24 +185,143 @@ class AssetStore:
         row = self._transaction(_fetch, self.sql["asset_totals"], (), write=False)[0]
         return {"assets": int(row[0]), "bytes": int(row[1]), "uploads": int(row[2])}
 
+    # -- assets uploaded through the API (issue 18) -------------------------------------------------------
+
+    def add_api_asset(self, asset: NewAsset, content_type: str, retention_seconds: float, key: str | None = None,
+                      now: float | None = None) -> tuple[ApiAsset, bool, bool]:
+        """Store ``asset`` (its bytes at ``asset.path``, hashed again while copied) unless its content is already
+        stored, and mint a record over it, in one durable transaction: ``(record, created_new, replayed)``.
+        ``key`` (the upload's Idempotency-Key) seen before with the same content and name answers that record
+        (``replayed``); with another, UploadConflict and nothing is stored."""
+        at = time.time() if now is None else now
+        result: tuple[ApiAsset, bool, bool] = self._transaction(self._add_api_asset, asset, content_type,
+                                                                retention_seconds, key, at)
+        return result
+
+    def _add_api_asset(self, cur: Any, asset: NewAsset, content_type: str, retention: float, key: str | None,
+                       at: float) -> tuple[ApiAsset, bool, bool]:
+        known = self._keyed_api_asset(cur, key, asset, content_type)
+        if known is not None:
+            return known, False, True
+        created_new = cur.execute(self.sql["asset_size"], (asset.hash,)).fetchone() is None
+        self._store(cur, asset, at)
+        record = ApiAsset(str(uuid.uuid4()), asset.hash, asset.size, asset.name, content_type, at, at + retention)
+        row = (record.id, record.hash, record.file_path, record.content_type, record.created_at, record.expires_at)
+        if key is None:
+            cur.execute(self.sql["insert_api_asset"], (*row, None))
+        elif cur.execute(self.sql["insert_keyed_api_asset"], (*row, key)).fetchone() is None:
+            # Another process committed an upload with this key since we looked (PostgreSQL, READ COMMITTED:
+            # the insert waited for it): answer that one, as a retry would have been answered.
+            known = self._keyed_api_asset(cur, key, asset, content_type)
+            assert known is not None
+            return known, False, True
+        return record, created_new, False
+
+    def _keyed_api_asset(self, cur: Any, key: str | None, asset: NewAsset, content_type: str) -> ApiAsset | None:
+        """The record uploaded before under ``key``, when it is the same upload; UploadConflict when it is not."""
+        row = None if key is None else cur.execute(self.sql["api_asset_by_key"], (key,)).fetchone()
+        if row is None:
+            return None
+        known = _api_asset(row)
+        if (known.hash, known.file_path, known.content_type) != (asset.hash, asset.name, content_type):
+            raise UploadConflict("this Idempotency-Key was used for another upload")
+        return known
+
+    def mint_api_asset(self, digest: str, file_path: str, content_type: str, retention_seconds: float,
+                       now: float | None = None) -> tuple[ApiAsset, bool] | None:
+        """A record over content already stored (``POST /assets/from-hash``): ``(record, minted)``; a live record
+        of the same content and name is answered instead of a new one (its deadline extended, never shortened).
+        None when the content is not stored."""
+        at = time.time() if now is None else now
+        minted: tuple[ApiAsset, bool] | None = self._transaction(self._mint_api_asset, digest, file_path,
+                                                                 content_type, at, at + retention_seconds)
+        return minted
+
+    def _mint_api_asset(self, cur: Any, digest: str, file_path: str, content_type: str, at: float,
+                        until: float) -> tuple[ApiAsset, bool] | None:
+        size = cur.execute(self.sql["asset_size"], (digest,)).fetchone()
+        if size is None:
+            return None
+        row = cur.execute(self.sql["api_asset_same"], (digest, file_path, at)).fetchone()
+        if row is not None:
+            known = _api_asset(row)
+            cur.execute(self.sql["extend_api_asset"], (until, known.id, until))
+            return ApiAsset(**{**known.__dict__, "expires_at": max(known.expires_at, until)}), False
+        record = ApiAsset(str(uuid.uuid4()), digest, int(size[0]), file_path, content_type, at, until)
+        cur.execute(self.sql["insert_api_asset"], (record.id, record.hash, record.file_path, record.content_type,
+                                                   record.created_at, record.expires_at, None))
+        return record, True
+
+    def api_asset(self, asset_id: str) -> ApiAsset | None:
+        """The record (expired or not: the caller decides) or None."""
+        rows = self._transaction(_fetch, self.sql["api_asset"], (asset_id,), write=False)
+        return _api_asset(rows[0]) if rows else None
+
+    def has_asset(self, digest: str) -> bool:
+        return bool(self._transaction(_fetch, self.sql["asset_size"], (digest,), write=False))
+
+    def delete_api_asset(self, asset_id: str) -> bool:
+        """Remove the record; its content too when no job and no other record needs it. False: no such record."""
+        found: tuple[bool, list[tuple[str, int]]] = self._transaction(self._delete_api_asset, asset_id)
+        self._unlink(found[1])
+        return found[0]
+
+    def _delete_api_asset(self, cur: Any, asset_id: str) -> tuple[bool, list[tuple[str, int]]]:
+        row = cur.execute(self.sql["delete_api_asset"], (asset_id,)).fetchone()
+        if row is None:
+            return False, []
+        size = cur.execute(self.sql["asset_size"], (row[0],)).fetchone()
+        return True, self._drop_unreferenced(cur, [(row[0], size[0] if size else 0)])
+
+    def asset_file(self, digest: str) -> Path | None:
+        """Where a stored content's bytes are on this machine; None when they are chunks in the database."""
+        return self._path(digest) if self.assets_dir is not None else None
+
+    def asset_chunk(self, digest: str, n: int) -> bytes:
+        """Chunk ``n`` (CHUNK_BYTES each but the last) of a content kept in the database; b"" past its end."""
+        rows = self._transaction(_fetch, self.sql["asset_chunk"], (digest, n), write=False)
+        return bytes(rows[0][0]) if rows else b""
+
     # -- prune -----------------------------------------------------------------------------------------------
 
-    def prune_assets(self) -> tuple[int, int]:
-        """Remove the input files no remaining job needs: (how many, their bytes). Rows first, then files."""
-        gone: list[tuple[str, int]] = self._transaction(self._prune_assets)
-        if self.assets_dir is not None:
-            for digest, _size in gone:
-                self._path(digest).unlink(missing_ok=True)
+    def prune_assets(self, now: float | None = None) -> tuple[int, int]:
+        """Remove API upload records past their retention, then the input files no remaining job needs and no
+        record keeps: (how many files, their bytes). Rows first, then files."""
+        at = time.time() if now is None else now
+        gone: list[tuple[str, int]] = self._transaction(self._prune_assets, at)
+        self._unlink(gone)
+        self._sweep(at)
         return len(gone), sum(size for _d, size in gone)
 
-    def _prune_assets(self, cur: Any) -> list[tuple[str, int]]:
+    def _sweep(self, at: float) -> None:
+        """Temporary files of copies that a killed process left (``.incoming-*`` of a submit, ``.api-upload-*``
+        of an API upload) once they are a day old: no live copy takes that long."""
+        if self.assets_dir is None or not self.assets_dir.is_dir():
+            return
+        for path in [*self.assets_dir.glob(".api-upload-*"), *self.assets_dir.glob("*/.incoming-*")]:
+            try:
+                if path.lstat().st_mtime < at - TEMPORARY_SECONDS:
+                    path.unlink()
+            except FileNotFoundError:
+                pass
+
+    def _prune_assets(self, cur: Any, at: float) -> list[tuple[str, int]]:
         cur.execute(self.sql["prune_job_assets"])
+        cur.execute(self.sql["prune_api_assets"], (at,))
+        return self._drop_unreferenced(cur, cur.execute(self.sql["unreferenced_assets"]).fetchall())
+
+    def _drop_unreferenced(self, cur: Any, candidates: Iterable[Any]) -> list[tuple[str, int]]:
         gone = []
-        for digest, size in cur.execute(self.sql["unreferenced_assets"]).fetchall():
-            if cur.execute(self.sql["delete_asset"], (digest, digest)).rowcount:
+        for digest, size in candidates:
+            if cur.execute(self.sql["delete_asset"], (digest, digest, digest)).rowcount:
                 cur.execute(self.sql["delete_asset_chunks"], (digest,))
                 gone.append((digest, int(size)))
         return gone
+
+    def _unlink(self, gone: Iterable[tuple[str, int]]) -> None:
+        if self.assets_dir is not None:
+            for digest, _size in gone:
+                self._path(digest).unlink(missing_ok=True)
 
 
 def _fetch(cur: Any, sql: str, args: Iterable[Any]) -> list[Any]:
@@ -177,6 +333,4 @@ def _run(cur: Any, sql: str, args: Iterable[Any]) -> None:
 
 
 def _now() -> float:
-    import time
-
     return time.time()

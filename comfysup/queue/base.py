@@ -55,12 +55,29 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator, Sequence
 from enum import StrEnum
 from typing import Any, Protocol
 
 from comfysup.errors import QueueError
+from comfysup.queue.values import (  # noqa: F401  (re-exported: the protocol's records)
+    ApiEndpoint,
+    Attempt,
+    CatalogueRecord,
+    Claim,
+    Delivery,
+    EndedAttempt,
+    JobPulse,
+    JobRecord,
+    Machine,
+    NewAsset,
+    NewJob,
+    Output,
+    PruneBatch,
+    RunningJob,
+    Status,
+    SubmitResult,
+)
 
 
 class State(StrEnum):
@@ -96,53 +113,6 @@ class SubmitConflict(QueueError):
                          + ", ".join(self.ids[:5]) + (" …" if len(self.ids) > 5 else ""))
 
 
-@dataclass(frozen=True)
-class NewAsset:
-    """An input file a job needs: stored by its hash at submit. ``path`` is the file to read; None for an asset
-    the job names by its hash alone (an API v2 reference), which must be in the store already."""
-
-    hash: str
-    size: int
-    name: str
-    path: str | None = None
-
-
-@dataclass(frozen=True)
-class NewJob:
-    """A validated job, ready to insert. ``workflow`` has ``set`` applied already.
-
-    A queue stores ``template_json`` (else ``workflow_json``, else ``workflow``'s text) and ``params``, and
-    reads ``workflow`` only when neither text is given, or for its model key when ``model_key`` is None;
-    comfysup submit's read-ahead (comfysup.jobs.JobsFile.jobs_read_ahead) gives both and leaves it empty."""
-
-    id: str
-    workflow: Mapping[str, Any]
-    spec_hash: str
-    priority: int = 0
-    extra_data: dict[str, Any] = field(default_factory=dict)
-    meta: dict[str, Any] = field(default_factory=dict)
-    params: dict[str, Any] = field(default_factory=dict)
-    """The job's ``set`` overrides, kept to show and to tabulate results by."""
-    workflow_name: str = ""
-    workflow_json: str = ""
-    """The workflow's canonical text, stored when no ``template_json`` is given (comfysup submit gives one and
-    leaves this empty: the text is never built, only hashed into ``spec_hash``)."""
-    callback_url: str = ""
-    """Where to POST the job's record when it is terminal; empty: the config's [webhooks] url, if any."""
-    template_json: str = ""
-    """The workflow before ``set`` (canonical text), stored once per distinct text however many jobs share
-    it; empty: ``workflow_json`` is stored as it is. ``params`` rebuilds ``workflow`` from it."""
-    template_hash: str = ""
-    """sha256 of ``template_json`` when the caller has it (computed once per file, not once per line)."""
-    model_key: str | None = None
-    """The model files the workflow loads (comfysup.workflows.model_key); None: the queue derives it."""
-    refused: tuple[tuple[int, str], ...] = ()
-    """(catalogue id, reason) of each known node catalogue that cannot run the job (comfysup.jobs.catalogue):
-    a server whose catalogue it is never claims the job."""
-    assets: tuple[NewAsset, ...] = ()
-    """The input files the job's ``set`` names (comfysup.assets): stored with the job, in its transaction."""
-
-
 HOSTNAME_VARIABLE = "COMFYSUP_HOSTNAME"
 
 
@@ -161,191 +131,6 @@ def owner_host(owner: str) -> str:
     return owner.split("/", 1)[0]
 
 
-@dataclass(frozen=True)
-class SubmitResult:
-    inserted: int
-    existing: int
-
-
-@dataclass(frozen=True)
-class Claim:
-    """A job held by one runner: the fence (id, attempt, owner) and what is needed to run it."""
-
-    id: str
-    attempt: int
-    owner: str
-    server: str
-    workflow: dict[str, Any]
-    extra_data: dict[str, Any]
-    lease_until: float
-    last_server: str | None = None
-    last_prompt_number: int | None = None
-    last_reason: str | None = None
-    cancel_requested: bool = False
-    model_key: str | None = None
-    """What the job's loader nodes load: a runner passes it to its next claim as ``prefer_model``."""
-
-
-@dataclass
-class CatalogueRecord:
-    """A node catalogue (a server's /object_info) that some server has now, with those servers
-    (``runner@machine``)."""
-
-    id: int
-    info: dict[str, Any]
-    servers: list[str]
-
-
-@dataclass(frozen=True)
-class Output:
-    """A file in the result store: its name in the job's folder, size and sha256."""
-
-    name: str
-    size: int
-    sha256: str
-    path: str = ""
-
-
-@dataclass(frozen=True)
-class Attempt:
-    attempt: int
-    owner: str
-    server: str
-    started_at: float
-    ended_at: float | None
-    outcome: str | None
-    reason: str | None
-    prompt_number: int | None
-    kind: str | None = None
-    """The reason class of the outcome (oom, timeout, http_5xx, lease_expired, …); None for a success."""
-    trace: dict[str, Any] | None = None
-    """What the attempt saw: phases with times, each node's time, cached nodes, last progress."""
-
-
-@dataclass(frozen=True)
-class JobRecord:
-    id: str
-    state: str
-    priority: int
-    attempt: int
-    workflow: dict[str, Any]
-    extra_data: dict[str, Any]
-    meta: dict[str, Any]
-    params: dict[str, Any]
-    workflow_name: str
-    submitted_at: float
-    run_after: float
-    owner: str | None
-    server: str | None
-    lease_until: float | None
-    started_at: float | None
-    finished_at: float | None
-    reason: str | None
-    outputs: list[Output]
-    cancel_requested: bool
-    attempts: list[Attempt] = field(default_factory=list)
-    machine: str | None = None
-    """The host whose runner completed the job: where its files are when ``store.dir`` is not shared."""
-    spec_hash: str = ""
-    last_server: str | None = None
-    last_prompt_number: int | None = None
-    progress: dict[str, Any] | None = None
-    """The running attempt's progress (node k of n, step i of m), as last written."""
-    callback_url: str | None = None
-    model_key: str | None = None
-    template: dict[str, Any] | None = None
-    """The stored workflow before ``params`` (shared by every job of a batch); what a migration copies."""
-
-
-@dataclass(frozen=True)
-class RunningJob:
-    id: str
-    owner: str
-    server: str
-    attempt: int
-    started_at: float
-    lease_until: float
-    progress: dict[str, Any] | None = None
-
-
-@dataclass(frozen=True)
-class Status:
-    counts: dict[str, int]
-    """By state, with ``waiting`` (queued, waiting to retry) split out of ``queued``."""
-    oldest_queued_at: float | None
-    running: list[RunningJob]
-    recent_dead: list[tuple[str, float, str]]
-    """(id, finished_at, reason), newest first."""
-    recent_done: list[tuple[str, float]] = field(default_factory=list)
-    """(id, finished_at), newest first: what the status page links the files of."""
-
-
-@dataclass(frozen=True, slots=True)
-class EndedAttempt:
-    """An attempt that ended, with what metrics need of its job (observed once each, as it ends).
-
-    Never its trace (several KB of JSON): only the two numbers metrics take from it, counted by the
-    database, so reading the attempts that ended costs the same whatever their traces hold."""
-
-    job_id: str
-    attempt: int
-    outcome: str
-    kind: str | None
-    started_at: float
-    ended_at: float
-    nodes_run: int
-    """Nodes in the trace's ``nodes`` list (run by ComfyUI); 0 without a trace."""
-    nodes_cached: int
-    """Nodes in the trace's ``cached`` list (served from ComfyUI's cache); 0 without a trace."""
-    workflow_name: str
-    submitted_at: float
-    first_started_at: float
-    """When the job's first attempt started: queue wait is this minus ``submitted_at``."""
-
-
-@dataclass(frozen=True)
-class Delivery:
-    """One webhook of one terminal job: pending while ``next_at`` is set, else delivered or given up."""
-
-    id: int
-    job_id: str
-    url: str
-    attempts: int
-    created_at: float
-    next_at: float | None
-    last_status: int | None
-    last_error: str | None
-    delivered_at: float | None
-
-    @property
-    def state(self) -> str:
-        if self.delivered_at is not None:
-            return "delivered"
-        return "pending" if self.next_at is not None else "failed"
-
-
-@dataclass(frozen=True)
-class PruneBatch:
-    """One transaction of ``prune``: the jobs removed (with the machine that holds their files)."""
-
-    removed: list[tuple[str, str | None]]
-    workflows_removed: int = 0
-
-
-@dataclass(frozen=True)
-class Machine:
-    """A supervisor sharing the queue: one row per host and pid, refreshed by its heartbeat."""
-
-    host: str
-    pid: int
-    slots: list[dict[str, Any]]
-    started_at: float
-    heartbeat_at: float
-    age_seconds: float
-    """Seconds since the last heartbeat, measured on the clock that stamped it (the database's for
-    PostgreSQL), so the age is right even when this machine's clock is not."""
-
-
 class Queue(Protocol):
     """A durable job queue. Methods take ``now`` (UTC epoch seconds) where time matters, for tests."""
 
@@ -353,7 +138,7 @@ class Queue(Protocol):
 
     def claim(self, owner: str, server: str, lease_seconds: float, now: float | None = None, *,
               prefer_model: str | None = None, max_wait_seconds: float = 0.0,
-              catalogue: int | None = None) -> Claim | None:
+              catalogue: int | None = None, url: str | None = None) -> Claim | None:
         """The next job (see the module docstring); with ``prefer_model`` and ``max_wait_seconds`` > 0, model
         affinity: the first job of the head's priority whose model key is ``prefer_model``, unless the head
         (the job strict order would hand out) has been passed over for ``max_wait_seconds``. A job that
@@ -363,7 +148,7 @@ class Queue(Protocol):
     def complete_and_claim(self, claim: Claim, outputs: Sequence[Output], owner: str, server: str,
                            lease_seconds: float, now: float | None = None, *, trace: dict[str, Any] | None = None,
                            prefer_model: str | None = None, max_wait_seconds: float = 0.0,
-                           catalogue: int | None = None) -> Claim | None:
+                           catalogue: int | None = None, url: str | None = None) -> Claim | None:
         """``complete`` and then ``claim`` in one transaction: one durable commit (one fsync) per job for a
         runner that goes on. Raises LeaseLost, claiming nothing, when ``claim`` is no longer held."""
         ...
@@ -376,8 +161,11 @@ class Queue(Protocol):
         """The prompt the claim's job runs as on ``server`` (at ``url``), fenced (raises LeaseLost)."""
         ...
 
-    def last_url(self, job_id: str) -> tuple[str, str] | None:
-        """The server URL and owner of the job's latest attempt that recorded a prompt, or None."""
+    def attempt_urls(self, job_id: str, other_than: Claim | None = None) -> list[tuple[str, int | None]]:
+        """Where the job's attempts ran it or were to run it, newest first (at most 100): each attempt's server
+        URL, named at its claim, and the prompt number it recorded there (None: none). ``other_than``'s own
+        attempt is left out. Every URL counts: an attempt that never posted (refused, stopped, killed before its
+        POST) must not hide an earlier one whose prompt may still run on another machine's server."""
         ...
 
     def set_progress(self, claim: Claim, progress: dict[str, Any] | None) -> None:
@@ -425,6 +213,10 @@ class Queue(Protocol):
 
     def states(self, ids: Sequence[str]) -> dict[str, str]:
         """id -> state, without reading workflows (what ``submit --wait`` polls); unknown ids are left out."""
+        ...
+
+    def pulses(self, ids: Sequence[str]) -> dict[str, JobPulse]:
+        """id -> JobPulse, without reading workflows (the API's event watcher); unknown ids are left out."""
         ...
 
     def finished_counts(self, since: float, now: float | None = None) -> dict[str, int]:
@@ -521,11 +313,25 @@ class Queue(Protocol):
         ...
 
     def machine_heartbeat(self, host: str, pid: int, slots: Sequence[dict[str, Any]],
-                          now: float | None = None) -> None:
-        """Refresh the heartbeat and the slots (recreating the row if it was removed)."""
+                          now: float | None = None, *, wait_seconds: float | None = None) -> None:
+        """Refresh the heartbeat and the slots (recreating the row if it was removed). ``wait_seconds``: wait at
+        most this long for a write lock another process holds (SQLite), else DatabaseLocked."""
         ...
 
     def machines(self, now: float | None = None) -> list[Machine]: ...
+
+    def advertise_api(self, host: str, url: str, pid: int, now: float | None = None) -> None:
+        """``host``'s Comfy API v2 is reached by the other machines at ``url``: inserted or refreshed (its
+        heartbeat), one row per host."""
+        ...
+
+    def withdraw_api(self, host: str, pid: int) -> None:
+        """``host``'s API stops: its row goes, unless another process (``pid`` differs) wrote it since."""
+        ...
+
+    def api_endpoint(self, host: str, now: float | None = None) -> ApiEndpoint | None:
+        """``host``'s advertised API with the age of its heartbeat; None when it advertises none."""
+        ...
 
     def replaced(self) -> str | None:
         """None while the database this process has open is still the one its path names; otherwise what

@@ -24,6 +24,7 @@ import hashlib
 import json
 import os
 import threading
+import time
 import weakref
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
@@ -49,6 +50,7 @@ from comfysup.queue.base import (
     SubmitResult,
     owner_host,
 )
+from comfysup.queue.endpoints import ApiEndpoints
 from comfysup.queue.queries import load, read
 from comfysup.queue.reads import SQLReads, fetch
 from comfysup.queue.specs import SpecCache
@@ -87,7 +89,7 @@ os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
                     after_in_child=_after_fork_in_child)
 
 
-class SQLQueue(SQLReads, AssetStore):
+class SQLQueue(SQLReads, AssetStore, ApiEndpoints):
     """The Queue contract over SQL; subclasses give the dialect (see the module docstring)."""
 
     DIALECT = ""
@@ -121,13 +123,18 @@ class SQLQueue(SQLReads, AssetStore):
         """In a forked child: forget the parent's connections without closing them."""
 
     def _run_after(self, run_after: float, now: float | None) -> tuple[float | None, float]:
-        """``retry_later``'s time as (a time given, else a delay from the operation's time)."""
-        return run_after, 0.0
+        """``retry_later``'s time as (a time given, else a delay from the operation's time). ``run_after`` is read
+        on the caller's clock: without ``now`` the delay it leaves is added to the queue's time when the write
+        takes place, so a transaction that waited for the write lock does not eat into the backoff, and on
+        PostgreSQL a skewed machine neither hurries nor holds back its retries."""
+        return (run_after, 0.0) if now is not None else (None, run_after - time.time())
 
     def _claim(self, cur: Any, owner: str, server: str, lease_seconds: float, at: float | None,
-               prefer_model: str | None, max_wait_seconds: float, catalogue: int | None = None
-               ) -> tuple[Any, ...] | None:
-        """Expire leases and take the next job that ``catalogue`` (the claiming server's) has not refused:
+               prefer_model: str | None, max_wait_seconds: float, catalogue: int | None = None,
+               url: str | None = None) -> tuple[Any, ...] | None:
+        """Expire leases and take the next job that ``catalogue`` (the claiming server's) has not refused,
+        its attempt row naming ``url``, the server it is taken for (a crash between the POST and
+        ``record_prompt`` still leaves where the prompt may run):
         ``(owner, server, id, attempt, workflow_id, extra_data, params,
         last_server, last_prompt_number, reason, cancel_requested, lease_until, model_key, workflow text or
         None when cached)``, or None."""
@@ -191,32 +198,33 @@ class SQLQueue(SQLReads, AssetStore):
 
     def claim(self, owner: str, server: str, lease_seconds: float, now: float | None = None, *,
               prefer_model: str | None = None, max_wait_seconds: float = 0.0,
-              catalogue: int | None = None) -> Claim | None:
+              catalogue: int | None = None, url: str | None = None) -> Claim | None:
         return self._claim_from(self._transaction(self._claim_now, owner, server, lease_seconds, now, prefer_model,
-                                                  max_wait_seconds, catalogue))
+                                                  max_wait_seconds, catalogue, url))
 
     def _claim_now(self, cur: Any, owner: str, server: str, lease_seconds: float, now: float | None,
-                   prefer_model: str | None, max_wait_seconds: float, catalogue: int | None) -> tuple[Any, ...] | None:
+                   prefer_model: str | None, max_wait_seconds: float, catalogue: int | None,
+                   url: str | None) -> tuple[Any, ...] | None:
         return self._claim(cur, owner, server, lease_seconds, self._time(now), prefer_model, max_wait_seconds,
-                           catalogue)
+                           catalogue, url)
 
     def complete_and_claim(self, claim: Claim, outputs: Sequence[Output], owner: str, server: str,
                            lease_seconds: float, now: float | None = None, *, trace: dict[str, Any] | None = None,
                            prefer_model: str | None = None, max_wait_seconds: float = 0.0,
-                           catalogue: int | None = None) -> Claim | None:
+                           catalogue: int | None = None, url: str | None = None) -> Claim | None:
         """One transaction, so one durable commit, for a job done and the next one claimed. A lost fence
         raises LeaseLost before anything is claimed (the transaction is rolled back)."""
         return self._claim_from(self._transaction(self._complete_then_claim, claim, outputs, owner, server,
                                                   lease_seconds, now, trace, prefer_model, max_wait_seconds,
-                                                  catalogue))
+                                                  catalogue, url))
 
     def _complete_then_claim(self, cur: Any, claim: Claim, outputs: Sequence[Output], owner: str, server: str,
                              lease_seconds: float, now: float | None, trace: dict[str, Any] | None,
                              prefer_model: str | None, max_wait_seconds: float,
-                             catalogue: int | None = None) -> tuple[Any, ...] | None:
+                             catalogue: int | None = None, url: str | None = None) -> tuple[Any, ...] | None:
         at = self._time(now)
         self._complete(cur, claim, outputs, at, trace)
-        return self._claim(cur, owner, server, lease_seconds, at, prefer_model, max_wait_seconds, catalogue)
+        return self._claim(cur, owner, server, lease_seconds, at, prefer_model, max_wait_seconds, catalogue, url)
 
     def _note_passed_over(self, cur: Any, priority: int, head: int, taken: int, at: float | None) -> None:
         """After an affinity claim, keep the staircase of affinity_skips: taking a job behind the head passes
@@ -297,10 +305,11 @@ class SQLQueue(SQLReads, AssetStore):
         self._held(cur, claim, self.sql["record_prompt"], (server, prompt_number, claim.id, claim.attempt, claim.owner),
                    self.sql["attempt_prompt"], (prompt_number, server, url, claim.id, claim.attempt, claim.owner))
 
-    def last_url(self, job_id: str) -> tuple[str, str] | None:
-        """The server URL and owner of the job's latest attempt that recorded a prompt (None: none did)."""
-        rows = self._transaction(lambda cur: cur.execute(self.sql["last_url"], (job_id,)).fetchall(), write=False)
-        return (str(rows[0][0]), str(rows[0][1])) if rows else None
+    def attempt_urls(self, job_id: str, other_than: Claim | None = None) -> list[tuple[str, int | None]]:
+        mine = (other_than.attempt, other_than.owner) if other_than is not None else (0, "")
+        rows = self._transaction(lambda cur: cur.execute(self.sql["attempt_urls"], (job_id, *mine)).fetchall(),
+                                 write=False)
+        return [(str(url), None if number is None else int(number)) for url, number in rows]
 
     def complete(self, claim: Claim, outputs: Sequence[Output], now: float | None = None, *,
                  trace: dict[str, Any] | None = None) -> None:
@@ -506,8 +515,8 @@ class SQLQueue(SQLReads, AssetStore):
         self._transaction(self._machine, host, pid, slots, now, True)
 
     def machine_heartbeat(self, host: str, pid: int, slots: Sequence[dict[str, Any]],
-                          now: float | None = None) -> None:
-        self._transaction(self._machine, host, pid, slots, now, False)
+                          now: float | None = None, *, wait_seconds: float | None = None) -> None:
+        self._transaction(self._machine, host, pid, slots, now, False, busy_seconds=wait_seconds)
 
     def _machine(self, cur: Any, host: str, pid: int, slots: Sequence[dict[str, Any]], now: float | None,
                  fresh: bool) -> None:

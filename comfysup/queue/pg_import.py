@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+import os
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
 
-from comfysup.queue.base import QUEUED, JobRecord
+from comfysup import assets
+from comfysup.errors import QueueError
+from comfysup.queue.base import QUEUED, JobRecord, NewAsset
 from comfysup.queue.queries import load
 from comfysup.queue.records import dumps
 from comfysup.queue.specs import SpecCache, dumps_plain
@@ -26,6 +30,8 @@ class ImportResult:
     existing: list[str] = field(default_factory=list)
     conflicts: list[str] = field(default_factory=list)
     attempts: int = 0
+    assets: int = 0
+    """Input files stored now (each content once; those already here are only linked to their jobs)."""
 
 
 class ImportRecords:
@@ -41,10 +47,17 @@ class ImportRecords:
     def _workflow_ids(cur: Any, texts: dict[str, str], cache: SpecCache) -> None:
         raise NotImplementedError
 
-    def import_records(self, records: Sequence[JobRecord], *, with_attempts: bool) -> ImportResult:
+    sql: dict[str, str]
+    _store: Callable[[Any, NewAsset, float | None], None]
+    """AssetStore's (an annotation only: a stub here would shadow it in PostgresQueue's MRO)."""
+
+    def import_records(self, records: Sequence[JobRecord], *, with_attempts: bool,
+                       source_file: Callable[[str], str | None] = lambda digest: None) -> ImportResult:
         """Copy jobs as they are (state, attempts, times) in one transaction: an id already here with the
         same spec_hash is left alone, with another one it is a conflict; attempt rows come only with the
-        jobs inserted now, so running this twice copies nothing twice."""
+        jobs inserted now, so running this twice copies nothing twice. The input files of the jobs inserted
+        are stored in the same transaction (``source_file``: where a content's bytes are to be read) and
+        linked to them, so no job arrives without its inputs."""
         result = ImportResult()
 
         def copy(cur: psycopg.Cursor[Any]) -> None:
@@ -76,6 +89,7 @@ class ImportRecords:
                      a.prompt_number, a.kind, dumps(a.trace)) for r in fresh if with_attempts for a in r.attempts]
             if rows:
                 cur.executemany(SQL["import_attempt"], rows)
+            result.assets = self._import_inputs(cur, fresh, source_file)
             result.inserted = [r.id for r in fresh]
             result.attempts = len(rows)
             if any(r.state == QUEUED for r in fresh):
@@ -83,6 +97,23 @@ class ImportRecords:
 
         self._transaction(copy)
         return result
+
+
+    def _import_inputs(self, cur: Any, fresh: Sequence[JobRecord], source_file: Callable[[str], str | None]) -> int:
+        stored: set[str] = set()
+        for record in fresh:
+            refs = {assets.ref_hash(ref): ref for *_where, ref in assets.references(record.workflow)}
+            refs.update({assets.ref_hash(ref): ref for ref in assets.in_params(record.params).values()})
+            for digest, ref in refs.items():
+                if digest not in stored and cur.execute(self.sql["asset_size"], (digest,)).fetchone() is None:
+                    path = source_file(digest)
+                    if path is None:
+                        raise QueueError(f"job {record.id} needs input {assets.short(ref)}, whose bytes are not in "
+                                         "the queue being migrated; nothing of this chunk was copied")
+                    self._store(cur, NewAsset(digest, os.path.getsize(path), assets.ref_name(ref), path), time.time())
+                    stored.add(digest)
+                cur.execute(self.sql["insert_job_asset"], (digest, record.id))
+        return len(stored)
 
 
 def _stored_template(record: JobRecord, memo: dict[str, str]) -> tuple[str, str]:

@@ -45,7 +45,7 @@ from comfysup.queue.reads import fetch
 from comfysup.queue.specs import SpecCache, dumps_plain
 from comfysup.workflows import apply_params, model_key
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 9
 CHANNEL = "comfysup_jobs"
 MIGRATION_LOCK = 0x636F6D6679737570  # "comfysup": one advisory lock key for schema changes
 CONNECT_TIMEOUT_SECONDS = 5
@@ -175,10 +175,11 @@ class PostgresQueue(ImportRecords, SQLQueue):
             self._drop_listener()
 
     def _transaction(self, fn: Callable[..., T], *args: Any, write: bool = True, durable: bool = True,
-                     named: bool = False) -> T:
+                     named: bool = False, busy_seconds: float | None = None) -> T:
         """Run ``fn(cur, *args)`` in one transaction and commit it (reads too: one snapshot). A stale connection
         is replaced and ``fn`` retried once when the failure came before COMMIT (the server then rolled it
-        back). ``named``: rows are dicts by column name."""
+        back). ``named``: rows are dicts by column name. ``busy_seconds`` is SQLite's (a whole-database write
+        lock); rows here are locked one by one, and lock_timeout bounds every wait."""
         with self._lock:
             for retry in (False, True):
                 conn, fresh = self._connection()
@@ -325,12 +326,6 @@ class PostgresQueue(ImportRecords, SQLQueue):
         """The caller's ``now``, else None: the SQL's ``{now}`` then reads the database server's clock."""
         return now
 
-    def _run_after(self, run_after: float, now: float | None) -> tuple[float | None, float]:
-        """``run_after`` is read on the caller's clock: without ``now`` the delay it leaves from this
-        machine's time is added to the database's time, so a skewed machine neither hurries nor holds
-        back its retries."""
-        return (run_after, 0.0) if now is not None else (None, run_after - time.time())
-
     def _scalar(self, sql: str, args: Sequence[Any] | None = None) -> Any:
         return self._transaction(lambda cur: cur.execute(sql, args).fetchone()[0])
 
@@ -385,15 +380,15 @@ class PostgresQueue(ImportRecords, SQLQueue):
         return len(fresh), len(rest) - sum(1 for j in rest if known.get(j.id) != j.spec_hash)
 
     def _claim(self, cur: psycopg.Cursor[Any], owner: str, server: str, lease_seconds: float, now: float | None,
-               prefer_model: str | None, max_wait_seconds: float, catalogue: int | None = None
-               ) -> tuple[Any, ...] | None:
+               prefer_model: str | None, max_wait_seconds: float, catalogue: int | None = None,
+               url: str | None = None) -> tuple[Any, ...] | None:
         """Expired leases go back to the queue, then the next ready job is taken in one statement."""
         cur.execute(SQL["expire"], (now, now))
         affinity = bool(prefer_model) and max_wait_seconds > 0
         row = cur.execute(
             SQL["claim_affine" if affinity else "claim_strict"],
             {"owner": owner, "server": server, "lease": lease_seconds, "now": now, "key": prefer_model,
-             "wait": max_wait_seconds, "cached": list(self._templates), "cat": catalogue}).fetchone()
+             "wait": max_wait_seconds, "cached": list(self._templates), "cat": catalogue, "url": url}).fetchone()
         if row is None:
             return None
         if affinity:

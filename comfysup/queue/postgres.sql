@@ -189,3 +189,27 @@ CREATE TABLE announcements (
 );
 CREATE INDEX announcements_pending ON announcements (id) WHERE sent_at IS NULL;
 CREATE INDEX announcements_job ON announcements (job_id);
+
+-- name: v8
+-- (issue 18) Assets uploaded through the Comfy API v2 (see schema.sql's v12).
+CREATE TABLE api_assets (
+    id           text             PRIMARY KEY,
+    hash         text             NOT NULL,
+    file_path    text             NOT NULL,
+    content_type text             NOT NULL,
+    created_at   double precision NOT NULL,
+    expires_at   double precision NOT NULL,
+    idem_key     text             UNIQUE
+);
+CREATE INDEX api_assets_by_hash ON api_assets (hash);
+CREATE INDEX api_assets_by_expiry ON api_assets (expires_at);
+
+-- name: v9
+-- (issue 18) Where each machine's Comfy API v2 is reached by the others (see schema.sql's v13).
+CREATE TABLE api_endpoints (
+    host         text             PRIMARY KEY,
+    url          text             NOT NULL,
+    pid          integer          NOT NULL,
+    started_at   double precision NOT NULL,
+    heartbeat_at double precision NOT NULL
+);

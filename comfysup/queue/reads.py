@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 
 from comfysup.errors import NotFound
 from comfysup.queue import records
-from comfysup.queue.base import QUEUED, STATES, Delivery, EndedAttempt, JobRecord, Machine, Status
+from comfysup.queue.base import QUEUED, STATES, Delivery, EndedAttempt, JobPulse, JobRecord, Machine, Status
 
 T = TypeVar("T")
 PAGE = 500
@@ -132,6 +132,19 @@ class SQLReads:
         for start in range(0, len(ids), self.ID_CHUNK):
             chunk = self.id_list(ids[start:start + self.ID_CHUNK])
             out.update((r["id"], r["state"]) for r in self._rows("states", (chunk,)))
+        return out
+
+    def pulses(self, ids: Sequence[str]) -> dict[str, JobPulse]:
+        """id -> what changes while a job runs, in one read of all ``ids`` (chunks of ID_CHUNK); unknown ids are
+        left out. What the API's one event watcher reads for every watched job on each of its ticks."""
+        ids = list(ids)
+        return dict(self._transaction(self._pulses, ids, write=False, named=True)) if ids else {}
+
+    def _pulses(self, cur: Any, ids: list[str]) -> list[tuple[str, JobPulse]]:
+        out: list[tuple[str, JobPulse]] = []
+        for start in range(0, len(ids), self.ID_CHUNK):
+            chunk = self.id_list(ids[start:start + self.ID_CHUNK])
+            out += [(r["id"], records.pulse(r)) for r in cur.execute(self.sql["pulses"], (chunk,)).fetchall()]
         return out
 
     def finished_counts(self, since: float, now: float | None = None) -> dict[str, int]:

@@ -7,7 +7,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from comfysup.queue.base import Attempt, Delivery, EndedAttempt, JobRecord, Machine, Output, RunningJob
+from comfysup.queue.base import Attempt, Delivery, EndedAttempt, JobPulse, JobRecord, Machine, Output, RunningJob
 from comfysup.workflows import apply_params
 
 Row = Mapping[str, Any]
@@ -67,3 +67,8 @@ def delivery(row: Row, next_at: Any = ...) -> Delivery:
 def machine(row: Row) -> Machine:
     return Machine(host=row["host"], pid=row["pid"], slots=json.loads(row["slots"]), started_at=row["started_at"],
                    heartbeat_at=row["heartbeat_at"], age_seconds=max(0.0, row["age"]))
+
+
+def pulse(row: Row) -> JobPulse:
+    return JobPulse(id=row["id"], state=row["state"], attempt=row["attempt"],
+                    cancel_requested=bool(row["cancel_requested"]), progress=loads(row["progress"]))

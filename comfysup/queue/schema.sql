@@ -249,3 +249,34 @@ CREATE TABLE announcements (
 );
 CREATE INDEX announcements_pending ON announcements (id) WHERE sent_at IS NULL;
 CREATE INDEX announcements_job ON announcements (job_id);
+
+-- name: v12
+-- (issue 18) Assets uploaded through the Comfy API v2: each a record with a random id (what a client's
+-- core/ASSET reference names) over a stored content (assets, by hash). A record keeps its content from prune
+-- until expires_at ([api] upload_retention_hours after the upload, extended when the same content is minted
+-- again), so a client can submit the job that references it; a job then keeps the content itself (job_assets).
+-- idem_key: the upload's Idempotency-Key, so a retried upload answers the same record.
+CREATE TABLE api_assets (
+    id           TEXT PRIMARY KEY,
+    hash         TEXT NOT NULL,
+    file_path    TEXT NOT NULL,
+    content_type TEXT NOT NULL,
+    created_at   REAL NOT NULL,
+    expires_at   REAL NOT NULL,
+    idem_key     TEXT UNIQUE
+);
+CREATE INDEX api_assets_by_hash ON api_assets (hash);
+CREATE INDEX api_assets_by_expiry ON api_assets (expires_at);
+
+-- name: v13
+-- (issue 18) Where each machine's Comfy API v2 is reached by the others ([api] public_url, or derived from a
+-- non-loopback [api] listen), keyed by the machine's name in the queue: an output whose file is in another
+-- machine's result store ([store] dir not shared) is streamed from that machine's API while its heartbeat is
+-- fresh. pid: a stopping API removes only its own row, never a newer process's of the same host.
+CREATE TABLE api_endpoints (
+    host         TEXT    PRIMARY KEY,
+    url          TEXT    NOT NULL,
+    pid          INTEGER NOT NULL,
+    started_at   REAL    NOT NULL,
+    heartbeat_at REAL    NOT NULL
+) WITHOUT ROWID;

@@ -28,13 +28,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import sqlite3
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
-
-import psutil
+from urllib.parse import quote
 
 from comfysup.errors import DatabaseLocked, DatabaseMissing, QueueError
 from comfysup.queue import queries, records
@@ -44,12 +44,17 @@ from comfysup.queue.reads import fetch
 from comfysup.queue.specs import SpecCache, dumps_plain
 from comfysup.workflows import content_hash, model_key
 
-SCHEMA_VERSION = 11
+SCHEMA_VERSION = 13
 NETWORK_FILESYSTEMS = frozenset({
     "nfs", "nfs4", "cifs", "smb", "smb2", "smb3", "smbfs", "9p", "afs", "ceph", "glusterfs", "lustre",
     "fuse.sshfs", "fuse.s3fs", "fuse.gcsfuse", "fuse.rclone", "davfs", "fuse.glusterfs", "beegfs", "gpfs",
 })
 IDLE_WAIT_CAP_SECONDS = 0.25
+WAKE_CHECK_SECONDS = 0.02
+"""How often an idle waiter looks whether another connection committed (``PRAGMA data_version``: a read of
+the WAL index in shared memory, no disk I/O). A job submitted to an idle runner used to wait up to
+IDLE_WAIT_CAP_SECONDS for its claim (bench/real.py: 0.26 s from ``comfysup submit``'s start to ComfyUI's
+first execution, of which 0.2 s the command itself); now at most this long."""
 SUBMIT_CACHE_KIB = -16384
 """PRAGMA cache_size during a submit: 16 MiB (negative: KiB), the id index of about 200,000 jobs."""
 SQL = queries.load("sqlite")
@@ -79,11 +84,26 @@ def filesystem_type(path: Path) -> str:
     """The type of the filesystem that holds ``path`` (the longest matching mount point)."""
     target = str(path.resolve())
     best, kind = "", ""
-    for part in psutil.disk_partitions(all=True):
-        mount = part.mountpoint.rstrip("/") or "/"
+    for mountpoint, fstype in _mounts():
+        mount = mountpoint.rstrip("/") or "/"
         if (target == mount or target.startswith(mount.rstrip("/") + "/")) and len(mount) >= len(best):
-            best, kind = mount, part.fstype
+            best, kind = mount, fstype
     return kind
+
+
+def _mounts() -> list[tuple[str, str]]:
+    """(mount point, filesystem type) of every mount: /proc/self/mounts on Linux (every queue open reads it,
+    and `submit` starts faster without importing psutil), psutil's list elsewhere."""
+    try:
+        with open("/proc/self/mounts", encoding="utf-8", errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        import psutil
+
+        return [(p.mountpoint, p.fstype) for p in psutil.disk_partitions(all=True)]
+    octal = re.compile(r"\\([0-7]{3})")  # a space in a mount point is written \040
+    fields = (line.split() for line in lines)
+    return [(octal.sub(lambda m: chr(int(m.group(1), 8)), f[1]), f[2]) for f in fields if len(f) >= 3]
 
 
 _INHERITED: list[sqlite3.Connection] = []
@@ -152,6 +172,9 @@ class SQLiteQueue(SQLQueue):
         """This process's connection; a connection inherited across fork is dropped, never used."""
         if self._conn is None or self._pid != os.getpid():
             self._abandon()
+            if not self.path.exists():  # only __init__ creates the file: a reconnect never makes an empty one
+                raise DatabaseMissing(f"{self.path}: the queue database is gone (deleted or moved while comfysup "
+                                      "was using it); restore it, or start comfysup again to make a new one")
             try:
                 self._conn = self._connect()
             except sqlite3.Error as exc:
@@ -190,8 +213,9 @@ class SQLiteQueue(SQLQueue):
         return None
 
     def _connect(self) -> sqlite3.Connection:
-        conn = sqlite3.connect(self.path, timeout=self.busy_timeout_seconds, isolation_level=None,
-                               check_same_thread=False)
+        # mode=rw: the file must exist (made by __init__); deleted in the meantime, it is not made again empty
+        conn = sqlite3.connect(f"file:{quote(str(self.path.resolve()))}?mode=rw", uri=True,
+                               timeout=self.busy_timeout_seconds, isolation_level=None, check_same_thread=False)
         with contextlib.suppress(OSError):  # right after the open: the file the connection holds
             st = os.stat(self.path)
             self._identity = (st.st_dev, st.st_ino)
@@ -213,7 +237,7 @@ class SQLiteQueue(SQLQueue):
         return conn
 
     @contextlib.contextmanager
-    def _write(self, durable: bool = True) -> Iterator[sqlite3.Connection]:
+    def _write(self, durable: bool = True, busy_seconds: float | None = None) -> Iterator[sqlite3.Connection]:
         """A write transaction taken with BEGIN IMMEDIATE, committed or rolled back as a whole.
 
         ``durable=False`` commits without an fsync (``synchronous=NORMAL`` for this transaction): still
@@ -221,13 +245,22 @@ class SQLiteQueue(SQLQueue):
         next durable commit, which syncs every frame before it. Only writes that describe a prompt
         running on this very machine use it (heartbeat, record_prompt, set_progress): a power loss ends
         that prompt too, so what they said is moot after one. Claims, submits and ends stay durable.
+
+        ``busy_seconds``: wait at most this long for the write lock (not busy_timeout_seconds), for a write that
+        may be skipped when another process holds the lock that long (DatabaseLocked then).
         """
         with self._lock:
             conn = self.conn
             try:
                 if not durable:
                     conn.execute("PRAGMA synchronous = NORMAL")
-                conn.execute("BEGIN IMMEDIATE")
+                if busy_seconds is not None:
+                    conn.execute(f"PRAGMA busy_timeout = {int(busy_seconds * 1000)}")
+                try:
+                    conn.execute("BEGIN IMMEDIATE")
+                finally:
+                    if busy_seconds is not None:
+                        conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_seconds * 1000)}")
             except sqlite3.Error as exc:
                 self._restore_sync(conn, durable)
                 raise self._translate(exc) from exc
@@ -268,11 +301,11 @@ class SQLiteQueue(SQLQueue):
         return QueueError(f"{self.path}: {text}")
 
     def _transaction(self, fn: Callable[..., T], *args: Any, write: bool = True, durable: bool = True,
-                     named: bool = False) -> T:
-        """A write runs in ``_write``; a read runs alone, outside any transaction, so it never waits for the
-        write lock. Rows are ``sqlite3.Row``: by position or by name."""
+                     named: bool = False, busy_seconds: float | None = None) -> T:
+        """A write runs in ``_write`` (``busy_seconds``: see there); a read runs alone, outside any transaction, so
+        it never waits for the write lock. Rows are ``sqlite3.Row``: by position or by name."""
         if write:
-            with self._write(durable) as conn:
+            with self._write(durable, busy_seconds) as conn:
                 return fn(conn, *args)
         with self._lock:
             try:
@@ -317,9 +350,25 @@ class SQLiteQueue(SQLQueue):
                 self.conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
 
     def wait_for_work(self, timeout_seconds: float) -> None:
-        """Nothing can wake a process waiting on a SQLite file, so this sleeps; never longer than
-        IDLE_WAIT_CAP_SECONDS, so a caller that checks a stop flag between waits stays responsive."""
-        time.sleep(max(0.0, min(timeout_seconds, IDLE_WAIT_CAP_SECONDS)))
+        """Nothing can wake a process waiting on a SQLite file, so this sleeps in steps of WAKE_CHECK_SECONDS
+        and returns at the first step after another connection committed (a submit, a retry coming due is
+        not a commit: the timeout covers it); never longer than IDLE_WAIT_CAP_SECONDS, so a caller that
+        checks a stop flag between waits stays responsive. Another runner's commit (a claim, a heartbeat)
+        wakes it too: the caller looks for a job once more, and waits again. This connection's own commits
+        do not change ``data_version``."""
+        deadline = time.monotonic() + max(0.0, min(timeout_seconds, IDLE_WAIT_CAP_SECONDS))
+        seen = self._data_version()
+        while (left := deadline - time.monotonic()) > 0:
+            time.sleep(min(WAKE_CHECK_SECONDS, left))
+            if seen is not None and self._data_version() != seen:
+                return
+
+    def _data_version(self) -> int | None:
+        """None when the file does not answer: the wait then only sleeps (it never raises)."""
+        try:
+            return self._read("PRAGMA data_version")[0][0]
+        except QueueError:
+            return None
 
     # -- submit -----------------------------------------------------------------------------------------
 
@@ -369,8 +418,8 @@ class SQLiteQueue(SQLQueue):
     # -- the runner's side --------------------------------------------------------------------------------
 
     def _claim(self, conn: sqlite3.Connection, owner: str, server: str, lease_seconds: float, at: float,
-               prefer_model: str | None, max_wait_seconds: float, catalogue: int | None = None
-               ) -> tuple[Any, ...] | None:
+               prefer_model: str | None, max_wait_seconds: float, catalogue: int | None = None,
+               url: str | None = None) -> tuple[Any, ...] | None:
         """Several statements, under the write lock: the head (or the affine pick: one statement, three index
         seeks), the job's row, its spec, its workflow unless cached, and its attempt row."""
         self._expire_leases(conn, at)
@@ -393,7 +442,7 @@ class SQLiteQueue(SQLQueue):
         text = None
         if spec[0] not in self._templates:
             text = conn.execute(SQL["workflow_text"], (spec[0],)).fetchone()[0]
-        conn.execute(SQL["open_attempt"], (job[0], job[1], owner, server, at))
+        conn.execute(SQL["open_attempt"], (job[0], job[1], owner, server, at, url))
         return (owner, server, job[0], job[1], spec[0], spec[1], spec[2], job[2], job[3], job[4], job[5],
                 lease_until, job[6], text)
 

@@ -7,9 +7,11 @@
    can pass for this run's); record the returned number, which tells this run's history entry from
    others of the same id.
 3. Follow events after this run's execution_start; reconnect a dropped socket with the same client id;
-   read /history when ComfyUI says the run ended (``executing`` with node None, sent after it wrote the
-   history), every poll_seconds, and after each reconnection (success is announced before the history
-   is written, and nothing is replayed to a reconnected socket). Renew the lease from this loop.
+   read /history every poll_seconds and after each reconnection (success is announced before the history
+   is written, and nothing is replayed to a reconnected socket). A run whose every message from its
+   execution_start to its end (``executing`` with node None, sent after ComfyUI wrote the history) was
+   read on one connection needs no /history: its ``execution_success`` and ``executed`` outputs are what
+   the entry holds, checked the same way. Renew the lease from this loop.
 4. On the deadline (or a cancel, or the end of a graceful stop's grace) interrupt the prompt, delete it
    from the queue and wait until it has left /queue before the attempt ends.
 5. Download outputs to temporary names, then rename. 6. Record done, fenced (with the next claim, in one
@@ -30,16 +32,17 @@ An :class:`Attempt` lives for one attempt: ``Attempt(station, claim, ...).run()`
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from dataclasses import replace
 from typing import Any
 
+from comfysup.comfyversion import tells_every_output
 from comfysup.errors import LeaseLost, QueueError
-from comfysup.logs import job_context
 from comfysup.queue.base import Claim, Queue
 from comfysup.redact import Redactor
-from comfysup.runner import deadline
+from comfysup.runner import deadline, wire
 from comfysup.runner import outputs as job_outputs
 from comfysup.runner.catchup import CatchingUp
 from comfysup.runner.client import (
@@ -52,7 +55,8 @@ from comfysup.runner.client import (
 )
 from comfysup.runner.ending import Ending
 from comfysup.runner.history import judge, prompt_number, unlisted_savers
-from comfysup.runner.result import AheadJob, AttemptResult, NextClaim, NextJob, Outcome, Posted
+from comfysup.runner.nextjob import NextJobs
+from comfysup.runner.result import AheadJob, AttemptResult, Early, NextClaim, NextJob, Outcome, Posted
 from comfysup.runner.retry import Failure, decide, execution_failure, gave_up
 from comfysup.runner.running import Run, ShieldedQueue, Stop
 from comfysup.runner.station import AttemptSettings, Station
@@ -63,7 +67,12 @@ __all__ = ["Attempt", "AttemptResult", "AttemptSettings", "NextClaim", "NextJob"
 """Outcome, Posted and the rest are also importable from here, where the supervisor and tests find them."""
 
 log = logging.getLogger("comfysup.runner")
+READ_ON = "comfysup_read_on"
+"""The key of a message kept for the next attempt (``Posted.events``) that names the connection it was read on."""
 HISTORY_AFTER_SUCCESS_SECONDS = 0.05
+NEXT_START_WAIT_SECONDS = 0.02
+"""How long the end of a run with a job queued behind it waits for that job's start before reading its own
+history: the job after it is queued first (comfysup.runner.nextjob), since the server needs it next."""
 ALARM_SLACK_SECONDS = 1.0
 """The job's deadline is checked at every wake-up of the follow loop, which interrupts the prompt then; the
 alarm (comfysup.runner.deadline) falls this much later, for what no wake-up reaches: a read that blocks, a
@@ -72,7 +81,7 @@ PROGRESS_WRITE_SECONDS = 1.0
 """At most one progress write per second: a sampler's steps come faster than a queue row should change."""
 
 
-class Attempt(CatchingUp, Ending):
+class Attempt(CatchingUp, Ending, NextJobs):
     """One attempt at one job, from its claim to its recorded outcome; made for that attempt and dropped.
 
     The server idles from the end of one prompt to the start of the next, so the next job is started as
@@ -81,7 +90,9 @@ class Attempt(CatchingUp, Ending):
       claimed and posted behind it, so ComfyUI starts it the moment this one ends, whatever this runner is
       doing then. At most one: it is asked once, and only while the server holds no other waiting prompt of
       ours. Its lease is renewed here; a cancel of it, or a graceful stop before it started, takes it out of
-      the server's queue (and records the cancel, or releases it uncounted);
+      the server's queue (and records the cancel, or releases it uncounted). Once this prompt has ended and
+      the queued one runs, one more is queued behind that one before this one's files are downloaded
+      (comfysup.runner.nextjob), and handed to the next attempt as its own queued job;
     - the hand-off: when the prompt succeeded and the server's broadcast said its queue is empty, the next
       job is claimed and posted at once, and this job's outputs are downloaded and recorded while the
       server runs it (returned as ``AttemptResult.posted``, given to the next attempt as ``posted``);
@@ -89,7 +100,7 @@ class Attempt(CatchingUp, Ending):
     """
 
     def __init__(self, station: Station, claim: Claim, next_job: NextJob | None = None,
-                 posted: Posted | None = None, ahead: AheadJob | None = None) -> None:
+                 posted: Posted | None = None, ahead: AheadJob | None = None, behind: Early | None = None) -> None:
         self.station = station
         self.s = station.settings
         self.queue: Queue = ShieldedQueue(station.queue)  # type: ignore[assignment]
@@ -103,20 +114,33 @@ class Attempt(CatchingUp, Ending):
         self.next_claim: Claim | None = None
         self.next_renewed = 0.0
         self.handed_off = False
+        """The hand-off was tried (once an attempt: as the end is read, or after the history at the latest)."""
         self.ahead = ahead
         self.replay = list(self.posted_in.events) if self.posted_in is not None else []
         """Messages of this job's prompt read by the attempt that queued it: handled before the socket's."""
         self.ahead_tried = False
         """A job was asked for to queue behind this one (once an attempt, as soon as this one executes)."""
-        """The hand-off was tried (once an attempt: as the end is read, or after the history at the latest)."""
+        self.behind_tried = False
+        """A job was asked for to queue behind the next one (once an attempt, as soon as that one executes)."""
+        self.then_claim: Claim | None = None
+        self.then_posted: Posted | None = None
+        self.then_renewed = 0.0
+        """The job queued behind the next one once this one ended (see _queue_behind_next), until returned."""
+        if behind is not None:  # queued behind this one by the attempt before: this attempt's next job
+            self.next_claim, self.posted_out, self.next_renewed = behind.claim, behind.posted, self.clock()
+            self.ahead_tried = True
         self.redact = Redactor.for_job(claim.workflow, claim.extra_data)
         self.deadline = self.clock() + self.s.timeout_seconds
         self.next_heartbeat = self.clock() + self.s.heartbeat_seconds
         self.cancel_requested = claim.cancel_requested
         self.trace = Trace.start(claim.workflow, self.posted_in.claimed_at if self.posted_in else self.wall())
         self.progress_written_at = float("-inf")
+        self.run_over = False
+        """This job's run has ended on its server (its history entry was read): a job behind it may run now."""
         self.live: Run | None = None
         """The prompt of this job known to be on a server (posted or followed), to stop if the queue goes."""
+        self.timeout_due: deadline.Due | None = None
+        """The alarm of the job's timeout, while the steps run under it."""
 
     def run(self) -> AttemptResult:
         """Run the attempt (once) and record its outcome; LeaseLost at any point means: stop, write nothing."""
@@ -140,8 +164,11 @@ class Attempt(CatchingUp, Ending):
             self._record(outcome)
             if outcome.state == "done":  # a dead job's run stays: a person's retry adopts it from /history
                 self._remove_job_folders()
+            with contextlib.suppress(QueueError):  # best-effort: the next post evicts again
+                self.station.inputs.trim()  # its inputs may go now
         except LeaseLost as exc:
-            return AttemptResult(Outcome("lost", str(exc), kind="lease_lost"), self.next_claim, self.posted_out)
+            return AttemptResult(Outcome("lost", str(exc), kind="lease_lost"), self.next_claim, self.posted_out,
+                                 self._behind())
         except QueueError as exc:
             self._interrupt(self.live, renew=False)
             if self.live is not None and self.live.stream is not None:
@@ -149,8 +176,8 @@ class Attempt(CatchingUp, Ending):
             return AttemptResult(
                 Outcome("lost", f"the queue did not answer ({exc}); the prompt was interrupted and nothing was "
                         "recorded: the job comes back when its lease expires", kind="queue_unavailable"),
-                self.next_claim, self.posted_out)
-        return AttemptResult(outcome, self.next_claim, self.posted_out)
+                self.next_claim, self.posted_out, self._behind())
+        return AttemptResult(outcome, self.next_claim, self.posted_out, self._behind())
 
     def _record(self, o: Outcome) -> None:
         """The outcome, its reason class and the attempt's trace, in one fenced write."""
@@ -162,7 +189,7 @@ class Attempt(CatchingUp, Ending):
                 self.next_claim = self.queue.complete_and_claim(
                     self.claim, o.outputs, more.owner, more.server, more.lease_seconds, trace=trace,
                     prefer_model=more.prefer_model, max_wait_seconds=more.max_wait_seconds,
-                    catalogue=more.catalogue)
+                    catalogue=more.catalogue, url=self.s.url)
             else:
                 self.queue.complete(self.claim, o.outputs, trace=trace)
         elif o.state == "retry":
@@ -189,7 +216,8 @@ class Attempt(CatchingUp, Ending):
         grace) is interrupted by the alarm, and the prompt is interrupted after it."""
         try:
             with deadline.until(self.deadline + ALARM_SLACK_SECONDS,
-                                f"the job's timeout of {self.s.timeout_seconds:g} s", kind="attempt"):
+                                f"the job's timeout of {self.s.timeout_seconds:g} s", kind="attempt") as due:
+                self.timeout_due = due
                 return self._steps()
         except deadline.DeadlineExceeded as exc:
             phase = self.trace.phases[-1][0] if self.trace.phases else "starting"
@@ -216,6 +244,9 @@ class Attempt(CatchingUp, Ending):
                     return Outcome("dead", gave_up(self.claim.attempt - 1, self.claim.last_reason), kind="gave_up")
                 run = self._post()
             entry = self._follow(run)
+            self.run_over = True
+            if self._may_queue_behind_next(run):
+                self._queue_behind_next(run)
             if self._may_hand_off(run):
                 self._hand_off()
             if run.from_disk is None and (unlisted := unlisted_savers(entry, self.claim.workflow)):
@@ -248,7 +279,7 @@ class Attempt(CatchingUp, Ending):
                 raise posted.error
             self.trace.phase("posted", posted.posted_at)
             self.live = Run(self.client, self.s.server, posted.number, stream=self.client.own_stream(drain=False),
-                            started=posted.started)
+                            started=posted.started, behind_lost=posted.behind_lost)
             return self.live
         # The kept socket, emptied of what earlier prompts left in it; a job posted again gets a new client
         # id, so no message of its earlier run can be read as one of this run.
@@ -264,101 +295,6 @@ class Attempt(CatchingUp, Ending):
         self.queue.record_prompt(self.claim, self.s.server, number, self.s.url)
         return self.live
 
-    def _may_hand_off(self, run: Run) -> bool:
-        """This run has ended on its server (``executing`` with node None), the server's queue is empty, and
-        it was followed on this runner's own socket: the server is free for the next job."""
-        return (self.next_job is not None and not self.handed_off and self.next_claim is None and run.end_seen
-                and run.queue_remaining == 0 and run.client is self.client)
-
-    def _may_queue_ahead(self, run: Run) -> bool:
-        """This run executes on this runner's own server (execution_start seen), nothing was claimed behind
-        it yet, and no stop has begun: one more job may wait in the server's queue behind it."""
-        return (self.ahead is not None and not self.ahead_tried and self.next_claim is None and run.started
-                and not run.end_seen and run.client is self.client and self.station.stop_deadline() is None)
-
-    def _hand_off(self, run: Run | None = None) -> None:
-        """Claim the next job and post it now, before this one's outputs are downloaded and recorded: the
-        server runs it meanwhile instead of waiting. As in an attempt's own post, the claim is durable
-        before the prompt is posted and its number is recorded right after; a job that may have an earlier
-        run somewhere is claimed here but posted by its own attempt, which looks for that run first."""
-        claimed_at = self.wall()
-        if run is not None:  # queued ahead, behind this run (which executes now)
-            self.ahead_tried = True
-            more = self.ahead(self.claim, run.queue_remaining) if self.ahead else None
-        else:
-            self.handed_off = True
-            more = self.next_job(self.claim, Outcome("done", kind="done", server_free=True)) if self.next_job else None
-        if more is None:
-            return
-        nxt = self.queue.claim(more.owner, more.server, more.lease_seconds, prefer_model=more.prefer_model,
-                               max_wait_seconds=more.max_wait_seconds, catalogue=more.catalogue)
-        if nxt is None:
-            return
-        self.next_claim, self.next_renewed = nxt, self.clock()
-        if (nxt.attempt != 1 or nxt.last_server is not None or nxt.cancel_requested or not more.runnable(nxt)
-                or self._ran_here(nxt)):
-            return
-        try:
-            stream = self.client.own_stream()
-        except ComfyError:
-            return  # nothing was posted: the next attempt posts it
-        try:
-            number = self._post_prompt(nxt, stream.client_id)
-        except ComfyError as exc:
-            self.posted_out = Posted(nxt.id, claimed_at, self.wall(), error=exc)
-            return
-        self.posted_out = Posted(nxt.id, claimed_at, self.wall(), number=number)
-        with job_context(nxt.id, nxt.attempt, Redactor.for_job(nxt.workflow, nxt.extra_data)):  # its own line
-            log.info("job %s attempt %d on %s: POST /prompt 200 (%s)", nxt.id, nxt.attempt, self.s.server,
-                     f"queued behind job {self.claim.id}" if run is not None else
-                     f"while job {self.claim.id} is downloaded", extra={"event": "posted"})
-        try:
-            self.queue.record_prompt(nxt, self.s.server, number, self.s.url)
-        except LeaseLost:
-            self._drop_next()
-
-    def _ran_here(self, nxt: Claim) -> bool:
-        """Whether the server already holds a history entry of the next job's id (run for another queue): its
-        attempt adopts it instead of posting it. One GET /history/{id} (its /queue is known empty from the
-        broadcast); a server that does not answer leaves the question to the attempt."""
-        try:
-            return self.client.history(nxt.id, self.s.max_files_per_job) is not None
-        except ComfyError:
-            return True
-
-    def _drop_next(self) -> None:
-        """The next job's lease is gone (another runner may hold it now): its prompt must not run here."""
-        nxt, posted = self.next_claim, self.posted_out
-        self.next_claim = self.posted_out = None
-        if nxt is not None and posted is not None and posted.number is not None:
-            with job_context(nxt.id, nxt.attempt):
-                log.warning("job %s: lost its lease before its attempt began; interrupting its prompt", nxt.id)
-            self._interrupt(Run(self.client, self.s.server, posted.number), prompt_id=nxt.id)
-
-    def _withdraw_next(self, cancelled: bool) -> None:
-        """Take the job queued behind this one back: out of the server's queue (interrupted, should it have
-        started in between), then recorded cancelled (a user's cancel) or released without counting the
-        attempt (a graceful stop: it never ran)."""
-        nxt, posted = self.next_claim, self.posted_out
-        if nxt is None:
-            return
-        self.next_claim = self.posted_out = None
-        if posted is not None and posted.number is not None:
-            self._interrupt(Run(self.client, self.s.server, posted.number), prompt_id=nxt.id)
-        with job_context(nxt.id, nxt.attempt, Redactor.for_job(nxt.workflow, nxt.extra_data)):
-            try:
-                if cancelled:
-                    self.queue.cancelled(nxt, "cancelled by user (while queued)")
-                else:
-                    self.queue.release(nxt, "the runner stopped before it started; attempt not counted",
-                                       count_attempt=False, kind="shutdown")
-            except LeaseLost:
-                return
-            log.info("job %s: %s", nxt.id, "cancelled while queued" if cancelled else
-                     "taken out of the server's queue by a stop and released, attempt not counted",
-                     extra={"event": "cancelled" if cancelled else "released",
-                            "kind": "cancelled" if cancelled else "shutdown"})
-
     # -- 3. follow --------------------------------------------------------------------------------------
 
     def _follow(self, run: Run) -> dict[str, Any]:
@@ -372,6 +308,8 @@ class Attempt(CatchingUp, Ending):
             now = self.clock()
             self._checkpoints(run, now)
             if now >= next_poll:
+                if run.success_seen and run.end_seen and self._watched_whole(run):
+                    return self._entry_from_socket(run)
                 try:
                     entry = self._poll(run)
                     unreachable_since = None
@@ -394,6 +332,14 @@ class Attempt(CatchingUp, Ending):
                 # the next job goes to it before this run's history is read (that read costs the server a
                 # round trip of idle time, and it comes next anyway).
                 self._hand_off()
+            if run.end_seen and self._may_queue_behind_next(run):
+                # Ended, the job queued behind it starts: the one after that is queued before this run's history
+                # is read, whose round trip would come first otherwise (a prompt of a few ms is over by then).
+                if self.posted_out is not None and self.posted_out.started:
+                    self._queue_behind_next(run)
+                    poll_in = 0.0
+                elif poll_in == 0.0:
+                    poll_in = NEXT_START_WAIT_SECONDS  # its start comes next, unless the server lost it
             if poll_in is not None:
                 next_poll = min(next_poll, self.clock() + poll_in)
             self._write_progress()
@@ -404,27 +350,33 @@ class Attempt(CatchingUp, Ending):
         self._write_progress()
         if now >= self.next_heartbeat:
             self.next_heartbeat = now + self.s.heartbeat_seconds
-            if self.next_claim is not None and now - self.next_renewed >= self.s.heartbeat_seconds:
-                # Handed off, running on the server while this one downloads (not renewed just after its claim).
-                self.next_renewed = now
-                try:
-                    if self.queue.heartbeat(self.next_claim, self.s.lease_seconds):
-                        self._withdraw_next(cancelled=True)
-                except LeaseLost:
-                    self._drop_next()
+            self._renew_early(now)
             if self.queue.heartbeat(self.claim, self.s.lease_seconds):
-                self._interrupt(run)
+                self._interrupt_to_end(run)
                 raise Stop(Outcome("cancelled", "cancelled by user", kind="cancelled"))
         if now >= self.deadline:
-            stuck = self._interrupt(run)
+            stuck = self._interrupt_to_end(run)
             raise ComfyError(stuck, STUCK_KIND) if stuck else ComfyError(
                 f"timed out after {self.s.timeout_seconds:g} s", "timeout")
+        if self.posted_out is not None:
+            self._give_to_waiting_peer(run)
         stop_at = self.station.stop_deadline()
-        if stop_at is not None and self.posted_out is not None and not self.posted_out.started:
-            self._withdraw_next(cancelled=False)  # queued behind this one, not started: it gets no grace
+        if (stop_at is not None and self.posted_out is not None and not self.posted_out.started
+                and not (run.end_seen or run.success_seen or self.run_over)):
+            # Queued behind this one, which still runs: it cannot have started, and gets no grace. Once this one
+            # has ended it may run (its start unread): its own attempt follows it through the grace instead.
+            self._withdraw_next(cancelled=False)
         if stop_at is not None and now >= stop_at:
-            self._interrupt(run)
+            self._interrupt_to_end(run)
             raise Stop(Outcome("released", "interrupted by a graceful stop; attempt not counted", kind="shutdown"))
+
+    def _interrupt_to_end(self, run: Run) -> str | None:
+        """Interrupt the run because the attempt ends here (its timeout, a cancel, a stop), seen at a wake-up: the
+        job's alarm is settled first. It must not fall once the interrupt is over (a stuck prompt's restart can
+        outlast ALARM_SLACK_SECONDS) and turn that end into a timeout, interrupting the job a second time."""
+        if self.timeout_due is not None:
+            deadline.settle(self.timeout_due)
+        return self._interrupt(run)
 
     def _receive(self, run: Run, wait: float) -> dict[str, Any] | None:
         if self.replay:
@@ -469,19 +421,25 @@ class Attempt(CatchingUp, Ending):
             remaining = ((data.get("status") or {}).get("exec_info") or {}).get("queue_remaining")
             run.queue_remaining = remaining if isinstance(remaining, int) else None
             return None
+        # The connection it was read on: the attempt that posted this job read it (tagged then), or this one now.
+        connection = message.pop(READ_ON, None) or (run.stream.connection if run.stream is not None else 0)
         if data.get("prompt_id") != self.claim.id:
             if self.posted_out is not None and data.get("prompt_id") == self.posted_out.claim_id:
                 # Queued ahead, it runs now: its attempt gets what was read of it here.
                 self.posted_out = replace(self.posted_out, started=self.posted_out.started or kind == "execution_start",
-                                          events=(*self.posted_out.events, message))
+                                          events=(*self.posted_out.events, {**message, READ_ON: connection}))
             return None
         if kind == "execution_start":
             run.started = True
+            run.watched_on = connection
+            run.outputs.clear()
         if not run.started:
             return None
         self.trace.on_event(kind, data, self.wall())
         if kind == "execution_start":
             return None
+        if kind == "executed" and run.watched_on and data.get("output") is not None:
+            run.outputs[str(data.get("node"))] = data["output"]
         if kind == "execution_success":
             run.success_seen = True
             return HISTORY_AFTER_SUCCESS_SECONDS
@@ -510,8 +468,31 @@ class Attempt(CatchingUp, Ending):
         if entry is not None:
             return judge(entry)
         # The server answered: this is certain, not a reason to wait for it to come back.
+        self._lost(run)
         raise ComfyError("the prompt is gone from the server's queue without a history entry "
                          "(the ComfyUI server restarted)", "server_died")
+
+    @staticmethod
+    def _watched_whole(run: Run) -> bool:
+        """Every message of the run since its execution_start was read on one connection, still the one that
+        reads, of a server whose messages carry every output (comfysup.comfyversion.tells_every_output)."""
+        return (run.watched_on > 0 and run.stream is not None and run.stream.connection == run.watched_on
+                and tells_every_output(run.client.version()))
+
+    def _entry_from_socket(self, run: Run) -> dict[str, Any]:
+        """The history entry of a run watched whole on the socket (see ``Run.watched_on``), made of its messages and
+        checked as a /history answer is (at every level, at most max_files_per_job files): one GET less per
+        job, and the round trip that came with it on a server that has the next prompt to run."""
+        body = {self.claim.id: {"prompt": [run.number if run.number is not None else -1, self.claim.id],
+                                "status": {"status_str": "success", "completed": True, "messages": []},
+                                "outputs": run.outputs}}
+        try:
+            entry = wire.history_entry(body, self.claim.id, max_files=self.s.max_files_per_job,
+                                       where="run (its executed messages)")
+        except wire.Malformed as exc:
+            raise MalformedAnswer(f"server sent a malformed {exc}") from None
+        assert entry is not None
+        return judge(entry)
 
     def _own_entry(self, run: Run) -> dict[str, Any] | None:
         entry = run.client.history(self.claim.id, self.s.max_files_per_job)

@@ -101,17 +101,27 @@ class CatchingUp:
         both have a gpu0), so an earlier attempt whose URL is none of this runner's servers ran elsewhere,
         on another machine's server (``[[servers]]`` managed elsewhere outlive a machine that died). That URL
         is asked first, with a short timeout; the prompt number recorded belongs to it, not to a server of that
-        name here.
+        name here. Every other machine's server that an attempt named is asked too (newest first): one that
+        never posted (refused, stopped, killed before its POST) must not hide an earlier run elsewhere.
         """
         if first:
             return [(self.s.server, self.station.client, None)]
         names = [self.claim.last_server, self.s.server, *(sorted(self.s.peers) if self.claim.attempt > 1 else [])]
+        urls = self.queue.attempt_urls(self.claim.id, other_than=self.claim)
+        # The claim's last_server and last_prompt_number are the newest recorded prompt's (cleared once an attempt
+        # judged its run): that attempt's URL says on which machine.
+        recorded = next((url for url, number in urls if number is not None), None)
         recorded_here = True
         out: list[tuple[str, ComfyClient, int | None]] = []
-        elsewhere = self.station.client_elsewhere(self.queue.last_url(self.claim.id))
-        if elsewhere is not None:
-            recorded_here = False
-            out.append((self.claim.last_server or elsewhere.url, elsewhere, self.claim.last_prompt_number))
+        for url in dict.fromkeys(url for url, _number in urls):
+            elsewhere = self.station.client_elsewhere(url)
+            if elsewhere is None:
+                continue
+            if url == recorded:
+                recorded_here = False
+                out.append((self.claim.last_server or elsewhere.url, elsewhere, self.claim.last_prompt_number))
+            else:
+                out.append((elsewhere.url, elsewhere, None))
         for server in dict.fromkeys(c for c in names if c):
             client = self.station.client_for(server)
             if client is not None:

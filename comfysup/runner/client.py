@@ -16,6 +16,7 @@ CPUs with their four servers (bench/e2e.py). Nothing of it is needed here.
 
 from __future__ import annotations
 
+import itertools
 import json
 import uuid
 from collections.abc import Iterator, Sequence
@@ -323,6 +324,8 @@ class ComfyClient:
         return self.stream
 
 
+_CONNECTIONS = itertools.count(1)
+
 class SocketLost(ComfyError):
     """The WebSocket closed or failed."""
 
@@ -337,6 +340,9 @@ class EventStream:
         self.client_id = client_id
         self.connect_timeout_seconds = connect_timeout_seconds
         self.ws: websocket.WebSocket | None = None
+        self.connection = 0
+        """Which connection reads now (unique in the process, 0 before the first): a message read on another
+        one came before a reconnect, and the messages sent in between are lost."""
 
     def connect(self) -> None:
         """(Re)connect with the same client id. The old socket is closed first: when an old socket of one
@@ -347,6 +353,7 @@ class EventStream:
             # the messages are JSON that json.loads checks anyway.
             self.ws = websocket.create_connection(self.url, timeout=self.connect_timeout_seconds,
                                                   enable_multithread=False, skip_utf8_validation=True)
+            self.connection = next(_CONNECTIONS)
         except (OSError, websocket.WebSocketException) as exc:
             self.ws = None
             raise SocketLost(f"WebSocket connect: {_short(exc)}") from exc

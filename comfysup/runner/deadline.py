@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import signal
 import threading
 import time
@@ -64,6 +65,20 @@ _main: _State | None = None
 _foreign: tuple[object, float | None] | None = None
 """The SIGALRM handler and the due time of a timer armed before ours took the signal over."""
 _clock: Callable[[], float] = time.monotonic
+_armed_at: float | None = None
+"""When the timer is set to fall (monotonic), while it is ours; None when it is not set or has fallen. A
+deadline that ends leaves the timer as it is (it may fall early, and then sleeps on), and one that begins
+later than it needs no system call: a runner arms one around every HTTP call, and the setitimer calls
+were a twelfth of its Python time a job."""
+
+
+def _after_fork_in_child() -> None:
+    """A forked child has no interval timer (fork does not pass it on): what the parent had set is not set here."""
+    global _armed_at
+    _armed_at = None
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _is_main() -> bool:
@@ -79,7 +94,8 @@ def _earliest(state: _State) -> Due | None:
 
 
 def _on_alarm(signum: int, frame: object) -> None:
-    global _foreign
+    global _foreign, _armed_at
+    _armed_at = None
     now = _clock()
     if _foreign is not None and _foreign[1] is not None and now >= _foreign[1] - 0.001:
         handler = _foreign[0]
@@ -100,9 +116,10 @@ def _on_alarm(signum: int, frame: object) -> None:
 
 def _release() -> None:
     """Give SIGALRM back to whoever had it, with what is left of their timer."""
-    global _foreign
+    global _foreign, _armed_at
     if _foreign is None:
         return
+    _armed_at = None
     handler, due = _foreign
     _foreign = None
     signal.signal(signal.SIGALRM, handler)  # type: ignore[arg-type]
@@ -110,7 +127,7 @@ def _release() -> None:
 
 
 def _arm() -> None:
-    global _foreign, _main
+    global _foreign, _main, _armed_at
     if not _is_main():
         return
     _main = _state
@@ -120,12 +137,16 @@ def _arm() -> None:
         return
     if _foreign is not None and signal.getsignal(signal.SIGALRM) is not _on_alarm:
         _foreign = None  # someone took the signal back since (a test harness between tests): theirs is current
+        _armed_at = None
     if _foreign is None:
         left = signal.getitimer(signal.ITIMER_REAL)[0]
         _foreign = (signal.getsignal(signal.SIGALRM), _clock() + left if left > 0 else None)
         signal.signal(signal.SIGALRM, _on_alarm)
     first = due.at if _foreign[1] is None else min(due.at, _foreign[1])
+    if _armed_at is not None and _armed_at <= first:
+        return  # it falls first, or with it: then it finds what is due, and sets the timer again
     signal.setitimer(signal.ITIMER_REAL, max(first - _clock(), 0.001))
+    _armed_at = first  # after: a stop's shorten() in between set an earlier one, which the next _arm restores
 
 
 @contextlib.contextmanager
@@ -141,13 +162,22 @@ def within(seconds: float, what: str, kind: str = "call") -> Iterator[Due]:
     try:
         yield due
     finally:
-        _state.stack.remove(due)
-        _arm()
+        if due in _state.stack:  # not settled
+            _state.stack.remove(due)
+        _arm()  # a timer set for an earlier end is left to fall early (no system call); none set is set now
 
 
 def until(at_monotonic: float, what: str, kind: str = "call") -> contextlib.AbstractContextManager[Due]:
     """Like :func:`within`, for an absolute monotonic time."""
     return within(at_monotonic - _clock(), what, kind)
+
+
+def settle(due: Due) -> None:
+    """``due`` has been acted on by its own caller, who saw it pass between reads: its alarm falls no more,
+    so what the caller does about it (interrupt the prompt, record the outcome) is not cut by it."""
+    if due in _state.stack:
+        _state.stack.remove(due)
+        _arm()
 
 
 @contextlib.contextmanager

@@ -12,37 +12,34 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from comfysup.comfyversion import has_jobs_api
-from comfysup.queue.base import Claim, Output, Queue
+from comfysup.queue.base import Output
 from comfysup.runner import deadline
 from comfysup.runner import outputs as job_outputs
-from comfysup.runner.client import ComfyClient, ComfyError, PermanentError
+from comfysup.runner.client import ComfyError, PermanentError
 from comfysup.runner.history import output_files
-from comfysup.runner.running import Run
+from comfysup.runner.running import AttemptPart, Run
 from comfysup.runner.store import Incomplete, TooLarge, UnsafeName, is_disk_full, safe_relative
 from comfysup.runner.stuck import report_stuck, stuck_reason
 
 if TYPE_CHECKING:
-    from comfysup.runner.station import AttemptSettings, Station
     from comfysup.runner.trace import Trace
 
 log = logging.getLogger("comfysup.runner")
 
 
-class Ending:
+class Ending(AttemptPart):
     """Steps 4 and 5 of an attempt (DESIGN.md): interrupt, download."""
 
-    s: AttemptSettings
-    station: Station
-    claim: Claim
-    queue: Queue
-    client: ComfyClient
     trace: Trace
-    clock: Callable[[], float]
-    wall: Callable[[], float]
     next_heartbeat: float
 
     def _checkpoints(self, run: Run, now: float) -> None:  # the attempt's
         raise NotImplementedError
+
+    if TYPE_CHECKING:  # comfysup.runner.nextjob's (declared only for the type checker: no stub shadows them)
+        def _withdraw_next(self, cancelled: bool, because: str = ..., kind: str = ...) -> None: ...
+
+        def _renew_early(self, now: float) -> None: ...
 
     # -- 4. interrupt -----------------------------------------------------------------------------------
 
@@ -76,16 +73,24 @@ class Ending:
         return self._stuck(run, target, renew)
 
     def _interrupt_alive(self, renew: bool) -> None:
+        """A sign of life and the leases, while an interrupt is waited out (up to leave_queue_seconds, then a
+        stuck server's restart): this job's, and those of the jobs claimed early behind it, whose leases would
+        otherwise run out meanwhile and hand them to another runner as expired, their attempt counted."""
         self.station.on_alive()
         if renew and self.clock() >= self.next_heartbeat:
             self.next_heartbeat = self.clock() + self.s.heartbeat_seconds
             self.queue.heartbeat(self.claim, self.s.lease_seconds)
+            self._renew_early(self.clock())
 
     def _stuck(self, run: Run, target: str, renew: bool) -> str:
         """The prompt ignored /interrupt: reported, when in this runner's own server (comfysup.runner.stuck)."""
         log.error("job %s: prompt still in %s's queue %g s after /interrupt (a node that ignores the interrupt "
                   "flag)", target, run.server, self.s.leave_queue_seconds, extra={"event": "stuck"})
         own = run.client is self.client
+        if own and target == self.claim.id:
+            # A job queued behind it would never start, and a restart would destroy it: out of the server's
+            # queue first, released without counting its attempt (it never ran; not "stuck" itself).
+            self._withdraw_next(cancelled=False, because=f"a prompt stuck ahead of it ({target})", kind="withdrawn")
         restarted = report_stuck(self.station.stuck, target, own, lambda: self._interrupt_alive(renew), self.clock)
         return stuck_reason(run.server, self.s.leave_queue_seconds, restarted=restarted)
 

@@ -61,6 +61,8 @@ class InputDelivery:
         self.wall = wall
         self.uploaded = 0
         """Uploads this runner made (the log and tests; the queue keeps the durable count)."""
+        self.over = False
+        """The last eviction left the folder above cache_bytes (files of queued or running jobs are kept)."""
 
     def workflow(self, workflow: dict[str, Any]) -> dict[str, Any]:
         """``workflow`` with each input file on the server and named as ComfyUI expects; unchanged without."""
@@ -120,6 +122,13 @@ class InputDelivery:
         os.utime(self.folder / name)  # the LRU's clock: its last use
         return True
 
+    def trim(self) -> None:
+        """After a job ended: what the last eviction had to keep for it may go now. With a job queued behind
+        the running one (issue 19) two jobs' inputs are on the server at once, and no later post may come to
+        evict them."""
+        if self.over and self.folder is not None:
+            self._evict(keep=set())
+
     def _evict(self, keep: set[str]) -> None:
         """Remove the least recently used uploads beyond ``cache_bytes`` (never those in ``keep`` or needed by a
         queued or running job)."""
@@ -128,7 +137,8 @@ class InputDelivery:
         except OSError:
             return
         total = sum(size for _m, size, _n in files)
-        if total <= self.cache_bytes:
+        self.over = total > self.cache_bytes
+        if not self.over:
             return
         needed = {assets.upload_name(d, "")[:64] for d in self.queue.assets_needed()}
         for _mtime, size, name in sorted(files):
@@ -141,5 +151,6 @@ class InputDelivery:
             except OSError:
                 continue
             total -= size
+            self.over = total > self.cache_bytes
             self.queue.forget_upload(self.key, assets.HASH_PREFIX + name[:64])
             log.info("removed input %s from %s (server_cache_mb)", name, self.key, extra={"event": "evicted"})

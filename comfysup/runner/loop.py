@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import signal
 import time
 import uuid
 from collections import Counter
@@ -32,6 +31,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from comfysup import stopsignals
 from comfysup.config import Config
 from comfysup.errors import DatabaseLocked, DatabaseUnavailable, LeaseLost, QueueError
 from comfysup.logs import bind, job_context
@@ -42,7 +42,7 @@ from comfysup.runner import deadline
 from comfysup.runner.attempt import Attempt
 from comfysup.runner.catalogue import ServerCatalogue
 from comfysup.runner.client import CLIENT_PREFIX, ComfyError
-from comfysup.runner.result import NextClaim, Outcome, Posted
+from comfysup.runner.result import Early, NextClaim, Outcome, Posted
 from comfysup.runner.station import AttemptSettings, Station
 from comfysup.runner.store import ResultStore
 from comfysup.runner.stuck import OutOfService, StuckChannel
@@ -86,7 +86,9 @@ class Runner:
                  may_claim: Callable[[], bool] = lambda: True,
                  on_job: Callable[[Claim, Outcome | None], None] = lambda claim, outcome: None,
                  stuck: StuckChannel | None = None, output_dirs: dict[str, Path] | None = None,
-                 may_queue_ahead: Callable[[], bool] = lambda: True) -> None:
+                 may_queue_ahead: Callable[[int], bool] = lambda uncounted: True,
+                 on_waiting: Callable[[bool], None] = lambda waiting: None,
+                 peer_waiting: Callable[[], bool] = lambda: False) -> None:
         self.config = config
         self.server = server
         bind(slot=server)  # every log line of this runner names its slot
@@ -101,8 +103,15 @@ class Runner:
         """Called with (claim, None) when an attempt starts and (claim, outcome) when it ends: a supervisor
         learns the current job and counts jobs per server (for recycling) without asking the queue."""
         self.may_queue_ahead = may_queue_ahead
-        """Whether a job may be claimed to wait behind the running one (False: the server is recycled after
-        the running one)."""
+        """Whether a job may be claimed to wait behind the running one, given how many jobs of this runner are
+        on the server and not counted yet (False: the server is recycled after those)."""
+        self.peer_waiting = peer_waiting
+        """Whether another runner of this machine waits for work: then no job waits here behind a running
+        prompt (none is queued ahead, and one queued ahead goes back to the queue, uncounted)."""
+        self.on_waiting = on_waiting
+        """Called with True when this runner found no job (it waits for work), False when it holds a job or its
+        server cannot take one (busy with other clients' prompts, out of service): what its peers'
+        may_queue_ahead reads."""
         self.stuck = stuck or StuckChannel()
         """How this runner says that a prompt is stuck in its server (comfysup.runner.stuck)."""
         self.out_of_service = OutOfService()
@@ -111,7 +120,7 @@ class Runner:
         self.station = Station(settings_from(config, server, url, peers or {}, output_dirs), self.queue, store,
                                stop_deadline=lambda: self.state.stop_deadline, on_alive=on_alive,
                                stuck=self.stuck if self.stuck.restarts else
-                               StuckChannel(False, self._stuck_here, self.stuck.pending))
+                               StuckChannel(False, self._stuck_here, self.stuck.pending), peer_waiting=peer_waiting)
         self.catalogue = ServerCatalogue(self.queue, self.station.client, server)
         """The server's /object_info, recorded in the queue at start and after the server was seen down."""
         self.idle_seconds = min(config.runner.poll_seconds, 0.25)
@@ -122,8 +131,7 @@ class Runner:
     # -- signals --------------------------------------------------------------------------------------
 
     def install_signals(self) -> None:
-        signal.signal(signal.SIGTERM, self._on_signal)
-        signal.signal(signal.SIGINT, self._on_signal)
+        stopsignals.install(self._on_signal)  # and a stop that came while the runner was being set up
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         """Flags for the loop, and the deadline of whatever is blocked now brought to the stop's: a download
@@ -145,18 +153,21 @@ class Runner:
         self.catalogue.refresh()
         claim: Claim | None = None
         posted: Posted | None = None  # claim's prompt, posted by the last attempt's hand-off
+        behind: Early | None = None  # a job queued behind claim's prompt by the last attempt
         try:
             while not self.state.stopping:
                 self.on_alive()
                 if claim is not None:  # claimed by the last attempt: at its hand-off, or with its done
-                    claim, posted = self.run_one(claim, posted)
+                    claim, posted, behind = self.run_one(claim, posted, behind)
                     continue
-                free = self.may_claim() and self._in_service() and self._server_free()
+                allowed = self.may_claim()
+                free = allowed and self._in_service() and self._server_free()
                 if free:
                     self.catalogue.refresh()
                 try:
                     claim = self.queue.claim(self.owner, self.server, self.config.runner.lease_seconds,
-                                             catalogue=self.catalogue.id, **self._affinity()) if free else None
+                                             catalogue=self.catalogue.id, url=self.station.settings.url,
+                                             **self._affinity()) if free else None
                     drained = claim is None and self.until_empty and self.queue.active_count() == 0
                     if claim is None:
                         self.queue.maintenance()
@@ -166,21 +177,26 @@ class Runner:
                 self._queue_up()
                 if drained:
                     break
+                # Waiting for work: no job, and nothing of its own server's stops it from taking one (the
+                # supervisor's "may not claim" is its own to weigh: it is in the same block).
+                self.on_waiting(claim is None and (free or not allowed))
                 if claim is None:
                     # PostgreSQL returns at the NOTIFY of a new job; SQLite sleeps. Either way at most
                     # idle_seconds, so a stop flag set by a signal is seen soon.
                     self.queue.wait_for_work(self.idle_seconds)
                     continue
-                claim, posted = self.run_one(claim)
+                claim, posted, behind = self.run_one(claim)
             while claim is not None and posted is not None:
                 # Stopping with a job already posted by a hand-off: its attempt follows it through the grace
-                # and interrupts it after, as any running job; left alone it would run here unowned.
-                claim, posted = self.run_one(claim, posted)
+                # and interrupts it after, as any running job; left alone it would run here unowned (a job
+                # queued behind it is taken out of the server's queue by that attempt, uncounted).
+                claim, posted, behind = self.run_one(claim, posted, behind)
             if claim is not None:  # stopping with a job claimed and not started: give it back, uncounted
                 with contextlib.suppress(QueueError):
                     self.queue.release(claim, "the runner stopped before starting it", count_attempt=False,
                                        kind="shutdown")
         finally:
+            self.on_waiting(False)  # gone: its peers no longer leave work for it
             self.station.close()
             self.queue.close()
         return self.state.counts
@@ -189,8 +205,11 @@ class Runner:
         """The queue, waited for while its database does not answer: a runner that crashed instead would be
         restarted in a loop until its supervisor marked the slot failed."""
         while True:
+            if stopsignals.pending():  # stopped while the database did not answer: nothing to take, nothing held
+                raise SystemExit(0)
             try:
-                queue = open_queue(config, create=True)
+                # Its supervisor (run or work) made the queue: one deleted since is not made again empty here.
+                queue = open_queue(config, create=False)
             except (DatabaseUnavailable, DatabaseLocked) as exc:  # not a wrong config: that must fail
                 on_alive()
                 self._queue_down(exc)
@@ -204,7 +223,7 @@ class Runner:
             self.queue_down_since = time.monotonic()
             log.error("%s: the queue does not answer (%s); claiming nothing until it does", self.server, exc)
         end = time.monotonic() + QUEUE_RETRY_SECONDS
-        while not self.state.stopping and time.monotonic() < end:
+        while not self.state.stopping and not stopsignals.pending() and time.monotonic() < end:
             time.sleep(min(0.05, max(0.0, end - time.monotonic())))
 
     def _queue_up(self) -> None:
@@ -213,23 +232,25 @@ class Runner:
                      time.monotonic() - self.queue_down_since)
             self.queue_down_since = None
 
-    def run_one(self, claim: Claim, posted: Posted | None = None) -> tuple[Claim | None, Posted | None]:
-        """One attempt (``posted``: its prompt, posted by the last attempt's hand-off); returns the next job
-        when this attempt claimed it, and its prompt when the hand-off posted it too."""
+    def run_one(self, claim: Claim, posted: Posted | None = None,
+                behind: Early | None = None) -> tuple[Claim | None, Posted | None, Early | None]:
+        """One attempt (``posted``: its prompt, posted by the last attempt's hand-off; ``behind``: a job the
+        last attempt queued behind it); returns the next job when this attempt claimed it, its prompt when the
+        hand-off posted it too, and a job queued behind that one."""
         with job_context(claim.id, claim.attempt, Redactor.for_job(claim.workflow, claim.extra_data)):
             if posted is None and self._refused(claim):
-                return None, None
+                return None, None, None
             self.on_job(claim, None)
             self._counted = None
             ahead = self._ahead_job if self.config.runner.queue_ahead else None
-            result = Attempt(self.station, claim, self._next_job, posted, ahead).run()
+            result = Attempt(self.station, claim, self._next_job, posted, ahead, behind).run()
             outcome = result.outcome
             self.state.counts[outcome.state] += 1
             if self._counted != claim.id:
                 self.on_job(claim, outcome)
             self.last_model = self._model_after(claim, outcome)
             self._log(claim, outcome)
-        return result.next_claim, result.posted
+        return result.next_claim, result.posted, result.behind
 
     def _affinity(self) -> dict[str, Any]:
         """The claim's model preference: the model its server ran last, within [runner]
@@ -266,14 +287,17 @@ class Runner:
         return NextClaim(self.owner, self.server, r.lease_seconds, claim.model_key, r.affinity_max_wait_seconds,
                          self.catalogue.id, self.catalogue.runnable)
 
-    def _ahead_job(self, claim: Claim, queue_remaining: int | None) -> NextClaim | None:
+    def _ahead_job(self, claim: Claim, queue_remaining: int | None, uncounted: int = 1) -> NextClaim | None:
         """Whether a job may be queued behind ``claim``'s prompt, which executes on this server now: not
-        while stopping or about to be recycled, and only when the server holds no other waiting prompt of
-        ours and fewer than max_queue of other clients. Its broadcast ``queue_remaining`` of 1 (the running
-        prompt alone) says so; otherwise GET /queue decides."""
-        if self.state.stopping or not self.may_claim() or not self.may_queue_ahead():
+        while stopping or about to be recycled (``uncounted``: this runner's jobs on the server not counted
+        yet), and only when the server holds no other waiting prompt of ours and fewer than max_queue of other
+        clients. Its broadcast ``queue_remaining`` of 1 (the running prompt alone) or 0 (the prompt before it
+        over already: a runner slower than the prompts, on a busy CPU server) says so; otherwise GET /queue
+        decides (a round trip to a server that executes: it waited for ComfyUI's GIL)."""
+        if (self.state.stopping or not self.may_claim() or not self.may_queue_ahead(uncounted)
+                or self.peer_waiting()):
             return None
-        if queue_remaining != 1:
+        if queue_remaining not in (0, 1):
             try:
                 entries = self.station.client.queue()
             except (ComfyError, deadline.DeadlineExceeded):

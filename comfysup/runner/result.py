@@ -53,10 +53,12 @@ claim to make, or None. Asked once the prompt succeeded and the server said its 
 hand-off, with ``server_free``), and again, unless a job was claimed then, just before the done is recorded
 (the claim then rides in the done's transaction). The runner counts the attempt when first asked."""
 
-AheadJob = Callable[[Claim, int | None], NextClaim | None]
+AheadJob = Callable[[Claim, int | None, int], NextClaim | None]
 """The runner, asked whether a job may be queued in its server behind ``claim``'s prompt, which has just
-started executing there (given the server's last broadcast ``queue_remaining``): the claim to make, or None.
-Asked at most once an attempt, and never counts the attempt."""
+started executing there (given the server's last broadcast ``queue_remaining``, and how many of its jobs on
+the server are not counted yet: 1, or 2 when the attempt before ``claim``'s asks): the claim to make, or None.
+Asked at most twice an attempt (behind its own prompt, and behind the next job's once its own has ended), and
+never counts the attempt."""
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,19 @@ class Posted:
     run ends): the next attempt knows it runs, although the message is no longer in the socket."""
     events: tuple[dict[str, Any], ...] = ()
     """Its messages that the attempt which posted it read from the shared socket: replayed to its attempt."""
+    behind_lost: bool = False
+    """The prompt it was queued behind was lost by the server (gone without a history entry: a death or a
+    restart) before it was seen to end, and this one was not seen to start: ComfyUI runs one prompt at a time,
+    so if this one is gone too, it never ran (its attempt is released, not counted)."""
+
+
+@dataclass(frozen=True)
+class Early:
+    """A job claimed early (and maybe posted) by an attempt for the one after its next: queued behind the next
+    job once this attempt's run ended. The next attempt holds it as its own next job."""
+
+    claim: Claim
+    posted: Posted | None
 
 
 @dataclass(frozen=True)
@@ -86,3 +101,5 @@ class AttemptResult:
     """Claimed for this server by this attempt, at its hand-off or with its done: the runner's next job."""
     posted: Posted | None = None
     """``next_claim``'s prompt, already posted by the hand-off: its attempt follows it instead of posting."""
+    behind: Early | None = None
+    """A job queued behind ``next_claim``'s prompt (only with ``posted``): that attempt's next job."""

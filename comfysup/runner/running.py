@@ -2,14 +2,30 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
-from comfysup.queue.base import Queue
+from comfysup.queue.base import Claim, Queue
 from comfysup.runner import deadline
 from comfysup.runner import outputs as job_outputs
 from comfysup.runner.client import ComfyClient, EventStream
 from comfysup.runner.result import Outcome
+
+if TYPE_CHECKING:
+    from comfysup.runner.station import AttemptSettings, Station
+
+
+class AttemptPart:
+    """What each part of an attempt (comfysup.runner.ending, comfysup.runner.nextjob) reads of it, declared once."""
+
+    s: AttemptSettings
+    station: Station
+    claim: Claim
+    queue: Queue
+    client: ComfyClient
+    clock: Callable[[], float]
+    wall: Callable[[], float]
 
 
 class ShieldedQueue:
@@ -58,3 +74,11 @@ class Run:
     after the ``status`` broadcast that follows the prompt leaving its queue."""
     queue_remaining: int | None = None
     """``exec_info.queue_remaining`` of the last ``status`` broadcast read on this run's socket."""
+    behind_lost: bool = False
+    """Queued behind a prompt its server lost before that one ended (see ``Posted.behind_lost``)."""
+    watched_on: int = 0
+    """The connection of the socket its execution_start was read on (here, or by the attempt that posted it; 0:
+    none). While that connection still reads (a reconnect is another), no message of the run was lost, and its
+    ``executed`` outputs and its end, read there, are the whole of what /history would say."""
+    outputs: dict[str, Any] = field(default_factory=dict)
+    """The ``output`` of each ``executed`` message of this run, by node id (what its history entry lists)."""

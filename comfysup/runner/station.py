@@ -78,7 +78,8 @@ class Station:
                  stop_deadline: Callable[[], float | None] = lambda: None,
                  on_alive: Callable[[], None] = lambda: None,
                  stuck: StuckChannel | None = None,
-                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time,
+                 peer_waiting: Callable[[], bool] = lambda: False) -> None:
         self.settings = settings
         self.queue = queue
         self.store = store
@@ -94,6 +95,8 @@ class Station:
         self.stop_deadline = stop_deadline
         """When a graceful stop's grace ends (monotonic), or None: running attempts are released then."""
         self.on_alive = on_alive
+        self.peer_waiting = peer_waiting
+        """Whether another runner of this machine waits for work (a job queued ahead here goes back to it)."""
         self.stuck = stuck or StuckChannel()
         """Where an attempt reports a prompt stuck in this runner's server (comfysup.runner.stuck)."""
         self.clock = clock
@@ -105,16 +108,16 @@ class Station:
         for peer in (*self._peers.values(), *self._elsewhere.values()):
             peer.close()
 
-    def client_elsewhere(self, last: tuple[str, str] | None) -> ComfyClient | None:
-        """A client of the server an earlier attempt ran on (``last``: its URL and that attempt's owner), when
-        that server is none of this runner's and its URL can reach it from here; None otherwise.
+    def client_elsewhere(self, url: str | None) -> ComfyClient | None:
+        """A client of the server at ``url``, where an earlier attempt ran, when that server is none of this
+        runner's; None otherwise.
 
         Asking it is safe whatever answers there: a job id is a UUID, so an entry of it on any server is a run
         of this job (and a recorded prompt number must match too). Its calls have a short timeout: a machine
         that died may have taken the server with it, and a refused connection costs nothing."""
-        if last is None:
+        if url is None:
             return None
-        url = last[0].rstrip("/")
+        url = url.rstrip("/")
         if url in {self.settings.url.rstrip("/"), *(u.rstrip("/") for u in self.settings.peers.values())}:
             return None
         if url not in self._elsewhere:

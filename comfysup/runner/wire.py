@@ -159,13 +159,14 @@ def queue(body: Any) -> list[tuple[int, str, str | None, bool]]:
 
 # ---- GET /history/{id} -------------------------------------------------------------------------------------
 
-def history_entry(body: Any, prompt_id: str, *, max_files: int = MAX_ITEMS) -> dict[str, Any] | None:
+def history_entry(body: Any, prompt_id: str, *, max_files: int = MAX_ITEMS,
+                  where: str = "/history entry") -> dict[str, Any] | None:
     """The entry of ``prompt_id`` in a /history/{id} answer, checked at every level the runner reads, or None
-    while ComfyUI has not written it. Output items keep only filename, subfolder and type."""
+    while ComfyUI has not written it. Output items keep only filename, subfolder and type. ``where`` names the
+    entry in what a Malformed says (one made of a run's messages is not a /history answer)."""
     body = _obj(body, "/history")
     if prompt_id not in body:
         return None
-    where = "/history entry"
     entry = _obj(body[prompt_id], where)
     prompt = entry.get("prompt")
     number = None

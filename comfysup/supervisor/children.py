@@ -17,7 +17,7 @@ import multiprocessing.sharedctypes
 import shutil
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,7 +48,15 @@ class Shared(ctypes.Structure):
         ("recycle_at", ctypes.c_long),  # by the supervisor: claim nothing once jobs reaches this (0: never)
         ("job", ctypes.c_char * 40),  # the job id being run, or empty
         ("stuck", ctypes.c_char * 40),  # by the runner: a prompt stuck after /interrupt; cleared once it is gone
+        ("waiting", ctypes.c_int),  # by the runner: 1 while it holds no job and its server could take one
     )
+
+
+def waiting_peer(peers: Sequence[Any]) -> bool:
+    """Whether another runner of this machine waits for work its server could start at once (its Shared
+    block says so): then no job is queued behind a running prompt, where it would wait a whole prompt's
+    time while a server idles (two jobs on two GPUs run side by side, not one after the other)."""
+    return any(peer.waiting and peer.may_claim for peer in peers)
 
 
 @dataclass
@@ -221,14 +229,16 @@ def prepare_runner(unit: Unit, now: float, may_claim: bool) -> None:
     shared.busy = 0
     shared.job = b""
     shared.may_claim = int(may_claim)
+    shared.waiting = 1  # about to ask for a job (once it may): no peer queues one ahead meanwhile
     # A stuck prompt reported by the runner that died stays reported: the server still holds it.
 
 
 def runner_main(config: Config, unit: Unit, peers: dict[str, str], token: str,
-                output_dirs: dict[str, Path] | None = None) -> int:
+                output_dirs: dict[str, Path] | None = None, others: Sequence[Any] = ()) -> int:
     """In the forked child (already its own process group, default signals): be a plain runner that
     reports through the unit's shared block. ``output_dirs``: the output folders of the servers this
-    supervisor launched (by name), where a job's files can be adopted from disk."""
+    supervisor launched (by name), where a job's files can be adopted from disk. ``others``: the other slots'
+    Shared blocks (a job is queued ahead only while none of their runners waits for work)."""
     from comfysup.runner.loop import Runner
 
     shared = unit.shared
@@ -255,21 +265,22 @@ def runner_main(config: Config, unit: Unit, peers: dict[str, str], token: str,
         shared.stuck = prompt_id.encode()[:39]
 
     stuck = StuckChannel(restarts=unit.server is not None, report=report_stuck, pending=lambda: bool(shared.stuck))
-    def may_queue_ahead() -> bool:
-        # The running job is not counted yet: one more behind it would slip in past the recycling count.
-        return not (shared.recycle_at and shared.jobs + 1 >= shared.recycle_at)
+    def may_queue_ahead(uncounted: int) -> bool:
+        # The jobs on the server are not counted yet: one more behind them would slip in past the recycling count.
+        return not (shared.recycle_at and shared.jobs + uncounted >= shared.recycle_at)
+
+    def on_waiting(waiting: bool) -> None:
+        shared.waiting = int(waiting)
 
     runner = Runner(config, unit.name, unit.url, peers=peers, owner_token=token, on_alive=on_alive,
                     may_claim=may_claim, on_job=on_job, stuck=stuck, output_dirs=output_dirs,
-                    may_queue_ahead=may_queue_ahead)
+                    may_queue_ahead=may_queue_ahead, on_waiting=on_waiting, peer_waiting=lambda: waiting_peer(others))
     runner.install_signals()
     runner.run()
     return 0
 
 
 API_LOG = "api.log"
-API_BIND_FAILED = 3
-"""``comfysup api``'s exit code when ``[api] listen`` cannot be bound (comfysup.api.serve.BIND_FAILED)."""
 
 
 def api_argv(config: Config) -> list[str]:
@@ -277,7 +288,7 @@ def api_argv(config: Config) -> list[str]:
     process with threads of its own, it sits above the supervisor in the layers (a front door, like the
     commands), and a fresh interpreter shares no lock or socket with the supervisor's forks. COMFYSUP_*
     variables reach it through the environment, as they reached the supervisor."""
-    argv = [sys.executable, "-m", "comfysup", "api"]
+    argv = [sys.executable, "-m", "comfysup", "api", "--existing-queue"]  # the supervisor made the queue
     if Path(config.source).is_file():
         argv += ["--config", str(Path(config.source).resolve())]
     return argv

@@ -29,6 +29,7 @@ from typing import Any
 
 import psutil
 
+from comfysup import stopsignals
 from comfysup.errors import QueueError
 from comfysup.queue.base import host_name
 from comfysup.runner.loop import make_owner, owner_pid
@@ -102,6 +103,7 @@ class ProcessManager:
         self.ops.new_process_group()
         for sig in self._previous_handlers:
             signal.signal(sig, signal.SIG_DFL)
+        stopsignals.hold()  # a stop before the child's own handlers is kept for them, not the default death
         self.ops.close_wakeup(self._wakeup)
         for handle in self._held:
             with contextlib.suppress(OSError):

@@ -105,6 +105,8 @@ class ProcessOps:
         try:
             die_with_parent(parent)
             code = child()
+        except SystemExit as exc:  # a child that ends itself early (a runner stopped while it waited for its queue)
+            code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
         except BaseException:  # the child must never unwind into the supervisor's loop
             import traceback
 

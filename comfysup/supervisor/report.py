@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from comfysup.config import Config
-from comfysup.errors import QueueError
+from comfysup.errors import DatabaseLocked, QueueError
 from comfysup.queue import Queue
 from comfysup.queue.base import host_name
 from comfysup.slotstate import STATE_FILE, state_path
@@ -55,6 +55,9 @@ def no_slot_alive(units: Sequence[Unit]) -> str | None:
     return "every slot failed: " + "; ".join(f"{u.name}: {u.server.reason}" for u in units if u.server)
 
 
+MACHINE_HEARTBEAT_WAIT_SECONDS = 0.5
+"""The longest the supervisor's loop waits for the queue's write lock to refresh its machine row (SQLite)."""
+
 def heartbeat_machine(queue: Queue, units: Sequence[Unit], *, register: bool, was_ok: bool) -> bool:
     """Tell the queue this machine is alive and what its slots do (``comfysup status`` on any machine shows
     it); whether the queue answered. A database that does not answer stops the runners claiming, said once in
@@ -64,7 +67,11 @@ def heartbeat_machine(queue: Queue, units: Sequence[Unit], *, register: bool, wa
         if register:
             queue.register_machine(host_name(), os.getpid(), slots)
         else:
-            queue.machine_heartbeat(host_name(), os.getpid(), slots)
+            queue.machine_heartbeat(host_name(), os.getpid(), slots, wait_seconds=MACHINE_HEARTBEAT_WAIT_SECONDS)
+    except DatabaseLocked:
+        # Another process holds the write lock (a long submit; a runner stopped mid-transaction): this beat is
+        # skipped, not waited for, so the supervisor's loop goes on watching, and kills, its silent runners.
+        return was_ok
     except QueueError as exc:
         if was_ok:
             log.error("the queue database does not answer: %s; runners stop claiming until it does", exc)

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
-import requests
 
 from comfysup import comfyversion
 from comfysup.config import Config
@@ -138,7 +137,11 @@ def _listener(port: int) -> str:
 def readiness(url: str, timeout_seconds: float = 1.0) -> str:
     """Readiness: ComfyUI answers GET /system_stats only once it has loaded and bound its port. Empty when it
     answered, else what went wrong as a person reads it: a refused connection is ``connection refused``,
-    never a timeout (requests' ConnectTimeout is also a ConnectionError, so it is told apart first)."""
+    never a timeout (requests' ConnectTimeout is also a ConnectionError, so it is told apart first).
+    requests is imported here, by the supervisor only: `comfysup work` imports this module (through
+    supervisor.children) and never asks, and neither it nor its runners load requests otherwise."""
+    import requests
+
     try:
         response = requests.get(f"{url}/system_stats", timeout=timeout_seconds)
     except requests.ConnectTimeout:

@@ -39,12 +39,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from comfysup.config import Config, check_supervisor
-from comfysup.observability.monitor import BIND_FAILED
 from comfysup.queue import Queue, open_queue
 from comfysup.supervisor import server as servers
 from comfysup.supervisor import stuck
 from comfysup.supervisor.children import (
-    API_BIND_FAILED,
+    API_LOG,
     Shared,
     Unit,
     build_units,
@@ -60,7 +59,7 @@ from comfysup.supervisor.children import (
 )
 from comfysup.supervisor.lock import EXIT_DATABASE_REPLACED, AlreadyRunning, database_replaced, take_lock
 from comfysup.supervisor.manager import ProcessManager, release_stale_claims
-from comfysup.supervisor.policy import Action, Policy, State
+from comfysup.supervisor.policy import Action, State
 from comfysup.supervisor.process import ProcessOps, describe_status
 from comfysup.supervisor.report import EXIT_NO_SLOT_ALIVE, Reporter, heartbeat_machine, no_slot_alive
 from comfysup.supervisor.report import summary as summarize
@@ -110,16 +109,18 @@ class Supervisor:
         self.queue_ok = True
         """False while the queue database does not answer: runners are told not to claim."""
         self.monitor_wanted = False
-        """Set by run(): unit tests that tick a supervisor by hand fork no monitor."""
-        self.monitor = Policy(runner_limits(self.config))
-        """The monitor's restarts, like a runner's: it is up as soon as it is forked."""
-        self.monitor_pid: int | None = None
+        """Set by run(): unit tests that tick a supervisor by hand fork no monitor, API or other sidecar."""
         self.monitor_port: Any = multiprocessing.sharedctypes.RawValue(ctypes.c_int, 0)
         self.monitor_endpoint = bool(self.config.metrics.listen)
-        self.api_wanted = False
-        """Set by run() when [api] listen is set: the Comfy API v2 runs as a child (``comfysup api``)."""
-        self.api = Policy(runner_limits(self.config))
-        self.api_pid: int | None = None
+        self.monitor = Sidecar.forked("monitor", self._monitor_main, runner_limits(self.config),
+                                      bind_failed=self._monitor_bind_failed)
+        """/metrics, the status page and webhooks; restarted like a runner, up as soon as it is forked."""
+        self.api = Sidecar("API", lambda _manager, ops: spawn_api(self.config, ops, self.env, self.state_dir),
+                           runner_limits(self.config), group=True, bind_failed=self._api_bind_failed,
+                           wanted=bool(self.config.api.listen),
+                           about=f"on {self.config.api.listen} (log {self.state_dir / API_LOG})")
+        """The Comfy API v2 (``comfysup api``, exec'd in its own process group) when [api] listen is set."""
+        self.children = [self.monitor, self.api, *self.sidecars]
         self.versions = VersionWatch()
         """Each server's ComfyUI version, learnt when it answers; warns once about an untested one."""
 
@@ -160,17 +161,14 @@ class Supervisor:
             log.warning("[comfyui] extra_args: ComfyUI %s no longer accepts %s; not passed",
                         servers.launched_version(self.config), " ".join(dropped))
         self.monitor_wanted = True
-        self.api_wanted = bool(self.config.api.listen)
         try:
             while not self.finished:
                 self.tick(self.clock())
                 if not self.finished:
                     self.manager.wait(TICK_SECONDS)
         finally:
-            self._kill_monitor()
-            self._kill_api()
-            for sidecar in self.sidecars:
-                sidecar.kill(self.ops)
+            for child in self.children:
+                child.kill(self.ops)
             self.manager.restore_signals()
             self.write_state(final=True)
             self.queue.close()
@@ -186,12 +184,9 @@ class Supervisor:
         if self.finished:
             return
         self._check_database(now)
-        if self.plan.keeps_monitor:
-            self._monitor_step(now)  # webhooks of jobs that end during the grace still go out
-            self._api_step(now)  # and clients can still poll the jobs that end in the grace
-            if self.monitor_wanted:
-                for sidecar in self.sidecars:
-                    sidecar.step(now, self.manager, self.ops)
+        if self.plan.keeps_monitor and self.monitor_wanted:
+            for child in self.children:  # webhooks and API answers of jobs that end in the grace still go out
+                child.step(now, self.manager, self.ops)
         if not self.stopping:
             for unit in self.units:
                 for action in stuck.step(unit, now):
@@ -252,8 +247,7 @@ class Supervisor:
     def _stop_step(self, now: float) -> None:
         self._carry_out(self.plan.step(now, runners=any(u.runner_pid is not None for u in self.units),
                                        servers=any(u.server_pid is not None for u in self.units),
-                                       monitor=self.monitor_pid is not None or self.api_pid is not None
-                                       or any(c.pid is not None for c in self.sidecars)))
+                                       monitor=any(c.pid is not None for c in self.children)))
         if self.plan.done:
             self.finished = True
 
@@ -266,12 +260,8 @@ class Supervisor:
                 self._signal_servers(action)
             else:
                 sig = signal.SIGTERM if action is Action.TERM else signal.SIGKILL
-                if self.monitor_pid is not None:
-                    self.ops.kill(self.monitor_pid, sig)
-                if self.api_pid is not None:
-                    self.ops.killpg(self.api_pid, sig)
-                for sidecar in self.sidecars:
-                    sidecar.signal(self.ops, sig)
+                for child in self.children:
+                    child.signal(self.ops, sig)
 
     def _signal_runners(self, action: Action) -> None:
         for unit in self.units:
@@ -304,15 +294,11 @@ class Supervisor:
     def _reap(self, now: float) -> None:
         for pid, status in self.manager.reap():
             how = describe_status(status)
-            if pid == self.monitor_pid:
-                self._monitor_exited(now, status, how)
-                continue
-            if pid == self.api_pid:
-                self._api_exited(now, status, how)
-                continue
-            for sidecar in self.sidecars:
-                if sidecar.pid == pid:
-                    sidecar.exited(now, how, restart=self.plan.keeps_monitor)
+            for child in self.children:
+                if child.pid == pid:
+                    child.exited(now, status, how, restart=self.plan.keeps_monitor)
+                    if child is self.monitor:
+                        self.monitor_port.value = 0  # no status page until the next one has bound
             for unit in self.units:
                 if unit.runner_pid == pid:
                     self._runner_exited(unit, now, how)
@@ -325,6 +311,7 @@ class Supervisor:
         reason = runner.kill_reason if runner is not None else None
         unit.runner_pid = None
         unit.shared.job = b""
+        unit.shared.waiting = 0  # a runner killed mid-wait does not say so itself; its successor will
         if self.stopping:
             unit.runner.stop()
             return
@@ -414,103 +401,34 @@ class Supervisor:
         peers = {u.name: u.url for u in self.units}
         outputs = output_dirs(self.units)
         runner = self.manager.fork_runner(unit.name,
-                                          lambda token: runner_main(self.config, unit, peers, token, outputs))
+                                          lambda token: runner_main(self.config, unit, peers, token, outputs,
+                                                                    [u.shared for u in self.units if u is not unit]))
         unit.runner_pid = runner.pid
         unit.runner.spawned(now)
         log.info("%s: runner started, pid %d", unit.name, runner.pid)
 
-    # -- the monitor (metrics, status page, webhooks) -------------------------------------------------
+    # -- the monitor and the API -----------------------------------------------------------------------
 
-    def _monitor_step(self, now: float) -> None:
-        if not self.monitor_wanted:
-            return
-        policy = self.monitor
-        answered = policy.state is State.STARTING and self.monitor_pid is not None  # up once forked
-        for action in policy.transition(now, answered=answered):
-            if action is Action.SPAWN:
-                self._fork_monitor(now)
-            elif self.monitor_pid is not None:
-                self.ops.kill(self.monitor_pid, signal.SIGKILL)
-
-    def _fork_monitor(self, now: float) -> None:
+    def _monitor_main(self) -> int:
+        """In the forked monitor: /metrics and the status page (unless its address could not be bound), webhooks."""
         self.monitor_port.value = 0
-        self.monitor_pid = self.manager.fork(
-            "comfysup-monitor", lambda: monitor_main(self.config, self.monitor_port, self.monitor_endpoint))
-        self.monitor.spawned(now)
-        log.info("monitor started, pid %d", self.monitor_pid)
+        return monitor_main(self.config, self.monitor_port, self.monitor_endpoint)
 
-    def _monitor_exited(self, now: float, status: int, how: str) -> None:
-        """Restarted by its policy; after a bind failure at once, without its endpoint (webhooks still go)."""
-        self.monitor_pid = None
+    def _monitor_bind_failed(self) -> bool:
+        """[metrics] listen cannot be bound: the monitor starts again at once, without its endpoint."""
         self.monitor_port.value = 0
-        if not self.plan.keeps_monitor:  # its own stop, at the end
-            self.monitor.stop()
-            return
-        if os.WIFEXITED(status) and os.WEXITSTATUS(status) == BIND_FAILED and self.monitor_endpoint:
-            self.monitor_endpoint = False
-            log.error("no /metrics and no status page: [metrics] listen = %r cannot be bound (see above); webhooks "
-                      "are still delivered", self.config.metrics.listen)
-            self.monitor = Policy(self.monitor.limits)  # not a failure of the monitor: start it again now
-            return
-        self.monitor.transition(now, exited=how)
-        if self.monitor.state is State.FAILED:
-            log.error("monitor exited (%s): no /metrics, status page or webhooks until comfysup is restarted; "
-                      "%s", how, self.monitor.reason)
-        else:
-            log.warning("monitor exited (%s)%s", how, next_restart(self.monitor, now))
+        if not self.monitor_endpoint:
+            return False
+        self.monitor_endpoint = False
+        log.error("no /metrics and no status page: [metrics] listen = %r cannot be bound (see above); webhooks "
+                  "are still delivered", self.config.metrics.listen)
+        return True
 
-    def _kill_monitor(self) -> None:
-        """At the very end, whatever happened: the stop plan normally stopped it already."""
-        pid, self.monitor_wanted = self.monitor_pid, False
-        if pid is not None:
-            self.ops.kill(pid, signal.SIGKILL)
-            self.ops.wait_pid(pid)
-            self.monitor_pid = None
-
-    # -- the API (comfysup api, the Comfy API v2) ------------------------------------------------------
-
-    def _api_step(self, now: float) -> None:
-        if not self.api_wanted:
-            return
-        policy = self.api
-        answered = policy.state is State.STARTING and self.api_pid is not None  # up once started
-        for action in policy.transition(now, answered=answered):
-            if action is Action.SPAWN:
-                try:
-                    self.api_pid = spawn_api(self.config, self.ops, self.env, self.state_dir)
-                except OSError as exc:
-                    policy.spawn_failed(now, str(exc))
-                    log.warning("cannot start the API: %s%s", exc, next_restart(policy, now))
-                    continue
-                policy.spawned(now)
-                log.info("API started, pid %d, on %s (log %s)", self.api_pid, self.config.api.listen,
-                         self.state_dir / "api.log")
-            elif self.api_pid is not None:
-                self.ops.killpg(self.api_pid, signal.SIGKILL)
-
-    def _api_exited(self, now: float, status: int, how: str) -> None:
-        """Restarted by its policy, like the monitor; an address that cannot be bound is said once, not retried."""
-        self.api_pid = None
-        if not self.plan.keeps_monitor:
-            self.api.stop()
-            return
-        if os.WIFEXITED(status) and os.WEXITSTATUS(status) == API_BIND_FAILED:
-            self.api_wanted = False
-            log.error("no API: [api] listen = %r cannot be bound (see %s); jobs are still run",
-                      self.config.api.listen, self.state_dir / "api.log")
-            return
-        self.api.transition(now, exited=how)
-        if self.api.state is State.FAILED:
-            log.error("API exited (%s): no /api/v2 until comfysup is restarted; %s", how, self.api.reason)
-        else:
-            log.warning("API exited (%s)%s", how, next_restart(self.api, now))
-
-    def _kill_api(self) -> None:
-        pid, self.api_wanted = self.api_pid, False
-        if pid is not None:
-            self.ops.killpg(pid, signal.SIGKILL)
-            self.ops.wait_pid(pid)
-            self.api_pid = None
+    def _api_bind_failed(self) -> bool:
+        """[api] listen cannot be bound: said once, not retried; jobs are still run."""
+        log.error("no API: [api] listen = %r cannot be bound (see %s); jobs are still run",
+                  self.config.api.listen, self.state_dir / API_LOG)
+        return False
 
     # -- recycling --------------------------------------------------------------------------------------
 
@@ -587,7 +505,7 @@ class Supervisor:
         return summarize(self.units)
 
     def snapshot(self, *, final: bool = False) -> dict[str, Any]:
-        return self.reporter.snapshot(self.units, stopping=self.stopping, monitor_pid=self.monitor_pid,
+        return self.reporter.snapshot(self.units, stopping=self.stopping, monitor_pid=self.monitor.pid,
                                       monitor_port=self.monitor_port.value, final=final)
 
     def write_state(self, *, final: bool = False) -> None:

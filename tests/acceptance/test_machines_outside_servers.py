@@ -16,7 +16,9 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -81,8 +83,11 @@ def executing(url: str) -> str | None:
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("moment", ["mid-prompt", "at-the-post-behind-it"])
 def test_a_claim_taken_over_from_a_killed_machine_follows_the_run_on_its_server(
-        tmp_path: Path, pg_url: str) -> None:  # noqa: F811
+        tmp_path: Path, pg_url: str, moment: str) -> None:  # noqa: F811
+    """``at-the-post-behind-it``: A dies as its server takes the POST of the job queued behind the running
+    one ([runner] queue_ahead), before A could record that prompt: B finds it by the URL A's claim named."""
     # About 3 s a job on A's server: the run outlives A's lease (2 s), so B finds it still running there.
     with FakeComfy(base_directory=tmp_path / "fake-a", node_ms=1000) as a, \
             FakeComfy(base_directory=tmp_path / "fake-b", node_ms=20) as b:
@@ -90,11 +95,26 @@ def test_a_claim_taken_over_from_a_killed_machine_follows_the_run_on_its_server(
         jobs = [trivial_job(n) for n in range(1, 4)]
         out = comfysup("submit", str(jobs_file(tmp_path, jobs)), "--config", str(config_a))
         assert out.returncode == 0, out.stderr
+        killed = threading.Event()
+        if moment == "at-the-post-behind-it":
+            posted = a.recorder.posted
+
+            def kill_machine_a(prompt_id: str, word: str) -> dict[str, Any]:
+                if prompt_id == jobs[1]["id"] and not killed.is_set():
+                    # work and its runner (its own process group) at once: the POST is never seen answered
+                    for process in [*psutil.Process(proc_a.pid).children(recursive=True), psutil.Process(proc_a.pid)]:
+                        process.send_signal(signal.SIGKILL)
+                    killed.set()
+                return posted(prompt_id, word)
+
+            a.recorder.posted = kill_machine_a  # type: ignore[method-assign]
         proc_a = work(config_a, f"gpu0={a.url}", "machine-a", tmp_path / "a.log")
         runners: list[psutil.Process] = []
         try:
             cut = wait_for(lambda: executing(a.url), 30, "machine-a's server to run a job")
             runners = psutil.Process(proc_a.pid).children(recursive=True)
+            if moment == "at-the-post-behind-it":
+                assert killed.wait(30), "machine-a posted no job behind the running one"
             os.kill(proc_a.pid, signal.SIGKILL)  # the machine dies; its server, managed elsewhere, goes on
             proc_a.wait(10)
             wait_for(lambda: not any(r.is_running() and r.status() != psutil.STATUS_ZOMBIE for r in runners), 5,
@@ -118,6 +138,10 @@ def test_a_claim_taken_over_from_a_killed_machine_follows_the_run_on_its_server(
             runs = stats_a.get(job_id, {}).get("executed", 0) + stats_b.get(job_id, {}).get("executed", 0)
             assert runs == 1, (job_id, stats_a.get(job_id), stats_b.get(job_id), log_b)
         assert stats_b.get(cut, {}).get("posted", 0) == 0, "the job cut short was posted again on B's server"
+        if moment == "at-the-post-behind-it":
+            behind = jobs[1]["id"]
+            assert stats_a[behind]["posted"] == 1 and stats_b.get(behind, {}).get("posted", 0) == 0, \
+                "the job whose POST A never saw answered was posted again on B's server"
         assert records[cut].attempt == 2 and records[cut].attempts[-1].owner.startswith("machine-b/")
         assert f"job {cut} attempt 2 on gpu0: following prompt" in log_b or "adopting" in log_b, log_b
 

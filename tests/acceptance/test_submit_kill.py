@@ -1,10 +1,10 @@
 """``kill -9`` of ``comfysup submit`` at random moments: the queue holds all of the file or none of it.
 
-The real command runs as a subprocess on a 10,000-line file, each time into a fresh queue, and is
+The real command runs as a subprocess on a 5,000-line file, each time into a fresh queue, and is
 killed with SIGKILL after a random delay spread over its whole run (start-up, validation, insert,
 commit), until 20 runs were killed before they finished. A second set of kills is triggered by the
 size of the write-ahead log, so some surely land inside the insert transaction. After each kill the
-database must open, pass ``PRAGMA integrity_check``, and hold 0 or 10,000 jobs.
+database must open, pass ``PRAGMA integrity_check``, and hold 0 or 5,000 jobs.
 
 The delays come from a seeded random; the seed is printed (rerun a failure with KILL_SEED=<seed>).
 """
@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 from cli_support import REPO, TRIVIAL, kill_submit, write_config
 
-LINES = 10_000
+LINES = 5_000
 TIME_KILLS = 20
 WAL_KILLS = 6
 PARALLEL = 2

@@ -161,17 +161,21 @@ def test_kill_9_of_the_supervisor_leaves_no_process_and_a_new_one_finishes_every
     wait_for(lambda: not processes_under(tmp_path), 5, "no process of this installation left",
              lambda: str(processes_under(tmp_path)))
     assert {j.state for j in h.jobs(sorted(held)).values()} == {"running"}  # claims left behind
+    # Each runner holds its running job and may hold one more queued behind it ([runner] queue_ahead).
+    claimed = {j.id for j in h.jobs(ids).values() if j.state == "running"}
+    assert held <= claimed and len(claimed) <= 2 * len(held)
 
     started = time.monotonic()
     second = h.start()
     jobs = h.wait_terminal(ids, seconds=60)
     assert time.monotonic() - started < 60, "well before the 120 s lease"
     assert {j.state for j in jobs.values()} == {"done"}, h.describe()
-    for job_id_ in held:
-        first_attempt = jobs[job_id_].attempts[0]
-        assert first_attempt.outcome == "released"
-        assert "earlier supervisor" in (first_attempt.reason or "")
-    assert "released 2 claim(s) of runners that no longer exist" in h.log()
+    for job_id_ in claimed:  # one attempt of each ended by the new supervisor's release (counted: it may have run);
+        # an earlier one may have been a queued-ahead job given back uncounted to a runner waiting for work
+        attempts = jobs[job_id_].attempts
+        assert [a.outcome for a in attempts if "earlier supervisor" in (a.reason or "")] == ["released"], attempts
+        assert all(a.outcome == "released_uncounted" for a in attempts[:-2]), attempts
+    assert f"released {len(claimed)} claim(s) of runners that no longer exist" in h.log()
     for record in jobs.values():
         assert record.attempt <= 2 and len(record.outputs) == 1
         assert files_of(h, record.id) == [record.outputs[0].name]

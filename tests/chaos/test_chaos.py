@@ -22,6 +22,14 @@ from chaos import scenarios
 from chaos.checker import Report
 
 
+@pytest.fixture
+def on_comfyui_038(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The row's fakes answer as ComfyUI 0.38. Runner kills and transient failures meet 0.38 here, server kills
+    and stuck prompts meet 0.3.64 (the suite's default): each row once, not once per version, which cost the
+    fast subset a minute (the runner's own tests still run against both; FAKE_COMFY_VERSION turns a run)."""
+    monkeypatch.setenv("FAKE_COMFY_VERSION", "0.38")
+
+
 def verdict(report: Report) -> None:
     print(report.explain())
     print(report.figures)
@@ -29,7 +37,7 @@ def verdict(report: Report) -> None:
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.usefixtures("comfyui_version")  # one of the rows run against ComfyUI 0.3.64 and 0.38
+@pytest.mark.usefixtures("on_comfyui_038")  # the suite's default is 0.3.64: each version meets every kind of row
 def test_k1_runners_killed_at_random_moments(tmp_path: Path, chaos_seed: int) -> None:
     report = scenarios.k1_runner_kills(tmp_path, chaos_seed, jobs=40, kills=8, aimed=4)
     verdict(report)
@@ -48,7 +56,6 @@ def test_k2_the_supervisor_killed_and_started_again(tmp_path: Path, chaos_seed: 
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.usefixtures("comfyui_version")  # one of the rows run against ComfyUI 0.3.64 and 0.38
 def test_k3_servers_killed_mid_prompt(tmp_path: Path, chaos_seed: int) -> None:
     report = scenarios.k3_server_kills(tmp_path, chaos_seed, jobs=40, kills=6, file_kills=4)
     verdict(report)  # no execution after a completed one: a run whose files landed is adopted
@@ -114,7 +121,7 @@ def test_f1_the_result_store_s_disk_full(tmp_path: Path, chaos_seed: int) -> Non
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.usefixtures("comfyui_version")  # one of the rows run against ComfyUI 0.3.64 and 0.38
+@pytest.mark.usefixtures("on_comfyui_038")  # the suite's default is 0.3.64: each version meets every kind of row
 def test_t1_thirty_percent_of_prompts_fail_transiently(tmp_path: Path, chaos_seed: int) -> None:
     report = scenarios.t1_transient_failures(tmp_path, chaos_seed, jobs=40)
     verdict(report)
@@ -156,7 +163,6 @@ def test_b1_fuzzed_jobs_files(tmp_path: Path, chaos_seed: int) -> None:
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.usefixtures("comfyui_version")  # one of the rows run against ComfyUI 0.3.64 and 0.38
 def test_h2_prompts_stuck_after_interrupt_restart_their_server(tmp_path: Path, chaos_seed: int) -> None:
     report = scenarios.h2_stuck_prompts(tmp_path, chaos_seed, jobs=16, stuck=4)
     verdict(report)
@@ -168,10 +174,10 @@ def test_h2_prompts_stuck_after_interrupt_restart_their_server(tmp_path: Path, c
 
 @pytest.mark.timeout(120)
 def test_r1_consumer_killed_between_commit_and_ack(tmp_path: Path, chaos_seed: int) -> None:
-    report = scenarios.r1_consumer_killed_before_ack(tmp_path, chaos_seed, jobs=150, prefetch=2, rate=0.7)
+    report = scenarios.r1_consumer_killed_before_ack(tmp_path, chaos_seed, jobs=80, prefetch=2, rate=0.7)
     verdict(report)  # every published job done exactly once, every end announced, none lost
-    assert report.figures["consumer_kills"] >= 100, "fewer than a hundred kills between commit and ack"
-    assert report.states["done"] == report.jobs == 150
+    assert report.figures["consumer_kills"] >= 40, "fewer than forty kills between commit and ack"
+    assert report.states["done"] == report.jobs == 80
 
 
 @pytest.mark.timeout(120)
@@ -188,3 +194,14 @@ def test_r3_all_connections_closed_by_the_broker(tmp_path: Path, chaos_seed: int
     verdict(report)
     assert report.faults["broker_closed_connections"] == 4 and report.figures["consumer_reconnections"] >= 4
     assert report.states["done"] == report.jobs == 80
+
+
+@pytest.mark.timeout(150)
+def test_a1_api_submits_while_the_api_runners_and_servers_are_killed(tmp_path: Path, chaos_seed: int) -> None:
+    report = scenarios.a1_api_kills(tmp_path, chaos_seed, api_kills=4, runner_kills=3, server_kills=3)
+    verdict(report)  # every accepted job done once; a retry after a dropped connection made no second job
+    assert report.faults["api_kill"] == 4 and report.faults["runner_kill"] == 3 and report.faults["server_kill"] == 3
+    assert report.figures["drops_after_commit"] >= 1 and report.figures["client_drops"] >= 1, report.figures
+    assert report.figures["replayed_after_commit_drop"] == report.figures["drops_after_commit"], report.figures
+    assert report.figures["kills_mid_request"] == 2 and report.figures["cut_before_answer"] >= 1, report.figures
+    assert report.states["done"] == report.jobs == report.figures["jobs_accepted"]

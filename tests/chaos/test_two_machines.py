@@ -28,7 +28,7 @@ def verdict(report: Report) -> None:
 @pytest.mark.timeout(120)
 def test_m1_two_machines_one_killed_and_started_again(tmp_path: Path, pg_url: str,  # noqa: F811
                                                       chaos_seed: int) -> None:
-    report = two_machines(tmp_path, chaos_seed, pg_url, jobs=200)
+    report = two_machines(tmp_path, chaos_seed, pg_url, jobs=120)
     verdict(report)
     assert report.figures["taken_over_by_b"] >= 1, "no claim of the killed machine was finished by the other"
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -18,40 +17,17 @@ from comfy_sdk import Comfy
 from comfy_sdk.exceptions import ComfyError
 
 from comfysup.queue import open_queue
-from tests.api_support import StandInRunner, api_config, running_api
+from tests.api_support import api_config, running_api, working
 
 ROOT = Path(__file__).resolve().parents[2]
 TRIVIAL = ROOT / "examples" / "workflows" / "trivial.json"
 GRAPH = json.loads(TRIVIAL.read_text())
 
 
-@pytest.fixture
-def api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
-    config = api_config(tmp_path)
-    with running_api(config) as url:
-        monkeypatch.setenv("COMFY_BASE_URL", url)
-        monkeypatch.delenv("COMFY_API_KEY", raising=False)
-        runner = StandInRunner(config)
-        try:
-            yield url, runner, config
-        finally:
-            runner.close()
-
-
-def _working(runner: StandInRunner, stop: threading.Event) -> threading.Thread:
-    def loop() -> None:
-        while not stop.is_set():
-            if runner.run_one() is None:
-                time.sleep(0.05)
-    thread = threading.Thread(target=loop, daemon=True)
-    thread.start()
-    return thread
-
-
 def test_run_then_outputs_to_bytes_as_the_sdk_readme_shows(api: Any) -> None:
     url, runner, _ = api
     stop = threading.Event()
-    worker = _working(runner, stop)
+    worker = working(runner, stop)
     try:
         with Comfy() as client:
             workflow = client.workflows.from_file(TRIVIAL)
@@ -193,3 +169,19 @@ def test_a_non_loopback_listen_without_a_token_is_refused_at_start(tmp_path: Pat
     with pytest.raises(ConfigError, match="token"):
         api_config(tmp_path, listen="0.0.0.0:9189")
     assert api_config(tmp_path, listen="0.0.0.0:0", token="t").api.token == "t"
+
+
+@pytest.mark.timeout(60)
+def test_the_api_of_a_supervisor_never_makes_a_deleted_queue_again(tmp_path: Path) -> None:
+    """``comfysup run`` starts its API with --existing-queue: an API that starts after the queue file was deleted
+    (its interpreter takes a second to start) must fail, not make an empty queue that the supervisor would take
+    for a replaced one. Alone, ``comfysup api`` makes the queue as every front door does."""
+    from tests.runner_helpers import comfysup
+
+    config = api_config(tmp_path)
+    db = Path(config.resolve(config.queue.path))
+    out = comfysup("api", "--config", config.source, "--existing-queue", timeout=30)
+    assert out.returncode == 1 and "no queue database here" in out.stderr, out.stderr
+    assert not db.exists()
+    with running_api(config):
+        assert db.exists()

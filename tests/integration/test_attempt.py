@@ -4,6 +4,7 @@ claimed for the runner (with that job's prompt when the hand-off posted it alrea
 from __future__ import annotations
 
 import dataclasses
+import time
 from pathlib import Path
 from typing import Any
 
@@ -11,10 +12,12 @@ import pytest
 
 from comfysup.config import Config, RunnerConfig
 from comfysup.queue.base import Claim
-from comfysup.runner.attempt import Attempt
+from comfysup.runner import attempt as attempt_module
+from comfysup.runner.attempt import ALARM_SLACK_SECONDS, Attempt
 from comfysup.runner.result import NextClaim, Outcome
 from comfysup.runner.station import AttemptSettings, Station
 from comfysup.runner.store import ResultStore
+from comfysup.runner.stuck import StuckChannel
 from fake_comfy import FakeComfy
 from tests.runner_helpers import config_of, job_id, submit, trivial_job, write_config
 
@@ -84,5 +87,42 @@ def test_a_posted_prompt_of_another_job_is_ignored(tmp_path: Path, fake: FakeCom
     assert result.next_claim is not None and result.posted is not None
     other = dataclasses.replace(result.posted, claim_id=job_id(9))
     assert Attempt(station, result.next_claim, posted=other).posted_in is None
+    station.close()
+    queue.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_stuck_prompt_whose_restart_outlasts_the_alarm_slack_ends_stuck_not_timed_out(
+        tmp_path: Path, fake: FakeComfy, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The runner sees the timeout at a checkpoint, its prompt ignores /interrupt, and the server's restart
+    takes longer than the alarm's slack: the alarm must not fall once that is over, or the job would be
+    interrupted again (on the new, empty server) and end as a plain timeout, its real reason lost."""
+    config = write_config(tmp_path, timeout_seconds=0.5, leave_queue_seconds=0.3, attempts=3)
+    queue = submit(config, [trivial_job(1)])
+    fake.script_by_id({job_id(1): ["hostile:run:ignore-interrupt"]})
+    reported: list[float] = []
+
+    def report(prompt_id: str) -> None:
+        fake.restart()  # what the supervisor does; the prompt dies with the old server
+        reported.append(time.monotonic())
+
+    # The restart is seen as done only after the alarm's due time (the timeout plus ALARM_SLACK_SECONDS).
+    channel = StuckChannel(restarts=True, report=report,
+                           pending=lambda: time.monotonic() < reported[0] + ALARM_SLACK_SECONDS + 0.2)
+    settings = AttemptSettings.from_config(config_of(config), "cpu0", fake.url, {})
+    station = Station(settings, queue, ResultStore(tmp_path / "store", 1 << 30), stuck=channel)
+    real_decide = attempt_module.decide
+
+    def slow_decide(*args: Any) -> Any:
+        time.sleep(0.05)  # the outcome takes a moment: long enough for a re-armed alarm to fall
+        return real_decide(*args)
+
+    monkeypatch.setattr(attempt_module, "decide", slow_decide)
+    claim = queue.claim("runner-a", "cpu0", lease_seconds=30)
+    assert claim is not None
+    result = Attempt(station, claim).run()
+    assert (result.outcome.state, result.outcome.kind) == ("retry", "stuck"), result.outcome
+    assert "the server was restarted" in (result.outcome.reason or "")
+    assert len(reported) == 1, "reported once: the prompt was not interrupted a second time"
     station.close()
     queue.close()

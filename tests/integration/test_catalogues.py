@@ -80,7 +80,7 @@ def test_a_job_submitted_before_a_catalogue_is_refused_by_the_runner_that_meets_
         runner_b.catalogue.refresh()
         claim = queue.claim("test", "b", 10, catalogue=runner_b.catalogue.id)
         assert claim is not None and claim.id == job_id(1)
-        assert runner_b.run_one(claim) == (None, None)
+        assert runner_b.run_one(claim) == (None, None, None)
         dead = queue.get(job_id(1))
         assert dead.state == "dead"
         assert dead.reason == "no server can run it: node 2 (ImageBlur): class 'ImageBlur' is not installed"
@@ -88,7 +88,7 @@ def test_a_job_submitted_before_a_catalogue_is_refused_by_the_runner_that_meets_
         Runner(config_of(config), "a", a.url).catalogue.refresh()
         claim = queue.claim("test", "b", 10, catalogue=runner_b.catalogue.id)
         assert claim is not None and claim.id == job_id(2)
-        assert runner_b.run_one(claim) == (None, None)
+        assert runner_b.run_one(claim) == (None, None, None)
         job = queue.get(job_id(2))
         assert (job.state, job.attempt) == ("queued", 0)
         assert [(t.server, t.outcome) for t in job.attempts] == [("b", "released_uncounted")]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import socket
 import time
 
@@ -55,6 +56,38 @@ def test_nested_deadlines_take_the_earliest_and_restore_the_outer() -> None:
         with deadline.within(10, "later inner"):
             assert deadline.remaining() <= 5  # the outer one is still the first to fall
     assert deadline.remaining() == float("inf")
+
+
+def test_the_outer_deadline_still_falls_after_an_inner_one_fell_or_ended_early() -> None:
+    with pytest.raises(DeadlineExceeded, match="outer"), deadline.within(0.6, "outer"):
+        with pytest.raises(DeadlineExceeded, match="inner"), deadline.within(0.1, "inner"):
+            time.sleep(3)  # the inner one fell: the timer must be set again for the outer one
+        with deadline.within(0.15, "ended early"):
+            pass  # the timer stays set for it, falls early, finds nothing due and sleeps on
+        time.sleep(0.2)
+        time.sleep(3)
+
+
+def test_a_call_inside_a_longer_deadline_sets_no_timer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The runner's HTTP calls each have a bound, inside the job's: only a bound earlier than the timer's
+    sets it, and an end leaves it (a system call saved each time)."""
+    calls: list[float] = []
+    real = signal.setitimer
+
+    def counted(which: int, seconds: float, interval: float = 0.0) -> tuple[float, float]:
+        calls.append(seconds)
+        return real(which, seconds, interval)
+
+    monkeypatch.setattr(signal, "setitimer", counted)
+    with deadline.within(5, "the job"):
+        armed = len(calls)
+        for _ in range(10):
+            with deadline.within(30, "a call"):
+                pass
+        assert len(calls) == armed, "a later bound inside an earlier one set the timer"
+        with pytest.raises(DeadlineExceeded, match="a short call"), deadline.within(0.05, "a short call"):
+            time.sleep(3)
+        assert len(calls) == armed + 2, "set for the short call, then again for the job once it fell"
 
 
 def test_shorten_brings_a_running_block_to_its_grace() -> None:
@@ -122,6 +155,16 @@ def test_suspended_lets_an_interrupt_finish_after_its_deadline() -> None:
     assert finished
 
 
+def test_a_settled_deadline_falls_no_more_and_the_one_around_it_still_does() -> None:
+    with pytest.raises(DeadlineExceeded) as outer_fell, deadline.within(0.6, "the stop"):
+        with deadline.within(0.1, "the job") as job:
+            deadline.settle(job)  # its caller saw it pass and acts on it
+            time.sleep(0.3)
+            settled_block_finished = True
+        time.sleep(1)
+    assert settled_block_finished and outer_fell.value.what == "the stop"
+
+
 def test_a_caller_tells_its_own_deadline_from_one_around_it() -> None:
     with deadline.within(5, "the job", kind="attempt") as outer:
         try:
@@ -145,3 +188,23 @@ def test_calls_inside_a_suspended_block_keep_their_own_bound_but_not_a_stops() -
                 time.sleep(1)
         with pytest.raises(DeadlineExceeded, match="a stop"):
             time.sleep(1)  # the stop comes back after the block
+
+
+def test_a_forked_child_sets_its_own_timer() -> None:
+    """fork does not pass the timer on: a child forked inside a deadline must set the timer itself, even for a
+    bound later than the one its parent's timer was set for."""
+    import os
+
+    with deadline.within(0.5, "the parent's"):
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                with deadline.within(2.0, "the child's"):
+                    time.sleep(3)  # the parent's bound, inherited, falls at 0.5 s: only if the child set a timer
+            except DeadlineExceeded:
+                code = 0
+            finally:
+                os._exit(code)
+    _, status = os.waitpid(pid, 0)  # the parent's block has ended
+    assert os.WEXITSTATUS(status) == 0, "no deadline fell in the child"

@@ -6,6 +6,7 @@ The runner runs in the test's main thread, as in its own process, so the deadlin
 
 from __future__ import annotations
 
+import copy
 import logging
 import threading
 import time
@@ -13,10 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import requests
 
 from comfysup.runner.loop import Runner
 from fake_comfy import FakeComfy
-from tests.runner_helpers import config_of, job_id, submit, trivial_job, write_config
+from tests.runner_helpers import TRIVIAL, config_of, job_id, submit, trivial_job, write_config
+from tests.supervisor_support import wait_for
 
 TERMINAL = ("done", "dead", "cancelled")
 
@@ -54,6 +57,16 @@ def test_every_mutation_ends_in_a_recorded_state_and_the_runner_lives_on(
     config = write_config(tmp_path, attempts=2, timeout_seconds=6.0, http_timeout_seconds=2.0)
     jobs = [trivial_job(i) for i in range(1, len(MUTATIONS) + 2)]  # and one plain job after them all
     queue = submit(config, jobs)
+    # A run watched whole on the socket needs no /history (its outputs come in its executed messages): the history
+    # mutations meet the runner where it must read the entry, a run of the job's id that the server already holds
+    # (another installation's, a restored backup's), which the first look before the POST adopts.
+    for i, mutation in enumerate(MUTATIONS, 1):
+        if mutation.startswith("history:"):
+            workflow = copy.deepcopy(TRIVIAL)
+            workflow["1"]["inputs"]["color"], workflow["3"]["inputs"]["filename_prefix"] = i, f"job{i}"
+            requests.post(f"{fake.url}/prompt", json={"prompt": workflow, "prompt_id": job_id(i)}, timeout=10)
+    wait_for(lambda: requests.get(f"{fake.url}/queue", timeout=10).json() == {"queue_running": [], "queue_pending": []},
+             30, "the prompts run outside comfysup to end")
     run_all(config, fake)
     records = {j.id: j for j in queue.get_many([j["id"] for j in jobs])}
     problems = []
@@ -72,10 +85,12 @@ def test_every_mutation_ends_in_a_recorded_state_and_the_runner_lives_on(
     assert records[job_id(len(MUTATIONS) + 1)].state == "done"  # the server still serves after all of it
     assert not [r for r in caplog.records if r.exc_info and "internal error" in r.getMessage()], \
         "a mutation reached code that did not expect it"
-    # A history entry of the wrong shape is all there is of that run: both attempts fail on it, readably.
+    # A history entry of the wrong shape is all there is of that earlier run: both attempts fail on it, readably,
+    # and neither posts the job again.
     wrong_history = [records[job_id(i)] for i, m in enumerate(MUTATIONS, 1) if m.startswith("history:@")]
     assert all(j.state == "dead" and "server sent a malformed /history entry" in (j.reason or "")
                for j in wrong_history), [(j.id, j.state, j.reason) for j in wrong_history]
+    assert all(fake.stats()["prompts"][j.id]["posted"] == 1 for j in wrong_history)  # the outside post alone
     # A garbled WebSocket message fails its attempt; the next one adopts the finished run from /history.
     wrong_socket = [records[job_id(i)] for i, m in enumerate(MUTATIONS, 1) if m.startswith("ws:data")]
     assert all("server sent a malformed WebSocket message" in (j.attempts[0].reason or "") for j in wrong_socket), \

@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import re
+import sqlite3
 import time
 from pathlib import Path
 from typing import Any
@@ -114,6 +115,31 @@ def test_the_supervisor_registers_its_machine_and_heartbeats_its_slots(tmp_path:
     sup.tick(sup.clock())  # forks the runners (made up) and heartbeats with their pids
     [machine] = queue.machines()
     assert all(s["runner_pid"] for s in machine.slots)
+    queue.close()
+
+
+@pytest.mark.timeout(20)
+def test_a_write_lock_held_elsewhere_skips_the_machine_heartbeat_instead_of_holding_the_loop(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A runner stopped in the middle of a transaction (SIGSTOP, a debugger) holds SQLite's write lock: the
+    supervisor's heartbeat of its machine row waits half a second, not the queue's 30 s, so its loop goes on to
+    kill that silent runner; the beat is skipped, and the queue is not called down for it."""
+    monkeypatch.setenv(HOSTNAME_VARIABLE, "machine-a")
+    sup, queue = supervisor_of(tmp_path)
+    sup.queue = queue
+    sup.heartbeat_machine(register=True)
+    [before] = queue.machines()
+    holder = sqlite3.connect(tmp_path / "var" / "queue.db", isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")  # the stopped runner's transaction
+    try:
+        sup.heartbeat_machine()  # the queue's busy timeout is 30 s: past this test's timeout
+        assert sup.queue_ok
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    sup.heartbeat_machine()
+    [after] = queue.machines()
+    assert after.heartbeat_at > before.heartbeat_at  # the lock gone, the next beat is written
     queue.close()
 
 

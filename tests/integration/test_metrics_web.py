@@ -65,6 +65,17 @@ def test_each_ended_attempt_is_counted_once_even_when_its_write_lands_late(queue
     assert early.catch_up(queue) == 1  # only what ended after it started: counters start at zero
 
 
+def test_a_scrape_shows_the_attempts_that_ended_before_it_not_one_scrape_later(queue: SQLiteQueue) -> None:
+    queue.submit([make_job(i) for i in range(2)], now=T0 - 30)
+    metrics = Metrics(queue, lambda: None, since=T0)
+    queue.complete(queue.claim("a", "gpu0", 60, now=T0), [], now=T0 + 1)
+    assert 'comfysup_attempts_total{kind="none",outcome="done"} 1.0' in metrics.exposition().decode()
+    queue.dead(queue.claim("a", "gpu0", 60, now=T0 + 2), "POST /prompt 400", now=T0 + 3, kind="validation")
+    text = metrics.exposition().decode()
+    assert 'comfysup_attempts_total{kind="validation",outcome="dead"} 1.0' in text
+    assert 'comfysup_dead_letters_total{kind="validation"} 1.0' in text
+
+
 class FakeNVML:
     def __init__(self, fail: bool = False) -> None:
         self.fail = fail

@@ -128,3 +128,43 @@ def test_a_password_in_the_url_is_never_printed(tmp_path: Path, pg_url: str,  # 
     assert cli(["migrate", "--config", str(config), "--to", with_password]) == 0
     out = capsys.readouterr()
     assert "trust-ignores-me" not in out.out + out.err
+
+
+def test_jobs_with_input_files_arrive_with_their_bytes(tmp_path: Path, pg_url: str,  # noqa: F811
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 17's input files go with their jobs: stored once per content in PostgreSQL, linked to each job (so
+    prune keeps them), and a second migrate copies nothing twice."""
+    import json
+
+    from input_images import INVERT, random_png
+
+    from comfysup import assets
+
+    config = tmp_path / "config.toml"
+    config.write_text(f'[queue]\npath = "{tmp_path / "q.db"}"\n')
+    (tmp_path / "invert.json").write_text(json.dumps(INVERT))
+    images = {name: random_png(n, width=8, height=8) for n, name in enumerate(("a.png", "b.png"))}
+    for name, data in images.items():
+        (tmp_path / name).write_bytes(data)
+    lines = [{"id": make_job(n).id, "workflow": "invert.json", "set": {"1.image": {"file": name}}}
+             for n, name in enumerate(("a.png", "b.png", "a.png"))]
+    (tmp_path / "jobs.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert cli(["submit", "--config", str(config), str(tmp_path / "jobs.jsonl")]) == 0
+    for name in images:
+        (tmp_path / name).unlink()  # the bytes come from the queue's own store, not from the jobs' folder
+    capsys.readouterr()
+
+    assert cli(["migrate", "--config", str(config), "--to", pg_url]) == 0
+    assert "copied 3 job(s) and 2 input file(s)" in capsys.readouterr().out
+    target = PostgresQueue(pg_url)
+    try:
+        for data in images.values():
+            assert target.read_asset(assets.hash_bytes(data)) == data
+        assert target.assets_needed() == {assets.hash_bytes(d) for d in images.values()}
+    finally:
+        target.close()
+    with psycopg.connect(pg_url) as conn:
+        assert conn.execute("SELECT count(*) FROM job_assets").fetchone()[0] == 3
+
+    assert cli(["migrate", "--config", str(config), "--to", pg_url]) == 0
+    assert "copied 0 job(s), 3 already in" in capsys.readouterr().out

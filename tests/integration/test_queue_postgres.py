@@ -48,11 +48,29 @@ def test_schema_version_is_recorded_and_a_newer_one_refused(pg_url: str) -> None
         _sql(pg_url, "DELETE FROM schema_version WHERE version > %s", (SCHEMA_VERSION,))
 
 
+def test_v9_adds_the_api_registry_and_keeps_the_jobs(pg_url: str) -> None:  # noqa: F811
+    """A v8 database opened by this comfysup (issue 18): the registry of machines' APIs is added, the jobs stay."""
+    q = PostgresQueue(pg_url)
+    q.submit([make_job(1)], now=T0)
+    q.close()
+    _sql(pg_url, "DROP TABLE api_endpoints")  # back to v8
+    _sql(pg_url, "DELETE FROM schema_version WHERE version = 9")
+    q = PostgresQueue(pg_url)
+    try:
+        assert _sql(pg_url, "SELECT max(version) FROM schema_version") == [(SCHEMA_VERSION,)] == [(9,)]
+        assert q.get(make_job(1).id).state == "queued"
+        q.advertise_api("render-07", "http://10.0.0.7:9189", 100, now=T0)
+        endpoint = q.api_endpoint("render-07", now=T0 + 1)
+        assert endpoint is not None and endpoint.url == "http://10.0.0.7:9189"
+    finally:
+        q.close()
+
+
 def test_machines_opening_at_once_create_the_schema_once(pg_url: str) -> None:  # noqa: F811
     """The advisory lock: several processes opening a new database at the same moment all succeed."""
     _sql(pg_url, "DROP TABLE IF EXISTS announcements, jobs, attempts, machines, deliveries, workflows, affinity_skips, "
-         "catalogues, server_catalogues, job_refusals, assets, job_assets, asset_chunks, server_assets, "
-         "schema_version")
+         "catalogues, server_catalogues, job_refusals, assets, job_assets, asset_chunks, server_assets, api_assets, "
+         "api_endpoints, schema_version")
     errors: list[BaseException] = []
     start = threading.Barrier(6)
 
@@ -87,6 +105,29 @@ def test_leases_and_run_after_use_the_database_clock(pg_url: str) -> None:  # no
     q.retry_later(claim, time.time() + 100, "later")
     assert abs(q.get(claim.id).run_after - (db_now + 100)) < 5
     q.close()
+
+
+def test_a_claim_starts_after_the_end_that_freed_its_job_even_when_its_transaction_began_first(
+        pg_url: str) -> None:  # noqa: F811
+    """now() is a transaction's start: a claim whose transaction began (with ``expire``) before another
+    machine's release began, and took the job once that release committed, still starts after its end."""
+    a, b = PostgresQueue(pg_url), PostgresQueue(pg_url)
+    a.submit([make_job(1)])
+    held = a.claim("machine-a/1/gpu0/x", "gpu0", 60)
+    assert held is not None
+
+    def claim_after_the_release(cur: psycopg.Cursor) -> tuple:
+        cur.execute("SELECT now()")  # b's transaction, and so its now(), begins here
+        a.release(held, "withdrawn", count_attempt=False)  # another connection: begins and commits meanwhile
+        return b._claim(cur, "machine-b/2/gpu1/y", "gpu1", 60, None, None, 0)
+
+    row = b._transaction(claim_after_the_release)
+    assert row is not None and row[2] == held.id
+    [first, second] = a.get(held.id).attempts
+    assert (first.owner, first.outcome) == ("machine-a/1/gpu0/x", "released_uncounted")
+    assert second.owner == "machine-b/2/gpu1/y" and second.started_at >= first.ended_at, (first, second)
+    a.close()
+    b.close()
 
 
 def test_a_machine_clock_far_ahead_cannot_expire_a_live_lease(pg_url: str,  # noqa: F811
@@ -304,8 +345,8 @@ def test_a_version_2_database_keeps_its_jobs_and_stores_each_workflow_once_in_v3
     from comfysup.workflows import model_key
 
     _sql(pg_url, "DROP TABLE IF EXISTS announcements, jobs, attempts, machines, deliveries, workflows, affinity_skips, "
-         "catalogues, server_catalogues, job_refusals, assets, job_assets, asset_chunks, server_assets, "
-         "schema_version")
+         "catalogues, server_catalogues, job_refusals, assets, job_assets, asset_chunks, server_assets, api_assets, "
+         "api_endpoints, schema_version")
     sql = pg_backend._named_sql()
     loaded = {"1": {"class_type": "UNETLoader", "inputs": {"unet_name": "flux.safetensors"}},
               "2": {"class_type": "SaveImage", "inputs": {"images": ["1", 0], "filename_prefix": "m"}}}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sqlite3
@@ -80,8 +81,16 @@ def test_network_filesystem_is_refused_before_anything_is_created(tmp_path: Path
     assert not path.exists()
 
 
-def test_filesystem_type_finds_the_mount_of_a_path(tmp_path: Path) -> None:
+def test_filesystem_type_finds_the_mount_of_a_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert sqlite_backend.filesystem_type(tmp_path) != ""
+    psutil = pytest.importorskip("psutil")
+    mounts = sorted((p.mountpoint, p.fstype) for p in psutil.disk_partitions(all=True))
+    assert sorted(sqlite_backend._mounts()) == mounts
+    fake = [("/", "ext4"), ("/mnt/my share", "nfs4"), ("/mnt/my", "xfs")]
+    monkeypatch.setattr(sqlite_backend, "_mounts", lambda: fake)
+    assert sqlite_backend.filesystem_type(Path("/mnt/my share/queue.db")) == "nfs4"
+    assert sqlite_backend.filesystem_type(Path("/mnt/my/queue.db")) == "xfs"
+    assert sqlite_backend.filesystem_type(Path("/mnt/mys/queue.db")) == "ext4"
 
 
 def _hold_write_lock(path: Path) -> sqlite3.Connection:
@@ -106,6 +115,51 @@ def test_a_write_lock_held_beyond_the_busy_timeout_is_database_locked(tmp_path: 
         holder.close()
     assert q.claim("runner-a", "gpu0", 30, now=T0) is not None  # and the connection is still usable
     q.close()
+
+
+def test_a_retry_waits_its_backoff_after_the_write_that_records_it_even_behind_a_lock(tmp_path: Path) -> None:
+    """The backoff counts from when the attempt's end is recorded: a retry_later that waited 0.3 s for the write
+    lock still leaves the job its 0.2 s (chaos T1 saw a 0.1 s gap when run_after was read before the wait)."""
+    import threading
+
+    path = tmp_path / "q.db"
+    q = SQLiteQueue(path, busy_timeout_seconds=5.0)
+    q.submit([make_job(1)])
+    claim = q.claim("runner-a", "gpu0", 30)
+    held = threading.Event()
+
+    def hold() -> None:  # the lock held 0.3 s by another connection: the fault, not a synchronisation
+        holder = _hold_write_lock(path)
+        held.set()
+        time.sleep(0.3)
+        holder.execute("ROLLBACK")
+        holder.close()
+
+    locker = threading.Thread(target=hold)
+    locker.start()
+    try:
+        assert held.wait(5)
+        q.retry_later(claim, time.time() + 0.2, "out of memory", kind="oom")
+    finally:
+        locker.join(5)
+    (run_after,) = q._read("SELECT run_after FROM jobs")[0]
+    (ended_at,) = q._read("SELECT ended_at FROM attempts")[0]
+    assert run_after - ended_at >= 0.19
+    q.close()
+
+
+def test_a_reconnect_never_makes_an_empty_database_where_the_queue_was_deleted(tmp_path: Path) -> None:
+    """A process whose connection is gone (closed, forked, dropped after an error) once the file was deleted must
+    say so, not create an empty queue at the path: the supervisor would then call the deletion a replacement, and
+    a writer would carry on in a database without the jobs."""
+    path = tmp_path / "q.db"
+    q = SQLiteQueue(path)
+    q.submit([make_job(1)], now=T0)
+    q.close()
+    path.unlink()
+    with pytest.raises(DatabaseMissing, match="deleted or moved"):
+        q.status(now=T0)
+    assert not path.exists()
 
 
 def test_opening_an_existing_queue_does_not_need_the_write_lock(tmp_path: Path) -> None:
@@ -226,16 +280,57 @@ def test_a_failed_write_rolls_back_and_the_queue_stays_usable(tmp_path: Path) ->
     q.close()
 
 
-def test_wait_for_work_sleeps_at_most_a_quarter_second(tmp_path: Path) -> None:
-    """Nothing can wake a waiter on a SQLite file, so the wait is capped: a runner's stop flag stays responsive."""
+class FakeClock:
+    """time.monotonic and time.sleep for a wait: sleeping advances the clock, and ``during_sleep`` runs at
+    the first sleep (another process's commit while this one waits)."""
+
+    def __init__(self, during_sleep=lambda: None) -> None:
+        self.now, self.sleeps, self.during_sleep = 1000.0, [], during_sleep
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        if len(self.sleeps) > 1000:
+            raise AssertionError("the wait does not end")
+        if not self.sleeps:
+            self.during_sleep()
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+@pytest.mark.timeout(30)
+def test_wait_for_work_waits_at_most_a_quarter_second(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing commits: the wait is capped, so a runner's stop flag stays responsive."""
     q = SQLiteQueue(tmp_path / "q.db")
-    started = time.monotonic()
-    q.wait_for_work(30)
-    assert 0.2 <= time.monotonic() - started < 1.0
-    started = time.monotonic()
-    q.wait_for_work(0.05)
-    assert time.monotonic() - started < 0.2
+    for asked, waited in ((30, sqlite_backend.IDLE_WAIT_CAP_SECONDS), (0.05, 0.05)):
+        clock = FakeClock()
+        monkeypatch.setattr(sqlite_backend.time, "monotonic", clock.monotonic)
+        monkeypatch.setattr(sqlite_backend.time, "sleep", clock.sleep)
+        q.wait_for_work(asked)
+        monkeypatch.undo()
+        assert sum(clock.sleeps) == pytest.approx(waited)
+        assert max(clock.sleeps) <= sqlite_backend.WAKE_CHECK_SECONDS
     q.close()
+
+
+@pytest.mark.timeout(30)
+def test_wait_for_work_ends_at_another_connections_commit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job submitted by another process while a runner waits is seen at the next check, not after the cap;
+    the waiter's own commits do not end its wait."""
+    q, other = SQLiteQueue(tmp_path / "q.db"), SQLiteQueue(tmp_path / "q.db")
+    clock = FakeClock(during_sleep=lambda: other.submit([make_job(1)], now=T0))
+    monkeypatch.setattr(sqlite_backend.time, "monotonic", clock.monotonic)
+    monkeypatch.setattr(sqlite_backend.time, "sleep", clock.sleep)
+    q.wait_for_work(30)
+    assert clock.sleeps == [sqlite_backend.WAKE_CHECK_SECONDS]
+    clock.sleeps.clear()
+    clock.during_sleep = lambda: q.submit([make_job(2)], now=T0)
+    q.wait_for_work(30)
+    assert sum(clock.sleeps) == pytest.approx(sqlite_backend.IDLE_WAIT_CAP_SECONDS)
+    monkeypatch.undo()
+    q.close()
+    other.close()
 
 
 def test_a_version_1_database_is_migrated_and_keeps_its_jobs(tmp_path: Path) -> None:
@@ -371,6 +466,33 @@ def test_finished_counts_follow_every_transition(tmp_path: Path) -> None:
     q.close()
 
 
+UNDO = {
+    13: "DROP TABLE api_endpoints",
+    12: "DROP TABLE api_assets",
+    11: "DROP TABLE announcements",
+    10: "DROP TABLE assets; DROP TABLE job_assets; DROP TABLE asset_chunks; DROP TABLE server_assets",
+    9: "ALTER TABLE attempts DROP COLUMN url",
+    8: "DROP TABLE catalogues; DROP TABLE server_catalogues; DROP TABLE job_refusals",
+    7: "CREATE TRIGGER jobs_finished_insert AFTER INSERT ON jobs WHEN new.state IN ('done', 'dead', 'cancelled') "
+       "BEGIN UPDATE finished_counts SET n = n + 1 WHERE state = new.state; END",
+    6: "DROP TRIGGER IF EXISTS jobs_finished_insert; DROP TRIGGER IF EXISTS jobs_finished_into; "
+       "DROP TRIGGER IF EXISTS jobs_finished_out_of; DROP TRIGGER IF EXISTS jobs_finished_delete; "
+       "DROP TABLE finished_counts",
+}
+"""What each schema step from v6 on added, taken away again (v7 dropped a trigger: its undo puts it back)."""
+
+
+def _back_to(path: Path, version: int) -> None:
+    """The queue file as the comfysup of schema ``version`` left it: every later step undone, newest first."""
+    assert set(UNDO) == set(range(6, SCHEMA_VERSION + 1)), "a new schema step needs its undo here"
+    conn = sqlite3.connect(path)
+    for step in range(SCHEMA_VERSION, version, -1):
+        conn.executescript(UNDO[step])
+    conn.execute(f"PRAGMA user_version = {version}")
+    conn.commit()
+    conn.close()
+
+
 def test_a_version_5_database_counts_its_finished_jobs_in_v6(tmp_path: Path) -> None:
     path = tmp_path / "q.db"
     q = SQLiteQueue(path)
@@ -380,18 +502,7 @@ def test_a_version_5_database_counts_its_finished_jobs_in_v6(tmp_path: Path) -> 
     q.cancel([make_job(5).id], now=T0 + 2)
     q.claim("r", "gpu0", 30, now=T0)
     q.close()
-    conn = sqlite3.connect(path)  # back to v5: as a queue made by the comfysup before this one left it
-    conn.executescript("DROP TABLE catalogues; DROP TABLE server_catalogues; DROP TABLE job_refusals;")  # v8's
-    for name in ("jobs_finished_insert", "jobs_finished_into", "jobs_finished_out_of", "jobs_finished_delete"):
-        conn.execute(f"DROP TRIGGER IF EXISTS {name}")  # v7 dropped the first
-    conn.execute("DROP TABLE finished_counts")
-    conn.execute("ALTER TABLE attempts DROP COLUMN url")  # v9 added it
-    conn.executescript("DROP TABLE assets; DROP TABLE job_assets; DROP TABLE asset_chunks; "
-                       "DROP TABLE server_assets;")  # v10's
-    conn.execute("DROP TABLE announcements")  # v11
-    conn.execute("PRAGMA user_version = 5")
-    conn.commit()
-    conn.close()
+    _back_to(path, 5)  # as a queue made by the comfysup before this one left it
     q = SQLiteQueue(path, create=False)
     assert q.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     assert q.status(now=T0 + 3).counts == {"queued": 2, "waiting": 0, "running": 1, "done": 1, "dead": 1,
@@ -408,18 +519,7 @@ def test_v7_drops_the_insert_trigger_and_counts_stay_right(tmp_path: Path) -> No
     q.submit([make_job(n) for n in range(4)], now=T0)
     q.complete(q.claim("r", "gpu0", 30, now=T0), [], now=T0 + 1)
     q.close()
-    conn = sqlite3.connect(path)  # back to v6: as the comfysup before this one left it
-    conn.executescript("DROP TABLE catalogues; DROP TABLE server_catalogues; DROP TABLE job_refusals;")  # v8's
-    conn.execute("CREATE TRIGGER jobs_finished_insert AFTER INSERT ON jobs WHEN new.state IN "
-                 "('done', 'dead', 'cancelled') BEGIN "
-                 "UPDATE finished_counts SET n = n + 1 WHERE state = new.state; END")
-    conn.execute("ALTER TABLE attempts DROP COLUMN url")  # v9 added it
-    conn.executescript("DROP TABLE assets; DROP TABLE job_assets; DROP TABLE asset_chunks; "
-                       "DROP TABLE server_assets;")  # v10's
-    conn.execute("DROP TABLE announcements")  # v11
-    conn.execute("PRAGMA user_version = 6")
-    conn.commit()
-    conn.close()
+    _back_to(path, 6)  # as the comfysup before this one left it, with the per-row insert trigger
     q = SQLiteQueue(path, create=False)
     assert q.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     assert q._read("SELECT name FROM sqlite_master WHERE type = 'trigger' AND name = 'jobs_finished_insert'") == []
@@ -439,17 +539,46 @@ def test_v9_adds_the_attempts_server_url(tmp_path: Path) -> None:
     q.submit([make_job(1)], now=T0)
     old = q.claim("host-a/1/gpu0/t", "gpu0", 30, now=T0)
     q.close()
-    conn = sqlite3.connect(path)  # back to v8
-    conn.execute("ALTER TABLE attempts DROP COLUMN url")
-    conn.executescript("DROP TABLE assets; DROP TABLE job_assets; DROP TABLE asset_chunks; "
-                       "DROP TABLE server_assets;")  # v10's
-    conn.execute("DROP TABLE announcements")  # v11
-    conn.execute("PRAGMA user_version = 8")
-    conn.commit()
-    conn.close()
+    _back_to(path, 8)
     q = SQLiteQueue(path, create=False)
-    assert q.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 11
-    assert q.last_url(old.id) is None
+    assert q.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 13
+    assert q.attempt_urls(old.id) == []
     q.record_prompt(old, "gpu0", 3, "http://10.0.0.1:8188")
-    assert q.last_url(old.id) == ("http://10.0.0.1:8188", "host-a/1/gpu0/t")
+    assert q.attempt_urls(old.id) == [("http://10.0.0.1:8188", 3)]
+    q.close()
+
+
+def test_v12_adds_api_upload_records_and_keeps_the_inputs_jobs_have(tmp_path: Path) -> None:
+    """A v11 queue opened by this comfysup (issue 18): the upload records' table is added; the stored inputs and
+    the jobs that need them are kept, and prune still keeps what a queued job needs."""
+    from tests.queue_assets_contract import asset_file
+
+    path = tmp_path / "q.db"
+    q = SQLiteQueue(path)
+    cat = asset_file(tmp_path, b"cat bytes")
+    q.submit([dataclasses.replace(make_job(1), assets=(cat,))], now=T0)
+    q.close()
+    _back_to(path, 11)
+    q = SQLiteQueue(path, create=False)
+    assert q.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    assert q.prune_assets(now=T0 + 10**6) == (0, 0)
+    assert q.read_asset(cat.hash) == b"cat bytes"
+    record, created_new, _ = q.add_api_asset(cat, "image/png", 3600.0, now=T0)
+    assert not created_new and q.api_asset(record.id) == record
+    q.close()
+
+
+def test_v13_adds_the_api_registry_and_keeps_the_jobs(tmp_path: Path) -> None:
+    """A v12 queue opened by this comfysup (issue 18): the registry of machines' APIs is added, the jobs stay."""
+    path = tmp_path / "q.db"
+    q = SQLiteQueue(path)
+    q.submit([make_job(1)], now=T0)
+    q.close()
+    _back_to(path, 12)
+    q = SQLiteQueue(path, create=False)
+    assert q.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 13
+    assert q.get(make_job(1).id).state == "queued"
+    q.advertise_api("render-07", "http://10.0.0.7:9189", 100, now=T0)
+    endpoint = q.api_endpoint("render-07", now=T0 + 1)
+    assert endpoint is not None and endpoint.url == "http://10.0.0.7:9189"
     q.close()

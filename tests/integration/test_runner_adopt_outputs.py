@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from comfysup.runner import station as station_module
 from comfysup.runner.loop import Runner
 from comfysup.runner.outputs import complete_png
 from fake_comfy import FakeComfy
@@ -111,14 +112,16 @@ def test_a_partly_written_file_is_not_adopted_and_the_job_runs_again(tmp_path: P
 
 
 @pytest.mark.timeout(60)
-def test_a_run_on_a_server_still_down_is_adopted_by_another_servers_runner(tmp_path: Path) -> None:
+def test_a_run_on_a_server_still_down_is_adopted_by_another_servers_runner(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """Server a is killed just after the job's file landed and is not back yet when b's runner takes the job
     (the chaos suite's K3 caught it): b adopts the files from a's output folder instead of running it again.
     (A folder of a server that does not answer is never emptied: it may still be writing.)"""
+    monkeypatch.setattr(station_module, "SERVER_LOST_MIN_SECONDS", 1.0)  # a's runner gives its server up sooner
     with FakeComfy(base_directory=tmp_path / "b", node_ms=5) as b:
         a = FakeComfy(base_directory=tmp_path / "a", node_ms=5)
         a.start()
-        config = write_config(tmp_path, heartbeat_seconds=0.2, lease_seconds=1.0, attempts=3)
+        config = write_config(tmp_path, heartbeat_seconds=0.2, lease_seconds=1.0, attempts=3, http_timeout_seconds=1.0)
         job = trivial_job(3)
         queue = submit(config, [job])
         dirs = {"a": Path(a.output_directory), "b": Path(b.output_directory)}

@@ -45,3 +45,30 @@ def test_a_prompt_posted_by_a_runner_that_died_before_recording_it_is_followed_o
         assert a.stats()["prompts"][claim.id]["executed"] == 1
         assert b.stats()["prompts"].get(claim.id, {}).get("posted", 0) == 0, "posted again on b"
         assert job.attempts[-1].server == "a"  # followed where it ran
+
+
+@pytest.mark.timeout(60)
+def test_an_attempt_that_never_posted_does_not_hide_a_run_on_another_machines_server(tmp_path: Path) -> None:
+    """Machine A's server (managed elsewhere) still runs the job when A dies. On machine B one runner claims it
+    and lets it go before posting (its server's catalogue refused it, or it was stopping); the next runner of B
+    must still ask A's server, found by the URL A's attempt named, not only the newest attempt's (a peer here)."""
+    with FakeComfy(base_directory=tmp_path / "a", node_ms=300) as a, \
+            FakeComfy(base_directory=tmp_path / "b", node_ms=5) as b:
+        config = write_config(tmp_path)
+        queue = submit(config, [trivial_job(1)])
+        claim = queue.claim("machine-a/1/gpu0/t", "gpu0", lease_seconds=30, url=a.url)
+        assert claim is not None
+        number = ComfyClient(a.url).post_prompt(claim.workflow, claim.id, "machine-a-socket")
+        queue.record_prompt(claim, "gpu0", number, a.url)
+        assert queue.release_owner("machine-a/1/gpu0/t", "machine A died") == [claim.id]
+        peer = "http://127.0.0.1:9"  # B's other server: refused the job and never posted it
+        refused = queue.claim("machine-b/2/gpu1/t", "gpu1", lease_seconds=30, url=peer)
+        assert refused is not None and refused.id == claim.id
+        queue.release(refused, "refused by gpu1's catalogue", count_attempt=False)
+
+        Runner(config_of(config), "gpu0", b.url, peers={"gpu1": peer}, until_empty=True).run()
+
+        job = queue.get(claim.id)
+        assert job.state == "done"
+        assert a.stats()["prompts"][claim.id]["executed"] == 1
+        assert b.stats()["prompts"].get(claim.id, {}).get("posted", 0) == 0, "posted again on B's server"

@@ -77,35 +77,36 @@ def test_the_next_job_is_posted_before_the_last_ones_files_are_recorded(tmp_path
     # The server's own status broadcast said it was free: GET /queue only before the first and last claims, and
     # in the first job's look for an earlier run of its id before its POST (issue 15).
     assert counts["queue"] == 3
-    # Read once per run, when ComfyUI says the run ended, not at execution_success; and once per job before its
-    # first POST (the first job's own look, the hand-off's for the five after it: issue 15).
-    assert counts["history"] == 6 + 6
+    # Read once per job before its first POST (the first job's own look, the hand-off's for the five after it:
+    # issue 15), never after a run: each was watched whole on the socket, its outputs in its executed messages.
+    assert counts["history"] == 6
     queue.close()
 
 
 @pytest.mark.timeout(60)
-def test_the_next_job_is_posted_before_the_last_ones_history_is_read(tmp_path: Path, fake: FakeComfy,
-                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_next_job_is_posted_before_the_last_ones_files_are_read(tmp_path: Path, fake: FakeComfy,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """execution_success and then the end with an empty queue say the server is idle: the next prompt goes
-    to it at once, and the finished one's /history (a round trip of idle server) is read after."""
+    to it at once, and the finished one's files (round trips of an idle server) are read after."""
     calls: list[tuple[str, str]] = []
-    for name, id_at in (("post_prompt", 1), ("history", 0)):
-        original = getattr(ComfyClient, name)
+    post, download = ComfyClient.post_prompt, Attempt._download
 
-        def recorded(self: Any, *args: Any, _original: Any = original, _name: str = name, _at: int = id_at,
-                     **kwargs: Any) -> Any:
-            calls.append((_name, args[_at]))
-            return _original(self, *args, **kwargs)
+    def post_logged(self: ComfyClient, workflow: Any, prompt_id: str, *args: Any, **kwargs: Any) -> Any:
+        calls.append(("post", prompt_id))
+        return post(self, workflow, prompt_id, *args, **kwargs)
 
-        monkeypatch.setattr(ComfyClient, name, recorded)
+    def download_logged(self: Attempt, *args: Any) -> Any:
+        calls.append(("download", self.claim.id))
+        return download(self, *args)
+
+    monkeypatch.setattr(ComfyClient, "post_prompt", post_logged)
+    monkeypatch.setattr(Attempt, "_download", download_logged)
     config = write_config(tmp_path, queue_ahead=False)  # the hand-off at the end (issue 7)
     queue = submit(config, [trivial_job(n) for n in range(1, 5)])
     Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
     assert [j.state for j in queue.iter_jobs()] == ["done"] * 4
     for n in range(2, 5):
-        # The last read of job n-1's history is its run's (the first is its look before its POST: issue 15).
-        finished = max(i for i, call in enumerate(calls) if call == ("history", job_id(n - 1)))
-        assert calls.index(("post_prompt", job_id(n))) < finished, calls
+        assert calls.index(("post", job_id(n))) < calls.index(("download", job_id(n - 1))), calls
     queue.close()
 
 

@@ -15,11 +15,15 @@ from typing import Any
 
 import pytest
 
+from comfysup.queue.sqlite import SQLiteQueue
+from comfysup.runner import attempt as attempt_module
 from comfysup.runner.attempt import Attempt
 from comfysup.runner.client import ComfyClient
 from comfysup.runner.loop import Runner
+from comfysup.runner.stuck import StuckChannel
 from fake_comfy import FakeComfy
 from tests.runner_helpers import config_of, job_id, submit, trivial_job, write_config
+from tests.supervisor_support import wait_for
 
 pytestmark = pytest.mark.usefixtures("comfyui_version")
 
@@ -42,6 +46,27 @@ def _assert_one_at_a_time(fake: FakeComfy, ns: range) -> None:
     runs = sorted((_runs(fake, n) for n in ns), key=lambda r: r["started_at"])
     for before, after in itertools.pairwise(runs):
         assert before["ended_at"] <= after["started_at"]  # never two executions at once
+
+
+def _two_jobs(tmp_path: Path, fake: FakeComfy, **runner: Any) -> tuple[Path, Any]:
+    """Jobs 1 and 2 with queue_ahead on, on a fake whose prompts take about 0.9 s: job 2 waits that long."""
+    fake.node_ms = 300
+    config = write_config(tmp_path, queue_ahead=True, **runner)
+    return config, submit(config, [trivial_job(1), trivial_job(2)])
+
+
+def _assert_taken_out(fake: FakeComfy, prompt_id: str) -> None:
+    """The prompt never ran: it was deleted from the server's queue while it waited."""
+    stats = fake.stats()
+    assert stats["prompts"][prompt_id]["executed"] == 0
+    assert any(d["prompt_id"] == prompt_id and d["removed"] for d in stats["queue_deletes"])
+
+
+def _server_dies(fake: FakeComfy) -> None:
+    """The server dies and is restarted empty, as a supervisor restarts it."""
+    fake.crash()
+    wait_for(lambda: not fake.running, 5, "the server to die")
+    fake.start()
 
 
 @pytest.mark.timeout(60)
@@ -74,9 +99,8 @@ def test_off_the_next_job_is_posted_only_when_the_server_is_free(tmp_path: Path,
 
 @pytest.mark.timeout(60)
 def test_a_queued_jobs_timeout_starts_when_it_starts_executing(tmp_path: Path, fake: FakeComfy) -> None:
-    fake.node_ms = 300  # about 0.9 s a prompt: the second waits that long in the queue, then runs as long
-    config = write_config(tmp_path, timeout_seconds=1.5, attempts=1, queue_ahead=True)
-    queue = submit(config, [trivial_job(1), trivial_job(2)])
+    # About 0.9 s a prompt: the second waits that long in the queue, then runs as long.
+    config, queue = _two_jobs(tmp_path, fake, timeout_seconds=1.5, attempts=1)
     Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
     assert [queue.get(job_id(n)).state for n in (1, 2)] == ["done", "done"]
     second = _runs(fake, 2)
@@ -109,34 +133,26 @@ def _when_queued(monkeypatch: pytest.MonkeyPatch, act: Any) -> None:
 @pytest.mark.timeout(60)
 def test_a_cancel_takes_the_queued_job_out_of_the_servers_queue(tmp_path: Path, fake: FakeComfy,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    fake.node_ms = 300
-    config = write_config(tmp_path, heartbeat_seconds=0.2, queue_ahead=True)
-    queue = submit(config, [trivial_job(1), trivial_job(2)])
+    config, queue = _two_jobs(tmp_path, fake, heartbeat_seconds=0.2)
     _when_queued(monkeypatch, lambda attempt: attempt.queue.cancel([job_id(2)]))
     Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
     assert queue.get(job_id(1)).state == "done"
     assert queue.get(job_id(2)).state == "cancelled"
-    stats = fake.stats()
-    assert stats["prompts"][job_id(2)]["executed"] == 0
-    assert any(d["prompt_id"] == job_id(2) and d["removed"] for d in stats["queue_deletes"])
+    _assert_taken_out(fake, job_id(2))
     queue.close()
 
 
 @pytest.mark.timeout(60)
 def test_a_graceful_stop_releases_the_queued_job_uncounted(tmp_path: Path, fake: FakeComfy,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    fake.node_ms = 300
-    config = write_config(tmp_path, queue_ahead=True)
-    queue = submit(config, [trivial_job(1), trivial_job(2)])
+    config, queue = _two_jobs(tmp_path, fake)
     runner = Runner(config_of(config), "cpu0", fake.url)
     _when_queued(monkeypatch, lambda attempt: runner._on_signal(signal.SIGTERM, None))
     runner.run()
     assert queue.get(job_id(1)).state == "done"  # the running one had its grace
     second = queue.get(job_id(2))
     assert (second.state, second.attempt) == ("queued", 0), second
-    stats = fake.stats()
-    assert stats["prompts"][job_id(2)]["executed"] == 0
-    assert any(d["prompt_id"] == job_id(2) and d["removed"] for d in stats["queue_deletes"])
+    _assert_taken_out(fake, job_id(2))
     queue.close()
 
 
@@ -147,9 +163,7 @@ class Killed(BaseException):
 @pytest.mark.timeout(60)
 def test_after_a_crash_the_queued_job_is_followed_where_it_is_not_posted_again(
         tmp_path: Path, fake: FakeComfy, monkeypatch: pytest.MonkeyPatch) -> None:
-    fake.node_ms = 300
-    config = write_config(tmp_path, queue_ahead=True)
-    queue = submit(config, [trivial_job(1), trivial_job(2)])
+    config, queue = _two_jobs(tmp_path, fake)
     runner = Runner(config_of(config), "cpu0", fake.url)
 
     def die(attempt: Attempt) -> None:
@@ -192,4 +206,288 @@ def test_other_clients_prompts_are_respected(tmp_path: Path, fake: FakeComfy) ->
     assert wide._ahead_job(claim, None) is None  # one of ours already waits: the bound is one
     runner.station.close()
     wide.station.close()
+    queue.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_queued_job_destroyed_by_a_server_death_before_it_started_is_not_counted(
+        tmp_path: Path, fake: FakeComfy, monkeypatch: pytest.MonkeyPatch) -> None:
+    config, queue = _two_jobs(tmp_path, fake)
+
+    # Job 2 waits behind job 1, which executes: the server dies.
+    _when_queued(monkeypatch, lambda attempt: _server_dies(fake))
+    Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
+    first, second = queue.get(job_id(1)), queue.get(job_id(2))
+    assert (first.state, first.attempt) == ("done", 2)  # it executed: its destroyed run is counted
+    assert first.attempts[0].kind == "server_died"
+    assert (second.state, second.attempt) == ("done", 1), second  # it never started: not counted
+    assert (second.attempts[0].outcome, second.attempts[0].kind) == ("released_uncounted", "server_died")
+    assert "before this one started" in (second.attempts[0].reason or "")
+    assert fake.stats()["prompts"][job_id(2)]["executed"] == 1
+    queue.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_queued_job_whose_start_may_have_been_missed_is_counted(
+        tmp_path: Path, fake: FakeComfy, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The run ahead of it ended (its end was read) before the server died: the queued one may have started,
+    so its loss is counted as the running one's is."""
+    config, queue = _two_jobs(tmp_path, fake, attempts=3)
+    original = Attempt._record
+
+    def record(self: Attempt, outcome: Any) -> None:  # job 1 ended, job 2 runs: the server dies now
+        if self.claim.id == job_id(1) and self.posted_out is not None:
+            _server_dies(fake)
+        original(self, outcome)
+
+    monkeypatch.setattr(Attempt, "_record", record)
+    Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
+    second = queue.get(job_id(2))
+    assert (second.state, second.attempt) == ("done", 2), second
+    assert (second.attempts[0].outcome, second.attempts[0].kind) == ("retry", "server_died")
+    queue.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_stop_after_the_running_job_ended_gives_the_queued_one_its_grace(
+        tmp_path: Path, fake: FakeComfy, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once the job ahead has ended on the server, the queued one may be executing (its start not read yet,
+    while the first is downloaded): it is treated as a running job, followed through the grace, not
+    interrupted at once. A third one, queued behind it, never ran: out of the server's queue, uncounted."""
+    fake.node_ms = 200
+    config = write_config(tmp_path, queue_ahead=True, grace_seconds=20.0)
+    queue = submit(config, [trivial_job(1), trivial_job(2), trivial_job(3)])
+    runner = Runner(config_of(config), "cpu0", fake.url)
+    original = Attempt._download
+
+    def download(self: Attempt, run: Any, entry: Any) -> Any:
+        if self.claim.id == job_id(1):
+            assert self.posted_out is not None and self.posted_out.claim_id == job_id(2)
+            runner._on_signal(signal.SIGTERM, None)
+        return original(self, run, entry)
+
+    monkeypatch.setattr(Attempt, "_download", download)
+    runner.run()
+    assert [queue.get(job_id(n)).state for n in (1, 2)] == ["done", "done"]
+    stats = fake.stats()
+    assert stats["prompts"][job_id(2)]["executed"] == 1
+    assert not [i for i in stats["interrupts"] if i["prompt_id"] == job_id(2)]
+    third = queue.get(job_id(3))
+    assert (third.state, third.attempt) == ("queued", 0), third
+    assert stats["prompts"].get(job_id(3), {"executed": 0})["executed"] == 0
+    queue.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_queued_jobs_end_read_before_its_attempt_began_is_not_thrown_away(tmp_path: Path, fake: FakeComfy) -> None:
+    """Short prompts end while the job before them is still recorded: their attempt begins with their whole run
+    in the socket, and queueing the next job behind them must not empty it (left to the next /history poll, 30 s
+    away here, each would pass its 10 s timeout)."""
+    fake.node_ms = 1
+    config = write_config(tmp_path, queue_ahead=True, poll_seconds=30.0, timeout_seconds=10.0, attempts=1)
+    queue = submit(config, [trivial_job(n) for n in range(1, 7)])
+    Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
+    assert [j.state for j in queue.iter_jobs()] == ["done"] * 6
+    queue.close()
+
+
+@pytest.mark.timeout(60)
+def test_the_job_after_next_is_queued_before_this_ones_files_are_recorded(tmp_path: Path, fake: FakeComfy) -> None:
+    """Once a run ends and the job queued behind it starts, the attempt that followed it queues one more behind
+    that one before it downloads and records its own files: a prompt shorter than that work no longer leaves
+    the server waiting for the next attempt to begin."""
+    config = write_config(tmp_path, queue_ahead=True)
+    queue = submit(config, [trivial_job(n) for n in range(1, 7)])
+    Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
+    assert [j.state for j in queue.iter_jobs()] == ["done"] * 6
+    early = [n for n in range(1, 5) if _runs(fake, n + 2)["posted"] < (queue.get(job_id(n)).finished_at or 0)]
+    assert early, "job n+2 was never posted before job n's done"  # the attempt of n+1 would post it after
+    for n in range(3, 7):  # and still the bound: posted only once the one before it executes
+        assert _runs(fake, n)["posted"] >= _runs(fake, n - 1)["started_at"]
+    _assert_one_at_a_time(fake, range(1, 7))
+    queue.close()
+
+
+@pytest.mark.timeout(60)
+def test_the_job_after_next_is_posted_before_this_runs_files_are_read(tmp_path: Path, fake: FakeComfy,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """When a run ends, the job queued behind it starts, and the server needs the one after it next: it is posted
+    as that start is read, before this run's files are read and recorded (a prompt of a few ms on a real ComfyUI
+    is over before that)."""
+    calls: list[tuple[str, str]] = []
+    download, post = Attempt._download, ComfyClient.post_prompt
+
+    def download_logged(self: Attempt, *args: Any) -> Any:
+        calls.append(("download", self.claim.id))
+        return download(self, *args)
+
+    def post_logged(self: ComfyClient, workflow: Any, prompt_id: str, *args: Any, **kwargs: Any) -> Any:
+        number = post(self, workflow, prompt_id, *args, **kwargs)
+        calls.append(("post", prompt_id))
+        return number
+
+    monkeypatch.setattr(Attempt, "_download", download_logged)
+    monkeypatch.setattr(ComfyClient, "post_prompt", post_logged)
+    monkeypatch.setattr(attempt_module, "NEXT_START_WAIT_SECONDS", 5.0)  # the order, whatever the machine's load
+    config = write_config(tmp_path, queue_ahead=True)
+    queue = submit(config, [trivial_job(n) for n in range(1, 7)])
+    Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
+    assert [j.state for j in queue.iter_jobs()] == ["done"] * 6
+    for n in range(1, 5):
+        assert calls.index(("post", job_id(n + 2))) < calls.index(("download", job_id(n))), \
+            f"job {n}'s files were read before job {n + 2} was posted: {calls}"
+    _assert_one_at_a_time(fake, range(1, 7))
+    queue.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_queued_job_goes_back_to_a_runner_that_waits_for_work(tmp_path: Path, fake: FakeComfy,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another server comes up (or finishes its last job) while a job waits here behind a running prompt: the
+    job goes back to the queue, uncounted, for that server's runner, instead of waiting a whole prompt."""
+    config, queue = _two_jobs(tmp_path, fake)
+    peer = {"waiting": False}
+    runner = Runner(config_of(config), "cpu0", fake.url, peer_waiting=lambda: peer["waiting"])
+    _when_queued(monkeypatch, lambda attempt: peer.update(waiting=True))
+
+    def first_done(claim: Any, outcome: Any) -> None:
+        if outcome is not None:
+            runner.state.stopping = True  # the peer takes job 2: this runner stops after job 1
+
+    runner.on_job = first_done
+    runner.run()
+    assert queue.get(job_id(1)).state == "done"
+    second = queue.get(job_id(2))
+    assert (second.state, second.attempt) == ("queued", 0), second
+    assert (second.attempts[0].outcome, second.attempts[0].kind) == ("released_uncounted", "withdrawn")
+    assert "another runner waiting for work" in (second.attempts[0].reason or "")
+    _assert_taken_out(fake, job_id(2))
+    queue.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_queued_job_that_started_unseen_is_never_taken_back(tmp_path: Path, fake: FakeComfy,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The run ahead of it ended and it started while the end was still unread in the socket: a runner waiting
+    for work must not get it back (it would be interrupted and run twice); the server's own /queue and
+    /history say it ran, so it stays this runner's next job."""
+    config, queue = _two_jobs(tmp_path, fake)
+    peer = {"waiting": False}
+    runner = Runner(config_of(config), "cpu0", fake.url, until_empty=True, peer_waiting=lambda: peer["waiting"])
+    client = ComfyClient(fake.url)
+
+    def once_it_runs(attempt: Attempt) -> None:
+        wait_for(lambda: any(e.prompt_id == job_id(2) and e.running for e in client.queue()), 10, "job 2 to run")
+        peer["waiting"] = True  # job 1's end is in the socket, unread
+
+    _when_queued(monkeypatch, once_it_runs)
+    runner.run()
+    assert [queue.get(job_id(n)).state for n in (1, 2)] == ["done", "done"]
+    assert queue.get(job_id(2)).attempt == 1 and len(queue.get(job_id(2)).attempts) == 1
+    stats = fake.stats()
+    assert stats["prompts"][job_id(2)]["executed"] == 1
+    assert not [i for i in stats["interrupts"] if i["prompt_id"] == job_id(2)]
+    client.close()
+    queue.close()
+
+
+@pytest.mark.timeout(60)
+def test_cancelling_the_next_job_keeps_the_one_queued_behind_it(tmp_path: Path, fake: FakeComfy,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Job 1 ended, job 2 runs, job 3 waits behind it (queued before job 1's record), and then job 2 is cancelled:
+    job 3's prompt is still in the server's queue, so it becomes this runner's next job, renewed and followed
+    there; never left unowned (its lease would lapse and another attempt post it again)."""
+    fake.node_ms = 150
+    config = write_config(tmp_path, queue_ahead=True, heartbeat_seconds=0.2, lease_seconds=3.0)
+    queue = submit(config, [trivial_job(n) for n in range(1, 4)])  # none left to claim when job 1 is recorded
+    cancelled: list[str] = []
+    original = Attempt._queue_behind_next
+
+    def queue_behind_next(self: Attempt, run: Any) -> None:
+        original(self, run)
+        if self.then_claim is not None and not cancelled and self.next_claim is not None:
+            cancelled.append(self.next_claim.id)
+            queue.cancel([self.next_claim.id])  # a user's cancel of the running job 2,
+            self._renew_early(self.clock() + self.s.heartbeat_seconds)  # seen at its next heartbeat, now
+
+    monkeypatch.setattr(Attempt, "_queue_behind_next", queue_behind_next)
+    Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
+    assert cancelled, "no job was ever queued behind the next one"
+    states = {j.id: j.state for j in queue.iter_jobs()}
+    assert states.pop(cancelled[0]) == "cancelled" and set(states.values()) == {"done"}, states
+    for job in states:  # each done job ran once on the server, posted once
+        record = fake.stats()["prompts"][job]
+        assert (record["posted"], record["executed"]) == (1, 1), (job, record)
+    assert all(len(queue.get(j).attempts) == 1 for j in states)
+    queue.close()
+
+
+@pytest.mark.timeout(60)
+def test_while_a_stuck_prompt_is_waited_out_the_job_queued_behind_it_keeps_its_lease(
+        tmp_path: Path, fake: FakeComfy, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The wait for an interrupted prompt to leave the queue lasts up to leave_queue_seconds (60 s by default, as
+    long as a lease): the job queued behind it is renewed meanwhile, so no other runner takes it as expired (its
+    attempt counted) before it is released, uncounted, at the stuck prompt's report."""
+    fake.script_by_id({job_id(1): ["hostile:run:ignore-interrupt", "ok"]})
+    config, queue = _two_jobs(tmp_path, fake, timeout_seconds=1.0, leave_queue_seconds=1.5, heartbeat_seconds=0.2,
+                              lease_seconds=3.0)
+    renewed_while_waiting: list[str] = []
+    waiting = {"now": False}
+    interrupt_now, heartbeat = Attempt._interrupt_now, SQLiteQueue.heartbeat
+
+    def interrupt_watched(self: Attempt, *args: Any) -> Any:
+        waiting["now"] = True
+        try:
+            return interrupt_now(self, *args)
+        finally:
+            waiting["now"] = False
+
+    def heartbeat_watched(self: SQLiteQueue, claim: Any, *args: Any, **kwargs: Any) -> Any:
+        if waiting["now"]:
+            renewed_while_waiting.append(claim.id)
+        return heartbeat(self, claim, *args, **kwargs)
+
+    monkeypatch.setattr(Attempt, "_interrupt_now", interrupt_watched)
+    monkeypatch.setattr(SQLiteQueue, "heartbeat", heartbeat_watched)
+    # The supervisor's part: the stuck server is restarted (here at once), and with it the stuck prompt is gone.
+    stuck = StuckChannel(restarts=True, report=lambda prompt_id: _server_dies(fake) if prompt_id else None)
+    Runner(config_of(config), "cpu0", fake.url, until_empty=True, stuck=stuck).run()
+    assert renewed_while_waiting.count(job_id(2)) >= 3, renewed_while_waiting  # 1.5 s of wait, every 0.2 s
+    first, second = queue.get(job_id(1)), queue.get(job_id(2))
+    assert (first.state, first.attempt, first.attempts[0].kind) == ("done", 2, "stuck"), first.attempts
+    assert (second.state, second.attempt) == ("done", 1), second.attempts  # released uncounted, then run once
+    assert [a.outcome for a in second.attempts] == ["released_uncounted", "done"], second.attempts
+    queue.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_queued_job_whose_start_was_read_before_a_reconnect_is_judged_by_its_history(
+        tmp_path: Path, fake: FakeComfy, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Job 1's attempt read job 2's execution_start (job 2 runs now), then the kept socket dropped: the messages sent
+    before job 2's attempt reconnects are lost, so its run was not watched whole and /history says how it went,
+    whatever its end on the new connection says."""
+    config, queue = _two_jobs(tmp_path, fake, poll_seconds=30.0)  # no /history poll while a run goes on
+    download = Attempt._download
+
+    def drop_then_download(self: Attempt, *args: Any) -> Any:
+        if self.claim.id == job_id(1):
+            assert self.posted_out is not None and self.posted_out.started  # job 2's start was read here
+            self.client.stream.close()  # the socket drops; job 2's attempt connects again
+        return download(self, *args)
+
+    read: list[str] = []
+    history = ComfyClient.history
+
+    def history_logged(self: ComfyClient, prompt_id: str, *args: Any, **kwargs: Any) -> Any:
+        read.append(prompt_id)
+        return history(self, prompt_id, *args, **kwargs)
+
+    monkeypatch.setattr(Attempt, "_download", drop_then_download)
+    monkeypatch.setattr(ComfyClient, "history", history_logged)
+    Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
+    assert [(j.state, j.attempt) for j in queue.iter_jobs()] == [("done", 1), ("done", 1)]
+    # Each job's id is looked up once before its POST (an earlier run of it); job 1, watched whole, is judged by its
+    # messages; job 2's run by its entry, read after the reconnect.
+    assert (read.count(job_id(1)), read.count(job_id(2))) == (1, 2), read
+    _assert_one_at_a_time(fake, range(1, 3))
     queue.close()

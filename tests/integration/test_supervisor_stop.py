@@ -155,6 +155,11 @@ def test_work_releases_a_dead_runners_claim_at_once_and_counts_the_attempt(tmp_p
     assert "runner process died (killed by SIGKILL)" in (record.reason or "")
     assert work.failed == ["comfysup-runner-gpu0 exited with killed by SIGKILL"]
     assert len(work.manager.runners) == 1  # the other one runs on
+    # It died waiting for work (as far as its block said) and is not started again: its peer must not keep
+    # giving queued jobs back for it ([runner] queue_ahead).
+    from comfysup.supervisor.children import waiting_peer
+
+    assert not waiting_peer([work.shared["gpu0"]])
     queue.close()
 
 
@@ -185,20 +190,21 @@ def test_the_monitor_restarts_by_its_policy_and_stops_last(tmp_path: Path) -> No
 
     ops = FakeOps()
     config = build_config({"queue": {"path": str(tmp_path / "var" / "q.db")}, "comfyui": {"gpus": "cpu:1"},
-                           "servers": [{"name": "remote0", "url": "http://127.0.0.1:9"}]}, env={})
+                           "servers": [{"name": "remote0", "url": "http://127.0.0.1:9"}],
+                           "api": {"listen": ""}}, env={})  # the monitor alone: the API is another test's
     sup = Supervisor(config, ops=ops, env={}, clock=lambda: T)  # type: ignore[arg-type]
     sup.units = [u for u in sup.build_units() if u.plan is None]
     sup.monitor_wanted = True
     sup.tick(T)
-    first = sup.monitor_pid
+    first = sup.monitor.pid
     assert first is not None and sup.units[0].runner_pid is not None
     ops.ended.append((first, 1 << 8))  # exit code 1
     sup.tick(T + 1)
-    assert sup.monitor_pid is None and sup.monitor.state is State.BACKOFF
+    assert sup.monitor.pid is None and sup.monitor.policy.state is State.BACKOFF
     sup.tick(T + 1.5)
-    assert sup.monitor_pid is None  # the first restart waits 1 s
+    assert sup.monitor.pid is None  # the first restart waits 1 s
     sup.tick(T + 2)
-    assert sup.monitor_pid not in (None, first) and sup.monitor.restarts == 1
+    assert sup.monitor.pid not in (None, first) and sup.monitor.policy.restarts == 1
 
     sup.manager.signals.append(signal.SIGTERM)
     sup.tick(T + 3)
@@ -206,7 +212,68 @@ def test_the_monitor_restarts_by_its_policy_and_stops_last(tmp_path: Path) -> No
     assert ops.killed == [(runner, signal.SIGTERM)]  # the runners first; the monitor keeps delivering
     ops.ended.append((runner, 0))
     sup.tick(T + 4)
-    assert ops.killed[-1] == (sup.monitor_pid, signal.SIGTERM) and not sup.finished
-    ops.ended.append((sup.monitor_pid, 0))
+    assert ops.killed[-1] == (sup.monitor.pid, signal.SIGTERM) and not sup.finished
+    ops.ended.append((sup.monitor.pid, 0))
     sup.tick(T + 5)
-    assert sup.finished and sup.monitor.state is State.STOPPED
+    assert sup.finished and sup.monitor.policy.state is State.STOPPED
+
+
+class SpawningOps(FakeOps):
+    """FakeOps that also spawns commands (the API child) and records group signals."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.spawned: list[list[str]] = []
+        self.group_killed: list[tuple[int, int]] = []
+
+    def spawn(self, argv: list[str], **kwargs: Any) -> int:
+        self.spawned.append(argv)
+        return self.fork(None)
+
+    def killpg(self, pid: int, sig: int) -> bool:
+        self.group_killed.append((pid, sig))
+        return True
+
+
+def _api_supervisor(tmp_path: Path) -> tuple[Any, SpawningOps]:
+    from comfysup.supervisor.supervisor import Supervisor
+
+    ops = SpawningOps()
+    config = build_config({"queue": {"path": str(tmp_path / "var" / "q.db")}, "comfyui": {"gpus": "cpu:1"},
+                           "servers": [{"name": "remote0", "url": "http://127.0.0.1:9"}],
+                           "api": {"listen": "127.0.0.1:0"}}, env={})
+    sup = Supervisor(config, ops=ops, env={}, clock=lambda: T)  # type: ignore[arg-type]
+    sup.units = [u for u in sup.build_units() if u.plan is None]
+    sup.monitor_wanted = True
+    return sup, ops
+
+
+def test_the_api_child_is_restarted_after_a_crash_and_signalled_as_a_group_at_the_end(tmp_path: Path) -> None:
+    sup, ops = _api_supervisor(tmp_path)
+    sup.tick(T)
+    first = sup.api.pid
+    assert first is not None and ops.spawned[-1][1:5] == ["-m", "comfysup", "api", "--existing-queue"]
+    ops.ended.append((first, signal.SIGKILL))  # killed: restarted by its policy after its back-off
+    sup.tick(T + 1)
+    assert sup.api.pid is None
+    sup.tick(T + 2)
+    assert sup.api.pid not in (None, first) and len(ops.spawned) == 2
+
+    sup.manager.signals.append(signal.SIGTERM)
+    sup.tick(T + 3)
+    ops.ended.append((sup.units[0].runner_pid, 0))
+    sup.tick(T + 4)  # runners gone: the sidecars are told to stop, the API as its whole process group
+    assert (sup.api.pid, signal.SIGTERM) in ops.group_killed
+    assert (sup.api.pid, signal.SIGTERM) not in ops.killed
+
+
+def test_an_api_that_cannot_bind_its_address_is_not_started_again(tmp_path: Path,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
+    sup, ops = _api_supervisor(tmp_path)
+    sup.tick(T)
+    ops.ended.append((sup.api.pid, 3 << 8))  # exit code 3: BIND_FAILED
+    for second in range(1, 30):
+        sup.tick(T + second)
+    assert len(ops.spawned) == 1 and sup.api.pid is None and not sup.api.wanted
+    assert "no API: [api] listen = '127.0.0.1:0' cannot be bound" in caplog.text
+    assert sup.monitor.pid is not None  # the rest goes on

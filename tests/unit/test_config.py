@@ -245,3 +245,35 @@ def test_init_refuses_zero_cpu_servers(capsys: pytest.CaptureFixture[str], tmp_p
     code, _, err = cli(capsys, "init", "-o", str(tmp_path / "c.toml"), "--cpu", "0")
     assert code == 2
     assert "--cpu N needs N of 1 or more" in err
+
+
+@pytest.mark.parametrize("url", ["http://10.0.0.7:9189", "https://gpu7.example", "https://gpu7.example/",
+                                 "http://[fd00::7]:9189", "http://127.0.0.1:9300"])
+def test_api_public_url_takes_an_http_url_without_a_path(tmp_path: Path, url: str) -> None:
+    config = load_config(str(write(tmp_path, f'[api]\npublic_url = "{url}"\n')), env={})
+    assert config.api.public_url == url
+
+
+def test_api_public_url_is_empty_by_default(tmp_path: Path) -> None:
+    assert load_config(None, env={}).api.public_url == ""
+
+
+@pytest.mark.parametrize(("url", "expected"), [
+    ("ftp://gpu7.example", "expected the URL at which the other machines reach this API"),
+    ("gpu7.example:9189", "expected the URL at which the other machines reach this API"),
+    ("http://gpu7.example/api/v2", "no path, query or credentials; /api/v2 is added"),
+    ("http://gpu7.example/?x=1", "no path, query or credentials"),
+    ("http://", "expected the URL at which the other machines reach this API"),
+    ("http://gpu7.example:0", "the port must be a number from 1 to 65535"),
+    ("http://gpu7.example:70000", "the port must be a number from 1 to 65535"),
+])
+def test_a_bad_api_public_url_is_refused_with_what_to_write(tmp_path: Path, url: str, expected: str) -> None:
+    message = error_of(write(tmp_path, f'[api]\npublic_url = "{url}"\n'))
+    assert f"[api] public_url = {url!r}" in message and expected in message
+    assert str(tmp_path / "config.toml") in message
+
+
+def test_a_public_url_with_credentials_is_refused_without_showing_them(tmp_path: Path) -> None:
+    message = error_of(write(tmp_path, '[api]\npublic_url = "http://user:s3cret-pw@gpu7.example"\n'))
+    assert "no path, query or credentials" in message and "gpu7.example" in message
+    assert "s3cret-pw" not in message

@@ -10,6 +10,13 @@ coalesce(CAST(? AS float8), extract(epoch from now())::float8)
 -- the operation's time, as the named parameter %(now)s
 coalesce(%(now)s::float8, extract(epoch from now())::float8)
 
+-- name: claim_at
+-- a claim's start: the caller's now, else the database clock as the claim runs (clock_timestamp), never the
+-- transaction's start: the claim statement sees the job queued only after the end that freed it committed,
+-- while its transaction (begun by ``expire``) may have started before that end's own, so now() could stamp
+-- the new attempt as begun before the last one ended
+coalesce(%(now)s::float8, extract(epoch from clock_timestamp())::float8)
+
 -- name: for_update
 -- lock the row for the change that follows
 FOR UPDATE
@@ -79,12 +86,12 @@ WITH head AS ({head}), pick AS ({pick_affine}), {claimed}
 -- take the picked job, open its attempt, and read its workflow unless this process has it cached
 claimed AS (
     UPDATE jobs SET state = 'running', attempt = attempt + 1, owner = %(owner)s, server = %(server)s,
-        lease_until = {at} + %(lease)s, started_at = {at}, progress = NULL
+        lease_until = {claim_at} + %(lease)s, started_at = {claim_at}, progress = NULL
     WHERE seq = (SELECT * FROM pick)
     RETURNING seq, id, attempt, workflow_id, extra_data, params, last_server, last_prompt_number, reason,
         cancel_requested, lease_until, started_at, model_key),
-opened AS (INSERT INTO attempts (job_id, attempt, owner, server, started_at)
-    SELECT id, attempt, %(owner)s, %(server)s, started_at FROM claimed)
+opened AS (INSERT INTO attempts (job_id, attempt, owner, server, started_at, url)
+    SELECT id, attempt, %(owner)s, %(server)s, started_at, %(url)s FROM claimed)
 SELECT c.id, c.attempt, c.workflow_id, c.extra_data, c.params, c.last_server, c.last_prompt_number, c.reason,
     c.cancel_requested, c.lease_until, c.model_key,
     (SELECT w.workflow FROM workflows w WHERE w.id = c.workflow_id AND NOT w.id = ANY(%(cached)s::bigint[])),

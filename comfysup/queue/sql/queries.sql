@@ -47,8 +47,8 @@ WHERE job_id = ? AND attempt = ? AND owner = ? AND ended_at IS NULL
 UPDATE attempts SET ended_at = {now}, outcome = ?, reason = ?, kind = ?, trace = ? {attempt_row}
 
 -- name: attempt_prompt
--- the prompt number, server and server URL of the claim's open attempt
-UPDATE attempts SET prompt_number = ?, server = ?, url = ? {attempt_row}
+-- the prompt number, server and server URL of the claim's open attempt (a caller that names no URL keeps the claim's)
+UPDATE attempts SET prompt_number = ?, server = ?, url = coalesce(?, url) {attempt_row}
 
 -- name: passed_over
 -- an affinity claim took a job behind the head: its priority's jobs before it are passed over from now,
@@ -137,13 +137,19 @@ ORDER BY jobs.seq LIMIT ?
 SELECT job_id, attempt, owner, server, started_at, ended_at, outcome, reason, prompt_number, kind, trace
 FROM attempts WHERE job_id = ANY(?) ORDER BY {attempt_order}
 
--- name: last_url
--- where the job's latest attempt that recorded a prompt ran it: the server's URL and the attempt's owner
-SELECT url, owner FROM attempts WHERE job_id = ? AND url IS NOT NULL ORDER BY started_at DESC, attempt DESC LIMIT 1
+-- name: attempt_urls
+-- where the job's attempts (but the one given: attempt, owner) ran it or were to run it, newest first: the server's
+-- URL (named at the claim, or with the prompt) and the prompt number recorded there
+SELECT url, prompt_number FROM attempts WHERE job_id = ? AND url IS NOT NULL AND NOT (attempt = ? AND owner = ?)
+ORDER BY started_at DESC, attempt DESC LIMIT 100
 
 -- name: states
 -- id and state of some jobs, without their workflows
 SELECT id, state FROM jobs WHERE id = ANY(?)
+
+-- name: pulses
+-- what the API's event streams watch of some jobs (state, attempt, cancel flag, progress), without their workflows
+SELECT id, state, attempt, cancel_requested, progress FROM jobs WHERE id = ANY(?)
 
 -- name: waiting
 -- queued jobs waiting to retry
@@ -350,16 +356,60 @@ SELECT (SELECT count(*) FROM assets) AS assets, (SELECT coalesce(sum(size), 0) F
 DELETE FROM job_assets WHERE NOT EXISTS (SELECT 1 FROM jobs WHERE jobs.seq = job_assets.seq)
 
 -- name: unreferenced_assets
--- input files no job needs any more
+-- input files no job needs any more and no API upload keeps (issue 18: until the upload expires)
 SELECT hash, size FROM assets a WHERE NOT EXISTS (SELECT 1 FROM job_assets ja WHERE ja.hash = a.hash)
+    AND NOT EXISTS (SELECT 1 FROM api_assets u WHERE u.hash = a.hash)
 
 -- name: delete_asset
--- an input file no job needs (its chunks too, below)
+-- an input file no job needs and no API upload keeps (its chunks too, below)
 DELETE FROM assets WHERE hash = ? AND NOT EXISTS (SELECT 1 FROM job_assets ja WHERE ja.hash = ?)
+    AND NOT EXISTS (SELECT 1 FROM api_assets u WHERE u.hash = ?)
 
 -- name: delete_asset_chunks
 -- the database's copy of a removed input file
 DELETE FROM asset_chunks WHERE hash = ?
+
+-- name: asset_chunk
+-- (issue 18) one piece of an input file kept in the database (a ranged read of an uploaded asset)
+SELECT data FROM asset_chunks WHERE hash = ? AND n = ?
+
+-- name: api_asset
+-- (issue 18) an asset uploaded through the API, with its content's size
+SELECT u.id, u.hash, a.size, u.file_path, u.content_type, u.created_at, u.expires_at
+FROM api_assets u JOIN assets a ON a.hash = u.hash WHERE u.id = ?
+
+-- name: api_asset_by_key
+-- an upload's record by its Idempotency-Key (a retried upload)
+SELECT u.id, u.hash, a.size, u.file_path, u.content_type, u.created_at, u.expires_at
+FROM api_assets u JOIN assets a ON a.hash = u.hash WHERE u.idem_key = ?
+
+-- name: api_asset_same
+-- a live record of this content under this name (POST /assets/from-hash answers it rather than a new one)
+SELECT u.id, u.hash, a.size, u.file_path, u.content_type, u.created_at, u.expires_at
+FROM api_assets u JOIN assets a ON a.hash = u.hash WHERE u.hash = ? AND u.file_path = ? AND u.expires_at > ?
+ORDER BY u.created_at LIMIT 1
+
+-- name: insert_api_asset
+-- an asset record minted over stored content
+INSERT INTO api_assets (id, hash, file_path, content_type, created_at, expires_at, idem_key)
+VALUES (?, ?, ?, ?, ?, ?, ?)
+
+-- name: insert_keyed_api_asset
+-- an uploaded asset's record under its Idempotency-Key; no row back: another upload with the key committed first
+INSERT INTO api_assets (id, hash, file_path, content_type, created_at, expires_at, idem_key)
+VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (idem_key) DO NOTHING RETURNING id
+
+-- name: extend_api_asset
+-- content referenced again: its record lives at least until the new deadline (never shortened)
+UPDATE api_assets SET expires_at = ? WHERE id = ? AND expires_at < ?
+
+-- name: delete_api_asset
+-- DELETE /api/v2/assets/{id}: the record goes; its content stays while a job or another record needs it
+DELETE FROM api_assets WHERE id = ? RETURNING hash
+
+-- name: prune_api_assets
+-- upload records past their retention (their content then goes with prune's unreferenced assets)
+DELETE FROM api_assets WHERE expires_at <= ?
 
 -- name: announce
 -- a terminal job's broker announcement ([rabbitmq] url set), in the transaction that ended it
@@ -380,3 +430,17 @@ SELECT count(*) AS n FROM announcements WHERE sent_at IS NULL
 -- name: announcements_of
 -- one job's announcements, oldest first
 SELECT id, job_id, state, created_at, sent_at FROM announcements WHERE job_id = ? ORDER BY id
+
+-- name: advertise_api
+-- a machine's API: where the other machines reach it, inserted or refreshed (a new process takes the row over)
+INSERT INTO api_endpoints (host, url, pid, started_at, heartbeat_at) VALUES (?, ?, ?, {now}, {now})
+ON CONFLICT (host) DO UPDATE SET url = excluded.url, pid = excluded.pid, heartbeat_at = excluded.heartbeat_at,
+    started_at = CASE WHEN api_endpoints.pid = excluded.pid THEN api_endpoints.started_at ELSE excluded.started_at END
+
+-- name: withdraw_api
+-- a stopping API's own row goes (not a newer process's of the same host)
+DELETE FROM api_endpoints WHERE host = ? AND pid = ?
+
+-- name: api_endpoint
+-- a machine's advertised API with the age of its heartbeat on the clock that stamped it
+SELECT url, {now} - heartbeat_at AS age FROM api_endpoints WHERE host = ?

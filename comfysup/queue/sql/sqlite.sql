@@ -74,7 +74,7 @@ SELECT workflow_id, extra_data, params FROM job_specs WHERE seq = ?
 
 -- name: open_attempt
 -- the attempt row a claim opens
-INSERT INTO attempts (job_id, attempt, owner, server, started_at) VALUES (?, ?, ?, ?, ?)
+INSERT INTO attempts (job_id, attempt, owner, server, started_at, url) VALUES (?, ?, ?, ?, ?, ?)
 
 -- name: any_expired
 -- a read first: an UPDATE that changes nothing still cost a fifth of a claim's statements

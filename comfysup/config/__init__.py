@@ -2,13 +2,13 @@
 
 Precedence is defaults < file < environment < command line. Every key is declared here with its type,
 so an unknown key, a wrong type or an impossible value is an error naming the file, the key, the value
-and what was expected: a typo must never fall back silently to a default.
+and what was expected: a typo must never fall back silently to a default. The checks of impossible values are in
+comfysup.config.checks.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import ipaddress
 import os
 import tomllib
 import types
@@ -19,9 +19,30 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from comfysup.destinations import url_problem
+from comfysup.config.checks import GpuSpec, check, check_supervisor, parse_gpus
 from comfysup.errors import ConfigError
-from comfysup.redact import display_url
+
+__all__ = [
+    "SECTIONS",
+    "ApiConfig",
+    "AssetsConfig",
+    "ComfyUIConfig",
+    "Config",
+    "GpuSpec",
+    "MetricsConfig",
+    "QueueConfig",
+    "RabbitMQConfig",
+    "RunnerConfig",
+    "ServerConfig",
+    "StoreConfig",
+    "SupervisorConfig",
+    "WebhooksConfig",
+    "build_config",
+    "check_supervisor",
+    "find_config_file",
+    "load_config",
+    "parse_gpus",
+]
 
 DEFAULT_PATHS = (Path("config.toml"), Path("/etc/comfysup/config.toml"))
 ENV_PREFIX = "COMFYSUP_"
@@ -108,14 +129,14 @@ class RunnerConfig:
     affinity_max_wait_seconds: float = 300.0
     """Model affinity's fairness bound: a runner prefers jobs of the model its server ran last, but no job
     waits longer than this beyond what strict priority order would have made it wait; 0: strict order."""
-    queue_ahead: bool = False
+    queue_ahead: bool = True
     """Keep one more job waiting in the server's own queue behind the running prompt (claimed, leased, posted
     with its own id), so ComfyUI starts it the moment the running one ends: the GPU no longer idles between
     two prompts for the client's claim, POST and socket work (3-4 ms a prompt; bench/e2e.py: efficiency 0.977
-    → 0.992 at 200 ms × 4 servers). Off by default for now (issue 19 is not finished): a job queued behind a
-    prompt whose server dies before it starts is counted as an attempt, and graceful stops and stuck-prompt
-    restarts were built and tested for one prompt per server. Its timeout starts when it starts executing;
-    a cancel or a graceful stop takes it out of the server's queue."""
+    → 0.992 at 200 ms × 4 servers). Its timeout starts when it starts executing; a cancel, a graceful stop or
+    a prompt stuck ahead of it takes it out of the server's queue (released without counting an attempt, as
+    when the server dies before it started); none is queued while another runner of the machine waits for
+    work. False: a runner posts only when its server is free (one job per runner at a time)."""
 
 
 @dataclass(frozen=True)
@@ -166,11 +187,26 @@ class ApiConfig:
     and then only a loopback address may be listened on. Never logged or shown."""
     max_queued: int = 0
     """Jobs not yet ended above which POST /api/v2/jobs answers 429 queue_full with Retry-After; 0: no bound."""
+    max_event_streams: int = 1000
+    """Event streams (GET /api/v2/jobs/{id}/events) open at once; one more gets 429 too_many_streams with
+    Retry-After. Streams are fed by one watcher of the queue, not by ComfyUI, so each costs a socket and a few
+    KiB: the bound is on file descriptors and memory (the API raises its open-file limit to fit it)."""
     max_upload_mb: int = 100
     """The largest body the API accepts (an asset upload; a job's JSON is bounded by the workflow limit)."""
+    upload_retention_hours: float = 168.0
+    """How long an asset uploaded through the API (POST /api/v2/assets, /from-hash) is kept for the jobs that will
+    reference it (the contract's ``expires_at``); ``comfysup prune`` removes it after that unless a job still in
+    the queue uses its content. Minting the same content under the same name again (``from-hash``) extends that
+    record; a new upload is a new record with its own deadline."""
     allowed_origins: tuple[str, ...] = ()
     """Browser origins (``https://app.example``) allowed besides the API's own; any other Origin is refused, so
     a web page cannot make a visitor's browser submit jobs."""
+    public_url: str = ""
+    """Where the other machines of a shared (PostgreSQL) queue reach this API (``http(s)://host:port``, no path),
+    advertised in the queue so that an output whose file is in this machine's result store can be streamed to a
+    client of another machine's API. Empty: ``http://<listen>`` when ``listen`` is not a loopback address (a
+    wildcard such as 0.0.0.0 becomes this machine's host name), else nothing is advertised. Set it when a TLS
+    proxy or another name stands in front of the API."""
 
 
 @dataclass(frozen=True)
@@ -307,7 +343,7 @@ def build_config(
         values[section][key] = (value, "command line")
     sections = {name: _section(name, cls, values[name]) for name, cls in SECTIONS.items()}
     config = Config(**sections, servers=servers, source=source, root=root)
-    _check(config)
+    check(config)
     return config
 
 
@@ -419,184 +455,3 @@ def _servers(body: Any, source: str) -> tuple[ServerConfig, ...]:
         if names.count(name) > 1:
             raise ConfigError(f"{source}: [[servers]] name = {name!r} appears twice; names must be unique")
     return tuple(out)
-
-
-def _check(c: Config) -> None:
-    """Impossible values: each message says which key, which value, and what would be accepted."""
-    r, q, u, s = c.runner, c.queue, c.comfyui, c.supervisor
-
-    def bad(section: str, key: str, value: Any, expected: str) -> ConfigError:
-        return ConfigError(f"{c.source}: [{section}] {key} = {value!r}: {expected}")
-
-    positive = [("runner", r, k) for k in ("base_delay_seconds", "max_delay_seconds", "timeout_seconds",
-                                             "poll_seconds", "lease_seconds", "heartbeat_seconds",
-                                             "http_timeout_seconds", "leave_queue_seconds")]
-    positive += [("queue", q, "busy_timeout_seconds"), ("queue", q, "checkpoint_seconds"),
-                 ("comfyui", u, "startup_seconds"), ("supervisor", s, "runner_timeout_seconds"),
-                 ("supervisor", s, "quick_failure_seconds"), ("supervisor", s, "restart_max_delay_seconds")]
-    for section, obj, key in positive:
-        if getattr(obj, key) <= 0:
-            raise bad(section, key, getattr(obj, key), "must be greater than 0")
-    for key in ("grace_seconds", "affinity_max_wait_seconds"):
-        if getattr(r, key) < 0:
-            raise bad("runner", key, getattr(r, key), "must be 0 or more")
-    if r.attempts < 1:
-        raise bad("runner", "attempts", r.attempts, "must be at least 1")
-    if r.max_queue < 1:
-        raise bad("runner", "max_queue", r.max_queue, "must be at least 1 (a runner claims a job only while "
-                  "its server holds fewer than max_queue prompts of other clients)")
-    if r.heartbeat_seconds >= r.lease_seconds:
-        raise bad("runner", "heartbeat_seconds", r.heartbeat_seconds,
-                  f"must be shorter than [runner] lease_seconds ({r.lease_seconds:g}), or a live runner "
-                  "loses its lease between two heartbeats")
-    if r.base_delay_seconds > r.max_delay_seconds:
-        raise bad("runner", "base_delay_seconds", r.base_delay_seconds,
-                  f"must not exceed [runner] max_delay_seconds ({r.max_delay_seconds:g})")
-    if not 1 <= u.base_port <= 65535:
-        raise bad("comfyui", "base_port", u.base_port, "expected a TCP port between 1 and 65535")
-    if s.max_quick_failures < 1:
-        raise bad("supervisor", "max_quick_failures", s.max_quick_failures, "must be at least 1")
-    for key in ("recycle_after_jobs", "recycle_rss_mb"):
-        if getattr(s, key) < 0:
-            raise bad("supervisor", key, getattr(s, key), "must be 0 (off) or more")
-    if s.log_max_mb < 1:
-        raise bad("supervisor", "log_max_mb", s.log_max_mb, "must be at least 1")
-    for key in ("max_file_mb", "max_job_mb", "max_files_per_job"):
-        if getattr(c.store, key) < 1:
-            raise bad("store", key, getattr(c.store, key), "must be at least 1")
-    for key in ("max_file_mb", "max_job_mb", "server_cache_mb"):
-        if getattr(c.assets, key) < 1:
-            raise bad("assets", key, getattr(c.assets, key), "must be at least 1")
-    if not q.path and not q.url:
-        raise bad("queue", "path", q.path, "set path (SQLite file) or url (postgresql://...)")
-    if q.url and not q.url.startswith(("postgresql://", "postgres://")):
-        raise bad("queue", "url", q.url, "expected a postgresql://user@host/dbname URL")
-    parse_gpus(u.gpus, c.source)
-    _check_listen(c.source, "comfyui", "listen", u.listen, u.private_network)
-    m, w = c.metrics, c.webhooks
-    if m.listen:
-        host, _, port = m.listen.rpartition(":")
-        if not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-            raise bad("metrics", "listen", m.listen, "expected HOST:PORT, e.g. 127.0.0.1:9188 (port 0: any free "
-                      "port; an empty string: no endpoint)")
-        _check_listen(c.source, "metrics", "listen", host.strip("[]"), u.private_network)
-    _check_api(c)
-    if m.refresh_seconds <= 0:
-        raise bad("metrics", "refresh_seconds", m.refresh_seconds, "must be greater than 0")
-    if m.max_workflow_labels < 1:
-        raise bad("metrics", "max_workflow_labels", m.max_workflow_labels, "must be at least 1")
-    if w.url:
-        parsed = urlparse(w.url)
-        if parsed.scheme not in ("http", "https") or not parsed.hostname:
-            raise bad("webhooks", "url", w.url, "expected an http:// or https:// URL, or an empty string")
-        if w.url and not w.allow_private and (problem := url_problem(w.url)):
-            raise bad("webhooks", "url", display_url(w.url), f"{problem}; set [webhooks] allow_private = true "
-                      "to send webhooks inside this network")
-    for key in ("base_delay_seconds", "max_delay_seconds", "timeout_seconds"):
-        if getattr(w, key) <= 0:
-            raise bad("webhooks", key, getattr(w, key), "must be greater than 0")
-    if w.attempts < 1:
-        raise bad("webhooks", "attempts", w.attempts, "must be at least 1")
-    b = c.rabbitmq
-    if b.url and not b.url.startswith(("amqp://", "amqps://")):
-        raise bad("rabbitmq", "url", display_url(b.url), "expected amqp://user:password@host:5672/ or an empty string")
-    if b.prefetch < 1:
-        raise bad("rabbitmq", "prefetch", b.prefetch, "must be at least 1")
-    if b.reconnect_max_delay_seconds <= 0:
-        raise bad("rabbitmq", "reconnect_max_delay_seconds", b.reconnect_max_delay_seconds, "must be greater than 0")
-    if w.base_delay_seconds > w.max_delay_seconds:
-        raise bad("webhooks", "base_delay_seconds", w.base_delay_seconds,
-                  f"must not exceed [webhooks] max_delay_seconds ({w.max_delay_seconds:g})")
-
-
-def _check_api(c: Config) -> None:
-    """[api]: HOST:PORT, and a token before anything beyond loopback (the API submits jobs, so a listen that
-    other hosts reach without a token would let any of them use the GPUs). The token itself is never shown."""
-    a = c.api
-    if a.listen:
-        host, _, port = a.listen.rpartition(":")
-        if not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-            raise ConfigError(f"{c.source}: [api] listen = {a.listen!r}: expected HOST:PORT, e.g. 127.0.0.1:9189 "
-                              "(port 0: any free port; an empty string: no API)")
-        host = host.strip("[]")
-        try:
-            loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
-        except ValueError as exc:
-            raise ConfigError(f"{c.source}: [api] listen = {a.listen!r}: expected an IP address") from exc
-        if not loopback and not a.token:
-            raise ConfigError(f"{c.source}: [api] listen = {a.listen!r}: not a loopback address, and [api] token "
-                              "is not set. The API runs jobs on your GPUs: set a token (every request then "
-                              "carries Authorization: Bearer <token>) or listen on 127.0.0.1")
-    if a.max_queued < 0:
-        raise ConfigError(f"{c.source}: [api] max_queued = {a.max_queued!r}: must be 0 (no bound) or more")
-    if a.max_upload_mb < 1:
-        raise ConfigError(f"{c.source}: [api] max_upload_mb = {a.max_upload_mb!r}: must be at least 1")
-    for origin in a.allowed_origins:
-        parsed = urlparse(origin)
-        if parsed.scheme not in ("http", "https") or not parsed.netloc or parsed.path not in ("", "/"):
-            raise ConfigError(f"{c.source}: [api] allowed_origins: {origin!r}: expected an origin like "
-                              "https://app.example")
-
-
-def check_supervisor(c: Config) -> None:
-    """What only ``comfysup run`` needs: a stalled runner must be killed (and its claim released) before
-    its lease could expire and hand the job to another runner while the stalled one may still act on it.
-
-    Not part of ``_check``: ``comfysup work`` and tools that never start a supervisor may use a short
-    lease with the default runner timeout.
-    """
-    r, s = c.runner, c.supervisor
-    if s.runner_timeout_seconds + r.heartbeat_seconds >= r.lease_seconds:
-        raise ConfigError(
-            f"{c.source}: [supervisor] runner_timeout_seconds = {s.runner_timeout_seconds:g}: must be shorter "
-            f"than [runner] lease_seconds ({r.lease_seconds:g}) minus heartbeat_seconds "
-            f"({r.heartbeat_seconds:g}), so a runner that stops answering is killed and its job released "
-            "before its lease could hand the job to another runner; lower it, or raise lease_seconds")
-    if s.runner_timeout_seconds <= r.http_timeout_seconds:
-        raise ConfigError(
-            f"{c.source}: [supervisor] runner_timeout_seconds = {s.runner_timeout_seconds:g}: must be longer "
-            f"than [runner] http_timeout_seconds ({r.http_timeout_seconds:g}), or a runner waiting on one slow "
-            "answer from ComfyUI is killed as if it had hung")
-
-
-def _check_listen(source: str, section: str, key: str, host: str, private_network: bool) -> None:
-    """ComfyUI has no authentication: refuse to listen beyond loopback unless told the network is private."""
-    if host == "localhost":
-        return
-    try:
-        loopback = ipaddress.ip_address(host).is_loopback
-    except ValueError as exc:
-        raise ConfigError(f"{source}: [{section}] {key} = {host!r}: expected an IP address") from exc
-    if not loopback and not private_network:
-        raise ConfigError(
-            f"{source}: [{section}] {key} = {host!r}: not a loopback address. ComfyUI has no "
-            "authentication; set [comfyui] private_network = true only if every host that can reach "
-            "this address is trusted")
-
-
-@dataclass(frozen=True)
-class GpuSpec:
-    """What ``gpus`` asks for: ``auto`` (NVML), explicit CUDA indices, or ``cpu`` slots."""
-
-    mode: str  # "auto" | "list" | "cpu" | "none" (launch nothing: supervise only the [[servers]])
-    indices: tuple[int, ...] = ()
-    cpu_slots: int = 0
-
-
-def parse_gpus(value: str | tuple[int, ...], source: str = "<config>") -> GpuSpec:
-    where = f"{source}: [comfyui] gpus = {value!r}"
-    if isinstance(value, tuple):
-        if not value:
-            raise ConfigError(f"{where}: the list is empty; give CUDA indices like [0, 2], \"auto\", or \"none\" "
-                              "to launch no ComfyUI server and supervise only the [[servers]]")
-        if any(i < 0 for i in value) or len(set(value)) != len(value):
-            raise ConfigError(f"{where}: expected distinct CUDA device indices (0 or more)")
-        return GpuSpec("list", indices=tuple(value))
-    if value == "auto":
-        return GpuSpec("auto")
-    if value == "none":
-        return GpuSpec("none")
-    if value.startswith("cpu:") and value[4:].isdigit() and int(value[4:]) >= 1:
-        return GpuSpec("cpu", cpu_slots=int(value[4:]))
-    raise ConfigError(f"{where}: expected \"auto\", a list of CUDA indices like [0, 2], or \"cpu:N\" "
-                      "(N ComfyUI servers on the CPU); or \"none\" to launch none and use only the [[servers]]")

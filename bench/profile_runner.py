@@ -1,0 +1,88 @@
+"""bench/profile_runner.py: one runner in this process against one fake_comfy server (its own process) whose
+prompts take T ms, with the runner's CPU time per job, its efficiency (ideal N*T / wall), and a profile.
+
+    .venv/bin/python bench/profile_runner.py --t-ms 20 --jobs 300                 # queue_ahead on (the default)
+    .venv/bin/python bench/profile_runner.py --t-ms 20 --jobs 300 --queue-ahead false
+    .venv/bin/python bench/profile_runner.py --t-ms 20 --profile wall             # pyinstrument: wall time
+    .venv/bin/python bench/profile_runner.py --t-ms 20 --profile cpu              # cProfile on process time
+
+The efficiency is against T as asked of the fake; the fake's own executions take a little longer (its
+record says how much), so 1.0 is out of reach here. Run it with nothing else on the machine.
+"""
+
+# ruff: noqa: E402  (the sys.path fix below must run before the other imports)
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import argparse
+import cProfile
+import io
+import itertools
+import json
+import pstats
+import tempfile
+import time
+
+import tomli_w
+import urllib3
+
+from bench.runner import start_fake
+from tests.runner_helpers import config_of, submit, trivial_job
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--t-ms", type=float, default=20.0, help="a prompt's time (three nodes of T/3 ms)")
+    parser.add_argument("--jobs", type=int, default=300)
+    parser.add_argument("--queue-ahead", choices=("true", "false"), default="true")
+    parser.add_argument("--profile", choices=("none", "wall", "cpu"), default="none")
+    args = parser.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="comfysup-profile-"))
+    proc, url = start_fake(tmp / "fake", args.t_ms / 3)
+    try:
+        doc = {"queue": {"path": str(tmp / "queue.db")}, "store": {"dir": str(tmp / "store")},
+               "comfyui": {"gpus": "cpu:1"}, "runner": {"queue_ahead": args.queue_ahead == "true"}}
+        (tmp / "config.toml").write_bytes(tomli_w.dumps(doc).encode())
+        submit(tmp / "config.toml", [trivial_job(n) for n in range(args.jobs)]).close()
+        from comfysup.runner.loop import Runner
+
+        runner = Runner(config_of(tmp / "config.toml"), "cpu0", url, until_empty=True)
+        profiler: object = None
+        if args.profile == "wall":
+            import pyinstrument
+
+            profiler = pyinstrument.Profiler(interval=0.0005)
+            profiler.start()
+        elif args.profile == "cpu":
+            profiler = cProfile.Profile(time.process_time)
+            profiler.enable()
+        wall, cpu = time.perf_counter(), time.process_time()
+        counts = runner.run()
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        stats = json.loads(urllib3.request("GET", f"{url}/fake/stats", timeout=10.0).data)
+        runs = sorted((r["started_at"], r["ended_at"]) for p in stats["prompts"].values() for r in p["executions"])
+        executing = sum(end - start for start, end in runs)
+        gaps = sorted((b[0] - a[1]) * 1000 for a, b in itertools.pairwise(runs))
+        ideal = args.jobs * args.t_ms / 1000
+        print(f"{dict(counts)}  queue_ahead {args.queue_ahead}  T {args.t_ms:g} ms  N {args.jobs}: wall {wall:.2f} s, "
+              f"efficiency {ideal / wall:.3f} (against the fake's own execution time {executing / wall:.3f}), "
+              f"runner CPU {cpu * 1000 / args.jobs:.2f} ms/job, server idle between prompts median "
+              f"{gaps[len(gaps) // 2]:.2f} ms")
+        if args.profile == "wall":
+            print(profiler.output_text(unicode=False, color=False))  # type: ignore[attr-defined]
+        elif args.profile == "cpu":
+            out = io.StringIO()
+            pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(40)  # type: ignore[arg-type]
+            print(out.getvalue())
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+if __name__ == "__main__":
+    main()

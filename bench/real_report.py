@@ -1,0 +1,103 @@
+"""bench/real_report.py: bench/real.py's verification of each batch and its tables."""
+
+from __future__ import annotations
+
+import itertools
+import re
+import statistics
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+import requests
+
+
+def prefix_of(prompt: dict[str, Any]) -> str:
+    return next(n["inputs"]["filename_prefix"] for n in prompt.values() if n["class_type"] == "SaveImage")
+
+
+def is_png(path: str) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(8) == b"\x89PNG\r\n\x1a\n"
+    except OSError:
+        return False
+
+
+def verify(url: str, base: Path, batch: list, m: Any) -> dict[str, Any]:
+    """Each prompt of the batch: one history entry, a success, one file in the server's output folder (so
+    none ran twice), a PNG on the client's side. ComfyUI's own execution times from its history."""
+    want = {prefix_of(p) for p in batch}
+    entries: dict[str, list] = defaultdict(list)
+    for entry in requests.get(f"{url}/history", timeout=60).json().values():
+        prefix = prefix_of(entry["prompt"][2])
+        if prefix in want:
+            entries[prefix].append(entry)
+    on_disk = Counter(re.sub(r"_\d{5}_\.png$", "", f.name) for f in (base / "output").rglob("*.png"))
+    problems, runs = [], []
+    for prefix in sorted(want):
+        found = entries.get(prefix, [])
+        if len(found) != 1:
+            problems.append(f"{prefix}: {len(found)} history entries")
+            continue
+        status = found[0]["status"]
+        stamps = {kind: data["timestamp"] / 1000 for kind, data in status["messages"] if "timestamp" in data}
+        if status["status_str"] != "success" or "execution_success" not in stamps:
+            problems.append(f"{prefix}: {status['status_str']}")
+            continue
+        runs.append((stamps["execution_start"], stamps["execution_success"]))
+        if on_disk[prefix] != 1:
+            problems.append(f"{prefix}: {on_disk[prefix]} files in the server's output folder")
+        paths = m.files.get(prefix) or []
+        if not paths or not all(is_png(p) for p in paths):
+            problems.append(f"{prefix}: no PNG on the client's side")
+    runs.sort()
+    gaps = [(b[0] - a[1]) * 1000 for a, b in itertools.pairwise(runs)]
+    return {"problems": problems, "exec": sum(b - a for a, b in runs),
+            "first": runs[0][0] - m.t0 if runs else float("nan"),
+            "idle_ms": statistics.median(gaps) if gaps else float("nan")}
+
+
+COLUMNS = (f"{'run':>3} {'workload':<8} {'tool':<15} {'N':>4} {'wall s':>7} {'jobs/s':>7} {'exec s':>7} "
+           f"{'beyond s':>8} {'1st s':>6} {'idle ms':>7} {'CPU s':>6} {'CPU ms/job':>10} {'RSS MB':>7} "
+           f"{'PSS MB':>7} {'load':>5}  verified")
+
+
+def row_line(r: dict[str, Any]) -> str:
+    ok = "ok" if not r["problems"] else f"{len(r['problems'])} PROBLEMS: {'; '.join(r['problems'][:3])}"
+    return (f"{r['run']:>3} {r['workload']:<8} {r['tool']:<15} {r['n']:>4} {r['wall']:>7.2f} "
+            f"{r['n'] / r['wall']:>7.1f} "
+            f"{r['exec']:>7.2f} {r['wall'] - r['exec']:>8.2f} {r['first']:>6.2f} {r['idle_ms']:>7.1f} "
+            f"{r['cpu']:>6.2f} {r['cpu'] / r['n'] * 1000:>10.2f} {r['rss']:>7.1f} {r['pss']:>7.1f} "
+            f"{r['load']:>5.1f}  {ok}" + "".join(f"  {k} {v:.2f}" for k, v in r["notes"].items()))
+
+
+def span(values: list[float], fmt: str = ".2f") -> str:
+    lo, hi = min(values), max(values)
+    return f"{lo:{fmt}}" if f"{lo:{fmt}}" == f"{hi:{fmt}}" else f"{lo:{fmt}}–{hi:{fmt}}"
+
+
+def summary(rows: list[dict[str, Any]], tools: list[str], workloads: list[str], labels: dict[str, str]) -> None:
+    for workload in workloads:
+        mine = [r for r in rows if r["workload"] == workload]
+        base = "bare" if any(r["tool"] == "bare" for r in mine) else "bare-cold"  # the cold table's own
+        bare = {r["run"]: r for r in mine if r["tool"] == base}
+        n = mine[0]["n"]
+        print(f"\n| {n} {workload} prompts | wall s | jobs/s (median) | against the bare client | beyond execution s "
+              "| idle ms (median) | CPU s | CPU against bare | RSS MB | PSS MB |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
+        for tool in tools:
+            rs = [r for r in mine if r["tool"] == tool]
+            if not rs:
+                continue
+            paired = [r for r in rs if r["run"] in bare]
+            ratio = span([r["wall"] / bare[r["run"]]["wall"] for r in paired]) if paired else "–"
+            cpu_ratio = span([r["cpu"] / bare[r["run"]]["cpu"] for r in paired]) if paired and all(
+                bare[r["run"]]["cpu"] for r in paired) else "–"
+            print(f"| {labels[tool]} | {span([r['wall'] for r in rs])} | "
+                  f"{statistics.median(r['n'] / r['wall'] for r in rs):.0f} | {ratio} | "
+                  f"{span([r['wall'] - r['exec'] for r in rs])} | {statistics.median(r['idle_ms'] for r in rs):.1f} | "
+                  f"{span([r['cpu'] for r in rs])} | {cpu_ratio} | {max(r['rss'] for r in rs):.0f} | "
+                  f"{max(r['pss'] for r in rs):.0f} |")
+
+

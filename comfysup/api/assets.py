@@ -1,0 +1,312 @@
+"""``/api/v2/assets``: inputs uploaded through the API into the asset store, and the ``core/ASSET`` references
+that name them in a submitted workflow.
+
+Paths, bodies and codes: comfy-api-proxy ``spec/openapi.yaml@37fbee21`` (``postAssets``, ``assetFromHash``,
+``headAssetByHash``, ``getAsset``, ``getAssetContent``, ``AssetReference``) and comfy-sdk 0.5.0
+``comfy_sdk/assets.py`` (``Asset.commit``: ``HEAD by-hash``, then ``from-hash`` on a hit, else the multipart
+upload of ``comfy_low/transport.py`` ``post_assets``; ``delete_asset`` expects 204).
+
+- ``POST /assets``: the multipart body is read part by part and the file streamed to a temporary file, hashed
+  (BLAKE3) on the way and never held whole in memory; ``[api] max_upload_mb`` bounds the body and ``[assets]
+  max_file_mb`` the file (413 ``payload_too_large``); a client's ``expected_hash`` that differs is 409
+  ``hash_mismatch`` and nothing is stored. The queue then stores the content once (a second upload of the same
+  bytes adds only a record: ``created_new`` false, 200 instead of 201) and the record, durably, before the
+  answer. ``Idempotency-Key``: the same key and upload answer the same record (``Idempotency-Replayed``); the
+  same key with another upload is 422 ``idempotency_key_reuse``.
+- An asset's id is a random UUID (122 random bits), not its hash: knowing a content's hash does not give its
+  record. It lives until ``expires_at`` (``[api] upload_retention_hours``); comfysup.queue.assets keeps its
+  content from prune until then, and a job that references it keeps the content as long as the job exists.
+- Output ids (``<job id>.<n>``) are served by comfysup.api.app; this module serves every other id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import blake3
+from aiohttp import BodyPartReader, web
+
+from comfysup import assets
+from comfysup.api import views
+from comfysup.api.errors import ApiError, not_found
+from comfysup.api.replies import STATE_KEY, json_response, origin, send
+from comfysup.queue.assets import CHUNK_BYTES, ApiAsset, UploadConflict
+from comfysup.queue.base import NewAsset
+
+MIB = 1 << 20
+READ_BYTES = 1 << 20
+"""How much of an upload's file part is read, hashed and written at a time."""
+MAX_FIELD_BYTES = 4096
+"""A text field of the upload (content_type, file_path, expected_hash, a tag)."""
+FIELDS = frozenset({"content_type", "file_path", "expected_hash", "tags"})
+REQUIRED = ("content_type", "file_path")
+CONTENT_TYPE = "multipart/form-data"
+
+
+def _bad(message: str) -> ApiError:
+    return ApiError(400, "invalid_request", message)
+
+
+def _retention(state: Any) -> float:
+    return float(state.config.api.upload_retention_hours) * 3600.0
+
+
+@dataclass
+class Received:
+    """An upload read to its end: the file in a temporary file (removed by ``discard``), and the text fields."""
+
+    path: Path | None = None
+    digest: str = ""
+    size: int = 0
+    fields: dict[str, list[str]] = field(default_factory=dict)
+
+    def discard(self) -> None:
+        if self.path is not None:
+            self.path.unlink(missing_ok=True)
+
+
+async def _receive(request: web.Request, body_limit: int, file_limit: int, folder: Path | None) -> Received:
+    """Read the multipart body; the caller discards the file. 400 for a body that is not the contract's shape,
+    413 past a limit (the file is discarded here then)."""
+    limits = (f"{file_limit // MIB} MiB ([assets] max_file_mb)" if file_limit < body_limit else
+              f"{body_limit // MIB} MiB with the other fields ([api] max_upload_mb)")
+    if request.content_type != CONTENT_TYPE:
+        raise _bad(f"the body must be {CONTENT_TYPE} with the fields file, content_type and file_path (as "
+                   f"comfy-sdk's assets.from_file sends it), not {request.content_type or 'nothing'}")
+    received = Received()
+    fields = received.fields
+    try:
+        reader = await request.multipart()
+        total = 0
+        while (part := await reader.next()) is not None:
+            if not isinstance(part, BodyPartReader):
+                raise _bad("a nested multipart part is not an upload's field")
+            if part.name == "file":
+                if received.path is not None:
+                    raise _bad("the body has two file parts; upload one file per request")
+                await _file(part, received, min(file_limit, body_limit - total), folder, limits)
+                total += received.size
+            elif part.name in FIELDS:
+                text = await _field(part)
+                total += len(text)
+                fields.setdefault(part.name, []).append(text)
+            else:
+                raise _bad(f"unknown field {part.name!r}; an upload has file, {', '.join(sorted(FIELDS))}")
+    except (ValueError, RuntimeError) as exc:  # what aiohttp's reader raises for a malformed body
+        received.discard()
+        raise _bad(f"the body is not valid {CONTENT_TYPE}: {exc}") from None
+    except BaseException:  # a refusal, a dropped connection: nothing of the upload is kept
+        received.discard()
+        raise
+    if received.path is None:
+        raise _bad("the body has no file part (the field named file holds the bytes)")
+    return received
+
+
+async def _file(part: BodyPartReader, received: Received, limit: int, folder: Path | None, limits: str) -> None:
+    loop = asyncio.get_running_loop()
+    fd, name = await loop.run_in_executor(None, _temporary, folder)
+    received.path = Path(name)
+    hasher = blake3.blake3()
+    with os.fdopen(fd, "wb") as out:
+        while chunk := await part.read_chunk(READ_BYTES):
+            received.size += len(chunk)
+            if received.size > limit:
+                raise ApiError(413, "payload_too_large", f"the file is larger than {limits}; nothing was stored")
+            hasher.update(chunk)
+            await loop.run_in_executor(None, out.write, chunk)
+    received.digest = assets.HASH_PREFIX + hasher.hexdigest()
+
+
+def _temporary(folder: Path | None) -> tuple[int, str]:
+    """A temporary file in the asset folder (the store copies it beside) or the system's temporary folder."""
+    if folder is not None:
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return tempfile.mkstemp(dir=folder, prefix=".api-upload-")
+
+
+async def _field(part: BodyPartReader) -> str:
+    data = b""
+    while chunk := await part.read_chunk(MAX_FIELD_BYTES + 1):
+        data += chunk
+        if len(data) > MAX_FIELD_BYTES:
+            raise _bad(f"field {part.name!r} is longer than {MAX_FIELD_BYTES} bytes")
+    text = data.decode("utf-8")
+    if not text.isprintable():
+        raise _bad(f"field {part.name!r} holds control characters")
+    return text
+
+
+def _one(fields: Mapping[str, list[str]], name: str) -> str | None:
+    values = fields.get(name)
+    if not values:
+        return None
+    if len(values) > 1:
+        raise _bad(f"field {name!r} is given {len(values)} times; once")
+    return values[0]
+
+
+async def post_asset(request: web.Request) -> web.Response:
+    state = request.app[STATE_KEY]
+    body_limit = state.config.api.max_upload_mb * MIB
+    file_limit = min(body_limit, state.config.assets.max_file_mb * MIB)
+    if request.content_length is not None and request.content_length > body_limit:
+        raise ApiError(413, "payload_too_large", f"the body is {request.content_length:,} bytes, larger than "
+                       f"{state.config.api.max_upload_mb} MiB ([api] max_upload_mb)")
+    key = request.headers.get("Idempotency-Key")
+    if key is not None and not (0 < len(key) <= 255 and key.isascii() and key.isprintable()):
+        raise _bad("Idempotency-Key must be 1 to 255 printable ASCII characters")
+    received = await _receive(request, body_limit, file_limit, getattr(state.queue, "assets_dir", None))
+    try:
+        assert received.path is not None
+        content_type, file_path = (_one(received.fields, name) for name in REQUIRED)
+        if not content_type or not file_path:
+            missing = [n for n, v in zip(REQUIRED, (content_type, file_path), strict=True) if not v]
+            raise _bad(f"the upload has no {' and no '.join(missing)} field (required by the contract)")
+        expected = _one(received.fields, "expected_hash")
+        if expected is not None and expected != received.digest:
+            raise ApiError(409, "hash_mismatch", f"expected_hash is {expected}, the bytes received hash to "
+                           f"{received.digest}; nothing was stored")
+        asset = NewAsset(received.digest, received.size, file_path, str(received.path))
+        try:
+            record, created_new, replayed = await state.call(state.queue.add_api_asset, asset, content_type,
+                                                             _retention(state), key)
+        except UploadConflict:
+            raise ApiError(422, "idempotency_key_reuse", "this Idempotency-Key was used for another upload") \
+                from None
+    finally:
+        await asyncio.get_running_loop().run_in_executor(None, received.discard)
+    headers = {"Idempotency-Replayed": "true"} if replayed else {}
+    return json_response(views.uploaded(record, origin(request), time.time(), created_new),
+                         status=201 if created_new else 200, headers=headers)
+
+
+async def from_hash(request: web.Request) -> web.Response:
+    """A record over content the store holds (the SDK's dedup fast path): 201 minted, 200 a live record of the
+    same content and name answered again, 404 ``blob_not_found``."""
+    state = request.app[STATE_KEY]
+    try:
+        body = await request.json()
+    except ValueError:
+        raise _bad("the body must be JSON: {\"hash\": \"blake3:<hex>\", \"file_path\": \"photo.png\"}") from None
+    if not isinstance(body, dict) or not assets.is_hash(body.get("hash")):
+        raise _bad("hash must be \"blake3:<64 hex digits>\"")
+    file_path = body.get("file_path") or ""
+    if not isinstance(file_path, str) or len(file_path) > MAX_FIELD_BYTES or not file_path.isprintable():
+        raise _bad("file_path must be a name of printable characters")
+    minted = await state.call(state.queue.mint_api_asset, body["hash"], file_path,
+                              views.content_type(file_path), _retention(state))
+    if minted is None:
+        raise ApiError(404, "blob_not_found", f"no stored content has the hash {body['hash']}; upload the file")
+    record, new = minted
+    return json_response(views.uploaded(record, origin(request), time.time(), created_new=False),
+                         status=201 if new else 200)
+
+
+async def by_hash(request: web.Request) -> web.Response:
+    """200 when the store holds this content (from-hash can mint over it), 404 otherwise; no body."""
+    state = request.app[STATE_KEY]
+    digest = request.match_info["hash"]
+    held = assets.is_hash(digest) and await state.call(state.queue.has_asset, digest)
+    return web.Response(status=200 if held else 404)
+
+
+async def _record(request: web.Request) -> tuple[Any, ApiAsset]:
+    state = request.app[STATE_KEY]
+    asset_id = request.match_info["id"]
+    record = await state.call(state.queue.api_asset, asset_id) if _is_id(asset_id) else None
+    if record is None or record.expires_at <= time.time():
+        raise not_found("asset")
+    return state, record
+
+
+def _is_id(text: str) -> bool:
+    try:
+        return str(uuid.UUID(text)) == text
+    except ValueError:
+        return False
+
+
+async def get_asset(request: web.Request) -> web.Response:
+    _state, record = await _record(request)
+    return json_response(views.uploaded(record, origin(request), time.time()))
+
+
+async def asset_content(request: web.Request) -> web.StreamResponse:
+    """The bytes, with Range: from the asset file (SQLite, or ``[assets] dir``) or the database's chunks."""
+    state, record = await _record(request)
+    path = state.queue.asset_file(record.hash)
+    if path is None:
+        return await send(request, record.size, record.content_type, _chunks(state, record.hash))
+    try:
+        f = open(path, "rb")  # noqa: SIM115 (closed below, after the answer is sent)
+    except FileNotFoundError:
+        raise ApiError(404, "not_found", f"the asset's content is missing from the asset store ({path})") from None
+    with f:
+        async def read(at: int, n: int) -> bytes:
+            f.seek(at)
+            return f.read(n)
+
+        return await send(request, record.size, record.content_type, read)
+
+
+def _chunks(state: Any, digest: str) -> Callable[[int, int], Any]:
+    """``read(offset, n)`` over the database's chunks of ``digest`` (CHUNK_BYTES each but the last), each fetched
+    once in the queue's worker thread."""
+    held: dict[int, bytes] = {}
+
+    async def read(at: int, n: int) -> bytes:
+        index, offset = divmod(at, CHUNK_BYTES)
+        if index not in held:
+            held.clear()
+            held[index] = await state.call(state.queue.asset_chunk, digest, index)
+        return held[index][offset:offset + n]
+
+    return read
+
+
+async def delete_asset(request: web.Request) -> web.Response:
+    """204: the record is gone, its content too unless a job (or another record) needs it."""
+    state = request.app[STATE_KEY]
+    asset_id = request.match_info["id"]
+    if views.parse_output_id(asset_id) is not None:
+        raise ApiError(403, "forbidden", "an output is removed with its job (comfysup prune), not by DELETE")
+    if not (_is_id(asset_id) and await state.call(state.queue.delete_api_asset, asset_id)):
+        raise not_found("asset")
+    return web.Response(status=204)
+
+
+def references(workflow: Mapping[str, Any], lookup: Callable[[str], ApiAsset | None],
+               now: float) -> dict[str, dict[str, Any]]:
+    """The ``set`` of a submitted workflow's ``core/ASSET`` references: ``{"<node>.<input>": reference by hash}``
+    for the job line (comfysup.jobs.inputs stores each once and links it to the job). ``info.id`` is
+    authoritative (the contract's AssetReference); a reference without one, or to an asset this API does not
+    hold (never uploaded, deleted, expired), is 422 ``missing_asset`` at submit, naming every such input."""
+    found: dict[str, dict[str, Any]] = {}
+    missing: list[dict[str, str]] = []
+    for node_id, name, ref in assets.references(workflow):
+        asset_id = ref["info"].get("id")
+        record = lookup(asset_id) if isinstance(asset_id, str) and _is_id(asset_id) else None
+        if record is None or record.expires_at <= now:
+            why = ("has no info.id (the id POST /api/v2/assets answered)" if not asset_id else
+                   f"names asset {str(asset_id)[:80]!r}, which is a job's output; download it and upload it"
+                   if isinstance(asset_id, str) and views.parse_output_id(asset_id) else
+                   f"names asset {str(asset_id)[:80]!r}, which this API does not hold (never uploaded, deleted, "
+                   "or past its expires_at); upload the file again")
+            missing.append({"node_id": node_id, "input": name, "reason": why})
+            continue
+        found[f"{node_id}.{name}"] = assets.reference(record.hash, record.file_path, record.size)
+    if missing:
+        first = missing[0]
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise ApiError(422, "missing_asset", f"node {first['node_id']} input {first['input']!r}: {first['reason']}"
+                       f"{more}", details={"missing": missing})
+    return found

@@ -1,0 +1,330 @@
+"""``GET /api/v2/jobs/{id}/events``: the contract's Server-Sent Events, fed from the queue by one watcher.
+
+The contract (comfy-api-proxy ``spec/openapi.yaml@37fbee21`` ``getJobEvents`` and its ``x-sse-events``; comfy-sdk
+0.5.0 ``comfy_low/sse.py`` and ``comfy_sdk/events.py``): frames ``event: <name>`` / ``data: <json>``; on connect the
+current snapshot (a ``status``, then the latest ``progress`` of a running job), then each change; the stream ends
+after the terminal ``status``. Live push only, by contract: no ``id:`` and no ``Last-Event-ID`` resume (a frame
+sent while a client was away is gone; every ``progress`` is a whole snapshot and ``GET /api/v2/jobs/{id}`` is the
+authority). A ``: keepalive`` comment every KEEPALIVE_SECONDS keeps proxies from closing an idle stream (the SDK's
+read timeout is 45 s).
+
+What comfysup sends:
+
+- ``status``: every transition of the job (queued, running, canceling, succeeded, failed, canceled; queued again
+  when an attempt is retried), and ``expired`` when a watched job is pruned. ``queue_position`` is left out:
+  comfysup's queue is ordered by priority across machines and the API does not count a job's place in it.
+- ``progress``: the runner's progress writes (``Queue.set_progress``: node k of n, step i of m, at most one a
+  second per job, comfysup.runner.attempt), as ``views.running_progress``; ``value`` 1.0 when the job succeeds.
+- ``output``: each file of a succeeded job. comfysup commits a job's files together when it is done, so they come
+  together, before the terminal ``status`` (a client that stops at the terminal status, as comfy-sdk's
+  ``job.events()`` does, has them all).
+- ``preview``: never. The runner does not keep ComfyUI's preview images (nothing of them reaches the queue), and
+  this stream reads only the queue. ``log``: never (the contract reserves it).
+
+Cost: one Watcher per API process. While any stream is open it reads, every ``interval`` seconds, the pulses of
+all watched jobs (``Queue.pulses``: state, attempt, cancel flag, progress; one statement per 500 jobs) through
+``State.call``, the API's one queue thread, and the whole record only of jobs that have just succeeded (their
+outputs). A change becomes frames once, shared as bytes by every stream of that job: a thousand streams on one job
+cost one row read a tick, and no stream holds a ComfyUI socket. A client that goes away is dropped at once (the
+API cancels the handler of a closed connection, comfysup.api.serve); one that reads slower than its frames come
+is ended after BACKLOG frames and re-syncs from the snapshot when it reconnects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import resource
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from comfysup.api import replies, views
+from comfysup.api.errors import ApiError, not_found
+from comfysup.errors import NotFound
+from comfysup.queue.base import JobPulse, JobRecord
+
+log = logging.getLogger("comfysup.api")
+
+WATCH_SECONDS = 0.2
+"""How often the watcher reads the watched jobs while a stream is open: the most a change waits (the runner writes
+progress at most once a second)."""
+KEEPALIVE_SECONDS = 15.0
+BACKLOG = 64
+"""Frames a stream may have waiting for its client; past that the client is too slow and its stream ends."""
+RETRY_AFTER_SECONDS = 5
+OPEN_FILES_MARGIN = 256
+"""File descriptors kept beside the streams' sockets (the queue, logs, other requests)."""
+KEEPALIVE = b": keepalive\n\n"
+HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+@dataclass(frozen=True)
+class Frame:
+    kind: str
+    data: bytes
+    last: bool = False
+    """The terminal status: the stream ends after it."""
+
+
+END = Frame("end", b"", last=True)
+"""Not sent: tells a stream to end (the API is stopping)."""
+
+
+def frame(kind: str, body: dict[str, Any], last: bool = False) -> Frame:
+    text = json.dumps(body, separators=(",", ":"))
+    return Frame(kind, f"event: {kind}\ndata: {text}\n\n".encode(), last)
+
+
+def _status(status: str) -> Frame:
+    return frame("status", {"status": status}, last=status in views.TERMINAL)
+
+
+def pulse(record: JobRecord) -> JobPulse:
+    return JobPulse(record.id, record.state, record.attempt, record.cancel_requested, record.progress)
+
+
+def snapshot(record: JobRecord) -> list[Frame]:
+    """What a client gets on connect: the status, and a running job's latest progress."""
+    out = [_status(views.status(record))]
+    progress = views.progress(record) if record.state == "running" else None
+    if progress is not None:
+        out.append(frame("progress", progress))
+    return out
+
+
+def transition(old: JobPulse, new: JobPulse | None, record: JobRecord | None, origin: str) -> list[Frame]:
+    """The frames that take a client from ``old`` to ``new`` (None: the job is gone; ``record``: the whole record of a
+    job that has succeeded, for its outputs)."""
+    if new is None or (new.state == "done" and record is None):
+        return [_status("expired")]
+    status = views.status(new)
+    if status in views.TERMINAL:
+        out = []
+        if record is not None:
+            out.append(frame("progress", views.progress(record) or {}))
+            out += [frame("output", item) for item in views.outputs(record, origin, time.time())]
+        return [*out, _status(status)]
+    out = [_status(status)] if views.status(old) != status else []
+    progress = views.running_progress(new.progress) if new.state == "running" else None
+    if progress is not None and (old.progress != new.progress or out):
+        out.append(frame("progress", progress))
+    return out
+
+
+class Stream:
+    """One open event stream: its job, what its client was last told of it, and the frames waiting to be sent."""
+
+    __slots__ = ("frames", "job_id", "lagging", "origin", "seen", "since")
+
+    def __init__(self, job_id: str, origin: str) -> None:
+        self.job_id = job_id
+        self.origin = origin
+        self.frames: asyncio.Queue[Frame] = asyncio.Queue(BACKLOG)
+        self.seen: JobPulse | None = None
+        """The job as the client knows it: its snapshot's, then each tick's that changed it."""
+        self.since = 0
+        """The number of the queue read its snapshot came from: only later reads are news to it."""
+        self.lagging = False
+
+    def push(self, frames: list[Frame]) -> None:
+        for item in frames:
+            try:
+                self.frames.put_nowait(item)
+            except asyncio.QueueFull:
+                self.lagging = True
+                return
+
+
+class Watcher:
+    """The API process's one reader of the watched jobs: reads their pulses in one batch a tick, turns each change
+    into frames once and hands them to every stream of that job."""
+
+    def __init__(self, call: Callable[..., Awaitable[Any]], queue: Any, limit: int,
+                 interval: float = WATCH_SECONDS) -> None:
+        self._call = call
+        self._queue = queue
+        self.limit = limit
+        self.interval = interval
+        self.keepalive_seconds = KEEPALIVE_SECONDS
+        self._open: set[Stream] = set()
+        self._streams: dict[str, set[Stream]] = {}
+        self._asked = 0
+        """Queue reads this watcher has handed to the API's one queue thread, which runs them in that order."""
+        self._wake: asyncio.Event | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._failing = False
+
+    def open_streams(self) -> int:
+        return len(self._open)
+
+    def watched_jobs(self) -> int:
+        return len(self._streams)
+
+    def open(self, job_id: str, origin: str) -> Stream:
+        """A stream's slot, taken before anything is read; 429 too_many_streams at ``[api] max_event_streams``."""
+        if len(self._open) >= self.limit:
+            raise ApiError(429, "too_many_streams", f"{len(self._open)} event streams are open, the most this API "
+                           "serves ([api] max_event_streams); retry later, or poll GET /api/v2/jobs/{id}",
+                           headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
+        stream = Stream(job_id, origin)
+        self._open.add(stream)
+        return stream
+
+    async def _ask(self, fn: Callable[..., Any], *args: Any) -> tuple[int, Any]:
+        """A queue read in the API's queue thread, and its place in that thread's order."""
+        self._asked += 1
+        number = self._asked
+        return number, await self._call(fn, *args)
+
+    async def attach(self, stream: Stream) -> list[Frame]:
+        """Read the stream's job (404 when there is none) and watch it from that read on; its snapshot frames."""
+        try:
+            stream.since, record = await self._ask(self._queue.get, stream.job_id)
+        except NotFound:
+            raise not_found("job") from None
+        stream.seen = pulse(record)
+        frames = snapshot(record)
+        if not frames[-1].last:
+            self._streams.setdefault(stream.job_id, set()).add(stream)
+            if self._wake is not None:
+                self._wake.set()
+        return frames
+
+    def close(self, stream: Stream) -> None:
+        self._open.discard(stream)
+        self._unwatch(stream)
+
+    def _unwatch(self, stream: Stream) -> None:
+        streams = self._streams.get(stream.job_id)
+        if streams is not None:
+            streams.discard(stream)
+            if not streams:
+                del self._streams[stream.job_id]
+
+    async def start(self, _app: web.Application | None = None) -> None:
+        self._wake = asyncio.Event()
+        if self._streams:
+            self._wake.set()
+        self._task = asyncio.create_task(self._run(), name="comfysup-api-events")
+
+    async def stop(self, _app: web.Application | None = None) -> None:
+        """End every stream (its client reconnects or polls), then the watcher."""
+        for stream in list(self._open):
+            stream.lagging = True
+            if not stream.frames.full():
+                stream.frames.put_nowait(END)
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+
+    async def _run(self) -> None:
+        assert self._wake is not None
+        while True:
+            await self._wake.wait()
+            if not self._streams:
+                self._wake.clear()
+                continue
+            started = time.monotonic()
+            try:
+                await self.tick()
+            except Exception as exc:  # the queue does not answer: streams stay open (keep-alives go on); next tick
+                if not self._failing:
+                    log.warning("api events: cannot read the watched jobs (%s); streams wait, trying every %g s",
+                                exc, self.interval)
+                self._failing = True
+            else:
+                if self._failing:
+                    log.info("api events: the watched jobs are read again")
+                self._failing = False
+            await asyncio.sleep(max(0.0, self.interval - (time.monotonic() - started)))
+
+    async def tick(self) -> None:
+        """One batch read of every watched job; each change to its streams, as frames made once per change."""
+        ids = list(self._streams)
+        number, pulses = await self._ask(self._queue.pulses, ids)
+        news = [(stream, pulses.get(job_id)) for job_id in ids for stream in self._streams.get(job_id, ())
+                if stream.since < number and stream.seen != pulses.get(job_id)]
+        done = sorted({s.job_id for s, new in news if new is not None and new.state == "done"})
+        records = {r.id: r for r in (await self._ask(self._queue.get_many, done))[1]} if done else {}
+        made: dict[str, list[tuple[JobPulse | None, str, list[Frame]]]] = {}
+        for stream, new in news:
+            if stream not in self._open:
+                continue
+            old = stream.seen
+            assert old is not None
+            known = made.setdefault(stream.job_id, [])
+            frames = next((f for o, origin, f in known if o == old and origin == stream.origin), None)
+            if frames is None:
+                frames = transition(old, new, records.get(stream.job_id), stream.origin)
+                known.append((old, stream.origin, frames))
+            stream.seen = new
+            stream.push(frames)
+            if frames and frames[-1].last:
+                self._unwatch(stream)  # told the end: nothing more to read for it (its slot goes with its handler)
+
+
+WATCHER_KEY: web.AppKey[Watcher] = web.AppKey("events_watcher", Watcher)
+
+
+async def job_events(request: web.Request) -> web.StreamResponse:
+    watcher = request.app[WATCHER_KEY]
+    stream = watcher.open(replies.job_id(request), replies.origin(request))
+    response = web.StreamResponse(headers=HEADERS)
+    try:
+        frames = await watcher.attach(stream)
+        await response.prepare(request)
+        for item in frames:
+            await response.write(item.data)
+        last = frames[-1].last
+        while not last and not stream.lagging:
+            try:
+                item = await asyncio.wait_for(stream.frames.get(), watcher.keepalive_seconds)
+            except TimeoutError:
+                await response.write(KEEPALIVE)
+                continue
+            last = item.last
+            if item.data:
+                await response.write(item.data)
+        await response.write_eof()
+    except ConnectionResetError:
+        pass  # the client went away between two frames
+    finally:
+        watcher.close(stream)
+    return response
+
+
+def install(app: web.Application, call: Callable[..., Awaitable[Any]], queue: Any, limit: int) -> Watcher:
+    """The events route and its watcher, started and stopped with ``app``."""
+    watcher = Watcher(call, queue, limit)
+    app[WATCHER_KEY] = watcher
+    # GET only: a HEAD would prepare the stream and write its frames after the headers (aiohttp sends what a
+    # StreamResponse is given), bytes a kept-alive connection then reads as its next answer.
+    app.router.add_get(f"{views.API}/jobs/{{id}}/events", job_events, allow_head=False)
+    app.on_startup.append(watcher.start)
+    app.on_shutdown.append(watcher.stop)
+    return watcher
+
+
+def fit_open_files(streams: int) -> None:
+    """Raise this process's soft limit of open files to fit ``streams`` sockets and a margin, as far as the hard
+    limit allows (a default soft limit of 1024 would refuse connections well before [api] max_event_streams)."""
+    want = streams + OPEN_FILES_MARGIN
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= want:
+        return
+    target = want if hard == resource.RLIM_INFINITY else min(want, hard)
+    if target > soft:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    if target < want:
+        log.warning("the open-file limit is %d (hard), below [api] max_event_streams (%d) + %d: streams past it "
+                    "cannot connect; raise LimitNOFILE for comfysup or lower max_event_streams", hard, streams,
+                    OPEN_FILES_MARGIN)

@@ -1,0 +1,221 @@
+"""The checks of a loaded config: impossible values, unsafe listens, and what only ``comfysup run`` needs.
+
+Each message says which key, which value, and what would be accepted. ``check`` runs on every config
+(comfysup.config.build_config calls it); ``check_supervisor`` only where a supervisor starts.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlparse
+
+from comfysup.destinations import url_problem
+from comfysup.errors import ConfigError
+from comfysup.redact import display_url
+
+if TYPE_CHECKING:
+    from comfysup.config import Config
+
+
+def check(c: Config) -> None:
+    """Impossible values: each message says which key, which value, and what would be accepted."""
+    r, q, u, s = c.runner, c.queue, c.comfyui, c.supervisor
+
+    def bad(section: str, key: str, value: Any, expected: str) -> ConfigError:
+        return ConfigError(f"{c.source}: [{section}] {key} = {value!r}: {expected}")
+
+    positive = [("runner", r, k) for k in ("base_delay_seconds", "max_delay_seconds", "timeout_seconds",
+                                             "poll_seconds", "lease_seconds", "heartbeat_seconds",
+                                             "http_timeout_seconds", "leave_queue_seconds")]
+    positive += [("queue", q, "busy_timeout_seconds"), ("queue", q, "checkpoint_seconds"),
+                 ("comfyui", u, "startup_seconds"), ("supervisor", s, "runner_timeout_seconds"),
+                 ("supervisor", s, "quick_failure_seconds"), ("supervisor", s, "restart_max_delay_seconds")]
+    for section, obj, key in positive:
+        if getattr(obj, key) <= 0:
+            raise bad(section, key, getattr(obj, key), "must be greater than 0")
+    for key in ("grace_seconds", "affinity_max_wait_seconds"):
+        if getattr(r, key) < 0:
+            raise bad("runner", key, getattr(r, key), "must be 0 or more")
+    if r.attempts < 1:
+        raise bad("runner", "attempts", r.attempts, "must be at least 1")
+    if r.max_queue < 1:
+        raise bad("runner", "max_queue", r.max_queue, "must be at least 1 (a runner claims a job only while "
+                  "its server holds fewer than max_queue prompts of other clients)")
+    if r.heartbeat_seconds >= r.lease_seconds:
+        raise bad("runner", "heartbeat_seconds", r.heartbeat_seconds,
+                  f"must be shorter than [runner] lease_seconds ({r.lease_seconds:g}), or a live runner "
+                  "loses its lease between two heartbeats")
+    if r.base_delay_seconds > r.max_delay_seconds:
+        raise bad("runner", "base_delay_seconds", r.base_delay_seconds,
+                  f"must not exceed [runner] max_delay_seconds ({r.max_delay_seconds:g})")
+    if not 1 <= u.base_port <= 65535:
+        raise bad("comfyui", "base_port", u.base_port, "expected a TCP port between 1 and 65535")
+    if s.max_quick_failures < 1:
+        raise bad("supervisor", "max_quick_failures", s.max_quick_failures, "must be at least 1")
+    for key in ("recycle_after_jobs", "recycle_rss_mb"):
+        if getattr(s, key) < 0:
+            raise bad("supervisor", key, getattr(s, key), "must be 0 (off) or more")
+    if s.log_max_mb < 1:
+        raise bad("supervisor", "log_max_mb", s.log_max_mb, "must be at least 1")
+    for key in ("max_file_mb", "max_job_mb", "max_files_per_job"):
+        if getattr(c.store, key) < 1:
+            raise bad("store", key, getattr(c.store, key), "must be at least 1")
+    for key in ("max_file_mb", "max_job_mb", "server_cache_mb"):
+        if getattr(c.assets, key) < 1:
+            raise bad("assets", key, getattr(c.assets, key), "must be at least 1")
+    if not q.path and not q.url:
+        raise bad("queue", "path", q.path, "set path (SQLite file) or url (postgresql://...)")
+    if q.url and not q.url.startswith(("postgresql://", "postgres://")):
+        raise bad("queue", "url", q.url, "expected a postgresql://user@host/dbname URL")
+    parse_gpus(u.gpus, c.source)
+    _check_listen(c.source, "comfyui", "listen", u.listen, u.private_network)
+    m, w = c.metrics, c.webhooks
+    if m.listen:
+        host, _, port = m.listen.rpartition(":")
+        if not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+            raise bad("metrics", "listen", m.listen, "expected HOST:PORT, e.g. 127.0.0.1:9188 (port 0: any free "
+                      "port; an empty string: no endpoint)")
+        _check_listen(c.source, "metrics", "listen", host.strip("[]"), u.private_network)
+    _check_api(c)
+    if m.refresh_seconds <= 0:
+        raise bad("metrics", "refresh_seconds", m.refresh_seconds, "must be greater than 0")
+    if m.max_workflow_labels < 1:
+        raise bad("metrics", "max_workflow_labels", m.max_workflow_labels, "must be at least 1")
+    if w.url:
+        parsed = urlparse(w.url)
+        if parsed.scheme not in ("http", "https") or not parsed.hostname:
+            raise bad("webhooks", "url", w.url, "expected an http:// or https:// URL, or an empty string")
+        if w.url and not w.allow_private and (problem := url_problem(w.url)):
+            raise bad("webhooks", "url", display_url(w.url), f"{problem}; set [webhooks] allow_private = true "
+                      "to send webhooks inside this network")
+    for key in ("base_delay_seconds", "max_delay_seconds", "timeout_seconds"):
+        if getattr(w, key) <= 0:
+            raise bad("webhooks", key, getattr(w, key), "must be greater than 0")
+    if w.attempts < 1:
+        raise bad("webhooks", "attempts", w.attempts, "must be at least 1")
+    b = c.rabbitmq
+    if b.url and not b.url.startswith(("amqp://", "amqps://")):
+        raise bad("rabbitmq", "url", display_url(b.url), "expected amqp://user:password@host:5672/ or an empty string")
+    if b.prefetch < 1:
+        raise bad("rabbitmq", "prefetch", b.prefetch, "must be at least 1")
+    if b.reconnect_max_delay_seconds <= 0:
+        raise bad("rabbitmq", "reconnect_max_delay_seconds", b.reconnect_max_delay_seconds, "must be greater than 0")
+    if w.base_delay_seconds > w.max_delay_seconds:
+        raise bad("webhooks", "base_delay_seconds", w.base_delay_seconds,
+                  f"must not exceed [webhooks] max_delay_seconds ({w.max_delay_seconds:g})")
+
+
+def _check_api(c: Config) -> None:
+    """[api]: HOST:PORT, and a token before anything beyond loopback (the API submits jobs, so a listen that
+    other hosts reach without a token would let any of them use the GPUs). The token itself is never shown."""
+    a = c.api
+    if a.listen:
+        host, _, port = a.listen.rpartition(":")
+        if not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+            raise ConfigError(f"{c.source}: [api] listen = {a.listen!r}: expected HOST:PORT, e.g. 127.0.0.1:9189 "
+                              "(port 0: any free port; an empty string: no API)")
+        host = host.strip("[]")
+        try:
+            loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+        except ValueError as exc:
+            raise ConfigError(f"{c.source}: [api] listen = {a.listen!r}: expected an IP address") from exc
+        if not loopback and not a.token:
+            raise ConfigError(f"{c.source}: [api] listen = {a.listen!r}: not a loopback address, and [api] token "
+                              "is not set. The API runs jobs on your GPUs: set a token (every request then "
+                              "carries Authorization: Bearer <token>) or listen on 127.0.0.1")
+    if a.max_queued < 0:
+        raise ConfigError(f"{c.source}: [api] max_queued = {a.max_queued!r}: must be 0 (no bound) or more")
+    if a.max_event_streams < 1:
+        raise ConfigError(f"{c.source}: [api] max_event_streams = {a.max_event_streams!r}: must be at least 1 "
+                          "(GET /api/v2/jobs/{id}/events; polling GET /api/v2/jobs/{id} needs no stream)")
+    if a.max_upload_mb < 1:
+        raise ConfigError(f"{c.source}: [api] max_upload_mb = {a.max_upload_mb!r}: must be at least 1")
+    if not a.upload_retention_hours > 0:
+        raise ConfigError(f"{c.source}: [api] upload_retention_hours = {a.upload_retention_hours!r}: must be more "
+                          "than 0 (an upload must outlive the moment its job is submitted)")
+    for origin in a.allowed_origins:
+        parsed = urlparse(origin)
+        if parsed.scheme not in ("http", "https") or not parsed.netloc or parsed.path not in ("", "/"):
+            raise ConfigError(f"{c.source}: [api] allowed_origins: {origin!r}: expected an origin like "
+                              "https://app.example")
+    if a.public_url:
+        parsed = urlparse(a.public_url)
+        shown = display_url(a.public_url) if "@" in parsed.netloc else a.public_url  # no password in a message
+        if parsed.scheme not in ("http", "https") or not parsed.hostname or parsed.path not in ("", "/") \
+                or parsed.query or parsed.fragment or parsed.username is not None or parsed.password is not None:
+            raise ConfigError(f"{c.source}: [api] public_url = {shown!r}: expected the URL at which the "
+                              "other machines reach this API, like http://10.0.0.7:9189 or https://gpu7.example "
+                              "(no path, query or credentials; /api/v2 is added); \"\": derived from [api] listen")
+        try:
+            port = parsed.port
+        except ValueError:
+            port = 0
+        if port == 0:
+            raise ConfigError(f"{c.source}: [api] public_url = {shown!r}: the port must be a number from 1 "
+                              "to 65535 (or none: 80 for http, 443 for https)")
+
+
+def check_supervisor(c: Config) -> None:
+    """What only ``comfysup run`` needs: a stalled runner must be killed (and its claim released) before
+    its lease could expire and hand the job to another runner while the stalled one may still act on it.
+
+    Not part of ``_check``: ``comfysup work`` and tools that never start a supervisor may use a short
+    lease with the default runner timeout.
+    """
+    r, s = c.runner, c.supervisor
+    if s.runner_timeout_seconds + r.heartbeat_seconds >= r.lease_seconds:
+        raise ConfigError(
+            f"{c.source}: [supervisor] runner_timeout_seconds = {s.runner_timeout_seconds:g}: must be shorter "
+            f"than [runner] lease_seconds ({r.lease_seconds:g}) minus heartbeat_seconds "
+            f"({r.heartbeat_seconds:g}), so a runner that stops answering is killed and its job released "
+            "before its lease could hand the job to another runner; lower it, or raise lease_seconds")
+    if s.runner_timeout_seconds <= r.http_timeout_seconds:
+        raise ConfigError(
+            f"{c.source}: [supervisor] runner_timeout_seconds = {s.runner_timeout_seconds:g}: must be longer "
+            f"than [runner] http_timeout_seconds ({r.http_timeout_seconds:g}), or a runner waiting on one slow "
+            "answer from ComfyUI is killed as if it had hung")
+
+
+def _check_listen(source: str, section: str, key: str, host: str, private_network: bool) -> None:
+    """ComfyUI has no authentication: refuse to listen beyond loopback unless told the network is private."""
+    if host == "localhost":
+        return
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError as exc:
+        raise ConfigError(f"{source}: [{section}] {key} = {host!r}: expected an IP address") from exc
+    if not loopback and not private_network:
+        raise ConfigError(
+            f"{source}: [{section}] {key} = {host!r}: not a loopback address. ComfyUI has no "
+            "authentication; set [comfyui] private_network = true only if every host that can reach "
+            "this address is trusted")
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    """What ``gpus`` asks for: ``auto`` (NVML), explicit CUDA indices, or ``cpu`` slots."""
+
+    mode: str  # "auto" | "list" | "cpu" | "none" (launch nothing: supervise only the [[servers]])
+    indices: tuple[int, ...] = ()
+    cpu_slots: int = 0
+
+
+def parse_gpus(value: str | tuple[int, ...], source: str = "<config>") -> GpuSpec:
+    where = f"{source}: [comfyui] gpus = {value!r}"
+    if isinstance(value, tuple):
+        if not value:
+            raise ConfigError(f"{where}: the list is empty; give CUDA indices like [0, 2], \"auto\", or \"none\" "
+                              "to launch no ComfyUI server and supervise only the [[servers]]")
+        if any(i < 0 for i in value) or len(set(value)) != len(value):
+            raise ConfigError(f"{where}: expected distinct CUDA device indices (0 or more)")
+        return GpuSpec("list", indices=tuple(value))
+    if value == "auto":
+        return GpuSpec("auto")
+    if value == "none":
+        return GpuSpec("none")
+    if value.startswith("cpu:") and value[4:].isdigit() and int(value[4:]) >= 1:
+        return GpuSpec("cpu", cpu_slots=int(value[4:]))
+    raise ConfigError(f"{where}: expected \"auto\", a list of CUDA indices like [0, 2], or \"cpu:N\" "
+                      "(N ComfyUI servers on the CPU); or \"none\" to launch none and use only the [[servers]]")

@@ -1,0 +1,265 @@
+"""The records the queue takes and hands out (comfysup.queue.base's ``Queue`` protocol speaks in them).
+
+Frozen dataclasses, one per thing a caller holds: a job to submit and its input files, a claim, a job's
+record with its attempts and outputs, what status, metrics, webhooks and the machine registry read. The
+backends build them from rows (comfysup.queue.records).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class NewAsset:
+    """An input file a job needs: stored by its hash at submit. ``path`` is the file to read; None for an asset
+    the job names by its hash alone (an API v2 reference), which must be in the store already."""
+
+    hash: str
+    size: int
+    name: str
+    path: str | None = None
+
+
+@dataclass(frozen=True)
+class NewJob:
+    """A validated job, ready to insert. ``workflow`` has ``set`` applied already.
+
+    A queue stores ``template_json`` (else ``workflow_json``, else ``workflow``'s text) and ``params``, and
+    reads ``workflow`` only when neither text is given, or for its model key when ``model_key`` is None;
+    comfysup submit's read-ahead (comfysup.jobs.JobsFile.jobs_read_ahead) gives both and leaves it empty."""
+
+    id: str
+    workflow: Mapping[str, Any]
+    spec_hash: str
+    priority: int = 0
+    extra_data: dict[str, Any] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
+    params: dict[str, Any] = field(default_factory=dict)
+    """The job's ``set`` overrides, kept to show and to tabulate results by."""
+    workflow_name: str = ""
+    workflow_json: str = ""
+    """The workflow's canonical text, stored when no ``template_json`` is given (comfysup submit gives one and
+    leaves this empty: the text is never built, only hashed into ``spec_hash``)."""
+    callback_url: str = ""
+    """Where to POST the job's record when it is terminal; empty: the config's [webhooks] url, if any."""
+    template_json: str = ""
+    """The workflow before ``set`` (canonical text), stored once per distinct text however many jobs share
+    it; empty: ``workflow_json`` is stored as it is. ``params`` rebuilds ``workflow`` from it."""
+    template_hash: str = ""
+    """sha256 of ``template_json`` when the caller has it (computed once per file, not once per line)."""
+    model_key: str | None = None
+    """The model files the workflow loads (comfysup.workflows.model_key); None: the queue derives it."""
+    refused: tuple[tuple[int, str], ...] = ()
+    """(catalogue id, reason) of each known node catalogue that cannot run the job (comfysup.jobs.catalogue):
+    a server whose catalogue it is never claims the job."""
+    assets: tuple[NewAsset, ...] = ()
+    """The input files the job's ``set`` names (comfysup.assets): stored with the job, in its transaction."""
+
+
+@dataclass(frozen=True)
+class SubmitResult:
+    inserted: int
+    existing: int
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A job held by one runner: the fence (id, attempt, owner) and what is needed to run it."""
+
+    id: str
+    attempt: int
+    owner: str
+    server: str
+    workflow: dict[str, Any]
+    extra_data: dict[str, Any]
+    lease_until: float
+    last_server: str | None = None
+    last_prompt_number: int | None = None
+    last_reason: str | None = None
+    cancel_requested: bool = False
+    model_key: str | None = None
+    """What the job's loader nodes load: a runner passes it to its next claim as ``prefer_model``."""
+
+
+@dataclass
+class CatalogueRecord:
+    """A node catalogue (a server's /object_info) that some server has now, with those servers
+    (``runner@machine``)."""
+
+    id: int
+    info: dict[str, Any]
+    servers: list[str]
+
+
+@dataclass(frozen=True)
+class Output:
+    """A file in the result store: its name in the job's folder, size and sha256."""
+
+    name: str
+    size: int
+    sha256: str
+    path: str = ""
+
+
+@dataclass(frozen=True)
+class Attempt:
+    attempt: int
+    owner: str
+    server: str
+    started_at: float
+    ended_at: float | None
+    outcome: str | None
+    reason: str | None
+    prompt_number: int | None
+    kind: str | None = None
+    """The reason class of the outcome (oom, timeout, http_5xx, lease_expired, …); None for a success."""
+    trace: dict[str, Any] | None = None
+    """What the attempt saw: phases with times, each node's time, cached nodes, last progress."""
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    id: str
+    state: str
+    priority: int
+    attempt: int
+    workflow: dict[str, Any]
+    extra_data: dict[str, Any]
+    meta: dict[str, Any]
+    params: dict[str, Any]
+    workflow_name: str
+    submitted_at: float
+    run_after: float
+    owner: str | None
+    server: str | None
+    lease_until: float | None
+    started_at: float | None
+    finished_at: float | None
+    reason: str | None
+    outputs: list[Output]
+    cancel_requested: bool
+    attempts: list[Attempt] = field(default_factory=list)
+    machine: str | None = None
+    """The host whose runner completed the job: where its files are when ``store.dir`` is not shared."""
+    spec_hash: str = ""
+    last_server: str | None = None
+    last_prompt_number: int | None = None
+    progress: dict[str, Any] | None = None
+    """The running attempt's progress (node k of n, step i of m), as last written."""
+    callback_url: str | None = None
+    model_key: str | None = None
+    template: dict[str, Any] | None = None
+    """The stored workflow before ``params`` (shared by every job of a batch); what a migration copies."""
+
+
+@dataclass(frozen=True)
+class JobPulse:
+    """What changes while a job runs, read without its workflow (the API's event streams watch this)."""
+
+    id: str
+    state: str
+    attempt: int
+    cancel_requested: bool
+    progress: dict[str, Any] | None
+
+
+@dataclass(frozen=True)
+class RunningJob:
+    id: str
+    owner: str
+    server: str
+    attempt: int
+    started_at: float
+    lease_until: float
+    progress: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class Status:
+    counts: dict[str, int]
+    """By state, with ``waiting`` (queued, waiting to retry) split out of ``queued``."""
+    oldest_queued_at: float | None
+    running: list[RunningJob]
+    recent_dead: list[tuple[str, float, str]]
+    """(id, finished_at, reason), newest first."""
+    recent_done: list[tuple[str, float]] = field(default_factory=list)
+    """(id, finished_at), newest first: what the status page links the files of."""
+
+
+@dataclass(frozen=True, slots=True)
+class EndedAttempt:
+    """An attempt that ended, with what metrics need of its job (observed once each, as it ends).
+
+    Never its trace (several KB of JSON): only the two numbers metrics take from it, counted by the
+    database, so reading the attempts that ended costs the same whatever their traces hold."""
+
+    job_id: str
+    attempt: int
+    outcome: str
+    kind: str | None
+    started_at: float
+    ended_at: float
+    nodes_run: int
+    """Nodes in the trace's ``nodes`` list (run by ComfyUI); 0 without a trace."""
+    nodes_cached: int
+    """Nodes in the trace's ``cached`` list (served from ComfyUI's cache); 0 without a trace."""
+    workflow_name: str
+    submitted_at: float
+    first_started_at: float
+    """When the job's first attempt started: queue wait is this minus ``submitted_at``."""
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """One webhook of one terminal job: pending while ``next_at`` is set, else delivered or given up."""
+
+    id: int
+    job_id: str
+    url: str
+    attempts: int
+    created_at: float
+    next_at: float | None
+    last_status: int | None
+    last_error: str | None
+    delivered_at: float | None
+
+    @property
+    def state(self) -> str:
+        if self.delivered_at is not None:
+            return "delivered"
+        return "pending" if self.next_at is not None else "failed"
+
+
+@dataclass(frozen=True)
+class PruneBatch:
+    """One transaction of ``prune``: the jobs removed (with the machine that holds their files)."""
+
+    removed: list[tuple[str, str | None]]
+    workflows_removed: int = 0
+
+
+@dataclass(frozen=True)
+class Machine:
+    """A supervisor sharing the queue: one row per host and pid, refreshed by its heartbeat."""
+
+    host: str
+    pid: int
+    slots: list[dict[str, Any]]
+    started_at: float
+    heartbeat_at: float
+    age_seconds: float
+    """Seconds since the last heartbeat, measured on the clock that stamped it (the database's for
+    PostgreSQL), so the age is right even when this machine's clock is not."""
+
+
+@dataclass(frozen=True)
+class ApiEndpoint:
+    """A machine's Comfy API v2 as the other machines reach it (``[api] public_url``), and how fresh that is."""
+
+    host: str
+    url: str
+    age_seconds: float
+    """Seconds since its API's last heartbeat, on the clock that stamped it (the database's for PostgreSQL)."""
