@@ -310,6 +310,18 @@ def system_stats(body: Any) -> dict[str, Any]:
 
 
 def object_info(body: Any) -> dict[str, dict[str, Any]]:
-    """Node classes by name, each an object; a class whose description is not an object is malformed."""
+    """Node classes by name, each an object whose ``input`` and its ``required``/``optional`` sections are
+    objects where present (what the catalogue check reads); anything else is malformed."""
     body = _obj(body, "/object_info")
-    return {str(name): _obj(info, f"/object_info {str(name)[:80]}") for name, info in body.items()}
+    return {str(name): _node_class(info, f"/object_info {str(name)[:80]}") for name, info in body.items()}
+
+
+def _node_class(info: Any, where: str) -> dict[str, Any]:
+    info = _obj(info, where)
+    inputs = info.get("input")
+    if inputs is not None:
+        _obj(inputs, f"{where}.input")
+        for section in ("required", "optional"):
+            if inputs.get(section) is not None:
+                _obj(inputs[section], f"{where}.input.{section}")
+    return info

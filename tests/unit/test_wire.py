@@ -12,6 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from comfysup.jobs.catalogue import first_issue
 from comfysup.runner import wire
 from comfysup.runner.wire import Malformed
 
@@ -222,3 +223,40 @@ def test_any_value_anywhere_is_a_result_or_malformed(sample: tuple[str, Any], pa
             wire.system_stats(body)
     except Malformed as exc:
         assert str(exc)
+
+
+CATALOGUE = recorded("object-info-sample.json")["object_info"]
+WORKFLOWS = [json.loads((RECORDED / "workflows" / name).read_text())
+             for name in ("trivial.json", "load_image_invert.json", "invalid_value.json")]
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(path=st.lists(st.integers(0, 50), max_size=6), replacement=JSON, key=KEYS,
+       workflow=st.sampled_from(WORKFLOWS))
+def test_any_catalogue_is_malformed_or_checks_a_job_without_an_exception(path: list[int], replacement: Any,
+                                                                        key: str, workflow: Any) -> None:
+    """A runner checks every claim against its server's /object_info: a damaged one (a class's ``input`` a
+    number, CI seed 2873647724 of chaos H1) must be refused at the wire, not crash the runner at the check."""
+    body = mutate(CATALOGUE, path, replacement, key)
+    try:
+        info = wire.object_info(body)
+    except Malformed as exc:
+        assert str(exc)
+        return
+    first_issue(workflow, info)
+
+
+@pytest.mark.parametrize(("path", "value", "message"), [
+    (("EmptyImage", "input"), 7, "/object_info EmptyImage.input is a int, not an object"),
+    (("EmptyImage", "input", "required"), [], "/object_info EmptyImage.input.required is a list, not an object"),
+    (("SaveImage", "input", "optional"), "x", "/object_info SaveImage.input.optional is a str, not an object"),
+])
+def test_a_catalogue_with_a_section_of_the_wrong_shape_says_where(path: tuple[str, ...], value: Any,
+                                                                   message: str) -> None:
+    body = copy.deepcopy(CATALOGUE)
+    place = body
+    for key in path[:-1]:
+        place = place[key]
+    place[path[-1]] = value
+    with pytest.raises(Malformed, match="^" + message.replace(".", r"\.") + "$"):
+        wire.object_info(body)
