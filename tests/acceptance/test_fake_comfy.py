@@ -1274,7 +1274,9 @@ def test_loaders_pass_through_and_a_model_swap_takes_load_time(fake: FakeComfy) 
         ("CheckpointLoaderSimple", "b.safetensors"),
         ("CheckpointLoaderSimple", "a.safetensors"),
     ]
-    assert min(durations[0], durations[1], durations[3]) >= 150 > durations[2], "only a swap costs load time"
+    # A swap sleeps its load time; the run that swapped nothing loaded nothing (the list above), whatever its
+    # wall time on a loaded machine (183 ms once in the suite, with nothing to load).
+    assert min(durations[0], durations[1], durations[3]) >= 150, "a swap costs load time"
     assert requests.get(f"{fake.url}/object_info/UNETLoader", timeout=TIMEOUT).json()["UNETLoader"][
         "category"
     ]
