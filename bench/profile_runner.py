@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import argparse
 import cProfile
 import io
+import os
 import itertools
 import json
 import pstats
@@ -77,7 +78,7 @@ def main() -> None:
             print(profiler.output_text(unicode=False, color=False))  # type: ignore[attr-defined]
         elif args.profile == "cpu":
             out = io.StringIO()
-            pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(40)  # type: ignore[arg-type]
+            pstats.Stats(profiler, stream=out).sort_stats(os.environ.get("SORT", "tottime")).print_stats(int(os.environ.get("TOP", "40")))  # type: ignore[arg-type]
             print(out.getvalue())
     finally:
         proc.kill()

@@ -34,8 +34,12 @@ def _refuse(exc: OSError, where: str) -> Escapes:
 
 def open_root(root: Path, *, create: bool = False) -> int:
     """A descriptor of ``root`` (made 0700 with its parents when ``create``)."""
-    if create:
-        root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        return os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        if not create:
+            raise
+    root.mkdir(mode=0o700, parents=True, exist_ok=True)  # once: the store's root is there for every later file
     return os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
 
 

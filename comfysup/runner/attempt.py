@@ -41,7 +41,6 @@ from typing import Any
 from comfysup.comfyversion import tells_every_output
 from comfysup.errors import LeaseLost, QueueError
 from comfysup.queue.base import Claim, Queue
-from comfysup.redact import Redactor
 from comfysup.runner import deadline, wire
 from comfysup.runner import outputs as job_outputs
 from comfysup.runner.catchup import CatchingUp
@@ -58,7 +57,7 @@ from comfysup.runner.history import judge, prompt_number, unlisted_savers
 from comfysup.runner.nextjob import NextJobs
 from comfysup.runner.result import AheadJob, AttemptResult, Early, NextClaim, NextJob, Outcome, Posted
 from comfysup.runner.retry import Failure, decide, execution_failure, gave_up
-from comfysup.runner.running import Run, ShieldedQueue, Stop
+from comfysup.runner.running import Run, ShieldedQueue, Stop, redactor_of
 from comfysup.runner.station import AttemptSettings, Station
 from comfysup.runner.stuck import STUCK_KIND
 from comfysup.runner.trace import Trace
@@ -129,12 +128,14 @@ class Attempt(CatchingUp, Ending, NextJobs):
         if behind is not None:  # queued behind this one by the attempt before: this attempt's next job
             self.next_claim, self.posted_out, self.next_renewed = behind.claim, behind.posted, self.clock()
             self.ahead_tried = True
-        self.redact = Redactor.for_job(claim.workflow, claim.extra_data)
+        self.redact = redactor_of(claim)
         self.deadline = self.clock() + self.s.timeout_seconds
         self.next_heartbeat = self.clock() + self.s.heartbeat_seconds
         self.cancel_requested = claim.cancel_requested
         self.trace = Trace.start(claim.workflow, self.posted_in.claimed_at if self.posted_in else self.wall())
-        self.progress_written_at = float("-inf")
+        self.progress_written_at = self.clock()
+        """The first progress is written a second into the attempt: a job that ends sooner costs no write for it
+        (its trace, recorded with its end, has the whole of it)."""
         self.run_over = False
         """This job's run has ended on its server (its history entry was read): a job behind it may run now."""
         self.live: Run | None = None

@@ -37,12 +37,13 @@ from comfysup.errors import DatabaseLocked, DatabaseUnavailable, LeaseLost, Queu
 from comfysup.logs import bind, job_context
 from comfysup.queue import open_queue
 from comfysup.queue.base import Claim, Queue, host_name
-from comfysup.redact import Redactor, bound
+from comfysup.redact import bound
 from comfysup.runner import deadline
 from comfysup.runner.attempt import Attempt
 from comfysup.runner.catalogue import ServerCatalogue
 from comfysup.runner.client import CLIENT_PREFIX, ComfyError
 from comfysup.runner.result import Early, NextClaim, Outcome, Posted
+from comfysup.runner.running import redactor_of
 from comfysup.runner.station import AttemptSettings, Station
 from comfysup.runner.store import ResultStore
 from comfysup.runner.stuck import OutOfService, StuckChannel
@@ -237,7 +238,7 @@ class Runner:
         """One attempt (``posted``: its prompt, posted by the last attempt's hand-off; ``behind``: a job the
         last attempt queued behind it); returns the next job when this attempt claimed it, its prompt when the
         hand-off posted it too, and a job queued behind that one."""
-        with job_context(claim.id, claim.attempt, Redactor.for_job(claim.workflow, claim.extra_data)):
+        with job_context(claim.id, claim.attempt, redactor_of(claim)):
             if posted is None and self._refused(claim):
                 return None, None, None
             self.on_job(claim, None)

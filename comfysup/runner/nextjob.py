@@ -14,10 +14,9 @@ from typing import TYPE_CHECKING, Any
 from comfysup.errors import LeaseLost
 from comfysup.logs import job_context
 from comfysup.queue.base import Claim
-from comfysup.redact import Redactor
 from comfysup.runner.client import ComfyError
 from comfysup.runner.result import AheadJob, Early, NextClaim, NextJob, Outcome, Posted
-from comfysup.runner.running import AttemptPart, Run, Stop
+from comfysup.runner.running import AttemptPart, Run, Stop, redactor_of
 
 log = logging.getLogger("comfysup.runner")
 
@@ -122,7 +121,7 @@ class NextJobs(AttemptPart):
             self._keep(then, nxt, Posted(nxt.id, claimed_at, self.wall(), error=exc))
             return
         self._keep(then, nxt, Posted(nxt.id, claimed_at, self.wall(), number=number))
-        with job_context(nxt.id, nxt.attempt, Redactor.for_job(nxt.workflow, nxt.extra_data)):  # its own line
+        with job_context(nxt.id, nxt.attempt, redactor_of(nxt)):  # its own line
             log.info("job %s attempt %d on %s: POST /prompt 200 (%s)", nxt.id, nxt.attempt, self.s.server,
                      f"queued behind job {behind}" if run is not None else
                      f"while job {self.claim.id} is downloaded", extra={"event": "posted"})
@@ -220,7 +219,7 @@ class NextJobs(AttemptPart):
             with contextlib.suppress(ComfyError):
                 self.client.delete_queued([nxt.id])  # first: an interrupt now could only miss it
             self._interrupt(Run(self.client, self.s.server, posted.number), prompt_id=nxt.id)
-        with job_context(nxt.id, nxt.attempt, Redactor.for_job(nxt.workflow, nxt.extra_data)):
+        with job_context(nxt.id, nxt.attempt, redactor_of(nxt)):
             try:
                 if cancelled:
                     self.queue.cancelled(nxt, "cancelled by user (while queued)")

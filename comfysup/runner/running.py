@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from comfysup.queue.base import Claim, Queue
+from comfysup.redact import Redactor
 from comfysup.runner import deadline
 from comfysup.runner import outputs as job_outputs
 from comfysup.runner.client import ComfyClient, EventStream
@@ -14,6 +15,21 @@ from comfysup.runner.result import Outcome
 
 if TYPE_CHECKING:
     from comfysup.runner.station import AttemptSettings, Station
+
+
+_REDACTORS: dict[int, tuple[Claim, Redactor]] = {}
+
+
+def redactor_of(claim: Claim) -> Redactor:
+    """The claim's Redactor, collected once: the loop's log context, its attempt, and the attempt that claimed
+    it as its next job each need it (three walks of the job's data a job, in the runner's profile). Kept by
+    the claim object itself, held here, so another job (or a test's job of the same id) never gets it."""
+    entry = _REDACTORS.get(id(claim))
+    if entry is None or entry[0] is not claim:
+        if len(_REDACTORS) >= 8:  # a runner holds at most three jobs at once
+            _REDACTORS.clear()
+        entry = _REDACTORS[id(claim)] = (claim, Redactor.for_job(claim.workflow, claim.extra_data))
+    return entry[1]
 
 
 class AttemptPart:
