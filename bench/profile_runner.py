@@ -5,6 +5,7 @@ prompts take T ms, with the runner's CPU time per job, its efficiency (ideal N*T
     .venv/bin/python bench/profile_runner.py --t-ms 20 --jobs 300 --queue-ahead false
     .venv/bin/python bench/profile_runner.py --t-ms 20 --profile wall             # pyinstrument: wall time
     .venv/bin/python bench/profile_runner.py --t-ms 20 --profile cpu              # cProfile on process time
+    SORT=cumulative TOP=90 .venv/bin/python bench/profile_runner.py --profile cpu # another order, more rows
 
 The efficiency is against T as asked of the fake; the fake's own executions take a little longer (its
 record says how much), so 1.0 is out of reach here. Run it with nothing else on the machine.
@@ -22,9 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import argparse
 import cProfile
 import io
-import os
 import itertools
 import json
+import os
 import pstats
 import tempfile
 import time
@@ -78,7 +79,8 @@ def main() -> None:
             print(profiler.output_text(unicode=False, color=False))  # type: ignore[attr-defined]
         elif args.profile == "cpu":
             out = io.StringIO()
-            pstats.Stats(profiler, stream=out).sort_stats(os.environ.get("SORT", "tottime")).print_stats(int(os.environ.get("TOP", "40")))  # type: ignore[arg-type]
+            stats_of = pstats.Stats(profiler, stream=out)  # type: ignore[arg-type]
+            stats_of.sort_stats(os.environ.get("SORT", "tottime")).print_stats(int(os.environ.get("TOP", "40")))
             print(out.getvalue())
     finally:
         proc.kill()
