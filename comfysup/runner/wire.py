@@ -213,9 +213,11 @@ def history_entry(body: Any, prompt_id: str, *, max_files: int = MAX_ITEMS,
 
 # ---- WebSocket messages -------------------------------------------------------------------------------------
 
-_EVENTS = frozenset({"execution_start", "execution_cached", "executing", "executed", "progress", "progress_state",
+_EVENTS = frozenset({"execution_start", "execution_cached", "executing", "executed", "progress",
                      "execution_success", "execution_error", "execution_interrupted"})
-"""The events about one prompt that the runner reads; every other type (status aside) passes unread."""
+"""The events about one prompt that the runner reads; every other type (status aside) passes unread. ComfyUI's
+``progress_state`` (every node's state, sent again at each step: a third of a trivial run's messages) is among
+them: the trace is made of ``executing`` and ``progress``, which say the same."""
 
 
 def ws_message(raw: str | bytes) -> dict[str, Any] | None:
@@ -253,9 +255,6 @@ def _event_data(kind: str, data: dict[str, Any], where: str) -> dict[str, Any]:
         out["max"] = _number(data.get("max"), f"{where}'s max")
     elif kind == "executed" and "output" in data:
         out["output"] = _obj(_get(data, "output", {}), f"{where}'s output")
-    elif kind == "progress_state":
-        nodes = _obj(_get(data, "nodes", {}), f"{where}'s nodes")
-        out["nodes"] = {str(k): _progress_node(v, f"{where}'s node {k}") for k, v in nodes.items()}
     elif kind in ("execution_error", "execution_interrupted"):
         out["node_id"] = _node_id(data.get("node_id"), f"{where}'s node_id")
         out["node_type"] = _str(data.get("node_type"), f"{where}'s node_type", optional=True)
@@ -264,19 +263,6 @@ def _event_data(kind: str, data: dict[str, Any], where: str) -> dict[str, Any]:
             out["exception_message"] = _str(_get(data, "exception_message", ""), f"{where}'s exception_message")
             out["traceback"] = [_str(line, f"{where}'s traceback") for line in
                                 _list(_get(data, "traceback", []), f"{where}'s traceback")]
-    return out
-
-
-def _progress_node(value: Any, where: str) -> dict[str, Any]:
-    node = _obj(value, where)
-    out: dict[str, Any] = {}
-    for key in ("value", "max"):
-        if key in node:
-            out[key] = _number(node[key], f"{where}'s {key}")
-    for key in ("state", "node_id", "display_node_id", "prompt_id"):
-        if key in node:
-            out[key] = _str(node[key], f"{where}'s {key}", optional=True) if not isinstance(node[key], int) \
-                else str(node[key])
     return out
 
 
