@@ -216,8 +216,8 @@ def history_entry(body: Any, prompt_id: str, *, max_files: int = MAX_ITEMS,
 _EVENTS = frozenset({"execution_start", "execution_cached", "executing", "executed", "progress",
                      "execution_success", "execution_error", "execution_interrupted"})
 """The events about one prompt that the runner reads; every other type (status aside) passes unread. ComfyUI's
-``progress_state`` (every node's state, sent again at each step: a third of a trivial run's messages) is among
-them: the trace is made of ``executing`` and ``progress``, which say the same."""
+``progress_state`` (every node's state, sent again at each step: a third of a trivial run's messages) passes
+unread too: the trace is made of ``executing`` and ``progress``, which say the same."""
 
 
 def ws_message(raw: str | bytes) -> dict[str, Any] | None:
