@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import time
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -359,10 +360,15 @@ class EventStream:
             raise SocketLost(f"WebSocket connect: {_short(exc)}") from exc
 
     def recv(self, timeout_seconds: float) -> dict[str, Any] | None:
-        """The next JSON message, or None when ``timeout_seconds`` passed without one."""
+        """The next JSON message the runner reads, or None when ``timeout_seconds`` passed without one.
+
+        ``timeout_seconds`` bounds the whole call, not each frame: frames the runner does not read (a custom
+        node's messages, previews, ComfyUI's progress_state) can come faster than it, and the caller's wake-up
+        (its heartbeat, a cancel, a stop, the deadline) must not wait for a message it reads."""
         if self.ws is None:
             raise SocketLost("WebSocket not connected")
         self.ws.settimeout(max(timeout_seconds, 0.001))
+        until = time.monotonic() + timeout_seconds
         while True:
             try:
                 opcode, data = self.ws.recv_data()
@@ -381,6 +387,12 @@ class EventStream:
             elif opcode == websocket.ABNF.OPCODE_CLOSE:
                 self.close()
                 raise SocketLost("WebSocket closed by the server")
+            # A frame not read: wait on for what is left of the call's time. A call of no time reads on through
+            # what is already buffered, each next frame waited for 1 ms, as before (_read_buffered).
+            left = until - time.monotonic()
+            if left <= 0 < timeout_seconds:
+                return None
+            self.ws.settimeout(max(left, 0.001))
 
     def drain(self) -> None:
         """Discard what is already buffered (a finished prompt's last messages, status broadcasts) without
