@@ -303,11 +303,12 @@ def object_info(body: Any) -> dict[str, dict[str, Any]]:
 
 
 def _node_class(info: Any, where: str) -> dict[str, Any]:
+    """A class whose ``input`` or section is there and not an object (null included: ComfyUI leaves out what a
+    class lacks, and the submit side's ``ObjectInfo`` reads them with ``.get(key, {})``) is malformed."""
     info = _obj(info, where)
-    inputs = info.get("input")
-    if inputs is not None:
-        _obj(inputs, f"{where}.input")
+    if "input" in info:
+        inputs = _obj(info["input"], f"{where}.input")
         for section in ("required", "optional"):
-            if inputs.get(section) is not None:
+            if section in inputs:
                 _obj(inputs[section], f"{where}.input.{section}")
     return info

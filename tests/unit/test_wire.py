@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from comfysup.jobs.catalogue import first_issue
+from comfysup.jobs.graph import ObjectInfo
 from comfysup.runner import wire
 from comfysup.runner.wire import Malformed
 
@@ -245,12 +246,17 @@ def test_any_catalogue_is_malformed_or_checks_a_job_without_an_exception(path: l
         assert str(exc)
         return
     first_issue(workflow, info)
+    catalogue = ObjectInfo(info)  # the submit side reads the same recorded catalogue
+    for name in info:
+        catalogue.inputs(name)
 
 
 @pytest.mark.parametrize(("path", "value", "message"), [
     (("EmptyImage", "input"), 7, "/object_info EmptyImage.input is a int, not an object"),
     (("EmptyImage", "input", "required"), [], "/object_info EmptyImage.input.required is a list, not an object"),
     (("SaveImage", "input", "optional"), "x", "/object_info SaveImage.input.optional is a str, not an object"),
+    (("EmptyImage", "input"), None, "/object_info EmptyImage.input is a null, not an object"),
+    (("EmptyImage", "input", "required"), None, "/object_info EmptyImage.input.required is a null, not an object"),
 ])
 def test_a_catalogue_with_a_section_of_the_wrong_shape_says_where(path: tuple[str, ...], value: Any,
                                                                    message: str) -> None:
