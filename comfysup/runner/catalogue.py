@@ -12,22 +12,31 @@ dead-letters it when no server's catalogue can run it.
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 from typing import Any
 
 from comfysup.errors import QueueError
 from comfysup.jobs.catalogue import first_issue
 from comfysup.queue.base import Claim, Queue, host_name
 from comfysup.runner import deadline
-from comfysup.runner.client import ComfyClient, ComfyError
+from comfysup.runner.client import ComfyClient, ComfyError, MalformedAnswer
 
 log = logging.getLogger("comfysup.runner")
+
+RETRY_SECONDS = 5.0
+"""After a malformed /object_info, the next read waits this long: the read runs before each claim while the
+catalogue is stale, and a server whose catalogue cannot be read would be asked again and again for an answer
+that can be tens of MiB. A server that does not answer (starting, down) is asked again at the next claim."""
 
 
 class ServerCatalogue:
     """What this runner's server can run, as recorded in the queue: ``id`` is None until it is known."""
 
-    def __init__(self, queue: Queue, client: ComfyClient, server: str) -> None:
-        self.queue, self.client, self.server = queue, client, server
+    def __init__(self, queue: Queue, client: ComfyClient, server: str,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.queue, self.client, self.server, self.clock = queue, client, server, clock
+        self.retry_at = 0.0
         self.id: int | None = None
         self.info: dict[str, Any] = {}
         self.stale = True
@@ -36,16 +45,21 @@ class ServerCatalogue:
 
     def server_down(self) -> None:
         self.stale = True
+        self.retry_at = 0.0  # a server back from down is read at once: it may have other nodes now
 
     def refresh(self) -> None:
         """Read /object_info and record it, when stale; a server or queue that fails leaves it stale (the
         claim then goes on with the catalogue last recorded, or unfiltered before the first)."""
-        if not self.stale:
+        if not self.stale or self.clock() < self.retry_at:
             return
         try:
             info = self.client.object_info()
             catalogue_id = self.queue.record_catalogue(self.server, host_name(), info)
-        except (ComfyError, QueueError, deadline.DeadlineExceeded) as exc:
+        except MalformedAnswer as exc:  # it answers, with a catalogue that cannot be read: worth a person's look
+            self.retry_at = self.clock() + RETRY_SECONDS
+            log.warning("%s: /object_info not recorded (tried again in %g s): %s", self.server, RETRY_SECONDS, exc)
+            return
+        except (ComfyError, QueueError, deadline.DeadlineExceeded) as exc:  # starting, down, or the queue: soon
             log.debug("%s: /object_info not recorded yet: %s", self.server, exc)
             return
         if catalogue_id != self.id:
