@@ -24,8 +24,8 @@ def redactor_of(claim: Claim) -> Redactor:
     """The claim's Redactor, collected once: the loop's log context, its attempt, and the attempt that claimed
     it as its next job each need it (three walks of the job's data a job, in the runner's profile). Kept by
     the claim object itself, held here, so another job (or a test's job of the same id) never gets it."""
-    entry = _REDACTORS.get(id(claim))
-    if entry is None or entry[0] is not claim:
+    entry = _REDACTORS.get(id(claim))  # while held here, no other object can have the claim's id
+    if entry is None:
         if len(_REDACTORS) >= 8:  # a runner holds at most three jobs at once
             _REDACTORS.clear()
         entry = _REDACTORS[id(claim)] = (claim, Redactor.for_job(claim.workflow, claim.extra_data))
