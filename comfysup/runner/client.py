@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import ssl
 import time
 import uuid
 from collections.abc import Iterator, Sequence
@@ -333,6 +334,10 @@ class SocketLost(ComfyError):
     kind = "socket_lost"
 
 
+_NOTHING_BUFFERED = (BlockingIOError, ssl.SSLWantReadError)
+"""What a non-blocking read of an empty socket raises: plain (EAGAIN), or through TLS (a wss:// server)."""
+
+
 class EventStream:
     """ComfyUI's WebSocket for one client id. JSON messages only; binary preview frames are skipped."""
 
@@ -367,12 +372,14 @@ class EventStream:
         (its heartbeat, a cancel, a stop, the deadline) must not wait for a message it reads."""
         if self.ws is None:
             raise SocketLost("WebSocket not connected")
-        self.ws.settimeout(max(timeout_seconds, 0.001))
+        # A call of no time reads only what is buffered, without blocking: a timeout, however short, became a
+        # poll() of at least 1 ms (its resolution), a millisecond lost each time the socket held nothing.
+        self.ws.settimeout(timeout_seconds if timeout_seconds > 0 else 0)
         until = time.monotonic() + timeout_seconds
         while True:
             try:
                 opcode, data = self.ws.recv_data()
-            except (TimeoutError, websocket.WebSocketTimeoutException):
+            except (TimeoutError, websocket.WebSocketTimeoutException, *_NOTHING_BUFFERED):
                 return None
             except (OSError, websocket.WebSocketException) as exc:
                 self.close()
@@ -388,11 +395,12 @@ class EventStream:
                 self.close()
                 raise SocketLost("WebSocket closed by the server")
             # A frame not read: wait on for what is left of the call's time. A call of no time reads on through
-            # what is already buffered, each next frame waited for 1 ms, as before (_read_buffered).
-            left = until - time.monotonic()
-            if left <= 0 < timeout_seconds:
-                return None
-            self.ws.settimeout(max(left, 0.001))
+            # what is already buffered (_read_buffered).
+            if timeout_seconds > 0:
+                left = until - time.monotonic()
+                if left <= 0:
+                    return None
+                self.ws.settimeout(left)
 
     def drain(self) -> None:
         """Discard what is already buffered (a finished prompt's last messages, status broadcasts) without
@@ -405,7 +413,7 @@ class EventStream:
             self.ws.settimeout(0)
             while True:
                 self.ws.recv_data()
-        except (TimeoutError, websocket.WebSocketTimeoutException, BlockingIOError):
+        except (TimeoutError, websocket.WebSocketTimeoutException, *_NOTHING_BUFFERED):
             return
         except (OSError, websocket.WebSocketException):
             self.close()

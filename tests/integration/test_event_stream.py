@@ -5,7 +5,11 @@ previews). The attempt wakes up on that timeout for its heartbeat, a cancel, a s
 from __future__ import annotations
 
 import asyncio
+import base64
+import hashlib
 import json
+import select
+import socket
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -74,5 +78,93 @@ def test_frames_the_runner_does_not_read_do_not_hold_recv_past_its_timeout(serve
         assert stream.recv(0.3) is None
         assert server["sent"] < 1500, "the unread frames had all been sent: the call was not bounded"
         assert stream.recv(0.3) is None  # and again: each call is bounded on its own
+    finally:
+        stream.close()
+
+
+class RawSocket:
+    """A WebSocket server end that sends exactly the bytes a test gives it: half a frame, then the rest."""
+
+    def __init__(self) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.conn: socket.socket | None = None
+        self.accepted = threading.Event()
+        self.thread = threading.Thread(target=self._accept, daemon=True)
+        self.thread.start()
+
+    def _accept(self) -> None:
+        conn, _ = self.listener.accept()
+        request = b""
+        while b"\r\n\r\n" not in request:
+            request += conn.recv(4096)
+        key = next(line.split(b":", 1)[1].strip() for line in request.split(b"\r\n")
+                   if line.lower().startswith(b"sec-websocket-key:"))
+        accept = base64.b64encode(hashlib.sha1(key + b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11").digest())
+        conn.sendall(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                     b"Sec-WebSocket-Accept: " + accept + b"\r\n\r\n")
+        self.conn = conn
+        self.accepted.set()
+
+    @staticmethod
+    def frame(text: str) -> bytes:
+        payload = text.encode()
+        assert len(payload) < 126
+        return bytes([0x81, len(payload)]) + payload
+
+    def send(self, data: bytes) -> None:
+        assert self.accepted.wait(10)
+        self.conn.sendall(data)
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+        self.listener.close()
+
+
+@pytest.fixture
+def raw() -> Iterator[RawSocket]:
+    server = RawSocket()
+    yield server
+    server.close()
+
+
+def _readable(stream: EventStream) -> None:
+    """Wait (an event, not a sleep) until the client's socket holds bytes the server sent."""
+    assert select.select([stream.ws.sock], [], [], 10)[0], "the server's bytes never arrived"
+
+
+def test_recv_of_no_time_reads_what_is_buffered_without_ever_waiting(raw: RawSocket) -> None:
+    stream = EventStream(f"http://127.0.0.1:{raw.port}", "client", 5.0)
+    stream.connect()
+    timeouts: list[float | None] = []
+    settimeout = stream.ws.settimeout
+    stream.ws.settimeout = lambda t: (timeouts.append(t), settimeout(t))[1]  # type: ignore[method-assign]
+    try:
+        assert stream.recv(0.0) is None  # nothing sent yet
+        # A non-blocking read: no timeout at all. Before, 1 ms: a poll() that slept a millisecond or more
+        # every time the runner looked at an empty socket between two steps of an attempt.
+        assert timeouts and all(t == 0 for t in timeouts), timeouts
+        raw.send(RawSocket.frame(UNREAD) + RawSocket.frame(READ))
+        _readable(stream)
+        message = stream.recv(0.0)  # the unread frame is passed over; the read one is returned
+        assert message is not None and message["type"] == "executing"
+        assert stream.recv(0.0) is None
+    finally:
+        stream.close()
+
+
+def test_a_frame_half_buffered_is_not_lost_by_a_read_of_no_time(raw: RawSocket) -> None:
+    stream = EventStream(f"http://127.0.0.1:{raw.port}", "client", 5.0)
+    stream.connect()
+    try:
+        whole = RawSocket.frame(READ)
+        raw.send(whole[:20])  # the header and part of the payload
+        _readable(stream)
+        assert stream.recv(0.0) is None  # what came is kept by the frame reader, not dropped with the socket
+        assert stream.ws is not None, "a socket with half a frame in it was taken for a broken one"
+        raw.send(whole[20:])
+        message = stream.recv(5.0)
+        assert message is not None and message["type"] == "executing" and message["data"]["node"] is None
     finally:
         stream.close()
