@@ -328,28 +328,35 @@ class FakeServer:
         """GET /view with ComfyUI's checks: '..' or a leading '/' in filename 400, escaping subfolder 403."""
         query = request.rel_url.query
         if "filename" in query:
-            filename, folder = annotated_filepath(query["filename"], self.options)
-            if not filename or filename[0] == "/" or ".." in filename:
-                return web.Response(status=400)
-            if folder is None:
-                folder = self.options.directory_for_type(query.get("type", "output"))
-            if folder is None:
-                return web.Response(status=400)
-            base = str(folder)
-            if "subfolder" in query:
-                full = os.path.join(base, query["subfolder"])
-                if os.path.commonpath((os.path.abspath(full), base)) != base:
-                    return web.Response(status=403)
-                base = full
-            filename = os.path.basename(filename)
-            path = os.path.join(base, filename)
-            if os.path.isfile(path):
-                content_type = mimetypes.guess_type(filename)[0] or "application/octet-stream"
-                if content_type in _FORCE_DOWNLOAD:
-                    content_type = "application/octet-stream"
-                headers = {"Content-Disposition": f'filename="{filename}"', "Content-Type": content_type}
-                headers = self.version.view_headers(mimetypes.guess_type(filename)[0] or "", filename, headers)
-                return web.FileResponse(path, headers=headers)
+            answer = await self._view(query)
+            self.recorder.event("views", filename=query["filename"], subfolder=query.get("subfolder", ""),
+                                type=query.get("type", "output"), status=answer.status)
+            return answer
+        return web.Response(status=404)
+
+    async def _view(self, query: Any) -> web.StreamResponse:
+        filename, folder = annotated_filepath(query["filename"], self.options)
+        if not filename or filename[0] == "/" or ".." in filename:
+            return web.Response(status=400)
+        if folder is None:
+            folder = self.options.directory_for_type(query.get("type", "output"))
+        if folder is None:
+            return web.Response(status=400)
+        base = str(folder)
+        if "subfolder" in query:
+            full = os.path.join(base, query["subfolder"])
+            if os.path.commonpath((os.path.abspath(full), base)) != base:
+                return web.Response(status=403)
+            base = full
+        filename = os.path.basename(filename)
+        path = os.path.join(base, filename)
+        if os.path.isfile(path):
+            content_type = mimetypes.guess_type(filename)[0] or "application/octet-stream"
+            if content_type in _FORCE_DOWNLOAD:
+                content_type = "application/octet-stream"
+            headers = {"Content-Disposition": f'filename="{filename}"', "Content-Type": content_type}
+            headers = self.version.view_headers(mimetypes.guess_type(filename)[0] or "", filename, headers)
+            return web.FileResponse(path, headers=headers)
         return web.Response(status=404)
 
     async def system_stats(self, request: web.Request) -> web.Response:

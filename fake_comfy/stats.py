@@ -34,6 +34,7 @@ class Recorder:
          "queue_deletes": [{"at", "prompt_id", "removed"}], "queue_clears": [{"at", "removed": [id]}],
          "frees": [{"at", "unload_models", "free_memory"}],
          "model_loads": [{"at", "prompt_id", "node_id", "class_type", "model"}],
+         "views": [{"at", "filename", "subfolder", "type", "status"}],  # every GET /view with a filename
          "servers": [{"started_at", "port", "ended_at", "crashed"}], "busy": [id, ...]}
 
     `executed` counts every execution start, including runs served entirely from the cache (those
@@ -63,6 +64,7 @@ class Recorder:
             "queue_clears": [],
             "frees": [],
             "model_loads": [],
+            "views": [],
             "servers": [],
             "busy": [],
         }
@@ -154,7 +156,7 @@ class Recorder:
                 record["last_hit"] = {"at": time.time(), "answer": answer}
 
     def event(self, kind: str, **fields: Any) -> None:
-        """Append to one of the plain lists (interrupts, queue_deletes, queue_clears, frees, model_loads)."""
+        """Append to one of the plain lists (interrupts, queue_deletes, queue_clears, frees, model_loads, views)."""
         with self._lock:
             self._data[kind].append({"at": time.time(), **fields})
 

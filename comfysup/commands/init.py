@@ -168,9 +168,14 @@ def render(config: Config, header: str = "") -> str:
             out.append(tomli_w.dumps({key: _plain(value)}).strip())
         out.append("")
     out += ["# Servers that run elsewhere and are used as they are (not launched), e.g.:",
-            "# [[servers]]", '# name = "remote0"', '# url = "http://127.0.0.1:8288"']
+            "# [[servers]]", '# name = "remote0"', '# url = "http://127.0.0.1:8288"',
+            "# One on this machine may name its output folder: each job's files are then read from it, not "
+            "through /view.", '# output_dir = "/opt/ComfyUI/output"']
     for server in config.servers:
-        out += ["[[servers]]", tomli_w.dumps({"name": server.name, "url": server.url}).strip()]
+        entry = {"name": server.name, "url": server.url}
+        if server.output_dir:
+            entry["output_dir"] = server.output_dir
+        out += ["[[servers]]", tomli_w.dumps(entry).strip()]
     return "\n".join(out) + "\n"
 
 

@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 from comfysup.commands._common import config_from
@@ -96,6 +97,13 @@ def parse_servers(values: list[str], config: Config) -> dict[str, str]:
     return servers
 
 
+def own_output_dirs(config: Config, servers: dict[str, str]) -> dict[str, Path]:
+    """The [[servers]] output_dir of each server this command runs, when it runs that entry's server (a
+    ``--server NAME=URL`` of another URL is not the folder's server)."""
+    urls = {s.name: s.url for s in config.servers}
+    return {name: folder for name, folder in config.server_output_dirs().items() if servers.get(name) == urls[name]}
+
+
 def _child(config: Config, name: str, url: str, peers: dict[str, str], until_empty: bool, results: Any,
            token: str, shared: Any, others: list[Any]) -> int:
     """In a forked runner process (its own process group, default signals, dying with ``work``). ``others``:
@@ -111,7 +119,8 @@ def _child(config: Config, name: str, url: str, peers: dict[str, str], until_emp
         shared.waiting = int(waiting)
 
     runner = Runner(config, name, url, peers=peers, until_empty=until_empty, owner_token=token, stuck=stuck,
-                    on_waiting=on_waiting, peer_waiting=lambda: waiting_peer(others))
+                    on_waiting=on_waiting, peer_waiting=lambda: waiting_peer(others),
+                    output_dirs=own_output_dirs(config, peers))
     runner.install_signals()
     counts = runner.run()
     results.put((name, dict(counts)))

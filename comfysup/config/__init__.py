@@ -107,6 +107,12 @@ class ComfyUIConfig:
 class ServerConfig:
     name: str
     url: str
+    output_dir: str = ""
+    """The server's output folder when it runs on this machine (optional): each job's files are then read from
+    it instead of downloaded through /view, a run whose history died with the server is adopted from it, and
+    the job's folder there is removed once its files are stored, as for the servers ``comfysup run`` launches.
+    Its input folder is taken to be ``input`` beside it, as in a ComfyUI installation. A relative path is
+    relative to the config file's folder, as every path of the config is."""
 
 
 @dataclass(frozen=True)
@@ -251,6 +257,10 @@ class Config:
         """A path from the config, relative to the config file's directory."""
         p = Path(path).expanduser()
         return p if p.is_absolute() else Path(self.root) / p
+
+    def server_output_dirs(self) -> dict[str, Path]:
+        """The output folders of the [[servers]] entries that name one (``output_dir``), by server name."""
+        return {s.name: self.resolve(s.output_dir) for s in self.servers if s.output_dir}
 
 
 SECTIONS: dict[str, type] = {
@@ -440,16 +450,20 @@ def _servers(body: Any, source: str) -> tuple[ServerConfig, ...]:
         where = f"{source}: [[servers]] #{i + 1}"
         if not isinstance(entry, dict):
             raise ConfigError(f"{where}: expected a table with name and url")
-        unknown = set(entry) - {"name", "url"}
+        unknown = set(entry) - {"name", "url", "output_dir"}
         if unknown:
-            raise ConfigError(f"{where}: unknown key {sorted(unknown)[0]!r}; known keys: name, url")
+            raise ConfigError(f"{where}: unknown key {sorted(unknown)[0]!r}; known keys: name, url, output_dir")
         for key in ("name", "url"):
             if not isinstance(entry.get(key), str) or not entry[key]:
                 raise ConfigError(f"{where}: {key} = {entry.get(key)!r}: expected a non-empty string")
         parsed = urlparse(entry["url"])
         if parsed.scheme not in ("http", "https") or not parsed.hostname:
             raise ConfigError(f"{where}: url = {entry['url']!r}: expected http://HOST:PORT")
-        out.append(ServerConfig(name=entry["name"], url=entry["url"].rstrip("/")))
+        output_dir = entry.get("output_dir", "")
+        if not isinstance(output_dir, str):
+            raise ConfigError(f"{where}: output_dir = {output_dir!r}: expected the path of the server's output "
+                              "folder on this machine (ComfyUI's output), or no output_dir for a server elsewhere")
+        out.append(ServerConfig(name=entry["name"], url=entry["url"].rstrip("/"), output_dir=output_dir))
     names = [s.name for s in out]
     for name in names:
         if names.count(name) > 1:

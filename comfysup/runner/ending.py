@@ -130,16 +130,29 @@ class Ending(AttemptPart):
         return outputs
 
     def _sources(self, run: Run, entry: dict[str, Any]) -> list[tuple[str, Callable[[], Iterable[bytes]]]]:
-        """Each file's name in the store and where its bytes come from: /view, or the job's folder in the
-        server's output folder for a run adopted from disk. Stored under the names the user chose: without
-        the job's own folder that comfysup added to the prefixes."""
+        """Each file's name in the store and where its bytes come from. Stored under the names the user chose:
+        without the job's own folder that comfysup added to the prefixes.
+
+        From the job's folder in the server's output folder when comfysup can see it (a server of this
+        machine: ``comfysup run``'s own, a [[servers]] entry with an output_dir): a run adopted from disk, and
+        every file the history names there, read from the disk rather than asked of the server. A /view is a
+        round trip to a server that is running the next prompt by then (queued ahead), and ComfyUI answers
+        it only when its executing thread lets go of the GIL: on a real ComfyUI it was 30% of a runner's wall
+        time on trivial prompts. Anything else (a temp file, a file outside the job's folder, a server
+        elsewhere, a file not found where it should be) comes through /view."""
+        folder = self.s.output_dirs.get(run.server)
         if run.from_disk is not None:
-            folder = self.s.output_dirs[run.server]
             return [(safe_relative(f.filename, f.subfolder),
                      partial(job_outputs.read, folder, self.claim.id, f.relative)) for f in run.from_disk]
-        return [(safe_relative(f["filename"], job_outputs.store_name(f.get("subfolder") or "", self.claim.id)),
-                 partial(run.client.view, f["filename"], f.get("subfolder") or "", f["type"]))
-                for f in output_files(entry)]
+        out: list[tuple[str, Callable[[], Iterable[bytes]]]] = []
+        for f in output_files(entry):
+            subfolder = f.get("subfolder") or ""
+            relative = safe_relative(f["filename"], job_outputs.store_name(subfolder, self.claim.id))
+            view = partial(run.client.view, f["filename"], subfolder, f["type"])
+            within = job_outputs.in_job_folder(subfolder, self.claim.id) if f["type"] == "output" else None
+            out.append((relative, view if folder is None or within is None else
+                        partial(job_outputs.read_or, folder, self.claim.id, relative, view)))
+        return out
 
 
 

@@ -28,10 +28,10 @@ import re
 import stat
 import struct
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from comfysup import safefs
 from comfysup.jobs import BUILTIN_OUTPUT_NODES
@@ -67,7 +67,9 @@ class Expected:
 
     node: str
     subfolder: str
-    pattern: re.Pattern[str]
+    pattern: str
+    """A regular expression, compiled only when a folder is scanned: a plan is made for every POST, a scan
+    only after a server died, and each job's prefix is new to re's cache (0.1 ms a compile)."""
 
 
 @dataclass(frozen=True)
@@ -93,9 +95,9 @@ def _place(prefix: str) -> tuple[str, str] | None:
     return (subfolder, stem) if stem else None
 
 
-def _pattern(stem: str) -> re.Pattern[str]:
+def _pattern(stem: str) -> str:
     body = re.escape(stem).replace(re.escape("%batch_num%"), r"\d+")
-    return re.compile(rf"{body}_\d{{5,}}_\.[A-Za-z0-9]+")
+    return rf"{body}_\d{{5,}}_\.[A-Za-z0-9]+"
 
 
 def plan(workflow: dict[str, Any], job_id: str) -> Plan:
@@ -130,14 +132,19 @@ def _writes_without_prefix(class_type: str) -> bool:
     return class_type in BUILTIN_OUTPUT_NODES and class_type not in PREVIEW_NODES
 
 
-def store_name(subfolder: str, job_id: str) -> str:
-    """The subfolder a stored file keeps: the history's, without the per-job folder comfysup added."""
+def in_job_folder(subfolder: str, job_id: str) -> str | None:
+    """A history entry's subfolder relative to the job's own folder ("" for the folder itself), or None when
+    the file is not in the job's folder (a prefix that could not be moved there, another node's file)."""
     own = job_folder(job_id)
     if subfolder == own:
         return ""
-    if subfolder.startswith(own + "/"):
-        return subfolder[len(own) + 1:]
-    return subfolder
+    return subfolder[len(own) + 1:] if subfolder.startswith(own + "/") else None
+
+
+def store_name(subfolder: str, job_id: str) -> str:
+    """The subfolder a stored file keeps: the history's, without the per-job folder comfysup added."""
+    within = in_job_folder(subfolder, job_id)
+    return subfolder if within is None else within
 
 
 # -- completeness --------------------------------------------------------------------------------------
@@ -202,7 +209,7 @@ def scan(output_dir: Path, job_id: str, expected: tuple[Expected, ...]) -> list[
         return None
     groups: dict[tuple[str, str], int] = {}
     for e in expected:
-        key = (e.subfolder, e.pattern.pattern)
+        key = (e.subfolder, e.pattern)
         groups[key] = groups.get(key, 0) + 1
     found: list[Found] = []
     try:
@@ -258,12 +265,31 @@ def discard(output_dirs: dict[str, Path], server: str, job_id: str) -> None:
 
 def read(output_dir: Path, job_id: str, relative: str) -> Iterator[bytes]:
     """The bytes of one file of the job's folder, in chunks, never through a symlink."""
+    with _open(output_dir, job_id, relative) as f:
+        while chunk := f.read(READ_CHUNK):
+            yield chunk
+
+
+def read_or(output_dir: Path, job_id: str, relative: str, otherwise: Callable[[], Iterable[bytes]]) -> Iterator[bytes]:
+    """The bytes of one file of the job's folder, or ``otherwise``'s (its download through /view) when the file
+    cannot be opened there: an output folder configured for another server, a file written elsewhere. Only
+    the open falls back; a read that fails after it raises, as a download cut short does."""
+    try:
+        opened = _open(output_dir, job_id, relative)
+    except (OSError, ValueError) as exc:
+        log.debug("job %s: %s not readable in %s (%s); downloading it through /view", job_id, relative,
+                  output_dir, exc)
+        yield from otherwise()
+        return
+    with opened as f:
+        while chunk := f.read(READ_CHUNK):
+            yield chunk
+
+
+def _open(output_dir: Path, job_id: str, relative: str) -> BinaryIO:
     *parts, name = relative.split("/")
     with _job_fd(output_dir, job_id) as job, safefs.dir_beneath(job, parts) as folder:
-        fd = safefs.open_file(folder, name)
-        with os.fdopen(fd, "rb") as f:
-            while chunk := f.read(READ_CHUNK):
-                yield chunk
+        return os.fdopen(safefs.open_file(folder, name), "rb")
 
 
 def remove(output_dir: Path, job_id: str) -> None:

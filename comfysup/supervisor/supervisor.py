@@ -399,7 +399,7 @@ class Supervisor:
     def _fork_runner(self, unit: Unit, now: float) -> None:
         prepare_runner(unit, now, may_claim=not self.stopping and unit.usable)
         peers = {u.name: u.url for u in self.units}
-        outputs = output_dirs(self.units)
+        outputs = self.config.server_output_dirs() | output_dirs(self.units)
         runner = self.manager.fork_runner(unit.name,
                                           lambda token: runner_main(self.config, unit, peers, token, outputs,
                                                                     [u.shared for u in self.units if u is not unit]))

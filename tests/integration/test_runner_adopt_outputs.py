@@ -63,6 +63,29 @@ def test_files_keep_their_names_and_the_servers_job_folder_is_removed_once_done(
         assert complete_png_bytes(stored.read_bytes())
         assert not (Path(a.output_directory) / "comfysup" / job["id"]).exists()
         assert a.stats()["prompts"][job["id"]]["executed"] == 1
+        # Read from the server's output folder, not asked of the server (a round trip to a server that runs the
+        # next prompt by then).
+        assert a.stats()["views"] == []
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("output_dir", ["none", "elsewhere"])
+def test_files_come_through_view_when_the_servers_folder_is_unknown_or_not_the_servers(tmp_path: Path,
+                                                                                       output_dir: str) -> None:
+    """No output folder (a server elsewhere), or one that is not this server's (a wrong output_dir): each file
+    comes through /view, and the job is done all the same."""
+    with FakeComfy(base_directory=tmp_path / "a", node_ms=5) as a:
+        config = write_config(tmp_path)
+        job = trivial_job(4)
+        queue = submit(config, [job])
+        dirs = {} if output_dir == "none" else {"a": tmp_path / "not-the-servers-output"}
+        Runner(config_of(config), "a", a.url, until_empty=True, output_dirs=dirs).run()
+        record = queue.get(job["id"])
+        assert record.state == "done", record.reason
+        (out,) = record.outputs
+        assert out.name == "job4_00001_.png"
+        assert complete_png_bytes((tmp_path / "store" / job["id"] / out.name).read_bytes())
+        assert [(v["filename"], v["status"]) for v in a.stats()["views"]] == [("job4_00001_.png", 200)]
 
 
 def _crash_after_the_file(tmp_path: Path, damage: bool) -> tuple[object, FakeComfy, str]:

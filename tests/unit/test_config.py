@@ -211,6 +211,23 @@ def test_servers_are_checked(tmp_path: Path) -> None:
     assert "name = 'r' appears twice" in error_of(twice)
 
 
+def test_a_servers_output_dir_is_resolved_and_used_only_for_its_own_url(tmp_path: Path) -> None:
+    from comfysup.commands.work import own_output_dirs
+
+    path = write(tmp_path, '[[servers]]\nname = "local"\nurl = "http://127.0.0.1:8188"\noutput_dir = "ComfyUI/output"\n'
+                           '[[servers]]\nname = "remote"\nurl = "http://10.0.0.5:8188"\n')
+    config = load_config(str(path), env={})
+    assert config.server_output_dirs() == {"local": path.parent / "ComfyUI" / "output"}  # beside the config
+    assert own_output_dirs(config, {"local": "http://127.0.0.1:8188", "remote": "http://10.0.0.5:8188"}) == {
+        "local": path.parent / "ComfyUI" / "output"}
+    # `comfysup work --server local=URL` naming another server: the folder is not that server's.
+    assert own_output_dirs(config, {"local": "http://127.0.0.1:9999"}) == {}
+    bad = write(tmp_path, '[[servers]]\nname = "r"\nurl = "http://a:1"\noutput_dir = 3\n')
+    assert "[[servers]] #1: output_dir = 3: expected the path of the server's output folder" in error_of(bad)
+    unknown = write(tmp_path, '[[servers]]\nname = "r"\nurl = "http://a:1"\noutput = "x"\n')
+    assert "unknown key 'output'; known keys: name, url, output_dir" in error_of(unknown)
+
+
 def test_init_writes_a_commented_config_that_loads_back(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     target = tmp_path / "conf" / "config.toml"
     target.parent.mkdir()
