@@ -99,13 +99,17 @@ def bare_client(url: str, n_jobs: int, salt: int, out: Path) -> float:
     return elapsed
 
 
-def idle_gaps(url: str, last: int) -> list[float]:
+def idle_gaps(url: str, last: int, runs_out: list[float] | None = None) -> list[float]:
     """The server's idle time in ms between its ``last`` executions, from the fake's own record
     (/fake/stats: when each execution started and ended): how long the GPU would have waited for the next
-    prompt, whoever is to blame for it (the client, the queue, or the server's own HTTP and WebSocket)."""
+    prompt, whoever is to blame for it (the client, the queue, or the server's own HTTP and WebSocket).
+    ``runs_out`` gets each of those executions' own time in ms (T, plus what the fake itself takes beyond
+    it on a busy machine: its messages, the PNG, the history)."""
     stats = json.loads(urllib3.request("GET", f"{url}/fake/stats", timeout=10.0).data)
     runs = sorted((r["started_at"], r["ended_at"]) for p in stats["prompts"].values() for r in p["executions"]
                   if r["ended_at"] is not None)[-last:]
+    if runs_out is not None:
+        runs_out.extend((end - start) * 1000 for start, end in runs)
     return [(b[0] - a[1]) * 1000 for a, b in itertools.pairwise(runs)]
 
 
@@ -113,9 +117,9 @@ def median(xs: list[float]) -> float:
     return sorted(xs)[len(xs) // 2] if xs else float("nan")
 
 
-def run_bare(k: int, n: int, node_ms: float, tmp: Path) -> tuple[float, float, list[float]]:
-    """(mean seconds per server, CPU seconds of this process, the servers' idle gaps in ms) for n jobs over k
-    servers, a thread per server."""
+def run_bare(k: int, n: int, node_ms: float, tmp: Path) -> tuple[float, float, list[float], list[float]]:
+    """(mean seconds per server, CPU seconds of this process, the servers' idle gaps in ms, their executions'
+    times in ms) for n jobs over k servers, a thread per server."""
     fakes = [start_fake(tmp / f"bare{i}", node_ms) for i in range(k)]
     try:
         out = tmp / "bare-out"
@@ -132,8 +136,9 @@ def run_bare(k: int, n: int, node_ms: float, tmp: Path) -> tuple[float, float, l
         for t in threads:
             t.join()
         cpu = time.process_time() - cpu
-        gaps = [g for i, (_proc, url) in enumerate(fakes) for g in idle_gaps(url, per[i])]
-        return sum(elapsed) / k, cpu, gaps  # each server's own span, as for comfysup
+        execs: list[float] = []
+        gaps = [g for i, (_proc, url) in enumerate(fakes) for g in idle_gaps(url, per[i], execs)]
+        return sum(elapsed) / k, cpu, gaps, execs  # each server's own span, as for comfysup
     finally:
         for proc, _url in fakes:
             proc.terminate()
@@ -141,9 +146,9 @@ def run_bare(k: int, n: int, node_ms: float, tmp: Path) -> tuple[float, float, l
 
 
 def run_comfysup(k: int, n: int, node_ms: float, tmp: Path) -> tuple[float, float, float, dict[str, float],
-                                                                    list[float]]:
+                                                                    list[float], list[float]]:
     """(mean span per server from its first claim to its last done, runner RSS MiB, supervisor RSS MiB, CPU
-    seconds by process kind, the servers' idle gaps in ms)."""
+    seconds by process kind, the servers' idle gaps in ms, their executions' times in ms)."""
     config = tmp / "config.toml"
     base_port = free_port()
     config.write_bytes(tomli_w.dumps({
@@ -197,7 +202,9 @@ def run_comfysup(k: int, n: int, node_ms: float, tmp: Path) -> tuple[float, floa
             ran = dict(db.execute("SELECT a.server, count(*) FROM attempts a JOIN jobs j ON j.id = a.job_id "
                                   "WHERE j.submitted_at = (SELECT max(submitted_at) FROM jobs) GROUP BY a.server"
                                   ).fetchall())
-        gaps = [g for i in range(k) for g in idle_gaps(f"http://127.0.0.1:{base_port + i}", ran.get(f"cpu{i}", 0))]
+        execs: list[float] = []
+        gaps = [g for i in range(k) for g in idle_gaps(f"http://127.0.0.1:{base_port + i}", ran.get(f"cpu{i}", 0),
+                                                      execs)]
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)
@@ -222,7 +229,8 @@ def run_comfysup(k: int, n: int, node_ms: float, tmp: Path) -> tuple[float, floa
     # Each server's span from its own first claim to its own last done: the supervisor brings its K servers
     # up one after another, and that start-up stagger (once per run, carried to the end of a short run) is
     # not per-job overhead. A server that got no job at all counts the whole run.
-    return sum(spans.get(f"cpu{i}", last - first) for i in range(k)) / k, runner_rss, supervisor_rss, cpu, gaps
+    return (sum(spans.get(f"cpu{i}", last - first) for i in range(k)) / k, runner_rss, supervisor_rss, cpu, gaps,
+            execs)
 
 
 def _left(db_path: Path) -> int:
@@ -258,25 +266,32 @@ def main() -> None:
     load = os.getloadavg()
     print(f"comfysup run on K fake servers, prompts of T ms; {os.cpu_count()} CPUs, load average {load[0]:.1f} "
           f"{load[1]:.1f} {load[2]:.1f}; efficiency = ideal N*T/K / actual; CPU ms per job: bare client | "
-          "comfysup runners + supervisor + monitor")
+          "comfysup runners + supervisor + monitor; exec ms: a prompt's mean time in the fake (T and the fake's own "
+          "work); busy: the share of comfysup's span its servers executed (1.0: the server never waited)")
     print(f"{'T ms':>6} {'K':>2} {'N':>5} {'ideal s':>8} {'bare s':>8} {'comfysup s':>10} {'eff bare':>9} "
           f"{'eff comfysup':>12} {'overhead ms/job':>16} {'CPU bare':>8} {'CPU ours':>17} {'runner MiB':>10} "
-          f"{'superv. MiB':>11} {'idle ms bare':>12} {'idle ms ours':>12}")
+          f"{'superv. MiB':>11} {'idle ms bare':>12} {'idle ms ours':>12} {'exec ms bare':>12} {'exec ms ours':>12} "
+          f"{'busy ours':>9}")
     for t_ms in (float(x) for x in args.t_ms.split(",")):
         for k in (int(x) for x in args.k.split(",")):
             n = jobs_for(t_ms, k, args.quick)
             with tempfile.TemporaryDirectory(prefix="comfysup-e2e-") as name:
                 tmp = Path(name)
                 node_ms = t_ms / NODES
-                bare, bare_cpu, bare_gaps = run_bare(k, n, node_ms, tmp)
-                ours, runner_mib, sup_mib, cpu, our_gaps = run_comfysup(k, n, node_ms, tmp)
+                bare, bare_cpu, bare_gaps, bare_execs = run_bare(k, n, node_ms, tmp)
+                ours, runner_mib, sup_mib, cpu, our_gaps, our_execs = run_comfysup(k, n, node_ms, tmp)
             ideal = n * t_ms / 1000 / k
             overhead = (ours - bare) / n * k * 1000  # per job, on its server's timeline
             ours_cpu = "+".join(f"{cpu[kind] / n * 1000:.1f}" for kind in ("runners", "supervisor", "monitor"))
+            busy = sum(our_execs) / 1000 / k / ours
             print(f"{t_ms:>6.0f} {k:>2} {n:>5} {ideal:>8.2f} {bare:>8.2f} {ours:>10.2f} {ideal / bare:>9.3f} "
                   f"{ideal / ours:>12.3f} {overhead:>16.2f} {bare_cpu / n * 1000:>8.1f} {ours_cpu:>17} "
-                  f"{runner_mib:>10.1f} {sup_mib:>11.1f} {median(bare_gaps):>12.1f} {median(our_gaps):>12.1f}",
-                  flush=True)
+                  f"{runner_mib:>10.1f} {sup_mib:>11.1f} {median(bare_gaps):>12.1f} {median(our_gaps):>12.1f} "
+                  f"{mean(bare_execs):>12.2f} {mean(our_execs):>12.2f} {busy:>9.3f}", flush=True)
+
+
+def mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs) if xs else float("nan")
 
 
 if __name__ == "__main__":

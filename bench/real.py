@@ -70,7 +70,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DRIVERS = HERE / "real_drivers.py"
 WORKFLOWS = ROOT / "examples" / "workflows"
 TOOLS = ("bare", "comfysup", "comfysup-ahead", "proxy")
-ALL_TOOLS = (*TOOLS, "bare-cold", "proxy-cold", "proxy-run")
+ALL_TOOLS = (*TOOLS, "comfysup-view", "bare-cold", "proxy-cold", "proxy-run")
 COLD = ("bare-cold", "comfysup-ahead", "proxy-cold")
 """``--cold``: every tool's batch timed from the start of the command a user runs for it."""
 MIB = 2**20
@@ -330,11 +330,12 @@ class Work:
     """``comfysup work --config C`` (the CLI, its defaults) against one server; jobs go in through ``comfysup
     submit``. Also bench/real_profile.py's subject."""
 
-    def __init__(self, url: str, tmp: Path, ahead: bool) -> None:
+    def __init__(self, url: str, tmp: Path, ahead: bool, output_dir: Path | None = None) -> None:
         self.tmp, self.config, self.db = tmp, tmp / "config.toml", tmp / "var" / "queue.db"
+        server = {"name": "real", "url": url, **({"output_dir": str(output_dir)} if output_dir else {})}
         self.config.write_bytes(tomli_w.dumps({
             "queue": {"path": str(self.db)}, "store": {"dir": str(tmp / "var" / "results")},
-            "servers": [{"name": "real", "url": url}], "runner": {"queue_ahead": ahead}}).encode())
+            "servers": [server], "runner": {"queue_ahead": ahead}}).encode())
         self.cli = [sys.executable, "-m", "comfysup"]
         self.proc: subprocess.Popen | None = None
         self.log = tmp / "work.log"
@@ -375,10 +376,11 @@ class Work:
             stop(self.proc)
 
 
-def comfysup_tool(url: str, tmp: Path, warm: list, batches: list, *, ahead: bool, **_: Any):
+def comfysup_tool(url: str, tmp: Path, warm: list, batches: list, *, ahead: bool, local: bool = False, **_: Any):
     """Warmed up by its own jobs; each batch measured from the start of ``comfysup submit`` (handing the jobs
-    over) to the last job's ``done`` (files in the store, renamed, hashed)."""
-    work = Work(url, tmp, ahead)
+    over) to the last job's ``done`` (files in the store, renamed, hashed). ``local``: the server's entry names
+    its output folder (``output_dir``), as for a server on the same machine, and the files are read from it."""
+    work = Work(url, tmp, ahead, tmp / "comfyui" / "output" if local else None)
     work.submit("warm", warm)
     work.start()
     try:
@@ -407,7 +409,8 @@ TOOL_RUNS = {
     "bare-cold": lambda *a, **k: bare_tool(*a, cold=True, **k),
     "proxy-cold": lambda *a, **k: proxy_tool(*a, kind="sdk", cold=True, **k),
     "comfysup": lambda *a, **k: comfysup_tool(*a, ahead=False, **k),
-    "comfysup-ahead": lambda *a, **k: comfysup_tool(*a, ahead=True, **k),
+    "comfysup-ahead": lambda *a, **k: comfysup_tool(*a, ahead=True, local=True, **k),
+    "comfysup-view": lambda *a, **k: comfysup_tool(*a, ahead=True, **k),
     "proxy": lambda *a, **k: proxy_tool(*a, kind="sdk", **k),
     "proxy-run": lambda *a, **k: proxy_tool(*a, kind="sdk-run", **k),
 }
@@ -427,6 +430,10 @@ def main() -> None:
                         help="where the proxy and the SDK are installed from PyPI on first use")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so `finally` stops the servers it started
+    # Every process this bench starts caches its bytecode, as on a user's machine (pip compiles it at install):
+    # with PYTHONDONTWRITEBYTECODE set (some CI images and containers do), every `comfysup submit` compiled its
+    # modules again, 0.07-0.09 s of a 2 s batch that no other tool's measured batch pays.
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     if args.quick:
         args.runs, args.trivial, args.slow = 2, 100, 10
     comfyui_dir = os.environ.get("COMFYUI_DIR")
@@ -441,7 +448,8 @@ def main() -> None:
     proxy = proxy_versions(args.proxy_venv) if {"proxy", "proxy-run", "proxy-cold"} & set(tools) else ""
     labels = {"bare": "bare client (post, socket, /history, /view; nothing durable)",
               "comfysup": "`comfysup work`, queue_ahead = false",
-              "comfysup-ahead": "`comfysup work`, queue_ahead = true",
+              "comfysup-ahead": "`comfysup work`, queue_ahead = true, output_dir (files read from disk)",
+              "comfysup-view": "`comfysup work`, queue_ahead = true, no output_dir (files through /view)",
               "proxy": f"{proxy} (all jobs submitted at once)", "proxy-run": f"{proxy} (client.run, one at a time)",
               "bare-cold": "bare client, its script started for the batch",
               "proxy-cold": f"{proxy} (all at once), the SDK's script started for the batch"}
@@ -466,6 +474,7 @@ def main() -> None:
                 warm = [p for w in workloads for p in prompts(w, f"warm{run}_{tool}_{w}", 2)]
                 batches = [prompts(w, f"r{run}_{tool}_{w}", sizes[w]) for w in workloads]
                 measured = TOOL_RUNS[tool](url, tmp, warm, batches, venv=args.proxy_venv)
+                posted = len(warm)
                 try:
                     for workload, batch in zip(workloads, batches, strict=True):
                         load = os.getloadavg()[0]
@@ -475,9 +484,10 @@ def main() -> None:
                             failed.append(f"run {run + 1} {workload} {tool}: {exc}")
                             print(f"{run + 1:>3} {workload:<8} {tool:<15} FAILED (see the end)", flush=True)
                             break
+                        posted += len(batch)
                         row = {"run": run + 1, "workload": workload, "tool": tool, "n": len(batch), "wall": m.t1 - m.t0,
                                "cpu": m.cpu, "rss": m.rss, "pss": m.pss, "load": load, "notes": m.notes,
-                               **verify(url, base, batch, m)}
+                               **verify(url, base, batch, m, posted)}
                         rows.append(row)
                         print(row_line(row), flush=True)
                 finally:

@@ -71,6 +71,8 @@ def main() -> None:
     parser.add_argument("--fake", action="store_true", help="fake_comfy (1 ms a node) instead of a real ComfyUI")
     parser.add_argument("--jobs", type=int, default=300)
     parser.add_argument("--ahead", action="store_true", help="[runner] queue_ahead = true (default: false)")
+    parser.add_argument("--local", action="store_true", help="the server's output_dir in the config (a real "
+                        "ComfyUI only): the files are read from its output folder instead of through /view")
     parser.add_argument("--rate", type=int, default=1000, help="py-spy samples a second")
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--raw", type=Path, help="keep py-spy's collapsed stacks here")
@@ -90,7 +92,7 @@ def main() -> None:
                 parser.error("set COMFYUI_DIR (and COMFYUI_PYTHON), or give --fake")
             server, url = real.start_comfyui(Path(os.environ["COMFYUI_DIR"]),
                                              os.environ.get("COMFYUI_PYTHON", sys.executable), tmp / "comfyui")
-        work = real.Work(url, tmp, args.ahead)
+        work = real.Work(url, tmp, args.ahead, tmp / "comfyui" / "output" if args.local and not args.fake else None)
         try:
             work.submit("warm", real.prompts("trivial", "warm", 4))
             work.start()
@@ -113,7 +115,8 @@ def main() -> None:
             sampler.wait(60)
             load = os.getloadavg()
             print(f"`comfysup work` on {'fake_comfy (1 ms nodes)' if args.fake else 'a real ComfyUI'}, {args.jobs} "
-                  f"trivial jobs, queue_ahead = {str(args.ahead).lower()}; load average {load[0]:.1f}; CPU ms per "
+                  f"trivial jobs, queue_ahead = {str(args.ahead).lower()}, output_dir "
+                  f"{'set' if args.local else 'unset'}; load average {load[0]:.1f}; CPU ms per "
                   f"job without the profiler: runner {per_job[0]:.2f}, work's own process {per_job[1]:.2f}\n")
             summarise(raw, args.top)
         finally:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import re
 import statistics
+import time
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
@@ -24,17 +25,34 @@ def is_png(path: str) -> bool:
         return False
 
 
-def verify(url: str, base: Path, batch: list, m: Any) -> dict[str, Any]:
-    """Each prompt of the batch: one history entry, a success, one file in the server's output folder (so
-    none ran twice), a PNG on the client's side. ComfyUI's own execution times from its history."""
+def executed(base: Path) -> int:
+    """How many prompts the server has executed: ComfyUI logs "Prompt executed in" once for each."""
+    try:
+        return (base / "comfyui.log").read_text(errors="replace").count("Prompt executed in")
+    except OSError:
+        return 0
+
+
+def verify(url: str, base: Path, batch: list, m: Any, posted: int) -> dict[str, Any]:
+    """Each prompt of the batch: one history entry, a success, a PNG on the client's side; no prompt ran twice:
+    the server executed exactly ``posted`` prompts so far (its log), and no prompt left two files in its output
+    folder (comfysup with an output_dir removes each job's folder there once its files are stored; a prompt
+    comfysup posts is named by its job id, so a second run would replace the first's history entry).
+    ComfyUI's own execution times from its history."""
     want = {prefix_of(p) for p in batch}
     entries: dict[str, list] = defaultdict(list)
     for entry in requests.get(f"{url}/history", timeout=60).json().values():
-        prefix = prefix_of(entry["prompt"][2])
+        prefix = re.sub(r"^comfysup/[^/]+/", "", prefix_of(entry["prompt"][2]))  # comfysup's job folder
         if prefix in want:
             entries[prefix].append(entry)
     on_disk = Counter(re.sub(r"_\d{5}_\.png$", "", f.name) for f in (base / "output").rglob("*.png"))
     problems, runs = [], []
+    # The log line comes after the history entry and the socket's end: the last one may be a moment late.
+    deadline = time.monotonic() + 10
+    while (count := executed(base)) < posted and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if count != posted:
+        problems.append(f"the server executed {count} prompts, {posted} were posted")
     for prefix in sorted(want):
         found = entries.get(prefix, [])
         if len(found) != 1:
@@ -46,7 +64,7 @@ def verify(url: str, base: Path, batch: list, m: Any) -> dict[str, Any]:
             problems.append(f"{prefix}: {status['status_str']}")
             continue
         runs.append((stamps["execution_start"], stamps["execution_success"]))
-        if on_disk[prefix] != 1:
+        if on_disk[prefix] > 1:
             problems.append(f"{prefix}: {on_disk[prefix]} files in the server's output folder")
         paths = m.files.get(prefix) or []
         if not paths or not all(is_png(p) for p in paths):
