@@ -9,6 +9,7 @@ the supervisor takes every ComfyUI server and runner with it, and a new supervis
 from __future__ import annotations
 
 import contextlib
+import gc
 import ctypes
 import ctypes.util
 import errno
@@ -98,8 +99,13 @@ class ProcessOps:
         """Fork; the child ties itself to this process, runs ``child`` and exits with its result, never
         returning into the parent's code (no finalizers, no inherited atexit handlers)."""
         parent = os.getpid()
+        # Everything alive now is kept out of the garbage collector's reach in both processes: a collection
+        # in the child writes to every object it visits, and each page it writes stops being shared with
+        # this process (copy-on-write), so the runner held its own copy of what both had imported.
+        gc.freeze()
         pid = os.fork()
         if pid:
+            gc.unfreeze()
             return pid
         code = 1
         try:
