@@ -53,7 +53,9 @@ def main() -> None:
         submit(tmp / "config.toml", [trivial_job(n) for n in range(args.jobs)]).close()
         from comfysup.runner.loop import Runner
 
-        runner = Runner(config_of(tmp / "config.toml"), "cpu0", url, until_empty=True)
+        # As comfysup run launches it: the runner sees the server's output folder (files read from the disk).
+        runner = Runner(config_of(tmp / "config.toml"), "cpu0", url, until_empty=True,
+                        output_dirs={"cpu0": tmp / "fake" / "output"})
         profiler: object = None
         if args.profile == "wall":
             import pyinstrument
