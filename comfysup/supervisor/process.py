@@ -9,10 +9,10 @@ the supervisor takes every ComfyUI server and runner with it, and a new supervis
 from __future__ import annotations
 
 import contextlib
-import gc
 import ctypes
 import ctypes.util
 import errno
+import gc
 import os
 import select
 import signal
