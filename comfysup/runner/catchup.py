@@ -54,6 +54,8 @@ class CatchingUp:
         first = self.claim.last_server is None and self.claim.attempt <= 1
         if first and self.posted_in is not None:
             return None  # the hand-off looked in this server's /history before it posted (its queue was empty)
+        if first and not self.station.client.may_have_run(self.claim.id):
+            return None  # the client knows every prompt this server was given, and this id is none of them
         # Nothing was posted for this job by this queue (or a retry of a dead job was asked for), but the
         # server may have run the id for another queue (restored from a backup, a second installation): its
         # /queue and /history are read before the first POST (two cheap calls), and what is there is followed

@@ -22,7 +22,7 @@ import ssl
 import time
 import uuid
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
@@ -87,6 +87,57 @@ class QueueEntry:
     running: bool
 
 
+LOOK_ENTRIES = 256
+"""A server's history is read whole (to learn every id it ran) only when it holds at most this many entries;
+a longer one is asked per job, by GET /history/{id}."""
+
+
+@dataclass
+class KnownRuns:
+    """Which prompt ids a server holds (queued, running) or ran (its history), as this client knows without
+    asking it per job (:meth:`ComfyClient.may_have_run`).
+
+    ``unread``: not looked at yet, or the server restarted since (its numbers began again). ``known``: ``ids``
+    holds every prompt the server was given up to its number ``last``: what GET /queue and /history showed,
+    then this client's own posts, each numbered right after the one before (ComfyUI gives every POST /prompt
+    the next number, a refused one too, so a number skipped is another client's post). ``unknown``: another
+    client posted in between, the history was too long to read whole, or an answer could not be read: every id
+    is asked of the server, as before, until the server restarts."""
+
+    state: str = "unread"
+    ids: set[str] = field(default_factory=set)
+    last: int | None = None
+    """The number this client's newest POST /prompt took (None: none since the look). The numbers in the
+    server's queue and history are not counted from: a client may give its own ("number" in the body), which
+    the server's counter does not follow. Between the look and this client's first post another client may
+    have posted, as it may between a GET /history/{id} and its POST; a client that gives its own numbers is
+    not seen (ComfyUI's own front end does not)."""
+
+    def look(self, queue: list[QueueEntry], history: dict[str, int] | None) -> None:
+        """What GET /queue and GET /history?max_items=… answered (``history`` None: too long to read whole)."""
+        if history is None:
+            self.state, self.ids = "unknown", set()
+            return
+        self.state, self.ids, self.last = "known", {e.prompt_id for e in queue} | set(history), None
+
+    def posted(self, prompt_id: str, number: int | None) -> None:
+        """This client's POST /prompt of ``prompt_id`` took ``number``; None: it was refused (a 400), which
+        took the next number all the same."""
+        if number is None:
+            if self.last is None:
+                return  # nothing to count from: the next post's number will be taken as it comes
+            number = self.last + 1
+            prompt_id = ""  # refused: it holds nothing
+        taken = abs(number)
+        if self.last is not None and taken <= self.last:
+            self.state, self.ids = "unread", set()  # numbers began again: the server restarted, its runs are gone
+        elif self.state == "known" and self.last is not None and taken != self.last + 1:
+            self.state, self.ids = "unknown", set()  # another client posted in between
+        if self.state == "known" and prompt_id:
+            self.ids.add(prompt_id)
+        self.last = taken
+
+
 def new_client_id() -> str:
     return f"{CLIENT_PREFIX}{uuid.uuid4()}"
 
@@ -135,6 +186,8 @@ class ComfyClient:
         """This client's own socket, kept open from one prompt to the next (see ``own_stream``)."""
         self.comfyui_version: str | None = None
         """The server's ComfyUI version as /system_stats last said (None: not asked yet, or not said)."""
+        self.known = KnownRuns()
+        """The prompt ids the server holds or ran, as far as this client knows (see ``may_have_run``)."""
 
     def close(self) -> None:
         if self.stream is not None:
@@ -248,14 +301,36 @@ class ComfyClient:
         body = self._json("GET", f"/history/{prompt_id}")
         return self._checked(lambda b: wire.history_entry(b, prompt_id, max_files=max_files), body)
 
+    def may_have_run(self, prompt_id: str) -> bool:
+        """Whether the server may hold or have run ``prompt_id`` (issue 15 #6: another queue, a restored backup
+        may have run a job's id there): False only when this client knows every prompt the server was given
+        (see :class:`KnownRuns`), so a job's first POST needs no GET /queue and /history/{id} before it (on a
+        real ComfyUI those waited for the running prompt's GIL: a tenth of a runner's time on short prompts).
+        True when unsure: the caller asks the server, as it always did."""
+        known = self.known
+        if known.state == "unread":
+            try:
+                entries = self.queue()
+                body = self._json("GET", f"/history?max_items={LOOK_ENTRIES + 1}")
+                runs = self._checked(wire.history_numbers, body)
+            except MalformedAnswer:
+                known.state = "unknown"  # asked per job, as a server whose history cannot be read always was
+                return True
+            except ComfyError:
+                return True  # starting, down: looked at again next time
+            known.look(entries, runs if len(runs) <= LOOK_ENTRIES else None)
+        return known.state != "known" or prompt_id in known.ids
+
     def post_prompt(self, prompt: dict[str, Any], prompt_id: str, client_id: str,
                     extra_data: dict[str, Any] | None = None) -> int:
         """Queue a prompt under our id; returns ComfyUI's number for this run of it."""
         payload: dict[str, Any] = {"prompt": prompt, "prompt_id": prompt_id, "client_id": client_id}
         if extra_data:
             payload["extra_data"] = extra_data
+        # A post whose fate is unknown (no answer, a 5xx) may have taken a number: the next one's shows it.
         response, data = self._call("POST", "/prompt", body=json.dumps(payload, separators=(",", ":")).encode())
         if response.status == 400:
+            self.known.posted(prompt_id, None)
             try:
                 body = wire.decode(data, "POST /prompt's 400 answer")
             except wire.Malformed:
@@ -263,7 +338,9 @@ class ComfyClient:
             raise PromptRejected(f"POST /prompt 400, {describe_rejection(body)}")
         if response.status != 200:
             raise ServerUnavailable(f"POST /prompt {response.status}, {_first_line(data, response)}", "http")
-        return _decoded(data, "POST /prompt's answer", wire.prompt_number)
+        number = _decoded(data, "POST /prompt's answer", wire.prompt_number)
+        self.known.posted(prompt_id, number)
+        return number
 
     def upload_image(self, name: str, data: bytes, subfolder: str) -> tuple[str, str, str]:
         """POST /upload/image (multipart, overwrite=true): the server's (name, subfolder, type) for the file.

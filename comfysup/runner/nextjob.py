@@ -176,10 +176,12 @@ class NextJobs(AttemptPart):
 
     def _ran_here(self, nxt: Claim) -> bool:
         """Whether the server already holds a history entry of the next job's id (run for another queue): its
-        attempt adopts it instead of posting it. One GET /history/{id} (its /queue is known empty from the
-        broadcast); a server that does not answer leaves the question to the attempt."""
+        attempt adopts it instead of posting it. Nothing to ask when the client knows every prompt the server
+        was given (``may_have_run``); else one GET /history/{id} (its /queue is known empty from the
+        broadcast). A server that does not answer leaves the question to the attempt."""
         try:
-            return self.client.history(nxt.id, self.s.max_files_per_job) is not None
+            return (self.client.may_have_run(nxt.id)
+                    and self.client.history(nxt.id, self.s.max_files_per_job) is not None)
         except ComfyError:
             return True
 

@@ -157,6 +157,22 @@ def queue(body: Any) -> list[tuple[int, str, str | None, bool]]:
     return out  # type: ignore[return-value]
 
 
+# ---- GET /history?max_items=N ---------------------------------------------------------------------------------
+
+def history_numbers(body: Any) -> dict[str, int]:
+    """GET /history (some entries) as each prompt id's number; nothing else of an entry is read."""
+    body = _obj(body, "/history")
+    if len(body) > MAX_ITEMS:
+        raise Malformed(f"/history has {len(body)} entries")
+    out = {}
+    for prompt_id, entry in body.items():
+        prompt = _list(_get(_obj(entry, "/history entry"), "prompt", None), "/history entry's prompt")
+        if not prompt:
+            raise Malformed("/history entry's prompt is empty")
+        out[_str(prompt_id, "/history's prompt id")] = _int(prompt[0], "/history entry's number")
+    return out  # type: ignore[return-value]
+
+
 # ---- GET /history/{id} -------------------------------------------------------------------------------------
 
 def history_entry(body: Any, prompt_id: str, *, max_files: int = MAX_ITEMS,

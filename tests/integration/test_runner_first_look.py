@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from comfysup.runner.client import ComfyClient
+from comfysup.runner.client import ComfyClient, EventStream
 from comfysup.runner.loop import Runner
 from fake_comfy import FakeComfy
 from tests.runner_helpers import config_of, submit, trivial_job, write_config
@@ -59,3 +59,45 @@ def test_a_prompt_of_the_id_queued_by_another_client_is_followed_not_posted_agai
         assert stats["posted"] == 1 and stats["executed"] == 1, stats
         assert "followed" in _phases(record)
         queue.close()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("queue_ahead", [False, True])
+def test_another_clients_post_between_two_of_ours_makes_the_runner_look_again(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch,
+                                                                             queue_ahead: bool) -> None:
+    """The runner asks nothing per job while its server is its own (each POST's number follows the one before).
+    Another client that posts in between (here: job 3's id, run to its end before job 2 is posted) skips a
+    number: from then on each id is looked up again before its POST, and job 3 is adopted, not run twice."""
+    with FakeComfy(base_directory=tmp_path / "fake", node_ms=20) as fake:
+        third = trivial_job(3)
+        other = ComfyClient(fake.url)
+        post = ComfyClient.post_prompt
+
+        def post_after_the_other(self: ComfyClient, workflow, prompt_id: str, *args, **kwargs):
+            if prompt_id == trivial_job(2)["id"] and third["id"] not in fake.stats()["prompts"]:
+                stream = EventStream(fake.url, "another-installation", 5.0)
+                stream.connect()
+                try:
+                    post(other, third["workflow"], third["id"], "another-installation")
+                    while True:  # its run ends (its history written first) before job 2 is posted
+                        message = stream.recv(10.0)
+                        assert message is not None, "the other client's prompt never ended"
+                        data = message.get("data") or {}
+                        if (message["type"] == "executing" and data.get("node") is None
+                                and data.get("prompt_id") == third["id"]):
+                            break
+                finally:
+                    stream.close()
+            return post(self, workflow, prompt_id, *args, **kwargs)
+
+        monkeypatch.setattr(ComfyClient, "post_prompt", post_after_the_other)
+        queue = _run(tmp_path / "q", fake.url, [1, 2, 3, 4], queue_ahead=queue_ahead)
+        prompts = fake.stats()["prompts"]
+        for n in (1, 2, 3, 4):
+            job = queue.get(trivial_job(n)["id"])
+            assert job.state == "done" and job.attempt == 1, job
+            assert prompts[job.id]["executed"] == 1, (n, prompts[job.id])  # job 3: the other client's run alone
+            assert ("adopted" in _phases(job)) == (n == 3), (n, _phases(job))
+        queue.close()
+

@@ -486,8 +486,8 @@ def test_a_queued_job_whose_start_was_read_before_a_reconnect_is_judged_by_its_h
     monkeypatch.setattr(ComfyClient, "history", history_logged)
     Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
     assert [(j.state, j.attempt) for j in queue.iter_jobs()] == [("done", 1), ("done", 1)]
-    # Each job's id is looked up once before its POST (an earlier run of it); job 1, watched whole, is judged by its
-    # messages; job 2's run by its entry, read after the reconnect.
-    assert (read.count(job_id(1)), read.count(job_id(2))) == (1, 2), read
+    # No id is looked up before its POST (the client's one look at the server found neither, and nobody else posted
+    # there); job 1, watched whole, is judged by its messages; job 2's run by its entry, read after the reconnect.
+    assert (read.count(job_id(1)), read.count(job_id(2))) == (0, 1), read
     _assert_one_at_a_time(fake, range(1, 3))
     queue.close()

@@ -204,7 +204,8 @@ def mutate(value: Any, path: list[int], replacement: Any, key: str) -> Any:
 
 SAMPLES = [("history", GOOD_ENTRY)] + [("ws", m) for m in all_ws_messages()[:40]] + [
     ("queue", {"queue_running": [[1, "p", {}, {"client_id": "c"}, []]], "queue_pending": [[2, "q", {}, {}, []]]}),
-    ("stats", recorded("system-stats.json")["GET /system_stats"]["body_json"])]
+    ("stats", recorded("system-stats.json")["GET /system_stats"]["body_json"]),
+    ("history list", {"p": GOOD_ENTRY, "q": GOOD_ENTRY})]
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -221,6 +222,9 @@ def test_any_value_anywhere_is_a_result_or_malformed(sample: tuple[str, Any], pa
             wire.ws_message(json.dumps(body))
         elif kind == "queue":
             wire.queue(body)
+        elif kind == "history list":
+            numbers = wire.history_numbers(body)
+            assert all(isinstance(k, str) and isinstance(v, int) for k, v in numbers.items())
         else:
             wire.system_stats(body)
     except Malformed as exc:
