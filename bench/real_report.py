@@ -47,10 +47,15 @@ def verify(url: str, base: Path, batch: list, m: Any, posted: int) -> dict[str, 
             entries[prefix].append(entry)
     on_disk = Counter(re.sub(r"_\d{5}_\.png$", "", f.name) for f in (base / "output").rglob("*.png"))
     problems, runs = [], []
-    # The log line comes after the history entry and the socket's end: the last one may be a moment late.
-    deadline = time.monotonic() + 10
-    while (count := executed(base)) < posted and time.monotonic() < deadline:
+    # The log line comes after the history entry and the socket's end: the last one may be a moment late. And
+    # a second run of a prompt may still wait in the server's queue: counted once the queue is empty.
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        queue = requests.get(f"{url}/queue", timeout=60).json()
+        if not queue["queue_running"] and not queue["queue_pending"] and executed(base) >= posted:
+            break
         time.sleep(0.05)
+    count = executed(base)
     if count != posted:
         problems.append(f"the server executed {count} prompts, {posted} were posted")
     for prefix in sorted(want):

@@ -70,14 +70,18 @@ def dir_beneath(root_fd: int, parts: Sequence[str], *, create: bool = False,
 
 
 def open_file(dir_fd: int, name: str, flags: int = os.O_RDONLY, mode: int = 0o600, where: str = "") -> int:
-    """``name`` in ``dir_fd``, never through a symlink; only a regular file is returned for reading."""
+    """``name`` in ``dir_fd``, never through a symlink; only a regular file is returned for reading.
+
+    Opened non-blocking, then made blocking once it is known to be a regular file: a FIFO planted under a name
+    (a custom node's output, a hostile server's) would otherwise hold the open until something wrote to it."""
     try:
-        fd = os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dir_fd)
+        fd = os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY, mode, dir_fd=dir_fd)
     except OSError as exc:
         raise _refuse(exc, where or name) from None
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
         raise Escapes(errno.EINVAL, f"{where or name} is not a regular file")
+    os.set_blocking(fd, True)
     return fd
 
 

@@ -66,8 +66,10 @@ class ServerCatalogue:
             log.info("%s: node catalogue recorded (%d node classes, catalogue %d)", self.server, len(info),
                      catalogue_id, extra={"event": "catalogue"})
         # The check reads each class's inputs only (comfysup.jobs.catalogue): its descriptions, outputs and
-        # categories (a third of a real /object_info) are not kept for the runner's life.
-        self.id, self.info, self.stale = catalogue_id, {name: {"input": c["input"]} for name, c in info.items()}, False
+        # categories (a third of a real /object_info) are not kept for the runner's life. A class without inputs
+        # keeps none (the wire lets one through; the check reads it as having no inputs).
+        inputs = {name: {"input": c.get("input")} for name, c in info.items()}
+        self.id, self.info, self.stale = catalogue_id, inputs, False
 
     def refusal(self, claim: Claim) -> str | None:
         """Why this server cannot run the claimed job (as ComfyUI's validation would say), or None."""

@@ -65,11 +65,14 @@ class CatchingUp:
         down: list[tuple[str, ComfyClient]] = []
         """Servers that answered and hold neither the prompt nor its history: restarted since, if it ran there."""
         for server, client, known in places:
+            # A server of this machine by that name: another machine's (a run recorded elsewhere is named by
+            # its own server's name, "gpu0" on both) has its files in that machine's folder, not in this one's.
+            here = client is self.station.client_for(server)
             try:
                 live = next((e for e in client.queue() if e.prompt_id == self.claim.id), None)
                 history = None if live else client.history(self.claim.id, self.s.max_files_per_job)
             except ServerUnavailable:
-                if server in self.s.output_dirs:
+                if here and server in self.s.output_dirs:
                     down.append((server, client))  # killed and not back yet: its folder may hold a whole run
                 continue
             if live is not None:
@@ -83,7 +86,8 @@ class CatchingUp:
                 self.queue.record_prompt(self.claim, server, live.number, client.url)
                 return self.live
             if history is None:
-                gone.append((server, client))
+                if here:
+                    gone.append((server, client))
                 continue
             if known is not None and prompt_number(history) != known:
                 continue

@@ -90,6 +90,14 @@ class QueueEntry:
 LOOK_ENTRIES = 256
 """A server's history is read whole (to learn every id it ran) only when it holds at most this many entries;
 a longer one is asked per job, by GET /history/{id}."""
+TRUST_SECONDS = 1.0
+"""How long after the look, or after this client's last POST, no other client is taken to have posted: a job
+posted later is looked up first (GET /history/{id}), as every job was before. Another client's post is seen
+only by the number of this client's next one; within this second it may go unseen, as between a look-up and
+its POST. A stream of short prompts, where a look-up per job costs a tenth of the runner's time, posts far
+more often than this."""
+KNOWN_IDS = 20_000
+"""Ids remembered at most (the oldest forgotten first): ComfyUI keeps the last 10,000 prompts' history."""
 
 
 @dataclass
@@ -98,31 +106,40 @@ class KnownRuns:
     asking it per job (:meth:`ComfyClient.may_have_run`).
 
     ``unread``: not looked at yet, or the server restarted since (its numbers began again). ``known``: ``ids``
-    holds every prompt the server was given up to its number ``last``: what GET /queue and /history showed,
+    holds every prompt the server was given up to this client's last post: what GET /queue and /history showed,
     then this client's own posts, each numbered right after the one before (ComfyUI gives every POST /prompt
     the next number, a refused one too, so a number skipped is another client's post). ``unknown``: another
     client posted in between, the history was too long to read whole, or an answer could not be read: every id
     is asked of the server, as before, until the server restarts."""
 
     state: str = "unread"
-    ids: set[str] = field(default_factory=set)
+    ids: dict[str, None] = field(default_factory=dict)
+    """Ordered, so the oldest are forgotten first beyond KNOWN_IDS."""
     last: int | None = None
     """The number this client's newest POST /prompt took (None: none since the look). The numbers in the
     server's queue and history are not counted from: a client may give its own ("number" in the body), which
-    the server's counter does not follow. Between the look and this client's first post another client may
-    have posted, as it may between a GET /history/{id} and its POST; a client that gives its own numbers is
-    not seen (ComfyUI's own front end does not)."""
+    the server's counter does not follow, and such a client is not seen (ComfyUI's own front end gives none)."""
+    since: float = 0.0
+    """When (monotonic) the look was made or this client last posted."""
 
-    def look(self, queue: list[QueueEntry], history: dict[str, int] | None) -> None:
+    def trusted(self, now: float) -> bool:
+        """Known, and recent enough that no other client's post can have gone unseen for long."""
+        return self.state == "known" and now - self.since <= TRUST_SECONDS
+
+    def look(self, queue: list[QueueEntry], history: dict[str, int] | None, now: float) -> None:
         """What GET /queue and GET /history?max_items=… answered (``history`` None: too long to read whole)."""
+        self.ids = {}
         if history is None:
-            self.state, self.ids = "unknown", set()
+            self.state = "unknown"
             return
-        self.state, self.ids, self.last = "known", {e.prompt_id for e in queue} | set(history), None
+        for prompt_id in [*(e.prompt_id for e in queue), *history]:
+            self._remember(prompt_id)
+        self.state, self.last, self.since = "known", None, now
 
-    def posted(self, prompt_id: str, number: int | None) -> None:
+    def posted(self, prompt_id: str, number: int | None, now: float) -> None:
         """This client's POST /prompt of ``prompt_id`` took ``number``; None: it was refused (a 400), which
         took the next number all the same."""
+        self.since = now
         if number is None:
             if self.last is None:
                 return  # nothing to count from: the next post's number will be taken as it comes
@@ -130,12 +147,17 @@ class KnownRuns:
             prompt_id = ""  # refused: it holds nothing
         taken = abs(number)
         if self.last is not None and taken <= self.last:
-            self.state, self.ids = "unread", set()  # numbers began again: the server restarted, its runs are gone
+            self.state, self.ids = "unread", {}  # numbers began again: the server restarted, its runs are gone
         elif self.state == "known" and self.last is not None and taken != self.last + 1:
-            self.state, self.ids = "unknown", set()  # another client posted in between
+            self.state, self.ids = "unknown", {}  # another client posted in between
         if self.state == "known" and prompt_id:
-            self.ids.add(prompt_id)
+            self._remember(prompt_id)
         self.last = taken
+
+    def _remember(self, prompt_id: str) -> None:
+        self.ids[prompt_id] = None
+        if len(self.ids) > KNOWN_IDS:
+            del self.ids[next(iter(self.ids))]
 
 
 def new_client_id() -> str:
@@ -304,9 +326,10 @@ class ComfyClient:
     def may_have_run(self, prompt_id: str) -> bool:
         """Whether the server may hold or have run ``prompt_id`` (issue 15 #6: another queue, a restored backup
         may have run a job's id there): False only when this client knows every prompt the server was given
-        (see :class:`KnownRuns`), so a job's first POST needs no GET /queue and /history/{id} before it (on a
-        real ComfyUI those waited for the running prompt's GIL: a tenth of a runner's time on short prompts).
-        True when unsure: the caller asks the server, as it always did."""
+        (see :class:`KnownRuns`) and posted or looked within TRUST_SECONDS, so a job's first POST in a stream of
+        them needs no GET /queue and /history/{id} before it (on a real ComfyUI those waited for the running
+        prompt's GIL: a tenth of a runner's time on short prompts). True when unsure: the caller asks the
+        server, as it always did."""
         known = self.known
         if known.state == "unread":
             try:
@@ -318,8 +341,8 @@ class ComfyClient:
                 return True
             except ComfyError:
                 return True  # starting, down: looked at again next time
-            known.look(entries, runs if len(runs) <= LOOK_ENTRIES else None)
-        return known.state != "known" or prompt_id in known.ids
+            known.look(entries, runs if len(runs) <= LOOK_ENTRIES else None, time.monotonic())
+        return not known.trusted(time.monotonic()) or prompt_id in known.ids
 
     def post_prompt(self, prompt: dict[str, Any], prompt_id: str, client_id: str,
                     extra_data: dict[str, Any] | None = None) -> int:
@@ -330,7 +353,7 @@ class ComfyClient:
         # A post whose fate is unknown (no answer, a 5xx) may have taken a number: the next one's shows it.
         response, data = self._call("POST", "/prompt", body=json.dumps(payload, separators=(",", ":")).encode())
         if response.status == 400:
-            self.known.posted(prompt_id, None)
+            self.known.posted(prompt_id, None, time.monotonic())
             try:
                 body = wire.decode(data, "POST /prompt's 400 answer")
             except wire.Malformed:
@@ -339,7 +362,7 @@ class ComfyClient:
         if response.status != 200:
             raise ServerUnavailable(f"POST /prompt {response.status}, {_first_line(data, response)}", "http")
         number = _decoded(data, "POST /prompt's answer", wire.prompt_number)
-        self.known.posted(prompt_id, number)
+        self.known.posted(prompt_id, number, time.monotonic())
         return number
 
     def upload_image(self, name: str, data: bytes, subfolder: str) -> tuple[str, str, str]:

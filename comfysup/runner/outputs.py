@@ -270,6 +270,10 @@ def read(output_dir: Path, job_id: str, relative: str) -> Iterator[bytes]:
             yield chunk
 
 
+_FELL_BACK: set[Path] = set()
+"""Output folders a local read fell back to /view from (warned once each)."""
+
+
 def read_or(output_dir: Path, job_id: str, relative: str, otherwise: Callable[[], Iterable[bytes]]) -> Iterator[bytes]:
     """The bytes of one file of the job's folder, or ``otherwise``'s (its download through /view) when the file
     cannot be opened there: an output folder configured for another server, a file written elsewhere. Only
@@ -277,8 +281,10 @@ def read_or(output_dir: Path, job_id: str, relative: str, otherwise: Callable[[]
     try:
         opened = _open(output_dir, job_id, relative)
     except (OSError, ValueError) as exc:
-        log.debug("job %s: %s not readable in %s (%s); downloading it through /view", job_id, relative,
-                  output_dir, exc)
+        if output_dir not in _FELL_BACK:  # once a folder: an output_dir that is not the server's says so
+            _FELL_BACK.add(output_dir)
+            log.warning("job %s: %s is not in %s (%s), downloaded through /view instead; if that folder is not "
+                        "the server's output folder, its output_dir is wrong", job_id, relative, output_dir, exc)
         yield from otherwise()
         return
     with opened as f:

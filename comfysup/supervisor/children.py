@@ -218,7 +218,7 @@ def spawn_server(unit: Unit, config: Config, ops: ProcessOps, env: Mapping[str, 
 
 def output_dirs(units: list[Unit]) -> dict[str, Path]:
     """The output folder of each server this supervisor launches (``<base directory>/output``, as ComfyUI
-    puts it); a [[servers]] entry's folder is not known."""
+    puts it); a [[servers]] entry's is its ``output_dir``, when it names one (``Config.server_output_dirs``)."""
     return {u.name: u.plan.directory / "output" for u in units if u.plan is not None}
 
 

@@ -103,7 +103,11 @@ class ProcessOps:
         # in the child writes to every object it visits, and each page it writes stops being shared with
         # this process (copy-on-write), so the runner held its own copy of what both had imported.
         gc.freeze()
-        pid = os.fork()
+        try:
+            pid = os.fork()
+        except BaseException:
+            gc.unfreeze()
+            raise
         if pid:
             gc.unfreeze()
             return pid

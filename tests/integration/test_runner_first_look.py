@@ -5,6 +5,8 @@ backup, a second installation on the same server) adopts those runs or follows t
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -101,3 +103,52 @@ def test_another_clients_post_between_two_of_ours_makes_the_runner_look_again(tm
             assert ("adopted" in _phases(job)) == (n == 3), (n, _phases(job))
         queue.close()
 
+
+
+def _wait_done(queue, job_id: str, seconds: float = 30.0) -> None:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if queue.get(job_id).state in ("done", "dead"):
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"job {job_id} did not end")
+
+
+@pytest.mark.timeout(60)
+def test_after_a_pause_a_job_is_looked_up_again_and_another_clients_run_of_it_adopted(tmp_path: Path) -> None:
+    """Another client's post shows only in the number of the runner's next one. A runner that posted nothing for a
+    while (here: idle between two submits) cannot tell that none came meanwhile, and looks each job up first: the
+    other client's run of job 3's id, made while the runner waited, is adopted."""
+    with FakeComfy(base_directory=tmp_path / "fake", node_ms=20) as fake:
+        folder = tmp_path / "q"
+        folder.mkdir()
+        config = write_config(folder)
+        queue = submit(config, [trivial_job(1), trivial_job(2)])
+        runner = Runner(config_of(config), "a", fake.url)
+        thread = threading.Thread(target=runner.run, daemon=True)
+        thread.start()
+        try:
+            for n in (1, 2):
+                _wait_done(queue, trivial_job(n)["id"])
+            assert runner.station.client.known.state == "known"
+            third = trivial_job(3)
+            stream = EventStream(fake.url, "another-installation", 5.0)
+            stream.connect()
+            try:
+                ComfyClient(fake.url).post_prompt(third["workflow"], third["id"], "another-installation")
+                while (message := stream.recv(10.0)) is not None and not (
+                        message["type"] == "executing" and (message.get("data") or {}).get("node") is None):
+                    pass
+                assert message is not None, "the other client's prompt never ended"
+            finally:
+                stream.close()
+            runner.station.client.known.since -= 10  # the pause: more than TRUST_SECONDS since its last post
+            submit(config, [third]).close()
+            _wait_done(queue, third["id"])
+        finally:
+            runner.state.stopping = True
+            thread.join(20)
+        record = queue.get(third["id"])
+        assert record.state == "done" and "adopted" in _phases(record), _phases(record)
+        assert fake.stats()["prompts"][third["id"]]["executed"] == 1  # the other client's run alone
+        queue.close()

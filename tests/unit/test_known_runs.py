@@ -16,48 +16,66 @@ pytestmark = pytest.mark.timeout(10)
 
 def known(ids: tuple[str, ...] = ("old",)) -> KnownRuns:
     runs = KnownRuns()
-    runs.look([QueueEntry(7, "queued", "someone", False)], {i: 5 for i in ids})
+    runs.look([QueueEntry(7, "queued", "someone", False)], {i: 5 for i in ids}, 100.0)
     return runs
 
 
 def test_a_look_then_posts_numbered_in_a_row_stay_known() -> None:
     runs = known()
-    assert runs.state == "known" and runs.ids == {"queued", "old"}
-    runs.posted("a", 40)  # the first post after a look: its number is taken as it comes
-    runs.posted("b", 41)
-    runs.posted("c", 42)
-    assert runs.state == "known" and {"a", "b", "c"} <= runs.ids
+    assert runs.state == "known" and set(runs.ids) == {"queued", "old"}
+    runs.posted("a", 40, 100.0)  # the first post after a look: its number is taken as it comes
+    runs.posted("b", 41, 100.0)
+    runs.posted("c", 42, 100.0)
+    assert runs.state == "known" and {"a", "b", "c"} <= set(runs.ids)
 
 
 def test_a_number_skipped_is_another_clients_post_and_every_id_is_asked_again() -> None:
     runs = known()
-    runs.posted("a", 40)
-    runs.posted("b", 42)
-    assert runs.state == "unknown" and runs.ids == set()
+    runs.posted("a", 40, 100.0)
+    runs.posted("b", 42, 100.0)
+    assert runs.state == "unknown" and not runs.ids
 
 
 def test_a_refused_post_takes_a_number_too() -> None:
     runs = known()
-    runs.posted("a", 40)
-    runs.posted("bad", None)  # 400: ComfyUI took 41 before it validated
-    runs.posted("b", 42)
+    runs.posted("a", 40, 100.0)
+    runs.posted("bad", None, 100.0)  # 400: ComfyUI took 41 before it validated
+    runs.posted("b", 42, 100.0)
     assert runs.state == "known" and "bad" not in runs.ids and "b" in runs.ids
 
 
 def test_numbers_beginning_again_mean_a_restarted_server_to_look_at_again() -> None:
     runs = known()
-    runs.posted("a", 40)
-    runs.posted("b", 1)
+    runs.posted("a", 40, 100.0)
+    runs.posted("b", 1, 100.0)
     assert runs.state == "unread"
-    runs.look([], {})
-    runs.posted("c", 2)
-    runs.posted("d", 3)
+    runs.look([], {}, 100.0)
+    runs.posted("c", 2, 100.0)
+    runs.posted("d", 3, 100.0)
     assert runs.state == "known"
+
+
+def test_the_count_is_trusted_for_a_second_after_the_look_or_the_last_post() -> None:
+    """Another client's post shows only in the number of this client's next one: after a pause (an idle runner,
+    a slow prompt) each job is looked up first again, as every job was before."""
+    runs = known()
+    assert runs.trusted(100.0 + client_module.TRUST_SECONDS)
+    assert not runs.trusted(100.0 + client_module.TRUST_SECONDS + 0.01)
+    runs.posted("a", 40, 500.0)
+    assert runs.trusted(500.5) and runs.state == "known"
+
+
+def test_the_ids_remembered_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(client_module, "KNOWN_IDS", 3)
+    runs = known(ids=())
+    for n in range(10):
+        runs.posted(f"p{n}", 40 + n, 100.0)
+    assert list(runs.ids) == ["p7", "p8", "p9"] and runs.state == "known"
 
 
 def test_a_history_too_long_to_read_whole_is_asked_per_job() -> None:
     runs = KnownRuns()
-    runs.look([], None)
+    runs.look([], None, 100.0)
     assert runs.state == "unknown"
 
 

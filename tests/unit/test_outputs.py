@@ -145,3 +145,30 @@ def test_no_symlink_is_followed_by_the_scan_or_the_removal(tmp_path: Path) -> No
     outputs.remove(tmp_path / "output", JOB)
     assert (elsewhere / "dog_00001_.png").exists(), "removed the link, not what it points to"
     assert not (tmp_path / "output" / "comfysup" / JOB).is_symlink()
+
+
+@pytest.mark.timeout(10)
+def test_a_local_read_takes_the_file_and_falls_back_to_view_for_anything_it_cannot_open(tmp_path: Path) -> None:
+    """outputs.read_or: the job's file from the server's output folder; /view (``otherwise``) for a missing file, a
+    symlink or a FIFO planted under the name (opened non-blocking: it cannot hold the runner until written to)."""
+    folder = tmp_path / "output" / "comfysup" / JOB
+    folder.mkdir(parents=True)
+    (folder / "dog_00001_.png").write_bytes(png())
+    (folder / "link_00001_.png").symlink_to(folder / "dog_00001_.png")
+    os.mkfifo(folder / "fifo_00001_.png")
+    asked: list[str] = []
+
+    def view(name: str) -> object:
+        return lambda: (asked.append(name), [b"from /view"])[1]
+
+    def read(name: str) -> bytes:
+        return b"".join(outputs.read_or(tmp_path / "output", JOB, name, view(name)))
+
+    assert read("dog_00001_.png") == png() and asked == []
+    assert read("gone_00001_.png") == b"from /view"
+    assert read("link_00001_.png") == b"from /view"
+    assert read("fifo_00001_.png") == b"from /view"
+    assert asked == ["gone_00001_.png", "link_00001_.png", "fifo_00001_.png"]
+    assert outputs.in_job_folder(f"comfysup/{JOB}/sub", JOB) == "sub"
+    assert outputs.in_job_folder(f"comfysup/{JOB}", JOB) == ""
+    assert outputs.in_job_folder(f"comfysup/{JOB}x", JOB) is None and outputs.in_job_folder("other", JOB) is None

@@ -55,3 +55,19 @@ def test_a_server_seen_down_is_read_at_once_even_within_a_retry_wait() -> None:
     cat.server_down()
     cat.refresh()
     assert client.asked == 2 and cat.id == 7
+
+
+def test_only_inputs_are_kept_and_a_class_without_any_is_checked_as_having_none() -> None:
+    """The wire lets a class without an "input" section through; keeping only the inputs must not crash on it (the
+    refresh runs before the runner's loop: a crash there would restart the runner into the same answer)."""
+    from comfysup.jobs.catalogue import first_issue
+    from comfysup.runner import wire
+
+    info = wire.object_info({"Bare": {"output": ["IMAGE"], "description": "x" * 100},
+                             "Full": {"input": {"required": {"n": ["INT", {"min": 0}]}}, "category": "c"}})
+    cat = ServerCatalogue(Queue(), Client([info]), "cpu0")  # type: ignore[arg-type]
+    cat.refresh()
+    assert cat.info == {"Bare": {"input": None}, "Full": {"input": {"required": {"n": ["INT", {"min": 0}]}}}}
+    assert first_issue({"1": {"class_type": "Bare", "inputs": {}}}, cat.info) is None
+    issue = first_issue({"1": {"class_type": "Full", "inputs": {}}}, cat.info)
+    assert issue is not None and issue.kind == "required_input_missing"
