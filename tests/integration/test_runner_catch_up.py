@@ -7,11 +7,12 @@ must find the prompt there and follow it, not post it again (two executions of o
 from __future__ import annotations
 
 import time
+import zlib
 from pathlib import Path
 
 import pytest
 
-from comfysup.runner.client import ComfyClient
+from comfysup.runner.client import ComfyClient, EventStream
 from comfysup.runner.loop import Runner
 from fake_comfy import FakeComfy
 from tests.runner_helpers import config_of, submit, trivial_job, write_config
@@ -72,3 +73,53 @@ def test_an_attempt_that_never_posted_does_not_hide_a_run_on_another_machines_se
         assert job.state == "done"
         assert a.stats()["prompts"][claim.id]["executed"] == 1
         assert b.stats()["prompts"].get(claim.id, {}).get("posted", 0) == 0, "posted again on B's server"
+
+
+@pytest.mark.timeout(60)
+def test_a_run_adopted_from_another_machines_server_is_read_from_that_server_not_this_ones_folder(
+        tmp_path: Path) -> None:
+    """Both machines call their server gpu0. Machine A's gpu0 ran the job into output/comfysup/<job>/; B's gpu0
+    folder holds a file of the same name from an earlier attempt there. B's runner adopts A's run (found by the URL
+    A's attempt recorded) and must take A's file, through A's /view, never the one in its own gpu0's folder."""
+    import hashlib
+
+    from comfysup.runner import outputs
+
+    with FakeComfy(base_directory=tmp_path / "a", node_ms=5) as a, \
+            FakeComfy(base_directory=tmp_path / "b", node_ms=5) as b:
+        config = write_config(tmp_path)
+        queue = submit(config, [trivial_job(1)])
+        claim = queue.claim("machine-a/1/gpu0/t", "gpu0", lease_seconds=30, url=a.url)
+        assert claim is not None
+        stream = EventStream(a.url, "machine-a-socket", 5.0)
+        stream.connect()
+        try:
+            number = ComfyClient(a.url).post_prompt(outputs.plan(claim.workflow, claim.id).workflow, claim.id,
+                                                    "machine-a-socket")
+            queue.record_prompt(claim, "gpu0", number, a.url)
+            while (message := stream.recv(10.0)) is not None and not (
+                    message["type"] == "executing" and (message.get("data") or {}).get("node") is None):
+                pass
+            assert message is not None, "A's run never ended"
+        finally:
+            stream.close()
+        assert queue.release_owner("machine-a/1/gpu0/t", "machine A died") == [claim.id]
+        (a_file,) = (Path(a.output_directory) / "comfysup" / claim.id).glob("*.png")
+        stale = Path(b.output_directory) / "comfysup" / claim.id / a_file.name
+        stale.parent.mkdir(parents=True)
+        # A whole PNG of another run: the same name, other bytes (a text chunk more, before the image's own).
+        data = a_file.read_bytes()
+        extra = b"tEXt" + b"stale\x00B"
+        chunk = len(extra[4:]).to_bytes(4, "big") + extra + zlib.crc32(extra).to_bytes(4, "big")
+        stale.write_bytes(data[:33] + chunk + data[33:])
+        assert stale.read_bytes() != a_file.read_bytes()
+
+        Runner(config_of(config), "gpu0", b.url, until_empty=True,
+               output_dirs={"gpu0": Path(b.output_directory)}).run()
+
+        job = queue.get(claim.id)
+        assert job.state == "done", job.reason
+        (out,) = job.outputs
+        assert out.sha256 == hashlib.sha256(a_file.read_bytes()).hexdigest(), "stored B's stale file, not A's run"
+        assert [v["filename"] for v in a.stats()["views"]] == [a_file.name]
+        assert b.stats()["prompts"].get(claim.id, {}).get("posted", 0) == 0
