@@ -49,11 +49,19 @@ def verify(url: str, base: Path, batch: list, m: Any, posted: int) -> dict[str, 
     problems, runs = [], []
     # The log line comes after the history entry and the socket's end: the last one may be a moment late. And
     # a second run of a prompt may still wait in the server's queue: counted once the queue is empty.
-    deadline = time.monotonic() + 30
+    # ComfyUI empties its queue before it logs, so the count must also hold still over two looks half a second
+    # apart.
+    deadline, seen = time.monotonic() + 30, None
     while time.monotonic() < deadline:
         queue = requests.get(f"{url}/queue", timeout=60).json()
-        if not queue["queue_running"] and not queue["queue_pending"] and executed(base) >= posted:
-            break
+        count = executed(base)
+        if not queue["queue_running"] and not queue["queue_pending"] and count >= posted:
+            if seen == count:
+                break
+            seen = count
+            time.sleep(0.5)
+            continue
+        seen = None
         time.sleep(0.05)
     count = executed(base)
     if count != posted:

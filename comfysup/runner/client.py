@@ -105,12 +105,13 @@ class KnownRuns:
     """Which prompt ids a server holds (queued, running) or ran (its history), as this client knows without
     asking it per job (:meth:`ComfyClient.may_have_run`).
 
-    ``unread``: not looked at yet, or the server restarted since (its numbers began again). ``known``: ``ids``
+    ``unread``: not looked at yet, or the server may have restarted since (its numbers began again, a
+    connection to it failed), or the first post came too long after the look to count from. ``known``: ``ids``
     holds every prompt the server was given up to this client's last post: what GET /queue and /history showed,
     then this client's own posts, each numbered right after the one before (ComfyUI gives every POST /prompt
     the next number, a refused one too, so a number skipped is another client's post). ``unknown``: another
     client posted in between, the history was too long to read whole, or an answer could not be read: every id
-    is asked of the server, as before, until the server restarts."""
+    is asked of the server, as before, until the server may have restarted."""
 
     state: str = "unread"
     ids: dict[str, None] = field(default_factory=dict)
@@ -138,21 +139,28 @@ class KnownRuns:
 
     def posted(self, prompt_id: str, number: int | None, now: float) -> None:
         """This client's POST /prompt of ``prompt_id`` took ``number``; None: it was refused (a 400), which
-        took the next number all the same."""
-        self.since = now
+        took the next number all the same. Only a number that follows on renews the trust: a refusal proves
+        nothing of other clients, and the first post after a look is taken as the start of the count only
+        within TRUST_SECONDS of the look (else the server is looked at again)."""
         if number is None:
-            if self.last is None:
-                return  # nothing to count from: the next post's number will be taken as it comes
-            number = self.last + 1
-            prompt_id = ""  # refused: it holds nothing
+            if self.last is not None:
+                self.last += 1
+            return
         taken = abs(number)
         if self.last is not None and taken <= self.last:
-            self.state, self.ids = "unread", {}  # numbers began again: the server restarted, its runs are gone
+            self.forget()  # numbers began again: the server restarted, its runs are gone
+        elif self.state == "known" and self.last is None and now - self.since > TRUST_SECONDS:
+            self.forget()  # too long since the look for this number to start the count from
         elif self.state == "known" and self.last is not None and taken != self.last + 1:
             self.state, self.ids = "unknown", {}  # another client posted in between
-        if self.state == "known" and prompt_id:
+        if self.state == "known":
             self._remember(prompt_id)
+            self.since = now
         self.last = taken
+
+    def forget(self) -> None:
+        """Look at the server again before trusting the count (it restarted, or may have: a connection failed)."""
+        self.state, self.ids = "unread", {}
 
     def _remember(self, prompt_id: str) -> None:
         self.ids[prompt_id] = None
@@ -245,11 +253,13 @@ class ComfyClient:
                 raise  # the attempt's deadline or a stop, not this call's: the caller's to handle
             raise ServerUnavailable(f"{method} {path}: no complete answer within {seconds:g} s", "connection") from None
         except urllib3.exceptions.NewConnectionError as exc:  # a subclass of ConnectTimeoutError, so first
+            self.known.forget()  # down: it comes back restarted, without its history
             raise ServerUnavailable(f"{method} {path}: {_short(exc)}", "connection") from exc
         except urllib3.exceptions.TimeoutError as exc:
             raise ServerUnavailable(f"{method} {path}: timed out after {seconds:g} s", "connection") from exc
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             self._drop_connection()
+            self.known.forget()  # a kept connection cut: a restart cuts them all
             raise ServerUnavailable(f"{method} {path}: {_short(exc)}", "connection") from exc
         if len(data) > max_bytes:
             self._drop_connection()

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 from comfysup.errors import LeaseLost
 from comfysup.logs import job_context
 from comfysup.queue.base import Claim
-from comfysup.runner.client import ComfyError
+from comfysup.runner.client import ComfyError, PromptRejected
+from comfysup.runner.inputs import StaleUpload
 from comfysup.runner.result import AheadJob, Early, NextClaim, NextJob, Outcome, Posted
 from comfysup.runner.running import AttemptPart, Run, Stop, redactor_of
 
@@ -241,8 +242,11 @@ class NextJobs(AttemptPart):
         delete is running (a delete takes only a pending one); one with a history entry has run: either way it
         is marked started and kept."""
         nxt, posted = self.next_claim, self.posted_out
-        if nxt is None or posted is None or posted.number is None:
+        if nxt is None or posted is None:
             return True
+        if posted.number is None and (posted.error is None or isinstance(posted.error, (PromptRejected, StaleUpload))):
+            return True  # refused (a 400: ComfyUI queued nothing), or never posted
+        # Posted, or a post whose answer was lost (no answer, a 5xx): it may be queued, so it is looked for by id.
         try:
             self.client.delete_queued([nxt.id])
             ran = (any(e.prompt_id == nxt.id for e in self.client.queue())

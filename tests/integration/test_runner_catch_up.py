@@ -123,3 +123,51 @@ def test_a_run_adopted_from_another_machines_server_is_read_from_that_server_not
         assert out.sha256 == hashlib.sha256(a_file.read_bytes()).hexdigest(), "stored B's stale file, not A's run"
         assert [v["filename"] for v in a.stats()["views"]] == [a_file.name]
         assert b.stats()["prompts"].get(claim.id, {}).get("posted", 0) == 0
+
+
+@pytest.mark.timeout(60)
+def test_another_machines_same_named_server_down_does_not_stand_for_this_ones_folder(tmp_path: Path) -> None:
+    """Machine A's gpu0 ran the job and is down now; B's own gpu0 answers and holds neither the prompt nor its
+    history, and B's gpu0 folder holds a whole run of the job (an earlier attempt there). That folder is adopted as
+    B's own server's (by design), read as B's: A's server, down under the same name, is not this machine's and its
+    client must not stand for that folder (the read then had no folder at all and the runner crashed)."""
+    import hashlib
+
+    from comfysup.runner import outputs
+
+    a = FakeComfy(base_directory=tmp_path / "a", node_ms=5)
+    a.start()
+    with FakeComfy(base_directory=tmp_path / "b", node_ms=5) as b:
+        config = write_config(tmp_path, http_timeout_seconds=1.0)
+        queue = submit(config, [trivial_job(1)])
+        claim = queue.claim("machine-a/1/gpu0/t", "gpu0", lease_seconds=30, url=a.url)
+        assert claim is not None
+        stream = EventStream(a.url, "machine-a-socket", 5.0)
+        stream.connect()
+        try:
+            number = ComfyClient(a.url).post_prompt(outputs.plan(claim.workflow, claim.id).workflow, claim.id,
+                                                    "machine-a-socket")
+            queue.record_prompt(claim, "gpu0", number, a.url)
+            while (message := stream.recv(10.0)) is not None and not (
+                    message["type"] == "executing" and (message.get("data") or {}).get("node") is None):
+                pass
+            assert message is not None, "A's run never ended"
+        finally:
+            stream.close()
+        (a_file,) = (Path(a.output_directory) / "comfysup" / claim.id).glob("*.png")
+        mine = Path(b.output_directory) / "comfysup" / claim.id / a_file.name
+        mine.parent.mkdir(parents=True)
+        mine.write_bytes(a_file.read_bytes())
+        digest = hashlib.sha256(mine.read_bytes()).hexdigest()
+        a.stop()  # machine A and its server are gone
+        assert queue.release_owner("machine-a/1/gpu0/t", "machine A died") == [claim.id]
+
+        Runner(config_of(config), "gpu0", b.url, until_empty=True,
+               output_dirs={"gpu0": Path(b.output_directory)}).run()
+
+        job = queue.get(claim.id)
+        assert job.state == "done", job.reason
+        (out,) = job.outputs
+        assert out.sha256 == digest and "adopted" in [p for p, _ in job.attempts[-1].trace["phases"]]
+        assert b.stats()["prompts"].get(claim.id, {}).get("posted", 0) == 0
+        assert not mine.parent.exists()  # B's own folder, emptied once the job was done

@@ -18,7 +18,7 @@ import pytest
 from comfysup.queue.sqlite import SQLiteQueue
 from comfysup.runner import attempt as attempt_module
 from comfysup.runner.attempt import Attempt
-from comfysup.runner.client import ComfyClient
+from comfysup.runner.client import ComfyClient, ServerUnavailable
 from comfysup.runner.loop import Runner
 from comfysup.runner.stuck import StuckChannel
 from fake_comfy import FakeComfy
@@ -153,6 +153,36 @@ def test_a_graceful_stop_releases_the_queued_job_uncounted(tmp_path: Path, fake:
     second = queue.get(job_id(2))
     assert (second.state, second.attempt) == ("queued", 0), second
     _assert_taken_out(fake, job_id(2))
+    queue.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_graceful_stop_takes_out_a_queued_job_whose_posts_answer_was_lost(tmp_path: Path, fake: FakeComfy,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Job 2's POST reached the server, which queued it, but its answer was lost (a timeout, a reset): the stop must
+    still take it out of the server's queue before releasing it as never run; left there it ran after the stop, its
+    record saying it never had, and ran again at the next start."""
+    config, queue = _two_jobs(tmp_path, fake)
+    post = ComfyClient.post_prompt
+
+    def post_answer_lost(self: ComfyClient, workflow: Any, prompt_id: str, *args: Any, **kwargs: Any) -> Any:
+        number = post(self, workflow, prompt_id, *args, **kwargs)
+        if prompt_id == job_id(2):
+            raise ServerUnavailable("POST /prompt: the answer was lost", "connection")
+        return number
+
+    monkeypatch.setattr(ComfyClient, "post_prompt", post_answer_lost)
+    runner = Runner(config_of(config), "cpu0", fake.url)
+    _when_queued(monkeypatch, lambda attempt: runner._on_signal(signal.SIGTERM, None))
+    runner.run()
+    monkeypatch.undo()
+    assert queue.get(job_id(1)).state == "done"
+    second = queue.get(job_id(2))
+    assert (second.state, second.attempt) == ("queued", 0), second
+    _assert_taken_out(fake, job_id(2))
+    Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
+    assert queue.get(job_id(2)).state == "done"
+    assert fake.stats()["prompts"][job_id(2)]["executed"] == 1, "ran after the stop, and again"
     queue.close()
 
 

@@ -36,12 +36,34 @@ def test_a_number_skipped_is_another_clients_post_and_every_id_is_asked_again() 
     assert runs.state == "unknown" and not runs.ids
 
 
-def test_a_refused_post_takes_a_number_too() -> None:
+def test_a_refused_post_takes_a_number_too_but_renews_no_trust() -> None:
     runs = known()
     runs.posted("a", 40, 100.0)
-    runs.posted("bad", None, 100.0)  # 400: ComfyUI took 41 before it validated
-    runs.posted("b", 42, 100.0)
+    runs.posted("bad", None, 100.5)  # 400: ComfyUI took 41 before it validated
+    runs.posted("b", 42, 100.5)
     assert runs.state == "known" and "bad" not in runs.ids and "b" in runs.ids
+    # Refusals a second apart prove nothing of other clients' posts: the count is not trusted past a second.
+    for t in (101.2, 102.0, 102.8, 103.6):
+        runs.posted("bad", None, t)
+    assert not runs.trusted(104.0)
+
+
+def test_a_first_post_long_after_the_look_is_no_start_to_count_from() -> None:
+    """Between the look and the first post (a socket to open, inputs to upload) another client may have posted:
+    more than a second there and the server is looked at again."""
+    runs = known()
+    runs.posted("a", 21, 130.0)
+    assert runs.state == "unread"
+    runs = known()
+    runs.posted("a", 21, 100.5)
+    assert runs.state == "known" and runs.trusted(101.0)
+
+
+def test_a_connection_failure_means_looking_again() -> None:
+    runs = known()
+    runs.posted("a", 40, 100.0)
+    runs.forget()
+    assert runs.state == "unread" and not runs.trusted(100.0)
 
 
 def test_numbers_beginning_again_mean_a_restarted_server_to_look_at_again() -> None:
@@ -61,8 +83,9 @@ def test_the_count_is_trusted_for_a_second_after_the_look_or_the_last_post() -> 
     runs = known()
     assert runs.trusted(100.0 + client_module.TRUST_SECONDS)
     assert not runs.trusted(100.0 + client_module.TRUST_SECONDS + 0.01)
-    runs.posted("a", 40, 500.0)
-    assert runs.trusted(500.5) and runs.state == "known"
+    runs.posted("a", 40, 100.5)
+    runs.posted("b", 41, 101.4)
+    assert runs.trusted(102.0) and not runs.trusted(102.5) and runs.state == "known"
 
 
 def test_the_ids_remembered_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
