@@ -71,3 +71,21 @@ def comfysup(*args: str, timeout: float = 60, env: dict[str, str] | None = None)
     """The real CLI in a subprocess, as a person runs it."""
     return subprocess.run([sys.executable, "-m", "comfysup", *args], capture_output=True, text=True,
                           timeout=timeout, env={**os.environ, **(env or {})}, cwd=ROOT)
+
+
+def post_and_wait(url: str, workflow: dict[str, Any], prompt_id: str, client_id: str) -> int:
+    """Another client's POST /prompt, and its run waited for to the end on that client's own socket (the
+    ``executing`` with node None comes after the history is written); returns the prompt's number."""
+    from comfysup.runner.client import ComfyClient, EventStream
+
+    stream = EventStream(url, client_id, 5.0)
+    stream.connect()
+    try:
+        number = ComfyClient(url).post_prompt(workflow, prompt_id, client_id)
+        while (message := stream.recv(10.0)) is not None:
+            data = message.get("data") or {}
+            if message["type"] == "executing" and data.get("node") is None and data.get("prompt_id") == prompt_id:
+                return number
+        raise AssertionError(f"prompt {prompt_id} never ended on {url}")
+    finally:
+        stream.close()

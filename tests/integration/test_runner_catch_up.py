@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from comfysup.runner.client import ComfyClient, EventStream
+from comfysup.runner import outputs
+from comfysup.runner.client import ComfyClient
 from comfysup.runner.loop import Runner
 from fake_comfy import FakeComfy
-from tests.runner_helpers import config_of, submit, trivial_job, write_config
+from tests.runner_helpers import config_of, post_and_wait, submit, trivial_job, write_config
 
 pytestmark = pytest.mark.usefixtures("comfyui_version")  # against ComfyUI 0.3.64 and 0.38 alike
 
@@ -83,26 +84,11 @@ def test_a_run_adopted_from_another_machines_server_is_read_from_that_server_not
     A's attempt recorded) and must take A's file, through A's /view, never the one in its own gpu0's folder."""
     import hashlib
 
-    from comfysup.runner import outputs
-
     with FakeComfy(base_directory=tmp_path / "a", node_ms=5) as a, \
             FakeComfy(base_directory=tmp_path / "b", node_ms=5) as b:
         config = write_config(tmp_path)
         queue = submit(config, [trivial_job(1)])
-        claim = queue.claim("machine-a/1/gpu0/t", "gpu0", lease_seconds=30, url=a.url)
-        assert claim is not None
-        stream = EventStream(a.url, "machine-a-socket", 5.0)
-        stream.connect()
-        try:
-            number = ComfyClient(a.url).post_prompt(outputs.plan(claim.workflow, claim.id).workflow, claim.id,
-                                                    "machine-a-socket")
-            queue.record_prompt(claim, "gpu0", number, a.url)
-            while (message := stream.recv(10.0)) is not None and not (
-                    message["type"] == "executing" and (message.get("data") or {}).get("node") is None):
-                pass
-            assert message is not None, "A's run never ended"
-        finally:
-            stream.close()
+        claim = _ran_on_machine_a(queue, a)
         assert queue.release_owner("machine-a/1/gpu0/t", "machine A died") == [claim.id]
         (a_file,) = (Path(a.output_directory) / "comfysup" / claim.id).glob("*.png")
         stale = Path(b.output_directory) / "comfysup" / claim.id / a_file.name
@@ -133,27 +119,12 @@ def test_another_machines_same_named_server_down_does_not_stand_for_this_ones_fo
     client must not stand for that folder (the read then had no folder at all and the runner crashed)."""
     import hashlib
 
-    from comfysup.runner import outputs
-
     a = FakeComfy(base_directory=tmp_path / "a", node_ms=5)
     a.start()
     with FakeComfy(base_directory=tmp_path / "b", node_ms=5) as b:
         config = write_config(tmp_path, http_timeout_seconds=1.0)
         queue = submit(config, [trivial_job(1)])
-        claim = queue.claim("machine-a/1/gpu0/t", "gpu0", lease_seconds=30, url=a.url)
-        assert claim is not None
-        stream = EventStream(a.url, "machine-a-socket", 5.0)
-        stream.connect()
-        try:
-            number = ComfyClient(a.url).post_prompt(outputs.plan(claim.workflow, claim.id).workflow, claim.id,
-                                                    "machine-a-socket")
-            queue.record_prompt(claim, "gpu0", number, a.url)
-            while (message := stream.recv(10.0)) is not None and not (
-                    message["type"] == "executing" and (message.get("data") or {}).get("node") is None):
-                pass
-            assert message is not None, "A's run never ended"
-        finally:
-            stream.close()
+        claim = _ran_on_machine_a(queue, a)
         (a_file,) = (Path(a.output_directory) / "comfysup" / claim.id).glob("*.png")
         mine = Path(b.output_directory) / "comfysup" / claim.id / a_file.name
         mine.parent.mkdir(parents=True)
@@ -171,3 +142,13 @@ def test_another_machines_same_named_server_down_does_not_stand_for_this_ones_fo
         assert out.sha256 == digest and "adopted" in [p for p, _ in job.attempts[-1].trace["phases"]]
         assert b.stats()["prompts"].get(claim.id, {}).get("posted", 0) == 0
         assert not mine.parent.exists()  # B's own folder, emptied once the job was done
+
+
+def _ran_on_machine_a(queue, a: FakeComfy):
+    """Machine A's runner (its gpu0 at ``a``) claimed the job, ran it into its own folder of A's output folder
+    (as for a server that machine launched) and recorded the prompt there; then machine A died."""
+    claim = queue.claim("machine-a/1/gpu0/t", "gpu0", lease_seconds=30, url=a.url)
+    assert claim is not None
+    number = post_and_wait(a.url, outputs.plan(claim.workflow, claim.id).workflow, claim.id, "machine-a-socket")
+    queue.record_prompt(claim, "gpu0", number, a.url)
+    return claim

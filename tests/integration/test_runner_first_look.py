@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from comfysup.runner.client import ComfyClient, EventStream
+from comfysup.runner.client import ComfyClient
 from comfysup.runner.loop import Runner
 from fake_comfy import FakeComfy
-from tests.runner_helpers import config_of, submit, trivial_job, write_config
+from tests.runner_helpers import config_of, post_and_wait, submit, trivial_job, write_config
 
 pytestmark = pytest.mark.usefixtures("comfyui_version")  # against ComfyUI 0.3.64 and 0.38 alike
 
@@ -73,24 +73,12 @@ def test_another_clients_post_between_two_of_ours_makes_the_runner_look_again(tm
     number: from then on each id is looked up again before its POST, and job 3 is adopted, not run twice."""
     with FakeComfy(base_directory=tmp_path / "fake", node_ms=20) as fake:
         third = trivial_job(3)
-        other = ComfyClient(fake.url)
         post = ComfyClient.post_prompt
 
         def post_after_the_other(self: ComfyClient, workflow, prompt_id: str, *args, **kwargs):
             if prompt_id == trivial_job(2)["id"] and third["id"] not in fake.stats()["prompts"]:
-                stream = EventStream(fake.url, "another-installation", 5.0)
-                stream.connect()
-                try:
-                    post(other, third["workflow"], third["id"], "another-installation")
-                    while True:  # its run ends (its history written first) before job 2 is posted
-                        message = stream.recv(10.0)
-                        assert message is not None, "the other client's prompt never ended"
-                        data = message.get("data") or {}
-                        if (message["type"] == "executing" and data.get("node") is None
-                                and data.get("prompt_id") == third["id"]):
-                            break
-                finally:
-                    stream.close()
+                # Its run ends (its history written first) before job 2 is posted.
+                post_and_wait(fake.url, third["workflow"], third["id"], "another-installation")
             return post(self, workflow, prompt_id, *args, **kwargs)
 
         monkeypatch.setattr(ComfyClient, "post_prompt", post_after_the_other)
@@ -132,16 +120,7 @@ def test_after_a_pause_a_job_is_looked_up_again_and_another_clients_run_of_it_ad
                 _wait_done(queue, trivial_job(n)["id"])
             assert runner.station.client.known.state == "known"
             third = trivial_job(3)
-            stream = EventStream(fake.url, "another-installation", 5.0)
-            stream.connect()
-            try:
-                ComfyClient(fake.url).post_prompt(third["workflow"], third["id"], "another-installation")
-                while (message := stream.recv(10.0)) is not None and not (
-                        message["type"] == "executing" and (message.get("data") or {}).get("node") is None):
-                    pass
-                assert message is not None, "the other client's prompt never ended"
-            finally:
-                stream.close()
+            post_and_wait(fake.url, third["workflow"], third["id"], "another-installation")
             runner.station.client.known.since -= 10  # the pause: more than TRUST_SECONDS since its last post
             submit(config, [third]).close()
             _wait_done(queue, third["id"])
