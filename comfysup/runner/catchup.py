@@ -65,14 +65,12 @@ class CatchingUp:
         down: list[tuple[str, ComfyClient]] = []
         """Servers that answered and hold neither the prompt nor its history: restarted since, if it ran there."""
         for server, client, known in places:
-            # A server of this machine by that name: another machine's (a run recorded elsewhere is named by
-            # its own server's name, "gpu0" on both) has its files in that machine's folder, not in this one's.
-            here = client is self.station.client_for(server)
+            folder = self.station.output_dir(server, client)  # None for another machine's server of that name
             try:
                 live = next((e for e in client.queue() if e.prompt_id == self.claim.id), None)
                 history = None if live else client.history(self.claim.id, self.s.max_files_per_job)
             except ServerUnavailable:
-                if here and server in self.s.output_dirs:
+                if folder is not None:
                     down.append((server, client))  # killed and not back yet: its folder may hold a whole run
                 continue
             if live is not None:
@@ -86,7 +84,7 @@ class CatchingUp:
                 self.queue.record_prompt(self.claim, server, live.number, client.url)
                 return self.live
             if history is None:
-                if here:
+                if folder is not None:
                     gone.append((server, client))
                 continue
             if known is not None and prompt_number(history) != known:

@@ -140,9 +140,7 @@ class Ending(AttemptPart):
         it only when its executing thread lets go of the GIL: on a real ComfyUI it was 30% of a runner's wall
         time on trivial prompts. Anything else (a temp file, a file outside the job's folder, a server
         elsewhere, a file not found where it should be) comes through /view."""
-        # The folder of this machine's server by that name: a run followed on another machine's (named as its
-        # own machine names it, "gpu0" on both) saved its files there, not here.
-        folder = self.s.output_dirs.get(run.server) if run.client is self.station.client_for(run.server) else None
+        folder = self.station.output_dir(run.server, run.client)
         if run.from_disk is not None:
             return [(safe_relative(f.filename, f.subfolder),
                      partial(job_outputs.read, folder, self.claim.id, f.relative)) for f in run.from_disk]

@@ -265,9 +265,7 @@ def discard(output_dirs: dict[str, Path], server: str, job_id: str) -> None:
 
 def read(output_dir: Path, job_id: str, relative: str) -> Iterator[bytes]:
     """The bytes of one file of the job's folder, in chunks, never through a symlink."""
-    with _open(output_dir, job_id, relative) as f:
-        while chunk := f.read(READ_CHUNK):
-            yield chunk
+    yield from _chunks(_open(output_dir, job_id, relative))
 
 
 _FELL_BACK: set[Path] = set()
@@ -287,6 +285,10 @@ def read_or(output_dir: Path, job_id: str, relative: str, otherwise: Callable[[]
                         "the server's output folder, its output_dir is wrong", job_id, relative, output_dir, exc)
         yield from otherwise()
         return
+    yield from _chunks(opened)
+
+
+def _chunks(opened: BinaryIO) -> Iterator[bytes]:
     with opened as f:
         while chunk := f.read(READ_CHUNK):
             yield chunk

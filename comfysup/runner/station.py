@@ -125,6 +125,12 @@ class Station:
                                                                         ELSEWHERE_TIMEOUT_SECONDS))
         return self._elsewhere[url]
 
+    def output_dir(self, server: str, client: ComfyClient) -> Path | None:
+        """The output folder of ``server`` when it is this machine's server of that name (``client`` is its
+        client): a run recorded on another machine is named by that machine's name ("gpu0" on both), and its
+        files are in that machine's folder, never in this one's. None when comfysup cannot see it."""
+        return self.settings.output_dirs.get(server) if client is self.client_for(server) else None
+
     def client_for(self, server: str | None) -> ComfyClient | None:
         if server is None:
             return None
