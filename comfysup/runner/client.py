@@ -1,4 +1,5 @@
-"""A ComfyUI client: HTTP on one kept-alive urllib3 connection pool, events on websocket-client.
+"""A ComfyUI client: HTTP on one kept-alive urllib3 connection pool, events on websocket-client's connection
+(its frames read by comfysup.runner.frames).
 
 Every HTTP call is bounded as a whole (comfysup.runner.deadline: headers and body within the call's
 timeout, however slowly the bytes come), every body read is bounded in size, and every answer passes
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import ssl
 import time
 import uuid
 from collections.abc import Iterator, Sequence
@@ -29,7 +29,7 @@ from urllib.parse import urlencode, urlsplit
 import urllib3
 import websocket
 
-from comfysup.runner import deadline, wire
+from comfysup.runner import deadline, frames, wire
 from comfysup.runner.deadline import DeadlineExceeded
 
 CLIENT_PREFIX = "comfysup-"
@@ -444,10 +444,6 @@ class SocketLost(ComfyError):
     kind = "socket_lost"
 
 
-_NOTHING_BUFFERED = (BlockingIOError, ssl.SSLWantReadError)
-"""What a non-blocking read of an empty socket raises: plain (EAGAIN), or through TLS (a wss:// server)."""
-
-
 class EventStream:
     """ComfyUI's WebSocket for one client id. JSON messages only; binary preview frames are skipped."""
 
@@ -456,6 +452,8 @@ class EventStream:
         self.client_id = client_id
         self.connect_timeout_seconds = connect_timeout_seconds
         self.ws: websocket.WebSocket | None = None
+        self.frames: frames.FrameReader | None = None
+        """The frames after the handshake are read here (comfysup.runner.frames), not by websocket-client."""
         self.connection = 0
         """Which connection reads now (unique in the process, 0 before the first): a message read on another
         one came before a reconnect, and the messages sent in between are lost."""
@@ -465,10 +463,12 @@ class EventStream:
         client id closes after a new one opened, ComfyUI silently stops sending to the new one."""
         self.close()
         try:
-            # skip_utf8_validation: websocket-client validates in pure Python, about 0.5 ms a message;
-            # the messages are JSON that json.loads checks anyway.
+            # skip_utf8_validation: websocket-client reads frames only in its close() now (its handshake
+            # reads byte by byte, so nothing after it is left in a buffer of its own); text is checked by
+            # wire.decode's strict UTF-8 anyway.
             self.ws = websocket.create_connection(self.url, timeout=self.connect_timeout_seconds,
                                                   enable_multithread=False, skip_utf8_validation=True)
+            self.frames = frames.FrameReader(self.ws.sock)
             self.connection = next(_CONNECTIONS)
         except (OSError, websocket.WebSocketException) as exc:
             self.ws = None
@@ -479,56 +479,73 @@ class EventStream:
 
         ``timeout_seconds`` bounds the whole call, not each frame: frames the runner does not read (a custom
         node's messages, previews, ComfyUI's progress_state) can come faster than it, and the caller's wake-up
-        (its heartbeat, a cancel, a stop, the deadline) must not wait for a message it reads."""
-        if self.ws is None:
+        (its heartbeat, a cancel, a stop, the deadline) must not wait for a message it reads. A call of no time
+        reads only what is buffered, never waiting: a timeout, however short, is a poll() of at least 1 ms."""
+        if self.ws is None or self.frames is None:
             raise SocketLost("WebSocket not connected")
-        # A call of no time reads only what is buffered, without blocking: a timeout, however short, became a
-        # poll() of at least 1 ms (its resolution), a millisecond lost each time the socket held nothing.
-        self.ws.settimeout(timeout_seconds if timeout_seconds > 0 else 0)
-        until = time.monotonic() + timeout_seconds
+        until = time.monotonic() + timeout_seconds if timeout_seconds > 0 else None
         while True:
-            try:
-                opcode, data = self.ws.recv_data()
-            except (TimeoutError, websocket.WebSocketTimeoutException, *_NOTHING_BUFFERED):
+            got = self._next(until)
+            if got is None:
                 return None
-            except (OSError, websocket.WebSocketException) as exc:
-                self.close()
-                raise SocketLost(f"WebSocket lost: {_short(exc)}") from exc
-            if opcode == websocket.ABNF.OPCODE_TEXT:
+            opcode, data = got
+            if opcode == frames.TEXT:
                 try:
                     message = wire.ws_message(data)
                 except wire.Malformed as exc:
                     raise MalformedAnswer(f"server sent a malformed WebSocket message: {exc}") from None
                 if message is not None:
                     return message
-            elif opcode == websocket.ABNF.OPCODE_CLOSE:
+            # A frame not read (binary previews, unread types): on for what is left of the call's time.
+
+    def _next(self, until: float | None) -> tuple[int, bytes] | None:
+        """The next data message (TEXT or BINARY), answering pings and reading more from the socket as needed;
+        None when nothing whole came by ``until`` (None: among what is buffered now)."""
+        reader = self.frames
+        assert self.ws is not None and reader is not None
+        while True:
+            try:
+                got = reader.message()
+                if got is None:
+                    if not reader.fill(until):
+                        return None
+                    continue
+            except frames.ProtocolError as exc:
+                self.close()
+                raise SocketLost(f"WebSocket lost: {exc}") from None
+            except frames.Closed:
+                self.close()
+                raise SocketLost("WebSocket closed by the server") from None
+            except OSError as exc:
+                self.close()
+                raise SocketLost(f"WebSocket lost: {_short(exc)}") from exc
+            opcode, data = got
+            if opcode in (frames.TEXT, frames.BINARY):
+                return got
+            if opcode == frames.CLOSE:
                 self.close()
                 raise SocketLost("WebSocket closed by the server")
-            # A frame not read: wait on for what is left of the call's time. A call of no time reads on through
-            # what is already buffered (_read_buffered).
-            if timeout_seconds > 0:
-                left = until - time.monotonic()
-                if left <= 0:
-                    return None
-                self.ws.settimeout(left)
+            if opcode == frames.PING:
+                try:
+                    self.ws.pong(data)
+                except (OSError, websocket.WebSocketException) as exc:
+                    self.close()
+                    raise SocketLost(f"WebSocket lost: {_short(exc)}") from exc
 
     def drain(self) -> None:
         """Discard what is already buffered (a finished prompt's last messages, status broadcasts) without
-        waiting; a socket found broken is closed, for the caller to reconnect."""
+        waiting; a socket found broken is closed, for the caller to reconnect. A frame not yet whole stays in
+        the reader for the next call, as the socket's bytes would."""
         if self.ws is None:
             return
         try:
-            # Non-blocking: any timeout, however short, became a poll() of at least 1 ms (its resolution), paid
-            # before every post; with none, an empty socket raises BlockingIOError at once.
-            self.ws.settimeout(0)
-            while True:
-                self.ws.recv_data()
-        except (TimeoutError, websocket.WebSocketTimeoutException, *_NOTHING_BUFFERED):
-            return
-        except (OSError, websocket.WebSocketException):
-            self.close()
+            while self._next(None) is not None:
+                pass
+        except SocketLost:
+            pass  # closed already: the caller reconnects
 
     def close(self) -> None:
+        self.frames = None
         if self.ws is not None:
             try:
                 self.ws.close(timeout=0.5)

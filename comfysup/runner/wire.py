@@ -236,9 +236,32 @@ _EVENTS = frozenset({"execution_start", "execution_cached", "executing", "execut
 unread too: the trace is made of ``executing`` and ``progress``, which say the same."""
 
 
+_READ_TYPES = frozenset({*_EVENTS, "status"})
+_TYPE_FIRST = b'{"type": "'
+"""How ComfyUI's ``send_json`` begins every message: ``json.dumps({"type": event, "data": data})``."""
+
+
+def _unread_type(raw: str | bytes) -> bool:
+    """True when ``raw`` plainly begins with a type the runner does not read: it is passed over unparsed (no
+    JSON decoding of a ``progress_state``, a third of a trivial run's messages, or of a custom node's). Only a
+    plain type (no escape in it) counts; anything else, and every message of a type read, is decoded whole."""
+    if not isinstance(raw, bytes | bytearray) or not raw.startswith(_TYPE_FIRST):
+        return False
+    start = len(_TYPE_FIRST)
+    end = raw.find(b'"', start, start + 128)
+    if end < 0:
+        return False
+    kind = raw[start:end]
+    return b"\\" not in kind and kind.decode("utf-8", "replace") not in _READ_TYPES
+
+
 def ws_message(raw: str | bytes) -> dict[str, Any] | None:
     """A text frame as ``{"type": str, "data": dict}`` with the fields of its type checked; None for a type
-    the runner does not read (ComfyUI 0.38 broadcasts ``assets.seed.*``; custom nodes send their own)."""
+    the runner does not read (ComfyUI 0.38 broadcasts ``assets.seed.*``; custom nodes send their own). A
+    message of such a type is not parsed at all when its first bytes say so (``_unread_type``): what it holds,
+    well formed or not, is never read."""
+    if _unread_type(raw):
+        return None
     message = _obj(decode(raw, "a WebSocket message"), "a WebSocket message")
     kind = _str(message.get("type"), "a WebSocket message's type")
     assert kind is not None

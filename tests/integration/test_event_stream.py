@@ -131,25 +131,36 @@ def raw() -> Iterator[RawSocket]:
 
 def _readable(stream: EventStream) -> None:
     """Wait (an event, not a sleep) until the client's socket holds bytes the server sent."""
-    assert select.select([stream.ws.sock], [], [], 10)[0], "the server's bytes never arrived"
+    assert select.select([stream.ws.sock], [], [], 10)[0], "the server's bytes never arrived"  # type: ignore[union-attr]
 
 
 def test_recv_of_no_time_reads_what_is_buffered_without_ever_waiting(raw: RawSocket) -> None:
     stream = EventStream(f"http://127.0.0.1:{raw.port}", "client", 5.0)
     stream.connect()
-    timeouts: list[float | None] = []
-    settimeout = stream.ws.settimeout
-    stream.ws.settimeout = lambda t: (timeouts.append(t), settimeout(t))[1]  # type: ignore[method-assign]
+    waits: list[int] = []
+
+    class Watched:
+        def __init__(self, poll: Any) -> None:
+            self.poll_ = poll
+
+        def poll(self, ms: int) -> Any:
+            waits.append(ms)
+            return self.poll_.poll(ms)
+
+    stream.frames._poll = Watched(stream.frames._poll)  # type: ignore[union-attr]
     try:
         assert stream.recv(0.0) is None  # nothing sent yet
-        # A non-blocking read: no timeout at all. Before, 1 ms: a poll() that slept a millisecond or more
-        # every time the runner looked at an empty socket between two steps of an attempt.
-        assert timeouts and all(t == 0 for t in timeouts), timeouts
+        # A non-blocking read, no wait at all. Before, 1 ms: a poll() that slept a millisecond or more every
+        # time the runner looked at an empty socket between two steps of an attempt.
+        assert waits == []
+        assert stream.recv(0.05) is None and waits, "a call with time waits on the socket"
+        waits.clear()
         raw.send(RawSocket.frame(UNREAD) + RawSocket.frame(READ))
         _readable(stream)
         message = stream.recv(0.0)  # the unread frame is passed over; the read one is returned
         assert message is not None and message["type"] == "executing"
         assert stream.recv(0.0) is None
+        assert waits == []
     finally:
         stream.close()
 
@@ -166,5 +177,27 @@ def test_a_frame_half_buffered_is_not_lost_by_a_read_of_no_time(raw: RawSocket) 
         raw.send(whole[20:])
         message = stream.recv(5.0)
         assert message is not None and message["type"] == "executing" and message["data"]["node"] is None
+    finally:
+        stream.close()
+
+
+def test_a_ping_is_answered_with_a_pong_and_a_close_frame_loses_the_socket(raw: RawSocket) -> None:
+    from comfysup.runner.client import SocketLost
+
+    stream = EventStream(f"http://127.0.0.1:{raw.port}", "client", 5.0)
+    stream.connect()
+    try:
+        raw.send(bytes([0x89, 4]) + b"beat" + RawSocket.frame(READ))
+        message = stream.recv(5.0)
+        assert message is not None and message["type"] == "executing"
+        raw.conn.settimeout(5)
+        head = raw.conn.recv(2)  # the client's pong: masked (as every client frame is), the ping's payload
+        assert head == bytes([0x8A, 0x80 | 4])
+        mask, body = raw.conn.recv(4), raw.conn.recv(4)
+        assert bytes(b ^ mask[i % 4] for i, b in enumerate(body)) == b"beat"
+        raw.send(bytes([0x88, 0]))
+        with pytest.raises(SocketLost, match="closed by the server"):
+            stream.recv(5.0)
+        assert stream.ws is None and stream.frames is None
     finally:
         stream.close()

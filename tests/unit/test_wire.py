@@ -121,6 +121,23 @@ def test_unknown_message_types_are_tolerated() -> None:
                            + HUGE + '}}}}') is None
 
 
+def test_a_message_whose_first_bytes_name_a_type_not_read_is_passed_over_unparsed() -> None:
+    # ComfyUI's send_json puts the type first: such a message is not decoded at all, whatever follows it.
+    assert wire.ws_message(b'{"type": "progress_state", "data": {"nodes": [[[[ not even json') is None
+    assert wire.ws_message(b'{"type": "crystools.monitor", "data": ' + b"[" * 100_000) is None
+    # A type the runner reads is decoded and checked whole, in bytes as in text.
+    with pytest.raises(Malformed, match="not JSON"):
+        wire.ws_message(b'{"type": "executing", "data": {"node": ')
+    with pytest.raises(Malformed, match="not JSON"):
+        wire.ws_message(b'{"type": "status", "data": ')
+    # A type written with an escape is no plain type: decoded whole, and here it is "executing".
+    with pytest.raises(Malformed, match="node is a dict"):
+        wire.ws_message(b'{"type": "exec\\u0075ting", "data": {"prompt_id": "p", "node": {}}}')
+    # Another spacing than ComfyUI's is decoded whole too.
+    assert wire.ws_message(b'{"type":"executing","data":{"prompt_id":"p","node":null}}') == {
+        "type": "executing", "data": {"prompt_id": "p", "node": None}}
+
+
 GOOD_ENTRY = {"p": {"prompt": [3, "p", {}, {}, ["3"]], "outputs": {"3": {"images": [
     {"filename": "a.png", "subfolder": "", "type": "output"}]}},
     "status": {"status_str": "success", "completed": True, "messages": [["execution_start", {"prompt_id": "p"}]]}}}
