@@ -73,7 +73,13 @@ def open_file(dir_fd: int, name: str, flags: int = os.O_RDONLY, mode: int = 0o60
     """``name`` in ``dir_fd``, never through a symlink; only a regular file is returned for reading.
 
     Opened non-blocking, then made blocking once it is known to be a regular file: a FIFO planted under a name
-    (a custom node's output, a hostile server's) would otherwise hold the open until something wrote to it."""
+    (a custom node's output, a hostile server's) would otherwise hold the open until something wrote to it.
+    With O_CREAT and O_EXCL the file is one this call made, a regular file: opened as it is, with no check."""
+    if flags & os.O_CREAT and flags & os.O_EXCL:
+        try:
+            return os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NOCTTY, mode, dir_fd=dir_fd)
+        except OSError as exc:
+            raise _refuse(exc, where or name) from None
     try:
         fd = os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY, mode, dir_fd=dir_fd)
     except OSError as exc:

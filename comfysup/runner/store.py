@@ -129,10 +129,8 @@ class ResultStore:
         root = safefs.open_root(self.root, create=True)
         try:
             with self._job_fd(root, job_id) as job, self._beneath(job, subfolders, relative) as folder:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(tmp, dir_fd=folder)
                 try:
-                    fd = safefs.open_file(folder, tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                    fd = self._create(folder, tmp)
                     head = tail = b""
                     with os.fdopen(fd, "wb") as f:
                         for chunk in chunks:
@@ -157,6 +155,17 @@ class ResultStore:
         finally:
             os.close(root)
         return Output(name=relative, size=size, sha256=digest.hexdigest(), path=str(self.job_dir(job_id) / relative))
+
+    @staticmethod
+    def _create(folder: int, tmp: str) -> int:
+        """``tmp`` made anew; one left by an attempt killed while writing it is removed first (found by the
+        O_EXCL open itself: no unlink is tried for the file that is nearly never there)."""
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
+        try:
+            return safefs.open_file(folder, tmp, flags, 0o600)
+        except FileExistsError:
+            os.unlink(tmp, dir_fd=folder)
+            return safefs.open_file(folder, tmp, flags, 0o600)
 
     @staticmethod
     @contextlib.contextmanager

@@ -36,6 +36,21 @@ def test_write_renames_complete_files_and_hashes_them(tmp_path):
     assert not list((tmp_path / "store").rglob("*.part"))
 
 
+def test_a_part_file_left_by_a_killed_write_is_replaced_and_a_symlink_there_is_never_followed(tmp_path):
+    store = ResultStore(tmp_path / "store", max_file_bytes=1 << 20)
+    folder = store.prepare(JOB)
+    outside = tmp_path / "outside.png"
+    outside.write_bytes(b"not ours")
+    (folder / ".a.png.part").write_bytes(b"half of an earlier write")
+    (folder / ".b.png.part").symlink_to(outside)
+    png = PNG_SIGNATURE + b"abcdef" + PNG_END
+    for name in ("a.png", "b.png"):
+        assert store.write(JOB, name, [png]).size == len(png)
+        assert (folder / name).read_bytes() == png
+    assert outside.read_bytes() == b"not ours"
+    assert sorted(p.name for p in folder.iterdir()) == ["a.png", "b.png"]
+
+
 def test_a_failing_stream_leaves_no_final_name(tmp_path):
     store = ResultStore(tmp_path, max_file_bytes=1 << 20)
     store.prepare(JOB)
