@@ -302,6 +302,11 @@ class Queue(Protocol):
         """Periodic upkeep (a WAL checkpoint for SQLite); cheap to call often."""
         ...
 
+    def checkpoint_in_background(self) -> None:
+        """A process whose commits must not wait (a runner): upkeep that a commit would otherwise do in line
+        (SQLite's WAL checkpoint) moves to a thread of its own until ``close``. Nothing for PostgreSQL."""
+        ...
+
     def wait_for_work(self, timeout_seconds: float) -> None:
         """Block until a job may be claimable, or ``timeout_seconds`` passed; never raises for a lost link."""
         ...

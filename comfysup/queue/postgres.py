@@ -259,6 +259,9 @@ class PostgresQueue(ImportRecords, SQLQueue):
     def maintenance(self) -> None:
         """Nothing to do: autovacuum keeps the tables in shape."""
 
+    def checkpoint_in_background(self) -> None:
+        """Nothing to do: the database server checkpoints by itself."""
+
     def replaced(self) -> str | None:
         """A server's database cannot be swapped under an open connection."""
         return None

@@ -30,6 +30,7 @@ import json
 import os
 import re
 import sqlite3
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -49,6 +50,11 @@ NETWORK_FILESYSTEMS = frozenset({
     "nfs", "nfs4", "cifs", "smb", "smb2", "smb3", "smbfs", "9p", "afs", "ceph", "glusterfs", "lustre",
     "fuse.sshfs", "fuse.s3fs", "fuse.gcsfuse", "fuse.rclone", "davfs", "fuse.glusterfs", "beegfs", "gpfs",
 })
+BACKGROUND_CHECKPOINT_SECONDS = 1.0
+"""How often ``checkpoint_in_background``'s thread looks at the WAL (and checkpoints it when it changed)."""
+BUSY_FIRST_STEP_SECONDS = 0.0002
+BUSY_STEP_SECONDS = 0.002
+"""How a write waits for the lock another process holds: 0.2 ms, doubling to 2 ms a try (see ``_begin``)."""
 IDLE_WAIT_CAP_SECONDS = 0.25
 WAKE_CHECK_SECONDS = 0.02
 """How often an idle waiter looks whether another connection committed (``PRAGMA data_version``: a read of
@@ -134,6 +140,8 @@ class SQLiteQueue(SQLQueue):
         """(device, inode) of the file the open connection holds: see :meth:`replaced`."""
         self._setup()
         self._last_checkpoint = time.monotonic()
+        self._checkpointer: tuple[threading.Thread, threading.Event] | None = None
+        """The thread of ``checkpoint_in_background``, and what stops it; None while commits checkpoint."""
         if not self.path.exists() and not create:
             raise DatabaseMissing(f"{self.path}: no queue database here. Submit jobs first "
                                   "(comfysup submit jobs.jsonl), or point [queue] path at the right file.")
@@ -227,6 +235,8 @@ class SQLiteQueue(SQLQueue):
                 raise QueueError(f"{self.path}: could not switch the database to WAL mode (got {mode})")
             conn.execute("PRAGMA synchronous = FULL")
             conn.execute("PRAGMA journal_size_limit = 67108864")
+            if self._checkpointer is not None:
+                conn.execute("PRAGMA wal_autocheckpoint = 0")
             conn.execute("PRAGMA foreign_keys = ON")
             # For the v5 migration (and only there): SQL cannot hash or read loader nodes by itself.
             conn.create_function("comfysup_sha256", 1, content_hash, deterministic=True)
@@ -254,13 +264,7 @@ class SQLiteQueue(SQLQueue):
             try:
                 if not durable:
                     conn.execute("PRAGMA synchronous = NORMAL")
-                if busy_seconds is not None:
-                    conn.execute(f"PRAGMA busy_timeout = {int(busy_seconds * 1000)}")
-                try:
-                    conn.execute("BEGIN IMMEDIATE")
-                finally:
-                    if busy_seconds is not None:
-                        conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_seconds * 1000)}")
+                self._begin(conn, self.busy_timeout_seconds if busy_seconds is None else busy_seconds)
             except sqlite3.Error as exc:
                 self._restore_sync(conn, durable)
                 raise self._translate(exc) from exc
@@ -278,6 +282,29 @@ class SQLiteQueue(SQLQueue):
                 raise
             finally:
                 self._restore_sync(conn, durable)
+
+    def _begin(self, conn: sqlite3.Connection, wait_seconds: float) -> None:
+        """BEGIN IMMEDIATE, waiting up to ``wait_seconds`` for the write lock in short steps of its own
+        (BUSY_STEP_SECONDS at most) instead of SQLite's busy handler, whose sleeps grow 1, 2, 5, 10, 15, 20, 25
+        ms: a runner that met another process's commit of a millisecond slept on for up to 18 ms, and twice
+        in a row for 40, while its server waited for the next prompt (bench/e2e.py, 20 ms prompts on two
+        servers: 20-80 ms idle a few times a run, most of the servers' idle time). The connection's own
+        busy_timeout stays for every other statement."""
+        conn.execute("PRAGMA busy_timeout = 0")
+        try:
+            give_up = time.monotonic() + wait_seconds
+            step = BUSY_FIRST_STEP_SECONDS
+            while True:
+                try:
+                    conn.execute("BEGIN IMMEDIATE")
+                    return
+                except sqlite3.OperationalError as exc:
+                    if getattr(exc, "sqlite_errorcode", None) != sqlite3.SQLITE_BUSY or time.monotonic() >= give_up:
+                        raise
+                time.sleep(min(step, max(give_up - time.monotonic(), 0.0)))
+                step = min(step * 2, BUSY_STEP_SECONDS)
+        finally:
+            conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_seconds * 1000)}")
 
     @staticmethod
     def _restore_sync(conn: sqlite3.Connection, durable: bool) -> None:
@@ -335,7 +362,60 @@ class SQLiteQueue(SQLQueue):
             if version != SCHEMA_VERSION:
                 conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
+    def checkpoint_in_background(self) -> None:
+        """This process's commits no longer checkpoint the WAL themselves; a thread of its own does, on its own
+        connection, about once a second while the WAL changes (PASSIVE: it never blocks a reader or a writer).
+
+        For a runner: SQLite's wal_autocheckpoint runs a whole checkpoint inside the commit that takes the WAL
+        past 1,000 pages, writing them into the database and fsyncing it, 100-200 ms on this project's test
+        machine, about every hundred jobs; the runner's server waited that long for its next prompt
+        (bench/e2e.py, 20 ms prompts on two servers: four such waits a run, most of the servers' idle time).
+        Other processes (submit, the supervisor, the API) keep checkpointing as SQLite does."""
+        if self._checkpointer is not None and self._checkpointer[0].is_alive():
+            return
+        stop = threading.Event()
+        thread = threading.Thread(target=self._checkpoints, args=(stop,), name="comfysup-wal-checkpoint", daemon=True)
+        self._checkpointer = (thread, stop)
+        with self._lock:
+            if self._conn is not None and self._pid == os.getpid():
+                self._conn.execute("PRAGMA wal_autocheckpoint = 0")
+        thread.start()
+
+    def _checkpoints(self, stop: threading.Event) -> None:
+        wal = Path(f"{self.path}-wal")
+        seen: tuple[int, int] | None = None
+        conn: sqlite3.Connection | None = None
+        try:
+            while not stop.wait(BACKGROUND_CHECKPOINT_SECONDS):
+                try:
+                    st = os.stat(wal)
+                except OSError:
+                    continue  # no WAL (yet, or the database is gone): nothing to checkpoint
+                if (st.st_size, st.st_mtime_ns) == seen:
+                    continue
+                try:
+                    if conn is None:  # mode=rw: a database deleted meanwhile is never made again, empty
+                        conn = sqlite3.connect(f"file:{quote(str(self.path.resolve()))}?mode=rw", uri=True,
+                                               timeout=0, isolation_level=None, check_same_thread=False)
+                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                    seen = (st.st_size, st.st_mtime_ns)
+                except sqlite3.Error:  # busy (another checkpoint), or the file is gone: again the next time
+                    if conn is not None:
+                        conn.close()
+                    conn = None
+        finally:
+            if conn is not None:
+                conn.close()
+
+    def _stop_checkpoints(self) -> None:
+        if self._checkpointer is not None:
+            thread, stop = self._checkpointer
+            stop.set()
+            if thread is not threading.current_thread() and thread.is_alive():
+                thread.join(10)
+
     def close(self) -> None:
+        self._stop_checkpoints()
         with self._lock:
             self._abandon()
             if self._conn is not None:

@@ -98,6 +98,7 @@ class Runner:
         self.state = RunnerState()
         self.queue_down_since: float | None = None
         self.queue = queue or self._open_queue(config, on_alive)
+        self.queue.checkpoint_in_background()  # no commit of this runner's waits for a WAL checkpoint
         self.on_alive = on_alive
         self.may_claim = may_claim
         self.on_job = on_job

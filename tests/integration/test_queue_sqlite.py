@@ -582,3 +582,52 @@ def test_v13_adds_the_api_registry_and_keeps_the_jobs(tmp_path: Path) -> None:
     endpoint = q.api_endpoint("render-07", now=T0 + 1)
     assert endpoint is not None and endpoint.url == "http://10.0.0.7:9189"
     q.close()
+
+
+def test_a_write_waits_for_the_lock_in_short_steps_of_its_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not SQLite's busy handler (sleeps of 1, 2, 5, 10, 15, 20, 25 ms): a runner that met another's short commit
+    slept on long after the lock was free, while its server waited for the next prompt."""
+    path = tmp_path / "q.db"
+    q = SQLiteQueue(path, busy_timeout_seconds=30)
+    q.submit([make_job(1)], now=T0)
+    holder = _hold_write_lock(path)
+    steps: list[float] = []
+    real_sleep = time.sleep
+
+    def sleep(seconds: float) -> None:
+        steps.append(seconds)
+        if len(steps) == 8:
+            holder.execute("ROLLBACK")  # the lock is let go while the write waits
+        real_sleep(seconds)
+
+    monkeypatch.setattr(sqlite_backend.time, "sleep", sleep)
+    try:
+        assert q.claim("runner-a", "gpu0", 30, now=T0) is not None
+    finally:
+        holder.close()
+    assert len(steps) == 8 and max(steps) <= sqlite_backend.BUSY_STEP_SECONDS, steps
+    assert steps == sorted(steps)  # growing from BUSY_FIRST_STEP_SECONDS, capped
+    assert q.conn.execute("PRAGMA busy_timeout").fetchone()[0] == 30_000  # every other statement keeps it
+    q.close()
+
+
+def test_a_runner_s_commits_leave_the_checkpoint_to_a_thread_of_its_own(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sqlite_backend, "BACKGROUND_CHECKPOINT_SECONDS", 0.02)
+    path = tmp_path / "q.db"
+    q = SQLiteQueue(path, checkpoint_seconds=3600)
+    assert q.conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 1000  # SQLite's own, in line
+    q.checkpoint_in_background()
+    assert q.conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 0
+    before = path.stat().st_size
+    q.submit([make_job(i) for i in range(300)], now=T0)
+    deadline = time.monotonic() + 20
+    while path.stat().st_size <= before:  # the thread copies the WAL into the database file
+        assert time.monotonic() < deadline, "no checkpoint came from the thread"
+        time.sleep(0.01)
+    q._conn.close()
+    q._conn = None  # a reconnect (after a fork, say) keeps it off for this process's commits
+    assert q.conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 0
+    thread = q._checkpointer[0]
+    q.close()
+    assert not thread.is_alive()
