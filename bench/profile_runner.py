@@ -83,6 +83,8 @@ def main() -> None:
             out = io.StringIO()
             stats_of = pstats.Stats(profiler, stream=out)  # type: ignore[arg-type]
             stats_of.sort_stats(os.environ.get("SORT", "tottime")).print_stats(int(os.environ.get("TOP", "40")))
+            if os.environ.get("CALLERS"):
+                stats_of.print_callers(os.environ["CALLERS"])
             print(out.getvalue())
     finally:
         proc.kill()
