@@ -1087,15 +1087,24 @@ def test_word_slow_takes_ten_times_longer(fake: FakeComfy) -> None:
 
 
 def test_node_times_are_kept_against_execution_start(fake: FakeComfy) -> None:
-    """A prompt lasts at least its nodes' time from execution_start (late wake-ups are absorbed by the
-    next node's deadline, never by running a node short), and each executed node took its turn."""
+    """A prompt lasts at least its nodes' time from execution_start to its end (late wake-ups are absorbed by the
+    next node's deadline, never by running a node short; the last node ends early only by the fake's own
+    bookkeeping after it, at most MAX_TAIL), and each executed node took its turn."""
+    from fake_comfy.executor import MAX_TAIL
+
     fake.node_ms = 40
     fake.script(["ok", "slow"])
     run = run_prompt(fake)
     assert [m["data"]["node"] for m in run.messages if kind(m) == "executing"] == ["1", "2", "3", None]
-    assert run.first("execution_success")["timestamp"] - run.first("execution_start")["timestamp"] >= 3 * 40
+    tail_ms = MAX_TAIL * 1000
+    assert run.first("execution_success")["timestamp"] - run.first("execution_start")["timestamp"] >= 3 * 40 - tail_ms
+    ran = executions(fake, run.prompt_id)[0]
+    assert ran["ended_at"] - ran["started_at"] >= 3 * 0.040 - MAX_TAIL
     slow = run_prompt(fake, trivial_prompt(fresh_color(), "slow"))  # a fresh run starts its own clock
-    assert slow.first("execution_success")["timestamp"] - slow.first("execution_start")["timestamp"] >= 3 * 400
+    took_ms = slow.first("execution_success")["timestamp"] - slow.first("execution_start")["timestamp"]
+    assert took_ms >= 3 * 400 - tail_ms
+    ran = executions(fake, slow.prompt_id)[0]
+    assert ran["ended_at"] - ran["started_at"] >= 3 * 0.400 - MAX_TAIL
 
 
 def test_word_crash_in_process_drops_everything_and_restarts_clean(fake: FakeComfy) -> None:
