@@ -5,7 +5,7 @@ Why not websocket-client's own ``recv_data``: it reads each frame with two or th
 header bytes, the length, the payload), each a system call and several layers of pure-Python frame objects.
 A runner reads about 19 frames a job (ComfyUI's ``status``, ``execution_start``, ``executing`` for each node,
 ``progress_state``, ...), and in a profile of the runner (bench/profile_runner.py --profile cpu) that was a
-fifth of its CPU per job. Here one ``recv`` of up to 256 KiB takes whatever the kernel holds, often every
+fifth of its CPU per job. Here one ``recv_into`` of up to 64 KiB takes whatever the kernel holds, often every
 message of a prompt at once, and each frame is two byte reads and a slice.
 
 A server's frames are checked as RFC 6455 says a client must: no reserved bits (no extension was
@@ -34,8 +34,9 @@ MAX_MESSAGE_BYTES = 64 * 2**20
 largest are binary previews (a JPEG or PNG of the latent, a few hundred KiB at 1024 px); a text message about
 one prompt is far smaller."""
 
-RECV_BYTES = 256 * 2**10
-"""How much one ``recv`` asks for: every message of a prompt usually fits, a large preview takes a few."""
+RECV_BYTES = 64 * 2**10
+"""How much one read takes at most, into one buffer kept for the connection (no allocation a read): every
+message of a trivial prompt usually fits, a large preview takes a few."""
 
 CONTINUATION, TEXT, BINARY, CLOSE, PING, PONG = 0x0, 0x1, 0x2, 0x8, 0x9, 0xA
 _DATA = (TEXT, BINARY)
@@ -60,7 +61,7 @@ class FrameReader:
     None when more bytes are needed. A message is ``(opcode, payload)``: TEXT or BINARY (fragments put
     together), CLOSE, PING or PONG."""
 
-    __slots__ = ("_buf", "_parts", "_parts_opcode", "_parts_size", "_poll", "_pos", "_sock")
+    __slots__ = ("_buf", "_chunk", "_parts", "_parts_opcode", "_parts_size", "_poll", "_pos", "_sock")
 
     def __init__(self, sock: socket.socket | ssl.SSLSocket) -> None:
         sock.setblocking(False)
@@ -68,6 +69,7 @@ class FrameReader:
         self._poll = select.poll()
         self._poll.register(sock, select.POLLIN)
         self._buf = bytearray()
+        self._chunk = memoryview(bytearray(RECV_BYTES))
         self._pos = 0
         self._parts: list[bytes] = []
         self._parts_opcode = 0
@@ -80,7 +82,7 @@ class FrameReader:
         sock = self._sock
         while True:
             try:
-                data = sock.recv(RECV_BYTES)
+                got = sock.recv_into(self._chunk)
                 break
             except NOTHING_BUFFERED:
                 if until is None:
@@ -88,12 +90,12 @@ class FrameReader:
                 left = until - time.monotonic()
                 if left <= 0 or not self._poll.poll(math.ceil(left * 1000)):
                     return False
-        if not data:
+        if not got:
             raise Closed("the server closed the connection")
         if self._pos:
             del self._buf[:self._pos]
             self._pos = 0
-        self._buf += data
+        self._buf += self._chunk[:got]
         return True
 
     def buffered(self) -> int:
