@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import multiprocessing
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -153,6 +152,8 @@ class JobsFile:
         The child is the parent's fork, so it reads the file exactly as ``jobs()`` would; if it fails or
         dies, this raises and the caller's transaction rolls back: nothing is half-inserted.
         """
+        import multiprocessing  # here: only a file of READ_AHEAD_LINES or more needs it, and every submit paid ~6 ms
+
         context = multiprocessing.get_context("fork")
         receive, send = context.Pipe(duplex=False)
         child = context.Process(target=self._send_jobs, args=(receive, send, batch), name="comfysup-submit-reader",

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from functools import cache
-from importlib import resources
+from pathlib import Path
 
 FRAGMENT = re.compile(r"\{([a-z_]+)\}")
 ANY = re.compile(r"\s*=\s*ANY\(\?\)")
@@ -32,11 +32,10 @@ def parse(text: str) -> dict[str, str]:
 
 
 def read(filename: str) -> dict[str, str]:
-    """A named-SQL file of this package (``schema.sql``, ``sql/postgres.sql``) by name, as written."""
-    folder = resources.files("comfysup.queue")
-    for part in filename.split("/"):
-        folder = folder.joinpath(part)
-    return parse(folder.read_text())
+    """A named-SQL file of this package (``schema.sql``, ``sql/postgres.sql``) by name, as written. Read beside
+    this module (package data, installed as files): importlib.resources' reader brought in zipfile and its
+    kin, about 5 ms of every ``comfysup submit``'s start."""
+    return parse(Path(__file__).parent.joinpath(*filename.split("/")).read_text(encoding="utf-8"))
 
 
 def _code(block: str) -> str:
