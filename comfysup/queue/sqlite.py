@@ -397,6 +397,7 @@ class SQLiteQueue(SQLQueue):
                     if conn is None:  # mode=rw: a database deleted meanwhile is never made again, empty
                         conn = sqlite3.connect(f"file:{quote(str(self.path.resolve()))}?mode=rw", uri=True,
                                                timeout=0, isolation_level=None, check_same_thread=False)
+                        conn.execute("PRAGMA cache_size = -64")  # 64 KiB: a checkpoint copies, it caches nothing
                     conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
                     seen = (st.st_size, st.st_mtime_ns)
                 except sqlite3.Error:  # busy (another checkpoint), or the file is gone: again the next time
