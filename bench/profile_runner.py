@@ -6,6 +6,11 @@ prompts take T ms, with the runner's CPU time per job, its efficiency (ideal N*T
     .venv/bin/python bench/profile_runner.py --t-ms 20 --profile wall             # pyinstrument: wall time
     .venv/bin/python bench/profile_runner.py --t-ms 20 --profile cpu              # cProfile on process time
     SORT=cumulative TOP=90 .venv/bin/python bench/profile_runner.py --profile cpu # another order, more rows
+    .venv/bin/python bench/profile_runner.py --t-ms 20 --jobs 300 --durable off   # what durability costs
+
+``--durable off`` is a measurement, never a setting comfysup has: the runner's fsyncs become no-ops (the result
+file's and its folder's) and its SQLite commits run with ``synchronous = OFF``, so the CPU per job beside the
+default run's is what the promise costs (a claim durable before its POST, a done only when its files are).
 
 The efficiency is against T as asked of the fake; the fake's own executions take a little longer (its
 record says how much), so 1.0 is out of reach here. Run it with nothing else on the machine.
@@ -27,6 +32,7 @@ import itertools
 import json
 import os
 import pstats
+import sqlite3
 import tempfile
 import time
 
@@ -37,12 +43,31 @@ from bench.runner import start_fake
 from tests.runner_helpers import config_of, submit, trivial_job
 
 
+def without_durability() -> None:
+    """The runner in this process without its fsyncs: os.fsync does nothing, and every SQLite connection it
+    opens commits with synchronous = OFF (a transaction's own NORMAL is then left as it is)."""
+    from comfysup.queue.sqlite import SQLiteQueue
+
+    os.fsync = lambda fd: None
+    connect = SQLiteQueue._connect
+
+    def connect_unsynced(self: SQLiteQueue) -> sqlite3.Connection:
+        conn = connect(self)
+        conn.execute("PRAGMA synchronous = OFF")
+        return conn
+
+    SQLiteQueue._connect = connect_unsynced
+    SQLiteQueue._restore_sync = staticmethod(lambda conn, durable: None)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--t-ms", type=float, default=20.0, help="a prompt's time (three nodes of T/3 ms)")
     parser.add_argument("--jobs", type=int, default=300)
     parser.add_argument("--queue-ahead", choices=("true", "false"), default="true")
     parser.add_argument("--profile", choices=("none", "wall", "cpu"), default="none")
+    parser.add_argument("--durable", choices=("on", "off"), default="on",
+                        help="off: no fsync and synchronous = OFF in the runner (a measurement of their cost)")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="comfysup-profile-"))
     proc, url = start_fake(tmp / "fake", args.t_ms / 3)
@@ -52,6 +77,9 @@ def main() -> None:
         (tmp / "config.toml").write_bytes(tomli_w.dumps(doc).encode())
         submit(tmp / "config.toml", [trivial_job(n) for n in range(args.jobs)]).close()
         from comfysup.runner.loop import Runner
+
+        if args.durable == "off":
+            without_durability()
 
         # As comfysup run launches it: the runner sees the server's output folder (files read from the disk).
         runner = Runner(config_of(tmp / "config.toml"), "cpu0", url, until_empty=True,
@@ -73,7 +101,8 @@ def main() -> None:
         executing = sum(end - start for start, end in runs)
         gaps = sorted((b[0] - a[1]) * 1000 for a, b in itertools.pairwise(runs))
         ideal = args.jobs * args.t_ms / 1000
-        print(f"{dict(counts)}  queue_ahead {args.queue_ahead}  T {args.t_ms:g} ms  N {args.jobs}: wall {wall:.2f} s, "
+        print(f"{dict(counts)}  queue_ahead {args.queue_ahead}  durable {args.durable}  T {args.t_ms:g} ms  "
+              f"N {args.jobs}: wall {wall:.2f} s, "
               f"efficiency {ideal / wall:.3f} (against the fake's own execution time {executing / wall:.3f}), "
               f"runner CPU {cpu * 1000 / args.jobs:.2f} ms/job, server idle between prompts median "
               f"{gaps[len(gaps) // 2]:.2f} ms")
