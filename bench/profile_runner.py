@@ -10,7 +10,8 @@ prompts take T ms, with the runner's CPU time per job, its efficiency (ideal N*T
 
 ``--durable off`` is a measurement, never a setting comfysup has: the runner's fsyncs become no-ops (the result
 file's and its folder's) and its SQLite commits run with ``synchronous = OFF``, so the CPU per job beside the
-default run's is what the promise costs (a claim durable before its POST, a done only when its files are).
+default run's is what the promise costs (a claim durable before its POST, a done only when its files are). The
+background checkpoint's own fsync of the database, about once a second, stays in both.
 
 The efficiency is against T as asked of the fake; the fake's own executions take a little longer (its
 record says how much), so 1.0 is out of reach here. Run it with nothing else on the machine.
