@@ -64,7 +64,7 @@ from typing import Any
 import psutil
 import requests
 import tomli_w
-from real_report import COLUMNS, prefix_of, row_line, summary, verify
+from real_report import COLUMNS, prefix_of, row_line, run_by_run, summary, verify
 
 ROOT = Path(__file__).resolve().parents[1]
 DRIVERS = HERE / "real_drivers.py"
@@ -494,6 +494,7 @@ def main() -> None:
                     measured.close()
                     stop(server)
     summary(rows, tools, workloads, labels)
+    run_by_run(rows, tools, workloads)
     for line in failed:
         print(f"\nFAILED {line}")
     if failed or any(r["problems"] for r in rows):

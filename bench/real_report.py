@@ -132,3 +132,30 @@ def summary(rows: list[dict[str, Any]], tools: list[str], workloads: list[str], 
                   f"{max(r['pss'] for r in rs):.0f} |")
 
 
+
+
+def run_by_run(rows: list[dict[str, Any]], tools: list[str], workloads: list[str]) -> None:
+    """Issue 19's goals hold run by run: each comfysup tool against the bare client (and the proxy) that ran in the
+    same run, its wall and CPU as ratios and the time beyond ComfyUI's own execution of both, side by side."""
+    by = {(r["run"], r["workload"], r["tool"]): r for r in rows}
+    base = "bare" if "bare" in tools else "bare-cold"
+    peers = [t for t in tools if t.startswith("proxy")]
+    for tool in (t for t in tools if t.startswith("comfysup")):
+        head = ["run"]
+        for w in workloads:
+            head += [f"{w}: against {base}", *(f"{w}: against {p}" for p in peers), f"{w}: CPU against {base}",
+                     f"{w}: beyond execution s, {base} / {tool}"]
+        print(f"\n{tool}, run by run:\n\n| " + " | ".join(head) + " |\n|" + "---|" * len(head))
+        for run in sorted({r["run"] for r in rows}):
+            cells = [str(run)]
+            for w in workloads:
+                me, bare = by.get((run, w, tool)), by.get((run, w, base))
+                cells.append(_ratio(me, bare, "wall"))
+                cells += [_ratio(me, by.get((run, w, p)), "wall") for p in peers]
+                cells.append(_ratio(me, bare, "cpu"))
+                cells.append(" / ".join("–" if r is None else f"{r['wall'] - r['exec']:.2f}" for r in (bare, me)))
+            print("| " + " | ".join(cells) + " |")
+
+
+def _ratio(mine: dict[str, Any] | None, other: dict[str, Any] | None, key: str) -> str:
+    return f"{mine[key] / other[key]:.2f}" if mine and other and other[key] else "–"
