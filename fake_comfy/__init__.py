@@ -10,11 +10,10 @@ flags, or in-process::
         fc.stats()["prompts"][prompt_id]["executed"]
 """
 
-__version__ = "0.1.0"
-
 from .inprocess import FakeComfy
 from .options import Options
 from .script import WORDS
 from .stats import Recorder
+from .version import __version__
 
 __all__ = ["WORDS", "FakeComfy", "Options", "Recorder", "__version__"]

@@ -16,10 +16,11 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from . import __version__, v038
+from . import v038
 from .options import MAXIMUM_HISTORY_SIZE, Options
 from .script import WORDS, ScriptError, load_script_file, parse_words
 from .server import CannotBind, FakeServer
+from .version import __version__
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -14,19 +14,18 @@ old file names and writes nothing.
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
-import os
 import random
 import string
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .images import OutsideOutputFolder, jpeg_bytes, png_bytes, save_image_path
+from . import nodework
+from .graph import post_order, signatures
+from .images import jpeg_bytes
 from .nodes import data, is_link, is_loader, model_name
-from .uploads import LOADERS, NotAnImage, Pixels, load, loaded_path
+from .nodework import Image, Model, NodeFailure
 
 if TYPE_CHECKING:
     from .hub import Hub
@@ -43,22 +42,6 @@ MAX_TAIL = 0.003
 MAX_LATENESS = 0.003
 """How early a node's wait may aim: at most what the loop's wake-ups are late on an idle machine (epoll's
 whole milliseconds). On a loaded one they are later still, and that rest is waited out as before."""
-#: Largest side of a written PNG; bigger images are written at this size (their names are unaffected).
-MAX_SIDE = 2048
-
-
-@dataclass(frozen=True)
-class Image:
-    width: int
-    height: int
-    batch: int
-    rgb: tuple[int, int, int]
-
-
-@dataclass(frozen=True)
-class Model:
-    class_type: str
-    name: str | None
 
 
 @dataclass
@@ -79,83 +62,8 @@ class Outcome:
     """The loop's clock at execution_start + the node time given: when the prompt should end."""
 
 
-class NodeFailure(Exception):
-    """A node ended the prompt: interrupted, or an exception with ComfyUI's error details."""
-
-    def __init__(self, node_id: str, details: dict[str, Any] | None = None) -> None:
-        super().__init__(node_id)
-        self.node_id = node_id
-        self.details = details
-
-    @property
-    def interrupted(self) -> bool:
-        return self.details is None
-
-
-def physical_memory() -> int:
-    """RAM in bytes (what EmptyImage may allocate before the recorded allocation failure)."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):  # pragma: no cover - not POSIX
-        return 16 << 30
-
-
 def now_ms() -> int:
     return int(time.time() * 1000)
-
-
-def _links(node: dict[str, Any], prompt: dict[str, Any]) -> list[str]:
-    return [v[0] for v in node.get("inputs", {}).values() if is_link(v) and v[0] in prompt]
-
-
-def post_order(prompt: dict[str, Any], roots: Iterable[str], expand: Callable[[str], bool]) -> list[str]:
-    """Ancestors before descendants, from `roots`; a node's inputs are walked only if `expand(node)`."""
-    order: list[str] = []
-    seen: set[str] = set()
-    stack: list[tuple[str, bool]] = [(r, False) for r in reversed(list(roots))]
-    while stack:
-        node_id, done = stack.pop()
-        if done:
-            order.append(node_id)
-            continue
-        if node_id in seen:
-            continue
-        seen.add(node_id)
-        stack.append((node_id, True))
-        if expand(node_id):
-            stack.extend((src, False) for src in reversed(_links(prompt[node_id], prompt)) if src not in seen)
-    return order
-
-
-def signatures(prompt: dict[str, Any]) -> dict[str, str]:
-    """Cache keys: class and inputs, with each link replaced by its source's key (node ids do not count)."""
-    sigs: dict[str, str] = {}
-    for node_id in post_order(prompt, prompt, lambda _: True):
-        node = prompt[node_id]
-        parts = []
-        for name in sorted(node.get("inputs", {})):
-            value = node["inputs"][name]
-            if is_link(value) and value[0] in prompt:
-                parts.append([name, "link", sigs[value[0]], value[1]])
-            else:
-                parts.append([name, "value", value])
-        text = json.dumps([node.get("class_type"), parts], sort_keys=True, default=str)
-        sigs[node_id] = hashlib.sha256(text.encode()).hexdigest()
-    return sigs
-
-
-def hostile_names(images: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The "hostile" word: the same files named with ../ and absolute paths."""
-    out = []
-    for image in images:
-        name = image["filename"]
-        out += [
-            {"filename": f"../../{name}", "subfolder": "", "type": image["type"]},
-            {"filename": f"/etc/{name}", "subfolder": "", "type": image["type"]},
-            {"filename": name, "subfolder": "../../..", "type": image["type"]},
-            {"filename": name, "subfolder": "/tmp", "type": image["type"]},
-        ]
-    return out
 
 
 class Executor:
@@ -205,13 +113,18 @@ class Executor:
 
 
 class _Run:
-    """One execution of one queue item."""
+    """One execution of one queue item (what each node computes is nodework's; this is the order, the time and
+    the messages)."""
 
     def __init__(self, executor: Executor, item: QueueItem) -> None:
         self.ex = executor
         self.item = item
         self.pid = item.prompt_id
         self.prompt = item.prompt
+        self.extra_data = item.extra_data
+        self.word = item.word
+        self.options = executor.options
+        self.preview_prefix = executor.preview_prefix
         self.client = item.client_id
         self.progress: dict[str, dict[str, Any]] = {}
         self.executed: list[str] = []
@@ -473,13 +386,13 @@ class _Run:
             # folder's scan for the next counter and its write: about 1 ms here, which came on top of T before).
             if self.ex.interrupt_flag.is_set():
                 raise NodeFailure(node_id)  # checked before each node, as ComfyUI does: no file then
-            images = self.save(node_id, inputs, "output" if class_type == "SaveImage" else "temp")
+            images = nodework.save(node_id, inputs, "output" if class_type == "SaveImage" else "temp", self)
             await self.work(node_id, self.ex.options.node_ms * self.slow)
             return None, {"images": images}
         await self.work(node_id, self.ex.options.node_ms * self.slow)
         if is_loader(class_type):
             return await self.load(node_id, class_type, inputs), None
-        return self.transform(node_id, class_type, inputs), None
+        return nodework.transform(node_id, class_type, inputs, self), None
 
     async def load(self, node_id: str, class_type: str, inputs: dict[str, Any]) -> Model:
         """A pass-through loader; a model name other than the one this class loaded last costs load_ms."""
@@ -491,94 +404,6 @@ class _Run:
             )
             await self.work(node_id, self.ex.options.load_ms * self.slow)
         return Model(class_type, name)
-
-    def transform(self, node_id: str, class_type: str, inputs: dict[str, Any]) -> Any:
-        """The image nodes of the recorded workflows, well enough for sizes, colours and their errors."""
-        if class_type in LOADERS or isinstance(inputs.get("image"), Pixels) or isinstance(inputs.get("mask"), Pixels):
-            return self.pixels(node_id, class_type, inputs)
-        image = inputs.get("image") if isinstance(inputs.get("image"), Image) else Image(64, 64, 1, (0, 0, 0))
-        if class_type == "EmptyImage":
-            width, height, batch = int(inputs["width"]), int(inputs["height"]), int(inputs["batch_size"])
-            nbytes = width * height * batch * 4
-            if nbytes > physical_memory():
-                message = data("errors.json")["cpu_alloc"]["exception_message"].replace(
-                    "{nbytes}", str(nbytes)
-                )
-                raise NodeFailure(node_id, self.error_details(node_id, "cpu_alloc", message))
-            color = int(inputs["color"])
-            return Image(width, height, batch, ((color >> 16) & 0xFF, (color >> 8) & 0xFF, color & 0xFF))
-        if class_type == "ImageInvert":
-            return Image(image.width, image.height, image.batch, tuple(255 - c for c in image.rgb))  # type: ignore[arg-type]
-        if class_type == "ImageToMask":
-            if inputs.get("channel") == "alpha":  # the fake's images have three channels, like EmptyImage's
-                raise NodeFailure(node_id, self.error_details(node_id, "image_to_mask"))
-            channel = ("red", "green", "blue").index(inputs.get("channel", "red"))
-            return Image(image.width, image.height, image.batch, (image.rgb[channel],) * 3)
-        if class_type == "ImageScale":
-            width, height = int(inputs.get("width", 0)), int(inputs.get("height", 0))
-            if width == 0 and height == 0:
-                return image
-            width = width or max(1, round(image.width * height / image.height))
-            height = height or max(1, round(image.height * width / image.width))
-            return Image(width, height, image.batch, image.rgb)
-        if class_type == "LoadImage":
-            return Image(64, 64, 1, (128, 128, 128))
-        mask = inputs.get("mask")
-        if class_type == "MaskToImage" and isinstance(mask, Image):
-            return mask
-        return image
-
-    def pixels(self, node_id: str, class_type: str, inputs: dict[str, Any]) -> Any:
-        """Real pixels (fake_comfy.uploads): the loaders read the uploaded file; the nodes after them compute on
-        its values as ComfyUI's float32 tensors would."""
-        if class_type in LOADERS:
-            options = self.ex.options
-            path = loaded_path(str(inputs.get("image", "")), options.input_dir, options.directory_for_type)
-            try:
-                if path is None:
-                    raise NotAnImage(f"No such file: {inputs.get('image')}")
-                return load(path, class_type, str(inputs.get("channel", "alpha")))
-            except (NotAnImage, OSError, ValueError) as exc:
-                details = self.error_details(node_id, "image_to_mask", f"cannot identify image file {path}: {exc}")
-                details["exception_type"] = "PIL.UnidentifiedImageError"
-                raise NodeFailure(node_id, details) from None
-        image = inputs.get("image") if isinstance(inputs.get("image"), Pixels) else inputs.get("mask")
-        if class_type == "ImageInvert":
-            return image.invert()
-        if class_type == "MaskToImage":
-            return image.as_rgb()
-        return image
-
-    def save(self, node_id: str, inputs: dict[str, Any], kind: str) -> list[dict[str, Any]]:
-        """SaveImage (output) and PreviewImage (temp): real PNGs, named and counted as ComfyUI does."""
-        pixels = inputs.get("images") if isinstance(inputs.get("images"), Pixels) else None
-        image = Image(pixels.width, pixels.height, 1, (0, 0, 0)) if pixels is not None else (
-            inputs.get("images")
-            if isinstance(inputs.get("images"), Image)
-            else Image(64, 64, 1, (128, 128, 128))
-        )
-        options = self.ex.options
-        if kind == "output":
-            prefix, folder_root = str(inputs.get("filename_prefix", "ComfyUI")), options.output_dir
-        else:
-            prefix, folder_root = "ComfyUI" + self.ex.preview_prefix, options.temp_dir
-        try:
-            folder, stem, counter, subfolder = save_image_path(prefix, folder_root, image.width, image.height)
-        except OutsideOutputFolder as exc:
-            message = data("errors.json")["save_outside"]["exception_message"].replace("{message}", str(exc))
-            raise NodeFailure(node_id, self.error_details(node_id, "save_outside", message)) from None
-        text = {"prompt": json.dumps(self.prompt)}
-        for key, value in (self.item.extra_data.get("extra_pnginfo") or {}).items():
-            text[str(key)] = json.dumps(value)
-        png = pixels.png(text) if pixels is not None else png_bytes(
-            min(image.width, MAX_SIDE), min(image.height, MAX_SIDE), image.rgb, text)
-        results = []
-        for batch_number in range(image.batch):
-            name = f"{stem.replace('%batch_num%', str(batch_number))}_{counter:05}_.png"
-            (folder / name).write_bytes(png)
-            results.append({"filename": name, "subfolder": subfolder, "type": kind})
-            counter += 1
-        return hostile_names(results) if self.item.word == "hostile" else results
 
     async def progress_demo(self, node_id: str, inputs: dict[str, Any]) -> None:
         """The recorded test-only custom node: N progress steps, each with a 16x16 JPEG preview."""

@@ -1,7 +1,7 @@
 """The rest of the hostile catalogue: broken bodies, huge and deep values, control characters,
 numbers that break clients, garbage WebSocket frames, hostile file names and /view bodies.
 
-Registered into hostile.CATALOGUE on import (hostile.py imports this module at its end).
+Registered into hostile_kit.CATALOGUE on import (fake_comfy.hostile imports this module, so its CATALOGUE is whole).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import json
 import struct
 from typing import Any
 
-from .hostile import (
+from .hostile_kit import (
     CONTROL,
     DEPTH,
     HUGE_LIST,

@@ -14,12 +14,9 @@ import os
 import sys
 import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
-
-from aiohttp import web
 
 from .validate import validate_prompt
 
@@ -318,15 +315,6 @@ class Version:
             return str(uuid.uuid4())
         return given if valid_job_id(given) else None
 
-    # routes
-    def routes(self) -> list[tuple[str, str, Callable[[web.Request], Any]]]:
-        if not self.new:
-            return []
-        from .v038_jobs import JobsApi
-
-        jobs = JobsApi(self.server)
-        return [("GET", "/api/jobs", jobs.list), ("POST", "/api/jobs/cancel", jobs.cancel_many),
-                ("GET", "/api/jobs/{job_id}", jobs.get), ("POST", "/api/jobs/{job_id}/cancel", jobs.cancel)]
 
 
 INVALID_PROMPT_ID = {"type": "invalid_prompt_id", "message": "prompt_id must be a valid UUID",

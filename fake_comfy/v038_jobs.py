@@ -8,6 +8,7 @@ runs in the event loop without awaiting between the look and the act, so no prom
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -162,3 +163,12 @@ class JobsApi:
             return web.json_response({"error": "job_ids contains invalid id(s)", "invalid_ids": invalid}, status=400)
         results = [self.cancel_one(i) for i in ids]
         return web.json_response({"cancelled": any(results)})
+
+
+def routes(server: FakeServer) -> list[tuple[str, str, Callable[[web.Request], Any]]]:
+    """0.38's /api/jobs routes over ``server``'s queue; none for a 0.3.64 fake, which has no jobs API."""
+    if not server.version.new:
+        return []
+    jobs = JobsApi(server)
+    return [("GET", "/api/jobs", jobs.list), ("POST", "/api/jobs/cancel", jobs.cancel_many),
+            ("GET", "/api/jobs/{job_id}", jobs.get), ("POST", "/api/jobs/{job_id}/cancel", jobs.cancel)]
