@@ -1,7 +1,7 @@
 """The aiohttp server: its life cycle (bind, start, stop), the worker that runs queued prompts one at a time, and
-the route table. The handlers are in routes.py; they follow ComfyUI's server.py line by line where the answer depends on it: `await
-request.json()` unguarded (so a non-JSON body is aiohttp's plain-text 500), `"prompt" in json_data`
-on whatever JSON arrived (so a JSON array is no_prompt), the prompt counter advanced before
+the route table. The handlers are in routes.py; they follow ComfyUI's server.py line by line where the answer
+depends on it: `await request.json()` unguarded (so a non-JSON body is aiohttp's plain-text 500),
+`"prompt" in json_data` on whatever JSON arrived (so a JSON array is no_prompt), the prompt counter advanced before
 validation (so rejected posts consume numbers), empty 200 bodies for the POST routes.
 """
 
