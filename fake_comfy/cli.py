@@ -20,7 +20,7 @@ from . import v038
 from .options import MAXIMUM_HISTORY_SIZE, Options
 from .script import WORDS, ScriptError, load_script_file, parse_words
 from .server import CannotBind, FakeServer
-from .version import __version__
+from .version import __version__, default_version, normalize
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -129,7 +129,7 @@ def parse_options(argv: Sequence[str]) -> Options:
     """Options from a ComfyUI-style command line (unknown flags ignored). Raises ScriptError."""
     parser = build_parser()
     args, _unknown = parser.parse_known_args(list(argv))
-    version = v038.normalize(args.comfyui_version) if args.comfyui_version else v038.default_version()
+    version = normalize(args.comfyui_version) if args.comfyui_version else default_version()
     cuda_device: int | str | None = args.cuda_device
     if version == v038.NEW:
         removed = v038.removed_flag(list(argv))

@@ -12,4 +12,14 @@ from __future__ import annotations
 from . import hostile_bodies  # noqa: F401  - registers the rest of the catalogue into hostile_kit.CATALOGUE
 from .hostile_kit import CATALOGUE, DEPTH, ONCE, TRICKLE, WHERE, Mutation, Raw, _mangle, choose
 
-__all__ = ["CATALOGUE", "DEPTH", "ONCE", "TRICKLE", "WHERE", "Mutation", "Raw", "_mangle", "choose"]
+__all__ = ["CATALOGUE", "DEPTH", "ONCE", "PREFIX", "TRICKLE", "WHERE", "Mutation", "Raw", "_mangle", "choose",
+           "mutation_of"]
+
+PREFIX = "hostile:"
+"""A script word `hostile:NAME` gives one prompt the mutation NAME."""
+
+
+def mutation_of(word: str) -> Mutation | None:
+    """The mutation a script word names (`hostile:NAME`), or None for any other word."""
+    return CATALOGUE.get(word[len(PREFIX) :]) if isinstance(word, str) and word.startswith(PREFIX) else None
+

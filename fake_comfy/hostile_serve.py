@@ -20,14 +20,13 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from .hostile import CATALOGUE, ONCE, TRICKLE, Mutation, Raw, _mangle, choose
+from .hostile import ONCE, PREFIX, TRICKLE, Mutation, Raw, _mangle, choose, mutation_of
 
 if TYPE_CHECKING:
     from .options import Options
     from .prompt_queue import PromptQueue
     from .stats import Recorder
 
-PREFIX = "hostile:"
 ROUTES = {
     ("POST", "/prompt"): "post",
     ("GET", "/history"): "history",
@@ -38,11 +37,6 @@ ROUTES = {
     ("GET", "/object_info/{node_class}"): "object_info",
     ("GET", "/view"): "view",
 }
-
-
-def mutation_of(word: str) -> Mutation | None:
-    """The mutation a script word names (`hostile:NAME`), or None for any other word."""
-    return CATALOGUE.get(word[len(PREFIX) :]) if isinstance(word, str) and word.startswith(PREFIX) else None
 
 
 async def send_raw(request: web.Request, raw: Raw, options: Options) -> web.StreamResponse:

@@ -23,11 +23,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from . import v038
 from .options import MAXIMUM_HISTORY_SIZE, Options
 from .script import Script
 from .server import FakeServer
 from .stats import Recorder
+from .version import default_version, normalize
 
 
 class FakeComfy:
@@ -88,7 +88,7 @@ class FakeComfy:
             hostile_cap_s=hostile_cap_s,
             without_nodes=list(without_nodes),
             choices={k: list(v) for k, v in (choices or {}).items()},
-            comfyui_version=v038.normalize(comfyui_version) if comfyui_version else v038.default_version(),
+            comfyui_version=normalize(comfyui_version) if comfyui_version else default_version(),
             database_url=database_url,
             disable_assets=disable_assets,
             cache_classic=cache_classic,

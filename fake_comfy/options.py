@@ -6,14 +6,10 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .version import default_version
+
 #: ComfyUI's execution.MAXIMUM_HISTORY_SIZE; checked with '>' before an insert, so 10,001 entries stay.
 MAXIMUM_HISTORY_SIZE = 10000
-
-
-def _default_version() -> str:
-    from .v038 import default_version
-
-    return default_version()
 
 
 @dataclass
@@ -61,7 +57,7 @@ class Options:
     hostile_cap_bytes: int = 256 << 20
     """A trickled or endless body is dropped after this long or this much."""
 
-    comfyui_version: str = field(default_factory=lambda: _default_version())
+    comfyui_version: str = field(default_factory=default_version)
     """--comfyui-version: "0.3.64" or "0.38" (see v038.py); the default is FAKE_COMFY_VERSION or 0.38."""
     database_url: str | None = None
     disable_assets: bool = False

@@ -20,6 +20,8 @@ import threading
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
+from .hostile import mutation_of
+
 #: The words and what they do; README-style summary for --help and errors.
 WORDS: dict[str, str] = {
     "ok": "runs every node, then execution_success",
@@ -44,8 +46,6 @@ def check_words(words: Sequence[str]) -> list[str]:
     """The words as a list, or ScriptError naming the first unknown one."""
     if not isinstance(words, list | tuple):
         raise ScriptError(f"a script is a list of words, not {words!r}")
-    from .hostile_serve import mutation_of
-
     for word in words:
         if (word not in WORDS and mutation_of(word) is None) or word == "hostile:NAME":
             raise ScriptError(f"unknown script word {word!r}; known: {', '.join(WORDS)}")

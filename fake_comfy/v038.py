@@ -19,17 +19,15 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
 from .validate import validate_prompt
+from .version import NEW, OLD
 
 if TYPE_CHECKING:
     from .nodes import Catalogue
     from .options import Options
     from .server import FakeServer
 
-OLD, NEW = "0.3.64", "0.38"
 VERSION_STRINGS = {OLD: "0.3.64", NEW: "0.38.1"}
 """What /system_stats reports as comfyui_version (comfyui_version.py of each)."""
-ENV = "FAKE_COMFY_VERSION"
-"""The default version when neither --comfyui-version nor the constructor names one (tests set it)."""
 REMOVED_FLAGS = ("--normalvram", "--disable-ipex-optimize")
 """Flags of 0.3.64 that 0.38's comfy/cli_args.py no longer defines: argparse exits 2 on them."""
 LOCK_WAIT_SECONDS = 5.0
@@ -38,19 +36,6 @@ DANGEROUS_TYPES = {"text/html", "text/html-sandboxed", "application/xhtml+xml", 
                    "text/css", "image/svg+xml", "application/xml", "text/xml", "application/javascript"}
 """Types /view sends as attachments (folder_paths.is_dangerous_content_type: what can carry a script)."""
 JOB_STATUSES = ("pending", "in_progress", "completed", "failed", "cancelled")
-
-
-def normalize(version: str) -> str:
-    """"0.38", "0.38.1" → "0.38"; "0.3.64" → "0.3.64"; anything else ValueError."""
-    if version in (OLD,):
-        return OLD
-    if version == NEW or version.startswith(NEW + "."):
-        return NEW
-    raise ValueError(f"--comfyui-version must be {OLD} or {NEW}, not {version!r}")
-
-
-def default_version() -> str:
-    return normalize(os.environ.get(ENV) or NEW)
 
 
 def removed_flag(argv: list[str]) -> str | None:
