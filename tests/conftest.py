@@ -49,13 +49,13 @@ def fake_comfy(tmp_path: Path) -> Iterator[FakeComfy]:
 # ==== end of fake_comfy fixtures ========================================================================
 
 
-# ==== the runner's deadlines (comfysup.runner.deadline) ===================================================
+# ==== the runner's deadlines (comfysup.comfy.deadline) ===================================================
 @pytest.fixture(autouse=True)
 def _no_deadline_left_over() -> Iterator[None]:
     """A runner run in a test's own thread may leave a stop's deadline behind (its SIGTERM handler sets one):
     it must not reach the next test, nor keep SIGALRM from pytest-timeout."""
     yield
-    from comfysup.runner import deadline
+    from comfysup.comfy import deadline
 
     deadline.reset()
 

@@ -76,7 +76,7 @@ def comfysup(*args: str, timeout: float = 60, env: dict[str, str] | None = None)
 def post_and_wait(url: str, workflow: dict[str, Any], prompt_id: str, client_id: str) -> int:
     """Another client's POST /prompt, and its run waited for to the end on that client's own socket (the
     ``executing`` with node None comes after the history is written); returns the prompt's number."""
-    from comfysup.runner.client import ComfyClient, EventStream
+    from comfysup.comfy import ComfyClient, EventStream
 
     stream = EventStream(url, client_id, 5.0)
     stream.connect()

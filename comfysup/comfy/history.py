@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from comfysup.runner.client import ComfyError, PermanentError
-from comfysup.runner.retry import execution_failure
+from comfysup.comfy.errors import ComfyError, PermanentError, execution_failure
 
 OUTPUT_TYPES = ("output", "temp")
 LISTING_SAVERS = frozenset({"SaveImage", "SaveAnimatedWEBP", "SaveAnimatedPNG", "SaveAudio", "SaveAudioMP3",

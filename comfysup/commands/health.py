@@ -14,8 +14,8 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from comfysup.comfy import ComfyClient, ComfyError
 from comfysup.commands._common import config_from
-from comfysup.runner.client import ComfyClient, ComfyError
 from comfysup.slotstate import read_state, read_work_state, staleness
 
 

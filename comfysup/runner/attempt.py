@@ -38,22 +38,23 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from comfysup.comfyversion import tells_every_output
-from comfysup.errors import LeaseLost, QueueError
-from comfysup.queue.base import Claim, Queue
-from comfysup.runner import deadline, wire
-from comfysup.runner import outputs as job_outputs
-from comfysup.runner.catchup import CatchingUp
-from comfysup.runner.client import (
+from comfysup.comfy import (
     ComfyError,
     MalformedAnswer,
     PermanentError,
     ServerUnavailable,
     SocketLost,
+    deadline,
     new_client_id,
+    wire,
 )
+from comfysup.comfy.history import judge, prompt_number, unlisted_savers
+from comfysup.comfyversion import tells_every_output
+from comfysup.errors import LeaseLost, QueueError
+from comfysup.queue.base import Claim, Queue
+from comfysup.runner import outputs as job_outputs
+from comfysup.runner.catchup import CatchingUp
 from comfysup.runner.ending import Ending
-from comfysup.runner.history import judge, prompt_number, unlisted_savers
 from comfysup.runner.nextjob import NextJobs
 from comfysup.runner.result import AheadJob, AttemptResult, Early, NextClaim, NextJob, Outcome, Posted
 from comfysup.runner.retry import Failure, decide, execution_failure, gave_up
@@ -74,7 +75,7 @@ NEXT_START_WAIT_SECONDS = 0.02
 history: the job after it is queued first (comfysup.runner.nextjob), since the server needs it next."""
 ALARM_SLACK_SECONDS = 1.0
 """The job's deadline is checked at every wake-up of the follow loop, which interrupts the prompt then; the
-alarm (comfysup.runner.deadline) falls this much later, for what no wake-up reaches: a read that blocks, a
+alarm (comfysup.comfy.deadline) falls this much later, for what no wake-up reaches: a read that blocks, a
 download that trickles."""
 PROGRESS_WRITE_SECONDS = 1.0
 """At most one progress write per second: a sampler's steps come faster than a queue row should change."""

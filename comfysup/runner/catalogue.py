@@ -16,11 +16,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from comfysup.comfy import ComfyClient, ComfyError, MalformedAnswer, deadline
 from comfysup.errors import QueueError
 from comfysup.jobs.catalogue import first_issue
 from comfysup.queue.base import Claim, Queue, host_name
-from comfysup.runner import deadline
-from comfysup.runner.client import ComfyClient, ComfyError, MalformedAnswer
 
 log = logging.getLogger("comfysup.runner")
 

@@ -10,10 +10,10 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from comfysup.comfy import ComfyClient, PromptRejected, ServerUnavailable
+from comfysup.comfy.history import judge, prompt_number, status_of
 from comfysup.queue.base import Claim, Queue
 from comfysup.runner import outputs as job_outputs
-from comfysup.runner.client import ComfyClient, PromptRejected, ServerUnavailable
-from comfysup.runner.history import judge, prompt_number, status_of
 from comfysup.runner.running import Run
 
 if TYPE_CHECKING:

@@ -11,12 +11,11 @@ from collections.abc import Callable, Iterable
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from comfysup.comfy import ComfyError, PermanentError, deadline
+from comfysup.comfy.history import output_files
 from comfysup.comfyversion import has_jobs_api
 from comfysup.queue.base import Output
-from comfysup.runner import deadline
 from comfysup.runner import outputs as job_outputs
-from comfysup.runner.client import ComfyError, PermanentError
-from comfysup.runner.history import output_files
 from comfysup.runner.running import AttemptPart, Run
 from comfysup.runner.store import Incomplete, TooLarge, UnsafeName, is_disk_full, safe_relative
 from comfysup.runner.stuck import report_stuck, stuck_reason

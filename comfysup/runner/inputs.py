@@ -29,9 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from comfysup import assets
+from comfysup.comfy import ComfyClient, ComfyError, MalformedAnswer, PermanentError, PromptRejected
 from comfysup.queue.assets import AssetMissing
 from comfysup.queue.base import Queue, host_name
-from comfysup.runner.client import ComfyClient, ComfyError, MalformedAnswer, PermanentError, PromptRejected
 
 log = logging.getLogger(__name__)
 

@@ -32,16 +32,15 @@ from types import FrameType
 from typing import Any
 
 from comfysup import stopsignals
+from comfysup.comfy import CLIENT_PREFIX, ComfyError, deadline
 from comfysup.config import Config
 from comfysup.errors import DatabaseLocked, DatabaseUnavailable, LeaseLost, QueueError
 from comfysup.logs import bind, job_context
 from comfysup.queue import open_queue
 from comfysup.queue.base import Claim, Queue, host_name
 from comfysup.redact import bound
-from comfysup.runner import deadline
 from comfysup.runner.attempt import Attempt
 from comfysup.runner.catalogue import ServerCatalogue
-from comfysup.runner.client import CLIENT_PREFIX, ComfyError
 from comfysup.runner.result import Early, NextClaim, Outcome, Posted
 from comfysup.runner.running import redactor_of
 from comfysup.runner.station import AttemptSettings, Station

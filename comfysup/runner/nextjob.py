@@ -11,10 +11,10 @@ import logging
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from comfysup.comfy import ComfyError, PromptRejected
 from comfysup.errors import LeaseLost
 from comfysup.logs import job_context
 from comfysup.queue.base import Claim
-from comfysup.runner.client import ComfyError, PromptRejected
 from comfysup.runner.inputs import StaleUpload
 from comfysup.runner.result import AheadJob, Early, NextClaim, NextJob, Outcome, Posted
 from comfysup.runner.running import AttemptPart, Run, Stop, redactor_of

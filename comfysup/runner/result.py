@@ -11,8 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from comfysup.comfy import ComfyError
 from comfysup.queue.base import Claim, Output
-from comfysup.runner.client import ComfyError
 
 
 @dataclass

@@ -6,11 +6,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from comfysup.comfy import ComfyClient, EventStream, deadline
 from comfysup.queue.base import Claim, Queue
 from comfysup.redact import Redactor
-from comfysup.runner import deadline
 from comfysup.runner import outputs as job_outputs
-from comfysup.runner.client import ComfyClient, EventStream
 from comfysup.runner.result import Outcome
 
 if TYPE_CHECKING:

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from comfysup.backoff import RetryPolicy
+from comfysup.comfy import ComfyClient
 from comfysup.config import AssetsConfig, Config
 from comfysup.queue.base import Queue
-from comfysup.runner.client import ComfyClient
 from comfysup.runner.inputs import InputDelivery
 from comfysup.runner.store import ResultStore
 from comfysup.runner.stuck import StuckChannel

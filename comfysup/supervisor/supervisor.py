@@ -38,6 +38,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from comfysup.comfy import probe
 from comfysup.config import Config, check_supervisor
 from comfysup.queue import Queue, open_queue
 from comfysup.supervisor import server as servers
@@ -349,7 +350,7 @@ class Supervisor:
             return
         answered = False
         if policy.state is State.STARTING and unit.server_pid is not None:
-            unit.last_check = servers.readiness(unit.url, timeout_seconds=0.5)
+            unit.last_check = probe.readiness(unit.url, timeout_seconds=0.5)
             answered = not unit.last_check
         before = policy.state
         for action in policy.transition(now, answered=answered):

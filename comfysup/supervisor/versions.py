@@ -8,7 +8,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from comfysup import comfyversion
-from comfysup.runner.client import ComfyClient, ComfyError
+from comfysup.comfy import ComfyClient, ComfyError
 
 if TYPE_CHECKING:
     from comfysup.supervisor.children import Unit

@@ -26,8 +26,8 @@ import tomli_w
 from pg_support import pg_url  # noqa: F401  (a fixture)
 from supervisor_support import wait_for
 
+from comfysup.comfy import ComfyClient
 from comfysup.queue import open_queue
-from comfysup.runner.client import ComfyClient
 from fake_comfy import FakeComfy
 from tests.runner_helpers import ROOT, comfysup, config_of, jobs_file, trivial_job, write_config
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from comfysup.runner.client import ComfyClient
+from comfysup.comfy import ComfyClient
 from comfysup.runner.loop import Runner
 from tests.runner_helpers import ROOT, config_of, job_id, submit, write_config
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import requests
 
+from comfysup.comfy import ComfyClient
 from comfysup.errors import LeaseLost
 from comfysup.runner.attempt import Attempt
-from comfysup.runner.client import ComfyClient
 from comfysup.runner.loop import Runner, settings_from
 from comfysup.runner.station import Station
 from comfysup.runner.store import ResultStore

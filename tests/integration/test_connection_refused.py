@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 from cli_support import cli, write_config
 
-from comfysup.runner.client import ComfyClient, ServerUnavailable
-from comfysup.supervisor import server as servers
+from comfysup.comfy import ComfyClient, ServerUnavailable, probe
 
 
 @pytest.fixture
@@ -49,8 +48,8 @@ def test_health_says_connection_refused(dead_url: str, tmp_path: Path,
 
 
 def test_the_supervisors_readiness_check_says_connection_refused(dead_url: str) -> None:
-    assert servers.readiness(dead_url, timeout_seconds=0.5) == "GET /system_stats: connection refused"
-    assert not servers.answers(dead_url, timeout_seconds=0.5)
+    assert probe.readiness(dead_url, timeout_seconds=0.5) == "GET /system_stats: connection refused"
+    assert not probe.answers(dead_url, timeout_seconds=0.5)
 
 
 def test_the_readiness_check_of_a_server_that_never_answers_says_timed_out() -> None:
@@ -58,4 +57,4 @@ def test_the_readiness_check_of_a_server_that_never_answers_says_timed_out() -> 
         listener.bind(("127.0.0.1", 0))
         listener.listen(4)
         url = f"http://127.0.0.1:{listener.getsockname()[1]}"
-        assert servers.readiness(url, timeout_seconds=0.2) == "GET /system_stats: timed out after 0.2 s"
+        assert probe.readiness(url, timeout_seconds=0.2) == "GET /system_stats: timed out after 0.2 s"

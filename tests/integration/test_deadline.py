@@ -1,4 +1,4 @@
-"""comfysup.runner.deadline: a deadline interrupts a read that would block past it (issue 14, item 2)."""
+"""comfysup.comfy.deadline: a deadline interrupts a read that would block past it (issue 14, item 2)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from comfysup.runner import deadline
-from comfysup.runner.deadline import DeadlineExceeded
+from comfysup.comfy import deadline
+from comfysup.comfy.deadline import DeadlineExceeded
 
 pytestmark = pytest.mark.timeout(30)
 

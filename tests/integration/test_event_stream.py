@@ -1,4 +1,4 @@
-"""comfysup.runner.client.EventStream.recv: its timeout bounds the whole call, however many frames the runner
+"""comfysup.comfy.EventStream.recv: its timeout bounds the whole call, however many frames the runner
 does not read come meanwhile (ComfyUI's progress_state at every step of a node, a custom node's own messages,
 previews). The attempt wakes up on that timeout for its heartbeat, a cancel, a stop and its deadline."""
 
@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from comfysup.runner.client import EventStream
+from comfysup.comfy import EventStream
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -182,7 +182,7 @@ def test_a_frame_half_buffered_is_not_lost_by_a_read_of_no_time(raw: RawSocket) 
 
 
 def test_a_ping_is_answered_with_a_pong_and_a_close_frame_loses_the_socket(raw: RawSocket) -> None:
-    from comfysup.runner.client import SocketLost
+    from comfysup.comfy import SocketLost
 
     stream = EventStream(f"http://127.0.0.1:{raw.port}", "client", 5.0)
     stream.connect()

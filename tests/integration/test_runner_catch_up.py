@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from comfysup.comfy import ComfyClient
 from comfysup.runner import outputs
-from comfysup.runner.client import ComfyClient
 from comfysup.runner.loop import Runner
 from fake_comfy import FakeComfy
 from tests.runner_helpers import config_of, post_and_wait, submit, trivial_job, write_config

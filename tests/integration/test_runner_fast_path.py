@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
+from comfysup.comfy import ComfyClient, EventStream
 from comfysup.queue.sqlite import SQLiteQueue
 from comfysup.runner.attempt import Attempt
-from comfysup.runner.client import ComfyClient, EventStream
 from comfysup.runner.loop import Runner
 from fake_comfy import FakeComfy
 from tests.runner_helpers import TRIVIAL, config_of, job_id, submit, trivial_job, write_config

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from comfysup.runner.client import ComfyClient
+from comfysup.comfy import ComfyClient
 from comfysup.runner.loop import Runner
 from fake_comfy import FakeComfy
 from tests.runner_helpers import config_of, post_and_wait, submit, trivial_job, write_config

@@ -12,7 +12,7 @@ import pytest
 import tomli_w
 
 from comfysup import assets
-from comfysup.runner.client import ComfyClient, ServerUnavailable
+from comfysup.comfy import ComfyClient, ServerUnavailable
 from comfysup.runner.loop import Runner
 from fake_comfy import FakeComfy
 from fake_comfy.uploads import decode_png

@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
+from comfysup.comfy import ComfyClient, ServerUnavailable
 from comfysup.queue.sqlite import SQLiteQueue
 from comfysup.runner import attempt as attempt_module
 from comfysup.runner.attempt import Attempt
-from comfysup.runner.client import ComfyClient, ServerUnavailable
 from comfysup.runner.loop import Runner
 from comfysup.runner.stuck import StuckChannel
 from fake_comfy import FakeComfy

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from comfysup import comfyversion
+from comfysup.comfy import describe_rejection
 from comfysup.commands.health import Health, render
 from comfysup.commands.status import render_slots
-from comfysup.runner.client import describe_rejection
 from comfysup.supervisor.versions import VersionWatch
 
 

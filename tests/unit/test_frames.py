@@ -1,4 +1,4 @@
-"""comfysup.runner.frames: the WebSocket frames a server sends, parsed from a buffer, over a socket pair."""
+"""comfysup.comfy.frames: the WebSocket frames a server sends, parsed from a buffer, over a socket pair."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from comfysup.runner import frames
-from comfysup.runner.frames import FrameReader, ProtocolError
+from comfysup.comfy import frames
+from comfysup.comfy.frames import FrameReader, ProtocolError
 
 pytestmark = pytest.mark.timeout(30)
 

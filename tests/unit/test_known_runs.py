@@ -1,4 +1,4 @@
-"""comfysup.runner.client.KnownRuns: what a runner's client knows its server was given, so that a job's first POST
+"""comfysup.comfy.KnownRuns: what a runner's client knows its server was given, so that a job's first POST
 needs no GET /history/{id} before it (issue 19), while an id another queue ran there is still found (issue 15 #6).
 Each case says when the client must go back to asking the server per job."""
 
@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from comfysup.runner import client as client_module
-from comfysup.runner.client import ComfyClient, KnownRuns, QueueEntry, ServerUnavailable
+from comfysup.comfy import ComfyClient, KnownRuns, QueueEntry, ServerUnavailable
+from comfysup.comfy import runs as client_module
 
 pytestmark = pytest.mark.timeout(10)
 

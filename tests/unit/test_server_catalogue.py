@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
+from comfysup.comfy import MalformedAnswer, ServerUnavailable
 from comfysup.runner import catalogue as catalogue_module
 from comfysup.runner.catalogue import ServerCatalogue
-from comfysup.runner.client import MalformedAnswer, ServerUnavailable
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -60,8 +60,8 @@ def test_a_server_seen_down_is_read_at_once_even_within_a_retry_wait() -> None:
 def test_only_inputs_are_kept_and_a_class_without_any_is_checked_as_having_none() -> None:
     """The wire lets a class without an "input" section through; keeping only the inputs must not crash on it (the
     refresh runs before the runner's loop: a crash there would restart the runner into the same answer)."""
+    from comfysup.comfy import wire
     from comfysup.jobs.catalogue import first_issue
-    from comfysup.runner import wire
 
     info = wire.object_info({"Bare": {"output": ["IMAGE"], "description": "x" * 100},
                              "Full": {"input": {"required": {"n": ["INT", {"min": 0}]}}, "category": "c"}})

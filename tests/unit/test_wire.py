@@ -1,4 +1,4 @@
-"""comfysup.runner.wire: the shapes a real ComfyUI sends pass unchanged in what the runner reads, and any
+"""comfysup.comfy.wire: the shapes a real ComfyUI sends pass unchanged in what the runner reads, and any
 other value anywhere is a Malformed with a readable text — never another exception (issue 14, item 1)."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from comfysup.comfy import wire
+from comfysup.comfy.wire import Malformed
 from comfysup.jobs.catalogue import first_issue
 from comfysup.jobs.graph import ObjectInfo
-from comfysup.runner import wire
-from comfysup.runner.wire import Malformed
 
 pytestmark = pytest.mark.timeout(120)
 HUGE = "1" + "0" * 400
