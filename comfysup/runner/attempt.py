@@ -35,30 +35,22 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from dataclasses import replace
 from typing import Any
 
-from comfysup.comfy import (
-    ComfyError,
-    MalformedAnswer,
-    PermanentError,
-    ServerUnavailable,
-    SocketLost,
-    deadline,
-    new_client_id,
-    wire,
-)
-from comfysup.comfy.history import judge, prompt_number, unlisted_savers
-from comfysup.comfyversion import tells_every_output
+from comfysup.comfy import ComfyError, MalformedAnswer, PermanentError, ServerUnavailable, deadline
+from comfysup.comfy.history import unlisted_savers
 from comfysup.errors import LeaseLost, QueueError
-from comfysup.queue.base import Claim, Queue
+from comfysup.queue.base import Claim, Output, Queue
+from comfysup.runner import download, follow
 from comfysup.runner import outputs as job_outputs
-from comfysup.runner.catchup import CatchingUp
-from comfysup.runner.ending import Ending
-from comfysup.runner.nextjob import NextJobs
+from comfysup.runner.catchup import catch_up
+from comfysup.runner.follow import HISTORY_AFTER_SUCCESS_SECONDS
+from comfysup.runner.interrupt import Interrupter
+from comfysup.runner.nextjob import EarlyJobs
+from comfysup.runner.post import post_prompt
 from comfysup.runner.result import AheadJob, AttemptResult, Early, NextClaim, NextJob, Outcome, Posted
-from comfysup.runner.retry import Failure, decide, execution_failure, gave_up
-from comfysup.runner.running import Run, ShieldedQueue, Stop, redactor_of
+from comfysup.runner.retry import Failure, decide, gave_up
+from comfysup.runner.running import Context, Heartbeat, Run, ShieldedQueue, Stop, redactor_of
 from comfysup.runner.station import AttemptSettings, Station
 from comfysup.runner.stuck import STUCK_KIND
 from comfysup.runner.trace import Trace
@@ -67,9 +59,6 @@ __all__ = ["Attempt", "AttemptResult", "AttemptSettings", "NextClaim", "NextJob"
 """Outcome, Posted and the rest are also importable from here, where the supervisor and tests find them."""
 
 log = logging.getLogger("comfysup.runner")
-READ_ON = "comfysup_read_on"
-"""The key of a message kept for the next attempt (``Posted.events``) that names the connection it was read on."""
-HISTORY_AFTER_SUCCESS_SECONDS = 0.05
 NEXT_START_WAIT_SECONDS = 0.02
 """How long the end of a run with a job queued behind it waits for that job's start before reading its own
 history: the job after it is queued first (comfysup.runner.nextjob), since the server needs it next."""
@@ -81,7 +70,7 @@ PROGRESS_WRITE_SECONDS = 1.0
 """At most one progress write per second: a sampler's steps come faster than a queue row should change."""
 
 
-class Attempt(CatchingUp, Ending, NextJobs):
+class Attempt:
     """One attempt at one job, from its claim to its recorded outcome; made for that attempt and dropped.
 
     The server idles from the end of one prompt to the start of the next, so the next job is started as
@@ -106,34 +95,20 @@ class Attempt(CatchingUp, Ending, NextJobs):
         self.queue: Queue = ShieldedQueue(station.queue)  # type: ignore[assignment]
         self.client = station.client
         self.clock = station.clock
-        self.wall = station.wall
         self.claim = claim
-        self.next_job = next_job
         self.posted_in = posted if posted is not None and posted.claim_id == claim.id else None
-        self.posted_out: Posted | None = None
-        self.next_claim: Claim | None = None
-        self.next_renewed = 0.0
-        self.handed_off = False
-        """The hand-off was tried (once an attempt: as the end is read, or after the history at the latest)."""
-        self.ahead = ahead
         self.replay = list(self.posted_in.events) if self.posted_in is not None else []
         """Messages of this job's prompt read by the attempt that queued it: handled before the socket's."""
-        self.ahead_tried = False
-        """A job was asked for to queue behind this one (once an attempt, as soon as this one executes)."""
-        self.behind_tried = False
-        """A job was asked for to queue behind the next one (once an attempt, as soon as that one executes)."""
-        self.then_claim: Claim | None = None
-        self.then_posted: Posted | None = None
-        self.then_renewed = 0.0
-        """The job queued behind the next one once this one ended (see _queue_behind_next), until returned."""
-        if behind is not None:  # queued behind this one by the attempt before: this attempt's next job
-            self.next_claim, self.posted_out, self.next_renewed = behind.claim, behind.posted, self.clock()
-            self.ahead_tried = True
         self.redact = redactor_of(claim)
         self.deadline = self.clock() + self.s.timeout_seconds
-        self.next_heartbeat = self.clock() + self.s.heartbeat_seconds
+        self.heartbeat = Heartbeat(self.s.heartbeat_seconds, self.clock() + self.s.heartbeat_seconds)
         self.cancel_requested = claim.cancel_requested
-        self.trace = Trace.start(claim.workflow, self.posted_in.claimed_at if self.posted_in else self.wall())
+        self.trace = Trace.start(claim.workflow, self.posted_in.claimed_at if self.posted_in else station.wall())
+        self.ctx = Context(station, self.s, claim, self.queue, self.client, self.clock, station.wall, self.trace)
+        """What each step reads (comfysup.runner.running.Context)."""
+        self.early = EarlyJobs(self.ctx, next_job, ahead, behind, interrupt=self._interrupt)
+        """The jobs claimed and posted early by this attempt (comfysup.runner.nextjob)."""
+        self.interrupter = Interrupter(self.ctx, self.heartbeat, self.early.renew_early, self.early.withdraw_next)
         self.progress_written_at = self.clock()
         """The first progress is written a second into the attempt: a job that ends sooner costs no write for it
         (its trace, recorded with its end, has the whole of it)."""
@@ -165,12 +140,12 @@ class Attempt(CatchingUp, Ending, NextJobs):
             outcome.reason = self.redact(outcome.reason)
             self._record(outcome)
             if outcome.state == "done":  # a dead job's run stays: a person's retry adopts it from /history
-                self._remove_job_folders()
+                download.remove_job_folders(self.ctx)
             with contextlib.suppress(QueueError):  # best-effort: the next post evicts again
                 self.station.inputs.trim()  # its inputs may go now
         except LeaseLost as exc:
-            return AttemptResult(Outcome("lost", str(exc), kind="lease_lost"), self.next_claim, self.posted_out,
-                                 self._behind())
+            return AttemptResult(Outcome("lost", str(exc), kind="lease_lost"), self.early.next_claim,
+                                 self.early.posted_out, self.early.behind())
         except QueueError as exc:
             self._interrupt(self.live, renew=False)
             if self.live is not None and self.live.stream is not None:
@@ -178,17 +153,18 @@ class Attempt(CatchingUp, Ending, NextJobs):
             return AttemptResult(
                 Outcome("lost", f"the queue did not answer ({exc}); the prompt was interrupted and nothing was "
                         "recorded: the job comes back when its lease expires", kind="queue_unavailable"),
-                self.next_claim, self.posted_out, self._behind())
-        return AttemptResult(outcome, self.next_claim, self.posted_out, self._behind())
+                self.early.next_claim, self.early.posted_out, self.early.behind())
+        return AttemptResult(outcome, self.early.next_claim, self.early.posted_out, self.early.behind())
 
     def _record(self, o: Outcome) -> None:
         """The outcome, its reason class and the attempt's trace, in one fenced write."""
-        self.trace.phase("recorded", self.wall())
+        self.trace.phase("recorded", self.ctx.wall())
         trace = self.trace.as_dict()
+        early = self.early
         if o.state == "done":
-            more = self.next_job(self.claim, o) if self.next_job is not None and self.next_claim is None else None
+            more = early.next_job(self.claim, o) if early.next_job is not None and early.next_claim is None else None
             if more is not None:
-                self.next_claim = self.queue.complete_and_claim(
+                early.next_claim = self.queue.complete_and_claim(
                     self.claim, o.outputs, more.owner, more.server, more.lease_seconds, trace=trace,
                     prefer_model=more.prefer_model, max_wait_seconds=more.max_wait_seconds,
                     catalogue=more.catalogue, url=self.s.url)
@@ -237,7 +213,11 @@ class Attempt(CatchingUp, Ending, NextJobs):
     def _steps(self) -> Outcome:
         run: Run | None = None
         try:
-            run = self._catch_up()
+            run, followed = catch_up(self.ctx, self.posted_in)
+            if followed:  # still in a server's queue: where, and its number, recorded before anything else
+                assert run is not None and run.number is not None
+                self.live = run
+                self.queue.record_prompt(self.claim, run.server, run.number, run.client.url)
             if self.cancel_requested:
                 self._interrupt(run)
                 return Outcome("cancelled", "cancelled by user", kind="cancelled")
@@ -247,10 +227,10 @@ class Attempt(CatchingUp, Ending, NextJobs):
                 run = self._post()
             entry = self._follow(run)
             self.run_over = True
-            if self._may_queue_behind_next(run):
-                self._queue_behind_next(run)
-            if self._may_hand_off(run):
-                self._hand_off()
+            if self.early.may_queue_behind_next(run):
+                self.early.queue_behind_next(run)
+            if self.early.may_hand_off(run):
+                self.early.hand_off()
             if run.from_disk is None and (unlisted := unlisted_savers(entry, self.claim.workflow)):
                 raise MalformedAnswer(f"server sent a history entry of a successful run that lists no file of "
                                       f"{', '.join(unlisted[:5])}")
@@ -289,10 +269,10 @@ class Attempt(CatchingUp, Ending, NextJobs):
         if self.s.server in self.s.output_dirs and (self.claim.attempt > 1 or self.claim.last_server is not None):
             # Leftovers of an earlier run must not mix with this run's files in a later adoption.
             job_outputs.discard(self.s.output_dirs, self.s.server, self.claim.id)
-        number = self._post_prompt(self.claim, stream.client_id)
+        number = post_prompt(self.ctx, self.claim, stream.client_id)
         log.info("job %s attempt %d on %s: POST /prompt 200", self.claim.id, self.claim.attempt, self.s.server,
                  extra={"event": "posted"})
-        self.trace.phase("posted", self.wall())
+        self.trace.phase("posted", self.ctx.wall())
         self.live = Run(self.client, self.s.server, number, stream=stream)
         self.queue.record_prompt(self.claim, self.s.server, number, self.s.url)
         return self.live
@@ -310,10 +290,10 @@ class Attempt(CatchingUp, Ending, NextJobs):
             now = self.clock()
             self._checkpoints(run, now)
             if now >= next_poll:
-                if run.success_seen and run.end_seen and self._watched_whole(run):
-                    return self._entry_from_socket(run)
+                if run.success_seen and run.end_seen and follow.watched_whole(run):
+                    return follow.entry_from_socket(self.ctx, run)
                 try:
-                    entry = self._poll(run)
+                    entry = follow.poll(self.ctx, run, self.early)
                     unreachable_since = None
                 except ServerUnavailable as exc:
                     unreachable_since = unreachable_since or now
@@ -324,21 +304,21 @@ class Attempt(CatchingUp, Ending, NextJobs):
                 if entry is not None:
                     return entry
                 next_poll = now + (HISTORY_AFTER_SUCCESS_SECONDS if run.success_seen else self.s.poll_seconds)
-            wait = max(0.0, min(next_poll, self.deadline, self.next_heartbeat) - self.clock())
-            message = self._receive(run, wait)
-            poll_in = None if message is None else self._on_message(run, message)
-            if self._may_queue_ahead(run):
-                self._hand_off(run)  # this run executes: the next waits behind it in the server's queue
-            if run.success_seen and self._may_hand_off(run):
+            wait = max(0.0, min(next_poll, self.deadline, self.heartbeat.next) - self.clock())
+            message = follow.receive(self.ctx, run, self.replay, wait)
+            poll_in = None if message is None else follow.on_message(self.ctx, run, message, self.early)
+            if self.early.may_queue_ahead(run):
+                self.early.hand_off(run)  # this run executes: the next waits behind it in the server's queue
+            if run.success_seen and self.early.may_hand_off(run):
                 # execution_success, then the end with an empty queue: the server is idle from this moment, so
                 # the next job goes to it before this run's history is read (that read costs the server a
                 # round trip of idle time, and it comes next anyway).
-                self._hand_off()
-            if run.end_seen and self._may_queue_behind_next(run):
+                self.early.hand_off()
+            if run.end_seen and self.early.may_queue_behind_next(run):
                 # Ended, the job queued behind it starts: the one after that is queued before this run's history
                 # is read, whose round trip would come first otherwise (a prompt of a few ms is over by then).
-                if self.posted_out is not None and self.posted_out.started:
-                    self._queue_behind_next(run)
+                if self.early.posted_out is not None and self.early.posted_out.started:
+                    self.early.queue_behind_next(run)
                     poll_in = 0.0
                 elif poll_in == 0.0:
                     poll_in = NEXT_START_WAIT_SECONDS  # its start comes next, unless the server lost it
@@ -350,9 +330,8 @@ class Attempt(CatchingUp, Ending, NextJobs):
         """The deadline, the heartbeat (lease, cancel) and a graceful stop, checked on every wake-up."""
         self.station.on_alive()
         self._write_progress()
-        if now >= self.next_heartbeat:
-            self.next_heartbeat = now + self.s.heartbeat_seconds
-            self._renew_early(now)
+        if self.heartbeat.due(now):
+            self.early.renew_early(now)
             if self.queue.heartbeat(self.claim, self.s.lease_seconds):
                 self._interrupt_to_end(run)
                 raise Stop(Outcome("cancelled", "cancelled by user", kind="cancelled"))
@@ -360,14 +339,14 @@ class Attempt(CatchingUp, Ending, NextJobs):
             stuck = self._interrupt_to_end(run)
             raise ComfyError(stuck, STUCK_KIND) if stuck else ComfyError(
                 f"timed out after {self.s.timeout_seconds:g} s", "timeout")
-        if self.posted_out is not None:
-            self._give_to_waiting_peer(run)
+        if self.early.posted_out is not None:
+            self.early.give_to_waiting_peer(run, self.run_over)
         stop_at = self.station.stop_deadline()
-        if (stop_at is not None and self.posted_out is not None and not self.posted_out.started
+        if (stop_at is not None and self.early.posted_out is not None and not self.early.posted_out.started
                 and not (run.end_seen or run.success_seen or self.run_over)):
             # Queued behind this one, which still runs: it cannot have started, and gets no grace. Once this one
             # has ended it may run (its start unread): its own attempt follows it through the grace instead.
-            self._withdraw_next(cancelled=False)
+            self.early.withdraw_next(cancelled=False)
         if stop_at is not None and now >= stop_at:
             self._interrupt_to_end(run)
             raise Stop(Outcome("released", "interrupted by a graceful stop; attempt not counted", kind="shutdown"))
@@ -380,124 +359,16 @@ class Attempt(CatchingUp, Ending, NextJobs):
             deadline.settle(self.timeout_due)
         return self._interrupt(run)
 
-    def _receive(self, run: Run, wait: float) -> dict[str, Any] | None:
-        if self.replay:
-            return self.replay.pop(0)
-        if run.stream is None:
-            run.stream = run.client.events(new_client_id())
-            try:
-                run.stream.connect()
-            except SocketLost:
-                run.stream = None
-                time.sleep(min(wait, 0.2))
-                return None
-        try:
-            return run.stream.recv(wait)
-        except SocketLost as lost:
-            # Reconnect with the same client id (the old socket is closed first), then poll /history.
-            try:
-                run.stream.connect()
-                ok = True
-            except SocketLost:
-                ok = False
-            self.trace.reconnected(self.wall(), ok)
-            how = "reconnected with the same client id" if ok else "could not reconnect yet, trying again"
-            log.warning("job %s attempt %d on %s: the WebSocket dropped (%s); %s", self.claim.id, self.claim.attempt,
-                        run.server, lost.reason, how, extra={"event": "reconnected" if ok else "socket_lost"})
-            if not ok:
-                time.sleep(min(wait, 0.2))
-            return {"type": "comfysup_reconnected", "data": {"prompt_id": self.claim.id}}
+    def _interrupt(self, run: Run | None, renew: bool = True, prompt_id: str | None = None) -> str | None:
+        """Step 4 (comfysup.runner.interrupt): interrupt ``run``'s prompt and wait until it has left its queue."""
+        return self.interrupter.interrupt(run, renew, prompt_id)
 
-    def _on_message(self, run: Run, message: dict[str, Any]) -> float | None:
-        """Handle one event; returns in how many seconds /history should be read (None: no change).
+    def _download(self, run: Run, entry: dict[str, Any]) -> list[Output]:
+        """Step 5 (comfysup.runner.download): the run's files into the store, the attempt's checks between them."""
 
-        ``execution_success`` comes before ComfyUI writes the history, ``executing`` with node None right
-        after it: reading /history at the first would mostly find nothing and cost two more calls (history
-        and queue), so it is read at the second, or HISTORY_AFTER_SUCCESS_SECONDS after the first at most.
-        """
-        kind = message.get("type")
-        data = message.get("data") or {}
-        if kind == "comfysup_reconnected":
-            return 0.0
-        if kind == "status":
-            remaining = ((data.get("status") or {}).get("exec_info") or {}).get("queue_remaining")
-            run.queue_remaining = remaining if isinstance(remaining, int) else None
-            return None
-        # The connection it was read on: the attempt that posted this job read it (tagged then), or this one now.
-        connection = message.pop(READ_ON, None) or (run.stream.connection if run.stream is not None else 0)
-        if data.get("prompt_id") != self.claim.id:
-            if self.posted_out is not None and data.get("prompt_id") == self.posted_out.claim_id:
-                # Queued ahead, it runs now: its attempt gets what was read of it here.
-                self.posted_out = replace(self.posted_out, started=self.posted_out.started or kind == "execution_start",
-                                          events=(*self.posted_out.events, {**message, READ_ON: connection}))
-            return None
-        if kind == "execution_start":
-            run.started = True
-            run.watched_on = connection
-            run.outputs.clear()
-        if not run.started:
-            return None
-        self.trace.on_event(kind, data, self.wall())
-        if kind == "execution_start":
-            return None
-        if kind == "executed" and run.watched_on and data.get("output") is not None:
-            run.outputs[str(data.get("node"))] = data["output"]
-        if kind == "execution_success":
-            run.success_seen = True
-            return HISTORY_AFTER_SUCCESS_SECONDS
-        if kind == "executing" and data.get("node") is None:
-            run.end_seen = True
-            return 0.0
-        if kind == "execution_error":
-            failure = execution_failure(data)
-            raise ComfyError(failure.reason, failure.kind) if failure.transient else PermanentError(failure.reason,
-                                                                                                   failure.kind)
-        if kind == "execution_interrupted" and not run.interrupt_asked:
-            raise ComfyError(f"execution_interrupted at node {data.get('node_id')} ({data.get('node_type')}), "
-                             "not asked for by comfysup", "interrupted")
-        return None
+        def checkpoint(renew_now: bool) -> None:
+            if renew_now:
+                self.heartbeat.now(self.clock())
+            self._checkpoints(run, self.clock())
 
-    def _poll(self, run: Run) -> dict[str, Any] | None:
-        """This run's history entry when it succeeded; None while it runs. Raises on failure or loss."""
-        entry = self._own_entry(run)
-        if entry is not None:
-            return judge(entry)
-        if any(e.prompt_id == self.claim.id for e in run.client.queue()):
-            return None
-        # Not in the queue: it finished between the two reads (the history is written before the prompt
-        # leaves the queue), or the server lost it.
-        entry = self._own_entry(run)
-        if entry is not None:
-            return judge(entry)
-        # The server answered: this is certain, not a reason to wait for it to come back.
-        self._lost(run)
-        raise ComfyError("the prompt is gone from the server's queue without a history entry "
-                         "(the ComfyUI server restarted)", "server_died")
-
-    @staticmethod
-    def _watched_whole(run: Run) -> bool:
-        """Every message of the run since its execution_start was read on one connection, still the one that
-        reads, of a server whose messages carry every output (comfysup.comfyversion.tells_every_output)."""
-        return (run.watched_on > 0 and run.stream is not None and run.stream.connection == run.watched_on
-                and tells_every_output(run.client.version()))
-
-    def _entry_from_socket(self, run: Run) -> dict[str, Any]:
-        """The history entry of a run watched whole on the socket (see ``Run.watched_on``), made of its messages and
-        checked as a /history answer is (at every level, at most max_files_per_job files): one GET less per
-        job, and the round trip that came with it on a server that has the next prompt to run."""
-        body = {self.claim.id: {"prompt": [run.number if run.number is not None else -1, self.claim.id],
-                                "status": {"status_str": "success", "completed": True, "messages": []},
-                                "outputs": run.outputs}}
-        try:
-            entry = wire.history_entry(body, self.claim.id, max_files=self.s.max_files_per_job,
-                                       where="run (its executed messages)")
-        except wire.Malformed as exc:
-            raise MalformedAnswer(f"server sent a malformed {exc}") from None
-        assert entry is not None
-        return judge(entry)
-
-    def _own_entry(self, run: Run) -> dict[str, Any] | None:
-        entry = run.client.history(self.claim.id, self.s.max_files_per_job)
-        if entry is not None and (run.number is None or prompt_number(entry) == run.number):
-            return entry
-        return None
+        return download.download(self.ctx, run, entry, checkpoint)

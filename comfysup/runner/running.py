@@ -1,4 +1,5 @@
-"""The small things an attempt is made of: the prompt it follows, how it stops early, its shielded queue."""
+"""The small things an attempt is made of: what its steps read (``Context``), its heartbeat clock, the prompt it
+follows (``Run``), how it stops early (``Stop``), its shielded queue."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from comfysup.runner.result import Outcome
 
 if TYPE_CHECKING:
     from comfysup.runner.station import AttemptSettings, Station
+    from comfysup.runner.trace import Trace
 
 
 _REDACTORS: dict[int, tuple[Claim, Redactor]] = {}
@@ -31,16 +33,41 @@ def redactor_of(claim: Claim) -> Redactor:
     return entry[1]
 
 
-class AttemptPart:
-    """What each part of an attempt (comfysup.runner.ending, comfysup.runner.nextjob) reads of it, declared once."""
+@dataclass(frozen=True)
+class Context:
+    """What every step of one attempt reads, made once for that attempt: the runner's station and settings, the
+    claim, the queue (shielded), the runner's own client, the clocks and the attempt's trace. A step is given
+    it, and whatever else it needs, as arguments; none of it is swapped during the attempt (the trace records,
+    the queue writes)."""
 
-    s: AttemptSettings
     station: Station
+    s: AttemptSettings
     claim: Claim
     queue: Queue
     client: ComfyClient
     clock: Callable[[], float]
     wall: Callable[[], float]
+    trace: Trace
+
+
+@dataclass
+class Heartbeat:
+    """When the attempt next renews its lease (and those of the jobs it claimed early): one clock, read by the
+    follow loop, the wait for an interrupted prompt to leave and the download (which asks for one at once)."""
+
+    interval: float
+    next: float
+
+    def due(self, now: float) -> bool:
+        """Whether a heartbeat is due at ``now``; when it is, the next one is set an interval later."""
+        if now < self.next:
+            return False
+        self.next = now + self.interval
+        return True
+
+    def now(self, now: float) -> None:
+        """The next check makes one, whenever the last was."""
+        self.next = now
 
 
 class ShieldedQueue:

@@ -19,7 +19,9 @@ from comfysup.comfy import ComfyClient, ServerUnavailable
 from comfysup.queue.sqlite import SQLiteQueue
 from comfysup.runner import attempt as attempt_module
 from comfysup.runner.attempt import Attempt
+from comfysup.runner.interrupt import Interrupter
 from comfysup.runner.loop import Runner
+from comfysup.runner.nextjob import EarlyJobs
 from comfysup.runner.stuck import StuckChannel
 from fake_comfy import FakeComfy
 from tests.runner_helpers import config_of, job_id, submit, trivial_job, write_config
@@ -119,15 +121,15 @@ def test_priority_chooses_the_queued_job_when_it_is_posted(tmp_path: Path, fake:
 
 
 def _when_queued(monkeypatch: pytest.MonkeyPatch, act: Any) -> None:
-    """Call ``act`` once a job has been posted behind the running one."""
-    original = Attempt._hand_off
+    """Call ``act`` (given the attempt's Context) once a job has been posted behind the running one."""
+    original = EarlyJobs.hand_off
 
-    def hand_off(self: Attempt, run: Any = None) -> None:
-        original(self, run)
+    def hand_off(self: EarlyJobs, run: Any = None, then: bool = False) -> None:
+        original(self, run, then)
         if run is not None and self.posted_out is not None:
-            act(self)
+            act(self.ctx)  # what the attempt's steps read: its queue, claim, client
 
-    monkeypatch.setattr(Attempt, "_hand_off", hand_off)
+    monkeypatch.setattr(EarlyJobs, "hand_off", hand_off)
 
 
 @pytest.mark.timeout(60)
@@ -196,7 +198,7 @@ def test_after_a_crash_the_queued_job_is_followed_where_it_is_not_posted_again(
     config, queue = _two_jobs(tmp_path, fake)
     runner = Runner(config_of(config), "cpu0", fake.url)
 
-    def die(attempt: Attempt) -> None:
+    def die(attempt: Any) -> None:
         raise Killed  # job 2 waits in the server's queue, job 1 runs
 
     _when_queued(monkeypatch, die)
@@ -266,7 +268,7 @@ def test_a_queued_job_whose_start_may_have_been_missed_is_counted(
     original = Attempt._record
 
     def record(self: Attempt, outcome: Any) -> None:  # job 1 ended, job 2 runs: the server dies now
-        if self.claim.id == job_id(1) and self.posted_out is not None:
+        if self.claim.id == job_id(1) and self.early.posted_out is not None:
             _server_dies(fake)
         original(self, outcome)
 
@@ -292,7 +294,7 @@ def test_a_stop_after_the_running_job_ended_gives_the_queued_one_its_grace(
 
     def download(self: Attempt, run: Any, entry: Any) -> Any:
         if self.claim.id == job_id(1):
-            assert self.posted_out is not None and self.posted_out.claim_id == job_id(2)
+            assert self.early.posted_out is not None and self.early.posted_out.claim_id == job_id(2)
             runner._on_signal(signal.SIGTERM, None)
         return original(self, run, entry)
 
@@ -406,7 +408,7 @@ def test_a_queued_job_that_started_unseen_is_never_taken_back(tmp_path: Path, fa
     runner = Runner(config_of(config), "cpu0", fake.url, until_empty=True, peer_waiting=lambda: peer["waiting"])
     client = ComfyClient(fake.url)
 
-    def once_it_runs(attempt: Attempt) -> None:
+    def once_it_runs(attempt: Any) -> None:
         wait_for(lambda: any(e.prompt_id == job_id(2) and e.running for e in client.queue()), 10, "job 2 to run")
         peer["waiting"] = True  # job 1's end is in the socket, unread
 
@@ -431,16 +433,16 @@ def test_cancelling_the_next_job_keeps_the_one_queued_behind_it(tmp_path: Path, 
     config = write_config(tmp_path, queue_ahead=True, heartbeat_seconds=0.2, lease_seconds=3.0)
     queue = submit(config, [trivial_job(n) for n in range(1, 4)])  # none left to claim when job 1 is recorded
     cancelled: list[str] = []
-    original = Attempt._queue_behind_next
+    original = EarlyJobs.queue_behind_next
 
-    def queue_behind_next(self: Attempt, run: Any) -> None:
+    def queue_behind_next(self: EarlyJobs, run: Any) -> None:
         original(self, run)
         if self.then_claim is not None and not cancelled and self.next_claim is not None:
             cancelled.append(self.next_claim.id)
             queue.cancel([self.next_claim.id])  # a user's cancel of the running job 2,
-            self._renew_early(self.clock() + self.s.heartbeat_seconds)  # seen at its next heartbeat, now
+            self.renew_early(self.ctx.clock() + self.ctx.s.heartbeat_seconds)  # seen at its next heartbeat, now
 
-    monkeypatch.setattr(Attempt, "_queue_behind_next", queue_behind_next)
+    monkeypatch.setattr(EarlyJobs, "queue_behind_next", queue_behind_next)
     Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
     assert cancelled, "no job was ever queued behind the next one"
     states = {j.id: j.state for j in queue.iter_jobs()}
@@ -463,9 +465,9 @@ def test_while_a_stuck_prompt_is_waited_out_the_job_queued_behind_it_keeps_its_l
                               lease_seconds=3.0)
     renewed_while_waiting: list[str] = []
     waiting = {"now": False}
-    interrupt_now, heartbeat = Attempt._interrupt_now, SQLiteQueue.heartbeat
+    interrupt_now, heartbeat = Interrupter._interrupt_now, SQLiteQueue.heartbeat
 
-    def interrupt_watched(self: Attempt, *args: Any) -> Any:
+    def interrupt_watched(self: Interrupter, *args: Any) -> Any:
         waiting["now"] = True
         try:
             return interrupt_now(self, *args)
@@ -477,7 +479,7 @@ def test_while_a_stuck_prompt_is_waited_out_the_job_queued_behind_it_keeps_its_l
             renewed_while_waiting.append(claim.id)
         return heartbeat(self, claim, *args, **kwargs)
 
-    monkeypatch.setattr(Attempt, "_interrupt_now", interrupt_watched)
+    monkeypatch.setattr(Interrupter, "_interrupt_now", interrupt_watched)
     monkeypatch.setattr(SQLiteQueue, "heartbeat", heartbeat_watched)
     # The supervisor's part: the stuck server is restarted (here at once), and with it the stuck prompt is gone.
     stuck = StuckChannel(restarts=True, report=lambda prompt_id: _server_dies(fake) if prompt_id else None)
@@ -501,7 +503,7 @@ def test_a_queued_job_whose_start_was_read_before_a_reconnect_is_judged_by_its_h
 
     def drop_then_download(self: Attempt, *args: Any) -> Any:
         if self.claim.id == job_id(1):
-            assert self.posted_out is not None and self.posted_out.started  # job 2's start was read here
+            assert self.early.posted_out is not None and self.early.posted_out.started  # job 2's start was read here
             self.client.stream.close()  # the socket drops; job 2's attempt connects again
         return download(self, *args)
 
