@@ -20,18 +20,15 @@ once at load and positional parameters: no text is built per call.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
-import os
 import threading
 import time
-import weakref
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from typing import Any, TypeVar
 
 from comfysup.errors import LeaseLost, QueueError
-from comfysup.queue import records
+from comfysup.queue import forks, records
 from comfysup.queue.assets import AssetStore
 from comfysup.queue.base import (
     CANCELLED,
@@ -42,7 +39,6 @@ from comfysup.queue.base import (
     RELEASED_UNCOUNTED,
     RETRY,
     RUNNING,
-    CatalogueRecord,
     Claim,
     NewJob,
     Output,
@@ -51,45 +47,16 @@ from comfysup.queue.base import (
     owner_host,
 )
 from comfysup.queue.endpoints import ApiEndpoints
+from comfysup.queue.fleet import Fleet
 from comfysup.queue.queries import load, read
 from comfysup.queue.reads import SQLReads, fetch
 from comfysup.queue.specs import SpecCache
-from comfysup.workflows import apply_params, canonical
+from comfysup.workflows import apply_params
 
 T = TypeVar("T")
 
 
-# -- the fork registry: no connection is used across fork, and none is half-way through a transaction there --
-
-_LIVE: weakref.WeakSet[SQLQueue] = weakref.WeakSet()
-_FORKING: list[SQLQueue] = []
-
-
-def _before_fork() -> None:
-    """Fork waits for each queue's running transaction, then each backend readies itself (``_drop_for_fork``)."""
-    for queue in list(_LIVE):
-        queue._lock.acquire()
-        _FORKING.append(queue)
-        queue._drop_for_fork()
-
-
-def _after_fork_in_parent() -> None:
-    while _FORKING:
-        _FORKING.pop()._lock.release()
-
-
-def _after_fork_in_child() -> None:
-    while _FORKING:
-        queue = _FORKING.pop()
-        queue._abandon()
-        queue._lock.release()
-
-
-os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
-                    after_in_child=_after_fork_in_child)
-
-
-class SQLQueue(SQLReads, AssetStore, ApiEndpoints):
+class SQLQueue(SQLReads, AssetStore, ApiEndpoints, Fleet):
     """The Queue contract over SQL; subclasses give the dialect (see the module docstring)."""
 
     DIALECT = ""
@@ -109,7 +76,7 @@ class SQLQueue(SQLReads, AssetStore, ApiEndpoints):
         self.sql = load(self.DIALECT)
         self._lock = threading.RLock()
         self._templates: OrderedDict[int, dict[str, Any]] = OrderedDict()
-        _LIVE.add(self)
+        forks.register(self)
 
     # -- the dialect -----------------------------------------------------------------------------------------
 
@@ -387,62 +354,6 @@ class SQLQueue(SQLReads, AssetStore, ApiEndpoints):
             self._notify(cur)
         return [r[0] for r in rows]
 
-    # -- node catalogues -----------------------------------------------------------------------------------
-
-    def record_catalogue(self, runner: str, machine: str, info: dict[str, Any], now: float | None = None) -> int:
-        """Store a server's /object_info once per distinct text and say that (runner, machine) has it now; its
-        id is what the runner's claims pass as ``catalogue``."""
-        text = canonical(info)
-        digest = hashlib.sha256(text.encode()).hexdigest()
-        return self._transaction(self._record_catalogue, runner, machine, text, digest, now, durable=False)
-
-    def _record_catalogue(self, cur: Any, runner: str, machine: str, text: str, digest: str,
-                          now: float | None) -> int:
-        at = self._time(now)
-        cur.execute(self.sql["insert_catalogue"], (digest, text, at))
-        (catalogue_id,) = cur.execute(self.sql["catalogue_id"], (digest,)).fetchone()
-        cur.execute(self.sql["server_catalogue"], (runner, machine, catalogue_id, at))
-        # A changed catalogue may leave jobs that every current one refused: no claim would ever take them.
-        for (job_id,) in cur.execute(self.sql["stranded_jobs"]).fetchall():
-            why = "; ".join(dict.fromkeys(r[1] for r in cur.execute(self.sql["refusals_of"], (job_id,)).fetchall()))
-            cur.execute(self.sql["dead_queued"], (at, f"no server can run it: {why}", job_id))
-            self._deliver(cur, job_id, at)
-        return int(catalogue_id)
-
-    def catalogues(self) -> list[CatalogueRecord]:
-        """The catalogues some server has now (by id), each with the servers (``runner@machine``) that have it."""
-        rows = self._transaction(fetch, self.sql["current_catalogues"], (), write=False)
-        found: dict[int, CatalogueRecord] = {}
-        for catalogue_id, text, runner, machine in rows:
-            record = found.get(catalogue_id)
-            if record is None:
-                record = found[catalogue_id] = CatalogueRecord(int(catalogue_id), json.loads(text), [])
-            record.servers.append(f"{runner}@{machine}")
-        return list(found.values())
-
-    def _insert_refusals(self, cur: Any, batch: Sequence[NewJob]) -> None:
-        rows = [(catalogue_id, reason, job.id) for job in batch for catalogue_id, reason in job.refused]
-        if rows:
-            cur.executemany(self.sql["insert_refusal"], rows)
-
-    def refuse(self, claim: Claim, catalogue: int, reason: str, now: float | None = None) -> bool:
-        """The claiming server's catalogue cannot run the job: recorded, so no claim of that catalogue takes it
-        again, and the job released without counting the attempt; dead-lettered instead when no server's
-        current catalogue can run it. True when it was dead-lettered."""
-        return self._transaction(self._refuse, claim, catalogue, reason, now)
-
-    def _refuse(self, cur: Any, claim: Claim, catalogue: int, reason: str, now: float | None) -> bool:
-        cur.execute(self.sql["insert_refusal"], (catalogue, reason, claim.id))
-        (able,) = cur.execute(self.sql["able_servers"], (claim.id,)).fetchone()
-        if able:
-            self._release(cur, claim, f"this server cannot run it ({reason}); left for a server that can", False,
-                          now, "catalogue", None)
-            return False
-        refusals = cur.execute(self.sql["refusals_of"], (claim.id,)).fetchall()
-        why = "; ".join(dict.fromkeys(r[1] for r in refusals))
-        self._finish(cur, claim, DEAD, f"no server can run it: {why}", now, "catalogue", None)
-        return True
-
     # -- the people's side -------------------------------------------------------------------------------
 
     def cancel(self, ids: Sequence[str], now: float | None = None) -> dict[str, str]:
@@ -507,22 +418,3 @@ class SQLQueue(SQLReads, AssetStore, ApiEndpoints):
         at = self._time(now)
         for row_id in ids:
             cur.execute(self.sql["announced"], (at, row_id))
-
-    # -- prune and machines ------------------------------------------------------------------------------
-
-    def register_machine(self, host: str, pid: int, slots: Sequence[dict[str, Any]],
-                         now: float | None = None) -> None:
-        self._transaction(self._machine, host, pid, slots, now, True)
-
-    def machine_heartbeat(self, host: str, pid: int, slots: Sequence[dict[str, Any]],
-                          now: float | None = None, *, wait_seconds: float | None = None) -> None:
-        self._transaction(self._machine, host, pid, slots, now, False, busy_seconds=wait_seconds)
-
-    def _machine(self, cur: Any, host: str, pid: int, slots: Sequence[dict[str, Any]], now: float | None,
-                 fresh: bool) -> None:
-        """A supervisor's row; ``fresh`` (it starts): earlier rows of its host go first."""
-        at = self._time(now)
-        if fresh:
-            cur.execute(self.sql["forget_machine"], (host,))
-        cur.execute(self.sql["machine_heartbeat"], (host, pid, json.dumps(list(slots)), at, at))
-

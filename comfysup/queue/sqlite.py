@@ -26,11 +26,8 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import os
-import re
 import sqlite3
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -39,19 +36,15 @@ from urllib.parse import quote
 
 from comfysup.errors import DatabaseLocked, DatabaseMissing, QueueError
 from comfysup.queue import queries, records
+from comfysup.queue import sqlite_statements as statements_of
 from comfysup.queue.base import DONE, TERMINAL, Delivery, NewJob, PruneBatch
 from comfysup.queue.core import SQLQueue
 from comfysup.queue.reads import fetch
-from comfysup.queue.specs import SpecCache, dumps_plain
-from comfysup.workflows import content_hash, model_key
+from comfysup.queue.specs import SpecCache
+from comfysup.queue.sqlite_file import BackgroundCheckpoint, refuse_network_filesystem, statements
+from comfysup.workflows import content_hash
 
 SCHEMA_VERSION = 13
-NETWORK_FILESYSTEMS = frozenset({
-    "nfs", "nfs4", "cifs", "smb", "smb2", "smb3", "smbfs", "9p", "afs", "ceph", "glusterfs", "lustre",
-    "fuse.sshfs", "fuse.s3fs", "fuse.gcsfuse", "fuse.rclone", "davfs", "fuse.glusterfs", "beegfs", "gpfs",
-})
-BACKGROUND_CHECKPOINT_SECONDS = 1.0
-"""How often ``checkpoint_in_background``'s thread looks at the WAL (and checkpoints it when it changed)."""
 BUSY_FIRST_STEP_SECONDS = 0.0002
 BUSY_STEP_SECONDS = 0.002
 """How a write waits for the lock another process holds: 0.2 ms, doubling to 2 ms a try (see ``_begin``)."""
@@ -61,55 +54,9 @@ WAKE_CHECK_SECONDS = 0.02
 the WAL index in shared memory, no disk I/O). A job submitted to an idle runner used to wait up to
 IDLE_WAIT_CAP_SECONDS for its claim (bench/real.py: 0.26 s from ``comfysup submit``'s start to ComfyUI's
 first execution, of which 0.2 s the command itself); now at most this long."""
-SUBMIT_CACHE_KIB = -16384
-"""PRAGMA cache_size during a submit: 16 MiB (negative: KiB), the id index of about 200,000 jobs."""
 SQL = queries.load("sqlite")
 
 T = TypeVar("T")
-
-
-def _named_sql() -> dict[str, str]:
-    """The schema's steps from schema.sql (``-- name: vN`` headers)."""
-    return queries.read("schema.sql")
-
-
-def _statements(script: str) -> Iterator[str]:
-    """The statements of a named step, one at a time: split at semicolons, rejoined until SQLite says a
-    statement is complete (a trigger's body holds semicolons of its own); comment-only pieces are skipped."""
-    pending = ""
-    for piece in script.split(";"):
-        pending += piece + ";"
-        if sqlite3.complete_statement(pending):
-            code = "\n".join(line for line in pending.splitlines() if not line.lstrip().startswith("--"))
-            if code.strip(" \n;"):
-                yield pending
-            pending = ""
-
-
-def filesystem_type(path: Path) -> str:
-    """The type of the filesystem that holds ``path`` (the longest matching mount point)."""
-    target = str(path.resolve())
-    best, kind = "", ""
-    for mountpoint, fstype in _mounts():
-        mount = mountpoint.rstrip("/") or "/"
-        if (target == mount or target.startswith(mount.rstrip("/") + "/")) and len(mount) >= len(best):
-            best, kind = mount, fstype
-    return kind
-
-
-def _mounts() -> list[tuple[str, str]]:
-    """(mount point, filesystem type) of every mount: /proc/self/mounts on Linux (every queue open reads it,
-    and `submit` starts faster without importing psutil), psutil's list elsewhere."""
-    try:
-        with open("/proc/self/mounts", encoding="utf-8", errors="replace") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        import psutil
-
-        return [(p.mountpoint, p.fstype) for p in psutil.disk_partitions(all=True)]
-    octal = re.compile(r"\\([0-7]{3})")  # a space in a mount point is written \040
-    fields = (line.split() for line in lines)
-    return [(octal.sub(lambda m: chr(int(m.group(1), 8)), f[1]), f[2]) for f in fields if len(f) >= 3]
 
 
 _INHERITED: list[sqlite3.Connection] = []
@@ -140,26 +87,15 @@ class SQLiteQueue(SQLQueue):
         """(device, inode) of the file the open connection holds: see :meth:`replaced`."""
         self._setup()
         self._last_checkpoint = time.monotonic()
-        self._checkpointer: tuple[threading.Thread, threading.Event] | None = None
+        self._checkpointer: BackgroundCheckpoint | None = None
         """The thread of ``checkpoint_in_background``, and what stops it; None while commits checkpoint."""
         if not self.path.exists() and not create:
             raise DatabaseMissing(f"{self.path}: no queue database here. Submit jobs first "
                                   "(comfysup submit jobs.jsonl), or point [queue] path at the right file.")
-        self._refuse_network_filesystem()
+        refuse_network_filesystem(self.path)
         if not self.path.exists():
             self._create_file()
         self._migrate()
-
-    def _refuse_network_filesystem(self) -> None:
-        """Checked on the nearest existing folder, before anything is created on a share."""
-        existing = self.path.parent
-        while not existing.exists() and existing != existing.parent:
-            existing = existing.parent
-        kind = filesystem_type(existing)
-        if kind.lower() in NETWORK_FILESYSTEMS:
-            raise QueueError(f"{self.path}: on a network filesystem ({kind}). SQLite's locks are not reliable "
-                             "there and the queue could hand one job to two runners; put [queue] path on a "
-                             "local disk, or use PostgreSQL ([queue] url) to share a queue between machines.")
 
     # -- connection -----------------------------------------------------------------------------------
 
@@ -240,7 +176,7 @@ class SQLiteQueue(SQLQueue):
             conn.execute("PRAGMA foreign_keys = ON")
             # For the v5 migration (and only there): SQL cannot hash or read loader nodes by itself.
             conn.create_function("comfysup_sha256", 1, content_hash, deterministic=True)
-            conn.create_function("comfysup_model_key", 1, _model_key_of_text, deterministic=True)
+            conn.create_function("comfysup_model_key", 1, statements_of.model_key_of_text, deterministic=True)
         except BaseException:
             conn.close()
             raise
@@ -347,7 +283,7 @@ class SQLiteQueue(SQLQueue):
 
     def id_list(self, ids: Sequence[str]) -> str:
         """One JSON text: ``= ANY(?)`` reads it with json_each (see comfysup.queue.queries)."""
-        return json.dumps(list(ids))
+        return statements_of.id_list(ids)
 
     def _migrate(self) -> None:
         """Bring the schema forward. An up-to-date file is only read, so opening it to run ``status`` or
@@ -357,7 +293,7 @@ class SQLiteQueue(SQLQueue):
         with self._write() as conn:
             version = conn.execute("PRAGMA user_version").fetchone()[0]
             for _step, script in self._schema_steps(version):
-                for statement in _statements(script):
+                for statement in statements(script):
                     conn.execute(statement)
             if version != SCHEMA_VERSION:
                 conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
@@ -371,49 +307,17 @@ class SQLiteQueue(SQLQueue):
         machine, about every hundred jobs; the runner's server waited that long for its next prompt
         (bench/e2e.py, 20 ms prompts on two servers: four such waits a run, most of the servers' idle time).
         Other processes (submit, the supervisor, the API) keep checkpointing as SQLite does."""
-        if self._checkpointer is not None and self._checkpointer[0].is_alive():
+        if self._checkpointer is not None and self._checkpointer.alive():
             return
-        stop = threading.Event()
-        thread = threading.Thread(target=self._checkpoints, args=(stop,), name="comfysup-wal-checkpoint", daemon=True)
-        self._checkpointer = (thread, stop)
+        self._checkpointer = BackgroundCheckpoint(self.path)
         with self._lock:
             if self._conn is not None and self._pid == os.getpid():
                 self._conn.execute("PRAGMA wal_autocheckpoint = 0")
-        thread.start()
-
-    def _checkpoints(self, stop: threading.Event) -> None:
-        wal = Path(f"{self.path}-wal")
-        seen: tuple[int, int] | None = None
-        conn: sqlite3.Connection | None = None
-        try:
-            while not stop.wait(BACKGROUND_CHECKPOINT_SECONDS):
-                try:
-                    st = os.stat(wal)
-                except OSError:
-                    continue  # no WAL (yet, or the database is gone): nothing to checkpoint
-                if (st.st_size, st.st_mtime_ns) == seen:
-                    continue
-                try:
-                    if conn is None:  # mode=rw: a database deleted meanwhile is never made again, empty
-                        conn = sqlite3.connect(f"file:{quote(str(self.path.resolve()))}?mode=rw", uri=True,
-                                               timeout=0, isolation_level=None, check_same_thread=False)
-                        conn.execute("PRAGMA cache_size = -64")  # 64 KiB: a checkpoint copies, it caches nothing
-                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
-                    seen = (st.st_size, st.st_mtime_ns)
-                except sqlite3.Error:  # busy (another checkpoint), or the file is gone: again the next time
-                    if conn is not None:
-                        conn.close()
-                    conn = None
-        finally:
-            if conn is not None:
-                conn.close()
+        self._checkpointer.start()
 
     def _stop_checkpoints(self) -> None:
         if self._checkpointer is not None:
-            thread, stop = self._checkpointer
-            stop.set()
-            if thread is not threading.current_thread() and thread.is_alive():
-                thread.join(10)
+            self._checkpointer.stop()
 
     def close(self) -> None:
         self._stop_checkpoints()
@@ -451,51 +355,6 @@ class SQLiteQueue(SQLQueue):
         except QueueError:
             return None
 
-    # -- submit -----------------------------------------------------------------------------------------
-
-    @contextlib.contextmanager
-    def _bulk(self, conn: sqlite3.Connection) -> Iterator[None]:
-        """A larger page cache while a submit inserts: job ids are random, so each insert lands on a random
-        page of the id index, and with the default 2 MB cache a 100,000-job submit spent a fifth of its
-        time writing out and reading back those pages. Given back after, so a long-lived process keeps the
-        default."""
-        size = conn.execute("PRAGMA cache_size").fetchone()[0]
-        conn.execute(f"PRAGMA cache_size = {SUBMIT_CACHE_KIB}")
-        try:
-            yield
-        finally:
-            conn.execute(f"PRAGMA cache_size = {int(size)}")
-
-    def _insert_batch(self, conn: sqlite3.Connection, batch: list[NewJob], at: float | None,
-                      conflicts: list[str], cache: SpecCache) -> tuple[int, int]:
-        """Every row of a chunk numbered here (seq), so its spec row needs no round trip per job."""
-        known = {r[0]: r[1] for r in conn.execute(SQL["known_ids"], (self.id_list([j.id for j in batch]),))}
-        fresh = []
-        specs = []
-        seq = conn.execute(SQL["last_seq"]).fetchone()[0]
-        for job in batch:
-            if job.id in known:
-                if known[job.id] != job.spec_hash:
-                    conflicts.append(job.id)
-                continue
-            known[job.id] = job.spec_hash  # a repeat later in this same chunk is judged like one in the table
-            seq += 1
-            text, digest = cache.template(job)
-            workflow_id = cache.ids.get(digest)
-            if workflow_id is None:
-                if len(cache.ids) >= 4096:
-                    cache.ids.clear()
-                row = conn.execute(SQL["workflow_id"], (digest,)).fetchone()
-                workflow_id = cache.ids[digest] = row[0] if row else conn.execute(
-                    SQL["insert_workflow"], (digest, text)).lastrowid
-            fresh.append((seq, job.id, job.priority, at, job.spec_hash, job.workflow_name, job.callback_url or None,
-                          cache.model_key(job)))
-            specs.append((seq, workflow_id, dumps_plain(job.extra_data), dumps_plain(job.meta),
-                          dumps_plain(job.params)))
-        conn.executemany(SQL["insert_job"], fresh)
-        conn.executemany(SQL["insert_spec"], specs)
-        return len(fresh), len(batch) - len(fresh)
-
     # -- the runner's side --------------------------------------------------------------------------------
 
     def _claim(self, conn: sqlite3.Connection, owner: str, server: str, lease_seconds: float, at: float,
@@ -527,21 +386,24 @@ class SQLiteQueue(SQLQueue):
         return (owner, server, job[0], job[1], spec[0], spec[1], spec[2], job[2], job[3], job[4], job[5],
                 lease_until, job[6], text)
 
+    # -- the dialect's statements (comfysup.queue.sqlite_statements) ---------------------------------------------
+
+    def _bulk(self, conn: sqlite3.Connection) -> contextlib.AbstractContextManager[None]:
+        return statements_of.bulk(conn)
+
+    def _insert_batch(self, conn: sqlite3.Connection, batch: list[NewJob], at: float | None,
+                      conflicts: list[str], cache: SpecCache) -> tuple[int, int]:
+        return statements_of.insert_batch(conn, batch, at, conflicts, cache)
+
     def _expire_leases(self, conn: sqlite3.Connection, at: float) -> None:
-        """Running jobs whose lease passed are queued again; their attempt stays counted."""
-        if conn.execute(SQL["any_expired"], (at,)).fetchone() is None:
-            return
-        for job_id, attempt in conn.execute(SQL["expire"], (at,)).fetchall():
-            conn.execute(SQL["end_expired"], (at, job_id, attempt))
+        statements_of.expire_leases(conn, at)
 
     def _fenced(self, conn: sqlite3.Connection, job_sql: str, job_args: Sequence[Any], attempt_sql: str | None = None,
                 attempt_args: Sequence[Any] = ()) -> Any:
-        rows = conn.execute(job_sql, job_args).fetchall()
-        if not rows:
-            return None
-        if attempt_sql is not None:
-            conn.execute(attempt_sql, attempt_args)
-        return rows[0]
+        return statements_of.fenced(conn, job_sql, job_args, attempt_sql, attempt_args)
+
+    def _prune(self, conn: sqlite3.Connection, finished_before: float, limit: int) -> PruneBatch:
+        return statements_of.prune(conn, finished_before, limit)
 
     # -- webhook deliveries and prune -------------------------------------------------------------------------
 
@@ -551,14 +413,8 @@ class SQLiteQueue(SQLQueue):
         at = self._time(now)
         if not self._transaction(fetch, SQL["any_due"], (at,), write=False):
             return []
-        rows = self._transaction(self._hold_deliveries, at, limit, at + hold_seconds)
+        rows = self._transaction(statements_of.hold_deliveries, at, limit, at + hold_seconds)
         return [records.delivery(r, next_at=at + hold_seconds) for r in rows]  # next_at: the end of the hold
-
-    @staticmethod
-    def _hold_deliveries(conn: sqlite3.Connection, at: float, limit: int, until: float) -> list[sqlite3.Row]:
-        rows = conn.execute(SQL["due_deliveries"], (at, limit)).fetchall()
-        conn.executemany(SQL["hold_delivery"], [(until, r["id"]) for r in rows])
-        return rows
 
     def prune(self, finished_before: float, limit: int = 500) -> PruneBatch:
         """Up to ``limit`` terminal jobs finished before ``finished_before``, with their attempts, deliveries
@@ -566,27 +422,4 @@ class SQLiteQueue(SQLQueue):
         delivered stays until its delivery ends."""
         return self._transaction(self._prune, finished_before, limit)
 
-    def _prune(self, conn: sqlite3.Connection, finished_before: float, limit: int) -> PruneBatch:
-        rows = conn.execute(SQL["prune_batch"], (finished_before, limit)).fetchall()
-        if not rows:
-            return PruneBatch(removed=[])
-        seqs, ids = json.dumps([r[0] for r in rows]), self.id_list([r[1] for r in rows])
-        used = [r[0] for r in conn.execute(SQL["prune_workflows_of"], (seqs,))]
-        conn.execute(SQL["prune_jobs"], (seqs,))
-        conn.execute(SQL["prune_specs"], (seqs,))
-        conn.execute(SQL["prune_refusals"], (seqs,))
-        conn.execute(SQL["prune_attempts"], (ids,))
-        conn.execute(SQL["prune_deliveries"], (ids,))
-        conn.execute(SQL["prune_announcements"], (ids,))
-        gone = sum(conn.execute(SQL["prune_workflow"], (w, w)).rowcount for w in used)
-        return PruneBatch(removed=[(r[1], r[2]) for r in rows], workflows_removed=gone)
-
-
-def _model_key_of_text(text: str | None) -> str | None:
-    try:
-        return model_key(json.loads(text)) if text else None
-    except ValueError:
-        return None
-
-
-__all__ = ["DONE", "TERMINAL", "SQLiteQueue", "filesystem_type"]
+__all__ = ["DONE", "TERMINAL", "SQLiteQueue"]

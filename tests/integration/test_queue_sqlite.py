@@ -15,6 +15,7 @@ from queue_contract import T0, QueueContract, make_job
 
 from comfysup.errors import DatabaseLocked, DatabaseMissing, QueueError
 from comfysup.queue import sqlite as sqlite_backend
+from comfysup.queue import sqlite_file
 from comfysup.queue.sqlite import SCHEMA_VERSION, SQLiteQueue
 from comfysup.workflows import model_key
 
@@ -74,7 +75,7 @@ def test_missing_database_without_create(tmp_path: Path) -> None:
 
 def test_network_filesystem_is_refused_before_anything_is_created(tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sqlite_backend, "filesystem_type", lambda path: "nfs4")
+    monkeypatch.setattr(sqlite_file, "filesystem_type", lambda path: "nfs4")
     path = tmp_path / "sub" / "q.db"
     with pytest.raises(QueueError, match=r"network filesystem \(nfs4\)"):
         SQLiteQueue(path)
@@ -82,15 +83,15 @@ def test_network_filesystem_is_refused_before_anything_is_created(tmp_path: Path
 
 
 def test_filesystem_type_finds_the_mount_of_a_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    assert sqlite_backend.filesystem_type(tmp_path) != ""
+    assert sqlite_file.filesystem_type(tmp_path) != ""
     psutil = pytest.importorskip("psutil")
     mounts = sorted((p.mountpoint, p.fstype) for p in psutil.disk_partitions(all=True))
-    assert sorted(sqlite_backend._mounts()) == mounts
+    assert sorted(sqlite_file._mounts()) == mounts
     fake = [("/", "ext4"), ("/mnt/my share", "nfs4"), ("/mnt/my", "xfs")]
-    monkeypatch.setattr(sqlite_backend, "_mounts", lambda: fake)
-    assert sqlite_backend.filesystem_type(Path("/mnt/my share/queue.db")) == "nfs4"
-    assert sqlite_backend.filesystem_type(Path("/mnt/my/queue.db")) == "xfs"
-    assert sqlite_backend.filesystem_type(Path("/mnt/mys/queue.db")) == "ext4"
+    monkeypatch.setattr(sqlite_file, "_mounts", lambda: fake)
+    assert sqlite_file.filesystem_type(Path("/mnt/my share/queue.db")) == "nfs4"
+    assert sqlite_file.filesystem_type(Path("/mnt/my/queue.db")) == "xfs"
+    assert sqlite_file.filesystem_type(Path("/mnt/mys/queue.db")) == "ext4"
 
 
 def _hold_write_lock(path: Path) -> sqlite3.Connection:
@@ -337,7 +338,7 @@ def test_a_version_1_database_is_migrated_and_keeps_its_jobs(tmp_path: Path) -> 
     """Schema v2 (machines, jobs.machine) is added on open; a queue made by an earlier comfysup keeps working."""
     path = tmp_path / "q.db"
     conn = sqlite3.connect(path)
-    for statement in sqlite_backend._named_sql()["v1"].split(";"):
+    for statement in sqlite_file.named_sql()["v1"].split(";"):
         if statement.strip():
             conn.execute(statement)
     conn.execute("INSERT INTO jobs (id, submitted_at, spec_hash, workflow) VALUES (?, ?, 'h', '{}')",
@@ -361,7 +362,7 @@ def test_a_version_2_database_keeps_every_jobs_workflow_and_data_through_v3(tmp_
     path = tmp_path / "q.db"
     conn = sqlite3.connect(path)
     for step in ("v1", "v2"):
-        for statement in sqlite_backend._named_sql()[step].split(";"):
+        for statement in sqlite_file.named_sql()[step].split(";"):
             if statement.strip():
                 conn.execute(statement)
     jobs = [make_job(n, extra={"api_key_comfy_org": f"k{n}"}, meta={"n": n, "tag": "old"}) for n in range(3)]
@@ -393,7 +394,7 @@ def test_a_version_4_database_keeps_its_jobs_and_stores_each_workflow_once_in_v5
     path = tmp_path / "q.db"
     conn = sqlite3.connect(path)
     for step in ("v1", "v2", "v3", "v4"):
-        for statement in sqlite_backend._named_sql()[step].split(";"):
+        for statement in sqlite_file.named_sql()[step].split(";"):
             if statement.strip():
                 conn.execute(statement)
     loaded = {"1": {"class_type": "CheckpointLoaderSimple", "inputs": {"ckpt_name": "sdxl.safetensors"}},
@@ -613,7 +614,7 @@ def test_a_write_waits_for_the_lock_in_short_steps_of_its_own(tmp_path: Path, mo
 
 def test_a_runner_s_commits_leave_the_checkpoint_to_a_thread_of_its_own(tmp_path: Path,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sqlite_backend, "BACKGROUND_CHECKPOINT_SECONDS", 0.02)
+    monkeypatch.setattr(sqlite_file, "BACKGROUND_CHECKPOINT_SECONDS", 0.02)
     path = tmp_path / "q.db"
     q = SQLiteQueue(path, checkpoint_seconds=3600)
     assert q.conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 1000  # SQLite's own, in line
@@ -628,6 +629,6 @@ def test_a_runner_s_commits_leave_the_checkpoint_to_a_thread_of_its_own(tmp_path
     q._conn.close()
     q._conn = None  # a reconnect (after a fork, say) keeps it off for this process's commits
     assert q.conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 0
-    thread = q._checkpointer[0]
+    thread = q._checkpointer.thread
     q.close()
     assert not thread.is_alive()

@@ -1,0 +1,128 @@
+"""The SQLite queue's file: where it may live (never on a network filesystem, whose locks SQLite cannot trust), the
+schema script's statements, and the thread that checkpoints the WAL of a process whose commits must not.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sqlite3
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import quote
+
+from comfysup.errors import QueueError
+from comfysup.queue import queries
+
+NETWORK_FILESYSTEMS = frozenset({
+    "nfs", "nfs4", "cifs", "smb", "smb2", "smb3", "smbfs", "9p", "afs", "ceph", "glusterfs", "lustre",
+    "fuse.sshfs", "fuse.s3fs", "fuse.gcsfuse", "fuse.rclone", "davfs", "fuse.glusterfs", "beegfs", "gpfs",
+})
+BACKGROUND_CHECKPOINT_SECONDS = 1.0
+"""How often ``checkpoint_in_background``'s thread looks at the WAL (and checkpoints it when it changed)."""
+
+def named_sql() -> dict[str, str]:
+    """The schema's steps from schema.sql (``-- name: vN`` headers)."""
+    return queries.read("schema.sql")
+
+
+def statements(script: str) -> Iterator[str]:
+    """The statements of a named step, one at a time: split at semicolons, rejoined until SQLite says a
+    statement is complete (a trigger's body holds semicolons of its own); comment-only pieces are skipped."""
+    pending = ""
+    for piece in script.split(";"):
+        pending += piece + ";"
+        if sqlite3.complete_statement(pending):
+            code = "\n".join(line for line in pending.splitlines() if not line.lstrip().startswith("--"))
+            if code.strip(" \n;"):
+                yield pending
+            pending = ""
+
+
+def filesystem_type(path: Path) -> str:
+    """The type of the filesystem that holds ``path`` (the longest matching mount point)."""
+    target = str(path.resolve())
+    best, kind = "", ""
+    for mountpoint, fstype in _mounts():
+        mount = mountpoint.rstrip("/") or "/"
+        if (target == mount or target.startswith(mount.rstrip("/") + "/")) and len(mount) >= len(best):
+            best, kind = mount, fstype
+    return kind
+
+
+def _mounts() -> list[tuple[str, str]]:
+    """(mount point, filesystem type) of every mount: /proc/self/mounts on Linux (every queue open reads it,
+    and `submit` starts faster without importing psutil), psutil's list elsewhere."""
+    try:
+        with open("/proc/self/mounts", encoding="utf-8", errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        import psutil
+
+        return [(p.mountpoint, p.fstype) for p in psutil.disk_partitions(all=True)]
+    octal = re.compile(r"\\([0-7]{3})")  # a space in a mount point is written \040
+    fields = (line.split() for line in lines)
+    return [(octal.sub(lambda m: chr(int(m.group(1), 8)), f[1]), f[2]) for f in fields if len(f) >= 3]
+
+
+def refuse_network_filesystem(path: Path) -> None:
+    """A queue file on a share is refused: checked on the nearest existing folder, before anything is created
+    on it."""
+    existing = path.parent
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    kind = filesystem_type(existing)
+    if kind.lower() in NETWORK_FILESYSTEMS:
+        raise QueueError(f"{path}: on a network filesystem ({kind}). SQLite's locks are not reliable "
+                         "there and the queue could hand one job to two runners; put [queue] path on a "
+                         "local disk, or use PostgreSQL ([queue] url) to share a queue between machines.")
+
+
+class BackgroundCheckpoint:
+    """A thread that checkpoints one database's WAL on its own connection, about once a second while the WAL
+    changes (PASSIVE: it never blocks a reader or a writer); see ``SQLiteQueue.checkpoint_in_background``."""
+
+    def __init__(self, path: Path) -> None:
+        self.stop_event = threading.Event()
+        self.thread = threading.Thread(target=_checkpoints, args=(path, self.stop_event),
+                                       name="comfysup-wal-checkpoint", daemon=True)
+
+    def alive(self) -> bool:
+        return self.thread.is_alive()
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        if self.thread is not threading.current_thread() and self.thread.is_alive():
+            self.thread.join(10)
+
+
+def _checkpoints(path: Path, stop: threading.Event) -> None:
+    wal = Path(f"{path}-wal")
+    seen: tuple[int, int] | None = None
+    conn: sqlite3.Connection | None = None
+    try:
+        while not stop.wait(BACKGROUND_CHECKPOINT_SECONDS):
+            try:
+                st = os.stat(wal)
+            except OSError:
+                continue  # no WAL (yet, or the database is gone): nothing to checkpoint
+            if (st.st_size, st.st_mtime_ns) == seen:
+                continue
+            try:
+                if conn is None:  # mode=rw: a database deleted meanwhile is never made again, empty
+                    conn = sqlite3.connect(f"file:{quote(str(path.resolve()))}?mode=rw", uri=True,
+                                           timeout=0, isolation_level=None, check_same_thread=False)
+                    conn.execute("PRAGMA cache_size = -64")  # 64 KiB: a checkpoint copies, it caches nothing
+                conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                seen = (st.st_size, st.st_mtime_ns)
+            except sqlite3.Error:  # busy (another checkpoint), or the file is gone: again the next time
+                if conn is not None:
+                    conn.close()
+                conn = None
+    finally:
+        if conn is not None:
+            conn.close()

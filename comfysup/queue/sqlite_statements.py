@@ -1,0 +1,120 @@
+"""The SQLite dialect's own statements that need more than one line of SQL: a submit's batch insert (numbered
+here, so its spec rows need no round trip), lease expiry, a fenced write, webhook deliveries held, and prune.
+Plain functions of a connection inside a transaction that ``SQLiteQueue`` (sqlite.py: the file, its
+connection and its locks) has begun; the SQL text is ``sql/sqlite.sql``'s.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sqlite3
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from comfysup.queue import queries
+from comfysup.queue.base import NewJob, PruneBatch
+from comfysup.queue.specs import SpecCache, dumps_plain
+from comfysup.workflows import model_key
+
+SQL = queries.load("sqlite")
+SUBMIT_CACHE_KIB = -16384
+"""PRAGMA cache_size during a submit: 16 MiB (negative: KiB), the id index of about 200,000 jobs."""
+
+
+def id_list(ids: Sequence[str]) -> str:
+    """Ids as one JSON array parameter (``json_each`` in the SQL)."""
+    return json.dumps(list(ids))
+
+
+def model_key_of_text(text: str | None) -> str | None:
+    """SQL's ``comfysup_model_key(workflow text)``: the model a workflow loads (comfysup.workflows.model_key)."""
+    try:
+        return model_key(json.loads(text)) if text else None
+    except ValueError:
+        return None
+
+
+@contextlib.contextmanager
+def bulk(conn: sqlite3.Connection) -> Iterator[None]:
+    """A larger page cache while a submit inserts: job ids are random, so each insert lands on a random
+    page of the id index, and with the default 2 MB cache a 100,000-job submit spent a fifth of its
+    time writing out and reading back those pages. Given back after, so a long-lived process keeps the
+    default."""
+    size = conn.execute("PRAGMA cache_size").fetchone()[0]
+    conn.execute(f"PRAGMA cache_size = {SUBMIT_CACHE_KIB}")
+    try:
+        yield
+    finally:
+        conn.execute(f"PRAGMA cache_size = {int(size)}")
+
+
+def insert_batch(conn: sqlite3.Connection, batch: list[NewJob], at: float | None,
+                 conflicts: list[str], cache: SpecCache) -> tuple[int, int]:
+    """Every row of a chunk numbered here (seq), so its spec row needs no round trip per job."""
+    known = {r[0]: r[1] for r in conn.execute(SQL["known_ids"], (id_list([j.id for j in batch]),))}
+    fresh = []
+    specs = []
+    seq = conn.execute(SQL["last_seq"]).fetchone()[0]
+    for job in batch:
+        if job.id in known:
+            if known[job.id] != job.spec_hash:
+                conflicts.append(job.id)
+            continue
+        known[job.id] = job.spec_hash  # a repeat later in this same chunk is judged like one in the table
+        seq += 1
+        text, digest = cache.template(job)
+        workflow_id = cache.ids.get(digest)
+        if workflow_id is None:
+            if len(cache.ids) >= 4096:
+                cache.ids.clear()
+            row = conn.execute(SQL["workflow_id"], (digest,)).fetchone()
+            workflow_id = cache.ids[digest] = row[0] if row else conn.execute(
+                SQL["insert_workflow"], (digest, text)).lastrowid
+        fresh.append((seq, job.id, job.priority, at, job.spec_hash, job.workflow_name, job.callback_url or None,
+                      cache.model_key(job)))
+        specs.append((seq, workflow_id, dumps_plain(job.extra_data), dumps_plain(job.meta),
+                      dumps_plain(job.params)))
+    conn.executemany(SQL["insert_job"], fresh)
+    conn.executemany(SQL["insert_spec"], specs)
+    return len(fresh), len(batch) - len(fresh)
+
+
+def expire_leases(conn: sqlite3.Connection, at: float) -> None:
+    """Running jobs whose lease passed are queued again; their attempt stays counted."""
+    if conn.execute(SQL["any_expired"], (at,)).fetchone() is None:
+        return
+    for job_id, attempt in conn.execute(SQL["expire"], (at,)).fetchall():
+        conn.execute(SQL["end_expired"], (at, job_id, attempt))
+
+
+def fenced(conn: sqlite3.Connection, job_sql: str, job_args: Sequence[Any], attempt_sql: str | None = None,
+           attempt_args: Sequence[Any] = ()) -> Any:
+    rows = conn.execute(job_sql, job_args).fetchall()
+    if not rows:
+        return None
+    if attempt_sql is not None:
+        conn.execute(attempt_sql, attempt_args)
+    return rows[0]
+
+
+def hold_deliveries(conn: sqlite3.Connection, at: float, limit: int, until: float) -> list[sqlite3.Row]:
+    rows = conn.execute(SQL["due_deliveries"], (at, limit)).fetchall()
+    conn.executemany(SQL["hold_delivery"], [(until, r["id"]) for r in rows])
+    return rows
+
+
+def prune(conn: sqlite3.Connection, finished_before: float, limit: int) -> PruneBatch:
+    rows = conn.execute(SQL["prune_batch"], (finished_before, limit)).fetchall()
+    if not rows:
+        return PruneBatch(removed=[])
+    seqs, ids = json.dumps([r[0] for r in rows]), id_list([r[1] for r in rows])
+    used = [r[0] for r in conn.execute(SQL["prune_workflows_of"], (seqs,))]
+    conn.execute(SQL["prune_jobs"], (seqs,))
+    conn.execute(SQL["prune_specs"], (seqs,))
+    conn.execute(SQL["prune_refusals"], (seqs,))
+    conn.execute(SQL["prune_attempts"], (ids,))
+    conn.execute(SQL["prune_deliveries"], (ids,))
+    conn.execute(SQL["prune_announcements"], (ids,))
+    gone = sum(conn.execute(SQL["prune_workflow"], (w, w)).rowcount for w in used)
+    return PruneBatch(removed=[(r[1], r[2]) for r in rows], workflows_removed=gone)
