@@ -15,7 +15,6 @@ import ctypes
 import logging
 import multiprocessing.sharedctypes
 import shutil
-import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -278,29 +277,3 @@ def runner_main(config: Config, unit: Unit, peers: dict[str, str], token: str,
     runner.install_signals()
     runner.run()
     return 0
-
-
-API_LOG = "api.log"
-
-
-def api_argv(config: Config) -> list[str]:
-    """``comfysup api`` with the supervisor's config file. The API is exec'd, not forked: it is an aiohttp
-    process with threads of its own, it sits above the supervisor in the layers (a front door, like the
-    commands), and a fresh interpreter shares no lock or socket with the supervisor's forks. COMFYSUP_*
-    variables reach it through the environment, as they reached the supervisor."""
-    argv = [sys.executable, "-m", "comfysup", "api", "--existing-queue"]  # the supervisor made the queue
-    if Path(config.source).is_file():
-        argv += ["--config", str(Path(config.source).resolve())]
-    return argv
-
-
-def spawn_api(config: Config, ops: ProcessOps, env: Mapping[str, str], log_dir: Path) -> int:
-    """Start the API child (its own session, dying with the supervisor, logging to ``<state dir>/api.log``)."""
-    return ops.spawn(api_argv(config), env=env, log_path=log_dir / API_LOG, cwd=str(Path(config.root)))
-
-
-def monitor_main(config: Config, port_out: Any, serve_endpoint: bool) -> int:
-    """In the forked monitor child: /metrics, the status page and webhook deliveries."""
-    from comfysup.observability.monitor import monitor_main as serve
-
-    return serve(config, port_out, serve_endpoint=serve_endpoint)

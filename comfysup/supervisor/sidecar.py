@@ -17,8 +17,9 @@ from __future__ import annotations
 import logging
 import os
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from comfysup.observability.monitor import BIND_FAILED
 from comfysup.supervisor.children import next_restart
@@ -55,6 +56,14 @@ class Sidecar:
     def forked(cls, name: str, main: Callable[[], int], limits: Limits, **kwargs: object) -> Sidecar:
         """A child forked from the supervisor that runs ``main`` and exits with its return value."""
         return cls(name, lambda manager, _ops: manager.fork(f"comfysup-{name}", main), limits, **kwargs)  # type: ignore[arg-type]
+
+    @classmethod
+    def spawned(cls, name: str, argv: Callable[[], list[str]], *, env: Mapping[str, str], log_path: Path, cwd: str,
+                limits: Limits, **kwargs: object) -> Sidecar:
+        """A child exec'd as a command of its own (``argv()``, asked at each start), leading its own process group
+        (signals go to the whole group), dying with the supervisor, logging to ``log_path``."""
+        return cls(name, lambda _manager, ops: ops.spawn(argv(), env=env, log_path=log_path, cwd=cwd), limits,  # type: ignore[arg-type]
+                   group=True, **kwargs)
 
     def step(self, now: float, manager: ProcessManager, ops: ProcessOps) -> None:
         if not self.wanted:

@@ -4,13 +4,13 @@ Like gunicorn's arbiter, signal handlers only record the signal (and wake the lo
 main loop reaps children with ``waitpid(WNOHANG)``, dispatches ``handle_<signal>``, and then manages the
 processes. The supervisor decides; its parts carry out:
 
-- :mod:`~comfysup.supervisor.children`: what the slots are and how servers, runners and the monitor start;
+- :mod:`~comfysup.supervisor.children`: what the slots are and how servers and runners start;
+  :mod:`~comfysup.supervisor.sidecars`: the monitor and the API, each a ``Sidecar`` like the broker consumer;
 - :mod:`~comfysup.supervisor.manager`: signals, forks, reaping and the release of a dead runner's claims
-  (the same process manager as ``comfysup work``);
-- :mod:`~comfysup.supervisor.policy` (restarts of servers, runners and the monitor) and
-  :mod:`~comfysup.supervisor.stop` (the shutdown): pure state machines that take ``now``;
-- :mod:`~comfysup.supervisor.report`: the state file and systemd's notifications;
-- :class:`~comfysup.supervisor.process.ProcessOps`: every OS call.
+  (the same process manager as ``comfysup work``); :mod:`~comfysup.supervisor.recycle`: recycling a server;
+- :mod:`~comfysup.supervisor.policy` (restarts) and :mod:`~comfysup.supervisor.stop` (the shutdown): pure
+  state machines that take ``now``; :mod:`~comfysup.supervisor.report`: the state file and systemd's
+  notifications; :class:`~comfysup.supervisor.process.ProcessOps`: every OS call.
 
 What the supervisor promises (DESIGN.md, "The promise"):
 
@@ -23,15 +23,12 @@ What the supervisor promises (DESIGN.md, "The promise"):
 - SIGTERM: stop claiming, let the runners use their grace, then stop the servers. Claims of runners
   that had to be killed at the end are released without counting an attempt.
 - The supervisor stays single-threaded, because it forks runners for as long as it lives: /metrics, the
-  status page and webhook deliveries run in a monitor child (comfysup.observability.monitor), forked like a
-  runner and restarted when it dies; it stops last, so webhooks of jobs that end during the grace go out.
+  status page and webhooks run in a monitor child, restarted when it dies and stopped last (with the API).
 """
 
 from __future__ import annotations
 
-import ctypes
 import logging
-import multiprocessing.sharedctypes
 import os
 import signal
 import time
@@ -41,21 +38,17 @@ from typing import Any
 from comfysup.comfy import probe
 from comfysup.config import Config, check_supervisor
 from comfysup.queue import Queue, open_queue
+from comfysup.supervisor import recycle, stuck
 from comfysup.supervisor import server as servers
-from comfysup.supervisor import stuck
 from comfysup.supervisor.children import (
-    API_LOG,
     Shared,
     Unit,
     build_units,
     check_comfyui,
-    monitor_main,
     next_restart,
     output_dirs,
     prepare_runner,
-    runner_limits,
     runner_main,
-    spawn_api,
     spawn_server,
 )
 from comfysup.supervisor.lock import EXIT_DATABASE_REPLACED, AlreadyRunning, database_replaced, take_lock
@@ -65,6 +58,7 @@ from comfysup.supervisor.process import ProcessOps, describe_status
 from comfysup.supervisor.report import EXIT_NO_SLOT_ALIVE, Reporter, heartbeat_machine, no_slot_alive
 from comfysup.supervisor.report import summary as summarize
 from comfysup.supervisor.sidecar import Sidecar
+from comfysup.supervisor.sidecars import Monitor, api_sidecar
 from comfysup.supervisor.stop import (
     KILL_WAIT_SECONDS,
     MONITOR_STOP_SECONDS,
@@ -111,17 +105,11 @@ class Supervisor:
         """False while the queue database does not answer: runners are told not to claim."""
         self.monitor_wanted = False
         """Set by run(): unit tests that tick a supervisor by hand fork no monitor, API or other sidecar."""
-        self.monitor_port: Any = multiprocessing.sharedctypes.RawValue(ctypes.c_int, 0)
-        self.monitor_endpoint = bool(self.config.metrics.listen)
-        self.monitor = Sidecar.forked("monitor", self._monitor_main, runner_limits(self.config),
-                                      bind_failed=self._monitor_bind_failed)
-        """/metrics, the status page and webhooks; restarted like a runner, up as soon as it is forked."""
-        self.api = Sidecar("API", lambda _manager, ops: spawn_api(self.config, ops, self.env, self.state_dir),
-                           runner_limits(self.config), group=True, bind_failed=self._api_bind_failed,
-                           wanted=bool(self.config.api.listen),
-                           about=f"on {self.config.api.listen} (log {self.state_dir / API_LOG})")
-        """The Comfy API v2 (``comfysup api``, exec'd in its own process group) when [api] listen is set."""
+        self.monitor_hub = Monitor(self.config)
+        self.monitor = self.monitor_hub.sidecar
+        self.api = api_sidecar(self.config, self.env, self.state_dir)
         self.children = [self.monitor, self.api, *self.sidecars]
+        """Every sidecar (comfysup.supervisor.sidecars), started, watched, restarted and stopped alike."""
         self.versions = VersionWatch()
         """Each server's ComfyUI version, learnt when it answers; warns once about an untested one."""
 
@@ -299,7 +287,7 @@ class Supervisor:
                 if child.pid == pid:
                     child.exited(now, status, how, restart=self.plan.keeps_monitor)
                     if child is self.monitor:
-                        self.monitor_port.value = 0  # no status page until the next one has bound
+                        self.monitor_hub.port.value = 0  # no status page until the next one has bound
             for unit in self.units:
                 if unit.runner_pid == pid:
                     self._runner_exited(unit, now, how)
@@ -408,54 +396,11 @@ class Supervisor:
         unit.runner.spawned(now)
         log.info("%s: runner started, pid %d", unit.name, runner.pid)
 
-    # -- the monitor and the API -----------------------------------------------------------------------
-
-    def _monitor_main(self) -> int:
-        """In the forked monitor: /metrics and the status page (unless its address could not be bound), webhooks."""
-        self.monitor_port.value = 0
-        return monitor_main(self.config, self.monitor_port, self.monitor_endpoint)
-
-    def _monitor_bind_failed(self) -> bool:
-        """[metrics] listen cannot be bound: the monitor starts again at once, without its endpoint."""
-        self.monitor_port.value = 0
-        if not self.monitor_endpoint:
-            return False
-        self.monitor_endpoint = False
-        log.error("no /metrics and no status page: [metrics] listen = %r cannot be bound (see above); webhooks "
-                  "are still delivered", self.config.metrics.listen)
-        return True
-
-    def _api_bind_failed(self) -> bool:
-        """[api] listen cannot be bound: said once, not retried; jobs are still run."""
-        log.error("no API: [api] listen = %r cannot be bound (see %s); jobs are still run",
-                  self.config.api.listen, self.state_dir / API_LOG)
-        return False
-
-    # -- recycling --------------------------------------------------------------------------------------
+    # -- recycling (comfysup.supervisor.recycle) ---------------------------------------------------------
 
     def _recycle_step(self, unit: Unit, now: float) -> None:
-        """After N jobs (or above the memory bound, see housekeeping): drain the runner, then restart."""
-        policy = unit.server
-        if policy is None or policy.state is not State.RUNNING:
-            return
-        every = self.config.supervisor.recycle_after_jobs
-        if unit.draining is None and every and unit.shared.jobs - unit.jobs_at_server_start >= every:
-            self._drain(unit, now, f"recycled after {unit.shared.jobs - unit.jobs_at_server_start} job(s)")
-        if unit.draining is None:
-            return
-        # The flag was cleared in an earlier tick; busy == 0 now means the runner has seen it and holds
-        # no job (or it is not running at all).
-        settled = now - unit.draining_since >= TICK_SECONDS / 2
-        if settled and (unit.runner_pid is None or not unit.shared.busy):
-            log.info("%s: %s; restarting ComfyUI", unit.name, unit.draining)
-            for action in policy.transition(now, recycle=unit.draining):
-                self._server_action(unit, now, action)
-
-    def _drain(self, unit: Unit, now: float, why: str) -> None:
-        unit.draining = why
-        unit.draining_since = now
-        unit.shared.may_claim = 0
-        log.info("%s: %s: the runner finishes its job, then ComfyUI is restarted", unit.name, why)
+        for action in recycle.step(unit, self.config.supervisor.recycle_after_jobs, now, TICK_SECONDS / 2):
+            self._server_action(unit, now, action)
 
     def _check_database(self, now: float) -> None:
         """Every tick: a queue file deleted or replaced under us is an error; everyone stops now, and the
@@ -487,18 +432,8 @@ class Supervisor:
 
     def _housekeeping(self, now: float) -> None:
         self.heartbeat_machine()
-        s = self.config.supervisor
         for unit in self.units:
-            if unit.plan is None:
-                continue
-            if servers.rotate_log(unit.plan.log_path, s.log_max_mb * 2**20):
-                log.info("%s: rotated %s", unit.name, unit.plan.log_path)
-            if unit.server_pid is not None:
-                unit.last_rss_mb = servers.tree_rss_mb(unit.server_pid)
-                if (s.recycle_rss_mb and unit.draining is None and unit.server is not None
-                        and unit.server.state is State.RUNNING and unit.last_rss_mb > s.recycle_rss_mb):
-                    self._drain(unit, now, f"memory {unit.last_rss_mb:.0f} MiB above recycle_rss_mb = "
-                                           f"{s.recycle_rss_mb}")
+            recycle.housekeeping(unit, self.config.supervisor, now)
 
     # -- what people and systemd see ---------------------------------------------------------------------
 
@@ -507,7 +442,7 @@ class Supervisor:
 
     def snapshot(self, *, final: bool = False) -> dict[str, Any]:
         return self.reporter.snapshot(self.units, stopping=self.stopping, monitor_pid=self.monitor.pid,
-                                      monitor_port=self.monitor_port.value, final=final)
+                                      monitor_port=self.monitor_hub.port.value, final=final)
 
     def write_state(self, *, final: bool = False) -> None:
         """Atomically, every tick: ``comfysup status`` and ``health`` read it."""
