@@ -16,7 +16,7 @@ from comfysup.errors import ConfigError
 from comfysup.redact import display_url
 
 if TYPE_CHECKING:
-    from comfysup.config import Config
+    from comfysup.config.schema import Config
 
 
 def check(c: Config) -> None:

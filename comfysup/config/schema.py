@@ -1,0 +1,233 @@
+"""The settings' schema: every section of config.toml as a frozen dataclass, every key with its type, its default
+and a docstring saying what it does. This is the only place a default is written; comfysup.config.loader reads
+the file, the environment and the flags into these classes, and comfysup.config.checks refuses impossible values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class QueueConfig:
+    path: str = "var/queue.db"
+    url: str = ""
+    busy_timeout_seconds: float = 30.0
+    checkpoint_seconds: float = 30.0
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    dir: str = "var/results"
+    max_file_mb: int = 2048
+    """The largest output file accepted from ComfyUI. 2 GiB holds minutes of high-bitrate video; no image
+    comes near it, and a server that streams more is misbehaving (the job is dead-lettered)."""
+    max_job_mb: int = 8192
+    """All of one job's outputs together."""
+    max_files_per_job: int = 2000
+    """Output files of one job (a video saved as frames is hundreds); a history naming more is malformed."""
+
+
+@dataclass(frozen=True)
+class AssetsConfig:
+    dir: str = ""
+    """Where input files are stored, once per content. Empty: next to the queue (``<queue>.assets/``) on SQLite,
+    and in the database itself (chunked) on PostgreSQL, so that machines share nothing but the database; set
+    it on PostgreSQL to a folder every machine mounts."""
+    max_file_mb: int = 100
+    """The largest input file submit accepts: ComfyUI's own upload limit (/features max_upload_size) is 100 MiB
+    for the whole request, so a larger file could never reach a server."""
+    max_job_mb: int = 512
+    """All input files of one job together."""
+    server_cache_mb: int = 2048
+    """Inputs kept in each server's input folder (least recently used removed first, never one that a queued or
+    running job needs). Applies to servers that comfysup run launched, whose folders the runner can reach."""
+
+
+@dataclass(frozen=True)
+class ComfyUIConfig:
+    main: str = "ComfyUI/main.py"
+    python: str = ""
+    listen: str = "127.0.0.1"
+    private_network: bool = False
+    base_port: int = 8188
+    base_directory: str = "var/comfyui"
+    extra_args: tuple[str, ...] = ()
+    gpus: str | tuple[int, ...] = "auto"
+    startup_seconds: float = 120.0
+    extra_model_paths_config: str = ""
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    name: str
+    url: str
+    output_dir: str = ""
+    """The server's output folder when it runs on this machine (optional): each job's files are then read from
+    it instead of downloaded through /view, a run whose history died with the server is adopted from it, and
+    the job's folder there is removed once its files are stored, as for the servers ``comfysup run`` launches.
+    Its input folder is taken to be ``input`` beside it, as in a ComfyUI installation. A relative path is
+    relative to the config file's folder, as every path of the config is."""
+
+
+@dataclass(frozen=True)
+class RunnerConfig:
+    attempts: int = 4
+    base_delay_seconds: float = 2.0
+    max_delay_seconds: float = 60.0
+    jitter: bool = True
+    timeout_seconds: float = 600.0
+    poll_seconds: float = 1.0
+    lease_seconds: float = 60.0
+    heartbeat_seconds: float = 5.0
+    max_queue: int = 1
+    grace_seconds: float = 60.0
+    http_timeout_seconds: float = 30.0
+    leave_queue_seconds: float = 60.0
+    """How long an interrupted prompt may take to leave its server's queue; after that it is stuck (a custom
+    node that never checks the interrupt flag): comfysup run restarts that server, comfysup work takes it
+    out of service until its queue is empty."""
+    affinity_max_wait_seconds: float = 300.0
+    """Model affinity's fairness bound: a runner prefers jobs of the model its server ran last, but no job
+    waits longer than this beyond what strict priority order would have made it wait; 0: strict order."""
+    queue_ahead: bool = True
+    """Keep one more job waiting in the server's own queue behind the running prompt (claimed, leased, posted
+    with its own id), so ComfyUI starts it the moment the running one ends: the GPU no longer idles between
+    two prompts for the client's claim, POST and socket work (3-4 ms a prompt; bench/e2e.py: efficiency 0.977
+    → 0.992 at 200 ms × 4 servers). Its timeout starts when it starts executing; a cancel, a graceful stop or
+    a prompt stuck ahead of it takes it out of the server's queue (released without counting an attempt, as
+    when the server dies before it started); none is queued while another runner of the machine waits for
+    work. False: a runner posts only when its server is free (one job per runner at a time)."""
+
+
+@dataclass(frozen=True)
+class SupervisorConfig:
+    runner_timeout_seconds: float = 45.0
+    recycle_after_jobs: int = 0
+    recycle_rss_mb: int = 0
+    max_quick_failures: int = 5
+    quick_failure_seconds: float = 30.0
+    restart_max_delay_seconds: float = 60.0
+    log_max_mb: int = 50
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    listen: str = "127.0.0.1:9188"
+    """HOST:PORT of /metrics and the status page; port 0 takes any free port; empty: no endpoint."""
+    refresh_seconds: float = 2.0
+    """How often the status page reloads itself."""
+    max_workflow_labels: int = 50
+    """Distinct workflow label values in the metrics (the workflow file's name or meta.kind); past this a new
+    one is counted as "other", so freely chosen kinds cannot grow the metrics without bound."""
+
+
+@dataclass(frozen=True)
+class WebhooksConfig:
+    url: str = ""
+    """Where every terminal job's record is POSTed when its line has no callback_url; empty: nowhere."""
+    secret: str = ""
+    """The HMAC-SHA256 key of the X-Comfysup-Signature header; empty: deliveries are not signed."""
+    attempts: int = 8
+    base_delay_seconds: float = 5.0
+    max_delay_seconds: float = 600.0
+    timeout_seconds: float = 10.0
+    allow_private: bool = False
+    """Allow webhooks to loopback, link-local and private addresses and to cloud metadata names; off, a job
+    cannot make comfysup POST inside its own network (comfysup.destinations)."""
+
+
+@dataclass(frozen=True)
+class ApiConfig:
+    listen: str = "127.0.0.1:9189"
+    """HOST:PORT of the Comfy API v2 (/api/v2/jobs, /api/v2/assets) that ``comfysup run`` serves and ``comfysup
+    api`` serves alone; port 0 takes any free port; empty: ``comfysup run`` serves none. The port is
+    comfy-api-proxy's own default, so an SDK configured for the proxy finds comfysup in its place."""
+    token: str = ""
+    """The bearer token every request must carry (``Authorization: Bearer <token>``); empty: none is asked for,
+    and then only a loopback address may be listened on. Never logged or shown."""
+    max_queued: int = 0
+    """Jobs not yet ended above which POST /api/v2/jobs answers 429 queue_full with Retry-After; 0: no bound."""
+    max_event_streams: int = 1000
+    """Event streams (GET /api/v2/jobs/{id}/events) open at once; one more gets 429 too_many_streams with
+    Retry-After. Streams are fed by one watcher of the queue, not by ComfyUI, so each costs a socket and a few
+    KiB: the bound is on file descriptors and memory (the API raises its open-file limit to fit it)."""
+    max_upload_mb: int = 100
+    """The largest body the API accepts (an asset upload; a job's JSON is bounded by the workflow limit)."""
+    upload_retention_hours: float = 168.0
+    """How long an asset uploaded through the API (POST /api/v2/assets, /from-hash) is kept for the jobs that will
+    reference it (the contract's ``expires_at``); ``comfysup prune`` removes it after that unless a job still in
+    the queue uses its content. Minting the same content under the same name again (``from-hash``) extends that
+    record; a new upload is a new record with its own deadline."""
+    allowed_origins: tuple[str, ...] = ()
+    """Browser origins (``https://app.example``) allowed besides the API's own; any other Origin is refused, so
+    a web page cannot make a visitor's browser submit jobs."""
+    public_url: str = ""
+    """Where the other machines of a shared (PostgreSQL) queue reach this API (``http(s)://host:port``, no path),
+    advertised in the queue so that an output whose file is in this machine's result store can be streamed to a
+    client of another machine's API. Empty: ``http://<listen>`` when ``listen`` is not a loopback address (a
+    wildcard such as 0.0.0.0 becomes this machine's host name), else nothing is advertised. Set it when a TLS
+    proxy or another name stands in front of the API."""
+
+
+@dataclass(frozen=True)
+class RabbitMQConfig:
+    url: str = ""
+    """amqp://user:password@host:port/vhost of the broker; empty: no consumer, no broker results."""
+    queue: str = "renders"
+    """Where jobs arrive, one jobs.jsonl line per message; declared a durable quorum queue when missing."""
+    prefetch: int = 50
+    """Unacknowledged messages the consumer holds at once (basic_qos): each batch is one insert."""
+    workflows_dir: str = "workflows"
+    """A message's workflow path is read below this folder (relative to the config file); no .. or /."""
+    done_exchange: str = "comfysup.done"
+    """Where a done job's record is published (a durable fanout exchange when comfysup declares it)."""
+    dead_exchange: str = "comfysup.dead"
+    """Where a dead or cancelled job's record is published."""
+    invalid_queue: str = "renders.invalid"
+    """Where a message that fails validation goes, with its reason in the x-comfysup-reason header and body."""
+    reconnect_max_delay_seconds: float = 30.0
+    """Reconnection waits random(0, min(this, 0.5 × 2^(n-1))) after the n-th failure in a row."""
+
+
+@dataclass(frozen=True)
+class Config:
+    queue: QueueConfig = field(default_factory=QueueConfig)
+    store: StoreConfig = field(default_factory=StoreConfig)
+    assets: AssetsConfig = field(default_factory=AssetsConfig)
+    comfyui: ComfyUIConfig = field(default_factory=ComfyUIConfig)
+    servers: tuple[ServerConfig, ...] = ()
+    runner: RunnerConfig = field(default_factory=RunnerConfig)
+    supervisor: SupervisorConfig = field(default_factory=SupervisorConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    webhooks: WebhooksConfig = field(default_factory=WebhooksConfig)
+    api: ApiConfig = field(default_factory=ApiConfig)
+    rabbitmq: RabbitMQConfig = field(default_factory=RabbitMQConfig)
+    source: str = "<defaults>"
+    """Where the file values came from, for messages."""
+    root: str = "."
+    """Directory that relative paths in the file are resolved against (the file's own directory)."""
+
+    def resolve(self, path: str) -> Path:
+        """A path from the config, relative to the config file's directory."""
+        p = Path(path).expanduser()
+        return p if p.is_absolute() else Path(self.root) / p
+
+    def server_output_dirs(self) -> dict[str, Path]:
+        """The output folders of the [[servers]] entries that name one (``output_dir``), by server name."""
+        return {s.name: self.resolve(s.output_dir) for s in self.servers if s.output_dir}
+
+
+SECTIONS: dict[str, type] = {
+    "queue": QueueConfig,
+    "store": StoreConfig,
+    "assets": AssetsConfig,
+    "comfyui": ComfyUIConfig,
+    "runner": RunnerConfig,
+    "supervisor": SupervisorConfig,
+    "metrics": MetricsConfig,
+    "webhooks": WebhooksConfig,
+    "api": ApiConfig,
+    "rabbitmq": RabbitMQConfig,
+}
