@@ -66,6 +66,8 @@ import requests
 import tomli_w
 from real_report import COLUMNS, prefix_of, row_line, run_by_run, summary, verify
 
+from comfysup.comfy import probe
+
 ROOT = Path(__file__).resolve().parents[1]
 DRIVERS = HERE / "real_drivers.py"
 WORKFLOWS = ROOT / "examples" / "workflows"
@@ -127,7 +129,7 @@ def start_comfyui(comfyui_dir: Path, python: str, base: Path) -> tuple[subproces
                                  f"sqlite:///{base / 'comfyui.db'}", "--disable-auto-launch"],
                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
-    wait_until(lambda: requests.get(f"{url}/system_stats", timeout=1).ok, "ComfyUI", 300, proc, log)
+    wait_until(lambda: probe.answers(url, timeout_seconds=1), "ComfyUI", 300, proc, log)
     return proc, url
 
 

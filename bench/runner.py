@@ -37,6 +37,8 @@ import tomli_w
 import websocket
 from real_drivers import wait_for_end
 
+from comfysup.comfy import probe
+
 ROOT = Path(__file__).resolve().parents[1]
 TRIVIAL = json.loads((ROOT / "examples" / "workflows" / "trivial.json").read_text())
 NODES = len(TRIVIAL)
@@ -56,11 +58,9 @@ def start_fake(base: Path, node_ms: float) -> tuple[subprocess.Popen, str]:
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
-        try:
-            requests.get(f"{url}/system_stats", timeout=0.5)
+        if probe.answers(url, timeout_seconds=0.5):
             return proc, url
-        except requests.RequestException:
-            time.sleep(0.05)
+        time.sleep(0.05)
     proc.kill()
     raise SystemExit("fake_comfy did not start")
 
