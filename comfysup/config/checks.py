@@ -7,7 +7,7 @@ Each message says which key, which value, and what would be accepted. ``check`` 
 from __future__ import annotations
 
 import ipaddress
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
@@ -105,6 +105,20 @@ def check(c: Config) -> None:
     if w.base_delay_seconds > w.max_delay_seconds:
         raise bad("webhooks", "base_delay_seconds", w.base_delay_seconds,
                   f"must not exceed [webhooks] max_delay_seconds ({w.max_delay_seconds:g})")
+    _no_negative_numbers(c)
+
+
+def _no_negative_numbers(c: Config) -> None:
+    """Every number of the config is a duration, a size, a count or a port: none means anything below 0. Checked
+    last, so a key with a rule of its own (``must be greater than 0``) says that rule first."""
+    for section in ("queue", "store", "assets", "comfyui", "runner", "supervisor", "metrics", "webhooks", "api",
+                    "rabbitmq"):
+        values = getattr(c, section)
+        for f in fields(values):
+            value = getattr(values, f.name)
+            if isinstance(value, int | float) and not isinstance(value, bool) and value < 0:
+                raise ConfigError(f"{c.source}: [{section}] {f.name} = {value!r}: must be 0 or more (a duration, a "
+                                  "size or a count is never negative)")
 
 
 def _check_api(c: Config) -> None:

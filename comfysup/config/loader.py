@@ -9,6 +9,7 @@ comfysup.config.checks.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import tomllib
 import types
@@ -29,6 +30,12 @@ ENV_NOT_SETTINGS = frozenset({ENV_CONFIG, "COMFYSUP_HOSTNAME", "COMFYSUP_SKIP_PO
                               "COMFYSUP_LOG_FORMAT"})
 """COMFYSUP_* variables that are not COMFYSUP_<SECTION>_<KEY> settings (the machine's name in the queue, the
 log format of a process, and switches of the test suite), so they are not refused as unknown settings."""
+
+
+MAX_FILE_BYTES = 4 << 20
+"""The largest config file read: a real one is a few KiB."""
+MAX_DEPTH = 16
+"""Tables and arrays nested at most this deep (a config is sections, [[servers]], and lists of numbers)."""
 
 
 def find_config_file(explicit: str | None) -> Path | None:
@@ -62,15 +69,50 @@ def load_config(
     if file is not None:
         source = str(file)
         root = file.resolve().parent
-        try:
-            with open(file, "rb") as f:
-                raw = tomllib.load(f)
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"{file}: not valid TOML: {exc}") from exc
-        except OSError as exc:
-            raise ConfigError(f"{file}: cannot read: {exc.strerror}") from exc
+        raw = read_toml(file)
     return build_config(raw, source=source, root=str(root), env=os.environ if env is None else env,
                         overrides=overrides or {})
+
+
+def read_toml(file: Path) -> dict[str, Any]:
+    """The parsed file, or a one-line ConfigError: the file is untrusted input like any other (a config that is not
+    UTF-8, huge, or nested thousands deep must never end in a traceback)."""
+    try:
+        with open(file, "rb") as f:
+            data = f.read(MAX_FILE_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError(f"{file}: cannot read: {exc.strerror}") from exc
+    if len(data) > MAX_FILE_BYTES:
+        raise ConfigError(f"{file}: larger than {MAX_FILE_BYTES >> 20} MiB; a config.toml is a few KiB: is this the "
+                          "right file?")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{file}: not UTF-8 (byte {exc.start}: {data[exc.start:exc.start + 1]!r}); save it as "
+                          "UTF-8") from None
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{file}: not valid TOML: {exc}") from None
+    except RecursionError:
+        raise ConfigError(f"{file}: nested too deep to read; a config has at most {MAX_DEPTH} levels") from None
+    if _depth(raw) > MAX_DEPTH:
+        raise ConfigError(f"{file}: nested more than {MAX_DEPTH} levels deep; a config has sections, keys and "
+                          "short lists")
+    return raw
+
+
+def _depth(value: Any) -> int:
+    """How many levels of tables and arrays ``value`` holds (iterative: a deep value cannot exhaust the stack)."""
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, dict | list):
+            deepest = max(deepest, level + 1)
+            if deepest > MAX_DEPTH:
+                return deepest
+            stack.extend((child, level + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return deepest
 
 
 def build_config(
@@ -136,7 +178,7 @@ def _parse_env(name: str, text: str, kind: Any) -> Any:
         return text
     try:
         return tomllib.loads(f"v = {text}")["v"]
-    except tomllib.TOMLDecodeError:
+    except (tomllib.TOMLDecodeError, RecursionError):
         return text  # reported by the type check with the key's expected type
 
 
@@ -169,6 +211,8 @@ def _coerce(value: Any, kind: Any, where: str) -> Any:
     if kind is float:
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ConfigError(f"{where}: expected a number")
+        if not math.isfinite(value):
+            raise ConfigError(f"{where}: expected a finite number (a duration or a size is never NaN or infinite)")
         return float(value)
     if kind is int:
         if isinstance(value, bool) or not isinstance(value, int):
@@ -181,8 +225,17 @@ def _coerce(value: Any, kind: Any, where: str) -> Any:
     if kind is str:
         if not isinstance(value, str):
             raise ConfigError(f"{where}: expected a string")
-        return value
+        return plain_text(value, where)
     raise AssertionError(f"unhandled config type {kind!r}")
+
+
+def plain_text(value: str, where: str) -> str:
+    """A string setting without control characters: a NUL cuts a path short in the OS, a newline forges log lines
+    and headers; no setting (a path, a URL, a name, a token) has a use for them."""
+    bad = next((c for c in value if ord(c) < 0x20 or ord(c) == 0x7F), None)
+    if bad is not None:
+        raise ConfigError(f"{where}: contains the control character {bad!r}; remove it")
+    return value
 
 
 def _describe(kind: Any) -> str:
@@ -210,6 +263,7 @@ def _servers(body: Any, source: str) -> tuple[ServerConfig, ...]:
         for key in ("name", "url"):
             if not isinstance(entry.get(key), str) or not entry[key]:
                 raise ConfigError(f"{where}: {key} = {entry.get(key)!r}: expected a non-empty string")
+            plain_text(entry[key], f"{where}: {key} = {entry[key]!r}")
         parsed = urlparse(entry["url"])
         if parsed.scheme not in ("http", "https") or not parsed.hostname:
             raise ConfigError(f"{where}: url = {entry['url']!r}: expected http://HOST:PORT")
@@ -217,6 +271,7 @@ def _servers(body: Any, source: str) -> tuple[ServerConfig, ...]:
         if not isinstance(output_dir, str):
             raise ConfigError(f"{where}: output_dir = {output_dir!r}: expected the path of the server's output "
                               "folder on this machine (ComfyUI's output), or no output_dir for a server elsewhere")
+        plain_text(output_dir, f"{where}: output_dir = {output_dir!r}")
         out.append(ServerConfig(name=entry["name"], url=entry["url"].rstrip("/"), output_dir=output_dir))
     names = [s.name for s in out]
     for name in names:

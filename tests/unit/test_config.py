@@ -294,3 +294,17 @@ def test_a_public_url_with_credentials_is_refused_without_showing_them(tmp_path:
     message = error_of(write(tmp_path, '[api]\npublic_url = "http://user:s3cret-pw@gpu7.example"\n'))
     assert "no path, query or credentials" in message and "gpu7.example" in message
     assert "s3cret-pw" not in message
+
+
+def test_no_number_of_the_config_may_be_negative_even_without_a_rule_of_its_own() -> None:
+    """The last check of every config: a key whose own rule was forgotten is still never negative."""
+    import dataclasses
+
+    from comfysup.config.checks import _no_negative_numbers
+    from comfysup.config.schema import Config
+
+    config = Config()
+    _no_negative_numbers(config)
+    broken = dataclasses.replace(config, api=dataclasses.replace(config.api, max_queued=-1), source="c.toml")
+    with pytest.raises(ConfigError, match=r"c\.toml: \[api\] max_queued = -1: must be 0 or more"):
+        _no_negative_numbers(broken)
