@@ -91,6 +91,36 @@ def open_file(dir_fd: int, name: str, flags: int = os.O_RDONLY, mode: int = 0o60
     return fd
 
 
+def open_beneath(root: Path, relative: str) -> int:
+    """The regular file at ``relative`` below ``root``, read-only: every component opened without following a
+    symlink (``Escapes`` names the one that is a link, or a file that is not regular: a FIFO, a device), the
+    file opened non-blocking so that a FIFO cannot hold the open. ``relative`` is checked first: no absolute
+    path and no ``..``; FileNotFoundError when it is not there."""
+    parts = relative.split("/")
+    if relative.startswith("/") or any(p in ("", ".", "..") for p in parts):
+        raise Escapes(errno.EINVAL, f"{relative} is not a plain relative path (no leading /, no . or .., no //)")
+    root_fd = open_root(root)
+    try:
+        with dir_beneath(root_fd, parts[:-1], where=relative) as folder:
+            return open_file(folder, parts[-1], where=relative)
+    finally:
+        os.close(root_fd)
+
+
+def open_regular(path: str | Path) -> int:
+    """A file the caller named by path (its folders are the caller's), read-only, only if it is a regular file
+    and not a symlink; non-blocking until that is known, so that a FIFO put there cannot hang the caller."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY)
+    except OSError as exc:
+        raise _refuse(exc, str(path)) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise Escapes(errno.EINVAL, f"{path} is not a regular file")
+    os.set_blocking(fd, True)
+    return fd
+
+
 def remove_tree(parent_fd: int, name: str) -> None:
     """Remove ``name`` in ``parent_fd`` and, if it is a real folder, all below it; a symlink is removed as a
     link, never followed."""

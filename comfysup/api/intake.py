@@ -98,7 +98,8 @@ class Intake:
         if inputs:
             line["set"] = inputs
         jobs = JobsFile(self.base_dir / "api.jsonl", label="api", base_dir=self.base_dir, catalogues=catalogues,
-                        allow_private_callbacks=self.allow_private_callbacks)
+                        allow_private_callbacks=self.allow_private_callbacks, input_roots=(),
+                        inputs_where="the API: a job names its input files by core/ASSET references to uploads")
         try:
             job, _warnings = jobs.parse(json.dumps(line).encode(), check=True)
         except JobLineError as exc:

@@ -70,7 +70,16 @@ def jobs_reader(config: Config, queue: Queue | None) -> BrokerJobs:
     base = config.resolve(config.rabbitmq.workflows_dir)
     found = [Catalogue(r.id, r.info, tuple(r.servers)) for r in queue.catalogues()] if queue is not None else []
     return BrokerJobs(base / "<rabbitmq>", label=config.rabbitmq.queue, base_dir=base, catalogues=found,
-                      allow_private_callbacks=config.webhooks.allow_private)
+                      allow_private_callbacks=config.webhooks.allow_private, **inputs_of(config))
+
+
+def inputs_of(config: Config) -> dict[str, Any]:
+    """Where a message's {"file": ...} inputs may come from: [rabbitmq] inputs_dir, or nowhere when it is unset."""
+    inputs_dir = config.rabbitmq.inputs_dir
+    if not inputs_dir:
+        return {"input_roots": (), "inputs_where": "[rabbitmq] inputs_dir, which is not set: a message names no "
+                                                   "file of this machine"}
+    return {"input_roots": (config.resolve(inputs_dir),), "inputs_where": "[rabbitmq] inputs_dir"}
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from comfysup.broker.connection import BrokerError, connect, declare_all, persistent, where
-from comfysup.broker.consumer import BrokerJobs, jobs_reader
+from comfysup.broker.consumer import BrokerJobs, inputs_of, jobs_reader
 from comfysup.config import Config
 from comfysup.jobs import Validation
 from comfysup.queue.base import Queue
@@ -24,7 +24,7 @@ __all__ = ["BrokerError", "file_lines", "publish_lines", "validate", "where"]
 def validate(config: Config, queue: Queue | None, path: Path, label: str) -> tuple[BrokerJobs, Validation]:
     reader = jobs_reader(config, queue)
     jobs = BrokerJobs(path, label=label, base_dir=reader.base_dir, catalogues=list(reader.catalogues.values()),
-                      allow_private_callbacks=config.webhooks.allow_private)
+                      allow_private_callbacks=config.webhooks.allow_private, **inputs_of(config))
     return jobs, jobs.validate()
 
 

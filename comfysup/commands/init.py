@@ -40,6 +40,7 @@ DOCS: dict[str, dict[str, str]] = {
         "max_file_mb": "Largest input file submit accepts, in MiB (ComfyUI's upload limit is 100).",
         "max_job_mb": "All input files of one job together, in MiB.",
         "server_cache_mb": "Inputs kept in each launched server's input folder, in MiB (least recently used go).",
+        "input_roots": "Folders besides the jobs file's own that submit may read {\"file\": ...} inputs from.",
     },
     "comfyui": {
         "": "The ComfyUI servers that comfysup launches, one per GPU.",
@@ -136,6 +137,7 @@ DOCS: dict[str, dict[str, str]] = {
         "queue": "Where jobs arrive, one jobs.jsonl line a message; declared a durable quorum queue if missing.",
         "prefetch": "Unacknowledged messages held at once; each batch is validated and inserted in one go.",
         "workflows_dir": "A message's workflow path is read below this folder (no .. and no absolute path).",
+        "inputs_dir": "A message's {\"file\": ...} inputs are read below this folder; \"\": messages name no files.",
         "done_exchange": "Where a done job's record goes (message_id = job id, persistent, confirmed).",
         "dead_exchange": "Where a dead or cancelled job's record goes.",
         "invalid_queue": "Where an invalid message goes, with its reason in x-comfysup-reason and the body.",

@@ -87,7 +87,10 @@ def _submit(args: argparse.Namespace, config: Config, queue: Queue | None, path:
     jobs = JobsFile(path, label=label, base_dir=base_dir, catalogues=_catalogues(queue),
                     allow_private_callbacks=config.webhooks.allow_private,
                     max_input_bytes=config.assets.max_file_mb * 2**20,
-                    max_job_input_bytes=config.assets.max_job_mb * 2**20)
+                    max_job_input_bytes=config.assets.max_job_mb * 2**20,
+                    input_roots=[base_dir, *(config.resolve(r) for r in config.assets.input_roots)],
+                    inputs_where="the jobs file's folder" + (" or [assets] input_roots"
+                                                            if config.assets.input_roots else ""))
     checked = jobs.validate()
     if _refused_or_dry(args, label, checked, "submitted"):
         return 0

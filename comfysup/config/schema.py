@@ -43,6 +43,10 @@ class AssetsConfig:
     server_cache_mb: int = 2048
     """Inputs kept in each server's input folder (least recently used removed first, never one that a queued or
     running job needs). Applies to servers that comfysup run launched, whose folders the runner can reach."""
+    input_roots: tuple[str, ...] = ()
+    """Folders besides the jobs file's own that `comfysup submit` may read {"file": ...} inputs from (relative
+    paths are relative to this config file). An input names a file relative to one of them: never an absolute
+    path, never .., never through a symlink, only a regular file."""
 
 
 @dataclass(frozen=True)
@@ -181,6 +185,10 @@ class RabbitMQConfig:
     """Unacknowledged messages the consumer holds at once (basic_qos): each batch is one insert."""
     workflows_dir: str = "workflows"
     """A message's workflow path is read below this folder (relative to the config file); no .. or /."""
+    inputs_dir: str = ""
+    """A message's {"file": ...} inputs are read below this folder (relative to the config file; never an absolute
+    path, .., a symlink or anything but a regular file); empty: messages may not name files (anyone who can publish
+    to the queue could otherwise read this machine's files into the asset store)."""
     done_exchange: str = "comfysup.done"
     """Where a done job's record is published (a durable fanout exchange when comfysup declares it)."""
     dead_exchange: str = "comfysup.dead"

@@ -82,14 +82,16 @@ class JobsFile:
     def __init__(self, path: Path, *, label: str | None = None, base_dir: Path | None = None,
                  object_info: ObjectInfo | None = None, allow_private_callbacks: bool = False,
                  catalogues: Sequence[Catalogue] = (), max_input_bytes: int | None = None,
-                 max_job_input_bytes: int | None = None) -> None:
+                 max_job_input_bytes: int | None = None, input_roots: Sequence[Path] | None = None,
+                 inputs_where: str = "the jobs file's folder") -> None:
         self.path = path
         self.allow_private_callbacks = allow_private_callbacks
         """[webhooks] allow_private: a callback_url may then name this machine or a private network."""
         self.label = label or str(path)
         self.base_dir = base_dir if base_dir is not None else path.resolve().parent
-        self.inputs = InputFiles(self.base_dir)
-        """Input files named in ``set`` ({"file": ...}), each hashed once per submit ([assets] limits)."""
+        self.inputs = InputFiles(self.base_dir, None if input_roots is None else tuple(input_roots), inputs_where)
+        """Input files named in ``set`` ({"file": ...}) below ``input_roots`` (None: the jobs file's folder; empty:
+        none may be named), each hashed once per submit ([assets] limits)."""
         if max_input_bytes is not None:
             self.inputs.max_file_bytes = max_input_bytes
         if max_job_input_bytes is not None:

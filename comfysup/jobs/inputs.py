@@ -1,5 +1,11 @@
 """Input files in a line's ``set``: ``{"file": "photos/cat.png"}`` or an API v2 ``core/ASSET`` reference.
 
+A file comes from a place the operator chose (``InputFiles.roots``): for ``comfysup submit`` the jobs file's
+folder and ``[assets] input_roots``, for the broker ``[rabbitmq] inputs_dir`` (none when unset), for the API
+none. It is named relative to one of them, never absolute and never with ``..``, reached through no symlink,
+and only a regular file is read (opened non-blocking and checked with ``fstat`` first: a FIFO cannot hang
+submit or the consumer), its size bounded.
+
 Each file is read and hashed (BLAKE3) once per submit however many lines name it, checked against the size
 limits, and replaced in ``set`` by the reference the job stores (comfysup.assets). The reference carries the
 hash, so the job's spec hash covers the file's content: the same id submitted again with a changed file is a
@@ -13,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from comfysup import assets
+from comfysup import assets, safefs
 from comfysup.jobs.values import JobLineError, check_text
 from comfysup.queue.base import NewAsset
 
@@ -25,9 +31,18 @@ class InputFiles:
     """Resolves the file values of every line of one jobs file (relative to ``base_dir``)."""
 
     base_dir: Path
+    roots: tuple[Path, ...] | None = None
+    """The folders an input file may come from (the first that has it); None: ``base_dir`` alone. Empty: none,
+    file inputs are refused (``where`` says why)."""
+    where: str = "the jobs file's folder"
+    """The roots as a person reads them, for messages."""
     max_file_bytes: int = 100 * MIB
     max_job_bytes: int = 512 * MIB
     _seen: dict[tuple[str, int, int, int], NewAsset] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.roots is None:
+            self.roots = (self.base_dir,)
 
     def resolve(self, params: dict[str, Any]) -> tuple[dict[str, Any], tuple[NewAsset, ...]]:
         """``params`` with each file value replaced by its reference, and the assets they name."""
@@ -54,32 +69,52 @@ class InputFiles:
 
     def _file(self, key: str, value: Any) -> NewAsset:
         if not isinstance(value, str) or not value:
-            raise JobLineError(f"set {key!r}: \"file\" must be a path relative to the jobs file")
+            raise JobLineError(f"set {key!r}: \"file\" must be a path relative to {self.where}")
         check_text(value, f"set {key!r}: file")
-        path = Path(value)
-        if not path.is_absolute():
-            path = self.base_dir / path
-        try:
-            with open(path, "rb") as f:
-                st = os.fstat(f.fileno())
-                ident = (str(path), st.st_dev, st.st_ino, st.st_mtime_ns)
-                known = self._seen.get(ident)
-                if known is not None and known.size == st.st_size:
-                    return known
-                if st.st_size > self.max_file_bytes:
-                    raise JobLineError(self._too_large(key, value, st.st_size))
-                try:
-                    digest, size = assets.hash_stream(f, self.max_file_bytes)
-                except ValueError:
-                    raise JobLineError(self._too_large(key, value, st.st_size)) from None
-        except IsADirectoryError:
-            raise JobLineError(f"set {key!r}: {value} is a folder, not a file") from None
-        except FileNotFoundError:
-            raise JobLineError(f"set {key!r}: no such file {value} (relative to the jobs file)") from None
-        except PermissionError:
-            raise JobLineError(f"set {key!r}: {value} cannot be read (permission denied)") from None
-        asset = self._seen[ident] = NewAsset(digest, size, PurePosixPath(value.replace("\\", "/")).name, str(path))
+        if not self.roots:
+            raise JobLineError(f"set {key!r}: file {value!r}: {self.where}; send the file some other way "
+                               "(a core/ASSET reference to an upload, or a URL)")
+        relative = value.replace("\\", "/")
+        if PurePosixPath(relative).is_absolute() or ".." in PurePosixPath(relative).parts:
+            raise JobLineError(f"set {key!r}: file {value!r}: an input file is named relative to {self.where}, "
+                               "with no .. and no absolute path")
+        relative = "/".join(p for p in PurePosixPath(relative).parts if p != ".")
+        fd, root = self._open(key, value, relative)
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(f.fileno())
+            ident = (str(root / relative), st.st_dev, st.st_ino, st.st_mtime_ns)
+            known = self._seen.get(ident)
+            if known is not None and known.size == st.st_size:
+                return known
+            if st.st_size > self.max_file_bytes:
+                raise JobLineError(self._too_large(key, value, st.st_size))
+            try:
+                digest, size = assets.hash_stream(f, self.max_file_bytes)
+            except ValueError:
+                raise JobLineError(self._too_large(key, value, st.st_size)) from None
+            except OSError as exc:
+                raise JobLineError(f"set {key!r}: {value} cannot be read ({exc.strerror})") from None
+        asset = self._seen[ident] = NewAsset(digest, size, PurePosixPath(relative).name, str(root / relative))
         return asset
+
+    def _open(self, key: str, value: str, relative: str) -> tuple[int, Path]:
+        """The file below the first root that has it, opened (see comfysup.safefs.open_beneath), and that root."""
+        for root in self.roots:
+            try:
+                return safefs.open_beneath(root, relative), root
+            except FileNotFoundError:
+                continue
+            except safefs.Escapes as exc:
+                raise JobLineError(f"set {key!r}: file {value!r}: {exc.strerror}; an input file is a regular "
+                                   f"file below {self.where}, reached through no symlink") from None
+            except NotADirectoryError:
+                raise JobLineError(f"set {key!r}: no such file {value} (a part of it is a file, not a folder)") \
+                    from None
+            except IsADirectoryError:
+                raise JobLineError(f"set {key!r}: {value} is a folder, not a file") from None
+            except PermissionError:
+                raise JobLineError(f"set {key!r}: {value} cannot be read (permission denied)") from None
+        raise JobLineError(f"set {key!r}: no such file {value} (relative to {self.where})")
 
     def _too_large(self, key: str, value: str, size: int) -> str:
         return (f"set {key!r}: {value} is {size:,} bytes; an input file may have at most {self.max_file_bytes:,} bytes "

@@ -29,6 +29,7 @@ from typing import Any
 
 import blake3
 
+from comfysup import safefs
 from comfysup.assets import HASH_PREFIX
 from comfysup.errors import QueueError
 from comfysup.queue.base import NewAsset, NewJob
@@ -138,7 +139,12 @@ class AssetStore:
         """Copy the file in chunks through ``write``, hashing it again; QueueError when it changed."""
         hasher, size = blake3.blake3(), 0
         assert asset.path is not None
-        with open(asset.path, "rb") as f:
+        try:  # the file hashed at validation, opened again: never through a symlink, never a FIFO put there since
+            fd = safefs.open_regular(asset.path)
+        except OSError as exc:
+            raise QueueError(f"{asset.path} cannot be read again to store it ({exc.strerror}); nothing was "
+                             "submitted") from None
+        with os.fdopen(fd, "rb") as f:
             while chunk := f.read(CHUNK_BYTES):
                 hasher.update(chunk)
                 size += len(chunk)
@@ -156,11 +162,22 @@ class AssetStore:
             raise AssetMissing(f"input {digest} is not in the asset store (pruned while a job needed it?)")
         if self.assets_dir is not None:
             try:
-                return self._path(digest).read_bytes()
+                fd = safefs.open_regular(self._path(digest))
             except FileNotFoundError:
                 raise AssetMissing(f"input {digest}: its file {self._path(digest)} is missing") from None
-        chunks = self._transaction(_fetch, self.sql["asset_chunks"], (digest,), write=False)
-        return b"".join(bytes(r[0]) for r in chunks)
+            except OSError as exc:
+                raise AssetMissing(f"input {digest}: its file {self._path(digest)} cannot be read ({exc.strerror})") \
+                    from None
+            with os.fdopen(fd, "rb") as f:
+                data = f.read(int(rows[0][0]) + 1)
+        else:
+            chunks = self._transaction(_fetch, self.sql["asset_chunks"], (digest,), write=False)
+            data = b"".join(bytes(r[0]) for r in chunks)
+        # Hashed again before it is sent: bytes changed on disk (or in the table) never go out under an old hash.
+        if HASH_PREFIX + blake3.blake3(data).hexdigest() != digest:
+            raise AssetMissing(f"input {digest}: the stored copy no longer matches its hash (changed or damaged "
+                               "on disk); submit the file again to store it anew")
+        return data
 
     def assets_needed(self) -> set[str]:
         """The hashes of the input files that queued and running jobs need."""

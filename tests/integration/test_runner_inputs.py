@@ -171,3 +171,20 @@ def test_show_results_webhooks_page_status_and_metrics_list_inputs(tmp_path: Pat
     assert "comfysup_input_files 1.0" in exposition
     assert f"comfysup_input_bytes {float(totals['bytes'])}" in exposition
     assert "comfysup_input_uploads_total 1.0" in exposition
+
+
+@pytest.mark.timeout(60)
+def test_a_stored_input_changed_on_disk_is_never_sent_under_its_old_hash(tmp_path: Path, fake: FakeComfy) -> None:
+    """Issue 30: the asset store's copy is hashed again before the upload; bytes changed on disk since the submit
+    (same size: a check of the size alone would pass them) end the job with the reason, and nothing is sent."""
+    config = write_config(tmp_path)
+    (tmp_path / "in.png").write_bytes(random_png(7))
+    queue = submit(config, invert_jobs(tmp_path, ["in.png"]))
+    digest = assets.hash_bytes((tmp_path / "in.png").read_bytes())
+    stored = next(p for p in tmp_path.rglob(digest.removeprefix("blake3:")) if p.is_file())
+    stored.write_bytes(random_png(8)[: stored.stat().st_size].ljust(stored.stat().st_size, b"\0"))
+    Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
+    job = queue.get(job_id(1))
+    assert job.state == "dead" and "no longer matches its hash" in (job.reason or ""), job.reason
+    folder = Path(fake.input_directory) / "comfysup"
+    assert not folder.exists() or list(folder.iterdir()) == []
