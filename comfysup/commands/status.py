@@ -100,9 +100,14 @@ def render_slots(state: dict[str, Any] | None, now: float) -> str:
         lines.append(f"{_cell(slot.get('name')):10} {_cell(slot.get('device')):9} {_cell(slot.get('state')):9} "
                      f"{_cell(slot.get('pid')):>7} {_cell(slot.get('port')):>5} {_cell(slot.get('restarts')):>8} "
                      f"{_cell(slot.get('runner_pid')):>7}  {_cell(slot.get('comfyui_version'))[:8]:8}  "
-                     f"{_cell(slot.get('job')):36}  "
-                     f"{bound(slot.get('reason') or slot.get('runner_reason') or '', 200)}".rstrip())
+                     f"{_cell(slot.get('job')):36}  {bound(_why(slot), 200)}".rstrip())
     return "\n".join(lines)
+
+
+def _why(slot: dict[str, Any]) -> str:
+    """Why a slot takes no job (out of service: a stuck prompt, a server whose answers cannot be read), or why its
+    server or runner last stopped."""
+    return str(slot.get("out_of_service") or slot.get("reason") or slot.get("runner_reason") or "")
 
 
 def render_work(state: dict[str, Any] | None, now: float) -> str | None:

@@ -23,7 +23,7 @@ from comfysup.logs import FORMATS, setup_logging
 from comfysup.queue.base import host_name
 from comfysup.runner.stuck import StuckChannel, out_of_service_reason
 from comfysup.slotstate import work_state_path
-from comfysup.supervisor.children import new_shared, waiting_peer
+from comfysup.supervisor.children import new_shared, problem_bytes, problem_of, waiting_peer
 from comfysup.supervisor.manager import STOP_SIGNALS, ProcessManager
 from comfysup.supervisor.policy import Action
 from comfysup.supervisor.process import ProcessOps, describe_status
@@ -118,8 +118,11 @@ def _child(config: Config, name: str, url: str, peers: dict[str, str], until_emp
     def on_waiting(waiting: bool) -> None:
         shared.waiting = int(waiting)
 
+    def on_problem(reason: str) -> None:
+        shared.problem = problem_bytes(reason)
+
     runner = Runner(config, name, url, peers=peers, until_empty=until_empty, owner_token=token, stuck=stuck,
-                    on_waiting=on_waiting, peer_waiting=lambda: waiting_peer(others),
+                    on_waiting=on_waiting, peer_waiting=lambda: waiting_peer(others), on_problem=on_problem,
                     output_dirs=own_output_dirs(config, peers))
     runner.install_signals()
     counts = runner.run()
@@ -220,10 +223,11 @@ class Work:
         rows = []
         for name, url in self.servers.items():
             prompt = bytes(self.shared[name].stuck).decode(errors="replace")
-            reason = out_of_service_reason(prompt) if prompt else None
+            problem = problem_of(self.shared[name])
+            reason = out_of_service_reason(prompt) if prompt else problem
             rows.append({"name": name, "device": "external", "url": url, "runner_pid": pids.get(name),
                          "state": "stopped" if final else "out_of_service" if reason else "external",
-                         "reason": reason, "out_of_service": reason})
+                         "reason": reason, "out_of_service": reason, "problem": problem})
         return rows
 
     def write_state(self, *, final: bool = False) -> None:
@@ -231,12 +235,14 @@ class Work:
         changes."""
         slots = self.slots(final=final)
         for slot in slots:
-            if not final and self.said.get(slot["name"]) != slot["reason"]:
-                if slot["reason"]:
-                    log.error("%s: %s; no job goes to it until its queue is empty", slot["name"], slot["reason"])
-                elif slot["name"] in self.said:
+            # A stuck prompt is said here; a server whose answers cannot be read, by its runner (already said).
+            stuck = slot["reason"] if slot["reason"] != slot["problem"] else None
+            if not final and self.said.get(slot["name"]) != stuck:
+                if stuck:
+                    log.error("%s: %s; no job goes to it until its queue is empty", slot["name"], stuck)
+                elif self.said.get(slot["name"]):
                     log.info("%s: in service again", slot["name"])
-                self.said[slot["name"]] = slot["reason"]
+                self.said[slot["name"]] = stuck
         out = sum(1 for s in slots if s["reason"])
         snapshot = {"pid": os.getpid(), "host": host_name(), "state": "stopped" if final else "running",
                     "updated_at": time.time(), "slots": slots,

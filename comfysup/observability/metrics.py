@@ -251,6 +251,9 @@ class Live(Collector):
         stuck = GaugeMetricFamily("comfysup_slot_stuck_restarts", "Restarts of the slot's ComfyUI server because a "
                                   "prompt did not leave its queue after /interrupt, since the supervisor started.",
                                   labels=labels)
+        problem = GaugeMetricFamily("comfysup_slot_server_malformed", "1 while the slot's server answers but its "
+                                    "answers cannot be read (a malformed GET /queue): no job is claimed for it; the "
+                                    "reason is in comfysup status.", labels=labels)
         info = GaugeMetricFamily("comfysup_slot_comfyui_info", "1 for the ComfyUI version the slot's server "
                                  "reported (/system_stats); version \"none\" until it answered.",
                                  labels=[*labels, "version"])
@@ -266,8 +269,9 @@ class Live(Collector):
             done.add_metric(key, float(slot.get("jobs") or 0))
             out.add_metric(key, 1.0 if running and slot.get("out_of_service") else 0.0)
             stuck.add_metric(key, float(slot.get("stuck_restarts") or 0))
+            problem.add_metric(key, 1.0 if running and slot.get("problem") else 0.0)
             info.add_metric([*key, label(slot.get("comfyui_version"))[:40]], 1.0)
-        yield from (up, restarts, runner_restarts, busy, done, out, stuck, info)
+        yield from (up, restarts, runner_restarts, busy, done, out, stuck, problem, info)
 
     def _gpus(self) -> Iterable[Metric]:
         samples = self.gpus()

@@ -32,7 +32,7 @@ from types import FrameType
 from typing import Any
 
 from comfysup import stopsignals
-from comfysup.comfy import CLIENT_PREFIX, ComfyError, deadline
+from comfysup.comfy import CLIENT_PREFIX, ComfyError, MalformedAnswer, deadline
 from comfysup.config import Config
 from comfysup.errors import DatabaseLocked, DatabaseUnavailable, LeaseLost, QueueError
 from comfysup.logs import bind, job_context
@@ -88,7 +88,8 @@ class Runner:
                  stuck: StuckChannel | None = None, output_dirs: dict[str, Path] | None = None,
                  may_queue_ahead: Callable[[int], bool] = lambda uncounted: True,
                  on_waiting: Callable[[bool], None] = lambda waiting: None,
-                 peer_waiting: Callable[[], bool] = lambda: False) -> None:
+                 peer_waiting: Callable[[], bool] = lambda: False,
+                 on_problem: Callable[[str], None] = lambda reason: None) -> None:
         self.config = config
         self.server = server
         bind(slot=server)  # every log line of this runner names its slot
@@ -113,6 +114,10 @@ class Runner:
         """Called with True when this runner found no job (it waits for work), False when it holds a job or its
         server cannot take one (busy with other clients' prompts, out of service): what its peers'
         may_queue_ahead reads."""
+        self.on_problem = on_problem
+        """Called with why the server, though it answers, can take no job (its /queue cannot be read), and with ""
+        once it answers well again: what status, health and /metrics show."""
+        self.problem = ""
         self.stuck = stuck or StuckChannel()
         """How this runner says that a prompt is stuck in its server (comfysup.runner.stuck)."""
         self.out_of_service = OutOfService()
@@ -361,11 +366,28 @@ class Runner:
         """The server answers and holds fewer than max_queue prompts of other clients."""
         try:
             entries = self.station.client.queue()
-        except (ComfyError, deadline.DeadlineExceeded):  # unreachable, nonsense, or a stop's grace has passed
+        except MalformedAnswer as exc:  # it answers, with a queue nobody can read: a person must look
+            self._say_problem(f"its server answers GET /queue with a body that cannot be read ({exc.reason}); "
+                              "no job is claimed for it until it answers well")
+            return False
+        except (ComfyError, deadline.DeadlineExceeded):  # unreachable, or a stop's grace has passed
             self.catalogue.server_down()  # it may come back restarted, with other nodes or models
             return False
+        self._say_problem("")
         others = sum(1 for e in entries if not (e.client_id or "").startswith(CLIENT_PREFIX))
         return others < self.config.runner.max_queue
+
+    def _say_problem(self, reason: str) -> None:
+        """Report a change of the server's problem once (a log line, and ``on_problem``), not at every look."""
+        if reason == self.problem:
+            return
+        self.problem = reason
+        self.on_problem(reason)
+        if reason:
+            log.warning("%s: %s", self.server, reason, extra={"event": "server_malformed"})
+        else:
+            log.info("%s: its answers can be read again; jobs are claimed for it", self.server,
+                     extra={"event": "server_malformed"})
 
     def _log(self, claim: Claim, o: Outcome) -> None:
         short = claim.id  # whole: ids that share their first 8 characters are common (11111111-…)

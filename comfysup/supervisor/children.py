@@ -48,7 +48,18 @@ class Shared(ctypes.Structure):
         ("job", ctypes.c_char * 40),  # the job id being run, or empty
         ("stuck", ctypes.c_char * 40),  # by the runner: a prompt stuck after /interrupt; cleared once it is gone
         ("waiting", ctypes.c_int),  # by the runner: 1 while it holds no job and its server could take one
+        ("problem", ctypes.c_char * 240),  # by the runner: why its server, though it answers, can take no job
     )
+
+
+def problem_bytes(reason: str) -> bytes:
+    """A runner's problem as ``Shared.problem`` holds it: UTF-8, cut at a character boundary to fit."""
+    return reason.encode()[:239].decode(errors="ignore").encode()
+
+
+def problem_of(shared: Any) -> str | None:
+    """Why the slot's server takes no job although it answers (a malformed /queue), or None."""
+    return bytes(shared.problem).decode(errors="replace") or None
 
 
 def waiting_peer(peers: Sequence[Any]) -> bool:
@@ -263,6 +274,9 @@ def runner_main(config: Config, unit: Unit, peers: dict[str, str], token: str,
     def report_stuck(prompt_id: str) -> None:
         shared.stuck = prompt_id.encode()[:39]
 
+    def on_problem(reason: str) -> None:
+        shared.problem = problem_bytes(reason)
+
     stuck = StuckChannel(restarts=unit.server is not None, report=report_stuck, pending=lambda: bool(shared.stuck))
     def may_queue_ahead(uncounted: int) -> bool:
         # The jobs on the server are not counted yet: one more behind them would slip in past the recycling count.
@@ -272,7 +286,7 @@ def runner_main(config: Config, unit: Unit, peers: dict[str, str], token: str,
         shared.waiting = int(waiting)
 
     runner = Runner(config, unit.name, unit.url, peers=peers, owner_token=token, on_alive=on_alive,
-                    may_claim=may_claim, on_job=on_job, stuck=stuck, output_dirs=output_dirs,
+                    on_problem=on_problem, may_claim=may_claim, on_job=on_job, stuck=stuck, output_dirs=output_dirs,
                     may_queue_ahead=may_queue_ahead, on_waiting=on_waiting, peer_waiting=lambda: waiting_peer(others))
     runner.install_signals()
     runner.run()

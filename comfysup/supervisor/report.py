@@ -19,7 +19,7 @@ from comfysup.errors import DatabaseLocked, QueueError
 from comfysup.queue import Queue
 from comfysup.queue.base import host_name
 from comfysup.slotstate import STATE_FILE, state_path
-from comfysup.supervisor.children import Unit
+from comfysup.supervisor.children import Unit, problem_of
 from comfysup.supervisor.notify import Notifier
 from comfysup.supervisor.policy import State
 from comfysup.supervisor.stuck import reason as stuck_reason
@@ -95,7 +95,8 @@ def slot_rows(units: Sequence[Unit], *, final: bool = False) -> list[dict[str, A
             "runner_pid": u.runner_pid, "runner_state": u.runner.state.value,
             "runner_restarts": u.runner.restarts, "runner_reason": u.runner.reason or None,
             "job": u.shared.job.decode() or None, "jobs": u.shared.jobs,
-            "out_of_service": stuck_reason(u), "stuck_restarts": u.stuck_restarts,
+            "out_of_service": stuck_reason(u) or problem_of(u.shared), "problem": problem_of(u.shared),
+            "stuck_restarts": u.stuck_restarts,
             "comfyui_version": u.comfyui_version, "features": u.features,
         })
     return rows
