@@ -169,6 +169,9 @@ def save(node_id: str, inputs: dict[str, Any], kind: str, run: NodeRun) -> list[
     for batch_number in range(image.batch):
         name = f"{stem.replace('%batch_num%', str(batch_number))}_{counter:05}_.png"
         (folder / name).write_bytes(png)
+        if run.word == "hostile:run:store-temp-name":  # fake_comfy.hostile_bodies: a client's temporary name
+            (folder / f".{name}.part").write_bytes(png)
+            results.append({"filename": f".{name}.part", "subfolder": subfolder, "type": kind})
         results.append({"filename": name, "subfolder": subfolder, "type": kind})
         counter += 1
     return hostile_names(results) if run.word == "hostile" else results
