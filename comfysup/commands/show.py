@@ -50,7 +50,7 @@ def as_dict(job: JobRecord, with_workflow: bool, deliveries: list[Delivery] | No
     }
     if with_workflow:
         out["workflow"] = mask(job.workflow)
-    return out
+    return clean.scrub(out)  # by value too: a secret used as a node id, in a file name, in a trace
 
 
 def timeline(trace: dict[str, Any]) -> list[str]:
@@ -124,8 +124,8 @@ def render(job: JobRecord, with_workflow: bool, deliveries: list[Delivery] | Non
         lines.append(f"  attempt {a['attempt']}  {when(a['started_at'])} on {a['server']}{prompt}: "
                      f"{a['outcome'] or 'running'}{kind} ({took})" + (f": {a['reason']}" if a["reason"] else ""))
         lines += timeline(a.get("trace") or {})
-    for o in job.outputs:
-        lines.append(f"  file       {o.path or o.name}  {o.size} bytes  sha256 {o.sha256}")
+    for o in d["outputs"]:
+        lines.append(f"  file       {o['path'] or o['name']}  {o['size']} bytes  sha256 {o['sha256']}")
     now = time.time()
     lines += [delivery_line(x, now) for x in d["deliveries"]]
     if with_workflow:

@@ -33,7 +33,7 @@ from comfysup.observability.brokerview import broker_text
 from comfysup.observability.metrics import CONTENT_TYPE, Metrics
 from comfysup.observability.views import WINDOW_SECONDS, Overview, overview, progress_fraction, progress_text
 from comfysup.queue.base import Queue
-from comfysup.redact import bound
+from comfysup.redact import Redactor, bound
 from comfysup.runner.store import UnsafeName, check_part
 from comfysup.timefmt import age
 
@@ -197,11 +197,13 @@ def render_page(view: Overview, refresh_seconds: float) -> str:
         out.append("<table><tr><th>job<th>workflow<th>finished<th>inputs<th>files</tr>")
         for job in view.recent_done:
             links = []
+            clean = Redactor.for_job(job.workflow, job.extra_data)  # a secret in a file name is shown masked
             for o in job.outputs:
-                href = e(file_link(job.id, o.name))
+                href = e(file_link(job.id, o.name)) if clean(o.name) == o.name else ""
                 kind = mimetypes.guess_type(o.name)[0]
-                thumb = f"<img class=thumb src='{href}' alt='' loading=lazy>" if kind in THUMBNAIL_TYPES else ""
-                links.append(f"<a href='{href}'>{thumb}{e(Path(o.name).name)}</a> "
+                thumb = (f"<img class=thumb src='{href}' alt='' loading=lazy>"
+                         if href and kind in THUMBNAIL_TYPES else "")
+                links.append(f"<a href='{href}'>{thumb}{e(clean(Path(o.name).name))}</a> "
                              f"<span class=muted>{o.sha256[:12]}</span>")
             ago = age(view.now - job.finished_at) + " ago" if job.finished_at else "-"
             inputs = "<br>".join(f"{e(i['name'])} <span class=muted>{e(i['hash'][:19])}</span>"
