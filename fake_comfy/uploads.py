@@ -1,4 +1,4 @@
-"""Input files, as ComfyUI 0.3.64 handles them (../shared/recorded/uploads.json): POST /upload/image and
+"""Input files, as ComfyUI 0.3.64 handles them (tests/recorded/uploads.json): POST /upload/image and
 /upload/mask (a mask composited into the alpha of an existing image), and the
 LoadImage / LoadImageMask nodes reading real files with the pixel arithmetic of ComfyUI's tensors.
 

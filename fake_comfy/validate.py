@@ -2,7 +2,7 @@
 
 The structure follows the original on purpose: which node an error is filed under, which errors are
 dropped and which exceptions escape (and become aiohttp's 500) all fall out of that structure, and
-the recordings in ../shared/recorded pin them (e.g. a missing link is filed under the node that has
+the recordings (tests/recorded) pin them (e.g. a missing link is filed under the node that has
 it, described by its downstream input; a cycle gives node_errors {}).
 """
 

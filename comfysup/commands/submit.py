@@ -41,6 +41,9 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("file", help="the jobs file, one JSON object a line; - reads standard input (workflow "
                    "paths are then relative to the current directory)")
     p.add_argument("--dry-run", action="store_true", help="validate only; insert nothing")
+    p.add_argument("--queue", metavar="PATH", help="the SQLite queue file to submit to ([queue] path), made when "
+                   "missing; without it and without a config file, submit says where it looked and stops rather "
+                   "than make a queue that no supervisor reads")
     p.add_argument("--to", choices=("queue", "rabbitmq"), default="queue", help="queue (default): insert into "
                    "the queue; rabbitmq: publish every line to [rabbitmq] queue, confirmed (workflow paths are "
                    "then resolved below [rabbitmq] workflows_dir, as the consumer resolves them)")

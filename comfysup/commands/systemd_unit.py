@@ -97,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
     path = find_config_file(args.config)
     if path is None:
         raise UsageError("no config file: give --config PATH (the service needs one; comfysup init writes one)")
-    config = config_from(args)
+    config = config_from(args, required=False)
     check_supervisor(config)
     sys.stdout.write(unit(config, path.absolute(), args.user, args.group))
     return 0
