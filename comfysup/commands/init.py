@@ -136,6 +136,8 @@ DOCS: dict[str, dict[str, str]] = {
         "url": "amqp://user:password@host:5672/ of the broker; \"\": no consumer and no broker results.",
         "queue": "Where jobs arrive, one jobs.jsonl line a message; declared a durable quorum queue if missing.",
         "prefetch": "Unacknowledged messages held at once; each batch is validated and inserted in one go.",
+        "delivery_limit": "Redeliveries of a message that stops the consumer each time before the broker moves it "
+                          "to invalid_queue.",
         "workflows_dir": "A message's workflow path is read below this folder (no .. and no absolute path).",
         "inputs_dir": "A message's {\"file\": ...} inputs are read below this folder; \"\": messages name no files.",
         "done_exchange": "Where a done job's record goes (message_id = job id, persistent, confirmed).",

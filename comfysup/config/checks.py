@@ -100,6 +100,9 @@ def check(c: Config) -> None:
         raise bad("rabbitmq", "url", display_url(b.url), "expected amqp://user:password@host:5672/ or an empty string")
     if b.prefetch < 1:
         raise bad("rabbitmq", "prefetch", b.prefetch, "must be at least 1")
+    if not 0 <= b.delivery_limit <= 1000:
+        raise bad("rabbitmq", "delivery_limit", b.delivery_limit, "must be between 0 and 1000 (redeliveries of a "
+                  "message that stops the consumer before it goes to invalid_queue)")
     if b.reconnect_max_delay_seconds <= 0:
         raise bad("rabbitmq", "reconnect_max_delay_seconds", b.reconnect_max_delay_seconds, "must be greater than 0")
     if w.base_delay_seconds > w.max_delay_seconds:

@@ -183,6 +183,9 @@ class RabbitMQConfig:
     """Where jobs arrive, one jobs.jsonl line per message; declared a durable quorum queue when missing."""
     prefetch: int = 50
     """Unacknowledged messages the consumer holds at once (basic_qos): each batch is one insert."""
+    delivery_limit: int = 5
+    """A message delivered this many times more without an ack (it stopped or crashed the consumer each
+    time) is dead-lettered to ``invalid_queue`` by the broker (x-delivery-limit of the quorum queue)."""
     workflows_dir: str = "workflows"
     """A message's workflow path is read below this folder (relative to the config file); no .. or /."""
     inputs_dir: str = ""
