@@ -160,6 +160,9 @@ class Supervisor:
                 child.kill(self.ops)
             self.manager.restore_signals()
             self.write_state(final=True)
+            if self.queue_ok and self.exit_code != EXIT_DATABASE_REPLACED:
+                # The machines table says stopped, not a supervisor gone silent (status showed it STALE).
+                heartbeat_machine(self.queue, self.units, register=False, was_ok=True, final=True)
             self.queue.close()
         log.info("comfysup supervisor %d: stopped%s", os.getpid(),
                  f" (exit code {self.exit_code})" if self.exit_code else "")
