@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -96,6 +97,8 @@ class JobsFile:
             self.inputs.max_file_bytes = max_input_bytes
         if max_job_input_bytes is not None:
             self.inputs.max_job_bytes = max_job_input_bytes
+        self.derived: set[str] = set()
+        """The ids this file's lines did not give, derived from their content (comfysup.jobs.derived_id)."""
         self.catalogues = {c.id: c for c in catalogues}
         """The node catalogues servers have now (comfysup.jobs.catalogue): a line that none can run is refused;
         one that only some can run keeps the others' refusals, which the claim of their servers honours."""
@@ -132,7 +135,10 @@ class JobsFile:
             result.count += 1
             result.warnings += [Problem(number, w, warning=True) for w in warnings]
             first = result.lines_by_id.get(job_id)
-            if first is not None:
+            if first is not None and job_id in self.derived:
+                result.problems.append(Problem(number, f"the same job as line {first} (a line without an id is "
+                                                       "named by its content); give each line an id to run it twice"))
+            elif first is not None:
                 result.problems.append(Problem(number, f"id {job_id} appears twice (first on line {first})"))
             else:
                 result.lines_by_id[job_id] = number
@@ -237,7 +243,8 @@ class JobsFile:
         if unknown:
             raise JobLineError(f"unknown key {sorted(unknown)[0]!r}; a line may have "
                                f"{', '.join(sorted(LINE_KEYS))}")
-        job_id = canonical_id(line.get("id"))
+        job_id = canonical_id(line["id"]) if "id" in line else None  # None: derived from the content, below
+        derive = job_id is None
         priority = line.get("priority", 0)
         if isinstance(priority, bool) or not isinstance(priority, int):
             raise JobLineError(f"priority {priority!r} is not a whole number")
@@ -255,6 +262,9 @@ class JobsFile:
         value = line.get("workflow")
         if isinstance(value, str):
             template = self._template(value)
+            job_id = job_id or derived_id(line, params, template.stored_hash)
+            if derive:
+                self.derived.add(job_id)
             changed = apply_set(template.workflow, params, self.object_info)
             warnings = template.check(changed, params, self.object_info) if check else []
             refused = self._refused(self._template_check(template), changed, check)
@@ -267,6 +277,9 @@ class JobsFile:
             stored, stored_hash, key = template.stored, template.stored_hash, template.model_key(changed)
         else:
             inline, name = self._inline(value), "inline"
+            job_id = job_id or derived_id(line, params, content_hash(canonical(inline)))
+            if derive:
+                self.derived.add(job_id)
             workflow = {**inline, **apply_set(inline, params, self.object_info)}
             warnings = check_graph(workflow, self.object_info) if check else []
             refused = self._refused(TemplateCheck(workflow, self.catalogues) if self.catalogues else None, {}, check)
@@ -342,3 +355,16 @@ def format_problems(label: str, problems: list[Problem], limit: int = MAX_PROBLE
     if len(problems) > limit:
         lines.append(f"… and {len(problems) - limit} more problem(s) not shown")
     return lines
+
+
+ID_NAMESPACE = uuid.UUID("7a1c0f3e-3b8e-5b6a-9d2e-63f0c0a5e1d4")
+"""The namespace of the ids comfysup derives for lines that give none (uuid5)."""
+
+
+def derived_id(line: dict[str, Any], params: dict[str, Any], workflow_hash: str) -> str:
+    """The id of a line that gives none: a UUID of its content (the workflow's, its set with input files by
+    hash, extra_data, meta, priority, callback), so the same line submitted again is the same job and runs once,
+    and a line whose workflow or input file changed is another job."""
+    content = {k: v for k, v in line.items() if k not in ("id", "workflow", "set")}
+    text = _sorted_json({"workflow": workflow_hash, "set": params, **content})
+    return str(uuid.uuid5(ID_NAMESPACE, text))
