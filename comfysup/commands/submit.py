@@ -156,9 +156,11 @@ def wait(config: Config, ids: list[str]) -> int:
                 now_ended = {i: s for i, s in states.items() if s in TERMINAL}
                 ended.update(now_ended)
                 left = [i for i in left if i not in now_ended]
-                bar.update(len(now_ended))
                 counts = Counter(ended.values())
+                # The counts first, then the bar's move, which draws both: drawn the other way round, the last
+                # frame showed 12/12 beside the counts of the poll before (done=10).
                 bar.set_postfix(done=counts[DONE], dead=counts[DEAD], cancelled=counts[CANCELLED], refresh=False)
+                bar.update(len(now_ended))
                 if left:
                     time.sleep(WAIT_POLL_SECONDS)
         return _summary(queue, ended)
