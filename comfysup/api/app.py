@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from comfysup import safefs
 from comfysup.api import assets, events, remote, views
@@ -92,6 +93,9 @@ async def guard(request: web.Request, handler: Callable[[web.Request], Awaitable
         return await handler(request)
     except ApiError as exc:
         return exc.response()
+    except HttpProcessingError as exc:  # a body aiohttp's readers cannot parse (a multipart part's header line)
+        return ApiError(400, "invalid_request", f"the request's body is malformed: {exc.message}",
+                        close=True).response()
     except web.HTTPRequestEntityTooLarge:
         return ApiError(413, "payload_too_large", f"the body is larger than {state.config.api.max_upload_mb} MiB "
                         "([api] max_upload_mb)").response()

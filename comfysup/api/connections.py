@@ -182,7 +182,7 @@ class OneLineLog(logging.LoggerAdapter):  # type: ignore[type-arg]
         exc = kwargs.get("exc_info")
         if exc is True:
             exc = sys.exc_info()[1]
-        if isinstance(exc, HttpProcessingError):
+        if isinstance(exc, HttpProcessingError) and not _through_comfysup(exc):
             remote = args[0] if args and "%s" in str(msg) else "a client"
             what = "".join(ch if ch.isprintable() else f"\\x{ord(ch):02x}"
                            for ch in " ".join(str(exc.message or type(exc).__name__).split()))
@@ -193,3 +193,14 @@ class OneLineLog(logging.LoggerAdapter):  # type: ignore[type-arg]
 
     def exception(self, msg: object, *args: Any, exc_info: Any = True, **kwargs: Any) -> None:
         self.log(logging.ERROR, msg, *args, exc_info=exc_info, **kwargs)
+
+
+def _through_comfysup(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised through comfysup's code (a handler: a bug, whatever its class) rather than by
+    aiohttp's parser of the request."""
+    tb = exc.__traceback__
+    while tb is not None:
+        if str(tb.tb_frame.f_globals.get("__name__", "")).startswith("comfysup."):
+            return True
+        tb = tb.tb_next
+    return False
