@@ -33,7 +33,7 @@ def test_the_api_survives_random_and_malformed_requests(tmp_path: Path, caplog: 
     assert not report.failures, f"seed {seed}: " + "\n".join(report.failures[:10])
     assert sum(report.kinds.values()) > 50 and report.kinds["multipart"] and report.kinds["json"]
     assert report.statuses[421] and report.statuses[400] and (report.statuses[200] or report.statuses[201])
-    assert report.max_threads <= before + 12, (before, report.max_threads)
+    assert report.max_threads <= before + 24, (before, report.max_threads)  # not one per connection (1000s)
     assert report.max_rss_growth < 300 * 2**20, f"RSS grew by {report.max_rss_growth / 2**20:.0f} MiB"
     tracebacks = [r.getMessage() for r in caplog.records if r.exc_info or "Traceback" in r.getMessage()]
     assert not tracebacks, f"seed {seed}: {tracebacks[:3]}"
