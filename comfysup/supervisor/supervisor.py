@@ -160,8 +160,7 @@ class Supervisor:
                 child.kill(self.ops)
             self.manager.restore_signals()
             self.write_state(final=True)
-            if self.queue_ok and self.exit_code != EXIT_DATABASE_REPLACED:
-                # The machines table says stopped, not a supervisor gone silent (status showed it STALE).
+            if self.queue_ok and self.exit_code != EXIT_DATABASE_REPLACED:  # status: "stopped", not STALE
                 heartbeat_machine(self.queue, self.units, register=False, was_ok=True, final=True)
             self.queue.close()
         log.info("comfysup supervisor %d: stopped%s", os.getpid(),
@@ -424,8 +423,7 @@ class Supervisor:
             self.queue_ok = heartbeat_machine(self.queue, self.units, register=register, was_ok=self.queue_ok)
 
     def _give_up_if_no_slot(self, now: float) -> None:
-        """Every slot failed: nothing here can run a job until someone acts, so stop and exit non-zero for
-        systemd's Restart=on-failure (READY was never sent if no slot ever ran)."""
+        """Every slot failed: stop and exit non-zero for systemd's Restart=on-failure (no READY if none ran)."""
         why = no_slot_alive(self.units)
         if why is None or self.exit_code:
             return
