@@ -184,7 +184,8 @@ class Supervisor:
                     self._server_action(unit, now, action)
                 self._server_step(unit, now)
                 self._runner_step(unit, now)
-                self._recycle_step(unit, now)
+                for action in recycle.step(unit, self.config.supervisor.recycle_after_jobs, now, TICK_SECONDS / 2):
+                    self._server_action(unit, now, action)  # after N jobs, once the runner is drained
             self._give_up_if_no_slot(now)
             if now >= self._next_housekeeping:
                 self._next_housekeeping = now + HOUSEKEEPING_SECONDS
@@ -397,12 +398,6 @@ class Supervisor:
         unit.runner_pid = runner.pid
         unit.runner.spawned(now)
         log.info("%s: runner started, pid %d", unit.name, runner.pid)
-
-    # -- recycling (comfysup.supervisor.recycle) ---------------------------------------------------------
-
-    def _recycle_step(self, unit: Unit, now: float) -> None:
-        for action in recycle.step(unit, self.config.supervisor.recycle_after_jobs, now, TICK_SECONDS / 2):
-            self._server_action(unit, now, action)
 
     def _check_database(self, now: float) -> None:
         """Every tick: a queue file deleted or replaced under us is an error; everyone stops now, and the
