@@ -32,7 +32,7 @@ CAT: dict[str, Any] = {
     ({"class_type": "EmptyImage", "inputs": {"width": 8, "height": 8, "batch_size": 1}}, "required_input_missing",
      "required input 'color' is missing"),
     ({"class_type": "EmptyImage", "inputs": {"width": "wide", "height": 8, "batch_size": 1, "color": 0}},
-     "invalid_input_type", "width 'wide' is not a INT"),
+     "invalid_input_type", "width 'wide' is not an INT"),
     ({"class_type": "EmptyImage", "inputs": {"width": 0, "height": 8, "batch_size": 1, "color": 0}},
      "value_smaller_than_min", "width 0 is below its minimum 1"),
     ({"class_type": "EmptyImage", "inputs": {"width": 8, "height": 99999, "batch_size": 1, "color": 0}},
