@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from comfysup.jobs.values import article, did_you_mean
+from comfysup.jobs.values import article, close_matches, did_you_mean
 
 MAX_CHOICES_SHOWN = 8
 LINK_ONLY_TYPES = frozenset({
@@ -114,13 +114,19 @@ def node_issues(node_id: str, node: Mapping[str, Any], catalogue: Mapping[str, A
                       class_type)]
     inputs = node.get("inputs") or {}
     required = (info.get("input") or {}).get("required") or {}
-    issues = [Issue(node_id, class_type, name, "required_input_missing", f"required input {name!r} is missing")
-              for name in required if name not in inputs]
+    issues = [Issue(node_id, class_type, name, "required_input_missing", f"required input {name!r} is missing"
+                    + _misnamed(name, inputs, info)) for name in required if name not in inputs]
     for name, value in inputs.items():
         issue = check_input(node_id, class_type, info, name, value, local)
         if issue is not None:
             issues.append(issue)
     return issues
+
+
+def _misnamed(name: str, inputs: Mapping[str, Any], info: Mapping[str, Any]) -> str:
+    """A hint when the node has an input its class does not declare that looks like the missing one."""
+    found = close_matches(name, [n for n in inputs if _spec(info, n) is None], limit=1)
+    return f" (the node has {found[0]!r}: a typo of {name!r}?)" if found else ""
 
 
 def check_node(node_id: str, node: Mapping[str, Any], catalogue: Mapping[str, Any]) -> Issue | None:

@@ -49,14 +49,22 @@ def article(word: str) -> str:
     return f"{'an' if word[:1].lower() in 'aeiou' and word[:1] else 'a'} {word}"
 
 
-def did_you_mean(word: Any, candidates: Iterable[Any], limit: int = 3, cutoff: float = 0.7) -> str:
-    """"did you mean 'x'?" for the closest of ``candidates`` to ``word`` (case aside), or "" for none close.
-    ``difflib``'s ratio, at least ``cutoff``, and at most ``limit`` names.
+def did_you_mean(word: Any, candidates: Iterable[Any], limit: int = 3) -> str:
+    """"did you mean 'x'?" for the closest of ``candidates`` to ``word``, or "" for none close."""
+    names = [repr(n) for n in close_matches(word, candidates, limit)]
+    if not names:
+        return ""
+    return "did you mean " + (names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}") + "?"
+
+
+def close_matches(word: Any, candidates: Iterable[Any], limit: int = 3, cutoff: float = 0.7) -> list[str]:
+    """The ``candidates`` closest to ``word`` (case aside), closest first: ``difflib``'s ratio at least
+    ``cutoff`` and nearly the best one's, at most ``limit``.
 
     Two file names with the same extension are compared by their stems: otherwise every ``.safetensors`` file
     would look close to every other one."""
     if not isinstance(word, str) or not word:
-        return ""
+        return []
     folded = word.casefold()
     stem, ext = _split_extension(folded)
     scored: list[tuple[float, str]] = []
@@ -78,10 +86,7 @@ def did_you_mean(word: Any, candidates: Iterable[Any], limit: int = 3, cutoff: f
             scored.append((score, text))
     scored.sort(key=lambda x: (-x[0], x[1]))
     # Only those nearly as close as the closest: a clear match is not followed by far ones.
-    names = [repr(t) for score, t in scored[:limit] if score >= scored[0][0] - 0.12]
-    if not names:
-        return ""
-    return "did you mean " + (names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}") + "?"
+    return [t for score, t in scored[:limit] if score >= scored[0][0] - 0.12]
 
 
 def _split_extension(name: str) -> tuple[str, str]:
