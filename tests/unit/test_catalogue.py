@@ -116,6 +116,7 @@ def test_a_line_no_catalogue_can_run_is_a_problem(tmp_path: Path) -> None:
         jobs.parse(line(3, set={"1.width": 0}).encode(), check=True)
 
 
+@pytest.mark.timeout(10)
 def test_every_issue_of_a_node_is_found_in_its_order() -> None:
     node = {"class_type": "EmptyImage", "inputs": {"width": "wide", "colour": 5, "height": 0, "batch_size": 1}}
     assert [(i.input, i.kind, i.text) for i in node_issues("1", node, CAT)] == [
@@ -125,6 +126,7 @@ def test_every_issue_of_a_node_is_found_in_its_order() -> None:
         ("height", "value_smaller_than_min", "height 0 is below its minimum 1")]
 
 
+@pytest.mark.timeout(10)
 @pytest.mark.parametrize(("kind", "refused"), [("IMAGE", True), ("LATENT", True), ("CONDITIONING", True),
                                                ("LOAD_3D", False), ("*", False), ("MY_WIDGET", False)])
 def test_a_value_for_a_link_only_type_is_refused_and_other_types_are_not_judged(kind: str, refused: bool) -> None:
@@ -137,6 +139,7 @@ def test_a_value_for_a_link_only_type_is_refused_and_other_types_are_not_judged(
     assert check_node("1", {"class_type": "Node", "inputs": {"x": ["2", 0]}}, cat) is None
 
 
+@pytest.mark.timeout(10)
 def test_a_local_file_named_for_a_file_input_is_refused_with_the_hint_even_when_the_server_lists_none() -> None:
     cat = {"LoadImage": {"input": {"required": {"image": [[], {"image_upload": True}]}}},
            "VAELoader": {"input": {"required": {"vae_name": [[]]}}}}
@@ -152,6 +155,7 @@ def test_a_local_file_named_for_a_file_input_is_refused_with_the_hint_even_when_
                          {1: Catalogue(1, cat)}, local=here).all_refusals({}) == {}
 
 
+@pytest.mark.timeout(10)
 def test_problems_every_server_has_are_worded_once_and_the_rest_server_by_server() -> None:
     other = {**CAT, "CheckpointLoaderSimple": {"input": {"required": {"ckpt_name": [["c.safetensors"]]}}}}
     cats = {1: Catalogue(1, CAT, ("gpu0@a",)), 2: Catalogue(2, other, ("gpu0@b",))}
@@ -169,6 +173,7 @@ def test_problems_every_server_has_are_worded_once_and_the_rest_server_by_server
         "(1)"]
 
 
+@pytest.mark.timeout(10)
 @pytest.mark.parametrize(("word", "candidates", "said"), [
     ("colour", ["color", "width"], "did you mean 'color'?"),
     ("Euler", ["euler", "dpm_2"], "did you mean 'euler'?"),
@@ -182,6 +187,7 @@ def test_did_you_mean(word: object, candidates: list[str], said: str) -> None:
     assert did_you_mean(word, candidates) == said
 
 
+@pytest.mark.timeout(10)
 def test_a_and_an() -> None:
     assert [article(t) for t in ("INT", "FLOAT", "IMAGE", "UPSCALE_MODEL", "STRING")] == [
         "an INT", "a FLOAT", "an IMAGE", "an UPSCALE_MODEL", "a STRING"]
