@@ -231,7 +231,8 @@ def _refused_or_dry(args: argparse.Namespace, label: str, checked: Any, done: st
     if not checked.ok:
         for line in format_problems(label, checked.problems):
             print(line, file=sys.stderr)
-        raise InvalidJobs(f"{len(checked.problems)} problem(s) in {label}; nothing was {done}")
+        raise InvalidJobs(f"{checked.problem_count} problem(s) in {label}; "
+                          f"nothing was {done}")
     if args.dry_run:
         print(f"{label}: {checked.count} job(s) valid; nothing {done} (--dry-run)")
         return True
