@@ -166,11 +166,13 @@ def pixels(node_id: str, class_type: str, inputs: dict[str, Any], run: NodeRun) 
         path = loaded_path(str(inputs.get("image", "")), options.input_dir, options.directory_for_type)
         try:
             if path is None:
-                raise NotAnImage(f"No such file: {inputs.get('image')}")
+                raise FileNotFoundError(2, "No such file or directory", str(inputs.get("image", "")))
             return load(path, class_type, str(inputs.get("channel", "alpha")))
         except (NotAnImage, OSError, ValueError) as exc:
-            details = run.error_details(node_id, "image_to_mask", f"cannot identify image file {path}: {exc}")
-            details["exception_type"] = "PIL.UnidentifiedImageError"
+            unidentified = isinstance(exc, NotAnImage | ValueError)  # PIL.Image.open's failure, or a later read's
+            message = f"cannot identify image file '{path}'\n" if unidentified else f"{exc}\n"
+            details = run.error_details(node_id, "image_to_mask", message)
+            details["exception_type"] = "PIL.UnidentifiedImageError" if unidentified else type(exc).__name__
             raise NodeFailure(node_id, details) from None
     image = inputs.get("image") if isinstance(inputs.get("image"), Pixels) else inputs.get("mask")
     if class_type == "ImageInvert":
