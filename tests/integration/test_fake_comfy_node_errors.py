@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import requests
 
-from fake_comfy import FakeComfy, t2i
+from fake_comfy import FakeComfy
 from tests.input_images import random_png
 
 DATA = Path(__file__).resolve().parents[2] / "fake_comfy" / "data"
@@ -92,6 +92,8 @@ def test_a_damaged_png_fails_its_prompt_with_execution_error_and_the_next_prompt
 @pytest.mark.timeout(60)
 def test_any_exception_of_a_node_is_reported_as_comfyui_reports_it(tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from fake_comfy import t2i
+
     async def broken(node_id: str, inputs: dict[str, Any], run: Any) -> Any:
         raise KeyError("samples")
 
