@@ -72,14 +72,14 @@ def output_type(name: str) -> str:
 
 
 def outputs(record: JobRecord, origin: str, now: float) -> list[dict[str, Any]]:
-    """The job's files as assets. ``node_id``: the runner stores files by name, not by node, so it is taken from
-    the name ComfyUI gave them when it carries one (``<node>/...``), else ``""`` (the contract's field is required
-    and a string)."""
+    """The job's files as assets. ``node_id``: the output node that made the file, as the runner recorded it from
+    the history's ``outputs`` keys; for a record of an earlier version (no node recorded), the one node whose
+    ``filename_prefix`` the name starts with, else ``""`` (the contract's field is required and a string)."""
     out = []
     for index, item in enumerate(record.outputs):
         asset_id = output_id(record.id, index)
         out.append({
-            "node_id": _node_of(item.name, record.workflow), "name": item.name.rsplit("/", 1)[-1],
+            "node_id": item.node_id or _node_of(item.name, record.workflow), "name": item.name.rsplit("/", 1)[-1],
             "type": output_type(item.name), "content_type": content_type(item.name), "size_bytes": item.size,
             "id": asset_id, "hash": None, "url": f"{origin}{API}/assets/{asset_id}/content",
             "url_expires_at": iso(now + URL_SECONDS), "job_id": record.id,

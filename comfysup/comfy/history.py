@@ -62,7 +62,7 @@ def output_files(entry: dict[str, Any]) -> list[dict[str, Any]]:
     it would end the job done without the file it names."""
     found: dict[str, list[dict[str, Any]]] = {t: [] for t in OUTPUT_TYPES}
     seen: set[tuple[str, str, str]] = set()
-    for node in (entry.get("outputs") or {}).values():
+    for node_id, node in (entry.get("outputs") or {}).items():
         if not isinstance(node, dict):
             continue
         for items in node.values():
@@ -78,5 +78,5 @@ def output_files(entry: dict[str, Any]) -> list[dict[str, Any]]:
                     key = (item.get("type", "output"), item.get("subfolder") or "", str(item["filename"]))
                     if key not in seen:
                         seen.add(key)
-                        found[key[0]].append({**item, "type": key[0]})
+                        found[key[0]].append({**item, "type": key[0], "node": str(node_id)})
     return found["output"] or found["temp"]

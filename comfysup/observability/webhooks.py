@@ -76,7 +76,8 @@ def record_body(job: JobRecord) -> dict[str, Any]:
         "meta": mask(job.meta),
         "attempts": job.attempt,
         "machine": job.machine,
-        "files": [{"name": o.name, "size": o.size, "sha256": o.sha256, "path": o.path} for o in job.outputs],
+        "files": [{"name": o.name, "size": o.size, "sha256": o.sha256, "path": o.path, "node_id": o.node_id}
+                  for o in job.outputs],
         "timings": {
             "submitted_at": job.submitted_at,
             "started_at": started,

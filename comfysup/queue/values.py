@@ -96,12 +96,15 @@ class CatalogueRecord:
 
 @dataclass(frozen=True)
 class Output:
-    """A file in the result store: its name in the job's folder, size and sha256."""
+    """A file in the result store: its name in the job's folder, size and sha256, and the output node that made
+    it (the key of the history's ``outputs``; "" when a run adopted from disk cannot tell, or for a record of
+    an earlier version)."""
 
     name: str
     size: int
     sha256: str
     path: str = ""
+    node_id: str = ""
 
 
 @dataclass(frozen=True)

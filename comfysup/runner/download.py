@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -30,7 +31,7 @@ def download(ctx: Context, run: Run, entry: dict[str, Any], checkpoint: Callable
         named = sources(ctx, run, entry)
     except (UnsafeName, TypeError) as exc:
         raise PermanentError(str(exc), "unsafe_output") from exc
-    twice = next((r for r, n in Counter(relative for relative, _ in named).items() if n > 1), None)
+    twice = next((r for r, n in Counter(relative for relative, _, _ in named).items() if n > 1), None)
     if twice is not None:  # the second would replace the first, whose recorded hash would then be a lie
         raise PermanentError(f"the server names two outputs that are both stored as {twice!r}", "unsafe_output")
     ctx.trace.phase("downloading", ctx.wall())
@@ -44,12 +45,13 @@ def download(ctx: Context, run: Run, entry: dict[str, Any], checkpoint: Callable
     except OSError as exc:  # the job's folder cannot be made: as transient as a file that cannot be written
         raise _store_failure(exc, ctx.claim.id) from exc
     outputs: list[Output] = []
-    for relative, chunks in named:
+    for relative, chunks, node in named:
         checkpoint(False)
         left = ctx.s.max_job_bytes - sum(o.size for o in outputs)
         try:
-            outputs.append(ctx.station.store.write(ctx.claim.id, relative, chunks(), limit_bytes=left,
-                                                    limit_name="what is left of [store] max_job_mb"))
+            stored = ctx.station.store.write(ctx.claim.id, relative, chunks(), limit_bytes=left,
+                                             limit_name="what is left of [store] max_job_mb")
+            outputs.append(replace(stored, node_id=node))  # the node that made it: the API's get_outputs(node)
         except UnsafeName as exc:
             raise PermanentError(str(exc), "unsafe_output") from exc
         except TooLarge as exc:
@@ -60,7 +62,7 @@ def download(ctx: Context, run: Run, entry: dict[str, Any], checkpoint: Callable
             raise _store_failure(exc, relative) from exc
     return outputs
 
-def sources(ctx: Context, run: Run, entry: dict[str, Any]) -> list[tuple[str, Callable[[], Iterable[bytes]]]]:
+def sources(ctx: Context, run: Run, entry: dict[str, Any]) -> list[tuple[str, Callable[[], Iterable[bytes]], str]]:
     """Each file's name in the store and where its bytes come from. Stored under the names the user chose:
     without the job's own folder that comfysup added to the prefixes.
 
@@ -74,15 +76,15 @@ def sources(ctx: Context, run: Run, entry: dict[str, Any]) -> list[tuple[str, Ca
     folder = ctx.station.output_dir(run.server, run.client)
     if run.from_disk is not None:
         return [(safe_relative(f.filename, f.subfolder),
-                 partial(job_outputs.read, folder, ctx.claim.id, f.relative)) for f in run.from_disk]
-    out: list[tuple[str, Callable[[], Iterable[bytes]]]] = []
+                 partial(job_outputs.read, folder, ctx.claim.id, f.relative), f.node) for f in run.from_disk]
+    out: list[tuple[str, Callable[[], Iterable[bytes]], str]] = []
     for f in output_files(entry):
         subfolder = f.get("subfolder") or ""
         relative = safe_relative(f["filename"], job_outputs.store_name(subfolder, ctx.claim.id))
         view = partial(run.client.view, f["filename"], subfolder, f["type"])
         within = job_outputs.in_job_folder(subfolder, ctx.claim.id) if f["type"] == "output" else None
         out.append((relative, view if folder is None or within is None else
-                    partial(job_outputs.read_or, folder, ctx.claim.id, relative, view)))
+                    partial(job_outputs.read_or, folder, ctx.claim.id, relative, view), f.get("node", "")))
     return out
 
 

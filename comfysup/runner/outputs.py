@@ -193,6 +193,8 @@ class Found:
 
     subfolder: str
     filename: str
+    node: str = ""
+    """The output node that wrote it, when only one node writes files of its pattern (else "")."""
 
     @property
     def relative(self) -> str:
@@ -207,18 +209,17 @@ def scan(output_dir: Path, job_id: str, expected: tuple[Expected, ...]) -> list[
     Nothing is read through a symlink."""
     if not expected:
         return None
-    groups: dict[tuple[str, str], int] = {}
+    groups: dict[tuple[str, str], list[str]] = {}
     for e in expected:
-        key = (e.subfolder, e.pattern)
-        groups[key] = groups.get(key, 0) + 1
+        groups.setdefault((e.subfolder, e.pattern), []).append(e.node)
     found: list[Found] = []
     try:
         with _job_fd(output_dir, job_id) as job:
-            for (subfolder, pattern), needed in groups.items():
+            for (subfolder, pattern), nodes in groups.items():
                 names = _matching(job, subfolder, re.compile(pattern))
-                if names is None or len(names) < needed:
+                if names is None or len(names) < len(nodes):
                     return None
-                found += [Found(subfolder, n) for n in names]
+                found += [Found(subfolder, n, nodes[0] if len(nodes) == 1 else "") for n in names]
     except (OSError, ValueError):
         return None
     return found

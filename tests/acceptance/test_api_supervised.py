@@ -3,6 +3,7 @@ on fake_comfy, the output comes back through the API, and SIGTERM stops the API 
 
 from __future__ import annotations
 
+import json
 import socket
 from pathlib import Path
 
@@ -44,6 +45,15 @@ def test_the_sdk_runs_a_job_through_comfysup_run(tmp_path: Path, monkeypatch: py
             job = client.run(workflow, timeout=40)
             [output] = job.get_outputs("3")
             assert output.to_bytes().startswith(b"\x89PNG")
+            # Issue 31: outputs keyed by the node that made them, not guessed from the prefix: with ComfyUI's
+            # default prefix on two save nodes, each node's get_outputs has its own file.
+            graph = json.loads((ROOT / "examples" / "workflows" / "trivial.json").read_text())
+            graph["3"]["inputs"]["filename_prefix"] = "ComfyUI"
+            graph["9"] = {"class_type": "SaveImage", "inputs": {"images": ["1", 0], "filename_prefix": "ComfyUI"}}
+            two = client.run(client.workflows.from_json(graph), timeout=40)
+            inverted, plain = two.get_outputs("3"), two.get_outputs("9")
+            assert len(inverted) == 1 and len(plain) == 1, httpx.get(f"{url}/api/v2/jobs/{two.id}").json()
+            assert inverted[0].to_bytes() != plain[0].to_bytes()  # the image, and its inverse
         api_pids = [p.pid for p in psutil.Process(proc.pid).children() if "api" in p.cmdline()]
         assert len(api_pids) == 1, sup.describe()
         assert sup.stop(proc) == 0

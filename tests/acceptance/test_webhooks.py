@@ -95,7 +95,8 @@ def test_deliveries_survive_a_failing_receiver_and_arrive_signed_once_each(tmp_p
         assert request.headers[DELIVERY_HEADER] == str(delivery.id)
         assert (delivery.state, delivery.last_status) == ("delivered", 204)
         assert body["status"] == job.state
-        assert body["files"] == [{"name": o.name, "size": o.size, "sha256": o.sha256, "path": o.path}
+        assert body["files"] == [{"name": o.name, "size": o.size, "sha256": o.sha256, "path": o.path,
+                                  "node_id": o.node_id}
                                  for o in job.outputs]
         timings = body["timings"]
         assert timings["submitted_at"] == job.submitted_at and timings["finished_at"] == job.finished_at
