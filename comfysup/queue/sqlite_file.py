@@ -126,3 +126,75 @@ def _checkpoints(path: Path, stop: threading.Event) -> None:
     finally:
         if conn is not None:
             conn.close()
+
+
+HEADER_MAGIC = b"SQLite format 3\x00"
+
+
+class FileCheck:
+    """The integrity of the queue's file as it is on disk (``SQLiteQueue.integrity``): cheap, every heartbeat, or
+    deep (``PRAGMA quick_check`` on a connection of its own, which caches nothing)."""
+
+    def __init__(self, path: Path, timeout_seconds: float = 5.0) -> None:
+        self.path = path
+        self.timeout_seconds = timeout_seconds
+        self.said: str | None = None
+        """What SQLite itself said of the file when a query of this process met a corrupt page (SQLITE_CORRUPT or
+        SQLITE_NOTADB): a page the header and size look cannot see, and SQLite's own words."""
+        self._short = False
+        """The last look saw a file shorter than its header's page count: a checkpoint that grows the file writes
+        page 1 (and its new page count) before the pages after it, so one look is not enough; two in a row are
+        settled by SQLite's ``PRAGMA quick_check``, which reads the pages the checkpoint still holds in the WAL."""
+
+    def problem(self, deep: bool = False) -> str | None:
+        if self.said is not None:
+            return self.said
+        found, short = self._header()
+        if short and not self._short:
+            self._short = True
+            return None
+        self._short = short
+        if found is None and not deep:
+            return None
+        # A file shorter than SQLite's header is never opened here: SQLite deletes the WAL of an empty database.
+        words = None if "100-byte header" in (found or "") else self.sqlite_says(quick=deep or short)
+        if found is None or (short and words is None):
+            return f"{self.path} fails its integrity check: PRAGMA quick_check says {words}" if words else None
+        return f"{self.path} fails its integrity check: {found}" + (f"; SQLite says: {words}" if words else "")
+
+    def _header(self) -> tuple[str | None, bool]:
+        """What is wrong with the file's header as it is on disk, and whether the file is shorter than it says."""
+        try:
+            with open(self.path, "rb") as f:
+                head, size = f.read(100), os.fstat(f.fileno()).st_size
+        except OSError:
+            return None, False  # gone (``replaced`` says so) or unreadable: the next query says what is wrong
+        if len(head) < 100:
+            return f"it is {size} bytes long, shorter than SQLite's 100-byte header (truncated)", False
+        if head[:16] != HEADER_MAGIC:
+            return f"its first bytes are not SQLite's header ({head[:16]!r} instead of {HEADER_MAGIC!r})", False
+        page = int.from_bytes(head[16:18], "big")
+        page = 65536 if page == 1 else page
+        if not 512 <= page <= 65536 or page & (page - 1):
+            return f"its header names a page size of {page} bytes, which SQLite never writes", False
+        pages = int.from_bytes(head[28:32], "big")
+        if not pages or head[24:28] != head[92:96] or size >= pages * page:
+            return None, False
+        return f"it is {size} bytes long, shorter than the {pages} pages of {page} bytes its header counts", True
+
+    def sqlite_says(self, quick: bool) -> str | None:
+        """SQLite's own words about the file (None: it reads well, or is busy): ``PRAGMA quick_check`` when
+        ``quick``, else whether it can read the schema at all."""
+        try:
+            conn = sqlite3.connect(f"file:{quote(str(self.path.resolve()))}?mode=ro", uri=True,
+                                   timeout=self.timeout_seconds, isolation_level=None, check_same_thread=False)
+        except sqlite3.Error as exc:
+            return str(exc)
+        try:
+            rows = [str(r[0]) for r in conn.execute("PRAGMA quick_check(5)" if quick else "PRAGMA schema_version")]
+        except sqlite3.Error as exc:
+            busy = getattr(exc, "sqlite_errorcode", None) in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+            return None if busy else str(exc)
+        finally:
+            conn.close()
+        return "; ".join(rows)[:500] if quick and rows != ["ok"] else None
