@@ -52,9 +52,15 @@ class QueueWatch:
         self.clock = clock
         self.lost: str | None = None
         self._next = float("-inf")
-        self._next_deep = clock() + deep_seconds if deep_seconds else float("inf")
+        self._next_deep = float("inf")
         self._deep: threading.Thread | None = None
         self._lock = threading.Lock()
+        self.deep_every(deep_seconds)
+
+    def deep_every(self, seconds: float | None) -> None:
+        """Read the whole file every ``seconds`` in a thread of its own (None: never, in this process)."""
+        self.deep_seconds = seconds
+        self._next_deep = self.clock() + seconds if seconds else float("inf")
 
     def check(self, *, force: bool = False) -> str | None:
         """A cheap look, at most every ``every_seconds`` unless ``force`` (a request about to write)."""
