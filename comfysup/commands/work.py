@@ -275,7 +275,8 @@ class Work:
         for pid, status in self.manager.reap():
             how = describe_status(status)
             self._check_queue(now, status, pid)
-            runner = self.manager.runner_exited(pid, how, self.queue, stopping=self.plan.stopping)
+            kept = None if self.watch is not None and self.watch.lost else self.queue  # none released in a lost file
+            runner = self.manager.runner_exited(pid, how, kept, stopping=self.plan.stopping)
             if runner is not None:  # gone, and never started again here: its peers must not leave work for it
                 self.shared[runner.name].waiting = self.shared[runner.name].may_claim = 0
             if runner is not None and status != 0:

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import quote
 
-from comfysup.errors import DatabaseLocked, DatabaseMissing, QueueError
+from comfysup.errors import DatabaseCorrupt, DatabaseLocked, DatabaseMissing, QueueError
 from comfysup.queue import queries, records
 from comfysup.queue import sqlite_statements as statements_of
 from comfysup.queue.base import DONE, TERMINAL, Delivery, NewJob, PruneBatch
@@ -158,10 +158,13 @@ class SQLiteQueue(SQLQueue):
         return None
 
     def integrity(self, deep: bool = False) -> str | None:
-        """None while the file on disk looks like the database this process has open (its header and size; with
-        ``deep``, SQLite's ``PRAGMA quick_check``); else what is wrong with it, in SQLite's words where it has any."""
+        """None while the file on disk reads as a database (its size, its page 1 read afresh; with ``deep``, SQLite's
+        ``PRAGMA quick_check``); else what is wrong with it, in SQLite's words where it has any (sqlite_file)."""
         if self._conn is None or self._pid != os.getpid():
             return None
+        if not self._file_check.page_size:
+            with contextlib.suppress(QueueError):  # one that meets a corrupt page is said by the check itself
+                self._file_check.page_size = self._read("PRAGMA page_size")[0][0]
         return self._file_check.problem(deep)
 
     def _connect(self) -> sqlite3.Connection:
@@ -268,6 +271,7 @@ class SQLiteQueue(SQLQueue):
         text = str(exc)
         if (getattr(exc, "sqlite_errorcode", 0) & 0xFF) in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB):
             self._file_check.said = f"{self.path} fails its integrity check: SQLite says: {text}"  # for the watch
+            return DatabaseCorrupt(f"{self._file_check.said}; restore it from a backup, or move it away")
         if "locked" in text or "busy" in text:
             return DatabaseLocked(f"{self.path}: {text} for more than {self.busy_timeout_seconds:g} s; another "
                                   "process holds a write lock (a long transaction or a stuck process)")

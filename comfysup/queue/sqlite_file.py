@@ -128,59 +128,44 @@ def _checkpoints(path: Path, stop: threading.Event) -> None:
             conn.close()
 
 
-HEADER_MAGIC = b"SQLite format 3\x00"
+MIN_FILE_BYTES = 512
+"""The smallest SQLite database file that holds a page (the smallest page size); a queue in WAL mode always has
+page 1 on disk."""
 
 
 class FileCheck:
-    """The integrity of the queue's file as it is on disk (``SQLiteQueue.integrity``): cheap, every heartbeat, or
-    deep (``PRAGMA quick_check`` on a connection of its own, which caches nothing)."""
+    """The integrity of the queue's file (``SQLiteQueue.integrity``): a cheap look every heartbeat, or a deep one.
+
+    The file is never opened here with ``open()``: closing any descriptor of a file drops every POSIX lock this
+    process holds on it, SQLite's included, and another process's last connection would then delete the WAL
+    under this one's feet. So the cheap look is a ``stat`` (a SQLite file is always a whole number of pages) and a
+    connection of its own reading the schema's version from page 1 (SQLite keeps such a connection's descriptor
+    open while others of this process hold locks); the deep look is ``PRAGMA quick_check`` on such a connection.
+    Neither uses a cache, so a header overwritten on disk is seen as SQLite will see it."""
 
     def __init__(self, path: Path, timeout_seconds: float = 5.0) -> None:
         self.path = path
         self.timeout_seconds = timeout_seconds
+        self.page_size = 0
+        """This database's page size (set by the queue once it is open; it never changes in WAL mode)."""
         self.said: str | None = None
         """What SQLite itself said of the file when a query of this process met a corrupt page (SQLITE_CORRUPT or
-        SQLITE_NOTADB): a page the header and size look cannot see, and SQLite's own words."""
-        self._short = False
-        """The last look saw a file shorter than its header's page count: a checkpoint that grows the file writes
-        page 1 (and its new page count) before the pages after it, so one look is not enough; two in a row are
-        settled by SQLite's ``PRAGMA quick_check``, which reads the pages the checkpoint still holds in the WAL."""
+        SQLITE_NOTADB): a page a cheap look cannot see, in SQLite's own words."""
 
     def problem(self, deep: bool = False) -> str | None:
         if self.said is not None:
             return self.said
-        found, short = self._header()
-        if short and not self._short:
-            self._short = True
-            return None
-        self._short = short
-        if found is None and not deep:
-            return None
-        # A file shorter than SQLite's header is never opened here: SQLite deletes the WAL of an empty database.
-        words = None if "100-byte header" in (found or "") else self.sqlite_says(quick=deep or short)
-        if found is None or (short and words is None):
-            return f"{self.path} fails its integrity check: PRAGMA quick_check says {words}" if words else None
-        return f"{self.path} fails its integrity check: {found}" + (f"; SQLite says: {words}" if words else "")
-
-    def _header(self) -> tuple[str | None, bool]:
-        """What is wrong with the file's header as it is on disk, and whether the file is shorter than it says."""
         try:
-            with open(self.path, "rb") as f:
-                head, size = f.read(100), os.fstat(f.fileno()).st_size
+            size = os.stat(self.path).st_size
         except OSError:
-            return None, False  # gone (``replaced`` says so) or unreadable: the next query says what is wrong
-        if len(head) < 100:
-            return f"it is {size} bytes long, shorter than SQLite's 100-byte header (truncated)", False
-        if head[:16] != HEADER_MAGIC:
-            return f"its first bytes are not SQLite's header ({head[:16]!r} instead of {HEADER_MAGIC!r})", False
-        page = int.from_bytes(head[16:18], "big")
-        page = 65536 if page == 1 else page
-        if not 512 <= page <= 65536 or page & (page - 1):
-            return f"its header names a page size of {page} bytes, which SQLite never writes", False
-        pages = int.from_bytes(head[28:32], "big")
-        if not pages or head[24:28] != head[92:96] or size >= pages * page:
-            return None, False
-        return f"it is {size} bytes long, shorter than the {pages} pages of {page} bytes its header counts", True
+            return None  # gone (``replaced`` says so) or unreadable: the next query says what is wrong
+        lost = f"{self.path} fails its integrity check"
+        if size < MIN_FILE_BYTES:  # never opened then: SQLite deletes the WAL of a database with no page
+            return f"{lost}: it is {size} bytes long, less than one page (truncated)"
+        if self.page_size and size % self.page_size:
+            return f"{lost}: it is {size} bytes long, not a whole number of its {self.page_size}-byte pages (cut)"
+        words = self.sqlite_says(quick=deep)
+        return f"{lost}: SQLite says: {words}" if words else None
 
     def sqlite_says(self, quick: bool) -> str | None:
         """SQLite's own words about the file (None: it reads well, or is busy): ``PRAGMA quick_check`` when

@@ -2,10 +2,11 @@
 failing its integrity check, the file this process writes to is no longer the queue anyone reads, so the
 process stops taking and accepting work, says why in one line and exits with EXIT_DATABASE_REPLACED.
 
-A look is cheap: ``Queue.replaced`` (one ``stat``) and ``Queue.integrity`` (SQLite: the file's header and size,
-read from disk, not from a cache), so every process looks about once a heartbeat. The deep look, SQLite's
-``PRAGMA quick_check`` on a connection of its own, reads the whole file; it runs every DEEP_CHECK_SECONDS in a
-thread, and only in processes that may have threads (never in the supervisor, which forks; its monitor does it).
+A look is cheap: ``Queue.replaced`` (one ``stat``) and ``Queue.integrity`` (SQLite: the file's size, and its page
+1 read afresh by a connection of its own, not from a cache; and whether a query of this process met a corrupt
+page), so every process looks about once a heartbeat. The deep look, SQLite's ``PRAGMA quick_check`` on a
+connection of its own, reads the whole file; it runs in a thread, as often as its cost allows (DEEP_CHECK_SECONDS),
+and only in processes that may have threads (never in the supervisor, which forks; its monitor does it).
 A PostgreSQL queue answers None to both: a server's database cannot be swapped under an open connection.
 """
 
@@ -17,18 +18,22 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from comfysup.errors import QueueError
+from comfysup.errors import DatabaseCorrupt, QueueError
 
 log = logging.getLogger("comfysup.queue")
 
-EXIT_DATABASE_REPLACED = 75
+EXIT_DATABASE_REPLACED = DatabaseCorrupt.exit_code  # 75
 """The exit status of a process whose queue file was deleted, replaced or failed its integrity check under it
 (EX_TEMPFAIL): ``comfysup run`` stops with it instead of restarting the child in a loop, and systemd's
 Restart=on-failure starts comfysup again on the file now at the path."""
 CHECK_SECONDS = 1.0
 """How often a process that has no heartbeat of its own (the API, the monitor, the consumer) looks."""
 DEEP_CHECK_SECONDS = 600.0
-"""How often the processes that may run a thread for it read the whole file (``PRAGMA quick_check``)."""
+"""The longest time between two deep looks (``PRAGMA quick_check``, in the processes that may run a thread for
+it). They come as often as DEEP_COST_SHARE of one thread allows, every DEEP_MIN_SECONDS at most: a queue of a few
+MiB is read every few seconds, one of gigabytes every ten minutes."""
+DEEP_MIN_SECONDS = 5.0
+DEEP_COST_SHARE = 0.002
 
 
 def lost_line(reason: str) -> str:
@@ -60,7 +65,7 @@ class QueueWatch:
     def deep_every(self, seconds: float | None) -> None:
         """Read the whole file every ``seconds`` in a thread of its own (None: never, in this process)."""
         self.deep_seconds = seconds
-        self._next_deep = self.clock() + seconds if seconds else float("inf")
+        self._next_deep = self.clock() + min(DEEP_MIN_SECONDS, seconds) if seconds else float("inf")
 
     def check(self, *, force: bool = False) -> str | None:
         """A cheap look, at most every ``every_seconds`` unless ``force`` (a request about to write)."""
@@ -72,15 +77,20 @@ class QueueWatch:
         self._next = now + self.every_seconds
         reason = self._look(deep=False)
         if reason is None and now >= self._next_deep and (self._deep is None or not self._deep.is_alive()):
-            self._next_deep = now + (self.deep_seconds or 0.0)
-            self._deep = threading.Thread(target=self._look, kwargs={"deep": True}, daemon=True,
-                                          name="comfysup-queue-check")
+            self._next_deep = float("inf")  # set again once this one has ended, from what it cost
+            self._deep = threading.Thread(target=self._deep_look, daemon=True, name="comfysup-queue-check")
             self._deep.start()
         return self.lost if reason is None else reason
 
     def look_deep(self) -> str | None:
         """At once, in this thread: the deep look (a child said the file is lost; here is SQLite's word on it)."""
         return self.lost or self._look(deep=True)
+
+    def _deep_look(self) -> None:
+        started = self.clock()
+        self._look(deep=True)
+        took = self.clock() - started
+        self._next_deep = self.clock() + min(max(took / DEEP_COST_SHARE, DEEP_MIN_SECONDS), self.deep_seconds or 0.0)
 
     def _look(self, *, deep: bool) -> str | None:
         try:

@@ -298,7 +298,8 @@ class Supervisor:
 
     def _runner_exited(self, unit: Unit, now: float, how: str) -> None:
         """Its claims are released at once (by the manager); then its policy says when it starts again."""
-        runner = self.manager.runner_exited(unit.runner_pid, how, self.queue, stopping=self.stopping)
+        kept = None if self.exit_code == EXIT_DATABASE_REPLACED else self.queue  # nothing to release in a lost file
+        runner = self.manager.runner_exited(unit.runner_pid, how, kept, stopping=self.stopping)
         reason = runner.kill_reason if runner is not None else None
         unit.runner_pid = None
         unit.shared.job = b""
@@ -405,9 +406,8 @@ class Supervisor:
             self._server_action(unit, now, action)
 
     def _check_database(self, now: float, status: int | None = None, pid: int = 0) -> None:
-        """Every tick, and when a child exits: a queue file deleted, replaced or failing its integrity check (seen
-        here, or by a child that exited with EXIT_DATABASE_REPLACED) stops everyone now, and the supervisor exits
-        with that code (systemd starts it again on the file at the path) instead of restarting the child."""
+        """Every tick and at a child's exit: a queue file lost (comfysup.queue.watch, here or in a child that exited
+        with EXIT_DATABASE_REPLACED) stops everyone now, and the supervisor exits with that code, restarting no one."""
         child = next((c.name for c in self.children if c.pid == pid), f"runner (pid {pid})")
         why = None if self.exit_code else queue_lost(self.watch, status, child)
         if why is None:

@@ -54,22 +54,22 @@ def test_a_corrupt_interior_page_is_found_by_the_deep_look_in_sqlites_words(tmp_
 
 
 @pytest.mark.timeout(20)
-def test_a_short_file_is_lost_only_when_a_second_look_and_sqlite_agree(tmp_path: Path) -> None:
+def test_a_file_cut_mid_page_is_lost_at_the_first_look_and_a_cut_at_a_page_by_the_deep_one(tmp_path: Path) -> None:
     queue, path = _queue(tmp_path)
     try:
         size = path.stat().st_size
-        with path.open("r+b") as f:  # as a checkpoint that grows the file looks: page 1 written, the rest not yet
-            f.truncate(size - 4096)
-        assert queue.integrity() is None  # the first look waits for a second
-        with path.open("r+b") as f:
-            f.seek(size - 4096)
-            f.write(b"\0" * 4096)  # the "checkpoint" ended (a zero page: SQLite's quick_check says whether it is)
+        with path.open("r+b") as f:  # a whole number of pages: only reading the pages that are gone finds it
+            f.truncate(size // 2 // 4096 * 4096)
         assert queue.integrity() is None
+        deep = queue.integrity(deep=True)
+        assert deep is not None and "SQLite says" in deep, deep
         with path.open("r+b") as f:
-            f.truncate(size // 2)
-        assert queue.integrity() is None
+            f.truncate(size // 2 + 100)
         reason = queue.integrity()
-        assert reason is not None and "shorter than the" in reason and "SQLite says" in reason, reason
+        assert reason is not None and "not a whole number of its 4096-byte pages" in reason, reason
+        with path.open("r+b") as f:
+            f.truncate(10)
+        assert "less than one page" in (queue.integrity() or "")
     finally:
         queue.close()
 
@@ -81,6 +81,6 @@ def test_a_header_overwritten_is_lost_at_the_first_look(tmp_path: Path) -> None:
         with path.open("r+b") as f:
             f.write(b"\0" * 100)
         reason = QueueWatch(queue).check()
-        assert reason is not None and "not SQLite's header" in reason and "file is not a database" in reason, reason
+        assert reason is not None and "SQLite says: file is not a database" in reason, reason
     finally:
         queue.close()
