@@ -36,12 +36,13 @@ def build_parser(modules: Sequence[str] = COMMANDS) -> argparse.ArgumentParser:
         prog="comfysup",
         description="Run ComfyUI in production: a durable queue of jobs, one supervised ComfyUI server "
                     "per GPU, each job done exactly once or dead-lettered with a reason.",
-        epilog="Settings come from --config, $COMFYSUP_CONFIG, ./config.toml or /etc/comfysup/config.toml "
-               "(the first that exists), then COMFYSUP_<SECTION>_<KEY> variables, then flags.")
+        epilog="Settings come from --config, $COMFYSUP_CONFIG, ./config.toml, ~/.config/comfysup/config.toml "
+               "($XDG_CONFIG_HOME) or /etc/comfysup/config.toml (the first that exists), then "
+               "COMFYSUP_<SECTION>_<KEY> variables, then flags. `comfysup init` writes one.")
     parser.add_argument("--version", action="version", version=f"comfysup {__version__}")
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--config", metavar="PATH", help="config file (default: ./config.toml, then "
-                        "/etc/comfysup/config.toml)")
+    common.add_argument("--config", metavar="PATH", help="config file (default: the first of ./config.toml, "
+                        "~/.config/comfysup/config.toml and /etc/comfysup/config.toml)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
     for name in modules:

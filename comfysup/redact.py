@@ -106,6 +106,33 @@ class Redactor:
             text = self._without_fragments(text)
         return bound(text, limit)
 
+    def scrub(self, value: Any) -> Any:
+        """A copy of a JSON-like ``value`` with every string in it, keys included, passed through the redactor
+        (not cut): a secret can stand anywhere a job's data goes, a node id, an output's file name, a trace. Without
+        recursion, as ``mask``; a redactor with no secret returns ``value`` itself."""
+        if not self.secrets:
+            return value
+        root: list[Any] = [None]
+        stack: list[tuple[Any, Any, Any]] = [(value, root, 0)]
+        while stack:
+            item, parent, slot = stack.pop()
+            if isinstance(item, str):
+                parent[slot] = self(item, limit=len(item) + len(MASK) * len(item))
+            elif isinstance(item, dict):
+                copy: Any = {}
+                parent[slot] = copy
+                for key, child in item.items():
+                    clean_key = self(key, limit=len(key) * 4) if isinstance(key, str) else key
+                    copy[clean_key] = None
+                    stack.append((child, copy, clean_key))
+            elif isinstance(item, list | tuple):
+                copy = [None] * len(item)
+                parent[slot] = copy
+                stack.extend((child, copy, i) for i, child in enumerate(item))
+            else:
+                parent[slot] = item
+        return root[0]
+
     def _without_fragments(self, text: str) -> str:
         """Every run of FRAGMENT_CHARS or more characters that some secret contains, masked."""
         n, grams = FRAGMENT_CHARS, self._grams

@@ -1,7 +1,7 @@
 """fake_comfy: a scriptable ComfyUI 0.3.64 that answers as the real one does, without a GPU.
 
 comfysup's hardest promises are about what ComfyUI does when things go wrong; this server replays
-the shapes recorded from a real ComfyUI (../shared/recorded) and lets a test script the misfortunes
+the shapes recorded from a real ComfyUI (a copy is in tests/recorded) and lets a test script the misfortunes
 (see `script.WORDS`). Run it as `python -m fake_comfy` / `python fake_comfy/main.py` with ComfyUI's
 flags, or in-process::
 

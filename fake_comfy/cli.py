@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from . import v038
+from .models import FOLDERS, parse_models
 from .options import MAXIMUM_HISTORY_SIZE, Options
 from .script import WORDS, ScriptError, load_script_file, parse_words
 from .server import CannotBind, FakeServer
@@ -120,6 +121,10 @@ def build_parser() -> argparse.ArgumentParser:
     fake.add_argument("--choices", action="append", default=[], metavar="CLASS.INPUT=a,b",
                       help="that combo input's choices (model files this server has), in /object_info and "
                            "validation; repeatable")
+    fake.add_argument("--models", nargs="?", const="", default=None, metavar="FOLDER=FILE,FILE;FOLDER=...",
+                      help="the model files this server has, listed by its loaders and checked at POST /prompt "
+                           f"(folders: {', '.join(FOLDERS)}); alone: a default set; unset: loaders take any name")
+    fake.add_argument("--step-ms", type=float, default=2.0, help="time of each sampler step (default 2)")
     fake.add_argument("--max-history", type=int, default=MAXIMUM_HISTORY_SIZE, help=argparse.SUPPRESS)
     parser.add_argument("--version", action="version", version=f"fake_comfy {__version__}")
     return parser
@@ -169,6 +174,8 @@ def parse_options(argv: Sequence[str]) -> Options:
         hostile_seed=args.hostile_seed,
         without_nodes=[n.strip() for n in args.without_nodes.split(",") if n.strip()],
         choices={k: [c for c in v.split(",") if c] for k, _, v in (c.partition("=") for c in args.choices)},
+        models=None if args.models is None else parse_models(args.models),
+        step_ms=args.step_ms,
         hostile_rate=args.hostile_rate,
         hostile_only=[name.strip() for name in args.hostile_only.split(",") if name.strip()],
         hostile_trickle_s=args.hostile_trickle_s,

@@ -21,11 +21,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from . import nodework
+from . import nodework, t2i
 from .graph import post_order, signatures
 from .images import jpeg_bytes
-from .nodes import data, is_link, is_loader, model_name
-from .nodework import Image, Model, NodeFailure
+from .nodes import is_link, is_loader, model_name
+from .nodework import Model, NodeFailure
 
 if TYPE_CHECKING:
     from .hub import Hub
@@ -246,7 +246,12 @@ class _Run:
             self.ex.last_node_id = node_id
             self.to_client("executing", {"node": node_id, "display_node": node_id, "prompt_id": self.pid})
         await self.apply_fault(fault, node_id, record)
-        value, output = await self.compute(node_id, class_type)
+        try:
+            value, output = await self.compute(node_id, class_type)
+        except NodeFailure:
+            raise
+        except Exception as exc:  # whatever a node raises fails its prompt, as in ComfyUI; the worker goes on
+            raise NodeFailure(node_id, nodework.exception_details(exc, self.current_inputs(node_id))) from None
         if output:
             ui = {
                 "meta": {
@@ -336,34 +341,21 @@ class _Run:
 
     def error_details(self, node_id: str, kind: str, message: str | None = None) -> dict[str, Any]:
         """exception_message/type, traceback and current_inputs, from the recorded error `kind`."""
-        recorded = data("errors.json")[kind]
-        return {
-            "exception_message": message if message is not None else recorded["exception_message"],
-            "exception_type": recorded["exception_type"],
-            "traceback": list(recorded["traceback"]),
-            "current_inputs": self.current_inputs(node_id),
-        }
+        return nodework.recorded_error(kind, message, self.current_inputs(node_id))
 
     def current_inputs(self, node_id: str) -> dict[str, list[Any]]:
-        """Inputs as ComfyUI formats them: plain values as they are, tensors and models as their repr."""
-        tensor = data("errors.json")["image_to_mask"]["tensor_repr"]
-        out: dict[str, list[Any]] = {}
-        for name, value in self.prompt[node_id].get("inputs", {}).items():
-            if is_link(value):
-                source = self.input_value(value)
-                out[name] = [tensor if isinstance(source, Image) or source is None else repr(source)]
-            else:
-                out[name] = [
-                    value if isinstance(value, int | float | str | bool) or value is None else str(value)
-                ]
-        return out
+        return nodework.current_inputs(self.prompt[node_id].get("inputs", {}), self.input_value)
 
     def input_value(self, link: list[Any]) -> Any:
         source = link[0]
         if source in self.values:
-            return self.values[source]
-        entry = self.ex.cache.get(self.sigs[source])
-        return entry.value if entry else None
+            value = self.values[source]
+        else:
+            entry = self.ex.cache.get(self.sigs[source])
+            value = entry.value if entry else None
+        if isinstance(value, t2i.Outputs):  # a node of several outputs: the one linked
+            return value.values[link[1]] if 0 <= link[1] < len(value.values) else None
+        return value
 
     def inputs(self, node_id: str) -> dict[str, Any]:
         """The node's inputs with links replaced by the values their sources produced."""
@@ -377,6 +369,11 @@ class _Run:
     async def compute(self, node_id: str, class_type: str) -> tuple[Any, dict[str, Any] | None]:
         """The node's value and UI output, after its time (node_ms; loaders add load_ms on a swap)."""
         inputs = self.inputs(node_id)
+        row = t2i.behaviour(class_type, inputs)
+        if row is not None:
+            if self.ex.interrupt_flag.is_set():
+                raise NodeFailure(node_id)  # before a node that writes files, as for SaveImage
+            return await row(node_id, inputs, self)
         if class_type == "ComfysupProgressDemo":
             await self.progress_demo(node_id, inputs)
             return inputs.get("image"), None
@@ -387,9 +384,9 @@ class _Run:
             if self.ex.interrupt_flag.is_set():
                 raise NodeFailure(node_id)  # checked before each node, as ComfyUI does: no file then
             images = nodework.save(node_id, inputs, "output" if class_type == "SaveImage" else "temp", self)
-            await self.work(node_id, self.ex.options.node_ms * self.slow)
+            await self.node_time(node_id)
             return None, {"images": images}
-        await self.work(node_id, self.ex.options.node_ms * self.slow)
+        await self.node_time(node_id)
         if is_loader(class_type):
             return await self.load(node_id, class_type, inputs), None
         return nodework.transform(node_id, class_type, inputs, self), None
@@ -405,26 +402,29 @@ class _Run:
             await self.work(node_id, self.ex.options.load_ms * self.slow)
         return Model(class_type, name)
 
+    async def node_time(self, node_id: str) -> None:
+        """A node's own time: --node-ms (ten times that for the "slow" word)."""
+        await self.work(node_id, self.ex.options.node_ms * self.slow)
+
+    async def step(self, node_id: str, step: int, steps: int, step_ms: float | None = None,
+                   preview: bytes | None = None) -> None:
+        """One step of a node that reports progress (a sampler's, --step-ms each): its time, then progress_state,
+        the preview if any, and the `progress` message (the preview after it for a client without metadata)."""
+        await self.work(node_id, (self.ex.options.step_ms if step_ms is None else step_ms) * self.slow)
+        self.progress_state(node_id, float(step), float(steps), "running")
+        with_metadata = self.ex.hub.supports(self.client, "supports_preview_metadata")
+        if preview is not None and with_metadata:
+            metadata = {"node_id": node_id, "prompt_id": self.pid, "display_node_id": node_id,
+                        "parent_node_id": None, "real_node_id": node_id, "image_type": "image/jpeg"}
+            self.ex.hub.post_preview(preview, metadata, self.client)
+        self.ex.hub.post("progress", {"value": step, "max": steps, "prompt_id": self.pid, "node": node_id},
+                         self.client)
+        if preview is not None and not with_metadata:
+            self.ex.hub.post_preview(preview, None, self.client)
+
     async def progress_demo(self, node_id: str, inputs: dict[str, Any]) -> None:
         """The recorded test-only custom node: N progress steps, each with a 16x16 JPEG preview."""
         steps, step_seconds = int(inputs.get("steps", 3)), float(inputs.get("step_seconds", 0.1))
         preview = jpeg_bytes(16, 16, (255, 0, 0))
-        with_metadata = self.ex.hub.supports(self.client, "supports_preview_metadata")
         for step in range(1, steps + 1):
-            await self.work(node_id, step_seconds * 1000 * self.slow)
-            self.progress_state(node_id, float(step), float(steps), "running")
-            if with_metadata:
-                metadata = {
-                    "node_id": node_id,
-                    "prompt_id": self.pid,
-                    "display_node_id": node_id,
-                    "parent_node_id": None,
-                    "real_node_id": node_id,
-                    "image_type": "image/jpeg",
-                }
-                self.ex.hub.post_preview(preview, metadata, self.client)
-            self.ex.hub.post(
-                "progress", {"value": step, "max": steps, "prompt_id": self.pid, "node": node_id}, self.client
-            )
-            if not with_metadata:
-                self.ex.hub.post_preview(preview, None, self.client)
+            await self.step(node_id, step, steps, step_seconds * 1000, preview)

@@ -203,6 +203,8 @@ NAMES = {
     "names:crlf": ("CR/LF in the file name", lambda i: {**i, "filename": i["filename"] + "\r\nX-Injected: 1"}),
     "names:control": ("ESC, BEL and NUL in file name and subfolder", lambda i: {
         **i, "filename": "\x1b[2J" + i["filename"] + "\x00.png", "subfolder": "\x07\x1b]0;x"}),
+    "names:type-path": ("an output item whose type is a path, not output or temp", lambda i: {
+        **i, "type": "../../etc"}),
 }
 for _name, (_doc, _fn) in NAMES.items():
     register(_name, _doc)(_fn)
@@ -221,6 +223,13 @@ VIEW = {
 }
 for _name, (_doc, _fn) in VIEW.items():
     register(_name, _doc)(_fn)
+
+
+@register("run:store-temp-name", "SaveImage also writes each file under a result store's temporary name "
+          "(.<name>.part) and lists that copy first: a client that streams into that name and renames it loses the "
+          "file it recorded before")
+def store_temp_name() -> None:
+    """Carried out by SaveImage (nodework.save); listed here so that checkers see it."""
 
 
 @register("run:ignore-interrupt", "stops at the second node and never checks the interrupt flag: it stays "

@@ -11,6 +11,7 @@ import os
 import struct
 import time
 import zlib
+from dataclasses import dataclass
 from pathlib import Path
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -25,14 +26,57 @@ def png_bytes(
     width: int, height: int, rgb: tuple[int, int, int], text: dict[str, str] | None = None
 ) -> bytes:
     """An 8-bit RGB PNG of one colour; `text` becomes tEXt chunks, as ComfyUI stores the prompt there."""
-    row = b"\x00" + bytes(rgb) * width
-    idat = zlib.compress(row * height, 4)
+    return png_raw(width, height, (b"\x00" + bytes(rgb) * width) * height, text)
+
+
+@dataclass(frozen=True)
+class Raster:
+    """A batch of images as grids of coloured cells stretched over width × height pixels (nearest neighbour):
+    what the fake's VAEDecode makes of a latent (one cell per latent pixel, 8 × 8 image pixels). Scaling
+    changes the size and keeps the cells, so an upscaled image is the same picture, bigger."""
+
+    width: int
+    height: int
+    grid: tuple[int, int]
+    """Cells across and down."""
+    frames: tuple[bytes, ...]
+    """One per image of the batch: grid[0] × grid[1] RGB cells, row by row."""
+
+    @property
+    def batch(self) -> int:
+        return len(self.frames)
+
+    def resized(self, width: int, height: int) -> Raster:
+        return Raster(max(1, width), max(1, height), self.grid, self.frames)
+
+    def scanlines(self, index: int) -> bytes:
+        """Image ``index`` as PNG scanlines (filter byte 0, then RGB)."""
+        (across, down), cells, width = self.grid, self.frames[index], self.width
+        spans = [0] * across
+        for x in range(width):
+            spans[x * across // width] += 1
+        rows = [b"\x00" + b"".join(cells[(r * across + c) * 3:(r * across + c) * 3 + 3] * n
+                                   for c, n in enumerate(spans) if n) for r in range(down)]
+        return b"".join(rows[y * down // self.height] for y in range(self.height))
+
+    def png(self, index: int, text: dict[str, str] | None = None) -> bytes:
+        return png_raw(self.width, self.height, self.scanlines(index), text)
+
+    def mean(self, index: int) -> tuple[int, int, int]:
+        """The average colour of image ``index`` (what a format the fake cannot draw cells in shows)."""
+        cells = self.frames[index]
+        count = max(len(cells) // 3, 1)
+        return (sum(cells[0::3]) // count, sum(cells[1::3]) // count, sum(cells[2::3]) // count)
+
+
+def png_raw(width: int, height: int, scanlines: bytes, text: dict[str, str] | None = None) -> bytes:
+    """An 8-bit RGB PNG of these scanlines; `text` becomes tEXt chunks."""
     chunks = [_png_chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))]
     for key, value in (text or {}).items():
         chunks.append(
             _png_chunk(b"tEXt", key.encode("latin-1") + b"\x00" + value.encode("latin-1", "replace"))
         )
-    chunks.append(_png_chunk(b"IDAT", idat))
+    chunks.append(_png_chunk(b"IDAT", zlib.compress(scanlines, 4)))
     chunks.append(_png_chunk(b"IEND", b""))
     return PNG_MAGIC + b"".join(chunks)
 

@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from .models import parse_models
 from .options import MAXIMUM_HISTORY_SIZE, Options
 from .script import Script
 from .server import FakeServer
@@ -58,6 +59,8 @@ class FakeComfy:
         hostile_cap_s: float = 60.0,
         without_nodes: Sequence[str] = (),
         choices: Mapping[str, Sequence[str]] | None = None,
+        models: Mapping[str, Sequence[str]] | str | None = None,
+        step_ms: float = 2.0,
         comfyui_version: str | None = None,
         database_url: str | None = None,
         disable_assets: bool = False,
@@ -88,6 +91,9 @@ class FakeComfy:
             hostile_cap_s=hostile_cap_s,
             without_nodes=list(without_nodes),
             choices={k: list(v) for k, v in (choices or {}).items()},
+            models=parse_models(models) if isinstance(models, str) else (
+                None if models is None else {**parse_models(""), **{k: list(v) for k, v in models.items()}}),
+            step_ms=step_ms,
             comfyui_version=normalize(comfyui_version) if comfyui_version else default_version(),
             database_url=database_url,
             disable_assets=disable_assets,

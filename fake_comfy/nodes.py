@@ -1,7 +1,9 @@
-"""The node classes the fake knows: the recorded object_info sample, model loaders, the progress demo.
+"""The node classes the fake knows: the recorded object_info sample, the recorded text-to-image nodes
+(object-info-t2i.json), model loaders, the progress demo.
 
 Loaders are pass-through nodes: any class whose name contains "Loader" is accepted, takes any inputs
-and links to anything, because model-swap tests need loaders and the fake has no models to list.
+and links to anything, because model-swap tests need loaders and the fake has no models to list. With
+`--models` (fake_comfy.models) the recorded loaders list those files and are checked as ComfyUI checks them.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from .models import FOLDER_OF
 from .uploads import LOAD_IMAGE_MASK_INFO
 
 _LOADER = re.compile(r"Loader")
@@ -74,7 +77,8 @@ class Catalogue:
 
     def __init__(self, input_dir: Path, options: Any = None) -> None:
         self._input_dir = input_dir
-        self._known: dict[str, dict[str, Any]] = data("object_info.json")
+        self._known: dict[str, dict[str, Any]] = {**data("object_info.json"),
+                                                   **data("object-info-t2i.json")["object_info"]}
         self._known.setdefault("LoadImageMask", LOAD_IMAGE_MASK_INFO)
         self._options = options
         """fake_comfy.options.Options: its without_nodes and choices (read live) make this server's own catalogue."""
@@ -83,15 +87,22 @@ class Catalogue:
         return self._options is not None and class_type in self._options.without_nodes
 
     def _with_choices(self, class_type: str, info: dict[str, Any]) -> dict[str, Any]:
-        """``info`` with the combo choices that --choices sets for this class."""
-        chosen = {k.partition(".")[2]: v for k, v in (self._options.choices if self._options else {}).items()
-                  if k.partition(".")[0] == class_type}
+        """``info`` with the combo choices that --models and --choices (the latter winning) set for this class."""
+        models = self._options.models if self._options else None
+        chosen = {k.partition(".")[2]: models.get(folder, []) for k, folder in FOLDER_OF.items()
+                  if models is not None and k.partition(".")[0] == class_type}
+        chosen.update({k.partition(".")[2]: v for k, v in (self._options.choices if self._options else {}).items()
+                       if k.partition(".")[0] == class_type})
         if not chosen:
             return info
         info = json.loads(json.dumps(info))
         for category in ("required", "optional"):
             for name, spec in info.get("input", {}).get(category, {}).items():
-                if name in chosen:
+                if name not in chosen:
+                    continue
+                if spec[0] == "COMBO":  # the v3 nodes' shape: ["COMBO", {"options": [...]}]
+                    spec[1]["options"] = list(chosen[name])
+                else:
                     spec[0] = list(chosen[name])
         return info
 

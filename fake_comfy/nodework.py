@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import json
 import os
+import sys
+import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .images import OutsideOutputFolder, png_bytes, save_image_path
-from .nodes import data
+from .images import OutsideOutputFolder, Raster, png_bytes, save_image_path
+from .nodes import data, is_link
 from .uploads import LOADERS, NotAnImage, Pixels, load, loaded_path
 
 if TYPE_CHECKING:
@@ -49,6 +52,40 @@ class NodeFailure(Exception):
     @property
     def interrupted(self) -> bool:
         return self.details is None
+
+
+def recorded_error(kind: str, message: str | None, inputs: dict[str, list[Any]]) -> dict[str, Any]:
+    """exception_message/type, traceback and current_inputs of the recorded error `kind` (errors.json)."""
+    recorded = data("errors.json")[kind]
+    return {
+        "exception_message": message if message is not None else recorded["exception_message"],
+        "exception_type": recorded["exception_type"],
+        "traceback": list(recorded["traceback"]),
+        "current_inputs": inputs,
+    }
+
+
+def exception_details(exc: Exception, inputs: dict[str, list[Any]]) -> dict[str, Any]:
+    """ComfyUI's execute() on any exception of a node: its type's full name, its message, its traceback and the
+    node's inputs (logged on stderr too, as ComfyUI logs it)."""
+    kind = type(exc)
+    name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+    print(f"!!! Exception during processing !!! {exc}\n{traceback.format_exc()}", file=sys.stderr, flush=True)
+    return {"exception_message": f"{exc}\n", "exception_type": name,
+            "traceback": traceback.format_tb(exc.__traceback__), "current_inputs": inputs}
+
+
+def current_inputs(inputs: dict[str, Any], resolve: Callable[[list[Any]], Any]) -> dict[str, list[Any]]:
+    """Inputs as ComfyUI formats them: plain values as they are, tensors (images) and models as their repr."""
+    tensor = data("errors.json")["image_to_mask"]["tensor_repr"]
+    out: dict[str, list[Any]] = {}
+    for name, value in inputs.items():
+        if is_link(value):
+            source = resolve(value)
+            out[name] = [tensor if isinstance(source, Image | Pixels | Raster) or source is None else repr(source)]
+        else:
+            out[name] = [value if isinstance(value, int | float | str | bool) or value is None else str(value)]
+    return out
 
 
 def physical_memory() -> int:
@@ -129,11 +166,13 @@ def pixels(node_id: str, class_type: str, inputs: dict[str, Any], run: NodeRun) 
         path = loaded_path(str(inputs.get("image", "")), options.input_dir, options.directory_for_type)
         try:
             if path is None:
-                raise NotAnImage(f"No such file: {inputs.get('image')}")
+                raise FileNotFoundError(2, "No such file or directory", str(inputs.get("image", "")))
             return load(path, class_type, str(inputs.get("channel", "alpha")))
         except (NotAnImage, OSError, ValueError) as exc:
-            details = run.error_details(node_id, "image_to_mask", f"cannot identify image file {path}: {exc}")
-            details["exception_type"] = "PIL.UnidentifiedImageError"
+            unidentified = isinstance(exc, NotAnImage | ValueError)  # PIL.Image.open's failure, or a later read's
+            message = f"cannot identify image file '{path}'\n" if unidentified else f"{exc}\n"
+            details = run.error_details(node_id, "image_to_mask", message)
+            details["exception_type"] = "PIL.UnidentifiedImageError" if unidentified else type(exc).__name__
             raise NodeFailure(node_id, details) from None
     image = inputs.get("image") if isinstance(inputs.get("image"), Pixels) else inputs.get("mask")
     if class_type == "ImageInvert":
@@ -143,9 +182,10 @@ def pixels(node_id: str, class_type: str, inputs: dict[str, Any], run: NodeRun) 
     return image
 
 def save(node_id: str, inputs: dict[str, Any], kind: str, run: NodeRun) -> list[dict[str, Any]]:
-    """SaveImage (output) and PreviewImage (temp): real PNGs, named and counted as ComfyUI does."""
-    pixels = inputs.get("images") if isinstance(inputs.get("images"), Pixels) else None
-    image = Image(pixels.width, pixels.height, 1, (0, 0, 0)) if pixels is not None else (
+    """SaveImage (output) and PreviewImage (temp): real PNGs, named and counted as ComfyUI does (a Raster's
+    images each their own PNG, at their size)."""
+    pixels = inputs.get("images") if isinstance(inputs.get("images"), Pixels | Raster) else None
+    image = Image(pixels.width, pixels.height, getattr(pixels, "batch", 1), (0, 0, 0)) if pixels is not None else (
         inputs.get("images")
         if isinstance(inputs.get("images"), Image)
         else Image(64, 64, 1, (128, 128, 128))
@@ -163,12 +203,18 @@ def save(node_id: str, inputs: dict[str, Any], kind: str, run: NodeRun) -> list[
     text = {"prompt": json.dumps(run.prompt)}
     for key, value in (run.extra_data.get("extra_pnginfo") or {}).items():
         text[str(key)] = json.dumps(value)
-    png = pixels.png(text) if pixels is not None else png_bytes(
-        min(image.width, MAX_SIDE), min(image.height, MAX_SIDE), image.rgb, text)
+    if isinstance(pixels, Raster):
+        pngs = [pixels.png(i, text) for i in range(image.batch)]
+    else:
+        pngs = [pixels.png(text) if pixels is not None else png_bytes(
+            min(image.width, MAX_SIDE), min(image.height, MAX_SIDE), image.rgb, text)] * image.batch
     results = []
-    for batch_number in range(image.batch):
+    for batch_number, png in enumerate(pngs):
         name = f"{stem.replace('%batch_num%', str(batch_number))}_{counter:05}_.png"
         (folder / name).write_bytes(png)
+        if run.word == "hostile:run:store-temp-name":  # fake_comfy.hostile_bodies: a client's temporary name
+            (folder / f".{name}.part").write_bytes(png)
+            results.append({"filename": f".{name}.part", "subfolder": subfolder, "type": kind})
         results.append({"filename": name, "subfolder": subfolder, "type": kind})
         counter += 1
     return hostile_names(results) if run.word == "hostile" else results

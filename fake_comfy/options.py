@@ -47,6 +47,11 @@ class Options:
     choices: dict[str, list[str]] = field(default_factory=dict)
     """--choices CLASS.INPUT=a,b: that combo input's choices in /object_info and in validation (the model files
     a server has). Read live."""
+    models: dict[str, list[str]] | None = None
+    """--models: the model files of each folder (fake_comfy.models), listed and checked by the loaders; None
+    (the default): loaders take any name. Read live."""
+    step_ms: float = 2.0
+    """--step-ms: the time of each sampler step (KSampler sends a progress message per step). Read live."""
     """--hostile-seed: give a random mutation (hostile.choose) to a share of the prompts scripted "ok"."""
     hostile_rate: float = 0.3
     hostile_only: list[str] = field(default_factory=list)

@@ -89,9 +89,10 @@ class Routes:
         return web.json_response(data("system.json")["models"])
 
     async def models_in_folder(self, request: web.Request) -> web.Response:
-        if request.match_info["folder"] not in data("system.json")["models"]:
+        folder = request.match_info["folder"]
+        if folder not in data("system.json")["models"]:
             return web.Response(status=404)
-        return web.json_response([])
+        return web.json_response(list((self.server.options.models or {}).get(folder, [])))
 
     async def not_found(self, request: web.Request) -> web.Response:
         return web.Response(status=404, content_type="application/octet-stream")
@@ -312,7 +313,7 @@ class Routes:
     async def fake_control(self, request: web.Request) -> web.Response:
         """Not ComfyUI: change the script and knobs of a running fake (for tests that only have its URL).
 
-        Body: any of {"script": [words], "script_by_id": {id: [words]}, "node_ms", "load_ms",
+        Body: any of {"script": [words], "script_by_id": {id: [words]}, "node_ms", "load_ms", "step_ms",
         "history_delay_ms", "hostile_seed", "hostile_rate", "hostile_trickle_s", "hostile_cap_s"};
         400 with {"error": ...} for an unknown word.
         """
@@ -324,7 +325,8 @@ class Routes:
                 self.server.script.set_by_id(body["script_by_id"])
         except ValueError as exc:
             return web.json_response({"error": str(exc)}, status=400)
-        for knob in ("node_ms", "load_ms", "history_delay_ms", "hostile_rate", "hostile_trickle_s", "hostile_cap_s"):
+        for knob in ("node_ms", "load_ms", "step_ms", "history_delay_ms", "hostile_rate", "hostile_trickle_s",
+                     "hostile_cap_s"):
             if knob in body:
                 setattr(self.server.options, knob, float(body[knob]))
         if "hostile_seed" in body:

@@ -1,4 +1,4 @@
-"""Input files, as ComfyUI 0.3.64 handles them (../shared/recorded/uploads.json): POST /upload/image and
+"""Input files, as ComfyUI 0.3.64 handles them (tests/recorded/uploads.json): POST /upload/image and
 /upload/mask (a mask composited into the alpha of an existing image), and the
 LoadImage / LoadImageMask nodes reading real files with the pixel arithmetic of ComfyUI's tensors.
 
@@ -85,13 +85,18 @@ class NotAnImage(Exception):
 
 
 def decode_png(data: bytes) -> tuple[int, int, int, bytes]:
-    """(width, height, channels, 8-bit samples) of a non-interlaced 8-bit gray/RGB/RGBA PNG (what PIL writes)."""
+    """(width, height, channels, 8-bit samples) of a non-interlaced 8-bit gray/RGB/RGBA PNG (what PIL writes).
+
+    Damaged files fail as PIL fails on them: a wrong chunk checksum (IDAT's aside) raises NotAnImage, a broken
+    or short image stream OSError."""
     if not data.startswith(PNG_MAGIC):
         raise NotAnImage("cannot identify image file")
     pos, idat, header = 8, [], None
     while pos + 8 <= len(data):
         length, kind = struct.unpack(">I4s", data[pos:pos + 8])
         body = data[pos + 8:pos + 8 + length]
+        if kind != b"IDAT" and data[pos + 8 + length:pos + 12 + length] != struct.pack(">I", zlib.crc32(kind + body)):
+            raise NotAnImage("cannot identify image file")  # PIL checks every chunk but IDAT's CRC as it opens
         if kind == b"IHDR":
             header = struct.unpack(">IIBBBBB", body)
         elif kind == b"IDAT":
@@ -103,7 +108,12 @@ def decode_png(data: bytes) -> tuple[int, int, int, bytes]:
     channels = {0: 1, 2: 3, 4: 2, 6: 4}.get(color)
     if depth != 8 or channels is None or interlace:
         raise NotAnImage(f"fake_comfy reads 8-bit gray/RGB/RGBA PNGs only (depth {depth}, colour {color})")
-    raw, stride = zlib.decompress(b"".join(idat)), width * channels
+    try:
+        raw, stride = zlib.decompress(b"".join(idat)), width * channels
+    except zlib.error:
+        raise OSError("broken data stream when reading image file") from None  # PIL's words for it
+    if len(raw) < height * (stride + 1):
+        raise OSError("image file is truncated")
     out, prev = bytearray(), bytearray(stride)
     for y in range(height):
         kind, line = raw[y * (stride + 1)], bytearray(raw[y * (stride + 1) + 1:(y + 1) * (stride + 1)])

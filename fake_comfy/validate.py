@@ -2,7 +2,7 @@
 
 The structure follows the original on purpose: which node an error is filed under, which errors are
 dropped and which exceptions escape (and become aiohttp's 500) all fall out of that structure, and
-the recordings in ../shared/recorded pin them (e.g. a missing link is filed under the node that has
+the recordings (tests/recorded) pin them (e.g. a missing link is filed under the node that has
 it, described by its downstream input; a cycle gives node_errors {}).
 """
 
@@ -99,6 +99,16 @@ def _type_name(ex: BaseException) -> str:
     module = type(ex).__module__
     name = type(ex).__qualname__
     return name if module == "builtins" else f"{module}.{name}"
+
+
+def _combo_options(input_type: Any, extra: dict[str, Any]) -> list[Any] | None:
+    """A combo input's choices: the list itself, or a v3 node's ["COMBO", {"options": [...]}]; None otherwise."""
+    if isinstance(input_type, list):
+        return input_type
+    if input_type == "COMBO":
+        options = extra.get("options", [])
+        return options if isinstance(options, list) else []
+    return None
 
 
 def _accepts(received: str, expected: Any) -> bool:
@@ -255,12 +265,12 @@ class _Validator:
         elif "max" in extra and value > extra["max"]:
             message = f"Value {value} bigger than max of {extra['max']}"
             errors.append(_error("value_bigger_than_max", message, name, bounds))
-        elif isinstance(input_type, list) and value not in input_type:
+        elif (combo := _combo_options(input_type, extra)) is not None and value not in combo:
             config: list[Any] | None = info
-            if len(input_type) > 20:
-                listed, config = f"(list of length {len(input_type)})", None
+            if len(combo) > 20:
+                listed, config = f"(list of length {len(combo)})", None
             else:
-                listed = str(input_type)
+                listed = str(combo)
             errors.append(
                 _error(
                     "value_not_in_list",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -124,3 +125,50 @@ def api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, 
             yield url, runner, config
         finally:
             runner.close()
+
+
+def address(url: str) -> tuple[str, int]:
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    return host, int(port)
+
+
+def exchange(url: str, data: bytes, timeout: float = 10.0) -> bytes:
+    """``data`` sent as it is on a new connection to ``url``'s server; everything it answers until it closes (or
+    until ``timeout`` passes with nothing more)."""
+    with socket.create_connection(address(url), timeout=timeout) as sock:
+        try:
+            sock.sendall(data)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        return read_all(sock)
+
+
+def read_all(sock: socket.socket) -> bytes:
+    answer = b""
+    try:
+        while chunk := sock.recv(65536):
+            answer += chunk
+    except ConnectionResetError:
+        pass
+    return answer
+
+
+def status_of(answer: bytes) -> int:
+    """The status code of a raw HTTP answer; 0 when there is none (the server closed without one)."""
+    line = answer.split(b"\r\n", 1)[0].split()
+    return int(line[1]) if len(line) >= 2 and line[1].isdigit() else 0
+
+
+def closed_within(sock: socket.socket, seconds: float) -> bool:
+    """Whether the server closes ``sock`` (end of file or reset) within ``seconds``; what it sends is read."""
+    deadline = time.monotonic() + seconds
+    try:
+        while (left := deadline - time.monotonic()) > 0:
+            sock.settimeout(left)
+            if not sock.recv(65536):
+                return True
+    except (ConnectionResetError, BrokenPipeError):
+        return True
+    except TimeoutError:
+        pass
+    return False

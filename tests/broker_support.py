@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import threading
 import time
 import uuid
@@ -22,7 +23,7 @@ import supervisor_support
 
 pika = pytest.importorskip("pika")
 
-from comfysup.config import Config, build_config  # noqa: E402
+from comfysup.config import Config, RabbitMQConfig, build_config  # noqa: E402
 
 URL = os.environ.get("COMFYSUP_TEST_RABBITMQ", "amqp://guest:guest@127.0.0.1:5672/%2F")
 EXAMPLES = Path(__file__).resolve().parents[1] / "comfysup" / "data" / "examples"
@@ -67,10 +68,18 @@ class Broker:
         conn = self.connection()
         ch = conn.channel()
         ch.confirm_delivery()
-        ch.queue_declare(self.names["queue"], durable=True, arguments={"x-queue-type": "quorum"})
+        self.declare()
         for i, body in enumerate(bodies):
             mid = message_ids[i] if message_ids else None
             ch.basic_publish("", self.names["queue"], body, pika.BasicProperties(message_id=mid, delivery_mode=2))
+        conn.close()
+
+    def declare(self, settings: RabbitMQConfig | None = None) -> None:
+        """The jobs queue and the rest as comfysup declares them (a queue that exists is left as it is)."""
+        from comfysup.broker.connection import declare_all
+
+        conn = self.connection()
+        declare_all(conn, settings or RabbitMQConfig(url=URL, **self.names))
         conn.close()
 
     def drain(self, queue: str, expect: int = 0, timeout: float = 20.0) -> list[tuple[Any, bytes]]:
@@ -161,3 +170,62 @@ class Running:
     def __exit__(self, *exc: object) -> None:
         self.consumer.stop.set()
         self.thread.join(10)
+
+
+class Proxy:
+    """A TCP relay on a loopback port the OS assigns, in front of the broker. ``freeze()`` stops passing the
+    broker's bytes on (a broker that never answers, never confirms); ``spoke`` is set when the client sends
+    something after the freeze (it is then waiting for an answer that will not come)."""
+
+    def __init__(self, target: tuple[str, int] = ("127.0.0.1", 5672)) -> None:
+        self.target = target
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.frozen = threading.Event()
+        self.spoke = threading.Event()
+        self.closed = threading.Event()
+        self.sockets: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def url(self) -> str:
+        return f"amqp://guest:guest@127.0.0.1:{self.port}/%2F"
+
+    def freeze(self) -> None:
+        self.frozen.set()
+
+    def _accept(self) -> None:
+        while not self.closed.is_set():
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(self.target)
+            self.sockets += [client, upstream]
+            threading.Thread(target=self._pump, args=(client, upstream, False), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client, True), daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket, from_broker: bool) -> None:
+        while not self.closed.is_set():
+            if from_broker and self.frozen.is_set():
+                self.closed.wait(0.05)  # leave the broker's bytes unread
+                continue
+            try:
+                data = source.recv(65536)
+                if not data:
+                    return
+                if self.frozen.is_set():
+                    if from_broker:  # arrived just as it froze: never passed on
+                        self.closed.wait()
+                        return
+                    self.spoke.set()
+                sink.sendall(data)
+            except OSError:
+                return
+
+    def close(self) -> None:
+        self.closed.set()
+        for sock in [self.listener, *self.sockets]:
+            try:
+                sock.close()
+            except OSError:
+                pass

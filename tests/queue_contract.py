@@ -502,6 +502,15 @@ class QueueContract(CatalogueContract, AssetsContract):
         assert [j.id for j in q.get_many(ids)] == [ids[0], ids[2], ids[3]]
         assert q.get_many([]) == []
 
+    def test_ids_starting_with_a_prefix(self, q: Queue) -> None:
+        self.submit(q, *[make_job(i) for i in range(40)])
+        ids = sorted(make_job(i).id for i in range(40))
+        assert q.ids_starting(ids[7][:13]) == [i for i in ids if i.startswith(ids[7][:13])] == [ids[7]]
+        assert q.ids_starting(ids[7], limit=1) == [ids[7]]
+        first = ids[0][0]
+        assert q.ids_starting(first, limit=50) == [i for i in ids if i.startswith(first)]
+        assert q.ids_starting("%") == q.ids_starting("_") == q.ids_starting("") == []  # no LIKE wildcard passes
+
     def test_iter_jobs_in_submission_order_filtered_by_state(self, q: Queue) -> None:
         jobs = [make_job(i, priority=i % 4) for i in range(1234)]
         q.submit(jobs, now=T0)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -89,3 +91,19 @@ def post_and_wait(url: str, workflow: dict[str, Any], prompt_id: str, client_id:
         raise AssertionError(f"prompt {prompt_id} never ended on {url}")
     finally:
         stream.close()
+
+
+@contextlib.contextmanager
+def work_until_empty(tmp: Path, config_path: Path, url: str, name: str = "a") -> Iterator[subprocess.Popen]:
+    """``comfysup work --until-empty`` on one server (``name=url``) as a subprocess, its output in
+    ``tmp/work.log``; killed at the end if it is still running."""
+    with open(tmp / "work.log", "wb") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "comfysup", "work", "--config", str(config_path), "--server",
+                                 f"{name}={url}", "--until-empty"], stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+                                env=dict(os.environ), start_new_session=True)
+        try:
+            yield proc
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)

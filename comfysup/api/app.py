@@ -14,7 +14,6 @@ import asyncio
 import base64
 import binascii
 import concurrent.futures
-import json
 import logging
 import os
 import time
@@ -22,16 +21,18 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from comfysup import safefs
 from comfysup.api import assets, events, remote, views
+from comfysup.api.connections import track
 from comfysup.api.errors import ApiError, not_found
 from comfysup.api.intake import Intake
-from comfysup.api.replies import STATE_KEY, send
+from comfysup.api.replies import STATE_KEY, harden, read_json, send
 from comfysup.api.replies import job_id as _job_id
 from comfysup.api.replies import json_response as _json
 from comfysup.api.replies import origin as _origin
-from comfysup.api.security import check_origin, check_token
+from comfysup.api.security import HostCheck, check_origin, check_token
 from comfysup.config import Config
 from comfysup.errors import NotFound
 from comfysup.jobs import MAX_WORKFLOW_BYTES
@@ -50,6 +51,8 @@ SCAN_PAGES = 20
 CATALOGUE_SECONDS = 5.0
 """How long the node catalogues read from the queue are reused before they are read again."""
 QUEUE_FULL_RETRY_SECONDS = 5
+MAX_CURSOR = 2**63 - 1
+"""A cursor is a job's sequence number, a signed 64-bit integer in both queues."""
 
 
 class State:
@@ -61,6 +64,7 @@ class State:
         self.worker = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="comfysup-api-queue")
         self.intake = Intake(config.resolve("."), allow_private_callbacks=config.webhooks.allow_private)
         self.store = config.resolve(config.store.dir)
+        self.hosts = HostCheck(config.api.listen.rpartition(":")[0], config.api.public_url, config.api.allowed_hosts)
         self._catalogues: list[Catalogue] = []
         self._catalogues_at = float("-inf")
         self.watch = QueueWatch(queue, on_lost=lambda why: log.error("%s; the API answers 503 and stops (exit code "
@@ -88,9 +92,11 @@ class State:
 @web.middleware
 async def guard(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
                 ) -> web.StreamResponse:
-    """Origin first, then the token (comfysup.api.security); every error as the contract's envelope."""
+    """Host first, then Origin, then the token (comfysup.api.security); every error as the contract's envelope."""
     state: State = request.app[STATE_KEY]
     try:
+        sockname = request.transport.get_extra_info("sockname") if request.transport is not None else None
+        state.hosts.check(request.headers.get("Host"), sockname[:2] if isinstance(sockname, tuple) else None)
         check_origin(request.headers.get("Origin"), request.headers.get("Sec-Fetch-Site"), request.host,
                      state.config.api.allowed_origins)
         check_token(state.config.api.token, request.headers.get("Authorization"))
@@ -100,6 +106,9 @@ async def guard(request: web.Request, handler: Callable[[web.Request], Awaitable
         return await handler(request)
     except ApiError as exc:
         return exc.response()
+    except HttpProcessingError as exc:  # a body aiohttp's readers cannot parse (a multipart part's header line)
+        return ApiError(400, "invalid_request", f"the request's body is malformed: {exc.message}",
+                        close=True).response()
     except web.HTTPRequestEntityTooLarge:
         return ApiError(413, "payload_too_large", f"the body is larger than {state.config.api.max_upload_mb} MiB "
                         "([api] max_upload_mb)").response()
@@ -125,13 +134,7 @@ async def health(request: web.Request) -> web.Response:
 
 async def post_job(request: web.Request) -> web.Response:
     state: State = request.app[STATE_KEY]
-    raw = await request.read()
-    if len(raw) > MAX_WORKFLOW_BYTES:
-        raise ApiError(413, "payload_too_large", f"the body is larger than {MAX_WORKFLOW_BYTES // 2**20} MiB")
-    try:
-        body = json.loads(raw)
-    except (ValueError, RecursionError):
-        raise ApiError(400, "invalid_request", "the body is not valid JSON") from None
+    body = await read_json(request, MAX_WORKFLOW_BYTES, f"{MAX_WORKFLOW_BYTES // 2**20} MiB (a job's workflow)")
     key = request.headers.get("Idempotency-Key")
     return await state.call(_submit, state, body, key, _origin(request))
 
@@ -204,7 +207,7 @@ def _cursor(text: str | None) -> int | None:
         value = int(base64.urlsafe_b64decode(text.encode() + b"==").decode())
     except (ValueError, binascii.Error, UnicodeDecodeError):
         raise ApiError(400, "invalid_request", "cursor is not one this API handed out") from None
-    if value <= 0:
+    if not 0 < value <= MAX_CURSOR:
         raise ApiError(400, "invalid_request", "cursor is not one this API handed out")
     return value
 
@@ -304,11 +307,14 @@ async def output_content(request: web.Request) -> web.StreamResponse:
             f.seek(at)
             return f.read(n)
 
-        return await send(request, os.fstat(f.fileno()).st_size, views.content_type(output.name), read)
+        return await send(request, os.fstat(f.fileno()).st_size, views.content_type(output.name), read,
+                          name=output.name)
 
 
 def make_app(config: Config, queue: Any) -> web.Application:
-    app = web.Application(middlewares=[guard], client_max_size=config.api.max_upload_mb * 2**20)
+    app = web.Application(middlewares=[track(config.api.body_timeout_seconds), guard],
+                          client_max_size=config.api.max_upload_mb * 2**20)
+    app.on_response_prepare.append(harden)
     state = State(config, queue)
     app[STATE_KEY] = state
     app.router.add_get(f"{API}/health", health)

@@ -7,8 +7,10 @@ Paths, bodies and codes: comfy-api-proxy ``spec/openapi.yaml@37fbee21`` (``postA
 upload of ``comfy_low/transport.py`` ``post_assets``; ``delete_asset`` expects 204).
 
 - ``POST /assets``: the multipart body is read part by part and the file streamed to a temporary file, hashed
-  (BLAKE3) on the way and never held whole in memory; ``[api] max_upload_mb`` bounds the body and ``[assets]
-  max_file_mb`` the file (413 ``payload_too_large``); a client's ``expected_hash`` that differs is 409
+  (BLAKE3) on the way and never held whole in memory; ``[api] max_upload_mb`` bounds the body (every byte of it,
+  boundaries and part headers included, chunked or not) and ``[assets] max_file_mb`` the file (413
+  ``payload_too_large``); at most MAX_PARTS parts, each text field once (``tags`` excepted); each wait for the
+  client's next bytes at most ``[api] body_timeout_seconds`` (408); a client's ``expected_hash`` that differs is 409
   ``hash_mismatch`` and nothing is stored. The queue then stores the content once (a second upload of the same
   bytes adds only a record: ``created_new`` false, 200 instead of 201) and the record, durably, before the
   answer. ``Idempotency-Key``: the same key and upload answer the same record (``Idempotency-Replayed``); the
@@ -32,12 +34,12 @@ from pathlib import Path
 from typing import Any
 
 import blake3
-from aiohttp import BodyPartReader, web
+from aiohttp import BodyPartReader, MultipartReader, web
 
 from comfysup import assets
 from comfysup.api import views
 from comfysup.api.errors import ApiError, not_found
-from comfysup.api.replies import STATE_KEY, json_response, origin, send
+from comfysup.api.replies import STATE_KEY, json_response, origin, read_json, send, timed, too_large
 from comfysup.queue.assets import CHUNK_BYTES, ApiAsset, UploadConflict
 from comfysup.queue.base import NewAsset
 
@@ -47,6 +49,11 @@ READ_BYTES = 1 << 20
 MAX_FIELD_BYTES = 4096
 """A text field of the upload (content_type, file_path, expected_hash, a tag)."""
 FIELDS = frozenset({"content_type", "file_path", "expected_hash", "tags"})
+REPEATED = frozenset({"tags"})
+MAX_PARTS = 64
+"""Parts of one upload: the file, its few fields and some tags."""
+MAX_JSON_BYTES = 64 * 1024
+"""A from-hash body: a hash and a name."""
 REQUIRED = ("content_type", "file_path")
 CONTENT_TYPE = "multipart/form-data"
 
@@ -84,11 +91,18 @@ async def _receive(request: web.Request, body_limit: int, file_limit: int, folde
     received = Received()
     fields = received.fields
     try:
-        reader = await request.multipart()
-        total = 0
+        content = Bounded(request, body_limit, f"{body_limit // MIB} MiB ([api] max_upload_mb)")
+        reader = MultipartReader(request.headers, content)  # type: ignore[arg-type]
+        total = parts = 0
         while (part := await reader.next()) is not None:
+            parts += 1
+            if parts > MAX_PARTS:
+                raise ApiError(400, "invalid_request", f"the body has more than {MAX_PARTS} parts; an upload has "
+                               "one file and a few fields", close=True)
             if not isinstance(part, BodyPartReader):
                 raise _bad("a nested multipart part is not an upload's field")
+            if part.name in fields and part.name not in REPEATED:
+                raise _bad(f"field {part.name!r} is given twice; once")
             if part.name == "file":
                 if received.path is not None:
                     raise _bad("the body has two file parts; upload one file per request")
@@ -109,6 +123,44 @@ async def _receive(request: web.Request, body_limit: int, file_limit: int, folde
     if received.path is None:
         raise _bad("the body has no file part (the field named file holds the bytes)")
     return received
+
+
+class Bounded:
+    """A request's body as aiohttp's multipart reader reads it: every byte counted against ``limit`` (413 past
+    it, boundaries and part headers included, chunked or not) and every wait bounded by ``[api]
+    body_timeout_seconds`` (408)."""
+
+    def __init__(self, request: web.Request, limit: int, what: str) -> None:
+        self.request = request
+        self.content = request.content
+        self.limit = limit
+        self.what = what
+        self.total = 0
+
+    def _count(self, data: bytes) -> bytes:
+        self.total += len(data)
+        if self.total > self.limit:
+            raise too_large(self.limit, self.what)
+        return data
+
+    async def read(self, n: int = -1) -> bytes:
+        return self._count(await timed(self.request, self.content.read(n)))
+
+    async def readline(self, *args: Any, **kwargs: Any) -> bytes:
+        return self._count(await timed(self.request, self.content.readline(*args, **kwargs)))
+
+    async def readany(self) -> bytes:
+        return self._count(await timed(self.request, self.content.readany()))
+
+    async def readexactly(self, n: int) -> bytes:
+        return self._count(await timed(self.request, self.content.readexactly(n)))
+
+    def at_eof(self) -> bool:
+        return self.content.at_eof()
+
+    def unread_data(self, data: bytes) -> None:
+        self.total -= len(data)
+        self.content.unread_data(data)
 
 
 async def _file(part: BodyPartReader, received: Received, limit: int, folder: Path | None, limits: str) -> None:
@@ -193,10 +245,7 @@ async def from_hash(request: web.Request) -> web.Response:
     """A record over content the store holds (the SDK's dedup fast path): 201 minted, 200 a live record of the
     same content and name answered again, 404 ``blob_not_found``."""
     state = request.app[STATE_KEY]
-    try:
-        body = await request.json()
-    except ValueError:
-        raise _bad("the body must be JSON: {\"hash\": \"blake3:<hex>\", \"file_path\": \"photo.png\"}") from None
+    body = await read_json(request, MAX_JSON_BYTES, f"{MAX_JSON_BYTES // 1024} KiB (a hash and a name)")
     if not isinstance(body, dict) or not assets.is_hash(body.get("hash")):
         raise _bad("hash must be \"blake3:<64 hex digits>\"")
     file_path = body.get("file_path") or ""
@@ -245,7 +294,8 @@ async def asset_content(request: web.Request) -> web.StreamResponse:
     state, record = await _record(request)
     path = state.queue.asset_file(record.hash)
     if path is None:
-        return await send(request, record.size, record.content_type, _chunks(state, record.hash))
+        return await send(request, record.size, record.content_type, _chunks(state, record.hash),
+                          name=record.file_path)
     try:
         f = open(path, "rb")  # noqa: SIM115 (closed below, after the answer is sent)
     except FileNotFoundError:
@@ -255,7 +305,7 @@ async def asset_content(request: web.Request) -> web.StreamResponse:
             f.seek(at)
             return f.read(n)
 
-        return await send(request, record.size, record.content_type, read)
+        return await send(request, record.size, record.content_type, read, name=record.file_path)
 
 
 def _chunks(state: Any, digest: str) -> Callable[[int, int], Any]:

@@ -3,7 +3,9 @@
 Codes as ``ErrorEnvelope`` lists them (comfy-api-proxy ``spec/openapi.yaml@37fbee21``): ``invalid_workflow``
 (422), ``workflow_format_ui`` (422), ``missing_asset`` (422), ``idempotency_key_reuse`` (422), ``queue_full``
 (429 + Retry-After), ``not_found`` (404), ``unauthorized`` (401), ``forbidden`` (403); comfysup adds
-``payload_too_large`` (413) and ``invalid_request`` (400) for bodies that are not the contract's shape.
+``payload_too_large`` (413) and ``invalid_request`` (400) for bodies that are not the contract's shape,
+``misdirected_request`` (421) for a Host that does not name this API (comfysup.api.security), ``request_timeout``
+(408) for a body that stalls and ``too_many_connections`` (503, comfysup.api.connections).
 """
 
 from __future__ import annotations
@@ -18,20 +20,25 @@ class ApiError(Exception):
     """An answer that is an error envelope; raised anywhere in a handler, rendered by the app's middleware."""
 
     def __init__(self, status: int, code: str, message: str, *, details: dict[str, Any] | None = None,
-                 headers: dict[str, str] | None = None) -> None:
+                 headers: dict[str, str] | None = None, close: bool = False) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
         self.message = message
         self.details = details
         self.headers = headers or {}
+        self.close = close
+        """Close the connection after the answer (the rest of a stalled or refused body is not read)."""
 
     def response(self) -> web.Response:
         body: dict[str, Any] = {"code": self.code, "message": self.message}
         if self.details is not None:
             body["details"] = self.details
-        return web.Response(status=self.status, text=json.dumps({"error": body}), content_type="application/json",
-                            headers=self.headers)
+        response = web.Response(status=self.status, text=json.dumps({"error": body}),
+                                content_type="application/json", headers=self.headers)
+        if self.close:
+            response.force_close()
+        return response
 
 
 def not_found(what: str) -> ApiError:

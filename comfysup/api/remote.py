@@ -27,7 +27,7 @@ import aiohttp
 from aiohttp import web
 
 from comfysup.api.errors import ApiError
-from comfysup.api.replies import CHUNK
+from comfysup.api.replies import CHUNK, content_headers
 from comfysup.queue.base import ApiEndpoint, host_name
 
 log = logging.getLogger("comfysup.api")
@@ -41,8 +41,9 @@ READ_SECONDS = 30.0
 """The longest wait for the next bytes of the other machine's answer (its headers included)."""
 WITHDRAW_SECONDS = 5.0
 PROXIED = "X-Comfysup-Proxied"
-PASSED = ("Content-Type", "Content-Range", "Accept-Ranges")
-"""Headers of the other machine's answer that describe the body, passed back with its Content-Length."""
+PASSED = ("Content-Type", "Content-Range", "Accept-Ranges", "Content-Disposition", "Content-Security-Policy")
+"""Headers of the other machine's answer that describe the body (and how a browser may show it), passed back
+with its Content-Length."""
 SESSION_KEY: web.AppKey[aiohttp.ClientSession] = web.AppKey("remote_session", aiohttp.ClientSession)
 
 
@@ -165,6 +166,8 @@ async def _relay(request: web.Request, state: Any, machine: str, url: str) -> we
             for name in PASSED:
                 if name in upstream.headers:
                     response.headers[name] = upstream.headers[name]
+            for name, value in content_headers(upstream.headers.get("Content-Type", ""), "").items():
+                response.headers.setdefault(name, value)  # an older API upstream sent none
             if upstream.content_length is not None:
                 response.content_length = upstream.content_length
             await response.prepare(request)

@@ -1,20 +1,99 @@
-"""What every route of comfysup.api shares: the app's state key, JSON answers, the request's origin, and bytes
-served with Range (an output from the result store, an uploaded asset from the asset store)."""
+"""What every route of comfysup.api shares: the app's state key, JSON answers, the request's origin, request bodies
+read with bounds (size, nesting, a timeout on each wait), and bytes served with Range (an output from the result
+store, an uploaded asset from the asset store).
+
+Served content is never rendered as a page of the API's origin: every answer carries ``X-Content-Type-Options:
+nosniff`` (``harden``, on every response of the app), and content whose type a browser would render or run (HTML,
+SVG, XML, JavaScript, and anything else not in INLINE_TYPES) is sent as ``Content-Disposition: attachment`` with
+``Content-Security-Policy: sandbox``, so an uploaded ``text/html`` cannot script the API's origin.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
+from urllib.parse import quote
 
 from aiohttp import web
 
 from comfysup.api.errors import ApiError, not_found
 from comfysup.jobs import canonical_id
-from comfysup.jobs.values import JobLineError
+from comfysup.jobs.values import MAX_DEPTH, JobLineError, check_depth
 
 CHUNK = 1 << 20
 STATE_KEY: web.AppKey[Any] = web.AppKey("state", object)
+T = TypeVar("T")
+INLINE_TYPES = frozenset({"image/png", "image/jpeg", "image/webp", "image/gif", "image/avif", "audio/mpeg",
+                          "audio/flac", "audio/wav", "audio/ogg", "video/mp4", "video/webm", "text/plain",
+                          "application/json", "application/octet-stream"})
+"""Types a browser shows in place without running anything; any other is served as an attachment."""
+CONTENT_CSP = "sandbox; default-src 'none'"
+
+
+async def harden(request: web.Request, response: web.StreamResponse) -> None:
+    """``on_response_prepare``: every answer of the API says its Content-Type is not to be sniffed."""
+    response.headers["X-Content-Type-Options"] = "nosniff"
+
+
+def content_headers(content_type: str, name: str) -> dict[str, str]:
+    """The headers of served content (an output, an upload): an attachment unless its type is in INLINE_TYPES."""
+    headers = {"Content-Security-Policy": CONTENT_CSP}
+    if content_type.split(";")[0].strip().lower() not in INLINE_TYPES:
+        base = name.replace("\\", "/").rsplit("/", 1)[-1]
+        headers["Content-Disposition"] = f"attachment; filename*=UTF-8''{quote(base, safe='')}" if base \
+            else "attachment"
+    return headers
+
+
+def _timeout(request: web.Request) -> float:
+    return float(request.app[STATE_KEY].config.api.body_timeout_seconds)
+
+
+async def timed(request: web.Request, wait: Awaitable[T]) -> T:
+    """A wait for the client (the next bytes of its body): 408 ``request_timeout`` and the connection closed
+    when nothing comes for ``[api] body_timeout_seconds``."""
+    seconds = _timeout(request)
+    try:
+        async with asyncio.timeout(seconds):
+            return await wait
+    except TimeoutError:
+        raise ApiError(408, "request_timeout", f"no bytes of the request's body came for {seconds:g} s ([api] "
+                       "body_timeout_seconds); send it again", close=True) from None
+
+
+def too_large(limit: int, what: str) -> ApiError:
+    return ApiError(413, "payload_too_large", f"the body is larger than {what}", close=True)
+
+
+async def read_body(request: web.Request, limit: int, what: str) -> bytes:
+    """The whole body, at most ``limit`` bytes (413 past it, chunked or not; ``what`` names the limit)."""
+    if request.content_length is not None and request.content_length > limit:
+        raise too_large(limit, what)
+    data = bytearray()
+    while chunk := await timed(request, request.content.readany()):
+        data += chunk
+        if len(data) > limit:
+            raise too_large(limit, what)
+    return bytes(data)
+
+
+async def read_json(request: web.Request, limit: int, what: str) -> Any:
+    """The body as JSON: 400 ``invalid_request`` when it is not JSON or nests deeper than MAX_DEPTH."""
+    raw = await read_body(request, limit, what)
+    try:
+        body = json.loads(raw)
+    except RecursionError:
+        raise ApiError(400, "invalid_request", f"the body is nested more than {MAX_DEPTH} levels deep (arrays or "
+                       "objects inside each other); flatten it") from None
+    except ValueError:
+        raise ApiError(400, "invalid_request", "the body is not valid JSON") from None
+    try:
+        check_depth(body, "the body", raw)
+    except JobLineError as exc:
+        raise ApiError(400, "invalid_request", str(exc)) from None
+    return body
 
 
 def origin(request: web.Request) -> str:
@@ -57,15 +136,18 @@ def byte_range(header: str | None, size: int) -> tuple[int, int] | None:
 
 
 async def send(request: web.Request, size: int, content_type: str,
-               read: Callable[[int, int], Awaitable[bytes]]) -> web.StreamResponse:
+               read: Callable[[int, int], Awaitable[bytes]], name: str = "") -> web.StreamResponse:
     """``size`` bytes, or the part the request's Range names (206), streamed CHUNK by CHUNK from ``read(offset,
-    n)``; a read that comes back short ends the answer there (the client sees a short body, never other bytes)."""
+    n)``; a read that comes back short ends the answer there (the client sees a short body, never other bytes).
+    ``name``: the file's name, for an attachment's ``filename``. A client that takes no bytes for ``[api]
+    body_timeout_seconds`` is dropped."""
     span = byte_range(request.headers.get("Range"), size)
     start, end = span if span is not None else (0, size - 1)
     response = web.StreamResponse(status=206 if span is not None else 200)
     response.content_type = content_type
     response.content_length = max(0, end - start + 1)
     response.headers["Accept-Ranges"] = "bytes"
+    response.headers.update(content_headers(content_type, name))
     if span is not None:
         response.headers["Content-Range"] = f"bytes {start}-{end}/{size}"
     await response.prepare(request)
@@ -78,6 +160,12 @@ async def send(request: web.Request, size: int, content_type: str,
             break
         at += len(chunk)
         left -= len(chunk)
-        await response.write(chunk)
+        try:
+            async with asyncio.timeout(_timeout(request)):
+                await response.write(chunk)
+        except TimeoutError:
+            if request.transport is not None:
+                request.transport.close()
+            return response
     await response.write_eof()
     return response

@@ -19,6 +19,7 @@ from aiohttp import web
 
 from comfysup.api import remote
 from comfysup.api.app import make_app
+from comfysup.api.connections import Gate, OneLineLog
 from comfysup.api.events import fit_open_files
 from comfysup.api.replies import STATE_KEY
 from comfysup.config import Config
@@ -31,7 +32,6 @@ log = logging.getLogger("comfysup.api")
 LOST_LINGER_SECONDS = 2.0
 """How long the API answers 503 (with why) once its queue's file is lost, before it exits: clients and load
 balancers see the reason rather than a refused connection."""
-
 
 def split_listen(listen: str) -> tuple[str, int]:
     host, _, port = listen.rpartition(":")
@@ -50,13 +50,17 @@ async def serve(config: Config, on_bound: Callable[[int], None] | None = None,
     app = make_app(config, queue)
     if on_app is not None:
         on_app(app)
-    fit_open_files(config.api.max_event_streams)
+    fit_open_files(config.api.max_connections)
     # handler_cancellation: a handler whose client has gone is cancelled at once, so an event stream's slot and
-    # subscription are released when its client leaves, not at its next keep-alive.
-    runner = web.AppRunner(app, access_log=None, handle_signals=False, handler_cancellation=True)
+    # subscription are released when its client leaves, not at its next keep-alive. keepalive_timeout: aiohttp's
+    # own idle timeout, the same as the gate's (comfysup.api.connections).
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, handler_cancellation=True,
+                           keepalive_timeout=config.api.header_timeout_seconds, logger=OneLineLog())
     await runner.setup()
+    assert runner.server is not None
+    gate = Gate(runner.server, config.api.max_connections, config.api.header_timeout_seconds)
     host, port = split_listen(config.api.listen)
-    site = web.TCPSite(runner, host, port, reuse_address=True)
+    site = GatedSite(runner, gate, host, port)
     try:
         await site.start()
     except OSError as exc:
@@ -65,7 +69,8 @@ async def serve(config: Config, on_bound: Callable[[int], None] | None = None,
         await runner.cleanup()
         queue.close()
         return BIND_FAILED
-    bound = site._server.sockets[0].getsockname()[1] if site._server and site._server.sockets else port  # type: ignore[union-attr]
+    bound = site.port
+    sweeper = asyncio.create_task(gate.sweep(), name="comfysup-api-sweep")
     log.info("Comfy API v2 on http://%s:%d/api/v2 (%s)", host if ":" not in host else f"[{host}]", bound,
              "bearer token required" if config.api.token else "no token: loopback only")
     advertiser = await _advertise(config, app, bound)
@@ -83,6 +88,7 @@ async def serve(config: Config, on_bound: Callable[[int], None] | None = None,
         await stop.wait()
     finally:
         watcher.cancel()
+        sweeper.cancel()
         if advertiser is not None:
             await advertiser.stop()
         await runner.cleanup()
@@ -100,6 +106,28 @@ async def _watch(watch: QueueWatch, stop: asyncio.Event) -> None:
     if watch.lost is not None:
         await asyncio.sleep(LOST_LINGER_SECONDS)
         stop.set()
+
+
+class GatedSite(web.BaseSite):
+    """aiohttp's TCPSite with the gate's protocol factory in place of its own (comfysup.api.connections)."""
+
+    def __init__(self, runner: web.AppRunner, gate: Gate, host: str, port: int) -> None:
+        super().__init__(runner, backlog=512)
+        self.gate = gate
+        self.host = host
+        self.port = port
+
+    @property
+    def name(self) -> str:
+        return f"http://{self.host if ':' not in self.host else f'[{self.host}]'}:{self.port}"
+
+    async def start(self) -> None:
+        await super().start()
+        server = await asyncio.get_running_loop().create_server(self.gate.factory, self.host, self.port,
+                                                                backlog=self._backlog, reuse_address=True)
+        self._server = server
+        if server.sockets:
+            self.port = server.sockets[0].getsockname()[1]
 
 
 async def _advertise(config: Config, app: web.Application, bound: int) -> remote.Advertiser | None:

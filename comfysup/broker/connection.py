@@ -1,13 +1,22 @@
 """pika connections: open, declare what comfysup owns, and wait between reconnections.
 
 Every broker object is used as it is when it exists (a passive declare first), and created only when it
-does not: the jobs queue as a durable quorum queue (replicated, and it keeps a message's delivery count),
-the invalid-jobs queue as a durable queue, the done and dead exchanges as durable fanout exchanges. An
-operator's own queue with other arguments is therefore never refused with PRECONDITION_FAILED.
+does not, so an operator's own queue with other arguments is never refused with PRECONDITION_FAILED:
+- the jobs queue as a durable quorum queue with ``x-delivery-limit`` (``[rabbitmq] delivery_limit``) and an
+  at-least-once dead-letter route to ``[rabbitmq] invalid_queue`` (through the default exchange): a message
+  that stops or crashes the consumer every time it is handled goes there, with RabbitMQ's ``x-death``
+  headers (reason ``delivery_limit``), after ``delivery_limit + 1`` deliveries, instead of being redelivered
+  forever (or, on RabbitMQ 4 without a dead-letter route, dropped after its default limit of 20). An
+  existing jobs queue is then declared once more with these arguments on a spare channel: when the broker
+  answers that they differ, the difference is reported (:func:`declare_all` returns it) and the queue is
+  used as it is;
+- the invalid-jobs queue as a durable queue, declared first (it is the dead-letter route's target);
+- the done and dead exchanges as durable fanout exchanges.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 from collections.abc import Callable
@@ -15,11 +24,10 @@ from typing import Any
 
 import pika
 import pika.exceptions
-from pika.adapters.blocking_connection import BlockingChannel
 
 from comfysup.backoff import RetryPolicy
 from comfysup.config import RabbitMQConfig
-from comfysup.redact import display_url
+from comfysup.redact import bound, display_url
 
 log = logging.getLogger("comfysup.broker")
 logging.getLogger("pika.channel").setLevel(logging.ERROR)
@@ -51,20 +59,53 @@ def where(url: str) -> str:
     return display_url(url)
 
 
-def ensure_queue(connection: pika.BlockingConnection, name: str, *, quorum: bool) -> BlockingChannel:
-    """The queue as it is, or created (durable; quorum when asked); returns a usable channel."""
+def jobs_queue_arguments(settings: RabbitMQConfig) -> dict[str, Any]:
+    """What comfysup declares the jobs queue with: quorum, a delivery limit, dead letters to the invalid queue."""
+    return {"x-queue-type": "quorum", "x-delivery-limit": settings.delivery_limit,
+            "x-dead-letter-exchange": "", "x-dead-letter-routing-key": settings.invalid_queue,
+            "x-dead-letter-strategy": "at-least-once", "x-overflow": "reject-publish"}
+
+
+def ensure_queue(connection: pika.BlockingConnection, name: str,
+                 arguments: dict[str, Any] | None = None) -> tuple[bool, str | None]:
+    """The queue as it is, or created durable with ``arguments``. Returns (created, how an existing queue
+    differs from ``arguments`` as the broker says it, or None)."""
     channel = connection.channel()
     try:
         channel.queue_declare(name, passive=True)
-        return channel
     except pika.exceptions.ChannelClosedByBroker as exc:
         if exc.reply_code != 404:
             raise
-    channel = connection.channel()
-    arguments = {"x-queue-type": "quorum"} if quorum else None
-    channel.queue_declare(name, durable=True, arguments=arguments)
-    log.info("rabbitmq: declared %s queue %r", "quorum" if quorum else "durable", name)
-    return channel
+        channel = connection.channel()
+        channel.queue_declare(name, durable=True, arguments=arguments)
+        channel.close()
+        log.info("rabbitmq: declared queue %r%s", name, f" {arguments}" if arguments else "")
+        return True, None
+    channel.close()
+    if not arguments:
+        return False, None
+    channel = connection.channel()  # the same declaration again: the broker refuses it if the queue differs
+    try:
+        channel.queue_declare(name, durable=True, arguments=arguments)
+    except pika.exceptions.ChannelClosedByBroker as exc:
+        if exc.reply_code != 406:
+            raise
+        return False, str(exc.reply_text)
+    channel.close()
+    return False, None
+
+
+def queue_warning(settings: RabbitMQConfig, difference: str) -> str:
+    """What to tell an operator whose jobs queue lacks comfysup's delivery limit or dead-letter route."""
+    policy = json.dumps({"delivery-limit": settings.delivery_limit, "dead-letter-exchange": "",
+                         "dead-letter-routing-key": settings.invalid_queue, "dead-letter-strategy": "at-least-once",
+                         "overflow": "reject-publish"})
+    return (f"queue {settings.queue!r} already exists with other arguments than comfysup declares (the broker "
+            f"says: {bound(difference, 300)}); it is used as it is, so unless a policy gives it a delivery limit "
+            f"and a dead-letter route, a message that stops the consumer each time is redelivered forever (or "
+            f"dropped by RabbitMQ 4's default limit). Fix: a policy, e.g. rabbitmqctl set_policy comfysup-jobs "
+            f"'^{settings.queue}$' '{policy}' --apply-to quorum_queues; or delete the queue while it is empty and "
+            "comfysup declares it")
 
 
 def ensure_exchange(connection: pika.BlockingConnection, name: str) -> None:
@@ -80,12 +121,14 @@ def ensure_exchange(connection: pika.BlockingConnection, name: str) -> None:
     channel.close()
 
 
-def declare_all(connection: pika.BlockingConnection, settings: RabbitMQConfig) -> None:
-    """Everything comfysup's consumer and publisher use; each left as it is when it exists."""
-    ensure_queue(connection, settings.queue, quorum=True).close()
-    ensure_queue(connection, settings.invalid_queue, quorum=False).close()
+def declare_all(connection: pika.BlockingConnection, settings: RabbitMQConfig) -> list[str]:
+    """Everything comfysup's consumer and publisher use; each left as it is when it exists. Returns what an
+    operator should be told about existing objects (see :func:`queue_warning`)."""
+    ensure_queue(connection, settings.invalid_queue)  # first: the jobs queue's dead letters go there
+    _, difference = ensure_queue(connection, settings.queue, jobs_queue_arguments(settings))
     for name in (settings.done_exchange, settings.dead_exchange):
         ensure_exchange(connection, name)
+    return [] if difference is None else [queue_warning(settings, difference)]
 
 
 def persistent(message_id: str, headers: dict[str, Any] | None = None) -> pika.BasicProperties:

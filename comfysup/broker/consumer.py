@@ -9,6 +9,15 @@ fails validation (or reuses a queued id with other content) is published to ``[r
 with its reason in the ``x-comfysup-reason`` header and in the body, confirmed, and then acknowledged: never
 dropped silently, never redelivered forever.
 
+A message the broker delivers again (its ``x-delivery-count``) may be the one that stopped or crashed the
+consumer last time: each such message is handled alone, after the batch of new ones, the one that was in
+hand when the last consumer died (``handling`` in the state file) last of all, so it takes no other message
+with it. The queue's delivery limit (comfysup.broker.connection) moves it to the invalid queue in the end.
+
+A stop (SIGTERM, SIGINT) is seen by the loop within ``POLL_SECONDS``; one that comes while the consumer is
+stuck (a file that never answers, a broker that never confirms) interrupts it after ``STOP_GRACE_SECONDS``:
+what it held unacknowledged goes back to the queue when the process ends.
+
 The same process publishes the broker outbox (comfysup.broker.outbox) on a second, confirming channel, and
 writes its state for ``status``, the status page and the metrics (comfysup.slotstate ``broker.json``). A
 lost connection (broker restart, closed by an operator, network) is reopened after a full-jitter backoff;
@@ -17,9 +26,11 @@ the unacknowledged messages of the lost connection go back to the queue by thems
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
+import signal
 import threading
 import time
 from collections import Counter
@@ -43,11 +54,13 @@ from comfysup.queue import open_queue
 from comfysup.queue.base import Queue, SubmitConflict
 from comfysup.queue.watch import DEEP_CHECK_SECONDS, EXIT_DATABASE_REPLACED, QueueWatch, lost_line
 from comfysup.redact import bound
-from comfysup.slotstate import write_broker_state
+from comfysup.slotstate import read_broker_state, write_broker_state
 
 log = logging.getLogger("comfysup.broker.consumer")
 
 POLL_SECONDS = 0.2
+STOP_GRACE_SECONDS = 0.5
+"""A stop that the loop has not honoured after this long interrupts whatever it waits for (Stopped)."""
 STATE_SECONDS = 1.0
 REFRESH_SECONDS = 30.0
 """The node catalogues and workflow files are read again this often (a server may have new nodes)."""
@@ -83,11 +96,25 @@ def inputs_of(config: Config) -> dict[str, Any]:
     return {"input_roots": (config.resolve(inputs_dir),), "inputs_where": "[rabbitmq] inputs_dir"}
 
 
+class Stopped(BaseException):
+    """Raised by the stop's timer into a consumer stuck past the grace: a BaseException, so that no
+    ``except Exception`` on the way swallows it."""
+
+
 @dataclass(frozen=True)
 class Message:
     tag: int
     body: bytes
     message_id: str | None
+    deliveries: int = 0
+    """Deliveries before this one that were not acknowledged (the quorum queue's x-delivery-count)."""
+
+    @property
+    def digest(self) -> str:
+        return hashlib.sha256(self.body).hexdigest()[:32]
+
+    def name(self) -> str:
+        return f"message {self.message_id}" if self.message_id else f"message sha256:{self.digest[:12]}"
 
 
 class Consumer:
@@ -111,6 +138,13 @@ class Consumer:
         self._reader: BrokerJobs | None = None
         self._reader_at = 0.0
         self._state_at = 0.0
+        self.forced = False
+        self.done = False
+        self.warnings: list[str] = []
+        self.handling: str | None = None
+        previous = read_broker_state(config) or {}
+        self.suspect: str | None = previous.get("handling") if previous.get("queue") == self.settings.queue else None
+        """The digest of the message the last consumer had in hand, alone, when it ended: handled last."""
         self.watch = QueueWatch(queue, on_lost=lambda why: log.error(
             "%s; the consumer stops, its unacknowledged messages go back to the broker (exit code %d)",
             lost_line(why), EXIT_DATABASE_REPLACED))
@@ -120,16 +154,27 @@ class Consumer:
 
     def run(self) -> int:
         log.info("rabbitmq: consuming %r at %s", self.settings.queue, where(self.settings.url))
-        while not self.stop.is_set():
-            try:
-                self._session()
-            except (BrokerError, OSError) as exc:
-                self._wait("reconnecting", f"the broker connection was lost: {type(exc).__name__} {exc}"[:300])
-            except QueueError as exc:
-                self._wait("queue unavailable", f"the queue does not answer: {exc}"[:300])
+        try:
+            while not self.stop.is_set():
+                try:
+                    self._session()
+                except (BrokerError, OSError) as exc:
+                    self._wait("reconnecting", f"the broker connection was lost: {type(exc).__name__} {exc}"[:300])
+                except QueueError as exc:
+                    self._wait("queue unavailable", f"the queue does not answer: {exc}"[:300])
+        except Stopped:
+            log.warning("rabbitmq: stopped while %s; what it held unacknowledged goes back to the queue",
+                        f"handling {self.handling}" if self.handling else "waiting (broker, queue or a file)")
+        self.done = True
         self.state = "stopped"
         self.write_state(force=True)
         return EXIT_DATABASE_REPLACED if self.watch.lost is not None else 0
+
+    def force_stop(self) -> None:
+        """The stop's timer ran out: leave whatever the consumer waits for (in the main thread only)."""
+        if not self.done:
+            self.forced = True
+            raise Stopped()
 
     def _wait(self, state: str, error: str) -> None:
         self.state, self.last_error, self.unacked = state, error, 0
@@ -144,7 +189,11 @@ class Consumer:
         self.write_state(force=True)
         connection = connect(self.settings.url)
         try:
-            declare_all(connection, self.settings)
+            warnings = declare_all(connection, self.settings)
+            for warning in warnings:
+                if warning not in self.warnings:
+                    log.warning("rabbitmq: %s", warning)
+            self.warnings = warnings
             channel = connection.channel()
             channel.confirm_delivery()  # an invalid message is acked only after the broker confirmed its copy
             channel.basic_qos(prefetch_count=self.settings.prefetch)
@@ -174,14 +223,17 @@ class Consumer:
         finally:
             self.held.clear()
             self.unacked = 0
-            try:
-                connection.close()
-            except Exception:  # already closed by the broker or the network
-                pass
+            if not self.forced:  # a forced stop does not wait for the broker's answer: the exit closes the socket
+                try:
+                    connection.close()
+                except Exception:  # already closed by the broker or the network
+                    pass
 
     def _on_message(self, channel: BlockingChannel, method: Any, properties: pika.BasicProperties,
                     body: bytes) -> None:
-        self.held.append(Message(method.delivery_tag, body, properties.message_id))
+        count = (properties.headers or {}).get("x-delivery-count")
+        deliveries = count if isinstance(count, int) and count > 0 else int(bool(method.redelivered))
+        self.held.append(Message(method.delivery_tag, body, properties.message_id, deliveries))
         self.counts["received"] += 1
 
     # -- one batch -----------------------------------------------------------------------------------------
@@ -194,6 +246,25 @@ class Consumer:
 
     def _handle(self, channel: BlockingChannel) -> None:
         batch, self.held = self.held, []
+        again = [m for m in batch if m.deliveries]
+        if not again:
+            self._commit(channel, batch, multiple=True)
+            return
+        fresh = [m for m in batch if not m.deliveries]
+        if fresh:
+            self._commit(channel, fresh, multiple=False)
+        for message in sorted(again, key=lambda m: (m.digest == self.suspect, m.deliveries)):
+            log.warning("rabbitmq: %s comes again (%d deliveries without an ack before); handled alone, and after "
+                        "%d more the broker moves it to %r", message.name(), message.deliveries,
+                        max(0, self.settings.delivery_limit - message.deliveries), self.settings.invalid_queue)
+            self.handling = message.digest
+            self.write_state(force=True)  # a consumer that dies with it in hand tells the next one
+            self._commit(channel, [message], multiple=False)
+        self.handling = self.suspect = None
+        self.write_state(force=True)
+
+    def _commit(self, channel: BlockingChannel, batch: list[Message], *, multiple: bool) -> None:
+        """Validate and insert ``batch``, then acknowledge it: with one ack when it is all that is held."""
         valid, invalid = self.judge(batch)
         jobs = [job for job, _ in valid.values()]
         while jobs:
@@ -211,9 +282,13 @@ class Consumer:
             self.after_commit()
         for message, reason in invalid:
             self._refuse(channel, message, reason)
-        channel.basic_ack(delivery_tag=max(m.tag for m in batch), multiple=True)
+        if multiple:
+            channel.basic_ack(delivery_tag=max(m.tag for m in batch), multiple=True)
+        else:
+            for message in batch:
+                channel.basic_ack(delivery_tag=message.tag)
         self.counts["acked"] += len(batch)
-        self.unacked = 0
+        self.unacked = max(0, self.unacked - len(batch))
 
     def judge(self, batch: list[Message]) -> tuple[dict[str, tuple[NewJob, Message]], list[tuple[Message, str]]]:
         """Each message validated as a jobs.jsonl line; a repeated id with the same content counts once."""
@@ -243,7 +318,9 @@ class Consumer:
         reason = bound(reason, MAX_REASON_CHARS)
         body = json.dumps({"reason": reason, "message": bound(message.body.decode("utf-8", "replace"), 65536)})
         props = persistent(message.message_id or "", {REASON_HEADER: reason})
-        channel.basic_publish("", self.settings.invalid_queue, body.encode(), properties=props)
+        # mandatory: a missing invalid queue returns it (UnroutableError), the message is not acked, and the
+        # next connection declares the queue again.
+        channel.basic_publish("", self.settings.invalid_queue, body.encode(), properties=props, mandatory=True)
         self.counts["invalid"] += 1
         log.warning("rabbitmq: invalid message%s sent to %r: %s",
                     f" {message.message_id}" if message.message_id else "", self.settings.invalid_queue, reason)
@@ -254,7 +331,9 @@ class Consumer:
         return {"pid": os.getpid(), "updated_at": time.time(), "state": self.state, "queue": self.settings.queue,
                 "url": where(self.settings.url), "unacked": self.unacked, "ready": self.ready,
                 "connected_at": self.connected_at,
-                "last_error": self.last_error, "published": self.announcer.published, **self.counts}
+                "last_error": self.last_error, "published": self.announcer.published,
+                "returned": self.announcer.returned, "unroutable": self.announcer.held, "warnings": self.warnings,
+                "handling": self.handling, **self.counts}
 
     def write_state(self, *, force: bool = False, probe: BlockingChannel | None = None) -> None:
         now = time.monotonic()
@@ -275,12 +354,20 @@ def consumer_main(config: Config, *, create: bool = True, after_commit: Callable
     consumer.watch.deep_every(DEEP_CHECK_SECONDS if create else None)  # under comfysup run, the monitor reads the file
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
-        consumer.stop.set()
+        if not consumer.stop.is_set():
+            consumer.stop.set()
+            signal.setitimer(signal.ITIMER_REAL, STOP_GRACE_SECONDS)
 
+    def on_timer(signum: int, frame: FrameType | None) -> None:
+        consumer.force_stop()
+
+    signal.signal(signal.SIGALRM, on_timer)
     stopsignals.install(on_signal)  # and a stop that came while it was being set up (a supervisor's child)
     try:
         return consumer.run()
     finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)
         queue.close()
 
 

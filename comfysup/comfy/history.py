@@ -11,6 +11,8 @@ from typing import Any
 from comfysup.comfy.errors import ComfyError, PermanentError, execution_failure
 
 OUTPUT_TYPES = ("output", "temp")
+INPUT_TYPE = "input"
+"""ComfyUI's third folder: an item of it names a file the prompt was given, not one it made (passed over)."""
 LISTING_SAVERS = frozenset({"SaveImage", "SaveAnimatedWEBP", "SaveAnimatedPNG", "SaveAudio", "SaveAudioMP3",
                             "SaveAudioOpus", "SaveVideo", "SaveWEBM"})
 """ComfyUI's own savers, which always list the files they wrote in the history (a cached run too): a
@@ -55,7 +57,9 @@ def unlisted_savers(entry: dict[str, Any], workflow: dict[str, Any]) -> list[str
 
 
 def output_files(entry: dict[str, Any]) -> list[dict[str, Any]]:
-    """The files a history entry names: 'output' ones, or the 'temp' previews when there are none."""
+    """The files a history entry names: 'output' ones, or the 'temp' previews when there are none. An item of a
+    type that is none of ComfyUI's folders (a path, a word of a hostile server) is PermanentError: passing over
+    it would end the job done without the file it names."""
     found: dict[str, list[dict[str, Any]]] = {t: [] for t in OUTPUT_TYPES}
     seen: set[tuple[str, str, str]] = set()
     for node in (entry.get("outputs") or {}).values():
@@ -65,7 +69,12 @@ def output_files(entry: dict[str, Any]) -> list[dict[str, Any]]:
             if not isinstance(items, list):
                 continue
             for item in items:
-                if isinstance(item, dict) and "filename" in item and item.get("type", "output") in found:
+                kind = item.get("type", "output") if isinstance(item, dict) and "filename" in item else None
+                if kind is not None and kind not in found and kind != INPUT_TYPE:
+                    raise PermanentError(f"server sent an output item of type {str(kind)[:100]!r} (file "
+                                         f"{str(item['filename'])[:100]!r}); an output is of type output or temp",
+                                         "unsafe_output")
+                if kind in found:
                     key = (item.get("type", "output"), item.get("subfolder") or "", str(item["filename"]))
                     if key not in seen:
                         seen.add(key)

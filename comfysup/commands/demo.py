@@ -55,7 +55,8 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
                        f"{EXAMPLES / 'jobs.jsonl'})")
     which.add_argument("--example", default=None, choices=example_names(),
                        help="a bundled example by name, from any directory (image-to-image: two input images "
-                            "inverted, LoadImage → ImageInvert → SaveImage)")
+                            "inverted, LoadImage → ImageInvert → SaveImage; text-to-image: four SD1.5 prompts, "
+                            "CheckpointLoaderSimple → CLIPTextEncode → KSampler → VAEDecode → SaveImage)")
     p.add_argument("--timeout-seconds", type=float, default=600.0, help="give up after this long (default 600)")
     p.set_defaults(func=run)
 
@@ -66,8 +67,8 @@ EXAMPLES = Path(str(resources.files("comfysup") / "data" / "examples"))
 
 
 def example_names() -> list[str]:
-    """The bundled jobs files by name (``jobs``, ``image-to-image``): ``--example`` runs one from anywhere,
-    its workflows and input files found next to it in the package."""
+    """The bundled jobs files by name (``jobs``, ``image-to-image``, ``text-to-image``): ``--example`` runs one from
+    anywhere, its workflows and input files found next to it in the package."""
     return sorted(p.stem for p in EXAMPLES.glob("*.jsonl"))
 
 
@@ -76,6 +77,10 @@ def jobs_path(args: argparse.Namespace) -> Path:
         return Path(args.jobs)
     return EXAMPLES / f"{getattr(args, 'example', None) or 'jobs'}.jsonl"
 
+
+FAKE_ARGS = ["--models", "checkpoints=v1-5-pruned-emaonly.safetensors", "--step-ms", "25"]
+"""The fake servers' model files (the checkpoint the text-to-image example names; a job naming another is refused
+at submit, as a real server without it would refuse it) and the time of each sampler step."""
 
 MARKER = "# Written by comfysup demo"
 """The first line of a demo's config: a folder that holds one may be emptied by the next demo."""
@@ -126,7 +131,7 @@ def write_config(directory: Path, base_port: int) -> Path:
         "queue": {"path": "var/queue.db"},
         "store": {"dir": "var/results"},
         "comfyui": {"main": str(fake_main()), "gpus": "cpu:2", "base_port": base_port,
-                    "base_directory": "var/comfyui", "startup_seconds": 60.0},
+                    "base_directory": "var/comfyui", "startup_seconds": 60.0, "extra_args": FAKE_ARGS},
         "runner": {"grace_seconds": 10.0, "base_delay_seconds": 0.5, "timeout_seconds": 120.0},
     }
     path = directory / "config.toml"

@@ -101,6 +101,9 @@ DOCS: dict[str, dict[str, str]] = {
         "listen": "HOST:PORT of the endpoint, loopback unless [comfyui] private_network; port 0 takes any free "
                   "port; \"\" serves nothing.",
         "refresh_seconds": "How often the status page reloads itself.",
+        "max_connections": "Connections held at once (served by a few threads or waiting); one more gets 503.",
+        "header_timeout_seconds": "The longest a client may take to send its request line and headers.",
+        "body_timeout_seconds": "The longest a client may take to accept the next bytes of an answer.",
     },
     "webhooks": {
         "": "When a job ends (done, dead or cancelled), its record is POSTed to its callback_url or to url.",
@@ -130,12 +133,21 @@ DOCS: dict[str, dict[str, str]] = {
         "public_url": "Where the other machines sharing the queue reach this API (http(s)://host:port), so they "
                       "can stream outputs held in this machine's result store; \"\": http://<listen> when listen "
                       "is not loopback, else none.",
+        "allowed_hosts": "Host header values allowed besides the API's address, public_url's and localhost's "
+                         "(e.g. [\"api.example\", \"api.example:8443\"]); any other Host gets 421 (DNS rebinding).",
+        "max_connections": "Connections held at once, event streams included (more than max_event_streams); one "
+                           "more gets 503.",
+        "header_timeout_seconds": "The longest a client may take to send a request's line and headers.",
+        "body_timeout_seconds": "The longest wait for the next bytes of a request's body or for the client to "
+                                "take the next bytes of an answer (then 408 and the connection is closed).",
     },
     "rabbitmq": {
         "": "The RabbitMQ front door: jobs from a queue (comfysup run, or comfysup consume), results to exchanges.",
         "url": "amqp://user:password@host:5672/ of the broker; \"\": no consumer and no broker results.",
         "queue": "Where jobs arrive, one jobs.jsonl line a message; declared a durable quorum queue if missing.",
         "prefetch": "Unacknowledged messages held at once; each batch is validated and inserted in one go.",
+        "delivery_limit": "Redeliveries of a message that stops the consumer each time before the broker moves it "
+                          "to invalid_queue.",
         "workflows_dir": "A message's workflow path is read below this folder (no .. and no absolute path).",
         "inputs_dir": "A message's {\"file\": ...} inputs are read below this folder; \"\": messages name no files.",
         "done_exchange": "Where a done job's record goes (message_id = job id, persistent, confirmed).",

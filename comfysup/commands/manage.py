@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from comfysup.commands._common import config_from, queue_from
+from comfysup.commands._common import config_from, queue_from, resolve_ids
 from comfysup.errors import UsageError
 
 
@@ -12,13 +12,13 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p = sub.add_parser("retry", parents=[common], help="put dead jobs back in the queue",
                        description="Put dead jobs back in the queue with their attempts reset; their "
                                    "earlier attempts stay in their history.")
-    p.add_argument("ids", nargs="*", metavar="ID", help="job ids")
+    p.add_argument("ids", nargs="*", metavar="ID", help="job ids, or any unique prefix of one (as git takes it)")
     p.add_argument("--all-dead", action="store_true", help="every dead job")
     p.set_defaults(func=retry)
     p = sub.add_parser("cancel", parents=[common], help="cancel queued or running jobs",
                        description="A queued job becomes cancelled at once; a running one is marked, and "
                                    "its runner interrupts it on the server and records it as cancelled.")
-    p.add_argument("ids", nargs="+", metavar="ID", help="job ids")
+    p.add_argument("ids", nargs="+", metavar="ID", help="job ids, or any unique prefix of one (as git takes it)")
     p.set_defaults(func=cancel)
 
 
@@ -34,7 +34,7 @@ def retry(args: argparse.Namespace) -> int:
         raise UsageError("give job ids, or --all-dead (not both)")
     queue = queue_from(config_from(args))
     try:
-        results = queue.requeue_dead(None if args.all_dead else args.ids)
+        results = queue.requeue_dead(None if args.all_dead else resolve_ids(queue, args.ids))
     finally:
         queue.close()
     if args.all_dead:
@@ -46,7 +46,7 @@ def retry(args: argparse.Namespace) -> int:
 def cancel(args: argparse.Namespace) -> int:
     queue = queue_from(config_from(args))
     try:
-        results = queue.cancel(args.ids)
+        results = queue.cancel(resolve_ids(queue, args.ids))
     finally:
         queue.close()
     return _report(results, {"cancelled", "cancelling"})

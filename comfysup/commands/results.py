@@ -121,7 +121,7 @@ def row(job: JobRecord, params: list[str], full: bool) -> dict[str, Any]:
     })
     if full:
         out["locations"] = " ".join(f"{job.machine or ''}:{o.path or o.name}" for o in job.outputs)
-    return out
+    return clean.scrub(out)  # by value too: a secret in a file name or a set value's key
 
 
 Line = tuple[str, dict[str, Any]]

@@ -9,9 +9,7 @@ import time
 from typing import Any
 
 from comfysup import assets
-from comfysup.commands._common import config_from, queue_from
-from comfysup.errors import UsageError
-from comfysup.jobs import JobLineError, canonical_id
+from comfysup.commands._common import config_from, queue_from, resolve_ids
 from comfysup.observability.views import progress_text
 from comfysup.queue.base import Delivery, JobRecord
 from comfysup.redact import Redactor, bound, display_url, mask
@@ -26,7 +24,7 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p = sub.add_parser("show", parents=[common], help="one job: parameters, attempts, reasons, files",
                        description="Show one job: its state, parameters, every attempt with its server, "
                                    "prompt number, outcome and reason, and its files. Secrets are masked.")
-    p.add_argument("id", help="the job id")
+    p.add_argument("id", help="the job id, or any unique prefix of it (as git takes a commit's)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead")
     p.add_argument("--workflow", action="store_true", help="also print the workflow (secrets masked)")
     p.set_defaults(func=run)
@@ -50,7 +48,7 @@ def as_dict(job: JobRecord, with_workflow: bool, deliveries: list[Delivery] | No
     }
     if with_workflow:
         out["workflow"] = mask(job.workflow)
-    return out
+    return clean.scrub(out)  # by value too: a secret used as a node id, in a file name, in a trace
 
 
 def timeline(trace: dict[str, Any]) -> list[str]:
@@ -124,8 +122,8 @@ def render(job: JobRecord, with_workflow: bool, deliveries: list[Delivery] | Non
         lines.append(f"  attempt {a['attempt']}  {when(a['started_at'])} on {a['server']}{prompt}: "
                      f"{a['outcome'] or 'running'}{kind} ({took})" + (f": {a['reason']}" if a["reason"] else ""))
         lines += timeline(a.get("trace") or {})
-    for o in job.outputs:
-        lines.append(f"  file       {o.path or o.name}  {o.size} bytes  sha256 {o.sha256}")
+    for o in d["outputs"]:
+        lines.append(f"  file       {o['path'] or o['name']}  {o['size']} bytes  sha256 {o['sha256']}")
     now = time.time()
     lines += [delivery_line(x, now) for x in d["deliveries"]]
     if with_workflow:
@@ -134,14 +132,11 @@ def render(job: JobRecord, with_workflow: bool, deliveries: list[Delivery] | Non
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        canonical_id(args.id)
-    except JobLineError as exc:
-        raise UsageError(str(exc)) from exc
     queue = queue_from(config_from(args))
     try:
-        job = queue.get(args.id)
-        deliveries = queue.deliveries(args.id)
+        (job_id,) = resolve_ids(queue, [args.id])  # the whole id, or any unique prefix of it
+        job = queue.get(job_id)
+        deliveries = queue.deliveries(job_id)
     finally:
         queue.close()
     print(json.dumps(as_dict(job, args.workflow, deliveries), indent=2) if args.json

@@ -64,10 +64,16 @@ MACHINE_STALE_SECONDS = 20.0
 database, and its slots are shown as last known, not as running."""
 
 
+def stopped(m: Machine) -> bool:
+    """The supervisor's last beat was its clean stop's (every slot stopped): not stale, stopped."""
+    slots = [s for s in m.slots if isinstance(s, dict)]
+    return bool(slots) and all(s.get("state") == "stopped" for s in slots)
+
+
 def machines_snapshot(machines: list[Machine]) -> list[dict[str, Any]]:
     return [{"host": m.host, "pid": m.pid, "started_at": m.started_at, "heartbeat_at": m.heartbeat_at,
-             "heartbeat_age_seconds": m.age_seconds, "stale": m.age_seconds > MACHINE_STALE_SECONDS,
-             "slots": m.slots} for m in machines]
+             "heartbeat_age_seconds": m.age_seconds, "stopped": stopped(m),
+             "stale": m.age_seconds > MACHINE_STALE_SECONDS and not stopped(m), "slots": m.slots} for m in machines]
 
 
 def render_machines(machines: list[Machine]) -> str:
@@ -77,6 +83,8 @@ def render_machines(machines: list[Machine]) -> str:
         heard = f"heartbeat {age(m.age_seconds)} ago"
         mark = (f"  STALE: no heartbeat for {age(m.age_seconds)} (stopped, hung, or cannot reach the database)"
                 if m.age_seconds > MACHINE_STALE_SECONDS else "")
+        if stopped(m):
+            heard, mark = f"stopped {age(m.age_seconds)} ago", ""
         lines.append(f"  {m.host} (supervisor pid {m.pid}, {heard}){mark}")
         for slot in m.slots:
             if not isinstance(slot, dict):
@@ -94,6 +102,10 @@ def render_slots(state: dict[str, Any] | None, now: float) -> str:
     stale = staleness(state, now)
     head = (f"supervisor pid {state.get('pid')}: {state.get('summary', '')}" if stale is None
             else f"supervisor not running ({stale}); last known slots:")
+    if state.get("state") == "stopped":
+        at = float(state.get("updated_at") or now)
+        head = (f"supervisor stopped {age(now - at)} ago ({time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(at))}, "
+                f"pid {state.get('pid')}); queued jobs wait for `comfysup run`")
     lines = [head, f"{'slot':10} {'device':9} {'server':9} {'pid':>7} {'port':>5} {'restarts':>8} "
                    f"{'runner':>7}  {'comfyui':8}  {'job':36}  reason"]
     for slot in state["slots"]:

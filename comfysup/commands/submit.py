@@ -41,6 +41,9 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("file", help="the jobs file, one JSON object a line; - reads standard input (workflow "
                    "paths are then relative to the current directory)")
     p.add_argument("--dry-run", action="store_true", help="validate only; insert nothing")
+    p.add_argument("--queue", metavar="PATH", help="the SQLite queue file to submit to ([queue] path), made when "
+                   "missing; without it and without a config file, submit says where it looked and stops rather "
+                   "than make a queue that no supervisor reads")
     p.add_argument("--to", choices=("queue", "rabbitmq"), default="queue", help="queue (default): insert into "
                    "the queue; rabbitmq: publish every line to [rabbitmq] queue, confirmed (workflow paths are "
                    "then resolved below [rabbitmq] workflows_dir, as the consumer resolves them)")
@@ -153,9 +156,11 @@ def wait(config: Config, ids: list[str]) -> int:
                 now_ended = {i: s for i, s in states.items() if s in TERMINAL}
                 ended.update(now_ended)
                 left = [i for i in left if i not in now_ended]
-                bar.update(len(now_ended))
                 counts = Counter(ended.values())
+                # The counts first, then the bar's move, which draws both: drawn the other way round, the last
+                # frame showed 12/12 beside the counts of the poll before (done=10).
                 bar.set_postfix(done=counts[DONE], dead=counts[DEAD], cancelled=counts[CANCELLED], refresh=False)
+                bar.update(len(now_ended))
                 if left:
                     time.sleep(WAIT_POLL_SECONDS)
         return _summary(queue, ended)
@@ -226,7 +231,8 @@ def _refused_or_dry(args: argparse.Namespace, label: str, checked: Any, done: st
     if not checked.ok:
         for line in format_problems(label, checked.problems):
             print(line, file=sys.stderr)
-        raise InvalidJobs(f"{len(checked.problems)} problem(s) in {label}; nothing was {done}")
+        raise InvalidJobs(f"{checked.problem_count} problem(s) in {label}; "
+                          f"nothing was {done}")
     if args.dry_run:
         print(f"{label}: {checked.count} job(s) valid; nothing {done} (--dry-run)")
         return True

@@ -46,8 +46,29 @@ def executable() -> list[str]:
     return [str(Path(sys.executable).absolute()), "-m", "comfysup"]
 
 
+PRIVATE_TMP = ("/tmp", "/var/tmp")
+"""What PrivateTmp=yes replaces by an empty folder of the service's own."""
+
+
+def in_private_tmp(config: Config, config_path: Path) -> list[str]:
+    """The installation's paths that PrivateTmp=yes would hide from the service (an installation tried out under
+    /tmp): comfysup itself, the config, ComfyUI, its Python, and every folder the service writes."""
+    paths = [executable()[0], str(config_path), str(config.resolve(config.comfyui.main)),
+             *([config.comfyui.python] if config.comfyui.python else []),
+             str(config.resolve(config.queue.path)), str(config.resolve(config.store.dir)),
+             str(config.resolve(config.comfyui.base_directory))]
+    hidden = []
+    for path in paths:
+        absolute = str(Path(path).absolute())
+        if any(absolute == t or absolute.startswith(t + "/") for t in PRIVATE_TMP) and absolute not in hidden:
+            hidden.append(absolute)
+    return hidden
+
+
 def unit(config: Config, config_path: Path, user: str, group: str | None = None) -> str:
-    """The unit text. Every path is absolute: systemd resolves nothing against a working directory."""
+    """The unit text. Every path is absolute: systemd resolves nothing against a working directory. PrivateTmp is
+    left out (and says why) when the installation lives under /tmp, which it would hide from the service."""
+    hidden = in_private_tmp(config, config_path)
     writable = sorted({str(config.resolve(config.queue.path).parent.absolute()),
                        str(config.resolve(config.store.dir).absolute()),
                        str(config.resolve(config.comfyui.base_directory).absolute())})
@@ -81,7 +102,8 @@ def unit(config: Config, config_path: Path, user: str, group: str | None = None)
         "NoNewPrivileges=yes",
         "ProtectSystem=strict",
         "ProtectHome=read-only",
-        "PrivateTmp=yes",
+        *(["# No PrivateTmp: it would hide this installation, which lives under /tmp (" + ", ".join(hidden[:3])
+            + "); move it to /opt or /srv to get it back."] if hidden else ["PrivateTmp=yes"]),
         "ProtectControlGroups=yes",
         "RestrictSUIDSGID=yes",
         "# The queue, the result store and the servers' base directories: create them, owned by the user.",
@@ -97,7 +119,12 @@ def run(args: argparse.Namespace) -> int:
     path = find_config_file(args.config)
     if path is None:
         raise UsageError("no config file: give --config PATH (the service needs one; comfysup init writes one)")
-    config = config_from(args)
+    config = config_from(args, required=False)
     check_supervisor(config)
+    hidden = in_private_tmp(config, path.absolute())
+    if hidden:
+        print(f"note: this installation lives under /tmp ({', '.join(hidden[:3])}); PrivateTmp=yes would hide it "
+              "from the service, so the unit goes without it. A service is better installed under /opt or /srv "
+              "(and /tmp may be emptied at boot).", file=sys.stderr)
     sys.stdout.write(unit(config, path.absolute(), args.user, args.group))
     return 0

@@ -9,7 +9,7 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlparse
+from urllib.parse import urlparse, urlsplit
 
 from comfysup.destinations import url_problem
 from comfysup.errors import ConfigError
@@ -83,6 +83,11 @@ def check(c: Config) -> None:
         raise bad("metrics", "refresh_seconds", m.refresh_seconds, "must be greater than 0")
     if m.max_workflow_labels < 1:
         raise bad("metrics", "max_workflow_labels", m.max_workflow_labels, "must be at least 1")
+    if m.max_connections < 1:
+        raise bad("metrics", "max_connections", m.max_connections, "must be at least 1")
+    for key in ("header_timeout_seconds", "body_timeout_seconds"):
+        if not getattr(m, key) > 0:
+            raise bad("metrics", key, getattr(m, key), "must be a number of seconds greater than 0")
     if w.url:
         parsed = urlparse(w.url)
         if parsed.scheme not in ("http", "https") or not parsed.hostname:
@@ -100,6 +105,9 @@ def check(c: Config) -> None:
         raise bad("rabbitmq", "url", display_url(b.url), "expected amqp://user:password@host:5672/ or an empty string")
     if b.prefetch < 1:
         raise bad("rabbitmq", "prefetch", b.prefetch, "must be at least 1")
+    if not 0 <= b.delivery_limit <= 1000:
+        raise bad("rabbitmq", "delivery_limit", b.delivery_limit, "must be between 0 and 1000 (redeliveries of a "
+                  "message that stops the consumer before it goes to invalid_queue)")
     if b.reconnect_max_delay_seconds <= 0:
         raise bad("rabbitmq", "reconnect_max_delay_seconds", b.reconnect_max_delay_seconds, "must be greater than 0")
     if w.base_delay_seconds > w.max_delay_seconds:
@@ -149,6 +157,19 @@ def _check_api(c: Config) -> None:
     if not a.upload_retention_hours > 0:
         raise ConfigError(f"{c.source}: [api] upload_retention_hours = {a.upload_retention_hours!r}: must be more "
                           "than 0 (an upload must outlive the moment its job is submitted)")
+    if a.max_connections <= a.max_event_streams:
+        raise ConfigError(f"{c.source}: [api] max_connections = {a.max_connections!r}: must be more than [api] "
+                          f"max_event_streams ({a.max_event_streams}), or open event streams would leave no "
+                          "connection for any other request")
+    for key in ("header_timeout_seconds", "body_timeout_seconds"):
+        if not getattr(a, key) > 0:
+            raise ConfigError(f"{c.source}: [api] {key} = {getattr(a, key)!r}: must be a number of seconds "
+                              "greater than 0")
+    for entry in a.allowed_hosts:
+        if host_problem(entry):
+            raise ConfigError(f"{c.source}: [api] allowed_hosts: {entry!r}: {host_problem(entry)}; expected a "
+                              "host name or address as clients write it in the Host header, like api.example, "
+                              "api.example:8443 or [fd00::7]:9189")
     for origin in a.allowed_origins:
         parsed = urlparse(origin)
         if parsed.scheme not in ("http", "https") or not parsed.netloc or parsed.path not in ("", "/"):
@@ -169,6 +190,20 @@ def _check_api(c: Config) -> None:
         if port == 0:
             raise ConfigError(f"{c.source}: [api] public_url = {shown!r}: the port must be a number from 1 "
                               "to 65535 (or none: 80 for http, 443 for https)")
+
+
+def host_problem(entry: str) -> str:
+    """What is wrong with an ``[api] allowed_hosts`` entry, or "" (the same parsing as the API's Host check)."""
+    if not entry or any(ch in entry for ch in "/@?#\\ ") or not entry.isprintable():
+        return "not a bare host name (no scheme, path, user or spaces)"
+    try:
+        parsed = urlsplit("//" + entry)
+        port = parsed.port
+    except ValueError:
+        return "its port is not a number from 0 to 65535"
+    if not parsed.hostname:
+        return "no host name"
+    return "the port must be from 1 to 65535" if port == 0 else ""
 
 
 def check_supervisor(c: Config) -> None:

@@ -24,6 +24,7 @@ from comfysup.config.schema import SECTIONS, Config, ServerConfig
 from comfysup.errors import ConfigError
 
 DEFAULT_PATHS = (Path("config.toml"), Path("/etc/comfysup/config.toml"))
+"""Where a config is looked for when none is named: see ``config_paths`` (the user's own folder sits between)."""
 ENV_PREFIX = "COMFYSUP_"
 ENV_CONFIG = "COMFYSUP_CONFIG"
 ENV_NOT_SETTINGS = frozenset({ENV_CONFIG, "COMFYSUP_HOSTNAME", "COMFYSUP_SKIP_POSTGRES", "COMFYSUP_TEST_POSTGRES",
@@ -38,18 +39,38 @@ MAX_DEPTH = 16
 """Tables and arrays nested at most this deep (a config is sections, [[servers]], and lists of numbers)."""
 
 
+def config_paths(env: Mapping[str, str] | None = None) -> list[Path]:
+    """Where a config is looked for, in order, when none is named: ./config.toml (where ``comfysup init`` writes
+    it), $XDG_CONFIG_HOME/comfysup/config.toml (~/.config without it), /etc/comfysup/config.toml (the service's)."""
+    env = os.environ if env is None else env
+    user = Path(env.get("XDG_CONFIG_HOME") or Path.home() / ".config") / "comfysup" / "config.toml"
+    return [DEFAULT_PATHS[0], user, DEFAULT_PATHS[1]]
+
+
 def find_config_file(explicit: str | None) -> Path | None:
-    """The file to read: --config, else $COMFYSUP_CONFIG, else ./config.toml, else /etc/comfysup."""
+    """The file to read: --config, else $COMFYSUP_CONFIG, else the first of ``config_paths`` that exists."""
     chosen = explicit or os.environ.get(ENV_CONFIG)
     if chosen:
         path = Path(chosen)
         if not path.is_file():
             raise ConfigError(f"{path}: no such config file (given by --config or ${ENV_CONFIG})")
         return path
-    for candidate in DEFAULT_PATHS:
+    for candidate in config_paths():
         if candidate.is_file():
             return candidate
     return None
+
+
+def no_config_found(command: str) -> ConfigError:
+    """What a command that needs a config says when it finds none (and no COMFYSUP_* setting stands for one)."""
+    looked = ", ".join(str(p) for p in config_paths())
+    return ConfigError(f"no config.toml found (looked in {looked}, and ${ENV_CONFIG} is not set); run "
+                       f"`comfysup init` to write one here, or pass --config PATH to {command}")
+
+
+def has_env_settings(env: Mapping[str, str]) -> bool:
+    """Whether some COMFYSUP_<SECTION>_<KEY> variable gives a setting (a container configured by variables)."""
+    return any(name.startswith(ENV_PREFIX) and name not in ENV_NOT_SETTINGS for name in env)
 
 
 def load_config(

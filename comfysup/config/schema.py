@@ -125,6 +125,14 @@ class MetricsConfig:
     max_workflow_labels: int = 50
     """Distinct workflow label values in the metrics (the workflow file's name or meta.kind); past this a new
     one is counted as "other", so freely chosen kinds cannot grow the metrics without bound."""
+    max_connections: int = 32
+    """Connections the endpoint holds at once (being answered by one of its few threads, or waiting for one);
+    one more is answered 503 and closed at once, so stalled clients cannot make it start a thread each."""
+    header_timeout_seconds: float = 10.0
+    """The longest a client may take to send a whole request (its line and headers); then it is closed."""
+    body_timeout_seconds: float = 60.0
+    """The longest a client may take to accept the next bytes of an answer (a large file from /files) before
+    the endpoint gives up on it and closes the connection."""
 
 
 @dataclass(frozen=True)
@@ -173,6 +181,19 @@ class ApiConfig:
     client of another machine's API. Empty: ``http://<listen>`` when ``listen`` is not a loopback address (a
     wildcard such as 0.0.0.0 becomes this machine's host name), else nothing is advertised. Set it when a TLS
     proxy or another name stands in front of the API."""
+    allowed_hosts: tuple[str, ...] = ()
+    """Names (``api.example`` or ``api.example:8443``) a request's Host header may carry besides the API's own
+    address, ``public_url``'s and, on a loopback listen, localhost's; any other Host is refused 421, so a web page
+    whose name is made to resolve to this machine (DNS rebinding) cannot call the API."""
+    max_connections: int = 2000
+    """Connections the API holds at once (event streams included: at least ``max_event_streams`` + 1); one more
+    is answered 503 and closed at once."""
+    header_timeout_seconds: float = 10.0
+    """The longest a client may take to send a request's line and headers (and to send the next request on a
+    kept-alive connection); then the connection is closed."""
+    body_timeout_seconds: float = 60.0
+    """The longest wait for the next bytes of a request's body (an upload) or for a client to take the next bytes
+    of an answer; then the request ends (408) and the connection is closed."""
 
 
 @dataclass(frozen=True)
@@ -183,6 +204,9 @@ class RabbitMQConfig:
     """Where jobs arrive, one jobs.jsonl line per message; declared a durable quorum queue when missing."""
     prefetch: int = 50
     """Unacknowledged messages the consumer holds at once (basic_qos): each batch is one insert."""
+    delivery_limit: int = 5
+    """A message delivered this many times more without an ack (it stopped or crashed the consumer each
+    time) is dead-lettered to ``invalid_queue`` by the broker (x-delivery-limit of the quorum queue)."""
     workflows_dir: str = "workflows"
     """A message's workflow path is read below this folder (relative to the config file); no .. or /."""
     inputs_dir: str = ""

@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterator, Mapping, Sequence
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from types import MappingProxyType
 from typing import Any
 
 from comfysup.errors import ComfysupError
-from comfysup.jobs.catalogue import Catalogue, TemplateCheck, refusal_text
+from comfysup.jobs.catalogue import Catalogue, Hints, TemplateCheck, refusal_texts
 from comfysup.jobs.graph import (  # noqa: F401  (the names callers import from comfysup.jobs)
     BUILTIN_OTHER_NODES,
     BUILTIN_OUTPUT_NODES,
@@ -38,7 +39,9 @@ from comfysup.jobs.values import (  # noqa: F401
     check_depth,
     check_text,
     depth,
+    did_you_mean,
     loads_strict,
+    shown_reasons,
 )
 from comfysup.queue.base import NewJob
 from comfysup.workflows import canonical, content_hash, model_key
@@ -70,6 +73,12 @@ class Validation:
     problems: list[Problem] = field(default_factory=list)
     warnings: list[Problem] = field(default_factory=list)
     lines_by_id: dict[str, int] = field(default_factory=dict)
+    hidden: int = 0
+    """Problems of lines with more than MAX_REASONS, counted but not in ``problems``."""
+
+    @property
+    def problem_count(self) -> int:
+        return len(self.problems) + self.hidden
 
     @property
     def ok(self) -> bool:
@@ -96,6 +105,8 @@ class JobsFile:
             self.inputs.max_file_bytes = max_input_bytes
         if max_job_input_bytes is not None:
             self.inputs.max_job_bytes = max_job_input_bytes
+        self.derived: set[str] = set()
+        """The ids this file's lines did not give, derived from their content (comfysup.jobs.derived_id)."""
         self.catalogues = {c.id: c for c in catalogues}
         """The node catalogues servers have now (comfysup.jobs.catalogue): a line that none can run is refused;
         one that only some can run keeps the others' refusals, which the claim of their servers honours."""
@@ -103,6 +114,8 @@ class JobsFile:
             object_info = ObjectInfo({name: info for c in catalogues for name, info in c.info.items()})
         self.object_info = object_info or ObjectInfo()
         self._checks: dict[int, TemplateCheck] = {}
+        self._hints = Hints(self.catalogues)
+        self._local: dict[str, bool] = {}
         self._any_refused: bool | None = None
         """Whether ``validate`` met a line that some catalogue refused; False: building the jobs skips the check."""
         """Each template's nodes checked against every catalogue once, by id(template)."""
@@ -127,12 +140,17 @@ class JobsFile:
             try:
                 job_id, warnings = self._parse(raw, check=True, build=False)
             except JobLineError as exc:
-                result.problems.append(Problem(number, str(exc)))
+                shown = shown_reasons(exc.reasons) or [str(exc)]
+                result.problems += [Problem(number, reason) for reason in shown]
+                result.hidden += max(0, len(exc.reasons) - len(shown))
                 continue
             result.count += 1
             result.warnings += [Problem(number, w, warning=True) for w in warnings]
             first = result.lines_by_id.get(job_id)
-            if first is not None:
+            if first is not None and job_id in self.derived:
+                result.problems.append(Problem(number, f"the same job as line {first} (a line without an id is "
+                                                       "named by its content); give each line an id to run it twice"))
+            elif first is not None:
                 result.problems.append(Problem(number, f"id {job_id} appears twice (first on line {first})"))
             else:
                 result.lines_by_id[job_id] = number
@@ -233,31 +251,53 @@ class JobsFile:
         if not isinstance(line, dict):
             raise JobLineError(f"expected a JSON object, got {type(line).__name__}")
         check_depth(line, "the line", raw)
-        unknown = set(line) - LINE_KEYS
-        if unknown:
-            raise JobLineError(f"unknown key {sorted(unknown)[0]!r}; a line may have "
-                               f"{', '.join(sorted(LINE_KEYS))}")
-        job_id = canonical_id(line.get("id"))
+        reasons: list[str] = []
+        """Every problem of the line, in the order of its checks: all are reported, not only the first."""
+        for unknown in () if line.keys() <= LINE_KEYS else sorted(line.keys() - LINE_KEYS):
+            hint = did_you_mean(unknown, LINE_KEYS)
+            reasons.append(f"unknown key {unknown!r}; {hint + ' ' if hint else ''}a line may have "
+                           f"{', '.join(sorted(LINE_KEYS))}")
+        derive = "id" not in line  # no id given: it is derived from the line's content, below
+        job_id = ""
+        if not derive:
+            try:  # each check in a try of its own, not a call of _collect: a few microseconds a line, 100,000 lines
+                job_id = canonical_id(line["id"])
+            except JobLineError as exc:
+                reasons += exc.reasons
         priority = line.get("priority", 0)
         if isinstance(priority, bool) or not isinstance(priority, int):
-            raise JobLineError(f"priority {priority!r} is not a whole number")
-        if not PRIORITY_RANGE[0] <= priority <= PRIORITY_RANGE[1]:
-            raise JobLineError(f"priority {priority} is out of range; expected a whole number from "
-                               f"{PRIORITY_RANGE[0]} to {PRIORITY_RANGE[1]}")
+            reasons.append(f"priority {priority!r} is not a whole number")
+        elif not PRIORITY_RANGE[0] <= priority <= PRIORITY_RANGE[1]:
+            reasons.append(f"priority {priority} is out of range; expected a whole number from "
+                           f"{PRIORITY_RANGE[0]} to {PRIORITY_RANGE[1]}")
         for key in ("extra_data", "meta"):
             if not isinstance(line.get(key, {}), dict):
-                raise JobLineError(f"{key} must be an object")
+                reasons.append(f"{key} must be an object")
         params = line.get("set", {})
         if not isinstance(params, dict):
-            raise JobLineError(f"set must be an object of \"<node>.<input>\": value, not {type(params).__name__}")
-        params, found = self.inputs.resolve(params)
-        callback = check_callback_url(line.get("callback_url", ""), allow_private=self.allow_private_callbacks)
+            reasons.append(f"set must be an object of \"<node>.<input>\": value, not {type(params).__name__}")
+            params = {}
+        try:
+            params, found = self.inputs.resolve(params)
+        except JobLineError as exc:
+            reasons += exc.reasons
+            found = ()
+        callback = "" if "callback_url" not in line else _collect(
+            reasons, check_callback_url, line["callback_url"], allow_private=self.allow_private_callbacks)
         value = line.get("workflow")
         if isinstance(value, str):
-            template = self._template(value)
-            changed = apply_set(template.workflow, params, self.object_info)
-            warnings = template.check(changed, params, self.object_info) if check else []
-            refused = self._refused(self._template_check(template), changed, check)
+            try:
+                template = self._template(value)
+            except JobLineError as exc:
+                raise JobLineError(*reasons, *exc.reasons) from None
+            if derive:
+                job_id = derived_id(line, params, template.stored_hash)
+                self.derived.add(job_id)
+            changed = apply_set(template.workflow, params, self.object_info, reasons)
+            warnings = (_collect(reasons, template.check, changed, params, self.object_info) or []) if check else []
+            refused = self._refused(self._template_check(template), changed, check, reasons, params)
+            if reasons:
+                raise JobLineError(*reasons)
             if not build:
                 return job_id, warnings
             workflow, name = {**template.workflow, **changed}, template.name
@@ -266,10 +306,18 @@ class JobsFile:
             text, digest = "", template.hasher(changed)
             stored, stored_hash, key = template.stored, template.stored_hash, template.model_key(changed)
         else:
-            inline, name = self._inline(value), "inline"
-            workflow = {**inline, **apply_set(inline, params, self.object_info)}
-            warnings = check_graph(workflow, self.object_info) if check else []
-            refused = self._refused(TemplateCheck(workflow, self.catalogues) if self.catalogues else None, {}, check)
+            inline, name = _collect(reasons, self._inline, value), "inline"
+            if inline is None:
+                raise JobLineError(*reasons)
+            if derive:
+                job_id = derived_id(line, params, content_hash(canonical(inline)))
+                self.derived.add(job_id)
+            workflow = {**inline, **apply_set(inline, params, self.object_info, reasons)}
+            warnings = (_collect(reasons, check_graph, workflow, self.object_info) or []) if check else []
+            checker = TemplateCheck(workflow, self.catalogues, self._local_file) if self.catalogues else None
+            refused = self._refused(checker, {}, check, reasons, params)
+            if reasons:
+                raise JobLineError(*reasons)
             if not build:
                 return job_id, warnings
             text = canonical(workflow)
@@ -297,21 +345,38 @@ class JobsFile:
             return None
         found = self._checks.get(id(template))
         if found is None:
-            found = self._checks[id(template)] = TemplateCheck(template.workflow, self.catalogues)
+            found = self._checks[id(template)] = TemplateCheck(template.workflow, self.catalogues, self._local_file)
         return found
 
-    def _refused(self, checker: TemplateCheck | None, changed: dict[str, Any],
-                 check: bool) -> tuple[tuple[int, str], ...]:
-        """(catalogue id, reason) for each catalogue that cannot run the line; with ``check``, JobLineError when
-        none can (ComfyUI on every server would refuse it at POST)."""
+    def _refused(self, checker: TemplateCheck | None, changed: dict[str, Any], check: bool, reasons: list[str],
+                 params: Mapping[str, Any]) -> tuple[tuple[int, str], ...]:
+        """(catalogue id, reason) for each catalogue that cannot run the line; with ``check``, when none can
+        (ComfyUI on every server would refuse it at POST), each problem added to ``reasons``."""
         if checker is None or (not check and self._any_refused is False):
             return ()
-        issues = checker.refusals(changed)
+        issues = checker.all_refusals(changed)
         if check and issues:
             self._any_refused = True
         if check and issues and len(issues) == len(self.catalogues):
-            raise JobLineError(refusal_text(issues, self.catalogues))
-        return tuple((cid, f"node {i.node_id} ({i.class_type}): {i.text}") for cid, i in issues.items())
+            reasons += refusal_texts(issues, self.catalogues, params, self._hints)
+            return ()
+        return tuple((cid, f"node {i[0].node_id} ({i[0].class_type}): {i[0].text}") for cid, i in issues.items())
+
+    def _local_file(self, name: str) -> bool:
+        """Whether ``name`` is a file below the folders a ``{"file": …}`` value may name (the jobs file's): a file
+        input whose value names no file the servers list, but one here, which the line meant to send."""
+        found = self._local.get(name)
+        if found is None:
+            relative = PurePosixPath(name.replace("\\", "/"))
+            try:
+                found = bool(name) and "\0" not in name and not relative.is_absolute() and ".." not in relative.parts \
+                    and any((root / relative).is_file() for root in self.inputs.roots or ())
+            except (OSError, ValueError):  # a name the file system cannot take (a lone surrogate, too long)
+                found = False
+            if len(self._local) > 10_000:
+                self._local.clear()
+            self._local[name] = found
+        return found
 
     def _template(self, value: str) -> Template:
         if value not in self._named:
@@ -332,6 +397,15 @@ class JobsFile:
         raise JobLineError(f"workflow must be a path or an API-format object, not {type(value).__name__}")
 
 
+def _collect(reasons: list[str], check: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``check``'s answer; its JobLineError's reasons added to ``reasons`` instead (then None)."""
+    try:
+        return check(*args, **kwargs)
+    except JobLineError as exc:
+        reasons += exc.reasons
+        return None
+
+
 def _sorted_json(value: dict[str, Any]) -> str:
     """json.dumps(value, sort_keys=True), without encoding the empty object most lines have."""
     return json.dumps(value, sort_keys=True) if value else "{}"
@@ -342,3 +416,16 @@ def format_problems(label: str, problems: list[Problem], limit: int = MAX_PROBLE
     if len(problems) > limit:
         lines.append(f"… and {len(problems) - limit} more problem(s) not shown")
     return lines
+
+
+ID_NAMESPACE = uuid.UUID("7a1c0f3e-3b8e-5b6a-9d2e-63f0c0a5e1d4")
+"""The namespace of the ids comfysup derives for lines that give none (uuid5)."""
+
+
+def derived_id(line: dict[str, Any], params: dict[str, Any], workflow_hash: str) -> str:
+    """The id of a line that gives none: a UUID of its content (the workflow's, its set with input files by
+    hash, extra_data, meta, priority, callback), so the same line submitted again is the same job and runs once,
+    and a line whose workflow or input file changed is another job."""
+    content = {k: v for k, v in line.items() if k not in ("id", "workflow", "set")}
+    text = _sorted_json({"workflow": workflow_hash, "set": params, **content})
+    return str(uuid.uuid5(ID_NAMESPACE, text))

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from comfysup.jobs.values import JobLineError
+from comfysup.jobs.values import JobLineError, did_you_mean
 
 # ComfyUI's built-in nodes with OUTPUT_NODE = True: a prompt without one of these (or a custom output
 # node) is refused with prompt_no_outputs.
@@ -136,25 +136,35 @@ def _find_cycle(edges: dict[str, list[str]]) -> list[str] | None:
     return None
 
 
-def apply_set(workflow: dict[str, Any], overrides: Any, object_info: ObjectInfo) -> dict[str, Any]:
+def apply_set(workflow: dict[str, Any], overrides: Any, object_info: ObjectInfo,
+              problems: list[str] | None = None) -> dict[str, Any]:
     """The nodes that ``"<node>.<input>": value`` overrides change, as copies; ``workflow`` is left as it is
-    (it may be a template shared by many lines). The node and the input must exist."""
+    (it may be a template shared by many lines). The node and the input must exist: each key that names none
+    is added to ``problems`` and the others applied, or without ``problems``, JobLineError with every one."""
     if not isinstance(overrides, dict):
         raise JobLineError(f"set must be an object of \"<node>.<input>\": value, not {type(overrides).__name__}")
+    found: list[str] = [] if problems is None else problems
     changed: dict[str, Any] = {}
     for key, value in overrides.items():
         node_id, dot, name = key.rpartition(".")
         if not dot or not node_id or not name:
-            raise JobLineError(f"set key {key!r} is not \"<node>.<input>\" (for example \"3.seed\")")
+            found.append(f"set key {key!r} is not \"<node>.<input>\" (for example \"3.seed\")")
+            continue
         node = changed.get(node_id) or workflow.get(node_id)
         if node is None:
-            raise JobLineError(f"set key {key!r} names node {node_id!r}, which is not in the workflow "
-                               f"(nodes: {', '.join(sorted(workflow)[:20])})")
+            found.append(f"set key {key!r} names node {node_id!r}, which is not in the workflow "
+                         f"(nodes: {', '.join(sorted(workflow)[:20])})")
+            continue
         inputs = node.get("inputs", {})
         if name not in inputs and ((allowed := object_info.inputs(node["class_type"])) is None or name not in allowed):
-            raise JobLineError(f"set key {key!r}: node {node_id} ({node['class_type']}) has no input {name!r} "
-                               f"(inputs: {', '.join(sorted(inputs)) or 'none'})")
+            names = set(inputs) | (allowed or set())
+            hint = did_you_mean(name, names)
+            found.append(f"set key {key!r}: node {node_id} ({node['class_type']}) has no input {name!r} "
+                         f"(inputs: {', '.join(sorted(names)[:30]) or 'none'})" + (f"; {hint}" if hint else ""))
+            continue
         if node_id not in changed:
             node = changed[node_id] = {**node, "inputs": dict(inputs)}
         node["inputs"][name] = value
+    if problems is None and found:
+        raise JobLineError(*found)
     return changed

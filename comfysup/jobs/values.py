@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 import re
 import uuid
+from collections.abc import Iterable
 from typing import Any
 from urllib.parse import urlparse
 
@@ -22,8 +24,76 @@ _CANONICAL_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[
 """Exactly the strings ``str(uuid.UUID(s)) == s`` accepts: checked first, uuid only to explain a refusal."""
 
 
+MAX_REASONS = 20
+"""Problems of one line reported, at most; the rest are counted in one more reason."""
+
+
 class JobLineError(ValueError):
-    """One line of a jobs file is invalid; the message is the reason a person reads."""
+    """One line of a jobs file is invalid; the message is the reason a person reads. A line with more than one
+    problem carries each in ``reasons`` (the message joins them with "; ")."""
+
+    def __init__(self, *reasons: str) -> None:
+        self.reasons: list[str] = list(reasons)
+        super().__init__("; ".join(shown_reasons(self.reasons)))
+
+
+def shown_reasons(reasons: list[str], limit: int = MAX_REASONS) -> list[str]:
+    """At most ``limit`` reasons (MAX_REASONS), the last saying how many more there were."""
+    if len(reasons) <= limit:
+        return reasons
+    return [*reasons[:limit - 1], f"… and {len(reasons) - limit + 1} more problem(s) on this line not shown"]
+
+
+def article(word: str) -> str:
+    """``word`` with "a" or "an" before it, as it is read out: "an INT", "a FLOAT", "an IMAGE"."""
+    return f"{'an' if word[:1].lower() in 'aeiou' and word[:1] else 'a'} {word}"
+
+
+def did_you_mean(word: Any, candidates: Iterable[Any], limit: int = 3) -> str:
+    """"did you mean 'x'?" for the closest of ``candidates`` to ``word``, or "" for none close."""
+    names = [repr(n) for n in close_matches(word, candidates, limit)]
+    if not names:
+        return ""
+    return "did you mean " + (names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}") + "?"
+
+
+def close_matches(word: Any, candidates: Iterable[Any], limit: int = 3, cutoff: float = 0.7) -> list[str]:
+    """The ``candidates`` closest to ``word`` (case aside), closest first: ``difflib``'s ratio at least
+    ``cutoff`` and nearly the best one's, at most ``limit``.
+
+    Two file names with the same extension are compared by their stems: otherwise every ``.safetensors`` file
+    would look close to every other one."""
+    if not isinstance(word, str) or not word:
+        return []
+    folded = word.casefold()
+    stem, ext = _split_extension(folded)
+    scored: list[tuple[float, str]] = []
+    matcher = difflib.SequenceMatcher()
+    matcher.set_seq2(folded)
+    stem_matcher = difflib.SequenceMatcher()
+    stem_matcher.set_seq2(stem)
+    seen: set[str] = set()
+    for candidate in candidates:
+        text = str(candidate)
+        other = text.casefold()
+        if text == word or text in seen:
+            continue
+        seen.add(text)
+        other_stem, other_ext = _split_extension(other)
+        m = stem_matcher if ext and other_ext == ext else matcher
+        m.set_seq1(other_stem if m is stem_matcher else other)
+        if m.real_quick_ratio() >= cutoff and m.quick_ratio() >= cutoff and (score := m.ratio()) >= cutoff:
+            scored.append((score, text))
+    scored.sort(key=lambda x: (-x[0], x[1]))
+    # Only those nearly as close as the closest: a clear match is not followed by far ones.
+    return [t for score, t in scored[:limit] if score >= scored[0][0] - 0.12]
+
+
+def _split_extension(name: str) -> tuple[str, str]:
+    stem, dot, ext = name.rpartition(".")
+    if dot and stem and 0 < len(ext) <= 12 and "/" not in ext:
+        return stem, ext
+    return name, ""
 
 
 def canonical_id(value: Any) -> str:

@@ -11,7 +11,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from comfysup.config import Config
 from comfysup.slotstate import read_broker_state, read_state
 
-COUNTS = ("received", "inserted", "existing", "duplicates", "invalid", "acked", "published")
+COUNTS = ("received", "inserted", "existing", "duplicates", "invalid", "acked", "published", "returned")
 
 
 def state_with_broker(config: Config) -> dict[str, Any] | None:
@@ -33,9 +33,20 @@ def broker_text(broker: dict[str, Any] | None, backlog: int) -> str:
     parts = [f"queue {broker.get('queue')!r} at {broker.get('url')}", f"{broker.get('unacked', 0)} unacknowledged",
              f"{'-' if ready is None else ready} waiting in the broker",
              ", ".join(f"{broker.get(k, 0)} {k}" for k in COUNTS), f"outbox backlog {backlog}"]
+    for exchange, held in sorted(unroutable(broker).items()):
+        parts.append(f"{held} result(s) held in the outbox: exchange {exchange!r} has no queue bound (the broker "
+                     "returned them); they are published once a queue is bound")
     if broker.get("last_error"):
         parts.append(f"last error: {broker['last_error']}")
+    for warning in broker.get("warnings") or ():
+        parts.append(f"warning: {warning}")
     return head + "\n  " + "\n  ".join(parts)
+
+
+def unroutable(broker: dict[str, Any]) -> dict[str, int]:
+    """Outbox rows held back by exchange, as the consumer last saw them."""
+    held = broker.get("unroutable")
+    return {str(k): int(v) for k, v in held.items() if isinstance(v, int)} if isinstance(held, dict) else {}
 
 
 def broker_metrics(broker: dict[str, Any] | None, backlog: int) -> Iterator[Metric]:
@@ -57,4 +68,11 @@ def broker_metrics(broker: dict[str, Any] | None, backlog: int) -> Iterator[Metr
                                  "since it started, and results published.", labels=["result"])
     for key in COUNTS:
         counts.add_metric([key], float(broker.get(key) or 0))
-    yield from (up, unacked, ready, counts)
+    held = GaugeMetricFamily("comfysup_broker_outbox_unroutable", "Results held in the outbox because their "
+                             "exchange has no queue bound (the broker returned them).", labels=["exchange"])
+    for exchange, n in sorted(unroutable(broker).items()):
+        held.add_metric([exchange], float(n))
+    warned = GaugeMetricFamily("comfysup_broker_setup_warnings", "Problems found with existing broker objects at "
+                               "the consumer's start (e.g. a jobs queue without a delivery limit); see status.")
+    warned.add_metric([], float(len(broker.get("warnings") or ())))
+    yield from (up, unacked, ready, counts, held, warned)

@@ -61,7 +61,9 @@ def monitor_main(config: Config, port_out: Any, serve_endpoint: bool = True) -> 
         app = App(web_queue, metrics, lambda: state_with_broker(config), config.resolve(config.store.dir),
                   refresh_seconds=config.metrics.refresh_seconds)
         try:
-            server = serve(config.metrics.listen, app)
+            server = serve(config.metrics.listen, app, max_connections=config.metrics.max_connections,
+                           header_seconds=config.metrics.header_timeout_seconds,
+                           body_seconds=config.metrics.body_timeout_seconds)
         except OSError as exc:
             log.error("cannot serve /metrics and the status page on %s: %s; set [metrics] listen to a free "
                       "address (port 0 takes any free port), or \"\" for none", config.metrics.listen,

@@ -10,6 +10,9 @@ the name is checked as the runner checks names from ComfyUI (no ``..``, no absol
 backslash), and the resolved path must still be inside ``<store>/<job id>`` (a symlink pointing out is
 refused). Everything shown went through the redaction of secrets when it was stored (reasons) or is
 masked here (nothing of a job's workflow, extra_data or meta is shown at all).
+
+The server is comfysup.observability.httpserver's: a few threads, a bound on connections, deadlines for a
+request to arrive and for its answer to be taken.
 """
 
 from __future__ import annotations
@@ -23,17 +26,17 @@ import time
 import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 from comfysup import assets, safefs
 from comfysup.jobs import JobLineError, canonical_id
 from comfysup.observability.brokerview import broker_text
+from comfysup.observability.httpserver import PooledHTTPServer, TimedHandler
 from comfysup.observability.metrics import CONTENT_TYPE, Metrics
 from comfysup.observability.views import WINDOW_SECONDS, Overview, overview, progress_fraction, progress_text
 from comfysup.queue.base import Queue
-from comfysup.redact import bound
+from comfysup.redact import Redactor, bound
 from comfysup.runner.store import UnsafeName, check_part
 from comfysup.timefmt import age
 
@@ -197,11 +200,13 @@ def render_page(view: Overview, refresh_seconds: float) -> str:
         out.append("<table><tr><th>job<th>workflow<th>finished<th>inputs<th>files</tr>")
         for job in view.recent_done:
             links = []
+            clean = Redactor.for_job(job.workflow, job.extra_data)  # a secret in a file name is shown masked
             for o in job.outputs:
-                href = e(file_link(job.id, o.name))
+                href = e(file_link(job.id, o.name)) if clean(o.name) == o.name else ""
                 kind = mimetypes.guess_type(o.name)[0]
-                thumb = f"<img class=thumb src='{href}' alt='' loading=lazy>" if kind in THUMBNAIL_TYPES else ""
-                links.append(f"<a href='{href}'>{thumb}{e(Path(o.name).name)}</a> "
+                thumb = (f"<img class=thumb src='{href}' alt='' loading=lazy>"
+                         if href and kind in THUMBNAIL_TYPES else "")
+                links.append(f"<a href='{href}'>{thumb}{e(clean(Path(o.name).name))}</a> "
                              f"<span class=muted>{o.sha256[:12]}</span>")
             ago = age(view.now - job.finished_at) + " ago" if job.finished_at else "-"
             inputs = "<br>".join(f"{e(i['name'])} <span class=muted>{e(i['hash'][:19])}</span>"
@@ -228,7 +233,7 @@ def _cell(value: Any) -> str:
     return "-" if value is None or value == "" else str(value)
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(TimedHandler):
     server_version = "comfysup"
     sys_version = ""
 
@@ -249,7 +254,6 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_response(answer.status)
             self.send_header("Content-Type", answer.content_type)
             self.send_header("Content-Length", str(answer.size if answer.file is not None else len(answer.body)))
-            self.send_header("X-Content-Type-Options", "nosniff")
             self.send_header("Referrer-Policy", "no-referrer")
             for key, value in answer.headers.items():
                 self.send_header(key, value)
@@ -277,13 +281,10 @@ class _Handler(BaseHTTPRequestHandler):
         log.debug("status endpoint: " + format, *args)
 
 
-class StatusServer(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-
-    def __init__(self, address: tuple[str, int], app: App) -> None:
+class StatusServer(PooledHTTPServer):
+    def __init__(self, address: tuple[str, int], app: App, **limits: Any) -> None:
         self.app = app
-        super().__init__(address, _Handler)
+        super().__init__(address, _Handler, **limits)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         """One log line, never socketserver's traceback on stderr: a client that goes away mid-answer is
@@ -301,14 +302,17 @@ def parse_listen(listen: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def serve(listen: str, app: App) -> StatusServer:
-    """Bind now (an OSError says the port is taken); the caller runs ``serve_forever`` in a thread."""
+def serve(listen: str, app: App, *, max_connections: int = 32, header_seconds: float = 10.0,
+          body_seconds: float = 60.0) -> StatusServer:
+    """Bind now (an OSError says the port is taken); the caller runs ``serve_forever`` in a thread. The limits
+    are ``[metrics] max_connections``, ``header_timeout_seconds`` and ``body_timeout_seconds``."""
     host, port = parse_listen(listen)
+    limits = {"max_connections": max_connections, "header_seconds": header_seconds, "body_seconds": body_seconds}
     if ":" in host:
         import socket
 
         class _V6(StatusServer):
             address_family = socket.AF_INET6
 
-        return _V6((host, port), app)
-    return StatusServer((host, port), app)
+        return _V6((host, port), app, **limits)
+    return StatusServer((host, port), app, **limits)

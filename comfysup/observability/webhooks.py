@@ -66,7 +66,7 @@ def record_body(job: JobRecord) -> dict[str, Any]:
     """The job's record as POSTed: id, status, files with hashes, reason, timings — secrets masked."""
     clean = Redactor.for_job(job.workflow, job.extra_data)
     started = min((a.started_at for a in job.attempts), default=None)
-    return {
+    return clean.scrub({
         "id": job.id,
         "status": job.state,
         "reason": clean(job.reason) if job.reason else None,
@@ -85,7 +85,7 @@ def record_body(job: JobRecord) -> dict[str, Any]:
             "run_seconds": None if started is None or job.finished_at is None
             else round(job.finished_at - started, 3),
         },
-    }
+    })  # by value too: a secret in a file name or a set value's key (webhooks and broker messages alike)
 
 
 def encode(body: dict[str, Any]) -> bytes:

@@ -49,6 +49,12 @@ class SQLReads:
         """A read by query name; rows name their columns."""
         return self._transaction(fetch, self.sql[name], args, write=False, named=True)
 
+    def ids_starting(self, prefix: str, limit: int = 10) -> list[str]:
+        """Up to ``limit`` job ids that begin with ``prefix`` (hex digits and hyphens only: no LIKE wildcard)."""
+        if not prefix or prefix.strip("0123456789abcdef-"):
+            return []
+        return [r[0] for r in self._transaction(fetch, self.sql["ids_starting"], (prefix + "%", limit), write=False)]
+
     def get(self, job_id: str) -> JobRecord:
         rows = self.get_many([job_id])
         if not rows:

@@ -9,6 +9,7 @@ renews the lease at once.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Callable, Iterable
 from functools import partial
 from typing import Any
@@ -29,6 +30,9 @@ def download(ctx: Context, run: Run, entry: dict[str, Any], checkpoint: Callable
         named = sources(ctx, run, entry)
     except (UnsafeName, TypeError) as exc:
         raise PermanentError(str(exc), "unsafe_output") from exc
+    twice = next((r for r, n in Counter(relative for relative, _ in named).items() if n > 1), None)
+    if twice is not None:  # the second would replace the first, whose recorded hash would then be a lie
+        raise PermanentError(f"the server names two outputs that are both stored as {twice!r}", "unsafe_output")
     ctx.trace.phase("downloading", ctx.wall())
     # Only the attempt that holds the job may clear its folder: a fenced heartbeat now stops a stale
     # one (LeaseLost) before it touches files that the job's new owner may be writing.

@@ -66,6 +66,8 @@ def check_part(part: str, what: str) -> str:
     return part
 
 
+TEMPORARY_SUFFIX = ".part"
+"""A file is written as ``.<name>.part``, then renamed: no output may carry such a name (see ``write``)."""
 MAX_SUBFOLDERS = 16
 """Folders an output name may nest in: ComfyUI's own are one or two deep."""
 
@@ -77,7 +79,11 @@ def safe_relative(filename: str, subfolder: str) -> str:
         raise UnsafeName(f"unsafe output name subfolder={subfolder[:100]!r}: more than {MAX_SUBFOLDERS} folders deep")
     if subfolder and (subfolder.startswith(("/", "\\")) or "\0" in subfolder or ".." in subfolder):
         raise UnsafeName(f"unsafe output name subfolder={subfolder!r}")
-    return "/".join([*parts, check_part(filename, "filename")])
+    name = check_part(filename, "filename")
+    if name.startswith(".") and name.endswith(TEMPORARY_SUFFIX):
+        raise UnsafeName(f"unsafe output name filename={name!r}: the result store's own temporary name (.<name>.part), "
+                         "under which another output is written before it is renamed")
+    return "/".join([*parts, name])
 
 
 class ResultStore:
@@ -123,7 +129,7 @@ class ResultStore:
         if limit_bytes is not None and limit_bytes < cap:
             cap, cap_name = limit_bytes, limit_name
         *subfolders, name = [check_part(p, "name") for p in relative.split("/")]
-        tmp = f".{name}.part"
+        tmp = f".{name}{TEMPORARY_SUFFIX}"
         digest = hashlib.sha256()
         size = 0
         root = safefs.open_root(self.root, create=True)

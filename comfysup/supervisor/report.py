@@ -58,12 +58,13 @@ def no_slot_alive(units: Sequence[Unit]) -> str | None:
 MACHINE_HEARTBEAT_WAIT_SECONDS = 0.5
 """The longest the supervisor's loop waits for the queue's write lock to refresh its machine row (SQLite)."""
 
-def heartbeat_machine(queue: Queue, units: Sequence[Unit], *, register: bool, was_ok: bool) -> bool:
+def heartbeat_machine(queue: Queue, units: Sequence[Unit], *, register: bool, was_ok: bool,
+                      final: bool = False) -> bool:
     """Tell the queue this machine is alive and what its slots do (``comfysup status`` on any machine shows
     it); whether the queue answered. A database that does not answer stops the runners claiming, said once in
     the log; the jobs they run stop by themselves before their leases could hand them on."""
     try:
-        slots = slot_rows(units)
+        slots = slot_rows(units, final=final)  # final: the last beat of a clean stop, every slot stopped
         if register:
             queue.register_machine(host_name(), os.getpid(), slots)
         else:
@@ -87,7 +88,7 @@ def slot_rows(units: Sequence[Unit], *, final: bool = False) -> list[dict[str, A
     for u in units:
         policy = u.server or u.runner
         rows.append({
-            "name": u.name, "device": u.device, "state": "stopped" if final and u.server else u.state,
+            "name": u.name, "device": u.device, "state": "stopped" if final else u.state,
             "pid": u.server_pid, "port": u.plan.port if u.plan else None, "url": u.url,
             "restarts": u.server.restarts if u.server else 0, "reason": policy.reason or None,
             "log": str(u.plan.log_path) if u.plan else None, "draining": u.draining,

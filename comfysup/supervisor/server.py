@@ -1,6 +1,6 @@
 """One ComfyUI server: its command line (a pure function), its folders, its port, its log, its readiness.
 
-What a real ComfyUI 0.3.64 showed (../shared/recorded): its base directory must already hold
+What a real ComfyUI 0.3.64 showed (tests/recorded): its base directory must already hold
 ``custom_nodes/`` or it crashes at start; it keeps a SQLite database of its own outside the base
 directory unless given ``--database-url``, so servers of one machine would share one file; and when its
 port is taken it starts fully and only exits about 6 s later, so the port is checked before the launch

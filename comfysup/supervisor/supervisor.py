@@ -161,6 +161,8 @@ class Supervisor:
                 child.kill(self.ops)
             self.manager.restore_signals()
             self.write_state(final=True)
+            if self.queue_ok and self.exit_code != EXIT_DATABASE_REPLACED:  # status: "stopped", not STALE
+                heartbeat_machine(self.queue, self.units, register=False, was_ok=True, final=True)
             self.queue.close()
         log.info("comfysup supervisor %d: stopped%s", os.getpid(),
                  f" (exit code {self.exit_code})" if self.exit_code else "")
@@ -183,7 +185,8 @@ class Supervisor:
                     self._server_action(unit, now, action)
                 self._server_step(unit, now)
                 self._runner_step(unit, now)
-                self._recycle_step(unit, now)
+                for action in recycle.step(unit, self.config.supervisor.recycle_after_jobs, now, TICK_SECONDS / 2):
+                    self._server_action(unit, now, action)  # after N jobs, once the runner is drained
             self._give_up_if_no_slot(now)
             if now >= self._next_housekeeping:
                 self._next_housekeeping = now + HOUSEKEEPING_SECONDS
@@ -399,12 +402,6 @@ class Supervisor:
         unit.runner.spawned(now)
         log.info("%s: runner started, pid %d", unit.name, runner.pid)
 
-    # -- recycling (comfysup.supervisor.recycle) ---------------------------------------------------------
-
-    def _recycle_step(self, unit: Unit, now: float) -> None:
-        for action in recycle.step(unit, self.config.supervisor.recycle_after_jobs, now, TICK_SECONDS / 2):
-            self._server_action(unit, now, action)
-
     def _check_database(self, now: float, status: int | None = None, pid: int = 0) -> None:
         """Every tick and at a child's exit: a queue file lost (comfysup.queue.watch, here or in a child that exited
         with EXIT_DATABASE_REPLACED) stops everyone now, and the supervisor exits with that code, restarting no one."""
@@ -424,8 +421,7 @@ class Supervisor:
             self.queue_ok = heartbeat_machine(self.queue, self.units, register=register, was_ok=self.queue_ok)
 
     def _give_up_if_no_slot(self, now: float) -> None:
-        """Every slot failed: nothing here can run a job until someone acts, so stop and exit non-zero for
-        systemd's Restart=on-failure (READY was never sent if no slot ever ran)."""
+        """Every slot failed: stop and exit non-zero for systemd's Restart=on-failure (no READY if none ran)."""
         why = no_slot_alive(self.units)
         if why is None or self.exit_code:
             return

@@ -125,7 +125,7 @@ def test_unknown_ids_are_reported(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert cancel.returncode == 1
     assert cancel.stdout.splitlines() == [f"{unknown}: unknown", f"{job_id(1)}: cancelled"]
     malformed = run_cli("show", "--config", str(config), "JOB-1", cwd=tmp_path)
-    assert malformed.returncode == 2 and "id 'JOB-1' is not a UUID" in malformed.stderr
+    assert malformed.returncode == 2 and "'JOB-1' is not a job id" in malformed.stderr
     for result in (show, retry, cancel, malformed):
         _no_traceback(result)
 

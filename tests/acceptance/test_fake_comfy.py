@@ -3,8 +3,8 @@
 The recorded-scenario tests drive a server exactly as the recording's client did and compare shapes
 (status codes, JSON keys at every level, event types in order, who received them), never ids or
 timings. They run against the fake, and against a real ComfyUI too when COMFYUI_DIR names a checkout
-that runs with --cpu (COMFYUI_PYTHON: the Python of its environment). The recordings live in the
-sibling checkout's shared/recorded; without it those tests skip.
+that runs with --cpu (COMFYUI_PYTHON: the Python of its environment). The recordings are the project's own copy
+in tests/recorded (tests/recorded/refresh copies a newer recording in).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from fake_comfy.script import ScriptError
 from fake_comfy.server import BUSY_CLIENT_ID, trivial_prompt
 
 ROOT = Path(__file__).resolve().parents[2]
-RECORDED = Path(__file__).resolve().parents[3] / "shared" / "recorded"
+RECORDED = Path(__file__).resolve().parents[1] / "recorded"  # tests/recorded: refresh it with tests/recorded/refresh
 COMFYUI_DIR = os.environ.get("COMFYUI_DIR")
 AIOHTTP_500 = "500 Internal Server Error\n\nServer got itself in trouble"
 TIMEOUT = 10.0
@@ -126,13 +126,11 @@ def test_shape_diff_sees_what_matters() -> None:
 
 def recording(name: str) -> dict[str, Any]:
     path = RECORDED / name
-    if not path.is_file():
-        pytest.skip(f"no recording {path} (the sibling shared/recorded checkout is missing)")
     return json.loads(path.read_text())
 
 
 def recorded_workflow(name: str, color: int | None = None, prefix: str | None = None) -> dict[str, Any]:
-    """A workflow from shared/recorded/workflows, with its EmptyImage colour/SaveImage prefix replaced."""
+    """A workflow from tests/recorded/workflows, with its EmptyImage colour/SaveImage prefix replaced."""
     prompt = recording(f"workflows/{name}")
     for node in prompt.values():
         if color is not None and node["class_type"] == "EmptyImage":

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -19,7 +17,7 @@ from supervisor_support import wait_for
 import fake_comfy.routes
 from comfysup.observability.metrics import Live
 from fake_comfy import FakeComfy
-from tests.runner_helpers import ROOT, comfysup, job_id, submit, trivial_job, write_config
+from tests.runner_helpers import comfysup, job_id, submit, trivial_job, work_until_empty, write_config
 
 
 @pytest.mark.timeout(90)
@@ -37,11 +35,7 @@ def test_a_garbage_queue_is_said_everywhere_and_no_job_is_claimed(tmp_path: Path
     config = write_config(tmp_path, attempts=1)
     with FakeComfy(base_directory=tmp_path / "fake", node_ms=5) as fake:
         queue = submit(config, [trivial_job(1)])
-        log = open(tmp_path / "work.log", "wb")  # noqa: SIM115 - closed below
-        proc = subprocess.Popen([sys.executable, "-m", "comfysup", "work", "--config", str(config), "--server",
-                                 f"a={fake.url}", "--until-empty"], stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
-                                env=dict(os.environ), start_new_session=True)
-        try:
+        with work_until_empty(tmp_path, config, fake.url) as proc:
             def said() -> dict[str, Any] | None:
                 work = json.loads(comfysup("status", "--config", str(config), "--json").stdout)["work"]
                 slots = (work or {}).get("slots") or []  # none until comfysup work wrote its state
@@ -56,11 +50,6 @@ def test_a_garbage_queue_is_said_everywhere_and_no_job_is_claimed(tmp_path: Path
             assert health.returncode == 1 and "queue_running" in json.loads(health.stdout)["servers"][0]["problem"]
             garbage["on"] = False  # the server answers well again
             assert proc.wait(30) == 0
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(10)
-            log.close()
         text = (tmp_path / "work.log").read_text()
         assert queue.get(job_id(1)).state == "done", text
         assert text.count("answers GET /queue with a body that cannot be read") == 1, text  # said once, not per look

@@ -5,9 +5,6 @@ a reason that says so, and the server comes back into service once its queue is 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -15,7 +12,7 @@ import pytest
 from supervisor_support import wait_for
 
 from fake_comfy import FakeComfy
-from tests.runner_helpers import ROOT, comfysup, config_of, job_id, submit, trivial_job, write_config
+from tests.runner_helpers import comfysup, config_of, job_id, submit, trivial_job, work_until_empty, write_config
 
 STUCK = "hostile:run:ignore-interrupt"
 
@@ -29,11 +26,7 @@ def test_a_stuck_prompt_takes_its_server_out_of_service_until_its_queue_is_empty
     with FakeComfy(base_directory=tmp_path / "fake", node_ms=5) as fake:
         fake.script_by_id({victim: [STUCK]})
         queue = submit(config, [trivial_job(0, priority=1), trivial_job(1)])  # the stuck one first
-        log = open(tmp_path / "work.log", "wb")  # noqa: SIM115 - closed below
-        proc = subprocess.Popen([sys.executable, "-m", "comfysup", "work", "--config", str(config), "--server",
-                                 f"a={fake.url}", "--until-empty"], stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
-                                env=dict(os.environ), start_new_session=True)
-        try:
+        with work_until_empty(tmp_path, config, fake.url) as proc:
             dead = wait_for(lambda: (j := queue.get(victim)) and j.state == "dead" and j, 30, "the stuck job to end")
             assert dead.reason == ("gave up after 1 attempts, last: the prompt did not leave a's queue within 1 s of "
                                    "/interrupt; a is out of service until its queue is empty (its server is not "
@@ -52,11 +45,6 @@ def test_a_stuck_prompt_takes_its_server_out_of_service_until_its_queue_is_empty
 
             fake.restart()  # whoever owns the server restarts it: its queue is empty again
             assert proc.wait(30) == 0
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(10)
-            log.close()
         text = (tmp_path / "work.log").read_text()
         assert queue.get(job_id(1)).state == "done", text
         assert "a: back in service: its queue is empty again" in text

@@ -297,10 +297,27 @@ def test_systemd_unit_runs_this_comfysup_with_the_config_and_keeps_gpus_visible(
     assert exec_start.endswith(f" run --config {config.resolve()}")
     assert Path(exec_start.split("=", 1)[1].split()[0]).is_absolute()
     for expected in ("Type=notify", "KillMode=mixed", "TimeoutStopSec=120", "Restart=on-failure", "User=render",
-                     "NoNewPrivileges=yes", "ProtectSystem=strict", "ProtectHome=read-only", "PrivateTmp=yes"):
+                     "NoNewPrivileges=yes", "ProtectSystem=strict", "ProtectHome=read-only"):
         assert expected in lines, expected
+    # This config lives under /tmp (pytest's folder): PrivateTmp would hide it from the service, so the unit goes
+    # without it and says so, at generation and in the unit (issue 32 point 7).
+    assert "PrivateTmp=yes" not in lines and any(line.startswith("# No PrivateTmp") for line in lines)
+    assert "PrivateTmp=yes would hide it" in result.stderr
     assert any(line.startswith("WatchdogSec=") for line in lines)
     writable = next(line for line in lines if line.startswith("ReadWritePaths=")).split("=", 1)[1].split()
     assert sorted(writable) == sorted([str(tmp_path.resolve() / "var"), "/srv/results",
                                        str(tmp_path.resolve() / "var" / "comfyui")])
     assert not any(line.startswith(("PrivateDevices", "DevicePolicy")) for line in lines)
+
+
+def test_systemd_unit_keeps_private_tmp_for_an_installation_outside_tmp() -> None:
+    from comfysup.commands.systemd_unit import unit
+
+    config = build_config({"queue": {"path": "/srv/comfysup/queue.db"}, "store": {"dir": "/srv/results"},
+                           "comfyui": {"main": "/opt/ComfyUI/main.py", "base_directory": "/srv/comfysup/comfyui",
+                                       "gpus": "cpu:1"}}, source="/etc/comfysup/config.toml", root="/etc/comfysup",
+                          env={})
+    if Path(sys.executable).absolute().as_posix().startswith(("/tmp/", "/var/tmp/")):
+        pytest.skip("this Python itself lives under /tmp, so the unit rightly goes without PrivateTmp")
+    lines = unit(config, Path("/etc/comfysup/config.toml"), "render").splitlines()
+    assert "PrivateTmp=yes" in lines and not any(line.startswith("# No PrivateTmp") for line in lines)

@@ -8,6 +8,7 @@ Acceptance tier: the supervisor is a subprocess and its servers are fake_comfy l
 
 from __future__ import annotations
 
+import json
 import signal
 import socket
 import subprocess
@@ -50,6 +51,18 @@ def test_sigterm_lets_a_short_job_finish_and_returns_a_long_one_uncounted(harnes
     assert not processes_under(tmp_path)
     final = h.state()
     assert final is not None and final["state"] == "stopped"
+    # After a clean stop, status says stopped, when, and what waits (issue 32 point 5): no slot "running", no
+    # supervisor that looks stale, in the state file or the machines table every status on the queue reads.
+    assert [s["state"] for s in final["slots"]] == ["stopped"] * len(final["slots"])
+    status = subprocess.run([sys.executable, "-m", "comfysup", "status", "--config", str(h.config_path), "--json"],
+                            capture_output=True, text=True, timeout=30, cwd=REPO)
+    (machine,) = json.loads(status.stdout)["machines"]
+    assert machine["stopped"] and not machine["stale"], machine
+    assert {s["state"] for s in machine["slots"]} == {"stopped"}, machine["slots"]
+    text = subprocess.run([sys.executable, "-m", "comfysup", "status", "--config", str(h.config_path)],
+                          capture_output=True, text=True, timeout=30, cwd=REPO).stdout
+    assert "supervisor stopped" in text and "queued jobs wait for `comfysup run`" in text, text
+    assert "running" not in text.split("machines sharing")[-1], text
 
 
 @pytest.mark.timeout(60)

@@ -145,3 +145,110 @@ def test_a_receiver_that_never_answers_costs_the_job_nothing_and_is_given_up(tmp
     assert URL_TOKEN not in shown.stdout + out.stderr
     assert queue.pending_deliveries() == 0
     queue.close()
+
+
+# ---- resolve once, check, connect to the checked address (issue 30, item 7) ------------------------------
+
+PUBLIC = "93.184.216.34"
+"""A public-looking address the test's network routes to its own receiver (nothing leaves the machine)."""
+
+
+class Network:
+    """socket.getaddrinfo and socket.connect of this process, watched: ``answers`` are what each look-up of
+    a test name gives in turn (the last one again after), ``connects`` every address a socket was asked to
+    reach. A connect to PUBLIC reaches ``receiver``; one to another test address is refused."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, answers: dict[str, list[list[str]]],
+                 receiver: Receiver | None = None) -> None:
+        import socket
+
+        self.answers, self.receiver = answers, receiver
+        self.lookups: list[str] = []
+        self.connects: list[str] = []
+        real_lookup, real_connect = socket.getaddrinfo, socket.socket.connect
+        network = self
+
+        def getaddrinfo(host: Any, port: Any, *args: Any, **kwargs: Any) -> Any:
+            if host not in network.answers:
+                return real_lookup(host, port, *args, **kwargs)
+            network.lookups.append(host)
+            turns = network.answers[host]
+            addresses = turns[min(len(network.lookups) - 1, len(turns) - 1)]
+            return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (a, port)) for a in addresses]
+
+        def connect(sock: Any, address: Any) -> Any:
+            network.connects.append(address[0])
+            if address[0] == PUBLIC and network.receiver is not None:
+                return real_connect(sock, ("127.0.0.1", int(network.receiver.url.rsplit(":", 1)[1])))
+            if address[0] != "127.0.0.1":
+                raise ConnectionRefusedError(f"the test network does not reach {address[0]}")
+            return real_connect(sock, address)
+
+        monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+        monkeypatch.setattr(socket.socket, "connect", connect)
+
+
+def deliver_once(tmp_path: Path, url: str) -> Any:
+    from tests.queue_contract import make_job
+
+    queue = SQLiteQueue(tmp_path / "q.db", create=True)
+    try:
+        job = make_job(1, callback_url=url)
+        queue.submit([job])
+        queue.cancel([job.id])  # terminal: its delivery is due
+        Deliverer(queue, WebhooksConfig(attempts=1, timeout_seconds=5.0)).run_once()
+        [delivery] = queue.deliveries(job.id)
+        return delivery
+    finally:
+        queue.close()
+
+
+@pytest.mark.timeout(30)
+def test_a_rebinding_name_is_looked_up_once_and_the_checked_address_is_the_one_connected(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    receiver = Receiver(fail_first=0).start()
+    try:
+        port = int(receiver.url.rsplit(":", 1)[1])
+        network = Network(monkeypatch, {"hooks.example": [[PUBLIC], ["127.0.0.1"]]}, receiver)
+        delivery = deliver_once(tmp_path, f"http://hooks.example:{port}/hook")
+        assert (delivery.state, delivery.last_error) == ("delivered", None)
+        assert network.lookups == ["hooks.example"]  # once: the HTTP library does not look it up again
+        assert network.connects == [PUBLIC]  # never 127.0.0.1, whatever the name says by now
+        assert [r.headers["Host"] for r in receiver.got] == [f"hooks.example:{port}"]  # the name, not the address
+    finally:
+        receiver.stop()
+
+
+@pytest.mark.timeout(30)
+def test_https_connects_to_the_checked_address_and_verifies_the_name(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    import ssl
+
+    receiver = Receiver(fail_first=0).start()  # plain HTTP: the test stops at the TLS handshake's start
+    try:
+        port = int(receiver.url.rsplit(":", 1)[1])
+        network = Network(monkeypatch, {"hooks.example": [[PUBLIC], ["127.0.0.1"]]}, receiver)
+        names: list[Any] = []
+
+        def wrap_socket(self: Any, sock: Any, *args: Any, server_hostname: Any = None, **kwargs: Any) -> Any:
+            names.append((server_hostname, self.check_hostname, self.verify_mode))
+            raise ssl.SSLError("the test ends the handshake here")
+
+        monkeypatch.setattr(ssl.SSLContext, "wrap_socket", wrap_socket)
+        delivery = deliver_once(tmp_path, f"https://hooks.example:{port}/hook")
+        assert delivery.state == "failed" and receiver.got == []
+        assert network.connects == [PUBLIC]
+        assert names == [("hooks.example", True, ssl.CERT_REQUIRED)]  # SNI and certificate: the name's
+    finally:
+        receiver.stop()
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("addresses", [["127.0.0.1"], ["10.0.0.5"], [PUBLIC, "169.254.169.254"]])
+def test_a_name_that_resolves_to_a_private_address_is_refused_without_a_connect(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, addresses: list[str]) -> None:
+    network = Network(monkeypatch, {"inside.example": [addresses]})
+    delivery = deliver_once(tmp_path, "http://inside.example:8080/hook")
+    assert delivery.state == "failed"
+    assert f"refused to send to inside.example: {addresses[-1]} is a" in (delivery.last_error or "")
+    assert network.connects == []  # not even a SYN: nothing to time

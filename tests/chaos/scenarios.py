@@ -921,14 +921,16 @@ def h2_stuck_prompts(tmp: Path, seed: int, *, jobs: int, stuck: int, node_ms: fl
 # -- S1, S2, S3: hostile names, listening sockets, a canary secret ------------------------------------------
 
 
-H1_SKIP = ("run:",)
-"""Mutations H1 leaves to other rows: a prompt that ignores /interrupt is H2's."""
+H1_SKIP = ("run:ignore-interrupt",)
+"""Mutations H1 leaves to other rows: a prompt that ignores /interrupt is H2's. The other ``run:`` words (a saver
+that lists a file under the result store's temporary name) are H1's."""
 
 
 def h1_hostile_server(tmp: Path, seed: int, *, jobs: int, rate: float = 0.5, node_ms: float = 5.0) -> Report:
     """Servers that answer garbage: about ``rate`` of the jobs meet a mutation from fake_comfy's hostile
     catalogue (wrong types at every level, cut and endless bodies, deep nesting, huge values, control
-    characters, garbage WebSocket frames, hostile file names), once or twice, chosen from the seed. Every job
+    characters, garbage WebSocket frames, hostile file names and types, a file listed under the result store's
+    temporary name), once or twice, chosen from the seed. Every job
     ends within its deadline with a readable reason, attempts never pass the limit, no runner dies (no
     traceback, no runner restart), no slot is marked failed, nothing is written outside the store, and no
     run of 8 characters of the partner key in every job's extra_data appears anywhere."""

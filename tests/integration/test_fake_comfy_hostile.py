@@ -371,6 +371,8 @@ def test_names_mutations_in_history_and_executed(fake: FakeComfy, name: str) -> 
             assert image["filename"].startswith("/") and image["subfolder"].startswith("/")
         elif name == "names:crlf":
             assert "\r\n" in image["filename"]
+        elif name == "names:type-path":
+            assert image["type"] == "../../etc"
         else:
             assert all(c in image["filename"] + image["subfolder"] for c in ("\x1b", "\x00", "\x07"))
         assert fetch(f"{fake.url}/view?" + requests.compat.urlencode(image)).status in (400, 403, 404)
@@ -501,3 +503,11 @@ def test_fake_control_sets_hostile_words_and_the_seed(fake: FakeComfy) -> None:
     finally:
         requests.post(control, json={"hostile_seed": None}, timeout=TIMEOUT)
     assert fake.hostile_seed is None
+
+
+def test_store_temp_name_lists_a_written_copy_under_a_clients_temporary_name(fake: FakeComfy) -> None:
+    result = run(fake, "hostile:run:store-temp-name")
+    images = fetch(f"{fake.url}/history/{result.prompt_id}").json()[result.prompt_id]["outputs"]["3"]["images"]
+    assert [i["filename"] for i in images] == [f".{images[1]['filename']}.part", images[1]["filename"]]
+    for image in images:  # both written, both served
+        assert fetch(f"{fake.url}/view?" + requests.compat.urlencode(image)).status == 200

@@ -1,4 +1,4 @@
-"""fake_comfy's input files against the recording (../shared/recorded/uploads.json): POST /upload/image's naming,
+"""fake_comfy's input files against the recording (tests/recorded/uploads.json): POST /upload/image's naming,
 dedup, overwrite, types and traversal; LoadImage / LoadImageMask reading the uploaded file; the recorded
 workflows' pixels (ComfyUI's float32 truncation)."""
 
@@ -17,9 +17,7 @@ from fake_comfy import FakeComfy
 from fake_comfy.uploads import decode_png
 from tests.input_images import expected_inverse, random_png
 
-RECORDED = Path(__file__).resolve().parents[3] / "shared" / "recorded"
-if not RECORDED.is_dir():
-    RECORDED = Path("/work/shared/recorded")
+RECORDED = Path(__file__).resolve().parents[1] / "recorded"  # tests/recorded: refresh it with tests/recorded/refresh
 UPLOADS = json.loads((RECORDED / "uploads.json").read_text())
 FILES = UPLOADS["generated_input_files"]["files"]
 REC_PNG = base64.b64decode(FILES["A (rec.png first upload, seed 1)"]["base64"])

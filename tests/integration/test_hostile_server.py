@@ -7,6 +7,7 @@ The runner runs in the test's main thread, as in its own process, so the deadlin
 from __future__ import annotations
 
 import copy
+import hashlib
 import logging
 import threading
 import time
@@ -31,7 +32,8 @@ MUTATIONS = [
     "queue:$=str", "queue:queue_pending.*=object", "queue:deep",
     "post:$=str", "post:number=str", "post:not-json", "post:cut",
     "ws:data=list", "ws:data.node=object", "ws:not-json", "ws:numbers=infinity", "ws:deep", "ws:binary-noise",
-    "ws:unknown-type", "names:crlf", "names:traversal", "names:absolute", "view:truncated", "view:not-an-image",
+    "ws:unknown-type", "names:crlf", "names:traversal", "names:absolute", "names:type-path", "run:store-temp-name",
+    "view:truncated", "view:not-an-image",
 ]
 
 
@@ -97,6 +99,16 @@ def test_every_mutation_ends_in_a_recorded_state_and_the_runner_lives_on(
         [(j.id, [a.reason for a in j.attempts]) for j in wrong_socket]
     crlf = records[job_id(MUTATIONS.index("names:crlf") + 1)]
     assert crlf.state == "dead" and "unsafe output name" in (crlf.reason or "")
+    # An output item of a type that is a path fails the job with the reason; it is never done without its file.
+    typed = records[job_id(MUTATIONS.index("names:type-path") + 1)]
+    assert typed.state == "dead" and "output item of type '../../etc'" in (typed.reason or ""), typed.reason
+    # A history that names the store's temporary name of another output: refused, so no recorded file is lost.
+    temp = records[job_id(MUTATIONS.index("run:store-temp-name") + 1)]
+    assert temp.state == "dead" and "the result store's own temporary name" in (temp.reason or ""), temp.reason
+    # Whatever the server said, every file a done job records exists with the hash recorded.
+    for job in records.values():
+        for out in job.outputs if job.state == "done" else ():
+            assert hashlib.sha256(Path(out.path).read_bytes()).hexdigest() == out.sha256, (job.id, out)
 
 
 @pytest.mark.timeout(60)

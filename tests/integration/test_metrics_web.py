@@ -212,3 +212,95 @@ def test_the_page_links_the_files_and_escapes_what_it_shows(tmp_path: Path, queu
     view = overview(queue, None, done=5)
     assert render_page(view, 2.0).count("<tr>") >= 3
     assert app.get("/metrics").content_type.startswith("text/plain; version=0.0.4")
+
+
+@pytest.fixture
+def status_server(tmp_path: Path, queue: SQLiteQueue) -> Any:
+    """The status endpoint in this process with a 1 s header deadline, 32 connections held at most."""
+    import threading
+
+    from comfysup.observability.web import serve
+
+    server = serve("127.0.0.1:0", App(queue, Metrics(queue, lambda: None), lambda: None, tmp_path / "store"),
+                   max_connections=32, header_seconds=1.0, body_seconds=1.0)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.mark.timeout(60)
+def test_stalled_sockets_hold_no_thread_each_and_are_closed(status_server: str) -> None:
+    """300 sockets that send nothing: a few threads serve them all (the rest wait, or get 503 past 32), each is
+    closed after the 1 s deadline, and the endpoint answers again at once."""
+    import socket
+    import threading
+    import time
+
+    from tests.api_support import address, closed_within, exchange, status_of
+
+    before = threading.active_count()
+    socks = [socket.create_connection(address(status_server), timeout=10) for _ in range(300)]
+    try:
+        assert threading.active_count() <= before + 8, threading.active_count()
+        deadline = time.monotonic() + 20
+        assert all(closed_within(s, max(0.1, deadline - time.monotonic())) for s in socks)
+        assert threading.active_count() <= before + 8
+    finally:
+        for s in socks:
+            s.close()
+    answer = exchange(status_server, b"GET /metrics HTTP/1.0\r\n\r\n")
+    assert status_of(answer) == 200 and b"nosniff" in answer
+
+
+@pytest.mark.timeout(60)
+def test_past_max_connections_new_ones_get_503_at_once(status_server: str) -> None:
+    import socket
+
+    from tests.api_support import address, exchange, status_of
+
+    held = [socket.create_connection(address(status_server), timeout=10) for _ in range(40)]
+    try:
+        answers = [exchange(status_server, b"GET /metrics HTTP/1.0\r\n\r\n", timeout=5) for _ in range(3)]
+        assert {status_of(a) for a in answers} == {503}, answers
+    finally:
+        for s in held:
+            s.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_request_sent_a_byte_at_a_time_is_closed_at_the_deadline(status_server: str) -> None:
+    import socket
+    import time
+
+    from tests.api_support import address, closed_within
+
+    with socket.create_connection(address(status_server), timeout=10) as sock:
+        started, closed = time.monotonic(), False
+        for byte in b"GET /metrics HTTP/1.0\r\nX-Slow: " + b"a" * 200:
+            try:
+                sock.sendall(bytes([byte]))
+            except (BrokenPipeError, ConnectionResetError):
+                closed = True
+                break
+            if closed_within(sock, 0.2):
+                closed = True
+                break
+        assert closed and time.monotonic() - started < 5
+
+
+@pytest.mark.timeout(60)
+def test_a_malformed_request_line_is_one_log_line(status_server: str, caplog: pytest.LogCaptureFixture,
+                                                  capfd: pytest.CaptureFixture[str]) -> None:
+    import logging
+
+    from tests.api_support import exchange, status_of
+
+    caplog.set_level(logging.INFO, logger="comfysup.observability.web")
+    assert b"400" in exchange(status_server, b"GARBAGE\r\n\r\n")  # an HTTP/0.9 request line: a bare error page
+    assert status_of(exchange(status_server, b"GET /metrics HTTP/1.0\r\n\r\n")) == 200
+    lines = [r.getMessage() for r in caplog.records if "GARBAGE" in r.getMessage()]
+    assert len(lines) == 1 and "127.0.0.1" in lines[0] and "\n" not in lines[0], lines
+    assert not [r for r in caplog.records if r.exc_info]
+    assert "Traceback" not in capfd.readouterr().err

@@ -31,3 +31,21 @@ def test_metrics_carry_consuming_unacknowledged_and_backlog() -> None:
     assert registry.get_sample_value("comfysup_broker_unacknowledged") == 3
     assert registry.get_sample_value("comfysup_broker_messages_total", {"result": "invalid"}) == 1
     assert [m.name for m in broker_metrics(None, 0)] == ["comfysup_broker_outbox_backlog"]
+
+
+def test_held_results_and_setup_warnings_are_shown_and_measured() -> None:
+    state = {**STATE, "returned": 4, "unroutable": {"comfysup.done": 2}, "warnings": ["queue 'renders' already "
+                                                                                      "exists with other arguments"]}
+    text = broker_text(state, backlog=2)
+    assert "2 result(s) held in the outbox: exchange 'comfysup.done' has no queue bound" in text
+    assert "4 returned" in text and "warning: queue 'renders' already exists" in text
+
+    class One:
+        def collect(self):  # type: ignore[no-untyped-def]
+            return broker_metrics(state, 2)
+
+    registry = CollectorRegistry()
+    registry.register(One())  # type: ignore[arg-type]
+    assert registry.get_sample_value("comfysup_broker_outbox_unroutable", {"exchange": "comfysup.done"}) == 2
+    assert registry.get_sample_value("comfysup_broker_messages_total", {"result": "returned"}) == 4
+    assert registry.get_sample_value("comfysup_broker_setup_warnings") == 1

@@ -10,7 +10,8 @@ import pytest
 from cli_support import TRIVIAL, line, write_jobs
 
 from comfysup.jobs import JobLineError, JobsFile
-from comfysup.jobs.catalogue import Catalogue, TemplateCheck, check_node, refusal_text
+from comfysup.jobs.catalogue import Catalogue, TemplateCheck, check_node, node_issues, refusal_text, refusal_texts
+from comfysup.jobs.values import article, did_you_mean
 
 CAT: dict[str, Any] = {
     "EmptyImage": {"input": {"required": {"width": ["INT", {"min": 1, "max": 16384}],
@@ -32,7 +33,7 @@ CAT: dict[str, Any] = {
     ({"class_type": "EmptyImage", "inputs": {"width": 8, "height": 8, "batch_size": 1}}, "required_input_missing",
      "required input 'color' is missing"),
     ({"class_type": "EmptyImage", "inputs": {"width": "wide", "height": 8, "batch_size": 1, "color": 0}},
-     "invalid_input_type", "width 'wide' is not a INT"),
+     "invalid_input_type", "width 'wide' is not an INT"),
     ({"class_type": "EmptyImage", "inputs": {"width": 0, "height": 8, "batch_size": 1, "color": 0}},
      "value_smaller_than_min", "width 0 is below its minimum 1"),
     ({"class_type": "EmptyImage", "inputs": {"width": 8, "height": 99999, "batch_size": 1, "color": 0}},
@@ -113,3 +114,80 @@ def test_a_line_no_catalogue_can_run_is_a_problem(tmp_path: Path) -> None:
         (1, "node 1 (EmptyImage): width 0 is below its minimum 1")]
     with pytest.raises(JobLineError):
         jobs.parse(line(3, set={"1.width": 0}).encode(), check=True)
+
+
+@pytest.mark.timeout(10)
+def test_every_issue_of_a_node_is_found_in_its_order() -> None:
+    node = {"class_type": "EmptyImage", "inputs": {"width": "wide", "colour": 5, "height": 0, "batch_size": 1}}
+    assert [(i.input, i.kind, i.text) for i in node_issues("1", node, CAT)] == [
+        ("color", "required_input_missing", "required input 'color' is missing (the node has 'colour': a typo of "
+                                            "'color'?)"),
+        ("width", "invalid_input_type", "width 'wide' is not an INT"),
+        ("height", "value_smaller_than_min", "height 0 is below its minimum 1")]
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize(("kind", "refused"), [("IMAGE", True), ("LATENT", True), ("CONDITIONING", True),
+                                               ("LOAD_3D", False), ("*", False), ("MY_WIDGET", False)])
+def test_a_value_for_a_link_only_type_is_refused_and_other_types_are_not_judged(kind: str, refused: bool) -> None:
+    cat = {"Node": {"input": {"required": {"x": [kind, {}]}}}}
+    issue = check_node("1", {"class_type": "Node", "inputs": {"x": "photo.png"}}, cat)
+    assert (issue is not None) == refused
+    if refused:
+        assert issue is not None and issue.kind == "link_only"
+        assert issue.text == f"input 'x' takes a link to another node's {kind} output, not a value ('photo.png')"
+    assert check_node("1", {"class_type": "Node", "inputs": {"x": ["2", 0]}}, cat) is None
+
+
+@pytest.mark.timeout(10)
+def test_a_local_file_named_for_a_file_input_is_refused_with_the_hint_even_when_the_server_lists_none() -> None:
+    cat = {"LoadImage": {"input": {"required": {"image": [[], {"image_upload": True}]}}},
+           "VAELoader": {"input": {"required": {"vae_name": [[]]}}}}
+    here = {"photo.png", "v.pt"}.__contains__
+    check = TemplateCheck({"1": {"class_type": "LoadImage", "inputs": {"image": "photo.png"}},
+                           "2": {"class_type": "VAELoader", "inputs": {"vae_name": "v.pt"}}},
+                          {1: Catalogue(1, cat)}, local=here)
+    [issue] = check.all_refusals({})[1]
+    assert (issue.node_id, issue.local) == ("1", True)
+    assert issue.text == ("image 'photo.png' is not on this server; to send this local file, write "
+                          '{"file": "photo.png"}')
+    assert TemplateCheck({"1": {"class_type": "LoadImage", "inputs": {"image": "elsewhere.png"}}},
+                         {1: Catalogue(1, cat)}, local=here).all_refusals({}) == {}
+
+
+@pytest.mark.timeout(10)
+def test_problems_every_server_has_are_worded_once_and_the_rest_server_by_server() -> None:
+    other = {**CAT, "CheckpointLoaderSimple": {"input": {"required": {"ckpt_name": [["c.safetensors"]]}}}}
+    cats = {1: Catalogue(1, CAT, ("gpu0@a",)), 2: Catalogue(2, other, ("gpu0@b",))}
+    workflow = {"1": {"class_type": "EmptyImage", "inputs": {"width": 0, "height": 8, "batch_size": 1, "color": 0}},
+                "4": {"class_type": "CheckpointLoaderSimple", "inputs": {"ckpt_name": "c.safetensors"}},
+                "5": {"class_type": "KSamplr", "inputs": {}}}
+    found = {cid: [i for n in sorted(workflow) for i in node_issues(n, workflow[n], c.info)] for cid, c in cats.items()}
+    assert refusal_texts(found, cats) == [
+        "node 1 (EmptyImage): width 0 is below its minimum 1",
+        "node 5: class 'KSamplr' is on no server (its custom node is not installed on any); did you mean 'KSampler'?"]
+    found[2].append(node_issues("6", {"class_type": "ImageInvert", "inputs": {"image": 1}}, other)[0])
+    assert refusal_texts(found, cats)[2:] == [
+        "no server can run it: gpu0@a: node 4 (CheckpointLoaderSimple) ckpt_name 'c.safetensors' is not on this "
+        "server; gpu0@b: node 6 (ImageInvert) input 'image' takes a link to another node's IMAGE output, not a value "
+        "(1)"]
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize(("word", "candidates", "said"), [
+    ("colour", ["color", "width"], "did you mean 'color'?"),
+    ("Euler", ["euler", "dpm_2"], "did you mean 'euler'?"),
+    ("v1-5-pruned.safetensors", ["sd/v1-5-pruned.safetensors", "x.ckpt"], "did you mean 'sd/v1-5-pruned.safetensors'?"),
+    ("sdxl.safetensors", ["a.safetensors", "b.safetensors"], ""),  # the extension alone is no likeness
+    ("SavImage", ["SaveImage", "LoadImage", "ImageBlur"], "did you mean 'SaveImage'?"),  # not the far ones too
+    ("width", ["width"], ""),
+    (5, ["5"], ""),
+])
+def test_did_you_mean(word: object, candidates: list[str], said: str) -> None:
+    assert did_you_mean(word, candidates) == said
+
+
+@pytest.mark.timeout(10)
+def test_a_and_an() -> None:
+    assert [article(t) for t in ("INT", "FLOAT", "IMAGE", "UPSCALE_MODEL", "STRING")] == [
+        "an INT", "a FLOAT", "an IMAGE", "an UPSCALE_MODEL", "a STRING"]

@@ -20,7 +20,7 @@ from comfysup.jobs.graph import ObjectInfo
 pytestmark = pytest.mark.timeout(120)
 HUGE = "1" + "0" * 400
 """An int JSON parses but no float holds (math.isfinite of it overflows)."""
-RECORDED = Path(__file__).resolve().parents[3] / "shared" / "recorded"
+RECORDED = Path(__file__).resolve().parents[1] / "recorded"  # tests/recorded: refresh it with tests/recorded/refresh
 
 
 def recorded(name: str) -> dict[str, Any]:

@@ -115,6 +115,10 @@ jobs.id AS id, state, priority, attempt, workflows.workflow AS workflow, extra_d
 submitted_at, run_after, owner, server, lease_until, started_at, finished_at, reason, outputs, cancel_requested,
 machine, spec_hash, last_server, last_prompt_number, progress, callback_url, model_key
 
+-- name: ids_starting
+-- (issue 32) the ids that begin with a prefix a person typed, as git takes a commit's (at most a few)
+SELECT id FROM jobs WHERE id LIKE ? ORDER BY id LIMIT ?
+
 -- name: jobs_by_id
 -- the records of some jobs
 SELECT {job_columns} FROM {job_from} WHERE jobs.id = ANY(?)
