@@ -36,6 +36,13 @@ class DatabaseMissing(QueueError):
     """The queue database does not exist yet: submit jobs first, or check [queue] path."""
 
 
+class DatabaseCorrupt(QueueError):
+    """The queue database fails its integrity check (SQLite: SQLITE_CORRUPT or SQLITE_NOTADB): restore it from a
+    backup, or move it away. Exit code 75, as a process whose queue file was lost under it (comfysup.queue.watch)."""
+
+    exit_code = 75
+
+
 class DatabaseLocked(QueueError):
     """The queue database stayed locked beyond the busy timeout: another process holds a write lock."""
 

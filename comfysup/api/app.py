@@ -39,6 +39,7 @@ from comfysup.jobs import MAX_WORKFLOW_BYTES
 from comfysup.jobs.catalogue import Catalogue
 from comfysup.queue.assets import AssetMissing
 from comfysup.queue.base import SubmitConflict
+from comfysup.queue.watch import EXIT_DATABASE_REPLACED, QueueWatch, lost_line
 
 log = logging.getLogger("comfysup.api")
 T = TypeVar("T")
@@ -66,6 +67,15 @@ class State:
         self.hosts = HostCheck(config.api.listen.rpartition(":")[0], config.api.public_url, config.api.allowed_hosts)
         self._catalogues: list[Catalogue] = []
         self._catalogues_at = float("-inf")
+        self.watch = QueueWatch(queue, on_lost=lambda why: log.error("%s; the API answers 503 and stops (exit code "
+                                                                     "%d)", lost_line(why), EXIT_DATABASE_REPLACED))
+        """The queue's file (comfysup.queue.watch): lost, every answer is 503 and the process stops (serve.py)."""
+
+    async def lost(self, write: bool) -> str | None:
+        """Why the queue's file is lost, else None; looked at again just before a request that writes."""
+        if write and self.watch.lost is None:
+            await self.call(lambda: self.watch.check(force=True))
+        return None if self.watch.lost is None else lost_line(self.watch.lost)
 
     async def call(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self.worker, lambda: fn(*args))
@@ -90,6 +100,9 @@ async def guard(request: web.Request, handler: Callable[[web.Request], Awaitable
         check_origin(request.headers.get("Origin"), request.headers.get("Sec-Fetch-Site"), request.host,
                      state.config.api.allowed_origins)
         check_token(state.config.api.token, request.headers.get("Authorization"))
+        lost = await state.lost(write=request.method not in ("GET", "HEAD"))
+        if lost is not None and request.path != f"{API}/health":
+            raise ApiError(503, "queue_unavailable", f"{lost}; this API accepts nothing more and stops")
         return await handler(request)
     except ApiError as exc:
         return exc.response()
@@ -108,6 +121,9 @@ async def guard(request: web.Request, handler: Callable[[web.Request], Awaitable
 
 async def health(request: web.Request) -> web.Response:
     state: State = request.app[STATE_KEY]
+    lost = await state.lost(write=True)
+    if lost is not None:
+        return _json({"status": "unavailable", "queue": "lost", "reason": lost}, status=503)
     try:
         active = await state.call(state.queue.active_count)
     except Exception as exc:  # the queue does not answer: not healthy, and say why (no secret in it)

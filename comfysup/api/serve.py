@@ -9,6 +9,7 @@ the token never is.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import socket
@@ -24,9 +25,13 @@ from comfysup.api.replies import STATE_KEY
 from comfysup.config import Config
 from comfysup.errors import ConfigError
 from comfysup.queue import open_queue
+from comfysup.queue.watch import CHECK_SECONDS, DEEP_CHECK_SECONDS, EXIT_DATABASE_REPLACED, QueueWatch
 from comfysup.supervisor.sidecar import BIND_FAILED  # [api] listen cannot be bound: restarting cannot help
 
 log = logging.getLogger("comfysup.api")
+LOST_LINGER_SECONDS = 2.0
+"""How long the API answers 503 (with why) once its queue's file is lost, before it exits: clients and load
+balancers see the reason rather than a refused connection."""
 
 def split_listen(listen: str) -> tuple[str, int]:
     host, _, port = listen.rpartition(":")
@@ -76,15 +81,31 @@ async def serve(config: Config, on_bound: Callable[[int], None] | None = None,
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+    watch = app[STATE_KEY].watch
+    watch.deep_every(DEEP_CHECK_SECONDS if create else None)  # under comfysup run, its monitor reads the file
+    watcher = asyncio.create_task(_watch(watch, stop))
     try:
         await stop.wait()
     finally:
+        watcher.cancel()
         sweeper.cancel()
         if advertiser is not None:
             await advertiser.stop()
         await runner.cleanup()
         queue.close()
-    return 0
+    return EXIT_DATABASE_REPLACED if watch.lost is not None else 0
+
+
+async def _watch(watch: QueueWatch, stop: asyncio.Event) -> None:
+    """Look at the queue's file every CHECK_SECONDS (requests that write look at once); once it is lost, every
+    answer is 503 for LOST_LINGER_SECONDS, then the API stops and exits with EXIT_DATABASE_REPLACED."""
+    while watch.lost is None and not stop.is_set():
+        await asyncio.to_thread(watch.check)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), CHECK_SECONDS)
+    if watch.lost is not None:
+        await asyncio.sleep(LOST_LINGER_SECONDS)
+        stop.set()
 
 
 class GatedSite(web.BaseSite):

@@ -52,6 +52,7 @@ from comfysup.jobs import JobLineError, JobsFile, NewJob
 from comfysup.jobs.catalogue import Catalogue
 from comfysup.queue import open_queue
 from comfysup.queue.base import Queue, SubmitConflict
+from comfysup.queue.watch import DEEP_CHECK_SECONDS, EXIT_DATABASE_REPLACED, QueueWatch, lost_line
 from comfysup.redact import bound
 from comfysup.slotstate import read_broker_state, write_broker_state
 
@@ -144,6 +145,10 @@ class Consumer:
         previous = read_broker_state(config) or {}
         self.suspect: str | None = previous.get("handling") if previous.get("queue") == self.settings.queue else None
         """The digest of the message the last consumer had in hand, alone, when it ended: handled last."""
+        self.watch = QueueWatch(queue, on_lost=lambda why: log.error(
+            "%s; the consumer stops, its unacknowledged messages go back to the broker (exit code %d)",
+            lost_line(why), EXIT_DATABASE_REPLACED))
+        """The queue's file (comfysup.queue.watch): lost, no message is inserted or acknowledged any more."""
 
     # -- the loop ------------------------------------------------------------------------------------------
 
@@ -163,7 +168,7 @@ class Consumer:
         self.done = True
         self.state = "stopped"
         self.write_state(force=True)
-        return 0
+        return EXIT_DATABASE_REPLACED if self.watch.lost is not None else 0
 
     def force_stop(self) -> None:
         """The stop's timer ran out: leave whatever the consumer waits for (in the main thread only)."""
@@ -209,6 +214,9 @@ class Consumer:
                         break
                 self.unacked = len(self.held)
                 self.write_state(probe=probe)
+                if self.watch.check(force=bool(self.held)) is not None:
+                    self.stop.set()  # what it holds stays unacknowledged: the broker hands it out again later
+                    break
                 if self.held:
                     self._handle(channel)
                 self.announcer.flush(outbox)
@@ -343,6 +351,7 @@ def consumer_main(config: Config, *, create: bool = True, after_commit: Callable
     and one deleted since must not be made again empty)."""
     queue = open_queue(config, create=create)
     consumer = Consumer(config, queue, after_commit=after_commit)
+    consumer.watch.deep_every(DEEP_CHECK_SECONDS if create else None)  # under comfysup run, the monitor reads the file
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         if not consumer.stop.is_set():

@@ -21,9 +21,11 @@ from comfysup.config import Config
 from comfysup.errors import ComfysupError, UsageError
 from comfysup.logs import FORMATS, setup_logging
 from comfysup.queue.base import host_name
+from comfysup.queue.watch import DEEP_CHECK_SECONDS, EXIT_DATABASE_REPLACED, QueueWatch
 from comfysup.runner.stuck import StuckChannel, out_of_service_reason
 from comfysup.slotstate import work_state_path
 from comfysup.supervisor.children import new_shared, problem_bytes, problem_of, waiting_peer
+from comfysup.supervisor.lock import queue_lost
 from comfysup.supervisor.manager import STOP_SIGNALS, ProcessManager
 from comfysup.supervisor.policy import Action
 from comfysup.supervisor.process import ProcessOps, describe_status
@@ -190,6 +192,8 @@ class Work:
         self.failed: list[str] = []
         self.queue: Any = None
         """For releasing the claims of runners that died (opened after the forks, like every connection)."""
+        self.watch: QueueWatch | None = None
+        """Its file (set with ``queue``): deleted, replaced or corrupt, the runners are killed and work exits 75."""
         self.shared = {name: new_shared() for name in servers}
         """Each runner's shared block: its ``stuck`` field says that its server is out of service, ``waiting``
         that it waits for work (about to ask, at first)."""
@@ -270,14 +274,29 @@ class Work:
                 self._carry_out(self.plan.cold_stop(now, grace))
         for pid, status in self.manager.reap():
             how = describe_status(status)
-            runner = self.manager.runner_exited(pid, how, self.queue, stopping=self.plan.stopping)
+            self._check_queue(now, status, pid)
+            kept = None if self.watch is not None and self.watch.lost else self.queue  # none released in a lost file
+            runner = self.manager.runner_exited(pid, how, kept, stopping=self.plan.stopping)
             if runner is not None:  # gone, and never started again here: its peers must not leave work for it
                 self.shared[runner.name].waiting = self.shared[runner.name].may_claim = 0
             if runner is not None and status != 0:
                 self.failed.append(f"comfysup-runner-{runner.name} exited with {runner.kill_reason or how}")
+        self._check_queue(now)
         if self.plan.stopping:
             self._carry_out(self.plan.step(now, runners=bool(self.manager.runners), servers=False, monitor=False))
         self.write_state()
+
+    def _check_queue(self, now: float, status: int | None = None, pid: int = 0) -> None:
+        """Each tick and at each runner's exit: the queue's file lost (seen here, or by a runner that exited with
+        EXIT_DATABASE_REPLACED), every write of the runners goes to a file nobody reads: they are killed now."""
+        if self.plan.cold or self.watch is None:
+            return
+        runner = self.manager.runners.get(pid)
+        why = queue_lost(self.watch, status, f"runner of {runner.name if runner else pid}")
+        if why is not None:
+            self.watch.lost = self.watch.lost or why
+            log.error("%s; the runners are stopped", why)
+            self._carry_out(self.plan.cold_stop(now, self.config.runner.grace_seconds))
 
     def _carry_out(self, actions: Step) -> None:
         for target, action in actions:
@@ -286,7 +305,8 @@ class Work:
             if action is Action.TERM:
                 self.manager.signal_runners(signal.SIGTERM)
             else:
-                why = "cold stop of comfysup work" if self.plan.cold else "did not stop within the grace"
+                why = ("the queue's file is lost" if self.watch and self.watch.lost else "cold stop of comfysup work"
+                       if self.plan.cold else "did not stop within the grace")
                 self.manager.signal_runners(signal.SIGKILL, reason=why)
 
 
@@ -304,6 +324,7 @@ def run(args: argparse.Namespace) -> int:
     work = Work(config, servers, args.until_empty)
     work.start(results)
     work.queue = open_queue(config, create=True)
+    work.watch = QueueWatch(work.queue, every_seconds=config.runner.heartbeat_seconds, deep_seconds=DEEP_CHECK_SECONDS)
     webhooks = Webhooks(config)
     webhooks.start()
     try:
@@ -317,8 +338,9 @@ def run(args: argparse.Namespace) -> int:
         except queue.Empty:
             break
         totals.update(counts)
-    webhooks.finish()
+    if work.watch.lost is None:
+        webhooks.finish()
     for line in work.failed:
         log.error(line)
     print(summary(totals), file=sys.stderr)
-    return 1 if work.failed else 0
+    return EXIT_DATABASE_REPLACED if work.watch.lost else 1 if work.failed else 0

@@ -30,6 +30,7 @@ from comfysup.observability.metrics import Metrics
 from comfysup.observability.web import App, serve
 from comfysup.observability.webhooks import Deliverer
 from comfysup.queue import open_queue
+from comfysup.queue.watch import DEEP_CHECK_SECONDS, EXIT_DATABASE_REPLACED, QueueWatch, lost_line
 
 log = logging.getLogger("comfysup.monitor")
 
@@ -53,6 +54,7 @@ def monitor_main(config: Config, port_out: Any, serve_endpoint: bool = True) -> 
     web_queue = open_queue(config, create=False)
     deliver_queue = open_queue(config, create=False)
     deliverer = Deliverer(deliver_queue, config.webhooks)
+    watch = QueueWatch(web_queue, deep_seconds=DEEP_CHECK_SECONDS)  # the supervisor, which forks, reads no whole file
     metrics = Metrics(web_queue, lambda: state_with_broker(config), gpus.sample, lambda: dict(deliverer.counts),
                       max_workflow_labels=config.metrics.max_workflow_labels)
     if serve_endpoint and config.metrics.listen:
@@ -74,6 +76,9 @@ def monitor_main(config: Config, port_out: Any, serve_endpoint: bool = True) -> 
         log.info("metrics on http://%s/metrics, status page on http://%s/", address, address)
     try:
         while not stop.is_set():
+            if (why := watch.check()) is not None:  # the supervisor sees the exit status and stops everyone
+                log.error("%s; the monitor stops (exit code %d)", lost_line(why), EXIT_DATABASE_REPLACED)
+                return EXIT_DATABASE_REPLACED
             try:
                 deliverer.run_once()
                 metrics.catch_up()  # keeps the look-back window small even when nobody scrapes

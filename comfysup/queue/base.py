@@ -346,4 +346,9 @@ class Queue(Protocol):
         (PostgreSQL) cannot be swapped under an open connection: always None."""
         ...
 
+    def integrity(self, deep: bool = False) -> str | None:
+        """None while the database's file looks sound; else what is wrong with it (SQLite: its header and size on
+        disk, and with ``deep`` a ``PRAGMA quick_check``). Always None for PostgreSQL (comfysup.queue.watch)."""
+        ...
+
     def close(self) -> None: ...

@@ -266,6 +266,10 @@ class PostgresQueue(ImportRecords, SQLQueue):
         """A server's database cannot be swapped under an open connection."""
         return None
 
+    def integrity(self, deep: bool = False) -> str | None:
+        """The server checks its own files."""
+        return None
+
     # -- LISTEN/NOTIFY ------------------------------------------------------------------------------------
 
     def _notify(self, cur: psycopg.Cursor[Any]) -> None:

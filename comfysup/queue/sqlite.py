@@ -34,14 +34,14 @@ from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import quote
 
-from comfysup.errors import DatabaseLocked, DatabaseMissing, QueueError
+from comfysup.errors import DatabaseCorrupt, DatabaseLocked, DatabaseMissing, QueueError
 from comfysup.queue import queries, records
 from comfysup.queue import sqlite_statements as statements_of
 from comfysup.queue.base import DONE, TERMINAL, Delivery, NewJob, PruneBatch
 from comfysup.queue.core import SQLQueue
 from comfysup.queue.reads import fetch
 from comfysup.queue.specs import SpecCache
-from comfysup.queue.sqlite_file import BackgroundCheckpoint, refuse_network_filesystem, statements
+from comfysup.queue.sqlite_file import BackgroundCheckpoint, FileCheck, refuse_network_filesystem, statements
 from comfysup.workflows import content_hash
 
 SCHEMA_VERSION = 13
@@ -85,6 +85,7 @@ class SQLiteQueue(SQLQueue):
         self._pid = -1
         self._identity: tuple[int, int] | None = None
         """(device, inode) of the file the open connection holds: see :meth:`replaced`."""
+        self._file_check = FileCheck(self.path, busy_timeout_seconds)
         self._setup()
         self._last_checkpoint = time.monotonic()
         self._checkpointer: BackgroundCheckpoint | None = None
@@ -155,6 +156,16 @@ class SQLiteQueue(SQLQueue):
         if (st.st_dev, st.st_ino) != self._identity:
             return f"{self.path} was replaced by another file while open (inode {self._identity[1]} → {st.st_ino})"
         return None
+
+    def integrity(self, deep: bool = False) -> str | None:
+        """None while the file on disk reads as a database (its size, its page 1 read afresh; with ``deep``, SQLite's
+        ``PRAGMA quick_check``); else what is wrong with it, in SQLite's words where it has any (sqlite_file)."""
+        if self._conn is None or self._pid != os.getpid():
+            return None
+        if not self._file_check.page_size:
+            with contextlib.suppress(QueueError):  # one that meets a corrupt page is said by the check itself
+                self._file_check.page_size = self._read("PRAGMA page_size")[0][0]
+        return self._file_check.problem(deep)
 
     def _connect(self) -> sqlite3.Connection:
         # mode=rw: the file must exist (made by __init__); deleted in the meantime, it is not made again empty
@@ -258,6 +269,9 @@ class SQLiteQueue(SQLQueue):
     def _translate(self, exc: sqlite3.Error) -> Exception:
         """A message a person can act on instead of sqlite3's exception (and its traceback)."""
         text = str(exc)
+        if (getattr(exc, "sqlite_errorcode", 0) & 0xFF) in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB):
+            self._file_check.said = f"{self.path} fails its integrity check: SQLite says: {text}"  # for the watch
+            return DatabaseCorrupt(f"{self._file_check.said}; restore it from a backup, or move it away")
         if "locked" in text or "busy" in text:
             return DatabaseLocked(f"{self.path}: {text} for more than {self.busy_timeout_seconds:g} s; another "
                                   "process holds a write lock (a long transaction or a stuck process)")

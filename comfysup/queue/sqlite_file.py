@@ -126,3 +126,60 @@ def _checkpoints(path: Path, stop: threading.Event) -> None:
     finally:
         if conn is not None:
             conn.close()
+
+
+MIN_FILE_BYTES = 512
+"""The smallest SQLite database file that holds a page (the smallest page size); a queue in WAL mode always has
+page 1 on disk."""
+
+
+class FileCheck:
+    """The integrity of the queue's file (``SQLiteQueue.integrity``): a cheap look every heartbeat, or a deep one.
+
+    The file is never opened here with ``open()``: closing any descriptor of a file drops every POSIX lock this
+    process holds on it, SQLite's included, and another process's last connection would then delete the WAL
+    under this one's feet. So the cheap look is a ``stat`` (a SQLite file is always a whole number of pages) and a
+    connection of its own reading the schema's version from page 1 (SQLite keeps such a connection's descriptor
+    open while others of this process hold locks); the deep look is ``PRAGMA quick_check`` on such a connection.
+    Neither uses a cache, so a header overwritten on disk is seen as SQLite will see it."""
+
+    def __init__(self, path: Path, timeout_seconds: float = 5.0) -> None:
+        self.path = path
+        self.timeout_seconds = timeout_seconds
+        self.page_size = 0
+        """This database's page size (set by the queue once it is open; it never changes in WAL mode)."""
+        self.said: str | None = None
+        """What SQLite itself said of the file when a query of this process met a corrupt page (SQLITE_CORRUPT or
+        SQLITE_NOTADB): a page a cheap look cannot see, in SQLite's own words."""
+
+    def problem(self, deep: bool = False) -> str | None:
+        if self.said is not None:
+            return self.said
+        try:
+            size = os.stat(self.path).st_size
+        except OSError:
+            return None  # gone (``replaced`` says so) or unreadable: the next query says what is wrong
+        lost = f"{self.path} fails its integrity check"
+        if size < MIN_FILE_BYTES:  # never opened then: SQLite deletes the WAL of a database with no page
+            return f"{lost}: it is {size} bytes long, less than one page (truncated)"
+        if self.page_size and size % self.page_size:
+            return f"{lost}: it is {size} bytes long, not a whole number of its {self.page_size}-byte pages (cut)"
+        words = self.sqlite_says(quick=deep)
+        return f"{lost}: SQLite says: {words}" if words else None
+
+    def sqlite_says(self, quick: bool) -> str | None:
+        """SQLite's own words about the file (None: it reads well, or is busy): ``PRAGMA quick_check`` when
+        ``quick``, else whether it can read the schema at all."""
+        try:
+            conn = sqlite3.connect(f"file:{quote(str(self.path.resolve()))}?mode=ro", uri=True,
+                                   timeout=self.timeout_seconds, isolation_level=None, check_same_thread=False)
+        except sqlite3.Error as exc:
+            return str(exc)
+        try:
+            rows = [str(r[0]) for r in conn.execute("PRAGMA quick_check(5)" if quick else "PRAGMA schema_version")]
+        except sqlite3.Error as exc:
+            busy = getattr(exc, "sqlite_errorcode", None) in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+            return None if busy else str(exc)
+        finally:
+            conn.close()
+        return "; ".join(rows)[:500] if quick and rows != ["ok"] else None

@@ -38,6 +38,7 @@ from comfysup.errors import DatabaseLocked, DatabaseUnavailable, LeaseLost, Queu
 from comfysup.logs import bind, job_context
 from comfysup.queue import open_queue
 from comfysup.queue.base import Claim, Queue, host_name
+from comfysup.queue.watch import EXIT_DATABASE_REPLACED, QueueWatch
 from comfysup.redact import bound
 from comfysup.runner.attempt import Attempt
 from comfysup.runner.catalogue import ServerCatalogue
@@ -100,7 +101,9 @@ class Runner:
         self.queue = queue or self._open_queue(config, on_alive)
         self.queue.checkpoint_in_background()  # no commit of this runner's waits for a WAL checkpoint
         self.on_alive = on_alive
-        self.may_claim = may_claim
+        self.watch = QueueWatch(self.queue, every_seconds=config.runner.heartbeat_seconds)
+        """The queue's file: deleted, replaced or corrupt, no job is claimed any more (comfysup.queue.watch)."""
+        self.may_claim = lambda: self.watch.check() is None and may_claim()
         self.on_job = on_job
         """Called with (claim, None) when an attempt starts and (claim, outcome) when it ends: a supervisor
         learns the current job and counts jobs per server (for recycling) without asking the queue."""
@@ -167,6 +170,8 @@ class Runner:
                     claim, posted, behind = self.run_one(claim, posted, behind)
                     continue
                 allowed = self.may_claim()
+                if self.watch.lost is not None:
+                    break
                 free = allowed and self._in_service() and self._server_free()
                 if free:
                     self.catalogue.refresh()
@@ -205,6 +210,10 @@ class Runner:
             self.on_waiting(False)  # gone: its peers no longer leave work for it
             self.station.close()
             self.queue.close()
+        if self.watch.lost is not None:  # the reason is its parent's to say (comfysup run or work): said once
+            log.info("%s: no job is claimed any more: the queue's file is lost (exit code %d)", self.server,
+                     EXIT_DATABASE_REPLACED)
+            raise SystemExit(EXIT_DATABASE_REPLACED)
         return self.state.counts
 
     def _open_queue(self, config: Config, on_alive: Callable[[], None]) -> Queue:

@@ -1,20 +1,19 @@
-"""The files a supervisor holds: its lock (one ``comfysup run`` per queue folder on a machine), and the
-exit status that says its queue file was deleted or replaced under it."""
+"""The files a supervisor holds: its lock (one ``comfysup run`` per queue folder on a machine), and its queue's
+file, watched (comfysup.queue.watch): deleted, replaced or failing its integrity check under the supervisor or
+any of its children, everyone stops and the supervisor exits with EXIT_DATABASE_REPLACED."""
 
 from __future__ import annotations
 
 import fcntl
 import os
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
-from comfysup.errors import ComfysupError, QueueError
+from comfysup.errors import ComfysupError
+from comfysup.queue.watch import EXIT_DATABASE_REPLACED, QueueWatch, lost_line
 
 LOCK_FILE = "supervisor.lock"
-EXIT_DATABASE_REPLACED = 75
-"""The exit status of a supervisor whose SQLite queue file was deleted or replaced under it (EX_TEMPFAIL):
-its runners' writes went to the old file, so it kills them and exits; systemd's Restart=on-failure starts it
-again on the file now at the path, and that one releases the claims of the runners that are gone."""
+__all__ = ["EXIT_DATABASE_REPLACED", "AlreadyRunning", "queue_lost", "take_lock"]
 
 
 class AlreadyRunning(ComfysupError):
@@ -41,10 +40,14 @@ def take_lock(state_dir: Path) -> IO[str]:
     return handle
 
 
-def database_replaced(queue: Any) -> str | None:
-    """What happened to the queue's file when it is no longer the one open (``Queue.replaced``), else None
-    (also when the database does not answer: that is the machine heartbeat's to say)."""
-    try:
-        return queue.replaced() if queue is not None else None
-    except QueueError:
+def queue_lost(watch: QueueWatch | None, status: int | None = None, child: str = "") -> str | None:
+    """The line that says why everyone stops: the watch's reason, or a ``child`` that exited with
+    EXIT_DATABASE_REPLACED (its watch found the file lost: a deep look here says how); None while neither."""
+    reason = watch.check() if watch is not None else None
+    if reason is None and status is not None and os.WIFEXITED(status) \
+            and os.WEXITSTATUS(status) == EXIT_DATABASE_REPLACED:
+        reason = (watch.look_deep() if watch is not None else None) or (
+            f"was found deleted, replaced or failing its integrity check by the {child} (its log says how)")
+    if reason is None:
         return None
+    return f"{lost_line(reason)}. Stopping now (exit code {EXIT_DATABASE_REPLACED})"

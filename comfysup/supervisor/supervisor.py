@@ -38,6 +38,7 @@ from typing import Any
 from comfysup.comfy import probe
 from comfysup.config import Config, check_supervisor
 from comfysup.queue import Queue, open_queue
+from comfysup.queue.watch import QueueWatch
 from comfysup.supervisor import recycle, stuck
 from comfysup.supervisor import server as servers
 from comfysup.supervisor.children import (
@@ -51,12 +52,11 @@ from comfysup.supervisor.children import (
     runner_main,
     spawn_server,
 )
-from comfysup.supervisor.lock import EXIT_DATABASE_REPLACED, AlreadyRunning, database_replaced, take_lock
+from comfysup.supervisor.lock import EXIT_DATABASE_REPLACED, AlreadyRunning, queue_lost, take_lock
 from comfysup.supervisor.manager import ProcessManager, release_stale_claims
 from comfysup.supervisor.policy import Action, State
 from comfysup.supervisor.process import ProcessOps, describe_status
 from comfysup.supervisor.report import EXIT_NO_SLOT_ALIVE, Reporter, heartbeat_machine, no_slot_alive
-from comfysup.supervisor.report import summary as summarize
 from comfysup.supervisor.sidecar import Sidecar
 from comfysup.supervisor.sidecars import Monitor, api_sidecar
 from comfysup.supervisor.stop import (
@@ -98,6 +98,7 @@ class Supervisor:
         self.reporter = Reporter(self.config, self.env)
         self.notifier = self.reporter.notifier
         self.queue: Queue | None = None
+        self.watch: QueueWatch | None = None  # the queue's file, looked at every tick (the monitor's deep check)
         self.state_path = self.reporter.state_path
         self.state_dir = self.state_path.parent
         self._next_housekeeping = 0.0
@@ -123,8 +124,7 @@ class Supervisor:
         """A unit per slot from ``gpus``, then one per [[servers]] entry."""
         return build_units(self.config, self.env)
 
-    def _take_lock(self) -> None:
-        """One supervisor per queue folder: two would fight over ports and each other's claims."""
+    def _take_lock(self) -> None:  # one supervisor per queue folder: two would fight over ports and claims
         self.manager.hold(take_lock(self.state_dir))
 
     def release_stale_claims(self) -> list[str]:
@@ -140,6 +140,7 @@ class Supervisor:
         check_comfyui(self.config, self.units)
         self._take_lock()
         self.queue = open_queue(self.config, create=True)
+        self.watch = QueueWatch(self.queue, every_seconds=0.0)
         self.release_stale_claims()
         self.heartbeat_machine(register=True)
         self.manager.install_signals()
@@ -286,6 +287,7 @@ class Supervisor:
     def _reap(self, now: float) -> None:
         for pid, status in self.manager.reap():
             how = describe_status(status)
+            self._check_database(now, status, pid)  # before its restart is weighed
             for child in self.children:
                 if child.pid == pid:
                     child.exited(now, status, how, restart=self.plan.keeps_monitor)
@@ -299,7 +301,8 @@ class Supervisor:
 
     def _runner_exited(self, unit: Unit, now: float, how: str) -> None:
         """Its claims are released at once (by the manager); then its policy says when it starts again."""
-        runner = self.manager.runner_exited(unit.runner_pid, how, self.queue, stopping=self.stopping)
+        kept = None if self.exit_code == EXIT_DATABASE_REPLACED else self.queue  # nothing to release in a lost file
+        runner = self.manager.runner_exited(unit.runner_pid, how, kept, stopping=self.stopping)
         reason = runner.kill_reason if runner is not None else None
         unit.runner_pid = None
         unit.shared.job = b""
@@ -399,17 +402,17 @@ class Supervisor:
         unit.runner.spawned(now)
         log.info("%s: runner started, pid %d", unit.name, runner.pid)
 
-    def _check_database(self, now: float) -> None:
-        """Every tick: a queue file deleted or replaced under us is an error; everyone stops now, and the
-        supervisor exits with EXIT_DATABASE_REPLACED so that systemd restarts it on the real file."""
-        replaced = database_replaced(self.queue) if not self.exit_code else None
-        if replaced is None:
+    def _check_database(self, now: float, status: int | None = None, pid: int = 0) -> None:
+        """Every tick and at a child's exit: a queue file lost (comfysup.queue.watch, here or in a child that exited
+        with EXIT_DATABASE_REPLACED) stops everyone now, and the supervisor exits with that code, restarting no one."""
+        child = next((c.name for c in self.children if c.pid == pid), f"runner (pid {pid})")
+        why = None if self.exit_code else queue_lost(self.watch, status, child)
+        if why is None:
             return
-        log.error("the queue database %s; every write since went to the old file. Stopping now (exit code %d) "
-                  "so that comfysup starts again on the file at the path", replaced, EXIT_DATABASE_REPLACED)
+        log.error("%s so that comfysup starts again on the file at the path", why)
         self.exit_code = EXIT_DATABASE_REPLACED
         if not self.stopping:
-            self.begin_stop(now, "queue database replaced")
+            self.begin_stop(now, "queue database lost")
         self._carry_out(self.plan.cold_stop(now, self.config.runner.grace_seconds))
 
     def heartbeat_machine(self, register: bool = False) -> None:
@@ -432,9 +435,6 @@ class Supervisor:
             recycle.housekeeping(unit, self.config.supervisor, now)
 
     # -- what people and systemd see ---------------------------------------------------------------------
-
-    def summary(self) -> str:
-        return summarize(self.units)
 
     def snapshot(self, *, final: bool = False) -> dict[str, Any]:
         return self.reporter.snapshot(self.units, stopping=self.stopping, monitor_pid=self.monitor.pid,
