@@ -6,6 +6,7 @@ developer without one gets a skip that says how to start it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -39,9 +40,11 @@ def broker_answers() -> bool:
 
 @dataclass
 class Broker:
-    """Unique queue and exchange names for one test, and helpers to publish and read."""
+    """Unique queue and exchange names for one test, and helpers to publish and read, on the broker at ``url``
+    (the machine's by default; chaos rows R2 and R3 pass their own node's, tests/rabbitmq_node.py)."""
 
     tag: str = field(default_factory=lambda: uuid.uuid4().hex[:10])
+    url: str = URL
 
     @property
     def names(self) -> dict[str, str]:
@@ -49,7 +52,7 @@ class Broker:
                 "done_exchange": f"t-{self.tag}-done", "dead_exchange": f"t-{self.tag}-dead"}
 
     def connection(self) -> Any:
-        return pika.BlockingConnection(pika.URLParameters(URL))
+        return pika.BlockingConnection(pika.URLParameters(self.url))
 
     def listen(self) -> str:
         """A queue bound to both result exchanges (declared here first): what a downstream service reads."""
@@ -79,7 +82,7 @@ class Broker:
         from comfysup.broker.connection import declare_all
 
         conn = self.connection()
-        declare_all(conn, settings or RabbitMQConfig(url=URL, **self.names))
+        declare_all(conn, settings or RabbitMQConfig(url=self.url, **self.names))
         conn.close()
 
     def drain(self, queue: str, expect: int = 0, timeout: float = 20.0) -> list[tuple[Any, bytes]]:
@@ -120,6 +123,34 @@ class Broker:
             except pika.exceptions.AMQPError:
                 pass
         conn.close()
+
+
+@contextlib.contextmanager
+def connection_kept(url: str = URL) -> Iterator[None]:
+    """Fail when a connection to the broker at ``url`` (the machine's by default), opened before the block, is
+    not still open and working after it: what a test that must leave that broker alone wraps itself in. A
+    broker that does not answer at the start has nothing to keep (no check)."""
+    try:
+        conn = pika.BlockingConnection(pika.URLParameters(url + "?heartbeat=0&connection_attempts=1"))
+    except pika.exceptions.AMQPError:
+        yield
+        return
+    try:
+        ch = conn.channel()
+        queue = ch.queue_declare("", exclusive=True).method.queue
+        yield
+        try:
+            ch.basic_publish("", queue, b"still here")
+            kept = ch.basic_get(queue, auto_ack=True)[2] == b"still here"
+        except pika.exceptions.AMQPError as exc:
+            kept, why = False, f"{type(exc).__name__} {exc}"
+        else:
+            why = "the message sent on it did not come back"
+        assert kept, f"a connection to {url} opened before the test was closed during it ({why}): the test " \
+                     "stopped or cut a broker it must leave alone"
+    finally:
+        with contextlib.suppress(Exception):
+            conn.close()
 
 
 @pytest.fixture

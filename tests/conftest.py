@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -12,6 +13,7 @@ import pytest
 # ==== fake_comfy fixtures (owned by fake_comfy; see tests/acceptance/test_fake_comfy.py) ===========================
 
 if TYPE_CHECKING:
+    from rabbitmq_node import OwnBroker
     from supervisor_support import Supervised
 
     from fake_comfy import FakeComfy
@@ -69,3 +71,33 @@ def harness(tmp_path: Path) -> Iterator[list[Supervised]]:
     yield made
     for h in made:
         h.cleanup()
+
+
+# ==== a private RabbitMQ node (tests/rabbitmq_node.py), for the tests that stop or cut their broker ============
+@pytest.fixture(scope="session")
+def _own_broker_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OwnBroker]:
+    """Started once per session, on first use (about 4 s), and halted at its end."""
+    from rabbitmq_node import OwnBroker
+
+    node = OwnBroker(tmp_path_factory.mktemp("rabbitmq"))
+    if node.bin is None:
+        pytest.skip("RabbitMQ is not installed (no rabbitmq-server): install the rabbitmq-server package")
+    with node:
+        yield node
+
+
+@pytest.fixture
+def own_broker(_own_broker_node: OwnBroker) -> OwnBroker:
+    """A private RabbitMQ node (own ports, data folder and cookie), shared by the tests of a session, its app
+    running when each test begins: restart it, close its connections, never the machine's broker."""
+    node = _own_broker_node
+    if not node.answers():  # an earlier test left it stopped (stop_app): start its app again
+        node.ctl("start_app")
+        deadline = time.monotonic() + node.start_seconds
+        while not node.answers():
+            assert time.monotonic() < deadline, f"the test's RabbitMQ node {node.node} does not answer again"
+            time.sleep(0.25)
+    return node
+
+
+# ==== end of the private RabbitMQ node ======================================================================

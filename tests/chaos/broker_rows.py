@@ -1,6 +1,6 @@
 """Rows R1-R3 (issue 20): the RabbitMQ front door under faults, judged by the checker.
 
-Every row publishes its jobs to a real broker (127.0.0.1:5672) with confirms, lets ``comfysup run`` (its
+Every row publishes its jobs to a real RabbitMQ broker with confirms, lets ``comfysup run`` (its
 consumer child, or R1's killed consumers) take them into the queue, the runners run them on fake_comfy, and
 the outbox announces each end to the done and dead exchanges, where a listener queue bound to both hears
 them. The published jobs are the run's accepted submissions, so one the consumer never inserted is lost;
@@ -12,6 +12,10 @@ exactly once is the checker's own: no double terminal, no re-execution without a
 - R2: the broker restarted mid-stream (``rabbitmqctl stop_app`` / ``start_app``) while jobs are published
   and run, and results announced.
 - R3: every connection closed by the broker (``rabbitmqctl close_all_connections``), repeatedly.
+
+R1 uses the machine's broker (it stops nothing there). R2 and R3 stop or cut the broker, so they run on a
+private node of their own (tests/rabbitmq_node.py: own ports, data folder and cookie): the test passes the
+session's node, bench/chaos.py none, and the row then starts one under its folder for itself.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from typing import Any
 import pika
 import tomli_w
 from broker_support import URL, Broker
+from rabbitmq_node import OwnBroker
 from supervisor_support import wait_for
 
 from chaos.checker import Report, Submission
@@ -45,15 +50,16 @@ from comfysup.slotstate import read_broker_state
 class BrokerRun:
     """A ChaosRun whose jobs go through RabbitMQ, with a listener on both result exchanges."""
 
-    def __init__(self, h: ChaosRun, *, prefetch: int = 20, supervisor_consumes: bool = True) -> None:
+    def __init__(self, h: ChaosRun, *, url: str, prefetch: int = 20, supervisor_consumes: bool = True) -> None:
         self.h = h
-        self.broker = Broker()
+        self.url = url
+        self.broker = Broker(url=url)
         names = dict(self.broker.names)
         self.jobs_queue = names["queue"]
         if not supervisor_consumes:  # R1: the supervisor's consumer child takes an idle queue; ours the jobs
             names["queue"] = f"{self.jobs_queue}-idle"
         doc = tomllib.loads(h.config_path.read_text())
-        doc["rabbitmq"] = {"url": URL, "prefetch": prefetch, "reconnect_max_delay_seconds": 1.0, **names}
+        doc["rabbitmq"] = {"url": url, "prefetch": prefetch, "reconnect_max_delay_seconds": 1.0, **names}
         h.config_path.write_bytes(tomli_w.dumps(doc).encode())
         h.config = load_config(str(h.config_path), env={})
         self.results = self.broker.listen()
@@ -74,7 +80,7 @@ class BrokerRun:
         sent = 0
         while pending:
             try:
-                conn = pika.BlockingConnection(pika.URLParameters(URL))
+                conn = pika.BlockingConnection(pika.URLParameters(self.url))
                 try:
                     ch = conn.channel()
                     ch.confirm_delivery()
@@ -138,21 +144,6 @@ class BrokerRun:
             self.broker.connection().channel().queue_delete(f"{self.jobs_queue}-idle")
 
 
-def rabbitmqctl(*args: str) -> None:
-    subprocess.run(["rabbitmqctl", *args], check=True, capture_output=True, timeout=60)
-
-
-def wait_broker(seconds: float = 60.0) -> None:
-    def up() -> bool:
-        try:
-            pika.BlockingConnection(pika.URLParameters(URL)).close()
-            return True
-        except pika.exceptions.AMQPError:
-            return False
-
-    wait_for(up, seconds, "RabbitMQ to answer again")
-
-
 # -- R1 ------------------------------------------------------------------------------------------------------
 
 def _killed_consumer(config_path: Path, queue_name: str, rate: float, seed: int) -> int:
@@ -191,7 +182,7 @@ def _killed_consumer(config_path: Path, queue_name: str, rate: float, seed: int)
 def r1_consumer_killed_before_ack(tmp: Path, seed: int, *, jobs: int, prefetch: int = 2, rate: float = 0.7,
                                   node_ms: float = 5.0) -> Report:
     h = ChaosRun(tmp, "R1", seed, node_ms=node_ms)
-    b = BrokerRun(h, prefetch=prefetch, supervisor_consumes=False)
+    b = BrokerRun(h, url=URL, prefetch=prefetch, supervisor_consumes=False)  # the machine's broker: never stopped
     try:
         proc = h.start()
         h.wait_ready(proc)
@@ -231,9 +222,13 @@ def r1_consumer_killed_before_ack(tmp: Path, seed: int, *, jobs: int, prefetch: 
 
 # -- R2 and R3 -------------------------------------------------------------------------------------------------
 
-def _broker_faults(tmp: Path, seed: int, name: str, *, jobs: int, faults: int, fault: Any, node_ms: float) -> Report:
+def _broker_faults(tmp: Path, seed: int, name: str, *, jobs: int, faults: int, fault: Any, node_ms: float,
+                   node: OwnBroker | None) -> Report:
+    if node is None:  # bench/chaos.py: a node of the row's own, stopped at its end
+        with OwnBroker(tmp / "rabbitmq") as own:
+            return _broker_faults(tmp, seed, name, jobs=jobs, faults=faults, fault=fault, node_ms=node_ms, node=own)
     h = ChaosRun(tmp, name, seed, node_ms=node_ms)
-    b = BrokerRun(h, prefetch=20)
+    b = BrokerRun(h, url=node.url, prefetch=20)
     try:
         proc = h.start()
         h.wait_ready(proc)
@@ -243,7 +238,7 @@ def _broker_faults(tmp: Path, seed: int, name: str, *, jobs: int, faults: int, f
         for _ in range(faults):
             time.sleep(h.rng.uniform(0.5, 1.5))
             at = time.time()
-            fault(h)
+            fault(h, node)
             # The consumer noticed and is back before the next fault: each fault is survived on its own.
             wait_for(lambda at=at: _consuming_since(h, at), 60, "the consumer to consume again", h.describe)
             b.hear()  # results heard between faults too, so the listener's queue is read mid-stream
@@ -264,25 +259,29 @@ def _consuming_since(h: ChaosRun, at: float) -> bool:
     return state.get("state") == "consuming" and float(state.get("connected_at") or 0) > at
 
 
-def _restart(h: ChaosRun) -> None:
-    rabbitmqctl("stop_app")
+def _restart(h: ChaosRun, node: OwnBroker) -> None:
+    node.ctl("stop_app")
     try:
         h.faults.record("broker_stop")
         time.sleep(h.rng.uniform(0.5, 2.0))
     finally:
-        rabbitmqctl("start_app")  # always: other engineers share this broker
-    wait_broker()
+        node.ctl("start_app")  # always: R3 may share this node next
+    wait_for(node.answers, 60, f"RabbitMQ ({node.node}) to answer again")
     h.faults.record("broker_start")
 
 
-def _close_all(h: ChaosRun) -> None:
-    rabbitmqctl("close_all_connections", "comfysup chaos R3")
+def _close_all(h: ChaosRun, node: OwnBroker) -> None:
+    node.ctl("close_all_connections", "comfysup chaos R3")
     h.faults.record("broker_closed_connections")
 
 
-def r2_broker_restarted(tmp: Path, seed: int, *, jobs: int, restarts: int, node_ms: float = 5.0) -> Report:
-    return _broker_faults(tmp, seed, "R2", jobs=jobs, faults=restarts, fault=_restart, node_ms=node_ms)
+def r2_broker_restarted(tmp: Path, seed: int, *, jobs: int, restarts: int, node_ms: float = 5.0,
+                        node: OwnBroker | None = None) -> Report:
+    """``node``: the private broker to restart (the test's shared one); None starts one for this row."""
+    return _broker_faults(tmp, seed, "R2", jobs=jobs, faults=restarts, fault=_restart, node_ms=node_ms, node=node)
 
 
-def r3_connections_closed(tmp: Path, seed: int, *, jobs: int, closes: int, node_ms: float = 5.0) -> Report:
-    return _broker_faults(tmp, seed, "R3", jobs=jobs, faults=closes, fault=_close_all, node_ms=node_ms)
+def r3_connections_closed(tmp: Path, seed: int, *, jobs: int, closes: int, node_ms: float = 5.0,
+                          node: OwnBroker | None = None) -> Report:
+    """``node``: the private broker whose connections are closed; None starts one for this row."""
+    return _broker_faults(tmp, seed, "R3", jobs=jobs, faults=closes, fault=_close_all, node_ms=node_ms, node=node)

@@ -15,11 +15,16 @@ Rows marked ``chaos`` (Z2, D2) take longer and are deselected by default; run th
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+from broker_support import connection_kept
 
 from chaos import scenarios
 from chaos.checker import Report
+
+if TYPE_CHECKING:
+    from rabbitmq_node import OwnBroker
 
 
 @pytest.fixture
@@ -181,16 +186,20 @@ def test_r1_consumer_killed_between_commit_and_ack(tmp_path: Path, chaos_seed: i
 
 
 @pytest.mark.timeout(120)
-def test_r2_broker_restarted_mid_stream(tmp_path: Path, chaos_seed: int) -> None:
-    report = scenarios.r2_broker_restarted(tmp_path, chaos_seed, jobs=80, restarts=2)
+def test_r2_broker_restarted_mid_stream(tmp_path: Path, chaos_seed: int, own_broker: OwnBroker) -> None:
+    """Restarts a private node (tests/rabbitmq_node.py), never the machine's broker."""
+    with connection_kept():  # the machine's broker: a connection to it survives the row
+        report = scenarios.r2_broker_restarted(tmp_path, chaos_seed, jobs=80, restarts=2, node=own_broker)
     verdict(report)
     assert report.faults["broker_stop"] == 2 and report.figures["consumer_reconnections"] >= 2
     assert report.states["done"] == report.jobs == 80
 
 
 @pytest.mark.timeout(120)
-def test_r3_all_connections_closed_by_the_broker(tmp_path: Path, chaos_seed: int) -> None:
-    report = scenarios.r3_connections_closed(tmp_path, chaos_seed, jobs=80, closes=4)
+def test_r3_all_connections_closed_by_the_broker(tmp_path: Path, chaos_seed: int, own_broker: OwnBroker) -> None:
+    """Closes the connections of a private node (the one R2 restarted), never the machine's broker's."""
+    with connection_kept():
+        report = scenarios.r3_connections_closed(tmp_path, chaos_seed, jobs=80, closes=4, node=own_broker)
     verdict(report)
     assert report.faults["broker_closed_connections"] == 4 and report.figures["consumer_reconnections"] >= 4
     assert report.states["done"] == report.jobs == 80
