@@ -28,7 +28,7 @@ DEFAULT_PATHS = (Path("config.toml"), Path("/etc/comfysup/config.toml"))
 ENV_PREFIX = "COMFYSUP_"
 ENV_CONFIG = "COMFYSUP_CONFIG"
 ENV_NOT_SETTINGS = frozenset({ENV_CONFIG, "COMFYSUP_HOSTNAME", "COMFYSUP_SKIP_POSTGRES", "COMFYSUP_TEST_POSTGRES",
-                              "COMFYSUP_LOG_FORMAT"})
+                              "COMFYSUP_TEST_RABBITMQ", "COMFYSUP_LOG_FORMAT"})
 """COMFYSUP_* variables that are not COMFYSUP_<SECTION>_<KEY> settings (the machine's name in the queue, the
 log format of a process, and switches of the test suite), so they are not refused as unknown settings."""
 
