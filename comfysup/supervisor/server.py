@@ -17,6 +17,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -123,15 +124,21 @@ def port_holder(host: str, port: int) -> str | None:
 
 
 def _listener(port: int) -> str:
+    """Who holds ``port``: the process listening there, else one whose connection's local end took it (a port
+    in the range the OS hands out to outgoing connections, /proc/sys/net/ipv4/ip_local_port_range)."""
+    conns: list[Any] = []
     with contextlib.suppress(psutil.Error, OSError):
-        for conn in psutil.net_connections(kind="inet"):
-            if conn.laddr and conn.laddr.port == port and conn.status == psutil.CONN_LISTEN and conn.pid:
-                try:
-                    cmd = " ".join(psutil.Process(conn.pid).cmdline())[:200]
-                except psutil.Error:
-                    cmd = "?"
-                return f"pid {conn.pid} ({cmd})"
-    return "another process (not visible to this user; try: sudo ss -ltnp)"
+        conns = [c for c in psutil.net_connections(kind="inet") if c.laddr and c.laddr.port == port and c.pid]
+    for conn in sorted(conns, key=lambda c: c.status != psutil.CONN_LISTEN):
+        try:
+            cmd = " ".join(psutil.Process(conn.pid).cmdline())[:200]
+        except psutil.Error:
+            cmd = "?"
+        if conn.status == psutil.CONN_LISTEN:
+            return f"pid {conn.pid} ({cmd})"
+        return (f"a connection of pid {conn.pid} ({cmd}), whose local end took it: choose a port outside the "
+                "range the OS gives outgoing connections (/proc/sys/net/ipv4/ip_local_port_range)")
+    return "another process, which this user cannot see (ss -tanp, run by its owner, names it)"
 
 
 def tree_rss_mb(pid: int) -> float:

@@ -215,6 +215,25 @@ def test_a_taken_port_is_reported_with_the_pid_and_command_that_hold_it() -> Non
     assert server.port_holder("127.0.0.1", port) is None
 
 
+@pytest.mark.timeout(10)
+def test_a_port_taken_by_a_connection_names_its_process_and_what_to_do_without_sudo() -> None:
+    """What met .ci/run on a fresh machine: the port chosen for a server was the local end of some outgoing
+    connection (the OS hands those out from the same range), with nobody listening on it."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    client = socket.socket()
+    try:
+        client.bind(("127.0.0.1", 0))
+        client.connect(listener.getsockname())
+        port = client.getsockname()[1]
+        message = server.port_holder("127.0.0.1", port)
+        assert message is not None
+        assert f"a connection of pid {os.getpid()}" in message and "ip_local_port_range" in message, message
+        assert "sudo" not in message
+    finally:
+        client.close()
+        listener.close()
+
+
 def test_log_rotation_copies_then_truncates_while_the_writer_keeps_appending(tmp_path: Path) -> None:
     path = tmp_path / "comfyui.log"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
