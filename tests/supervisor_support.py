@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -22,12 +21,12 @@ from typing import Any, TypeVar
 import psutil
 import requests
 import tomli_w
+from port_support import server_port
 
 from comfysup.cli import main as cli
 from comfysup.config import load_config
 from comfysup.queue.base import TERMINAL, JobRecord
 from comfysup.queue.sqlite import SQLiteQueue
-from comfysup.supervisor.server import port_holder
 
 REPO = Path(__file__).resolve().parent.parent
 FAKE_MAIN = REPO / "fake_comfy" / "main.py"
@@ -45,11 +44,9 @@ def job(n: int) -> dict[str, Any]:
 
 
 def free_base_port(count: int = 2) -> int:
-    for _ in range(200):
-        base = random.randrange(20000, 60000)
-        if all(port_holder("127.0.0.1", base + i) is None for i in range(count)):
-            return base
-    raise RuntimeError("no free ports")
+    """The slots' ports (base_port + i): outside the range the OS gives outgoing connections (tests/port_support.py),
+    so no connection takes one between the choice and a server's start, or between two of its starts."""
+    return server_port(count)
 
 
 def wait_for(condition: Callable[[], T], seconds: float, what: str, on_fail: Callable[[], str] = lambda: "") -> T:

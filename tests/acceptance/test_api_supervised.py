@@ -4,7 +4,6 @@ on fake_comfy, the output comes back through the API, and SIGTERM stops the API 
 from __future__ import annotations
 
 import json
-import socket
 from pathlib import Path
 
 import httpx
@@ -12,15 +11,15 @@ import psutil
 import pytest
 from comfy_sdk import Comfy
 
+from tests.port_support import server_port
 from tests.supervisor_support import Supervised, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port for a server started (or restarted) on it later, which no connection can take (port_support)."""
+    return server_port()
 
 
 def test_the_sdk_runs_a_job_through_comfysup_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -32,6 +32,7 @@ from urllib.parse import quote
 import pytest
 import requests
 import websocket
+from port_support import server_port
 
 from fake_comfy import FakeComfy
 from fake_comfy.cli import parse_options
@@ -372,9 +373,8 @@ def no_leaked_fake_threads() -> Iterator[None]:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port for a server started (or restarted) on it later, which no connection can take (port_support)."""
+    return server_port()
 
 
 def wait_until_answering(url: str, process: subprocess.Popen[bytes], seconds: float) -> None:

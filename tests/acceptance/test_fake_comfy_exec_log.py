@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ from typing import Any
 
 import pytest
 import requests
+from port_support import server_port
 
 from fake_comfy import FakeComfy
 
@@ -32,9 +32,8 @@ def read_log(path: Path) -> list[dict[str, Any]]:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port for a server started (or restarted) on it later, which no connection can take (port_support)."""
+    return server_port()
 
 
 def post(url: str, prompt_id: str, colour: int) -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ import requests
 
 from comfysup.comfy import ComfyClient
 from comfysup.runner.loop import Runner
+from tests.port_support import server_port
 from tests.runner_helpers import ROOT, config_of, job_id, submit, write_config
 
 COMFYUI_DIR = os.environ.get("COMFYUI_DIR")
@@ -28,9 +28,8 @@ WORKFLOWS = ROOT / "examples" / "workflows"
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port for a server started (or restarted) on it later, which no connection can take (port_support)."""
+    return server_port()
 
 
 @pytest.fixture(scope="module")

@@ -30,6 +30,7 @@ from typing import Any
 import httpx
 import psutil
 import tomli_w
+from port_support import server_port
 from supervisor_support import TRIVIAL, job_id, wait_for
 
 from chaos.checker import Report, Submission
@@ -43,9 +44,8 @@ RETRY_SECONDS = (0.02, 0.3)
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port for a server started (or restarted) on it later, which no connection can take (port_support)."""
+    return server_port()
 
 
 def _body(n: int) -> dict[str, Any]:

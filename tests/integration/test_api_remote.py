@@ -29,6 +29,7 @@ from comfysup.config import Config, load_config
 from comfysup.queue import open_queue
 from comfysup.queue.base import host_name
 from tests.api_support import StandInRunner, api_config, running_api, running_api_app
+from tests.port_support import server_port
 from tests.supervisor_support import wait_for
 
 pytestmark = pytest.mark.timeout(90)
@@ -39,9 +40,8 @@ DATA = os.urandom(2 * (1 << 20) + 12345)  # more than two of the API's chunks: s
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port for a server started (or restarted) on it later, which no connection can take (port_support)."""
+    return server_port()
 
 
 @dataclass
