@@ -198,8 +198,10 @@ def _completed_elsewhere(config: Config, url: str, machine: str) -> str:
 def test_a_machine_whose_api_does_not_answer_is_a_502_naming_it(lone_a: Any) -> None:
     config, url, queue = lone_a
     content = _completed_elsewhere(config, url, "machine-c")
-    queue.advertise_api("machine-c", f"http://127.0.0.1:{_free_port()}", 4242)  # nobody listens there
-    answer = httpx.get(content, timeout=30)
+    with socket.socket() as held:  # bound, held, never listening: nobody listens there, nobody can start to
+        held.bind(("127.0.0.1", 0))
+        queue.advertise_api("machine-c", f"http://127.0.0.1:{held.getsockname()[1]}", 4242)
+        answer = httpx.get(content, timeout=30)
     assert answer.status_code == 502
     message = answer.json()["error"]["message"]
     assert "machine 'machine-c'" in message and "does not answer" in message

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import socket
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,12 +16,12 @@ from comfysup.comfy import ComfyClient, ServerUnavailable, probe
 
 
 @pytest.fixture
-def dead_url() -> str:
-    """A port on 127.0.0.1 that nothing listens on (bound, then closed)."""
+def dead_url() -> Iterator[str]:
+    """A port on 127.0.0.1 that nothing listens on: bound and held, never listening, for the whole test (a port
+    only closed again could be taken by a server of someone else's before the test connects)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    return f"http://127.0.0.1:{port}"
+        yield f"http://127.0.0.1:{s.getsockname()[1]}"
 
 
 def test_the_runner_client_says_connection_refused(dead_url: str) -> None:
