@@ -66,7 +66,7 @@ class OwnBroker:
         self.dist_port = 0
         self.proc: subprocess.Popen[bytes] | None = None
         self.bin = rabbitmq_bin()
-        self.output = folder / "rabbitmq-server.out"
+        self.output = folder / "rabbitmq-server.1.out"  # the output of the latest start
         self.starts: list[str] = []  # one line per attempt, for messages
 
     @property
@@ -136,6 +136,7 @@ class OwnBroker:
                                "install the rabbitmq-server package (Debian: apt-get install rabbitmq-server)")
         self._files()
         for attempt in range(1, self.tries + 1):
+            self.output = self.folder / f"rabbitmq-server.{attempt}.out"
             self.port, self.dist_port = os_ports(2)
             self._config()
             with self.output.open("wb") as out:
@@ -154,7 +155,7 @@ class OwnBroker:
                 return
             tail = self._output_tail()
             self._kill(wait_seconds=0)
-            if not any(word in tail.lower() for word in IN_USE):
+            if not self._port_taken():
                 raise RuntimeError(f"the test's RabbitMQ node {self.node} did not start: {failure}\n"
                                    f"{tail}\n(output: {self.output}, logs: {self.folder / 'log'})")
             # A port we were handed was taken before the node bound it: new ports, new start.
@@ -169,6 +170,8 @@ class OwnBroker:
             status = _exit_status(self.proc.pid)
             if status is not None:
                 return f"rabbitmq-server exited with {status}"
+            if self._port_taken():  # before a login attempt that would meet whoever holds the port
+                return "a port was taken"
             if self.answers():
                 return None
             time.sleep(0.25)
@@ -179,11 +182,17 @@ class OwnBroker:
         params = pika.URLParameters(self.url)
         params.connection_attempts = 1
         params.socket_timeout = 2
+        params.stack_timeout = 4  # not pika's 15 s: a listener that never speaks AMQP is no answer
         try:
             pika.BlockingConnection(params).close()
             return True
         except Exception:  # pika's own errors, and its connector's (a listener that is not AMQP: a handshake timeout)
             return False
+
+    def _port_taken(self) -> bool:
+        with contextlib.suppress(OSError):
+            return any(word in self.output.read_text(errors="replace").lower() for word in IN_USE)
+        return False
 
     def _output_tail(self, lines: int = 15) -> str:
         with contextlib.suppress(OSError):
