@@ -77,9 +77,9 @@ def unit(config: Config, config_path: Path, user: str, group: str | None = None)
     exec_start = shlex.join([*executable(), "run", "--config", str(config_path)])
     lines = [
         "# comfysup: one ComfyUI server per GPU and a runner for each, supervised.",
-        "# Written by `comfysup systemd-unit`. Install:",
-        "#   sudo cp comfysup.service /etc/systemd/system/ && sudo systemctl daemon-reload",
-        "#   sudo systemctl enable --now comfysup",
+        "# Written by `comfysup systemd-unit`. Install, as root:",
+        "#   cp comfysup.service /etc/systemd/system/ && systemctl daemon-reload",
+        "#   systemctl enable --now comfysup",
         "[Unit]",
         "Description=comfysup: ComfyUI servers and job runners",
         "Wants=network-online.target",
