@@ -157,7 +157,7 @@ def test_a_file_that_is_not_a_database(tmp_path: Path) -> None:
     db_path(tmp_path).parent.mkdir()
     db_path(tmp_path).write_text("id,name\n1,not a database\n" * 100)
     result = run_cli("status", "--config", str(config), cwd=tmp_path)
-    assert result.returncode == 1
+    assert result.returncode == 75  # as every process whose queue file is lost or damaged (comfysup.queue.watch)
     assert "file is not a database" in result.stderr
     _no_traceback(result)
 

@@ -1088,7 +1088,7 @@ def _b1_line(kind: str, n: int, text: str, earlier: list[str], wf: dict[str, Any
         return json.dumps({**base, "priority": float("nan")}).encode(), True, None
     changes: dict[str, Any] = {
         "id_upper": {"id": job_id.upper()}, "id_int": {"id": n}, "id_garbage": {"id": text or "x"},
-        "id_braces": {"id": "{" + job_id + "}"}, "id_missing": {"id": None},
+        "id_braces": {"id": "{" + job_id + "}"}, "id_null": {"id": None},
         "duplicate": {"id": earlier[n % len(earlier)] if earlier else "dup"},
         "workflow_missing_file": {"workflow": f"missing-{n}.json"}, "workflow_number": {"workflow": n},
         "workflow_none": {"workflow": None}, "workflow_ui": {"workflow": {"nodes": [], "links": []}},
@@ -1102,16 +1102,14 @@ def _b1_line(kind: str, n: int, text: str, earlier: list[str], wf: dict[str, Any
         "priority_bool": {"priority": True}, "priority_huge": {"priority": 2**70 + n},
         "extra_list": {"extra_data": [n]}, "meta_str": {"meta": text}, "unknown_key": {"foo": n},
     }
-    line = {**base, **changes[kind]}
-    if line.get("id") is None:
-        del line["id"]
+    line = {**base, **changes[kind]}  # "id": null stays: a line without an id is a good one (its id is derived)
     if line.get("workflow") is None:
         del line["workflow"]
     return json.dumps(line).encode(), True, None
 
 
 B1_KINDS = ("good", "good", "good", "text", "truncated", "not_utf8", "deep", "nan", "id_upper", "id_int",
-            "id_garbage", "id_braces", "id_missing", "duplicate", "workflow_missing_file", "workflow_number",
+            "id_garbage", "id_braces", "id_null", "duplicate", "workflow_missing_file", "workflow_number",
             "workflow_none", "workflow_ui", "workflow_empty", "dangling", "cycle", "no_output", "set_list",
             "set_unknown_node", "set_unknown_input", "set_bad_key", "priority_float", "priority_str",
             "priority_bool", "priority_huge", "extra_list", "meta_str", "unknown_key")
