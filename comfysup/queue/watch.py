@@ -95,6 +95,10 @@ class QueueWatch:
     def _look(self, *, deep: bool) -> str | None:
         try:
             reason = self.queue.replaced() or self.queue.integrity(deep=deep)
+            if reason is not None and "integrity check" in reason:
+                # A file deleted or replaced between the two looks fails the second one ("unable to open"): the
+                # first, asked again, says what really happened.
+                reason = self.queue.replaced() or reason
         except QueueError:
             return None  # the database does not answer: the process's own calls say so
         if reason is None:

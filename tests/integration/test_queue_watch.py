@@ -84,3 +84,24 @@ def test_a_header_overwritten_is_lost_at_the_first_look(tmp_path: Path) -> None:
         assert reason is not None and "SQLite says: file is not a database" in reason, reason
     finally:
         queue.close()
+
+
+def test_a_file_deleted_between_the_two_looks_is_said_deleted_not_unreadable() -> None:
+    """The cheap look asks whether the file was replaced, then reads its header: a file deleted in between fails
+    the read ("unable to open"), and the reason given is the deletion (a `comfysup work` run in CI met it)."""
+    from comfysup.queue.watch import QueueWatch
+
+    class Racing:
+        def __init__(self) -> None:
+            self.asked = 0
+
+        def replaced(self) -> str | None:
+            self.asked += 1
+            return None if self.asked == 1 else "q.db was deleted while open"
+
+        def integrity(self, deep: bool) -> str | None:
+            return "q.db fails its integrity check: SQLite says: unable to open database file"
+
+    said: list[str] = []
+    watch = QueueWatch(Racing(), on_lost=said.append)
+    assert watch.check() == "q.db was deleted while open" and said == ["q.db was deleted while open"]
