@@ -73,7 +73,7 @@ class InputFiles:
         check_text(value, f"set {key!r}: file")
         if not self.roots:
             raise JobLineError(f"set {key!r}: file {value!r}: {self.where}; send the file some other way "
-                               "(a core/ASSET reference to an upload, or a URL)")
+                               "(a core/ASSET reference to an upload)")
         relative = value.replace("\\", "/")
         if PurePosixPath(relative).is_absolute() or ".." in PurePosixPath(relative).parts:
             raise JobLineError(f"set {key!r}: file {value!r}: an input file is named relative to {self.where}, "
