@@ -159,6 +159,19 @@ def status_of(answer: bytes) -> int:
     return int(line[1]) if len(line) >= 2 and line[1].isdigit() else 0
 
 
+def trickled_until_closed(sock: socket.socket, data: bytes) -> bool:
+    """Send ``data`` one byte at a time, each before a per-read timeout could pass; True once the server closes the
+    connection (a deadline for the whole request head), False when all was sent and it is still open."""
+    for byte in data:
+        try:
+            sock.sendall(bytes([byte]))
+        except (BrokenPipeError, ConnectionResetError):
+            return True
+        if closed_within(sock, 0.2):
+            return True
+    return False
+
+
 def closed_within(sock: socket.socket, seconds: float) -> bool:
     """Whether the server closes ``sock`` (end of file or reset) within ``seconds``; what it sends is read."""
     deadline = time.monotonic() + seconds

@@ -233,3 +233,18 @@ def processes_under(folder: Path) -> list[psutil.Process]:
         except psutil.Error:
             continue
     return found
+
+
+def demo_from_elsewhere(tmp: Path, example: str) -> tuple[subprocess.CompletedProcess[str], list[dict[str, Any]], Path]:
+    """``comfysup demo --example EXAMPLE`` run in a folder away from the checkout, its cache in ``tmp``: the run,
+    the example's job lines, and the folder of the results (one folder a job id)."""
+    from comfysup.commands.demo import EXAMPLES
+
+    elsewhere, cache = tmp / "elsewhere", tmp / "cache"
+    elsewhere.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COMFYSUP_")}
+    env.update(PYTHONPATH=str(REPO), XDG_CACHE_HOME=str(cache))
+    result = subprocess.run([sys.executable, "-m", "comfysup", "demo", "--example", example], cwd=elsewhere,
+                            env=env, capture_output=True, text=True, timeout=90)
+    lines = [json.loads(line) for line in (EXAMPLES / f"{example}.jsonl").read_text().splitlines() if line]
+    return result, lines, cache / "comfysup" / "demo" / "var" / "results"

@@ -4,7 +4,6 @@ the first (an earlier demo's queue would otherwise make it finish at once, havin
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -12,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from supervisor_support import REPO, processes_under
+from supervisor_support import REPO, demo_from_elsewhere, processes_under
 
 
 def git_status() -> str | None:
@@ -64,21 +63,14 @@ def test_the_image_to_image_example_is_one_command_from_any_directory(tmp_path: 
     from comfysup.commands.demo import EXAMPLES
     from fake_comfy.uploads import decode_png
 
-    elsewhere, cache = tmp_path / "elsewhere", tmp_path / "cache"
-    elsewhere.mkdir()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("COMFYSUP_")}
-    env.update(PYTHONPATH=str(REPO), XDG_CACHE_HOME=str(cache))
-    result = subprocess.run([sys.executable, "-m", "comfysup", "demo", "--example", "image-to-image"], cwd=elsewhere,
-                            env=env, capture_output=True, text=True, timeout=90)
+    result, lines, results = demo_from_elsewhere(tmp_path, "image-to-image")
     assert result.returncode == 0, result.stdout + result.stderr
-    lines = [json.loads(line) for line in (EXAMPLES / "image-to-image.jsonl").read_text().splitlines() if line]
     assert f"{len(lines)} of {len(lines)} job(s) done" in result.stdout
-    results = cache / "comfysup" / "demo" / "var" / "results"
     for line in lines:
         (output,) = (results / line["id"]).glob("*.png")
         _w, _h, _c, inverted = decode_png(output.read_bytes())
         source = next(v["file"] for v in line["set"].values() if isinstance(v, dict) and "file" in v)
         _w, _h, _c, original = decode_png((EXAMPLES / source).read_bytes())
         assert list(inverted) == [expected_inverse(v) for v in original]
-    assert list(elsewhere.iterdir()) == []
+    assert list((tmp_path / "elsewhere").iterdir()) == []  # the demo wrote nothing where it ran
     assert not processes_under(tmp_path)

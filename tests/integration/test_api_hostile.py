@@ -25,6 +25,7 @@ from tests.api_support import (
     read_all,
     running_api,
     status_of,
+    trickled_until_closed,
 )
 
 API = "/api/v2"
@@ -161,16 +162,7 @@ def test_stalled_clients_are_closed(hostile: Any) -> None:
     # One byte at a time, each before any per-read timeout could pass: still closed, the deadline is the whole head.
     with socket.create_connection(address(url), timeout=10) as sock:
         started = time.monotonic()
-        closed = False
-        for byte in b"GET /api/v2/health HTTP/1.1\r\nX-Slow: " + b"a" * 200:
-            try:
-                sock.sendall(bytes([byte]))
-            except (BrokenPipeError, ConnectionResetError):
-                closed = True
-                break
-            if closed_within(sock, 0.2):
-                closed = True
-                break
+        closed = trickled_until_closed(sock, b"GET /api/v2/health HTTP/1.1\r\nX-Slow: " + b"a" * 200)
         assert closed and time.monotonic() - started < 6
     # A body that stops coming: 408 request_timeout after body_timeout_seconds, and the connection closed.
     with socket.create_connection(address(url), timeout=10) as sock:

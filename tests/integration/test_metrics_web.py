@@ -275,19 +275,11 @@ def test_a_request_sent_a_byte_at_a_time_is_closed_at_the_deadline(status_server
     import socket
     import time
 
-    from tests.api_support import address, closed_within
+    from tests.api_support import address, trickled_until_closed
 
     with socket.create_connection(address(status_server), timeout=10) as sock:
-        started, closed = time.monotonic(), False
-        for byte in b"GET /metrics HTTP/1.0\r\nX-Slow: " + b"a" * 200:
-            try:
-                sock.sendall(bytes([byte]))
-            except (BrokenPipeError, ConnectionResetError):
-                closed = True
-                break
-            if closed_within(sock, 0.2):
-                closed = True
-                break
+        started = time.monotonic()
+        closed = trickled_until_closed(sock, b"GET /metrics HTTP/1.0\r\nX-Slow: " + b"a" * 200)
         assert closed and time.monotonic() - started < 5
 
 
