@@ -7,7 +7,7 @@ network (server-side request forgery). Two checks, because a name can change its
   literal private addresses and the well-known metadata names, without a DNS look-up;
 - at delivery, the name is resolved once and :func:`address_problem` is asked about every address it gives,
   before any connection; the connection then goes to those checked addresses only
-  (comfysup.observability.safehttp), so a name that resolved to a public address at submit and to 127.0.0.1
+  (comfysup.safehttp), so a name that resolved to a public address at submit and to 127.0.0.1
   now (DNS rebinding) is refused, and no private port is ever touched (nothing to time).
 ``[webhooks] allow_private = true`` turns both off, for a receiver on the same machine or network.
 

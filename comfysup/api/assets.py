@@ -19,6 +19,11 @@ upload of ``comfy_low/transport.py`` ``post_assets``; ``delete_asset`` expects 2
   record. It lives until ``expires_at`` (``[api] upload_retention_hours``); comfysup.queue.assets keeps its
   content from prune until then, and a job that references it keeps the content as long as the job exists.
 - Output ids (``<job id>.<n>``) are served by comfysup.api.app; this module serves every other id.
+- A ``core/ASSET`` reference with ``info.url`` (``https://…``, or ``s3://bucket/key`` from ``[inputs]
+  s3_buckets``) and no ``info.id`` names a file elsewhere: the Asset schema's own ``url`` field, in the
+  reference. It becomes the line's ``{"url": …}`` input, fetched at submit into the asset store
+  (comfysup.jobs.fetch); its ``info.hash`` (``blake3:<hex>`` or ``sha256:<hex>``) is checked, its
+  ``info.file_path`` names the file. One that cannot be fetched is 422 ``missing_asset``.
 """
 
 from __future__ import annotations
@@ -344,6 +349,9 @@ def references(workflow: Mapping[str, Any], lookup: Callable[[str], ApiAsset | N
     missing: list[dict[str, str]] = []
     for node_id, name, ref in assets.references(workflow):
         asset_id = ref["info"].get("id")
+        if asset_id is None and "url" in ref["info"]:
+            found[f"{node_id}.{name}"] = remote_value(ref["info"])
+            continue
         record = lookup(asset_id) if isinstance(asset_id, str) and _is_id(asset_id) else None
         if record is None or record.expires_at <= now:
             why = ("has no info.id (the id POST /api/v2/assets answered)" if not asset_id else
@@ -360,3 +368,25 @@ def references(workflow: Mapping[str, Any], lookup: Callable[[str], ApiAsset | N
         raise ApiError(422, "missing_asset", f"node {first['node_id']} input {first['input']!r}: {first['reason']}"
                        f"{more}", details={"missing": missing})
     return found
+
+
+def remote_value(info: Mapping[str, Any]) -> dict[str, Any]:
+    """A reference's ``info`` with a ``url`` as the line's input from elsewhere (comfysup.jobs.inputs): ``url``
+    (or ``s3`` for ``s3://``), its hash as ``blake3`` or ``sha256``, ``file_path`` as its ``name``."""
+    url = info.get("url")
+    value: dict[str, Any] = {"s3" if isinstance(url, str) and url.startswith("s3://") else "url": url}
+    digest = info.get("hash")
+    if isinstance(digest, str) and digest:
+        algorithm, _, hexa = digest.partition(":")
+        value[algorithm if algorithm in ("blake3", "sha256") and hexa else "blake3"] = digest
+    if info.get("file_path"):
+        value["name"] = info["file_path"]
+    return value
+
+
+def remote_references(workflow: Any) -> dict[tuple[str, str], dict[str, Any]]:
+    """``(node id, input)`` → the input from elsewhere, for each reference of ``workflow`` by ``info.url``."""
+    if not isinstance(workflow, Mapping):
+        return {}
+    return {(node_id, name): remote_value(ref["info"]) for node_id, name, ref in assets.references(workflow)
+            if ref["info"].get("id") is None and "url" in ref["info"]}

@@ -93,7 +93,15 @@ def _submit(args: argparse.Namespace, config: Config, queue: Queue | None, path:
                     max_job_input_bytes=config.assets.max_job_mb * 2**20,
                     input_roots=[base_dir, *(config.resolve(r) for r in config.assets.input_roots)],
                     inputs_where="the jobs file's folder" + (" or [assets] input_roots"
-                                                            if config.assets.input_roots else ""))
+                                                            if config.assets.input_roots else ""),
+                    remote=config.inputs, s3_buckets=config.inputs.s3_buckets or None, progress=DownloadBar())
+    try:
+        return _insert(args, config, queue, jobs, label)
+    finally:
+        jobs.close()  # the inputs fetched by URL are in the asset store now, or refused
+
+
+def _insert(args: argparse.Namespace, config: Config, queue: Queue | None, jobs: JobsFile, label: str) -> int:
     checked = jobs.validate()
     if _refused_or_dry(args, label, checked, "submitted"):
         return 0
@@ -116,6 +124,26 @@ def _submit(args: argparse.Namespace, config: Config, queue: Queue | None, path:
     return 0
 
 
+class DownloadBar:
+    """An input's download on standard error (comfysup.jobs.fetch.Progress): a tqdm bar on a terminal, shown
+    only when the download lasts more than half a second; nothing on a pipe or in a log."""
+
+    def __init__(self) -> None:
+        self.bar: Any = None
+
+    def start(self, name: str, total: int | None) -> None:
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=f"fetching {name}",
+                        file=sys.stderr, delay=0.5, leave=False, disable=None, dynamic_ncols=True)
+
+    def advance(self, size: int) -> None:
+        self.bar.update(size)
+
+    def end(self) -> None:
+        self.bar.close()
+
+
 def _publish(args: argparse.Namespace, config: Config, queue: Queue | None, path: Path, label: str) -> int:
     """``--to rabbitmq``: the same validation, then every line published with confirms (comfysup.broker)."""
     if not config.rabbitmq.url:
@@ -123,7 +151,8 @@ def _publish(args: argparse.Namespace, config: Config, queue: Queue | None, path
     from comfysup.broker import publish
 
     _catalogues(queue)  # the warning when there is none
-    _jobs, checked = publish.validate(config, queue, path, label)
+    jobs, checked = publish.validate(config, queue, path, label)
+    jobs.close()  # inputs by URL were fetched to check them; the consumer fetches them again
     if _refused_or_dry(args, label, checked, "published"):
         return 0
     try:

@@ -1,4 +1,5 @@
-"""Input files in a line's ``set``: ``{"file": "photos/cat.png"}`` or an API v2 ``core/ASSET`` reference.
+"""Input files in a line's ``set``: ``{"file": "photos/cat.png"}``, ``{"url": "https://…"}``, ``{"s3":
+"s3://bucket/key"}`` or an API v2 ``core/ASSET`` reference.
 
 A file comes from a place the operator chose (``InputFiles.roots``): for ``comfysup submit`` the jobs file's
 folder and ``[assets] input_roots``, for the broker ``[rabbitmq] inputs_dir`` (none when unset), for the API
@@ -10,20 +11,35 @@ Each file is read and hashed (BLAKE3) once per submit however many lines name it
 limits, and replaced in ``set`` by the reference the job stores (comfysup.assets). The reference carries the
 hash, so the job's spec hash covers the file's content: the same id submitted again with a changed file is a
 changed job, refused like one.
+
+A ``url`` or ``s3`` input is fetched at submit (comfysup.jobs.fetch: the private-address refusal, the size, time
+and redirect bounds) into a staging folder of this object, once per submit however many lines name it (a
+failure too is remembered: a thousand lines of one dead URL wait for it once), its optional ``"blake3"`` or
+``"sha256"`` checked; the submit's transaction copies it into the asset store, and ``release`` removes the
+folder once the jobs are inserted (or refused).
 """
 
 from __future__ import annotations
 
 import os
+import re
+import shutil
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 from comfysup import assets, safefs
-from comfysup.jobs.values import JobLineError, check_text
+from comfysup.config import InputsConfig
+from comfysup.jobs.fetch import Fetched, Fetcher, FetchError, Progress, s3_parts, where
+from comfysup.jobs.values import MAX_URL_CHARS, JobLineError, check_text, did_you_mean
 from comfysup.queue.base import NewAsset
 
 MIB = 1024 * 1024
+REMOTE_KEYS = frozenset({"url", "s3", "sha256", "blake3", "name"})
+"""What an input from elsewhere may say: where (one of url, s3), the hash it must have, the file's name."""
+_HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
 @dataclass
@@ -38,7 +54,18 @@ class InputFiles:
     """The roots as a person reads them, for messages."""
     max_file_bytes: int = 100 * MIB
     max_job_bytes: int = 512 * MIB
+    remote: InputsConfig = field(default_factory=InputsConfig)
+    """How ``url`` and ``s3`` inputs are fetched ([inputs])."""
+    s3_buckets: tuple[str, ...] | None = None
+    """The buckets an ``s3`` input may name; None: any the credentials reach (comfysup submit's own user)."""
+    progress: Progress | None = None
+    """Shown while an input downloads (comfysup submit on a terminal)."""
     _seen: dict[tuple[str, int, int, int], NewAsset] = field(default_factory=dict)
+    _fetched: dict[str, Fetched | str] = field(default_factory=dict)
+    """By source: the fetched file, or why it could not be fetched."""
+    _staging: str | None = None
+    _staging_pid: int = 0
+    _fetcher: Fetcher | None = None
 
     def __post_init__(self) -> None:
         if self.roots is None:
@@ -48,23 +75,31 @@ class InputFiles:
         """``params`` with each file value replaced by its reference, and the assets they name."""
         if not any(isinstance(v, dict) for v in params.values()):
             return params, ()
-        out, found, total = dict(params), {}, 0
+        out, found, total, reasons = dict(params), {}, 0, []
         for key, value in params.items():
             if not isinstance(value, dict):
                 continue
-            if set(value) == {"file"}:
-                asset = self._file(key, value["file"])
-            elif value.get("__type") == assets.ASSET_TYPE:
-                asset = self._reference(key, value)
-            else:
-                continue  # another object value: ComfyUI's own business (checked as any value)
+            try:
+                if set(value) == {"file"}:
+                    asset = self._file(key, value["file"])
+                elif value.get("__type") == assets.ASSET_TYPE:
+                    asset = self._reference(key, value)
+                elif "url" in value or "s3" in value:
+                    asset = self._remote(key, value)
+                else:
+                    continue  # another object value: ComfyUI's own business (checked as any value)
+            except JobLineError as exc:  # every input's problem is reported, not only the first
+                reasons += exc.reasons
+                continue
             out[key] = assets.reference(asset.hash, asset.name, asset.size)
             if asset.hash not in found:
                 found[asset.hash] = asset
                 total += asset.size
         if total > self.max_job_bytes:
-            raise JobLineError(f"the job's input files are {total:,} bytes together; at most "
-                               f"{self.max_job_bytes:,} ([assets] max_job_mb)")
+            reasons.append(f"the job's input files are {total:,} bytes together; at most {self.max_job_bytes:,} "
+                           "([assets] max_job_mb)")
+        if reasons:
+            raise JobLineError(*reasons)
         return out, tuple(found.values())
 
     def _file(self, key: str, value: Any) -> NewAsset:
@@ -132,3 +167,95 @@ class InputFiles:
         if isinstance(size, bool) or not isinstance(size, int) or size < 0:
             size = 0
         return NewAsset(str(digest), size, PurePosixPath(check_text(name, "file_path").replace("\\", "/")).name)
+
+    # -- inputs from elsewhere -------------------------------------------------------------------------------
+
+    def _remote(self, key: str, value: dict[str, Any]) -> NewAsset:
+        reasons = [f"set {key!r}: unknown key {k!r} of an input from elsewhere; "
+                   f"{(did_you_mean(k, REMOTE_KEYS) + ' ') if did_you_mean(k, REMOTE_KEYS) else ''}it may have "
+                   f"{', '.join(sorted(REMOTE_KEYS))}" for k in sorted(value.keys() - REMOTE_KEYS)]
+        if "url" in value and "s3" in value:
+            reasons.append(f"set {key!r}: give \"url\" or \"s3\", not both")
+        kind = "url" if "url" in value else "s3"
+        source = value[kind]
+        if not isinstance(source, str) or not source or len(source) > MAX_URL_CHARS:
+            reasons.append(f"set {key!r}: \"{kind}\" must be " + ("an https:// URL" if kind == "url" else
+                           "s3://bucket/key") + f" of at most {MAX_URL_CHARS} characters")
+            raise JobLineError(*reasons)
+        check_text(source, f"set {key!r}: {kind}")
+        expected = {}
+        for algorithm in ("blake3", "sha256"):
+            if algorithm in value:
+                digest = value[algorithm]
+                digest = digest.lower().removeprefix(f"{algorithm}:") if isinstance(digest, str) else ""
+                if _HEX64.fullmatch(digest):
+                    expected[algorithm] = digest
+                else:
+                    reasons.append(f"set {key!r}: \"{algorithm}\" must be 64 hex digits (or \"{algorithm}:<hex>\")")
+        name = value.get("name", _name_of(source))
+        if not isinstance(name, str) or not name or "/" in name or "\\" in name or name in (".", ".."):
+            reasons.append(f"set {key!r}: \"name\" must be a file name, like cat.png (its suffix tells ComfyUI's "
+                           "loaders the kind of file)")
+        else:
+            check_text(name, f"set {key!r}: name")
+        if kind == "url" and not source.startswith(("http://", "https://")):
+            reasons.append(f"set {key!r}: url {where(source)} is not an http:// or https:// URL"
+                           + ("; write {\"s3\": \"s3://…\"} for a bucket" if source.startswith("s3://") else ""))
+        if kind == "s3":
+            reasons += self._bucket_problems(key, source)
+        if reasons:
+            raise JobLineError(*reasons)
+        fetched = self._fetch(key, source, name)
+        got = {"blake3": fetched.blake3.removeprefix(assets.HASH_PREFIX), "sha256": fetched.sha256}
+        for algorithm, digest in expected.items():
+            if got[algorithm] != digest:
+                reasons.append(f"set {key!r}: {where(source)} has {algorithm} {got[algorithm]}, not the expected "
+                               f"{digest}: the file changed, or the expected hash is wrong")
+        if reasons:
+            raise JobLineError(*reasons)
+        return NewAsset(fetched.blake3, fetched.size, name, fetched.path)
+
+    def _bucket_problems(self, key: str, source: str) -> list[str]:
+        try:
+            bucket, _ = s3_parts(source)
+        except FetchError as exc:
+            return [f"set {key!r}: s3 {exc}"]
+        if self.s3_buckets is not None and bucket not in self.s3_buckets:
+            allowed = ", ".join(self.s3_buckets) or "none: it is empty, and this door reads no bucket unless named"
+            return [f"set {key!r}: s3 bucket {bucket!r} is not one of [inputs] s3_buckets ({allowed})"]
+        return []
+
+    def _fetch(self, key: str, source: str, name: str) -> Fetched:
+        """The source's file, fetched once per submit; a failure, remembered, is the same reason every time."""
+        known = self._fetched.get(source)
+        if known is None:
+            if self._fetcher is None:
+                self._fetcher = Fetcher(self.remote, self.max_file_bytes, self.progress)
+            try:
+                known = self._fetcher.fetch(source, self._staged_name(), name)
+            except FetchError as exc:
+                known = str(exc)
+            self._fetched[source] = known
+        if isinstance(known, str):
+            raise JobLineError(f"set {key!r}: {known}")
+        return known
+
+    def _staged_name(self) -> str:
+        if self._staging is None or self._staging_pid != os.getpid():
+            self._staging, self._staging_pid = tempfile.mkdtemp(prefix="comfysup-inputs-"), os.getpid()
+        return os.path.join(self._staging, str(len(self._fetched)))
+
+    def release(self) -> None:
+        """Remove the fetched files (once the jobs that name them are inserted or refused) and forget them: the
+        next submit fetches again. Only by the process that fetched them (not a forked reader of the file)."""
+        if self._staging is not None and self._staging_pid == os.getpid():
+            shutil.rmtree(self._staging, ignore_errors=True)
+            self._staging = None
+            self._fetched.clear()
+
+
+def _name_of(source: str) -> str:
+    """The file name a URL's path or an S3 key ends with (``cat.png``); ``input`` when it ends with none."""
+    path = urlsplit(source).path if not source.startswith("s3://") else source.partition("//")[2]
+    name = unquote(PurePosixPath(path).name) if path.strip("/") else ""
+    return name if name and not {"/", "\\", "\0"} & set(name) and name not in (".", "..") else "input"
