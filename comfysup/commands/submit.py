@@ -128,14 +128,16 @@ class DownloadBar:
     """An input's download on standard error (comfysup.jobs.fetch.Progress): a tqdm bar on a terminal, shown
     only when the download lasts more than half a second; nothing on a pipe or in a log."""
 
-    def __init__(self) -> None:
+    def __init__(self, file: Any = None, *, terminal_only: bool = True, delay: float = 0.5) -> None:
         self.bar: Any = None
+        self.file, self.terminal_only, self.delay = file, terminal_only, delay
 
     def start(self, name: str, total: int | None) -> None:
         from tqdm import tqdm
 
         self.bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=f"fetching {name}",
-                        file=sys.stderr, delay=0.5, leave=False, disable=None, dynamic_ncols=True)
+                        file=self.file or sys.stderr, delay=self.delay, leave=False,
+                        disable=None if self.terminal_only else False, dynamic_ncols=True)
 
     def advance(self, size: int) -> None:
         self.bar.update(size)
