@@ -188,7 +188,11 @@ class Fetcher:
     # -- s3 --------------------------------------------------------------------------------------------------
 
     def _s3_get(self, source: str, out: BinaryIO, deadline: float, name: str) -> tuple[int, str, str]:
-        from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+        try:
+            from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+        except ImportError:
+            raise FetchError(f"{source}: s3:// inputs are read with boto3, which is not installed: pip install "
+                             "'comfysup[s3]'") from None
 
         bucket, key = s3_parts(source)
         try:
