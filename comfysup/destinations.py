@@ -44,6 +44,15 @@ def address_problem(address: str) -> str | None:
     return None
 
 
+def is_http_url(url: str) -> bool:
+    """Whether ``url`` is an http:// or https:// URL with a host (a webhook, an input, a service's endpoint)."""
+    try:
+        parts = urlsplit(url)
+        return parts.scheme in ("http", "https") and bool(parts.hostname)
+    except ValueError:
+        return False
+
+
 def url_problem(url: str) -> str | None:
     """Why ``url`` may not be a webhook destination, judged without a DNS look-up; None when it may."""
     try:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse, urlsplit
 
-from comfysup.destinations import url_problem
+from comfysup.destinations import is_http_url, url_problem
 from comfysup.errors import ConfigError
 from comfysup.redact import display_url
 
@@ -90,8 +90,7 @@ def check(c: Config) -> None:
         if not getattr(m, key) > 0:
             raise bad("metrics", key, getattr(m, key), "must be a number of seconds greater than 0")
     if w.url:
-        parsed = urlparse(w.url)
-        if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        if not is_http_url(w.url):
             raise bad("webhooks", "url", w.url, "expected an http:// or https:// URL, or an empty string")
         if w.url and not w.allow_private and (problem := url_problem(w.url)):
             raise bad("webhooks", "url", display_url(w.url), f"{problem}; set [webhooks] allow_private = true "
@@ -125,11 +124,9 @@ def _check_inputs(c: Config, bad: Callable[[str, str, Any, str], ConfigError]) -
             raise bad("inputs", key, getattr(i, key), "must be a number of seconds greater than 0")
     if not 0 <= i.max_redirects <= 20:
         raise bad("inputs", "max_redirects", i.max_redirects, "must be between 0 and 20")
-    if i.s3_endpoint_url:
-        parsed = urlparse(i.s3_endpoint_url)
-        if parsed.scheme not in ("http", "https") or not parsed.hostname:
-            raise bad("inputs", "s3_endpoint_url", display_url(i.s3_endpoint_url), "expected an http:// or "
-                      "https:// URL of an S3 service, or an empty string (AWS)")
+    if i.s3_endpoint_url and not is_http_url(i.s3_endpoint_url):
+        raise bad("inputs", "s3_endpoint_url", display_url(i.s3_endpoint_url), "expected an http:// or https:// "
+                  "URL of an S3 service, or an empty string (AWS)")
     for bucket in i.s3_buckets:
         if not bucket or "/" in bucket:
             raise bad("inputs", "s3_buckets", bucket, "expected bucket names (no s3:// and no /)")

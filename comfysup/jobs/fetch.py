@@ -37,7 +37,7 @@ import blake3
 
 from comfysup.assets import HASH_PREFIX, READ_BYTES
 from comfysup.config import InputsConfig
-from comfysup.destinations import url_problem
+from comfysup.destinations import is_http_url, url_problem
 from comfysup.redact import display_url
 
 if TYPE_CHECKING:
@@ -112,13 +112,9 @@ class Fetcher:
     def check_url(self, url: str) -> None:
         """What is refused without a connection: not http(s), credentials, a literal private address or a
         metadata name (unless ``allow_private``)."""
-        try:
-            parts = urlsplit(url)
-            ok = parts.scheme in ("http", "https") and bool(parts.hostname)
-        except ValueError:
-            ok = False
-        if not ok:
+        if not is_http_url(url):
             raise FetchError(f"{where(url)} is not an http:// or https:// URL with a host")
+        parts = urlsplit(url)
         if parts.username is not None or parts.password is not None:
             raise FetchError(f"{where(url)}: the URL carries credentials (user:password@), which would be stored "
                              "with the job's line; use a presigned URL, or s3:// with credentials in the environment")

@@ -187,3 +187,21 @@ def test_the_shape_of_an_input_from_elsewhere_is_checked(tmp_path: Path) -> None
     assert "give \"url\" or \"s3\", not both" in found[3]
     assert "\"name\" must be a file name" in found[4]
     assert "is not s3://bucket/key" in found[5]
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("timeout_seconds = 0", "[inputs] timeout_seconds = 0.0: must be a number of seconds greater than 0"),
+    ("max_redirects = 50", "[inputs] max_redirects = 50: must be between 0 and 20"),
+    ('s3_endpoint_url = "minio:9000"', "expected an http:// or https:// URL of an S3 service"),
+    ('s3_buckets = ["s3://b"]', "[inputs] s3_buckets = 's3://b': expected bucket names"),
+    ("allow_privat = true", "allow_privat"),
+])
+def test_impossible_inputs_settings_are_refused_at_start(tmp_path: Path, text: str, expected: str) -> None:
+    from comfysup.config import load_config
+    from comfysup.errors import ConfigError
+
+    path = tmp_path / "config.toml"
+    path.write_text(f"[inputs]\n{text}\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(str(path), env={})
+    assert expected in str(info.value) and str(path) in str(info.value)
