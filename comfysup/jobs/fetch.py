@@ -146,10 +146,11 @@ class Fetcher:
 
             from comfysup.safehttp import public_only_session
 
-            self._session = public_only_session()
             if self.settings.allow_private:
                 self._session = requests.Session()
                 self._session.trust_env = False  # no proxy from the environment: the URL is what is fetched
+            else:
+                self._session = public_only_session()
         return self._session
 
     def _http_get(self, url: str, out: BinaryIO, deadline: float, name: str) -> tuple[int, str, str]:

@@ -149,3 +149,39 @@ def test_the_api_refuses_a_private_url_without_allow_private(tmp_path: Path) -> 
     assert answer.status_code == 422
     error = ErrorEnvelope.model_validate(answer.json()).error
     assert error.code == "missing_asset" and "127.0.0.1 is a loopback address" in error.message
+
+
+@pytest.mark.timeout(60)
+def test_a_job_runs_from_the_stored_copy_after_its_url_is_gone(tmp_path: Path) -> None:
+    """Fetched at submit, the input is the job's own: the file server stopped, the runner still uploads it to
+    ComfyUI (fake_comfy's LoadImage reads real pixels) and every output pixel is the inverse of its input."""
+    from comfysup.jobs import JobsFile
+    from comfysup.runner.loop import Runner
+    from fake_comfy import FakeComfy
+    from fake_comfy.uploads import decode_png
+    from tests.input_images import expected_inverse
+    from tests.runner_helpers import config_of, write_config
+
+    config = write_config(tmp_path)
+    (tmp_path / "wf.json").write_text(json.dumps(INVERT))
+    with file_server(files={"/cat.png": DATA}) as server:
+        (tmp_path / "jobs.jsonl").write_text(line(1, {"url": f"{server.url}/cat.png"}) + "\n")
+        jobs = JobsFile(tmp_path / "jobs.jsonl", remote=InputsConfig(allow_private=True))
+        queue = SQLiteQueue(tmp_path / "queue.db")
+        try:
+            assert jobs.validate().ok
+            queue.submit(jobs.jobs())
+        finally:
+            jobs.close()
+    fake = FakeComfy(base_directory=tmp_path / "fake", node_ms=1)
+    fake.start()
+    try:
+        Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
+    finally:
+        fake.stop()
+    job = queue.get(str(uuid.UUID(int=1)))
+    assert job.state == "done", job.reason
+    (out,) = job.outputs
+    _w, _h, _c, inverted = decode_png(Path(out.path).read_bytes())
+    assert list(inverted) == [expected_inverse(v) for v in decode_png(DATA)[3]]
+    queue.close()
