@@ -275,6 +275,7 @@ class Consumer:
         if self._reader is None or now - self._reader_at > REFRESH_SECONDS:
             self._reader, self._reader_at = jobs_reader(self.config, self.queue), now
             self._reader.inputs.progress = self.keepalive
+            self._reader.inputs.stored = self.queue.asset_size
         return self._reader
 
     def _handle(self, channel: BlockingChannel) -> None:

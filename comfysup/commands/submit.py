@@ -95,6 +95,7 @@ def _submit(args: argparse.Namespace, config: Config, queue: Queue | None, path:
                     inputs_where="the jobs file's folder" + (" or [assets] input_roots"
                                                             if config.assets.input_roots else ""),
                     remote=config.inputs, s3_buckets=config.inputs.s3_buckets or None, progress=DownloadBar())
+    jobs.inputs.stored = queue.asset_size if queue is not None else None  # a held blake3 is not fetched again
     try:
         return _insert(args, config, queue, jobs, label)
     finally:

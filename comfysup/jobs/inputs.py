@@ -25,6 +25,7 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -60,6 +61,9 @@ class InputFiles:
     """The buckets an ``s3`` input may name; None: any the credentials reach (comfysup submit's own user)."""
     progress: Progress | None = None
     """Shown while an input downloads (comfysup submit on a terminal)."""
+    stored: Callable[[str], int | None] | None = None
+    """The asset store's size of a content by hash (None: not held): an input from elsewhere whose ``blake3`` the
+    store holds already is not fetched again (a file submitted again, a URL since gone)."""
     _seen: dict[tuple[str, int, int, int], NewAsset] = field(default_factory=dict)
     _fetched: dict[str, Fetched | str] = field(default_factory=dict)
     """By source: the fetched file, or why it could not be fetched."""
@@ -205,6 +209,9 @@ class InputFiles:
             reasons += self._bucket_problems(key, source)
         if reasons:
             raise JobLineError(*reasons)
+        if expected.keys() == {"blake3"} and self.stored is not None and (size := self.stored(
+                digest := assets.HASH_PREFIX + expected["blake3"])) is not None:
+            return NewAsset(digest, size, name)  # held: named by its hash, as an upload's reference is
         fetched = self._fetch(key, source, name)
         got = {"blake3": fetched.blake3.removeprefix(assets.HASH_PREFIX), "sha256": fetched.sha256}
         for algorithm, digest in expected.items():

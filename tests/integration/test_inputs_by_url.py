@@ -205,3 +205,42 @@ def test_impossible_inputs_settings_are_refused_at_start(tmp_path: Path, text: s
     with pytest.raises(ConfigError) as info:
         load_config(str(path), env={})
     assert expected in str(info.value) and str(path) in str(info.value)
+
+
+def test_a_held_blake3_is_not_fetched_again(tmp_path: Path) -> None:
+    """A line that names its content by blake3 and whose content the store holds (the same file submitted again,
+    its URL since gone) is not fetched: the job names the stored content, as an upload's reference does."""
+    digest = assets.hash_bytes(DATA)
+    q = SQLiteQueue(tmp_path / "queue.db")
+    with file_server(files={"/cat.png": DATA}) as server:
+        url = f"{server.url}/cat.png"
+        path = write_jobs(tmp_path, [url_line(1, {"url": url, "blake3": digest})])
+        jobs = JobsFile(path, remote=PRIVATE_OK)
+        jobs.inputs.stored = q.asset_size
+        try:
+            assert jobs.validate().ok and q.submit(jobs.jobs()).inserted == 1
+        finally:
+            jobs.close()
+        assert server.got == ["/cat.png"]
+    sha = hashlib.sha256(DATA).hexdigest()  # a sha256 to check is checked: that line is fetched, and fails
+    path = write_jobs(tmp_path, [url_line(1, {"url": url, "blake3": digest}),
+                                 url_line(2, {"url": url, "blake3": digest, "name": "again.png"}),
+                                 url_line(3, {"url": url, "blake3": digest, "sha256": sha})])
+    jobs = JobsFile(path, remote=PRIVATE_OK)
+    jobs.inputs.stored = q.asset_size
+    try:
+        found = [f"{p.line}: {p.message}" for p in jobs.validate().problems]
+        assert len(found) == 1 and found[0].startswith("3: ") and "cannot connect" in found[0], found
+    finally:
+        jobs.close()
+    jobs = JobsFile(write_jobs(tmp_path, [url_line(n, {"url": url, "blake3": digest}) for n in (1, 2)]),
+                    remote=PRIVATE_OK)
+    jobs.inputs.stored = q.asset_size
+    try:
+        assert jobs.validate().ok
+        result = q.submit(jobs.jobs())
+    finally:
+        jobs.close()
+    assert (result.inserted, result.existing) == (1, 1)  # the same job again: nothing new
+    assert assets.ref_hash(q.get(job_id(2)).params["1.image"]) == digest
+    q.close()
