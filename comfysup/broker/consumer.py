@@ -108,15 +108,16 @@ class KeepAlive:
     while one lasts (BlockingConnection answers them only in process_data_events), so a long download does not
     lose the connection and have its batch redelivered. A message that arrives meanwhile waits in ``held``."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.connection: pika.BlockingConnection | None = None
-        self._at = 0.0
+        self.clock = clock
+        self._at = float("-inf")
 
     def start(self, name: str, total: int | None) -> None:
         self.advance(0)
 
     def advance(self, size: int) -> None:
-        now = time.monotonic()
+        now = self.clock()
         if self.connection is not None and now - self._at >= KEEPALIVE_SECONDS:
             self._at = now
             self.connection.process_data_events(time_limit=0)

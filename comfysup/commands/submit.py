@@ -118,6 +118,7 @@ def _insert(args: argparse.Namespace, config: Config, queue: Queue | None, jobs:
         for line in format_problems(label, sorted(problems, key=lambda p: p.line)):
             print(line, file=sys.stderr)
         raise InvalidJobs(f"{len(exc.ids)} problem(s) in {label}; nothing was submitted") from exc
+    jobs.close()  # not kept through --wait
     print(f"submitted {result.inserted} job(s), {result.existing} already submitted")
     if args.wait:
         sys.stdout.flush()

@@ -185,3 +185,30 @@ def test_a_job_runs_from_the_stored_copy_after_its_url_is_gone(tmp_path: Path) -
     _w, _h, _c, inverted = decode_png(Path(out.path).read_bytes())
     assert list(inverted) == [expected_inverse(v) for v in decode_png(DATA)[3]]
     queue.close()
+
+
+def test_the_consumer_answers_heartbeats_while_an_input_downloads() -> None:
+    """pika's BlockingConnection answers the broker's heartbeats only inside process_data_events: a download
+    longer than two heartbeats would lose the connection and have its batch redelivered. The consumer's
+    progress hook lets the connection run every KEEPALIVE_SECONDS of a download, no more often."""
+    from comfysup.broker import consumer as module
+
+    class Connection:
+        calls = 0
+
+        def process_data_events(self, time_limit: float) -> None:
+            assert time_limit == 0
+            Connection.calls += 1
+
+    clock = [100.0]
+    keep = module.KeepAlive(clock=lambda: clock[0])
+    keep.start("cat.png", None)  # no connection yet: nothing to do
+    keep.connection = Connection()  # type: ignore[assignment]
+    keep.start("cat.png", 10_000)
+    for _ in range(10):
+        keep.advance(1000)  # within the same instant: one call was enough
+    assert Connection.calls == 1
+    clock[0] += module.KEEPALIVE_SECONDS
+    keep.advance(1000)
+    keep.end()
+    assert Connection.calls == 2
