@@ -45,6 +45,7 @@ from comfysup import assets
 from comfysup.api import views
 from comfysup.api.errors import ApiError, not_found
 from comfysup.api.replies import STATE_KEY, json_response, origin, read_json, send, timed, too_large
+from comfysup.jobs.inputs import remote_value
 from comfysup.queue.assets import CHUNK_BYTES, ApiAsset, UploadConflict
 from comfysup.queue.base import NewAsset
 
@@ -368,20 +369,6 @@ def references(workflow: Mapping[str, Any], lookup: Callable[[str], ApiAsset | N
         raise ApiError(422, "missing_asset", f"node {first['node_id']} input {first['input']!r}: {first['reason']}"
                        f"{more}", details={"missing": missing})
     return found
-
-
-def remote_value(info: Mapping[str, Any]) -> dict[str, Any]:
-    """A reference's ``info`` with a ``url`` as the line's input from elsewhere (comfysup.jobs.inputs): ``url``
-    (or ``s3`` for ``s3://``), its hash as ``blake3`` or ``sha256``, ``file_path`` as its ``name``."""
-    url = info.get("url")
-    value: dict[str, Any] = {"s3" if isinstance(url, str) and url.startswith("s3://") else "url": url}
-    digest = info.get("hash")
-    if isinstance(digest, str) and digest:
-        algorithm, _, hexa = digest.partition(":")
-        value[algorithm if algorithm in ("blake3", "sha256") and hexa else "blake3"] = digest
-    if info.get("file_path"):
-        value["name"] = info["file_path"]
-    return value
 
 
 def remote_references(workflow: Any) -> dict[tuple[str, str], dict[str, Any]]:

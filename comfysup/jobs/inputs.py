@@ -12,10 +12,11 @@ limits, and replaced in ``set`` by the reference the job stores (comfysup.assets
 hash, so the job's spec hash covers the file's content: the same id submitted again with a changed file is a
 changed job, refused like one.
 
-A ``url`` or ``s3`` input is fetched at submit (comfysup.jobs.fetch: the private-address refusal, the size, time
-and redirect bounds) into a staging folder of this object, once per submit however many lines name it (a
-failure too is remembered: a thousand lines of one dead URL wait for it once), its optional ``"blake3"`` or
-``"sha256"`` checked; the submit's transaction copies it into the asset store, and ``release`` removes the
+A ``url`` or ``s3`` input (or a ``core/ASSET`` reference whose ``info`` has a ``url``) is fetched at submit
+(comfysup.jobs.fetch: the private-address refusal, the size, time and redirect bounds) into a staging folder of
+this object, once per submit however many lines name it (a failure too is remembered: a thousand lines of one
+dead URL wait for it once), its optional ``"blake3"`` or ``"sha256"`` checked; the submit's transaction copies
+it into the asset store, and ``release`` removes the
 folder once the jobs are inserted (or refused).
 """
 
@@ -86,6 +87,9 @@ class InputFiles:
             try:
                 if set(value) == {"file"}:
                     asset = self._file(key, value["file"])
+                elif value.get("__type") == assets.ASSET_TYPE and isinstance(value.get("info"), dict) \
+                        and "url" in value["info"] and "id" not in value["info"]:
+                    asset = self._remote(key, remote_value(value["info"]))
                 elif value.get("__type") == assets.ASSET_TYPE:
                     asset = self._reference(key, value)
                 elif "url" in value or "s3" in value:
@@ -259,6 +263,21 @@ class InputFiles:
             shutil.rmtree(self._staging, ignore_errors=True)
             self._staging = None
             self._fetched.clear()
+
+
+def remote_value(info: dict[str, Any]) -> dict[str, Any]:
+    """A ``core/ASSET`` reference's ``info`` with a ``url`` (and no ``id``: the API's AssetReference extended by the
+    Asset schema's own ``url``) as an input from elsewhere: ``url`` (or ``s3`` for ``s3://``), its ``hash``
+    (``blake3:<hex>`` or ``sha256:<hex>``) as ``blake3`` or ``sha256``, ``file_path`` as its ``name``."""
+    url = info.get("url")
+    value: dict[str, Any] = {"s3" if isinstance(url, str) and url.startswith("s3://") else "url": url}
+    digest = info.get("hash")
+    if isinstance(digest, str) and digest:
+        algorithm, _, hexa = digest.partition(":")
+        value[algorithm if algorithm in ("blake3", "sha256") and hexa else "blake3"] = digest
+    if info.get("file_path"):
+        value["name"] = info["file_path"]
+    return value
 
 
 def _name_of(source: str) -> str:

@@ -152,6 +152,23 @@ def test_a_trickle_is_cut_at_the_whole_download_bound(tmp_path: Path) -> None:
     assert took < 5
 
 
+def test_a_core_asset_reference_may_carry_a_url(tmp_path: Path) -> None:
+    with file_server(files={"/cat.png": DATA}) as server:
+        ref = {"__type": "core/ASSET", "info": {"url": f"{server.url}/cat.png", "file_path": "photo.png",
+                                                "hash": assets.hash_bytes(DATA)}}
+        wrong = {"__type": "core/ASSET", "info": {"url": f"{server.url}/cat.png", "hash": "sha256:" + "0" * 64}}
+        path = write_jobs(tmp_path, [url_line(1, ref), url_line(2, wrong)])
+        jobs = JobsFile(path, remote=PRIVATE_OK)
+        try:
+            found = [f"{p.line}: {p.message}" for p in jobs.validate().problems]
+            job = next(jobs.jobs())  # the first line's
+        finally:
+            jobs.close()
+    assert len(found) == 1 and found[0].startswith("2: ") and "not the expected" in found[0], found
+    ref = job.params["1.image"]
+    assert assets.ref_name(ref) == "photo.png" and assets.ref_hash(ref) == assets.hash_bytes(DATA)
+
+
 def test_an_expected_hash_is_checked_and_every_problem_of_a_line_reported(tmp_path: Path) -> None:
     sha = hashlib.sha256(DATA).hexdigest()
     b3 = assets.hash_bytes(DATA)
