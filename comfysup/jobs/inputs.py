@@ -16,8 +16,7 @@ A ``url`` or ``s3`` input (or a ``core/ASSET`` reference whose ``info`` has a ``
 (comfysup.jobs.fetch: the private-address refusal, the size, time and redirect bounds) into a staging folder of
 this object, once per submit however many lines name it (a failure too is remembered: a thousand lines of one
 dead URL wait for it once), its optional ``"blake3"`` or ``"sha256"`` checked; the submit's transaction copies
-it into the asset store, and ``release`` removes the
-folder once the jobs are inserted (or refused).
+it into the asset store, and ``release`` removes the folder once the jobs are inserted (or refused).
 """
 
 from __future__ import annotations
