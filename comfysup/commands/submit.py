@@ -37,7 +37,9 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
         "submit", parents=[common], help="validate a jobs.jsonl file and queue all of its jobs",
         description="Validate every line of a jobs file (ids, JSON, the workflow graph), report each "
                     "problem as FILE:LINE: reason, and only when all lines are good insert them all in one "
-                    "transaction. Submitting the same file again queues nothing twice.")
+                    "transaction. Submitting the same file again queues nothing twice. Input files in set "
+                    "({\"file\": PATH}, {\"url\": \"https://...\"}, {\"s3\": \"s3://bucket/key\"}) are read once, "
+                    "here, into the asset store ([assets], [inputs]); a download shows a bar on a terminal.")
     p.add_argument("file", help="the jobs file, one JSON object a line; - reads standard input (workflow "
                    "paths are then relative to the current directory)")
     p.add_argument("--dry-run", action="store_true", help="validate only; insert nothing")
