@@ -126,13 +126,11 @@ class Fetcher:
         """``source`` (a URL or s3://) written to the new file ``into``; FetchError, and no file, when it fails."""
         deadline = time.monotonic() + self.settings.max_seconds
         try:
-            with open(into, "xb") as out:
+            with open(into, "xb") as out:  # not synced: the submit's transaction copies it and syncs its copy
                 if source.startswith("s3://"):
                     written = self._s3_get(source, out, deadline, name)
                 else:
                     written = self._http_get(source, out, deadline, name)
-                out.flush()
-                os.fsync(out.fileno())
         except BaseException:
             _remove(into)
             raise
