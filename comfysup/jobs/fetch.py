@@ -16,8 +16,8 @@ turns both checks off, for a file server on the same machine or network.
 Bounds: the size (``[assets] max_file_mb``, refused from Content-Length before any byte when the server says
 it, else as the bytes pass it), the wait to connect and for each next bytes (``timeout_seconds``: a server that
 never answers fails, it does not hang submit) and the whole download (``max_seconds``: nor does one that sends
-a byte now and then). The bytes are hashed (BLAKE3, the asset hash, and SHA-256) as they are written, so an
-expected ``"blake3"`` or ``"sha256"`` is checked without reading the file again.
+a byte now and then). The bytes are hashed (BLAKE3, the asset hash, and SHA-256 when a line expects one) as
+they are written, so an expected hash is checked without reading the file again.
 
 ``s3://`` is read with boto3 (the standard client: its credential chain is the environment, the AWS profile
 and the instance role), at ``[inputs] s3_endpoint_url`` for a service other than AWS.
@@ -25,6 +25,7 @@ and the instance role), at ``[inputs] s3_endpoint_url`` for a service other than
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import time
@@ -61,7 +62,14 @@ class Fetched:
     blake3: str
     """``blake3:<hex>``, the asset hash."""
     sha256: str
-    """Bare hex."""
+    """Bare hex; empty when not asked for (hashing costs as much as a fast download: ``sha256_of`` later)."""
+
+    def with_sha256(self) -> Fetched:
+        """This, with its SHA-256 (read from the staging file when the fetch did not compute it)."""
+        if self.sha256:
+            return self
+        with open(self.path, "rb") as f:
+            return dataclasses.replace(self, sha256=hashlib.file_digest(f, "sha256").hexdigest())
 
 
 class Progress(Protocol):
@@ -108,6 +116,7 @@ class Fetcher:
         self.progress = progress
         self._session: requests.Session | None = None
         self._s3: Any = None
+        self._sha256 = False
 
     def check_url(self, url: str) -> None:
         """What is refused without a connection: not http(s), credentials, a literal private address or a
@@ -122,9 +131,11 @@ class Fetcher:
             raise FetchError(f"{where(url)}: {problem}; set [inputs] allow_private = true to fetch inputs inside "
                              "this network")
 
-    def fetch(self, source: str, into: str, name: str) -> Fetched:
-        """``source`` (a URL or s3://) written to the new file ``into``; FetchError, and no file, when it fails."""
+    def fetch(self, source: str, into: str, name: str, sha256: bool = False) -> Fetched:
+        """``source`` (a URL or s3://) written to the new file ``into``, hashed (BLAKE3; SHA-256 too with
+        ``sha256``); FetchError, and no file, when it fails."""
         deadline = time.monotonic() + self.settings.max_seconds
+        self._sha256 = sha256
         try:
             with open(into, "xb") as out:  # not synced: the submit's transaction copies it and syncs its copy
                 if source.startswith("s3://"):
@@ -225,7 +236,7 @@ class Fetcher:
         to read (urllib3's, an OSError, or one of ``errors``) is said with what was read before it."""
         from urllib3.exceptions import HTTPError as TransportError
 
-        hasher, sha, size = blake3.blake3(), hashlib.sha256(), 0
+        hasher, sha, size = blake3.blake3(), hashlib.sha256() if self._sha256 else None, 0
         if self.progress is not None:
             self.progress.start(name, total)
         try:
@@ -244,7 +255,8 @@ class Fetcher:
                 if size > self.max_bytes:
                     self._check_size(shown, size)
                 hasher.update(chunk)
-                sha.update(chunk)
+                if sha is not None:
+                    sha.update(chunk)
                 out.write(chunk)
                 if self.progress is not None:
                     self.progress.advance(len(chunk))
@@ -253,7 +265,7 @@ class Fetcher:
                 self.progress.end()
         if total is not None and size != total:
             raise FetchError(f"{shown}: the answer ended after {size:,} of its {total:,} bytes")
-        return size, HASH_PREFIX + hasher.hexdigest(), sha.hexdigest()
+        return size, HASH_PREFIX + hasher.hexdigest(), sha.hexdigest() if sha is not None else ""
 
 
 _S3_CODES = {

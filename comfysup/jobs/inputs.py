@@ -215,7 +215,7 @@ class InputFiles:
         if expected.keys() == {"blake3"} and self.stored is not None and (size := self.stored(
                 digest := assets.HASH_PREFIX + expected["blake3"])) is not None:
             return NewAsset(digest, size, name)  # held: named by its hash, as an upload's reference is
-        fetched = self._fetch(key, source, name)
+        fetched = self._fetch(key, source, name, "sha256" in expected)
         got = {"blake3": fetched.blake3.removeprefix(assets.HASH_PREFIX), "sha256": fetched.sha256}
         for algorithm, digest in expected.items():
             if got[algorithm] != digest:
@@ -235,19 +235,22 @@ class InputFiles:
             return [f"set {key!r}: s3 bucket {bucket!r} is not one of [inputs] s3_buckets ({allowed})"]
         return []
 
-    def _fetch(self, key: str, source: str, name: str) -> Fetched:
-        """The source's file, fetched once per submit; a failure, remembered, is the same reason every time."""
+    def _fetch(self, key: str, source: str, name: str, sha256: bool) -> Fetched:
+        """The source's file, fetched once per submit (its SHA-256 only when a line expects one); a failure,
+        remembered, is the same reason every time."""
         known = self._fetched.get(source)
         if known is None:
             if self._fetcher is None:
                 self._fetcher = Fetcher(self.remote, self.max_file_bytes, self.progress)
             try:
-                known = self._fetcher.fetch(source, self._staged_name(), name)
+                known = self._fetcher.fetch(source, self._staged_name(), name, sha256)
             except FetchError as exc:
                 known = str(exc)
             self._fetched[source] = known
         if isinstance(known, str):
             raise JobLineError(f"set {key!r}: {known}")
+        if sha256 and not known.sha256:
+            known = self._fetched[source] = known.with_sha256()
         return known
 
     def _staged_name(self) -> str:

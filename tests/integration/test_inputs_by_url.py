@@ -175,14 +175,16 @@ def test_an_expected_hash_is_checked_and_every_problem_of_a_line_reported(tmp_pa
     with file_server(files={"/cat.png": DATA}) as server:
         url = f"{server.url}/cat.png"
         path = write_jobs(tmp_path, [
-            url_line(1, {"url": url, "sha256": sha, "blake3": b3, "name": "kitten.png"}),
-            url_line(2, {"url": url, "sha256": "0" * 64}),
+            url_line(1, {"url": url, "blake3": b3, "name": "kitten.png"}),  # fetched here, without its SHA-256
+            url_line(2, {"url": url, "sha256": "0" * 64}),  # which is computed from the staged file for this line
             {"id": job_id(3), "set": {"1.image": {"url": url, "blake3": "blake3:" + "1" * 64},
                                       "3.filename_prefix": {"url": f"{server.url}/missing.png"}}},
             url_line(4, {"url": f"{server.url}/other.png", "sha-256": "x"}),
+            url_line(5, {"url": url, "sha256": sha, "blake3": b3}),
         ])
         found = problems(path, remote=PRIVATE_OK)
         assert "/other.png" not in server.got  # a line whose reference is wrong fetches nothing
+        assert server.got.count("/cat.png") == 1
     assert found[0].startswith("2: ") and f"has sha256 {sha}, not the expected {'0' * 64}" in found[0]
     line3 = [f for f in found if f.startswith("3: ")]
     assert len(line3) == 2, found
