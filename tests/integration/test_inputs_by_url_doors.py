@@ -212,3 +212,26 @@ def test_the_consumer_answers_heartbeats_while_an_input_downloads() -> None:
     keep.advance(1000)
     keep.end()
     assert Connection.calls == 2
+
+
+def test_submit_to_rabbitmq_checks_url_inputs_before_it_publishes(tmp_path: Path, broker: Broker,  # noqa: F811
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    config = broker_config(tmp_path, broker)
+    (tmp_path / "workflows" / "wf.json").write_text(json.dumps(INVERT))
+    names = "\n".join(f'{k} = "{v}"' for k, v in broker.names.items())
+    (tmp_path / "config.toml").write_text(f'[queue]\npath = "{tmp_path / "queue.db"}"\n[inputs]\nallow_private = '
+                                          f'true\n[rabbitmq]\nurl = "{config.rabbitmq.url}"\nworkflows_dir = '
+                                          f'"workflows"\n{names}\n')
+    with file_server(files={"/cat.png": DATA}) as server:
+        (tmp_path / "bad.jsonl").write_text(line(1, {"url": f"{server.url}/cat.png"}) + "\n"
+                                            + line(2, {"url": f"{server.url}/gone.png"}) + "\n")
+        code, _, err = cli(capsys, "submit", "--config", str(tmp_path / "config.toml"), "--to", "rabbitmq",
+                           str(tmp_path / "bad.jsonl"))
+        assert code == 2 and "bad.jsonl:2: set '1.image'" in err and "HTTP 404" in err, err
+        broker.declare()
+        assert broker.depth(broker.names["queue"]) == 0  # nothing of a file with a bad line
+        (tmp_path / "good.jsonl").write_text(line(1, {"url": f"{server.url}/cat.png"}) + "\n")
+        code, out, err = cli(capsys, "submit", "--config", str(tmp_path / "config.toml"), "--to", "rabbitmq",
+                             str(tmp_path / "good.jsonl"))
+        assert code == 0 and "published 1 job(s)" in out, err
+        assert broker.depth(broker.names["queue"]) == 1
