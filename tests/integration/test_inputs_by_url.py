@@ -263,3 +263,22 @@ def test_a_held_blake3_is_not_fetched_again(tmp_path: Path) -> None:
     assert (result.inserted, result.existing) == (1, 1)  # the same job again: nothing new
     assert assets.ref_hash(q.get(job_id(2)).params["1.image"]) == digest
     q.close()
+
+
+def test_the_forked_reader_of_a_large_submit_uses_what_validation_fetched(tmp_path: Path) -> None:
+    """A large file is read a second time by a forked child while the parent inserts (jobs_read_ahead): the
+    child finds every input in the parent's staging, fetches nothing, and leaves the staging to the parent."""
+    with file_server(files={"/cat.png": DATA}) as server:
+        path = write_jobs(tmp_path, [url_line(n, {"url": f"{server.url}/cat.png"}) for n in range(1, 6)])
+        jobs = JobsFile(path, remote=PRIVATE_OK)
+        assert jobs.validate().ok
+    q = SQLiteQueue(tmp_path / "queue.db")
+    try:
+        assert q.submit(jobs.jobs_read_ahead(batch=2)).inserted == 5  # the server is gone: nothing fetched again
+        staged = jobs.inputs._staging
+        assert staged is not None and os.path.isdir(staged)  # the child did not remove the parent's staging
+    finally:
+        jobs.close()
+    assert not os.path.exists(staged)
+    assert q.read_asset(assets.hash_bytes(DATA)) == DATA
+    q.close()
