@@ -178,9 +178,27 @@ class InputFiles:
     # -- inputs from elsewhere -------------------------------------------------------------------------------
 
     def _remote(self, key: str, value: dict[str, Any]) -> NewAsset:
-        reasons = [f"set {key!r}: unknown key {k!r} of an input from elsewhere; "
-                   f"{(did_you_mean(k, REMOTE_KEYS) + ' ') if did_you_mean(k, REMOTE_KEYS) else ''}it may have "
-                   f"{', '.join(sorted(REMOTE_KEYS))}" for k in sorted(value.keys() - REMOTE_KEYS)]
+        source, expected, name = self._remote_shape(key, value)
+        if expected.keys() == {"blake3"} and self.stored is not None and (size := self.stored(
+                digest := assets.HASH_PREFIX + expected["blake3"])) is not None:
+            return NewAsset(digest, size, name)  # held: named by its hash, as an upload's reference is
+        fetched = self._fetch(key, source, name, "sha256" in expected)
+        got = {"blake3": fetched.blake3.removeprefix(assets.HASH_PREFIX), "sha256": fetched.sha256}
+        wrong = [f"set {key!r}: {where(source)} has {algorithm} {got[algorithm]}, not the expected {digest}: the "
+                 "file changed, or the expected hash is wrong" for algorithm, digest in expected.items()
+                 if got[algorithm] != digest]
+        if wrong:
+            raise JobLineError(*wrong)
+        return NewAsset(fetched.blake3, fetched.size, name, fetched.path)
+
+    def _remote_shape(self, key: str, value: dict[str, Any]) -> tuple[str, dict[str, str], str]:
+        """The source, the expected hashes (bare hex by algorithm) and the file name of an input from elsewhere;
+        JobLineError with every problem of its shape (nothing is fetched for a reference that is wrong)."""
+        reasons: list[str] = []
+        for unknown in sorted(value.keys() - REMOTE_KEYS):
+            hint = did_you_mean(unknown, REMOTE_KEYS)
+            reasons.append(f"set {key!r}: unknown key {unknown!r} of an input from elsewhere; "
+                           f"{hint + ' ' if hint else ''}it may have {', '.join(sorted(REMOTE_KEYS))}")
         if "url" in value and "s3" in value:
             reasons.append(f"set {key!r}: give \"url\" or \"s3\", not both")
         kind = "url" if "url" in value else "s3"
@@ -212,18 +230,7 @@ class InputFiles:
             reasons += self._bucket_problems(key, source)
         if reasons:
             raise JobLineError(*reasons)
-        if expected.keys() == {"blake3"} and self.stored is not None and (size := self.stored(
-                digest := assets.HASH_PREFIX + expected["blake3"])) is not None:
-            return NewAsset(digest, size, name)  # held: named by its hash, as an upload's reference is
-        fetched = self._fetch(key, source, name, "sha256" in expected)
-        got = {"blake3": fetched.blake3.removeprefix(assets.HASH_PREFIX), "sha256": fetched.sha256}
-        for algorithm, digest in expected.items():
-            if got[algorithm] != digest:
-                reasons.append(f"set {key!r}: {where(source)} has {algorithm} {got[algorithm]}, not the expected "
-                               f"{digest}: the file changed, or the expected hash is wrong")
-        if reasons:
-            raise JobLineError(*reasons)
-        return NewAsset(fetched.blake3, fetched.size, name, fetched.path)
+        return source, expected, name
 
     def _bucket_problems(self, key: str, source: str) -> list[str]:
         try:
