@@ -233,7 +233,7 @@ class _Run:
                 "prompt_id": self.pid,
             },
         )
-        self.progress_state(node_id, 1.0, 1.0, "finished")
+        self.progress_state(node_id, 1, 1, "finished")  # ComfyUI counts a replay in integers (a run in floats)
         self.values[node_id] = entry.value
         if entry.ui:
             self.ui[node_id] = entry.ui["output"]

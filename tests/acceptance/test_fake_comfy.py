@@ -911,6 +911,46 @@ def test_object_info_matches_recorded_sample(server: Target) -> None:
         assert everything[name] == info, name
 
 
+ANIMATED_CASES = ("animated_webp", "animated_webp_cached", "still_webp", "webm", "save_image_batch")
+MAGIC = {"image/webp": b"RIFF", "video/webm": b"\x1a\x45\xdf\xa3", "image/png": b"\x89PNG"}
+
+
+def test_animated_outputs_match_recording(server: Target) -> None:
+    """SaveAnimatedWEBP (a batch, one image, the same batch again from the cache), SaveWEBM and a SaveImage batch,
+    as a real 0.3.64 files them: one file under ``images`` with ``animated`` beside it, every message and history
+    entry of the recorded shape (a cached replay's progress_state counts in integers), /view's content types."""
+    rec = recording("animated-outputs.json")
+    client_id, colors, executed = new_id(), {}, {}
+    with server.ws(client_id) as ws:
+        for name in ANIMATED_CASES:
+            case = rec[name]
+            prompt = json.loads(json.dumps(case["request"]["body"]["prompt"]))
+            prompt["1"]["inputs"]["color"] = colors.setdefault(prompt["1"]["inputs"]["color"], fresh_color())
+            prompt_id = new_id()
+            assert server.prompt(prompt, client_id, prompt_id).status_code == case["response"]["status"]
+            heard = [m for m in ws.until_done(prompt_id) if kind(m) != "status"]
+            recorded = [m["json"] for m in case["ws_messages"] if m["json"]["type"] != "status"]
+            assert kinds(heard) == kinds(recorded), name
+            for recorded_message, message in zip(recorded, heard, strict=True):
+                assert_same_shape(recorded_message, message)
+            executed[name] = next(m for m in heard if kind(m) == "executed")["data"]["output"]
+            recorded_id = case["request"]["body"]["prompt_id"]
+            history = server.get(f"/history/{prompt_id}").json()
+            assert_same_shape(case["history_response"]["body_json"], history, {recorded_id: "<p>"},
+                              {prompt_id: "<p>"})
+            outputs = history[prompt_id]["outputs"]
+            assert outputs == {node: executed[name] for node in case["history_response"]["body_json"][recorded_id]
+                               ["outputs"]}, name
+            for position, view in enumerate(case["views"]):  # each case's files come from one node's one key
+                item = outputs[view["node"]][view["key"]][position]
+                answer = server.get("/view", params=item)
+                assert (answer.status_code, answer.headers["Content-Type"]) == (view["status"], view["content_type"])
+                assert answer.content.startswith(MAGIC[view["content_type"]]), name
+                assert answer.headers["Content-Disposition"] == f'filename="{item["filename"]}"'
+    assert executed["animated_webp"]["animated"] == [True] and executed["still_webp"]["animated"] == [False]
+    assert executed["animated_webp_cached"] == executed["animated_webp"], "a cached run replays the old file"
+
+
 # -- the script words, one by one, with a plain client ------------------------------------------------
 
 
