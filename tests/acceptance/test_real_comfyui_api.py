@@ -136,16 +136,20 @@ def test_the_readme_example_on_a_real_comfyui(real: Real, client: Comfy) -> None
 
 
 @pytest.mark.timeout(300)
-def test_an_animated_webp_of_a_generated_batch(real: Real, client: Comfy) -> None:
-    """SaveAnimatedWEBP of an EmptyImage batch (no model): ComfyUI files it under ``images`` with ``animated``
-    beside it; comfysup downloads it whole, hashes and stores it, and serves it as image/webp (issue 34 point 5)."""
+def test_an_animated_webp_and_a_webm_of_a_generated_batch(real: Real, client: Comfy) -> None:
+    """SaveAnimatedWEBP (and SaveWEBM) of an EmptyImage batch (no model): ComfyUI files each under ``images`` with
+    ``animated`` beside it; comfysup downloads them whole, hashes and stores them, and serves them as image/webp and
+    video/webm (issue 34 point 5)."""
     graph = {"1": {"class_type": "EmptyImage",
                    "inputs": {"width": 32, "height": 32, "batch_size": 4, "color": uuid.uuid4().int % 16777216}},
              "2": {"class_type": "ImageInvert", "inputs": {"image": ["1", 0]}},
              "3": {"class_type": "ImageBatch", "inputs": {"image1": ["1", 0], "image2": ["2", 0]}},
              "4": {"class_type": "SaveAnimatedWEBP",
                    "inputs": {"images": ["3", 0], "filename_prefix": "ComfyUI", "fps": 4.0, "lossless": True,
-                              "quality": 80, "method": "default"}}}
+                              "quality": 80, "method": "default"}},
+             "5": {"class_type": "SaveWEBM",
+                   "inputs": {"images": ["3", 0], "filename_prefix": "ComfyUI", "codec": "vp9", "fps": 4.0,
+                              "crf": 32.0}}}
     job = client.run(client.workflows.from_json(graph), timeout=RUN_SECONDS)
     [output] = job.get_outputs("4")
     assert output.name.endswith(".webp") and output.content_type == "image/webp"
@@ -153,11 +157,17 @@ def test_an_animated_webp_of_a_generated_batch(real: Real, client: Comfy) -> Non
     assert data[:4] == b"RIFF" and data[8:12] == b"WEBP" and int.from_bytes(data[4:8], "little") + 8 == len(data)
     # An animation: libwebp merges equal neighbours, so the batch's 4 + 4 frames are its 2 distinct images.
     assert b"ANIM" in data[:64] and data.count(b"ANMF") >= 2
-    assert _stored(real, job.id) == {output.name: ("4", hashlib.sha256(data).hexdigest())}
-    [listed] = _job(real, job.id)["outputs"]
-    served = httpx.get(httpx.URL(real.url).join(listed["url"]), timeout=10)
-    assert served.status_code == 200 and served.headers["content-type"].split(";")[0] == "image/webp"
-    assert served.content == data
+    # SaveWEBM of the same frames (PyAV's own libvpx): filed under `images` too, served as video/webm.
+    [video] = job.get_outputs("5")
+    movie = video.to_bytes()
+    assert video.name.endswith(".webm") and video.content_type == "video/webm" and movie[:4] == b"\x1a\x45\xdf\xa3"
+    assert _stored(real, job.id) == {output.name: ("4", hashlib.sha256(data).hexdigest()),
+                                     video.name: ("5", hashlib.sha256(movie).hexdigest())}
+    for listed in _job(real, job.id)["outputs"]:
+        served = httpx.get(httpx.URL(real.url).join(listed["url"]), timeout=10)
+        assert served.status_code == 200, listed
+        assert served.headers["content-type"].split(";")[0] == {"4": "image/webp", "5": "video/webm"}[listed["node_id"]]
+        assert served.content == {"4": data, "5": movie}[listed["node_id"]]
 
 
 def _failing(real: Real, client: Comfy) -> tuple[JobFailed, dict[str, Any]]:
