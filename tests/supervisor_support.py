@@ -181,6 +181,17 @@ class Supervised:
 
         return wait_for(ready, seconds, "both slots running", self.describe)
 
+    def wait_api(self, url: str, seconds: float = 30.0) -> None:
+        """Until the API that ``comfysup run`` started at ``url`` answers GET /api/v2/health with 200 (the API is
+        a child of its own, up some time after the slots)."""
+        def answers() -> bool | None:
+            try:
+                return requests.get(f"{url}/api/v2/health", timeout=1).status_code == 200 or None
+            except requests.RequestException:
+                return None
+
+        wait_for(answers, seconds, "the API answering", self.describe)
+
     def stop(self, proc: subprocess.Popen[bytes], seconds: float = 30.0) -> int:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)

@@ -12,7 +12,7 @@ import pytest
 from comfy_sdk import Comfy
 
 from tests.port_support import server_port
-from tests.supervisor_support import Supervised, wait_for
+from tests.supervisor_support import Supervised
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -29,14 +29,7 @@ def test_the_sdk_runs_a_job_through_comfysup_run(tmp_path: Path, monkeypatch: py
     try:
         proc = sup.start()
         sup.wait_ready(proc)
-
-        def answers() -> bool | None:
-            try:
-                return httpx.get(f"{url}/api/v2/health", timeout=1).status_code == 200 or None
-            except httpx.HTTPError:
-                return None
-
-        wait_for(answers, 20, "the API answering", sup.describe)
+        sup.wait_api(url, 20)
         monkeypatch.setenv("COMFY_BASE_URL", url)
         monkeypatch.delenv("COMFY_API_KEY", raising=False)
         with Comfy() as client:

@@ -26,7 +26,7 @@ from comfy_sdk import Comfy
 from comfy_sdk.exceptions import JobFailed
 
 from tests.port_support import server_port
-from tests.supervisor_support import Supervised, wait_for
+from tests.supervisor_support import Supervised
 
 COMFYUI_DIR = os.environ.get("COMFYUI_DIR")
 pytestmark = [pytest.mark.comfyui,
@@ -66,14 +66,7 @@ def real(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Real]:
     try:
         proc = sup.start()
         sup.wait_ready(proc, 150)
-
-        def answers() -> bool | None:
-            try:
-                return httpx.get(f"{url}/api/v2/health", timeout=1).status_code == 200 or None
-            except httpx.HTTPError:
-                return None
-
-        wait_for(answers, 30, "the API answering", sup.describe)
+        sup.wait_api(url)
         yield Real(sup, url)
         assert sup.stop(proc, 60) == 0, sup.describe()
     finally:

@@ -31,7 +31,7 @@ import httpx
 import psutil
 import tomli_w
 from port_support import server_port
-from supervisor_support import TRIVIAL, job_id, wait_for
+from supervisor_support import TRIVIAL, job_id
 
 from chaos.checker import Report, Submission
 from chaos.harness import MIN_LIFE_SECONDS, ChaosRun
@@ -221,13 +221,7 @@ def a1_api_kills(tmp: Path, seed: int, *, api_kills: int, runner_kills: int, ser
     try:
         proc = h.start()
         h.wait_ready(proc)
-
-        def answers() -> bool | None:
-            with contextlib.suppress(httpx.HTTPError):
-                return httpx.get(f"{url}/api/v2/health", timeout=1).status_code == 200 or None
-            return None
-
-        wait_for(answers, 30, "the API answering", h.describe)
+        h.wait_api(url)
         aimed = api_kills // 2
         left = {"api_kill": api_kills - aimed, "runner_kill": runner_kills, "server_kill": server_kills}
         killed: set[int] = set()
