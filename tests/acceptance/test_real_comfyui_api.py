@@ -23,8 +23,11 @@ from typing import Any
 import httpx
 import pytest
 from comfy_sdk import Comfy
+from comfy_sdk.events import OutputReady, StatusChange
 from comfy_sdk.exceptions import JobFailed
 
+from fake_comfy.uploads import decode_png
+from tests.input_images import INVERT, expected_inverse, random_png
 from tests.port_support import server_port
 from tests.supervisor_support import Supervised
 
@@ -161,6 +164,31 @@ def test_an_animated_webp_and_a_webm_of_a_generated_batch(real: Real, client: Co
         assert served.status_code == 200, listed
         assert served.headers["content-type"].split(";")[0] == {"4": "image/webp", "5": "video/webm"}[listed["node_id"]]
         assert served.content == {"4": data, "5": movie}[listed["node_id"]]
+
+
+@pytest.mark.timeout(300)
+def test_an_uploaded_input_is_inverted_and_the_events_tell_it(real: Real, client: Comfy, tmp_path: Path) -> None:
+    """The SDK's README flow with an input: assets.from_file, a LoadImage naming it, submit and follow
+    ``job.events()`` to the end. comfysup uploads the file to the real ComfyUI (POST /upload/image) before the
+    prompt; every output pixel is the input's inverse in ComfyUI's float32 arithmetic."""
+    photo = tmp_path / "photo.png"
+    photo.write_bytes(random_png(uuid.uuid4().int % 1000))
+    workflow = client.workflows.from_json(copy.deepcopy(INVERT))
+    workflow.set_input("1", "image", client.assets.from_file(photo))
+    job = client.submit(workflow)
+    statuses, ready = [], []
+    for event in job.events():
+        match event:
+            case StatusChange(status=status):
+                statuses.append(status)
+            case OutputReady(output=output):
+                ready.append(output)
+    assert statuses[-1] == "succeeded" and "running" in statuses, statuses
+    [output] = job.refresh().get_outputs("3")
+    assert [o.id for o in ready] == [output.id]
+    _w, _h, _c, inverted = decode_png(output.to_bytes())
+    _w, _h, _c, original = decode_png(photo.read_bytes())
+    assert list(inverted) == [expected_inverse(v) for v in original]
 
 
 def _failing(real: Real, client: Comfy) -> tuple[JobFailed, dict[str, Any]]:
