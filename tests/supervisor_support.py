@@ -76,8 +76,6 @@ class Supervised:
                  main: Path = FAKE_MAIN, runner: dict[str, Any] | None = None,
                  supervisor: dict[str, Any] | None = None, servers: list[dict[str, str]] | None = None,
                  extra_sections: dict[str, Any] | None = None, comfyui: dict[str, Any] | None = None) -> None:
-        """``comfyui``: settings of the ``[comfyui]`` section over the fake's (a real ComfyUI's ``main`` and
-        ``python``, and ``extra_args`` without the fake's options)."""
         self.tmp = tmp
         self.base_port = free_base_port()
         extra = ["--node-ms", str(node_ms)]
