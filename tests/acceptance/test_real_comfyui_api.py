@@ -237,9 +237,6 @@ def test_an_execution_error_fails_the_job(real: Real, client: Comfy) -> None:
     assert failed.error is not None and "IndexError" in failed.error.message and "ImageToMask" in failed.error.message
 
 
-@pytest.mark.xfail(strict=True, reason="issue 31 (Errors): the API's job.error has only code and message until the "
-                                       "execution error's node_id, class_type and traceback are kept; remove this "
-                                       "mark when they are")
 @pytest.mark.timeout(300)
 def test_an_execution_error_carries_its_node_class_and_traceback(real: Real, client: Comfy) -> None:
     """The spec's JobError as comfy-sdk reads it: ``node_execution_error`` with the node, its class and ComfyUI's
