@@ -6,7 +6,8 @@ Two kinds of values:
   busy, jobs finished), per GPU (memory used and total, utilisation), pending webhook deliveries.
 - Counters and histograms observed as attempts end: attempts, retries and dead letters by reason class
   (the attempts table's ``kind``), OOMs, nodes run and served from ComfyUI's cache (from the traces), and
-  per workflow the queue wait and run time of each job that ends. The :class:`Observer` reads the
+  per workflow the queue wait and run time of each job that ends, and of each attempt its wait in ComfyUI's
+  queue apart from the rest of it (issue 32: one figure each, never one in the other). The :class:`Observer` reads the
   attempts that ended since its last look (``Queue.ended_since``, an index range, never a scan), keeps
   the keys of the last LOOKBACK_SECONDS so a write that committed late is counted once and only once,
   and counts from the moment this process started, as Prometheus counters do (``rate()`` handles the
@@ -95,6 +96,13 @@ class Observer:
         self.run = Histogram("comfysup_job_duration_seconds", "From the first attempt's start to the end, "
                              "retries included, of each job that ended.", ["workflow", "state"],
                              buckets=RUN_BUCKETS, registry=registry)
+        self.comfy_wait = Histogram("comfysup_attempt_comfyui_wait_seconds", "Of each attempt that ended with a "
+                                    "trace: how long its prompt waited in ComfyUI's queue behind the prompt ahead "
+                                    "of it ([runner] queue_ahead), from its POST to its execution_start.",
+                                    ["workflow"], buckets=WAIT_BUCKETS, registry=registry)
+        self.attempt_run = Histogram("comfysup_attempt_run_seconds", "Of each attempt that ended with a trace: its "
+                                     "time from its claim to its end less that wait (execution, downloads, the "
+                                     "record).", ["workflow", "outcome"], buckets=RUN_BUCKETS, registry=registry)
 
     def catch_up(self, queue: Queue) -> int:
         """Observe every attempt that ended since the last call; returns how many were new.
@@ -158,6 +166,10 @@ class Observer:
             self.cached.inc(cached)
             self.node_total += ran + cached
             self.node_cached += cached
+        if row.run_s is not None:
+            workflow = self.workflow_label(row.workflow_name)
+            self.comfy_wait.labels(workflow=workflow).observe(max(0.0, row.comfyui_wait_s or 0.0))
+            self.attempt_run.labels(workflow=workflow, outcome=label(row.outcome)).observe(max(0.0, row.run_s))
         if row.outcome in TERMINAL:
             workflow = self.workflow_label(row.workflow_name)
             self.wait.labels(workflow=workflow).observe(max(0.0, row.first_started_at - row.submitted_at))
@@ -189,8 +201,9 @@ class Live(Collector):
     def collect(self) -> Iterator[Metric]:
         now = time.time()
         status = self.queue.status(now, dead_limit=0)
-        jobs = GaugeMetricFamily("comfysup_jobs", "Jobs by state (waiting: queued, waiting to retry).",
-                                 labels=["state"])
+        jobs = GaugeMetricFamily("comfysup_jobs", "Jobs by state (waiting: queued, waiting to retry; posted: "
+                                 "claimed ahead, waiting in its server's queue behind the prompt that runs there; "
+                                 "running: executing, downloading, recording).", labels=["state"])
         for state, count in sorted(status.counts.items()):
             jobs.add_metric([state], count)
         yield jobs

@@ -506,7 +506,7 @@ def test_a_version_5_database_counts_its_finished_jobs_in_v6(tmp_path: Path) -> 
     _back_to(path, 5)  # as a queue made by the comfysup before this one left it
     q = SQLiteQueue(path, create=False)
     assert q.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
-    assert q.status(now=T0 + 3).counts == {"queued": 2, "waiting": 0, "running": 1, "done": 1, "dead": 1,
+    assert q.status(now=T0 + 3).counts == {"queued": 2, "waiting": 0, "posted": 0, "running": 1, "done": 1, "dead": 1,
                                            "cancelled": 1}
     assert [j.state for j in q.iter_jobs()].count("queued") == 2  # every job kept
     q.close()
@@ -527,7 +527,7 @@ def test_v7_drops_the_insert_trigger_and_counts_stay_right(tmp_path: Path) -> No
     q.submit([make_job(n) for n in range(4, 8)], now=T0 + 2)
     q.dead(q.claim("r", "gpu0", 30, now=T0 + 2), "x", now=T0 + 3)
     q.cancel([make_job(7).id], now=T0 + 4)
-    assert q.status(now=T0 + 5).counts == {"queued": 5, "waiting": 0, "running": 0, "done": 1, "dead": 1,
+    assert q.status(now=T0 + 5).counts == {"queued": 5, "waiting": 0, "posted": 0, "running": 0, "done": 1, "dead": 1,
                                            "cancelled": 1}
     q.close()
 
