@@ -322,8 +322,6 @@ class Attempt:
             wait = max(0.0, min(next_poll, self.deadline, self.heartbeat.next) - self.clock())
             message = follow.receive(self.ctx, run, self.replay, wait)
             poll_in = None if message is None else follow.on_message(self.ctx, run, message, self.early)
-            if run.started and self.waiting:
-                self._executes()
             if self.early.may_queue_ahead(run):
                 self.early.hand_off(run)  # this run executes: the next waits behind it in the server's queue
             if run.success_seen and self.early.may_hand_off(run):
@@ -341,6 +339,8 @@ class Attempt:
                     poll_in = NEXT_START_WAIT_SECONDS  # its start comes next, unless the server lost it
             if poll_in is not None:
                 next_poll = min(next_poll, self.clock() + poll_in)
+            if run.started and self.waiting:  # after the posts above: the server's next job never waits for it
+                self._executes()
             self._write_progress()
 
     def _checkpoints(self, run: Run, now: float) -> None:
