@@ -892,6 +892,23 @@ class QueueContract(CatalogueContract, AssetsContract):
         assert len(q.ended_since(T0, limit=1)) == 1
         assert q.get(c2.id).state == "running"  # an attempt still running has not ended
 
+    def test_ended_since_hands_each_attempts_wait_in_comfyui_and_its_run(self, q: Queue) -> None:
+        """Issue 32: the two figures of a trace (comfysup.runner.trace.figures) are read by the database, and the
+        attempt that ends a job carries its first attempt's wait: the job's queueing, not its duration."""
+        self.submit(q, make_job(1), now=T0 - 10)
+        first = self.claim(q, now=T0)
+        q.retry_later(first, run_after=T0, reason="oom", now=T0 + 4, kind="oom",
+                      trace={"phases": [], "comfyui_wait_s": 2.5, "run_s": 1.5})
+        again = self.claim(q, now=T0 + 5)
+        q.complete(again, [], now=T0 + 7, trace={"phases": [], "comfyui_wait_s": 0.25, "run_s": 1.75})
+        ended = q.ended_since(T0)
+        assert [(e.comfyui_wait_s, e.run_s, e.first_comfyui_wait_s) for e in ended] == [(2.5, 1.5, None),
+                                                                                       (0.25, 1.75, 2.5)]
+        self.submit(q, make_job(2), now=T0 + 8)
+        q.dead(self.claim(q, now=T0 + 9), "gave up", now=T0 + 10)  # no trace: its runner died, nothing measured
+        assert [(e.comfyui_wait_s, e.run_s, e.first_comfyui_wait_s) for e in q.ended_since(T0 + 10)] == \
+            [(None, None, None)]
+
     def test_ended_count_and_keys_see_the_window_inclusive(self, q: Queue) -> None:
         self.submit(q, make_job(1), make_job(2), make_job(3), now=T0 - 10)
         c1, c2, c3 = (self.claim(q, now=T0 + i) for i in range(3))

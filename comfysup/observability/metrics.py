@@ -91,10 +91,11 @@ class Observer:
                              registry=registry)
         self.cached = Counter("comfysup_nodes_cached", "Nodes ComfyUI served from its cache (execution_cached).",
                               registry=registry)
-        self.wait = Histogram("comfysup_job_queue_wait_seconds", "From submit to the first attempt's start, of "
-                              "each job that ended.", ["workflow"], buckets=WAIT_BUCKETS, registry=registry)
-        self.run = Histogram("comfysup_job_duration_seconds", "From the first attempt's start to the end, "
-                             "retries included, of each job that ended.", ["workflow", "state"],
+        self.wait = Histogram("comfysup_job_queue_wait_seconds", "From submit to the first attempt's start (its "
+                              "claim, plus its wait in ComfyUI's queue behind another prompt), of each job that "
+                              "ended.", ["workflow"], buckets=WAIT_BUCKETS, registry=registry)
+        self.run = Histogram("comfysup_job_duration_seconds", "From the first attempt's start (as above) to the "
+                             "end, retries included, of each job that ended.", ["workflow", "state"],
                              buckets=RUN_BUCKETS, registry=registry)
         self.comfy_wait = Histogram("comfysup_attempt_comfyui_wait_seconds", "Of each attempt that ended with a "
                                     "trace: how long its prompt waited in ComfyUI's queue behind the prompt ahead "
@@ -172,8 +173,10 @@ class Observer:
             self.attempt_run.labels(workflow=workflow, outcome=label(row.outcome)).observe(max(0.0, row.run_s))
         if row.outcome in TERMINAL:
             workflow = self.workflow_label(row.workflow_name)
-            self.wait.labels(workflow=workflow).observe(max(0.0, row.first_started_at - row.submitted_at))
-            self.run.labels(workflow=workflow, state=row.outcome).observe(max(0.0, row.ended_at - row.first_started_at))
+            # The first attempt's wait in ComfyUI's queue (a job queued ahead) is queueing, not duration.
+            started = row.first_started_at + (row.first_comfyui_wait_s or 0.0)
+            self.wait.labels(workflow=workflow).observe(max(0.0, started - row.submitted_at))
+            self.run.labels(workflow=workflow, state=row.outcome).observe(max(0.0, row.ended_at - started))
 
     def workflow_label(self, name: str | None) -> str:
         value = label(name, "unnamed")

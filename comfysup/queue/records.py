@@ -56,7 +56,8 @@ def ended_attempt(row: Row) -> EndedAttempt:
                         started_at=row["started_at"], ended_at=row["ended_at"], nodes_run=row["nodes_run"],
                         nodes_cached=row["nodes_cached"], workflow_name=row["workflow_name"],
                         submitted_at=row["submitted_at"], first_started_at=row["first_started_at"],
-                        comfyui_wait_s=row["comfyui_wait_s"], run_s=row["run_s"])
+                        comfyui_wait_s=row["comfyui_wait_s"], run_s=row["run_s"],
+                        first_comfyui_wait_s=row["first_comfyui_wait_s"])
 
 
 def delivery(row: Row, next_at: Any = ...) -> Delivery:

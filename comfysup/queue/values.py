@@ -238,6 +238,9 @@ class EndedAttempt:
     """Seconds the attempt's prompt waited in ComfyUI's queue (behind the prompt ahead of it); None: no trace."""
     run_s: float | None = None
     """Seconds of the attempt that were not that wait (comfysup.runner.trace.figures); None: no trace."""
+    first_comfyui_wait_s: float | None = None
+    """Of a job's last attempt (one that ended it): the seconds its first attempt waited in ComfyUI's queue, which
+    the job's metrics count as queueing, not as its duration."""
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import io
+import re
 import threading
 from pathlib import Path
 
@@ -89,4 +90,7 @@ def test_a_job_queued_ahead_is_posted_until_it_executes_and_its_wait_is_not_its_
     assert 'comfysup_attempt_comfyui_wait_seconds_bucket{le="5.0",workflow="inline"} 2.0' in text
     assert 'comfysup_attempt_run_seconds_count{outcome="done",workflow="inline"} 2.0' in text
     assert 'comfysup_jobs{state="posted"} 0.0' in text and 'comfysup_jobs{state="done"} 2.0' in text
+    # Job 2 was claimed as job 1 started: its wait behind job 1 is its queueing, not its duration.
+    queued = float(re.search(r'comfysup_job_queue_wait_seconds_sum\{workflow="inline"\} (\S+)', text)[1])
+    assert queued > start - post - 0.25
     queue.close()

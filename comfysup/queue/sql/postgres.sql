@@ -51,6 +51,10 @@ CASE json_typeof(t.doc -> 'comfyui_wait_s') WHEN 'number' THEN (t.doc ->> 'comfy
 -- (issue 32) seconds an attempt ran (its claim to its end, less that wait), from its trace
 CASE json_typeof(t.doc -> 'run_s') WHEN 'number' THEN (t.doc ->> 'run_s')::float8 END
 
+-- name: first_wait
+-- (issue 32) of a job's first attempt (f): seconds it waited in ComfyUI's queue, from its trace
+CASE json_typeof(f.trace::json -> 'comfyui_wait_s') WHEN 'number' THEN (f.trace::json ->> 'comfyui_wait_s')::float8 END
+
 -- name: trace_doc
 -- the trace text parsed once per row
 CROSS JOIN LATERAL (SELECT a.trace::json AS doc) t

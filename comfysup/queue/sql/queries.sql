@@ -227,7 +227,9 @@ SELECT a.job_id AS job_id, a.attempt AS attempt, a.outcome AS outcome, a.kind AS
     a.ended_at AS ended_at, {trace_nodes} AS nodes_run, {trace_cached} AS nodes_cached,
     {trace_wait} AS comfyui_wait_s, {trace_run} AS run_s,
     j.workflow_name AS workflow_name, j.submitted_at AS submitted_at,
-    (SELECT min(f.started_at) FROM attempts f WHERE f.job_id = a.job_id) AS first_started_at
+    (SELECT min(f.started_at) FROM attempts f WHERE f.job_id = a.job_id) AS first_started_at,
+    CASE WHEN a.outcome IN ('done', 'dead', 'cancelled') THEN (SELECT {first_wait} FROM attempts f
+        WHERE f.job_id = a.job_id ORDER BY f.started_at, f.attempt LIMIT 1) END AS first_comfyui_wait_s
 FROM attempts a JOIN jobs j ON j.id = a.job_id {trace_doc} WHERE a.ended_at >= ? ORDER BY a.ended_at LIMIT ?
 
 -- name: ended_count

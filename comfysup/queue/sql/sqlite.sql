@@ -41,6 +41,10 @@ json_extract(a.trace, '$.comfyui_wait_s')
 -- (issue 32) seconds an attempt ran (its claim to its end, less that wait), from its trace
 json_extract(a.trace, '$.run_s')
 
+-- name: first_wait
+-- (issue 32) of a job's first attempt (f): seconds it waited in ComfyUI's queue, from its trace
+json_extract(f.trace, '$.comfyui_wait_s')
+
 -- name: trace_doc
 -- SQLite reads the trace text as it is
 
