@@ -3,7 +3,8 @@ running prompt: status, status --json, show, the page, /metrics and the queue's 
 until its execution starts; then its wait in ComfyUI's queue and its run are two figures (results, show, the
 histograms), the wait timed from the fake's own clock of its POST and its start.
 
-About 2 s for each ComfyUI version: two prompts of 0.75 s, long enough to see each state through the CLI."""
+Each test takes about 2 s for each ComfyUI version: two prompts of 0.75 s, long enough to see each state through
+the CLI."""
 
 from __future__ import annotations
 
@@ -93,4 +94,33 @@ def test_a_job_queued_ahead_is_posted_until_it_executes_and_its_wait_is_not_its_
     # Job 2 was claimed as job 1 started: its wait behind job 1 is its queueing, not its duration.
     queued = float(re.search(r'comfysup_job_queue_wait_seconds_sum\{workflow="inline"\} (\S+)', text)[1])
     assert queued > start - post - 0.25
+    queue.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_job_claimed_ahead_but_left_to_its_own_attempt_waits_as_posted(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A job on its second attempt is claimed ahead but not posted (its own attempt looks for an earlier run first):
+    it waits for the server all the same, so it is posted, not running, until its attempt posts it."""
+    fake = FakeComfy(base_directory=tmp_path / "fake", node_ms=250)
+    fake.start()
+    config = write_config(tmp_path, queue_ahead=True)
+    queue = submit(config, [trivial_job(1)])
+    first = queue.claim("elsewhere/1/gpu0/t", "gpu0", 60)  # job 1, back to the queue counted: its attempt 2 is next
+    assert first is not None
+    queue.release(first, "its runner died")
+    queue.close()
+    queue = submit(config, [trivial_job(2, priority=5)])  # runs first: job 1 is the one claimed ahead
+    thread = threading.Thread(target=Runner(config_of(config), "cpu0", fake.url, until_empty=True).run, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: _status_with(capsys, config, "posted 1 · running 1 ·"), 10,
+                 "job 1 to wait as posted behind job 2", lambda: _status(capsys, config))
+        assert fake.stats()["prompts"].get(job_id(1), {}).get("posted", 0) == 0  # claimed, not posted
+        thread.join(30)
+        assert not thread.is_alive()
+    finally:
+        fake.stop()
+    assert [queue.get(job_id(n)).shown_state for n in (1, 2)] == ["done", "done"]
+    assert fake.stats()["order"] == [job_id(2), job_id(1)]
     queue.close()
