@@ -21,8 +21,9 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p = sub.add_parser("status", parents=[common], help="counts by state, running jobs, last dead letters",
                        description="Show how many jobs are queued, waiting to retry, posted (claimed ahead and "
                                    "waiting in their server's queue behind the prompt that runs there), running "
-                                   "(executing), done, dead and cancelled; the oldest queued job's age; each "
-                                   "running and posted job; and the last dead letters with their reasons.")
+                                   "(executing, or its files being stored), done, dead and cancelled; the oldest "
+                                   "queued job's age; each running and posted job; and the last dead letters with "
+                                   "their reasons.")
     p.add_argument("--json", action="store_true", help="print one JSON object instead")
     p.add_argument("--dead", type=int, default=5, metavar="N", help="how many dead letters to list (default 5)")
     p.add_argument("--watch", nargs="?", const=2.0, type=float, metavar="SECONDS",
