@@ -165,13 +165,23 @@ def _submit(state: State, body: Any, key: str | None, origin: str, fetched: Any 
     record = state.queue.get(job.id)
     headers = {"Idempotency-Replayed": "true"} if result.existing else {}
     headers["Location"] = views.job_urls(job.id)["self"]
-    return _json(views.job(record, origin, time.time()), status=201, headers=headers)
+    return _json(views.job(record, origin, time.time(), _place(state, record)), status=201, headers=headers)
 
 
 async def get_job(request: web.Request) -> web.Response:
     state: State = request.app[STATE_KEY]
-    record = await state.call(_record, state, _job_id(request))
-    return _json(views.job(record, _origin(request), time.time()))
+    record, place = await state.call(_placed, state, _job_id(request))
+    return _json(views.job(record, _origin(request), time.time(), place))
+
+
+def _placed(state: State, job_id: str) -> tuple[Any, int | None]:
+    record = _record(state, job_id)
+    return record, _place(state, record)
+
+
+def _place(state: State, record: Any) -> int | None:
+    """A waiting job's place in line (``Queue.queue_position``), read only for a job the contract shows queued."""
+    return state.queue.queue_position(record.id) if views.status(record) == "queued" else None
 
 
 def _record(state: State, job_id: str) -> Any:
@@ -199,10 +209,10 @@ async def cancel_job(request: web.Request) -> web.Response:
         if record.state not in ("done", "dead", "cancelled"):
             state.queue.cancel([job_id])
             record = state.queue.get(job_id)
-        return record
+        return record, _place(state, record)
 
-    record = await state.call(cancel)
-    return _json(views.job(record, _origin(request), time.time()))
+    record, place = await state.call(cancel)
+    return _json(views.job(record, _origin(request), time.time(), place))
 
 
 def _cursor(text: str | None) -> int | None:
