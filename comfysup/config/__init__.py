@@ -4,7 +4,8 @@
   written);
 - ``loader``: the file, the environment and the flags read into the schema, every unknown key or wrong type an
   error naming where it came from;
-- ``checks``: impossible values, unsafe listens, and what only ``comfysup run`` needs.
+- ``checks``: impossible values, unsafe listens, and what only ``comfysup run`` needs;
+- ``models``: the model manifest (``[[models]]`` and the models.toml ``[comfyui] models_manifest`` names).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from comfysup.config.schema import (
     ComfyUIConfig,
     Config,
     MetricsConfig,
+    ModelFile,
     QueueConfig,
     RabbitMQConfig,
     RunnerConfig,
@@ -37,6 +39,7 @@ __all__ = [
     "Config",
     "GpuSpec",
     "MetricsConfig",
+    "ModelFile",
     "QueueConfig",
     "RabbitMQConfig",
     "RunnerConfig",

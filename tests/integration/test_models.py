@@ -1,0 +1,173 @@
+"""The model manifest (issue 34): ``comfysup models pull`` fetches each file once into the cache, continues an
+interrupted download instead of starting over, refuses a wrong hash, lets a second machine on the same cache fetch
+nothing, and a server launched with the cache lists the file. Model files are served on loopback by the test,
+which counts every byte it sends."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from comfysup.config import load_config
+from comfysup.gpus import Slot
+from comfysup.supervisor import server
+from tests.cli_support import REPO, cli
+from tests.models_support import MODEL, FileServer, content, entry, write_config
+from tests.port_support import server_port
+
+SIZE = (3 << 20) + 12345
+"""Three 1 MiB chunks and a bit: a download held after two whole chunks has written exactly those to disk."""
+
+
+def blob(cache: Path, data: bytes) -> Path:
+    return cache / "sha256" / hashlib.sha256(data).hexdigest()
+
+
+def test_pull_fetches_verifies_links_and_lists(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = content(SIZE)
+    with FileServer({"/m/a.safetensors": data}).serving() as files:
+        config = write_config(tmp_path, [entry(f"{files.url}/m/a.safetensors", data, name="sd/a.safetensors")])
+        code, out, err = cli(capsys, "models", "list", "--config", str(config))
+        assert code == 1 and "checkpoints/sd/a.safetensors" in out and "missing" in out
+        code, out, err = cli(capsys, "models", "pull", "--config", str(config), "--no-progress")
+        assert code == 0, err
+        assert "0 already cached, 1 fetched" in out
+        assert files.sent["/m/a.safetensors"] == SIZE
+    cache = tmp_path / "var" / "model-cache"
+    assert blob(cache, data).read_bytes() == data
+    link = tmp_path / "var" / "comfyui" / "models" / "checkpoints" / "sd" / "a.safetensors"
+    assert link.is_symlink() and link.resolve() == blob(cache, data)
+    assert not list((cache / "partial").glob("*[!k]"))  # only the lock file: no partial left behind
+    code, out, _ = cli(capsys, "models", "list", "--config", str(config), "--json")
+    assert code == 0
+    row = json.loads(out)
+    assert row["state"] == "verified" and row["size"] == SIZE and row["sha256"] == hashlib.sha256(data).hexdigest()
+
+
+def test_a_broken_off_download_continues_where_it_stopped(tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    data = content(SIZE, seed=2)
+    with FileServer({"/a": data}, cut_after={"/a": 2 << 20}).serving() as files:
+        config = write_config(tmp_path, [entry(f"{files.url}/a", data)])
+        code, out, err = cli(capsys, "models", "pull", "--config", str(config), "--no-progress")
+        assert code == 0, err
+        assert "broke off" in out
+        assert files.ranges == ["", f"bytes={2 << 20}-"]
+        assert files.sent["/a"] == SIZE  # every byte once
+    assert blob(tmp_path / "var" / "model-cache", data).read_bytes() == data
+
+
+def test_a_killed_pull_is_continued_by_the_next_one(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = content(SIZE, seed=3)
+    with FileServer({"/a": data}, hold_after={"/a": 2 << 20}).serving() as files:
+        config = write_config(tmp_path, [entry(f"{files.url}/a", data)])
+        env = {k: v for k, v in os.environ.items() if not k.startswith("COMFYSUP_")}
+        proc = subprocess.Popen([sys.executable, "-m", "comfysup", "models", "pull", "--config", str(config)],
+                                env={**env, "PYTHONPATH": str(REPO)}, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        try:
+            assert files.held.wait(20), "the first pull never got its first bytes"
+            partial = tmp_path / "var" / "model-cache" / "partial" / hashlib.sha256(data).hexdigest()
+            deadline = time.monotonic() + 20
+            while not (partial.is_file() and partial.stat().st_size == 2 << 20):  # two whole chunks written
+                assert time.monotonic() < deadline, "the partial file never held the bytes sent"
+                time.sleep(0.02)
+            proc.send_signal(signal.SIGKILL)
+        finally:
+            proc.wait(20)
+        code, out, _ = cli(capsys, "models", "list", "--config", str(config))
+        assert code == 1 and "partial" in out and "2.0 MiB" in out
+        code, out, err = cli(capsys, "models", "pull", "--config", str(config), "--no-progress")
+        assert code == 0, err
+        assert "continuing after 2.0 MiB" in out
+        assert files.ranges[-1] == f"bytes={2 << 20}-"
+        assert files.sent["/a"] == SIZE
+    assert blob(tmp_path / "var" / "model-cache", data).read_bytes() == data
+
+
+def test_a_wrong_hash_is_refused_and_nothing_is_left(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = content(1000, seed=4)
+    wrong = entry("", content(1000, seed=5))["sha256"]
+    with FileServer({"/a": data}).serving() as files:
+        config = write_config(tmp_path, [{**entry(f"{files.url}/a", data), "sha256": wrong}])
+        code, out, err = cli(capsys, "models", "pull", "--config", str(config), "--no-progress")
+    assert code == 1
+    assert f"checkpoints/{MODEL}" in err and f"has sha256 {hashlib.sha256(data).hexdigest()}" in err
+    assert "it was removed" in err
+    cache = tmp_path / "var" / "model-cache"
+    assert not (cache / "sha256").exists() or not any((cache / "sha256").iterdir())
+    assert not (cache / "partial" / wrong).exists()
+    assert not (tmp_path / "var" / "comfyui" / "models" / "checkpoints" / MODEL).exists()
+    code, out, _ = cli(capsys, "models", "list", "--config", str(config))
+    assert code == 1 and "missing" in out
+
+
+def test_a_second_machine_on_the_same_cache_fetches_nothing(tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    data = content(5000, seed=6)
+    shared = tmp_path / "nfs" / "models"
+    with FileServer({"/a": data}).serving() as files:
+        models = [entry(f"{files.url}/a", data)]
+        first = write_config(tmp_path / "machine-a", models, cache=shared)
+        second = write_config(tmp_path / "machine-b", models, cache=shared)
+        assert cli(capsys, "models", "pull", "--config", str(first), "--no-progress")[0] == 0
+        code, out, err = cli(capsys, "models", "pull", "--config", str(second), "--no-progress")
+        assert code == 0, err
+        assert "1 already cached, 0 fetched" in out
+        assert files.sent["/a"] == len(data) and len(files.ranges) == 1
+    link = tmp_path / "machine-b" / "var" / "comfyui" / "models" / "checkpoints" / MODEL
+    assert link.read_bytes() == data
+
+
+def test_a_local_file_is_copied_and_a_fifo_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = content(2000, seed=7)
+    (tmp_path / "files").mkdir()
+    (tmp_path / "files" / "lora.safetensors").write_bytes(data)
+    os.mkfifo(tmp_path / "files" / "pipe.safetensors")
+    config = write_config(tmp_path, [entry("files/lora.safetensors", data, name="l.safetensors", folder="loras"),
+                                     entry("files/pipe.safetensors", b"", name="p.safetensors", folder="loras")])
+    code, _out, err = cli(capsys, "models", "pull", "--config", str(config), "--no-progress")
+    assert code == 1
+    assert "loras/p.safetensors" in err and "not a regular file" in err
+    assert (tmp_path / "var" / "comfyui" / "models" / "loras" / "l.safetensors").read_bytes() == data
+
+
+def test_a_launched_server_lists_the_cached_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The server's own extra_model_paths.yaml points it at the verified files: the fake (which reads the flag as
+    ComfyUI does) lists the model as CheckpointLoaderSimple's choice and in /models/checkpoints."""
+    data = content(3000, seed=8)
+    with FileServer({"/a": data}).serving() as files:
+        path = write_config(tmp_path, [entry(f"{files.url}/a", data)],
+                            comfyui={"main": str(REPO / "fake_comfy" / "main.py"), "base_port": server_port()})
+        assert cli(capsys, "models", "pull", "--config", str(path), "--no-progress")[0] == 0
+    config = load_config(str(path), env={})
+    plan = server.plan(config, Slot("cpu0", 0, None))
+    server.prepare(plan)
+    argv = list(plan.argv)
+    assert argv[argv.index("--extra-model-paths-config") + 1] == str(plan.directory / "extra_model_paths.yaml")
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        url = ""
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if "To see the GUI go to: " in line:
+                url = line.split("go to: ")[1].strip()
+                break
+        assert url, "the fake did not start"
+        info = requests.get(f"{url}/object_info/CheckpointLoaderSimple", timeout=10).json()
+        choices = info["CheckpointLoaderSimple"]["input"]["required"]["ckpt_name"][0]
+        assert choices == [MODEL]
+        assert requests.get(f"{url}/models/checkpoints", timeout=10).json() == [MODEL]
+        assert requests.get(f"{url}/models/loras", timeout=10).json() == []
+    finally:
+        proc.kill()
+        proc.wait(10)
