@@ -47,6 +47,8 @@ class FileServer:
     held: threading.Event = field(default_factory=threading.Event)
     """Set once a held answer has sent its N bytes."""
     release: threading.Event = field(default_factory=threading.Event)
+    redirects: dict[str, str] = field(default_factory=dict)
+    """Path → where a GET of it is sent (302)."""
     url: str = ""
 
     def handler(self) -> type[BaseHTTPRequestHandler]:
@@ -59,15 +61,21 @@ class FileServer:
                 pass
 
             def do_GET(self) -> None:
+                self.path = self.path.partition("?")[0]  # a presigned URL's query: not part of the file's name
                 body = files.files.get(self.path)
                 files.ranges.append(self.headers.get("Range", ""))
-                if body is None:
-                    self.send_response(404)
+                if self.path in files.redirects or body is None:
+                    self.send_response(302 if self.path in files.redirects else 404)
+                    if self.path in files.redirects:
+                        self.send_header("Location", files.redirects[self.path])
                     self.send_header("Content-Length", "0")
                     self.end_headers()
                     return
                 start = 0
+                etag = f'"{hashlib.sha256(body).hexdigest()[:16]}"'
                 found = re.fullmatch(r"bytes=(\d+)-", self.headers.get("Range", ""))
+                if found and self.headers.get("If-Range", etag) != etag:  # changed since: the whole file
+                    found = None
                 if found:
                     start = int(found.group(1))
                     self.send_response(206)
@@ -75,7 +83,7 @@ class FileServer:
                 else:
                     self.send_response(200)
                 self.send_header("Content-Length", str(len(body) - start))
-                self.send_header("ETag", f'"{hashlib.sha256(body).hexdigest()[:16]}"')
+                self.send_header("ETag", etag)
                 self.end_headers()
                 rest = body[start:]
                 cut = files.cut_after.pop(self.path, None)

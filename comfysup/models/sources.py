@@ -59,7 +59,7 @@ _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
 def _pool() -> urllib3.PoolManager:
     global _POOL
     if _POOL is None:
-        _POOL = urllib3.PoolManager(timeout=urllib3.Timeout(connect=CONNECT_TIMEOUT, read=READ_TIMEOUT))
+        _POOL = urllib3.PoolManager()
     return _POOL
 
 
@@ -79,7 +79,8 @@ def fetch_http(url: str, part: Partial, progress: Progress, on_total: Callable[[
     shown = shown_url(url)
     try:
         resp = _pool().request("GET", url, headers=headers, retries=retries, preload_content=False,
-                               decode_content=False)
+                               decode_content=False,
+                               timeout=urllib3.Timeout(connect=CONNECT_TIMEOUT, read=READ_TIMEOUT))
     except urllib3.exceptions.MaxRetryError as exc:
         if isinstance(exc.reason, urllib3.exceptions.ResponseError):
             raise FetchError(f"{shown}: more than {MAX_REDIRECTS} redirects") from None

@@ -171,3 +171,52 @@ def test_a_launched_server_lists_the_cached_model(tmp_path: Path, capsys: pytest
     finally:
         proc.kill()
         proc.wait(10)
+
+
+def test_a_file_changed_at_the_source_is_fetched_whole_not_spliced(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """A partial download of the old file is not continued with the new one's bytes: If-Range carries the ETag the
+    first answer gave, and the server that has another file answers with all of it."""
+    old, new = content(SIZE, seed=9), content(SIZE, seed=10)
+    with FileServer({"/a": new}).serving() as files:
+        config = write_config(tmp_path, [entry(f"{files.url}/a", new)])
+        # A pull killed after 1 MiB of the old file, as it leaves the cache: the bytes, and the first answer's ETag.
+        partial = tmp_path / "var" / "model-cache" / "partial" / hashlib.sha256(new).hexdigest()
+        partial.parent.mkdir(parents=True)
+        partial.write_bytes(old[:1 << 20])
+        partial.with_name(partial.name + ".json").write_text(
+            json.dumps({"etag": f'"{hashlib.sha256(old).hexdigest()[:16]}"'}))
+        code, _out, err = cli(capsys, "models", "pull", "--config", str(config), "--no-progress")
+        assert code == 0, err
+        assert files.ranges == [f"bytes={1 << 20}-"] and files.sent["/a"] == SIZE  # asked to continue, sent whole
+    assert blob(tmp_path / "var" / "model-cache", new).read_bytes() == new
+
+
+def test_redirects_are_followed_a_few_times_and_missing_files_named(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    data = content(100, seed=11)
+    loop = {f"/r{i}": f"/r{i + 1}" for i in range(10)}
+    with FileServer({"/a": data}, redirects={"/cdn": "/a", **loop}).serving() as files:
+        good = write_config(tmp_path / "good", [entry(f"{files.url}/cdn", data)])
+        assert cli(capsys, "models", "pull", "--config", str(good), "--no-progress")[0] == 0
+        looping = write_config(tmp_path / "loop", [entry(f"{files.url}/r0?token=secret", data, name="b.safetensors")])
+        code, _, err = cli(capsys, "models", "pull", "--config", str(looping), "--no-progress")
+        assert code == 1 and "more than 5 redirects" in err and "secret" not in err
+        gone = write_config(tmp_path / "gone", [entry(f"{files.url}/nothing", data, name="c.safetensors")])
+        code, _, err = cli(capsys, "models", "pull", "--config", str(gone), "--no-progress")
+        assert code == 1 and "HTTP 404: no such file (check the url)" in err and "checkpoints/c.safetensors" in err
+
+
+def test_a_server_that_stops_sending_is_given_up_on_and_continued(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Never a hang: a download with no bytes for the read timeout is taken as broken and continued."""
+    from comfysup.models import sources
+
+    monkeypatch.setattr(sources, "READ_TIMEOUT", 0.5)
+    data = content(SIZE, seed=12)
+    with FileServer({"/a": data}, hold_after={"/a": 2 << 20}).serving() as files:
+        config = write_config(tmp_path, [entry(f"{files.url}/a", data)])
+        code, out, err = cli(capsys, "models", "pull", "--config", str(config), "--no-progress")
+        assert code == 0, err
+        assert "no bytes for 0.5 s" in out
+        assert files.ranges == ["", f"bytes={2 << 20}-"] and files.sent["/a"] == SIZE
