@@ -51,7 +51,7 @@ def run_pull(args: argparse.Namespace) -> int:
     if not config.models:
         print(f"models: the manifest is empty (no [[models]] in {config.source}, no [comfyui] models_manifest)")
         return 0
-    report = pull(config, bar=not args.no_progress, verify=args.verify)
+    report = pull(config, say=lambda line: print(line, flush=True), bar=not args.no_progress, verify=args.verify)
     print(f"{report.summary()}; cache {cache_dir(config)}, servers see {view_dir(config)}")
     return 0
 

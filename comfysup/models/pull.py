@@ -65,10 +65,11 @@ def pull(config: Config, *, say: Callable[[str], None] = print, bar: bool = True
             report.present += 1
             continue
         try:
-            if _cached(cache, entry, verify, say):
+            received = None if _cached(cache, entry, verify, say) else _pull_one(cache, entry, say, bar)
+            if received is None:
                 report.present += 1
             else:
-                report.fetched_bytes += _pull_one(cache, entry, say, bar)
+                report.fetched_bytes += received
                 report.fetched += 1
             done.add(entry.sha256)
         except (FetchError, ModelsError) as exc:
@@ -95,12 +96,12 @@ def _cached(cache: Cache, entry: ModelFile, verify: bool, say: Callable[[str], N
     return True
 
 
-def _pull_one(cache: Cache, entry: ModelFile, say: Callable[[str], None], bar: bool) -> int:
-    """Fetch one content under its lock; the bytes received."""
+def _pull_one(cache: Cache, entry: ModelFile, say: Callable[[str], None], bar: bool) -> int | None:
+    """Fetch one content under its lock: the bytes received, or None when another process fetched it meanwhile."""
     label = f"{entry.folder}/{entry.name}"
     with cache.locked(entry.sha256, lambda: say(f"models: {label}: another pull is fetching it; waiting")):
         if cache.blob(entry.sha256).is_file():
-            return 0
+            return None
         part = Partial(cache.partial(entry.sha256))
         start = part.size
         try:

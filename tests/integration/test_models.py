@@ -220,3 +220,42 @@ def test_a_server_that_stops_sending_is_given_up_on_and_continued(tmp_path: Path
         assert code == 0, err
         assert "no bytes for 0.5 s" in out
         assert files.ranges == ["", f"bytes={2 << 20}-"] and files.sent["/a"] == SIZE
+
+
+def test_two_pulls_at_once_fetch_one_copy(tmp_path: Path) -> None:
+    """The second pull waits for the first one's lock on that file and then finds it cached: bytes sent once."""
+    data = content(SIZE, seed=13)
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("COMFYSUP_")}, "PYTHONPATH": str(REPO)}
+    with FileServer({"/a": data}, hold_after={"/a": 2 << 20}).serving() as files:
+        config = write_config(tmp_path, [entry(f"{files.url}/a", data)])
+        command = [sys.executable, "-m", "comfysup", "models", "pull", "--config", str(config), "--no-progress"]
+        first = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        second = None
+        try:
+            assert files.held.wait(20), "the first pull never got its first bytes"
+            second = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            assert second.stdout is not None
+            waiting = next((line for line in second.stdout if "another pull is fetching it; waiting" in line), "")
+            assert waiting, "the second pull did not wait for the first"
+            files.release.set()
+            out_first, _ = first.communicate(timeout=30)
+            out_second, _ = second.communicate(timeout=30)
+        finally:
+            for proc in (first, second):
+                if proc is not None and proc.poll() is None:
+                    proc.kill()
+                    proc.wait(10)
+        assert first.returncode == 0, out_first
+        assert second.returncode == 0 and "1 already cached, 0 fetched" in out_second, out_second
+        assert files.sent["/a"] == SIZE
+
+
+def test_one_content_under_two_names_is_one_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = content(1000, seed=14)
+    with FileServer({"/a": data}).serving() as files:
+        config = write_config(tmp_path, [entry(f"{files.url}/a", data, name="a.safetensors"),
+                                         entry(f"{files.url}/a", data, name="b.safetensors", folder="loras")])
+        assert cli(capsys, "models", "pull", "--config", str(config), "--no-progress")[0] == 0
+        assert files.sent["/a"] == len(data)
+    view = tmp_path / "var" / "comfyui" / "models"
+    assert (view / "checkpoints" / "a.safetensors").resolve() == (view / "loras" / "b.safetensors").resolve()
