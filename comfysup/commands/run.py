@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import argparse
 import logging
+import threading
 
 from comfysup.commands._common import config_from
 from comfysup.config import Config, parse_gpus
 from comfysup.logs import FORMATS, setup_logging
 
 log = logging.getLogger("comfysup.run")
+EXTEND_SECONDS = 90
+"""While models are pulled, systemd is asked every third of this to wait this much longer for READY."""
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -55,5 +58,25 @@ def pull_models(config: Config) -> None:
     from comfysup.models.pull import pull
 
     log.info("models: checking %d file(s) of the manifest", len(config.models))
-    report = pull(config, say=log.info, bar=False)
+    done = threading.Event()
+    keeper = threading.Thread(target=_keep_systemd_waiting, args=(done,), name="models-pull-notify", daemon=True)
+    keeper.start()
+    try:
+        report = pull(config, say=log.info, bar=False)
+    finally:
+        done.set()
+        keeper.join()
     log.info("%s", report.summary())
+
+
+def _keep_systemd_waiting(done: threading.Event) -> None:
+    """A pull of gigabytes takes longer than the unit's TimeoutStartSec (made for servers that start): under
+    systemd, ask it to wait longer (EXTEND_TIMEOUT_USEC), keep its watchdog fed and say why in STATUS until the pull
+    ends. Outside systemd each send does nothing."""
+    from comfysup.supervisor.notify import send
+
+    while True:
+        send(f"EXTEND_TIMEOUT_USEC={EXTEND_SECONDS * 1_000_000}\nWATCHDOG=1\n"
+             "STATUS=pulling model files (comfysup models list shows each)")
+        if done.wait(EXTEND_SECONDS / 3):
+            return
