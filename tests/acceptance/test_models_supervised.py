@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,14 +17,6 @@ from tests.models_support import FileServer, content, entry
 
 CHECKPOINT = "v1-5-pruned-emaonly.safetensors"
 T2I = json.loads((REPO / "fake_comfy" / "data" / "workflows" / "t2i_sd15.json").read_text())
-
-
-@pytest.fixture
-def harness() -> Iterator[list[Supervised]]:
-    made: list[Supervised] = []
-    yield made
-    for h in made:
-        h.cleanup()
 
 
 @pytest.mark.timeout(90)
