@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import IO
 
 from comfysup.config import Config, ModelFile
+from comfysup.safefs import private_dirs
 
 CHUNK = 1 << 20
 YAML_NAME = "extra_model_paths.yaml"
@@ -187,6 +188,7 @@ def link_view(config: Config, cache: Cache) -> None:
     """Make ``<base_directory>/models`` hold a link by name to each verified file of the manifest, and nothing
     else: a link to a file no longer in the manifest, or not verified, is removed (only links are touched)."""
     view = view_dir(config)
+    private_dirs(view)  # the servers' base directories beside it are 0700: the jobs' files pass through them
     wanted: dict[Path, Path] = {}
     for entry in config.models:
         blob = cache.blob(entry.sha256)

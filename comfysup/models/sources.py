@@ -199,9 +199,11 @@ def fetch_s3(url: str, part: Partial, progress: Progress, on_total: Callable[[in
 # -- a local file -------------------------------------------------------------------------------------------------
 
 def fetch_local(path: str, part: Partial, progress: Progress, on_total: Callable[[int | None], None]) -> None:
-    """Copy a regular file (opened without blocking, so a FIFO or a device is refused, never waited on)."""
+    """Copy a regular file; a FIFO, a device or a folder is refused (opened without blocking, so never waited on).
+    A link to a regular file is followed, unlike safefs.open_regular's: the path is the operator's own choice, and
+    Hugging Face's cache holds every downloaded file as a link into its blobs."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
     except OSError as exc:
         raise FetchError(f"{path}: cannot open: {exc.strerror}") from None
     with contextlib.ExitStack() as stack:

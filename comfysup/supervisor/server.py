@@ -25,6 +25,7 @@ from comfysup import comfyversion
 from comfysup.config import Config
 from comfysup.gpus import Slot
 from comfysup.models.cache import YAML_NAME, server_yaml
+from comfysup.safefs import private_dirs
 from comfysup.supervisor.notify import child_environment
 
 LOG_NAME = "comfyui.log"
@@ -108,12 +109,7 @@ def prepare(p: ServerPlan) -> None:
     """Create the base directory and ``custom_nodes/`` (ComfyUI crashes at start without it), 0700 like the
     result store: the inputs and outputs of every job pass through it. A folder that exists is left as it is
     (its owner chose its mode). With a model manifest, write the server's extra_model_paths.yaml there."""
-    missing, folder = [], p.directory / "custom_nodes"
-    while not folder.exists():
-        missing.append(folder)
-        folder = folder.parent
-    for folder in reversed(missing):  # mkdir -p would make the parents with the umask's mode
-        folder.mkdir(mode=0o700, exist_ok=True)
+    private_dirs(p.directory / "custom_nodes")
     if p.model_paths:  # written at every start: the manifest or the base directory may have changed
         tmp = p.directory / f".{YAML_NAME}.tmp"
         tmp.write_text(p.model_paths)

@@ -141,12 +141,20 @@ def test_a_local_file_is_copied_and_a_fifo_refused(tmp_path: Path, capsys: pytes
     (tmp_path / "files").mkdir()
     (tmp_path / "files" / "lora.safetensors").write_bytes(data)
     os.mkfifo(tmp_path / "files" / "pipe.safetensors")
+    snapshot = tmp_path / "hf" / "snapshots" / "main"  # Hugging Face's cache: each file a link into its blobs
+    snapshot.mkdir(parents=True)
+    (tmp_path / "hf" / "blob").write_bytes(b"vae")
+    (snapshot / "vae.safetensors").symlink_to("../../blob")
     config = write_config(tmp_path, [entry("files/lora.safetensors", data, name="l.safetensors", folder="loras"),
-                                     entry("files/pipe.safetensors", b"", name="p.safetensors", folder="loras")])
+                                     entry("files/pipe.safetensors", b"", name="p.safetensors", folder="loras"),
+                                     entry(str(snapshot / "vae.safetensors"), b"vae", name="v.safetensors",
+                                           folder="vae")])
     code, _out, err = cli(capsys, "models", "pull", "--config", str(config), "--no-progress")
     assert code == 1
     assert "loras/p.safetensors" in err and "not a regular file" in err
     assert (tmp_path / "var" / "comfyui" / "models" / "loras" / "l.safetensors").read_bytes() == data
+    assert (tmp_path / "var" / "comfyui" / "models" / "vae" / "v.safetensors").read_bytes() == b"vae"
+    assert (tmp_path / "var" / "comfyui").stat().st_mode & 0o777 == 0o700  # as the servers' base directories
 
 
 def test_a_launched_server_lists_the_cached_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
