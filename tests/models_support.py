@@ -48,6 +48,8 @@ class FileServer:
     """Set once a held answer has sent its N bytes."""
     release: threading.Event = field(default_factory=threading.Event)
     redirects: dict[str, str] = field(default_factory=dict)
+    proxied: int = 0
+    """Requests that came as to a proxy (``GET http://host/path``)."""
     """Path → where a GET of it is sent (302)."""
     url: str = ""
 
@@ -61,6 +63,9 @@ class FileServer:
                 pass
 
             def do_GET(self) -> None:
+                if self.path.startswith("http://"):  # asked as a proxy: the absolute form names the file
+                    files.proxied += 1
+                    self.path = "/" + self.path.split("/", 3)[3]
                 self.path = self.path.partition("?")[0]  # a presigned URL's query: not part of the file's name
                 body = files.files.get(self.path)
                 files.ranges.append(self.headers.get("Range", ""))

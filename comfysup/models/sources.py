@@ -10,9 +10,11 @@ server that stopped answering.
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import os
 import re
 import stat
+import urllib.request
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
@@ -52,15 +54,28 @@ def fetch(url: str, part: Partial, progress: Progress, on_total: Callable[[int |
 
 # -- HTTP ---------------------------------------------------------------------------------------------------------
 
-_POOL: urllib3.PoolManager | None = None
+_POOLS: dict[str, urllib3.PoolManager] = {}
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
 
 
-def _pool() -> urllib3.PoolManager:
-    global _POOL
-    if _POOL is None:
-        _POOL = urllib3.PoolManager()
-    return _POOL
+def _pool(url: str) -> urllib3.PoolManager:
+    """A kept-alive pool, through the proxy the environment names for this URL (``https_proxy``, ``http_proxy``,
+    ``no_proxy``, as curl and requests read them): GPU machines often reach the internet only through one."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    proxy = urllib.request.getproxies().get(parts.scheme.lower(), "")
+    if proxy and (urllib.request.proxy_bypass(host) or _loopback(host)):  # as Go's net/http: this machine's own
+        proxy = ""
+    if proxy not in _POOLS:
+        _POOLS[proxy] = urllib3.ProxyManager(proxy) if proxy else urllib3.PoolManager()
+    return _POOLS[proxy]
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def fetch_http(url: str, part: Partial, progress: Progress, on_total: Callable[[int | None], None]) -> None:
@@ -78,7 +93,7 @@ def fetch_http(url: str, part: Partial, progress: Progress, on_total: Callable[[
                             raise_on_redirect=True, raise_on_status=False)
     shown = shown_url(url)
     try:
-        resp = _pool().request("GET", url, headers=headers, retries=retries, preload_content=False,
+        resp = _pool(url).request("GET", url, headers=headers, retries=retries, preload_content=False,
                                decode_content=False,
                                timeout=urllib3.Timeout(connect=CONNECT_TIMEOUT, read=READ_TIMEOUT))
     except urllib3.exceptions.MaxRetryError as exc:

@@ -260,3 +260,36 @@ def test_one_content_under_two_names_is_one_file(tmp_path: Path, capsys: pytest.
         assert files.sent["/a"] == len(data)
     view = tmp_path / "var" / "comfyui" / "models"
     assert (view / "checkpoints" / "a.safetensors").resolve() == (view / "loras" / "b.safetensors").resolve()
+
+
+def test_the_environments_proxy_is_used(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """models.invalid exists nowhere: only the proxy (the test's server, as http_proxy names it) can answer."""
+    data = content(1000, seed=15)
+    for name in ("no_proxy", "NO_PROXY", "HTTP_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    with FileServer({"/a": data}).serving() as proxy:
+        monkeypatch.setenv("http_proxy", proxy.url)
+        config = write_config(tmp_path, [entry("http://models.invalid/a", data)])
+        code, _, err = cli(capsys, "models", "pull", "--config", str(config), "--no-progress")
+        assert code == 0, err
+        assert proxy.proxied == 1 and proxy.sent["/a"] == len(data)
+
+
+def test_verify_finds_a_cached_file_that_changed_and_pull_replaces_it(tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    data = content(1000, seed=16)
+    with FileServer({"/a": data}).serving() as files:
+        config = write_config(tmp_path, [entry(f"{files.url}/a", data)])
+        assert cli(capsys, "models", "pull", "--config", str(config), "--no-progress")[0] == 0
+        cached = blob(tmp_path / "var" / "model-cache", data)
+        cached.chmod(0o644)
+        cached.write_bytes(b"bit rot" + data[7:])
+        assert cli(capsys, "models", "list", "--config", str(config))[0] == 0  # trusted by its name
+        code, out, _ = cli(capsys, "models", "list", "--config", str(config), "--verify")
+        assert code == 1 and "mismatch" in out
+        code, out, err = cli(capsys, "models", "pull", "--config", str(config), "--no-progress", "--verify")
+        assert code == 0, err
+        assert "does not have its sha256; removed, fetching it again" in out
+        assert files.sent["/a"] == 2 * len(data)
+    assert cached.read_bytes() == data
