@@ -48,6 +48,8 @@ class FileServer:
     """Set once a held answer has sent its N bytes."""
     release: threading.Event = field(default_factory=threading.Event)
     redirects: dict[str, str] = field(default_factory=dict)
+    token: str = ""
+    """When set, a GET without ``Authorization: Bearer <token>`` is answered 401."""
     proxied: int = 0
     """Requests that came as to a proxy (``GET http://host/path``)."""
     """Path → where a GET of it is sent (302)."""
@@ -69,8 +71,10 @@ class FileServer:
                 self.path = self.path.partition("?")[0]  # a presigned URL's query: not part of the file's name
                 body = files.files.get(self.path)
                 files.ranges.append(self.headers.get("Range", ""))
+                if files.token and self.headers.get("Authorization") != f"Bearer {files.token}":
+                    body, self.path = None, "/401"
                 if self.path in files.redirects or body is None:
-                    self.send_response(302 if self.path in files.redirects else 404)
+                    self.send_response(302 if self.path in files.redirects else 401 if self.path == "/401" else 404)
                     if self.path in files.redirects:
                         self.send_header("Location", files.redirects[self.path])
                     self.send_header("Content-Length", "0")

@@ -30,6 +30,10 @@ CONNECT_TIMEOUT = 30.0
 READ_TIMEOUT = 60.0
 """The longest wait for the next bytes of a download before it is taken as broken (and continued)."""
 MAX_REDIRECTS = 5
+TOKENS = {"huggingface.co": "HF_TOKEN", "civitai.com": "CIVITAI_API_TOKEN"}
+"""Hosts whose gated files need ``Authorization: Bearer <token>``, and the variable that holds it (the names their
+own tools read). The token goes to that host alone: urllib3 drops the header when a redirect leaves it (to a CDN,
+whose signed URL needs none)."""
 Progress = Callable[[int], None]
 """Called with the number of bytes just written (the progress bar's update)."""
 
@@ -82,6 +86,10 @@ def fetch_http(url: str, part: Partial, progress: Progress, on_total: Callable[[
     """GET with ``Range: bytes=<held>-`` (and ``If-Range`` with the validator the first answer gave, so a file that
     changed at the source is sent whole instead of spliced onto the old bytes)."""
     headers = {"User-Agent": f"comfysup/{__version__}", "Accept-Encoding": "identity"}
+    host = (urlsplit(url).hostname or "").lower()
+    variable = next((v for h, v in TOKENS.items() if host == h or host.endswith("." + h)), "")
+    if os.environ.get(variable):
+        headers["Authorization"] = f"Bearer {os.environ[variable]}"
     meta = part.read_meta()
     if part.size:
         headers["Range"] = f"bytes={part.size}-"
@@ -121,7 +129,8 @@ def _receive(resp: Any, shown: str, part: Partial, progress: Progress,
     if status in (429, 500, 502, 503, 504):
         raise Transient(f"{shown}: HTTP {status}")
     if status not in (200, 206):
-        hint = {401: "it needs credentials", 403: "access is refused (credentials, or an expired link?)",
+        token = "; set $HF_TOKEN (Hugging Face) or $CIVITAI_API_TOKEN (Civitai) for a gated file"
+        hint = {401: "it needs credentials" + token, 403: "access is refused (credentials, or an expired link?)",
                 404: "no such file (check the url)", 410: "the file was removed"}.get(status, "not a file answer")
         raise FetchError(f"{shown}: HTTP {status}: {hint}")
     length = resp.headers.get("Content-Length")

@@ -293,3 +293,23 @@ def test_verify_finds_a_cached_file_that_changed_and_pull_replaces_it(tmp_path: 
         assert "does not have its sha256; removed, fetching it again" in out
         assert files.sent["/a"] == 2 * len(data)
     assert cached.read_bytes() == data
+
+
+def test_a_gated_file_gets_the_hosts_token_and_no_other_host_does(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from comfysup.models import sources
+
+    data = content(1000, seed=17)
+    monkeypatch.setattr(sources, "TOKENS", {"localhost": "HF_TOKEN"})  # the test's server stands for the hub
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    with FileServer({"/a": data}, token="hf_secret").serving() as files:
+        port = files.url.rsplit(":", 1)[1]
+        config = write_config(tmp_path, [entry(f"http://localhost:{port}/a", data)])
+        code, _, err = cli(capsys, "models", "pull", "--config", str(config), "--no-progress")
+        assert code == 1 and "HTTP 401" in err and "$HF_TOKEN" in err
+        monkeypatch.setenv("HF_TOKEN", "hf_secret")
+        other = write_config(tmp_path / "other", [entry(f"{files.url}/a", data)])  # 127.0.0.1: not the hub
+        assert cli(capsys, "models", "pull", "--config", str(other), "--no-progress")[0] == 1
+        code, _, err = cli(capsys, "models", "pull", "--config", str(config), "--no-progress")
+        assert code == 0, err
+        assert files.sent["/a"] == len(data)
