@@ -24,9 +24,12 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
                                    "are kept once per content in [comfyui] models_cache (default: model-cache "
                                    "beside the queue file; it may be shared by machines) and every server comfysup "
                                    "launches sees them through its own extra_model_paths.yaml.")
+    # --config before or after the action: the action's own has no default, which would overwrite one given before.
+    after = argparse.ArgumentParser(add_help=False)
+    after.add_argument("--config", metavar="PATH", default=argparse.SUPPRESS, help="config file (as before the action)")
     actions = p.add_subparsers(dest="action", metavar="ACTION")
     actions.required = True
-    pl = actions.add_parser("pull", parents=[common], help="fetch what the cache lacks and verify it",
+    pl = actions.add_parser("pull", parents=[after], help="fetch what the cache lacks and verify it",
                             description="Fetch each file of the manifest that the cache lacks (https:// and "
                                         "http:// continued with Range after an interruption, s3:// through boto3, "
                                         "local paths copied), check its sha256 before any server may use it, and "
@@ -37,7 +40,7 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
                     help="hash the files already cached too (reads them all) and fetch again any that changed")
     pl.add_argument("--no-progress", action="store_true", help="no progress bar (one line per file instead)")
     pl.set_defaults(func=run_pull)
-    ls = actions.add_parser("list", parents=[common], help="each file: folder/name, size, sha256 and state",
+    ls = actions.add_parser("list", parents=[after], help="each file: folder/name, size, sha256 and state",
                             description="Each file of the manifest with its size, sha256 and state: verified (in "
                                         "the cache, checked), partial (a download to continue), missing, or "
                                         "mismatch (--verify found other content). Exit 1 when any is not verified.")

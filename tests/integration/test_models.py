@@ -36,7 +36,7 @@ def test_pull_fetches_verifies_links_and_lists(tmp_path: Path, capsys: pytest.Ca
     data = content(SIZE)
     with FileServer({"/m/a.safetensors": data}).serving() as files:
         config = write_config(tmp_path, [entry(f"{files.url}/m/a.safetensors", data, name="sd/a.safetensors")])
-        code, out, err = cli(capsys, "models", "list", "--config", str(config))
+        code, out, err = cli(capsys, "models", "--config", str(config), "list")  # --config before the action too
         assert code == 1 and "checkpoints/sd/a.safetensors" in out and "missing" in out
         code, out, err = cli(capsys, "models", "pull", "--config", str(config), "--no-progress")
         assert code == 0, err
