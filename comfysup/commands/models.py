@@ -3,7 +3,8 @@
 ``pull`` fetches every ``[[models]]`` file the cache lacks (continuing partial downloads), checks each hash, and
 links the verified files where the servers comfysup launches look (``comfysup run`` does the same before it
 starts them). ``list`` shows each file of the manifest: its folder and name, size, hash and state; it exits 1
-when any file is not verified, so a script (or a container's start) can ask whether this machine is ready.
+when any file is not verified and linked where the servers look, so a script (or a container's start) can ask
+whether this machine is ready.
 """
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     ls = actions.add_parser("list", parents=[after], help="each file: folder/name, size, sha256 and state",
                             description="Each file of the manifest with its size, sha256 and state: verified (in "
                                         "the cache, checked), partial (a download to continue), missing, or "
-                                        "mismatch (--verify found other content). Exit 1 when any is not verified.")
+                                        "mismatch (--verify found other content); and whether the servers see it "
+                                        "(linked). Exit 1 when any is not verified and linked.")
     ls.add_argument("--verify", action="store_true", help="hash each cached file again instead of trusting it")
     ls.add_argument("--json", action="store_true", help="one JSON object per file")
     ls.set_defaults(func=run_list)
@@ -62,17 +64,20 @@ def run_pull(args: argparse.Namespace) -> int:
 def run_list(args: argparse.Namespace) -> int:
     config = config_from(args)
     cache = Cache(cache_dir(config))
-    states = [state_of(cache, entry, verify=args.verify) for entry in config.models]
+    states = [state_of(config, cache, entry, verify=args.verify) for entry in config.models]
     if args.json:
         for s in states:
             print(json.dumps({"folder": s.entry.folder, "name": s.entry.name, "size": s.size,
-                              "sha256": s.entry.sha256, "state": s.state, "url": shown_url(s.entry.url)}))
+                              "sha256": s.entry.sha256, "state": s.state, "linked": s.linked,
+                              "url": shown_url(s.entry.url)}))
     else:
         rows = [("FILE", "SIZE", "SHA256", "STATE")]
         rows += [(f"{s.entry.folder}/{s.entry.name}", human_bytes(s.size), s.entry.sha256[:16] + "…",
-                  s.state + (" (fetched so far)" if s.state == "partial" else "")) for s in states]
+                  s.state + (" (fetched so far)" if s.state == "partial" else "")
+                  + (", not linked: comfysup models pull links it" if s.state == "verified" and not s.linked else ""))
+                 for s in states]
         widths = [max(len(row[i]) for row in rows) for i in range(3)]
         for row in rows:
             print("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row[:3])) + "  " + row[3])
         print(f"cache: {cache.root}")
-    return 0 if all(s.state == "verified" for s in states) else 1
+    return 0 if all(s.state == "verified" and s.linked for s in states) else 1

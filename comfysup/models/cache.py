@@ -84,10 +84,14 @@ class FileState:
     ``missing``, ``partial`` (a download to continue) or ``mismatch`` (--verify found other content)."""
     size: int | None
     """Bytes in the cache (verified, mismatch) or fetched so far (partial); None when missing."""
+    linked: bool = False
+    """The servers see it: ``<base_directory>/models/<folder>/<name>`` links to the cached file (``pull`` makes the
+    link; a machine that shares a cache another one filled has the file but not yet the link)."""
 
 
-def state_of(cache: Cache, entry: ModelFile, *, verify: bool = False) -> FileState:
+def state_of(config: Config, cache: Cache, entry: ModelFile, *, verify: bool = False) -> FileState:
     """One entry's state; ``verify`` hashes a cached file again (reads it all) instead of trusting its name."""
+    link = view_dir(config) / entry.folder / entry.name
     try:
         size = cache.blob(entry.sha256).stat().st_size
     except FileNotFoundError:
@@ -97,7 +101,11 @@ def state_of(cache: Cache, entry: ModelFile, *, verify: bool = False) -> FileSta
             return FileState(entry, "missing", None)
     if verify and file_sha256(cache.blob(entry.sha256)) != entry.sha256:
         return FileState(entry, "mismatch", size)
-    return FileState(entry, "verified", size)
+    try:
+        linked = os.readlink(link) == str(cache.blob(entry.sha256))
+    except OSError:
+        linked = False
+    return FileState(entry, "verified", size, linked)
 
 
 def file_sha256(path: Path) -> str:

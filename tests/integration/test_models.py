@@ -51,6 +51,7 @@ def test_pull_fetches_verifies_links_and_lists(tmp_path: Path, capsys: pytest.Ca
     assert code == 0
     row = json.loads(out)
     assert row["state"] == "verified" and row["size"] == SIZE and row["sha256"] == hashlib.sha256(data).hexdigest()
+    assert row["linked"] is True
 
 
 @pytest.mark.parametrize(("how", "said"), [("cut", "broke off after 2097152 bytes"), ("stall", "no bytes for 0.5 s")])
@@ -128,6 +129,8 @@ def test_a_second_machine_on_the_same_cache_fetches_nothing(tmp_path: Path,
         first = write_config(tmp_path / "machine-a", models, cache=shared)
         second = write_config(tmp_path / "machine-b", models, cache=shared)
         assert cli(capsys, "models", "pull", "--config", str(first), "--no-progress")[0] == 0
+        code, out, _ = cli(capsys, "models", "list", "--config", str(second))
+        assert code == 1 and "verified, not linked: comfysup models pull links it" in out
         code, out, err = cli(capsys, "models", "pull", "--config", str(second), "--no-progress")
         assert code == 0, err
         assert "1 already cached, 0 fetched" in out
