@@ -85,6 +85,12 @@ class FileServer:
                 found = re.fullmatch(r"bytes=(\d+)-", self.headers.get("Range", ""))
                 if found and self.headers.get("If-Range", etag) != etag:  # changed since: the whole file
                     found = None
+                if found and int(found.group(1)) >= len(body):  # nothing left to send: 416, the size said
+                    self.send_response(416)
+                    self.send_header("Content-Range", f"bytes */{len(body)}")
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
                 if found:
                     start = int(found.group(1))
                     self.send_response(206)

@@ -60,18 +60,25 @@ class Cache:
         process holds it (this one then waits for it: it will find the file verified, or continue the partial)."""
         path = self.partial(sha256).with_name(sha256 + ".lock")
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "a") as handle:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError as exc:
-                if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                    raise
-                waiting()
-                fcntl.flock(handle, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)
+        with flocked(path, waiting):
+            yield
+
+
+@contextlib.contextmanager
+def flocked(path: Path, waiting: Callable[[], None] = lambda: None) -> Iterator[None]:
+    """Hold an exclusive flock on ``path`` (made when missing); ``waiting`` is called before waiting for another."""
+    with open(path, "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise
+            waiting()
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 @dataclass(frozen=True)
@@ -197,6 +204,11 @@ def link_view(config: Config, cache: Cache) -> None:
     else: a link to a file no longer in the manifest, or not verified, is removed (only links are touched)."""
     view = view_dir(config)
     private_dirs(view)  # the servers' base directories beside it are 0700: the jobs' files pass through them
+    with flocked(view / ".lock"):  # two pulls of one config at once: neither removes the other's new link
+        _link_view(config, cache, view)
+
+
+def _link_view(config: Config, cache: Cache, view: Path) -> None:
     wanted: dict[Path, Path] = {}
     for entry in config.models:
         blob = cache.blob(entry.sha256)
@@ -218,7 +230,7 @@ def link_view(config: Config, cache: Cache) -> None:
         for folder, _dirs, files in os.walk(view):
             for name in files:
                 path = Path(folder) / name
-                if path.is_symlink() and path not in wanted:
+                if path.is_symlink() and path not in wanted and not name.startswith("."):
                     path.unlink()
 
 

@@ -112,8 +112,10 @@ def fetch_http(url: str, part: Partial, progress: Progress, on_total: Callable[[
         raise Transient(f"{shown}: {_reason(exc)}") from None
     try:
         _receive(resp, shown, part, progress, on_total)
-    finally:
-        resp.release_conn()
+    except BaseException:
+        resp.close()  # never hand a connection in the middle of a body back to the pool
+        raise
+    resp.release_conn()
 
 
 def _receive(resp: Any, shown: str, part: Partial, progress: Progress,
@@ -124,8 +126,9 @@ def _receive(resp: Any, shown: str, part: Partial, progress: Progress,
         if found and int(found.group(1)) == part.size:
             on_total(part.size)
             return
+        held = part.size
         part.restart()
-        raise Transient(f"{shown}: the server cannot continue at byte {part.size}; starting over")
+        raise Transient(f"{shown}: the server cannot continue at byte {held}; starting over")
     if status in (429, 500, 502, 503, 504):
         raise Transient(f"{shown}: HTTP {status}")
     if status not in (200, 206):

@@ -316,3 +316,19 @@ def test_a_gated_file_gets_the_hosts_token_and_no_other_host_does(tmp_path: Path
         code, _, err = cli(capsys, "models", "pull", "--config", str(config), "--no-progress")
         assert code == 0, err
         assert files.sent["/a"] == len(data)
+
+
+def test_a_partial_file_that_is_already_whole_is_verified_without_a_byte(tmp_path: Path,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """A pull killed after the last byte but before the rename: the server answers 416 (nothing after that byte),
+    and the partial file's hash decides."""
+    data = content(5000, seed=18)
+    with FileServer({"/a": data}).serving() as files:
+        config = write_config(tmp_path, [entry(f"{files.url}/a", data)])
+        partial = tmp_path / "var" / "model-cache" / "partial" / hashlib.sha256(data).hexdigest()
+        partial.parent.mkdir(parents=True)
+        partial.write_bytes(data)
+        code, _, err = cli(capsys, "models", "pull", "--config", str(config), "--no-progress")
+        assert code == 0, err
+        assert files.ranges == [f"bytes={len(data)}-"] and files.sent["/a"] == 0
+    assert blob(tmp_path / "var" / "model-cache", data).read_bytes() == data and not partial.exists()
