@@ -183,7 +183,14 @@ def s3_client() -> Any:
 def fetch_s3(url: str, part: Partial, progress: Progress, on_total: Callable[[int | None], None],
              client: Any = None) -> None:
     """GetObject with ``Range`` from the partial file's size; the object's ETag is kept to continue only it."""
-    from botocore.exceptions import BotoCoreError, ClientError
+    from botocore.exceptions import (
+        BotoCoreError,
+        ClientError,
+        NoCredentialsError,
+        NoRegionError,
+        PartialCredentialsError,
+        ProfileNotFound,
+    )
 
     parts = urlsplit(url)
     bucket, key = parts.netloc, parts.path.lstrip("/")
@@ -205,6 +212,8 @@ def fetch_s3(url: str, part: Partial, progress: Progress, on_total: Callable[[in
         if code in ("SlowDown", "InternalError", "ServiceUnavailable", "RequestTimeout", "500", "503"):
             raise Transient(f"{url}: {code}") from None
         raise FetchError(f"{url}: {code or exc}") from None
+    except (NoCredentialsError, PartialCredentialsError, NoRegionError, ProfileNotFound) as exc:
+        raise FetchError(f"{url}: {exc} (boto3 reads AWS_ACCESS_KEY_ID, ~/.aws or the instance's role)") from None
     except (BotoCoreError, OSError) as exc:
         raise Transient(f"{url}: {exc}") from None
     found = _CONTENT_RANGE.fullmatch(answer.get("ContentRange") or "")

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import hashlib
 import re
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from botocore.exceptions import ClientError, ReadTimeoutError
+from botocore.exceptions import ClientError, NoCredentialsError, ReadTimeoutError
 
 from comfysup.models import sources
 from tests.cli_support import cli
@@ -82,3 +83,17 @@ def test_the_s3_client_has_timeouts() -> None:
     client = sources.s3_client()
     assert client.meta.config.connect_timeout == sources.CONNECT_TIMEOUT
     assert client.meta.config.read_timeout == sources.READ_TIMEOUT
+
+
+def test_missing_credentials_are_said_at_once(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    class NoKeys:
+        def get_object(self, **request: Any) -> dict[str, Any]:
+            raise NoCredentialsError()
+
+    monkeypatch.setattr(sources, "s3_client", NoKeys)
+    config = write_config(tmp_path, [entry("s3://models/a.safetensors", b"a")])
+    started = time.monotonic()
+    code, _, err = cli(capsys, "models", "pull", "--config", str(config), "--no-progress")
+    assert code == 1 and "Unable to locate credentials" in err and "AWS_ACCESS_KEY_ID" in err
+    assert time.monotonic() - started < 1, "tried again as if the service were down"
