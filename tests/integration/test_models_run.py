@@ -48,3 +48,13 @@ def test_the_unit_may_write_to_the_model_cache(tmp_path: Path) -> None:
     writable = next(line for line in unit(config, tmp_path / "config.toml", "render").splitlines()
                     if line.startswith("ReadWritePaths="))
     assert "/mnt/models" in writable.split("=", 1)[1].split()
+
+
+def test_a_file_that_cannot_be_pulled_stops_the_start(tmp_path: Path) -> None:
+    from tests.models_support import FileServer, content, entry
+
+    with FileServer({}).serving() as files:
+        config = build_config({"comfyui": {"gpus": "cpu:1"}, "models": [entry(f"{files.url}/gone", content(10))]},
+                              root=str(tmp_path), env={})
+        with pytest.raises(pulling.ModelsError, match=r"checkpoints/tiny-sd.safetensors .*HTTP 404"):
+            run.pull_models(config)
