@@ -11,10 +11,12 @@ whose content is already cached (this machine or another on the same cache fetch
 from __future__ import annotations
 
 import logging
+import shutil
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from comfysup.config import Config, ModelFile
 from comfysup.config.models import shown_url
@@ -28,6 +30,10 @@ TRIES_WITHOUT_PROGRESS = 4
 """Tries in a row that bring no byte before a pull gives up on a file (waiting 1, 2, 4 s between them)."""
 MAX_TRIES = 100
 """Tries of one file in all, even while each brings bytes (a source that always breaks off must end too)."""
+RESERVE_BYTES = 1 << 30
+"""Left free on the cache's disk: a pull never fills it (the queue or the servers may share it)."""
+DISK_CHECK_BYTES = 64 << 20
+"""How often, in bytes received, the free space is looked at again."""
 
 
 class ModelsError(ComfysupError):
@@ -128,15 +134,21 @@ def _fetch_with_retries(entry: ModelFile, part: Partial, label: str, show_bar: b
     received = 0
     with tqdm(total=None, initial=part.size, unit="B", unit_scale=True, unit_divisor=1024, desc=label,
               file=sys.stderr, dynamic_ncols=True, disable=None if show_bar else True) as progress:
+        checked = 0
+
         def on_bytes(n: int) -> None:
-            nonlocal received
+            nonlocal received, checked
             received += n
             progress.update(n)
+            if received - checked >= DISK_CHECK_BYTES:  # a source that sends more than it said, or no length
+                checked = received
+                _room(part, 0, label)
 
         def on_total(total: int | None) -> None:
             progress.total = total
             progress.n = part.size
             progress.refresh()
+            _room(part, (total or 0) - part.size, label)
 
         without_progress = 0
         for tries in range(1, MAX_TRIES + 1):
@@ -153,6 +165,20 @@ def _fetch_with_retries(entry: ModelFile, part: Partial, label: str, show_bar: b
                 say(f"models: {label}: {exc}; continuing" + (f" in {delay} s" if delay else ""))
                 time.sleep(delay)
     raise AssertionError("unreachable")
+
+
+def _room(part: Partial, needed: int, label: str) -> None:
+    """Refuse to fill the cache's disk: the bytes still to come (when the source said the size) and
+    ``RESERVE_BYTES`` must fit. The partial file stays, to be continued once there is room."""
+    free = free_bytes(part.path.parent)
+    if needed + RESERVE_BYTES > free:
+        raise FetchError(f"{label}: the cache's disk ({part.path.parent.parent}) has {human_bytes(free)} free; "
+                         f"{human_bytes(max(needed, 0))} more are needed and {human_bytes(RESERVE_BYTES)} are kept "
+                         "free. Make room (or set [comfyui] models_cache elsewhere) and pull again: it continues")
+
+
+def free_bytes(folder: Path) -> int:
+    return shutil.disk_usage(folder).free
 
 
 def human_bytes(n: int | None) -> str:

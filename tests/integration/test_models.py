@@ -332,3 +332,18 @@ def test_a_partial_file_that_is_already_whole_is_verified_without_a_byte(tmp_pat
         assert code == 0, err
         assert files.ranges == [f"bytes={len(data)}-"] and files.sent["/a"] == 0
     assert blob(tmp_path / "var" / "model-cache", data).read_bytes() == data and not partial.exists()
+
+
+def test_a_file_larger_than_the_free_space_is_refused_before_its_bytes(tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture[str],
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from comfysup.models import pull as pulling
+
+    monkeypatch.setattr(pulling, "free_bytes", lambda folder: pulling.RESERVE_BYTES + 1000)  # the file has 5000
+    data = content(5000, seed=19)
+    with FileServer({"/a": data}).serving() as files:
+        config = write_config(tmp_path, [entry(f"{files.url}/a", data)])
+        code, _, err = cli(capsys, "models", "pull", "--config", str(config), "--no-progress")
+        assert code == 1 and "the cache's disk" in err and "Make room" in err
+        assert files.sent["/a"] <= 5000  # what the kernel took before the answer was read; none of it written
+    assert (tmp_path / "var" / "model-cache" / "partial" / hashlib.sha256(data).hexdigest()).stat().st_size == 0
