@@ -88,7 +88,7 @@ class Catalogue:
 
     def _with_choices(self, class_type: str, info: dict[str, Any]) -> dict[str, Any]:
         """``info`` with the combo choices that --models and --choices (the latter winning) set for this class."""
-        models = self._options.models if self._options else None
+        models = self._options.model_files() if self._options else None
         chosen = {k.partition(".")[2]: models.get(folder, []) for k, folder in FOLDER_OF.items()
                   if models is not None and k.partition(".")[0] == class_type}
         chosen.update({k.partition(".")[2]: v for k, v in (self._options.choices if self._options else {}).items()

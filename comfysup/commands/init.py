@@ -71,6 +71,9 @@ DOCS: dict[str, dict[str, str]] = {
                 "only the [[servers]] (runners, metrics, status page, webhooks).",
         "startup_seconds": "How long a server may take to answer /system_stats after it starts.",
         "extra_model_paths_config": "A shared extra_model_paths.yaml given to every server; empty: none.",
+        "models_manifest": "A models.toml of [[models]] entries (as below), joined to this file's; empty: none.",
+        "models_cache": "Where model files are kept once per content (may be shared by machines); empty: "
+                        "model-cache beside the queue file.",
     },
     "runner": {
         "": "How each job is run: attempts, backoff, timeouts, leases.",
@@ -198,13 +201,22 @@ def render(config: Config, header: str = "") -> str:
     out += ["# Servers that run elsewhere and are used as they are (not launched), e.g.:",
             "# [[servers]]", '# name = "remote0"', '# url = "http://127.0.0.1:8288"',
             "# One on this machine may name its output folder: each job's files are then read from it, not "
-            "through /view.", '# output_dir = "/opt/ComfyUI/output"']
+            "through /view.", '# output_dir = "/opt/ComfyUI/output"', *MODELS_EXAMPLE]
     for server in config.servers:
         entry = {"name": server.name, "url": server.url}
         if server.output_dir:
             entry["output_dir"] = server.output_dir
         out += ["[[servers]]", tomli_w.dumps(entry).strip()]
     return "\n".join(out) + "\n"
+
+
+MODELS_EXAMPLE = (
+    "", "# The model manifest: files every launched server sees (comfysup models pull; comfysup run pulls what is "
+    "missing),", "# each fetched once into [comfyui] models_cache and checked against its sha256 first, e.g.:",
+    "# [[models]]", '# folder = "checkpoints"                   # a ComfyUI model folder: loras, vae, controlnet, ...',
+    '# name = "v1-5-pruned-emaonly.safetensors"', '# url = "https://huggingface.co/stable-diffusion-v1-5/'
+    'stable-diffusion-v1-5/resolve/main/v1-5-pruned-emaonly.safetensors"  # or s3://bucket/key, or a path',
+    '# sha256 = "6ce0161689b3853acaa03779ec93eafe75a02f4ced659bee03f50797806fa2fa"')
 
 
 def _plain(value: Any) -> Any:

@@ -87,6 +87,13 @@ class ComfyUIConfig:
     gpus: str | tuple[int, ...] = "auto"
     startup_seconds: float = 120.0
     extra_model_paths_config: str = ""
+    models_manifest: str = ""
+    """A models.toml of ``[[models]]`` entries (the same as in this file), for a manifest kept apart from the
+    settings; its entries join this file's. Empty: only this file's ``[[models]]``."""
+    models_cache: str = ""
+    """Where ``comfysup models pull`` keeps the model files, once per content (``sha256/<hex>``): a folder several
+    configs or machines may share (an NFS mount); each launched server sees the manifest's files through a folder
+    of links to it. Empty: ``model-cache`` beside the queue file (the state folder)."""
 
 
 @dataclass(frozen=True)
@@ -99,6 +106,23 @@ class ServerConfig:
     the job's folder there is removed once its files are stored, as for the servers ``comfysup run`` launches.
     Its input folder is taken to be ``input`` beside it, as in a ComfyUI installation. A relative path is
     relative to the config file's folder, as every path of the config is."""
+
+
+@dataclass(frozen=True)
+class ModelFile:
+    """One ``[[models]]`` entry: a file every server comfysup launches sees in a ComfyUI model folder."""
+
+    folder: str
+    """The ComfyUI model folder (``checkpoints``, ``loras``, ...), as extra_model_paths.yaml names it."""
+    name: str
+    """The file's name in that folder as the loaders list it (``sd15/v1-5.safetensors`` may hold a sub-folder)."""
+    url: str
+    """Where it comes from: ``https://…`` (or ``http://``), ``s3://bucket/key``, or an absolute local path (a
+    relative one was made absolute against the file it was written in)."""
+    sha256: str
+    """The content's SHA-256, 64 lowercase hex digits: checked before any server may see the file."""
+    where: str = ""
+    """Where the entry was written (``config.toml: [[models]] #2``), for messages."""
 
 
 @dataclass(frozen=True)
@@ -257,6 +281,8 @@ class Config:
     inputs: InputsConfig = field(default_factory=InputsConfig)
     comfyui: ComfyUIConfig = field(default_factory=ComfyUIConfig)
     servers: tuple[ServerConfig, ...] = ()
+    models: tuple[ModelFile, ...] = ()
+    """The model manifest: ``[[models]]`` of the file and of ``[comfyui] models_manifest`` (comfysup.models)."""
     runner: RunnerConfig = field(default_factory=RunnerConfig)
     supervisor: SupervisorConfig = field(default_factory=SupervisorConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
