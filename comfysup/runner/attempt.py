@@ -294,6 +294,17 @@ class Attempt:
 
     # -- 3. follow --------------------------------------------------------------------------------------
 
+    def _read_buffered(self, run: Run) -> None:
+        """The history said success before the socket's last messages were read (a poll comes on its own clock):
+        what the socket already holds is read now, without waiting, so the trace closes its last nodes and a
+        message of the job queued behind reaches that job's attempt."""
+        for _ in range(1000):  # bounded: a server may keep sending (previews of the next prompt)
+            if run.stream is None or (message := follow.receive(self.ctx, run, self.replay, 0.0)) is None:
+                return
+            if message.get("type") == "comfysup_reconnected":
+                return
+            follow.on_message(self.ctx, run, message, self.early)
+
     def _follow(self, run: Run) -> dict[str, Any]:
         """Until this run's history entry says success; raises _Stop or ComfyError otherwise."""
         if run.adopted_entry is not None:
@@ -317,6 +328,7 @@ class Attempt:
                                                 "server_died") from exc
                     entry = None
                 if entry is not None:
+                    self._read_buffered(run)
                     return entry
                 next_poll = now + (HISTORY_AFTER_SUCCESS_SECONDS if run.success_seen else self.s.poll_seconds)
             wait = max(0.0, min(next_poll, self.deadline, self.heartbeat.next) - self.clock())
