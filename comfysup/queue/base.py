@@ -217,6 +217,10 @@ class Queue(Protocol):
         """id -> state, without reading workflows (what ``submit --wait`` polls); unknown ids are left out."""
         ...
 
+    def output_asset(self, asset_id: str) -> tuple[JobRecord, int] | None:
+        """The done job whose output has this asset id (Output.id), and the output's place in its list."""
+        ...
+
     def pulses(self, ids: Sequence[str]) -> dict[str, JobPulse]:
         """id -> JobPulse, without reading workflows (the API's event watcher); unknown ids are left out."""
         ...

@@ -23,8 +23,10 @@ import contextlib
 import json
 import threading
 import time
+import uuid
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from typing import Any, TypeVar
 
 from comfysup.errors import LeaseLost, QueueError
@@ -288,10 +290,13 @@ class SQLQueue(SQLReads, AssetStore, ApiEndpoints, Fleet):
 
     def _complete(self, cur: Any, claim: Claim, outputs: Sequence[Output], at: float | None,
                   trace: dict[str, Any] | None) -> None:
+        outputs = [o if o.id else replace(o, id=str(uuid.uuid4())) for o in outputs]  # outputs are assets
         files = json.dumps([o.__dict__ for o in outputs], separators=(",", ":"))
         self._end(cur, claim, self.sql["complete"],
                   (files, at, owner_host(claim.owner), claim.id, claim.attempt, claim.owner), at, DONE, None, None,
                   trace)
+        cur.execute(self.sql["forget_output_assets"], (claim.id,))
+        cur.executemany(self.sql["add_output_asset"], [(o.id, claim.id) for o in outputs])
         self._deliver(cur, claim.id, at)
 
     def retry_later(self, claim: Claim, run_after: float, reason: str, now: float | None = None, *,

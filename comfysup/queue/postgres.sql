@@ -213,3 +213,11 @@ CREATE TABLE api_endpoints (
     started_at   double precision NOT NULL,
     heartbeat_at double precision NOT NULL
 );
+
+-- name: v10
+-- (issue 31) Each output's asset UUID, found by GET /api/v2/assets/{id} and core/ASSET (see schema.sql's v14).
+CREATE TABLE output_assets (
+    id     text PRIMARY KEY,
+    job_id text NOT NULL
+);
+CREATE INDEX output_assets_by_job ON output_assets (job_id);

@@ -280,3 +280,14 @@ CREATE TABLE api_endpoints (
     started_at   REAL    NOT NULL,
     heartbeat_at REAL    NOT NULL
 ) WITHOUT ROWID;
+
+-- name: v14
+-- (issue 31) Outputs are assets: each output of a done job has an asset UUID (the ``id`` in its entry of
+-- jobs.outputs, given by the transaction that ends the job done), found here by GET /api/v2/assets/{id} and by
+-- a later job's core/ASSET reference. Jobs done before v14 keep their outputs' ``<job id>.<n>`` ids (no row).
+-- A job done again (a person's retry) replaces its rows; prune removes them with the job.
+CREATE TABLE output_assets (
+    id     TEXT PRIMARY KEY,
+    job_id TEXT NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX output_assets_by_job ON output_assets (job_id);

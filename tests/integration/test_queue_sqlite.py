@@ -14,6 +14,7 @@ import pytest
 from queue_contract import T0, QueueContract, make_job
 
 from comfysup.errors import DatabaseLocked, DatabaseMissing, QueueError
+from comfysup.queue.base import Output
 from comfysup.queue import sqlite as sqlite_backend
 from comfysup.queue import sqlite_file
 from comfysup.queue.sqlite import SCHEMA_VERSION, SQLiteQueue
@@ -468,6 +469,7 @@ def test_finished_counts_follow_every_transition(tmp_path: Path) -> None:
 
 
 UNDO = {
+    14: "DROP TABLE output_assets",
     13: "DROP TABLE api_endpoints",
     12: "DROP TABLE api_assets",
     11: "DROP TABLE announcements",
@@ -542,7 +544,7 @@ def test_v9_adds_the_attempts_server_url(tmp_path: Path) -> None:
     q.close()
     _back_to(path, 8)
     q = SQLiteQueue(path, create=False)
-    assert q.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 13
+    assert q.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 14
     assert q.attempt_urls(old.id) == []
     q.record_prompt(old, "gpu0", 3, "http://10.0.0.1:8188")
     assert q.attempt_urls(old.id) == [("http://10.0.0.1:8188", 3)]
@@ -577,11 +579,31 @@ def test_v13_adds_the_api_registry_and_keeps_the_jobs(tmp_path: Path) -> None:
     q.close()
     _back_to(path, 12)
     q = SQLiteQueue(path, create=False)
-    assert q.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 13
+    assert q.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 14
     assert q.get(make_job(1).id).state == "queued"
     q.advertise_api("render-07", "http://10.0.0.7:9189", 100, now=T0)
     endpoint = q.api_endpoint("render-07", now=T0 + 1)
     assert endpoint is not None and endpoint.url == "http://10.0.0.7:9189"
+    q.close()
+
+
+def test_v14_gives_outputs_asset_ids_and_keeps_earlier_outputs(tmp_path: Path) -> None:
+    """A v13 queue with a job done before (issue 31): its output keeps no id (the API names it <job id>.<n>); a
+    job done now gets an asset id per file, found by output_asset."""
+    path = tmp_path / "q.db"
+    q = SQLiteQueue(path)
+    q.submit([make_job(1), make_job(2)], now=T0)
+    q.complete(q.claim("r", "gpu0", 30, now=T0), [Output("a.png", 1, "00")], now=T0 + 1)
+    q.conn.execute("UPDATE jobs SET outputs = '[{\"name\": \"a.png\", \"size\": 1, \"sha256\": \"00\"}]'")
+    q.conn.commit()
+    q.close()
+    _back_to(path, 13)
+    q = SQLiteQueue(path, create=False)
+    assert q.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 14
+    assert [o.id for o in q.get(make_job(1).id).outputs] == [""]
+    q.complete(q.claim("r", "gpu0", 30, now=T0), [Output("b.png", 1, "00")], now=T0 + 2)
+    (made,) = q.get(make_job(2).id).outputs
+    assert made.id and q.output_asset(made.id) == (q.get(make_job(2).id), 0)
     q.close()
 
 

@@ -24,6 +24,18 @@ UPDATE jobs SET last_server = ?, last_prompt_number = ? {fence} RETURNING 1
 UPDATE jobs SET state = 'done', outputs = ?, finished_at = {now}, reason = NULL, owner = NULL, lease_until = NULL,
     machine = ? {fence} RETURNING 1
 
+-- name: forget_output_assets
+-- the output asset ids of a job done before (a person's retry of it): its new outputs replace them
+DELETE FROM output_assets WHERE job_id = ?
+
+-- name: add_output_asset
+-- an output's asset id, in the transaction that ends its job done
+INSERT INTO output_assets (id, job_id) VALUES (?, ?)
+
+-- name: output_asset_job
+-- the job whose outputs an asset id names
+SELECT job_id FROM output_assets WHERE id = ?
+
 -- name: retry_later
 -- back to the queue until run_after (given, else the delay from now); the prompt number is forgotten
 UPDATE jobs SET state = 'queued', run_after = coalesce(CAST(? AS double precision), {now} + ?), reason = ?,

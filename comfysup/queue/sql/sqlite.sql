@@ -159,6 +159,10 @@ DELETE FROM deliveries WHERE job_id = ANY(?)
 -- the pruned jobs' broker announcements
 DELETE FROM announcements WHERE job_id = ANY(?)
 
+-- name: prune_output_assets
+-- the pruned jobs' output asset ids
+DELETE FROM output_assets WHERE job_id = ANY(?)
+
 -- name: prune_workflow
 -- a workflow no remaining job uses
 DELETE FROM workflows WHERE id = ? AND NOT EXISTS (SELECT 1 FROM job_specs WHERE workflow_id = ?)
