@@ -14,9 +14,9 @@ import pytest
 from queue_contract import T0, QueueContract, make_job
 
 from comfysup.errors import DatabaseLocked, DatabaseMissing, QueueError
-from comfysup.queue.base import Output
 from comfysup.queue import sqlite as sqlite_backend
 from comfysup.queue import sqlite_file
+from comfysup.queue.base import Output
 from comfysup.queue.sqlite import SCHEMA_VERSION, SQLiteQueue
 from comfysup.workflows import model_key
 
