@@ -40,9 +40,10 @@ def status(record: JobRecord | JobPulse) -> str:
     return STATUS.get(record.state, record.state)
 
 
-def job_urls(job_id: str) -> dict[str, str]:
-    """Host-relative links (``JobUrls``: the SDK resolves a link that contains ``/api/`` against the origin)."""
-    base = f"{API}/jobs/{job_id}"
+def job_urls(job_id: str, origin: str) -> dict[str, str]:
+    """Absolute links (``JobUrls``), from the API's own address (comfysup.api.replies ``origin``), as the proxy
+    answers them: a client that does not join relative links can follow them."""
+    base = f"{origin}{API}/jobs/{job_id}"
     return {"self": base, "events": f"{base}/events", "cancel": f"{base}/cancel"}
 
 
@@ -72,17 +73,23 @@ def output_type(name: str) -> str:
 
 
 def outputs(record: JobRecord, origin: str, now: float) -> list[dict[str, Any]]:
-    """The job's files as assets. ``node_id``: the output node that made the file, as the runner recorded it from
-    the history's ``outputs`` keys; for a record of an earlier version (no node recorded), the one node whose
-    ``filename_prefix`` the name starts with, else ``""`` (the contract's field is required and a string)."""
+    """The job's files as assets (the contract's ``Output``). ``id``: the asset UUID the queue gave the output
+    (``<job id>.<n>`` for a job done by an earlier version). ``node_id``: the output node that made the file, as
+    the runner recorded it from the history's ``outputs`` keys; for a record of an earlier version (no node
+    recorded), the one node whose ``filename_prefix`` the name starts with, else ``""`` (the contract's field is
+    required and a string). ``filename`` and ``subfolder`` (comfysup's, beside the contract's ``name``): where the
+    file is among the job's results, the folder a ``filename_prefix`` such as ``portraits/x`` named, without the
+    job's own folder comfysup adds. ``url``: absolute, from the API's own address."""
     out = []
     for index, item in enumerate(record.outputs):
-        asset_id = output_id(record.id, index)
+        asset_id = item.id or output_id(record.id, index)
+        subfolder, _, filename = item.name.rpartition("/")
         out.append({
-            "node_id": item.node_id or _node_of(item.name, record.workflow), "name": item.name.rsplit("/", 1)[-1],
+            "node_id": item.node_id or _node_of(item.name, record.workflow), "name": filename,
             "type": output_type(item.name), "content_type": content_type(item.name), "size_bytes": item.size,
             "id": asset_id, "hash": None, "url": f"{origin}{API}/assets/{asset_id}/content",
-            "url_expires_at": iso(now + URL_SECONDS), "job_id": record.id,
+            "url_expires_at": iso(now + URL_SECONDS), "job_id": record.id, "filename": filename,
+            "subfolder": subfolder,
         })
     return out
 
@@ -156,7 +163,7 @@ def job(record: JobRecord, origin: str, now: float, queue_position: int | None =
         "expires_at": iso((record.finished_at or now) + RETENTION_SECONDS),
         "queue_position": queue_position if record.state == "queued" else None,
         "progress": progress(record), "outputs": outputs(record, origin, now) if record.state == "done" else [],
-        "error": error(record), "metrics": metrics(record), "urls": job_urls(record.id),
+        "error": error(record), "metrics": metrics(record), "urls": job_urls(record.id, origin),
         "metadata": labels(record.meta), "priority": record.priority,
     }
 
@@ -167,13 +174,13 @@ def labels(meta: dict[str, Any]) -> dict[str, str]:
     return {k: v for k, v in meta.items() if isinstance(k, str) and isinstance(v, str)}
 
 
-def summary(record: JobRecord) -> dict[str, Any]:
+def summary(record: JobRecord, origin: str) -> dict[str, Any]:
     """A ``GET /api/v2/jobs`` item: the SDK's ``JobSummary`` reads id, status, create_time, update_time and
     metadata (comfy_sdk/jobs.py ``JobSummary._from_item``)."""
     updated = record.finished_at or record.started_at or record.submitted_at
     return {"id": record.id, "status": status(record), "create_time": iso(record.submitted_at),
             "update_time": iso(updated), "metadata": labels(record.meta), "priority": record.priority,
-            "urls": job_urls(record.id)}
+            "urls": job_urls(record.id, origin)}
 
 
 def uploaded(record: ApiAsset, origin: str, now: float, created_new: bool | None = None) -> dict[str, Any]:
