@@ -136,13 +136,36 @@ def _total(record: JobRecord) -> int:
     return int((last or {}).get("total_nodes") or len(record.workflow) or 1)
 
 
+NODE_ERROR_KINDS = frozenset({"execution_error", "oom"})
+"""Reason classes of a failure ComfyUI reported as an ``execution_error`` of a node: the contract's
+``node_execution_error``."""
+
+
 def error(record: JobRecord) -> dict[str, Any] | None:
-    """A dead job's reason (already redacted and bounded when it was stored) as ``JobError``."""
+    """A dead job's failure as ``JobError``. ``code``: ``node_execution_error`` when a node of ComfyUI raised (an
+    out-of-memory too), else comfysup's reason class (``validation``, ``timeout``, ``gave_up``, …). ``message``:
+    the job's reason (comfysup's whole account: the node, the exception's first line, the attempts). ``node_id``,
+    ``class_type``, ``traceback``, and comfysup's ``exception_type`` and ``exception_message`` (the whole of it):
+    ComfyUI's ``execution_error`` as the last
+    attempt recorded it (comfysup.runner.trace), null where ComfyUI gave none. Every text was redacted (the
+    job's secrets) and bounded when it was stored."""
     if record.state != "dead":
         return None
     last = record.attempts[-1] if record.attempts else None
-    code = (last.kind if last is not None and last.kind else None) or "job_failed"
-    return {"code": code, "message": record.reason or "failed"}
+    kind = last.kind if last is not None and last.kind else None
+    seen = ((last.trace or {}).get("error") if last is not None else None) or {}
+    return {"code": "node_execution_error" if kind in NODE_ERROR_KINDS or seen else (kind or "job_failed"),
+            "message": record.reason or "failed", "node_id": seen.get("node_id"),
+            "class_type": seen.get("class_type"), "traceback": seen.get("traceback"),
+            "exception_type": seen.get("exception_type") or None, "exception_message": seen.get("message") or None}
+
+
+def outputs_reused(record: JobRecord) -> bool:
+    """Whether ComfyUI served nodes of the job's run from its cache (its ``execution_cached`` message named any, as
+    the attempt's trace recorded it): the proxy's ``outputs_reused``. comfysup gives each job's savers a folder of
+    their own, so its files are always written by this run; what may be reused is the work upstream of them."""
+    last = record.attempts[-1] if record.attempts and record.state == "done" else None
+    return bool(last is not None and (last.trace or {}).get("cached"))
 
 
 def metrics(record: JobRecord) -> dict[str, int | None]:
@@ -163,7 +186,8 @@ def job(record: JobRecord, origin: str, now: float, queue_position: int | None =
         "expires_at": iso((record.finished_at or now) + RETENTION_SECONDS),
         "queue_position": queue_position if record.state == "queued" else None,
         "progress": progress(record), "outputs": outputs(record, origin, now) if record.state == "done" else [],
-        "error": error(record), "metrics": metrics(record), "urls": job_urls(record.id, origin),
+        "error": error(record), "outputs_reused": outputs_reused(record), "metrics": metrics(record),
+        "urls": job_urls(record.id, origin),
         "metadata": labels(record.meta), "priority": record.priority,
     }
 

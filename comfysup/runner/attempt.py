@@ -66,6 +66,8 @@ ALARM_SLACK_SECONDS = 1.0
 """The job's deadline is checked at every wake-up of the follow loop, which interrupts the prompt then; the
 alarm (comfysup.comfy.deadline) falls this much later, for what no wake-up reaches: a read that blocks, a
 download that trickles."""
+ERROR_CHARS = {"message": 2000, "traceback": 8000}
+"""What of ComfyUI's exception message and traceback an attempt's trace keeps (other fields: 200 characters)."""
 PROGRESS_WRITE_SECONDS = 1.0
 """At most one progress write per second: a sampler's steps come faster than a queue row should change."""
 
@@ -160,6 +162,10 @@ class Attempt:
         """The outcome, its reason class and the attempt's trace, in one fenced write."""
         self.trace.phase("recorded", self.ctx.wall())
         trace = self.trace.as_dict()
+        if "error" in trace:  # ComfyUI's text, as the reason: redacted first, then cut
+            error = trace["error"]
+            trace["error"] = {k: self.redact(v, ERROR_CHARS.get(k, 200)) if isinstance(v, str) else v
+                              for k, v in error.items()}
         early = self.early
         if o.state == "done":
             more = early.next_job(self.claim, o) if early.next_job is not None and early.next_claim is None else None

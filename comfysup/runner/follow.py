@@ -155,5 +155,6 @@ def entry_from_socket(ctx: Context, run: Run) -> dict[str, Any]:
 def own_entry(ctx: Context, run: Run) -> dict[str, Any] | None:
     entry = run.client.history(ctx.claim.id, ctx.s.max_files_per_job)
     if entry is not None and (run.number is None or prompt_number(entry) == run.number):
+        ctx.trace.from_history(entry, ctx.wall())  # cached nodes, a failure's node: for the API
         return entry
     return None
