@@ -378,6 +378,23 @@ class QueueContract(CatalogueContract, AssetsContract):
         assert q.output_asset(record.outputs[0].id) is None
         assert self.count(q, "output_assets") == 0
 
+    def test_a_running_jobs_latest_preview_is_kept_until_its_attempt_ends(self, q: Queue) -> None:
+        """Issue 31: one row a job, replaced (n counts), read only when n moved, fenced, gone with the attempt."""
+        self.submit(q, make_job(1), make_job(2))
+        claim, other = self.claim(q, now=T0), self.claim(q, now=T0)
+        q.set_preview(claim, "3", "image/jpeg", b"\xff\xd8one")
+        q.set_preview(claim, "3", "image/jpeg", b"\xff\xd8two")
+        (got,) = q.previews([claim.id, other.id, "nope"], {}).values()
+        assert (got.n, got.node_id, got.content_type, got.data) == (2, "3", "image/jpeg", b"\xff\xd8two")
+        assert q.previews([claim.id], {claim.id: 2}) == {}  # unchanged: not read again
+        stale = dataclasses.replace(claim, owner="runner-z")
+        q.set_preview(stale, None, "image/png", b"x")  # a lost claim writes nothing
+        assert q.previews([claim.id], {claim.id: 2}) == {}
+        q.complete(claim, [], now=T0 + 1)
+        q.set_preview(other, None, "image/png", b"\x89PNG")
+        q.retry_later(other, T0 + 5, "again", now=T0 + 2)
+        assert q.previews([claim.id, other.id], {}) == {}
+
     def test_dead_keeps_the_reason(self, q: Queue) -> None:
         self.submit(q, make_job(1))
         claim = self.claim(q, now=T0)

@@ -55,7 +55,7 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from enum import StrEnum
 from typing import Any, Protocol
 
@@ -73,6 +73,7 @@ from comfysup.queue.values import (  # noqa: F401  (re-exported: the protocol's 
     NewAsset,
     NewJob,
     Output,
+    Preview,
     PruneBatch,
     RunningJob,
     Status,
@@ -219,6 +220,14 @@ class Queue(Protocol):
 
     def output_asset(self, asset_id: str) -> tuple[JobRecord, int] | None:
         """The done job whose output has this asset id (Output.id), and the output's place in its list."""
+        ...
+
+    def set_preview(self, claim: Claim, node_id: str | None, content_type: str, data: bytes) -> None:
+        """The running job's latest preview image, replacing the one before (fenced; not durable)."""
+        ...
+
+    def previews(self, ids: Sequence[str], known: Mapping[str, int]) -> dict[str, Preview]:
+        """The latest previews of ``ids`` whose number moved from ``known`` (the API's event watcher)."""
         ...
 
     def pulses(self, ids: Sequence[str]) -> dict[str, JobPulse]:

@@ -50,6 +50,7 @@ from comfysup.queue.base import (
 )
 from comfysup.queue.endpoints import ApiEndpoints
 from comfysup.queue.fleet import Fleet
+from comfysup.queue.previews import Previews
 from comfysup.queue.queries import load, read
 from comfysup.queue.reads import SQLReads, fetch
 from comfysup.queue.specs import SpecCache
@@ -58,7 +59,7 @@ from comfysup.workflows import apply_params
 T = TypeVar("T")
 
 
-class SQLQueue(SQLReads, AssetStore, ApiEndpoints, Fleet):
+class SQLQueue(SQLReads, AssetStore, ApiEndpoints, Fleet, Previews):
     """The Queue contract over SQL; subclasses give the dialect (see the module docstring)."""
 
     DIALECT = ""
@@ -241,9 +242,11 @@ class SQLQueue(SQLReads, AssetStore, ApiEndpoints, Fleet):
 
     def _end(self, cur: Any, claim: Claim, job_sql: str, job_args: Sequence[Any], at: float | None, outcome: str,
              reason: str | None, kind: str | None, trace: dict[str, Any] | None) -> Any:
-        """A fenced write that ends the claim's attempt with its outcome, reason class and trace."""
-        return self._held(cur, claim, job_sql, job_args, self.sql["end_attempt"],
-                          (at, outcome, reason, kind, records.dumps(trace), claim.id, claim.attempt, claim.owner))
+        """A fenced write that ends the claim's attempt with its outcome, reason class and trace (its preview goes)."""
+        row = self._held(cur, claim, job_sql, job_args, self.sql["end_attempt"],
+                         (at, outcome, reason, kind, records.dumps(trace), claim.id, claim.attempt, claim.owner))
+        cur.execute(self.sql["forget_preview"], (claim.id,))
+        return row
 
     def _deliver(self, cur: Any, job_id: str, at: float | None) -> None:
         """A terminal job's webhook, in the transaction that made it terminal: due at once."""

@@ -221,3 +221,11 @@ CREATE TABLE output_assets (
     job_id text NOT NULL
 );
 CREATE INDEX output_assets_by_job ON output_assets (job_id);
+-- The latest preview image of each running job (see schema.sql's v14).
+CREATE TABLE job_previews (
+    job_id       text    PRIMARY KEY,
+    n            integer NOT NULL,
+    node_id      text,
+    content_type text    NOT NULL,
+    data         bytea   NOT NULL
+);

@@ -291,3 +291,13 @@ CREATE TABLE output_assets (
     job_id TEXT NOT NULL
 ) WITHOUT ROWID;
 CREATE INDEX output_assets_by_job ON output_assets (job_id);
+-- The latest preview image of each running job (the API's SSE preview events): one row a job, replaced at most
+-- every [runner] preview_seconds by its runner (n counts the replacements: a reader fetches the image only when
+-- n moved), removed when the attempt ends.
+CREATE TABLE job_previews (
+    job_id       TEXT    PRIMARY KEY,
+    n            INTEGER NOT NULL,
+    node_id      TEXT,
+    content_type TEXT    NOT NULL,
+    data         BLOB    NOT NULL
+) WITHOUT ROWID;

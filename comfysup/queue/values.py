@@ -111,6 +111,16 @@ class Output:
 
 
 @dataclass(frozen=True)
+class Preview:
+    """A running job's latest preview image (comfysup.queue.previews): ``n`` counts its replacements."""
+
+    n: int
+    node_id: str | None
+    content_type: str
+    data: bytes
+
+
+@dataclass(frozen=True)
 class Attempt:
     attempt: int
     owner: str

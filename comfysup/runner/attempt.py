@@ -114,6 +114,8 @@ class Attempt:
         self.progress_written_at = self.clock()
         """The first progress is written a second into the attempt: a job that ends sooner costs no write for it
         (its trace, recorded with its end, has the whole of it)."""
+        self.preview_written_at = float("-inf")
+        """When the last preview was written ([runner] preview_seconds apart)."""
         self.run_over = False
         """This job's run has ended on its server (its history entry was read): a job behind it may run now."""
         self.live: Run | None = None
@@ -186,7 +188,14 @@ class Attempt:
             self.queue.release(self.claim, o.reason, count_attempt=False, kind=o.kind, trace=trace)
 
     def _write_progress(self) -> None:
-        """The live progress, when it moved and a second has passed since the last write (fenced)."""
+        """The live progress, when it moved and a second has passed since the last write (fenced); the newest
+        preview, at most every [runner] preview_seconds (fenced, not durable)."""
+        run = self.live
+        if run is not None and run.preview is not None and \
+                self.clock() - self.preview_written_at >= self.s.preview_seconds:
+            (node, content_type, image), run.preview = run.preview, None
+            self.preview_written_at = self.clock()
+            self.queue.set_preview(self.claim, node, content_type, image)
         if not self.trace.changed or self.clock() - self.progress_written_at < PROGRESS_WRITE_SECONDS:
             return
         progress = self.trace.progress()

@@ -54,7 +54,7 @@ def test_v9_adds_the_api_registry_and_keeps_the_jobs(pg_url: str) -> None:  # no
     q = PostgresQueue(pg_url)
     q.submit([make_job(1)], now=T0)
     q.close()
-    _sql(pg_url, "DROP TABLE api_endpoints, output_assets")  # back to v8
+    _sql(pg_url, "DROP TABLE api_endpoints, output_assets, job_previews")  # back to v8
     _sql(pg_url, "DELETE FROM schema_version WHERE version >= 9")
     q = PostgresQueue(pg_url)
     try:
@@ -73,7 +73,7 @@ def test_v10_gives_outputs_asset_ids_and_keeps_earlier_outputs(pg_url: str) -> N
     q.submit([make_job(1), make_job(2)], now=T0)
     q.complete(q.claim("r", "gpu0", 30, now=T0), [Output("a.png", 1, "00")], now=T0 + 1)
     q.close()
-    _sql(pg_url, "DROP TABLE output_assets")  # back to v9, its done job as v9 wrote it
+    _sql(pg_url, "DROP TABLE output_assets, job_previews")  # back to v9, its done job as v9 wrote it
     _sql(pg_url, "UPDATE jobs SET outputs = '[{\"name\": \"a.png\", \"size\": 1, \"sha256\": \"00\"}]'")
     _sql(pg_url, "DELETE FROM schema_version WHERE version = 10")
     q = PostgresQueue(pg_url)
@@ -91,7 +91,7 @@ def test_machines_opening_at_once_create_the_schema_once(pg_url: str) -> None:  
     """The advisory lock: several processes opening a new database at the same moment all succeed."""
     _sql(pg_url, "DROP TABLE IF EXISTS announcements, jobs, attempts, machines, deliveries, workflows, affinity_skips, "
          "catalogues, server_catalogues, job_refusals, assets, job_assets, asset_chunks, server_assets, api_assets, "
-         "api_endpoints, output_assets, schema_version")
+         "api_endpoints, output_assets, job_previews, schema_version")
     errors: list[BaseException] = []
     start = threading.Barrier(6)
 
@@ -367,7 +367,7 @@ def test_a_version_2_database_keeps_its_jobs_and_stores_each_workflow_once_in_v3
 
     _sql(pg_url, "DROP TABLE IF EXISTS announcements, jobs, attempts, machines, deliveries, workflows, affinity_skips, "
          "catalogues, server_catalogues, job_refusals, assets, job_assets, asset_chunks, server_assets, api_assets, "
-         "api_endpoints, output_assets, schema_version")
+         "api_endpoints, output_assets, job_previews, schema_version")
     sql = pg_backend._named_sql()
     loaded = {"1": {"class_type": "UNETLoader", "inputs": {"unet_name": "flux.safetensors"}},
               "2": {"class_type": "SaveImage", "inputs": {"images": ["1", 0], "filename_prefix": "m"}}}

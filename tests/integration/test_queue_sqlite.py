@@ -469,7 +469,7 @@ def test_finished_counts_follow_every_transition(tmp_path: Path) -> None:
 
 
 UNDO = {
-    14: "DROP TABLE output_assets",
+    14: "DROP TABLE output_assets; DROP TABLE job_previews",
     13: "DROP TABLE api_endpoints",
     12: "DROP TABLE api_assets",
     11: "DROP TABLE announcements",
