@@ -18,7 +18,7 @@ import httpx
 import pytest
 from comfy_low.models import Asset as AssetModel
 from comfy_low.models import Job as JobModel
-from comfy_sdk import Comfy, OutputReady, Progress, StatusChange
+from comfy_sdk import Comfy, OutputReady, Preview, Progress, StatusChange
 from comfy_sdk.exceptions import ComfyError, JobFailed
 
 from comfysup.config import Config
@@ -245,3 +245,25 @@ def test_a_node_errors_text_has_the_jobs_secrets_masked(stack: Stack) -> None:
     assert secret not in json.dumps(body)
     assert "full_output_folder: " in body["error"]["exception_message"]  # ComfyUI's own text, whole
     assert "/fake/***\n" in body["error"]["exception_message"]  # the folder it named: the secret, masked
+
+
+PREVIEWING = {
+    "1": {"class_type": "EmptyImage", "inputs": {"width": 16, "height": 16, "batch_size": 1, "color": 9}},
+    "2": {"class_type": "ComfysupProgressDemo", "inputs": {"image": ["1", 0], "steps": 8, "step_seconds": 0.25}},
+    "3": {"class_type": "SaveImage", "inputs": {"images": ["2", 0], "filename_prefix": "preview"}},
+}
+
+
+@pytest.mark.timeout(60)
+def test_previews_reach_job_events_as_the_contracts_preview(stack: Stack) -> None:
+    """The fake sends a JPEG preview at every step (as a sampler does); the runner writes the newest at most every
+    [runner] preview_seconds, and job.events() gets them as Preview events of node 2 while the job runs."""
+    with Comfy() as client:
+        job = client.submit(client.workflows.from_json(copy.deepcopy(PREVIEWING)))
+        seen = list(job.events())
+    previews = [e for e in seen if isinstance(e, Preview)]
+    assert previews, [type(e).__name__ for e in seen]
+    assert all(p.node_id == "2" and p.content_type == "image/jpeg" and p.data.startswith(b"\xff\xd8")
+               for p in previews)
+    assert isinstance(seen[-1], StatusChange) and seen[-1].status == "succeeded"
+    assert len(previews) <= 4  # 2 s of steps, one written a second at most: never one a step
