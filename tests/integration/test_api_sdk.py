@@ -36,7 +36,7 @@ CHECKPOINT = "v1-5-pruned-emaonly.safetensors"
 class Stack:
     """The fake ComfyUI, the API, and a runner in a thread that claims only while ``claiming`` is set."""
 
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, token: str = "") -> None:
         self.tmp = tmp
         self.fake = FakeComfy(base_directory=tmp / "fake", node_ms=1, step_ms=1,
                               models=f"checkpoints={CHECKPOINT}")
@@ -45,23 +45,31 @@ class Stack:
         self.config: Config = api_config(tmp, sections={"runner": {
             "attempts": 1, "base_delay_seconds": 0.05, "max_delay_seconds": 0.2, "jitter": False,
             "timeout_seconds": 20.0, "poll_seconds": 0.2, "lease_seconds": 10.0, "heartbeat_seconds": 0.5,
-            "http_timeout_seconds": 5.0}})
+            "http_timeout_seconds": 5.0}}, token=token)
 
     @property
     def fake_inputs(self) -> Path:
         return Path(self.fake.input_directory) / "comfysup"
 
 
-@pytest.fixture
-def stack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Stack]:
+TOKEN = "t0ken-of-the-fleet-31"
+
+
+@pytest.fixture(params=[""])
+def stack(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Stack]:
+    """The stack on a loopback API; ``params`` (indirect): its [api] token, which COMFY_API_KEY then carries, and
+    COMFY_BASE_URL names the API as localhost (the Host check lets loopback names through)."""
     from comfysup.runner.loop import Runner
 
-    s = Stack(tmp_path)
+    s = Stack(tmp_path, token=request.param)
     s.fake.start()
     try:
         with running_api(s.config) as url:
-            monkeypatch.setenv("COMFY_BASE_URL", url)
-            monkeypatch.delenv("COMFY_API_KEY", raising=False)
+            monkeypatch.setenv("COMFY_BASE_URL", url.replace("127.0.0.1", "localhost") if request.param else url)
+            if request.param:
+                monkeypatch.setenv("COMFY_API_KEY", request.param)
+            else:
+                monkeypatch.delenv("COMFY_API_KEY", raising=False)
             runner = Runner(s.config, "cpu0", s.fake.url, may_claim=s.claiming.is_set)
             thread = threading.Thread(target=runner.run, name="runner-under-test", daemon=True)
             thread.start()
@@ -267,3 +275,50 @@ def test_previews_reach_job_events_as_the_contracts_preview(stack: Stack) -> Non
                for p in previews)
     assert isinstance(seen[-1], StatusChange) and seen[-1].status == "succeeded"
     assert len(previews) <= 4  # 2 s of steps, one written a second at most: never one a step
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("stack", [TOKEN], indirect=True)
+def test_with_a_token_the_absolute_links_lead_back_to_the_name_the_client_used(stack: Stack) -> None:
+    """comfy-sdk sends its token only to its own base_url's origin, and follows job.urls (refresh, events, cancel):
+    links built from the bound address (127.0.0.1) would get no token from a client of localhost."""
+    with Comfy() as client:
+        job = client.submit(client.workflows.from_json(json.loads((WORKFLOWS / "trivial.json").read_text())))
+        assert str(job._model.urls.self).startswith(f"{client_base()}/api/v2/jobs/")
+        assert [e for e in job.events() if isinstance(e, StatusChange)][-1].status == "succeeded"
+        assert job.refresh().status == "succeeded" and job.cancel().status == "succeeded"
+        assert job.get_outputs("3")[0].to_bytes().startswith(b"\x89PNG")
+    assert httpx.get(f"{client_base()}/api/v2/jobs/{job.id}").status_code == 401
+
+
+@pytest.mark.timeout(60)
+def test_the_async_client_and_the_other_sources_and_sinks(stack: Stack, tmp_path: Path) -> None:
+    """AsyncComfy: submit, events, wait, outputs to bytes and to a stream; assets from a stream and from a URL (an
+    earlier job's output URL, downloaded by the client and uploaded: its content, stored once however often)."""
+    import asyncio
+    import io
+
+    from comfy_sdk import AsyncComfy
+
+    async def go() -> tuple[bytes, list[str]]:
+        async with AsyncComfy() as client:
+            workflow = client.workflows.from_json(copy.deepcopy(INVERT))
+            workflow.set_input("1", "image", client.assets.from_stream(io.BytesIO(random_png(11)), filename="s.png"))
+            job = await client.submit(workflow)
+            kinds = [type(e).__name__ async for e in job.events()]
+            await job.wait(timeout=30)
+            [output] = job.get_outputs("3")
+            sink = io.BytesIO()
+            assert await output.to_stream(sink) == output.size_bytes
+            return await output.to_bytes(), kinds
+
+    data, kinds = asyncio.run(go())
+    assert data.startswith(b"\x89PNG") and kinds[-1] == "StatusChange" and "OutputReady" in kinds
+    with Comfy() as client:
+        [first] = client.jobs.get(client.list_jobs(limit=1).__next__().id).get_outputs("3")
+        fetched = client.assets.from_url(first.get_download_url().url)
+        fetched.commit()
+        again = client.assets.from_url(first.get_download_url().url)
+        again.commit()
+        assert fetched.hash == again.hash == client.assets.from_bytes(first.to_bytes()).hash
+        assert (fetched.created_new, again.created_new) == (True, False)
