@@ -95,6 +95,7 @@ def readme_workflow(prefix: str = "ComfyUI") -> dict[str, Any]:
     return graph
 
 
+@pytest.mark.usefixtures("comfyui_version")  # both versions of the fake
 @pytest.mark.timeout(60)
 def test_the_readme_example_runs_as_written_with_the_default_prefix_and_two_save_nodes(
         stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -123,6 +124,7 @@ def test_the_readme_example_runs_as_written_with_the_default_prefix_and_two_save
     assert job.get_outputs("3") == [] and job.get_outputs("nope") == []
 
 
+@pytest.mark.usefixtures("comfyui_version")  # both versions of the fake
 @pytest.mark.timeout(60)
 def test_submit_wait_events_outputs_and_ranges(stack: Stack, tmp_path: Path) -> None:
     with Comfy() as client:
@@ -214,6 +216,7 @@ def test_assets_by_hash_cancel_and_lists_with_filters_and_cursors(stack: Stack) 
             assert job.wait(timeout=30).status == "succeeded"
 
 
+@pytest.mark.usefixtures("comfyui_version")  # both versions of the fake
 @pytest.mark.timeout(60)
 def test_a_failed_jobs_error_names_the_node_its_class_and_the_traceback(stack: Stack) -> None:
     with Comfy() as client:
@@ -226,6 +229,7 @@ def test_a_failed_jobs_error_names_the_node_its_class_and_the_traceback(stack: S
     assert error.traceback and "Traceback" not in error.message and "ImageToMask" in error.message
 
 
+@pytest.mark.usefixtures("comfyui_version")  # both versions of the fake
 @pytest.mark.timeout(60)
 def test_outputs_reused_when_comfyui_served_nodes_from_its_cache(stack: Stack) -> None:
     graph = json.loads((WORKFLOWS / "trivial.json").read_text())
@@ -262,6 +266,7 @@ PREVIEWING = {
 }
 
 
+@pytest.mark.usefixtures("comfyui_version")  # both versions of the fake
 @pytest.mark.timeout(60)
 def test_previews_reach_job_events_as_the_contracts_preview(stack: Stack) -> None:
     """The fake sends a JPEG preview at every step (as a sampler does); the runner writes the newest at most every
