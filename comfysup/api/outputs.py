@@ -61,14 +61,20 @@ def _open(state: Any, record: JobRecord, index: int) -> int:
         os.close(root)
 
 
-async def get_asset(request: web.Request) -> web.Response:
-    """An output as the contract's ``Asset``; any other id is an upload's (comfysup.api.assets)."""
+async def _output(request: web.Request) -> tuple[Any, tuple[JobRecord, int] | None]:
+    """The state, and the output the route's id names (None: not an output's id, it may be an upload's)."""
     state = request.app[STATE_KEY]
     asset_id = request.match_info["id"]
     found = await state.call(find, state, asset_id)
+    if found is None and views.parse_output_id(asset_id) is not None:
+        raise not_found("asset")
+    return state, found
+
+
+async def get_asset(request: web.Request) -> web.Response:
+    """An output as the contract's ``Asset``; any other id is an upload's (comfysup.api.assets)."""
+    _state, found = await _output(request)
     if found is None:
-        if views.parse_output_id(asset_id) is not None:
-            raise not_found("asset")
         return await assets.get_asset(request)
     record, index = found
     item = views.outputs(record, origin(request), time.time())[index]
@@ -82,12 +88,8 @@ async def get_asset(request: web.Request) -> web.Response:
 
 async def content_of(request: web.Request) -> web.StreamResponse:
     """An output's bytes, with Range; any other id is an upload's (comfysup.api.assets)."""
-    state = request.app[STATE_KEY]
-    asset_id = request.match_info["id"]
-    found = await state.call(find, state, asset_id)
+    state, found = await _output(request)
     if found is None:
-        if views.parse_output_id(asset_id) is not None:
-            raise not_found("asset")
         return await assets.asset_content(request)
     record, index = found
     name = record.outputs[index].name
