@@ -327,3 +327,19 @@ def test_the_async_client_and_the_other_sources_and_sinks(stack: Stack, tmp_path
         again.commit()
         assert fetched.hash == again.hash == client.assets.from_bytes(first.to_bytes()).hash
         assert (fetched.created_new, again.created_new) == (True, False)
+
+
+@pytest.mark.timeout(60)
+def test_a_running_job_is_cancelled_and_its_events_say_so(stack: Stack) -> None:
+    graph = copy.deepcopy(PREVIEWING)
+    graph["2"]["inputs"].update(steps=100, step_seconds=0.2)  # 20 s unless cancelled
+    with Comfy() as client:
+        job = client.submit(client.workflows.from_json(graph))
+        asked, statuses = "", []
+        for event in job.events():
+            if isinstance(event, Progress) and not asked:
+                asked = job.cancel().status  # running: canceling until its runner interrupts it
+            if isinstance(event, StatusChange):
+                statuses.append(event.status)
+        assert job.wait(timeout=30).status == "canceled", (job.error, statuses)
+    assert asked in ("canceling", "canceled") and statuses[-1] == "canceled", (asked, statuses)
