@@ -8,6 +8,9 @@ import asyncio
 import json
 import struct
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from comfysup.api.events import BACKLOG, PREVIEW_READY, Stream, frame, preview_frame
 from comfysup.comfy.wire import MAX_PREVIEW_BYTES, ws_preview
 from comfysup.queue.base import Preview
@@ -39,6 +42,16 @@ def test_anything_else_is_passed_over_never_an_error() -> None:
                 struct.pack(">II", 4, 3) + b"[1]" + JPEG, struct.pack(">II", 4, 2) + b"{]" + JPEG,
                 legacy(b"x" * (MAX_PREVIEW_BYTES + 1))):
         assert ws_preview(raw) is None, raw[:16]
+
+
+@given(head=st.sampled_from([1, 4, 2, 0]), word=st.integers(0, 2**32 - 1), body=st.binary(max_size=600))
+def test_any_frame_is_a_preview_of_the_right_shape_or_nothing(head: int, word: int, body: bytes) -> None:
+    got = ws_preview(struct.pack(">II", head, word) + body)
+    if got is not None:
+        data = got["data"]
+        assert data["content_type"] in ("image/jpeg", "image/png", "image/webp") and data["image"]
+        assert data["node_id"] is None or isinstance(data["node_id"], str)
+        assert data["prompt_id"] is None or isinstance(data["prompt_id"], str)
 
 
 def test_a_slow_stream_holds_one_preview_the_newest_and_is_never_ended_for_previews() -> None:
