@@ -60,7 +60,7 @@ class State:
         self.config = config
         self.queue = queue
         self.worker = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="comfysup-api-queue")
-        self.intake = Intake(config.resolve("."), allow_private_callbacks=config.webhooks.allow_private)
+        self.intake = Intake(config.resolve("."), config)
         self.store = config.resolve(config.store.dir)
         self.hosts = HostCheck(config.api.listen.rpartition(":")[0], config.api.public_url, config.api.allowed_hosts)
         self.inputs = outputs.Inputs(self)
@@ -136,12 +136,17 @@ async def post_job(request: web.Request) -> web.Response:
     state: State = request.app[STATE_KEY]
     body = await read_json(request, MAX_WORKFLOW_BYTES, f"{MAX_WORKFLOW_BYTES // 2**20} MiB (a job's workflow)")
     key = request.headers.get("Idempotency-Key")
-    return await state.call(_submit, state, body, key, _origin(request))
+    fetched = await asyncio.to_thread(state.intake.fetch, body)  # inputs by URL: not in the queue's one thread
+    try:
+        return await state.call(_submit, state, body, key, _origin(request), fetched)
+    finally:
+        if fetched is not None:
+            fetched.release()
 
 
-def _submit(state: State, body: Any, key: str | None, origin: str) -> web.Response:
+def _submit(state: State, body: Any, key: str | None, origin: str, fetched: Any = None) -> web.Response:
     """In the worker thread: validate, bound the queue, insert (durable before the answer), answer."""
-    job = state.intake.job(body, key, state.catalogues(), state.inputs)
+    job = state.intake.job(body, key, state.catalogues(), state.inputs, fetched)
     bound = state.config.api.max_queued
     if bound:
         try:

@@ -37,7 +37,9 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
         "submit", parents=[common], help="validate a jobs.jsonl file and queue all of its jobs",
         description="Validate every line of a jobs file (ids, JSON, the workflow graph), report each "
                     "problem as FILE:LINE: reason, and only when all lines are good insert them all in one "
-                    "transaction. Submitting the same file again queues nothing twice.")
+                    "transaction. Submitting the same file again queues nothing twice. Input files in set "
+                    "({\"file\": PATH}, {\"url\": \"https://...\"}, {\"s3\": \"s3://bucket/key\"}) are read once, "
+                    "here, into the asset store ([assets], [inputs]); a download shows a bar on a terminal.")
     p.add_argument("file", help="the jobs file, one JSON object a line; - reads standard input (workflow "
                    "paths are then relative to the current directory)")
     p.add_argument("--dry-run", action="store_true", help="validate only; insert nothing")
@@ -93,7 +95,16 @@ def _submit(args: argparse.Namespace, config: Config, queue: Queue | None, path:
                     max_job_input_bytes=config.assets.max_job_mb * 2**20,
                     input_roots=[base_dir, *(config.resolve(r) for r in config.assets.input_roots)],
                     inputs_where="the jobs file's folder" + (" or [assets] input_roots"
-                                                            if config.assets.input_roots else ""))
+                                                            if config.assets.input_roots else ""),
+                    remote=config.inputs, s3_buckets=config.inputs.s3_buckets or None, progress=DownloadBar())
+    jobs.inputs.stored = queue.asset_size if queue is not None else None  # a held blake3 is not fetched again
+    try:
+        return _insert(args, config, queue, jobs, label)
+    finally:
+        jobs.close()  # the inputs fetched by URL are in the asset store now, or refused
+
+
+def _insert(args: argparse.Namespace, config: Config, queue: Queue | None, jobs: JobsFile, label: str) -> int:
     checked = jobs.validate()
     if _refused_or_dry(args, label, checked, "submitted"):
         return 0
@@ -109,11 +120,34 @@ def _submit(args: argparse.Namespace, config: Config, queue: Queue | None, path:
         for line in format_problems(label, sorted(problems, key=lambda p: p.line)):
             print(line, file=sys.stderr)
         raise InvalidJobs(f"{len(exc.ids)} problem(s) in {label}; nothing was submitted") from exc
+    jobs.close()  # not kept through --wait
     print(f"submitted {result.inserted} job(s), {result.existing} already submitted")
     if args.wait:
         sys.stdout.flush()
         return wait(config, ids)
     return 0
+
+
+class DownloadBar:
+    """An input's download on standard error (comfysup.jobs.fetch.Progress): a tqdm bar on a terminal, shown
+    only when the download lasts more than half a second; nothing on a pipe or in a log."""
+
+    def __init__(self, file: Any = None, *, terminal_only: bool = True, delay: float = 0.5) -> None:
+        self.bar: Any = None
+        self.file, self.terminal_only, self.delay = file, terminal_only, delay
+
+    def start(self, name: str, total: int | None) -> None:
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=f"fetching {name}",
+                        file=self.file or sys.stderr, delay=self.delay, leave=False,
+                        disable=None if self.terminal_only else False, dynamic_ncols=True)
+
+    def advance(self, size: int) -> None:
+        self.bar.update(size)
+
+    def end(self) -> None:
+        self.bar.close()
 
 
 def _publish(args: argparse.Namespace, config: Config, queue: Queue | None, path: Path, label: str) -> int:
@@ -123,7 +157,8 @@ def _publish(args: argparse.Namespace, config: Config, queue: Queue | None, path
     from comfysup.broker import publish
 
     _catalogues(queue)  # the warning when there is none
-    _jobs, checked = publish.validate(config, queue, path, label)
+    jobs, checked = publish.validate(config, queue, path, label)
+    jobs.close()  # inputs by URL were fetched to check them; the consumer fetches them again
     if _refused_or_dry(args, label, checked, "published"):
         return 0
     try:
