@@ -428,11 +428,42 @@ class QueueContract(CatalogueContract, AssetsContract):
         q.complete(claim, outputs, now=T0 + 5)
         record = q.get(claim.id)
         assert record.state == "done"
-        assert record.outputs == outputs
+        assert [dataclasses.replace(o, id="") for o in record.outputs] == outputs
+        assert len({str(uuid.UUID(o.id)) for o in record.outputs}) == 2  # each output an asset with its own UUID
         assert record.finished_at == T0 + 5
         assert record.owner is None and record.lease_until is None
         assert [(a.outcome, a.ended_at) for a in record.attempts] == [("done", T0 + 5)]
         assert q.claim("runner-b", "gpu0", LEASE, now=T0 + 1000) is None  # done is terminal
+
+    def test_an_output_is_found_by_its_asset_id_until_its_job_is_pruned(self, q: Queue) -> None:
+        """Outputs are assets (issue 31): each id names its job and place; gone with the job, none for other ids."""
+        self.submit(q, make_job(1), make_job(2))
+        q.complete(self.claim(q, now=T0), [Output("a.png", 1, "aa" * 32), Output("b.png", 2, "bb" * 32)],
+                   now=T0 + 1)
+        q.dead(self.claim(q, now=T0), "broken", now=T0 + 1)
+        record = q.get(make_job(1).id)
+        assert [q.output_asset(o.id) for o in record.outputs] == [(record, 0), (record, 1)]
+        assert q.output_asset(str(uuid.uuid4())) is None and q.output_asset(make_job(1).id) is None
+        assert q.prune(T0 + 50).removed
+        assert q.output_asset(record.outputs[0].id) is None
+        assert self.count(q, "output_assets") == 0
+
+    def test_a_running_jobs_latest_preview_is_kept_until_its_attempt_ends(self, q: Queue) -> None:
+        """Issue 31: one row a job, replaced (n counts), read only when n moved, fenced, gone with the attempt."""
+        self.submit(q, make_job(1), make_job(2))
+        claim, other = self.claim(q, now=T0), self.claim(q, now=T0)
+        q.set_preview(claim, "3", "image/jpeg", b"\xff\xd8one")
+        q.set_preview(claim, "3", "image/jpeg", b"\xff\xd8two")
+        (got,) = q.previews([claim.id, other.id, "nope"], {}).values()
+        assert (got.n, got.node_id, got.content_type, got.data) == (2, "3", "image/jpeg", b"\xff\xd8two")
+        assert q.previews([claim.id], {claim.id: 2}) == {}  # unchanged: not read again
+        stale = dataclasses.replace(claim, owner="runner-z")
+        q.set_preview(stale, None, "image/png", b"x")  # a lost claim writes nothing
+        assert q.previews([claim.id], {claim.id: 2}) == {}
+        q.complete(claim, [], now=T0 + 1)
+        q.set_preview(other, None, "image/png", b"\x89PNG")
+        q.retry_later(other, T0 + 5, "again", now=T0 + 2)
+        assert q.previews([claim.id, other.id], {}) == {}
 
     def test_dead_keeps_the_reason(self, q: Queue) -> None:
         self.submit(q, make_job(1))
@@ -1047,7 +1078,8 @@ class QueueContract(CatalogueContract, AssetsContract):
         assert nxt is not None and (nxt.id, nxt.attempt, nxt.owner, nxt.lease_until) == \
             (model_job(3, "b").id, 1, "host-a/1/gpu0/t", T0 + 5 + LEASE)
         done = q.get(first.id)
-        assert (done.state, done.outputs, done.finished_at, done.machine) == ("done", out, T0 + 5, "host-a")
+        assert (done.state, done.finished_at, done.machine) == ("done", T0 + 5, "host-a")
+        assert [dataclasses.replace(o, id="") for o in done.outputs] == out and q.output_asset(done.outputs[0].id)
         assert (done.attempts[0].outcome, done.attempts[0].ended_at, done.attempts[0].trace) == ("done", T0 + 5,
                                                                                                 {"t": 1})
         assert q.get(nxt.id).state == "running"

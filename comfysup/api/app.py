@@ -15,7 +15,6 @@ import base64
 import binascii
 import concurrent.futures
 import logging
-import os
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -23,12 +22,11 @@ from typing import Any, TypeVar
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from comfysup import safefs
-from comfysup.api import assets, events, remote, views
+from comfysup.api import assets, events, outputs, remote, views
 from comfysup.api.connections import track
 from comfysup.api.errors import ApiError, not_found
 from comfysup.api.intake import Intake
-from comfysup.api.replies import STATE_KEY, harden, read_json, send
+from comfysup.api.replies import STATE_KEY, harden, read_json
 from comfysup.api.replies import job_id as _job_id
 from comfysup.api.replies import json_response as _json
 from comfysup.api.replies import origin as _origin
@@ -65,6 +63,8 @@ class State:
         self.intake = Intake(config.resolve("."), config)
         self.store = config.resolve(config.store.dir)
         self.hosts = HostCheck(config.api.listen.rpartition(":")[0], config.api.public_url, config.api.allowed_hosts)
+        self.inputs = outputs.Inputs(self)
+        """What a workflow's core/ASSET reference names: an upload, or an output (comfysup.api.outputs)."""
         self._catalogues: list[Catalogue] = []
         self._catalogues_at = float("-inf")
         self.watch = QueueWatch(queue, on_lost=lambda why: log.error("%s; the API answers 503 and stops (exit code "
@@ -146,7 +146,7 @@ async def post_job(request: web.Request) -> web.Response:
 
 def _submit(state: State, body: Any, key: str | None, origin: str, fetched: Any = None) -> web.Response:
     """In the worker thread: validate, bound the queue, insert (durable before the answer), answer."""
-    job = state.intake.job(body, key, state.catalogues(), state.queue.api_asset, fetched)
+    job = state.intake.job(body, key, state.catalogues(), state.inputs, fetched)
     bound = state.config.api.max_queued
     if bound:
         try:
@@ -164,7 +164,7 @@ def _submit(state: State, body: Any, key: str | None, origin: str, fetched: Any 
         raise ApiError(422, "missing_asset", str(exc)) from None
     record = state.queue.get(job.id)
     headers = {"Idempotency-Replayed": "true"} if result.existing else {}
-    headers["Location"] = views.job_urls(job.id)["self"]
+    headers["Location"] = views.job_urls(job.id, origin)["self"]
     return _json(views.job(record, origin, time.time(), _place(state, record)), status=201, headers=headers)
 
 
@@ -266,64 +266,11 @@ async def list_jobs(request: web.Request) -> web.Response:
         return found[:limit], cursor
 
     records, cursor = await state.call(page)
-    body: dict[str, Any] = {"jobs": [views.summary(r) for r in records]}
+    origin = _origin(request)
+    body: dict[str, Any] = {"jobs": [views.summary(r, origin) for r in records]}
     if cursor is not None:
         body["next_cursor"] = _encode_cursor(cursor)
     return _json(body)
-
-
-async def output_asset(request: web.Request) -> web.Response:
-    """An output as the contract's ``Asset``; any other id is an upload's (comfysup.api.assets)."""
-    if views.parse_output_id(request.match_info["id"]) is None:
-        return await assets.get_asset(request)
-    state: State = request.app[STATE_KEY]
-    record, index = await state.call(_output, state, request.match_info["id"])
-    item = views.outputs(record, _origin(request), time.time())[index]
-    return _json({"id": item["id"], "hash": None, "size_bytes": item["size_bytes"],
-                  "content_type": item["content_type"], "file_path": item["name"],
-                  "created_at": views.iso(record.finished_at), "url": item["url"],
-                  "url_expires_at": item["url_expires_at"], "job_id": record.id})
-
-
-def _output(state: State, asset_id: str) -> tuple[Any, int]:
-    parsed = views.parse_output_id(asset_id)
-    if parsed is None:
-        raise not_found("asset")
-    try:
-        record = state.queue.get(parsed[0])
-    except NotFound:
-        raise not_found("asset") from None
-    if record.state != "done" or parsed[1] >= len(record.outputs):
-        raise not_found("asset")
-    return record, parsed[1]
-
-
-async def output_content(request: web.Request) -> web.StreamResponse:
-    """The file from the result store, opened through comfysup.safefs (no symlink out of the job's folder), with
-    Range for resumable downloads. A file in another machine's store (``store.dir`` not shared) is streamed from
-    that machine's API (comfysup.api.remote). Any other id is an upload's (comfysup.api.assets)."""
-    if views.parse_output_id(request.match_info["id"]) is None:
-        return await assets.asset_content(request)
-    state: State = request.app[STATE_KEY]
-    record, index = await state.call(_output, state, request.match_info["id"])
-    output = record.outputs[index]
-    parts = [p for p in output.name.split("/") if p]
-    try:
-        root = safefs.open_root(state.store)
-        try:
-            with safefs.dir_beneath(root, [record.id, *parts[:-1]]) as folder:
-                fd = safefs.open_file(folder, parts[-1])
-        finally:
-            os.close(root)
-    except OSError:
-        return await remote.stream(request, state, record.machine)
-    with os.fdopen(fd, "rb") as f:
-        async def read(at: int, n: int) -> bytes:
-            f.seek(at)
-            return f.read(n)
-
-        return await send(request, os.fstat(f.fileno()).st_size, views.content_type(output.name), read,
-                          name=output.name)
 
 
 def make_app(config: Config, queue: Any) -> web.Application:
@@ -341,9 +288,9 @@ def make_app(config: Config, queue: Any) -> web.Application:
     app.router.add_post(f"{API}/assets", assets.post_asset)
     app.router.add_post(f"{API}/assets/from-hash", assets.from_hash)
     app.router.add_route("HEAD", f"{API}/assets/by-hash/{{hash}}", assets.by_hash)
-    app.router.add_get(f"{API}/assets/{{id}}", output_asset)
+    app.router.add_get(f"{API}/assets/{{id}}", outputs.get_asset)
     app.router.add_delete(f"{API}/assets/{{id}}", assets.delete_asset)
-    app.router.add_get(f"{API}/assets/{{id}}/content", output_content)
+    app.router.add_get(f"{API}/assets/{{id}}/content", outputs.content_of)
     events.install(app, state.call, queue, config.api.max_event_streams)
     remote.install(app)
 

@@ -18,7 +18,7 @@ upload of ``comfy_low/transport.py`` ``post_assets``; ``delete_asset`` expects 2
 - An asset's id is a random UUID (122 random bits), not its hash: knowing a content's hash does not give its
   record. It lives until ``expires_at`` (``[api] upload_retention_hours``); comfysup.queue.assets keeps its
   content from prune until then, and a job that references it keeps the content as long as the job exists.
-- Output ids (``<job id>.<n>``) are served by comfysup.api.app; this module serves every other id.
+- Output ids are served by comfysup.api.outputs; this module serves every other id.
 - A ``core/ASSET`` reference with ``info.url`` (``https://…``, or ``s3://bucket/key`` from ``[inputs]
   s3_buckets``) and no ``info.id`` names a file elsewhere: the Asset schema's own ``url`` field, in the
   reference. It becomes the line's ``{"url": …}`` input, fetched at submit into the asset store
@@ -277,13 +277,13 @@ async def by_hash(request: web.Request) -> web.Response:
 async def _record(request: web.Request) -> tuple[Any, ApiAsset]:
     state = request.app[STATE_KEY]
     asset_id = request.match_info["id"]
-    record = await state.call(state.queue.api_asset, asset_id) if _is_id(asset_id) else None
+    record = await state.call(state.queue.api_asset, asset_id) if is_id(asset_id) else None
     if record is None or record.expires_at <= time.time():
         raise not_found("asset")
     return state, record
 
 
-def _is_id(text: str) -> bool:
+def is_id(text: str) -> bool:
     try:
         return str(uuid.UUID(text)) == text
     except ValueError:
@@ -333,9 +333,10 @@ async def delete_asset(request: web.Request) -> web.Response:
     """204: the record is gone, its content too unless a job (or another record) needs it."""
     state = request.app[STATE_KEY]
     asset_id = request.match_info["id"]
-    if views.parse_output_id(asset_id) is not None:
+    if views.parse_output_id(asset_id) is not None or \
+            (is_id(asset_id) and await state.call(state.queue.output_asset, asset_id) is not None):
         raise ApiError(403, "forbidden", "an output is removed with its job (comfysup prune), not by DELETE")
-    if not (_is_id(asset_id) and await state.call(state.queue.delete_api_asset, asset_id)):
+    if not (is_id(asset_id) and await state.call(state.queue.delete_api_asset, asset_id)):
         raise not_found("asset")
     return web.Response(status=204)
 
@@ -353,7 +354,7 @@ def references(workflow: Mapping[str, Any], lookup: Callable[[str], ApiAsset | N
         if asset_id is None and "url" in ref["info"]:
             found[f"{node_id}.{name}"] = remote_value(ref["info"])
             continue
-        record = lookup(asset_id) if isinstance(asset_id, str) and _is_id(asset_id) else None
+        record = lookup(asset_id) if isinstance(asset_id, str) and is_id(asset_id) else None
         if record is None or record.expires_at <= now:
             why = ("has no info.id (the id POST /api/v2/assets answered)" if not asset_id else
                    f"names asset {str(asset_id)[:80]!r}, which is a job's output; download it and upload it"

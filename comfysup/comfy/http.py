@@ -66,6 +66,8 @@ class ComfyClient:
         self.pool = urllib3.connection_from_url(self.url, maxsize=1, block=False, retries=False)
         self.stream: EventStream | None = None
         """This client's own socket, kept open from one prompt to the next (see ``own_stream``)."""
+        self.previews = False
+        """Whether its sockets read preview frames (``EventStream.previews``; the runner's, for the API)."""
         self.comfyui_version: str | None = None
         """The server's ComfyUI version as /system_stats last said (None: not asked yet, or not said)."""
         self.known = KnownRuns()
@@ -270,7 +272,9 @@ class ComfyClient:
     # -- WebSocket ------------------------------------------------------------------------------------
 
     def events(self, client_id: str) -> EventStream:
-        return EventStream(self.url, client_id, self.timeout_seconds)
+        stream = EventStream(self.url, client_id, self.timeout_seconds)
+        stream.previews = self.previews
+        return stream
 
     def own_stream(self, fresh: bool = False, drain: bool = True) -> EventStream:
         """This client's kept socket, connected: one per runner, reused for every prompt it posts, so a job

@@ -93,6 +93,8 @@ DOCS: dict[str, dict[str, str]] = {
         "affinity_max_wait_seconds": "A runner prefers jobs that load the models its server ran last (no reload), "
                                      "but no job waits longer than this beyond strict priority order; 0: strict "
                                      "order. Priority always comes first.",
+        "preview_seconds": "How often a running job's latest preview image is written to the queue (the API's SSE "
+                           "preview events; only the latest is kept); 0: previews are not kept.",
         "queue_ahead": "Keep one more job waiting in the server's queue behind the running prompt, so the GPU "
                        "never waits for the client between two prompts (never while another server idles); "
                        "false: post only to a free server.",

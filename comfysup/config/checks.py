@@ -36,7 +36,7 @@ def check(c: Config) -> None:
     for section, obj, key in positive:
         if getattr(obj, key) <= 0:
             raise bad(section, key, getattr(obj, key), "must be greater than 0")
-    for key in ("grace_seconds", "affinity_max_wait_seconds"):
+    for key in ("grace_seconds", "affinity_max_wait_seconds", "preview_seconds"):
         if getattr(r, key) < 0:
             raise bad("runner", key, getattr(r, key), "must be 0 or more")
     if r.attempts < 1:

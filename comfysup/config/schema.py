@@ -153,6 +153,11 @@ class RunnerConfig:
     a prompt stuck ahead of it takes it out of the server's queue (released without counting an attempt, as
     when the server dies before it started); none is queued while another runner of the machine waits for
     work. False: a runner posts only when its server is free (one job per runner at a time)."""
+    preview_seconds: float = 1.0
+    """How often a running job's latest preview image (the frames ComfyUI sends while a sampler steps) is written
+    to the queue, for the Comfy API v2's SSE ``preview`` events: at most one write this often per runner, of at
+    most 512 KiB, the job's previous one replaced (the queue keeps only the latest, removed when the job ends);
+    0: previews are not kept (no queue writes for them, no ``preview`` events)."""
 
 
 @dataclass(frozen=True)

@@ -59,7 +59,7 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from enum import StrEnum
 from typing import Any, Protocol
 
@@ -77,6 +77,7 @@ from comfysup.queue.values import (  # noqa: F401  (re-exported: the protocol's 
     NewAsset,
     NewJob,
     Output,
+    Preview,
     PruneBatch,
     RunningJob,
     Status,
@@ -243,6 +244,18 @@ class Queue(Protocol):
     def states(self, ids: Sequence[str]) -> dict[str, str]:
         """id -> state as shown (``posted`` for a running job that waits in its server's queue), without reading
         workflows (what ``submit --wait`` polls); unknown ids are left out."""
+        ...
+
+    def output_asset(self, asset_id: str) -> tuple[JobRecord, int] | None:
+        """The done job whose output has this asset id (Output.id), and the output's place in its list."""
+        ...
+
+    def set_preview(self, claim: Claim, node_id: str | None, content_type: str, data: bytes) -> None:
+        """The running job's latest preview image, replacing the one before (fenced; not durable)."""
+        ...
+
+    def previews(self, ids: Sequence[str], known: Mapping[str, int]) -> dict[str, Preview]:
+        """The latest previews of ``ids`` whose number moved from ``known`` (the API's event watcher)."""
         ...
 
     def pulses(self, ids: Sequence[str]) -> dict[str, JobPulse]:

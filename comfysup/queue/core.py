@@ -23,8 +23,10 @@ import contextlib
 import json
 import threading
 import time
+import uuid
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from typing import Any, TypeVar
 
 from comfysup.errors import LeaseLost, QueueError
@@ -48,6 +50,7 @@ from comfysup.queue.base import (
 )
 from comfysup.queue.endpoints import ApiEndpoints
 from comfysup.queue.fleet import Fleet
+from comfysup.queue.previews import Previews
 from comfysup.queue.queries import load, read
 from comfysup.queue.reads import SQLReads, fetch
 from comfysup.queue.specs import SpecCache
@@ -56,7 +59,7 @@ from comfysup.workflows import apply_params
 T = TypeVar("T")
 
 
-class SQLQueue(SQLReads, AssetStore, ApiEndpoints, Fleet):
+class SQLQueue(SQLReads, AssetStore, ApiEndpoints, Fleet, Previews):
     """The Queue contract over SQL; subclasses give the dialect (see the module docstring)."""
 
     DIALECT = ""
@@ -239,9 +242,11 @@ class SQLQueue(SQLReads, AssetStore, ApiEndpoints, Fleet):
 
     def _end(self, cur: Any, claim: Claim, job_sql: str, job_args: Sequence[Any], at: float | None, outcome: str,
              reason: str | None, kind: str | None, trace: dict[str, Any] | None) -> Any:
-        """A fenced write that ends the claim's attempt with its outcome, reason class and trace."""
-        return self._held(cur, claim, job_sql, job_args, self.sql["end_attempt"],
-                          (at, outcome, reason, kind, records.dumps(trace), claim.id, claim.attempt, claim.owner))
+        """A fenced write that ends the claim's attempt with its outcome, reason class and trace (its preview goes)."""
+        row = self._held(cur, claim, job_sql, job_args, self.sql["end_attempt"],
+                         (at, outcome, reason, kind, records.dumps(trace), claim.id, claim.attempt, claim.owner))
+        cur.execute(self.sql["forget_preview"], (claim.id,))
+        return row
 
     def _deliver(self, cur: Any, job_id: str, at: float | None) -> None:
         """A terminal job's webhook, in the transaction that made it terminal: due at once."""
@@ -301,10 +306,13 @@ class SQLQueue(SQLReads, AssetStore, ApiEndpoints, Fleet):
 
     def _complete(self, cur: Any, claim: Claim, outputs: Sequence[Output], at: float | None,
                   trace: dict[str, Any] | None) -> None:
+        outputs = [o if o.id else replace(o, id=str(uuid.uuid4())) for o in outputs]  # outputs are assets
         files = json.dumps([o.__dict__ for o in outputs], separators=(",", ":"))
         self._end(cur, claim, self.sql["complete"],
                   (files, at, owner_host(claim.owner), claim.id, claim.attempt, claim.owner), at, DONE, None, None,
                   trace)
+        cur.execute(self.sql["forget_output_assets"], (claim.id,))
+        cur.executemany(self.sql["add_output_asset"], [(o.id, claim.id) for o in outputs])
         self._deliver(cur, claim.id, at)
 
     def retry_later(self, claim: Claim, run_after: float, reason: str, now: float | None = None, *,

@@ -72,6 +72,15 @@ class SQLReads:
             raise NotFound(f"no job with id {job_id} in {self.where}")
         return rows[0]
 
+    def output_asset(self, asset_id: str) -> tuple[JobRecord, int] | None:
+        """The done job whose output has this asset id, and the output's place in its list; None when none has."""
+        rows = self._transaction(fetch, self.sql["output_asset_job"], (asset_id,), write=False)
+        records = self.get_many([rows[0][0]]) if rows else []
+        if not records or records[0].state != "done":
+            return None
+        index = next((i for i, o in enumerate(records[0].outputs) if o.id == asset_id), None)
+        return None if index is None else (records[0], index)
+
     def get_many(self, ids: Sequence[str]) -> list[JobRecord]:
         ids = list(ids)
         if not ids:

@@ -108,6 +108,19 @@ class Output:
     sha256: str
     path: str = ""
     node_id: str = ""
+    id: str = ""
+    """Its asset UUID (the Comfy API v2's output ``id``), given by the queue when the job is done; "" for a record
+    of an earlier version, whose API id is ``<job id>.<n>``."""
+
+
+@dataclass(frozen=True)
+class Preview:
+    """A running job's latest preview image (comfysup.queue.previews): ``n`` counts its replacements."""
+
+    n: int
+    node_id: str | None
+    content_type: str
+    data: bytes
 
 
 @dataclass(frozen=True)

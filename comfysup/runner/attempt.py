@@ -66,6 +66,8 @@ ALARM_SLACK_SECONDS = 1.0
 """The job's deadline is checked at every wake-up of the follow loop, which interrupts the prompt then; the
 alarm (comfysup.comfy.deadline) falls this much later, for what no wake-up reaches: a read that blocks, a
 download that trickles."""
+ERROR_CHARS = {"message": 2000, "traceback": 8000}
+"""What of ComfyUI's exception message and traceback an attempt's trace keeps (other fields: 200 characters)."""
 PROGRESS_WRITE_SECONDS = 1.0
 """At most one progress write per second: a sampler's steps come faster than a queue row should change."""
 
@@ -114,6 +116,8 @@ class Attempt:
         self.progress_written_at = self.clock()
         """The first progress is written a second into the attempt: a job that ends sooner costs no write for it
         (its trace, recorded with its end, has the whole of it)."""
+        self.preview_written_at = float("-inf")
+        """When the last preview was written ([runner] preview_seconds apart)."""
         self.run_over = False
         """This job's run has ended on its server (its history entry was read): a job behind it may run now."""
         self.live: Run | None = None
@@ -162,6 +166,10 @@ class Attempt:
         """The outcome, its reason class and the attempt's trace, in one fenced write."""
         self.trace.phase("recorded", self.ctx.wall())
         trace = self.trace.as_dict()
+        if "error" in trace:  # ComfyUI's text, as the reason: redacted first, then cut
+            error = trace["error"]
+            trace["error"] = {k: self.redact(v, ERROR_CHARS.get(k, 200)) if isinstance(v, str) else v
+                              for k, v in error.items()}
         early = self.early
         if o.state == "done":
             more = early.next_job(self.claim, o) if early.next_job is not None and early.next_claim is None else None
@@ -185,7 +193,14 @@ class Attempt:
             self.queue.release(self.claim, o.reason, count_attempt=False, kind=o.kind, trace=trace)
 
     def _write_progress(self) -> None:
-        """The live progress, when it moved and a second has passed since the last write (fenced)."""
+        """The live progress, when it moved and a second has passed since the last write (fenced); the newest
+        preview, at most every [runner] preview_seconds (fenced, not durable)."""
+        run = self.live
+        if run is not None and run.preview is not None and \
+                self.clock() - self.preview_written_at >= self.s.preview_seconds:
+            (node, content_type, image), run.preview = run.preview, None
+            self.preview_written_at = self.clock()
+            self.queue.set_preview(self.claim, node, content_type, image)
         if not self.trace.changed or self.clock() - self.progress_written_at < PROGRESS_WRITE_SECONDS:
             return
         progress = self.trace.progress()

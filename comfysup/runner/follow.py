@@ -76,6 +76,11 @@ def on_message(ctx: Context, run: Run, message: dict[str, Any], early: EarlyJobs
     data = message.get("data") or {}
     if kind == "comfysup_reconnected":
         return 0.0
+    if kind == "preview":  # of the prompt executing now: this run's between its start and its end
+        if run.started and not run.end_seen and data.get("prompt_id") in (None, ctx.claim.id):
+            node = data.get("node_id") or (ctx.trace.current.id if ctx.trace.current is not None else None)
+            run.preview = (node, data["content_type"], data["image"])
+        return None
     if kind == "status":
         remaining = ((data.get("status") or {}).get("exec_info") or {}).get("queue_remaining")
         run.queue_remaining = remaining if isinstance(remaining, int) else None
@@ -159,5 +164,6 @@ def entry_from_socket(ctx: Context, run: Run) -> dict[str, Any]:
 def own_entry(ctx: Context, run: Run) -> dict[str, Any] | None:
     entry = run.client.history(ctx.claim.id, ctx.s.max_files_per_job)
     if entry is not None and (run.number is None or prompt_number(entry) == run.number):
+        ctx.trace.from_history(entry, ctx.wall())  # cached nodes, a failure's node: for the API
         return entry
     return None

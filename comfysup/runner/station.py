@@ -14,7 +14,7 @@ from pathlib import Path
 
 from comfysup.backoff import RetryPolicy
 from comfysup.comfy import ComfyClient
-from comfysup.config import AssetsConfig, Config
+from comfysup.config import AssetsConfig, Config, RunnerConfig
 from comfysup.queue.base import Queue
 from comfysup.runner.inputs import InputDelivery
 from comfysup.runner.store import ResultStore
@@ -51,6 +51,8 @@ class AttemptSettings:
     files go to its own folder there, adopted from disk when the history died with the server
     (comfysup.runner.outputs). A server not named here is used as it always was."""
     server_cache_bytes: int = AssetsConfig.server_cache_mb * 2**20
+    preview_seconds: float = RunnerConfig.preview_seconds
+    """[runner] preview_seconds: how often the latest preview of the running job is written (0: never read)."""
     """[assets] server_cache_mb: input files kept in a launched server's input folder (comfysup.runner.inputs)."""
 
     @classmethod
@@ -67,7 +69,7 @@ class AttemptSettings:
             leave_queue_seconds=r.leave_queue_seconds,
             peers={k: v for k, v in peers.items() if k != server}, output_dirs=dict(output_dirs or {}),
             max_files_per_job=config.store.max_files_per_job, max_job_bytes=config.store.max_job_mb * 2**20,
-            server_cache_bytes=config.assets.server_cache_mb * 2**20)
+            server_cache_bytes=config.assets.server_cache_mb * 2**20, preview_seconds=r.preview_seconds)
 
 
 class Station:
@@ -84,6 +86,7 @@ class Station:
         self.queue = queue
         self.store = store
         self.client = ComfyClient(settings.url, timeout_seconds=settings.http_timeout_seconds)
+        self.client.previews = settings.preview_seconds > 0
         output_dir = settings.output_dirs.get(settings.server)
         self.inputs = InputDelivery(queue, self.client, settings.server,
                                     output_dir.parent / "input" if output_dir is not None else None,

@@ -45,7 +45,13 @@ def test_run_then_outputs_to_bytes_as_the_sdk_readme_shows(api: Any) -> None:
     model = JobModel.model_validate(body)
     assert model.metrics is not None and model.metrics["execution_ms"] is not None
     assert model.progress is not None and model.progress.value == 1.0
-    assert body["urls"]["self"] == f"/api/v2/jobs/{job.id}"
+    assert body["urls"]["self"] == f"{url}/api/v2/jobs/{job.id}"  # absolute, from the address the client used
+    assert body["outputs"][0]["url"] == f"{url}/api/v2/assets/{body['outputs'][0]['id']}/content"
+    assert str(uuid.UUID(body["outputs"][0]["id"])) == body["outputs"][0]["id"]  # outputs are assets: a UUID
+    forged = httpx.get(f"{url}/api/v2/jobs/{job.id}", headers={"X-Forwarded-Host": "evil.example",
+                                                              "X-Forwarded-Proto": "https",
+                                                              "Forwarded": "host=evil.example;proto=https"})
+    assert "evil.example" not in forged.text and forged.json()["urls"] == body["urls"]
 
 
 def test_every_answer_validates_against_the_sdks_models(api: Any) -> None:

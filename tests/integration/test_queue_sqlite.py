@@ -16,6 +16,7 @@ from queue_contract import T0, QueueContract, make_job
 from comfysup.errors import DatabaseLocked, DatabaseMissing, QueueError
 from comfysup.queue import sqlite as sqlite_backend
 from comfysup.queue import sqlite_file
+from comfysup.queue.base import Output
 from comfysup.queue.sqlite import SCHEMA_VERSION, SQLiteQueue
 from comfysup.workflows import model_key
 
@@ -468,6 +469,7 @@ def test_finished_counts_follow_every_transition(tmp_path: Path) -> None:
 
 
 UNDO = {
+    15: "DROP TABLE output_assets; DROP TABLE job_previews",
     14: "ALTER TABLE jobs DROP COLUMN waiting_since",
     13: "DROP TABLE api_endpoints",
     12: "DROP TABLE api_assets",
@@ -596,11 +598,31 @@ def test_v14_adds_when_a_running_job_began_to_wait_and_keeps_the_jobs(tmp_path: 
     q.close()
     _back_to(path, 13)
     q = SQLiteQueue(path, create=False)
-    assert q.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 14
+    assert q.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     assert q.states([running.id]) == {running.id: "running"}
     behind = q.claim("host-a/1/gpu0/t", "gpu0", 30, now=T0)
     q.record_prompt(behind, "gpu0", 2, waiting=True)
     assert q.status(now=T0 + 1).counts["posted"] == 1
+    q.close()
+
+
+def test_v15_gives_outputs_asset_ids_and_keeps_earlier_outputs(tmp_path: Path) -> None:
+    """A v14 queue with a job done before (issue 31): its output keeps no id (the API names it <job id>.<n>); a
+    job done now gets an asset id per file, found by output_asset."""
+    path = tmp_path / "q.db"
+    q = SQLiteQueue(path)
+    q.submit([make_job(1), make_job(2)], now=T0)
+    q.complete(q.claim("r", "gpu0", 30, now=T0), [Output("a.png", 1, "00")], now=T0 + 1)
+    q.conn.execute("UPDATE jobs SET outputs = '[{\"name\": \"a.png\", \"size\": 1, \"sha256\": \"00\"}]'")
+    q.conn.commit()
+    q.close()
+    _back_to(path, 14)
+    q = SQLiteQueue(path, create=False)
+    assert q.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 15
+    assert [o.id for o in q.get(make_job(1).id).outputs] == [""]
+    q.complete(q.claim("r", "gpu0", 30, now=T0), [Output("b.png", 1, "00")], now=T0 + 2)
+    (made,) = q.get(make_job(2).id).outputs
+    assert made.id and q.output_asset(made.id) == (q.get(make_job(2).id), 0)
     q.close()
 
 

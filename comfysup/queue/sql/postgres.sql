@@ -154,6 +154,8 @@ WITH gone AS (DELETE FROM jobs WHERE seq IN (SELECT seq FROM jobs j
 a AS (DELETE FROM attempts WHERE job_id IN (SELECT id FROM gone)),
 d AS (DELETE FROM deliveries WHERE job_id IN (SELECT id FROM gone)),
 n AS (DELETE FROM announcements WHERE job_id IN (SELECT id FROM gone)),
+o AS (DELETE FROM output_assets WHERE job_id IN (SELECT id FROM gone)),
+p AS (DELETE FROM job_previews WHERE job_id IN (SELECT id FROM gone)),
 r AS (DELETE FROM job_refusals WHERE seq IN (SELECT seq FROM gone))
 SELECT id, machine, workflow_id FROM gone
 

@@ -33,6 +33,36 @@ UPDATE jobs SET waiting_since = NULL {fence}
 UPDATE jobs SET state = 'done', outputs = ?, finished_at = {now}, reason = NULL, owner = NULL, lease_until = NULL,
     machine = ? {fence} RETURNING 1
 
+-- name: forget_output_assets
+-- the output asset ids of a job done before (a person's retry of it): its new outputs replace them
+DELETE FROM output_assets WHERE job_id = ?
+
+-- name: add_output_asset
+-- an output's asset id, in the transaction that ends its job done
+INSERT INTO output_assets (id, job_id) VALUES (?, ?)
+
+-- name: output_asset_job
+-- the job whose outputs an asset id names
+SELECT job_id FROM output_assets WHERE id = ?
+
+-- name: set_preview
+-- a running job's latest preview, replacing the one before; fenced (a lost claim writes nothing)
+INSERT INTO job_previews (job_id, n, node_id, content_type, data) SELECT id, 1, ?, ?, ? FROM jobs {fence}
+ON CONFLICT (job_id) DO UPDATE SET n = job_previews.n + 1, node_id = excluded.node_id,
+    content_type = excluded.content_type, data = excluded.data
+
+-- name: preview_numbers
+-- how many times each watched job's preview was replaced: the reader fetches only the ones that moved
+SELECT job_id, n FROM job_previews WHERE job_id = ANY(?)
+
+-- name: previews
+-- the latest previews of some jobs
+SELECT job_id, n, node_id, content_type, data FROM job_previews WHERE job_id = ANY(?)
+
+-- name: forget_preview
+-- an attempt ended: its job's preview goes
+DELETE FROM job_previews WHERE job_id = ?
+
 -- name: retry_later
 -- back to the queue until run_after (given, else the delay from now); the prompt number is forgotten
 UPDATE jobs SET state = 'queued', run_after = coalesce(CAST(? AS double precision), {now} + ?), reason = ?,

@@ -173,6 +173,14 @@ DELETE FROM deliveries WHERE job_id = ANY(?)
 -- the pruned jobs' broker announcements
 DELETE FROM announcements WHERE job_id = ANY(?)
 
+-- name: prune_output_assets
+-- the pruned jobs' output asset ids
+DELETE FROM output_assets WHERE job_id = ANY(?)
+
+-- name: prune_previews
+-- the pruned jobs' previews (one outlives its attempt only when its runner died)
+DELETE FROM job_previews WHERE job_id = ANY(?)
+
 -- name: prune_workflow
 -- a workflow no remaining job uses
 DELETE FROM workflows WHERE id = ? AND NOT EXISTS (SELECT 1 FROM job_specs WHERE workflow_id = ?)
