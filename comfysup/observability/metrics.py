@@ -37,7 +37,8 @@ from comfysup.config import MetricsConfig
 from comfysup.gpus import GpuSample
 from comfysup.observability.brokerview import broker_metrics
 from comfysup.queue.base import TERMINAL, EndedAttempt, Queue
-from comfysup.slotstate import staleness
+from comfysup.runner.memory import COUNTS
+from comfysup.slotstate import ready_slots, staleness
 
 LOOKBACK_SECONDS = 120.0
 """An attempt's end is stamped before its transaction waits for the write lock (SQLite's busy timeout is
@@ -50,6 +51,8 @@ PAGE = 1000
 """Attempts read at once: a catch-up after a stall reads this many rows at a time, never all of them."""
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 OTHER = "other"
+MEMORY_ACTIONS = (*COUNTS, "idle_frees", "idle_restarts")
+"""The slot state's memory recovery counts (comfysup.runner.memory, comfysup.supervisor.vram)."""
 """The workflow label of every workflow past ``[metrics] max_workflow_labels``."""
 
 
@@ -197,6 +200,7 @@ class Live(Collector):
         oldest = GaugeMetricFamily("comfysup_oldest_queued_age_seconds", "Age of the oldest queued job (0: none).")
         oldest.add_metric([], 0.0 if status.oldest_queued_at is None else max(0.0, now - status.oldest_queued_at))
         yield oldest
+        yield from self._readiness(now, status.counts.get("queued", 0))
         ratio = self.observer.cache_ratio()
         if ratio is not None:
             hit = GaugeMetricFamily("comfysup_node_cache_hit_ratio", "Nodes served from ComfyUI's cache over all "
@@ -228,6 +232,18 @@ class Live(Collector):
         state = self.state()
         yield from broker_metrics((state or {}).get("broker"), self.queue.announcement_backlog())
 
+    def _readiness(self, now: float, queued: int) -> Iterable[Metric]:
+        """What an autoscaler scales on (with comfysup_jobs and comfysup_oldest_queued_age_seconds): the slots
+        that take jobs now, and the queued jobs per ready slot (GET /ready's bound is on the same number)."""
+        ready = ready_slots(self.state(), now)
+        slots = GaugeMetricFamily("comfysup_ready_slots", "Slots of this machine that take jobs now (server answering "
+                                  "and warm, runner running).")
+        slots.add_metric([], ready)
+        per = GaugeMetricFamily("comfysup_queued_jobs_per_ready_slot", "Jobs queued (ready to run) per ready slot of "
+                                "this machine; the queued count itself when no slot is ready.")
+        per.add_metric([], queued / ready if ready else float(queued))
+        yield from (slots, per)
+
     def _slots(self, now: float) -> Iterable[Metric]:
         state = self.state()
         if state is None:
@@ -257,10 +273,27 @@ class Live(Collector):
         info = GaugeMetricFamily("comfysup_slot_comfyui_info", "1 for the ComfyUI version the slot's server "
                                  "reported (/system_stats); version \"none\" until it answered.",
                                  labels=[*labels, "version"])
+        ready = GaugeMetricFamily("comfysup_slot_ready", "1 while the slot takes jobs (its server answers and, with "
+                                  "[comfyui] warmup, is warm).", labels=labels)
+        warmup = GaugeMetricFamily("comfysup_slot_warmup_seconds", "How long the last warm-up of the slot's server "
+                                   "took (absent before the first).", labels=labels)
+        warm_failed = GaugeMetricFamily("comfysup_slot_warmup_failures", "Warm-ups of the slot's server that failed "
+                                        "(each a failed start) since the supervisor started.", labels=labels)
+        memory = GaugeMetricFamily("comfysup_slot_memory_recoveries", "Memory recoveries of the slot's server since "
+                                   "the supervisor started, by action: oom_frees (POST /free after an out-of-memory "
+                                   "error), oom_retries (the job posted again there), device_restarts (a lost "
+                                   "device), idle_frees and idle_restarts (VRAM held while idle, NVML).",
+                                   labels=[*labels, "action"])
         for slot in state.get("slots") or []:
             if not isinstance(slot, dict):
                 continue
             key = [label(str(slot.get("name"))), label(str(slot.get("device")))]
+            ready.add_metric(key, 1.0 if running and slot.get("ready") else 0.0)
+            if isinstance(slot.get("warmup_seconds"), int | float):
+                warmup.add_metric(key, float(slot["warmup_seconds"]))
+            warm_failed.add_metric(key, float(slot.get("warmup_failures") or 0))
+            for action in MEMORY_ACTIONS:
+                memory.add_metric([*key, action], float(slot.get(action) or 0))
             serving = slot.get("state") in ("running", "external") and not slot.get("out_of_service")
             up.add_metric(key, 1.0 if running and serving else 0.0)
             restarts.add_metric(key, float(slot.get("restarts") or 0))
@@ -271,7 +304,8 @@ class Live(Collector):
             stuck.add_metric(key, float(slot.get("stuck_restarts") or 0))
             problem.add_metric(key, 1.0 if running and slot.get("problem") else 0.0)
             info.add_metric([*key, label(slot.get("comfyui_version"))[:40]], 1.0)
-        yield from (up, restarts, runner_restarts, busy, done, out, stuck, problem, info)
+        yield from (up, restarts, runner_restarts, busy, done, out, stuck, problem, info, ready, warmup, warm_failed,
+                    memory)
 
     def _gpus(self) -> Iterable[Metric]:
         samples = self.gpus()

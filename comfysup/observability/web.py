@@ -18,6 +18,7 @@ request to arrive and for its answer to be taken.
 from __future__ import annotations
 
 import html
+import json
 import logging
 import mimetypes
 import os
@@ -38,6 +39,7 @@ from comfysup.observability.views import WINDOW_SECONDS, Overview, overview, pro
 from comfysup.queue.base import Queue
 from comfysup.redact import Redactor, bound
 from comfysup.runner.store import UnsafeName, check_part
+from comfysup.slotstate import readiness
 from comfysup.timefmt import age
 
 log = logging.getLogger("comfysup.observability.web")
@@ -74,8 +76,9 @@ class App:
     """Routes to answers; the HTTP plumbing stays in the handler so this is tested without sockets."""
 
     def __init__(self, queue: Queue, metrics: Metrics, state: Callable[[], dict[str, Any] | None], store: Path,
-                 refresh_seconds: float = 2.0, done_limit: int = 12) -> None:
+                 refresh_seconds: float = 2.0, done_limit: int = 12, ready_max_queue_per_slot: float = 0.0) -> None:
         self.queue = queue
+        self.ready_max_queue_per_slot = ready_max_queue_per_slot
         self.metrics = metrics
         self.state = state
         self.store = store
@@ -86,6 +89,11 @@ class App:
         path = urllib.parse.urlsplit(raw_path).path
         if path == "/metrics":
             return Answer(200, CONTENT_TYPE, self.metrics.exposition(), {})
+        if path == "/ready":  # readiness for load balancers (comfysup.slotstate.readiness)
+            answer = readiness(self.state(), self.queue.status(dead_limit=0).counts.get("queued", 0),
+                               self.ready_max_queue_per_slot)
+            return Answer(200 if answer.ready else 503, "application/json", json.dumps(answer.body()).encode(),
+                          {"Cache-Control": "no-store"})
         if path in ("/", "/index.html"):
             view = overview(self.queue, self.state(), dead=5, done=self.done_limit)
             body = render_page(view, self.refresh_seconds).encode()

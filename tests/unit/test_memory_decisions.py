@@ -1,0 +1,83 @@
+"""Issue 34's pure decisions: which execution errors leave the device unusable, when an OOM is retried on the same
+server, a warm-up's failure as a failed start, and GET /ready's answer from the state file and the queue."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import pytest
+
+from comfysup.comfy.errors import DEVICE_LOST, execution_failure, is_device_lost
+from comfysup.runner.memory import POST_AGAIN, RELEASE, after_oom
+from comfysup.slotstate import readiness
+from comfysup.supervisor.policy import Action, Limits, Policy, State
+
+LIMITS = Limits(startup_seconds=10.0, quick_failure_seconds=30.0, max_quick_failures=2, max_delay_seconds=60.0,
+                stop_seconds=5.0)
+
+
+@pytest.mark.parametrize(("kind", "message", "lost"), [
+    ("RuntimeError", "CUDA error: an illegal memory access was encountered\nCUDA kernel errors might be ...", True),
+    ("torch.AcceleratorError", "CUDA error: device-side assert triggered", True),
+    ("RuntimeError", "CUDA error: unspecified launch failure", True),
+    ("RuntimeError", "No CUDA GPUs are available; no CUDA-capable device is detected", True),
+    ("torch.OutOfMemoryError", "CUDA out of memory. Tried to allocate 1.25 GiB", False),
+    ("IndexError", "index 3 is out of bounds for dimension 3 with size 3", False),
+    ("RuntimeError", "mat1 and mat2 shapes cannot be multiplied (77x768 and 1024x320)", False),
+])
+def test_a_lost_device_is_told_from_other_errors(kind: str, message: str, lost: bool) -> None:
+    error = {"exception_type": kind, "exception_message": message, "node_id": "3", "node_type": "KSampler"}
+    assert is_device_lost(error) is lost
+    failure = execution_failure(error)
+    if lost:  # the job may well run on a healthy server: transient, and the server is restarted
+        assert (failure.kind, failure.transient) == (DEVICE_LOST, True)
+    else:
+        assert failure.kind != DEVICE_LOST
+
+
+@pytest.mark.parametrize(("kind", "retried", "own", "behind", "expected"), [
+    ("oom", False, True, False, POST_AGAIN),
+    ("oom", True, True, False, None),  # once per attempt: a second OOM takes the normal retry path
+    ("oom", False, False, False, None),  # a run caught up on a peer server is that server's
+    ("oom", False, True, True, RELEASE),  # a job of ours waits behind it and starts first: back to the queue
+    ("oom", True, True, True, None),
+    ("execution_error", False, True, False, None),
+    (DEVICE_LOST, False, True, False, None),
+])
+def test_an_oom_is_run_again_once_uncounted(kind: str, retried: bool, own: bool, behind: bool,
+                                            expected: str | None) -> None:
+    assert after_oom(kind, retried, own, behind) == expected
+
+
+def test_a_failed_warm_up_is_a_quick_failure_that_kills_the_server() -> None:
+    policy = Policy(LIMITS)
+    policy.spawned(0.0)
+    assert policy.start_failed(1.0, "warm-up failed: boom") == [Action.KILL]
+    assert policy.state is State.BACKOFF and policy.quick_failures == 1 and "warm-up failed: boom" in policy.reason
+    assert policy.transition(1.5, exited="signal 9") == []  # its exit is not counted again
+    assert policy.transition(2.0) == [Action.SPAWN]
+    policy.spawned(2.0)
+    assert policy.start_failed(3.0, "warm-up failed: boom") == [Action.KILL]
+    assert policy.state is State.FAILED and "2 quick failures in a row" in policy.reason
+    assert Policy(LIMITS, state=State.RUNNING, started_at=0.0).start_failed(1.0, "late") == []
+
+
+def state(*slots: dict[str, Any]) -> dict[str, Any]:
+    return {"pid": os.getpid(), "state": "running", "updated_at": time.time(), "slots": list(slots)}
+
+
+def test_ready_once_a_slot_is_warm_and_while_the_queue_per_slot_is_in_bounds() -> None:
+    assert not readiness(None, 0, 0).ready
+    warming = state({"name": "gpu0", "state": "starting", "warming": True, "ready": False})
+    answer = readiness(warming, 0, 0)
+    assert not answer.ready and answer.reason == "no slot is ready yet (gpu0: warming up)"
+    two = state({"name": "gpu0", "ready": True}, {"name": "gpu1", "state": "starting", "ready": False})
+    assert readiness(two, 100, 0).ready  # no bound
+    assert readiness(two, 2, 2.0).ready
+    above = readiness(two, 3, 2.0)
+    assert not above.ready and above.ready_slots == 1 and "3 queued job(s) for 1 ready slot(s)" in above.reason
+    assert above.body() == {"status": "not_ready", "reason": above.reason, "ready_slots": 1, "queued_jobs": 3}
+    stale = {**two, "updated_at": time.time() - 60}
+    assert not readiness(stale, 0, 0).ready
