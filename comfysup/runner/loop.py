@@ -176,7 +176,7 @@ class Runner:
                     claim, posted, behind = self.run_one(claim, posted, behind)
                     continue
                 if self.warmup is not None:  # its server is starting, so it may not claim: nothing is held now
-                    self.warmup.step(self.station.client, self.on_alive, lambda: self.state.stopping)
+                    self.warmup.step(self.server, self.station.client, self.on_alive, lambda: self.state.stopping)
                 allowed = self.may_claim()
                 if self.watch.lost is not None:
                     break

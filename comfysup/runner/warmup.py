@@ -97,7 +97,7 @@ class WarmUp:
         start = self.wanted()
         return start if start and start != self.done else 0
 
-    def step(self, client: ComfyClient, alive: Callable[[], None], stopped: Callable[[], bool]) -> None:
+    def step(self, server: str, client: ComfyClient, alive: Callable[[], None], stopped: Callable[[], bool]) -> None:
         """Run the warm-up when one is due, and report it (errors included: the supervisor decides)."""
         start = self.due()
         if not start:
@@ -110,7 +110,7 @@ class WarmUp:
         except (ComfyError, deadline.DeadlineExceeded) as exc:
             seconds = time.monotonic() - began
             error = str(getattr(exc, "reason", None) or exc)[:230]
-            log.warning("warm-up failed after %.1f s: %s", seconds, error, extra={"event": "warmup"})
+            log.warning("%s: warm-up failed after %.1f s: %s", server, seconds, error, extra={"event": "warmup"})
         else:
-            log.info("warm-up done in %.2f s", seconds, extra={"event": "warmup"})
+            log.info("%s: warm-up done in %.2f s", server, seconds, extra={"event": "warmup"})
         self.over(start, round(seconds * 1000), error)

@@ -47,6 +47,7 @@ def warmed(unit: Unit, now: float, c: ComfyUIConfig, act: Callable[[Unit, float,
         reason = f"warm-up failed: {error}"
     unit.warmup_failures += 1
     unit.last_check = reason
+    log.warning("%s: %s: a failed start, ComfyUI is killed", unit.name, reason, extra={"event": "warmup"})
     for action in policy.start_failed(now, reason):
         act(unit, now, action)
     return False
