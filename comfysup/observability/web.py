@@ -20,7 +20,6 @@ from __future__ import annotations
 import html
 import json
 import logging
-import mimetypes
 import os
 import sys
 import time
@@ -124,7 +123,7 @@ class App:
         finally:
             os.close(root)
         name = parts[-1]
-        kind = mimetypes.guess_type(name)[0] or "application/octet-stream"
+        kind = assets.media_type(name)
         headers = {"Content-Security-Policy": FILE_CSP, "Cache-Control": "private, max-age=60"}
         if kind not in INLINE_TYPES:
             headers["Content-Disposition"] = f"attachment; filename*=UTF-8''{urllib.parse.quote(name)}"
@@ -211,7 +210,7 @@ def render_page(view: Overview, refresh_seconds: float) -> str:
             clean = Redactor.for_job(job.workflow, job.extra_data)  # a secret in a file name is shown masked
             for o in job.outputs:
                 href = e(file_link(job.id, o.name)) if clean(o.name) == o.name else ""
-                kind = mimetypes.guess_type(o.name)[0]
+                kind = assets.media_type(o.name)
                 thumb = (f"<img class=thumb src='{href}' alt='' loading=lazy>"
                          if href and kind in THUMBNAIL_TYPES else "")
                 links.append(f"<a href='{href}'>{thumb}{e(clean(Path(o.name).name))}</a> "
