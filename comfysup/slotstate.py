@@ -138,3 +138,22 @@ def readiness(state: dict[str, Any] | None, queued: int, max_per_slot: float, no
         return Readiness(False, f"{queued} queued job(s) for {ready} ready slot(s): above [api] "
                          f"ready_max_queue_per_slot = {max_per_slot:g}", ready, queued)
     return Readiness(True, f"{ready} ready slot(s), {queued} queued job(s)", ready, queued)
+
+
+MEMORY_NOTES = (("oom_frees", "OOM /free"), ("oom_retries", "OOM retried"), ("device_restarts", "device restarts"),
+                ("idle_frees", "idle /free"), ("idle_restarts", "idle restarts"))
+
+
+def warmup_cell(slot: dict[str, Any]) -> str:
+    """A slot's warm-up as status and the page show it: ``warming``, the last one's duration, or ``-``."""
+    if slot.get("warming"):
+        return "warming"
+    seconds = slot.get("warmup_seconds")
+    failed = int(slot.get("warmup_failures") or 0)
+    text = f"{seconds:.1f} s" if isinstance(seconds, int | float) else "-"
+    return f"{text} ({failed} failed)" if failed else text
+
+
+def memory_note(slot: dict[str, Any]) -> str:
+    """The slot's memory recoveries that happened (``OOM /free 2, OOM retried 2``), or ""."""
+    return ", ".join(f"{what} {int(slot.get(key) or 0)}" for key, what in MEMORY_NOTES if slot.get(key))

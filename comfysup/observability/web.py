@@ -38,7 +38,7 @@ from comfysup.observability.views import WINDOW_SECONDS, Overview, overview, pro
 from comfysup.queue.base import Queue
 from comfysup.redact import Redactor, bound
 from comfysup.runner.store import UnsafeName, check_part
-from comfysup.slotstate import readiness
+from comfysup.slotstate import memory_note, readiness, warmup_cell
 from comfysup.timefmt import age
 
 log = logging.getLogger("comfysup.observability.web")
@@ -182,14 +182,15 @@ def render_page(view: Overview, refresh_seconds: float) -> str:
         out.append(f"<h2>RabbitMQ</h2><pre>{e(broker_text(state['broker'], view.announcements))}</pre>")
     if state is not None:
         out.append("<h2>Slots</h2><table><tr><th>slot<th>device<th>server<th>pid<th>port<th>restarts<th>runner<th>ComfyUI"
-                   "<th>current job<th>finished<th>reason</tr>")
+                   "<th>warm-up<th>current job<th>finished<th>reason</tr>")
         for slot in state.get("slots") or []:
             if not isinstance(slot, dict):
                 continue
             out.append("<tr>" + "".join(f"<td>{e(_cell(slot.get(k)))}" for k in (
                 "name", "device", "state", "pid", "port", "restarts", "runner_pid", "comfyui_version")) +
-                f"<td><code>{e(_cell(slot.get('job')))}</code><td>{e(_cell(slot.get('jobs')))}"
-                f"<td>{e(bound(str(slot.get('reason') or slot.get('runner_reason') or ''), 200))}</tr>")
+                f"<td>{e(warmup_cell(slot))}<td><code>{e(_cell(slot.get('job')))}</code><td>{e(_cell(slot.get('jobs')))}"
+                f"<td>{e(bound(str(slot.get('reason') or slot.get('runner_reason') or ''), 200))}"
+                f"{e(' ' + memory_note(slot)) if memory_note(slot) else ''}</tr>")
         out.append("</table>")
     out.append("<h2>Running</h2>")
     if view.status.running:

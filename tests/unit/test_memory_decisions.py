@@ -81,3 +81,16 @@ def test_ready_once_a_slot_is_warm_and_while_the_queue_per_slot_is_in_bounds() -
     assert above.body() == {"status": "not_ready", "reason": above.reason, "ready_slots": 1, "queued_jobs": 3}
     stale = {**two, "updated_at": time.time() - 60}
     assert not readiness(stale, 0, 0).ready
+
+
+def test_status_and_the_page_show_the_warm_up_and_the_memory_recoveries() -> None:
+    from comfysup.commands.status import render_slots
+    from comfysup.slotstate import memory_note, warmup_cell
+
+    warm = {"name": "gpu0", "state": "running", "warmup_seconds": 2.04, "warmup_failures": 1, "oom_frees": 2,
+            "oom_retries": 2, "device_restarts": 0, "reason": None}
+    assert warmup_cell(warm) == "2.0 s (1 failed)" and warmup_cell({"warming": True}) == "warming"
+    assert warmup_cell({}) == "-"
+    assert memory_note(warm) == "OOM /free 2, OOM retried 2" and memory_note({}) == ""
+    text = render_slots(state(warm), time.time())
+    assert "warm-up" in text.splitlines()[1] and "2.0 s (1 failed)" in text and "OOM /free 2" in text
