@@ -95,7 +95,7 @@ def test_a_lost_device_restarts_the_server_and_the_job_is_done_there(harness: li
     jobs = h.wait_terminal(ids, 40)
     # The fake's device stays lost until its process restarts: the retry could only succeed on a new server.
     assert jobs[fatal].state == "done" and [a.kind for a in jobs[fatal].attempts[:1]] == ["device_lost"], h.describe()
-    assert "illegal memory access" in (jobs[fatal].attempts[0].reason or "")
+    assert "device-side assert triggered" in (jobs[fatal].attempts[0].reason or "")
     slot = wait_for(lambda: (s := h.slot("cpu0")) and s["state"] == "running" and s["ready"] and s, 20, "running",
                     h.describe)
     assert slot["device_restarts"] == 1 and slot["restarts"] == 1, slot

@@ -18,12 +18,27 @@ LIMITS = Limits(startup_seconds=10.0, quick_failure_seconds=30.0, max_quick_fail
                 stop_seconds=5.0)
 
 
+# Recorded on an NVIDIA H200 with torch 2.11.0+cu130 (issue 34): what a node raises on a real GPU, typed as ComfyUI
+# names it (module.qualname). A device-side assert fails every later CUDA call of the process the same way.
+REAL_OOM = ("torch.OutOfMemoryError", "CUDA out of memory. Tried to allocate 931322.58 GiB. GPU 0 has a total "
+            "capacity of 139.80 GiB of which 139.29 GiB is free. Including non-PyTorch memory, this process has 518.00 "
+            "MiB memory in use. Of the allocated memory 0 bytes is allocated by PyTorch, and 0 bytes is reserved by "
+            "PyTorch but unallocated. If reserved but unallocated memory is large try setting "
+            "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.")
+REAL_ASSERT = ("torch.AcceleratorError", "CUDA error: device-side assert triggered\nSearch for `cudaErrorAssert' "
+               "in https://docs.nvidia.com/cuda/cuda-runtime-api/group__CUDART__TYPES.html for more information.\n"
+               "CUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace below "
+               "might be incorrect.\nFor debugging consider passing CUDA_LAUNCH_BLOCKING=1\n")
+
+
 @pytest.mark.parametrize(("kind", "message", "lost"), [
+    (*REAL_ASSERT, True),
     ("RuntimeError", "CUDA error: an illegal memory access was encountered\nCUDA kernel errors might be ...", True),
     ("torch.AcceleratorError", "CUDA error: device-side assert triggered", True),
     ("RuntimeError", "CUDA error: unspecified launch failure", True),
     ("RuntimeError", "No CUDA GPUs are available; no CUDA-capable device is detected", True),
     ("torch.OutOfMemoryError", "CUDA out of memory. Tried to allocate 1.25 GiB", False),
+    (*REAL_OOM, False),
     ("IndexError", "index 3 is out of bounds for dimension 3 with size 3", False),
     ("RuntimeError", "mat1 and mat2 shapes cannot be multiplied (77x768 and 1024x320)", False),
 ])
@@ -35,6 +50,27 @@ def test_a_lost_device_is_told_from_other_errors(kind: str, message: str, lost: 
         assert (failure.kind, failure.transient) == (DEVICE_LOST, True)
     else:
         assert failure.kind != DEVICE_LOST
+    assert failure.kind == "oom" or kind != "torch.OutOfMemoryError"
+
+
+def test_nvml_says_what_the_servers_processes_hold() -> None:
+    """GpuSampler.process_memory_mb against NVML's answer as an H200 gave it (pid, usedGpuMemory: 3 GiB of tensor
+    and the CUDA context), through a stand-in module: this machine has no driver."""
+    from types import SimpleNamespace
+
+    from comfysup.gpus import GpuSampler
+
+    procs = [SimpleNamespace(pid=581, usedGpuMemory=3764387840), SimpleNamespace(pid=77, usedGpuMemory=None)]
+    nvml = SimpleNamespace(nvmlInit=lambda: None, nvmlDeviceGetHandleByIndex=lambda i: i,
+                           nvmlDeviceGetComputeRunningProcesses=lambda h: procs if h == 0 else [])
+    sampler = GpuSampler(env={}, nvml=nvml)  # type: ignore[arg-type]
+    assert sampler.process_memory_mb(0, {581, 582}) == pytest.approx(3590.0, abs=1)
+    assert sampler.process_memory_mb(0, {77}) == 0.0 and sampler.process_memory_mb(1, {581}) == 0.0
+
+    def no_driver() -> None:
+        raise OSError("NVML Shared Library Not Found")
+
+    assert GpuSampler(env={}, nvml=SimpleNamespace(nvmlInit=no_driver)).process_memory_mb(0, {581}) is None
 
 
 @pytest.mark.parametrize(("kind", "retried", "own", "behind", "expected"), [
