@@ -53,6 +53,36 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 OTHER = "other"
 MEMORY_ACTIONS = (*COUNTS, "idle_frees", "idle_restarts")
 """The slot state's memory recovery counts (comfysup.runner.memory, comfysup.supervisor.vram)."""
+SLOT_READINESS: tuple[tuple[str, str, Callable[[dict[str, Any], bool], float | None]], ...] = (
+    ("comfysup_slot_ready", "1 while the slot takes jobs (its server answers and, with [comfyui] warmup, is warm).",
+     lambda slot, running: 1.0 if running and slot.get("ready") else 0.0),
+    ("comfysup_slot_warmup_seconds", "How long the last warm-up of the slot's server took (absent before the first).",
+     lambda slot, running: float(slot["warmup_seconds"]) if isinstance(slot.get("warmup_seconds"), int | float)
+     else None),
+    ("comfysup_slot_warmup_failures", "Warm-ups of the slot's server that failed (each a failed start) since the "
+     "supervisor started.", lambda slot, running: float(slot.get("warmup_failures") or 0)),
+)
+"""Issue 34's per-slot gauges: name, help, the value from a slot of the state file (None: absent)."""
+
+
+def _slot_readiness(slots: list[dict[str, Any]], running: bool) -> Iterable[Metric]:
+    """SLOT_READINESS's gauges and the memory recoveries by action, for each slot of the state file."""
+    keys = [[label(str(slot.get("name"))), label(str(slot.get("device")))] for slot in slots]
+    for name, text, value in SLOT_READINESS:
+        family = GaugeMetricFamily(name, text, labels=["slot", "device"])
+        for key, slot in zip(keys, slots, strict=True):
+            if (number := value(slot, running)) is not None:
+                family.add_metric(key, number)
+        yield family
+    memory = GaugeMetricFamily("comfysup_slot_memory_recoveries", "Memory recoveries of the slot's server since the "
+                               "supervisor started, by action: oom_frees (POST /free after an out-of-memory error), "
+                               "oom_retries (the job run again uncounted), device_restarts (a lost device), "
+                               "idle_frees and idle_restarts (VRAM held while idle, NVML).",
+                               labels=["slot", "device", "action"])
+    for key, slot in zip(keys, slots, strict=True):
+        for action in MEMORY_ACTIONS:
+            memory.add_metric([*key, action], float(slot.get(action) or 0))
+    yield memory
 """The workflow label of every workflow past ``[metrics] max_workflow_labels``."""
 
 
@@ -273,27 +303,10 @@ class Live(Collector):
         info = GaugeMetricFamily("comfysup_slot_comfyui_info", "1 for the ComfyUI version the slot's server "
                                  "reported (/system_stats); version \"none\" until it answered.",
                                  labels=[*labels, "version"])
-        ready = GaugeMetricFamily("comfysup_slot_ready", "1 while the slot takes jobs (its server answers and, with "
-                                  "[comfyui] warmup, is warm).", labels=labels)
-        warmup = GaugeMetricFamily("comfysup_slot_warmup_seconds", "How long the last warm-up of the slot's server "
-                                   "took (absent before the first).", labels=labels)
-        warm_failed = GaugeMetricFamily("comfysup_slot_warmup_failures", "Warm-ups of the slot's server that failed "
-                                        "(each a failed start) since the supervisor started.", labels=labels)
-        memory = GaugeMetricFamily("comfysup_slot_memory_recoveries", "Memory recoveries of the slot's server since "
-                                   "the supervisor started, by action: oom_frees (POST /free after an out-of-memory "
-                                   "error), oom_retries (the job posted again there), device_restarts (a lost "
-                                   "device), idle_frees and idle_restarts (VRAM held while idle, NVML).",
-                                   labels=[*labels, "action"])
         for slot in state.get("slots") or []:
             if not isinstance(slot, dict):
                 continue
             key = [label(str(slot.get("name"))), label(str(slot.get("device")))]
-            ready.add_metric(key, 1.0 if running and slot.get("ready") else 0.0)
-            if isinstance(slot.get("warmup_seconds"), int | float):
-                warmup.add_metric(key, float(slot["warmup_seconds"]))
-            warm_failed.add_metric(key, float(slot.get("warmup_failures") or 0))
-            for action in MEMORY_ACTIONS:
-                memory.add_metric([*key, action], float(slot.get(action) or 0))
             serving = slot.get("state") in ("running", "external") and not slot.get("out_of_service")
             up.add_metric(key, 1.0 if running and serving else 0.0)
             restarts.add_metric(key, float(slot.get("restarts") or 0))
@@ -304,8 +317,8 @@ class Live(Collector):
             stuck.add_metric(key, float(slot.get("stuck_restarts") or 0))
             problem.add_metric(key, 1.0 if running and slot.get("problem") else 0.0)
             info.add_metric([*key, label(slot.get("comfyui_version"))[:40]], 1.0)
-        yield from (up, restarts, runner_restarts, busy, done, out, stuck, problem, info, ready, warmup, warm_failed,
-                    memory)
+        yield from (up, restarts, runner_restarts, busy, done, out, stuck, problem, info)
+        yield from _slot_readiness([slot for slot in state.get("slots") or [] if isinstance(slot, dict)], running)
 
     def _gpus(self) -> Iterable[Metric]:
         samples = self.gpus()

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -37,21 +36,13 @@ EXPECTED = {"video/clip_00001_.mp4": ("3", "video/mp4", b"ftyp"),
             "vhs_00001.mp4": ("6", "video/mp4", b"ftyp"), "anim_00001_.webp": ("7", "image/webp", b"WEBP")}
 
 
-@pytest.fixture
-def fake(tmp_path: Path) -> Any:
-    server = FakeComfy(base_directory=tmp_path / "fake", node_ms=2)
-    server.start()
-    yield server
-    server.stop()
-
-
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("launched", [False, True], ids=["through /view", "from the output folder"])
-def test_video_and_audio_outputs_are_stored_and_served_with_their_type(tmp_path: Path, fake: FakeComfy,
+def test_video_and_audio_outputs_are_stored_and_served_with_their_type(tmp_path: Path, fake_comfy: FakeComfy,
                                                                        launched: bool) -> None:
     queue = submit(write_config(tmp_path), [{"id": job_id(1), "workflow": MEDIA}])
-    outputs = {"cpu0": tmp_path / "fake" / "output"} if launched else None
-    Runner(config_of(tmp_path / "config.toml"), "cpu0", fake.url, until_empty=True, output_dirs=outputs).run()
+    outputs = {"cpu0": tmp_path / "fake_comfy" / "output"} if launched else None
+    Runner(config_of(tmp_path / "config.toml"), "cpu0", fake_comfy.url, until_empty=True, output_dirs=outputs).run()
     job = queue.get(job_id(1))
     assert job.state == "done", job.reason
     stored = {o.name: o for o in job.outputs}

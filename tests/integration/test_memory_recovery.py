@@ -19,31 +19,23 @@ from tests.runner_helpers import config_of, job_id, submit, trivial_job, write_c
 pytestmark = pytest.mark.usefixtures("comfyui_version")  # against ComfyUI 0.3.64 and 0.38 alike
 
 
-@pytest.fixture
-def fake(tmp_path: Path) -> Any:
-    server = FakeComfy(base_directory=tmp_path / "fake", node_ms=2)
-    server.start()
-    yield server
-    server.stop()
-
-
 def counter(counted: Counter[str]) -> Any:
     return lambda what: counted.update([what])
 
 
-def run(tmp_path: Path, fake: FakeComfy, hooks: MemoryHooks) -> None:
-    Runner(config_of(tmp_path / "config.toml"), "cpu0", fake.url, until_empty=True, memory=hooks).run()
+def run(tmp_path: Path, fake_comfy: FakeComfy, hooks: MemoryHooks) -> None:
+    Runner(config_of(tmp_path / "config.toml"), "cpu0", fake_comfy.url, until_empty=True, memory=hooks).run()
 
 
 @pytest.mark.timeout(30)
-def test_an_oom_frees_memory_and_runs_the_job_again_in_the_same_attempt(tmp_path: Path, fake: FakeComfy) -> None:
-    fake.script_by_id({job_id(1): ["oom", "ok"]})
+def test_an_oom_frees_memory_and_runs_the_job_again_in_the_same_attempt(tmp_path: Path, fake_comfy: FakeComfy) -> None:
+    fake_comfy.script_by_id({job_id(1): ["oom", "ok"]})
     queue = submit(write_config(tmp_path), [trivial_job(1)])
     hooks = MemoryHooks(count=counter(counted := Counter[str]()))
-    run(tmp_path, fake, hooks)
+    run(tmp_path, fake_comfy, hooks)
     job = queue.get(job_id(1))
     assert job.state == "done" and job.attempt == 1 and len(job.outputs) == 1
-    stats = fake.stats()
+    stats = fake_comfy.stats()
     assert [(f["unload_models"], f["free_memory"]) for f in stats["frees"]] == [(True, True)]
     assert (stats["prompts"][job_id(1)]["posted"], stats["prompts"][job_id(1)]["executed"]) == (2, 2)
     assert counted == {"oom_frees": 1, "oom_retries": 1}
@@ -51,50 +43,51 @@ def test_an_oom_frees_memory_and_runs_the_job_again_in_the_same_attempt(tmp_path
 
 
 @pytest.mark.timeout(30)
-def test_a_second_oom_takes_the_normal_retry_path(tmp_path: Path, fake: FakeComfy) -> None:
-    fake.script_by_id({job_id(1): ["oom", "oom", "oom", "oom"], job_id(2): ["oom", "oom", "ok"]})
+def test_a_second_oom_takes_the_normal_retry_path(tmp_path: Path, fake_comfy: FakeComfy) -> None:
+    fake_comfy.script_by_id({job_id(1): ["oom", "oom", "oom", "oom"], job_id(2): ["oom", "oom", "ok"]})
     # No job queued ahead: one waiting behind an OOM starts at once, and the OOM then takes the normal path.
     queue = submit(write_config(tmp_path, queue_ahead=False), [trivial_job(1), trivial_job(2)])
-    run(tmp_path, fake, MemoryHooks())
+    run(tmp_path, fake_comfy, MemoryHooks())
     dead, retried = queue.get(job_id(1)), queue.get(job_id(2))
     assert dead.state == "dead" and dead.attempt == 2  # attempts = 2, each ran twice
     assert dead.reason is not None and dead.reason.startswith("gave up after 2 attempts, last: execution_error")
     assert "OutOfMemoryError" in dead.reason
     assert retried.state == "done" and retried.attempt == 2
     assert [a.kind for a in retried.attempts[:1]] == ["oom"]
-    assert fake.stats()["prompts"][job_id(1)]["executed"] == 4
-    assert len(fake.stats()["frees"]) == 3  # once per attempt that met an OOM
+    assert fake_comfy.stats()["prompts"][job_id(1)]["executed"] == 4
+    assert len(fake_comfy.stats()["frees"]) == 3  # once per attempt that met an OOM
     queue.close()
 
 
 @pytest.mark.timeout(30)
-def test_a_lost_device_asks_for_a_restart_and_is_retried(tmp_path: Path, fake: FakeComfy) -> None:
-    fake.script_by_id({job_id(1): ["fatal"]})
+def test_a_lost_device_asks_for_a_restart_and_is_retried(tmp_path: Path, fake_comfy: FakeComfy) -> None:
+    fake_comfy.script_by_id({job_id(1): ["fatal"]})
     queue = submit(write_config(tmp_path), [trivial_job(1)])
     hooks = MemoryHooks(restarts=True, restart=(restarts := []).append, count=counter(counted := Counter[str]()))
-    run(tmp_path, fake, hooks)
+    run(tmp_path, fake_comfy, hooks)
     job = queue.get(job_id(1))
     # Nobody restarted the fake here: its device stays lost, so the retry fails the same way, and is dead-lettered.
     assert job.state == "dead" and [a.kind for a in job.attempts] == ["device_lost", "device_lost"]
     assert job.reason is not None and "device-side assert triggered" in job.reason
     assert len(restarts) == 2 and all("the device is unusable after: execution_error" in r for r in restarts)
-    assert counted == {"device_restarts": 2} and fake.stats()["frees"] == []
-    fake.restart()  # what the supervisor does: a new process has a working device
+    assert counted == {"device_restarts": 2} and fake_comfy.stats()["frees"] == []
+    fake_comfy.restart()  # what the supervisor does: a new process has a working device
     queue2 = submit(tmp_path / "config.toml", [trivial_job(2)])
-    run(tmp_path, fake, MemoryHooks())
+    run(tmp_path, fake_comfy, MemoryHooks())
     assert queue2.get(job_id(2)).state == "done"
     queue.close()
     queue2.close()
 
 
 @pytest.mark.timeout(30)
-def test_an_oom_with_a_job_queued_behind_goes_back_to_the_queue_uncounted(tmp_path: Path, fake: FakeComfy) -> None:
+def test_an_oom_with_a_job_queued_behind_goes_back_to_the_queue_uncounted(tmp_path: Path,
+                                                                          fake_comfy: FakeComfy) -> None:
     """The job queued ahead behind it starts the moment the OOM ends its run: the job is not posted behind that
     one, but given back at once without counting the attempt (after POST /free), and claimed again."""
-    fake.node_ms = 50  # the second job is queued behind the first while that one executes
-    fake.script_by_id({job_id(1): ["oom", "oom", "ok"]})
+    fake_comfy.node_ms = 50  # the second job is queued behind the first while that one executes
+    fake_comfy.script_by_id({job_id(1): ["oom", "oom", "ok"]})
     queue = submit(write_config(tmp_path), [trivial_job(1), trivial_job(2)])
-    run(tmp_path, fake, MemoryHooks(count=counter(counted := Counter[str]())))
+    run(tmp_path, fake_comfy, MemoryHooks(count=counter(counted := Counter[str]())))
     first, second = queue.get(job_id(1)), queue.get(job_id(2))
     assert second.state == "done" and first.state == "done"
     outcomes = [(a.outcome, a.kind) for a in first.attempts]
@@ -103,5 +96,5 @@ def test_an_oom_with_a_job_queued_behind_goes_back_to_the_queue_uncounted(tmp_pa
     assert outcomes[0] == ("released_uncounted", "oom"), outcomes
     assert outcomes[1] == ("retry", "oom") and outcomes[-1][0] == "done", outcomes
     assert len(outcomes) == 3 and counted == {"oom_frees": 1, "oom_retries": 1}, counted
-    assert first.attempt == 2 and len(fake.stats()["frees"]) == 1
+    assert first.attempt == 2 and len(fake_comfy.stats()["frees"]) == 1
     queue.close()
