@@ -130,3 +130,52 @@ def test_status_and_the_page_show_the_warm_up_and_the_memory_recoveries() -> Non
     assert memory_note(warm) == "OOM /free 2, OOM retried 2" and memory_note({}) == ""
     text = render_slots(state(warm), time.time())
     assert "warm-up" in text.splitlines()[1] and "2.0 s (1 failed)" in text and "OOM /free 2" in text
+
+
+def launched_unit() -> Any:
+    from comfysup.supervisor.children import Unit, new_shared
+
+    server = Policy(LIMITS, state=State.RUNNING, started_at=0.0, spawned_once=True)
+    return Unit(name="gpu0", device="cuda:0", url="http://127.0.0.1:1", plan=None, server=server,
+                runner=Policy(LIMITS), shared=new_shared(), server_pid=4242)
+
+
+def test_vram_held_while_idle_is_freed_then_the_server_restarted() -> None:
+    """[comfyui] idle_vram_free_mb: above it while idle → POST /free; still above at the next look with no job in
+    between → drained (restarted once its runner holds nothing); a job in between makes it a first look again."""
+    from comfysup.supervisor.vram import idle_look
+
+    unit, frees = launched_unit(), []
+    held = {"mb": 9000.0}
+
+    def look(now: float) -> None:
+        idle_look(unit, now, 4000, lambda u: held["mb"], lambda u: frees.append(now) or True)
+
+    look(1.0)
+    assert frees == [1.0] and unit.idle_frees == 1 and unit.draining is None
+    unit.shared.jobs += 1  # a job ran since: its models are loaded again, which is no leak yet
+    look(2.0)
+    assert frees == [1.0, 2.0] and unit.draining is None
+    look(3.0)
+    assert unit.idle_restarts == 1 and unit.draining is not None and "9000 MiB" in unit.draining
+    unit.draining = None
+    held["mb"] = 100.0
+    look(4.0)
+    assert len(frees) == 2 and unit.idle_vram_mb is None
+    held["mb"] = 9000.0
+    unit.shared.job = b"some-job"  # running a job: not idle, not looked at
+    look(5.0)
+    assert len(frees) == 2
+    unit.shared.job = b""
+    idle_look(unit, 6.0, 4000, lambda u: None, lambda u: True)  # no NVML: nothing is known, nothing done
+    assert len(frees) == 2 and unit.draining is None
+
+
+def test_a_restart_asked_for_a_lost_device_restarts_a_running_server_once() -> None:
+    from comfysup.supervisor.vram import restart_step
+
+    unit = launched_unit()
+    assert restart_step(unit, 1.0) == []
+    unit.shared.restart = b"the device is unusable after: execution_error ..."
+    assert restart_step(unit, 2.0) == [Action.TERM] and unit.server.state is State.STOPPING
+    assert restart_step(unit, 2.5) == []  # stopping already: its exit brings the new server
