@@ -98,3 +98,29 @@ def test_an_oom_with_a_job_queued_behind_goes_back_to_the_queue_uncounted(tmp_pa
     assert len(outcomes) == 3 and counted == {"oom_frees": 1, "oom_retries": 1}, counted
     assert first.attempt == 2 and len(fake_comfy.stats()["frees"]) == 1
     queue.close()
+
+
+@pytest.mark.timeout(30)
+def test_a_runner_runs_the_warm_up_its_supervisor_asks_for_once_per_start(tmp_path: Path,
+                                                                          fake_comfy: FakeComfy) -> None:
+    """comfysup.runner.warmup.WarmUp: the warm-up of start N is run once (its duration and error reported), again for
+    start N + 1; a workflow the server rejects is reported as the error (the supervisor fails that start)."""
+    from comfysup.comfy import ComfyClient
+    from comfysup.runner.warmup import WarmUp
+    from tests.runner_helpers import TRIVIAL
+
+    wanted, reports = {"start": 1}, []
+    warm = WarmUp(TRIVIAL, 10.0, lambda: wanted["start"], lambda *report: reports.append(report))
+    client = ComfyClient(fake_comfy.url)
+    try:
+        warm.step("cpu0", client, lambda: None, lambda: False)
+        warm.step("cpu0", client, lambda: None, lambda: False)  # done for start 1: nothing more
+        assert [(start, error) for start, _, error in reports] == [(1, "")] and reports[0][1] >= 0
+        wanted["start"] = 2
+        warm.workflow = {"1": {"class_type": "NoSuchNode", "inputs": {}}}
+        warm.step("cpu0", client, lambda: None, lambda: False)
+        assert reports[1][0] == 2 and reports[1][2].startswith("POST /prompt 400"), reports
+        runs = sorted(p["executed"] for p in fake_comfy.stats()["prompts"].values())
+        assert runs == [0, 1]  # the first warm-up ran; the rejected one was posted and never executed
+    finally:
+        client.close()

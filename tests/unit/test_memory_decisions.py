@@ -179,3 +179,26 @@ def test_a_restart_asked_for_a_lost_device_restarts_a_running_server_once() -> N
     unit.shared.restart = b"the device is unusable after: execution_error ..."
     assert restart_step(unit, 2.0) == [Action.TERM] and unit.server.state is State.STOPPING
     assert restart_step(unit, 2.5) == []  # stopping already: its exit brings the new server
+
+
+def test_a_warm_up_that_cannot_be_read_stops_the_start_with_what_is_wrong(tmp_path: Any) -> None:
+    from comfysup.config import load_config
+    from comfysup.errors import ConfigError
+    from comfysup.runner.warmup import load
+
+    def config(name: str) -> Any:
+        path = tmp_path / "config.toml"
+        path.write_text(f'[queue]\npath = "q.db"\n[comfyui]\nwarmup = "{name}"\n')
+        return load_config(str(path), env={})
+
+    assert load(config("")) is None
+    with pytest.raises(ConfigError, match=r"\[comfyui\] warmup = 'missing.json': no such file"):
+        load(config("missing.json"))
+    (tmp_path / "broken.json").write_text("{")
+    with pytest.raises(ConfigError, match="not JSON"):
+        load(config("broken.json"))
+    (tmp_path / "ui.json").write_text('{"nodes": [], "links": []}')
+    with pytest.raises(ConfigError, match="UI format"):
+        load(config("ui.json"))
+    (tmp_path / "ok.json").write_text('{"1": {"class_type": "EmptyImage", "inputs": {}}}')
+    assert load(config("ok.json")) == {"1": {"class_type": "EmptyImage", "inputs": {}}}
