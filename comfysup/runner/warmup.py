@@ -110,7 +110,7 @@ class WarmUp:
         except (ComfyError, deadline.DeadlineExceeded) as exc:
             seconds = time.monotonic() - began
             error = str(getattr(exc, "reason", None) or exc)[:230]
-            log.warning("%s: warm-up failed after %.1f s: %s", server, seconds, error, extra={"event": "warmup"})
-        else:
-            log.info("%s: warm-up done in %.2f s", server, seconds, extra={"event": "warmup"})
+            log.debug("%s: warm-up failed after %.1f s: %s", server, seconds, error, extra={"event": "warmup"})
+        else:  # the supervisor says it to people, once (comfysup.supervisor.warming)
+            log.debug("%s: warm-up done in %.2f s", server, seconds, extra={"event": "warmup"})
         self.over(start, round(seconds * 1000), error)

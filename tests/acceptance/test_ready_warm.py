@@ -1,7 +1,7 @@
 """Issue 34 under ``comfysup run``: each server runs ``[comfyui] warmup`` after every start before its slot takes a
 job (a failing one is a failed start), GET /ready answers 503 until a slot is warm and while the queued jobs per
 ready slot exceed ``[api] ready_max_queue_per_slot`` (200 in between, on the status server and the API), and a
-lost device (fake_comfy's ``fatal``) restarts the server, after which the job is done there."""
+lost device (fake_comfy's ``fatal``) restarts the server, which warms up again, after which the job is done there."""
 
 from __future__ import annotations
 
@@ -88,7 +88,8 @@ def test_a_failing_warm_up_is_a_failed_start(harness: list[Supervised], tmp_path
 def test_a_lost_device_restarts_the_server_and_the_job_is_done_there(harness: list[Supervised],
                                                                       tmp_path: Path) -> None:
     fatal = job_id(0)
-    h = Supervised(tmp_path, script={fatal: ["fatal"]}, comfyui={"gpus": "cpu:1"})
+    (tmp_path / "warmup.json").write_text(json.dumps(TRIVIAL))
+    h = Supervised(tmp_path, script={fatal: ["fatal"]}, comfyui={"gpus": "cpu:1", "warmup": "warmup.json"})
     harness.append(h)
     ids = h.submit([job(0)])
     proc = h.start()
@@ -100,4 +101,5 @@ def test_a_lost_device_restarts_the_server_and_the_job_is_done_there(harness: li
                     h.describe)
     assert slot["device_restarts"] == 1 and slot["restarts"] == 1, slot
     assert "restarting ComfyUI" in h.log()
+    assert h.log().count("cpu0: warm-up done in") == 2, h.describe()  # after the start and after the restart
     assert h.stop(proc) == 0
