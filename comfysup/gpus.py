@@ -188,6 +188,20 @@ class GpuSampler:
         keep = {g.index for g in _filter_visible(gpus, visible)}
         return [s for s in out if s.index in keep]
 
+    def process_memory_mb(self, index: int, pids: set[int]) -> float | None:
+        """VRAM (MiB) that processes ``pids`` hold on GPU ``index`` (NVML's index: CUDA_DEVICE_ORDER=PCI_BUS_ID);
+        None without NVML or when it cannot tell (the caller then watches nothing)."""
+        if not self.ready or self.nvml is None:
+            return None
+        try:
+            handle = self.nvml.nvmlDeviceGetHandleByIndex(index)
+            procs = self.nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+        except Exception as exc:
+            self.note = f"NVML failed: {_text(exc) or type(exc).__name__}"
+            return None
+        held = [p.usedGpuMemory for p in procs if p.pid in pids and isinstance(p.usedGpuMemory, int)]
+        return sum(held) / 2**20
+
     def close(self) -> None:
         if self.ready and self.nvml is not None:
             try:

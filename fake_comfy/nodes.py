@@ -78,7 +78,8 @@ class Catalogue:
     def __init__(self, input_dir: Path, options: Any = None) -> None:
         self._input_dir = input_dir
         self._known: dict[str, dict[str, Any]] = {**data("object_info.json"),
-                                                   **data("object-info-t2i.json")["object_info"]}
+                                                   **data("object-info-t2i.json")["object_info"],
+                                                   **data("object-info-media.json")["object_info"]}
         self._known.setdefault("LoadImageMask", LOAD_IMAGE_MASK_INFO)
         self._options = options
         """fake_comfy.options.Options: its without_nodes and choices (read live) make this server's own catalogue."""

@@ -38,6 +38,7 @@ from comfysup.jobs.catalogue import Catalogue
 from comfysup.queue.assets import AssetMissing
 from comfysup.queue.base import SubmitConflict
 from comfysup.queue.watch import EXIT_DATABASE_REPLACED, QueueWatch, lost_line
+from comfysup.slotstate import read_state, readiness
 
 log = logging.getLogger("comfysup.api")
 T = TypeVar("T")
@@ -101,7 +102,7 @@ async def guard(request: web.Request, handler: Callable[[web.Request], Awaitable
                      state.config.api.allowed_origins)
         check_token(state.config.api.token, request.headers.get("Authorization"))
         lost = await state.lost(write=request.method not in ("GET", "HEAD"))
-        if lost is not None and request.path != f"{API}/health":
+        if lost is not None and request.path not in (f"{API}/health", "/ready", f"{API}/ready"):
             raise ApiError(503, "queue_unavailable", f"{lost}; this API accepts nothing more and stops")
         return await handler(request)
     except ApiError as exc:
@@ -130,6 +131,24 @@ async def health(request: web.Request) -> web.Response:
         log.warning("api health: the queue does not answer: %s", exc)
         return _json({"status": "unavailable", "queue": "unavailable"}, status=503)
     return _json({"status": "ok", "queue": "ok", "active_jobs": active})
+
+
+async def ready(request: web.Request) -> web.Response:
+    """Readiness for load balancers and autoscalers (``/health`` stays liveness): 200 once a slot of this machine's
+    supervisor is warm, 503 before and while the queued jobs per ready slot exceed ``[api]
+    ready_max_queue_per_slot``, with why in the body."""
+    state: State = request.app[STATE_KEY]
+    lost = await state.lost(write=False)
+    if lost is not None:
+        return _json({"status": "not_ready", "reason": lost}, status=503)
+    try:
+        status = await state.call(state.queue.status, None, 0)
+    except Exception as exc:  # the queue does not answer: nothing can be taken in
+        log.warning("api ready: the queue does not answer: %s", exc)
+        return _json({"status": "not_ready", "reason": "the queue does not answer"}, status=503)
+    answer = readiness(read_state(state.config), status.counts.get("queued", 0),
+                       state.config.api.ready_max_queue_per_slot)
+    return _json(answer.body(), status=200 if answer.ready else 503)
 
 
 async def post_job(request: web.Request) -> web.Response:
@@ -280,6 +299,8 @@ def make_app(config: Config, queue: Any) -> web.Application:
     state = State(config, queue)
     app[STATE_KEY] = state
     app.router.add_get(f"{API}/health", health)
+    app.router.add_get("/ready", ready)
+    app.router.add_get(f"{API}/ready", ready)
     app.router.add_post(f"{API}/jobs", post_job)
     app.router.add_get(f"{API}/jobs", list_jobs)
     app.router.add_get(f"{API}/jobs/{{id}}", get_job)

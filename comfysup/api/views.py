@@ -10,11 +10,11 @@ against those models. comfysup's states map onto the contract's names: queued â†
 
 from __future__ import annotations
 
-import mimetypes
 import uuid
 from datetime import UTC, datetime
 from typing import Any
 
+from comfysup.assets import media_type
 from comfysup.queue.assets import ApiAsset
 from comfysup.queue.base import JobPulse, JobRecord
 from comfysup.runner.trace import figures
@@ -69,7 +69,7 @@ def parse_output_id(asset_id: str) -> tuple[str, int] | None:
 
 
 def content_type(name: str) -> str:
-    return mimetypes.guess_type(name)[0] or "application/octet-stream"
+    return media_type(name)
 
 
 def output_type(name: str) -> str:

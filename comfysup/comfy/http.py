@@ -247,6 +247,14 @@ class ComfyClient:
     def interrupt(self, prompt_id: str | None = None) -> None:
         self._call("POST", "/interrupt", body=json.dumps({"prompt_id": prompt_id} if prompt_id else {}).encode())
 
+    def free(self, unload_models: bool = True, free_memory: bool = True) -> None:
+        """POST /free: ComfyUI unloads its models and empties the device's cache once its worker is idle (after the
+        running prompt, if any); raises ServerUnavailable when the server did not take it."""
+        body = json.dumps({"unload_models": unload_models, "free_memory": free_memory}).encode()
+        response, data = self._call("POST", "/free", body=body)
+        if response.status != 200:
+            raise ServerUnavailable(f"POST /free {response.status}, {_first_line(data, response)}", "http")
+
     def delete_queued(self, prompt_ids: Sequence[str]) -> None:
         self._call("POST", "/queue", body=json.dumps({"delete": list(prompt_ids)}).encode())
 

@@ -74,6 +74,11 @@ DOCS: dict[str, dict[str, str]] = {
         "models_manifest": "A models.toml of [[models]] entries (as below), joined to this file's; empty: none.",
         "models_cache": "Where model files are kept once per content (may be shared by machines); empty: "
                         "model-cache beside the queue file.",
+        "warmup": "An API-format workflow each launched server runs after every (re)start before its slot takes a "
+                  "job (a failing one is a failed start); empty: none.",
+        "warmup_timeout_seconds": "How long a warm-up may run before the start counts as failed.",
+        "idle_vram_free_mb": "With NVML: VRAM (MiB) a server may hold while it runs no job; above it comfysup "
+                             "asks it to POST /free, then restarts it if that did not help. 0: not watched.",
     },
     "runner": {
         "": "How each job is run: attempts, backoff, timeouts, leases.",
@@ -159,6 +164,8 @@ DOCS: dict[str, dict[str, str]] = {
         "header_timeout_seconds": "The longest a client may take to send a request's line and headers.",
         "body_timeout_seconds": "The longest wait for the next bytes of a request's body or for the client to "
                                 "take the next bytes of an answer (then 408 and the connection is closed).",
+        "ready_max_queue_per_slot": "GET /ready answers 503 while the queued jobs per ready (warm) slot exceed "
+                                    "this (a load balancer sends work elsewhere); 0: no bound.",
     },
     "rabbitmq": {
         "": "The RabbitMQ front door: jobs from a queue (comfysup run, or comfysup consume), results to exchanges.",

@@ -13,7 +13,7 @@ from comfysup.observability.brokerview import broker_text
 from comfysup.observability.views import POSTED_TEXT, WINDOW_SECONDS, Overview, overview, progress_text
 from comfysup.queue.base import Machine, Status
 from comfysup.redact import bound
-from comfysup.slotstate import read_broker_state, read_state, read_work_state, staleness
+from comfysup.slotstate import memory_note, read_broker_state, read_state, read_work_state, staleness, warmup_cell
 from comfysup.timefmt import age
 
 
@@ -126,19 +126,21 @@ def render_slots(state: dict[str, Any] | None, now: float) -> str:
         head = (f"supervisor stopped {age(now - at)} ago ({time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(at))}, "
                 f"pid {state.get('pid')}); queued jobs wait for `comfysup run`")
     lines = [head, f"{'slot':10} {'device':9} {'server':9} {'pid':>7} {'port':>5} {'restarts':>8} "
-                   f"{'runner':>7}  {'comfyui':8}  {'job':36}  reason"]
+                   f"{'runner':>7}  {'comfyui':8}  {'warm-up':9}  {'job':36}  reason"]
     for slot in state["slots"]:
         lines.append(f"{_cell(slot.get('name')):10} {_cell(slot.get('device')):9} {_cell(slot.get('state')):9} "
                      f"{_cell(slot.get('pid')):>7} {_cell(slot.get('port')):>5} {_cell(slot.get('restarts')):>8} "
                      f"{_cell(slot.get('runner_pid')):>7}  {_cell(slot.get('comfyui_version'))[:8]:8}  "
-                     f"{_cell(slot.get('job')):36}  {bound(_why(slot), 200)}".rstrip())
+                     f"{warmup_cell(slot):9}  {_cell(slot.get('job')):36}  {bound(_why(slot), 200)}".rstrip())
     return "\n".join(lines)
 
 
 def _why(slot: dict[str, Any]) -> str:
     """Why a slot takes no job (out of service: a stuck prompt, a server whose answers cannot be read), or why its
     server or runner last stopped."""
-    return str(slot.get("out_of_service") or slot.get("reason") or slot.get("runner_reason") or "")
+    why = str(slot.get("out_of_service") or slot.get("reason") or slot.get("runner_reason") or "")
+    memory = memory_note(slot)
+    return f"{why}; {memory}" if why and memory else why or memory
 
 
 def render_work(state: dict[str, Any] | None, now: float) -> str | None:

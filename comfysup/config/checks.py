@@ -31,7 +31,8 @@ def check(c: Config) -> None:
                                              "poll_seconds", "lease_seconds", "heartbeat_seconds",
                                              "http_timeout_seconds", "leave_queue_seconds")]
     positive += [("queue", q, "busy_timeout_seconds"), ("queue", q, "checkpoint_seconds"),
-                 ("comfyui", u, "startup_seconds"), ("supervisor", s, "runner_timeout_seconds"),
+                 ("comfyui", u, "startup_seconds"), ("comfyui", u, "warmup_timeout_seconds"),
+                 ("supervisor", s, "runner_timeout_seconds"),
                  ("supervisor", s, "quick_failure_seconds"), ("supervisor", s, "restart_max_delay_seconds")]
     for section, obj, key in positive:
         if getattr(obj, key) <= 0:
@@ -60,6 +61,10 @@ def check(c: Config) -> None:
             raise bad("supervisor", key, getattr(s, key), "must be 0 (off) or more")
     if s.log_max_mb < 1:
         raise bad("supervisor", "log_max_mb", s.log_max_mb, "must be at least 1")
+    if u.idle_vram_free_mb < 0:
+        raise bad("comfyui", "idle_vram_free_mb", u.idle_vram_free_mb, "must be 0 (off) or more")
+    if c.api.ready_max_queue_per_slot < 0:
+        raise bad("api", "ready_max_queue_per_slot", c.api.ready_max_queue_per_slot, "must be 0 (no bound) or more")
     for key in ("max_file_mb", "max_job_mb", "max_files_per_job"):
         if getattr(c.store, key) < 1:
             raise bad("store", key, getattr(c.store, key), "must be at least 1")

@@ -94,6 +94,16 @@ class ComfyUIConfig:
     """Where ``comfysup models pull`` keeps the model files, once per content (``sha256/<hex>``): a folder several
     configs or machines may share (an NFS mount); each launched server sees the manifest's files through a folder
     of links to it. Empty: ``model-cache`` beside the queue file (the state folder)."""
+    warmup: str = ""
+    """An API-format workflow (a path, relative to the config file) that each launched server runs after every
+    start or restart before its slot takes a job: the first job then does not pay for loading models and
+    compiling kernels. A warm-up that fails is a failed start (the restart policy counts it); empty: none. Use
+    PreviewImage rather than SaveImage in it, or its files stay in the server's output folder."""
+    warmup_timeout_seconds: float = 600.0
+    """How long a warm-up may run (after ``startup_seconds`` for the server to answer) before its start failed."""
+    idle_vram_free_mb: int = 0
+    """With NVML: VRAM (MiB) a server may still hold on its GPU while it runs no job; above it comfysup asks the
+    server to POST /free, and restarts it when that did not bring it below. 0: not watched."""
 
 
 @dataclass(frozen=True)
@@ -249,6 +259,9 @@ class ApiConfig:
     body_timeout_seconds: float = 60.0
     """The longest wait for the next bytes of a request's body (an upload) or for a client to take the next bytes
     of an answer; then the request ends (408) and the connection is closed."""
+    ready_max_queue_per_slot: float = 0.0
+    """GET /ready (the API's and the status server's) answers 503 while the jobs waiting in the queue per ready
+    (warm) slot exceed this, so a load balancer sends new work elsewhere; 0: no bound (ready once a slot is)."""
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,8 @@ from comfysup.config import MetricsConfig
 from comfysup.gpus import GpuSample
 from comfysup.observability.brokerview import broker_metrics
 from comfysup.queue.base import TERMINAL, EndedAttempt, Queue
-from comfysup.slotstate import staleness
+from comfysup.runner.memory import COUNTS
+from comfysup.slotstate import ready_slots, staleness
 
 LOOKBACK_SECONDS = 120.0
 """An attempt's end is stamped before its transaction waits for the write lock (SQLite's busy timeout is
@@ -51,6 +52,38 @@ PAGE = 1000
 """Attempts read at once: a catch-up after a stall reads this many rows at a time, never all of them."""
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 OTHER = "other"
+MEMORY_ACTIONS = (*COUNTS, "idle_frees", "idle_restarts")
+"""The slot state's memory recovery counts (comfysup.runner.memory, comfysup.supervisor.vram)."""
+SLOT_READINESS: tuple[tuple[str, str, Callable[[dict[str, Any], bool], float | None]], ...] = (
+    ("comfysup_slot_ready", "1 while the slot takes jobs (its server answers and, with [comfyui] warmup, is warm).",
+     lambda slot, running: 1.0 if running and slot.get("ready") else 0.0),
+    ("comfysup_slot_warmup_seconds", "How long the last warm-up of the slot's server took (absent before the first).",
+     lambda slot, running: float(slot["warmup_seconds"]) if isinstance(slot.get("warmup_seconds"), int | float)
+     else None),
+    ("comfysup_slot_warmup_failures", "Warm-ups of the slot's server that failed (each a failed start) since the "
+     "supervisor started.", lambda slot, running: float(slot.get("warmup_failures") or 0)),
+)
+"""Issue 34's per-slot gauges: name, help, the value from a slot of the state file (None: absent)."""
+
+
+def _slot_readiness(slots: list[dict[str, Any]], running: bool) -> Iterable[Metric]:
+    """SLOT_READINESS's gauges and the memory recoveries by action, for each slot of the state file."""
+    keys = [[label(str(slot.get("name"))), label(str(slot.get("device")))] for slot in slots]
+    for name, text, value in SLOT_READINESS:
+        family = GaugeMetricFamily(name, text, labels=["slot", "device"])
+        for key, slot in zip(keys, slots, strict=True):
+            if (number := value(slot, running)) is not None:
+                family.add_metric(key, number)
+        yield family
+    memory = GaugeMetricFamily("comfysup_slot_memory_recoveries", "Memory recoveries of the slot's server since the "
+                               "supervisor started, by action: oom_frees (POST /free after an out-of-memory error), "
+                               "oom_retries (the job run again uncounted), device_restarts (a lost device), "
+                               "idle_frees and idle_restarts (VRAM held while idle, NVML).",
+                               labels=["slot", "device", "action"])
+    for key, slot in zip(keys, slots, strict=True):
+        for action in MEMORY_ACTIONS:
+            memory.add_metric([*key, action], float(slot.get(action) or 0))
+    yield memory
 """The workflow label of every workflow past ``[metrics] max_workflow_labels``."""
 
 
@@ -213,6 +246,7 @@ class Live(Collector):
         oldest = GaugeMetricFamily("comfysup_oldest_queued_age_seconds", "Age of the oldest queued job (0: none).")
         oldest.add_metric([], 0.0 if status.oldest_queued_at is None else max(0.0, now - status.oldest_queued_at))
         yield oldest
+        yield from self._readiness(now, status.counts.get("queued", 0))
         ratio = self.observer.cache_ratio()
         if ratio is not None:
             hit = GaugeMetricFamily("comfysup_node_cache_hit_ratio", "Nodes served from ComfyUI's cache over all "
@@ -243,6 +277,18 @@ class Live(Collector):
         yield from self._gpus()
         state = self.state()
         yield from broker_metrics((state or {}).get("broker"), self.queue.announcement_backlog())
+
+    def _readiness(self, now: float, queued: int) -> Iterable[Metric]:
+        """What an autoscaler scales on (with comfysup_jobs and comfysup_oldest_queued_age_seconds): the slots
+        that take jobs now, and the queued jobs per ready slot (GET /ready's bound is on the same number)."""
+        ready = ready_slots(self.state(), now)
+        slots = GaugeMetricFamily("comfysup_ready_slots", "Slots of this machine that take jobs now (server answering "
+                                  "and warm, runner running).")
+        slots.add_metric([], ready)
+        per = GaugeMetricFamily("comfysup_queued_jobs_per_ready_slot", "Jobs queued (ready to run) per ready slot of "
+                                "this machine; the queued count itself when no slot is ready.")
+        per.add_metric([], queued / ready if ready else float(queued))
+        yield from (slots, per)
 
     def _slots(self, now: float) -> Iterable[Metric]:
         state = self.state()
@@ -288,6 +334,7 @@ class Live(Collector):
             problem.add_metric(key, 1.0 if running and slot.get("problem") else 0.0)
             info.add_metric([*key, label(slot.get("comfyui_version"))[:40]], 1.0)
         yield from (up, restarts, runner_restarts, busy, done, out, stuck, problem, info)
+        yield from _slot_readiness([slot for slot in state.get("slots") or [] if isinstance(slot, dict)], running)
 
     def _gpus(self) -> Iterable[Metric]:
         samples = self.gpus()

@@ -59,7 +59,8 @@ def monitor_main(config: Config, port_out: Any, serve_endpoint: bool = True) -> 
                       max_workflow_labels=config.metrics.max_workflow_labels)
     if serve_endpoint and config.metrics.listen:
         app = App(web_queue, metrics, lambda: state_with_broker(config), config.resolve(config.store.dir),
-                  refresh_seconds=config.metrics.refresh_seconds)
+                  refresh_seconds=config.metrics.refresh_seconds,
+                  ready_max_queue_per_slot=config.api.ready_max_queue_per_slot)
         try:
             server = serve(config.metrics.listen, app, max_connections=config.metrics.max_connections,
                            header_seconds=config.metrics.header_timeout_seconds,

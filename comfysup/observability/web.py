@@ -18,8 +18,8 @@ request to arrive and for its answer to be taken.
 from __future__ import annotations
 
 import html
+import json
 import logging
-import mimetypes
 import os
 import sys
 import time
@@ -45,6 +45,7 @@ from comfysup.observability.views import (
 from comfysup.queue.base import Queue
 from comfysup.redact import Redactor, bound
 from comfysup.runner.store import UnsafeName, check_part
+from comfysup.slotstate import memory_note, readiness, warmup_cell
 from comfysup.timefmt import age
 
 log = logging.getLogger("comfysup.observability.web")
@@ -81,8 +82,9 @@ class App:
     """Routes to answers; the HTTP plumbing stays in the handler so this is tested without sockets."""
 
     def __init__(self, queue: Queue, metrics: Metrics, state: Callable[[], dict[str, Any] | None], store: Path,
-                 refresh_seconds: float = 2.0, done_limit: int = 12) -> None:
+                 refresh_seconds: float = 2.0, done_limit: int = 12, ready_max_queue_per_slot: float = 0.0) -> None:
         self.queue = queue
+        self.ready_max_queue_per_slot = ready_max_queue_per_slot
         self.metrics = metrics
         self.state = state
         self.store = store
@@ -93,6 +95,11 @@ class App:
         path = urllib.parse.urlsplit(raw_path).path
         if path == "/metrics":
             return Answer(200, CONTENT_TYPE, self.metrics.exposition(), {})
+        if path == "/ready":  # readiness for load balancers (comfysup.slotstate.readiness)
+            answer = readiness(self.state(), self.queue.status(dead_limit=0).counts.get("queued", 0),
+                               self.ready_max_queue_per_slot)
+            return Answer(200 if answer.ready else 503, "application/json", json.dumps(answer.body()).encode(),
+                          {"Cache-Control": "no-store"})
         if path in ("/", "/index.html"):
             view = overview(self.queue, self.state(), dead=5, done=self.done_limit)
             body = render_page(view, self.refresh_seconds).encode()
@@ -123,7 +130,7 @@ class App:
         finally:
             os.close(root)
         name = parts[-1]
-        kind = mimetypes.guess_type(name)[0] or "application/octet-stream"
+        kind = assets.media_type(name)
         headers = {"Content-Security-Policy": FILE_CSP, "Cache-Control": "private, max-age=60"}
         if kind not in INLINE_TYPES:
             headers["Content-Disposition"] = f"attachment; filename*=UTF-8''{urllib.parse.quote(name)}"
@@ -184,14 +191,15 @@ def render_page(view: Overview, refresh_seconds: float) -> str:
         out.append(f"<h2>RabbitMQ</h2><pre>{e(broker_text(state['broker'], view.announcements))}</pre>")
     if state is not None:
         out.append("<h2>Slots</h2><table><tr><th>slot<th>device<th>server<th>pid<th>port<th>restarts<th>runner<th>ComfyUI"
-                   "<th>current job<th>finished<th>reason</tr>")
+                   "<th>warm-up<th>current job<th>finished<th>reason</tr>")
         for slot in state.get("slots") or []:
             if not isinstance(slot, dict):
                 continue
             out.append("<tr>" + "".join(f"<td>{e(_cell(slot.get(k)))}" for k in (
                 "name", "device", "state", "pid", "port", "restarts", "runner_pid", "comfyui_version")) +
-                f"<td><code>{e(_cell(slot.get('job')))}</code><td>{e(_cell(slot.get('jobs')))}"
-                f"<td>{e(bound(str(slot.get('reason') or slot.get('runner_reason') or ''), 200))}</tr>")
+                f"<td>{e(warmup_cell(slot))}<td><code>{e(_cell(slot.get('job')))}</code><td>{e(_cell(slot.get('jobs')))}"
+                f"<td>{e(bound(str(slot.get('reason') or slot.get('runner_reason') or ''), 200))}"
+                f"{e(' ' + memory_note(slot)) if memory_note(slot) else ''}</tr>")
         out.append("</table>")
     out.append("<h2>Running</h2>")
     if view.status.running:
@@ -216,7 +224,7 @@ def render_page(view: Overview, refresh_seconds: float) -> str:
             clean = Redactor.for_job(job.workflow, job.extra_data)  # a secret in a file name is shown masked
             for o in job.outputs:
                 href = e(file_link(job.id, o.name)) if clean(o.name) == o.name else ""
-                kind = mimetypes.guess_type(o.name)[0]
+                kind = assets.media_type(o.name)
                 thumb = (f"<img class=thumb src='{href}' alt='' loading=lazy>"
                          if href and kind in THUMBNAIL_TYPES else "")
                 links.append(f"<a href='{href}'>{thumb}{e(clean(Path(o.name).name))}</a> "

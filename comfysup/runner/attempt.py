@@ -41,7 +41,7 @@ from comfysup.comfy import ComfyError, MalformedAnswer, PermanentError, ServerUn
 from comfysup.comfy.history import unlisted_savers
 from comfysup.errors import LeaseLost, QueueError
 from comfysup.queue.base import Claim, Output, Queue
-from comfysup.runner import download, follow
+from comfysup.runner import download, follow, memory
 from comfysup.runner import outputs as job_outputs
 from comfysup.runner.catchup import catch_up
 from comfysup.runner.follow import HISTORY_AFTER_SUCCESS_SECONDS
@@ -124,6 +124,8 @@ class Attempt:
         """The prompt of this job known to be on a server (posted or followed), to stop if the queue goes."""
         self.timeout_due: deadline.Due | None = None
         """The alarm of the job's timeout, while the steps run under it."""
+        self.oom_retried = False
+        """The job was posted once more on this server after an out-of-memory error (comfysup.runner.memory)."""
 
     def run(self) -> AttemptResult:
         """Run the attempt (once) and record its outcome; LeaseLost at any point means: stop, write nothing."""
@@ -246,7 +248,7 @@ class Attempt:
                 if self.claim.attempt > self.s.policy.attempts:
                     return Outcome("dead", gave_up(self.claim.attempt - 1, self.claim.last_reason), kind="gave_up")
                 run = self._post()
-            entry = self._follow(run)
+            run, entry = self._follow_recovering(run)
             if self.waiting:  # over (adopted, or its start was not read): no longer waiting for its server
                 self._executes()
             self.run_over = True
@@ -264,10 +266,36 @@ class Attempt:
         except Stop as stop:
             return stop.outcome
         except ComfyError as exc:
+            memory.device_lost(exc.kind, exc.reason, self.s.server, self.station.memory)
             return self._failed(Failure(exc.kind, exc.reason, transient=not isinstance(exc, PermanentError)))
         finally:
             if run is not None and run.stream is not None and run.stream is not run.client.stream:
                 run.stream.close()  # a followed run's own socket; the client's kept one stays open
+
+    def _follow_recovering(self, run: Run) -> tuple[Run, dict[str, Any]]:
+        """Follow ``run``; after an out-of-memory error, POST /free and post the job once more on this server, or
+        give it back uncounted (comfysup.runner.memory.after_oom says which, and when neither). Returns the run
+        that succeeded."""
+        try:
+            return run, self._follow(run)
+        except ComfyError as exc:
+            retried = self.oom_retried or (self.claim.last_reason or "").startswith(memory.RELEASED_REASON)
+            action = memory.after_oom(exc.kind, retried, run.client is self.client, self.early.posted_out is not None)
+            if action is None:
+                raise
+            self.oom_retried = True
+            if not memory.free(self.client.free, self.s.server, self.station.memory):
+                raise
+            self.station.memory.count("oom_retries")
+            if action == memory.RELEASE:
+                raise Stop(Outcome("released", f"{memory.RELEASED_REASON} (last: {exc.reason})", kind="oom")) from exc
+            if run.stream is not None and run.stream is not run.client.stream:
+                run.stream.close()
+            log.info("job %s attempt %d on %s: out of memory; POST /free, then posted again on this server "
+                     "(not counted as an attempt)", self.claim.id, self.claim.attempt, self.s.server,
+                     extra={"event": "oom_retry"})
+        again = self._post(again=True)
+        return again, self._follow(again)
 
     def _failed(self, failure: Failure) -> Outcome:
         decision = decide(self.s.policy, self.claim.attempt, failure)
@@ -277,7 +305,9 @@ class Attempt:
 
     # -- 2. post ----------------------------------------------------------------------------------------
 
-    def _post(self) -> Run:
+    def _post(self, again: bool = False) -> Run:
+        """POST the job (``again``: once more in this attempt, after an out-of-memory error: a fresh client id,
+        and the failed run's files out of the job's folder)."""
         if self.posted_in is not None:  # posted by the previous attempt as its own run ended
             posted, self.posted_in = self.posted_in, None
             if posted.error is not None:
@@ -288,8 +318,9 @@ class Attempt:
             return self.live
         # The kept socket, emptied of what earlier prompts left in it; a job posted again gets a new client
         # id, so no message of its earlier run can be read as one of this run.
-        stream = self.client.own_stream(fresh=self.claim.attempt > 1)
-        if self.s.server in self.s.output_dirs and (self.claim.attempt > 1 or self.claim.last_server is not None):
+        stream = self.client.own_stream(fresh=again or self.claim.attempt > 1)
+        if self.s.server in self.s.output_dirs and (again or self.claim.attempt > 1
+                                                     or self.claim.last_server is not None):
             # Leftovers of an earlier run must not mix with this run's files in a later adoption.
             job_outputs.discard(self.s.output_dirs, self.s.server, self.claim.id)
         number = post_prompt(self.ctx, self.claim, stream.client_id)

@@ -17,6 +17,7 @@ from comfysup.comfy import ComfyClient
 from comfysup.config import AssetsConfig, Config, RunnerConfig
 from comfysup.queue.base import Queue
 from comfysup.runner.inputs import InputDelivery
+from comfysup.runner.memory import MemoryHooks
 from comfysup.runner.store import ResultStore
 from comfysup.runner.stuck import StuckChannel
 
@@ -81,7 +82,7 @@ class Station:
                  on_alive: Callable[[], None] = lambda: None,
                  stuck: StuckChannel | None = None,
                  clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time,
-                 peer_waiting: Callable[[], bool] = lambda: False) -> None:
+                 peer_waiting: Callable[[], bool] = lambda: False, memory: MemoryHooks | None = None) -> None:
         self.settings = settings
         self.queue = queue
         self.store = store
@@ -102,6 +103,8 @@ class Station:
         """Whether another runner of this machine waits for work (a job queued ahead here goes back to it)."""
         self.stuck = stuck or StuckChannel()
         """Where an attempt reports a prompt stuck in this runner's server (comfysup.runner.stuck)."""
+        self.memory = memory or MemoryHooks()
+        """Who restarts the server after a lost device, and where memory recoveries are counted (runner.memory)."""
         self.clock = clock
         self.wall = wall
         """Epoch time for the trace (stored); ``clock`` (monotonic) for deadlines and throttles."""

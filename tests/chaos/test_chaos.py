@@ -134,6 +134,13 @@ def test_t1_thirty_percent_of_prompts_fail_transiently(tmp_path: Path, chaos_see
 
 
 @pytest.mark.timeout(120)
+def test_o1_oom_storms_end_every_job_once(tmp_path: Path, chaos_seed: int) -> None:
+    report = scenarios.o1_oom_storms(tmp_path, chaos_seed, jobs=12)
+    verdict(report)
+    assert report.figures["ooms"] >= 1
+
+
+@pytest.mark.timeout(120)
 def test_s1_hostile_output_names(tmp_path: Path, chaos_seed: int) -> None:
     report = scenarios.s1_hostile_names(tmp_path, chaos_seed, jobs=10)
     verdict(report)

@@ -221,11 +221,24 @@ def test_an_execution_without_an_end_nor_a_kill_is_an_unexplained_death(run: Run
 
 def test_more_executions_than_attempts_is_an_uncounted_run(run: Run) -> None:
     job = run.ids[0]
+    run.exec_line("start", job, pid=400, number=9, at=T0 - 5, word="crash")
+    run.exec_line("end", job, pid=400, number=9, at=T0 - 4, outcome="crashed", word="crash", started_at=T0 - 5)
+    report = run.check()
+    assert report.re_executions == {"crash": 1}
+    assert report.uncounted == [f"{job}: 2 executions, 0 posts, 1 attempts"]
+
+
+def test_one_more_execution_after_an_oom_is_counted_with_it(run: Run) -> None:
+    """Issue 34: after an OOM the attempt sends POST /free and posts the job once more without counting: one
+    execution more than attempts per OOM run is the rule, two more is an uncounted run."""
+    job = run.ids[0]
     run.exec_line("start", job, pid=400, number=9, at=T0 - 5, word="oom")
     run.exec_line("end", job, pid=400, number=9, at=T0 - 4, outcome="error", word="oom", started_at=T0 - 5)
     report = run.check()
-    assert report.re_executions == {"oom": 1}
-    assert report.uncounted == [f"{job}: 2 executions, 0 posts, 1 attempts"]
+    assert report.re_executions == {"oom": 1} and report.uncounted == []
+    run.exec_line("start", job, pid=400, number=10, at=T0 - 3, word="crash")
+    run.exec_line("end", job, pid=400, number=10, at=T0 - 2, outcome="crashed", word="crash", started_at=T0 - 3)
+    assert run.check().uncounted == [f"{job}: 3 executions, 0 posts, 1 attempts and 1 OOM run(s)"]
 
 
 def test_a_missing_or_changed_recorded_file_fails(run: Run) -> None:
