@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
+from comfysup import assets as file_assets
 from comfysup import safefs
 from comfysup.api import assets, events, remote, views
 from comfysup.api.connections import track
@@ -238,10 +239,16 @@ def _record(state: State, job_id: str) -> Any:
 
 
 async def get_workflow(request: web.Request) -> web.Response:
-    """The executed API-format graph (``JobWorkflowResponse``, ``format: api``): comfysup keeps no UI export."""
+    """The executed API-format graph (comfy-sdk 0.5.0 ``JobWorkflowResponse``, ``format: api``: "the executed
+    API-format prompt graph"; the spec does not draw this route): each input file named as ComfyUI receives it
+    (``comfysup/<hash>.<ext>``, as comfy-api-proxy answers the name it gave), never the ``core/ASSET`` object.
+    comfysup keeps no UI export, so ``format`` is never ``save``."""
     state: State = request.app[STATE_KEY]
     record = await state.call(_record, state, _job_id(request))
-    return _json({"workflow": record.workflow, "format": "api"})
+    workflow = file_assets.with_names(record.workflow, {
+        file_assets.ref_hash(ref): file_assets.upload_name(file_assets.ref_hash(ref), file_assets.ref_name(ref))
+        for _node, _input, ref in file_assets.references(record.workflow)})
+    return _json({"workflow": workflow, "format": "api"})
 
 
 async def cancel_job(request: web.Request) -> web.Response:

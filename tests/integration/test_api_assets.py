@@ -276,9 +276,15 @@ def test_a_reference_to_an_asset_not_held_is_422_missing_asset_at_submit(api: An
             client.submit(workflow)
         assert refused.value.code == "missing_asset"
     assert runner.queue.status().counts["queued"] == 0
-    accepted = upload(url, random_png(3)).json()["id"]
+    data = random_png(3)
+    accepted = upload(url, data).json()["id"]
     answer = submit({"id": accepted})
     assert answer.status_code == 201 and JobModel.model_validate(answer.json()).status.value == "queued"
+    # /workflow is the executed graph (comfy-sdk's JobWorkflowResponse): the file as ComfyUI gets it, by its hash.
+    executed = httpx.get(f"{url}/api/v2/jobs/{answer.json()['id']}/workflow").json()
+    assert executed["format"] == "api" and executed["workflow"]["1"]["inputs"]["image"] == \
+        f"comfysup/{assets.hash_bytes(data).removeprefix('blake3:')}.png"
+    assert executed["workflow"]["2"] == INVERT["2"]
 
 
 def test_delete_removes_an_upload_but_not_what_a_job_needs(api: Any) -> None:
