@@ -25,7 +25,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 from comfysup import assets as file_assets
 from comfysup import safefs
-from comfysup.api import assets, events, remote, views
+from comfysup.api import assets, events, placement, remote, views
 from comfysup.api.connections import track
 from comfysup.api.errors import ApiError, not_found
 from comfysup.api.intake import Intake
@@ -65,7 +65,8 @@ class State:
         self.config = config
         self.queue = queue
         self.worker = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="comfysup-api-queue")
-        self.intake = Intake(config.resolve("."), allow_private_callbacks=config.webhooks.allow_private)
+        self.intake = Intake(config.resolve("."), allow_private_callbacks=config.webhooks.allow_private,
+                             models_dir=str(config.resolve(config.api.models_dir)) if config.api.models_dir else "")
         self.store = config.resolve(config.store.dir)
         self.cors = Cors(config.api.allowed_origins)
         self.hosts = HostCheck(config.api.listen.rpartition(":")[0], config.api.public_url, config.api.allowed_hosts)
@@ -394,6 +395,7 @@ def make_app(config: Config, queue: Any) -> web.Application:
     app.router.add_post(f"{API}/jobs/{{id}}/cancel", cancel_job)
     app.router.add_post(f"{API}/assets", assets.post_asset)
     app.router.add_post(f"{API}/assets/from-hash", assets.from_hash)
+    app.router.add_post(f"{API}/assets/from-path", placement.from_path)
     app.router.add_route("HEAD", f"{API}/assets/by-hash/{{hash}}", assets.by_hash)
     app.router.add_get(f"{API}/assets/{{id}}", output_asset)
     app.router.add_delete(f"{API}/assets/{{id}}", assets.delete_asset)

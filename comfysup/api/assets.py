@@ -38,7 +38,7 @@ import blake3
 from aiohttp import BodyPartReader, MultipartReader, web
 
 from comfysup import assets
-from comfysup.api import views
+from comfysup.api import placement, views
 from comfysup.api.errors import ApiError, not_found
 from comfysup.api.replies import STATE_KEY, json_response, origin, read_json, send, timed, too_large
 from comfysup.queue.assets import CHUNK_BYTES, ApiAsset, UploadConflict
@@ -228,6 +228,9 @@ async def post_asset(request: web.Request) -> web.Response:
         if expected is not None and expected != received.digest:
             raise ApiError(409, "hash_mismatch", f"expected_hash is {expected}, the bytes received hash to "
                            f"{received.digest}; nothing was stored")
+        model = placement.model_name(file_path)
+        if model is not None and not state.config.api.models_dir:
+            placement.place_model("", received.path, file_path)  # the refusal that says what to set
         asset = NewAsset(received.digest, received.size, file_path, str(received.path))
         try:
             record, created_new = await state.call(state.queue.add_api_asset, asset, content_type,
@@ -235,6 +238,14 @@ async def post_asset(request: web.Request) -> web.Response:
         except UploadConflict as exc:
             raise ApiError(422, "idempotency_key_reuse", f"{exc}; keys are single-use: GET that asset instead of "
                            "uploading again, or send a new key", details={"asset_id": exc.asset_id}) from None
+        if model is not None:
+            try:
+                models_dir = str(state.config.resolve(state.config.api.models_dir))
+                await asyncio.get_running_loop().run_in_executor(None, placement.place_model, models_dir,
+                                                                 received.path, file_path)
+            except BaseException:  # not placed: the record goes too
+                await state.call(state.queue.delete_api_asset, record.id)
+                raise
     finally:
         await asyncio.get_running_loop().run_in_executor(None, received.discard)
     return json_response(views.uploaded(record, origin(request), time.time(), created_new),
@@ -335,14 +346,15 @@ async def delete_asset(request: web.Request) -> web.Response:
 
 
 def references(workflow: Mapping[str, Any], lookup: Callable[[str], ApiAsset | None],
-               now: float) -> dict[str, dict[str, Any]]:
+               now: float, models_dir: str = "") -> dict[str, Any]:
     """The ``set`` of a submitted workflow's ``core/ASSET`` references: ``{"<node>.<input>": reference by hash}``
     for the job line (comfysup.jobs.inputs stores each once and links it to the job). ``info.id`` is
     authoritative (the contract's AssetReference); a reference without one, or to an asset this API does not
     hold (never uploaded, deleted, expired), is 422 ``missing_asset`` at submit, naming every such input. So is a
     malformed one (``__type: core/ASSET`` without an ``info`` object, or not an input's whole value): the spec
-    refuses it, and queued as it is it would reach ComfyUI as a literal object."""
-    found: dict[str, dict[str, Any]] = {}
+    refuses it, and queued as it is it would reach ComfyUI as a literal object. A reference to a model placed in
+    ``models_dir`` (comfysup.api.placement) becomes the name ComfyUI's loaders list it by."""
+    found: dict[str, Any] = {}
     missing: list[dict[str, str]] = []
     for node_id, name, ref in _tagged(workflow):
         info = ref.get("info") if name else None
@@ -359,7 +371,9 @@ def references(workflow: Mapping[str, Any], lookup: Callable[[str], ApiAsset | N
                    "or past its expires_at); upload the file again")
             missing.append({"node_id": node_id, "input": name, "reason": why})
             continue
-        found[f"{node_id}.{name}"] = assets.reference(record.hash, record.file_path, record.size)
+        model = placement.placed(models_dir, record.file_path)
+        found[f"{node_id}.{name}"] = model if model is not None else \
+            assets.reference(record.hash, record.file_path, record.size)
     if missing:
         first = missing[0]
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""

@@ -105,9 +105,11 @@ def _priority(body: dict[str, Any]) -> int:
 class Intake:
     """Builds jobs from bodies; one per API process, with the node catalogues refreshed by the caller."""
 
-    def __init__(self, base_dir: Path, *, allow_private_callbacks: bool = False) -> None:
+    def __init__(self, base_dir: Path, *, allow_private_callbacks: bool = False, models_dir: str = "") -> None:
         self.base_dir = base_dir
         self.allow_private_callbacks = allow_private_callbacks
+        self.models_dir = models_dir
+        """``[api] models_dir``: a reference to a model placed there is its name (comfysup.api.placement)."""
 
     def job(self, body: Any, key: str | None, catalogues: list[Catalogue],
             lookup: Callable[[str], ApiAsset | None] = lambda _id: None) -> NewJob:
@@ -132,7 +134,7 @@ class Intake:
         line: dict[str, Any] = {"id": job_id_for(key), "workflow": workflow,
                                 "extra_data": _extra_data(body), "meta": _labels(body.get("metadata")),
                                 "priority": _priority(body)}
-        inputs = references(workflow, lookup, time.time())
+        inputs = references(workflow, lookup, time.time(), self.models_dir)
         if inputs:
             line["set"] = inputs
         jobs = JobsFile(self.base_dir / "api.jsonl", label="api", base_dir=self.base_dir, catalogues=catalogues,

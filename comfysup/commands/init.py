@@ -140,6 +140,10 @@ DOCS: dict[str, dict[str, str]] = {
         "header_timeout_seconds": "The longest a client may take to send a request's line and headers.",
         "body_timeout_seconds": "The longest wait for the next bytes of a request's body or for the client to "
                                 "take the next bytes of an answer (then 408 and the connection is closed).",
+        "path_roots": "Folders whose files POST /api/v2/assets/from-path may register (e.g. [\"/srv/datasets\"]); "
+                      "[]: from-path is refused.",
+        "models_dir": "ComfyUI's model folder, where uploads to models/<folder>/<name>.safetensors are placed; "
+                      "\"\": such uploads are refused.",
     },
     "rabbitmq": {
         "": "The RabbitMQ front door: jobs from a queue (comfysup run, or comfysup consume), results to exchanges.",

@@ -194,6 +194,14 @@ class ApiConfig:
     body_timeout_seconds: float = 60.0
     """The longest wait for the next bytes of a request's body (an upload) or for a client to take the next bytes
     of an answer; then the request ends (408) and the connection is closed."""
+    path_roots: tuple[str, ...] = ()
+    """Folders of this machine whose files POST /api/v2/assets/from-path may register as assets (relative paths
+    are relative to this config file); a file is read only below one of them, through no symlink, only if it is a
+    regular file. Empty: from-path is refused (403)."""
+    models_dir: str = ""
+    """ComfyUI's model folder (what its extra_model_paths names) where an upload to models/<folder>/<name>.safetensors
+    is placed (safetensors only, never replacing a file, through no symlink). Empty: such uploads are refused
+    (403)."""
 
 
 @dataclass(frozen=True)
