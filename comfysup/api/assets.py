@@ -207,6 +207,15 @@ def _one(fields: Mapping[str, list[str]], name: str) -> str | None:
     return values[0]
 
 
+def _check_name(file_path: str) -> None:
+    """``file_path`` is a name in the spec's "global-namespace-root form" (``photo.png``,
+    ``models/checkpoints/x.safetensors``): 400 for an absolute path or a ``..`` part, which name no such place."""
+    parts = file_path.replace("\\", "/").split("/")
+    if file_path.startswith(("/", "\\")) or ".." in parts:
+        raise _bad(f"file_path {file_path[:200]!r}: a name relative to the asset namespace's root (photo.png, "
+                   "models/checkpoints/x.safetensors), with no .. and no leading /")
+
+
 async def post_asset(request: web.Request) -> web.Response:
     state = request.app[STATE_KEY]
     body_limit = state.config.api.max_upload_mb * MIB
@@ -224,6 +233,7 @@ async def post_asset(request: web.Request) -> web.Response:
         if not content_type or not file_path:
             missing = [n for n, v in zip(REQUIRED, (content_type, file_path), strict=True) if not v]
             raise _bad(f"the upload has no {' and no '.join(missing)} field (required by the contract)")
+        _check_name(file_path)
         expected = _one(received.fields, "expected_hash")
         if expected is not None and expected != received.digest:
             raise ApiError(409, "hash_mismatch", f"expected_hash is {expected}, the bytes received hash to "
@@ -262,6 +272,7 @@ async def from_hash(request: web.Request) -> web.Response:
     file_path = body.get("file_path") or ""
     if not isinstance(file_path, str) or len(file_path) > MAX_FIELD_BYTES or not file_path.isprintable():
         raise _bad("file_path must be a name of printable characters")
+    _check_name(file_path)
     minted = await state.call(state.queue.mint_api_asset, body["hash"], file_path,
                               views.content_type(file_path), _retention(state))
     if minted is None:

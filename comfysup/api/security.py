@@ -88,6 +88,8 @@ def normal_origin(origin: str) -> str:
 CORS_ALLOW_HEADERS = "Authorization, Content-Type, Idempotency-Key, Range"
 CORS_EXPOSE_HEADERS = "Retry-After, Content-Range, Accept-Ranges, Content-Length, Location, WWW-Authenticate"
 CORS_MAX_AGE_SECONDS = 600
+CORS_METHODS = "DELETE, GET, HEAD, OPTIONS, POST"
+"""Every method the API serves (a preflight names its route's own)."""
 
 
 class Cors:
@@ -100,14 +102,13 @@ class Cors:
         return bool(origin) and normal_origin(str(origin)) in self.allowed
 
     @staticmethod
-    def headers(origin: str, methods: str = "") -> dict[str, str]:
-        """What an answer to an allowed ``origin`` carries; ``methods``: a preflight's route's methods."""
-        headers = {"Access-Control-Allow-Origin": origin, "Access-Control-Allow-Credentials": "true",
-                   "Access-Control-Expose-Headers": CORS_EXPOSE_HEADERS}
-        if methods:
-            headers.update({"Access-Control-Allow-Methods": methods, "Access-Control-Allow-Headers": CORS_ALLOW_HEADERS,
-                            "Access-Control-Max-Age": str(CORS_MAX_AGE_SECONDS)})
-        return headers
+    def headers(origin: str, methods: str = CORS_METHODS) -> dict[str, str]:
+        """What an answer to an allowed ``origin`` carries (every answer, as comfy-api-proxy sends them);
+        ``methods``: a preflight's route's methods."""
+        return {"Access-Control-Allow-Origin": origin, "Access-Control-Allow-Credentials": "true",
+                "Access-Control-Expose-Headers": CORS_EXPOSE_HEADERS, "Access-Control-Allow-Methods": methods,
+                "Access-Control-Allow-Headers": CORS_ALLOW_HEADERS,
+                "Access-Control-Max-Age": str(CORS_MAX_AGE_SECONDS)}
 
     def preflight(self, origin: str | None, methods: set[str]) -> dict[str, str]:
         """The headers of a 204 answer to ``OPTIONS`` on a route of ``methods``; 403 for an origin not allowed.

@@ -245,6 +245,7 @@ def test_a_browser_page_of_an_allowed_origin_preflights_without_the_token(tmp_pa
         made = httpx.post(f"{url}/api/v2/jobs", json={"workflow": GRAPH},
                           headers={**app, "Authorization": "Bearer t0k", "Idempotency-Key": "browser-1"})
         assert made.status_code == 201 and made.headers["Access-Control-Allow-Origin"] == "https://app.example"
+        assert "idempotency-key" in made.headers["Access-Control-Allow-Headers"].lower()
         assert "Location" in made.headers["Access-Control-Expose-Headers"]
         evil = httpx.options(f"{url}/api/v2/jobs", headers={**preflight, "Origin": "https://evil.example"})
         assert evil.status_code == 403 and evil.json()["error"]["code"] == "forbidden"

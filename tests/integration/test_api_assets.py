@@ -221,6 +221,8 @@ def test_an_upload_cut_off_midway_leaves_nothing(api: Any) -> None:
      400, "invalid_request"),
     (lambda url: upload(url, b"x", surprise="1"), 400, "invalid_request"),
     (lambda url: upload(url, b"x", expected_hash=assets.hash_bytes(b"y")), 409, "hash_mismatch"),
+    (lambda url: upload(url, b"x", name="input/../../etc/cron.d/x"), 400, "invalid_request"),
+    (lambda url: upload(url, b"x", name="/etc/passwd"), 400, "invalid_request"),
 ])
 def test_bad_uploads_get_the_contracts_envelope_and_store_nothing(api: Any, make: Any, status: int,
                                                                   code: str) -> None:
