@@ -20,6 +20,7 @@ by the queue's transaction (the job id is its primary key). Without a key the jo
 from __future__ import annotations
 
 import json
+import re
 import time
 import uuid
 from collections.abc import Callable
@@ -102,6 +103,24 @@ def _priority(body: dict[str, Any]) -> int:
     return priority
 
 
+NODE = re.compile(r"(?:the inline workflow: )?node '?([^'\s:(]+)'?(?: \(([^)]*)\))?")
+FIELD = re.compile(r"input '([^']+)'")
+
+
+def node_errors(reasons: list[str]) -> dict[str, Any]:
+    """``invalid_workflow``'s per-node details, as the spec's example draws them: ``{"node_errors": {"<node id>":
+    [{"field", "class_type", "reason"}]}}`` for each reason about a node (``field``: the input it names, or null),
+    and every reason as it reads in ``reasons``."""
+    nodes: dict[str, list[dict[str, Any]]] = {}
+    for reason in reasons:
+        found = NODE.match(reason)
+        if found:
+            field = FIELD.search(reason)
+            nodes.setdefault(found.group(1), []).append({"field": field.group(1) if field else None,
+                                                         "class_type": found.group(2), "reason": reason})
+    return {"node_errors": nodes, "reasons": list(reasons)}
+
+
 class Intake:
     """Builds jobs from bodies; one per API process, with the node catalogues refreshed by the caller."""
 
@@ -143,5 +162,5 @@ class Intake:
         try:
             job, _warnings = jobs.parse(json.dumps(line).encode(), check=True)
         except JobLineError as exc:
-            raise ApiError(422, "invalid_workflow", str(exc)) from None
+            raise ApiError(422, "invalid_workflow", str(exc), details=node_errors(exc.reasons)) from None
         return job

@@ -158,6 +158,9 @@ def test_every_answer_the_spec_lists(contract: Contract, answer: spec.Answer) ->
         return
     if answer.code is not None:
         assert got.json()["error"]["code"] == answer.code, got.text
+    if answer.code == "invalid_workflow":  # "`invalid_workflow` (with per-node details)", as ErrorEnvelope's example
+        [error] = got.json()["error"]["details"]["node_errors"]["1"]
+        assert (error["field"], error["class_type"]) == ("images", "SaveImage"), got.text
     if answer.schema is not None:
         assert spec.problems(got.json(), answer.schema) == [], got.text
     if answer.operation == "getJobEvents" and answer.status == 200:
