@@ -166,6 +166,10 @@ DOCS: dict[str, dict[str, str]] = {
                                 "take the next bytes of an answer (then 408 and the connection is closed).",
         "ready_max_queue_per_slot": "GET /ready answers 503 while the queued jobs per ready (warm) slot exceed "
                                     "this (a load balancer sends work elsewhere); 0: no bound.",
+        "path_roots": "Folders whose files POST /api/v2/assets/from-path may register (e.g. [\"/srv/datasets\"]); "
+                      "[]: from-path is refused.",
+        "models_dir": "ComfyUI's model folder, where uploads to models/<folder>/<name>.safetensors are placed; "
+                      "\"\": such uploads are refused.",
     },
     "rabbitmq": {
         "": "The RabbitMQ front door: jobs from a queue (comfysup run, or comfysup consume), results to exchanges.",

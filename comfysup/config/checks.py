@@ -191,6 +191,10 @@ def _check_api(c: Config) -> None:
             raise ConfigError(f"{c.source}: [api] allowed_hosts: {entry!r}: {host_problem(entry)}; expected a "
                               "host name or address as clients write it in the Host header, like api.example, "
                               "api.example:8443 or [fd00::7]:9189")
+    for root in a.path_roots:
+        if not root.strip():
+            raise ConfigError(f"{c.source}: [api] path_roots: an empty entry would open the config file's whole "
+                              "folder to POST /api/v2/assets/from-path; name each folder, like \"/srv/datasets\"")
     for origin in a.allowed_origins:
         parsed = urlparse(origin)
         if parsed.scheme not in ("http", "https") or not parsed.netloc or parsed.path not in ("", "/"):

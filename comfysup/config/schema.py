@@ -262,6 +262,14 @@ class ApiConfig:
     ready_max_queue_per_slot: float = 0.0
     """GET /ready (the API's and the status server's) answers 503 while the jobs waiting in the queue per ready
     (warm) slot exceed this, so a load balancer sends new work elsewhere; 0: no bound (ready once a slot is)."""
+    path_roots: tuple[str, ...] = ()
+    """Folders of this machine whose files POST /api/v2/assets/from-path may register as assets (relative paths
+    are relative to this config file); a file is read only below one of them, through no symlink, only if it is a
+    regular file. Empty: from-path is refused (403)."""
+    models_dir: str = ""
+    """ComfyUI's model folder (what its extra_model_paths names) where an upload to models/<folder>/<name>.safetensors
+    is placed (safetensors only, never replacing a file, through no symlink). Empty: such uploads are refused
+    (403)."""
 
 
 @dataclass(frozen=True)

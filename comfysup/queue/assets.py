@@ -44,7 +44,11 @@ class AssetMissing(QueueError):
 
 
 class UploadConflict(QueueError):
-    """An upload's Idempotency-Key was used before for another content or name."""
+    """An upload's Idempotency-Key was used before (keys are single-use); ``asset_id`` is that upload's record."""
+
+    def __init__(self, asset_id: str | None) -> None:
+        super().__init__("this Idempotency-Key was used before" + (f", for asset {asset_id}" if asset_id else ""))
+        self.asset_id = asset_id
 
 
 @dataclass(frozen=True)
@@ -205,21 +209,19 @@ class AssetStore:
     # -- assets uploaded through the API (issue 18) -------------------------------------------------------
 
     def add_api_asset(self, asset: NewAsset, content_type: str, retention_seconds: float, key: str | None = None,
-                      now: float | None = None) -> tuple[ApiAsset, bool, bool]:
+                      now: float | None = None) -> tuple[ApiAsset, bool]:
         """Store ``asset`` (its bytes at ``asset.path``, hashed again while copied) unless its content is already
-        stored, and mint a record over it, in one durable transaction: ``(record, created_new, replayed)``.
-        ``key`` (the upload's Idempotency-Key) seen before with the same content and name answers that record
-        (``replayed``); with another, UploadConflict and nothing is stored."""
+        stored, and mint a record over it, in one durable transaction: ``(record, created_new)``. ``key`` (the
+        upload's Idempotency-Key) is single-use, held by the record's unique ``idem_key``: one seen before, or
+        committed by another upload while this one ran, is UploadConflict and nothing is stored."""
         at = time.time() if now is None else now
-        result: tuple[ApiAsset, bool, bool] = self._transaction(self._add_api_asset, asset, content_type,
-                                                                retention_seconds, key, at)
+        result: tuple[ApiAsset, bool] = self._transaction(self._add_api_asset, asset, content_type,
+                                                          retention_seconds, key, at)
         return result
 
     def _add_api_asset(self, cur: Any, asset: NewAsset, content_type: str, retention: float, key: str | None,
-                       at: float) -> tuple[ApiAsset, bool, bool]:
-        known = self._keyed_api_asset(cur, key, asset, content_type)
-        if known is not None:
-            return known, False, True
+                       at: float) -> tuple[ApiAsset, bool]:
+        self._check_key(cur, key)
         created_new = cur.execute(self.sql["asset_size"], (asset.hash,)).fetchone() is None
         self._store(cur, asset, at)
         record = ApiAsset(str(uuid.uuid4()), asset.hash, asset.size, asset.name, content_type, at, at + retention)
@@ -227,22 +229,17 @@ class AssetStore:
         if key is None:
             cur.execute(self.sql["insert_api_asset"], (*row, None))
         elif cur.execute(self.sql["insert_keyed_api_asset"], (*row, key)).fetchone() is None:
-            # Another process committed an upload with this key since we looked (PostgreSQL, READ COMMITTED:
-            # the insert waited for it): answer that one, as a retry would have been answered.
-            known = self._keyed_api_asset(cur, key, asset, content_type)
-            assert known is not None
-            return known, False, True
-        return record, created_new, False
+            # Another process committed an upload with this key since we looked (PostgreSQL, READ COMMITTED: the
+            # insert waited for it). Raising rolls back what this transaction stored.
+            self._check_key(cur, key)
+            raise UploadConflict(None)
+        return record, created_new
 
-    def _keyed_api_asset(self, cur: Any, key: str | None, asset: NewAsset, content_type: str) -> ApiAsset | None:
-        """The record uploaded before under ``key``, when it is the same upload; UploadConflict when it is not."""
+    def _check_key(self, cur: Any, key: str | None) -> None:
+        """UploadConflict when an upload holds ``key`` already."""
         row = None if key is None else cur.execute(self.sql["api_asset_by_key"], (key,)).fetchone()
-        if row is None:
-            return None
-        known = _api_asset(row)
-        if (known.hash, known.file_path, known.content_type) != (asset.hash, asset.name, content_type):
-            raise UploadConflict("this Idempotency-Key was used for another upload")
-        return known
+        if row is not None:
+            raise UploadConflict(_api_asset(row).id)
 
     def mint_api_asset(self, digest: str, file_path: str, content_type: str, retention_seconds: float,
                        now: float | None = None) -> tuple[ApiAsset, bool] | None:

@@ -218,6 +218,6 @@ def test_a1_api_submits_while_the_api_runners_and_servers_are_killed(tmp_path: P
     verdict(report)  # every accepted job done once; a retry after a dropped connection made no second job
     assert report.faults["api_kill"] == 4 and report.faults["runner_kill"] == 3 and report.faults["server_kill"] == 3
     assert report.figures["drops_after_commit"] >= 1 and report.figures["client_drops"] >= 1, report.figures
-    assert report.figures["replayed_after_commit_drop"] == report.figures["drops_after_commit"], report.figures
+    assert report.figures["reused_after_commit_drop"] == report.figures["drops_after_commit"], report.figures
     assert report.figures["kills_mid_request"] == 2 and report.figures["cut_before_answer"] >= 1, report.figures
     assert report.states["done"] == report.jobs == report.figures["jobs_accepted"]

@@ -567,7 +567,7 @@ def test_v12_adds_api_upload_records_and_keeps_the_inputs_jobs_have(tmp_path: Pa
     assert q.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     assert q.prune_assets(now=T0 + 10**6) == (0, 0)
     assert q.read_asset(cat.hash) == b"cat bytes"
-    record, created_new, _ = q.add_api_asset(cat, "image/png", 3600.0, now=T0)
+    record, created_new = q.add_api_asset(cat, "image/png", 3600.0, now=T0)
     assert not created_new and q.api_asset(record.id) == record
     q.close()
 
