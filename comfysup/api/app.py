@@ -40,6 +40,8 @@ from comfysup.jobs.catalogue import Catalogue
 from comfysup.queue.assets import AssetMissing
 from comfysup.queue.base import SubmitConflict
 from comfysup.queue.watch import EXIT_DATABASE_REPLACED, QueueWatch, lost_line
+from comfysup.storage import s3
+from comfysup.storage.links import Links
 
 log = logging.getLogger("comfysup.api")
 T = TypeVar("T")
@@ -52,6 +54,9 @@ CATALOGUE_SECONDS = 5.0
 """How long the node catalogues read from the queue are reused before they are read again."""
 QUEUE_FULL_RETRY_SECONDS = 5
 MAX_CURSOR = 2**63 - 1
+REDIRECT_TTL_SECONDS = 300
+"""The content route's presigned URL when [store] url_ttl_seconds is 0 (no URL handed out): the route must still
+lead to the bytes, and the redirect is followed at once."""
 """A cursor is a job's sequence number, a signed 64-bit integer in both queues."""
 
 
@@ -64,6 +69,8 @@ class State:
         self.worker = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="comfysup-api-queue")
         self.intake = Intake(config.resolve("."), allow_private_callbacks=config.webhooks.allow_private)
         self.store = config.resolve(config.store.dir)
+        self.links = Links(config.store)
+        """Presigned URLs of outputs in a bucket ([store] url, issue 33)."""
         self.hosts = HostCheck(config.api.listen.rpartition(":")[0], config.api.public_url, config.api.allowed_hosts)
         self._catalogues: list[Catalogue] = []
         self._catalogues_at = float("-inf")
@@ -160,13 +167,13 @@ def _submit(state: State, body: Any, key: str | None, origin: str) -> web.Respon
     record = state.queue.get(job.id)
     headers = {"Idempotency-Replayed": "true"} if result.existing else {}
     headers["Location"] = views.job_urls(job.id)["self"]
-    return _json(views.job(record, origin, time.time()), status=201, headers=headers)
+    return _json(views.job(record, origin, time.time(), links=state.links), status=201, headers=headers)
 
 
 async def get_job(request: web.Request) -> web.Response:
     state: State = request.app[STATE_KEY]
     record = await state.call(_record, state, _job_id(request))
-    return _json(views.job(record, _origin(request), time.time()))
+    return _json(views.job(record, _origin(request), time.time(), links=state.links))
 
 
 def _record(state: State, job_id: str) -> Any:
@@ -197,7 +204,7 @@ async def cancel_job(request: web.Request) -> web.Response:
         return record
 
     record = await state.call(cancel)
-    return _json(views.job(record, _origin(request), time.time()))
+    return _json(views.job(record, _origin(request), time.time(), links=state.links))
 
 
 def _cursor(text: str | None) -> int | None:
@@ -263,7 +270,7 @@ async def output_asset(request: web.Request) -> web.Response:
         return await assets.get_asset(request)
     state: State = request.app[STATE_KEY]
     record, index = await state.call(_output, state, request.match_info["id"])
-    item = views.outputs(record, _origin(request), time.time())[index]
+    item = views.outputs(record, _origin(request), time.time(), state.links)[index]
     return _json({"id": item["id"], "hash": None, "size_bytes": item["size_bytes"],
                   "content_type": item["content_type"], "file_path": item["name"],
                   "created_at": views.iso(record.finished_at), "url": item["url"],
@@ -292,6 +299,12 @@ async def output_content(request: web.Request) -> web.StreamResponse:
     state: State = request.app[STATE_KEY]
     record, index = await state.call(_output, state, request.match_info["id"])
     output = record.outputs[index]
+    if s3.split_uri(output.path) is not None:  # in a bucket: the client fetches it there, not through us
+        link = state.links(output.path, state.config.store.url_ttl_seconds or REDIRECT_TTL_SECONDS)
+        if "url" not in link:
+            raise ApiError(503, "storage_unavailable", f"the output is at {output.path}, and this machine has no "
+                           "credentials to presign a URL for it ([store] access keys, AWS_* or a profile)")
+        raise web.HTTPTemporaryRedirect(link["url"])
     parts = [p for p in output.name.split("/") if p]
     try:
         root = safefs.open_root(state.store)

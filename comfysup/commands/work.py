@@ -25,6 +25,7 @@ from comfysup.queue.watch import DEEP_CHECK_SECONDS, EXIT_DATABASE_REPLACED, Que
 from comfysup.runner.objectstore import check_buckets
 from comfysup.runner.stuck import StuckChannel, out_of_service_reason
 from comfysup.slotstate import work_state_path
+from comfysup.storage.links import Links
 from comfysup.supervisor.children import new_shared, problem_bytes, problem_of, waiting_peer
 from comfysup.supervisor.lock import queue_lost
 from comfysup.supervisor.manager import STOP_SIGNALS, ProcessManager
@@ -152,7 +153,7 @@ class Webhooks:
 
         self.config = config
         self.queue = open_queue(config, create=True)
-        self.deliverer = Deliverer(self.queue, config.webhooks)
+        self.deliverer = Deliverer(self.queue, config.webhooks, links=Links(config.store))
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self.deliverer.loop, args=(self.stop,), name="comfysup-webhooks",
                                        daemon=True)

@@ -31,6 +31,7 @@ from comfysup.observability.web import App, serve
 from comfysup.observability.webhooks import Deliverer
 from comfysup.queue import open_queue
 from comfysup.queue.watch import DEEP_CHECK_SECONDS, EXIT_DATABASE_REPLACED, QueueWatch, lost_line
+from comfysup.storage.links import Links
 
 log = logging.getLogger("comfysup.monitor")
 
@@ -53,7 +54,7 @@ def monitor_main(config: Config, port_out: Any, serve_endpoint: bool = True) -> 
     # A child of run or work, which made the queue before it: one deleted since is not made again empty here.
     web_queue = open_queue(config, create=False)
     deliver_queue = open_queue(config, create=False)
-    deliverer = Deliverer(deliver_queue, config.webhooks)
+    deliverer = Deliverer(deliver_queue, config.webhooks, links=Links(config.store))
     watch = QueueWatch(web_queue, deep_seconds=DEEP_CHECK_SECONDS)  # the supervisor, which forks, reads no whole file
     metrics = Metrics(web_queue, lambda: state_with_broker(config), gpus.sample, lambda: dict(deliverer.counts),
                       max_workflow_labels=config.metrics.max_workflow_labels)
