@@ -80,7 +80,8 @@ class SeaweedS3:
         self.wait_ready()
 
     def wait_ready(self) -> None:
-        """Until the S3 endpoint answers an S3 request (a signed-less GET answers 403 once it is up)."""
+        """Until the S3 endpoint answers, then until it can write: a restarted ``weed mini`` answers its S3 port
+        before its filer and volume are back (500 InternalError to a PUT meanwhile)."""
         deadline = time.monotonic() + READY_SECONDS
         while time.monotonic() < deadline:
             assert self.process is not None
@@ -88,12 +89,27 @@ class SeaweedS3:
                 raise RuntimeError(f"weed exited {self.process.returncode}: {self.log_tail()}")
             try:
                 urllib.request.urlopen(f"{self.endpoint}/", timeout=1).close()
-                return
             except urllib.error.HTTPError:
-                return  # it answers (403 to an unsigned request): the S3 endpoint is up
+                pass  # it answers (403 to an unsigned request): the S3 endpoint is up
             except OSError:
                 time.sleep(0.1)  # polling a port that is not open yet: nothing to await but the next try
+                continue
+            if self._writes():
+                return
+            time.sleep(0.1)
         raise RuntimeError(f"weed's S3 endpoint {self.endpoint} not up after {READY_SECONDS:g} s: {self.log_tail()}")
+
+    def _writes(self) -> bool:
+        """A PUT and a DELETE of a probe object in a probe bucket succeed."""
+        try:
+            s3 = self.client()
+            if not any(b["Name"] == "ready-probe" for b in s3.list_buckets().get("Buckets", [])):
+                s3.create_bucket(Bucket="ready-probe")
+            s3.put_object(Bucket="ready-probe", Key="probe", Body=b"probe")
+            s3.delete_object(Bucket="ready-probe", Key="probe")
+            return True
+        except Exception:  # any refusal of a server still starting: the next try tells
+            return False
 
     def stop(self) -> None:
         if self.process is None or self.process.poll() is not None:
