@@ -176,16 +176,20 @@ def upload(s3: Any, bucket: str, key: str, path: Path, size: int, sha256: str, p
     """``path`` stored at ``key`` and confirmed, or an exception (sort it with ``sort_error``).
 
     Up to ``part_bytes`` in one PUT carrying the SHA-256 we recorded (``x-amz-checksum-sha256``): the service
-    refuses the object unless the bytes it received have that hash. Above, boto3's transfer manager uploads parts
-    of ``part_bytes``, each with its own SHA-256 the service checks. Either way the object carries our hash in its
-    metadata, and a HEAD afterwards confirms its size and that hash before the caller may record it: what a job's
-    ``done`` promises."""
+    refuses the object unless the bytes it received have that hash, and its answer naming the same hash is the
+    confirmation. Above, boto3's transfer manager uploads parts of ``part_bytes``, each with its own SHA-256 the
+    service checks. The object carries our hash in its metadata; a HEAD confirms its size and that hash after a
+    multipart upload, or after a PUT whose answer did not name the hash (a service that ignores checksums),
+    before the caller may record it: what a job's ``done`` promises."""
     extra = {"Metadata": {SHA256_METADATA: sha256},
              "ContentType": mimetypes.guess_type(key)[0] or "application/octet-stream"}
     if size <= part_bytes:
+        checksum = base64.b64encode(bytes.fromhex(sha256)).decode()
         with open(path, "rb") as f:
-            s3.put_object(Bucket=bucket, Key=key, Body=f, ContentLength=size,
-                          ChecksumSHA256=base64.b64encode(bytes.fromhex(sha256)).decode(), **extra)
+            answer = s3.put_object(Bucket=bucket, Key=key, Body=f, ContentLength=size, ChecksumSHA256=checksum,
+                                   **extra)
+        if answer.get("ChecksumSHA256") == checksum:
+            return  # the service hashed what it stored and found ours: confirmed without another round trip
     else:
         from boto3.s3.transfer import TransferConfig
 
