@@ -60,7 +60,7 @@ def monitor_main(config: Config, port_out: Any, serve_endpoint: bool = True) -> 
                       max_workflow_labels=config.metrics.max_workflow_labels)
     if serve_endpoint and config.metrics.listen:
         app = App(web_queue, metrics, lambda: state_with_broker(config), config.resolve(config.store.dir),
-                  refresh_seconds=config.metrics.refresh_seconds)
+                  refresh_seconds=config.metrics.refresh_seconds, links=Links(config.store))
         try:
             server = serve(config.metrics.listen, app, max_connections=config.metrics.max_connections,
                            header_seconds=config.metrics.header_timeout_seconds,

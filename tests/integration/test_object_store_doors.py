@@ -1,6 +1,7 @@
 """Every door hands out URLs for outputs in a bucket (issue 33): ``show``, ``results --csv``, webhooks and broker
-results (one body), and the API (presigned ``url`` in the job, a 307 from the content route that comfy-sdk
-follows); ``comfysup prune`` deletes the pruned jobs' objects. One job, run once against the real S3 server."""
+results (one body), the API (presigned ``url`` in the job, a 307 from the content route that comfy-sdk follows),
+the status page's file links (307); ``comfysup prune`` deletes the pruned jobs' objects. One job, run once against
+the real S3 server."""
 
 from __future__ import annotations
 
@@ -91,6 +92,22 @@ def test_the_api_hands_out_presigned_urls_and_redirects_the_content_route(
         with Comfy() as client:
             [sdk_output] = client.jobs.get(done.job.id).get_outputs("3")
             assert sdk_output.to_bytes() == done.data
+
+
+def test_the_status_pages_file_link_redirects_to_the_bucket(done: Done) -> None:
+    from comfysup.observability.web import App
+    from comfysup.queue import open_queue
+
+    queue = open_queue(done.config, create=False)
+    try:
+        app = App(queue, None, lambda: None, done.config.resolve(done.config.store.dir),  # type: ignore[arg-type]
+                  links=Links(done.config.store))
+        [output] = done.job.outputs
+        answer = app.get(f"/files/{done.job.id}/{output.name}")
+        assert answer.status == 307 and fetch(answer.headers["Location"]) == done.data
+        assert app.get(f"/files/{done.job.id}/other.png").status == 404
+    finally:
+        queue.close()
 
 
 def test_prune_deletes_the_pruned_jobs_objects(done: Done, _s3_node: SeaweedS3) -> None:
