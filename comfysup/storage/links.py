@@ -3,7 +3,7 @@
 client with no credentials, fetches any output straight from the bucket, with no machine-to-machine streaming.
 
 A presigned URL is computed here (a signature over the key and the expiry: no call to the service), so
-``show``, ``results --csv``, a webhook, a broker message or the API pays microseconds per file for it.
+``show``, ``results --csv``, a webhook, a broker message or the API pays about a millisecond per file for it.
 """
 
 from __future__ import annotations
