@@ -129,8 +129,9 @@ def _check_buckets(c: Config) -> None:
                 raise ConfigError(f"{c.source}: [{section}] url = {display_url(url)!r}: {exc}, or an empty "
                                   "string") from None
     if c.store.endpoint_url and urlparse(c.store.endpoint_url).scheme not in ("http", "https"):
-        raise ConfigError(f"{c.source}: [store] endpoint_url = {display_url(c.store.endpoint_url)!r}: expected "
-                          "http(s)://host:port of the S3 service, or an empty string for AWS")
+        shown = display_url(c.store.endpoint_url) if "@" in c.store.endpoint_url else c.store.endpoint_url
+        raise ConfigError(f"{c.source}: [store] endpoint_url = {shown!r}: expected http(s)://host:port of the S3 "
+                          "service, or an empty string for AWS")
     if c.store.url_ttl_seconds > MAX_TTL_SECONDS:
         raise ConfigError(f"{c.source}: [store] url_ttl_seconds = {c.store.url_ttl_seconds}: at most "
                           f"{MAX_TTL_SECONDS} (7 days, the longest a presigned URL is valid); 0: no presigned URL")
