@@ -18,11 +18,12 @@ import tomli_w
 
 from comfysup.config import load_config
 from comfysup.errors import ConfigError
+from comfysup.queue.sqlite import SQLiteQueue
 from comfysup.runner.loop import Runner
 from comfysup.runner.objectstore import check_buckets, result_store
 from comfysup.storage import s3
 from fake_comfy import FakeComfy
-from tests.runner_helpers import job_id, submit, trivial_job
+from tests.runner_helpers import comfysup, job_id, submit, trivial_job
 from tests.s3_support import SECRET_KEY, SeaweedS3
 
 pytestmark = pytest.mark.timeout(90)
@@ -117,3 +118,16 @@ def test_a_large_output_goes_up_in_parts_and_its_presigned_url_serves_its_bytes(
     assert not (tmp_path / "staging" / job).exists()
     assert s3.delete_prefixes(s3.client(config.store), [s3.job_prefix(output.path, job)]) == 1
     assert s3_server.objects(bucket) == {}
+
+
+def test_comfysup_work_refuses_to_start_with_a_missing_bucket(tmp_path: Path, s3_server: SeaweedS3) -> None:
+    """Said once, before any runner claims a job, and the command exits: not a dead letter per job."""
+    path = s3_config(tmp_path, s3_server.store_section("s3://no-such-bucket-at-all/x"))
+    submit(path, [trivial_job(1)])
+    answer = comfysup("work", "--config", str(path), "--server", "a=http://127.0.0.1:9", "--until-empty",
+                      timeout=60)
+    assert answer.returncode != 0
+    assert "[store] url s3://no-such-bucket-at-all/x: no such bucket" in answer.stderr
+    assert SECRET_KEY not in answer.stderr + answer.stdout
+    queue = SQLiteQueue(tmp_path / "queue.db")
+    assert queue.get(job_id(1)).state == "queued" and queue.get(job_id(1)).attempt == 0
