@@ -19,18 +19,22 @@ def error_of(tmp_path: Path, text: str) -> str:
     return str(info.value)
 
 
-@pytest.mark.parametrize(("text", "words"), [
-    ('[store]\nurl = "https://bucket/x"', "[store] url = 'https://bucket/…': expected s3://bucket/prefix"),
-    ('[assets]\nurl = "s3://bucket/a/../b"', "[assets] url = 's3://bucket/…': the prefix has an empty, . or .. part"),
-    ('[store]\nurl = "s3://key:secret@bucket/x"', "with no credentials, query or fragment"),
-    ('[store]\nendpoint_url = "127.0.0.1:8333"', "[store] endpoint_url = '127.0.0.1:8333': expected http(s)://host:port"),
-    ("[store]\nurl_ttl_seconds = 700000", "[store] url_ttl_seconds = 700000: at most 604800"),
-    ("[store]\nmultipart_threshold_mb = 4", "[store] multipart_threshold_mb = 4: at least 5"),
-])
-def test_impossible_storage_values_are_refused(tmp_path: Path, text: str, words: str) -> None:
-    message = error_of(tmp_path, text)
-    assert words in message and str(tmp_path / "config.toml") in message
-    assert "secret@" not in message and "a/../b" not in message
+REFUSED = {
+    '[store]\nurl = "https://bucket/x"': "[store] url = 'https://bucket/…': expected s3://bucket/prefix",
+    '[assets]\nurl = "s3://bucket/a/../b"': "[assets] url = 's3://bucket/…': the prefix has an empty, . or .. part",
+    '[store]\nurl = "s3://key:secret@bucket/x"': "with no credentials, query or fragment",
+    '[store]\nendpoint_url = "127.0.0.1:8333"': "[store] endpoint_url = '127.0.0.1:8333': expected http(s)://host:port",
+    "[store]\nurl_ttl_seconds = 700000": "[store] url_ttl_seconds = 700000: at most 604800",
+    "[store]\nmultipart_threshold_mb = 4": "[store] multipart_threshold_mb = 4: at least 5",
+}
+"""Each text of a config file and what its refusal says."""
+
+
+def test_impossible_storage_values_are_refused(tmp_path: Path) -> None:
+    for text, words in REFUSED.items():
+        message = error_of(tmp_path, text)
+        assert words in message and str(tmp_path / "config.toml") in message, (text, message)
+        assert "secret@" not in message and "a/../b" not in message
 
 
 def test_credentials_come_from_the_environment(tmp_path: Path) -> None:
