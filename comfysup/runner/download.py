@@ -51,7 +51,8 @@ def download(ctx: Context, run: Run, entry: dict[str, Any], checkpoint: Callable
         left = ctx.s.max_job_bytes - sum(o.size for o in outputs)
         try:
             stored = ctx.station.store.write(ctx.claim.id, relative, chunks(), limit_bytes=left,
-                                             limit_name="what is left of [store] max_job_mb")
+                                             limit_name="what is left of [store] max_job_mb",
+                                             progress=lambda: checkpoint(False))
             outputs.append(replace(stored, node_id=node))  # the node that made it: the API's get_outputs(node)
         except UnsafeName as exc:
             raise PermanentError(str(exc), "unsafe_output") from exc

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -23,7 +23,7 @@ from comfysup import safefs
 from comfysup.config import Config
 from comfysup.errors import ConfigError
 from comfysup.queue.base import Output
-from comfysup.runner.store import ResultStore
+from comfysup.runner.store import PROGRESS_SECONDS, ResultStore, every
 from comfysup.storage import s3
 
 
@@ -48,13 +48,17 @@ class ObjectStore:
         return self.staging.prepare(job_id)
 
     def write(self, job_id: str, relative: str, chunks: Iterable[bytes], *, limit_bytes: int | None = None,
-              limit_name: str = "[store] max_file_mb") -> Output:
-        staged = self.staging.write(job_id, relative, chunks, limit_bytes=limit_bytes, limit_name=limit_name)
+              limit_name: str = "[store] max_file_mb", progress: Callable[[], None] | None = None) -> Output:
+        """ResultStore.write to the staging folder, then the upload; ``progress`` (the attempt's checkpoint) is
+        called during both, so an upload longer than the lease keeps the job, and a cancel, the job's timeout or a
+        stop still end it: what it raises ends the upload and propagates as it is."""
+        staged = self.staging.write(job_id, relative, chunks, limit_bytes=limit_bytes, limit_name=limit_name,
+                                    progress=progress)
         key = self.location.key(job_id, relative)
         try:
             s3.upload(self.client(), self.location.bucket, key, Path(staged.path), staged.size, staged.sha256,
-                      self.part_bytes)
-        except Exception as exc:
+                      self.part_bytes, progress=every(PROGRESS_SECONDS, progress) if progress else None)
+        except s3.service_errors() as exc:
             sorted_ = s3.sort_error(exc, f"uploading {self.location.uri(key)}", self.settings)
             # Refused now though the bucket was checked at start (a key rotated, a policy changed): retried like
             # a service that does not answer, so a fixed credential lets the job end done.

@@ -18,7 +18,7 @@ import errno
 import functools
 import mimetypes
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -142,6 +142,8 @@ def sort_error(exc: BaseException, where: str, settings: Settings) -> Unreachabl
         ProfileNotFound,
     )
 
+    if isinstance(exc, Unreachable | Refused):
+        return exc  # sorted already (an upload not confirmed)
     clean = redactor(settings)
     if isinstance(exc, S3UploadFailedError) and isinstance(exc.__context__, ClientError | BotoCoreError):
         exc = exc.__context__  # the transfer manager's wrapper: sort by what the service said
@@ -164,6 +166,15 @@ def sort_error(exc: BaseException, where: str, settings: Settings) -> Unreachabl
     return Unreachable(clean(f"{where}: cannot reach the service ({type(exc).__name__}: {exc})", 600))
 
 
+def service_errors() -> tuple[type[BaseException], ...]:
+    """What a call to the service raises when the service (or the way to it) fails: the errors ``sort_error``
+    sorts. Anything else (an exception of a ``progress`` callback: a lost lease, a cancel) is not the service's."""
+    from boto3.exceptions import S3UploadFailedError
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    return (BotoCoreError, ClientError, S3UploadFailedError, OSError)
+
+
 def check_bucket(s3: Any, location: Location, settings: Settings, where: str) -> None:
     """The bucket exists and the credentials may use it (one HEAD): raises Refused or Unreachable."""
     try:
@@ -172,7 +183,8 @@ def check_bucket(s3: Any, location: Location, settings: Settings, where: str) ->
         raise sort_error(exc, f"{where} {location}", settings) from None
 
 
-def upload(s3: Any, bucket: str, key: str, path: Path, size: int, sha256: str, part_bytes: int) -> None:
+def upload(s3: Any, bucket: str, key: str, path: Path, size: int, sha256: str, part_bytes: int,
+           progress: Callable[[], None] | None = None) -> None:
     """``path`` stored at ``key`` and confirmed, or an exception (sort it with ``sort_error``).
 
     Up to ``part_bytes`` in one PUT carrying the SHA-256 we recorded (``x-amz-checksum-sha256``): the service
@@ -180,7 +192,11 @@ def upload(s3: Any, bucket: str, key: str, path: Path, size: int, sha256: str, p
     confirmation. Above, boto3's transfer manager uploads parts of ``part_bytes``, each with its own SHA-256 the
     service checks. The object carries our hash in its metadata; a HEAD confirms its size and that hash after a
     multipart upload, or after a PUT whose answer did not name the hash (a service that ignores checksums),
-    before the caller may record it: what a job's ``done`` promises."""
+    before the caller may record it: what a job's ``done`` promises.
+
+    ``progress`` (a multipart upload only: one PUT is bounded by the client's timeouts) is called as parts are
+    sent; the parts then go one after the other in the calling thread, so whatever ``progress`` does (renew a
+    lease in the runner's database connection) and raises happens there, stopping the upload."""
     extra = {"Metadata": {SHA256_METADATA: sha256},
              "ContentType": mimetypes.guess_type(key)[0] or "application/octet-stream"}
     if size <= part_bytes:
@@ -194,8 +210,9 @@ def upload(s3: Any, bucket: str, key: str, path: Path, size: int, sha256: str, p
         from boto3.s3.transfer import TransferConfig
 
         s3.upload_file(str(path), bucket, key, ExtraArgs={**extra, "ChecksumAlgorithm": "SHA256"},
+                       Callback=(lambda sent: progress()) if progress is not None else None,
                        Config=TransferConfig(multipart_threshold=part_bytes, multipart_chunksize=part_bytes,
-                                            max_concurrency=4))
+                                            max_concurrency=4, use_threads=progress is None))
     confirm(s3, bucket, key, size, sha256)
 
 

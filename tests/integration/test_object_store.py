@@ -131,3 +131,39 @@ def test_comfysup_work_refuses_to_start_with_a_missing_bucket(tmp_path: Path, s3
     assert SECRET_KEY not in answer.stderr + answer.stdout
     queue = SQLiteQueue(tmp_path / "queue.db")
     assert queue.get(job_id(1)).state == "queued" and queue.get(job_id(1)).attempt == 0
+
+
+class LeaseLost(Exception):
+    """Stands for what the attempt's checkpoint raises (a lost lease, a cancel, the job's timeout)."""
+
+
+def test_a_long_upload_calls_the_checkpoint_and_what_it_raises_ends_the_upload(
+        tmp_path: Path, s3_server: SeaweedS3, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An upload longer than the lease renews it on the way (the checkpoint), and a cancel or a lost lease seen
+    there stops it and propagates as it is: never taken for a failure of the service, nothing left staged."""
+    from comfysup.runner import objectstore, store
+
+    monkeypatch.setattr(store, "PROGRESS_SECONDS", 0.0)
+    monkeypatch.setattr(objectstore, "PROGRESS_SECONDS", 0.0)
+    bucket = s3_server.bucket("progress")
+    config = load_config(str(s3_config(tmp_path, s3_server.store_section(f"s3://{bucket}", multipart_threshold_mb=5))),
+                         env={})
+    body = os.urandom(11 * 2**20)
+    chunks = [body[i:i + 2**20] for i in range(0, len(body), 2**20)]
+    calls: list[int] = []
+    target = result_store(config)
+    target.prepare(job_id(8))
+    target.write(job_id(8), "a.mp4", iter(chunks), progress=lambda: calls.append(1))
+    staged = len(chunks)  # once a chunk while it was staged, then as the parts went up
+    assert len(calls) > staged
+
+    def lost() -> None:
+        calls.append(1)
+        if len(calls) > staged + 2:
+            raise LeaseLost("the lease was lost during the upload")
+
+    calls.clear()
+    with pytest.raises(LeaseLost):
+        target.write(job_id(8), "b.mp4", iter(chunks), progress=lost)
+    assert not list((tmp_path / "staging" / job_id(8)).iterdir())
+    assert f"{job_id(8)}/b.mp4" not in s3_server.objects(bucket)
