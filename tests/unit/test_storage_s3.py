@@ -88,3 +88,22 @@ def test_a_put_whose_answer_names_no_checksum_is_confirmed_by_a_head(tmp_path: P
     lying.objects["p/x.png"] = (3, {s3.SHA256_METADATA: digest})  # another size than ours
     with pytest.raises(s3.Unreachable, match="not confirmed"):
         s3.confirm(lying, "b", "p/x.png", path.stat().st_size, digest)
+
+
+def test_links_give_the_location_and_a_presigned_url_for_objects_only() -> None:
+    from comfysup.storage.links import Links
+
+    class WithTtl(Settings):
+        url_ttl_seconds = 60
+
+    class NoUrls(Settings):
+        url_ttl_seconds = 0
+
+    uri = "s3://renders/prod/job/x.png"
+    link = Links(WithTtl(), wall=lambda: 1000.0)(uri)
+    assert link["location"] == uri and link["url_expires_at"] == 1060.0
+    assert link["url"].startswith("http://127.0.0.1:1/renders/prod/job/x.png?") and "X-Amz-Expires=60" in link["url"]
+    assert Settings.secret_access_key not in link["url"]  # a signature, never the secret
+    assert Links(NoUrls())(uri) == {"location": uri}
+    assert "X-Amz-Expires=300" in Links(NoUrls())(uri, ttl_seconds=300)["url"]  # the API's redirect
+    assert Links(WithTtl())("/var/results/job/x.png") == {}
