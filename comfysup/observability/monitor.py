@@ -31,7 +31,7 @@ from comfysup.observability.web import App, serve
 from comfysup.observability.webhooks import Deliverer
 from comfysup.queue import open_queue
 from comfysup.queue.watch import DEEP_CHECK_SECONDS, EXIT_DATABASE_REPLACED, QueueWatch, lost_line
-from comfysup.storage.links import Links
+from comfysup.storage.links import Links, origin
 
 log = logging.getLogger("comfysup.monitor")
 
@@ -60,7 +60,8 @@ def monitor_main(config: Config, port_out: Any, serve_endpoint: bool = True) -> 
                       max_workflow_labels=config.metrics.max_workflow_labels)
     if serve_endpoint and config.metrics.listen:
         app = App(web_queue, metrics, lambda: state_with_broker(config), config.resolve(config.store.dir),
-                  refresh_seconds=config.metrics.refresh_seconds, links=Links(config.store))
+                  refresh_seconds=config.metrics.refresh_seconds, links=Links(config.store),
+                  image_origin=origin(config.store, config.store.url))
         try:
             server = serve(config.metrics.listen, app, max_connections=config.metrics.max_connections,
                            header_seconds=config.metrics.header_timeout_seconds,

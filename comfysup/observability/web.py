@@ -76,9 +76,12 @@ class App:
 
     def __init__(self, queue: Queue, metrics: Metrics, state: Callable[[], dict[str, Any] | None], store: Path,
                  refresh_seconds: float = 2.0, done_limit: int = 12,
-                 links: Callable[[str], dict[str, Any]] = no_links) -> None:
+                 links: Callable[[str], dict[str, Any]] = no_links, image_origin: str = "") -> None:
         self.queue = queue
         self.links = links
+        self.page_csp = PAGE_CSP.replace("img-src 'self'", f"img-src 'self' {image_origin}") if image_origin \
+            else PAGE_CSP
+        """The bucket's origin allowed for images: a thumbnail's /files link of an output there redirects to it."""
         """Presigned URLs of outputs in a bucket (issue 33): a file link of such an output redirects there."""
         self.metrics = metrics
         self.state = state
@@ -93,7 +96,7 @@ class App:
         if path in ("/", "/index.html"):
             view = overview(self.queue, self.state(), dead=5, done=self.done_limit)
             body = render_page(view, self.refresh_seconds).encode()
-            return Answer(200, "text/html; charset=utf-8", body, {"Content-Security-Policy": PAGE_CSP,
+            return Answer(200, "text/html; charset=utf-8", body, {"Content-Security-Policy": self.page_csp,
                                                                    "Cache-Control": "no-store"})
         if path.startswith("/files/"):
             return self.file(path[len("/files/"):])

@@ -12,6 +12,7 @@ import logging
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
+from urllib.parse import urlsplit
 
 from comfysup.storage import s3
 
@@ -49,6 +50,17 @@ class Links:
             return out
         out["url_expires_at"] = self.wall() + min(ttl, s3.MAX_TTL_SECONDS)
         return out
+
+
+def origin(settings: LinkSettings, bucket_url: str) -> str:
+    """``scheme://host[:port]`` the presigned URLs of ``bucket_url``'s objects point to ("" without a bucket or a
+    way to sign): what a page that shows them as images must allow (its Content-Security-Policy)."""
+    if not bucket_url or settings.url_ttl_seconds <= 0:
+        return ""
+    location = s3.parse(bucket_url)
+    url = Links(settings)(location.uri(location.key("x"))).get("url", "")
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}" if parts.scheme and parts.netloc else ""
 
 
 def no_links(path: str, ttl_seconds: int | None = None) -> dict[str, Any]:

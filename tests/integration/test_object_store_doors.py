@@ -23,7 +23,7 @@ from comfysup.config import Config
 from comfysup.observability.webhooks import record_body
 from comfysup.queue.base import JobRecord
 from comfysup.runner.loop import Runner
-from comfysup.storage.links import Links
+from comfysup.storage.links import Links, origin
 from fake_comfy import FakeComfy
 from tests.api_support import api_config, running_api
 from tests.runner_helpers import ROOT, job_id, submit, trivial_job
@@ -101,7 +101,8 @@ def test_the_status_pages_file_link_redirects_to_the_bucket(done: Done) -> None:
     queue = open_queue(done.config, create=False)
     try:
         app = App(queue, None, lambda: None, done.config.resolve(done.config.store.dir),  # type: ignore[arg-type]
-                  links=Links(done.config.store))
+                  links=Links(done.config.store), image_origin=origin(done.config.store, done.config.store.url))
+        assert f"img-src 'self' {done.config.store.endpoint_url};" in app.page_csp  # thumbnails from the bucket
         [output] = done.job.outputs
         answer = app.get(f"/files/{done.job.id}/{output.name}")
         assert answer.status == 307 and fetch(answer.headers["Location"]) == done.data
