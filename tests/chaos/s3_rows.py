@@ -17,7 +17,6 @@ from s3_support import SeaweedS3
 
 from chaos.checker import Report
 from chaos.harness import MIN_LIFE_SECONDS, ChaosRun
-from chaos.scenarios import _top_up
 from comfysup.config import load_config
 
 RUNNER = {"attempts": 20, "base_delay_seconds": 0.2, "max_delay_seconds": 2.0}
@@ -28,6 +27,8 @@ refused connection fails it in a fraction of a second."""
 
 def o1_bucket_stopped(tmp: Path, seed: int, server: SeaweedS3, *, jobs: int, outages: int,
                       node_ms: float = 30.0) -> Report:
+    from chaos.scenarios import _top_up  # here: chaos.scenarios imports this module's rows at its end
+
     h = ChaosRun(tmp, "O1", seed, node_ms=node_ms, runner=RUNNER)
     bucket = server.bucket("chaos")
     doc = tomllib.loads(h.config_path.read_text())
