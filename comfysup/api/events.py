@@ -11,8 +11,10 @@ read timeout is 45 s).
 What comfysup sends:
 
 - ``status``: every transition of the job (queued, running, canceling, succeeded, failed, canceled; queued again
-  when an attempt is retried), and ``expired`` when a watched job is pruned. ``queue_position`` is left out:
-  comfysup's queue is ordered by priority across machines and the API does not count a job's place in it.
+  when an attempt is retried), and ``expired`` when a watched job is pruned. A posted job (claimed ahead,
+  waiting in its server's queue) is ``queued`` until its execution starts. ``queue_position`` is left out: the
+  stream watches changes of state and progress, and a place in line changes with every other job; ``GET
+  /api/v2/jobs/{id}`` answers it (``Queue.queue_position``).
 - ``progress``: the runner's progress writes (``Queue.set_progress``: node k of n, step i of m, at most one a
   second per job, comfysup.runner.attempt), as ``views.running_progress``; ``value`` 1.0 when the job succeeds.
 - ``output``: each file of a succeeded job. comfysup commits a job's files together when it is done, so they come
@@ -85,7 +87,8 @@ def _status(status: str) -> Frame:
 
 
 def pulse(record: JobRecord) -> JobPulse:
-    return JobPulse(record.id, record.state, record.attempt, record.cancel_requested, record.progress)
+    return JobPulse(record.id, record.state, record.attempt, record.cancel_requested, record.progress,
+                    record.waiting_since)
 
 
 def snapshot(record: JobRecord) -> list[Frame]:

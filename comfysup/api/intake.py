@@ -22,10 +22,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from comfysup.api.assets import references
+from comfysup.api.assets import references, remote_references
 from comfysup.api.errors import ApiError
+from comfysup.config import Config
 from comfysup.jobs import JobLineError, JobsFile
 from comfysup.jobs.catalogue import Catalogue
+from comfysup.jobs.inputs import InputFiles
 from comfysup.queue.assets import ApiAsset
 from comfysup.queue.base import NewJob
 
@@ -69,14 +71,44 @@ def _labels(value: Any) -> dict[str, str]:
 class Intake:
     """Builds jobs from bodies; one per API process, with the node catalogues refreshed by the caller."""
 
-    def __init__(self, base_dir: Path, *, allow_private_callbacks: bool = False) -> None:
+    def __init__(self, base_dir: Path, config: Config | None = None) -> None:
         self.base_dir = base_dir
-        self.allow_private_callbacks = allow_private_callbacks
+        self.config = config or Config()
+        self.allow_private_callbacks = self.config.webhooks.allow_private
+
+    def inputs(self) -> InputFiles:
+        """Where a job's input files come from: no file of this machine; by URL as [inputs] says, s3 only from
+        [inputs] s3_buckets (a client would read with this machine's credentials)."""
+        c = self.config
+        return InputFiles(self.base_dir, (), "the API: a job names its input files by core/ASSET references to "
+                          "uploads or by info.url", c.assets.max_file_mb * 2**20, c.assets.max_job_mb * 2**20,
+                          c.inputs, c.inputs.s3_buckets)
+
+    def fetch(self, body: Any) -> InputFiles | None:
+        """The workflow's references by ``info.url``, fetched into the inputs ``job`` then uses (in a thread of
+        its own: a download never holds the queue's worker); None when it has none. One that cannot be fetched is
+        422 ``missing_asset``, naming every such input."""
+        found = remote_references(body.get("workflow") if isinstance(body, dict) else None)
+        if not found:
+            return None
+        inputs, missing = self.inputs(), []
+        for (node_id, name), value in found.items():
+            try:
+                inputs.resolve({f"{node_id}.{name}": value})
+            except JobLineError as exc:
+                missing.append({"node_id": node_id, "input": name, "reason": str(exc)})
+        if missing:
+            inputs.release()
+            more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+            raise ApiError(422, "missing_asset", f"node {missing[0]['node_id']} input {missing[0]['input']!r}: "
+                           f"{missing[0]['reason']}{more}", details={"missing": missing})
+        return inputs
 
     def job(self, body: Any, key: str | None, catalogues: list[Catalogue],
-            lookup: Callable[[str], ApiAsset | None] = lambda _id: None) -> NewJob:
+            lookup: Callable[[str], ApiAsset | None] = lambda _id: None, fetched: InputFiles | None = None) -> NewJob:
         """``lookup``: an uploaded asset's record by id (the queue's ``api_asset``), for the workflow's
-        ``core/ASSET`` references; each becomes a ``set`` value by hash, as a jobs.jsonl line carries it."""
+        ``core/ASSET`` references; each becomes a ``set`` value by hash, as a jobs.jsonl line carries it.
+        ``fetched``: what ``fetch`` answered for this body (its inputs by URL, already fetched)."""
         if not isinstance(body, dict):
             raise ApiError(400, "invalid_request", "the body must be a JSON object with a workflow")
         unknown = set(body) - BODY_KEYS
@@ -98,8 +130,7 @@ class Intake:
         if inputs:
             line["set"] = inputs
         jobs = JobsFile(self.base_dir / "api.jsonl", label="api", base_dir=self.base_dir, catalogues=catalogues,
-                        allow_private_callbacks=self.allow_private_callbacks, input_roots=(),
-                        inputs_where="the API: a job names its input files by core/ASSET references to uploads")
+                        allow_private_callbacks=self.allow_private_callbacks, inputs=fetched or self.inputs())
         try:
             job, _warnings = jobs.parse(json.dumps(line).encode(), check=True)
         except JobLineError as exc:

@@ -4,7 +4,8 @@ Shapes from comfy-sdk 0.5.0 ``comfy_low/models/_generated.py`` (``Job``, ``Progr
 ``JobUrls``), generated from comfy-api-proxy ``spec/openapi.yaml@37fbee21``; the tests validate every body
 against those models. comfysup's states map onto the contract's names: queued → ``queued``, running →
 ``running`` (``canceling`` once a cancel was asked), done → ``succeeded``, dead → ``failed``, cancelled →
-``canceled``.
+``canceled``; a posted job (claimed ahead, waiting in its server's queue behind the prompt that runs there) is
+``queued``, as comfy-api-proxy calls a prompt in ComfyUI's ``queue_pending``, with its ``queue_position``.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 
 from comfysup.queue.assets import ApiAsset
 from comfysup.queue.base import JobPulse, JobRecord
+from comfysup.runner.trace import figures
 from comfysup.storage.links import no_links
 
 API = "/api/v2"
@@ -39,6 +41,8 @@ def iso(epoch: float | None) -> str | None:
 def status(record: JobRecord | JobPulse) -> str:
     if record.state == "running" and record.cancel_requested:
         return "canceling"
+    if record.state == "running" and record.waiting_since is not None:
+        return "queued"  # posted: it waits in its server's queue, nothing of it runs yet
     return STATUS.get(record.state, record.state)
 
 
@@ -146,23 +150,32 @@ def error(record: JobRecord) -> dict[str, Any] | None:
 
 
 def metrics(record: JobRecord) -> dict[str, int | None]:
-    first = record.attempts[0].started_at if record.attempts else None
-    queue_ms = None if first is None else max(0, round((first - record.submitted_at) * 1000))
+    """``queue_ms`` until the first attempt's execution (its claim, plus the time its prompt waited in ComfyUI's
+    queue behind another), ``execution_ms`` of the last attempt from then on (comfysup.runner.trace.figures): the
+    time a job queued ahead waited is counted once, as queueing, never as execution."""
+    first = record.attempts[0] if record.attempts else None
+    queue_ms = None
+    if first is not None:
+        queue_ms = max(0, round((first.started_at - record.submitted_at + figures(first.trace)[0]) * 1000))
     execution_ms = None
     if record.started_at is not None and record.finished_at is not None:
-        execution_ms = max(0, round((record.finished_at - record.started_at) * 1000))
+        waited = figures(record.attempts[-1].trace)[0] if record.attempts else 0.0
+        execution_ms = max(0, round((record.finished_at - record.started_at - waited) * 1000))
     return {"queue_ms": queue_ms, "execution_ms": execution_ms}
 
 
 def job(record: JobRecord, origin: str, now: float, queue_position: int | None = None,
         links: Callable[[str], dict[str, Any]] = no_links) -> dict[str, Any]:
-    """The contract's ``Job`` (plus ``metadata``, which the SDK reads leniently, and ``priority``, comfysup's)."""
+    """The contract's ``Job`` (plus ``metadata``, which the SDK reads leniently, and ``priority``, comfysup's).
+    ``queue_position`` (``Queue.queue_position``, 1 next) is kept only while the job is ``queued``: null once it
+    runs or has ended. ``links``: presigned URLs of outputs in a bucket (issue 33)."""
+    waiting = status(record) == "queued"
     return {
         "id": record.id, "status": status(record), "created_at": iso(record.submitted_at),
-        "started_at": iso(record.started_at if record.state != "queued" else None),
+        "started_at": iso(record.started_at if not waiting else None),
         "completed_at": iso(record.finished_at if record.state in ("done", "dead", "cancelled") else None),
         "expires_at": iso((record.finished_at or now) + RETENTION_SECONDS),
-        "queue_position": queue_position if record.state == "queued" else None,
+        "queue_position": queue_position if waiting else None,
         "progress": progress(record), "outputs": outputs(record, origin, now, links) if record.state == "done" else [],
         "error": error(record), "metrics": metrics(record), "urls": job_urls(record.id),
         "metadata": labels(record.meta), "priority": record.priority,

@@ -54,6 +54,20 @@ DOCS: dict[str, dict[str, str]] = {
         "url": "s3://bucket/prefix: inputs are stored there ([store]'s service and credentials), shared by every "
                "machine of the queue; \"\": dir or the database.",
     },
+    "inputs": {
+        "": "Input files fetched at submit: {\"url\": \"https://...\"} and {\"s3\": \"s3://bucket/key\"}, bounded by "
+            "[assets] max_file_mb.",
+        "allow_private": "Allow input URLs on loopback, link-local and private addresses and metadata names "
+                         "(also after a redirect).",
+        "timeout_seconds": "Longest wait to connect, and for the next bytes of an answer.",
+        "max_seconds": "Longest a whole download may take.",
+        "max_redirects": "Redirects followed, each destination checked like the URL; 0: none.",
+        "s3_endpoint_url": "S3 service of s3:// inputs (MinIO, SeaweedFS, R2, ...); empty: AWS. Credentials: "
+                           "AWS_* variables, the AWS profile, an instance role.",
+        "s3_region": "Region of s3:// inputs; empty: the profile's or AWS_DEFAULT_REGION.",
+        "s3_buckets": "Buckets an s3:// input may name; empty: any from comfysup submit, none through RabbitMQ "
+                      "or the API.",
+    },
     "comfyui": {
         "": "The ComfyUI servers that comfysup launches, one per GPU.",
         "main": "ComfyUI's main.py (fake_comfy/main.py runs the bundled fake, for trying comfysup out).",

@@ -15,6 +15,7 @@ from comfysup.commands._common import config_from, queue_from
 from comfysup.errors import UsageError
 from comfysup.queue.base import JobRecord
 from comfysup.redact import Redactor, mask
+from comfysup.runner.trace import figures
 from comfysup.storage import s3
 from comfysup.storage.links import Links, no_links
 from comfysup.timefmt import iso_utc
@@ -24,7 +25,8 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p = sub.add_parser("results", parents=[common], help="one row per job: parameters, status, files, times",
                        description="Print one row per job: its id, its `set` parameters as columns, status, "
                                    "server, the machine that did it, attempts, files (name:sha256 prefix), "
-                                   "reason, time waited in the queue, and run time per attempt and in all. With a "
+                                   "reason, time waited in the queue, per attempt the time it waited in ComfyUI's "
+                                   "queue behind the prompt ahead of it and the time it ran, and in all. With a "
                                    "jobs file, every line of it in its order, with status 'not submitted' for an "
                                    "id that is not in the queue. --csv adds where each file is, as "
                                    "host:path for a store on each machine's own disk, or s3://bucket/key with a "
@@ -65,8 +67,8 @@ NOT_SUBMITTED = "not submitted"
 
 TABLE_CELL_CHARS = 60
 
-RESULT_COLUMNS = ("status", "server", "machine", "attempts", "files", "reason", "queue_wait_s", "attempt_run_s",
-                  "total_s")
+RESULT_COLUMNS = ("status", "server", "machine", "attempts", "files", "reason", "queue_wait_s", "comfyui_wait_s",
+                  "attempt_run_s", "total_s")
 CSV_COLUMNS = (*RESULT_COLUMNS, "locations", "urls", "url_expires_at")
 """``locations``: each file as host:path, since store.dir may be each machine's own disk, or as the s3://bucket/key
 of its object ([store] url); ``urls``: each object's presigned URL, valid until ``url_expires_at`` (issue 33)."""
@@ -111,18 +113,23 @@ def row(job: JobRecord, params: list[str], full: bool,
     clean = Redactor.for_job(job.workflow, job.extra_data)
     shown = mask(job.params)
     first_start = job.attempts[0].started_at if job.attempts else None
-    runs = [a.ended_at - a.started_at for a in job.attempts if a.ended_at is not None]
+    ended = [(a, figures(a.trace)) for a in job.attempts if a.ended_at is not None]
+    # Per ended attempt: its wait in ComfyUI's queue (behind the prompt ahead of it), and the rest of it, its run;
+    # an attempt without a trace (its runner died) ran from its claim to its end, as far as anyone knows.
+    waits = [wait for _, (wait, _run) in ended]
+    runs = [run if run is not None else a.ended_at - a.started_at for a, (_wait, run) in ended]
     files = [f"{o.path if full else o.name}:{o.sha256 if full else o.sha256[:12]}" for o in job.outputs]
     out: dict[str, Any] = {"id": job.id}
     out.update({p: cell(shown[p]) if p in shown else "" for p in params})
     out.update({
-        "status": job.state,
+        "status": job.shown_state,
         "server": job.server or (job.attempts[-1].server if job.attempts else ""),
         "machine": job.machine or "",
         "attempts": job.attempt,
         "files": " ".join(files),
         "reason": clean(job.reason, 2000 if full else 120) if job.reason else "",
         "queue_wait_s": f"{first_start - job.submitted_at:.3f}" if first_start else "",
+        "comfyui_wait_s": ";".join(f"{w:.3f}" for w in waits),
         "attempt_run_s": ";".join(f"{r:.3f}" for r in runs),
         "total_s": f"{job.finished_at - job.submitted_at:.3f}" if job.finished_at else "",
     })

@@ -10,7 +10,7 @@ from typing import Any, TextIO
 
 from comfysup.commands._common import config_from, queue_from
 from comfysup.observability.brokerview import broker_text
-from comfysup.observability.views import WINDOW_SECONDS, Overview, overview, progress_text
+from comfysup.observability.views import POSTED_TEXT, WINDOW_SECONDS, Overview, overview, progress_text
 from comfysup.queue.base import Machine, Status
 from comfysup.redact import bound
 from comfysup.slotstate import read_broker_state, read_state, read_work_state, staleness
@@ -19,9 +19,11 @@ from comfysup.timefmt import age
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser("status", parents=[common], help="counts by state, running jobs, last dead letters",
-                       description="Show how many jobs are queued, waiting to retry, running, done, dead "
-                                   "and cancelled; the oldest queued job's age; each running job; and the "
-                                   "last dead letters with their reasons.")
+                       description="Show how many jobs are queued, waiting to retry, posted (claimed ahead and "
+                                   "waiting in their server's queue behind the prompt that runs there), running "
+                                   "(executing, or its files being stored), done, dead and cancelled; the oldest "
+                                   "queued job's age; each running and posted job; and the last dead letters with "
+                                   "their reasons.")
     p.add_argument("--json", action="store_true", help="print one JSON object instead")
     p.add_argument("--dead", type=int, default=5, metavar="N", help="how many dead letters to list (default 5)")
     p.add_argument("--watch", nargs="?", const=2.0, type=float, metavar="SECONDS",
@@ -31,27 +33,44 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
 
 
 def snapshot(status: Status, now: float) -> dict[str, Any]:
+    """``running``: the jobs that execute (at most one a server); ``posted``: those that wait in their server's
+    queue behind them, with how long (the counts say the same)."""
     return {
         "counts": status.counts,
         "oldest_queued_age_seconds": None if status.oldest_queued_at is None else now - status.oldest_queued_at,
         "running": [{"id": r.id, "server": r.server, "owner": r.owner, "attempt": r.attempt,
                      "elapsed_seconds": now - r.started_at, "lease_left_seconds": r.lease_until - now,
-                     "progress": r.progress} for r in status.running],
+                     "progress": r.progress} for r in status.running if not r.posted],
+        "posted": [{"id": r.id, "server": r.server, "owner": r.owner, "attempt": r.attempt,
+                    "waiting_seconds": now - (r.waiting_since or now), "lease_left_seconds": r.lease_until - now}
+                   for r in status.running if r.posted],
         "recent_dead": [{"id": i, "finished_at": t, "reason": reason} for i, t, reason in status.recent_dead],
     }
 
 
+def counts_line(c: dict[str, int]) -> str:
+    """The counts in one line: posted (waiting in a server's queue) apart from running (executing)."""
+    return (f"queued {c['queued']} · waiting to retry {c['waiting']} · posted {c.get('posted', 0)} · "
+            f"running {c['running']} · done {c['done']} · dead {c['dead']} · cancelled {c['cancelled']}")
+
+
 def render(status: Status, now: float) -> str:
     c = status.counts
-    lines = [f"queued {c['queued']} · waiting to retry {c['waiting']} · running {c['running']} · "
-             f"done {c['done']} · dead {c['dead']} · cancelled {c['cancelled']}"]
+    lines = [counts_line(c)]
     if status.oldest_queued_at is not None:
         lines.append(f"oldest queued job: {age(now - status.oldest_queued_at)} old")
-    if status.running:
+    running = [r for r in status.running if not r.posted]
+    posted = [r for r in status.running if r.posted]
+    if running:
         lines.append("")
         lines.append(f"{'running job':36}  {'server':10} {'attempt':>7}  {'elapsed':>10}  progress")
         lines += [f"{r.id:36}  {r.server:10} {r.attempt:>7}  {age(now - r.started_at):>10}  "
-                  f"{bound(progress_text(r.progress), 80)}" for r in status.running]
+                  f"{bound(progress_text(r.progress), 80)}" for r in running]
+    if posted:
+        lines.append("")
+        lines.append(f"{'posted job':36}  {'server':10} {'attempt':>7}  {'waiting':>10}")
+        lines += [f"{r.id:36}  {r.server:10} {r.attempt:>7}  {age(now - (r.waiting_since or now)):>10}  "
+                  f"{POSTED_TEXT}" for r in posted]
     if status.recent_dead:
         lines.append("")
         lines.append("last dead letters:")

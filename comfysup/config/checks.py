@@ -7,11 +7,12 @@ Each message says which key, which value, and what would be accepted. ``check`` 
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse, urlsplit
 
-from comfysup.destinations import url_problem
+from comfysup.destinations import is_http_url, url_problem
 from comfysup.errors import ConfigError
 from comfysup.redact import display_url
 from comfysup.storage.s3 import MAX_TTL_SECONDS, parse
@@ -90,8 +91,7 @@ def check(c: Config) -> None:
         if not getattr(m, key) > 0:
             raise bad("metrics", key, getattr(m, key), "must be a number of seconds greater than 0")
     if w.url:
-        parsed = urlparse(w.url)
-        if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        if not is_http_url(w.url):
             raise bad("webhooks", "url", w.url, "expected an http:// or https:// URL, or an empty string")
         if w.url and not w.allow_private and (problem := url_problem(w.url)):
             raise bad("webhooks", "url", display_url(w.url), f"{problem}; set [webhooks] allow_private = true "
@@ -101,6 +101,7 @@ def check(c: Config) -> None:
             raise bad("webhooks", key, getattr(w, key), "must be greater than 0")
     if w.attempts < 1:
         raise bad("webhooks", "attempts", w.attempts, "must be at least 1")
+    _check_inputs(c, bad)
     b = c.rabbitmq
     if b.url and not b.url.startswith(("amqp://", "amqps://")):
         raise bad("rabbitmq", "url", display_url(b.url), "expected amqp://user:password@host:5672/ or an empty string")
@@ -118,6 +119,21 @@ def check(c: Config) -> None:
     _no_negative_numbers(c)
 
 
+def _check_inputs(c: Config, bad: Callable[[str, str, Any, str], ConfigError]) -> None:
+    i = c.inputs
+    for key in ("timeout_seconds", "max_seconds"):
+        if not getattr(i, key) > 0:
+            raise bad("inputs", key, getattr(i, key), "must be a number of seconds greater than 0")
+    if not 0 <= i.max_redirects <= 20:
+        raise bad("inputs", "max_redirects", i.max_redirects, "must be between 0 and 20")
+    if i.s3_endpoint_url and not is_http_url(i.s3_endpoint_url):
+        raise bad("inputs", "s3_endpoint_url", display_url(i.s3_endpoint_url), "expected an http:// or https:// "
+                  "URL of an S3 service, or an empty string (AWS)")
+    for bucket in i.s3_buckets:
+        if not bucket or "/" in bucket:
+            raise bad("inputs", "s3_buckets", bucket, "expected bucket names (no s3:// and no /)")
+
+
 def _check_buckets(c: Config) -> None:
     """[store] url and [assets] url (issue 33): an ``s3://bucket/prefix``, or empty. Whether the bucket exists and
     the credentials work is asked of the service where a runner or a supervisor starts (comfysup.storage.check)."""
@@ -128,7 +144,7 @@ def _check_buckets(c: Config) -> None:
             except ValueError as exc:
                 raise ConfigError(f"{c.source}: [{section}] url = {display_url(url)!r}: {exc}, or an empty "
                                   "string") from None
-    if c.store.endpoint_url and urlparse(c.store.endpoint_url).scheme not in ("http", "https"):
+    if c.store.endpoint_url and not is_http_url(c.store.endpoint_url):
         shown = display_url(c.store.endpoint_url) if "@" in c.store.endpoint_url else c.store.endpoint_url
         raise ConfigError(f"{c.source}: [store] endpoint_url = {shown!r}: expected http(s)://host:port of the S3 "
                           "service, or an empty string for AWS")
@@ -143,8 +159,8 @@ def _check_buckets(c: Config) -> None:
 def _no_negative_numbers(c: Config) -> None:
     """Every number of the config is a duration, a size, a count or a port: none means anything below 0. Checked
     last, so a key with a rule of its own (``must be greater than 0``) says that rule first."""
-    for section in ("queue", "store", "assets", "comfyui", "runner", "supervisor", "metrics", "webhooks", "api",
-                    "rabbitmq"):
+    for section in ("queue", "store", "assets", "inputs", "comfyui", "runner", "supervisor", "metrics", "webhooks",
+                    "api", "rabbitmq"):
         values = getattr(c, section)
         for f in fields(values):
             value = getattr(values, f.name)

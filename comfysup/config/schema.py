@@ -80,6 +80,32 @@ class AssetsConfig:
 
 
 @dataclass(frozen=True)
+class InputsConfig:
+    """Input files fetched at submit from elsewhere: ``{"url": "https://…"}`` and ``{"s3": "s3://bucket/key"}``
+    (comfysup.jobs.fetch). Each is read once into the asset store, bounded by ``[assets] max_file_mb``."""
+
+    allow_private: bool = False
+    """Allow input URLs on loopback, link-local and private addresses and cloud metadata names (also after a
+    redirect); off, a job cannot make comfysup read from inside its own network (comfysup.destinations)."""
+    timeout_seconds: float = 30.0
+    """The longest wait to connect, and for the next bytes of an answer; then the input fails."""
+    max_seconds: float = 600.0
+    """The longest a whole download may take (a server that sends a byte now and then cannot hold submit)."""
+    max_redirects: int = 5
+    """Redirects followed, each one's destination checked like the URL itself; 0: none."""
+    s3_endpoint_url: str = ""
+    """The S3 service of s3:// inputs (https://… of MinIO, SeaweedFS, R2, …); empty: AWS's own. Credentials come
+    from the usual places: the AWS_* environment variables, the AWS profile (AWS_PROFILE, ~/.aws), an instance
+    role."""
+    s3_region: str = ""
+    """The region of s3:// inputs; empty: the AWS profile's or AWS_DEFAULT_REGION."""
+    s3_buckets: tuple[str, ...] = ()
+    """The buckets an s3:// input may name. Empty: any bucket the credentials can read, from ``comfysup submit``
+    (its user's own credentials), and none through RabbitMQ or the API, whose submitters would read with this
+    machine's credentials."""
+
+
+@dataclass(frozen=True)
 class ComfyUIConfig:
     main: str = "ComfyUI/main.py"
     python: str = ""
@@ -258,6 +284,7 @@ class Config:
     queue: QueueConfig = field(default_factory=QueueConfig)
     store: StoreConfig = field(default_factory=StoreConfig)
     assets: AssetsConfig = field(default_factory=AssetsConfig)
+    inputs: InputsConfig = field(default_factory=InputsConfig)
     comfyui: ComfyUIConfig = field(default_factory=ComfyUIConfig)
     servers: tuple[ServerConfig, ...] = ()
     runner: RunnerConfig = field(default_factory=RunnerConfig)
@@ -285,6 +312,7 @@ SECTIONS: dict[str, type] = {
     "queue": QueueConfig,
     "store": StoreConfig,
     "assets": AssetsConfig,
+    "inputs": InputsConfig,
     "comfyui": ComfyUIConfig,
     "runner": RunnerConfig,
     "supervisor": SupervisorConfig,

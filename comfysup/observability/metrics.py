@@ -6,7 +6,8 @@ Two kinds of values:
   busy, jobs finished), per GPU (memory used and total, utilisation), pending webhook deliveries.
 - Counters and histograms observed as attempts end: attempts, retries and dead letters by reason class
   (the attempts table's ``kind``), OOMs, nodes run and served from ComfyUI's cache (from the traces), and
-  per workflow the queue wait and run time of each job that ends. The :class:`Observer` reads the
+  per workflow the queue wait and run time of each job that ends, and of each attempt its wait in ComfyUI's
+  queue apart from the rest of it (issue 32: one figure each, never one in the other). The :class:`Observer` reads the
   attempts that ended since its last look (``Queue.ended_since``, an index range, never a scan), keeps
   the keys of the last LOOKBACK_SECONDS so a write that committed late is counted once and only once,
   and counts from the moment this process started, as Prometheus counters do (``rate()`` handles the
@@ -90,11 +91,19 @@ class Observer:
                              registry=registry)
         self.cached = Counter("comfysup_nodes_cached", "Nodes ComfyUI served from its cache (execution_cached).",
                               registry=registry)
-        self.wait = Histogram("comfysup_job_queue_wait_seconds", "From submit to the first attempt's start, of "
-                              "each job that ended.", ["workflow"], buckets=WAIT_BUCKETS, registry=registry)
-        self.run = Histogram("comfysup_job_duration_seconds", "From the first attempt's start to the end, "
-                             "retries included, of each job that ended.", ["workflow", "state"],
+        self.wait = Histogram("comfysup_job_queue_wait_seconds", "From submit to the first attempt's start (its "
+                              "claim, plus its wait in ComfyUI's queue behind another prompt), of each job that "
+                              "ended.", ["workflow"], buckets=WAIT_BUCKETS, registry=registry)
+        self.run = Histogram("comfysup_job_duration_seconds", "From the first attempt's start (as above) to the "
+                             "end, retries included, of each job that ended.", ["workflow", "state"],
                              buckets=RUN_BUCKETS, registry=registry)
+        self.comfy_wait = Histogram("comfysup_attempt_comfyui_wait_seconds", "Of each attempt that ended with a "
+                                    "trace: how long its prompt waited in ComfyUI's queue behind the prompt ahead "
+                                    "of it ([runner] queue_ahead), from its POST to its execution_start.",
+                                    ["workflow"], buckets=WAIT_BUCKETS, registry=registry)
+        self.attempt_run = Histogram("comfysup_attempt_run_seconds", "Of each attempt that ended with a trace: its "
+                                     "time from its claim to its end less that wait (execution, downloads, the "
+                                     "record).", ["workflow", "outcome"], buckets=RUN_BUCKETS, registry=registry)
 
     def catch_up(self, queue: Queue) -> int:
         """Observe every attempt that ended since the last call; returns how many were new.
@@ -158,10 +167,16 @@ class Observer:
             self.cached.inc(cached)
             self.node_total += ran + cached
             self.node_cached += cached
+        if row.run_s is not None:
+            workflow = self.workflow_label(row.workflow_name)
+            self.comfy_wait.labels(workflow=workflow).observe(max(0.0, row.comfyui_wait_s or 0.0))
+            self.attempt_run.labels(workflow=workflow, outcome=label(row.outcome)).observe(max(0.0, row.run_s))
         if row.outcome in TERMINAL:
             workflow = self.workflow_label(row.workflow_name)
-            self.wait.labels(workflow=workflow).observe(max(0.0, row.first_started_at - row.submitted_at))
-            self.run.labels(workflow=workflow, state=row.outcome).observe(max(0.0, row.ended_at - row.first_started_at))
+            # The first attempt's wait in ComfyUI's queue (a job queued ahead) is queueing, not duration.
+            started = row.first_started_at + (row.first_comfyui_wait_s or 0.0)
+            self.wait.labels(workflow=workflow).observe(max(0.0, started - row.submitted_at))
+            self.run.labels(workflow=workflow, state=row.outcome).observe(max(0.0, row.ended_at - started))
 
     def workflow_label(self, name: str | None) -> str:
         value = label(name, "unnamed")
@@ -189,8 +204,9 @@ class Live(Collector):
     def collect(self) -> Iterator[Metric]:
         now = time.time()
         status = self.queue.status(now, dead_limit=0)
-        jobs = GaugeMetricFamily("comfysup_jobs", "Jobs by state (waiting: queued, waiting to retry).",
-                                 labels=["state"])
+        jobs = GaugeMetricFamily("comfysup_jobs", "Jobs by state (waiting: queued, waiting to retry; posted: "
+                                 "claimed ahead, waiting in its server's queue behind the prompt that runs there; "
+                                 "running: executing, downloading, recording).", labels=["state"])
         for state, count in sorted(status.counts.items()):
             jobs.add_metric([state], count)
         yield jobs

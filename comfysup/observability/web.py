@@ -34,7 +34,14 @@ from comfysup.jobs import JobLineError, canonical_id
 from comfysup.observability.brokerview import broker_text
 from comfysup.observability.httpserver import PooledHTTPServer, TimedHandler
 from comfysup.observability.metrics import CONTENT_TYPE, Metrics
-from comfysup.observability.views import WINDOW_SECONDS, Overview, overview, progress_fraction, progress_text
+from comfysup.observability.views import (
+    POSTED_TEXT,
+    WINDOW_SECONDS,
+    Overview,
+    overview,
+    progress_fraction,
+    progress_text,
+)
 from comfysup.queue.base import Queue
 from comfysup.redact import Redactor, bound
 from comfysup.runner.store import UnsafeName, check_part
@@ -176,7 +183,8 @@ def render_page(view: Overview, refresh_seconds: float) -> str:
     out = ["<!doctype html><html lang=en><head><meta charset=utf-8>",
            f'<meta http-equiv="refresh" content="{refresh_seconds:g}">',
            "<meta name=viewport content='width=device-width'>",
-           f"<title>comfysup: {c['running']} running, {c['queued'] + c['waiting']} waiting</title>",
+           f"<title>comfysup: {c['running']} running, {c.get('posted', 0)} posted, {c['queued'] + c['waiting']} waiting"
+           "</title>",
            f"<style>{STYLE}</style></head><body>",
            f"<h1>comfysup</h1><div class=muted>at {e(when)}, reloads every {refresh_seconds:g} s</div>"]
     state = view.supervisor
@@ -188,7 +196,8 @@ def render_page(view: Overview, refresh_seconds: float) -> str:
         out.append(f"<p>{e(bound(str(state.get('summary', '')), 300))}</p>")
     out.append("<div class=counts>" + "".join(
         f"<span class={k}><b>{c.get(k, 0)}</b> {label}</span>"
-        for k, label in (("queued", "queued"), ("waiting", "waiting to retry"), ("running", "running"),
+        for k, label in (("queued", "queued"), ("waiting", "waiting to retry"),
+                         ("posted", "posted (in a server's queue)"), ("running", "running"),
                          ("done", "done"), ("dead", "dead"), ("cancelled", "cancelled"))) + "</div>")
     out.append(f"<p class=muted>last {WINDOW_SECONDS / 60:.0f} min: {f.get('done', 0)} done "
                f"({view.per_minute:.1f} jobs/min), {f.get('dead', 0)} dead, {f.get('cancelled', 0)} cancelled</p>")
@@ -209,6 +218,10 @@ def render_page(view: Overview, refresh_seconds: float) -> str:
     if view.status.running:
         out.append("<table><tr><th>job<th>server<th>attempt<th>elapsed<th>progress</tr>")
         for r in view.status.running:
+            if r.posted:  # waits in its server's queue: how long it has waited, and no bar (nothing ran yet)
+                out.append(f"<tr class=muted><td><code>{e(r.id)}</code><td>{e(r.server)}<td>{r.attempt}"
+                           f"<td>{e(age(view.now - (r.waiting_since or view.now)))}<td>posted: {e(POSTED_TEXT)}</tr>")
+                continue
             share = progress_fraction(r.progress)
             out.append(f"<tr><td><code>{e(r.id)}</code><td>{e(r.server)}<td>{r.attempt}"
                        f"<td>{e(age(view.now - r.started_at))}<td><span class=bar><i style='width:{share * 100:.0f}%'>"

@@ -124,7 +124,7 @@ class Deliverer:
         if self._session is None:
             import requests
 
-            from comfysup.observability.safehttp import public_only_session
+            from comfysup.safehttp import public_only_session
 
             self._session = requests.Session() if self.settings.allow_private else public_only_session()
         return self._session
@@ -168,7 +168,7 @@ class Deliverer:
             headers[SIGNATURE_HEADER] = sign(self.settings.secret, timestamp, body)
         import requests
 
-        from comfysup.observability.safehttp import PrivateDestination
+        from comfysup.safehttp import PrivateDestination
 
         status: int | None = None
         try:
@@ -178,7 +178,7 @@ class Deliverer:
             answer.close()
             error = None if 200 <= status < 300 else f"HTTP {status}"
         except PrivateDestination as exc:
-            error = str(exc)  # names the host, never the URL's path
+            error = f"{exc} ([webhooks] allow_private = true allows it)"  # names the host, never the URL's path
         except requests.Timeout:
             error = f"no answer within {self.settings.timeout_seconds:g} s"
         except requests.ConnectionError:

@@ -287,7 +287,12 @@ class AssetStore:
         return _api_asset(rows[0]) if rows else None
 
     def has_asset(self, digest: str) -> bool:
-        return bool(self._transaction(_fetch, self.sql["asset_size"], (digest,), write=False))
+        return self.asset_size(digest) is not None
+
+    def asset_size(self, digest: str) -> int | None:
+        """The stored content's size, or None when the store does not hold it."""
+        rows = self._transaction(_fetch, self.sql["asset_size"], (digest,), write=False)
+        return int(rows[0][0]) if rows else None
 
     def delete_api_asset(self, asset_id: str) -> bool:
         """Remove the record; its content too when no job and no other record needs it. False: no such record."""

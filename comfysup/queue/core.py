@@ -265,12 +265,23 @@ class SQLQueue(SQLReads, AssetStore, ApiEndpoints, Fleet):
                          (self._time(now), lease_seconds, claim.id, claim.attempt, claim.owner))
         return bool(row[0])
 
-    def record_prompt(self, claim: Claim, server: str, prompt_number: int, url: str | None = None) -> None:
-        self._transaction(self._record_prompt, claim, server, prompt_number, url, durable=False)
+    def record_prompt(self, claim: Claim, server: str, prompt_number: int, url: str | None = None, *,
+                      waiting: bool = False) -> None:
+        self._transaction(self._record_prompt, claim, server, prompt_number, url, waiting, durable=False)
 
-    def _record_prompt(self, cur: Any, claim: Claim, server: str, prompt_number: int, url: str | None) -> None:
-        self._held(cur, claim, self.sql["record_prompt"], (server, prompt_number, claim.id, claim.attempt, claim.owner),
+    def _record_prompt(self, cur: Any, claim: Claim, server: str, prompt_number: int, url: str | None,
+                       waiting: bool) -> None:
+        self._held(cur, claim, self.sql["record_prompt"],
+                   (server, prompt_number, waiting, self._time(None), claim.id, claim.attempt, claim.owner),
                    self.sql["attempt_prompt"], (prompt_number, server, url, claim.id, claim.attempt, claim.owner))
+
+    def set_waiting(self, claim: Claim, waiting: bool) -> None:
+        # Not durable, as record_prompt: what is lost in a power cut is only how the job is shown.
+        self._transaction(self._set_waiting, claim, waiting, durable=False)
+
+    def _set_waiting(self, cur: Any, claim: Claim, waiting: bool) -> None:
+        self._held(cur, claim, self.sql["set_waiting"], (waiting, self._time(None), claim.id, claim.attempt,
+                                                         claim.owner))
 
     def attempt_urls(self, job_id: str, other_than: Claim | None = None) -> list[tuple[str, int | None]]:
         mine = (other_than.attempt, other_than.owner) if other_than is not None else (0, "")
@@ -279,12 +290,14 @@ class SQLQueue(SQLReads, AssetStore, ApiEndpoints, Fleet):
         return [(str(url), None if number is None else int(number)) for url, number in rows]
 
     def complete(self, claim: Claim, outputs: Sequence[Output], now: float | None = None, *,
-                 trace: dict[str, Any] | None = None) -> None:
-        self._transaction(self._complete_now, claim, outputs, now, trace)
+                 trace: dict[str, Any] | None = None, started: Claim | None = None) -> None:
+        self._transaction(self._complete_now, claim, outputs, now, trace, started)
 
     def _complete_now(self, cur: Any, claim: Claim, outputs: Sequence[Output], now: float | None,
-                      trace: dict[str, Any] | None) -> None:
+                      trace: dict[str, Any] | None, started: Claim | None) -> None:
         self._complete(cur, claim, outputs, self._time(now), trace)
+        if started is not None:  # the job queued behind this one executes: one statement more, no transaction
+            cur.execute(self.sql["executing"], (started.id, started.attempt, started.owner))
 
     def _complete(self, cur: Any, claim: Claim, outputs: Sequence[Output], at: float | None,
                   trace: dict[str, Any] | None) -> None:

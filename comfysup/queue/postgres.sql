@@ -213,3 +213,8 @@ CREATE TABLE api_endpoints (
     started_at   double precision NOT NULL,
     heartbeat_at double precision NOT NULL
 );
+
+-- name: v10
+-- (issue 32) A running job that waits for its server, posted behind the prompt that runs there (see schema.sql's
+-- v14).
+ALTER TABLE jobs ADD COLUMN waiting_since double precision;

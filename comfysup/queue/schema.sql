@@ -280,3 +280,10 @@ CREATE TABLE api_endpoints (
     started_at   REAL    NOT NULL,
     heartbeat_at REAL    NOT NULL
 ) WITHOUT ROWID;
+
+-- name: v14
+-- (issue 32) A running job that waits for its server: claimed ahead ([runner] queue_ahead) and posted behind the
+-- prompt that runs there, waiting in ComfyUI's queue, since when. status, the page, /metrics, submit --wait and
+-- the API show it as posted, not running; NULL once its execution starts (its execution_start was read), and
+-- reset by each claim. No index: it is read only of running rows, which jobs_state finds.
+ALTER TABLE jobs ADD COLUMN waiting_since REAL;

@@ -99,6 +99,8 @@ class Attempt:
         self.posted_in = posted if posted is not None and posted.claim_id == claim.id else None
         self.replay = list(self.posted_in.events) if self.posted_in is not None else []
         """Messages of this job's prompt read by the attempt that queued it: handled before the socket's."""
+        self.waiting = claim.waiting or (self.posted_in is not None and self.posted_in.waiting)
+        """The queue shows the job as posted (waiting for its server) until this attempt says it executes."""
         self.redact = redactor_of(claim)
         self.deadline = self.clock() + self.s.timeout_seconds
         self.heartbeat = Heartbeat(self.s.heartbeat_seconds, self.clock() + self.s.heartbeat_seconds)
@@ -169,7 +171,10 @@ class Attempt:
                     prefer_model=more.prefer_model, max_wait_seconds=more.max_wait_seconds,
                     catalogue=more.catalogue, url=self.s.url)
             else:
-                self.queue.complete(self.claim, o.outputs, trace=trace)
+                started = early.started_behind()  # the job queued behind this one executes: said in this end
+                self.queue.complete(self.claim, o.outputs, trace=trace, started=started)
+                if started is not None:
+                    early.start_recorded()
         elif o.state == "retry":
             self.queue.retry_later(self.claim, time.time() + o.delay_seconds, o.reason, kind=o.kind, trace=trace)
         elif o.state == "dead":
@@ -217,7 +222,8 @@ class Attempt:
             if followed:  # still in a server's queue: where, and its number, recorded before anything else
                 assert run is not None and run.number is not None
                 self.live = run
-                self.queue.record_prompt(self.claim, run.server, run.number, run.client.url)
+                self.queue.record_prompt(self.claim, run.server, run.number, run.client.url, waiting=not run.started)
+                self.waiting = not run.started  # still pending in that server's queue: shown posted until it runs
             if self.cancel_requested:
                 self._interrupt(run)
                 return Outcome("cancelled", "cancelled by user", kind="cancelled")
@@ -226,6 +232,8 @@ class Attempt:
                     return Outcome("dead", gave_up(self.claim.attempt - 1, self.claim.last_reason), kind="gave_up")
                 run = self._post()
             entry = self._follow(run)
+            if self.waiting:  # over (adopted, or its start was not read): no longer waiting for its server
+                self._executes()
             self.run_over = True
             if self.early.may_queue_behind_next(run):
                 self.early.queue_behind_next(run)
@@ -274,8 +282,15 @@ class Attempt:
                  extra={"event": "posted"})
         self.trace.phase("posted", self.ctx.wall())
         self.live = Run(self.client, self.s.server, number, stream=stream)
-        self.queue.record_prompt(self.claim, self.s.server, number, self.s.url)
+        self.queue.record_prompt(self.claim, self.s.server, number, self.s.url)  # on a free server: it executes
+        self.waiting = False
         return self.live
+
+    def _executes(self) -> None:
+        """The job's execution started (or its run is over) and the queue still shows it as posted: one fenced
+        write, only when the attempt ahead of it did not record the start with its own end."""
+        self.waiting = False
+        self.queue.set_waiting(self.claim, False)
 
     # -- 3. follow --------------------------------------------------------------------------------------
 
@@ -324,6 +339,8 @@ class Attempt:
                     poll_in = NEXT_START_WAIT_SECONDS  # its start comes next, unless the server lost it
             if poll_in is not None:
                 next_poll = min(next_poll, self.clock() + poll_in)
+            if run.started and self.waiting:  # after the posts above: the server's next job never waits for it
+                self._executes()
             self._write_progress()
 
     def _checkpoints(self, run: Run, now: float) -> None:

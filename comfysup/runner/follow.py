@@ -25,6 +25,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("comfysup.runner")
 READ_ON = "comfysup_read_on"
 """The key of a message kept for the next attempt (``Posted.events``) that names the connection it was read on."""
+READ_AT = "comfysup_read_at"
+"""The key of a message kept for the next attempt that says when it was read (wall clock): its trace times the
+job's execution from there, not from when the message is handed on (after the attempt ahead of it ended)."""
 HISTORY_AFTER_SUCCESS_SECONDS = 0.05
 
 
@@ -79,12 +82,13 @@ def on_message(ctx: Context, run: Run, message: dict[str, Any], early: EarlyJobs
         return None
     # The connection it was read on: the attempt that posted this job read it (tagged then), or this one now.
     connection = message.pop(READ_ON, None) or (run.stream.connection if run.stream is not None else 0)
+    read_at = message.pop(READ_AT, None) or ctx.wall()
     if data.get("prompt_id") != ctx.claim.id:
         posted = early.posted_out
         if posted is not None and data.get("prompt_id") == posted.claim_id:
             # Queued ahead, it runs now: its attempt gets what was read of it here.
             early.posted_out = replace(posted, started=posted.started or kind == "execution_start",
-                                       events=(*posted.events, {**message, READ_ON: connection}))
+                                       events=(*posted.events, {**message, READ_ON: connection, READ_AT: read_at}))
         return None
     if kind == "execution_start":
         run.started = True
@@ -92,7 +96,7 @@ def on_message(ctx: Context, run: Run, message: dict[str, Any], early: EarlyJobs
         run.outputs.clear()
     if not run.started:
         return None
-    ctx.trace.on_event(kind, data, ctx.wall())
+    ctx.trace.on_event(kind, data, read_at)
     if kind == "execution_start":
         return None
     if kind == "executed" and run.watched_on and data.get("output") is not None:

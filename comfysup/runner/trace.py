@@ -115,9 +115,13 @@ class Trace:
         return out
 
     def as_dict(self) -> dict[str, Any]:
-        """What is stored with the attempt (JSON): phases, node times in run order, cached nodes, progress."""
+        """What is stored with the attempt (JSON): phases, node times in run order, cached nodes, progress, and
+        the attempt's two figures (``figures``), which metrics read without the rest."""
+        phases = [[name, at] for name, at in self.phases]
+        wait, run = figures({"phases": phases})
         return {
-            "phases": [[name, at] for name, at in self.phases],
+            "phases": phases,
+            **({"comfyui_wait_s": round(wait, 6), "run_s": round(run, 6)} if run is not None else {}),
             "nodes": [{"id": n.id, "class_type": n.class_type, "started": n.started,
                        "seconds": None if n.ended is None else round(n.ended - n.started, 6)} for n in self.nodes],
             "cached": list(self.cached),
@@ -132,3 +136,17 @@ def phase_durations(trace: dict[str, Any]) -> list[tuple[str, float, float | Non
     phases = [(str(p[0]), float(p[1])) for p in trace.get("phases") or [] if isinstance(p, list) and len(p) == 2]
     return [(name, at, (phases[i + 1][1] - at) if i + 1 < len(phases) else None)
             for i, (name, at) in enumerate(phases)]
+
+
+def figures(trace: dict[str, Any] | None) -> tuple[float, float | None]:
+    """(waited in ComfyUI's queue, ran) of an attempt, in seconds, from its stored trace (issue 32): the wait is the
+    ``posted`` phase, from its POST to its execution_start (to its end when it never started; 0 when it was not
+    posted: it followed or adopted a run); the run is the rest of the attempt, from its claim to its end. A job
+    queued ahead waits behind the prompt ahead of it: that time is its wait, never its run. ``ran`` is None
+    without phases to measure (no trace: the attempt's runner died or its lease expired)."""
+    phases = phase_durations(trace or {})
+    if len(phases) < 2:
+        return 0.0, None
+    wait = sum(seconds or 0.0 for name, _, seconds in phases if name == "posted")
+    total = phases[-1][1] - phases[0][1]
+    return max(0.0, wait), max(0.0, total - wait)

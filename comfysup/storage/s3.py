@@ -113,9 +113,13 @@ def client(settings: Settings) -> Any:
 @functools.lru_cache(maxsize=8)
 def _client(pid: int, endpoint_url: str, region: str, profile: str, access_key_id: str,
             secret_access_key: str) -> Any:
-    import boto3
-    from botocore.config import Config as BotoConfig
-    from botocore.exceptions import BotoCoreError
+    try:
+        import boto3
+        from botocore.config import Config as BotoConfig
+        from botocore.exceptions import BotoCoreError
+    except ImportError:
+        raise Refused("a bucket is configured ([store] url or [assets] url) but boto3 is not installed: pip install "
+                      "'comfysup[s3]'") from None
 
     try:
         session = boto3.session.Session(profile_name=profile or None, aws_access_key_id=access_key_id or None,

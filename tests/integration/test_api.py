@@ -74,6 +74,28 @@ def test_every_answer_validates_against_the_sdks_models(api: Any) -> None:
     assert missing.status_code == 404 and ErrorEnvelope.model_validate(missing.json()).error.code == "not_found"
 
 
+def test_queue_position_while_a_job_waits_in_the_queue_or_in_its_servers_queue(api: Any) -> None:
+    """Issue 32: a job's place in line, 1 next, as comfy-api-proxy counts ComfyUI's pending prompts. A job claimed
+    ahead and posted behind the running prompt still waits: queued, its place on that server, no start time."""
+    url, runner, _ = api
+    answers = [httpx.post(f"{url}/api/v2/jobs", json={"workflow": GRAPH, "metadata": {"n": str(n)}}).json()
+               for n in range(3)]
+    assert [a["queue_position"] for a in answers] == [1, 2, 3]
+    first, behind = runner.claim(), runner.claim()
+    runner.queue.record_prompt(first, "gpu0", 1)
+    runner.queue.record_prompt(behind, "gpu0", 2, waiting=True)
+    bodies = {a["id"]: httpx.get(f"{url}/api/v2/jobs/{a['id']}").json() for a in answers}
+    for body in bodies.values():
+        JobModel.model_validate(body)
+    assert (bodies[first.id]["status"], bodies[first.id]["queue_position"]) == ("running", None)
+    assert (bodies[behind.id]["status"], bodies[behind.id]["queue_position"]) == ("queued", 1)
+    assert bodies[behind.id]["started_at"] is None
+    assert bodies[answers[2]["id"]]["queue_position"] == 2  # behind the posted one
+    runner.queue.complete(first, [], started=behind)  # its execution_start was read before this end
+    now = httpx.get(f"{url}/api/v2/jobs/{behind.id}").json()
+    assert (now["status"], now["queue_position"]) == ("running", None) and now["started_at"] is not None
+
+
 def test_a_retried_idempotency_key_never_creates_a_second_job(api: Any) -> None:
     url, _, config = api
     with Comfy() as client:

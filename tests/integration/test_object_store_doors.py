@@ -41,10 +41,10 @@ class Done:
 
 
 @pytest.fixture(scope="module")
-def done(tmp_path_factory: pytest.TempPathFactory, _s3_node: SeaweedS3) -> Iterator[Done]:
+def done(tmp_path_factory: pytest.TempPathFactory, seaweed: SeaweedS3) -> Iterator[Done]:
     tmp = tmp_path_factory.mktemp("doors")
-    bucket = _s3_node.bucket("doors")
-    store = {"dir": str(tmp / "staging"), **_s3_node.store_section(f"s3://{bucket}/out", url_ttl_seconds=600)}
+    bucket = seaweed.bucket("doors")
+    store = {"dir": str(tmp / "staging"), **seaweed.store_section(f"s3://{bucket}/out", url_ttl_seconds=600)}
     config = api_config(tmp, {"store": store, "runner": {"poll_seconds": 0.2, "heartbeat_seconds": 0.5}})
     with FakeComfy(base_directory=tmp / "fake", node_ms=5) as fake:
         queue = submit(Path(config.source), [trivial_job(1)])
@@ -52,7 +52,7 @@ def done(tmp_path_factory: pytest.TempPathFactory, _s3_node: SeaweedS3) -> Itera
     job = queue.get(job_id(1))
     queue.close()
     [output] = job.outputs
-    yield Done(config, job, bucket, _s3_node.objects(bucket)[f"out/{job.id}/{output.name}"])
+    yield Done(config, job, bucket, seaweed.objects(bucket)[f"out/{job.id}/{output.name}"])
 
 
 def fetch(url: str) -> bytes:
@@ -111,11 +111,11 @@ def test_the_status_pages_file_link_redirects_to_the_bucket(done: Done) -> None:
         queue.close()
 
 
-def test_prune_deletes_the_pruned_jobs_objects(done: Done, _s3_node: SeaweedS3) -> None:
+def test_prune_deletes_the_pruned_jobs_objects(done: Done, seaweed: SeaweedS3) -> None:
     """Last in this module: it removes the job the others read."""
-    assert _s3_node.objects(done.bucket)
+    assert seaweed.objects(done.bucket)
     answer = subprocess.run([sys.executable, "-m", "comfysup", "prune", "--config", done.config.source,
                              "--done-before", "0m"], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert answer.returncode == 0, answer.stderr
     assert f"deleted 1 object(s) of the removed jobs from s3://{done.bucket}/out" in answer.stdout
-    assert _s3_node.objects(done.bucket) == {}
+    assert seaweed.objects(done.bucket) == {}

@@ -53,15 +53,38 @@ def test_v9_adds_the_api_registry_and_keeps_the_jobs(pg_url: str) -> None:  # no
     q = PostgresQueue(pg_url)
     q.submit([make_job(1)], now=T0)
     q.close()
-    _sql(pg_url, "DROP TABLE api_endpoints")  # back to v8
-    _sql(pg_url, "DELETE FROM schema_version WHERE version = 9")
+    _sql(pg_url, "DROP TABLE api_endpoints")  # back to v8 (v10 undone first)
+    _sql(pg_url, "ALTER TABLE jobs DROP COLUMN waiting_since")
+    _sql(pg_url, "DELETE FROM schema_version WHERE version >= 9")
     q = PostgresQueue(pg_url)
     try:
-        assert _sql(pg_url, "SELECT max(version) FROM schema_version") == [(SCHEMA_VERSION,)] == [(9,)]
+        assert _sql(pg_url, "SELECT max(version) FROM schema_version") == [(SCHEMA_VERSION,)]
         assert q.get(make_job(1).id).state == "queued"
         q.advertise_api("render-07", "http://10.0.0.7:9189", 100, now=T0)
         endpoint = q.api_endpoint("render-07", now=T0 + 1)
         assert endpoint is not None and endpoint.url == "http://10.0.0.7:9189"
+    finally:
+        q.close()
+
+
+def test_v10_adds_when_a_running_job_began_to_wait_and_keeps_the_jobs(pg_url: str) -> None:  # noqa: F811
+    """A v9 database opened by this comfysup (issue 32): a running job is shown running, as it was counted; one
+    posted behind another from now on is shown posted."""
+    q = PostgresQueue(pg_url)
+    q.submit([make_job(1), make_job(2)], now=T0)
+    running = q.claim("host-a/1/gpu0/t", "gpu0", 30, now=T0)
+    assert running is not None
+    q.close()
+    _sql(pg_url, "ALTER TABLE jobs DROP COLUMN waiting_since")  # back to v9
+    _sql(pg_url, "DELETE FROM schema_version WHERE version = 10")
+    q = PostgresQueue(pg_url)
+    try:
+        assert _sql(pg_url, "SELECT max(version) FROM schema_version") == [(SCHEMA_VERSION,)] == [(10,)]
+        assert q.states([running.id]) == {running.id: "running"}
+        behind = q.claim("host-a/1/gpu0/t", "gpu0", 30, now=T0)
+        assert behind is not None
+        q.record_prompt(behind, "gpu0", 2, waiting=True)
+        assert q.status(now=T0 + 1).counts["posted"] == 1
     finally:
         q.close()
 
