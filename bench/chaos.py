@@ -88,6 +88,8 @@ ROWS = [
     Row("A1", "jobs submitted through the API v2 while the API, runners and servers are killed; clients retry "
         "with the same Idempotency-Key", scenarios.a1_api_kills,
         {"api_kills": 50, "runner_kills": 30, "server_kills": 30}, ("api_kills", "runner_kills", "server_kills")),
+    Row("U1", "outputs to a bucket (SeaweedFS) stopped and started again while jobs upload; a runner killed in "
+        "each outage", scenarios.u1_own_server, {"jobs": 200, "outages": 20}, ("jobs", "outages")),
 ]
 
 

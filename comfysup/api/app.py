@@ -40,6 +40,7 @@ from comfysup.queue.assets import AssetMissing
 from comfysup.queue.base import SubmitConflict
 from comfysup.queue.watch import EXIT_DATABASE_REPLACED, QueueWatch, lost_line
 from comfysup.slotstate import read_state, readiness
+from comfysup.storage.links import Links
 
 log = logging.getLogger("comfysup.api")
 T = TypeVar("T")
@@ -67,6 +68,8 @@ class State:
         self.intake = Intake(config.resolve("."), config)
         self.store = config.resolve(config.store.dir)
         self.cors = Cors(config.api.allowed_origins)
+        self.links = Links(config.store)
+        """Presigned URLs of outputs in a bucket ([store] url, issue 33)."""
         self.hosts = HostCheck(config.api.listen.rpartition(":")[0], config.api.public_url, config.api.allowed_hosts)
         self.inputs = outputs.Inputs(self)
         """What a workflow's core/ASSET reference names: an upload, or an output (comfysup.api.outputs)."""
@@ -231,7 +234,8 @@ def _submit(state: State, body: Any, key: str | None, origin: str, fetched: Any 
     if not result.inserted:  # another request with this key committed the job since the look above
         raise _reused(job.id)
     record = state.queue.get(job.id)
-    return _json(views.job(record, origin, time.time(), _place(state, record)), status=201,
+    return _json(views.job(record, origin, time.time(), _place(state, record), links=state.links),
+                 status=201,
                  headers={"Location": views.job_urls(job.id, origin)["self"]})
 
 
@@ -252,7 +256,7 @@ def _reused(job_id: str) -> ApiError:
 async def get_job(request: web.Request) -> web.Response:
     state: State = request.app[STATE_KEY]
     record, place = await state.call(_placed, state, _job_id(request))
-    return _json(views.job(record, _origin(request), time.time(), place))
+    return _json(views.job(record, _origin(request), time.time(), place, links=state.links))
 
 
 def _placed(state: State, job_id: str) -> tuple[Any, int | None]:
@@ -299,7 +303,7 @@ async def cancel_job(request: web.Request) -> web.Response:
         return record, _place(state, record)
 
     record, place = await state.call(cancel)
-    return _json(views.job(record, _origin(request), time.time(), place))
+    return _json(views.job(record, _origin(request), time.time(), place, links=state.links))
 
 
 def _cursor(text: str | None) -> int | None:

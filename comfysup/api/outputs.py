@@ -33,7 +33,11 @@ from comfysup.api.replies import STATE_KEY, json_response, origin, send
 from comfysup.errors import NotFound
 from comfysup.queue.assets import ApiAsset
 from comfysup.queue.base import JobRecord, NewAsset
+from comfysup.storage import s3
 
+REDIRECT_TTL_SECONDS = 300
+"""The content route's presigned URL when [store] url_ttl_seconds is 0 (no URL handed out): the route must still
+lead to the bytes, and the redirect is followed at once."""
 MAX_HASHED = 4096
 """Output ids whose content hash this process keeps (a stored output never changes)."""
 
@@ -73,11 +77,11 @@ async def _output(request: web.Request) -> tuple[Any, tuple[JobRecord, int] | No
 
 async def get_asset(request: web.Request) -> web.Response:
     """An output as the contract's ``Asset``; any other id is an upload's (comfysup.api.assets)."""
-    _state, found = await _output(request)
+    state, found = await _output(request)
     if found is None:
         return await assets.get_asset(request)
     record, index = found
-    item = views.outputs(record, origin(request), time.time())[index]
+    item = views.outputs(record, origin(request), time.time(), state.links)[index]
     return json_response({"id": item["id"], "hash": None, "size_bytes": item["size_bytes"],
                           "content_type": item["content_type"], "file_path": record.outputs[index].name,
                           "created_at": views.iso(record.finished_at), "url": item["url"],
@@ -92,7 +96,14 @@ async def content_of(request: web.Request) -> web.StreamResponse:
     if found is None:
         return await assets.asset_content(request)
     record, index = found
-    name = record.outputs[index].name
+    output = record.outputs[index]
+    name = output.name
+    if s3.split_uri(output.path) is not None:  # in a bucket (issue 33): the client fetches it there, not through us
+        link = state.links(output.path, state.config.store.url_ttl_seconds or REDIRECT_TTL_SECONDS)
+        if "url" not in link:
+            raise ApiError(503, "storage_unavailable", f"the output is at {output.path}, and this machine has no "
+                           "credentials to presign a URL for it ([store] access keys, AWS_* or a profile)")
+        raise web.HTTPTemporaryRedirect(link["url"])
     try:
         fd = _open(state, record, index)
     except OSError:

@@ -11,6 +11,7 @@ against those models. comfysup's states map onto the contract's names: queued â†
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -18,6 +19,7 @@ from comfysup.assets import media_type
 from comfysup.queue.assets import ApiAsset
 from comfysup.queue.base import JobPulse, JobRecord
 from comfysup.runner.trace import figures
+from comfysup.storage.links import no_links
 
 API = "/api/v2"
 RETENTION_SECONDS = 30 * 86400
@@ -76,23 +78,28 @@ def output_type(name: str) -> str:
     return _OUTPUT_TYPES.get(content_type(name).split("/", 1)[0], "file")
 
 
-def outputs(record: JobRecord, origin: str, now: float) -> list[dict[str, Any]]:
+def outputs(record: JobRecord, origin: str, now: float,
+            links: Callable[[str], dict[str, Any]] = no_links) -> list[dict[str, Any]]:
     """The job's files as assets (the contract's ``Output``). ``id``: the asset UUID the queue gave the output
     (``<job id>.<n>`` for a job done by an earlier version). ``node_id``: the output node that made the file, as
     the runner recorded it from the history's ``outputs`` keys; for a record of an earlier version (no node
     recorded), the one node whose ``filename_prefix`` the name starts with, else ``""`` (the contract's field is
     required and a string). ``filename`` and ``subfolder`` (comfysup's, beside the contract's ``name``): where the
     file is among the job's results, the folder a ``filename_prefix`` such as ``portraits/x`` named, without the
-    job's own folder comfysup adds. ``url``: absolute, from the API's own address."""
+    job's own folder comfysup adds. ``url``: a file in a bucket's presigned URL (``links``, issue 33), else this
+    API's content route, absolute, from the API's own address (it redirects to a fresh one for a file in a bucket)."""
     out = []
     for index, item in enumerate(record.outputs):
         asset_id = item.id or output_id(record.id, index)
         subfolder, _, filename = item.name.rpartition("/")
+        link = links(item.path)
+        url, expires = (link["url"], link["url_expires_at"]) if "url" in link else \
+            (f"{origin}{API}/assets/{asset_id}/content", now + URL_SECONDS)
         out.append({
             "node_id": item.node_id or _node_of(item.name, record.workflow), "name": filename,
             "type": output_type(item.name), "content_type": content_type(item.name), "size_bytes": item.size,
-            "id": asset_id, "hash": None, "url": f"{origin}{API}/assets/{asset_id}/content",
-            "url_expires_at": iso(now + URL_SECONDS), "job_id": record.id, "filename": filename,
+            "id": asset_id, "hash": None, "url": url,
+            "url_expires_at": iso(expires), "job_id": record.id, "filename": filename,
             "subfolder": subfolder,
         })
     return out
@@ -187,10 +194,11 @@ def metrics(record: JobRecord) -> dict[str, int | None]:
     return {"queue_ms": queue_ms, "execution_ms": execution_ms}
 
 
-def job(record: JobRecord, origin: str, now: float, queue_position: int | None = None) -> dict[str, Any]:
+def job(record: JobRecord, origin: str, now: float, queue_position: int | None = None,
+        links: Callable[[str], dict[str, Any]] = no_links) -> dict[str, Any]:
     """The contract's ``Job`` (plus ``metadata``, which the SDK reads leniently, and ``priority``, comfysup's).
     ``queue_position`` (``Queue.queue_position``, 1 next) is kept only while the job is ``queued``: null once it
-    runs or has ended."""
+    runs or has ended. ``links``: presigned URLs of outputs in a bucket (issue 33)."""
     waiting = status(record) == "queued"
     return {
         "id": record.id, "status": status(record), "created_at": iso(record.submitted_at),
@@ -198,7 +206,7 @@ def job(record: JobRecord, origin: str, now: float, queue_position: int | None =
         "completed_at": iso(record.finished_at if record.state in ("done", "dead", "cancelled") else None),
         "expires_at": iso((record.finished_at or now) + RETENTION_SECONDS),
         "queue_position": queue_position if waiting else None,
-        "progress": progress(record), "outputs": outputs(record, origin, now) if record.state == "done" else [],
+        "progress": progress(record), "outputs": outputs(record, origin, now, links) if record.state == "done" else [],
         "error": error(record), "outputs_reused": outputs_reused(record), "metrics": metrics(record),
         "urls": job_urls(record.id, origin),
         "metadata": labels(record.meta), "priority": record.priority,

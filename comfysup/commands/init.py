@@ -33,6 +33,16 @@ DOCS: dict[str, dict[str, str]] = {
         "max_file_mb": "Largest output file accepted from ComfyUI, in MiB.",
         "max_job_mb": "All of one job's output files together, in MiB.",
         "max_files_per_job": "Output files of one job; a history naming more is treated as malformed.",
+        # object storage (issue 33)
+        "url": "s3://bucket/prefix: outputs go to <prefix>/<job id>/<name> in that bucket (dir is then only the "
+               "staging folder); \"\": they stay in dir.",
+        "endpoint_url": "The S3 service's address (http://127.0.0.1:8333 for SeaweedFS or MinIO); \"\": AWS.",
+        "region": "The bucket's region; \"\": from the environment or the AWS profile.",
+        "profile": "AWS profile to take credentials from; \"\": the default chain (AWS_* variables, ~/.aws, a role).",
+        "access_key_id": "Access key (better: $COMFYSUP_STORE_ACCESS_KEY_ID); \"\": the default chain.",
+        "secret_access_key": "Its secret (better: $COMFYSUP_STORE_SECRET_ACCESS_KEY). Never shown or logged.",
+        "url_ttl_seconds": "How long the presigned URLs every door hands out stay valid; 0: the s3:// location only.",
+        "multipart_threshold_mb": "Outputs larger than this are uploaded in parts of this size, in MiB.",
     },
     "assets": {
         "": "Input files of jobs ({\"file\": ...} in set), stored once per content (BLAKE3).",
@@ -41,6 +51,8 @@ DOCS: dict[str, dict[str, str]] = {
         "max_job_mb": "All input files of one job together, in MiB.",
         "server_cache_mb": "Inputs kept in each launched server's input folder, in MiB (least recently used go).",
         "input_roots": "Folders besides the jobs file's own that submit may read {\"file\": ...} inputs from.",
+        "url": "s3://bucket/prefix: inputs are stored there ([store]'s service and credentials), shared by every "
+               "machine of the queue; \"\": dir or the database.",
     },
     "inputs": {
         "": "Input files fetched at submit: {\"url\": \"https://...\"} and {\"s3\": \"s3://bucket/key\"}, bounded by "

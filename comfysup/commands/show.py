@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 from comfysup import assets
@@ -14,6 +15,7 @@ from comfysup.observability.views import progress_text
 from comfysup.queue.base import Delivery, JobRecord
 from comfysup.redact import Redactor, bound, display_url, mask
 from comfysup.runner.trace import figures, phase_durations
+from comfysup.storage.links import Links, no_links
 from comfysup.timefmt import age, when
 
 PHASE_NOTES = {"posted": "waiting in ComfyUI's queue", "followed": "following a prompt an earlier attempt left",
@@ -30,7 +32,9 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.set_defaults(func=run)
 
 
-def as_dict(job: JobRecord, with_workflow: bool, deliveries: list[Delivery] | None = None) -> dict:
+def as_dict(job: JobRecord, with_workflow: bool, deliveries: list[Delivery] | None = None,
+            links: Callable[[str], dict[str, Any]] = no_links) -> dict:
+    """``links``: an output in a bucket gets its s3:// ``location`` and a presigned ``url`` (issue 33)."""
     clean = Redactor.for_job(job.workflow, job.extra_data)
     out = {
         "id": job.id, "state": job.shown_state, "priority": job.priority, "attempt": job.attempt,
@@ -39,7 +43,7 @@ def as_dict(job: JobRecord, with_workflow: bool, deliveries: list[Delivery] | No
         "server": job.server, "reason": clean(job.reason) if job.reason else None,
         "cancel_requested": job.cancel_requested,
         "inputs": assets.listing(job.params),
-        "outputs": [o.__dict__ for o in job.outputs],
+        "outputs": [{**o.__dict__, **links(o.path)} for o in job.outputs],
         "attempts": [{**a.__dict__, "reason": clean(a.reason) if a.reason else None, **_figures(a.trace)}
                      for a in job.attempts],
         "waiting_since": job.waiting_since if job.shown_state == "posted" else None,
@@ -104,8 +108,9 @@ def delivery_line(d: dict[str, Any], now: float) -> str:
     return f"  webhook    {d['url']} given up after {tries}{last}"
 
 
-def render(job: JobRecord, with_workflow: bool, deliveries: list[Delivery] | None = None) -> str:
-    d = as_dict(job, with_workflow, deliveries)
+def render(job: JobRecord, with_workflow: bool, deliveries: list[Delivery] | None = None,
+           links: Callable[[str], dict[str, Any]] = no_links) -> str:
+    d = as_dict(job, with_workflow, deliveries, links)
     posted = (f" (waiting in {job.server}'s queue behind the prompt that runs there since {when(job.waiting_since)})"
               if job.shown_state == "posted" and job.waiting_since is not None else "")
     lines = [f"job {job.id}: {job.shown_state}{posted}" + (" (cancel requested)" if job.cancel_requested else ""),
@@ -138,6 +143,8 @@ def render(job: JobRecord, with_workflow: bool, deliveries: list[Delivery] | Non
         lines += timeline(a.get("trace") or {})
     for o in d["outputs"]:
         lines.append(f"  file       {o['path'] or o['name']}  {o['size']} bytes  sha256 {o['sha256']}")
+        if o.get("url"):
+            lines.append(f"    url      {o['url']}  (valid until {when(o['url_expires_at'])})")
     now = time.time()
     lines += [delivery_line(x, now) for x in d["deliveries"]]
     if with_workflow:
@@ -146,13 +153,15 @@ def render(job: JobRecord, with_workflow: bool, deliveries: list[Delivery] | Non
 
 
 def run(args: argparse.Namespace) -> int:
-    queue = queue_from(config_from(args))
+    config = config_from(args)
+    queue = queue_from(config)
     try:
         (job_id,) = resolve_ids(queue, [args.id])  # the whole id, or any unique prefix of it
         job = queue.get(job_id)
         deliveries = queue.deliveries(job_id)
     finally:
         queue.close()
-    print(json.dumps(as_dict(job, args.workflow, deliveries), indent=2) if args.json
-          else render(job, args.workflow, deliveries))
+    links = Links(config.store)
+    print(json.dumps(as_dict(job, args.workflow, deliveries, links), indent=2) if args.json
+          else render(job, args.workflow, deliveries, links))
     return 0

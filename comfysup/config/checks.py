@@ -15,6 +15,7 @@ from urllib.parse import urlparse, urlsplit
 from comfysup.destinations import is_http_url, url_problem
 from comfysup.errors import ConfigError
 from comfysup.redact import display_url
+from comfysup.storage.s3 import MAX_TTL_SECONDS, parse
 
 if TYPE_CHECKING:
     from comfysup.config.schema import Config
@@ -119,6 +120,7 @@ def check(c: Config) -> None:
     if w.base_delay_seconds > w.max_delay_seconds:
         raise bad("webhooks", "base_delay_seconds", w.base_delay_seconds,
                   f"must not exceed [webhooks] max_delay_seconds ({w.max_delay_seconds:g})")
+    _check_buckets(c)
     _no_negative_numbers(c)
 
 
@@ -135,6 +137,28 @@ def _check_inputs(c: Config, bad: Callable[[str, str, Any, str], ConfigError]) -
     for bucket in i.s3_buckets:
         if not bucket or "/" in bucket:
             raise bad("inputs", "s3_buckets", bucket, "expected bucket names (no s3:// and no /)")
+
+
+def _check_buckets(c: Config) -> None:
+    """[store] url and [assets] url (issue 33): an ``s3://bucket/prefix``, or empty. Whether the bucket exists and
+    the credentials work is asked of the service where a runner or a supervisor starts (comfysup.storage.check)."""
+    for section, url in (("store", c.store.url), ("assets", c.assets.url)):
+        if url:
+            try:
+                parse(url)  # the bucket itself is asked about where a runner starts
+            except ValueError as exc:
+                raise ConfigError(f"{c.source}: [{section}] url = {display_url(url)!r}: {exc}, or an empty "
+                                  "string") from None
+    if c.store.endpoint_url and not is_http_url(c.store.endpoint_url):
+        shown = display_url(c.store.endpoint_url) if "@" in c.store.endpoint_url else c.store.endpoint_url
+        raise ConfigError(f"{c.source}: [store] endpoint_url = {shown!r}: expected http(s)://host:port of the S3 "
+                          "service, or an empty string for AWS")
+    if c.store.url_ttl_seconds > MAX_TTL_SECONDS:
+        raise ConfigError(f"{c.source}: [store] url_ttl_seconds = {c.store.url_ttl_seconds}: at most "
+                          f"{MAX_TTL_SECONDS} (7 days, the longest a presigned URL is valid); 0: no presigned URL")
+    if c.store.multipart_threshold_mb < 5:
+        raise ConfigError(f"{c.source}: [store] multipart_threshold_mb = {c.store.multipart_threshold_mb}: at "
+                          "least 5 (S3's smallest part)")
 
 
 def _no_negative_numbers(c: Config) -> None:

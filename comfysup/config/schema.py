@@ -27,6 +27,31 @@ class StoreConfig:
     """All of one job's outputs together."""
     max_files_per_job: int = 2000
     """Output files of one job (a video saved as frames is hundreds); a history naming more is malformed."""
+    # -- object storage (issue 33): outputs in an S3-compatible bucket ----------------------------------------
+    url: str = ""
+    """``s3://bucket/prefix``: each output is uploaded to ``<prefix>/<job id>/<name>`` (``dir`` is then only the
+    staging folder each file is downloaded to, hashed in and removed from once the bucket confirmed it), and every
+    door hands out a presigned URL of it. Any S3-compatible service: AWS, R2, GCS's XML API, MinIO, SeaweedFS,
+    Ceph. Empty: outputs stay in ``dir`` on this machine's disk."""
+    endpoint_url: str = ""
+    """The service's address (``http://127.0.0.1:8333`` for a local SeaweedFS or MinIO, R2's account endpoint);
+    empty: AWS's own endpoint for ``region``."""
+    region: str = ""
+    """The bucket's region (``us-east-1``); empty: from the environment or the AWS profile."""
+    profile: str = ""
+    """An AWS profile of ~/.aws/config to take credentials and region from; empty: the default chain
+    (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE, ~/.aws, an instance role)."""
+    access_key_id: str = ""
+    """Credentials given in the config (or $COMFYSUP_STORE_ACCESS_KEY_ID); empty: the default chain. Masked in
+    every message."""
+    secret_access_key: str = ""
+    """The secret of ``access_key_id`` (better: $COMFYSUP_STORE_SECRET_ACCESS_KEY). Never shown or logged."""
+    url_ttl_seconds: int = 3600
+    """How long the presigned URLs the doors hand out stay valid (``url_expires_at``; S3 allows up to 7 days);
+    0: no presigned URL, each door gives the stable ``s3://bucket/key`` location only."""
+    multipart_threshold_mb: int = 64
+    """Outputs larger than this are uploaded in parts of this size (boto3's transfer manager, parts in parallel,
+    each part's SHA-256 checked by the service); a smaller one in one PUT whose SHA-256 the service checks."""
 
 
 @dataclass(frozen=True)
@@ -47,6 +72,11 @@ class AssetsConfig:
     """Folders besides the jobs file's own that `comfysup submit` may read {"file": ...} inputs from (relative
     paths are relative to this config file). An input names a file relative to one of them: never an absolute
     path, never .., never through a symlink, only a regular file."""
+    # -- object storage (issue 33) ------------------------------------------------------------------------------
+    url: str = ""
+    """``s3://bucket/prefix``: input files are stored there once per content (``<prefix>/<hash>``), so machines
+    on one PostgreSQL queue share them through the bucket rather than the database. The service, region and
+    credentials are [store]'s (endpoint_url, region, profile, access keys). Empty: ``dir`` or the database."""
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,7 @@ from comfysup.queue.base import Queue
 from comfysup.redact import Redactor, bound
 from comfysup.runner.store import UnsafeName, check_part
 from comfysup.slotstate import memory_note, readiness, warmup_cell
+from comfysup.storage.links import no_links
 from comfysup.timefmt import age
 
 log = logging.getLogger("comfysup.observability.web")
@@ -82,9 +83,15 @@ class App:
     """Routes to answers; the HTTP plumbing stays in the handler so this is tested without sockets."""
 
     def __init__(self, queue: Queue, metrics: Metrics, state: Callable[[], dict[str, Any] | None], store: Path,
-                 refresh_seconds: float = 2.0, done_limit: int = 12, ready_max_queue_per_slot: float = 0.0) -> None:
+                 refresh_seconds: float = 2.0, done_limit: int = 12, ready_max_queue_per_slot: float = 0.0,
+                 links: Callable[[str], dict[str, Any]] = no_links, image_origin: str = "") -> None:
         self.queue = queue
         self.ready_max_queue_per_slot = ready_max_queue_per_slot
+        self.links = links
+        """Presigned URLs of outputs in a bucket (issue 33): a file link of such an output redirects there."""
+        self.page_csp = PAGE_CSP.replace("img-src 'self'", f"img-src 'self' {image_origin}") if image_origin \
+            else PAGE_CSP
+        """The bucket's origin allowed for images: a thumbnail's /files link of an output there redirects to it."""
         self.metrics = metrics
         self.state = state
         self.store = store
@@ -103,7 +110,7 @@ class App:
         if path in ("/", "/index.html"):
             view = overview(self.queue, self.state(), dead=5, done=self.done_limit)
             body = render_page(view, self.refresh_seconds).encode()
-            return Answer(200, "text/html; charset=utf-8", body, {"Content-Security-Policy": PAGE_CSP,
+            return Answer(200, "text/html; charset=utf-8", body, {"Content-Security-Policy": self.page_csp,
                                                                    "Cache-Control": "no-store"})
         if path.startswith("/files/"):
             return self.file(path[len("/files/"):])
@@ -126,7 +133,7 @@ class App:
             with safefs.dir_beneath(root, [job, *parts[:-1]]) as folder:
                 fd = safefs.open_file(folder, parts[-1])
         except OSError:
-            return _text(404, "not found")
+            return self._in_bucket(job, "/".join(parts))
         finally:
             os.close(root)
         name = parts[-1]
@@ -135,6 +142,20 @@ class App:
         if kind not in INLINE_TYPES:
             headers["Content-Disposition"] = f"attachment; filename*=UTF-8''{urllib.parse.quote(name)}"
         return Answer(200, kind, b"", headers, file=fd, size=os.fstat(fd).st_size)
+
+
+    def _in_bucket(self, job_id: str, name: str) -> Answer:
+        """307 to a presigned URL when the job's output of that name is in a bucket ([store] url); else 404."""
+        try:
+            record = self.queue.get(job_id)
+        except Exception:  # not found, or the queue does not answer: nothing to serve
+            return _text(404, "not found")
+        for output in record.outputs:
+            link = self.links(output.path) if output.name == name else {}
+            if "url" in link:
+                return Answer(307, "text/plain; charset=utf-8", b"", {"Location": link["url"],
+                                                                       "Cache-Control": "no-store"})
+        return _text(404, "not found")
 
 
 def _text(status: int, message: str) -> Answer:

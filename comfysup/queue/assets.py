@@ -25,7 +25,7 @@ import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import blake3
 
@@ -33,6 +33,9 @@ from comfysup import safefs
 from comfysup.assets import HASH_PREFIX
 from comfysup.errors import QueueError
 from comfysup.queue.base import NewAsset, NewJob
+
+if TYPE_CHECKING:
+    from comfysup.queue.asset_bucket import AssetBucket
 
 CHUNK_BYTES = 4 * 1024 * 1024
 TEMPORARY_SECONDS = 86400.0
@@ -74,6 +77,9 @@ class AssetStore:
     sql: dict[str, str]
     assets_dir: Path | None = None
     """The folder of input files; None: in the database (PostgreSQL only)."""
+    asset_bucket: AssetBucket | None = None
+    """[assets] url (issue 33): new contents go to the bucket; one stored before it was set is still read from the
+    folder or the database."""
 
     def _transaction(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         raise NotImplementedError
@@ -98,7 +104,10 @@ class AssetStore:
         if asset.path is None:
             raise AssetMissing(f"input {asset.hash} ({asset.name or 'no name'}) is not in the asset store; "
                                "submit the file itself ({\"file\": \"path\"}) or upload it first")
-        size = self._write_file(asset) if self.assets_dir is not None else self._write_chunks(cur, asset)
+        if self.asset_bucket is not None:
+            size = self.asset_bucket.put(asset.hash, asset.size, lambda write: self._copy(asset, write))
+        else:
+            size = self._write_file(asset) if self.assets_dir is not None else self._write_chunks(cur, asset)
         cur.execute(self.sql["insert_asset"], (asset.hash, size, asset.name, at if at is not None else _now()))
 
     def _path(self, digest: str) -> Path:
@@ -164,7 +173,10 @@ class AssetStore:
         rows = self._transaction(_fetch, self.sql["asset_size"], (digest,), write=False)
         if not rows:
             raise AssetMissing(f"input {digest} is not in the asset store (pruned while a job needed it?)")
-        if self.assets_dir is not None:
+        in_bucket = self.asset_bucket.get(digest, int(rows[0][0])) if self.asset_bucket is not None else None
+        if in_bucket is not None:
+            data = in_bucket
+        elif self.assets_dir is not None:
             try:
                 fd = safefs.open_regular(self._path(digest))
             except FileNotFoundError:
@@ -294,10 +306,16 @@ class AssetStore:
 
     def asset_file(self, digest: str) -> Path | None:
         """Where a stored content's bytes are on this machine; None when they are chunks in the database."""
-        return self._path(digest) if self.assets_dir is not None else None
+        path = self._path(digest) if self.assets_dir is not None else None
+        return None if path is not None and self.asset_bucket is not None and not path.is_file() else path
 
     def asset_chunk(self, digest: str, n: int) -> bytes:
-        """Chunk ``n`` (CHUNK_BYTES each but the last) of a content kept in the database; b"" past its end."""
+        """Chunk ``n`` (CHUNK_BYTES each but the last) of a content kept in the database or the bucket; b"" past
+        its end."""
+        if self.asset_bucket is not None:
+            data = self.asset_bucket.read_range(digest, n * CHUNK_BYTES, CHUNK_BYTES)
+            if data is not None:
+                return data
         rows = self._transaction(_fetch, self.sql["asset_chunk"], (digest, n), write=False)
         return bytes(rows[0][0]) if rows else b""
 
@@ -338,6 +356,9 @@ class AssetStore:
         return gone
 
     def _unlink(self, gone: Iterable[tuple[str, int]]) -> None:
+        gone = list(gone)
+        if self.asset_bucket is not None:
+            self.asset_bucket.delete(digest for digest, _size in gone)
         if self.assets_dir is not None:
             for digest, _size in gone:
                 self._path(digest).unlink(missing_ok=True)

@@ -43,10 +43,10 @@ from comfysup.redact import bound
 from comfysup.runner.attempt import Attempt
 from comfysup.runner.catalogue import ServerCatalogue
 from comfysup.runner.memory import MemoryHooks
+from comfysup.runner.objectstore import result_store
 from comfysup.runner.result import Early, NextClaim, Outcome, Posted
 from comfysup.runner.running import redactor_of
 from comfysup.runner.station import AttemptSettings, Station
-from comfysup.runner.store import ResultStore
 from comfysup.runner.stuck import OutOfService, StuckChannel
 from comfysup.runner.warmup import WarmUp
 
@@ -128,7 +128,7 @@ class Runner:
         """How this runner says that a prompt is stuck in its server (comfysup.runner.stuck)."""
         self.out_of_service = OutOfService()
         """When nobody restarts the server (comfysup work): no claim for it until its queue is empty."""
-        store = ResultStore(config.resolve(config.store.dir), config.store.max_file_mb * 2**20)
+        store = result_store(config)  # a folder, or a bucket staged through it ([store] url)
         self.station = Station(settings_from(config, server, url, peers or {}, output_dirs), self.queue, store,
                                stop_deadline=lambda: self.state.stop_deadline, on_alive=on_alive,
                                stuck=self.stuck if self.stuck.restarts else

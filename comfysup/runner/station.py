@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from comfysup.backoff import RetryPolicy
 from comfysup.comfy import ComfyClient
@@ -19,6 +20,9 @@ from comfysup.queue.base import Queue
 from comfysup.runner.inputs import InputDelivery
 from comfysup.runner.memory import MemoryHooks
 from comfysup.runner.store import ResultStore
+
+if TYPE_CHECKING:
+    from comfysup.runner.objectstore import ObjectStore
 from comfysup.runner.stuck import StuckChannel
 
 ELSEWHERE_TIMEOUT_SECONDS = 2.0
@@ -77,7 +81,7 @@ class Station:
     """What one runner's attempts share, kept from one attempt to the next: one server, one queue, one
     result store, the server's client (its kept WebSocket included), and clients of peer servers."""
 
-    def __init__(self, settings: AttemptSettings, queue: Queue, store: ResultStore,
+    def __init__(self, settings: AttemptSettings, queue: Queue, store: ResultStore | ObjectStore,
                  stop_deadline: Callable[[], float | None] = lambda: None,
                  on_alive: Callable[[], None] = lambda: None,
                  stuck: StuckChannel | None = None,

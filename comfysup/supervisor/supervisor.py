@@ -39,6 +39,7 @@ from comfysup.comfy import probe
 from comfysup.config import Config, check_supervisor
 from comfysup.queue import Queue, open_queue
 from comfysup.queue.watch import QueueWatch
+from comfysup.runner.objectstore import check_buckets
 from comfysup.supervisor import recycle, stuck, vram, warming
 from comfysup.supervisor import server as servers
 from comfysup.supervisor.children import (
@@ -139,6 +140,8 @@ class Supervisor:
         check_supervisor(self.config)
         self.units = self.build_units()
         check_comfyui(self.config, self.units)
+        for warning in check_buckets(self.config):  # wrong credentials or no bucket: refused here, not per job
+            log.warning("%s", warning)
         self._take_lock()
         self.queue = open_queue(self.config, create=True)
         self.watch = QueueWatch(self.queue, every_seconds=0.0)

@@ -1227,3 +1227,4 @@ def b1_fuzzed_lines(tmp: Path, seed: int, *, examples: int) -> Report:
     return report
 from chaos.api_rows import a1_api_kills  # noqa: E402, F401  (issue 18's row)
 from chaos.broker_rows import r1_consumer_killed_before_ack, r2_broker_restarted, r3_connections_closed  # noqa: E402, F401  (issue 20's rows)
+from chaos.s3_rows import u1_own_server  # noqa: E402, F401  (issue 33's row)

@@ -9,6 +9,8 @@ a row cannot pass by missing its target.
 K1, K2 and K3 give about 40 % of their jobs an input image (LoadImage → ImageInvert → SaveImage), and the
 checker holds each of their outputs to its input, pixel for pixel.
 
+U1 (issue 33) sends outputs to a real S3 server that is stopped and started again while jobs upload.
+
 Rows marked ``chaos`` (Z2, D2) take longer and are deselected by default; run them with ``-m chaos``.
 """
 
@@ -20,11 +22,12 @@ from typing import TYPE_CHECKING
 import pytest
 from broker_support import connection_kept
 
-from chaos import scenarios
+from chaos import s3_rows, scenarios
 from chaos.checker import Report
 
 if TYPE_CHECKING:
     from rabbitmq_node import OwnBroker
+    from s3_support import SeaweedS3
 
 
 @pytest.fixture
@@ -221,3 +224,13 @@ def test_a1_api_submits_while_the_api_runners_and_servers_are_killed(tmp_path: P
     assert report.figures["reused_after_commit_drop"] == report.figures["drops_after_commit"], report.figures
     assert report.figures["kills_mid_request"] == 2 and report.figures["cut_before_answer"] >= 1, report.figures
     assert report.states["done"] == report.jobs == report.figures["jobs_accepted"]
+
+
+@pytest.mark.timeout(150)
+def test_u1_the_bucket_stopped_and_started_again_while_jobs_upload(tmp_path: Path, chaos_seed: int,
+                                                                    s3_server: SeaweedS3) -> None:
+    report = s3_rows.u1_bucket_stopped(tmp_path, chaos_seed, s3_server, jobs=12, outages=2)
+    verdict(report)  # every done job's objects read back from the bucket and hashed
+    assert report.states["done"] == report.jobs and report.re_executions.total() == 0
+    assert report.figures["objects_checked"] >= report.jobs
+    assert report.figures["runner_kills_during_outages"] >= 1

@@ -334,3 +334,29 @@ def test_time_is_not_needed_to_read_the_fault_log(tmp_path: Path) -> None:
     fault = log.faults()[0]
     assert (fault.kind, fault.pids, fault.job, fault.detail) == ("server_kill", (1, 2), "j", {"slot": "cpu0"})
     assert abs(fault.at - time.time()) < 5
+
+
+def test_outputs_in_a_bucket_are_read_back_and_hashed(run: Run) -> None:
+    """Row U1 (issue 33): a done job's object missing from the bucket, or with other bytes, fails the run."""
+    import shutil
+
+    conn = sqlite3.connect(run.queue.path)
+    objects: dict[str, bytes] = {}
+    for n, job_id in enumerate(run.ids):
+        [out] = json.loads(conn.execute("SELECT outputs FROM jobs WHERE id = ?", (job_id,)).fetchone()[0])
+        data = (run.store.root / job_id / out["name"]).read_bytes()
+        out["path"] = f"s3://bucket/prefix/{job_id}/{out['name']}"
+        conn.execute("UPDATE jobs SET outputs = ? WHERE id = ?", (json.dumps([out]), job_id))
+        if n == 0:
+            objects[out["path"]] = data
+        elif n == 1:
+            objects[out["path"]] = data[:-1]
+    conn.commit()
+    conn.close()
+    shutil.rmtree(run.store.root)  # only staging there: everything is in the bucket
+    evidence = run.evidence()
+    evidence.objects = objects
+    report = check(evidence)
+    assert [m.split(":")[0] for m in report.missing_files] == [run.ids[2]]
+    assert [m.split(":")[0] for m in report.partial_files] == [run.ids[1]]
+    assert report.figures["objects_checked"] == 1
