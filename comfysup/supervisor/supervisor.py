@@ -126,9 +126,6 @@ class Supervisor:
         """A unit per slot from ``gpus``, then one per [[servers]] entry."""
         return build_units(self.config, self.env)
 
-    def _take_lock(self) -> None:  # one supervisor per queue folder: two would fight over ports and claims
-        self.manager.hold(take_lock(self.state_dir))
-
     def release_stale_claims(self) -> list[str]:
         """Claims held by runners of an earlier supervisor on this host that no longer exist."""
         assert self.queue is not None
@@ -142,7 +139,7 @@ class Supervisor:
         check_comfyui(self.config, self.units)
         for warning in check_buckets(self.config):  # wrong credentials or no bucket: refused here, not per job
             log.warning("%s", warning)
-        self._take_lock()
+        self.manager.hold(take_lock(self.state_dir))  # one per queue folder: two would fight over ports and claims
         self.queue = open_queue(self.config, create=True)
         self.watch = QueueWatch(self.queue, every_seconds=0.0)
         self.release_stale_claims()
