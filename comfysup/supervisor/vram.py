@@ -73,10 +73,13 @@ class IdleWatch:
         self.bound_mb = bound_mb
         self.sampler = sampler
         """NVML, opened at the first look (not in a supervisor that never ticks its housekeeping)."""
+        self.units: list[Unit] = []
+        """The units of the last look (which of them share a GPU)."""
 
     def look(self, units: list[Unit], now: float) -> None:
         if not self.bound_mb:
             return
+        self.units = units
         if self.sampler is None:
             self.sampler = GpuSampler()
             if not self.sampler.ready:
@@ -93,7 +96,8 @@ class IdleWatch:
             pids = {unit.server_pid, *(c.pid for c in psutil.Process(unit.server_pid).children(recursive=True))}
         except psutil.Error:
             return None
-        return self.sampler.process_memory_mb(slot.device, pids)
+        alone = sum(1 for u in self.units if u.plan is not None and u.plan.slot.device == slot.device) == 1
+        return self.sampler.process_memory_mb(slot.device, pids, whole_device=alone)
 
 
 def _free(unit: Unit) -> bool:

@@ -73,6 +73,29 @@ def test_nvml_says_what_the_servers_processes_hold() -> None:
     assert GpuSampler(env={}, nvml=SimpleNamespace(nvmlInit=no_driver)).process_memory_mb(0, {581}) is None
 
 
+def test_in_a_container_a_server_alone_on_its_gpu_holds_what_the_gpu_holds() -> None:
+    """NVML names processes by the host's PIDs inside a container (seen on an H200 under gVisor: a server holding
+    2 GiB, the idle watch read 0 MiB and never freed it). A server alone on its GPU is then taken to hold the
+    GPU's used memory; never when a live process here is one NVML lists (another program's memory is not ours)."""
+    import os
+    from types import SimpleNamespace
+
+    from comfysup.gpus import GpuSampler
+
+    not_here = 2**22 + 12345  # above Linux's pid_max: no process here has it
+    procs = [SimpleNamespace(pid=not_here, usedGpuMemory=2 * 2**30)]
+    nvml = SimpleNamespace(nvmlInit=lambda: None, nvmlDeviceGetHandleByIndex=lambda i: i,
+                           nvmlDeviceGetComputeRunningProcesses=lambda h: procs,
+                           nvmlDeviceGetMemoryInfo=lambda h: SimpleNamespace(used=3 * 2**30, total=140 * 2**30))
+    sampler = GpuSampler(env={}, nvml=nvml)  # type: ignore[arg-type]
+    assert sampler.process_memory_mb(0, {581}, whole_device=True) == pytest.approx(3072.0)
+    assert sampler.process_memory_mb(0, {581}) == 0.0  # two servers share the GPU: cannot tell whose
+    procs[:] = []  # NVML lists nobody, the memory is still used
+    assert sampler.process_memory_mb(0, {581}, whole_device=True) == pytest.approx(3072.0)
+    procs[:] = [SimpleNamespace(pid=os.getpid(), usedGpuMemory=2**30)]  # another program of this machine
+    assert sampler.process_memory_mb(0, {581}, whole_device=True) == 0.0
+
+
 @pytest.mark.parametrize(("kind", "retried", "own", "behind", "expected"), [
     ("oom", False, True, False, POST_AGAIN),
     ("oom", True, True, False, None),  # once per attempt: a second OOM takes the normal retry path
