@@ -44,8 +44,10 @@ def idle_look(unit: Unit, now: float, bound_mb: int, held_mb: Callable[[Unit], f
     look (and no job ran in between) → drained and restarted. ``held_mb``: what NVML says the server's processes
     hold (None: unknown); ``free``: POST /free to it, whether it took it."""
     policy = unit.server
+    # Idle: its runner holds no job. Not ``shared.busy``: an idle runner keeps it at 1 between its looks for work
+    # (it says a claim may be under way, for recycling's drain), so a server was never seen idle (an H200 run).
     if (not bound_mb or policy is None or policy.state is not State.RUNNING or unit.draining is not None
-            or unit.shared.job or unit.shared.busy):
+            or unit.shared.job):
         unit.idle_vram_mb = None
         return
     held = held_mb(unit)

@@ -169,6 +169,7 @@ def test_vram_held_while_idle_is_freed_then_the_server_restarted() -> None:
     from comfysup.supervisor.vram import idle_look
 
     unit, frees = launched_unit(), []
+    unit.shared.busy = 1  # what a runner waiting for work keeps (its last may_claim said yes): still idle
     held = {"mb": 9000.0}
 
     def look(now: float) -> None:
