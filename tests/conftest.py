@@ -63,6 +63,26 @@ def _no_deadline_left_over() -> Iterator[None]:
     deadline.reset()
 
 
+# ==== logging (comfysup.logs) ===============================================================================
+@pytest.fixture(autouse=True)
+def _logging_as_it_was() -> Iterator[None]:
+    """A test that runs a command in process calls setup_logging, whose handler writes to the sys.stderr of that
+    moment: pytest's capture of that test, closed after it. Left in place, a later test in the same worker (any
+    order under xdist) logged into a closed file ("--- Logging error ---" with a traceback). Each test gets the
+    loggers back as they were."""
+    import logging
+
+    names = ("comfysup", "py.warnings")
+    kept = {n: (list(logging.getLogger(n).handlers), logging.getLogger(n).level, logging.getLogger(n).propagate)
+            for n in names}
+    yield
+    for name, (handlers, level, propagate) in kept.items():
+        logger = logging.getLogger(name)
+        logger.handlers[:] = handlers
+        logger.setLevel(level)
+        logger.propagate = propagate
+
+
 # ==== comfysup run as a subprocess (tests/supervisor_support.py) ==========================================
 @pytest.fixture
 def harness(tmp_path: Path) -> Iterator[list[Supervised]]:

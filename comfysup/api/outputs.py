@@ -160,5 +160,5 @@ class Inputs:
         minted = state.queue.mint_api_asset(digest, name, kind, retention)
         if minted is not None:
             return minted[0]
-        staged, _new, _replayed = state.queue.add_api_asset(NewAsset(digest, size, name, str(path)), kind, retention)
+        staged, _new = state.queue.add_api_asset(NewAsset(digest, size, name, str(path)), kind, retention)
         return staged
