@@ -19,12 +19,14 @@ from typing import Any
 @dataclass
 class FileServer:
     """``files``: path → bytes (200 with Content-Length); ``redirects``: path → Location (302); ``unsized``:
-    path → bytes sent without a Content-Length; ``/trickle`` sends one byte of 1000 every 50 ms; anything else
-    is 404. ``got`` keeps every request's path."""
+    path → bytes sent without a Content-Length; ``raw``: path → a whole answer (status line, headers, body) sent as
+    it is, a hostile server's; ``/trickle`` sends one byte of 1000 every 50 ms; anything else is 404. ``got`` keeps
+    every request's path."""
 
     files: dict[str, bytes] = field(default_factory=dict)
     redirects: dict[str, str] = field(default_factory=dict)
     unsized: dict[str, bytes] = field(default_factory=dict)
+    raw: dict[str, bytes] = field(default_factory=dict)
     got: list[str] = field(default_factory=list)
     server: ThreadingHTTPServer | None = None
     stopping: threading.Event = field(default_factory=threading.Event)
@@ -56,6 +58,9 @@ class FileServer:
                     self.send_header("Content-Length", str(len(body)))
                     self.end_headers()
                     self.wfile.write(body)
+                elif self.path in owner.raw:
+                    self.wfile.write(owner.raw[self.path])
+                    self.close_connection = True
                 elif self.path in owner.unsized:
                     self.send_response(200)
                     self.end_headers()  # HTTP/1.0: the body ends when the connection closes

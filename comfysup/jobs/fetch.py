@@ -180,9 +180,11 @@ class Fetcher:
                 raise FetchError(f"{where(url)}: no answer within {timeout:g} s ([inputs] timeout_seconds)") from None
             except requests.RequestException as exc:  # its own text names the URL's path: only its kind is said
                 raise FetchError(f"{where(url)}: cannot connect ({type(exc).__name__})") from None
+            except ValueError as exc:  # requests reads a redirect's Location even when not following it
+                raise FetchError(f"{where(url)}: its answer cannot be read ({exc})") from None
             with answer:
                 if answer.status_code in REDIRECTS and answer.headers.get("Location"):
-                    url = urljoin(url, answer.headers["Location"])
+                    url = urljoin(url, answer.headers["Location"])  # read by requests already (ValueError above)
                     continue
                 if answer.status_code != 200:
                     raise FetchError(f"{where(url)}: HTTP {answer.status_code} {answer.reason or ''}".rstrip())
@@ -291,7 +293,9 @@ def _read_failure(exc: BaseException, timeout: float) -> str:
 
 
 def _length(value: str | None) -> int | None:
-    return int(value) if value and value.isdigit() else None
+    """A Content-Length's value, None when there is none or it is no number (ASCII digits only: ``"²".isdigit()``
+    is true, and int() refuses it)."""
+    return int(value) if value and value.isascii() and value.isdigit() else None
 
 
 def _remove(path: str) -> None:

@@ -118,6 +118,24 @@ def test_a_redirect_to_a_private_address_is_refused_each_hop_checked(tmp_path: P
     assert found[2].startswith("3: ") and "169.254.169.254 is a link-local address" in found[2]
 
 
+def test_a_hostile_servers_answers_are_clear_errors_not_tracebacks(tmp_path: Path) -> None:
+    """A Location that is no URL, a Content-Length of digits Python reads as digits but int() does not (latin-1's
+    superscript two): each is the line's problem, not an exception out of submit (or a broker's redelivery loop)."""
+    with file_server() as server:
+        server.raw = {"/ipv6": b"HTTP/1.1 302 Found\r\nLocation: http://[oops/x.png\r\nContent-Length: 0\r\n\r\n",
+                      "/length": b"HTTP/1.1 200 OK\r\nContent-Length: \xb2\r\n\r\nab"}
+        path = write_jobs(tmp_path, [url_line(1, {"url": f"{server.url}/ipv6"}),
+                                     url_line(2, {"url": f"{server.url}/length"})])
+        jobs = JobsFile(path, remote=PRIVATE_OK)
+        try:
+            found = [f"{p.line}: {p.message}" for p in jobs.validate().problems]
+            fetched = jobs.inputs._fetched[f"{server.url}/length"]  # an unreadable length is none: read to the end
+        finally:
+            jobs.close()
+    assert len(found) == 1 and found[0].startswith("1: ") and "its answer cannot be read (Invalid IPv6 URL)" in found[0]
+    assert not isinstance(fetched, str) and fetched.size == 2
+
+
 def test_redirects_are_bounded(tmp_path: Path) -> None:
     with file_server() as server:
         server.redirects = {"/a": "/b", "/b": "/a"}
