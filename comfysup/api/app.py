@@ -37,6 +37,7 @@ from comfysup.config import Config
 from comfysup.errors import NotFound
 from comfysup.jobs import MAX_WORKFLOW_BYTES
 from comfysup.jobs.catalogue import Catalogue
+from comfysup.jobs.inputs import InputFiles
 from comfysup.queue.assets import AssetMissing
 from comfysup.queue.base import SubmitConflict
 from comfysup.queue.watch import EXIT_DATABASE_REPLACED, QueueWatch, lost_line
@@ -136,12 +137,30 @@ async def post_job(request: web.Request) -> web.Response:
     state: State = request.app[STATE_KEY]
     body = await read_json(request, MAX_WORKFLOW_BYTES, f"{MAX_WORKFLOW_BYTES // 2**20} MiB (a job's workflow)")
     key = request.headers.get("Idempotency-Key")
-    fetched = await asyncio.to_thread(state.intake.fetch, body)  # inputs by URL: not in the queue's one thread
+    fetched = await _fetch(state, body)
+    if fetched is None:
+        return await state.call(_submit, state, body, key, _origin(request))
+    # Removed once the worker is done with them, not when this request is: a client that leaves cancels the
+    # request (handler_cancellation) while the worker may be copying the staged files into the asset store.
+    submitting = state.worker.submit(_submit, state, body, key, _origin(request), fetched)
+    submitting.add_done_callback(lambda _done: fetched.release())
+    return await asyncio.wrap_future(submitting)
+
+
+async def _fetch(state: State, body: Any) -> InputFiles | None:
+    """The body's inputs by URL, fetched in a thread of their own (never in the queue's one worker). A request
+    cancelled meanwhile (its client left) does not stop the download: its files are removed when it ends."""
+    fetching = asyncio.get_running_loop().run_in_executor(None, state.intake.fetch, body)
     try:
-        return await state.call(_submit, state, body, key, _origin(request), fetched)
-    finally:
-        if fetched is not None:
-            fetched.release()
+        return await asyncio.shield(fetching)
+    except asyncio.CancelledError:
+        fetching.add_done_callback(_release_fetched)
+        raise
+
+
+def _release_fetched(done: asyncio.Future[InputFiles | None]) -> None:
+    if not done.cancelled() and done.exception() is None and (fetched := done.result()) is not None:
+        fetched.release()
 
 
 def _submit(state: State, body: Any, key: str | None, origin: str, fetched: Any = None) -> web.Response:

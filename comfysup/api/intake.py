@@ -92,11 +92,15 @@ class Intake:
         if not found:
             return None
         inputs, missing = self.inputs(), []
-        for (node_id, name), value in found.items():
-            try:
-                inputs.resolve({f"{node_id}.{name}": value})
-            except JobLineError as exc:
-                missing.append({"node_id": node_id, "input": name, "reason": str(exc)})
+        try:
+            for (node_id, name), value in found.items():
+                try:
+                    inputs.resolve({f"{node_id}.{name}": value})
+                except JobLineError as exc:
+                    missing.append({"node_id": node_id, "input": name, "reason": str(exc)})
+        except BaseException:  # what was fetched before an unexpected failure is not left in the staging folder
+            inputs.release()
+            raise
         if missing:
             inputs.release()
             more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""

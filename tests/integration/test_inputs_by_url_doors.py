@@ -4,9 +4,13 @@ queue) and the API (an ``info.url`` in a ``core/ASSET`` reference; 422 ``missing
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import io
 import json
+import socket
+import tempfile
+import threading
 import uuid
 from pathlib import Path
 from typing import Any
@@ -135,6 +139,45 @@ def test_the_api_fetches_an_asset_reference_by_url_and_refuses_one_it_cannot(tmp
         assert assets.ref_name(ref) == "photo.png" and assets.ref_hash(ref) == assets.hash_bytes(DATA)
         assert queue.read_asset(assets.hash_bytes(DATA)) == DATA
         assert len(list(queue.iter_jobs())) == 1
+    finally:
+        queue.close()
+
+
+def test_the_api_removes_the_download_of_a_client_that_left(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The API cancels a request whose client has gone (handler_cancellation); the download in its thread goes on
+    and must not leave its file in the staging folder when it ends, nor insert a job nobody was told of."""
+    from comfysup.api import app as app_module
+
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(staging))
+    cancelled = threading.Event()
+    real = app_module.post_job
+
+    async def watched(request: Any) -> Any:
+        try:
+            return await real(request)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    monkeypatch.setattr(app_module, "post_job", watched)
+    config = api_config(tmp_path, sections={"inputs": {"allow_private": True, "timeout_seconds": 5.0}})
+    with file_server(held={"/slow.png": DATA}) as server, running_api(config) as url:
+        workflow = json.loads(json.dumps(INVERT))
+        workflow["1"]["inputs"]["image"] = reference(f"{server.url}/slow.png")
+        body = json.dumps({"workflow": workflow}).encode()
+        host, _, port = url.removeprefix("http://").partition(":")
+        with socket.create_connection((host, int(port)), timeout=10) as client:
+            client.sendall(f"POST /api/v2/jobs HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+                           f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+            assert server.asked.wait(10), "the API did not start the download"
+        assert cancelled.wait(10), "the API did not cancel the request of the client that left"
+        server.go.set()  # the download ends after its request was cancelled
+        wait_for(lambda: not any(staging.iterdir()), 10, "the staging folder emptied")
+    queue = open_queue(config)
+    try:
+        assert list(queue.iter_jobs()) == []
     finally:
         queue.close()
 
