@@ -52,6 +52,9 @@ SCAN_PAGES = 20
 CATALOGUE_SECONDS = 5.0
 """How long the node catalogues read from the queue are reused before they are read again."""
 QUEUE_FULL_RETRY_SECONDS = 5
+FETCH_THREADS = 4
+"""Inputs by URL downloaded at once, in threads of their own: a slow one may take [inputs] max_seconds, and in the
+loop's default executor a few would hold the threads that uploads and the queue file's watch need. More wait."""
 MAX_CURSOR = 2**63 - 1
 """A cursor is a job's sequence number, a signed 64-bit integer in both queues."""
 
@@ -63,6 +66,7 @@ class State:
         self.config = config
         self.queue = queue
         self.worker = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="comfysup-api-queue")
+        self.fetcher = concurrent.futures.ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="comfysup-api-fetch")
         self.intake = Intake(config.resolve("."), config)
         self.store = config.resolve(config.store.dir)
         self.hosts = HostCheck(config.api.listen.rpartition(":")[0], config.api.public_url, config.api.allowed_hosts)
@@ -150,7 +154,7 @@ async def post_job(request: web.Request) -> web.Response:
 async def _fetch(state: State, body: Any) -> InputFiles | None:
     """The body's inputs by URL, fetched in a thread of their own (never in the queue's one worker). A request
     cancelled meanwhile (its client left) does not stop the download: its files are removed when it ends."""
-    fetching = asyncio.get_running_loop().run_in_executor(None, state.intake.fetch, body)
+    fetching = asyncio.get_running_loop().run_in_executor(state.fetcher, state.intake.fetch, body)
     try:
         return await asyncio.shield(fetching)
     except asyncio.CancelledError:

@@ -182,6 +182,24 @@ def test_the_api_removes_the_download_of_a_client_that_left(tmp_path: Path, monk
         queue.close()
 
 
+def test_the_api_downloads_in_threads_of_its_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not in the loop's default executor: uploads and the queue file's watch run there, and a few slow URLs
+    (each may take [inputs] max_seconds) would hold all of its threads."""
+    from comfysup.api.intake import Intake
+
+    threads: list[str] = []
+    real = Intake.fetch
+
+    def fetch(self: Intake, body: Any) -> Any:
+        threads.append(threading.current_thread().name)
+        return real(self, body)
+
+    monkeypatch.setattr(Intake, "fetch", fetch)
+    with running_api(api_config(tmp_path)) as url:
+        httpx.post(f"{url}/api/v2/jobs", json={"workflow": INVERT}, timeout=30)
+    assert len(threads) == 1 and threads[0].startswith("comfysup-api-fetch"), threads
+
+
 def test_the_api_refuses_a_private_url_without_allow_private(tmp_path: Path) -> None:
     config = api_config(tmp_path)
     with file_server(files={"/cat.png": DATA}) as server, running_api(config) as url:
