@@ -370,8 +370,13 @@ def make_app(config: Config, queue: Any) -> web.Application:
     events.install(app, state.call, queue, config.api.max_event_streams)
     remote.install(app)
 
+    async def stopping(app: web.Application) -> None:  # before the requests in flight are waited for
+        state.intake.stopping.set()
+
     async def close(app: web.Application) -> None:
         state.worker.shutdown(wait=True)
+        state.fetcher.shutdown(wait=False, cancel_futures=True)
 
+    app.on_shutdown.append(stopping)
     app.on_cleanup.append(close)
     return app

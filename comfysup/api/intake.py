@@ -16,6 +16,7 @@ semantics (same key and body: the same job, ``Idempotency-Replayed: true``; same
 from __future__ import annotations
 
 import json
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -75,6 +76,8 @@ class Intake:
         self.base_dir = base_dir
         self.config = config or Config()
         self.allow_private_callbacks = self.config.webhooks.allow_private
+        self.stopping = threading.Event()
+        """Set when the API stops: the downloads in flight end (the process waits for their threads at exit)."""
 
     def inputs(self) -> InputFiles:
         """Where a job's input files come from: no file of this machine; by URL as [inputs] says, s3 only from
@@ -82,7 +85,7 @@ class Intake:
         c = self.config
         return InputFiles(self.base_dir, (), "the API: a job names its input files by core/ASSET references to "
                           "uploads or by info.url", c.assets.max_file_mb * 2**20, c.assets.max_job_mb * 2**20,
-                          c.inputs, c.inputs.s3_buckets)
+                          c.inputs, c.inputs.s3_buckets, stopping=self.stopping)
 
     def fetch(self, body: Any) -> InputFiles | None:
         """The workflow's references by ``info.url``, fetched into the inputs ``job`` then uses (in a thread of

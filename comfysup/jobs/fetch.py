@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -110,10 +111,13 @@ def s3_client(settings: InputsConfig) -> Any:
 class Fetcher:
     """Fetches sources into files; one per submit (its HTTP session and S3 client are made at first use)."""
 
-    def __init__(self, settings: InputsConfig, max_bytes: int, progress: Progress | None = None) -> None:
+    def __init__(self, settings: InputsConfig, max_bytes: int, progress: Progress | None = None,
+                 stopping: threading.Event | None = None) -> None:
         self.settings = settings
         self.max_bytes = max_bytes
         self.progress = progress
+        self.stopping = stopping
+        """Set when the service stops (the API): a download ends at its next bytes, not at ``max_seconds``."""
         self._session: requests.Session | None = None
         self._s3: Any = None
         self._sha256 = False
@@ -243,6 +247,8 @@ class Fetcher:
             self.progress.start(name, total)
         try:
             while True:
+                if self.stopping is not None and self.stopping.is_set():
+                    raise FetchError(f"{shown}: not fetched: the service is stopping")
                 if time.monotonic() > deadline:
                     raise FetchError(f"{shown}: not fetched within {self.settings.max_seconds:g} s ([inputs] "
                                      "max_seconds)")

@@ -25,6 +25,7 @@ import os
 import re
 import shutil
 import tempfile
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -64,6 +65,8 @@ class InputFiles:
     stored: Callable[[str], int | None] | None = None
     """The asset store's size of a content by hash (None: not held): an input from elsewhere whose ``blake3`` the
     store holds already is not fetched again (a file submitted again, a URL since gone)."""
+    stopping: threading.Event | None = None
+    """Set when the service stops (the API's): a download in flight ends at its next bytes."""
     _seen: dict[tuple[str, int, int, int], NewAsset] = field(default_factory=dict)
     _fetched: dict[str, Fetched | str] = field(default_factory=dict)
     """By source: the fetched file, or why it could not be fetched."""
@@ -248,7 +251,7 @@ class InputFiles:
         known = self._fetched.get(source)
         if known is None:
             if self._fetcher is None:
-                self._fetcher = Fetcher(self.remote, self.max_file_bytes, self.progress)
+                self._fetcher = Fetcher(self.remote, self.max_file_bytes, self.progress, self.stopping)
             try:
                 known = self._fetcher.fetch(source, self._staged_name(), name, sha256)
             except FetchError as exc:

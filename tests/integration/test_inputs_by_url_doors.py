@@ -200,6 +200,34 @@ def test_the_api_downloads_in_threads_of_its_own(tmp_path: Path, monkeypatch: py
     assert len(threads) == 1 and threads[0].startswith("comfysup-api-fetch"), threads
 
 
+def test_the_api_stops_its_downloads_when_it_stops(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A download in flight when the API stops ends at its next bytes, not at [inputs] max_seconds: the process
+    waits for its threads at exit, and a trickle of a byte now and then would hold the stop for ten minutes."""
+    from comfysup.api.intake import Intake
+
+    ended = threading.Event()
+    real = Intake.fetch
+
+    def fetch(self: Intake, body: Any) -> Any:
+        try:
+            return real(self, body)
+        finally:
+            ended.set()
+
+    monkeypatch.setattr(Intake, "fetch", fetch)
+    config = api_config(tmp_path, sections={"inputs": {"allow_private": True, "timeout_seconds": 5.0}})
+    with file_server() as server:
+        with running_api(config) as url:
+            workflow = json.loads(json.dumps(INVERT))
+            workflow["1"]["inputs"]["image"] = reference(f"{server.url}/trickle")
+            poster = threading.Thread(target=lambda: httpx.post(f"{url}/api/v2/jobs", json={"workflow": workflow},
+                                                                timeout=60), daemon=True)
+            poster.start()
+            wait_for(lambda: server.got == ["/trickle"], 10, "the download to start")
+        assert ended.wait(10), "the download went on after the API stopped"
+        poster.join(10)
+
+
 def test_the_api_refuses_a_private_url_without_allow_private(tmp_path: Path) -> None:
     config = api_config(tmp_path)
     with file_server(files={"/cat.png": DATA}) as server, running_api(config) as url:
