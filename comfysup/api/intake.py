@@ -94,14 +94,17 @@ class Intake:
         found = remote_references(body.get("workflow") if isinstance(body, dict) else None)
         if not found:
             return None
-        inputs, missing = self.inputs(), []
+        inputs, missing, sizes = self.inputs(), [], {}
         try:
             for (node_id, name), value in found.items():
                 try:
-                    inputs.resolve({f"{node_id}.{name}": value})
+                    sizes.update((a.hash, a.size) for a in inputs.resolve({f"{node_id}.{name}": value})[1])
                 except JobLineError as exc:
                     missing.append({"node_id": node_id, "input": name, "reason": str(exc)})
-        except BaseException:  # what was fetched before an unexpected failure is not left in the staging folder
+                if sum(sizes.values()) > inputs.max_job_bytes:  # refused anyway: download no more of them
+                    raise ApiError(422, "invalid_workflow", f"the job's input files by URL are more than "
+                                   f"{int(inputs.max_job_bytes):,} bytes together ([assets] max_job_mb)")
+        except BaseException:  # what was fetched is not left in the staging folder
             inputs.release()
             raise
         if missing:

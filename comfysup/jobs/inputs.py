@@ -86,6 +86,8 @@ class InputFiles:
         for key, value in params.items():
             if not isinstance(value, dict):
                 continue
+            if total > self.max_job_bytes:
+                break  # refused already: nothing more is read or downloaded for this line
             try:
                 if set(value) == {"file"}:
                     asset = self._file(key, value["file"])

@@ -122,8 +122,8 @@ def test_a_hostile_servers_answers_are_clear_errors_not_tracebacks(tmp_path: Pat
     """A Location that is no URL, a Content-Length of digits Python reads as digits but int() does not (latin-1's
     superscript two): each is the line's problem, not an exception out of submit (or a broker's redelivery loop)."""
     with file_server() as server:
-        server.raw = {"/ipv6": b"HTTP/1.1 302 Found\r\nLocation: http://[oops/x.png\r\nContent-Length: 0\r\n\r\n",
-                      "/length": b"HTTP/1.1 200 OK\r\nContent-Length: \xb2\r\n\r\nab"}
+        server.raw = {"/ipv6": b"HTTP/1.1 302 Found\r\nLocation: http://[oops/x.png\r\nConnection: close\r\n\r\n",
+                      "/length": b"HTTP/1.1 200 OK\r\nContent-Length: \xb2\r\nConnection: close\r\n\r\nab"}
         path = write_jobs(tmp_path, [url_line(1, {"url": f"{server.url}/ipv6"}),
                                      url_line(2, {"url": f"{server.url}/length"})])
         jobs = JobsFile(path, remote=PRIVATE_OK)
@@ -134,6 +134,19 @@ def test_a_hostile_servers_answers_are_clear_errors_not_tracebacks(tmp_path: Pat
             jobs.close()
     assert len(found) == 1 and found[0].startswith("1: ") and "its answer cannot be read (Invalid IPv6 URL)" in found[0]
     assert not isinstance(fetched, str) and fetched.size == 2
+
+
+def test_a_line_stops_fetching_once_its_inputs_pass_the_jobs_bound(tmp_path: Path) -> None:
+    """[assets] max_job_mb bounds what one line makes comfysup download, not only what it stores: a line of many
+    URLs, each under max_file_mb, is refused once their sum passes the bound, and the rest are not fetched."""
+    files = {f"/{n}.png": bytes([n]) * 3000 for n in range(3)}
+    with file_server(files=files) as server:
+        value = {f"{node}.{key}": {"url": f"{server.url}/{n}.png"}
+                 for n, (node, key) in enumerate((("1", "image"), ("2", "image"), ("3", "filename_prefix")))}
+        path = write_jobs(tmp_path, [{"id": job_id(1), "set": value}])
+        found = problems(path, remote=PRIVATE_OK, max_input_bytes=4000, max_job_input_bytes=5000)
+        assert server.got == ["/0.png", "/1.png"]
+    assert any("the job's input files are 6,000 bytes together; at most 5,000" in f for f in found), found
 
 
 def test_redirects_are_bounded(tmp_path: Path) -> None:

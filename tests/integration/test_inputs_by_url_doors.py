@@ -228,6 +228,21 @@ def test_the_api_stops_its_downloads_when_it_stops(tmp_path: Path, monkeypatch: 
         poster.join(10)
 
 
+def test_the_api_stops_fetching_once_a_jobs_inputs_pass_its_bound(tmp_path: Path) -> None:
+    files = {f"/{n}.png": bytes([n]) * 3000 for n in range(3)}
+    config = api_config(tmp_path, sections={"inputs": {"allow_private": True, "timeout_seconds": 5.0},
+                                            "assets": {"max_file_mb": 1, "max_job_mb": 1}})
+    config = dataclasses.replace(config, assets=dataclasses.replace(config.assets, max_job_mb=5000 / 2**20))
+    with file_server(files=files) as server, running_api(config) as url:
+        workflow = json.loads(json.dumps(INVERT))
+        for n, (node, key) in enumerate((("1", "image"), ("2", "image"), ("3", "filename_prefix"))):
+            workflow[node]["inputs"][key] = reference(f"{server.url}/{n}.png")
+        answer = httpx.post(f"{url}/api/v2/jobs", json={"workflow": workflow}, timeout=30)
+        assert server.got == ["/0.png", "/1.png"]
+    assert answer.status_code == 422, answer.text
+    assert "are more than 5,000 bytes together ([assets] max_job_mb)" in answer.json()["error"]["message"]
+
+
 def test_the_api_refuses_a_private_url_without_allow_private(tmp_path: Path) -> None:
     config = api_config(tmp_path)
     with file_server(files={"/cat.png": DATA}) as server, running_api(config) as url:
