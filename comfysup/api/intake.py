@@ -95,10 +95,11 @@ class Intake:
         if not found:
             return None
         inputs, missing, sizes = self.inputs(), [], {}
+        until = time.monotonic() + self.config.inputs.max_seconds  # the job's downloads together
         try:
             for (node_id, name), value in found.items():
                 try:
-                    sizes.update((a.hash, a.size) for a in inputs.resolve({f"{node_id}.{name}": value})[1])
+                    sizes.update((a.hash, a.size) for a in inputs.resolve({f"{node_id}.{name}": value}, until)[1])
                 except JobLineError as exc:
                     missing.append({"node_id": node_id, "input": name, "reason": str(exc)})
                 if sum(sizes.values()) > inputs.max_job_bytes:  # refused anyway: download no more of them

@@ -135,10 +135,11 @@ class Fetcher:
             raise FetchError(f"{where(url)}: {problem}; set [inputs] allow_private = true to fetch inputs inside "
                              "this network")
 
-    def fetch(self, source: str, into: str, name: str, sha256: bool = False) -> Fetched:
+    def fetch(self, source: str, into: str, name: str, sha256: bool = False, until: float | None = None) -> Fetched:
         """``source`` (a URL or s3://) written to the new file ``into``, hashed (BLAKE3; SHA-256 too with
-        ``sha256``); FetchError, and no file, when it fails."""
-        deadline = time.monotonic() + self.settings.max_seconds
+        ``sha256``), by ``max_seconds`` from now or ``until`` (the job's downloads together) if sooner; FetchError,
+        and no file, when it fails."""
+        deadline = min(time.monotonic() + self.settings.max_seconds, until if until is not None else float("inf"))
         self._sha256 = sha256
         try:
             with open(into, "xb") as out:  # not synced: the submit's transaction copies it and syncs its copy

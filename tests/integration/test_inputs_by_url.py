@@ -175,6 +175,20 @@ def test_a_server_that_never_answers_fails_after_the_timeout(tmp_path: Path) -> 
     assert took < 5  # once for both lines: a failure is remembered
 
 
+def test_a_jobs_downloads_together_are_bounded_by_max_seconds(tmp_path: Path) -> None:
+    """Many URLs of one line (a broker message, an API workflow) to a server that never answers: each waits its
+    timeout_seconds, but together no longer than max_seconds; the ones after it are not tried."""
+    with silent_port() as port:
+        value = {f"{node}.{key}": {"url": f"http://127.0.0.1:{port}/{n}.png"}
+                 for n, (node, key) in enumerate((("1", "image"), ("2", "image"), ("3", "filename_prefix")))}
+        path = write_jobs(tmp_path, [{"id": job_id(1), "set": value}])
+        settings = dataclasses.replace(PRIVATE_OK, timeout_seconds=0.4, max_seconds=0.6)
+        found = problems(path, remote=settings)
+    assert sum("no answer within 0.4 s" in f for f in found) == 2, found
+    assert any("/…: not fetched: the job's inputs took more than 0.6 s together ([inputs] max_seconds)" in f
+               for f in found), found
+
+
 def test_a_trickle_is_cut_at_the_whole_download_bound(tmp_path: Path) -> None:
     with file_server() as server:
         path = write_jobs(tmp_path, [url_line(1, {"url": f"{server.url}/trickle"})])
