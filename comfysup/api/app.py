@@ -27,7 +27,7 @@ from comfysup import safefs
 from comfysup.api import assets, events, remote, views
 from comfysup.api.connections import track
 from comfysup.api.errors import ApiError, not_found
-from comfysup.api.intake import Intake
+from comfysup.api.intake import Intake, job_id_for
 from comfysup.api.replies import STATE_KEY, harden, read_json, send
 from comfysup.api.replies import job_id as _job_id
 from comfysup.api.replies import json_response as _json
@@ -141,7 +141,13 @@ async def post_job(request: web.Request) -> web.Response:
     state: State = request.app[STATE_KEY]
     body = await read_json(request, MAX_WORKFLOW_BYTES, f"{MAX_WORKFLOW_BYTES // 2**20} MiB (a job's workflow)")
     key = request.headers.get("Idempotency-Key")
-    fetched = await _fetch(state, body)
+    try:
+        fetched = await _fetch(state, body)
+    except ApiError as exc:
+        replayed = await state.call(_replay, state, key, _origin(request)) if exc.code == "missing_asset" else None
+        if replayed is None:
+            raise
+        return replayed
     if fetched is None:
         return await state.call(_submit, state, body, key, _origin(request))
     # Removed once the worker is done with them, not when this request is: a client that leaves cancels the
@@ -167,6 +173,18 @@ def _release_fetched(done: asyncio.Future[InputFiles | None]) -> None:
         fetched.release()
 
 
+def _replay(state: State, key: str | None, origin: str) -> web.Response | None:
+    """In the worker thread: the job an Idempotency-Key already made, answered as a replay, when its inputs by
+    URL cannot be fetched again (a presigned link expired): the job holds its copies and no longer needs them."""
+    if key is None:
+        return None
+    try:
+        record = state.queue.get(job_id_for(key))
+    except NotFound:
+        return None
+    return _created(state, record, origin, replayed=True)
+
+
 def _submit(state: State, body: Any, key: str | None, origin: str, fetched: Any = None) -> web.Response:
     """In the worker thread: validate, bound the queue, insert (durable before the answer), answer."""
     job = state.intake.job(body, key, state.catalogues(), state.queue.api_asset, fetched)
@@ -185,9 +203,12 @@ def _submit(state: State, body: Any, key: str | None, origin: str, fetched: Any 
         raise ApiError(422, "idempotency_key_reuse", "this Idempotency-Key was used for a different job") from None
     except AssetMissing as exc:  # pruned between the lookup and the insert
         raise ApiError(422, "missing_asset", str(exc)) from None
-    record = state.queue.get(job.id)
-    headers = {"Idempotency-Replayed": "true"} if result.existing else {}
-    headers["Location"] = views.job_urls(job.id)["self"]
+    return _created(state, state.queue.get(job.id), origin, replayed=bool(result.existing))
+
+
+def _created(state: State, record: Any, origin: str, *, replayed: bool) -> web.Response:
+    headers = {"Idempotency-Replayed": "true"} if replayed else {}
+    headers["Location"] = views.job_urls(record.id)["self"]
     return _json(views.job(record, origin, time.time(), _place(state, record)), status=201, headers=headers)
 
 

@@ -243,6 +243,25 @@ def test_the_api_stops_fetching_once_a_jobs_inputs_pass_its_bound(tmp_path: Path
     assert "are more than 5,000 bytes together ([assets] max_job_mb)" in answer.json()["error"]["message"]
 
 
+def test_an_idempotent_replay_is_answered_after_its_url_is_gone(tmp_path: Path) -> None:
+    """A client that retries a POST it got no answer to (same Idempotency-Key) gets its job, even when the URL
+    it named has expired since (a presigned link): the job holds its own copy and does not need it."""
+    config = api_config(tmp_path, sections={"inputs": {"allow_private": True, "timeout_seconds": 5.0}})
+    with file_server(files={"/cat.png": DATA}) as server, running_api(config) as url:
+        workflow = json.loads(json.dumps(INVERT))
+        workflow["1"]["inputs"]["image"] = reference(f"{server.url}/cat.png")
+        key = {"Idempotency-Key": "retry-me-1"}
+        first = httpx.post(f"{url}/api/v2/jobs", json={"workflow": workflow}, headers=key, timeout=30)
+        assert first.status_code == 201, first.text
+        server.files.clear()  # the link expired
+        again = httpx.post(f"{url}/api/v2/jobs", json={"workflow": workflow}, headers=key, timeout=30)
+        other = httpx.post(f"{url}/api/v2/jobs", json={"workflow": workflow}, headers={"Idempotency-Key": "new"},
+                           timeout=30)
+    assert again.status_code == 201, again.text
+    assert again.headers["Idempotency-Replayed"] == "true" and again.json()["id"] == first.json()["id"]
+    assert other.status_code == 422 and other.json()["error"]["code"] == "missing_asset"  # a new job needs it
+
+
 def test_the_api_refuses_a_private_url_without_allow_private(tmp_path: Path) -> None:
     config = api_config(tmp_path)
     with file_server(files={"/cat.png": DATA}) as server, running_api(config) as url:
