@@ -193,6 +193,10 @@ class Fetcher:
                     continue
                 if answer.status_code != 200:
                     raise FetchError(f"{where(url)}: HTTP {answer.status_code} {answer.reason or ''}".rstrip())
+                encoding = answer.headers.get("Content-Encoding", "").strip().lower()
+                if encoding not in ("", "identity"):  # its bytes are not the file's: they would be stored as it
+                    raise FetchError(f"{where(url)}: the server sent it encoded (Content-Encoding: {encoding[:40]}) "
+                                     "though asked for the file as it is")
                 total = _length(answer.headers.get("Content-Length"))
                 self._check_size(where(url), total)
                 return self._copy(where(url), _read1(answer.raw), out, deadline, name, total)

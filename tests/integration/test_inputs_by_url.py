@@ -136,6 +136,19 @@ def test_a_hostile_servers_answers_are_clear_errors_not_tracebacks(tmp_path: Pat
     assert not isinstance(fetched, str) and fetched.size == 2
 
 
+def test_a_compressed_answer_is_refused_not_stored_compressed(tmp_path: Path) -> None:
+    """Asked for identity, a server that compresses anyway would have its gzip bytes stored as the image."""
+    import gzip
+
+    packed = gzip.compress(DATA)
+    with file_server() as server:
+        server.raw = {"/cat.png": b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nConnection: close\r\n"
+                                  + f"Content-Length: {len(packed)}\r\n\r\n".encode() + packed}
+        path = write_jobs(tmp_path, [url_line(1, {"url": f"{server.url}/cat.png"})])
+        found = problems(path, remote=PRIVATE_OK)
+    assert len(found) == 1 and "sent it encoded (Content-Encoding: gzip)" in found[0], found
+
+
 def test_a_line_stops_fetching_once_its_inputs_pass_the_jobs_bound(tmp_path: Path) -> None:
     """[assets] max_job_mb bounds what one line makes comfysup download, not only what it stores: a line of many
     URLs, each under max_file_mb, is refused once their sum passes the bound, and the rest are not fetched."""
