@@ -35,6 +35,7 @@ from urllib.parse import unquote, urlsplit
 
 from comfysup import assets, safefs
 from comfysup.config import InputsConfig
+from comfysup.destinations import is_http_url
 from comfysup.jobs.fetch import Fetched, Fetcher, FetchError, Progress, s3_parts, where
 from comfysup.jobs.values import MAX_URL_CHARS, JobLineError, check_text, did_you_mean
 from comfysup.queue.base import NewAsset
@@ -232,7 +233,7 @@ class InputFiles:
                            "loaders the kind of file)")
         else:
             check_text(name, f"set {key!r}: name")
-        if kind == "url" and not source.startswith(("http://", "https://")):
+        if kind == "url" and not (source.startswith(("http://", "https://")) and is_http_url(source)):
             reasons.append(f"set {key!r}: url {where(source)} is not an http:// or https:// URL"
                            + ("; write {\"s3\": \"s3://…\"} for a bucket" if source.startswith("s3://") else ""))
         if kind == "s3":
@@ -303,6 +304,9 @@ def remote_value(info: dict[str, Any]) -> dict[str, Any]:
 
 def _name_of(source: str) -> str:
     """The file name a URL's path or an S3 key ends with (``cat.png``); ``input`` when it ends with none."""
-    path = urlsplit(source).path if not source.startswith("s3://") else source.partition("//")[2]
+    try:
+        path = urlsplit(source).path if not source.startswith("s3://") else source.partition("//")[2]
+    except ValueError:  # no URL ("http://[::1"): refused as one by the shape's check, not a traceback here
+        return "input"
     name = unquote(PurePosixPath(path).name) if path.strip("/") else ""
     return name if name and not {"/", "\\", "\0"} & set(name) and name not in (".", "..") else "input"

@@ -256,7 +256,8 @@ def test_the_shape_of_an_input_from_elsewhere_is_checked(tmp_path: Path) -> None
                                  url_line(3, {"url": "s3://bucket/a.png"}),
                                  url_line(4, {"url": "https://files.example/a.png", "s3": "s3://b/k"}),
                                  url_line(5, {"url": "https://files.example/a.png", "name": "../x.png"}),
-                                 url_line(6, {"s3": "s3://bucket-only"})])
+                                 url_line(6, {"s3": "s3://bucket-only"}),
+                                 url_line(7, {"url": "http://[::1/cat.png"})])  # no URL: urlsplit's ValueError
     found = problems(path)
     assert '1: set \'1.image\': "url" must be an https:// URL' in found[0]
     assert "2: " in found[1] and "not an http:// or https:// URL" in found[1]
@@ -264,6 +265,7 @@ def test_the_shape_of_an_input_from_elsewhere_is_checked(tmp_path: Path) -> None
     assert "give \"url\" or \"s3\", not both" in found[3]
     assert "\"name\" must be a file name" in found[4]
     assert "is not s3://bucket/key" in found[5]
+    assert found[6].startswith("7: ") and "url (unreadable url) is not an http:// or https:// URL" in found[6], found
 
 
 @pytest.mark.parametrize(("text", "expected"), [
