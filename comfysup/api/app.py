@@ -26,7 +26,7 @@ from comfysup import assets as file_assets
 from comfysup.api import assets, events, outputs, placement, remote, views
 from comfysup.api.connections import track
 from comfysup.api.errors import ApiError, not_found
-from comfysup.api.intake import Intake
+from comfysup.api.intake import Intake, job_id_for
 from comfysup.api.replies import STATE_KEY, harden, read_json
 from comfysup.api.replies import job_id as _job_id
 from comfysup.api.replies import json_response as _json
@@ -36,6 +36,7 @@ from comfysup.config import Config
 from comfysup.errors import NotFound
 from comfysup.jobs import MAX_WORKFLOW_BYTES
 from comfysup.jobs.catalogue import Catalogue
+from comfysup.jobs.inputs import InputFiles
 from comfysup.queue.assets import AssetMissing
 from comfysup.queue.base import SubmitConflict
 from comfysup.queue.watch import EXIT_DATABASE_REPLACED, QueueWatch, lost_line
@@ -54,6 +55,9 @@ CATALOGUE_SECONDS = 5.0
 QUEUE_FULL_RETRY_SECONDS = 5
 CORS_KEY = web.RequestKey("cors_origin", str)
 """The request's Origin when it is one of ``[api] allowed_origins`` (its answer carries the CORS headers)."""
+FETCH_THREADS = 4
+"""Inputs by URL downloaded at once, in threads of their own: a slow one may take [inputs] max_seconds, and in the
+loop's default executor a few would hold the threads that uploads and the queue file's watch need. More wait."""
 MAX_CURSOR = 2**63 - 1
 """A cursor is a job's sequence number, a signed 64-bit integer in both queues."""
 
@@ -65,6 +69,7 @@ class State:
         self.config = config
         self.queue = queue
         self.worker = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="comfysup-api-queue")
+        self.fetcher = concurrent.futures.ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="comfysup-api-fetch")
         self.intake = Intake(config.resolve("."), config)
         self.store = config.resolve(config.store.dir)
         self.cors = Cors(config.api.allowed_origins)
@@ -203,12 +208,37 @@ async def post_job(request: web.Request) -> web.Response:
     state: State = request.app[STATE_KEY]
     body = await read_json(request, MAX_WORKFLOW_BYTES, f"{MAX_WORKFLOW_BYTES // 2**20} MiB (a job's workflow)")
     key = request.headers.get("Idempotency-Key")
-    fetched = await asyncio.to_thread(state.intake.fetch, body)  # inputs by URL: not in the queue's one thread
     try:
-        return await state.call(_submit, state, body, key, _origin(request), fetched)
-    finally:
-        if fetched is not None:
-            fetched.release()
+        fetched = await _fetch(state, body)
+    except ApiError as exc:
+        # A key used before is a reuse (422 idempotency_key_reuse naming its job), also when the inputs by URL of
+        # the request can no longer be fetched (a presigned link expired since the first try).
+        if exc.code == "missing_asset" and key is not None and await state.call(_known, state, job_id_for(key)):
+            raise _reused(job_id_for(key)) from None
+        raise
+    if fetched is None:
+        return await state.call(_submit, state, body, key, _origin(request))
+    # Removed once the worker is done with them, not when this request is: a client that leaves cancels the
+    # request (handler_cancellation) while the worker may be copying the staged files into the asset store.
+    submitting = state.worker.submit(_submit, state, body, key, _origin(request), fetched)
+    submitting.add_done_callback(lambda _done: fetched.release())
+    return await asyncio.wrap_future(submitting)
+
+
+async def _fetch(state: State, body: Any) -> InputFiles | None:
+    """The body's inputs by URL, fetched in a thread of their own (never in the queue's one worker). A request
+    cancelled meanwhile (its client left) does not stop the download: its files are removed when it ends."""
+    fetching = asyncio.get_running_loop().run_in_executor(state.fetcher, state.intake.fetch, body)
+    try:
+        return await asyncio.shield(fetching)
+    except asyncio.CancelledError:
+        fetching.add_done_callback(_release_fetched)
+        raise
+
+
+def _release_fetched(done: asyncio.Future[InputFiles | None]) -> None:
+    if not done.cancelled() and done.exception() is None and (fetched := done.result()) is not None:
+        fetched.release()
 
 
 def _submit(state: State, body: Any, key: str | None, origin: str, fetched: Any = None) -> web.Response:
@@ -389,8 +419,13 @@ def make_app(config: Config, queue: Any) -> web.Application:
     events.install(app, state.call, queue, config.api.max_event_streams)
     remote.install(app)
 
+    async def stopping(app: web.Application) -> None:  # before the requests in flight are waited for
+        state.intake.stopping.set()
+
     async def close(app: web.Application) -> None:
         state.worker.shutdown(wait=True)
+        state.fetcher.shutdown(wait=False, cancel_futures=True)
 
+    app.on_shutdown.append(stopping)
     app.on_cleanup.append(close)
     return app

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -132,6 +133,8 @@ class Intake:
         self.allow_private_callbacks = self.config.webhooks.allow_private
         self.models_dir = str(self.config.resolve(self.config.api.models_dir)) if self.config.api.models_dir else ""
         """``[api] models_dir``: a reference to a model placed there is its name (comfysup.api.placement)."""
+        self.stopping = threading.Event()
+        """Set when the API stops: the downloads in flight end (the process waits for their threads at exit)."""
 
     def inputs(self) -> InputFiles:
         """Where a job's input files come from: no file of this machine; by URL as [inputs] says, s3 only from
@@ -139,7 +142,7 @@ class Intake:
         c = self.config
         return InputFiles(self.base_dir, (), "the API: a job names its input files by core/ASSET references to "
                           "uploads or by info.url", c.assets.max_file_mb * 2**20, c.assets.max_job_mb * 2**20,
-                          c.inputs, c.inputs.s3_buckets)
+                          c.inputs, c.inputs.s3_buckets, stopping=self.stopping)
 
     def fetch(self, body: Any) -> InputFiles | None:
         """The workflow's references by ``info.url``, fetched into the inputs ``job`` then uses (in a thread of
@@ -148,12 +151,20 @@ class Intake:
         found = remote_references(body.get("workflow") if isinstance(body, dict) else None)
         if not found:
             return None
-        inputs, missing = self.inputs(), []
-        for (node_id, name), value in found.items():
-            try:
-                inputs.resolve({f"{node_id}.{name}": value})
-            except JobLineError as exc:
-                missing.append({"node_id": node_id, "input": name, "reason": str(exc)})
+        inputs, missing, sizes = self.inputs(), [], {}
+        until = time.monotonic() + self.config.inputs.max_seconds  # the job's downloads together
+        try:
+            for (node_id, name), value in found.items():
+                try:
+                    sizes.update((a.hash, a.size) for a in inputs.resolve({f"{node_id}.{name}": value}, until)[1])
+                except JobLineError as exc:
+                    missing.append({"node_id": node_id, "input": name, "reason": str(exc)})
+                if sum(sizes.values()) > inputs.max_job_bytes:  # refused anyway: download no more of them
+                    raise ApiError(422, "invalid_workflow", f"the job's input files by URL are more than "
+                                   f"{int(inputs.max_job_bytes):,} bytes together ([assets] max_job_mb)")
+        except BaseException:  # what was fetched is not left in the staging folder
+            inputs.release()
+            raise
         if missing:
             inputs.release()
             more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""

@@ -60,7 +60,7 @@ DOCS: dict[str, dict[str, str]] = {
         "allow_private": "Allow input URLs on loopback, link-local and private addresses and metadata names "
                          "(also after a redirect).",
         "timeout_seconds": "Longest wait to connect, and for the next bytes of an answer.",
-        "max_seconds": "Longest a whole download may take.",
+        "max_seconds": "Longest a whole download may take, and all of one job's downloads together.",
         "max_redirects": "Redirects followed, each destination checked like the URL; 0: none.",
         "s3_endpoint_url": "S3 service of s3:// inputs (MinIO, SeaweedFS, R2, ...); empty: AWS. Credentials: "
                            "AWS_* variables, the AWS profile, an instance role.",

@@ -57,6 +57,13 @@ def read_models(body: Any, source: str, manifest: str, root: str,
             raise ConfigError(f"{entry.where}: {entry.folder}/{entry.name} is already named by {seen[key].where}; "
                               "a file is named once (remove one of them)")
         seen[key] = entry
+    for (folder, name), entry in seen.items():  # a/b and a: the link of one would be the folder of the other
+        parts = name.split("/")
+        for depth in range(1, len(parts)):
+            if (parent := seen.get((folder, "/".join(parts[:depth])))) is not None:
+                raise ConfigError(f"{entry.where}: {entry.folder}/{entry.name} is inside "
+                                  f"{parent.folder}/{parent.name}, named by {parent.where}: "
+                                  f"{parent.folder}/{parent.name} is a file and a folder; rename one of them")
     return tuple(entries)
 
 

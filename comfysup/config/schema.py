@@ -90,7 +90,8 @@ class InputsConfig:
     timeout_seconds: float = 30.0
     """The longest wait to connect, and for the next bytes of an answer; then the input fails."""
     max_seconds: float = 600.0
-    """The longest a whole download may take (a server that sends a byte now and then cannot hold submit)."""
+    """The longest a whole download may take (a server that sends a byte now and then cannot hold submit), and all
+    of one job's together (a message or a workflow of many silent URLs cannot hold the consumer or the API)."""
     max_redirects: int = 5
     """Redirects followed, each one's destination checked like the URL itself; 0: none."""
     s3_endpoint_url: str = ""

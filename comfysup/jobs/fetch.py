@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -110,10 +111,13 @@ def s3_client(settings: InputsConfig) -> Any:
 class Fetcher:
     """Fetches sources into files; one per submit (its HTTP session and S3 client are made at first use)."""
 
-    def __init__(self, settings: InputsConfig, max_bytes: int, progress: Progress | None = None) -> None:
+    def __init__(self, settings: InputsConfig, max_bytes: int, progress: Progress | None = None,
+                 stopping: threading.Event | None = None) -> None:
         self.settings = settings
         self.max_bytes = max_bytes
         self.progress = progress
+        self.stopping = stopping
+        """Set when the service stops (the API): a download ends at its next bytes, not at ``max_seconds``."""
         self._session: requests.Session | None = None
         self._s3: Any = None
         self._sha256 = False
@@ -131,10 +135,11 @@ class Fetcher:
             raise FetchError(f"{where(url)}: {problem}; set [inputs] allow_private = true to fetch inputs inside "
                              "this network")
 
-    def fetch(self, source: str, into: str, name: str, sha256: bool = False) -> Fetched:
+    def fetch(self, source: str, into: str, name: str, sha256: bool = False, until: float | None = None) -> Fetched:
         """``source`` (a URL or s3://) written to the new file ``into``, hashed (BLAKE3; SHA-256 too with
-        ``sha256``); FetchError, and no file, when it fails."""
-        deadline = time.monotonic() + self.settings.max_seconds
+        ``sha256``), by ``max_seconds`` from now or ``until`` (the job's downloads together) if sooner; FetchError,
+        and no file, when it fails."""
+        deadline = min(time.monotonic() + self.settings.max_seconds, until if until is not None else float("inf"))
         self._sha256 = sha256
         try:
             with open(into, "xb") as out:  # not synced: the submit's transaction copies it and syncs its copy
@@ -180,12 +185,18 @@ class Fetcher:
                 raise FetchError(f"{where(url)}: no answer within {timeout:g} s ([inputs] timeout_seconds)") from None
             except requests.RequestException as exc:  # its own text names the URL's path: only its kind is said
                 raise FetchError(f"{where(url)}: cannot connect ({type(exc).__name__})") from None
+            except ValueError as exc:  # requests reads a redirect's Location even when not following it
+                raise FetchError(f"{where(url)}: its answer cannot be read ({exc})") from None
             with answer:
                 if answer.status_code in REDIRECTS and answer.headers.get("Location"):
-                    url = urljoin(url, answer.headers["Location"])
+                    url = urljoin(url, answer.headers["Location"])  # read by requests already (ValueError above)
                     continue
                 if answer.status_code != 200:
                     raise FetchError(f"{where(url)}: HTTP {answer.status_code} {answer.reason or ''}".rstrip())
+                encoding = answer.headers.get("Content-Encoding", "").strip().lower()
+                if encoding not in ("", "identity"):  # its bytes are not the file's: they would be stored as it
+                    raise FetchError(f"{where(url)}: the server sent it encoded (Content-Encoding: {encoding[:40]}) "
+                                     "though asked for the file as it is")
                 total = _length(answer.headers.get("Content-Length"))
                 self._check_size(where(url), total)
                 return self._copy(where(url), _read1(answer.raw), out, deadline, name, total)
@@ -241,6 +252,8 @@ class Fetcher:
             self.progress.start(name, total)
         try:
             while True:
+                if self.stopping is not None and self.stopping.is_set():
+                    raise FetchError(f"{shown}: not fetched: the service is stopping")
                 if time.monotonic() > deadline:
                     raise FetchError(f"{shown}: not fetched within {self.settings.max_seconds:g} s ([inputs] "
                                      "max_seconds)")
@@ -291,7 +304,9 @@ def _read_failure(exc: BaseException, timeout: float) -> str:
 
 
 def _length(value: str | None) -> int | None:
-    return int(value) if value and value.isdigit() else None
+    """A Content-Length's value, None when there is none or it is no number (ASCII digits only: ``"²".isdigit()``
+    is true, and int() refuses it)."""
+    return int(value) if value and value.isascii() and value.isdigit() else None
 
 
 def _remove(path: str) -> None:

@@ -25,6 +25,8 @@ import os
 import re
 import shutil
 import tempfile
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -33,6 +35,7 @@ from urllib.parse import unquote, urlsplit
 
 from comfysup import assets, safefs
 from comfysup.config import InputsConfig
+from comfysup.destinations import is_http_url
 from comfysup.jobs.fetch import Fetched, Fetcher, FetchError, Progress, s3_parts, where
 from comfysup.jobs.values import MAX_URL_CHARS, JobLineError, check_text, did_you_mean
 from comfysup.queue.base import NewAsset
@@ -64,6 +67,8 @@ class InputFiles:
     stored: Callable[[str], int | None] | None = None
     """The asset store's size of a content by hash (None: not held): an input from elsewhere whose ``blake3`` the
     store holds already is not fetched again (a file submitted again, a URL since gone)."""
+    stopping: threading.Event | None = None
+    """Set when the service stops (the API's): a download in flight ends at its next bytes."""
     _seen: dict[tuple[str, int, int, int], NewAsset] = field(default_factory=dict)
     _fetched: dict[str, Fetched | str] = field(default_factory=dict)
     """By source: the fetched file, or why it could not be fetched."""
@@ -75,24 +80,29 @@ class InputFiles:
         if self.roots is None:
             self.roots = (self.base_dir,)
 
-    def resolve(self, params: dict[str, Any]) -> tuple[dict[str, Any], tuple[NewAsset, ...]]:
-        """``params`` with each file value replaced by its reference, and the assets they name."""
+    def resolve(self, params: dict[str, Any],
+                until: float | None = None) -> tuple[dict[str, Any], tuple[NewAsset, ...]]:
+        """``params`` with each file value replaced by its reference, and the assets they name; its downloads end by
+        ``until`` (default: ``[inputs] max_seconds`` from now), and stop once the files pass ``max_job_bytes``."""
         if not any(isinstance(v, dict) for v in params.values()):
             return params, ()
         out, found, total, reasons = dict(params), {}, 0, []
+        until = until if until is not None else time.monotonic() + self.remote.max_seconds  # the line's downloads
         for key, value in params.items():
             if not isinstance(value, dict):
                 continue
+            if total > self.max_job_bytes:
+                break  # refused already: nothing more is read or downloaded for this line
             try:
                 if set(value) == {"file"}:
                     asset = self._file(key, value["file"])
                 elif value.get("__type") == assets.ASSET_TYPE and isinstance(value.get("info"), dict) \
                         and "url" in value["info"] and "id" not in value["info"]:
-                    asset = self._remote(key, remote_value(value["info"]))
+                    asset = self._remote(key, remote_value(value["info"]), until)
                 elif value.get("__type") == assets.ASSET_TYPE:
                     asset = self._reference(key, value)
                 elif "url" in value or "s3" in value:
-                    asset = self._remote(key, value)
+                    asset = self._remote(key, value, until)
                 else:
                     continue  # another object value: ComfyUI's own business (checked as any value)
             except JobLineError as exc:  # every input's problem is reported, not only the first
@@ -177,12 +187,12 @@ class InputFiles:
 
     # -- inputs from elsewhere -------------------------------------------------------------------------------
 
-    def _remote(self, key: str, value: dict[str, Any]) -> NewAsset:
+    def _remote(self, key: str, value: dict[str, Any], until: float) -> NewAsset:
         source, expected, name = self._remote_shape(key, value)
         if expected.keys() == {"blake3"} and self.stored is not None and (size := self.stored(
                 digest := assets.HASH_PREFIX + expected["blake3"])) is not None:
             return NewAsset(digest, size, name)  # held: named by its hash, as an upload's reference is
-        fetched = self._fetch(key, source, name, "sha256" in expected)
+        fetched = self._fetch(key, source, name, "sha256" in expected, until)
         got = {"blake3": fetched.blake3.removeprefix(assets.HASH_PREFIX), "sha256": fetched.sha256}
         wrong = [f"set {key!r}: {where(source)} has {algorithm} {got[algorithm]}, not the expected {digest}: the "
                  "file changed, or the expected hash is wrong" for algorithm, digest in expected.items()
@@ -223,7 +233,7 @@ class InputFiles:
                            "loaders the kind of file)")
         else:
             check_text(name, f"set {key!r}: name")
-        if kind == "url" and not source.startswith(("http://", "https://")):
+        if kind == "url" and not (source.startswith(("http://", "https://")) and is_http_url(source)):
             reasons.append(f"set {key!r}: url {where(source)} is not an http:// or https:// URL"
                            + ("; write {\"s3\": \"s3://…\"} for a bucket" if source.startswith("s3://") else ""))
         if kind == "s3":
@@ -242,15 +252,18 @@ class InputFiles:
             return [f"set {key!r}: s3 bucket {bucket!r} is not one of [inputs] s3_buckets ({allowed})"]
         return []
 
-    def _fetch(self, key: str, source: str, name: str, sha256: bool) -> Fetched:
+    def _fetch(self, key: str, source: str, name: str, sha256: bool, until: float) -> Fetched:
         """The source's file, fetched once per submit (its SHA-256 only when a line expects one); a failure,
         remembered, is the same reason every time."""
         known = self._fetched.get(source)
         if known is None:
             if self._fetcher is None:
-                self._fetcher = Fetcher(self.remote, self.max_file_bytes, self.progress)
+                self._fetcher = Fetcher(self.remote, self.max_file_bytes, self.progress, self.stopping)
             try:
-                known = self._fetcher.fetch(source, self._staged_name(), name, sha256)
+                if time.monotonic() > until:  # not remembered: another line has time of its own
+                    raise JobLineError(f"set {key!r}: {where(source)}: not fetched: the job's inputs took more "
+                                       f"than {self.remote.max_seconds:g} s together ([inputs] max_seconds)")
+                known = self._fetcher.fetch(source, self._staged_name(), name, sha256, until)
             except FetchError as exc:
                 known = str(exc)
             self._fetched[source] = known
@@ -291,6 +304,9 @@ def remote_value(info: dict[str, Any]) -> dict[str, Any]:
 
 def _name_of(source: str) -> str:
     """The file name a URL's path or an S3 key ends with (``cat.png``); ``input`` when it ends with none."""
-    path = urlsplit(source).path if not source.startswith("s3://") else source.partition("//")[2]
+    try:
+        path = urlsplit(source).path if not source.startswith("s3://") else source.partition("//")[2]
+    except ValueError:  # no URL ("http://[::1"): refused as one by the shape's check, not a traceback here
+        return "input"
     name = unquote(PurePosixPath(path).name) if path.strip("/") else ""
     return name if name and not {"/", "\\", "\0"} & set(name) and name not in (".", "..") else "input"

@@ -146,7 +146,7 @@ def _receive(resp: Any, shown: str, part: Partial, progress: Progress,
     else:
         if part.size:
             part.restart()  # no Range support, or the file changed (If-Range): the whole file comes again
-        on_total(int(length) if length and length.isdigit() else None)
+        on_total(int(length) if length and length.isascii() and length.isdigit() else None)  # "²".isdigit()
         part.write_meta({k: v for k, v in (("etag", resp.headers.get("ETag", "")),
                                             ("last_modified", resp.headers.get("Last-Modified", ""))) if v})
     try:

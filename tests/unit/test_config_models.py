@@ -74,6 +74,15 @@ def test_one_file_named_twice_is_refused(tmp_path: Path) -> None:
     assert "already named" in message  # clip is ComfyUI's old name of text_encoders: one folder
 
 
+def test_a_file_named_as_the_folder_of_another_is_refused(tmp_path: Path) -> None:
+    """checkpoints/a and checkpoints/a/b cannot both be: the link of one would be the folder of the other (the
+    pull that made the view failed with a FileExistsError traceback)."""
+    inner = GOOD.replace('"a.safetensors"', '"a.safetensors/b.safetensors"')
+    for first, second in ((GOOD, inner), (inner, GOOD)):
+        message = error(tmp_path, f"[[models]]\n{first}\n[[models]]\n{second}")
+        assert "[[models]] #" in message and "checkpoints/a.safetensors is a file and a folder" in message, message
+
+
 def test_a_manifest_that_is_missing_or_holds_settings_is_refused(tmp_path: Path) -> None:
     message = error(tmp_path, '[comfyui]\nmodels_manifest = "models.toml"\n')
     assert "models_manifest = 'models.toml': no such file" in message
