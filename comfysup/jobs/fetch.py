@@ -20,7 +20,8 @@ a byte now and then). The bytes are hashed (BLAKE3, the asset hash, and SHA-256 
 they are written, so an expected hash is checked without reading the file again.
 
 ``s3://`` is read with boto3 (the standard client: its credential chain is the environment, the AWS profile
-and the instance role), at ``[inputs] s3_endpoint_url`` for a service other than AWS.
+and the instance role), at ``[inputs] s3_endpoint_url`` for a service other than AWS; the client is made as every
+S3 client of comfysup is (comfysup.storage.s3.new_client).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from comfysup.assets import HASH_PREFIX, READ_BYTES
 from comfysup.config import InputsConfig
 from comfysup.destinations import is_http_url, url_problem
 from comfysup.redact import display_url
+from comfysup.storage import s3
 
 if TYPE_CHECKING:
     import requests
@@ -94,18 +96,6 @@ def s3_parts(source: str) -> tuple[str, str]:
     if not source.startswith("s3://") or not bucket or not key:
         raise FetchError(f"{source[:200]!r} is not s3://bucket/key")
     return bucket, key
-
-
-def s3_client(settings: InputsConfig) -> Any:
-    """boto3's S3 client for ``settings``: credentials from the usual places (AWS_* variables, the profile, an
-    instance role), the endpoint and region of the config, the timeouts of ``[inputs]``, a few retries."""
-    import boto3
-    from botocore.config import Config as BotoConfig
-
-    return boto3.session.Session().client(
-        "s3", endpoint_url=settings.s3_endpoint_url or None, region_name=settings.s3_region or None,
-        config=BotoConfig(connect_timeout=settings.timeout_seconds, read_timeout=settings.timeout_seconds,
-                          retries={"max_attempts": 3, "mode": "standard"}))
 
 
 class Fetcher:
@@ -205,16 +195,19 @@ class Fetcher:
     # -- s3 --------------------------------------------------------------------------------------------------
 
     def _s3_get(self, source: str, out: BinaryIO, deadline: float, name: str) -> tuple[int, str, str]:
-        try:
-            from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
-        except ImportError:
-            raise FetchError(f"{source}: s3:// inputs are read with boto3, which is not installed: pip install "
-                             "'comfysup[s3]'") from None
-
         bucket, key = s3_parts(source)
+        if self._s3 is None:
+            # Credentials from the usual places only ([inputs] holds none), the timeouts of [inputs].
+            try:
+                self._s3 = s3.new_client(
+                    used_for="s3:// inputs", endpoint_url=self.settings.s3_endpoint_url,
+                    region=self.settings.s3_region, connect_timeout=self.settings.timeout_seconds,
+                    read_timeout=self.settings.timeout_seconds)
+            except s3.Refused as exc:  # no boto3, an unknown AWS_PROFILE
+                raise FetchError(f"{source}: {exc}") from None
+        from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+
         try:
-            if self._s3 is None:
-                self._s3 = s3_client(self.settings)
             answer = self._s3.get_object(Bucket=bucket, Key=key)
         except NoCredentialsError:
             raise FetchError(f"{source}: no AWS credentials (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "

@@ -16,7 +16,8 @@ A ``url`` or ``s3`` input (or a ``core/ASSET`` reference whose ``info`` has a ``
 (comfysup.jobs.fetch: the private-address refusal, the size, time and redirect bounds) into a staging folder of
 this object, once per submit however many lines name it (a failure too is remembered: a thousand lines of one
 dead URL wait for it once), its optional ``"blake3"`` or ``"sha256"`` checked; the submit's transaction copies
-it into the asset store, and ``release`` removes the folder once the jobs are inserted (or refused).
+it into the asset store, and ``release`` removes the folder once the jobs are inserted (or refused). Such an
+input names its job by its reference as written, not by the bytes fetched (comfysup.jobs.identity).
 """
 
 from __future__ import annotations
@@ -96,13 +97,10 @@ class InputFiles:
             try:
                 if set(value) == {"file"}:
                     asset = self._file(key, value["file"])
-                elif value.get("__type") == assets.ASSET_TYPE and isinstance(value.get("info"), dict) \
-                        and "url" in value["info"] and "id" not in value["info"]:
-                    asset = self._remote(key, remote_value(value["info"]), until)
+                elif (source := remote_source(value)) is not None:
+                    asset = self._remote(key, source, until)
                 elif value.get("__type") == assets.ASSET_TYPE:
                     asset = self._reference(key, value)
-                elif "url" in value or "s3" in value:
-                    asset = self._remote(key, value, until)
                 else:
                     continue  # another object value: ComfyUI's own business (checked as any value)
             except JobLineError as exc:  # every input's problem is reported, not only the first
@@ -285,6 +283,15 @@ class InputFiles:
             shutil.rmtree(self._staging, ignore_errors=True)
             self._staging = None
             self._fetched.clear()
+
+
+def remote_source(value: dict[str, Any]) -> dict[str, Any] | None:
+    """The input from elsewhere a ``set`` value names (``{"url"|"s3": …}``, or a ``core/ASSET`` reference by
+    ``info.url``), as ``{"url"|"s3": …}``; None for any other value (a file, an uploaded asset, ComfyUI's own)."""
+    if value.get("__type") == assets.ASSET_TYPE:
+        info = value.get("info")
+        return remote_value(info) if isinstance(info, dict) and "url" in info and "id" not in info else None
+    return value if "url" in value or "s3" in value else None
 
 
 def remote_value(info: dict[str, Any]) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from comfysup import __version__
 from comfysup.config.models import shown_url
 from comfysup.errors import ComfysupError
 from comfysup.models.cache import CHUNK, Partial
+from comfysup.storage import s3
 
 CONNECT_TIMEOUT = 30.0
 READ_TIMEOUT = 60.0
@@ -170,19 +171,19 @@ def _reason(exc: BaseException | None) -> str:
 
 def s3_client() -> Any:
     """The one S3 client of a pull: boto3's default credentials (environment, ~/.aws, the instance's role) and
-    endpoint (``AWS_ENDPOINT_URL_S3`` or ``AWS_ENDPOINT_URL`` for an S3-compatible service), with timeouts."""
-    try:
-        import boto3
-        from botocore.config import Config as BotoConfig
-    except ImportError:
-        raise FetchError("s3:// model URLs need boto3: pip install 'comfysup[s3]'") from None
-    return boto3.client("s3", config=BotoConfig(connect_timeout=CONNECT_TIMEOUT, read_timeout=READ_TIMEOUT,
-                                                retries={"max_attempts": 3, "mode": "standard"}))
+    endpoint (``AWS_ENDPOINT_URL_S3`` or ``AWS_ENDPOINT_URL`` for an S3-compatible service), with the timeouts of
+    every download of a pull. Refused when boto3 is missing or cannot make a client (an unknown AWS_PROFILE)."""
+    return s3.new_client(used_for="s3:// model URLs", connect_timeout=CONNECT_TIMEOUT,
+                         read_timeout=READ_TIMEOUT)
 
 
 def fetch_s3(url: str, part: Partial, progress: Progress, on_total: Callable[[int | None], None],
              client: Any = None) -> None:
     """GetObject with ``Range`` from the partial file's size; the object's ETag is kept to continue only it."""
+    try:
+        client = client or s3_client()
+    except s3.Refused as exc:
+        raise FetchError(f"{url}: {exc}") from None
     from botocore.exceptions import (
         BotoCoreError,
         ClientError,
@@ -194,7 +195,6 @@ def fetch_s3(url: str, part: Partial, progress: Progress, on_total: Callable[[in
 
     parts = urlsplit(url)
     bucket, key = parts.netloc, parts.path.lstrip("/")
-    client = client or s3_client()
     request: dict[str, Any] = {"Bucket": bucket, "Key": key}
     meta = part.read_meta()
     if part.size:

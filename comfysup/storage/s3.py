@@ -4,6 +4,9 @@ presigned URLs, deletes, and the service's errors sorted in two.
 boto3 is the standard S3 client: its transfer manager uploads a large file in parts (in parallel, each part
 retried), and botocore signs for every S3-compatible service (AWS, R2, GCS's XML API, MinIO, SeaweedFS, Ceph).
 It is imported only when a bucket is configured: a machine without one never pays for importing it.
+``new_client`` is the one place comfysup makes a client: for [store]'s buckets here, and for the s3:// inputs of
+[inputs] (comfysup.jobs.fetch) and the model manifest's s3:// files (comfysup.models.sources), which import it
+from this low layer.
 
 Errors: ``Unreachable`` (an OSError: the service did not answer, answered 5xx or asked to slow down) is
 transient: the runner retries the job with its usual backoff, never recording it done; ``Refused`` (wrong
@@ -113,25 +116,43 @@ def client(settings: Settings) -> Any:
 @functools.lru_cache(maxsize=8)
 def _client(pid: int, endpoint_url: str, region: str, profile: str, access_key_id: str,
             secret_access_key: str) -> Any:
+    return new_client(used_for="buckets ([store] url, [assets] url)", where="[store]", endpoint_url=endpoint_url,
+                      region=region, profile=profile, access_key_id=access_key_id,
+                      secret_access_key=secret_access_key)
+
+
+def new_client(*, used_for: str, where: str = "", endpoint_url: str = "", region: str = "", profile: str = "",
+               access_key_id: str = "", secret_access_key: str = "", connect_timeout: float = 5.0,
+               read_timeout: float = 60.0) -> Any:
+    """A new boto3 S3 client: the one way comfysup makes one (the output and asset buckets of [store], the s3://
+    inputs of [inputs], the model manifest's s3:// files), so each gets the same credentials chain, signing,
+    addressing and retries.
+
+    Credentials are the ones given, else boto3's usual chain (AWS_* variables, ``AWS_PROFILE`` and ~/.aws, the
+    instance's role); the endpoint and region likewise (``AWS_ENDPOINT_URL_S3``, ``AWS_DEFAULT_REGION``). A
+    service at an address of its own (MinIO, SeaweedFS, Ceph) has no DNS name per bucket, so an ``endpoint_url``
+    is addressed by path. A few retries (boto3's standard mode) and timeouts, so no call hangs on a silent service.
+
+    Refused, never a bare ImportError or botocore error, when boto3 is not installed ("``used_for`` need
+    boto3 …") or cannot make a client of what it was given (an unknown profile, an unreadable ~/.aws/config:
+    "``where``: boto3's words", which name no secret; a caller that prefixes its own leaves ``where`` empty)."""
     try:
         import boto3
         from botocore.config import Config as BotoConfig
         from botocore.exceptions import BotoCoreError
     except ImportError:
-        raise Refused("a bucket is configured ([store] url or [assets] url) but boto3 is not installed: pip install "
-                      "'comfysup[s3]'") from None
+        raise Refused(f"{used_for} need boto3, which is not installed: pip install 'comfysup[s3]'") from None
 
     try:
         session = boto3.session.Session(profile_name=profile or None, aws_access_key_id=access_key_id or None,
                                         aws_secret_access_key=secret_access_key or None,
                                         region_name=region or None)
         return session.client("s3", endpoint_url=endpoint_url or None, config=BotoConfig(
-            signature_version="s3v4", connect_timeout=5, read_timeout=60,
+            signature_version="s3v4", connect_timeout=connect_timeout, read_timeout=read_timeout,
             retries={"mode": "standard", "max_attempts": 3},
-            # A service at an address of its own (MinIO, SeaweedFS, Ceph) has no DNS name per bucket.
             s3={"addressing_style": "path" if endpoint_url else "auto"}))
-    except BotoCoreError as exc:  # an unknown profile, an unreadable ~/.aws/config
-        raise Refused(f"[store]: {exc}") from None
+    except BotoCoreError as exc:
+        raise Refused(f"{where}: {exc}" if where else str(exc)) from None
 
 
 def sort_error(exc: BaseException, where: str, settings: Settings) -> Unreachable | Refused:

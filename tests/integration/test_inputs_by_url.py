@@ -342,3 +342,26 @@ def test_the_forked_reader_of_a_large_submit_uses_what_validation_fetched(tmp_pa
     assert not os.path.exists(staged)
     assert q.read_asset(assets.hash_bytes(DATA)) == DATA
     q.close()
+
+
+def test_a_line_submitted_again_after_its_urls_content_changed_is_the_same_job(tmp_path: Path) -> None:
+    """A job is named by its line as written: an input by URL by its reference (the URL, any expected hash), never
+    by the bytes fetched. A redelivered broker message or a resubmitted file whose URL now serves other bytes is
+    the job already submitted (it keeps the first bytes), neither a second job nor a conflict."""
+    q = SQLiteQueue(tmp_path / "queue.db")
+    with file_server(files={"/cat.png": DATA}) as server:
+        url = f"{server.url}/cat.png"
+        path = write_jobs(tmp_path, [{"set": {"1.image": {"url": url}}}, url_line(1, {"url": url, "name": "c.png"})])
+        results = []
+        for data in (DATA, DATA + b"changed"):
+            server.files["/cat.png"] = data
+            jobs = JobsFile(path, remote=PRIVATE_OK)
+            try:
+                assert jobs.validate().ok
+                results.append(q.submit(list(jobs.jobs())))
+            finally:
+                jobs.close()
+        assert server.got == ["/cat.png", "/cat.png"]  # fetched each time: the new bytes were seen
+    assert [(r.inserted, r.existing) for r in results] == [(2, 0), (0, 2)]
+    assert {assets.ref_hash(job.params["1.image"]) for job in q.iter_jobs()} == {assets.hash_bytes(DATA)}
+    q.close()

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pika
 import pytest
 from comfy_low.models import ErrorEnvelope
 from comfy_low.models import Job as JobModel
@@ -104,6 +105,38 @@ def test_the_consumer_fetches_and_sends_a_refused_input_to_the_invalid_queue(tmp
             assert assets.ref_hash(job.params["1.image"]) == assets.hash_bytes(DATA)
             assert queue.read_asset(assets.hash_bytes(DATA)) == DATA
             assert consumer._reader is not None and consumer._reader.inputs._staging is None  # staging removed
+        finally:
+            queue.close()
+
+
+def test_a_message_redelivered_after_its_urls_content_changed_is_the_same_job(tmp_path: Path,
+                                                                               broker: Broker) -> None:  # noqa: F811
+    """The consumer inserts a message without an id, then loses its connection before the ack; the URL serves other
+    bytes by the redelivery. The message is named by its line as written (the URL), not by the bytes fetched: the
+    redelivery is the job already in the queue, not a second job (none runs twice) nor an invalid message."""
+    config = broker_config(tmp_path, broker)
+    config = dataclasses.replace(config, inputs=InputsConfig(allow_private=True, timeout_seconds=5.0))
+    (tmp_path / "workflows" / "wf.json").write_text(json.dumps(INVERT))
+    with file_server(files={"/cat.png": DATA}) as server:
+        body = json.dumps({"workflow": "wf.json", "set": {"1.image": {"url": f"{server.url}/cat.png"}}}).encode()
+        cuts: list[int] = []
+
+        def cut_once() -> None:  # committed, not acknowledged: RabbitMQ delivers the message again
+            if not cuts:
+                cuts.append(1)
+                server.files["/cat.png"] = random_png(4)
+                raise pika.exceptions.StreamLostError("cut between commit and ack (test)")
+
+        broker.publish([body])
+        queue = open_queue(config)
+        try:
+            with Running(Consumer(config, queue, after_commit=cut_once)) as consumer:
+                wait_for(lambda: consumer.counts["acked"] == 1, what="the redelivery acknowledged")
+                assert (consumer.counts["inserted"], consumer.counts["existing"]) == (1, 1)
+            assert server.got == ["/cat.png", "/cat.png"]  # the redelivery fetched the changed bytes
+            [job] = list(queue.iter_jobs())
+            assert assets.ref_hash(job.params["1.image"]) == assets.hash_bytes(DATA)
+            assert broker.depth(broker.names["invalid_queue"]) == 0
         finally:
             queue.close()
 

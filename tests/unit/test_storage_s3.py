@@ -107,3 +107,19 @@ def test_links_give_the_location_and_a_presigned_url_for_objects_only() -> None:
     assert Links(NoUrls())(uri) == {"location": uri}
     assert "X-Amz-Expires=300" in Links(NoUrls())(uri, ttl_seconds=300)["url"]  # the API's redirect
     assert Links(WithTtl())("/var/results/job/x.png") == {}
+
+
+def test_every_client_is_made_alike_and_what_cannot_make_one_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The one construction [store], [inputs] and the model manifest share: path addressing at an endpoint of its
+    # own, the caller's timeouts, boto3's retries; no bare ImportError or botocore error out of it.
+    made = s3.new_client(used_for="s3:// inputs", endpoint_url="http://127.0.0.1:1", region="eu-west-1",
+                         connect_timeout=7.0, read_timeout=8.0)
+    config = made.meta.config
+    assert (config.connect_timeout, config.read_timeout, config.s3["addressing_style"]) == (7.0, 8.0, "path")
+    assert config.retries["mode"] == "standard" and made.meta.region_name == "eu-west-1"
+    assert s3.new_client(used_for="x").meta.config.s3["addressing_style"] == "auto"
+    with pytest.raises(s3.Refused, match=r"^\[store\]: The config profile \(absent\) could not be found"):
+        s3.new_client(used_for="buckets", where="[store]", profile="absent")
+    monkeypatch.setitem(__import__("sys").modules, "boto3", None)
+    with pytest.raises(s3.Refused, match=r"^s3:// inputs need boto3, which is not installed: pip install "):
+        s3.new_client(used_for="s3:// inputs")
