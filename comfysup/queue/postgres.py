@@ -389,7 +389,9 @@ class PostgresQueue(ImportRecords, SQLQueue):
     def _claim(self, cur: psycopg.Cursor[Any], owner: str, server: str, lease_seconds: float, now: float | None,
                prefer_model: str | None, max_wait_seconds: float, catalogue: int | None = None,
                url: str | None = None) -> tuple[Any, ...] | None:
-        """Expired leases go back to the queue, then the next ready job is taken in one statement."""
+        """Expired leases go back to the queue, then the next ready job is taken in one statement (planned as
+        claim_plan says)."""
+        cur.execute(SQL["claim_plan"])
         cur.execute(SQL["expire"], (now, now))
         affinity = bool(prefer_model) and max_wait_seconds > 0
         row = cur.execute(

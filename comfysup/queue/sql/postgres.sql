@@ -98,6 +98,13 @@ SELECT c.id, c.attempt, c.workflow_id, c.extra_data, c.params, c.last_server, c.
     c.seq, h.seq, h.priority
 FROM claimed c, head h
 
+-- name: claim_plan
+-- the claim walks jobs_ready (or jobs_affinity) in order and stops at its first row, whatever the table's
+-- statistics say: on a table analysed while small (or never: autovacuum off, its first minute) the planner
+-- took a bitmap scan of every queued row and a sort, 15 ms of server CPU a claim at 2,700 queued jobs and
+-- growing with the queue, against 0.1-0.5 ms for the walk. For this transaction only.
+SET LOCAL enable_bitmapscan = off
+
 -- name: expire
 -- running jobs whose lease passed go back to the queue and their attempts end; SKIP LOCKED: a row
 -- another transaction is renewing or expiring is left to it
