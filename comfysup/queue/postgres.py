@@ -178,7 +178,8 @@ class PostgresQueue(ImportRecords, SQLQueue):
                      named: bool = False, busy_seconds: float | None = None) -> T:
         """Run ``fn(cur, *args)`` in one transaction and commit it (reads too: one snapshot). A stale connection
         is replaced and ``fn`` retried once when the failure came before COMMIT (the server then rolled it
-        back). ``named``: rows are dicts by column name. ``busy_seconds`` is SQLite's (a whole-database write
+        back). ``durable=False``: the commit does not wait for the WAL's flush (sql/postgres.sql not_durable).
+        ``named``: rows are dicts by column name. ``busy_seconds`` is SQLite's (a whole-database write
         lock); rows here are locked one by one, and lock_timeout bounds every wait."""
         with self._lock:
             for retry in (False, True):
@@ -186,6 +187,8 @@ class PostgresQueue(ImportRecords, SQLQueue):
                 committing = False
                 try:
                     with conn.cursor(row_factory=dict_row if named else tuple_row) as cur:
+                        if not durable:  # as SQLite's durable=False: a renewal, a prompt number, progress
+                            cur.execute(SQL["not_durable"])
                         result = fn(cur, *args)
                     committing = True
                     conn.commit()

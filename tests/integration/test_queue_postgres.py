@@ -410,3 +410,17 @@ def test_a_claim_walks_the_ready_index_whatever_the_statistics_say(pg_url: str) 
         assert ("jobs_ready" if strict else "jobs_affinity") in spy.plan, spy.plan
         assert "Sort" not in spy.plan and "Bitmap Heap Scan on jobs" not in spy.plan, spy.plan
     q.close()
+
+
+def test_only_writes_marked_not_durable_skip_the_wal_flush(pg_url: str) -> None:  # noqa: F811
+    """A heartbeat or prompt number commits without waiting for the WAL's flush (as SQLite's NORMAL); a claim,
+    an end or a submit always waits."""
+    q = PostgresQueue(pg_url)
+
+    def setting(cur: psycopg.Cursor) -> str:
+        return cur.execute("SHOW synchronous_commit").fetchone()[0]
+
+    assert q._transaction(setting, durable=False) == "off"
+    assert q._transaction(setting) == "on"
+    assert q._transaction(setting, write=False) == "on"  # and it did not outlive its transaction
+    q.close()
