@@ -17,6 +17,10 @@ of this benchmark's own database (its name is in their command line) and the ser
 writer, checkpointer, background writer), which other databases on a shared server also use. For SQLite the
 engine runs inside the workers, so the database's CPU is the workers' CPU (SQLite and the Python around it).
 
+A slot whose lease ran out before its next call (the simulation fell behind by more than a lease: with
+compressed leases of a few seconds on a loaded machine) gets LeaseLost as a runner would; it is counted in
+``lost`` and the slot claims again (the job went back to the queue and another slot runs it).
+
 Slots start spread over one job length (a fleet's GPUs do not end their jobs in step), and the first job length
 of every run is left out of the figures (warm-up).
 
@@ -40,6 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from comfysup.errors import LeaseLost
 from comfysup.queue.base import NewJob
 from comfysup.queue.values import Output
 
@@ -99,7 +104,7 @@ def _worker(open_queue: Any, cell: Cell, slots: list[int], t0: float, out: str, 
     heapq.heapify(heap)
     calls: list[tuple[str, float, float, float]] = []
     prompt = 0
-    idle_claims = 0
+    idle_claims = lost = 0
     while heap:
         due, slot, kind, job = heapq.heappop(heap)
         if kind == "heartbeat" and job != gen[slot]:
@@ -120,7 +125,12 @@ def _worker(open_queue: Any, cell: Cell, slots: list[int], t0: float, out: str, 
                 continue
             prompt += 1
             t2 = time.time()
-            queue.record_prompt(claim, f"gpu{slot}", prompt, url="http://127.0.0.1:8188")
+            try:
+                queue.record_prompt(claim, f"gpu{slot}", prompt, url="http://127.0.0.1:8188")
+            except LeaseLost:  # the slot fell behind its lease (the simulation's lag): as a runner, drop it
+                lost += 1
+                heapq.heappush(heap, (time.time(), slot, "claim", 0))
+                continue
             calls.append(("record_prompt", t2, time.time() - t2, 0.0))
             held[slot], started[slot] = claim, time.time()
             gen[slot] += 1
@@ -128,20 +138,32 @@ def _worker(open_queue: Any, cell: Cell, slots: list[int], t0: float, out: str, 
             if beat < cell.job_s:
                 heapq.heappush(heap, (started[slot] + beat, slot, "heartbeat", gen[slot]))
         elif kind == "heartbeat":
-            queue.heartbeat(held[slot], cell.lease_s)
+            try:
+                queue.heartbeat(held[slot], cell.lease_s)
+            except LeaseLost:
+                lost += 1
+                gen[slot] += 1  # its done is dropped too
+                del held[slot]
+                heapq.heappush(heap, (time.time(), slot, "claim", 0))
+                continue
             calls.append(("heartbeat", t, time.time() - t, lag))
             if due + beat < started[slot] + cell.job_s:
                 heapq.heappush(heap, (due + beat, slot, "heartbeat", job))
         else:
+            if job != gen[slot]:
+                continue  # the job's lease was lost at a heartbeat
             claim = held.pop(slot)
             outputs = [Output(name=f"scale_{prompt:05d}_.png", size=1_234_567, sha256=uuid.uuid4().hex * 2,
                               node_id="7")]
-            queue.complete(claim, outputs, trace=trace_of(started[slot], t))
-            calls.append(("complete", t, time.time() - t, lag))
+            try:
+                queue.complete(claim, outputs, trace=trace_of(started[slot], t))
+                calls.append(("complete", t, time.time() - t, lag))
+            except LeaseLost:
+                lost += 1
             heapq.heappush(heap, (time.time(), slot, "claim", 0))
-    measured.wait()
+    measured.wait(60.0)  # bounded: a worker whose parent died ends anyway
     queue.close()
-    Path(out).write_text(json.dumps({"calls": calls, "idle_claims": idle_claims}))
+    Path(out).write_text(json.dumps({"calls": calls, "idle_claims": idle_claims, "lost": lost}))
 
 
 def pct(xs: list[float], p: float) -> float:
@@ -192,6 +214,7 @@ def run_cell(cell: Cell, open_queue: Any, workdir: Path, database: str | None) -
     window = (t0 + cell.job_s, t0 + cell.job_s + cell.seconds)
     time.sleep(max(0.0, window[0] - time.time()))
     db_procs = postgres_processes(database) if database else []
+    mine = {p.pid for p in db_procs if database and database in " ".join(p.cmdline())}
     before = (cpu_seconds(workers), cpu_seconds(db_procs), time.time())
     time.sleep(max(0.0, window[1] - time.time()))
     after = (cpu_seconds(workers), cpu_seconds(db_procs), time.time())
@@ -201,14 +224,18 @@ def run_cell(cell: Cell, open_queue: Any, workdir: Path, database: str | None) -
         if p.exitcode != 0:
             raise RuntimeError(f"a worker failed (exit {p.exitcode})")
     calls: list[tuple[str, float, float, float]] = []
-    idle = 0
+    idle = lost = 0
     for o in outs:
         got = json.loads(o.read_text())
         calls += [tuple(c) for c in got["calls"] if window[0] <= c[1] < window[1]]
         idle += got["idle_claims"]
+        lost += got["lost"]
     wall = after[2] - before[2]
     client_cpu = sum(after[0].get(k, 0.0) - v for k, v in before[0].items())
     db_cpu = sum(after[1].get(k, 0.0) - v for k, v in before[1].items()) if database else client_cpu
+    # This database's own backends alone: on a shared server the WAL writer, checkpointer and postmaster also
+    # work for other databases (other people's tests here), which the total above takes in.
+    own_cpu = sum(after[1].get(k, 0.0) - v for k, v in before[1].items() if k in mine) if database else client_cpu
     by = {k: [c for c in calls if c[0] == k] for k in ("claim", "record_prompt", "heartbeat", "complete")}
     claims = [c[2] for c in by["claim"]]
     done = len(by["complete"])
@@ -218,8 +245,9 @@ def run_cell(cell: Cell, open_queue: Any, workdir: Path, database: str | None) -
             "heartbeats_s": len(by["heartbeat"]) / wall, "p50_ms": pct(claims, 0.5) * 1e3,
             "p99_ms": pct(claims, 0.99) * 1e3, "complete_p99_ms": pct([c[2] for c in by["complete"]], 0.99) * 1e3,
             "lag_p99_ms": pct([c[3] for c in calls], 0.99) * 1e3, "db_cpu_pct": db_cpu / wall * 100,
-            "db_cpu_ms_job": db_cpu / max(1, done) * 1e3, "client_cpu_pct": client_cpu / wall * 100,
-            "busy": cell.job_s / (cell.job_s + gap), "idle_claims": idle,
+            "db_cpu_ms_job": db_cpu / max(1, done) * 1e3, "own_ms_job": own_cpu / max(1, done) * 1e3,
+            "client_cpu_pct": client_cpu / wall * 100,
+            "busy": cell.job_s / (cell.job_s + gap), "idle_claims": idle, "lost": lost,
             "expected_s": cell.slots / cell.job_s,
             # Every write transaction of a job: SQLite serialises them on one lock. Medians, not sums: on a shared
             # machine a sum takes in every moment a process waited for a CPU.
@@ -229,7 +257,7 @@ def run_cell(cell: Cell, open_queue: Any, workdir: Path, database: str | None) -
 
 HEADER = (f"{'backend':>8} {'slots':>5} {'job s':>5} {'lease':>5} {'procs':>5} {'claims/s':>8} {'want/s':>7} "
           f"{'hb/s':>6} {'p50 ms':>7} {'p99 ms':>7} {'done p99':>8} {'lag p99':>7} {'DB CPU %':>8} {'ms/job':>6} "
-          f"{'clients %':>9} {'busy':>6}")
+          f"{'own ms/job':>10} {'clients %':>9} {'busy':>6} {'lost':>5}")
 
 
 def row(r: dict[str, Any]) -> str:
@@ -237,28 +265,38 @@ def row(r: dict[str, Any]) -> str:
     return (f"{c.backend:>8} {c.slots:>5} {c.job_s:>5g} {c.lease_s:>5g} {c.processes:>5} {r['claims_s']:>8.1f} "
             f"{r['expected_s']:>7.1f} {r['heartbeats_s']:>6.1f} {r['p50_ms']:>7.2f} {r['p99_ms']:>7.2f} "
             f"{r['complete_p99_ms']:>8.2f} {r['lag_p99_ms']:>7.1f} {r['db_cpu_pct']:>8.1f} {r['db_cpu_ms_job']:>6.2f} "
-            f"{r['client_cpu_pct']:>9.1f} {r['busy']:>6.4f}")
+            f"{r['own_ms_job']:>10.2f} {r['client_cpu_pct']:>9.1f} {r['busy']:>6.4f} {r['lost']:>5}")
 
 
 def capacity(results: list[dict[str, Any]], cores: float, target: float = 0.7) -> list[str]:
-    """GPUs one queue keeps busy, from the least loaded cell's cost per job (the least disturbed by the
-    simulation's own CPU on a shared machine): SQLite serialises every write on one lock, so its ceiling is
-    the lock's time per job; PostgreSQL's is its CPU per job over the server's cores. ``target``: the share
-    of the lock or the CPU one can fill before the p99 climbs (queueing)."""
+    """GPUs one queue keeps busy, from the cost per job of the cells that kept up (claims/s at least 95% of what
+    their slots asked): at low rates a fixed cost (each PostgreSQL backend's periodic work, the server's
+    shared processes) is spread over few jobs and overstates the cost of one. SQLite serialises every write on
+    one lock, so its ceiling is the lock's time per job; PostgreSQL's is its backends' CPU per job over the
+    server's cores. ``target``: the share of the lock or the CPU one can fill before the p99 climbs."""
     lines = []
     for backend in ("sqlite", "postgres"):
         rs = [r for r in results if r["cell"].backend == backend]
         if not rs:
             continue
-        least = min(rs, key=lambda r: r["expected_s"])
+        kept = [r for r in rs if r["claims_s"] >= 0.95 * r["expected_s"]] or rs
+        # SQLite: the least lock time a job of the cells that kept up (under contention a transaction's wall
+        # time takes in its wait for the lock too); PostgreSQL: the busiest cell that kept up.
         if backend == "sqlite":
-            per_job = least["write_ms_job"] / 1e3
-            limit = f"the write lock held {least['write_ms_job']:.2f} ms a job"
+            best = min(kept, key=lambda r: r["write_ms_job"])
         else:
-            per_job = least["db_cpu_ms_job"] / 1e3 / cores
-            limit = f"{least['db_cpu_ms_job']:.2f} ms of server CPU a job on {cores:g} core(s)"
+            best = max(kept, key=lambda r: r["done_s"])
+        c = best["cell"]
+        if backend == "sqlite":
+            per_job = best["write_ms_job"] / 1e3
+            limit = f"the write lock held {best['write_ms_job']:.2f} ms a job"
+        else:
+            per_job = best["own_ms_job"] / 1e3 / cores
+            limit = (f"{best['own_ms_job']:.2f} ms of its backends' CPU a job ({best['db_cpu_ms_job']:.2f} with the "
+                     f"server's shared processes) on {cores:g} core(s)")
         jobs_s = target / per_job
-        lines.append(f"{backend}: {limit} -> {jobs_s:,.0f} jobs/s at {target:.0%}: "
+        lines.append(f"{backend}: at {c.slots} slots x {c.job_s:g} s ({best['done_s']:.0f} jobs/s), {limit} -> "
+                     f"{jobs_s:,.0f} jobs/s at {target:.0%}: "
                      + ", ".join(f"{jobs_s * j:,.0f} GPUs at {j:g} s jobs" for j in (1, 5)))
     return lines
 
