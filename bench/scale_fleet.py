@@ -44,6 +44,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from workload import pg_database
+
 from comfysup.errors import LeaseLost
 from comfysup.queue.base import NewJob
 from comfysup.queue.values import Output
@@ -301,23 +303,6 @@ def capacity(results: list[dict[str, Any]], cores: float, target: float = 0.7) -
     return lines
 
 
-def _pg_database(admin_url: str) -> tuple[str, str, Any]:
-    """A fresh database of this run's own on the server: (its url, its name, a function that drops it)."""
-    from urllib.parse import urlsplit, urlunsplit
-
-    import psycopg
-
-    name = f"comfysup_scale_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(admin_url, autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {name}")
-
-    def drop() -> None:
-        with psycopg.connect(admin_url, autocommit=True) as conn:
-            conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-
-    return urlunsplit(urlsplit(admin_url)._replace(path=f"/{name}")), name, drop
-
-
 def run_fleet(workdir: Path, backends: list[str], slots: list[int], job_s: list[float], lease_s: float | None,
               seconds: float, max_processes: int, postgres_url: str, pg_cores: float) -> list[dict[str, Any]]:
     """Every cell, backends alternating within each (slots, job length) so the machine's drift hits both."""
@@ -340,7 +325,7 @@ def run_fleet(workdir: Path, backends: list[str], slots: list[int], job_s: list[
                 else:
                     from comfysup.queue.postgres import PostgresQueue
 
-                    url, name, drop = _pg_database(postgres_url)
+                    url, name, drop = pg_database(postgres_url, "comfysup_scale")
                     try:
                         q = PostgresQueue(url)
                         fill(q, jobs_needed(cell))
