@@ -7,7 +7,7 @@ network (server-side request forgery). Two checks, because a name can change its
   literal private addresses and the well-known metadata names, without a DNS look-up;
 - at delivery, the name is resolved once and :func:`address_problem` is asked about every address it gives,
   before any connection; the connection then goes to those checked addresses only
-  (comfysup.observability.safehttp), so a name that resolved to a public address at submit and to 127.0.0.1
+  (comfysup.safehttp), so a name that resolved to a public address at submit and to 127.0.0.1
   now (DNS rebinding) is refused, and no private port is ever touched (nothing to time).
 ``[webhooks] allow_private = true`` turns both off, for a receiver on the same machine or network.
 
@@ -42,6 +42,15 @@ def address_problem(address: str) -> str | None:
         if test:
             return f"{ip} is {what}"
     return None
+
+
+def is_http_url(url: str) -> bool:
+    """Whether ``url`` is an http:// or https:// URL with a host (a webhook, an input, a service's endpoint)."""
+    try:
+        parts = urlsplit(url)
+        return parts.scheme in ("http", "https") and bool(parts.hostname)
+    except ValueError:
+        return False
 
 
 def url_problem(url: str) -> str | None:

@@ -14,6 +14,7 @@ import pytest
 
 if TYPE_CHECKING:
     from rabbitmq_node import OwnBroker
+    from s3_support import SeaweedS3
     from supervisor_support import Supervised
 
     from fake_comfy import FakeComfy
@@ -101,3 +102,26 @@ def own_broker(_own_broker_node: OwnBroker) -> OwnBroker:
 
 
 # ==== end of the private RabbitMQ node ======================================================================
+
+
+# ==== a real S3 server (tests/s3_support.py), for the object-storage tests (issue 33) =========================
+@pytest.fixture(scope="session")
+def seaweed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedS3]:
+    """SeaweedFS started once per session (per xdist worker), on first use (a few seconds), and stopped at its end;
+    skipped where ``weed`` is not installed."""
+    from s3_support import start
+
+    node = start(tmp_path_factory.mktemp("seaweedfs"))
+    try:
+        yield node
+    finally:
+        node.stop()
+
+
+@pytest.fixture
+def s3_server(seaweed: SeaweedS3) -> SeaweedS3:
+    """The session's S3 server, running when the test begins (a test that stopped it has it started again)."""
+    if seaweed.process is None or seaweed.process.poll() is not None:
+        seaweed.start()
+    return seaweed
+# ==== end of the S3 server ===================================================================================

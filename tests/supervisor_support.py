@@ -75,7 +75,7 @@ class Supervised:
     def __init__(self, tmp: Path, *, script: dict[str, list[str]] | None = None, node_ms: float = 20.0,
                  main: Path = FAKE_MAIN, runner: dict[str, Any] | None = None,
                  supervisor: dict[str, Any] | None = None, servers: list[dict[str, str]] | None = None,
-                 extra_sections: dict[str, Any] | None = None) -> None:
+                 extra_sections: dict[str, Any] | None = None, comfyui: dict[str, Any] | None = None) -> None:
         self.tmp = tmp
         self.base_port = free_base_port()
         extra = ["--node-ms", str(node_ms)]
@@ -92,7 +92,8 @@ class Supervised:
         supervisor_settings.update(supervisor or {})
         doc = {"queue": {"path": "var/queue.db"}, "store": {"dir": "var/results"},
                "comfyui": {"main": str(main), "gpus": "cpu:2", "base_port": self.base_port,
-                           "base_directory": "var/comfyui", "startup_seconds": 20.0, "extra_args": extra},
+                           "base_directory": "var/comfyui", "startup_seconds": 20.0, "extra_args": extra,
+                           **(comfyui or {})},
                "runner": runner_settings, "supervisor": supervisor_settings,
                # Any free port: tests never meet on the default 9188, nor a person's running comfysup.
                "metrics": {"listen": "127.0.0.1:0", "refresh_seconds": 1.0},

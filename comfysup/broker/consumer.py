@@ -55,6 +55,7 @@ from comfysup.queue.base import Queue, SubmitConflict
 from comfysup.queue.watch import DEEP_CHECK_SECONDS, EXIT_DATABASE_REPLACED, QueueWatch, lost_line
 from comfysup.redact import bound
 from comfysup.slotstate import read_broker_state, write_broker_state
+from comfysup.storage.links import Links
 
 log = logging.getLogger("comfysup.broker.consumer")
 
@@ -64,6 +65,8 @@ STOP_GRACE_SECONDS = 0.5
 STATE_SECONDS = 1.0
 REFRESH_SECONDS = 30.0
 """The node catalogues and workflow files are read again this often (a server may have new nodes)."""
+KEEPALIVE_SECONDS = 2.0
+"""How often a download of a message's input lets the connection answer the broker's heartbeats."""
 REASON_HEADER = "x-comfysup-reason"
 MAX_REASON_CHARS = 1000
 
@@ -88,12 +91,40 @@ def jobs_reader(config: Config, queue: Queue | None) -> BrokerJobs:
 
 
 def inputs_of(config: Config) -> dict[str, Any]:
-    """Where a message's {"file": ...} inputs may come from: [rabbitmq] inputs_dir, or nowhere when it is unset."""
+    """Where a message's {"file": ...} inputs may come from: [rabbitmq] inputs_dir, or nowhere when it is unset;
+    its {"url": ...} and {"s3": ...} inputs as [inputs] says, s3 only from [inputs] s3_buckets (none when empty:
+    a publisher would read with this machine's credentials)."""
+    remote = {"remote": config.inputs, "s3_buckets": config.inputs.s3_buckets,
+              "max_input_bytes": config.assets.max_file_mb * 2**20,
+              "max_job_input_bytes": config.assets.max_job_mb * 2**20}
     inputs_dir = config.rabbitmq.inputs_dir
     if not inputs_dir:
         return {"input_roots": (), "inputs_where": "[rabbitmq] inputs_dir, which is not set: a message names no "
-                                                   "file of this machine"}
-    return {"input_roots": (config.resolve(inputs_dir),), "inputs_where": "[rabbitmq] inputs_dir"}
+                                                   "file of this machine", **remote}
+    return {"input_roots": (config.resolve(inputs_dir),), "inputs_where": "[rabbitmq] inputs_dir", **remote}
+
+
+class KeepAlive:
+    """The Progress of a message's input downloads (comfysup.jobs.fetch): the connection's heartbeats go on
+    while one lasts (BlockingConnection answers them only in process_data_events), so a long download does not
+    lose the connection and have its batch redelivered. A message that arrives meanwhile waits in ``held``."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.connection: pika.BlockingConnection | None = None
+        self.clock = clock
+        self._at = float("-inf")
+
+    def start(self, name: str, total: int | None) -> None:
+        self.advance(0)
+
+    def advance(self, size: int) -> None:
+        now = self.clock()
+        if self.connection is not None and now - self._at >= KEEPALIVE_SECONDS:
+            self._at = now
+            self.connection.process_data_events(time_limit=0)
+
+    def end(self) -> None:
+        self.advance(0)
 
 
 class Stopped(BaseException):
@@ -127,7 +158,7 @@ class Consumer:
         self.after_commit = after_commit
         self.stop = threading.Event()
         self.reconnect = Reconnect(self.settings.reconnect_max_delay_seconds)
-        self.announcer = Announcer(queue, self.settings)
+        self.announcer = Announcer(queue, self.settings, links=Links(config.store))
         self.counts: Counter[str] = Counter()
         self.state = "starting"
         self.last_error: str | None = None
@@ -136,6 +167,7 @@ class Consumer:
         self.ready: int | None = None
         self.connected_at: float | None = None
         self._reader: BrokerJobs | None = None
+        self.keepalive = KeepAlive()
         self._reader_at = 0.0
         self._state_at = 0.0
         self.forced = False
@@ -188,6 +220,7 @@ class Consumer:
         self.state = "connecting"
         self.write_state(force=True)
         connection = connect(self.settings.url)
+        self.keepalive.connection = connection
         try:
             warnings = declare_all(connection, self.settings)
             for warning in warnings:
@@ -223,6 +256,7 @@ class Consumer:
         finally:
             self.held.clear()
             self.unacked = 0
+            self.keepalive.connection = None
             if not self.forced:  # a forced stop does not wait for the broker's answer: the exit closes the socket
                 try:
                     connection.close()
@@ -242,6 +276,8 @@ class Consumer:
         now = time.monotonic()
         if self._reader is None or now - self._reader_at > REFRESH_SECONDS:
             self._reader, self._reader_at = jobs_reader(self.config, self.queue), now
+            self._reader.inputs.progress = self.keepalive
+            self._reader.inputs.stored = self.queue.asset_size
         return self._reader
 
     def _handle(self, channel: BlockingChannel) -> None:
@@ -265,19 +301,23 @@ class Consumer:
 
     def _commit(self, channel: BlockingChannel, batch: list[Message], *, multiple: bool) -> None:
         """Validate and insert ``batch``, then acknowledge it: with one ack when it is all that is held."""
-        valid, invalid = self.judge(batch)
-        jobs = [job for job, _ in valid.values()]
-        while jobs:
-            try:
-                result = self.queue.submit(jobs)
-                self.counts["inserted"] += result.inserted
-                self.counts["existing"] += result.existing
-                break
-            except SubmitConflict as exc:
-                bad = set(exc.ids)
-                invalid += [(m, f"id {i} is already in the queue with different content; give the changed job a "
-                             "new id") for i, (_, m) in valid.items() if i in bad]
-                jobs = [j for j in jobs if j.id not in bad]
+        try:
+            valid, invalid = self.judge(batch)
+            jobs = [job for job, _ in valid.values()]
+            while jobs:
+                try:
+                    result = self.queue.submit(jobs)
+                    self.counts["inserted"] += result.inserted
+                    self.counts["existing"] += result.existing
+                    break
+                except SubmitConflict as exc:
+                    bad = set(exc.ids)
+                    invalid += [(m, f"id {i} is already in the queue with different content; give the changed job "
+                                 "a new id") for i, (_, m) in valid.items() if i in bad]
+                    jobs = [j for j in jobs if j.id not in bad]
+        finally:
+            if self._reader is not None:
+                self._reader.close()  # the batch's inputs fetched by URL: in the asset store now, or refused
         if self.after_commit is not None:
             self.after_commit()
         for message, reason in invalid:

@@ -20,7 +20,7 @@ from comfysup.config import Config
 from comfysup.errors import ComfysupError, QueueError, UsageError
 from comfysup.jobs import READ_AHEAD_LINES, JobsFile, Problem, format_problems
 from comfysup.jobs.catalogue import Catalogue
-from comfysup.queue.base import CANCELLED, DEAD, DONE, TERMINAL, Queue, SubmitConflict
+from comfysup.queue.base import CANCELLED, DEAD, DONE, POSTED, QUEUED, RUNNING, TERMINAL, Queue, SubmitConflict
 from comfysup.redact import bound
 
 WAIT_POLL_SECONDS = 0.5
@@ -37,7 +37,9 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
         "submit", parents=[common], help="validate a jobs.jsonl file and queue all of its jobs",
         description="Validate every line of a jobs file (ids, JSON, the workflow graph), report each "
                     "problem as FILE:LINE: reason, and only when all lines are good insert them all in one "
-                    "transaction. Submitting the same file again queues nothing twice.")
+                    "transaction. Submitting the same file again queues nothing twice. Input files in set "
+                    "({\"file\": PATH}, {\"url\": \"https://...\"}, {\"s3\": \"s3://bucket/key\"}) are read once, "
+                    "here, into the asset store ([assets], [inputs]); a download shows a bar on a terminal.")
     p.add_argument("file", help="the jobs file, one JSON object a line; - reads standard input (workflow "
                    "paths are then relative to the current directory)")
     p.add_argument("--dry-run", action="store_true", help="validate only; insert nothing")
@@ -48,7 +50,9 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
                    "the queue; rabbitmq: publish every line to [rabbitmq] queue, confirmed (workflow paths are "
                    "then resolved below [rabbitmq] workflows_dir, as the consumer resolves them)")
     p.add_argument("--wait", action="store_true", help="then show a progress bar until every job of the file "
-                   "is done, dead or cancelled, and print the summary; exit 0 when all are done, 1 otherwise")
+                   "is done, dead or cancelled, and print the summary; exit 0 when all are done, 1 otherwise. The "
+                   "bar counts the jobs that ended (done + dead + cancelled of the file's jobs) and shows the rest "
+                   "by state: running (executing), posted (waiting in a server's queue), queued")
     p.set_defaults(func=run)
 
 
@@ -93,7 +97,16 @@ def _submit(args: argparse.Namespace, config: Config, queue: Queue | None, path:
                     max_job_input_bytes=config.assets.max_job_mb * 2**20,
                     input_roots=[base_dir, *(config.resolve(r) for r in config.assets.input_roots)],
                     inputs_where="the jobs file's folder" + (" or [assets] input_roots"
-                                                            if config.assets.input_roots else ""))
+                                                            if config.assets.input_roots else ""),
+                    remote=config.inputs, s3_buckets=config.inputs.s3_buckets or None, progress=DownloadBar())
+    jobs.inputs.stored = queue.asset_size if queue is not None else None  # a held blake3 is not fetched again
+    try:
+        return _insert(args, config, queue, jobs, label)
+    finally:
+        jobs.close()  # the inputs fetched by URL are in the asset store now, or refused
+
+
+def _insert(args: argparse.Namespace, config: Config, queue: Queue | None, jobs: JobsFile, label: str) -> int:
     checked = jobs.validate()
     if _refused_or_dry(args, label, checked, "submitted"):
         return 0
@@ -109,11 +122,34 @@ def _submit(args: argparse.Namespace, config: Config, queue: Queue | None, path:
         for line in format_problems(label, sorted(problems, key=lambda p: p.line)):
             print(line, file=sys.stderr)
         raise InvalidJobs(f"{len(exc.ids)} problem(s) in {label}; nothing was submitted") from exc
+    jobs.close()  # not kept through --wait
     print(f"submitted {result.inserted} job(s), {result.existing} already submitted")
     if args.wait:
         sys.stdout.flush()
         return wait(config, ids)
     return 0
+
+
+class DownloadBar:
+    """An input's download on standard error (comfysup.jobs.fetch.Progress): a tqdm bar on a terminal, shown
+    only when the download lasts more than half a second; nothing on a pipe or in a log."""
+
+    def __init__(self, file: Any = None, *, terminal_only: bool = True, delay: float = 0.5) -> None:
+        self.bar: Any = None
+        self.file, self.terminal_only, self.delay = file, terminal_only, delay
+
+    def start(self, name: str, total: int | None) -> None:
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=f"fetching {name}",
+                        file=self.file or sys.stderr, delay=self.delay, leave=False,
+                        disable=None if self.terminal_only else False, dynamic_ncols=True)
+
+    def advance(self, size: int) -> None:
+        self.bar.update(size)
+
+    def end(self) -> None:
+        self.bar.close()
 
 
 def _publish(args: argparse.Namespace, config: Config, queue: Queue | None, path: Path, label: str) -> int:
@@ -123,7 +159,8 @@ def _publish(args: argparse.Namespace, config: Config, queue: Queue | None, path
     from comfysup.broker import publish
 
     _catalogues(queue)  # the warning when there is none
-    _jobs, checked = publish.validate(config, queue, path, label)
+    jobs, checked = publish.validate(config, queue, path, label)
+    jobs.close()  # inputs by URL were fetched to check them; the consumer fetches them again
     if _refused_or_dry(args, label, checked, "published"):
         return 0
     try:
@@ -150,22 +187,34 @@ def wait(config: Config, ids: list[str]) -> int:
     ended: dict[str, str] = {}
     left = list(ids)
     try:
-        with tqdm(total=len(ids), unit="job", desc="jobs", file=sys.stderr, dynamic_ncols=True) as bar:
+        with tqdm(total=len(ids), unit="job", desc="ended", file=sys.stderr, dynamic_ncols=True) as bar:
             while left:
                 states = queue.states(left)
                 now_ended = {i: s for i, s in states.items() if s in TERMINAL}
                 ended.update(now_ended)
                 left = [i for i in left if i not in now_ended]
-                counts = Counter(ended.values())
                 # The counts first, then the bar's move, which draws both: drawn the other way round, the last
                 # frame showed 12/12 beside the counts of the poll before (done=10).
-                bar.set_postfix(done=counts[DONE], dead=counts[DEAD], cancelled=counts[CANCELLED], refresh=False)
+                bar.set_postfix(wait_counts(ended, states, left), refresh=False)
                 bar.update(len(now_ended))
                 if left:
                     time.sleep(WAIT_POLL_SECONDS)
         return _summary(queue, ended)
     finally:
         queue.close()
+
+
+def wait_counts(ended: dict[str, str], states: dict[str, str], left: list[str]) -> dict[str, int]:
+    """One set of counts for the bar (issue 32), from one poll: the ended jobs by state (their sum is the bar's
+    position), then the jobs still to end by state as ``status`` counts them, a posted job apart from the running
+    ones; ``queued`` holds every other one (waiting to retry, or not in the queue yet). They add up to the
+    file's jobs, the bar's total."""
+    ended_counts = Counter(ended.values())
+    rest = Counter(states.get(i, QUEUED) for i in left)
+    counts = {"done": ended_counts[DONE], "dead": ended_counts[DEAD], "cancelled": ended_counts[CANCELLED],
+              "running": rest[RUNNING], "posted": rest[POSTED]}
+    counts["queued"] = len(left) - counts["running"] - counts["posted"]
+    return counts
 
 
 def _summary(queue: Queue, ended: dict[str, str]) -> int:

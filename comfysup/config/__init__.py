@@ -4,7 +4,8 @@
   written);
 - ``loader``: the file, the environment and the flags read into the schema, every unknown key or wrong type an
   error naming where it came from;
-- ``checks``: impossible values, unsafe listens, and what only ``comfysup run`` needs.
+- ``checks``: impossible values, unsafe listens, and what only ``comfysup run`` needs;
+- ``models``: the model manifest (``[[models]]`` and the models.toml ``[comfyui] models_manifest`` names).
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ from comfysup.config.schema import (
     AssetsConfig,
     ComfyUIConfig,
     Config,
+    InputsConfig,
     MetricsConfig,
+    ModelFile,
     QueueConfig,
     RabbitMQConfig,
     RunnerConfig,
@@ -36,7 +39,9 @@ __all__ = [
     "ComfyUIConfig",
     "Config",
     "GpuSpec",
+    "InputsConfig",
     "MetricsConfig",
+    "ModelFile",
     "QueueConfig",
     "RabbitMQConfig",
     "RunnerConfig",

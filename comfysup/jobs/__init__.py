@@ -18,8 +18,10 @@ from pathlib import Path, PurePosixPath
 from types import MappingProxyType
 from typing import Any
 
+from comfysup.config import InputsConfig
 from comfysup.errors import ComfysupError
 from comfysup.jobs.catalogue import Catalogue, Hints, TemplateCheck, refusal_texts
+from comfysup.jobs.fetch import Progress
 from comfysup.jobs.graph import (  # noqa: F401  (the names callers import from comfysup.jobs)
     BUILTIN_OTHER_NODES,
     BUILTIN_OUTPUT_NODES,
@@ -92,19 +94,25 @@ class JobsFile:
                  object_info: ObjectInfo | None = None, allow_private_callbacks: bool = False,
                  catalogues: Sequence[Catalogue] = (), max_input_bytes: int | None = None,
                  max_job_input_bytes: int | None = None, input_roots: Sequence[Path] | None = None,
-                 inputs_where: str = "the jobs file's folder") -> None:
+                 inputs_where: str = "the jobs file's folder", remote: InputsConfig | None = None,
+                 s3_buckets: Sequence[str] | None = None, progress: Progress | None = None,
+                 inputs: InputFiles | None = None) -> None:
         self.path = path
         self.allow_private_callbacks = allow_private_callbacks
         """[webhooks] allow_private: a callback_url may then name this machine or a private network."""
         self.label = label or str(path)
         self.base_dir = base_dir if base_dir is not None else path.resolve().parent
-        self.inputs = InputFiles(self.base_dir, None if input_roots is None else tuple(input_roots), inputs_where)
-        """Input files named in ``set`` ({"file": ...}) below ``input_roots`` (None: the jobs file's folder; empty:
-        none may be named), each hashed once per submit ([assets] limits)."""
+        self.inputs = inputs or InputFiles(self.base_dir, None if input_roots is None else tuple(input_roots),
+                                           inputs_where)
+        """Input files of ``set`` (comfysup.jobs.inputs): {"file": ...} below ``input_roots`` (None: the jobs file's
+        folder; empty: none), {"url"|"s3": ...} fetched by ``remote`` from ``s3_buckets`` (None: any bucket)."""
         if max_input_bytes is not None:
             self.inputs.max_file_bytes = max_input_bytes
         if max_job_input_bytes is not None:
             self.inputs.max_job_bytes = max_job_input_bytes
+        self.inputs.remote = remote or self.inputs.remote
+        self.inputs.s3_buckets = self.inputs.s3_buckets if s3_buckets is None else tuple(s3_buckets)
+        self.inputs.progress = progress or self.inputs.progress
         self.derived: set[str] = set()
         """The ids this file's lines did not give, derived from their content (comfysup.jobs.derived_id)."""
         self.catalogues = {c.id: c for c in catalogues}
@@ -123,6 +131,11 @@ class JobsFile:
         self._named: dict[str, Template] = {}
         """Workflow text by the path as the lines spell it: resolving it again for every line (realpath,
         one lstat per path component) took half the time of a large submit."""
+
+    def close(self) -> None:
+        """Remove the inputs fetched for this file's jobs (comfysup.jobs.inputs): call it once they are inserted
+        into the queue, or refused."""
+        self.inputs.release()
 
     def _lines(self) -> Iterator[tuple[int, bytes]]:
         with open(self.path, "rb") as f:

@@ -1,4 +1,5 @@
-"""Input files in a line's ``set``: ``{"file": "photos/cat.png"}`` or an API v2 ``core/ASSET`` reference.
+"""Input files in a line's ``set``: ``{"file": "photos/cat.png"}``, ``{"url": "https://…"}``, ``{"s3":
+"s3://bucket/key"}`` or an API v2 ``core/ASSET`` reference.
 
 A file comes from a place the operator chose (``InputFiles.roots``): for ``comfysup submit`` the jobs file's
 folder and ``[assets] input_roots``, for the broker ``[rabbitmq] inputs_dir`` (none when unset), for the API
@@ -10,20 +11,36 @@ Each file is read and hashed (BLAKE3) once per submit however many lines name it
 limits, and replaced in ``set`` by the reference the job stores (comfysup.assets). The reference carries the
 hash, so the job's spec hash covers the file's content: the same id submitted again with a changed file is a
 changed job, refused like one.
+
+A ``url`` or ``s3`` input (or a ``core/ASSET`` reference whose ``info`` has a ``url``) is fetched at submit
+(comfysup.jobs.fetch: the private-address refusal, the size, time and redirect bounds) into a staging folder of
+this object, once per submit however many lines name it (a failure too is remembered: a thousand lines of one
+dead URL wait for it once), its optional ``"blake3"`` or ``"sha256"`` checked; the submit's transaction copies
+it into the asset store, and ``release`` removes the folder once the jobs are inserted (or refused).
 """
 
 from __future__ import annotations
 
 import os
+import re
+import shutil
+import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 from comfysup import assets, safefs
-from comfysup.jobs.values import JobLineError, check_text
+from comfysup.config import InputsConfig
+from comfysup.jobs.fetch import Fetched, Fetcher, FetchError, Progress, s3_parts, where
+from comfysup.jobs.values import MAX_URL_CHARS, JobLineError, check_text, did_you_mean
 from comfysup.queue.base import NewAsset
 
 MIB = 1024 * 1024
+REMOTE_KEYS = frozenset({"url", "s3", "sha256", "blake3", "name"})
+"""What an input from elsewhere may say: where (one of url, s3), the hash it must have, the file's name."""
+_HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
 @dataclass
@@ -38,7 +55,21 @@ class InputFiles:
     """The roots as a person reads them, for messages."""
     max_file_bytes: int = 100 * MIB
     max_job_bytes: int = 512 * MIB
+    remote: InputsConfig = field(default_factory=InputsConfig)
+    """How ``url`` and ``s3`` inputs are fetched ([inputs])."""
+    s3_buckets: tuple[str, ...] | None = None
+    """The buckets an ``s3`` input may name; None: any the credentials reach (comfysup submit's own user)."""
+    progress: Progress | None = None
+    """Shown while an input downloads (comfysup submit on a terminal)."""
+    stored: Callable[[str], int | None] | None = None
+    """The asset store's size of a content by hash (None: not held): an input from elsewhere whose ``blake3`` the
+    store holds already is not fetched again (a file submitted again, a URL since gone)."""
     _seen: dict[tuple[str, int, int, int], NewAsset] = field(default_factory=dict)
+    _fetched: dict[str, Fetched | str] = field(default_factory=dict)
+    """By source: the fetched file, or why it could not be fetched."""
+    _staging: str | None = None
+    _staging_pid: int = 0
+    _fetcher: Fetcher | None = None
 
     def __post_init__(self) -> None:
         if self.roots is None:
@@ -48,23 +79,34 @@ class InputFiles:
         """``params`` with each file value replaced by its reference, and the assets they name."""
         if not any(isinstance(v, dict) for v in params.values()):
             return params, ()
-        out, found, total = dict(params), {}, 0
+        out, found, total, reasons = dict(params), {}, 0, []
         for key, value in params.items():
             if not isinstance(value, dict):
                 continue
-            if set(value) == {"file"}:
-                asset = self._file(key, value["file"])
-            elif value.get("__type") == assets.ASSET_TYPE:
-                asset = self._reference(key, value)
-            else:
-                continue  # another object value: ComfyUI's own business (checked as any value)
+            try:
+                if set(value) == {"file"}:
+                    asset = self._file(key, value["file"])
+                elif value.get("__type") == assets.ASSET_TYPE and isinstance(value.get("info"), dict) \
+                        and "url" in value["info"] and "id" not in value["info"]:
+                    asset = self._remote(key, remote_value(value["info"]))
+                elif value.get("__type") == assets.ASSET_TYPE:
+                    asset = self._reference(key, value)
+                elif "url" in value or "s3" in value:
+                    asset = self._remote(key, value)
+                else:
+                    continue  # another object value: ComfyUI's own business (checked as any value)
+            except JobLineError as exc:  # every input's problem is reported, not only the first
+                reasons += exc.reasons
+                continue
             out[key] = assets.reference(asset.hash, asset.name, asset.size)
             if asset.hash not in found:
                 found[asset.hash] = asset
                 total += asset.size
         if total > self.max_job_bytes:
-            raise JobLineError(f"the job's input files are {total:,} bytes together; at most "
-                               f"{self.max_job_bytes:,} ([assets] max_job_mb)")
+            reasons.append(f"the job's input files are {total:,} bytes together; at most {self.max_job_bytes:,} "
+                           "([assets] max_job_mb)")
+        if reasons:
+            raise JobLineError(*reasons)
         return out, tuple(found.values())
 
     def _file(self, key: str, value: Any) -> NewAsset:
@@ -132,3 +174,123 @@ class InputFiles:
         if isinstance(size, bool) or not isinstance(size, int) or size < 0:
             size = 0
         return NewAsset(str(digest), size, PurePosixPath(check_text(name, "file_path").replace("\\", "/")).name)
+
+    # -- inputs from elsewhere -------------------------------------------------------------------------------
+
+    def _remote(self, key: str, value: dict[str, Any]) -> NewAsset:
+        source, expected, name = self._remote_shape(key, value)
+        if expected.keys() == {"blake3"} and self.stored is not None and (size := self.stored(
+                digest := assets.HASH_PREFIX + expected["blake3"])) is not None:
+            return NewAsset(digest, size, name)  # held: named by its hash, as an upload's reference is
+        fetched = self._fetch(key, source, name, "sha256" in expected)
+        got = {"blake3": fetched.blake3.removeprefix(assets.HASH_PREFIX), "sha256": fetched.sha256}
+        wrong = [f"set {key!r}: {where(source)} has {algorithm} {got[algorithm]}, not the expected {digest}: the "
+                 "file changed, or the expected hash is wrong" for algorithm, digest in expected.items()
+                 if got[algorithm] != digest]
+        if wrong:
+            raise JobLineError(*wrong)
+        return NewAsset(fetched.blake3, fetched.size, name, fetched.path)
+
+    def _remote_shape(self, key: str, value: dict[str, Any]) -> tuple[str, dict[str, str], str]:
+        """The source, the expected hashes (bare hex by algorithm) and the file name of an input from elsewhere;
+        JobLineError with every problem of its shape (nothing is fetched for a reference that is wrong)."""
+        reasons: list[str] = []
+        for unknown in sorted(value.keys() - REMOTE_KEYS):
+            hint = did_you_mean(unknown, REMOTE_KEYS)
+            reasons.append(f"set {key!r}: unknown key {unknown!r} of an input from elsewhere; "
+                           f"{hint + ' ' if hint else ''}it may have {', '.join(sorted(REMOTE_KEYS))}")
+        if "url" in value and "s3" in value:
+            reasons.append(f"set {key!r}: give \"url\" or \"s3\", not both")
+        kind = "url" if "url" in value else "s3"
+        source = value[kind]
+        if not isinstance(source, str) or not source or len(source) > MAX_URL_CHARS:
+            reasons.append(f"set {key!r}: \"{kind}\" must be " + ("an https:// URL" if kind == "url" else
+                           "s3://bucket/key") + f" of at most {MAX_URL_CHARS} characters")
+            raise JobLineError(*reasons)
+        check_text(source, f"set {key!r}: {kind}")
+        expected = {}
+        for algorithm in ("blake3", "sha256"):
+            if algorithm in value:
+                digest = value[algorithm]
+                digest = digest.lower().removeprefix(f"{algorithm}:") if isinstance(digest, str) else ""
+                if _HEX64.fullmatch(digest):
+                    expected[algorithm] = digest
+                else:
+                    reasons.append(f"set {key!r}: \"{algorithm}\" must be 64 hex digits (or \"{algorithm}:<hex>\")")
+        name = value.get("name", _name_of(source))
+        if not isinstance(name, str) or not name or "/" in name or "\\" in name or name in (".", ".."):
+            reasons.append(f"set {key!r}: \"name\" must be a file name, like cat.png (its suffix tells ComfyUI's "
+                           "loaders the kind of file)")
+        else:
+            check_text(name, f"set {key!r}: name")
+        if kind == "url" and not source.startswith(("http://", "https://")):
+            reasons.append(f"set {key!r}: url {where(source)} is not an http:// or https:// URL"
+                           + ("; write {\"s3\": \"s3://…\"} for a bucket" if source.startswith("s3://") else ""))
+        if kind == "s3":
+            reasons += self._bucket_problems(key, source)
+        if reasons:
+            raise JobLineError(*reasons)
+        return source, expected, name
+
+    def _bucket_problems(self, key: str, source: str) -> list[str]:
+        try:
+            bucket, _ = s3_parts(source)
+        except FetchError as exc:
+            return [f"set {key!r}: s3 {exc}"]
+        if self.s3_buckets is not None and bucket not in self.s3_buckets:
+            allowed = ", ".join(self.s3_buckets) or "none: it is empty, and this door reads no bucket unless named"
+            return [f"set {key!r}: s3 bucket {bucket!r} is not one of [inputs] s3_buckets ({allowed})"]
+        return []
+
+    def _fetch(self, key: str, source: str, name: str, sha256: bool) -> Fetched:
+        """The source's file, fetched once per submit (its SHA-256 only when a line expects one); a failure,
+        remembered, is the same reason every time."""
+        known = self._fetched.get(source)
+        if known is None:
+            if self._fetcher is None:
+                self._fetcher = Fetcher(self.remote, self.max_file_bytes, self.progress)
+            try:
+                known = self._fetcher.fetch(source, self._staged_name(), name, sha256)
+            except FetchError as exc:
+                known = str(exc)
+            self._fetched[source] = known
+        if isinstance(known, str):
+            raise JobLineError(f"set {key!r}: {known}")
+        if sha256 and not known.sha256:
+            known = self._fetched[source] = known.with_sha256()
+        return known
+
+    def _staged_name(self) -> str:
+        if self._staging is None or self._staging_pid != os.getpid():
+            self._staging, self._staging_pid = tempfile.mkdtemp(prefix="comfysup-inputs-"), os.getpid()
+        return os.path.join(self._staging, str(len(self._fetched)))
+
+    def release(self) -> None:
+        """Remove the fetched files (once the jobs that name them are inserted or refused) and forget them: the
+        next submit fetches again. Only by the process that fetched them (not a forked reader of the file)."""
+        if self._staging is not None and self._staging_pid == os.getpid():
+            shutil.rmtree(self._staging, ignore_errors=True)
+            self._staging = None
+            self._fetched.clear()
+
+
+def remote_value(info: dict[str, Any]) -> dict[str, Any]:
+    """A ``core/ASSET`` reference's ``info`` with a ``url`` (and no ``id``: the API's AssetReference extended by the
+    Asset schema's own ``url``) as an input from elsewhere: ``url`` (or ``s3`` for ``s3://``), its ``hash``
+    (``blake3:<hex>`` or ``sha256:<hex>``) as ``blake3`` or ``sha256``, ``file_path`` as its ``name``."""
+    url = info.get("url")
+    value: dict[str, Any] = {"s3" if isinstance(url, str) and url.startswith("s3://") else "url": url}
+    digest = info.get("hash")
+    if isinstance(digest, str) and digest:
+        algorithm, _, hexa = digest.partition(":")
+        value[algorithm if algorithm in ("blake3", "sha256") and hexa else "blake3"] = digest
+    if info.get("file_path"):
+        value["name"] = info["file_path"]
+    return value
+
+
+def _name_of(source: str) -> str:
+    """The file name a URL's path or an S3 key ends with (``cat.png``); ``input`` when it ends with none."""
+    path = urlsplit(source).path if not source.startswith("s3://") else source.partition("//")[2]
+    name = unquote(PurePosixPath(path).name) if path.strip("/") else ""
+    return name if name and not {"/", "\\", "\0"} & set(name) and name not in (".", "..") else "input"

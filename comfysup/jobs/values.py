@@ -9,9 +9,8 @@ import re
 import uuid
 from collections.abc import Iterable
 from typing import Any
-from urllib.parse import urlparse
 
-from comfysup.destinations import url_problem
+from comfysup.destinations import is_http_url, url_problem
 from comfysup.redact import display_url
 
 MAX_URL_CHARS = 2048
@@ -186,12 +185,7 @@ def check_callback_url(value: Any, *, allow_private: bool = False) -> str:
     if not isinstance(value, str) or len(value) > MAX_URL_CHARS:
         raise JobLineError(f"callback_url must be an http:// or https:// URL of at most {MAX_URL_CHARS} characters")
     check_text(value, "callback_url")
-    try:
-        parsed = urlparse(value)
-        ok = parsed.scheme in ("http", "https") and bool(parsed.hostname)
-    except ValueError:
-        ok = False
-    if not ok:
+    if not is_http_url(value):
         raise JobLineError(f"callback_url {value[:100]!r} is not an http:// or https:// URL with a host")
     if not allow_private and (problem := url_problem(value)):
         raise JobLineError(f"callback_url {display_url(value)}: {problem}; set [webhooks] allow_private = true to "

@@ -251,5 +251,5 @@ def test_a_name_that_resolves_to_a_private_address_is_refused_without_a_connect(
     network = Network(monkeypatch, {"inside.example": [addresses]})
     delivery = deliver_once(tmp_path, "http://inside.example:8080/hook")
     assert delivery.state == "failed"
-    assert f"refused to send to inside.example: {addresses[-1]} is a" in (delivery.last_error or "")
+    assert f"refused to connect to inside.example: {addresses[-1]} is a" in (delivery.last_error or "")
     assert network.connects == []  # not even a SYN: nothing to time

@@ -204,7 +204,7 @@ def test_the_connected_address_is_checked_not_only_the_name() -> None:
     from webhook_support import Receiver
 
     from comfysup.destinations import url_problem
-    from comfysup.observability.safehttp import PrivateDestination, public_only_session
+    from comfysup.safehttp import PrivateDestination, public_only_session
 
     receiver = Receiver(fail_first=0).start()
     try:

@@ -44,8 +44,7 @@ def resolve_public(host: str, port: int) -> list[AddrInfo]:
     for *_, address in found:
         problem = address_problem(str(address[0]))
         if problem:
-            raise PrivateDestination(f"refused to send to {host}: {problem} ([webhooks] allow_private = true "
-                                     "allows it)")
+            raise PrivateDestination(f"refused to connect to {host}: {problem}")
     return found
 
 

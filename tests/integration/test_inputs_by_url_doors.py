@@ -1,0 +1,237 @@
+"""Issue 33 point 4 through every door: ``comfysup submit`` (file:line errors), the RabbitMQ consumer (the invalid
+queue) and the API (an ``info.url`` in a ``core/ASSET`` reference; 422 ``missing_asset``). The file server is on
+127.0.0.1, so each test sets ``[inputs] allow_private`` (and one shows the refusal without it)."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from comfy_low.models import ErrorEnvelope
+from comfy_low.models import Job as JobModel
+from input_server import file_server
+
+from comfysup import assets
+from comfysup.broker.consumer import Consumer
+from comfysup.config import InputsConfig
+from comfysup.queue import open_queue
+from comfysup.queue.sqlite import SQLiteQueue
+from tests.api_support import api_config, running_api
+from tests.broker_support import Broker, Running, broker, broker_config, encode, wait_for  # noqa: F401
+from tests.cli_support import cli, count_jobs, db_path
+from tests.input_images import INVERT, random_png
+
+DATA = random_png(3)
+
+
+def line(n: int, value: dict[str, Any]) -> str:
+    return json.dumps({"id": str(uuid.UUID(int=n)), "workflow": "wf.json", "set": {"1.image": value}})
+
+
+def submit_folder(tmp_path: Path, lines: list[str], inputs: str = "") -> Path:
+    (tmp_path / "wf.json").write_text(json.dumps(INVERT))
+    (tmp_path / "jobs.jsonl").write_text("".join(f"{x}\n" for x in lines))
+    (tmp_path / "config.toml").write_text(f'[queue]\npath = "var/queue.db"\n{inputs}')
+    return tmp_path / "config.toml"
+
+
+def test_submit_fetches_with_allow_private_and_refuses_without_it(capsys: pytest.CaptureFixture[str],
+                                                                  tmp_path: Path) -> None:
+    with file_server(files={"/in/cat.png": DATA}) as server:
+        url = f"{server.url}/in/cat.png"
+        config = submit_folder(tmp_path, [line(1, {"url": url}), line(2, {"url": url, "name": "two.png"})])
+        code, _, err = cli(capsys, "submit", "--config", str(config), str(tmp_path / "jobs.jsonl"))
+        assert code == 2 and server.got == [], err
+        assert "jobs.jsonl:1: set '1.image': http://127.0.0.1:" in err and "127.0.0.1 is a loopback address; " \
+            "set [inputs] allow_private = true" in err and "jobs.jsonl:2: " in err
+        assert count_jobs(tmp_path) == 0
+        config.write_text(config.read_text() + "[inputs]\nallow_private = true\n")
+        code, out, err = cli(capsys, "submit", "--config", str(config), str(tmp_path / "jobs.jsonl"))
+        assert code == 0 and "submitted 2 job(s)" in out, err
+        assert server.got == ["/in/cat.png"]
+    q = SQLiteQueue(db_path(tmp_path))
+    try:
+        first, second = (q.get(str(uuid.UUID(int=n))).params["1.image"] for n in (1, 2))
+        assert assets.ref_name(first) == "cat.png" and assets.ref_name(second) == "two.png"
+        assert assets.ref_hash(first) == assets.ref_hash(second) == assets.hash_bytes(DATA)
+        assert q.read_asset(assets.hash_bytes(DATA)) == DATA
+    finally:
+        q.close()  # the jobs hold the file itself, read from the asset store after the server stopped
+
+
+def test_the_download_bar_draws_on_a_terminal_only() -> None:
+    from comfysup.commands.submit import DownloadBar
+
+    shown, piped = io.StringIO(), io.StringIO()
+    for bar in (DownloadBar(shown, terminal_only=False, delay=0), DownloadBar(piped)):
+        bar.start("cat.png", 2048)
+        bar.advance(1024)
+        bar.end()
+    assert "fetching cat.png" in shown.getvalue() and "/2.00k" in shown.getvalue()
+    assert piped.getvalue() == ""  # a StringIO is no terminal: nothing drawn
+
+
+def test_the_consumer_fetches_and_sends_a_refused_input_to_the_invalid_queue(tmp_path: Path,
+                                                                             broker: Broker) -> None:  # noqa: F811
+    config = broker_config(tmp_path, broker)
+    config = dataclasses.replace(config, inputs=InputsConfig(allow_private=True, timeout_seconds=5.0))
+    (tmp_path / "workflows" / "wf.json").write_text(json.dumps(INVERT))
+    with file_server(files={"/cat.png": DATA}) as server:
+        good = line(1, {"url": f"{server.url}/cat.png"})
+        missing = line(2, {"url": f"{server.url}/gone.png"})
+        bucket = line(3, {"s3": "s3://secrets/cat.png"})
+        broker.publish([good.encode(), missing.encode(), bucket.encode()], ["m1", "m2", "m3"])
+        queue = open_queue(config)
+        try:
+            with Running(Consumer(config, queue)) as consumer:
+                wait_for(lambda: consumer.counts["acked"] == 3, what="3 acknowledged")
+            got = {props.message_id: json.loads(body) for props, body in
+                   broker.drain(broker.names["invalid_queue"], expect=2)}
+            assert set(got) == {"m2", "m3"}
+            assert "HTTP 404" in got["m2"]["reason"]
+            assert "bucket 'secrets' is not one of [inputs] s3_buckets" in got["m3"]["reason"]
+            [job] = list(queue.iter_jobs())
+            assert assets.ref_hash(job.params["1.image"]) == assets.hash_bytes(DATA)
+            assert queue.read_asset(assets.hash_bytes(DATA)) == DATA
+            assert consumer._reader is not None and consumer._reader.inputs._staging is None  # staging removed
+        finally:
+            queue.close()
+
+
+def reference(url: str, **info: Any) -> dict[str, Any]:
+    return {"__type": "core/ASSET", "info": {"url": url, **info}}
+
+
+def test_the_api_fetches_an_asset_reference_by_url_and_refuses_one_it_cannot(tmp_path: Path) -> None:
+    config = api_config(tmp_path, sections={"inputs": {"allow_private": True, "timeout_seconds": 5.0}})
+    with file_server(files={"/cat.png": DATA}) as server, running_api(config) as url:
+        workflow = json.loads(json.dumps(INVERT))
+        workflow["1"]["inputs"]["image"] = reference(f"{server.url}/cat.png", file_path="photo.png",
+                                                     hash=assets.hash_bytes(DATA))
+        answer = httpx.post(f"{url}/api/v2/jobs", json={"workflow": workflow}, timeout=30)
+        assert answer.status_code == 201, answer.text
+        job = JobModel.model_validate(answer.json())
+        bad = json.loads(json.dumps(INVERT))
+        bad["1"]["inputs"]["image"] = reference(f"{server.url}/cat.png", hash="sha256:" + "0" * 64)
+        refused = httpx.post(f"{url}/api/v2/jobs", json={"workflow": bad}, timeout=30)
+        gone = json.loads(json.dumps(INVERT))
+        gone["1"]["inputs"]["image"] = reference(f"{server.url}/gone.png")
+        missing = httpx.post(f"{url}/api/v2/jobs", json={"workflow": gone}, timeout=30)
+        assert server.got == ["/cat.png", "/cat.png", "/gone.png"]
+    for answer, why in ((refused, "not the expected"), (missing, "HTTP 404")):
+        assert answer.status_code == 422, answer.text
+        envelope = ErrorEnvelope.model_validate(answer.json()).error
+        assert envelope.code == "missing_asset" and why in envelope.message
+        assert envelope.details["missing"][0]["node_id"] == "1"
+    queue = open_queue(config)
+    try:
+        ref = queue.get(job.id).params["1.image"]
+        assert assets.ref_name(ref) == "photo.png" and assets.ref_hash(ref) == assets.hash_bytes(DATA)
+        assert queue.read_asset(assets.hash_bytes(DATA)) == DATA
+        assert len(list(queue.iter_jobs())) == 1
+    finally:
+        queue.close()
+
+
+def test_the_api_refuses_a_private_url_without_allow_private(tmp_path: Path) -> None:
+    config = api_config(tmp_path)
+    with file_server(files={"/cat.png": DATA}) as server, running_api(config) as url:
+        workflow = json.loads(json.dumps(INVERT))
+        workflow["1"]["inputs"]["image"] = reference(f"{server.url}/cat.png")
+        answer = httpx.post(f"{url}/api/v2/jobs", json={"workflow": workflow}, timeout=30)
+        assert server.got == []
+    assert answer.status_code == 422
+    error = ErrorEnvelope.model_validate(answer.json()).error
+    assert error.code == "missing_asset" and "127.0.0.1 is a loopback address" in error.message
+
+
+@pytest.mark.timeout(60)
+def test_a_job_runs_from_the_stored_copy_after_its_url_is_gone(tmp_path: Path) -> None:
+    """Fetched at submit, the input is the job's own: the file server stopped, the runner still uploads it to
+    ComfyUI (fake_comfy's LoadImage reads real pixels) and every output pixel is the inverse of its input."""
+    from comfysup.jobs import JobsFile
+    from comfysup.runner.loop import Runner
+    from fake_comfy import FakeComfy
+    from fake_comfy.uploads import decode_png
+    from tests.input_images import expected_inverse
+    from tests.runner_helpers import config_of, write_config
+
+    config = write_config(tmp_path)
+    (tmp_path / "wf.json").write_text(json.dumps(INVERT))
+    with file_server(files={"/cat.png": DATA}) as server:
+        (tmp_path / "jobs.jsonl").write_text(line(1, {"url": f"{server.url}/cat.png"}) + "\n")
+        jobs = JobsFile(tmp_path / "jobs.jsonl", remote=InputsConfig(allow_private=True))
+        queue = SQLiteQueue(tmp_path / "queue.db")
+        try:
+            assert jobs.validate().ok
+            queue.submit(jobs.jobs())
+        finally:
+            jobs.close()
+    fake = FakeComfy(base_directory=tmp_path / "fake", node_ms=1)
+    fake.start()
+    try:
+        Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
+    finally:
+        fake.stop()
+    job = queue.get(str(uuid.UUID(int=1)))
+    assert job.state == "done", job.reason
+    (out,) = job.outputs
+    _w, _h, _c, inverted = decode_png(Path(out.path).read_bytes())
+    assert list(inverted) == [expected_inverse(v) for v in decode_png(DATA)[3]]
+    queue.close()
+
+
+def test_the_consumer_answers_heartbeats_while_an_input_downloads() -> None:
+    """pika's BlockingConnection answers the broker's heartbeats only inside process_data_events: a download
+    longer than two heartbeats would lose the connection and have its batch redelivered. The consumer's
+    progress hook lets the connection run every KEEPALIVE_SECONDS of a download, no more often."""
+    from comfysup.broker import consumer as module
+
+    class Connection:
+        calls = 0
+
+        def process_data_events(self, time_limit: float) -> None:
+            assert time_limit == 0
+            Connection.calls += 1
+
+    clock = [100.0]
+    keep = module.KeepAlive(clock=lambda: clock[0])
+    keep.start("cat.png", None)  # no connection yet: nothing to do
+    keep.connection = Connection()  # type: ignore[assignment]
+    keep.start("cat.png", 10_000)
+    for _ in range(10):
+        keep.advance(1000)  # within the same instant: one call was enough
+    assert Connection.calls == 1
+    clock[0] += module.KEEPALIVE_SECONDS
+    keep.advance(1000)
+    keep.end()
+    assert Connection.calls == 2
+
+
+def test_submit_to_rabbitmq_checks_url_inputs_before_it_publishes(tmp_path: Path, broker: Broker,  # noqa: F811
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    config = broker_config(tmp_path, broker)
+    (tmp_path / "workflows" / "wf.json").write_text(json.dumps(INVERT))
+    names = "\n".join(f'{k} = "{v}"' for k, v in broker.names.items())
+    (tmp_path / "config.toml").write_text(f'[queue]\npath = "{tmp_path / "queue.db"}"\n[inputs]\nallow_private = '
+                                          f'true\n[rabbitmq]\nurl = "{config.rabbitmq.url}"\nworkflows_dir = '
+                                          f'"workflows"\n{names}\n')
+    with file_server(files={"/cat.png": DATA}) as server:
+        (tmp_path / "bad.jsonl").write_text(line(1, {"url": f"{server.url}/cat.png"}) + "\n"
+                                            + line(2, {"url": f"{server.url}/gone.png"}) + "\n")
+        code, _, err = cli(capsys, "submit", "--config", str(tmp_path / "config.toml"), "--to", "rabbitmq",
+                           str(tmp_path / "bad.jsonl"))
+        assert code == 2 and "bad.jsonl:2: set '1.image'" in err and "HTTP 404" in err, err
+        broker.declare()
+        assert broker.depth(broker.names["queue"]) == 0  # nothing of a file with a bad line
+        (tmp_path / "good.jsonl").write_text(line(1, {"url": f"{server.url}/cat.png"}) + "\n")
+        code, out, err = cli(capsys, "submit", "--config", str(tmp_path / "config.toml"), "--to", "rabbitmq",
+                             str(tmp_path / "good.jsonl"))
+        assert code == 0 and "published 1 job(s)" in out, err
+        assert broker.depth(broker.names["queue"]) == 1
