@@ -10,6 +10,7 @@ fake_comfy server (nodes of 0 ms) of its own, which executes what the proxy forw
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import subprocess
 import threading
@@ -55,13 +56,13 @@ def proxy_process(venv: Path, folder: Path, node_ms: float = 0.0) -> Iterator[tu
         wait_healthy(url, proc, log, "comfy-api-proxy")
         yield url, psutil.Process(proc.pid)
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
+        proc.send_signal(signal.SIGINT)  # as Ctrl+C, how its users stop `run`
+        with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        fake.kill()
-        fake.wait()
+        for left in (proc, fake):
+            if left.poll() is None:
+                left.kill()
+            left.wait()
 
 
 def open_streams(url: str, ids: list[str], per_job: int, seconds: float) -> tuple[list[int], threading.Event,
