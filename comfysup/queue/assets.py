@@ -21,7 +21,6 @@ from __future__ import annotations
 import os
 import tempfile
 import time
-import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -236,6 +235,8 @@ class AssetStore:
         self._check_key(cur, key)
         created_new = cur.execute(self.sql["asset_size"], (asset.hash,)).fetchone() is None
         self._store(cur, asset, at)
+        import uuid  # here, as below: uuid (and the platform module it loads) for the API's assets only
+
         record = ApiAsset(str(uuid.uuid4()), asset.hash, asset.size, asset.name, content_type, at, at + retention)
         row = (record.id, record.hash, record.file_path, record.content_type, record.created_at, record.expires_at)
         if key is None:
@@ -273,6 +274,8 @@ class AssetStore:
             known = _api_asset(row)
             cur.execute(self.sql["extend_api_asset"], (until, known.id, until))
             return ApiAsset(**{**known.__dict__, "expires_at": max(known.expires_at, until)}), False
+        import uuid
+
         record = ApiAsset(str(uuid.uuid4()), digest, int(size[0]), file_path, content_type, at, until)
         cur.execute(self.sql["insert_api_asset"], (record.id, record.hash, record.file_path, record.content_type,
                                                    record.created_at, record.expires_at, None))

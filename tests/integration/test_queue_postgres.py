@@ -6,6 +6,7 @@ import json
 import os
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import psycopg
@@ -14,7 +15,7 @@ from pg_support import pg_url  # noqa: F401  (a fixture)
 from queue_contract import LEASE, T0, QueueContract, make_job
 
 from comfysup.errors import DatabaseUnavailable, LeaseLost, QueueError
-from comfysup.queue.base import Output
+from comfysup.queue.base import NewJob, Output
 from comfysup.queue.postgres import SCHEMA_VERSION, PostgresQueue, describe_url
 
 
@@ -420,4 +421,50 @@ def test_a_version_2_database_keeps_its_jobs_and_stores_each_workflow_once_in_v3
     assert [r.model_key for r in records] == [None, None, key, key]
     claim = q.claim("r2", "gpu1", LEASE, now=T0, prefer_model=key, max_wait_seconds=60)
     assert claim is not None and claim.id == make_job(7).id and claim.workflow == loaded
+    q.close()
+
+
+class _Explaining:
+    """A cursor that EXPLAINs the claim statement (the one that opens the attempt) before running it."""
+
+    def __init__(self, cur: psycopg.Cursor) -> None:
+        self.cur, self.plan = cur, ""
+
+    def execute(self, sql: str, args: object = None) -> psycopg.Cursor:
+        if "INSERT INTO attempts" in sql:
+            self.plan = "\n".join(r[0] for r in self.cur.execute("EXPLAIN " + sql, args).fetchall())
+        return self.cur.execute(sql, args)
+
+
+def test_a_claim_walks_the_ready_index_whatever_the_statistics_say(pg_url: str) -> None:  # noqa: F811
+    """Statistics taken while the table was small (here never: autovacuum is off on the test server) made the
+    planner scan every queued row and sort them for each claim; the claim must stop at the index's first row."""
+    q = PostgresQueue(pg_url)
+    text = '{"1":{"class_type":"EmptyImage","inputs":{}}}'  # one small workflow: small rows, few pages
+    q.submit([NewJob(id=str(uuid.uuid4()), workflow=json.loads(text), spec_hash=str(n), workflow_json=text)
+              for n in range(3000)])
+    for strict, key in ((True, None), (False, "model-a")):
+        spy = _Explaining.__new__(_Explaining)
+
+        def claim(cur: psycopg.Cursor, spy: _Explaining = spy, key: str | None = key) -> object:
+            spy.__init__(cur)
+            return q._claim(spy, "host/1/s/t", "s", LEASE, None, key, 0.0 if key is None else 60.0)
+
+        assert q._transaction(claim) is not None
+        assert ("jobs_ready" if strict else "jobs_affinity") in spy.plan, spy.plan
+        assert "Sort" not in spy.plan and "Bitmap Heap Scan on jobs" not in spy.plan, spy.plan
+    q.close()
+
+
+def test_only_writes_marked_not_durable_skip_the_wal_flush(pg_url: str) -> None:  # noqa: F811
+    """A heartbeat or prompt number commits without waiting for the WAL's flush (as SQLite's NORMAL); a claim,
+    an end or a submit always waits."""
+    q = PostgresQueue(pg_url)
+
+    def setting(cur: psycopg.Cursor) -> str:
+        return cur.execute("SHOW synchronous_commit").fetchone()[0]
+
+    assert q._transaction(setting, durable=False) == "off"
+    assert q._transaction(setting) == "on"
+    assert q._transaction(setting, write=False) == "on"  # and it did not outlive its transaction
     q.close()
