@@ -54,6 +54,7 @@ import tomli_w
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.api_proxy import cpu_seconds, memory, wait_healthy
 from comfysup.api.events import WATCH_SECONDS
 from comfysup.queue.base import NewJob
 from comfysup.queue.sqlite import SQLiteQueue
@@ -61,7 +62,6 @@ from comfysup.workflows import canonical
 
 TRIVIAL = json.loads((ROOT / "examples" / "workflows" / "trivial.json").read_text())
 COMFYSUP = [sys.executable, "-m", "comfysup"]
-MIB = 2**20
 CTX = multiprocessing.get_context("fork")
 FILL_BATCH = 20_000
 
@@ -105,16 +105,7 @@ def api_process(folder: Path) -> Iterator[tuple[str, psutil.Process]]:
     proc = subprocess.Popen([*COMFYSUP, "api", "--config", str(config)], cwd=folder, stdout=subprocess.DEVNULL,
                             stderr=open(folder / "api.log", "wb"))  # noqa: SIM115  (closed with the process)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if httpx.get(f"{url}/api/v2/health", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise SystemExit(f"comfysup api did not start: {(folder / 'api.log').read_text()[-2000:]}")
-        time.sleep(0.1)
+    wait_healthy(url, proc, folder / "api.log", "comfysup api")
     try:
         yield url, psutil.Process(proc.pid)
     finally:
@@ -176,28 +167,45 @@ def cli_submit(folder: Path, ns: list[int]) -> float:
     return time.perf_counter() - started
 
 
-def submits(work: Path, n: int, clients: int) -> None:
+def submits(work: Path, n: int, clients: int, proxy_venv: Path | None = None) -> None:
+    """Every front door on a fresh queue; the API's and the proxy's rows also give their server process's CPU."""
     ns = list(range(n))
-    rows: list[tuple[str, float]] = []
+    rows: list[tuple[str, float, float | None]] = []
     whole = cli_submit(work / "cli", ns)
     start_up = cli_submit(work / "cli-one", [n])
     assert queued(work / "cli") == n
-    rows.append(("comfysup submit jobs.jsonl (whole command)", whole))
-    rows.append(("comfysup submit, without its start-up", max(1e-9, whole - start_up)))
+    rows.append(("comfysup submit jobs.jsonl (whole command)", whole, None))
+    rows.append(("comfysup submit, without its start-up", max(1e-9, whole - start_up), None))
     for name, run in (("API, httpx, 1 client", lambda url: post_all(url, ns, 1)),
                       (f"API, httpx, {clients} clients", lambda url: post_all(url, ns, clients)),
                       ("API, comfy-sdk client.submit, 1 client", lambda url: sdk_all(url, ns))):
         folder = work / name.replace(" ", "").replace(",", "-").replace(".", "")
-        with api_process(folder) as (url, _):
+        with api_process(folder) as (url, proc):
+            cpu = cpu_seconds(proc)
             seconds = run(url)
+            cpu = cpu_seconds(proc) - cpu
         assert queued(folder) == n, f"{name}: {queued(folder)} of {n} jobs queued"
-        rows.append((name, seconds))
+        rows.append((name, seconds, cpu))
+    note = ""
+    if proxy_venv is None:
+        note = "; comfy-api-proxy: not run (give --proxy-venv)"
+    else:
+        from bench.api_proxy import proxy_process
+
+        for name, count in (("comfy-api-proxy, httpx, 1 client", 1), (f"comfy-api-proxy, httpx, {clients} clients",
+                                                                       clients)):
+            with proxy_process(proxy_venv, work / name.replace(" ", "").replace(",", "-")) as (url, proc):
+                cpu = cpu_seconds(proc)
+                seconds = post_all(url, [m + count * n for m in ns], count)  # ids of its own: a fresh proxy each
+                cpu = cpu_seconds(proc) - cpu
+            rows.append((name, seconds, cpu))
     print(f"\n## 1. submit {n:,} jobs (trivial workflow, one input different per job); start-up of the command "
-          f"{start_up:.2f} s")
+          f"{start_up:.2f} s{note}")
     base = rows[1][1]
-    print(f"{'front door':>44} {'s':>7} {'jobs/s':>8} {'/ submit':>9}")
-    for name, seconds in rows:
-        print(f"{name:>44} {seconds:>7.2f} {n / seconds:>8,.0f} {base / seconds:>9.2f}")
+    print(f"{'front door':>44} {'s':>7} {'jobs/s':>8} {'/ submit':>9} {'server CPU ms/job':>18}")
+    for name, seconds, cpu in rows:
+        print(f"{name:>44} {seconds:>7.2f} {n / seconds:>8,.0f} {base / seconds:>9.2f} "
+              f"{'-' if cpu is None else f'{cpu / n * 1000:.2f}':>18}")
 
 
 # -- 2. GET /api/v2/jobs/{id} on a big queue -------------------------------------------------------------------
@@ -246,16 +254,6 @@ def gets(work: Path, big: int, requests: int) -> None:
 
 
 # -- 3. event streams ----------------------------------------------------------------------------------------------
-
-def memory(proc: psutil.Process) -> tuple[float, float, float]:
-    info = proc.memory_full_info()
-    return info.rss / MIB, getattr(info, "pss", 0.0) / MIB, info.uss / MIB
-
-
-def cpu_seconds(proc: psutil.Process) -> float:
-    t = proc.cpu_times()
-    return t.user + t.system
-
 
 def runner(db: str, ids: list[str], writes: int, go: Any, out: Any) -> None:
     """The stand-in runner: claims every job, then writes progress to each once a second; the wall time of each
@@ -368,6 +366,22 @@ def streams(work: Path, count: int, writes: int) -> None:
           f"max {max(delays) * 1000:.0f} ms (watch interval {WATCH_SECONDS * 1000:.0f} ms)")
 
 
+def proxy_streams_table(venv: Path, folder: Path, count: int) -> None:
+    from bench.api_proxy import proxy_streams
+
+    r = proxy_streams(venv, folder, count)
+    print(f"\n## 3b. the same {count:,} streams on comfy-api-proxy ({count // r['jobs']} on each of {r['jobs']} jobs "
+          f"waiting or running in a fake_comfy): {r['opened']:,} opened, {r['refused']:,} refused (HTTP "
+          f"{', '.join(str(s) for s in r['statuses'] if s != 200) or '-'}: the proxy serves at most 8 at once, each "
+          "holding a WebSocket to ComfyUI)" + ("" if r["all_open"] else " (NOT all answered within 180 s)"))
+    print(f"{'proxy process, MiB':>24} {'RSS':>8} {'PSS':>8} {'USS':>8}")
+    for name, m in (("before the streams", r["before"]), (f"with {r['opened']:,} open", r["with"])):
+        print(f"{name:>24} {m[0]:>8.1f} {m[1]:>8.1f} {m[2]:>8.1f}")
+    # Not per stream: the growth is the streams held and the refusals answered alike.
+    print(f"{'growth, MiB':>24} " + " ".join(f"{r['with'][i] - r['before'][i]:>8.1f}" for i in range(3)))
+    print(f"proxy CPU: {r['idle_cpu'] * 100:.1f}% of a core with the streams idle")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="300 submits, 100,000 jobs, 5 progress writes")
@@ -375,6 +389,8 @@ def main() -> int:
                         help="run only these parts (repeatable)")
     parser.add_argument("--clients", type=int, default=4, help="concurrent httpx clients of part 1 (default 4)")
     parser.add_argument("--streams", type=int, default=1000, help="event streams of part 3 (default 1,000)")
+    parser.add_argument("--proxy-venv", type=Path, help="an environment with comfy-api-proxy installed: its rows "
+                        "beside comfysup's (bench/api_proxy.py); never installed by this bench")
     args = parser.parse_args()
     n, big, requests, writes = (300, 100_000, 1000, 5) if args.quick else (2000, 1_000_000, 2000, 10)
     parts = set(args.only or ["submit", "get", "streams"])
@@ -388,11 +404,13 @@ def main() -> int:
           f"SQLite {sqlite3.sqlite_version}, work in {work}", flush=True)
     try:
         if "submit" in parts:
-            submits(work, n, args.clients)
+            submits(work, n, args.clients, args.proxy_venv)
         if "get" in parts:
             gets(work, big, requests)
         if "streams" in parts:
             streams(work, args.streams, writes)
+            if args.proxy_venv is not None:
+                proxy_streams_table(args.proxy_venv, work / "proxy-streams", args.streams)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0

@@ -69,6 +69,8 @@ ROWS = [
     Row("F1", "the result store's disk full (bytes and inodes)", scenarios.f1_disk_full, {"jobs": 200}, ("jobs",)),
     Row("T1", "30% of prompts fail transiently (500, drop, oom, hang)", scenarios.t1_transient_failures,
         {"jobs": 1000}, ("jobs",)),
+    Row("O1", "OOM storms: 70% of posts run out of memory (POST /free, one uncounted retry)", scenarios.o1_oom_storms,
+        {"jobs": 500}, ("jobs",)),
     Row("H1", "servers answering garbage (fake_comfy's hostile catalogue, half the jobs)", scenarios.h1_hostile_server,
         {"jobs": 400}, ("jobs",)),
     Row("H2", "prompts stuck after /interrupt (a node that ignores the flag)", scenarios.h2_stuck_prompts,
@@ -86,6 +88,8 @@ ROWS = [
     Row("A1", "jobs submitted through the API v2 while the API, runners and servers are killed; clients retry "
         "with the same Idempotency-Key", scenarios.a1_api_kills,
         {"api_kills": 50, "runner_kills": 30, "server_kills": 30}, ("api_kills", "runner_kills", "server_kills")),
+    Row("U1", "outputs to a bucket (SeaweedFS) stopped and started again while jobs upload; a runner killed in "
+        "each outage", scenarios.u1_own_server, {"jobs": 200, "outages": 20}, ("jobs", "outages")),
 ]
 
 

@@ -51,7 +51,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from workload import workflow_10kb
+from workload import pg_database, workflow_10kb
 
 from comfysup.jobs import JobsFile
 from comfysup.queue.base import NewJob
@@ -602,23 +602,6 @@ def submit_to_claim(open_queue: Any, how: str, jobs: int) -> list[float]:
     return waits
 
 
-def _pg_database(admin_url: str) -> tuple[str, Any]:
-    """A fresh database for the benchmark, and a function that drops it."""
-    from urllib.parse import urlsplit, urlunsplit
-
-    import psycopg
-
-    name = f"comfysup_bench_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(admin_url, autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {name}")
-
-    def drop() -> None:
-        with psycopg.connect(admin_url, autocommit=True) as conn:
-            conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-
-    return urlunsplit(urlsplit(admin_url)._replace(path=f"/{name}")), drop
-
-
 def run_postgres(workdir: Path, admin_url: str, n: int, repeats: int, latency_jobs: int) -> None:
     try:
         import psycopg
@@ -628,7 +611,7 @@ def run_postgres(workdir: Path, admin_url: str, n: int, repeats: int, latency_jo
     except Exception as exc:  # the section is skipped, the rest of the benchmark still runs
         print(f"\n## PostgreSQL: skipped ({str(exc).strip().splitlines()[0]})")
         return
-    url, drop = _pg_database(admin_url)
+    url, _name, drop = pg_database(admin_url)
     try:
         with psycopg.connect(url) as conn:
             sync = conn.execute("SHOW synchronous_commit").fetchone()[0]

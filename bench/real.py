@@ -31,6 +31,10 @@ beyond it, the server's median idle time between two prompts, the CPU seconds of
 
     COMFYUI_DIR=/path/to/ComfyUI COMFYUI_PYTHON=/path/to/venv/bin/python .venv/bin/python bench/real.py
     ... bench/real.py --quick                                 # 2 runs, 100 trivial and 10 slow prompts
+
+Each batch's own line is printed as it ends; the tables at the end give, for every figure, the median over the
+runs and its spread (min–max), and the ratios to the bare client paired run by run (issue 35: at least 7
+runs, the default). CPU is every process of the tool, the submitting command included.
     ... bench/real.py --runs 4 --tools bare,comfysup-ahead    # some of the tools
     ... bench/real.py --cold                                  # every client started for its batch
 """
@@ -420,7 +424,7 @@ TOOL_RUNS = {
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--runs", type=int, default=4)
+    parser.add_argument("--runs", type=int, default=7, help="alternating runs (default 7: the tables are medians)")
     parser.add_argument("--trivial", type=int, default=300, help="trivial prompts a run (0: none)")
     parser.add_argument("--slow", type=int, default=30, help="slow prompts a run (0: none)")
     parser.add_argument("--tools", default=",".join(TOOLS), help=f"comma-separated, of {', '.join(ALL_TOOLS)}")

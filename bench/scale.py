@@ -281,13 +281,44 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="100,000 jobs instead of a million; smaller parts")
     parser.add_argument("--dir", help="where the databases go (default: a temporary folder under ./var)")
-    parser.add_argument("--only", choices=["ops", "status", "submit", "prune"], action="append",
-                        help="run only these parts (repeatable)")
+    parser.add_argument("--only", choices=["ops", "status", "submit", "prune", "fleet"], action="append",
+                        help="run only these parts (repeatable); fleet (issue 35) runs only when named")
+    fleet = parser.add_argument_group("fleet: the queue driven as N runners would (see bench/scale_fleet.py)")
+    fleet.add_argument("--slots", default="8,64,256", help="simulated GPUs, comma-separated (default 8,64,256)")
+    fleet.add_argument("--job-s", default="1,5", help="job lengths in seconds, comma-separated (default 1,5)")
+    fleet.add_argument("--lease", type=float, help="lease seconds; heartbeats every lease/3 (default 15: every 5 s, "
+                       "the runner's default heartbeat_seconds)")
+    fleet.add_argument("--seconds", type=float, default=20.0, help="measured window per cell (default 20)")
+    fleet.add_argument("--backend", choices=["sqlite", "postgres"], action="append",
+                       help="default both; they alternate within each cell")
+    fleet.add_argument("--processes", type=int, default=32,
+                       help="most worker processes (one queue connection each; default 32, PostgreSQL's "
+                            "max_connections is 100 by default)")
+    fleet.add_argument("--postgres", default="postgresql://postgres@127.0.0.1:5432/test",
+                       help="a server where the bench may create and drop a database of its own")
+    fleet.add_argument("--pg-cores", type=float, default=float(os.cpu_count() or 1),
+                       help="cores the capacity estimate gives the PostgreSQL server (default: this machine's)")
     args = parser.parse_args()
     big_rows = 100_000 if args.quick else 1_000_000
     lines = 20_000 if args.quick else 100_000
     prune_jobs = 20_000 if args.quick else 100_000
     parts = set(args.only or ["ops", "status", "submit", "prune"])
+    if "fleet" in parts:
+        from scale_fleet import run_fleet
+
+        workdir = Path(tempfile.mkdtemp(prefix="bench-fleet-", dir=REPO / "var"))
+        load = os.getloadavg()
+        print(f"# fleet: {os.cpu_count()} CPUs, load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}, "
+              f"SQLite {sqlite3.sqlite_version}, window {args.seconds:g} s a cell")
+        try:
+            run_fleet(workdir, args.backend or ["sqlite", "postgres"], [int(x) for x in args.slots.split(",")],
+                      [float(x) for x in args.job_s.split(",")], args.lease, args.seconds, args.processes,
+                      args.postgres, args.pg_cores)
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+        parts.discard("fleet")
+        if not parts:
+            return 0
     base = Path(args.dir) if args.dir else REPO / "var"
     base.mkdir(parents=True, exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix="bench-scale-", dir=base))

@@ -7,6 +7,8 @@ bench/queue.py would shadow the standard library's queue module).
 from __future__ import annotations
 
 import json
+import uuid
+from collections.abc import Callable
 from typing import Any
 
 
@@ -32,3 +34,21 @@ def workflow_10kb() -> dict[str, Any]:
                                                                 "conditioning_2": ["11", 0]}}
     wf["7"] = {"class_type": "CLIPTextEncode", "inputs": {"text": "blurry, low quality", "clip": ["4", 1]}}
     return wf
+
+
+def pg_database(admin_url: str, prefix: str = "comfysup_bench") -> tuple[str, str, Callable[[], None]]:
+    """A fresh database of the benchmark's own on the server at ``admin_url``: its URL, its name (PostgreSQL's
+    processes that serve it carry it in their command line) and a function that drops it."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    import psycopg
+
+    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+
+    def drop() -> None:
+        with psycopg.connect(admin_url, autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+    return urlunsplit(urlsplit(admin_url)._replace(path=f"/{name}")), name, drop

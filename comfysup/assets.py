@@ -12,6 +12,7 @@ A base module: the jobs layer, the queue's asset store, the runner and the views
 
 from __future__ import annotations
 
+import mimetypes
 import re
 from collections.abc import Iterator, Mapping
 from pathlib import PurePosixPath
@@ -26,6 +27,14 @@ UPLOAD_SUBFOLDER = "comfysup"
 _HASH = re.compile(r"blake3:[0-9a-f]{64}")
 _SUFFIX = re.compile(r"\.[A-Za-z0-9]{1,10}")
 READ_BYTES = 1 << 20
+MEDIA_TYPES = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".webp": "image/webp",
+               ".gif": "image/gif", ".webm": "video/webm", ".mp4": "video/mp4", ".mov": "video/quicktime",
+               ".mkv": "video/x-matroska", ".flac": "audio/flac", ".mp3": "audio/mpeg", ".opus": "audio/ogg",
+               ".ogg": "audio/ogg", ".wav": "audio/wav", ".m4a": "audio/mp4", ".glb": "model/gltf-binary",
+               ".txt": "text/plain", ".json": "application/json"}
+"""What ComfyUI's savers write (SaveImage, SaveAnimatedWEBP/PNG, SaveWEBM, SaveVideo, SaveAudio*, SaveGLB, VHS's
+combiners), typed the same on every machine: mimetypes alone reads /etc/mime.types, which differs between hosts
+(``.flac`` is unknown without it, ``.wav`` is ``audio/x-wav`` with it)."""
 
 
 def is_hash(value: Any) -> bool:
@@ -113,3 +122,9 @@ def listing(params: Mapping[str, Any]) -> list[dict[str, Any]]:
 def short(ref: Mapping[str, Any]) -> str:
     """A reference in one cell: ``cat.png blake3:<hex>``."""
     return f"{ref_name(ref)} {ref_hash(ref)}".strip()
+
+
+def media_type(name: str) -> str:
+    """The content type of a stored file, from its name (an output is served with it)."""
+    return MEDIA_TYPES.get(PurePosixPath(name).suffix.lower()) or mimetypes.guess_type(name)[0] \
+        or "application/octet-stream"

@@ -33,8 +33,8 @@ def address_problem(address: str) -> str | None:
         ip = ipaddress.ip_address(address.split("%", 1)[0])
     except ValueError:
         return f"{address!r} is not an IP address"
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
+    if isinstance(ip, ipaddress.IPv6Address) and (inner := ip.ipv4_mapped or ip.sixtofour) is not None:
+        ip = inner  # ::ffff:a.b.c.d, or 2002:AABB:CCDD:: (6to4), which a relay may route to a.b.c.d itself
     for test, what in ((ip.is_loopback, "a loopback address"), (ip.is_link_local, "a link-local address"),
                        (ip.is_unspecified, "the unspecified address"), (ip.is_multicast, "a multicast address"),
                        (ip.is_reserved, "a reserved address"), (ip.is_private, "a private address"),

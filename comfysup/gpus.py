@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
+import psutil
+
 from comfysup.config import GpuSpec
 from comfysup.errors import ConfigError
 
@@ -187,6 +189,28 @@ class GpuSampler:
         gpus = [Gpu(s.index, s.name, s.uuid, 0) for s in out]
         keep = {g.index for g in _filter_visible(gpus, visible)}
         return [s for s in out if s.index in keep]
+
+    def process_memory_mb(self, index: int, pids: set[int], whole_device: bool = False) -> float | None:
+        """VRAM (MiB) that processes ``pids`` hold on GPU ``index`` (NVML's index: CUDA_DEVICE_ORDER=PCI_BUS_ID);
+        None without NVML or when it cannot tell (the caller then watches nothing).
+
+        Inside a container with a PID namespace of its own NVML names processes by the host's PIDs, or lists none
+        (seen on an H200 under gVisor: a server holding 2 GiB, none of NVML's processes its PID). When none of
+        NVML's processes is one of ``pids`` nor any other live process here, and ``whole_device`` (the server is
+        the only one comfysup runs on that GPU), the GPU's used memory is what the server holds (its CUDA context
+        and the driver's share included)."""
+        if not self.ready or self.nvml is None:
+            return None
+        try:
+            handle = self.nvml.nvmlDeviceGetHandleByIndex(index)
+            procs = self.nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+            mine = [p for p in procs if p.pid in pids]
+            if mine or not whole_device or any(psutil.pid_exists(p.pid) for p in procs):
+                return sum(p.usedGpuMemory for p in mine if isinstance(p.usedGpuMemory, int)) / 2**20
+            return int(self.nvml.nvmlDeviceGetMemoryInfo(handle).used) / 2**20
+        except Exception as exc:
+            self.note = f"NVML failed: {_text(exc) or type(exc).__name__}"
+            return None
 
     def close(self) -> None:
         if self.ready and self.nvml is not None:

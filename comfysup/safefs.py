@@ -107,6 +107,17 @@ def open_beneath(root: Path, relative: str) -> int:
         os.close(root_fd)
 
 
+def private_dirs(path: Path) -> None:
+    """``mkdir -p`` whose every folder it makes is 0700 (``mkdir -p`` makes the parents with the umask's mode);
+    a folder that exists is left as it is (its owner chose its mode)."""
+    missing = []
+    while not path.exists():
+        missing.append(path)
+        path = path.parent
+    for folder in reversed(missing):
+        folder.mkdir(mode=0o700, exist_ok=True)
+
+
 def open_regular(path: str | Path) -> int:
     """A file the caller named by path (its folders are the caller's), read-only, only if it is a regular file
     and not a symlink; non-blocking until that is known, so that a FIFO put there cannot hang the caller."""

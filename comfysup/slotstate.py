@@ -9,12 +9,25 @@ from __future__ import annotations
 import json
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from comfysup.config import Config
+
+
+def pid_exists(pid: int) -> bool:
+    """Whether a process ``pid`` exists (signal 0 checks without sending; one we may not signal exists too).
+    Not psutil's: importing it was a tenth of `comfysup status`'s start-up, for this one question."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 STATE_FILE = "supervisor.json"
 WORK_FILE = "work.json"
@@ -43,7 +56,7 @@ def staleness(state: dict[str, Any], now: float | None = None) -> str | None:
     if state.get("state") == "stopped":
         return f"the supervisor stopped {age:.0f} s ago"
     pid = state.get("pid")
-    if not isinstance(pid, int) or not psutil.pid_exists(pid):
+    if not isinstance(pid, int) or not pid_exists(pid):
         return f"the supervisor (pid {pid}) is not running; last update {age:.0f} s ago"
     if age > STALE_SECONDS:
         return f"no update for {age:.0f} s: the supervisor (pid {pid}) may hang"
@@ -92,8 +105,67 @@ def read_broker_state(config: Config) -> dict[str, Any] | None:
     if not isinstance(data, dict):
         return None
     pid, age = data.get("pid"), time.time() - float(data.get("updated_at") or 0)
-    if not isinstance(pid, int) or not psutil.pid_exists(pid):
+    if not isinstance(pid, int) or not pid_exists(pid):
         data["stale"] = f"the consumer (pid {pid}) is not running; last update {age:.0f} s ago"
     elif age > STALE_SECONDS:
         data["stale"] = f"no update for {age:.0f} s: the consumer (pid {pid}) may hang"
     return data
+
+
+@dataclass(frozen=True)
+class Readiness:
+    """GET /ready's answer (the API's and the status server's): whether a load balancer should send work here."""
+
+    ready: bool
+    reason: str
+    ready_slots: int
+    queued: int
+
+    def body(self) -> dict[str, Any]:
+        return {"status": "ready" if self.ready else "not_ready", "reason": self.reason,
+                "ready_slots": self.ready_slots, "queued_jobs": self.queued}
+
+
+def ready_slots(state: dict[str, Any] | None, now: float | None = None) -> int:
+    """Slots of a running supervisor that take jobs now (its server answers and is warm, its runner runs)."""
+    if state is None or staleness(state, now) is not None:
+        return 0
+    return sum(1 for slot in state.get("slots") or [] if isinstance(slot, dict) and slot.get("ready"))
+
+
+def readiness(state: dict[str, Any] | None, queued: int, max_per_slot: float, now: float | None = None) -> Readiness:
+    """Not ready until a slot is warm, nor while the queued jobs per ready slot exceed ``max_per_slot``
+    (``[api] ready_max_queue_per_slot``; 0: no bound). Pure: the caller reads the state file and the queue."""
+    if state is None:
+        return Readiness(False, "no supervisor state here: comfysup run is not running on this machine", 0, queued)
+    stale = staleness(state, now)
+    if stale is not None:
+        return Readiness(False, stale, 0, queued)
+    ready = ready_slots(state, now)
+    if not ready:
+        slots = [s for s in state.get("slots") or [] if isinstance(s, dict)]
+        what = ", ".join(f"{s.get('name')}: {'warming up' if s.get('warming') else s.get('state')}" for s in slots[:8])
+        return Readiness(False, f"no slot is ready yet ({what or 'no slot'})", 0, queued)
+    if max_per_slot and queued / ready > max_per_slot:
+        return Readiness(False, f"{queued} queued job(s) for {ready} ready slot(s): above [api] "
+                         f"ready_max_queue_per_slot = {max_per_slot:g}", ready, queued)
+    return Readiness(True, f"{ready} ready slot(s), {queued} queued job(s)", ready, queued)
+
+
+MEMORY_NOTES = (("oom_frees", "OOM /free"), ("oom_retries", "OOM retried"), ("device_restarts", "device restarts"),
+                ("idle_frees", "idle /free"), ("idle_restarts", "idle restarts"))
+
+
+def warmup_cell(slot: dict[str, Any]) -> str:
+    """A slot's warm-up as status and the page show it: ``warming``, the last one's duration, or ``-``."""
+    if slot.get("warming"):
+        return "warming"
+    seconds = slot.get("warmup_seconds")
+    failed = int(slot.get("warmup_failures") or 0)
+    text = f"{seconds:.1f} s" if isinstance(seconds, int | float) else "-"
+    return f"{text} ({failed} failed)" if failed else text
+
+
+def memory_note(slot: dict[str, Any]) -> str:
+    """The slot's memory recoveries that happened (``OOM /free 2, OOM retried 2``), or ""."""
+    return ", ".join(f"{what} {int(slot.get(key) or 0)}" for key, what in MEMORY_NOTES if slot.get(key))

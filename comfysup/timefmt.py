@@ -30,3 +30,8 @@ def when(epoch: float | None) -> str:
     if epoch is None:
         return "-"
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(epoch))
+
+
+def iso_utc(epoch: float) -> str:
+    """An instant as ISO 8601 in UTC, to the second (``2026-12-04T15:20:25Z``): for files other programs read."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch))

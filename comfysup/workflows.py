@@ -13,7 +13,6 @@ Pure functions: no I/O, so they are tested as tables and the two backends share 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from collections.abc import Callable, Mapping
@@ -62,6 +61,8 @@ compact = _encoder(sort_keys=False)
 
 def content_hash(text: str) -> str:
     """The address of a stored workflow: sha256 of its canonical text."""
+    import hashlib  # here, as in model_key: `comfysup status` imports this module and hashes nothing
+
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -90,6 +91,8 @@ def model_key(workflow: Mapping[str, Any]) -> str | None:
     files = model_files(workflow)
     if not files:
         return None
+    import hashlib
+
     return hashlib.sha256("\n".join(files).encode()).hexdigest()[:MODEL_KEY_CHARS]
 
 

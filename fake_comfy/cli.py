@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from . import v038
-from .models import FOLDERS, parse_models
+from .models import FOLDERS, parse_models, read_extra_paths
 from .options import MAXIMUM_HISTORY_SIZE, Options
 from .script import WORDS, ScriptError, load_script_file, parse_words
 from .server import CannotBind, FakeServer
@@ -145,6 +145,7 @@ def parse_options(argv: Sequence[str]) -> Options:
             cuda_device = int(cuda_device)
         except ValueError:
             parser.error(f"argument --cuda-device: invalid int value: {cuda_device!r}")
+    extra_paths = [path for group in args.extra_model_paths_config or [] for path in group]
     script_file = Path(args.script_file) if args.script_file else None
     if script_file is not None:
         load_script_file(script_file)
@@ -162,7 +163,8 @@ def parse_options(argv: Sequence[str]) -> Options:
         cache_classic=args.cache_classic,
         ram_pressure=args.fake_ram_pressure,
         cpu=args.cpu,
-        extra_model_paths_config=[path for group in args.extra_model_paths_config or [] for path in group],
+        extra_model_paths_config=extra_paths,
+        model_folders=model_folders(extra_paths),
         node_ms=args.node_ms,
         load_ms=args.load_ms,
         history_delay_ms=args.history_delay_ms,
@@ -181,6 +183,24 @@ def parse_options(argv: Sequence[str]) -> Options:
         hostile_trickle_s=args.hostile_trickle_s,
         hostile_cap_s=args.hostile_cap_s,
     )
+
+
+def model_folders(paths: Sequence[str]) -> dict[str, list[Path]]:
+    """The folders the --extra-model-paths-config files add, merged. A file that does not exist is said and skipped
+    (ComfyUI would stop at it; the fake is also started with made-up names, to show it accepts the flag); one that
+    cannot be read as such a file stops the start (ValueError)."""
+    folders: dict[str, list[Path]] = {}
+    for path in paths:
+        if not os.path.exists(path):
+            print(f"fake_comfy: --extra-model-paths-config {path}: no such file; skipped", file=sys.stderr)
+            continue
+        try:
+            found = read_extra_paths(path)
+        except (OSError, ValueError, AttributeError) as exc:
+            raise ValueError(f"--extra-model-paths-config {path}: {exc}") from None
+        for folder, directories in found.items():
+            folders.setdefault(folder, []).extend(directories)
+    return folders
 
 
 def kill_self() -> None:

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from .stats import Recorder
 
 #: Script words whose fault happens at a node, and the index (in execution order) of that node.
-FAULT_AT = {"drop": 0, "crash": 0, "error": 1, "oom": 1, "hang": 1, "hostile:run:ignore-interrupt": 1}
+FAULT_AT = {"drop": 0, "crash": 0, "error": 1, "oom": 1, "fatal": 1, "hang": 1, "hostile:run:ignore-interrupt": 1}
 #: Words that may use the output cache (a fault must not be hidden by a cache hit).
 CACHE_WORDS = ("ok", "slow")
 MAX_TAIL = 0.003
@@ -84,6 +84,8 @@ class Executor:
         None), learnt over the prompts that succeeded and taken off the last node's wait (``work``)."""
         self.cache: dict[str, CacheEntry] = {}
         self.loaded: dict[str, str | None] = {}
+        self.poisoned = False
+        """A "fatal" word ran: CUDA's context is gone, every later node fails the same way until a restart."""
         self.preview_prefix = "_temp_" + "".join(random.choice(string.ascii_lowercase) for _ in range(5))
 
     def interrupt(self) -> None:
@@ -245,7 +247,7 @@ class _Run:
         if self.client is not None:
             self.ex.last_node_id = node_id
             self.to_client("executing", {"node": node_id, "display_node": node_id, "prompt_id": self.pid})
-        await self.apply_fault(fault, node_id, record)
+        await self.apply_fault("fatal" if self.ex.poisoned else fault, node_id, record)
         try:
             value, output = await self.compute(node_id, class_type)
         except NodeFailure:
@@ -293,6 +295,9 @@ class _Run:
         elif fault == "oom":
             self.ex.loaded.clear()  # ComfyUI unloads every model after an out-of-memory error
             raise NodeFailure(node_id, self.error_details(node_id, "oom"))
+        elif fault == "fatal":
+            self.ex.poisoned = True
+            raise NodeFailure(node_id, self.error_details(node_id, "device_lost"))
 
     async def work(self, node_id: str, ms: float) -> None:
         """A node's time; an interrupt (set before or during it) stops the prompt at this node.

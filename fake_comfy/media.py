@@ -1,4 +1,5 @@
-"""Animated files without PIL or ffmpeg: the WebP SaveAnimatedWEBP writes and the WebM container of SaveWEBM.
+"""Animated files without PIL or ffmpeg: the WebP SaveAnimatedWEBP writes and the WebM container of SaveWEBM; and the
+headers of the MP4 SaveVideo and VHS_VideoCombine write and the FLAC of SaveAudio (their media are not coded).
 
 WebP: each frame a lossless (VP8L) picture of one colour, which needs no pixel coding at all: every prefix
 code is a one-symbol code, so each pixel takes zero bits (RFC 9649). One frame is a still WebP, as PIL
@@ -103,3 +104,30 @@ def webm(width: int, height: int, frames: int, fps: float, codec: str) -> bytes:
                       for i in range(frames))
     cluster = _element(0x1F43B675, _uint(0xE7, 0) + blocks)
     return header + _element(0x18538067, info + _element(0x1654AE6B, track) + cluster)
+
+
+def flac(sample_rate: int, channels: int, samples: int) -> bytes:
+    """A FLAC stream of silence as a probe reads it: the ``fLaC`` marker and its STREAMINFO (rate, channels,
+    16-bit, total samples, so its duration), no audio frames (the fake encodes nothing)."""
+    rate, channels, samples = min(max(sample_rate, 1), (1 << 20) - 1), min(max(channels, 1), 8), max(samples, 0)
+    packed = (rate << 44) | ((channels - 1) << 41) | ((16 - 1) << 36) | min(samples, (1 << 36) - 1)
+    info = struct.pack(">HH", 4096, 4096) + _u24(0) + _u24(0) + packed.to_bytes(8, "big") + bytes(16)  # no MD5
+    return b"fLaC" + bytes([0x80]) + _u24(len(info))[::-1] + info  # last block, type 0 (STREAMINFO)
+
+
+def _box(kind: bytes, payload: bytes) -> bytes:
+    return struct.pack(">I", 8 + len(payload)) + kind + payload
+
+
+def mp4(width: int, height: int, frames: int, fps: float) -> bytes:
+    """An MP4 (ISO BMFF) as a probe reads its header: ``ftyp`` and a ``moov`` whose ``mvhd`` gives the duration
+    (1000 units a second) and whose ``tkhd`` gives width × height; no media data (the fake encodes no H.264)."""
+    duration = round(frames * 1000.0 / fps) if fps > 0 else 0
+    mvhd = bytes(4) + struct.pack(">IIII", 0, 0, 1000, duration) + struct.pack(">IH", 0x00010000, 0x0100) \
+        + bytes(10) + struct.pack(">9I", 0x10000, 0, 0, 0, 0x10000, 0, 0, 0, 0x40000000) + bytes(24) \
+        + struct.pack(">I", 2)
+    tkhd = bytes([0, 0, 0, 3]) + struct.pack(">IIIII", 0, 0, 1, 0, duration) + bytes(8) \
+        + struct.pack(">hhhh", 0, 0, 0, 0) + struct.pack(">9I", 0x10000, 0, 0, 0, 0x10000, 0, 0, 0, 0x40000000) \
+        + struct.pack(">II", min(width, 0xFFFF) << 16, min(height, 0xFFFF) << 16)
+    return _box(b"ftyp", b"isom" + struct.pack(">I", 512) + b"isomiso2mp41") \
+        + _box(b"moov", _box(b"mvhd", mvhd) + _box(b"trak", _box(b"tkhd", tkhd)))

@@ -3,12 +3,16 @@
 A ComfyUI lists the files of its models folders (`models/checkpoints`, `models/loras`, ...) as the choices of
 its loaders' inputs, and refuses a prompt naming another with 400 `value_not_in_list`. The fake has no files:
 `--models` says what it has. Without `--models` its loaders take any name (and list `[]`, as the recorded
-server with no model files did), so tests that swap made-up models keep working.
+server with no model files did), so tests that swap made-up models keep working. `--extra-model-paths-config` adds
+the files of the folders it names, read as ComfyUI reads them (``read_extra_paths``, ``scan``).
 """
 
 from __future__ import annotations
 
+import json
+import os
 import re
+from pathlib import Path
 
 #: Loader input → the models folder its choices come from (ComfyUI's folder_paths names).
 FOLDER_OF: dict[str, str] = {
@@ -62,3 +66,81 @@ def scale_of(model_name: str | None) -> int:
     4 when the name says none, the factor of most upscale models."""
     found = re.search(r"(?:^|[^0-9])([1-8])x|x([1-8])(?:[^0-9]|$)", model_name or "")
     return int(found.group(1) or found.group(2)) if found else 4
+
+
+#: ComfyUI's folder_paths.supported_pt_extensions: what its model folders list (other files are not models).
+MODEL_EXTENSIONS = (".ckpt", ".pt", ".pt2", ".bin", ".pth", ".safetensors", ".pkl", ".sft")
+#: Legacy folder names ComfyUI maps to the current ones (folder_paths.map_legacy).
+LEGACY = {"clip": "text_encoders", "unet": "diffusion_models"}
+
+
+def read_extra_paths(path: str) -> dict[str, list[Path]]:
+    """One ``--extra-model-paths-config`` file → folder → the directories it adds, as ComfyUI's
+    utils/extra_config.load_extra_path_config reads it: sections of ``folder: path`` (several paths one per line),
+    each relative to the section's ``base_path`` when it has one, else to the file's own folder. Raises OSError
+    (ComfyUI fails to start on a file it cannot read) or ValueError."""
+    text = Path(path).read_text(encoding="utf-8")
+    try:
+        document = json.loads(text)  # JSON is YAML, and what comfysup writes
+    except ValueError:
+        document = _simple_yaml(text)
+    here = Path(os.path.abspath(path)).parent
+    found: dict[str, list[Path]] = {}
+    for section in (document or {}).values():
+        if not isinstance(section, dict):
+            continue
+        section = dict(section)
+        base = section.pop("base_path", None)
+        section.pop("is_default", None)
+        if base is not None:
+            base = Path(os.path.expandvars(os.path.expanduser(str(base))))
+            base = base if base.is_absolute() else here / base
+        for folder, value in section.items():
+            for line in str(value).split("\n"):
+                if line:
+                    directory = base / line if base is not None else here / line
+                    found.setdefault(LEGACY.get(folder, folder), []).append(Path(os.path.normpath(directory)))
+    return found
+
+
+def _simple_yaml(text: str) -> dict[str, dict[str, str]]:
+    """The YAML of extra_model_paths.yaml.example: top-level sections of ``key: value`` lines, ``|`` blocks, and
+    comments (PyYAML is ComfyUI's dependency, not the fake's)."""
+    document: dict[str, dict[str, str]] = {}
+    section: dict[str, str] | None = None
+    block: str | None = None
+    for raw in text.splitlines():
+        line = raw.split(" #")[0].rstrip() if not raw.lstrip().startswith("#") else ""
+        if not line:
+            continue
+        if not line[0].isspace():
+            section = document.setdefault(line.rstrip(":").strip(), {})
+            block = None
+            continue
+        if section is None:
+            raise ValueError(f"not an extra_model_paths file: {raw!r}")
+        key, colon, value = line.strip().partition(":")
+        if block is not None and (not colon or " " in key):
+            section[block] += line.strip() + "\n"
+            continue
+        value = value.strip().strip("'\"")
+        block = key if value == "|" else None
+        section[key] = "" if value == "|" else value
+    return document
+
+
+def scan(folders: dict[str, list[Path]]) -> dict[str, list[str]]:
+    """The files each folder lists, as ComfyUI's get_filename_list does: every model file below its directories
+    (links followed, hidden ones skipped), named by its path relative to the directory, sorted."""
+    listed: dict[str, list[str]] = {}
+    for folder, directories in folders.items():
+        names: set[str] = set()
+        for directory in directories:
+            for parent, dirs, files in os.walk(directory, followlinks=True):
+                dirs[:] = [d for d in dirs if not d.startswith(".")]
+                for name in files:
+                    full = Path(parent) / name
+                    if not name.startswith(".") and name.lower().endswith(MODEL_EXTENSIONS) and full.is_file():
+                        names.add(full.relative_to(directory).as_posix())
+        listed[folder] = sorted(names)
+    return listed

@@ -78,7 +78,8 @@ class Catalogue:
     def __init__(self, input_dir: Path, options: Any = None) -> None:
         self._input_dir = input_dir
         self._known: dict[str, dict[str, Any]] = {**data("object_info.json"),
-                                                   **data("object-info-t2i.json")["object_info"]}
+                                                   **data("object-info-t2i.json")["object_info"],
+                                                   **data("object-info-media.json")["object_info"]}
         self._known.setdefault("LoadImageMask", LOAD_IMAGE_MASK_INFO)
         self._options = options
         """fake_comfy.options.Options: its without_nodes and choices (read live) make this server's own catalogue."""
@@ -88,7 +89,7 @@ class Catalogue:
 
     def _with_choices(self, class_type: str, info: dict[str, Any]) -> dict[str, Any]:
         """``info`` with the combo choices that --models and --choices (the latter winning) set for this class."""
-        models = self._options.models if self._options else None
+        models = self._options.model_files() if self._options else None
         chosen = {k.partition(".")[2]: models.get(folder, []) for k, folder in FOLDER_OF.items()
                   if models is not None and k.partition(".")[0] == class_type}
         chosen.update({k.partition(".")[2]: v for k, v in (self._options.choices if self._options else {}).items()

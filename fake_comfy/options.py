@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .models import scan
 from .version import default_version
 
 #: ComfyUI's execution.MAXIMUM_HISTORY_SIZE; checked with '>' before an insert, so 10,001 entries stay.
@@ -50,6 +51,9 @@ class Options:
     models: dict[str, list[str]] | None = None
     """--models: the model files of each folder (fake_comfy.models), listed and checked by the loaders; None
     (the default): loaders take any name. Read live."""
+    model_folders: dict[str, list[Path]] = field(default_factory=dict)
+    """The folders the --extra-model-paths-config files add (models.read_extra_paths): their files are listed
+    besides --models' (``model_files``), read again at every use as ComfyUI sees a file added while it runs."""
     step_ms: float = 2.0
     """--step-ms: the time of each sampler step (KSampler sends a progress message per step). Read live."""
     """--hostile-seed: give a random mutation (hostile.choose) to a share of the prompts scripted "ok"."""
@@ -72,6 +76,16 @@ class Options:
     uncached). Read live."""
     device_count: int = 1
     """How many devices /system_stats of 0.38 lists (it lists every visible one)."""
+
+    def model_files(self) -> dict[str, list[str]] | None:
+        """Each models folder's files: --models' and those in the --extra-model-paths-config folders; None when
+        neither is given (the loaders take any name)."""
+        if not self.model_folders:
+            return self.models
+        listed = {folder: list(files) for folder, files in (self.models or {}).items()}
+        for folder, files in scan(self.model_folders).items():
+            listed[folder] = sorted({*listed.get(folder, []), *files})
+        return listed
 
     def _absolute(self, path: Path | None, default: str) -> Path:
         chosen = Path(path) if path is not None else Path(self.base_directory) / default

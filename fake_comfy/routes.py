@@ -92,7 +92,7 @@ class Routes:
         folder = request.match_info["folder"]
         if folder not in data("system.json")["models"]:
             return web.Response(status=404)
-        return web.json_response(list((self.server.options.models or {}).get(folder, [])))
+        return web.json_response(list((self.server.options.model_files() or {}).get(folder, [])))
 
     async def not_found(self, request: web.Request) -> web.Response:
         return web.Response(status=404, content_type="application/octet-stream")

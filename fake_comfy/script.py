@@ -29,6 +29,8 @@ WORDS: dict[str, str] = {
     "invalid": "answers POST /prompt with 400 prompt_outputs_failed_validation and node_errors",
     "error": "execution_error at the second node (the recorded IndexError)",
     "oom": "execution_error at the second node with a CUDA out-of-memory error",
+    "fatal": "execution_error at the second node with a CUDA device-side assert; every later prompt fails the "
+             "same way until the server restarts",
     "drop": "aborts the client's WebSocket at the first node, then finishes the prompt",
     "hang": "stops at the second node until POST /interrupt",
     "slow": "like ok, ten times slower",

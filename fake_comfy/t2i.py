@@ -7,7 +7,12 @@ it as an image of the latent's size in pixels (a mosaic of one cell per latent p
 that content: the same seed and prompt give the same bytes); SaveImage writes it as a real PNG. LoRA and
 ControlNet pass their inputs through, upscaling scales (LatentUpscale and ImageScale to their size,
 ImageUpscaleWithModel by the factor in the model's name), and SaveAnimatedWEBP / SaveWEBM write a real WebP /
-WebM (fake_comfy.media).
+WebM (fake_comfy.media). Audio and video (issue 34): EmptyAudio makes silence, CreateVideo a video of a batch,
+and SaveAudio, SaveVideo and VideoHelperSuite's VHS_VideoCombine write a FLAC / MP4 header, each listed in the
+history as ComfyUI lists it: SaveVideo's under ``images`` with ``animated: [true]`` (ui.PreviewVideo, read in
+comfy_api/latest/_ui.py and comfy_extras/nodes_video.py@0413db9da96134a570d506b540231253672ec369), SaveAudio's under
+``audio`` (nodes_audio.py@01e93c7b7f3ef8ebcd100507f04b875d60d10cca), VHS_VideoCombine's under ``gifs`` with its
+``format``, ``frame_rate``, ``workflow`` and absolute ``fullpath``.
 
 A row is ``async fn(node_id, inputs, run) -> (value, ui output or None)``; the executor calls it in place of its
 generic node (`behaviour`). What a row reads of the run is the `Run` protocol below.
@@ -225,6 +230,77 @@ async def save_webm(node_id: str, inputs: dict[str, Any], run: Run) -> Result:
     return None, {"images": [{"filename": name, "subfolder": subfolder, "type": "output"}], "animated": [True]}
 
 
+@dataclass(frozen=True)
+class Audio:
+    """EmptyAudio's output: silence of ``seconds`` at a rate, in channels."""
+
+    seconds: float
+    sample_rate: int
+    channels: int
+
+
+@dataclass(frozen=True)
+class Video:
+    """CreateVideo's output: the frames of an image batch at ``fps`` (audio, when given, is kept but not written)."""
+
+    images: Raster
+    fps: float
+    audio: Audio | None = None
+
+
+def _saved(name: str, subfolder: str) -> dict[str, Any]:
+    return {"filename": name, "subfolder": subfolder, "type": "output"}
+
+
+async def empty_audio(node_id: str, inputs: dict[str, Any], run: Run) -> Result:
+    await run.node_time(node_id)
+    return Audio(float(inputs.get("duration", 60.0)), int(inputs.get("sample_rate", 44100)),
+                 int(inputs.get("channels", 2))), None
+
+
+async def save_audio(node_id: str, inputs: dict[str, Any], run: Run) -> Result:
+    """SaveAudio: ``<prefix>_NNNNN_.flac`` per batch item (one here), listed under ``audio``."""
+    audio = inputs.get("audio")
+    audio = audio if isinstance(audio, Audio) else Audio(1.0, 44100, 2)
+    folder, stem, counter, subfolder = _save_path(inputs, Raster(0, 0, (1, 1), (b"\0\0\0",)), run)
+    name = f"{stem}_{counter:05}_.flac"
+    (folder / name).write_bytes(media.flac(audio.sample_rate, audio.channels, round(audio.seconds * audio.sample_rate)))
+    await run.node_time(node_id)
+    return None, {"audio": [_saved(name, subfolder)]}
+
+
+async def create_video(node_id: str, inputs: dict[str, Any], run: Run) -> Result:
+    await run.node_time(node_id)
+    audio = inputs.get("audio")
+    return Video(as_raster(inputs.get("images")), float(inputs.get("fps", 30.0)),
+                 audio if isinstance(audio, Audio) else None), None
+
+
+async def save_video(node_id: str, inputs: dict[str, Any], run: Run) -> Result:
+    """SaveVideo: ``<prefix>_NNNNN_.mp4`` (format auto and mp4 are MP4), listed under ``images``, animated."""
+    video = inputs.get("video")
+    video = video if isinstance(video, Video) else Video(as_raster(None), 30.0)
+    folder, stem, counter, subfolder = _save_path(inputs, video.images, run)
+    name = f"{stem}_{counter:05}_.mp4"
+    (folder / name).write_bytes(media.mp4(video.images.width, video.images.height, video.images.batch, video.fps))
+    await run.node_time(node_id)
+    return None, {"images": [_saved(name, subfolder)], "animated": [True]}
+
+
+async def video_combine(node_id: str, inputs: dict[str, Any], run: Run) -> Result:
+    """VHS_VideoCombine: an MP4 (video/*) or an animated WebP (image/*), listed under ``gifs``."""
+    image, fps, kind = as_raster(inputs.get("images")), float(inputs.get("frame_rate", 8.0)), str(inputs.get("format"))
+    folder, stem, counter, subfolder = _save_path(inputs, image, run)
+    name = f"{stem}_{counter:05}.{'mp4' if kind.startswith('video/') else 'webp'}"  # VHS: no trailing underscore
+    data = media.mp4(image.width, image.height, image.batch, fps) if kind.startswith("video/") else \
+        media.webp(image.width, image.height, [image.mean(i) for i in range(image.batch)], int(1000.0 / fps))
+    (folder / name).write_bytes(data)
+    await run.node_time(node_id)
+    item = {**_saved(name, subfolder), "format": kind, "frame_rate": fps,
+            "workflow": f"{stem}_{counter:05}.png", "fullpath": str(folder / name)}
+    return None, {"gifs": [item]}
+
+
 NODES: dict[str, Row] = {
     "CLIPTextEncode": text_encode,
     "EmptyLatentImage": empty_latent,
@@ -237,6 +313,11 @@ NODES: dict[str, Row] = {
     "ControlNetApplyAdvanced": controlnet_apply,
     "SaveAnimatedWEBP": save_webp,
     "SaveWEBM": save_webm,
+    "EmptyAudio": empty_audio,
+    "SaveAudio": save_audio,
+    "CreateVideo": create_video,
+    "SaveVideo": save_video,
+    "VHS_VideoCombine": video_combine,
 }
 """Class → what it computes. Loaders are the executor's (model handles, load time on a swap)."""
 

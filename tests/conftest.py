@@ -14,6 +14,7 @@ import pytest
 
 if TYPE_CHECKING:
     from rabbitmq_node import OwnBroker
+    from s3_support import SeaweedS3
     from supervisor_support import Supervised
 
     from fake_comfy import FakeComfy
@@ -62,6 +63,26 @@ def _no_deadline_left_over() -> Iterator[None]:
     deadline.reset()
 
 
+# ==== logging (comfysup.logs) ===============================================================================
+@pytest.fixture(autouse=True)
+def _logging_as_it_was() -> Iterator[None]:
+    """A test that runs a command in process calls setup_logging, whose handler writes to the sys.stderr of that
+    moment: pytest's capture of that test, closed after it. Left in place, a later test in the same worker (any
+    order under xdist) logged into a closed file ("--- Logging error ---" with a traceback). Each test gets the
+    loggers back as they were."""
+    import logging
+
+    names = ("comfysup", "py.warnings")
+    kept = {n: (list(logging.getLogger(n).handlers), logging.getLogger(n).level, logging.getLogger(n).propagate)
+            for n in names}
+    yield
+    for name, (handlers, level, propagate) in kept.items():
+        logger = logging.getLogger(name)
+        logger.handlers[:] = handlers
+        logger.setLevel(level)
+        logger.propagate = propagate
+
+
 # ==== comfysup run as a subprocess (tests/supervisor_support.py) ==========================================
 @pytest.fixture
 def harness(tmp_path: Path) -> Iterator[list[Supervised]]:
@@ -101,3 +122,26 @@ def own_broker(_own_broker_node: OwnBroker) -> OwnBroker:
 
 
 # ==== end of the private RabbitMQ node ======================================================================
+
+
+# ==== a real S3 server (tests/s3_support.py), for the object-storage tests (issue 33) =========================
+@pytest.fixture(scope="session")
+def seaweed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedS3]:
+    """SeaweedFS started once per session (per xdist worker), on first use (a few seconds), and stopped at its end;
+    skipped where ``weed`` is not installed."""
+    from s3_support import start
+
+    node = start(tmp_path_factory.mktemp("seaweedfs"))
+    try:
+        yield node
+    finally:
+        node.stop()
+
+
+@pytest.fixture
+def s3_server(seaweed: SeaweedS3) -> SeaweedS3:
+    """The session's S3 server, running when the test begins (a test that stopped it has it started again)."""
+    if seaweed.process is None or seaweed.process.poll() is not None:
+        seaweed.start()
+    return seaweed
+# ==== end of the S3 server ===================================================================================

@@ -19,12 +19,18 @@ from typing import Any
 @dataclass
 class FileServer:
     """``files``: path → bytes (200 with Content-Length); ``redirects``: path → Location (302); ``unsized``:
-    path → bytes sent without a Content-Length; ``/trickle`` sends one byte of 1000 every 50 ms; anything else
-    is 404. ``got`` keeps every request's path."""
+    path → bytes sent without a Content-Length; ``raw``: path → a whole answer (status line, headers, body) sent as
+    it is, a hostile server's; ``held``: path → bytes sent once ``go`` is set (``asked`` is set when one is asked
+    for); ``/trickle`` sends one byte of 1000 every 50 ms; anything else is 404. ``got`` keeps
+    every request's path."""
 
     files: dict[str, bytes] = field(default_factory=dict)
     redirects: dict[str, str] = field(default_factory=dict)
     unsized: dict[str, bytes] = field(default_factory=dict)
+    raw: dict[str, bytes] = field(default_factory=dict)
+    held: dict[str, bytes] = field(default_factory=dict)
+    asked: threading.Event = field(default_factory=threading.Event)
+    go: threading.Event = field(default_factory=threading.Event)
     got: list[str] = field(default_factory=list)
     server: ThreadingHTTPServer | None = None
     stopping: threading.Event = field(default_factory=threading.Event)
@@ -50,12 +56,18 @@ class FileServer:
                     self.send_header("Location", owner.redirects[self.path])
                     self.send_header("Content-Length", "0")
                     self.end_headers()
-                elif self.path in owner.files:
-                    body = owner.files[self.path]
+                elif self.path in owner.files or self.path in owner.held:
+                    if self.path in owner.held:
+                        owner.asked.set()
+                        owner.go.wait(30)
+                    body = owner.files.get(self.path) or owner.held[self.path]
                     self.send_response(200)
                     self.send_header("Content-Length", str(len(body)))
                     self.end_headers()
                     self.wfile.write(body)
+                elif self.path in owner.raw:
+                    self.wfile.write(owner.raw[self.path])
+                    self.close_connection = True
                 elif self.path in owner.unsized:
                     self.send_response(200)
                     self.end_headers()  # HTTP/1.0: the body ends when the connection closes

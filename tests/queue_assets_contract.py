@@ -87,31 +87,36 @@ class AssetsContract:
 
     def test_an_upload_is_a_record_over_one_stored_content(self, q: Any, tmp_path: Path) -> None:
         cat = asset_file(tmp_path, b"PNG cat")
-        first, new, replayed = q.add_api_asset(cat, "image/png", 3600.0, key="k1", now=T0)
-        second, new2, _ = q.add_api_asset(dataclasses.replace(cat, name="again.png"), "image/png", 3600.0, now=T0)
-        assert (new, replayed, new2) == (True, False, False)
+        first, new = q.add_api_asset(cat, "image/png", 3600.0, key="k1", now=T0)
+        second, new2 = q.add_api_asset(dataclasses.replace(cat, name="again.png"), "image/png", 3600.0, now=T0)
+        assert (new, new2) == (True, False)
         assert first.id != second.id and first.hash == second.hash == cat.hash
         assert (first.size, first.file_path, first.expires_at) == (7, "cat.png", T0 + 3600.0)
         assert self.count(q, "assets") == 1 and self.count(q, "api_assets") == 2
         assert q.api_asset(first.id) == first and q.api_asset("no-such-id") is None
         assert q.has_asset(cat.hash) and not q.has_asset(assets.hash_bytes(b"other"))
 
-    def test_an_upload_retried_with_its_key_answers_the_same_record(self, q: Any, tmp_path: Path) -> None:
+    def test_an_upload_key_is_single_use(self, q: Any, tmp_path: Path) -> None:
+        """The spec's reject-on-duplicate: a key seen before is UploadConflict naming its record, the same upload
+        or another, and nothing of the second is stored."""
         from comfysup.queue.assets import UploadConflict
 
         cat, dog = asset_file(tmp_path, b"cat", "cat.png"), asset_file(tmp_path, b"dog", "dog.png")
-        first, _, _ = q.add_api_asset(cat, "image/png", 3600.0, key="k1", now=T0)
-        again, new, replayed = q.add_api_asset(cat, "image/png", 3600.0, key="k1", now=T0 + 5)
-        assert (again, new, replayed) == (first, False, True)
-        with pytest.raises(UploadConflict):
-            q.add_api_asset(dog, "image/png", 3600.0, key="k1", now=T0 + 5)
+        first, _ = q.add_api_asset(cat, "image/png", 3600.0, key="k1", now=T0)
+        for again in (cat, dog):
+            with pytest.raises(UploadConflict) as refused:
+                q.add_api_asset(again, "image/png", 3600.0, key="k1", now=T0 + 5)
+            assert refused.value.asset_id == first.id
         assert not q.has_asset(dog.hash) and self.count(q, "api_assets") == 1
 
     @pytest.mark.timeout(60)
     def test_two_processes_uploading_with_one_key_at_once_make_one_record(self, q: Any, tmp_path: Path) -> None:
-        """Two API processes (two queues on one database) given the same upload and key at the same moment:
-        one record, both answered it, no error (on PostgreSQL both may look before either inserts)."""
+        """Two API processes (two queues on one database) given the same upload and key at the same moment: one
+        record, one of them answered it and the other UploadConflict (on PostgreSQL both may look before either
+        inserts: the unique key decides)."""
         import threading
+
+        from comfysup.queue.assets import UploadConflict
 
         other = self.make_queue(tmp_path)
         try:
@@ -123,8 +128,10 @@ class AssetsContract:
                 cat = dataclasses.replace(cat, name="cat.png")
                 barrier.wait()
                 try:
-                    answers.append((n, queue.add_api_asset(cat, "image/png", 3600.0, key=f"key-{n}", now=T0)))
-                except Exception as exc:  # the finding is any error at all
+                    answers.append((n, queue.add_api_asset(cat, "image/png", 3600.0, key=f"key-{n}", now=T0)[0].id))
+                except UploadConflict as exc:
+                    answers.append((n, exc))
+                except Exception as exc:  # the finding is any other error at all
                     errors.append(exc)
 
             for n in range(rounds):
@@ -136,16 +143,17 @@ class AssetsContract:
                     thread.join(30)
             assert not errors, errors
             for n in range(rounds):
-                records = {answer[0].id for k, answer in answers if k == n}
-                replays = sorted(answer[2] for k, answer in answers if k == n)
-                assert len(records) == 1 and replays == [False, True], (n, answers)
+                won = [a for k, a in answers if k == n and isinstance(a, str)]
+                lost = [a for k, a in answers if k == n and isinstance(a, UploadConflict)]
+                assert len(won) == len(lost) == 1, (n, answers)
+                assert lost[0].asset_id in (None, won[0])
             assert self.count(q, "api_assets") == rounds
         finally:
             other.close()
 
     def test_minting_from_a_hash_reuses_a_live_record_and_extends_it(self, q: Any, tmp_path: Path) -> None:
         cat = asset_file(tmp_path, b"cat")
-        first, _, _ = q.add_api_asset(cat, "image/png", 100.0, now=T0)
+        first, _ = q.add_api_asset(cat, "image/png", 100.0, now=T0)
         same, minted = q.mint_api_asset(cat.hash, "cat.png", "image/png", 500.0, now=T0 + 10)
         assert (same.id, minted, same.expires_at) == (first.id, False, T0 + 510.0)
         assert q.api_asset(first.id).expires_at == T0 + 510.0
@@ -158,9 +166,9 @@ class AssetsContract:
 
         fresh, old = asset_file(tmp_path, b"fresh", "a.png"), asset_file(tmp_path, b"old!", "b.png")
         used = asset_file(tmp_path, b"used by a job", "c.png")
-        kept, _, _ = q.add_api_asset(fresh, "image/png", 3600.0, now=T0)
-        gone, _, _ = q.add_api_asset(old, "image/png", 10.0, now=T0)
-        referenced, _, _ = q.add_api_asset(used, "image/png", 10.0, now=T0)
+        kept, _ = q.add_api_asset(fresh, "image/png", 3600.0, now=T0)
+        gone, _ = q.add_api_asset(old, "image/png", 10.0, now=T0)
+        referenced, _ = q.add_api_asset(used, "image/png", 10.0, now=T0)
         q.submit([dataclasses.replace(make_job(1), assets=(NewAsset(used.hash, used.size, "c.png"),))], now=T0 + 1)
         assert q.prune_assets(now=T0 + 5) == (0, 0)
         assert q.prune_assets(now=T0 + 60) == (1, 4)
@@ -174,8 +182,8 @@ class AssetsContract:
         from tests.queue_contract import make_job
 
         lone, shared = asset_file(tmp_path, b"lone", "a.png"), asset_file(tmp_path, b"shared", "b.png")
-        a, _, _ = q.add_api_asset(lone, "image/png", 3600.0, now=T0)
-        b, _, _ = q.add_api_asset(shared, "image/png", 3600.0, now=T0)
+        a, _ = q.add_api_asset(lone, "image/png", 3600.0, now=T0)
+        b, _ = q.add_api_asset(shared, "image/png", 3600.0, now=T0)
         q.submit([dataclasses.replace(make_job(1), assets=(NewAsset(shared.hash, shared.size, "b.png"),))], now=T0)
         assert q.delete_api_asset(a.id) and q.delete_api_asset(b.id)
         assert not q.delete_api_asset(a.id)

@@ -337,6 +337,76 @@ class QueueContract(CatalogueContract, AssetsContract):
         assert q.attempt_urls(third.id, other_than=third) == [("http://10.0.0.2:8188", None),
                                                                ("http://10.0.0.1:8188", None)]
 
+    def test_a_job_posted_behind_another_is_posted_until_it_executes(self, q: Queue) -> None:
+        """Issue 32: a job queued ahead waits in its server's queue behind the one that runs there; status, states,
+        its record and its pulse say posted, not running, until its execution starts: said by the end of the job
+        ahead of it (the same transaction) or by its own write."""
+        self.submit(q, make_job(1), make_job(2), make_job(3))
+        ahead = self.claim(q, "runner-a", "gpu0", now=T0)
+        behind = self.claim(q, "runner-a", "gpu0", now=T0)
+        q.record_prompt(ahead, "gpu0", 1)
+        q.record_prompt(behind, "gpu0", 2, waiting=True)
+        status = q.status(now=T0 + 1)
+        assert (status.counts["running"], status.counts["posted"], status.counts["queued"]) == (1, 1, 1)
+        assert {r.id: r.posted for r in status.running} == {ahead.id: False, behind.id: True}
+        assert q.states([ahead.id, behind.id]) == {ahead.id: "running", behind.id: "posted"}
+        assert q.get(behind.id).shown_state == "posted" and q.get(ahead.id).shown_state == "running"
+        assert q.pulses([behind.id])[behind.id].waiting_since is not None
+        q.complete(ahead, [], now=T0 + 2, started=behind)  # its execution_start was read before this end
+        assert q.states([behind.id]) == {behind.id: "running"}
+        assert q.status(now=T0 + 3).counts["posted"] == 0
+        third = self.claim(q, "runner-a", "gpu0", now=T0 + 3)
+        q.set_waiting(third, True)  # claimed ahead, not posted yet
+        assert q.states([third.id]) == {third.id: "posted"}
+        q.set_waiting(third, False)
+        assert q.states([third.id]) == {third.id: "running"}
+
+    def test_a_posted_job_taken_back_is_not_posted_when_claimed_again(self, q: Queue) -> None:
+        """A job released uncounted from its server's queue (a stop, a waiting peer) is queued; its next claim
+        starts afresh, and the end of the job that was ahead of it cannot touch it (its claim no longer holds)."""
+        self.submit(q, make_job(1), make_job(2))
+        ahead = self.claim(q, "runner-a", "gpu0", now=T0)
+        behind = self.claim(q, "runner-a", "gpu0", now=T0)
+        q.record_prompt(behind, "gpu0", 2, waiting=True)
+        q.release(behind, "taken out of the server's queue", count_attempt=False, now=T0 + 1)
+        assert q.states([behind.id]) == {behind.id: "queued"}
+        q.complete(ahead, [], now=T0 + 2, started=behind)  # a claim that no longer holds: left alone, no error
+        again = self.claim(q, "runner-b", "gpu1", now=T0 + 3)
+        assert again.id == behind.id and q.states([again.id]) == {again.id: "running"}
+        with pytest.raises(LeaseLost):
+            q.set_waiting(behind, False)
+
+    def test_queue_position_counts_posted_jobs_then_the_queue_in_claim_order(self, q: Queue) -> None:
+        """Issue 32: the API's queue_position. 1 is next: a posted job's place among those posted to its server,
+        a queued job's behind every posted job and the queued jobs a claim takes first; None once it runs."""
+        self.submit(q, make_job(1), make_job(2), make_job(3), make_job(4), make_job(5, priority=9))
+        urgent = self.claim(q, "runner-a", "gpu0", now=T0)  # priority first
+        nxt = self.claim(q, "runner-a", "gpu0", now=T0)
+        then = self.claim(q, "runner-a", "gpu0", now=T0)
+        q.record_prompt(urgent, "gpu0", 1)
+        q.record_prompt(nxt, "gpu0", 2, waiting=True)
+        q.record_prompt(then, "gpu0", 3, waiting=True)
+        assert q.queue_position(urgent.id) is None
+        assert (q.queue_position(nxt.id), q.queue_position(then.id)) == (1, 2)
+        assert (q.queue_position(make_job(3).id), q.queue_position(make_job(4).id)) == (3, 4)
+        q.complete(urgent, [], now=T0 + 1, started=nxt)
+        assert [q.queue_position(make_job(i).id) for i in (1, 2, 3, 4, 5)] == [None, 1, 2, 3, None]
+        assert q.queue_position("00000000-0000-0000-0000-000000000000") is None
+        q.submit([make_job(6, priority=1)], now=T0 + 2)  # ahead of the queued ones of priority 0
+        assert [q.queue_position(make_job(i).id) for i in (6, 3, 4)] == [2, 3, 4]
+
+    def test_queue_position_of_a_refused_job_counts_only_jobs_its_servers_could_run(self, q: Queue) -> None:
+        """A job that one catalogue refused waits only behind the jobs that a server able to run it could run
+        instead: one that only the refusing server could take is not ahead of it."""
+        a = q.record_catalogue("gpu0", "host1", {"A": {}}, now=T0)
+        b = q.record_catalogue("gpu1", "host1", {"B": {}}, now=T0)
+        only_a = dataclasses.replace(make_job(1), refused=((b, "no B"),))
+        anywhere = make_job(2)
+        only_b = dataclasses.replace(make_job(3), refused=((a, "no A"),))
+        self.submit(q, only_a, anywhere, only_b)
+        assert q.queue_position(only_b.id) == 2  # behind the job any server runs, not the one only gpu0 can
+        assert q.queue_position(only_a.id) == 1
+
     @pytest.mark.parametrize("how", ["retry_later", "release"])
     def test_a_runner_that_judged_its_prompt_forgets_its_number(self, q: Queue, how: str) -> None:
         """After its own retry or release the prompt was judged: the next attempt must not adopt it."""
@@ -358,11 +428,42 @@ class QueueContract(CatalogueContract, AssetsContract):
         q.complete(claim, outputs, now=T0 + 5)
         record = q.get(claim.id)
         assert record.state == "done"
-        assert record.outputs == outputs
+        assert [dataclasses.replace(o, id="") for o in record.outputs] == outputs
+        assert len({str(uuid.UUID(o.id)) for o in record.outputs}) == 2  # each output an asset with its own UUID
         assert record.finished_at == T0 + 5
         assert record.owner is None and record.lease_until is None
         assert [(a.outcome, a.ended_at) for a in record.attempts] == [("done", T0 + 5)]
         assert q.claim("runner-b", "gpu0", LEASE, now=T0 + 1000) is None  # done is terminal
+
+    def test_an_output_is_found_by_its_asset_id_until_its_job_is_pruned(self, q: Queue) -> None:
+        """Outputs are assets (issue 31): each id names its job and place; gone with the job, none for other ids."""
+        self.submit(q, make_job(1), make_job(2))
+        q.complete(self.claim(q, now=T0), [Output("a.png", 1, "aa" * 32), Output("b.png", 2, "bb" * 32)],
+                   now=T0 + 1)
+        q.dead(self.claim(q, now=T0), "broken", now=T0 + 1)
+        record = q.get(make_job(1).id)
+        assert [q.output_asset(o.id) for o in record.outputs] == [(record, 0), (record, 1)]
+        assert q.output_asset(str(uuid.uuid4())) is None and q.output_asset(make_job(1).id) is None
+        assert q.prune(T0 + 50).removed
+        assert q.output_asset(record.outputs[0].id) is None
+        assert self.count(q, "output_assets") == 0
+
+    def test_a_running_jobs_latest_preview_is_kept_until_its_attempt_ends(self, q: Queue) -> None:
+        """Issue 31: one row a job, replaced (n counts), read only when n moved, fenced, gone with the attempt."""
+        self.submit(q, make_job(1), make_job(2))
+        claim, other = self.claim(q, now=T0), self.claim(q, now=T0)
+        q.set_preview(claim, "3", "image/jpeg", b"\xff\xd8one")
+        q.set_preview(claim, "3", "image/jpeg", b"\xff\xd8two")
+        (got,) = q.previews([claim.id, other.id, "nope"], {}).values()
+        assert (got.n, got.node_id, got.content_type, got.data) == (2, "3", "image/jpeg", b"\xff\xd8two")
+        assert q.previews([claim.id], {claim.id: 2}) == {}  # unchanged: not read again
+        stale = dataclasses.replace(claim, owner="runner-z")
+        q.set_preview(stale, None, "image/png", b"x")  # a lost claim writes nothing
+        assert q.previews([claim.id], {claim.id: 2}) == {}
+        q.complete(claim, [], now=T0 + 1)
+        q.set_preview(other, None, "image/png", b"\x89PNG")
+        q.retry_later(other, T0 + 5, "again", now=T0 + 2)
+        assert q.previews([claim.id, other.id], {}) == {}
 
     def test_dead_keeps_the_reason(self, q: Queue) -> None:
         self.submit(q, make_job(1))
@@ -548,7 +649,8 @@ class QueueContract(CatalogueContract, AssetsContract):
         running = self.claim(q, "runner-b", "gpu1", now=T0 + 4, lease=60)
         q.cancel([make_job(7).id], now=T0 + 5)
         status = q.status(now=T0 + 10, dead_limit=5)
-        assert status.counts == {"queued": 2, "waiting": 1, "running": 1, "done": 1, "dead": 2, "cancelled": 1}
+        assert status.counts == {"queued": 2, "waiting": 1, "posted": 0, "running": 1, "done": 1, "dead": 2,
+                                 "cancelled": 1}
         assert status.oldest_queued_at == T0
         assert [(r.id, r.owner, r.server, r.attempt, r.started_at, r.lease_until) for r in status.running] == \
             [(running.id, "runner-b", "gpu1", 1, T0 + 4, T0 + 64)]
@@ -575,7 +677,8 @@ class QueueContract(CatalogueContract, AssetsContract):
 
     def test_status_of_an_empty_queue(self, q: Queue) -> None:
         status = q.status(now=T0)
-        assert status.counts == {"queued": 0, "waiting": 0, "running": 0, "done": 0, "dead": 0, "cancelled": 0}
+        assert status.counts == {"queued": 0, "waiting": 0, "posted": 0, "running": 0, "done": 0, "dead": 0,
+                                 "cancelled": 0}
         assert status.oldest_queued_at is None
         assert status.running == [] and status.recent_dead == []
 
@@ -820,6 +923,23 @@ class QueueContract(CatalogueContract, AssetsContract):
         assert len(q.ended_since(T0, limit=1)) == 1
         assert q.get(c2.id).state == "running"  # an attempt still running has not ended
 
+    def test_ended_since_hands_each_attempts_wait_in_comfyui_and_its_run(self, q: Queue) -> None:
+        """Issue 32: the two figures of a trace (comfysup.runner.trace.figures) are read by the database, and the
+        attempt that ends a job carries its first attempt's wait: the job's queueing, not its duration."""
+        self.submit(q, make_job(1), now=T0 - 10)
+        first = self.claim(q, now=T0)
+        q.retry_later(first, run_after=T0, reason="oom", now=T0 + 4, kind="oom",
+                      trace={"phases": [], "comfyui_wait_s": 2.5, "run_s": 1.5})
+        again = self.claim(q, now=T0 + 5)
+        q.complete(again, [], now=T0 + 7, trace={"phases": [], "comfyui_wait_s": 0.25, "run_s": 1.75})
+        ended = q.ended_since(T0)
+        assert [(e.comfyui_wait_s, e.run_s, e.first_comfyui_wait_s) for e in ended] == [(2.5, 1.5, None),
+                                                                                       (0.25, 1.75, 2.5)]
+        self.submit(q, make_job(2), now=T0 + 8)
+        q.dead(self.claim(q, now=T0 + 9), "gave up", now=T0 + 10)  # no trace: its runner died, nothing measured
+        assert [(e.comfyui_wait_s, e.run_s, e.first_comfyui_wait_s) for e in q.ended_since(T0 + 10)] == \
+            [(None, None, None)]
+
     def test_ended_count_and_keys_see_the_window_inclusive(self, q: Queue) -> None:
         self.submit(q, make_job(1), make_job(2), make_job(3), now=T0 - 10)
         c1, c2, c3 = (self.claim(q, now=T0 + i) for i in range(3))
@@ -958,7 +1078,8 @@ class QueueContract(CatalogueContract, AssetsContract):
         assert nxt is not None and (nxt.id, nxt.attempt, nxt.owner, nxt.lease_until) == \
             (model_job(3, "b").id, 1, "host-a/1/gpu0/t", T0 + 5 + LEASE)
         done = q.get(first.id)
-        assert (done.state, done.outputs, done.finished_at, done.machine) == ("done", out, T0 + 5, "host-a")
+        assert (done.state, done.finished_at, done.machine) == ("done", T0 + 5, "host-a")
+        assert [dataclasses.replace(o, id="") for o in done.outputs] == out and q.output_asset(done.outputs[0].id)
         assert (done.attempts[0].outcome, done.attempts[0].ended_at, done.attempts[0].trace) == ("done", T0 + 5,
                                                                                                 {"t": 1})
         assert q.get(nxt.id).state == "running"

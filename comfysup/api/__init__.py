@@ -5,13 +5,15 @@ submit`` — the same validation (comfysup.jobs, node catalogues included), the 
 idempotency by job id (``Idempotency-Key`` → the job id) — and of the queue's records back into the contract's
 job objects. The contract is Comfy's own, read from its sources:
 
-- ``Comfy-Org/comfy-api-proxy`` ``spec/openapi.yaml@37fbee21df60dd598638786cbdcc6c1e1beada7c`` (paths, status
-  names, the error envelope and its codes, Stripe semantics of ``Idempotency-Key``);
+- ``Comfy-Org/comfy-api-proxy`` ``spec/openapi.yaml`` (``info.version`` 2.0.0; a copy is
+  tests/api_contract/openapi.yaml, whose cases the conformance suite derives from it): paths, status names, the
+  error envelope and its codes, single-use ``Idempotency-Key``;
 - the ``comfy-sdk`` 0.5.0 package: ``comfy_low/models/_generated.py`` (the models every body is validated
   against in the tests) and ``comfy_low/transport.py`` (``list_jobs``: ``metadata[<key>]=<value>``, ``limit``,
   ``cursor``; ``{"jobs": [...], "next_cursor"}``).
 
 Modules: ``security`` (token, loopback, origin), ``errors`` (the envelope), ``views`` (records → bodies, pure),
-``intake`` (a request body → a NewJob through comfysup.jobs), ``app`` (the routes), ``remote`` (outputs streamed from
+``intake`` (a request body → a NewJob through comfysup.jobs), ``app`` (the routes), ``assets`` (uploads),
+``placement`` (files of this machine: from-path, model files), ``remote`` (outputs streamed from
 the machine that holds them), ``serve`` (the process).
 """

@@ -15,7 +15,6 @@ import base64
 import binascii
 import concurrent.futures
 import logging
-import os
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -23,23 +22,26 @@ from typing import Any, TypeVar
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from comfysup import safefs
-from comfysup.api import assets, events, remote, views
+from comfysup import assets as file_assets
+from comfysup.api import assets, events, outputs, placement, remote, views
 from comfysup.api.connections import track
 from comfysup.api.errors import ApiError, not_found
-from comfysup.api.intake import Intake
-from comfysup.api.replies import STATE_KEY, harden, read_json, send
+from comfysup.api.intake import Intake, job_id_for
+from comfysup.api.replies import STATE_KEY, harden, read_json
 from comfysup.api.replies import job_id as _job_id
 from comfysup.api.replies import json_response as _json
 from comfysup.api.replies import origin as _origin
-from comfysup.api.security import HostCheck, check_origin, check_token
+from comfysup.api.security import Cors, HostCheck, check_origin, check_token
 from comfysup.config import Config
 from comfysup.errors import NotFound
 from comfysup.jobs import MAX_WORKFLOW_BYTES
 from comfysup.jobs.catalogue import Catalogue
+from comfysup.jobs.inputs import InputFiles
 from comfysup.queue.assets import AssetMissing
 from comfysup.queue.base import SubmitConflict
 from comfysup.queue.watch import EXIT_DATABASE_REPLACED, QueueWatch, lost_line
+from comfysup.slotstate import read_state, readiness
+from comfysup.storage.links import Links
 
 log = logging.getLogger("comfysup.api")
 T = TypeVar("T")
@@ -51,6 +53,11 @@ SCAN_PAGES = 20
 CATALOGUE_SECONDS = 5.0
 """How long the node catalogues read from the queue are reused before they are read again."""
 QUEUE_FULL_RETRY_SECONDS = 5
+CORS_KEY = web.RequestKey("cors_origin", str)
+"""The request's Origin when it is one of ``[api] allowed_origins`` (its answer carries the CORS headers)."""
+FETCH_THREADS = 4
+"""Inputs by URL downloaded at once, in threads of their own: a slow one may take [inputs] max_seconds, and in the
+loop's default executor a few would hold the threads that uploads and the queue file's watch need. More wait."""
 MAX_CURSOR = 2**63 - 1
 """A cursor is a job's sequence number, a signed 64-bit integer in both queues."""
 
@@ -62,9 +69,15 @@ class State:
         self.config = config
         self.queue = queue
         self.worker = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="comfysup-api-queue")
+        self.fetcher = concurrent.futures.ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="comfysup-api-fetch")
         self.intake = Intake(config.resolve("."), config)
         self.store = config.resolve(config.store.dir)
+        self.cors = Cors(config.api.allowed_origins)
+        self.links = Links(config.store)
+        """Presigned URLs of outputs in a bucket ([store] url, issue 33)."""
         self.hosts = HostCheck(config.api.listen.rpartition(":")[0], config.api.public_url, config.api.allowed_hosts)
+        self.inputs = outputs.Inputs(self)
+        """What a workflow's core/ASSET reference names: an upload, or an output (comfysup.api.outputs)."""
         self._catalogues: list[Catalogue] = []
         self._catalogues_at = float("-inf")
         self.watch = QueueWatch(queue, on_lost=lambda why: log.error("%s; the API answers 503 and stops (exit code "
@@ -92,16 +105,22 @@ class State:
 @web.middleware
 async def guard(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
                 ) -> web.StreamResponse:
-    """Host first, then Origin, then the token (comfysup.api.security); every error as the contract's envelope."""
+    """Host first, then a CORS preflight (answered here, without the token), then Origin, then the token
+    (comfysup.api.security; ``health`` asks none); every error as the contract's envelope."""
     state: State = request.app[STATE_KEY]
     try:
         sockname = request.transport.get_extra_info("sockname") if request.transport is not None else None
         state.hosts.check(request.headers.get("Host"), sockname[:2] if isinstance(sockname, tuple) else None)
-        check_origin(request.headers.get("Origin"), request.headers.get("Sec-Fetch-Site"), request.host,
-                     state.config.api.allowed_origins)
-        check_token(state.config.api.token, request.headers.get("Authorization"))
+        origin = request.headers.get("Origin")
+        if state.cors.allows(origin):
+            request[CORS_KEY] = origin
+        if request.method == "OPTIONS":
+            return web.Response(status=204, headers=state.cors.preflight(origin, _methods(request)))
+        check_origin(origin, request.headers.get("Sec-Fetch-Site"), request.host, state.config.api.allowed_origins)
+        if not _is_health(request):
+            check_token(state.config.api.token, request.headers.get("Authorization"))
         lost = await state.lost(write=request.method not in ("GET", "HEAD"))
-        if lost is not None and request.path != f"{API}/health":
+        if lost is not None and not _is_health(request) and request.path not in ("/ready", f"{API}/ready"):
             raise ApiError(503, "queue_unavailable", f"{lost}; this API accepts nothing more and stops")
         return await handler(request)
     except ApiError as exc:
@@ -119,7 +138,36 @@ async def guard(request: web.Request, handler: Callable[[web.Request], Awaitable
                         headers={"Allow": ", ".join(sorted(exc.allowed_methods))}).response()
 
 
+def _is_health(request: web.Request) -> bool:
+    return request.path == f"{API}/health" and request.method in ("GET", "HEAD")
+
+
+def _methods(request: web.Request) -> set[str]:
+    """The methods of the route an OPTIONS request names; 404 for a path the API does not serve."""
+    problem = getattr(request.match_info, "http_exception", None)
+    if isinstance(problem, web.HTTPMethodNotAllowed):
+        return set(problem.allowed_methods)
+    raise not_found("route")
+
+
+async def cors_headers(request: web.Request, response: web.StreamResponse) -> None:
+    """``on_response_prepare``: an answer to an allowed origin (an event stream, an error) carries its CORS
+    headers, so the page's script can read it; ``Vary: Origin`` wherever an allowlist makes answers differ."""
+    state: State = request.app[STATE_KEY]
+    if not state.cors.allowed:
+        return
+    vary = {v.strip().lower() for v in response.headers.get("Vary", "").split(",") if v.strip()}
+    if "origin" not in vary:
+        response.headers["Vary"] = ", ".join(filter(None, (response.headers.get("Vary"), "Origin")))
+    origin = request.get(CORS_KEY)
+    if origin and "Access-Control-Allow-Origin" not in response.headers:
+        response.headers.update(state.cors.headers(origin))
+
+
 async def health(request: web.Request) -> web.Response:
+    """Asks no token (a load balancer or a supervisor probes it), as comfy-api-proxy's ``GET /api/v2/health``:
+    ``{"status": "healthy"}`` while the queue answers, else 503 ``unavailable`` with why. How many jobs are
+    active is said only to a caller the token check would let in."""
     state: State = request.app[STATE_KEY]
     lost = await state.lost(write=True)
     if lost is not None:
@@ -129,49 +177,126 @@ async def health(request: web.Request) -> web.Response:
     except Exception as exc:  # the queue does not answer: not healthy, and say why (no secret in it)
         log.warning("api health: the queue does not answer: %s", exc)
         return _json({"status": "unavailable", "queue": "unavailable"}, status=503)
-    return _json({"status": "ok", "queue": "ok", "active_jobs": active})
+    body: dict[str, Any] = {"status": "healthy", "queue": "ok"}
+    try:
+        check_token(state.config.api.token, request.headers.get("Authorization"))
+        body["active_jobs"] = active
+    except ApiError:
+        pass
+    return _json(body)
+
+
+async def ready(request: web.Request) -> web.Response:
+    """Readiness for load balancers and autoscalers (``/health`` stays liveness): 200 once a slot of this machine's
+    supervisor is warm, 503 before and while the queued jobs per ready slot exceed ``[api]
+    ready_max_queue_per_slot``, with why in the body."""
+    state: State = request.app[STATE_KEY]
+    lost = await state.lost(write=False)
+    if lost is not None:
+        return _json({"status": "not_ready", "reason": lost}, status=503)
+    try:
+        status = await state.call(state.queue.status, None, 0)
+    except Exception as exc:  # the queue does not answer: nothing can be taken in
+        log.warning("api ready: the queue does not answer: %s", exc)
+        return _json({"status": "not_ready", "reason": "the queue does not answer"}, status=503)
+    answer = readiness(read_state(state.config), status.counts.get("queued", 0),
+                       state.config.api.ready_max_queue_per_slot)
+    return _json(answer.body(), status=200 if answer.ready else 503)
 
 
 async def post_job(request: web.Request) -> web.Response:
     state: State = request.app[STATE_KEY]
     body = await read_json(request, MAX_WORKFLOW_BYTES, f"{MAX_WORKFLOW_BYTES // 2**20} MiB (a job's workflow)")
     key = request.headers.get("Idempotency-Key")
-    fetched = await asyncio.to_thread(state.intake.fetch, body)  # inputs by URL: not in the queue's one thread
     try:
-        return await state.call(_submit, state, body, key, _origin(request), fetched)
-    finally:
-        if fetched is not None:
-            fetched.release()
+        fetched = await _fetch(state, body)
+    except ApiError as exc:
+        # A key used before is a reuse (422 idempotency_key_reuse naming its job), also when the inputs by URL of
+        # the request can no longer be fetched (a presigned link expired since the first try).
+        if exc.code == "missing_asset" and key is not None and await state.call(_known, state, job_id_for(key)):
+            raise _reused(job_id_for(key)) from None
+        raise
+    if fetched is None:
+        return await state.call(_submit, state, body, key, _origin(request))
+    # Removed once the worker is done with them, not when this request is: a client that leaves cancels the
+    # request (handler_cancellation) while the worker may be copying the staged files into the asset store.
+    submitting = state.worker.submit(_submit, state, body, key, _origin(request), fetched)
+    submitting.add_done_callback(lambda _done: fetched.release())
+    return await asyncio.wrap_future(submitting)
+
+
+async def _fetch(state: State, body: Any) -> InputFiles | None:
+    """The body's inputs by URL, fetched in a thread of their own (never in the queue's one worker). A request
+    cancelled meanwhile (its client left) does not stop the download: its files are removed when it ends."""
+    fetching = asyncio.get_running_loop().run_in_executor(state.fetcher, state.intake.fetch, body)
+    try:
+        return await asyncio.shield(fetching)
+    except asyncio.CancelledError:
+        fetching.add_done_callback(_release_fetched)
+        raise
+
+
+def _release_fetched(done: asyncio.Future[InputFiles | None]) -> None:
+    if not done.cancelled() and done.exception() is None and (fetched := done.result()) is not None:
+        fetched.release()
 
 
 def _submit(state: State, body: Any, key: str | None, origin: str, fetched: Any = None) -> web.Response:
-    """In the worker thread: validate, bound the queue, insert (durable before the answer), answer."""
-    job = state.intake.job(body, key, state.catalogues(), state.queue.api_asset, fetched)
+    """In the worker thread: validate, bound the queue, insert (durable before the answer), answer.
+
+    The Idempotency-Key is single-use: the request whose transaction inserts the key's job wins (201); every other
+    request with that key, before, after or at the same time, finds the job in the queue and is 422
+    ``idempotency_key_reuse`` naming it (``details.job_id``), so a retry after a lost answer never makes a second
+    job and can still find the first (docs/reliability.md)."""
+    job = state.intake.job(body, key, state.catalogues(), state.inputs, fetched)
+    if key is not None and _known(state, job.id):
+        raise _reused(job.id)
     bound = state.config.api.max_queued
-    if bound:
-        try:
-            known = state.queue.get(job.id)
-        except NotFound:
-            known = None
-        if known is None and state.queue.active_count() >= bound:
-            raise ApiError(429, "queue_full", f"the queue holds {bound} or more jobs not yet ended ([api] "
-                           "max_queued); retry later", headers={"Retry-After": str(QUEUE_FULL_RETRY_SECONDS)})
+    if bound and state.queue.active_count() >= bound:
+        raise ApiError(429, "queue_full", f"the queue holds {bound} or more jobs not yet ended ([api] "
+                       "max_queued); retry later", headers={"Retry-After": str(QUEUE_FULL_RETRY_SECONDS)})
     try:
         result = state.queue.submit([job])
     except SubmitConflict:
-        raise ApiError(422, "idempotency_key_reuse", "this Idempotency-Key was used for a different job") from None
+        raise _reused(job.id) from None
     except AssetMissing as exc:  # pruned between the lookup and the insert
         raise ApiError(422, "missing_asset", str(exc)) from None
+    if not result.inserted:  # another request with this key committed the job since the look above
+        raise _reused(job.id)
     record = state.queue.get(job.id)
-    headers = {"Idempotency-Replayed": "true"} if result.existing else {}
-    headers["Location"] = views.job_urls(job.id)["self"]
-    return _json(views.job(record, origin, time.time()), status=201, headers=headers)
+    return _json(views.job(record, origin, time.time(), _place(state, record), links=state.links),
+                 status=201,
+                 headers={"Location": views.job_urls(job.id, origin)["self"]})
+
+
+def _known(state: State, job_id: str) -> bool:
+    try:
+        state.queue.get(job_id)
+    except NotFound:
+        return False
+    return True
+
+
+def _reused(job_id: str) -> ApiError:
+    return ApiError(422, "idempotency_key_reuse", f"this Idempotency-Key was used before, for job {job_id}; keys "
+                    "are single-use: GET that job (its status, its outputs) instead of submitting again, or send "
+                    "a new key for a new job", details={"job_id": job_id})
 
 
 async def get_job(request: web.Request) -> web.Response:
     state: State = request.app[STATE_KEY]
-    record = await state.call(_record, state, _job_id(request))
-    return _json(views.job(record, _origin(request), time.time()))
+    record, place = await state.call(_placed, state, _job_id(request))
+    return _json(views.job(record, _origin(request), time.time(), place, links=state.links))
+
+
+def _placed(state: State, job_id: str) -> tuple[Any, int | None]:
+    record = _record(state, job_id)
+    return record, _place(state, record)
+
+
+def _place(state: State, record: Any) -> int | None:
+    """A waiting job's place in line (``Queue.queue_position``), read only for a job the contract shows queued."""
+    return state.queue.queue_position(record.id) if views.status(record) == "queued" else None
 
 
 def _record(state: State, job_id: str) -> Any:
@@ -182,10 +307,16 @@ def _record(state: State, job_id: str) -> Any:
 
 
 async def get_workflow(request: web.Request) -> web.Response:
-    """The executed API-format graph (``JobWorkflowResponse``, ``format: api``): comfysup keeps no UI export."""
+    """The executed API-format graph (comfy-sdk 0.5.0 ``JobWorkflowResponse``, ``format: api``: "the executed
+    API-format prompt graph"; the spec does not draw this route): each input file named as ComfyUI receives it
+    (``comfysup/<hash>.<ext>``, as comfy-api-proxy answers the name it gave), never the ``core/ASSET`` object.
+    comfysup keeps no UI export, so ``format`` is never ``save``."""
     state: State = request.app[STATE_KEY]
     record = await state.call(_record, state, _job_id(request))
-    return _json({"workflow": record.workflow, "format": "api"})
+    workflow = file_assets.with_names(record.workflow, {
+        file_assets.ref_hash(ref): file_assets.upload_name(file_assets.ref_hash(ref), file_assets.ref_name(ref))
+        for _node, _input, ref in file_assets.references(record.workflow)})
+    return _json({"workflow": workflow, "format": "api"})
 
 
 async def cancel_job(request: web.Request) -> web.Response:
@@ -199,10 +330,10 @@ async def cancel_job(request: web.Request) -> web.Response:
         if record.state not in ("done", "dead", "cancelled"):
             state.queue.cancel([job_id])
             record = state.queue.get(job_id)
-        return record
+        return record, _place(state, record)
 
-    record = await state.call(cancel)
-    return _json(views.job(record, _origin(request), time.time()))
+    record, place = await state.call(cancel)
+    return _json(views.job(record, _origin(request), time.time(), place, links=state.links))
 
 
 def _cursor(text: str | None) -> int | None:
@@ -256,73 +387,23 @@ async def list_jobs(request: web.Request) -> web.Response:
         return found[:limit], cursor
 
     records, cursor = await state.call(page)
-    body: dict[str, Any] = {"jobs": [views.summary(r) for r in records]}
+    origin = _origin(request)
+    body: dict[str, Any] = {"jobs": [views.summary(r, origin) for r in records]}
     if cursor is not None:
         body["next_cursor"] = _encode_cursor(cursor)
     return _json(body)
-
-
-async def output_asset(request: web.Request) -> web.Response:
-    """An output as the contract's ``Asset``; any other id is an upload's (comfysup.api.assets)."""
-    if views.parse_output_id(request.match_info["id"]) is None:
-        return await assets.get_asset(request)
-    state: State = request.app[STATE_KEY]
-    record, index = await state.call(_output, state, request.match_info["id"])
-    item = views.outputs(record, _origin(request), time.time())[index]
-    return _json({"id": item["id"], "hash": None, "size_bytes": item["size_bytes"],
-                  "content_type": item["content_type"], "file_path": item["name"],
-                  "created_at": views.iso(record.finished_at), "url": item["url"],
-                  "url_expires_at": item["url_expires_at"], "job_id": record.id})
-
-
-def _output(state: State, asset_id: str) -> tuple[Any, int]:
-    parsed = views.parse_output_id(asset_id)
-    if parsed is None:
-        raise not_found("asset")
-    try:
-        record = state.queue.get(parsed[0])
-    except NotFound:
-        raise not_found("asset") from None
-    if record.state != "done" or parsed[1] >= len(record.outputs):
-        raise not_found("asset")
-    return record, parsed[1]
-
-
-async def output_content(request: web.Request) -> web.StreamResponse:
-    """The file from the result store, opened through comfysup.safefs (no symlink out of the job's folder), with
-    Range for resumable downloads. A file in another machine's store (``store.dir`` not shared) is streamed from
-    that machine's API (comfysup.api.remote). Any other id is an upload's (comfysup.api.assets)."""
-    if views.parse_output_id(request.match_info["id"]) is None:
-        return await assets.asset_content(request)
-    state: State = request.app[STATE_KEY]
-    record, index = await state.call(_output, state, request.match_info["id"])
-    output = record.outputs[index]
-    parts = [p for p in output.name.split("/") if p]
-    try:
-        root = safefs.open_root(state.store)
-        try:
-            with safefs.dir_beneath(root, [record.id, *parts[:-1]]) as folder:
-                fd = safefs.open_file(folder, parts[-1])
-        finally:
-            os.close(root)
-    except OSError:
-        return await remote.stream(request, state, record.machine)
-    with os.fdopen(fd, "rb") as f:
-        async def read(at: int, n: int) -> bytes:
-            f.seek(at)
-            return f.read(n)
-
-        return await send(request, os.fstat(f.fileno()).st_size, views.content_type(output.name), read,
-                          name=output.name)
 
 
 def make_app(config: Config, queue: Any) -> web.Application:
     app = web.Application(middlewares=[track(config.api.body_timeout_seconds), guard],
                           client_max_size=config.api.max_upload_mb * 2**20)
     app.on_response_prepare.append(harden)
+    app.on_response_prepare.append(cors_headers)
     state = State(config, queue)
     app[STATE_KEY] = state
     app.router.add_get(f"{API}/health", health)
+    app.router.add_get("/ready", ready)
+    app.router.add_get(f"{API}/ready", ready)
     app.router.add_post(f"{API}/jobs", post_job)
     app.router.add_get(f"{API}/jobs", list_jobs)
     app.router.add_get(f"{API}/jobs/{{id}}", get_job)
@@ -330,15 +411,21 @@ def make_app(config: Config, queue: Any) -> web.Application:
     app.router.add_post(f"{API}/jobs/{{id}}/cancel", cancel_job)
     app.router.add_post(f"{API}/assets", assets.post_asset)
     app.router.add_post(f"{API}/assets/from-hash", assets.from_hash)
+    app.router.add_post(f"{API}/assets/from-path", placement.from_path)
     app.router.add_route("HEAD", f"{API}/assets/by-hash/{{hash}}", assets.by_hash)
-    app.router.add_get(f"{API}/assets/{{id}}", output_asset)
+    app.router.add_get(f"{API}/assets/{{id}}", outputs.get_asset)
     app.router.add_delete(f"{API}/assets/{{id}}", assets.delete_asset)
-    app.router.add_get(f"{API}/assets/{{id}}/content", output_content)
+    app.router.add_get(f"{API}/assets/{{id}}/content", outputs.content_of)
     events.install(app, state.call, queue, config.api.max_event_streams)
     remote.install(app)
 
+    async def stopping(app: web.Application) -> None:  # before the requests in flight are waited for
+        state.intake.stopping.set()
+
     async def close(app: web.Application) -> None:
         state.worker.shutdown(wait=True)
+        state.fetcher.shutdown(wait=False, cancel_futures=True)
 
+    app.on_shutdown.append(stopping)
     app.on_cleanup.append(close)
     return app

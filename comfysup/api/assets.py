@@ -13,12 +13,13 @@ upload of ``comfy_low/transport.py`` ``post_assets``; ``delete_asset`` expects 2
   client's next bytes at most ``[api] body_timeout_seconds`` (408); a client's ``expected_hash`` that differs is 409
   ``hash_mismatch`` and nothing is stored. The queue then stores the content once (a second upload of the same
   bytes adds only a record: ``created_new`` false, 200 instead of 201) and the record, durably, before the
-  answer. ``Idempotency-Key``: the same key and upload answer the same record (``Idempotency-Replayed``); the
-  same key with another upload is 422 ``idempotency_key_reuse``.
+  answer. ``Idempotency-Key`` is single-use, as the spec's shared parameter says: any second upload with a key is
+  422 ``idempotency_key_reuse`` naming the first upload's record (``details.asset_id``), held by the queue's unique
+  key, so two uploads with one key at once make one record.
 - An asset's id is a random UUID (122 random bits), not its hash: knowing a content's hash does not give its
   record. It lives until ``expires_at`` (``[api] upload_retention_hours``); comfysup.queue.assets keeps its
   content from prune until then, and a job that references it keeps the content as long as the job exists.
-- Output ids (``<job id>.<n>``) are served by comfysup.api.app; this module serves every other id.
+- Output ids are served by comfysup.api.outputs; this module serves every other id.
 - A ``core/ASSET`` reference with ``info.url`` (``https://…``, or ``s3://bucket/key`` from ``[inputs]
   s3_buckets``) and no ``info.id`` names a file elsewhere: the Asset schema's own ``url`` field, in the
   reference. It becomes the line's ``{"url": …}`` input, fetched at submit into the asset store
@@ -33,7 +34,7 @@ import os
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,7 +43,7 @@ import blake3
 from aiohttp import BodyPartReader, MultipartReader, web
 
 from comfysup import assets
-from comfysup.api import views
+from comfysup.api import placement, views
 from comfysup.api.errors import ApiError, not_found
 from comfysup.api.replies import STATE_KEY, json_response, origin, read_json, send, timed, too_large
 from comfysup.jobs.inputs import remote_value
@@ -212,6 +213,15 @@ def _one(fields: Mapping[str, list[str]], name: str) -> str | None:
     return values[0]
 
 
+def _check_name(file_path: str) -> None:
+    """``file_path`` is a name in the spec's "global-namespace-root form" (``photo.png``,
+    ``models/checkpoints/x.safetensors``): 400 for an absolute path or a ``..`` part, which name no such place."""
+    parts = file_path.replace("\\", "/").split("/")
+    if file_path.startswith(("/", "\\")) or ".." in parts:
+        raise _bad(f"file_path {file_path[:200]!r}: a name relative to the asset namespace's root (photo.png, "
+                   "models/checkpoints/x.safetensors), with no .. and no leading /")
+
+
 async def post_asset(request: web.Request) -> web.Response:
     state = request.app[STATE_KEY]
     body_limit = state.config.api.max_upload_mb * MIB
@@ -229,22 +239,33 @@ async def post_asset(request: web.Request) -> web.Response:
         if not content_type or not file_path:
             missing = [n for n, v in zip(REQUIRED, (content_type, file_path), strict=True) if not v]
             raise _bad(f"the upload has no {' and no '.join(missing)} field (required by the contract)")
+        _check_name(file_path)
         expected = _one(received.fields, "expected_hash")
         if expected is not None and expected != received.digest:
             raise ApiError(409, "hash_mismatch", f"expected_hash is {expected}, the bytes received hash to "
                            f"{received.digest}; nothing was stored")
+        model = placement.model_name(file_path)
+        if model is not None and not state.config.api.models_dir:
+            placement.place_model("", received.path, file_path)  # the refusal that says what to set
         asset = NewAsset(received.digest, received.size, file_path, str(received.path))
         try:
-            record, created_new, replayed = await state.call(state.queue.add_api_asset, asset, content_type,
-                                                             _retention(state), key)
-        except UploadConflict:
-            raise ApiError(422, "idempotency_key_reuse", "this Idempotency-Key was used for another upload") \
-                from None
+            record, created_new = await state.call(state.queue.add_api_asset, asset, content_type,
+                                                   _retention(state), key)
+        except UploadConflict as exc:
+            raise ApiError(422, "idempotency_key_reuse", f"{exc}; keys are single-use: GET that asset instead of "
+                           "uploading again, or send a new key", details={"asset_id": exc.asset_id}) from None
+        if model is not None:
+            try:
+                models_dir = str(state.config.resolve(state.config.api.models_dir))
+                await asyncio.get_running_loop().run_in_executor(None, placement.place_model, models_dir,
+                                                                 received.path, file_path)
+            except BaseException:  # not placed: the record goes too
+                await state.call(state.queue.delete_api_asset, record.id)
+                raise
     finally:
         await asyncio.get_running_loop().run_in_executor(None, received.discard)
-    headers = {"Idempotency-Replayed": "true"} if replayed else {}
     return json_response(views.uploaded(record, origin(request), time.time(), created_new),
-                         status=201 if created_new else 200, headers=headers)
+                         status=201 if created_new else 200)
 
 
 async def from_hash(request: web.Request) -> web.Response:
@@ -257,6 +278,7 @@ async def from_hash(request: web.Request) -> web.Response:
     file_path = body.get("file_path") or ""
     if not isinstance(file_path, str) or len(file_path) > MAX_FIELD_BYTES or not file_path.isprintable():
         raise _bad("file_path must be a name of printable characters")
+    _check_name(file_path)
     minted = await state.call(state.queue.mint_api_asset, body["hash"], file_path,
                               views.content_type(file_path), _retention(state))
     if minted is None:
@@ -277,13 +299,13 @@ async def by_hash(request: web.Request) -> web.Response:
 async def _record(request: web.Request) -> tuple[Any, ApiAsset]:
     state = request.app[STATE_KEY]
     asset_id = request.match_info["id"]
-    record = await state.call(state.queue.api_asset, asset_id) if _is_id(asset_id) else None
+    record = await state.call(state.queue.api_asset, asset_id) if is_id(asset_id) else None
     if record is None or record.expires_at <= time.time():
         raise not_found("asset")
     return state, record
 
 
-def _is_id(text: str) -> bool:
+def is_id(text: str) -> bool:
     try:
         return str(uuid.UUID(text)) == text
     except ValueError:
@@ -333,41 +355,52 @@ async def delete_asset(request: web.Request) -> web.Response:
     """204: the record is gone, its content too unless a job (or another record) needs it."""
     state = request.app[STATE_KEY]
     asset_id = request.match_info["id"]
-    if views.parse_output_id(asset_id) is not None:
+    if views.parse_output_id(asset_id) is not None or \
+            (is_id(asset_id) and await state.call(state.queue.output_asset, asset_id) is not None):
         raise ApiError(403, "forbidden", "an output is removed with its job (comfysup prune), not by DELETE")
-    if not (_is_id(asset_id) and await state.call(state.queue.delete_api_asset, asset_id)):
+    if not (is_id(asset_id) and await state.call(state.queue.delete_api_asset, asset_id)):
         raise not_found("asset")
     return web.Response(status=204)
 
 
 def references(workflow: Mapping[str, Any], lookup: Callable[[str], ApiAsset | None],
-               now: float) -> dict[str, dict[str, Any]]:
+               now: float, models_dir: str = "") -> dict[str, Any]:
     """The ``set`` of a submitted workflow's ``core/ASSET`` references: ``{"<node>.<input>": reference by hash}``
     for the job line (comfysup.jobs.inputs stores each once and links it to the job). ``info.id`` is
     authoritative (the contract's AssetReference); a reference without one, or to an asset this API does not
-    hold (never uploaded, deleted, expired), is 422 ``missing_asset`` at submit, naming every such input."""
-    found: dict[str, dict[str, Any]] = {}
+    hold (never uploaded, deleted, expired), is 422 ``missing_asset`` at submit, naming every such input. So is a
+    malformed one (``__type: core/ASSET`` without an ``info`` object, or not an input's whole value): the spec
+    refuses it, and queued as it is it would reach ComfyUI as a literal object. A reference to a model placed in
+    ``models_dir`` (comfysup.api.placement) becomes the name ComfyUI's loaders list it by."""
+    found: dict[str, Any] = {}
     missing: list[dict[str, str]] = []
-    for node_id, name, ref in assets.references(workflow):
-        asset_id = ref["info"].get("id")
-        if asset_id is None and "url" in ref["info"]:
-            found[f"{node_id}.{name}"] = remote_value(ref["info"])
+    for node_id, name, ref in _tagged(workflow):
+        info = ref.get("info") if name else None
+        asset_id = info.get("id") if isinstance(info, Mapping) else None
+        if asset_id is None and isinstance(info, Mapping) and "url" in info:
+            found[f"{node_id}.{name}"] = remote_value(info)
             continue
-        record = lookup(asset_id) if isinstance(asset_id, str) and _is_id(asset_id) else None
+        record = lookup(asset_id) if isinstance(asset_id, str) and is_id(asset_id) else None
         if record is None or record.expires_at <= now:
-            why = ("has no info.id (the id POST /api/v2/assets answered)" if not asset_id else
+            why = ("is not an input's whole value (a core/ASSET reference stands alone in place of a file name)"
+                   if not name else "has no info object ({\"__type\": \"core/ASSET\", \"info\": {\"id\": ...}})"
+                   if not isinstance(info, Mapping) else
+                   "has no info.id (the id POST /api/v2/assets answered)" if not asset_id else
                    f"names asset {str(asset_id)[:80]!r}, which is a job's output; download it and upload it"
                    if isinstance(asset_id, str) and views.parse_output_id(asset_id) else
                    f"names asset {str(asset_id)[:80]!r}, which this API does not hold (never uploaded, deleted, "
                    "or past its expires_at); upload the file again")
             missing.append({"node_id": node_id, "input": name, "reason": why})
             continue
-        found[f"{node_id}.{name}"] = assets.reference(record.hash, record.file_path, record.size)
+        model = placement.placed(models_dir, record.file_path)
+        found[f"{node_id}.{name}"] = model if model is not None else \
+            assets.reference(record.hash, record.file_path, record.size)
     if missing:
         first = missing[0]
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-        raise ApiError(422, "missing_asset", f"node {first['node_id']} input {first['input']!r}: {first['reason']}"
-                       f"{more}", details={"missing": missing})
+        where = f"input {first['input']!r}" if first["input"] else "inside an input"
+        raise ApiError(422, "missing_asset", f"node {first['node_id']} {where}: {first['reason']}{more}",
+                       details={"missing": missing})
     return found
 
 
@@ -377,3 +410,28 @@ def remote_references(workflow: Any) -> dict[tuple[str, str], dict[str, Any]]:
         return {}
     return {(node_id, name): remote_value(ref["info"]) for node_id, name, ref in assets.references(workflow)
             if ref["info"].get("id") is None and "url" in ref["info"]}
+
+
+def _tagged(workflow: Mapping[str, Any]) -> Iterator[tuple[str, str, Mapping[str, Any]]]:
+    """``(node id, input name, value)`` of every object tagged ``core/ASSET`` in the workflow's inputs; the input
+    name is "" for one nested inside an input's value (a list, an object), which no loader reads as a file."""
+    for node_id, node in workflow.items():
+        inputs = node.get("inputs") if isinstance(node, Mapping) else None
+        if not isinstance(inputs, Mapping):
+            continue
+        for name, value in inputs.items():
+            if isinstance(value, Mapping) and value.get("__type") == assets.ASSET_TYPE:
+                yield str(node_id), str(name), value
+            elif isinstance(value, (Mapping, list)):
+                for nested in _nested(value):
+                    yield str(node_id), "", nested
+
+
+def _nested(value: Any) -> Iterator[Mapping[str, Any]]:
+    """Tagged objects anywhere below ``value`` (bounded: the body's nesting is checked when it is read)."""
+    items = value.values() if isinstance(value, Mapping) else value if isinstance(value, list) else ()
+    for item in items:
+        if isinstance(item, Mapping) and item.get("__type") == assets.ASSET_TYPE:
+            yield item
+        else:
+            yield from _nested(item)

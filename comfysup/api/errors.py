@@ -1,11 +1,16 @@
-"""The contract's error envelope: ``{"error": {"code", "message", "details"}}`` with its HTTP status.
+"""The contract's error envelope: ``{"error": {"code", "message", "details"}}`` with its HTTP status; ``details``
+is an object or null, always there (one shape for every error, as comfy-api-proxy answers).
 
-Codes as ``ErrorEnvelope`` lists them (comfy-api-proxy ``spec/openapi.yaml@37fbee21``): ``invalid_workflow``
-(422), ``workflow_format_ui`` (422), ``missing_asset`` (422), ``idempotency_key_reuse`` (422), ``queue_full``
-(429 + Retry-After), ``not_found`` (404), ``unauthorized`` (401), ``forbidden`` (403); comfysup adds
-``payload_too_large`` (413) and ``invalid_request`` (400) for bodies that are not the contract's shape,
-``misdirected_request`` (421) for a Host that does not name this API (comfysup.api.security), ``request_timeout``
-(408) for a body that stalls and ``too_many_connections`` (503, comfysup.api.connections).
+Codes as ``ErrorEnvelope`` lists them (comfy-api-proxy ``spec/openapi.yaml`` 2.0.0, a copy in
+tests/api_contract/openapi.yaml), each with the spec's status: ``invalid_workflow`` (422), ``workflow_format_ui``
+(422), ``missing_asset`` (422), ``hash_mismatch`` (409), ``blob_not_found`` (404), ``idempotency_key_reuse`` (422),
+``invalid_request`` (400), ``queue_full`` (429 + Retry-After), ``not_found`` (404), ``unauthorized`` (401),
+``forbidden`` (403). comfysup adds codes only for what the spec does not name (docs/api.md lists them):
+``metadata_invalid`` (422, comfy-sdk's), ``payload_too_large`` (413) and ``too_many_streams`` (429, both
+comfy-api-proxy's), ``misdirected_request`` (421) for a Host that does not name this API (comfysup.api.security),
+``request_timeout`` (408) for a body that stalls, ``range_not_satisfiable`` (416), ``method_not_allowed`` (405),
+``bad_gateway`` (502, another machine's API), ``queue_unavailable`` and ``too_many_connections`` (503,
+comfysup.api.connections).
 """
 
 from __future__ import annotations
@@ -31,9 +36,7 @@ class ApiError(Exception):
         """Close the connection after the answer (the rest of a stalled or refused body is not read)."""
 
     def response(self) -> web.Response:
-        body: dict[str, Any] = {"code": self.code, "message": self.message}
-        if self.details is not None:
-            body["details"] = self.details
+        body: dict[str, Any] = {"code": self.code, "message": self.message, "details": self.details}
         response = web.Response(status=self.status, text=json.dumps({"error": body}),
                                 content_type="application/json", headers=self.headers)
         if self.close:

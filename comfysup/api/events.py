@@ -11,15 +11,18 @@ read timeout is 45 s).
 What comfysup sends:
 
 - ``status``: every transition of the job (queued, running, canceling, succeeded, failed, canceled; queued again
-  when an attempt is retried), and ``expired`` when a watched job is pruned. ``queue_position`` is left out:
-  comfysup's queue is ordered by priority across machines and the API does not count a job's place in it.
+  when an attempt is retried), and ``expired`` when a watched job is pruned. A posted job (claimed ahead,
+  waiting in its server's queue) is ``queued`` until its execution starts. ``queue_position`` is left out: the
+  stream watches changes of state and progress, and a place in line changes with every other job; ``GET
+  /api/v2/jobs/{id}`` answers it (``Queue.queue_position``).
 - ``progress``: the runner's progress writes (``Queue.set_progress``: node k of n, step i of m, at most one a
   second per job, comfysup.runner.attempt), as ``views.running_progress``; ``value`` 1.0 when the job succeeds.
 - ``output``: each file of a succeeded job. comfysup commits a job's files together when it is done, so they come
   together, before the terminal ``status`` (a client that stops at the terminal status, as comfy-sdk's
   ``job.events()`` does, has them all).
-- ``preview``: never. The runner does not keep ComfyUI's preview images (nothing of them reaches the queue), and
-  this stream reads only the queue. ``log``: never (the contract reserves it).
+- ``preview``: the running job's latest preview image (``PreviewEvent``: node, content type, base64), as its
+  runner wrote it to the queue (comfysup.queue.previews: the newest frame ComfyUI sent, at most every ``[runner]
+  preview_seconds``); on connect too, after the progress. ``log``: never (the contract reserves it).
 
 Cost: one Watcher per API process. While any stream is open it reads, every ``interval`` seconds, the pulses of
 all watched jobs (``Queue.pulses``: state, attempt, cancel flag, progress; one statement per 500 jobs) through
@@ -28,11 +31,19 @@ outputs). A change becomes frames once, shared as bytes by every stream of that 
 cost one row read a tick, and no stream holds a ComfyUI socket. A client that goes away is dropped at once (the
 API cancels the handler of a closed connection, comfysup.api.serve); one that reads slower than its frames come
 is ended after BACKLOG frames and re-syncs from the snapshot when it reconnects.
+
+Previews, bounded: the watcher reads each tick only the replacement counter of the running watched jobs' previews
+and the image only of those that moved (``Queue.previews``), makes the frame once, and hands every stream of the
+job that same frame. A stream holds at most one preview waiting (``Stream.preview``, replaced by a newer one: a
+slow client skips previews, it is never ended for them, and one marker in its frame queue says one is there), so
+a job's preview costs one frame in memory however many streams watch it and however slowly they read, and the
+runner's only cost is its one write a ``preview_seconds``, whoever watches.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import logging
 import resource
@@ -46,7 +57,7 @@ from aiohttp import web
 from comfysup.api import replies, views
 from comfysup.api.errors import ApiError, not_found
 from comfysup.errors import NotFound
-from comfysup.queue.base import JobPulse, JobRecord
+from comfysup.queue.base import JobPulse, JobRecord, Preview
 
 log = logging.getLogger("comfysup.api")
 
@@ -73,6 +84,8 @@ class Frame:
 
 END = Frame("end", b"", last=True)
 """Not sent: tells a stream to end (the API is stopping)."""
+PREVIEW_READY = Frame("preview-ready", b"")
+"""Not sent: tells a stream that its waiting preview (``Stream.preview``) is to be sent now."""
 
 
 def frame(kind: str, body: dict[str, Any], last: bool = False) -> Frame:
@@ -84,8 +97,15 @@ def _status(status: str) -> Frame:
     return frame("status", {"status": status}, last=status in views.TERMINAL)
 
 
+def preview_frame(preview: Preview) -> Frame:
+    """The contract's ``PreviewEvent`` (``node_id`` "" when ComfyUI's frame did not say and no node was running)."""
+    return frame("preview", {"node_id": preview.node_id or "", "content_type": preview.content_type,
+                             "data_base64": base64.b64encode(preview.data).decode()})
+
+
 def pulse(record: JobRecord) -> JobPulse:
-    return JobPulse(record.id, record.state, record.attempt, record.cancel_requested, record.progress)
+    return JobPulse(record.id, record.state, record.attempt, record.cancel_requested, record.progress,
+                    record.waiting_since)
 
 
 def snapshot(record: JobRecord) -> list[Frame]:
@@ -119,7 +139,7 @@ def transition(old: JobPulse, new: JobPulse | None, record: JobRecord | None, or
 class Stream:
     """One open event stream: its job, what its client was last told of it, and the frames waiting to be sent."""
 
-    __slots__ = ("frames", "job_id", "lagging", "origin", "seen", "since")
+    __slots__ = ("frames", "job_id", "lagging", "origin", "preview", "seen", "since")
 
     def __init__(self, job_id: str, origin: str) -> None:
         self.job_id = job_id
@@ -130,6 +150,8 @@ class Stream:
         self.since = 0
         """The number of the queue read its snapshot came from: only later reads are news to it."""
         self.lagging = False
+        self.preview: Frame | None = None
+        """The newest preview not yet sent (one at most: a newer one replaces it)."""
 
     def push(self, frames: list[Frame]) -> None:
         for item in frames:
@@ -138,6 +160,12 @@ class Stream:
             except asyncio.QueueFull:
                 self.lagging = True
                 return
+
+    def push_preview(self, item: Frame) -> None:
+        """Hold ``item`` as the preview to send next, replacing one not sent yet (no frame queued for it then)."""
+        waiting, self.preview = self.preview, item
+        if waiting is None:
+            self.push([PREVIEW_READY])
 
 
 class Watcher:
@@ -153,6 +181,8 @@ class Watcher:
         self.keepalive_seconds = KEEPALIVE_SECONDS
         self._open: set[Stream] = set()
         self._streams: dict[str, set[Stream]] = {}
+        self._previews: dict[str, tuple[int, Frame]] = {}
+        """The latest preview frame of each watched running job, with its number in the queue (made once)."""
         self._asked = 0
         """Queue reads this watcher has handed to the API's one queue thread, which runs them in that order."""
         self._wake: asyncio.Event | None = None
@@ -189,6 +219,13 @@ class Watcher:
             raise not_found("job") from None
         stream.seen = pulse(record)
         frames = snapshot(record)
+        if record.state == "running":
+            known = self._previews.get(stream.job_id)
+            if known is None:
+                found = (await self._ask(self._queue.previews, [stream.job_id], {}))[1].get(stream.job_id)
+                known = None if found is None else (found.n, preview_frame(found))
+            if known is not None:
+                frames.append(known[1])
         if not frames[-1].last:
             self._streams.setdefault(stream.job_id, set()).add(stream)
             if self._wake is not None:
@@ -205,6 +242,7 @@ class Watcher:
             streams.discard(stream)
             if not streams:
                 del self._streams[stream.job_id]
+                self._previews.pop(stream.job_id, None)
 
     async def start(self, _app: web.Application | None = None) -> None:
         self._wake = asyncio.Event()
@@ -270,6 +308,21 @@ class Watcher:
             stream.push(frames)
             if frames and frames[-1].last:
                 self._unwatch(stream)  # told the end: nothing more to read for it (its slot goes with its handler)
+        await self._send_previews([job_id for job_id in ids if (p := pulses.get(job_id)) and p.state == "running"])
+
+    async def _send_previews(self, running: list[str]) -> None:
+        """The running watched jobs' previews that moved since the last tick, each made a frame once and held by
+        every stream of its job (``Stream.push_preview``: one waiting a stream, the newest)."""
+        if not running:
+            return
+        known = {job_id: self._previews[job_id][0] for job_id in running if job_id in self._previews}
+        _, found = await self._ask(self._queue.previews, running, known)
+        for job_id, preview in found.items():
+            item = preview_frame(preview)
+            self._previews[job_id] = (preview.n, item)
+            for stream in self._streams.get(job_id, ()):
+                if stream in self._open and stream.seen is not None and stream.seen.state == "running":
+                    stream.push_preview(item)
 
 
 WATCHER_KEY: web.AppKey[Watcher] = web.AppKey("events_watcher", Watcher)
@@ -292,6 +345,8 @@ async def job_events(request: web.Request) -> web.StreamResponse:
                 await response.write(KEEPALIVE)
                 continue
             last = item.last
+            if item is PREVIEW_READY:
+                item, stream.preview = stream.preview or PREVIEW_READY, None
             if item.data:
                 await response.write(item.data)
         await response.write_eof()

@@ -14,7 +14,7 @@ import asyncio
 import json
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 from aiohttp import web
 
@@ -97,7 +97,24 @@ async def read_json(request: web.Request, limit: int, what: str) -> Any:
 
 
 def origin(request: web.Request) -> str:
-    return f"{request.scheme}://{request.host}"
+    """The API's own address, what every absolute URL of an answer starts with (an output's ``url``, a job's
+    ``urls``): ``[api] public_url`` when the request came by its name (a TLS proxy in front: its scheme); else the
+    ``Host`` the request came with, which the guard has checked is a name of this API (comfysup.api.security: its
+    address, loopback names on loopback, public_url's, ``[api] allowed_hosts``), so a client gets links to the
+    address it reached (comfy-sdk sends its token only to links of its own ``base_url``'s origin); else (no Host,
+    HTTP/1.0) public_url or the address the connection was accepted on. ``X-Forwarded-*`` and ``Forwarded`` are
+    never read: a client cannot point the links at another origin."""
+    public = request.app[STATE_KEY].config.api.public_url.rstrip("/")
+    host = request.headers.get("Host", "")
+    if public and (not host or urlsplit(public).netloc.lower() == host.lower()):
+        return public
+    if host:
+        return f"http://{host}"
+    if public:
+        return public
+    sockname = request.transport.get_extra_info("sockname") if request.transport is not None else None
+    address, port = (sockname[0], sockname[1]) if isinstance(sockname, tuple) else ("127.0.0.1", 0)
+    return f"http://[{address}]:{port}" if ":" in address else f"http://{address}:{port}"
 
 
 def job_id(request: web.Request) -> str:

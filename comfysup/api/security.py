@@ -17,7 +17,17 @@ The Host check comes first, because the origin check alone does not stop DNS reb
 API: the address it connected to (the listen address, or the machine's address on a wildcard listen, where the
 machine's own names are accepted too), ``localhost`` and the loopback addresses when it came in on loopback,
 ``[api] public_url``'s name, and each ``[api] allowed_hosts`` entry (``name:port`` allows that port only).
-Anything else is 421 ``misdirected_request``. A request without Host (HTTP/1.0) passes: a browser always sends
+Anything else is 421 ``misdirected_request``.
+
+CORS (``Cors``): a page of an ``[api] allowed_origins`` origin may call the API from a browser. Its preflight
+(``OPTIONS`` with ``Access-Control-Request-Method``) is answered 204 without the bearer token (a browser never sends
+credentials with a preflight; the real request still needs it), with exactly that origin in
+``Access-Control-Allow-Origin`` (never ``*``), the route's methods, the headers the SDK sends (``Authorization``,
+``Content-Type``, ``Idempotency-Key``, ``Range``) and ``Vary: Origin``; every answer to that origin, errors
+included, carries the same headers so its script can read them (``Retry-After``, ``Content-Range``, ``Location``
+exposed). A preflight from any other origin is 403 ``forbidden`` with no CORS header, so the browser sends nothing.
+As comfy-api-proxy's ``--enable-cors-header`` (its ``middleware.py``), whose ``forbidden_origin`` code is the
+spec's ``forbidden`` here. A request without Host (HTTP/1.0) passes: a browser always sends
 one. The port of those names is not checked: rebinding is a matter of names (the browser connects to the port
 its page's URL names and says it), while a tunnel or a port forward (``ssh -L 8080:localhost:9189``) changes the
 port a legitimate client writes.
@@ -53,11 +63,63 @@ def check_origin(origin: str | None, fetch_site: str | None, host: str | None, a
         return
     if origin == "null":
         raise ApiError(403, "forbidden", "requests from an opaque origin are refused")
-    if origin.rstrip("/") in {a.rstrip("/") for a in allowed}:
+    if normal_origin(origin) in {normal_origin(a) for a in allowed}:
         return
     if host and urlsplit(origin).netloc.lower() == host.lower():
         return
     raise ApiError(403, "forbidden", "this origin may not call the API; add it to [api] allowed_origins")
+
+
+def normal_origin(origin: str) -> str:
+    """``scheme://host[:port]`` as a browser writes it in Origin: lower case, no default port, no trailing /."""
+    try:
+        parsed = urlsplit(origin.strip().rstrip("/"))
+        port = parsed.port
+    except ValueError:
+        return origin
+    if not parsed.hostname:
+        return origin
+    scheme = parsed.scheme.lower()
+    host = f"[{parsed.hostname}]" if ":" in parsed.hostname else parsed.hostname
+    default = {"http": 80, "https": 443}.get(scheme)
+    return f"{scheme}://{host}" + ("" if port is None or port == default else f":{port}")
+
+
+CORS_ALLOW_HEADERS = "Authorization, Content-Type, Idempotency-Key, Range"
+CORS_EXPOSE_HEADERS = "Retry-After, Content-Range, Accept-Ranges, Content-Length, Location, WWW-Authenticate"
+CORS_MAX_AGE_SECONDS = 600
+CORS_METHODS = "DELETE, GET, HEAD, OPTIONS, POST"
+"""Every method the API serves (a preflight names its route's own)."""
+
+
+class Cors:
+    """The ``[api] allowed_origins`` a browser page may call the API from (see the module's docstring)."""
+
+    def __init__(self, allowed: tuple[str, ...]) -> None:
+        self.allowed = frozenset(normal_origin(a) for a in allowed)
+
+    def allows(self, origin: str | None) -> bool:
+        return bool(origin) and normal_origin(str(origin)) in self.allowed
+
+    @staticmethod
+    def headers(origin: str, methods: str = CORS_METHODS) -> dict[str, str]:
+        """What an answer to an allowed ``origin`` carries (every answer, as comfy-api-proxy sends them);
+        ``methods``: a preflight's route's methods."""
+        return {"Access-Control-Allow-Origin": origin, "Access-Control-Allow-Credentials": "true",
+                "Access-Control-Expose-Headers": CORS_EXPOSE_HEADERS, "Access-Control-Allow-Methods": methods,
+                "Access-Control-Allow-Headers": CORS_ALLOW_HEADERS,
+                "Access-Control-Max-Age": str(CORS_MAX_AGE_SECONDS)}
+
+    def preflight(self, origin: str | None, methods: set[str]) -> dict[str, str]:
+        """The headers of a 204 answer to ``OPTIONS`` on a route of ``methods``; 403 for an origin not allowed.
+        Without Origin it is no preflight (curl, a probe): the route's methods in ``Allow``."""
+        listed = ", ".join(sorted(methods | {"OPTIONS"}))
+        if not origin:
+            return {"Allow": listed}
+        if not self.allows(origin):
+            raise ApiError(403, "forbidden", f"origin {origin[:100]!r} may not call the API; add it to [api] "
+                           "allowed_origins")
+        return {"Allow": listed, **self.headers(origin, listed)}
 
 
 def _name_port(text: str, default_port: int) -> tuple[str, int] | None:

@@ -4,18 +4,22 @@ Shapes from comfy-sdk 0.5.0 ``comfy_low/models/_generated.py`` (``Job``, ``Progr
 ``JobUrls``), generated from comfy-api-proxy ``spec/openapi.yaml@37fbee21``; the tests validate every body
 against those models. comfysup's states map onto the contract's names: queued → ``queued``, running →
 ``running`` (``canceling`` once a cancel was asked), done → ``succeeded``, dead → ``failed``, cancelled →
-``canceled``.
+``canceled``; a posted job (claimed ahead, waiting in its server's queue behind the prompt that runs there) is
+``queued``, as comfy-api-proxy calls a prompt in ComfyUI's ``queue_pending``, with its ``queue_position``.
 """
 
 from __future__ import annotations
 
-import mimetypes
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+from comfysup.assets import media_type
 from comfysup.queue.assets import ApiAsset
 from comfysup.queue.base import JobPulse, JobRecord
+from comfysup.runner.trace import figures
+from comfysup.storage.links import no_links
 
 API = "/api/v2"
 RETENTION_SECONDS = 30 * 86400
@@ -37,12 +41,15 @@ def iso(epoch: float | None) -> str | None:
 def status(record: JobRecord | JobPulse) -> str:
     if record.state == "running" and record.cancel_requested:
         return "canceling"
+    if record.state == "running" and record.waiting_since is not None:
+        return "queued"  # posted: it waits in its server's queue, nothing of it runs yet
     return STATUS.get(record.state, record.state)
 
 
-def job_urls(job_id: str) -> dict[str, str]:
-    """Host-relative links (``JobUrls``: the SDK resolves a link that contains ``/api/`` against the origin)."""
-    base = f"{API}/jobs/{job_id}"
+def job_urls(job_id: str, origin: str) -> dict[str, str]:
+    """Absolute links (``JobUrls``), from the API's own address (comfysup.api.replies ``origin``), as the proxy
+    answers them: a client that does not join relative links can follow them."""
+    base = f"{origin}{API}/jobs/{job_id}"
     return {"self": base, "events": f"{base}/events", "cancel": f"{base}/cancel"}
 
 
@@ -64,25 +71,36 @@ def parse_output_id(asset_id: str) -> tuple[str, int] | None:
 
 
 def content_type(name: str) -> str:
-    return mimetypes.guess_type(name)[0] or "application/octet-stream"
+    return media_type(name)
 
 
 def output_type(name: str) -> str:
     return _OUTPUT_TYPES.get(content_type(name).split("/", 1)[0], "file")
 
 
-def outputs(record: JobRecord, origin: str, now: float) -> list[dict[str, Any]]:
-    """The job's files as assets. ``node_id``: the output node that made the file, as the runner recorded it from
-    the history's ``outputs`` keys; for a record of an earlier version (no node recorded), the one node whose
-    ``filename_prefix`` the name starts with, else ``""`` (the contract's field is required and a string)."""
+def outputs(record: JobRecord, origin: str, now: float,
+            links: Callable[[str], dict[str, Any]] = no_links) -> list[dict[str, Any]]:
+    """The job's files as assets (the contract's ``Output``). ``id``: the asset UUID the queue gave the output
+    (``<job id>.<n>`` for a job done by an earlier version). ``node_id``: the output node that made the file, as
+    the runner recorded it from the history's ``outputs`` keys; for a record of an earlier version (no node
+    recorded), the one node whose ``filename_prefix`` the name starts with, else ``""`` (the contract's field is
+    required and a string). ``filename`` and ``subfolder`` (comfysup's, beside the contract's ``name``): where the
+    file is among the job's results, the folder a ``filename_prefix`` such as ``portraits/x`` named, without the
+    job's own folder comfysup adds. ``url``: a file in a bucket's presigned URL (``links``, issue 33), else this
+    API's content route, absolute, from the API's own address (it redirects to a fresh one for a file in a bucket)."""
     out = []
     for index, item in enumerate(record.outputs):
-        asset_id = output_id(record.id, index)
+        asset_id = item.id or output_id(record.id, index)
+        subfolder, _, filename = item.name.rpartition("/")
+        link = links(item.path)
+        url, expires = (link["url"], link["url_expires_at"]) if "url" in link else \
+            (f"{origin}{API}/assets/{asset_id}/content", now + URL_SECONDS)
         out.append({
-            "node_id": item.node_id or _node_of(item.name, record.workflow), "name": item.name.rsplit("/", 1)[-1],
+            "node_id": item.node_id or _node_of(item.name, record.workflow), "name": filename,
             "type": output_type(item.name), "content_type": content_type(item.name), "size_bytes": item.size,
-            "id": asset_id, "hash": None, "url": f"{origin}{API}/assets/{asset_id}/content",
-            "url_expires_at": iso(now + URL_SECONDS), "job_id": record.id,
+            "id": asset_id, "hash": None, "url": url,
+            "url_expires_at": iso(expires), "job_id": record.id, "filename": filename,
+            "subfolder": subfolder,
         })
     return out
 
@@ -129,34 +147,68 @@ def _total(record: JobRecord) -> int:
     return int((last or {}).get("total_nodes") or len(record.workflow) or 1)
 
 
+NODE_ERROR_KINDS = frozenset({"execution_error", "oom"})
+"""Reason classes of a failure ComfyUI reported as an ``execution_error`` of a node: the contract's
+``node_execution_error``."""
+
+
 def error(record: JobRecord) -> dict[str, Any] | None:
-    """A dead job's reason (already redacted and bounded when it was stored) as ``JobError``."""
+    """A dead job's failure as ``JobError``. ``code``: ``node_execution_error`` when a node of ComfyUI raised (an
+    out-of-memory too), else comfysup's reason class (``validation``, ``timeout``, ``gave_up``, …). ``message``:
+    the job's reason (comfysup's whole account: the node, the exception's first line, the attempts). ``node_id``,
+    ``class_type``, ``traceback``, and comfysup's ``exception_type`` and ``exception_message`` (the whole of it):
+    ComfyUI's ``execution_error`` as the last
+    attempt recorded it (comfysup.runner.trace), null where ComfyUI gave none. Every text was redacted (the
+    job's secrets) and bounded when it was stored."""
     if record.state != "dead":
         return None
     last = record.attempts[-1] if record.attempts else None
-    code = (last.kind if last is not None and last.kind else None) or "job_failed"
-    return {"code": code, "message": record.reason or "failed"}
+    kind = last.kind if last is not None and last.kind else None
+    seen = ((last.trace or {}).get("error") if last is not None else None) or {}
+    return {"code": "node_execution_error" if kind in NODE_ERROR_KINDS or seen else (kind or "job_failed"),
+            "message": record.reason or "failed", "node_id": seen.get("node_id"),
+            "class_type": seen.get("class_type"), "traceback": seen.get("traceback"),
+            "exception_type": seen.get("exception_type") or None, "exception_message": seen.get("message") or None}
+
+
+def outputs_reused(record: JobRecord) -> bool:
+    """Whether ComfyUI served nodes of the job's run from its cache (its ``execution_cached`` message named any, as
+    the attempt's trace recorded it): the proxy's ``outputs_reused``. comfysup gives each job's savers a folder of
+    their own, so its files are always written by this run; what may be reused is the work upstream of them."""
+    last = record.attempts[-1] if record.attempts and record.state == "done" else None
+    return bool(last is not None and (last.trace or {}).get("cached"))
 
 
 def metrics(record: JobRecord) -> dict[str, int | None]:
-    first = record.attempts[0].started_at if record.attempts else None
-    queue_ms = None if first is None else max(0, round((first - record.submitted_at) * 1000))
+    """``queue_ms`` until the first attempt's execution (its claim, plus the time its prompt waited in ComfyUI's
+    queue behind another), ``execution_ms`` of the last attempt from then on (comfysup.runner.trace.figures): the
+    time a job queued ahead waited is counted once, as queueing, never as execution."""
+    first = record.attempts[0] if record.attempts else None
+    queue_ms = None
+    if first is not None:
+        queue_ms = max(0, round((first.started_at - record.submitted_at + figures(first.trace)[0]) * 1000))
     execution_ms = None
     if record.started_at is not None and record.finished_at is not None:
-        execution_ms = max(0, round((record.finished_at - record.started_at) * 1000))
+        waited = figures(record.attempts[-1].trace)[0] if record.attempts else 0.0
+        execution_ms = max(0, round((record.finished_at - record.started_at - waited) * 1000))
     return {"queue_ms": queue_ms, "execution_ms": execution_ms}
 
 
-def job(record: JobRecord, origin: str, now: float, queue_position: int | None = None) -> dict[str, Any]:
-    """The contract's ``Job`` (plus ``metadata``, which the SDK reads leniently, and ``priority``, comfysup's)."""
+def job(record: JobRecord, origin: str, now: float, queue_position: int | None = None,
+        links: Callable[[str], dict[str, Any]] = no_links) -> dict[str, Any]:
+    """The contract's ``Job`` (plus ``metadata``, which the SDK reads leniently, and ``priority``, comfysup's).
+    ``queue_position`` (``Queue.queue_position``, 1 next) is kept only while the job is ``queued``: null once it
+    runs or has ended. ``links``: presigned URLs of outputs in a bucket (issue 33)."""
+    waiting = status(record) == "queued"
     return {
         "id": record.id, "status": status(record), "created_at": iso(record.submitted_at),
-        "started_at": iso(record.started_at if record.state != "queued" else None),
+        "started_at": iso(record.started_at if not waiting else None),
         "completed_at": iso(record.finished_at if record.state in ("done", "dead", "cancelled") else None),
         "expires_at": iso((record.finished_at or now) + RETENTION_SECONDS),
-        "queue_position": queue_position if record.state == "queued" else None,
-        "progress": progress(record), "outputs": outputs(record, origin, now) if record.state == "done" else [],
-        "error": error(record), "metrics": metrics(record), "urls": job_urls(record.id),
+        "queue_position": queue_position if waiting else None,
+        "progress": progress(record), "outputs": outputs(record, origin, now, links) if record.state == "done" else [],
+        "error": error(record), "outputs_reused": outputs_reused(record), "metrics": metrics(record),
+        "urls": job_urls(record.id, origin),
         "metadata": labels(record.meta), "priority": record.priority,
     }
 
@@ -167,13 +219,13 @@ def labels(meta: dict[str, Any]) -> dict[str, str]:
     return {k: v for k, v in meta.items() if isinstance(k, str) and isinstance(v, str)}
 
 
-def summary(record: JobRecord) -> dict[str, Any]:
+def summary(record: JobRecord, origin: str) -> dict[str, Any]:
     """A ``GET /api/v2/jobs`` item: the SDK's ``JobSummary`` reads id, status, create_time, update_time and
     metadata (comfy_sdk/jobs.py ``JobSummary._from_item``)."""
     updated = record.finished_at or record.started_at or record.submitted_at
     return {"id": record.id, "status": status(record), "create_time": iso(record.submitted_at),
             "update_time": iso(updated), "metadata": labels(record.meta), "priority": record.priority,
-            "urls": job_urls(record.id)}
+            "urls": job_urls(record.id, origin)}
 
 
 def uploaded(record: ApiAsset, origin: str, now: float, created_new: bool | None = None) -> dict[str, Any]:

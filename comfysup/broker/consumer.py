@@ -55,6 +55,7 @@ from comfysup.queue.base import Queue, SubmitConflict
 from comfysup.queue.watch import DEEP_CHECK_SECONDS, EXIT_DATABASE_REPLACED, QueueWatch, lost_line
 from comfysup.redact import bound
 from comfysup.slotstate import read_broker_state, write_broker_state
+from comfysup.storage.links import Links
 
 log = logging.getLogger("comfysup.broker.consumer")
 
@@ -157,7 +158,7 @@ class Consumer:
         self.after_commit = after_commit
         self.stop = threading.Event()
         self.reconnect = Reconnect(self.settings.reconnect_max_delay_seconds)
-        self.announcer = Announcer(queue, self.settings)
+        self.announcer = Announcer(queue, self.settings, links=Links(config.store))
         self.counts: Counter[str] = Counter()
         self.state = "starting"
         self.last_error: str | None = None

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from typing import Any
 
 import pika.exceptions
 from pika.adapters.blocking_connection import BlockingChannel
@@ -25,6 +26,7 @@ from comfysup.broker.connection import persistent
 from comfysup.config import RabbitMQConfig
 from comfysup.observability.webhooks import encode, record_body
 from comfysup.queue.base import DONE, TERMINAL, JobRecord, Queue
+from comfysup.storage.links import no_links
 
 log = logging.getLogger("comfysup.broker.outbox")
 
@@ -38,8 +40,11 @@ UNROUTABLE_RETRY_SECONDS = 5.0
 class Announcer:
     """Publishes the outbox of one queue on a confirming channel; ``flush`` is one pass."""
 
-    def __init__(self, queue: Queue, settings: RabbitMQConfig, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, queue: Queue, settings: RabbitMQConfig, clock: Callable[[], float] = time.monotonic,
+                 links: Callable[[str], dict[str, Any]] = no_links) -> None:
         self.queue = queue
+        self.links = links
+        """Presigned URLs of outputs in a bucket (comfysup.storage.links), made as each result is published."""
         self.settings = settings
         self.clock = clock
         self.published = 0
@@ -92,7 +97,7 @@ class Announcer:
         """True once the broker confirmed it; False when it returned it (no queue bound to the exchange)."""
         try:
             # basic_publish on a confirming channel returns once the broker acked it (NackError if not).
-            channel.basic_publish(exchange, job.state, encode(record_body(job)),
+            channel.basic_publish(exchange, job.state, encode(record_body(job, self.links)),
                                   properties=persistent(job_id, {STATE_HEADER: job.state}), mandatory=True)
         except pika.exceptions.UnroutableError:
             self.returned += 1

@@ -4,7 +4,8 @@ execution errors mean.
 ``ServerUnavailable`` (the server is unwell or unreachable: transient), ``PermanentError`` (ComfyUI said no:
 ``PromptRejected`` for a 400 of POST /prompt), ``MalformedAnswer`` (an answer of the wrong shape: transient,
 ending the attempt at once), ``SocketLost`` (the WebSocket closed). ``execution_failure`` reads an
-``execution_error`` message into a ``Failure``: out of memory is transient, anything else permanent.
+``execution_error`` message into a ``Failure``: out of memory and a lost device are transient, anything else
+permanent.
 """
 
 from __future__ import annotations
@@ -15,6 +16,15 @@ from typing import Any
 
 OOM_TYPES = frozenset({"torch.OutOfMemoryError", "torch.cuda.OutOfMemoryError", "OutOfMemoryError"})
 OOM_MESSAGE = re.compile(r"out of memory|allocation on device", re.I)
+DEVICE_LOST_MESSAGE = re.compile(
+    r"illegal memory access|device-side assert|misaligned address|unspecified launch failure|ECC error"
+    r"|CUDA error: (?:unknown error|an illegal instruction)|no CUDA-capable device|CUDA driver (?:error|version)"
+    r"|GPU (?:is )?lost|fallen off the bus|CUDA-capable device\(s\) is/are busy or unavailable", re.I)
+"""Errors after which CUDA's context is unusable (the process must go): every later kernel fails the same way."""
+
+
+DEVICE_LOST = "device_lost"
+"""The kind of an execution_error that leaves the device unusable (see is_device_lost)."""
 
 
 class ComfyError(Exception):
@@ -106,8 +116,16 @@ def is_oom(error: dict[str, Any]) -> bool:
         or bool(OOM_MESSAGE.search(str(error.get("exception_message") or "")))
 
 
+def is_device_lost(error: dict[str, Any]) -> bool:
+    """An ``execution_error`` after which the server's device is unusable until its process restarts: an illegal
+    memory access, a device-side assert, a GPU fallen off the bus (CUDA's context is poisoned)."""
+    text = f"{error.get('exception_type') or ''}: {error.get('exception_message') or ''}"
+    return bool(DEVICE_LOST_MESSAGE.search(text))
+
+
 def execution_failure(error: dict[str, Any]) -> Failure:
-    """The failure an ``execution_error`` message stands for: OOM is transient, the rest permanent."""
+    """The failure an ``execution_error`` message stands for: OOM is transient, and so is a lost device (the
+    server is restarted; the job may well run on a healthy one), the rest permanent."""
     # The first line is the message; the rest (ComfyUI's TIPS, a tensor dump) is not a reason.
     lines = [line.strip() for line in str(error.get("exception_message") or "").strip().splitlines()]
     message = lines[0] + (" …" if len(lines) > 1 else "") if lines else ""
@@ -115,6 +133,8 @@ def execution_failure(error: dict[str, Any]) -> Failure:
             f"{error.get('exception_type')}: {message}")
     if is_oom(error):
         return Failure("oom", text, transient=True)
+    if is_device_lost(error):
+        return Failure(DEVICE_LOST, text, transient=True)
     return Failure("execution_error", text, transient=False)
 
 

@@ -18,7 +18,11 @@ from comfysup.comfy.errors import MalformedAnswer, SocketLost, short
 _CONNECTIONS = itertools.count(1)
 
 class EventStream:
-    """ComfyUI's WebSocket for one client id. JSON messages only; binary preview frames are skipped."""
+    """ComfyUI's WebSocket for one client id: its JSON messages, and its binary preview frames as ``preview``
+    messages when ``previews`` (comfysup.comfy.wire ``ws_preview``; any other binary frame is skipped)."""
+
+    previews = False
+    """Whether preview frames are read (the runner's streams: the API's SSE ``preview`` events)."""
 
     def __init__(self, url: str, client_id: str, connect_timeout_seconds: float) -> None:
         self.url = "ws" + url[4:] + f"/ws?clientId={client_id}" if url.startswith("http") else url
@@ -69,7 +73,9 @@ class EventStream:
                     raise MalformedAnswer(f"server sent a malformed WebSocket message: {exc}") from None
                 if message is not None:
                     return message
-            # A frame not read (binary previews, unread types): on for what is left of the call's time.
+            elif self.previews and (preview := wire.ws_preview(data)) is not None:
+                return preview
+            # A frame not read (unread types, other binary frames): on for what is left of the call's time.
 
     def _next(self, until: float | None) -> tuple[int, bytes] | None:
         """The next data message (TEXT or BINARY), answering pings and reading more from the socket as needed;

@@ -66,6 +66,8 @@ class ComfyClient:
         self.pool = urllib3.connection_from_url(self.url, maxsize=1, block=False, retries=False)
         self.stream: EventStream | None = None
         """This client's own socket, kept open from one prompt to the next (see ``own_stream``)."""
+        self.previews = False
+        """Whether its sockets read preview frames (``EventStream.previews``; the runner's, for the API)."""
         self.comfyui_version: str | None = None
         """The server's ComfyUI version as /system_stats last said (None: not asked yet, or not said)."""
         self.known = KnownRuns()
@@ -245,6 +247,14 @@ class ComfyClient:
     def interrupt(self, prompt_id: str | None = None) -> None:
         self._call("POST", "/interrupt", body=json.dumps({"prompt_id": prompt_id} if prompt_id else {}).encode())
 
+    def free(self, unload_models: bool = True, free_memory: bool = True) -> None:
+        """POST /free: ComfyUI unloads its models and empties the device's cache once its worker is idle (after the
+        running prompt, if any); raises ServerUnavailable when the server did not take it."""
+        body = json.dumps({"unload_models": unload_models, "free_memory": free_memory}).encode()
+        response, data = self._call("POST", "/free", body=body)
+        if response.status != 200:
+            raise ServerUnavailable(f"POST /free {response.status}, {_first_line(data, response)}", "http")
+
     def delete_queued(self, prompt_ids: Sequence[str]) -> None:
         self._call("POST", "/queue", body=json.dumps({"delete": list(prompt_ids)}).encode())
 
@@ -270,7 +280,9 @@ class ComfyClient:
     # -- WebSocket ------------------------------------------------------------------------------------
 
     def events(self, client_id: str) -> EventStream:
-        return EventStream(self.url, client_id, self.timeout_seconds)
+        stream = EventStream(self.url, client_id, self.timeout_seconds)
+        stream.previews = self.previews
+        return stream
 
     def own_stream(self, fresh: bool = False, drain: bool = True) -> EventStream:
         """This client's kept socket, connected: one per runner, reused for every prompt it posts, so a job

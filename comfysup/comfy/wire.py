@@ -278,6 +278,44 @@ def ws_message(raw: str | bytes) -> dict[str, Any] | None:
     return {"type": kind, "data": _event_data(kind, data, f"the {kind} message")}
 
 
+PREVIEW_IMAGE, PREVIEW_IMAGE_WITH_METADATA = 1, 4
+"""ComfyUI's binary event types of a preview: a u32 (big-endian) image format (1 JPEG, 2 PNG) then the image; or,
+for a client that sent ``feature_flags`` ``supports_preview_metadata``, a u32 length, that much JSON (the node,
+the prompt, ``image_type``), then the image."""
+_PREVIEW_FORMATS = {1: "image/jpeg", 2: "image/png"}
+MAX_PREVIEW_BYTES = 512 * 1024
+"""A larger preview is passed over (a sampler's latent preview is a few to a few hundred KiB)."""
+
+
+def ws_preview(raw: bytes) -> dict[str, Any] | None:
+    """A binary frame as ``{"type": "preview", "data": {"prompt_id", "node_id", "content_type", "image"}}`` (the ids
+    None when the legacy frame has none); None for any other binary frame, a malformed one, an image that is not
+    a JPEG, PNG or WebP, or one larger than MAX_PREVIEW_BYTES: a preview is a nicety, never a reason to fail."""
+    if len(raw) < 8 or len(raw) > MAX_PREVIEW_BYTES + 4096:
+        return None
+    event, word = int.from_bytes(raw[:4], "big"), int.from_bytes(raw[4:8], "big")
+    prompt_id = node_id = None
+    if event == PREVIEW_IMAGE:
+        content_type, image = _PREVIEW_FORMATS.get(word), raw[8:]
+    elif event == PREVIEW_IMAGE_WITH_METADATA and 8 + word <= len(raw) and word <= 4096:
+        try:
+            meta = json.loads(raw[8:8 + word])
+        except ValueError:
+            return None
+        if not isinstance(meta, dict):
+            return None
+        content_type, image = meta.get("image_type"), raw[8 + word:]
+        prompt_id, node_id = meta.get("prompt_id"), meta.get("display_node_id") or meta.get("node_id")
+        prompt_id = prompt_id if isinstance(prompt_id, str) else None
+        node_id = str(node_id)[:64] if isinstance(node_id, str | int) and not isinstance(node_id, bool) else None
+    else:
+        return None
+    if content_type not in ("image/jpeg", "image/png", "image/webp") or not image or len(image) > MAX_PREVIEW_BYTES:
+        return None
+    return {"type": "preview", "data": {"prompt_id": prompt_id, "node_id": node_id, "content_type": content_type,
+                                        "image": bytes(image)}}
+
+
 def _event_data(kind: str, data: dict[str, Any], where: str) -> dict[str, Any]:
     """The fields of one event that the runner and its trace read, each of the type they expect."""
     out: dict[str, Any] = {"prompt_id": _str(data.get("prompt_id"), f"{where}'s prompt_id", optional=True)}

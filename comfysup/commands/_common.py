@@ -10,7 +10,6 @@ from typing import Any
 from comfysup.config import Config, load_config
 from comfysup.config.loader import find_config_file, has_env_settings, no_config_found
 from comfysup.errors import UsageError
-from comfysup.jobs.values import JobLineError, canonical_id
 from comfysup.queue import Queue, open_queue
 
 
@@ -40,6 +39,8 @@ MIN_PREFIX = 4
 def resolve_ids(queue: Queue, given: Sequence[str]) -> list[str]:
     """Each id as typed, or the one job id it begins (any unique prefix of at least MIN_PREFIX characters, as git
     takes a commit's); UsageError names one that matches nothing or several."""
+    from comfysup.jobs.values import JobLineError, canonical_id  # here: comfysup.jobs is most of submit's imports
+
     out = []
     for typed in given:
         text = typed.strip().lower()

@@ -18,7 +18,10 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
         "api", parents=[common], help="serve the Comfy API v2 (/api/v2/jobs) in front of the queue",
         description="Serve the Comfy API v2 at [api] listen (default 127.0.0.1:9189) until SIGTERM: code written "
                     "for Comfy Cloud with comfy-sdk submits its workflows into this queue. A non-loopback "
-                    "address needs [api] token.")
+                    "address needs [api] token (GET /api/v2/health asks none). Browser pages need [api] "
+                    "allowed_origins; files of this machine are reachable only below [api] path_roots "
+                    "(from-path) and [api] models_dir (model uploads). docs/api.md lists where the API "
+                    "differs from Comfy's spec.")
     p.add_argument("--listen", metavar="HOST:PORT", help="overrides [api] listen")
     p.add_argument("--existing-queue", action="store_true",
                    help="fail if the SQLite queue does not exist instead of making it (how comfysup run starts its "

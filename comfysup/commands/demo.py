@@ -168,7 +168,7 @@ def progress_line(counts: Counter[str], total: int) -> str:
     width = 24
     bar = "#" * (width * ended // max(total, 1))
     return (f"[{bar:<{width}}] {ended}/{total} ended: {counts['done']} done, {counts['dead']} dead · "
-            f"{counts['running']} running · {counts['queued']} queued")
+            f"{counts['running']} running · {counts['posted']} posted · {counts['queued']} queued")
 
 
 def follow(config_path: Path, ids: list[str], proc: subprocess.Popen[bytes], timeout_seconds: float,
@@ -180,7 +180,7 @@ def follow(config_path: Path, ids: list[str], proc: subprocess.Popen[bytes], tim
     deadline = time.monotonic() + timeout_seconds
     try:
         while True:
-            counts = Counter(job.state for job in queue.get_many(ids))
+            counts = Counter(queue.states(ids).values())  # as status counts them: posted apart from running
             line = progress_line(counts, len(ids))
             if line != last:
                 print(("\r" + line) if tty else line, end="" if tty else "\n", file=sys.stderr, flush=True)

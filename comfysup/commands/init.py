@@ -33,6 +33,16 @@ DOCS: dict[str, dict[str, str]] = {
         "max_file_mb": "Largest output file accepted from ComfyUI, in MiB.",
         "max_job_mb": "All of one job's output files together, in MiB.",
         "max_files_per_job": "Output files of one job; a history naming more is treated as malformed.",
+        # object storage (issue 33)
+        "url": "s3://bucket/prefix: outputs go to <prefix>/<job id>/<name> in that bucket (dir is then only the "
+               "staging folder); \"\": they stay in dir.",
+        "endpoint_url": "The S3 service's address (http://127.0.0.1:8333 for SeaweedFS or MinIO); \"\": AWS.",
+        "region": "The bucket's region; \"\": from the environment or the AWS profile.",
+        "profile": "AWS profile to take credentials from; \"\": the default chain (AWS_* variables, ~/.aws, a role).",
+        "access_key_id": "Access key (better: $COMFYSUP_STORE_ACCESS_KEY_ID); \"\": the default chain.",
+        "secret_access_key": "Its secret (better: $COMFYSUP_STORE_SECRET_ACCESS_KEY). Never shown or logged.",
+        "url_ttl_seconds": "How long the presigned URLs every door hands out stay valid; 0: the s3:// location only.",
+        "multipart_threshold_mb": "Outputs larger than this are uploaded in parts of this size, in MiB.",
     },
     "assets": {
         "": "Input files of jobs ({\"file\": ...} in set), stored once per content (BLAKE3).",
@@ -41,6 +51,8 @@ DOCS: dict[str, dict[str, str]] = {
         "max_job_mb": "All input files of one job together, in MiB.",
         "server_cache_mb": "Inputs kept in each launched server's input folder, in MiB (least recently used go).",
         "input_roots": "Folders besides the jobs file's own that submit may read {\"file\": ...} inputs from.",
+        "url": "s3://bucket/prefix: inputs are stored there ([store]'s service and credentials), shared by every "
+               "machine of the queue; \"\": dir or the database.",
     },
     "inputs": {
         "": "Input files fetched at submit: {\"url\": \"https://...\"} and {\"s3\": \"s3://bucket/key\"}, bounded by "
@@ -48,7 +60,7 @@ DOCS: dict[str, dict[str, str]] = {
         "allow_private": "Allow input URLs on loopback, link-local and private addresses and metadata names "
                          "(also after a redirect).",
         "timeout_seconds": "Longest wait to connect, and for the next bytes of an answer.",
-        "max_seconds": "Longest a whole download may take.",
+        "max_seconds": "Longest a whole download may take, and all of one job's downloads together.",
         "max_redirects": "Redirects followed, each destination checked like the URL; 0: none.",
         "s3_endpoint_url": "S3 service of s3:// inputs (MinIO, SeaweedFS, R2, ...); empty: AWS. Credentials: "
                            "AWS_* variables, the AWS profile, an instance role.",
@@ -71,6 +83,14 @@ DOCS: dict[str, dict[str, str]] = {
                 "only the [[servers]] (runners, metrics, status page, webhooks).",
         "startup_seconds": "How long a server may take to answer /system_stats after it starts.",
         "extra_model_paths_config": "A shared extra_model_paths.yaml given to every server; empty: none.",
+        "models_manifest": "A models.toml of [[models]] entries (as below), joined to this file's; empty: none.",
+        "models_cache": "Where model files are kept once per content (may be shared by machines); empty: "
+                        "model-cache beside the queue file.",
+        "warmup": "An API-format workflow each launched server runs after every (re)start before its slot takes a "
+                  "job (a failing one is a failed start); empty: none.",
+        "warmup_timeout_seconds": "How long a warm-up may run before the start counts as failed.",
+        "idle_vram_free_mb": "With NVML: VRAM (MiB) a server may hold while it runs no job; above it comfysup "
+                             "asks it to POST /free, then restarts it if that did not help. 0: not watched.",
     },
     "runner": {
         "": "How each job is run: attempts, backoff, timeouts, leases.",
@@ -90,6 +110,8 @@ DOCS: dict[str, dict[str, str]] = {
         "affinity_max_wait_seconds": "A runner prefers jobs that load the models its server ran last (no reload), "
                                      "but no job waits longer than this beyond strict priority order; 0: strict "
                                      "order. Priority always comes first.",
+        "preview_seconds": "How often a running job's latest preview image is written to the queue (the API's SSE "
+                           "preview events; only the latest is kept); 0: previews are not kept.",
         "queue_ahead": "Keep one more job waiting in the server's queue behind the running prompt, so the GPU "
                        "never waits for the client between two prompts (never while another server idles); "
                        "false: post only to a free server.",
@@ -154,6 +176,12 @@ DOCS: dict[str, dict[str, str]] = {
         "header_timeout_seconds": "The longest a client may take to send a request's line and headers.",
         "body_timeout_seconds": "The longest wait for the next bytes of a request's body or for the client to "
                                 "take the next bytes of an answer (then 408 and the connection is closed).",
+        "ready_max_queue_per_slot": "GET /ready answers 503 while the queued jobs per ready (warm) slot exceed "
+                                    "this (a load balancer sends work elsewhere); 0: no bound.",
+        "path_roots": "Folders whose files POST /api/v2/assets/from-path may register (e.g. [\"/srv/datasets\"]); "
+                      "[]: from-path is refused.",
+        "models_dir": "ComfyUI's model folder, where uploads to models/<folder>/<name>.safetensors are placed; "
+                      "\"\": such uploads are refused.",
     },
     "rabbitmq": {
         "": "The RabbitMQ front door: jobs from a queue (comfysup run, or comfysup consume), results to exchanges.",
@@ -198,13 +226,22 @@ def render(config: Config, header: str = "") -> str:
     out += ["# Servers that run elsewhere and are used as they are (not launched), e.g.:",
             "# [[servers]]", '# name = "remote0"', '# url = "http://127.0.0.1:8288"',
             "# One on this machine may name its output folder: each job's files are then read from it, not "
-            "through /view.", '# output_dir = "/opt/ComfyUI/output"']
+            "through /view.", '# output_dir = "/opt/ComfyUI/output"', *MODELS_EXAMPLE]
     for server in config.servers:
         entry = {"name": server.name, "url": server.url}
         if server.output_dir:
             entry["output_dir"] = server.output_dir
         out += ["[[servers]]", tomli_w.dumps(entry).strip()]
     return "\n".join(out) + "\n"
+
+
+MODELS_EXAMPLE = (
+    "", "# The model manifest: files every launched server sees (comfysup models pull; comfysup run pulls what is "
+    "missing),", "# each fetched once into [comfyui] models_cache and checked against its sha256 first, e.g.:",
+    "# [[models]]", '# folder = "checkpoints"                   # a ComfyUI model folder: loras, vae, controlnet, ...',
+    '# name = "v1-5-pruned-emaonly.safetensors"', '# url = "https://huggingface.co/stable-diffusion-v1-5/'
+    'stable-diffusion-v1-5/resolve/main/v1-5-pruned-emaonly.safetensors"  # or s3://bucket/key, or a path',
+    '# sha256 = "6ce0161689b3853acaa03779ec93eafe75a02f4ced659bee03f50797806fa2fa"')
 
 
 def _plain(value: Any) -> Any:

@@ -8,6 +8,10 @@ result store too. Assets uploaded through the API (issue 18) are kept until thei
 upload_retention_hours`` after the upload), whatever DATE says, so a client can still submit the job that
 references one; after it, prune removes the record, and the content unless a remaining job uses it.
 
+With a bucket for outputs ([store] url, issue 33), the objects of each removed job (everything under
+``<prefix>/<job id>/``, leftovers of a repeated run included) are deleted with its rows, --files or not: no door
+can hand them out once the job is forgotten. A bucket that does not answer leaves them, said at the end.
+
 Each batch is its own short transaction (``--batch`` jobs, 500 by default), with a pause between batches,
 so a runner waiting to record a done or claim the next job waits for one batch at most, never for the
 whole prune. A job whose webhook is still being delivered is kept until its delivery ends. Files are
@@ -26,8 +30,10 @@ from datetime import datetime
 from pathlib import Path
 
 from comfysup.commands._common import config_from, queue_from
+from comfysup.config import StoreConfig
 from comfysup.errors import UsageError
 from comfysup.queue.base import host_name
+from comfysup.storage import s3
 
 PAUSE_SECONDS = 0.02
 """Between two batches: a runner waiting for the write lock gets it before the next batch."""
@@ -43,7 +49,8 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
                    help="a date or time (2026-01-31, 2026-01-31T18:00, local time unless it says +00:00) or an "
                         "age (30d, 12h, 90m): jobs that finished before it are removed")
     p.add_argument("--files", action="store_true",
-                   help="also delete each removed job's folder in the result store ([store] dir)")
+                   help="also delete each removed job's folder in the result store ([store] dir); with [store] url "
+                        "the removed jobs' objects in the bucket are deleted in any case")
     p.add_argument("--batch", type=int, default=500, metavar="N", help="jobs per transaction (default 500)")
     p.add_argument("--dry-run", action="store_true", help="only say how many jobs would be removed")
     p.set_defaults(func=run)
@@ -80,6 +87,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"{total:,} finished job(s) before {label}" + (" would be removed" if total else ""))
             return 0
         store = config.resolve(config.store.dir)
+        objects = BucketPrune(config.store)
         removed = folders = 0
         elsewhere: dict[str, int] = {}
         here = host_name()
@@ -100,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
                 last_report = time.monotonic()
                 _progress(removed, total, last_report - started)
             time.sleep(PAUSE_SECONDS)
+            objects.remove([job_id for job_id, _ in batch.removed])
         inputs, input_bytes = queue.prune_assets()
     finally:
         queue.close()
@@ -107,10 +116,41 @@ def run(args: argparse.Namespace) -> int:
           + (f", and {folders:,} result folder(s) from {store}" if args.files else ""))
     if inputs:
         print(f"removed {inputs:,} input file(s) ({input_bytes:,} bytes) that no remaining job needs")
+    if objects.location is not None:
+        print(f"deleted {objects.deleted:,} object(s) of the removed jobs from {objects.location}")
+    if objects.failed:
+        print(f"error: the objects of {len(objects.failed):,} removed job(s) could not be deleted ({objects.error}); "
+              f"they stay under {objects.location}/<job id>/, e.g. {objects.failed[0]}", file=sys.stderr)
     for machine, count in sorted(elsewhere.items()):
         print(f"note: {count:,} of them ran on {machine}, whose result store is not here; their folders stay on "
               f"that machine (under its [store] dir, named by job id)")
-    return 0
+    return 1 if objects.failed else 0
+
+
+class BucketPrune:
+    """Deletes the removed jobs' objects from [store] url's bucket (nothing without one), after their rows are
+    committed; a service that does not answer is said once and the rest of the prune goes on without it."""
+
+    def __init__(self, store: StoreConfig) -> None:
+        self.settings = store
+        self.location = s3.parse(store.url) if store.url else None
+        self.deleted = 0
+        self.failed: list[str] = []
+        self.error = ""
+
+    def remove(self, job_ids: list[str]) -> None:
+        if self.location is None:
+            return
+        if self.error:  # the service did not answer: no request per batch for the rest of the prune
+            self.failed += job_ids
+            return
+        location = self.location
+        try:
+            self.deleted += s3.delete_prefixes(s3.client(self.settings),
+                                               [(location.bucket, location.key(job_id) + "/") for job_id in job_ids])
+        except Exception as exc:
+            self.error = str(s3.sort_error(exc, f"deleting from {location}", self.settings))
+            self.failed += job_ids
 
 
 def _remove(folder: Path) -> bool:

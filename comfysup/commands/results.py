@@ -6,7 +6,7 @@ import argparse
 import csv
 import json
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,20 +15,27 @@ from comfysup.commands._common import config_from, queue_from
 from comfysup.errors import UsageError
 from comfysup.queue.base import JobRecord
 from comfysup.redact import Redactor, mask
+from comfysup.runner.trace import figures
+from comfysup.storage import s3
+from comfysup.storage.links import Links, no_links
+from comfysup.timefmt import iso_utc
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser("results", parents=[common], help="one row per job: parameters, status, files, times",
                        description="Print one row per job: its id, its `set` parameters as columns, status, "
                                    "server, the machine that did it, attempts, files (name:sha256 prefix), "
-                                   "reason, time waited in the queue, and run time per attempt and in all. With a "
+                                   "reason, time waited in the queue, per attempt the time it waited in ComfyUI's "
+                                   "queue behind the prompt ahead of it and the time it ran, and in all. With a "
                                    "jobs file, every line of it in its order, with status 'not submitted' for an "
                                    "id that is not in the queue. --csv adds where each file is, as "
-                                   "host:path, for a store on each machine's own disk.")
+                                   "host:path for a store on each machine's own disk, or s3://bucket/key with a "
+                                   "presigned URL for a store in a bucket ([store] url).")
     p.add_argument("file", nargs="?", help="a jobs.jsonl file: show only its lines' jobs")
     p.add_argument("--csv", action="store_true", help="CSV on standard output: parameters as plain values "
                    "(strings unquoted, numbers as numbers, objects and lists as JSON), full hashes and file paths, "
-                   "and a locations column of host:path")
+                   "a locations column of host:path or s3://bucket/key, and for outputs in a bucket a urls column "
+                   "of presigned URLs valid until url_expires_at (UTC, [store] url_ttl_seconds)")
     p.set_defaults(func=run)
 
 
@@ -60,10 +67,11 @@ NOT_SUBMITTED = "not submitted"
 
 TABLE_CELL_CHARS = 60
 
-RESULT_COLUMNS = ("status", "server", "machine", "attempts", "files", "reason", "queue_wait_s", "attempt_run_s",
-                  "total_s")
-CSV_COLUMNS = (*RESULT_COLUMNS, "locations")
-"""``locations``: each file as host:path, since store.dir may be each machine's own disk."""
+RESULT_COLUMNS = ("status", "server", "machine", "attempts", "files", "reason", "queue_wait_s", "comfyui_wait_s",
+                  "attempt_run_s", "total_s")
+CSV_COLUMNS = (*RESULT_COLUMNS, "locations", "urls", "url_expires_at")
+"""``locations``: each file as host:path, since store.dir may be each machine's own disk, or as the s3://bucket/key
+of its object ([store] url); ``urls``: each object's presigned URL, valid until ``url_expires_at`` (issue 33)."""
 
 
 def cell(value: Any) -> str:
@@ -100,27 +108,37 @@ def not_submitted_row(job_id: str, params: dict[str, Any], columns: list[str], f
     return out
 
 
-def row(job: JobRecord, params: list[str], full: bool) -> dict[str, Any]:
+def row(job: JobRecord, params: list[str], full: bool,
+        links: Callable[[str], dict[str, Any]] = no_links) -> dict[str, Any]:
     clean = Redactor.for_job(job.workflow, job.extra_data)
     shown = mask(job.params)
     first_start = job.attempts[0].started_at if job.attempts else None
-    runs = [a.ended_at - a.started_at for a in job.attempts if a.ended_at is not None]
+    ended = [(a, figures(a.trace)) for a in job.attempts if a.ended_at is not None]
+    # Per ended attempt: its wait in ComfyUI's queue (behind the prompt ahead of it), and the rest of it, its run;
+    # an attempt without a trace (its runner died) ran from its claim to its end, as far as anyone knows.
+    waits = [wait for _, (wait, _run) in ended]
+    runs = [run if run is not None else a.ended_at - a.started_at for a, (_wait, run) in ended]
     files = [f"{o.path if full else o.name}:{o.sha256 if full else o.sha256[:12]}" for o in job.outputs]
     out: dict[str, Any] = {"id": job.id}
     out.update({p: cell(shown[p]) if p in shown else "" for p in params})
     out.update({
-        "status": job.state,
+        "status": job.shown_state,
         "server": job.server or (job.attempts[-1].server if job.attempts else ""),
         "machine": job.machine or "",
         "attempts": job.attempt,
         "files": " ".join(files),
         "reason": clean(job.reason, 2000 if full else 120) if job.reason else "",
         "queue_wait_s": f"{first_start - job.submitted_at:.3f}" if first_start else "",
+        "comfyui_wait_s": ";".join(f"{w:.3f}" for w in waits),
         "attempt_run_s": ";".join(f"{r:.3f}" for r in runs),
         "total_s": f"{job.finished_at - job.submitted_at:.3f}" if job.finished_at else "",
     })
     if full:
-        out["locations"] = " ".join(f"{job.machine or ''}:{o.path or o.name}" for o in job.outputs)
+        out["locations"] = " ".join(o.path if s3.split_uri(o.path) else f"{job.machine or ''}:{o.path or o.name}"
+                                    for o in job.outputs)
+        shown = [links(o.path) for o in job.outputs]
+        out["urls"] = " ".join(link["url"] for link in shown if "url" in link)
+        out["url_expires_at"] = min((iso_utc(link["url_expires_at"]) for link in shown if "url" in link), default="")
     return clean.scrub(out)  # by value too: a secret in a file name or a set value's key
 
 
@@ -144,10 +162,11 @@ def _params_of(item: JobRecord | Line) -> dict[str, Any]:
     return item[1] if isinstance(item, tuple) else item.params
 
 
-def _row(item: JobRecord | Line, params: list[str], full: bool) -> dict[str, Any]:
+def _row(item: JobRecord | Line, params: list[str], full: bool,
+         links: Callable[[str], dict[str, Any]]) -> dict[str, Any]:
     if isinstance(item, tuple):
         return not_submitted_row(item[0], item[1], params, full)
-    return row(item, params, full)
+    return row(item, params, full, links)
 
 
 def _table(rows: Iterable[dict[str, Any]]) -> str:
@@ -162,7 +181,9 @@ def _table(rows: Iterable[dict[str, Any]]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    queue = queue_from(config_from(args))
+    config = config_from(args)
+    queue = queue_from(config)
+    links = Links(config.store)
     try:
         lines = _lines_of(Path(args.file)) if args.file else None
         # Two passes, so every parameter column is known before the first row, with memory kept flat.
@@ -175,7 +196,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"{args.file}: {missing} line(s) not in the queue, listed as {NOT_SUBMITTED!r} "
                   f"(comfysup submit {args.file})", file=sys.stderr)
         params = sorted(keys)
-        rows = (_row(item, params, full=args.csv) for item in _jobs(queue, lines))
+        rows = (_row(item, params, args.csv, links) for item in _jobs(queue, lines))
         if args.csv:
             writer = csv.DictWriter(sys.stdout, fieldnames=["id", *params, *CSV_COLUMNS])
             writer.writeheader()

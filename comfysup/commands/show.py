@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 from comfysup import assets
@@ -13,7 +14,8 @@ from comfysup.commands._common import config_from, queue_from, resolve_ids
 from comfysup.observability.views import progress_text
 from comfysup.queue.base import Delivery, JobRecord
 from comfysup.redact import Redactor, bound, display_url, mask
-from comfysup.runner.trace import phase_durations
+from comfysup.runner.trace import figures, phase_durations
+from comfysup.storage.links import Links, no_links
 from comfysup.timefmt import age, when
 
 PHASE_NOTES = {"posted": "waiting in ComfyUI's queue", "followed": "following a prompt an earlier attempt left",
@@ -30,17 +32,21 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.set_defaults(func=run)
 
 
-def as_dict(job: JobRecord, with_workflow: bool, deliveries: list[Delivery] | None = None) -> dict:
+def as_dict(job: JobRecord, with_workflow: bool, deliveries: list[Delivery] | None = None,
+            links: Callable[[str], dict[str, Any]] = no_links) -> dict:
+    """``links``: an output in a bucket gets its s3:// ``location`` and a presigned ``url`` (issue 33)."""
     clean = Redactor.for_job(job.workflow, job.extra_data)
     out = {
-        "id": job.id, "state": job.state, "priority": job.priority, "attempt": job.attempt,
+        "id": job.id, "state": job.shown_state, "priority": job.priority, "attempt": job.attempt,
         "workflow_name": job.workflow_name, "params": mask(job.params), "meta": mask(job.meta),
         "extra_data": mask(job.extra_data), "submitted_at": job.submitted_at, "finished_at": job.finished_at,
         "server": job.server, "reason": clean(job.reason) if job.reason else None,
         "cancel_requested": job.cancel_requested,
         "inputs": assets.listing(job.params),
-        "outputs": [o.__dict__ for o in job.outputs],
-        "attempts": [{**a.__dict__, "reason": clean(a.reason) if a.reason else None} for a in job.attempts],
+        "outputs": [{**o.__dict__, **links(o.path)} for o in job.outputs],
+        "attempts": [{**a.__dict__, "reason": clean(a.reason) if a.reason else None, **_figures(a.trace)}
+                     for a in job.attempts],
+        "waiting_since": job.waiting_since if job.shown_state == "posted" else None,
         "progress": job.progress if job.state == "running" else None,
         "callback_url": display_url(job.callback_url) if job.callback_url else None,
         "deliveries": [{**d.__dict__, "url": display_url(d.url), "state": d.state,
@@ -49,6 +55,14 @@ def as_dict(job: JobRecord, with_workflow: bool, deliveries: list[Delivery] | No
     if with_workflow:
         out["workflow"] = mask(job.workflow)
     return clean.scrub(out)  # by value too: a secret used as a node id, in a file name, in a trace
+
+
+def _figures(trace: dict[str, Any] | None) -> dict[str, float | None]:
+    """An ended attempt's two figures (comfysup.runner.trace.figures): seconds waited in ComfyUI's queue and
+    seconds run; None without a trace."""
+    wait, run = figures(trace)
+    return {"comfyui_wait_seconds": None if run is None else round(wait, 3),
+            "run_seconds": None if run is None else round(run, 3)}
 
 
 def timeline(trace: dict[str, Any]) -> list[str]:
@@ -94,9 +108,12 @@ def delivery_line(d: dict[str, Any], now: float) -> str:
     return f"  webhook    {d['url']} given up after {tries}{last}"
 
 
-def render(job: JobRecord, with_workflow: bool, deliveries: list[Delivery] | None = None) -> str:
-    d = as_dict(job, with_workflow, deliveries)
-    lines = [f"job {job.id}: {job.state}" + (" (cancel requested)" if job.cancel_requested else ""),
+def render(job: JobRecord, with_workflow: bool, deliveries: list[Delivery] | None = None,
+           links: Callable[[str], dict[str, Any]] = no_links) -> str:
+    d = as_dict(job, with_workflow, deliveries, links)
+    posted = (f" (waiting in {job.server}'s queue behind the prompt that runs there since {when(job.waiting_since)})"
+              if job.shown_state == "posted" and job.waiting_since is not None else "")
+    lines = [f"job {job.id}: {job.shown_state}{posted}" + (" (cancel requested)" if job.cancel_requested else ""),
              f"  workflow   {job.workflow_name}   priority {job.priority}   attempts {job.attempt}",
              f"  submitted  {when(job.submitted_at)}"]
     if job.finished_at:
@@ -117,6 +134,8 @@ def render(job: JobRecord, with_workflow: bool, deliveries: list[Delivery] | Non
         lines.append(f"  progress   {bound(progress_text(d['progress']), 200)}")
     for a in d["attempts"]:
         took = age(a["ended_at"] - a["started_at"]) if a["ended_at"] else "running"
+        if a["ended_at"] and a["run_seconds"] is not None:
+            took += f": waited {age(a['comfyui_wait_seconds'])} in ComfyUI's queue, ran {age(a['run_seconds'])}"
         prompt = f" prompt #{a['prompt_number']}" if a["prompt_number"] is not None else ""
         kind = f" [{a['kind']}]" if a.get("kind") and a["kind"] != a["outcome"] else ""
         lines.append(f"  attempt {a['attempt']}  {when(a['started_at'])} on {a['server']}{prompt}: "
@@ -124,6 +143,8 @@ def render(job: JobRecord, with_workflow: bool, deliveries: list[Delivery] | Non
         lines += timeline(a.get("trace") or {})
     for o in d["outputs"]:
         lines.append(f"  file       {o['path'] or o['name']}  {o['size']} bytes  sha256 {o['sha256']}")
+        if o.get("url"):
+            lines.append(f"    url      {o['url']}  (valid until {when(o['url_expires_at'])})")
     now = time.time()
     lines += [delivery_line(x, now) for x in d["deliveries"]]
     if with_workflow:
@@ -132,13 +153,15 @@ def render(job: JobRecord, with_workflow: bool, deliveries: list[Delivery] | Non
 
 
 def run(args: argparse.Namespace) -> int:
-    queue = queue_from(config_from(args))
+    config = config_from(args)
+    queue = queue_from(config)
     try:
         (job_id,) = resolve_ids(queue, [args.id])  # the whole id, or any unique prefix of it
         job = queue.get(job_id)
         deliveries = queue.deliveries(job_id)
     finally:
         queue.close()
-    print(json.dumps(as_dict(job, args.workflow, deliveries), indent=2) if args.json
-          else render(job, args.workflow, deliveries))
+    links = Links(config.store)
+    print(json.dumps(as_dict(job, args.workflow, deliveries, links), indent=2) if args.json
+          else render(job, args.workflow, deliveries, links))
     return 0

@@ -10,18 +10,20 @@ from typing import Any, TextIO
 
 from comfysup.commands._common import config_from, queue_from
 from comfysup.observability.brokerview import broker_text
-from comfysup.observability.views import WINDOW_SECONDS, Overview, overview, progress_text
+from comfysup.observability.views import POSTED_TEXT, WINDOW_SECONDS, Overview, overview, progress_text
 from comfysup.queue.base import Machine, Status
 from comfysup.redact import bound
-from comfysup.slotstate import read_broker_state, read_state, read_work_state, staleness
+from comfysup.slotstate import memory_note, read_broker_state, read_state, read_work_state, staleness, warmup_cell
 from comfysup.timefmt import age
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser("status", parents=[common], help="counts by state, running jobs, last dead letters",
-                       description="Show how many jobs are queued, waiting to retry, running, done, dead "
-                                   "and cancelled; the oldest queued job's age; each running job; and the "
-                                   "last dead letters with their reasons.")
+                       description="Show how many jobs are queued, waiting to retry, posted (claimed ahead and "
+                                   "waiting in their server's queue behind the prompt that runs there), running "
+                                   "(executing, or its files being stored), done, dead and cancelled; the oldest "
+                                   "queued job's age; each running and posted job; and the last dead letters with "
+                                   "their reasons.")
     p.add_argument("--json", action="store_true", help="print one JSON object instead")
     p.add_argument("--dead", type=int, default=5, metavar="N", help="how many dead letters to list (default 5)")
     p.add_argument("--watch", nargs="?", const=2.0, type=float, metavar="SECONDS",
@@ -31,27 +33,44 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
 
 
 def snapshot(status: Status, now: float) -> dict[str, Any]:
+    """``running``: the jobs that execute (at most one a server); ``posted``: those that wait in their server's
+    queue behind them, with how long (the counts say the same)."""
     return {
         "counts": status.counts,
         "oldest_queued_age_seconds": None if status.oldest_queued_at is None else now - status.oldest_queued_at,
         "running": [{"id": r.id, "server": r.server, "owner": r.owner, "attempt": r.attempt,
                      "elapsed_seconds": now - r.started_at, "lease_left_seconds": r.lease_until - now,
-                     "progress": r.progress} for r in status.running],
+                     "progress": r.progress} for r in status.running if not r.posted],
+        "posted": [{"id": r.id, "server": r.server, "owner": r.owner, "attempt": r.attempt,
+                    "waiting_seconds": now - (r.waiting_since or now), "lease_left_seconds": r.lease_until - now}
+                   for r in status.running if r.posted],
         "recent_dead": [{"id": i, "finished_at": t, "reason": reason} for i, t, reason in status.recent_dead],
     }
 
 
+def counts_line(c: dict[str, int]) -> str:
+    """The counts in one line: posted (waiting in a server's queue) apart from running (executing)."""
+    return (f"queued {c['queued']} · waiting to retry {c['waiting']} · posted {c.get('posted', 0)} · "
+            f"running {c['running']} · done {c['done']} · dead {c['dead']} · cancelled {c['cancelled']}")
+
+
 def render(status: Status, now: float) -> str:
     c = status.counts
-    lines = [f"queued {c['queued']} · waiting to retry {c['waiting']} · running {c['running']} · "
-             f"done {c['done']} · dead {c['dead']} · cancelled {c['cancelled']}"]
+    lines = [counts_line(c)]
     if status.oldest_queued_at is not None:
         lines.append(f"oldest queued job: {age(now - status.oldest_queued_at)} old")
-    if status.running:
+    running = [r for r in status.running if not r.posted]
+    posted = [r for r in status.running if r.posted]
+    if running:
         lines.append("")
         lines.append(f"{'running job':36}  {'server':10} {'attempt':>7}  {'elapsed':>10}  progress")
         lines += [f"{r.id:36}  {r.server:10} {r.attempt:>7}  {age(now - r.started_at):>10}  "
-                  f"{bound(progress_text(r.progress), 80)}" for r in status.running]
+                  f"{bound(progress_text(r.progress), 80)}" for r in running]
+    if posted:
+        lines.append("")
+        lines.append(f"{'posted job':36}  {'server':10} {'attempt':>7}  {'waiting':>10}")
+        lines += [f"{r.id:36}  {r.server:10} {r.attempt:>7}  {age(now - (r.waiting_since or now)):>10}  "
+                  f"{POSTED_TEXT}" for r in posted]
     if status.recent_dead:
         lines.append("")
         lines.append("last dead letters:")
@@ -107,19 +126,21 @@ def render_slots(state: dict[str, Any] | None, now: float) -> str:
         head = (f"supervisor stopped {age(now - at)} ago ({time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(at))}, "
                 f"pid {state.get('pid')}); queued jobs wait for `comfysup run`")
     lines = [head, f"{'slot':10} {'device':9} {'server':9} {'pid':>7} {'port':>5} {'restarts':>8} "
-                   f"{'runner':>7}  {'comfyui':8}  {'job':36}  reason"]
+                   f"{'runner':>7}  {'comfyui':8}  {'warm-up':9}  {'job':36}  reason"]
     for slot in state["slots"]:
         lines.append(f"{_cell(slot.get('name')):10} {_cell(slot.get('device')):9} {_cell(slot.get('state')):9} "
                      f"{_cell(slot.get('pid')):>7} {_cell(slot.get('port')):>5} {_cell(slot.get('restarts')):>8} "
                      f"{_cell(slot.get('runner_pid')):>7}  {_cell(slot.get('comfyui_version'))[:8]:8}  "
-                     f"{_cell(slot.get('job')):36}  {bound(_why(slot), 200)}".rstrip())
+                     f"{warmup_cell(slot):9}  {_cell(slot.get('job')):36}  {bound(_why(slot), 200)}".rstrip())
     return "\n".join(lines)
 
 
 def _why(slot: dict[str, Any]) -> str:
     """Why a slot takes no job (out of service: a stuck prompt, a server whose answers cannot be read), or why its
     server or runner last stopped."""
-    return str(slot.get("out_of_service") or slot.get("reason") or slot.get("runner_reason") or "")
+    why = str(slot.get("out_of_service") or slot.get("reason") or slot.get("runner_reason") or "")
+    memory = memory_note(slot)
+    return f"{why}; {memory}" if why and memory else why or memory
 
 
 def render_work(state: dict[str, Any] | None, now: float) -> str | None:

@@ -20,7 +20,7 @@ from comfysup.config import Config
 from comfysup.errors import ComfysupError, QueueError, UsageError
 from comfysup.jobs import READ_AHEAD_LINES, JobsFile, Problem, format_problems
 from comfysup.jobs.catalogue import Catalogue
-from comfysup.queue.base import CANCELLED, DEAD, DONE, TERMINAL, Queue, SubmitConflict
+from comfysup.queue.base import CANCELLED, DEAD, DONE, POSTED, QUEUED, RUNNING, TERMINAL, Queue, SubmitConflict
 from comfysup.redact import bound
 
 WAIT_POLL_SECONDS = 0.5
@@ -50,7 +50,9 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
                    "the queue; rabbitmq: publish every line to [rabbitmq] queue, confirmed (workflow paths are "
                    "then resolved below [rabbitmq] workflows_dir, as the consumer resolves them)")
     p.add_argument("--wait", action="store_true", help="then show a progress bar until every job of the file "
-                   "is done, dead or cancelled, and print the summary; exit 0 when all are done, 1 otherwise")
+                   "is done, dead or cancelled, and print the summary; exit 0 when all are done, 1 otherwise. The "
+                   "bar counts the jobs that ended (done + dead + cancelled of the file's jobs) and shows the rest "
+                   "by state: running (executing), posted (waiting in a server's queue), queued")
     p.set_defaults(func=run)
 
 
@@ -185,22 +187,34 @@ def wait(config: Config, ids: list[str]) -> int:
     ended: dict[str, str] = {}
     left = list(ids)
     try:
-        with tqdm(total=len(ids), unit="job", desc="jobs", file=sys.stderr, dynamic_ncols=True) as bar:
+        with tqdm(total=len(ids), unit="job", desc="ended", file=sys.stderr, dynamic_ncols=True) as bar:
             while left:
                 states = queue.states(left)
                 now_ended = {i: s for i, s in states.items() if s in TERMINAL}
                 ended.update(now_ended)
                 left = [i for i in left if i not in now_ended]
-                counts = Counter(ended.values())
                 # The counts first, then the bar's move, which draws both: drawn the other way round, the last
                 # frame showed 12/12 beside the counts of the poll before (done=10).
-                bar.set_postfix(done=counts[DONE], dead=counts[DEAD], cancelled=counts[CANCELLED], refresh=False)
+                bar.set_postfix(wait_counts(ended, states, left), refresh=False)
                 bar.update(len(now_ended))
                 if left:
                     time.sleep(WAIT_POLL_SECONDS)
         return _summary(queue, ended)
     finally:
         queue.close()
+
+
+def wait_counts(ended: dict[str, str], states: dict[str, str], left: list[str]) -> dict[str, int]:
+    """One set of counts for the bar (issue 32), from one poll: the ended jobs by state (their sum is the bar's
+    position), then the jobs still to end by state as ``status`` counts them, a posted job apart from the running
+    ones; ``queued`` holds every other one (waiting to retry, or not in the queue yet). They add up to the
+    file's jobs, the bar's total."""
+    ended_counts = Counter(ended.values())
+    rest = Counter(states.get(i, QUEUED) for i in left)
+    counts = {"done": ended_counts[DONE], "dead": ended_counts[DEAD], "cancelled": ended_counts[CANCELLED],
+              "running": rest[RUNNING], "posted": rest[POSTED]}
+    counts["queued"] = len(left) - counts["running"] - counts["posted"]
+    return counts
 
 
 def _summary(queue: Queue, ended: dict[str, str]) -> int:

@@ -18,6 +18,7 @@ from pathlib import Path
 from comfysup.commands._common import config_from
 from comfysup.config import Config, check_supervisor, find_config_file
 from comfysup.errors import UsageError
+from comfysup.models.cache import cache_dir
 from comfysup.supervisor.supervisor import KILL_WAIT_SECONDS, RUNNER_STOP_MARGIN_SECONDS
 
 WATCHDOG_SECONDS = 60
@@ -71,7 +72,8 @@ def unit(config: Config, config_path: Path, user: str, group: str | None = None)
     hidden = in_private_tmp(config, config_path)
     writable = sorted({str(config.resolve(config.queue.path).parent.absolute()),
                        str(config.resolve(config.store.dir).absolute()),
-                       str(config.resolve(config.comfyui.base_directory).absolute())})
+                       str(config.resolve(config.comfyui.base_directory).absolute()),
+                       *([str(cache_dir(config))] if config.models else [])})
     stop_seconds = int(config.runner.grace_seconds) + STOP_MARGIN_SECONDS
     assert stop_seconds > config.runner.grace_seconds + RUNNER_STOP_MARGIN_SECONDS + KILL_WAIT_SECONDS
     exec_start = shlex.join([*executable(), "run", "--config", str(config_path)])
@@ -106,7 +108,8 @@ def unit(config: Config, config_path: Path, user: str, group: str | None = None)
             + "); move it to /opt or /srv to get it back."] if hidden else ["PrivateTmp=yes"]),
         "ProtectControlGroups=yes",
         "RestrictSUIDSGID=yes",
-        "# The queue, the result store and the servers' base directories: create them, owned by the user.",
+        "# The queue, the result store and the servers' base directories (and the model cache of a manifest): create "
+        "them, owned by the user.",
         f"ReadWritePaths={' '.join(writable)}",
         "",
         "[Install]",

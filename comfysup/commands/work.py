@@ -22,8 +22,10 @@ from comfysup.errors import ComfysupError, UsageError
 from comfysup.logs import FORMATS, setup_logging
 from comfysup.queue.base import host_name
 from comfysup.queue.watch import DEEP_CHECK_SECONDS, EXIT_DATABASE_REPLACED, QueueWatch
+from comfysup.runner.objectstore import check_buckets
 from comfysup.runner.stuck import StuckChannel, out_of_service_reason
 from comfysup.slotstate import work_state_path
+from comfysup.storage.links import Links
 from comfysup.supervisor.children import new_shared, problem_bytes, problem_of, waiting_peer
 from comfysup.supervisor.lock import queue_lost
 from comfysup.supervisor.manager import STOP_SIGNALS, ProcessManager
@@ -151,7 +153,7 @@ class Webhooks:
 
         self.config = config
         self.queue = open_queue(config, create=True)
-        self.deliverer = Deliverer(self.queue, config.webhooks)
+        self.deliverer = Deliverer(self.queue, config.webhooks, links=Links(config.store))
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self.deliverer.loop, args=(self.stop,), name="comfysup-webhooks",
                                        daemon=True)
@@ -316,6 +318,8 @@ def run(args: argparse.Namespace) -> int:
     config = load_with_overrides(args)
     servers = parse_servers(args.server, config)
     setup_logging(fmt=args.log_format)
+    for warning in check_buckets(config):  # wrong credentials or no bucket: refused here, not per job
+        log.warning("%s", warning)
     results = multiprocessing.get_context("fork").Queue()
     # The queue's file and schema are made here, before the runners fork, and the connection closed (none
     # crosses a fork): made by a runner and this process at once, the loser's WAL switch met the winner's

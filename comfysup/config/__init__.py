@@ -4,7 +4,8 @@
   written);
 - ``loader``: the file, the environment and the flags read into the schema, every unknown key or wrong type an
   error naming where it came from;
-- ``checks``: impossible values, unsafe listens, and what only ``comfysup run`` needs.
+- ``checks``: impossible values, unsafe listens, and what only ``comfysup run`` needs;
+- ``models``: the model manifest (``[[models]]`` and the models.toml ``[comfyui] models_manifest`` names).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from comfysup.config.schema import (
     Config,
     InputsConfig,
     MetricsConfig,
+    ModelFile,
     QueueConfig,
     RabbitMQConfig,
     RunnerConfig,
@@ -39,6 +41,7 @@ __all__ = [
     "GpuSpec",
     "InputsConfig",
     "MetricsConfig",
+    "ModelFile",
     "QueueConfig",
     "RabbitMQConfig",
     "RunnerConfig",

@@ -15,6 +15,7 @@ from urllib.parse import urlparse, urlsplit
 from comfysup.destinations import is_http_url, url_problem
 from comfysup.errors import ConfigError
 from comfysup.redact import display_url
+from comfysup.storage.s3 import MAX_TTL_SECONDS, parse
 
 if TYPE_CHECKING:
     from comfysup.config.schema import Config
@@ -31,12 +32,13 @@ def check(c: Config) -> None:
                                              "poll_seconds", "lease_seconds", "heartbeat_seconds",
                                              "http_timeout_seconds", "leave_queue_seconds")]
     positive += [("queue", q, "busy_timeout_seconds"), ("queue", q, "checkpoint_seconds"),
-                 ("comfyui", u, "startup_seconds"), ("supervisor", s, "runner_timeout_seconds"),
+                 ("comfyui", u, "startup_seconds"), ("comfyui", u, "warmup_timeout_seconds"),
+                 ("supervisor", s, "runner_timeout_seconds"),
                  ("supervisor", s, "quick_failure_seconds"), ("supervisor", s, "restart_max_delay_seconds")]
     for section, obj, key in positive:
         if getattr(obj, key) <= 0:
             raise bad(section, key, getattr(obj, key), "must be greater than 0")
-    for key in ("grace_seconds", "affinity_max_wait_seconds"):
+    for key in ("grace_seconds", "affinity_max_wait_seconds", "preview_seconds"):
         if getattr(r, key) < 0:
             raise bad("runner", key, getattr(r, key), "must be 0 or more")
     if r.attempts < 1:
@@ -60,6 +62,10 @@ def check(c: Config) -> None:
             raise bad("supervisor", key, getattr(s, key), "must be 0 (off) or more")
     if s.log_max_mb < 1:
         raise bad("supervisor", "log_max_mb", s.log_max_mb, "must be at least 1")
+    if u.idle_vram_free_mb < 0:
+        raise bad("comfyui", "idle_vram_free_mb", u.idle_vram_free_mb, "must be 0 (off) or more")
+    if c.api.ready_max_queue_per_slot < 0:
+        raise bad("api", "ready_max_queue_per_slot", c.api.ready_max_queue_per_slot, "must be 0 (no bound) or more")
     for key in ("max_file_mb", "max_job_mb", "max_files_per_job"):
         if getattr(c.store, key) < 1:
             raise bad("store", key, getattr(c.store, key), "must be at least 1")
@@ -114,6 +120,7 @@ def check(c: Config) -> None:
     if w.base_delay_seconds > w.max_delay_seconds:
         raise bad("webhooks", "base_delay_seconds", w.base_delay_seconds,
                   f"must not exceed [webhooks] max_delay_seconds ({w.max_delay_seconds:g})")
+    _check_buckets(c)
     _no_negative_numbers(c)
 
 
@@ -130,6 +137,28 @@ def _check_inputs(c: Config, bad: Callable[[str, str, Any, str], ConfigError]) -
     for bucket in i.s3_buckets:
         if not bucket or "/" in bucket:
             raise bad("inputs", "s3_buckets", bucket, "expected bucket names (no s3:// and no /)")
+
+
+def _check_buckets(c: Config) -> None:
+    """[store] url and [assets] url (issue 33): an ``s3://bucket/prefix``, or empty. Whether the bucket exists and
+    the credentials work is asked of the service where a runner or a supervisor starts (comfysup.storage.check)."""
+    for section, url in (("store", c.store.url), ("assets", c.assets.url)):
+        if url:
+            try:
+                parse(url)  # the bucket itself is asked about where a runner starts
+            except ValueError as exc:
+                raise ConfigError(f"{c.source}: [{section}] url = {display_url(url)!r}: {exc}, or an empty "
+                                  "string") from None
+    if c.store.endpoint_url and not is_http_url(c.store.endpoint_url):
+        shown = display_url(c.store.endpoint_url) if "@" in c.store.endpoint_url else c.store.endpoint_url
+        raise ConfigError(f"{c.source}: [store] endpoint_url = {shown!r}: expected http(s)://host:port of the S3 "
+                          "service, or an empty string for AWS")
+    if c.store.url_ttl_seconds > MAX_TTL_SECONDS:
+        raise ConfigError(f"{c.source}: [store] url_ttl_seconds = {c.store.url_ttl_seconds}: at most "
+                          f"{MAX_TTL_SECONDS} (7 days, the longest a presigned URL is valid); 0: no presigned URL")
+    if c.store.multipart_threshold_mb < 5:
+        raise ConfigError(f"{c.source}: [store] multipart_threshold_mb = {c.store.multipart_threshold_mb}: at "
+                          "least 5 (S3's smallest part)")
 
 
 def _no_negative_numbers(c: Config) -> None:
@@ -186,6 +215,10 @@ def _check_api(c: Config) -> None:
             raise ConfigError(f"{c.source}: [api] allowed_hosts: {entry!r}: {host_problem(entry)}; expected a "
                               "host name or address as clients write it in the Host header, like api.example, "
                               "api.example:8443 or [fd00::7]:9189")
+    for root in a.path_roots:
+        if not root.strip():
+            raise ConfigError(f"{c.source}: [api] path_roots: an empty entry would open the config file's whole "
+                              "folder to POST /api/v2/assets/from-path; name each folder, like \"/srv/datasets\"")
     for origin in a.allowed_origins:
         parsed = urlparse(origin)
         if parsed.scheme not in ("http", "https") or not parsed.netloc or parsed.path not in ("", "/"):

@@ -20,6 +20,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from comfysup.config.checks import check
+from comfysup.config.models import read_models
 from comfysup.config.schema import SECTIONS, Config, ServerConfig
 from comfysup.errors import ConfigError
 
@@ -151,9 +152,11 @@ def build_config(
         if section == "servers":
             servers = _servers(body, source)
             continue
+        if section == "models":  # the manifest: read once [comfyui] models_manifest is known
+            continue
         if section not in SECTIONS:
             raise ConfigError(f"{source}: unknown section [{section}]; expected one of "
-                              f"{', '.join(sorted([*SECTIONS, 'servers']))}")
+                              f"{', '.join(sorted([*SECTIONS, 'servers', 'models']))}")
         if not isinstance(body, dict):
             raise ConfigError(f"{source}: {section} = {body!r}: expected a table [{section}]")
         for key, value in body.items():
@@ -169,7 +172,8 @@ def build_config(
         section, _, key = dotted.partition(".")
         values[section][key] = (value, "command line")
     sections = {name: _section(name, cls, values[name]) for name, cls in SECTIONS.items()}
-    config = Config(**sections, servers=servers, source=source, root=root)
+    models = read_models(raw.get("models"), source, sections["comfyui"].models_manifest, root, read_toml)
+    config = Config(**sections, servers=servers, models=models, source=source, root=root)
     check(config)
     return config
 

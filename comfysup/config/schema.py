@@ -27,6 +27,31 @@ class StoreConfig:
     """All of one job's outputs together."""
     max_files_per_job: int = 2000
     """Output files of one job (a video saved as frames is hundreds); a history naming more is malformed."""
+    # -- object storage (issue 33): outputs in an S3-compatible bucket ----------------------------------------
+    url: str = ""
+    """``s3://bucket/prefix``: each output is uploaded to ``<prefix>/<job id>/<name>`` (``dir`` is then only the
+    staging folder each file is downloaded to, hashed in and removed from once the bucket confirmed it), and every
+    door hands out a presigned URL of it. Any S3-compatible service: AWS, R2, GCS's XML API, MinIO, SeaweedFS,
+    Ceph. Empty: outputs stay in ``dir`` on this machine's disk."""
+    endpoint_url: str = ""
+    """The service's address (``http://127.0.0.1:8333`` for a local SeaweedFS or MinIO, R2's account endpoint);
+    empty: AWS's own endpoint for ``region``."""
+    region: str = ""
+    """The bucket's region (``us-east-1``); empty: from the environment or the AWS profile."""
+    profile: str = ""
+    """An AWS profile of ~/.aws/config to take credentials and region from; empty: the default chain
+    (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE, ~/.aws, an instance role)."""
+    access_key_id: str = ""
+    """Credentials given in the config (or $COMFYSUP_STORE_ACCESS_KEY_ID); empty: the default chain. Masked in
+    every message."""
+    secret_access_key: str = ""
+    """The secret of ``access_key_id`` (better: $COMFYSUP_STORE_SECRET_ACCESS_KEY). Never shown or logged."""
+    url_ttl_seconds: int = 3600
+    """How long the presigned URLs the doors hand out stay valid (``url_expires_at``; S3 allows up to 7 days);
+    0: no presigned URL, each door gives the stable ``s3://bucket/key`` location only."""
+    multipart_threshold_mb: int = 64
+    """Outputs larger than this are uploaded in parts of this size (boto3's transfer manager, parts in parallel,
+    each part's SHA-256 checked by the service); a smaller one in one PUT whose SHA-256 the service checks."""
 
 
 @dataclass(frozen=True)
@@ -47,6 +72,11 @@ class AssetsConfig:
     """Folders besides the jobs file's own that `comfysup submit` may read {"file": ...} inputs from (relative
     paths are relative to this config file). An input names a file relative to one of them: never an absolute
     path, never .., never through a symlink, only a regular file."""
+    # -- object storage (issue 33) ------------------------------------------------------------------------------
+    url: str = ""
+    """``s3://bucket/prefix``: input files are stored there once per content (``<prefix>/<hash>``), so machines
+    on one PostgreSQL queue share them through the bucket rather than the database. The service, region and
+    credentials are [store]'s (endpoint_url, region, profile, access keys). Empty: ``dir`` or the database."""
 
 
 @dataclass(frozen=True)
@@ -60,7 +90,8 @@ class InputsConfig:
     timeout_seconds: float = 30.0
     """The longest wait to connect, and for the next bytes of an answer; then the input fails."""
     max_seconds: float = 600.0
-    """The longest a whole download may take (a server that sends a byte now and then cannot hold submit)."""
+    """The longest a whole download may take (a server that sends a byte now and then cannot hold submit), and all
+    of one job's together (a message or a workflow of many silent URLs cannot hold the consumer or the API)."""
     max_redirects: int = 5
     """Redirects followed, each one's destination checked like the URL itself; 0: none."""
     s3_endpoint_url: str = ""
@@ -87,6 +118,23 @@ class ComfyUIConfig:
     gpus: str | tuple[int, ...] = "auto"
     startup_seconds: float = 120.0
     extra_model_paths_config: str = ""
+    models_manifest: str = ""
+    """A models.toml of ``[[models]]`` entries (the same as in this file), for a manifest kept apart from the
+    settings; its entries join this file's. Empty: only this file's ``[[models]]``."""
+    models_cache: str = ""
+    """Where ``comfysup models pull`` keeps the model files, once per content (``sha256/<hex>``): a folder several
+    configs or machines may share (an NFS mount); each launched server sees the manifest's files through a folder
+    of links to it. Empty: ``model-cache`` beside the queue file (the state folder)."""
+    warmup: str = ""
+    """An API-format workflow (a path, relative to the config file) that each launched server runs after every
+    start or restart before its slot takes a job: the first job then does not pay for loading models and
+    compiling kernels. A warm-up that fails is a failed start (the restart policy counts it); empty: none. Use
+    PreviewImage rather than SaveImage in it, or its files stay in the server's output folder."""
+    warmup_timeout_seconds: float = 600.0
+    """How long a warm-up may run (after ``startup_seconds`` for the server to answer) before its start failed."""
+    idle_vram_free_mb: int = 0
+    """With NVML: VRAM (MiB) a server may still hold on its GPU while it runs no job; above it comfysup asks the
+    server to POST /free, and restarts it when that did not bring it below. 0: not watched."""
 
 
 @dataclass(frozen=True)
@@ -99,6 +147,23 @@ class ServerConfig:
     the job's folder there is removed once its files are stored, as for the servers ``comfysup run`` launches.
     Its input folder is taken to be ``input`` beside it, as in a ComfyUI installation. A relative path is
     relative to the config file's folder, as every path of the config is."""
+
+
+@dataclass(frozen=True)
+class ModelFile:
+    """One ``[[models]]`` entry: a file every server comfysup launches sees in a ComfyUI model folder."""
+
+    folder: str
+    """The ComfyUI model folder (``checkpoints``, ``loras``, ...), as extra_model_paths.yaml names it."""
+    name: str
+    """The file's name in that folder as the loaders list it (``sd15/v1-5.safetensors`` may hold a sub-folder)."""
+    url: str
+    """Where it comes from: ``https://…`` (or ``http://``), ``s3://bucket/key``, or an absolute local path (a
+    relative one was made absolute against the file it was written in)."""
+    sha256: str
+    """The content's SHA-256, 64 lowercase hex digits: checked before any server may see the file."""
+    where: str = ""
+    """Where the entry was written (``config.toml: [[models]] #2``), for messages."""
 
 
 @dataclass(frozen=True)
@@ -129,6 +194,11 @@ class RunnerConfig:
     a prompt stuck ahead of it takes it out of the server's queue (released without counting an attempt, as
     when the server dies before it started); none is queued while another runner of the machine waits for
     work. False: a runner posts only when its server is free (one job per runner at a time)."""
+    preview_seconds: float = 1.0
+    """How often a running job's latest preview image (the frames ComfyUI sends while a sampler steps) is written
+    to the queue, for the Comfy API v2's SSE ``preview`` events: at most one write this often per runner, of at
+    most 512 KiB, the job's previous one replaced (the queue keeps only the latest, removed when the job ends);
+    0: previews are not kept (no queue writes for them, no ``preview`` events)."""
 
 
 @dataclass(frozen=True)
@@ -220,6 +290,17 @@ class ApiConfig:
     body_timeout_seconds: float = 60.0
     """The longest wait for the next bytes of a request's body (an upload) or for a client to take the next bytes
     of an answer; then the request ends (408) and the connection is closed."""
+    ready_max_queue_per_slot: float = 0.0
+    """GET /ready (the API's and the status server's) answers 503 while the jobs waiting in the queue per ready
+    (warm) slot exceed this, so a load balancer sends new work elsewhere; 0: no bound (ready once a slot is)."""
+    path_roots: tuple[str, ...] = ()
+    """Folders of this machine whose files POST /api/v2/assets/from-path may register as assets (relative paths
+    are relative to this config file); a file is read only below one of them, through no symlink, only if it is a
+    regular file. Empty: from-path is refused (403)."""
+    models_dir: str = ""
+    """ComfyUI's model folder (what its extra_model_paths names) where an upload to models/<folder>/<name>.safetensors
+    is placed (safetensors only, never replacing a file, through no symlink). Empty: such uploads are refused
+    (403)."""
 
 
 @dataclass(frozen=True)
@@ -257,6 +338,8 @@ class Config:
     inputs: InputsConfig = field(default_factory=InputsConfig)
     comfyui: ComfyUIConfig = field(default_factory=ComfyUIConfig)
     servers: tuple[ServerConfig, ...] = ()
+    models: tuple[ModelFile, ...] = ()
+    """The model manifest: ``[[models]]`` of the file and of ``[comfyui] models_manifest`` (comfysup.models)."""
     runner: RunnerConfig = field(default_factory=RunnerConfig)
     supervisor: SupervisorConfig = field(default_factory=SupervisorConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)

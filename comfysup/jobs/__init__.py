@@ -10,8 +10,6 @@ dead-lettered an hour later.
 from __future__ import annotations
 
 import hashlib
-import json
-import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -30,6 +28,7 @@ from comfysup.jobs.graph import (  # noqa: F401  (the names callers import from 
     check_api_format,
     check_graph,
 )
+from comfysup.jobs.identity import ID_NAMESPACE, as_written, derived_id, sorted_json  # noqa: F401
 from comfysup.jobs.inputs import InputFiles
 from comfysup.jobs.template import MAX_WORKFLOW_BYTES, Template, WorkflowCache  # noqa: F401
 from comfysup.jobs.values import (  # noqa: F401
@@ -290,11 +289,13 @@ class JobsFile:
         if not isinstance(params, dict):
             reasons.append(f"set must be an object of \"<node>.<input>\": value, not {type(params).__name__}")
             params = {}
+        written = params
         try:
-            params, found = self.inputs.resolve(params)
+            params, found = self.inputs.resolve(written)
         except JobLineError as exc:
             reasons += exc.reasons
             found = ()
+        named = as_written(written, params)  # what the id and the spec hash take (comfysup.jobs.identity)
         callback = "" if "callback_url" not in line else _collect(
             reasons, check_callback_url, line["callback_url"], allow_private=self.allow_private_callbacks)
         value = line.get("workflow")
@@ -304,7 +305,7 @@ class JobsFile:
             except JobLineError as exc:
                 raise JobLineError(*reasons, *exc.reasons) from None
             if derive:
-                job_id = derived_id(line, params, template.stored_hash)
+                job_id = derived_id(line, named, template.stored_hash)
                 self.derived.add(job_id)
             changed = apply_set(template.workflow, params, self.object_info, reasons)
             warnings = (_collect(reasons, template.check, changed, params, self.object_info) or []) if check else []
@@ -316,14 +317,15 @@ class JobsFile:
             workflow, name = {**template.workflow, **changed}, template.name
             # The text ComfyUI would be given is never stored (the template is, with the set): only its hash
             # is needed, and it starts from the template's saved state.
-            text, digest = "", template.hasher(changed)
+            text, digest = "", template.hasher(changed if named is params else
+                                               apply_set(template.workflow, named, self.object_info, []))
             stored, stored_hash, key = template.stored, template.stored_hash, template.model_key(changed)
         else:
             inline, name = _collect(reasons, self._inline, value), "inline"
             if inline is None:
                 raise JobLineError(*reasons)
             if derive:
-                job_id = derived_id(line, params, content_hash(canonical(inline)))
+                job_id = derived_id(line, named, content_hash(canonical(inline)))
                 self.derived.add(job_id)
             workflow = {**inline, **apply_set(inline, params, self.object_info, reasons)}
             warnings = (_collect(reasons, check_graph, workflow, self.object_info) or []) if check else []
@@ -334,16 +336,18 @@ class JobsFile:
             if not build:
                 return job_id, warnings
             text = canonical(workflow)
-            digest = hashlib.sha256(text.encode())
+            digest = hashlib.sha256((text if named is params else
+                                     canonical({**inline, **apply_set(inline, named, self.object_info, [])})).encode())
             # Stored before its `set`, so lines that share an inline workflow share one stored copy.
             stored = canonical(inline) if params else text
             stored_hash, key = content_hash(stored), model_key(workflow) or ""
         meta = line.get("meta", {})
         extra = line.get("extra_data", {})
-        # The spec hash: the applied workflow's text, then these. The callback joins only when given, so the
-        # ids of every file without one keep their hash.
+        # The spec hash: the applied workflow's text (an input from elsewhere as written: its fetched bytes never
+        # make a redelivery a conflict), then these. The callback joins only when given, so the ids of every file
+        # without one keep their hash.
         digest.update(b"\0")
-        for part in (_sorted_json(extra), _sorted_json(meta), str(priority), *([callback] if callback else [])):
+        for part in (sorted_json(extra), sorted_json(meta), str(priority), *([callback] if callback else [])):
             digest.update(part.encode())
             digest.update(b"\0")
         if isinstance(meta.get("kind"), str) and meta["kind"]:
@@ -419,26 +423,8 @@ def _collect(reasons: list[str], check: Callable[..., Any], *args: Any, **kwargs
         return None
 
 
-def _sorted_json(value: dict[str, Any]) -> str:
-    """json.dumps(value, sort_keys=True), without encoding the empty object most lines have."""
-    return json.dumps(value, sort_keys=True) if value else "{}"
-
-
 def format_problems(label: str, problems: list[Problem], limit: int = MAX_PROBLEMS_SHOWN) -> list[str]:
     lines = [f"{label}:{p.line}: {'warning: ' if p.warning else ''}{p.message}" for p in problems[:limit]]
     if len(problems) > limit:
         lines.append(f"… and {len(problems) - limit} more problem(s) not shown")
     return lines
-
-
-ID_NAMESPACE = uuid.UUID("7a1c0f3e-3b8e-5b6a-9d2e-63f0c0a5e1d4")
-"""The namespace of the ids comfysup derives for lines that give none (uuid5)."""
-
-
-def derived_id(line: dict[str, Any], params: dict[str, Any], workflow_hash: str) -> str:
-    """The id of a line that gives none: a UUID of its content (the workflow's, its set with input files by
-    hash, extra_data, meta, priority, callback), so the same line submitted again is the same job and runs once,
-    and a line whose workflow or input file changed is another job."""
-    content = {k: v for k, v in line.items() if k not in ("id", "workflow", "set")}
-    text = _sorted_json({"workflow": workflow_hash, "set": params, **content})
-    return str(uuid.uuid5(ID_NAMESPACE, text))

@@ -20,7 +20,8 @@ a byte now and then). The bytes are hashed (BLAKE3, the asset hash, and SHA-256 
 they are written, so an expected hash is checked without reading the file again.
 
 ``s3://`` is read with boto3 (the standard client: its credential chain is the environment, the AWS profile
-and the instance role), at ``[inputs] s3_endpoint_url`` for a service other than AWS.
+and the instance role), at ``[inputs] s3_endpoint_url`` for a service other than AWS; the client is made as every
+S3 client of comfysup is (comfysup.storage.s3.new_client).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -40,6 +42,7 @@ from comfysup.assets import HASH_PREFIX, READ_BYTES
 from comfysup.config import InputsConfig
 from comfysup.destinations import is_http_url, url_problem
 from comfysup.redact import display_url
+from comfysup.storage import s3
 
 if TYPE_CHECKING:
     import requests
@@ -95,25 +98,16 @@ def s3_parts(source: str) -> tuple[str, str]:
     return bucket, key
 
 
-def s3_client(settings: InputsConfig) -> Any:
-    """boto3's S3 client for ``settings``: credentials from the usual places (AWS_* variables, the profile, an
-    instance role), the endpoint and region of the config, the timeouts of ``[inputs]``, a few retries."""
-    import boto3
-    from botocore.config import Config as BotoConfig
-
-    return boto3.session.Session().client(
-        "s3", endpoint_url=settings.s3_endpoint_url or None, region_name=settings.s3_region or None,
-        config=BotoConfig(connect_timeout=settings.timeout_seconds, read_timeout=settings.timeout_seconds,
-                          retries={"max_attempts": 3, "mode": "standard"}))
-
-
 class Fetcher:
     """Fetches sources into files; one per submit (its HTTP session and S3 client are made at first use)."""
 
-    def __init__(self, settings: InputsConfig, max_bytes: int, progress: Progress | None = None) -> None:
+    def __init__(self, settings: InputsConfig, max_bytes: int, progress: Progress | None = None,
+                 stopping: threading.Event | None = None) -> None:
         self.settings = settings
         self.max_bytes = max_bytes
         self.progress = progress
+        self.stopping = stopping
+        """Set when the service stops (the API): a download ends at its next bytes, not at ``max_seconds``."""
         self._session: requests.Session | None = None
         self._s3: Any = None
         self._sha256 = False
@@ -131,10 +125,11 @@ class Fetcher:
             raise FetchError(f"{where(url)}: {problem}; set [inputs] allow_private = true to fetch inputs inside "
                              "this network")
 
-    def fetch(self, source: str, into: str, name: str, sha256: bool = False) -> Fetched:
+    def fetch(self, source: str, into: str, name: str, sha256: bool = False, until: float | None = None) -> Fetched:
         """``source`` (a URL or s3://) written to the new file ``into``, hashed (BLAKE3; SHA-256 too with
-        ``sha256``); FetchError, and no file, when it fails."""
-        deadline = time.monotonic() + self.settings.max_seconds
+        ``sha256``), by ``max_seconds`` from now or ``until`` (the job's downloads together) if sooner; FetchError,
+        and no file, when it fails."""
+        deadline = min(time.monotonic() + self.settings.max_seconds, until if until is not None else float("inf"))
         self._sha256 = sha256
         try:
             with open(into, "xb") as out:  # not synced: the submit's transaction copies it and syncs its copy
@@ -180,12 +175,18 @@ class Fetcher:
                 raise FetchError(f"{where(url)}: no answer within {timeout:g} s ([inputs] timeout_seconds)") from None
             except requests.RequestException as exc:  # its own text names the URL's path: only its kind is said
                 raise FetchError(f"{where(url)}: cannot connect ({type(exc).__name__})") from None
+            except ValueError as exc:  # requests reads a redirect's Location even when not following it
+                raise FetchError(f"{where(url)}: its answer cannot be read ({exc})") from None
             with answer:
                 if answer.status_code in REDIRECTS and answer.headers.get("Location"):
-                    url = urljoin(url, answer.headers["Location"])
+                    url = urljoin(url, answer.headers["Location"])  # read by requests already (ValueError above)
                     continue
                 if answer.status_code != 200:
                     raise FetchError(f"{where(url)}: HTTP {answer.status_code} {answer.reason or ''}".rstrip())
+                encoding = answer.headers.get("Content-Encoding", "").strip().lower()
+                if encoding not in ("", "identity"):  # its bytes are not the file's: they would be stored as it
+                    raise FetchError(f"{where(url)}: the server sent it encoded (Content-Encoding: {encoding[:40]}) "
+                                     "though asked for the file as it is")
                 total = _length(answer.headers.get("Content-Length"))
                 self._check_size(where(url), total)
                 return self._copy(where(url), _read1(answer.raw), out, deadline, name, total)
@@ -194,16 +195,19 @@ class Fetcher:
     # -- s3 --------------------------------------------------------------------------------------------------
 
     def _s3_get(self, source: str, out: BinaryIO, deadline: float, name: str) -> tuple[int, str, str]:
-        try:
-            from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
-        except ImportError:
-            raise FetchError(f"{source}: s3:// inputs are read with boto3, which is not installed: pip install "
-                             "'comfysup[s3]'") from None
-
         bucket, key = s3_parts(source)
+        if self._s3 is None:
+            # Credentials from the usual places only ([inputs] holds none), the timeouts of [inputs].
+            try:
+                self._s3 = s3.new_client(
+                    used_for="s3:// inputs", endpoint_url=self.settings.s3_endpoint_url,
+                    region=self.settings.s3_region, connect_timeout=self.settings.timeout_seconds,
+                    read_timeout=self.settings.timeout_seconds)
+            except s3.Refused as exc:  # no boto3, an unknown AWS_PROFILE
+                raise FetchError(f"{source}: {exc}") from None
+        from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+
         try:
-            if self._s3 is None:
-                self._s3 = s3_client(self.settings)
             answer = self._s3.get_object(Bucket=bucket, Key=key)
         except NoCredentialsError:
             raise FetchError(f"{source}: no AWS credentials (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
@@ -241,6 +245,8 @@ class Fetcher:
             self.progress.start(name, total)
         try:
             while True:
+                if self.stopping is not None and self.stopping.is_set():
+                    raise FetchError(f"{shown}: not fetched: the service is stopping")
                 if time.monotonic() > deadline:
                     raise FetchError(f"{shown}: not fetched within {self.settings.max_seconds:g} s ([inputs] "
                                      "max_seconds)")
@@ -291,7 +297,9 @@ def _read_failure(exc: BaseException, timeout: float) -> str:
 
 
 def _length(value: str | None) -> int | None:
-    return int(value) if value and value.isdigit() else None
+    """A Content-Length's value, None when there is none or it is no number (ASCII digits only: ``"²".isdigit()``
+    is true, and int() refuses it)."""
+    return int(value) if value and value.isascii() and value.isdigit() else None
 
 
 def _remove(path: str) -> None:

@@ -16,7 +16,8 @@ A ``url`` or ``s3`` input (or a ``core/ASSET`` reference whose ``info`` has a ``
 (comfysup.jobs.fetch: the private-address refusal, the size, time and redirect bounds) into a staging folder of
 this object, once per submit however many lines name it (a failure too is remembered: a thousand lines of one
 dead URL wait for it once), its optional ``"blake3"`` or ``"sha256"`` checked; the submit's transaction copies
-it into the asset store, and ``release`` removes the folder once the jobs are inserted (or refused).
+it into the asset store, and ``release`` removes the folder once the jobs are inserted (or refused). Such an
+input names its job by its reference as written, not by the bytes fetched (comfysup.jobs.identity).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ import os
 import re
 import shutil
 import tempfile
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -33,6 +36,7 @@ from urllib.parse import unquote, urlsplit
 
 from comfysup import assets, safefs
 from comfysup.config import InputsConfig
+from comfysup.destinations import is_http_url
 from comfysup.jobs.fetch import Fetched, Fetcher, FetchError, Progress, s3_parts, where
 from comfysup.jobs.values import MAX_URL_CHARS, JobLineError, check_text, did_you_mean
 from comfysup.queue.base import NewAsset
@@ -64,6 +68,8 @@ class InputFiles:
     stored: Callable[[str], int | None] | None = None
     """The asset store's size of a content by hash (None: not held): an input from elsewhere whose ``blake3`` the
     store holds already is not fetched again (a file submitted again, a URL since gone)."""
+    stopping: threading.Event | None = None
+    """Set when the service stops (the API's): a download in flight ends at its next bytes."""
     _seen: dict[tuple[str, int, int, int], NewAsset] = field(default_factory=dict)
     _fetched: dict[str, Fetched | str] = field(default_factory=dict)
     """By source: the fetched file, or why it could not be fetched."""
@@ -75,24 +81,26 @@ class InputFiles:
         if self.roots is None:
             self.roots = (self.base_dir,)
 
-    def resolve(self, params: dict[str, Any]) -> tuple[dict[str, Any], tuple[NewAsset, ...]]:
-        """``params`` with each file value replaced by its reference, and the assets they name."""
+    def resolve(self, params: dict[str, Any],
+                until: float | None = None) -> tuple[dict[str, Any], tuple[NewAsset, ...]]:
+        """``params`` with each file value replaced by its reference, and the assets they name; its downloads end by
+        ``until`` (default: ``[inputs] max_seconds`` from now), and stop once the files pass ``max_job_bytes``."""
         if not any(isinstance(v, dict) for v in params.values()):
             return params, ()
         out, found, total, reasons = dict(params), {}, 0, []
+        until = until if until is not None else time.monotonic() + self.remote.max_seconds  # the line's downloads
         for key, value in params.items():
             if not isinstance(value, dict):
                 continue
+            if total > self.max_job_bytes:
+                break  # refused already: nothing more is read or downloaded for this line
             try:
                 if set(value) == {"file"}:
                     asset = self._file(key, value["file"])
-                elif value.get("__type") == assets.ASSET_TYPE and isinstance(value.get("info"), dict) \
-                        and "url" in value["info"] and "id" not in value["info"]:
-                    asset = self._remote(key, remote_value(value["info"]))
+                elif (source := remote_source(value)) is not None:
+                    asset = self._remote(key, source, until)
                 elif value.get("__type") == assets.ASSET_TYPE:
                     asset = self._reference(key, value)
-                elif "url" in value or "s3" in value:
-                    asset = self._remote(key, value)
                 else:
                     continue  # another object value: ComfyUI's own business (checked as any value)
             except JobLineError as exc:  # every input's problem is reported, not only the first
@@ -177,12 +185,12 @@ class InputFiles:
 
     # -- inputs from elsewhere -------------------------------------------------------------------------------
 
-    def _remote(self, key: str, value: dict[str, Any]) -> NewAsset:
+    def _remote(self, key: str, value: dict[str, Any], until: float) -> NewAsset:
         source, expected, name = self._remote_shape(key, value)
         if expected.keys() == {"blake3"} and self.stored is not None and (size := self.stored(
                 digest := assets.HASH_PREFIX + expected["blake3"])) is not None:
             return NewAsset(digest, size, name)  # held: named by its hash, as an upload's reference is
-        fetched = self._fetch(key, source, name, "sha256" in expected)
+        fetched = self._fetch(key, source, name, "sha256" in expected, until)
         got = {"blake3": fetched.blake3.removeprefix(assets.HASH_PREFIX), "sha256": fetched.sha256}
         wrong = [f"set {key!r}: {where(source)} has {algorithm} {got[algorithm]}, not the expected {digest}: the "
                  "file changed, or the expected hash is wrong" for algorithm, digest in expected.items()
@@ -223,7 +231,7 @@ class InputFiles:
                            "loaders the kind of file)")
         else:
             check_text(name, f"set {key!r}: name")
-        if kind == "url" and not source.startswith(("http://", "https://")):
+        if kind == "url" and not (source.startswith(("http://", "https://")) and is_http_url(source)):
             reasons.append(f"set {key!r}: url {where(source)} is not an http:// or https:// URL"
                            + ("; write {\"s3\": \"s3://…\"} for a bucket" if source.startswith("s3://") else ""))
         if kind == "s3":
@@ -242,15 +250,18 @@ class InputFiles:
             return [f"set {key!r}: s3 bucket {bucket!r} is not one of [inputs] s3_buckets ({allowed})"]
         return []
 
-    def _fetch(self, key: str, source: str, name: str, sha256: bool) -> Fetched:
+    def _fetch(self, key: str, source: str, name: str, sha256: bool, until: float) -> Fetched:
         """The source's file, fetched once per submit (its SHA-256 only when a line expects one); a failure,
         remembered, is the same reason every time."""
         known = self._fetched.get(source)
         if known is None:
             if self._fetcher is None:
-                self._fetcher = Fetcher(self.remote, self.max_file_bytes, self.progress)
+                self._fetcher = Fetcher(self.remote, self.max_file_bytes, self.progress, self.stopping)
             try:
-                known = self._fetcher.fetch(source, self._staged_name(), name, sha256)
+                if time.monotonic() > until:  # not remembered: another line has time of its own
+                    raise JobLineError(f"set {key!r}: {where(source)}: not fetched: the job's inputs took more "
+                                       f"than {self.remote.max_seconds:g} s together ([inputs] max_seconds)")
+                known = self._fetcher.fetch(source, self._staged_name(), name, sha256, until)
             except FetchError as exc:
                 known = str(exc)
             self._fetched[source] = known
@@ -274,6 +285,15 @@ class InputFiles:
             self._fetched.clear()
 
 
+def remote_source(value: dict[str, Any]) -> dict[str, Any] | None:
+    """The input from elsewhere a ``set`` value names (``{"url"|"s3": …}``, or a ``core/ASSET`` reference by
+    ``info.url``), as ``{"url"|"s3": …}``; None for any other value (a file, an uploaded asset, ComfyUI's own)."""
+    if value.get("__type") == assets.ASSET_TYPE:
+        info = value.get("info")
+        return remote_value(info) if isinstance(info, dict) and "url" in info and "id" not in info else None
+    return value if "url" in value or "s3" in value else None
+
+
 def remote_value(info: dict[str, Any]) -> dict[str, Any]:
     """A ``core/ASSET`` reference's ``info`` with a ``url`` (and no ``id``: the API's AssetReference extended by the
     Asset schema's own ``url``) as an input from elsewhere: ``url`` (or ``s3`` for ``s3://``), its ``hash``
@@ -291,6 +311,9 @@ def remote_value(info: dict[str, Any]) -> dict[str, Any]:
 
 def _name_of(source: str) -> str:
     """The file name a URL's path or an S3 key ends with (``cat.png``); ``input`` when it ends with none."""
-    path = urlsplit(source).path if not source.startswith("s3://") else source.partition("//")[2]
+    try:
+        path = urlsplit(source).path if not source.startswith("s3://") else source.partition("//")[2]
+    except ValueError:  # no URL ("http://[::1"): refused as one by the shape's check, not a traceback here
+        return "input"
     name = unquote(PurePosixPath(path).name) if path.strip("/") else ""
     return name if name and not {"/", "\\", "\0"} & set(name) and name not in (".", "..") else "input"

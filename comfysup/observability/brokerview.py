@@ -4,12 +4,13 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
-
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from typing import TYPE_CHECKING, Any
 
 from comfysup.config import Config
 from comfysup.slotstate import read_broker_state, read_state
+
+if TYPE_CHECKING:
+    from prometheus_client.core import Metric
 
 COUNTS = ("received", "inserted", "existing", "duplicates", "invalid", "acked", "published", "returned")
 
@@ -50,6 +51,10 @@ def unroutable(broker: dict[str, Any]) -> dict[str, int]:
 
 
 def broker_metrics(broker: dict[str, Any] | None, backlog: int) -> Iterator[Metric]:
+    # Here, not at the top: `comfysup status` prints broker_text and never builds a metric (prometheus_client
+    # was a third of its imports).
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
     pending = GaugeMetricFamily("comfysup_broker_outbox_backlog", "Broker announcements of ended jobs not yet "
                                 "confirmed by RabbitMQ.")
     pending.add_metric([], backlog)

@@ -6,7 +6,8 @@ Two kinds of values:
   busy, jobs finished), per GPU (memory used and total, utilisation), pending webhook deliveries.
 - Counters and histograms observed as attempts end: attempts, retries and dead letters by reason class
   (the attempts table's ``kind``), OOMs, nodes run and served from ComfyUI's cache (from the traces), and
-  per workflow the queue wait and run time of each job that ends. The :class:`Observer` reads the
+  per workflow the queue wait and run time of each job that ends, and of each attempt its wait in ComfyUI's
+  queue apart from the rest of it (issue 32: one figure each, never one in the other). The :class:`Observer` reads the
   attempts that ended since its last look (``Queue.ended_since``, an index range, never a scan), keeps
   the keys of the last LOOKBACK_SECONDS so a write that committed late is counted once and only once,
   and counts from the moment this process started, as Prometheus counters do (``rate()`` handles the
@@ -37,7 +38,8 @@ from comfysup.config import MetricsConfig
 from comfysup.gpus import GpuSample
 from comfysup.observability.brokerview import broker_metrics
 from comfysup.queue.base import TERMINAL, EndedAttempt, Queue
-from comfysup.slotstate import staleness
+from comfysup.runner.memory import COUNTS
+from comfysup.slotstate import ready_slots, staleness
 
 LOOKBACK_SECONDS = 120.0
 """An attempt's end is stamped before its transaction waits for the write lock (SQLite's busy timeout is
@@ -50,6 +52,38 @@ PAGE = 1000
 """Attempts read at once: a catch-up after a stall reads this many rows at a time, never all of them."""
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 OTHER = "other"
+MEMORY_ACTIONS = (*COUNTS, "idle_frees", "idle_restarts")
+"""The slot state's memory recovery counts (comfysup.runner.memory, comfysup.supervisor.vram)."""
+SLOT_READINESS: tuple[tuple[str, str, Callable[[dict[str, Any], bool], float | None]], ...] = (
+    ("comfysup_slot_ready", "1 while the slot takes jobs (its server answers and, with [comfyui] warmup, is warm).",
+     lambda slot, running: 1.0 if running and slot.get("ready") else 0.0),
+    ("comfysup_slot_warmup_seconds", "How long the last warm-up of the slot's server took (absent before the first).",
+     lambda slot, running: float(slot["warmup_seconds"]) if isinstance(slot.get("warmup_seconds"), int | float)
+     else None),
+    ("comfysup_slot_warmup_failures", "Warm-ups of the slot's server that failed (each a failed start) since the "
+     "supervisor started.", lambda slot, running: float(slot.get("warmup_failures") or 0)),
+)
+"""Issue 34's per-slot gauges: name, help, the value from a slot of the state file (None: absent)."""
+
+
+def _slot_readiness(slots: list[dict[str, Any]], running: bool) -> Iterable[Metric]:
+    """SLOT_READINESS's gauges and the memory recoveries by action, for each slot of the state file."""
+    keys = [[label(str(slot.get("name"))), label(str(slot.get("device")))] for slot in slots]
+    for name, text, value in SLOT_READINESS:
+        family = GaugeMetricFamily(name, text, labels=["slot", "device"])
+        for key, slot in zip(keys, slots, strict=True):
+            if (number := value(slot, running)) is not None:
+                family.add_metric(key, number)
+        yield family
+    memory = GaugeMetricFamily("comfysup_slot_memory_recoveries", "Memory recoveries of the slot's server since the "
+                               "supervisor started, by action: oom_frees (POST /free after an out-of-memory error), "
+                               "oom_retries (the job run again uncounted), device_restarts (a lost device), "
+                               "idle_frees and idle_restarts (VRAM held while idle, NVML).",
+                               labels=["slot", "device", "action"])
+    for key, slot in zip(keys, slots, strict=True):
+        for action in MEMORY_ACTIONS:
+            memory.add_metric([*key, action], float(slot.get(action) or 0))
+    yield memory
 """The workflow label of every workflow past ``[metrics] max_workflow_labels``."""
 
 
@@ -90,11 +124,19 @@ class Observer:
                              registry=registry)
         self.cached = Counter("comfysup_nodes_cached", "Nodes ComfyUI served from its cache (execution_cached).",
                               registry=registry)
-        self.wait = Histogram("comfysup_job_queue_wait_seconds", "From submit to the first attempt's start, of "
-                              "each job that ended.", ["workflow"], buckets=WAIT_BUCKETS, registry=registry)
-        self.run = Histogram("comfysup_job_duration_seconds", "From the first attempt's start to the end, "
-                             "retries included, of each job that ended.", ["workflow", "state"],
+        self.wait = Histogram("comfysup_job_queue_wait_seconds", "From submit to the first attempt's start (its "
+                              "claim, plus its wait in ComfyUI's queue behind another prompt), of each job that "
+                              "ended.", ["workflow"], buckets=WAIT_BUCKETS, registry=registry)
+        self.run = Histogram("comfysup_job_duration_seconds", "From the first attempt's start (as above) to the "
+                             "end, retries included, of each job that ended.", ["workflow", "state"],
                              buckets=RUN_BUCKETS, registry=registry)
+        self.comfy_wait = Histogram("comfysup_attempt_comfyui_wait_seconds", "Of each attempt that ended with a "
+                                    "trace: how long its prompt waited in ComfyUI's queue behind the prompt ahead "
+                                    "of it ([runner] queue_ahead), from its POST to its execution_start.",
+                                    ["workflow"], buckets=WAIT_BUCKETS, registry=registry)
+        self.attempt_run = Histogram("comfysup_attempt_run_seconds", "Of each attempt that ended with a trace: its "
+                                     "time from its claim to its end less that wait (execution, downloads, the "
+                                     "record).", ["workflow", "outcome"], buckets=RUN_BUCKETS, registry=registry)
 
     def catch_up(self, queue: Queue) -> int:
         """Observe every attempt that ended since the last call; returns how many were new.
@@ -158,10 +200,16 @@ class Observer:
             self.cached.inc(cached)
             self.node_total += ran + cached
             self.node_cached += cached
+        if row.run_s is not None:
+            workflow = self.workflow_label(row.workflow_name)
+            self.comfy_wait.labels(workflow=workflow).observe(max(0.0, row.comfyui_wait_s or 0.0))
+            self.attempt_run.labels(workflow=workflow, outcome=label(row.outcome)).observe(max(0.0, row.run_s))
         if row.outcome in TERMINAL:
             workflow = self.workflow_label(row.workflow_name)
-            self.wait.labels(workflow=workflow).observe(max(0.0, row.first_started_at - row.submitted_at))
-            self.run.labels(workflow=workflow, state=row.outcome).observe(max(0.0, row.ended_at - row.first_started_at))
+            # The first attempt's wait in ComfyUI's queue (a job queued ahead) is queueing, not duration.
+            started = row.first_started_at + (row.first_comfyui_wait_s or 0.0)
+            self.wait.labels(workflow=workflow).observe(max(0.0, started - row.submitted_at))
+            self.run.labels(workflow=workflow, state=row.outcome).observe(max(0.0, row.ended_at - started))
 
     def workflow_label(self, name: str | None) -> str:
         value = label(name, "unnamed")
@@ -189,14 +237,16 @@ class Live(Collector):
     def collect(self) -> Iterator[Metric]:
         now = time.time()
         status = self.queue.status(now, dead_limit=0)
-        jobs = GaugeMetricFamily("comfysup_jobs", "Jobs by state (waiting: queued, waiting to retry).",
-                                 labels=["state"])
+        jobs = GaugeMetricFamily("comfysup_jobs", "Jobs by state (waiting: queued, waiting to retry; posted: "
+                                 "claimed ahead, waiting in its server's queue behind the prompt that runs there; "
+                                 "running: executing, downloading, recording).", labels=["state"])
         for state, count in sorted(status.counts.items()):
             jobs.add_metric([state], count)
         yield jobs
         oldest = GaugeMetricFamily("comfysup_oldest_queued_age_seconds", "Age of the oldest queued job (0: none).")
         oldest.add_metric([], 0.0 if status.oldest_queued_at is None else max(0.0, now - status.oldest_queued_at))
         yield oldest
+        yield from self._readiness(now, status.counts.get("queued", 0))
         ratio = self.observer.cache_ratio()
         if ratio is not None:
             hit = GaugeMetricFamily("comfysup_node_cache_hit_ratio", "Nodes served from ComfyUI's cache over all "
@@ -227,6 +277,18 @@ class Live(Collector):
         yield from self._gpus()
         state = self.state()
         yield from broker_metrics((state or {}).get("broker"), self.queue.announcement_backlog())
+
+    def _readiness(self, now: float, queued: int) -> Iterable[Metric]:
+        """What an autoscaler scales on (with comfysup_jobs and comfysup_oldest_queued_age_seconds): the slots
+        that take jobs now, and the queued jobs per ready slot (GET /ready's bound is on the same number)."""
+        ready = ready_slots(self.state(), now)
+        slots = GaugeMetricFamily("comfysup_ready_slots", "Slots of this machine that take jobs now (server answering "
+                                  "and warm, runner running).")
+        slots.add_metric([], ready)
+        per = GaugeMetricFamily("comfysup_queued_jobs_per_ready_slot", "Jobs queued (ready to run) per ready slot of "
+                                "this machine; the queued count itself when no slot is ready.")
+        per.add_metric([], queued / ready if ready else float(queued))
+        yield from (slots, per)
 
     def _slots(self, now: float) -> Iterable[Metric]:
         state = self.state()
@@ -272,6 +334,7 @@ class Live(Collector):
             problem.add_metric(key, 1.0 if running and slot.get("problem") else 0.0)
             info.add_metric([*key, label(slot.get("comfyui_version"))[:40]], 1.0)
         yield from (up, restarts, runner_restarts, busy, done, out, stuck, problem, info)
+        yield from _slot_readiness([slot for slot in state.get("slots") or [] if isinstance(slot, dict)], running)
 
     def _gpus(self) -> Iterable[Metric]:
         samples = self.gpus()

@@ -31,6 +31,7 @@ from comfysup.observability.web import App, serve
 from comfysup.observability.webhooks import Deliverer
 from comfysup.queue import open_queue
 from comfysup.queue.watch import DEEP_CHECK_SECONDS, EXIT_DATABASE_REPLACED, QueueWatch, lost_line
+from comfysup.storage.links import Links, origin
 
 log = logging.getLogger("comfysup.monitor")
 
@@ -53,13 +54,15 @@ def monitor_main(config: Config, port_out: Any, serve_endpoint: bool = True) -> 
     # A child of run or work, which made the queue before it: one deleted since is not made again empty here.
     web_queue = open_queue(config, create=False)
     deliver_queue = open_queue(config, create=False)
-    deliverer = Deliverer(deliver_queue, config.webhooks)
+    deliverer = Deliverer(deliver_queue, config.webhooks, links=Links(config.store))
     watch = QueueWatch(web_queue, deep_seconds=DEEP_CHECK_SECONDS)  # the supervisor, which forks, reads no whole file
     metrics = Metrics(web_queue, lambda: state_with_broker(config), gpus.sample, lambda: dict(deliverer.counts),
                       max_workflow_labels=config.metrics.max_workflow_labels)
     if serve_endpoint and config.metrics.listen:
         app = App(web_queue, metrics, lambda: state_with_broker(config), config.resolve(config.store.dir),
-                  refresh_seconds=config.metrics.refresh_seconds)
+                  refresh_seconds=config.metrics.refresh_seconds,
+                  ready_max_queue_per_slot=config.api.ready_max_queue_per_slot, links=Links(config.store),
+                  image_origin=origin(config.store, config.store.url))
         try:
             server = serve(config.metrics.listen, app, max_connections=config.metrics.max_connections,
                            header_seconds=config.metrics.header_timeout_seconds,

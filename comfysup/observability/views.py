@@ -14,6 +14,8 @@ from typing import Any
 from comfysup.queue.base import JobRecord, Queue, Status
 from comfysup.slotstate import staleness
 
+POSTED_TEXT = "in the server's queue, behind the prompt that runs there"
+"""What a posted job does (issue 32): claimed ahead, it waits in its server's queue, not yet executing."""
 WINDOW_SECONDS = 300.0
 """Jobs per minute are counted over the last five minutes."""
 

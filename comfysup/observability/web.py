@@ -18,8 +18,8 @@ request to arrive and for its answer to be taken.
 from __future__ import annotations
 
 import html
+import json
 import logging
-import mimetypes
 import os
 import sys
 import time
@@ -34,10 +34,19 @@ from comfysup.jobs import JobLineError, canonical_id
 from comfysup.observability.brokerview import broker_text
 from comfysup.observability.httpserver import PooledHTTPServer, TimedHandler
 from comfysup.observability.metrics import CONTENT_TYPE, Metrics
-from comfysup.observability.views import WINDOW_SECONDS, Overview, overview, progress_fraction, progress_text
+from comfysup.observability.views import (
+    POSTED_TEXT,
+    WINDOW_SECONDS,
+    Overview,
+    overview,
+    progress_fraction,
+    progress_text,
+)
 from comfysup.queue.base import Queue
 from comfysup.redact import Redactor, bound
 from comfysup.runner.store import UnsafeName, check_part
+from comfysup.slotstate import memory_note, readiness, warmup_cell
+from comfysup.storage.links import no_links
 from comfysup.timefmt import age
 
 log = logging.getLogger("comfysup.observability.web")
@@ -74,8 +83,15 @@ class App:
     """Routes to answers; the HTTP plumbing stays in the handler so this is tested without sockets."""
 
     def __init__(self, queue: Queue, metrics: Metrics, state: Callable[[], dict[str, Any] | None], store: Path,
-                 refresh_seconds: float = 2.0, done_limit: int = 12) -> None:
+                 refresh_seconds: float = 2.0, done_limit: int = 12, ready_max_queue_per_slot: float = 0.0,
+                 links: Callable[[str], dict[str, Any]] = no_links, image_origin: str = "") -> None:
         self.queue = queue
+        self.ready_max_queue_per_slot = ready_max_queue_per_slot
+        self.links = links
+        """Presigned URLs of outputs in a bucket (issue 33): a file link of such an output redirects there."""
+        self.page_csp = PAGE_CSP.replace("img-src 'self'", f"img-src 'self' {image_origin}") if image_origin \
+            else PAGE_CSP
+        """The bucket's origin allowed for images: a thumbnail's /files link of an output there redirects to it."""
         self.metrics = metrics
         self.state = state
         self.store = store
@@ -86,10 +102,15 @@ class App:
         path = urllib.parse.urlsplit(raw_path).path
         if path == "/metrics":
             return Answer(200, CONTENT_TYPE, self.metrics.exposition(), {})
+        if path == "/ready":  # readiness for load balancers (comfysup.slotstate.readiness)
+            answer = readiness(self.state(), self.queue.status(dead_limit=0).counts.get("queued", 0),
+                               self.ready_max_queue_per_slot)
+            return Answer(200 if answer.ready else 503, "application/json", json.dumps(answer.body()).encode(),
+                          {"Cache-Control": "no-store"})
         if path in ("/", "/index.html"):
             view = overview(self.queue, self.state(), dead=5, done=self.done_limit)
             body = render_page(view, self.refresh_seconds).encode()
-            return Answer(200, "text/html; charset=utf-8", body, {"Content-Security-Policy": PAGE_CSP,
+            return Answer(200, "text/html; charset=utf-8", body, {"Content-Security-Policy": self.page_csp,
                                                                    "Cache-Control": "no-store"})
         if path.startswith("/files/"):
             return self.file(path[len("/files/"):])
@@ -112,15 +133,29 @@ class App:
             with safefs.dir_beneath(root, [job, *parts[:-1]]) as folder:
                 fd = safefs.open_file(folder, parts[-1])
         except OSError:
-            return _text(404, "not found")
+            return self._in_bucket(job, "/".join(parts))
         finally:
             os.close(root)
         name = parts[-1]
-        kind = mimetypes.guess_type(name)[0] or "application/octet-stream"
+        kind = assets.media_type(name)
         headers = {"Content-Security-Policy": FILE_CSP, "Cache-Control": "private, max-age=60"}
         if kind not in INLINE_TYPES:
             headers["Content-Disposition"] = f"attachment; filename*=UTF-8''{urllib.parse.quote(name)}"
         return Answer(200, kind, b"", headers, file=fd, size=os.fstat(fd).st_size)
+
+
+    def _in_bucket(self, job_id: str, name: str) -> Answer:
+        """307 to a presigned URL when the job's output of that name is in a bucket ([store] url); else 404."""
+        try:
+            record = self.queue.get(job_id)
+        except Exception:  # not found, or the queue does not answer: nothing to serve
+            return _text(404, "not found")
+        for output in record.outputs:
+            link = self.links(output.path) if output.name == name else {}
+            if "url" in link:
+                return Answer(307, "text/plain; charset=utf-8", b"", {"Location": link["url"],
+                                                                       "Cache-Control": "no-store"})
+        return _text(404, "not found")
 
 
 def _text(status: int, message: str) -> Answer:
@@ -155,7 +190,8 @@ def render_page(view: Overview, refresh_seconds: float) -> str:
     out = ["<!doctype html><html lang=en><head><meta charset=utf-8>",
            f'<meta http-equiv="refresh" content="{refresh_seconds:g}">',
            "<meta name=viewport content='width=device-width'>",
-           f"<title>comfysup: {c['running']} running, {c['queued'] + c['waiting']} waiting</title>",
+           f"<title>comfysup: {c['running']} running, {c.get('posted', 0)} posted, {c['queued'] + c['waiting']} waiting"
+           "</title>",
            f"<style>{STYLE}</style></head><body>",
            f"<h1>comfysup</h1><div class=muted>at {e(when)}, reloads every {refresh_seconds:g} s</div>"]
     state = view.supervisor
@@ -167,7 +203,8 @@ def render_page(view: Overview, refresh_seconds: float) -> str:
         out.append(f"<p>{e(bound(str(state.get('summary', '')), 300))}</p>")
     out.append("<div class=counts>" + "".join(
         f"<span class={k}><b>{c.get(k, 0)}</b> {label}</span>"
-        for k, label in (("queued", "queued"), ("waiting", "waiting to retry"), ("running", "running"),
+        for k, label in (("queued", "queued"), ("waiting", "waiting to retry"),
+                         ("posted", "posted (in a server's queue)"), ("running", "running"),
                          ("done", "done"), ("dead", "dead"), ("cancelled", "cancelled"))) + "</div>")
     out.append(f"<p class=muted>last {WINDOW_SECONDS / 60:.0f} min: {f.get('done', 0)} done "
                f"({view.per_minute:.1f} jobs/min), {f.get('dead', 0)} dead, {f.get('cancelled', 0)} cancelled</p>")
@@ -175,19 +212,24 @@ def render_page(view: Overview, refresh_seconds: float) -> str:
         out.append(f"<h2>RabbitMQ</h2><pre>{e(broker_text(state['broker'], view.announcements))}</pre>")
     if state is not None:
         out.append("<h2>Slots</h2><table><tr><th>slot<th>device<th>server<th>pid<th>port<th>restarts<th>runner<th>ComfyUI"
-                   "<th>current job<th>finished<th>reason</tr>")
+                   "<th>warm-up<th>current job<th>finished<th>reason</tr>")
         for slot in state.get("slots") or []:
             if not isinstance(slot, dict):
                 continue
             out.append("<tr>" + "".join(f"<td>{e(_cell(slot.get(k)))}" for k in (
                 "name", "device", "state", "pid", "port", "restarts", "runner_pid", "comfyui_version")) +
-                f"<td><code>{e(_cell(slot.get('job')))}</code><td>{e(_cell(slot.get('jobs')))}"
-                f"<td>{e(bound(str(slot.get('reason') or slot.get('runner_reason') or ''), 200))}</tr>")
+                f"<td>{e(warmup_cell(slot))}<td><code>{e(_cell(slot.get('job')))}</code><td>{e(_cell(slot.get('jobs')))}"
+                f"<td>{e(bound(str(slot.get('reason') or slot.get('runner_reason') or ''), 200))}"
+                f"{e(' ' + memory_note(slot)) if memory_note(slot) else ''}</tr>")
         out.append("</table>")
     out.append("<h2>Running</h2>")
     if view.status.running:
         out.append("<table><tr><th>job<th>server<th>attempt<th>elapsed<th>progress</tr>")
         for r in view.status.running:
+            if r.posted:  # waits in its server's queue: how long it has waited, and no bar (nothing ran yet)
+                out.append(f"<tr class=muted><td><code>{e(r.id)}</code><td>{e(r.server)}<td>{r.attempt}"
+                           f"<td>{e(age(view.now - (r.waiting_since or view.now)))}<td>posted: {e(POSTED_TEXT)}</tr>")
+                continue
             share = progress_fraction(r.progress)
             out.append(f"<tr><td><code>{e(r.id)}</code><td>{e(r.server)}<td>{r.attempt}"
                        f"<td>{e(age(view.now - r.started_at))}<td><span class=bar><i style='width:{share * 100:.0f}%'>"
@@ -203,7 +245,7 @@ def render_page(view: Overview, refresh_seconds: float) -> str:
             clean = Redactor.for_job(job.workflow, job.extra_data)  # a secret in a file name is shown masked
             for o in job.outputs:
                 href = e(file_link(job.id, o.name)) if clean(o.name) == o.name else ""
-                kind = mimetypes.guess_type(o.name)[0]
+                kind = assets.media_type(o.name)
                 thumb = (f"<img class=thumb src='{href}' alt='' loading=lazy>"
                          if href and kind in THUMBNAIL_TYPES else "")
                 links.append(f"<a href='{href}'>{thumb}{e(clean(Path(o.name).name))}</a> "

@@ -31,6 +31,7 @@ from comfysup.config import WebhooksConfig
 from comfysup.errors import NotFound, QueueError
 from comfysup.queue.base import TERMINAL, Delivery, JobRecord, Queue
 from comfysup.redact import Redactor, bound, display_url, mask
+from comfysup.storage.links import no_links
 
 if TYPE_CHECKING:
     import requests
@@ -62,8 +63,10 @@ def verify(secret: str, timestamp: str, body: bytes, signature: str, *, now: flo
     return age <= tolerance_seconds and hmac.compare_digest(sign(secret, timestamp, body), signature)
 
 
-def record_body(job: JobRecord) -> dict[str, Any]:
-    """The job's record as POSTed: id, status, files with hashes, reason, timings — secrets masked."""
+def record_body(job: JobRecord, links: Callable[[str], dict[str, Any]] = no_links) -> dict[str, Any]:
+    """The job's record as POSTed: id, status, files with hashes, reason, timings — secrets masked. A file in a
+    bucket has its ``location`` (s3://) and a presigned ``url`` with ``url_expires_at`` (``links``, issue 33),
+    made when the record is sent."""
     clean = Redactor.for_job(job.workflow, job.extra_data)
     started = min((a.started_at for a in job.attempts), default=None)
     return clean.scrub({
@@ -76,8 +79,8 @@ def record_body(job: JobRecord) -> dict[str, Any]:
         "meta": mask(job.meta),
         "attempts": job.attempt,
         "machine": job.machine,
-        "files": [{"name": o.name, "size": o.size, "sha256": o.sha256, "path": o.path, "node_id": o.node_id}
-                  for o in job.outputs],
+        "files": [{"name": o.name, "size": o.size, "sha256": o.sha256, "path": o.path, "node_id": o.node_id,
+                   **links(o.path)} for o in job.outputs],
         "timings": {
             "submitted_at": job.submitted_at,
             "started_at": started,
@@ -98,8 +101,11 @@ class Deliverer:
 
     def __init__(self, queue: Queue, settings: WebhooksConfig, *, session: requests.Session | None = None,
                  rand: Callable[[], float] = random.random,
-                 on_result: Callable[[str], None] = lambda result: None) -> None:
+                 on_result: Callable[[str], None] = lambda result: None,
+                 links: Callable[[str], dict[str, Any]] = no_links) -> None:
         self.queue = queue
+        self.links = links
+        """Presigned URLs of outputs in a bucket (comfysup.storage.links), made as each record is sent."""
         self.settings = settings
         self._session = session
         self.policy = RetryPolicy(attempts=settings.attempts, base_delay_seconds=settings.base_delay_seconds,
@@ -154,7 +160,7 @@ class Deliverer:
             self._record(delivery, "failed", None, f"the job was requeued ({job.state}) before its webhook was "
                          "sent; its next end sends a new one")
             return
-        body = encode(record_body(job))
+        body = encode(record_body(job, self.links))
         timestamp = str(int(time.time()))
         headers = {"Content-Type": "application/json", "User-Agent": "comfysup-webhook",
                    TIMESTAMP_HEADER: timestamp, DELIVERY_HEADER: str(delivery.id)}

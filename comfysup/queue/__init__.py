@@ -24,6 +24,7 @@ def open_queue(config: Config, *, create: bool = True) -> Queue:
             default_callback_url=config.webhooks.url,
             assets_dir=str(config.resolve(config.assets.dir)) if config.assets.dir else None)
         queue.announce = bool(config.rabbitmq.url)  # type: ignore[attr-defined]
+        _asset_bucket(queue, config)
         return queue
     from comfysup.queue.sqlite import SQLiteQueue
 
@@ -33,4 +34,14 @@ def open_queue(config: Config, *, create: bool = True) -> Queue:
                         default_callback_url=config.webhooks.url,
                         assets_dir=config.resolve(config.assets.dir) if config.assets.dir else None)
     queue.announce = bool(config.rabbitmq.url)  # the broker outbox: results go to the broker too
+    _asset_bucket(queue, config)
     return queue
+
+
+def _asset_bucket(queue: Queue, config: Config) -> None:
+    """[assets] url (issue 33): input files in a bucket, with [store]'s service and credentials."""
+    if config.assets.url:
+        from comfysup.queue.asset_bucket import AssetBucket
+        from comfysup.storage import s3
+
+        queue.asset_bucket = AssetBucket(s3.parse(config.assets.url), config.store)  # type: ignore[attr-defined]

@@ -21,11 +21,10 @@ from __future__ import annotations
 import os
 import tempfile
 import time
-import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import blake3
 
@@ -33,6 +32,9 @@ from comfysup import safefs
 from comfysup.assets import HASH_PREFIX
 from comfysup.errors import QueueError
 from comfysup.queue.base import NewAsset, NewJob
+
+if TYPE_CHECKING:
+    from comfysup.queue.asset_bucket import AssetBucket
 
 CHUNK_BYTES = 4 * 1024 * 1024
 TEMPORARY_SECONDS = 86400.0
@@ -44,7 +46,11 @@ class AssetMissing(QueueError):
 
 
 class UploadConflict(QueueError):
-    """An upload's Idempotency-Key was used before for another content or name."""
+    """An upload's Idempotency-Key was used before (keys are single-use); ``asset_id`` is that upload's record."""
+
+    def __init__(self, asset_id: str | None) -> None:
+        super().__init__("this Idempotency-Key was used before" + (f", for asset {asset_id}" if asset_id else ""))
+        self.asset_id = asset_id
 
 
 @dataclass(frozen=True)
@@ -70,6 +76,9 @@ class AssetStore:
     sql: dict[str, str]
     assets_dir: Path | None = None
     """The folder of input files; None: in the database (PostgreSQL only)."""
+    asset_bucket: AssetBucket | None = None
+    """[assets] url (issue 33): new contents go to the bucket; one stored before it was set is still read from the
+    folder or the database."""
 
     def _transaction(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         raise NotImplementedError
@@ -94,7 +103,10 @@ class AssetStore:
         if asset.path is None:
             raise AssetMissing(f"input {asset.hash} ({asset.name or 'no name'}) is not in the asset store; "
                                "submit the file itself ({\"file\": \"path\"}) or upload it first")
-        size = self._write_file(asset) if self.assets_dir is not None else self._write_chunks(cur, asset)
+        if self.asset_bucket is not None:
+            size = self.asset_bucket.put(asset.hash, asset.size, lambda write: self._copy(asset, write))
+        else:
+            size = self._write_file(asset) if self.assets_dir is not None else self._write_chunks(cur, asset)
         cur.execute(self.sql["insert_asset"], (asset.hash, size, asset.name, at if at is not None else _now()))
 
     def _path(self, digest: str) -> Path:
@@ -160,7 +172,10 @@ class AssetStore:
         rows = self._transaction(_fetch, self.sql["asset_size"], (digest,), write=False)
         if not rows:
             raise AssetMissing(f"input {digest} is not in the asset store (pruned while a job needed it?)")
-        if self.assets_dir is not None:
+        in_bucket = self.asset_bucket.get(digest, int(rows[0][0])) if self.asset_bucket is not None else None
+        if in_bucket is not None:
+            data = in_bucket
+        elif self.assets_dir is not None:
             try:
                 fd = safefs.open_regular(self._path(digest))
             except FileNotFoundError:
@@ -205,44 +220,39 @@ class AssetStore:
     # -- assets uploaded through the API (issue 18) -------------------------------------------------------
 
     def add_api_asset(self, asset: NewAsset, content_type: str, retention_seconds: float, key: str | None = None,
-                      now: float | None = None) -> tuple[ApiAsset, bool, bool]:
+                      now: float | None = None) -> tuple[ApiAsset, bool]:
         """Store ``asset`` (its bytes at ``asset.path``, hashed again while copied) unless its content is already
-        stored, and mint a record over it, in one durable transaction: ``(record, created_new, replayed)``.
-        ``key`` (the upload's Idempotency-Key) seen before with the same content and name answers that record
-        (``replayed``); with another, UploadConflict and nothing is stored."""
+        stored, and mint a record over it, in one durable transaction: ``(record, created_new)``. ``key`` (the
+        upload's Idempotency-Key) is single-use, held by the record's unique ``idem_key``: one seen before, or
+        committed by another upload while this one ran, is UploadConflict and nothing is stored."""
         at = time.time() if now is None else now
-        result: tuple[ApiAsset, bool, bool] = self._transaction(self._add_api_asset, asset, content_type,
-                                                                retention_seconds, key, at)
+        result: tuple[ApiAsset, bool] = self._transaction(self._add_api_asset, asset, content_type,
+                                                          retention_seconds, key, at)
         return result
 
     def _add_api_asset(self, cur: Any, asset: NewAsset, content_type: str, retention: float, key: str | None,
-                       at: float) -> tuple[ApiAsset, bool, bool]:
-        known = self._keyed_api_asset(cur, key, asset, content_type)
-        if known is not None:
-            return known, False, True
+                       at: float) -> tuple[ApiAsset, bool]:
+        self._check_key(cur, key)
         created_new = cur.execute(self.sql["asset_size"], (asset.hash,)).fetchone() is None
         self._store(cur, asset, at)
+        import uuid  # here, as below: uuid (and the platform module it loads) for the API's assets only
+
         record = ApiAsset(str(uuid.uuid4()), asset.hash, asset.size, asset.name, content_type, at, at + retention)
         row = (record.id, record.hash, record.file_path, record.content_type, record.created_at, record.expires_at)
         if key is None:
             cur.execute(self.sql["insert_api_asset"], (*row, None))
         elif cur.execute(self.sql["insert_keyed_api_asset"], (*row, key)).fetchone() is None:
-            # Another process committed an upload with this key since we looked (PostgreSQL, READ COMMITTED:
-            # the insert waited for it): answer that one, as a retry would have been answered.
-            known = self._keyed_api_asset(cur, key, asset, content_type)
-            assert known is not None
-            return known, False, True
-        return record, created_new, False
+            # Another process committed an upload with this key since we looked (PostgreSQL, READ COMMITTED: the
+            # insert waited for it). Raising rolls back what this transaction stored.
+            self._check_key(cur, key)
+            raise UploadConflict(None)
+        return record, created_new
 
-    def _keyed_api_asset(self, cur: Any, key: str | None, asset: NewAsset, content_type: str) -> ApiAsset | None:
-        """The record uploaded before under ``key``, when it is the same upload; UploadConflict when it is not."""
+    def _check_key(self, cur: Any, key: str | None) -> None:
+        """UploadConflict when an upload holds ``key`` already."""
         row = None if key is None else cur.execute(self.sql["api_asset_by_key"], (key,)).fetchone()
-        if row is None:
-            return None
-        known = _api_asset(row)
-        if (known.hash, known.file_path, known.content_type) != (asset.hash, asset.name, content_type):
-            raise UploadConflict("this Idempotency-Key was used for another upload")
-        return known
+        if row is not None:
+            raise UploadConflict(_api_asset(row).id)
 
     def mint_api_asset(self, digest: str, file_path: str, content_type: str, retention_seconds: float,
                        now: float | None = None) -> tuple[ApiAsset, bool] | None:
@@ -264,6 +274,8 @@ class AssetStore:
             known = _api_asset(row)
             cur.execute(self.sql["extend_api_asset"], (until, known.id, until))
             return ApiAsset(**{**known.__dict__, "expires_at": max(known.expires_at, until)}), False
+        import uuid
+
         record = ApiAsset(str(uuid.uuid4()), digest, int(size[0]), file_path, content_type, at, until)
         cur.execute(self.sql["insert_api_asset"], (record.id, record.hash, record.file_path, record.content_type,
                                                    record.created_at, record.expires_at, None))
@@ -297,10 +309,16 @@ class AssetStore:
 
     def asset_file(self, digest: str) -> Path | None:
         """Where a stored content's bytes are on this machine; None when they are chunks in the database."""
-        return self._path(digest) if self.assets_dir is not None else None
+        path = self._path(digest) if self.assets_dir is not None else None
+        return None if path is not None and self.asset_bucket is not None and not path.is_file() else path
 
     def asset_chunk(self, digest: str, n: int) -> bytes:
-        """Chunk ``n`` (CHUNK_BYTES each but the last) of a content kept in the database; b"" past its end."""
+        """Chunk ``n`` (CHUNK_BYTES each but the last) of a content kept in the database or the bucket; b"" past
+        its end."""
+        if self.asset_bucket is not None:
+            data = self.asset_bucket.read_range(digest, n * CHUNK_BYTES, CHUNK_BYTES)
+            if data is not None:
+                return data
         rows = self._transaction(_fetch, self.sql["asset_chunk"], (digest, n), write=False)
         return bytes(rows[0][0]) if rows else b""
 
@@ -341,6 +359,9 @@ class AssetStore:
         return gone
 
     def _unlink(self, gone: Iterable[tuple[str, int]]) -> None:
+        gone = list(gone)
+        if self.asset_bucket is not None:
+            self.asset_bucket.delete(digest for digest, _size in gone)
         if self.assets_dir is not None:
             for digest, _size in gone:
                 self._path(digest).unlink(missing_ok=True)

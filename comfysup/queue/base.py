@@ -19,6 +19,10 @@ The contract (tested once in tests/queue_contract.py and run against every backe
   so affinity delays a job by at most ``max_wait_seconds`` (plus the wait for the next claim, which strict
   order has too) beyond what strict order would have made it wait (bench/affinity.py measures it).
 - ``complete_and_claim`` records done and claims the next job in one transaction (one fsync per job).
+- Posted (issue 32): a running job whose prompt waits in its server's queue behind another
+  (``record_prompt(..., waiting=True)``, or ``set_waiting``) is shown as ``posted`` (``status`` counts,
+  ``states``, ``JobRecord.shown_state``) until its execution starts (``set_waiting(claim, False)``, or
+  ``complete(..., started=claim)`` in the transaction of the job ahead of it); a claim starts it afresh.
 - Each distinct workflow text is stored once, addressed by its hash; a job keeps its ``set``
   (``params``) and ``extra_data``, and ``Claim.workflow`` / ``JobRecord.workflow`` are rebuilt from both
   (comfysup.workflows.apply_params) exactly as submit applied them.
@@ -54,8 +58,7 @@ The contract (tested once in tests/queue_contract.py and run against every backe
 from __future__ import annotations
 
 import os
-import socket
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from enum import StrEnum
 from typing import Any, Protocol
 
@@ -73,6 +76,7 @@ from comfysup.queue.values import (  # noqa: F401  (re-exported: the protocol's 
     NewAsset,
     NewJob,
     Output,
+    Preview,
     PruneBatch,
     RunningJob,
     Status,
@@ -83,9 +87,13 @@ from comfysup.queue.values import (  # noqa: F401  (re-exported: the protocol's 
 class State(StrEnum):
     """Every state a job or an attempt can be in: a job is queued, running, or ended (done, dead, cancelled);
     an attempt ends with one of those or with what put its job back (retry, released, lease expired).
-    A StrEnum, so each member is the text stored in the database and compares equal to it."""
+    A StrEnum, so each member is the text stored in the database and compares equal to it; ``posted`` is the one
+    that is only shown, never stored (see ``JobRecord.shown_state``)."""
 
     QUEUED = "queued"
+    POSTED = "posted"
+    """Shown, not stored (issue 32): a running job (claimed, leased, fenced as any) that waits for its server,
+    posted behind the prompt that runs there ([runner] queue_ahead), until its execution starts."""
     RUNNING = "running"
     DONE = "done"
     DEAD = "dead"
@@ -97,11 +105,13 @@ class State(StrEnum):
 
 
 QUEUED, RUNNING, DONE, DEAD, CANCELLED = State.QUEUED, State.RUNNING, State.DONE, State.DEAD, State.CANCELLED
+POSTED = State.POSTED
 RETRY, RELEASED, RELEASED_UNCOUNTED, LEASE_EXPIRED = (State.RETRY, State.RELEASED, State.RELEASED_UNCOUNTED,
                                                       State.LEASE_EXPIRED)
 TERMINAL = frozenset({DONE, DEAD, CANCELLED})
-STATES = (QUEUED, RUNNING, DONE, DEAD, CANCELLED)
-"""A job's states, in the order status shows them."""
+STATES = (QUEUED, POSTED, RUNNING, DONE, DEAD, CANCELLED)
+"""A job's states as people see them, in the order status shows them (a posted job is counted as posted, not
+running: the running ones execute, at most one a server)."""
 
 
 class SubmitConflict(QueueError):
@@ -123,6 +133,8 @@ def host_name() -> str:
     two machines (the two-machine tests), and a container's random host name can be replaced by one that
     means something to people. A ``/`` would break the owner token, so it is replaced.
     """
+    import socket  # here: every command imports this module, few ask the host name (socket is 5-15 ms)
+
     return (os.environ.get(HOSTNAME_VARIABLE) or socket.gethostname()).replace("/", "-")
 
 
@@ -157,8 +169,16 @@ class Queue(Protocol):
         """Renew the lease; returns whether a cancel was requested. Raises LeaseLost."""
         ...
 
-    def record_prompt(self, claim: Claim, server: str, prompt_number: int, url: str | None = None) -> None:
-        """The prompt the claim's job runs as on ``server`` (at ``url``), fenced (raises LeaseLost)."""
+    def record_prompt(self, claim: Claim, server: str, prompt_number: int, url: str | None = None, *,
+                      waiting: bool = False) -> None:
+        """The prompt the claim's job runs as on ``server`` (at ``url``), fenced (raises LeaseLost). ``waiting``:
+        it was posted behind another prompt that runs there ([runner] queue_ahead), so the job is shown as
+        posted until ``set_waiting(claim, False)`` or ``complete(..., started=claim)`` says it executes."""
+        ...
+
+    def set_waiting(self, claim: Claim, waiting: bool) -> None:
+        """The claim's job waits for its server (claimed ahead), or no longer does (its execution started);
+        fenced (raises LeaseLost)."""
         ...
 
     def attempt_urls(self, job_id: str, other_than: Claim | None = None) -> list[tuple[str, int | None]]:
@@ -173,7 +193,10 @@ class Queue(Protocol):
         ...
 
     def complete(self, claim: Claim, outputs: Sequence[Output], now: float | None = None, *,
-                 trace: dict[str, Any] | None = None) -> None: ...
+                 trace: dict[str, Any] | None = None, started: Claim | None = None) -> None:
+        """Record done (fenced). ``started``: the job queued behind this one, whose execution_start was read
+        before this end; in the same transaction it stops waiting (nothing if its claim no longer holds)."""
+        ...
 
     def retry_later(self, claim: Claim, run_after: float, reason: str, now: float | None = None, *,
                     kind: str | None = None, trace: dict[str, Any] | None = None) -> None: ...
@@ -213,8 +236,27 @@ class Queue(Protocol):
 
     def status(self, now: float | None = None, dead_limit: int = 5, done_limit: int = 0) -> Status: ...
 
+    def queue_position(self, job_id: str) -> int | None:
+        """A waiting job's place in line, 1 first: a posted job's among those posted to its server before it, a
+        queued job's behind every posted job and the ready queued jobs claimed before it that a server able to
+        run it could run; None for a job that executes, has ended, or is unknown."""
+        ...
+
     def states(self, ids: Sequence[str]) -> dict[str, str]:
-        """id -> state, without reading workflows (what ``submit --wait`` polls); unknown ids are left out."""
+        """id -> state as shown (``posted`` for a running job that waits in its server's queue), without reading
+        workflows (what ``submit --wait`` polls); unknown ids are left out."""
+        ...
+
+    def output_asset(self, asset_id: str) -> tuple[JobRecord, int] | None:
+        """The done job whose output has this asset id (Output.id), and the output's place in its list."""
+        ...
+
+    def set_preview(self, claim: Claim, node_id: str | None, content_type: str, data: bytes) -> None:
+        """The running job's latest preview image, replacing the one before (fenced; not durable)."""
+        ...
+
+    def previews(self, ids: Sequence[str], known: Mapping[str, int]) -> dict[str, Preview]:
+        """The latest previews of ``ids`` whose number moved from ``known`` (the API's event watcher)."""
         ...
 
     def pulses(self, ids: Sequence[str]) -> dict[str, JobPulse]:

@@ -23,8 +23,10 @@ import contextlib
 import json
 import threading
 import time
+import uuid
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from typing import Any, TypeVar
 
 from comfysup.errors import LeaseLost, QueueError
@@ -48,6 +50,7 @@ from comfysup.queue.base import (
 )
 from comfysup.queue.endpoints import ApiEndpoints
 from comfysup.queue.fleet import Fleet
+from comfysup.queue.previews import Previews
 from comfysup.queue.queries import load, read
 from comfysup.queue.reads import SQLReads, fetch
 from comfysup.queue.specs import SpecCache
@@ -56,7 +59,7 @@ from comfysup.workflows import apply_params
 T = TypeVar("T")
 
 
-class SQLQueue(SQLReads, AssetStore, ApiEndpoints, Fleet):
+class SQLQueue(SQLReads, AssetStore, ApiEndpoints, Fleet, Previews):
     """The Queue contract over SQL; subclasses give the dialect (see the module docstring)."""
 
     DIALECT = ""
@@ -239,9 +242,11 @@ class SQLQueue(SQLReads, AssetStore, ApiEndpoints, Fleet):
 
     def _end(self, cur: Any, claim: Claim, job_sql: str, job_args: Sequence[Any], at: float | None, outcome: str,
              reason: str | None, kind: str | None, trace: dict[str, Any] | None) -> Any:
-        """A fenced write that ends the claim's attempt with its outcome, reason class and trace."""
-        return self._held(cur, claim, job_sql, job_args, self.sql["end_attempt"],
-                          (at, outcome, reason, kind, records.dumps(trace), claim.id, claim.attempt, claim.owner))
+        """A fenced write that ends the claim's attempt with its outcome, reason class and trace (its preview goes)."""
+        row = self._held(cur, claim, job_sql, job_args, self.sql["end_attempt"],
+                         (at, outcome, reason, kind, records.dumps(trace), claim.id, claim.attempt, claim.owner))
+        cur.execute(self.sql["forget_preview"], (claim.id,))
+        return row
 
     def _deliver(self, cur: Any, job_id: str, at: float | None) -> None:
         """A terminal job's webhook, in the transaction that made it terminal: due at once."""
@@ -265,12 +270,23 @@ class SQLQueue(SQLReads, AssetStore, ApiEndpoints, Fleet):
                          (self._time(now), lease_seconds, claim.id, claim.attempt, claim.owner))
         return bool(row[0])
 
-    def record_prompt(self, claim: Claim, server: str, prompt_number: int, url: str | None = None) -> None:
-        self._transaction(self._record_prompt, claim, server, prompt_number, url, durable=False)
+    def record_prompt(self, claim: Claim, server: str, prompt_number: int, url: str | None = None, *,
+                      waiting: bool = False) -> None:
+        self._transaction(self._record_prompt, claim, server, prompt_number, url, waiting, durable=False)
 
-    def _record_prompt(self, cur: Any, claim: Claim, server: str, prompt_number: int, url: str | None) -> None:
-        self._held(cur, claim, self.sql["record_prompt"], (server, prompt_number, claim.id, claim.attempt, claim.owner),
+    def _record_prompt(self, cur: Any, claim: Claim, server: str, prompt_number: int, url: str | None,
+                       waiting: bool) -> None:
+        self._held(cur, claim, self.sql["record_prompt"],
+                   (server, prompt_number, waiting, self._time(None), claim.id, claim.attempt, claim.owner),
                    self.sql["attempt_prompt"], (prompt_number, server, url, claim.id, claim.attempt, claim.owner))
+
+    def set_waiting(self, claim: Claim, waiting: bool) -> None:
+        # Not durable, as record_prompt: what is lost in a power cut is only how the job is shown.
+        self._transaction(self._set_waiting, claim, waiting, durable=False)
+
+    def _set_waiting(self, cur: Any, claim: Claim, waiting: bool) -> None:
+        self._held(cur, claim, self.sql["set_waiting"], (waiting, self._time(None), claim.id, claim.attempt,
+                                                         claim.owner))
 
     def attempt_urls(self, job_id: str, other_than: Claim | None = None) -> list[tuple[str, int | None]]:
         mine = (other_than.attempt, other_than.owner) if other_than is not None else (0, "")
@@ -279,19 +295,24 @@ class SQLQueue(SQLReads, AssetStore, ApiEndpoints, Fleet):
         return [(str(url), None if number is None else int(number)) for url, number in rows]
 
     def complete(self, claim: Claim, outputs: Sequence[Output], now: float | None = None, *,
-                 trace: dict[str, Any] | None = None) -> None:
-        self._transaction(self._complete_now, claim, outputs, now, trace)
+                 trace: dict[str, Any] | None = None, started: Claim | None = None) -> None:
+        self._transaction(self._complete_now, claim, outputs, now, trace, started)
 
     def _complete_now(self, cur: Any, claim: Claim, outputs: Sequence[Output], now: float | None,
-                      trace: dict[str, Any] | None) -> None:
+                      trace: dict[str, Any] | None, started: Claim | None) -> None:
         self._complete(cur, claim, outputs, self._time(now), trace)
+        if started is not None:  # the job queued behind this one executes: one statement more, no transaction
+            cur.execute(self.sql["executing"], (started.id, started.attempt, started.owner))
 
     def _complete(self, cur: Any, claim: Claim, outputs: Sequence[Output], at: float | None,
                   trace: dict[str, Any] | None) -> None:
+        outputs = [o if o.id else replace(o, id=str(uuid.uuid4())) for o in outputs]  # outputs are assets
         files = json.dumps([o.__dict__ for o in outputs], separators=(",", ":"))
         self._end(cur, claim, self.sql["complete"],
                   (files, at, owner_host(claim.owner), claim.id, claim.attempt, claim.owner), at, DONE, None, None,
                   trace)
+        cur.execute(self.sql["forget_output_assets"], (claim.id,))
+        cur.executemany(self.sql["add_output_asset"], [(o.id, claim.id) for o in outputs])
         self._deliver(cur, claim.id, at)
 
     def retry_later(self, claim: Claim, run_after: float, reason: str, now: float | None = None, *,

@@ -8,7 +8,6 @@ sql/queries.sql.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Sequence
 from typing import Any
@@ -46,6 +45,8 @@ class Fleet:
         """Store a server's /object_info once per distinct text and say that (runner, machine) has it now; its
         id is what the runner's claims pass as ``catalogue``."""
         text = canonical(info)
+        import hashlib  # here: only a runner records a catalogue, and every command imports this module
+
         digest = hashlib.sha256(text.encode()).hexdigest()
         return self._transaction(self._record_catalogue, runner, machine, text, digest, now, durable=False)
 

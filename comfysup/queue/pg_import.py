@@ -89,6 +89,7 @@ class ImportRecords:
                      a.prompt_number, a.kind, dumps(a.trace)) for r in fresh if with_attempts for a in r.attempts]
             if rows:
                 cur.executemany(SQL["import_attempt"], rows)
+            cur.executemany(SQL["add_output_asset"], [(o.id, r.id) for r in fresh for o in r.outputs if o.id])
             result.assets = self._import_inputs(cur, fresh, source_file)
             result.inserted = [r.id for r in fresh]
             result.attempts = len(rows)

@@ -45,7 +45,7 @@ from comfysup.queue.reads import fetch
 from comfysup.queue.specs import SpecCache, dumps_plain
 from comfysup.workflows import apply_params, model_key
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 11
 CHANNEL = "comfysup_jobs"
 MIGRATION_LOCK = 0x636F6D6679737570  # "comfysup": one advisory lock key for schema changes
 CONNECT_TIMEOUT_SECONDS = 5
@@ -178,7 +178,8 @@ class PostgresQueue(ImportRecords, SQLQueue):
                      named: bool = False, busy_seconds: float | None = None) -> T:
         """Run ``fn(cur, *args)`` in one transaction and commit it (reads too: one snapshot). A stale connection
         is replaced and ``fn`` retried once when the failure came before COMMIT (the server then rolled it
-        back). ``named``: rows are dicts by column name. ``busy_seconds`` is SQLite's (a whole-database write
+        back). ``durable=False``: the commit does not wait for the WAL's flush (sql/postgres.sql not_durable).
+        ``named``: rows are dicts by column name. ``busy_seconds`` is SQLite's (a whole-database write
         lock); rows here are locked one by one, and lock_timeout bounds every wait."""
         with self._lock:
             for retry in (False, True):
@@ -186,6 +187,8 @@ class PostgresQueue(ImportRecords, SQLQueue):
                 committing = False
                 try:
                     with conn.cursor(row_factory=dict_row if named else tuple_row) as cur:
+                        if not durable:  # as SQLite's durable=False: a renewal, a prompt number, progress
+                            cur.execute(SQL["not_durable"])
                         result = fn(cur, *args)
                     committing = True
                     conn.commit()
@@ -389,7 +392,9 @@ class PostgresQueue(ImportRecords, SQLQueue):
     def _claim(self, cur: psycopg.Cursor[Any], owner: str, server: str, lease_seconds: float, now: float | None,
                prefer_model: str | None, max_wait_seconds: float, catalogue: int | None = None,
                url: str | None = None) -> tuple[Any, ...] | None:
-        """Expired leases go back to the queue, then the next ready job is taken in one statement."""
+        """Expired leases go back to the queue, then the next ready job is taken in one statement (planned as
+        claim_plan says)."""
+        cur.execute(SQL["claim_plan"])
         cur.execute(SQL["expire"], (now, now))
         affinity = bool(prefer_model) and max_wait_seconds > 0
         row = cur.execute(

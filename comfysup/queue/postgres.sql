@@ -213,3 +213,24 @@ CREATE TABLE api_endpoints (
     started_at   double precision NOT NULL,
     heartbeat_at double precision NOT NULL
 );
+
+-- name: v10
+-- (issue 32) A running job that waits for its server, posted behind the prompt that runs there (see schema.sql's
+-- v14).
+ALTER TABLE jobs ADD COLUMN waiting_since double precision;
+
+-- name: v11
+-- (issue 31) Each output's asset UUID, found by GET /api/v2/assets/{id} and core/ASSET (see schema.sql's v15).
+CREATE TABLE output_assets (
+    id     text PRIMARY KEY,
+    job_id text NOT NULL
+);
+CREATE INDEX output_assets_by_job ON output_assets (job_id);
+-- The latest preview image of each running job (see schema.sql's v15).
+CREATE TABLE job_previews (
+    job_id       text    PRIMARY KEY,
+    n            integer NOT NULL,
+    node_id      text,
+    content_type text    NOT NULL,
+    data         bytea   NOT NULL
+);

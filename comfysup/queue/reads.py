@@ -9,7 +9,18 @@ from typing import Any, TypeVar
 
 from comfysup.errors import NotFound
 from comfysup.queue import records
-from comfysup.queue.base import QUEUED, STATES, Delivery, EndedAttempt, JobPulse, JobRecord, Machine, Status
+from comfysup.queue.base import (
+    POSTED,
+    QUEUED,
+    RUNNING,
+    STATES,
+    Delivery,
+    EndedAttempt,
+    JobPulse,
+    JobRecord,
+    Machine,
+    Status,
+)
 
 T = TypeVar("T")
 PAGE = 500
@@ -60,6 +71,15 @@ class SQLReads:
         if not rows:
             raise NotFound(f"no job with id {job_id} in {self.where}")
         return rows[0]
+
+    def output_asset(self, asset_id: str) -> tuple[JobRecord, int] | None:
+        """The done job whose output has this asset id, and the output's place in its list; None when none has."""
+        rows = self._transaction(fetch, self.sql["output_asset_job"], (asset_id,), write=False)
+        records = self.get_many([rows[0][0]]) if rows else []
+        if not records or records[0].state != "done":
+            return None
+        index = next((i for i, o in enumerate(records[0].outputs) if o.id == asset_id), None)
+        return None if index is None else (records[0], index)
 
     def get_many(self, ids: Sequence[str]) -> list[JobRecord]:
         ids = list(ids)
@@ -124,6 +144,7 @@ class SQLReads:
         waiting = cur.execute(sql["waiting"], (self._time(now),)).fetchone()["n"]
         counts["waiting"] = waiting
         counts[QUEUED] -= waiting
+        counts[RUNNING] -= counts[POSTED]  # counted among running by the query: shown apart
         oldest = cur.execute(sql["oldest_queued"]).fetchone()
         running = [records.running_job(r) for r in cur.execute(sql["running"]).fetchall()]
         dead = [(r["id"], r["finished_at"], r["reason"]) for r in cur.execute(sql["recent_dead"], (dead_limit,))]
@@ -131,6 +152,31 @@ class SQLReads:
                 ] if done_limit else []
         return Status(counts=counts, oldest_queued_at=oldest["submitted_at"] if oldest else None, running=running,
                       recent_dead=dead, recent_done=done)
+
+    def queue_position(self, job_id: str) -> int | None:
+        """Where a job that waits is in line, 1 first (None: it runs, has ended, or is unknown): a job posted to a
+        server waits behind the ones posted there before it; a queued job behind every posted job and the ready
+        queued jobs a claim takes first (priority, then submission), of those only the ones a server that can run
+        it could run instead when some catalogue refused it. Counted in the index: O(its place), not O(queue)."""
+        return self._transaction(self._queue_position, job_id, write=False, named=True)
+
+    def _queue_position(self, cur: Any, job_id: str) -> int | None:
+        sql = self.sql
+        job = cur.execute(sql["place_of"], (job_id,)).fetchone()
+        if job is None or job["state"] not in (QUEUED, RUNNING):
+            return None
+        if job["state"] == RUNNING:
+            since = job["waiting_since"]
+            if since is None:
+                return None  # it executes (or is being posted, downloaded): not waiting
+            return 1 + cur.execute(sql["posted_ahead"], (job["owner"], since, since, job["seq"])).fetchone()["n"]
+        at, priority, seq = self._time(None), job["priority"], job["seq"]
+        posted = cur.execute(sql["posted_count"]).fetchone()["n"]
+        if job["refused"]:
+            ahead = cur.execute(sql["queued_ahead_able"], (priority, at, seq, priority, seq, at, seq)).fetchone()["n"]
+        else:
+            ahead = cur.execute(sql["queued_ahead"], (priority, at, priority, seq, at)).fetchone()["n"]
+        return 1 + posted + ahead
 
     def states(self, ids: Sequence[str]) -> dict[str, str]:
         ids = list(ids)

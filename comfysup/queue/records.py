@@ -36,7 +36,7 @@ def job_record(row: Row, attempts: list[Attempt]) -> JobRecord:
         cancel_requested=bool(row["cancel_requested"]), attempts=attempts, machine=row["machine"],
         spec_hash=row["spec_hash"], last_server=row["last_server"], last_prompt_number=row["last_prompt_number"],
         progress=loads(row["progress"]), callback_url=row["callback_url"], model_key=row["model_key"],
-        template=template)
+        template=template, waiting_since=row["waiting_since"])
 
 
 def attempt(row: Row) -> Attempt:
@@ -47,14 +47,17 @@ def attempt(row: Row) -> Attempt:
 
 def running_job(row: Row) -> RunningJob:
     return RunningJob(id=row["id"], owner=row["owner"], server=row["server"], attempt=row["attempt"],
-                      started_at=row["started_at"], lease_until=row["lease_until"], progress=loads(row["progress"]))
+                      started_at=row["started_at"], lease_until=row["lease_until"], progress=loads(row["progress"]),
+                      waiting_since=row["waiting_since"])
 
 
 def ended_attempt(row: Row) -> EndedAttempt:
     return EndedAttempt(job_id=row["job_id"], attempt=row["attempt"], outcome=row["outcome"], kind=row["kind"],
                         started_at=row["started_at"], ended_at=row["ended_at"], nodes_run=row["nodes_run"],
                         nodes_cached=row["nodes_cached"], workflow_name=row["workflow_name"],
-                        submitted_at=row["submitted_at"], first_started_at=row["first_started_at"])
+                        submitted_at=row["submitted_at"], first_started_at=row["first_started_at"],
+                        comfyui_wait_s=row["comfyui_wait_s"], run_s=row["run_s"],
+                        first_comfyui_wait_s=row["first_comfyui_wait_s"])
 
 
 def delivery(row: Row, next_at: Any = ...) -> Delivery:
@@ -71,4 +74,5 @@ def machine(row: Row) -> Machine:
 
 def pulse(row: Row) -> JobPulse:
     return JobPulse(id=row["id"], state=row["state"], attempt=row["attempt"],
-                    cancel_requested=bool(row["cancel_requested"]), progress=loads(row["progress"]))
+                    cancel_requested=bool(row["cancel_requested"]), progress=loads(row["progress"]),
+                    waiting_since=row["waiting_since"])

@@ -280,3 +280,31 @@ CREATE TABLE api_endpoints (
     started_at   REAL    NOT NULL,
     heartbeat_at REAL    NOT NULL
 ) WITHOUT ROWID;
+
+-- name: v14
+-- (issue 32) A running job that waits for its server: claimed ahead ([runner] queue_ahead) and posted behind the
+-- prompt that runs there, waiting in ComfyUI's queue, since when. status, the page, /metrics, submit --wait and
+-- the API show it as posted, not running; NULL once its execution starts (its execution_start was read), and
+-- reset by each claim. No index: it is read only of running rows, which jobs_state finds.
+ALTER TABLE jobs ADD COLUMN waiting_since REAL;
+
+-- name: v15
+-- (issue 31) Outputs are assets: each output of a done job has an asset UUID (the ``id`` in its entry of
+-- jobs.outputs, given by the transaction that ends the job done), found here by GET /api/v2/assets/{id} and by
+-- a later job's core/ASSET reference. Jobs done before v15 keep their outputs' ``<job id>.<n>`` ids (no row).
+-- A job done again (a person's retry) replaces its rows; prune removes them with the job.
+CREATE TABLE output_assets (
+    id     TEXT PRIMARY KEY,
+    job_id TEXT NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX output_assets_by_job ON output_assets (job_id);
+-- The latest preview image of each running job (the API's SSE preview events): one row a job, replaced at most
+-- every [runner] preview_seconds by its runner (n counts the replacements: a reader fetches the image only when
+-- n moved), removed when the attempt ends.
+CREATE TABLE job_previews (
+    job_id       TEXT    PRIMARY KEY,
+    n            INTEGER NOT NULL,
+    node_id      TEXT,
+    content_type TEXT    NOT NULL,
+    data         BLOB    NOT NULL
+) WITHOUT ROWID;

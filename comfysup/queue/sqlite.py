@@ -44,7 +44,7 @@ from comfysup.queue.specs import SpecCache
 from comfysup.queue.sqlite_file import BackgroundCheckpoint, FileCheck, refuse_network_filesystem, statements
 from comfysup.workflows import content_hash
 
-SCHEMA_VERSION = 13
+SCHEMA_VERSION = 15
 BUSY_FIRST_STEP_SECONDS = 0.0002
 BUSY_STEP_SECONDS = 0.002
 """How a write waits for the lock another process holds: 0.2 ms, doubling to 2 ms a try (see ``_begin``)."""

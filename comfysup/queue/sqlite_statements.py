@@ -116,5 +116,7 @@ def prune(conn: sqlite3.Connection, finished_before: float, limit: int) -> Prune
     conn.execute(SQL["prune_attempts"], (ids,))
     conn.execute(SQL["prune_deliveries"], (ids,))
     conn.execute(SQL["prune_announcements"], (ids,))
+    conn.execute(SQL["prune_output_assets"], (ids,))
+    conn.execute(SQL["prune_previews"], (ids,))
     gone = sum(conn.execute(SQL["prune_workflow"], (w, w)).rowcount for w in used)
     return PruneBatch(removed=[(r[1], r[2]) for r in rows], workflows_removed=gone)

@@ -82,6 +82,9 @@ class Claim:
     cancel_requested: bool = False
     model_key: str | None = None
     """What the job's loader nodes load: a runner passes it to its next claim as ``prefer_model``."""
+    waiting: bool = False
+    """Marked waiting for its server by the runner that claimed it ahead (``Queue.set_waiting``): its attempt says
+    when that ends (a claim from the queue is never waiting)."""
 
 
 @dataclass
@@ -105,6 +108,19 @@ class Output:
     sha256: str
     path: str = ""
     node_id: str = ""
+    id: str = ""
+    """Its asset UUID (the Comfy API v2's output ``id``), given by the queue when the job is done; "" for a record
+    of an earlier version, whose API id is ``<job id>.<n>``."""
+
+
+@dataclass(frozen=True)
+class Preview:
+    """A running job's latest preview image (comfysup.queue.previews): ``n`` counts its replacements."""
+
+    n: int
+    node_id: str | None
+    content_type: str
+    data: bytes
 
 
 @dataclass(frozen=True)
@@ -156,6 +172,13 @@ class JobRecord:
     model_key: str | None = None
     template: dict[str, Any] | None = None
     """The stored workflow before ``params`` (shared by every job of a batch); what a migration copies."""
+    waiting_since: float | None = None
+    """A running job that waits in its server's queue (posted behind the prompt that runs there): since when."""
+
+    @property
+    def shown_state(self) -> str:
+        """The state as people see it: ``posted`` for a running job that waits in its server's queue."""
+        return "posted" if self.state == "running" and self.waiting_since is not None else self.state
 
 
 @dataclass(frozen=True)
@@ -167,10 +190,14 @@ class JobPulse:
     attempt: int
     cancel_requested: bool
     progress: dict[str, Any] | None
+    waiting_since: float | None = None
+    """Running, but waiting in its server's queue (posted): since when."""
 
 
 @dataclass(frozen=True)
 class RunningJob:
+    """A running job; with ``waiting_since``, one that waits in its server's queue (shown as posted)."""
+
     id: str
     owner: str
     server: str
@@ -178,14 +205,21 @@ class RunningJob:
     started_at: float
     lease_until: float
     progress: dict[str, Any] | None = None
+    waiting_since: float | None = None
+
+    @property
+    def posted(self) -> bool:
+        return self.waiting_since is not None
 
 
 @dataclass(frozen=True)
 class Status:
     counts: dict[str, int]
-    """By state, with ``waiting`` (queued, waiting to retry) split out of ``queued``."""
+    """By state, with ``waiting`` (queued, waiting to retry) split out of ``queued`` and ``posted`` (running, waiting
+    in a server's queue) out of ``running``."""
     oldest_queued_at: float | None
     running: list[RunningJob]
+    """The running jobs, the posted ones among them (``RunningJob.posted``)."""
     recent_dead: list[tuple[str, float, str]]
     """(id, finished_at, reason), newest first."""
     recent_done: list[tuple[str, float]] = field(default_factory=list)
@@ -213,6 +247,13 @@ class EndedAttempt:
     submitted_at: float
     first_started_at: float
     """When the job's first attempt started: queue wait is this minus ``submitted_at``."""
+    comfyui_wait_s: float | None = None
+    """Seconds the attempt's prompt waited in ComfyUI's queue (behind the prompt ahead of it); None: no trace."""
+    run_s: float | None = None
+    """Seconds of the attempt that were not that wait (comfysup.runner.trace.figures); None: no trace."""
+    first_comfyui_wait_s: float | None = None
+    """Of a job's last attempt (one that ended it): the seconds its first attempt waited in ComfyUI's queue, which
+    the job's metrics count as queueing, not as its duration."""
 
 
 @dataclass(frozen=True)

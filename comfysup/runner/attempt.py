@@ -41,7 +41,7 @@ from comfysup.comfy import ComfyError, MalformedAnswer, PermanentError, ServerUn
 from comfysup.comfy.history import unlisted_savers
 from comfysup.errors import LeaseLost, QueueError
 from comfysup.queue.base import Claim, Output, Queue
-from comfysup.runner import download, follow
+from comfysup.runner import download, follow, memory
 from comfysup.runner import outputs as job_outputs
 from comfysup.runner.catchup import catch_up
 from comfysup.runner.follow import HISTORY_AFTER_SUCCESS_SECONDS
@@ -66,6 +66,8 @@ ALARM_SLACK_SECONDS = 1.0
 """The job's deadline is checked at every wake-up of the follow loop, which interrupts the prompt then; the
 alarm (comfysup.comfy.deadline) falls this much later, for what no wake-up reaches: a read that blocks, a
 download that trickles."""
+ERROR_CHARS = {"message": 2000, "traceback": 8000}
+"""What of ComfyUI's exception message and traceback an attempt's trace keeps (other fields: 200 characters)."""
 PROGRESS_WRITE_SECONDS = 1.0
 """At most one progress write per second: a sampler's steps come faster than a queue row should change."""
 
@@ -99,6 +101,8 @@ class Attempt:
         self.posted_in = posted if posted is not None and posted.claim_id == claim.id else None
         self.replay = list(self.posted_in.events) if self.posted_in is not None else []
         """Messages of this job's prompt read by the attempt that queued it: handled before the socket's."""
+        self.waiting = claim.waiting or (self.posted_in is not None and self.posted_in.waiting)
+        """The queue shows the job as posted (waiting for its server) until this attempt says it executes."""
         self.redact = redactor_of(claim)
         self.deadline = self.clock() + self.s.timeout_seconds
         self.heartbeat = Heartbeat(self.s.heartbeat_seconds, self.clock() + self.s.heartbeat_seconds)
@@ -112,12 +116,16 @@ class Attempt:
         self.progress_written_at = self.clock()
         """The first progress is written a second into the attempt: a job that ends sooner costs no write for it
         (its trace, recorded with its end, has the whole of it)."""
+        self.preview_written_at = float("-inf")
+        """When the last preview was written ([runner] preview_seconds apart)."""
         self.run_over = False
         """This job's run has ended on its server (its history entry was read): a job behind it may run now."""
         self.live: Run | None = None
         """The prompt of this job known to be on a server (posted or followed), to stop if the queue goes."""
         self.timeout_due: deadline.Due | None = None
         """The alarm of the job's timeout, while the steps run under it."""
+        self.oom_retried = False
+        """The job was posted once more on this server after an out-of-memory error (comfysup.runner.memory)."""
 
     def run(self) -> AttemptResult:
         """Run the attempt (once) and record its outcome; LeaseLost at any point means: stop, write nothing."""
@@ -160,6 +168,10 @@ class Attempt:
         """The outcome, its reason class and the attempt's trace, in one fenced write."""
         self.trace.phase("recorded", self.ctx.wall())
         trace = self.trace.as_dict()
+        if "error" in trace:  # ComfyUI's text, as the reason: redacted first, then cut
+            error = trace["error"]
+            trace["error"] = {k: self.redact(v, ERROR_CHARS.get(k, 200)) if isinstance(v, str) else v
+                              for k, v in error.items()}
         early = self.early
         if o.state == "done":
             more = early.next_job(self.claim, o) if early.next_job is not None and early.next_claim is None else None
@@ -169,7 +181,10 @@ class Attempt:
                     prefer_model=more.prefer_model, max_wait_seconds=more.max_wait_seconds,
                     catalogue=more.catalogue, url=self.s.url)
             else:
-                self.queue.complete(self.claim, o.outputs, trace=trace)
+                started = early.started_behind()  # the job queued behind this one executes: said in this end
+                self.queue.complete(self.claim, o.outputs, trace=trace, started=started)
+                if started is not None:
+                    early.start_recorded()
         elif o.state == "retry":
             self.queue.retry_later(self.claim, time.time() + o.delay_seconds, o.reason, kind=o.kind, trace=trace)
         elif o.state == "dead":
@@ -180,7 +195,14 @@ class Attempt:
             self.queue.release(self.claim, o.reason, count_attempt=False, kind=o.kind, trace=trace)
 
     def _write_progress(self) -> None:
-        """The live progress, when it moved and a second has passed since the last write (fenced)."""
+        """The live progress, when it moved and a second has passed since the last write (fenced); the newest
+        preview, at most every [runner] preview_seconds (fenced, not durable)."""
+        run = self.live
+        if run is not None and run.preview is not None and \
+                self.clock() - self.preview_written_at >= self.s.preview_seconds:
+            (node, content_type, image), run.preview = run.preview, None
+            self.preview_written_at = self.clock()
+            self.queue.set_preview(self.claim, node, content_type, image)
         if not self.trace.changed or self.clock() - self.progress_written_at < PROGRESS_WRITE_SECONDS:
             return
         progress = self.trace.progress()
@@ -217,7 +239,8 @@ class Attempt:
             if followed:  # still in a server's queue: where, and its number, recorded before anything else
                 assert run is not None and run.number is not None
                 self.live = run
-                self.queue.record_prompt(self.claim, run.server, run.number, run.client.url)
+                self.queue.record_prompt(self.claim, run.server, run.number, run.client.url, waiting=not run.started)
+                self.waiting = not run.started  # still pending in that server's queue: shown posted until it runs
             if self.cancel_requested:
                 self._interrupt(run)
                 return Outcome("cancelled", "cancelled by user", kind="cancelled")
@@ -225,7 +248,9 @@ class Attempt:
                 if self.claim.attempt > self.s.policy.attempts:
                     return Outcome("dead", gave_up(self.claim.attempt - 1, self.claim.last_reason), kind="gave_up")
                 run = self._post()
-            entry = self._follow(run)
+            run, entry = self._follow_recovering(run)
+            if self.waiting:  # over (adopted, or its start was not read): no longer waiting for its server
+                self._executes()
             self.run_over = True
             if self.early.may_queue_behind_next(run):
                 self.early.queue_behind_next(run)
@@ -241,10 +266,36 @@ class Attempt:
         except Stop as stop:
             return stop.outcome
         except ComfyError as exc:
+            memory.device_lost(exc.kind, exc.reason, self.s.server, self.station.memory)
             return self._failed(Failure(exc.kind, exc.reason, transient=not isinstance(exc, PermanentError)))
         finally:
             if run is not None and run.stream is not None and run.stream is not run.client.stream:
                 run.stream.close()  # a followed run's own socket; the client's kept one stays open
+
+    def _follow_recovering(self, run: Run) -> tuple[Run, dict[str, Any]]:
+        """Follow ``run``; after an out-of-memory error, POST /free and post the job once more on this server, or
+        give it back uncounted (comfysup.runner.memory.after_oom says which, and when neither). Returns the run
+        that succeeded."""
+        try:
+            return run, self._follow(run)
+        except ComfyError as exc:
+            retried = self.oom_retried or (self.claim.last_reason or "").startswith(memory.RELEASED_REASON)
+            action = memory.after_oom(exc.kind, retried, run.client is self.client, self.early.posted_out is not None)
+            if action is None:
+                raise
+            self.oom_retried = True
+            if not memory.free(self.client.free, self.s.server, self.station.memory):
+                raise
+            self.station.memory.count("oom_retries")
+            if action == memory.RELEASE:
+                raise Stop(Outcome("released", f"{memory.RELEASED_REASON} (last: {exc.reason})", kind="oom")) from exc
+            if run.stream is not None and run.stream is not run.client.stream:
+                run.stream.close()
+            log.info("job %s attempt %d on %s: out of memory; POST /free, then posted again on this server "
+                     "(not counted as an attempt)", self.claim.id, self.claim.attempt, self.s.server,
+                     extra={"event": "oom_retry"})
+        again = self._post(again=True)
+        return again, self._follow(again)
 
     def _failed(self, failure: Failure) -> Outcome:
         decision = decide(self.s.policy, self.claim.attempt, failure)
@@ -254,7 +305,9 @@ class Attempt:
 
     # -- 2. post ----------------------------------------------------------------------------------------
 
-    def _post(self) -> Run:
+    def _post(self, again: bool = False) -> Run:
+        """POST the job (``again``: once more in this attempt, after an out-of-memory error: a fresh client id,
+        and the failed run's files out of the job's folder)."""
         if self.posted_in is not None:  # posted by the previous attempt as its own run ended
             posted, self.posted_in = self.posted_in, None
             if posted.error is not None:
@@ -265,8 +318,9 @@ class Attempt:
             return self.live
         # The kept socket, emptied of what earlier prompts left in it; a job posted again gets a new client
         # id, so no message of its earlier run can be read as one of this run.
-        stream = self.client.own_stream(fresh=self.claim.attempt > 1)
-        if self.s.server in self.s.output_dirs and (self.claim.attempt > 1 or self.claim.last_server is not None):
+        stream = self.client.own_stream(fresh=again or self.claim.attempt > 1)
+        if self.s.server in self.s.output_dirs and (again or self.claim.attempt > 1
+                                                     or self.claim.last_server is not None):
             # Leftovers of an earlier run must not mix with this run's files in a later adoption.
             job_outputs.discard(self.s.output_dirs, self.s.server, self.claim.id)
         number = post_prompt(self.ctx, self.claim, stream.client_id)
@@ -274,10 +328,28 @@ class Attempt:
                  extra={"event": "posted"})
         self.trace.phase("posted", self.ctx.wall())
         self.live = Run(self.client, self.s.server, number, stream=stream)
-        self.queue.record_prompt(self.claim, self.s.server, number, self.s.url)
+        self.queue.record_prompt(self.claim, self.s.server, number, self.s.url)  # on a free server: it executes
+        self.waiting = False
         return self.live
 
+    def _executes(self) -> None:
+        """The job's execution started (or its run is over) and the queue still shows it as posted: one fenced
+        write, only when the attempt ahead of it did not record the start with its own end."""
+        self.waiting = False
+        self.queue.set_waiting(self.claim, False)
+
     # -- 3. follow --------------------------------------------------------------------------------------
+
+    def _read_buffered(self, run: Run) -> None:
+        """The history said success before the socket's last messages were read (a poll comes on its own clock):
+        what the socket already holds is read now, without waiting, so the trace closes its last nodes and a
+        message of the job queued behind reaches that job's attempt."""
+        for _ in range(1000):  # bounded: a server may keep sending (previews of the next prompt)
+            if run.stream is None or (message := follow.receive(self.ctx, run, self.replay, 0.0)) is None:
+                return
+            if message.get("type") == "comfysup_reconnected":
+                return
+            follow.on_message(self.ctx, run, message, self.early)
 
     def _follow(self, run: Run) -> dict[str, Any]:
         """Until this run's history entry says success; raises _Stop or ComfyError otherwise."""
@@ -302,6 +374,7 @@ class Attempt:
                                                 "server_died") from exc
                     entry = None
                 if entry is not None:
+                    self._read_buffered(run)
                     return entry
                 next_poll = now + (HISTORY_AFTER_SUCCESS_SECONDS if run.success_seen else self.s.poll_seconds)
             wait = max(0.0, min(next_poll, self.deadline, self.heartbeat.next) - self.clock())
@@ -324,6 +397,8 @@ class Attempt:
                     poll_in = NEXT_START_WAIT_SECONDS  # its start comes next, unless the server lost it
             if poll_in is not None:
                 next_poll = min(next_poll, self.clock() + poll_in)
+            if run.started and self.waiting:  # after the posts above: the server's next job never waits for it
+                self._executes()
             self._write_progress()
 
     def _checkpoints(self, run: Run, now: float) -> None:

@@ -72,6 +72,7 @@ def catch_up(ctx: Context, posted_in: Posted | None) -> tuple[Run | None, bool]:
             continue
         if known is None and status_of(history) != "success":
             continue
+        ctx.trace.from_history(history, ctx.wall())
         judge(history)  # a run that ended in failure: that failure is this attempt's outcome
         log.info("job %s attempt %d on %s: adopting finished prompt #%s from /history",
                  ctx.claim.id, ctx.claim.attempt, server, prompt_number(history), extra={"event": "adopted"})

@@ -21,6 +21,7 @@ from comfysup.queue.base import Output
 from comfysup.runner import outputs as job_outputs
 from comfysup.runner.running import Context, Run
 from comfysup.runner.store import Incomplete, TooLarge, UnsafeName, is_disk_full, safe_relative
+from comfysup.storage import s3
 
 log = logging.getLogger("comfysup.runner")
 
@@ -50,7 +51,8 @@ def download(ctx: Context, run: Run, entry: dict[str, Any], checkpoint: Callable
         left = ctx.s.max_job_bytes - sum(o.size for o in outputs)
         try:
             stored = ctx.station.store.write(ctx.claim.id, relative, chunks(), limit_bytes=left,
-                                             limit_name="what is left of [store] max_job_mb")
+                                             limit_name="what is left of [store] max_job_mb",
+                                             progress=lambda: checkpoint(False))
             outputs.append(replace(stored, node_id=node))  # the node that made it: the API's get_outputs(node)
         except UnsafeName as exc:
             raise PermanentError(str(exc), "unsafe_output") from exc
@@ -60,6 +62,7 @@ def download(ctx: Context, run: Run, entry: dict[str, Any], checkpoint: Callable
             raise ComfyError(str(exc), "download") from exc
         except OSError as exc:  # the store, or (adopted from disk) the server's folder since the scan
             raise _store_failure(exc, relative) from exc
+    ctx.station.store.finish(ctx.claim.id)
     return outputs
 
 def sources(ctx: Context, run: Run, entry: dict[str, Any]) -> list[tuple[str, Callable[[], Iterable[bytes]], str]]:
@@ -93,6 +96,8 @@ def _store_failure(exc: OSError, where: str) -> ComfyError:
     dead with this reason. Never an exception out of the attempt: that crashes the runner, and a job
     whose every attempt crashes its runner would never end while it takes down one runner after another."""
     what = "the result store's disk is full" if is_disk_full(exc) else "cannot write to the result store"
+    if isinstance(exc, s3.Unreachable):  # its message names the object and what the service said
+        return ComfyError(f"cannot store the output in the bucket: {exc.strerror}", "store")
     return ComfyError(f"{what}: {exc.strerror} ({where})", "store")
 
 

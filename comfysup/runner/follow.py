@@ -25,6 +25,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("comfysup.runner")
 READ_ON = "comfysup_read_on"
 """The key of a message kept for the next attempt (``Posted.events``) that names the connection it was read on."""
+READ_AT = "comfysup_read_at"
+"""The key of a message kept for the next attempt that says when it was read (wall clock): its trace times the
+job's execution from there, not from when the message is handed on (after the attempt ahead of it ended)."""
 HISTORY_AFTER_SUCCESS_SECONDS = 0.05
 
 
@@ -73,18 +76,24 @@ def on_message(ctx: Context, run: Run, message: dict[str, Any], early: EarlyJobs
     data = message.get("data") or {}
     if kind == "comfysup_reconnected":
         return 0.0
+    if kind == "preview":  # of the prompt executing now: this run's between its start and its end
+        if run.started and not run.end_seen and data.get("prompt_id") in (None, ctx.claim.id):
+            node = data.get("node_id") or (ctx.trace.current.id if ctx.trace.current is not None else None)
+            run.preview = (node, data["content_type"], data["image"])
+        return None
     if kind == "status":
         remaining = ((data.get("status") or {}).get("exec_info") or {}).get("queue_remaining")
         run.queue_remaining = remaining if isinstance(remaining, int) else None
         return None
     # The connection it was read on: the attempt that posted this job read it (tagged then), or this one now.
     connection = message.pop(READ_ON, None) or (run.stream.connection if run.stream is not None else 0)
+    read_at = message.pop(READ_AT, None) or ctx.wall()
     if data.get("prompt_id") != ctx.claim.id:
         posted = early.posted_out
         if posted is not None and data.get("prompt_id") == posted.claim_id:
             # Queued ahead, it runs now: its attempt gets what was read of it here.
             early.posted_out = replace(posted, started=posted.started or kind == "execution_start",
-                                       events=(*posted.events, {**message, READ_ON: connection}))
+                                       events=(*posted.events, {**message, READ_ON: connection, READ_AT: read_at}))
         return None
     if kind == "execution_start":
         run.started = True
@@ -92,7 +101,7 @@ def on_message(ctx: Context, run: Run, message: dict[str, Any], early: EarlyJobs
         run.outputs.clear()
     if not run.started:
         return None
-    ctx.trace.on_event(kind, data, ctx.wall())
+    ctx.trace.on_event(kind, data, read_at)
     if kind == "execution_start":
         return None
     if kind == "executed" and run.watched_on and data.get("output") is not None:
@@ -155,5 +164,6 @@ def entry_from_socket(ctx: Context, run: Run) -> dict[str, Any]:
 def own_entry(ctx: Context, run: Run) -> dict[str, Any] | None:
     entry = run.client.history(ctx.claim.id, ctx.s.max_files_per_job)
     if entry is not None and (run.number is None or prompt_number(entry) == run.number):
+        ctx.trace.from_history(entry, ctx.wall())  # cached nodes, a failure's node: for the API
         return entry
     return None

@@ -42,11 +42,13 @@ from comfysup.queue.watch import EXIT_DATABASE_REPLACED, QueueWatch
 from comfysup.redact import bound
 from comfysup.runner.attempt import Attempt
 from comfysup.runner.catalogue import ServerCatalogue
+from comfysup.runner.memory import MemoryHooks
+from comfysup.runner.objectstore import result_store
 from comfysup.runner.result import Early, NextClaim, Outcome, Posted
 from comfysup.runner.running import redactor_of
 from comfysup.runner.station import AttemptSettings, Station
-from comfysup.runner.store import ResultStore
 from comfysup.runner.stuck import OutOfService, StuckChannel
+from comfysup.runner.warmup import WarmUp
 
 log = logging.getLogger("comfysup.runner")
 QUEUE_RETRY_SECONDS = 1.0
@@ -90,7 +92,8 @@ class Runner:
                  may_queue_ahead: Callable[[int], bool] = lambda uncounted: True,
                  on_waiting: Callable[[bool], None] = lambda waiting: None,
                  peer_waiting: Callable[[], bool] = lambda: False,
-                 on_problem: Callable[[str], None] = lambda reason: None) -> None:
+                 on_problem: Callable[[str], None] = lambda reason: None,
+                 memory: MemoryHooks | None = None, warmup: WarmUp | None = None) -> None:
         self.config = config
         self.server = server
         bind(slot=server)  # every log line of this runner names its slot
@@ -125,13 +128,16 @@ class Runner:
         """How this runner says that a prompt is stuck in its server (comfysup.runner.stuck)."""
         self.out_of_service = OutOfService()
         """When nobody restarts the server (comfysup work): no claim for it until its queue is empty."""
-        store = ResultStore(config.resolve(config.store.dir), config.store.max_file_mb * 2**20)
+        store = result_store(config)  # a folder, or a bucket staged through it ([store] url)
         self.station = Station(settings_from(config, server, url, peers or {}, output_dirs), self.queue, store,
                                stop_deadline=lambda: self.state.stop_deadline, on_alive=on_alive,
                                stuck=self.stuck if self.stuck.restarts else
-                               StuckChannel(False, self._stuck_here, self.stuck.pending), peer_waiting=peer_waiting)
+                               StuckChannel(False, self._stuck_here, self.stuck.pending), peer_waiting=peer_waiting,
+                               memory=memory)
         self.catalogue = ServerCatalogue(self.queue, self.station.client, server)
         """The server's /object_info, recorded in the queue at start and after the server was seen down."""
+        self.warmup = warmup
+        """The warm-up its supervisor asks of each start of its server (comfysup.runner.warmup), run while idle."""
         self.idle_seconds = min(config.runner.poll_seconds, 0.25)
         self.last_model: str | None = None
         """The model key of what this runner's server ran last (None: unknown, or unloaded since)."""
@@ -169,6 +175,8 @@ class Runner:
                 if claim is not None:  # claimed by the last attempt: at its hand-off, or with its done
                     claim, posted, behind = self.run_one(claim, posted, behind)
                     continue
+                if self.warmup is not None:  # its server is starting, so it may not claim: nothing is held now
+                    self.warmup.step(self.server, self.station.client, self.on_alive, lambda: self.state.stopping)
                 allowed = self.may_claim()
                 if self.watch.lost is not None:
                     break

@@ -121,8 +121,11 @@ class EarlyJobs:
         if nxt is None:
             return
         self._keep(then, nxt, None)
+        waiting = run is not None  # behind a prompt that runs: it waits in the server's queue (shown posted)
         if (nxt.attempt != 1 or nxt.last_server is not None or nxt.cancel_requested or not more.runnable(nxt)
                 or self._ran_here(nxt)):
+            if waiting:  # claimed ahead, posted by its own attempt once this one ends: it waits meanwhile
+                self._mark_waiting(then, nxt)
             return
         try:
             # Queued ahead, the socket carries the running prompt's messages (and, when its attempt began with
@@ -134,16 +137,45 @@ class EarlyJobs:
             number = post_prompt(self.ctx, nxt, stream.client_id)
         except ComfyError as exc:
             self._keep(then, nxt, Posted(nxt.id, claimed_at, self.ctx.wall(), error=exc))
+            if waiting:
+                self._mark_waiting(then, nxt)
             return
-        self._keep(then, nxt, Posted(nxt.id, claimed_at, self.ctx.wall(), number=number))
+        self._keep(then, nxt, Posted(nxt.id, claimed_at, self.ctx.wall(), number=number, waiting=waiting))
         with job_context(nxt.id, nxt.attempt, redactor_of(nxt)):  # its own line
             log.info("job %s attempt %d on %s: POST /prompt 200 (%s)", nxt.id, nxt.attempt, self.ctx.s.server,
                      f"queued behind job {behind}" if run is not None else
                      f"while job {self.ctx.claim.id} is downloaded", extra={"event": "posted"})
         try:
-            self.ctx.queue.record_prompt(nxt, self.ctx.s.server, number, self.ctx.s.url)
+            self.ctx.queue.record_prompt(nxt, self.ctx.s.server, number, self.ctx.s.url, waiting=waiting)
         except LeaseLost:
             self.drop_next(then)
+
+    def _mark_waiting(self, then: bool, nxt: Claim) -> None:
+        """A job claimed ahead that this attempt did not post waits for the server all the same: shown posted
+        (its claim says so to its own attempt, which clears it when it posts, follows or adopts)."""
+        try:
+            self.ctx.queue.set_waiting(nxt, True)
+        except LeaseLost:
+            self.drop_next(then)
+            return
+        held = replace(nxt, waiting=True)
+        if then:
+            self.then_claim = held
+        else:
+            self.next_claim = held
+
+    def started_behind(self) -> Claim | None:
+        """The next job, when it waits as posted in the queue and its execution_start was read here: the end of
+        this attempt says it executes, in its own transaction (no write of its own)."""
+        posted = self.posted_out
+        if posted is not None and posted.waiting and posted.started and self.next_claim is not None:
+            return self.next_claim
+        return None
+
+    def start_recorded(self) -> None:
+        """The end of this attempt recorded the next job's start (``started_behind``)."""
+        if self.posted_out is not None:
+            self.posted_out = replace(self.posted_out, waiting=False)
 
     def behind(self) -> Early | None:
         """The job queued behind the next one, handed to the next attempt with it (None: none)."""

@@ -77,6 +77,10 @@ class Posted:
     run ends): the next attempt knows it runs, although the message is no longer in the socket."""
     events: tuple[dict[str, Any], ...] = ()
     """Its messages that the attempt which posted it read from the shared socket: replayed to its attempt."""
+    waiting: bool = False
+    """Posted behind a prompt that ran on the server then (queued ahead): the queue shows the job as posted until
+    its execution start is recorded, by the end of the attempt that posted it (``Queue.complete(started=)``) when
+    that attempt read the start, else by its own attempt (``Queue.set_waiting``)."""
     behind_lost: bool = False
     """The prompt it was queued behind was lost by the server (gone without a history entry: a death or a
     restart) before it was seen to end, and this one was not seen to start: ComfyUI runs one prompt at a time,

@@ -124,3 +124,6 @@ class Run:
     ``executed`` outputs and its end, read there, are the whole of what /history would say."""
     outputs: dict[str, Any] = field(default_factory=dict)
     """The ``output`` of each ``executed`` message of this run, by node id (what its history entry lists)."""
+    preview: tuple[str | None, str, bytes] | None = None
+    """The newest preview frame of this run not yet written to the queue (node, content type, image): each
+    frame replaces the one before, so however fast ComfyUI sends them, one is held."""

@@ -11,13 +11,18 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from comfysup.backoff import RetryPolicy
 from comfysup.comfy import ComfyClient
-from comfysup.config import AssetsConfig, Config
+from comfysup.config import AssetsConfig, Config, RunnerConfig
 from comfysup.queue.base import Queue
 from comfysup.runner.inputs import InputDelivery
+from comfysup.runner.memory import MemoryHooks
 from comfysup.runner.store import ResultStore
+
+if TYPE_CHECKING:
+    from comfysup.runner.objectstore import ObjectStore
 from comfysup.runner.stuck import StuckChannel
 
 ELSEWHERE_TIMEOUT_SECONDS = 2.0
@@ -51,6 +56,8 @@ class AttemptSettings:
     files go to its own folder there, adopted from disk when the history died with the server
     (comfysup.runner.outputs). A server not named here is used as it always was."""
     server_cache_bytes: int = AssetsConfig.server_cache_mb * 2**20
+    preview_seconds: float = RunnerConfig.preview_seconds
+    """[runner] preview_seconds: how often the latest preview of the running job is written (0: never read)."""
     """[assets] server_cache_mb: input files kept in a launched server's input folder (comfysup.runner.inputs)."""
 
     @classmethod
@@ -67,23 +74,24 @@ class AttemptSettings:
             leave_queue_seconds=r.leave_queue_seconds,
             peers={k: v for k, v in peers.items() if k != server}, output_dirs=dict(output_dirs or {}),
             max_files_per_job=config.store.max_files_per_job, max_job_bytes=config.store.max_job_mb * 2**20,
-            server_cache_bytes=config.assets.server_cache_mb * 2**20)
+            server_cache_bytes=config.assets.server_cache_mb * 2**20, preview_seconds=r.preview_seconds)
 
 
 class Station:
     """What one runner's attempts share, kept from one attempt to the next: one server, one queue, one
     result store, the server's client (its kept WebSocket included), and clients of peer servers."""
 
-    def __init__(self, settings: AttemptSettings, queue: Queue, store: ResultStore,
+    def __init__(self, settings: AttemptSettings, queue: Queue, store: ResultStore | ObjectStore,
                  stop_deadline: Callable[[], float | None] = lambda: None,
                  on_alive: Callable[[], None] = lambda: None,
                  stuck: StuckChannel | None = None,
                  clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time,
-                 peer_waiting: Callable[[], bool] = lambda: False) -> None:
+                 peer_waiting: Callable[[], bool] = lambda: False, memory: MemoryHooks | None = None) -> None:
         self.settings = settings
         self.queue = queue
         self.store = store
         self.client = ComfyClient(settings.url, timeout_seconds=settings.http_timeout_seconds)
+        self.client.previews = settings.preview_seconds > 0
         output_dir = settings.output_dirs.get(settings.server)
         self.inputs = InputDelivery(queue, self.client, settings.server,
                                     output_dir.parent / "input" if output_dir is not None else None,
@@ -99,6 +107,8 @@ class Station:
         """Whether another runner of this machine waits for work (a job queued ahead here goes back to it)."""
         self.stuck = stuck or StuckChannel()
         """Where an attempt reports a prompt stuck in this runner's server (comfysup.runner.stuck)."""
+        self.memory = memory or MemoryHooks()
+        """Who restarts the server after a lost device, and where memory recoveries are counted (runner.memory)."""
         self.clock = clock
         self.wall = wall
         """Epoch time for the trace (stored); ``clock`` (monotonic) for deadlines and throttles."""

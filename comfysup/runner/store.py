@@ -11,7 +11,8 @@ import contextlib
 import errno
 import hashlib
 import os
-from collections.abc import Iterable, Iterator
+import time
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from comfysup import safefs
@@ -53,6 +54,25 @@ def check_complete(name: str, head: bytes, tail: bytes, size: int) -> None:
         return
     if not ok:
         raise Incomplete(f"output {name!r} ({size} bytes) is not {what}: the download was cut or garbled")
+
+
+PROGRESS_SECONDS = 1.0
+"""How often a long write (or upload) calls its ``progress``: the attempt's checkpoint, cheap unless it is due."""
+
+
+def every(seconds: float, fn: Callable[[], None] | None) -> Callable[[], None]:
+    """``fn`` at most once per ``seconds`` (monotonic), for a loop that runs per chunk; a no-op without ``fn``."""
+    if fn is None:
+        return lambda: None
+    last = [time.monotonic()]
+
+    def tick() -> None:
+        now = time.monotonic()
+        if now - last[0] >= seconds:
+            last[0] = now
+            fn()
+
+    return tick
 
 
 class TooLarge(ValueError):
@@ -122,9 +142,12 @@ class ResultStore:
         return self.job_dir(job_id)
 
     def write(self, job_id: str, relative: str, chunks: Iterable[bytes], *, limit_bytes: int | None = None,
-              limit_name: str = "[store] max_file_mb") -> Output:
+              limit_name: str = "[store] max_file_mb", progress: Callable[[], None] | None = None) -> Output:
         """Stream into ``.<name>.part``, fsync, then rename to the final name; returns its size and hash.
-        ``limit_bytes`` (what is left of the job's budget, when less than a file's) caps it instead."""
+        ``limit_bytes`` (what is left of the job's budget, when less than a file's) caps it instead. ``progress``
+        is called now and then while a long file streams (at most once a second): the attempt's checkpoint,
+        which renews its lease, so a file that takes longer than the lease does not lose the job."""
+        tick = every(PROGRESS_SECONDS, progress)
         cap, cap_name = self.max_file_bytes, "[store] max_file_mb"
         if limit_bytes is not None and limit_bytes < cap:
             cap, cap_name = limit_bytes, limit_name
@@ -140,6 +163,7 @@ class ResultStore:
                     head = tail = b""
                     with os.fdopen(fd, "wb") as f:
                         for chunk in chunks:
+                            tick()
                             if len(head) < 16:
                                 head += chunk[:16 - len(head)]
                             tail = (tail + chunk)[-16:]
@@ -161,6 +185,9 @@ class ResultStore:
         finally:
             os.close(root)
         return Output(name=relative, size=size, sha256=digest.hexdigest(), path=str(self.job_dir(job_id) / relative))
+
+    def finish(self, job_id: str) -> None:
+        """Every file of the job is written: here they stay (an object store removes its staging folder)."""
 
     @staticmethod
     def _create(folder: int, tmp: str) -> int:

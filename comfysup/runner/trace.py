@@ -17,6 +17,9 @@ from typing import Any
 
 MAX_NODES = 500
 """Node timings kept per attempt: a trace stays a few KB however large the workflow."""
+MAX_ERROR_CHARS = 64 * 1024
+"""Of ComfyUI's exception message and traceback kept in memory; the attempt redacts them, then cuts them shorter."""
+HISTORY_EVENTS = ("execution_cached", "execution_error")
 MAX_RECONNECTS = 50
 """Dropped WebSockets kept per attempt (the first ones: a socket that drops more often says enough)."""
 PHASES = ("claimed", "followed", "adopted", "posted", "executing", "downloading", "recorded")
@@ -45,6 +48,9 @@ class Trace:
     reconnects: list[tuple[float, bool]] = field(default_factory=list)
     """When the WebSocket dropped, and whether it was connected again at once (same client id)."""
     changed: bool = False
+    error: dict[str, Any] | None = None
+    """ComfyUI's ``execution_error``: the node, its class, the exception's type, message and traceback (the API's
+    ``JobError``); as ComfyUI sent it: the attempt redacts it before it is stored."""
 
     @classmethod
     def start(cls, workflow: dict[str, Any], now: float) -> Trace:
@@ -70,7 +76,7 @@ class Trace:
             self.phase("executing", now)
         elif kind == "execution_cached":
             nodes = data.get("nodes") or []
-            self.cached = [str(n) for n in nodes if str(n) not in self.cached][:MAX_NODES]
+            self.cached = (self.cached + [str(n) for n in nodes if str(n) not in self.cached])[:MAX_NODES]
             self.changed = True
         elif kind == "executing":
             node = data.get("node")
@@ -89,6 +95,23 @@ class Trace:
                 self.changed = True
         elif kind == "execution_success":
             self._close(now)
+        elif kind == "execution_error":
+            node = data.get("node_id")
+            lines = data.get("traceback") if isinstance(data.get("traceback"), list) else []
+            self.error = {"node_id": None if node is None else str(node),
+                          "class_type": data.get("node_type") or self.classes.get(str(node)),
+                          "exception_type": str(data.get("exception_type") or ""),
+                          "message": str(data.get("exception_message") or "")[:MAX_ERROR_CHARS],
+                          "traceback": "".join(str(line) for line in lines)[:MAX_ERROR_CHARS] or None}
+
+    def from_history(self, entry: dict[str, Any], now: float) -> None:
+        """A history entry's ``execution_cached`` and ``execution_error`` messages, for a run read from /history
+        rather than watched on the socket (adopted, or polled): the cached nodes (the API's ``outputs_reused``),
+        a failure's node and traceback (its job ``error``)."""
+        for message in (entry.get("status") or {}).get("messages") or []:
+            if isinstance(message, list) and len(message) == 2 and message[0] in HISTORY_EVENTS \
+                    and isinstance(message[1], dict):
+                self.on_event(message[0], message[1], now)
 
     def _close(self, now: float) -> None:
         if self.current is not None and self.current.ended is None:
@@ -115,15 +138,20 @@ class Trace:
         return out
 
     def as_dict(self) -> dict[str, Any]:
-        """What is stored with the attempt (JSON): phases, node times in run order, cached nodes, progress."""
+        """What is stored with the attempt (JSON): phases, node times in run order, cached nodes, progress, and
+        the attempt's two figures (``figures``), which metrics read without the rest."""
+        phases = [[name, at] for name, at in self.phases]
+        wait, run = figures({"phases": phases})
         return {
-            "phases": [[name, at] for name, at in self.phases],
+            "phases": phases,
+            **({"comfyui_wait_s": round(wait, 6), "run_s": round(run, 6)} if run is not None else {}),
             "nodes": [{"id": n.id, "class_type": n.class_type, "started": n.started,
                        "seconds": None if n.ended is None else round(n.ended - n.started, 6)} for n in self.nodes],
             "cached": list(self.cached),
             "total_nodes": len(self.classes),
             "progress": self.progress(),
             **({"reconnects": [[at, ok] for at, ok in self.reconnects]} if self.reconnects else {}),
+            **({"error": dict(self.error)} if self.error else {}),
         }
 
 
@@ -132,3 +160,17 @@ def phase_durations(trace: dict[str, Any]) -> list[tuple[str, float, float | Non
     phases = [(str(p[0]), float(p[1])) for p in trace.get("phases") or [] if isinstance(p, list) and len(p) == 2]
     return [(name, at, (phases[i + 1][1] - at) if i + 1 < len(phases) else None)
             for i, (name, at) in enumerate(phases)]
+
+
+def figures(trace: dict[str, Any] | None) -> tuple[float, float | None]:
+    """(waited in ComfyUI's queue, ran) of an attempt, in seconds, from its stored trace (issue 32): the wait is the
+    ``posted`` phase, from its POST to its execution_start (to its end when it never started; 0 when it was not
+    posted: it followed or adopted a run); the run is the rest of the attempt, from its claim to its end. A job
+    queued ahead waits behind the prompt ahead of it: that time is its wait, never its run. ``ran`` is None
+    without phases to measure (no trace: the attempt's runner died or its lease expired)."""
+    phases = phase_durations(trace or {})
+    if len(phases) < 2:
+        return 0.0, None
+    wait = sum(seconds or 0.0 for name, _, seconds in phases if name == "posted")
+    total = phases[-1][1] - phases[0][1]
+    return max(0.0, wait), max(0.0, total - wait)

@@ -25,8 +25,11 @@ from comfysup.config import Config, parse_gpus
 from comfysup.errors import ConfigError
 from comfysup.gpus import Slot, discover, slots_for
 from comfysup.queue.base import Claim
+from comfysup.runner import warmup
 from comfysup.runner.attempt import Outcome
+from comfysup.runner.memory import MemoryHooks
 from comfysup.runner.stuck import StuckChannel
+from comfysup.runner.warmup import WarmUp
 from comfysup.supervisor import server as servers
 from comfysup.supervisor.policy import Limits, Policy, State
 from comfysup.supervisor.process import ProcessOps, SpawnError
@@ -49,6 +52,14 @@ class Shared(ctypes.Structure):
         ("stuck", ctypes.c_char * 40),  # by the runner: a prompt stuck after /interrupt; cleared once it is gone
         ("waiting", ctypes.c_int),  # by the runner: 1 while it holds no job and its server could take one
         ("problem", ctypes.c_char * 240),  # by the runner: why its server, though it answers, can take no job
+        ("warm_wanted", ctypes.c_long),  # by the supervisor: the server start whose warm-up is asked (0: none)
+        ("warm_done", ctypes.c_long),  # by the runner: the server start whose warm-up is over
+        ("warm_ms", ctypes.c_long),  # by the runner: how long that warm-up took
+        ("warm_error", ctypes.c_char * 240),  # by the runner: why it failed (empty: it succeeded)
+        ("restart", ctypes.c_char * 160),  # by the runner: why its server must be restarted (a lost device)
+        ("oom_frees", ctypes.c_long),  # by the runner: POST /free after an out-of-memory error
+        ("oom_retries", ctypes.c_long),  # by the runner: jobs posted again on the server after one
+        ("device_restarts", ctypes.c_long),  # by the runner: restarts asked for a lost device
     )
 
 
@@ -96,6 +107,21 @@ class Unit:
     features: dict[str, Any] = field(default_factory=dict)
     """What GET /features of its server said."""
     next_version_check: float = 0.0
+    starts: int = 0
+    """Spawns of its server so far: the number a warm-up is asked for (``Shared.warm_wanted``)."""
+    warm_since: float | None = None
+    """When the warm-up of the current start was asked (None: not asked)."""
+    warmup_seconds: float | None = None
+    """How long the last warm-up that succeeded took."""
+    warmup_failures: int = 0
+    idle_frees: int = 0
+    """POST /free sent because the server held VRAM above [comfyui] idle_vram_free_mb while idle (NVML)."""
+    idle_restarts: int = 0
+    """Restarts because that VRAM stayed held after the /free."""
+    idle_vram_mb: float | None = None
+    """The VRAM its server held when it was last sent /free for it (None: not since its last job)."""
+    idle_freed_after: int = -1
+    """``Shared.jobs`` when that /free was sent: a job since makes the next look a first one again."""
 
     @property
     def state(self) -> str:
@@ -119,7 +145,9 @@ def limits_from(config: Config, startup_seconds: float) -> Limits:
 
 
 def server_limits(config: Config) -> Limits:
-    return limits_from(config, config.comfyui.startup_seconds)
+    """A server is "starting" until it answers and, with ``[comfyui] warmup``, its warm-up is over."""
+    c = config.comfyui
+    return limits_from(config, c.startup_seconds + (c.warmup_timeout_seconds if c.warmup else 0.0))
 
 
 def runner_limits(config: Config) -> Limits:
@@ -166,6 +194,7 @@ def check_comfyui(config: Config, units: list[Unit]) -> None:
     """Before anything starts: ComfyUI's main.py and python exist (only when a server is launched)."""
     if not any(u.plan for u in units):
         return
+    warmup.load(config)  # [comfyui] warmup: a workflow that cannot be read stops the start, not each server
     main = config.resolve(config.comfyui.main)
     if not main.is_file():
         raise ConfigError(f"{config.source}: [comfyui] main = {config.comfyui.main!r}: no such file "
@@ -218,6 +247,8 @@ def spawn_server(unit: Unit, config: Config, ops: ProcessOps, env: Mapping[str, 
         log.warning("%s: %s%s", unit.name, exc, next_restart(policy, now))
         return
     unit.server_pid = pid
+    unit.starts += 1
+    unit.warm_since, unit.shared.restart = None, b""  # a new process: a new warm-up, no restart asked of it
     unit.jobs_at_server_start = unit.shared.jobs
     every = config.supervisor.recycle_after_jobs
     unit.shared.recycle_at = unit.shared.jobs + every if every else 0
@@ -243,6 +274,41 @@ def prepare_runner(unit: Unit, now: float, may_claim: bool) -> None:
     # A stuck prompt reported by the runner that died stays reported: the server still holds it.
 
 
+def memory_hooks(unit: Unit) -> MemoryHooks:
+    """The runner's memory recovery reports through the slot's block: counts, and a restart asked for."""
+    shared = unit.shared
+
+    def count(what: str) -> None:
+        setattr(shared, what, getattr(shared, what) + 1)
+
+    def restart(reason: str) -> None:
+        shared.restart = reason.encode()[:159].decode(errors="ignore").encode()
+
+    return MemoryHooks(restarts=unit.server is not None, restart=restart, count=count)
+
+
+def warm_up(config: Config, unit: Unit) -> WarmUp | None:
+    """The runner's side of its server's warm-up (comfysup.runner.warmup), through the slot's block. The workflow
+    was checked before anything started (check_comfyui); one broken since is said here, and the warm-up its
+    supervisor waits for then times out (a failed start, with the reason in this runner's log)."""
+    if not config.comfyui.warmup or unit.server is None:
+        return None
+    try:
+        workflow = warmup.load(config)
+    except ConfigError as exc:
+        log.error("%s: no warm-up: %s", unit.name, exc)
+        return None
+    assert workflow is not None
+    shared = unit.shared
+
+    def over(start: int, milliseconds: int, error: str) -> None:
+        shared.warm_ms, shared.warm_error = milliseconds, problem_bytes(error)
+        shared.warm_done = start  # last: the supervisor reads the others once it sees this
+
+    return WarmUp(workflow, config.comfyui.warmup_timeout_seconds, lambda: shared.warm_wanted, over,
+                  done=shared.warm_done)
+
+
 def runner_main(config: Config, unit: Unit, peers: dict[str, str], token: str,
                 output_dirs: dict[str, Path] | None = None, others: Sequence[Any] = ()) -> int:
     """In the forked child (already its own process group, default signals): be a plain runner that
@@ -258,8 +324,9 @@ def runner_main(config: Config, unit: Unit, peers: dict[str, str], token: str,
 
     def may_claim() -> bool:
         shared.busy = 1  # before reading the flag: a supervisor that cleared it then sees busy or a no
-        # The runner itself stops at the recycling count, so no job slips in before the supervisor acts.
-        if shared.may_claim and not (shared.recycle_at and shared.jobs >= shared.recycle_at):
+        # The runner itself stops at the recycling count, and once it asked for a restart, so no job slips in
+        # before the supervisor acts.
+        if shared.may_claim and not (shared.recycle_at and shared.jobs >= shared.recycle_at) and not shared.restart:
             return True
         shared.busy = 0
         return False
@@ -287,7 +354,8 @@ def runner_main(config: Config, unit: Unit, peers: dict[str, str], token: str,
 
     runner = Runner(config, unit.name, unit.url, peers=peers, owner_token=token, on_alive=on_alive,
                     on_problem=on_problem, may_claim=may_claim, on_job=on_job, stuck=stuck, output_dirs=output_dirs,
-                    may_queue_ahead=may_queue_ahead, on_waiting=on_waiting, peer_waiting=lambda: waiting_peer(others))
+                    may_queue_ahead=may_queue_ahead, on_waiting=on_waiting, peer_waiting=lambda: waiting_peer(others),
+                    memory=memory_hooks(unit), warmup=warm_up(config, unit))
     runner.install_signals()
     runner.run()
     return 0

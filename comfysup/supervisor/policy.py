@@ -104,6 +104,15 @@ class Policy:
         self.started_at = now
         self._failure(now, reason, quick=True)
 
+    def start_failed(self, now: float, reason: str) -> list[Action]:
+        """The process answers but its start did not succeed (a failed warm-up): a quick failure, as no answer
+        within ``startup_seconds`` is; the process is killed and its exit is not counted again."""
+        if self.state is not State.STARTING:
+            return []
+        self._failure(now, reason, quick=True)
+        self.awaiting_exit = True
+        return [Action.KILL]
+
     def stop(self) -> None:
         """The supervisor is shutting down: no more restarts whatever happens."""
         self.state = State.STOPPED

@@ -18,6 +18,7 @@ from comfysup.config import Config
 from comfysup.errors import DatabaseLocked, QueueError
 from comfysup.queue import Queue
 from comfysup.queue.base import host_name
+from comfysup.runner.memory import COUNTS
 from comfysup.slotstate import STATE_FILE, state_path
 from comfysup.supervisor.children import Unit, problem_of
 from comfysup.supervisor.notify import Notifier
@@ -99,8 +100,19 @@ def slot_rows(units: Sequence[Unit], *, final: bool = False) -> list[dict[str, A
             "out_of_service": stuck_reason(u) or problem_of(u.shared), "problem": problem_of(u.shared),
             "stuck_restarts": u.stuck_restarts,
             "comfyui_version": u.comfyui_version, "features": u.features,
+            "ready": not final and is_ready(u), "warmup_seconds": u.warmup_seconds,
+            "warmup_failures": u.warmup_failures, "warming": u.warm_since is not None and u.state == "starting",
+            **{what: getattr(u.shared, what) for what in COUNTS},
+            "idle_frees": u.idle_frees, "idle_restarts": u.idle_restarts,
         })
     return rows
+
+
+def is_ready(u: Unit) -> bool:
+    """The slot takes jobs now: its server answers (and is warm, with a warm-up), its runner runs, and nothing
+    holds it back (a drain, a stuck prompt, a restart asked for, an unreadable queue)."""
+    return (u.usable and u.runner_pid is not None and u.runner.state is State.RUNNING and not stuck_reason(u)
+            and not problem_of(u.shared) and not u.shared.restart)
 
 
 class Reporter:

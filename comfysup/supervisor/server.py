@@ -24,6 +24,8 @@ import psutil
 from comfysup import comfyversion
 from comfysup.config import Config
 from comfysup.gpus import Slot
+from comfysup.models.cache import YAML_NAME, server_yaml
+from comfysup.safefs import private_dirs
 from comfysup.supervisor.notify import child_environment
 
 LOG_NAME = "comfyui.log"
@@ -39,6 +41,9 @@ class ServerPlan:
     url: str
     directory: Path
     log_path: Path
+    model_paths: str = ""
+    """The server's own extra_model_paths.yaml (the manifest's folders of links), written by ``prepare``; empty:
+    the config has no [[models]]."""
 
 
 def base_directory(config: Config, slot: Slot) -> Path:
@@ -60,6 +65,8 @@ def command_line(config: Config, slot: Slot) -> list[str]:
     argv += ["--base-directory", str(directory), "--database-url", f"sqlite:///{directory / 'comfyui.db'}"]
     if c.extra_model_paths_config:
         argv += ["--extra-model-paths-config", str(config.resolve(c.extra_model_paths_config).absolute())]
+    if config.models:  # ComfyUI reads every file given (the flag appends), so the user's own one stays
+        argv += ["--extra-model-paths-config", str(directory / YAML_NAME)]
     kept, _ = comfyversion.accepted_args(launched_version(config), list(c.extra_args))
     return argv + kept
 
@@ -86,7 +93,8 @@ def url_for(config: Config, slot: Slot) -> str:
 def plan(config: Config, slot: Slot) -> ServerPlan:
     directory = base_directory(config, slot)
     return ServerPlan(slot=slot, argv=tuple(command_line(config, slot)), port=config.comfyui.base_port + slot.index,
-                      url=url_for(config, slot), directory=directory, log_path=directory / LOG_NAME)
+                      url=url_for(config, slot), directory=directory, log_path=directory / LOG_NAME,
+                      model_paths=server_yaml(config) if config.models else "")
 
 
 def environment(base: Mapping[str, str]) -> dict[str, str]:
@@ -100,13 +108,12 @@ def environment(base: Mapping[str, str]) -> dict[str, str]:
 def prepare(p: ServerPlan) -> None:
     """Create the base directory and ``custom_nodes/`` (ComfyUI crashes at start without it), 0700 like the
     result store: the inputs and outputs of every job pass through it. A folder that exists is left as it is
-    (its owner chose its mode)."""
-    missing, folder = [], p.directory / "custom_nodes"
-    while not folder.exists():
-        missing.append(folder)
-        folder = folder.parent
-    for folder in reversed(missing):  # mkdir -p would make the parents with the umask's mode
-        folder.mkdir(mode=0o700, exist_ok=True)
+    (its owner chose its mode). With a model manifest, write the server's extra_model_paths.yaml there."""
+    private_dirs(p.directory / "custom_nodes")
+    if p.model_paths:  # written at every start: the manifest or the base directory may have changed
+        tmp = p.directory / f".{YAML_NAME}.tmp"
+        tmp.write_text(p.model_paths)
+        os.replace(tmp, p.directory / YAML_NAME)
 
 
 def port_holder(host: str, port: int) -> str | None:

@@ -39,7 +39,8 @@ from comfysup.comfy import probe
 from comfysup.config import Config, check_supervisor
 from comfysup.queue import Queue, open_queue
 from comfysup.queue.watch import QueueWatch
-from comfysup.supervisor import recycle, stuck
+from comfysup.runner.objectstore import check_buckets
+from comfysup.supervisor import recycle, stuck, vram, warming
 from comfysup.supervisor import server as servers
 from comfysup.supervisor.children import (
     Shared,
@@ -113,6 +114,7 @@ class Supervisor:
         """Every sidecar (comfysup.supervisor.sidecars), started, watched, restarted and stopped alike."""
         self.versions = VersionWatch()
         """Each server's ComfyUI version, learnt when it answers; warns once about an untested one."""
+        self.idle = vram.IdleWatch(self.config.comfyui.idle_vram_free_mb)  # VRAM held by idle servers (NVML)
 
     @property
     def stopping(self) -> bool:
@@ -123,9 +125,6 @@ class Supervisor:
     def build_units(self) -> list[Unit]:
         """A unit per slot from ``gpus``, then one per [[servers]] entry."""
         return build_units(self.config, self.env)
-
-    def _take_lock(self) -> None:  # one supervisor per queue folder: two would fight over ports and claims
-        self.manager.hold(take_lock(self.state_dir))
 
     def release_stale_claims(self) -> list[str]:
         """Claims held by runners of an earlier supervisor on this host that no longer exist."""
@@ -138,7 +137,9 @@ class Supervisor:
         check_supervisor(self.config)
         self.units = self.build_units()
         check_comfyui(self.config, self.units)
-        self._take_lock()
+        for warning in check_buckets(self.config):  # wrong credentials or no bucket: refused here, not per job
+            log.warning("%s", warning)
+        self.manager.hold(take_lock(self.state_dir))  # one per queue folder: two would fight over ports and claims
         self.queue = open_queue(self.config, create=True)
         self.watch = QueueWatch(self.queue, every_seconds=0.0)
         self.release_stale_claims()
@@ -181,7 +182,7 @@ class Supervisor:
                 child.step(now, self.manager, self.ops)
         if not self.stopping:
             for unit in self.units:
-                for action in stuck.step(unit, now):
+                for action in (*stuck.step(unit, now), *vram.restart_step(unit, now)):
                     self._server_action(unit, now, action)
                 self._server_step(unit, now)
                 self._runner_step(unit, now)
@@ -345,7 +346,7 @@ class Supervisor:
         answered = False
         if policy.state is State.STARTING and unit.server_pid is not None:
             unit.last_check = probe.readiness(unit.url, timeout_seconds=0.5)
-            answered = not unit.last_check
+            answered = not unit.last_check and warming.warmed(unit, now, self.config.comfyui, self._server_action)
         before = policy.state
         for action in policy.transition(now, answered=answered):
             self._server_action(unit, now, action)
@@ -433,6 +434,7 @@ class Supervisor:
         self.heartbeat_machine()
         for unit in self.units:
             recycle.housekeeping(unit, self.config.supervisor, now)
+        self.idle.look(self.units, now)
 
     # -- what people and systemd see ---------------------------------------------------------------------
 

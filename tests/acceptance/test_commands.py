@@ -45,7 +45,8 @@ def test_status_shows_counts_running_jobs_and_dead_letters(capsys: pytest.Captur
                                                            filled: Path) -> None:
     code, out, err = cli(capsys, "status", "--config", str(filled))
     assert (code, err) == (0, "")
-    assert out.splitlines()[0] == ("queued 1 · waiting to retry 1 · running 1 · done 1 · dead 1 · cancelled 0")
+    assert out.splitlines()[0] == ("queued 1 · waiting to retry 1 · posted 0 · running 1 · done 1 · dead 1 · "
+                                   "cancelled 0")
     assert "oldest queued job:" in out
     assert f"{job_id(2)}  gpu1" in out
     assert f"{job_id(1)}" in out and "ComfyUI refused the prompt" in out
@@ -55,7 +56,8 @@ def test_status_json_is_for_scripts(capsys: pytest.CaptureFixture[str], filled: 
     code, out, _ = cli(capsys, "status", "--config", str(filled), "--json")
     assert code == 0
     data = json.loads(out)
-    assert data["counts"] == {"queued": 1, "waiting": 1, "running": 1, "done": 1, "dead": 1, "cancelled": 0}
+    assert data["counts"] == {"queued": 1, "waiting": 1, "posted": 0, "running": 1, "done": 1, "dead": 1,
+                              "cancelled": 0}
     assert [(r["id"], r["server"], r["owner"], r["attempt"]) for r in data["running"]] == \
         [(job_id(2), "gpu1", "runner-b", 1)]
     assert data["running"][0]["lease_left_seconds"] > 50

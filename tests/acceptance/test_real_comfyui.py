@@ -96,3 +96,32 @@ def test_real_comfyui_finished_prompt_is_adopted_not_rerun(tmp_path, comfyui):
     assert job.state == "done" and job.attempt == 2
     # Not re-run: the history entry is still the first run's number.
     assert client.history(claim.id)["prompt"][0] == number
+
+
+@pytest.mark.timeout(300)
+def test_real_comfyui_animated_outputs_are_stored_with_their_type(tmp_path, comfyui):
+    """Issue 34: a generated batch saved by SaveAnimatedWEBP (no model needed) is downloaded, hashed, stored and typed
+    image/webp; SaveWEBM's video/webm too where the server's PyAV has the VP9 encoder (else its job is dead with the
+    encoder's error, which says so)."""
+    from comfysup.assets import media_type
+
+    batch = {"1": {"class_type": "EmptyImage", "inputs": {"width": 64, "height": 64, "batch_size": 4, "color": 255}},
+             "2": {"class_type": "SaveAnimatedWEBP", "inputs": {"images": ["1", 0], "filename_prefix": "anim",
+                                                                 "fps": 6.0, "lossless": True, "quality": 80,
+                                                                 "method": "default"}}}
+    webm = {"1": batch["1"], "2": {"class_type": "SaveWEBM", "inputs": {"images": ["1", 0], "filename_prefix": "clip",
+                                                                       "codec": "vp9", "fps": 8.0, "crf": 32.0}}}
+    config = write_config(tmp_path, attempts=1, timeout_seconds=120)
+    queue = submit(config, [{"id": job_id(5), "workflow": batch}, {"id": job_id(6), "workflow": webm}])
+    Runner(config_of(config), "real", comfyui, until_empty=True).run()
+    animated, video = queue.get(job_id(5)), queue.get(job_id(6))
+    assert animated.state == "done", animated.reason
+    [output] = animated.outputs
+    data = Path(output.path).read_bytes()
+    assert data[:4] == b"RIFF" and data[8:12] == b"WEBP" and b"ANIM" in data[:64]  # animated: 4 frames
+    assert media_type(output.name) == "image/webp" and output.node_id == "2"
+    if video.state == "done":
+        assert Path(video.outputs[0].path).read_bytes()[:4] == b"\x1a\x45\xdf\xa3"  # EBML: a WebM
+        assert media_type(video.outputs[0].name) == "video/webm"
+    else:
+        assert video.state == "dead" and "execution_error" in (video.reason or ""), video.reason

@@ -89,9 +89,10 @@ def test_failure_script(tmp_path, fake):
     assert jobs_by_n[3].reason.startswith("POST /prompt 400, prompt_outputs_failed_validation")
     assert p[job_id(3)]["executed"] == 0
     assert f"job {short(3)}: dead-lettered, POST /prompt 400, prompt_outputs_failed_validation" in log
-    # oom: transient, retried, done; executed twice (the first run was destroyed by the OOM).
-    assert jobs_by_n[4].state == "done" and jobs_by_n[4].attempt == 2
-    assert p[job_id(4)]["executed"] == 2
+    # oom: POST /free and posted again on the same server in the same attempt (issue 34), done; executed twice
+    # (the first run was destroyed by the OOM).
+    assert jobs_by_n[4].state == "done" and jobs_by_n[4].attempt == 1
+    assert p[job_id(4)]["executed"] == 2 and len(fake.stats()["frees"]) == 1
     # error: permanent, dead at once with node and exception.
     assert jobs_by_n[5].state == "dead" and jobs_by_n[5].attempt == 1
     assert re.match(r"execution_error, node \S+ \(\w+\): IndexError: ", jobs_by_n[5].reason)
@@ -220,7 +221,7 @@ def test_hostile_output_names(tmp_path, fake):
 def test_canary_secret_appears_nowhere(tmp_path, fake):
     """Issue 4, test 7: a canary key in extra_data, failed on purpose, is in no log, reason or output."""
     canary = "sk-canary-" + "7f3a9c2e4b"
-    fake.script_by_id({job_id(1): ["error"], job_id(2): ["invalid"], job_id(3): ["oom", "oom"]})
+    fake.script_by_id({job_id(1): ["error"], job_id(2): ["invalid"], job_id(3): ["oom"] * 4})
     config = write_config(tmp_path)
     jobs = [trivial_job(n, extra_data={"api_key_comfy_org": canary}) for n in (1, 2, 3)]
     for job in jobs:  # also an input whose name says it is a key: ComfyUI ignores it, comfysup must mask it

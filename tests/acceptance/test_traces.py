@@ -116,10 +116,11 @@ def test_progress_is_throttled_and_the_trace_is_stored_and_shown(tmp_path: Path)
 
 @pytest.mark.timeout(60)
 def test_each_attempt_keeps_the_reason_class_of_its_outcome(tmp_path: Path) -> None:
-    config_path = write_config(tmp_path, attempts=2)
+    # No job queued ahead: an OOM is then run again in its own attempt (issue 34), never given back uncounted.
+    config_path = write_config(tmp_path, attempts=2, queue_ahead=False)
     queue = submit(config_path, [trivial_job(n) for n in (1, 2, 3)])
     with FakeComfy(base_directory=tmp_path / "fake", node_ms=5) as fake:
-        fake.script_by_id({job_id(1): ["500", "ok"], job_id(2): ["oom", "oom"], job_id(3): ["error"]})
+        fake.script_by_id({job_id(1): ["500", "ok"], job_id(2): ["oom"] * 4, job_id(3): ["error"]})
         Runner(config_of(config_path), "cpu0", fake.url, until_empty=True).run()
     kinds = {n: [(a.outcome, a.kind) for a in queue.get(job_id(n)).attempts] for n in (1, 2, 3)}
     assert kinds == {1: [("retry", "http_5xx"), ("done", None)],

@@ -5,9 +5,11 @@ killed, by clients that retry with the same ``Idempotency-Key`` after every drop
 job's id) until each is answered 201; a connection refused, reset or cut before the answer is retried with the
 same key and body, as comfy-sdk's own retry does. Some first tries are dropped by the client itself: right
 after the request is sent (racing the API, which may or may not commit the job before it notices), or once the
-job is in the queue but before the answer is read (a client that timed out just too early): the retry of the
-latter must be answered ``Idempotency-Replayed: true``, and neither may make a second job. Meanwhile the API
-process is SIGKILLed, half the times by a client the instant its request is sent, and so are runners and servers.
+job is in the queue but before the answer is read (a client that timed out just too early): the key is single-use
+(the spec's reject-on-duplicate), so the retry of the latter must be answered 422 ``idempotency_key_reuse``
+naming that job (``details.job_id``), which the client takes as its answer, and neither may make a second job.
+Meanwhile the API process is SIGKILLed, half the times by a client the instant its request is sent, and so are
+runners and servers.
 
 The jobs the clients saw accepted are the run's submissions, so the checker finds a job the API lost (``lost``)
 and a second job made by a retry (``unknown_jobs``), besides its usual double runs and missing files.
@@ -56,6 +58,14 @@ def _body(n: int) -> dict[str, Any]:
     return {"workflow": graph, "metadata": {"row": "A1", "n": str(n)}}
 
 
+def _reused(answer: httpx.Response) -> str | None:
+    """The job an earlier try with this key made, when the answer is 422 ``idempotency_key_reuse``."""
+    if answer.status_code != 422:
+        return None
+    error = answer.json().get("error") or {}
+    return (error.get("details") or {}).get("job_id") if error.get("code") == "idempotency_key_reuse" else None
+
+
 class ApiClients:
     """Client threads that submit numbered jobs through the API until told to stop; every job is retried with
     its key until it is answered 201 (or the run's deadline passes, which the row reports)."""
@@ -74,8 +84,8 @@ class ApiClients:
         self.stop = threading.Event()
         self.accepted: list[dict[str, Any]] = []
         self.counts = {"posts": 0, "connection_failures": 0, "cut_before_answer": 0, "client_drops": 0,
-                       "drops_after_commit": 0, "replayed": 0, "replayed_after_drop": 0,
-                       "replayed_after_commit_drop": 0, "server_errors": 0,
+                       "drops_after_commit": 0, "reused": 0, "reused_after_drop": 0,
+                       "reused_after_commit_drop": 0, "server_errors": 0,
                        "kills_mid_request": 0}
         self.refusals: list[str] = []
         self.threads = [threading.Thread(target=self._work, name=f"api-client-{i}", daemon=True)
@@ -135,13 +145,13 @@ class ApiClients:
             except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError, httpx.ReadTimeout):
                 self._count("cut_before_answer")  # sent, no answer: the API was killed mid-request
             else:
-                if answer.status_code == 201:
-                    replayed = answer.headers.get("Idempotency-Replayed") == "true"
+                reused = _reused(answer)
+                if answer.status_code == 201 or reused:
                     with self.lock:
-                        self.accepted.append({"id": answer.json()["id"], "key": key, "n": n})
-                        self.counts["replayed"] += replayed
-                        self.counts["replayed_after_drop"] += replayed and dropped
-                        self.counts["replayed_after_commit_drop"] += replayed and committed
+                        self.accepted.append({"id": reused or answer.json()["id"], "key": key, "n": n})
+                        self.counts["reused"] += bool(reused)
+                        self.counts["reused_after_drop"] += bool(reused) and dropped
+                        self.counts["reused_after_commit_drop"] += bool(reused) and committed
                     return
                 if answer.status_code < 500 and answer.status_code != 429:
                     with self.lock:

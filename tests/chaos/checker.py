@@ -18,8 +18,10 @@ secrets are searched for byte by byte. Counted, as in Jepsen's queue checkers:
   stop itself, a timeout recorded in the attempts. Any other is **unmatched**. A run that completed
   (every node ran, its files written: ``success``, or the fake's ``completed`` line before a kill took
   its history) is adopted, never run again: any execution after it is **after completed**. More
-  executions or posts than attempts is an **uncounted** run.
-- **missing / partial files**: a ``done`` job whose recorded file is absent or has another size or hash;
+  executions or posts than attempts, beyond one more after each run that ran out of memory (issue 34: POST
+  /free and the job posted once more in the same attempt), is an **uncounted** run.
+- **missing / partial files**: a ``done`` job whose recorded file is absent or has another size or hash (for an
+  output in a bucket, issue 33: the object at its recorded ``s3://`` location, read back and hashed);
   any file under a final name in the store that is not a complete image; **outside**: anything in the
   store that is not in a job's folder. ``.part`` files are fine (not final) and only counted.
 - **leaked secrets**: a canary found anywhere but the job's own stored workflow and extra_data: every
@@ -105,6 +107,9 @@ class Evidence:
     """Job id → the input image it was submitted with (the user's file): each output of such a job, once
     done, must be that image inverted, pixel for pixel (issue 17)."""
     """False for a run of submits alone (K4): an accepted job is lost only when it is not in the queue."""
+    objects: dict[str, bytes] | None = None
+    """Row U1 (issue 33): every object in the run's bucket, by ``s3://bucket/key``, read after the run; a done
+    job's outputs recorded there are checked against them, byte for byte."""
     announced: set[str] | None = None
     """Rows R1-R3: the job ids whose record arrived on the broker's done or dead exchange (a listener bound to
     both). Each terminal job must be among them: **unannounced** otherwise. Jobs published to the broker
@@ -372,7 +377,7 @@ def check(evidence: Evidence) -> Report:
         executions, posts, servers = read_executions(evidence.exec_logs)
         _bound_deaths(executions, evidence.faults, servers, evidence.ended_at, report)
         _check_executions(executions, posts, jobs, evidence.faults, report)
-        _check_store(evidence.store, jobs, report)
+        _check_store(evidence.store, jobs, report, evidence.objects)
         check_inverted(evidence, jobs, report)
         _check_secrets(evidence, conn, report)
     finally:
@@ -467,9 +472,10 @@ def _check_executions(executions: list[Execution], posts: Counter[str], jobs: di
                                         f"then again on pid {following.pid}")
             else:
                 report.re_executions[cause] += 1
-        attempts = len(jobs[job_id].attempts)
-        if max(len(runs), posts[job_id]) > attempts:
-            report.uncounted.append(f"{job_id}: {len(runs)} executions, {posts[job_id]} posts, {attempts} attempts")
+        attempts, ooms = len(jobs[job_id].attempts), sum(1 for run in runs if run.word == "oom")
+        if max(len(runs), posts[job_id]) > attempts + ooms:
+            report.uncounted.append(f"{job_id}: {len(runs)} executions, {posts[job_id]} posts, {attempts} attempts"
+                                    + (f" and {ooms} OOM run(s)" if ooms else ""))
 
 
 def complete_png(data: bytes) -> bool:
@@ -492,7 +498,8 @@ def complete_png(data: bytes) -> bool:
     return False
 
 
-def _check_store(store: Path, jobs: dict[str, _Job], report: Report) -> None:
+def _check_store(store: Path, jobs: dict[str, _Job], report: Report,
+                 objects: dict[str, bytes] | None = None) -> None:
     recorded: dict[Path, dict[str, Any]] = {}
     for job in jobs.values():
         if job.state != "done":
@@ -500,6 +507,9 @@ def _check_store(store: Path, jobs: dict[str, _Job], report: Report) -> None:
         if not job.outputs:
             report.missing_files.append(f"{job.id}: done with no files recorded")
         for out in job.outputs:
+            if str(out.get("path", "")).startswith("s3://"):
+                _check_object(job.id, out, objects or {}, report)
+                continue
             path = store / job.id / out["name"]
             recorded[path] = out
             if not path.is_file():
@@ -527,6 +537,18 @@ def _check_store(store: Path, jobs: dict[str, _Job], report: Report) -> None:
             report.extra_results.append(f"{relative}: complete, in a done job's folder, not in its record")
         else:
             report.orphan_files += 1
+
+
+def _check_object(job_id: str, out: dict[str, Any], objects: dict[str, bytes], report: Report) -> None:
+    """An output recorded in a bucket: the object is there, with the recorded size and sha256."""
+    data = objects.get(out["path"])
+    if data is None:
+        report.missing_files.append(f"{job_id}: {out['path']} recorded, not in the bucket")
+    elif len(data) != out["size"] or hashlib.sha256(data).hexdigest() != out["sha256"]:
+        report.partial_files.append(f"{job_id}: {out['path']} is {len(data)} bytes, not the recorded {out['size']} "
+                                    "with its hash")
+    else:
+        report.figures["objects_checked"] = report.figures.get("objects_checked", 0) + 1
 
 
 FRAGMENT_CHARS = 8

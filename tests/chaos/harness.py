@@ -21,6 +21,7 @@ import subprocess
 import time
 import tomllib
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +89,8 @@ class ChaosRun(Supervised):
         """The share of new jobs that bring an input image (LoadImage → ImageInvert → SaveImage)."""
         self.inputs: dict[str, Path] = {}
         """Job id → the input image it was submitted with: the checker holds each output to it."""
+        self.bucket_objects: Callable[[], dict[str, bytes]] | None = None
+        """Rows with outputs in a bucket (issue 33): every object of the run's bucket by s3:// URI, read at the end."""
 
     # -- jobs -------------------------------------------------------------------------------------------
 
@@ -271,7 +274,8 @@ class ChaosRun(Supervised):
                         faults=self.faults.faults(), submissions=self.submissions, logs=[self.log_path],
                         canaries=self.canaries, fragment_canaries=self.fragment_canaries, outputs=self.outputs,
                         not_scanned=[s.path for s in self.submissions], ended_at=time.time(),
-                        inputs=dict(self.inputs))
+                        inputs=dict(self.inputs),
+                        objects=self.bucket_objects() if self.bucket_objects is not None else None)
 
     def all_gone(self) -> bool:
         return all(gone(pid) for pid in self.strays())

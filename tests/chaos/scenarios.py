@@ -753,49 +753,100 @@ def f1_disk_full(tmp: Path, seed: int, *, jobs: int, node_ms: float = 5.0) -> Re
 # -- T1: 30% of prompts fail transiently ----------------------------------------------------------------
 
 FAULT_WORDS = ("500", "drop", "oom", "hang")
+ATTEMPTS = 4
+
+
+def scripted_end(words: list[str]) -> tuple[str, int]:
+    """How a job whose posts meet ``words`` (then ok) ends: done at the first ok or drop, or dead after ATTEMPTS.
+    An OOM is followed by POST /free and one more post without counting an attempt (issue 34: in the same attempt,
+    or, with a job queued behind it, released uncounted), once per counted attempt; every other fault costs one."""
+    attempt, freed = 1, False
+    for word in [*words, "ok"]:
+        if word in ("ok", "drop"):
+            return "done", attempt
+        if word == "oom" and not freed:
+            freed = True
+            continue
+        attempt, freed = attempt + 1, False
+        if attempt > ATTEMPTS:
+            return "dead", ATTEMPTS
+    raise AssertionError("unreachable: the words end with ok")
+
+
+def _scripted_faults(tmp: Path, seed: int, row: str, faults: tuple[str, ...], *, jobs: int, node_ms: float,
+                     rate: float, posts: int) -> tuple[Report, dict[str, list[str]], ChaosRun]:
+    """Every post of every job meets one of ``faults`` with probability ``rate`` (a script of ``posts`` words per
+    job); each job must end as :func:`scripted_end` says, each counted retry after at least its backoff."""
+    runner = {"attempts": ATTEMPTS, "base_delay_seconds": 0.1, "max_delay_seconds": 0.4, "jitter": False,
+              "timeout_seconds": 2.0}
+    h = ChaosRun(tmp, row, seed, node_ms=node_ms, runner=runner)
+    batch = h.jobs_for(jobs)
+    script = {j["id"]: [h.rng.choice(faults) if h.rng.random() < rate else "ok" for _ in range(posts)]
+              for j in batch}
+    h.set_script(script)
+    h.submit(batch)
+    proc = h.start()
+    h.wait_ready(proc)
+    report = h.finish(proc, drain_seconds=120 + jobs * 1.0)
+    wrong, early = [], []
+    for job_id, words in script.items():
+        expected = scripted_end(words)
+        state, attempt, reason = h.sql("SELECT state, attempt, reason FROM jobs WHERE id = ?", (job_id,))[0]
+        if (state, attempt) != expected or (state == "dead" and f"gave up after {ATTEMPTS} attempts" not in reason):
+            wrong.append(f"{job_id} {words}: {state} after {attempt}, expected {expected}")
+        # A job queued ahead and given back uncounted to a runner waiting for work ([runner] queue_ahead), or after
+        # an OOM with a job behind it: that row is no attempt to wait after.
+        rows = h.sql("SELECT started_at, ended_at FROM attempts WHERE job_id = ? AND outcome != "
+                     "'released_uncounted' ORDER BY started_at", (job_id,))
+        for k, (before, after) in enumerate(itertools.pairwise(rows), start=1):
+            delay = min(0.4, 0.1 * 2 ** (k - 1))
+            if after[0] - before[1] < delay - 0.02:
+                every = h.sql("SELECT attempt, started_at, ended_at, outcome, kind FROM attempts WHERE job_id = ?",
+                              (job_id,))
+                early.append(f"{job_id}: attempt {k + 1} {after[0] - before[1]:.3f} s after attempt {k}, "
+                             f"backoff {delay:g} s; its attempt rows: {every}")
+    report.row_failures += [f"wrong end: {w}" for w in wrong] + [f"retried early: {e}" for e in early]
+    return report, script, h
 
 
 def t1_transient_failures(tmp: Path, seed: int, *, jobs: int, node_ms: float = 10.0, rate: float = 0.3) -> Report:
     """Every post of every job fails with probability ``rate`` (500, a dropped socket, OOM, a hang until
-    the timeout). Each job ends as its script says (done at the first ok or drop within 4 attempts, else
-    dead with ``gave up after 4 attempts``), and each retry waited at least its backoff."""
-    runner = {"attempts": 4, "base_delay_seconds": 0.1, "max_delay_seconds": 0.4, "jitter": False,
-              "timeout_seconds": 2.0}
-    h = ChaosRun(tmp, "T1", seed, node_ms=node_ms, runner=runner)
+    the timeout). Each job ends as its script says (:func:`scripted_end`), and each retry waited at least its
+    backoff."""
+    h = None
     try:
-        batch = h.jobs_for(jobs)
-        script = {j["id"]: [h.rng.choice(FAULT_WORDS) if h.rng.random() < rate else "ok" for _ in range(4)]
-                  for j in batch}
-        h.set_script(script)
-        h.submit(batch)
-        proc = h.start()
-        h.wait_ready(proc)
-        report = h.finish(proc, drain_seconds=120 + jobs * 1.0)
-        wrong, early = [], []
-        for job_id, words in script.items():
-            ends = next((i for i, w in enumerate(words) if w in ("ok", "drop")), None)
-            state, attempt, reason = h.sql("SELECT state, attempt, reason FROM jobs WHERE id = ?", (job_id,))[0]
-            expected = ("done", ends + 1) if ends is not None else ("dead", 4)
-            if (state, attempt) != expected or (state == "dead" and "gave up after 4 attempts" not in reason):
-                wrong.append(f"{job_id} {words}: {state} after {attempt}, expected {expected}")
-            # A job queued ahead and given back uncounted to a runner waiting for work ([runner] queue_ahead)
-            # never ran: that row is no attempt to wait after.
-            rows = h.sql("SELECT started_at, ended_at FROM attempts WHERE job_id = ? AND outcome != "
-                         "'released_uncounted' ORDER BY started_at", (job_id,))
-            for k, (before, after) in enumerate(itertools.pairwise(rows), start=1):
-                delay = min(0.4, 0.1 * 2 ** (k - 1))
-                if after[0] - before[1] < delay - 0.02:
-                    every = h.sql("SELECT attempt, started_at, ended_at, outcome, kind FROM attempts WHERE job_id = ?",
-                                  (job_id,))
-                    early.append(f"{job_id}: attempt {k + 1} {after[0] - before[1]:.3f} s after attempt {k}, "
-                                 f"backoff {delay:g} s; its attempt rows: {every}")
+        report, script, h = _scripted_faults(tmp, seed, "T1", FAULT_WORDS, jobs=jobs, node_ms=node_ms, rate=rate,
+                                             posts=ATTEMPTS)
         faults = sum(w != "ok" for words in script.values() for w in words[:1])
-        report.figures.update(first_posts_faulty=faults, scripted_dead=sum(
-            1 for words in script.values() if not any(w in ("ok", "drop") for w in words)))
-        report.row_failures += [f"wrong end: {w}" for w in wrong] + [f"retried early: {e}" for e in early]
+        report.figures.update(first_posts_faulty=faults,
+                              scripted_dead=sum(1 for words in script.values() if scripted_end(words)[0] == "dead"))
         return report
     finally:
-        h.cleanup()
+        if h is not None:
+            h.cleanup()
+
+
+def o1_oom_storms(tmp: Path, seed: int, *, jobs: int, node_ms: float = 10.0, rate: float = 0.7) -> Report:
+    """OOM storms (issue 34): most posts of most jobs run out of memory. Each OOM makes its attempt POST /free and
+    run the job once more without counting (or give it back uncounted when a job waits behind it); every job is
+    still done once, or dead-lettered with the OOM as its reason, as its script says (:func:`scripted_end`)."""
+    h = None
+    try:
+        report, script, h = _scripted_faults(tmp, seed, "O1", ("oom",), jobs=jobs, node_ms=node_ms, rate=rate,
+                                             posts=2 * ATTEMPTS)
+        dead = h.sql("SELECT id, reason FROM jobs WHERE state = 'dead'")
+        report.row_failures += [f"dead without the OOM as its reason: {job_id}: {reason}" for job_id, reason in dead
+                                if "OutOfMemoryError" not in (reason or "")]
+        state = json.loads((h.state_path).read_text()) if h.state_path.exists() else {}
+        frees = sum(int(slot.get("oom_frees") or 0) for slot in state.get("slots") or [])
+        report.figures.update(ooms=sum(w == "oom" for words in script.values() for w in words), frees=frees,
+                              scripted_dead=sum(1 for words in script.values() if scripted_end(words)[0] == "dead"))
+        if frees == 0 and any(words[0] == "oom" for words in script.values()):
+            report.row_failures.append("no POST /free was counted in the slots' state")
+        return report
+    finally:
+        if h is not None:
+            h.cleanup()
 
 
 # -- H2: prompts stuck after /interrupt -------------------------------------------------------------------
@@ -1176,3 +1227,4 @@ def b1_fuzzed_lines(tmp: Path, seed: int, *, examples: int) -> Report:
     return report
 from chaos.api_rows import a1_api_kills  # noqa: E402, F401  (issue 18's row)
 from chaos.broker_rows import r1_consumer_killed_before_ack, r2_broker_restarted, r3_connections_closed  # noqa: E402, F401  (issue 20's rows)
+from chaos.s3_rows import u1_own_server  # noqa: E402, F401  (issue 33's row)

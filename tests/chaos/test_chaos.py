@@ -9,6 +9,8 @@ a row cannot pass by missing its target.
 K1, K2 and K3 give about 40 % of their jobs an input image (LoadImage → ImageInvert → SaveImage), and the
 checker holds each of their outputs to its input, pixel for pixel.
 
+U1 (issue 33) sends outputs to a real S3 server that is stopped and started again while jobs upload.
+
 Rows marked ``chaos`` (Z2, D2) take longer and are deselected by default; run them with ``-m chaos``.
 """
 
@@ -20,11 +22,12 @@ from typing import TYPE_CHECKING
 import pytest
 from broker_support import connection_kept
 
-from chaos import scenarios
+from chaos import s3_rows, scenarios
 from chaos.checker import Report
 
 if TYPE_CHECKING:
     from rabbitmq_node import OwnBroker
+    from s3_support import SeaweedS3
 
 
 @pytest.fixture
@@ -134,6 +137,13 @@ def test_t1_thirty_percent_of_prompts_fail_transiently(tmp_path: Path, chaos_see
 
 
 @pytest.mark.timeout(120)
+def test_o1_oom_storms_end_every_job_once(tmp_path: Path, chaos_seed: int) -> None:
+    report = scenarios.o1_oom_storms(tmp_path, chaos_seed, jobs=12)
+    verdict(report)
+    assert report.figures["ooms"] >= 1
+
+
+@pytest.mark.timeout(120)
 def test_s1_hostile_output_names(tmp_path: Path, chaos_seed: int) -> None:
     report = scenarios.s1_hostile_names(tmp_path, chaos_seed, jobs=10)
     verdict(report)
@@ -211,6 +221,16 @@ def test_a1_api_submits_while_the_api_runners_and_servers_are_killed(tmp_path: P
     verdict(report)  # every accepted job done once; a retry after a dropped connection made no second job
     assert report.faults["api_kill"] == 4 and report.faults["runner_kill"] == 3 and report.faults["server_kill"] == 3
     assert report.figures["drops_after_commit"] >= 1 and report.figures["client_drops"] >= 1, report.figures
-    assert report.figures["replayed_after_commit_drop"] == report.figures["drops_after_commit"], report.figures
+    assert report.figures["reused_after_commit_drop"] == report.figures["drops_after_commit"], report.figures
     assert report.figures["kills_mid_request"] == 2 and report.figures["cut_before_answer"] >= 1, report.figures
     assert report.states["done"] == report.jobs == report.figures["jobs_accepted"]
+
+
+@pytest.mark.timeout(150)
+def test_u1_the_bucket_stopped_and_started_again_while_jobs_upload(tmp_path: Path, chaos_seed: int,
+                                                                    s3_server: SeaweedS3) -> None:
+    report = s3_rows.u1_bucket_stopped(tmp_path, chaos_seed, s3_server, jobs=12, outages=2)
+    verdict(report)  # every done job's objects read back from the bucket and hashed
+    assert report.states["done"] == report.jobs and report.re_executions.total() == 0
+    assert report.figures["objects_checked"] >= report.jobs
+    assert report.figures["runner_kills_during_outages"] >= 1

@@ -221,11 +221,24 @@ def test_an_execution_without_an_end_nor_a_kill_is_an_unexplained_death(run: Run
 
 def test_more_executions_than_attempts_is_an_uncounted_run(run: Run) -> None:
     job = run.ids[0]
+    run.exec_line("start", job, pid=400, number=9, at=T0 - 5, word="crash")
+    run.exec_line("end", job, pid=400, number=9, at=T0 - 4, outcome="crashed", word="crash", started_at=T0 - 5)
+    report = run.check()
+    assert report.re_executions == {"crash": 1}
+    assert report.uncounted == [f"{job}: 2 executions, 0 posts, 1 attempts"]
+
+
+def test_one_more_execution_after_an_oom_is_counted_with_it(run: Run) -> None:
+    """Issue 34: after an OOM the attempt sends POST /free and posts the job once more without counting: one
+    execution more than attempts per OOM run is the rule, two more is an uncounted run."""
+    job = run.ids[0]
     run.exec_line("start", job, pid=400, number=9, at=T0 - 5, word="oom")
     run.exec_line("end", job, pid=400, number=9, at=T0 - 4, outcome="error", word="oom", started_at=T0 - 5)
     report = run.check()
-    assert report.re_executions == {"oom": 1}
-    assert report.uncounted == [f"{job}: 2 executions, 0 posts, 1 attempts"]
+    assert report.re_executions == {"oom": 1} and report.uncounted == []
+    run.exec_line("start", job, pid=400, number=10, at=T0 - 3, word="crash")
+    run.exec_line("end", job, pid=400, number=10, at=T0 - 2, outcome="crashed", word="crash", started_at=T0 - 3)
+    assert run.check().uncounted == [f"{job}: 3 executions, 0 posts, 1 attempts and 1 OOM run(s)"]
 
 
 def test_a_missing_or_changed_recorded_file_fails(run: Run) -> None:
@@ -321,3 +334,29 @@ def test_time_is_not_needed_to_read_the_fault_log(tmp_path: Path) -> None:
     fault = log.faults()[0]
     assert (fault.kind, fault.pids, fault.job, fault.detail) == ("server_kill", (1, 2), "j", {"slot": "cpu0"})
     assert abs(fault.at - time.time()) < 5
+
+
+def test_outputs_in_a_bucket_are_read_back_and_hashed(run: Run) -> None:
+    """Row U1 (issue 33): a done job's object missing from the bucket, or with other bytes, fails the run."""
+    import shutil
+
+    conn = sqlite3.connect(run.queue.path)
+    objects: dict[str, bytes] = {}
+    for n, job_id in enumerate(run.ids):
+        [out] = json.loads(conn.execute("SELECT outputs FROM jobs WHERE id = ?", (job_id,)).fetchone()[0])
+        data = (run.store.root / job_id / out["name"]).read_bytes()
+        out["path"] = f"s3://bucket/prefix/{job_id}/{out['name']}"
+        conn.execute("UPDATE jobs SET outputs = ? WHERE id = ?", (json.dumps([out]), job_id))
+        if n == 0:
+            objects[out["path"]] = data
+        elif n == 1:
+            objects[out["path"]] = data[:-1]
+    conn.commit()
+    conn.close()
+    shutil.rmtree(run.store.root)  # only staging there: everything is in the bucket
+    evidence = run.evidence()
+    evidence.objects = objects
+    report = check(evidence)
+    assert [m.split(":")[0] for m in report.missing_files] == [run.ids[2]]
+    assert [m.split(":")[0] for m in report.partial_files] == [run.ids[1]]
+    assert report.figures["objects_checked"] == 1

@@ -221,6 +221,8 @@ def test_an_upload_cut_off_midway_leaves_nothing(api: Any) -> None:
      400, "invalid_request"),
     (lambda url: upload(url, b"x", surprise="1"), 400, "invalid_request"),
     (lambda url: upload(url, b"x", expected_hash=assets.hash_bytes(b"y")), 409, "hash_mismatch"),
+    (lambda url: upload(url, b"x", name="input/../../etc/cron.d/x"), 400, "invalid_request"),
+    (lambda url: upload(url, b"x", name="/etc/passwd"), 400, "invalid_request"),
 ])
 def test_bad_uploads_get_the_contracts_envelope_and_store_nothing(api: Any, make: Any, status: int,
                                                                   code: str) -> None:
@@ -236,13 +238,14 @@ def test_a_client_declared_hash_that_matches_is_accepted(api: Any) -> None:
     assert answer.status_code == 201 and answer.json()["hash"] == assets.hash_bytes(b"x")
 
 
-def test_a_retried_upload_with_its_idempotency_key_is_the_same_asset(api: Any) -> None:
+def test_an_upload_idempotency_key_is_single_use(api: Any) -> None:
+    """Reusing a key is 422 idempotency_key_reuse naming the first upload's record, for the same bytes too."""
     url, runner, _ = api
     key = {"Idempotency-Key": str(uuid.uuid4())}
     first = upload(url, b"cat", headers=key)
     again = upload(url, b"cat", headers=key)
-    assert again.status_code == 200 and again.headers["Idempotency-Replayed"] == "true"
-    assert again.json()["id"] == first.json()["id"]
+    assert envelope(again, 422) == "idempotency_key_reuse"
+    assert again.json()["error"]["details"] == {"asset_id": first.json()["id"]}
     assert envelope(upload(url, b"dog", headers=key), 422) == "idempotency_key_reuse"
     assert not runner.queue.has_asset(assets.hash_bytes(b"dog"))
 
@@ -261,6 +264,12 @@ def test_a_reference_to_an_asset_not_held_is_422_missing_asset_at_submit(api: An
     assert unknown.json()["error"]["details"]["missing"][0]["node_id"] == "1"
     assert envelope(submit({"hash": assets.hash_bytes(random_png(3))}), 422) == "missing_asset"  # no info.id
     assert envelope(submit({"id": f"{uuid.uuid4()}.0"}), 422) == "missing_asset"  # an output's id
+    # Malformed: no info object, or a reference inside an input's value; never queued as a literal object.
+    for bad in ({"__type": "core/ASSET"}, {"__type": "core/ASSET", "info": "x"},
+                [{"__type": "core/ASSET", "info": {"id": asset_id}}]):
+        graph = {**INVERT, "1": {"class_type": "LoadImage", "inputs": {"image": bad}}}
+        answer = httpx.post(f"{url}/api/v2/jobs", json={"workflow": graph})
+        assert envelope(answer, 422) == "missing_asset", answer.text
     with Comfy() as client:
         client.assets.delete(asset_id)
         with pytest.raises(ComfyError) as refused:
@@ -269,9 +278,15 @@ def test_a_reference_to_an_asset_not_held_is_422_missing_asset_at_submit(api: An
             client.submit(workflow)
         assert refused.value.code == "missing_asset"
     assert runner.queue.status().counts["queued"] == 0
-    accepted = upload(url, random_png(3)).json()["id"]
+    data = random_png(3)
+    accepted = upload(url, data).json()["id"]
     answer = submit({"id": accepted})
     assert answer.status_code == 201 and JobModel.model_validate(answer.json()).status.value == "queued"
+    # /workflow is the executed graph (comfy-sdk's JobWorkflowResponse): the file as ComfyUI gets it, by its hash.
+    executed = httpx.get(f"{url}/api/v2/jobs/{answer.json()['id']}/workflow").json()
+    assert executed["format"] == "api" and executed["workflow"]["1"]["inputs"]["image"] == \
+        f"comfysup/{assets.hash_bytes(data).removeprefix('blake3:')}.png"
+    assert executed["workflow"]["2"] == INVERT["2"]
 
 
 def test_delete_removes_an_upload_but_not_what_a_job_needs(api: Any) -> None:

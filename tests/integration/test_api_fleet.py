@@ -97,4 +97,4 @@ def test_on_postgresql_the_api_sees_a_runner_on_another_machine(tmp_path: Path, 
             content = httpx.get(str(body.outputs[0].url))
             assert content.status_code == 200 and content.content.startswith(b"\x89PNG")
         again = httpx.post(f"{url}/api/v2/jobs", json={"workflow": GRAPH}, headers={"Idempotency-Key": "k0"})
-        assert again.headers.get("Idempotency-Replayed") == "true" and again.json()["id"] == ids[0]
+        assert again.status_code == 422 and again.json()["error"]["details"] == {"job_id": ids[0]}

@@ -118,6 +118,50 @@ def test_a_redirect_to_a_private_address_is_refused_each_hop_checked(tmp_path: P
     assert found[2].startswith("3: ") and "169.254.169.254 is a link-local address" in found[2]
 
 
+def test_a_hostile_servers_answers_are_clear_errors_not_tracebacks(tmp_path: Path) -> None:
+    """A Location that is no URL, a Content-Length of digits Python reads as digits but int() does not (latin-1's
+    superscript two): each is the line's problem, not an exception out of submit (or a broker's redelivery loop)."""
+    with file_server() as server:
+        server.raw = {"/ipv6": b"HTTP/1.1 302 Found\r\nLocation: http://[oops/x.png\r\nConnection: close\r\n\r\n",
+                      "/length": b"HTTP/1.1 200 OK\r\nContent-Length: \xb2\r\nConnection: close\r\n\r\nab"}
+        path = write_jobs(tmp_path, [url_line(1, {"url": f"{server.url}/ipv6"}),
+                                     url_line(2, {"url": f"{server.url}/length"})])
+        jobs = JobsFile(path, remote=PRIVATE_OK)
+        try:
+            found = [f"{p.line}: {p.message}" for p in jobs.validate().problems]
+            fetched = jobs.inputs._fetched[f"{server.url}/length"]  # an unreadable length is none: read to the end
+        finally:
+            jobs.close()
+    assert len(found) == 1 and found[0].startswith("1: ") and "its answer cannot be read (Invalid IPv6 URL)" in found[0]
+    assert not isinstance(fetched, str) and fetched.size == 2
+
+
+def test_a_compressed_answer_is_refused_not_stored_compressed(tmp_path: Path) -> None:
+    """Asked for identity, a server that compresses anyway would have its gzip bytes stored as the image."""
+    import gzip
+
+    packed = gzip.compress(DATA)
+    with file_server() as server:
+        server.raw = {"/cat.png": b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nConnection: close\r\n"
+                                  + f"Content-Length: {len(packed)}\r\n\r\n".encode() + packed}
+        path = write_jobs(tmp_path, [url_line(1, {"url": f"{server.url}/cat.png"})])
+        found = problems(path, remote=PRIVATE_OK)
+    assert len(found) == 1 and "sent it encoded (Content-Encoding: gzip)" in found[0], found
+
+
+def test_a_line_stops_fetching_once_its_inputs_pass_the_jobs_bound(tmp_path: Path) -> None:
+    """[assets] max_job_mb bounds what one line makes comfysup download, not only what it stores: a line of many
+    URLs, each under max_file_mb, is refused once their sum passes the bound, and the rest are not fetched."""
+    files = {f"/{n}.png": bytes([n]) * 3000 for n in range(3)}
+    with file_server(files=files) as server:
+        value = {f"{node}.{key}": {"url": f"{server.url}/{n}.png"}
+                 for n, (node, key) in enumerate((("1", "image"), ("2", "image"), ("3", "filename_prefix")))}
+        path = write_jobs(tmp_path, [{"id": job_id(1), "set": value}])
+        found = problems(path, remote=PRIVATE_OK, max_input_bytes=4000, max_job_input_bytes=5000)
+        assert server.got == ["/0.png", "/1.png"]
+    assert any("the job's input files are 6,000 bytes together; at most 5,000" in f for f in found), found
+
+
 def test_redirects_are_bounded(tmp_path: Path) -> None:
     with file_server() as server:
         server.redirects = {"/a": "/b", "/b": "/a"}
@@ -142,6 +186,20 @@ def test_a_server_that_never_answers_fails_after_the_timeout(tmp_path: Path) -> 
         found, took = elapsed(problems, path, remote=dataclasses.replace(PRIVATE_OK, timeout_seconds=0.3))
     assert "no answer within 0.3 s ([inputs] timeout_seconds)" in found[0] and found[0] == "1" + found[1][1:]
     assert took < 5  # once for both lines: a failure is remembered
+
+
+def test_a_jobs_downloads_together_are_bounded_by_max_seconds(tmp_path: Path) -> None:
+    """Many URLs of one line (a broker message, an API workflow) to a server that never answers: each waits its
+    timeout_seconds, but together no longer than max_seconds; the ones after it are not tried."""
+    with silent_port() as port:
+        value = {f"{node}.{key}": {"url": f"http://127.0.0.1:{port}/{n}.png"}
+                 for n, (node, key) in enumerate((("1", "image"), ("2", "image"), ("3", "filename_prefix")))}
+        path = write_jobs(tmp_path, [{"id": job_id(1), "set": value}])
+        settings = dataclasses.replace(PRIVATE_OK, timeout_seconds=0.4, max_seconds=0.6)
+        found = problems(path, remote=settings)
+    assert sum("no answer within 0.4 s" in f for f in found) == 2, found
+    assert any("/…: not fetched: the job's inputs took more than 0.6 s together ([inputs] max_seconds)" in f
+               for f in found), found
 
 
 def test_a_trickle_is_cut_at_the_whole_download_bound(tmp_path: Path) -> None:
@@ -198,7 +256,8 @@ def test_the_shape_of_an_input_from_elsewhere_is_checked(tmp_path: Path) -> None
                                  url_line(3, {"url": "s3://bucket/a.png"}),
                                  url_line(4, {"url": "https://files.example/a.png", "s3": "s3://b/k"}),
                                  url_line(5, {"url": "https://files.example/a.png", "name": "../x.png"}),
-                                 url_line(6, {"s3": "s3://bucket-only"})])
+                                 url_line(6, {"s3": "s3://bucket-only"}),
+                                 url_line(7, {"url": "http://[::1/cat.png"})])  # no URL: urlsplit's ValueError
     found = problems(path)
     assert '1: set \'1.image\': "url" must be an https:// URL' in found[0]
     assert "2: " in found[1] and "not an http:// or https:// URL" in found[1]
@@ -206,6 +265,7 @@ def test_the_shape_of_an_input_from_elsewhere_is_checked(tmp_path: Path) -> None
     assert "give \"url\" or \"s3\", not both" in found[3]
     assert "\"name\" must be a file name" in found[4]
     assert "is not s3://bucket/key" in found[5]
+    assert found[6].startswith("7: ") and "url (unreadable url) is not an http:// or https:// URL" in found[6], found
 
 
 @pytest.mark.parametrize(("text", "expected"), [
@@ -281,4 +341,27 @@ def test_the_forked_reader_of_a_large_submit_uses_what_validation_fetched(tmp_pa
         jobs.close()
     assert not os.path.exists(staged)
     assert q.read_asset(assets.hash_bytes(DATA)) == DATA
+    q.close()
+
+
+def test_a_line_submitted_again_after_its_urls_content_changed_is_the_same_job(tmp_path: Path) -> None:
+    """A job is named by its line as written: an input by URL by its reference (the URL, any expected hash), never
+    by the bytes fetched. A redelivered broker message or a resubmitted file whose URL now serves other bytes is
+    the job already submitted (it keeps the first bytes), neither a second job nor a conflict."""
+    q = SQLiteQueue(tmp_path / "queue.db")
+    with file_server(files={"/cat.png": DATA}) as server:
+        url = f"{server.url}/cat.png"
+        path = write_jobs(tmp_path, [{"set": {"1.image": {"url": url}}}, url_line(1, {"url": url, "name": "c.png"})])
+        results = []
+        for data in (DATA, DATA + b"changed"):
+            server.files["/cat.png"] = data
+            jobs = JobsFile(path, remote=PRIVATE_OK)
+            try:
+                assert jobs.validate().ok
+                results.append(q.submit(list(jobs.jobs())))
+            finally:
+                jobs.close()
+        assert server.got == ["/cat.png", "/cat.png"]  # fetched each time: the new bytes were seen
+    assert [(r.inserted, r.existing) for r in results] == [(2, 0), (0, 2)]
+    assert {assets.ref_hash(job.params["1.image"]) for job in q.iter_jobs()} == {assets.hash_bytes(DATA)}
     q.close()

@@ -4,14 +4,19 @@ queue) and the API (an ``info.url`` in a ``core/ASSET`` reference; 422 ``missing
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import io
 import json
+import socket
+import tempfile
+import threading
 import uuid
 from pathlib import Path
 from typing import Any
 
 import httpx
+import pika
 import pytest
 from comfy_low.models import ErrorEnvelope
 from comfy_low.models import Job as JobModel
@@ -104,6 +109,38 @@ def test_the_consumer_fetches_and_sends_a_refused_input_to_the_invalid_queue(tmp
             queue.close()
 
 
+def test_a_message_redelivered_after_its_urls_content_changed_is_the_same_job(tmp_path: Path,
+                                                                               broker: Broker) -> None:  # noqa: F811
+    """The consumer inserts a message without an id, then loses its connection before the ack; the URL serves other
+    bytes by the redelivery. The message is named by its line as written (the URL), not by the bytes fetched: the
+    redelivery is the job already in the queue, not a second job (none runs twice) nor an invalid message."""
+    config = broker_config(tmp_path, broker)
+    config = dataclasses.replace(config, inputs=InputsConfig(allow_private=True, timeout_seconds=5.0))
+    (tmp_path / "workflows" / "wf.json").write_text(json.dumps(INVERT))
+    with file_server(files={"/cat.png": DATA}) as server:
+        body = json.dumps({"workflow": "wf.json", "set": {"1.image": {"url": f"{server.url}/cat.png"}}}).encode()
+        cuts: list[int] = []
+
+        def cut_once() -> None:  # committed, not acknowledged: RabbitMQ delivers the message again
+            if not cuts:
+                cuts.append(1)
+                server.files["/cat.png"] = random_png(4)
+                raise pika.exceptions.StreamLostError("cut between commit and ack (test)")
+
+        broker.publish([body])
+        queue = open_queue(config)
+        try:
+            with Running(Consumer(config, queue, after_commit=cut_once)) as consumer:
+                wait_for(lambda: consumer.counts["acked"] == 1, what="the redelivery acknowledged")
+                assert (consumer.counts["inserted"], consumer.counts["existing"]) == (1, 1)
+            assert server.got == ["/cat.png", "/cat.png"]  # the redelivery fetched the changed bytes
+            [job] = list(queue.iter_jobs())
+            assert assets.ref_hash(job.params["1.image"]) == assets.hash_bytes(DATA)
+            assert broker.depth(broker.names["invalid_queue"]) == 0
+        finally:
+            queue.close()
+
+
 def reference(url: str, **info: Any) -> dict[str, Any]:
     return {"__type": "core/ASSET", "info": {"url": url, **info}}
 
@@ -137,6 +174,127 @@ def test_the_api_fetches_an_asset_reference_by_url_and_refuses_one_it_cannot(tmp
         assert len(list(queue.iter_jobs())) == 1
     finally:
         queue.close()
+
+
+def test_the_api_removes_the_download_of_a_client_that_left(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The API cancels a request whose client has gone (handler_cancellation); the download in its thread goes on
+    and must not leave its file in the staging folder when it ends, nor insert a job nobody was told of."""
+    from comfysup.api import app as app_module
+
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(staging))
+    cancelled = threading.Event()
+    real = app_module.post_job
+
+    async def watched(request: Any) -> Any:
+        try:
+            return await real(request)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    monkeypatch.setattr(app_module, "post_job", watched)
+    config = api_config(tmp_path, sections={"inputs": {"allow_private": True, "timeout_seconds": 5.0}})
+    with file_server(held={"/slow.png": DATA}) as server, running_api(config) as url:
+        workflow = json.loads(json.dumps(INVERT))
+        workflow["1"]["inputs"]["image"] = reference(f"{server.url}/slow.png")
+        body = json.dumps({"workflow": workflow}).encode()
+        host, _, port = url.removeprefix("http://").partition(":")
+        with socket.create_connection((host, int(port)), timeout=10) as client:
+            client.sendall(f"POST /api/v2/jobs HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+                           f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+            assert server.asked.wait(10), "the API did not start the download"
+        assert cancelled.wait(10), "the API did not cancel the request of the client that left"
+        server.go.set()  # the download ends after its request was cancelled
+        wait_for(lambda: not any(staging.iterdir()), 10, "the staging folder emptied")
+    queue = open_queue(config)
+    try:
+        assert list(queue.iter_jobs()) == []
+    finally:
+        queue.close()
+
+
+def test_the_api_downloads_in_threads_of_its_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not in the loop's default executor: uploads and the queue file's watch run there, and a few slow URLs
+    (each may take [inputs] max_seconds) would hold all of its threads."""
+    from comfysup.api.intake import Intake
+
+    threads: list[str] = []
+    real = Intake.fetch
+
+    def fetch(self: Intake, body: Any) -> Any:
+        threads.append(threading.current_thread().name)
+        return real(self, body)
+
+    monkeypatch.setattr(Intake, "fetch", fetch)
+    with running_api(api_config(tmp_path)) as url:
+        httpx.post(f"{url}/api/v2/jobs", json={"workflow": INVERT}, timeout=30)
+    assert len(threads) == 1 and threads[0].startswith("comfysup-api-fetch"), threads
+
+
+def test_the_api_stops_its_downloads_when_it_stops(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A download in flight when the API stops ends at its next bytes, not at [inputs] max_seconds: the process
+    waits for its threads at exit, and a trickle of a byte now and then would hold the stop for ten minutes."""
+    from comfysup.api.intake import Intake
+
+    ended = threading.Event()
+    real = Intake.fetch
+
+    def fetch(self: Intake, body: Any) -> Any:
+        try:
+            return real(self, body)
+        finally:
+            ended.set()
+
+    monkeypatch.setattr(Intake, "fetch", fetch)
+    config = api_config(tmp_path, sections={"inputs": {"allow_private": True, "timeout_seconds": 5.0}})
+    with file_server() as server:
+        with running_api(config) as url:
+            workflow = json.loads(json.dumps(INVERT))
+            workflow["1"]["inputs"]["image"] = reference(f"{server.url}/trickle")
+            poster = threading.Thread(target=lambda: httpx.post(f"{url}/api/v2/jobs", json={"workflow": workflow},
+                                                                timeout=60), daemon=True)
+            poster.start()
+            wait_for(lambda: server.got == ["/trickle"], 10, "the download to start")
+        assert ended.wait(10), "the download went on after the API stopped"
+        poster.join(10)
+
+
+def test_the_api_stops_fetching_once_a_jobs_inputs_pass_its_bound(tmp_path: Path) -> None:
+    files = {f"/{n}.png": bytes([n]) * 3000 for n in range(3)}
+    config = api_config(tmp_path, sections={"inputs": {"allow_private": True, "timeout_seconds": 5.0},
+                                            "assets": {"max_file_mb": 1, "max_job_mb": 1}})
+    config = dataclasses.replace(config, assets=dataclasses.replace(config.assets, max_job_mb=5000 / 2**20))
+    with file_server(files=files) as server, running_api(config) as url:
+        workflow = json.loads(json.dumps(INVERT))
+        for n, (node, key) in enumerate((("1", "image"), ("2", "image"), ("3", "filename_prefix"))):
+            workflow[node]["inputs"][key] = reference(f"{server.url}/{n}.png")
+        answer = httpx.post(f"{url}/api/v2/jobs", json={"workflow": workflow}, timeout=30)
+        assert server.got == ["/0.png", "/1.png"]
+    assert answer.status_code == 422, answer.text
+    assert "are more than 5,000 bytes together ([assets] max_job_mb)" in answer.json()["error"]["message"]
+
+
+def test_a_reused_key_names_its_job_after_its_url_is_gone(tmp_path: Path) -> None:
+    """A client that retries a POST it got no answer to (same Idempotency-Key) is told the key's job (keys are
+    single-use: 422 idempotency_key_reuse with details.job_id), even when the URL it named has expired since (a
+    presigned link): not missing_asset, which would hide that its job exists."""
+    config = api_config(tmp_path, sections={"inputs": {"allow_private": True, "timeout_seconds": 5.0}})
+    with file_server(files={"/cat.png": DATA}) as server, running_api(config) as url:
+        workflow = json.loads(json.dumps(INVERT))
+        workflow["1"]["inputs"]["image"] = reference(f"{server.url}/cat.png")
+        key = {"Idempotency-Key": "retry-me-1"}
+        first = httpx.post(f"{url}/api/v2/jobs", json={"workflow": workflow}, headers=key, timeout=30)
+        assert first.status_code == 201, first.text
+        server.files.clear()  # the link expired
+        again = httpx.post(f"{url}/api/v2/jobs", json={"workflow": workflow}, headers=key, timeout=30)
+        other = httpx.post(f"{url}/api/v2/jobs", json={"workflow": workflow}, headers={"Idempotency-Key": "new"},
+                           timeout=30)
+    assert again.status_code == 422, again.text
+    error = again.json()["error"]
+    assert error["code"] == "idempotency_key_reuse" and error["details"]["job_id"] == first.json()["id"]
+    assert other.status_code == 422 and other.json()["error"]["code"] == "missing_asset"  # a new job needs it
 
 
 def test_the_api_refuses_a_private_url_without_allow_private(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from s3_support import ACCESS_KEY, REGION, SECRET_KEY, SeaweedS3, aws_env, seaweed  # noqa: F401
+from s3_support import ACCESS_KEY, REGION, SECRET_KEY, SeaweedS3, aws_env  # noqa: F401  (seaweed: conftest.py)
 
 from comfysup import assets
 from comfysup.config import InputsConfig
@@ -35,7 +35,7 @@ def settings(server: SeaweedS3, **more: object) -> InputsConfig:
 
 
 @pytest.mark.usefixtures("aws_env")
-def test_an_s3_input_is_stored_and_what_s3_refuses_is_said_per_line(tmp_path: Path, seaweed: SeaweedS3) -> None:  # noqa: F811
+def test_an_s3_input_is_stored_and_what_s3_refuses_is_said_per_line(tmp_path: Path, seaweed: SeaweedS3) -> None:
     bucket = seaweed.bucket()
     seaweed.client().put_object(Bucket=bucket, Key="in/cat.png", Body=DATA)
     seaweed.client().put_object(Bucket=bucket, Key="in/big.png", Body=b"x" * 5000)
@@ -65,7 +65,7 @@ def test_an_s3_input_is_stored_and_what_s3_refuses_is_said_per_line(tmp_path: Pa
     q.close()
 
 
-def test_credentials_come_from_an_aws_profile_and_wrong_ones_are_said(tmp_path: Path, seaweed: SeaweedS3,  # noqa: F811
+def test_credentials_come_from_an_aws_profile_and_wrong_ones_are_said(tmp_path: Path, seaweed: SeaweedS3,
                                                                       aws_env: None,  # noqa: F811
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     bucket = seaweed.bucket()
@@ -89,7 +89,7 @@ def test_credentials_come_from_an_aws_profile_and_wrong_ones_are_said(tmp_path: 
 
 @pytest.mark.usefixtures("aws_env")
 def test_submit_reads_its_endpoint_from_the_config_and_doors_read_only_named_buckets(
-        capsys: pytest.CaptureFixture[str], tmp_path: Path, seaweed: SeaweedS3) -> None:  # noqa: F811
+        capsys: pytest.CaptureFixture[str], tmp_path: Path, seaweed: SeaweedS3) -> None:
     bucket = seaweed.bucket()
     seaweed.client().put_object(Bucket=bucket, Key="cat.png", Body=DATA)
     path = write_jobs(tmp_path, [{"s3": f"s3://{bucket}/cat.png"}])

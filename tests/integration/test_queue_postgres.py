@@ -6,6 +6,7 @@ import json
 import os
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import psycopg
@@ -14,6 +15,7 @@ from pg_support import pg_url  # noqa: F401  (a fixture)
 from queue_contract import LEASE, T0, QueueContract, make_job
 
 from comfysup.errors import DatabaseUnavailable, LeaseLost, QueueError
+from comfysup.queue.base import NewJob, Output
 from comfysup.queue.postgres import SCHEMA_VERSION, PostgresQueue, describe_url
 
 
@@ -53,11 +55,12 @@ def test_v9_adds_the_api_registry_and_keeps_the_jobs(pg_url: str) -> None:  # no
     q = PostgresQueue(pg_url)
     q.submit([make_job(1)], now=T0)
     q.close()
-    _sql(pg_url, "DROP TABLE api_endpoints")  # back to v8
-    _sql(pg_url, "DELETE FROM schema_version WHERE version = 9")
+    _sql(pg_url, "DROP TABLE api_endpoints, output_assets, job_previews")  # back to v8 (v10 and v11 undone first)
+    _sql(pg_url, "ALTER TABLE jobs DROP COLUMN waiting_since")
+    _sql(pg_url, "DELETE FROM schema_version WHERE version >= 9")
     q = PostgresQueue(pg_url)
     try:
-        assert _sql(pg_url, "SELECT max(version) FROM schema_version") == [(SCHEMA_VERSION,)] == [(9,)]
+        assert _sql(pg_url, "SELECT max(version) FROM schema_version") == [(SCHEMA_VERSION,)]
         assert q.get(make_job(1).id).state == "queued"
         q.advertise_api("render-07", "http://10.0.0.7:9189", 100, now=T0)
         endpoint = q.api_endpoint("render-07", now=T0 + 1)
@@ -66,11 +69,54 @@ def test_v9_adds_the_api_registry_and_keeps_the_jobs(pg_url: str) -> None:  # no
         q.close()
 
 
+def test_v10_adds_when_a_running_job_began_to_wait_and_keeps_the_jobs(pg_url: str) -> None:  # noqa: F811
+    """A v9 database opened by this comfysup (issue 32): a running job is shown running, as it was counted; one
+    posted behind another from now on is shown posted."""
+    q = PostgresQueue(pg_url)
+    q.submit([make_job(1), make_job(2)], now=T0)
+    running = q.claim("host-a/1/gpu0/t", "gpu0", 30, now=T0)
+    assert running is not None
+    q.close()
+    _sql(pg_url, "DROP TABLE output_assets, job_previews")  # back to v9 (v11 undone first)
+    _sql(pg_url, "ALTER TABLE jobs DROP COLUMN waiting_since")
+    _sql(pg_url, "DELETE FROM schema_version WHERE version >= 10")
+    q = PostgresQueue(pg_url)
+    try:
+        assert _sql(pg_url, "SELECT max(version) FROM schema_version") == [(SCHEMA_VERSION,)]
+        assert q.states([running.id]) == {running.id: "running"}
+        behind = q.claim("host-a/1/gpu0/t", "gpu0", 30, now=T0)
+        assert behind is not None
+        q.record_prompt(behind, "gpu0", 2, waiting=True)
+        assert q.status(now=T0 + 1).counts["posted"] == 1
+    finally:
+        q.close()
+
+
+def test_v11_gives_outputs_asset_ids_and_keeps_earlier_outputs(pg_url: str) -> None:  # noqa: F811
+    """A v10 database with a job done before (issue 31): its outputs keep no id; a job done now gets one per file."""
+    q = PostgresQueue(pg_url)
+    q.submit([make_job(1), make_job(2)], now=T0)
+    q.complete(q.claim("r", "gpu0", 30, now=T0), [Output("a.png", 1, "00")], now=T0 + 1)
+    q.close()
+    _sql(pg_url, "DROP TABLE output_assets, job_previews")  # back to v10, its done job as v10 wrote it
+    _sql(pg_url, "UPDATE jobs SET outputs = '[{\"name\": \"a.png\", \"size\": 1, \"sha256\": \"00\"}]'")
+    _sql(pg_url, "DELETE FROM schema_version WHERE version = 11")
+    q = PostgresQueue(pg_url)
+    try:
+        assert _sql(pg_url, "SELECT max(version) FROM schema_version") == [(SCHEMA_VERSION,)] == [(11,)]
+        assert [o.id for o in q.get(make_job(1).id).outputs] == [""]
+        q.complete(q.claim("r", "gpu0", 30, now=T0), [Output("b.png", 1, "00")], now=T0 + 2)
+        (made,) = q.get(make_job(2).id).outputs
+        assert made.id and q.output_asset(made.id) == (q.get(make_job(2).id), 0)
+    finally:
+        q.close()
+
+
 def test_machines_opening_at_once_create_the_schema_once(pg_url: str) -> None:  # noqa: F811
     """The advisory lock: several processes opening a new database at the same moment all succeed."""
     _sql(pg_url, "DROP TABLE IF EXISTS announcements, jobs, attempts, machines, deliveries, workflows, affinity_skips, "
          "catalogues, server_catalogues, job_refusals, assets, job_assets, asset_chunks, server_assets, api_assets, "
-         "api_endpoints, schema_version")
+         "api_endpoints, output_assets, job_previews, schema_version")
     errors: list[BaseException] = []
     start = threading.Barrier(6)
 
@@ -346,7 +392,7 @@ def test_a_version_2_database_keeps_its_jobs_and_stores_each_workflow_once_in_v3
 
     _sql(pg_url, "DROP TABLE IF EXISTS announcements, jobs, attempts, machines, deliveries, workflows, affinity_skips, "
          "catalogues, server_catalogues, job_refusals, assets, job_assets, asset_chunks, server_assets, api_assets, "
-         "api_endpoints, schema_version")
+         "api_endpoints, output_assets, job_previews, schema_version")
     sql = pg_backend._named_sql()
     loaded = {"1": {"class_type": "UNETLoader", "inputs": {"unet_name": "flux.safetensors"}},
               "2": {"class_type": "SaveImage", "inputs": {"images": ["1", 0], "filename_prefix": "m"}}}
@@ -375,4 +421,50 @@ def test_a_version_2_database_keeps_its_jobs_and_stores_each_workflow_once_in_v3
     assert [r.model_key for r in records] == [None, None, key, key]
     claim = q.claim("r2", "gpu1", LEASE, now=T0, prefer_model=key, max_wait_seconds=60)
     assert claim is not None and claim.id == make_job(7).id and claim.workflow == loaded
+    q.close()
+
+
+class _Explaining:
+    """A cursor that EXPLAINs the claim statement (the one that opens the attempt) before running it."""
+
+    def __init__(self, cur: psycopg.Cursor) -> None:
+        self.cur, self.plan = cur, ""
+
+    def execute(self, sql: str, args: object = None) -> psycopg.Cursor:
+        if "INSERT INTO attempts" in sql:
+            self.plan = "\n".join(r[0] for r in self.cur.execute("EXPLAIN " + sql, args).fetchall())
+        return self.cur.execute(sql, args)
+
+
+def test_a_claim_walks_the_ready_index_whatever_the_statistics_say(pg_url: str) -> None:  # noqa: F811
+    """Statistics taken while the table was small (here never: autovacuum is off on the test server) made the
+    planner scan every queued row and sort them for each claim; the claim must stop at the index's first row."""
+    q = PostgresQueue(pg_url)
+    text = '{"1":{"class_type":"EmptyImage","inputs":{}}}'  # one small workflow: small rows, few pages
+    q.submit([NewJob(id=str(uuid.uuid4()), workflow=json.loads(text), spec_hash=str(n), workflow_json=text)
+              for n in range(3000)])
+    for strict, key in ((True, None), (False, "model-a")):
+        spy = _Explaining.__new__(_Explaining)
+
+        def claim(cur: psycopg.Cursor, spy: _Explaining = spy, key: str | None = key) -> object:
+            spy.__init__(cur)
+            return q._claim(spy, "host/1/s/t", "s", LEASE, None, key, 0.0 if key is None else 60.0)
+
+        assert q._transaction(claim) is not None
+        assert ("jobs_ready" if strict else "jobs_affinity") in spy.plan, spy.plan
+        assert "Sort" not in spy.plan and "Bitmap Heap Scan on jobs" not in spy.plan, spy.plan
+    q.close()
+
+
+def test_only_writes_marked_not_durable_skip_the_wal_flush(pg_url: str) -> None:  # noqa: F811
+    """A heartbeat or prompt number commits without waiting for the WAL's flush (as SQLite's NORMAL); a claim,
+    an end or a submit always waits."""
+    q = PostgresQueue(pg_url)
+
+    def setting(cur: psycopg.Cursor) -> str:
+        return cur.execute("SHOW synchronous_commit").fetchone()[0]
+
+    assert q._transaction(setting, durable=False) == "off"
+    assert q._transaction(setting) == "on"
+    assert q._transaction(setting, write=False) == "on"  # and it did not outlive its transaction
     q.close()

@@ -16,6 +16,7 @@ from queue_contract import T0, QueueContract, make_job
 from comfysup.errors import DatabaseLocked, DatabaseMissing, QueueError
 from comfysup.queue import sqlite as sqlite_backend
 from comfysup.queue import sqlite_file
+from comfysup.queue.base import Output
 from comfysup.queue.sqlite import SCHEMA_VERSION, SQLiteQueue
 from comfysup.workflows import model_key
 
@@ -468,6 +469,8 @@ def test_finished_counts_follow_every_transition(tmp_path: Path) -> None:
 
 
 UNDO = {
+    15: "DROP TABLE output_assets; DROP TABLE job_previews",
+    14: "ALTER TABLE jobs DROP COLUMN waiting_since",
     13: "DROP TABLE api_endpoints",
     12: "DROP TABLE api_assets",
     11: "DROP TABLE announcements",
@@ -506,7 +509,7 @@ def test_a_version_5_database_counts_its_finished_jobs_in_v6(tmp_path: Path) -> 
     _back_to(path, 5)  # as a queue made by the comfysup before this one left it
     q = SQLiteQueue(path, create=False)
     assert q.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
-    assert q.status(now=T0 + 3).counts == {"queued": 2, "waiting": 0, "running": 1, "done": 1, "dead": 1,
+    assert q.status(now=T0 + 3).counts == {"queued": 2, "waiting": 0, "posted": 0, "running": 1, "done": 1, "dead": 1,
                                            "cancelled": 1}
     assert [j.state for j in q.iter_jobs()].count("queued") == 2  # every job kept
     q.close()
@@ -527,7 +530,7 @@ def test_v7_drops_the_insert_trigger_and_counts_stay_right(tmp_path: Path) -> No
     q.submit([make_job(n) for n in range(4, 8)], now=T0 + 2)
     q.dead(q.claim("r", "gpu0", 30, now=T0 + 2), "x", now=T0 + 3)
     q.cancel([make_job(7).id], now=T0 + 4)
-    assert q.status(now=T0 + 5).counts == {"queued": 5, "waiting": 0, "running": 0, "done": 1, "dead": 1,
+    assert q.status(now=T0 + 5).counts == {"queued": 5, "waiting": 0, "posted": 0, "running": 0, "done": 1, "dead": 1,
                                            "cancelled": 1}
     q.close()
 
@@ -542,7 +545,7 @@ def test_v9_adds_the_attempts_server_url(tmp_path: Path) -> None:
     q.close()
     _back_to(path, 8)
     q = SQLiteQueue(path, create=False)
-    assert q.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 13
+    assert q.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     assert q.attempt_urls(old.id) == []
     q.record_prompt(old, "gpu0", 3, "http://10.0.0.1:8188")
     assert q.attempt_urls(old.id) == [("http://10.0.0.1:8188", 3)]
@@ -564,7 +567,7 @@ def test_v12_adds_api_upload_records_and_keeps_the_inputs_jobs_have(tmp_path: Pa
     assert q.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     assert q.prune_assets(now=T0 + 10**6) == (0, 0)
     assert q.read_asset(cat.hash) == b"cat bytes"
-    record, created_new, _ = q.add_api_asset(cat, "image/png", 3600.0, now=T0)
+    record, created_new = q.add_api_asset(cat, "image/png", 3600.0, now=T0)
     assert not created_new and q.api_asset(record.id) == record
     q.close()
 
@@ -577,11 +580,49 @@ def test_v13_adds_the_api_registry_and_keeps_the_jobs(tmp_path: Path) -> None:
     q.close()
     _back_to(path, 12)
     q = SQLiteQueue(path, create=False)
-    assert q.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 13
+    assert q.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     assert q.get(make_job(1).id).state == "queued"
     q.advertise_api("render-07", "http://10.0.0.7:9189", 100, now=T0)
     endpoint = q.api_endpoint("render-07", now=T0 + 1)
     assert endpoint is not None and endpoint.url == "http://10.0.0.7:9189"
+    q.close()
+
+
+def test_v14_adds_when_a_running_job_began_to_wait_and_keeps_the_jobs(tmp_path: Path) -> None:
+    """A v13 queue opened by this comfysup (issue 32): a running job is shown running, as it was counted; one posted
+    behind another from now on is shown posted."""
+    path = tmp_path / "q.db"
+    q = SQLiteQueue(path)
+    q.submit([make_job(1), make_job(2)], now=T0)
+    running = q.claim("host-a/1/gpu0/t", "gpu0", 30, now=T0)
+    q.close()
+    _back_to(path, 13)
+    q = SQLiteQueue(path, create=False)
+    assert q.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    assert q.states([running.id]) == {running.id: "running"}
+    behind = q.claim("host-a/1/gpu0/t", "gpu0", 30, now=T0)
+    q.record_prompt(behind, "gpu0", 2, waiting=True)
+    assert q.status(now=T0 + 1).counts["posted"] == 1
+    q.close()
+
+
+def test_v15_gives_outputs_asset_ids_and_keeps_earlier_outputs(tmp_path: Path) -> None:
+    """A v14 queue with a job done before (issue 31): its output keeps no id (the API names it <job id>.<n>); a
+    job done now gets an asset id per file, found by output_asset."""
+    path = tmp_path / "q.db"
+    q = SQLiteQueue(path)
+    q.submit([make_job(1), make_job(2)], now=T0)
+    q.complete(q.claim("r", "gpu0", 30, now=T0), [Output("a.png", 1, "00")], now=T0 + 1)
+    q.conn.execute("UPDATE jobs SET outputs = '[{\"name\": \"a.png\", \"size\": 1, \"sha256\": \"00\"}]'")
+    q.conn.commit()
+    q.close()
+    _back_to(path, 14)
+    q = SQLiteQueue(path, create=False)
+    assert q.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 15
+    assert [o.id for o in q.get(make_job(1).id).outputs] == [""]
+    q.complete(q.claim("r", "gpu0", 30, now=T0), [Output("b.png", 1, "00")], now=T0 + 2)
+    (made,) = q.get(make_job(2).id).outputs
+    assert made.id and q.output_asset(made.id) == (q.get(make_job(2).id), 0)
     q.close()
 
 

@@ -136,16 +136,18 @@ def test_without_a_handoff_the_done_and_the_next_claim_are_one_transaction(
 @pytest.mark.timeout(60)
 def test_a_job_posted_again_gets_a_socket_of_its_own(tmp_path: Path, fake: FakeComfy,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    """The second attempt of a job must not read its first run's late messages as its own."""
+    """A job posted again must not read its first run's late messages as its own: here the post after an
+    out-of-memory error, in the same attempt (issue 34), as for a second attempt."""
     counts = Counts(monkeypatch)
     counts.watch(EventStream, "connect")
     fake.script_by_id({job_id(1): ["oom", "ok"]})
     config = write_config(tmp_path, queue_ahead=False)  # the hand-off at the end (issue 7)
     queue = submit(config, [trivial_job(1), trivial_job(2)])
     Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
-    assert queue.get(job_id(1)).state == "done" and queue.get(job_id(1)).attempt == 2
+    assert queue.get(job_id(1)).state == "done" and queue.get(job_id(1)).attempt == 1
     assert queue.get(job_id(2)).state == "done"
     assert counts["connect"] == 2  # the kept socket, and a new client id for the repost
+    assert len(fake.stats()["frees"]) == 1
     queue.close()
 
 

@@ -92,6 +92,7 @@ def test_wrong_type_names_file_key_value_and_expected_type(tmp_path: Path, text:
     ('[metrics]\nlisten = "9188"\n', "[metrics] listen = '9188': expected HOST:PORT"),
     ('[webhooks]\nurl = "ftp://x"\n', "[webhooks] url = 'ftp://x': expected an http:// or https:// URL"),
     ('[webhooks]\nattempts = 0\n', "[webhooks] attempts = 0: must be at least 1"),
+    ('[api]\npath_roots = [""]\n', "[api] path_roots: an empty entry would open the config file's whole folder"),
 ])
 def test_impossible_values_name_file_key_value_and_what_would_do(tmp_path: Path, text: str, expected: str) -> None:
     path = write(tmp_path, text)

@@ -97,6 +97,9 @@ class SlowQueue:
         r = self.record
         return {r.id: JobPulse(r.id, r.state, r.attempt, r.cancel_requested, r.progress)}
 
+    def previews(self, ids: list[str], known: dict[str, int]) -> dict[str, Any]:
+        return {}  # a running job that has sent no preview yet (the watcher asks each tick for those that moved)
+
     async def call(self, fn: Any, *args: Any) -> Any:
         result = fn(*args)
         if fn == self.pulses:

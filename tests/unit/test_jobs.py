@@ -241,3 +241,15 @@ def test_a_reader_that_fails_leaves_nothing_inserted(tmp_path: Path, monkeypatch
         queue.submit(jobs.jobs_read_ahead(batch=50))
     assert queue.status().counts["queued"] == 0
     queue.close()
+
+
+def test_an_input_from_elsewhere_names_its_job_as_written_and_a_file_by_its_content() -> None:
+    from comfysup.jobs.identity import as_written
+
+    ref = {"__type": "core/ASSET", "info": {"hash": "blake3:" + "a" * 64, "file_path": "x.png"}}
+    written = {"1.image": {"url": "https://files.example/cat.png", "sha256": "b" * 64}, "2.image": {"file": "c.png"},
+               "3.mask": {"__type": "core/ASSET", "info": {"url": "s3://in/m.png"}}, "4.seed": 5, "5.image": ref}
+    resolved = {**written, "1.image": ref, "2.image": ref, "3.mask": ref}
+    assert as_written(written, resolved) == {**resolved, "1.image": written["1.image"], "3.mask": written["3.mask"]}
+    plain = {"2.image": ref, "4.seed": 5}
+    assert as_written({"2.image": {"file": "c.png"}, "4.seed": 5}, plain) is plain  # ids of such lines unchanged

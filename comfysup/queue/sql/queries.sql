@@ -16,13 +16,52 @@ UPDATE jobs SET progress = ? {fence} RETURNING 1
 UPDATE jobs SET lease_until = {now} + ? {fence} RETURNING cancel_requested
 
 -- name: record_prompt
--- the prompt a running job was queued as on its server, fenced
-UPDATE jobs SET last_server = ?, last_prompt_number = ? {fence} RETURNING 1
+-- the prompt a running job was queued as on its server, and whether it waits there behind another (since now), fenced
+UPDATE jobs SET last_server = ?, last_prompt_number = ?, waiting_since = CASE WHEN ? THEN {now} END {fence} RETURNING 1
+
+-- name: set_waiting
+-- (issue 32) a running job waits for its server (since now), or no longer does: its execution started, fenced
+UPDATE jobs SET waiting_since = CASE WHEN ? THEN {now} END {fence} RETURNING 1
+
+-- name: executing
+-- (issue 32) the execution of a job queued behind the one that ends in this transaction started (read before
+-- that end): no longer waiting; nothing when that job's claim no longer holds (its own attempt finds out)
+UPDATE jobs SET waiting_since = NULL {fence}
 
 -- name: complete
 -- the job is done: its outputs and the machine that holds them, fenced
 UPDATE jobs SET state = 'done', outputs = ?, finished_at = {now}, reason = NULL, owner = NULL, lease_until = NULL,
     machine = ? {fence} RETURNING 1
+
+-- name: forget_output_assets
+-- the output asset ids of a job done before (a person's retry of it): its new outputs replace them
+DELETE FROM output_assets WHERE job_id = ?
+
+-- name: add_output_asset
+-- an output's asset id, in the transaction that ends its job done
+INSERT INTO output_assets (id, job_id) VALUES (?, ?)
+
+-- name: output_asset_job
+-- the job whose outputs an asset id names
+SELECT job_id FROM output_assets WHERE id = ?
+
+-- name: set_preview
+-- a running job's latest preview, replacing the one before; fenced (a lost claim writes nothing)
+INSERT INTO job_previews (job_id, n, node_id, content_type, data) SELECT id, 1, ?, ?, ? FROM jobs {fence}
+ON CONFLICT (job_id) DO UPDATE SET n = job_previews.n + 1, node_id = excluded.node_id,
+    content_type = excluded.content_type, data = excluded.data
+
+-- name: preview_numbers
+-- how many times each watched job's preview was replaced: the reader fetches only the ones that moved
+SELECT job_id, n FROM job_previews WHERE job_id = ANY(?)
+
+-- name: previews
+-- the latest previews of some jobs
+SELECT job_id, n, node_id, content_type, data FROM job_previews WHERE job_id = ANY(?)
+
+-- name: forget_preview
+-- an attempt ended: its job's preview goes
+DELETE FROM job_previews WHERE job_id = ?
 
 -- name: retry_later
 -- back to the queue until run_after (given, else the delay from now); the prompt number is forgotten
@@ -113,7 +152,7 @@ SELECT workflow FROM workflows WHERE id = ?
 -- what a JobRecord is read from
 jobs.id AS id, state, priority, attempt, workflows.workflow AS workflow, extra_data, meta, params, workflow_name,
 submitted_at, run_after, owner, server, lease_until, started_at, finished_at, reason, outputs, cancel_requested,
-machine, spec_hash, last_server, last_prompt_number, progress, callback_url, model_key
+machine, spec_hash, last_server, last_prompt_number, progress, callback_url, model_key, waiting_since
 
 -- name: ids_starting
 -- (issue 32) the ids that begin with a prefix a person typed, as git takes a commit's (at most a few)
@@ -148,20 +187,55 @@ SELECT url, prompt_number FROM attempts WHERE job_id = ? AND url IS NOT NULL AND
 ORDER BY started_at DESC, attempt DESC LIMIT 100
 
 -- name: states
--- id and state of some jobs, without their workflows
-SELECT id, state FROM jobs WHERE id = ANY(?)
+-- id and state of some jobs as people see it (posted: running, waiting in its server's queue), without workflows
+SELECT id, CASE WHEN state = 'running' AND waiting_since IS NOT NULL THEN 'posted' ELSE state END AS state
+FROM jobs WHERE id = ANY(?)
 
 -- name: pulses
 -- what the API's event streams watch of some jobs (state, attempt, cancel flag, progress), without their workflows
-SELECT id, state, attempt, cancel_requested, progress FROM jobs WHERE id = ANY(?)
+SELECT id, state, attempt, cancel_requested, progress, waiting_since FROM jobs WHERE id = ANY(?)
+
+-- name: place_of
+-- (issue 32) what a job's place in line is read from: its state, priority and seq, its runner and since when it
+-- waits in that runner's server (posted), and whether some catalogue refused it
+SELECT state, priority, seq, owner, waiting_since,
+    EXISTS (SELECT 1 FROM job_refusals r WHERE r.seq = jobs.seq) AS refused FROM jobs WHERE id = ?
+
+-- name: posted_ahead
+-- the jobs posted to one runner's server that wait there ahead of one posted at (waiting_since, seq)
+SELECT count(*) AS n FROM jobs WHERE state = 'running' AND owner = ? AND waiting_since IS NOT NULL
+    AND (waiting_since < ? OR (waiting_since = ? AND seq < ?))
+
+-- name: posted_count
+-- the jobs that wait in their servers' queues: each starts before any queued job
+SELECT count(*) AS n FROM jobs {by_jobs_state} WHERE state = 'running' AND waiting_since IS NOT NULL
+
+-- name: queued_ahead
+-- the ready queued jobs a claim takes before the job at (priority, seq): two ranges of jobs_ready
+SELECT (SELECT count(*) FROM jobs {by_jobs_ready} WHERE state = 'queued' AND priority > ? AND run_after <= {now})
+    + (SELECT count(*) FROM jobs {by_jobs_ready} WHERE state = 'queued' AND priority = ? AND seq < ?
+        AND run_after <= {now}) AS n
+
+-- name: able_both
+-- (a fragment) some server's current catalogue can run both the job at seq ? and the row of jobs
+EXISTS (SELECT 1 FROM server_catalogues s
+    WHERE NOT EXISTS (SELECT 1 FROM job_refusals r WHERE r.seq = ? AND r.catalogue_id = s.catalogue_id)
+    AND NOT EXISTS (SELECT 1 FROM job_refusals r WHERE r.seq = jobs.seq AND r.catalogue_id = s.catalogue_id))
+
+-- name: queued_ahead_able
+-- queued_ahead for a job some catalogue refused: only the jobs that a server able to run it could run instead
+SELECT (SELECT count(*) FROM jobs {by_jobs_ready} WHERE state = 'queued' AND priority > ? AND run_after <= {now}
+        AND {able_both})
+    + (SELECT count(*) FROM jobs {by_jobs_ready} WHERE state = 'queued' AND priority = ? AND seq < ?
+        AND run_after <= {now} AND {able_both}) AS n
 
 -- name: waiting
 -- queued jobs waiting to retry
 SELECT count(*) AS n FROM jobs {by_jobs_ready} WHERE state = 'queued' AND run_after > {now}
 
 -- name: running
--- the running jobs, oldest start first
-SELECT id, owner, server, attempt, started_at, lease_until, progress FROM jobs WHERE state = 'running'
+-- the running jobs (those that wait in their server's queue too), oldest start first
+SELECT id, owner, server, attempt, started_at, lease_until, progress, waiting_since FROM jobs WHERE state = 'running'
 ORDER BY started_at
 
 -- name: recent_dead
@@ -181,8 +255,11 @@ GROUP BY state
 -- attempts that ended since a time, with the numbers metrics take from their traces (counted here)
 SELECT a.job_id AS job_id, a.attempt AS attempt, a.outcome AS outcome, a.kind AS kind, a.started_at AS started_at,
     a.ended_at AS ended_at, {trace_nodes} AS nodes_run, {trace_cached} AS nodes_cached,
+    {trace_wait} AS comfyui_wait_s, {trace_run} AS run_s,
     j.workflow_name AS workflow_name, j.submitted_at AS submitted_at,
-    (SELECT min(f.started_at) FROM attempts f WHERE f.job_id = a.job_id) AS first_started_at
+    (SELECT min(f.started_at) FROM attempts f WHERE f.job_id = a.job_id) AS first_started_at,
+    CASE WHEN a.outcome IN ('done', 'dead', 'cancelled') THEN (SELECT {first_wait} FROM attempts f
+        WHERE f.job_id = a.job_id ORDER BY f.started_at, f.attempt LIMIT 1) END AS first_comfyui_wait_s
 FROM attempts a JOIN jobs j ON j.id = a.job_id {trace_doc} WHERE a.ended_at >= ? ORDER BY a.ended_at LIMIT ?
 
 -- name: ended_count

@@ -33,13 +33,27 @@ coalesce(json_array_length(a.trace, '$.nodes'), 0)
 -- nodes served from ComfyUI's cache in an attempt's trace
 coalesce(json_array_length(a.trace, '$.cached'), 0)
 
+-- name: trace_wait
+-- (issue 32) seconds an attempt waited in ComfyUI's queue, from its trace (NULL without one)
+json_extract(a.trace, '$.comfyui_wait_s')
+
+-- name: trace_run
+-- (issue 32) seconds an attempt ran (its claim to its end, less that wait), from its trace
+json_extract(a.trace, '$.run_s')
+
+-- name: first_wait
+-- (issue 32) of a job's first attempt (f): seconds it waited in ComfyUI's queue, from its trace
+json_extract(f.trace, '$.comfyui_wait_s')
+
 -- name: trace_doc
 -- SQLite reads the trace text as it is
 
 -- name: state_counts
--- running and queued jobs counted through the index, finished ones as their triggers counted them
+-- running and queued jobs counted through the index, finished ones as their triggers counted them; posted: the
+-- running jobs that wait in their server's queue (counted among running too)
 SELECT state, count(*) AS n FROM jobs INDEXED BY jobs_state WHERE state IN ('queued', 'running') GROUP BY state
 UNION ALL SELECT state, n FROM finished_counts
+UNION ALL SELECT 'posted', count(*) FROM jobs INDEXED BY jobs_state WHERE state = 'running' AND waiting_since IS NOT NULL
 
 -- name: oldest_queued
 -- a queued job has no finished_at, so jobs_state hands min(seq) over at once
@@ -65,7 +79,7 @@ WITH head AS ({head}) SELECT head.seq, head.priority,
 -- name: take
 -- the claimed job's row
 UPDATE jobs SET state = 'running', attempt = attempt + 1, owner = ?, server = ?, lease_until = ?, started_at = ?,
-    progress = NULL WHERE seq = ?
+    progress = NULL, waiting_since = NULL WHERE seq = ?
 RETURNING id, attempt, last_server, last_prompt_number, reason, cancel_requested, model_key
 
 -- name: spec
@@ -158,6 +172,14 @@ DELETE FROM deliveries WHERE job_id = ANY(?)
 -- name: prune_announcements
 -- the pruned jobs' broker announcements
 DELETE FROM announcements WHERE job_id = ANY(?)
+
+-- name: prune_output_assets
+-- the pruned jobs' output asset ids
+DELETE FROM output_assets WHERE job_id = ANY(?)
+
+-- name: prune_previews
+-- the pruned jobs' previews (one outlives its attempt only when its runner died)
+DELETE FROM job_previews WHERE job_id = ANY(?)
 
 -- name: prune_workflow
 -- a workflow no remaining job uses

@@ -1,0 +1,178 @@
+"""bench/coldstart.py: how long the first job takes after `comfysup run` starts, with and without `[comfyui] warmup`.
+
+One slot (`gpus = "cpu:1"`) of fake_comfy launched by `comfysup run` exactly as ComfyUI would be, whose checkpoint
+loader costs `--load-ms` the first time it loads a model (a real server's cold start: reading the weights, the first
+kernels) and whose nodes take `--node-ms`. The job is a trivial image job with a CheckpointLoaderSimple linked in;
+the warm-up workflow (`[comfyui] warmup`) loads the same checkpoint. Two measures, each the median of `--repeats`
+fresh installations:
+
+- **queued before the start**: the job is in the queue when `comfysup run` starts; time from the start to its
+  `done`. A warm-up cannot make this faster (the server warms up, then runs the job): it shows what the warm-up
+  costs when work is already waiting.
+- **sent when ready**: `comfysup run` starts with an empty queue; once the machine says it is ready (GET /ready 200
+  on the status server: a warm slot with the warm-up, a running one without), one job is submitted (`comfysup
+  submit`, a process start included) and timed to its `done`: the first job a load balancer sends. With the
+  warm-up it no longer pays the model load.
+
+    .venv/bin/python bench/coldstart.py                      # load 2000 ms, nodes 20 ms, 5 repeats
+    .venv/bin/python bench/coldstart.py --load-ms 8000 --repeats 3
+"""
+
+# ruff: noqa: E402  (the sys.path fix below must run before the other imports)
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]  # bench/queue.py must not shadow queue
+
+import argparse
+import json
+import signal
+import sqlite3
+import statistics
+import subprocess
+import tempfile
+import time
+import uuid
+from typing import Any
+
+import requests
+import tomli_w
+
+ROOT = HERE.parent
+TRIVIAL = json.loads((ROOT / "examples" / "workflows" / "trivial.json").read_text())
+CHECKPOINT = "sd15.safetensors"
+
+
+def workflow() -> dict[str, Any]:
+    """The trivial job with a checkpoint loader linked in: the fake costs --load-ms when its model changes."""
+    graph = json.loads(json.dumps(TRIVIAL))
+    graph["4"] = {"class_type": "CheckpointLoaderSimple", "inputs": {"ckpt_name": CHECKPOINT}}
+    graph["2"]["inputs"]["model_hint"] = ["4", 0]  # an input ImageInvert ignores, linking the loader in
+    return graph
+
+
+def install(folder: Path, warmup: bool, load_ms: float, node_ms: float) -> Path:
+    (folder / "warmup.json").write_text(json.dumps({**workflow(), "3": {"class_type": "PreviewImage",
+                                                                         "inputs": {"images": ["2", 0]}}}))
+    fake = ["--node-ms", str(node_ms), "--load-ms", str(load_ms), "--models", f"checkpoints={CHECKPOINT}"]
+    comfyui: dict[str, Any] = {"main": str(ROOT / "fake_comfy" / "main.py"), "gpus": "cpu:1",
+                               "base_port": free_base_port(), "extra_args": fake, "startup_seconds": 60.0}
+    if warmup:
+        comfyui["warmup"] = "warmup.json"
+    doc = {"queue": {"path": "var/queue.db"}, "store": {"dir": "var/results"}, "comfyui": comfyui,
+           "runner": {"poll_seconds": 0.2}, "metrics": {"listen": "127.0.0.1:0"}, "api": {"listen": ""}}
+    path = folder / "config.toml"
+    path.write_bytes(tomli_w.dumps(doc).encode())
+    return path
+
+
+def free_base_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def submit(config: Path, job: str) -> None:
+    jobs = config.parent / f"jobs-{job[:8]}.jsonl"
+    jobs.write_text(json.dumps({"id": job, "workflow": workflow()}) + "\n")
+    out = subprocess.run([sys.executable, "-m", "comfysup", "submit", str(jobs), "--config", str(config)],
+                         capture_output=True, text=True, cwd=ROOT, timeout=60)
+    if out.returncode != 0:
+        raise SystemExit(f"submit failed: {out.stderr}")
+
+
+def wait(condition: Any, seconds: float, what: str, step: float = 0.01) -> Any:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(step)
+    raise SystemExit(f"timed out waiting for {what}")
+
+
+def done(config: Path, job: str) -> bool:
+    try:
+        with sqlite3.connect(f"file:{config.parent / 'var' / 'queue.db'}?mode=ro", uri=True, timeout=1) as db:
+            row = db.execute("SELECT state FROM jobs WHERE id = ?", (job,)).fetchone()
+    except sqlite3.Error:
+        return False
+    if row and row[0] not in ("queued", "running", "done"):
+        raise SystemExit(f"job {job} ended {row[0]}")
+    return bool(row and row[0] == "done")
+
+
+def ready(config: Path) -> bool:
+    try:
+        state = json.loads((config.parent / "var" / "supervisor.json").read_text())
+        url = state.get("metrics_url")
+        return bool(url) and requests.get(f"{url}ready", timeout=1).status_code == 200
+    except (OSError, ValueError, requests.RequestException):
+        return False
+
+
+def once(warmup: bool, queued_first: bool, load_ms: float, node_ms: float) -> dict[str, float]:
+    with tempfile.TemporaryDirectory(prefix="coldstart-") as tmp:
+        config = install(Path(tmp), warmup, load_ms, node_ms)
+        job = str(uuid.uuid4())
+        if queued_first:
+            submit(config, job)
+        with open(Path(tmp) / "run.log", "wb") as log:
+            start = time.monotonic()
+            proc = subprocess.Popen([sys.executable, "-m", "comfysup", "run", "--config", str(config)], cwd=ROOT,
+                                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            try:
+                return measure(config, job, queued_first, start)
+            finally:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(60)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+
+
+def measure(config: Path, job: str, queued_first: bool, start: float) -> dict[str, float]:
+    out: dict[str, float] = {}
+    if not queued_first:
+        wait(lambda: ready(config), 120, "GET /ready 200", step=0.02)
+        out["run_to_ready"] = time.monotonic() - start
+        sent = time.monotonic()
+        submit(config, job)
+        wait(lambda: done(config, job), 120, "the job")
+        out["submit_to_done"] = time.monotonic() - sent
+    else:
+        wait(lambda: done(config, job), 120, "the job")
+    out["run_to_done"] = time.monotonic() - start
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--load-ms", type=float, default=2000.0, help="the fake's first model load (default 2000)")
+    parser.add_argument("--node-ms", type=float, default=20.0, help="each node's time (default 20)")
+    parser.add_argument("--repeats", type=int, default=5, help="fresh installations per cell (default 5)")
+    args = parser.parse_args()
+    print(f"fake_comfy, 1 slot, load {args.load_ms:g} ms, nodes {args.node_ms:g} ms, median of {args.repeats}")
+    print(f"{'measure':<22} {'warm-up':<8} {'run→ready s':>12} {'submit→done s':>14} {'run→done s':>11}")
+    for queued_first in (True, False):
+        samples: dict[bool, list[dict[str, float]]] = {False: [], True: []}
+        for _ in range(args.repeats):
+            for warmup in (False, True):  # alternated, so a slow moment of the machine hits both alike
+                samples[warmup].append(once(warmup, queued_first, args.load_ms, args.node_ms))
+        for warmup in (False, True):
+            def median(key: str, cell: list[dict[str, float]] = samples[warmup]) -> str:
+                values = [s[key] for s in cell if key in s]
+                return f"{statistics.median(values):.2f}" if values else "-"
+
+            name = "queued before start" if queued_first else "sent when ready"
+            print(f"{name:<22} {'yes' if warmup else 'no':<8} {median('run_to_ready'):>12} "
+                  f"{median('submit_to_done'):>14} {median('run_to_done'):>11}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

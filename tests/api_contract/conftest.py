@@ -1,0 +1,103 @@
+"""The API under the conformance suite: comfysup's API with a bearer token and one allowed browser origin, over a
+SQLite queue whose first job a real runner ran on fake_comfy, once per ComfyUI version the fake answers as."""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from comfysup.config import Config
+from comfysup.runner.loop import Runner
+from fake_comfy import FakeComfy
+from tests.api_support import api_config, running_api
+from tests.conftest import COMFYUI_VERSIONS
+
+ROOT = Path(__file__).resolve().parents[2]
+GRAPH = json.loads((ROOT / "examples" / "workflows" / "trivial.json").read_text())
+TOKEN = "contract-token"
+APP_ORIGIN = "https://app.example"
+RUNNER = {"attempts": 2, "base_delay_seconds": 0.05, "max_delay_seconds": 0.2, "jitter": False,
+          "timeout_seconds": 20.0, "poll_seconds": 0.2, "lease_seconds": 10.0, "heartbeat_seconds": 0.5,
+          "http_timeout_seconds": 5.0}
+
+
+class Contract:
+    """The API's address and what the cases build on: requests with the token, fresh jobs and uploads."""
+
+    def __init__(self, url: str, config: Config, fake: FakeComfy, version: str) -> None:
+        self.url = url
+        self.config = config
+        self.fake = fake
+        self.version = version
+        self.client = httpx.Client(base_url=url, timeout=20.0)
+        self.finished = ""
+        """A job the runner ran to its end on fake_comfy (succeeded, one output)."""
+
+    def send(self, method: str, path: str, *, auth: bool = True, headers: dict[str, str] | None = None,
+             **kwargs: Any) -> httpx.Response:
+        sent = {"Authorization": f"Bearer {TOKEN}"} if auth else {}
+        return self.client.request(method, path, headers={**sent, **(headers or {})}, **kwargs)
+
+    def graph(self) -> dict[str, Any]:
+        """The trivial workflow with a colour of its own, so each job is another job."""
+        graph = json.loads(json.dumps(GRAPH))
+        graph["1"]["inputs"]["color"] = uuid.uuid4().int % 2**24
+        return graph
+
+    def job(self, **headers: str) -> str:
+        answer = self.send("POST", "/api/v2/jobs", json={"workflow": self.graph()}, headers=headers)
+        assert answer.status_code == 201, answer.text
+        return str(answer.json()["id"])
+
+    def upload(self, data: bytes | None = None, key: str | None = None, **fields: str) -> httpx.Response:
+        data = os.urandom(64) if data is None else data
+        form = {"content_type": "image/png", "file_path": "photo.png", **fields}
+        return self.send("POST", "/api/v2/assets", files={"file": ("photo.png", data, "image/png")}, data=form,
+                         headers={"Idempotency-Key": key} if key else {})
+
+    def asset(self) -> dict[str, Any]:
+        answer = self.upload()
+        assert answer.status_code == 201, answer.text
+        return dict(answer.json())
+
+    def run_queued(self) -> None:
+        """Every queued job run by a real runner on the fake, to its end."""
+        Runner(self.config, "cpu0", self.fake.url, until_empty=True).run()
+
+    @contextmanager
+    def bounded(self) -> Iterator[str]:
+        """A second API process on the same queue with ``[api] max_queued = 1``."""
+        folder = Path(self.config.root) / f"bounded-{uuid.uuid4().hex[:6]}"
+        folder.mkdir()
+        config = api_config(folder, sections={"queue": {"path": self.config.queue.path}}, token=TOKEN,
+                            max_queued=1)
+        with running_api(config) as url:
+            yield url
+
+
+@pytest.fixture(scope="module", params=COMFYUI_VERSIONS)
+def contract(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Contract]:
+    version = str(request.param)
+    tmp = tmp_path_factory.mktemp(f"contract-{version}")
+    fake = FakeComfy(base_directory=tmp / "fake", node_ms=1, comfyui_version=version)
+    fake.start()
+    try:
+        config = api_config(tmp, sections={"runner": RUNNER}, token=TOKEN, allowed_origins=[APP_ORIGIN])
+        with running_api(config) as url:
+            ctx = Contract(url, config, fake, version)
+            ctx.finished = ctx.job()
+            ctx.run_queued()
+            try:
+                yield ctx
+            finally:
+                ctx.client.close()
+    finally:
+        fake.stop()

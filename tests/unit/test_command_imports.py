@@ -1,0 +1,54 @@
+"""`comfysup status` and `comfysup submit` import only what they use (issue 35: start within 0.1 s of a bare
+Python). Each heavy module named here was once imported by them for nothing they did."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from comfysup.slotstate import pid_exists
+
+REPO = Path(__file__).resolve().parents[2]
+RUN = ("import atexit, sys\n"
+       "atexit.register(lambda: print('MODULES', ' '.join(sorted(sys.modules)), file=sys.stderr))\n"
+       "from comfysup.cli import main\n"
+       "raise SystemExit(main(sys.argv[1:]))\n")
+NOT_FOR_STATUS = ("prometheus_client", "psutil", "comfysup.jobs", "urllib3", "websocket", "comfysup.runner")
+NOT_FOR_SUBMIT = ("prometheus_client", "psutil", "urllib3", "websocket", "comfysup.runner", "comfysup.supervisor")
+
+
+def _modules(tmp_path: Path, *argv: str) -> set[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COMFYSUP_")} | {"PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-c", RUN, *argv, "--config", str(tmp_path / "config.toml")], env=env,
+                          cwd=tmp_path, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    line = next(line for line in done.stderr.splitlines() if line.startswith("MODULES "))
+    return set(line.split()[1:])
+
+
+@pytest.mark.parametrize(("command", "absent"), [("submit", NOT_FOR_SUBMIT), ("status", NOT_FOR_STATUS)])
+def test_a_command_imports_only_what_it_uses(tmp_path: Path, command: str, absent: tuple[str, ...]) -> None:
+    (tmp_path / "config.toml").write_text(f'[queue]\npath = "{tmp_path / "q.db"}"\n')
+    workflow = {"1": {"class_type": "EmptyImage", "inputs": {}}, "2": {"class_type": "SaveImage",
+                                                                   "inputs": {"images": ["1", 0]}}}
+    (tmp_path / "jobs.jsonl").write_text(json.dumps({"id": str(uuid.uuid4()), "workflow": workflow}) + "\n")
+    modules = _modules(tmp_path, "submit", "jobs.jsonl")  # status reads the queue this makes
+    if command == "status":
+        modules = _modules(tmp_path, "status")
+    imported = sorted(m for m in modules if any(m == a or m.startswith(a + ".") for a in absent))
+    assert not imported, f"comfysup {command} imported {imported}"
+
+
+def test_pid_exists_tells_a_live_process_from_one_that_ended() -> None:
+    assert pid_exists(os.getpid())
+    assert pid_exists(1)  # init: alive, and not ours to signal unless we are root, which still says it exists
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()
+    assert not pid_exists(ended.pid)
+    assert not pid_exists(0) and not pid_exists(-1)
