@@ -105,8 +105,11 @@ def test_real_comfyui_animated_outputs_are_stored_with_their_type(tmp_path, comf
     encoder's error, which says so)."""
     from comfysup.assets import media_type
 
+    # Distinct frames (a colour, then its inverse): libwebp writes equal frames as a still WebP, without ANIM.
     batch = {"1": {"class_type": "EmptyImage", "inputs": {"width": 64, "height": 64, "batch_size": 4, "color": 255}},
-             "2": {"class_type": "SaveAnimatedWEBP", "inputs": {"images": ["1", 0], "filename_prefix": "anim",
+             "3": {"class_type": "ImageInvert", "inputs": {"image": ["1", 0]}},
+             "4": {"class_type": "ImageBatch", "inputs": {"image1": ["1", 0], "image2": ["3", 0]}},
+             "2": {"class_type": "SaveAnimatedWEBP", "inputs": {"images": ["4", 0], "filename_prefix": "anim",
                                                                  "fps": 6.0, "lossless": True, "quality": 80,
                                                                  "method": "default"}}}
     webm = {"1": batch["1"], "2": {"class_type": "SaveWEBM", "inputs": {"images": ["1", 0], "filename_prefix": "clip",
@@ -118,7 +121,7 @@ def test_real_comfyui_animated_outputs_are_stored_with_their_type(tmp_path, comf
     assert animated.state == "done", animated.reason
     [output] = animated.outputs
     data = Path(output.path).read_bytes()
-    assert data[:4] == b"RIFF" and data[8:12] == b"WEBP" and b"ANIM" in data[:64]  # animated: 4 frames
+    assert data[:4] == b"RIFF" and data[8:12] == b"WEBP" and b"ANIM" in data[:64]  # animated: 2 distinct frames
     assert media_type(output.name) == "image/webp" and output.node_id == "2"
     if video.state == "done":
         assert Path(video.outputs[0].path).read_bytes()[:4] == b"\x1a\x45\xdf\xa3"  # EBML: a WebM
