@@ -4,6 +4,7 @@ models_dir`` (unset by default). Both refuse with the spec's envelope and say wh
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import struct
@@ -95,8 +96,8 @@ def test_a_model_upload_is_placed_once_and_named_as_loaders_name_it(tmp_path: Pa
         assert _code(_upload(url, _safetensors(b"\2" * 16), "models/vae/x.safetensors"), 403) == "forbidden"
         assert not (tmp_path / "x.safetensors").exists()
         graph = {"1": {"class_type": "LoraLoaderModelOnly", "inputs": {"lora_name": {
-            "__type": "core/ASSET", "info": {"id": made.json()["id"]}}}}, **{k: v for k, v in INVERT.items()
-                                                                            if k != "1"}}
+            "__type": "core/ASSET", "info": {"id": made.json()["id"]}}}},
+                 **{k: v for k, v in copy.deepcopy(INVERT).items() if k != "1"}}  # never the shared dict itself
         graph["4"] = {"class_type": "LoadImage", "inputs": {"image": "x.png"}}
         graph["2"]["inputs"]["image"] = ["4", 0]
         submitted = httpx.post(f"{url}/api/v2/jobs", json={"workflow": graph})
