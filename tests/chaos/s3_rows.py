@@ -25,6 +25,10 @@ seconds, its port closed first), the outage itself and its restart. Each failed 
 refused connection fails it in a fraction of a second."""
 
 
+OUTAGE_MAX_SECONDS = 10.0
+"""The longest an outage is held open waiting for a runner that holds a job to kill."""
+
+
 def u1_bucket_stopped(tmp: Path, seed: int, server: SeaweedS3, *, jobs: int, outages: int,
                       node_ms: float = 30.0) -> Report:
     from chaos.scenarios import _top_up  # here: chaos.scenarios imports this module's rows at its end
@@ -47,8 +51,11 @@ def u1_bucket_stopped(tmp: Path, seed: int, server: SeaweedS3, *, jobs: int, out
             h.faults.record("bucket_stop", pids=(server.process.pid,) if server.process else ())
             server.stop()
             down_until = time.monotonic() + h.rng.uniform(0.5, 1.5)
+            # Down at least that long, and on until a runner holding a job was killed (a loaded machine may have
+            # none old enough at first), for at most OUTAGE_MAX_SECONDS.
+            give_up = time.monotonic() + OUTAGE_MAX_SECONDS
             killed = False
-            while time.monotonic() < down_until:
+            while time.monotonic() < down_until or (not killed and time.monotonic() < give_up):
                 if not killed:  # one runner holding a job killed while its upload cannot succeed
                     for slot in h.slots():
                         pid = slot.get("runner_pid")
