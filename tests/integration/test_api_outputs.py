@@ -4,11 +4,13 @@ file is not in this machine's result store."""
 
 from __future__ import annotations
 
+import hashlib
 import sqlite3
 from typing import Any
 
 import httpx
 
+from comfysup.queue.base import Output
 from tests.api_support import api  # noqa: F401  (a fixture)
 
 MAKE = {"1": {"class_type": "EmptyImage", "inputs": {"width": 8, "height": 8, "batch_size": 1, "color": 0}},
@@ -40,3 +42,21 @@ def test_an_output_named_twice_is_stored_once_and_one_not_held_here_is_refused(a
     refused = httpx.post(f"{url}/api/v2/jobs", json={"workflow": referencing(gone["id"])})
     assert refused.status_code == 422 and refused.json()["error"]["code"] == "missing_asset"
     assert "not in this machine's result store" in refused.json()["error"]["message"]
+
+
+def test_an_output_in_a_bucket_is_refused_saying_how_to_name_it(api: Any) -> None:  # noqa: F811
+    """An output the runner uploaded to a bucket ([store] url) has no file in this machine's store: the answer
+    names its object and the references that work (its presigned url, or its s3:// location), not another
+    machine's store."""
+    url, runner, _config = api
+    made = httpx.post(f"{url}/api/v2/jobs", json={"workflow": MAKE}).json()
+    claim = runner.claim()
+    location = f"s3://outputs/run/{claim.id}/comfysup_00001_.png"
+    runner.queue.complete(claim, [Output("comfysup_00001_.png", 3, hashlib.sha256(b"abc").hexdigest(), location)])
+    [output] = httpx.get(made["urls"]["self"]).json()["outputs"]
+
+    refused = httpx.post(f"{url}/api/v2/jobs", json={"workflow": referencing(output["id"])})
+    assert refused.status_code == 422 and refused.json()["error"]["code"] == "missing_asset", refused.text
+    message = refused.json()["error"]["message"]
+    assert location in message and "info.url" in message and "[inputs] s3_buckets" in message, message
+    assert "result store" not in message, message
