@@ -105,7 +105,7 @@ async def content_of(request: web.Request) -> web.StreamResponse:
         if "url" not in link:
             raise ApiError(503, "storage_unavailable", f"the output is at {output.path}, and this machine has no "
                            "credentials to presign a URL for it ([store] access keys, AWS_* or a profile)")
-        raise web.HTTPTemporaryRedirect(link["url"])
+        raise web.HTTPFound(link["url"])  # the spec's 302: "Redirect to a fresh signed URL"
     try:
         fd = _open(state, record, index)
     except OSError:
