@@ -249,6 +249,23 @@ def test_token_origin_and_health(tmp_path: Path, caplog: pytest.LogCaptureFixtur
     assert "s3cret-token" not in caplog.text
 
 
+def test_ready_asks_no_token_and_tells_why_only_with_it(tmp_path: Path) -> None:
+    """/ready is for load balancers, which send no bearer (an ALB's health check sends no header at all): its
+    status asks no token, as health's; why (and the counts) only with it. An allowed page reads it; another
+    site's is refused."""
+    config = api_config(tmp_path, token="s3cret-token", allowed_origins=["https://app.example"])
+    auth = {"Authorization": "Bearer s3cret-token"}
+    with running_api(config) as url:
+        for path in ("/ready", "/api/v2/ready"):
+            bare = httpx.get(f"{url}{path}")
+            assert (bare.status_code, bare.json()) == (503, {"status": "not_ready"}), bare.text
+            told = httpx.get(f"{url}{path}", headers=auth)
+            assert told.status_code == 503 and told.json()["ready_slots"] == 0 and told.json()["reason"], told.text
+            page = httpx.get(f"{url}{path}", headers={"Origin": "https://app.example", "Sec-Fetch-Site": "cross-site"})
+            assert page.status_code == 503 and page.headers["Access-Control-Allow-Origin"] == "https://app.example"
+            assert httpx.get(f"{url}{path}", headers={"Origin": "https://evil.example"}).status_code == 403
+
+
 def test_a_browser_page_of_an_allowed_origin_preflights_without_the_token(tmp_path: Path) -> None:
     """CORS: the preflight is 204 without the bearer (a browser never sends it there), with exactly the origin, the
     route's methods and the SDK's headers; the real request still needs the token, and every answer to that
