@@ -428,7 +428,7 @@ def make_app(config: Config, queue: Any) -> web.Application:
     app.router.add_get(f"{API}/assets/{{id}}", outputs.get_asset)
     app.router.add_delete(f"{API}/assets/{{id}}", assets.delete_asset)
     app.router.add_get(f"{API}/assets/{{id}}/content", outputs.content_of)
-    events.install(app, state.call, queue, config.api.max_event_streams)
+    events.install(app, state.call, queue, config.api.max_event_streams, state.links)
     remote.install(app)
 
     async def stopping(app: web.Application) -> None:  # before the requests in flight are waited for
