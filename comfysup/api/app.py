@@ -220,13 +220,12 @@ async def post_job(request: web.Request) -> web.Response:
     state: State = request.app[STATE_KEY]
     body = await read_json(request, MAX_WORKFLOW_BYTES, f"{MAX_WORKFLOW_BYTES // 2**20} MiB (a job's workflow)")
     key = request.headers.get("Idempotency-Key")
+    await _refuse_reuse(state, key)
     try:
         fetched = await _fetch(state, body)
     except ApiError as exc:
-        # A key used before is a reuse (422 idempotency_key_reuse naming its job), also when the inputs by URL of
-        # the request can no longer be fetched (a presigned link expired since the first try).
-        if exc.code == "missing_asset" and key is not None and await state.call(_known, state, job_id_for(key)):
-            raise _reused(job_id_for(key)) from None
+        if exc.code == "missing_asset":  # its job made meanwhile by a request with the same key: that is the answer
+            await _refuse_reuse(state, key)
         raise
     if fetched is None:
         return await state.call(_submit, state, body, key, _origin(request))
@@ -279,6 +278,14 @@ def _submit(state: State, body: Any, key: str | None, origin: str, fetched: Any 
     return _json(views.job(record, origin, time.time(), _place(state, record), links=state.links),
                  status=201,
                  headers={"Location": views.job_urls(job.id, origin)["self"]})
+
+
+async def _refuse_reuse(state: State, key: str | None) -> None:
+    """A key whose job the queue holds is 422 idempotency_key_reuse naming it, whatever the body: decided before
+    the body is validated or its inputs by URL fetched (a retry after a lost answer downloads nothing again, and
+    a link expired since, or a body changed since, does not hide that its job exists)."""
+    if key is not None and await state.call(_known, state, job_id_for(key)):
+        raise _reused(job_id_for(key))
 
 
 def _known(state: State, job_id: str) -> bool:

@@ -114,6 +114,9 @@ def test_an_idempotency_key_is_single_use_and_a_retry_never_makes_a_second_job(a
         error = ErrorEnvelope.model_validate(again.json()).error
         assert again.status_code == 422 and error.code == "idempotency_key_reuse", again.text
         assert error.details == {"job_id": first.id} and first.id in error.message
+        for body in ({"workflow": {"nodes": [], "links": []}}, {"workflow": GRAPH, "unknown": 1}, ["not a job"]):
+            other = httpx.post(f"{url}/api/v2/jobs", json=body, headers={"Idempotency-Key": "order-42"})
+            assert other.json()["error"]["code"] == "idempotency_key_reuse", other.text  # whatever its body
         workflow.set_input("1", "width", 8)
         with pytest.raises(IdempotencyKeyReuse):
             client.submit(workflow, idempotency_key="order-42")

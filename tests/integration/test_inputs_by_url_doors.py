@@ -254,8 +254,10 @@ def test_a_reused_key_names_its_job_after_its_url_is_gone(tmp_path: Path) -> Non
         key = {"Idempotency-Key": "retry-me-1"}
         first = httpx.post(f"{url}/api/v2/jobs", json={"workflow": workflow}, headers=key, timeout=30)
         assert first.status_code == 201, first.text
+        fetched = len(server.got)
         server.files.clear()  # the link expired
         again = httpx.post(f"{url}/api/v2/jobs", json={"workflow": workflow}, headers=key, timeout=30)
+        assert len(server.got) == fetched  # the retry's key was known: nothing fetched again for a refusal
         other = httpx.post(f"{url}/api/v2/jobs", json={"workflow": workflow}, headers={"Idempotency-Key": "new"},
                            timeout=30)
     assert again.status_code == 422, again.text
