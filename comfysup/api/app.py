@@ -221,6 +221,7 @@ async def post_job(request: web.Request) -> web.Response:
     body = await read_json(request, MAX_WORKFLOW_BYTES, f"{MAX_WORKFLOW_BYTES // 2**20} MiB (a job's workflow)")
     key = request.headers.get("Idempotency-Key")
     await _refuse_reuse(state, key)
+    state.intake.line(body, key)  # refused on its face before any URL of it is fetched
     try:
         fetched = await _fetch(state, body)
     except ApiError as exc:
@@ -281,9 +282,8 @@ def _submit(state: State, body: Any, key: str | None, origin: str, fetched: Any 
 
 
 async def _refuse_reuse(state: State, key: str | None) -> None:
-    """A key whose job the queue holds is 422 idempotency_key_reuse naming it, whatever the body: decided before
-    the body is validated or its inputs by URL fetched (a retry after a lost answer downloads nothing again, and
-    a link expired since, or a body changed since, does not hide that its job exists)."""
+    """A key whose job the queue holds is 422 idempotency_key_reuse naming it, whatever the body: before the body is
+    checked or its URLs fetched (a retry downloads nothing again; a link expired since does not hide the job)."""
     if key is not None and await state.call(_known, state, job_id_for(key)):
         raise _reused(job_id_for(key))
 
