@@ -120,7 +120,7 @@ async def guard(request: web.Request, handler: Callable[[web.Request], Awaitable
         if not _is_health(request):
             check_token(state.config.api.token, request.headers.get("Authorization"))
         lost = await state.lost(write=request.method not in ("GET", "HEAD"))
-        if lost is not None and not _is_health(request) and request.path not in ("/ready", f"{API}/ready"):
+        if lost is not None and not _is_health(request):
             raise ApiError(503, "queue_unavailable", f"{lost}; this API accepts nothing more and stops")
         return await handler(request)
     except ApiError as exc:
@@ -139,7 +139,17 @@ async def guard(request: web.Request, handler: Callable[[web.Request], Awaitable
 
 
 def _is_health(request: web.Request) -> bool:
-    return request.path == f"{API}/health" and request.method in ("GET", "HEAD")
+    """Health and readiness ask no token: a load balancer's probe holds none (an ALB's sends no header at all)."""
+    return request.path in (f"{API}/health", "/ready", f"{API}/ready") and request.method in ("GET", "HEAD")
+
+
+def _trusted(state: State, request: web.Request) -> bool:
+    """Whether the caller holds the token: only then do health and readiness say more than their status."""
+    try:
+        check_token(state.config.api.token, request.headers.get("Authorization"))
+    except ApiError:
+        return False
+    return True
 
 
 def _methods(request: web.Request) -> set[str]:
@@ -178,43 +188,45 @@ async def health(request: web.Request) -> web.Response:
         log.warning("api health: the queue does not answer: %s", exc)
         return _json({"status": "unavailable", "queue": "unavailable"}, status=503)
     body: dict[str, Any] = {"status": "healthy", "queue": "ok"}
-    try:
-        check_token(state.config.api.token, request.headers.get("Authorization"))
+    if _trusted(state, request):
         body["active_jobs"] = active
-    except ApiError:
-        pass
     return _json(body)
 
 
 async def ready(request: web.Request) -> web.Response:
     """Readiness for load balancers and autoscalers (``/health`` stays liveness): 200 once a slot of this machine's
     supervisor is warm, 503 before and while the queued jobs per ready slot exceed ``[api]
-    ready_max_queue_per_slot``, with why in the body."""
+    ready_max_queue_per_slot``. No token asked (as health); why, and the counts, only to a caller holding it."""
     state: State = request.app[STATE_KEY]
+    body = await _readiness(state)
+    status = 200 if body["status"] == "ready" else 503
+    return _json(body if _trusted(state, request) else {"status": body["status"]}, status=status)
+
+
+async def _readiness(state: State) -> dict[str, Any]:
     lost = await state.lost(write=False)
     if lost is not None:
-        return _json({"status": "not_ready", "reason": lost}, status=503)
+        return {"status": "not_ready", "reason": lost}
     try:
         status = await state.call(state.queue.status, None, 0)
     except Exception as exc:  # the queue does not answer: nothing can be taken in
         log.warning("api ready: the queue does not answer: %s", exc)
-        return _json({"status": "not_ready", "reason": "the queue does not answer"}, status=503)
-    answer = readiness(read_state(state.config), status.counts.get("queued", 0),
-                       state.config.api.ready_max_queue_per_slot)
-    return _json(answer.body(), status=200 if answer.ready else 503)
+        return {"status": "not_ready", "reason": "the queue does not answer"}
+    return readiness(read_state(state.config), status.counts.get("queued", 0),
+                     state.config.api.ready_max_queue_per_slot).body()
 
 
 async def post_job(request: web.Request) -> web.Response:
     state: State = request.app[STATE_KEY]
     body = await read_json(request, MAX_WORKFLOW_BYTES, f"{MAX_WORKFLOW_BYTES // 2**20} MiB (a job's workflow)")
     key = request.headers.get("Idempotency-Key")
+    await _refuse_reuse(state, key)
+    state.intake.line(body, key)  # refused on its face before any URL of it is fetched
     try:
         fetched = await _fetch(state, body)
     except ApiError as exc:
-        # A key used before is a reuse (422 idempotency_key_reuse naming its job), also when the inputs by URL of
-        # the request can no longer be fetched (a presigned link expired since the first try).
-        if exc.code == "missing_asset" and key is not None and await state.call(_known, state, job_id_for(key)):
-            raise _reused(job_id_for(key)) from None
+        if exc.code == "missing_asset":  # its job made meanwhile by a request with the same key: that is the answer
+            await _refuse_reuse(state, key)
         raise
     if fetched is None:
         return await state.call(_submit, state, body, key, _origin(request))
@@ -267,6 +279,13 @@ def _submit(state: State, body: Any, key: str | None, origin: str, fetched: Any 
     return _json(views.job(record, origin, time.time(), _place(state, record), links=state.links),
                  status=201,
                  headers={"Location": views.job_urls(job.id, origin)["self"]})
+
+
+async def _refuse_reuse(state: State, key: str | None) -> None:
+    """A key whose job the queue holds is 422 idempotency_key_reuse naming it, whatever the body: before the body is
+    checked or its URLs fetched (a retry downloads nothing again; a link expired since does not hide the job)."""
+    if key is not None and await state.call(_known, state, job_id_for(key)):
+        raise _reused(job_id_for(key))
 
 
 def _known(state: State, job_id: str) -> bool:
@@ -416,7 +435,7 @@ def make_app(config: Config, queue: Any) -> web.Application:
     app.router.add_get(f"{API}/assets/{{id}}", outputs.get_asset)
     app.router.add_delete(f"{API}/assets/{{id}}", assets.delete_asset)
     app.router.add_get(f"{API}/assets/{{id}}/content", outputs.content_of)
-    events.install(app, state.call, queue, config.api.max_event_streams)
+    events.install(app, state.call, queue, config.api.max_event_streams, state.links)
     remote.install(app)
 
     async def stopping(app: web.Application) -> None:  # before the requests in flight are waited for

@@ -9,7 +9,8 @@ tests/api_contract/openapi.yaml), each with the spec's status: ``invalid_workflo
 ``metadata_invalid`` (422, comfy-sdk's), ``payload_too_large`` (413) and ``too_many_streams`` (429, both
 comfy-api-proxy's), ``misdirected_request`` (421) for a Host that does not name this API (comfysup.api.security),
 ``request_timeout`` (408) for a body that stalls, ``range_not_satisfiable`` (416), ``method_not_allowed`` (405),
-``bad_gateway`` (502, another machine's API), ``queue_unavailable`` and ``too_many_connections`` (503,
+``bad_gateway`` (502, another machine's API), ``queue_unavailable``, ``storage_unavailable`` (no credentials to
+presign an output in a bucket with, comfysup.api.outputs) and ``too_many_connections`` (503,
 comfysup.api.connections).
 """
 

@@ -58,6 +58,7 @@ from comfysup.api import replies, views
 from comfysup.api.errors import ApiError, not_found
 from comfysup.errors import NotFound
 from comfysup.queue.base import JobPulse, JobRecord, Preview
+from comfysup.storage.links import no_links
 
 log = logging.getLogger("comfysup.api")
 
@@ -117,9 +118,10 @@ def snapshot(record: JobRecord) -> list[Frame]:
     return out
 
 
-def transition(old: JobPulse, new: JobPulse | None, record: JobRecord | None, origin: str) -> list[Frame]:
+def transition(old: JobPulse, new: JobPulse | None, record: JobRecord | None, origin: str,
+               links: Callable[[str], dict[str, Any]] = no_links) -> list[Frame]:
     """The frames that take a client from ``old`` to ``new`` (None: the job is gone; ``record``: the whole record of a
-    job that has succeeded, for its outputs)."""
+    job that has succeeded, for its outputs; ``links``: presigned URLs of its outputs in a bucket, as the job's)."""
     if new is None or (new.state == "done" and record is None):
         return [_status("expired")]
     status = views.status(new)
@@ -127,7 +129,7 @@ def transition(old: JobPulse, new: JobPulse | None, record: JobRecord | None, or
         out = []
         if record is not None:
             out.append(frame("progress", views.progress(record) or {}))
-            out += [frame("output", item) for item in views.outputs(record, origin, time.time())]
+            out += [frame("output", item) for item in views.outputs(record, origin, time.time(), links)]
         return [*out, _status(status)]
     out = [_status(status)] if views.status(old) != status else []
     progress = views.running_progress(new.progress) if new.state == "running" else None
@@ -173,8 +175,9 @@ class Watcher:
     into frames once and hands them to every stream of that job."""
 
     def __init__(self, call: Callable[..., Awaitable[Any]], queue: Any, limit: int,
-                 interval: float = WATCH_SECONDS) -> None:
+                 interval: float = WATCH_SECONDS, links: Callable[[str], dict[str, Any]] = no_links) -> None:
         self._call = call
+        self.links = links
         self._queue = queue
         self.limit = limit
         self.interval = interval
@@ -302,7 +305,7 @@ class Watcher:
             known = made.setdefault(stream.job_id, [])
             frames = next((f for o, origin, f in known if o == old and origin == stream.origin), None)
             if frames is None:
-                frames = transition(old, new, records.get(stream.job_id), stream.origin)
+                frames = transition(old, new, records.get(stream.job_id), stream.origin, self.links)
                 known.append((old, stream.origin, frames))
             stream.seen = new
             stream.push(frames)
@@ -357,9 +360,10 @@ async def job_events(request: web.Request) -> web.StreamResponse:
     return response
 
 
-def install(app: web.Application, call: Callable[..., Awaitable[Any]], queue: Any, limit: int) -> Watcher:
+def install(app: web.Application, call: Callable[..., Awaitable[Any]], queue: Any, limit: int,
+            links: Callable[[str], dict[str, Any]] = no_links) -> Watcher:
     """The events route and its watcher, started and stopped with ``app``."""
-    watcher = Watcher(call, queue, limit)
+    watcher = Watcher(call, queue, limit, links=links)
     app[WATCHER_KEY] = watcher
     # GET only: a HEAD would prepare the stream and write its frames after the headers (aiohttp sends what a
     # StreamResponse is given), bytes a kept-alive connection then reads as its next answer.

@@ -172,11 +172,9 @@ class Intake:
                            f"{missing[0]['reason']}{more}", details={"missing": missing})
         return inputs
 
-    def job(self, body: Any, key: str | None, catalogues: list[Catalogue],
-            lookup: Callable[[str], ApiAsset | None] = lambda _id: None, fetched: InputFiles | None = None) -> NewJob:
-        """``lookup``: an uploaded asset's record by id (the queue's ``api_asset``), for the workflow's
-        ``core/ASSET`` references; each becomes a ``set`` value by hash, as a jobs.jsonl line carries it.
-        ``fetched``: what ``fetch`` answered for this body (its inputs by URL, already fetched)."""
+    def line(self, body: Any, key: str | None) -> dict[str, Any]:
+        """The body checked on its face (no I/O: called before its inputs by URL are fetched, so a request that
+        fails anyway downloads nothing), as the job line without its inputs."""
         if not isinstance(body, dict):
             raise ApiError(400, "invalid_request", "the body must be a JSON object with a workflow")
         reserved = set(body) & RESERVED_KEYS
@@ -193,10 +191,16 @@ class Intake:
                            "API-format graph (Workflow > Export (API) in ComfyUI)")
         if not isinstance(workflow, dict):
             raise ApiError(422, "invalid_workflow", "workflow must be an API-format object of nodes")
-        line: dict[str, Any] = {"id": job_id_for(key), "workflow": workflow,
-                                "extra_data": _extra_data(body), "meta": _labels(body.get("metadata")),
-                                "priority": _priority(body)}
-        inputs = references(workflow, lookup, time.time(), self.models_dir)
+        return {"id": job_id_for(key), "workflow": workflow, "extra_data": _extra_data(body),
+                "meta": _labels(body.get("metadata")), "priority": _priority(body)}
+
+    def job(self, body: Any, key: str | None, catalogues: list[Catalogue],
+            lookup: Callable[[str], ApiAsset | None] = lambda _id: None, fetched: InputFiles | None = None) -> NewJob:
+        """``lookup``: an uploaded asset's record by id (the queue's ``api_asset``), for the workflow's
+        ``core/ASSET`` references; each becomes a ``set`` value by hash, as a jobs.jsonl line carries it.
+        ``fetched``: what ``fetch`` answered for this body (its inputs by URL, already fetched)."""
+        line = self.line(body, key)
+        inputs = references(line["workflow"], lookup, time.time(), self.models_dir)
         if inputs:
             line["set"] = inputs
         jobs = JobsFile(self.base_dir / "api.jsonl", label="api", base_dir=self.base_dir, catalogues=catalogues,

@@ -13,7 +13,9 @@ output id and process: a stored output never changes) and mints an upload record
 first when the store does not hold it yet (comfysup.queue.assets ``mint_api_asset``, ``add_api_asset``). From
 there it is an input like any other: the job links the content, and the runner uploads it to its server just
 before the POST. The output must be in this machine's result store; one held only by another machine is refused
-422 ``missing_asset`` with what to do.
+422 ``missing_asset`` with what to do; so is one in a bucket ([store] url), which a reference names by its
+``info.url`` (the output's presigned ``url``, or its ``s3://`` location from a bucket ``[inputs] s3_buckets``
+lists): fetched in a thread of its own, never by the queue's.
 """
 
 from __future__ import annotations
@@ -103,7 +105,7 @@ async def content_of(request: web.Request) -> web.StreamResponse:
         if "url" not in link:
             raise ApiError(503, "storage_unavailable", f"the output is at {output.path}, and this machine has no "
                            "credentials to presign a URL for it ([store] access keys, AWS_* or a profile)")
-        raise web.HTTPTemporaryRedirect(link["url"])
+        raise web.HTTPFound(link["url"])  # the spec's 302: "Redirect to a fresh signed URL"
     try:
         fd = _open(state, record, index)
     except OSError:
@@ -141,6 +143,12 @@ class Inputs:
             minted = state.queue.mint_api_asset(known[0], name, kind, retention)
             if minted is not None:
                 return minted[0]
+        if s3.split_uri(output.path) is not None:  # uploaded to a bucket: no file here, and no download in
+            # the queue's one thread (a bucket's object is an input by URL, fetched in a thread of its own)
+            raise ApiError(422, "missing_asset", f"asset {asset_id} is an output of job {record.id} stored in a "
+                           f"bucket at {output.path}; name it by info.url instead of info.id: the output's url "
+                           f"(GET /api/v2/assets/{asset_id}), or {output.path} where [inputs] s3_buckets lists "
+                           "its bucket")
         try:
             fd = _open(state, record, index)
         except OSError:

@@ -18,7 +18,7 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
         "api", parents=[common], help="serve the Comfy API v2 (/api/v2/jobs) in front of the queue",
         description="Serve the Comfy API v2 at [api] listen (default 127.0.0.1:9189) until SIGTERM: code written "
                     "for Comfy Cloud with comfy-sdk submits its workflows into this queue. A non-loopback "
-                    "address needs [api] token (GET /api/v2/health asks none). Browser pages need [api] "
+                    "address needs [api] token (GET /api/v2/health and /ready ask none). Browser pages need [api] "
                     "allowed_origins; files of this machine are reachable only below [api] path_roots "
                     "(from-path) and [api] models_dir (model uploads). docs/api.md lists where the API "
                     "differs from Comfy's spec.")

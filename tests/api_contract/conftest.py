@@ -3,6 +3,7 @@ SQLite queue whose first job a real runner ran on fake_comfy, once per ComfyUI v
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import uuid
@@ -15,6 +16,9 @@ import httpx
 import pytest
 
 from comfysup.config import Config
+from comfysup.jobs import PRIORITY_RANGE
+from comfysup.queue import open_queue
+from comfysup.queue.base import Output
 from comfysup.runner.loop import Runner
 from fake_comfy import FakeComfy
 from tests.api_support import api_config, running_api
@@ -27,6 +31,11 @@ APP_ORIGIN = "https://app.example"
 RUNNER = {"attempts": 2, "base_delay_seconds": 0.05, "max_delay_seconds": 0.2, "jitter": False,
           "timeout_seconds": 20.0, "poll_seconds": 0.2, "lease_seconds": 10.0, "heartbeat_seconds": 0.5,
           "http_timeout_seconds": 5.0}
+
+BUCKET = {"endpoint_url": "http://127.0.0.1:9", "region": "us-east-1", "access_key_id": "contract",
+          "secret_access_key": "contract-secret"}
+"""Credentials to presign with (offline: no call to the service), for an output recorded in a bucket; the
+runner's own outputs stay on disk ([store] url is empty)."""
 
 
 class Contract:
@@ -68,6 +77,20 @@ class Contract:
         assert answer.status_code == 201, answer.text
         return dict(answer.json())
 
+    def in_bucket(self) -> str:
+        """The output id of a job done with its file in a bucket, as a runner with [store] url records it."""
+        job = self.send("POST", "/api/v2/jobs", json={"workflow": self.graph(), "priority": PRIORITY_RANGE[1]})
+        assert job.status_code == 201, job.text
+        queue = open_queue(self.config)
+        try:
+            claim = queue.claim("contract/1/gpu0/t", "gpu0", 60.0)  # the highest priority: this job
+            assert claim is not None and claim.id == job.json()["id"]
+            queue.complete(claim, [Output("x.png", 3, hashlib.sha256(b"png").hexdigest(),
+                                          f"s3://outputs/run/{claim.id}/x.png")])
+        finally:
+            queue.close()
+        return str(self.send("GET", f"/api/v2/jobs/{claim.id}").json()["outputs"][0]["id"])
+
     def run_queued(self) -> None:
         """Every queued job run by a real runner on the fake, to its end."""
         Runner(self.config, "cpu0", self.fake.url, until_empty=True).run()
@@ -90,7 +113,8 @@ def contract(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
     fake = FakeComfy(base_directory=tmp / "fake", node_ms=1, comfyui_version=version)
     fake.start()
     try:
-        config = api_config(tmp, sections={"runner": RUNNER}, token=TOKEN, allowed_origins=[APP_ORIGIN])
+        config = api_config(tmp, sections={"runner": RUNNER, "store": {"dir": str(tmp / "store"), **BUCKET}},
+                            token=TOKEN, allowed_origins=[APP_ORIGIN])
         with running_api(config) as url:
             ctx = Contract(url, config, fake, version)
             ctx.finished = ctx.job()

@@ -114,6 +114,9 @@ def test_an_idempotency_key_is_single_use_and_a_retry_never_makes_a_second_job(a
         error = ErrorEnvelope.model_validate(again.json()).error
         assert again.status_code == 422 and error.code == "idempotency_key_reuse", again.text
         assert error.details == {"job_id": first.id} and first.id in error.message
+        for body in ({"workflow": {"nodes": [], "links": []}}, {"workflow": GRAPH, "unknown": 1}, ["not a job"]):
+            other = httpx.post(f"{url}/api/v2/jobs", json=body, headers={"Idempotency-Key": "order-42"})
+            assert other.json()["error"]["code"] == "idempotency_key_reuse", other.text  # whatever its body
         workflow.set_input("1", "width", 8)
         with pytest.raises(IdempotencyKeyReuse):
             client.submit(workflow, idempotency_key="order-42")
@@ -247,6 +250,23 @@ def test_token_origin_and_health(tmp_path: Path, caplog: pytest.LogCaptureFixtur
         assert httpx.get(f"{url}/api/v2/health", headers={**auth, "Origin": url}).status_code == 200
         assert httpx.get(f"{url}/api/v2/health", headers={"Origin": "https://evil.example"}).status_code == 403
     assert "s3cret-token" not in caplog.text
+
+
+def test_ready_asks_no_token_and_tells_why_only_with_it(tmp_path: Path) -> None:
+    """/ready is for load balancers, which send no bearer (an ALB's health check sends no header at all): its
+    status asks no token, as health's; why (and the counts) only with it. An allowed page reads it; another
+    site's is refused."""
+    config = api_config(tmp_path, token="s3cret-token", allowed_origins=["https://app.example"])
+    auth = {"Authorization": "Bearer s3cret-token"}
+    with running_api(config) as url:
+        for path in ("/ready", "/api/v2/ready"):
+            bare = httpx.get(f"{url}{path}")
+            assert (bare.status_code, bare.json()) == (503, {"status": "not_ready"}), bare.text
+            told = httpx.get(f"{url}{path}", headers=auth)
+            assert told.status_code == 503 and told.json()["ready_slots"] == 0 and told.json()["reason"], told.text
+            page = httpx.get(f"{url}{path}", headers={"Origin": "https://app.example", "Sec-Fetch-Site": "cross-site"})
+            assert page.status_code == 503 and page.headers["Access-Control-Allow-Origin"] == "https://app.example"
+            assert httpx.get(f"{url}{path}", headers={"Origin": "https://evil.example"}).status_code == 403
 
 
 def test_a_browser_page_of_an_allowed_origin_preflights_without_the_token(tmp_path: Path) -> None:

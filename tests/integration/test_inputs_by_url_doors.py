@@ -287,8 +287,10 @@ def test_a_reused_key_names_its_job_after_its_url_is_gone(tmp_path: Path) -> Non
         key = {"Idempotency-Key": "retry-me-1"}
         first = httpx.post(f"{url}/api/v2/jobs", json={"workflow": workflow}, headers=key, timeout=30)
         assert first.status_code == 201, first.text
+        fetched = len(server.got)
         server.files.clear()  # the link expired
         again = httpx.post(f"{url}/api/v2/jobs", json={"workflow": workflow}, headers=key, timeout=30)
+        assert len(server.got) == fetched  # the retry's key was known: nothing fetched again for a refusal
         other = httpx.post(f"{url}/api/v2/jobs", json={"workflow": workflow}, headers={"Idempotency-Key": "new"},
                            timeout=30)
     assert again.status_code == 422, again.text
@@ -307,6 +309,21 @@ def test_the_api_refuses_a_private_url_without_allow_private(tmp_path: Path) -> 
     assert answer.status_code == 422
     error = ErrorEnvelope.model_validate(answer.json()).error
     assert error.code == "missing_asset" and "127.0.0.1 is a loopback address" in error.message
+
+
+def test_a_body_refused_on_its_face_fetches_nothing(tmp_path: Path) -> None:
+    """A field no job has, a reserved one, bad metadata or priority: refused before any of its URLs is fetched
+    (a download of up to [assets] max_job_mb for a request that fails anyway)."""
+    config = api_config(tmp_path, sections={"inputs": {"allow_private": True, "timeout_seconds": 5.0}})
+    with file_server(files={"/cat.png": DATA}) as server, running_api(config) as url:
+        workflow = json.loads(json.dumps(INVERT))
+        workflow["1"]["inputs"]["image"] = reference(f"{server.url}/cat.png")
+        for extra, code in (({"bogus": 1}, "invalid_request"), ({"inputs": {}}, "invalid_workflow"),
+                            ({"metadata": {"k": 1}}, "metadata_invalid"), ({"priority": "high"}, "invalid_request"),
+                            ({"extra_data": None}, "invalid_request")):
+            answer = httpx.post(f"{url}/api/v2/jobs", json={"workflow": workflow, **extra}, timeout=30)
+            assert answer.json()["error"]["code"] == code, (extra, answer.text)
+        assert server.got == []
 
 
 @pytest.mark.timeout(60)

@@ -1,5 +1,5 @@
 """Every door hands out URLs for outputs in a bucket (issue 33): ``show``, ``results --csv``, webhooks and broker
-results (one body), the API (presigned ``url`` in the job, a 307 from the content route that comfy-sdk follows),
+results (one body), the API (presigned ``url`` in the job, a 302 from the content route that comfy-sdk follows),
 the status page's file links (307); ``comfysup prune`` deletes the pruned jobs' objects. One job, run once against
 the real S3 server."""
 
@@ -87,7 +87,7 @@ def test_the_api_hands_out_presigned_urls_and_redirects_the_content_route(
         assert output["url"].startswith(done.config.store.endpoint_url) and fetch(output["url"]) == done.data
         assert output["url_expires_at"].endswith("Z")
         content = httpx.get(f"{url}/api/v2/assets/{output['id']}/content", follow_redirects=False)
-        assert content.status_code == 307 and fetch(content.headers["Location"]) == done.data
+        assert content.status_code == 302 and fetch(content.headers["Location"]) == done.data
         monkeypatch.setenv("COMFY_BASE_URL", url)
         with Comfy() as client:
             [sdk_output] = client.jobs.get(done.job.id).get_outputs("3")

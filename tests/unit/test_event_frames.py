@@ -10,6 +10,7 @@ from typing import Any
 
 from comfy_low.models import Output, Progress, StatusEvent
 
+from comfysup.api import views
 from comfysup.api.events import Stream, Watcher, transition
 from comfysup.queue.base import JobPulse, JobRecord
 from comfysup.queue.base import Output as StoredOutput
@@ -143,3 +144,17 @@ def test_the_watcher_reads_each_job_once_a_tick_and_never_sends_a_stream_news_ol
         assert watcher.open_streams() == 0
 
     asyncio.run(scenario())
+
+
+def test_an_output_in_a_bucket_is_framed_with_the_url_the_job_gives() -> None:
+    """The output frame of a file in a bucket carries its presigned URL, as GET /api/v2/jobs/{id} does (one URL
+    for one output, whichever the client read)."""
+    record = dataclasses.replace(done_record(1), outputs=[StoredOutput("img_0.png", 10, "0" * 64, "s3://b/o/img_0.png")])
+
+    def links(path: str, ttl_seconds: int | None = None) -> dict[str, Any]:
+        return {"location": path, "url": f"https://b.example/{path[5:]}?X-Amz-Signature=1", "url_expires_at": 2e9}
+
+    [output] = [f for f in transition(pulse("running"), pulse("done"), record, ORIGIN, links) if f.kind == "output"]
+    body = json.loads(output.data.decode().split("\n")[1][len("data: "):])
+    assert body["url"] == views.job(record, ORIGIN, 1.7e9, links=links)["outputs"][0]["url"]
+    assert body["url"] == "https://b.example/b/o/img_0.png?X-Amz-Signature=1", body
