@@ -7,18 +7,14 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-import requests
 
 from comfysup.comfy import ComfyClient
 from comfysup.runner.loop import Runner
-from tests.port_support import server_port
+from tests import real_comfyui
 from tests.runner_helpers import ROOT, config_of, job_id, submit, write_config
 
 COMFYUI_DIR = os.environ.get("COMFYUI_DIR")
@@ -27,37 +23,10 @@ pytestmark = [pytest.mark.comfyui,
 WORKFLOWS = ROOT / "examples" / "workflows"
 
 
-def _free_port() -> int:
-    """A port for a server started (or restarted) on it later, which no connection can take (port_support)."""
-    return server_port()
-
-
 @pytest.fixture(scope="module")
 def comfyui(tmp_path_factory):
-    base = tmp_path_factory.mktemp("comfyui")
-    (base / "custom_nodes").mkdir()
-    port = _free_port()
-    python = os.environ.get("COMFYUI_PYTHON", sys.executable)
-    with open(base / "comfyui.log", "wb") as log:
-        proc = subprocess.Popen([python, str(Path(COMFYUI_DIR) / "main.py"), "--cpu", "--listen", "127.0.0.1",
-                                 "--port", str(port), "--base-directory", str(base), "--disable-auto-launch"],
-                                stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"ComfyUI exited with {proc.returncode}; see {base / 'comfyui.log'}")
-        try:
-            requests.get(f"{url}/system_stats", timeout=1).raise_for_status()
-            break
-        except requests.RequestException:
-            time.sleep(0.2)
-    else:
-        proc.kill()
-        pytest.fail("ComfyUI did not answer /system_stats within 120 s")
-    yield url
-    proc.send_signal(signal.SIGTERM)
-    proc.wait(30)
+    with real_comfyui.started(tmp_path_factory.mktemp("comfyui")) as url:
+        yield url
 
 
 def _job(n: int, workflow: str, **set_: object) -> dict:

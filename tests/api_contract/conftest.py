@@ -1,5 +1,6 @@
 """The API under the conformance suite: comfysup's API with a bearer token and one allowed browser origin, over a
-SQLite queue whose first job a real runner ran on fake_comfy, once per ComfyUI version the fake answers as."""
+SQLite queue whose first job a real runner ran on fake_comfy, once per ComfyUI version the fake answers as, and
+once on a real ComfyUI when COMFYUI_DIR names one (tests/real_comfyui.py; the ``real`` cases, marked comfyui)."""
 
 from __future__ import annotations
 
@@ -21,8 +22,13 @@ from comfysup.queue import open_queue
 from comfysup.queue.base import Output
 from comfysup.runner.loop import Runner
 from fake_comfy import FakeComfy
+from tests import real_comfyui
 from tests.api_support import api_config, running_api
 from tests.conftest import COMFYUI_VERSIONS
+
+SERVERS = (*COMFYUI_VERSIONS, *([pytest.param("real", marks=pytest.mark.comfyui)] if real_comfyui.COMFYUI_DIR else []))
+"""The servers the suite's jobs run on: the fake as each ComfyUI version, and a real ComfyUI when COMFYUI_DIR names
+one (without it the real cases are left out, not listed as 63 skips)."""
 
 ROOT = Path(__file__).resolve().parents[2]
 GRAPH = json.loads((ROOT / "examples" / "workflows" / "trivial.json").read_text())
@@ -41,10 +47,11 @@ runner's own outputs stay on disk ([store] url is empty)."""
 class Contract:
     """The API's address and what the cases build on: requests with the token, fresh jobs and uploads."""
 
-    def __init__(self, url: str, config: Config, fake: FakeComfy, version: str) -> None:
+    def __init__(self, url: str, config: Config, server_url: str, version: str) -> None:
         self.url = url
         self.config = config
-        self.fake = fake
+        self.server_url = server_url
+        """The ComfyUI the runner posts to: fake_comfy, or a real one."""
         self.version = version
         self.client = httpx.Client(base_url=url, timeout=20.0)
         self.finished = ""
@@ -93,7 +100,7 @@ class Contract:
 
     def run_queued(self) -> None:
         """Every queued job run by a real runner on the fake, to its end."""
-        Runner(self.config, "cpu0", self.fake.url, until_empty=True).run()
+        Runner(self.config, "cpu0", self.server_url, until_empty=True).run()
 
     @contextmanager
     def bounded(self) -> Iterator[str]:
@@ -106,22 +113,32 @@ class Contract:
             yield url
 
 
-@pytest.fixture(scope="module", params=COMFYUI_VERSIONS)
-def contract(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Contract]:
-    version = str(request.param)
-    tmp = tmp_path_factory.mktemp(f"contract-{version}")
+@contextmanager
+def _server(version: str, tmp: Path) -> Iterator[str]:
+    if version == "real":
+        with real_comfyui.started(tmp / "comfyui") as url:
+            yield url
+        return
     fake = FakeComfy(base_directory=tmp / "fake", node_ms=1, comfyui_version=version)
     fake.start()
     try:
+        yield fake.url
+    finally:
+        fake.stop()
+
+
+@pytest.fixture(scope="module", params=SERVERS)
+def contract(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Contract]:
+    version = str(request.param)
+    tmp = tmp_path_factory.mktemp(f"contract-{version}")
+    with _server(version, tmp) as server_url:
         config = api_config(tmp, sections={"runner": RUNNER, "store": {"dir": str(tmp / "store"), **BUCKET}},
                             token=TOKEN, allowed_origins=[APP_ORIGIN])
         with running_api(config) as url:
-            ctx = Contract(url, config, fake, version)
+            ctx = Contract(url, config, server_url, version)
             ctx.finished = ctx.job()
             ctx.run_queued()
             try:
                 yield ctx
             finally:
                 ctx.client.close()
-    finally:
-        fake.stop()
