@@ -16,6 +16,11 @@ fresh installations:
 
     .venv/bin/python bench/coldstart.py                      # load 2000 ms, nodes 20 ms, 5 repeats
     .venv/bin/python bench/coldstart.py --load-ms 8000 --repeats 3
+    .venv/bin/python bench/coldstart.py --comfyui /work/comfyui --python /work/comfyui-venv/bin/python --repeats 3
+
+With ``--comfyui`` the server is a real ComfyUI (its main.py, run with ``--python``) on the CPU, and the job a
+model-free graph with real work (EmptyImage 768², ImageBlur, ImageInvert, SaveImage; the warm-up the same graph
+into a PreviewImage): its cold start is ComfyUI's own start-up (torch, its nodes) and the first prompt's lazy work.
 """
 
 # ruff: noqa: E402  (the sys.path fix below must run before the other imports)
@@ -46,20 +51,33 @@ TRIVIAL = json.loads((ROOT / "examples" / "workflows" / "trivial.json").read_tex
 CHECKPOINT = "sd15.safetensors"
 
 
-def workflow() -> dict[str, Any]:
-    """The trivial job with a checkpoint loader linked in: the fake costs --load-ms when its model changes."""
+REAL = {"1": {"class_type": "EmptyImage", "inputs": {"width": 768, "height": 768, "batch_size": 1, "color": 8421504}},
+        "5": {"class_type": "ImageBlur", "inputs": {"image": ["1", 0], "blur_radius": 15, "sigma": 4.0}},
+        "2": {"class_type": "ImageInvert", "inputs": {"image": ["5", 0]}},
+        "3": {"class_type": "SaveImage", "inputs": {"images": ["2", 0], "filename_prefix": "coldstart"}}}
+"""The job on a real ComfyUI: no model file needed, some real work for the CPU."""
+
+
+def workflow(real: bool = False) -> dict[str, Any]:
+    """The trivial job with a checkpoint loader linked in: the fake costs --load-ms when its model changes (on a
+    real ComfyUI: REAL)."""
+    if real:
+        return json.loads(json.dumps(REAL))
     graph = json.loads(json.dumps(TRIVIAL))
     graph["4"] = {"class_type": "CheckpointLoaderSimple", "inputs": {"ckpt_name": CHECKPOINT}}
     graph["2"]["inputs"]["model_hint"] = ["4", 0]  # an input ImageInvert ignores, linking the loader in
     return graph
 
 
-def install(folder: Path, warmup: bool, load_ms: float, node_ms: float) -> Path:
-    (folder / "warmup.json").write_text(json.dumps({**workflow(), "3": {"class_type": "PreviewImage",
-                                                                         "inputs": {"images": ["2", 0]}}}))
+def install(folder: Path, warmup: bool, load_ms: float, node_ms: float, real: tuple[str, str] | None = None) -> Path:
+    """``real``: (a ComfyUI checkout, its Python), else fake_comfy."""
+    (folder / "warmup.json").write_text(json.dumps({**workflow(real is not None), "3": {
+        "class_type": "PreviewImage", "inputs": {"images": ["2", 0]}}}))
     fake = ["--node-ms", str(node_ms), "--load-ms", str(load_ms), "--models", f"checkpoints={CHECKPOINT}"]
     comfyui: dict[str, Any] = {"main": str(ROOT / "fake_comfy" / "main.py"), "gpus": "cpu:1",
                                "base_port": free_base_port(), "extra_args": fake, "startup_seconds": 60.0}
+    if real is not None:
+        comfyui.update(main=str(Path(real[0]) / "main.py"), python=real[1], extra_args=[], startup_seconds=180.0)
     if warmup:
         comfyui["warmup"] = "warmup.json"
     doc = {"queue": {"path": "var/queue.db"}, "store": {"dir": "var/results"}, "comfyui": comfyui,
@@ -77,9 +95,9 @@ def free_base_port() -> int:
         return int(s.getsockname()[1])
 
 
-def submit(config: Path, job: str) -> None:
+def submit(config: Path, job: str, real: bool = False) -> None:
     jobs = config.parent / f"jobs-{job[:8]}.jsonl"
-    jobs.write_text(json.dumps({"id": job, "workflow": workflow()}) + "\n")
+    jobs.write_text(json.dumps({"id": job, "workflow": workflow(real)}) + "\n")
     out = subprocess.run([sys.executable, "-m", "comfysup", "submit", str(jobs), "--config", str(config)],
                          capture_output=True, text=True, cwd=ROOT, timeout=60)
     if out.returncode != 0:
@@ -116,18 +134,19 @@ def ready(config: Path) -> bool:
         return False
 
 
-def once(warmup: bool, queued_first: bool, load_ms: float, node_ms: float) -> dict[str, float]:
+def once(warmup: bool, queued_first: bool, load_ms: float, node_ms: float,
+         real: tuple[str, str] | None = None) -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="coldstart-") as tmp:
-        config = install(Path(tmp), warmup, load_ms, node_ms)
+        config = install(Path(tmp), warmup, load_ms, node_ms, real)
         job = str(uuid.uuid4())
         if queued_first:
-            submit(config, job)
+            submit(config, job, real is not None)
         with open(Path(tmp) / "run.log", "wb") as log:
             start = time.monotonic()
             proc = subprocess.Popen([sys.executable, "-m", "comfysup", "run", "--config", str(config)], cwd=ROOT,
                                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
             try:
-                return measure(config, job, queued_first, start)
+                return measure(config, job, queued_first, start, real is not None)
             finally:
                 proc.send_signal(signal.SIGTERM)
                 try:
@@ -136,17 +155,17 @@ def once(warmup: bool, queued_first: bool, load_ms: float, node_ms: float) -> di
                     proc.kill()
 
 
-def measure(config: Path, job: str, queued_first: bool, start: float) -> dict[str, float]:
+def measure(config: Path, job: str, queued_first: bool, start: float, real: bool = False) -> dict[str, float]:
     out: dict[str, float] = {}
     if not queued_first:
-        wait(lambda: ready(config), 120, "GET /ready 200", step=0.02)
+        wait(lambda: ready(config), 300, "GET /ready 200", step=0.02)
         out["run_to_ready"] = time.monotonic() - start
         sent = time.monotonic()
-        submit(config, job)
-        wait(lambda: done(config, job), 120, "the job")
+        submit(config, job, real)
+        wait(lambda: done(config, job), 300, "the job")
         out["submit_to_done"] = time.monotonic() - sent
     else:
-        wait(lambda: done(config, job), 120, "the job")
+        wait(lambda: done(config, job), 300, "the job")
     out["run_to_done"] = time.monotonic() - start
     return out
 
@@ -156,14 +175,20 @@ def main() -> None:
     parser.add_argument("--load-ms", type=float, default=2000.0, help="the fake's first model load (default 2000)")
     parser.add_argument("--node-ms", type=float, default=20.0, help="each node's time (default 20)")
     parser.add_argument("--repeats", type=int, default=5, help="fresh installations per cell (default 5)")
+    parser.add_argument("--comfyui", metavar="DIR", help="a real ComfyUI checkout instead of fake_comfy (on the CPU)")
+    parser.add_argument("--python", default=sys.executable, help="the Python of --comfyui's environment")
     args = parser.parse_args()
-    print(f"fake_comfy, 1 slot, load {args.load_ms:g} ms, nodes {args.node_ms:g} ms, median of {args.repeats}")
+    real = (args.comfyui, args.python) if args.comfyui else None
+    if real:
+        print(f"ComfyUI at {args.comfyui} (--cpu), 1 slot, the REAL graph, median of {args.repeats}")
+    else:
+        print(f"fake_comfy, 1 slot, load {args.load_ms:g} ms, nodes {args.node_ms:g} ms, median of {args.repeats}")
     print(f"{'measure':<22} {'warm-up':<8} {'run→ready s':>12} {'submit→done s':>14} {'run→done s':>11}")
     for queued_first in (True, False):
         samples: dict[bool, list[dict[str, float]]] = {False: [], True: []}
         for _ in range(args.repeats):
             for warmup in (False, True):  # alternated, so a slow moment of the machine hits both alike
-                samples[warmup].append(once(warmup, queued_first, args.load_ms, args.node_ms))
+                samples[warmup].append(once(warmup, queued_first, args.load_ms, args.node_ms, real))
         for warmup in (False, True):
             def median(key: str, cell: list[dict[str, float]] = samples[warmup]) -> str:
                 values = [s[key] for s in cell if key in s]
