@@ -74,6 +74,9 @@ class SQLQueue(SQLReads, AssetStore, ApiEndpoints, Fleet, Previews):
     SCHEMA = ""
     """The named-SQL file of the schema's steps (``-- name: vN``)."""
     SCHEMA_VERSION = 0
+    DURABLE_RENEWALS = False
+    """Whether a heartbeat's commit waits for the disk. SQLite's may not: only a power cut loses one, and that stops
+    the runners too. A PostgreSQL server's crash loses one while runners live on (see PostgresQueue)."""
 
     def _setup(self) -> None:
         self.sql = load(self.DIALECT)
@@ -263,7 +266,7 @@ class SQLQueue(SQLReads, AssetStore, ApiEndpoints, Fleet, Previews):
                    (records.dumps(progress), claim.id, claim.attempt, claim.owner))
 
     def heartbeat(self, claim: Claim, lease_seconds: float, now: float | None = None) -> bool:
-        return self._transaction(self._heartbeat, claim, lease_seconds, now, durable=False)
+        return self._transaction(self._heartbeat, claim, lease_seconds, now, durable=self.DURABLE_RENEWALS)
 
     def _heartbeat(self, cur: Any, claim: Claim, lease_seconds: float, now: float | None) -> bool:
         row = self._held(cur, claim, self.sql["heartbeat"],

@@ -48,7 +48,8 @@ class Fleet:
         import hashlib  # here: only a runner records a catalogue, and every command imports this module
 
         digest = hashlib.sha256(text.encode()).hexdigest()
-        return self._transaction(self._record_catalogue, runner, machine, text, digest, now, durable=False)
+        # Durable: the transaction may make stranded jobs dead and queue their webhooks, an end (one per server start).
+        return self._transaction(self._record_catalogue, runner, machine, text, digest, now)
 
     def _record_catalogue(self, cur: Any, runner: str, machine: str, text: str, digest: str,
                           now: float | None) -> int:

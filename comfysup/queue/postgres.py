@@ -99,6 +99,9 @@ class PostgresQueue(ImportRecords, SQLQueue):
     SCHEMA = "postgres.sql"
     SCHEMA_VERSION = SCHEMA_VERSION
     ID_CHUNK = 5000
+    DURABLE_RENEWALS = True
+    """A renewal lost with the server would put the lease back one heartbeat: with heartbeat_seconds over half of
+    lease_seconds (allowed) it can expire under a live runner, whose job then runs twice at once."""
 
     def __init__(self, url: str, *, busy_timeout_seconds: float = 30.0, default_callback_url: str = "",
                  assets_dir: str | None = None) -> None:

@@ -457,8 +457,8 @@ def test_a_claim_walks_the_ready_index_whatever_the_statistics_say(pg_url: str) 
 
 
 def test_only_writes_marked_not_durable_skip_the_wal_flush(pg_url: str) -> None:  # noqa: F811
-    """A heartbeat or prompt number commits without waiting for the WAL's flush (as SQLite's NORMAL); a claim,
-    an end or a submit always waits."""
+    """A prompt number or progress commits without waiting for the WAL's flush (as SQLite's NORMAL); a claim,
+    an end, a submit or a renewal always waits."""
     q = PostgresQueue(pg_url)
 
     def setting(cur: psycopg.Cursor) -> str:

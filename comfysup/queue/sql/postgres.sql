@@ -112,12 +112,12 @@ SELECT c.id, c.attempt, c.workflow_id, c.extra_data, c.params, c.last_server, c.
 FROM claimed c, head h
 
 -- name: not_durable
--- a transaction the code marks durable=False (a heartbeat, a prompt number, progress; as SQLite's
--- synchronous=NORMAL for them) commits without waiting for the WAL's flush: one fsync fewer each, the server
--- still writes it within 3 x wal_writer_delay. A crash of the server may lose the last of them and nothing
--- else: never a claim, a submit or an end, which stay durable. A lost
--- renewal is made again at the next heartbeat, long before the lease runs out; a lost prompt number leaves
--- the attempt's URL, recorded with its (durable) claim, and the prompt's id, the job's, to find it by.
+-- a transaction the code marks durable=False (a prompt number, progress, a preview, an announcement's mark; as
+-- SQLite's synchronous=NORMAL for them) commits without waiting for the WAL's flush: one fsync fewer each, the
+-- server still writes it within 3 x wal_writer_delay. A crash of the server may lose the last of them and
+-- nothing else: never a claim, a submit, an end or a lease's renewal (PostgresQueue.DURABLE_RENEWALS), which
+-- stay durable. A lost prompt number leaves the attempt's URL, recorded with its (durable) claim, and the
+-- prompt's id, the job's, to find it by; a lost announcement's mark publishes it again (at least once).
 SET LOCAL synchronous_commit = off
 
 -- name: claim_plan

@@ -1,0 +1,57 @@
+"""Which queue writes wait for the disk. A write that a crash of the database may lose must be one whose loss
+the promise survives (docs/reliability.md): never an end, and on PostgreSQL never a lease's renewal, since
+its server can crash and restart while the runners live on."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from comfysup.queue.postgres import PostgresQueue
+from comfysup.queue.sqlite import SQLiteQueue
+
+
+def _recording(q: Any, calls: list[tuple[str, bool]], through: bool) -> None:
+    real = q._transaction
+
+    def transaction(fn: Any, *args: Any, durable: bool = True, **kwargs: Any) -> Any:
+        calls.append((getattr(fn, "__name__", ""), durable))
+        return real(fn, *args, durable=durable, **kwargs) if through else True
+
+    q._transaction = transaction
+
+
+def test_a_postgresql_renewal_waits_for_the_wal_flush() -> None:
+    """A renewal lost with the server puts the lease back by one heartbeat; heartbeat_seconds may be most of
+    lease_seconds, so the lease could pass under a live runner and hand its job to a second one."""
+    q = PostgresQueue.__new__(PostgresQueue)  # no server: only which transaction the heartbeat asks for
+    calls: list[tuple[str, bool]] = []
+    _recording(q, calls, through=False)
+    q.heartbeat(object(), 60.0)  # type: ignore[arg-type]
+    assert calls == [("_heartbeat", True)]
+
+
+def test_a_sqlite_renewal_may_skip_the_fsync(tmp_path: Path) -> None:
+    """Only a power cut loses it there, and that stops the runner holding the lease too."""
+    assert SQLiteQueue.DURABLE_RENEWALS is False
+    q = SQLiteQueue(tmp_path / "q.db")
+    try:
+        calls: list[tuple[str, bool]] = []
+        _recording(q, calls, through=False)
+        q.heartbeat(object(), 60.0)  # type: ignore[arg-type]
+        assert calls == [("_heartbeat", False)]
+    finally:
+        q.close()
+
+
+def test_recording_a_catalogue_is_durable(tmp_path: Path) -> None:
+    """Its transaction makes the jobs no current catalogue can run dead and queues their webhooks: an end,
+    which a crash of the database must not take back after a client was told."""
+    q = SQLiteQueue(tmp_path / "q.db")
+    try:
+        calls: list[tuple[str, bool]] = []
+        _recording(q, calls, through=True)
+        q.record_catalogue("runner-0", "host", {"KSampler": {}})
+        assert ("_record_catalogue", True) in calls, calls
+    finally:
+        q.close()
