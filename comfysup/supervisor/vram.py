@@ -4,7 +4,7 @@
   (``Shared.restart``) and claims nothing more; :func:`restart_step` restarts that server as a recycle does
   (SIGTERM, SIGKILL after the stop bound, spawned again at once). The field is cleared at the next spawn.
 - With NVML and ``[comfyui] idle_vram_free_mb``: a server that holds more VRAM than that while its runner
-  holds no job is asked to POST /free; still above it at the next look, it is drained and restarted
+  waits for work is asked to POST /free; still above it at the next look, it is drained and restarted
   (:func:`idle_look`, at housekeeping). Without NVML nothing is watched, and the supervisor says so once.
 """
 
@@ -44,10 +44,12 @@ def idle_look(unit: Unit, now: float, bound_mb: int, held_mb: Callable[[Unit], f
     look (and no job ran in between) → drained and restarted. ``held_mb``: what NVML says the server's processes
     hold (None: unknown); ``free``: POST /free to it, whether it took it."""
     policy = unit.server
-    # Idle: its runner holds no job. Not ``shared.busy``: an idle runner keeps it at 1 between its looks for work
-    # (it says a claim may be under way, for recycling's drain), so a server was never seen idle (an H200 run).
+    # Idle: its runner waits for work and holds no job. Not ``shared.busy``: an idle runner keeps it at 1 between
+    # its looks for work (it says a claim may be under way, for recycling's drain), so a server was never seen idle
+    # (an H200 run). Not ``shared.job`` alone: it is empty from an attempt's end on the server to the next
+    # attempt's start, while the job its hand-off posted already runs there (the attempt before downloads).
     if (not bound_mb or policy is None or policy.state is not State.RUNNING or unit.draining is not None
-            or unit.shared.job):
+            or unit.shared.job or not unit.shared.waiting):
         unit.idle_vram_mb = None
         return
     held = held_mb(unit)

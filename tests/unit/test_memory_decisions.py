@@ -170,6 +170,7 @@ def test_vram_held_while_idle_is_freed_then_the_server_restarted() -> None:
 
     unit, frees = launched_unit(), []
     unit.shared.busy = 1  # what a runner waiting for work keeps (its last may_claim said yes): still idle
+    unit.shared.waiting = 1
     held = {"mb": 9000.0}
 
     def look(now: float) -> None:
@@ -193,6 +194,19 @@ def test_vram_held_while_idle_is_freed_then_the_server_restarted() -> None:
     unit.shared.job = b""
     idle_look(unit, 6.0, 4000, lambda u: None, lambda u: True)  # no NVML: nothing is known, nothing done
     assert len(frees) == 2 and unit.draining is None
+
+
+def test_a_server_running_the_job_a_hand_off_posted_is_not_idle() -> None:
+    """From an attempt's end on the server to the next attempt's start the slot names no job, but the job its
+    hand-off posted runs on the server meanwhile (the attempt before downloads its outputs): no /free there,
+    which would unload that job's models after it, and no restart."""
+    from comfysup.supervisor.vram import idle_look
+
+    unit, frees = launched_unit(), []
+    unit.shared.busy, unit.shared.waiting, unit.shared.job = 1, 0, b""  # the runner took a job: not waiting
+    for now in (1.0, 2.0, 3.0):
+        idle_look(unit, now, 4000, lambda u: 9000.0, lambda u: frees.append(u) or True)
+    assert frees == [] and unit.draining is None and unit.idle_restarts == 0
 
 
 def test_a_restart_asked_for_a_lost_device_restarts_a_running_server_once() -> None:
