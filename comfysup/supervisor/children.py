@@ -122,6 +122,8 @@ class Unit:
     """The VRAM its server held when it was last sent /free for it (None: not since its last job)."""
     idle_freed_after: int = -1
     """``Shared.jobs`` when that /free was sent: a job since makes the next look a first one again."""
+    idle_restarted_after: int = -1
+    """``Shared.jobs`` at the last idle restart: no job since, a restart does not give that VRAM back."""
 
     @property
     def state(self) -> str:

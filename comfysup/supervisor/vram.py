@@ -57,6 +57,15 @@ def idle_look(unit: Unit, now: float, bound_mb: int, held_mb: Callable[[Unit], f
     if held is None or held <= bound_mb:
         unit.idle_vram_mb = None
         return
+    if unit.idle_restarted_after == unit.shared.jobs:
+        # Restarted for it already and no job since: what holds it is not this server (another process on its GPU,
+        # which NVML counts with the server's in a container: gpus.process_memory_mb's whole_device), and each
+        # /free and restart would only bring the next. Said once; nothing more until a job runs.
+        if unit.idle_vram_mb is None:
+            log.warning("%s: still %.0f MiB of VRAM held while idle after a restart for it: left alone until a job "
+                        "runs (another process on its GPU?)", unit.name, held, extra={"event": "idle_held"})
+        unit.idle_vram_mb = held
+        return
     if not freed_before:
         unit.idle_vram_mb, unit.idle_freed_after = held, unit.shared.jobs
         unit.idle_frees += int(free(unit))
@@ -65,6 +74,7 @@ def idle_look(unit: Unit, now: float, bound_mb: int, held_mb: Callable[[Unit], f
         return
     unit.idle_restarts += 1
     unit.idle_vram_mb = None
+    unit.idle_restarted_after = unit.shared.jobs
     drain(unit, now, f"still {held:.0f} MiB of VRAM held while idle after POST /free (idle_vram_free_mb = "
           f"{bound_mb})")
 

@@ -209,6 +209,30 @@ def test_a_server_running_the_job_a_hand_off_posted_is_not_idle() -> None:
     assert frees == [] and unit.draining is None and unit.idle_restarts == 0
 
 
+def test_vram_a_restart_did_not_give_back_brings_no_second_restart_until_a_job_runs() -> None:
+    """In a container NVML may count another process on the server's GPU as the server's (whole_device): neither
+    /free nor a restart lowers it, and restarting again every other look would never end."""
+    from comfysup.supervisor.vram import idle_look
+
+    unit, frees = launched_unit(), []
+    unit.shared.busy, unit.shared.waiting = 1, 1
+
+    def look(now: float) -> None:
+        idle_look(unit, now, 4000, lambda u: 9000.0, lambda u: frees.append(u) or True)
+
+    look(1.0)
+    look(2.0)
+    assert unit.idle_restarts == 1 and len(frees) == 1
+    unit.draining = None  # restarted
+    for now in (3.0, 4.0, 5.0, 6.0):
+        look(now)
+    assert unit.idle_restarts == 1 and len(frees) == 1 and unit.draining is None
+    unit.shared.jobs += 1  # a job ran: the watch starts over
+    look(7.0)
+    look(8.0)
+    assert len(frees) == 2 and unit.idle_restarts == 2
+
+
 def test_a_restart_asked_for_a_lost_device_restarts_a_running_server_once() -> None:
     from comfysup.supervisor.vram import restart_step
 
