@@ -41,7 +41,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=15)
     args = parser.parse_args()
-    tmp = Path(tempfile.mkdtemp(prefix="comfysup-startup-"))
+    with tempfile.TemporaryDirectory(prefix="comfysup-startup-") as folder:  # its queues and files go with it
+        return measure(args.rounds, Path(folder))
+
+
+def measure(rounds: int, tmp: Path) -> int:
     env = {k: v for k, v in os.environ.items() if not k.startswith("COMFYSUP_")} | {"PYTHONPATH": str(REPO)}
     (tmp / "jobs.jsonl").write_text(json.dumps({"id": str(uuid.uuid4()), "workflow": WORKFLOW}) + "\n")
     (tmp / "config.toml").write_text(f'[queue]\npath = "{tmp / "status.db"}"\n')
@@ -49,14 +53,14 @@ def main() -> int:
     subprocess.run([*comfysup, "submit", "jobs.jsonl", "--config", "config.toml"], env=env, cwd=tmp, check=True,
                    capture_output=True)
     runs: dict[str, list[tuple[float, float]]] = {"python -c pass": [], "comfysup status": [], "comfysup submit": []}
-    for n in range(args.rounds):
+    for n in range(rounds):
         runs["python -c pass"].append(timed([sys.executable, "-c", "pass"], env, tmp))
         runs["comfysup status"].append(timed([*comfysup, "status", "--config", "config.toml"], env, tmp))
         (tmp / f"submit{n}.toml").write_text(f'[queue]\npath = "{tmp / f"submit{n}.db"}"\n')
         runs["comfysup submit"].append(timed([*comfysup, "submit", "jobs.jsonl", "--config", f"submit{n}.toml"], env,
                                              tmp))
     load = os.getloadavg()
-    print(f"# {args.rounds} alternating rounds; {os.cpu_count()} CPUs, load average {load[0]:.1f} {load[1]:.1f} "
+    print(f"# {rounds} alternating rounds; {os.cpu_count()} CPUs, load average {load[0]:.1f} {load[1]:.1f} "
           f"{load[2]:.1f}")
     bare = [statistics.median(x[i] for x in runs["python -c pass"]) for i in (0, 1)]
     print(f"{'command':>18} {'wall median ms':>15} {'min':>7} {'max':>7} {'beyond bare':>12}   "
