@@ -275,7 +275,10 @@ class SQLQueue(SQLReads, AssetStore, ApiEndpoints, Fleet, Previews):
 
     def record_prompt(self, claim: Claim, server: str, prompt_number: int, url: str | None = None, *,
                       waiting: bool = False) -> None:
-        self._transaction(self._record_prompt, claim, server, prompt_number, url, waiting, durable=False)
+        # Lost, it would leave an earlier attempt's number, which makes catch-up pass over this run's history entry
+        # (a success run again): durable then, where a crash of the database leaves the runners running.
+        durable = self.DURABLE_RENEWALS and claim.last_prompt_number is not None
+        self._transaction(self._record_prompt, claim, server, prompt_number, url, waiting, durable=durable)
 
     def _record_prompt(self, cur: Any, claim: Claim, server: str, prompt_number: int, url: str | None,
                        waiting: bool) -> None:

@@ -5,6 +5,7 @@ its server can crash and restart while the runners live on."""
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from comfysup.queue.postgres import PostgresQueue
@@ -29,6 +30,18 @@ def test_a_postgresql_renewal_waits_for_the_wal_flush() -> None:
     _recording(q, calls, through=False)
     q.heartbeat(object(), 60.0)  # type: ignore[arg-type]
     assert calls == [("_heartbeat", True)]
+
+
+def test_a_postgresql_prompt_number_that_replaces_an_earlier_one_waits_for_the_wal_flush() -> None:
+    """Catch-up adopts a history entry only when its number is the one recorded (comfysup.runner.catchup): a lost
+    record would leave an earlier attempt's number, and this run's entry, even a success, would be passed over
+    and the job run again. A first record (none before it) may be lost: catch-up then adopts any success."""
+    q = PostgresQueue.__new__(PostgresQueue)
+    calls: list[tuple[str, bool]] = []
+    _recording(q, calls, through=False)
+    q.record_prompt(SimpleNamespace(last_prompt_number=None), "gpu0", 7)  # type: ignore[arg-type]
+    q.record_prompt(SimpleNamespace(last_prompt_number=3), "gpu0", 8)  # type: ignore[arg-type]
+    assert calls == [("_record_prompt", False), ("_record_prompt", True)]
 
 
 def test_a_sqlite_renewal_may_skip_the_fsync(tmp_path: Path) -> None:
