@@ -83,6 +83,25 @@ def _logging_as_it_was() -> Iterator[None]:
         logger.propagate = propagate
 
 
+# ==== signal handlers (comfysup.stopsignals) ===================================================================
+@pytest.fixture(autouse=True)
+def _signals_as_they_were() -> Iterator[None]:
+    """A test that runs a runner, the monitor or the supervisor in its own process installs their stop handlers;
+    the monitor ignores SIGINT (Ctrl-C is the supervisor's). Left in place, every process a later test of that
+    worker starts inherits SIGINT ignored, and Python then never raises KeyboardInterrupt in it: `status --watch`
+    ignored its Ctrl-C under xdist. Each test gets the handlers back as they were, and no stop held for it."""
+    import signal
+
+    from comfysup import stopsignals
+
+    kept = {sig: signal.getsignal(sig) for sig in (*stopsignals.STOP_SIGNALS, signal.SIGINT)}
+    yield
+    for sig, handler in kept.items():
+        if handler is not None:
+            signal.signal(sig, handler)
+    stopsignals._held.clear()
+
+
 # ==== comfysup run as a subprocess (tests/supervisor_support.py) ==========================================
 @pytest.fixture
 def harness(tmp_path: Path) -> Iterator[list[Supervised]]:
