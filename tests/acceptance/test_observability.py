@@ -71,10 +71,17 @@ def metric(values: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: s
     return values.get((name, tuple(sorted(labels.items()))), 0.0)
 
 
+AS_FROM_A_TERMINAL = ("import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+                      "sys.argv[0] = 'comfysup'; runpy.run_module('comfysup', run_name='__main__')")
+"""``python -m comfysup`` with Ctrl-C's default action, as a person's terminal starts it."""
+
+
 def watch_frames(config: Path, frames: int) -> tuple[int, list[str]]:
     """``comfysup status --watch`` for ``frames`` frames, then Ctrl-C (SIGINT), as a person stops it."""
-    proc = subprocess.Popen([sys.executable, "-m", "comfysup", "status", "--config", str(config), "--watch", "0.3"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    # SIGINT as a terminal leaves it, whatever this worker process inherited or was left with: a child started
+    # while SIGINT is ignored keeps it ignored, and Python then never raises KeyboardInterrupt (seen under xdist).
+    proc = subprocess.Popen([sys.executable, "-c", AS_FROM_A_TERMINAL, "status", "--config", str(config), "--watch",
+                             "0.3"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
     assert proc.stdout is not None
     seen: list[str] = []
     current: list[str] = []

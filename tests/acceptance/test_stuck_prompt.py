@@ -28,7 +28,10 @@ def test_a_stuck_prompt_restarts_its_server_and_the_job_is_retried_or_dead_lette
     assert (first.outcome, first.kind) == ("retry", "stuck"), first
     assert first.reason is not None and "did not leave" in first.reason and "the server was restarted" in first.reason
     assert f"{first.server}'s queue within 1 s of /interrupt" in first.reason
-    assert jobs[dead].state == "dead" and jobs[dead].attempt == 2, (jobs[dead].attempts, h.describe())
+    # Two counted attempts; on a loaded machine a claim may also be given back uncounted in between (its server
+    # out of service while its stuck prompt is waited out), which is no attempt of the job's.
+    counted = [a for a in jobs[dead].attempts if a.outcome != "released"]
+    assert jobs[dead].state == "dead" and len(counted) == 2, (jobs[dead].attempts, h.describe())
     assert jobs[dead].reason is not None and jobs[dead].reason.startswith("gave up after 2 attempts, last: "
                                                                                    "the prompt did not leave")
     assert {jobs[job_id(n)].state for n in (2, 3)} == {"done"}
