@@ -13,7 +13,7 @@ from fake_comfy.models import read_extra_paths, scan
 EXAMPLE = """\
 # like ComfyUI's extra_model_paths.yaml.example
 comfyui:
-    base_path: shared/
+    base_path: common/
     # is_default: true
     checkpoints: models/checkpoints/
     clip: models/clip/
@@ -32,8 +32,8 @@ def test_the_yaml_of_comfyuis_example(tmp_path: Path) -> None:
     path = tmp_path / "extra.yaml"
     path.write_text(EXAMPLE)
     assert read_extra_paths(str(path)) == {
-        "checkpoints": [tmp_path / "shared" / "models" / "checkpoints"],
-        "text_encoders": [tmp_path / "shared" / "models" / "clip"],
+        "checkpoints": [tmp_path / "common" / "models" / "checkpoints"],
+        "text_encoders": [tmp_path / "common" / "models" / "clip"],
         "loras": [Path("/opt/webui/models/Lora"), Path("/opt/webui/models/LyCORIS")],
         "vae": [tmp_path / "vae-here"],
     }
