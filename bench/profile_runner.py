@@ -94,9 +94,10 @@ def main() -> None:
         elif args.profile == "cpu":
             profiler = cProfile.Profile(time.process_time)
             profiler.enable()
-        wall, cpu = time.perf_counter(), time.process_time()
+        wall, cpu, split = time.perf_counter(), time.process_time(), os.times()
         counts = runner.run()
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        user, system = os.times().user - split.user, os.times().system - split.system
         stats = json.loads(urllib3.request("GET", f"{url}/fake/stats", timeout=10.0).data)
         runs = sorted((r["started_at"], r["ended_at"]) for p in stats["prompts"].values() for r in p["executions"])
         executing = sum(end - start for start, end in runs)
@@ -105,7 +106,8 @@ def main() -> None:
         print(f"{dict(counts)}  queue_ahead {args.queue_ahead}  durable {args.durable}  T {args.t_ms:g} ms  "
               f"N {args.jobs}: wall {wall:.2f} s, "
               f"efficiency {ideal / wall:.3f} (against the fake's own execution time {executing / wall:.3f}), "
-              f"runner CPU {cpu * 1000 / args.jobs:.2f} ms/job, server idle between prompts median "
+              f"runner CPU {cpu * 1000 / args.jobs:.2f} ms/job (user {user * 1000 / args.jobs:.2f}, system "
+              f"{system * 1000 / args.jobs:.2f}), server idle between prompts median "
               f"{gaps[len(gaps) // 2]:.2f} ms")
         if args.profile == "wall":
             print(profiler.output_text(unicode=False, color=False))  # type: ignore[attr-defined]

@@ -70,6 +70,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--fake", action="store_true", help="fake_comfy (1 ms a node) instead of a real ComfyUI")
     parser.add_argument("--jobs", type=int, default=300)
+    parser.add_argument("--workload", choices=("trivial", "slow"), default="trivial",
+                        help="bench/real.py's workloads: trivial (a few ms in ComfyUI) or slow (a chain of blurs)")
     parser.add_argument("--ahead", action="store_true", help="[runner] queue_ahead = true (default: false)")
     parser.add_argument("--local", action="store_true", help="the server's output_dir in the config (a real "
                         "ComfyUI only): the files are read from its output folder instead of through /view")
@@ -99,25 +101,27 @@ def main() -> None:
             work.wait("comfysup work's warm-up")
             parent = psutil.Process(work.proc.pid)
             runner = next(c for c in parent.children() if c.name().startswith("comfysup-"))
-            before = cpu(runner), cpu(parent)
-            work.submit("plain", real.prompts("trivial", "plain", args.jobs))
+            before, split = (cpu(runner), cpu(parent)), runner.cpu_times()
+            work.submit("plain", real.prompts(args.workload, "plain", args.jobs))
             work.wait("comfysup work")
             per_job = [(cpu(runner) - before[0]) / args.jobs * 1000, (cpu(parent) - before[1]) / args.jobs * 1000]
+            user, system = (now - then for now, then in zip(runner.cpu_times()[:2], split[:2], strict=True))
             raw = args.raw or tmp / "runner.txt"
             sampler = subprocess.Popen([spy, "record", "--pid", str(runner.pid), "--rate", str(args.rate), "--format",
                                         "raw", "--output", str(raw), "--nonblocking", *(["--gil"] if args.gil else []),
                                         *(["--idle"] if args.idle else [])],
                                        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
             sampler.stdout.readline()  # "py-spy> Sampling process ..." once it is attached
-            work.submit("profiled", real.prompts("trivial", "profiled", args.jobs))
+            work.submit("profiled", real.prompts(args.workload, "profiled", args.jobs))
             work.wait("comfysup work")
             sampler.send_signal(signal.SIGINT)
             sampler.wait(60)
             load = os.getloadavg()
             print(f"`comfysup work` on {'fake_comfy (1 ms nodes)' if args.fake else 'a real ComfyUI'}, {args.jobs} "
-                  f"trivial jobs, queue_ahead = {str(args.ahead).lower()}, output_dir "
+                  f"{args.workload} jobs, queue_ahead = {str(args.ahead).lower()}, output_dir "
                   f"{'set' if args.local else 'unset'}; load average {load[0]:.1f}; CPU ms per "
-                  f"job without the profiler: runner {per_job[0]:.2f}, work's own process {per_job[1]:.2f}\n")
+                  f"job without the profiler: runner {per_job[0]:.2f} (user {user / args.jobs * 1000:.2f}, system "
+                  f"{system / args.jobs * 1000:.2f}), work's own process {per_job[1]:.2f}\n")
             summarise(raw, args.top)
         finally:
             work.stop()

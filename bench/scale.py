@@ -306,6 +306,7 @@ def main() -> int:
     if "fleet" in parts:
         from scale_fleet import run_fleet
 
+        (REPO / "var").mkdir(exist_ok=True)  # a fresh clone has no var/ yet
         workdir = Path(tempfile.mkdtemp(prefix="bench-fleet-", dir=REPO / "var"))
         load = os.getloadavg()
         print(f"# fleet: {os.cpu_count()} CPUs, load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}, "

@@ -2,8 +2,10 @@
 
 Each simulated slot does what one runner with one GPU does to the queue, nothing else: ``claim`` (the claim
 latency is this call's wall time), ``record_prompt`` (the prompt number, fenced), a ``heartbeat`` every
-lease/3 while the job runs, and at the job's end ``complete`` with a trace (the shape ``Trace.as_dict``
-stores: 12 nodes with their times) and one output row. The job itself is a wait of ``job_s``.
+lease/3 while the job runs, and at the job's end the fenced ``heartbeat`` a runner makes before it touches the
+job's files (comfysup.runner.download: durable on PostgreSQL, ``renew`` below), then ``complete`` with a trace
+(the shape ``Trace.as_dict`` stores: 12 nodes with their times) and one output row. The job itself is a wait of
+``job_s``.
 
 Slots are spread over worker processes, each with ONE queue connection, running its slots as a discrete-event
 loop (a heap of what each slot does next and when). With ``processes == slots`` every slot is its own
@@ -158,8 +160,11 @@ def _worker(open_queue: Any, cell: Cell, slots: list[int], t0: float, out: str, 
             outputs = [Output(name=f"scale_{prompt:05d}_.png", size=1_234_567, sha256=uuid.uuid4().hex * 2,
                               node_id="7")]
             try:
+                queue.heartbeat(claim, cell.lease_s)  # the runner's renewal before its download
+                t2 = time.time()
+                calls.append(("renew", t, t2 - t, lag))
                 queue.complete(claim, outputs, trace=trace_of(started[slot], t))
-                calls.append(("complete", t, time.time() - t, lag))
+                calls.append(("complete", t2, time.time() - t2, 0.0))
             except LeaseLost:
                 lost += 1
             heapq.heappush(heap, (time.time(), slot, "claim", 0))
@@ -238,11 +243,12 @@ def run_cell(cell: Cell, open_queue: Any, workdir: Path, database: str | None) -
     # This database's own backends alone: on a shared server the WAL writer, checkpointer and postmaster also
     # work for other databases (other people's tests here), which the total above takes in.
     own_cpu = sum(after[1].get(k, 0.0) - v for k, v in before[1].items() if k in mine) if database else client_cpu
-    by = {k: [c for c in calls if c[0] == k] for k in ("claim", "record_prompt", "heartbeat", "complete")}
+    by = {k: [c for c in calls if c[0] == k] for k in ("claim", "record_prompt", "heartbeat", "renew", "complete")}
     claims = [c[2] for c in by["claim"]]
     done = len(by["complete"])
     gap = statistics.median(c[2] for c in by["complete"]) + statistics.median(claims) + \
-        statistics.median(c[2] for c in by["record_prompt"]) if done and claims else float("nan")
+        statistics.median(c[2] for c in by["record_prompt"]) + statistics.median(c[2] for c in by["renew"]) \
+        if done and claims else float("nan")
     return {"cell": cell, "claims_s": len(claims) / wall, "done_s": done / wall,
             "heartbeats_s": len(by["heartbeat"]) / wall, "p50_ms": pct(claims, 0.5) * 1e3,
             "p99_ms": pct(claims, 0.99) * 1e3, "complete_p99_ms": pct([c[2] for c in by["complete"]], 0.99) * 1e3,
