@@ -26,20 +26,23 @@ import os
 import re
 import shutil
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
 from comfysup import assets, safefs
 from comfysup.config import InputsConfig
 from comfysup.destinations import is_http_url
-from comfysup.jobs.fetch import Fetched, Fetcher, FetchError, Progress, s3_parts, where
 from comfysup.jobs.values import MAX_URL_CHARS, JobLineError, check_text, did_you_mean
 from comfysup.queue.base import NewAsset
+
+if TYPE_CHECKING:  # comfysup.jobs.fetch (blake3, the S3 module) is imported where an input from elsewhere is read
+    import threading
+
+    from comfysup.jobs.fetch import Fetched, Fetcher, Progress
 
 MIB = 1024 * 1024
 REMOTE_KEYS = frozenset({"url", "s3", "sha256", "blake3", "name"})
@@ -186,6 +189,8 @@ class InputFiles:
     # -- inputs from elsewhere -------------------------------------------------------------------------------
 
     def _remote(self, key: str, value: dict[str, Any], until: float) -> NewAsset:
+        from comfysup.jobs.fetch import where
+
         source, expected, name = self._remote_shape(key, value)
         if expected.keys() == {"blake3"} and self.stored is not None and (size := self.stored(
                 digest := assets.HASH_PREFIX + expected["blake3"])) is not None:
@@ -202,6 +207,8 @@ class InputFiles:
     def _remote_shape(self, key: str, value: dict[str, Any]) -> tuple[str, dict[str, str], str]:
         """The source, the expected hashes (bare hex by algorithm) and the file name of an input from elsewhere;
         JobLineError with every problem of its shape (nothing is fetched for a reference that is wrong)."""
+        from comfysup.jobs.fetch import where
+
         reasons: list[str] = []
         for unknown in sorted(value.keys() - REMOTE_KEYS):
             hint = did_you_mean(unknown, REMOTE_KEYS)
@@ -241,6 +248,8 @@ class InputFiles:
         return source, expected, name
 
     def _bucket_problems(self, key: str, source: str) -> list[str]:
+        from comfysup.jobs.fetch import FetchError, s3_parts
+
         try:
             bucket, _ = s3_parts(source)
         except FetchError as exc:
@@ -253,6 +262,8 @@ class InputFiles:
     def _fetch(self, key: str, source: str, name: str, sha256: bool, until: float) -> Fetched:
         """The source's file, fetched once per submit (its SHA-256 only when a line expects one); a failure,
         remembered, is the same reason every time."""
+        from comfysup.jobs.fetch import Fetcher, FetchError, where
+
         known = self._fetched.get(source)
         if known is None:
             if self._fetcher is None:

@@ -26,8 +26,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import blake3
-
 from comfysup import safefs
 from comfysup.assets import HASH_PREFIX
 from comfysup.errors import QueueError
@@ -149,6 +147,8 @@ class AssetStore:
     @staticmethod
     def _copy(asset: NewAsset, write: Any) -> int:
         """Copy the file in chunks through ``write``, hashing it again; QueueError when it changed."""
+        import blake3  # here, as below: a queue opened for a job without input files (status) never hashes one
+
         hasher, size = blake3.blake3(), 0
         assert asset.path is not None
         try:  # the file hashed at validation, opened again: never through a symlink, never a FIFO put there since
@@ -189,6 +189,8 @@ class AssetStore:
             chunks = self._transaction(_fetch, self.sql["asset_chunks"], (digest,), write=False)
             data = b"".join(bytes(r[0]) for r in chunks)
         # Hashed again before it is sent: bytes changed on disk (or in the table) never go out under an old hash.
+        import blake3
+
         if HASH_PREFIX + blake3.blake3(data).hexdigest() != digest:
             raise AssetMissing(f"input {digest}: the stored copy no longer matches its hash (changed or damaged "
                                "on disk); submit the file again to store it anew")

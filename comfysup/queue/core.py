@@ -23,7 +23,6 @@ import contextlib
 import json
 import threading
 import time
-import uuid
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
@@ -312,6 +311,8 @@ class SQLQueue(SQLReads, AssetStore, ApiEndpoints, Fleet, Previews):
 
     def _complete(self, cur: Any, claim: Claim, outputs: Sequence[Output], at: float | None,
                   trace: dict[str, Any] | None) -> None:
+        import uuid  # here: a runner's outputs only; uuid loads platform, which every submit and status paid
+
         outputs = [o if o.id else replace(o, id=str(uuid.uuid4())) for o in outputs]  # outputs are assets
         files = json.dumps([o.__dict__ for o in outputs], separators=(",", ":"))
         self._end(cur, claim, self.sql["complete"],

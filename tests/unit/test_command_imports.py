@@ -19,8 +19,14 @@ RUN = ("import atexit, sys\n"
        "atexit.register(lambda: print('MODULES', ' '.join(sorted(sys.modules)), file=sys.stderr))\n"
        "from comfysup.cli import main\n"
        "raise SystemExit(main(sys.argv[1:]))\n")
-NOT_FOR_STATUS = ("prometheus_client", "psutil", "comfysup.jobs", "urllib3", "websocket", "comfysup.runner")
-NOT_FOR_SUBMIT = ("prometheus_client", "psutil", "urllib3", "websocket", "comfysup.runner", "comfysup.supervisor")
+# Imported only where they are used: a line without an id (uuid, which loads platform), an input file (blake3), an
+# input from elsewhere (comfysup.jobs.fetch), a bucket in the config (comfysup.storage), a suggestion (difflib).
+NOT_ON_EITHER = ("uuid", "platform", "blake3", "comfysup.jobs.fetch", "comfysup.storage", "difflib", "base64",
+                 "mimetypes")
+NOT_FOR_STATUS = ("prometheus_client", "psutil", "comfysup.jobs", "urllib3", "websocket", "comfysup.runner",
+                  *NOT_ON_EITHER)
+NOT_FOR_SUBMIT = ("prometheus_client", "psutil", "urllib3", "websocket", "comfysup.runner", "comfysup.supervisor",
+                  *NOT_ON_EITHER)
 
 
 def _modules(tmp_path: Path, *argv: str) -> set[str]:
@@ -52,3 +58,18 @@ def test_pid_exists_tells_a_live_process_from_one_that_ended() -> None:
     ended.wait()
     assert not pid_exists(ended.pid)
     assert not pid_exists(0) and not pid_exists(-1)
+
+
+def test_the_derived_id_is_the_uuid5_of_the_line_in_comfysups_namespace() -> None:
+    """uuid is imported where an id is derived, not at import; the ids stay what they were."""
+    from comfysup import jobs
+    from comfysup.jobs.identity import derived_id, sorted_json
+
+    namespace = uuid.UUID("7a1c0f3e-3b8e-5b6a-9d2e-63f0c0a5e1d4")
+    assert namespace == jobs.ID_NAMESPACE and isinstance(jobs.ID_NAMESPACE, uuid.UUID)
+    line = {"workflow": "w.json", "set": {"seed": 1}, "priority": 3}
+    expected = uuid.uuid5(namespace, sorted_json({"workflow": "blake3:ab", "set": {"seed": 1}, "priority": 3}))
+    assert derived_id(line, {"seed": 1}, "blake3:ab") == str(expected)
+    assert derived_id(line, {"seed": 2}, "blake3:ab") != str(expected)
+    with pytest.raises(AttributeError):
+        jobs.NO_SUCH_NAME  # noqa: B018
