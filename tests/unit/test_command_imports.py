@@ -26,7 +26,7 @@ NOT_ON_EITHER = ("uuid", "platform", "blake3", "comfysup.jobs.fetch", "comfysup.
 NOT_FOR_STATUS = ("prometheus_client", "psutil", "comfysup.jobs", "urllib3", "websocket", "comfysup.runner",
                   *NOT_ON_EITHER)
 NOT_FOR_SUBMIT = ("prometheus_client", "psutil", "urllib3", "websocket", "comfysup.runner", "comfysup.supervisor",
-                  *NOT_ON_EITHER)
+                  "comfysup.queue.run_values", *NOT_ON_EITHER)  # the records of running jobs: status shows some
 
 
 def _modules(tmp_path: Path, *argv: str) -> set[str]:
