@@ -37,12 +37,13 @@ from comfysup import assets, safefs
 from comfysup.config import InputsConfig
 from comfysup.destinations import is_http_url
 from comfysup.jobs.values import MAX_URL_CHARS, JobLineError, check_text, did_you_mean
-from comfysup.queue.base import NewAsset
+from comfysup.queue import values
 
 if TYPE_CHECKING:  # comfysup.jobs.fetch (blake3, the S3 module) is imported where an input from elsewhere is read
     import threading
 
     from comfysup.jobs.fetch import Fetched, Fetcher, Progress
+    from comfysup.queue.run_values import NewAsset
 
 MIB = 1024 * 1024
 REMOTE_KEYS = frozenset({"url", "s3", "sha256", "blake3", "name"})
@@ -147,7 +148,7 @@ class InputFiles:
                 raise JobLineError(self._too_large(key, value, st.st_size)) from None
             except OSError as exc:
                 raise JobLineError(f"set {key!r}: {value} cannot be read ({exc.strerror})") from None
-        asset = self._seen[ident] = NewAsset(digest, size, PurePosixPath(relative).name, str(root / relative))
+        asset = self._seen[ident] = values.NewAsset(digest, size, PurePosixPath(relative).name, str(root / relative))
         return asset
 
     def _open(self, key: str, value: str, relative: str) -> tuple[int, Path]:
@@ -184,7 +185,7 @@ class InputFiles:
         size = info.get("size", 0)
         if isinstance(size, bool) or not isinstance(size, int) or size < 0:
             size = 0
-        return NewAsset(str(digest), size, PurePosixPath(check_text(name, "file_path").replace("\\", "/")).name)
+        return values.NewAsset(str(digest), size, PurePosixPath(check_text(name, "file_path").replace("\\", "/")).name)
 
     # -- inputs from elsewhere -------------------------------------------------------------------------------
 
@@ -194,7 +195,7 @@ class InputFiles:
         source, expected, name = self._remote_shape(key, value)
         if expected.keys() == {"blake3"} and self.stored is not None and (size := self.stored(
                 digest := assets.HASH_PREFIX + expected["blake3"])) is not None:
-            return NewAsset(digest, size, name)  # held: named by its hash, as an upload's reference is
+            return values.NewAsset(digest, size, name)  # held: named by its hash, as an upload's reference is
         fetched = self._fetch(key, source, name, "sha256" in expected, until)
         got = {"blake3": fetched.blake3.removeprefix(assets.HASH_PREFIX), "sha256": fetched.sha256}
         wrong = [f"set {key!r}: {where(source)} has {algorithm} {got[algorithm]}, not the expected {digest}: the "
@@ -202,7 +203,7 @@ class InputFiles:
                  if got[algorithm] != digest]
         if wrong:
             raise JobLineError(*wrong)
-        return NewAsset(fetched.blake3, fetched.size, name, fetched.path)
+        return values.NewAsset(fetched.blake3, fetched.size, name, fetched.path)
 
     def _remote_shape(self, key: str, value: dict[str, Any]) -> tuple[str, dict[str, str], str]:
         """The source, the expected hashes (bare hex by algorithm) and the file name of an input from elsewhere;

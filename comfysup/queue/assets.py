@@ -29,10 +29,11 @@ from typing import TYPE_CHECKING, Any
 from comfysup import safefs
 from comfysup.assets import HASH_PREFIX
 from comfysup.errors import QueueError
-from comfysup.queue.base import NewAsset, NewJob
+from comfysup.queue.base import NewJob
 
 if TYPE_CHECKING:
     from comfysup.queue.asset_bucket import AssetBucket
+    from comfysup.queue.run_values import NewAsset
 
 CHUNK_BYTES = 4 * 1024 * 1024
 TEMPORARY_SECONDS = 86400.0

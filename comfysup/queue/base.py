@@ -64,11 +64,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from comfysup.errors import QueueError
 from comfysup.queue import values
-from comfysup.queue.values import (  # noqa: F401  (re-exported: the protocol's records)
+from comfysup.queue.values import (
     CatalogueRecord,
-    JobRecord,
     Machine,
-    NewAsset,
     NewJob,
     Status,
     SubmitResult,
@@ -82,6 +80,8 @@ if TYPE_CHECKING:  # and at run time from comfysup.queue.values, on first use (s
         Delivery,
         EndedAttempt,
         JobPulse,
+        JobRecord,
+        NewAsset,
         Output,
         Preview,
         PruneBatch,

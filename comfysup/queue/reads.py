@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from comfysup.errors import NotFound
 from comfysup.queue import records
-from comfysup.queue.base import POSTED, QUEUED, RUNNING, STATES, JobRecord, Machine, Status
+from comfysup.queue.base import POSTED, QUEUED, RUNNING, STATES, Machine, Status
 
 if TYPE_CHECKING:
-    from comfysup.queue.run_values import Delivery, EndedAttempt, JobPulse
+    from comfysup.queue.run_values import Delivery, EndedAttempt, JobPulse, JobRecord
 
 T = TypeVar("T")
 PAGE = 500

@@ -8,11 +8,11 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from comfysup.queue import values
-from comfysup.queue.base import JobRecord, Machine
+from comfysup.queue.base import Machine
 from comfysup.workflows import apply_params
 
 if TYPE_CHECKING:
-    from comfysup.queue.run_values import Attempt, Delivery, EndedAttempt, JobPulse, RunningJob
+    from comfysup.queue.run_values import Attempt, Delivery, EndedAttempt, JobPulse, JobRecord, RunningJob
 
 Row = Mapping[str, Any]
 
@@ -30,7 +30,7 @@ def job_record(row: Row, attempts: list[Attempt]) -> JobRecord:
     """A job as ``get`` hands it out: its workflow rebuilt from the stored template and its ``set``."""
     params = json.loads(row["params"])
     template = json.loads(row["workflow"])
-    return JobRecord(
+    return values.JobRecord(
         id=row["id"], state=row["state"], priority=row["priority"], attempt=row["attempt"],
         workflow=apply_params(template, params), extra_data=json.loads(row["extra_data"]),
         meta=json.loads(row["meta"]), params=params, workflow_name=row["workflow_name"],

@@ -1,12 +1,12 @@
-"""The queue's records that a runner, the API, the monitor, webhooks and prune make and read, built on the first use
-of one of their names (comfysup.queue.values re-exports them lazily): ``comfysup submit`` and ``comfysup status``
-never make one, and every frozen dataclass costs about 0.4 ms to build at import (measured: these ten, 3.8 ms of
-each command's start).
+"""The queue's records that a runner, the API, the monitor, webhooks, show and prune make and read (and submit, for
+a job with input files), built on the first use of one of their names (comfysup.queue.values re-exports them
+lazily): a plain ``comfysup submit`` and ``comfysup status`` make none, and every frozen dataclass costs about
+0.4 ms to build at import (measured: these twelve, 5 ms of each command's start).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -172,3 +172,56 @@ class ApiEndpoint:
     url: str
     age_seconds: float
     """Seconds since its API's last heartbeat, on the clock that stamped it (the database's for PostgreSQL)."""
+
+
+@dataclass(frozen=True)
+class NewAsset:
+    """An input file a job needs: stored by its hash at submit. ``path`` is the file to read; None for an asset
+    the job names by its hash alone (an API v2 reference), which must be in the store already."""
+
+    hash: str
+    size: int
+    name: str
+    path: str | None = None
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    id: str
+    state: str
+    priority: int
+    attempt: int
+    workflow: dict[str, Any]
+    extra_data: dict[str, Any]
+    meta: dict[str, Any]
+    params: dict[str, Any]
+    workflow_name: str
+    submitted_at: float
+    run_after: float
+    owner: str | None
+    server: str | None
+    lease_until: float | None
+    started_at: float | None
+    finished_at: float | None
+    reason: str | None
+    outputs: list[Output]
+    cancel_requested: bool
+    attempts: list[Attempt] = field(default_factory=list)
+    machine: str | None = None
+    """The host whose runner completed the job: where its files are when ``store.dir`` is not shared."""
+    spec_hash: str = ""
+    last_server: str | None = None
+    last_prompt_number: int | None = None
+    progress: dict[str, Any] | None = None
+    """The running attempt's progress (node k of n, step i of m), as last written."""
+    callback_url: str | None = None
+    model_key: str | None = None
+    template: dict[str, Any] | None = None
+    """The stored workflow before ``params`` (shared by every job of a batch); what a migration copies."""
+    waiting_since: float | None = None
+    """A running job that waits in its server's queue (posted behind the prompt that runs there): since when."""
+
+    @property
+    def shown_state(self) -> str:
+        """The state as people see it: ``posted`` for a running job that waits in its server's queue."""
+        return "posted" if self.state == "running" and self.waiting_since is not None else self.state

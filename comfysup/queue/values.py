@@ -2,7 +2,8 @@
 
 Frozen dataclasses, one per thing a caller holds: a job to submit and its input files, a claim, a job's
 record with its attempts and outputs, what status, metrics, webhooks and the machine registry read. The
-backends build them from rows (comfysup.queue.records).
+backends build them from rows (comfysup.queue.records). Those that a plain submit or status never makes are in
+comfysup.queue.run_values, built on first use of their name here (``LATER``).
 """
 
 from __future__ import annotations
@@ -12,18 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from comfysup.queue.run_values import Attempt, Output, RunningJob
-
-
-@dataclass(frozen=True)
-class NewAsset:
-    """An input file a job needs: stored by its hash at submit. ``path`` is the file to read; None for an asset
-    the job names by its hash alone (an API v2 reference), which must be in the store already."""
-
-    hash: str
-    size: int
-    name: str
-    path: str | None = None
+    from comfysup.queue.run_values import NewAsset, RunningJob
 
 
 @dataclass(frozen=True)
@@ -79,48 +69,6 @@ class CatalogueRecord:
 
 
 @dataclass(frozen=True)
-class JobRecord:
-    id: str
-    state: str
-    priority: int
-    attempt: int
-    workflow: dict[str, Any]
-    extra_data: dict[str, Any]
-    meta: dict[str, Any]
-    params: dict[str, Any]
-    workflow_name: str
-    submitted_at: float
-    run_after: float
-    owner: str | None
-    server: str | None
-    lease_until: float | None
-    started_at: float | None
-    finished_at: float | None
-    reason: str | None
-    outputs: list[Output]
-    cancel_requested: bool
-    attempts: list[Attempt] = field(default_factory=list)
-    machine: str | None = None
-    """The host whose runner completed the job: where its files are when ``store.dir`` is not shared."""
-    spec_hash: str = ""
-    last_server: str | None = None
-    last_prompt_number: int | None = None
-    progress: dict[str, Any] | None = None
-    """The running attempt's progress (node k of n, step i of m), as last written."""
-    callback_url: str | None = None
-    model_key: str | None = None
-    template: dict[str, Any] | None = None
-    """The stored workflow before ``params`` (shared by every job of a batch); what a migration copies."""
-    waiting_since: float | None = None
-    """A running job that waits in its server's queue (posted behind the prompt that runs there): since when."""
-
-    @property
-    def shown_state(self) -> str:
-        """The state as people see it: ``posted`` for a running job that waits in its server's queue."""
-        return "posted" if self.state == "running" and self.waiting_since is not None else self.state
-
-
-@dataclass(frozen=True)
 class Status:
     counts: dict[str, int]
     """By state, with ``waiting`` (queued, waiting to retry) split out of ``queued`` and ``posted`` (running, waiting
@@ -148,9 +96,10 @@ class Machine:
     PostgreSQL), so the age is right even when this machine's clock is not."""
 
 
-LATER = frozenset({"Claim", "Output", "Preview", "Attempt", "JobPulse", "RunningJob", "EndedAttempt", "Delivery",
-                   "PruneBatch", "ApiEndpoint"})
-"""The records made where a job runs, is shown or delivered (comfysup.queue.run_values), not by submit or status:
+LATER = frozenset({"NewAsset", "JobRecord", "Claim", "Output", "Preview", "Attempt", "JobPulse", "RunningJob",
+                   "EndedAttempt", "Delivery", "PruneBatch", "ApiEndpoint"})
+"""The records made where a job runs, is shown, is delivered or brings an input file (comfysup.queue.run_values),
+not by every submit or status:
 each frozen dataclass costs ~0.4 ms to build at import, so they are built on first use of their name here."""
 
 

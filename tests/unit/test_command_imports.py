@@ -23,10 +23,11 @@ RUN = ("import atexit, sys\n"
 # input from elsewhere (comfysup.jobs.fetch), a bucket in the config (comfysup.storage), a suggestion (difflib).
 NOT_ON_EITHER = ("uuid", "platform", "blake3", "comfysup.jobs.fetch", "comfysup.storage", "difflib", "base64",
                  "mimetypes")
+# comfysup.queue.run_values: the records of running, shown and delivered jobs (status imports it when a job runs).
 NOT_FOR_STATUS = ("prometheus_client", "psutil", "comfysup.jobs", "urllib3", "websocket", "comfysup.runner",
-                  *NOT_ON_EITHER)
+                  "comfysup.queue.run_values", *NOT_ON_EITHER)
 NOT_FOR_SUBMIT = ("prometheus_client", "psutil", "urllib3", "websocket", "comfysup.runner", "comfysup.supervisor",
-                  "comfysup.queue.run_values", *NOT_ON_EITHER)  # the records of running jobs: status shows some
+                  "comfysup.queue.run_values", *NOT_ON_EITHER)
 
 
 def _modules(tmp_path: Path, *argv: str) -> set[str]:
