@@ -54,6 +54,8 @@ class NewJob:
 
 @dataclass(frozen=True)
 class SubmitResult:
+    """What one submit did: the jobs inserted, and those already in the queue with the same content."""
+
     inserted: int
     existing: int
 
@@ -70,6 +72,8 @@ class CatalogueRecord:
 
 @dataclass(frozen=True)
 class Status:
+    """What ``comfysup status`` and the status page show: counts by state, the running jobs, the last ended."""
+
     counts: dict[str, int]
     """By state, with ``waiting`` (queued, waiting to retry) split out of ``queued`` and ``posted`` (running, waiting
     in a server's queue) out of ``running``."""
