@@ -74,3 +74,34 @@ def test_the_derived_id_is_the_uuid5_of_the_line_in_comfysups_namespace() -> Non
     assert derived_id(line, {"seed": 2}, "blake3:ab") != str(expected)
     with pytest.raises(AttributeError):
         jobs.NO_SUCH_NAME  # noqa: B018
+
+
+def test_the_program_freezes_what_its_imports_made_and_runs_the_command_with_the_collector_on(
+        tmp_path: Path) -> None:
+    """comfysup as a program: the collector is off while the command's modules are imported, what they made is
+    frozen (gc.freeze), and it is on again while the command runs; a caller of main(argv) keeps its own gc."""
+    (tmp_path / "config.toml").write_text(f'[queue]\npath = "{tmp_path / "q.db"}"\n')
+    probe = ("import gc, sys\n"
+             "import comfysup.commands.status as status\n"
+             "real = status.run\n"
+             "def run(args):\n"
+             "    print('GC', gc.isenabled(), gc.get_freeze_count() > 0, file=sys.stderr)\n"
+             "    return real(args)\n"
+             "status.run = run\n"
+             "import comfysup.cli as cli\n"
+             "original = cli.build_parser\n"
+             "def build_parser(*a, **k):\n"
+             "    print('IMPORTING', gc.isenabled(), file=sys.stderr)\n"
+             "    return original(*a, **k)\n"
+             "cli.build_parser = build_parser\n"
+             "how = sys.argv.pop(1)\n"
+             "raise SystemExit(cli.main(None if how == 'program' else sys.argv[1:]))\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COMFYSUP_")} | {"PYTHONPATH": str(REPO)}
+    seen = {}
+    for how in ("program", "caller"):
+        done = subprocess.run([sys.executable, "-c", probe, how, "status", "--config", str(tmp_path / "config.toml")],
+                              env=env, cwd=tmp_path, capture_output=True, text=True, timeout=30)
+        assert "no queue database here" in done.stderr  # status ran (it found no queue: none is needed here)
+        seen[how] = [line for line in done.stderr.splitlines() if line.startswith(("GC", "IMPORTING"))]
+    assert seen["program"] == ["IMPORTING False", "GC True True"]
+    assert seen["caller"] == ["IMPORTING True", "GC True False"]
