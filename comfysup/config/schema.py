@@ -2,10 +2,10 @@
 and a docstring saying what it does. This is the only place a default is written; comfysup.config.loader reads
 the file, the environment and the flags into these classes, and comfysup.config.checks refuses impossible values.
 Each class has a docstring: without one, dataclass builds one from its signature (inspect.signature) at import,
-~0.05 ms a class that every command paid.
+~0.05 ms a class that every command paid. The annotations are evaluated here, once (no ``from __future__ import
+annotations``): the loader's typing.get_type_hints of each section then has no strings to evaluate, 0.5 ms less
+of every command's config.
 """
-
-from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
