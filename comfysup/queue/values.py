@@ -101,7 +101,7 @@ class Machine:
 
 
 LATER = frozenset({"NewAsset", "JobRecord", "Claim", "Output", "Preview", "Attempt", "JobPulse", "RunningJob",
-                   "EndedAttempt", "Delivery", "PruneBatch", "ApiEndpoint"})
+                   "EndedAttempt", "Delivery", "PruneBatch", "ApiEndpoint", "ApiAsset"})
 """The records made where a job runs, is shown, is delivered or brings an input file (comfysup.queue.run_values),
 not by every submit or status:
 each frozen dataclass costs ~0.4 ms to build at import, so they are built on first use of their name here."""
