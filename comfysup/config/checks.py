@@ -15,7 +15,6 @@ from urllib.parse import urlparse, urlsplit
 from comfysup.destinations import is_http_url, url_problem
 from comfysup.errors import ConfigError
 from comfysup.redact import display_url
-from comfysup.storage.s3 import MAX_TTL_SECONDS, parse
 
 if TYPE_CHECKING:
     from comfysup.config.schema import Config
@@ -139,11 +138,21 @@ def _check_inputs(c: Config, bad: Callable[[str, str, Any, str], ConfigError]) -
             raise bad("inputs", "s3_buckets", bucket, "expected bucket names (no s3:// and no /)")
 
 
+def _s3_max_ttl() -> int:
+    """S3's bound on a presigned URL, from comfysup.storage.s3: imported only for a config that needs it (a
+    bucket, a TTL past a day), not by every command that reads the config."""
+    from comfysup.storage.s3 import MAX_TTL_SECONDS
+
+    return MAX_TTL_SECONDS
+
+
 def _check_buckets(c: Config) -> None:
     """[store] url and [assets] url (issue 33): an ``s3://bucket/prefix``, or empty. Whether the bucket exists and
     the credentials work is asked of the service where a runner or a supervisor starts (comfysup.storage.check)."""
     for section, url in (("store", c.store.url), ("assets", c.assets.url)):
         if url:
+            from comfysup.storage.s3 import parse  # here, as below: a config without a bucket never needs it
+
             try:
                 parse(url)  # the bucket itself is asked about where a runner starts
             except ValueError as exc:
@@ -153,9 +162,9 @@ def _check_buckets(c: Config) -> None:
         shown = display_url(c.store.endpoint_url) if "@" in c.store.endpoint_url else c.store.endpoint_url
         raise ConfigError(f"{c.source}: [store] endpoint_url = {shown!r}: expected http(s)://host:port of the S3 "
                           "service, or an empty string for AWS")
-    if c.store.url_ttl_seconds > MAX_TTL_SECONDS:
+    if c.store.url_ttl_seconds > 86400 and c.store.url_ttl_seconds > _s3_max_ttl():  # a day never reaches it
         raise ConfigError(f"{c.source}: [store] url_ttl_seconds = {c.store.url_ttl_seconds}: at most "
-                          f"{MAX_TTL_SECONDS} (7 days, the longest a presigned URL is valid); 0: no presigned URL")
+                          f"{_s3_max_ttl()} (7 days, the longest a presigned URL is valid); 0: no presigned URL")
     if c.store.multipart_threshold_mb < 5:
         raise ConfigError(f"{c.source}: [store] multipart_threshold_mb = {c.store.multipart_threshold_mb}: at "
                           "least 5 (S3's smallest part)")

@@ -14,12 +14,12 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from comfysup.config import InputsConfig
 from comfysup.errors import ComfysupError
+from comfysup.jobs import identity
 from comfysup.jobs.catalogue import Catalogue, Hints, TemplateCheck, refusal_texts
-from comfysup.jobs.fetch import Progress
 from comfysup.jobs.graph import (  # noqa: F401  (the names callers import from comfysup.jobs)
     BUILTIN_OTHER_NODES,
     BUILTIN_OUTPUT_NODES,
@@ -28,7 +28,7 @@ from comfysup.jobs.graph import (  # noqa: F401  (the names callers import from 
     check_api_format,
     check_graph,
 )
-from comfysup.jobs.identity import ID_NAMESPACE, as_written, derived_id, sorted_json  # noqa: F401
+from comfysup.jobs.identity import as_written, derived_id, sorted_json
 from comfysup.jobs.inputs import InputFiles
 from comfysup.jobs.template import MAX_WORKFLOW_BYTES, Template, WorkflowCache  # noqa: F401
 from comfysup.jobs.values import (  # noqa: F401
@@ -46,6 +46,9 @@ from comfysup.jobs.values import (  # noqa: F401
 )
 from comfysup.queue.base import NewJob
 from comfysup.workflows import canonical, content_hash, model_key
+
+if TYPE_CHECKING:
+    from comfysup.jobs.fetch import Progress  # comfysup.jobs.fetch itself only where an input is fetched
 
 MAX_LINE_BYTES = 16 * 1024 * 1024
 MAX_LINES = 1_000_000
@@ -428,3 +431,9 @@ def format_problems(label: str, problems: list[Problem], limit: int = MAX_PROBLE
     if len(problems) > limit:
         lines.append(f"… and {len(problems) - limit} more problem(s) not shown")
     return lines
+
+
+def __getattr__(name: str) -> Any:
+    if name == "ID_NAMESPACE":  # made on first use (comfysup.jobs.identity): uuid is for lines without an id
+        return identity.ID_NAMESPACE
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

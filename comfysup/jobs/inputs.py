@@ -26,20 +26,24 @@ import os
 import re
 import shutil
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
 from comfysup import assets, safefs
 from comfysup.config import InputsConfig
 from comfysup.destinations import is_http_url
-from comfysup.jobs.fetch import Fetched, Fetcher, FetchError, Progress, s3_parts, where
 from comfysup.jobs.values import MAX_URL_CHARS, JobLineError, check_text, did_you_mean
-from comfysup.queue.base import NewAsset
+from comfysup.queue import values
+
+if TYPE_CHECKING:  # comfysup.jobs.fetch (blake3, the S3 module) is imported where an input from elsewhere is read
+    import threading
+
+    from comfysup.jobs.fetch import Fetched, Fetcher, Progress
+    from comfysup.queue.run_values import NewAsset
 
 MIB = 1024 * 1024
 REMOTE_KEYS = frozenset({"url", "s3", "sha256", "blake3", "name"})
@@ -144,7 +148,7 @@ class InputFiles:
                 raise JobLineError(self._too_large(key, value, st.st_size)) from None
             except OSError as exc:
                 raise JobLineError(f"set {key!r}: {value} cannot be read ({exc.strerror})") from None
-        asset = self._seen[ident] = NewAsset(digest, size, PurePosixPath(relative).name, str(root / relative))
+        asset = self._seen[ident] = values.NewAsset(digest, size, PurePosixPath(relative).name, str(root / relative))
         return asset
 
     def _open(self, key: str, value: str, relative: str) -> tuple[int, Path]:
@@ -181,15 +185,17 @@ class InputFiles:
         size = info.get("size", 0)
         if isinstance(size, bool) or not isinstance(size, int) or size < 0:
             size = 0
-        return NewAsset(str(digest), size, PurePosixPath(check_text(name, "file_path").replace("\\", "/")).name)
+        return values.NewAsset(str(digest), size, PurePosixPath(check_text(name, "file_path").replace("\\", "/")).name)
 
     # -- inputs from elsewhere -------------------------------------------------------------------------------
 
     def _remote(self, key: str, value: dict[str, Any], until: float) -> NewAsset:
+        from comfysup.jobs.fetch import where
+
         source, expected, name = self._remote_shape(key, value)
         if expected.keys() == {"blake3"} and self.stored is not None and (size := self.stored(
                 digest := assets.HASH_PREFIX + expected["blake3"])) is not None:
-            return NewAsset(digest, size, name)  # held: named by its hash, as an upload's reference is
+            return values.NewAsset(digest, size, name)  # held: named by its hash, as an upload's reference is
         fetched = self._fetch(key, source, name, "sha256" in expected, until)
         got = {"blake3": fetched.blake3.removeprefix(assets.HASH_PREFIX), "sha256": fetched.sha256}
         wrong = [f"set {key!r}: {where(source)} has {algorithm} {got[algorithm]}, not the expected {digest}: the "
@@ -197,11 +203,13 @@ class InputFiles:
                  if got[algorithm] != digest]
         if wrong:
             raise JobLineError(*wrong)
-        return NewAsset(fetched.blake3, fetched.size, name, fetched.path)
+        return values.NewAsset(fetched.blake3, fetched.size, name, fetched.path)
 
     def _remote_shape(self, key: str, value: dict[str, Any]) -> tuple[str, dict[str, str], str]:
         """The source, the expected hashes (bare hex by algorithm) and the file name of an input from elsewhere;
         JobLineError with every problem of its shape (nothing is fetched for a reference that is wrong)."""
+        from comfysup.jobs.fetch import where
+
         reasons: list[str] = []
         for unknown in sorted(value.keys() - REMOTE_KEYS):
             hint = did_you_mean(unknown, REMOTE_KEYS)
@@ -241,6 +249,8 @@ class InputFiles:
         return source, expected, name
 
     def _bucket_problems(self, key: str, source: str) -> list[str]:
+        from comfysup.jobs.fetch import FetchError, s3_parts
+
         try:
             bucket, _ = s3_parts(source)
         except FetchError as exc:
@@ -253,6 +263,8 @@ class InputFiles:
     def _fetch(self, key: str, source: str, name: str, sha256: bool, until: float) -> Fetched:
         """The source's file, fetched once per submit (its SHA-256 only when a line expects one); a failure,
         remembered, is the same reason every time."""
+        from comfysup.jobs.fetch import Fetcher, FetchError, where
+
         known = self._fetched.get(source)
         if known is None:
             if self._fetcher is None:

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from comfysup.queue.base import JobRecord, Queue, Status
+from comfysup.queue.base import Queue, Status
 from comfysup.slotstate import staleness
+
+if TYPE_CHECKING:
+    from comfysup.queue.run_values import JobRecord
 
 POSTED_TEXT = "in the server's queue, behind the prompt that runs there"
 """What a posted job does (issue 32): claimed ahead, it waits in its server's queue, not yet executing."""

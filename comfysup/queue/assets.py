@@ -22,19 +22,18 @@ import os
 import tempfile
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-
-import blake3
 
 from comfysup import safefs
 from comfysup.assets import HASH_PREFIX
 from comfysup.errors import QueueError
-from comfysup.queue.base import NewAsset, NewJob
+from comfysup.queue import values
+from comfysup.queue.base import NewJob
 
 if TYPE_CHECKING:
     from comfysup.queue.asset_bucket import AssetBucket
+    from comfysup.queue.run_values import ApiAsset, NewAsset
 
 CHUNK_BYTES = 4 * 1024 * 1024
 TEMPORARY_SECONDS = 86400.0
@@ -53,21 +52,9 @@ class UploadConflict(QueueError):
         self.asset_id = asset_id
 
 
-@dataclass(frozen=True)
-class ApiAsset:
-    """An asset uploaded through the API: the record a client's ``core/ASSET`` reference names by ``id``."""
-
-    id: str
-    hash: str
-    size: int
-    file_path: str
-    content_type: str
-    created_at: float
-    expires_at: float
-
-
 def _api_asset(row: Any) -> ApiAsset:
-    return ApiAsset(str(row[0]), str(row[1]), int(row[2]), str(row[3]), str(row[4]), float(row[5]), float(row[6]))
+    return values.ApiAsset(str(row[0]), str(row[1]), int(row[2]), str(row[3]), str(row[4]), float(row[5]),
+                           float(row[6]))
 
 
 class AssetStore:
@@ -149,6 +136,8 @@ class AssetStore:
     @staticmethod
     def _copy(asset: NewAsset, write: Any) -> int:
         """Copy the file in chunks through ``write``, hashing it again; QueueError when it changed."""
+        import blake3  # here, as below: a queue opened for a job without input files (status) never hashes one
+
         hasher, size = blake3.blake3(), 0
         assert asset.path is not None
         try:  # the file hashed at validation, opened again: never through a symlink, never a FIFO put there since
@@ -189,6 +178,8 @@ class AssetStore:
             chunks = self._transaction(_fetch, self.sql["asset_chunks"], (digest,), write=False)
             data = b"".join(bytes(r[0]) for r in chunks)
         # Hashed again before it is sent: bytes changed on disk (or in the table) never go out under an old hash.
+        import blake3
+
         if HASH_PREFIX + blake3.blake3(data).hexdigest() != digest:
             raise AssetMissing(f"input {digest}: the stored copy no longer matches its hash (changed or damaged "
                                "on disk); submit the file again to store it anew")
@@ -237,7 +228,8 @@ class AssetStore:
         self._store(cur, asset, at)
         import uuid  # here, as below: uuid (and the platform module it loads) for the API's assets only
 
-        record = ApiAsset(str(uuid.uuid4()), asset.hash, asset.size, asset.name, content_type, at, at + retention)
+        record = values.ApiAsset(str(uuid.uuid4()), asset.hash, asset.size, asset.name, content_type, at,
+                                 at + retention)
         row = (record.id, record.hash, record.file_path, record.content_type, record.created_at, record.expires_at)
         if key is None:
             cur.execute(self.sql["insert_api_asset"], (*row, None))
@@ -273,10 +265,10 @@ class AssetStore:
         if row is not None:
             known = _api_asset(row)
             cur.execute(self.sql["extend_api_asset"], (until, known.id, until))
-            return ApiAsset(**{**known.__dict__, "expires_at": max(known.expires_at, until)}), False
+            return values.ApiAsset(**{**known.__dict__, "expires_at": max(known.expires_at, until)}), False
         import uuid
 
-        record = ApiAsset(str(uuid.uuid4()), digest, int(size[0]), file_path, content_type, at, until)
+        record = values.ApiAsset(str(uuid.uuid4()), digest, int(size[0]), file_path, content_type, at, until)
         cur.execute(self.sql["insert_api_asset"], (record.id, record.hash, record.file_path, record.content_type,
                                                    record.created_at, record.expires_at, None))
         return record, True
@@ -377,3 +369,10 @@ def _run(cur: Any, sql: str, args: Iterable[Any]) -> None:
 
 def _now() -> float:
     return time.time()
+
+
+def __getattr__(name: str) -> Any:
+    """``ApiAsset``, built on first use (comfysup.queue.run_values): only the API makes one."""
+    if name == "ApiAsset":
+        return values.ApiAsset
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

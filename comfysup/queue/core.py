@@ -23,14 +23,13 @@ import contextlib
 import json
 import threading
 import time
-import uuid
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from comfysup.errors import LeaseLost, QueueError
-from comfysup.queue import forks, records
+from comfysup.queue import forks, records, values
 from comfysup.queue.assets import AssetStore
 from comfysup.queue.base import (
     CANCELLED,
@@ -41,9 +40,7 @@ from comfysup.queue.base import (
     RELEASED_UNCOUNTED,
     RETRY,
     RUNNING,
-    Claim,
     NewJob,
-    Output,
     SubmitConflict,
     SubmitResult,
     owner_host,
@@ -55,6 +52,9 @@ from comfysup.queue.queries import load, read
 from comfysup.queue.reads import SQLReads, fetch
 from comfysup.queue.specs import SpecCache
 from comfysup.workflows import apply_params
+
+if TYPE_CHECKING:
+    from comfysup.queue.run_values import Claim, Output
 
 T = TypeVar("T")
 
@@ -214,11 +214,11 @@ class SQLQueue(SQLReads, AssetStore, ApiEndpoints, Fleet, Previews):
             return None
         (owner, server, job_id, attempt, workflow_id, extra_data, params, last_server, last_prompt_number, reason,
          cancel_requested, lease_until, key, text) = taken
-        return Claim(id=job_id, attempt=attempt, owner=owner, server=server,
-                     workflow=apply_params(self._template(workflow_id, text), json.loads(params)),
-                     extra_data=json.loads(extra_data), lease_until=lease_until, last_server=last_server,
-                     last_prompt_number=last_prompt_number, last_reason=reason,
-                     cancel_requested=bool(cancel_requested), model_key=key)
+        return values.Claim(id=job_id, attempt=attempt, owner=owner, server=server,
+                            workflow=apply_params(self._template(workflow_id, text), json.loads(params)),
+                            extra_data=json.loads(extra_data), lease_until=lease_until, last_server=last_server,
+                            last_prompt_number=last_prompt_number, last_reason=reason,
+                            cancel_requested=bool(cancel_requested), model_key=key)
 
     def _template(self, workflow_id: int, text: str | None) -> dict[str, Any]:
         """A parsed workflow by id, from this process's small cache."""
@@ -312,6 +312,8 @@ class SQLQueue(SQLReads, AssetStore, ApiEndpoints, Fleet, Previews):
 
     def _complete(self, cur: Any, claim: Claim, outputs: Sequence[Output], at: float | None,
                   trace: dict[str, Any] | None) -> None:
+        import uuid  # here: a runner's outputs only; uuid loads platform, which every submit and status paid
+
         outputs = [o if o.id else replace(o, id=str(uuid.uuid4())) for o in outputs]  # outputs are assets
         files = json.dumps([o.__dict__ for o in outputs], separators=(",", ":"))
         self._end(cur, claim, self.sql["complete"],

@@ -15,9 +15,12 @@ A mixin of comfysup.queue.core.SQLQueue; the SQL is in sql/queries.sql (``advert
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from comfysup.queue.values import ApiEndpoint
+from comfysup.queue import values
+
+if TYPE_CHECKING:
+    from comfysup.queue.run_values import ApiEndpoint
 
 
 class ApiEndpoints:
@@ -53,4 +56,4 @@ class ApiEndpoints:
 
     def _endpoint(self, cur: Any, host: str, now: float | None) -> ApiEndpoint | None:
         row = cur.execute(self.sql["api_endpoint"], (self._time(now), host)).fetchone()
-        return None if row is None else ApiEndpoint(host, str(row[0]), max(0.0, float(row[1])))
+        return None if row is None else values.ApiEndpoint(host, str(row[0]), max(0.0, float(row[1])))

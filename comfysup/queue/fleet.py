@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from comfysup.queue.base import DEAD, CatalogueRecord, Claim, NewJob
+from comfysup.queue.base import DEAD, CatalogueRecord, NewJob
 from comfysup.queue.reads import fetch
 from comfysup.workflows import canonical
+
+if TYPE_CHECKING:
+    from comfysup.queue.run_values import Claim
 
 
 class Fleet:

@@ -14,9 +14,12 @@ A mixin of comfysup.queue.core.SQLQueue; the SQL is in sql/queries.sql (``set_pr
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from comfysup.queue.values import Claim, Preview
+from comfysup.queue import values
+
+if TYPE_CHECKING:
+    from comfysup.queue.run_values import Claim, Preview
 
 
 class Previews:
@@ -47,4 +50,4 @@ class Previews:
         if not moved:
             return {}
         rows = cur.execute(self.sql["previews"], (self.id_list(moved),)).fetchall()
-        return {str(r[0]): Preview(int(r[1]), r[2], str(r[3]), bytes(r[4])) for r in rows}
+        return {str(r[0]): values.Preview(int(r[1]), r[2], str(r[3]), bytes(r[4])) for r in rows}

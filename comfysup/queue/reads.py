@@ -5,22 +5,14 @@ Every read asks for rows that name their columns, and comfysup.queue.records map
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from comfysup.errors import NotFound
 from comfysup.queue import records
-from comfysup.queue.base import (
-    POSTED,
-    QUEUED,
-    RUNNING,
-    STATES,
-    Delivery,
-    EndedAttempt,
-    JobPulse,
-    JobRecord,
-    Machine,
-    Status,
-)
+from comfysup.queue.base import POSTED, QUEUED, RUNNING, STATES, Machine, Status
+
+if TYPE_CHECKING:
+    from comfysup.queue.run_values import Delivery, EndedAttempt, JobPulse, JobRecord
 
 T = TypeVar("T")
 PAGE = 500

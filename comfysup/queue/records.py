@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from comfysup.queue.base import Attempt, Delivery, EndedAttempt, JobPulse, JobRecord, Machine, Output, RunningJob
+from comfysup.queue import values
+from comfysup.queue.base import Machine
 from comfysup.workflows import apply_params
+
+if TYPE_CHECKING:
+    from comfysup.queue.run_values import Attempt, Delivery, EndedAttempt, JobPulse, JobRecord, RunningJob
 
 Row = Mapping[str, Any]
 
@@ -26,13 +30,14 @@ def job_record(row: Row, attempts: list[Attempt]) -> JobRecord:
     """A job as ``get`` hands it out: its workflow rebuilt from the stored template and its ``set``."""
     params = json.loads(row["params"])
     template = json.loads(row["workflow"])
-    return JobRecord(
+    return values.JobRecord(
         id=row["id"], state=row["state"], priority=row["priority"], attempt=row["attempt"],
         workflow=apply_params(template, params), extra_data=json.loads(row["extra_data"]),
         meta=json.loads(row["meta"]), params=params, workflow_name=row["workflow_name"],
         submitted_at=row["submitted_at"], run_after=row["run_after"], owner=row["owner"], server=row["server"],
         lease_until=row["lease_until"], started_at=row["started_at"], finished_at=row["finished_at"],
-        reason=row["reason"], outputs=[Output(**o) for o in json.loads(row["outputs"])] if row["outputs"] else [],
+        reason=row["reason"],
+        outputs=[values.Output(**o) for o in json.loads(row["outputs"])] if row["outputs"] else [],
         cancel_requested=bool(row["cancel_requested"]), attempts=attempts, machine=row["machine"],
         spec_hash=row["spec_hash"], last_server=row["last_server"], last_prompt_number=row["last_prompt_number"],
         progress=loads(row["progress"]), callback_url=row["callback_url"], model_key=row["model_key"],
@@ -40,31 +45,33 @@ def job_record(row: Row, attempts: list[Attempt]) -> JobRecord:
 
 
 def attempt(row: Row) -> Attempt:
-    return Attempt(attempt=row["attempt"], owner=row["owner"], server=row["server"], started_at=row["started_at"],
-                   ended_at=row["ended_at"], outcome=row["outcome"], reason=row["reason"],
-                   prompt_number=row["prompt_number"], kind=row["kind"], trace=loads(row["trace"]))
+    return values.Attempt(attempt=row["attempt"], owner=row["owner"], server=row["server"],
+                          started_at=row["started_at"], ended_at=row["ended_at"], outcome=row["outcome"],
+                          reason=row["reason"],
+                          prompt_number=row["prompt_number"], kind=row["kind"], trace=loads(row["trace"]))
 
 
 def running_job(row: Row) -> RunningJob:
-    return RunningJob(id=row["id"], owner=row["owner"], server=row["server"], attempt=row["attempt"],
-                      started_at=row["started_at"], lease_until=row["lease_until"], progress=loads(row["progress"]),
-                      waiting_since=row["waiting_since"])
+    return values.RunningJob(id=row["id"], owner=row["owner"], server=row["server"], attempt=row["attempt"],
+                             started_at=row["started_at"], lease_until=row["lease_until"],
+                             progress=loads(row["progress"]), waiting_since=row["waiting_since"])
 
 
 def ended_attempt(row: Row) -> EndedAttempt:
-    return EndedAttempt(job_id=row["job_id"], attempt=row["attempt"], outcome=row["outcome"], kind=row["kind"],
-                        started_at=row["started_at"], ended_at=row["ended_at"], nodes_run=row["nodes_run"],
-                        nodes_cached=row["nodes_cached"], workflow_name=row["workflow_name"],
-                        submitted_at=row["submitted_at"], first_started_at=row["first_started_at"],
-                        comfyui_wait_s=row["comfyui_wait_s"], run_s=row["run_s"],
-                        first_comfyui_wait_s=row["first_comfyui_wait_s"])
+    return values.EndedAttempt(job_id=row["job_id"], attempt=row["attempt"], outcome=row["outcome"], kind=row["kind"],
+                               started_at=row["started_at"], ended_at=row["ended_at"], nodes_run=row["nodes_run"],
+                               nodes_cached=row["nodes_cached"], workflow_name=row["workflow_name"],
+                               submitted_at=row["submitted_at"], first_started_at=row["first_started_at"],
+                               comfyui_wait_s=row["comfyui_wait_s"], run_s=row["run_s"],
+                               first_comfyui_wait_s=row["first_comfyui_wait_s"])
 
 
 def delivery(row: Row, next_at: Any = ...) -> Delivery:
     """A webhook delivery; ``next_at`` given: the end of the hold this deliverer just took."""
-    return Delivery(id=row["id"], job_id=row["job_id"], url=row["url"], attempts=row["attempts"],
-                    created_at=row["created_at"], next_at=row["next_at"] if next_at is ... else next_at,
-                    last_status=row["last_status"], last_error=row["last_error"], delivered_at=row["delivered_at"])
+    return values.Delivery(id=row["id"], job_id=row["job_id"], url=row["url"], attempts=row["attempts"],
+                           created_at=row["created_at"], next_at=row["next_at"] if next_at is ... else next_at,
+                           last_status=row["last_status"], last_error=row["last_error"],
+                           delivered_at=row["delivered_at"])
 
 
 def machine(row: Row) -> Machine:
@@ -73,6 +80,6 @@ def machine(row: Row) -> Machine:
 
 
 def pulse(row: Row) -> JobPulse:
-    return JobPulse(id=row["id"], state=row["state"], attempt=row["attempt"],
-                    cancel_requested=bool(row["cancel_requested"]), progress=loads(row["progress"]),
-                    waiting_since=row["waiting_since"])
+    return values.JobPulse(id=row["id"], state=row["state"], attempt=row["attempt"],
+                           cancel_requested=bool(row["cancel_requested"]), progress=loads(row["progress"]),
+                           waiting_since=row["waiting_since"])

@@ -31,18 +31,21 @@ import sqlite3
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import quote
 
 from comfysup.errors import DatabaseCorrupt, DatabaseLocked, DatabaseMissing, QueueError
 from comfysup.queue import queries, records
 from comfysup.queue import sqlite_statements as statements_of
-from comfysup.queue.base import DONE, TERMINAL, Delivery, NewJob, PruneBatch
+from comfysup.queue.base import DONE, TERMINAL, NewJob
 from comfysup.queue.core import SQLQueue
 from comfysup.queue.reads import fetch
 from comfysup.queue.specs import SpecCache
 from comfysup.queue.sqlite_file import BackgroundCheckpoint, FileCheck, refuse_network_filesystem, statements
 from comfysup.workflows import content_hash
+
+if TYPE_CHECKING:
+    from comfysup.queue.run_values import Delivery, PruneBatch
 
 SCHEMA_VERSION = 15
 BUSY_FIRST_STEP_SECONDS = 0.0002

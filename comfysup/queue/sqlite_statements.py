@@ -10,12 +10,15 @@ import contextlib
 import json
 import sqlite3
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from comfysup.queue import queries
-from comfysup.queue.base import NewJob, PruneBatch
+from comfysup.queue import queries, values
+from comfysup.queue.base import NewJob
 from comfysup.queue.specs import SpecCache, dumps_plain
 from comfysup.workflows import model_key
+
+if TYPE_CHECKING:
+    from comfysup.queue.run_values import PruneBatch
 
 SQL = queries.load("sqlite")
 SUBMIT_CACHE_KIB = -16384
@@ -107,7 +110,7 @@ def hold_deliveries(conn: sqlite3.Connection, at: float, limit: int, until: floa
 def prune(conn: sqlite3.Connection, finished_before: float, limit: int) -> PruneBatch:
     rows = conn.execute(SQL["prune_batch"], (finished_before, limit)).fetchall()
     if not rows:
-        return PruneBatch(removed=[])
+        return values.PruneBatch(removed=[])
     seqs, ids = json.dumps([r[0] for r in rows]), id_list([r[1] for r in rows])
     used = [r[0] for r in conn.execute(SQL["prune_workflows_of"], (seqs,))]
     conn.execute(SQL["prune_jobs"], (seqs,))
@@ -119,4 +122,4 @@ def prune(conn: sqlite3.Connection, finished_before: float, limit: int) -> Prune
     conn.execute(SQL["prune_output_assets"], (ids,))
     conn.execute(SQL["prune_previews"], (ids,))
     gone = sum(conn.execute(SQL["prune_workflow"], (w, w)).rowcount for w in used)
-    return PruneBatch(removed=[(r[1], r[2]) for r in rows], workflows_removed=gone)
+    return values.PruneBatch(removed=[(r[1], r[2]) for r in rows], workflows_removed=gone)

@@ -2,25 +2,18 @@
 
 Frozen dataclasses, one per thing a caller holds: a job to submit and its input files, a claim, a job's
 record with its attempts and outputs, what status, metrics, webhooks and the machine registry read. The
-backends build them from rows (comfysup.queue.records).
+backends build them from rows (comfysup.queue.records). Those that a plain submit or status never makes are in
+comfysup.queue.run_values, built on first use of their name here (``LATER``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-
-@dataclass(frozen=True)
-class NewAsset:
-    """An input file a job needs: stored by its hash at submit. ``path`` is the file to read; None for an asset
-    the job names by its hash alone (an API v2 reference), which must be in the store already."""
-
-    hash: str
-    size: int
-    name: str
-    path: str | None = None
+if TYPE_CHECKING:
+    from comfysup.queue.run_values import NewAsset, RunningJob
 
 
 @dataclass(frozen=True)
@@ -61,30 +54,10 @@ class NewJob:
 
 @dataclass(frozen=True)
 class SubmitResult:
+    """What one submit did: the jobs inserted, and those already in the queue with the same content."""
+
     inserted: int
     existing: int
-
-
-@dataclass(frozen=True)
-class Claim:
-    """A job held by one runner: the fence (id, attempt, owner) and what is needed to run it."""
-
-    id: str
-    attempt: int
-    owner: str
-    server: str
-    workflow: dict[str, Any]
-    extra_data: dict[str, Any]
-    lease_until: float
-    last_server: str | None = None
-    last_prompt_number: int | None = None
-    last_reason: str | None = None
-    cancel_requested: bool = False
-    model_key: str | None = None
-    """What the job's loader nodes load: a runner passes it to its next claim as ``prefer_model``."""
-    waiting: bool = False
-    """Marked waiting for its server by the runner that claimed it ahead (``Queue.set_waiting``): its attempt says
-    when that ends (a claim from the queue is never waiting)."""
 
 
 @dataclass
@@ -98,122 +71,9 @@ class CatalogueRecord:
 
 
 @dataclass(frozen=True)
-class Output:
-    """A file in the result store: its name in the job's folder, size and sha256, and the output node that made
-    it (the key of the history's ``outputs``; "" when a run adopted from disk cannot tell, or for a record of
-    an earlier version)."""
-
-    name: str
-    size: int
-    sha256: str
-    path: str = ""
-    node_id: str = ""
-    id: str = ""
-    """Its asset UUID (the Comfy API v2's output ``id``), given by the queue when the job is done; "" for a record
-    of an earlier version, whose API id is ``<job id>.<n>``."""
-
-
-@dataclass(frozen=True)
-class Preview:
-    """A running job's latest preview image (comfysup.queue.previews): ``n`` counts its replacements."""
-
-    n: int
-    node_id: str | None
-    content_type: str
-    data: bytes
-
-
-@dataclass(frozen=True)
-class Attempt:
-    attempt: int
-    owner: str
-    server: str
-    started_at: float
-    ended_at: float | None
-    outcome: str | None
-    reason: str | None
-    prompt_number: int | None
-    kind: str | None = None
-    """The reason class of the outcome (oom, timeout, http_5xx, lease_expired, …); None for a success."""
-    trace: dict[str, Any] | None = None
-    """What the attempt saw: phases with times, each node's time, cached nodes, last progress."""
-
-
-@dataclass(frozen=True)
-class JobRecord:
-    id: str
-    state: str
-    priority: int
-    attempt: int
-    workflow: dict[str, Any]
-    extra_data: dict[str, Any]
-    meta: dict[str, Any]
-    params: dict[str, Any]
-    workflow_name: str
-    submitted_at: float
-    run_after: float
-    owner: str | None
-    server: str | None
-    lease_until: float | None
-    started_at: float | None
-    finished_at: float | None
-    reason: str | None
-    outputs: list[Output]
-    cancel_requested: bool
-    attempts: list[Attempt] = field(default_factory=list)
-    machine: str | None = None
-    """The host whose runner completed the job: where its files are when ``store.dir`` is not shared."""
-    spec_hash: str = ""
-    last_server: str | None = None
-    last_prompt_number: int | None = None
-    progress: dict[str, Any] | None = None
-    """The running attempt's progress (node k of n, step i of m), as last written."""
-    callback_url: str | None = None
-    model_key: str | None = None
-    template: dict[str, Any] | None = None
-    """The stored workflow before ``params`` (shared by every job of a batch); what a migration copies."""
-    waiting_since: float | None = None
-    """A running job that waits in its server's queue (posted behind the prompt that runs there): since when."""
-
-    @property
-    def shown_state(self) -> str:
-        """The state as people see it: ``posted`` for a running job that waits in its server's queue."""
-        return "posted" if self.state == "running" and self.waiting_since is not None else self.state
-
-
-@dataclass(frozen=True)
-class JobPulse:
-    """What changes while a job runs, read without its workflow (the API's event streams watch this)."""
-
-    id: str
-    state: str
-    attempt: int
-    cancel_requested: bool
-    progress: dict[str, Any] | None
-    waiting_since: float | None = None
-    """Running, but waiting in its server's queue (posted): since when."""
-
-
-@dataclass(frozen=True)
-class RunningJob:
-    """A running job; with ``waiting_since``, one that waits in its server's queue (shown as posted)."""
-
-    id: str
-    owner: str
-    server: str
-    attempt: int
-    started_at: float
-    lease_until: float
-    progress: dict[str, Any] | None = None
-    waiting_since: float | None = None
-
-    @property
-    def posted(self) -> bool:
-        return self.waiting_since is not None
-
-
-@dataclass(frozen=True)
 class Status:
+    """What ``comfysup status`` and the status page show: counts by state, the running jobs, the last ended."""
+
     counts: dict[str, int]
     """By state, with ``waiting`` (queued, waiting to retry) split out of ``queued`` and ``posted`` (running, waiting
     in a server's queue) out of ``running``."""
@@ -224,65 +84,6 @@ class Status:
     """(id, finished_at, reason), newest first."""
     recent_done: list[tuple[str, float]] = field(default_factory=list)
     """(id, finished_at), newest first: what the status page links the files of."""
-
-
-@dataclass(frozen=True, slots=True)
-class EndedAttempt:
-    """An attempt that ended, with what metrics need of its job (observed once each, as it ends).
-
-    Never its trace (several KB of JSON): only the two numbers metrics take from it, counted by the
-    database, so reading the attempts that ended costs the same whatever their traces hold."""
-
-    job_id: str
-    attempt: int
-    outcome: str
-    kind: str | None
-    started_at: float
-    ended_at: float
-    nodes_run: int
-    """Nodes in the trace's ``nodes`` list (run by ComfyUI); 0 without a trace."""
-    nodes_cached: int
-    """Nodes in the trace's ``cached`` list (served from ComfyUI's cache); 0 without a trace."""
-    workflow_name: str
-    submitted_at: float
-    first_started_at: float
-    """When the job's first attempt started: queue wait is this minus ``submitted_at``."""
-    comfyui_wait_s: float | None = None
-    """Seconds the attempt's prompt waited in ComfyUI's queue (behind the prompt ahead of it); None: no trace."""
-    run_s: float | None = None
-    """Seconds of the attempt that were not that wait (comfysup.runner.trace.figures); None: no trace."""
-    first_comfyui_wait_s: float | None = None
-    """Of a job's last attempt (one that ended it): the seconds its first attempt waited in ComfyUI's queue, which
-    the job's metrics count as queueing, not as its duration."""
-
-
-@dataclass(frozen=True)
-class Delivery:
-    """One webhook of one terminal job: pending while ``next_at`` is set, else delivered or given up."""
-
-    id: int
-    job_id: str
-    url: str
-    attempts: int
-    created_at: float
-    next_at: float | None
-    last_status: int | None
-    last_error: str | None
-    delivered_at: float | None
-
-    @property
-    def state(self) -> str:
-        if self.delivered_at is not None:
-            return "delivered"
-        return "pending" if self.next_at is not None else "failed"
-
-
-@dataclass(frozen=True)
-class PruneBatch:
-    """One transaction of ``prune``: the jobs removed (with the machine that holds their files)."""
-
-    removed: list[tuple[str, str | None]]
-    workflows_removed: int = 0
 
 
 @dataclass(frozen=True)
@@ -299,11 +100,17 @@ class Machine:
     PostgreSQL), so the age is right even when this machine's clock is not."""
 
 
-@dataclass(frozen=True)
-class ApiEndpoint:
-    """A machine's Comfy API v2 as the other machines reach it (``[api] public_url``), and how fresh that is."""
+LATER = frozenset({"NewAsset", "JobRecord", "Claim", "Output", "Preview", "Attempt", "JobPulse", "RunningJob",
+                   "EndedAttempt", "Delivery", "PruneBatch", "ApiEndpoint", "ApiAsset"})
+"""The records made where a job runs, is shown, is delivered or brings an input file (comfysup.queue.run_values),
+not by every submit or status:
+each frozen dataclass costs ~0.4 ms to build at import, so they are built on first use of their name here."""
 
-    host: str
-    url: str
-    age_seconds: float
-    """Seconds since its API's last heartbeat, on the clock that stamped it (the database's for PostgreSQL)."""
+
+def __getattr__(name: str) -> Any:
+    if name in LATER:
+        from comfysup.queue import run_values
+
+        globals()[name] = found = getattr(run_values, name)  # the next use is a plain attribute
+        return found
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

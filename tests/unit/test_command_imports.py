@@ -19,8 +19,15 @@ RUN = ("import atexit, sys\n"
        "atexit.register(lambda: print('MODULES', ' '.join(sorted(sys.modules)), file=sys.stderr))\n"
        "from comfysup.cli import main\n"
        "raise SystemExit(main(sys.argv[1:]))\n")
-NOT_FOR_STATUS = ("prometheus_client", "psutil", "comfysup.jobs", "urllib3", "websocket", "comfysup.runner")
-NOT_FOR_SUBMIT = ("prometheus_client", "psutil", "urllib3", "websocket", "comfysup.runner", "comfysup.supervisor")
+# Imported only where they are used: a line without an id (uuid, which loads platform), an input file (blake3), an
+# input from elsewhere (comfysup.jobs.fetch), a bucket in the config (comfysup.storage), a suggestion (difflib).
+NOT_ON_EITHER = ("uuid", "platform", "blake3", "comfysup.jobs.fetch", "comfysup.storage", "difflib", "base64",
+                 "mimetypes")
+# comfysup.queue.run_values: the records of running, shown and delivered jobs (status imports it when a job runs).
+NOT_FOR_STATUS = ("prometheus_client", "psutil", "comfysup.jobs", "urllib3", "websocket", "comfysup.runner",
+                  "comfysup.queue.run_values", *NOT_ON_EITHER)
+NOT_FOR_SUBMIT = ("prometheus_client", "psutil", "urllib3", "websocket", "comfysup.runner", "comfysup.supervisor",
+                  "comfysup.queue.run_values", *NOT_ON_EITHER)
 
 
 def _modules(tmp_path: Path, *argv: str) -> set[str]:
@@ -52,3 +59,49 @@ def test_pid_exists_tells_a_live_process_from_one_that_ended() -> None:
     ended.wait()
     assert not pid_exists(ended.pid)
     assert not pid_exists(0) and not pid_exists(-1)
+
+
+def test_the_derived_id_is_the_uuid5_of_the_line_in_comfysups_namespace() -> None:
+    """uuid is imported where an id is derived, not at import; the ids stay what they were."""
+    from comfysup import jobs
+    from comfysup.jobs.identity import derived_id, sorted_json
+
+    namespace = uuid.UUID("7a1c0f3e-3b8e-5b6a-9d2e-63f0c0a5e1d4")
+    assert namespace == jobs.ID_NAMESPACE and isinstance(jobs.ID_NAMESPACE, uuid.UUID)
+    line = {"workflow": "w.json", "set": {"seed": 1}, "priority": 3}
+    expected = uuid.uuid5(namespace, sorted_json({"workflow": "blake3:ab", "set": {"seed": 1}, "priority": 3}))
+    assert derived_id(line, {"seed": 1}, "blake3:ab") == str(expected)
+    assert derived_id(line, {"seed": 2}, "blake3:ab") != str(expected)
+    with pytest.raises(AttributeError):
+        jobs.NO_SUCH_NAME  # noqa: B018
+
+
+def test_the_program_freezes_what_its_imports_made_and_runs_the_command_with_the_collector_on(
+        tmp_path: Path) -> None:
+    """comfysup as a program: the collector is off while the command's modules are imported, what they made is
+    frozen (gc.freeze), and it is on again while the command runs; a caller of main(argv) keeps its own gc."""
+    (tmp_path / "config.toml").write_text(f'[queue]\npath = "{tmp_path / "q.db"}"\n')
+    probe = ("import gc, sys\n"
+             "import comfysup.commands.status as status\n"
+             "real = status.run\n"
+             "def run(args):\n"
+             "    print('GC', gc.isenabled(), gc.get_freeze_count() > 0, file=sys.stderr)\n"
+             "    return real(args)\n"
+             "status.run = run\n"
+             "import comfysup.cli as cli\n"
+             "original = cli.build_parser\n"
+             "def build_parser(*a, **k):\n"
+             "    print('IMPORTING', gc.isenabled(), file=sys.stderr)\n"
+             "    return original(*a, **k)\n"
+             "cli.build_parser = build_parser\n"
+             "how = sys.argv.pop(1)\n"
+             "raise SystemExit(cli.main(None if how == 'program' else sys.argv[1:]))\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COMFYSUP_")} | {"PYTHONPATH": str(REPO)}
+    seen = {}
+    for how in ("program", "caller"):
+        done = subprocess.run([sys.executable, "-c", probe, how, "status", "--config", str(tmp_path / "config.toml")],
+                              env=env, cwd=tmp_path, capture_output=True, text=True, timeout=30)
+        assert "no queue database here" in done.stderr  # status ran (it found no queue: none is needed here)
+        seen[how] = [line for line in done.stderr.splitlines() if line.startswith(("GC", "IMPORTING"))]
+    assert seen["program"] == ["IMPORTING False", "GC True True"]
+    assert seen["caller"] == ["IMPORTING True", "GC True False"]
