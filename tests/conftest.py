@@ -20,6 +20,12 @@ if TYPE_CHECKING:
     from fake_comfy import FakeComfy
 
 
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+"""The commands and servers the tests start (hundreds of ``python -m comfysup ...``) cache their bytecode, as an
+installed comfysup does (pip compiles it at install). With PYTHONDONTWRITEBYTECODE set, as on this project's
+machines, each of them compiled again every module it imports: 2.30 -> 1.72 s for tests/acceptance/test_commands.py
+and test_no_config.py (2026-12-04). Compiled files are written atomically, so xdist's workers may share them."""
+
 COMFYUI_VERSIONS = ("0.3.64", "0.38")
 """The ComfyUI versions fake_comfy answers as (fake_comfy/v038.py)."""
 os.environ.setdefault("FAKE_COMFY_VERSION", "0.3.64")
