@@ -161,7 +161,7 @@ class ResultStore:
                 try:
                     fd = self._create(folder, tmp)
                     head = tail = b""
-                    with os.fdopen(fd, "wb") as f:
+                    try:  # written on the descriptor: a file object's buffer gains nothing for whole chunks
                         for chunk in chunks:
                             tick()
                             if len(head) < 16:
@@ -172,10 +172,11 @@ class ResultStore:
                                 raise TooLarge(f"output {relative!r} is larger than {cap / 2**20:g} MiB "
                                                f"({cap_name})")
                             digest.update(chunk)
-                            f.write(chunk)
+                            write_all(fd, chunk)
                         check_complete(name, head, tail, size)
-                        f.flush()
-                        os.fsync(f.fileno())
+                        os.fsync(fd)
+                    finally:
+                        os.close(fd)
                     os.replace(tmp, name, src_dir_fd=folder, dst_dir_fd=folder)
                     os.fsync(folder)
                 except BaseException:
@@ -216,6 +217,13 @@ class ResultStore:
                 yield fd
         except safefs.Escapes as exc:
             raise UnsafeFolder(f"the result store's folder for this job {exc.strerror}") from None
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """All of ``data`` to ``fd`` (os.write may write less than it is given)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
 
 
 def is_disk_full(exc: OSError) -> bool:
