@@ -309,23 +309,23 @@ def remove(output_dir: Path, job_id: str) -> None:
     Raises OSError; callers treat it as best-effort."""
     if "/" in job_id or job_id in ("", ".", ".."):
         raise ValueError(f"not a job id: {job_id!r}")
-    root = safefs.open_root(output_dir)
     try:
-        with safefs.dir_beneath(root, [FOLDER]) as parent:
-            safefs.remove_tree(parent, job_id)
+        parent = safefs.open_below(output_dir, FOLDER)
     except FileNotFoundError:
-        pass
+        return
+    try:
+        safefs.remove_tree(parent, job_id)
     finally:
-        os.close(root)
+        os.close(parent)
 
 
 @contextlib.contextmanager
 def _job_fd(output_dir: Path, job_id: str) -> Iterator[int]:
     if "/" in job_id or job_id in ("", ".", ".."):
         raise ValueError(f"not a job id: {job_id!r}")
-    root = safefs.open_root(output_dir)
+    parent = safefs.open_below(output_dir, FOLDER)
     try:
-        with safefs.dir_beneath(root, [FOLDER, job_id]) as fd:  # a folder: opened with O_DIRECTORY
+        with safefs.dir_beneath(parent, [job_id]) as fd:  # a folder: opened with O_DIRECTORY
             yield fd
     finally:
-        os.close(root)
+        os.close(parent)
