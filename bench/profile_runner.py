@@ -33,7 +33,6 @@ import itertools
 import json
 import os
 import pstats
-import sqlite3
 import tempfile
 import time
 
@@ -45,20 +44,12 @@ from tests.runner_helpers import config_of, submit, trivial_job
 
 
 def without_durability() -> None:
-    """The runner in this process without its fsyncs: os.fsync does nothing, and every SQLite connection it
-    opens commits with synchronous = OFF (a transaction's own NORMAL is then left as it is)."""
+    """The runner in this process without its fsyncs: os.fsync does nothing, and every SQLite commit it makes
+    runs with synchronous = OFF (its durable ones and the others alike)."""
     from comfysup.queue.sqlite import SQLiteQueue
 
     os.fsync = lambda fd: None
-    connect = SQLiteQueue._connect
-
-    def connect_unsynced(self: SQLiteQueue) -> sqlite3.Connection:
-        conn = connect(self)
-        conn.execute("PRAGMA synchronous = OFF")
-        return conn
-
-    SQLiteQueue._connect = connect_unsynced
-    SQLiteQueue._restore_sync = staticmethod(lambda conn, durable: None)
+    SQLiteQueue.DURABLE_SYNC = SQLiteQueue.CHEAP_SYNC = "OFF"
 
 
 def main() -> None:

@@ -41,7 +41,7 @@ from comfysup.queue.base import DONE, TERMINAL, NewJob
 from comfysup.queue.core import SQLQueue
 from comfysup.queue.reads import fetch
 from comfysup.queue.specs import SpecCache
-from comfysup.queue.sqlite_file import BackgroundCheckpoint, FileCheck, refuse_network_filesystem, statements
+from comfysup.queue.sqlite_file import BackgroundCheckpoint, FileCheck, refuse_network_filesystem, settle, statements
 from comfysup.workflows import content_hash
 
 if TYPE_CHECKING:
@@ -71,6 +71,9 @@ class SQLiteQueue(SQLQueue):
     both backends share: this class is SQLite's dialect."""
 
     DIALECT = "sqlite"
+    DURABLE_SYNC = "FULL"
+    CHEAP_SYNC = "NORMAL"
+    """``synchronous`` of a durable commit and of one that need not be (``_write``'s ``durable=False``)."""
     SCHEMA = "schema.sql"
     SCHEMA_VERSION = SCHEMA_VERSION
 
@@ -86,6 +89,8 @@ class SQLiteQueue(SQLQueue):
         self.checkpoint_seconds = checkpoint_seconds
         self._conn: sqlite3.Connection | None = None
         self._pid = -1
+        self._settings: tuple[int, str] | None = None
+        """(busy_timeout ms, synchronous) the open connection runs with, None when unsure: see ``_settle``."""
         self._identity: tuple[int, int] | None = None
         """(device, inode) of the file the open connection holds: see :meth:`replaced`."""
         self._file_check = FileCheck(self.path, busy_timeout_seconds)
@@ -117,13 +122,22 @@ class SQLiteQueue(SQLQueue):
 
     @property
     def conn(self) -> sqlite3.Connection:
-        """This process's connection; a connection inherited across fork is dropped, never used."""
+        """This process's connection, with its busy_timeout and ``synchronous = FULL`` for every statement outside
+        a write transaction (``_write`` leaves other settings behind it); one inherited across fork is dropped."""
+        conn = self._connection()
+        if not conn.in_transaction:
+            self._settle(conn, int(self.busy_timeout_seconds * 1000), self.DURABLE_SYNC)
+        return conn
+
+    def _connection(self) -> sqlite3.Connection:
+        """This process's connection as it is; a connection inherited across fork is dropped, never used."""
         if self._conn is None or self._pid != os.getpid():
             self._abandon()
             if not self.path.exists():  # only __init__ creates the file: a reconnect never makes an empty one
                 raise DatabaseMissing(f"{self.path}: the queue database is gone (deleted or moved while comfysup "
                                       "was using it); restore it, or start comfysup again to make a new one")
             try:
+                self._settings = None
                 self._conn = self._connect()
             except sqlite3.Error as exc:
                 raise self._translate(exc) from exc
@@ -183,7 +197,7 @@ class SQLiteQueue(SQLQueue):
             mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
             if mode.lower() != "wal":
                 raise QueueError(f"{self.path}: could not switch the database to WAL mode (got {mode})")
-            conn.execute("PRAGMA synchronous = FULL")
+            conn.execute(f"PRAGMA synchronous = {self.DURABLE_SYNC}")
             conn.execute("PRAGMA journal_size_limit = 67108864")
             if self._checkpointer is not None:
                 conn.execute("PRAGMA wal_autocheckpoint = 0")
@@ -194,7 +208,13 @@ class SQLiteQueue(SQLQueue):
         except BaseException:
             conn.close()
             raise
+        self._settings = (int(self.busy_timeout_seconds * 1000), self.DURABLE_SYNC)
         return conn
+
+    def _settle(self, conn: sqlite3.Connection, busy_ms: int, sync: str) -> None:
+        if self._settings != (busy_ms, sync):
+            now, self._settings = self._settings, None  # unsure until settle returns
+            self._settings = settle(conn, now, busy_ms, sync)
 
     @contextlib.contextmanager
     def _write(self, durable: bool = True, busy_seconds: float | None = None) -> Iterator[sqlite3.Connection]:
@@ -210,13 +230,11 @@ class SQLiteQueue(SQLQueue):
         may be skipped when another process holds the lock that long (DatabaseLocked then).
         """
         with self._lock:
-            conn = self.conn
+            conn = self._connection()
             try:
-                if not durable:
-                    conn.execute("PRAGMA synchronous = NORMAL")
+                self._settle(conn, 0, self.DURABLE_SYNC if durable else self.CHEAP_SYNC)
                 self._begin(conn, self.busy_timeout_seconds if busy_seconds is None else busy_seconds)
             except sqlite3.Error as exc:
-                self._restore_sync(conn, durable)
                 raise self._translate(exc) from exc
             try:
                 yield conn
@@ -230,37 +248,30 @@ class SQLiteQueue(SQLQueue):
                 if isinstance(exc, sqlite3.Error):
                     raise self._translate(exc) from exc
                 raise
-            finally:
-                self._restore_sync(conn, durable)
 
     def _begin(self, conn: sqlite3.Connection, wait_seconds: float) -> None:
         """BEGIN IMMEDIATE, waiting up to ``wait_seconds`` for the write lock in short steps of its own
         (BUSY_STEP_SECONDS at most) instead of SQLite's busy handler, whose sleeps grow 1, 2, 5, 10, 15, 20, 25
         ms: a runner that met another process's commit of a millisecond slept on for up to 18 ms, and twice
         in a row for 40, while its server waited for the next prompt (bench/e2e.py, 20 ms prompts on two
-        servers: 20-80 ms idle a few times a run, most of the servers' idle time). The connection's own
-        busy_timeout stays for every other statement."""
-        conn.execute("PRAGMA busy_timeout = 0")
-        try:
-            give_up = time.monotonic() + wait_seconds
-            step = BUSY_FIRST_STEP_SECONDS
-            while True:
-                try:
-                    conn.execute("BEGIN IMMEDIATE")
-                    return
-                except sqlite3.OperationalError as exc:
-                    if getattr(exc, "sqlite_errorcode", None) != sqlite3.SQLITE_BUSY or time.monotonic() >= give_up:
-                        raise
-                time.sleep(min(step, max(give_up - time.monotonic(), 0.0)))
-                step = min(step * 2, BUSY_STEP_SECONDS)
-        finally:
-            conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_seconds * 1000)}")
+        servers: 20-80 ms idle a few times a run, most of the servers' idle time).
 
-    @staticmethod
-    def _restore_sync(conn: sqlite3.Connection, durable: bool) -> None:
-        if not durable:
-            with contextlib.suppress(sqlite3.Error):
-                conn.execute("PRAGMA synchronous = FULL")
+        The caller (``_write``) set busy_timeout to 0 and leaves it so for the statements of the transaction,
+        which wait for nothing: in WAL mode a connection holding the write lock takes no other lock until its
+        COMMIT ends (SQLite calls its busy handler only while taking a lock: BEGIN's, or a checkpoint's other
+        than PASSIVE; a commit's own autocheckpoint is PASSIVE). Every statement outside a write transaction
+        gets the connection's busy_timeout back first (``conn``)."""
+        give_up = time.monotonic() + wait_seconds
+        step = BUSY_FIRST_STEP_SECONDS
+        while True:
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                return
+            except sqlite3.OperationalError as exc:
+                if getattr(exc, "sqlite_errorcode", None) != sqlite3.SQLITE_BUSY or time.monotonic() >= give_up:
+                    raise
+            time.sleep(min(step, max(give_up - time.monotonic(), 0.0)))
+            step = min(step * 2, BUSY_STEP_SECONDS)
 
     def _read(self, sql: str, args: Sequence[Any] = ()) -> list[sqlite3.Row | tuple]:
         with self._lock:

@@ -22,6 +22,19 @@ NETWORK_FILESYSTEMS = frozenset({
 BACKGROUND_CHECKPOINT_SECONDS = 1.0
 """How often ``checkpoint_in_background``'s thread looks at the WAL (and checkpoints it when it changed)."""
 
+def settle(conn: sqlite3.Connection, now: tuple[int, str] | None, busy_ms: int, sync: str) -> tuple[int, str]:
+    """``busy_timeout`` and ``synchronous`` as asked, each set only when ``now`` (what the connection runs with,
+    None when unsure) differs: a runner's writes follow one another with nothing between, so most need neither
+    PRAGMA (they were 12 of the 34 statements of a job: busy_timeout set to 0 and back around each BEGIN
+    IMMEDIATE, synchronous to NORMAL and back around each commit that need not be durable). Returns the new
+    state; a PRAGMA that fails raises before it, and the caller, still unsure, sets both the next time."""
+    if now is None or now[0] != busy_ms:
+        conn.execute(f"PRAGMA busy_timeout = {busy_ms}")
+    if now is None or now[1] != sync:
+        conn.execute(f"PRAGMA synchronous = {sync}")
+    return busy_ms, sync
+
+
 def named_sql() -> dict[str, str]:
     """The schema's steps from schema.sql (``-- name: vN`` headers)."""
     return queries.read("schema.sql")

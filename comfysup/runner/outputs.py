@@ -25,13 +25,12 @@ import contextlib
 import logging
 import os
 import re
-import stat
 import struct
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 from comfysup import safefs
 from comfysup.jobs import BUILTIN_OUTPUT_NODES
@@ -289,16 +288,20 @@ def read_or(output_dir: Path, job_id: str, relative: str, otherwise: Callable[[]
     yield from _chunks(opened)
 
 
-def _chunks(opened: BinaryIO) -> Iterator[bytes]:
-    with opened as f:
-        while chunk := f.read(READ_CHUNK):
+def _chunks(fd: int) -> Iterator[bytes]:
+    """The file's bytes read from its descriptor as they come (a buffered file object would add an fstat, an
+    ioctl and an lseek to its open, and a third read at the end, for nothing), closed at the end."""
+    try:
+        while chunk := os.read(fd, READ_CHUNK):
             yield chunk
+    finally:
+        os.close(fd)
 
 
-def _open(output_dir: Path, job_id: str, relative: str) -> BinaryIO:
+def _open(output_dir: Path, job_id: str, relative: str) -> int:
     *parts, name = relative.split("/")
     with _job_fd(output_dir, job_id) as job, safefs.dir_beneath(job, parts) as folder:
-        return os.fdopen(safefs.open_file(folder, name), "rb")
+        return safefs.open_file(folder, name)
 
 
 def remove(output_dir: Path, job_id: str) -> None:
@@ -306,25 +309,23 @@ def remove(output_dir: Path, job_id: str) -> None:
     Raises OSError; callers treat it as best-effort."""
     if "/" in job_id or job_id in ("", ".", ".."):
         raise ValueError(f"not a job id: {job_id!r}")
-    root = safefs.open_root(output_dir)
     try:
-        with safefs.dir_beneath(root, [FOLDER]) as parent:
-            safefs.remove_tree(parent, job_id)
+        parent = safefs.open_below(output_dir, FOLDER)
     except FileNotFoundError:
-        pass
+        return
+    try:
+        safefs.remove_tree(parent, job_id)
     finally:
-        os.close(root)
+        os.close(parent)
 
 
 @contextlib.contextmanager
 def _job_fd(output_dir: Path, job_id: str) -> Iterator[int]:
     if "/" in job_id or job_id in ("", ".", ".."):
         raise ValueError(f"not a job id: {job_id!r}")
-    root = safefs.open_root(output_dir)
+    parent = safefs.open_below(output_dir, FOLDER)
     try:
-        with safefs.dir_beneath(root, [FOLDER, job_id]) as fd:
-            if not stat.S_ISDIR(os.fstat(fd).st_mode):
-                raise NotADirectoryError(job_id)
+        with safefs.dir_beneath(parent, [job_id]) as fd:  # a folder: opened with O_DIRECTORY
             yield fd
     finally:
-        os.close(root)
+        os.close(parent)

@@ -128,11 +128,15 @@ class ResultStore:
         A job folder that is a symlink raises UnsafeFolder: nothing outside the store is touched.
         """
         check_part(job_id, "job id")
+        with contextlib.suppress(FileNotFoundError, FileExistsError):  # no root yet; a folder (or a link) there
+            # by its path: mkdir never follows a link in its last component (EEXIST), the root's are followed
+            os.mkdir(self.job_dir(job_id), 0o700)
+            return self.job_dir(job_id)  # just made: nothing left over (a scan saved on every first attempt)
         root = safefs.open_root(self.root, create=True)
         try:
             try:
                 os.mkdir(job_id, 0o700, dir_fd=root)
-                return self.job_dir(job_id)  # just made: nothing left over (a scan saved on every first attempt)
+                return self.job_dir(job_id)
             except FileExistsError:
                 pass
             with self._job_fd(root, job_id) as folder:
@@ -155,13 +159,16 @@ class ResultStore:
         tmp = f".{name}{TEMPORARY_SUFFIX}"
         digest = hashlib.sha256()
         size = 0
-        root = safefs.open_root(self.root, create=True)
+        try:  # the job's folder, made by prepare: opened below the root in one call
+            job = safefs.open_below(self.root, job_id, where=str(self.job_dir(job_id)))
+        except safefs.Escapes as exc:
+            raise UnsafeFolder(f"the result store's folder for this job {exc.strerror}") from None
         try:
-            with self._job_fd(root, job_id) as job, self._beneath(job, subfolders, relative) as folder:
+            with self._beneath(job, subfolders, relative) as folder:
                 try:
                     fd = self._create(folder, tmp)
                     head = tail = b""
-                    with os.fdopen(fd, "wb") as f:
+                    try:  # written on the descriptor: a file object's buffer gains nothing for whole chunks
                         for chunk in chunks:
                             tick()
                             if len(head) < 16:
@@ -172,10 +179,11 @@ class ResultStore:
                                 raise TooLarge(f"output {relative!r} is larger than {cap / 2**20:g} MiB "
                                                f"({cap_name})")
                             digest.update(chunk)
-                            f.write(chunk)
+                            write_all(fd, chunk)
                         check_complete(name, head, tail, size)
-                        f.flush()
-                        os.fsync(f.fileno())
+                        os.fsync(fd)
+                    finally:
+                        os.close(fd)
                     os.replace(tmp, name, src_dir_fd=folder, dst_dir_fd=folder)
                     os.fsync(folder)
                 except BaseException:
@@ -183,7 +191,7 @@ class ResultStore:
                         os.unlink(tmp, dir_fd=folder)
                     raise
         finally:
-            os.close(root)
+            os.close(job)
         return Output(name=relative, size=size, sha256=digest.hexdigest(), path=str(self.job_dir(job_id) / relative))
 
     def finish(self, job_id: str) -> None:
@@ -216,6 +224,13 @@ class ResultStore:
                 yield fd
         except safefs.Escapes as exc:
             raise UnsafeFolder(f"the result store's folder for this job {exc.strerror}") from None
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """All of ``data`` to ``fd`` (os.write may write less than it is given)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
 
 
 def is_disk_full(exc: OSError) -> bool:
