@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import quote
 
-from comfysup.errors import DatabaseCorrupt, DatabaseLocked, DatabaseMissing, QueueError
+from comfysup.errors import DatabaseMissing, QueueError
 from comfysup.queue import queries, records
 from comfysup.queue import sqlite_statements as statements_of
 from comfysup.queue.base import DONE, TERMINAL, NewJob
@@ -281,15 +281,7 @@ class SQLiteQueue(SQLQueue):
                 raise self._translate(exc) from exc
 
     def _translate(self, exc: sqlite3.Error) -> Exception:
-        """A message a person can act on instead of sqlite3's exception (and its traceback)."""
-        text = str(exc)
-        if (getattr(exc, "sqlite_errorcode", 0) & 0xFF) in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB):
-            self._file_check.said = f"{self.path} fails its integrity check: SQLite says: {text}"  # for the watch
-            return DatabaseCorrupt(f"{self._file_check.said}; restore it from a backup, or move it away")
-        if "locked" in text or "busy" in text:
-            return DatabaseLocked(f"{self.path}: {text} for more than {self.busy_timeout_seconds:g} s; another "
-                                  "process holds a write lock (a long transaction or a stuck process)")
-        return QueueError(f"{self.path}: {text}")
+        return self._file_check.translate(exc, self.busy_timeout_seconds)
 
     def _transaction(self, fn: Callable[..., T], *args: Any, write: bool = True, durable: bool = True,
                      named: bool = False, busy_seconds: float | None = None) -> T:

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote
 
-from comfysup.errors import QueueError
+from comfysup.errors import DatabaseCorrupt, DatabaseLocked, QueueError
 from comfysup.queue import queries
 
 NETWORK_FILESYSTEMS = frozenset({
@@ -155,6 +155,18 @@ class FileCheck:
     connection of its own reading the schema's version from page 1 (SQLite keeps such a connection's descriptor
     open while others of this process hold locks); the deep look is ``PRAGMA quick_check`` on such a connection.
     Neither uses a cache, so a header overwritten on disk is seen as SQLite will see it."""
+
+    def translate(self, exc: sqlite3.Error, busy_timeout_seconds: float) -> Exception:
+        """A message a person can act on instead of sqlite3's exception (and its traceback); a corrupt file is also
+        remembered (``said``) for the watch."""
+        text = str(exc)
+        if (getattr(exc, "sqlite_errorcode", 0) & 0xFF) in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB):
+            self.said = f"{self.path} fails its integrity check: SQLite says: {text}"
+            return DatabaseCorrupt(f"{self.said}; restore it from a backup, or move it away")
+        if "locked" in text or "busy" in text:
+            return DatabaseLocked(f"{self.path}: {text} for more than {busy_timeout_seconds:g} s; another "
+                                  "process holds a write lock (a long transaction or a stuck process)")
+        return QueueError(f"{self.path}: {text}")
 
     def __init__(self, path: Path, timeout_seconds: float = 5.0) -> None:
         self.path = path
