@@ -317,12 +317,15 @@ def k4_submit_kills(tmp: Path, seed: int, *, kills: int, lines: int = 2000) -> R
             return subprocess.Popen([sys.executable, "-m", "comfysup", "submit", "--config", str(h.config_path),
                                      str(path)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
-        started = time.monotonic()
-        calibration = h.jobs_for(lines)
-        path = h.write_jobs(calibration)
-        assert submit(path).wait(120) == 0
-        full = time.monotonic() - started
-        h.submissions.append(Submission(path, tuple(j["id"] for j in calibration), "accepted"))
+        # Two calibration runs, the second timed: the first also makes the queue and caches the bytecode, so the
+        # kills that followed it fell past the end of every later, faster submit (6 of 6 in one run).
+        for _ in range(2):
+            calibration = h.jobs_for(lines)
+            path = h.write_jobs(calibration)
+            started = time.monotonic()
+            assert submit(path).wait(120) == 0
+            full = time.monotonic() - started
+            h.submissions.append(Submission(path, tuple(j["id"] for j in calibration), "accepted"))
         killed = finished = resubmitted = after_commit = 0
         for _ in range(kills):
             batch = h.jobs_for(lines)
