@@ -6,7 +6,9 @@ directory, ``--cpu``, as comfysup launches servers), warms it up with 2 prompts 
 the measured batches, trivial first, then slow:
 
 - ``bare``: bench/real_drivers.py ``bare``, a process that posts one prompt, waits on the WebSocket for its
-  end, reads /history and downloads each image through /view; nothing durable.
+  end, reads /history and downloads each image through /view; nothing durable. ``bare-fsync`` (not run unless
+  named): the same with each file fsynced before the next prompt, issue 35's floor ("the bare client plus one
+  fsync"), beside the plain one.
 - ``comfysup`` and ``comfysup-ahead``: ``comfysup work`` (the CLI, its defaults) with a config that names the
   server, ``[runner] queue_ahead = false`` and ``true`` respectively; the clock starts when ``comfysup
   submit jobs.jsonl`` starts (the command is part of handing the jobs over) and stops at the last job's
@@ -76,7 +78,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DRIVERS = HERE / "real_drivers.py"
 WORKFLOWS = ROOT / "examples" / "workflows"
 TOOLS = ("bare", "comfysup", "comfysup-ahead", "proxy")
-ALL_TOOLS = (*TOOLS, "comfysup-view", "bare-cold", "proxy-cold", "proxy-run")
+ALL_TOOLS = (*TOOLS, "comfysup-view", "bare-cold", "bare-fsync", "proxy-cold", "proxy-run")
 COLD = ("bare-cold", "comfysup-ahead", "proxy-cold")
 """``--cold``: every tool's batch timed from the start of the command a user runs for it."""
 MIB = 2**20
@@ -291,11 +293,11 @@ def driven_cold(python: str, kind: str, spec: dict[str, Any], tmp: Path, env: di
                        {"start s": measured.t0 - t0})
 
 
-def bare_tool(url: str, tmp: Path, warm: list, batches: list, cold: bool = False, **_: Any):
+def bare_tool(url: str, tmp: Path, warm: list, batches: list, cold: bool = False, fsync: bool = False, **_: Any):
     out = tmp / "bare-out"
     out.mkdir()
     yield from (driven_cold if cold else driven)(
-        sys.executable, "bare", {"url": url, "warm": warm, "batches": batches, "out": str(out)}, tmp,
+        sys.executable, "bare", {"url": url, "warm": warm, "batches": batches, "out": str(out), "fsync": fsync}, tmp,
         os.environ.copy())
 
 
@@ -418,6 +420,7 @@ def comfysup_tool(url: str, tmp: Path, warm: list, batches: list, *, ahead: bool
 TOOL_RUNS = {
     "bare": bare_tool,
     "bare-cold": lambda *a, **k: bare_tool(*a, cold=True, **k),
+    "bare-fsync": lambda *a, **k: bare_tool(*a, fsync=True, **k),
     "proxy-cold": lambda *a, **k: proxy_tool(*a, kind="sdk", cold=True, **k),
     "comfysup": lambda *a, **k: comfysup_tool(*a, ahead=False, **k),
     "comfysup-ahead": lambda *a, **k: comfysup_tool(*a, ahead=True, local=True, **k),
@@ -466,6 +469,7 @@ def main() -> None:
               "comfysup-view": "`comfysup work`, queue_ahead = true, no output_dir (files through /view)",
               "proxy": f"{proxy} (all jobs submitted at once)", "proxy-run": f"{proxy} (client.run, one at a time)",
               "bare-cold": "bare client, its script started for the batch",
+              "bare-fsync": "bare client, each file fsynced (issue 35's floor: the bare client plus one fsync)",
               "proxy-cold": f"{proxy} (all at once), the SDK's script started for the batch"}
     version = subprocess.run([python, "-c", "import sys; sys.path.insert(0, sys.argv[1]); import comfyui_version; "
                               "print(comfyui_version.__version__)", comfyui_dir], capture_output=True, text=True)

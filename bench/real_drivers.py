@@ -1,6 +1,7 @@
 """bench/real_drivers.py: the two clients of bench/real.py that are not comfysup, each a process of its own.
 
     python bench/real_drivers.py bare SPEC.json      # ComfyUI's own HTTP + WebSocket API, nothing durable
+                                                     # ("fsync": true in SPEC: each file fsynced, issue 35's floor)
     python bench/real_drivers.py sdk SPEC.json       # comfy-sdk against comfy-api-proxy (COMFY_BASE_URL)
 
 SPEC.json: ``{"url": ComfyUI's (bare only), "warm": [prompt, ...], "batches": [[prompt, ...], ...], "out":
@@ -25,6 +26,7 @@ from pathlib import Path
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
 import json
+import os
 import time
 import uuid
 from typing import Any
@@ -56,7 +58,7 @@ def bare(spec: dict[str, Any]) -> None:
     import urllib3
     import websocket
 
-    url, out = spec["url"], Path(spec["out"])
+    url, out, durable = spec["url"], Path(spec["out"]), spec.get("fsync", False)
     pool = urllib3.connection_from_url(url, maxsize=1, retries=False)
     client_id = str(uuid.uuid4())
     ws = websocket.create_connection(f"ws{url[4:]}/ws?clientId={client_id}", timeout=60,
@@ -76,7 +78,12 @@ def bare(spec: dict[str, Any]) -> None:
             for output in entry["outputs"].values():
                 for image in output.get("images", []):
                     path = out / image["filename"]
-                    path.write_bytes(pool.urlopen("GET", f"/view?{urlencode(image)}").data)
+                    data = pool.urlopen("GET", f"/view?{urlencode(image)}").data
+                    with open(path, "wb") as f:
+                        f.write(data)
+                        if durable:  # the file on disk before the job counts as done: issue 35's floor
+                            f.flush()
+                            os.fsync(f.fileno())
                     paths.append(str(path))
         return files
 

@@ -145,6 +145,13 @@ def summary(rows: list[dict[str, Any]], tools: list[str], workloads: list[str], 
                   f"{med([r['wall'] - r['exec'] for r in rs])} | {med([r['first'] for r in rs])} | "
                   f"{med([r['idle_ms'] for r in rs], '.1f')} | {med([r['rss'] for r in rs], '.1f')} | "
                   f"{med([r['pss'] for r in rs], '.1f')} |")
+        floor = {r["run"]: r for r in mine if r["tool"] == "bare-fsync"}
+        for tool in (t for t in tools if t.startswith("comfysup") and floor):
+            alone = [r for r in mine if r["tool"] == tool and r["run"] in floor and SUBMIT_CPU in r["notes"]]
+            if alone:
+                print(f"\n{tool} against the bare client with its fsync (the floor), paired by run: the runner's CPU "
+                      f"{med([(r['cpu'] - r['notes'][SUBMIT_CPU]) / floor[r['run']]['cpu'] for r in alone])}, "
+                      f"wall {med([r['wall'] / floor[r['run']]['wall'] for r in alone])}")
 
 
 def run_by_run(rows: list[dict[str, Any]], tools: list[str], workloads: list[str]) -> None:
