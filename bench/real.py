@@ -36,7 +36,9 @@ beyond it, the server's median idle time between two prompts, the CPU seconds of
 
 Each batch's own line is printed as it ends; the tables at the end give, for every figure, the median over the
 runs and its spread (min–max), and the ratios to the bare client paired run by run (issue 35: at least 7
-runs, the default). CPU is every process of the tool, the submitting command included.
+runs, the default). CPU is every process of the tool, the submitting command included; for comfysup also without
+its ``comfysup submit`` (the runner alone, issue 35's point 2), and against ``bare-fsync`` when it ran.
+    ... bench/real.py --slow 30 --trivial 0 --slow-size 1024  # issue 35's realistic cell (0.3-1 s prompts)
     ... bench/real.py --runs 4 --tools bare,comfysup-ahead    # some of the tools
     ... bench/real.py --cold                                  # every client started for its batch
 """
