@@ -30,11 +30,11 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]  # bench/queue.py must not shadow queue
+# bench/queue.py must not shadow the standard library's queue: this folder goes last, where it still gives real.py
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE] + [str(HERE)]
 
 import argparse
 import json
-import signal
 import sqlite3
 import statistics
 import subprocess
@@ -45,6 +45,7 @@ from typing import Any
 
 import requests
 import tomli_w
+from real import stop
 
 ROOT = HERE.parent
 TRIVIAL = json.loads((ROOT / "examples" / "workflows" / "trivial.json").read_text())
@@ -148,11 +149,7 @@ def once(warmup: bool, queued_first: bool, load_ms: float, node_ms: float,
             try:
                 return measure(config, job, queued_first, start, real is not None)
             finally:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(60)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+                stop(proc)
 
 
 def measure(config: Path, job: str, queued_first: bool, start: float, real: bool = False) -> dict[str, float]:
