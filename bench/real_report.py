@@ -146,7 +146,7 @@ def summary(rows: list[dict[str, Any]], tools: list[str], workloads: list[str], 
                   f"{med([r['idle_ms'] for r in rs], '.1f')} | {med([r['rss'] for r in rs], '.1f')} | "
                   f"{med([r['pss'] for r in rs], '.1f')} |")
         floor = {r["run"]: r for r in mine if r["tool"] == "bare-fsync"}
-        for tool in (t for t in tools if t.startswith("comfysup") and floor):
+        for tool in (t for t in tools if t.startswith("comfysup")):
             alone = [r for r in mine if r["tool"] == tool and r["run"] in floor and SUBMIT_CPU in r["notes"]]
             if alone:
                 print(f"\n{tool} against the bare client with its fsync (the floor), paired by run: the runner's CPU "
