@@ -8,7 +8,8 @@ the measured batches, trivial first, then slow:
 - ``bare``: bench/real_drivers.py ``bare``, a process that posts one prompt, waits on the WebSocket for its
   end, reads /history and downloads each image through /view; nothing durable. ``bare-fsync`` (not run unless
   named): the same with each file fsynced before the next prompt, issue 35's floor ("the bare client plus one
-  fsync"), beside the plain one.
+  fsync"), beside the plain one. ``bare-ahead`` (not run unless named): the next prompt posted as one starts,
+  as comfysup's queue-ahead does, nothing durable: what overlapping a prompt with the client's work costs.
 - ``comfysup`` and ``comfysup-ahead``: ``comfysup work`` (the CLI, its defaults) with a config that names the
   server, ``[runner] queue_ahead = false`` and ``true`` respectively; the clock starts when ``comfysup
   submit jobs.jsonl`` starts (the command is part of handing the jobs over) and stops at the last job's
@@ -80,7 +81,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DRIVERS = HERE / "real_drivers.py"
 WORKFLOWS = ROOT / "examples" / "workflows"
 TOOLS = ("bare", "comfysup", "comfysup-ahead", "proxy")
-ALL_TOOLS = (*TOOLS, "comfysup-view", "bare-cold", "bare-fsync", "proxy-cold", "proxy-run")
+ALL_TOOLS = (*TOOLS, "comfysup-view", "bare-cold", "bare-fsync", "bare-ahead", "proxy-cold", "proxy-run")
 COLD = ("bare-cold", "comfysup-ahead", "proxy-cold")
 """``--cold``: every tool's batch timed from the start of the command a user runs for it."""
 MIB = 2**20
@@ -295,12 +296,13 @@ def driven_cold(python: str, kind: str, spec: dict[str, Any], tmp: Path, env: di
                        {"start s": measured.t0 - t0})
 
 
-def bare_tool(url: str, tmp: Path, warm: list, batches: list, cold: bool = False, fsync: bool = False, **_: Any):
+def bare_tool(url: str, tmp: Path, warm: list, batches: list, cold: bool = False, fsync: bool = False,
+              ahead: bool = False, **_: Any):
     out = tmp / "bare-out"
     out.mkdir()
     yield from (driven_cold if cold else driven)(
-        sys.executable, "bare", {"url": url, "warm": warm, "batches": batches, "out": str(out), "fsync": fsync}, tmp,
-        os.environ.copy())
+        sys.executable, "bare", {"url": url, "warm": warm, "batches": batches, "out": str(out), "fsync": fsync,
+                                 "ahead": ahead}, tmp, os.environ.copy())
 
 
 def proxy_python(venv: Path) -> Path:
@@ -423,6 +425,7 @@ TOOL_RUNS = {
     "bare": bare_tool,
     "bare-cold": lambda *a, **k: bare_tool(*a, cold=True, **k),
     "bare-fsync": lambda *a, **k: bare_tool(*a, fsync=True, **k),
+    "bare-ahead": lambda *a, **k: bare_tool(*a, ahead=True, **k),
     "proxy-cold": lambda *a, **k: proxy_tool(*a, kind="sdk", cold=True, **k),
     "comfysup": lambda *a, **k: comfysup_tool(*a, ahead=False, **k),
     "comfysup-ahead": lambda *a, **k: comfysup_tool(*a, ahead=True, local=True, **k),
@@ -472,6 +475,7 @@ def main() -> None:
               "proxy": f"{proxy} (all jobs submitted at once)", "proxy-run": f"{proxy} (client.run, one at a time)",
               "bare-cold": "bare client, its script started for the batch",
               "bare-fsync": "bare client, each file fsynced (issue 35's floor: the bare client plus one fsync)",
+              "bare-ahead": "bare client, the next prompt posted as one starts (queue-ahead, nothing durable)",
               "proxy-cold": f"{proxy} (all at once), the SDK's script started for the batch"}
     version = subprocess.run([python, "-c", "import sys; sys.path.insert(0, sys.argv[1]); import comfyui_version; "
                               "print(comfyui_version.__version__)", comfyui_dir], capture_output=True, text=True)

@@ -48,30 +48,53 @@ def wait_for_end(ws: Any, prompt_id: str) -> None:
                 return
 
 
+def wait_for_start(ws: Any, prompt_id: str) -> None:
+    """Until the WebSocket says ``execution_start`` for this prompt (``bare-ahead`` posts the next one then)."""
+    while True:
+        message = ws.recv()
+        if isinstance(message, str):
+            data = json.loads(message)
+            if data["type"] == "execution_start" and data["data"].get("prompt_id") == prompt_id:
+                return
+
+
 def bare(spec: dict[str, Any]) -> None:
     """What a user writes against ComfyUI's own API, one prompt at a time: POST /prompt with a client id,
     wait on the WebSocket for that prompt's ``executing`` with ``node: null`` (sent after the history is
     written), GET /history/{id}, GET /view of each image, write it. urllib3 and websocket-client, the
-    libraries comfysup's runner uses, so the difference is what each does, not which library."""
+    libraries comfysup's runner uses, so the difference is what each does, not which library.
+
+    ``"ahead": true`` in SPEC (``bare-ahead``): the next prompt is posted when this one's ``execution_start``
+    comes, as comfysup's queue_ahead does, with nothing durable: what overlapping costs ComfyUI itself."""
     from urllib.parse import urlencode
 
     import urllib3
     import websocket
 
-    url, out, durable = spec["url"], Path(spec["out"]), spec.get("fsync", False)
+    url, out, durable, ahead = spec["url"], Path(spec["out"]), spec.get("fsync", False), spec.get("ahead", False)
     pool = urllib3.connection_from_url(url, maxsize=1, retries=False)
     client_id = str(uuid.uuid4())
     ws = websocket.create_connection(f"ws{url[4:]}/ws?clientId={client_id}", timeout=60,
                                      skip_utf8_validation=True)
 
+    def post(prompt: dict[str, Any]) -> str:
+        prompt_id = str(uuid.uuid4())
+        body = json.dumps({"prompt": prompt, "prompt_id": prompt_id, "client_id": client_id}).encode()
+        answer = pool.urlopen("POST", "/prompt", body=body, headers={"Content-Type": "application/json"})
+        if answer.status != 200:
+            raise SystemExit(f"POST /prompt: {answer.status} {answer.data[:300]!r}")
+        return prompt_id
+
     def run(prompts: list[dict[str, Any]]) -> dict[str, list[str]]:
         files: dict[str, list[str]] = {}
-        for prompt in prompts:
-            prompt_id = str(uuid.uuid4())
-            body = json.dumps({"prompt": prompt, "prompt_id": prompt_id, "client_id": client_id}).encode()
-            answer = pool.urlopen("POST", "/prompt", body=body, headers={"Content-Type": "application/json"})
-            if answer.status != 200:
-                raise SystemExit(f"POST /prompt: {answer.status} {answer.data[:300]!r}")
+        posted = post(prompts[0]) if ahead and prompts else None
+        for n, prompt in enumerate(prompts):
+            if ahead:
+                prompt_id = posted
+                wait_for_start(ws, prompt_id)
+                posted = post(prompts[n + 1]) if n + 1 < len(prompts) else None
+            else:
+                prompt_id = post(prompt)
             wait_for_end(ws, prompt_id)
             entry = json.loads(pool.urlopen("GET", f"/history/{prompt_id}").data)[prompt_id]
             paths = files.setdefault(prefix_of(prompt), [])
