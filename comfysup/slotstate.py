@@ -1,4 +1,5 @@
-"""The supervisor's state file, ``<queue folder>/supervisor.json``: written every loop tick, read by people.
+"""The supervisor's state file, ``<queue folder>/supervisor.json``: written when what it says changes (looked at
+every loop tick), read by people.
 
 ``comfysup status`` and ``comfysup health`` read it instead of asking the supervisor, so they work with
 no endpoint and say plainly when the file is stale (the supervisor is not running).
@@ -6,6 +7,7 @@ no endpoint and say plainly when the file is stale (the supervisor is not runnin
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -33,7 +35,42 @@ STATE_FILE = "supervisor.json"
 WORK_FILE = "work.json"
 """``comfysup work``'s own state file: its servers and whether each is in service (it has no supervisor)."""
 STALE_SECONDS = 10.0
-"""The supervisor rewrites the file several times a second; older than this, it has stopped or hangs."""
+"""The supervisor rewrites the file at least every REFRESH_SECONDS; older than this, it has stopped or hangs."""
+REFRESH_SECONDS = 2.0
+"""A state file whose content has not changed is written again this often, only for its ``updated_at``."""
+
+
+class StateFile:
+    """One process's state file, written atomically (a reader never sees half of it, or a mix of two) when what
+    it says changes, and every REFRESH_SECONDS otherwise: its ``updated_at`` tells a reader that the writer lives
+    (STALE_SECONDS). The supervisor and ``comfysup work`` look every tick (0.25 s); writing the same file again each
+    time, a rename and a folder entry a tick, was most of ``comfysup work``'s own CPU while its runners followed
+    prompts of a second or less (bench/real.py, the realistic cell: 1.3-1.8 ms a job of the parent process)."""
+
+    def __init__(self, path: Path, *, indent: int | None = 1, clock: Any = time.monotonic) -> None:
+        self.path = path
+        self.indent = indent
+        self.clock = clock
+        self._written: dict[str, Any] | None = None
+        self._written_at = 0.0
+
+    def write(self, snapshot: dict[str, Any], *, force: bool = False) -> bool:
+        """Write ``snapshot`` unless it says what the file says and was written less than REFRESH_SECONDS ago
+        (``updated_at`` aside); ``force``: write it anyway (a final state). Returns whether it wrote; OSError when
+        it could not (the caller says so; the next call writes again)."""
+        said = {k: v for k, v in snapshot.items() if k != "updated_at"}
+        now = self.clock()
+        if not force and said == self._written and now - self._written_at < REFRESH_SECONDS:
+            return False
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        try:
+            tmp.write_text(json.dumps(snapshot, indent=self.indent))
+            os.replace(tmp, self.path)
+        except OSError:
+            self._written = None  # unknown now: written again at the next call
+            raise
+        self._written, self._written_at = said, now
+        return True
 
 
 def state_path(config: Config) -> Path:
@@ -86,14 +123,10 @@ def broker_state_path(config: Config) -> Path:
 
 
 def write_broker_state(config: Config, state: dict[str, Any]) -> None:
-    """Atomically (a reader never sees half a file); a folder that cannot be written is not fatal."""
-    path = broker_state_path(config)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    try:
-        tmp.write_text(json.dumps(state))
-        os.replace(tmp, path)
-    except OSError:
-        pass
+    """Atomically (a reader never sees half a file); a folder that cannot be written is not fatal. The consumer
+    says when (comfysup.broker.consumer ``write_state``): every write here is made."""
+    with contextlib.suppress(OSError):
+        StateFile(broker_state_path(config), indent=None).write(state, force=True)
 
 
 def read_broker_state(config: Config) -> dict[str, Any] | None:

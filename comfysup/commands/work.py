@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import json
+import contextlib
 import logging
 import multiprocessing
 import os
@@ -24,7 +24,7 @@ from comfysup.queue.base import host_name
 from comfysup.queue.watch import DEEP_CHECK_SECONDS, EXIT_DATABASE_REPLACED, QueueWatch
 from comfysup.runner.objectstore import check_buckets
 from comfysup.runner.stuck import StuckChannel, out_of_service_reason
-from comfysup.slotstate import work_state_path
+from comfysup.slotstate import StateFile, work_state_path
 from comfysup.storage.links import Links
 from comfysup.supervisor.children import new_shared, problem_bytes, problem_of, waiting_peer
 from comfysup.supervisor.lock import queue_lost
@@ -202,6 +202,7 @@ class Work:
         for shared in self.shared.values():
             shared.may_claim = shared.waiting = 1  # nothing here forbids a claim; each is about to ask
         self.state_path = work_state_path(config)
+        self.state_file = StateFile(self.state_path)
         self.said: dict[str, str | None] = {}
 
     def start(self, results: Any) -> None:
@@ -237,8 +238,8 @@ class Work:
         return rows
 
     def write_state(self, *, final: bool = False) -> None:
-        """``work.json`` beside the queue, atomically, every tick; and a log line when a server's service
-        changes."""
+        """``work.json`` beside the queue, atomically, when it changed (comfysup.slotstate.StateFile: looked at every
+        tick); and a log line when a server's service changes."""
         slots = self.slots(final=final)
         for slot in slots:
             # A stuck prompt is said here; a server whose answers cannot be read, by its runner (already said).
@@ -253,11 +254,12 @@ class Work:
         snapshot = {"pid": os.getpid(), "host": host_name(), "state": "stopped" if final else "running",
                     "updated_at": time.time(), "slots": slots,
                     "summary": f"{len(slots)} server(s), {out} out of service" if out else f"{len(slots)} server(s)"}
-        tmp = self.state_path.with_name(f".{self.state_path.name}.{os.getpid()}.tmp")
         try:
-            self.state_path.parent.mkdir(parents=True, exist_ok=True)
-            tmp.write_text(json.dumps(snapshot, indent=1))
-            os.replace(tmp, self.state_path)
+            self.state_file.write(snapshot, force=final)
+        except FileNotFoundError:  # its folder was removed meanwhile
+            with contextlib.suppress(OSError):
+                self.state_path.parent.mkdir(parents=True, exist_ok=True)
+                self.state_file.write(snapshot, force=True)
         except OSError as exc:
             log.warning("cannot write %s: %s", self.state_path, exc.strerror)
 

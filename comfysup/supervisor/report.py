@@ -6,7 +6,6 @@ It only reads the supervisor's slots; it decides nothing about them.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
@@ -19,7 +18,7 @@ from comfysup.errors import DatabaseLocked, QueueError
 from comfysup.queue import Queue
 from comfysup.queue.base import host_name
 from comfysup.runner.memory import COUNTS
-from comfysup.slotstate import STATE_FILE, state_path
+from comfysup.slotstate import StateFile, state_path
 from comfysup.supervisor.children import Unit, problem_of
 from comfysup.supervisor.notify import Notifier
 from comfysup.supervisor.policy import State
@@ -123,6 +122,7 @@ class Reporter:
         self.notifier = Notifier(env)
         self.started_at = time.time()
         self.state_path: Path = state_path(config)
+        self.state_file = StateFile(self.state_path)
 
     def snapshot(self, units: Sequence[Unit], *, stopping: bool, monitor_pid: int | None, monitor_port: int,
                  final: bool = False) -> dict[str, Any]:
@@ -135,12 +135,11 @@ class Reporter:
                 "metrics_url": f"http://{host}:{monitor_port}/" if monitor_port and not final else None,
                 "monitor_pid": None if final else monitor_pid}
 
-    def write_state(self, snapshot: dict[str, Any]) -> None:
-        """Atomically, every tick: ``comfysup status`` and ``health`` read it."""
-        tmp = self.state_path.with_name(f".{STATE_FILE}.{os.getpid()}.tmp")
+    def write_state(self, snapshot: dict[str, Any], *, final: bool = False) -> None:
+        """When it changed, or every REFRESH_SECONDS (comfysup.slotstate.StateFile): ``comfysup status`` and
+        ``health`` read it."""
         try:
-            tmp.write_text(json.dumps(snapshot, indent=1))
-            os.replace(tmp, self.state_path)
+            self.state_file.write(snapshot, force=final)
         except OSError as exc:
             log.warning("cannot write %s: %s", self.state_path, exc.strerror)
 

@@ -443,6 +443,7 @@ class Supervisor:
                                       monitor_port=self.monitor_hub.port.value, final=final)
 
     def write_state(self, *, final: bool = False) -> None:
-        """Atomically, every tick: ``comfysup status`` and ``health`` read it."""
-        self.reporter.write_state(self.snapshot(final=final))
+        """Looked at every tick, written when it changed (comfysup.slotstate.StateFile): ``comfysup status`` and
+        ``health`` read it."""
+        self.reporter.write_state(self.snapshot(final=final), final=final)
 
