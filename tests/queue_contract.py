@@ -11,6 +11,7 @@ import dataclasses
 import hashlib
 import itertools
 import json
+import time
 import uuid
 from collections import defaultdict
 from pathlib import Path
@@ -302,6 +303,37 @@ class QueueContract(CatalogueContract, AssetsContract):
         q.release_owner("runner-b", "runner pid 9 died", now=T0 + 12)
         third = self.claim(q, "runner-c", "gpu0", now=T0 + 13)
         assert (third.id, third.last_server, third.last_prompt_number) == (claim.id, "gpu1", 4)
+
+    def test_record_prompt_renews_another_claim_in_its_transaction(self, q: Queue) -> None:
+        """The record of the job queued behind the next one renews the lease of the attempt about to store its own
+        files (comfysup.runner.nextjob): True when that renewal held with no cancel asked; False when a cancel is
+        asked (the attempt's own heartbeat finds it) or the claim is lost (nothing of it changed); the record is
+        kept either way."""
+        self.submit(q, make_job(1), make_job(2))
+        own = self.claim(q, "runner-a", "gpu0", now=T0)
+        behind = self.claim(q, "runner-a", "gpu0", now=T0)
+        start = time.time()
+        assert q.record_prompt(behind, "gpu0", 2, waiting=True, renew=own, lease_seconds=600) is True
+        assert q.get(own.id).lease_until >= start + 590  # the queue's clock (the database's on PostgreSQL)
+        assert q.get(behind.id).attempts[0].prompt_number == 2
+        assert q.record_prompt(behind, "gpu0", 3) is None
+        stale = Claim(**{**own.__dict__, "owner": "runner-z"})
+        lease = q.get(own.id).lease_until
+        assert q.record_prompt(behind, "gpu0", 4, renew=stale, lease_seconds=6000) is False
+        assert q.get(own.id).lease_until == lease
+        assert q.get(behind.id).attempts[0].prompt_number == 4
+        q.cancel([own.id])
+        assert q.record_prompt(behind, "gpu0", 5, renew=own, lease_seconds=600) is False
+
+    def test_a_record_fenced_out_renews_nothing(self, q: Queue) -> None:
+        self.submit(q, make_job(1), make_job(2))
+        own = self.claim(q, "runner-a", "gpu0", now=T0)
+        behind = self.claim(q, "runner-a", "gpu0", now=T0)
+        lease = q.get(own.id).lease_until
+        with pytest.raises(LeaseLost):
+            q.record_prompt(Claim(**{**behind.__dict__, "attempt": 9}), "gpu0", 2, renew=own, lease_seconds=600)
+        assert q.get(own.id).lease_until == lease
+        assert q.get(behind.id).attempts[0].prompt_number is None
 
     def test_an_attempt_records_its_server_url_for_a_claim_taken_over(self, q: Queue) -> None:
         """Server names are per machine: a claim taken over from another machine finds the earlier run's server

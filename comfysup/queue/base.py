@@ -175,10 +175,16 @@ class Queue(Protocol):
         ...
 
     def record_prompt(self, claim: Claim, server: str, prompt_number: int, url: str | None = None, *,
-                      waiting: bool = False) -> None:
+                      waiting: bool = False, renew: Claim | None = None, lease_seconds: float = 0.0) -> bool | None:
         """The prompt the claim's job runs as on ``server`` (at ``url``), fenced (raises LeaseLost). ``waiting``:
         it was posted behind another prompt that runs there ([runner] queue_ahead), so the job is shown as
-        posted until ``set_waiting(claim, False)`` or ``complete(..., started=claim)`` says it executes."""
+        posted until ``set_waiting(claim, False)`` or ``complete(..., started=claim)`` says it executes.
+
+        ``renew``: another claim of the same runner, whose lease is renewed for ``lease_seconds`` in the same
+        transaction, fenced as ``heartbeat`` (one transaction a job instead of two: the attempt about to store
+        that claim's files, comfysup.runner.nextjob). Returns whether that renewal held with no cancel asked (None
+        without ``renew``); nothing is raised for it: a claim lost is left as it was, a cancel asked of it is the
+        caller's own heartbeat's to find."""
         ...
 
     def set_waiting(self, claim: Claim, waiting: bool) -> None:

@@ -1,20 +1,18 @@
 """The SQL core: the queue contract (comfysup.queue.base) written once, over a dialect.
 
-huey's BaseSqlStorage is the model: this class knows what each operation means (which statements, in which
-order, in one transaction) and reads its SQL by name from comfysup/queue/sql (comfysup.queue.queries); a
-backend supplies only its dialect:
+huey's BaseSqlStorage is the model: this class knows what each operation means (which statements, in which order,
+in one transaction) and reads its SQL by name from comfysup/queue/sql (comfysup.queue.queries); a backend supplies
+only its dialect:
 
 - ``_transaction(fn, *args, write=, durable=, named=)``: how a transaction begins, how durable its commit
   is, and how it fails (SQLite: BEGIN IMMEDIATE, synchronous=FULL; PostgreSQL: a retried stale connection).
   ``fn(cur, *args)`` runs inside it; ``named`` asks for rows that name their columns.
 - ``_time(now)``: where time comes from when ``now`` is None (SQLite: this machine's clock, read once the
   write lock is held; PostgreSQL: None, so the SQL's ``{now}`` takes the database server's clock).
-- ``_claim``, ``_insert_batch``, ``_fenced``, ``claim_deliveries``, ``prune``: the statements whose shape
-  differs (PostgreSQL's single statements with SKIP LOCKED against SQLite's several), and ``_notify``
-  (PostgreSQL's NOTIFY), migrations, maintenance and ``wait_for_work``.
-
-Hot paths (claim, heartbeat, complete, complete_and_claim, submit's batch insert) use statements prepared
-once at load and positional parameters: no text is built per call.
+- ``_claim``, ``_insert_batch``, ``_fenced``, ``claim_deliveries``, ``prune``: the statements whose shape differs
+  (PostgreSQL's single statements with SKIP LOCKED against SQLite's several), and ``_notify`` (PostgreSQL's
+  NOTIFY), migrations, maintenance and ``wait_for_work``. Hot paths (claim, heartbeat, complete,
+  complete_and_claim, submit's batch insert) use statements prepared once at load, positional parameters.
 """
 
 from __future__ import annotations
@@ -75,8 +73,8 @@ class SQLQueue(SQLReads, AssetStore, ApiEndpoints, Fleet, Previews):
     """The named-SQL file of the schema's steps (``-- name: vN``)."""
     SCHEMA_VERSION = 0
     DURABLE_RENEWALS = False
-    """Whether a heartbeat's commit waits for the disk. SQLite's may not: only a power cut loses one, and that stops
-    the runners too. A PostgreSQL server's crash loses one while runners live on (see PostgresQueue)."""
+    """Whether a heartbeat's commit waits for the disk: not SQLite's (only a power cut loses one, and it stops the
+    runners too); PostgreSQL's, whose crash loses one while runners live on (see PostgresQueue)."""
 
     def _setup(self) -> None:
         self.sql = load(self.DIALECT)
@@ -96,21 +94,19 @@ class SQLQueue(SQLReads, AssetStore, ApiEndpoints, Fleet, Previews):
         """In a forked child: forget the parent's connections without closing them."""
 
     def _run_after(self, run_after: float, now: float | None) -> tuple[float | None, float]:
-        """``retry_later``'s time as (a time given, else a delay from the operation's time). ``run_after`` is read
-        on the caller's clock: without ``now`` the delay it leaves is added to the queue's time when the write
-        takes place, so a transaction that waited for the write lock does not eat into the backoff, and on
-        PostgreSQL a skewed machine neither hurries nor holds back its retries."""
+        """``retry_later``'s time as (a time given, else a delay from the operation's time). Without ``now`` the delay
+        ``run_after`` leaves on the caller's clock is added to the queue's time as the write takes place: a wait for
+        the write lock does not eat into the backoff, a skewed machine (PostgreSQL) neither hurries nor holds back."""
         return (run_after, 0.0) if now is not None else (None, run_after - time.time())
 
     def _claim(self, cur: Any, owner: str, server: str, lease_seconds: float, at: float | None,
                prefer_model: str | None, max_wait_seconds: float, catalogue: int | None = None,
                url: str | None = None) -> tuple[Any, ...] | None:
-        """Expire leases and take the next job that ``catalogue`` (the claiming server's) has not refused,
-        its attempt row naming ``url``, the server it is taken for (a crash between the POST and
-        ``record_prompt`` still leaves where the prompt may run):
-        ``(owner, server, id, attempt, workflow_id, extra_data, params,
-        last_server, last_prompt_number, reason, cancel_requested, lease_until, model_key, workflow text or
-        None when cached)``, or None."""
+        """Expire leases and take the next job that ``catalogue`` (the claiming server's) has not refused, its attempt
+        row naming ``url``, the server it is taken for (a crash between the POST and ``record_prompt`` still leaves
+        where the prompt may run): ``(owner, server, id, attempt, workflow_id, extra_data, params, last_server,
+        last_prompt_number, reason, cancel_requested, lease_until, model_key, workflow text or None when cached)``,
+        or None."""
         raise NotImplementedError
 
     def _insert_batch(self, cur: Any, batch: list[NewJob], at: float | None, conflicts: list[str],
@@ -238,8 +234,7 @@ class SQLQueue(SQLReads, AssetStore, ApiEndpoints, Fleet, Previews):
     def _held(self, cur: Any, claim: Claim, job_sql: str, job_args: Sequence[Any], attempt_sql: str | None = None,
               attempt_args: Sequence[Any] = ()) -> Any:
         """``_fenced``, raising LeaseLost (nothing changed) when the row is no longer this claim's."""
-        row = self._fenced(cur, job_sql, job_args, attempt_sql, attempt_args)
-        if row is None:
+        if (row := self._fenced(cur, job_sql, job_args, attempt_sql, attempt_args)) is None:
             raise LeaseLost(f"job {claim.id}: attempt {claim.attempt} of {claim.owner} no longer holds the job")
         return row
 
@@ -274,17 +269,23 @@ class SQLQueue(SQLReads, AssetStore, ApiEndpoints, Fleet, Previews):
         return bool(row[0])
 
     def record_prompt(self, claim: Claim, server: str, prompt_number: int, url: str | None = None, *,
-                      waiting: bool = False) -> None:
+                      waiting: bool = False, renew: Claim | None = None, lease_seconds: float = 0.0) -> bool | None:
         # Lost, it would leave an earlier attempt's number, which makes catch-up pass over this run's history entry
         # (a success run again): durable then, where a crash of the database leaves the runners running.
-        durable = self.DURABLE_RENEWALS and claim.last_prompt_number is not None
-        self._transaction(self._record_prompt, claim, server, prompt_number, url, waiting, durable=durable)
+        durable = self.DURABLE_RENEWALS and (claim.last_prompt_number is not None or renew is not None)
+        return self._transaction(self._record_prompt, claim, server, prompt_number, url, waiting, renew,
+                                 lease_seconds, durable=durable)
 
     def _record_prompt(self, cur: Any, claim: Claim, server: str, prompt_number: int, url: str | None,
-                       waiting: bool) -> None:
+                       waiting: bool, renew: Claim | None, lease_seconds: float) -> bool | None:
         self._held(cur, claim, self.sql["record_prompt"],
                    (server, prompt_number, waiting, self._time(None), claim.id, claim.attempt, claim.owner),
                    self.sql["attempt_prompt"], (prompt_number, server, url, claim.id, claim.attempt, claim.owner))
+        if renew is None:
+            return None
+        row = self._fenced(cur, self.sql["heartbeat"], (self._time(None), lease_seconds, renew.id, renew.attempt,
+                                                        renew.owner))
+        return row is not None and not row[0]
 
     def set_waiting(self, claim: Claim, waiting: bool) -> None:
         # Not durable, as record_prompt: what is lost in a power cut is only how the job is shown.

@@ -442,7 +442,7 @@ class Attempt:
         """Step 5 (comfysup.runner.download): the run's files into the store, the attempt's checks between them."""
 
         def checkpoint(renew_now: bool) -> None:
-            if renew_now:
+            if renew_now and not self.early.renewed_own(self.clock()):
                 self.heartbeat.now(self.clock())
             self._checkpoints(run, self.clock())
 

@@ -22,6 +22,9 @@ from comfysup.runner.result import AheadJob, Early, NextClaim, NextJob, Outcome,
 from comfysup.runner.running import Context, Run, Stop, redactor_of
 
 log = logging.getLogger("comfysup.runner")
+FRESH_RENEWAL_SECONDS = 0.5
+"""How old the renewal made with the record of the job queued behind the next one may be for the download to take
+it as its fence (``EarlyJobs.renewed_own``): a lease is many seconds, and a runner that stalled longer renews."""
 
 
 class EarlyJobs:
@@ -54,9 +57,19 @@ class EarlyJobs:
         self.then_posted: Posted | None = None
         self.then_renewed = 0.0
         """The job queued behind the next one once this one ended (see queue_behind_next), until returned."""
+        self.own_renewed_at: float | None = None
+        """When this attempt's own lease was last renewed with the record of a job queued behind the next one (it
+        held, no cancel asked): see ``renewed_own``."""
         if behind is not None:  # queued behind this one by the attempt before: this attempt's next job
             self.next_claim, self.posted_out, self.next_renewed = behind.claim, behind.posted, ctx.clock()
             self.ahead_tried = True
+
+    def renewed_own(self, now: float) -> bool:
+        """This attempt's own lease was renewed, fenced, within FRESH_RENEWAL_SECONDS (and a quarter of its
+        heartbeat) of ``now`` (the attempt's clock: a stall since counts): the download's fence before it touches
+        the job's files is that renewal, not another transaction."""
+        at = self.own_renewed_at
+        return at is not None and 0 <= now - at <= min(FRESH_RENEWAL_SECONDS, self.ctx.s.heartbeat_seconds / 4)
 
     def may_hand_off(self, run: Run) -> bool:
         """This run has ended on its server (``executing`` with node None), the server's queue is empty, and
@@ -145,10 +158,17 @@ class EarlyJobs:
             log.info("job %s attempt %d on %s: POST /prompt 200 (%s)", nxt.id, nxt.attempt, self.ctx.s.server,
                      f"queued behind job {behind}" if run is not None else
                      f"while job {self.ctx.claim.id} is downloaded", extra={"event": "posted"})
+        # Behind the next job, this attempt's own files come next: its lease is renewed in the same transaction,
+        # the fence the download needs before it touches them (``renewed_own``), one transaction a job fewer.
+        own = self.ctx.claim if then else None
         try:
-            self.ctx.queue.record_prompt(nxt, self.ctx.s.server, number, self.ctx.s.url, waiting=waiting)
+            renewed = self.ctx.queue.record_prompt(nxt, self.ctx.s.server, number, self.ctx.s.url, waiting=waiting,
+                                                   renew=own, lease_seconds=self.ctx.s.lease_seconds)
         except LeaseLost:
             self.drop_next(then)
+            return
+        if renewed:
+            self.own_renewed_at = self.ctx.clock()
 
     def _mark_waiting(self, then: bool, nxt: Claim) -> None:
         """A job claimed ahead that this attempt did not post waits for the server all the same: shown posted

@@ -18,6 +18,7 @@ import pytest
 from comfysup.comfy import ComfyClient, ServerUnavailable
 from comfysup.queue.sqlite import SQLiteQueue
 from comfysup.runner import attempt as attempt_module
+from comfysup.runner import nextjob as nextjob_module
 from comfysup.runner.attempt import Attempt
 from comfysup.runner.interrupt import Interrupter
 from comfysup.runner.loop import Runner
@@ -337,6 +338,34 @@ def test_the_job_after_next_is_queued_before_this_ones_files_are_recorded(tmp_pa
     for n in range(3, 7):  # and still the bound: posted only once the one before it executes
         assert _runs(fake, n)["posted"] >= _runs(fake, n - 1)["started_at"]
     _assert_one_at_a_time(fake, range(1, 7))
+    queue.close()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("fresh_seconds", [0.5, 0.0])
+def test_the_record_of_the_job_after_next_renews_the_lease_the_download_needs(
+        tmp_path: Path, fake: FakeComfy, monkeypatch: pytest.MonkeyPatch, fresh_seconds: float) -> None:
+    """The record of job n+2's prompt renews job n's lease in its transaction: job n's download takes that as its
+    fence instead of a heartbeat of its own (one transaction a job fewer). A renewal older than
+    FRESH_RENEWAL_SECONDS (0 here: every one) is not taken: each download renews itself, as before."""
+    monkeypatch.setattr(nextjob_module, "FRESH_RENEWAL_SECONDS", fresh_seconds)
+    renewed: list[str] = []
+    heartbeat = SQLiteQueue.heartbeat
+
+    def counted(self: SQLiteQueue, claim: Any, *args: Any, **kwargs: Any) -> Any:
+        renewed.append(claim.id)
+        return heartbeat(self, claim, *args, **kwargs)
+
+    monkeypatch.setattr(SQLiteQueue, "heartbeat", counted)
+    config = write_config(tmp_path, queue_ahead=True)
+    queue = submit(config, [trivial_job(n) for n in range(1, 7)])
+    Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
+    assert [j.state for j in queue.iter_jobs()] == ["done"] * 6
+    own = [n for n in range(1, 7) if job_id(n) in renewed]
+    if fresh_seconds:
+        assert len(own) <= 3, f"jobs {own} renewed with a heartbeat of their own before their download"
+    else:
+        assert own == list(range(1, 7))
     queue.close()
 
 
