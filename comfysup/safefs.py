@@ -32,14 +32,14 @@ def _refuse(exc: OSError, where: str) -> Escapes:
     return exc  # type: ignore[return-value]
 
 
-def open_root(root: Path, *, create: bool = False) -> int:
+def open_root(root: str | Path, *, create: bool = False) -> int:
     """A descriptor of ``root`` (made 0700 with its parents when ``create``)."""
     try:
         return os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except FileNotFoundError:
         if not create:
             raise
-    root.mkdir(mode=0o700, parents=True, exist_ok=True)  # once: the store's root is there for every later file
+    Path(root).mkdir(mode=0o700, parents=True, exist_ok=True)  # once: the store's root is there for every later file
     return os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
 
 
@@ -54,7 +54,7 @@ def open_dir(parent_fd: int, name: str, *, create: bool = False, where: str = ""
         raise _refuse(exc, where or name) from None
 
 
-def open_below(root: Path, name: str, *, where: str = "") -> int:
+def open_below(root: str | Path, name: str, *, where: str = "") -> int:
     """The folder ``name`` right inside ``root`` in one system call instead of three (``open_root``, ``open_dir``,
     the root's close): ``root``'s own components are followed as ``open_root`` follows them, and ``name``, the
     last, is not (O_NOFOLLOW). A symlink or a non-folder met (ELOOP, ENOTDIR) is told apart the long way, so that

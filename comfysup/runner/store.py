@@ -113,9 +113,14 @@ class ResultStore:
     def __init__(self, root: Path, max_file_bytes: int) -> None:
         self.root = root
         self.max_file_bytes = max_file_bytes
+        self._root = os.fspath(root)
+        """The root as text: a job's paths are joined as text (pathlib's objects cost more than the job's writes)."""
 
     def job_dir(self, job_id: str) -> Path:
         return self.root / job_id
+
+    def _job_path(self, job_id: str, *below: str) -> str:
+        return os.path.join(self._root, job_id, *below)
 
     def prepare(self, job_id: str) -> Path:
         """The job's folder, created 0700, with leftovers of an interrupted earlier attempt removed.
@@ -130,7 +135,7 @@ class ResultStore:
         check_part(job_id, "job id")
         with contextlib.suppress(FileNotFoundError, FileExistsError):  # no root yet; a folder (or a link) there
             # by its path: mkdir never follows a link in its last component (EEXIST), the root's are followed
-            os.mkdir(self.job_dir(job_id), 0o700)
+            os.mkdir(self._job_path(job_id), 0o700)
             return self.job_dir(job_id)  # just made: nothing left over (a scan saved on every first attempt)
         root = safefs.open_root(self.root, create=True)
         try:
@@ -160,7 +165,7 @@ class ResultStore:
         digest = hashlib.sha256()
         size = 0
         try:  # the job's folder, made by prepare: opened below the root in one call
-            job = safefs.open_below(self.root, job_id, where=str(self.job_dir(job_id)))
+            job = safefs.open_below(self._root, job_id, where=self._job_path(job_id))
         except safefs.Escapes as exc:
             raise UnsafeFolder(f"the result store's folder for this job {exc.strerror}") from None
         try:
@@ -192,7 +197,7 @@ class ResultStore:
                     raise
         finally:
             os.close(job)
-        return Output(name=relative, size=size, sha256=digest.hexdigest(), path=str(self.job_dir(job_id) / relative))
+        return Output(name=relative, size=size, sha256=digest.hexdigest(), path=self._job_path(job_id, relative))
 
     def finish(self, job_id: str) -> None:
         """Every file of the job is written: here they stay (an object store removes its staging folder)."""
@@ -220,7 +225,7 @@ class ResultStore:
     @contextlib.contextmanager
     def _job_fd(self, root: int, job_id: str) -> Iterator[int]:
         try:
-            with safefs.dir_beneath(root, [job_id], where=str(self.job_dir(job_id))) as fd:
+            with safefs.dir_beneath(root, [job_id], where=self._job_path(job_id)) as fd:
                 yield fd
         except safefs.Escapes as exc:
             raise UnsafeFolder(f"the result store's folder for this job {exc.strerror}") from None

@@ -208,3 +208,34 @@ def test_a_forked_child_sets_its_own_timer() -> None:
                 os._exit(code)
     _, status = os.waitpid(pid, 0)  # the parent's block has ended
     assert os.WEXITSTATUS(status) == 0, "no deadline fell in the child"
+
+
+def test_where_sigalrm_had_its_default_action_the_handler_stays_between_deadlines(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A runner's process (SIGALRM at its default action, no timer): the handler and the timer stay between two
+    jobs' deadlines, so the next one arms without a system call; a timer left to fall with nothing due is
+    harmless (with the default action back it would kill the process), and reset() gives the signal back."""
+    previous = signal.signal(signal.SIGALRM, signal.SIG_DFL)
+    old = signal.setitimer(signal.ITIMER_REAL, 0)
+    deadline.reset()
+    try:
+        with deadline.within(0.3, "the first job"):
+            pass
+        assert signal.getsignal(signal.SIGALRM) is deadline._on_alarm
+        calls: list[float] = []
+        setitimer = signal.setitimer
+        monkeypatch.setattr(signal, "setitimer", lambda which, seconds, *a: calls.append(seconds) or
+                            setitimer(which, seconds, *a))
+        with deadline.within(5, "the next job"):
+            pass
+        assert calls == []  # the timer set for the first falls first: no call to arm the next
+        time.sleep(0.5)  # it falls with nothing due: the process lives on
+        with deadline.within(0.1, "a late one"), pytest.raises(DeadlineExceeded):
+            time.sleep(1)
+        deadline.reset()
+        assert signal.getsignal(signal.SIGALRM) is signal.SIG_DFL
+        assert signal.getitimer(signal.ITIMER_REAL)[0] == 0
+    finally:
+        deadline.reset()
+        signal.signal(signal.SIGALRM, previous)
+        signal.setitimer(signal.ITIMER_REAL, *old)
