@@ -113,14 +113,15 @@ class ResultStore:
     def __init__(self, root: Path, max_file_bytes: int) -> None:
         self.root = root
         self.max_file_bytes = max_file_bytes
-        self._root = os.fspath(root)
+        self._root = os.fspath(Path(root))  # normalised as pathlib writes it: no trailing or doubled slash
         """The root as text: a job's paths are joined as text (pathlib's objects cost more than the job's writes)."""
 
     def job_dir(self, job_id: str) -> Path:
         return self.root / job_id
 
-    def _job_path(self, job_id: str, *below: str) -> str:
-        return os.path.join(self._root, job_id, *below)
+    def _job_path(self, job_id: str, relative: str = "") -> str:
+        """``root/job_id[/relative]``: both are checked plain names (``check_part``), joined as text."""
+        return f"{self._root}/{job_id}/{relative}" if relative else f"{self._root}/{job_id}"
 
     def prepare(self, job_id: str) -> Path:
         """The job's folder, created 0700, with leftovers of an interrupted earlier attempt removed.
