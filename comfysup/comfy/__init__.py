@@ -5,7 +5,8 @@ contract in pyproject.toml says so). Every answer of ComfyUI is untrusted input:
 ``wire`` before anything reads it, and every read is bounded in time (``deadline``) and size.
 
 - ``http``: ``ComfyClient``, the HTTP calls (POST /prompt, /history, /queue, /interrupt, /upload/image,
-  /view, /object_info, /system_stats, /features, the 0.38 jobs API) on one kept-alive connection pool;
+  /view, /object_info, /system_stats, /features, the 0.38 jobs API) on one kept-alive connection
+  (``transport``, on http.client);
 - ``events``: ``EventStream``, the WebSocket of one client id; ``frames``: its frames, read from one buffer;
 - ``wire``: the shape of every answer and message; ``history``: reading a history entry;
 - ``runs``: what a client knows its server was given; ``errors``: what went wrong, sorted for the failure

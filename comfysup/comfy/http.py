@@ -1,5 +1,5 @@
-"""A ComfyUI client: HTTP on one kept-alive urllib3 connection pool, events on websocket-client's connection
-(comfysup.comfy.events, its frames read by comfysup.comfy.frames).
+"""A ComfyUI client: HTTP on one kept-alive http.client connection (comfysup.comfy.transport), events on
+websocket-client's connection (comfysup.comfy.events, its frames read by comfysup.comfy.frames).
 
 Every HTTP call is bounded as a whole (comfysup.comfy.deadline: headers and body within the call's
 timeout, however slowly the bytes come), every body read is bounded in size, and every answer passes
@@ -9,10 +9,14 @@ or unreachable is ``ServerUnavailable`` (transient, waited out by the follow loo
 answer of the wrong shape is ``MalformedAnswer`` (transient, ending the attempt at once). The socket has a
 receive timeout so the runner's loop wakes up to renew its lease, poll /history and check its deadline.
 
-urllib3 rather than requests (which is built on it): a runner makes five calls per job to one server
-it already knows, and requests' per-call work (merging settings, cookies, hooks, re-parsing the URL)
-cost about 0.7 ms of CPU each on this project's two-core test machine, where four runners share the
-CPUs with their four servers (bench/e2e.py). Nothing of it is needed here.
+The standard library's http.client, not requests or urllib3: a runner makes its calls one at a time to one
+server it already knows, on one connection, retries nothing itself and bounds each call with its own deadline,
+so a pool's get and put, Timeout objects, retry checks and a response wrapper buy nothing. requests' per-call
+work (merging settings, cookies, hooks, re-parsing the URL) cost about 0.7 ms of CPU a call on this project's
+two-core test machine, where four runners share the CPUs with their four servers (bench/e2e.py); urllib3's
+one-connection pool, used until 2026-12, took 165-214 µs of CPU a GET /queue against fake_comfy, http.client
+70-102 µs. Through this client (wire checks and deadline included; 3000 calls, four rounds each, 2026-12-04):
+GET /queue 199-245 -> 108-147 µs, POST /prompt 270-360 -> 173-251 µs. urllib3 is left its multipart encoder (uploads).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import json
 import time
 import uuid
 from collections.abc import Iterator, Sequence
+from http.client import HTTPException, HTTPResponse
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
@@ -39,6 +44,7 @@ from comfysup.comfy.errors import (
 )
 from comfysup.comfy.events import EventStream
 from comfysup.comfy.runs import LOOK_ENTRIES, KnownRuns, QueueEntry
+from comfysup.comfy.transport import CannotConnect, Connection, TooLarge
 
 CLIENT_PREFIX = "comfysup-"
 MAX_BODY_BYTES = 16 * 2**20
@@ -63,7 +69,7 @@ class ComfyClient:
         self.timeout_seconds = timeout_seconds
         self._prefix = urlsplit(self.url).path
         # One connection: a runner makes one call at a time. No retries: a failure is the runner's to judge.
-        self.pool = urllib3.connection_from_url(self.url, maxsize=1, block=False, retries=False)
+        self.connection = Connection(self.url)
         self.stream: EventStream | None = None
         """This client's own socket, kept open from one prompt to the next (see ``own_stream``)."""
         self.previews = False
@@ -77,49 +83,46 @@ class ComfyClient:
         if self.stream is not None:
             self.stream.close()
             self.stream = None
-        self.pool.close()
+        self.connection.close()
 
     def _drop_connection(self) -> None:
-        """A call cut in the middle (a deadline, a body too large) leaves its connection in an unknown
-        state: a new pool, so the next call starts on a fresh connection."""
-        self.pool.close()
-        self.pool = urllib3.connection_from_url(self.url, maxsize=1, block=False, retries=False)
+        """A call cut in the middle (a deadline, a body too large, a broken answer) leaves its connection in an
+        unknown state: closed, so the next call starts on a fresh connection."""
+        self.connection.drop()
 
     # -- HTTP -----------------------------------------------------------------------------------------
 
     def _call(self, method: str, path: str, *, timeout: float | None = None, body: bytes | None = None,
               fields: dict[str, str] | None = None, stream: bool = False,
               max_bytes: int = MAX_BODY_BYTES, content_type: str = "application/json",
-              ) -> tuple[urllib3.BaseHTTPResponse, bytes]:
+              ) -> tuple[HTTPResponse, bytes]:
         """The answer and its body (read whole, at most ``max_bytes``; empty for a ``stream``), all of it
-        within ``timeout`` however slowly it comes."""
+        within ``timeout`` however slowly it comes. Nothing is sent again after a failure: the runner judges."""
         seconds = timeout or self.timeout_seconds
-        url = self._prefix + path + (f"?{urlencode(fields)}" if fields else "")
-        headers = {"Content-Type": content_type} if body is not None else None
+        target = self._prefix + path + (f"?{urlencode(fields)}" if fields else "")
         try:
             with deadline.within(seconds, f"{method} {path}") as own:
-                response = self.pool.urlopen(method, url, body=body, headers=headers, timeout=seconds,
-                                             retries=False, redirect=False, preload_content=False)
-                data = b"" if stream and response.status < 300 else response.read(max_bytes + 1)
+                response = self.connection.request(method, target, body, content_type, seconds)
+                data = b"" if stream and response.status < 300 else self.connection.read(response, max_bytes)
         except DeadlineExceeded as exc:
             self._drop_connection()
             if exc.due is not own:
                 raise  # the attempt's deadline or a stop, not this call's: the caller's to handle
             raise ServerUnavailable(f"{method} {path}: no complete answer within {seconds:g} s", "connection") from None
-        except urllib3.exceptions.NewConnectionError as exc:  # a subclass of ConnectTimeoutError, so first
+        except CannotConnect as exc:
+            if isinstance(exc.cause, TimeoutError):  # no connection within the timeout: the server may be busy
+                raise ServerUnavailable(f"{method} {path}: timed out after {seconds:g} s", "connection") from exc
             self.known.forget()  # down: it comes back restarted, without its history
-            raise ServerUnavailable(f"{method} {path}: {short(exc)}", "connection") from exc
-        except urllib3.exceptions.TimeoutError as exc:
+            raise ServerUnavailable(f"{method} {path}: {short(exc.cause)}", "connection") from exc
+        except TooLarge:
+            raise MalformedAnswer(f"{method} {path}: the answer is larger than {max_bytes // 2**20} MiB") from None
+        except TimeoutError as exc:
+            self._drop_connection()
             raise ServerUnavailable(f"{method} {path}: timed out after {seconds:g} s", "connection") from exc
-        except (urllib3.exceptions.HTTPError, OSError) as exc:
+        except (HTTPException, OSError) as exc:
             self._drop_connection()
             self.known.forget()  # a kept connection cut: a restart cuts them all
-            raise ServerUnavailable(f"{method} {path}: {short(exc)}", "connection") from exc
-        if len(data) > max_bytes:
-            self._drop_connection()
-            raise MalformedAnswer(f"{method} {path}: the answer is larger than {max_bytes // 2**20} MiB")
-        if not stream or response.status >= 300:
-            response.release_conn()
+            raise ServerUnavailable(f"{method} {path}: {_broken(exc)}", "connection") from exc
         if response.status >= 500:
             raise ServerUnavailable(f"{method} {path} {response.status}, {_first_line(data, response)}", "http_5xx")
         return response, data
@@ -262,20 +265,12 @@ class ComfyClient:
         """Stream one output file's bytes; raises ServerUnavailable on any error."""
         response, _ = self._call("GET", "/view", fields={"filename": filename, "subfolder": subfolder, "type": kind},
                                  stream=True)
-        complete = False
-        try:
-            if response.status != 200:
-                raise ServerUnavailable(f"GET /view {filename!r}: {response.status}", "download")
-            try:
-                yield from response.stream(1 << 16)
-                complete = True
-            except (urllib3.exceptions.HTTPError, OSError) as exc:
-                raise ServerUnavailable(f"GET /view {filename!r}: {short(exc)}", "download") from exc
-        finally:
-            if complete:
-                response.release_conn()
-            else:  # cut short (a deadline, a file over the cap): never drain an endless body
-                self._drop_connection()
+        if response.status != 200:  # its body was read whole: the connection is kept
+            raise ServerUnavailable(f"GET /view {filename!r}: {response.status}", "download")
+        try:  # on a connection of its own: cut short (a deadline, a file over the cap, an error), it is closed
+            yield from self.connection.stream(response, 1 << 16)
+        except (HTTPException, OSError) as exc:
+            raise ServerUnavailable(f"GET /view {filename!r}: {_broken(exc)}", "download") from exc
 
     # -- WebSocket ------------------------------------------------------------------------------------
 
@@ -310,7 +305,13 @@ def _decoded(data: bytes, what: str, check: Any = None) -> Any:
         raise MalformedAnswer(f"server sent a malformed answer: {exc}") from None
 
 
-def _first_line(data: bytes, response: urllib3.BaseHTTPResponse) -> str:
+def _broken(exc: BaseException) -> str:
+    """A failed exchange as a reason: an OSError's (``connection reset``), or http.client's broken answer by name
+    (``connection broken: IncompleteRead(10 bytes read, 90 more expected)``)."""
+    return short(exc) if isinstance(exc, OSError) else f"connection broken: {exc!r}"[:300]
+
+
+def _first_line(data: bytes, response: HTTPResponse) -> str:
     """The first line of an error body, for a reason (redacted and bounded by the attempt after)."""
     text = data[:4096].decode("utf-8", "replace").strip().splitlines()
     return (text[0] if text else response.reason or "")[:300]
