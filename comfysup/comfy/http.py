@@ -29,8 +29,6 @@ from http.client import HTTPException, HTTPResponse
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
-import urllib3
-
 from comfysup.comfy import deadline, wire
 from comfysup.comfy.deadline import DeadlineExceeded
 from comfysup.comfy.errors import (
@@ -235,6 +233,8 @@ class ComfyClient:
     def upload_image(self, name: str, data: bytes, subfolder: str) -> tuple[str, str, str]:
         """POST /upload/image (multipart, overwrite=true): the server's (name, subfolder, type) for the file.
         A 413 (larger than the server's max_upload_size) or a 400 cannot be mended by retrying: permanent."""
+        import urllib3  # its multipart encoder, here only: a runner whose jobs bring no file never imports urllib3
+
         body, content_type = urllib3.encode_multipart_formdata(
             [("image", (name, data, "application/octet-stream")), ("type", "input"), ("subfolder", subfolder),
              ("overwrite", "true")])

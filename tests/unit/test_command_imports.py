@@ -105,3 +105,16 @@ def test_the_program_freezes_what_its_imports_made_and_runs_the_command_with_the
         seen[how] = [line for line in done.stderr.splitlines() if line.startswith(("GC", "IMPORTING"))]
     assert seen["program"] == ["IMPORTING False", "GC True True"]
     assert seen["caller"] == ["IMPORTING True", "GC True False"]
+
+
+def test_a_runner_imports_no_http_library_it_does_not_use() -> None:
+    """The runner's HTTP is the standard library's http.client (comfysup.comfy.transport): urllib3 (its multipart
+    encoder, for jobs that upload a file) and requests are imported where they are used, so a runner whose jobs
+    bring no file keeps neither in its memory."""
+    code = ("import sys\nimport comfysup.runner.loop, comfysup.commands.work, comfysup.supervisor.supervisor\n"
+            "print(' '.join(sorted(sys.modules)))\n")
+    done = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(REPO)},
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    modules = set(done.stdout.split())
+    assert not sorted(m for m in modules if m.split(".")[0] in ("urllib3", "requests"))
