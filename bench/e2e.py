@@ -3,8 +3,9 @@
 N jobs through `comfysup run` on K fake_comfy servers (launched by the supervisor exactly as ComfyUI
 would be) whose prompts take a fixed T ms, against (a) the ideal N·T/K and (b) a bare client in the same
 run: one thread per server that posts, waits for the end on the WebSocket, reads /history and downloads
-the file, with nothing durable, on the same HTTP and WebSocket libraries as comfysup's runner (urllib3,
-websocket-client), so the difference is what comfysup does, not which library it uses. Reports
+the file, with nothing durable, on urllib3 (requests' own transport, leaner than the requests most scripts use;
+comfysup's runner has used the standard library's http.client since 2026-12, cheaper again) and websocket-client
+(comfysup's too). Reports
 efficiency (ideal / actual), the overhead per job in ms over the bare client, and the CPU time per job of
 comfysup's processes (runners, supervisor, monitor) against the bare client's.
 

@@ -61,8 +61,9 @@ def wait_for_start(ws: Any, prompt_id: str) -> None:
 def bare(spec: dict[str, Any]) -> None:
     """What a user writes against ComfyUI's own API, one prompt at a time: POST /prompt with a client id,
     wait on the WebSocket for that prompt's ``executing`` with ``node: null`` (sent after the history is
-    written), GET /history/{id}, GET /view of each image, write it. urllib3 and websocket-client, the
-    libraries comfysup's runner uses, so the difference is what each does, not which library.
+    written), GET /history/{id}, GET /view of each image, write it. urllib3 (requests' own transport, leaner than
+    the requests most such scripts use; comfysup's runner uses the standard library's http.client since 2026-12)
+    and websocket-client (comfysup's too).
 
     ``"ahead": true`` in SPEC (``bare-ahead``): the next prompt is posted when this one's ``execution_start``
     comes, as comfysup's queue_ahead does, with nothing durable: what overlapping costs ComfyUI itself."""
