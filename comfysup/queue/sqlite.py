@@ -239,6 +239,8 @@ class SQLiteQueue(SQLQueue):
             try:
                 yield conn
                 conn.execute("COMMIT")
+                if self._checkpointer is not None:
+                    self._checkpointer.committed()
             except BaseException as exc:
                 # SQLite may have rolled back by itself (disk full, I/O error): never let a failing
                 # ROLLBACK hide the error that caused it.
@@ -320,7 +322,8 @@ class SQLiteQueue(SQLQueue):
 
     def checkpoint_in_background(self) -> None:
         """This process's commits no longer checkpoint the WAL themselves; a thread of its own does, on its own
-        connection, about once a second while the WAL changes (PASSIVE: it never blocks a reader or a writer).
+        connection, after every CHECKPOINT_COMMITS commits (once a second at most) and every few seconds while the WAL
+        changes (comfysup.queue.sqlite_file; PASSIVE: it never blocks a reader or a writer).
 
         For a runner: SQLite's wal_autocheckpoint runs a whole checkpoint inside the commit that takes the WAL
         past 1,000 pages, writing them into the database and fsyncing it, 100-200 ms on this project's test

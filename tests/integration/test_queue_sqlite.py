@@ -673,3 +673,25 @@ def test_a_runner_s_commits_leave_the_checkpoint_to_a_thread_of_its_own(tmp_path
     thread = q._checkpointer.thread
     q.close()
     assert not thread.is_alive()
+
+
+@pytest.mark.timeout(60)
+def test_the_checkpoint_thread_is_woken_by_its_process_s_commits(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not by the clock alone: after CHECKPOINT_COMMITS commits the thread checkpoints at once (here the clock
+    never would: an hour), so a fast runner's WAL stays short while a slow one is checkpointed seldom."""
+    monkeypatch.setattr(sqlite_file, "BACKGROUND_CHECKPOINT_SECONDS", 3600.0)
+    monkeypatch.setattr(sqlite_file, "CHECKPOINT_COMMITS", 3)
+    path = tmp_path / "q.db"
+    q = SQLiteQueue(path, checkpoint_seconds=3600)
+    q.checkpoint_in_background()
+    before = path.stat().st_size
+    for n in range(3):
+        q.submit([make_job(100 * n + i) for i in range(100)], now=T0)
+    deadline = time.monotonic() + 20
+    while path.stat().st_size <= before:  # the thread copied the WAL into the database file
+        assert time.monotonic() < deadline, "three commits did not wake the checkpoint thread"
+        time.sleep(0.01)
+    thread = q._checkpointer.thread
+    q.close()
+    assert not thread.is_alive()  # a stop wakes it from its hour-long wait
