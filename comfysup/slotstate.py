@@ -43,9 +43,9 @@ REFRESH_SECONDS = 2.0
 class StateFile:
     """One process's state file, written atomically (a reader never sees half of it, or a mix of two) when what
     it says changes, and every REFRESH_SECONDS otherwise: its ``updated_at`` tells a reader that the writer lives
-    (STALE_SECONDS). The supervisor and ``comfysup work`` look every tick (0.25 s); writing the same file again each
-    time, a rename and a folder entry a tick, was most of ``comfysup work``'s own CPU while its runners followed
-    prompts of a second or less (bench/real.py, the realistic cell: 1.3-1.8 ms a job of the parent process)."""
+    (STALE_SECONDS). The supervisor and ``comfysup work`` look every tick; writing the same file again at each of
+    ``work``'s four ticks a second (a rename and a folder entry each) was most of its own CPU while its runners
+    followed prompts of a second or less (bench/real.py, the realistic cell: 1.3-1.8 ms a job of that process)."""
 
     def __init__(self, path: Path, *, indent: int | None = 1, clock: Any = time.monotonic) -> None:
         self.path = path

@@ -5,7 +5,7 @@ as it lives (a runner that dies is forked again), and a fork copies only the thr
 held at that moment by another thread (an HTTP handler inside logging, the SQLite queue's lock, a
 ``requests`` connection pool) would stay locked forever in the new runner. So the supervisor keeps a
 single thread, and everything that needs threads lives here, in a process that never forks. It reads
-what the supervisor knows from ``supervisor.json`` (rewritten every tick) and the rest from the queue, so
+what the supervisor knows from ``supervisor.json`` (rewritten as it changes) and the rest from the queue, so
 it needs nothing else from its parent; a monitor that dies is started again and the supervisor's work
 never waits for it.
 

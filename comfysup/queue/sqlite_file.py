@@ -102,8 +102,9 @@ def refuse_network_filesystem(path: Path) -> None:
 
 
 class BackgroundCheckpoint:
-    """A thread that checkpoints one database's WAL on its own connection, about once a second while the WAL
-    changes (PASSIVE: it never blocks a reader or a writer); see ``SQLiteQueue.checkpoint_in_background``."""
+    """A thread that checkpoints one database's WAL on its own connection, woken by its process's commits
+    (``committed``, CHECKPOINT_COMMITS) or the clock, while the WAL changes (PASSIVE: it never blocks a reader or
+    a writer); see ``SQLiteQueue.checkpoint_in_background``."""
 
     def __init__(self, path: Path) -> None:
         self.stop_event = threading.Event()
