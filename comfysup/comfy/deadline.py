@@ -14,8 +14,8 @@ the block ends. After a DeadlineExceeded the ComfyUI connection it interrupted i
 client drops it.
 
 A timer that was armed before (pytest-timeout's, in the tests) is kept: its handler and due time are
-saved when the first deadline is armed, called if it falls first, and restored when the last one ends. Where
-SIGALRM had its default action and no timer (a runner), the handler stays installed between deadlines.
+saved when the first deadline is armed, called if it falls first, and restored when the last one ends. A runner's
+process keeps the handler between deadlines (``keep_between``) and gives it back at exit.
 Only the main thread of a process can take signals; each thread keeps its own deadlines, and in any other
 thread they are checked between reads by :func:`check` but interrupt nothing.
 """
@@ -23,6 +23,7 @@ thread they are checked between reads by :func:`check` but interrupt nothing.
 from __future__ import annotations
 
 import _signal
+import atexit
 import contextlib
 import math
 import os
@@ -67,6 +68,8 @@ _main: _State | None = None
 _foreign: tuple[object, float | None] | None = None
 """The SIGALRM handler and the due time of a timer armed before ours took the signal over."""
 _clock: Callable[[], float] = time.monotonic
+_keep = False
+"""Whether SIGALRM's handler and timer stay between deadlines (``keep_between``: a runner's process)."""
 _armed_at: float | None = None
 """When the timer is set to fall (monotonic), while it is ours; None when it is not set or has fallen. A
 deadline that ends leaves the timer as it is (it may fall early, and then sleeps on), and one that begins
@@ -123,16 +126,33 @@ def _on_alarm(signum: int, frame: object) -> None:
     _arm()  # woken early (another deadline was re-armed): sleep on
 
 
+def keep_between() -> None:
+    """This process arms deadlines one after another all its life (a runner: several a job): where nobody else had
+    SIGALRM (its default action, no timer), our handler and the timer stay between two deadlines (the timer, falling,
+    finds nothing due), so the next job arms its deadline without the two signal and two timer calls that a release
+    and a take-over cost (an eighth of a runner's Python time a job). Both are given back at exit, before the
+    interpreter restores the signal's default action: a timer that fell after that would kill the process."""
+    global _keep
+    if not _keep:
+        _keep = True
+        atexit.register(_give_back_at_exit)
+
+
+def _give_back_at_exit() -> None:
+    global _keep
+    _keep = False
+    if _is_main():
+        _release()
+
+
 def _release(lazy: bool = False) -> None:
-    """Give SIGALRM back to whoever had it, with what is left of their timer. ``lazy`` (no deadline left in force,
-    the next may come soon): when nobody had it (the default action, no timer: a runner's process), ours stays,
-    and the timer as it is (falling, it finds nothing due): a runner's next job then arms its deadline without the
-    two signal and two timer calls that a release and a take-over cost (an eighth of its Python time a job)."""
+    """Give SIGALRM back to whoever had it, with what is left of their timer; ``lazy`` (no deadline left in force):
+    not in a process that keeps it between deadlines (``keep_between``) where nobody else had it."""
     global _foreign, _armed_at
     if _foreign is None:
         return
     handler, due = _foreign
-    if lazy and due is None and handler is signal.SIG_DFL:
+    if lazy and _keep and due is None and handler is signal.SIG_DFL:
         return
     _armed_at = None
     _foreign = None
@@ -249,7 +269,9 @@ def shorten(seconds: float, what: str) -> None:
 
 
 def reset() -> None:
-    """Forget every deadline and disarm the timer (a forked child starts clean)."""
+    """Forget every deadline and disarm the timer (a forked child starts clean); ``keep_between`` is forgotten too."""
+    global _keep
+    _keep = False
     _state.stack.clear()
     _state.ceiling = None
     _state.deferring = 0

@@ -165,6 +165,7 @@ class Runner:
 
     def run(self) -> Counter[str]:
         """Claim and run until stopped (or, with until_empty, until no job is left to do)."""
+        deadline.keep_between()  # a deadline per call and per job, all this process's life
         self.catalogue.refresh()
         claim: Claim | None = None
         posted: Posted | None = None  # claim's prompt, posted by the last attempt's hand-off

@@ -210,7 +210,7 @@ def test_a_forked_child_sets_its_own_timer() -> None:
     assert os.WEXITSTATUS(status) == 0, "no deadline fell in the child"
 
 
-def test_where_sigalrm_had_its_default_action_the_handler_stays_between_deadlines(
+def test_where_sigalrm_had_its_default_action_a_runner_keeps_the_handler_between_deadlines(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A runner's process (SIGALRM at its default action, no timer): the handler and the timer stay between two
     jobs' deadlines, so the next one arms without a system call; a timer left to fall with nothing due is
@@ -219,6 +219,11 @@ def test_where_sigalrm_had_its_default_action_the_handler_stays_between_deadline
     old = signal.setitimer(signal.ITIMER_REAL, 0)
     deadline.reset()
     try:
+        with deadline.within(0.3, "a supervisor's call"):  # a process that did not ask to keep it gives it back
+            pass
+        assert signal.getsignal(signal.SIGALRM) is signal.SIG_DFL
+        assert signal.getitimer(signal.ITIMER_REAL)[0] == 0
+        deadline.keep_between()
         with deadline.within(0.3, "the first job"):
             pass
         assert signal.getsignal(signal.SIGALRM) is deadline._on_alarm
@@ -239,3 +244,25 @@ def test_where_sigalrm_had_its_default_action_the_handler_stays_between_deadline
         deadline.reset()
         signal.signal(signal.SIGALRM, previous)
         signal.setitimer(signal.ITIMER_REAL, *old)
+
+
+def test_a_process_that_keeps_the_handler_gives_it_back_before_the_interpreter_exits(tmp_path) -> None:
+    """A timer left armed between deadlines must not fall once the interpreter has given SIGALRM its default
+    action back at exit (it would kill the process, exit -14: a supervisor's stop was seen so). Here an exit
+    handler registered first (so it runs last) does what the interpreter's shutdown does, then waits past the
+    timer: the process still exits 0, because keep_between's own handler disarmed it before."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import atexit, signal, time\n"
+            "atexit.register(lambda: (signal.signal(signal.SIGALRM, signal.SIG_DFL), time.sleep(0.6)))\n"
+            "from comfysup.comfy import deadline\n"
+            "deadline.keep_between()\n"
+            "with deadline.within(0.2, 'the last job'):\n"
+            "    pass\n"
+            "assert signal.getitimer(signal.ITIMER_REAL)[0] > 0  # left armed, as between two jobs\n")
+    repo = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=30,
+                          env={**__import__("os").environ, "PYTHONPATH": str(repo)})
+    assert done.returncode == 0, (done.returncode, done.stderr)
