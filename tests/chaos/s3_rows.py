@@ -46,8 +46,8 @@ def u1_bucket_stopped(tmp: Path, seed: int, server: SeaweedS3, *, jobs: int, out
         proc = h.start()
         h.wait_ready(proc)
         for _ in range(outages):
-            _top_up(h, 8)
             time.sleep(h.rng.uniform(0.2, 0.8))  # the outage's random moment, not a wait for anything
+            _top_up(h, 8)  # after it: 8 jobs of 0.1 s on two slots could all be done by then, leaving none to kill
             h.faults.record("bucket_stop", pids=(server.process.pid,) if server.process else ())
             server.stop()
             down_until = time.monotonic() + h.rng.uniform(0.5, 1.5)
