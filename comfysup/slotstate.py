@@ -62,15 +62,20 @@ class StateFile:
         now = self.clock()
         if not force and said == self._written and now - self._written_at < REFRESH_SECONDS:
             return False
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         try:
-            tmp.write_text(json.dumps(snapshot, indent=self.indent))
-            os.replace(tmp, self.path)
+            write_whole(self.path, snapshot, self.indent)
         except OSError:
             self._written = None  # unknown now: written again at the next call
             raise
         self._written, self._written_at = said, now
         return True
+
+
+def write_whole(path: Path, state: dict[str, Any], indent: int | None = None) -> None:
+    """``state`` as JSON in ``path``, atomically: a temporary file renamed over it (a reader never sees half)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(state, indent=indent))
+    os.replace(tmp, path)
 
 
 def state_path(config: Config) -> Path:
@@ -126,7 +131,7 @@ def write_broker_state(config: Config, state: dict[str, Any]) -> None:
     """Atomically (a reader never sees half a file); a folder that cannot be written is not fatal. The consumer
     says when (comfysup.broker.consumer ``write_state``): every write here is made."""
     with contextlib.suppress(OSError):
-        StateFile(broker_state_path(config), indent=None).write(state, force=True)
+        write_whole(broker_state_path(config), state)
 
 
 def read_broker_state(config: Config) -> dict[str, Any] | None:
