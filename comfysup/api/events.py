@@ -170,6 +170,10 @@ class Stream:
             self.push([PREVIEW_READY])
 
 
+Made = tuple[JobPulse | None, str, list[Frame]]
+"""Frames made in one tick: from which state, for which origin, and the frames."""
+
+
 class Watcher:
     """The API process's one reader of the watched jobs: reads their pulses in one batch a tick, turns each change
     into frames once and hands them to every stream of that job."""
@@ -294,24 +298,33 @@ class Watcher:
         number, pulses = await self._ask(self._queue.pulses, ids)
         news = [(stream, pulses.get(job_id)) for job_id in ids for stream in self._streams.get(job_id, ())
                 if stream.since < number and stream.seen != pulses.get(job_id)]
-        done = sorted({s.job_id for s, new in news if new is not None and new.state == "done"})
-        records = {r.id: r for r in (await self._ask(self._queue.get_many, done))[1]} if done else {}
-        made: dict[str, list[tuple[JobPulse | None, str, list[Frame]]]] = {}
+        records = await self._done_records(news)
+        made: dict[str, list[Made]] = {}
         for stream, new in news:
-            if stream not in self._open:
-                continue
-            old = stream.seen
-            assert old is not None
-            known = made.setdefault(stream.job_id, [])
-            frames = next((f for o, origin, f in known if o == old and origin == stream.origin), None)
-            if frames is None:
-                frames = transition(old, new, records.get(stream.job_id), stream.origin, self.links)
-                known.append((old, stream.origin, frames))
-            stream.seen = new
-            stream.push(frames)
-            if frames and frames[-1].last:
-                self._unwatch(stream)  # told the end: nothing more to read for it (its slot goes with its handler)
-        await self._send_previews([job_id for job_id in ids if (p := pulses.get(job_id)) and p.state == "running"])
+            if stream in self._open:
+                self._advance(stream, new, records.get(stream.job_id), made.setdefault(stream.job_id, []))
+        await self._send_previews([job_id for job_id in ids if _is_running(pulses.get(job_id))])
+
+    async def _done_records(self, news: list[tuple[Stream, JobPulse | None]]) -> dict[str, JobRecord]:
+        """The records of the jobs that changed to done (their frames name the outputs), by id."""
+        done = sorted({s.job_id for s, new in news if new is not None and new.state == "done"})
+        if not done:
+            return {}
+        return {r.id: r for r in (await self._ask(self._queue.get_many, done))[1]}
+
+    def _advance(self, stream: Stream, new: JobPulse | None, record: JobRecord | None, known: list[Made]) -> None:
+        """``stream`` told its job's change to ``new``: the frames of that change from the same state and origin
+        are made once (``known``, this tick's for the job) and pushed to every such stream."""
+        old = stream.seen
+        assert old is not None
+        frames = next((f for o, origin, f in known if o == old and origin == stream.origin), None)
+        if frames is None:
+            frames = transition(old, new, record, stream.origin, self.links)
+            known.append((old, stream.origin, frames))
+        stream.seen = new
+        stream.push(frames)
+        if frames and frames[-1].last:
+            self._unwatch(stream)  # told the end: nothing more to read for it (its slot goes with its handler)
 
     async def _send_previews(self, running: list[str]) -> None:
         """The running watched jobs' previews that moved since the last tick, each made a frame once and held by
@@ -326,6 +339,10 @@ class Watcher:
             for stream in self._streams.get(job_id, ()):
                 if stream in self._open and stream.seen is not None and stream.seen.state == "running":
                     stream.push_preview(item)
+
+
+def _is_running(pulse: JobPulse | None) -> bool:
+    return pulse is not None and pulse.state == "running"
 
 
 WATCHER_KEY: web.AppKey[Watcher] = web.AppKey("events_watcher", Watcher)

@@ -71,7 +71,7 @@ RESULT_COLUMNS = ("status", "server", "machine", "attempts", "files", "reason", 
                   "attempt_run_s", "total_s")
 CSV_COLUMNS = (*RESULT_COLUMNS, "locations", "urls", "url_expires_at")
 """``locations``: each file as host:path, since store.dir may be each machine's own disk, or as the s3://bucket/key
-of its object ([store] url); ``urls``: each object's presigned URL, valid until ``url_expires_at`` (issue 33)."""
+of its object ([store] url); ``urls``: each object's presigned URL, valid until ``url_expires_at``."""
 
 
 def cell(value: Any) -> str:
@@ -112,13 +112,6 @@ def row(job: JobRecord, params: list[str], full: bool,
         links: Callable[[str], dict[str, Any]] = no_links) -> dict[str, Any]:
     clean = Redactor.for_job(job.workflow, job.extra_data)
     shown = mask(job.params)
-    first_start = job.attempts[0].started_at if job.attempts else None
-    ended = [(a, figures(a.trace)) for a in job.attempts if a.ended_at is not None]
-    # Per ended attempt: its wait in ComfyUI's queue (behind the prompt ahead of it), and the rest of it, its run;
-    # an attempt without a trace (its runner died) ran from its claim to its end, as far as anyone knows.
-    waits = [wait for _, (wait, _run) in ended]
-    runs = [run if run is not None else a.ended_at - a.started_at for a, (_wait, run) in ended]
-    files = [f"{o.path if full else o.name}:{o.sha256 if full else o.sha256[:12]}" for o in job.outputs]
     out: dict[str, Any] = {"id": job.id}
     out.update({p: cell(shown[p]) if p in shown else "" for p in params})
     out.update({
@@ -126,20 +119,45 @@ def row(job: JobRecord, params: list[str], full: bool,
         "server": job.server or (job.attempts[-1].server if job.attempts else ""),
         "machine": job.machine or "",
         "attempts": job.attempt,
-        "files": " ".join(files),
+        "files": " ".join(_file_cells(job, full)),
         "reason": clean(job.reason, 2000 if full else 120) if job.reason else "",
+    })
+    out.update(_timing_cells(job))
+    if full:
+        out.update(_location_cells(job, links))
+    return clean.scrub(out)  # by value too: a secret in a file name or a set value's key
+
+
+def _file_cells(job: JobRecord, full: bool) -> list[str]:
+    """Each output as name:hash (short), or with ``full`` as path:hash (whole)."""
+    if full:
+        return [f"{o.path}:{o.sha256}" for o in job.outputs]
+    return [f"{o.name}:{o.sha256[:12]}" for o in job.outputs]
+
+
+def _timing_cells(job: JobRecord) -> dict[str, str]:
+    """The columns of how long the job waited and ran, in seconds; empty where it has not got that far."""
+    first_start = job.attempts[0].started_at if job.attempts else None
+    ended = [(a, figures(a.trace)) for a in job.attempts if a.ended_at is not None]
+    # Per ended attempt: its wait in ComfyUI's queue (behind the prompt ahead of it), and the rest of it, its run;
+    # an attempt without a trace (its runner died) ran from its claim to its end, as far as anyone knows.
+    waits = [wait for _, (wait, _run) in ended]
+    runs = [run if run is not None else a.ended_at - a.started_at for a, (_wait, run) in ended]
+    return {
         "queue_wait_s": f"{first_start - job.submitted_at:.3f}" if first_start else "",
         "comfyui_wait_s": ";".join(f"{w:.3f}" for w in waits),
         "attempt_run_s": ";".join(f"{r:.3f}" for r in runs),
         "total_s": f"{job.finished_at - job.submitted_at:.3f}" if job.finished_at else "",
-    })
-    if full:
-        out["locations"] = " ".join(o.path if s3.split_uri(o.path) else f"{job.machine or ''}:{o.path or o.name}"
-                                    for o in job.outputs)
-        shown = [links(o.path) for o in job.outputs]
-        out["urls"] = " ".join(link["url"] for link in shown if "url" in link)
-        out["url_expires_at"] = min((iso_utc(link["url_expires_at"]) for link in shown if "url" in link), default="")
-    return clean.scrub(out)  # by value too: a secret in a file name or a set value's key
+    }
+
+
+def _location_cells(job: JobRecord, links: Callable[[str], dict[str, Any]]) -> dict[str, str]:
+    """The CSV's columns of where each output lies: host:path or s3:// location, and presigned URLs."""
+    locations = " ".join(o.path if s3.split_uri(o.path) else f"{job.machine or ''}:{o.path or o.name}"
+                         for o in job.outputs)
+    shown = [link for link in (links(o.path) for o in job.outputs) if "url" in link]
+    return {"locations": locations, "urls": " ".join(link["url"] for link in shown),
+            "url_expires_at": min((iso_utc(link["url_expires_at"]) for link in shown), default="")}
 
 
 Line = tuple[str, dict[str, Any]]

@@ -34,7 +34,7 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
 
 def as_dict(job: JobRecord, with_workflow: bool, deliveries: list[Delivery] | None = None,
             links: Callable[[str], dict[str, Any]] = no_links) -> dict:
-    """``links``: an output in a bucket gets its s3:// ``location`` and a presigned ``url`` (issue 33)."""
+    """``links``: an output in a bucket gets its s3:// ``location`` and a presigned ``url``."""
     clean = Redactor.for_job(job.workflow, job.extra_data)
     out = {
         "id": job.id, "state": job.shown_state, "priority": job.priority, "attempt": job.attempt,
@@ -79,20 +79,35 @@ def timeline(trace: dict[str, Any]) -> list[str]:
         offset = f"+{at - start:.3f} s"
         lines.append(f"      {offset:>11}  {name:12} {took:>10}{note}".rstrip())
         if name == "executing":
-            for n in nodes:
-                took = "running" if n.get("seconds") is None else age(float(n["seconds"]))
-                kind = str(n.get("class_type"))[:40]
-                lines.append(f"      {'':11}  node {n.get('id')!s:>4} {kind:40} {took:>10}")
+            lines += [_node_line(n) for n in nodes]
+    lines += _reconnect_lines(trace, start)
+    lines += _cached_lines(trace)
+    return lines
+
+
+def _node_line(node: dict[str, Any]) -> str:
+    took = "running" if node.get("seconds") is None else age(float(node["seconds"]))
+    kind = str(node.get("class_type"))[:40]
+    return f"      {'':11}  node {node.get('id')!s:>4} {kind:40} {took:>10}"
+
+
+def _reconnect_lines(trace: dict[str, Any], start: float) -> list[str]:
+    """Each dropped WebSocket of the trace (``[at, same client id]``), with its offset."""
+    lines = []
     for drop in trace.get("reconnects") or []:
         if isinstance(drop, list) and len(drop) == 2 and isinstance(drop[0], int | float):
             how = "reconnected with the same client id" if drop[1] else "not reconnected at once; tried again"
             lines.append(f"      {f'+{drop[0] - start:.3f} s':>11}  WebSocket dropped: {how}")
-    cached = [str(c) for c in trace.get("cached") or []]
-    if cached:
-        total = trace.get("total_nodes") or "?"
-        lines.append(f"      {'':11}  cached: {len(cached)} of {total} node(s) from ComfyUI's cache "
-                     f"({', '.join(cached[:20])}{' …' if len(cached) > 20 else ''})")
     return lines
+
+
+def _cached_lines(trace: dict[str, Any]) -> list[str]:
+    cached = [str(c) for c in trace.get("cached") or []]
+    if not cached:
+        return []
+    total = trace.get("total_nodes") or "?"
+    return [f"      {'':11}  cached: {len(cached)} of {total} node(s) from ComfyUI's cache "
+            f"({', '.join(cached[:20])}{' …' if len(cached) > 20 else ''})"]
 
 
 def delivery_line(d: dict[str, Any], now: float) -> str:
@@ -111,6 +126,23 @@ def delivery_line(d: dict[str, Any], now: float) -> str:
 def render(job: JobRecord, with_workflow: bool, deliveries: list[Delivery] | None = None,
            links: Callable[[str], dict[str, Any]] = no_links) -> str:
     d = as_dict(job, with_workflow, deliveries, links)
+    lines = _heading(job) + _details(d)
+    for a in d["attempts"]:
+        lines.append(_attempt_line(a))
+        lines += timeline(a.get("trace") or {})
+    for o in d["outputs"]:
+        lines.append(f"  file       {o['path'] or o['name']}  {o['size']} bytes  sha256 {o['sha256']}")
+        if o.get("url"):
+            lines.append(f"    url      {o['url']}  (valid until {when(o['url_expires_at'])})")
+    now = time.time()
+    lines += [delivery_line(x, now) for x in d["deliveries"]]
+    if with_workflow:
+        lines.append(json.dumps(d["workflow"], indent=2))
+    return "\n".join(lines)
+
+
+def _heading(job: JobRecord) -> list[str]:
+    """The job's state (and where it waits when posted), workflow, and when it was submitted and finished."""
     posted = (f" (waiting in {job.server}'s queue behind the prompt that runs there since {when(job.waiting_since)})"
               if job.shown_state == "posted" and job.waiting_since is not None else "")
     lines = [f"job {job.id}: {job.shown_state}{posted}" + (" (cancel requested)" if job.cancel_requested else ""),
@@ -118,6 +150,12 @@ def render(job: JobRecord, with_workflow: bool, deliveries: list[Delivery] | Non
              f"  submitted  {when(job.submitted_at)}"]
     if job.finished_at:
         lines.append(f"  finished   {when(job.finished_at)} ({age(job.finished_at - job.submitted_at)} after submit)")
+    return lines
+
+
+def _details(d: dict[str, Any]) -> list[str]:
+    """The shown job's parameters, input files, extra_data, meta, reason and progress: each only when it has one."""
+    lines = []
     if d["params"]:
         lines.append("  set        " + ", ".join(
             f"{k}={assets.short(v) if assets.is_reference(v) else json.dumps(v)}" for k, v in d["params"].items()))
@@ -132,24 +170,18 @@ def render(job: JobRecord, with_workflow: bool, deliveries: list[Delivery] | Non
         lines.append(f"  reason     {d['reason']}")
     if d["progress"]:
         lines.append(f"  progress   {bound(progress_text(d['progress']), 200)}")
-    for a in d["attempts"]:
-        took = age(a["ended_at"] - a["started_at"]) if a["ended_at"] else "running"
-        if a["ended_at"] and a["run_seconds"] is not None:
-            took += f": waited {age(a['comfyui_wait_seconds'])} in ComfyUI's queue, ran {age(a['run_seconds'])}"
-        prompt = f" prompt #{a['prompt_number']}" if a["prompt_number"] is not None else ""
-        kind = f" [{a['kind']}]" if a.get("kind") and a["kind"] != a["outcome"] else ""
-        lines.append(f"  attempt {a['attempt']}  {when(a['started_at'])} on {a['server']}{prompt}: "
-                     f"{a['outcome'] or 'running'}{kind} ({took})" + (f": {a['reason']}" if a["reason"] else ""))
-        lines += timeline(a.get("trace") or {})
-    for o in d["outputs"]:
-        lines.append(f"  file       {o['path'] or o['name']}  {o['size']} bytes  sha256 {o['sha256']}")
-        if o.get("url"):
-            lines.append(f"    url      {o['url']}  (valid until {when(o['url_expires_at'])})")
-    now = time.time()
-    lines += [delivery_line(x, now) for x in d["deliveries"]]
-    if with_workflow:
-        lines.append(json.dumps(d["workflow"], indent=2))
-    return "\n".join(lines)
+    return lines
+
+
+def _attempt_line(a: dict[str, Any]) -> str:
+    """One attempt: when, where, its prompt number, outcome (and kind), how long, and its reason."""
+    took = age(a["ended_at"] - a["started_at"]) if a["ended_at"] else "running"
+    if a["ended_at"] and a["run_seconds"] is not None:
+        took += f": waited {age(a['comfyui_wait_seconds'])} in ComfyUI's queue, ran {age(a['run_seconds'])}"
+    prompt = f" prompt #{a['prompt_number']}" if a["prompt_number"] is not None else ""
+    kind = f" [{a['kind']}]" if a.get("kind") and a["kind"] != a["outcome"] else ""
+    return (f"  attempt {a['attempt']}  {when(a['started_at'])} on {a['server']}{prompt}: "
+            f"{a['outcome'] or 'running'}{kind} ({took})" + (f": {a['reason']}" if a["reason"] else ""))
 
 
 def run(args: argparse.Namespace) -> int:

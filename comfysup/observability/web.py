@@ -21,6 +21,7 @@ import html
 import json
 import logging
 import os
+import socket
 import sys
 import time
 import urllib.parse
@@ -43,6 +44,7 @@ from comfysup.observability.views import (
     progress_text,
 )
 from comfysup.queue.base import Queue
+from comfysup.queue.run_values import JobRecord
 from comfysup.redact import Redactor, bound
 from comfysup.runner.store import UnsafeName, check_part
 from comfysup.slotstate import memory_note, readiness, warmup_cell
@@ -88,7 +90,7 @@ class App:
         self.queue = queue
         self.ready_max_queue_per_slot = ready_max_queue_per_slot
         self.links = links
-        """Presigned URLs of outputs in a bucket (issue 33): a file link of such an output redirects there."""
+        """Presigned URLs of outputs in a bucket: a file link of such an output redirects there."""
         self.page_csp = PAGE_CSP.replace("img-src 'self'", f"img-src 'self' {image_origin}") if image_origin \
             else PAGE_CSP
         """The bucket's origin allowed for images: a thumbnail's /files link of an output there redirects to it."""
@@ -183,92 +185,132 @@ img.thumb{width:48px;height:48px;object-fit:cover;border:1px solid #dde2ea;margi
 
 def render_page(view: Overview, refresh_seconds: float) -> str:
     """The status page: same sections as ``status --watch``, and the last finished jobs' files linked."""
-    e = html.escape
-    c = view.status.counts
-    f = view.finished
-    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(view.now))
-    out = ["<!doctype html><html lang=en><head><meta charset=utf-8>",
-           f'<meta http-equiv="refresh" content="{refresh_seconds:g}">',
-           "<meta name=viewport content='width=device-width'>",
-           f"<title>comfysup: {c['running']} running, {c.get('posted', 0)} posted, {c['queued'] + c['waiting']} waiting"
-           "</title>",
-           f"<style>{STYLE}</style></head><body>",
-           f"<h1>comfysup</h1><div class=muted>at {e(when)}, reloads every {refresh_seconds:g} s</div>"]
+    out = _head(view, refresh_seconds)
+    out += _supervisor_note(view)
+    out += _counts(view)
     state = view.supervisor
-    if state is None:
-        out.append("<p class=stale>No supervisor state (comfysup run has not run with this queue).</p>")
-    elif view.stale:
-        out.append(f"<p class=stale>Supervisor not running: {e(view.stale)}. Slots as last known.</p>")
-    else:
-        out.append(f"<p>{e(bound(str(state.get('summary', '')), 300))}</p>")
-    out.append("<div class=counts>" + "".join(
-        f"<span class={k}><b>{c.get(k, 0)}</b> {label}</span>"
-        for k, label in (("queued", "queued"), ("waiting", "waiting to retry"),
-                         ("posted", "posted (in a server's queue)"), ("running", "running"),
-                         ("done", "done"), ("dead", "dead"), ("cancelled", "cancelled"))) + "</div>")
-    out.append(f"<p class=muted>last {WINDOW_SECONDS / 60:.0f} min: {f.get('done', 0)} done "
-               f"({view.per_minute:.1f} jobs/min), {f.get('dead', 0)} dead, {f.get('cancelled', 0)} cancelled</p>")
     if state is not None and "broker" in state:
-        out.append(f"<h2>RabbitMQ</h2><pre>{e(broker_text(state['broker'], view.announcements))}</pre>")
+        out.append(f"<h2>RabbitMQ</h2><pre>{html.escape(broker_text(state['broker'], view.announcements))}</pre>")
     if state is not None:
-        out.append("<h2>Slots</h2><table><tr><th>slot<th>device<th>server<th>pid<th>port<th>restarts<th>runner<th>ComfyUI"
-                   "<th>warm-up<th>current job<th>finished<th>reason</tr>")
-        for slot in state.get("slots") or []:
-            if not isinstance(slot, dict):
-                continue
-            out.append("<tr>" + "".join(f"<td>{e(_cell(slot.get(k)))}" for k in (
-                "name", "device", "state", "pid", "port", "restarts", "runner_pid", "comfyui_version")) +
-                f"<td>{e(warmup_cell(slot))}<td><code>{e(_cell(slot.get('job')))}</code><td>{e(_cell(slot.get('jobs')))}"
-                f"<td>{e(bound(str(slot.get('reason') or slot.get('runner_reason') or ''), 200))}"
-                f"{e(' ' + memory_note(slot)) if memory_note(slot) else ''}</tr>")
-        out.append("</table>")
+        out += _slots_table(state)
     out.append("<h2>Running</h2>")
-    if view.status.running:
-        out.append("<table><tr><th>job<th>server<th>attempt<th>elapsed<th>progress</tr>")
-        for r in view.status.running:
-            if r.posted:  # waits in its server's queue: how long it has waited, and no bar (nothing ran yet)
-                out.append(f"<tr class=muted><td><code>{e(r.id)}</code><td>{e(r.server)}<td>{r.attempt}"
-                           f"<td>{e(age(view.now - (r.waiting_since or view.now)))}<td>posted: {e(POSTED_TEXT)}</tr>")
-                continue
-            share = progress_fraction(r.progress)
-            out.append(f"<tr><td><code>{e(r.id)}</code><td>{e(r.server)}<td>{r.attempt}"
-                       f"<td>{e(age(view.now - r.started_at))}<td><span class=bar><i style='width:{share * 100:.0f}%'>"
-                       f"</i></span>{e(progress_text(r.progress))}</tr>")
-        out.append("</table>")
-    else:
-        out.append("<p class=muted>nothing running</p>")
+    out += _running_table(view) if view.status.running else ["<p class=muted>nothing running</p>"]
     out.append("<h2>Last finished</h2>")
-    if view.recent_done:
-        out.append("<table><tr><th>job<th>workflow<th>finished<th>inputs<th>files</tr>")
-        for job in view.recent_done:
-            links = []
-            clean = Redactor.for_job(job.workflow, job.extra_data)  # a secret in a file name is shown masked
-            for o in job.outputs:
-                href = e(file_link(job.id, o.name)) if clean(o.name) == o.name else ""
-                kind = assets.media_type(o.name)
-                thumb = (f"<img class=thumb src='{href}' alt='' loading=lazy>"
-                         if href and kind in THUMBNAIL_TYPES else "")
-                links.append(f"<a href='{href}'>{thumb}{e(clean(Path(o.name).name))}</a> "
-                             f"<span class=muted>{o.sha256[:12]}</span>")
-            ago = age(view.now - job.finished_at) + " ago" if job.finished_at else "-"
-            inputs = "<br>".join(f"{e(i['name'])} <span class=muted>{e(i['hash'][:19])}</span>"
-                                 for i in assets.listing(job.params))
-            out.append(f"<tr><td><code>{e(job.id)}</code><td>{e(job.workflow_name)}<td>{e(ago)}<td>{inputs}"
-                       f"<td>{'<br>'.join(links) or '<span class=muted>no files</span>'}</tr>")
-        out.append("</table>")
-    else:
-        out.append("<p class=muted>none yet</p>")
+    out += _finished_table(view) if view.recent_done else ["<p class=muted>none yet</p>"]
     out.append("<h2>Last dead letters</h2>")
-    if view.status.recent_dead:
-        out.append("<table><tr><th>job<th>when<th>reason</tr>")
-        for job_id, at, reason in view.status.recent_dead:
-            out.append(f"<tr><td><code>{e(job_id)}</code><td>{e(age(view.now - at))} ago"
-                       f"<td class=dead>{e(bound(reason or '', 300))}</tr>")
-        out.append("</table>")
-    else:
-        out.append("<p class=muted>none</p>")
+    out += _dead_table(view) if view.status.recent_dead else ["<p class=muted>none</p>"]
     out.append("<p class=muted><a href='/metrics'>/metrics</a></p></body></html>")
     return "\n".join(out)
+
+
+def _head(view: Overview, refresh_seconds: float) -> list[str]:
+    """The document's head (title with the counts, the reload) and the page's heading."""
+    c = view.status.counts
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(view.now))
+    return ["<!doctype html><html lang=en><head><meta charset=utf-8>",
+            f'<meta http-equiv="refresh" content="{refresh_seconds:g}">',
+            "<meta name=viewport content='width=device-width'>",
+            f"<title>comfysup: {c['running']} running, {c.get('posted', 0)} posted, "
+            f"{c['queued'] + c['waiting']} waiting</title>",
+            f"<style>{STYLE}</style></head><body>",
+            f"<h1>comfysup</h1><div class=muted>at {html.escape(when)}, reloads every {refresh_seconds:g} s</div>"]
+
+
+def _supervisor_note(view: Overview) -> list[str]:
+    """The supervisor's summary, or why there is none (never run, or no longer running)."""
+    state = view.supervisor
+    if state is None:
+        return ["<p class=stale>No supervisor state (comfysup run has not run with this queue).</p>"]
+    if view.stale:
+        return [f"<p class=stale>Supervisor not running: {html.escape(view.stale)}. Slots as last known.</p>"]
+    return [f"<p>{html.escape(bound(str(state.get('summary', '')), 300))}</p>"]
+
+
+def _counts(view: Overview) -> list[str]:
+    """The jobs by state, and what ended in the last window."""
+    c = view.status.counts
+    f = view.finished
+    return ["<div class=counts>" + "".join(
+                f"<span class={k}><b>{c.get(k, 0)}</b> {label}</span>"
+                for k, label in (("queued", "queued"), ("waiting", "waiting to retry"),
+                                 ("posted", "posted (in a server's queue)"), ("running", "running"),
+                                 ("done", "done"), ("dead", "dead"), ("cancelled", "cancelled"))) + "</div>",
+            f"<p class=muted>last {WINDOW_SECONDS / 60:.0f} min: {f.get('done', 0)} done "
+            f"({view.per_minute:.1f} jobs/min), {f.get('dead', 0)} dead, {f.get('cancelled', 0)} cancelled</p>"]
+
+
+def _slots_table(state: dict[str, Any]) -> list[str]:
+    out = ["<h2>Slots</h2><table><tr><th>slot<th>device<th>server<th>pid<th>port<th>restarts<th>runner<th>ComfyUI"
+           "<th>warm-up<th>current job<th>finished<th>reason</tr>"]
+    out += [_slot_row(slot) for slot in state.get("slots") or [] if isinstance(slot, dict)]
+    out.append("</table>")
+    return out
+
+
+def _slot_row(slot: dict[str, Any]) -> str:
+    e = html.escape
+    note = memory_note(slot)
+    return ("<tr>" + "".join(f"<td>{e(_cell(slot.get(k)))}" for k in (
+        "name", "device", "state", "pid", "port", "restarts", "runner_pid", "comfyui_version")) +
+        f"<td>{e(warmup_cell(slot))}<td><code>{e(_cell(slot.get('job')))}</code><td>{e(_cell(slot.get('jobs')))}"
+        f"<td>{e(bound(str(slot.get('reason') or slot.get('runner_reason') or ''), 200))}"
+        f"{e(' ' + note) if note else ''}</tr>")
+
+
+def _running_table(view: Overview) -> list[str]:
+    e = html.escape
+    out = ["<table><tr><th>job<th>server<th>attempt<th>elapsed<th>progress</tr>"]
+    for r in view.status.running:
+        if r.posted:  # waits in its server's queue: how long it has waited, and no bar (nothing ran yet)
+            out.append(f"<tr class=muted><td><code>{e(r.id)}</code><td>{e(r.server)}<td>{r.attempt}"
+                       f"<td>{e(age(view.now - (r.waiting_since or view.now)))}<td>posted: {e(POSTED_TEXT)}</tr>")
+            continue
+        share = progress_fraction(r.progress)
+        out.append(f"<tr><td><code>{e(r.id)}</code><td>{e(r.server)}<td>{r.attempt}"
+                   f"<td>{e(age(view.now - r.started_at))}<td><span class=bar><i style='width:{share * 100:.0f}%'>"
+                   f"</i></span>{e(progress_text(r.progress))}</tr>")
+    out.append("</table>")
+    return out
+
+
+def _finished_table(view: Overview) -> list[str]:
+    e = html.escape
+    out = ["<table><tr><th>job<th>workflow<th>finished<th>inputs<th>files</tr>"]
+    for job in view.recent_done:
+        links = _file_links(job)
+        ago = age(view.now - job.finished_at) + " ago" if job.finished_at else "-"
+        inputs = "<br>".join(f"{e(i['name'])} <span class=muted>{e(i['hash'][:19])}</span>"
+                             for i in assets.listing(job.params))
+        out.append(f"<tr><td><code>{e(job.id)}</code><td>{e(job.workflow_name)}<td>{e(ago)}<td>{inputs}"
+                   f"<td>{'<br>'.join(links) or '<span class=muted>no files</span>'}</tr>")
+    out.append("</table>")
+    return out
+
+
+def _file_links(job: JobRecord) -> list[str]:
+    """Each output of a finished job linked (with a thumbnail for an image); a name holding a secret is shown
+    masked and not linked."""
+    e = html.escape
+    links = []
+    clean = Redactor.for_job(job.workflow, job.extra_data)
+    for o in job.outputs:
+        href = e(file_link(job.id, o.name)) if clean(o.name) == o.name else ""
+        kind = assets.media_type(o.name)
+        thumb = (f"<img class=thumb src='{href}' alt='' loading=lazy>"
+                 if href and kind in THUMBNAIL_TYPES else "")
+        links.append(f"<a href='{href}'>{thumb}{e(clean(Path(o.name).name))}</a> "
+                     f"<span class=muted>{o.sha256[:12]}</span>")
+    return links
+
+
+def _dead_table(view: Overview) -> list[str]:
+    e = html.escape
+    out = ["<table><tr><th>job<th>when<th>reason</tr>"]
+    for job_id, at, reason in view.status.recent_dead:
+        out.append(f"<tr><td><code>{e(job_id)}</code><td>{e(age(view.now - at))} ago"
+                   f"<td class=dead>{e(bound(reason or '', 300))}</tr>")
+    out.append("</table>")
+    return out
 
 
 def _cell(value: Any) -> str:
@@ -351,8 +393,6 @@ def serve(listen: str, app: App, *, max_connections: int = 32, header_seconds: f
     host, port = parse_listen(listen)
     limits = {"max_connections": max_connections, "header_seconds": header_seconds, "body_seconds": body_seconds}
     if ":" in host:
-        import socket
-
         class _V6(StatusServer):
             address_family = socket.AF_INET6
 
