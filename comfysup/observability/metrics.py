@@ -7,7 +7,7 @@ Two kinds of values:
 - Counters and histograms observed as attempts end: attempts, retries and dead letters by reason class
   (the attempts table's ``kind``), OOMs, nodes run and served from ComfyUI's cache (from the traces), and
   per workflow the queue wait and run time of each job that ends, and of each attempt its wait in ComfyUI's
-  queue apart from the rest of it (issue 32: one figure each, never one in the other). The :class:`Observer` reads the
+  queue apart from the rest of it (one figure each, never one in the other). The :class:`Observer` reads the
   attempts that ended since its last look (``Queue.ended_since``, an index range, never a scan), keeps
   the keys of the last LOOKBACK_SECONDS so a write that committed late is counted once and only once,
   and counts from the moment this process started, as Prometheus counters do (``rate()`` handles the
@@ -37,8 +37,8 @@ from prometheus_client.registry import Collector
 from comfysup.config import MetricsConfig
 from comfysup.gpus import GpuSample
 from comfysup.observability.brokerview import broker_metrics
+from comfysup.observability.slotgauges import label, slot_metrics
 from comfysup.queue.base import TERMINAL, EndedAttempt, Queue
-from comfysup.runner.memory import COUNTS
 from comfysup.slotstate import ready_slots, staleness
 
 LOOKBACK_SECONDS = 120.0
@@ -47,52 +47,10 @@ LOOKBACK_SECONDS = 120.0
 and skipping what was counted catches it exactly once."""
 WAIT_BUCKETS = (0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 4 * 3600, 24 * 3600, float("inf"))
 RUN_BUCKETS = (0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800, 3600, 4 * 3600, float("inf"))
-LABEL_CHARS = 64
 PAGE = 1000
 """Attempts read at once: a catch-up after a stall reads this many rows at a time, never all of them."""
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 OTHER = "other"
-MEMORY_ACTIONS = (*COUNTS, "idle_frees", "idle_restarts")
-"""The slot state's memory recovery counts (comfysup.runner.memory, comfysup.supervisor.vram)."""
-SLOT_READINESS: tuple[tuple[str, str, Callable[[dict[str, Any], bool], float | None]], ...] = (
-    ("comfysup_slot_ready", "1 while the slot takes jobs (its server answers and, with [comfyui] warmup, is warm).",
-     lambda slot, running: 1.0 if running and slot.get("ready") else 0.0),
-    ("comfysup_slot_warmup_seconds", "How long the last warm-up of the slot's server took (absent before the first).",
-     lambda slot, running: float(slot["warmup_seconds"]) if isinstance(slot.get("warmup_seconds"), int | float)
-     else None),
-    ("comfysup_slot_warmup_failures", "Warm-ups of the slot's server that failed (each a failed start) since the "
-     "supervisor started.", lambda slot, running: float(slot.get("warmup_failures") or 0)),
-)
-"""Issue 34's per-slot gauges: name, help, the value from a slot of the state file (None: absent)."""
-
-
-def _slot_readiness(slots: list[dict[str, Any]], running: bool) -> Iterable[Metric]:
-    """SLOT_READINESS's gauges and the memory recoveries by action, for each slot of the state file."""
-    keys = [[label(str(slot.get("name"))), label(str(slot.get("device")))] for slot in slots]
-    for name, text, value in SLOT_READINESS:
-        family = GaugeMetricFamily(name, text, labels=["slot", "device"])
-        for key, slot in zip(keys, slots, strict=True):
-            if (number := value(slot, running)) is not None:
-                family.add_metric(key, number)
-        yield family
-    memory = GaugeMetricFamily("comfysup_slot_memory_recoveries", "Memory recoveries of the slot's server since the "
-                               "supervisor started, by action: oom_frees (POST /free after an out-of-memory error), "
-                               "oom_retries (the job run again uncounted), device_restarts (a lost device), "
-                               "idle_frees and idle_restarts (VRAM held while idle, NVML).",
-                               labels=["slot", "device", "action"])
-    for key, slot in zip(keys, slots, strict=True):
-        for action in MEMORY_ACTIONS:
-            memory.add_metric([*key, action], float(slot.get(action) or 0))
-    yield memory
-"""The workflow label of every workflow past ``[metrics] max_workflow_labels``."""
-
-
-def label(value: str | None, default: str = "none") -> str:
-    """A label value: bounded, printable, never empty."""
-    text = "".join(c if c.isprintable() else "?" for c in (value or default))[:LABEL_CHARS]
-    return text or default
-
-
 class Observer:
     """Counters and histograms fed by the attempts that end; ``catch_up`` is cheap to call often."""
 
@@ -294,47 +252,8 @@ class Live(Collector):
         state = self.state()
         if state is None:
             return
-        running = staleness(state, now) is None
-        labels = ["slot", "device"]
-        up = GaugeMetricFamily("comfysup_slot_up", "1 while the slot's ComfyUI server runs (or an external one "
-                               "is used) and its supervisor is alive.", labels=labels)
-        restarts = GaugeMetricFamily("comfysup_slot_restarts", "Restarts of the slot's ComfyUI server since the "
-                                     "supervisor started.", labels=labels)
-        runner_restarts = GaugeMetricFamily("comfysup_slot_runner_restarts", "Restarts of the slot's runner since "
-                                            "the supervisor started.", labels=labels)
-        busy = GaugeMetricFamily("comfysup_slot_busy", "1 while the slot runs a job (its id is in comfysup status, "
-                                 "never in a label).", labels=labels)
-        done = CounterMetricFamily("comfysup_slot_jobs", "Attempts the slot's runners finished since the "
-                                   "supervisor started.", labels=labels)
-        out = GaugeMetricFamily("comfysup_slot_out_of_service", "1 while the slot takes no job because a prompt "
-                                "stayed in its server's queue after /interrupt (comfysup run: until the server is "
-                                "restarted; comfysup work: until its queue is empty); the prompt id is in comfysup "
-                                "status.", labels=labels)
-        stuck = GaugeMetricFamily("comfysup_slot_stuck_restarts", "Restarts of the slot's ComfyUI server because a "
-                                  "prompt did not leave its queue after /interrupt, since the supervisor started.",
-                                  labels=labels)
-        problem = GaugeMetricFamily("comfysup_slot_server_malformed", "1 while the slot's server answers but its "
-                                    "answers cannot be read (a malformed GET /queue): no job is claimed for it; the "
-                                    "reason is in comfysup status.", labels=labels)
-        info = GaugeMetricFamily("comfysup_slot_comfyui_info", "1 for the ComfyUI version the slot's server "
-                                 "reported (/system_stats); version \"none\" until it answered.",
-                                 labels=[*labels, "version"])
-        for slot in state.get("slots") or []:
-            if not isinstance(slot, dict):
-                continue
-            key = [label(str(slot.get("name"))), label(str(slot.get("device")))]
-            serving = slot.get("state") in ("running", "external") and not slot.get("out_of_service")
-            up.add_metric(key, 1.0 if running and serving else 0.0)
-            restarts.add_metric(key, float(slot.get("restarts") or 0))
-            runner_restarts.add_metric(key, float(slot.get("runner_restarts") or 0))
-            busy.add_metric(key, 1.0 if running and slot.get("job") else 0.0)
-            done.add_metric(key, float(slot.get("jobs") or 0))
-            out.add_metric(key, 1.0 if running and slot.get("out_of_service") else 0.0)
-            stuck.add_metric(key, float(slot.get("stuck_restarts") or 0))
-            problem.add_metric(key, 1.0 if running and slot.get("problem") else 0.0)
-            info.add_metric([*key, label(slot.get("comfyui_version"))[:40]], 1.0)
-        yield from (up, restarts, runner_restarts, busy, done, out, stuck, problem, info)
-        yield from _slot_readiness([slot for slot in state.get("slots") or [] if isinstance(slot, dict)], running)
+        slots = [slot for slot in state.get("slots") or [] if isinstance(slot, dict)]
+        yield from slot_metrics(slots, running=staleness(state, now) is None)
 
     def _gpus(self) -> Iterable[Metric]:
         samples = self.gpus()
