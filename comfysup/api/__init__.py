@@ -13,7 +13,8 @@ job objects. The contract is Comfy's own, read from its sources:
   ``cursor``; ``{"jobs": [...], "next_cursor"}``).
 
 Modules: ``security`` (token, loopback, origin), ``errors`` (the envelope), ``views`` (records → bodies, pure),
-``intake`` (a request body → a NewJob through comfysup.jobs), ``app`` (the routes), ``assets`` (uploads),
-``placement`` (files of this machine: from-path, model files), ``remote`` (outputs streamed from
-the machine that holds them), ``serve`` (the process).
+``intake`` (a request body → a NewJob through comfysup.jobs), ``app`` (the guard and the routing table),
+``state`` (what the handlers share), ``jobs`` (the job routes), ``assets`` (uploads), ``references`` (a
+workflow's ``core/ASSET`` references), ``placement`` (files of this machine: from-path, model files), ``remote``
+(outputs streamed from the machine that holds them), ``serve`` (the process).
 """

@@ -1,5 +1,5 @@
-"""``/api/v2/assets``: inputs uploaded through the API into the asset store, and the ``core/ASSET`` references
-that name them in a submitted workflow.
+"""``/api/v2/assets``: inputs uploaded through the API into the asset store (the ``core/ASSET`` references that
+name them in a submitted workflow: comfysup.api.references).
 
 Paths, bodies and codes: comfy-api-proxy ``spec/openapi.yaml@37fbee21`` (``postAssets``, ``assetFromHash``,
 ``headAssetByHash``, ``getAsset``, ``getAssetContent``, ``AssetReference``) and comfy-sdk 0.5.0
@@ -20,11 +20,6 @@ upload of ``comfy_low/transport.py`` ``post_assets``; ``delete_asset`` expects 2
   record. It lives until ``expires_at`` (``[api] upload_retention_hours``); comfysup.queue.assets keeps its
   content from prune until then, and a job that references it keeps the content as long as the job exists.
 - Output ids are served by comfysup.api.outputs; this module serves every other id.
-- A ``core/ASSET`` reference with ``info.url`` (``https://…``, or ``s3://bucket/key`` from ``[inputs]
-  s3_buckets``) and no ``info.id`` names a file elsewhere: the Asset schema's own ``url`` field, in the
-  reference. It becomes the line's ``{"url": …}`` input, fetched at submit into the asset store
-  (comfysup.jobs.fetch); its ``info.hash`` (``blake3:<hex>`` or ``sha256:<hex>``) is checked, its
-  ``info.file_path`` names the file. One that cannot be fetched is 422 ``missing_asset``.
 """
 
 from __future__ import annotations
@@ -33,8 +28,7 @@ import asyncio
 import os
 import tempfile
 import time
-import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,8 +39,8 @@ from aiohttp import BodyPartReader, MultipartReader, web
 from comfysup import assets
 from comfysup.api import placement, views
 from comfysup.api.errors import ApiError, not_found
+from comfysup.api.references import is_id
 from comfysup.api.replies import STATE_KEY, json_response, origin, read_json, send, timed, too_large
-from comfysup.jobs.inputs import remote_value
 from comfysup.queue.assets import CHUNK_BYTES, ApiAsset, UploadConflict
 from comfysup.queue.base import NewAsset
 
@@ -226,46 +220,71 @@ async def post_asset(request: web.Request) -> web.Response:
     state = request.app[STATE_KEY]
     body_limit = state.config.api.max_upload_mb * MIB
     file_limit = min(body_limit, state.config.assets.max_file_mb * MIB)
+    key = _check_headers(request, state, body_limit)
+    received = await _receive(request, body_limit, file_limit, getattr(state.queue, "assets_dir", None))
+    try:
+        content_type, file_path = _checked_fields(received)
+        model = placement.model_name(file_path)
+        if model is not None and not state.config.api.models_dir:
+            placement.place_model("", received.path, file_path)  # the refusal that says what to set
+        record, created_new = await _store(state, received, content_type, file_path, key)
+        if model is not None:
+            await _place_model(state, record, received, file_path)
+    finally:
+        await asyncio.get_running_loop().run_in_executor(None, received.discard)
+    return json_response(views.uploaded(record, origin(request), time.time(), created_new),
+                         status=201 if created_new else 200)
+
+
+def _check_headers(request: web.Request, state: Any, body_limit: int) -> str | None:
+    """The upload's ``Idempotency-Key``, once its headers are known to be acceptable: 413 for a body declared
+    larger than ``[api] max_upload_mb``, 400 for a key that is not 1 to 255 printable ASCII characters."""
     if request.content_length is not None and request.content_length > body_limit:
         raise ApiError(413, "payload_too_large", f"the body is {request.content_length:,} bytes, larger than "
                        f"{state.config.api.max_upload_mb} MiB ([api] max_upload_mb)")
     key = request.headers.get("Idempotency-Key")
     if key is not None and not (0 < len(key) <= 255 and key.isascii() and key.isprintable()):
         raise _bad("Idempotency-Key must be 1 to 255 printable ASCII characters")
-    received = await _receive(request, body_limit, file_limit, getattr(state.queue, "assets_dir", None))
+    return key
+
+
+def _checked_fields(received: Received) -> tuple[str, str]:
+    """``content_type`` and ``file_path`` of the upload: 400 without them or for a name outside the namespace,
+    409 when the client's ``expected_hash`` is not the hash of the bytes received."""
+    assert received.path is not None
+    content_type, file_path = (_one(received.fields, name) for name in REQUIRED)
+    if not content_type or not file_path:
+        missing = [n for n, v in zip(REQUIRED, (content_type, file_path), strict=True) if not v]
+        raise _bad(f"the upload has no {' and no '.join(missing)} field (required by the contract)")
+    _check_name(file_path)
+    expected = _one(received.fields, "expected_hash")
+    if expected is not None and expected != received.digest:
+        raise ApiError(409, "hash_mismatch", f"expected_hash is {expected}, the bytes received hash to "
+                       f"{received.digest}; nothing was stored")
+    return content_type, file_path
+
+
+async def _store(state: Any, received: Received, content_type: str, file_path: str,
+                 key: str | None) -> tuple[ApiAsset, bool]:
+    """The content and its record in the queue, durably: the record and whether it is new (a key used before is
+    422 ``idempotency_key_reuse``)."""
+    asset = NewAsset(received.digest, received.size, file_path, str(received.path))
     try:
-        assert received.path is not None
-        content_type, file_path = (_one(received.fields, name) for name in REQUIRED)
-        if not content_type or not file_path:
-            missing = [n for n, v in zip(REQUIRED, (content_type, file_path), strict=True) if not v]
-            raise _bad(f"the upload has no {' and no '.join(missing)} field (required by the contract)")
-        _check_name(file_path)
-        expected = _one(received.fields, "expected_hash")
-        if expected is not None and expected != received.digest:
-            raise ApiError(409, "hash_mismatch", f"expected_hash is {expected}, the bytes received hash to "
-                           f"{received.digest}; nothing was stored")
-        model = placement.model_name(file_path)
-        if model is not None and not state.config.api.models_dir:
-            placement.place_model("", received.path, file_path)  # the refusal that says what to set
-        asset = NewAsset(received.digest, received.size, file_path, str(received.path))
-        try:
-            record, created_new = await state.call(state.queue.add_api_asset, asset, content_type,
-                                                   _retention(state), key)
-        except UploadConflict as exc:
-            raise ApiError(422, "idempotency_key_reuse", f"{exc}; keys are single-use: GET that asset instead of "
-                           "uploading again, or send a new key", details={"asset_id": exc.asset_id}) from None
-        if model is not None:
-            try:
-                models_dir = str(state.config.resolve(state.config.api.models_dir))
-                await asyncio.get_running_loop().run_in_executor(None, placement.place_model, models_dir,
-                                                                 received.path, file_path)
-            except BaseException:  # not placed: the record goes too
-                await state.call(state.queue.delete_api_asset, record.id)
-                raise
-    finally:
-        await asyncio.get_running_loop().run_in_executor(None, received.discard)
-    return json_response(views.uploaded(record, origin(request), time.time(), created_new),
-                         status=201 if created_new else 200)
+        return await state.call(state.queue.add_api_asset, asset, content_type, _retention(state), key)
+    except UploadConflict as exc:
+        raise ApiError(422, "idempotency_key_reuse", f"{exc}; keys are single-use: GET that asset instead of "
+                       "uploading again, or send a new key", details={"asset_id": exc.asset_id}) from None
+
+
+async def _place_model(state: Any, record: ApiAsset, received: Received, file_path: str) -> None:
+    """A model's file linked where ComfyUI's loaders look (``[api] models_dir``); not placed, the record goes too."""
+    try:
+        models_dir = str(state.config.resolve(state.config.api.models_dir))
+        await asyncio.get_running_loop().run_in_executor(None, placement.place_model, models_dir,
+                                                         received.path, file_path)
+    except BaseException:  # not placed: the record goes too
+        await state.call(state.queue.delete_api_asset, record.id)
+        raise
 
 
 async def from_hash(request: web.Request) -> web.Response:
@@ -303,13 +322,6 @@ async def _record(request: web.Request) -> tuple[Any, ApiAsset]:
     if record is None or record.expires_at <= time.time():
         raise not_found("asset")
     return state, record
-
-
-def is_id(text: str) -> bool:
-    try:
-        return str(uuid.UUID(text)) == text
-    except ValueError:
-        return False
 
 
 async def get_asset(request: web.Request) -> web.Response:
@@ -361,77 +373,3 @@ async def delete_asset(request: web.Request) -> web.Response:
     if not (is_id(asset_id) and await state.call(state.queue.delete_api_asset, asset_id)):
         raise not_found("asset")
     return web.Response(status=204)
-
-
-def references(workflow: Mapping[str, Any], lookup: Callable[[str], ApiAsset | None],
-               now: float, models_dir: str = "") -> dict[str, Any]:
-    """The ``set`` of a submitted workflow's ``core/ASSET`` references: ``{"<node>.<input>": reference by hash}``
-    for the job line (comfysup.jobs.inputs stores each once and links it to the job). ``info.id`` is
-    authoritative (the contract's AssetReference); a reference without one, or to an asset this API does not
-    hold (never uploaded, deleted, expired), is 422 ``missing_asset`` at submit, naming every such input. So is a
-    malformed one (``__type: core/ASSET`` without an ``info`` object, or not an input's whole value): the spec
-    refuses it, and queued as it is it would reach ComfyUI as a literal object. A reference to a model placed in
-    ``models_dir`` (comfysup.api.placement) becomes the name ComfyUI's loaders list it by."""
-    found: dict[str, Any] = {}
-    missing: list[dict[str, str]] = []
-    for node_id, name, ref in _tagged(workflow):
-        info = ref.get("info") if name else None
-        asset_id = info.get("id") if isinstance(info, Mapping) else None
-        if asset_id is None and isinstance(info, Mapping) and "url" in info:
-            found[f"{node_id}.{name}"] = remote_value(info)
-            continue
-        record = lookup(asset_id) if isinstance(asset_id, str) and is_id(asset_id) else None
-        if record is None or record.expires_at <= now:
-            why = ("is not an input's whole value (a core/ASSET reference stands alone in place of a file name)"
-                   if not name else "has no info object ({\"__type\": \"core/ASSET\", \"info\": {\"id\": ...}})"
-                   if not isinstance(info, Mapping) else
-                   "has no info.id (the id POST /api/v2/assets answered)" if not asset_id else
-                   f"names asset {str(asset_id)[:80]!r}, which is a job's output; download it and upload it"
-                   if isinstance(asset_id, str) and views.parse_output_id(asset_id) else
-                   f"names asset {str(asset_id)[:80]!r}, which this API does not hold (never uploaded, deleted, "
-                   "or past its expires_at); upload the file again")
-            missing.append({"node_id": node_id, "input": name, "reason": why})
-            continue
-        model = placement.placed(models_dir, record.file_path)
-        found[f"{node_id}.{name}"] = model if model is not None else \
-            assets.reference(record.hash, record.file_path, record.size)
-    if missing:
-        first = missing[0]
-        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-        where = f"input {first['input']!r}" if first["input"] else "inside an input"
-        raise ApiError(422, "missing_asset", f"node {first['node_id']} {where}: {first['reason']}{more}",
-                       details={"missing": missing})
-    return found
-
-
-def remote_references(workflow: Any) -> dict[tuple[str, str], dict[str, Any]]:
-    """``(node id, input)`` → the input from elsewhere, for each reference of ``workflow`` by ``info.url``."""
-    if not isinstance(workflow, Mapping):
-        return {}
-    return {(node_id, name): remote_value(ref["info"]) for node_id, name, ref in assets.references(workflow)
-            if ref["info"].get("id") is None and "url" in ref["info"]}
-
-
-def _tagged(workflow: Mapping[str, Any]) -> Iterator[tuple[str, str, Mapping[str, Any]]]:
-    """``(node id, input name, value)`` of every object tagged ``core/ASSET`` in the workflow's inputs; the input
-    name is "" for one nested inside an input's value (a list, an object), which no loader reads as a file."""
-    for node_id, node in workflow.items():
-        inputs = node.get("inputs") if isinstance(node, Mapping) else None
-        if not isinstance(inputs, Mapping):
-            continue
-        for name, value in inputs.items():
-            if isinstance(value, Mapping) and value.get("__type") == assets.ASSET_TYPE:
-                yield str(node_id), str(name), value
-            elif isinstance(value, (Mapping, list)):
-                for nested in _nested(value):
-                    yield str(node_id), "", nested
-
-
-def _nested(value: Any) -> Iterator[Mapping[str, Any]]:
-    """Tagged objects anywhere below ``value`` (bounded: the body's nesting is checked when it is read)."""
-    items = value.values() if isinstance(value, Mapping) else value if isinstance(value, list) else ()
-    for item in items:
-        if isinstance(item, Mapping) and item.get("__type") == assets.ASSET_TYPE:
-            yield item
-        else:
-            yield from _nested(item)

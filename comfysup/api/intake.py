@@ -28,8 +28,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from comfysup.api.assets import references, remote_references
 from comfysup.api.errors import ApiError
+from comfysup.api.references import references, remote_references
 from comfysup.config import Config
 from comfysup.jobs import PRIORITY_RANGE, JobLineError, JobsFile
 from comfysup.jobs.catalogue import Catalogue

@@ -29,7 +29,7 @@ from aiohttp import web
 
 from comfysup import assets as content
 from comfysup import safefs
-from comfysup.api import assets, remote, views
+from comfysup.api import assets, references, remote, views
 from comfysup.api.errors import ApiError, not_found
 from comfysup.api.replies import STATE_KEY, json_response, origin, send
 from comfysup.errors import NotFound
@@ -48,7 +48,7 @@ def find(state: Any, asset_id: str) -> tuple[JobRecord, int] | None:
     """In the queue's thread: the done job whose output ``asset_id`` names, and the output's place; else None."""
     legacy = views.parse_output_id(asset_id)
     if legacy is None:
-        return state.queue.output_asset(asset_id) if assets.is_id(asset_id) else None
+        return state.queue.output_asset(asset_id) if references.is_id(asset_id) else None
     try:
         record = state.queue.get(legacy[0])
     except NotFound:

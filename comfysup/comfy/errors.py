@@ -74,30 +74,40 @@ def describe_rejection(body: Any) -> str:
     whatever its shape (it is the server's, and may be anything)."""
     if not isinstance(body, dict):
         return str(body)[:500]
-    error = body.get("error") if isinstance(body.get("error"), dict) else {}
+    error = _dict(body.get("error"))
     parts = [str(error.get("type") or error.get("message") or "rejected")[:200]]
-    extra = error.get("extra_info") if isinstance(error.get("extra_info"), dict) else {}
     if error.get("type") == "missing_node_type":  # ComfyUI 0.38: the class and the node in extra_info
-        class_type = extra.get("class_type")
-        what = f"node class {str(class_type)[:120]!r} is not installed on this server" if class_type else \
-            "a node has no class_type"
-        parts.append(f"{what} (node {str(extra.get('node_id', '?'))[:40]})")
+        parts.append(_missing_node(_dict(error.get("extra_info"))))
     details = error.get("details")
     if details:
         parts.append(str(details)[:500])
-    node_errors = body.get("node_errors") if isinstance(body.get("node_errors"), dict) else {}
-    for node_id, node in list(node_errors.items())[:20]:
-        node = node if isinstance(node, dict) else {}
-        errors = node.get("errors") if isinstance(node.get("errors"), list) else []
-        what = "; ".join(
-            ": ".join(str(x)[:300] for x in (e.get("type"), e.get("details") or e.get("message")) if x)
-            for e in errors[:10] if isinstance(e, dict))
-        if any(isinstance(e, dict) and e.get("type") == "dependency_cycle" for e in errors):
-            parts.append(f"node {str(node_id)[:40]} ({str(node.get('class_type', '?'))[:80]}): "
-                         "dependency_cycle: the workflow's links form a loop")
-            continue
-        parts.append(f"node {str(node_id)[:40]} ({str(node.get('class_type', '?'))[:80]}): {what}")
+    node_errors = _dict(body.get("node_errors"))
+    parts += [_node_rejection(node_id, _dict(node)) for node_id, node in list(node_errors.items())[:20]]
     return ": ".join(parts)
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    """``value`` when the server sent an object there, else an empty one."""
+    return value if isinstance(value, dict) else {}
+
+
+def _missing_node(extra: dict[str, Any]) -> str:
+    class_type = extra.get("class_type")
+    what = f"node class {str(class_type)[:120]!r} is not installed on this server" if class_type else \
+        "a node has no class_type"
+    return f"{what} (node {str(extra.get('node_id', '?'))[:40]})"
+
+
+def _node_rejection(node_id: Any, node: dict[str, Any]) -> str:
+    """One node of ``node_errors``: its id, class and errors (a dependency cycle said in words)."""
+    errors = node.get("errors") if isinstance(node.get("errors"), list) else []
+    head = f"node {str(node_id)[:40]} ({str(node.get('class_type', '?'))[:80]})"
+    if any(isinstance(e, dict) and e.get("type") == "dependency_cycle" for e in errors):
+        return f"{head}: dependency_cycle: the workflow's links form a loop"
+    what = "; ".join(
+        ": ".join(str(x)[:300] for x in (e.get("type"), e.get("details") or e.get("message")) if x)
+        for e in errors[:10] if isinstance(e, dict))
+    return f"{head}: {what}"
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """``comfysup migrate --to postgresql://…``: a user who outgrows one machine keeps their queue.
 
 The jobs of the configured SQLite queue that are not yet terminal are copied into PostgreSQL (with
-``--history`` also the terminal ones and every attempt row), with the input files they need (issue 17), in
+``--history`` also the terminal ones and every attempt row), with the input files they need, in
 chunks of one transaction each. Files uploaded through the API that no job uses yet stay behind: a client
 uploads them again (comfy-sdk does, when ``HEAD /api/v2/assets/by-hash`` says the content is not there). It is
 idempotent: an id already in PostgreSQL with the same content is left alone, so a migration that was
@@ -21,11 +21,16 @@ import dataclasses
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from comfysup.commands._common import config_from
 from comfysup.errors import ConfigError, UsageError
 from comfysup.queue.base import CANCELLED, DEAD, DONE, QUEUED, RUNNING, Attempt, JobRecord
 from comfysup.queue.sqlite import SQLiteQueue
+
+if TYPE_CHECKING:  # psycopg is an extra: imported at run time only by run, which says when it is missing
+    from comfysup.queue.postgres import ImportResult, PostgresQueue
 
 CHUNK = 500
 """Jobs per transaction: a crash loses at most one chunk's work, and memory stays flat."""
@@ -92,43 +97,60 @@ def run(args: argparse.Namespace) -> int:
     where = describe_url(args.to)
     try:
         now = time.time()
-        live = [j.id for j in source.iter_jobs([RUNNING]) if (j.lease_until or 0) >= now]
-        if live:
-            raise UsageError(f"{len(live)} job(s) are running in {source.path} under a live lease (first: "
-                             f"{live[0]}); stop comfysup run on this queue first, then migrate")
+        _refuse_live_leases(source, now)
         states = [QUEUED, RUNNING, *([DONE, DEAD, CANCELLED] if args.history else [])]
         counts = source.status(now=now, dead_limit=0).counts
         total = sum(counts[s] for s in states) + (counts["waiting"] if QUEUED in states else 0)
         target = PostgresQueue(args.to, busy_timeout_seconds=config.queue.busy_timeout_seconds)
         done = ImportResult()
-        seen = 0
         print(f"migrating {total} job(s) from {source.path} to {where}"
               f"{' with their history' if args.history else ''}", file=sys.stderr)
         try:
-            for chunk in _chunks(source, states, now):
-                got = target.import_records(chunk if args.history else _without_attempts(chunk),
-                                            with_attempts=args.history, source_file=_file_of(source))
-                done.inserted += got.inserted
-                done.existing += got.existing
-                done.conflicts += got.conflicts
-                done.attempts += got.attempts
-                done.assets += got.assets
-                seen += len(chunk)
-                print(f"  {seen}/{total}: {len(done.inserted)} copied, {len(done.existing)} already there, "
-                      f"{len(done.conflicts)} conflict(s)", file=sys.stderr)
+            _copy(source, target, states, now, total, args.history, done)
         finally:
             target.close()
     finally:
         source.close()
-    history = f" with {done.attempts} attempt row(s)" if args.history else ""
+    _report(done, where, source.path, args.history)
+    return 1 if done.conflicts else 0
+
+
+def _refuse_live_leases(source: SQLiteQueue, now: float) -> None:
+    """A job running under a live lease would go on writing to the SQLite queue after its copy was made."""
+    live = [j.id for j in source.iter_jobs([RUNNING]) if (j.lease_until or 0) >= now]
+    if live:
+        raise UsageError(f"{len(live)} job(s) are running in {source.path} under a live lease (first: "
+                         f"{live[0]}); stop comfysup run on this queue first, then migrate")
+
+
+def _copy(source: SQLiteQueue, target: PostgresQueue, states: list[str], now: float, total: int, history: bool,
+          done: ImportResult) -> None:
+    """The jobs in ``states`` (``total`` of them), chunk by chunk, into ``target``, adding each chunk's result to
+    ``done`` and saying the progress on stderr."""
+    seen = 0
+    for chunk in _chunks(source, states, now):
+        got = target.import_records(chunk if history else _without_attempts(chunk),
+                                    with_attempts=history, source_file=_file_of(source))
+        done.inserted += got.inserted
+        done.existing += got.existing
+        done.conflicts += got.conflicts
+        done.attempts += got.attempts
+        done.assets += got.assets
+        seen += len(chunk)
+        print(f"  {seen}/{total}: {len(done.inserted)} copied, {len(done.existing)} already there, "
+              f"{len(done.conflicts)} conflict(s)", file=sys.stderr)
+
+
+def _report(done: ImportResult, where: str, path: Path, history: bool) -> None:
+    """What was copied and what conflicted; with nothing in conflict, the setting that moves to PostgreSQL."""
+    attempts = f" with {done.attempts} attempt row(s)" if history else ""
     inputs = f" and {done.assets} input file(s)" if done.assets else ""
-    print(f"copied {len(done.inserted)} job(s){history}{inputs}, {len(done.existing)} already in {where}, "
+    print(f"copied {len(done.inserted)} job(s){attempts}{inputs}, {len(done.existing)} already in {where}, "
           f"{len(done.conflicts)} conflict(s)")
     for job_id in done.conflicts[:SHOWN_CONFLICTS]:
         print(f"{job_id}: already in {where} with different content; left as it is on both sides")
     if len(done.conflicts) > SHOWN_CONFLICTS:
         print(f"… and {len(done.conflicts) - SHOWN_CONFLICTS} more conflict(s)")
     if not done.conflicts and done.inserted:
-        print(f"now set [queue] url = \"{where}\" (with its password, if any) on every machine; {source.path} "
+        print(f"now set [queue] url = \"{where}\" (with its password, if any) on every machine; {path} "
               "was not changed")
-    return 1 if done.conflicts else 0

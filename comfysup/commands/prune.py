@@ -4,11 +4,11 @@ A queue that runs for months holds millions of finished jobs. Claims do not slow
 claim is an index seek), but the file grows and ``results`` has more to read. Prune removes terminal jobs
 (done, dead, cancelled) that finished before DATE, with their attempts, webhook deliveries, and the stored
 workflows and input files (the asset store) no remaining job uses; with ``--files``, their folders in the
-result store too. Assets uploaded through the API (issue 18) are kept until their ``expires_at`` (``[api]
+result store too. Assets uploaded through the API are kept until their ``expires_at`` (``[api]
 upload_retention_hours`` after the upload), whatever DATE says, so a client can still submit the job that
 references one; after it, prune removes the record, and the content unless a remaining job uses it.
 
-With a bucket for outputs ([store] url, issue 33), the objects of each removed job (everything under
+With a bucket for outputs ([store] url), the objects of each removed job (everything under
 ``<prefix>/<job id>/``, leftovers of a repeated run included) are deleted with its rows, --files or not: no door
 can hand them out once the job is forgotten. A bucket that does not answer leaves them, said at the end.
 
@@ -26,13 +26,14 @@ import re
 import shutil
 import sys
 import time
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
 from comfysup.commands._common import config_from, queue_from
 from comfysup.config import StoreConfig
 from comfysup.errors import UsageError
-from comfysup.queue.base import host_name
+from comfysup.queue.base import Queue, host_name
 from comfysup.storage import s3
 
 PAUSE_SECONDS = 0.02
@@ -86,45 +87,59 @@ def run(args: argparse.Namespace) -> int:
         if args.dry_run:
             print(f"{total:,} finished job(s) before {label}" + (" would be removed" if total else ""))
             return 0
-        store = config.resolve(config.store.dir)
-        objects = BucketPrune(config.store)
-        removed = folders = 0
-        elsewhere: dict[str, int] = {}
-        here = host_name()
-        started = last_report = time.monotonic()
-        while True:
-            batch = queue.prune(before, limit=args.batch)
-            if not batch.removed:
-                break
-            removed += len(batch.removed)
-            if args.files:
-                for job_id, machine in batch.removed:
-                    folder = store / job_id
-                    if _remove(folder):
-                        folders += 1
-                    elif machine and machine != here:
-                        elsewhere[machine] = elsewhere.get(machine, 0) + 1
-            if time.monotonic() - last_report >= 1.0:
-                last_report = time.monotonic()
-                _progress(removed, total, last_report - started)
-            time.sleep(PAUSE_SECONDS)
-            objects.remove([job_id for job_id, _ in batch.removed])
+        pruned = Pruned(store=config.resolve(config.store.dir), objects=BucketPrune(config.store))
+        _prune_batches(queue, before, args, total, pruned)
         inputs, input_bytes = queue.prune_assets()
     finally:
         queue.close()
-    print(f"removed {removed:,} finished job(s) before {label}"
-          + (f", and {folders:,} result folder(s) from {store}" if args.files else ""))
+    print(f"removed {pruned.removed:,} finished job(s) before {label}"
+          + (f", and {pruned.folders:,} result folder(s) from {pruned.store}" if args.files else ""))
     if inputs:
         print(f"removed {inputs:,} input file(s) ({input_bytes:,} bytes) that no remaining job needs")
-    if objects.location is not None:
-        print(f"deleted {objects.deleted:,} object(s) of the removed jobs from {objects.location}")
-    if objects.failed:
-        print(f"error: the objects of {len(objects.failed):,} removed job(s) could not be deleted ({objects.error}); "
-              f"they stay under {objects.location}/<job id>/, e.g. {objects.failed[0]}", file=sys.stderr)
-    for machine, count in sorted(elsewhere.items()):
+    pruned.objects.report()
+    for machine, count in sorted(pruned.elsewhere.items()):
         print(f"note: {count:,} of them ran on {machine}, whose result store is not here; their folders stay on "
               f"that machine (under its [store] dir, named by job id)")
-    return 1 if objects.failed else 0
+    return 1 if pruned.objects.failed else 0
+
+
+@dataclass
+class Pruned:
+    """What a prune removed so far: jobs, result folders, and per machine the jobs whose folders stay there."""
+
+    store: Path
+    objects: BucketPrune
+    removed: int = 0
+    folders: int = 0
+    elsewhere: dict[str, int] = field(default_factory=dict)
+
+    def remove_folders(self, removed: list[tuple[str, str | None]], here: str) -> None:
+        """The result folders of the removed jobs in this machine's store; one that ran on another machine is
+        counted for it instead."""
+        for job_id, machine in removed:
+            if _remove(self.store / job_id):
+                self.folders += 1
+            elif machine and machine != here:
+                self.elsewhere[machine] = self.elsewhere.get(machine, 0) + 1
+
+
+def _prune_batches(queue: Queue, before: float, args: argparse.Namespace, total: int, pruned: Pruned) -> None:
+    """Batch after batch, each its own transaction, a pause between them, until none is left; progress on stderr
+    at most once a second."""
+    here = host_name()
+    started = last_report = time.monotonic()
+    while True:
+        batch = queue.prune(before, limit=args.batch)
+        if not batch.removed:
+            return
+        pruned.removed += len(batch.removed)
+        if args.files:
+            pruned.remove_folders(batch.removed, here)
+        if time.monotonic() - last_report >= 1.0:
+            last_report = time.monotonic()
+            _progress(pruned.removed, total, last_report - started)
+        time.sleep(PAUSE_SECONDS)
+        pruned.objects.remove([job_id for job_id, _ in batch.removed])
 
 
 class BucketPrune:
@@ -151,6 +166,14 @@ class BucketPrune:
         except Exception as exc:
             self.error = str(s3.sort_error(exc, f"deleting from {location}", self.settings))
             self.failed += job_ids
+
+    def report(self) -> None:
+        """What was deleted from the bucket, and on stderr what could not be."""
+        if self.location is not None:
+            print(f"deleted {self.deleted:,} object(s) of the removed jobs from {self.location}")
+        if self.failed:
+            print(f"error: the objects of {len(self.failed):,} removed job(s) could not be deleted ({self.error}); "
+                  f"they stay under {self.location}/<job id>/, e.g. {self.failed[0]}", file=sys.stderr)
 
 
 def _remove(folder: Path) -> bool:

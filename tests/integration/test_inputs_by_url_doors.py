@@ -179,7 +179,7 @@ def test_the_api_fetches_an_asset_reference_by_url_and_refuses_one_it_cannot(tmp
 def test_the_api_removes_the_download_of_a_client_that_left(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The API cancels a request whose client has gone (handler_cancellation); the download in its thread goes on
     and must not leave its file in the staging folder when it ends, nor insert a job nobody was told of."""
-    from comfysup.api import app as app_module
+    from comfysup.api import jobs as app_module
 
     staging = tmp_path / "staging"
     staging.mkdir()
