@@ -121,15 +121,35 @@ def fetch_http(url: str, part: Partial, progress: Progress, on_total: Callable[[
 
 def _receive(resp: Any, shown: str, part: Partial, progress: Progress,
              on_total: Callable[[int | None], None]) -> None:
-    status = resp.status
-    if status == 416 and part.size:  # the partial file may already be whole: its hash decides
-        found = re.fullmatch(r"bytes \*/(\d+)", resp.headers.get("Content-Range", ""))
-        if found and int(found.group(1)) == part.size:
-            on_total(part.size)
-            return
-        held = part.size
-        part.restart()
-        raise Transient(f"{shown}: the server cannot continue at byte {held}; starting over")
+    if resp.status == 416 and part.size:  # the partial file may already be whole: its hash decides
+        _check_whole(resp, shown, part, on_total)
+        return
+    _check_status(resp.status, shown)
+    if resp.status == 206:
+        _check_range(resp, shown, part, on_total)
+    else:
+        _start_whole(resp, part, on_total)
+    try:
+        for chunk in resp.stream(CHUNK, decode_content=False):
+            part.write(chunk)
+            progress(len(chunk))
+    except (urllib3.exceptions.HTTPError, OSError) as exc:
+        raise Transient(f"{shown}: broke off after {part.size} bytes: {_reason(exc)}") from None
+
+
+def _check_whole(resp: Any, shown: str, part: Partial, on_total: Callable[[int | None], None]) -> None:
+    """A 416 to a Range from the partial file's end: whole when the file is as long as held, else started over."""
+    found = re.fullmatch(r"bytes \*/(\d+)", resp.headers.get("Content-Range", ""))
+    if found and int(found.group(1)) == part.size:
+        on_total(part.size)
+        return
+    held = part.size
+    part.restart()
+    raise Transient(f"{shown}: the server cannot continue at byte {held}; starting over")
+
+
+def _check_status(status: int, shown: str) -> None:
+    """A status a new try may get past is Transient; one that is no file answer a FetchError saying why."""
     if status in (429, 500, 502, 503, 504):
         raise Transient(f"{shown}: HTTP {status}")
     if status not in (200, 206):
@@ -137,25 +157,25 @@ def _receive(resp: Any, shown: str, part: Partial, progress: Progress,
         hint = {401: "it needs credentials" + token, 403: "access is refused (credentials, or an expired link?)",
                 404: "no such file (check the url)", 410: "the file was removed"}.get(status, "not a file answer")
         raise FetchError(f"{shown}: HTTP {status}: {hint}")
+
+
+def _check_range(resp: Any, shown: str, part: Partial, on_total: Callable[[int | None], None]) -> None:
+    """A 206 continues the partial file only from where it ends; any other range starts over."""
+    found = _CONTENT_RANGE.fullmatch(resp.headers.get("Content-Range", ""))
+    if not found or int(found.group(1)) != part.size:
+        part.restart()
+        raise Transient(f"{shown}: the server sent another range than asked; starting over")
+    on_total(int(found.group(3)) if found.group(3) != "*" else None)
+
+
+def _start_whole(resp: Any, part: Partial, on_total: Callable[[int | None], None]) -> None:
+    """A 200: the whole file comes (again), and its validators are kept to continue it later."""
     length = resp.headers.get("Content-Length")
-    if status == 206:
-        found = _CONTENT_RANGE.fullmatch(resp.headers.get("Content-Range", ""))
-        if not found or int(found.group(1)) != part.size:
-            part.restart()
-            raise Transient(f"{shown}: the server sent another range than asked; starting over")
-        on_total(int(found.group(3)) if found.group(3) != "*" else None)
-    else:
-        if part.size:
-            part.restart()  # no Range support, or the file changed (If-Range): the whole file comes again
-        on_total(int(length) if length and length.isascii() and length.isdigit() else None)  # "²".isdigit()
-        part.write_meta({k: v for k, v in (("etag", resp.headers.get("ETag", "")),
-                                            ("last_modified", resp.headers.get("Last-Modified", ""))) if v})
-    try:
-        for chunk in resp.stream(CHUNK, decode_content=False):
-            part.write(chunk)
-            progress(len(chunk))
-    except (urllib3.exceptions.HTTPError, OSError) as exc:
-        raise Transient(f"{shown}: broke off after {part.size} bytes: {_reason(exc)}") from None
+    if part.size:
+        part.restart()  # no Range support, or the file changed (If-Range): the whole file comes again
+    on_total(int(length) if length and length.isascii() and length.isdigit() else None)  # "²".isdigit()
+    part.write_meta({k: v for k, v in (("etag", resp.headers.get("ETag", "")),
+                                        ("last_modified", resp.headers.get("Last-Modified", ""))) if v})
 
 
 def _reason(exc: BaseException | None) -> str:
@@ -184,38 +204,10 @@ def fetch_s3(url: str, part: Partial, progress: Progress, on_total: Callable[[in
         client = client or s3_client()
     except s3.Refused as exc:
         raise FetchError(f"{url}: {exc}") from None
-    from botocore.exceptions import (
-        BotoCoreError,
-        ClientError,
-        NoCredentialsError,
-        NoRegionError,
-        PartialCredentialsError,
-        ProfileNotFound,
-    )
+    # botocore is an optional dependency (comfysup[s3]), present once a client was made above.
+    from botocore.exceptions import BotoCoreError
 
-    parts = urlsplit(url)
-    bucket, key = parts.netloc, parts.path.lstrip("/")
-    request: dict[str, Any] = {"Bucket": bucket, "Key": key}
-    meta = part.read_meta()
-    if part.size:
-        request["Range"] = f"bytes={part.size}-"
-        if meta.get("etag"):
-            request["IfMatch"] = meta["etag"]
-    try:
-        answer = client.get_object(**request)
-    except ClientError as exc:
-        code = str(exc.response.get("Error", {}).get("Code", ""))
-        if code in ("InvalidRange", "PreconditionFailed", "412", "416") and part.size:
-            part.restart()
-            raise Transient(f"{url}: the object cannot be continued at that byte (changed?); starting over") \
-                from None
-        if code in ("SlowDown", "InternalError", "ServiceUnavailable", "RequestTimeout", "500", "503"):
-            raise Transient(f"{url}: {code}") from None
-        raise FetchError(f"{url}: {code or exc}") from None
-    except (NoCredentialsError, PartialCredentialsError, NoRegionError, ProfileNotFound) as exc:
-        raise FetchError(f"{url}: {exc} (boto3 reads AWS_ACCESS_KEY_ID, ~/.aws or the instance's role)") from None
-    except (BotoCoreError, OSError) as exc:
-        raise Transient(f"{url}: {exc}") from None
+    answer = _get_object(client, url, part)
     found = _CONTENT_RANGE.fullmatch(answer.get("ContentRange") or "")
     if part.size and not found:
         part.restart()
@@ -230,6 +222,47 @@ def fetch_s3(url: str, part: Partial, progress: Progress, on_total: Callable[[in
             progress(len(chunk))
     except (BotoCoreError, OSError) as exc:
         raise Transient(f"{url}: broke off after {part.size} bytes: {exc}") from None
+
+
+def _get_object(client: Any, url: str, part: Partial) -> dict[str, Any]:
+    """The answer to GetObject from the partial file's end (only of the object whose ETag it holds), or the
+    failure sorted: Transient where a new try may get past it, else FetchError."""
+    # botocore is an optional dependency (comfysup[s3]), present once a client was made.
+    from botocore.exceptions import (
+        BotoCoreError,
+        ClientError,
+        NoCredentialsError,
+        NoRegionError,
+        PartialCredentialsError,
+        ProfileNotFound,
+    )
+
+    parts = urlsplit(url)
+    request: dict[str, Any] = {"Bucket": parts.netloc, "Key": parts.path.lstrip("/")}
+    etag = part.read_meta().get("etag")
+    if part.size:
+        request["Range"] = f"bytes={part.size}-"
+        if etag:
+            request["IfMatch"] = etag
+    try:
+        return client.get_object(**request)
+    except ClientError as exc:
+        raise _client_error(url, str(exc.response.get("Error", {}).get("Code", "")), exc, part) from None
+    except (NoCredentialsError, PartialCredentialsError, NoRegionError, ProfileNotFound) as exc:
+        raise FetchError(f"{url}: {exc} (boto3 reads AWS_ACCESS_KEY_ID, ~/.aws or the instance's role)") from None
+    except (BotoCoreError, OSError) as exc:
+        raise Transient(f"{url}: {exc}") from None
+
+
+def _client_error(url: str, code: str, exc: Exception, part: Partial) -> Exception:
+    """What S3's error ``code`` means for the pull: a range that cannot be continued starts over, a busy service
+    is Transient, anything else a FetchError."""
+    if code in ("InvalidRange", "PreconditionFailed", "412", "416") and part.size:
+        part.restart()
+        return Transient(f"{url}: the object cannot be continued at that byte (changed?); starting over")
+    if code in ("SlowDown", "InternalError", "ServiceUnavailable", "RequestTimeout", "500", "503"):
+        return Transient(f"{url}: {code}")
+    return FetchError(f"{url}: {code or exc}")
 
 
 # -- a local file -------------------------------------------------------------------------------------------------
