@@ -139,23 +139,11 @@ class FrameReader:
         if available < 2:
             return None
         first, second = buf[pos], buf[pos + 1]
-        if first & 0x70:
-            raise ProtocolError("a frame with reserved bits set, though no extension was negotiated")
-        if second & 0x80:
-            raise ProtocolError("a masked frame: a server's frames are never masked")
-        opcode, size, head = first & 0x0F, second & 0x7F, 2
-        if opcode not in _DATA and opcode not in _CONTROL and opcode != CONTINUATION:
-            raise ProtocolError(f"a frame of unknown opcode {opcode:#x}")
-        if opcode in _CONTROL and (size > 125 or not first & 0x80):
-            raise ProtocolError(f"a control frame (opcode {opcode:#x}) that is long or fragmented")
-        if size == 126:
-            if available < 4:
-                return None
-            size, head = int.from_bytes(buf[pos + 2:pos + 4], "big"), 4
-        elif size == 127:
-            if available < 10:
-                return None
-            size, head = int.from_bytes(buf[pos + 2:pos + 10], "big"), 10
+        opcode = _checked_opcode(first, second)
+        length = _payload_length(buf, pos, second & 0x7F, available)
+        if length is None:
+            return None
+        size, head = length
         if size > MAX_MESSAGE_BYTES:
             raise ProtocolError(f"a frame of {size:,} bytes, over {MAX_MESSAGE_BYTES:,}")
         end = pos + head + size
@@ -168,3 +156,32 @@ class FrameReader:
         else:
             self._pos = end
         return bool(first & 0x80), opcode, payload
+
+
+def _checked_opcode(first: int, second: int) -> int:
+    """The opcode of a frame whose first two bytes are ``first`` and ``second``, once they are what a server may
+    send: no reserved bit, no mask, a known opcode, a control frame short and whole."""
+    if first & 0x70:
+        raise ProtocolError("a frame with reserved bits set, though no extension was negotiated")
+    if second & 0x80:
+        raise ProtocolError("a masked frame: a server's frames are never masked")
+    opcode = first & 0x0F
+    if opcode not in _DATA and opcode not in _CONTROL and opcode != CONTINUATION:
+        raise ProtocolError(f"a frame of unknown opcode {opcode:#x}")
+    if opcode in _CONTROL and (second & 0x7F > 125 or not first & 0x80):
+        raise ProtocolError(f"a control frame (opcode {opcode:#x}) that is long or fragmented")
+    return opcode
+
+
+def _payload_length(buf: bytearray, pos: int, size: int, available: int) -> tuple[int, int] | None:
+    """The payload's length and the header's, from the 7-bit ``size`` or the 16- or 64-bit length after it;
+    None while those bytes have not arrived."""
+    if size == 126:
+        if available < 4:
+            return None
+        return int.from_bytes(buf[pos + 2:pos + 4], "big"), 4
+    if size == 127:
+        if available < 10:
+            return None
+        return int.from_bytes(buf[pos + 2:pos + 10], "big"), 10
+    return size, 2

@@ -6,6 +6,7 @@ returned, which tells this run's entry from another run of the same id.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 from comfysup.comfy.errors import ComfyError, PermanentError, execution_failure
@@ -62,21 +63,27 @@ def output_files(entry: dict[str, Any]) -> list[dict[str, Any]]:
     it would end the job done without the file it names."""
     found: dict[str, list[dict[str, Any]]] = {t: [] for t in OUTPUT_TYPES}
     seen: set[tuple[str, str, str]] = set()
+    for node_id, item in _file_items(entry):
+        kind = item.get("type", "output")
+        if kind not in found:
+            if kind != INPUT_TYPE:
+                raise PermanentError(f"server sent an output item of type {str(kind)[:100]!r} (file "
+                                     f"{str(item['filename'])[:100]!r}); an output is of type output or temp",
+                                     "unsafe_output")
+            continue
+        key = (kind, item.get("subfolder") or "", str(item["filename"]))
+        if key not in seen:
+            seen.add(key)
+            found[kind].append({**item, "type": kind, "node": node_id})
+    return found["output"] or found["temp"]
+
+
+def _file_items(entry: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """``(node id, item)`` of every item of the entry's outputs that names a file; other output kinds (a text,
+    a number of a custom node) are passed over."""
     for node_id, node in (entry.get("outputs") or {}).items():
         if not isinstance(node, dict):
             continue
         for items in node.values():
-            if not isinstance(items, list):
-                continue
-            for item in items:
-                kind = item.get("type", "output") if isinstance(item, dict) and "filename" in item else None
-                if kind is not None and kind not in found and kind != INPUT_TYPE:
-                    raise PermanentError(f"server sent an output item of type {str(kind)[:100]!r} (file "
-                                         f"{str(item['filename'])[:100]!r}); an output is of type output or temp",
-                                         "unsafe_output")
-                if kind in found:
-                    key = (item.get("type", "output"), item.get("subfolder") or "", str(item["filename"]))
-                    if key not in seen:
-                        seen.add(key)
-                        found[key[0]].append({**item, "type": key[0], "node": str(node_id)})
-    return found["output"] or found["temp"]
+            if isinstance(items, list):
+                yield from ((str(node_id), item) for item in items if isinstance(item, dict) and "filename" in item)

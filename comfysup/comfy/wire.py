@@ -184,47 +184,70 @@ def history_entry(body: Any, prompt_id: str, *, max_files: int = MAX_ITEMS,
     if prompt_id not in body:
         return None
     entry = _obj(body[prompt_id], where)
-    prompt = entry.get("prompt")
-    number = None
-    if prompt is not None:
-        prompt = _list(prompt, f"{where}'s prompt")
-        if not prompt:
-            raise Malformed(f"{where}'s prompt is empty")
-        number = _int(prompt[0], f"{where}'s prompt number")
+    number = _entry_number(entry.get("prompt"), where)
     status = _obj(_get(entry, "status", {}), f"{where}'s status")
     status_str = _str(status.get("status_str"), f"{where}'s status_str", optional=True)
-    messages = []
-    for i, message in enumerate(_list(_get(status, "messages", []), f"{where}'s status messages")):
-        message = _list(message, f"{where}'s status message {i}")
-        if len(message) != 2:
-            raise Malformed(f"{where}'s status message {i} has {len(message)} fields, not 2")
-        kind = _str(message[0], f"{where}'s status message {i}'s type")
-        data = _obj(message[1], f"{where}'s status message {i} ({kind})")
-        messages.append([kind, _event_data(kind, data, f"{where}'s {kind}") if kind in _EVENTS else data])
-    outputs: dict[str, dict[str, list[dict[str, str]]]] = {}
-    files = 0
-    for node_id, node in _obj(_get(entry, "outputs", {}), f"{where}'s outputs").items():
-        node = _obj(node, f"{where}'s outputs of node {node_id}")
-        kept: dict[str, list[dict[str, str]]] = {}
-        for key, items in node.items():
-            if not isinstance(items, list):
-                continue  # other output kinds (text, booleans of custom nodes): not files
-            checked = []
-            for i, item in enumerate(_list(items, f"{where}'s node {node_id} {key}")):
-                if not isinstance(item, dict) or "filename" not in item:
-                    continue  # not a file (a number, a text)
-                what = f"{where}'s node {node_id} {key}[{i}]"
-                checked.append({"filename": _str(item["filename"], f"{what} filename") or "",
-                                "subfolder": _str(_get(item, "subfolder", ""), f"{what} subfolder") or "",
-                                "type": _str(item.get("type", "output"), f"{what} type") or "output"})
-                files += 1
-                if files > max_files:
-                    raise Malformed(f"{where} names more than {max_files} files ([store] max_files_per_job)")
-            kept[key] = checked
-        outputs[str(node_id)] = kept
+    messages = [_status_message(i, message, where)
+                for i, message in enumerate(_list(_get(status, "messages", []), f"{where}'s status messages"))]
+    files = _FileCount(max_files, where)
+    outputs = {str(node_id): _node_outputs(node_id, _obj(node, f"{where}'s outputs of node {node_id}"), files, where)
+               for node_id, node in _obj(_get(entry, "outputs", {}), f"{where}'s outputs").items()}
     return {"prompt": [number] if number is not None else [], "status": {"status_str": status_str,
                                                                           "messages": messages},
             "outputs": outputs}
+
+
+def _entry_number(prompt: Any, where: str) -> int | None:
+    """The prompt's number, the first field of the entry's ``prompt`` (None when the entry has none)."""
+    if prompt is None:
+        return None
+    prompt = _list(prompt, f"{where}'s prompt")
+    if not prompt:
+        raise Malformed(f"{where}'s prompt is empty")
+    return _int(prompt[0], f"{where}'s prompt number")
+
+
+def _status_message(i: int, message: Any, where: str) -> list[Any]:
+    """One ``[type, data]`` of the entry's status messages; an event's data checked as its message's is."""
+    message = _list(message, f"{where}'s status message {i}")
+    if len(message) != 2:
+        raise Malformed(f"{where}'s status message {i} has {len(message)} fields, not 2")
+    kind = _str(message[0], f"{where}'s status message {i}'s type")
+    data = _obj(message[1], f"{where}'s status message {i} ({kind})")
+    return [kind, _event_data(kind, data, f"{where}'s {kind}") if kind in _EVENTS else data]
+
+
+class _FileCount:
+    """The files an entry names so far; past ``limit`` ([store] max_files_per_job) the entry is Malformed."""
+
+    def __init__(self, limit: int, where: str) -> None:
+        self.limit, self.where, self.files = limit, where, 0
+
+    def add(self) -> None:
+        self.files += 1
+        if self.files > self.limit:
+            raise Malformed(f"{self.where} names more than {self.limit} files ([store] max_files_per_job)")
+
+
+def _node_outputs(node_id: Any, node: dict[str, Any], files: _FileCount,
+                  where: str) -> dict[str, list[dict[str, str]]]:
+    """A node's outputs: each list of files, every item with filename, subfolder and type only. Other output
+    kinds (text, booleans of custom nodes) and items that are not files are passed over."""
+    kept: dict[str, list[dict[str, str]]] = {}
+    for key, items in node.items():
+        if not isinstance(items, list):
+            continue
+        checked = []
+        for i, item in enumerate(_list(items, f"{where}'s node {node_id} {key}")):
+            if not isinstance(item, dict) or "filename" not in item:
+                continue
+            what = f"{where}'s node {node_id} {key}[{i}]"
+            checked.append({"filename": _str(item["filename"], f"{what} filename") or "",
+                            "subfolder": _str(_get(item, "subfolder", ""), f"{what} subfolder") or "",
+                            "type": _str(item.get("type", "output"), f"{what} type") or "output"})
+            files.add()
+        kept[key] = checked
+    return kept
 
 
 # ---- WebSocket messages -------------------------------------------------------------------------------------
@@ -294,26 +317,32 @@ def ws_preview(raw: bytes) -> dict[str, Any] | None:
     if len(raw) < 8 or len(raw) > MAX_PREVIEW_BYTES + 4096:
         return None
     event, word = int.from_bytes(raw[:4], "big"), int.from_bytes(raw[4:8], "big")
-    prompt_id = node_id = None
     if event == PREVIEW_IMAGE:
-        content_type, image = _PREVIEW_FORMATS.get(word), raw[8:]
+        data = {"prompt_id": None, "node_id": None, "content_type": _PREVIEW_FORMATS.get(word), "image": raw[8:]}
     elif event == PREVIEW_IMAGE_WITH_METADATA and 8 + word <= len(raw) and word <= 4096:
-        try:
-            meta = json.loads(raw[8:8 + word])
-        except ValueError:
-            return None
-        if not isinstance(meta, dict):
-            return None
-        content_type, image = meta.get("image_type"), raw[8 + word:]
-        prompt_id, node_id = meta.get("prompt_id"), meta.get("display_node_id") or meta.get("node_id")
-        prompt_id = prompt_id if isinstance(prompt_id, str) else None
-        node_id = str(node_id)[:64] if isinstance(node_id, str | int) and not isinstance(node_id, bool) else None
+        data = _preview_with_metadata(raw, word)
     else:
         return None
-    if content_type not in ("image/jpeg", "image/png", "image/webp") or not image or len(image) > MAX_PREVIEW_BYTES:
+    image = data and data["image"]
+    if not image or data["content_type"] not in ("image/jpeg", "image/png", "image/webp") or \
+            len(image) > MAX_PREVIEW_BYTES:
         return None
-    return {"type": "preview", "data": {"prompt_id": prompt_id, "node_id": node_id, "content_type": content_type,
-                                        "image": bytes(image)}}
+    return {"type": "preview", "data": {**data, "image": bytes(image)}}
+
+
+def _preview_with_metadata(raw: bytes, length: int) -> dict[str, Any] | None:
+    """A preview frame whose ``length`` bytes of JSON name the prompt, the node and the image's type; None when
+    that JSON is not an object."""
+    try:
+        meta = json.loads(raw[8:8 + length])
+    except ValueError:
+        return None
+    if not isinstance(meta, dict):
+        return None
+    prompt_id, node_id = meta.get("prompt_id"), meta.get("display_node_id") or meta.get("node_id")
+    return {"prompt_id": prompt_id if isinstance(prompt_id, str) else None,
+            "node_id": str(node_id)[:64] if isinstance(node_id, str | int) and not isinstance(node_id, bool) else None,
+            "content_type": meta.get("image_type"), "image": raw[8 + length:]}
 
 
 def _event_data(kind: str, data: dict[str, Any], where: str) -> dict[str, Any]:
