@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from . import v038
+from .hostile import CATALOGUE
 from .models import FOLDERS, parse_models, read_extra_paths
 from .options import MAXIMUM_HISTORY_SIZE, Options
 from .script import WORDS, ScriptError, load_script_file, parse_words
@@ -135,27 +136,18 @@ def parse_options(argv: Sequence[str]) -> Options:
     parser = build_parser()
     args, _unknown = parser.parse_known_args(list(argv))
     version = normalize(args.comfyui_version) if args.comfyui_version else default_version()
-    cuda_device: int | str | None = args.cuda_device
-    if version == v038.NEW:
-        removed = v038.removed_flag(list(argv))
-        if removed:  # 0.38's argparse knows it no more: "unrecognized arguments", exit 2
-            parser.error(f"unrecognized arguments: {removed}")
-    elif cuda_device is not None:
-        try:
-            cuda_device = int(cuda_device)
-        except ValueError:
-            parser.error(f"argument --cuda-device: invalid int value: {cuda_device!r}")
+    cuda_device = _cuda_device(parser, argv, version, args.cuda_device)
     extra_paths = [path for group in args.extra_model_paths_config or [] for path in group]
-    script_file = Path(args.script_file) if args.script_file else None
+    script_file = _path(args.script_file)
     if script_file is not None:
         load_script_file(script_file)
     return Options(
         listen=args.listen,
         port=args.port,
-        base_directory=Path(args.base_directory) if args.base_directory else Path.cwd(),
-        output_directory=Path(args.output_directory) if args.output_directory else None,
-        temp_directory=Path(args.temp_directory) if args.temp_directory else None,
-        input_directory=Path(args.input_directory) if args.input_directory else None,
+        base_directory=_path(args.base_directory) or Path.cwd(),
+        output_directory=_path(args.output_directory),
+        temp_directory=_path(args.temp_directory),
+        input_directory=_path(args.input_directory),
         cuda_device=cuda_device,
         comfyui_version=version,
         database_url=args.database_url,
@@ -174,15 +166,42 @@ def parse_options(argv: Sequence[str]) -> Options:
         max_history=args.max_history,
         exec_log=Path(args.exec_log).absolute() if args.exec_log else None,
         hostile_seed=args.hostile_seed,
-        without_nodes=[n.strip() for n in args.without_nodes.split(",") if n.strip()],
+        without_nodes=_names(args.without_nodes),
         choices={k: [c for c in v.split(",") if c] for k, _, v in (c.partition("=") for c in args.choices)},
         models=None if args.models is None else parse_models(args.models),
         step_ms=args.step_ms,
         hostile_rate=args.hostile_rate,
-        hostile_only=[name.strip() for name in args.hostile_only.split(",") if name.strip()],
+        hostile_only=_names(args.hostile_only),
         hostile_trickle_s=args.hostile_trickle_s,
         hostile_cap_s=args.hostile_cap_s,
     )
+
+
+def _path(text: str | None) -> Path | None:
+    """A path flag's value; None when it is not given (or empty)."""
+    return Path(text) if text else None
+
+
+def _names(text: str) -> list[str]:
+    """A comma-separated list of names, blanks dropped."""
+    return [name.strip() for name in text.split(",") if name.strip()]
+
+
+def _cuda_device(parser: argparse.ArgumentParser, argv: Sequence[str], version: str,
+                 given: str | None) -> int | str | None:
+    """--cuda-device as the ComfyUI being faked reads it: 0.3.64's argparse takes an int (exit 2 otherwise), 0.38's
+    a string; 0.38 refuses the flags it removed as unrecognized arguments (exit 2)."""
+    if version == v038.NEW:
+        removed = v038.removed_flag(list(argv))
+        if removed:  # 0.38's argparse knows it no more: "unrecognized arguments", exit 2
+            parser.error(f"unrecognized arguments: {removed}")
+        return given
+    if given is None:
+        return None
+    try:
+        return int(given)
+    except ValueError:
+        parser.error(f"argument --cuda-device: invalid int value: {given!r}")
 
 
 def model_folders(paths: Sequence[str]) -> dict[str, list[Path]]:
@@ -234,8 +253,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"fake_comfy: {exc}", file=sys.stderr)
         return 2
     if "--hostile-list" in arguments:
-        from .hostile import CATALOGUE
-
         for mutation in CATALOGUE.values():
             print(f"{mutation.name}\t{mutation.where}\t{mutation.doc}")
         return 0

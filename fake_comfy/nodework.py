@@ -127,36 +127,57 @@ def transform(node_id: str, class_type: str, inputs: dict[str, Any], run: NodeRu
     if class_type in LOADERS or isinstance(inputs.get("image"), Pixels) or isinstance(inputs.get("mask"), Pixels):
         return pixels(node_id, class_type, inputs, run)
     image = inputs.get("image") if isinstance(inputs.get("image"), Image) else Image(64, 64, 1, (0, 0, 0))
-    if class_type == "EmptyImage":
-        width, height, batch = int(inputs["width"]), int(inputs["height"]), int(inputs["batch_size"])
-        nbytes = width * height * batch * 4
-        if nbytes > physical_memory():
-            message = data("errors.json")["cpu_alloc"]["exception_message"].replace(
-                "{nbytes}", str(nbytes)
-            )
-            raise NodeFailure(node_id, run.error_details(node_id, "cpu_alloc", message))
-        color = int(inputs["color"])
-        return Image(width, height, batch, ((color >> 16) & 0xFF, (color >> 8) & 0xFF, color & 0xFF))
-    if class_type == "ImageInvert":
-        return Image(image.width, image.height, image.batch, tuple(255 - c for c in image.rgb))  # type: ignore[arg-type]
-    if class_type == "ImageToMask":
-        if inputs.get("channel") == "alpha":  # the fake's images have three channels, like EmptyImage's
-            raise NodeFailure(node_id, run.error_details(node_id, "image_to_mask"))
-        channel = ("red", "green", "blue").index(inputs.get("channel", "red"))
-        return Image(image.width, image.height, image.batch, (image.rgb[channel],) * 3)
-    if class_type == "ImageScale":
-        width, height = int(inputs.get("width", 0)), int(inputs.get("height", 0))
-        if width == 0 and height == 0:
-            return image
-        width = width or max(1, round(image.width * height / image.height))
-        height = height or max(1, round(image.height * width / image.width))
-        return Image(width, height, image.batch, image.rgb)
-    if class_type == "LoadImage":
-        return Image(64, 64, 1, (128, 128, 128))
+    node = _IMAGE_NODES.get(class_type)
+    return node(node_id, inputs, image, run) if node is not None else image
+
+
+def _empty_image(node_id: str, inputs: dict[str, Any], image: Image, run: NodeRun) -> Image:
+    width, height, batch = int(inputs["width"]), int(inputs["height"]), int(inputs["batch_size"])
+    nbytes = width * height * batch * 4
+    if nbytes > physical_memory():
+        message = data("errors.json")["cpu_alloc"]["exception_message"].replace(
+            "{nbytes}", str(nbytes)
+        )
+        raise NodeFailure(node_id, run.error_details(node_id, "cpu_alloc", message))
+    color = int(inputs["color"])
+    return Image(width, height, batch, ((color >> 16) & 0xFF, (color >> 8) & 0xFF, color & 0xFF))
+
+
+def _image_invert(node_id: str, inputs: dict[str, Any], image: Image, run: NodeRun) -> Image:
+    return Image(image.width, image.height, image.batch, tuple(255 - c for c in image.rgb))  # type: ignore[arg-type]
+
+
+def _image_to_mask(node_id: str, inputs: dict[str, Any], image: Image, run: NodeRun) -> Image:
+    if inputs.get("channel") == "alpha":  # the fake's images have three channels, like EmptyImage's
+        raise NodeFailure(node_id, run.error_details(node_id, "image_to_mask"))
+    channel = ("red", "green", "blue").index(inputs.get("channel", "red"))
+    return Image(image.width, image.height, image.batch, (image.rgb[channel],) * 3)
+
+
+def _image_scale(node_id: str, inputs: dict[str, Any], image: Image, run: NodeRun) -> Image:
+    width, height = int(inputs.get("width", 0)), int(inputs.get("height", 0))
+    if width == 0 and height == 0:
+        return image
+    width = width or max(1, round(image.width * height / image.height))
+    height = height or max(1, round(image.height * width / image.width))
+    return Image(width, height, image.batch, image.rgb)
+
+
+def _load_image(node_id: str, inputs: dict[str, Any], image: Image, run: NodeRun) -> Image:
+    return Image(64, 64, 1, (128, 128, 128))
+
+
+def _mask_to_image(node_id: str, inputs: dict[str, Any], image: Image, run: NodeRun) -> Image:
     mask = inputs.get("mask")
-    if class_type == "MaskToImage" and isinstance(mask, Image):
-        return mask
-    return image
+    return mask if isinstance(mask, Image) else image
+
+
+_IMAGE_NODES: dict[str, Callable[[str, dict[str, Any], Image, NodeRun], Image]] = {
+    "EmptyImage": _empty_image, "ImageInvert": _image_invert, "ImageToMask": _image_to_mask,
+    "ImageScale": _image_scale, "LoadImage": _load_image, "MaskToImage": _mask_to_image,
+}
+"""What each image node makes of its inputs (sizes and one colour: no pixels); any other passes its image on."""
+
 
 def pixels(node_id: str, class_type: str, inputs: dict[str, Any], run: NodeRun) -> Any:
     """Real pixels (fake_comfy.uploads): the loaders read the uploaded file; the nodes after them compute on

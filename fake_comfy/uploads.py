@@ -91,6 +91,28 @@ def decode_png(data: bytes) -> tuple[int, int, int, bytes]:
     or short image stream OSError."""
     if not data.startswith(PNG_MAGIC):
         raise NotAnImage("cannot identify image file")
+    header, idat = _chunks(data)
+    width, height, depth, color, _c, _f, interlace = header
+    channels = {0: 1, 2: 3, 4: 2, 6: 4}.get(color)
+    if depth != 8 or channels is None or interlace:
+        raise NotAnImage(f"fake_comfy reads 8-bit gray/RGB/RGBA PNGs only (depth {depth}, colour {color})")
+    try:
+        raw, stride = zlib.decompress(b"".join(idat)), width * channels
+    except zlib.error:
+        raise OSError("broken data stream when reading image file") from None  # PIL's words for it
+    if len(raw) < height * (stride + 1):
+        raise OSError("image file is truncated")
+    out, prev = bytearray(), bytearray(stride)
+    for y in range(height):
+        line = bytearray(raw[y * (stride + 1) + 1:(y + 1) * (stride + 1)])
+        _unfilter(raw[y * (stride + 1)], line, prev, channels)
+        out += line
+        prev = line
+    return width, height, channels, bytes(out)
+
+
+def _chunks(data: bytes) -> tuple[tuple[int, ...], list[bytes]]:
+    """The IHDR fields and the IDAT bodies of a PNG, every other chunk's checksum checked as PIL checks them."""
     pos, idat, header = 8, [], None
     while pos + 8 <= len(data):
         length, kind = struct.unpack(">I4s", data[pos:pos + 8])
@@ -104,35 +126,29 @@ def decode_png(data: bytes) -> tuple[int, int, int, bytes]:
         pos += 12 + length
     if header is None:
         raise NotAnImage("cannot identify image file")
-    width, height, depth, color, _c, _f, interlace = header
-    channels = {0: 1, 2: 3, 4: 2, 6: 4}.get(color)
-    if depth != 8 or channels is None or interlace:
-        raise NotAnImage(f"fake_comfy reads 8-bit gray/RGB/RGBA PNGs only (depth {depth}, colour {color})")
-    try:
-        raw, stride = zlib.decompress(b"".join(idat)), width * channels
-    except zlib.error:
-        raise OSError("broken data stream when reading image file") from None  # PIL's words for it
-    if len(raw) < height * (stride + 1):
-        raise OSError("image file is truncated")
-    out, prev = bytearray(), bytearray(stride)
-    for y in range(height):
-        kind, line = raw[y * (stride + 1)], bytearray(raw[y * (stride + 1) + 1:(y + 1) * (stride + 1)])
-        for i in range(stride):
-            a = line[i - channels] if i >= channels else 0
-            b, c = prev[i], prev[i - channels] if i >= channels else 0
-            if kind == 1:
-                line[i] = (line[i] + a) & 0xFF
-            elif kind == 2:
-                line[i] = (line[i] + b) & 0xFF
-            elif kind == 3:
-                line[i] = (line[i] + (a + b) // 2) & 0xFF
-            elif kind == 4:
-                p = a + b - c
-                pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
-                line[i] = (line[i] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 0xFF
-        out += line
-        prev = line
-    return width, height, channels, bytes(out)
+    return header, idat
+
+
+def _unfilter(kind: int, line: bytearray, prev: bytearray, channels: int) -> None:
+    """Undo a scanline's PNG filter (``kind``: 0 none, 1 Sub, 2 Up, 3 Average, 4 Paeth) in place, ``prev`` being
+    the line above, already unfiltered."""
+    for i in range(len(line)):
+        a = line[i - channels] if i >= channels else 0
+        b, c = prev[i], prev[i - channels] if i >= channels else 0
+        if kind == 1:
+            line[i] = (line[i] + a) & 0xFF
+        elif kind == 2:
+            line[i] = (line[i] + b) & 0xFF
+        elif kind == 3:
+            line[i] = (line[i] + (a + b) // 2) & 0xFF
+        elif kind == 4:
+            line[i] = (line[i] + _paeth(a, b, c)) & 0xFF
+
+
+def _paeth(a: int, b: int, c: int) -> int:
+    p = a + b - c
+    pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+    return a if pa <= pb and pa <= pc else b if pb <= pc else c
 
 
 def load(path: Path, class_type: str, channel: str = "alpha") -> Pixels:

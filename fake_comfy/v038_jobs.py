@@ -8,7 +8,8 @@ runs in the event loop without awaiting between the look and the act, so no prom
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -36,34 +37,111 @@ def _queue_job(item: QueueItem, status: str, detail: bool) -> dict[str, Any]:
 def _history_job(prompt_id: str, entry: dict[str, Any], detail: bool) -> dict[str, Any]:
     _, _, prompt, extra, _ = entry["prompt"]
     status_info = entry.get("status") or {}
-    start = end = error = None
-    interrupted = False
-    for message in status_info.get("messages", []):
-        if isinstance(message, list) and len(message) >= 2 and isinstance(message[1], dict):
-            if message[0] == "execution_start":
-                start = message[1].get("timestamp")
-            elif message[0] in ("execution_success", "execution_error", "execution_interrupted"):
-                end = message[1].get("timestamp")
-                error = message[1] if message[0] == "execution_error" else error
-                interrupted = interrupted or message[0] == "execution_interrupted"
+    start, end, error, interrupted = _run_times(status_info.get("messages", []))
     status = ("cancelled" if interrupted else "failed") if status_info.get("status_str") == "error" else "completed"
     outputs = entry.get("outputs") or {}
     items = [i for out in outputs.values() if isinstance(out, dict) for kind, lst in out.items()
              if kind != "animated" and isinstance(lst, list) for i in lst if isinstance(i, dict)]
-    preview = next((dict(i, nodeId=n, mediaType=k) for n, out in outputs.items() if isinstance(out, dict)
-                    for k, lst in out.items() if k == "images" and isinstance(lst, list) for i in lst
-                    if isinstance(i, dict) and i.get("type") == "output"), None)
     job = {"id": prompt_id, "status": status, "priority": entry["prompt"][0], "create_time": extra.get("create_time"),
            "execution_start_time": start, "execution_end_time": end, "execution_error": error,
-           "outputs_count": len(items), "previewable_outputs_count": len(items), "preview_output": preview}
+           "outputs_count": len(items), "previewable_outputs_count": len(items), "preview_output": _preview(outputs)}
     job = {k: v for k, v in job.items() if v is not None}
     if detail:
         job.update(outputs=outputs, execution_status=status_info, workflow={"prompt": prompt, "extra_data": extra})
     return job
 
 
+def _run_times(messages: list[Any]) -> tuple[Any, Any, Any, bool]:
+    """From a history entry's status messages: when the run started and ended, its execution_error (the data of
+    that message) and whether it was interrupted."""
+    start = end = error = None
+    interrupted = False
+    for message in messages:
+        if not (isinstance(message, list) and len(message) >= 2 and isinstance(message[1], dict)):
+            continue
+        if message[0] == "execution_start":
+            start = message[1].get("timestamp")
+        elif message[0] in ("execution_success", "execution_error", "execution_interrupted"):
+            end = message[1].get("timestamp")
+            error = message[1] if message[0] == "execution_error" else error
+            interrupted = interrupted or message[0] == "execution_interrupted"
+    return start, end, error, interrupted
+
+
+def _preview(outputs: dict[str, Any]) -> dict[str, Any] | None:
+    """The first output image, with its node and media type, as upstream's ``preview_output``."""
+    return next((dict(i, nodeId=n, mediaType=k) for n, out in outputs.items() if isinstance(out, dict)
+                 for k, lst in out.items() if k == "images" and isinstance(lst, list) for i in lst
+                 if isinstance(i, dict) and i.get("type") == "output"), None)
+
+
 def _bad(message: str) -> web.Response:
     return web.json_response({"error": message}, status=400)
+
+
+class Refused(Exception):
+    """A query upstream answers 400, with upstream's message."""
+
+
+@dataclass
+class ListQuery:
+    """GET /api/jobs's query, checked as upstream checks it."""
+
+    statuses: list[str]
+    sort_by: str
+    order: str
+    limit: int | None
+    offset: int
+
+    @classmethod
+    def read(cls, query: Mapping[str, str]) -> ListQuery:
+        sort_by, order = query.get("sort_by", "created_at").lower(), query.get("sort_order", "desc").lower()
+        statuses = _statuses(query.get("status"))
+        if sort_by not in ("created_at", "execution_duration"):
+            raise Refused("sort_by must be 'created_at' or 'execution_duration'")
+        if order not in ("asc", "desc"):
+            raise Refused("sort_order must be 'asc' or 'desc'")
+        return cls(statuses, sort_by, order, _limit(query), _offset(query))
+
+
+def _statuses(asked: str | None) -> list[str]:
+    if not asked:
+        return list(JOB_STATUSES)
+    statuses = [s.strip().lower() for s in asked.split(",") if s.strip()]
+    invalid = [s for s in statuses if s not in JOB_STATUSES]
+    if invalid:
+        raise Refused(f"Invalid status value(s): {', '.join(invalid)}. Valid values: {', '.join(JOB_STATUSES)}")
+    return statuses
+
+
+def _limit(query: Mapping[str, str]) -> int | None:
+    if "limit" not in query:
+        return None
+    try:
+        limit = int(query["limit"])
+    except ValueError:
+        raise Refused("limit must be an integer") from None
+    if limit <= 0:
+        raise Refused("limit must be a positive integer")
+    return limit
+
+
+def _offset(query: Mapping[str, str]) -> int:
+    if "offset" not in query:
+        return 0
+    try:
+        return max(0, int(query["offset"]))
+    except ValueError:
+        raise Refused("offset must be an integer") from None
+
+
+def _duration(job: dict[str, Any]) -> float:
+    start, end = job.get("execution_start_time", 0), job.get("execution_end_time", 0)
+    return end - start if end and start else 0
+
+
+def _created(job: dict[str, Any]) -> float:
+    return job.get("create_time", 0)
 
 
 class JobsApi:
@@ -72,53 +150,27 @@ class JobsApi:
 
     async def list(self, request: web.Request) -> web.Response:
         query = request.rel_url.query
-        statuses = list(JOB_STATUSES)
-        if query.get("status"):
-            statuses = [s.strip().lower() for s in query["status"].split(",") if s.strip()]
-            invalid = [s for s in statuses if s not in JOB_STATUSES]
-            if invalid:
-                return _bad(f"Invalid status value(s): {', '.join(invalid)}. Valid values: {', '.join(JOB_STATUSES)}")
-        sort_by, order = query.get("sort_by", "created_at").lower(), query.get("sort_order", "desc").lower()
-        if sort_by not in ("created_at", "execution_duration"):
-            return _bad("sort_by must be 'created_at' or 'execution_duration'")
-        if order not in ("asc", "desc"):
-            return _bad("sort_order must be 'asc' or 'desc'")
-        limit = None
-        if "limit" in query:
-            try:
-                limit = int(query["limit"])
-            except ValueError:
-                return _bad("limit must be an integer")
-            if limit <= 0:
-                return _bad("limit must be a positive integer")
-        offset = 0
-        if "offset" in query:
-            try:
-                offset = max(0, int(query["offset"]))
-            except ValueError:
-                return _bad("offset must be an integer")
+        try:
+            asked = ListQuery.read(query)
+        except Refused as exc:
+            return _bad(str(exc))
         queue = self.server.queue
         jobs: list[dict[str, Any]] = []
-        if "in_progress" in statuses:
+        if "in_progress" in asked.statuses:
             jobs += [_queue_job(i, "in_progress", False) for i in queue.running.values()]
-        if "pending" in statuses:
+        if "pending" in asked.statuses:
             jobs += [_queue_job(i, "pending", False) for i in queue.pending]
-        jobs += [j for j in (_history_job(k, v, False) for k, v in queue.history.items()) if j["status"] in statuses]
+        jobs += [j for j in (_history_job(k, v, False) for k, v in queue.history.items())
+                 if j["status"] in asked.statuses]
         if query.get("workflow_id"):
             jobs = [j for j in jobs if j.get("workflow_id") == query["workflow_id"]]
-
-        def key(job: dict[str, Any]) -> float:
-            if sort_by == "execution_duration":
-                start, end = job.get("execution_start_time", 0), job.get("execution_end_time", 0)
-                return end - start if end and start else 0
-            return job.get("create_time", 0)
-
-        jobs.sort(key=key, reverse=order == "desc")
+        jobs.sort(key=_duration if asked.sort_by == "execution_duration" else _created, reverse=asked.order == "desc")
         total = len(jobs)
-        jobs = jobs[offset:]
-        jobs = jobs[:limit] if limit is not None else jobs
-        return web.json_response({"jobs": jobs, "pagination": {"offset": offset, "limit": limit, "total": total,
-                                                                "has_more": offset + len(jobs) < total}})
+        jobs = jobs[asked.offset:]
+        jobs = jobs[:asked.limit] if asked.limit is not None else jobs
+        return web.json_response({"jobs": jobs, "pagination": {"offset": asked.offset, "limit": asked.limit,
+                                                                "total": total,
+                                                                "has_more": asked.offset + len(jobs) < total}})
 
     async def get(self, request: web.Request) -> web.Response:
         job_id = request.match_info["job_id"]

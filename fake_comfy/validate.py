@@ -23,59 +23,82 @@ def _error(kind: str, message: str, details: str, extra: dict[str, Any] | None =
 
 def validate_prompt(prompt: Any, partial_targets: list[str] | None, catalogue: Catalogue) -> Validation:
     """(valid, error, good_outputs, node_errors) exactly as ComfyUI returns them."""
-    outputs: list[str] = []
-    for x in prompt:
-        if "class_type" not in prompt[x]:
-            details = f"Node ID '#{x}'"
-            message = "Cannot execute because a node is missing the class_type property."
-            return False, _error("invalid_prompt", message, details), [], {}
-        class_type = prompt[x]["class_type"]
-        node = catalogue.get(class_type)
-        if node is None:
-            message = f"Cannot execute because node {class_type} does not exist."
-            return False, _error("invalid_prompt", message, f"Node ID '#{x}'"), [], {}
-        if node.output_node and (partial_targets is None or x in partial_targets):
-            outputs.append(x)
-    if not outputs:
-        return False, _error("prompt_no_outputs", "Prompt has no outputs", ""), [], {}
-
+    outputs, refused = _outputs(prompt, partial_targets, catalogue)
+    if refused is not None:
+        return refused
     good: list[str] = []
     failed: list[tuple[str, list[dict[str, Any]]]] = []
     node_errors: dict[str, Any] = {}
     validated: dict[str, NodeResult] = {}
     for o in outputs:
-        try:
-            valid, reasons, _ = _Validator(prompt, catalogue, validated).node(o)
-        except Exception as ex:
-            valid = False
-            extra = {
-                "exception_type": _type_name(ex),
-                "traceback": data("errors.json")["inner_validation_traceback"],
-            }
-            reasons = [
-                _error("exception_during_validation", "Exception when validating node", str(ex), extra)
-            ]
-            validated[o] = (False, reasons, o)
+        valid, reasons = _validate_output(o, prompt, catalogue, validated)
         if valid:
             good.append(o)
             continue
         failed.append((o, reasons))
-        for node_id, (ok, node_reasons, _) in validated.items():
-            if ok is not True and node_reasons:
-                entry = node_errors.setdefault(
-                    node_id,
-                    {
-                        "errors": node_reasons,
-                        "dependent_outputs": [],
-                        "class_type": prompt[node_id]["class_type"],
-                    },
-                )
-                entry["dependent_outputs"].append(o)
+        _file_errors(node_errors, validated, prompt, o)
     if not good:
         details = "\n".join(f"{e['message']}: {e['details']}" for _, errors in failed for e in errors)
         error = _error("prompt_outputs_failed_validation", "Prompt outputs failed validation", details)
         return False, error, [], node_errors
     return True, None, good, node_errors
+
+
+def _outputs(prompt: Any, partial_targets: list[str] | None,
+             catalogue: Catalogue) -> tuple[list[str], Validation | None]:
+    """The prompt's output nodes (those of ``partial_targets`` when given), or the refusal of a prompt with a node
+    that has no class_type or one that does not exist, or with no output."""
+    outputs: list[str] = []
+    for x in prompt:
+        if "class_type" not in prompt[x]:
+            details = f"Node ID '#{x}'"
+            message = "Cannot execute because a node is missing the class_type property."
+            return [], (False, _error("invalid_prompt", message, details), [], {})
+        class_type = prompt[x]["class_type"]
+        node = catalogue.get(class_type)
+        if node is None:
+            message = f"Cannot execute because node {class_type} does not exist."
+            return [], (False, _error("invalid_prompt", message, f"Node ID '#{x}'"), [], {})
+        if node.output_node and (partial_targets is None or x in partial_targets):
+            outputs.append(x)
+    if not outputs:
+        return [], (False, _error("prompt_no_outputs", "Prompt has no outputs", ""), [], {})
+    return outputs, None
+
+
+def _validate_output(o: str, prompt: Any, catalogue: Catalogue,
+                     validated: dict[str, NodeResult]) -> tuple[bool, list[dict[str, Any]]]:
+    """Whether output ``o`` and the nodes it depends on are valid, and why not; an exception while validating is
+    filed under ``o`` as ComfyUI files it."""
+    try:
+        valid, reasons, _ = _Validator(prompt, catalogue, validated).node(o)
+    except Exception as ex:
+        extra = {
+            "exception_type": _type_name(ex),
+            "traceback": data("errors.json")["inner_validation_traceback"],
+        }
+        reasons = [
+            _error("exception_during_validation", "Exception when validating node", str(ex), extra)
+        ]
+        validated[o] = (False, reasons, o)
+        return False, reasons
+    return valid, reasons
+
+
+def _file_errors(node_errors: dict[str, Any], validated: dict[str, NodeResult], prompt: Any, o: str) -> None:
+    """Every node validated so far that failed with reasons, in ``node_errors`` with ``o`` among its dependent
+    outputs."""
+    for node_id, (ok, node_reasons, _) in validated.items():
+        if ok is not True and node_reasons:
+            entry = node_errors.setdefault(
+                node_id,
+                {
+                    "errors": node_reasons,
+                    "dependent_outputs": [],
+                    "class_type": prompt[node_id]["class_type"],
+                },
+            )
+            entry["dependent_outputs"].append(o)
 
 
 def scripted_invalid(prompt: dict[str, Any], catalogue: Catalogue) -> Validation:
