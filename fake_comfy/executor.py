@@ -22,10 +22,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from . import nodework, t2i
+from .faults import FAULT_AT, strike
 from .graph import post_order, signatures
 from .images import jpeg_bytes
 from .nodes import is_link, is_loader, model_name
 from .nodework import Model, NodeFailure
+from .pacing import Pace, RunClock
 
 if TYPE_CHECKING:
     from .hub import Hub
@@ -33,15 +35,8 @@ if TYPE_CHECKING:
     from .prompt_queue import QueueItem
     from .stats import Recorder
 
-#: Script words whose fault happens at a node, and the index (in execution order) of that node.
-FAULT_AT = {"drop": 0, "crash": 0, "error": 1, "oom": 1, "fatal": 1, "hang": 1, "hostile:run:ignore-interrupt": 1}
 #: Words that may use the output cache (a fault must not be hidden by a cache hit).
 CACHE_WORDS = ("ok", "slow")
-MAX_TAIL = 0.003
-"""The most ``Executor.tail`` takes off a prompt's last wait: a prompt's own bookkeeping is about 1 ms here."""
-MAX_LATENESS = 0.003
-"""How early a node's wait may aim: at most what the loop's wake-ups are late on an idle machine (epoll's
-whole milliseconds). On a loaded one they are later still, and that rest is waited out as before."""
 
 
 @dataclass
@@ -77,11 +72,7 @@ class Executor:
         self.client_id: str | None = None
         self.last_node_id: str | None = None
         self.interrupt_flag = asyncio.Event()
-        self.lateness = 0.0
-        """Seconds the event loop has been waking up after a node's wait should have ended (a running mean)."""
-        self.tail = 0.0
-        """Seconds from the end of a prompt's node time to its end (its last messages, its history, executing
-        None), learnt over the prompts that succeeded and taken off the last node's wait (``work``)."""
+        self.pace = Pace()
         self.cache: dict[str, CacheEntry] = {}
         self.loaded: dict[str, str | None] = {}
         self.poisoned = False
@@ -104,14 +95,10 @@ class Executor:
         return await _Run(self, item).go()
 
     def ended(self, outcome: Outcome) -> None:
-        """The prompt's end has been sent (history written, executing None): learn how far past its node time
-        that came, so the next prompt's last wait ends that much earlier. A prompt given T ms of nodes then
-        ends T ms after its start, the fake's own work included, as a real one's time includes its nodes'
-        bookkeeping; before, the fake's 0.6-1.2 ms of it came on top of T and no client could reach T."""
-        if outcome.outcome != "success" or outcome.nominal_end is None:
-            return
-        over = asyncio.get_running_loop().time() - outcome.nominal_end
-        self.tail = min(max(self.tail + over / 4, 0.0), MAX_TAIL)
+        """The prompt's end has been sent (history written, executing None): a prompt that succeeded teaches the
+        pace how long its end takes past its node time (fake_comfy.pacing)."""
+        if outcome.outcome == "success" and outcome.nominal_end is not None:
+            self.pace.ended(outcome.nominal_end)
 
 
 class _Run:
@@ -136,12 +123,7 @@ class _Run:
         self.status_messages: list[list[Any]] = []
         self.slow = 10.0 if item.word == "slow" else 1.0
         self.sigs: dict[str, str] = {}
-        self.started = 0.0
-        """The loop's clock at execution_start: node times are kept against it (see ``work``)."""
-        self.planned = 0.0
-        """Seconds of node time (node_ms, load_ms, progress steps) this run has been given so far."""
-        self.last_node: str | None = None
-        """The node that runs last: its wait ends ``Executor.tail`` early, for the prompt's bookkeeping after it."""
+        self.clock = RunClock(executor.pace, executor.interrupt_flag)
 
     # -- messages -------------------------------------------------------------------------------
 
@@ -176,19 +158,12 @@ class _Run:
         ex = self.ex
         ex.interrupt_flag.clear()
         ex.client_id = self.client
-        self.sigs = sigs = signatures(self.prompt)
-        wanted = set(sigs.values())
-        ex.cache = {k: v for k, v in ex.cache.items() if k in wanted}
-        use_cache = self.item.word in CACHE_WORDS
-        cached = {n for n in self.prompt if use_cache and sigs[n] in ex.cache}
-        stages = post_order(self.prompt, self.item.outputs, lambda n: n not in cached)
-        stages = [n for n in stages if n not in cached or n in self.item.outputs]
-        self.last_node = next((n for n in reversed(stages) if n not in cached), None)
+        stages, cached = self.plan()
         record = ex.recorder.started(
             self.pid, self.item.number, self.item.word, all(n in cached for n in stages)
         )
         self.message("execution_start", {"prompt_id": self.pid}, broadcast=False)
-        self.started = asyncio.get_running_loop().time()
+        self.clock.start()
         self.message(
             "execution_cached",
             {"nodes": [n for n in self.prompt if n in cached], "prompt_id": self.pid},
@@ -205,8 +180,21 @@ class _Run:
             "completed": outcome == "success",
             "messages": self.status_messages,
         }
-        return Outcome(outcome, {"outputs": self.ui, "meta": self.meta}, status, record,
-                       self.started + self.planned if self.planned > 0 else None)
+        return Outcome(outcome, {"outputs": self.ui, "meta": self.meta}, status, record, self.clock.nominal_end())
+
+    def plan(self) -> tuple[list[str], set[str]]:
+        """The nodes to run in order (an output node served from the cache stays, to replay it) and the cached
+        ones; the cache keeps only what this prompt may use."""
+        ex = self.ex
+        self.sigs = sigs = signatures(self.prompt)
+        wanted = set(sigs.values())
+        ex.cache = {k: v for k, v in ex.cache.items() if k in wanted}
+        use_cache = self.item.word in CACHE_WORDS
+        cached = {n for n in self.prompt if use_cache and sigs[n] in ex.cache}
+        stages = post_order(self.prompt, self.item.outputs, lambda n: n not in cached)
+        stages = [n for n in stages if n not in cached or n in self.item.outputs]
+        self.clock.last_node = next((n for n in reversed(stages) if n not in cached), None)
+        return stages, cached
 
     async def run_stages(self, stages: list[str], cached: set[str], record: dict[str, Any]) -> str:
         """Every staged node in order; the outcome is success, error or interrupted."""
@@ -247,7 +235,8 @@ class _Run:
         if self.client is not None:
             self.ex.last_node_id = node_id
             self.to_client("executing", {"node": node_id, "display_node": node_id, "prompt_id": self.pid})
-        await self.apply_fault("fatal" if self.ex.poisoned else fault, node_id, record)
+        await strike("fatal" if self.ex.poisoned else fault, node_id, self.ex, self.client, record,
+                     self.error_details)
         try:
             value, output = await self.compute(node_id, class_type)
         except NodeFailure:
@@ -276,56 +265,9 @@ class _Run:
         self.values[node_id] = value
         self.ex.cache[sig] = CacheEntry(value, ui)
 
-    async def apply_fault(self, fault: str | None, node_id: str, record: dict[str, Any]) -> None:
-        """The scripted misfortune, at the node the word names (after its executing message)."""
-        if fault == "crash":
-            self.ex.recorder.ended(record, "crashed")
-            self.ex.hub.post_action(self.ex.crash)
-            await asyncio.Event().wait()  # the server is going away under us
-        elif fault == "drop":
-            client = self.client
-            self.ex.hub.post_action(lambda: self.ex.hub.abort(client))
-        elif fault == "hang":
-            await self.ex.interrupt_flag.wait()
-            raise NodeFailure(node_id)
-        elif fault == "hostile:run:ignore-interrupt":  # a custom node that never checks the flag
-            await asyncio.Event().wait()
-        elif fault == "error":
-            raise NodeFailure(node_id, self.error_details(node_id, "image_to_mask"))
-        elif fault == "oom":
-            self.ex.loaded.clear()  # ComfyUI unloads every model after an out-of-memory error
-            raise NodeFailure(node_id, self.error_details(node_id, "oom"))
-        elif fault == "fatal":
-            self.ex.poisoned = True
-            raise NodeFailure(node_id, self.error_details(node_id, "device_lost"))
-
     async def work(self, node_id: str, ms: float) -> None:
-        """A node's time; an interrupt (set before or during it) stops the prompt at this node.
-
-        The time is kept against a deadline, execution_start + every node time given so far, rather than
-        slept node by node: each wake-up of the event loop comes late (epoll counts whole milliseconds,
-        rounded up), and slept node by node those delays added up, so a prompt of three 66.7 ms nodes took
-        209 ms instead of 200. The wait also aims early by how late the loop has been waking up lately
-        (``Executor.lateness``) and yields to the loop for what is left, so the last node ends at its
-        deadline too: a prompt takes its nodes' time, which is what ``--node-ms`` promises a benchmark.
-
-        ComfyUI checks the flag before each node and samplers check it at every step, so the running
-        node is where the interrupt lands either way: "executing X", then execution_interrupted at X.
-        """
-        loop, flag = asyncio.get_running_loop(), self.ex.interrupt_flag
-        self.planned += max(ms, 0) / 1000
-        deadline = self.started + self.planned - (self.ex.tail if node_id == self.last_node else 0.0)
-        target = deadline - self.ex.lateness
-        if not flag.is_set() and target > loop.time():
-            try:
-                await asyncio.wait_for(flag.wait(), target - loop.time())
-            except TimeoutError:
-                late = loop.time() - target
-                self.ex.lateness = min(max(self.ex.lateness + (late - self.ex.lateness) / 4, 0.0), MAX_LATENESS)
-        while not flag.is_set() and loop.time() < deadline:
-            await asyncio.sleep(0)  # the rest, a fraction of a millisecond: let the loop run meanwhile
-        if flag.is_set():
-            raise NodeFailure(node_id)
+        """A node's time (fake_comfy.pacing); an interrupt, set before or during it, stops the prompt here."""
+        await self.clock.work(node_id, ms)
 
     def report(self, failure: NodeFailure) -> None:
         """PromptExecutor.handle_execution_error."""

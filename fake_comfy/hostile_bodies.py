@@ -235,4 +235,4 @@ def store_temp_name() -> None:
 @register("run:ignore-interrupt", "stops at the second node and never checks the interrupt flag: it stays "
           "running after POST /interrupt until the server stops or is killed")
 def ignore_interrupt() -> None:
-    """Carried out by the executor (executor.FAULT_AT); listed here so that checkers see it."""
+    """Carried out by the executor (faults.FAULT_AT); listed here so that checkers see it."""

@@ -16,7 +16,7 @@ Kinds of function, by WHERE:
   message, or None to leave it alone.
 - names: ``fn(image)`` renames one output item {filename, subfolder, type} (history and `executed`).
 - view: ``fn(file_bytes)`` returns the `Raw` answer to /view of one of the prompt's files.
-- run: the executor's behaviour (see executor.FAULT_AT); the function is not called.
+- run: the executor's behaviour (see faults.FAULT_AT); the function is not called.
 """
 
 from __future__ import annotations

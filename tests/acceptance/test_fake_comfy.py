@@ -1128,7 +1128,7 @@ def test_node_times_are_kept_against_execution_start(fake: FakeComfy) -> None:
     """A prompt lasts at least its nodes' time from execution_start to its end (late wake-ups are absorbed by the
     next node's deadline, never by running a node short; the last node ends early only by the fake's own
     bookkeeping after it, at most MAX_TAIL), and each executed node took its turn."""
-    from fake_comfy.executor import MAX_TAIL
+    from fake_comfy.pacing import MAX_TAIL
 
     fake.node_ms = 40
     fake.script(["ok", "slow"])
