@@ -7,7 +7,7 @@ it as an image of the latent's size in pixels (a mosaic of one cell per latent p
 that content: the same seed and prompt give the same bytes); SaveImage writes it as a real PNG. LoRA and
 ControlNet pass their inputs through, upscaling scales (LatentUpscale and ImageScale to their size,
 ImageUpscaleWithModel by the factor in the model's name), and SaveAnimatedWEBP / SaveWEBM write a real WebP /
-WebM (fake_comfy.media). Audio and video (issue 34): EmptyAudio makes silence, CreateVideo a video of a batch,
+WebM (fake_comfy.media). Audio and video: EmptyAudio makes silence, CreateVideo a video of a batch,
 and SaveAudio, SaveVideo and VideoHelperSuite's VHS_VideoCombine write a FLAC / MP4 header, each listed in the
 history as ComfyUI lists it: SaveVideo's under ``images`` with ``animated: [true]`` (ui.PreviewVideo, read in
 comfy_api/latest/_ui.py and comfy_extras/nodes_video.py@0413db9da96134a570d506b540231253672ec369), SaveAudio's under

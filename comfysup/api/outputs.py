@@ -1,4 +1,4 @@
-"""Outputs are assets (issue 31): ``GET /api/v2/assets/{id}`` and ``/content`` of an output, and an output named
+"""Outputs are assets: ``GET /api/v2/assets/{id}`` and ``/content`` of an output, and an output named
 by a later job's ``core/ASSET`` reference.
 
 An output's id is the asset UUID the queue gave it when its job was done (``Output.id``, table
@@ -100,7 +100,7 @@ async def content_of(request: web.Request) -> web.StreamResponse:
     record, index = found
     output = record.outputs[index]
     name = output.name
-    if s3.split_uri(output.path) is not None:  # in a bucket (issue 33): the client fetches it there, not through us
+    if s3.split_uri(output.path) is not None:  # in a bucket: the client fetches it there, not through us
         link = state.links(output.path, state.config.store.url_ttl_seconds or REDIRECT_TTL_SECONDS)
         if "url" not in link:
             raise ApiError(503, "storage_unavailable", f"the output is at {output.path}, and this machine has no "

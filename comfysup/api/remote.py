@@ -1,6 +1,6 @@
 """Outputs held by another machine: each API advertises where the others reach it, and streams from there what
-its own result store does not hold (issue 18: "Outputs are assets too, streamed from the result store (or from
-the machine that holds them)").
+its own result store does not hold: outputs are assets too, streamed from the result store or from the
+machine that holds them.
 
 Several machines share one PostgreSQL queue; ``[store] dir`` need not be shared, so a job's files are on the disk
 of the machine that ran it (``JobRecord.machine``, the host part of its runner's owner). Each API process writes

@@ -86,7 +86,7 @@ def outputs(record: JobRecord, origin: str, now: float,
     recorded), the one node whose ``filename_prefix`` the name starts with, else ``""`` (the contract's field is
     required and a string). ``filename`` and ``subfolder`` (comfysup's, beside the contract's ``name``): where the
     file is among the job's results, the folder a ``filename_prefix`` such as ``portraits/x`` named, without the
-    job's own folder comfysup adds. ``url``: a file in a bucket's presigned URL (``links``, issue 33), else this
+    job's own folder comfysup adds. ``url``: a file in a bucket's presigned URL (``links``), else this
     API's content route, absolute, from the API's own address (it redirects to a fresh one for a file in a bucket)."""
     out = []
     for index, item in enumerate(record.outputs):
@@ -198,7 +198,7 @@ def job(record: JobRecord, origin: str, now: float, queue_position: int | None =
         links: Callable[[str], dict[str, Any]] = no_links) -> dict[str, Any]:
     """The contract's ``Job`` (plus ``metadata``, which the SDK reads leniently, and ``priority``, comfysup's).
     ``queue_position`` (``Queue.queue_position``, 1 next) is kept only while the job is ``queued``: null once it
-    runs or has ended. ``links``: presigned URLs of outputs in a bucket (issue 33)."""
+    runs or has ended. ``links``: presigned URLs of outputs in a bucket."""
     waiting = status(record) == "queued"
     return {
         "id": record.id, "status": status(record), "created_at": iso(record.submitted_at),

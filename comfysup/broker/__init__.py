@@ -1,4 +1,4 @@
-"""The RabbitMQ front door: jobs in from a queue, results out to two exchanges (issue 20).
+"""The RabbitMQ front door: jobs in from a queue, results out to two exchanges.
 
 - :mod:`~comfysup.broker.consumer`: each message is one jobs.jsonl line, validated by comfysup.jobs as
   ``submit`` validates, inserted idempotently by job id, and acknowledged only after the insert committed;

@@ -189,7 +189,7 @@ class ComfyClient:
         return self._checked(lambda b: wire.history_entry(b, prompt_id, max_files=max_files), body)
 
     def may_have_run(self, prompt_id: str) -> bool:
-        """Whether the server may hold or have run ``prompt_id`` (issue 15 #6: another queue, a restored backup
+        """Whether the server may hold or have run ``prompt_id`` (another queue, or a restored backup,
         may have run a job's id there): False only when this client knows every prompt the server was given
         (see :class:`KnownRuns`) and posted or looked within TRUST_SECONDS, so a job's first POST in a stream of
         them needs no GET /queue and /history/{id} before it (on a real ComfyUI those waited for the running

@@ -1,5 +1,5 @@
 """What a client knows of the prompts its server was given: the queue's entries as read, and the numbers
-ComfyUI handed out, so that a job's first POST need not ask /history first (issue 19; see ``KnownRuns``)."""
+ComfyUI handed out, so that a job's first POST need not ask /history first (see ``KnownRuns``)."""
 
 from __future__ import annotations
 

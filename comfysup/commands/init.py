@@ -33,7 +33,7 @@ DOCS: dict[str, dict[str, str]] = {
         "max_file_mb": "Largest output file accepted from ComfyUI, in MiB.",
         "max_job_mb": "All of one job's output files together, in MiB.",
         "max_files_per_job": "Output files of one job; a history naming more is treated as malformed.",
-        # object storage (issue 33)
+        # object storage
         "url": "s3://bucket/prefix: outputs go to <prefix>/<job id>/<name> in that bucket (dir is then only the "
                "staging folder); \"\": they stay in dir.",
         "endpoint_url": "The S3 service's address (http://127.0.0.1:8333 for SeaweedFS or MinIO); \"\": AWS.",

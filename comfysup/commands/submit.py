@@ -205,7 +205,7 @@ def wait(config: Config, ids: list[str]) -> int:
 
 
 def wait_counts(ended: dict[str, str], states: dict[str, str], left: list[str]) -> dict[str, int]:
-    """One set of counts for the bar (issue 32), from one poll: the ended jobs by state (their sum is the bar's
+    """One set of counts for the bar, from one poll: the ended jobs by state (their sum is the bar's
     position), then the jobs still to end by state as ``status`` counts them, a posted job apart from the running
     ones; ``queued`` holds every other one (waiting to retry, or not in the queue yet). They add up to the
     file's jobs, the bar's total."""

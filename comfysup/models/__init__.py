@@ -1,4 +1,4 @@
-"""The model manifest on a machine (issue 34): pulling its files into a shared cache, verified, and showing each
+"""The model manifest on a machine: pulling its files into a shared cache, verified, and showing each
 server comfysup launches the files by name.
 
 - ``cache``: the cache's layout (one file per content, ``sha256/<hex>``; partial downloads and their locks), the

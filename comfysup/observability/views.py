@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from comfysup.queue.run_values import JobRecord
 
 POSTED_TEXT = "in the server's queue, behind the prompt that runs there"
-"""What a posted job does (issue 32): claimed ahead, it waits in its server's queue, not yet executing."""
+"""What a posted job does: claimed ahead, it waits in its server's queue, not yet executing."""
 WINDOW_SECONDS = 300.0
 """Jobs per minute are counted over the last five minutes."""
 

@@ -65,7 +65,7 @@ def verify(secret: str, timestamp: str, body: bytes, signature: str, *, now: flo
 
 def record_body(job: JobRecord, links: Callable[[str], dict[str, Any]] = no_links) -> dict[str, Any]:
     """The job's record as POSTed: id, status, files with hashes, reason, timings — secrets masked. A file in a
-    bucket has its ``location`` (s3://) and a presigned ``url`` with ``url_expires_at`` (``links``, issue 33),
+    bucket has its ``location`` (s3://) and a presigned ``url`` with ``url_expires_at`` (``links``),
     made when the record is sent."""
     clean = Redactor.for_job(job.workflow, job.extra_data)
     started = min((a.started_at for a in job.attempts), default=None)

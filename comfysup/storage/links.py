@@ -1,4 +1,4 @@
-"""What every door hands out for an output in a bucket (issue 33): its stable ``s3://`` location and, unless
+"""What every door hands out for an output in a bucket: its stable ``s3://`` location and, unless
 ``[store] url_ttl_seconds`` is 0, a presigned URL anyone can GET until ``url_expires_at``; so any machine, or a
 client with no credentials, fetches any output straight from the bucket, with no machine-to-machine streaming.
 
