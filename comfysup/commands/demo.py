@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import os
 import shutil
 import signal
@@ -113,9 +114,11 @@ def fresh_dir(directory: Path) -> None:
 
 
 def fake_main() -> Path:
-    import fake_comfy
-
-    return Path(next(iter(fake_comfy.__path__))).resolve() / "main.py"
+    """fake_comfy's main.py, found without importing the package (the demo runs it, never loads it)."""
+    spec = importlib.util.find_spec("fake_comfy")
+    if spec is None or not spec.submodule_search_locations:
+        raise ComfysupError("the demo needs fake_comfy, which comes with comfysup's source; it is not importable here")
+    return Path(next(iter(spec.submodule_search_locations))).resolve() / "main.py"
 
 
 def free_ports(count: int, first: int = FIRST_PORT, tries: int = 200) -> int:

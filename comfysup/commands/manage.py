@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from comfysup.commands._common import config_from, queue_from, resolve_ids
+from comfysup.commands._common import config_from, queue_from
+from comfysup.commands.ids import resolve_ids
 from comfysup.errors import UsageError
 
 

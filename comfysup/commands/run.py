@@ -9,6 +9,10 @@ import threading
 from comfysup.commands._common import config_from
 from comfysup.config import Config, parse_gpus
 from comfysup.logs import FORMATS, setup_logging
+from comfysup.supervisor.children import runner_limits
+from comfysup.supervisor.notify import send
+from comfysup.supervisor.sidecar import Sidecar
+from comfysup.supervisor.supervisor import Supervisor
 
 log = logging.getLogger("comfysup.run")
 EXTEND_SECONDS = 90
@@ -32,15 +36,12 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
 
 
 def run(args: argparse.Namespace) -> int:
-    from comfysup.supervisor.children import runner_limits
-    from comfysup.supervisor.sidecar import Sidecar
-    from comfysup.supervisor.supervisor import Supervisor
-
     setup_logging(fmt=args.log_format)
     config = config_from(args)
     pull_models(config)
     sidecars = []
     if config.rabbitmq.url:  # the RabbitMQ front door: a child restarted like the monitor
+        # pika is an optional dependency (comfysup[rabbitmq]): imported only where [rabbitmq] url is set.
         from comfysup.broker.consumer import consumer_main
 
         sidecars.append(Sidecar.forked("consumer", lambda: consumer_main(config, create=False),
@@ -55,6 +56,8 @@ def pull_models(config: Config) -> None:
     (``gpus = "none"``): nothing to do."""
     if not config.models or parse_gpus(config.comfyui.gpus, config.source).mode == "none":
         return
+    # models.pull brings urllib3 (the downloads): only a supervisor with a manifest loads it, so the runners it
+    # forks otherwise hold no HTTP library (as comfysup.commands.work's).
     from comfysup.models.pull import pull
 
     log.info("models: checking %d file(s) of the manifest", len(config.models))
@@ -73,8 +76,6 @@ def _keep_systemd_waiting(done: threading.Event) -> None:
     """A pull of gigabytes takes longer than the unit's TimeoutStartSec (made for servers that start): under
     systemd, ask it to wait longer (EXTEND_TIMEOUT_USEC), keep its watchdog fed and say why in STATUS until the pull
     ends. Outside systemd each send does nothing."""
-    from comfysup.supervisor.notify import send
-
     while True:
         send(f"EXTEND_TIMEOUT_USEC={EXTEND_SECONDS * 1_000_000}\nWATCHDOG=1\n"
              "STATUS=pulling model files (comfysup models list shows each)")

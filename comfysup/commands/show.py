@@ -10,7 +10,8 @@ from collections.abc import Callable
 from typing import Any
 
 from comfysup import assets
-from comfysup.commands._common import config_from, queue_from, resolve_ids
+from comfysup.commands._common import config_from, queue_from
+from comfysup.commands.ids import resolve_ids
 from comfysup.observability.views import progress_text
 from comfysup.queue.base import Delivery, JobRecord
 from comfysup.redact import Redactor, bound, display_url, mask

@@ -139,6 +139,8 @@ class DownloadBar:
         self.file, self.terminal_only, self.delay = file, terminal_only, delay
 
     def start(self, name: str, total: int | None) -> None:
+        # tqdm here and in wait: only a download and --wait draw a bar, and tqdm loads base64, which a plain
+        # submit keeps out (tests/unit/test_command_imports.py).
         from tqdm import tqdm
 
         self.bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=f"fetching {name}",
@@ -156,6 +158,7 @@ def _publish(args: argparse.Namespace, config: Config, queue: Queue | None, path
     """``--to rabbitmq``: the same validation, then every line published with confirms (comfysup.broker)."""
     if not config.rabbitmq.url:
         raise UsageError(f"{config.source}: --to rabbitmq needs [rabbitmq] url (or $COMFYSUP_RABBITMQ_URL)")
+    # pika is an optional dependency (comfysup[rabbitmq]): loaded only by --to rabbitmq.
     from comfysup.broker import publish
 
     _catalogues(queue)  # the warning when there is none
@@ -181,7 +184,7 @@ def wait(config: Config, ids: list[str]) -> int:
     Only the jobs not yet terminal are asked about on each poll (``Queue.states``, no workflows read), so
     waiting on a file of 100,000 jobs costs the queue less with every job that ends.
     """
-    from tqdm import tqdm
+    from tqdm import tqdm  # only --wait draws this bar (see Progress.start)
 
     queue = queue_from(config)
     ended: dict[str, str] = {}

@@ -19,8 +19,11 @@ from comfysup.commands._common import config_from
 from comfysup.config import Config
 from comfysup.errors import ComfysupError, UsageError
 from comfysup.logs import FORMATS, setup_logging
+from comfysup.observability.webhooks import Deliverer
+from comfysup.queue import open_queue
 from comfysup.queue.base import host_name
 from comfysup.queue.watch import DEEP_CHECK_SECONDS, EXIT_DATABASE_REPLACED, QueueWatch
+from comfysup.runner.loop import Runner
 from comfysup.runner.objectstore import check_buckets
 from comfysup.runner.stuck import StuckChannel, out_of_service_reason
 from comfysup.slotstate import StateFile, work_state_path
@@ -115,8 +118,6 @@ def _child(config: Config, name: str, url: str, peers: dict[str, str], until_emp
            token: str, shared: Any, others: list[Any]) -> int:
     """In a forked runner process (its own process group, default signals, dying with ``work``). ``others``:
     the other runners' shared blocks (no job is queued ahead while one of them waits for work)."""
-    from comfysup.runner.loop import Runner
-
     def report_stuck(prompt_id: str) -> None:
         shared.stuck = prompt_id.encode()[:39]
 
@@ -151,9 +152,6 @@ class Webhooks:
     that ``--until-empty`` sends the webhooks of its last jobs before it returns."""
 
     def __init__(self, config: Config) -> None:
-        from comfysup.observability.webhooks import Deliverer
-        from comfysup.queue import open_queue
-
         self.config = config
         self.queue = open_queue(config, create=True)
         self.deliverer = Deliverer(self.queue, config.webhooks, links=Links(config.store))
@@ -318,8 +316,6 @@ class Work:
 
 
 def run(args: argparse.Namespace) -> int:
-    from comfysup.queue import open_queue
-
     config = load_with_overrides(args)
     servers = parse_servers(args.server, config)
     setup_logging(fmt=args.log_format)

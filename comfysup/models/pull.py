@@ -18,6 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tqdm import tqdm
+
 from comfysup.config import Config, ModelFile
 from comfysup.config.models import shown_url
 from comfysup.errors import ComfysupError
@@ -129,8 +131,6 @@ def _pull_one(cache: Cache, entry: ModelFile, say: Callable[[str], None], bar: b
 
 def _fetch_with_retries(entry: ModelFile, part: Partial, label: str, show_bar: bool,
                         say: Callable[[str], None]) -> int:
-    from tqdm import tqdm
-
     received = 0
     with tqdm(total=None, initial=part.size, unit="B", unit_scale=True, unit_divisor=1024, desc=label,
               file=sys.stderr, dynamic_ncols=True, disable=None if show_bar else True) as progress:

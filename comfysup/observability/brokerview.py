@@ -1,16 +1,13 @@
 """The RabbitMQ front door as people see it: the consumer's state (its own file, comfysup.slotstate
-``broker.json``) and the broker outbox's backlog (the queue), in ``status``, the status page and /metrics."""
+``broker.json``) and the broker outbox's backlog (the queue), in ``status`` and the status page (/metrics:
+comfysup.observability.brokermetrics)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from comfysup.config import Config
 from comfysup.slotstate import read_broker_state, read_state
-
-if TYPE_CHECKING:
-    from prometheus_client.core import Metric
 
 COUNTS = ("received", "inserted", "existing", "duplicates", "invalid", "acked", "published", "returned")
 
@@ -48,36 +45,3 @@ def unroutable(broker: dict[str, Any]) -> dict[str, int]:
     """Outbox rows held back by exchange, as the consumer last saw them."""
     held = broker.get("unroutable")
     return {str(k): int(v) for k, v in held.items() if isinstance(v, int)} if isinstance(held, dict) else {}
-
-
-def broker_metrics(broker: dict[str, Any] | None, backlog: int) -> Iterator[Metric]:
-    # Here, not at the top: `comfysup status` prints broker_text and never builds a metric (prometheus_client
-    # was a third of its imports).
-    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-
-    pending = GaugeMetricFamily("comfysup_broker_outbox_backlog", "Broker announcements of ended jobs not yet "
-                                "confirmed by RabbitMQ.")
-    pending.add_metric([], backlog)
-    yield pending
-    if broker is None:
-        return
-    up = GaugeMetricFamily("comfysup_broker_consuming", "1 while the RabbitMQ consumer is connected and "
-                           "consuming.")
-    up.add_metric([], 1.0 if broker.get("state") == "consuming" and not broker.get("stale") else 0.0)
-    unacked = GaugeMetricFamily("comfysup_broker_unacknowledged", "Messages the consumer holds, not yet "
-                                "acknowledged.")
-    unacked.add_metric([], float(broker.get("unacked") or 0))
-    ready = GaugeMetricFamily("comfysup_broker_ready", "Messages waiting in the jobs queue of the broker.")
-    ready.add_metric([], float(broker.get("ready") or 0))
-    counts = CounterMetricFamily("comfysup_broker_messages", "Messages by what the consumer did with them "
-                                 "since it started, and results published.", labels=["result"])
-    for key in COUNTS:
-        counts.add_metric([key], float(broker.get(key) or 0))
-    held = GaugeMetricFamily("comfysup_broker_outbox_unroutable", "Results held in the outbox because their "
-                             "exchange has no queue bound (the broker returned them).", labels=["exchange"])
-    for exchange, n in sorted(unroutable(broker).items()):
-        held.add_metric([exchange], float(n))
-    warned = GaugeMetricFamily("comfysup_broker_setup_warnings", "Problems found with existing broker objects at "
-                               "the consumer's start (e.g. a jobs queue without a delivery limit); see status.")
-    warned.add_metric([], float(len(broker.get("warnings") or ())))
-    yield from (up, unacked, ready, counts, held, warned)

@@ -36,7 +36,7 @@ from prometheus_client.registry import Collector
 
 from comfysup.config import MetricsConfig
 from comfysup.gpus import GpuSample
-from comfysup.observability.brokerview import broker_metrics
+from comfysup.observability.brokermetrics import broker_metrics
 from comfysup.observability.slotgauges import label, slot_metrics
 from comfysup.queue.base import TERMINAL, EndedAttempt, Queue
 from comfysup.slotstate import ready_slots, staleness

@@ -166,6 +166,7 @@ class Deliverer:
                    TIMESTAMP_HEADER: timestamp, DELIVERY_HEADER: str(delivery.id)}
         if self.settings.secret:
             headers[SIGNATURE_HEADER] = sign(self.settings.secret, timestamp, body)
+        # Loaded by the first delivery only, as ``session`` says: forked runners never hold requests.
         import requests
 
         from comfysup.safehttp import PrivateDestination

@@ -134,7 +134,7 @@ def new_client(*, used_for: str, where: str = "", endpoint_url: str = "", region
     Refused, never a bare ImportError or botocore error, when boto3 is not installed ("``used_for`` need
     boto3 …") or cannot make a client of what it was given (an unknown profile, an unreadable ~/.aws/config:
     "``where``: boto3's words", which name no secret; a caller that prefixes its own leaves ``where`` empty)."""
-    try:
+    try:  # boto3 is an optional dependency (comfysup[s3])
         import boto3
         from botocore.config import Config as BotoConfig
         from botocore.exceptions import BotoCoreError
@@ -156,6 +156,7 @@ def new_client(*, used_for: str, where: str = "", endpoint_url: str = "", region
 def sort_error(exc: BaseException, where: str, settings: Settings) -> Unreachable | Refused:
     """``exc`` of a call to the service as Unreachable (try again later) or Refused (the config is wrong), its
     message naming ``where`` and never a credential."""
+    # boto3 is an optional dependency (comfysup[s3]), present once a client was made.
     from boto3.exceptions import S3UploadFailedError
     from botocore.exceptions import (
         BotoCoreError,
@@ -192,6 +193,7 @@ def sort_error(exc: BaseException, where: str, settings: Settings) -> Unreachabl
 def service_errors() -> tuple[type[BaseException], ...]:
     """What a call to the service raises when the service (or the way to it) fails: the errors ``sort_error``
     sorts. Anything else (an exception of a ``progress`` callback: a lost lease, a cancel) is not the service's."""
+    # boto3 is an optional dependency (comfysup[s3]), present once a client was made.
     from boto3.exceptions import S3UploadFailedError
     from botocore.exceptions import BotoCoreError, ClientError
 
@@ -233,6 +235,7 @@ def upload(s3: Any, bucket: str, key: str, path: Path, size: int, sha256: str, p
         if answer.get("ChecksumSHA256") == checksum:
             return  # the service hashed what it stored and found ours: confirmed without another round trip
     else:
+        # boto3 is an optional dependency (comfysup[s3]), present once a client was made.
         from boto3.s3.transfer import TransferConfig
 
         s3.upload_file(str(path), bucket, key, ExtraArgs={**extra, "ChecksumAlgorithm": "SHA256"},

@@ -32,7 +32,8 @@ pika = pytest.importorskip("pika")
 
 from comfysup.broker import outbox  # noqa: E402
 from comfysup.broker.consumer import Consumer  # noqa: E402
-from comfysup.observability.brokerview import broker_metrics, broker_text  # noqa: E402
+from comfysup.observability.brokermetrics import broker_metrics  # noqa: E402
+from comfysup.observability.brokerview import broker_text  # noqa: E402
 from comfysup.queue import open_queue  # noqa: E402
 from comfysup.slotstate import read_broker_state  # noqa: E402
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from prometheus_client.core import CollectorRegistry
 
-from comfysup.observability.brokerview import broker_metrics, broker_text
+from comfysup.observability.brokermetrics import broker_metrics
+from comfysup.observability.brokerview import broker_text
 
 STATE = {"pid": 42, "state": "consuming", "queue": "renders", "url": "amqp://127.0.0.1:5672/", "unacked": 3,
          "ready": 120, "received": 10, "inserted": 8, "existing": 1, "invalid": 1, "acked": 10, "published": 5,
