@@ -12,7 +12,7 @@ processes. The supervisor decides; its parts carry out:
   state machines that take ``now``; :mod:`~comfysup.supervisor.report`: the state file and systemd's
   notifications; :class:`~comfysup.supervisor.process.ProcessOps`: every OS call.
 
-What the supervisor promises (DESIGN.md, "The promise"):
+What the supervisor promises (docs/design.md, "The promise"):
 
 - A runner's claims are released the moment its pid is reaped: the pid's death proves that nothing is
   acting on the job any more, so it does not wait for the lease. A runner that stops signalling that it

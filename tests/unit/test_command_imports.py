@@ -1,4 +1,4 @@
-"""`comfysup status` and `comfysup submit` import only what they use (issue 35: start within 0.1 s of a bare
+"""`comfysup status` and `comfysup submit` import only what they use (start within 0.1 s of a bare
 Python). Each heavy module named here was once imported by them for nothing they did."""
 
 from __future__ import annotations
