@@ -1,4 +1,4 @@
-"""bench/affinity.py: model-affinity scheduling against FIFO, on the same jobs, in one run (issue 7, section 2).
+"""bench/affinity.py: model-affinity scheduling against FIFO, on the same jobs, in one run.
 
 200 jobs over 4 models in random order, through `comfysup run` on 2 fake ComfyUI servers whose loader
 nodes cost --load-ms when the model differs from the one that server loaded last (a model swap). Run

@@ -1,4 +1,4 @@
-"""bench/api.py: the Comfy API v2 (issue 18) beside comfysup's own front door, in one run.
+"""bench/api.py: the Comfy API v2 beside comfysup's own front door, in one run.
 
 1. submit: N jobs (the trivial workflow, each with its own width) as ``POST /api/v2/jobs`` by 1 and by C concurrent
    httpx clients and by comfy-sdk's ``client.submit`` (one client), each into a fresh queue behind a ``comfysup api``

@@ -1,4 +1,4 @@
-"""bench/api_assets.py: what an upload through the Comfy API v2 costs (issue 18, assets).
+"""bench/api_assets.py: what an upload through the Comfy API v2 costs (assets).
 
 One ``comfysup api`` process (SQLite queue, assets next to it). For each size given, a fresh random file is
 uploaded with comfy-sdk exactly as its README does (``client.assets.from_file(path).commit()``: HEAD by-hash

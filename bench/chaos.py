@@ -1,4 +1,4 @@
-"""bench/chaos.py: every row of the chaos suite (issue 6) at full scale, with the checker's figures.
+"""bench/chaos.py: every row of the chaos suite at full scale, with the checker's figures.
 
 Each row runs a real ``comfysup run`` on ``cpu:2`` with fake_comfy servers (B1 and K4: ``comfysup
 submit``), injects its faults, drains, and is judged by tests/chaos/checker.py. The seed is printed and

@@ -4,7 +4,7 @@ Every claim and every done is an fsync'd commit (WAL, synchronous=FULL), so the 
 the queue. This measures that rate here (a loop of a small write + fsync on the disk the databases use)
 and reports, for 1, 4 and 8 processes:
 
-- comfysup as runners used it before issue 7: claim, then complete, two transactions per job;
+- comfysup as runners used it before complete_and_claim: claim, then complete, two transactions per job;
   transactions/s as a fraction of the fsync rate;
 - comfysup with ``complete_and_claim``: a runner that records a done and wants the next job does both in
   one transaction, one fsync per job (leases, fencing and attempt rows as always);

@@ -6,7 +6,7 @@
    ``--cuda-device`` (sets CUDA_VISIBLE_DEVICES before torch is imported) and then holds ``--hold-mb`` of VRAM
    with torch (a model loaded and kept), then serves as fake_comfy: the example jobs are done; /metrics shows the
    GPU's memory; the server's VRAM, read by NVML per process, is above ``[comfyui] idle_vram_free_mb``, so the
-   supervisor asks it to POST /free and, as the stand-in keeps its memory, restarts it (issue 34).
+   supervisor asks it to POST /free and, as the stand-in keeps its memory, restarts it.
 
     python bench/gpu_check.py [--hold-mb 2048] [--seconds 120]
 

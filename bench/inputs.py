@@ -1,4 +1,4 @@
-"""bench/inputs.py: what an input file costs (issue 17).
+"""bench/inputs.py: what an input file costs.
 
 One ``comfysup run`` on K fake_comfy servers (launched by the supervisor as ComfyUI would be), two batches side
 by side in the same run: N jobs without an input (the trivial workflow), then N jobs that all share one input

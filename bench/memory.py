@@ -1,4 +1,4 @@
-"""bench/memory.py: the resident memory of the supervisor and its runners over 10,000 jobs (issue 7, section 5).
+"""bench/memory.py: the resident memory of the supervisor and its runners over 10,000 jobs.
 
 `comfysup run` on K fake ComfyUI servers (prompts of --t-ms), N trivial jobs submitted at once. Every
 second the resident set (RSS) of the supervisor, of each runner and of the monitor is sampled (runners'

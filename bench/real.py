@@ -1,4 +1,4 @@
-"""bench/real.py: comfysup against a bare client and Comfy's own proxy + SDK on a real ComfyUI (issue 19).
+"""bench/real.py: comfysup against a bare client and Comfy's own proxy + SDK on a real ComfyUI.
 
 Opt-in like the real test tier: COMFYUI_DIR names a ComfyUI checkout that runs with --cpu, COMFYUI_PYTHON
 the Python of its environment. Each tool, in each run, gets its OWN fresh ComfyUI server (a new base
@@ -7,7 +7,7 @@ the measured batches, trivial first, then slow:
 
 - ``bare``: bench/real_drivers.py ``bare``, a process that posts one prompt, waits on the WebSocket for its
   end, reads /history and downloads each image through /view; nothing durable. ``bare-fsync`` (not run unless
-  named): the same with each file fsynced before the next prompt, issue 35's floor ("the bare client plus one
+  named): the same with each file fsynced before the next prompt, the floor ("the bare client plus one
   fsync"), beside the plain one. ``bare-ahead`` (not run unless named): the next prompt posted as one starts,
   as comfysup's queue-ahead does, nothing durable: what overlapping a prompt with the client's work costs.
 - ``comfysup`` and ``comfysup-ahead``: ``comfysup work`` (the CLI, its defaults) with a config that names the
@@ -36,10 +36,10 @@ beyond it, the server's median idle time between two prompts, the CPU seconds of
     ... bench/real.py --quick                                 # 2 runs, 100 trivial and 10 slow prompts
 
 Each batch's own line is printed as it ends; the tables at the end give, for every figure, the median over the
-runs and its spread (min–max), and the ratios to the bare client paired run by run (issue 35: at least 7
+runs and its spread (min–max), and the ratios to the bare client paired run by run (at least 7
 runs, the default). CPU is every process of the tool, the submitting command included; for comfysup also without
-its ``comfysup submit`` (the runner alone, issue 35's point 2), and against ``bare-fsync`` when it ran.
-    ... bench/real.py --slow 30 --trivial 0 --slow-size 1024  # issue 35's realistic cell (0.3-1 s prompts)
+its ``comfysup submit`` (the runner alone, the point 2), and against ``bare-fsync`` when it ran.
+    ... bench/real.py --slow 30 --trivial 0 --slow-size 1024  # the realistic cell (0.3-1 s prompts)
     ... bench/real.py --runs 4 --tools bare,comfysup-ahead    # some of the tools
     ... bench/real.py --cold                                  # every client started for its batch
 """
@@ -442,7 +442,7 @@ def main() -> None:
     parser.add_argument("--slow", type=int, default=30, help="slow prompts a run (0: none)")
     parser.add_argument("--slow-size", type=int, default=768,
                         help="the slow workload's image side in pixels (default 768: ~0.2 s a prompt on this project's "
-                             "machine of 2026-12-04; 1024 for issue 35's realistic cell of 0.3-1 s)")
+                             "machine of 2026-12-04; 1024 for the realistic cell of 0.3-1 s)")
     parser.add_argument("--tools", default=",".join(TOOLS), help=f"comma-separated, of {', '.join(ALL_TOOLS)}")
     parser.add_argument("--quick", action="store_true", help="2 runs, 100 trivial and 10 slow prompts")
     parser.add_argument("--cold", action="store_true",
@@ -474,7 +474,7 @@ def main() -> None:
               "comfysup-view": "`comfysup work`, queue_ahead = true, no output_dir (files through /view)",
               "proxy": f"{proxy} (all jobs submitted at once)", "proxy-run": f"{proxy} (client.run, one at a time)",
               "bare-cold": "bare client, its script started for the batch",
-              "bare-fsync": "bare client, each file fsynced (issue 35's floor: the bare client plus one fsync)",
+              "bare-fsync": "bare client, each file fsynced (the floor: the bare client plus one fsync)",
               "bare-ahead": "bare client, the next prompt posted as one starts (queue-ahead, nothing durable)",
               "proxy-cold": f"{proxy} (all at once), the SDK's script started for the batch"}
     version = subprocess.run([python, "-c", "import sys; sys.path.insert(0, sys.argv[1]); import comfyui_version; "

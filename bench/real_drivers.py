@@ -1,7 +1,7 @@
 """bench/real_drivers.py: the two clients of bench/real.py that are not comfysup, each a process of its own.
 
     python bench/real_drivers.py bare SPEC.json      # ComfyUI's own HTTP + WebSocket API, nothing durable
-                                                     # ("fsync": true in SPEC: each file fsynced, issue 35's floor)
+                                                     # ("fsync": true in SPEC: each file fsynced)
     python bench/real_drivers.py sdk SPEC.json       # comfy-sdk against comfy-api-proxy (COMFY_BASE_URL)
 
 SPEC.json: ``{"url": ComfyUI's (bare only), "warm": [prompt, ...], "batches": [[prompt, ...], ...], "out":
@@ -105,7 +105,7 @@ def bare(spec: dict[str, Any]) -> None:
                     data = pool.urlopen("GET", f"/view?{urlencode(image)}").data
                     with open(path, "wb") as f:
                         f.write(data)
-                        if durable:  # the file on disk before the job counts as done: issue 35's floor
+                        if durable:  # the file on disk before the job counts as done: the floor
                             f.flush()
                             os.fsync(f.fileno())
                     paths.append(str(path))

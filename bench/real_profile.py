@@ -62,7 +62,7 @@ def summarise(raw: Path, top: int) -> None:
 
 
 def _short(frame: str) -> str:
-    """``func (/long/path/comfysup/runner/x.py)`` -> ``func (comfysup/runner/x.py)``."""
+    """``func (/long/path/comfysup/runner/loop.py)`` -> ``func (comfysup/runner/loop.py)``."""
     return re.sub(r"\((?:.*/)?((?:comfysup|site-packages|python3\.\d+)/)", r"(\1", frame)
 
 

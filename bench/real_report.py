@@ -14,7 +14,7 @@ import requests
 
 SUBMIT_CPU = "submit CPU s"
 """A comfysup batch's note: the CPU of its ``comfysup submit`` command, which the tool's CPU includes; without
-it, the CPU of the runner (``comfysup work``) alone: issue 35's goal of 1.5x the bare client's whole job."""
+it, the CPU of the runner (``comfysup work``) alone: the goal of 1.5x the bare client's whole job."""
 
 
 def prefix_of(prompt: dict[str, Any]) -> str:
@@ -113,7 +113,7 @@ def span(values: list[float], fmt: str = ".2f") -> str:
 
 
 def med(values: list[float], fmt: str = ".2f") -> str:
-    """The median and, in brackets, the spread (min–max) of each run's figure: issue 35 judges medians."""
+    """The median and, in brackets, the spread (min–max) of each run's figure: the goals are judged on medians."""
     return f"{statistics.median(values):{fmt}} ({span(values, fmt)})" if values else "–"
 
 
@@ -155,7 +155,7 @@ def summary(rows: list[dict[str, Any]], tools: list[str], workloads: list[str], 
 
 
 def run_by_run(rows: list[dict[str, Any]], tools: list[str], workloads: list[str]) -> None:
-    """Issue 19's goals hold run by run: each comfysup tool against the bare client (and the proxy) that ran in the
+    """the goals hold run by run: each comfysup tool against the bare client (and the proxy) that ran in the
     same run, its wall and CPU as ratios and the time beyond ComfyUI's own execution of both, side by side."""
     by = {(r["run"], r["workload"], r["tool"]): r for r in rows}
     base = "bare" if "bare" in tools else "bare-cold"

@@ -1,4 +1,4 @@
-"""bench/scale.py: what the queue costs as it grows, in one run (issue 7, section 3).
+"""bench/scale.py: what the queue costs as it grows, in one run.
 
 - claim, heartbeat, complete and complete_and_claim, each its own transaction as a runner makes it, on a
   queue of 1,000 jobs and on one of 1,000,000 (70% done, 15% queued over three priorities, 5% waiting to
@@ -282,7 +282,7 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="100,000 jobs instead of a million; smaller parts")
     parser.add_argument("--dir", help="where the databases go (default: a temporary folder under ./var)")
     parser.add_argument("--only", choices=["ops", "status", "submit", "prune", "fleet"], action="append",
-                        help="run only these parts (repeatable); fleet (issue 35) runs only when named")
+                        help="run only these parts (repeatable); fleet runs only when named")
     fleet = parser.add_argument_group("fleet: the queue driven as N runners would (see bench/scale_fleet.py)")
     fleet.add_argument("--slots", default="8,64,256", help="simulated GPUs, comma-separated (default 8,64,256)")
     fleet.add_argument("--job-s", default="1,5", help="job lengths in seconds, comma-separated (default 1,5)")

@@ -1,4 +1,4 @@
-"""How many GPUs one queue feeds (issue 35, point 4): the queue driven as N runners would drive it.
+"""How many GPUs one queue feeds: the queue driven as N runners would drive it.
 
 Each simulated slot does what one runner with one GPU does to the queue, nothing else: ``claim`` (the claim
 latency is this call's wall time), ``record_prompt`` (the prompt number, fenced), a ``heartbeat`` every

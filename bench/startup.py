@@ -1,5 +1,5 @@
 """bench/startup.py: how long ``comfysup submit`` and ``comfysup status`` take beyond a bare ``python -c pass``
-(issue 35: within 0.1 s), medians of alternating runs so the machine's drift hits every command alike.
+(within 0.1 s), medians of alternating runs so the machine's drift hits every command alike.
 
     .venv/bin/python bench/startup.py              # 15 rounds
     .venv/bin/python bench/startup.py --rounds 31

@@ -1,4 +1,4 @@
-"""bench/storage.py: what a bucket costs per job against the local disk (issue 33).
+"""bench/storage.py: what a bucket costs per job against the local disk.
 
 Three measurements, each alternating the two stores run by run (local, bucket, then bucket, local, …) so that
 the machine's drift hits both alike, and reporting medians:

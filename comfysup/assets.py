@@ -12,10 +12,13 @@ A base module: the jobs layer, the queue's asset store, the runner and the views
 
 from __future__ import annotations
 
+import mimetypes
 import re
 from collections.abc import Iterator, Mapping
 from pathlib import PurePosixPath
 from typing import Any, BinaryIO
+
+import blake3
 
 ASSET_TYPE = "core/ASSET"
 HASH_PREFIX = "blake3:"
@@ -40,8 +43,6 @@ def is_hash(value: Any) -> bool:
 
 def hash_stream(stream: BinaryIO, limit: int | None = None) -> tuple[str, int]:
     """``(blake3:<hex>, size)`` of what ``stream`` holds; ValueError past ``limit`` bytes."""
-    import blake3  # here, as below: a submit without input files never hashes one
-
     hasher, size = blake3.blake3(), 0
     while chunk := stream.read(READ_BYTES):
         size += len(chunk)
@@ -52,8 +53,6 @@ def hash_stream(stream: BinaryIO, limit: int | None = None) -> tuple[str, int]:
 
 
 def hash_bytes(data: bytes) -> str:
-    import blake3
-
     return HASH_PREFIX + blake3.blake3(data).hexdigest()
 
 
@@ -127,7 +126,5 @@ def short(ref: Mapping[str, Any]) -> str:
 
 def media_type(name: str) -> str:
     """The content type of a stored file, from its name (an output is served with it)."""
-    import mimetypes  # here: only a door serving a file asks
-
     return MEDIA_TYPES.get(PurePosixPath(name).suffix.lower()) or mimetypes.guess_type(name)[0] \
         or "application/octet-stream"

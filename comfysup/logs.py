@@ -20,6 +20,8 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from comfysup.errors import UsageError
+
 FORMATS = ("plain", "json")
 FORMAT_VARIABLE = "COMFYSUP_LOG_FORMAT"
 FIELDS = ("job", "slot", "attempt")
@@ -90,8 +92,6 @@ def resolve_format(given: str | None, env: dict[str, str] | None = None) -> str:
     env = dict(os.environ) if env is None else env
     chosen = (given or env.get(FORMAT_VARIABLE) or "plain").strip().lower()
     if chosen not in FORMATS:
-        from comfysup.errors import UsageError
-
         raise UsageError(f"log format {chosen!r}: expected one of {', '.join(FORMATS)} (--log-format or "
                          f"${FORMAT_VARIABLE})")
     return chosen

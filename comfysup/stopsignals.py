@@ -1,7 +1,7 @@
 """Stop signals (SIGTERM, SIGINT) that reach a forked child before it has installed its own handlers.
 
 A child forked by ``run`` or ``work`` (a runner, the monitor, the broker's consumer) gives up its parent's
-handlers at once (comfysup.supervisor.manager.Manager.become_child) and installs its own only once it is set up:
+handlers at once (comfysup.supervisor.manager.ProcessManager.become_child) and installs its own only once it is set up:
 a runner opens the queue and makes its clients first. A stop that came in between, under the default action,
 killed it — ``comfysup work`` stopped right after its start then reported the runner "killed by SIGTERM" and
 exited 1. Meanwhile the signals are held here instead, and :func:`install` hands them to the child's own

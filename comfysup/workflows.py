@@ -13,6 +13,7 @@ Pure functions: no I/O, so they are tested as tables and the two backends share 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections.abc import Callable, Mapping
@@ -61,8 +62,6 @@ compact = _encoder(sort_keys=False)
 
 def content_hash(text: str) -> str:
     """The address of a stored workflow: sha256 of its canonical text."""
-    import hashlib  # here, as in model_key: `comfysup status` imports this module and hashes nothing
-
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -91,8 +90,6 @@ def model_key(workflow: Mapping[str, Any]) -> str | None:
     files = model_files(workflow)
     if not files:
         return None
-    import hashlib
-
     return hashlib.sha256("\n".join(files).encode()).hexdigest()[:MODEL_KEY_CHARS]
 
 

@@ -149,7 +149,7 @@ def own_broker(_own_broker_node: OwnBroker) -> OwnBroker:
 # ==== end of the private RabbitMQ node ======================================================================
 
 
-# ==== a real S3 server (tests/s3_support.py), for the object-storage tests (issue 33) =========================
+# ==== a real S3 server (tests/s3_support.py), for the object-storage tests =========================
 @pytest.fixture(scope="session")
 def seaweed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedS3]:
     """SeaweedFS started once per session (per xdist worker), on first use (a few seconds), and stopped at its end;

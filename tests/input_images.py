@@ -1,4 +1,4 @@
-"""Input images for issue 17's tests, shared by the integration tests and the chaos suite: the
+"""Input images for the tests, shared by the integration tests and the chaos suite: the
 LoadImage → ImageInvert → SaveImage workflow, PNGs of random pixels, and the pixel rule an inverted output
 must follow (``uint8(trunc(255·(1 − float32(v)/255)))``, ComfyUI's float32 arithmetic; see
 fake_comfy/uploads.py). One copy of the rule, so a checker cannot drift from the tests."""

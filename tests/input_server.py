@@ -1,4 +1,4 @@
-"""Servers that input URLs point at in tests (issue 33): files, redirects, a trickle, and one that never answers.
+"""Servers that input URLs point at in tests: files, redirects, a trickle, and one that never answers.
 
 Each listens on 127.0.0.1 on a port the OS picks, so a test fetches from it with ``[inputs] allow_private``
 set (or with the address check told that this one address stands for a public host).

@@ -1,4 +1,4 @@
-"""The asset store's part of the queue contract (issue 17), mixed into ``QueueContract`` so that both backends
+"""The asset store's part of the queue contract, mixed into ``QueueContract`` so that both backends
 run it: input files stored once per content in the submit's transaction, read back, kept while a job needs
 them, the servers' copies recorded, and prune removing what no job references."""
 
@@ -83,7 +83,7 @@ class AssetsContract:
         with pytest.raises(QueueError):
             q.read_asset(gone.hash)
 
-    # -- assets uploaded through the API (issue 18) ----------------------------------------------------------
+    # -- assets uploaded through the API ----------------------------------------------------------
 
     def test_an_upload_is_a_record_over_one_stored_content(self, q: Any, tmp_path: Path) -> None:
         cat = asset_file(tmp_path, b"PNG cat")

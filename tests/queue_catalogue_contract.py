@@ -1,4 +1,4 @@
-"""The node catalogues' part of the queue contract (issue 15), mixed into ``QueueContract`` so that both
+"""The node catalogues' part of the queue contract, mixed into ``QueueContract`` so that both
 backends run it: catalogues stored once per content, the one each server has now, and the claim that
 passes over a job the claiming server's catalogue refused."""
 

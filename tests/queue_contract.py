@@ -337,7 +337,7 @@ class QueueContract(CatalogueContract, AssetsContract):
 
     def test_an_attempt_records_its_server_url_for_a_claim_taken_over(self, q: Queue) -> None:
         """Server names are per machine: a claim taken over from another machine finds the earlier run's server
-        by the URL its attempt recorded (issue 15)."""
+        by the URL its attempt recorded."""
         self.submit(q, make_job(1))
         claim = self.claim(q, "host-a/1/gpu0/t", "gpu0", now=T0, lease=10)
         assert q.attempt_urls(claim.id) == []  # nothing recorded yet (nor named by the claim)
@@ -370,7 +370,7 @@ class QueueContract(CatalogueContract, AssetsContract):
                                                                ("http://10.0.0.1:8188", None)]
 
     def test_a_job_posted_behind_another_is_posted_until_it_executes(self, q: Queue) -> None:
-        """Issue 32: a job queued ahead waits in its server's queue behind the one that runs there; status, states,
+        """A job queued ahead waits in its server's queue behind the one that runs there; status, states,
         its record and its pulse say posted, not running, until its execution starts: said by the end of the job
         ahead of it (the same transaction) or by its own write."""
         self.submit(q, make_job(1), make_job(2), make_job(3))
@@ -409,7 +409,7 @@ class QueueContract(CatalogueContract, AssetsContract):
             q.set_waiting(behind, False)
 
     def test_queue_position_counts_posted_jobs_then_the_queue_in_claim_order(self, q: Queue) -> None:
-        """Issue 32: the API's queue_position. 1 is next: a posted job's place among those posted to its server,
+        """The API's queue_position. 1 is next: a posted job's place among those posted to its server,
         a queued job's behind every posted job and the queued jobs a claim takes first; None once it runs."""
         self.submit(q, make_job(1), make_job(2), make_job(3), make_job(4), make_job(5, priority=9))
         urgent = self.claim(q, "runner-a", "gpu0", now=T0)  # priority first
@@ -468,7 +468,7 @@ class QueueContract(CatalogueContract, AssetsContract):
         assert q.claim("runner-b", "gpu0", LEASE, now=T0 + 1000) is None  # done is terminal
 
     def test_an_output_is_found_by_its_asset_id_until_its_job_is_pruned(self, q: Queue) -> None:
-        """Outputs are assets (issue 31): each id names its job and place; gone with the job, none for other ids."""
+        """Outputs are assets: each id names its job and place; gone with the job, none for other ids."""
         self.submit(q, make_job(1), make_job(2))
         q.complete(self.claim(q, now=T0), [Output("a.png", 1, "aa" * 32), Output("b.png", 2, "bb" * 32)],
                    now=T0 + 1)
@@ -481,7 +481,7 @@ class QueueContract(CatalogueContract, AssetsContract):
         assert self.count(q, "output_assets") == 0
 
     def test_a_running_jobs_latest_preview_is_kept_until_its_attempt_ends(self, q: Queue) -> None:
-        """Issue 31: one row a job, replaced (n counts), read only when n moved, fenced, gone with the attempt."""
+        """One row a job, replaced (n counts), read only when n moved, fenced, gone with the attempt."""
         self.submit(q, make_job(1), make_job(2))
         claim, other = self.claim(q, now=T0), self.claim(q, now=T0)
         q.set_preview(claim, "3", "image/jpeg", b"\xff\xd8one")
@@ -812,7 +812,7 @@ class QueueContract(CatalogueContract, AssetsContract):
         q.withdraw_api("render-07", 101)
         assert q.api_endpoint("render-07", now=T0 + 2) is None
 
-    # -- what people see: kinds, traces, progress, metrics' reads (issue 8) ----------------------------------
+    # -- what people see: kinds, traces, progress, metrics' reads ----------------------------------
 
     def test_every_end_of_an_attempt_keeps_its_kind_and_trace(self, q: Queue) -> None:
         self.submit(q, make_job(1), make_job(2), make_job(3))
@@ -956,7 +956,7 @@ class QueueContract(CatalogueContract, AssetsContract):
         assert q.get(c2.id).state == "running"  # an attempt still running has not ended
 
     def test_ended_since_hands_each_attempts_wait_in_comfyui_and_its_run(self, q: Queue) -> None:
-        """Issue 32: the two figures of a trace (comfysup.runner.trace.figures) are read by the database, and the
+        """The two figures of a trace (comfysup.runner.trace.figures) are read by the database, and the
         attempt that ends a job carries its first attempt's wait: the job's queueing, not its duration."""
         self.submit(q, make_job(1), now=T0 - 10)
         first = self.claim(q, now=T0)
@@ -1016,7 +1016,7 @@ class QueueContract(CatalogueContract, AssetsContract):
         assert pulses[make_job(3).id] == JobPulse(make_job(3).id, "queued", 0, False, None)
         assert q.pulses([]) == {}
 
-    # -- issue 7: workflows stored once, model affinity, complete_and_claim, prune ----------------------
+    # -- Workflows stored once, model affinity, complete_and_claim, prune ----------------------
 
     def test_a_batch_stores_its_workflow_once_and_each_job_gets_its_own(self, q: Queue) -> None:
         jobs = [batch_job(n) for n in range(4)]

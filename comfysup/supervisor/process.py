@@ -17,6 +17,8 @@ import os
 import select
 import signal
 import subprocess
+import sys
+import traceback
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -118,13 +120,9 @@ class ProcessOps:
         except SystemExit as exc:  # a child that ends itself early (a runner stopped while it waited for its queue)
             code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
         except BaseException:  # the child must never unwind into the supervisor's loop
-            import traceback
-
             traceback.print_exc()
         finally:
             with contextlib.suppress(Exception):
-                import sys
-
                 sys.stdout.flush()
                 sys.stderr.flush()
             os._exit(code)

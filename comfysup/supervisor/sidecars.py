@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from comfysup.config import Config
+from comfysup.observability.monitor import monitor_main as serve_monitor
 from comfysup.supervisor.children import runner_limits
 from comfysup.supervisor.sidecar import Sidecar
 
@@ -52,9 +53,7 @@ def api_sidecar(config: Config, env: Mapping[str, str], state_dir: Path) -> Side
 
 def monitor_main(config: Config, port_out: Any, serve_endpoint: bool) -> int:
     """In the forked monitor child: /metrics, the status page and webhook deliveries."""
-    from comfysup.observability.monitor import monitor_main as serve
-
-    return serve(config, port_out, serve_endpoint=serve_endpoint)
+    return serve_monitor(config, port_out, serve_endpoint=serve_endpoint)
 
 
 class Monitor:

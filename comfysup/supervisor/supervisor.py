@@ -9,10 +9,11 @@ processes. The supervisor decides; its parts carry out:
 - :mod:`~comfysup.supervisor.manager`: signals, forks, reaping and the release of a dead runner's claims
   (the same process manager as ``comfysup work``); :mod:`~comfysup.supervisor.recycle`: recycling a server;
 - :mod:`~comfysup.supervisor.policy` (restarts) and :mod:`~comfysup.supervisor.stop` (the shutdown): pure
-  state machines that take ``now``; :mod:`~comfysup.supervisor.report`: the state file and systemd's
-  notifications; :class:`~comfysup.supervisor.process.ProcessOps`: every OS call.
+  state machines that take ``now``, carried out by :mod:`~comfysup.supervisor.serving` (each slot's server)
+  and :mod:`~comfysup.supervisor.shutdown` (the stop's signals); :mod:`~comfysup.supervisor.report`: the
+  state file and systemd's notifications; :class:`~comfysup.supervisor.process.ProcessOps`: every OS call.
 
-What the supervisor promises (DESIGN.md, "The promise"):
+What the supervisor promises (docs/design.md, "The promise"):
 
 - A runner's claims are released the moment its pid is reaped: the pid's death proves that nothing is
   acting on the job any more, so it does not wait for the lease. A runner that stops signalling that it
@@ -35,12 +36,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from comfysup.comfy import probe
 from comfysup.config import Config, check_supervisor
 from comfysup.queue import Queue, open_queue
 from comfysup.queue.watch import QueueWatch
 from comfysup.runner.objectstore import check_buckets
-from comfysup.supervisor import recycle, stuck, vram, warming
+from comfysup.supervisor import recycle, stuck, vram
 from comfysup.supervisor import server as servers
 from comfysup.supervisor.children import (
     Shared,
@@ -51,24 +51,22 @@ from comfysup.supervisor.children import (
     output_dirs,
     prepare_runner,
     runner_main,
-    spawn_server,
 )
 from comfysup.supervisor.lock import EXIT_DATABASE_REPLACED, AlreadyRunning, queue_lost, take_lock
 from comfysup.supervisor.manager import ProcessManager, release_stale_claims
 from comfysup.supervisor.policy import Action, State
 from comfysup.supervisor.process import ProcessOps, describe_status
 from comfysup.supervisor.report import EXIT_NO_SLOT_ALIVE, Reporter, heartbeat_machine, no_slot_alive
+from comfysup.supervisor.serving import ServerDriver
+from comfysup.supervisor.shutdown import Shutdown
 from comfysup.supervisor.sidecar import Sidecar
 from comfysup.supervisor.sidecars import Monitor, api_sidecar
 from comfysup.supervisor.stop import (
     KILL_WAIT_SECONDS,
     MONITOR_STOP_SECONDS,
     RUNNER_STOP_MARGIN_SECONDS,
-    Step,
     StopPlan,
-    Target,
 )
-from comfysup.supervisor.versions import VersionWatch
 
 __all__ = ["KILL_WAIT_SECONDS", "MONITOR_STOP_SECONDS", "RUNNER_STOP_MARGIN_SECONDS", "AlreadyRunning", "Shared",
            "Supervisor", "Unit"]
@@ -94,6 +92,7 @@ class Supervisor:
         self.units: list[Unit] = []
         self.manager = ProcessManager(self.ops)
         self.plan = StopPlan()
+        self.shutdown = Shutdown(self.plan, self.manager, self.ops)
         self.finished = False
         self.exit_code = 0
         self.reporter = Reporter(self.config, self.env)
@@ -112,8 +111,7 @@ class Supervisor:
         self.api = api_sidecar(self.config, self.env, self.state_dir)
         self.children = [self.monitor, self.api, *self.sidecars]
         """Every sidecar (comfysup.supervisor.sidecars), started, watched, restarted and stopped alike."""
-        self.versions = VersionWatch()
-        """Each server's ComfyUI version, learnt when it answers; warns once about an untested one."""
+        self.serving = ServerDriver(self.config, self.ops, self.env)
         self.idle = vram.IdleWatch(self.config.comfyui.idle_vram_free_mb)  # VRAM held by idle servers (NVML)
 
     @property
@@ -183,11 +181,11 @@ class Supervisor:
         if not self.stopping:
             for unit in self.units:
                 for action in (*stuck.step(unit, now), *vram.restart_step(unit, now)):
-                    self._server_action(unit, now, action)
-                self._server_step(unit, now)
+                    self.serving.act(unit, now, action)
+                self.serving.step(unit, now)
                 self._runner_step(unit, now)
                 for action in recycle.step(unit, self.config.supervisor.recycle_after_jobs, now, TICK_SECONDS / 2):
-                    self._server_action(unit, now, action)  # after N jobs, once the runner is drained
+                    self.serving.act(unit, now, action)  # after N jobs, once the runner is drained
             self._give_up_if_no_slot(now)
             if now >= self._next_housekeeping:
                 self._next_housekeeping = now + HOUSEKEEPING_SECONDS
@@ -229,59 +227,23 @@ class Supervisor:
         self.reporter.stopping(f"stopping: running jobs have {grace:g} s to finish")
         for unit in self.units:
             unit.shared.may_claim = 0
-        self._carry_out(actions)
+        self.shutdown.carry_out(actions, self.units, self.children)
 
     def cold_stop(self, now: float, why: str) -> None:
         """A second signal: kill everything now; claims go back to the queue without counting."""
         log.info("%s again: cold stop, killing runners and servers now", why)
         if not self.stopping:
             self.begin_stop(now, why)
-        self._carry_out(self.plan.cold_stop(now, self.config.runner.grace_seconds))
+        self.shutdown.carry_out(self.plan.cold_stop(now, self.config.runner.grace_seconds), self.units,
+                                self.children)
 
     def _stop_step(self, now: float) -> None:
-        self._carry_out(self.plan.step(now, runners=any(u.runner_pid is not None for u in self.units),
-                                       servers=any(u.server_pid is not None for u in self.units),
-                                       monitor=any(c.pid is not None for c in self.children)))
+        actions = self.plan.step(now, runners=any(u.runner_pid is not None for u in self.units),
+                                 servers=any(u.server_pid is not None for u in self.units),
+                                 monitor=any(c.pid is not None for c in self.children))
+        self.shutdown.carry_out(actions, self.units, self.children)
         if self.plan.done:
             self.finished = True
-
-    def _carry_out(self, actions: Step) -> None:
-        """The stop plan's actions, as signals."""
-        for target, action in actions:
-            if target is Target.RUNNERS:
-                self._signal_runners(action)
-            elif target is Target.SERVERS:
-                self._signal_servers(action)
-            else:
-                sig = signal.SIGTERM if action is Action.TERM else signal.SIGKILL
-                for child in self.children:
-                    child.signal(self.ops, sig)
-
-    def _signal_runners(self, action: Action) -> None:
-        for unit in self.units:
-            if unit.runner_pid is None:
-                continue
-            if action is Action.TERM:
-                self.ops.kill(unit.runner_pid, signal.SIGTERM)
-            elif self.plan.cold:
-                self.manager.kill_runner(unit.runner_pid, "cold stop of the supervisor")
-            else:
-                log.warning("%s: runner %d still running %g s after the grace; killing it", unit.name,
-                            unit.runner_pid, RUNNER_STOP_MARGIN_SECONDS)
-                self.manager.kill_runner(unit.runner_pid, "did not stop within the grace")
-
-    def _signal_servers(self, action: Action) -> None:
-        for unit in self.units:
-            if unit.server_pid is None:
-                continue
-            if action is Action.TERM:
-                log.info("%s: stopping ComfyUI (pid %d)", unit.name, unit.server_pid)
-                self.ops.killpg(unit.server_pid, signal.SIGTERM)
-                continue
-            if not self.plan.cold:
-                log.warning("%s: ComfyUI pid %d did not stop within %g s; killing it", unit.name,
-                            unit.server_pid, KILL_WAIT_SECONDS)
-            self.ops.killpg(unit.server_pid, signal.SIGKILL)
 
     # -- children that ended ----------------------------------------------------------------------------
 
@@ -298,7 +260,7 @@ class Supervisor:
                 if unit.runner_pid == pid:
                     self._runner_exited(unit, now, how)
                 elif unit.server_pid == pid:
-                    self._server_exited(unit, now, how)
+                    self.serving.exited(unit, now, how, stopping=self.stopping)
 
     def _runner_exited(self, unit: Unit, now: float, how: str) -> None:
         """Its claims are released at once (by the manager); then its policy says when it starts again."""
@@ -315,60 +277,6 @@ class Supervisor:
             self._runner_action(unit, now, action)
         level = logging.INFO if how == "exit code 0" else logging.WARNING
         log.log(level, "%s: runner exited (%s)%s", unit.name, reason or how, next_restart(unit.runner, now))
-
-    def _server_exited(self, unit: Unit, now: float, how: str) -> None:
-        pid = unit.server_pid
-        unit.server_pid = None
-        unit.comfyui_version, unit.features = None, {}  # a restart may run another ComfyUI
-        assert pid is not None and unit.server is not None and unit.plan is not None
-        self.ops.killpg(pid, signal.SIGKILL)  # anything it started, in its process group
-        stuck.server_gone(unit)
-        if self.stopping:
-            unit.server.stop()
-            log.info("%s: ComfyUI stopped (%s)", unit.name, how)
-            return
-        expected = unit.server.state is State.STOPPING
-        for action in unit.server.transition(now, exited=how):
-            self._server_action(unit, now, action)
-        if not expected:
-            tail = servers.log_tail(unit.plan.log_path)
-            log.warning("%s: ComfyUI pid %d exited (%s)%s%s", unit.name, pid, how, next_restart(unit.server, now),
-                        f"; last log lines: {tail}" if tail else "")
-
-    # -- servers ----------------------------------------------------------------------------------------
-
-    def _server_step(self, unit: Unit, now: float) -> None:
-        policy = unit.server
-        if policy is None:
-            if self.versions.due(unit, now):
-                self.versions.learn(unit)
-            return
-        answered = False
-        if policy.state is State.STARTING and unit.server_pid is not None:
-            unit.last_check = probe.readiness(unit.url, timeout_seconds=0.5)
-            answered = not unit.last_check and warming.warmed(unit, now, self.config.comfyui, self._server_action)
-        before = policy.state
-        for action in policy.transition(now, answered=answered):
-            self._server_action(unit, now, action)
-        if before is State.STARTING and policy.state is not State.STARTING:
-            unit.first_start_over = True
-            if policy.state is State.RUNNING:
-                self.versions.learn(unit)
-                log.info("%s: ComfyUI answers on %s (%.1f s after its start)", unit.name, unit.url,
-                         now - (policy.started_at or now))
-            else:
-                log.warning("%s: ComfyUI %s (last check: %s)", unit.name, policy.reason, unit.last_check or "-")
-        if policy.state is State.FAILED and before is not State.FAILED:
-            unit.first_start_over = True
-            log.error("%s: slot failed: %s. The other slots keep working; fix the cause and restart comfysup",
-                      unit.name, policy.reason)
-
-    def _server_action(self, unit: Unit, now: float, action: Action) -> None:
-        assert unit.server is not None
-        if action is Action.SPAWN:
-            spawn_server(unit, self.config, self.ops, self.env, now)
-        elif unit.server_pid is not None:
-            self.ops.killpg(unit.server_pid, signal.SIGTERM if action is Action.TERM else signal.SIGKILL)
 
     # -- runners ----------------------------------------------------------------------------------------
 
@@ -414,7 +322,8 @@ class Supervisor:
         self.exit_code = EXIT_DATABASE_REPLACED
         if not self.stopping:
             self.begin_stop(now, "queue database lost")
-        self._carry_out(self.plan.cold_stop(now, self.config.runner.grace_seconds))
+        self.shutdown.carry_out(self.plan.cold_stop(now, self.config.runner.grace_seconds), self.units,
+                                self.children)
 
     def heartbeat_machine(self, register: bool = False) -> None:
         """Tell the queue this machine is alive and what its slots do (report.heartbeat_machine)."""

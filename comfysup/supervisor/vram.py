@@ -1,4 +1,4 @@
-"""A server's device after a job (issue 34's memory recovery, the supervisor's side).
+"""A server's device after a job (the memory recovery, the supervisor's side).
 
 - A runner whose job met a lost device (comfysup.runner.memory) writes why into its slot's block
   (``Shared.restart``) and claims nothing more; :func:`restart_step` restarts that server as a recycle does

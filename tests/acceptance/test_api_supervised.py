@@ -37,7 +37,7 @@ def test_the_sdk_runs_a_job_through_comfysup_run(tmp_path: Path, monkeypatch: py
             job = client.run(workflow, timeout=40)
             [output] = job.get_outputs("3")
             assert output.to_bytes().startswith(b"\x89PNG")
-            # Issue 31: outputs keyed by the node that made them, not guessed from the prefix: with ComfyUI's
+            # Outputs keyed by the node that made them, not guessed from the prefix: with ComfyUI's
             # default prefix on two save nodes, each node's get_outputs has its own file.
             graph = json.loads((ROOT / "examples" / "workflows" / "trivial.json").read_text())
             graph["3"]["inputs"]["filename_prefix"] = "ComfyUI"

@@ -1,4 +1,4 @@
-"""Issue 16: `comfysup run` learns each server's ComfyUI version and shows it in the state file, `status`
+"""`comfysup run` learns each server's ComfyUI version and shows it in the state file, `status`
 and /metrics, for either version of the fake."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The config is untrusted input too (issue 30 point 8): a file that is not UTF-8, nested thousands deep, a
+"""The config is untrusted input too: a file that is not UTF-8, nested thousands deep, a
 duration that is NaN, infinite or negative, a path with a NUL byte — each is one line naming the file, the key and
 what to do, exit 2, never a traceback. Through the CLI, as a user meets it."""
 

@@ -1,4 +1,4 @@
-"""Issue 14 item 9: a queue database deleted or replaced under a running supervisor is noticed within a
+"""A queue database deleted or replaced under a running supervisor is noticed within a
 heartbeat, logged as an error, and the supervisor exits with EXIT_DATABASE_REPLACED (75) so that systemd
 (Restart=on-failure) starts it again on the real file."""
 

@@ -1,4 +1,4 @@
-"""`comfysup demo` from any directory (issue 15, problem 8): its examples ship in the package, its work folder
+"""`comfysup demo` from any directory: its examples ship in the package, its work folder
 is the user's cache folder, never the current directory or the checkout, and a second run starts as clean as
 the first (an earlier demo's queue would otherwise make it finish at once, having run nothing)."""
 

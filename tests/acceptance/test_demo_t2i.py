@@ -1,4 +1,4 @@
-"""Issue 32, point 2: ``comfysup demo --example text-to-image`` runs a text-to-image batch (the recorded SD1.5
+"""``comfysup demo --example text-to-image`` runs a text-to-image batch (the recorded SD1.5
 workflow, CheckpointLoaderSimple → CLIPTextEncode → KSampler → VAEDecode → SaveImage) on the fake servers, with
 their model list, from any directory."""
 

@@ -1,4 +1,4 @@
-"""Ids optional (issue 32 point 6): a line without an id gets one derived from its content, so submitting the same
+"""Ids optional: a line without an id gets one derived from its content, so submitting the same
 file twice still runs nothing twice; a changed workflow or input file is another job; the same line twice in one
 file is said to be one job."""
 

@@ -1,4 +1,4 @@
-"""A server whose GET /queue answers garbage (issue 30 point 5): the runner claims no job for it and says so, once,
+"""A server whose GET /queue answers garbage: the runner claims no job for it and says so, once,
 in its log, in `comfysup status`, in `health` and in /metrics — not silently never claiming — and goes back to work
 once the server answers well again."""
 

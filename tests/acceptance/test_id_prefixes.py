@@ -1,4 +1,4 @@
-"""Ids as people type them (issue 32 point 6): show, cancel and retry take any unique prefix of a job id, as git
+"""Ids as people type them: show, cancel and retry take any unique prefix of a job id, as git
 takes a commit's; a prefix that names several jobs or none says so."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 15, problems 7 and 4: machines whose ComfyUI servers are managed elsewhere (``comfysup work``).
+"""Machines whose ComfyUI servers are managed elsewhere (``comfysup work``).
 
 7. Two machines share a PostgreSQL queue, each with its own server, both named gpu0. Machine A's ``work``
    is killed with ``kill -9`` mid-prompt while its server goes on running the prompt. Machine B takes the

@@ -1,4 +1,4 @@
-"""Without a config (issue 32 point 1): commands look where `comfysup init` and the service put one, and finding
+"""Without a config: commands look where `comfysup init` and the service put one, and finding
 none say so and what to run; no queue file is made in the current folder, where no supervisor would read it. An
 explicit --queue (or a COMFYSUP_* setting) stands for a config."""
 

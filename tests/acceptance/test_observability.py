@@ -1,4 +1,4 @@
-"""See everything (issue 8) on a running ``comfysup run``: /metrics checked against the queue, the status
+"""See everything on a running ``comfysup run``: /metrics checked against the queue, the status
 page in a real headless browser, ``status --watch``, ``submit --wait``, webhooks sent by the supervisor,
 JSON logs — and a canary secret in none of them.
 
@@ -104,7 +104,7 @@ def watch_frames(config: Path, frames: int) -> tuple[int, list[str]]:
 @pytest.mark.timeout(120)
 def test_a_running_supervisor_can_be_seen_every_way(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     receiver = Receiver(fail_first=1).start()
-    # An OOM is run again once without counting (issue 34): the second one is the counted retry.
+    # An OOM is run again once without counting: the second one is the counted retry.
     h = Supervised(tmp_path, script={job_id(5): ["oom", "oom", "ok"], job_id(6): ["invalid"]}, node_ms=20,
                    extra_sections={"webhooks": {"url": f"{receiver.url}/hook", "secret": SECRET, "allow_private": True,
                                                 "base_delay_seconds": 0.05, "max_delay_seconds": 0.2}})
@@ -209,7 +209,7 @@ def test_a_running_supervisor_can_be_seen_every_way(tmp_path: Path, capsys: pyte
         assert metric(values, "comfysup_job_duration_seconds_count", workflow="trivial", state="done") == 5
         assert metric(values, "comfysup_job_duration_seconds_count", workflow="trivial", state="dead") == 1
         assert metric(values, "comfysup_job_duration_seconds_count", workflow="long", state="done") == 1
-        first = records[job_id(7)].attempts[0]  # its wait in ComfyUI's queue is queueing, not duration (issue 32)
+        first = records[job_id(7)].attempts[0]  # its wait in ComfyUI's queue is queueing, not duration
         long_run = records[job_id(7)].finished_at - first.started_at - figures(first.trace)[0]  # type: ignore[operator]
         assert metric(values, "comfysup_job_duration_seconds_sum", workflow="long", state="done") == \
             pytest.approx(long_run)

@@ -1,4 +1,4 @@
-"""Issue 30 point 3: every process that holds the SQLite queue open watches its file. Deleted, replaced or failing
+"""Every process that holds the SQLite queue open watches its file. Deleted, replaced or failing
 its integrity check, the process stops taking and accepting work within a heartbeat, says why in one line and
 exits non-zero (EXIT_DATABASE_REPLACED), and ``comfysup run`` stops with that reason instead of logging an error
 forever or restarting a child in a loop. Each test runs the real command in a subprocess."""

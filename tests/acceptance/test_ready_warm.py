@@ -1,4 +1,4 @@
-"""Issue 34 under ``comfysup run``: each server runs ``[comfyui] warmup`` after every start before its slot takes a
+"""Under ``comfysup run``: each server runs ``[comfyui] warmup`` after every start before its slot takes a
 job (a failing one is a failed start), GET /ready answers 503 until a slot is warm and while the queued jobs per
 ready slot exceed ``[api] ready_max_queue_per_slot`` (200 in between, on the status server and the API), and a
 lost device (fake_comfy's ``fatal``) restarts the server, which warms up again, after which the job is done there."""

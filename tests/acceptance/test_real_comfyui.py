@@ -69,7 +69,7 @@ def test_real_comfyui_finished_prompt_is_adopted_not_rerun(tmp_path, comfyui):
 
 @pytest.mark.timeout(300)
 def test_real_comfyui_animated_outputs_are_stored_with_their_type(tmp_path, comfyui):
-    """Issue 34: a generated batch saved by SaveAnimatedWEBP (no model needed) is downloaded, hashed, stored and typed
+    """A generated batch saved by SaveAnimatedWEBP (no model needed) is downloaded, hashed, stored and typed
     image/webp; SaveWEBM's video/webm too where the server's PyAV has the VP9 encoder (else its job is dead with the
     encoder's error, which says so)."""
     from comfysup.assets import media_type

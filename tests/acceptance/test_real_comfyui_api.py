@@ -1,5 +1,5 @@
 """``comfysup run`` supervising a real ComfyUI 0.3.64 on the CPU, driven through the Comfy API v2 with the official
-SDK (comfy-sdk), as a user of Comfy Cloud's API would drive it (issues 31 and 34 ask for this evidence on a real
+SDK (comfy-sdk), as a user of Comfy Cloud's API would drive it (the evidence that the API works on a real
 ComfyUI, not only on fake_comfy).
 
 Opt-in like the rest of the real tier: COMFYUI_DIR names a ComfyUI checkout that runs with --cpu and
@@ -111,7 +111,7 @@ def _stored(real: Real, job_id: str) -> dict[str, tuple[str, str]]:
 @pytest.mark.timeout(300)
 def test_the_readme_example_on_a_real_comfyui(real: Real, client: Comfy) -> None:
     """run / submit / wait / get_outputs / to_bytes with ComfyUI's default ``filename_prefix``, then with two save
-    nodes sharing it: each node's get_outputs has that node's own file (issue 31's first difference)."""
+    nodes sharing it: each node's get_outputs has that node's own file (the first difference)."""
     graph = _fresh("trivial.json")
     graph["3"]["inputs"]["filename_prefix"] = "ComfyUI"
     job = client.run(client.workflows.from_json(graph), timeout=RUN_SECONDS)
@@ -135,7 +135,7 @@ def test_the_readme_example_on_a_real_comfyui(real: Real, client: Comfy) -> None
 def test_an_animated_webp_and_a_webm_of_a_generated_batch(real: Real, client: Comfy) -> None:
     """SaveAnimatedWEBP (and SaveWEBM) of an EmptyImage batch (no model): ComfyUI files each under ``images`` with
     ``animated`` beside it; comfysup downloads them whole, hashes and stores them, and serves them as image/webp and
-    video/webm (issue 34 point 5)."""
+    video/webm."""
     graph = {"1": {"class_type": "EmptyImage",
                    "inputs": {"width": 32, "height": 32, "batch_size": 4, "color": uuid.uuid4().int % 16777216}},
              "2": {"class_type": "ImageInvert", "inputs": {"image": ["1", 0]}},

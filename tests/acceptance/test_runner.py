@@ -57,7 +57,7 @@ def store_files(tmp_path: Path, n: int) -> list[Path]:
 
 @pytest.mark.timeout(90)
 def test_failure_script(tmp_path, fake):
-    """Issue 4, test 1: seven jobs, each with its own script of what the server does to it."""
+    """Seven jobs, each with its own script of what the server does to it."""
     scripts = [["500", "ok"], ["drop"], ["invalid"], ["oom", "ok"], ["error"], ["hang", "hang"], []]
     fake.script_by_id({job_id(i + 1): words for i, words in enumerate(scripts)})
     config = write_config(tmp_path)
@@ -89,7 +89,7 @@ def test_failure_script(tmp_path, fake):
     assert jobs_by_n[3].reason.startswith("POST /prompt 400, prompt_outputs_failed_validation")
     assert p[job_id(3)]["executed"] == 0
     assert f"job {short(3)}: dead-lettered, POST /prompt 400, prompt_outputs_failed_validation" in log
-    # oom: POST /free and posted again on the same server in the same attempt (issue 34), done; executed twice
+    # oom: POST /free and posted again on the same server in the same attempt, done; executed twice
     # (the first run was destroyed by the OOM).
     assert jobs_by_n[4].state == "done" and jobs_by_n[4].attempt == 1
     assert p[job_id(4)]["executed"] == 2 and len(fake.stats()["frees"]) == 1
@@ -114,7 +114,7 @@ def test_failure_script(tmp_path, fake):
 
 @pytest.mark.timeout(60)
 def test_same_job_submitted_twice_and_delivered_twice_runs_once(tmp_path, fake):
-    """Issue 4, test 2: a second submit inserts nothing; a second delivery adopts the first run."""
+    """A second submit inserts nothing; a second delivery adopts the first run."""
     fake.node_ms = 300
     config = write_config(tmp_path)
     jobs = jobs_file(tmp_path, [trivial_job(1)])
@@ -148,7 +148,7 @@ def test_same_job_submitted_twice_and_delivered_twice_runs_once(tmp_path, fake):
 
 @pytest.mark.timeout(90)
 def test_two_runners_two_servers_each_job_once(tmp_path, fake, fake_b):
-    """Issue 4, test 3: 16 jobs over two fakes: each executed exactly once, both servers used."""
+    """16 jobs over two fakes: each executed exactly once, both servers used."""
     fake.node_ms = fake_b.node_ms = 20
     config = write_config(tmp_path)
     jobs = jobs_file(tmp_path, [trivial_job(i) for i in range(1, 17)])
@@ -166,7 +166,7 @@ def test_two_runners_two_servers_each_job_once(tmp_path, fake, fake_b):
 
 @pytest.mark.timeout(60)
 def test_runner_killed_after_comfyui_finished_is_adopted_not_rerun(tmp_path, fake):
-    """Issue 4, test 4: the attempt that posted died before recording done; the next one adopts."""
+    """The attempt that posted died before recording done; the next one adopts."""
     config = write_config(tmp_path)
     queue = submit(config, [trivial_job(1)])
     claim = queue.claim("dead-runner", "cpu0", lease_seconds=30)
@@ -187,7 +187,7 @@ def test_runner_killed_after_comfyui_finished_is_adopted_not_rerun(tmp_path, fak
 
 @pytest.mark.timeout(60)
 def test_success_before_history_race(tmp_path, fake):
-    """Issue 4, test 5: execution_success arrives long before the history is written."""
+    """execution_success arrives long before the history is written."""
     fake.history_delay_ms = 800
     config = write_config(tmp_path, poll_seconds=5.0)
     queue = submit(config, [trivial_job(1), trivial_job(2)])
@@ -201,7 +201,7 @@ def test_success_before_history_race(tmp_path, fake):
 
 @pytest.mark.timeout(60)
 def test_hostile_output_names(tmp_path, fake):
-    """Issue 4, test 6: names with ../ or absolute paths: nothing outside the job folder, dead, clear reason."""
+    """Names with ../ or absolute paths: nothing outside the job folder, dead, clear reason."""
     fake.script(["hostile"])
     config = write_config(tmp_path)
     queue = submit(config, [trivial_job(1)])
@@ -219,7 +219,7 @@ def test_hostile_output_names(tmp_path, fake):
 
 @pytest.mark.timeout(90)
 def test_canary_secret_appears_nowhere(tmp_path, fake):
-    """Issue 4, test 7: a canary key in extra_data, failed on purpose, is in no log, reason or output."""
+    """A canary key in extra_data, failed on purpose, is in no log, reason or output."""
     canary = "sk-canary-" + "7f3a9c2e4b"
     fake.script_by_id({job_id(1): ["error"], job_id(2): ["invalid"], job_id(3): ["oom"] * 4})
     config = write_config(tmp_path)
@@ -248,7 +248,7 @@ def test_canary_secret_appears_nowhere(tmp_path, fake):
 
 @pytest.mark.timeout(60)
 def test_busy_server_is_skipped(tmp_path, tmp_path_factory):
-    """Issue 4, test 8: with --busy 2 on server A and B idle, the first job runs on B."""
+    """With --busy 2 on server A and B idle, the first job runs on B."""
     with FakeComfy(base_directory=tmp_path / "a", busy=2) as busy, \
             FakeComfy(base_directory=tmp_path / "b") as idle:
         config = write_config(tmp_path)
@@ -262,7 +262,7 @@ def test_busy_server_is_skipped(tmp_path, tmp_path_factory):
 
 @pytest.mark.timeout(60)
 def test_heartbeat_that_finds_the_lease_lost_stops_without_writing(tmp_path, fake):
-    """Issue 4, test 9: another owner took the job; the attempt stops and writes nothing."""
+    """Another owner took the job; the attempt stops and writes nothing."""
     fake.node_ms = 400
     config = write_config(tmp_path, heartbeat_seconds=0.1)
     queue = submit(config, [trivial_job(1)])

@@ -1,4 +1,4 @@
-"""Two machines on one PostgreSQL queue with outputs and inputs in a bucket (issue 33): jobs submitted on machine A
+"""Two machines on one PostgreSQL queue with outputs and inputs in a bucket: jobs submitted on machine A
 (its API, comfy-sdk; and ``comfysup submit`` with an input file) run on machine B (``comfysup run``), B is
 stopped, and A still hands out every output: comfy-sdk's ``to_bytes()`` follows A's redirect to the bucket, with
 no machine-to-machine streaming. B never had the input file: it came through the bucket."""

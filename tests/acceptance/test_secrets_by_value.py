@@ -1,4 +1,4 @@
-"""Masking by value (issue 30 point 4): a partner key that is also a node id and part of an output's file name is
+"""Masking by value: a partner key that is also a node id and part of an output's file name is
 masked wherever the job is shown — `show` (text and JSON, the trace's node ids), `results --csv`, the status page,
 webhook and broker bodies, the runner's log lines — while the job itself runs with it."""
 

@@ -1,4 +1,4 @@
-"""Issue 14 item 3 under ``comfysup run``: a prompt that ignores /interrupt (fake_comfy's
+"""Under ``comfysup run``: a prompt that ignores /interrupt (fake_comfy's
 ``hostile:run:ignore-interrupt``, a custom node that never checks the flag) makes the supervisor restart
 its server; the attempt ends as a transient ``stuck`` failure, retried or dead-lettered with that reason,
 and the slot carries on (never marked failed for it)."""

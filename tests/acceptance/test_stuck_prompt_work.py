@@ -1,4 +1,4 @@
-"""Issue 14 item 3 under ``comfysup work`` (servers that are not ours): a prompt that ignores /interrupt
+"""Under ``comfysup work`` (servers that are not ours): a prompt that ignores /interrupt
 takes its server out of service (no job goes to it), ``status`` and ``health`` say why, the job ends with
 a reason that says so, and the server comes back into service once its queue is empty again."""
 

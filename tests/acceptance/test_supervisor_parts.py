@@ -319,7 +319,7 @@ def test_systemd_unit_runs_this_comfysup_with_the_config_and_keeps_gpus_visible(
                      "NoNewPrivileges=yes", "ProtectSystem=strict", "ProtectHome=read-only"):
         assert expected in lines, expected
     # This config lives under /tmp (pytest's folder): PrivateTmp would hide it from the service, so the unit goes
-    # without it and says so, at generation and in the unit (issue 32 point 7).
+    # without it and says so, at generation and in the unit.
     assert "PrivateTmp=yes" not in lines and any(line.startswith("# No PrivateTmp") for line in lines)
     assert "PrivateTmp=yes would hide it" in result.stderr
     assert any(line.startswith("WatchdogSec=") for line in lines)

@@ -51,7 +51,7 @@ def test_sigterm_lets_a_short_job_finish_and_returns_a_long_one_uncounted(harnes
     assert not processes_under(tmp_path)
     final = h.state()
     assert final is not None and final["state"] == "stopped"
-    # After a clean stop, status says stopped, when, and what waits (issue 32 point 5): no slot "running", no
+    # After a clean stop, status says stopped, when, and what waits: no slot "running", no
     # supervisor that looks stale, in the state file or the machines table every status on the queue reads.
     assert [s["state"] for s in final["slots"]] == ["stopped"] * len(final["slots"])
     status = subprocess.run([sys.executable, "-m", "comfysup", "status", "--config", str(h.config_path), "--json"],

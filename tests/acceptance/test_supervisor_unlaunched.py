@@ -1,6 +1,6 @@
-"""`comfysup run` around servers it does not launch, and a supervisor with no slot alive (issue 15,
-problem 8): `gpus = "none"` with [[servers]] supervises runners, metrics, the status page and webhooks and
-launches no ComfyUI; with every slot failed it exits non-zero with the reason and never says READY, so that
+"""`comfysup run` around servers it does not launch, and a supervisor with no slot alive:
+`gpus = "none"` with [[servers]] supervises runners, metrics, the status page and webhooks and launches no
+ComfyUI; with every slot failed it exits non-zero with the reason and never says READY, so that
 systemd's Restart=on-failure acts instead of a service that looks up and runs nothing."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Per-job traces, live progress and JSON logs (issue 8, "Traces").
+"""Per-job traces, live progress and JSON logs.
 
 The trace is pure (a table of events in, phases and node times out); the runner's use of it is tested
 against fake_comfy with its progress node (steps with ``progress`` events, as a KSampler sends them):
@@ -116,7 +116,7 @@ def test_progress_is_throttled_and_the_trace_is_stored_and_shown(tmp_path: Path)
 
 @pytest.mark.timeout(60)
 def test_each_attempt_keeps_the_reason_class_of_its_outcome(tmp_path: Path) -> None:
-    # No job queued ahead: an OOM is then run again in its own attempt (issue 34), never given back uncounted.
+    # No job queued ahead: an OOM is then run again in its own attempt, never given back uncounted.
     config_path = write_config(tmp_path, attempts=2, queue_ahead=False)
     queue = submit(config_path, [trivial_job(n) for n in (1, 2, 3)])
     with FakeComfy(base_directory=tmp_path / "fake", node_ms=5) as fake:

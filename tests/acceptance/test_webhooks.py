@@ -1,4 +1,4 @@
-"""Completion webhooks (issue 8, "Webhooks"): signed, durable, retried with backoff, never in a job's way.
+"""Completion webhooks: signed, durable, retried with backoff, never in a job's way.
 
 A receiving server in the test fails the first deliveries; ``comfysup work`` runs the jobs and its
 deliverer keeps trying until each job's record has arrived once, signed as the README says. A receiver
@@ -148,7 +148,7 @@ def test_a_receiver_that_never_answers_costs_the_job_nothing_and_is_given_up(tmp
     queue.close()
 
 
-# ---- resolve once, check, connect to the checked address (issue 30, item 7) ------------------------------
+# ---- resolve once, check, connect to the checked address ------------------------------
 
 PUBLIC = "93.184.216.34"
 """A public-looking address the test's network routes to its own receiver (nothing leaves the machine)."""

@@ -1,4 +1,4 @@
-"""The Comfy API v2 conformance suite (issue 31): cases derived from the spec itself, run against comfysup's API
+"""The Comfy API v2 conformance suite: cases derived from the spec itself, run against comfysup's API
 over fake_comfy of both ComfyUI versions.
 
 ``openapi.yaml`` is the Comfy API v2 contract as Comfy publishes it, copied unchanged (data, not code) from

@@ -1,4 +1,4 @@
-"""Row A1 (issue 18): jobs submitted through the Comfy API v2 while the API process, runners and servers are
+"""Row A1: jobs submitted through the Comfy API v2 while the API process, runners and servers are
 killed, by clients that retry with the same ``Idempotency-Key`` after every dropped connection.
 
 ``comfysup run`` serves ``/api/v2`` as a supervised child. Client threads POST jobs (``Idempotency-Key`` = the

@@ -1,4 +1,4 @@
-"""Rows R1-R3 (issue 20): the RabbitMQ front door under faults, judged by the checker.
+"""Rows R1-R3: the RabbitMQ front door under faults, judged by the checker.
 
 Every row publishes its jobs to a real RabbitMQ broker with confirms, lets ``comfysup run`` (its
 consumer child, or R1's killed consumers) take them into the queue, the runners run them on fake_comfy, and

@@ -1,4 +1,4 @@
-"""The checker: after a chaos run has drained, count everything DESIGN.md's promise forbids.
+"""The checker: after a chaos run has drained, count everything docs/design.md's promise forbids.
 
 It trusts nothing the system says about itself when there is independent evidence: executions come
 from fake_comfy's execution log (written by the servers, across restarts), files are hashed again,
@@ -18,10 +18,10 @@ secrets are searched for byte by byte. Counted, as in Jepsen's queue checkers:
   stop itself, a timeout recorded in the attempts. Any other is **unmatched**. A run that completed
   (every node ran, its files written: ``success``, or the fake's ``completed`` line before a kill took
   its history) is adopted, never run again: any execution after it is **after completed**. More
-  executions or posts than attempts, beyond one more after each run that ran out of memory (issue 34: POST
+  executions or posts than attempts, beyond one more after each run that ran out of memory (POST
   /free and the job posted once more in the same attempt), is an **uncounted** run.
 - **missing / partial files**: a ``done`` job whose recorded file is absent or has another size or hash (for an
-  output in a bucket, issue 33: the object at its recorded ``s3://`` location, read back and hashed);
+  output in a bucket: the object at its recorded ``s3://`` location, read back and hashed);
   any file under a final name in the store that is not a complete image; **outside**: anything in the
   store that is not in a job's folder. ``.part`` files are fine (not final) and only counted.
 - **leaked secrets**: a canary found anywhere but the job's own stored workflow and extra_data: every
@@ -65,7 +65,7 @@ history, in that moment, and the history dies with the server all the same."""
 LOCK_SLACK_SECONDS = 1.0
 """An interrupt caused by a database lock lands while the lock is held; this covers the last wake-up."""
 TERMINAL_LINE = re.compile(r"job ([0-9a-f]{8}(?:-[0-9a-f]{4}){3}-[0-9a-f]{12}): (done on|dead-lettered|cancelled on)")
-"""A terminal line names the whole job id (issue 15: ids that share their first 8 characters are common)."""
+"""A terminal line names the whole job id (ids that share their first 8 characters are common)."""
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
@@ -95,7 +95,7 @@ class Evidence:
     canaries: list[str] = field(default_factory=list)
     fragment_canaries: list[str] = field(default_factory=list)
     """Canaries of random text only, searched for any run of FRAGMENT_CHARS of their characters too: a cut
-    that kept half a key is a leak (issue 14). Also searched whole, like ``canaries``."""
+    that kept half a key is a leak. Also searched whole, like ``canaries``."""
     outputs: dict[str, str] = field(default_factory=dict)
     """Captured command outputs (status, show, results) by name, searched for secrets."""
     not_scanned: list[Path] = field(default_factory=list)
@@ -105,10 +105,10 @@ class Evidence:
     require_terminal: bool = True
     inputs: dict[str, Path] = field(default_factory=dict)
     """Job id → the input image it was submitted with (the user's file): each output of such a job, once
-    done, must be that image inverted, pixel for pixel (issue 17)."""
+    done, must be that image inverted, pixel for pixel."""
     """False for a run of submits alone (K4): an accepted job is lost only when it is not in the queue."""
     objects: dict[str, bytes] | None = None
-    """Row U1 (issue 33): every object in the run's bucket, by ``s3://bucket/key``, read after the run; a done
+    """Row U1: every object in the run's bucket, by ``s3://bucket/key``, read after the run; a done
     job's outputs recorded there are checked against them, byte for byte."""
     announced: set[str] | None = None
     """Rows R1-R3: the job ids whose record arrived on the broker's done or dead exchange (a listener bound to

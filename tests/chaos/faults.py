@@ -6,7 +6,7 @@ with ``CHAOS_SEED=<seed>``: the same faults in the same order (the system's own 
 which is the point of running many).
 
 The fault log is the checker's evidence: a re-execution of a job is only acceptable when a recorded
-fault destroyed the run before it (DESIGN.md, promise 4), so each fault is written down with the time
+fault destroyed the run before it (docs/design.md, promise 4), so each fault is written down with the time
 it happened and the pids it killed, before the checker ever looks.
 """
 

@@ -90,7 +90,7 @@ class ChaosRun(Supervised):
         self.inputs: dict[str, Path] = {}
         """Job id → the input image it was submitted with: the checker holds each output to it."""
         self.bucket_objects: Callable[[], dict[str, bytes]] | None = None
-        """Rows with outputs in a bucket (issue 33): every object of the run's bucket by s3:// URI, read at the end."""
+        """Rows with outputs in a bucket: every object of the run's bucket by s3:// URI, read at the end."""
 
     # -- jobs -------------------------------------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""The checker's look at jobs that brought an input image (issue 17): each output of a done one must be its
+"""The checker's look at jobs that brought an input image: each output of a done one must be its
 input inverted, pixel for pixel, by the rule the integration tests hold fake_comfy to (tests/input_images.py):
 not another job's input, not a stale upload under a reused name, not a cached result of other bytes. The
 input is the user's own file, kept by the harness: evidence independent of the queue's asset store."""

@@ -1,4 +1,4 @@
-"""Two "machines" on one PostgreSQL queue, for the chaos suite (issue 9's acceptance row, M1).
+"""Two "machines" on one PostgreSQL queue, for the chaos suite (the acceptance row, M1).
 
 Each machine is a :class:`~chaos.harness.ChaosRun` of its own (its own folder, config, ports, ComfyUI
 base directory, result store, execution log, fault log and ``comfysup run``), told apart by

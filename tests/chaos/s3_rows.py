@@ -1,4 +1,4 @@
-"""Row U1 (issue 33): outputs go to a bucket on a real S3 server (SeaweedFS) that is stopped and started again
+"""Row U1: outputs go to a bucket on a real S3 server (SeaweedFS) that is stopped and started again
 while jobs upload, and runners are killed while it is down (their attempt is then uploading, or waiting to).
 
 The promise in a bucket: nothing is ``done`` whose objects are missing or differ from the recorded hash (the

@@ -1,4 +1,4 @@
-"""One function per row of the fault table (issue 6), sized by its caller.
+"""One function per row of the fault table, sized by its caller.
 
 Each takes a fresh folder, the run's seed and its sizes; injects its faults into a real ``comfysup run``
 (or ``comfysup submit``) while jobs run; drains; and returns the checker's :class:`Report` with the
@@ -42,7 +42,7 @@ from comfysup.supervisor.stop import KILL_WAIT_SECONDS
 
 SLOTS = ("cpu0", "cpu1")
 INPUT_SHARE = 0.4
-"""The share of K1's, K2's and K3's jobs that bring an input image (issue 17): uploaded by the runner before
+"""The share of K1's, K2's and K3's jobs that bring an input image: uploaded by the runner before
 its POST, so kills land around uploads too, and each output is checked against its input."""
 
 
@@ -761,7 +761,7 @@ ATTEMPTS = 4
 
 def scripted_end(words: list[str]) -> tuple[str, int]:
     """How a job whose posts meet ``words`` (then ok) ends: done at the first ok or drop, or dead after ATTEMPTS.
-    An OOM is followed by POST /free and one more post without counting an attempt (issue 34: in the same attempt,
+    An OOM is followed by POST /free and one more post without counting an attempt (in the same attempt,
     or, with a job queued behind it, released uncounted), once per counted attempt; every other fault costs one."""
     attempt, freed = 1, False
     for word in [*words, "ok"]:
@@ -830,7 +830,7 @@ def t1_transient_failures(tmp: Path, seed: int, *, jobs: int, node_ms: float = 1
 
 
 def o1_oom_storms(tmp: Path, seed: int, *, jobs: int, node_ms: float = 10.0, rate: float = 0.7) -> Report:
-    """OOM storms (issue 34): most posts of most jobs run out of memory. Each OOM makes its attempt POST /free and
+    """OOM storms: most posts of most jobs run out of memory. Each OOM makes its attempt POST /free and
     run the job once more without counting (or give it back uncounted when a job waits behind it); every job is
     still done once, or dead-lettered with the OOM as its reason, as its script says (:func:`scripted_end`)."""
     h = None
@@ -960,7 +960,7 @@ def h2_stuck_prompts(tmp: Path, seed: int, *, jobs: int, stuck: int, node_ms: fl
                 report.row_failures.append(f"{victim} {words}: {state} after {attempt}, expected {expected}")
             if state == "dead" and "did not leave" not in (reason or ""):
                 report.row_failures.append(f"{victim}: dead without the stuck reason: {reason}")
-            # A job queued ahead behind a stuck prompt (issue 19) is withdrawn before the restart, uncounted:
+            # A job queued ahead behind a stuck prompt is withdrawn before the restart, uncounted:
             # not one of its failures.
             kinds = [k for (k,) in h.sql("SELECT kind FROM attempts WHERE job_id = ? AND kind IS NOT NULL "
                                          "AND kind != 'done' AND NOT (kind = 'withdrawn' AND outcome = "
@@ -1228,6 +1228,6 @@ def b1_fuzzed_lines(tmp: Path, seed: int, *, examples: int) -> Report:
                           bad_lines=counts["bad lines"], seed=seed)
     report.jobs = sum(len(s.ids) for s in h.submissions if s.outcome == "accepted")
     return report
-from chaos.api_rows import a1_api_kills  # noqa: E402, F401  (issue 18's row)
-from chaos.broker_rows import r1_consumer_killed_before_ack, r2_broker_restarted, r3_connections_closed  # noqa: E402, F401  (issue 20's rows)
-from chaos.s3_rows import u1_own_server  # noqa: E402, F401  (issue 33's row)
+from chaos.api_rows import a1_api_kills  # noqa: E402, F401
+from chaos.broker_rows import r1_consumer_killed_before_ack, r2_broker_restarted, r3_connections_closed  # noqa: E402, F401
+from chaos.s3_rows import u1_own_server  # noqa: E402, F401

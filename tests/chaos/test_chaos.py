@@ -1,4 +1,4 @@
-"""The fault table of issue 6, each row its own test, at small counts (the full counts: bench/chaos.py).
+"""The fault table, each row its own test, at small counts (the full counts: bench/chaos.py).
 
 Every row runs a real ``comfysup run`` on ``cpu:2`` with fake_comfy servers (B1 and K4 run ``comfysup
 submit``), injects its fault, drains, and hands everything to the checker: the assertion is the
@@ -9,7 +9,7 @@ a row cannot pass by missing its target.
 K1, K2 and K3 give about 40 % of their jobs an input image (LoadImage → ImageInvert → SaveImage), and the
 checker holds each of their outputs to its input, pixel for pixel.
 
-U1 (issue 33) sends outputs to a real S3 server that is stopped and started again while jobs upload.
+U1 sends outputs to a real S3 server that is stopped and started again while jobs upload.
 
 Rows marked ``chaos`` (Z2, D2) take longer and are deselected by default; run them with ``-m chaos``.
 """

@@ -229,7 +229,7 @@ def test_more_executions_than_attempts_is_an_uncounted_run(run: Run) -> None:
 
 
 def test_one_more_execution_after_an_oom_is_counted_with_it(run: Run) -> None:
-    """Issue 34: after an OOM the attempt sends POST /free and posts the job once more without counting: one
+    """After an OOM the attempt sends POST /free and posts the job once more without counting: one
     execution more than attempts per OOM run is the rule, two more is an uncounted run."""
     job = run.ids[0]
     run.exec_line("start", job, pid=400, number=9, at=T0 - 5, word="oom")
@@ -337,7 +337,7 @@ def test_time_is_not_needed_to_read_the_fault_log(tmp_path: Path) -> None:
 
 
 def test_outputs_in_a_bucket_are_read_back_and_hashed(run: Run) -> None:
-    """Row U1 (issue 33): a done job's object missing from the bucket, or with other bytes, fails the run."""
+    """Row U1: a done job's object missing from the bucket, or with other bytes, fails the run."""
     import shutil
 
     conn = sqlite3.connect(run.queue.path)

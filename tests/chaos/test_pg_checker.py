@@ -1,7 +1,7 @@
 """The two-machine checker (chaos/pg.py) catches what it counts on a PostgreSQL queue: a clean synthetic
 run of two machines passes, and a doubled done record, a lost job, a file missing from the store of the
 machine that did the job, or a done record naming no machine fails it. Without these a reader that saw
-nothing would make issue 9's acceptance row green.
+nothing would make the acceptance row green.
 
 The run is made with the real queue (PostgresQueue), two real result stores and execution-log lines as
 fake_comfy writes them.

@@ -1,4 +1,4 @@
-"""Issue 9's acceptance row (M1): two machines, two fake servers each, share one PostgreSQL queue; one
+"""the acceptance row (M1): two machines, two fake servers each, share one PostgreSQL queue; one
 supervisor is killed mid-run and started again; the chaos checker must find every job done exactly once.
 
 The fast size (200 jobs) runs with the suite; the full size (2,000 jobs) is marked ``chaos`` and is

@@ -1,4 +1,4 @@
-"""The Comfy API v2 (issue 18) driven by Comfy's own client, comfy-sdk, exactly as its README shows; every body
+"""The Comfy API v2 driven by Comfy's own client, comfy-sdk, exactly as its README shows; every body
 validated against the SDK's generated models (comfy_low.models, from comfy-api-proxy's spec/openapi.yaml)."""
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ def test_every_answer_validates_against_the_sdks_models(api: Any) -> None:
 
 
 def test_queue_position_while_a_job_waits_in_the_queue_or_in_its_servers_queue(api: Any) -> None:
-    """Issue 32: a job's place in line, 1 next, as comfy-api-proxy counts ComfyUI's pending prompts. A job claimed
+    """A job's place in line, 1 next, as comfy-api-proxy counts ComfyUI's pending prompts. A job claimed
     ahead and posted behind the running prompt still waits: queued, its place on that server, no start time."""
     url, runner, _ = api
     answers = [httpx.post(f"{url}/api/v2/jobs", json={"workflow": GRAPH, "metadata": {"n": str(n)}}).json()

@@ -1,4 +1,4 @@
-"""Issue 18's assets: ``/api/v2/assets`` uploads into the asset store and ``core/ASSET`` references resolved at
+"""the assets: ``/api/v2/assets`` uploads into the asset store and ``core/ASSET`` references resolved at
 submit, driven by comfy-sdk as its README shows (``client.assets.from_file``, ``workflow.set_input(node, name,
 asset)``, ``client.run``) and by raw requests shaped as the SDK's transport sends them; every body validated
 against the SDK's generated models (comfy_low.models)."""

@@ -1,4 +1,4 @@
-"""GET /api/v2/jobs/{id}/events (issue 18): comfy-sdk's ``job.events()`` exactly as its README shows, fed from the
+"""GET /api/v2/jobs/{id}/events: comfy-sdk's ``job.events()`` exactly as its README shows, fed from the
 queue by the API's one watcher; every frame's payload validated against the SDK's generated models (comfy_low.models,
 from comfy-api-proxy's spec/openapi.yaml) and decoded by the SDK's own SSE decoder."""
 

@@ -1,4 +1,4 @@
-"""Issue 18: a job submitted through the API is a normal comfysup job, and a job from ``comfysup submit`` is visible
+"""A job submitted through the API is a normal comfysup job, and a job from ``comfysup submit`` is visible
 through the API; on PostgreSQL, an API on one machine sees the work of a runner on another."""
 
 from __future__ import annotations

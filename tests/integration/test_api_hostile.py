@@ -1,4 +1,4 @@
-"""The Comfy API v2 against a hostile client (issue 30), through real HTTP and raw sockets: a DNS-rebinding page,
+"""The Comfy API v2 against a hostile client, through real HTTP and raw sockets: a DNS-rebinding page,
 bodies nested or sized to break it, numbers past 64 bits, a chunked multipart body that never ends, clients that
 stall, more connections than it holds, bytes that are not HTTP, and uploaded HTML served back."""
 

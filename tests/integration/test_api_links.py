@@ -1,4 +1,4 @@
-"""Issue 31: every link the API answers is absolute and starts with the API's own address: ``[api] public_url``
+"""Every link the API answers is absolute and starts with the API's own address: ``[api] public_url``
 when the request came by its name (a TLS proxy in front), else the Host the request came with (one of the API's
 own names, or it is refused 421), never anything a client puts in ``X-Forwarded-*`` or ``Forwarded``."""
 

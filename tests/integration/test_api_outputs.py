@@ -1,4 +1,4 @@
-"""Issue 31: an output named by a later job's core/ASSET reference (comfysup.api.outputs ``Inputs``): made an
+"""An output named by a later job's core/ASSET reference (comfysup.api.outputs ``Inputs``): made an
 upload over its content once, however many jobs name it; refused 422 missing_asset, saying what to do, when its
 file is not in this machine's result store."""
 

@@ -1,4 +1,4 @@
-"""Issue 31: files on the API's own machine. ``POST /api/v2/assets/from-path`` registers a file below ``[api]
+"""Files on the API's own machine. ``POST /api/v2/assets/from-path`` registers a file below ``[api]
 path_roots`` (none by default); an upload to ``models/<folder>/<name>.safetensors`` is placed in ``[api]
 models_dir`` (unset by default). Both refuse with the spec's envelope and say which setting opens them."""
 

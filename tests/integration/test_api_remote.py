@@ -1,4 +1,4 @@
-"""Issue 18: outputs are streamed from the machine that holds them. Two machines share one PostgreSQL queue and not
+"""Outputs are streamed from the machine that holds them. Two machines share one PostgreSQL queue and not
 their result stores: machine A's API runs in the test's process, machine B's as ``comfysup api`` in a subprocess
 (``COMFYSUP_HOSTNAME=machine-b``), and a stand-in runner completes jobs as machine B into B's store. A serves B's
 files by streaming them from B's API (comfysup.api.remote)."""

@@ -1,4 +1,4 @@
-"""Issue 31: the official client, comfy-sdk, through every public method it has, against comfysup over the fake
+"""The official client, comfy-sdk, through every public method it has, against comfysup over the fake
 ComfyUI (a real runner in a thread, the API in another): run, submit, wait, events, get_outputs, to_bytes /
 to_file / ranges, assets from a file, from bytes and by hash, cancel, list with filters and cursors; outputs as
 assets a later job names; a failed job's node error; ``outputs_reused``; and the README's own example, as

@@ -1,4 +1,4 @@
-"""The asset store in a bucket ([assets] url, issue 33): the asset store's contract, run on SQLite and on
+"""The asset store in a bucket ([assets] url): the asset store's contract, run on SQLite and on
 PostgreSQL with the contents in a real S3 server, so machines on one PostgreSQL share input files through the
 bucket; and the bytes are in the bucket, not in the database's chunks nor in a folder."""
 

@@ -1,4 +1,4 @@
-"""The broker door never loops and never drops (issue 30), against the real broker at 127.0.0.1:5672:
+"""The broker door never loops and never drops, against the real broker at 127.0.0.1:5672:
 a message that kills the consumer ends in the invalid queue after [rabbitmq] delivery_limit, without its
 batch-mates; a result nobody listens to stays in the outbox until a queue is bound; an existing jobs queue
 without a delivery limit is reported; SIGTERM is honoured within a second while the broker never answers."""

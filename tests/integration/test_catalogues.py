@@ -1,4 +1,4 @@
-"""Issue 15, the node catalogue: two fake servers whose catalogues differ. A job only one can run goes only
+"""The node catalogue: two fake servers whose catalogues differ. A job only one can run goes only
 there (the other's runner never posts it, nor counts an attempt of it); a job neither can run is refused at
 submit; with no catalogue yet, submit warns once and accepts the jobs."""
 

@@ -1,4 +1,4 @@
-"""A refused connection says so (issue 15, problem 3): `GET /system_stats: timed out after 2 s` from a
+"""A refused connection says so: `GET /system_stats: timed out after 2 s` from a
 command that took 0.11 s sent a person looking for a slow server when nothing listened at all. Each place
 that talks to a ComfyUI server is asked on a port where nothing listens."""
 

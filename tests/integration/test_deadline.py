@@ -1,4 +1,4 @@
-"""comfysup.comfy.deadline: a deadline interrupts a read that would block past it (issue 14, item 2)."""
+"""comfysup.comfy.deadline: a deadline interrupts a read that would block past it."""
 
 from __future__ import annotations
 

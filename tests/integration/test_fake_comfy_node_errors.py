@@ -1,4 +1,4 @@
-"""Issue 32, point 9: any exception inside the fake's execution of a node becomes ComfyUI's execution_error for
+"""Any exception inside the fake's execution of a node becomes ComfyUI's execution_error for
 that prompt (the shape of the recorded execution-error.json), and the fake moves on to the next prompt. A damaged
 PNG given to LoadImage used to raise inside the executor, and the prompt stayed running forever."""
 

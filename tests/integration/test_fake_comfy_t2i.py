@@ -1,4 +1,4 @@
-"""Issue 32, point 2: fake_comfy runs text-to-image graphs (the node shapes recorded from ComfyUI 0.3.64 in
+"""fake_comfy runs text-to-image graphs (the node shapes recorded from ComfyUI 0.3.64 in
 fake_comfy/data/object-info-t2i.json), with a list of fake model files, KSampler steps as progress, and a
 deterministic image of the latent's size; comfysup runs such a workflow end to end on it."""
 

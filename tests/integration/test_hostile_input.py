@@ -1,4 +1,4 @@
-"""Issue 14 at the edges a user controls: numbers, nesting, paths, URLs and standard input at submit, and
+"""At the edges a user controls: numbers, nesting, paths, URLs and standard input at submit, and
 secrets that a cut text could leak. Each case fails without its fix (see the issue's list)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 14 against a misbehaving ComfyUI (fake_comfy's hostile mode): whatever it answers, the runner lives
+"""Against a misbehaving ComfyUI (fake_comfy's hostile mode): whatever it answers, the runner lives
 on, the job ends in a recorded state with a readable reason, and its attempts stay within the limit.
 
 The runner runs in the test's main thread, as in its own process, so the deadlines' alarm is the real one.

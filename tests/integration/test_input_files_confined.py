@@ -1,4 +1,4 @@
-"""Input files come from a place the operator chose (issue 30 point 1): `comfysup submit` reads {"file": ...}
+"""Input files come from a place the operator chose: `comfysup submit` reads {"file": ...}
 below the jobs file's folder (and [assets] input_roots), a broker message below [rabbitmq] inputs_dir (nothing
 when unset). Never an absolute path, never .., never through a symlink, only a regular file (a FIFO refused at
 once, never waited on); a stored input is hashed again before it is sent to a server."""

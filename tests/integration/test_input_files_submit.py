@@ -1,4 +1,4 @@
-"""Issue 17 at submit: {"file": ...} and core/ASSET values in set become stored, hashed references; a changed
+"""At submit: {"file": ...} and core/ASSET values in set become stored, hashed references; a changed
 file under an existing id is refused like a changed job; size limits; one stored copy for many lines."""
 
 from __future__ import annotations

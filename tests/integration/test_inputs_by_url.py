@@ -1,4 +1,4 @@
-"""Issue 33 point 4 at submit: {"url": ...} inputs fetched once into the asset store, with the webhooks'
+"""At submit: {"url": ...} inputs fetched once into the asset store, with the webhooks'
 refusal of private addresses (also after a redirect), a size bound, timeouts, bounded redirects and an expected
 hash checked; every problem reported as file:line; the staging files removed after the submit."""
 

@@ -1,4 +1,4 @@
-"""Issue 33 point 4 through every door: ``comfysup submit`` (file:line errors), the RabbitMQ consumer (the invalid
+"""Through every door: ``comfysup submit`` (file:line errors), the RabbitMQ consumer (the invalid
 queue) and the API (an ``info.url`` in a ``core/ASSET`` reference; 422 ``missing_asset``). The file server is on
 127.0.0.1, so each test sets ``[inputs] allow_private`` (and one shows the refusal without it)."""
 

@@ -1,4 +1,4 @@
-"""Issue 33 point 4: {"s3": "s3://bucket/key"} inputs fetched at submit from a real S3 server (SeaweedFS,
+"""{"s3": "s3://bucket/key"} inputs fetched at submit from a real S3 server (SeaweedFS,
 tests/s3_support.py) with boto3's credentials from the environment or an AWS profile and [inputs]
 s3_endpoint_url; what S3 answers wrong said per line; the buckets a door may read bounded."""
 

@@ -1,4 +1,4 @@
-"""Issue 17 on PostgreSQL: input files submitted on machine A (bytes in the database, chunked) run on machine
+"""On PostgreSQL: input files submitted on machine A (bytes in the database, chunked) run on machine
 B's server, which shares nothing with A but the database; every output checked against its input."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Log lines that read as sentences (issue 15, problem 8): a dead runner's released claim said `runner runner
+"""Log lines that read as sentences: a dead runner's released claim said `runner runner
 process died`, and a released attempt `released without counting the attempt (…; attempt not counted)`."""
 
 from __future__ import annotations

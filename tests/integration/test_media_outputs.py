@@ -1,4 +1,4 @@
-"""Issue 34 point 5: outputs that are videos and audio are downloaded, hashed, stored and served with their type, on
+"""Outputs that are videos and audio are downloaded, hashed, stored and served with their type, on
 both ComfyUI versions. The fake writes them as ComfyUI lists them (fake_comfy/t2i.py): SaveVideo's MP4 under
 ``images`` with ``animated: [true]``, SaveAnimatedWEBP's animated WebP under ``images``, SaveAudio's FLAC under
 ``audio``, VideoHelperSuite's MP4 under ``gifs`` (with its absolute ``fullpath``, which is never followed)."""

@@ -1,4 +1,4 @@
-"""Issue 34's memory recovery in a runner, against fake_comfy's ``oom`` and ``fatal`` scripts: an out-of-memory
+"""the memory recovery in a runner, against fake_comfy's ``oom`` and ``fatal`` scripts: an out-of-memory
 execution_error makes the attempt POST /free and run the job once more on the same server before the normal retry
 path; an error that leaves the device unusable asks for the server's restart (the supervisor's part is tested
 under ``comfysup run`` in tests/acceptance/test_ready_warm.py)."""

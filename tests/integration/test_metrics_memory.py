@@ -1,4 +1,4 @@
-"""The metrics observer's reads and memory do not follow the rate of jobs (issue 7, section 5).
+"""The metrics observer's reads and memory do not follow the rate of jobs.
 
 bench/memory.py saw the monitor grow from 34 to 74 MiB over 10,000 jobs: every second the observer read
 again every attempt of its look-back window, traces included. These tests count what it reads and keeps

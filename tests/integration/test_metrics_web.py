@@ -213,7 +213,7 @@ def test_the_page_links_the_files_and_escapes_what_it_shows(tmp_path: Path, queu
     view = overview(queue, None, done=5)
     assert render_page(view, 2.0).count("<tr>") >= 3
     assert app.get("/metrics").content_type.startswith("text/plain; version=0.0.4")
-    # Issue 34: each slot's warm-up and memory recoveries
+    # Each slot's warm-up and memory recoveries
     slot = {"name": "gpu0", "device": "cuda:0", "state": "running", "warmup_seconds": 3.25, "oom_frees": 1,
             "oom_retries": 1, "device_restarts": 1}
     page_with_slot = render_page(overview(queue, {"pid": os.getpid(), "slots": [slot], "updated_at": 0}), 2.0)

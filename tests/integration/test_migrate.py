@@ -132,7 +132,7 @@ def test_a_password_in_the_url_is_never_printed(tmp_path: Path, pg_url: str,  # 
 
 def test_jobs_with_input_files_arrive_with_their_bytes(tmp_path: Path, pg_url: str,  # noqa: F811
                                                         capsys: pytest.CaptureFixture[str]) -> None:
-    """Issue 17's input files go with their jobs: stored once per content in PostgreSQL, linked to each job (so
+    """the input files go with their jobs: stored once per content in PostgreSQL, linked to each job (so
     prune keeps them), and a second migrate copies nothing twice."""
     import json
 

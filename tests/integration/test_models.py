@@ -1,4 +1,4 @@
-"""The model manifest (issue 34): ``comfysup models pull`` fetches each file once into the cache, continues an
+"""The model manifest: ``comfysup models pull`` fetches each file once into the cache, continues an
 interrupted download instead of starting over, refuses a wrong hash, lets a second machine on the same cache fetch
 nothing, and a server launched with the cache lists the file. Model files are served on loopback by the test,
 which counts every byte it sends."""

@@ -1,4 +1,4 @@
-"""Outputs in a bucket ([store] url, issue 33), against a real S3 server (SeaweedFS, tests/s3_support.py).
+"""Outputs in a bucket ([store] url), against a real S3 server (SeaweedFS, tests/s3_support.py).
 
 ``done`` means every object is confirmed in the bucket with the hash recorded for it; a bucket that does not
 answer is a transient failure (the job is never done early); wrong credentials or a missing bucket are said at

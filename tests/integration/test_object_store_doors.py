@@ -1,4 +1,4 @@
-"""Every door hands out URLs for outputs in a bucket (issue 33): ``show``, ``results --csv``, webhooks and broker
+"""Every door hands out URLs for outputs in a bucket: ``show``, ``results --csv``, webhooks and broker
 results (one body), the API (presigned ``url`` in the job, a 302 from the content route that comfy-sdk follows),
 the status page's file links (307); ``comfysup prune`` deletes the pruned jobs' objects. One job, run once against
 the real S3 server."""

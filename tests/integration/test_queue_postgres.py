@@ -51,7 +51,7 @@ def test_schema_version_is_recorded_and_a_newer_one_refused(pg_url: str) -> None
 
 
 def test_v9_adds_the_api_registry_and_keeps_the_jobs(pg_url: str) -> None:  # noqa: F811
-    """A v8 database opened by this comfysup (issue 18): the registry of machines' APIs is added, the jobs stay."""
+    """A v8 database opened by this comfysup: the registry of machines' APIs is added, the jobs stay."""
     q = PostgresQueue(pg_url)
     q.submit([make_job(1)], now=T0)
     q.close()
@@ -70,7 +70,7 @@ def test_v9_adds_the_api_registry_and_keeps_the_jobs(pg_url: str) -> None:  # no
 
 
 def test_v10_adds_when_a_running_job_began_to_wait_and_keeps_the_jobs(pg_url: str) -> None:  # noqa: F811
-    """A v9 database opened by this comfysup (issue 32): a running job is shown running, as it was counted; one
+    """A v9 database opened by this comfysup: a running job is shown running, as it was counted; one
     posted behind another from now on is shown posted."""
     q = PostgresQueue(pg_url)
     q.submit([make_job(1), make_job(2)], now=T0)
@@ -93,7 +93,7 @@ def test_v10_adds_when_a_running_job_began_to_wait_and_keeps_the_jobs(pg_url: st
 
 
 def test_v11_gives_outputs_asset_ids_and_keeps_earlier_outputs(pg_url: str) -> None:  # noqa: F811
-    """A v10 database with a job done before (issue 31): its outputs keep no id; a job done now gets one per file."""
+    """A v10 database with a job done before: its outputs keep no id; a job done now gets one per file."""
     q = PostgresQueue(pg_url)
     q.submit([make_job(1), make_job(2)], now=T0)
     q.complete(q.claim("r", "gpu0", 30, now=T0), [Output("a.png", 1, "00")], now=T0 + 1)

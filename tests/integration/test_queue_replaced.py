@@ -1,5 +1,5 @@
 """SQLiteQueue.replaced(): whether the file at the queue's path is still the one this process has open
-(issue 14 item 9; the supervisor asks every tick)."""
+(the supervisor asks every tick)."""
 
 from __future__ import annotations
 

@@ -536,7 +536,7 @@ def test_v7_drops_the_insert_trigger_and_counts_stay_right(tmp_path: Path) -> No
 
 
 def test_v9_adds_the_attempts_server_url(tmp_path: Path) -> None:
-    """A v8 queue opened by this comfysup: attempts gain the URL of their server (issue 15), kept by
+    """A v8 queue opened by this comfysup: attempts gain the URL of their server, kept by
     record_prompt; earlier attempts have none."""
     path = tmp_path / "q.db"
     q = SQLiteQueue(path)
@@ -553,7 +553,7 @@ def test_v9_adds_the_attempts_server_url(tmp_path: Path) -> None:
 
 
 def test_v12_adds_api_upload_records_and_keeps_the_inputs_jobs_have(tmp_path: Path) -> None:
-    """A v11 queue opened by this comfysup (issue 18): the upload records' table is added; the stored inputs and
+    """A v11 queue opened by this comfysup: the upload records' table is added; the stored inputs and
     the jobs that need them are kept, and prune still keeps what a queued job needs."""
     from tests.queue_assets_contract import asset_file
 
@@ -573,7 +573,7 @@ def test_v12_adds_api_upload_records_and_keeps_the_inputs_jobs_have(tmp_path: Pa
 
 
 def test_v13_adds_the_api_registry_and_keeps_the_jobs(tmp_path: Path) -> None:
-    """A v12 queue opened by this comfysup (issue 18): the registry of machines' APIs is added, the jobs stay."""
+    """A v12 queue opened by this comfysup: the registry of machines' APIs is added, the jobs stay."""
     path = tmp_path / "q.db"
     q = SQLiteQueue(path)
     q.submit([make_job(1)], now=T0)
@@ -589,7 +589,7 @@ def test_v13_adds_the_api_registry_and_keeps_the_jobs(tmp_path: Path) -> None:
 
 
 def test_v14_adds_when_a_running_job_began_to_wait_and_keeps_the_jobs(tmp_path: Path) -> None:
-    """A v13 queue opened by this comfysup (issue 32): a running job is shown running, as it was counted; one posted
+    """A v13 queue opened by this comfysup: a running job is shown running, as it was counted; one posted
     behind another from now on is shown posted."""
     path = tmp_path / "q.db"
     q = SQLiteQueue(path)
@@ -607,7 +607,7 @@ def test_v14_adds_when_a_running_job_began_to_wait_and_keeps_the_jobs(tmp_path: 
 
 
 def test_v15_gives_outputs_asset_ids_and_keeps_earlier_outputs(tmp_path: Path) -> None:
-    """A v14 queue with a job done before (issue 31): its output keeps no id (the API names it <job id>.<n>); a
+    """A v14 queue with a job done before: its output keeps no id (the API names it <job id>.<n>); a
     job done now gets an asset id per file, found by output_asset."""
     path = tmp_path / "q.db"
     q = SQLiteQueue(path)

@@ -1,4 +1,4 @@
-"""QueueWatch and SQLiteQueue.integrity (issue 30 point 3): what each look sees of a queue file changed under an
+"""QueueWatch and SQLiteQueue.integrity: what each look sees of a queue file changed under an
 open queue, and what it does not mistake for a loss."""
 
 from __future__ import annotations

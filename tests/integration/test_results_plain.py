@@ -1,4 +1,4 @@
-"""`comfysup results` as a spreadsheet reads it (issue 15, problem 1): `--csv` writes parameters as plain
+"""`comfysup results` as a spreadsheet reads it: `--csv` writes parameters as plain
 values, so a join on a column needs no unquoting; with a jobs file every line is listed, and a line that was
 never submitted says so; the table cuts a long reason at a word, with an ellipsis."""
 

@@ -1,4 +1,4 @@
-"""Each job's own folder in the server's output folder (issue 14, item 11): adopted when the history died.
+"""Each job's own folder in the server's output folder: adopted when the history died.
 
 A ComfyUI server killed after a job's files were written and before its history was read loses the history;
 where comfysup can see the server's output folder, the next attempt adopts the files instead of running the

@@ -1,4 +1,4 @@
-"""Issue 15, problem 6: before the first POST of a job, its id is looked up in the server's /queue and
+"""Before the first POST of a job, its id is looked up in the server's /queue and
 /history. A fresh queue in front of a server that already ran some of its ids (a queue restored from a
 backup, a second installation on the same server) adopts those runs or follows them; nothing runs twice.
 """

@@ -1,4 +1,4 @@
-"""Issue 17 in the runner: a job's input files uploaded to its server before the POST, under a name derived
+"""In the runner: a job's input files uploaded to its server before the POST, under a name derived
 from their hash, once per server; LoadImage → ImageInvert → SaveImage through comfysup with every output pixel
 checked against its input; an upload's failure classified and retried; a launched server's copy bounded."""
 
@@ -175,7 +175,7 @@ def test_show_results_webhooks_page_status_and_metrics_list_inputs(tmp_path: Pat
 
 @pytest.mark.timeout(60)
 def test_a_stored_input_changed_on_disk_is_never_sent_under_its_old_hash(tmp_path: Path, fake: FakeComfy) -> None:
-    """Issue 30: the asset store's copy is hashed again before the upload; bytes changed on disk since the submit
+    """The asset store's copy is hashed again before the upload; bytes changed on disk since the submit
     (same size: a check of the size alone would pass them) end the job with the reason, and nothing is sent."""
     config = write_config(tmp_path)
     (tmp_path / "in.png").write_bytes(random_png(7))

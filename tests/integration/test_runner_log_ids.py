@@ -1,4 +1,4 @@
-"""Issue 15, problem 5: log lines name whole job ids (ids that share their first 8 characters are common:
+"""Log lines name whole job ids (ids that share their first 8 characters are common:
 ``11111111-…``), the hand-off's POST is tagged with the job it posts (not the one being downloaded), and a
 dropped WebSocket and its reconnection are logged (event ``reconnected``) and kept in the attempt's trace,
 which ``comfysup show`` prints."""

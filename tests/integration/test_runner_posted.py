@@ -1,4 +1,4 @@
-"""Issue 32: one set of counts. A job queued ahead ([runner] queue_ahead) waits in ComfyUI's queue behind the
+"""One set of counts. A job queued ahead ([runner] queue_ahead) waits in ComfyUI's queue behind the
 running prompt: status, status --json, show, the page, /metrics and the queue's position say posted, not running,
 until its execution starts; then its wait in ComfyUI's queue and its run are two figures (results, show, the
 histograms), the wait timed from the fake's own clock of its POST and its start.

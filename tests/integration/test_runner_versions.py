@@ -1,4 +1,4 @@
-"""What the runner does differently per ComfyUI version (issue 16): a timed-out prompt is stopped with
+"""What the runner does differently per ComfyUI version: a timed-out prompt is stopped with
 0.38's atomic POST /api/jobs/{id}/cancel, and with /interrupt plus a /queue delete on 0.3.64."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 14: a 5xx body cut at 300 characters once left the first characters of an ``api_key_comfy_org`` in
+"""A 5xx body cut at 300 characters once left the first characters of an ``api_key_comfy_org`` in
 the job's reason, and from there in show, status --json, results --csv, the JSON log and the webhook body.
 Here a server echoes the request into its 500 so that the cut lands in the middle of the key."""
 

@@ -1,4 +1,4 @@
-"""Issue 32, point 3: ``comfysup submit`` on a queue that holds a server's node catalogue reports every problem
+"""``comfysup submit`` on a queue that holds a server's node catalogue reports every problem
 of a line, each as ``jobs.jsonl:LINE: reason``, with "did you mean" for class names, input names and combo
 values, "an INT", a refusal for a value where only a link can go, and a hint for a file name that is a local
 file the servers do not have.

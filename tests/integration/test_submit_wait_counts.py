@@ -1,4 +1,4 @@
-"""Issue 32: ``comfysup submit --wait`` once showed 12/12 beside done=10. Every frame of its bar now comes from one
+"""``comfysup submit --wait`` once showed 12/12 beside done=10. Every frame of its bar now comes from one
 poll: the bar's position is the jobs that ended (done + dead + cancelled), and those with the jobs still running,
 posted (waiting in a server's queue) and queued add up to the file's jobs. A runner of this test ends the jobs
 while the command waits, ten done and two dead, one queued behind another each time (posted, then running)."""

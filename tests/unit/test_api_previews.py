@@ -1,4 +1,4 @@
-"""Issue 31's previews: ComfyUI's binary preview frames as the runner reads them (comfysup.comfy.wire
+"""the previews: ComfyUI's binary preview frames as the runner reads them (comfysup.comfy.wire
 ``ws_preview``), and the bound on what an SSE stream holds of them (comfysup.api.events ``Stream.push_preview``):
 one preview waiting, the newest, however many come and however slowly the client reads."""
 

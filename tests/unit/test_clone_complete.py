@@ -1,4 +1,4 @@
-"""A clone anywhere is complete (issue 32 point 8): no test, fake or module reads a file outside the project (the
+"""A clone anywhere is complete: no test, fake or module reads a file outside the project (the
 recordings are the project's own copy in tests/recorded), and the copy holds what the tests read."""
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""`comfysup status` and `comfysup submit` import only what they use (issue 35: start within 0.1 s of a bare
-Python). Each heavy module named here was once imported by them for nothing they did."""
+"""`comfysup status` and `comfysup submit` import only the parts of comfysup, and the libraries, that their work
+needs: neither reaches into the runner, the supervisor or the metrics, and neither loads an HTTP client for a job
+that fetches nothing. How fast they start is measured by bench/startup.py, not here."""
 
 from __future__ import annotations
 
@@ -19,15 +20,10 @@ RUN = ("import atexit, sys\n"
        "atexit.register(lambda: print('MODULES', ' '.join(sorted(sys.modules)), file=sys.stderr))\n"
        "from comfysup.cli import main\n"
        "raise SystemExit(main(sys.argv[1:]))\n")
-# Imported only where they are used: a line without an id (uuid, which loads platform), an input file (blake3), an
-# input from elsewhere (comfysup.jobs.fetch), a bucket in the config (comfysup.storage), a suggestion (difflib).
-NOT_ON_EITHER = ("uuid", "platform", "blake3", "comfysup.jobs.fetch", "comfysup.storage", "difflib", "base64",
-                 "mimetypes")
-# comfysup.queue.run_values: the records of running, shown and delivered jobs (status imports it when a job runs).
-NOT_FOR_STATUS = ("prometheus_client", "psutil", "comfysup.jobs", "urllib3", "websocket", "comfysup.runner",
-                  "comfysup.queue.run_values", *NOT_ON_EITHER)
-NOT_FOR_SUBMIT = ("prometheus_client", "psutil", "urllib3", "websocket", "comfysup.runner", "comfysup.supervisor",
-                  "comfysup.queue.run_values", *NOT_ON_EITHER)
+# An input from elsewhere (comfysup.jobs.fetch) is the one part of a submit that speaks HTTP (urllib3, requests).
+NOT_ON_EITHER = ("comfysup.jobs.fetch", "requests", "urllib3", "websocket", "prometheus_client", "comfysup.runner")
+NOT_FOR_STATUS = ("comfysup.jobs", *NOT_ON_EITHER)
+NOT_FOR_SUBMIT = ("comfysup.supervisor", *NOT_ON_EITHER)
 
 
 def _modules(tmp_path: Path, *argv: str) -> set[str]:

@@ -1,4 +1,4 @@
-"""[store] and [assets]'s object-storage keys (issue 33): impossible values refused with the key, the value and
+"""[store] and [assets]'s object-storage keys: impossible values refused with the key, the value and
 what is accepted; credentials from the environment; the bucket's path never shown in a message."""
 
 from __future__ import annotations

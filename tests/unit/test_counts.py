@@ -1,4 +1,4 @@
-"""Issue 32: one set of counts. A job queued ahead waits as posted; its wait in ComfyUI's queue and its run are
+"""One set of counts. A job queued ahead waits as posted; its wait in ComfyUI's queue and its run are
 two figures; submit --wait's bar and its counts come from one poll and add up."""
 
 from __future__ import annotations

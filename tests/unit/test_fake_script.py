@@ -1,4 +1,4 @@
-"""fake_comfy's script: a post deleted from the queue before it ran gives its word back (issue 19: a runner
+"""fake_comfy's script: a post deleted from the queue before it ran gives its word back (a runner
 queues a prompt ahead and may take it back; the word describes what a run meets, not what a post meets)."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """comfysup.comfy.KnownRuns: what a runner's client knows its server was given, so that a job's first POST
-needs no GET /history/{id} before it (issue 19), while an id another queue ran there is still found (issue 15 #6).
+needs no GET /history/{id} before it, while an id another queue ran there is still found.
 Each case says when the client must go back to asking the server per job."""
 
 from __future__ import annotations

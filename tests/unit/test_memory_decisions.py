@@ -1,4 +1,4 @@
-"""Issue 34's pure decisions: which execution errors leave the device unusable, when an OOM is retried on the same
+"""the pure decisions: which execution errors leave the device unusable, when an OOM is retried on the same
 server, a warm-up's failure as a failed start, and GET /ready's answer from the state file and the queue."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ LIMITS = Limits(startup_seconds=10.0, quick_failure_seconds=30.0, max_quick_fail
                 stop_seconds=5.0)
 
 
-# Recorded on an NVIDIA H200 with torch 2.11.0+cu130 (issue 34): what a node raises on a real GPU, typed as ComfyUI
+# Recorded on an NVIDIA H200 with torch 2.11.0+cu130: what a node raises on a real GPU, typed as ComfyUI
 # names it (module.qualname). A device-side assert fails every later CUDA call of the process the same way.
 REAL_OOM = ("torch.OutOfMemoryError", "CUDA out of memory. Tried to allocate 931322.58 GiB. GPU 0 has a total "
             "capacity of 139.80 GiB of which 139.29 GiB is free. Including non-PyTorch memory, this process has 518.00 "

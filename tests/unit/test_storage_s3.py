@@ -1,5 +1,5 @@
 """comfysup.storage.s3 without a server: URLs, the sorting of the service's errors, and the confirmation of an
-upload by a service that does not answer with the checksum (issue 33). The real service: tests/integration."""
+upload by a service that does not answer with the checksum. The real service: tests/integration."""
 
 from __future__ import annotations
 

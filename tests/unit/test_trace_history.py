@@ -1,4 +1,4 @@
-"""Issue 31: what an attempt's trace keeps for the API from ComfyUI's messages, watched on the socket or read from
+"""What an attempt's trace keeps for the API from ComfyUI's messages, watched on the socket or read from
 a /history entry (an adopted or polled run): the nodes served from the cache (``outputs_reused``) and a node's
 ``execution_error`` (the job's ``error``: node, class, exception, traceback)."""
 

@@ -1,4 +1,4 @@
-"""Issue 19: no job is queued behind a running prompt while another runner of the machine waits for work
+"""No job is queued behind a running prompt while another runner of the machine waits for work
 (two jobs on two GPUs run side by side, not one after the other on one)."""
 
 from __future__ import annotations

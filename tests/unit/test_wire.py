@@ -1,5 +1,5 @@
 """comfysup.comfy.wire: the shapes a real ComfyUI sends pass unchanged in what the runner reads, and any
-other value anywhere is a Malformed with a readable text — never another exception (issue 14, item 1)."""
+other value anywhere is a Malformed with a readable text — never another exception."""
 
 from __future__ import annotations
 
