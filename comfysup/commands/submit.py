@@ -15,6 +15,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from tqdm import tqdm
+
 from comfysup.commands._common import config_from, queue_from
 from comfysup.config import Config
 from comfysup.errors import ComfysupError, QueueError, UsageError
@@ -139,10 +141,6 @@ class DownloadBar:
         self.file, self.terminal_only, self.delay = file, terminal_only, delay
 
     def start(self, name: str, total: int | None) -> None:
-        # tqdm here and in wait: only a download and --wait draw a bar, and tqdm loads base64, which a plain
-        # submit keeps out (tests/unit/test_command_imports.py).
-        from tqdm import tqdm
-
         self.bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=f"fetching {name}",
                         file=self.file or sys.stderr, delay=self.delay, leave=False,
                         disable=None if self.terminal_only else False, dynamic_ncols=True)
@@ -184,7 +182,6 @@ def wait(config: Config, ids: list[str]) -> int:
     Only the jobs not yet terminal are asked about on each poll (``Queue.states``, no workflows read), so
     waiting on a file of 100,000 jobs costs the queue less with every job that ends.
     """
-    from tqdm import tqdm  # only --wait draws this bar (see Progress.start)
 
     queue = queue_from(config)
     ended: dict[str, str] = {}

@@ -16,8 +16,10 @@ Every message is passed through a Redactor holding the configured keys, so no cr
 
 from __future__ import annotations
 
+import base64
 import errno
 import functools
+import mimetypes
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -222,9 +224,6 @@ def upload(s3: Any, bucket: str, key: str, path: Path, size: int, sha256: str, p
     ``progress`` (a multipart upload only: one PUT is bounded by the client's timeouts) is called as parts are
     sent; the parts then go one after the other in the calling thread, so whatever ``progress`` does (renew a
     lease in the runner's database connection) and raises happens there, stopping the upload."""
-    import base64  # here, with mimetypes: only an upload needs them, and the config check imports this module
-    import mimetypes
-
     extra = {"Metadata": {SHA256_METADATA: sha256},
              "ContentType": mimetypes.guess_type(key)[0] or "application/octet-stream"}
     if size <= part_bytes:
