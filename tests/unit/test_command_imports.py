@@ -20,8 +20,8 @@ RUN = ("import atexit, sys\n"
        "from comfysup.cli import main\n"
        "raise SystemExit(main(sys.argv[1:]))\n")
 # Imported only where they are used: a line without an id (uuid, which loads platform), an input file (blake3), an
-# input from elsewhere (comfysup.jobs.fetch), a bucket in the config (comfysup.storage), a suggestion (difflib).
-NOT_ON_EITHER = ("uuid", "platform", "blake3", "comfysup.jobs.fetch", "comfysup.storage", "difflib", "base64",
+# input from elsewhere (comfysup.jobs.fetch), a suggestion (difflib).
+NOT_ON_EITHER = ("uuid", "platform", "blake3", "comfysup.jobs.fetch", "difflib", "base64",
                  "mimetypes")
 # comfysup.queue.run_values: the records of running, shown and delivered jobs (status imports it when a job runs).
 NOT_FOR_STATUS = ("prometheus_client", "psutil", "comfysup.jobs", "urllib3", "websocket", "comfysup.runner",

@@ -301,11 +301,11 @@ def test_no_number_of_the_config_may_be_negative_even_without_a_rule_of_its_own(
     """The last check of every config: a key whose own rule was forgotten is still never negative."""
     import dataclasses
 
-    from comfysup.config.checks import _no_negative_numbers
+    from comfysup.config.checks import no_negative_numbers
     from comfysup.config.schema import Config
 
     config = Config()
-    _no_negative_numbers(config)
+    no_negative_numbers(config)
     broken = dataclasses.replace(config, api=dataclasses.replace(config.api, max_queued=-1), source="c.toml")
     with pytest.raises(ConfigError, match=r"c\.toml: \[api\] max_queued = -1: must be 0 or more"):
-        _no_negative_numbers(broken)
+        no_negative_numbers(broken)
