@@ -210,11 +210,7 @@ class InputFiles:
         JobLineError with every problem of its shape (nothing is fetched for a reference that is wrong)."""
         from comfysup.jobs.fetch import where
 
-        reasons: list[str] = []
-        for unknown in sorted(value.keys() - REMOTE_KEYS):
-            hint = did_you_mean(unknown, REMOTE_KEYS)
-            reasons.append(f"set {key!r}: unknown key {unknown!r} of an input from elsewhere; "
-                           f"{hint + ' ' if hint else ''}it may have {', '.join(sorted(REMOTE_KEYS))}")
+        reasons = _unknown_remote_keys(key, value)
         if "url" in value and "s3" in value:
             reasons.append(f"set {key!r}: give \"url\" or \"s3\", not both")
         kind = "url" if "url" in value else "s3"
@@ -224,21 +220,9 @@ class InputFiles:
                            "s3://bucket/key") + f" of at most {MAX_URL_CHARS} characters")
             raise JobLineError(*reasons)
         check_text(source, f"set {key!r}: {kind}")
-        expected = {}
-        for algorithm in ("blake3", "sha256"):
-            if algorithm in value:
-                digest = value[algorithm]
-                digest = digest.lower().removeprefix(f"{algorithm}:") if isinstance(digest, str) else ""
-                if _HEX64.fullmatch(digest):
-                    expected[algorithm] = digest
-                else:
-                    reasons.append(f"set {key!r}: \"{algorithm}\" must be 64 hex digits (or \"{algorithm}:<hex>\")")
+        expected = _expected_hashes(key, value, reasons)
         name = value.get("name", _name_of(source))
-        if not isinstance(name, str) or not name or "/" in name or "\\" in name or name in (".", ".."):
-            reasons.append(f"set {key!r}: \"name\" must be a file name, like cat.png (its suffix tells ComfyUI's "
-                           "loaders the kind of file)")
-        else:
-            check_text(name, f"set {key!r}: name")
+        reasons += _name_problems(key, name)
         if kind == "url" and not (source.startswith(("http://", "https://")) and is_http_url(source)):
             reasons.append(f"set {key!r}: url {where(source)} is not an http:// or https:// URL"
                            + ("; write {\"s3\": \"s3://…\"} for a bucket" if source.startswith("s3://") else ""))
@@ -295,6 +279,41 @@ class InputFiles:
             shutil.rmtree(self._staging, ignore_errors=True)
             self._staging = None
             self._fetched.clear()
+
+
+def _unknown_remote_keys(key: str, value: dict[str, Any]) -> list[str]:
+    """A problem for each key an input from elsewhere may not have, with the nearest one it may."""
+    reasons = []
+    for unknown in sorted(value.keys() - REMOTE_KEYS):
+        hint = did_you_mean(unknown, REMOTE_KEYS)
+        reasons.append(f"set {key!r}: unknown key {unknown!r} of an input from elsewhere; "
+                       f"{hint + ' ' if hint else ''}it may have {', '.join(sorted(REMOTE_KEYS))}")
+    return reasons
+
+
+def _expected_hashes(key: str, value: dict[str, Any], reasons: list[str]) -> dict[str, str]:
+    """The hashes an input from elsewhere must have, bare lowercase hex by algorithm; each that is not 64 hex
+    digits is a problem added to ``reasons``."""
+    expected = {}
+    for algorithm in ("blake3", "sha256"):
+        if algorithm not in value:
+            continue
+        digest = value[algorithm]
+        digest = digest.lower().removeprefix(f"{algorithm}:") if isinstance(digest, str) else ""
+        if _HEX64.fullmatch(digest):
+            expected[algorithm] = digest
+        else:
+            reasons.append(f"set {key!r}: \"{algorithm}\" must be 64 hex digits (or \"{algorithm}:<hex>\")")
+    return expected
+
+
+def _name_problems(key: str, name: Any) -> list[str]:
+    """What is wrong with the file name an input from elsewhere is stored under (none: [])."""
+    if not isinstance(name, str) or not name or "/" in name or "\\" in name or name in (".", ".."):
+        return [f"set {key!r}: \"name\" must be a file name, like cat.png (its suffix tells ComfyUI's loaders the "
+                "kind of file)"]
+    check_text(name, f"set {key!r}: name")
+    return []
 
 
 def remote_source(value: dict[str, Any]) -> dict[str, Any] | None:

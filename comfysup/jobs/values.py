@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import uuid
 from collections.abc import Iterable
 from typing import Any
 
@@ -99,8 +100,6 @@ def canonical_id(value: Any) -> str:
     """The id must be a lowercase hyphenated UUID exactly: it becomes ComfyUI's prompt id."""
     if isinstance(value, str) and _CANONICAL_UUID.fullmatch(value):
         return value
-    import uuid  # here: a canonical id (the regex above) never needs it, and it loads platform (~2 ms a submit)
-
     if not isinstance(value, str):
         raise JobLineError(f"id {value!r} is not a string; expected a lowercase hyphenated UUID like "
                            f"{uuid.UUID(int=0)}")

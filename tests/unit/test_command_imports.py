@@ -19,13 +19,14 @@ RUN = ("import atexit, sys\n"
        "atexit.register(lambda: print('MODULES', ' '.join(sorted(sys.modules)), file=sys.stderr))\n"
        "from comfysup.cli import main\n"
        "raise SystemExit(main(sys.argv[1:]))\n")
-# Imported only where they are used: a line without an id (uuid, which loads platform), an input file (blake3), an
-# input from elsewhere (comfysup.jobs.fetch), a suggestion (difflib).
-NOT_ON_EITHER = ("uuid", "platform", "blake3", "comfysup.jobs.fetch", "difflib", "base64",
-                 "mimetypes")
-# comfysup.queue.run_values: the records of running, shown and delivered jobs (status imports it when a job runs).
+# Imported only where they are used: an input file (blake3), an input from elsewhere (comfysup.jobs.fetch), a
+# suggestion (difflib).
+NOT_ON_EITHER = ("blake3", "comfysup.jobs.fetch", "difflib", "base64", "mimetypes")
+# comfysup.queue.run_values: the records of running, shown and delivered jobs (status imports it when a job runs);
+# uuid (and the platform module it loads): comfysup.jobs names the jobs of lines without an id, and status reads no
+# jobs file.
 NOT_FOR_STATUS = ("prometheus_client", "psutil", "comfysup.jobs", "urllib3", "websocket", "comfysup.runner",
-                  "comfysup.queue.run_values", *NOT_ON_EITHER)
+                  "comfysup.queue.run_values", "uuid", "platform", *NOT_ON_EITHER)
 NOT_FOR_SUBMIT = ("prometheus_client", "psutil", "urllib3", "websocket", "comfysup.runner", "comfysup.supervisor",
                   "comfysup.queue.run_values", *NOT_ON_EITHER)
 
@@ -62,7 +63,8 @@ def test_pid_exists_tells_a_live_process_from_one_that_ended() -> None:
 
 
 def test_the_derived_id_is_the_uuid5_of_the_line_in_comfysups_namespace() -> None:
-    """uuid is imported where an id is derived, not at import; the ids stay what they were."""
+    """The id of a line without one is the uuid5 of its content in comfysup's namespace; the ids stay what they
+    were."""
     from comfysup import jobs
     from comfysup.jobs.identity import derived_id, sorted_json
 
