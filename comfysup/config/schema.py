@@ -221,12 +221,11 @@ class RunnerConfig:
     waits longer than this beyond what strict priority order would have made it wait; 0: strict order."""
     queue_ahead: bool = True
     """Keep one more job waiting in the server's own queue behind the running prompt (claimed, leased, posted
-    with its own id), so ComfyUI starts it the moment the running one ends: the GPU no longer idles between
-    two prompts for the client's claim, POST and socket work (3-4 ms a prompt; bench/e2e.py: efficiency 0.977
-    → 0.992 at 200 ms × 4 servers). Its timeout starts when it starts executing; a cancel, a graceful stop or
-    a prompt stuck ahead of it takes it out of the server's queue (released without counting an attempt, as
-    when the server dies before it started); none is queued while another runner of the machine waits for
-    work. False: a runner posts only when its server is free (one job per runner at a time)."""
+    with its own id), so ComfyUI starts it the moment the running one ends: the GPU does not idle between two
+    prompts for the client's claim, POST and socket work. Its timeout starts when it starts executing; a cancel,
+    a graceful stop or a prompt stuck ahead of it takes it out of the server's queue (released without counting
+    an attempt, as when the server dies before it started); none is queued while another runner of the machine
+    waits for work. False: a runner posts only when its server is free (one job per runner at a time)."""
     preview_seconds: float = setting(1.0, zero_or_more())
     """How often a running job's latest preview image (the frames ComfyUI sends while a sampler steps) is written
     to the queue, for the Comfy API v2's SSE ``preview`` events: at most one write this often per runner, of at

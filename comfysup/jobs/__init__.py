@@ -130,8 +130,8 @@ class JobsFile:
         """Whether ``validate`` met a line that some catalogue refused; False: building the jobs skips the check."""
         self.cache = WorkflowCache(self.object_info)
         self._named: dict[str, Template] = {}
-        """Workflow text by the path as the lines spell it: resolving it again for every line (realpath,
-        one lstat per path component) took half the time of a large submit."""
+        """Workflow text by the path as the lines spell it: each path is resolved (realpath, one lstat per path
+        component) once, not for every line that names it."""
 
     def close(self) -> None:
         """Remove the inputs fetched for this file's jobs (comfysup.jobs.inputs): call it once they are inserted
@@ -206,7 +206,7 @@ class JobsFile:
                    (() if fields.keys() <= LINE_KEYS else sorted(fields.keys() - LINE_KEYS))]
         job_id = ""
         if "id" in fields:  # without one, the id is derived from the line's content once its workflow is read
-            try:  # each check in a try of its own, not a call of _collect: a few microseconds a line, 100,000 lines
+            try:  # a try of its own, not a call of _collect: this runs for every line of a file
                 job_id = canonical_id(fields["id"])
             except JobLineError as exc:
                 reasons += exc.reasons

@@ -199,7 +199,7 @@ def _check_choice(node_id: str, class_type: str, name: str, value: Any, choices:
             continue
         is_local = upload and isinstance(v, str) and local is not None and local(v)
         # An empty list (a server that lists no file of that kind, fake_comfy's loaders) is not held against a
-        # job: ComfyUI would refuse it at POST, as before this check. A local file's name is.
+        # job: ComfyUI would refuse it at POST. A local file's name is.
         if choices or is_local:
             return Issue(node_id, class_type, name, "value_not_in_list",
                          f"{name} {_short(v)} is not on this server" + (f"; {send_hint(v)}" if is_local else ""),

@@ -43,17 +43,12 @@ from urllib3.exceptions import HTTPError as TransportError
 from comfysup.assets import HASH_PREFIX, READ_BYTES
 from comfysup.config import InputsConfig
 from comfysup.destinations import is_http_url, url_problem
-from comfysup.redact import display_url
+from comfysup.jobs.sources import FetchError, s3_parts, where
 from comfysup.safehttp import PrivateDestination, public_only_session
 from comfysup.storage import s3
 
 REDIRECTS = frozenset({301, 302, 303, 307, 308})
 USER_AGENT = "comfysup-input"
-
-
-class FetchError(Exception):
-    """An input could not be fetched; the message is the reason a person reads (no URL path or query in it:
-    a presigned URL's query is its secret)."""
 
 
 @dataclass(frozen=True)
@@ -83,19 +78,6 @@ class Progress(Protocol):
     def advance(self, size: int) -> None: ...
 
     def end(self) -> None: ...
-
-
-def where(source: str) -> str:
-    """The source as messages show it: ``s3://bucket/key`` (its own name, no secret), a URL as scheme://host/…"""
-    return source if source.startswith("s3://") else display_url(source)
-
-
-def s3_parts(source: str) -> tuple[str, str]:
-    """``(bucket, key)`` of ``s3://bucket/key``; FetchError when either is missing."""
-    bucket, _, key = source.removeprefix("s3://").partition("/")
-    if not source.startswith("s3://") or not bucket or not key:
-        raise FetchError(f"{source[:200]!r} is not s3://bucket/key")
-    return bucket, key
 
 
 class Fetcher:

@@ -36,10 +36,11 @@ from urllib.parse import unquote, urlsplit
 from comfysup import assets, safefs
 from comfysup.config import InputsConfig
 from comfysup.destinations import is_http_url
+from comfysup.jobs.sources import FetchError, s3_parts, where
 from comfysup.jobs.values import MAX_URL_CHARS, JobLineError, check_text, did_you_mean
 from comfysup.queue import values
 
-if TYPE_CHECKING:  # comfysup.jobs.fetch (blake3, the S3 module) is imported where an input from elsewhere is read
+if TYPE_CHECKING:
     import threading
 
     from comfysup.jobs.fetch import Fetched, Fetcher, Progress
@@ -190,8 +191,6 @@ class InputFiles:
     # -- inputs from elsewhere -------------------------------------------------------------------------------
 
     def _remote(self, key: str, value: dict[str, Any], until: float) -> NewAsset:
-        from comfysup.jobs.fetch import where
-
         source, expected, name = self._remote_shape(key, value)
         if expected.keys() == {"blake3"} and self.stored is not None and (size := self.stored(
                 digest := assets.HASH_PREFIX + expected["blake3"])) is not None:
@@ -208,8 +207,6 @@ class InputFiles:
     def _remote_shape(self, key: str, value: dict[str, Any]) -> tuple[str, dict[str, str], str]:
         """The source, the expected hashes (bare hex by algorithm) and the file name of an input from elsewhere;
         JobLineError with every problem of its shape (nothing is fetched for a reference that is wrong)."""
-        from comfysup.jobs.fetch import where
-
         reasons = _unknown_remote_keys(key, value)
         if "url" in value and "s3" in value:
             reasons.append(f"set {key!r}: give \"url\" or \"s3\", not both")
@@ -233,8 +230,6 @@ class InputFiles:
         return source, expected, name
 
     def _bucket_problems(self, key: str, source: str) -> list[str]:
-        from comfysup.jobs.fetch import FetchError, s3_parts
-
         try:
             bucket, _ = s3_parts(source)
         except FetchError as exc:
@@ -247,11 +242,13 @@ class InputFiles:
     def _fetch(self, key: str, source: str, name: str, sha256: bool, until: float) -> Fetched:
         """The source's file, fetched once per submit (its SHA-256 only when a line expects one); a failure,
         remembered, is the same reason every time."""
-        from comfysup.jobs.fetch import Fetcher, FetchError, where
-
         known = self._fetched.get(source)
         if known is None:
             if self._fetcher is None:
+                # Imported here, not at the top: comfysup.jobs.fetch loads requests and urllib3, which would about
+                # double every submit's start-up; only a line with an input from elsewhere needs them.
+                from comfysup.jobs.fetch import Fetcher
+
                 self._fetcher = Fetcher(self.remote, self.max_file_bytes, self.progress, self.stopping)
             try:
                 if time.monotonic() > until:  # not remembered: another line has time of its own

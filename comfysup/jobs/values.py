@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 import re
@@ -63,8 +64,6 @@ def close_matches(word: Any, candidates: Iterable[Any], limit: int = 3, cutoff: 
     would look close to every other one."""
     if not isinstance(word, str) or not word:
         return []
-    import difflib  # here: only a refused name is looked up
-
     folded = word.casefold()
     stem, ext = _split_extension(folded)
     scored: list[tuple[float, str]] = []

@@ -19,9 +19,8 @@ RUN = ("import atexit, sys\n"
        "atexit.register(lambda: print('MODULES', ' '.join(sorted(sys.modules)), file=sys.stderr))\n"
        "from comfysup.cli import main\n"
        "raise SystemExit(main(sys.argv[1:]))\n")
-# Imported only where they are used: an input file (blake3), an input from elsewhere (comfysup.jobs.fetch), a
-# suggestion (difflib).
-NOT_ON_EITHER = ("blake3", "comfysup.jobs.fetch", "difflib", "base64", "mimetypes")
+# Imported only where they are used: an input file (blake3), an input from elsewhere (comfysup.jobs.fetch).
+NOT_ON_EITHER = ("blake3", "comfysup.jobs.fetch", "base64", "mimetypes")
 # comfysup.queue.run_values: the records of running, shown and delivered jobs (status imports it when a job runs);
 # uuid (and the platform module it loads): comfysup.jobs names the jobs of lines without an id, and status reads no
 # jobs file.
