@@ -309,3 +309,21 @@ def test_no_number_of_the_config_may_be_negative_even_without_a_rule_of_its_own(
     broken = dataclasses.replace(config, api=dataclasses.replace(config.api, max_queued=-1), source="c.toml")
     with pytest.raises(ConfigError, match=r"c\.toml: \[api\] max_queued = -1: must be 0 or more"):
         no_negative_numbers(broken)
+
+
+def test_every_rule_of_a_section_names_one_of_its_keys() -> None:
+    """A section's RULES (keys that must agree with other keys) report on a key of that section."""
+    import dataclasses
+
+    from comfysup.config import SECTIONS
+
+    for name, cls in SECTIONS.items():
+        keys = {f.name for f in dataclasses.fields(cls)}
+        for rule in getattr(cls, "RULES", ()):
+            assert rule.key in keys, f"[{name}] rule {rule.check.__name__} names no key {rule.key!r}"
+
+
+def test_a_sections_rules_are_not_a_key_of_the_file(tmp_path: Path) -> None:
+    message = error_of(write(tmp_path, "[runner]\nRULES = []\n"))
+    assert "unknown key 'RULES' in [runner]; known keys: attempts," in message
+    assert "RULES" not in message.partition("known keys:")[2]
