@@ -70,6 +70,7 @@ def zero_or_more(meaning: str = "") -> Check:
 
 
 def between(low: int, high: int, text: str) -> Check:
+    """A number from ``low`` to ``high``, both included; ``text`` says so in the key's words."""
     return lambda value: text if not low <= value <= high else None
 
 
@@ -84,19 +85,24 @@ def each(check: Check) -> Check:
 def check(c: Config) -> None:
     """Impossible values: every key's own checks, section by section, then every section's rules, then the one
     rule of every number (``no_negative_numbers``)."""
-    sections = [(f.name, getattr(c, f.name)) for f in fields(c) if is_dataclass(getattr(c, f.name))]
-    for name, values in sections:
+    for name, values in _sections(c):
         for f in fields(values):
             value = getattr(values, f.name)
             for key_check in f.metadata.get("checks", ()):
-                _raise(c.source, name, f.name, value, key_check(value))
-    for name, values in sections:
+                _refuse(c.source, name, f.name, value, key_check(value))
+    for name, values in _sections(c):
         for rule in getattr(values, "RULES", ()):
-            _raise(c.source, name, rule.key, getattr(values, rule.key), rule.check(c))
+            _refuse(c.source, name, rule.key, getattr(values, rule.key), rule.check(c))
     no_negative_numbers(c)
 
 
-def _raise(source: str, section: str, key: str, value: Any, answer: Answer) -> None:
+def _sections(c: Config) -> list[tuple[str, Any]]:
+    """The config's sections (``[queue]`` to ``[rabbitmq]``, not its [[servers]] or [[models]]) by name."""
+    return [(f.name, getattr(c, f.name)) for f in fields(c) if is_dataclass(getattr(c, f.name))]
+
+
+def _refuse(source: str, section: str, key: str, value: Any, answer: Answer) -> None:
+    """The ConfigError of a check's or a rule's answer, when it refused the value."""
     if answer is None:
         return
     problem = answer if isinstance(answer, Problem) else Problem(answer)
@@ -107,15 +113,12 @@ def _raise(source: str, section: str, key: str, value: Any, answer: Answer) -> N
 def no_negative_numbers(c: Config) -> None:
     """Every number of the config is a duration, a size, a count or a port: none means anything below 0. Checked
     last, so a key with a check of its own (``must be greater than 0``) says that first."""
-    for section in fields(c):
-        values = getattr(c, section.name)
-        if not is_dataclass(values):
-            continue
+    for name, values in _sections(c):
         for f in fields(values):
             value = getattr(values, f.name)
             if isinstance(value, int | float) and not isinstance(value, bool) and value < 0:
-                raise ConfigError(f"{c.source}: [{section.name}] {f.name} = {value!r}: must be 0 or more (a duration, "
-                                  "a size or a count is never negative)")
+                raise ConfigError(f"{c.source}: [{name}] {f.name} = {value!r}: must be 0 or more (a duration, a size "
+                                  "or a count is never negative)")
 
 
 def check_supervisor(c: Config) -> None:
