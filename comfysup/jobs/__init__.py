@@ -202,8 +202,7 @@ class JobsFile:
         """The line's own fields checked, its ``set`` resolved (input files read, inputs from elsewhere fetched);
         every problem is in its ``reasons``, in the order of its checks: all are reported, not only the first."""
         fields = load_line(raw)
-        reasons = [unknown_key(unknown) for unknown in
-                   (() if fields.keys() <= LINE_KEYS else sorted(fields.keys() - LINE_KEYS))]
+        reasons = [unknown_key(unknown) for unknown in sorted(fields.keys() - LINE_KEYS)]
         job_id = ""
         if "id" in fields:  # without one, the id is derived from the line's content once its workflow is read
             try:  # a try of its own, not a call of _collect: this runs for every line of a file
