@@ -100,7 +100,8 @@ def bucket_name(bucket: str) -> Answer:
 
 def bucket_url(url: str) -> Answer:
     """``[store] url`` and ``[assets] url``: an ``s3://bucket/prefix``, or empty. Whether the bucket exists and the
-    credentials work is asked of the service where a runner or a supervisor starts (comfysup.storage.check)."""
+    credentials work is asked of the service where a runner or a supervisor starts
+    (comfysup.storage.s3.check_bucket)."""
     if not url:
         return None
     try:
