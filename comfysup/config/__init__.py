@@ -1,10 +1,12 @@
 """Settings: one frozen tree, read from config.toml, then COMFYSUP_* variables, then flags.
 
-- ``schema``: every section and key, with its type, default and what it does (the only place a default is
-  written);
+- ``schema``: every section and key, with its type, default, checks and what it does (the only place a default
+  or a check is written), and each section's rules of keys that must agree with other keys;
 - ``loader``: the file, the environment and the flags read into the schema, every unknown key or wrong type an
   error naming where it came from;
-- ``checks``: impossible values, unsafe listens, and what only ``comfysup run`` needs;
+- ``checks``: how the keys' checks and the sections' rules are asked, the words of the common checks, and what
+  only ``comfysup run`` needs; ``addresses``: the checks of listens, URLs, hosts and buckets; ``rules``: the
+  rules;
 - ``models``: the model manifest (``[[models]]`` and the models.toml ``[comfyui] models_manifest`` names).
 """
 

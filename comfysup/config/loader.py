@@ -1,8 +1,8 @@
 """Reading the settings: config.toml, then COMFYSUP_* variables, then flags, into the schema's frozen tree.
 
 Precedence is defaults < file < environment < command line. Every key is declared in comfysup.config.schema with
-its type, so an unknown key, a wrong type or an impossible value is an error naming the file, the key, the value
-and what was expected: a typo must never fall back silently to a default. The checks of impossible values are in
+its type and its checks, so an unknown key, a wrong type or an impossible value is an error naming the file, the
+key, the value and what was expected: a typo must never fall back silently to a default. The checks are asked by
 comfysup.config.checks.
 """
 
@@ -14,7 +14,7 @@ import os
 import tomllib
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -147,12 +147,29 @@ def build_config(
 ) -> Config:
     """Build and validate the tree from a parsed TOML document plus the environment and overrides."""
     values: dict[str, dict[str, tuple[Any, str]]] = {name: {} for name in SECTIONS}
+    servers = _file_values(raw, source, values)
+    _env_values(env or {}, values)
+    for dotted, value in (overrides or {}).items():
+        if value is not None:  # None: the flag was not given
+            section, _, key = dotted.partition(".")
+            values[section][key] = (value, "command line")
+    sections = {name: _section(name, cls, values[name]) for name, cls in SECTIONS.items()}
+    models = read_models(raw.get("models"), source, sections["comfyui"].models_manifest, root, read_toml)
+    config = Config(**sections, servers=servers, models=models, source=source, root=root)
+    check(config)
+    return config
+
+
+def _file_values(raw: Mapping[str, Any], source: str,
+                 values: dict[str, dict[str, tuple[Any, str]]]) -> tuple[ServerConfig, ...]:
+    """The file's keys of every section into ``values``, and its [[servers]]; [[models]] is read once [comfyui]
+    models_manifest is known."""
     servers: tuple[ServerConfig, ...] = ()
     for section, body in raw.items():
         if section == "servers":
             servers = _servers(body, source)
             continue
-        if section == "models":  # the manifest: read once [comfyui] models_manifest is known
+        if section == "models":
             continue
         if section not in SECTIONS:
             raise ConfigError(f"{source}: unknown section [{section}]; expected one of "
@@ -161,21 +178,15 @@ def build_config(
             raise ConfigError(f"{source}: {section} = {body!r}: expected a table [{section}]")
         for key, value in body.items():
             values[section][key] = (value, source)
-    for name, text in (env or {}).items():
-        if not name.startswith(ENV_PREFIX) or name in ENV_NOT_SETTINGS:
-            continue
-        section, key = _env_key(name)
-        values[section][key] = (_parse_env(name, text, _field_type(section, key, name)), f"${name}")
-    for dotted, value in (overrides or {}).items():
-        if value is None:
-            continue
-        section, _, key = dotted.partition(".")
-        values[section][key] = (value, "command line")
-    sections = {name: _section(name, cls, values[name]) for name, cls in SECTIONS.items()}
-    models = read_models(raw.get("models"), source, sections["comfyui"].models_manifest, root, read_toml)
-    config = Config(**sections, servers=servers, models=models, source=source, root=root)
-    check(config)
-    return config
+    return servers
+
+
+def _env_values(env: Mapping[str, str], values: dict[str, dict[str, tuple[Any, str]]]) -> None:
+    """Each COMFYSUP_<SECTION>_<KEY> variable into ``values``, read as its key's type."""
+    for name, text in env.items():
+        if name.startswith(ENV_PREFIX) and name not in ENV_NOT_SETTINGS:
+            section, key = _env_key(name)
+            values[section][key] = (_parse_env(name, text, _field_type(section, key, name)), f"${name}")
 
 
 def _env_key(name: str) -> tuple[str, str]:
@@ -189,12 +200,16 @@ def _env_key(name: str) -> tuple[str, str]:
                       f"{', '.join(SECTIONS)} (for example COMFYSUP_RUNNER_ATTEMPTS=3)")
 
 
+def _key_types(cls: type) -> dict[str, Any]:
+    """A section's keys and their types (evaluated in comfysup.config.schema, so read as they are)."""
+    return {f.name: f.type for f in dataclasses.fields(cls)}
+
+
 def _field_type(section: str, key: str, where: str) -> Any:
-    hints = typing.get_type_hints(SECTIONS[section])
-    if key not in hints:
-        known = ", ".join(f.name for f in dataclasses.fields(SECTIONS[section]))
-        raise ConfigError(f"{where}: unknown key {key!r} in [{section}]; known keys: {known}")
-    return hints[key]
+    types_of = _key_types(SECTIONS[section])
+    if key not in types_of:
+        raise ConfigError(f"{where}: unknown key {key!r} in [{section}]; known keys: {', '.join(types_of)}")
+    return types_of[key]
 
 
 def _parse_env(name: str, text: str, kind: Any) -> Any:
@@ -208,50 +223,66 @@ def _parse_env(name: str, text: str, kind: Any) -> Any:
 
 
 def _section(name: str, cls: type, given: dict[str, tuple[Any, str]]) -> Any:
-    hints = typing.get_type_hints(cls)
+    types_of = _key_types(cls)
     kwargs = {}
     for key, (value, where) in given.items():
-        if key not in hints:
-            known = ", ".join(f.name for f in dataclasses.fields(cls))
-            raise ConfigError(f"{where}: unknown key {key!r} in [{name}]; known keys: {known}")
-        kwargs[key] = _coerce(value, hints[key], f"{where}: [{name}] {key} = {value!r}")
+        if key not in types_of:
+            raise ConfigError(f"{where}: unknown key {key!r} in [{name}]; known keys: {', '.join(types_of)}")
+        kwargs[key] = _coerce(value, types_of[key], f"{where}: [{name}] {key} = {value!r}")
     return cls(**kwargs)
 
 
 def _coerce(value: Any, kind: Any, where: str) -> Any:
-    """Check ``value`` against a field's type; ints are accepted for floats, nothing else is converted."""
+    """Check ``value`` against a key's type; ints are accepted for floats, nothing else is converted."""
     origin = typing.get_origin(kind)
     if origin in (types.UnionType, typing.Union):
-        for option in typing.get_args(kind):
-            try:
-                return _coerce(value, option, where)
-            except ConfigError:
-                continue
-        raise ConfigError(f"{where}: expected {_describe(kind)}")
+        return _coerce_union(value, kind, where)
     if origin is tuple:
-        item = typing.get_args(kind)[0]
         if not isinstance(value, list | tuple):
             raise ConfigError(f"{where}: expected {_describe(kind)}")
+        item = typing.get_args(kind)[0]
         return tuple(_coerce(v, item, where) for v in value)
-    if kind is float:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(f"{where}: expected a number")
-        if not math.isfinite(value):
-            raise ConfigError(f"{where}: expected a finite number (a duration or a size is never NaN or infinite)")
-        return float(value)
-    if kind is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{where}: expected a whole number")
-        return value
-    if kind is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"{where}: expected true or false")
-        return value
-    if kind is str:
-        if not isinstance(value, str):
-            raise ConfigError(f"{where}: expected a string")
-        return plain_text(value, where)
-    raise AssertionError(f"unhandled config type {kind!r}")
+    return _SCALARS[kind](value, where)
+
+
+def _coerce_union(value: Any, kind: Any, where: str) -> Any:
+    """The value as the first of the union's types that takes it."""
+    for option in typing.get_args(kind):
+        try:
+            return _coerce(value, option, where)
+        except ConfigError:
+            continue
+    raise ConfigError(f"{where}: expected {_describe(kind)}")
+
+
+def _number(value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(f"{where}: expected a number")
+    if not math.isfinite(value):
+        raise ConfigError(f"{where}: expected a finite number (a duration or a size is never NaN or infinite)")
+    return float(value)
+
+
+def _whole(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{where}: expected a whole number")
+    return value
+
+
+def _flag(value: Any, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{where}: expected true or false")
+    return value
+
+
+def _text(value: Any, where: str) -> str:
+    if not isinstance(value, str):
+        raise ConfigError(f"{where}: expected a string")
+    return plain_text(value, where)
+
+
+_SCALARS: dict[Any, Callable[[Any, str], Any]] = {float: _number, int: _whole, bool: _flag, str: _text}
+"""How a value of each scalar type of the schema is checked (and a whole number made a float)."""
 
 
 def plain_text(value: str, where: str) -> str:

@@ -9,6 +9,7 @@ names the file, the entry and what to write instead.
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
@@ -93,8 +94,6 @@ def _entry(entry: Any, where: str, base: Path) -> ModelFile:
             raise ConfigError(f"{where}: {key} contains the control character {bad!r}; remove it")
     folder, name, url, sha256 = (entry[k] for k in KEYS)
     if folder not in FOLDERS:
-        import difflib  # here: only an unknown folder is looked up
-
         near = difflib.get_close_matches(folder, FOLDERS, n=1)
         hint = f"did you mean {near[0]!r}? " if near else ""
         raise ConfigError(f"{where}: folder = {folder!r}: not a ComfyUI model folder; {hint}expected one of "

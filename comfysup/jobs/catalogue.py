@@ -161,42 +161,58 @@ def _short(value: Any) -> str:
 def _check_value(node_id: str, class_type: str, name: str, value: Any, kind: Any,
                  options: dict[str, Any], local: LocalFile | None) -> Issue | None:
     if kind in ("INT", "FLOAT"):
-        try:
-            value = int(value) if kind == "INT" else float(value)
-        except (TypeError, ValueError, OverflowError):
-            return Issue(node_id, class_type, name, "invalid_input_type",
-                         f"{name} {_short(value)} is not {article(kind)}", value)
-        if isinstance(value, float) and math.isnan(value):
-            return None
-        low, high = options.get("min"), options.get("max")
-        if isinstance(low, int | float) and value < low:
-            return Issue(node_id, class_type, name, "value_smaller_than_min",
-                         f"{name} {value!r} is below its minimum {low}", value)
-        if isinstance(high, int | float) and value > high:
-            return Issue(node_id, class_type, name, "value_bigger_than_max",
-                         f"{name} {value!r} is above its maximum {high}", value)
-        return None
+        return _check_number(node_id, class_type, name, value, kind, options)
     choices = _combo(kind, options)
     if choices is None:
         return None
+    return _check_choice(node_id, class_type, name, value, choices, options, local)
+
+
+def _check_number(node_id: str, class_type: str, name: str, value: Any, kind: str,
+                  options: dict[str, Any]) -> Issue | None:
+    """An INT or FLOAT input: a number of its kind, within its min and max (NaN is ComfyUI's to judge)."""
+    try:
+        value = int(value) if kind == "INT" else float(value)
+    except (TypeError, ValueError, OverflowError):
+        return Issue(node_id, class_type, name, "invalid_input_type", f"{name} {_short(value)} is not {article(kind)}",
+                     value)
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    low, high = options.get("min"), options.get("max")
+    if isinstance(low, int | float) and value < low:
+        return Issue(node_id, class_type, name, "value_smaller_than_min",
+                     f"{name} {value!r} is below its minimum {low}", value)
+    if isinstance(high, int | float) and value > high:
+        return Issue(node_id, class_type, name, "value_bigger_than_max",
+                     f"{name} {value!r} is above its maximum {high}", value)
+    return None
+
+
+def _check_choice(node_id: str, class_type: str, name: str, value: Any, choices: list[Any], options: dict[str, Any],
+                  local: LocalFile | None) -> Issue | None:
+    """A COMBO input: each value (each of a multiselect's list) one of the server's choices."""
     # A file input (LoadImage's image: image_upload) whose value is a local file: {"file": …} sends it.
     upload = local is not None and any(k.endswith("_upload") and v is True for k, v in options.items())
     values = value if options.get("multiselect") and isinstance(value, list) else [value]
     for v in values:
-        try:
-            known = v in choices
-        except TypeError:
-            known = False
-        if known:
+        if _is_choice(v, choices):
             continue
         is_local = upload and isinstance(v, str) and local is not None and local(v)
         # An empty list (a server that lists no file of that kind, fake_comfy's loaders) is not held against a
-        # job: ComfyUI would refuse it at POST, as before this check. A local file's name is.
+        # job: ComfyUI would refuse it at POST. A local file's name is.
         if choices or is_local:
             return Issue(node_id, class_type, name, "value_not_in_list",
                          f"{name} {_short(v)} is not on this server" + (f"; {send_hint(v)}" if is_local else ""),
                          v, tuple(choices), is_local)
     return None
+
+
+def _is_choice(value: Any, choices: list[Any]) -> bool:
+    """Whether ``value`` is one of ``choices`` (an unhashable value, a list, is none of a set's)."""
+    try:
+        return value in choices
+    except TypeError:
+        return False
 
 
 def send_hint(name: str) -> str:

@@ -33,27 +33,22 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
+from typing import Any, BinaryIO, Protocol
 from urllib.parse import urljoin, urlsplit
 
 import blake3
+import requests
+from urllib3.exceptions import HTTPError as TransportError
 
 from comfysup.assets import HASH_PREFIX, READ_BYTES
 from comfysup.config import InputsConfig
 from comfysup.destinations import is_http_url, url_problem
-from comfysup.redact import display_url
+from comfysup.jobs.sources import FetchError, s3_parts, where
+from comfysup.safehttp import PrivateDestination, public_only_session
 from comfysup.storage import s3
-
-if TYPE_CHECKING:
-    import requests
 
 REDIRECTS = frozenset({301, 302, 303, 307, 308})
 USER_AGENT = "comfysup-input"
-
-
-class FetchError(Exception):
-    """An input could not be fetched; the message is the reason a person reads (no URL path or query in it:
-    a presigned URL's query is its secret)."""
 
 
 @dataclass(frozen=True)
@@ -83,19 +78,6 @@ class Progress(Protocol):
     def advance(self, size: int) -> None: ...
 
     def end(self) -> None: ...
-
-
-def where(source: str) -> str:
-    """The source as messages show it: ``s3://bucket/key`` (its own name, no secret), a URL as scheme://host/…"""
-    return source if source.startswith("s3://") else display_url(source)
-
-
-def s3_parts(source: str) -> tuple[str, str]:
-    """``(bucket, key)`` of ``s3://bucket/key``; FetchError when either is missing."""
-    bucket, _, key = source.removeprefix("s3://").partition("/")
-    if not source.startswith("s3://") or not bucket or not key:
-        raise FetchError(f"{source[:200]!r} is not s3://bucket/key")
-    return bucket, key
 
 
 class Fetcher:
@@ -146,10 +128,6 @@ class Fetcher:
 
     def session(self) -> requests.Session:
         if self._session is None:
-            import requests
-
-            from comfysup.safehttp import public_only_session
-
             if self.settings.allow_private:
                 self._session = requests.Session()
                 self._session.trust_env = False  # no proxy from the environment: the URL is what is fetched
@@ -158,10 +136,6 @@ class Fetcher:
         return self._session
 
     def _http_get(self, url: str, out: BinaryIO, deadline: float, name: str) -> tuple[int, str, str]:
-        import requests
-
-        from comfysup.safehttp import PrivateDestination
-
         timeout = self.settings.timeout_seconds
         for _hop in range(self.settings.max_redirects + 1):
             self.check_url(url)
@@ -205,6 +179,7 @@ class Fetcher:
                     read_timeout=self.settings.timeout_seconds)
             except s3.Refused as exc:  # no boto3, an unknown AWS_PROFILE
                 raise FetchError(f"{source}: {exc}") from None
+        # botocore comes with boto3, an optional dependency: the client above was made, so it is installed.
         from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
         try:
@@ -238,40 +213,57 @@ class Fetcher:
               total: int | None, errors: tuple[type[BaseException], ...] = ()) -> tuple[int, str, str]:
         """The chunks into ``out``, hashed on the way; the size and the whole download's time bounded. A failure
         to read (urllib3's, an OSError, or one of ``errors``) is said with what was read before it."""
-        from urllib3.exceptions import HTTPError as TransportError
-
-        hasher, sha, size = blake3.blake3(), hashlib.sha256() if self._sha256 else None, 0
+        hashes = _Hashes(self._sha256)
         if self.progress is not None:
             self.progress.start(name, total)
         try:
-            while True:
-                if self.stopping is not None and self.stopping.is_set():
-                    raise FetchError(f"{shown}: not fetched: the service is stopping")
-                if time.monotonic() > deadline:
-                    raise FetchError(f"{shown}: not fetched within {self.settings.max_seconds:g} s ([inputs] "
-                                     "max_seconds)")
-                try:
-                    chunk = next(chunks, b"")
-                except (TransportError, OSError, *errors) as exc:
-                    raise FetchError(f"{shown}: {_read_failure(exc, self.settings.timeout_seconds)} after "
-                                     f"{size:,} bytes") from None
-                if not chunk:
-                    break
-                size += len(chunk)
-                if size > self.max_bytes:
-                    self._check_size(shown, size)
-                hasher.update(chunk)
-                if sha is not None:
-                    sha.update(chunk)
+            for chunk in self._bounded(shown, chunks, deadline, errors):
+                if hashes.size + len(chunk) > self.max_bytes:
+                    self._check_size(shown, hashes.size + len(chunk))
+                hashes.update(chunk)
                 out.write(chunk)
                 if self.progress is not None:
                     self.progress.advance(len(chunk))
         finally:
             if self.progress is not None:
                 self.progress.end()
-        if total is not None and size != total:
-            raise FetchError(f"{shown}: the answer ended after {size:,} of its {total:,} bytes")
-        return size, HASH_PREFIX + hasher.hexdigest(), sha.hexdigest() if sha is not None else ""
+        if total is not None and hashes.size != total:
+            raise FetchError(f"{shown}: the answer ended after {hashes.size:,} of its {total:,} bytes")
+        return hashes.size, HASH_PREFIX + hashes.blake3.hexdigest(), hashes.sha256.hexdigest() if hashes.sha256 else ""
+
+    def _bounded(self, shown: str, chunks: Iterator[bytes], deadline: float,
+                 errors: tuple[type[BaseException], ...]) -> Iterator[bytes]:
+        """``chunks`` until they end; FetchError once the service stops, the deadline passes or a read fails."""
+        read = 0
+        while True:
+            if self.stopping is not None and self.stopping.is_set():
+                raise FetchError(f"{shown}: not fetched: the service is stopping")
+            if time.monotonic() > deadline:
+                raise FetchError(f"{shown}: not fetched within {self.settings.max_seconds:g} s ([inputs] max_seconds)")
+            try:
+                chunk = next(chunks, b"")
+            except (TransportError, OSError, *errors) as exc:
+                raise FetchError(f"{shown}: {_read_failure(exc, self.settings.timeout_seconds)} after {read:,} "
+                                 "bytes") from None
+            if not chunk:
+                return
+            read += len(chunk)
+            yield chunk
+
+
+class _Hashes:
+    """The BLAKE3 of the bytes fed to it, their SHA-256 when asked for, and their count."""
+
+    def __init__(self, sha256: bool) -> None:
+        self.blake3 = blake3.blake3()
+        self.sha256 = hashlib.sha256() if sha256 else None
+        self.size = 0
+
+    def update(self, chunk: bytes) -> None:
+        self.size += len(chunk)
+        self.blake3.update(chunk)
+        if self.sha256 is not None:
+            self.sha256.update(chunk)
 
 
 _S3_CODES = {

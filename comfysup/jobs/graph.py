@@ -146,25 +146,35 @@ def apply_set(workflow: dict[str, Any], overrides: Any, object_info: ObjectInfo,
     found: list[str] = [] if problems is None else problems
     changed: dict[str, Any] = {}
     for key, value in overrides.items():
-        node_id, dot, name = key.rpartition(".")
-        if not dot or not node_id or not name:
-            found.append(f"set key {key!r} is not \"<node>.<input>\" (for example \"3.seed\")")
+        problem = _set_problem(key, workflow, changed, object_info)
+        if problem:
+            found.append(problem)
             continue
-        node = changed.get(node_id) or workflow.get(node_id)
+        node_id, _, name = key.rpartition(".")
+        node = changed.get(node_id)
         if node is None:
-            found.append(f"set key {key!r} names node {node_id!r}, which is not in the workflow "
-                         f"(nodes: {', '.join(sorted(workflow)[:20])})")
-            continue
-        inputs = node.get("inputs", {})
-        if name not in inputs and ((allowed := object_info.inputs(node["class_type"])) is None or name not in allowed):
-            names = set(inputs) | (allowed or set())
-            hint = did_you_mean(name, names)
-            found.append(f"set key {key!r}: node {node_id} ({node['class_type']}) has no input {name!r} "
-                         f"(inputs: {', '.join(sorted(names)[:30]) or 'none'})" + (f"; {hint}" if hint else ""))
-            continue
-        if node_id not in changed:
-            node = changed[node_id] = {**node, "inputs": dict(inputs)}
+            original = workflow[node_id]
+            node = changed[node_id] = {**original, "inputs": dict(original.get("inputs", {}))}
         node["inputs"][name] = value
     if problems is None and found:
         raise JobLineError(*found)
     return changed
+
+
+def _set_problem(key: str, workflow: dict[str, Any], changed: dict[str, Any], object_info: ObjectInfo) -> str:
+    """Why ``set`` key ``"<node>.<input>"`` names no input of the workflow (its node as ``changed`` has it), or ""."""
+    node_id, dot, name = key.rpartition(".")
+    if not dot or not node_id or not name:
+        return f"set key {key!r} is not \"<node>.<input>\" (for example \"3.seed\")"
+    node = changed.get(node_id) or workflow.get(node_id)
+    if node is None:
+        return (f"set key {key!r} names node {node_id!r}, which is not in the workflow "
+                f"(nodes: {', '.join(sorted(workflow)[:20])})")
+    inputs = node.get("inputs", {})
+    allowed = None if name in inputs else object_info.inputs(node["class_type"])
+    if name in inputs or (allowed is not None and name in allowed):
+        return ""
+    names = set(inputs) | (allowed or set())
+    hint = did_you_mean(name, names)
+    return (f"set key {key!r}: node {node_id} ({node['class_type']}) has no input {name!r} "
+            f"(inputs: {', '.join(sorted(names)[:30]) or 'none'})" + (f"; {hint}" if hint else ""))

@@ -10,29 +10,15 @@ changed (a broker consumer cut between its commit and its ack) is the job alread
 
 from __future__ import annotations
 
-import functools
 import json
+import uuid
 from typing import Any
 
 from comfysup.jobs.inputs import remote_source
 
 NAMESPACE = "7a1c0f3e-3b8e-5b6a-9d2e-63f0c0a5e1d4"
-"""The namespace of the ids comfysup derives for lines that give none (uuid5); ``ID_NAMESPACE`` is it as a
-uuid.UUID, made on first use: uuid (and the platform module it loads) cost every submit ~2 ms, and only a line
-without an id needs it."""
-
-
-def __getattr__(name: str) -> Any:
-    if name == "ID_NAMESPACE":
-        return _namespace()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-@functools.cache
-def _namespace() -> Any:
-    import uuid
-
-    return uuid.UUID(NAMESPACE)
+"""The namespace of the ids comfysup derives for lines that give none (uuid5)."""
+ID_NAMESPACE = uuid.UUID(NAMESPACE)
 
 
 def as_written(written: dict[str, Any], resolved: dict[str, Any]) -> dict[str, Any]:
@@ -50,9 +36,7 @@ def derived_id(line: dict[str, Any], params: dict[str, Any], workflow_hash: str)
     line whose workflow or input file changed is another job."""
     content = {k: v for k, v in line.items() if k not in ("id", "workflow", "set")}
     text = sorted_json({"workflow": workflow_hash, "set": params, **content})
-    import uuid
-
-    return str(uuid.uuid5(_namespace(), text))
+    return str(uuid.uuid5(ID_NAMESPACE, text))
 
 
 def sorted_json(value: dict[str, Any]) -> str:

@@ -36,10 +36,11 @@ from urllib.parse import unquote, urlsplit
 from comfysup import assets, safefs
 from comfysup.config import InputsConfig
 from comfysup.destinations import is_http_url
+from comfysup.jobs.sources import FetchError, s3_parts, where
 from comfysup.jobs.values import MAX_URL_CHARS, JobLineError, check_text, did_you_mean
 from comfysup.queue import values
 
-if TYPE_CHECKING:  # comfysup.jobs.fetch (blake3, the S3 module) is imported where an input from elsewhere is read
+if TYPE_CHECKING:
     import threading
 
     from comfysup.jobs.fetch import Fetched, Fetcher, Progress
@@ -190,8 +191,6 @@ class InputFiles:
     # -- inputs from elsewhere -------------------------------------------------------------------------------
 
     def _remote(self, key: str, value: dict[str, Any], until: float) -> NewAsset:
-        from comfysup.jobs.fetch import where
-
         source, expected, name = self._remote_shape(key, value)
         if expected.keys() == {"blake3"} and self.stored is not None and (size := self.stored(
                 digest := assets.HASH_PREFIX + expected["blake3"])) is not None:
@@ -208,13 +207,7 @@ class InputFiles:
     def _remote_shape(self, key: str, value: dict[str, Any]) -> tuple[str, dict[str, str], str]:
         """The source, the expected hashes (bare hex by algorithm) and the file name of an input from elsewhere;
         JobLineError with every problem of its shape (nothing is fetched for a reference that is wrong)."""
-        from comfysup.jobs.fetch import where
-
-        reasons: list[str] = []
-        for unknown in sorted(value.keys() - REMOTE_KEYS):
-            hint = did_you_mean(unknown, REMOTE_KEYS)
-            reasons.append(f"set {key!r}: unknown key {unknown!r} of an input from elsewhere; "
-                           f"{hint + ' ' if hint else ''}it may have {', '.join(sorted(REMOTE_KEYS))}")
+        reasons = _unknown_remote_keys(key, value)
         if "url" in value and "s3" in value:
             reasons.append(f"set {key!r}: give \"url\" or \"s3\", not both")
         kind = "url" if "url" in value else "s3"
@@ -224,21 +217,9 @@ class InputFiles:
                            "s3://bucket/key") + f" of at most {MAX_URL_CHARS} characters")
             raise JobLineError(*reasons)
         check_text(source, f"set {key!r}: {kind}")
-        expected = {}
-        for algorithm in ("blake3", "sha256"):
-            if algorithm in value:
-                digest = value[algorithm]
-                digest = digest.lower().removeprefix(f"{algorithm}:") if isinstance(digest, str) else ""
-                if _HEX64.fullmatch(digest):
-                    expected[algorithm] = digest
-                else:
-                    reasons.append(f"set {key!r}: \"{algorithm}\" must be 64 hex digits (or \"{algorithm}:<hex>\")")
+        expected = _expected_hashes(key, value, reasons)
         name = value.get("name", _name_of(source))
-        if not isinstance(name, str) or not name or "/" in name or "\\" in name or name in (".", ".."):
-            reasons.append(f"set {key!r}: \"name\" must be a file name, like cat.png (its suffix tells ComfyUI's "
-                           "loaders the kind of file)")
-        else:
-            check_text(name, f"set {key!r}: name")
+        reasons += _name_problems(key, name)
         if kind == "url" and not (source.startswith(("http://", "https://")) and is_http_url(source)):
             reasons.append(f"set {key!r}: url {where(source)} is not an http:// or https:// URL"
                            + ("; write {\"s3\": \"s3://…\"} for a bucket" if source.startswith("s3://") else ""))
@@ -249,8 +230,6 @@ class InputFiles:
         return source, expected, name
 
     def _bucket_problems(self, key: str, source: str) -> list[str]:
-        from comfysup.jobs.fetch import FetchError, s3_parts
-
         try:
             bucket, _ = s3_parts(source)
         except FetchError as exc:
@@ -263,11 +242,13 @@ class InputFiles:
     def _fetch(self, key: str, source: str, name: str, sha256: bool, until: float) -> Fetched:
         """The source's file, fetched once per submit (its SHA-256 only when a line expects one); a failure,
         remembered, is the same reason every time."""
-        from comfysup.jobs.fetch import Fetcher, FetchError, where
-
         known = self._fetched.get(source)
         if known is None:
             if self._fetcher is None:
+                # Imported here, not at the top: comfysup.jobs.fetch loads requests and urllib3, which would about
+                # double every submit's start-up; only a line with an input from elsewhere needs them.
+                from comfysup.jobs.fetch import Fetcher
+
                 self._fetcher = Fetcher(self.remote, self.max_file_bytes, self.progress, self.stopping)
             try:
                 if time.monotonic() > until:  # not remembered: another line has time of its own
@@ -295,6 +276,41 @@ class InputFiles:
             shutil.rmtree(self._staging, ignore_errors=True)
             self._staging = None
             self._fetched.clear()
+
+
+def _unknown_remote_keys(key: str, value: dict[str, Any]) -> list[str]:
+    """A problem for each key an input from elsewhere may not have, with the nearest one it may."""
+    reasons = []
+    for unknown in sorted(value.keys() - REMOTE_KEYS):
+        hint = did_you_mean(unknown, REMOTE_KEYS)
+        reasons.append(f"set {key!r}: unknown key {unknown!r} of an input from elsewhere; "
+                       f"{hint + ' ' if hint else ''}it may have {', '.join(sorted(REMOTE_KEYS))}")
+    return reasons
+
+
+def _expected_hashes(key: str, value: dict[str, Any], reasons: list[str]) -> dict[str, str]:
+    """The hashes an input from elsewhere must have, bare lowercase hex by algorithm; each that is not 64 hex
+    digits is a problem added to ``reasons``."""
+    expected = {}
+    for algorithm in ("blake3", "sha256"):
+        if algorithm not in value:
+            continue
+        digest = value[algorithm]
+        digest = digest.lower().removeprefix(f"{algorithm}:") if isinstance(digest, str) else ""
+        if _HEX64.fullmatch(digest):
+            expected[algorithm] = digest
+        else:
+            reasons.append(f"set {key!r}: \"{algorithm}\" must be 64 hex digits (or \"{algorithm}:<hex>\")")
+    return expected
+
+
+def _name_problems(key: str, name: Any) -> list[str]:
+    """What is wrong with the file name an input from elsewhere is stored under (none: [])."""
+    if not isinstance(name, str) or not name or "/" in name or "\\" in name or name in (".", ".."):
+        return [f"set {key!r}: \"name\" must be a file name, like cat.png (its suffix tells ComfyUI's loaders the "
+                "kind of file)"]
+    check_text(name, f"set {key!r}: name")
+    return []
 
 
 def remote_source(value: dict[str, Any]) -> dict[str, Any] | None:

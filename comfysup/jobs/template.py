@@ -20,7 +20,7 @@ class Template:
     A line's ``set`` copies only the nodes it changes; the canonical text is assembled from each node's
     text, encoded once, so a 10 KB workflow is neither parsed nor encoded again for each of 100,000
     lines. A changed node is assembled the same way from its inputs' texts, only the values that its
-    line changed encoded again (encoding the whole node took most of a submit's time per line). The text
+    line changed encoded again (not the whole node, for every line). The text
     is exactly ``canonical(workflow)``: spec hashes do not depend on these shortcuts.
     """
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 import re
+import uuid
 from collections.abc import Iterable
 from typing import Any
 
@@ -62,8 +64,6 @@ def close_matches(word: Any, candidates: Iterable[Any], limit: int = 3, cutoff: 
     would look close to every other one."""
     if not isinstance(word, str) or not word:
         return []
-    import difflib  # here: only a refused name is looked up
-
     folded = word.casefold()
     stem, ext = _split_extension(folded)
     scored: list[tuple[float, str]] = []
@@ -99,8 +99,6 @@ def canonical_id(value: Any) -> str:
     """The id must be a lowercase hyphenated UUID exactly: it becomes ComfyUI's prompt id."""
     if isinstance(value, str) and _CANONICAL_UUID.fullmatch(value):
         return value
-    import uuid  # here: a canonical id (the regex above) never needs it, and it loads platform (~2 ms a submit)
-
     if not isinstance(value, str):
         raise JobLineError(f"id {value!r} is not a string; expected a lowercase hyphenated UUID like "
                            f"{uuid.UUID(int=0)}")

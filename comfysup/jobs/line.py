@@ -1,0 +1,101 @@
+"""One line of a jobs file: its JSON object read within bounds, the checks of its own fields, and the job it
+becomes once its workflow is applied and hashed (comfysup.jobs.JobsFile reads the workflow between the two).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from comfysup.jobs.identity import sorted_json
+from comfysup.jobs.values import JobLineError, check_depth, did_you_mean, loads_strict
+from comfysup.queue.base import NewJob
+
+MAX_LINE_BYTES = 16 * 1024 * 1024
+PRIORITY_RANGE = (-(2**63), 2**63 - 1)
+"""What SQLite's INTEGER holds; a larger number would fail at insert, after validation said yes."""
+LINE_KEYS = frozenset({"id", "workflow", "set", "priority", "extra_data", "meta", "callback_url"})
+
+
+@dataclass
+class Line:
+    """One line's own fields, checked: its id (derived once its workflow is read, when it gives none), its ``set``
+    resolved and as written (``named``, what the id and the spec hash take), the assets it names, and every
+    problem found so far."""
+
+    fields: dict[str, Any]
+    job_id: str
+    priority: Any
+    params: dict[str, Any]
+    named: dict[str, Any]
+    found: tuple[Any, ...]
+    callback: str
+    reasons: list[str]
+    warnings: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Made:
+    """A line's workflow as its job stores it: the workflow applied, its label, the text ComfyUI is given (empty
+    for a template's line: its template is stored), the spec hash begun, the stored template and its hash, the
+    model key, and the catalogues that refuse it."""
+
+    workflow: dict[str, Any]
+    name: str
+    text: str
+    digest: Any
+    stored: str
+    stored_hash: str
+    key: str
+    refused: tuple[tuple[int, str], ...]
+
+
+def load_line(raw: bytes) -> dict[str, Any]:
+    """The line as a JSON object, bounded in size and depth; JobLineError if it is none."""
+    if len(raw) > MAX_LINE_BYTES:
+        raise JobLineError(f"the line is larger than {MAX_LINE_BYTES // 2**20} MiB")
+    try:
+        line = loads_strict(raw)
+    except JobLineError:
+        raise
+    except RecursionError as exc:
+        raise JobLineError("the line is nested too deeply (JSON arrays or objects inside each other)") from exc
+    except ValueError as exc:
+        raise JobLineError(f"not valid JSON: {exc}") from exc
+    if not isinstance(line, dict):
+        raise JobLineError(f"expected a JSON object, got {type(line).__name__}")
+    check_depth(line, "the line", raw)
+    return line
+
+
+def unknown_key(unknown: str) -> str:
+    hint = did_you_mean(unknown, LINE_KEYS)
+    return f"unknown key {unknown!r}; {hint + ' ' if hint else ''}a line may have {', '.join(sorted(LINE_KEYS))}"
+
+
+def priority_problems(priority: Any) -> list[str]:
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        return [f"priority {priority!r} is not a whole number"]
+    if not PRIORITY_RANGE[0] <= priority <= PRIORITY_RANGE[1]:
+        return [f"priority {priority} is out of range; expected a whole number from {PRIORITY_RANGE[0]} to "
+                f"{PRIORITY_RANGE[1]}"]
+    return []
+
+
+def new_job(line: Line, made: Made) -> NewJob:
+    """The job of a checked line. Its spec hash: the applied workflow's text (an input from elsewhere as written:
+    its fetched bytes never make a redelivery a conflict), then its extra_data, meta, priority and, only when
+    given, its callback, so the ids of every file without one keep their hash."""
+    meta = line.fields.get("meta", {})
+    extra = line.fields.get("extra_data", {})
+    digest = made.digest
+    digest.update(b"\0")
+    callback = [line.callback] if line.callback else []
+    for part in (sorted_json(extra), sorted_json(meta), str(line.priority), *callback):
+        digest.update(part.encode())
+        digest.update(b"\0")
+    name = meta["kind"] if isinstance(meta.get("kind"), str) and meta["kind"] else made.name
+    return NewJob(id=line.job_id, workflow=made.workflow, spec_hash=digest.hexdigest(), priority=line.priority,
+                  extra_data=extra, meta=meta, params=line.params or {}, workflow_name=name, workflow_json=made.text,
+                  callback_url=line.callback, template_json=made.stored, template_hash=made.stored_hash,
+                  model_key=made.key, refused=made.refused, assets=line.found)
