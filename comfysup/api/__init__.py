@@ -1,6 +1,6 @@
 """The Comfy API v2 in front of the queue: ``/api/v2/jobs`` and ``/api/v2/health`` served by aiohttp.
 
-A front door (DESIGN.md "The shape"): a thin translation of the contract into the same submit as ``comfysup
+A front door (docs/design.md "The shape"): a thin translation of the contract into the same submit as ``comfysup
 submit`` — the same validation (comfysup.jobs, node catalogues included), the same transaction, the same
 idempotency by job id (``Idempotency-Key`` → the job id) — and of the queue's records back into the contract's
 job objects. The contract is Comfy's own, read from its sources:

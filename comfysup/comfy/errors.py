@@ -1,4 +1,4 @@
-"""What can go wrong talking to ComfyUI, sorted as the failure table needs it (DESIGN.md), and what ComfyUI's own
+"""What can go wrong talking to ComfyUI, sorted as the failure table needs it (docs/design.md), and what ComfyUI's own
 execution errors mean.
 
 ``ServerUnavailable`` (the server is unwell or unreachable: transient), ``PermanentError`` (ComfyUI said no:

@@ -1,6 +1,6 @@
 """jobs.jsonl: read, validate and resolve jobs before anything reaches the queue.
 
-A line is ``{"id", "workflow", "set", "priority", "extra_data", "meta"}`` (DESIGN.md "Jobs"). The
+A line is ``{"id", "workflow", "set", "priority", "extra_data", "meta"}`` (docs/design.md "Jobs"). The
 whole file is checked first and every problem is reported as ``file:line: reason``; only a clean file
 is inserted, in one transaction. The graph checks are the ones ComfyUI would make at POST /prompt
 (links to existing nodes, no cycles, an output node), so a bad job is refused at submit rather than
