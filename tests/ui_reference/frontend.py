@@ -119,6 +119,7 @@ _CONVERT = """
 const [workflow, done] = arguments;
 (async () => {
   try {
+    Math.random = () => 0;  // dynamic prompts: the first option, as the tests choose
     await window.app.loadGraphData(workflow, true, false, null);
     const result = await window.app.graphToPrompt();
     done(JSON.stringify({output: result.output}));
