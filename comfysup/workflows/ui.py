@@ -8,7 +8,8 @@ nodes and native reroutes pass their link through, a PrimitiveNode's value takes
 Note and MarkdownNote are dropped, muted nodes (mode 2) are left out with the inputs they fed, and a
 bypassed node (mode 4) hands on what feeds its input of the requested type (its input at the same slot
 first, then its first input of that type). Subgraphs are expanded with the frontend's ``outer:inner`` ids
-(``graph.Flattener``).
+(``graph.Flattener``). Legacy group nodes (``extra.groupNodes``) are refused, saying to convert them to
+subgraphs in ComfyUI.
 
 A widget with ``dynamicPrompts`` gets what the frontend sends: comments removed and one option of each
 ``{a|b}`` chosen at random (``catalogue.dynamic_prompt``). Values that only the frontend's own extensions
@@ -28,6 +29,8 @@ from comfysup.workflows.graph import Item, Value
 
 VIRTUAL_TYPES = frozenset({"Note", "MarkdownNote", "PrimitiveNode", "Reroute"})
 """Nodes of the frontend alone: never queued."""
+GROUP_NODE_PREFIXES = ("workflow>", "workflow/")
+"""How the frontend names the type of a legacy group node (``extra.groupNodes``)."""
 MUTED, BYPASSED = 2, 4
 _MAX_HOPS = 10_000
 
@@ -67,8 +70,7 @@ class _Converter:
                 continue
             spec = self.object_info.get(item.type)
             if not isinstance(spec, dict):
-                self.problems.append(f"{_name(item)}: {self.catalogue_name} has no node type {item.type!r}"
-                                     " (a custom node that is not installed?)")
+                self.problems.append(self._unknown(item))
                 continue
             inputs = self._widget_inputs(item, spec)
             inputs.update(self._linked_inputs(item))
@@ -76,6 +78,13 @@ class _Converter:
                                "_meta": {"title": item.title or spec.get("display_name") or item.type}}
         _drop_links_to_missing(prompt)
         return prompt
+
+    def _unknown(self, item: Item) -> str:
+        if item.type.startswith(GROUP_NODE_PREFIXES):
+            return (f"{_name(item)}: a legacy group node, which comfysup does not expand: in ComfyUI, convert it"
+                    " to a subgraph (or ungroup it) and save the workflow again")
+        return (f"{_name(item)}: {self.catalogue_name} has no node type {item.type!r}"
+                " (a custom node that is not installed?)")
 
     def _widget_inputs(self, item: Item, spec: Mapping[str, Any]) -> dict[str, Any]:
         layout = catalogue.widget_layout(spec)

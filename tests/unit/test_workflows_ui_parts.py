@@ -39,6 +39,14 @@ def test_an_unknown_node_type_names_the_node_and_the_catalogue() -> None:
     assert "server gpu0's catalogue has no node type 'CheckpointLoaderGGUF'" in str(refused.value)
 
 
+def test_a_legacy_group_node_is_refused_with_what_to_do() -> None:
+    workflow = cases.mute_and_bypass()
+    workflow["nodes"][0]["type"] = "workflow>Loaders"
+    workflow["extra"]["groupNodes"] = {"Loaders": {"nodes": [], "links": [], "external": []}}
+    with pytest.raises(UIWorkflowError, match="a legacy group node, which comfysup does not expand"):
+        convert(workflow)
+
+
 def test_saved_values_that_do_not_fit_name_the_widgets_expected() -> None:
     workflow = cases.mute_and_bypass()
     workflow["nodes"][3]["widgets_values"] = ["512", 512, 1]
