@@ -3,7 +3,9 @@
 A node inside a subgraph instance gets the id ``outer:inner`` (nested: ``a:b:c``), as the frontend's
 execution ids. Links become sources, ``(item id, output slot)``; a link from a subgraph's input side is
 bound to what feeds the instance's input outside (or the value of the instance's widget for it), and an
-instance's outputs become an ``exit`` item whose slots name what feeds the subgraph's output side inside.
+instance's outputs become an ``exit`` item whose slots name what feeds the subgraph's output side inside
+(its inputs are the instance's own, for a bypassed instance). A muted or bypassed instance's inner nodes stay,
+as the frontend keeps them.
 
 The workflow is untrusted: nesting depth and the number of nodes are bounded, and a subgraph that contains
 itself is refused. Nothing is executed.
@@ -139,7 +141,8 @@ class Flattener:
             raise UIWorkflowError([f"{describe(node, item_id)}: subgraph {definition.get('name')!r} contains itself"])
         if len(self._stack) >= MAX_DEPTH:
             raise UIWorkflowError([f"{describe(node, item_id)}: subgraphs nested more than {MAX_DEPTH} deep"])
-        bindings = self._bindings(node, definition, scope, item_id)
+        slots = self._slots(node, scope, describe(node, item_id))
+        bindings = self._bindings(node, definition, slots)
         self._stack.append(definition.get("id"))
         self._expand(definition, f"{item_id}:", bindings)
         self._stack.pop()
@@ -148,12 +151,12 @@ class Flattener:
         exits = [self._source(_first((out or {}).get("linkIds")), inner, f"{describe(node, item_id)} output")
                  for out in definition.get("outputs") or []]
         self.items[item_id] = Item(item_id, str(node.get("type")), node.get("title") or definition.get("name"),
-                                   _mode(node), [], None, exits=exits, kind="exit")
+                                   _mode(node), slots, None, exits=exits, kind="exit")
 
-    def _bindings(self, node: Mapping[str, Any], definition: Mapping[str, Any], scope: _Scope,
-                  item_id: str) -> list[Source]:
+    @staticmethod
+    def _bindings(node: Mapping[str, Any], definition: Mapping[str, Any], slots: list[Slot]) -> list[Source]:
         """What feeds each of the subgraph's inputs: the instance's link, else its widget's saved value."""
-        by_name = {slot.name: slot for slot in self._slots(node, scope, describe(node, item_id))}
+        by_name = {slot.name: slot for slot in slots}
         values = list(node.get("widgets_values") or []) if isinstance(node.get("widgets_values"), list) else []
         bindings: list[Source] = []
         for entry in definition.get("inputs") or []:

@@ -128,7 +128,9 @@ class _Converter:
             item = self.items.get(source[0])
             if item is None:
                 return None
-            step = _STEPS.get(item.type) or _STEPS.get(item.kind)
+            step = _STEPS.get(item.type)
+            if step is None and item.mode != BYPASSED:
+                step = _STEPS.get(item.kind)
             if step is not None:
                 source = step(item, source[1])
             elif item.mode == BYPASSED:

@@ -195,9 +195,18 @@ def bypassed_subgraph_node() -> dict[str, Any]:
     return workflow
 
 
+def subgraph_instance_in_mode(mode: int) -> dict[str, Any]:
+    """The nested case with the outer subgraph instance itself muted (2) or bypassed (4)."""
+    workflow = copy.deepcopy(nested_subgraphs())
+    next(node for node in workflow["nodes"] if node["id"] == 57)["mode"] = mode
+    return workflow
+
+
 def built(templates: Path) -> Iterator[tuple[str, dict[str, Any]]]:
     """(case name, workflow) of every built case."""
     yield "built-reroutes-primitive", reroutes_and_primitive()
     yield "built-mute-bypass", mute_and_bypass()
     yield "built-nested-subgraphs", nested_subgraphs()
     yield "built-subgraph-mute-bypass", bypassed_subgraph_node()
+    yield "built-subgraph-instance-muted", subgraph_instance_in_mode(2)
+    yield "built-subgraph-instance-bypassed", subgraph_instance_in_mode(4)
