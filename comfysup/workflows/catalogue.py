@@ -84,8 +84,13 @@ def widget_layout(spec: Mapping[str, Any]) -> list[Widget]:
         if options.get("control_after_generate"):
             layout.append(Widget("control_after_generate", "COMBO", {}, None, input=False))
         layout.extend(Widget("upload", "BUTTON", {}, None, input=False)
-                      for option, value in options.items() if value is True and _UPLOAD.fullmatch(option))
+                      for option, value in options.items() if value is True and is_upload_option(option))
     return layout
+
+
+def is_upload_option(option: str) -> bool:
+    """Whether an input option (``image_upload``, ``video_upload``, ...) makes the frontend add an upload button."""
+    return _UPLOAD.fullmatch(option) is not None
 
 
 def fits(widget: Widget, value: Any) -> bool:

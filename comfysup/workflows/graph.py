@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from comfysup.workflows import groupnodes
 from comfysup.workflows.errors import UIWorkflowError
 
 MAX_DEPTH = 16
@@ -82,9 +83,12 @@ class _Scope:
 class Flattener:
     """Expands a workflow's subgraphs into ``items``; ``problems`` collects the links that lead nowhere."""
 
-    def __init__(self, workflow: Mapping[str, Any]) -> None:
+    def __init__(self, workflow: Mapping[str, Any], object_info: Mapping[str, Any] | None = None) -> None:
         definitions = (workflow.get("definitions") or {}).get("subgraphs") or []
         self.subgraphs = {sub.get("id"): sub for sub in definitions if isinstance(sub, dict)}
+        groups = (workflow.get("extra") or {}).get("groupNodes")
+        self.groups = groups if isinstance(groups, dict) else {}
+        self.object_info = object_info or {}
         self.items: dict[str, Item] = {}
         self.problems: list[str] = []
         self._stack: list[str] = []
@@ -98,6 +102,8 @@ class Flattener:
                 raise UIWorkflowError([f"more than {MAX_NODES} nodes after expanding its subgraphs"])
             if node.get("type") in self.subgraphs:
                 self._instance(node, scope)
+            elif groupnodes.group_name(str(node.get("type"))) in self.groups:
+                self._group(node, scope)
             else:
                 self._add(node, scope)
 
@@ -152,6 +158,39 @@ class Flattener:
                  for out in definition.get("outputs") or []]
         self.items[item_id] = Item(item_id, str(node.get("type")), node.get("title") or definition.get("name"),
                                    _mode(node), slots, None, exits=exits, kind="exit")
+
+    def _group(self, node: Mapping[str, Any], scope: _Scope) -> None:
+        """A legacy group node: its inner nodes under ``id:index``, and an exit item for its outputs."""
+        item_id = f"{scope.prefix}{node.get('id')}"
+        definition = self.groups[groupnodes.group_name(str(node.get("type")))]
+        layout = groupnodes.layout_of(definition, self.object_info)
+        outer = self._slots(node, scope, describe(node, item_id))
+        saved = node.get("widgets_values") if isinstance(node.get("widgets_values"), list) else []
+        values: dict[int, dict[str, Any]] = {}
+        for target, value in zip(layout.widgets, saved, strict=False):
+            if target is not None:
+                values.setdefault(target[0], {})[target[1]] = value
+        for index, inner in enumerate(definition.get("nodes") or []):
+            inner_id = f"{item_id}:{index}"
+            types = {entry.get("name"): str(entry.get("type")) for entry in inner.get("inputs") or []
+                     if isinstance(entry, dict)}
+            slots = [Slot(name, types.get(name, "*"), self._group_source(layout, outer, item_id, index, position),
+                          False) for position, name in enumerate(layout.slot_names.get(index, []))]
+            self.items[inner_id] = Item(inner_id, str(inner.get("type")), inner.get("title"), _mode(inner), slots,
+                                        values.get(index, {}))
+        exits: list[Source] = [(f"{item_id}:{index}", slot) for index, slot in layout.outputs]
+        self.items[item_id] = Item(item_id, str(node.get("type")), node.get("title"), _mode(node), outer, None,
+                                   exits=exits, kind="exit")
+
+    @staticmethod
+    def _group_source(layout: groupnodes.Layout, outer: list[Slot], item_id: str, index: int,
+                      position: int) -> Source:
+        inside = layout.internal.get((index, position))
+        if inside is not None:
+            return f"{item_id}:{inside[0]}", inside[1]
+        name = layout.slot_names[index][position]
+        external = layout.inputs.index((index, name)) if (index, name) in layout.inputs else len(outer)
+        return outer[external].source if external < len(outer) else None
 
     @staticmethod
     def _bindings(node: Mapping[str, Any], definition: Mapping[str, Any], slots: list[Slot]) -> list[Source]:

@@ -8,8 +8,8 @@ nodes and native reroutes pass their link through, a PrimitiveNode's value takes
 Note and MarkdownNote are dropped, muted nodes (mode 2) are left out with the inputs they fed, and a
 bypassed node (mode 4) hands on what feeds its input of the requested type (its input at the same slot
 first, then its first input of that type). Subgraphs are expanded with the frontend's ``outer:inner`` ids
-(``graph.Flattener``). Legacy group nodes (``extra.groupNodes``) are refused, saying to convert them to
-subgraphs in ComfyUI.
+(``graph.Flattener``), and legacy group nodes (``extra.groupNodes``) with the frontend's ``group:index`` ids
+(``groupnodes``).
 
 A widget with ``dynamicPrompts`` gets what the frontend sends: comments removed and one option of each
 ``{a|b}`` chosen at random (``catalogue.dynamic_prompt``). Values that only the frontend's own extensions
@@ -23,14 +23,12 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from comfysup.workflows import catalogue, graph
+from comfysup.workflows import catalogue, graph, groupnodes
 from comfysup.workflows.errors import UIWorkflowError
 from comfysup.workflows.graph import Item, Value
 
 VIRTUAL_TYPES = frozenset({"Note", "MarkdownNote", "PrimitiveNode", "Reroute"})
 """Nodes of the frontend alone: never queued."""
-GROUP_NODE_PREFIXES = ("workflow>", "workflow/")
-"""How the frontend names the type of a legacy group node (``extra.groupNodes``)."""
 MUTED, BYPASSED = 2, 4
 _MAX_HOPS = 10_000
 
@@ -45,7 +43,7 @@ def is_ui_workflow(workflow: Any) -> bool:
 def to_prompt(workflow: Mapping[str, Any], object_info: Mapping[str, Any], *,
               catalogue_name: str = "the node catalogue", choose: Choose | None = None) -> dict[str, dict[str, Any]]:
     """The API prompt of a UI workflow; raises ``UIWorkflowError`` listing every problem found."""
-    flat = graph.Flattener(workflow)
+    flat = graph.Flattener(workflow, object_info)
     converter = _Converter(flat.items, object_info, choose, catalogue_name)
     prompt = converter.convert()
     problems = flat.problems + converter.problems
@@ -80,9 +78,9 @@ class _Converter:
         return prompt
 
     def _unknown(self, item: Item) -> str:
-        if item.type.startswith(GROUP_NODE_PREFIXES):
-            return (f"{_name(item)}: a legacy group node, which comfysup does not expand: in ComfyUI, convert it"
-                    " to a subgraph (or ungroup it) and save the workflow again")
+        if groupnodes.group_name(item.type) is not None:
+            return (f"{_name(item)}: a group node whose definition is not in the workflow's extra.groupNodes"
+                    " (in ComfyUI, convert it to a subgraph and save the workflow again)")
         return (f"{_name(item)}: {self.catalogue_name} has no node type {item.type!r}"
                 " (a custom node that is not installed?)")
 

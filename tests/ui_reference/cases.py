@@ -3,7 +3,8 @@
 Each is the SD1.5 text-to-image graph (checkpoint, two prompts, empty latent, KSampler, decode, save) written
 the ways people save it: with Reroute nodes and native reroutes, a PrimitiveNode feeding a converted widget,
 muted and bypassed nodes, and inside subgraphs, nested two deep, with mute and bypass inside and a widget
-promoted to the subgraph instance.
+promoted to the subgraph instance; a muted and a bypassed subgraph instance; legacy group nodes, one with a
+converted widget left open.
 """
 
 from __future__ import annotations
@@ -202,6 +203,63 @@ def subgraph_instance_in_mode(mode: int) -> dict[str, Any]:
     return workflow
 
 
+def group_node() -> dict[str, Any]:
+    """A legacy group node (``extra.groupNodes``) holding KSampler and VAEDecode, linked to the graph around it."""
+    g = Graph()
+    n = _sd15(g)
+    group = {
+        "nodes": [
+            {**copy.deepcopy(g.find(n["ks"])), "index": 0},
+            {**copy.deepcopy(g.find(n["dec"])), "index": 1},
+        ],
+        "links": [[0, 0, 1, 0, n["ks"], "LATENT"]],
+        "external": [[1, 0, "IMAGE"]],
+    }
+    for inner in group["nodes"]:
+        for entry in inner["inputs"]:
+            entry["link"] = None
+        for entry in inner["outputs"]:
+            entry["links"] = []
+    g.nodes = [node for node in g.nodes if node["id"] not in (n["ks"], n["dec"])]
+    instance = g.node("workflow>Sampling", [("model", "MODEL"), ("positive", "CONDITIONING"),
+                                            ("negative", "CONDITIONING"), ("latent_image", "LATENT"), ("vae", "VAE")],
+                      [("IMAGE", "IMAGE")], [99, "fixed", 15, 6.5, "dpmpp_2m", "karras", 0.9], node_id=30)
+    for link in ((1, n["ckpt"], 0, instance, 0), (2, n["ckpt"], 1, n["pos"], 0), (3, n["ckpt"], 1, n["neg"], 0),
+                 (4, n["pos"], 0, instance, 1), (5, n["neg"], 0, instance, 2), (6, n["latent"], 0, instance, 3),
+                 (7, n["ckpt"], 2, instance, 4), (8, instance, 0, n["save"], 0)):
+        g.link(*link)
+    return g.root(groupNodes={"Sampling": group})
+
+
+def group_node_with_prompts() -> dict[str, Any]:
+    """A group node of checkpoint, both prompts and a KSampler whose seed is a converted widget left open."""
+    g = Graph()
+    n = _sd15(g, seed_input=True)
+    inner_ids = [n["ckpt"], n["pos"], n["neg"], n["ks"]]
+    nodes = []
+    for index, node_id in enumerate(inner_ids):
+        inner = copy.deepcopy(g.find(node_id))
+        for entry in inner["inputs"]:
+            entry["link"] = None
+        for entry in inner["outputs"]:
+            entry["links"] = []
+        nodes.append({**inner, "index": index})
+    group = {"nodes": nodes,
+             "links": [[0, 1, 1, 0, n["ckpt"], "CLIP"], [0, 1, 2, 0, n["ckpt"], "CLIP"],
+                       [0, 0, 3, 0, n["ckpt"], "MODEL"], [1, 0, 3, 1, n["pos"], "CONDITIONING"],
+                       [2, 0, 3, 2, n["neg"], "CONDITIONING"]],
+             "external": [[0, 2, "VAE"], [3, 0, "LATENT"]]}
+    g.nodes = [node for node in g.nodes if node["id"] not in inner_ids]
+    instance = g.node("workflow>Prompted", [("latent_image", "LATENT"), ("seed", "INT")],
+                      [("VAE", "VAE"), ("LATENT", "LATENT")],
+                      [CKPT, "a {red|blue} fox", "ugly", 13, 7.5, "euler", "simple", 0.8, 31337, "fixed"],
+                      node_id=40)
+    for link in ((1, n["latent"], 0, instance, 0), (2, instance, 1, n["dec"], 0), (3, instance, 0, n["dec"], 1),
+                 (4, n["dec"], 0, n["save"], 0)):
+        g.link(*link)
+    return g.root(groupNodes={"Prompted": group})
+
+
 def built(templates: Path) -> Iterator[tuple[str, dict[str, Any]]]:
     """(case name, workflow) of every built case."""
     yield "built-reroutes-primitive", reroutes_and_primitive()
@@ -210,3 +268,5 @@ def built(templates: Path) -> Iterator[tuple[str, dict[str, Any]]]:
     yield "built-subgraph-mute-bypass", bypassed_subgraph_node()
     yield "built-subgraph-instance-muted", subgraph_instance_in_mode(2)
     yield "built-subgraph-instance-bypassed", subgraph_instance_in_mode(4)
+    yield "built-group-node", group_node()
+    yield "built-group-node-prompts", group_node_with_prompts()

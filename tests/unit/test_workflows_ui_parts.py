@@ -39,11 +39,10 @@ def test_an_unknown_node_type_names_the_node_and_the_catalogue() -> None:
     assert "server gpu0's catalogue has no node type 'CheckpointLoaderGGUF'" in str(refused.value)
 
 
-def test_a_legacy_group_node_is_refused_with_what_to_do() -> None:
-    workflow = cases.mute_and_bypass()
-    workflow["nodes"][0]["type"] = "workflow>Loaders"
-    workflow["extra"]["groupNodes"] = {"Loaders": {"nodes": [], "links": [], "external": []}}
-    with pytest.raises(UIWorkflowError, match="a legacy group node, which comfysup does not expand"):
+def test_a_group_node_without_its_definition_is_refused_with_what_to_do() -> None:
+    workflow = cases.group_node()
+    del workflow["extra"]["groupNodes"]
+    with pytest.raises(UIWorkflowError, match="node 30 \\(workflow>Sampling\\): a group node whose definition is not"):
         convert(workflow)
 
 
