@@ -15,7 +15,9 @@ A widget with ``dynamicPrompts`` gets what the frontend sends: comments removed 
 ``{a|b}`` chosen at random (``catalogue.dynamic_prompt``). Values that only the frontend's own extensions
 add (inputs the catalogue does not declare, such as ``LoadImageOutput``'s ``refresh``) are not produced:
 ComfyUI ignores inputs a node does not declare. Problems (unknown node types, saved values that do not fit
-the catalogue, links to nothing) are collected and raised together as ``UIWorkflowError``.
+the catalogue, links to nothing) are collected and raised together as ``UIWorkflowError``. Where the
+frontend's own conversion throws (frontend 1.27.10: a PrimitiveNode inside a subgraph, a subgraph input wired
+straight to an output), links are followed as everywhere else.
 """
 
 from __future__ import annotations

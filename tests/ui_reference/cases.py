@@ -260,6 +260,42 @@ def group_node_with_prompts() -> dict[str, Any]:
     return g.root(groupNodes={"Prompted": group})
 
 
+def subgraph_edges() -> dict[str, Any]:
+    """One subgraph used twice, with a Reroute inside and an output fed by an inner node's input source, and two
+    bypassed LoRA loaders in a row outside. Frontend 1.27.10's graphToPrompt throws for a PrimitiveNode inside
+    a subgraph (a TypeError) and for a subgraph input wired straight to an output ("No output node found"), so
+    neither has a reference to record."""
+    inner = Graph(first_id=300)
+    reroute = inner.node("Reroute", [("", "*")], [("", "MODEL")])
+    ks = inner.node("KSampler", [("model", "MODEL"), ("positive", "CONDITIONING"), ("negative", "CONDITIONING"),
+                                 ("latent_image", "LATENT"), ("seed", "INT", "widget")], [("LATENT", "LATENT")],
+                    [1, "fixed", 4, 3.5, "euler", "normal", 0.5])
+    for link in ((701, -10, 0, reroute, 0), (702, reroute, 0, ks, 0), (703, -10, 1, ks, 1), (704, -10, 1, ks, 2),
+                 (705, -10, 2, ks, 3), (707, ks, 0, -20, 0)):
+        inner.link(*link)
+    definition = inner.subgraph("Refine", [("model", "MODEL"), ("conditioning", "CONDITIONING"),
+                                           ("latent", "LATENT")], [("LATENT", "LATENT")])
+
+    g = Graph()
+    n = _sd15(g)
+    lora1 = g.node("LoraLoaderModelOnly", [("model", "MODEL")], [("MODEL", "MODEL")], ["a.safetensors", 1], mode=4)
+    lora2 = g.node("LoraLoaderModelOnly", [("model", "MODEL")], [("MODEL", "MODEL")], ["b.safetensors", 1], mode=4)
+    first = g.node(definition["id"], [("model", "MODEL"), ("conditioning", "CONDITIONING"), ("latent", "LATENT")],
+                   [("LATENT", "LATENT")], node_id=80)
+    second = g.node(definition["id"], [("model", "MODEL"), ("conditioning", "CONDITIONING"), ("latent", "LATENT")],
+                    [("LATENT", "LATENT")], node_id=81)
+    for link in ((1, n["ckpt"], 0, lora1, 0), (2, lora1, 0, lora2, 0), (3, lora2, 0, n["ks"], 0),
+                 (4, n["ckpt"], 1, n["pos"], 0), (5, n["ckpt"], 1, n["neg"], 0), (6, n["pos"], 0, n["ks"], 1),
+                 (7, n["neg"], 0, n["ks"], 2), (8, n["latent"], 0, n["ks"], 3), (9, lora2, 0, first, 0),
+                 (10, n["pos"], 0, first, 1), (11, n["ks"], 0, first, 2), (12, n["ckpt"], 0, second, 0),
+                 (13, n["neg"], 0, second, 1), (14, first, 0, second, 2), (15, second, 0, n["dec"], 0),
+                 (16, n["ckpt"], 2, n["dec"], 1), (17, n["dec"], 0, n["save"], 0)):
+        g.link(*link)
+    workflow = g.root()
+    workflow["definitions"] = {"subgraphs": [definition]}
+    return workflow
+
+
 def built(templates: Path) -> Iterator[tuple[str, dict[str, Any]]]:
     """(case name, workflow) of every built case."""
     yield "built-reroutes-primitive", reroutes_and_primitive()
@@ -270,3 +306,4 @@ def built(templates: Path) -> Iterator[tuple[str, dict[str, Any]]]:
     yield "built-subgraph-instance-bypassed", subgraph_instance_in_mode(4)
     yield "built-group-node", group_node()
     yield "built-group-node-prompts", group_node_with_prompts()
+    yield "built-subgraph-edges", subgraph_edges()

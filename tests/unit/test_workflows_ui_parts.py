@@ -73,6 +73,29 @@ def test_a_subgraph_that_contains_itself_is_refused() -> None:
         convert(workflow)
 
 
+def test_where_the_frontend_throws_links_are_followed_as_elsewhere() -> None:
+    """A PrimitiveNode inside a subgraph, and a subgraph input wired straight to one of its outputs."""
+    workflow = cases.nested_subgraphs()
+    sampler = workflow["definitions"]["subgraphs"][0]
+    sampler["nodes"].append({"id": 299, "type": "PrimitiveNode", "mode": 0, "inputs": [], "widgets_values": [8],
+                             "outputs": [{"name": "INT", "type": "INT", "links": [699], "widget": {"name": "steps"}}]})
+    ksampler = next(node for node in sampler["nodes"] if node["type"] == "KSampler")
+    ksampler["inputs"].append({"name": "steps", "type": "INT", "widget": {"name": "steps"}, "link": 699})
+    sampler["links"].append({"id": 699, "origin_id": 299, "origin_slot": 0, "target_id": ksampler["id"],
+                             "target_slot": 5, "type": "INT"})
+    sampler["outputs"].append({"id": "latent-again", "name": "latent", "type": "LATENT", "linkIds": [698]})
+    sampler["links"].append({"id": 698, "origin_id": -10, "origin_slot": 2, "target_id": -20, "target_slot": 1,
+                             "type": "LATENT"})
+    outer = next(node for node in workflow["nodes"] if node["id"] == 57)
+    outer["outputs"].append({"name": "latent", "type": "LATENT", "links": [20]})
+    decode = next(node for node in workflow["nodes"] if node["type"] == "VAEDecode")
+    decode["inputs"][0]["link"] = 20
+    workflow["links"].append([20, 57, 1, decode["id"], 0, "LATENT"])
+    prompt = convert(workflow)
+    assert prompt["57:212"]["inputs"]["steps"] == 8
+    assert prompt[str(decode["id"])]["inputs"]["samples"] == ["2", 0]
+
+
 def test_nesting_depth_and_node_count_are_bounded(monkeypatch) -> None:
     monkeypatch.setattr(graph, "MAX_DEPTH", 1)
     with pytest.raises(UIWorkflowError, match="nested more than 1 deep"):
