@@ -9,6 +9,11 @@ ControlNets, upscale models). Loading one takes seconds to minutes, so a runner 
 key matches what its server ran last (model affinity, in the queue's claim).
 
 Pure functions: no I/O, so they are tested as tables and the two backends share them.
+
+The submodules read workflows as people save them, knowing nothing of queues or servers: ``ui`` converts the
+UI format (subgraphs, group nodes, reroutes, primitives, mute and bypass) into the API prompt ComfyUI's
+frontend queues, given a node catalogue; ``image`` reads the prompt and workflow ComfyUI writes into PNG and
+animated WEBP files; ``names`` resolves ``set`` keys by title or subgraph id path and lists what a job can set.
 """
 
 from __future__ import annotations
