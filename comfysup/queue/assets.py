@@ -30,10 +30,10 @@ from comfysup.assets import HASH_PREFIX
 from comfysup.errors import QueueError
 from comfysup.queue import values
 from comfysup.queue.base import NewJob
+from comfysup.queue.values import ApiAsset, NewAsset
 
 if TYPE_CHECKING:
     from comfysup.queue.asset_bucket import AssetBucket
-    from comfysup.queue.run_values import ApiAsset, NewAsset
 
 CHUNK_BYTES = 4 * 1024 * 1024
 TEMPORARY_SECONDS = 86400.0
@@ -370,9 +370,3 @@ def _run(cur: Any, sql: str, args: Iterable[Any]) -> None:
 def _now() -> float:
     return time.time()
 
-
-def __getattr__(name: str) -> Any:
-    """``ApiAsset``, built on first use (comfysup.queue.run_values): only the API makes one."""
-    if name == "ApiAsset":
-        return values.ApiAsset
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -60,33 +60,28 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from comfysup.errors import QueueError
-from comfysup.queue import values
-from comfysup.queue.values import (
+from comfysup.queue.values import (  # noqa: F401  (re-exported: callers import the records from here)
+    ApiEndpoint,
+    Attempt,
     CatalogueRecord,
+    Claim,
+    Delivery,
+    EndedAttempt,
+    JobPulse,
+    JobRecord,
     Machine,
+    NewAsset,
     NewJob,
+    Output,
+    Preview,
+    PruneBatch,
+    RunningJob,
     Status,
     SubmitResult,
 )
-
-if TYPE_CHECKING:  # and at run time from comfysup.queue.values, on first use (see __getattr__ below)
-    from comfysup.queue.run_values import (  # noqa: F401
-        ApiEndpoint,
-        Attempt,
-        Claim,
-        Delivery,
-        EndedAttempt,
-        JobPulse,
-        JobRecord,
-        NewAsset,
-        Output,
-        Preview,
-        PruneBatch,
-        RunningJob,
-    )
 
 
 class State(StrEnum):
@@ -406,10 +401,3 @@ class Queue(Protocol):
 
     def close(self) -> None: ...
 
-
-def __getattr__(name: str) -> Any:
-    """The records built on first use (comfysup.queue.values.LATER), re-exported here as the others are."""
-    if name in values.LATER:
-        globals()[name] = found = getattr(values, name)
-        return found
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
