@@ -249,7 +249,7 @@ async def post_asset(request: web.Request) -> web.Response:
             placement.place_model("", received.path, file_path)  # the refusal that says what to set
         asset = NewAsset(received.digest, received.size, file_path, str(received.path))
         try:
-            record, created_new = await state.call(state.queue.add_api_asset, asset, content_type,
+            record, created_new = await state.call(state.queue.assets.add_api_asset, asset, content_type,
                                                    _retention(state), key)
         except UploadConflict as exc:
             raise ApiError(422, "idempotency_key_reuse", f"{exc}; keys are single-use: GET that asset instead of "
@@ -260,7 +260,7 @@ async def post_asset(request: web.Request) -> web.Response:
                 await asyncio.get_running_loop().run_in_executor(None, placement.place_model, models_dir,
                                                                  received.path, file_path)
             except BaseException:  # not placed: the record goes too
-                await state.call(state.queue.delete_api_asset, record.id)
+                await state.call(state.queue.assets.delete_api_asset, record.id)
                 raise
     finally:
         await asyncio.get_running_loop().run_in_executor(None, received.discard)
@@ -279,7 +279,7 @@ async def from_hash(request: web.Request) -> web.Response:
     if not isinstance(file_path, str) or len(file_path) > MAX_FIELD_BYTES or not file_path.isprintable():
         raise _bad("file_path must be a name of printable characters")
     _check_name(file_path)
-    minted = await state.call(state.queue.mint_api_asset, body["hash"], file_path,
+    minted = await state.call(state.queue.assets.mint_api_asset, body["hash"], file_path,
                               views.content_type(file_path), _retention(state))
     if minted is None:
         raise ApiError(404, "blob_not_found", f"no stored content has the hash {body['hash']}; upload the file")
@@ -292,14 +292,14 @@ async def by_hash(request: web.Request) -> web.Response:
     """200 when the store holds this content (from-hash can mint over it), 404 otherwise; no body."""
     state = request.app[STATE_KEY]
     digest = request.match_info["hash"]
-    held = assets.is_hash(digest) and await state.call(state.queue.has_asset, digest)
+    held = assets.is_hash(digest) and await state.call(state.queue.assets.has_asset, digest)
     return web.Response(status=200 if held else 404)
 
 
 async def _record(request: web.Request) -> tuple[Any, ApiAsset]:
     state = request.app[STATE_KEY]
     asset_id = request.match_info["id"]
-    record = await state.call(state.queue.api_asset, asset_id) if is_id(asset_id) else None
+    record = await state.call(state.queue.assets.api_asset, asset_id) if is_id(asset_id) else None
     if record is None or record.expires_at <= time.time():
         raise not_found("asset")
     return state, record
@@ -320,7 +320,7 @@ async def get_asset(request: web.Request) -> web.Response:
 async def asset_content(request: web.Request) -> web.StreamResponse:
     """The bytes, with Range: from the asset file (SQLite, or ``[assets] dir``) or the database's chunks."""
     state, record = await _record(request)
-    path = state.queue.asset_file(record.hash)
+    path = state.queue.assets.asset_file(record.hash)
     if path is None:
         return await send(request, record.size, record.content_type, _chunks(state, record.hash),
                           name=record.file_path)
@@ -345,7 +345,7 @@ def _chunks(state: Any, digest: str) -> Callable[[int, int], Any]:
         index, offset = divmod(at, CHUNK_BYTES)
         if index not in held:
             held.clear()
-            held[index] = await state.call(state.queue.asset_chunk, digest, index)
+            held[index] = await state.call(state.queue.assets.asset_chunk, digest, index)
         return held[index][offset:offset + n]
 
     return read
@@ -356,9 +356,9 @@ async def delete_asset(request: web.Request) -> web.Response:
     state = request.app[STATE_KEY]
     asset_id = request.match_info["id"]
     if views.parse_output_id(asset_id) is not None or \
-            (is_id(asset_id) and await state.call(state.queue.output_asset, asset_id) is not None):
+            (is_id(asset_id) and await state.call(state.queue.reads.output_asset, asset_id) is not None):
         raise ApiError(403, "forbidden", "an output is removed with its job (comfysup prune), not by DELETE")
-    if not (is_id(asset_id) and await state.call(state.queue.delete_api_asset, asset_id)):
+    if not (is_id(asset_id) and await state.call(state.queue.assets.delete_api_asset, asset_id)):
         raise not_found("asset")
     return web.Response(status=204)
 

@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     queue = queue_from(config)
     label = datetime.fromtimestamp(before).strftime("%Y-%m-%d %H:%M:%S")
     try:
-        total = queue.prunable(before)
+        total = queue.intake.prunable(before)
         if args.dry_run:
             print(f"{total:,} finished job(s) before {label}" + (" would be removed" if total else ""))
             return 0
@@ -93,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
         here = host_name()
         started = last_report = time.monotonic()
         while True:
-            batch = queue.prune(before, limit=args.batch)
+            batch = queue.intake.prune(before, limit=args.batch)
             if not batch.removed:
                 break
             removed += len(batch.removed)
@@ -109,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
                 _progress(removed, total, last_report - started)
             time.sleep(PAUSE_SECONDS)
             objects.remove([job_id for job_id, _ in batch.removed])
-        inputs, input_bytes = queue.prune_assets()
+        inputs, input_bytes = queue.assets.prune_assets()
     finally:
         queue.close()
     print(f"removed {removed:,} finished job(s) before {label}"

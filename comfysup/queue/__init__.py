@@ -1,4 +1,4 @@
-"""The durable queue: one interface (base.Queue), a SQLite backend, PostgreSQL for several machines."""
+"""The durable queue: its roles over one database (base.Queue), a SQLite backend, PostgreSQL for several machines."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def open_queue(config: Config, *, create: bool = True) -> Queue:
             config.queue.url, busy_timeout_seconds=config.queue.busy_timeout_seconds,
             default_callback_url=config.webhooks.url,
             assets_dir=str(config.resolve(config.assets.dir)) if config.assets.dir else None)
-        queue.announce = bool(config.rabbitmq.url)  # type: ignore[attr-defined]
+        queue.announce = bool(config.rabbitmq.url)
         _asset_bucket(queue, config)
         return queue
     from comfysup.queue.sqlite import SQLiteQueue
@@ -39,9 +39,9 @@ def open_queue(config: Config, *, create: bool = True) -> Queue:
 
 
 def _asset_bucket(queue: Queue, config: Config) -> None:
-    """[assets] url (issue 33): input files in a bucket, with [store]'s service and credentials."""
+    """[assets] url: input files in a bucket, with [store]'s service and credentials."""
     if config.assets.url:
         from comfysup.queue.asset_bucket import AssetBucket
         from comfysup.storage import s3
 
-        queue.asset_bucket = AssetBucket(s3.parse(config.assets.url), config.store)  # type: ignore[attr-defined]
+        queue.assets.asset_bucket = AssetBucket(s3.parse(config.assets.url), config.store)

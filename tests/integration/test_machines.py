@@ -108,12 +108,12 @@ def test_the_supervisor_registers_its_machine_and_heartbeats_its_slots(tmp_path:
     sup, queue = supervisor_of(tmp_path)
     sup.queue = queue
     sup.heartbeat_machine(register=True)
-    [machine] = queue.machines()
+    [machine] = queue.fleet.machines()
     assert (machine.host, machine.pid) == ("machine-a", os.getpid())
     assert [s["name"] for s in machine.slots] == ["remote0", "remote1"]
     assert machine.age_seconds < 5
     sup.tick(sup.clock())  # forks the runners (made up) and heartbeats with their pids
-    [machine] = queue.machines()
+    [machine] = queue.fleet.machines()
     assert all(s["runner_pid"] for s in machine.slots)
     queue.close()
 
@@ -128,7 +128,7 @@ def test_a_write_lock_held_elsewhere_skips_the_machine_heartbeat_instead_of_hold
     sup, queue = supervisor_of(tmp_path)
     sup.queue = queue
     sup.heartbeat_machine(register=True)
-    [before] = queue.machines()
+    [before] = queue.fleet.machines()
     holder = sqlite3.connect(tmp_path / "var" / "queue.db", isolation_level=None)
     holder.execute("BEGIN IMMEDIATE")  # the stopped runner's transaction
     try:
@@ -138,7 +138,7 @@ def test_a_write_lock_held_elsewhere_skips_the_machine_heartbeat_instead_of_hold
         holder.execute("ROLLBACK")
         holder.close()
     sup.heartbeat_machine()
-    [after] = queue.machines()
+    [after] = queue.fleet.machines()
     assert after.heartbeat_at > before.heartbeat_at  # the lock gone, the next beat is written
     queue.close()
 
@@ -178,9 +178,9 @@ def test_status_shows_every_machine_and_marks_the_stale(tmp_path: Path, capsys: 
     config.write_text(f'[queue]\npath = "{tmp_path / "q.db"}"\n')
     queue = SQLiteQueue(tmp_path / "q.db")
     now = time.time()
-    queue.register_machine("machine-a", 11, [{"name": "gpu0", "device": "cuda:0", "state": "running",
+    queue.fleet.register_machine("machine-a", 11, [{"name": "gpu0", "device": "cuda:0", "state": "running",
                                               "job": "0000-job"}], now=now - 2)
-    queue.register_machine("machine-b", 22, [{"name": "gpu0", "device": "cuda:0", "state": "running"}],
+    queue.fleet.register_machine("machine-b", 22, [{"name": "gpu0", "device": "cuda:0", "state": "running"}],
                            now=now - MACHINE_STALE_SECONDS - 40)
     queue.close()
     assert cli(["status", "--config", str(config)]) == 0

@@ -173,10 +173,10 @@ def test_the_queue_stores_the_template_once_and_claims_exactly_the_applied_workf
         {**LOADED, "1": {"class_type": "CheckpointLoaderSimple", "inputs": {"ckpt_name": "flux.safetensors"}}}),
         model_key(LOADED), model_key(LOADED)]
     q = SQLiteQueue(tmp_path / "q.db")
-    q.submit(jobs)
-    assert q._read("SELECT count(*) FROM workflows")[0][0] == 1
+    q.intake.submit(jobs)
+    assert q.db._read("SELECT count(*) FROM workflows")[0][0] == 1
     for job in jobs:
-        claim = q.claim("r", "gpu0", 30)
+        claim = q.leases.claim("r", "gpu0", 30)
         assert claim is not None and claim.id == job.id and claim.model_key == job.model_key
         assert json.dumps(claim.workflow, sort_keys=True, separators=(",", ":")) == \
             json.dumps(job.workflow, sort_keys=True, separators=(",", ":"))
@@ -238,8 +238,8 @@ def test_a_reader_that_fails_leaves_nothing_inserted(tmp_path: Path, monkeypatch
     monkeypatch.setattr(JobsFile, "jobs", failing)
     queue = SQLiteQueue(tmp_path / "q.db")
     with pytest.raises(ComfysupError, match="exit code 3" if how == "dies" else "OSError: disk read error"):
-        queue.submit(jobs.jobs_read_ahead(batch=50))
-    assert queue.status().counts["queued"] == 0
+        queue.intake.submit(jobs.jobs_read_ahead(batch=50))
+    assert queue.reads.status().counts["queued"] == 0
     queue.close()
 
 

@@ -44,15 +44,15 @@ CASE json_typeof(t.doc -> 'nodes') WHEN 'array' THEN json_array_length(t.doc -> 
 CASE json_typeof(t.doc -> 'cached') WHEN 'array' THEN json_array_length(t.doc -> 'cached') ELSE 0 END
 
 -- name: trace_wait
--- (issue 32) seconds an attempt waited in ComfyUI's queue, from its trace (NULL without one, or not a number)
+-- seconds an attempt waited in ComfyUI's queue, from its trace (NULL without one, or not a number)
 CASE json_typeof(t.doc -> 'comfyui_wait_s') WHEN 'number' THEN (t.doc ->> 'comfyui_wait_s')::float8 END
 
 -- name: trace_run
--- (issue 32) seconds an attempt ran (its claim to its end, less that wait), from its trace
+-- seconds an attempt ran (its claim to its end, less that wait), from its trace
 CASE json_typeof(t.doc -> 'run_s') WHEN 'number' THEN (t.doc ->> 'run_s')::float8 END
 
 -- name: first_wait
--- (issue 32) of a job's first attempt (f): seconds it waited in ComfyUI's queue, from its trace
+-- of a job's first attempt (f): seconds it waited in ComfyUI's queue, from its trace
 CASE json_typeof(f.trace::json -> 'comfyui_wait_s') WHEN 'number' THEN (f.trace::json ->> 'comfyui_wait_s')::float8 END
 
 -- name: trace_doc
@@ -107,8 +107,9 @@ opened AS (INSERT INTO attempts (job_id, attempt, owner, server, started_at, url
     SELECT id, attempt, %(owner)s, %(server)s, started_at, %(url)s FROM claimed)
 SELECT c.id, c.attempt, c.workflow_id, c.extra_data, c.params, c.last_server, c.last_prompt_number, c.reason,
     c.cancel_requested, c.lease_until, c.model_key,
-    (SELECT w.workflow FROM workflows w WHERE w.id = c.workflow_id AND NOT w.id = ANY(%(cached)s::bigint[])),
-    c.seq, h.seq, h.priority
+    (SELECT w.workflow FROM workflows w WHERE w.id = c.workflow_id AND NOT w.id = ANY(%(cached)s::bigint[]))
+        AS workflow,
+    c.seq, h.seq AS head, h.priority
 FROM claimed c, head h
 
 -- name: not_durable

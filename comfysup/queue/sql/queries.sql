@@ -20,11 +20,11 @@ UPDATE jobs SET lease_until = {now} + ? {fence} RETURNING cancel_requested
 UPDATE jobs SET last_server = ?, last_prompt_number = ?, waiting_since = CASE WHEN ? THEN {now} END {fence} RETURNING 1
 
 -- name: set_waiting
--- (issue 32) a running job waits for its server (since now), or no longer does: its execution started, fenced
+-- a running job waits for its server (since now), or no longer does: its execution started, fenced
 UPDATE jobs SET waiting_since = CASE WHEN ? THEN {now} END {fence} RETURNING 1
 
 -- name: executing
--- (issue 32) the execution of a job queued behind the one that ends in this transaction started (read before
+-- the execution of a job queued behind the one that ends in this transaction started (read before
 -- that end): no longer waiting; nothing when that job's claim no longer holds (its own attempt finds out)
 UPDATE jobs SET waiting_since = NULL {fence}
 
@@ -155,7 +155,7 @@ submitted_at, run_after, owner, server, lease_until, started_at, finished_at, re
 machine, spec_hash, last_server, last_prompt_number, progress, callback_url, model_key, waiting_since
 
 -- name: ids_starting
--- (issue 32) the ids that begin with a prefix a person typed, as git takes a commit's (at most a few)
+-- the ids that begin with a prefix a person typed, as git takes a commit's (at most a few)
 SELECT id FROM jobs WHERE id LIKE ? ORDER BY id LIMIT ?
 
 -- name: jobs_by_id
@@ -196,7 +196,7 @@ FROM jobs WHERE id = ANY(?)
 SELECT id, state, attempt, cancel_requested, progress, waiting_since FROM jobs WHERE id = ANY(?)
 
 -- name: place_of
--- (issue 32) what a job's place in line is read from: its state, priority and seq, its runner and since when it
+-- what a job's place in line is read from: its state, priority and seq, its runner and since when it
 -- waits in that runner's server (posted), and whether some catalogue refused it
 SELECT state, priority, seq, owner, waiting_since,
     EXISTS (SELECT 1 FROM job_refusals r WHERE r.seq = jobs.seq) AS refused FROM jobs WHERE id = ?
@@ -386,7 +386,7 @@ SELECT count(*) FROM server_catalogues s WHERE NOT EXISTS (SELECT 1 FROM job_ref
 SELECT r.catalogue_id, r.reason FROM job_refusals r JOIN jobs j ON j.seq = r.seq WHERE j.id = ? ORDER BY r.catalogue_id
 
 -- name: asset_size
--- (issue 17) whether an input file is stored, and its size
+-- whether an input file is stored, and its size
 SELECT size FROM assets WHERE hash = ?
 
 -- name: insert_asset
@@ -437,7 +437,7 @@ SELECT (SELECT count(*) FROM assets) AS assets, (SELECT coalesce(sum(size), 0) F
 DELETE FROM job_assets WHERE NOT EXISTS (SELECT 1 FROM jobs WHERE jobs.seq = job_assets.seq)
 
 -- name: unreferenced_assets
--- input files no job needs any more and no API upload keeps (issue 18: until the upload expires)
+-- input files no job needs any more and no API upload keeps (until the upload expires)
 SELECT hash, size FROM assets a WHERE NOT EXISTS (SELECT 1 FROM job_assets ja WHERE ja.hash = a.hash)
     AND NOT EXISTS (SELECT 1 FROM api_assets u WHERE u.hash = a.hash)
 
@@ -451,11 +451,11 @@ DELETE FROM assets WHERE hash = ? AND NOT EXISTS (SELECT 1 FROM job_assets ja WH
 DELETE FROM asset_chunks WHERE hash = ?
 
 -- name: asset_chunk
--- (issue 18) one piece of an input file kept in the database (a ranged read of an uploaded asset)
+-- one piece of an input file kept in the database (a ranged read of an uploaded asset)
 SELECT data FROM asset_chunks WHERE hash = ? AND n = ?
 
 -- name: api_asset
--- (issue 18) an asset uploaded through the API, with its content's size
+-- an asset uploaded through the API, with its content's size
 SELECT u.id, u.hash, a.size, u.file_path, u.content_type, u.created_at, u.expires_at
 FROM api_assets u JOIN assets a ON a.hash = u.hash WHERE u.id = ?
 

@@ -34,15 +34,15 @@ coalesce(json_array_length(a.trace, '$.nodes'), 0)
 coalesce(json_array_length(a.trace, '$.cached'), 0)
 
 -- name: trace_wait
--- (issue 32) seconds an attempt waited in ComfyUI's queue, from its trace (NULL without one)
+-- seconds an attempt waited in ComfyUI's queue, from its trace (NULL without one)
 json_extract(a.trace, '$.comfyui_wait_s')
 
 -- name: trace_run
--- (issue 32) seconds an attempt ran (its claim to its end, less that wait), from its trace
+-- seconds an attempt ran (its claim to its end, less that wait), from its trace
 json_extract(a.trace, '$.run_s')
 
 -- name: first_wait
--- (issue 32) of a job's first attempt (f): seconds it waited in ComfyUI's queue, from its trace
+-- of a job's first attempt (f): seconds it waited in ComfyUI's queue, from its trace
 json_extract(f.trace, '$.comfyui_wait_s')
 
 -- name: trace_doc
