@@ -296,7 +296,7 @@ class PersistQueueDriver(Driver):
         report.started = time.time()
         while True:
             try:
-                item = q.reads.get(block=False, raw=True)
+                item = q.get(block=False, raw=True)
             except Empty:
                 break
             report.claimed.append(item["data"]["id"])

@@ -177,7 +177,7 @@ def _submit_child(directory: str, out: str) -> None:
     q = SQLiteQueue(base / "q.db")
     result = q.intake.submit(jobs.jobs())
     done = time.perf_counter()  # committed (durable): what `comfysup submit` waits for
-    q.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # only to measure the database's size in one file
+    q.db.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # only to measure the database's size in one file
     q.close()
     Path(out).write_text(json.dumps({"validate_s": validated - started, "insert_s": done - validated,
                                      "inserted": result.inserted,

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -71,10 +71,10 @@ class Assets(Role):
                 if asset.hash not in seen:
                     self.store(cur, asset, at)
                     seen.add(asset.hash)
-                cur.execute(self.db.sql["insert_job_asset"], (asset.hash, job.id))
+                cur.execute(self.db.sql["insert_job_asset"], {"hash": asset.hash, "job_id": job.id})
 
     def store(self, cur: Any, asset: NewAsset, at: float | None) -> None:
-        if cur.execute(self.db.sql["asset_size"], (asset.hash,)).fetchone() is not None:
+        if cur.execute(self.db.sql["asset_size"], {"hash": asset.hash}).fetchone() is not None:
             return
         if asset.path is None:
             raise AssetMissing(f"input {asset.hash} ({asset.name or 'no name'}) is not in the asset store; "
@@ -85,14 +85,15 @@ class Assets(Role):
             size = files.write_file(self.assets_dir, asset)
         else:
             size = self._write_chunks(cur, asset)
-        cur.execute(self.db.sql["insert_asset"], (asset.hash, size, asset.name, at if at is not None else _now()))
+        cur.execute(self.db.sql["insert_asset"], {"hash": asset.hash, "size": size, "name": asset.name,
+                                                  "stored_at": at if at is not None else _now()})
 
     def _write_chunks(self, cur: Any, asset: NewAsset) -> int:
         n = 0
 
         def write(data: bytes) -> None:
             nonlocal n
-            cur.execute(self.db.sql["insert_asset_chunk"], (asset.hash, n, data))
+            cur.execute(self.db.sql["insert_asset_chunk"], {"hash": asset.hash, "n": n, "data": data})
             n += 1
 
         return files.copy(asset, write)
@@ -101,7 +102,7 @@ class Assets(Role):
 
     def read_asset(self, digest: str) -> bytes:
         """An input file's bytes (the runner uploads them)."""
-        rows = self.db.transaction(_fetch, self.db.sql["asset_size"], (digest,), write=False)
+        rows = self.db.transaction(_fetch, self.db.sql["asset_size"], {"hash": digest}, write=False)
         if not rows:
             raise AssetMissing(f"input {digest} is not in the asset store (pruned while a job needed it?)")
         in_bucket = self.asset_bucket.get(digest, int(rows[0][0])) if self.asset_bucket is not None else None
@@ -110,32 +111,33 @@ class Assets(Role):
         elif self.assets_dir is not None:
             data = files.read_file(self.assets_dir, digest, int(rows[0][0]))
         else:
-            chunks = self.db.transaction(_fetch, self.db.sql["asset_chunks"], (digest,), write=False)
+            chunks = self.db.transaction(_fetch, self.db.sql["asset_chunks"], {"hash": digest}, write=False)
             data = b"".join(bytes(r[0]) for r in chunks)
         files.check_hash(data, digest)
         return data
 
     def assets_needed(self) -> set[str]:
         """The hashes of the input files that queued and running jobs need."""
-        return {r[0] for r in self.db.transaction(_fetch, self.db.sql["assets_needed"], (), write=False)}
+        return {r[0] for r in self.db.transaction(_fetch, self.db.sql["assets_needed"], {}, write=False)}
 
     def server_assets(self, server: str) -> dict[str, tuple[str, int, float]]:
         """What ``server`` (machine/runner) was given: hash → (name there, size, last used)."""
-        rows = self.db.transaction(_fetch, self.db.sql["server_assets"], (server,), write=False)
+        rows = self.db.transaction(_fetch, self.db.sql["server_assets"], {"server": server}, write=False)
         return {r[0]: (r[1], int(r[2]), float(r[3])) for r in rows}
 
     def record_upload(self, server: str, digest: str, name: str, size: int, now: float) -> None:
-        self.db.transaction(_run, self.db.sql["record_upload"], (server, digest, name, size, now))
+        self.db.transaction(_run, self.db.sql["record_upload"], {"server": server, "hash": digest, "name": name,
+                                                                 "size": size, "used_at": now})
 
     def touch_upload(self, server: str, digest: str, now: float) -> None:
-        self.db.transaction(_run, self.db.sql["touch_upload"], (now, server, digest))
+        self.db.transaction(_run, self.db.sql["touch_upload"], {"used_at": now, "server": server, "hash": digest})
 
     def forget_upload(self, server: str, digest: str) -> None:
-        self.db.transaction(_run, self.db.sql["forget_upload"], (server, digest))
+        self.db.transaction(_run, self.db.sql["forget_upload"], {"server": server, "hash": digest})
 
     def asset_totals(self) -> dict[str, int]:
         """Input files stored, their bytes, and uploads to servers (status and metrics)."""
-        row = self.db.transaction(_fetch, self.db.sql["asset_totals"], (), write=False)[0]
+        row = self.db.transaction(_fetch, self.db.sql["asset_totals"], {}, write=False)[0]
         return {"assets": int(row[0]), "bytes": int(row[1]), "uploads": int(row[2])}
 
     # -- assets uploaded through the API -------------------------------------------------------
@@ -154,14 +156,13 @@ class Assets(Role):
     def _add_api_asset(self, cur: Any, asset: NewAsset, content_type: str, retention: float, key: str | None,
                        at: float) -> tuple[ApiAsset, bool]:
         self._check_key(cur, key)
-        created_new = cur.execute(self.db.sql["asset_size"], (asset.hash,)).fetchone() is None
+        created_new = cur.execute(self.db.sql["asset_size"], {"hash": asset.hash}).fetchone() is None
         self.store(cur, asset, at)
         record = values.ApiAsset(str(uuid.uuid4()), asset.hash, asset.size, asset.name, content_type, at,
                                  at + retention)
-        row = (record.id, record.hash, record.file_path, record.content_type, record.created_at, record.expires_at)
         if key is None:
-            cur.execute(self.db.sql["insert_api_asset"], (*row, None))
-        elif cur.execute(self.db.sql["insert_keyed_api_asset"], (*row, key)).fetchone() is None:
+            cur.execute(self.db.sql["insert_api_asset"], _api_asset_row(record, None))
+        elif cur.execute(self.db.sql["insert_keyed_api_asset"], _api_asset_row(record, key)).fetchone() is None:
             # Another process committed an upload with this key since we looked (PostgreSQL, READ COMMITTED: the
             # insert waited for it). Raising rolls back what this transaction stored.
             self._check_key(cur, key)
@@ -170,7 +171,7 @@ class Assets(Role):
 
     def _check_key(self, cur: Any, key: str | None) -> None:
         """UploadConflict when an upload holds ``key`` already."""
-        row = None if key is None else cur.execute(self.db.sql["api_asset_by_key"], (key,)).fetchone()
+        row = None if key is None else cur.execute(self.db.sql["api_asset_by_key"], {"key": key}).fetchone()
         if row is not None:
             raise UploadConflict(_api_asset(row).id)
 
@@ -186,22 +187,21 @@ class Assets(Role):
 
     def _mint_api_asset(self, cur: Any, digest: str, file_path: str, content_type: str, at: float,
                         until: float) -> tuple[ApiAsset, bool] | None:
-        size = cur.execute(self.db.sql["asset_size"], (digest,)).fetchone()
+        size = cur.execute(self.db.sql["asset_size"], {"hash": digest}).fetchone()
         if size is None:
             return None
-        row = cur.execute(self.db.sql["api_asset_same"], (digest, file_path, at)).fetchone()
+        row = cur.execute(self.db.sql["api_asset_same"], {"hash": digest, "file_path": file_path, "at": at}).fetchone()
         if row is not None:
             known = _api_asset(row)
-            cur.execute(self.db.sql["extend_api_asset"], (until, known.id, until))
+            cur.execute(self.db.sql["extend_api_asset"], {"until": until, "id": known.id})
             return values.ApiAsset(**{**known.__dict__, "expires_at": max(known.expires_at, until)}), False
         record = values.ApiAsset(str(uuid.uuid4()), digest, int(size[0]), file_path, content_type, at, until)
-        cur.execute(self.db.sql["insert_api_asset"], (record.id, record.hash, record.file_path, record.content_type,
-                                                   record.created_at, record.expires_at, None))
+        cur.execute(self.db.sql["insert_api_asset"], _api_asset_row(record, None))
         return record, True
 
     def api_asset(self, asset_id: str) -> ApiAsset | None:
         """The record (expired or not: the caller decides) or None."""
-        rows = self.db.transaction(_fetch, self.db.sql["api_asset"], (asset_id,), write=False)
+        rows = self.db.transaction(_fetch, self.db.sql["api_asset"], {"id": asset_id}, write=False)
         return _api_asset(rows[0]) if rows else None
 
     def has_asset(self, digest: str) -> bool:
@@ -209,7 +209,7 @@ class Assets(Role):
 
     def asset_size(self, digest: str) -> int | None:
         """The stored content's size, or None when the store does not hold it."""
-        rows = self.db.transaction(_fetch, self.db.sql["asset_size"], (digest,), write=False)
+        rows = self.db.transaction(_fetch, self.db.sql["asset_size"], {"hash": digest}, write=False)
         return int(rows[0][0]) if rows else None
 
     def delete_api_asset(self, asset_id: str) -> bool:
@@ -219,10 +219,10 @@ class Assets(Role):
         return found[0]
 
     def _delete_api_asset(self, cur: Any, asset_id: str) -> tuple[bool, list[tuple[str, int]]]:
-        row = cur.execute(self.db.sql["delete_api_asset"], (asset_id,)).fetchone()
+        row = cur.execute(self.db.sql["delete_api_asset"], {"id": asset_id}).fetchone()
         if row is None:
             return False, []
-        size = cur.execute(self.db.sql["asset_size"], (row[0],)).fetchone()
+        size = cur.execute(self.db.sql["asset_size"], {"hash": row[0]}).fetchone()
         return True, self._drop_unreferenced(cur, [(row[0], size[0] if size else 0)])
 
     def asset_file(self, digest: str) -> Path | None:
@@ -237,7 +237,7 @@ class Assets(Role):
             data = self.asset_bucket.read_range(digest, n * CHUNK_BYTES, CHUNK_BYTES)
             if data is not None:
                 return data
-        rows = self.db.transaction(_fetch, self.db.sql["asset_chunk"], (digest, n), write=False)
+        rows = self.db.transaction(_fetch, self.db.sql["asset_chunk"], {"hash": digest, "n": n}, write=False)
         return bytes(rows[0][0]) if rows else b""
 
     # -- prune -----------------------------------------------------------------------------------------------
@@ -253,14 +253,14 @@ class Assets(Role):
 
     def _prune_assets(self, cur: Any, at: float) -> list[tuple[str, int]]:
         cur.execute(self.db.sql["prune_job_assets"])
-        cur.execute(self.db.sql["prune_api_assets"], (at,))
+        cur.execute(self.db.sql["prune_api_assets"], {"at": at})
         return self._drop_unreferenced(cur, cur.execute(self.db.sql["unreferenced_assets"]).fetchall())
 
     def _drop_unreferenced(self, cur: Any, candidates: Iterable[Any]) -> list[tuple[str, int]]:
         gone = []
         for digest, size in candidates:
-            if cur.execute(self.db.sql["delete_asset"], (digest, digest, digest)).rowcount:
-                cur.execute(self.db.sql["delete_asset_chunks"], (digest,))
+            if cur.execute(self.db.sql["delete_asset"], {"hash": digest}).rowcount:
+                cur.execute(self.db.sql["delete_asset_chunks"], {"hash": digest})
                 gone.append((digest, int(size)))
         return gone
 
@@ -273,12 +273,18 @@ class Assets(Role):
                 files.path_of(self.assets_dir, digest).unlink(missing_ok=True)
 
 
-def _fetch(cur: Any, sql: str, args: Iterable[Any]) -> list[Any]:
-    return cur.execute(sql, tuple(args)).fetchall()
+def _fetch(cur: Any, sql: str, args: Mapping[str, Any]) -> list[Any]:
+    return cur.execute(sql, args).fetchall()
 
 
-def _run(cur: Any, sql: str, args: Iterable[Any]) -> None:
-    cur.execute(sql, tuple(args))
+def _run(cur: Any, sql: str, args: Mapping[str, Any]) -> None:
+    cur.execute(sql, args)
+
+
+def _api_asset_row(record: ApiAsset, key: str | None) -> dict[str, Any]:
+    """The parameters of ``insert_api_asset`` (and its keyed twin) for a record."""
+    return {"id": record.id, "hash": record.hash, "file_path": record.file_path, "content_type": record.content_type,
+            "created_at": record.created_at, "expires_at": record.expires_at, "idem_key": key}
 
 
 def _now() -> float:

@@ -108,9 +108,9 @@ class SQLDb:
         """Insert a submit's chunk: (inserted, already there with the same spec_hash); conflicts are appended."""
         raise NotImplementedError
 
-    def fenced(self, cur: Any, job_sql: str, job_args: Sequence[Any], attempt_sql: str | None = None,
-               attempt_args: Sequence[Any] = ()) -> Any:
-        """Run a fenced job UPDATE (its args end with the fence) and, only when it held, the attempt row's
+    def fenced(self, cur: Any, job_sql: str, job_args: Mapping[str, Any], attempt_sql: str | None = None,
+               attempt_args: Mapping[str, Any] | None = None) -> Any:
+        """Run a fenced job UPDATE (its parameters name the fence) and, only when it held, the attempt row's
         UPDATE; returns the job row's RETURNING row, or None when the fence did not hold."""
         raise NotImplementedError
 
@@ -197,6 +197,6 @@ def note_passed_over(db: SQLDb, cur: Any, priority: int, head: int, taken: int, 
     """After an affinity claim, keep the staircase of affinity_skips: taking a job behind the head passes over
     every ready job of its priority before it; taking the head drops the rows that cover only jobs before it."""
     if taken != head:
-        cur.execute(db.sql["passed_over"], (priority, taken, at, priority, taken))
+        cur.execute(db.sql["passed_over"], {"priority": priority, "taken": taken, "now": at})
     else:
-        cur.execute(db.sql["head_taken"], (priority, head))
+        cur.execute(db.sql["head_taken"], {"priority": priority, "head": head})

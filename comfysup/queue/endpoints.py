@@ -30,15 +30,15 @@ class Endpoints(Role):
         """Insert or refresh ``host``'s API at ``url`` (not durable: a heartbeat lost in a power cut is the next
         one's to write)."""
         at = self.db.time(now)
-        cur.execute(self.db.sql["advertise_api"], (host, url, pid, at, at))
+        cur.execute(self.db.sql["advertise_api"], {"host": host, "url": url, "pid": pid, "now": at})
 
     @in_transaction(durable=False)
     def withdraw_api(self, cur: Any, host: str, pid: int) -> None:
         """Remove ``host``'s row if process ``pid`` wrote it last (a newer process's row stays)."""
-        cur.execute(self.db.sql["withdraw_api"], (host, pid))
+        cur.execute(self.db.sql["withdraw_api"], {"host": host, "pid": pid})
 
     @in_transaction(write=False)
     def api_endpoint(self, cur: Any, host: str, now: float | None = None) -> ApiEndpoint | None:
         """``host``'s advertised API and the age of its heartbeat; None when it advertises none."""
-        row = cur.execute(self.db.sql["api_endpoint"], (self.db.time(now), host)).fetchone()
+        row = cur.execute(self.db.sql["api_endpoint"], {"now": self.db.time(now), "host": host}).fetchone()
         return None if row is None else values.ApiEndpoint(host, str(row[0]), max(0.0, float(row[1])))

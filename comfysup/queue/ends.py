@@ -4,7 +4,7 @@ webhook and broker announcement a terminal job owes. The lease role ends its own
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from comfysup.errors import LeaseLost
@@ -16,25 +16,28 @@ if TYPE_CHECKING:
     from comfysup.queue.run_values import Claim
 
 
-def fence(claim: Claim) -> tuple[str, int, str]:
-    """The arguments of every fenced statement's guard: the row is still this claim's."""
-    return claim.id, claim.attempt, claim.owner
+def fence(claim: Claim) -> dict[str, Any]:
+    """The parameters of every fenced statement's guard (``{fence}``, ``{attempt_row}``): the row is still this
+    claim's."""
+    return {"id": claim.id, "attempt": claim.attempt, "owner": claim.owner}
 
 
-def held(db: SQLDb, cur: Any, claim: Claim, job_sql: str, job_args: Sequence[Any], attempt_sql: str | None = None,
-         attempt_args: Sequence[Any] = ()) -> Any:
+def held(db: SQLDb, cur: Any, claim: Claim, job_sql: str, job_args: Mapping[str, Any],
+         attempt_sql: str | None = None, attempt_args: Mapping[str, Any] | None = None) -> Any:
     """``db.fenced``, raising LeaseLost (nothing changed) when the row is no longer this claim's."""
     if (row := db.fenced(cur, job_sql, job_args, attempt_sql, attempt_args)) is None:
         raise LeaseLost(f"job {claim.id}: attempt {claim.attempt} of {claim.owner} no longer holds the job")
     return row
 
 
-def end(db: SQLDb, cur: Any, claim: Claim, job_sql: str, job_args: Sequence[Any], at: float | None, outcome: str,
-        reason: str | None, kind: str | None, trace: dict[str, Any] | None) -> Any:
-    """A fenced write that ends the claim's attempt with its outcome, reason class and trace (its preview goes)."""
-    row = held(db, cur, claim, job_sql, job_args, db.sql["end_attempt"],
-               (at, outcome, reason, kind, records.dumps(trace), *fence(claim)))
-    cur.execute(db.sql["forget_preview"], (claim.id,))
+def end(db: SQLDb, cur: Any, claim: Claim, job_sql: str, job_args: Mapping[str, Any], at: float | None,
+        outcome: str, reason: str | None, kind: str | None, trace: dict[str, Any] | None) -> Any:
+    """A fenced write that ends the claim's attempt with its outcome, reason class and trace (its preview goes).
+    ``job_args`` name the job statement's own parameters; the fence and the time are added here."""
+    row = held(db, cur, claim, job_sql, {**job_args, **fence(claim), "now": at}, db.sql["end_attempt"],
+               {"outcome": outcome, "end_reason": reason, "kind": kind, "trace": records.dumps(trace),
+                **fence(claim), "now": at})
+    cur.execute(db.sql["forget_preview"], {"job_id": claim.id})
     return row
 
 
@@ -42,16 +45,16 @@ def deliver(db: SQLDb, cur: Any, job_id: str, at: float | None) -> None:
     """A terminal job's webhook, in the transaction that made it terminal: due at once; and its broker
     announcement when the queue announces."""
     url = db.default_callback_url
-    cur.execute(db.sql["deliver"], (url, at, at, job_id, url))
+    cur.execute(db.sql["deliver"], {"url": url, "now": at, "job_id": job_id})
     if db.announce:
-        cur.execute(db.sql["announce"], (at, job_id))
+        cur.execute(db.sql["announce"], {"now": at, "job_id": job_id})
 
 
 def finish(db: SQLDb, cur: Any, claim: Claim, state: str, reason: str, now: float | None, kind: str | None,
            trace: dict[str, Any] | None) -> None:
     """The claim's job ends in a terminal state other than done (dead, cancelled), with its webhook."""
     at = db.time(now)
-    end(db, cur, claim, db.sql["finish"], (state, reason, at, *fence(claim)), at, state, reason, kind, trace)
+    end(db, cur, claim, db.sql["finish"], {"state": state, "reason": reason}, at, state, reason, kind, trace)
     deliver(db, cur, claim.id, at)
 
 
@@ -60,6 +63,6 @@ def release(db: SQLDb, cur: Any, claim: Claim, reason: str, count_attempt: bool,
     """The claim's job back to the queue at once, its attempt counted or not; idle runners are woken."""
     # A runner releases only a prompt it interrupted itself: forget the number, as for a retry.
     at = db.time(now)
-    end(db, cur, claim, db.sql["release"], (reason, 0 if count_attempt else 1, *fence(claim)), at,
+    end(db, cur, claim, db.sql["release"], {"reason": reason, "uncount": 0 if count_attempt else 1}, at,
         RELEASED if count_attempt else RELEASED_UNCOUNTED, reason, kind, trace)
     db.notify(cur)

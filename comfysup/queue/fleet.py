@@ -24,7 +24,8 @@ if TYPE_CHECKING:
 
 def insert_refusals(db: SQLDb, cur: Any, batch: Sequence[NewJob]) -> None:
     """The refusals a submit's jobs bring (comfysup.jobs.catalogue), in its transaction."""
-    rows = [(catalogue_id, reason, job.id) for job in batch for catalogue_id, reason in job.refused]
+    rows = [{"catalogue_id": catalogue_id, "reason": reason, "job_id": job.id}
+            for job in batch for catalogue_id, reason in job.refused]
     if rows:
         cur.executemany(db.sql["insert_refusal"], rows)
 
@@ -45,13 +46,14 @@ class Fleet(Role):
     def _record_catalogue(self, cur: Any, runner: str, machine: str, text: str, digest: str,
                           now: float | None) -> int:
         sql, at = self.db.sql, self.db.time(now)
-        cur.execute(sql["insert_catalogue"], (digest, text, at))
-        (catalogue_id,) = cur.execute(sql["catalogue_id"], (digest,)).fetchone()
-        cur.execute(sql["server_catalogue"], (runner, machine, catalogue_id, at))
+        cur.execute(sql["insert_catalogue"], {"hash": digest, "info": text, "now": at})
+        (catalogue_id,) = cur.execute(sql["catalogue_id"], {"hash": digest}).fetchone()
+        cur.execute(sql["server_catalogue"], {"runner": runner, "machine": machine, "catalogue_id": catalogue_id,
+                                              "now": at})
         # A changed catalogue may leave jobs that every current one refused: no claim would ever take them.
         for (job_id,) in cur.execute(sql["stranded_jobs"]).fetchall():
-            why = "; ".join(dict.fromkeys(r[1] for r in cur.execute(sql["refusals_of"], (job_id,)).fetchall()))
-            cur.execute(sql["dead_queued"], (at, f"no server can run it: {why}", job_id))
+            why = "; ".join(dict.fromkeys(r[1] for r in cur.execute(sql["refusals_of"], {"id": job_id}).fetchall()))
+            cur.execute(sql["dead_queued"], {"now": at, "reason": f"no server can run it: {why}", "id": job_id})
             ends.deliver(self.db, cur, job_id, at)
         return int(catalogue_id)
 
@@ -73,13 +75,13 @@ class Fleet(Role):
         again, and the job released without counting the attempt; dead-lettered instead when no server's
         current catalogue can run it. True when it was dead-lettered."""
         sql = self.db.sql
-        cur.execute(sql["insert_refusal"], (catalogue, reason, claim.id))
-        (able,) = cur.execute(sql["able_servers"], (claim.id,)).fetchone()
+        cur.execute(sql["insert_refusal"], {"catalogue_id": catalogue, "reason": reason, "job_id": claim.id})
+        (able,) = cur.execute(sql["able_servers"], {"id": claim.id}).fetchone()
         if able:
             ends.release(self.db, cur, claim, f"this server cannot run it ({reason}); left for a server that can",
                          False, now, "catalogue", None)
             return False
-        refusals = cur.execute(sql["refusals_of"], (claim.id,)).fetchall()
+        refusals = cur.execute(sql["refusals_of"], {"id": claim.id}).fetchall()
         why = "; ".join(dict.fromkeys(r[1] for r in refusals))
         ends.finish(self.db, cur, claim, DEAD, f"no server can run it: {why}", now, "catalogue", None)
         return True
@@ -103,10 +105,12 @@ class Fleet(Role):
         """A supervisor's row; ``fresh`` (it starts): earlier rows of its host go first."""
         at = self.db.time(now)
         if fresh:
-            cur.execute(self.db.sql["forget_machine"], (host,))
-        cur.execute(self.db.sql["machine_heartbeat"], (host, pid, json.dumps(list(slots)), at, at))
+            cur.execute(self.db.sql["forget_machine"], {"host": host})
+        cur.execute(self.db.sql["machine_heartbeat"],
+                    {"host": host, "pid": pid, "slots": json.dumps(list(slots)), "now": at})
 
     @in_transaction(write=False, named=True)
     def machines(self, cur: Any, now: float | None = None) -> list[Machine]:
         """The supervisors sharing the queue, with how long ago each was heard from."""
-        return [records.machine(r) for r in cur.execute(self.db.sql["machines"], (self.db.time(now),)).fetchall()]
+        rows = cur.execute(self.db.sql["machines"], {"now": self.db.time(now)}).fetchall()
+        return [records.machine(r) for r in rows]

@@ -55,15 +55,15 @@ class Intake(Role):
         at = self.db.time(now)
         out: dict[str, str] = {}
         for job_id in ids:
-            row = cur.execute(self.db.sql["job_state"], (job_id,)).fetchone()
+            row = cur.execute(self.db.sql["job_state"], {"id": job_id}).fetchone()
             if row is None:
                 out[job_id] = "unknown"
             elif row[0] == QUEUED:
-                cur.execute(self.db.sql["cancel_queued"], (at, job_id))
+                cur.execute(self.db.sql["cancel_queued"], {"now": at, "id": job_id})
                 ends.deliver(self.db, cur, job_id, at)
                 out[job_id] = "cancelled"
             elif row[0] == RUNNING:
-                cur.execute(self.db.sql["cancel_running"], (job_id,))
+                cur.execute(self.db.sql["cancel_running"], {"id": job_id})
                 out[job_id] = "cancelling"
             else:
                 out[job_id] = f"already {row[0]}"
@@ -83,12 +83,12 @@ class Intake(Role):
         return out
 
     def _requeue_one(self, cur: Any, job_id: str) -> str:
-        row = cur.execute(self.db.sql["job_state"], (job_id,)).fetchone()
+        row = cur.execute(self.db.sql["job_state"], {"id": job_id}).fetchone()
         if row is None:
             return "unknown"
         if row[0] != DEAD:
             return f"not dead ({row[0]})"
-        cur.execute(self.db.sql["requeue_one"], (job_id,))
+        cur.execute(self.db.sql["requeue_one"], {"id": job_id})
         return "requeued"
 
     def prune(self, finished_before: float, limit: int = 500) -> PruneBatch:
@@ -102,7 +102,7 @@ class Intake(Role):
     def prunable(self, cur: Any, finished_before: float) -> int:
         """How many terminal jobs finished before ``finished_before`` (what ``prune`` would remove, less any
         whose webhook is still pending): the progress total of ``comfysup prune``."""
-        return int(cur.execute(self.db.sql["prunable"], (finished_before,)).fetchone()["n"])
+        return int(cur.execute(self.db.sql["prunable"], {"before": finished_before}).fetchone()["n"])
 
 
 class _Batches:

@@ -91,7 +91,8 @@ class Leases(Role):
             if template is None:
                 if text is None:  # evicted by another thread since the claim read it
                     text = self.db.transaction(lambda cur: cur.execute(self.db.sql["workflow_text"],
-                                                                       (workflow_id,)).fetchone()[0], write=False)
+                                                                       {"id": workflow_id}).fetchone()[0],
+                                               write=False)
                 template = json.loads(text)  # type: ignore[arg-type]
                 self._templates[workflow_id] = template
                 if len(self._templates) > TEMPLATE_CACHE:
@@ -104,35 +105,39 @@ class Leases(Role):
 
     @in_transaction(durable=False)
     def set_progress(self, cur: Any, claim: Claim, progress: dict[str, Any] | None) -> None:
-        ends.held(self.db, cur, claim, self.db.sql["set_progress"], (records.dumps(progress), *fence(claim)))
+        ends.held(self.db, cur, claim, self.db.sql["set_progress"],
+                  {"progress": records.dumps(progress), **fence(claim)})
 
     @in_transaction(durable=_renewals)
     def heartbeat(self, cur: Any, claim: Claim, lease_seconds: float, now: float | None = None) -> bool:
         row = ends.held(self.db, cur, claim, self.db.sql["heartbeat"],
-                        (self.db.time(now), lease_seconds, *fence(claim)))
+                        {"now": self.db.time(now), "lease": lease_seconds, **fence(claim)})
         return bool(row[0])
 
     @in_transaction(durable=_prompt_durable)
     def record_prompt(self, cur: Any, claim: Claim, server: str, prompt_number: int, url: str | None = None, *,
                       waiting: bool = False, renew: Claim | None = None, lease_seconds: float = 0.0) -> bool | None:
         sql = self.db.sql
+        at = self.db.time(None)
         ends.held(self.db, cur, claim, sql["record_prompt"],
-                  (server, prompt_number, waiting, self.db.time(None), *fence(claim)),
-                  sql["attempt_prompt"], (prompt_number, server, url, *fence(claim)))
+                  {"server": server, "number": prompt_number, "waiting": waiting, "now": at, **fence(claim)},
+                  sql["attempt_prompt"], {"number": prompt_number, "server": server, "url": url, **fence(claim)})
         if renew is None:
             return None
-        row = self.db.fenced(cur, sql["heartbeat"], (self.db.time(None), lease_seconds, *fence(renew)))
+        row = self.db.fenced(cur, sql["heartbeat"], {"now": at, "lease": lease_seconds, **fence(renew)})
         return row is not None and not row[0]
 
     @in_transaction(durable=False)
     def set_waiting(self, cur: Any, claim: Claim, waiting: bool) -> None:
         # Not durable, as record_prompt: what is lost in a power cut is only how the job is shown.
-        ends.held(self.db, cur, claim, self.db.sql["set_waiting"], (waiting, self.db.time(None), *fence(claim)))
+        ends.held(self.db, cur, claim, self.db.sql["set_waiting"],
+                  {"waiting": waiting, "now": self.db.time(None), **fence(claim)})
 
     @in_transaction(write=False)
     def attempt_urls(self, cur: Any, job_id: str, other_than: Claim | None = None) -> list[tuple[str, int | None]]:
-        mine = (other_than.attempt, other_than.owner) if other_than is not None else (0, "")
-        rows = cur.execute(self.db.sql["attempt_urls"], (job_id, *mine)).fetchall()
+        mine = {"attempt": other_than.attempt, "owner": other_than.owner} if other_than is not None else \
+            {"attempt": 0, "owner": ""}
+        rows = cur.execute(self.db.sql["attempt_urls"], {"job_id": job_id, **mine}).fetchall()
         return [(str(url), None if number is None else int(number)) for url, number in rows]
 
     # -- the attempt's end -----------------------------------------------------------------------------------
@@ -149,10 +154,10 @@ class Leases(Role):
         sql = self.db.sql
         outputs = [o if o.id else replace(o, id=str(uuid.uuid4())) for o in outputs]  # outputs are assets
         files = json.dumps([o.__dict__ for o in outputs], separators=(",", ":"))
-        ends.end(self.db, cur, claim, sql["complete"], (files, at, owner_host(claim.owner), *fence(claim)), at,
+        ends.end(self.db, cur, claim, sql["complete"], {"outputs": files, "machine": owner_host(claim.owner)}, at,
                  DONE, None, None, trace)
-        cur.execute(sql["forget_output_assets"], (claim.id,))
-        cur.executemany(sql["add_output_asset"], [(o.id, claim.id) for o in outputs])
+        cur.execute(sql["forget_output_assets"], {"job_id": claim.id})
+        cur.executemany(sql["add_output_asset"], [{"asset_id": o.id, "job_id": claim.id} for o in outputs])
         ends.deliver(self.db, cur, claim.id, at)
 
     def retry_later(self, claim: Claim, run_after: float, reason: str, now: float | None = None, *,
@@ -167,7 +172,7 @@ class Leases(Role):
             # number is forgotten (a live prompt is still followed, and a success still adopted, by id).
             at = self.db.time(now)
             (due,) = ends.end(self.db, cur, claim, self.db.sql["retry_later"],
-                              (given, at, delay, reason, *fence(claim), at), at, RETRY, reason, kind, trace)
+                              {"given": given, "delay": delay, "reason": reason}, at, RETRY, reason, kind, trace)
             if due:
                 self.db.notify(cur)
 
@@ -193,11 +198,13 @@ class Leases(Role):
                       now: float | None = None) -> list[str]:
         at = self.db.time(now)
         uncount = 0 if count_attempt else 1
-        rows = cur.execute(self.db.sql["release_owner"], (reason, uncount, owner, uncount)).fetchall()
+        rows = cur.execute(self.db.sql["release_owner"],
+                           {"reason": reason, "uncount": uncount, "owner": owner}).fetchall()
         if rows:
             outcome = RELEASED if count_attempt else RELEASED_UNCOUNTED
             kind = "runner_died" if count_attempt else "shutdown"
-            cur.executemany(self.db.sql["end_owner_attempt"], [(at, outcome, reason, kind, r[0], r[1], owner)
-                                                               for r in rows])
+            cur.executemany(self.db.sql["end_owner_attempt"],
+                            [{"now": at, "outcome": outcome, "reason": reason, "kind": kind, "job_id": r[0],
+                              "attempt": r[1], "owner": owner} for r in rows])
             self.db.notify(cur)
         return [r[0] for r in rows]

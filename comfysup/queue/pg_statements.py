@@ -27,7 +27,7 @@ def workflow_ids(cur: psycopg.Cursor[Any], texts: dict[str, str], cache: SpecCac
         return
     if len(cache.ids) >= 4096:
         cache.ids.clear()
-    rows = cur.execute(SQL["insert_workflows"], (list(missing), list(missing.values()))).fetchall()
+    rows = cur.execute(SQL["insert_workflows"], {"hashes": list(missing), "texts": list(missing.values())}).fetchall()
     cache.ids.update(dict(rows))
 
 
@@ -37,23 +37,28 @@ def insert_batch(cur: psycopg.Cursor[Any], batch: list[NewJob], now: float | Non
     every row that was not inserted by its spec_hash."""
     stored = [specs.template(j) for j in batch]
     workflow_ids(cur, {h: t for t, h in stored}, specs)
-    cur.execute(SQL["insert_jobs"], (now, *_columns(batch, [specs.ids[h] for _t, h in stored], specs)))
+    cur.execute(SQL["insert_jobs"], {"now": now, **_columns(batch, [specs.ids[h] for _t, h in stored], specs)})
     fresh = {r[0] for r in cur.fetchall()}
     rest = _not_inserted(batch, fresh)
     known: dict[str, str] = {}
     if rest:
-        known = dict(cur.execute(SQL["known_ids"], (list({j.id for j in rest}),)).fetchall())
+        known = dict(cur.execute(SQL["known_ids"], {"ids": list({j.id for j in rest})}).fetchall())
     refused = [job.id for job in rest if known.get(job.id) != job.spec_hash]
     conflicts.extend(refused)
     return len(fresh), len(rest) - len(refused)
 
 
-def _columns(batch: list[NewJob], workflow_ids: list[int], specs: SpecCache) -> list[list[Any]]:
-    """The batch as ``insert_jobs`` takes it: one array per column, in its order."""
+COLUMNS = ("ids", "priorities", "spec_hashes", "workflow_names", "workflow_ids", "extra_datas", "metas", "paramses",
+           "callback_urls", "model_keys")
+"""The array parameters of ``insert_jobs``, one a column."""
+
+
+def _columns(batch: list[NewJob], workflow_ids: list[int], specs: SpecCache) -> dict[str, list[Any]]:
+    """The batch as ``insert_jobs`` takes it: one array per column, by its parameter's name (COLUMNS)."""
     rows = [(j.id, j.priority, j.spec_hash, j.workflow_name, workflow_id, dumps_plain(j.extra_data),
              dumps_plain(j.meta), dumps_plain(j.params), j.callback_url or None, specs.model_key(j))
             for j, workflow_id in zip(batch, workflow_ids, strict=True)]
-    return [list(column) for column in zip(*rows, strict=True)]
+    return {name: list(column) for name, column in zip(COLUMNS, zip(*rows, strict=True), strict=True)}
 
 
 def _not_inserted(batch: list[NewJob], fresh: set[str]) -> list[NewJob]:
@@ -74,7 +79,7 @@ def take(cur: psycopg.Cursor[Any], ask: ClaimAsk, now: float | None, cached: Map
     """Expired leases go back to the queue, then the next ready job is taken in one statement (planned as
     claim_plan says): the claim's row by name, with ``head`` and ``priority`` for the affinity's staircase."""
     cur.execute(SQL["claim_plan"])
-    cur.execute(SQL["expire"], (now, now))
+    cur.execute(SQL["expire"], {"now": now})
     taken = cur.execute(
         SQL["claim_affine" if ask.affinity else "claim_strict"],
         {"owner": ask.owner, "server": ask.server, "lease": ask.lease_seconds, "now": now, "key": ask.prefer_model,
@@ -88,12 +93,12 @@ def take(cur: psycopg.Cursor[Any], ask: ClaimAsk, now: float | None, cached: Map
 
 def prune(cur: psycopg.Cursor[Any], finished_before: float, limit: int) -> PruneBatch:
     """A batch of old terminal jobs and the workflows no job uses any more (see ``PostgresDb.prune``)."""
-    rows = cur.execute(SQL["prune_batch"], (finished_before, limit)).fetchall()
+    rows = cur.execute(SQL["prune_batch"], {"before": finished_before, "limit": limit}).fetchall()
     removed = 0
     for workflow_id in sorted({r[2] for r in rows}):
         cur.execute("SAVEPOINT prune_workflow")
         try:
-            removed += cur.execute(SQL["prune_workflow"], (workflow_id,)).rowcount
+            removed += cur.execute(SQL["prune_workflow"], {"id": workflow_id}).rowcount
             cur.execute("RELEASE SAVEPOINT prune_workflow")
         except psycopg.errors.ForeignKeyViolation:
             cur.execute("ROLLBACK TO SAVEPOINT prune_workflow")

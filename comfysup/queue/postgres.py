@@ -249,7 +249,7 @@ class PostgresDb(SQLDb):
             return
 
         def migrate(cur: psycopg.Cursor[Any]) -> None:
-            cur.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
+            cur.execute("SELECT pg_advisory_xact_lock(%(key)s)", {"key": MIGRATION_LOCK})
             cur.execute("CREATE TABLE IF NOT EXISTS schema_version "
                         "(version integer PRIMARY KEY, applied_at double precision NOT NULL)")
             version = cur.execute("SELECT coalesce(max(version), 0) FROM schema_version").fetchone()[0]
@@ -257,7 +257,7 @@ class PostgresDb(SQLDb):
                 cur.execute(script)
                 if step == 3:
                     self._fill_model_keys(cur)
-                cur.execute("INSERT INTO schema_version VALUES (%s, extract(epoch from now()))", (step,))
+                cur.execute("INSERT INTO schema_version VALUES (%(step)s, extract(epoch from now()))", {"step": step})
 
         self.transaction(migrate)
 
@@ -266,8 +266,10 @@ class PostgresDb(SQLDb):
         """v3's Python step: the model key of every job still to run (SQL cannot read loader nodes)."""
         rows = cur.execute("SELECT j.seq, w.workflow, j.params FROM jobs j JOIN workflows w ON w.id = j.workflow_id "
                            "WHERE j.state IN ('queued', 'running')").fetchall()
-        keys = [(model_key(apply_params(json.loads(text), json.loads(params))), seq) for seq, text, params in rows]
-        cur.executemany("UPDATE jobs SET model_key = %s WHERE seq = %s", [k for k in keys if k[0] is not None])
+        keys = [{"key": model_key(apply_params(json.loads(text), json.loads(params))), "seq": seq}
+                for seq, text, params in rows]
+        cur.executemany("UPDATE jobs SET model_key = %(key)s WHERE seq = %(seq)s",
+                        [k for k in keys if k["key"] is not None])
 
     def _version(self) -> int | None:
         def read(cur: psycopg.Cursor[Any]) -> int | None:
@@ -357,12 +359,12 @@ class PostgresDb(SQLDb):
     def _scalar(self, sql: str, args: Sequence[Any] | None = None) -> Any:
         return self.transaction(lambda cur: cur.execute(sql, args).fetchone()[0])
 
-    def fenced(self, cur: psycopg.Cursor[Any], job_sql: str, job_args: Sequence[Any], attempt_sql: str | None = None,
-                attempt_args: Sequence[Any] = ()) -> Any:
+    def fenced(self, cur: psycopg.Cursor[Any], job_sql: str, job_args: Mapping[str, Any],
+               attempt_sql: str | None = None, attempt_args: Mapping[str, Any] | None = None) -> Any:
         """One statement, fused at import (FUSED), for the job row and its attempt row."""
         if attempt_sql is None:
             return cur.execute(job_sql, job_args).fetchone()
-        return cur.execute(FUSED[job_sql, attempt_sql], (*job_args, *attempt_args)).fetchone()
+        return cur.execute(FUSED[job_sql, attempt_sql], {**job_args, **(attempt_args or {})}).fetchone()
 
     def insert_batch(self, cur: psycopg.Cursor[Any], batch: list[NewJob], now: float | None,
                      conflicts: list[str], specs: SpecCache) -> tuple[int, int]:
@@ -381,7 +383,8 @@ class PostgresDb(SQLDb):
 
     def claim_deliveries(self, limit: int, hold_seconds: float, now: float | None = None) -> list[Delivery]:
         """SKIP LOCKED, as the job claim: deliverers on several machines take different rows."""
-        rows = self.transaction(fetch, SQL["claim_deliveries"], (now, hold_seconds, now, limit), named=True)
+        rows = self.transaction(fetch, SQL["claim_deliveries"], {"now": now, "hold": hold_seconds, "limit": limit},
+                                named=True)
         return sorted((records.delivery(r) for r in rows), key=lambda d: d.id)  # next_at: the end of the hold
 
     def prune(self, finished_before: float, limit: int = 500) -> PruneBatch:

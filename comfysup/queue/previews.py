@@ -27,7 +27,8 @@ class Previews(Role):
     @in_transaction(durable=False)
     def set_preview(self, cur: Any, claim: Claim, node_id: str | None, content_type: str, data: bytes) -> None:
         """The claim's job's latest preview, replacing the one before (nothing when the claim is lost)."""
-        cur.execute(self.db.sql["set_preview"], (node_id, content_type, data, claim.id, claim.attempt, claim.owner))
+        cur.execute(self.db.sql["set_preview"], {"node_id": node_id, "content_type": content_type, "data": data,
+                                                 "id": claim.id, "attempt": claim.attempt, "owner": claim.owner})
 
     def previews(self, ids: Sequence[str], known: Mapping[str, int]) -> dict[str, Preview]:
         """The previews of ``ids`` whose number is not the one in ``known`` (a job without one is left out)."""
@@ -36,9 +37,9 @@ class Previews(Role):
     @in_transaction(write=False)
     def _moved(self, cur: Any, ids: list[str], known: Mapping[str, int]) -> dict[str, Preview]:
         sql, id_list = self.db.sql, self.db.id_list
-        moved = [str(r[0]) for r in cur.execute(sql["preview_numbers"], (id_list(ids),)).fetchall()
+        moved = [str(r[0]) for r in cur.execute(sql["preview_numbers"], {"ids": id_list(ids)}).fetchall()
                  if known.get(str(r[0])) != int(r[1])]
         if not moved:
             return {}
-        rows = cur.execute(sql["previews"], (id_list(moved),)).fetchall()
+        rows = cur.execute(sql["previews"], {"ids": id_list(moved)}).fetchall()
         return {str(r[0]): values.Preview(int(r[1]), r[2], str(r[3]), bytes(r[4])) for r in rows}

@@ -4,7 +4,7 @@ Every read asks for rows that name their columns, and comfysup.queue.records map
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from comfysup.errors import NotFound
@@ -17,7 +17,8 @@ PAGE = 500
 """Jobs read per page by ``iter_jobs``: memory stays flat on a large table."""
 
 
-def fetch(cur: Any, sql: str, args: Sequence[Any]) -> list[Any]:
+def fetch(cur: Any, sql: str, args: Mapping[str, Any]) -> list[Any]:
+    """The rows of one statement, its parameters by name."""
     return cur.execute(sql, args).fetchall()
 
 
@@ -30,15 +31,16 @@ class Reads(Role):
     def running_owners(self) -> list[str]:
         return [r["owner"] for r in self._rows("running_owners")]
 
-    def _rows(self, name: str, args: Sequence[Any] = ()) -> list[Any]:
+    def _rows(self, name: str, args: Mapping[str, Any] | None = None) -> list[Any]:
         """A read by query name; rows name their columns."""
-        return self.db.transaction(fetch, self.db.sql[name], args, write=False, named=True)
+        return self.db.transaction(fetch, self.db.sql[name], args or {}, write=False, named=True)
 
     def ids_starting(self, prefix: str, limit: int = 10) -> list[str]:
         """Up to ``limit`` job ids that begin with ``prefix`` (hex digits and hyphens only: no LIKE wildcard)."""
         if not prefix or prefix.strip("0123456789abcdef-"):
             return []
-        rows = self.db.transaction(fetch, self.db.sql["ids_starting"], (prefix + "%", limit), write=False)
+        rows = self.db.transaction(fetch, self.db.sql["ids_starting"], {"prefix": prefix + "%", "limit": limit},
+                                   write=False)
         return [r[0] for r in rows]
 
     def get(self, job_id: str) -> JobRecord:
@@ -49,7 +51,7 @@ class Reads(Role):
 
     def output_asset(self, asset_id: str) -> tuple[JobRecord, int] | None:
         """The done job whose output has this asset id, and the output's place in its list; None when none has."""
-        rows = self.db.transaction(fetch, self.db.sql["output_asset_job"], (asset_id,), write=False)
+        rows = self.db.transaction(fetch, self.db.sql["output_asset_job"], {"asset_id": asset_id}, write=False)
         records = self.get_many([rows[0][0]]) if rows else []
         if not records or records[0].state != "done":
             return None
@@ -67,7 +69,8 @@ class Reads(Role):
         rows: list[Any] = []
         chunk = self.db.ID_CHUNK
         for start in range(0, len(ids), chunk):
-            rows += cur.execute(self.db.sql["jobs_by_id"], (self.db.id_list(ids[start:start + chunk]),)).fetchall()
+            in_chunk = {"ids": self.db.id_list(ids[start:start + chunk])}
+            rows += cur.execute(self.db.sql["jobs_by_id"], in_chunk).fetchall()
         return self._with_attempts(cur, rows)
 
     def _with_attempts(self, cur: Any, rows: list[Any]) -> list[JobRecord]:
@@ -76,7 +79,7 @@ class Reads(Role):
         attempts: dict[str, list[Any]] = {i: [] for i in ids}
         for start in range(0, len(ids), self.db.ID_CHUNK):
             chunk = self.db.id_list(ids[start:start + self.db.ID_CHUNK])
-            for r in cur.execute(self.db.sql["attempts_of"], (chunk,)).fetchall():
+            for r in cur.execute(self.db.sql["attempts_of"], {"ids": chunk}).fetchall():
                 attempts[r["job_id"]].append(records.attempt(r))
         return [records.job_record(r, attempts[r["id"]]) for r in rows]
 
@@ -93,9 +96,10 @@ class Reads(Role):
     def _page(self, cur: Any, last: int, states: Sequence[str] | None) -> tuple[int, list[JobRecord]]:
         if states:
             in_states = self.db.id_list(list(states))
-            rows = cur.execute(self.db.sql["jobs_page_in_states"], (last, in_states, PAGE)).fetchall()
+            rows = cur.execute(self.db.sql["jobs_page_in_states"],
+                               {"after": last, "states": in_states, "limit": PAGE}).fetchall()
         else:
-            rows = cur.execute(self.db.sql["jobs_page"], (last, PAGE)).fetchall()
+            rows = cur.execute(self.db.sql["jobs_page"], {"after": last, "limit": PAGE}).fetchall()
         return (rows[-1]["seq"] if rows else last), self._with_attempts(cur, rows)
 
     @in_transaction(write=False, named=True)
@@ -104,7 +108,7 @@ class Reads(Role):
         the number to pass as ``before`` for the next page (None: this was the last). What the API's list pages
         through: one indexed range read, whatever the queue holds."""
         start = before if before is not None else 2**62
-        rows = cur.execute(self.db.sql["jobs_page_newest"], (start, limit + 1)).fetchall()
+        rows = cur.execute(self.db.sql["jobs_page_newest"], {"before": start, "limit": limit + 1}).fetchall()
         more = len(rows) > limit
         rows = rows[:limit]
         return (rows[-1]["seq"] if more and rows else None), self._with_attempts(cur, rows)
@@ -114,14 +118,15 @@ class Reads(Role):
         sql = self.db.sql
         counts = dict.fromkeys([s.value for s in STATES], 0)
         counts.update({r["state"]: r["n"] for r in cur.execute(sql["state_counts"]).fetchall()})
-        waiting = cur.execute(sql["waiting"], (self.db.time(now),)).fetchone()["n"]
+        waiting = cur.execute(sql["waiting"], {"now": self.db.time(now)}).fetchone()["n"]
         counts["waiting"] = waiting
         counts[QUEUED] -= waiting
         counts[RUNNING] -= counts[POSTED]  # counted among running by the query: shown apart
         oldest = cur.execute(sql["oldest_queued"]).fetchone()
         running = [records.running_job(r) for r in cur.execute(sql["running"]).fetchall()]
-        dead = [(r["id"], r["finished_at"], r["reason"]) for r in cur.execute(sql["recent_dead"], (dead_limit,))]
-        done = [(r["id"], r["finished_at"]) for r in cur.execute(sql["recent_done"], (done_limit,))
+        dead = [(r["id"], r["finished_at"], r["reason"])
+                for r in cur.execute(sql["recent_dead"], {"limit": dead_limit})]
+        done = [(r["id"], r["finished_at"]) for r in cur.execute(sql["recent_done"], {"limit": done_limit})
                 ] if done_limit else []
         return Status(counts=counts, oldest_queued_at=oldest["submitted_at"] if oldest else None, running=running,
                       recent_dead=dead, recent_done=done)
@@ -133,28 +138,26 @@ class Reads(Role):
         queued jobs a claim takes first (priority, then submission), of those only the ones a server that can run
         it could run instead when some catalogue refused it. Counted in the index: O(its place), not O(queue)."""
         sql = self.db.sql
-        job = cur.execute(sql["place_of"], (job_id,)).fetchone()
+        job = cur.execute(sql["place_of"], {"id": job_id}).fetchone()
         if job is None or job["state"] not in (QUEUED, RUNNING):
             return None
         if job["state"] == RUNNING:
             since = job["waiting_since"]
             if since is None:
                 return None  # it executes (or is being posted, downloaded): not waiting
-            return 1 + cur.execute(sql["posted_ahead"], (job["owner"], since, since, job["seq"])).fetchone()["n"]
-        at, priority, seq = self.db.time(None), job["priority"], job["seq"]
+            ahead = {"owner": job["owner"], "since": since, "seq": job["seq"]}
+            return 1 + cur.execute(sql["posted_ahead"], ahead).fetchone()["n"]
+        place = {"now": self.db.time(None), "priority": job["priority"], "seq": job["seq"]}
         posted = cur.execute(sql["posted_count"]).fetchone()["n"]
-        if job["refused"]:
-            ahead = cur.execute(sql["queued_ahead_able"], (priority, at, seq, priority, seq, at, seq)).fetchone()["n"]
-        else:
-            ahead = cur.execute(sql["queued_ahead"], (priority, at, priority, seq, at)).fetchone()["n"]
-        return 1 + posted + ahead
+        queued_ahead = sql["queued_ahead_able"] if job["refused"] else sql["queued_ahead"]
+        return 1 + posted + cur.execute(queued_ahead, place).fetchone()["n"]
 
     def states(self, ids: Sequence[str]) -> dict[str, str]:
         ids = list(ids)
         out: dict[str, str] = {}
         for start in range(0, len(ids), self.db.ID_CHUNK):
             chunk = self.db.id_list(ids[start:start + self.db.ID_CHUNK])
-            out.update((r["id"], r["state"]) for r in self._rows("states", (chunk,)))
+            out.update((r["id"], r["state"]) for r in self._rows("states", {"ids": chunk}))
         return out
 
     def pulses(self, ids: Sequence[str]) -> dict[str, JobPulse]:
@@ -167,19 +170,19 @@ class Reads(Role):
         out: list[tuple[str, JobPulse]] = []
         for start in range(0, len(ids), self.db.ID_CHUNK):
             chunk = self.db.id_list(ids[start:start + self.db.ID_CHUNK])
-            out += [(r["id"], records.pulse(r)) for r in cur.execute(self.db.sql["pulses"], (chunk,)).fetchall()]
+            out += [(r["id"], records.pulse(r)) for r in cur.execute(self.db.sql["pulses"], {"ids": chunk}).fetchall()]
         return out
 
     def finished_counts(self, since: float, now: float | None = None) -> dict[str, int]:
-        return {r["state"]: r["n"] for r in self._rows("finished_counts", (since,))}
+        return {r["state"]: r["n"] for r in self._rows("finished_counts", {"since": since})}
 
     def ended_since(self, since: float, limit: int = 10000) -> list[EndedAttempt]:
         """The trace stays in the database, which counts its node lists: metrics never hold its JSON."""
-        return [records.ended_attempt(r) for r in self._rows("ended_since", (since, limit))]
+        return [records.ended_attempt(r) for r in self._rows("ended_since", {"since": since, "limit": limit})]
 
     def ended_count(self, since: float, until: float) -> int:
-        return self._rows("ended_count", (since, until))[0]["n"]
+        return self._rows("ended_count", {"since": since, "until": until})[0]["n"]
 
     def ended_keys(self, since: float, until: float) -> list[tuple[str, int, float, float]]:
         return [(r["job_id"], r["attempt"], r["started_at"], r["ended_at"])
-                for r in self._rows("ended_keys", (since, until))]
+                for r in self._rows("ended_keys", {"since": since, "until": until})]

@@ -400,12 +400,14 @@ class SQLiteDb(SQLDb):
         if seq is None:
             return None
         lease_until = at + ask.lease_seconds
-        job = conn.execute(SQL["take"], (ask.owner, ask.server, lease_until, at, seq)).fetchone()
-        spec = conn.execute(SQL["spec"], (seq,)).fetchone()
+        job = conn.execute(SQL["take"], {"owner": ask.owner, "server": ask.server, "lease_until": lease_until,
+                                         "now": at, "seq": seq}).fetchone()
+        spec = conn.execute(SQL["spec"], {"seq": seq}).fetchone()
         text = None
         if spec["workflow_id"] not in cached:
-            text = conn.execute(SQL["workflow_text"], (spec["workflow_id"],)).fetchone()[0]
-        conn.execute(SQL["open_attempt"], (job["id"], job["attempt"], ask.owner, ask.server, at, ask.url))
+            text = conn.execute(SQL["workflow_text"], {"id": spec["workflow_id"]}).fetchone()[0]
+        conn.execute(SQL["open_attempt"], {"job_id": job["id"], "attempt": job["attempt"], "owner": ask.owner,
+                                           "server": ask.server, "now": at, "url": ask.url})
         return {**dict(job), **dict(spec), "owner": ask.owner, "server": ask.server, "lease_until": lease_until,
                 "workflow": text}
 
@@ -442,7 +444,7 @@ class SQLiteDb(SQLDb):
         """A read looks first: deliverers poll every second, and an idle poll must not take the write lock
         that runners' claims and heartbeats wait for."""
         at = self.time(now)
-        if not self.transaction(fetch, SQL["any_due"], (at,), write=False):
+        if not self.transaction(fetch, SQL["any_due"], {"now": at}, write=False):
             return []
         rows = self.transaction(statements_of.hold_deliveries, at, limit, at + hold_seconds)
         return [records.delivery(r, next_at=at + hold_seconds) for r in rows]  # next_at: the end of the hold

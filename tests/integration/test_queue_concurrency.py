@@ -83,11 +83,11 @@ def _check_invariants(queue: SQLiteQueue, reports: dict[str, dict[str, list[str]
     assert {job_id for _, job_id in completions} == ids
     assert queue.reads.status().counts["done"] == JOBS
 
-    rows = queue.conn.execute(
+    rows = queue.db.conn.execute(
         "SELECT job_id, attempt, owner, started_at, ended_at, outcome FROM attempts ORDER BY job_id, started_at"
     ).fetchall()
     check_attempt_history(rows, ids, completions)
-    assert queue.conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    assert queue.db.conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
 
 
 @pytest.mark.timeout(120)
@@ -104,7 +104,7 @@ def test_leases_lost_under_load_are_fenced_and_the_job_still_completes_once(tmp_
     queue, reports = _drain(tmp_path, lease_seconds=0.3, stall_every=150, stall_seconds=0.6)
     _check_invariants(queue, reports)
     lost = [job_id for r in reports.values() for job_id in r["lost"]]
-    expired = queue.conn.execute("SELECT count(*) FROM attempts WHERE outcome = 'lease_expired'").fetchone()[0]
+    expired = queue.db.conn.execute("SELECT count(*) FROM attempts WHERE outcome = 'lease_expired'").fetchone()[0]
     assert len(lost) <= expired
     assert expired >= 1  # the stalls did make other runners take jobs over
     queue.close()

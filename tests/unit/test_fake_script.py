@@ -38,7 +38,7 @@ def test_only_a_pending_prompt_that_is_deleted_is_withdrawn() -> None:
     queue = PromptQueue(lambda: None, on_withdrawn=lambda item: withdrawn.append(item.prompt_id))
     for number, pid in enumerate(("a", "b", "c")):
         queue.put(QueueItem(number, pid, {}, {}, [], {}))
-    running = queue.reads.get()
+    running = queue.get()
     assert running is not None and running.prompt_id == "a"
     assert not queue.delete_queue_item("a")  # running: untouched
     assert queue.delete_queue_item("c") and queue.delete_queue_item("b")
