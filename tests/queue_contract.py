@@ -1014,7 +1014,7 @@ class QueueContract(CatalogueContract, AssetsContract):
         canceling = self.claim(q, now=T0)
         q.intake.cancel([canceling.id], now=T0 + 1)
         q.leases.complete(self.claim(q, now=T0), [], now=T0 + 2)
-        q.ID_CHUNK = 2  # type: ignore[attr-defined]  # three statements for five ids: chunks join up
+        q.db.ID_CHUNK = 2  # type: ignore[attr-defined]  # three statements for five ids: chunks join up
         pulses = q.reads.pulses([make_job(i).id for i in range(5)] + ["unknown"])
         assert sorted(pulses) == sorted(make_job(i).id for i in range(5))
         assert pulses[running.id] == JobPulse(running.id, "running", 1, False,

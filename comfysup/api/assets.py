@@ -232,7 +232,7 @@ async def post_asset(request: web.Request) -> web.Response:
     key = request.headers.get("Idempotency-Key")
     if key is not None and not (0 < len(key) <= 255 and key.isascii() and key.isprintable()):
         raise _bad("Idempotency-Key must be 1 to 255 printable ASCII characters")
-    received = await _receive(request, body_limit, file_limit, getattr(state.queue, "assets_dir", None))
+    received = await _receive(request, body_limit, file_limit, state.queue.assets.assets_dir)
     try:
         assert received.path is not None
         content_type, file_path = (_one(received.fields, name) for name in REQUIRED)

@@ -58,6 +58,7 @@ The contract (tested once in tests/queue_contract.py and run against every backe
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Sequence
 from enum import StrEnum
 from typing import TYPE_CHECKING, Protocol
@@ -136,8 +137,6 @@ def host_name() -> str:
     two machines (the two-machine tests), and a container's random host name can be replaced by one that
     means something to people. A ``/`` would break the owner token, so it is replaced.
     """
-    import socket  # here: every command imports this module, few ask the host name (socket is 5-15 ms)
-
     return (os.environ.get(HOSTNAME_VARIABLE) or socket.gethostname()).replace("/", "-")
 
 

@@ -14,6 +14,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote
 
+import psutil
+
 from comfysup.errors import DatabaseCorrupt, DatabaseLocked, QueueError
 from comfysup.queue import queries
 
@@ -74,14 +76,11 @@ def filesystem_type(path: Path) -> str:
 
 
 def _mounts() -> list[tuple[str, str]]:
-    """(mount point, filesystem type) of every mount: /proc/self/mounts on Linux (every queue open reads it,
-    and `submit` starts faster without importing psutil), psutil's list elsewhere."""
+    """(mount point, filesystem type) of every mount: /proc/self/mounts on Linux, psutil's list elsewhere."""
     try:
         with open("/proc/self/mounts", encoding="utf-8", errors="replace") as f:
             lines = f.read().splitlines()
     except OSError:
-        import psutil
-
         return [(p.mountpoint, p.fstype) for p in psutil.disk_partitions(all=True)]
     octal = re.compile(r"\\([0-7]{3})")  # a space in a mount point is written \040
     fields = (line.split() for line in lines)

@@ -10,6 +10,7 @@ import re
 import sqlite3
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -20,6 +21,7 @@ from comfysup.commands.status import MACHINE_STALE_SECONDS, render_machines
 from comfysup.config import load_config
 from comfysup.errors import DatabaseUnavailable
 from comfysup.queue.base import HOSTNAME_VARIABLE, Machine, host_name
+from comfysup.queue.db import Role
 from comfysup.queue.sqlite import SQLiteQueue
 from comfysup.runner.loop import make_owner
 from comfysup.supervisor.supervisor import Supervisor
@@ -77,7 +79,11 @@ class FlakyQueue:
         self.down = False
 
     def __getattr__(self, name: str) -> Any:
-        attr = getattr(self.inner, name)
+        return self._flaky(getattr(self.inner, name))
+
+    def _flaky(self, attr: Any) -> Any:
+        if isinstance(attr, Role):  # a role of the queue: its calls fail with the rest
+            return SimpleNamespace(**{n: self._flaky(getattr(attr, n)) for n in dir(attr) if not n.startswith("_")})
         if not callable(attr):
             return attr
 

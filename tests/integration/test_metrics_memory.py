@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -20,6 +21,7 @@ from queue_contract import T0, make_job
 
 from comfysup.observability.metrics import LOOKBACK_SECONDS, Observer
 from comfysup.queue.base import Claim
+from comfysup.queue.db import Role
 from comfysup.queue.sqlite import SQLiteQueue
 
 pytestmark = pytest.mark.timeout(60)
@@ -40,7 +42,12 @@ class Recording:
         """The largest value handed out (characters of a string; a dict or list would be a trace: inf)."""
 
     def __getattr__(self, name: str) -> Any:
-        method = getattr(self.queue, name)
+        return self.record(name, getattr(self.queue, name))
+
+    def record(self, name: str, method: Any) -> Any:
+        if isinstance(method, Role):  # a role of the queue: its reads are recorded by their names, as the queue's
+            return SimpleNamespace(**{n: self.record(n, getattr(method, n)) for n in dir(method)
+                                      if not n.startswith("_") and callable(getattr(method, n))})
 
         def recorded(*args: Any, **kwargs: Any) -> Any:
             out = method(*args, **kwargs)

@@ -100,10 +100,10 @@ def test_runners_keep_claiming_and_recording_while_prune_runs(tmp_path: Path) ->
         done = 0
         try:
             while not stop.is_set() and done < 150:
-                claim = runner.claim("live", "gpu1", 60)
+                claim = runner.leases.claim("live", "gpu1", 60)
                 if claim is None:
                     break
-                runner.complete(claim, [])
+                runner.leases.complete(claim, [])
                 done += 1
         except BaseException as exc:
             errors.append(exc)

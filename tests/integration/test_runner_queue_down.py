@@ -11,11 +11,13 @@ import logging
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from comfysup.errors import DatabaseLocked, DatabaseUnavailable
+from comfysup.queue.db import Role
 from comfysup.queue.sqlite import SQLiteQueue
 from comfysup.runner.attempt import Attempt
 from comfysup.runner.loop import Runner, settings_from
@@ -46,7 +48,11 @@ class FlakyQueue:
         self.calls: dict[str, int] = {}
 
     def __getattr__(self, name: str) -> Any:
-        attr = getattr(self.inner, name)
+        return self._flaky(name, getattr(self.inner, name))
+
+    def _flaky(self, name: str, attr: Any) -> Any:
+        if isinstance(attr, Role):  # a role of the queue: its methods fail as the queue's own, by their names
+            return SimpleNamespace(**{n: self._flaky(n, getattr(attr, n)) for n in dir(attr) if not n.startswith("_")})
         if not callable(attr):
             return attr
 

@@ -210,11 +210,12 @@ def test_the_read_ahead_yields_the_jobs_that_jobs_builds_workflow_aside(tmp_path
 def test_a_read_ahead_submit_stores_what_a_plain_one_stores(tmp_path: Path) -> None:
     jobs = JobsFile(_mixed_file(tmp_path, 600))
     plain, ahead = SQLiteQueue(tmp_path / "a.db"), SQLiteQueue(tmp_path / "b.db")
-    assert plain.submit(jobs.jobs()).inserted == ahead.submit(jobs.jobs_read_ahead(batch=64)).inserted == 600
-    for a, b in zip(plain.iter_jobs(), ahead.iter_jobs(), strict=True):
+    assert plain.intake.submit(jobs.jobs()).inserted == ahead.intake.submit(jobs.jobs_read_ahead(batch=64)).inserted \
+        == 600
+    for a, b in zip(plain.reads.iter_jobs(), ahead.reads.iter_jobs(), strict=True):
         assert (a.id, a.workflow, a.extra_data, a.meta, a.params, a.priority, a.workflow_name) == (
             b.id, b.workflow, b.extra_data, b.meta, b.params, b.priority, b.workflow_name)
-    assert ahead.submit(jobs.jobs_read_ahead()).existing == 600  # the same spec hashes: nothing twice
+    assert ahead.intake.submit(jobs.jobs_read_ahead()).existing == 600  # the same spec hashes: nothing twice
     plain.close()
     ahead.close()
 
