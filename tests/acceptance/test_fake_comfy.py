@@ -1190,7 +1190,7 @@ def test_word_hostile_names_files_outside_the_output_folder(fake: FakeComfy) -> 
 def test_busy_prompts_block_until_interrupted(tmp_path: Path) -> None:
     with FakeComfy(base_directory=tmp_path, busy=2) as fake:
         target = Target("fake", fake.url, fake.base_directory, fake)
-        queue = target.reads.get("/queue").json()
+        queue = target.get("/queue").json()
         assert [e[1] for e in queue["queue_running"]] == ["fake-busy-1"]
         assert [e[1] for e in queue["queue_pending"]] == ["fake-busy-2"]
         assert queue["queue_running"][0][3] == {"client_id": BUSY_CLIENT_ID}
