@@ -1,5 +1,10 @@
 """The queue interface: what every backend promises, and the records it hands out.
 
+A queue is roles over one database (``Queue``): ``leases`` (claim, renew, end an attempt), ``intake`` (submit,
+cancel, requeue, prune), ``reads``, ``deliveries`` (webhooks, the broker outbox), ``fleet`` (catalogues, the
+machine registry), ``endpoints`` (the API registry), ``assets`` and ``previews``; comfysup.queue.roles says what
+each offers. The methods named below are the roles' (``claim`` is ``queue.leases.claim``).
+
 The contract (tested once in tests/queue_contract.py and run against every backend):
 
 - ``submit`` inserts a batch in one transaction, or nothing. An id already present with the same

@@ -193,10 +193,10 @@ def in_transaction(*, write: bool = True, durable: bool | Callable[..., bool] = 
     return wrap
 
 
-def note_passed_over(db: SQLDb, cur: Any, priority: int, head: int, taken: int, at: float | None) -> None:
+def note_passed_over(sql: Mapping[str, str], cur: Any, priority: int, head: int, taken: int, at: float | None) -> None:
     """After an affinity claim, keep the staircase of affinity_skips: taking a job behind the head passes over
     every ready job of its priority before it; taking the head drops the rows that cover only jobs before it."""
     if taken != head:
-        cur.execute(db.sql["passed_over"], {"priority": priority, "taken": taken, "now": at})
+        cur.execute(sql["passed_over"], {"priority": priority, "taken": taken, "now": at})
     else:
-        cur.execute(db.sql["head_taken"], {"priority": priority, "head": head})
+        cur.execute(sql["head_taken"], {"priority": priority, "head": head})

@@ -376,7 +376,7 @@ class PostgresDb(SQLDb):
         claim_plan says)."""
         row = pg_statements.take(cur, ask, now, cached)
         if row is not None and ask.affinity:
-            note_passed_over(self, cur, row["priority"], row["head"], row["seq"], now)
+            note_passed_over(SQL, cur, row["priority"], row["head"], row["seq"], now)
         return row
 
     # -- webhook deliveries and prune ------------------------------------------------------------------------

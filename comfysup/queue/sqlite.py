@@ -39,7 +39,7 @@ from comfysup.queue import queries, records
 from comfysup.queue import sqlite_statements as statements_of
 from comfysup.queue.base import DONE, TERMINAL, NewJob
 from comfysup.queue.core import SQLQueue
-from comfysup.queue.db import ClaimAsk, SQLDb, note_passed_over
+from comfysup.queue.db import ClaimAsk, SQLDb
 from comfysup.queue.reads import fetch
 from comfysup.queue.specs import SpecCache
 from comfysup.queue.sqlite_file import BackgroundCheckpoint, FileCheck, refuse_network_filesystem, settle, statements
@@ -393,37 +393,7 @@ class SQLiteDb(SQLDb):
 
     def take(self, conn: sqlite3.Connection, ask: ClaimAsk, at: float, cached: Mapping[int, Any]
              ) -> dict[str, Any] | None:
-        """Several statements, under the write lock: the head (or the affine pick: one statement, three index
-        seeks), the job's row, its spec, its workflow unless cached, and its attempt row."""
-        statements_of.expire_leases(conn, at)
-        seq = self._pick(conn, ask, at)
-        if seq is None:
-            return None
-        lease_until = at + ask.lease_seconds
-        job = conn.execute(SQL["take"], {"owner": ask.owner, "server": ask.server, "lease_until": lease_until,
-                                         "now": at, "seq": seq}).fetchone()
-        spec = conn.execute(SQL["spec"], {"seq": seq}).fetchone()
-        text = None
-        if spec["workflow_id"] not in cached:
-            text = conn.execute(SQL["workflow_text"], {"id": spec["workflow_id"]}).fetchone()[0]
-        conn.execute(SQL["open_attempt"], {"job_id": job["id"], "attempt": job["attempt"], "owner": ask.owner,
-                                           "server": ask.server, "now": at, "url": ask.url})
-        return {**dict(job), **dict(spec), "owner": ask.owner, "server": ask.server, "lease_until": lease_until,
-                "workflow": text}
-
-    def _pick(self, conn: sqlite3.Connection, ask: ClaimAsk, at: float) -> int | None:
-        """The seq of the job to take: the head, or with affinity the affine pick (noting the head passed over)."""
-        if not ask.affinity:
-            row = conn.execute(SQL["head"], {"now": at, "cat": ask.catalogue}).fetchone()
-            return None if row is None else row["seq"]
-        row = conn.execute(SQL["pick"], {"now": at, "wait": ask.max_wait_seconds, "key": ask.prefer_model,
-                                         "cat": ask.catalogue}).fetchone()
-        if row is None:
-            return None
-        head, priority, match = row
-        seq = match if match is not None else head
-        note_passed_over(self, conn, priority, head, seq, at)
-        return seq
+        return statements_of.take(conn, ask, at, cached)
 
     # -- the dialect's statements (comfysup.queue.sqlite_statements) ---------------------------------------------
 

@@ -1,5 +1,6 @@
 """The SQLite dialect's own statements that need more than one line of SQL: a submit's batch insert (numbered
-here, so its spec rows need no round trip), lease expiry, a fenced write, webhook deliveries held, and prune.
+here, so its spec rows need no round trip), the claim, lease expiry, a fenced write, webhook deliveries held, and
+prune.
 Plain functions of a connection inside a transaction that ``SQLiteQueue`` (sqlite.py: the file, its
 connection and its locks) has begun; the SQL text is ``sql/sqlite.sql``'s.
 """
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from comfysup.queue import queries, values
 from comfysup.queue.base import NewJob
+from comfysup.queue.db import ClaimAsk, note_passed_over
 from comfysup.queue.specs import SpecCache, dumps_plain
 from comfysup.workflows import model_key
 
@@ -85,6 +87,40 @@ def insert_batch(conn: sqlite3.Connection, batch: list[NewJob], at: float | None
     conn.executemany(SQL["insert_job"], fresh)
     conn.executemany(SQL["insert_spec"], specs)
     return len(fresh), len(batch) - len(fresh)
+
+
+def take(conn: sqlite3.Connection, ask: ClaimAsk, at: float, cached: Mapping[int, Any]) -> dict[str, Any] | None:
+    """Several statements, under the write lock: the head (or the affine pick: one statement, three index
+    seeks), the job's row, its spec, its workflow unless cached, and its attempt row."""
+    expire_leases(conn, at)
+    seq = _pick(conn, ask, at)
+    if seq is None:
+        return None
+    lease_until = at + ask.lease_seconds
+    job = conn.execute(SQL["take"], {"owner": ask.owner, "server": ask.server, "lease_until": lease_until,
+                                     "now": at, "seq": seq}).fetchone()
+    spec = conn.execute(SQL["spec"], {"seq": seq}).fetchone()
+    text = None
+    if spec["workflow_id"] not in cached:
+        text = conn.execute(SQL["workflow_text"], {"id": spec["workflow_id"]}).fetchone()[0]
+    conn.execute(SQL["open_attempt"], {"job_id": job["id"], "attempt": job["attempt"], "owner": ask.owner,
+                                       "server": ask.server, "now": at, "url": ask.url})
+    return {**dict(job), **dict(spec), "owner": ask.owner, "server": ask.server, "lease_until": lease_until,
+            "workflow": text}
+
+def _pick(conn: sqlite3.Connection, ask: ClaimAsk, at: float) -> int | None:
+    """The seq of the job to take: the head, or with affinity the affine pick (noting the head passed over)."""
+    if not ask.affinity:
+        row = conn.execute(SQL["head"], {"now": at, "cat": ask.catalogue}).fetchone()
+        return None if row is None else row["seq"]
+    row = conn.execute(SQL["pick"], {"now": at, "wait": ask.max_wait_seconds, "key": ask.prefer_model,
+                                     "cat": ask.catalogue}).fetchone()
+    if row is None:
+        return None
+    head, priority, match = row
+    seq = match if match is not None else head
+    note_passed_over(SQL, conn, priority, head, seq, at)
+    return seq
 
 
 def expire_leases(conn: sqlite3.Connection, at: float) -> None:
