@@ -15,7 +15,6 @@ import pytest
 
 from comfysup.comfy import ComfyClient, EventStream
 from comfysup.queue.leases import Leases
-from comfysup.queue.sqlite import SQLiteQueue
 from comfysup.runner.attempt import Attempt
 from comfysup.runner.loop import Runner
 from comfysup.runner.nextjob import EarlyJobs
@@ -60,7 +59,7 @@ def test_the_next_job_is_posted_before_the_last_ones_files_are_recorded(tmp_path
     posted at once, and the finished one is downloaded and recorded while the server runs it."""
     counts = Counts(monkeypatch)
     for cls, name in ((EventStream, "connect"), (ComfyClient, "queue"), (ComfyClient, "history"),
-                      (SQLiteQueue, "claim"), (SQLiteQueue, "complete"), (SQLiteQueue, "complete_and_claim")):
+                      (Leases, "claim"), (Leases, "complete"), (Leases, "complete_and_claim")):
         counts.watch(cls, name)
     config = write_config(tmp_path, queue_ahead=False)  # the hand-off at the end (issue 7)
     queue = submit(config, [trivial_job(n) for n in range(1, 7)])
@@ -117,8 +116,8 @@ def test_the_next_job_is_posted_before_the_last_ones_files_are_read(tmp_path: Pa
 def test_without_a_handoff_the_done_and_the_next_claim_are_one_transaction(
         tmp_path: Path, fake: FakeComfy, monkeypatch: pytest.MonkeyPatch) -> None:
     counts = Counts(monkeypatch)
-    for cls, name in ((ComfyClient, "queue"), (SQLiteQueue, "claim"), (SQLiteQueue, "complete"),
-                      (SQLiteQueue, "complete_and_claim")):
+    for cls, name in ((ComfyClient, "queue"), (Leases, "claim"), (Leases, "complete"),
+                      (Leases, "complete_and_claim")):
         counts.watch(cls, name)
     monkeypatch.setattr(EarlyJobs, "may_hand_off", lambda self, run: False)  # as when the server's queue was not empty
     config = write_config(tmp_path, queue_ahead=False)  # the hand-off at the end (issue 7)

@@ -41,7 +41,7 @@ def test_a_second_queue_in_front_of_a_server_that_ran_its_ids_adopts_them_all(tm
         second = _run(tmp_path / "second", fake.url, [10, 1, 11, 2, 12, 3])
         prompts = fake.stats()["prompts"]
         for n in (10, 1, 11, 2, 12, 3):
-            job = second.get(trivial_job(n)["id"])
+            job = second.reads.get(trivial_job(n)["id"])
             assert job.state == "done" and job.attempt == 1 and len(job.outputs) == 1, job
             assert prompts[job.id]["posted"] == 1 and prompts[job.id]["executed"] == 1, (n, prompts[job.id])
             assert ("adopted" in _phases(job)) == (n < 10), (n, _phases(job))
