@@ -29,7 +29,7 @@ from comfysup.queue import asset_files as files
 from comfysup.queue import values
 from comfysup.queue.asset_files import CHUNK_BYTES, AssetMissing
 from comfysup.queue.base import NewJob
-from comfysup.queue.db import Role, SQLDb
+from comfysup.queue.db import Role, SQLDb, in_transaction
 from comfysup.queue.values import ApiAsset, NewAsset
 
 if TYPE_CHECKING:
@@ -142,24 +142,19 @@ class Assets(Role):
 
     # -- assets uploaded through the API -------------------------------------------------------
 
-    def add_api_asset(self, asset: NewAsset, content_type: str, retention_seconds: float, key: str | None = None,
-                      now: float | None = None) -> tuple[ApiAsset, bool]:
+    @in_transaction()
+    def add_api_asset(self, cur: Any, asset: NewAsset, content_type: str, retention_seconds: float,
+                      key: str | None = None, now: float | None = None) -> tuple[ApiAsset, bool]:
         """Store ``asset`` (its bytes at ``asset.path``, hashed again while copied) unless its content is already
         stored, and mint a record over it, in one durable transaction: ``(record, created_new)``. ``key`` (the
         upload's Idempotency-Key) is single-use, held by the record's unique ``idem_key``: one seen before, or
         committed by another upload while this one ran, is UploadConflict and nothing is stored."""
         at = time.time() if now is None else now
-        result: tuple[ApiAsset, bool] = self.db.transaction(self._add_api_asset, asset, content_type,
-                                                          retention_seconds, key, at)
-        return result
-
-    def _add_api_asset(self, cur: Any, asset: NewAsset, content_type: str, retention: float, key: str | None,
-                       at: float) -> tuple[ApiAsset, bool]:
         self._check_key(cur, key)
         created_new = cur.execute(self.db.sql["asset_size"], {"hash": asset.hash}).fetchone() is None
         self.store(cur, asset, at)
         record = values.ApiAsset(str(uuid.uuid4()), asset.hash, asset.size, asset.name, content_type, at,
-                                 at + retention)
+                                 at + retention_seconds)
         if key is None:
             cur.execute(self.db.sql["insert_api_asset"], _api_asset_row(record, None))
         elif cur.execute(self.db.sql["insert_keyed_api_asset"], _api_asset_row(record, key)).fetchone() is None:
@@ -175,18 +170,14 @@ class Assets(Role):
         if row is not None:
             raise UploadConflict(_api_asset(row).id)
 
-    def mint_api_asset(self, digest: str, file_path: str, content_type: str, retention_seconds: float,
+    @in_transaction()
+    def mint_api_asset(self, cur: Any, digest: str, file_path: str, content_type: str, retention_seconds: float,
                        now: float | None = None) -> tuple[ApiAsset, bool] | None:
         """A record over content already stored (``POST /assets/from-hash``): ``(record, minted)``; a live record
         of the same content and name is answered instead of a new one (its deadline extended, never shortened).
         None when the content is not stored."""
         at = time.time() if now is None else now
-        minted: tuple[ApiAsset, bool] | None = self.db.transaction(self._mint_api_asset, digest, file_path,
-                                                                 content_type, at, at + retention_seconds)
-        return minted
-
-    def _mint_api_asset(self, cur: Any, digest: str, file_path: str, content_type: str, at: float,
-                        until: float) -> tuple[ApiAsset, bool] | None:
+        until = at + retention_seconds
         size = cur.execute(self.db.sql["asset_size"], {"hash": digest}).fetchone()
         if size is None:
             return None
