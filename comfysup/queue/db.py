@@ -99,8 +99,9 @@ class SQLDb:
     def take(self, cur: Any, ask: ClaimAsk, at: float | None, cached: Mapping[int, Any]) -> dict[str, Any] | None:
         """Expire leases and take the next job that ``ask.catalogue`` (the claiming server's) has not refused, its
         attempt row naming ``ask.url``, the server it is taken for (a crash between the POST and ``record_prompt``
-        still leaves where the prompt may run). The claim's row by name (comfysup.queue.leases ``CLAIM_ROW``),
-        its workflow text None when ``cached`` holds its workflow id; None when no job is ready."""
+        still leaves where the prompt may run). The claim's row by column name (what
+        comfysup.queue.leases builds its Claim from), its ``workflow`` text None when ``cached`` holds its workflow id;
+        None when no job is ready."""
         raise NotImplementedError
 
     def insert_batch(self, cur: Any, batch: list[NewJob], at: float | None, conflicts: list[str],
@@ -143,6 +144,7 @@ class SQLDb:
         return None
 
     def close(self) -> None:
+        """Close this process's connections (a connection inherited across fork is left alone)."""
         raise NotImplementedError
 
 
