@@ -66,7 +66,7 @@ def _fuse(job_sql: str, attempt_sql: str) -> str:
 FUSED = {(SQL[job], SQL[attempt]): _fuse(SQL[job], SQL[attempt])
          for job in ("complete", "retry_later", "finish", "release", "record_prompt")
          for attempt in ("end_attempt", "attempt_prompt")}
-"""Every pair core may pass to ``_fenced``, built once at import."""
+"""Every pair the lease role may pass to ``fenced``, built once at import."""
 
 T = TypeVar("T")
 

@@ -103,7 +103,7 @@ def refuse_network_filesystem(path: Path) -> None:
 class BackgroundCheckpoint:
     """A thread that checkpoints one database's WAL on its own connection, woken by its process's commits
     (``committed``, CHECKPOINT_COMMITS) or the clock, while the WAL changes (PASSIVE: it never blocks a reader or
-    a writer); see ``SQLiteQueue.checkpoint_in_background``."""
+    a writer); see ``SQLiteDb.checkpoint_in_background``."""
 
     def __init__(self, path: Path) -> None:
         self.stop_event = threading.Event()
@@ -172,7 +172,7 @@ page 1 on disk."""
 
 
 class FileCheck:
-    """The integrity of the queue's file (``SQLiteQueue.integrity``): a cheap look every heartbeat, or a deep one.
+    """The integrity of the queue's file (``SQLiteDb.integrity``): a cheap look every heartbeat, or a deep one.
 
     The file is never opened here with ``open()``: closing any descriptor of a file drops every POSIX lock this
     process holds on it, SQLite's included, and another process's last connection would then delete the WAL

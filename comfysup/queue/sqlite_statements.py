@@ -1,7 +1,7 @@
 """The SQLite dialect's own statements that need more than one line of SQL: a submit's batch insert (numbered
 here, so its spec rows need no round trip), the claim, lease expiry, a fenced write, webhook deliveries held, and
 prune.
-Plain functions of a connection inside a transaction that ``SQLiteQueue`` (sqlite.py: the file, its
+Plain functions of a connection inside a transaction that ``SQLiteDb`` (sqlite.py: the file, its
 connection and its locks) has begun; the SQL text is ``sql/sqlite.sql``'s.
 """
 

@@ -112,8 +112,8 @@ FROM claimed c, head h
 -- a transaction the code marks durable=False (a prompt number, progress, a preview, an announcement's mark; as
 -- SQLite's synchronous=NORMAL for them) commits without waiting for the WAL's flush: one fsync fewer each, the
 -- server still writes it within 3 x wal_writer_delay. A crash of the server may lose the last of them and
--- nothing else: never a claim, a submit, an end or a lease's renewal (PostgresQueue.DURABLE_RENEWALS), which
--- stay durable, as a prompt number that replaces an earlier attempt's does (core.record_prompt). A lost first
+-- nothing else: never a claim, a submit, an end or a lease's renewal (PostgresDb.DURABLE_RENEWALS), which
+-- stay durable, as a prompt number that replaces an earlier attempt's does (leases.record_prompt). A lost first
 -- prompt number leaves the attempt's URL, recorded with its (durable) claim, and the prompt's id, the job's, to
 -- find it by; a lost announcement's mark publishes it again (at least once).
 SET LOCAL synchronous_commit = off
