@@ -46,8 +46,8 @@ class UploadConflict(QueueError):
 
 
 def _api_asset(row: Any) -> ApiAsset:
-    return values.ApiAsset(str(row[0]), str(row[1]), int(row[2]), str(row[3]), str(row[4]), float(row[5]),
-                           float(row[6]))
+    return values.ApiAsset(str(row["id"]), str(row["hash"]), int(row["size"]), str(row["file_path"]),
+                           str(row["content_type"]), float(row["created_at"]), float(row["expires_at"]))
 
 
 class Assets(Role):
@@ -105,25 +105,26 @@ class Assets(Role):
         rows = self.db.transaction(_fetch, self.db.sql["asset_size"], {"hash": digest}, write=False)
         if not rows:
             raise AssetMissing(f"input {digest} is not in the asset store (pruned while a job needed it?)")
-        in_bucket = self.asset_bucket.get(digest, int(rows[0][0])) if self.asset_bucket is not None else None
+        size = int(rows[0]["size"])
+        in_bucket = self.asset_bucket.get(digest, size) if self.asset_bucket is not None else None
         if in_bucket is not None:
             data = in_bucket
         elif self.assets_dir is not None:
-            data = files.read_file(self.assets_dir, digest, int(rows[0][0]))
+            data = files.read_file(self.assets_dir, digest, size)
         else:
             chunks = self.db.transaction(_fetch, self.db.sql["asset_chunks"], {"hash": digest}, write=False)
-            data = b"".join(bytes(r[0]) for r in chunks)
+            data = b"".join(bytes(r["data"]) for r in chunks)
         files.check_hash(data, digest)
         return data
 
     def assets_needed(self) -> set[str]:
         """The hashes of the input files that queued and running jobs need."""
-        return {r[0] for r in self.db.transaction(_fetch, self.db.sql["assets_needed"], {}, write=False)}
+        return {r["hash"] for r in self.db.transaction(_fetch, self.db.sql["assets_needed"], {}, write=False)}
 
     def server_assets(self, server: str) -> dict[str, tuple[str, int, float]]:
         """What ``server`` (machine/runner) was given: hash → (name there, size, last used)."""
         rows = self.db.transaction(_fetch, self.db.sql["server_assets"], {"server": server}, write=False)
-        return {r[0]: (r[1], int(r[2]), float(r[3])) for r in rows}
+        return {r["hash"]: (r["name"], int(r["size"]), float(r["used_at"])) for r in rows}
 
     def record_upload(self, server: str, digest: str, name: str, size: int, now: float) -> None:
         self.db.transaction(_run, self.db.sql["record_upload"], {"server": server, "hash": digest, "name": name,
@@ -138,7 +139,7 @@ class Assets(Role):
     def asset_totals(self) -> dict[str, int]:
         """Input files stored, their bytes, and uploads to servers (status and metrics)."""
         row = self.db.transaction(_fetch, self.db.sql["asset_totals"], {}, write=False)[0]
-        return {"assets": int(row[0]), "bytes": int(row[1]), "uploads": int(row[2])}
+        return {"assets": int(row["assets"]), "bytes": int(row["bytes"]), "uploads": int(row["uploads"])}
 
     # -- assets uploaded through the API -------------------------------------------------------
 
@@ -186,7 +187,7 @@ class Assets(Role):
             known = _api_asset(row)
             cur.execute(self.db.sql["extend_api_asset"], {"until": until, "id": known.id})
             return values.ApiAsset(**{**known.__dict__, "expires_at": max(known.expires_at, until)}), False
-        record = values.ApiAsset(str(uuid.uuid4()), digest, int(size[0]), file_path, content_type, at, until)
+        record = values.ApiAsset(str(uuid.uuid4()), digest, int(size["size"]), file_path, content_type, at, until)
         cur.execute(self.db.sql["insert_api_asset"], _api_asset_row(record, None))
         return record, True
 
@@ -201,7 +202,7 @@ class Assets(Role):
     def asset_size(self, digest: str) -> int | None:
         """The stored content's size, or None when the store does not hold it."""
         rows = self.db.transaction(_fetch, self.db.sql["asset_size"], {"hash": digest}, write=False)
-        return int(rows[0][0]) if rows else None
+        return int(rows[0]["size"]) if rows else None
 
     def delete_api_asset(self, asset_id: str) -> bool:
         """Remove the record; its content too when no job and no other record needs it. False: no such record."""
@@ -213,8 +214,8 @@ class Assets(Role):
         row = cur.execute(self.db.sql["delete_api_asset"], {"id": asset_id}).fetchone()
         if row is None:
             return False, []
-        size = cur.execute(self.db.sql["asset_size"], {"hash": row[0]}).fetchone()
-        return True, self._drop_unreferenced(cur, [(row[0], size[0] if size else 0)])
+        size = cur.execute(self.db.sql["asset_size"], {"hash": row["hash"]}).fetchone()
+        return True, self._drop_unreferenced(cur, [(row["hash"], size["size"] if size else 0)])
 
     def asset_file(self, digest: str) -> Path | None:
         """Where a stored content's bytes are on this machine; None when they are chunks in the database."""
@@ -229,7 +230,7 @@ class Assets(Role):
             if data is not None:
                 return data
         rows = self.db.transaction(_fetch, self.db.sql["asset_chunk"], {"hash": digest, "n": n}, write=False)
-        return bytes(rows[0][0]) if rows else b""
+        return bytes(rows[0]["data"]) if rows else b""
 
     # -- prune -----------------------------------------------------------------------------------------------
 
@@ -245,7 +246,8 @@ class Assets(Role):
     def _prune_assets(self, cur: Any, at: float) -> list[tuple[str, int]]:
         cur.execute(self.db.sql["prune_job_assets"])
         cur.execute(self.db.sql["prune_api_assets"], {"at": at})
-        return self._drop_unreferenced(cur, cur.execute(self.db.sql["unreferenced_assets"]).fetchall())
+        rows = cur.execute(self.db.sql["unreferenced_assets"]).fetchall()
+        return self._drop_unreferenced(cur, [(r["hash"], r["size"]) for r in rows])
 
     def _drop_unreferenced(self, cur: Any, candidates: Iterable[Any]) -> list[tuple[str, int]]:
         gone = []

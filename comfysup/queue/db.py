@@ -4,9 +4,10 @@ Each backend is one ``SQLDb`` (comfysup.queue.sqlite's ``SQLiteDb``, comfysup.qu
 every role of the queue (leases, intake, reads, deliveries, fleet, endpoints, assets, previews) holds the same
 one and runs its named statements through it:
 
-- ``transaction(fn, *args, write=, durable=, named=, busy_seconds=)``: ``fn(cur, *args)`` in one transaction,
-  begun, committed and failed as the backend does (SQLite: BEGIN IMMEDIATE, synchronous=FULL; PostgreSQL: a
-  retried stale connection). ``in_transaction`` makes a role's method one such transaction.
+- ``transaction(fn, *args, write=, durable=, busy_seconds=)``: ``fn(cur, *args)`` in one transaction, begun,
+  committed and failed as the backend does (SQLite: BEGIN IMMEDIATE, synchronous=FULL; PostgreSQL: a retried
+  stale connection), its rows read by column name. ``in_transaction`` makes a role's method one such
+  transaction.
 - ``time(now)``: where time comes from when ``now`` is None (SQLite: this machine's clock, read once the write
   lock is held; PostgreSQL: None, so the SQL's ``{now}`` takes the database server's clock).
 - ``take``, ``insert_batch``, ``fenced``, ``claim_deliveries``, ``prune``: the statements whose shape differs
@@ -61,7 +62,7 @@ class SQLDb:
         forks.register(self)
 
     def transaction(self, fn: Callable[..., T], *args: Any, write: bool = True, durable: bool = True,
-                    named: bool = False, busy_seconds: float | None = None) -> T:
+                    busy_seconds: float | None = None) -> T:
         """``fn(cur, *args)`` in one transaction, committed as a whole (see the module docstring)."""
         raise NotImplementedError
 
@@ -176,8 +177,8 @@ Method = Callable[Concatenate[R, Any, P], T]
 """A role's method as written: the cursor of its transaction after ``self``."""
 
 
-def in_transaction(*, write: bool = True, durable: bool | Callable[..., bool] = True,
-                   named: bool = False) -> Callable[[Method[R, P, T]], Callable[Concatenate[R, P], T]]:
+def in_transaction(*, write: bool = True, durable: bool | Callable[..., bool] = True
+                   ) -> Callable[[Method[R, P, T]], Callable[Concatenate[R, P], T]]:
     """A role's method as one transaction of its database: the method is written with the cursor after ``self``
     and called without it. ``durable``: whether the commit waits for the disk, or a function of the call's
     arguments (``self`` first) that says."""
@@ -188,7 +189,7 @@ def in_transaction(*, write: bool = True, durable: bool | Callable[..., bool] = 
             sure = durable if isinstance(durable, bool) else durable(self, *args, **kwargs)
             method = types.MethodType(fn, self)
             step = functools.partial(method, **kwargs) if kwargs else method
-            return self.db.transaction(step, *args, write=write, durable=sure, named=named)
+            return self.db.transaction(step, *args, write=write, durable=sure)
 
         return run
 

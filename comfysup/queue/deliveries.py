@@ -20,7 +20,7 @@ class Deliveries(Role):
     def _rows(self, name: str, args: Mapping[str, Any] | None = None) -> list[Any]:
         """A read by query name; rows name their columns."""
         return self.db.transaction(lambda cur: cur.execute(self.db.sql[name], args or {}).fetchall(), write=False,
-                                   named=True)
+                                   )
 
     def deliveries(self, job_id: str) -> list[Delivery]:
         """The webhook deliveries of one job, oldest first."""

@@ -41,4 +41,4 @@ class Endpoints(Role):
     def api_endpoint(self, cur: Any, host: str, now: float | None = None) -> ApiEndpoint | None:
         """``host``'s advertised API and the age of its heartbeat; None when it advertises none."""
         row = cur.execute(self.db.sql["api_endpoint"], {"now": self.db.time(now), "host": host}).fetchone()
-        return None if row is None else values.ApiEndpoint(host, str(row[0]), max(0.0, float(row[1])))
+        return None if row is None else values.ApiEndpoint(host, str(row["url"]), max(0.0, float(row["age"])))

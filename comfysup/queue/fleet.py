@@ -47,12 +47,12 @@ class Fleet(Role):
                           now: float | None) -> int:
         sql, at = self.db.sql, self.db.time(now)
         cur.execute(sql["insert_catalogue"], {"hash": digest, "info": text, "now": at})
-        (catalogue_id,) = cur.execute(sql["catalogue_id"], {"hash": digest}).fetchone()
+        catalogue_id = cur.execute(sql["catalogue_id"], {"hash": digest}).fetchone()["id"]
         cur.execute(sql["server_catalogue"], {"runner": runner, "machine": machine, "catalogue_id": catalogue_id,
                                               "now": at})
         # A changed catalogue may leave jobs that every current one refused: no claim would ever take them.
-        for (job_id,) in cur.execute(sql["stranded_jobs"]).fetchall():
-            why = "; ".join(dict.fromkeys(r[1] for r in cur.execute(sql["refusals_of"], {"id": job_id}).fetchall()))
+        for job_id in [r["id"] for r in cur.execute(sql["stranded_jobs"]).fetchall()]:
+            why = "; ".join(dict.fromkeys(r["reason"] for r in cur.execute(sql["refusals_of"], {"id": job_id})))
             cur.execute(sql["dead_queued"], {"now": at, "reason": f"no server can run it: {why}", "id": job_id})
             ends.deliver(self.db, cur, job_id, at)
         return int(catalogue_id)
@@ -62,11 +62,11 @@ class Fleet(Role):
         """The catalogues some server has now (by id), each with the servers (``runner@machine``) that have it."""
         rows = cur.execute(self.db.sql["current_catalogues"]).fetchall()
         found: dict[int, CatalogueRecord] = {}
-        for catalogue_id, text, runner, machine in rows:
-            record = found.get(catalogue_id)
+        for r in rows:
+            record = found.get(r["id"])
             if record is None:
-                record = found[catalogue_id] = CatalogueRecord(int(catalogue_id), json.loads(text), [])
-            record.servers.append(f"{runner}@{machine}")
+                record = found[r["id"]] = CatalogueRecord(int(r["id"]), json.loads(r["info"]), [])
+            record.servers.append(f"{r['runner']}@{r['machine']}")
         return list(found.values())
 
     @in_transaction()
@@ -76,13 +76,13 @@ class Fleet(Role):
         current catalogue can run it. True when it was dead-lettered."""
         sql = self.db.sql
         cur.execute(sql["insert_refusal"], {"catalogue_id": catalogue, "reason": reason, "job_id": claim.id})
-        (able,) = cur.execute(sql["able_servers"], {"id": claim.id}).fetchone()
+        able = cur.execute(sql["able_servers"], {"id": claim.id}).fetchone()["n"]
         if able:
             ends.release(self.db, cur, claim, f"this server cannot run it ({reason}); left for a server that can",
                          False, now, "catalogue", None)
             return False
         refusals = cur.execute(sql["refusals_of"], {"id": claim.id}).fetchall()
-        why = "; ".join(dict.fromkeys(r[1] for r in refusals))
+        why = "; ".join(dict.fromkeys(r["reason"] for r in refusals))
         ends.finish(self.db, cur, claim, DEAD, f"no server can run it: {why}", now, "catalogue", None)
         return True
 
@@ -109,7 +109,7 @@ class Fleet(Role):
         cur.execute(self.db.sql["machine_heartbeat"],
                     {"host": host, "pid": pid, "slots": json.dumps(list(slots)), "now": at})
 
-    @in_transaction(write=False, named=True)
+    @in_transaction(write=False)
     def machines(self, cur: Any, now: float | None = None) -> list[Machine]:
         """The supervisors sharing the queue, with how long ago each was heard from."""
         rows = cur.execute(self.db.sql["machines"], {"now": self.db.time(now)}).fetchall()

@@ -58,15 +58,15 @@ class Intake(Role):
             row = cur.execute(self.db.sql["job_state"], {"id": job_id}).fetchone()
             if row is None:
                 out[job_id] = "unknown"
-            elif row[0] == QUEUED:
+            elif row["state"] == QUEUED:
                 cur.execute(self.db.sql["cancel_queued"], {"now": at, "id": job_id})
                 ends.deliver(self.db, cur, job_id, at)
                 out[job_id] = "cancelled"
-            elif row[0] == RUNNING:
+            elif row["state"] == RUNNING:
                 cur.execute(self.db.sql["cancel_running"], {"id": job_id})
                 out[job_id] = "cancelling"
             else:
-                out[job_id] = f"already {row[0]}"
+                out[job_id] = f"already {row['state']}"
         return out
 
     @in_transaction()
@@ -74,7 +74,7 @@ class Intake(Role):
         """Dead jobs back to the queue with attempts reset (``None``: all dead jobs)."""
         out: dict[str, str] = {}
         if ids is None:
-            out = {r[0]: "requeued" for r in cur.execute(self.db.sql["requeue_all"]).fetchall()}
+            out = {r["id"]: "requeued" for r in cur.execute(self.db.sql["requeue_all"]).fetchall()}
         else:
             for job_id in ids:
                 out[job_id] = self._requeue_one(cur, job_id)
@@ -86,8 +86,8 @@ class Intake(Role):
         row = cur.execute(self.db.sql["job_state"], {"id": job_id}).fetchone()
         if row is None:
             return "unknown"
-        if row[0] != DEAD:
-            return f"not dead ({row[0]})"
+        if row["state"] != DEAD:
+            return f"not dead ({row['state']})"
         cur.execute(self.db.sql["requeue_one"], {"id": job_id})
         return "requeued"
 
@@ -98,7 +98,7 @@ class Intake(Role):
         being delivered stays until its delivery ends."""
         return self.db.prune(finished_before, limit)
 
-    @in_transaction(write=False, named=True)
+    @in_transaction(write=False)
     def prunable(self, cur: Any, finished_before: float) -> int:
         """How many terminal jobs finished before ``finished_before`` (what ``prune`` would remove, less any
         whose webhook is still pending): the progress total of ``comfysup prune``."""

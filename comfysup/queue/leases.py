@@ -91,7 +91,7 @@ class Leases(Role):
             if template is None:
                 if text is None:  # evicted by another thread since the claim read it
                     text = self.db.transaction(lambda cur: cur.execute(self.db.sql["workflow_text"],
-                                                                       {"id": workflow_id}).fetchone()[0],
+                                                                       {"id": workflow_id}).fetchone()["workflow"],
                                                write=False)
                 template = json.loads(text)  # type: ignore[arg-type]
                 self._templates[workflow_id] = template
@@ -112,7 +112,7 @@ class Leases(Role):
     def heartbeat(self, cur: Any, claim: Claim, lease_seconds: float, now: float | None = None) -> bool:
         row = ends.held(self.db, cur, claim, self.db.sql["heartbeat"],
                         {"now": self.db.time(now), "lease": lease_seconds, **fence(claim)})
-        return bool(row[0])
+        return bool(row["cancel_requested"])
 
     @in_transaction(durable=_prompt_durable)
     def record_prompt(self, cur: Any, claim: Claim, server: str, prompt_number: int, url: str | None = None, *,
@@ -125,7 +125,7 @@ class Leases(Role):
         if renew is None:
             return None
         row = self.db.fenced(cur, sql["heartbeat"], {"now": at, "lease": lease_seconds, **fence(renew)})
-        return row is not None and not row[0]
+        return row is not None and not row["cancel_requested"]
 
     @in_transaction(durable=False)
     def set_waiting(self, cur: Any, claim: Claim, waiting: bool) -> None:
@@ -138,7 +138,7 @@ class Leases(Role):
         mine = {"attempt": other_than.attempt, "owner": other_than.owner} if other_than is not None else \
             {"attempt": 0, "owner": ""}
         rows = cur.execute(self.db.sql["attempt_urls"], {"job_id": job_id, **mine}).fetchall()
-        return [(str(url), None if number is None else int(number)) for url, number in rows]
+        return [(str(r["url"]), None if r["prompt_number"] is None else int(r["prompt_number"])) for r in rows]
 
     # -- the attempt's end -----------------------------------------------------------------------------------
 
@@ -171,9 +171,9 @@ class Leases(Role):
             # The attempt judged its prompt: the next one must not adopt that run's failure again, so the
             # number is forgotten (a live prompt is still followed, and a success still adopted, by id).
             at = self.db.time(now)
-            (due,) = ends.end(self.db, cur, claim, self.db.sql["retry_later"],
-                              {"given": given, "delay": delay, "reason": reason}, at, RETRY, reason, kind, trace)
-            if due:
+            row = ends.end(self.db, cur, claim, self.db.sql["retry_later"],
+                           {"given": given, "delay": delay, "reason": reason}, at, RETRY, reason, kind, trace)
+            if row["due"]:
                 self.db.notify(cur)
 
         self.db.transaction(retry)
@@ -204,7 +204,7 @@ class Leases(Role):
             outcome = RELEASED if count_attempt else RELEASED_UNCOUNTED
             kind = "runner_died" if count_attempt else "shutdown"
             cur.executemany(self.db.sql["end_owner_attempt"],
-                            [{"now": at, "outcome": outcome, "reason": reason, "kind": kind, "job_id": r[0],
-                              "attempt": r[1], "owner": owner} for r in rows])
+                            [{"now": at, "outcome": outcome, "reason": reason, "kind": kind, "job_id": r["id"],
+                              "attempt": r["attempt"], "owner": owner} for r in rows])
             self.db.notify(cur)
-        return [r[0] for r in rows]
+        return [r["id"] for r in rows]

@@ -49,7 +49,8 @@ def import_records(db: SQLDb, store: Assets, records: Sequence[JobRecord], *, wi
     def copy(cur: psycopg.Cursor[Any]) -> None:
         if not records:
             return
-        known = dict(cur.execute(SQL["known_ids"], {"ids": [r.id for r in records]}).fetchall())
+        rows = cur.execute(SQL["known_ids"], {"ids": [r.id for r in records]}).fetchall()
+        known = {row["id"]: row["spec_hash"] for row in rows}
         fresh: list[JobRecord] = []
         for r in records:
             if r.id in known:

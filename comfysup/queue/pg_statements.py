@@ -28,7 +28,7 @@ def workflow_ids(cur: psycopg.Cursor[Any], texts: dict[str, str], cache: SpecCac
     if len(cache.ids) >= 4096:
         cache.ids.clear()
     rows = cur.execute(SQL["insert_workflows"], {"hashes": list(missing), "texts": list(missing.values())}).fetchall()
-    cache.ids.update(dict(rows))
+    cache.ids.update({r["hash"]: r["id"] for r in rows})
 
 
 def insert_batch(cur: psycopg.Cursor[Any], batch: list[NewJob], now: float | None, conflicts: list[str],
@@ -38,11 +38,12 @@ def insert_batch(cur: psycopg.Cursor[Any], batch: list[NewJob], now: float | Non
     stored = [specs.template(j) for j in batch]
     workflow_ids(cur, {h: t for t, h in stored}, specs)
     cur.execute(SQL["insert_jobs"], {"now": now, **_columns(batch, [specs.ids[h] for _t, h in stored], specs)})
-    fresh = {r[0] for r in cur.fetchall()}
+    fresh = {r["id"] for r in cur.fetchall()}
     rest = _not_inserted(batch, fresh)
     known: dict[str, str] = {}
     if rest:
-        known = dict(cur.execute(SQL["known_ids"], {"ids": list({j.id for j in rest})}).fetchall())
+        rows = cur.execute(SQL["known_ids"], {"ids": list({j.id for j in rest})}).fetchall()
+        known = {r["id"]: r["spec_hash"] for r in rows}
     refused = [job.id for job in rest if known.get(job.id) != job.spec_hash]
     conflicts.extend(refused)
     return len(fresh), len(rest) - len(refused)
@@ -87,19 +88,18 @@ def take(cur: psycopg.Cursor[Any], ask: ClaimAsk, now: float | None, cached: Map
     row = taken.fetchone()
     if row is None:
         return None
-    return {**dict(zip([c.name for c in taken.description], row, strict=True)), "owner": ask.owner,
-            "server": ask.server}
+    return {**row, "owner": ask.owner, "server": ask.server}
 
 
 def prune(cur: psycopg.Cursor[Any], finished_before: float, limit: int) -> PruneBatch:
     """A batch of old terminal jobs and the workflows no job uses any more (see ``PostgresDb.prune``)."""
     rows = cur.execute(SQL["prune_batch"], {"before": finished_before, "limit": limit}).fetchall()
     removed = 0
-    for workflow_id in sorted({r[2] for r in rows}):
+    for workflow_id in sorted({r["workflow_id"] for r in rows}):
         cur.execute("SAVEPOINT prune_workflow")
         try:
             removed += cur.execute(SQL["prune_workflow"], {"id": workflow_id}).rowcount
             cur.execute("RELEASE SAVEPOINT prune_workflow")
         except psycopg.errors.ForeignKeyViolation:
             cur.execute("ROLLBACK TO SAVEPOINT prune_workflow")
-    return PruneBatch(removed=[(r[0], r[1]) for r in rows], workflows_removed=removed)
+    return PruneBatch(removed=[(r["id"], r["machine"]) for r in rows], workflows_removed=removed)

@@ -34,7 +34,7 @@ from typing import Any, TypeVar
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
-from psycopg.rows import dict_row, tuple_row
+from psycopg.rows import dict_row
 
 from comfysup.errors import DatabaseLocked, DatabaseUnavailable, QueueError
 from comfysup.queue import pg_import, pg_statements, queries, records
@@ -193,18 +193,18 @@ class PostgresDb(SQLDb):
             self._drop_listener()
 
     def transaction(self, fn: Callable[..., T], *args: Any, write: bool = True, durable: bool = True,
-                     named: bool = False, busy_seconds: float | None = None) -> T:
+                     busy_seconds: float | None = None) -> T:
         """Run ``fn(cur, *args)`` in one transaction and commit it (reads too: one snapshot). A stale connection
         is replaced and ``fn`` retried once when the failure came before COMMIT (the server then rolled it
         back). ``durable=False``: the commit does not wait for the WAL's flush (sql/postgres.sql not_durable).
-        ``named``: rows are dicts by column name. ``busy_seconds`` is SQLite's (a whole-database write
+        Rows are dicts by column name. ``busy_seconds`` is SQLite's (a whole-database write
         lock); rows here are locked one by one, and lock_timeout bounds every wait."""
         with self._lock:
             for retry in (False, True):
                 conn, fresh = self._connection()
                 committing = False
                 try:
-                    with conn.cursor(row_factory=dict_row if named else tuple_row) as cur:
+                    with conn.cursor(row_factory=dict_row) as cur:
                         if not durable:  # as SQLite's durable=False: a renewal, a prompt number, progress
                             cur.execute(SQL["not_durable"])
                         result = fn(cur, *args)
@@ -252,7 +252,8 @@ class PostgresDb(SQLDb):
             cur.execute("SELECT pg_advisory_xact_lock(%(key)s)", {"key": MIGRATION_LOCK})
             cur.execute("CREATE TABLE IF NOT EXISTS schema_version "
                         "(version integer PRIMARY KEY, applied_at double precision NOT NULL)")
-            version = cur.execute("SELECT coalesce(max(version), 0) FROM schema_version").fetchone()[0]
+            row = cur.execute("SELECT coalesce(max(version), 0) AS version FROM schema_version").fetchone()
+            version = row["version"]
             for step, script in self.schema_steps(version):
                 cur.execute(script)
                 if step == 3:
@@ -266,16 +267,16 @@ class PostgresDb(SQLDb):
         """v3's Python step: the model key of every job still to run (SQL cannot read loader nodes)."""
         rows = cur.execute("SELECT j.seq, w.workflow, j.params FROM jobs j JOIN workflows w ON w.id = j.workflow_id "
                            "WHERE j.state IN ('queued', 'running')").fetchall()
-        keys = [{"key": model_key(apply_params(json.loads(text), json.loads(params))), "seq": seq}
-                for seq, text, params in rows]
+        keys = [{"key": model_key(apply_params(json.loads(r["workflow"]), json.loads(r["params"]))), "seq": r["seq"]}
+                for r in rows]
         cur.executemany("UPDATE jobs SET model_key = %(key)s WHERE seq = %(seq)s",
                         [k for k in keys if k["key"] is not None])
 
     def _version(self) -> int | None:
         def read(cur: psycopg.Cursor[Any]) -> int | None:
-            if cur.execute("SELECT to_regclass('schema_version') IS NULL").fetchone()[0]:
+            if cur.execute("SELECT to_regclass('schema_version') IS NULL AS missing").fetchone()["missing"]:
                 return None
-            return cur.execute("SELECT max(version) FROM schema_version").fetchone()[0]
+            return cur.execute("SELECT max(version) AS version FROM schema_version").fetchone()["version"]
 
         return self.transaction(read)
 
@@ -357,7 +358,7 @@ class PostgresDb(SQLDb):
         return now
 
     def _scalar(self, sql: str, args: Sequence[Any] | None = None) -> Any:
-        return self.transaction(lambda cur: cur.execute(sql, args).fetchone()[0])
+        return self.transaction(lambda cur: next(iter(cur.execute(sql, args).fetchone().values())))
 
     def fenced(self, cur: psycopg.Cursor[Any], job_sql: str, job_args: Mapping[str, Any],
                attempt_sql: str | None = None, attempt_args: Mapping[str, Any] | None = None) -> Any:
@@ -383,8 +384,7 @@ class PostgresDb(SQLDb):
 
     def claim_deliveries(self, limit: int, hold_seconds: float, now: float | None = None) -> list[Delivery]:
         """SKIP LOCKED, as the job claim: deliverers on several machines take different rows."""
-        rows = self.transaction(fetch, SQL["claim_deliveries"], {"now": now, "hold": hold_seconds, "limit": limit},
-                                named=True)
+        rows = self.transaction(fetch, SQL["claim_deliveries"], {"now": now, "hold": hold_seconds, "limit": limit})
         return sorted((records.delivery(r) for r in rows), key=lambda d: d.id)  # next_at: the end of the hold
 
     def prune(self, finished_before: float, limit: int = 500) -> PruneBatch:

@@ -37,9 +37,10 @@ class Previews(Role):
     @in_transaction(write=False)
     def _moved(self, cur: Any, ids: list[str], known: Mapping[str, int]) -> dict[str, Preview]:
         sql, id_list = self.db.sql, self.db.id_list
-        moved = [str(r[0]) for r in cur.execute(sql["preview_numbers"], {"ids": id_list(ids)}).fetchall()
-                 if known.get(str(r[0])) != int(r[1])]
+        moved = [str(r["job_id"]) for r in cur.execute(sql["preview_numbers"], {"ids": id_list(ids)}).fetchall()
+                 if known.get(str(r["job_id"])) != int(r["n"])]
         if not moved:
             return {}
         rows = cur.execute(sql["previews"], {"ids": id_list(moved)}).fetchall()
-        return {str(r[0]): values.Preview(int(r[1]), r[2], str(r[3]), bytes(r[4])) for r in rows}
+        return {str(r["job_id"]): values.Preview(int(r["n"]), r["node_id"], str(r["content_type"]), bytes(r["data"]))
+                for r in rows}

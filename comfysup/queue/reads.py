@@ -33,7 +33,7 @@ class Reads(Role):
 
     def _rows(self, name: str, args: Mapping[str, Any] | None = None) -> list[Any]:
         """A read by query name; rows name their columns."""
-        return self.db.transaction(fetch, self.db.sql[name], args or {}, write=False, named=True)
+        return self.db.transaction(fetch, self.db.sql[name], args or {}, write=False)
 
     def ids_starting(self, prefix: str, limit: int = 10) -> list[str]:
         """Up to ``limit`` job ids that begin with ``prefix`` (hex digits and hyphens only: no LIKE wildcard)."""
@@ -41,7 +41,7 @@ class Reads(Role):
             return []
         rows = self.db.transaction(fetch, self.db.sql["ids_starting"], {"prefix": prefix + "%", "limit": limit},
                                    write=False)
-        return [r[0] for r in rows]
+        return [r["id"] for r in rows]
 
     def get(self, job_id: str) -> JobRecord:
         rows = self.get_many([job_id])
@@ -52,7 +52,7 @@ class Reads(Role):
     def output_asset(self, asset_id: str) -> tuple[JobRecord, int] | None:
         """The done job whose output has this asset id, and the output's place in its list; None when none has."""
         rows = self.db.transaction(fetch, self.db.sql["output_asset_job"], {"asset_id": asset_id}, write=False)
-        records = self.get_many([rows[0][0]]) if rows else []
+        records = self.get_many([rows[0]["job_id"]]) if rows else []
         if not records or records[0].state != "done":
             return None
         index = next((i for i, o in enumerate(records[0].outputs) if o.id == asset_id), None)
@@ -63,7 +63,7 @@ class Reads(Role):
         if not ids:
             return []
         order = {job_id: i for i, job_id in enumerate(ids)}
-        return sorted(self.db.transaction(self._records, ids, write=False, named=True), key=lambda j: order[j.id])
+        return sorted(self.db.transaction(self._records, ids, write=False), key=lambda j: order[j.id])
 
     def _records(self, cur: Any, ids: list[str]) -> list[JobRecord]:
         rows: list[Any] = []
@@ -87,7 +87,7 @@ class Reads(Role):
         """Every job in submission order, read in pages so memory stays flat on a large table."""
         last = 0
         while True:
-            seq, page = self.db.transaction(self._page, last, states, write=False, named=True)
+            seq, page = self.db.transaction(self._page, last, states, write=False)
             if not page:
                 return
             yield from page
@@ -102,7 +102,7 @@ class Reads(Role):
             rows = cur.execute(self.db.sql["jobs_page"], {"after": last, "limit": PAGE}).fetchall()
         return (rows[-1]["seq"] if rows else last), self._with_attempts(cur, rows)
 
-    @in_transaction(write=False, named=True)
+    @in_transaction(write=False)
     def newest(self, cur: Any, before: int | None = None, limit: int = 50) -> tuple[int | None, list[JobRecord]]:
         """Up to ``limit`` jobs submitted before the one numbered ``before`` (None: the newest), newest first, and
         the number to pass as ``before`` for the next page (None: this was the last). What the API's list pages
@@ -113,7 +113,7 @@ class Reads(Role):
         rows = rows[:limit]
         return (rows[-1]["seq"] if more and rows else None), self._with_attempts(cur, rows)
 
-    @in_transaction(write=False, named=True)
+    @in_transaction(write=False)
     def status(self, cur: Any, now: float | None = None, dead_limit: int = 5, done_limit: int = 0) -> Status:
         sql = self.db.sql
         counts = dict.fromkeys([s.value for s in STATES], 0)
@@ -131,7 +131,7 @@ class Reads(Role):
         return Status(counts=counts, oldest_queued_at=oldest["submitted_at"] if oldest else None, running=running,
                       recent_dead=dead, recent_done=done)
 
-    @in_transaction(write=False, named=True)
+    @in_transaction(write=False)
     def queue_position(self, cur: Any, job_id: str) -> int | None:
         """Where a job that waits is in line, 1 first (None: it runs, has ended, or is unknown): a job posted to a
         server waits behind the ones posted there before it; a queued job behind every posted job and the ready
@@ -164,7 +164,7 @@ class Reads(Role):
         """id -> what changes while a job runs, in one read of all ``ids`` (chunks of ID_CHUNK); unknown ids are
         left out. What the API's one event watcher reads for every watched job on each of its ticks."""
         ids = list(ids)
-        return dict(self.db.transaction(self._pulses, ids, write=False, named=True)) if ids else {}
+        return dict(self.db.transaction(self._pulses, ids, write=False)) if ids else {}
 
     def _pulses(self, cur: Any, ids: list[str]) -> list[tuple[str, JobPulse]]:
         out: list[tuple[str, JobPulse]] = []

@@ -297,9 +297,9 @@ class SQLiteDb(SQLDb):
         return self._file_check.translate(exc, self.busy_timeout_seconds)
 
     def transaction(self, fn: Callable[..., T], *args: Any, write: bool = True, durable: bool = True,
-                     named: bool = False, busy_seconds: float | None = None) -> T:
+                     busy_seconds: float | None = None) -> T:
         """A write runs in ``_write`` (``busy_seconds``: see there); a read runs alone, outside any transaction, so
-        it never waits for the write lock. Rows are ``sqlite3.Row``: by position or by name."""
+        it never waits for the write lock. Rows are ``sqlite3.Row``, read by column name."""
         if write:
             with self._write(durable, busy_seconds) as conn:
                 return fn(conn, *args)

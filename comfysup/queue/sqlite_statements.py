@@ -63,7 +63,7 @@ def insert_batch(conn: sqlite3.Connection, batch: list[NewJob], at: float | None
     known = {r["id"]: r["spec_hash"] for r in conn.execute(SQL["known_ids"], {"ids": id_list([j.id for j in batch])})}
     fresh = []
     specs = []
-    seq = conn.execute(SQL["last_seq"]).fetchone()[0]
+    seq = conn.execute(SQL["last_seq"]).fetchone()["seq"]
     for job in batch:
         if job.id in known:
             if known[job.id] != job.spec_hash:
@@ -77,7 +77,7 @@ def insert_batch(conn: sqlite3.Connection, batch: list[NewJob], at: float | None
             if len(cache.ids) >= 4096:
                 cache.ids.clear()
             row = conn.execute(SQL["workflow_id"], {"hash": digest}).fetchone()
-            workflow_id = cache.ids[digest] = row[0] if row else conn.execute(
+            workflow_id = cache.ids[digest] = row["id"] if row else conn.execute(
                 SQL["insert_workflow"], {"hash": digest, "workflow": text}).lastrowid
         fresh.append({"seq": seq, "id": job.id, "priority": job.priority, "now": at, "spec_hash": job.spec_hash,
                       "workflow_name": job.workflow_name, "callback_url": job.callback_url or None,
@@ -102,7 +102,7 @@ def take(conn: sqlite3.Connection, ask: ClaimAsk, at: float, cached: Mapping[int
     spec = conn.execute(SQL["spec"], {"seq": seq}).fetchone()
     text = None
     if spec["workflow_id"] not in cached:
-        text = conn.execute(SQL["workflow_text"], {"id": spec["workflow_id"]}).fetchone()[0]
+        text = conn.execute(SQL["workflow_text"], {"id": spec["workflow_id"]}).fetchone()["workflow"]
     conn.execute(SQL["open_attempt"], {"job_id": job["id"], "attempt": job["attempt"], "owner": ask.owner,
                                        "server": ask.server, "now": at, "url": ask.url})
     return {**dict(job), **dict(spec), "owner": ask.owner, "server": ask.server, "lease_until": lease_until,
@@ -117,9 +117,8 @@ def _pick(conn: sqlite3.Connection, ask: ClaimAsk, at: float) -> int | None:
                                      "cat": ask.catalogue}).fetchone()
     if row is None:
         return None
-    head, priority, match = row
-    seq = match if match is not None else head
-    note_passed_over(SQL, conn, priority, head, seq, at)
+    seq = row["affine"] if row["affine"] is not None else row["head"]
+    note_passed_over(SQL, conn, row["priority"], row["head"], seq, at)
     return seq
 
 
@@ -127,8 +126,8 @@ def expire_leases(conn: sqlite3.Connection, at: float) -> None:
     """Running jobs whose lease passed are queued again; their attempt stays counted."""
     if conn.execute(SQL["any_expired"], {"now": at}).fetchone() is None:
         return
-    for job_id, attempt in conn.execute(SQL["expire"], {"now": at}).fetchall():
-        conn.execute(SQL["end_expired"], {"now": at, "job_id": job_id, "attempt": attempt})
+    for r in conn.execute(SQL["expire"], {"now": at}).fetchall():
+        conn.execute(SQL["end_expired"], {"now": at, "job_id": r["id"], "attempt": r["attempt"]})
 
 
 def fenced(conn: sqlite3.Connection, job_sql: str, job_args: Mapping[str, Any], attempt_sql: str | None = None,
@@ -151,9 +150,9 @@ def prune(conn: sqlite3.Connection, finished_before: float, limit: int) -> Prune
     rows = conn.execute(SQL["prune_batch"], {"before": finished_before, "limit": limit}).fetchall()
     if not rows:
         return values.PruneBatch(removed=[])
-    batch = {"seqs": json.dumps([r[0] for r in rows]), "ids": id_list([r[1] for r in rows])}
-    used = [r[0] for r in conn.execute(SQL["prune_workflows_of"], batch)]
+    batch = {"seqs": json.dumps([r["seq"] for r in rows]), "ids": id_list([r["id"] for r in rows])}
+    used = [r["workflow_id"] for r in conn.execute(SQL["prune_workflows_of"], batch)]
     for name in PRUNED:
         conn.execute(SQL[name], batch)
     gone = sum(conn.execute(SQL["prune_workflow"], {"id": w}).rowcount for w in used)
-    return values.PruneBatch(removed=[(r[1], r[2]) for r in rows], workflows_removed=gone)
+    return values.PruneBatch(removed=[(r["id"], r["machine"]) for r in rows], workflows_removed=gone)

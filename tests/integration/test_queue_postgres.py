@@ -433,7 +433,7 @@ class _Explaining:
 
     def execute(self, sql: str, args: object = None) -> psycopg.Cursor:
         if "INSERT INTO attempts" in sql:
-            self.plan = "\n".join(r[0] for r in self.cur.execute("EXPLAIN " + sql, args).fetchall())
+            self.plan = "\n".join(r["QUERY PLAN"] for r in self.cur.execute("EXPLAIN " + sql, args).fetchall())
         return self.cur.execute(sql, args)
 
 
@@ -464,7 +464,7 @@ def test_only_writes_marked_not_durable_skip_the_wal_flush(pg_url: str) -> None:
     q = PostgresQueue(pg_url)
 
     def setting(cur: psycopg.Cursor) -> str:
-        return cur.execute("SHOW synchronous_commit").fetchone()[0]
+        return cur.execute("SHOW synchronous_commit").fetchone()["synchronous_commit"]
 
     assert q.db.transaction(setting, durable=False) == "off"
     assert q.db.transaction(setting) == "on"

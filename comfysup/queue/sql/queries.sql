@@ -66,7 +66,7 @@ DELETE FROM job_previews WHERE job_id = :job_id
 -- name: retry_later
 -- back to the queue until run_after (given, else the delay from now); the prompt number is forgotten
 UPDATE jobs SET state = 'queued', run_after = coalesce(CAST(:given AS double precision), {now} + :delay), reason = :reason,
-    owner = NULL, lease_until = NULL, last_prompt_number = NULL {fence} RETURNING run_after <= {now}
+    owner = NULL, lease_until = NULL, last_prompt_number = NULL {fence} RETURNING run_after <= {now} AS due
 
 -- name: finish
 -- a terminal state other than done (dead, cancelled), fenced
@@ -348,7 +348,7 @@ ON CONFLICT (seq, catalogue_id) DO NOTHING
 
 -- name: able_servers
 -- how many servers have a catalogue that has not refused the job
-SELECT count(*) FROM server_catalogues s WHERE NOT EXISTS (SELECT 1 FROM job_refusals r JOIN jobs j ON j.seq = r.seq
+SELECT count(*) AS n FROM server_catalogues s WHERE NOT EXISTS (SELECT 1 FROM job_refusals r JOIN jobs j ON j.seq = r.seq
     WHERE j.id = :id AND r.catalogue_id = s.catalogue_id)
 
 -- name: refusals_of

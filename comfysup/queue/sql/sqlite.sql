@@ -68,13 +68,13 @@ ORDER BY priority DESC, seq LIMIT 1
 
 -- name: pick
 -- the head and, unless it has been passed over for :wait seconds, the first job of its priority with model :key
-WITH head AS ({head}) SELECT head.seq, head.priority,
+WITH head AS ({head}) SELECT head.seq AS head, head.priority AS priority,
     CASE WHEN coalesce((SELECT min(at) FROM affinity_skips s WHERE s.priority = head.priority
         AND s.seq_bound > head.seq), :now) > :now - :wait
     THEN (SELECT seq FROM jobs INDEXED BY jobs_affinity WHERE state = 'queued' AND model_key = :key
         AND priority = head.priority AND run_after <= :now
         AND NOT EXISTS (SELECT 1 FROM job_refusals r WHERE r.seq = jobs.seq AND r.catalogue_id = :cat)
-        ORDER BY seq LIMIT 1) END FROM head
+        ORDER BY seq LIMIT 1) END AS affine FROM head
 
 -- name: take
 -- the claimed job's row
@@ -107,7 +107,7 @@ WHERE job_id = :job_id AND attempt = :attempt AND ended_at IS NULL
 
 -- name: last_seq
 -- the last seq given out: a batch numbers its rows itself, so the spec row needs no round trip
-SELECT coalesce(max(seq), 0) FROM jobs
+SELECT coalesce(max(seq), 0) AS seq FROM jobs
 
 -- name: workflow_id
 -- a stored workflow's id by hash
