@@ -2,8 +2,9 @@
 
 Run from the repository root on files that still call the flat queue (e.g. after merging a branch written
 against it): ``python tools/queue_roles_codemod.py comfysup/runner/*.py tests/integration/test_x.py``. Only the
-receivers named in RECEIVERS are rewritten (the names the code gives a queue), so ``dict.get`` or a stdlib queue's
-``get`` are left alone; running it twice changes nothing more.
+receivers named in RECEIVERS are rewritten (the names the code gives a queue), so ``dict.get`` is left alone; a
+receiver of that name that is no comfysup queue (a stdlib queue ``q``, an HTTP client ``target``) is rewritten too,
+so read the diff. Running it twice changes nothing more.
 """
 
 from __future__ import annotations
@@ -33,8 +34,9 @@ RECEIVERS = ("q", "q1", "q2", "queue", "queue2", "queue_a", "queue_b", "runner_q
              "attempt.queue", "station.queue", "self.station.queue", "context.queue", "pg", "lite", "source",
              "target", "other", "h.queue", "run.queue", "self.run.queue", "fleet.queue")
 NAMES = "|".join(ROLE_OF)
-CALL = re.compile(r"(?<![\w.])(" + "|".join(re.escape(r) for r in RECEIVERS) + r")\.(" + NAMES + r")\b")
-MADE = re.compile(r"\b((?:SQLiteQueue|PostgresQueue|open_queue)\([^()\n]*\))\.(" + NAMES + r")\b")
+CALL = re.compile(r"(?<![\w.])(" + "|".join(re.escape(r) for r in RECEIVERS) + r")\.(" + NAMES + r")\b(?!\.)")
+MADE = re.compile(r"\b((?:SQLiteQueue|PostgresQueue|open_queue)\([^()\n]*\))\.(" + NAMES + r")\b(?!\.)")
+r"""``(?!\.)``: ``queue.deliveries.x`` is the role already (two roles share a name with one of their methods)."""
 
 
 def rewrite(text: str) -> str:
