@@ -9,7 +9,7 @@
    the machine's load hits both alike; the ratio big/small.
 3. S event streams (1,000; ten on each of S/10 running jobs) on one API process: its RSS, PSS and USS before and
    with them open, and its CPU while they are idle; then a stand-in runner process writes progress
-   (``queue.set_progress``) to every job once a second at a random moment of it, W times, and each stream's delay
+   (``queue.leases.set_progress``) to every job once a second at a random moment of it, W times, and each stream's delay
    from the write to the ``progress`` event it receives, p50/p99 (the watcher reads every WATCH_SECONDS; the
    clients' own parsing, one event loop for all of them, is in the figure).
 
@@ -216,7 +216,7 @@ def fill(folder: Path, jobs: int) -> float:
     template = canonical(TRIVIAL)
     started = time.perf_counter()
     for start in range(0, jobs, FILL_BATCH):
-        q.submit(NewJob(id=job_id(n), workflow=TRIVIAL, spec_hash=f"h{n}", template_json=template,
+        q.intake.submit(NewJob(id=job_id(n), workflow=TRIVIAL, spec_hash=f"h{n}", template_json=template,
                         params={"1.width": 64 + n % 64}, workflow_name="trivial", model_key="")
                  for n in range(start, min(jobs, start + FILL_BATCH)))
     seconds = time.perf_counter() - started
@@ -260,7 +260,7 @@ def runner(db: str, ids: list[str], writes: int, go: Any, out: Any) -> None:
     write, by (job, step), goes back through ``out``."""
     q = SQLiteQueue(Path(db), create=False)
     claims = {}
-    while (claim := q.claim("bench/1/gpu0/t", "gpu0", 600.0)) is not None:
+    while (claim := q.leases.claim("bench/1/gpu0/t", "gpu0", 600.0)) is not None:
         claims[claim.id] = claim
     assert sorted(claims) == sorted(ids)
     out.send("claimed")
@@ -273,7 +273,7 @@ def runner(db: str, ids: list[str], writes: int, go: Any, out: Any) -> None:
         # of the watcher's ticks) write: the delay is measured at every phase of the watch interval.
         for at, job in sorted((rng.uniform(0, 1), job) for job in ids):
             time.sleep(max(0.0, began + step - 1 + at - time.monotonic()))
-            q.set_progress(claims[job], {"phase": "running", "node": 2, "nodes": 3, "node_id": "2",
+            q.leases.set_progress(claims[job], {"phase": "running", "node": 2, "nodes": 3, "node_id": "2",
                                          "class_type": "KSampler", "step": step, "steps": writes})
             stamps[(job, step)] = time.time()
     out.send(stamps)

@@ -86,10 +86,10 @@ class ChainDriver(bq.ComfysupDriver):
     def drain(self, directory: Path, owner: str, heartbeat: bool, report: Any) -> None:
         q = SQLiteQueue(directory / "q.db", create=False)
         report.started = time.time()
-        claim = q.claim(owner, "bench", bq.LEASE_SECONDS)
+        claim = q.leases.claim(owner, "bench", bq.LEASE_SECONDS)
         while claim is not None:
             report.claimed.append(claim.id)
-            nxt = q.complete_and_claim(claim, [], owner, "bench", bq.LEASE_SECONDS)
+            nxt = q.leases.complete_and_claim(claim, [], owner, "bench", bq.LEASE_SECONDS)
             report.completed += 1
             claim = nxt
         report.ended = time.time()

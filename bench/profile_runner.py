@@ -46,10 +46,10 @@ from tests.runner_helpers import config_of, submit, trivial_job
 def without_durability() -> None:
     """The runner in this process without its fsyncs: os.fsync does nothing, and every SQLite commit it makes
     runs with synchronous = OFF (its durable ones and the others alike)."""
-    from comfysup.queue.sqlite import SQLiteQueue
+    from comfysup.queue.sqlite import SQLiteDb
 
     os.fsync = lambda fd: None
-    SQLiteQueue.DURABLE_SYNC = SQLiteQueue.CHEAP_SYNC = "OFF"
+    SQLiteDb.DURABLE_SYNC = SQLiteDb.CHEAP_SYNC = "OFF"
 
 
 def main() -> None:

@@ -132,20 +132,20 @@ class ComfysupDriver(Driver):
 
     def fill(self, directory: Path, ids: list[str]) -> None:
         q = SQLiteQueue(directory / "q.db")
-        q.submit(NewJob(id=i, workflow=WORKFLOW, spec_hash=i, workflow_json=WORKFLOW_JSON) for i in ids)
+        q.intake.submit(NewJob(id=i, workflow=WORKFLOW, spec_hash=i, workflow_json=WORKFLOW_JSON) for i in ids)
         q.close()
 
     def drain(self, directory: Path, owner: str, heartbeat: bool, report: Report) -> None:
         q = SQLiteQueue(directory / "q.db", create=False)
         last = time.monotonic()
         report.started = time.time()
-        while (claim := q.claim(owner, "bench", LEASE_SECONDS)) is not None:
+        while (claim := q.leases.claim(owner, "bench", LEASE_SECONDS)) is not None:
             report.claimed.append(claim.id)
             if heartbeat and _tick(last):
-                q.heartbeat(claim, LEASE_SECONDS)
+                q.leases.heartbeat(claim, LEASE_SECONDS)
                 report.heartbeats += 1
                 last = time.monotonic()
-            q.complete(claim, [])
+            q.leases.complete(claim, [])
             report.completed += 1
         report.ended = time.time()
         q.close()
@@ -405,7 +405,7 @@ def _submit_child(directory: str, lines: int, out: str) -> None:
     validated = time.perf_counter()
     assert checked.ok, checked.problems[:3]
     q = SQLiteQueue(base / "q.db")
-    result = q.submit(jobs.jobs())
+    result = q.intake.submit(jobs.jobs())
     q.close()
     done = time.perf_counter()
     assert result.inserted == lines
@@ -475,7 +475,7 @@ def status_times(workdir: Path, rows: int) -> dict[str, float]:
     for _ in range(5):
         started = time.perf_counter()
         q = SQLiteQueue(path, create=False)
-        status = q.status()
+        status = q.reads.status()
         q.close()
         times.append(time.perf_counter() - started)
     assert status.counts["running"] == 8 and sum(status.counts.values()) == rows, status.counts
@@ -492,9 +492,9 @@ def status_times(workdir: Path, rows: int) -> dict[str, float]:
     q = SQLiteQueue(path, create=False)
     started = time.perf_counter()
     for _ in range(200):
-        claim = q.claim("bench", "gpu9", LEASE_SECONDS)
+        claim = q.leases.claim("bench", "gpu9", LEASE_SECONDS)
         assert claim is not None
-        q.complete(claim, [])
+        q.leases.complete(claim, [])
     out["claim_complete_on_big_table_per_s"] = 200 / (time.perf_counter() - started)
     q.close()
     shutil.rmtree(directory)
@@ -526,7 +526,7 @@ class PostgresDriver(Driver):
             conn.execute("TRUNCATE jobs, attempts, machines RESTART IDENTITY")
             conn.execute("VACUUM ANALYZE jobs")
         q = PostgresQueue(self.url)
-        q.submit(NewJob(id=i, workflow=WORKFLOW, spec_hash=i, workflow_json=WORKFLOW_JSON) for i in ids)
+        q.intake.submit(NewJob(id=i, workflow=WORKFLOW, spec_hash=i, workflow_json=WORKFLOW_JSON) for i in ids)
         q.close()
 
     def drain(self, directory: Path, owner: str, heartbeat: bool, report: Report) -> None:
@@ -535,13 +535,13 @@ class PostgresDriver(Driver):
         q = PostgresQueue(self.url)
         last = time.monotonic()
         report.started = time.time()
-        while (claim := q.claim(owner, "bench", LEASE_SECONDS)) is not None:
+        while (claim := q.leases.claim(owner, "bench", LEASE_SECONDS)) is not None:
             report.claimed.append(claim.id)
             if heartbeat and _tick(last):
-                q.heartbeat(claim, LEASE_SECONDS)
+                q.leases.heartbeat(claim, LEASE_SECONDS)
                 report.heartbeats += 1
                 last = time.monotonic()
-            q.complete(claim, [])
+            q.leases.complete(claim, [])
             report.completed += 1
         report.ended = time.time()
         q.close()
@@ -564,14 +564,14 @@ def _idle_runner(open_queue: Any, how: str, jobs: int, ready: Any) -> None:
     ready.set()
     taken = 0
     while taken < jobs:
-        claim = q.claim("bench-idle", "bench", LEASE_SECONDS)
+        claim = q.leases.claim("bench-idle", "bench", LEASE_SECONDS)
         if claim is None:
             if how == "notify":
                 q.wait_for_work(POLL_SECONDS)
             else:
                 time.sleep(POLL_SECONDS)
             continue
-        q.complete(claim, [])
+        q.leases.complete(claim, [])
         taken += 1
     q.close()
 
@@ -590,14 +590,14 @@ def submit_to_claim(open_queue: Any, how: str, jobs: int) -> list[float]:
     ids = [str(uuid.uuid4()) for _ in range(jobs)]
     for job_id in ids:
         time.sleep(rng.uniform(0.05, 0.3))
-        q.submit([NewJob(id=job_id, workflow=WORKFLOW, spec_hash=job_id, workflow_json=WORKFLOW_JSON)])
+        q.intake.submit([NewJob(id=job_id, workflow=WORKFLOW, spec_hash=job_id, workflow_json=WORKFLOW_JSON)])
         deadline = time.monotonic() + 10
-        while q.get(job_id).state != "done":
+        while q.reads.get(job_id).state != "done":
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{how}: job {job_id} not done after 10 s")
             time.sleep(0.002)
     proc.join(30)
-    waits = [j.attempts[0].started_at - j.submitted_at for j in q.get_many(ids)]
+    waits = [j.attempts[0].started_at - j.submitted_at for j in q.reads.get_many(ids)]
     q.close()
     return waits
 

@@ -58,7 +58,7 @@ def ingest(count: int, prefetch: int) -> float:
                 while consumer.counts["acked"] < count:
                     time.sleep(0.01)
                 seconds = time.perf_counter() - started
-            assert queue.status().counts["queued"] == count
+            assert queue.reads.status().counts["queued"] == count
             queue.close()
             return count / seconds
     finally:
@@ -90,12 +90,12 @@ def latency(samples: int) -> list[tuple[float, float]]:
 
             def runner() -> None:  # the runner's idle loop (comfysup.runner.loop): claim, else wait
                 while not stop.is_set():
-                    claim = runner_queue.claim("bench", "gpu0", 30)
+                    claim = runner_queue.leases.claim("bench", "gpu0", 30)
                     if claim is None:
                         runner_queue.wait_for_work(0.25)
                         continue
                     claimed[claim.id] = time.perf_counter()
-                    runner_queue.complete(claim, [])
+                    runner_queue.leases.complete(claim, [])
 
             thread = threading.Thread(target=runner, daemon=True)
             out = []
@@ -108,7 +108,7 @@ def latency(samples: int) -> list[tuple[float, float]]:
                     broker.publish([json.dumps(job).encode()], [job["id"]])
                     while job["id"] not in claimed:
                         time.sleep(0.001)
-                    inserted = queue.get(job["id"]).submitted_at - sent_wall
+                    inserted = queue.reads.get(job["id"]).submitted_at - sent_wall
                     out.append((claimed[job["id"]] - sent, inserted))
                     time.sleep(rng.uniform(0.3, 0.8))  # any phase of the runner's idle wait
                 stop.set()

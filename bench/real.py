@@ -383,7 +383,7 @@ class Work:
 
         queue = open_queue(load_config(str(self.config), env={}), create=False)
         try:
-            return [queue.get(i) for i in ids]
+            return [queue.reads.get(i) for i in ids]
         finally:
             queue.close()
 

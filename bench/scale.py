@@ -112,29 +112,29 @@ def measure_round(q: SQLiteQueue, ops: int, out: dict[str, list[tuple[float, flo
     """``ops`` of each operation, each its own transaction, as a runner makes them."""
     for _ in range(ops):
         t, c = time.perf_counter(), time.process_time()
-        claim = q.claim("bench/1/gpu9/t", "gpu9", LEASE)
+        claim = q.leases.claim("bench/1/gpu9/t", "gpu9", LEASE)
         out["claim"].append((time.perf_counter() - t, time.process_time() - c))
         assert claim is not None
         t, c = time.perf_counter(), time.process_time()
-        q.heartbeat(claim, LEASE)
+        q.leases.heartbeat(claim, LEASE)
         out["heartbeat"].append((time.perf_counter() - t, time.process_time() - c))
         t, c = time.perf_counter(), time.process_time()
-        q.complete(claim, [])
+        q.leases.complete(claim, [])
         out["complete"].append((time.perf_counter() - t, time.process_time() - c))
-    claim = q.claim("bench/1/gpu9/t", "gpu9", LEASE)
+    claim = q.leases.claim("bench/1/gpu9/t", "gpu9", LEASE)
     for _ in range(ops):
         t, c = time.perf_counter(), time.process_time()
-        claim = q.complete_and_claim(claim, [], "bench/1/gpu9/t", "gpu9", LEASE)
+        claim = q.leases.complete_and_claim(claim, [], "bench/1/gpu9/t", "gpu9", LEASE)
         out["complete_and_claim"].append((time.perf_counter() - t, time.process_time() - c))
         assert claim is not None
-    q.complete(claim, [])
+    q.leases.complete(claim, [])
 
 
 def op_costs(small: Path, big: Path, rounds: int, ops: int) -> dict[str, dict[str, list[tuple[float, float]]]]:
     got: dict[str, dict[str, list[tuple[float, float]]]] = {"small": {o: [] for o in OPS}, "big": {o: [] for o in OPS}}
     queues = {"small": SQLiteQueue(small, create=False), "big": SQLiteQueue(big, create=False)}
     for q in queues.values():  # warm: the first claim reads the schema and the workflow
-        q.complete(q.claim("warm/1/gpu9/t", "gpu9", LEASE), [])
+        q.leases.complete(q.leases.claim("warm/1/gpu9/t", "gpu9", LEASE), [])
     for _ in range(rounds):
         for name in ("small", "big"):
             measure_round(queues[name], ops, got[name])
@@ -151,7 +151,7 @@ def status_times(path: Path) -> tuple[float, float, float]:
     for _ in range(5):
         t = time.perf_counter()
         q = SQLiteQueue(path, create=False)
-        q.status()
+        q.reads.status()
         q.close()
         times.append(time.perf_counter() - t)
     config = path.parent / "config.toml"
@@ -175,9 +175,9 @@ def _submit_child(directory: str, out: str) -> None:
     assert checked.ok, checked.problems[:3]
     validated = time.perf_counter()
     q = SQLiteQueue(base / "q.db")
-    result = q.submit(jobs.jobs())
+    result = q.intake.submit(jobs.jobs())
     done = time.perf_counter()  # committed (durable): what `comfysup submit` waits for
-    q.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # only to measure the database's size in one file
+    q.db.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # only to measure the database's size in one file
     q.close()
     Path(out).write_text(json.dumps({"validate_s": validated - started, "insert_s": done - validated,
                                      "inserted": result.inserted,
@@ -232,13 +232,13 @@ def _runner_during(path: str, stop: Any, out: str) -> None:
     times: list[tuple[float, float]] = []
     while not stop.is_set():
         t = time.perf_counter()
-        claim = q.claim("live/1/gpu0/t", "gpu0", LEASE)
+        claim = q.leases.claim("live/1/gpu0/t", "gpu0", LEASE)
         if claim is None:
             break
         claimed = time.perf_counter() - t
         time.sleep(JOB_SECONDS)
         t2 = time.perf_counter()
-        q.complete(claim, [])
+        q.leases.complete(claim, [])
         times.append((t, claimed))
         times.append((t2, time.perf_counter() - t2))
     q.close()
@@ -257,7 +257,7 @@ def prune_under_load(path: Path, jobs: int) -> dict[str, float]:
     started = time.perf_counter()
     mark = time.perf_counter()
     removed = 0
-    while removed < jobs and (batch := q.prune(before, limit=500).removed):
+    while removed < jobs and (batch := q.intake.prune(before, limit=500).removed):
         removed += len(batch)
         time.sleep(0.02)  # as comfysup prune does between batches
     seconds = time.perf_counter() - started

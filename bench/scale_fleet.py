@@ -88,7 +88,7 @@ def jobs_needed(cell: Cell) -> int:
 def fill(queue: Any, n: int) -> None:
     batch = 5000
     for start in range(0, n, batch):
-        queue.submit([NewJob(id=str(uuid.uuid4()), workflow=TRIVIAL, spec_hash=f"s{start + i}",
+        queue.intake.submit([NewJob(id=str(uuid.uuid4()), workflow=TRIVIAL, spec_hash=f"s{start + i}",
                              workflow_json=TRIVIAL_JSON, workflow_name="scale")
                       for i in range(min(batch, n - start))])
 
@@ -121,7 +121,7 @@ def _worker(open_queue: Any, cell: Cell, slots: list[int], t0: float, out: str, 
         t = time.time()
         lag = t - due
         if kind == "claim":
-            claim = queue.claim(owners[slot], f"gpu{slot}", cell.lease_s)
+            claim = queue.leases.claim(owners[slot], f"gpu{slot}", cell.lease_s)
             calls.append(("claim", t, time.time() - t, lag))
             if claim is None:  # the fill ran out: count it, try again as a runner's poll would
                 idle_claims += 1
@@ -130,7 +130,7 @@ def _worker(open_queue: Any, cell: Cell, slots: list[int], t0: float, out: str, 
             prompt += 1
             t2 = time.time()
             try:
-                queue.record_prompt(claim, f"gpu{slot}", prompt, url="http://127.0.0.1:8188")
+                queue.leases.record_prompt(claim, f"gpu{slot}", prompt, url="http://127.0.0.1:8188")
             except LeaseLost:  # the slot fell behind its lease (the simulation's lag): as a runner, drop it
                 lost += 1
                 heapq.heappush(heap, (time.time(), slot, "claim", 0))
@@ -143,7 +143,7 @@ def _worker(open_queue: Any, cell: Cell, slots: list[int], t0: float, out: str, 
                 heapq.heappush(heap, (started[slot] + beat, slot, "heartbeat", gen[slot]))
         elif kind == "heartbeat":
             try:
-                queue.heartbeat(held[slot], cell.lease_s)
+                queue.leases.heartbeat(held[slot], cell.lease_s)
             except LeaseLost:
                 lost += 1
                 gen[slot] += 1  # its done is dropped too
@@ -160,10 +160,10 @@ def _worker(open_queue: Any, cell: Cell, slots: list[int], t0: float, out: str, 
             outputs = [Output(name=f"scale_{prompt:05d}_.png", size=1_234_567, sha256=uuid.uuid4().hex * 2,
                               node_id="7")]
             try:
-                queue.heartbeat(claim, cell.lease_s)  # the runner's renewal before its download
+                queue.leases.heartbeat(claim, cell.lease_s)  # the runner's renewal before its download
                 t2 = time.time()
                 calls.append(("renew", t, t2 - t, lag))
-                queue.complete(claim, outputs, trace=trace_of(started[slot], t))
+                queue.leases.complete(claim, outputs, trace=trace_of(started[slot], t))
                 calls.append(("complete", t2, time.time() - t2, 0.0))
             except LeaseLost:
                 lost += 1

@@ -101,7 +101,7 @@ def whole_jobs(cfg: Config, jobs: int, tmp: Path) -> float:
     file = JobsFile(path)
     assert file.validate().ok
     queue = SQLiteQueue(cfg.resolve(cfg.queue.path))
-    queue.submit(file.jobs())
+    queue.intake.submit(file.jobs())
     queue.close()
     with FakeComfy(base_directory=tmp / f"fake-{uuid.uuid4().hex[:6]}", node_ms=0) as fake:
         t0 = time.perf_counter()

@@ -83,14 +83,15 @@ class StandInRunner:
         """The host part of its claims' owner: the machine a done job names as the holder of its files."""
 
     def claim(self) -> Any:
-        return self.queue.claim(f"{self.machine}/1/gpu0/t", "gpu0", 60.0)
+        return self.queue.leases.claim(f"{self.machine}/1/gpu0/t", "gpu0", 60.0)
 
     def complete(self, claim: Any, data: bytes = b"\x89PNG fake image bytes" * 10,
                  name: str = "comfysup_00001_.png") -> bytes:
         folder = self.store / claim.id
         folder.mkdir(parents=True, exist_ok=True)
         (folder / name).write_bytes(data)
-        self.queue.complete(claim, [Output(name, len(data), hashlib.sha256(data).hexdigest(), str(folder / name))])
+        output = Output(name, len(data), hashlib.sha256(data).hexdigest(), str(folder / name))
+        self.queue.leases.complete(claim, [output])
         return data
 
     def run_one(self) -> bytes | None:

@@ -61,7 +61,7 @@ def submit(config_path: Path, jobs: list[dict[str, Any]]) -> SQLiteQueue:
     checked = file.validate()
     assert checked.ok, checked.problems
     queue = SQLiteQueue(config.resolve(config.queue.path))
-    queue.submit(file.jobs())
+    queue.intake.submit(file.jobs())
     return queue
 
 

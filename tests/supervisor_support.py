@@ -119,7 +119,7 @@ class Supervised:
     def jobs(self, ids: list[str]) -> dict[str, JobRecord]:
         queue = SQLiteQueue(self.config.resolve(self.config.queue.path), create=False)
         try:
-            return {j.id: j for j in queue.get_many(ids)}
+            return {j.id: j for j in queue.reads.get_many(ids)}
         finally:
             queue.close()
 

@@ -115,7 +115,7 @@ async def health(request: web.Request) -> web.Response:
     if lost is not None:
         return _json({"status": "unavailable", "queue": "lost", "reason": lost}, status=503)
     try:
-        active = await state.call(state.queue.active_count)
+        active = await state.call(state.queue.reads.active_count)
     except Exception as exc:  # the queue does not answer: not healthy, and say why (no secret in it)
         log.warning("api health: the queue does not answer: %s", exc)
         return _json({"status": "unavailable", "queue": "unavailable"}, status=503)
@@ -140,7 +140,7 @@ async def _readiness(state: State) -> dict[str, Any]:
     if lost is not None:
         return {"status": "not_ready", "reason": lost}
     try:
-        status = await state.call(state.queue.status, None, 0)
+        status = await state.call(state.queue.reads.status, None, 0)
     except Exception as exc:  # the queue does not answer: nothing can be taken in
         log.warning("api ready: the queue does not answer: %s", exc)
         return {"status": "not_ready", "reason": "the queue does not answer"}

@@ -221,7 +221,7 @@ async def post_asset(request: web.Request) -> web.Response:
     body_limit = state.config.api.max_upload_mb * MIB
     file_limit = min(body_limit, state.config.assets.max_file_mb * MIB)
     key = _check_headers(request, state, body_limit)
-    received = await _receive(request, body_limit, file_limit, getattr(state.queue, "assets_dir", None))
+    received = await _receive(request, body_limit, file_limit, state.queue.assets.assets_dir)
     try:
         content_type, file_path = _checked_fields(received)
         model = placement.model_name(file_path)
@@ -270,7 +270,7 @@ async def _store(state: Any, received: Received, content_type: str, file_path: s
     422 ``idempotency_key_reuse``)."""
     asset = NewAsset(received.digest, received.size, file_path, str(received.path))
     try:
-        return await state.call(state.queue.add_api_asset, asset, content_type, _retention(state), key)
+        return await state.call(state.queue.assets.add_api_asset, asset, content_type, _retention(state), key)
     except UploadConflict as exc:
         raise ApiError(422, "idempotency_key_reuse", f"{exc}; keys are single-use: GET that asset instead of "
                        "uploading again, or send a new key", details={"asset_id": exc.asset_id}) from None
@@ -283,7 +283,7 @@ async def _place_model(state: Any, record: ApiAsset, received: Received, file_pa
         await asyncio.get_running_loop().run_in_executor(None, placement.place_model, models_dir,
                                                          received.path, file_path)
     except BaseException:  # not placed: the record goes too
-        await state.call(state.queue.delete_api_asset, record.id)
+        await state.call(state.queue.assets.delete_api_asset, record.id)
         raise
 
 
@@ -298,7 +298,7 @@ async def from_hash(request: web.Request) -> web.Response:
     if not isinstance(file_path, str) or len(file_path) > MAX_FIELD_BYTES or not file_path.isprintable():
         raise _bad("file_path must be a name of printable characters")
     _check_name(file_path)
-    minted = await state.call(state.queue.mint_api_asset, body["hash"], file_path,
+    minted = await state.call(state.queue.assets.mint_api_asset, body["hash"], file_path,
                               views.content_type(file_path), _retention(state))
     if minted is None:
         raise ApiError(404, "blob_not_found", f"no stored content has the hash {body['hash']}; upload the file")
@@ -311,14 +311,14 @@ async def by_hash(request: web.Request) -> web.Response:
     """200 when the store holds this content (from-hash can mint over it), 404 otherwise; no body."""
     state = request.app[STATE_KEY]
     digest = request.match_info["hash"]
-    held = assets.is_hash(digest) and await state.call(state.queue.has_asset, digest)
+    held = assets.is_hash(digest) and await state.call(state.queue.assets.has_asset, digest)
     return web.Response(status=200 if held else 404)
 
 
 async def _record(request: web.Request) -> tuple[Any, ApiAsset]:
     state = request.app[STATE_KEY]
     asset_id = request.match_info["id"]
-    record = await state.call(state.queue.api_asset, asset_id) if is_id(asset_id) else None
+    record = await state.call(state.queue.assets.api_asset, asset_id) if is_id(asset_id) else None
     if record is None or record.expires_at <= time.time():
         raise not_found("asset")
     return state, record
@@ -332,7 +332,7 @@ async def get_asset(request: web.Request) -> web.Response:
 async def asset_content(request: web.Request) -> web.StreamResponse:
     """The bytes, with Range: from the asset file (SQLite, or ``[assets] dir``) or the database's chunks."""
     state, record = await _record(request)
-    path = state.queue.asset_file(record.hash)
+    path = state.queue.assets.asset_file(record.hash)
     if path is None:
         return await send(request, record.size, record.content_type, _chunks(state, record.hash),
                           name=record.file_path)
@@ -357,7 +357,7 @@ def _chunks(state: Any, digest: str) -> Callable[[int, int], Any]:
         index, offset = divmod(at, CHUNK_BYTES)
         if index not in held:
             held.clear()
-            held[index] = await state.call(state.queue.asset_chunk, digest, index)
+            held[index] = await state.call(state.queue.assets.asset_chunk, digest, index)
         return held[index][offset:offset + n]
 
     return read
@@ -368,8 +368,8 @@ async def delete_asset(request: web.Request) -> web.Response:
     state = request.app[STATE_KEY]
     asset_id = request.match_info["id"]
     if views.parse_output_id(asset_id) is not None or \
-            (is_id(asset_id) and await state.call(state.queue.output_asset, asset_id) is not None):
+            (is_id(asset_id) and await state.call(state.queue.reads.output_asset, asset_id) is not None):
         raise ApiError(403, "forbidden", "an output is removed with its job (comfysup prune), not by DELETE")
-    if not (is_id(asset_id) and await state.call(state.queue.delete_api_asset, asset_id)):
+    if not (is_id(asset_id) and await state.call(state.queue.assets.delete_api_asset, asset_id)):
         raise not_found("asset")
     return web.Response(status=204)

@@ -221,7 +221,7 @@ class Watcher:
     async def attach(self, stream: Stream) -> list[Frame]:
         """Read the stream's job (404 when there is none) and watch it from that read on; its snapshot frames."""
         try:
-            stream.since, record = await self._ask(self._queue.get, stream.job_id)
+            stream.since, record = await self._ask(self._queue.reads.get, stream.job_id)
         except NotFound:
             raise not_found("job") from None
         stream.seen = pulse(record)
@@ -229,7 +229,7 @@ class Watcher:
         if record.state == "running":
             known = self._previews.get(stream.job_id)
             if known is None:
-                found = (await self._ask(self._queue.previews, [stream.job_id], {}))[1].get(stream.job_id)
+                found = (await self._ask(self._queue.previews.previews, [stream.job_id], {}))[1].get(stream.job_id)
                 known = None if found is None else (found.n, preview_frame(found))
             if known is not None:
                 frames.append(known[1])
@@ -295,7 +295,7 @@ class Watcher:
     async def tick(self) -> None:
         """One batch read of every watched job; each change to its streams, as frames made once per change."""
         ids = list(self._streams)
-        number, pulses = await self._ask(self._queue.pulses, ids)
+        number, pulses = await self._ask(self._queue.reads.pulses, ids)
         news = [(stream, pulses.get(job_id)) for job_id in ids for stream in self._streams.get(job_id, ())
                 if stream.since < number and stream.seen != pulses.get(job_id)]
         records = await self._done_records(news)
@@ -310,7 +310,7 @@ class Watcher:
         done = sorted({s.job_id for s, new in news if new is not None and new.state == "done"})
         if not done:
             return {}
-        return {r.id: r for r in (await self._ask(self._queue.get_many, done))[1]}
+        return {r.id: r for r in (await self._ask(self._queue.reads.get_many, done))[1]}
 
     def _advance(self, stream: Stream, new: JobPulse | None, record: JobRecord | None, known: list[Made]) -> None:
         """``stream`` told its job's change to ``new``: the frames of that change from the same state and origin
@@ -332,7 +332,7 @@ class Watcher:
         if not running:
             return
         known = {job_id: self._previews[job_id][0] for job_id in running if job_id in self._previews}
-        _, found = await self._ask(self._queue.previews, running, known)
+        _, found = await self._ask(self._queue.previews.previews, running, known)
         for job_id, preview in found.items():
             item = preview_frame(preview)
             self._previews[job_id] = (preview.n, item)

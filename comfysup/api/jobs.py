@@ -83,18 +83,18 @@ def _submit(state: State, body: Any, key: str | None, origin: str, fetched: Any 
     if key is not None and _known(state, job.id):
         raise _reused(job.id)
     bound = state.config.api.max_queued
-    if bound and state.queue.active_count() >= bound:
+    if bound and state.queue.reads.active_count() >= bound:
         raise ApiError(429, "queue_full", f"the queue holds {bound} or more jobs not yet ended ([api] "
                        "max_queued); retry later", headers={"Retry-After": str(QUEUE_FULL_RETRY_SECONDS)})
     try:
-        result = state.queue.submit([job])
+        result = state.queue.intake.submit([job])
     except SubmitConflict:
         raise _reused(job.id) from None
     except AssetMissing as exc:  # pruned between the lookup and the insert
         raise ApiError(422, "missing_asset", str(exc)) from None
     if not result.inserted:  # another request with this key committed the job since the look above
         raise _reused(job.id)
-    record = state.queue.get(job.id)
+    record = state.queue.reads.get(job.id)
     return _json(views.job(record, origin, time.time(), _place(state, record), links=state.links),
                  status=201,
                  headers={"Location": views.job_urls(job.id, origin)["self"]})
@@ -109,7 +109,7 @@ async def _refuse_reuse(state: State, key: str | None) -> None:
 
 def _known(state: State, job_id: str) -> bool:
     try:
-        state.queue.get(job_id)
+        state.queue.reads.get(job_id)
     except NotFound:
         return False
     return True
@@ -134,12 +134,12 @@ def _placed(state: State, job_id: str) -> tuple[Any, int | None]:
 
 def _place(state: State, record: Any) -> int | None:
     """A waiting job's place in line (``Queue.queue_position``), read only for a job the contract shows queued."""
-    return state.queue.queue_position(record.id) if views.status(record) == "queued" else None
+    return state.queue.reads.queue_position(record.id) if views.status(record) == "queued" else None
 
 
 def _record(state: State, job_id: str) -> Any:
     try:
-        return state.queue.get(job_id)
+        return state.queue.reads.get(job_id)
     except NotFound:
         raise not_found("job") from None
 
@@ -166,8 +166,8 @@ async def cancel_job(request: web.Request) -> web.Response:
     def cancel() -> Any:
         record = _record(state, job_id)
         if record.state not in ("done", "dead", "cancelled"):
-            state.queue.cancel([job_id])
-            record = state.queue.get(job_id)
+            state.queue.intake.cancel([job_id])
+            record = state.queue.reads.get(job_id)
         return record, _place(state, record)
 
     record, place = await state.call(cancel)
@@ -214,7 +214,7 @@ async def list_jobs(request: web.Request) -> web.Response:
         found: list[Any] = []
         cursor = before
         for _ in range(SCAN_PAGES):
-            cursor, records = state.queue.newest(cursor, limit)
+            cursor, records = state.queue.reads.newest(cursor, limit)
             for record in records:
                 labels = views.labels(record.meta)
                 if (not statuses or views.status(record) in statuses) and \

@@ -48,9 +48,9 @@ def find(state: Any, asset_id: str) -> tuple[JobRecord, int] | None:
     """In the queue's thread: the done job whose output ``asset_id`` names, and the output's place; else None."""
     legacy = views.parse_output_id(asset_id)
     if legacy is None:
-        return state.queue.output_asset(asset_id) if references.is_id(asset_id) else None
+        return state.queue.reads.output_asset(asset_id) if references.is_id(asset_id) else None
     try:
-        record = state.queue.get(legacy[0])
+        record = state.queue.reads.get(legacy[0])
     except NotFound:
         return None
     return (record, legacy[1]) if record.state == "done" and legacy[1] < len(record.outputs) else None
@@ -127,7 +127,7 @@ class Inputs:
         self._hashed: dict[str, tuple[str, int]] = {}
 
     def __call__(self, asset_id: str) -> ApiAsset | None:
-        upload = self.state.queue.api_asset(asset_id)
+        upload = self.state.queue.assets.api_asset(asset_id)
         if upload is not None:
             return upload
         found = find(self.state, asset_id)
@@ -140,7 +140,7 @@ class Inputs:
         path = Path(state.store, record.id, output.name)
         known = self._hashed.get(asset_id)
         if known is not None:
-            minted = state.queue.mint_api_asset(known[0], name, kind, retention)
+            minted = state.queue.assets.mint_api_asset(known[0], name, kind, retention)
             if minted is not None:
                 return minted[0]
         if s3.split_uri(output.path) is not None:  # uploaded to a bucket: no file here, and no download in
@@ -165,8 +165,8 @@ class Inputs:
         if len(self._hashed) >= MAX_HASHED:
             self._hashed.clear()
         self._hashed[asset_id] = (digest, size)
-        minted = state.queue.mint_api_asset(digest, name, kind, retention)
+        minted = state.queue.assets.mint_api_asset(digest, name, kind, retention)
         if minted is not None:
             return minted[0]
-        staged, _new = state.queue.add_api_asset(NewAsset(digest, size, name, str(path)), kind, retention)
+        staged, _new = state.queue.assets.add_api_asset(NewAsset(digest, size, name, str(path)), kind, retention)
         return staged

@@ -206,7 +206,7 @@ async def from_path(request: Any) -> Any:
     digest, size, where = await asyncio.get_running_loop().run_in_executor(None, _hash, roots, body["path"], limit)
     name = body.get("file_path") or PurePosixPath(where).name
     content_type = body.get("content_type") or views.content_type(name)
-    record, created_new = await state.call(state.queue.add_api_asset, NewAsset(digest, size, name, where),
+    record, created_new = await state.call(state.queue.assets.add_api_asset, NewAsset(digest, size, name, where),
                                            content_type, float(api.upload_retention_hours) * 3600.0, None)
     return json_response(views.uploaded(record, origin(request), time.time(), created_new),
                          status=201 if created_new else 200)

@@ -95,7 +95,7 @@ class Advertiser:
 
     async def _beat(self, first: bool = False) -> None:
         try:
-            await self.state.call(self.state.queue.advertise_api, self.host, self.url, self.pid)
+            await self.state.call(self.state.queue.endpoints.advertise_api, self.host, self.url, self.pid)
         except Exception as exc:  # the queue does not answer now: the next beat tries again
             log.warning("cannot advertise this API (%s) in the queue%s: %s", self.url,
                         "" if first else "; other machines will stop streaming its outputs if this lasts", exc)
@@ -106,7 +106,7 @@ class Advertiser:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
         try:
-            await asyncio.wait_for(self.state.call(self.state.queue.withdraw_api, self.host, self.pid),
+            await asyncio.wait_for(self.state.call(self.state.queue.endpoints.withdraw_api, self.host, self.pid),
                                    WITHDRAW_SECONDS)
         except Exception as exc:  # it ages out after FRESH_SECONDS instead
             log.warning("cannot remove this API's row from the queue (it ages out in %g s): %s", FRESH_SECONDS, exc)
@@ -138,7 +138,7 @@ async def stream(request: web.Request, state: Any, machine: str | None) -> web.S
     if not machine or machine == here:
         raise ApiError(404, "not_found", f"output {asset_id} is not in this machine's result store (the job ran "
                        f"on {machine or 'an unknown machine'}, this is {here!r}): it was removed from the store")
-    endpoint = await state.call(state.queue.api_endpoint, machine)
+    endpoint = await state.call(state.queue.endpoints.api_endpoint, machine)
     if endpoint is None or not fresh(endpoint):
         stale = "" if endpoint is None else \
             f" (its last heartbeat at {endpoint.url} is {endpoint.age_seconds:.0f} s old: its API stopped)"

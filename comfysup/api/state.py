@@ -63,6 +63,6 @@ class State:
         """In the worker thread: the catalogues the servers have now, read at most every few seconds."""
         now = time.monotonic()
         if now - self._catalogues_at > CATALOGUE_SECONDS:
-            self._catalogues = [Catalogue(r.id, r.info, tuple(r.servers)) for r in self.queue.catalogues()]
+            self._catalogues = [Catalogue(r.id, r.info, tuple(r.servers)) for r in self.queue.fleet.catalogues()]
             self._catalogues_at = now
         return self._catalogues

@@ -85,7 +85,7 @@ class BrokerJobs(JobsFile):
 def jobs_reader(config: Config, queue: Queue | None) -> BrokerJobs:
     """What validates one message, with the node catalogues the servers have now."""
     base = config.resolve(config.rabbitmq.workflows_dir)
-    found = [Catalogue(r.id, r.info, tuple(r.servers)) for r in queue.catalogues()] if queue is not None else []
+    found = [Catalogue(r.id, r.info, tuple(r.servers)) for r in queue.fleet.catalogues()] if queue is not None else []
     return BrokerJobs(base / "<rabbitmq>", label=config.rabbitmq.queue, base_dir=base, catalogues=found,
                       allow_private_callbacks=config.webhooks.allow_private, **inputs_of(config))
 
@@ -277,7 +277,7 @@ class Consumer:
         if self._reader is None or now - self._reader_at > REFRESH_SECONDS:
             self._reader, self._reader_at = jobs_reader(self.config, self.queue), now
             self._reader.inputs.progress = self.keepalive
-            self._reader.inputs.stored = self.queue.asset_size
+            self._reader.inputs.stored = self.queue.assets.asset_size
         return self._reader
 
     def _handle(self, channel: BlockingChannel) -> None:
@@ -306,7 +306,7 @@ class Consumer:
             jobs = [job for job, _ in valid.values()]
             while jobs:
                 try:
-                    result = self.queue.submit(jobs)
+                    result = self.queue.intake.submit(jobs)
                     self.counts["inserted"] += result.inserted
                     self.counts["existing"] += result.existing
                     break

@@ -64,11 +64,11 @@ class Announcer:
     def flush(self, channel: BlockingChannel, limit: int = BATCH) -> int:
         """Up to ``limit`` pending rows beyond those held back; returns how many were published. Broker errors
         propagate (the caller reconnects); rows already confirmed in this pass are marked first."""
-        rows = self.queue.pending_announcements(min(MAX_READ, limit + self.unroutable))
+        rows = self.queue.deliveries.pending_announcements(min(MAX_READ, limit + self.unroutable))
         if not rows:
             self.held = {}
             return 0
-        jobs = {j.id: j for j in self.queue.get_many(list({job_id for _, job_id, _ in rows}))}
+        jobs = {j.id: j for j in self.queue.reads.get_many(list({job_id for _, job_id, _ in rows}))}
         sent: list[int] = []
         held: dict[str, int] = {}
         published = 0
@@ -89,7 +89,7 @@ class Announcer:
                 if len(sent) >= limit:
                     break
         finally:
-            self.queue.mark_announced(sent)
+            self.queue.deliveries.mark_announced(sent)
             self.held = held
         return published
 

@@ -183,7 +183,7 @@ def follow(config_path: Path, ids: list[str], proc: subprocess.Popen[bytes], tim
     deadline = time.monotonic() + timeout_seconds
     try:
         while True:
-            counts = Counter(queue.states(ids).values())  # as status counts them: posted apart from running
+            counts = Counter(queue.reads.states(ids).values())  # as status counts them: posted apart from running
             line = progress_line(counts, len(ids))
             if line != last:
                 print(("\r" + line) if tty else line, end="" if tty else "\n", file=sys.stderr, flush=True)
@@ -206,7 +206,7 @@ def report(config_path: Path, ids: list[str]) -> str:
     config = load_config(str(config_path), env={})
     queue = open_queue(config, create=False)
     try:
-        jobs = queue.get_many(ids)
+        jobs = queue.reads.get_many(ids)
     finally:
         queue.close()
     params = sorted({k for job in jobs for k in job.params})

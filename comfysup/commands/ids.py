@@ -27,7 +27,7 @@ def resolve_ids(queue: Queue, given: Sequence[str]) -> list[str]:
         if len(text) < MIN_PREFIX or text.strip("0123456789abcdef-"):
             raise UsageError(f"{typed!r} is not a job id: give the whole id, or at least its first {MIN_PREFIX} "
                              "characters (hex digits and hyphens)")
-        found = queue.ids_starting(text, limit=4)
+        found = queue.reads.ids_starting(text, limit=4)
         if not found:
             raise UsageError(f"no job id begins with {typed!r}")
         if len(found) > 1:

@@ -35,7 +35,7 @@ def retry(args: argparse.Namespace) -> int:
         raise UsageError("give job ids, or --all-dead (not both)")
     queue = queue_from(config_from(args))
     try:
-        results = queue.requeue_dead(None if args.all_dead else resolve_ids(queue, args.ids))
+        results = queue.intake.requeue_dead(None if args.all_dead else resolve_ids(queue, args.ids))
     finally:
         queue.close()
     if args.all_dead:
@@ -47,7 +47,7 @@ def retry(args: argparse.Namespace) -> int:
 def cancel(args: argparse.Namespace) -> int:
     queue = queue_from(config_from(args))
     try:
-        results = queue.cancel(resolve_ids(queue, args.ids))
+        results = queue.intake.cancel(resolve_ids(queue, args.ids))
     finally:
         queue.close()
     return _report(results, {"cancelled", "cancelling"})

@@ -62,7 +62,7 @@ def _ready(job: JobRecord, now: float) -> JobRecord:
 
 def _chunks(source: SQLiteQueue, states: Sequence[str], now: float) -> Iterator[list[JobRecord]]:
     chunk: list[JobRecord] = []
-    for job in source.iter_jobs(states):
+    for job in source.reads.iter_jobs(states):
         chunk.append(_ready(job, now))
         if len(chunk) >= CHUNK:
             yield chunk
@@ -79,7 +79,7 @@ def _without_attempts(jobs: list[JobRecord]) -> list[JobRecord]:
 def _file_of(source: SQLiteQueue) -> Callable[[str], str | None]:
     """Where the SQLite queue keeps an input file's bytes (its asset folder), for the import to store."""
     def file_of(digest: str) -> str | None:
-        path = source.asset_file(digest)
+        path = source.assets.asset_file(digest)
         return str(path) if path is not None and path.is_file() else None
     return file_of
 
@@ -99,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
         now = time.time()
         _refuse_live_leases(source, now)
         states = [QUEUED, RUNNING, *([DONE, DEAD, CANCELLED] if args.history else [])]
-        counts = source.status(now=now, dead_limit=0).counts
+        counts = source.reads.status(now=now, dead_limit=0).counts
         total = sum(counts[s] for s in states) + (counts["waiting"] if QUEUED in states else 0)
         target = PostgresQueue(args.to, busy_timeout_seconds=config.queue.busy_timeout_seconds)
         done = ImportResult()
@@ -117,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _refuse_live_leases(source: SQLiteQueue, now: float) -> None:
     """A job running under a live lease would go on writing to the SQLite queue after its copy was made."""
-    live = [j.id for j in source.iter_jobs([RUNNING]) if (j.lease_until or 0) >= now]
+    live = [j.id for j in source.reads.iter_jobs([RUNNING]) if (j.lease_until or 0) >= now]
     if live:
         raise UsageError(f"{len(live)} job(s) are running in {source.path} under a live lease (first: "
                          f"{live[0]}); stop comfysup run on this queue first, then migrate")

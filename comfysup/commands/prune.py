@@ -83,13 +83,13 @@ def run(args: argparse.Namespace) -> int:
     queue = queue_from(config)
     label = datetime.fromtimestamp(before).strftime("%Y-%m-%d %H:%M:%S")
     try:
-        total = queue.prunable(before)
+        total = queue.intake.prunable(before)
         if args.dry_run:
             print(f"{total:,} finished job(s) before {label}" + (" would be removed" if total else ""))
             return 0
         pruned = Pruned(store=config.resolve(config.store.dir), objects=BucketPrune(config.store))
         _prune_batches(queue, before, args, total, pruned)
-        inputs, input_bytes = queue.prune_assets()
+        inputs, input_bytes = queue.assets.prune_assets()
     finally:
         queue.close()
     print(f"removed {pruned.removed:,} finished job(s) before {label}"
@@ -129,7 +129,7 @@ def _prune_batches(queue: Queue, before: float, args: argparse.Namespace, total:
     here = host_name()
     started = last_report = time.monotonic()
     while True:
-        batch = queue.prune(before, limit=args.batch)
+        batch = queue.intake.prune(before, limit=args.batch)
         if not batch.removed:
             return
         pruned.removed += len(batch.removed)

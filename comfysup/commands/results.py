@@ -167,11 +167,11 @@ def _jobs(queue: Any, lines: list[Line] | None) -> Iterator[JobRecord | Line]:
     """Every job of the queue; with a file's lines, each line's job in the file's order, or the line itself
     when its id is not in the queue."""
     if lines is None:
-        yield from queue.iter_jobs()
+        yield from queue.reads.iter_jobs()
         return
     for start in range(0, len(lines), 500):
         chunk = lines[start:start + 500]
-        found = {j.id: j for j in queue.get_many([job_id for job_id, _ in chunk])}
+        found = {j.id: j for j in queue.reads.get_many([job_id for job_id, _ in chunk])}
         for line in chunk:
             yield found.get(line[0], line)
 

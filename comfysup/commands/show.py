@@ -190,8 +190,8 @@ def run(args: argparse.Namespace) -> int:
     queue = queue_from(config)
     try:
         (job_id,) = resolve_ids(queue, [args.id])  # the whole id, or any unique prefix of it
-        job = queue.get(job_id)
-        deliveries = queue.deliveries(job_id)
+        job = queue.reads.get(job_id)
+        deliveries = queue.deliveries.deliveries(job_id)
     finally:
         queue.close()
     links = Links(config.store)

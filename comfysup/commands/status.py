@@ -210,10 +210,10 @@ def run(args: argparse.Namespace) -> int:
     queue = queue_from(config)
     try:
         now = time.time()
-        status = queue.status(now, dead_limit=args.dead)
-        machines = queue.machines()
-        inputs = queue.asset_totals()
-        backlog = queue.announcement_backlog()
+        status = queue.reads.status(now, dead_limit=args.dead)
+        machines = queue.fleet.machines()
+        inputs = queue.assets.asset_totals()
+        backlog = queue.deliveries.announcement_backlog()
     finally:
         queue.close()
     state = read_state(config)

@@ -81,7 +81,7 @@ def _queue(config: Config, dry_run: bool) -> Queue | None:
 
 def _catalogues(queue: Queue | None) -> list[Catalogue]:
     """The node catalogues the servers have now; none yet: the checks that need one are skipped, said once."""
-    found = [Catalogue(r.id, r.info, tuple(r.servers)) for r in queue.catalogues()] if queue is not None else []
+    found = [Catalogue(r.id, r.info, tuple(r.servers)) for r in queue.fleet.catalogues()] if queue is not None else []
     if not found:
         print("warning: no server has recorded its node catalogue (/object_info) in the queue yet, so node "
               "classes, inputs, values and model files are not checked; a runner records it when its server "
@@ -101,7 +101,7 @@ def _submit(args: argparse.Namespace, config: Config, queue: Queue | None, path:
                     inputs_where="the jobs file's folder" + (" or [assets] input_roots"
                                                             if config.assets.input_roots else ""),
                     remote=config.inputs, s3_buckets=config.inputs.s3_buckets or None, progress=DownloadBar())
-    jobs.inputs.stored = queue.asset_size if queue is not None else None  # a held blake3 is not fetched again
+    jobs.inputs.stored = queue.assets.asset_size if queue is not None else None  # a held blake3 is not fetched again
     try:
         return _insert(args, config, queue, jobs, label)
     finally:
@@ -117,7 +117,7 @@ def _insert(args: argparse.Namespace, config: Config, queue: Queue | None, jobs:
     try:
         # A large file is read a second time by a child process while this one inserts (see jobs_read_ahead).
         two_cpus = checked.count >= READ_AHEAD_LINES and (os.cpu_count() or 1) > 1
-        result = queue.submit(jobs.jobs_read_ahead() if two_cpus else jobs.jobs())
+        result = queue.intake.submit(jobs.jobs_read_ahead() if two_cpus else jobs.jobs())
     except SubmitConflict as exc:
         problems = [Problem(checked.lines_by_id[i], f"id {i} is already in the queue with different "
                             "content; give the changed job a new id") for i in exc.ids]
@@ -189,7 +189,7 @@ def wait(config: Config, ids: list[str]) -> int:
     try:
         with tqdm(total=len(ids), unit="job", desc="ended", file=sys.stderr, dynamic_ncols=True) as bar:
             while left:
-                states = queue.states(left)
+                states = queue.reads.states(left)
                 now_ended = {i: s for i, s in states.items() if s in TERMINAL}
                 ended.update(now_ended)
                 left = [i for i in left if i not in now_ended]
@@ -221,7 +221,7 @@ def _summary(queue: Queue, ended: dict[str, str]) -> int:
     counts = Counter(ended.values())
     print(f"summary: {counts[DONE]} done, {counts[DEAD]} dead-lettered, {counts[CANCELLED]} cancelled")
     failed = [i for i, s in ended.items() if s != DONE]
-    for job in queue.get_many(failed[:10]):
+    for job in queue.reads.get_many(failed[:10]):
         print(f"  {job.id} {job.state}: {bound(job.reason or '', 300)}")
     if len(failed) > 10:
         print(f"  … and {len(failed) - 10} more (comfysup status, comfysup show ID)")

@@ -171,7 +171,7 @@ class Webhooks:
             deadline = time.monotonic() + self.config.webhooks.timeout_seconds
             while True:
                 self.deliverer.run_once()
-                if not self.queue.pending_deliveries() or time.monotonic() >= deadline:
+                if not self.queue.deliveries.pending_deliveries() or time.monotonic() >= deadline:
                     break
                 time.sleep(0.05)
         except ComfysupError as exc:

@@ -106,11 +106,11 @@ class Observer:
         with self.lock:
             since = max(self.start, self.cursor - LOOKBACK_SECONDS)
             read_from = self.cursor
-            if queue.ended_count(since, self.cursor) != len(self.seen):
+            if queue.reads.ended_count(since, self.cursor) != len(self.seen):
                 read_from = self._late(queue, since, read_from)
             new = 0
             while True:
-                rows = queue.ended_since(read_from, limit=PAGE)
+                rows = queue.reads.ended_since(read_from, limit=PAGE)
                 for row in rows:
                     key = (row.job_id, row.attempt, row.started_at)
                     if key in self.seen:
@@ -131,7 +131,7 @@ class Observer:
     def _late(self, queue: Queue, since: float, read_from: float) -> float:
         """Where to read from so that the window's attempts not yet counted are read; drops the keys of
         attempts no longer in the queue (pruned), so the counts agree again."""
-        keys = queue.ended_keys(since, self.cursor)
+        keys = queue.reads.ended_keys(since, self.cursor)
         present = {(job_id, attempt, started_at) for job_id, attempt, started_at, _ in keys}
         gone = self.seen - present
         if gone:
@@ -194,7 +194,7 @@ class Live(Collector):
 
     def collect(self) -> Iterator[Metric]:
         now = time.time()
-        status = self.queue.status(now, dead_limit=0)
+        status = self.queue.reads.status(now, dead_limit=0)
         jobs = GaugeMetricFamily("comfysup_jobs", "Jobs by state (waiting: queued, waiting to retry; posted: "
                                  "claimed ahead, waiting in its server's queue behind the prompt that runs there; "
                                  "running: executing, downloading, recording).", labels=["state"])
@@ -213,7 +213,7 @@ class Live(Collector):
             yield hit
         pending = GaugeMetricFamily("comfysup_webhook_deliveries_pending", "Webhook deliveries not yet sent "
                                     "(due, or waiting for their next try).")
-        pending.add_metric([], self.queue.pending_deliveries())
+        pending.add_metric([], self.queue.deliveries.pending_deliveries())
         yield pending
         tries = CounterMetricFamily("comfysup_webhook_tries", "Webhook tries by this deliverer, by result "
                                     "(delivered, retry: failed and tried again later, failed: given up).",
@@ -221,7 +221,7 @@ class Live(Collector):
         for result in ("delivered", "retry", "failed"):
             tries.add_metric([result], self.deliveries().get(result, 0))
         yield tries
-        totals = self.queue.asset_totals()  # type: ignore[attr-defined]
+        totals = self.queue.assets.asset_totals()  # type: ignore[attr-defined]
         for name, key, text in (("comfysup_input_files", "assets", "Input files in the asset store (one per content)."),
                                 ("comfysup_input_bytes", "bytes", "Bytes of the input files in the asset store.")):
             gauge = GaugeMetricFamily(name, text)
@@ -234,7 +234,7 @@ class Live(Collector):
         yield from self._slots(now)
         yield from self._gpus()
         state = self.state()
-        yield from broker_metrics((state or {}).get("broker"), self.queue.announcement_backlog())
+        yield from broker_metrics((state or {}).get("broker"), self.queue.deliveries.announcement_backlog())
 
     def _readiness(self, now: float, queued: int) -> Iterable[Metric]:
         """What an autoscaler scales on (with comfysup_jobs and comfysup_oldest_queued_age_seconds): the slots

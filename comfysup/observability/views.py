@@ -45,12 +45,12 @@ class Overview:
 def overview(queue: Queue, state: dict[str, Any] | None, now: float | None = None, *, dead: int = 5,
              done: int = 0) -> Overview:
     now = time.time() if now is None else now
-    status = queue.status(now, dead_limit=dead, done_limit=done)
-    finished = queue.finished_counts(now - WINDOW_SECONDS)
-    recent = queue.get_many([i for i, _ in status.recent_done]) if status.recent_done else []
+    status = queue.reads.status(now, dead_limit=dead, done_limit=done)
+    finished = queue.reads.finished_counts(now - WINDOW_SECONDS)
+    recent = queue.reads.get_many([i for i, _ in status.recent_done]) if status.recent_done else []
     return Overview(now=now, status=status, finished=finished, recent_done=recent, supervisor=state,
                     stale=None if state is None else staleness(state, now),
-                    announcements=queue.announcement_backlog())
+                    announcements=queue.deliveries.announcement_backlog())
 
 
 def progress_text(progress: dict[str, Any] | None) -> str:

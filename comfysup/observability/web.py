@@ -105,7 +105,7 @@ class App:
         if path == "/metrics":
             return Answer(200, CONTENT_TYPE, self.metrics.exposition(), {})
         if path == "/ready":  # readiness for load balancers (comfysup.slotstate.readiness)
-            answer = readiness(self.state(), self.queue.status(dead_limit=0).counts.get("queued", 0),
+            answer = readiness(self.state(), self.queue.reads.status(dead_limit=0).counts.get("queued", 0),
                                self.ready_max_queue_per_slot)
             return Answer(200 if answer.ready else 503, "application/json", json.dumps(answer.body()).encode(),
                           {"Cache-Control": "no-store"})
@@ -149,7 +149,7 @@ class App:
     def _in_bucket(self, job_id: str, name: str) -> Answer:
         """307 to a presigned URL when the job's output of that name is in a bucket ([store] url); else 404."""
         try:
-            record = self.queue.get(job_id)
+            record = self.queue.reads.get(job_id)
         except Exception:  # not found, or the queue does not answer: nothing to serve
             return _text(404, "not found")
         for output in record.outputs:

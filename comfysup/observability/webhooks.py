@@ -134,7 +134,7 @@ class Deliverer:
         tries = 0
         hold = self.settings.timeout_seconds + HOLD_MARGIN_SECONDS
         while True:
-            due = self.queue.claim_deliveries(BATCH, hold, now=now)
+            due = self.queue.deliveries.claim_deliveries(BATCH, hold, now=now)
             for delivery in due:
                 self._try(delivery)
                 tries += 1
@@ -152,7 +152,7 @@ class Deliverer:
 
     def _try(self, delivery: Delivery) -> None:
         try:
-            job = self.queue.get(delivery.job_id)
+            job = self.queue.reads.get(delivery.job_id)
         except NotFound:
             self._record(delivery, "failed", None, "the job is no longer in the queue")
             return
@@ -204,7 +204,7 @@ class Deliverer:
 
     def _record(self, delivery: Delivery, result: str, status: int | None, error: str | None,
                 next_at: float | None = None) -> None:
-        self.queue.delivery_result(delivery.id, delivered=result == "delivered", status=status,
+        self.queue.deliveries.delivery_result(delivery.id, delivered=result == "delivered", status=status,
                                    error=bound(error, 300) if error else None, next_at=next_at)
         self.counts[result] += 1
         self.on_result(result)

@@ -1,10 +1,13 @@
-"""The durable queue: one interface (base.Queue), a SQLite backend, PostgreSQL for several machines."""
+"""The durable queue: its roles over one database (base.Queue), a SQLite backend, PostgreSQL for several machines."""
 
 from __future__ import annotations
 
 from comfysup.config import Config
 from comfysup.errors import ConfigError
+from comfysup.queue.asset_bucket import AssetBucket
 from comfysup.queue.base import Queue
+from comfysup.queue.sqlite import SQLiteQueue
+from comfysup.storage import s3
 
 
 def open_queue(config: Config, *, create: bool = True) -> Queue:
@@ -14,7 +17,7 @@ def open_queue(config: Config, *, create: bool = True) -> Queue:
     whoever runs the server, and an empty one is a queue with no jobs yet.
     """
     if config.queue.url:
-        try:
+        try:  # psycopg is optional: installed with comfysup[postgres]
             from comfysup.queue.postgres import PostgresQueue
         except ImportError as exc:
             raise ConfigError(f"{config.source}: [queue] url needs psycopg 3: pip install 'comfysup[postgres]' "
@@ -23,11 +26,9 @@ def open_queue(config: Config, *, create: bool = True) -> Queue:
             config.queue.url, busy_timeout_seconds=config.queue.busy_timeout_seconds,
             default_callback_url=config.webhooks.url,
             assets_dir=str(config.resolve(config.assets.dir)) if config.assets.dir else None)
-        queue.announce = bool(config.rabbitmq.url)  # type: ignore[attr-defined]
+        queue.announce = bool(config.rabbitmq.url)
         _asset_bucket(queue, config)
         return queue
-    from comfysup.queue.sqlite import SQLiteQueue
-
     queue = SQLiteQueue(config.resolve(config.queue.path), create=create,
                         busy_timeout_seconds=config.queue.busy_timeout_seconds,
                         checkpoint_seconds=config.queue.checkpoint_seconds,
@@ -39,9 +40,6 @@ def open_queue(config: Config, *, create: bool = True) -> Queue:
 
 
 def _asset_bucket(queue: Queue, config: Config) -> None:
-    """[assets] url (issue 33): input files in a bucket, with [store]'s service and credentials."""
+    """[assets] url: input files in a bucket, with [store]'s service and credentials."""
     if config.assets.url:
-        from comfysup.queue.asset_bucket import AssetBucket
-        from comfysup.storage import s3
-
-        queue.asset_bucket = AssetBucket(s3.parse(config.assets.url), config.store)  # type: ignore[attr-defined]
+        queue.assets.asset_bucket = AssetBucket(s3.parse(config.assets.url), config.store)

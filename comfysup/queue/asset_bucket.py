@@ -1,4 +1,4 @@
-"""The asset store's contents in a bucket ([assets] url, issue 33): ``<prefix>/<2 hex>/<blake3 hex>``, so machines
+"""The asset store's contents in a bucket ([assets] url): ``<prefix>/<2 hex>/<blake3 hex>``, so machines
 on one PostgreSQL queue share input files through the bucket rather than through the database's chunks or a
 mounted folder.
 

@@ -7,41 +7,34 @@ leaves at most a file without a row, which nothing reads and ``prune`` removes; 
 nor jobs without their inputs. The bytes are hashed again while they are copied, so a file changed between
 validation and insert is refused rather than stored under the old hash.
 
-Assets uploaded through the Comfy API v2 (issue 18) are records (``api_assets``: a random id, the name and
+Assets uploaded through the Comfy API v2 are records (``api_assets``: a random id, the name and
 content type the client gave, a retention deadline) over the same stored contents: a record keeps its content
 from prune until it expires, so a client can upload first and submit the job that references it later; the job
 then keeps the content itself, like any job's input.
 
-A mixin of comfysup.queue.core.SQLQueue: the SQL is in sql/queries.sql (``asset_*``, ``api_asset*``,
+A role of the queue over its database (comfysup.queue.db): the SQL is in sql/queries.sql (``asset_*``, ``api_asset*``,
 ``server_assets``, …).
 """
 
 from __future__ import annotations
 
-import os
-import tempfile
 import time
-from collections.abc import Iterable, Sequence
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from comfysup import safefs
-from comfysup.assets import HASH_PREFIX
 from comfysup.errors import QueueError
+from comfysup.queue import asset_files as files
 from comfysup.queue import values
+from comfysup.queue.asset_files import CHUNK_BYTES, AssetMissing
 from comfysup.queue.base import NewJob
+from comfysup.queue.db import Role, SQLDb, in_transaction
+from comfysup.queue.values import ApiAsset, NewAsset
 
 if TYPE_CHECKING:
     from comfysup.queue.asset_bucket import AssetBucket
-    from comfysup.queue.run_values import ApiAsset, NewAsset
 
-CHUNK_BYTES = 4 * 1024 * 1024
-TEMPORARY_SECONDS = 86400.0
-"""A temporary file in the asset folder older than this is a killed process's leftover; prune removes it."""
-
-
-class AssetMissing(QueueError):
-    """A job names an input file by its hash that the asset store does not hold."""
 
 
 class UploadConflict(QueueError):
@@ -53,187 +46,119 @@ class UploadConflict(QueueError):
 
 
 def _api_asset(row: Any) -> ApiAsset:
-    return values.ApiAsset(str(row[0]), str(row[1]), int(row[2]), str(row[3]), str(row[4]), float(row[5]),
-                           float(row[6]))
+    return values.ApiAsset(str(row["id"]), str(row["hash"]), int(row["size"]), str(row["file_path"]),
+                           str(row["content_type"]), float(row["created_at"]), float(row["expires_at"]))
 
 
-class AssetStore:
-    """Input files for SQLQueue (see the module docstring)."""
+class Assets(Role):
+    """The queue's input files (see the module docstring)."""
 
-    sql: dict[str, str]
-    assets_dir: Path | None = None
-    """The folder of input files; None: in the database (PostgreSQL only)."""
     asset_bucket: AssetBucket | None = None
-    """[assets] url (issue 33): new contents go to the bucket; one stored before it was set is still read from the
-    folder or the database."""
+    """[assets] url: new contents go to the bucket; one stored before it was set is still read from the folder or
+    the database."""
 
-    def _transaction(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        raise NotImplementedError
-
-    def _time(self, now: float | None) -> float | None:
-        raise NotImplementedError
+    def __init__(self, db: SQLDb, assets_dir: Path | None) -> None:
+        super().__init__(db)
+        self.assets_dir = assets_dir
+        """The folder of input files; None: in the database (PostgreSQL only)."""
 
     # -- submit ----------------------------------------------------------------------------------------------
 
-    def _insert_assets(self, cur: Any, batch: Sequence[NewJob], at: float | None, seen: set[str]) -> None:
+    def insert_assets(self, cur: Any, batch: Sequence[NewJob], at: float | None, seen: set[str]) -> None:
         """Store each job's input files (once per content, ``seen`` across the submit) and link them."""
         for job in batch:
             for asset in job.assets:
                 if asset.hash not in seen:
-                    self._store(cur, asset, at)
+                    self.store(cur, asset, at)
                     seen.add(asset.hash)
-                cur.execute(self.sql["insert_job_asset"], (asset.hash, job.id))
+                cur.execute(self.db.sql["insert_job_asset"], {"hash": asset.hash, "job_id": job.id})
 
-    def _store(self, cur: Any, asset: NewAsset, at: float | None) -> None:
-        if cur.execute(self.sql["asset_size"], (asset.hash,)).fetchone() is not None:
+    def store(self, cur: Any, asset: NewAsset, at: float | None) -> None:
+        if cur.execute(self.db.sql["asset_size"], {"hash": asset.hash}).fetchone() is not None:
             return
         if asset.path is None:
             raise AssetMissing(f"input {asset.hash} ({asset.name or 'no name'}) is not in the asset store; "
                                "submit the file itself ({\"file\": \"path\"}) or upload it first")
         if self.asset_bucket is not None:
-            size = self.asset_bucket.put(asset.hash, asset.size, lambda write: self._copy(asset, write))
+            size = self.asset_bucket.put(asset.hash, asset.size, lambda write: files.copy(asset, write))
+        elif self.assets_dir is not None:
+            size = files.write_file(self.assets_dir, asset)
         else:
-            size = self._write_file(asset) if self.assets_dir is not None else self._write_chunks(cur, asset)
-        cur.execute(self.sql["insert_asset"], (asset.hash, size, asset.name, at if at is not None else _now()))
-
-    def _path(self, digest: str) -> Path:
-        assert self.assets_dir is not None
-        hexa = digest.removeprefix(HASH_PREFIX)
-        return self.assets_dir / hexa[:2] / hexa
-
-    def _write_file(self, asset: NewAsset) -> int:
-        target = self._path(asset.hash)
-        if target.is_file() and target.stat().st_size == asset.size:
-            return asset.size  # left by a submit that rolled back, or stored by another queue: same content
-        target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".incoming-")
-        try:
-            with os.fdopen(fd, "wb") as out:
-                size = self._copy(asset, out.write)
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(tmp, target)
-            folder = os.open(target.parent, os.O_RDONLY | os.O_DIRECTORY)
-            try:
-                os.fsync(folder)  # the rename itself, before the row that says the file exists is committed
-            finally:
-                os.close(folder)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        return size
+            size = self._write_chunks(cur, asset)
+        cur.execute(self.db.sql["insert_asset"], {"hash": asset.hash, "size": size, "name": asset.name,
+                                                  "stored_at": at if at is not None else _now()})
 
     def _write_chunks(self, cur: Any, asset: NewAsset) -> int:
         n = 0
 
         def write(data: bytes) -> None:
             nonlocal n
-            cur.execute(self.sql["insert_asset_chunk"], (asset.hash, n, data))
+            cur.execute(self.db.sql["insert_asset_chunk"], {"hash": asset.hash, "n": n, "data": data})
             n += 1
 
-        return self._copy(asset, write)
-
-    @staticmethod
-    def _copy(asset: NewAsset, write: Any) -> int:
-        """Copy the file in chunks through ``write``, hashing it again; QueueError when it changed."""
-        import blake3  # here, as below: a queue opened for a job without input files (status) never hashes one
-
-        hasher, size = blake3.blake3(), 0
-        assert asset.path is not None
-        try:  # the file hashed at validation, opened again: never through a symlink, never a FIFO put there since
-            fd = safefs.open_regular(asset.path)
-        except OSError as exc:
-            raise QueueError(f"{asset.path} cannot be read again to store it ({exc.strerror}); nothing was "
-                             "submitted") from None
-        with os.fdopen(fd, "rb") as f:
-            while chunk := f.read(CHUNK_BYTES):
-                hasher.update(chunk)
-                size += len(chunk)
-                write(chunk)
-        if HASH_PREFIX + hasher.hexdigest() != asset.hash:
-            raise QueueError(f"{asset.path} changed while it was being submitted; nothing was submitted")
-        return size
+        return files.copy(asset, write)
 
     # -- the runner's side -----------------------------------------------------------------------------------
 
     def read_asset(self, digest: str) -> bytes:
         """An input file's bytes (the runner uploads them)."""
-        rows = self._transaction(_fetch, self.sql["asset_size"], (digest,), write=False)
+        rows = self.db.transaction(_fetch, self.db.sql["asset_size"], {"hash": digest}, write=False)
         if not rows:
             raise AssetMissing(f"input {digest} is not in the asset store (pruned while a job needed it?)")
-        in_bucket = self.asset_bucket.get(digest, int(rows[0][0])) if self.asset_bucket is not None else None
+        size = int(rows[0]["size"])
+        in_bucket = self.asset_bucket.get(digest, size) if self.asset_bucket is not None else None
         if in_bucket is not None:
             data = in_bucket
         elif self.assets_dir is not None:
-            try:
-                fd = safefs.open_regular(self._path(digest))
-            except FileNotFoundError:
-                raise AssetMissing(f"input {digest}: its file {self._path(digest)} is missing") from None
-            except OSError as exc:
-                raise AssetMissing(f"input {digest}: its file {self._path(digest)} cannot be read ({exc.strerror})") \
-                    from None
-            with os.fdopen(fd, "rb") as f:
-                data = f.read(int(rows[0][0]) + 1)
+            data = files.read_file(self.assets_dir, digest, size)
         else:
-            chunks = self._transaction(_fetch, self.sql["asset_chunks"], (digest,), write=False)
-            data = b"".join(bytes(r[0]) for r in chunks)
-        # Hashed again before it is sent: bytes changed on disk (or in the table) never go out under an old hash.
-        import blake3
-
-        if HASH_PREFIX + blake3.blake3(data).hexdigest() != digest:
-            raise AssetMissing(f"input {digest}: the stored copy no longer matches its hash (changed or damaged "
-                               "on disk); submit the file again to store it anew")
+            chunks = self.db.transaction(_fetch, self.db.sql["asset_chunks"], {"hash": digest}, write=False)
+            data = b"".join(bytes(r["data"]) for r in chunks)
+        files.check_hash(data, digest)
         return data
 
     def assets_needed(self) -> set[str]:
         """The hashes of the input files that queued and running jobs need."""
-        return {r[0] for r in self._transaction(_fetch, self.sql["assets_needed"], (), write=False)}
+        return {r["hash"] for r in self.db.transaction(_fetch, self.db.sql["assets_needed"], {}, write=False)}
 
     def server_assets(self, server: str) -> dict[str, tuple[str, int, float]]:
         """What ``server`` (machine/runner) was given: hash → (name there, size, last used)."""
-        rows = self._transaction(_fetch, self.sql["server_assets"], (server,), write=False)
-        return {r[0]: (r[1], int(r[2]), float(r[3])) for r in rows}
+        rows = self.db.transaction(_fetch, self.db.sql["server_assets"], {"server": server}, write=False)
+        return {r["hash"]: (r["name"], int(r["size"]), float(r["used_at"])) for r in rows}
 
     def record_upload(self, server: str, digest: str, name: str, size: int, now: float) -> None:
-        self._transaction(_run, self.sql["record_upload"], (server, digest, name, size, now))
+        self.db.transaction(_run, self.db.sql["record_upload"], {"server": server, "hash": digest, "name": name,
+                                                                 "size": size, "used_at": now})
 
     def touch_upload(self, server: str, digest: str, now: float) -> None:
-        self._transaction(_run, self.sql["touch_upload"], (now, server, digest))
+        self.db.transaction(_run, self.db.sql["touch_upload"], {"used_at": now, "server": server, "hash": digest})
 
     def forget_upload(self, server: str, digest: str) -> None:
-        self._transaction(_run, self.sql["forget_upload"], (server, digest))
+        self.db.transaction(_run, self.db.sql["forget_upload"], {"server": server, "hash": digest})
 
     def asset_totals(self) -> dict[str, int]:
         """Input files stored, their bytes, and uploads to servers (status and metrics)."""
-        row = self._transaction(_fetch, self.sql["asset_totals"], (), write=False)[0]
-        return {"assets": int(row[0]), "bytes": int(row[1]), "uploads": int(row[2])}
+        row = self.db.transaction(_fetch, self.db.sql["asset_totals"], {}, write=False)[0]
+        return {"assets": int(row["assets"]), "bytes": int(row["bytes"]), "uploads": int(row["uploads"])}
 
-    # -- assets uploaded through the API (issue 18) -------------------------------------------------------
+    # -- assets uploaded through the API -------------------------------------------------------
 
-    def add_api_asset(self, asset: NewAsset, content_type: str, retention_seconds: float, key: str | None = None,
-                      now: float | None = None) -> tuple[ApiAsset, bool]:
+    @in_transaction()
+    def add_api_asset(self, cur: Any, asset: NewAsset, content_type: str, retention_seconds: float,
+                      key: str | None = None, now: float | None = None) -> tuple[ApiAsset, bool]:
         """Store ``asset`` (its bytes at ``asset.path``, hashed again while copied) unless its content is already
         stored, and mint a record over it, in one durable transaction: ``(record, created_new)``. ``key`` (the
         upload's Idempotency-Key) is single-use, held by the record's unique ``idem_key``: one seen before, or
         committed by another upload while this one ran, is UploadConflict and nothing is stored."""
         at = time.time() if now is None else now
-        result: tuple[ApiAsset, bool] = self._transaction(self._add_api_asset, asset, content_type,
-                                                          retention_seconds, key, at)
-        return result
-
-    def _add_api_asset(self, cur: Any, asset: NewAsset, content_type: str, retention: float, key: str | None,
-                       at: float) -> tuple[ApiAsset, bool]:
         self._check_key(cur, key)
-        created_new = cur.execute(self.sql["asset_size"], (asset.hash,)).fetchone() is None
-        self._store(cur, asset, at)
-        import uuid  # here, as below: uuid (and the platform module it loads) for the API's assets only
-
+        created_new = cur.execute(self.db.sql["asset_size"], {"hash": asset.hash}).fetchone() is None
+        self.store(cur, asset, at)
         record = values.ApiAsset(str(uuid.uuid4()), asset.hash, asset.size, asset.name, content_type, at,
-                                 at + retention)
-        row = (record.id, record.hash, record.file_path, record.content_type, record.created_at, record.expires_at)
+                                 at + retention_seconds)
         if key is None:
-            cur.execute(self.sql["insert_api_asset"], (*row, None))
-        elif cur.execute(self.sql["insert_keyed_api_asset"], (*row, key)).fetchone() is None:
+            cur.execute(self.db.sql["insert_api_asset"], _api_asset_row(record, None))
+        elif cur.execute(self.db.sql["insert_keyed_api_asset"], _api_asset_row(record, key)).fetchone() is None:
             # Another process committed an upload with this key since we looked (PostgreSQL, READ COMMITTED: the
             # insert waited for it). Raising rolls back what this transaction stored.
             self._check_key(cur, key)
@@ -242,40 +167,33 @@ class AssetStore:
 
     def _check_key(self, cur: Any, key: str | None) -> None:
         """UploadConflict when an upload holds ``key`` already."""
-        row = None if key is None else cur.execute(self.sql["api_asset_by_key"], (key,)).fetchone()
+        row = None if key is None else cur.execute(self.db.sql["api_asset_by_key"], {"key": key}).fetchone()
         if row is not None:
             raise UploadConflict(_api_asset(row).id)
 
-    def mint_api_asset(self, digest: str, file_path: str, content_type: str, retention_seconds: float,
+    @in_transaction()
+    def mint_api_asset(self, cur: Any, digest: str, file_path: str, content_type: str, retention_seconds: float,
                        now: float | None = None) -> tuple[ApiAsset, bool] | None:
         """A record over content already stored (``POST /assets/from-hash``): ``(record, minted)``; a live record
         of the same content and name is answered instead of a new one (its deadline extended, never shortened).
         None when the content is not stored."""
         at = time.time() if now is None else now
-        minted: tuple[ApiAsset, bool] | None = self._transaction(self._mint_api_asset, digest, file_path,
-                                                                 content_type, at, at + retention_seconds)
-        return minted
-
-    def _mint_api_asset(self, cur: Any, digest: str, file_path: str, content_type: str, at: float,
-                        until: float) -> tuple[ApiAsset, bool] | None:
-        size = cur.execute(self.sql["asset_size"], (digest,)).fetchone()
+        until = at + retention_seconds
+        size = cur.execute(self.db.sql["asset_size"], {"hash": digest}).fetchone()
         if size is None:
             return None
-        row = cur.execute(self.sql["api_asset_same"], (digest, file_path, at)).fetchone()
+        row = cur.execute(self.db.sql["api_asset_same"], {"hash": digest, "file_path": file_path, "at": at}).fetchone()
         if row is not None:
             known = _api_asset(row)
-            cur.execute(self.sql["extend_api_asset"], (until, known.id, until))
+            cur.execute(self.db.sql["extend_api_asset"], {"until": until, "id": known.id})
             return values.ApiAsset(**{**known.__dict__, "expires_at": max(known.expires_at, until)}), False
-        import uuid
-
-        record = values.ApiAsset(str(uuid.uuid4()), digest, int(size[0]), file_path, content_type, at, until)
-        cur.execute(self.sql["insert_api_asset"], (record.id, record.hash, record.file_path, record.content_type,
-                                                   record.created_at, record.expires_at, None))
+        record = values.ApiAsset(str(uuid.uuid4()), digest, int(size["size"]), file_path, content_type, at, until)
+        cur.execute(self.db.sql["insert_api_asset"], _api_asset_row(record, None))
         return record, True
 
     def api_asset(self, asset_id: str) -> ApiAsset | None:
         """The record (expired or not: the caller decides) or None."""
-        rows = self._transaction(_fetch, self.sql["api_asset"], (asset_id,), write=False)
+        rows = self.db.transaction(_fetch, self.db.sql["api_asset"], {"id": asset_id}, write=False)
         return _api_asset(rows[0]) if rows else None
 
     def has_asset(self, digest: str) -> bool:
@@ -283,25 +201,25 @@ class AssetStore:
 
     def asset_size(self, digest: str) -> int | None:
         """The stored content's size, or None when the store does not hold it."""
-        rows = self._transaction(_fetch, self.sql["asset_size"], (digest,), write=False)
-        return int(rows[0][0]) if rows else None
+        rows = self.db.transaction(_fetch, self.db.sql["asset_size"], {"hash": digest}, write=False)
+        return int(rows[0]["size"]) if rows else None
 
     def delete_api_asset(self, asset_id: str) -> bool:
         """Remove the record; its content too when no job and no other record needs it. False: no such record."""
-        found: tuple[bool, list[tuple[str, int]]] = self._transaction(self._delete_api_asset, asset_id)
+        found: tuple[bool, list[tuple[str, int]]] = self.db.transaction(self._delete_api_asset, asset_id)
         self._unlink(found[1])
         return found[0]
 
     def _delete_api_asset(self, cur: Any, asset_id: str) -> tuple[bool, list[tuple[str, int]]]:
-        row = cur.execute(self.sql["delete_api_asset"], (asset_id,)).fetchone()
+        row = cur.execute(self.db.sql["delete_api_asset"], {"id": asset_id}).fetchone()
         if row is None:
             return False, []
-        size = cur.execute(self.sql["asset_size"], (row[0],)).fetchone()
-        return True, self._drop_unreferenced(cur, [(row[0], size[0] if size else 0)])
+        size = cur.execute(self.db.sql["asset_size"], {"hash": row["hash"]}).fetchone()
+        return True, self._drop_unreferenced(cur, [(row["hash"], size["size"] if size else 0)])
 
     def asset_file(self, digest: str) -> Path | None:
         """Where a stored content's bytes are on this machine; None when they are chunks in the database."""
-        path = self._path(digest) if self.assets_dir is not None else None
+        path = files.path_of(self.assets_dir, digest) if self.assets_dir is not None else None
         return None if path is not None and self.asset_bucket is not None and not path.is_file() else path
 
     def asset_chunk(self, digest: str, n: int) -> bytes:
@@ -311,8 +229,8 @@ class AssetStore:
             data = self.asset_bucket.read_range(digest, n * CHUNK_BYTES, CHUNK_BYTES)
             if data is not None:
                 return data
-        rows = self._transaction(_fetch, self.sql["asset_chunk"], (digest, n), write=False)
-        return bytes(rows[0][0]) if rows else b""
+        rows = self.db.transaction(_fetch, self.db.sql["asset_chunk"], {"hash": digest, "n": n}, write=False)
+        return bytes(rows[0]["data"]) if rows else b""
 
     # -- prune -----------------------------------------------------------------------------------------------
 
@@ -320,33 +238,22 @@ class AssetStore:
         """Remove API upload records past their retention, then the input files no remaining job needs and no
         record keeps: (how many files, their bytes). Rows first, then files."""
         at = time.time() if now is None else now
-        gone: list[tuple[str, int]] = self._transaction(self._prune_assets, at)
+        gone: list[tuple[str, int]] = self.db.transaction(self._prune_assets, at)
         self._unlink(gone)
-        self._sweep(at)
+        files.sweep(self.assets_dir, at)
         return len(gone), sum(size for _d, size in gone)
 
-    def _sweep(self, at: float) -> None:
-        """Temporary files of copies that a killed process left (``.incoming-*`` of a submit, ``.api-upload-*``
-        of an API upload) once they are a day old: no live copy takes that long."""
-        if self.assets_dir is None or not self.assets_dir.is_dir():
-            return
-        for path in [*self.assets_dir.glob(".api-upload-*"), *self.assets_dir.glob("*/.incoming-*")]:
-            try:
-                if path.lstat().st_mtime < at - TEMPORARY_SECONDS:
-                    path.unlink()
-            except FileNotFoundError:
-                pass
-
     def _prune_assets(self, cur: Any, at: float) -> list[tuple[str, int]]:
-        cur.execute(self.sql["prune_job_assets"])
-        cur.execute(self.sql["prune_api_assets"], (at,))
-        return self._drop_unreferenced(cur, cur.execute(self.sql["unreferenced_assets"]).fetchall())
+        cur.execute(self.db.sql["prune_job_assets"])
+        cur.execute(self.db.sql["prune_api_assets"], {"at": at})
+        rows = cur.execute(self.db.sql["unreferenced_assets"]).fetchall()
+        return self._drop_unreferenced(cur, [(r["hash"], r["size"]) for r in rows])
 
     def _drop_unreferenced(self, cur: Any, candidates: Iterable[Any]) -> list[tuple[str, int]]:
         gone = []
         for digest, size in candidates:
-            if cur.execute(self.sql["delete_asset"], (digest, digest, digest)).rowcount:
-                cur.execute(self.sql["delete_asset_chunks"], (digest,))
+            if cur.execute(self.db.sql["delete_asset"], {"hash": digest}).rowcount:
+                cur.execute(self.db.sql["delete_asset_chunks"], {"hash": digest})
                 gone.append((digest, int(size)))
         return gone
 
@@ -356,23 +263,23 @@ class AssetStore:
             self.asset_bucket.delete(digest for digest, _size in gone)
         if self.assets_dir is not None:
             for digest, _size in gone:
-                self._path(digest).unlink(missing_ok=True)
+                files.path_of(self.assets_dir, digest).unlink(missing_ok=True)
 
 
-def _fetch(cur: Any, sql: str, args: Iterable[Any]) -> list[Any]:
-    return cur.execute(sql, tuple(args)).fetchall()
+def _fetch(cur: Any, sql: str, args: Mapping[str, Any]) -> list[Any]:
+    return cur.execute(sql, args).fetchall()
 
 
-def _run(cur: Any, sql: str, args: Iterable[Any]) -> None:
-    cur.execute(sql, tuple(args))
+def _run(cur: Any, sql: str, args: Mapping[str, Any]) -> None:
+    cur.execute(sql, args)
+
+
+def _api_asset_row(record: ApiAsset, key: str | None) -> dict[str, Any]:
+    """The parameters of ``insert_api_asset`` (and its keyed twin) for a record."""
+    return {"id": record.id, "hash": record.hash, "file_path": record.file_path, "content_type": record.content_type,
+            "created_at": record.created_at, "expires_at": record.expires_at, "idem_key": key}
 
 
 def _now() -> float:
     return time.time()
 
-
-def __getattr__(name: str) -> Any:
-    """``ApiAsset``, built on first use (comfysup.queue.run_values): only the API makes one."""
-    if name == "ApiAsset":
-        return values.ApiAsset
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

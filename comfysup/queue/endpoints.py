@@ -1,4 +1,4 @@
-"""Where each machine's Comfy API v2 is reached by the others (issue 18): one ``api_endpoints`` row per machine.
+"""Where each machine's Comfy API v2 is reached by the others: one ``api_endpoints`` row per machine.
 
 Several machines share a PostgreSQL queue but not always a result store: a job's files are on the disk of the
 machine that ran it (``JobRecord.machine``). Each API process writes here the URL at which the other machines
@@ -9,51 +9,36 @@ that stamped the heartbeat (the database's on PostgreSQL), as for the machine re
 Whoever can write the queue can point a machine's row elsewhere; that is no new power (the same writer can change
 every job), and an API sends there only the fleet's own token, which the queue's writers are trusted with.
 
-A mixin of comfysup.queue.core.SQLQueue; the SQL is in sql/queries.sql (``advertise_api``, ``withdraw_api``,
-``api_endpoint``).
+A role of the queue over its database (comfysup.queue.db); the SQL is in sql/queries.sql (``advertise_api``,
+``withdraw_api``, ``api_endpoint``).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from comfysup.queue import values
+from comfysup.queue.db import Role, in_transaction
+from comfysup.queue.values import ApiEndpoint
 
-if TYPE_CHECKING:
-    from comfysup.queue.run_values import ApiEndpoint
 
+class Endpoints(Role):
+    """The API registry (see the module docstring)."""
 
-class ApiEndpoints:
-    """The API registry of SQLQueue (see the module docstring)."""
-
-    sql: dict[str, str]
-
-    def _transaction(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        raise NotImplementedError
-
-    def _time(self, now: float | None) -> float | None:
-        raise NotImplementedError
-
-    def advertise_api(self, host: str, url: str, pid: int, now: float | None = None) -> None:
+    @in_transaction(durable=False)
+    def advertise_api(self, cur: Any, host: str, url: str, pid: int, now: float | None = None) -> None:
         """Insert or refresh ``host``'s API at ``url`` (not durable: a heartbeat lost in a power cut is the next
         one's to write)."""
-        self._transaction(self._advertise, host, url, pid, now, durable=False)
+        at = self.db.time(now)
+        cur.execute(self.db.sql["advertise_api"], {"host": host, "url": url, "pid": pid, "now": at})
 
-    def _advertise(self, cur: Any, host: str, url: str, pid: int, now: float | None) -> None:
-        at = self._time(now)
-        cur.execute(self.sql["advertise_api"], (host, url, pid, at, at))
-
-    def withdraw_api(self, host: str, pid: int) -> None:
+    @in_transaction(durable=False)
+    def withdraw_api(self, cur: Any, host: str, pid: int) -> None:
         """Remove ``host``'s row if process ``pid`` wrote it last (a newer process's row stays)."""
-        self._transaction(self._withdraw, host, pid, durable=False)
+        cur.execute(self.db.sql["withdraw_api"], {"host": host, "pid": pid})
 
-    def _withdraw(self, cur: Any, host: str, pid: int) -> None:
-        cur.execute(self.sql["withdraw_api"], (host, pid))
-
-    def api_endpoint(self, host: str, now: float | None = None) -> ApiEndpoint | None:
+    @in_transaction(write=False)
+    def api_endpoint(self, cur: Any, host: str, now: float | None = None) -> ApiEndpoint | None:
         """``host``'s advertised API and the age of its heartbeat; None when it advertises none."""
-        return self._transaction(self._endpoint, host, now, write=False)
-
-    def _endpoint(self, cur: Any, host: str, now: float | None) -> ApiEndpoint | None:
-        row = cur.execute(self.sql["api_endpoint"], (self._time(now), host)).fetchone()
-        return None if row is None else values.ApiEndpoint(host, str(row[0]), max(0.0, float(row[1])))
+        row = cur.execute(self.db.sql["api_endpoint"], {"now": self.db.time(now), "host": host}).fetchone()
+        return None if row is None else values.ApiEndpoint(host, str(row["url"]), max(0.0, float(row["age"])))

@@ -10,13 +10,13 @@ import weakref
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from comfysup.queue.core import SQLQueue
+    from comfysup.queue.db import SQLDb
 
-_LIVE: weakref.WeakSet[SQLQueue] = weakref.WeakSet()
-_FORKING: list[SQLQueue] = []
+_LIVE: weakref.WeakSet[SQLDb] = weakref.WeakSet()
+_FORKING: list[SQLDb] = []
 
 
-def register(queue: SQLQueue) -> None:
+def register(queue: SQLDb) -> None:
     """A queue of this process, readied for every fork from now on."""
     _LIVE.add(queue)
 

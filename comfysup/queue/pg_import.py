@@ -13,7 +13,10 @@ import psycopg
 
 from comfysup import assets
 from comfysup.errors import QueueError
+from comfysup.queue import pg_statements
+from comfysup.queue.assets import Assets
 from comfysup.queue.base import QUEUED, JobRecord, NewAsset
+from comfysup.queue.db import SQLDb
 from comfysup.queue.queries import load
 from comfysup.queue.records import dumps
 from comfysup.queue.specs import SpecCache, dumps_plain
@@ -34,87 +37,81 @@ class ImportResult:
     """Input files stored now (each content once; those already here are only linked to their jobs)."""
 
 
-class ImportRecords:
-    """The import of PostgresQueue (a mixin: it runs in that class's transactions)."""
+def import_records(db: SQLDb, store: Assets, records: Sequence[JobRecord], *, with_attempts: bool,
+               source_file: Callable[[str], str | None] = lambda digest: None) -> ImportResult:
+    """Copy jobs as they are (state, attempts, times) in one transaction: an id already here with the
+    same spec_hash is left alone, with another one it is a conflict; attempt rows come only with the
+    jobs inserted now, so running this twice copies nothing twice. The input files of the jobs inserted
+    are stored in the same transaction (``source_file``: where a content's bytes are to be read) and
+    linked to them, so no job arrives without its inputs."""
+    result = ImportResult()
 
-    def _transaction(self, fn: Any, *args: Any, **how: Any) -> Any:
-        raise NotImplementedError
+    def copy(cur: psycopg.Cursor[Any]) -> None:
+        if not records:
+            return
+        rows = cur.execute(SQL["known_ids"], {"ids": [r.id for r in records]}).fetchall()
+        known = {row["id"]: row["spec_hash"] for row in rows}
+        fresh: list[JobRecord] = []
+        for r in records:
+            if r.id in known:
+                (result.existing if known[r.id] == r.spec_hash else result.conflicts).append(r.id)
+                continue
+            known[r.id] = r.spec_hash
+            fresh.append(r)
+        # A batch's jobs share one stored template: it is copied once, not once per job.
+        memo: dict[str, str] = {}
+        stored = [_stored_template(r, memo) for r in fresh]
+        specs = SpecCache()
+        pg_statements.workflow_ids(cur, {h: t for t, h in stored}, specs)
+        cur.executemany(SQL["import_job"],
+                        [_job_row(r, specs.ids[h]) for r, (_t, h) in zip(fresh, stored, strict=True)])
+        rows = [{"job_id": r.id, "attempt": a.attempt, "owner": a.owner, "server": a.server,
+                 "started_at": a.started_at, "ended_at": a.ended_at, "outcome": a.outcome, "reason": a.reason,
+                 "prompt_number": a.prompt_number, "kind": a.kind, "trace": dumps(a.trace)}
+                for r in fresh if with_attempts for a in r.attempts]
+        if rows:
+            cur.executemany(SQL["import_attempt"], rows)
+        cur.executemany(SQL["add_output_asset"],
+                        [{"asset_id": o.id, "job_id": r.id} for r in fresh for o in r.outputs if o.id])
+        result.assets = _import_inputs(db, store, cur, fresh, source_file)
+        result.inserted = [r.id for r in fresh]
+        result.attempts = len(rows)
+        if any(r.state == QUEUED for r in fresh):
+            db.notify(cur)
 
-    def _notify(self, cur: Any) -> None:
-        raise NotImplementedError
-
-    @staticmethod
-    def _workflow_ids(cur: Any, texts: dict[str, str], cache: SpecCache) -> None:
-        raise NotImplementedError
-
-    sql: dict[str, str]
-    _store: Callable[[Any, NewAsset, float | None], None]
-    """AssetStore's (an annotation only: a stub here would shadow it in PostgresQueue's MRO)."""
-
-    def import_records(self, records: Sequence[JobRecord], *, with_attempts: bool,
-                       source_file: Callable[[str], str | None] = lambda digest: None) -> ImportResult:
-        """Copy jobs as they are (state, attempts, times) in one transaction: an id already here with the
-        same spec_hash is left alone, with another one it is a conflict; attempt rows come only with the
-        jobs inserted now, so running this twice copies nothing twice. The input files of the jobs inserted
-        are stored in the same transaction (``source_file``: where a content's bytes are to be read) and
-        linked to them, so no job arrives without its inputs."""
-        result = ImportResult()
-
-        def copy(cur: psycopg.Cursor[Any]) -> None:
-            if not records:
-                return
-            known = dict(cur.execute(SQL["known_ids"], ([r.id for r in records],)).fetchall())
-            fresh: list[JobRecord] = []
-            for r in records:
-                if r.id in known:
-                    (result.existing if known[r.id] == r.spec_hash else result.conflicts).append(r.id)
-                    continue
-                known[r.id] = r.spec_hash
-                fresh.append(r)
-            # A batch's jobs share one stored template: it is copied once, not once per job.
-            memo: dict[str, str] = {}
-            stored = [_stored_template(r, memo) for r in fresh]
-            specs = SpecCache()
-            self._workflow_ids(cur, {h: t for t, h in stored}, specs)
-            cur.executemany(
-                SQL["import_job"],
-                [(r.id, r.state, r.priority, r.run_after, r.attempt, r.owner, r.server, r.lease_until,
-                  r.started_at, r.cancel_requested, r.submitted_at, r.finished_at, r.reason,
-                  json.dumps([o.__dict__ for o in r.outputs]) if r.outputs else None, r.machine,
-                  r.last_server, r.last_prompt_number, r.spec_hash, r.workflow_name, specs.ids[h],
-                  dumps_plain(r.extra_data), dumps_plain(r.meta), dumps_plain(r.params), dumps(r.progress),
-                  r.callback_url, r.model_key if r.model_key is not None else model_key(r.workflow))
-                 for r, (_t, h) in zip(fresh, stored, strict=True)])
-            rows = [(r.id, a.attempt, a.owner, a.server, a.started_at, a.ended_at, a.outcome, a.reason,
-                     a.prompt_number, a.kind, dumps(a.trace)) for r in fresh if with_attempts for a in r.attempts]
-            if rows:
-                cur.executemany(SQL["import_attempt"], rows)
-            cur.executemany(SQL["add_output_asset"], [(o.id, r.id) for r in fresh for o in r.outputs if o.id])
-            result.assets = self._import_inputs(cur, fresh, source_file)
-            result.inserted = [r.id for r in fresh]
-            result.attempts = len(rows)
-            if any(r.state == QUEUED for r in fresh):
-                self._notify(cur)
-
-        self._transaction(copy)
-        return result
+    db.transaction(copy)
+    return result
 
 
-    def _import_inputs(self, cur: Any, fresh: Sequence[JobRecord], source_file: Callable[[str], str | None]) -> int:
-        stored: set[str] = set()
-        for record in fresh:
-            refs = {assets.ref_hash(ref): ref for *_where, ref in assets.references(record.workflow)}
-            refs.update({assets.ref_hash(ref): ref for ref in assets.in_params(record.params).values()})
-            for digest, ref in refs.items():
-                if digest not in stored and cur.execute(self.sql["asset_size"], (digest,)).fetchone() is None:
-                    path = source_file(digest)
-                    if path is None:
-                        raise QueueError(f"job {record.id} needs input {assets.short(ref)}, whose bytes are not in "
-                                         "the queue being migrated; nothing of this chunk was copied")
-                    self._store(cur, NewAsset(digest, os.path.getsize(path), assets.ref_name(ref), path), time.time())
-                    stored.add(digest)
-                cur.execute(self.sql["insert_job_asset"], (digest, record.id))
-        return len(stored)
+def _import_inputs(db: SQLDb, store: Assets, cur: Any, fresh: Sequence[JobRecord],
+                   source_file: Callable[[str], str | None]) -> int:
+    stored: set[str] = set()
+    for record in fresh:
+        refs = {assets.ref_hash(ref): ref for *_where, ref in assets.references(record.workflow)}
+        refs.update({assets.ref_hash(ref): ref for ref in assets.in_params(record.params).values()})
+        for digest, ref in refs.items():
+            if digest not in stored and cur.execute(db.sql["asset_size"], {"hash": digest}).fetchone() is None:
+                path = source_file(digest)
+                if path is None:
+                    raise QueueError(f"job {record.id} needs input {assets.short(ref)}, whose bytes are not in "
+                                     "the queue being migrated; nothing of this chunk was copied")
+                store.store(cur, NewAsset(digest, os.path.getsize(path), assets.ref_name(ref), path), time.time())
+                stored.add(digest)
+            cur.execute(db.sql["insert_job_asset"], {"hash": digest, "job_id": record.id})
+    return len(stored)
+
+
+def _job_row(r: JobRecord, workflow_id: int) -> dict[str, Any]:
+    """The parameters of ``import_job``: the job as it is in the queue it is copied from."""
+    return {"id": r.id, "state": r.state, "priority": r.priority, "run_after": r.run_after, "attempt": r.attempt,
+            "owner": r.owner, "server": r.server, "lease_until": r.lease_until, "started_at": r.started_at,
+            "cancel_requested": r.cancel_requested, "submitted_at": r.submitted_at, "finished_at": r.finished_at,
+            "reason": r.reason, "outputs": json.dumps([o.__dict__ for o in r.outputs]) if r.outputs else None,
+            "machine": r.machine, "last_server": r.last_server, "last_prompt_number": r.last_prompt_number,
+            "spec_hash": r.spec_hash, "workflow_name": r.workflow_name, "workflow_id": workflow_id,
+            "extra_data": dumps_plain(r.extra_data), "meta": dumps_plain(r.meta), "params": dumps_plain(r.params),
+            "progress": dumps(r.progress), "callback_url": r.callback_url,
+            "model_key": r.model_key if r.model_key is not None else model_key(r.workflow)}
 
 
 def _stored_template(record: JobRecord, memo: dict[str, str]) -> tuple[str, str]:

@@ -28,21 +28,22 @@ import json
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
-from psycopg.rows import dict_row, tuple_row
+from psycopg.rows import dict_row
 
 from comfysup.errors import DatabaseLocked, DatabaseUnavailable, QueueError
-from comfysup.queue import queries, records
-from comfysup.queue.base import Delivery, NewJob, PruneBatch
+from comfysup.queue import pg_import, pg_statements, queries, records
+from comfysup.queue.base import Delivery, JobRecord, NewJob, PruneBatch
 from comfysup.queue.core import SQLQueue
-from comfysup.queue.pg_import import ImportRecords, ImportResult
+from comfysup.queue.db import ClaimAsk, SQLDb, note_passed_over
+from comfysup.queue.pg_import import ImportResult
 from comfysup.queue.reads import fetch
-from comfysup.queue.specs import SpecCache, dumps_plain
+from comfysup.queue.specs import SpecCache
 from comfysup.workflows import apply_params, model_key
 
 SCHEMA_VERSION = 11
@@ -65,7 +66,7 @@ def _fuse(job_sql: str, attempt_sql: str) -> str:
 FUSED = {(SQL[job], SQL[attempt]): _fuse(SQL[job], SQL[attempt])
          for job in ("complete", "retry_later", "finish", "release", "record_prompt")
          for attempt in ("end_attempt", "attempt_prompt")}
-"""Every pair core may pass to ``_fenced``, built once at import."""
+"""Every pair the lease role may pass to ``fenced``, built once at import."""
 
 T = TypeVar("T")
 
@@ -91,9 +92,26 @@ _INHERITED: list[Any] = []
 parent's sessions."""
 
 
-class PostgresQueue(ImportRecords, SQLQueue):
-    """The queue for several machines. See comfysup.queue.base for the contract, comfysup.queue.core for the
-    code both backends share: this class is PostgreSQL's dialect."""
+class PostgresQueue(SQLQueue):
+    """The queue for several machines: its roles over one PostgreSQL database (``PostgresDb``). See
+    comfysup.queue.base for the contract, comfysup.queue.core for the code both backends share."""
+
+    def __init__(self, url: str, *, busy_timeout_seconds: float = 30.0, default_callback_url: str = "",
+                 assets_dir: str | None = None) -> None:
+        self.url = url
+        db = PostgresDb(url, busy_timeout_seconds=busy_timeout_seconds, default_callback_url=default_callback_url)
+        super().__init__(db, assets_dir=Path(assets_dir) if assets_dir else None)
+        """Input files: in the database (chunked) unless [assets] dir names a folder every machine shares."""
+
+    def import_records(self, records: Sequence[JobRecord], *, with_attempts: bool,
+                       source_file: Callable[[str], str | None] = lambda digest: None) -> ImportResult:
+        """What ``comfysup migrate`` copies a SQLite queue's jobs with (comfysup.queue.pg_import)."""
+        return pg_import.import_records(self.db, self.assets, records, with_attempts=with_attempts,
+                                        source_file=source_file)
+
+
+class PostgresDb(SQLDb):
+    """PostgreSQL's dialect: the connections (one for transactions, one to LISTEN) and its own statements."""
 
     DIALECT = "postgres"
     SCHEMA = "postgres.sql"
@@ -103,11 +121,8 @@ class PostgresQueue(ImportRecords, SQLQueue):
     """A renewal lost with the server would put the lease back one heartbeat: with heartbeat_seconds over half of
     lease_seconds (allowed) it can expire under a live runner, whose job then runs twice at once."""
 
-    def __init__(self, url: str, *, busy_timeout_seconds: float = 30.0, default_callback_url: str = "",
-                 assets_dir: str | None = None) -> None:
+    def __init__(self, url: str, *, busy_timeout_seconds: float = 30.0, default_callback_url: str = "") -> None:
         self.url = url
-        self.assets_dir = Path(assets_dir) if assets_dir else None
-        """Input files: in the database (chunked) unless [assets] dir names a folder every machine shares."""
         self.default_callback_url = default_callback_url
         self.where = describe_url(url)
         self.busy_timeout_seconds = busy_timeout_seconds
@@ -177,19 +192,19 @@ class PostgresQueue(ImportRecords, SQLQueue):
         with self._listen_lock:
             self._drop_listener()
 
-    def _transaction(self, fn: Callable[..., T], *args: Any, write: bool = True, durable: bool = True,
-                     named: bool = False, busy_seconds: float | None = None) -> T:
+    def transaction(self, fn: Callable[..., T], *args: Any, write: bool = True, durable: bool = True,
+                     busy_seconds: float | None = None) -> T:
         """Run ``fn(cur, *args)`` in one transaction and commit it (reads too: one snapshot). A stale connection
         is replaced and ``fn`` retried once when the failure came before COMMIT (the server then rolled it
         back). ``durable=False``: the commit does not wait for the WAL's flush (sql/postgres.sql not_durable).
-        ``named``: rows are dicts by column name. ``busy_seconds`` is SQLite's (a whole-database write
+        Rows are dicts by column name. ``busy_seconds`` is SQLite's (a whole-database write
         lock); rows here are locked one by one, and lock_timeout bounds every wait."""
         with self._lock:
             for retry in (False, True):
                 conn, fresh = self._connection()
                 committing = False
                 try:
-                    with conn.cursor(row_factory=dict_row if named else tuple_row) as cur:
+                    with conn.cursor(row_factory=dict_row) as cur:
                         if not durable:  # as SQLite's durable=False: a renewal, a prompt number, progress
                             cur.execute(SQL["not_durable"])
                         result = fn(cur, *args)
@@ -234,33 +249,36 @@ class PostgresQueue(ImportRecords, SQLQueue):
             return
 
         def migrate(cur: psycopg.Cursor[Any]) -> None:
-            cur.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
+            cur.execute("SELECT pg_advisory_xact_lock(%(key)s)", {"key": MIGRATION_LOCK})
             cur.execute("CREATE TABLE IF NOT EXISTS schema_version "
                         "(version integer PRIMARY KEY, applied_at double precision NOT NULL)")
-            version = cur.execute("SELECT coalesce(max(version), 0) FROM schema_version").fetchone()[0]
-            for step, script in self._schema_steps(version):
+            row = cur.execute("SELECT coalesce(max(version), 0) AS version FROM schema_version").fetchone()
+            version = row["version"]
+            for step, script in self.schema_steps(version):
                 cur.execute(script)
                 if step == 3:
                     self._fill_model_keys(cur)
-                cur.execute("INSERT INTO schema_version VALUES (%s, extract(epoch from now()))", (step,))
+                cur.execute("INSERT INTO schema_version VALUES (%(step)s, extract(epoch from now()))", {"step": step})
 
-        self._transaction(migrate)
+        self.transaction(migrate)
 
     @staticmethod
     def _fill_model_keys(cur: psycopg.Cursor[Any]) -> None:
         """v3's Python step: the model key of every job still to run (SQL cannot read loader nodes)."""
         rows = cur.execute("SELECT j.seq, w.workflow, j.params FROM jobs j JOIN workflows w ON w.id = j.workflow_id "
                            "WHERE j.state IN ('queued', 'running')").fetchall()
-        keys = [(model_key(apply_params(json.loads(text), json.loads(params))), seq) for seq, text, params in rows]
-        cur.executemany("UPDATE jobs SET model_key = %s WHERE seq = %s", [k for k in keys if k[0] is not None])
+        keys = [{"key": model_key(apply_params(json.loads(r["workflow"]), json.loads(r["params"]))), "seq": r["seq"]}
+                for r in rows]
+        cur.executemany("UPDATE jobs SET model_key = %(key)s WHERE seq = %(seq)s",
+                        [k for k in keys if k["key"] is not None])
 
     def _version(self) -> int | None:
         def read(cur: psycopg.Cursor[Any]) -> int | None:
-            if cur.execute("SELECT to_regclass('schema_version') IS NULL").fetchone()[0]:
+            if cur.execute("SELECT to_regclass('schema_version') IS NULL AS missing").fetchone()["missing"]:
                 return None
-            return cur.execute("SELECT max(version) FROM schema_version").fetchone()[0]
+            return cur.execute("SELECT max(version) AS version FROM schema_version").fetchone()["version"]
 
-        return self._transaction(read)
+        return self.transaction(read)
 
     def maintenance(self) -> None:
         """Nothing to do: autovacuum keeps the tables in shape."""
@@ -278,7 +296,7 @@ class PostgresQueue(ImportRecords, SQLQueue):
 
     # -- LISTEN/NOTIFY ------------------------------------------------------------------------------------
 
-    def _notify(self, cur: psycopg.Cursor[Any]) -> None:
+    def notify(self, cur: psycopg.Cursor[Any]) -> None:
         """Wake idle runners when this transaction commits (PostgreSQL folds repeats into one)."""
         cur.execute(f"NOTIFY {CHANNEL}")
 
@@ -335,86 +353,38 @@ class PostgresQueue(ImportRecords, SQLQueue):
     # -- the dialect ------------------------------------------------------------------------------------------
 
     @staticmethod
-    def _time(now: float | None) -> float | None:
+    def time(now: float | None) -> float | None:
         """The caller's ``now``, else None: the SQL's ``{now}`` then reads the database server's clock."""
         return now
 
     def _scalar(self, sql: str, args: Sequence[Any] | None = None) -> Any:
-        return self._transaction(lambda cur: cur.execute(sql, args).fetchone()[0])
+        return self.transaction(lambda cur: next(iter(cur.execute(sql, args).fetchone().values())))
 
-    def _fenced(self, cur: psycopg.Cursor[Any], job_sql: str, job_args: Sequence[Any], attempt_sql: str | None = None,
-                attempt_args: Sequence[Any] = ()) -> Any:
+    def fenced(self, cur: psycopg.Cursor[Any], job_sql: str, job_args: Mapping[str, Any],
+               attempt_sql: str | None = None, attempt_args: Mapping[str, Any] | None = None) -> Any:
         """One statement, fused at import (FUSED), for the job row and its attempt row."""
         if attempt_sql is None:
             return cur.execute(job_sql, job_args).fetchone()
-        return cur.execute(FUSED[job_sql, attempt_sql], (*job_args, *attempt_args)).fetchone()
+        return cur.execute(FUSED[job_sql, attempt_sql], {**job_args, **(attempt_args or {})}).fetchone()
 
-    @staticmethod
-    def _workflow_ids(cur: psycopg.Cursor[Any], texts: dict[str, str], cache: SpecCache) -> None:
-        """Each workflow's id by hash, inserted when new. The upsert locks an existing row until this
-        transaction ends, so a ``prune`` running now cannot delete a workflow that this submit is about to
-        reference (its delete waits, then the foreign key keeps the row)."""
-        missing = {h: t for h, t in texts.items() if h not in cache.ids}
-        if not missing:
-            return
-        if len(cache.ids) >= 4096:
-            cache.ids.clear()
-        rows = cur.execute(SQL["insert_workflows"], (list(missing), list(missing.values()))).fetchall()
-        cache.ids.update(dict(rows))
+    def insert_batch(self, cur: psycopg.Cursor[Any], batch: list[NewJob], now: float | None,
+                     conflicts: list[str], specs: SpecCache) -> tuple[int, int]:
+        return pg_statements.insert_batch(cur, batch, now, conflicts, specs)
 
-    def _insert_batch(self, cur: psycopg.Cursor[Any], batch: list[NewJob], now: float | None,
-                      conflicts: list[str], specs: SpecCache) -> tuple[int, int]:
-        """Insert what is new (ON CONFLICT DO NOTHING: a concurrent submit of the same id cannot fail),
-        then judge every row that was not inserted by its spec_hash."""
-        stored = [specs.template(j) for j in batch]
-        self._workflow_ids(cur, {h: t for t, h in stored}, specs)
-        cur.execute(SQL["insert_jobs"], (
-            now, [j.id for j in batch], [j.priority for j in batch], [j.spec_hash for j in batch],
-            [j.workflow_name for j in batch], [specs.ids[h] for _t, h in stored],
-            [dumps_plain(j.extra_data) for j in batch], [dumps_plain(j.meta) for j in batch],
-            [dumps_plain(j.params) for j in batch], [j.callback_url or None for j in batch],
-            [specs.model_key(j) for j in batch]))
-        fresh = {r[0] for r in cur.fetchall()}
-        rest = [j for j in batch if j.id not in fresh]
-        # An id that appears twice in the batch is inserted once; its other copies are judged like rows
-        # already in the table.
-        seen: set[str] = set()
-        for job in batch:
-            if job.id in fresh and job.id not in seen:
-                seen.add(job.id)
-            elif job.id in fresh:
-                rest.append(job)
-        known: dict[str, str] = {}
-        if rest:
-            known = dict(cur.execute(SQL["known_ids"], (list({j.id for j in rest}),)).fetchall())
-        for job in rest:
-            if known.get(job.id) != job.spec_hash:
-                conflicts.append(job.id)
-        return len(fresh), len(rest) - sum(1 for j in rest if known.get(j.id) != j.spec_hash)
-
-    def _claim(self, cur: psycopg.Cursor[Any], owner: str, server: str, lease_seconds: float, now: float | None,
-               prefer_model: str | None, max_wait_seconds: float, catalogue: int | None = None,
-               url: str | None = None) -> tuple[Any, ...] | None:
+    def take(self, cur: psycopg.Cursor[Any], ask: ClaimAsk, now: float | None, cached: Mapping[int, Any]
+             ) -> dict[str, Any] | None:
         """Expired leases go back to the queue, then the next ready job is taken in one statement (planned as
         claim_plan says)."""
-        cur.execute(SQL["claim_plan"])
-        cur.execute(SQL["expire"], (now, now))
-        affinity = bool(prefer_model) and max_wait_seconds > 0
-        row = cur.execute(
-            SQL["claim_affine" if affinity else "claim_strict"],
-            {"owner": owner, "server": server, "lease": lease_seconds, "now": now, "key": prefer_model,
-             "wait": max_wait_seconds, "cached": list(self._templates), "cat": catalogue, "url": url}).fetchone()
-        if row is None:
-            return None
-        if affinity:
-            self._note_passed_over(cur, row[14], row[13], row[12], now)
-        return (owner, server, *row[:12])
+        row = pg_statements.take(cur, ask, now, cached)
+        if row is not None and ask.affinity:
+            note_passed_over(SQL, cur, row["priority"], row["head"], row["seq"], now)
+        return row
 
     # -- webhook deliveries and prune ------------------------------------------------------------------------
 
     def claim_deliveries(self, limit: int, hold_seconds: float, now: float | None = None) -> list[Delivery]:
         """SKIP LOCKED, as the job claim: deliverers on several machines take different rows."""
-        rows = self._transaction(fetch, SQL["claim_deliveries"], (now, hold_seconds, now, limit), named=True)
+        rows = self.transaction(fetch, SQL["claim_deliveries"], {"now": now, "hold": hold_seconds, "limit": limit})
         return sorted((records.delivery(r) for r in rows), key=lambda d: d.id)  # next_at: the end of the hold
 
     def prune(self, finished_before: float, limit: int = 500) -> PruneBatch:
@@ -422,24 +392,11 @@ class PostgresQueue(ImportRecords, SQLQueue):
         attempts and deliveries, and the workflows no job uses any more, in one short transaction. SKIP
         LOCKED: a row someone else holds (a cancel, another prune) is left for the next batch. A workflow
         that a concurrent submit references is kept: the foreign key refuses its delete, undone alone."""
-        return self._transaction(self._prune, finished_before, limit)
-
-    @staticmethod
-    def _prune(cur: psycopg.Cursor[Any], finished_before: float, limit: int) -> PruneBatch:
-        rows = cur.execute(SQL["prune_batch"], (finished_before, limit)).fetchall()
-        removed = 0
-        for workflow_id in sorted({r[2] for r in rows}):
-            cur.execute("SAVEPOINT prune_workflow")
-            try:
-                removed += cur.execute(SQL["prune_workflow"], (workflow_id,)).rowcount
-                cur.execute("RELEASE SAVEPOINT prune_workflow")
-            except psycopg.errors.ForeignKeyViolation:
-                cur.execute("ROLLBACK TO SAVEPOINT prune_workflow")
-        return PruneBatch(removed=[(r[0], r[1]) for r in rows], workflows_removed=removed)
+        return self.transaction(pg_statements.prune, finished_before, limit)
 
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-__all__ = ["CHANNEL", "SCHEMA_VERSION", "ImportResult", "PostgresQueue", "describe_url"]
+__all__ = ["CHANNEL", "SCHEMA_VERSION", "ImportResult", "PostgresDb", "PostgresQueue", "describe_url"]

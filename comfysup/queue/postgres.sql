@@ -60,7 +60,7 @@ CREATE TABLE machines (
 );
 
 -- name: v2
--- What people see of each job (issue 8), as in schema.sql's v4: the reason class and trace of each
+-- What people see of each job, as in schema.sql's v4: the reason class and trace of each
 -- attempt, a running job's progress, a per-job webhook, and webhook deliveries as their own durable
 -- record, inserted by the same transaction as the job's terminal state.
 ALTER TABLE attempts ADD COLUMN kind text;
@@ -86,7 +86,7 @@ CREATE INDEX deliveries_due ON deliveries (next_at) WHERE next_at IS NOT NULL;
 CREATE INDEX deliveries_job ON deliveries (job_id);
 
 -- name: v3
--- (issue 7), as in schema.sql's v5: each distinct workflow is stored once, addressed by the sha256 of its
+-- As in schema.sql's v5: each distinct workflow is stored once, addressed by the sha256 of its
 -- text, and a job keeps its own `set` (params) and extra_data, from which the workflow ComfyUI receives is
 -- rebuilt. A job's model key (the files its loader nodes load) lets a runner prefer jobs its server
 -- already has in memory. Identity ids are never reused, so a runner may cache parsed workflows by id.
@@ -121,7 +121,7 @@ CREATE TABLE affinity_skips (
 );
 
 -- name: v4
--- (issue 15) The node catalogues, as schema.sql's v8: /object_info stored once per distinct text, the one each
+-- The node catalogues, as schema.sql's v8: /object_info stored once per distinct text, the one each
 -- server has now, and the jobs a catalogue cannot run (the claim's NOT EXISTS on its primary key).
 CREATE TABLE catalogues (
     id          bigint  GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -144,11 +144,11 @@ CREATE TABLE job_refusals (
 );
 
 -- name: v5
--- (issue 15) The URL of the server an attempt posted to or followed on (see schema.sql's v9).
+-- The URL of the server an attempt posted to or followed on (see schema.sql's v9).
 ALTER TABLE attempts ADD COLUMN url text;
 
 -- name: v6
--- (issue 17) Input files (see schema.sql's v10). Without [assets] dir the bytes live here, in chunks of a few
+-- Input files (see schema.sql's v10). Without [assets] dir the bytes live here, in chunks of a few
 -- MiB, so machines that share the database share their inputs and nothing else.
 CREATE TABLE assets (
     hash      text             PRIMARY KEY,
@@ -179,7 +179,7 @@ CREATE TABLE server_assets (
 );
 
 -- name: v7
--- (issue 20) The broker outbox (see schema.sql's v11).
+-- The broker outbox (see schema.sql's v11).
 CREATE TABLE announcements (
     id         bigint  GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     job_id     text    NOT NULL,
@@ -191,7 +191,7 @@ CREATE INDEX announcements_pending ON announcements (id) WHERE sent_at IS NULL;
 CREATE INDEX announcements_job ON announcements (job_id);
 
 -- name: v8
--- (issue 18) Assets uploaded through the Comfy API v2 (see schema.sql's v12).
+-- Assets uploaded through the Comfy API v2 (see schema.sql's v12).
 CREATE TABLE api_assets (
     id           text             PRIMARY KEY,
     hash         text             NOT NULL,
@@ -205,7 +205,7 @@ CREATE INDEX api_assets_by_hash ON api_assets (hash);
 CREATE INDEX api_assets_by_expiry ON api_assets (expires_at);
 
 -- name: v9
--- (issue 18) Where each machine's Comfy API v2 is reached by the others (see schema.sql's v13).
+-- Where each machine's Comfy API v2 is reached by the others (see schema.sql's v13).
 CREATE TABLE api_endpoints (
     host         text             PRIMARY KEY,
     url          text             NOT NULL,
@@ -215,12 +215,12 @@ CREATE TABLE api_endpoints (
 );
 
 -- name: v10
--- (issue 32) A running job that waits for its server, posted behind the prompt that runs there (see schema.sql's
+-- A running job that waits for its server, posted behind the prompt that runs there (see schema.sql's
 -- v14).
 ALTER TABLE jobs ADD COLUMN waiting_since double precision;
 
 -- name: v11
--- (issue 31) Each output's asset UUID, found by GET /api/v2/assets/{id} and core/ASSET (see schema.sql's v15).
+-- Each output's asset UUID, found by GET /api/v2/assets/{id} and core/ASSET (see schema.sql's v15).
 CREATE TABLE output_assets (
     id     text PRIMARY KEY,
     job_id text NOT NULL

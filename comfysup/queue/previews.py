@@ -1,53 +1,46 @@
-"""The latest preview image of each running job (issue 31): what the Comfy API v2 sends as SSE ``preview`` events.
+"""The latest preview image of each running job: what the Comfy API v2 sends as SSE ``preview`` events.
 
 ComfyUI sends a preview frame at every sampler step; the runner keeps only the newest in memory and writes it
 here at most every ``[runner] preview_seconds`` (one row a job, replaced: ``n`` counts the replacements), fenced
 like a progress write and not durable (a preview lost in a power cut is nothing to recover). The row goes in the
-transaction that ends the attempt (comfysup.queue.core ``_end``) and with prune. The API's watcher reads ``n`` of
+transaction that ends the attempt (comfysup.queue.ends ``end``) and with prune. The API's watcher reads ``n`` of
 its watched running jobs each tick and the image only of those whose ``n`` moved, so an unchanged preview costs
 a few bytes a tick, never its image.
 
-A mixin of comfysup.queue.core.SQLQueue; the SQL is in sql/queries.sql (``set_preview``, ``preview_numbers``,
-``previews``, ``forget_preview``).
+A role of the queue over its database (comfysup.queue.db); the SQL is in sql/queries.sql (``set_preview``,
+``preview_numbers``, ``previews``, ``forget_preview``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from comfysup.queue import values
+from comfysup.queue.db import Role, in_transaction
+from comfysup.queue.values import Claim, Preview
 
-if TYPE_CHECKING:
-    from comfysup.queue.run_values import Claim, Preview
 
+class Previews(Role):
+    """The previews of running jobs (see the module docstring)."""
 
-class Previews:
-    """The previews of SQLQueue (see the module docstring)."""
-
-    sql: dict[str, str]
-
-    def _transaction(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        raise NotImplementedError
-
-    def id_list(self, ids: Sequence[str]) -> Any:
-        raise NotImplementedError
-
-    def set_preview(self, claim: Claim, node_id: str | None, content_type: str, data: bytes) -> None:
+    @in_transaction(durable=False)
+    def set_preview(self, cur: Any, claim: Claim, node_id: str | None, content_type: str, data: bytes) -> None:
         """The claim's job's latest preview, replacing the one before (nothing when the claim is lost)."""
-        self._transaction(self._set_preview, claim, node_id, content_type, data, durable=False)
-
-    def _set_preview(self, cur: Any, claim: Claim, node_id: str | None, content_type: str, data: bytes) -> None:
-        cur.execute(self.sql["set_preview"], (node_id, content_type, data, claim.id, claim.attempt, claim.owner))
+        cur.execute(self.db.sql["set_preview"], {"node_id": node_id, "content_type": content_type, "data": data,
+                                                 "id": claim.id, "attempt": claim.attempt, "owner": claim.owner})
 
     def previews(self, ids: Sequence[str], known: Mapping[str, int]) -> dict[str, Preview]:
         """The previews of ``ids`` whose number is not the one in ``known`` (a job without one is left out)."""
-        return self._transaction(self._previews, list(ids), known, write=False) if ids else {}
+        return self._moved(list(ids), known) if ids else {}
 
-    def _previews(self, cur: Any, ids: list[str], known: Mapping[str, int]) -> dict[str, Preview]:
-        moved = [str(r[0]) for r in cur.execute(self.sql["preview_numbers"], (self.id_list(ids),)).fetchall()
-                 if known.get(str(r[0])) != int(r[1])]
+    @in_transaction(write=False)
+    def _moved(self, cur: Any, ids: list[str], known: Mapping[str, int]) -> dict[str, Preview]:
+        sql, id_list = self.db.sql, self.db.id_list
+        moved = [str(r["job_id"]) for r in cur.execute(sql["preview_numbers"], {"ids": id_list(ids)}).fetchall()
+                 if known.get(str(r["job_id"])) != int(r["n"])]
         if not moved:
             return {}
-        rows = cur.execute(self.sql["previews"], (self.id_list(moved),)).fetchall()
-        return {str(r[0]): values.Preview(int(r[1]), r[2], str(r[3]), bytes(r[4])) for r in rows}
+        rows = cur.execute(sql["previews"], {"ids": id_list(moved)}).fetchall()
+        return {str(r["job_id"]): values.Preview(int(r["n"]), r["node_id"], str(r["content_type"]), bytes(r["data"]))
+                for r in rows}

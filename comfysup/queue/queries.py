@@ -1,11 +1,12 @@
 """Named SQL, as procrastinate keeps it: ``-- name: NAME`` heads each query in a ``.sql`` file, loaded once.
 
-comfysup/queue/sql/queries.sql holds what both backends run, written once with ``?`` for a positional
-parameter; sql/sqlite.sql and sql/postgres.sql hold each dialect's own statements and the fragments the
-shared ones leave open (``{now}``: where time comes from; ``{by_jobs_state}``: SQLite's index hints; …).
-Loading a dialect inlines the fragments and translates what differs in spelling only, once per process:
-PostgreSQL's ``%s`` for ``?``, SQLite's ``IN (SELECT value FROM json_each(?))`` for ``= ANY(?)`` (a list of
-ids travels as one JSON text, see ``SQLiteQueue.id_list``).
+comfysup/queue/sql/queries.sql holds what both backends run, written once with ``:name`` for a named
+parameter (every statement takes a mapping of its parameters by name); sql/sqlite.sql and sql/postgres.sql hold
+each dialect's own statements and the fragments the shared ones leave open (``{now}``: where time comes from;
+``{by_jobs_state}``: SQLite's index hints; …). Loading a dialect inlines the fragments and translates what
+differs in spelling only, once per process: PostgreSQL's ``%(name)s`` for ``:name`` (a cast's ``::`` is left
+alone), SQLite's ``IN (SELECT value FROM json_each(:ids))`` for ``= ANY(:ids)`` (a list of ids travels as one
+JSON text, see ``SQLiteDb.id_list``).
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ from functools import cache
 from pathlib import Path
 
 FRAGMENT = re.compile(r"\{([a-z_]+)\}")
-ANY = re.compile(r"\s*=\s*ANY\(\?\)")
+ANY = re.compile(r"\s*=\s*ANY\((:\w+)\)")
+PARAMETER = re.compile(r"(?<![:\w]):([a-z_][a-z0-9_]*)")
+"""A named parameter, ``:name``; not the second colon of a cast (``x::float8``)."""
 
 
 def parse(text: str) -> dict[str, str]:
@@ -56,5 +59,5 @@ def load(dialect: str) -> dict[str, str]:
 
     out = {name: expand(name) for name in raw}
     if dialect == "postgres":
-        return {name: text.replace("?", "%s") for name, text in out.items()}
-    return {name: ANY.sub(" IN (SELECT value FROM json_each(?))", text) for name, text in out.items()}
+        return {name: PARAMETER.sub(r"%(\1)s", text) for name, text in out.items()}
+    return {name: ANY.sub(r" IN (SELECT value FROM json_each(\1))", text) for name, text in out.items()}

@@ -77,7 +77,7 @@ ALTER TABLE jobs DROP COLUMN params;
 -- every claim, heartbeat and complete.
 DROP INDEX jobs_lease;
 -- name: v4
--- What people see of each job (issue 8). An attempt keeps the reason class of its outcome (``kind``: oom,
+-- What people see of each job. An attempt keeps the reason class of its outcome (``kind``: oom,
 -- timeout, http_5xx, …, what metrics count) and its trace as JSON (phases, each node's time, cached
 -- nodes). A running job keeps its progress (JSON, rewritten at most once a second, fenced like every
 -- write after the claim). A job may name its own webhook, and a delivery is its own durable record, inserted
@@ -105,7 +105,7 @@ CREATE TABLE deliveries (
 CREATE INDEX deliveries_due ON deliveries (next_at) WHERE next_at IS NOT NULL;
 CREATE INDEX deliveries_job ON deliveries (job_id);
 -- name: v5
--- (issue 7) Each distinct workflow is stored once, addressed by the sha256 of its text: a batch of one
+-- Each distinct workflow is stored once, addressed by the sha256 of its text: a batch of one
 -- 10 KB workflow with 100,000 different `set` values kept 100,000 copies (about 1.2 GB): a job now keeps
 -- its own `set` (params) and extra_data, and the workflow ComfyUI receives is rebuilt from the two.
 -- AUTOINCREMENT: an id is never reused after prune, so a runner's cache of parsed workflows by id
@@ -138,7 +138,7 @@ CREATE TABLE affinity_skips (
     PRIMARY KEY (priority, seq_bound)
 ) WITHOUT ROWID;
 -- name: v6
--- (issue 7) status at a million jobs: counting every job by state walked the whole of jobs_state (about
+-- status at a million jobs: counting every job by state walked the whole of jobs_state (about
 -- 120 ms at a million, most of them finished). Finished jobs are now counted as they finish, by triggers
 -- that fire only on a change into or out of done, dead or cancelled (never on a claim or a heartbeat),
 -- and status counts only the queued and running ranges of the index.
@@ -168,13 +168,13 @@ BEGIN
     UPDATE finished_counts SET n = n - 1 WHERE state = old.state;
 END;
 -- name: v7
--- (issue 7) Submit of 100,000 jobs: the per-row insert trigger cost more than the row and its four indexes
+-- Submit of 100,000 jobs: the per-row insert trigger cost more than the row and its four indexes
 -- (evaluated for every row, 1.2 of 3.0 s of inserts), and comfysup inserts only queued jobs: a job is
 -- counted when it finishes (UPDATE OF state) or leaves (DELETE), by the triggers above. Whatever inserts
 -- finished rows with SQL (a tool, a test) adds them to finished_counts itself.
 DROP TRIGGER IF EXISTS jobs_finished_insert;
 -- name: v8
--- (issue 15) The node catalogues: each server's /object_info as its runner recorded it, stored once per
+-- The node catalogues: each server's /object_info as its runner recorded it, stored once per
 -- distinct text; which catalogue each server (runner name, machine) has now; and the jobs a catalogue cannot
 -- run. The claim passes over a job refused by the claiming server's catalogue with one primary-key probe.
 CREATE TABLE catalogues (
@@ -198,13 +198,13 @@ CREATE TABLE job_refusals (
 ) WITHOUT ROWID;
 
 -- name: v9
--- (issue 15) The URL of the server an attempt posted to or followed on. Server names are per machine (two
+-- The URL of the server an attempt posted to or followed on. Server names are per machine (two
 -- machines both have a gpu0): a claim taken over from a dead machine looks for the job at this URL first,
 -- where the earlier run may still go on (servers managed elsewhere outlive the machine that used them).
 ALTER TABLE attempts ADD COLUMN url TEXT;
 
 -- name: v10
--- (issue 17) Input files: each content stored once (assets, by BLAKE3 hash; the bytes in [assets] dir), which
+-- Input files: each content stored once (assets, by BLAKE3 hash; the bytes in [assets] dir), which
 -- jobs need which (job_assets, by the job's seq, so a claim's server cache can keep what queued jobs need), and
 -- what each server has been given (server_assets: its name there, uploads, when last used, for the LRU).
 CREATE TABLE assets (
@@ -236,7 +236,7 @@ CREATE TABLE server_assets (
 ) WITHOUT ROWID;
 
 -- name: v11
--- (issue 20) The broker outbox: when [rabbitmq] url is set, the transaction that ends a job also inserts a
+-- The broker outbox: when [rabbitmq] url is set, the transaction that ends a job also inserts a
 -- row here, so a job is never terminal without its announcement; the broker's publisher sends each pending
 -- row (sent_at NULL) with publisher confirms to the done or dead exchange and only then marks it sent, so
 -- every terminal job is announced at least once. The partial index holds pending rows only.
@@ -251,7 +251,7 @@ CREATE INDEX announcements_pending ON announcements (id) WHERE sent_at IS NULL;
 CREATE INDEX announcements_job ON announcements (job_id);
 
 -- name: v12
--- (issue 18) Assets uploaded through the Comfy API v2: each a record with a random id (what a client's
+-- Assets uploaded through the Comfy API v2: each a record with a random id (what a client's
 -- core/ASSET reference names) over a stored content (assets, by hash). A record keeps its content from prune
 -- until expires_at ([api] upload_retention_hours after the upload, extended when the same content is minted
 -- again), so a client can submit the job that references it; a job then keeps the content itself (job_assets).
@@ -269,7 +269,7 @@ CREATE INDEX api_assets_by_hash ON api_assets (hash);
 CREATE INDEX api_assets_by_expiry ON api_assets (expires_at);
 
 -- name: v13
--- (issue 18) Where each machine's Comfy API v2 is reached by the others ([api] public_url, or derived from a
+-- Where each machine's Comfy API v2 is reached by the others ([api] public_url, or derived from a
 -- non-loopback [api] listen), keyed by the machine's name in the queue: an output whose file is in another
 -- machine's result store ([store] dir not shared) is streamed from that machine's API while its heartbeat is
 -- fresh. pid: a stopping API removes only its own row, never a newer process's of the same host.
@@ -282,14 +282,14 @@ CREATE TABLE api_endpoints (
 ) WITHOUT ROWID;
 
 -- name: v14
--- (issue 32) A running job that waits for its server: claimed ahead ([runner] queue_ahead) and posted behind the
+-- A running job that waits for its server: claimed ahead ([runner] queue_ahead) and posted behind the
 -- prompt that runs there, waiting in ComfyUI's queue, since when. status, the page, /metrics, submit --wait and
 -- the API show it as posted, not running; NULL once its execution starts (its execution_start was read), and
 -- reset by each claim. No index: it is read only of running rows, which jobs_state finds.
 ALTER TABLE jobs ADD COLUMN waiting_since REAL;
 
 -- name: v15
--- (issue 31) Outputs are assets: each output of a done job has an asset UUID (the ``id`` in its entry of
+-- Outputs are assets: each output of a done job has an asset UUID (the ``id`` in its entry of
 -- jobs.outputs, given by the transaction that ends the job done), found here by GET /api/v2/assets/{id} and by
 -- a later job's core/ASSET reference. Jobs done before v15 keep their outputs' ``<job id>.<n>`` ids (no row).
 -- A job done again (a person's retry) replaces its rows; prune removes them with the job.

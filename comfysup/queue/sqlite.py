@@ -13,7 +13,7 @@
   statements on one connection, and a fork waits for a running transaction to end.
 - Processes wait for the write lock in SQLite's own busy handler, which sleeps between tries. A blocking
   ``flock`` on a file next to the database, taken before BEGIN IMMEDIATE so the lock passes to a waiter the
-  moment it is free, was measured (issue 7) and dropped: SQLite empties a connection's page cache once
+  moment it is free, was measured and dropped: SQLite empties a connection's page cache once
   another connection has committed, so each handoff cost the new holder about 15 page reads inside the
   lock. With 4 processes it did 15-20 % fewer transactions per second on 30-70 % more CPU per job. The
   busy handler's sleeps let one process commit several transactions in a row with a warm cache.
@@ -29,7 +29,7 @@ import contextlib
 import os
 import sqlite3
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import quote
@@ -39,6 +39,7 @@ from comfysup.queue import queries, records
 from comfysup.queue import sqlite_statements as statements_of
 from comfysup.queue.base import DONE, TERMINAL, NewJob
 from comfysup.queue.core import SQLQueue
+from comfysup.queue.db import ClaimAsk, SQLDb
 from comfysup.queue.reads import fetch
 from comfysup.queue.specs import SpecCache
 from comfysup.queue.sqlite_file import BackgroundCheckpoint, FileCheck, refuse_network_filesystem, settle, statements
@@ -67,8 +68,21 @@ _INHERITED: list[sqlite3.Connection] = []
 
 
 class SQLiteQueue(SQLQueue):
-    """The default queue backend. See comfysup.queue.base for the contract, comfysup.queue.core for the code
-    both backends share: this class is SQLite's dialect."""
+    """The default queue backend: the queue's roles over one SQLite file (``SQLiteDb``). See comfysup.queue.base
+    for the contract, comfysup.queue.core for the code both backends share."""
+
+    def __init__(self, path: str | Path, *, create: bool = True, busy_timeout_seconds: float = 30.0,
+                 checkpoint_seconds: float = 30.0, default_callback_url: str = "",
+                 assets_dir: str | Path | None = None) -> None:
+        db = SQLiteDb(path, create=create, busy_timeout_seconds=busy_timeout_seconds,
+                      checkpoint_seconds=checkpoint_seconds, default_callback_url=default_callback_url)
+        self.path = db.path
+        super().__init__(db, assets_dir=Path(assets_dir) if assets_dir else db.path.parent / "assets")
+        """Input files: [assets] dir, else a folder next to the queue file."""
+
+
+class SQLiteDb(SQLDb):
+    """SQLite's dialect: the file, its connection, its locks and its own statements."""
 
     DIALECT = "sqlite"
     DURABLE_SYNC = "FULL"
@@ -78,11 +92,8 @@ class SQLiteQueue(SQLQueue):
     SCHEMA_VERSION = SCHEMA_VERSION
 
     def __init__(self, path: str | Path, *, create: bool = True, busy_timeout_seconds: float = 30.0,
-                 checkpoint_seconds: float = 30.0, default_callback_url: str = "",
-                 assets_dir: str | Path | None = None) -> None:
+                 checkpoint_seconds: float = 30.0, default_callback_url: str = "") -> None:
         self.path = Path(path)
-        self.assets_dir = Path(assets_dir) if assets_dir else self.path.parent / "assets"
-        """Input files: [assets] dir, else a folder next to the queue file."""
         self.where = str(self.path)
         self.default_callback_url = default_callback_url
         self.busy_timeout_seconds = busy_timeout_seconds
@@ -285,10 +296,10 @@ class SQLiteQueue(SQLQueue):
     def _translate(self, exc: sqlite3.Error) -> Exception:
         return self._file_check.translate(exc, self.busy_timeout_seconds)
 
-    def _transaction(self, fn: Callable[..., T], *args: Any, write: bool = True, durable: bool = True,
-                     named: bool = False, busy_seconds: float | None = None) -> T:
+    def transaction(self, fn: Callable[..., T], *args: Any, write: bool = True, durable: bool = True,
+                     busy_seconds: float | None = None) -> T:
         """A write runs in ``_write`` (``busy_seconds``: see there); a read runs alone, outside any transaction, so
-        it never waits for the write lock. Rows are ``sqlite3.Row``: by position or by name."""
+        it never waits for the write lock. Rows are ``sqlite3.Row``, read by column name."""
         if write:
             with self._write(durable, busy_seconds) as conn:
                 return fn(conn, *args)
@@ -299,7 +310,7 @@ class SQLiteQueue(SQLQueue):
                 raise self._translate(exc) from exc
 
     @staticmethod
-    def _time(now: float | None) -> float:
+    def time(now: float | None) -> float:
         """This machine's clock (one machine), read inside the transaction once the write lock is held."""
         return time.time() if now is None else now
 
@@ -314,7 +325,7 @@ class SQLiteQueue(SQLQueue):
             return
         with self._write() as conn:
             version = conn.execute("PRAGMA user_version").fetchone()[0]
-            for _step, script in self._schema_steps(version):
+            for _step, script in self.schema_steps(version):
                 for statement in statements(script):
                     conn.execute(statement)
             if version != SCHEMA_VERSION:
@@ -380,69 +391,38 @@ class SQLiteQueue(SQLQueue):
 
     # -- the runner's side --------------------------------------------------------------------------------
 
-    def _claim(self, conn: sqlite3.Connection, owner: str, server: str, lease_seconds: float, at: float,
-               prefer_model: str | None, max_wait_seconds: float, catalogue: int | None = None,
-               url: str | None = None) -> tuple[Any, ...] | None:
-        """Several statements, under the write lock: the head (or the affine pick: one statement, three index
-        seeks), the job's row, its spec, its workflow unless cached, and its attempt row."""
-        self._expire_leases(conn, at)
-        if prefer_model and max_wait_seconds > 0:
-            row = conn.execute(SQL["pick"], {"now": at, "wait": max_wait_seconds, "key": prefer_model,
-                                               "cat": catalogue}).fetchone()
-            if row is None:
-                return None
-            head, priority, match = row
-            seq = match if match is not None else head
-            self._note_passed_over(conn, priority, head, seq, at)
-        else:
-            row = conn.execute(SQL["head"], {"now": at, "cat": catalogue}).fetchone()
-            if row is None:
-                return None
-            seq = row[0]
-        lease_until = at + lease_seconds
-        job = conn.execute(SQL["take"], (owner, server, lease_until, at, seq)).fetchone()
-        spec = conn.execute(SQL["spec"], (seq,)).fetchone()
-        text = None
-        if spec[0] not in self._templates:
-            text = conn.execute(SQL["workflow_text"], (spec[0],)).fetchone()[0]
-        conn.execute(SQL["open_attempt"], (job[0], job[1], owner, server, at, url))
-        return (owner, server, job[0], job[1], spec[0], spec[1], spec[2], job[2], job[3], job[4], job[5],
-                lease_until, job[6], text)
+    def take(self, conn: sqlite3.Connection, ask: ClaimAsk, at: float, cached: Mapping[int, Any]
+             ) -> dict[str, Any] | None:
+        return statements_of.take(conn, ask, at, cached)
 
     # -- the dialect's statements (comfysup.queue.sqlite_statements) ---------------------------------------------
 
-    def _bulk(self, conn: sqlite3.Connection) -> contextlib.AbstractContextManager[None]:
+    def bulk(self, conn: sqlite3.Connection) -> contextlib.AbstractContextManager[None]:
         return statements_of.bulk(conn)
 
-    def _insert_batch(self, conn: sqlite3.Connection, batch: list[NewJob], at: float | None,
+    def insert_batch(self, conn: sqlite3.Connection, batch: list[NewJob], at: float | None,
                       conflicts: list[str], cache: SpecCache) -> tuple[int, int]:
         return statements_of.insert_batch(conn, batch, at, conflicts, cache)
 
-    def _expire_leases(self, conn: sqlite3.Connection, at: float) -> None:
-        statements_of.expire_leases(conn, at)
-
-    def _fenced(self, conn: sqlite3.Connection, job_sql: str, job_args: Sequence[Any], attempt_sql: str | None = None,
+    def fenced(self, conn: sqlite3.Connection, job_sql: str, job_args: Sequence[Any], attempt_sql: str | None = None,
                 attempt_args: Sequence[Any] = ()) -> Any:
         return statements_of.fenced(conn, job_sql, job_args, attempt_sql, attempt_args)
-
-    def _prune(self, conn: sqlite3.Connection, finished_before: float, limit: int) -> PruneBatch:
-        return statements_of.prune(conn, finished_before, limit)
 
     # -- webhook deliveries and prune -------------------------------------------------------------------------
 
     def claim_deliveries(self, limit: int, hold_seconds: float, now: float | None = None) -> list[Delivery]:
         """A read looks first: deliverers poll every second, and an idle poll must not take the write lock
         that runners' claims and heartbeats wait for."""
-        at = self._time(now)
-        if not self._transaction(fetch, SQL["any_due"], (at,), write=False):
+        at = self.time(now)
+        if not self.transaction(fetch, SQL["any_due"], {"now": at}, write=False):
             return []
-        rows = self._transaction(statements_of.hold_deliveries, at, limit, at + hold_seconds)
+        rows = self.transaction(statements_of.hold_deliveries, at, limit, at + hold_seconds)
         return [records.delivery(r, next_at=at + hold_seconds) for r in rows]  # next_at: the end of the hold
 
     def prune(self, finished_before: float, limit: int = 500) -> PruneBatch:
         """Up to ``limit`` terminal jobs finished before ``finished_before``, with their attempts, deliveries
         and the workflows no remaining job uses, in one short transaction. A job whose webhook is still being
         delivered stays until its delivery ends."""
-        return self._transaction(self._prune, finished_before, limit)
+        return self.transaction(statements_of.prune, finished_before, limit)
 
-__all__ = ["DONE", "TERMINAL", "SQLiteQueue"]
+__all__ = ["DONE", "TERMINAL", "SQLiteDb", "SQLiteQueue"]

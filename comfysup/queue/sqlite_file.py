@@ -14,6 +14,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote
 
+import psutil
+
 from comfysup.errors import DatabaseCorrupt, DatabaseLocked, QueueError
 from comfysup.queue import queries
 
@@ -74,14 +76,11 @@ def filesystem_type(path: Path) -> str:
 
 
 def _mounts() -> list[tuple[str, str]]:
-    """(mount point, filesystem type) of every mount: /proc/self/mounts on Linux (every queue open reads it,
-    and `submit` starts faster without importing psutil), psutil's list elsewhere."""
+    """(mount point, filesystem type) of every mount: /proc/self/mounts on Linux, psutil's list elsewhere."""
     try:
         with open("/proc/self/mounts", encoding="utf-8", errors="replace") as f:
             lines = f.read().splitlines()
     except OSError:
-        import psutil
-
         return [(p.mountpoint, p.fstype) for p in psutil.disk_partitions(all=True)]
     octal = re.compile(r"\\([0-7]{3})")  # a space in a mount point is written \040
     fields = (line.split() for line in lines)
@@ -104,7 +103,7 @@ def refuse_network_filesystem(path: Path) -> None:
 class BackgroundCheckpoint:
     """A thread that checkpoints one database's WAL on its own connection, woken by its process's commits
     (``committed``, CHECKPOINT_COMMITS) or the clock, while the WAL changes (PASSIVE: it never blocks a reader or
-    a writer); see ``SQLiteQueue.checkpoint_in_background``."""
+    a writer); see ``SQLiteDb.checkpoint_in_background``."""
 
     def __init__(self, path: Path) -> None:
         self.stop_event = threading.Event()
@@ -173,7 +172,7 @@ page 1 on disk."""
 
 
 class FileCheck:
-    """The integrity of the queue's file (``SQLiteQueue.integrity``): a cheap look every heartbeat, or a deep one.
+    """The integrity of the queue's file (``SQLiteDb.integrity``): a cheap look every heartbeat, or a deep one.
 
     The file is never opened here with ``open()``: closing any descriptor of a file drops every POSIX lock this
     process holds on it, SQLite's included, and another process's last connection would then delete the WAL

@@ -1,6 +1,7 @@
 """The SQLite dialect's own statements that need more than one line of SQL: a submit's batch insert (numbered
-here, so its spec rows need no round trip), lease expiry, a fenced write, webhook deliveries held, and prune.
-Plain functions of a connection inside a transaction that ``SQLiteQueue`` (sqlite.py: the file, its
+here, so its spec rows need no round trip), the claim, lease expiry, a fenced write, webhook deliveries held, and
+prune.
+Plain functions of a connection inside a transaction that ``SQLiteDb`` (sqlite.py: the file, its
 connection and its locks) has begun; the SQL text is ``sql/sqlite.sql``'s.
 """
 
@@ -9,11 +10,12 @@ from __future__ import annotations
 import contextlib
 import json
 import sqlite3
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from comfysup.queue import queries, values
 from comfysup.queue.base import NewJob
+from comfysup.queue.db import ClaimAsk, note_passed_over
 from comfysup.queue.specs import SpecCache, dumps_plain
 from comfysup.workflows import model_key
 
@@ -21,6 +23,9 @@ if TYPE_CHECKING:
     from comfysup.queue.run_values import PruneBatch
 
 SQL = queries.load("sqlite")
+PRUNED = ("prune_jobs", "prune_specs", "prune_refusals", "prune_attempts", "prune_deliveries", "prune_announcements",
+          "prune_output_assets", "prune_previews")
+"""What a prune batch deletes, by the batch's seqs or ids (its parameters ``seqs`` and ``ids``)."""
 SUBMIT_CACHE_KIB = -16384
 """PRAGMA cache_size during a submit: 16 MiB (negative: KiB), the id index of about 200,000 jobs."""
 
@@ -55,10 +60,10 @@ def bulk(conn: sqlite3.Connection) -> Iterator[None]:
 def insert_batch(conn: sqlite3.Connection, batch: list[NewJob], at: float | None,
                  conflicts: list[str], cache: SpecCache) -> tuple[int, int]:
     """Every row of a chunk numbered here (seq), so its spec row needs no round trip per job."""
-    known = {r[0]: r[1] for r in conn.execute(SQL["known_ids"], (id_list([j.id for j in batch]),))}
+    known = {r["id"]: r["spec_hash"] for r in conn.execute(SQL["known_ids"], {"ids": id_list([j.id for j in batch])})}
     fresh = []
     specs = []
-    seq = conn.execute(SQL["last_seq"]).fetchone()[0]
+    seq = conn.execute(SQL["last_seq"]).fetchone()["seq"]
     for job in batch:
         if job.id in known:
             if known[job.id] != job.spec_hash:
@@ -71,55 +76,83 @@ def insert_batch(conn: sqlite3.Connection, batch: list[NewJob], at: float | None
         if workflow_id is None:
             if len(cache.ids) >= 4096:
                 cache.ids.clear()
-            row = conn.execute(SQL["workflow_id"], (digest,)).fetchone()
-            workflow_id = cache.ids[digest] = row[0] if row else conn.execute(
-                SQL["insert_workflow"], (digest, text)).lastrowid
-        fresh.append((seq, job.id, job.priority, at, job.spec_hash, job.workflow_name, job.callback_url or None,
-                      cache.model_key(job)))
-        specs.append((seq, workflow_id, dumps_plain(job.extra_data), dumps_plain(job.meta),
-                      dumps_plain(job.params)))
+            row = conn.execute(SQL["workflow_id"], {"hash": digest}).fetchone()
+            workflow_id = cache.ids[digest] = row["id"] if row else conn.execute(
+                SQL["insert_workflow"], {"hash": digest, "workflow": text}).lastrowid
+        fresh.append({"seq": seq, "id": job.id, "priority": job.priority, "now": at, "spec_hash": job.spec_hash,
+                      "workflow_name": job.workflow_name, "callback_url": job.callback_url or None,
+                      "model_key": cache.model_key(job)})
+        specs.append({"seq": seq, "workflow_id": workflow_id, "extra_data": dumps_plain(job.extra_data),
+                      "meta": dumps_plain(job.meta), "params": dumps_plain(job.params)})
     conn.executemany(SQL["insert_job"], fresh)
     conn.executemany(SQL["insert_spec"], specs)
     return len(fresh), len(batch) - len(fresh)
 
 
+def take(conn: sqlite3.Connection, ask: ClaimAsk, at: float, cached: Mapping[int, Any]) -> dict[str, Any] | None:
+    """Several statements, under the write lock: the head (or the affine pick: one statement, three index
+    seeks), the job's row, its spec, its workflow unless cached, and its attempt row."""
+    expire_leases(conn, at)
+    seq = _pick(conn, ask, at)
+    if seq is None:
+        return None
+    lease_until = at + ask.lease_seconds
+    job = conn.execute(SQL["take"], {"owner": ask.owner, "server": ask.server, "lease_until": lease_until,
+                                     "now": at, "seq": seq}).fetchone()
+    spec = conn.execute(SQL["spec"], {"seq": seq}).fetchone()
+    text = None
+    if spec["workflow_id"] not in cached:
+        text = conn.execute(SQL["workflow_text"], {"id": spec["workflow_id"]}).fetchone()["workflow"]
+    conn.execute(SQL["open_attempt"], {"job_id": job["id"], "attempt": job["attempt"], "owner": ask.owner,
+                                       "server": ask.server, "now": at, "url": ask.url})
+    return {**dict(job), **dict(spec), "owner": ask.owner, "server": ask.server, "lease_until": lease_until,
+            "workflow": text}
+
+def _pick(conn: sqlite3.Connection, ask: ClaimAsk, at: float) -> int | None:
+    """The seq of the job to take: the head, or with affinity the affine pick (noting the head passed over)."""
+    if not ask.affinity:
+        row = conn.execute(SQL["head"], {"now": at, "cat": ask.catalogue}).fetchone()
+        return None if row is None else row["seq"]
+    row = conn.execute(SQL["pick"], {"now": at, "wait": ask.max_wait_seconds, "key": ask.prefer_model,
+                                     "cat": ask.catalogue}).fetchone()
+    if row is None:
+        return None
+    seq = row["affine"] if row["affine"] is not None else row["head"]
+    note_passed_over(SQL, conn, row["priority"], row["head"], seq, at)
+    return seq
+
+
 def expire_leases(conn: sqlite3.Connection, at: float) -> None:
     """Running jobs whose lease passed are queued again; their attempt stays counted."""
-    if conn.execute(SQL["any_expired"], (at,)).fetchone() is None:
+    if conn.execute(SQL["any_expired"], {"now": at}).fetchone() is None:
         return
-    for job_id, attempt in conn.execute(SQL["expire"], (at,)).fetchall():
-        conn.execute(SQL["end_expired"], (at, job_id, attempt))
+    for r in conn.execute(SQL["expire"], {"now": at}).fetchall():
+        conn.execute(SQL["end_expired"], {"now": at, "job_id": r["id"], "attempt": r["attempt"]})
 
 
-def fenced(conn: sqlite3.Connection, job_sql: str, job_args: Sequence[Any], attempt_sql: str | None = None,
-           attempt_args: Sequence[Any] = ()) -> Any:
+def fenced(conn: sqlite3.Connection, job_sql: str, job_args: Mapping[str, Any], attempt_sql: str | None = None,
+           attempt_args: Mapping[str, Any] | None = None) -> Any:
     rows = conn.execute(job_sql, job_args).fetchall()
     if not rows:
         return None
     if attempt_sql is not None:
-        conn.execute(attempt_sql, attempt_args)
+        conn.execute(attempt_sql, attempt_args or {})
     return rows[0]
 
 
 def hold_deliveries(conn: sqlite3.Connection, at: float, limit: int, until: float) -> list[sqlite3.Row]:
-    rows = conn.execute(SQL["due_deliveries"], (at, limit)).fetchall()
-    conn.executemany(SQL["hold_delivery"], [(until, r["id"]) for r in rows])
+    rows = conn.execute(SQL["due_deliveries"], {"now": at, "limit": limit}).fetchall()
+    conn.executemany(SQL["hold_delivery"], [{"until": until, "id": r["id"]} for r in rows])
     return rows
 
 
 def prune(conn: sqlite3.Connection, finished_before: float, limit: int) -> PruneBatch:
-    rows = conn.execute(SQL["prune_batch"], (finished_before, limit)).fetchall()
+    rows = conn.execute(SQL["prune_batch"], {"before": finished_before, "limit": limit}).fetchall()
     if not rows:
         return values.PruneBatch(removed=[])
-    seqs, ids = json.dumps([r[0] for r in rows]), id_list([r[1] for r in rows])
-    used = [r[0] for r in conn.execute(SQL["prune_workflows_of"], (seqs,))]
-    conn.execute(SQL["prune_jobs"], (seqs,))
-    conn.execute(SQL["prune_specs"], (seqs,))
-    conn.execute(SQL["prune_refusals"], (seqs,))
-    conn.execute(SQL["prune_attempts"], (ids,))
-    conn.execute(SQL["prune_deliveries"], (ids,))
-    conn.execute(SQL["prune_announcements"], (ids,))
-    conn.execute(SQL["prune_output_assets"], (ids,))
-    conn.execute(SQL["prune_previews"], (ids,))
-    gone = sum(conn.execute(SQL["prune_workflow"], (w, w)).rowcount for w in used)
-    return values.PruneBatch(removed=[(r[1], r[2]) for r in rows], workflows_removed=gone)
+    batch = {"seqs": json.dumps([r["seq"] for r in rows]), "ids": id_list([r["id"] for r in rows])}
+    used = [r["workflow_id"] for r in conn.execute(SQL["prune_workflows_of"], batch)]
+    for name in PRUNED:
+        conn.execute(SQL[name], batch)
+    gone = sum(conn.execute(SQL["prune_workflow"], {"id": w}).rowcount for w in used)
+    return values.PruneBatch(removed=[(r["id"], r["machine"]) for r in rows], workflows_removed=gone)

@@ -3,17 +3,30 @@
 Frozen dataclasses, one per thing a caller holds: a job to submit and its input files, a claim, a job's
 record with its attempts and outputs, what status, metrics, webhooks and the machine registry read. The
 backends build them from rows (comfysup.queue.records). Those that a plain submit or status never makes are in
-comfysup.queue.run_values, built on first use of their name here (``LATER``).
+comfysup.queue.run_values, re-exported here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from comfysup.queue.run_values import NewAsset, RunningJob
+from comfysup.queue.run_values import (
+    ApiAsset,
+    ApiEndpoint,
+    Attempt,
+    Claim,
+    Delivery,
+    EndedAttempt,
+    JobPulse,
+    JobRecord,
+    NewAsset,
+    Output,
+    Preview,
+    PruneBatch,
+    RunningJob,
+)
 
 
 @dataclass(frozen=True)
@@ -100,17 +113,6 @@ class Machine:
     PostgreSQL), so the age is right even when this machine's clock is not."""
 
 
-LATER = frozenset({"NewAsset", "JobRecord", "Claim", "Output", "Preview", "Attempt", "JobPulse", "RunningJob",
-                   "EndedAttempt", "Delivery", "PruneBatch", "ApiEndpoint", "ApiAsset"})
-"""The records made where a job runs, is shown, is delivered or brings an input file (comfysup.queue.run_values),
-not by every submit or status:
-each frozen dataclass costs ~0.4 ms to build at import, so they are built on first use of their name here."""
-
-
-def __getattr__(name: str) -> Any:
-    if name in LATER:
-        from comfysup.queue import run_values
-
-        globals()[name] = found = getattr(run_values, name)  # the next use is a plain attribute
-        return found
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__all__ = ["ApiAsset", "ApiEndpoint", "Attempt", "CatalogueRecord", "Claim", "Delivery", "EndedAttempt", "JobPulse",
+           "JobRecord", "Machine", "NewAsset", "NewJob", "Output", "Preview", "PruneBatch", "RunningJob", "Status",
+           "SubmitResult"]

@@ -1,4 +1,4 @@
-"""Each process that holds the queue open watches its file (issue 30): deleted, replaced by another file, or
+"""Each process that holds the queue open watches its file: deleted, replaced by another file, or
 failing its integrity check, the file this process writes to is no longer the queue anyone reads, so the
 process stops taking and accepting work, says why in one line and exits with EXIT_DATABASE_REPLACED.
 

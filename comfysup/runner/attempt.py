@@ -176,23 +176,23 @@ class Attempt:
         if o.state == "done":
             more = early.next_job(self.claim, o) if early.next_job is not None and early.next_claim is None else None
             if more is not None:
-                early.next_claim = self.queue.complete_and_claim(
+                early.next_claim = self.queue.leases.complete_and_claim(
                     self.claim, o.outputs, more.owner, more.server, more.lease_seconds, trace=trace,
                     prefer_model=more.prefer_model, max_wait_seconds=more.max_wait_seconds,
                     catalogue=more.catalogue, url=self.s.url)
             else:
                 started = early.started_behind()  # the job queued behind this one executes: said in this end
-                self.queue.complete(self.claim, o.outputs, trace=trace, started=started)
+                self.queue.leases.complete(self.claim, o.outputs, trace=trace, started=started)
                 if started is not None:
                     early.start_recorded()
         elif o.state == "retry":
-            self.queue.retry_later(self.claim, time.time() + o.delay_seconds, o.reason, kind=o.kind, trace=trace)
+            self.queue.leases.retry_later(self.claim, time.time() + o.delay_seconds, o.reason, kind=o.kind, trace=trace)
         elif o.state == "dead":
-            self.queue.dead(self.claim, o.reason, kind=o.kind, trace=trace)
+            self.queue.leases.dead(self.claim, o.reason, kind=o.kind, trace=trace)
         elif o.state == "cancelled":
-            self.queue.cancelled(self.claim, o.reason, trace=trace)
+            self.queue.leases.cancelled(self.claim, o.reason, trace=trace)
         elif o.state == "released":
-            self.queue.release(self.claim, o.reason, count_attempt=False, kind=o.kind, trace=trace)
+            self.queue.leases.release(self.claim, o.reason, count_attempt=False, kind=o.kind, trace=trace)
 
     def _write_progress(self) -> None:
         """The live progress, when it moved and a second has passed since the last write (fenced); the newest
@@ -202,14 +202,14 @@ class Attempt:
                 self.clock() - self.preview_written_at >= self.s.preview_seconds:
             (node, content_type, image), run.preview = run.preview, None
             self.preview_written_at = self.clock()
-            self.queue.set_preview(self.claim, node, content_type, image)
+            self.queue.previews.set_preview(self.claim, node, content_type, image)
         if not self.trace.changed or self.clock() - self.progress_written_at < PROGRESS_WRITE_SECONDS:
             return
         progress = self.trace.progress()
         self.trace.changed = False
         if progress is not None:
             self.progress_written_at = self.clock()
-            self.queue.set_progress(self.claim, progress)
+            self.queue.leases.set_progress(self.claim, progress)
 
     def _attempt(self) -> Outcome:
         """The attempt under its deadline: a read that blocks or trickles past the job's timeout (or a stop's
@@ -239,7 +239,8 @@ class Attempt:
             if followed:  # still in a server's queue: where, and its number, recorded before anything else
                 assert run is not None and run.number is not None
                 self.live = run
-                self.queue.record_prompt(self.claim, run.server, run.number, run.client.url, waiting=not run.started)
+                self.queue.leases.record_prompt(self.claim, run.server, run.number, run.client.url,
+                                                waiting=not run.started)
                 self.waiting = not run.started  # still pending in that server's queue: shown posted until it runs
             if self.cancel_requested:
                 self._interrupt(run)
@@ -328,7 +329,7 @@ class Attempt:
                  extra={"event": "posted"})
         self.trace.phase("posted", self.ctx.wall())
         self.live = Run(self.client, self.s.server, number, stream=stream)
-        self.queue.record_prompt(self.claim, self.s.server, number, self.s.url)  # on a free server: it executes
+        self.queue.leases.record_prompt(self.claim, self.s.server, number, self.s.url)  # on a free server: it executes
         self.waiting = False
         return self.live
 
@@ -336,7 +337,7 @@ class Attempt:
         """The job's execution started (or its run is over) and the queue still shows it as posted: one fenced
         write, only when the attempt ahead of it did not record the start with its own end."""
         self.waiting = False
-        self.queue.set_waiting(self.claim, False)
+        self.queue.leases.set_waiting(self.claim, False)
 
     # -- 3. follow --------------------------------------------------------------------------------------
 
@@ -407,7 +408,7 @@ class Attempt:
         self._write_progress()
         if self.heartbeat.due(now):
             self.early.renew_early(now)
-            if self.queue.heartbeat(self.claim, self.s.lease_seconds):
+            if self.queue.leases.heartbeat(self.claim, self.s.lease_seconds):
                 self._interrupt_to_end(run)
                 raise Stop(Outcome("cancelled", "cancelled by user", kind="cancelled"))
         if now >= self.deadline:

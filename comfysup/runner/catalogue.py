@@ -53,7 +53,7 @@ class ServerCatalogue:
             return
         try:
             info = self.client.object_info()
-            catalogue_id = self.queue.record_catalogue(self.server, host_name(), info)
+            catalogue_id = self.queue.fleet.record_catalogue(self.server, host_name(), info)
         except MalformedAnswer as exc:  # it answers, with a catalogue that cannot be read: worth a person's look
             self.retry_at = self.clock() + RETRY_SECONDS
             log.warning("%s: /object_info not recorded (tried again in %g s): %s", self.server, RETRY_SECONDS, exc)

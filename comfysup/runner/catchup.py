@@ -93,7 +93,7 @@ def _places(ctx: Context, first: bool) -> list[tuple[str, ComfyClient, int | Non
     if first:
         return [(ctx.s.server, ctx.station.client, None)]
     names = [ctx.claim.last_server, ctx.s.server, *(sorted(ctx.s.peers) if ctx.claim.attempt > 1 else [])]
-    urls = ctx.queue.attempt_urls(ctx.claim.id, other_than=ctx.claim)
+    urls = ctx.queue.leases.attempt_urls(ctx.claim.id, other_than=ctx.claim)
     # The claim's last_server and last_prompt_number are the newest recorded prompt's (cleared once an attempt
     # judged its run): that attempt's URL says on which machine.
     recorded = next((url for url, number in urls if number is not None), None)

@@ -69,17 +69,17 @@ class InputDelivery:
         refs = {assets.ref_hash(r): r for _n, _i, r in assets.references(workflow)}
         if not refs:
             return workflow
-        known = self.queue.server_assets(self.key) if self.folder is None else {}
+        known = self.queue.assets.server_assets(self.key) if self.folder is None else {}
         names: dict[str, str] = {}
         for digest, ref in refs.items():
             name = assets.upload_name(digest, assets.ref_name(ref))
             names[digest] = name
             size = ref["info"].get("size")
             if self._has(digest, name, size if isinstance(size, int) and size > 0 else None, known):
-                self.queue.touch_upload(self.key, digest, self.wall())
+                self.queue.assets.touch_upload(self.key, digest, self.wall())
                 continue
             try:
-                data = self.queue.read_asset(digest)
+                data = self.queue.assets.read_asset(digest)
             except AssetMissing as exc:
                 raise PermanentError(str(exc), "input_missing") from None
             got, subfolder, _kind = self.client.upload_image(name, data, assets.UPLOAD_SUBFOLDER)
@@ -87,7 +87,7 @@ class InputDelivery:
                 raise MalformedAnswer(f"POST /upload/image stored {subfolder}/{got} instead of "
                                       f"{assets.UPLOAD_SUBFOLDER}/{name}")
             self.uploaded += 1
-            self.queue.record_upload(self.key, digest, name, len(data), self.wall())
+            self.queue.assets.record_upload(self.key, digest, name, len(data), self.wall())
             log.info("uploaded input %s (%s, %s bytes) to %s", digest, assets.ref_name(ref), f"{len(data):,}",
                      self.key, extra={"event": "uploaded"})
         if self.folder is not None:
@@ -104,7 +104,7 @@ class InputDelivery:
         if not hexes:
             return None
         for hex_digest in sorted(hexes):
-            self.queue.forget_upload(self.key, assets.HASH_PREFIX + hex_digest)
+            self.queue.assets.forget_upload(self.key, assets.HASH_PREFIX + hex_digest)
         log.warning("%s no longer has input(s) %s that were uploaded there: uploading again on the retry",
                     self.key, ", ".join(sorted(hexes)), extra={"event": "stale_upload"})
         return StaleUpload(f"the server no longer has an uploaded input ({rejected.reason}); it is uploaded "
@@ -140,7 +140,7 @@ class InputDelivery:
         self.over = total > self.cache_bytes
         if not self.over:
             return
-        needed = {assets.upload_name(d, "")[:64] for d in self.queue.assets_needed()}
+        needed = {assets.upload_name(d, "")[:64] for d in self.queue.assets.assets_needed()}
         for _mtime, size, name in sorted(files):
             if total <= self.cache_bytes:
                 break
@@ -152,5 +152,5 @@ class InputDelivery:
                 continue
             total -= size
             self.over = total > self.cache_bytes
-            self.queue.forget_upload(self.key, assets.HASH_PREFIX + name[:64])
+            self.queue.assets.forget_upload(self.key, assets.HASH_PREFIX + name[:64])
             log.info("removed input %s from %s (server_cache_mb)", name, self.key, extra={"event": "evicted"})

@@ -70,7 +70,7 @@ class Interrupter:
         ctx = self.ctx
         ctx.station.on_alive()
         if renew and self.heartbeat.due(ctx.clock()):
-            ctx.queue.heartbeat(ctx.claim, ctx.s.lease_seconds)
+            ctx.queue.leases.heartbeat(ctx.claim, ctx.s.lease_seconds)
             self.renew_early(ctx.clock())
 
     def _stuck(self, run: Run, target: str, renew: bool) -> str:

@@ -185,10 +185,10 @@ class Runner:
                 if free:
                     self.catalogue.refresh()
                 try:
-                    claim = self.queue.claim(self.owner, self.server, self.config.runner.lease_seconds,
+                    claim = self.queue.leases.claim(self.owner, self.server, self.config.runner.lease_seconds,
                                              catalogue=self.catalogue.id, url=self.station.settings.url,
                                              **self._affinity()) if free else None
-                    drained = claim is None and self.until_empty and self.queue.active_count() == 0
+                    drained = claim is None and self.until_empty and self.queue.reads.active_count() == 0
                     if claim is None:
                         self.queue.maintenance()
                 except QueueError as exc:
@@ -213,7 +213,7 @@ class Runner:
                 claim, posted, behind = self.run_one(claim, posted, behind)
             if claim is not None:  # stopping with a job claimed and not started: give it back, uncounted
                 with contextlib.suppress(QueueError):
-                    self.queue.release(claim, "the runner stopped before starting it", count_attempt=False,
+                    self.queue.leases.release(claim, "the runner stopped before starting it", count_attempt=False,
                                        kind="shutdown")
         finally:
             self.on_waiting(False)  # gone: its peers no longer leave work for it
@@ -342,7 +342,7 @@ class Runner:
         if reason is None or self.catalogue.id is None:
             return False
         try:
-            dead = self.queue.refuse(claim, self.catalogue.id, reason)
+            dead = self.queue.fleet.refuse(claim, self.catalogue.id, reason)
         except (LeaseLost, QueueError) as exc:
             log.warning("job %s: its refusal by %s's catalogue was not recorded: %s", claim.id, self.server, exc)
             return True

@@ -129,7 +129,7 @@ class EarlyJobs:
             more = self.next_job(self.ctx.claim, done) if self.next_job else None
         if more is None:
             return
-        nxt = self.ctx.queue.claim(more.owner, more.server, more.lease_seconds, prefer_model=more.prefer_model,
+        nxt = self.ctx.queue.leases.claim(more.owner, more.server, more.lease_seconds, prefer_model=more.prefer_model,
                                max_wait_seconds=more.max_wait_seconds, catalogue=more.catalogue, url=self.ctx.s.url)
         if nxt is None:
             return
@@ -162,8 +162,9 @@ class EarlyJobs:
         # the fence the download needs before it touches them (``renewed_own``), one transaction a job fewer.
         own = self.ctx.claim if then else None
         try:
-            renewed = self.ctx.queue.record_prompt(nxt, self.ctx.s.server, number, self.ctx.s.url, waiting=waiting,
-                                                   renew=own, lease_seconds=self.ctx.s.lease_seconds)
+            renewed = self.ctx.queue.leases.record_prompt(nxt, self.ctx.s.server, number, self.ctx.s.url,
+                                                          waiting=waiting, renew=own,
+                                                          lease_seconds=self.ctx.s.lease_seconds)
         except LeaseLost:
             self.drop_next(then)
             return
@@ -174,7 +175,7 @@ class EarlyJobs:
         """A job claimed ahead that this attempt did not post waits for the server all the same: shown posted
         (its claim says so to its own attempt, which clears it when it posts, follows or adopts)."""
         try:
-            self.ctx.queue.set_waiting(nxt, True)
+            self.ctx.queue.leases.set_waiting(nxt, True)
         except LeaseLost:
             self.drop_next(then)
             return
@@ -230,14 +231,14 @@ class EarlyJobs:
             # Handed off, running on the server while this one downloads (not renewed just after its claim).
             self.next_renewed = now
             try:
-                if self.ctx.queue.heartbeat(self.next_claim, self.ctx.s.lease_seconds):
+                if self.ctx.queue.leases.heartbeat(self.next_claim, self.ctx.s.lease_seconds):
                     self.withdraw_next(cancelled=True)
             except LeaseLost:
                 self.drop_next()
         if self.then_claim is not None and now - self.then_renewed >= self.ctx.s.heartbeat_seconds:
             self.then_renewed = now
             try:
-                self.ctx.queue.heartbeat(self.then_claim, self.ctx.s.lease_seconds)
+                self.ctx.queue.leases.heartbeat(self.then_claim, self.ctx.s.lease_seconds)
             except LeaseLost:
                 self.drop_next(then=True)
 
@@ -291,10 +292,10 @@ class EarlyJobs:
         with job_context(nxt.id, nxt.attempt, redactor_of(nxt)):
             try:
                 if cancelled:
-                    self.ctx.queue.cancelled(nxt, "cancelled by user (while queued)")
+                    self.ctx.queue.leases.cancelled(nxt, "cancelled by user (while queued)")
                 else:
-                    self.ctx.queue.release(nxt, f"taken out of the server's queue by {because} before it started; "
-                                       "attempt not counted", count_attempt=False, kind=kind)
+                    self.ctx.queue.leases.release(nxt, f"taken out of the server's queue by {because} before it "
+                                                  "started; attempt not counted", count_attempt=False, kind=kind)
             except LeaseLost:
                 return
             log.info("job %s: %s", nxt.id, "cancelled while queued" if cancelled else

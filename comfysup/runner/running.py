@@ -79,6 +79,8 @@ class ShieldedQueue:
 
     def __getattr__(self, name: str) -> Any:
         method = getattr(self._queue, name)
+        if not callable(method):  # a role of the queue (its leases, assets, ...): its calls are shielded too
+            return ShieldedQueue(method)
 
         def shielded(*args: Any, **kwargs: Any) -> Any:
             with deadline.deferred():

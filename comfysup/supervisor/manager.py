@@ -159,7 +159,7 @@ class ProcessManager:
         else:
             why = f"runner process died ({reason + ', ' if reason else ''}{how})"
         try:
-            released = queue.release_owner(runner.owner, why, count_attempt=not stopping)
+            released = queue.leases.release_owner(runner.owner, why, count_attempt=not stopping)
         except QueueError as exc:
             log.warning("%s: cannot release the claims of runner %s (%s); they come back when their "
                         "leases expire", runner.name, runner.owner, exc)
@@ -179,10 +179,10 @@ def release_stale_claims(queue: Any) -> list[str]:
     """
     host = host_name()
     released: list[str] = []
-    for job in queue.status(dead_limit=0).running:
+    for job in queue.reads.status(dead_limit=0).running:
         if job.owner.split("/")[0] != host or _owner_alive(job.owner, job.started_at):
             continue
-        released += queue.release_owner(job.owner, "its runner (of an earlier supervisor) is gone",
+        released += queue.leases.release_owner(job.owner, "its runner (of an earlier supervisor) is gone",
                                         count_attempt=True)
     if released:
         log.info("released %d claim(s) of runners that no longer exist: %s", len(released),

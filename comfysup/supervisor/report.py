@@ -66,9 +66,9 @@ def heartbeat_machine(queue: Queue, units: Sequence[Unit], *, register: bool, wa
     try:
         slots = slot_rows(units, final=final)  # final: the last beat of a clean stop, every slot stopped
         if register:
-            queue.register_machine(host_name(), os.getpid(), slots)
+            queue.fleet.register_machine(host_name(), os.getpid(), slots)
         else:
-            queue.machine_heartbeat(host_name(), os.getpid(), slots, wait_seconds=MACHINE_HEARTBEAT_WAIT_SECONDS)
+            queue.fleet.machine_heartbeat(host_name(), os.getpid(), slots, wait_seconds=MACHINE_HEARTBEAT_WAIT_SECONDS)
     except DatabaseLocked:
         # Another process holds the write lock (a long submit; a runner stopped mid-transaction): this beat is
         # skipped, not waited for, so the supervisor's loop goes on watching, and kills, its silent runners.

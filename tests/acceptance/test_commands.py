@@ -29,14 +29,14 @@ def filled(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> Path:
     write_jobs(tmp_path, [line(n) for n in range(5)])
     assert cli(capsys, "submit", "--config", str(config), "jobs.jsonl")[0] == 0
     q = SQLiteQueue(db_path(tmp_path))
-    done = q.claim("runner-a", "gpu0", 60)
-    q.record_prompt(done, "gpu0", 1)
-    q.complete(done, [Output("a.png", 5, "ab" * 32, "/store/a.png")])
-    dead = q.claim("runner-a", "gpu0", 60)
-    q.dead(dead, "permanent: ComfyUI refused the prompt (node 3: value not in list)")
-    q.claim("runner-b", "gpu1", 60)
-    waiting = q.claim("runner-a", "gpu0", 60)
-    q.retry_later(waiting, run_after=4e9, reason="connection refused")
+    done = q.leases.claim("runner-a", "gpu0", 60)
+    q.leases.record_prompt(done, "gpu0", 1)
+    q.leases.complete(done, [Output("a.png", 5, "ab" * 32, "/store/a.png")])
+    dead = q.leases.claim("runner-a", "gpu0", 60)
+    q.leases.dead(dead, "permanent: ComfyUI refused the prompt (node 3: value not in list)")
+    q.leases.claim("runner-b", "gpu1", 60)
+    waiting = q.leases.claim("runner-a", "gpu0", 60)
+    q.leases.retry_later(waiting, run_after=4e9, reason="connection refused")
     q.close()
     return config
 

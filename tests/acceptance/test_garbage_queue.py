@@ -45,13 +45,13 @@ def test_a_garbage_queue_is_said_everywhere_and_no_job_is_claimed(tmp_path: Path
             assert slot["state"] == "out_of_service" and "GET /queue" in slot["problem"], slot
             assert "answers GET /queue with a body that cannot be read" in comfysup("status", "--config",
                                                                                     str(config)).stdout
-            assert queue.get(job_id(1)).state == "queued"  # nothing is claimed for a server nobody can read
+            assert queue.reads.get(job_id(1)).state == "queued"  # nothing is claimed for a server nobody can read
             health = comfysup("health", "--config", str(config), "--json")
             assert health.returncode == 1 and "queue_running" in json.loads(health.stdout)["servers"][0]["problem"]
             garbage["on"] = False  # the server answers well again
             assert proc.wait(30) == 0
         text = (tmp_path / "work.log").read_text()
-        assert queue.get(job_id(1)).state == "done", text
+        assert queue.reads.get(job_id(1)).state == "done", text
         assert text.count("answers GET /queue with a body that cannot be read") == 1, text  # said once, not per look
         assert "its answers can be read again" in text
         queue.close()

@@ -128,7 +128,7 @@ def test_a_claim_taken_over_from_a_killed_machine_follows_the_run_on_its_server(
             kill_all(runners)
         queue = open_queue(config_of(config_b))
         try:
-            records = {j["id"]: queue.get(j["id"]) for j in jobs}
+            records = {j["id"]: queue.reads.get(j["id"]) for j in jobs}
         finally:
             queue.close()
         log_b = (tmp_path / "b.log").read_text()

@@ -128,7 +128,7 @@ def test_a_running_supervisor_can_be_seen_every_way(tmp_path: Path, capsys: pyte
         queue = SQLiteQueue(h.config.resolve(h.config.queue.path), create=False)
 
         def long_job_has_steps() -> dict[str, Any] | None:
-            [job] = queue.get_many([job_id(7)]) or [None]  # submit --wait may not have inserted it yet
+            [job] = queue.reads.get_many([job_id(7)]) or [None]  # submit --wait may not have inserted it yet
             return job.progress if job and job.state == "running" and (job.progress or {}).get("steps") else None
 
         progress = wait_for(long_job_has_steps, 30, "the long job to report its steps", h.describe)
@@ -167,7 +167,7 @@ def test_a_running_supervisor_can_be_seen_every_way(tmp_path: Path, capsys: pyte
         assert f"{job_id(6)} dead: POST /prompt 400" in out
         assert "7/7" in err and "100%" in err  # tqdm's bar reached the end
         outputs += [out, err]
-        records = {j.id: j for j in queue.get_many(ids)}
+        records = {j.id: j for j in queue.reads.get_many(ids)}
         assert Counter(j.state for j in records.values()) == {"done": 6, "dead": 1}
 
         # -- webhooks from the supervisor's monitor: each job once, signed; the first try failed ----------
@@ -197,7 +197,7 @@ def test_a_running_supervisor_can_be_seen_every_way(tmp_path: Path, capsys: pyte
 
         text, values = wait_for(scrape, 20, "the slots' counts and the webhooks to settle in /metrics", h.describe)
         outputs.append(text)
-        status = queue.status()
+        status = queue.reads.status()
         for state, count in status.counts.items():
             assert metric(values, "comfysup_jobs", state=state) == count, state
         for (outcome, kind), count in by_kind.items():
@@ -304,9 +304,9 @@ def test_status_watch_and_submit_wait_without_a_supervisor(tmp_path: Path) -> No
     h = Supervised(tmp_path)
     [n] = h.submit([line(1)])
     queue = SQLiteQueue(h.config.resolve(h.config.queue.path), create=False)
-    claim = queue.claim(f"test/{os.getpid()}/x/{uuid.uuid4().hex[:8]}", "x", 60)
+    claim = queue.leases.claim(f"test/{os.getpid()}/x/{uuid.uuid4().hex[:8]}", "x", 60)
     assert claim is not None and claim.id == n
-    queue.complete(claim, [])
+    queue.leases.complete(claim, [])
     queue.close()
     code, frames = watch_frames(h.config_path, 1)
     assert code == 0 and "done 1" in frames[0] and "no state file" in frames[0]

@@ -39,7 +39,7 @@ def test_real_comfyui_runs_the_model_free_workflows(tmp_path, comfyui):
     config = write_config(tmp_path, attempts=2, timeout_seconds=120)
     queue = submit(config, [_job(1, "trivial.json"), _job(2, "error_image_to_mask.json"), _job(3, "slow.json")])
     Runner(config_of(config), "real", comfyui, until_empty=True).run()
-    trivial, error, slow = (queue.get(job_id(n)) for n in (1, 2, 3))
+    trivial, error, slow = (queue.reads.get(job_id(n)) for n in (1, 2, 3))
     assert trivial.state == "done" and trivial.outputs[0].size > 0
     assert error.state == "dead" and error.reason.startswith("execution_error, node 2 (ImageToMask): IndexError:")
     assert slow.state == "done" and slow.outputs
@@ -52,16 +52,16 @@ def test_real_comfyui_finished_prompt_is_adopted_not_rerun(tmp_path, comfyui):
     """A runner died after ComfyUI finished: the next attempt adopts the result from /history."""
     config = write_config(tmp_path, timeout_seconds=120)
     queue = submit(config, [_job(4, "trivial.json")])
-    claim = queue.claim("dead-runner", "real", lease_seconds=60)
+    claim = queue.leases.claim("dead-runner", "real", lease_seconds=60)
     client = ComfyClient(comfyui)
     number = client.post_prompt(claim.workflow, claim.id, "someone")
-    queue.record_prompt(claim, "real", number)
+    queue.leases.record_prompt(claim, "real", number)
     deadline = time.monotonic() + 60
     while client.history(claim.id) is None and time.monotonic() < deadline:
         time.sleep(0.05)
-    queue.release_owner("dead-runner", "runner process died")
+    queue.leases.release_owner("dead-runner", "runner process died")
     Runner(config_of(config), "real", comfyui, until_empty=True).run()
-    job = queue.get(claim.id)
+    job = queue.reads.get(claim.id)
     assert job.state == "done" and job.attempt == 2
     # Not re-run: the history entry is still the first run's number.
     assert client.history(claim.id)["prompt"][0] == number
@@ -86,7 +86,7 @@ def test_real_comfyui_animated_outputs_are_stored_with_their_type(tmp_path, comf
     config = write_config(tmp_path, attempts=1, timeout_seconds=120)
     queue = submit(config, [{"id": job_id(5), "workflow": batch}, {"id": job_id(6), "workflow": webm}])
     Runner(config_of(config), "real", comfyui, until_empty=True).run()
-    animated, video = queue.get(job_id(5)), queue.get(job_id(6))
+    animated, video = queue.reads.get(job_id(5)), queue.reads.get(job_id(6))
     assert animated.state == "done", animated.reason
     [output] = animated.outputs
     data = Path(output.path).read_bytes()

@@ -69,7 +69,7 @@ def test_failure_script(tmp_path, fake):
     assert out.returncode == 0, log
     assert "summary: 4 done, 3 dead-lettered" in log
     queue = submit(config, [])
-    jobs_by_n = {n: queue.get(job_id(n)) for n in range(1, 8)}
+    jobs_by_n = {n: queue.reads.get(job_id(n)) for n in range(1, 8)}
     p = prompts(fake)
 
     def short(n: int) -> str:
@@ -123,7 +123,7 @@ def test_same_job_submitted_twice_and_delivered_twice_runs_once(tmp_path, fake):
     queue = submit(config, [])
     cfg = config_of(config)
     store = ResultStore(tmp_path / "store", 1 << 30)
-    first = queue.claim("runner-a", "cpu0", lease_seconds=5)
+    first = queue.leases.claim("runner-a", "cpu0", lease_seconds=5)
     # A renews its lease less often than the job takes, so it cannot notice the second delivery early.
     slow_a = Station(dataclasses.replace(settings_from(cfg, "cpu0", fake.url, {}), heartbeat_seconds=30),
                      queue, store)
@@ -135,7 +135,7 @@ def test_same_job_submitted_twice_and_delivered_twice_runs_once(tmp_path, fake):
     while not prompts(fake).get(job_id(1), {}).get("executed") and time.monotonic() < deadline:
         time.sleep(0.01)
     # Deliver it again as if A's lease had run out (a clock 6 s ahead).
-    second = queue.claim("runner-b", "cpu0", lease_seconds=60, now=time.time() + 6)
+    second = queue.leases.claim("runner-b", "cpu0", lease_seconds=60, now=time.time() + 6)
     assert second is not None and second.attempt == 2
     outcome_b = Attempt(Station(settings_from(cfg, "cpu0", fake.url, {}), queue, store), second).run().outcome
     thread.join(15)
@@ -143,7 +143,7 @@ def test_same_job_submitted_twice_and_delivered_twice_runs_once(tmp_path, fake):
     assert results["a"].state == "lost"
     assert prompts(fake)[job_id(1)]["posted"] == 1
     assert prompts(fake)[job_id(1)]["executed"] == 1
-    assert queue.get(job_id(1)).state == "done"
+    assert queue.reads.get(job_id(1)).state == "done"
 
 
 @pytest.mark.timeout(90)
@@ -169,17 +169,17 @@ def test_runner_killed_after_comfyui_finished_is_adopted_not_rerun(tmp_path, fak
     """The attempt that posted died before recording done; the next one adopts."""
     config = write_config(tmp_path)
     queue = submit(config, [trivial_job(1)])
-    claim = queue.claim("dead-runner", "cpu0", lease_seconds=30)
+    claim = queue.leases.claim("dead-runner", "cpu0", lease_seconds=30)
     client = ComfyClient(fake.url)
     number = client.post_prompt(claim.workflow, claim.id, "someone")
-    queue.record_prompt(claim, "cpu0", number)
+    queue.leases.record_prompt(claim, "cpu0", number)
     deadline = time.monotonic() + 10
     while client.history(claim.id) is None and time.monotonic() < deadline:
         time.sleep(0.02)
     # The runner process died here (kill -9): the supervisor proves it and releases its claim.
-    assert queue.release_owner("dead-runner", "runner process died") == [claim.id]
+    assert queue.leases.release_owner("dead-runner", "runner process died") == [claim.id]
     run_until_empty(config, fake)
-    job = queue.get(claim.id)
+    job = queue.reads.get(claim.id)
     assert job.state == "done" and job.attempt == 2
     assert prompts(fake)[claim.id]["posted"] == 1 and prompts(fake)[claim.id]["executed"] == 1
     assert [f.name for f in store_files(tmp_path, 1)] == ["job1_00001_.png"]
@@ -193,7 +193,7 @@ def test_success_before_history_race(tmp_path, fake):
     queue = submit(config, [trivial_job(1), trivial_job(2)])
     run_until_empty(config, fake)
     for n in (1, 2):
-        job = queue.get(job_id(n))
+        job = queue.reads.get(job_id(n))
         assert job.state == "done" and len(job.outputs) == 1
         assert store_files(tmp_path, n)[0].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert prompts(fake)[job_id(n)]["executed"] == 1
@@ -207,7 +207,7 @@ def test_hostile_output_names(tmp_path, fake):
     queue = submit(config, [trivial_job(1)])
     before = {p for p in tmp_path.rglob("*")}
     run_until_empty(config, fake)
-    job = queue.get(job_id(1))
+    job = queue.reads.get(job_id(1))
     assert job.state == "dead" and job.reason.startswith("unsafe output name")
     created = {p for p in tmp_path.rglob("*")} - before
     store, served = tmp_path / "store", tmp_path / "fake"
@@ -241,7 +241,7 @@ def test_canary_secret_appears_nowhere(tmp_path, fake):
         assert canary not in out.stdout and canary not in out.stderr
     queue = submit(config, [])
     for n in (1, 2, 3):
-        job = queue.get(job_id(n))
+        job = queue.reads.get(job_id(n))
         assert job.state == "dead"
         assert all(canary not in (a.reason or "") for a in job.attempts) and canary not in job.reason
 
@@ -266,19 +266,19 @@ def test_heartbeat_that_finds_the_lease_lost_stops_without_writing(tmp_path, fak
     fake.node_ms = 400
     config = write_config(tmp_path, heartbeat_seconds=0.1)
     queue = submit(config, [trivial_job(1)])
-    claim = queue.claim("runner-a", "cpu0", lease_seconds=30)
+    claim = queue.leases.claim("runner-a", "cpu0", lease_seconds=30)
     cfg = config_of(config)
     station = Station(settings_from(cfg, "cpu0", fake.url, {}), queue, ResultStore(tmp_path / "store", 1 << 30))
     # Steal the job: its lease expires (as seen from a clock 60 s ahead) and runner-b claims it.
-    thief = queue.claim("runner-b", "cpu0", lease_seconds=600, now=time.time() + 60)
+    thief = queue.leases.claim("runner-b", "cpu0", lease_seconds=600, now=time.time() + 60)
     assert thief is not None and thief.attempt == 2
     outcome = Attempt(station, claim).run().outcome
     assert outcome.state == "lost"
-    job = queue.get(job_id(1))
+    job = queue.reads.get(job_id(1))
     assert (job.state, job.owner, job.attempt, job.outputs) == ("running", "runner-b", 2, [])
     assert store_files(tmp_path, 1) == []
     with pytest.raises(LeaseLost):
-        queue.complete(claim, [])
+        queue.leases.complete(claim, [])
 
 
 @pytest.mark.timeout(60)
@@ -297,7 +297,7 @@ def test_cancel_interrupts_a_running_job(tmp_path, fake):
     assert out.stdout.strip() == f"{job_id(1)}: cancelling"
     thread.join(20)
     assert not thread.is_alive()
-    job = queue.get(job_id(1))
+    job = queue.reads.get(job_id(1))
     assert job.state == "cancelled"
     assert any(i["prompt_id"] == job_id(1) and i["effective"] for i in fake.stats()["interrupts"])
     queue_now = requests.get(f"{fake.url}/queue", timeout=5).json()

@@ -53,9 +53,9 @@ def test_outputs_of_machine_b_are_served_by_machine_a_after_b_stopped(
                 assert job.status == "succeeded"
             queue = open_queue(a)
             try:
-                inverted = wait_for(lambda: (j := queue.get(line["id"])).state == "done" and j, 30,
+                inverted = wait_for(lambda: (j := queue.reads.get(line["id"])).state == "done" and j, 30,
                                     "the job with an input to end", b.describe)
-                records = {j.id: j for j in queue.get_many([job.id, line["id"]])}
+                records = {j.id: j for j in queue.reads.get_many([job.id, line["id"]])}
             finally:
                 queue.close()
             assert b.stop(proc) == 0

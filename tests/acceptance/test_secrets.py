@@ -42,15 +42,15 @@ def test_canaries_appear_in_no_reason_and_no_command_output(capsys: pytest.Captu
     outputs = [out, err]
 
     q = SQLiteQueue(db_path(tmp_path))
-    claim = q.claim("runner-a", "gpu0", 60)
+    claim = q.leases.claim("runner-a", "gpu0", 60)
     assert claim is not None
     assert claim.extra_data["api_key_comfy_org"] == CANARY_KEY  # stored: the runner must send it
     assert claim.workflow["1"]["inputs"]["api_key"] == CANARY_INPUT
     redact = Redactor.for_job(claim.workflow, claim.extra_data)
-    q.retry_later(claim, run_after=0, reason=redact(f"HTTP 401 from api.comfy.org: key {CANARY_KEY} rejected"))
-    claim = q.claim("runner-b", "gpu1", 60)
+    q.leases.retry_later(claim, run_after=0, reason=redact(f"HTTP 401 from api.comfy.org: key {CANARY_KEY} rejected"))
+    claim = q.leases.claim("runner-b", "gpu1", 60)
     assert claim is not None
-    q.dead(claim, redact(f"gave up after 2 attempts, last: PartnerTextToImage: invalid api_key "
+    q.leases.dead(claim, redact(f"gave up after 2 attempts, last: PartnerTextToImage: invalid api_key "
                          f"'{CANARY_INPUT}' (auth {CANARY_KEY})"))
     q.close()
 

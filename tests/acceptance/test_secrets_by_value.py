@@ -29,7 +29,7 @@ def test_a_key_used_as_a_node_id_and_in_a_file_name_is_shown_nowhere(tmp_path: P
     with FakeComfy(base_directory=tmp_path / "fake", node_ms=2) as fake:
         work = comfysup("work", "--config", str(config), "--server", f"a={fake.url}", "--until-empty")
         assert work.returncode == 0, work.stderr
-    job = queue.get(job_id(1))
+    job = queue.reads.get(job_id(1))
     assert job.state == "done" and KEY in job.outputs[0].name  # stored under the name ComfyUI gave it
     seen = {
         "show": comfysup("show", job_id(1), "--config", str(config)).stdout,

@@ -27,13 +27,14 @@ def test_a_stuck_prompt_takes_its_server_out_of_service_until_its_queue_is_empty
         fake.script_by_id({victim: [STUCK]})
         queue = submit(config, [trivial_job(0, priority=1), trivial_job(1)])  # the stuck one first
         with work_until_empty(tmp_path, config, fake.url) as proc:
-            dead = wait_for(lambda: (j := queue.get(victim)) and j.state == "dead" and j, 30, "the stuck job to end")
+            dead = wait_for(lambda: (j := queue.reads.get(victim)) and j.state == "dead" and j, 30,
+                            "the stuck job to end")
             assert dead.reason == ("gave up after 1 attempts, last: the prompt did not leave a's queue within 1 s of "
                                    "/interrupt; a is out of service until its queue is empty (its server is not "
                                    "comfysup's to restart)")
             assert dead.attempts[0].kind == "stuck"
             time.sleep(1.0)
-            assert queue.get(job_id(1)).state == "queued", "no job goes to a server that holds a stuck prompt"
+            assert queue.reads.get(job_id(1)).state == "queued", "no job goes to a server that holds a stuck prompt"
             reason = f"out of service: prompt {victim} stuck after /interrupt"
             status = json.loads(comfysup("status", "--config", str(config), "--json").stdout)
             assert status["work"]["slots"][0]["state"] == "out_of_service"
@@ -46,7 +47,7 @@ def test_a_stuck_prompt_takes_its_server_out_of_service_until_its_queue_is_empty
             fake.restart()  # whoever owns the server restarts it: its queue is empty again
             assert proc.wait(30) == 0
         text = (tmp_path / "work.log").read_text()
-        assert queue.get(job_id(1)).state == "done", text
+        assert queue.reads.get(job_id(1)).state == "done", text
         assert "a: back in service: its queue is empty again" in text
         state = json.loads((config_of(config).resolve(config_of(config).queue.path).parent / "work.json").read_text())
         assert state["state"] == "stopped"

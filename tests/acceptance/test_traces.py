@@ -21,6 +21,7 @@ import pytest
 
 from comfysup.logs import JsonFormatter, bind, job_context, setup_logging
 from comfysup.queue.base import Claim
+from comfysup.queue.leases import Leases
 from comfysup.queue.sqlite import SQLiteQueue
 from comfysup.redact import MASK, Redactor
 from comfysup.runner.loop import Runner
@@ -71,14 +72,30 @@ def test_a_trace_is_built_from_the_events_of_its_prompt() -> None:
         [("claimed", 0.5), ("posted", 0.5), ("executing", 2.4), ("downloading", 0.2), ("recorded", None)]
 
 
-class RecordingQueue(SQLiteQueue):
-    """The real queue, noting when each progress write happened (monotonic) and what it said."""
+class RecordingLeases(Leases):
+    """The real lease role, noting when each progress write happened (monotonic) and what it said."""
 
     writes: list[tuple[float, dict[str, Any] | None]]
 
     def set_progress(self, claim: Claim, progress: dict[str, Any] | None) -> None:
         self.writes.append((time.monotonic(), progress))
         super().set_progress(claim, progress)
+
+
+class RecordingQueue(SQLiteQueue):
+    """The real queue, its lease role noting its progress writes (``writes``)."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.leases = RecordingLeases(self.db)
+
+    @property
+    def writes(self) -> list[tuple[float, dict[str, Any] | None]]:
+        return self.leases.writes  # type: ignore[attr-defined, no-any-return]
+
+    @writes.setter
+    def writes(self, value: list[tuple[float, dict[str, Any] | None]]) -> None:
+        self.leases.writes = value  # type: ignore[attr-defined]
 
 
 @pytest.mark.timeout(60)
@@ -89,7 +106,7 @@ def test_progress_is_throttled_and_the_trace_is_stored_and_shown(tmp_path: Path)
     queue.writes = []
     with FakeComfy(base_directory=tmp_path / "fake", node_ms=20) as fake:
         Runner(config_of(config_path), "cpu0", fake.url, until_empty=True, queue=queue).run()
-    record = SQLiteQueue(tmp_path / "queue.db").get(job_id(1))
+    record = SQLiteQueue(tmp_path / "queue.db").reads.get(job_id(1))
     assert record.state == "done"
     times = [t for t, _ in queue.writes]
     assert len(times) >= 2, queue.writes  # 2.4 s of steps: written more than once ...
@@ -122,11 +139,11 @@ def test_each_attempt_keeps_the_reason_class_of_its_outcome(tmp_path: Path) -> N
     with FakeComfy(base_directory=tmp_path / "fake", node_ms=5) as fake:
         fake.script_by_id({job_id(1): ["500", "ok"], job_id(2): ["oom"] * 4, job_id(3): ["error"]})
         Runner(config_of(config_path), "cpu0", fake.url, until_empty=True).run()
-    kinds = {n: [(a.outcome, a.kind) for a in queue.get(job_id(n)).attempts] for n in (1, 2, 3)}
+    kinds = {n: [(a.outcome, a.kind) for a in queue.reads.get(job_id(n)).attempts] for n in (1, 2, 3)}
     assert kinds == {1: [("retry", "http_5xx"), ("done", None)],
                      2: [("retry", "oom"), ("dead", "oom")],
                      3: [("dead", "execution_error")]}
-    cached = queue.get(job_id(2)).attempts[0].trace
+    cached = queue.reads.get(job_id(2)).attempts[0].trace
     assert cached is not None and [p[0] for p in cached["phases"]][-1] == "recorded"
     queue.close()
 

@@ -90,8 +90,8 @@ def test_deliveries_survive_a_failing_receiver_and_arrive_signed_once_each(tmp_p
         stamp, signature = request.headers[TIMESTAMP_HEADER], request.headers[SIGNATURE_HEADER]
         assert verify(SECRET, stamp, request.body, signature), n
         assert abs(int(stamp) - time.time()) < 60
-        job = queue.get(job_id(n))
-        [delivery] = queue.deliveries(job_id(n))
+        job = queue.reads.get(job_id(n))
+        [delivery] = queue.deliveries.deliveries(job_id(n))
         assert request.headers[DELIVERY_HEADER] == str(delivery.id)
         assert (delivery.state, delivery.last_status) == ("delivered", 204)
         assert body["status"] == job.state
@@ -107,7 +107,7 @@ def test_deliveries_survive_a_failing_receiver_and_arrive_signed_once_each(tmp_p
     assert bodies[job_id(3)][1]["reason"].startswith("POST /prompt 400")
     assert bodies[job_id(3)][1]["files"] == []
     assert all(CANARY not in r.body.decode() for r in receiver.got)
-    retried = [n for n in (1, 2, 3) if queue.deliveries(job_id(n))[0].attempts > 1]
+    retried = [n for n in (1, 2, 3) if queue.deliveries.deliveries(job_id(n))[0].attempts > 1]
     assert retried, "the first tries failed, so some delivery took several"
     shown = comfysup("show", "--config", str(config_path), job_id(retried[0]))
     assert shown.returncode == 0, shown.stderr
@@ -131,20 +131,20 @@ def test_a_receiver_that_never_answers_costs_the_job_nothing_and_is_given_up(tmp
         out = comfysup("work", "--config", str(config_path), "--server", f"gpu0={fake.url}", "--until-empty")
     assert out.returncode == 0 and "summary: 1 done" in out.stderr, out.stderr
     queue = SQLiteQueue(tmp_path / "queue.db", create=False)
-    assert queue.get(job_id(1)).state == "done"
+    assert queue.reads.get(job_id(1)).state == "done"
     deliverer = Deliverer(queue, WebhooksConfig(url=url, attempts=2, base_delay_seconds=0.05, allow_private=True,
                                                 max_delay_seconds=0.05, timeout_seconds=1.0))
     deadline = time.monotonic() + 10
-    while queue.deliveries(job_id(1))[0].state == "pending":  # work's last pass may have left one try
-        assert time.monotonic() < deadline, queue.deliveries(job_id(1))
+    while queue.deliveries.deliveries(job_id(1))[0].state == "pending":  # work's last pass may have left one try
+        assert time.monotonic() < deadline, queue.deliveries.deliveries(job_id(1))
         deliverer.run_once()
         time.sleep(0.02)
-    [delivery] = queue.deliveries(job_id(1))
+    [delivery] = queue.deliveries.deliveries(job_id(1))
     assert (delivery.state, delivery.attempts, delivery.last_error) == ("failed", 2, "cannot connect")
     shown = comfysup("show", "--config", str(config_path), job_id(1))
     assert "webhook" in shown.stdout and "given up after 2 tries, last: cannot connect" in shown.stdout
     assert URL_TOKEN not in shown.stdout + out.stderr
-    assert queue.pending_deliveries() == 0
+    assert queue.deliveries.pending_deliveries() == 0
     queue.close()
 
 
@@ -195,10 +195,10 @@ def deliver_once(tmp_path: Path, url: str) -> Any:
     queue = SQLiteQueue(tmp_path / "q.db", create=True)
     try:
         job = make_job(1, callback_url=url)
-        queue.submit([job])
-        queue.cancel([job.id])  # terminal: its delivery is due
+        queue.intake.submit([job])
+        queue.intake.cancel([job.id])  # terminal: its delivery is due
         Deliverer(queue, WebhooksConfig(attempts=1, timeout_seconds=5.0)).run_once()
-        [delivery] = queue.deliveries(job.id)
+        [delivery] = queue.deliveries.deliveries(job.id)
         return delivery
     finally:
         queue.close()

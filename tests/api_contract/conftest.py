@@ -90,9 +90,9 @@ class Contract:
         assert job.status_code == 201, job.text
         queue = open_queue(self.config)
         try:
-            claim = queue.claim("contract/1/gpu0/t", "gpu0", 60.0)  # the highest priority: this job
+            claim = queue.leases.claim("contract/1/gpu0/t", "gpu0", 60.0)  # the highest priority: this job
             assert claim is not None and claim.id == job.json()["id"]
-            queue.complete(claim, [Output("x.png", 3, hashlib.sha256(b"png").hexdigest(),
+            queue.leases.complete(claim, [Output("x.png", 3, hashlib.sha256(b"png").hexdigest(),
                                           f"s3://outputs/run/{claim.id}/x.png")])
         finally:
             queue.close()

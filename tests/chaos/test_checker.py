@@ -80,21 +80,21 @@ def run(tmp_path: Path) -> Run:
     jobs_file = tmp_path / "jobs.jsonl"
     jobs_file.write_text("".join(json.dumps({"id": i, "extra_data": {"api_key_comfy_org": CANARY}}) + "\n"
                                  for i in ids))
-    queue.submit([NewJob(id=i, workflow={"1": {"class_type": "SaveImage", "inputs": {}}}, spec_hash="h",
+    queue.intake.submit([NewJob(id=i, workflow={"1": {"class_type": "SaveImage", "inputs": {}}}, spec_hash="h",
                          extra_data={"api_key_comfy_org": CANARY}) for i in ids], now=T0)
     r = Run(tmp_path, queue, store, ids, FaultLog(tmp_path / "faults.jsonl"), tmp_path / "exec.jsonl",
             tmp_path / "supervisor.log", jobs_file, [Submission(jobs_file, tuple(ids), "accepted")])
     lines = []
     for n, job_id in enumerate(ids):
-        claim = queue.claim(f"host/{100 + n}/cpu{n % 2}/t", f"cpu{n % 2}", 30, now=T0 + 10 * n)
+        claim = queue.leases.claim(f"host/{100 + n}/cpu{n % 2}/t", f"cpu{n % 2}", 30, now=T0 + 10 * n)
         assert claim is not None and claim.id == job_id
-        queue.record_prompt(claim, claim.server, n)
+        queue.leases.record_prompt(claim, claim.server, n)
         r.exec_line("start", job_id, pid=200 + n, number=n, at=T0 + 10 * n + 1)
         r.exec_line("end", job_id, pid=200 + n, number=n, at=T0 + 10 * n + 2, outcome="success",
                     started_at=T0 + 10 * n + 1)
         store.prepare(job_id)
         output = store.write(job_id, f"job{n}_00001_.png", [png_bytes(8, 8, (n, 0, 0))])
-        queue.complete(claim, [output], now=T0 + 10 * n + 3)
+        queue.leases.complete(claim, [output], now=T0 + 10 * n + 3)
         lines.append(f"job {job_id}: done on cpu{n % 2} after 1 attempt(s), 1 file(s)")
     r.log.write_text("\n".join(lines) + "\n")
     r.outputs["status"] = "3 done"

@@ -60,14 +60,14 @@ def run(tmp_path: Path, pg_url: str) -> Run:  # noqa: F811
     queue = PostgresQueue(pg_url)
     stores = {h: ResultStore(tmp_path / h / "results", 2**20) for h in HOSTS}
     ids = [str(uuid.uuid4()) for _ in range(4)]
-    queue.submit([NewJob(id=i, workflow={"1": {"class_type": "SaveImage", "inputs": {}}}, spec_hash="h")
+    queue.intake.submit([NewJob(id=i, workflow={"1": {"class_type": "SaveImage", "inputs": {}}}, spec_hash="h")
                   for i in ids], now=T0)
     r = Run(tmp_path, pg_url, ids, stores, tmp_path / "exec.jsonl", FaultLog(tmp_path / "faults.jsonl"),
             [Submission(tmp_path / "jobs.jsonl", tuple(ids), "accepted")])
     with open(r.exec_log, "w") as log:
         for n, job_id in enumerate(ids):
             host = HOSTS[n % 2]
-            claim = queue.claim(f"{host}/{100 + n}/cpu0/t", "cpu0", 30)
+            claim = queue.leases.claim(f"{host}/{100 + n}/cpu0/t", "cpu0", 30)
             assert claim is not None and claim.id == job_id
             for event, at in (("start", T0 + 10 * n + 1), ("end", T0 + 10 * n + 2)):
                 line = {"event": event, "pid": 200 + n, "port": 9000 + n, "prompt_id": job_id, "number": n,
@@ -75,7 +75,7 @@ def run(tmp_path: Path, pg_url: str) -> Run:  # noqa: F811
                 log.write(json.dumps(line) + "\n")
             stores[host].prepare(job_id)
             output = stores[host].write(job_id, f"job{n}_00001_.png", [png_bytes(8, 8, (n, 0, 0))])
-            queue.complete(claim, [output])
+            queue.leases.complete(claim, [output])
     queue.close()
     return r
 

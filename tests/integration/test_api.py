@@ -66,14 +66,14 @@ def test_every_answer_validates_against_the_sdks_models(api: Any) -> None:
     assert JobWorkflowResponse.model_validate(flow.json()).format.value == "api"
     assert "sk-secret" not in flow.text
     claim = runner.claim()
-    runner.queue.set_progress(claim, {"phase": "running", "node": 2, "nodes": 3, "cached": 0, "node_id": "2",
+    runner.queue.leases.set_progress(claim, {"phase": "running", "node": 2, "nodes": 3, "cached": 0, "node_id": "2",
                                       "class_type": "KSampler", "step": 5, "steps": 20})
     running = JobModel.model_validate(httpx.get(f"{url}/api/v2/jobs/{job.id}").json())
     assert running.status.value == "running" and running.progress is not None
     assert (running.progress.nodes_done, running.progress.current_node_class, running.progress.step) == \
         (1, "KSampler", 5)
     assert 0 < running.progress.value < 1
-    runner.queue.dead(claim, "node 2 (KSampler): boom", kind="node_error")
+    runner.queue.leases.dead(claim, "node 2 (KSampler): boom", kind="node_error")
     failed = JobModel.model_validate(httpx.get(f"{url}/api/v2/jobs/{job.id}").json())
     assert failed.status.value == "failed" and failed.error is not None and "boom" in failed.error.message
     missing = httpx.get(f"{url}/api/v2/jobs/{uuid.uuid4()}")
@@ -88,8 +88,8 @@ def test_queue_position_while_a_job_waits_in_the_queue_or_in_its_servers_queue(a
                for n in range(3)]
     assert [a["queue_position"] for a in answers] == [1, 2, 3]
     first, behind = runner.claim(), runner.claim()
-    runner.queue.record_prompt(first, "gpu0", 1)
-    runner.queue.record_prompt(behind, "gpu0", 2, waiting=True)
+    runner.queue.leases.record_prompt(first, "gpu0", 1)
+    runner.queue.leases.record_prompt(behind, "gpu0", 2, waiting=True)
     bodies = {a["id"]: httpx.get(f"{url}/api/v2/jobs/{a['id']}").json() for a in answers}
     for body in bodies.values():
         JobModel.model_validate(body)
@@ -97,7 +97,7 @@ def test_queue_position_while_a_job_waits_in_the_queue_or_in_its_servers_queue(a
     assert (bodies[behind.id]["status"], bodies[behind.id]["queue_position"]) == ("queued", 1)
     assert bodies[behind.id]["started_at"] is None
     assert bodies[answers[2]["id"]]["queue_position"] == 2  # behind the posted one
-    runner.queue.complete(first, [], started=behind)  # its execution_start was read before this end
+    runner.queue.leases.complete(first, [], started=behind)  # its execution_start was read before this end
     now = httpx.get(f"{url}/api/v2/jobs/{behind.id}").json()
     assert (now["status"], now["queue_position"]) == ("running", None) and now["started_at"] is not None
 
@@ -131,7 +131,7 @@ def test_an_idempotency_key_is_single_use_and_a_retry_never_makes_a_second_job(a
                       ).status_code == 201
     queue = open_queue(config)
     try:
-        assert queue.status().counts["queued"] == 3
+        assert queue.reads.status().counts["queued"] == 3
     finally:
         queue.close()
 
@@ -160,7 +160,7 @@ def test_of_concurrent_requests_with_one_key_exactly_one_wins(tmp_path: Path) ->
             assert sorted(answers) == [201, 422], (n, answers)
         queue = open_queue(config)
         try:
-            assert queue.status().counts["queued"] == 8
+            assert queue.reads.status().counts["queued"] == 8
         finally:
             queue.close()
 
@@ -225,7 +225,7 @@ def test_queue_full_answers_429_with_retry_after(tmp_path: Path) -> None:
                           ).json()["error"]["code"] == "idempotency_key_reuse"
         queue = open_queue(config)
         try:
-            queue.cancel([str(uuid.uuid5(uuid.UUID("6f0c4d8e-3b1a-5c7e-9d2f-4a8b6c1e0f35"), "a"))])
+            queue.intake.cancel([str(uuid.uuid5(uuid.UUID("6f0c4d8e-3b1a-5c7e-9d2f-4a8b6c1e0f35"), "a"))])
         finally:
             queue.close()
         assert httpx.post(f"{url}/api/v2/jobs", json={"workflow": GRAPH}, headers={"Idempotency-Key": "b"}

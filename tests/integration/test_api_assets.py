@@ -77,10 +77,10 @@ def test_the_readme_flow_uploads_the_input_and_the_job_names_it(api: Any, tmp_pa
     assert (body.size_bytes, body.file_path, body.job_id) == (photo.stat().st_size, "photo.png", None)
     assert body.expires_at is not None and body.expires_at > body.created_at
     assert httpx.get(str(body.url)).content == photo.read_bytes()
-    record = runner.queue.get(job.id)
+    record = runner.queue.reads.get(job.id)
     ref = record.params["1.image"]
     assert assets.ref_hash(ref) == asset.hash and assets.ref_name(ref) == "photo.png"
-    assert runner.queue.read_asset(asset.hash) == photo.read_bytes()
+    assert runner.queue.assets.read_asset(asset.hash) == photo.read_bytes()
     assert stored_files(config) == [f"{asset.hash[7:9]}/{asset.hash[7:]}"]  # one copy, no temporary left
 
 
@@ -102,7 +102,7 @@ def test_the_same_content_is_stored_once_and_the_sdk_skips_the_second_upload(api
         handle.commit()
     assert posts == [f"HEAD /api/v2/assets/by-hash/{created.hash}", "POST /api/v2/assets/from-hash"]
     assert handle.created_new is False and handle.id not in (created.id, deduped.id)
-    assert runner.queue.asset_totals()["assets"] == 1 and len(stored_files(config)) == 1
+    assert runner.queue.assets.asset_totals()["assets"] == 1 and len(stored_files(config)) == 1
 
 
 def test_head_by_hash_and_from_hash(api: Any) -> None:
@@ -185,7 +185,7 @@ def test_uploads_past_the_limits_are_refused_and_leave_nothing(tmp_path: Path) -
         assert upload(url, os.urandom(MIB - 10)).status_code == 201  # under both limits
     queue = open_queue(config)
     try:
-        assert queue.asset_totals()["assets"] == 1
+        assert queue.assets.asset_totals()["assets"] == 1
     finally:
         queue.close()
     assert len(stored_files(config)) == 1  # no temporary file of the refused uploads left
@@ -207,7 +207,7 @@ def test_an_upload_cut_off_midway_leaves_nothing(api: Any) -> None:
         wait_for(lambda: any(".api-upload-" in f for f in stored_files(config)), 10, "the upload to be under way")
     wait_for(lambda: stored_files(config) == [], 10, "the cut upload's temporary file to be removed",
              lambda: str(stored_files(config)))
-    assert runner.queue.asset_totals()["assets"] == 0
+    assert runner.queue.assets.asset_totals()["assets"] == 0
     assert upload(url, b"next").status_code == 201
 
 
@@ -229,7 +229,7 @@ def test_bad_uploads_get_the_contracts_envelope_and_store_nothing(api: Any, make
     url, runner, config = api
     answer = make(url)
     assert envelope(answer, status) == code
-    assert runner.queue.asset_totals()["assets"] == 0 and stored_files(config) == []
+    assert runner.queue.assets.asset_totals()["assets"] == 0 and stored_files(config) == []
 
 
 def test_a_client_declared_hash_that_matches_is_accepted(api: Any) -> None:
@@ -247,7 +247,7 @@ def test_an_upload_idempotency_key_is_single_use(api: Any) -> None:
     assert envelope(again, 422) == "idempotency_key_reuse"
     assert again.json()["error"]["details"] == {"asset_id": first.json()["id"]}
     assert envelope(upload(url, b"dog", headers=key), 422) == "idempotency_key_reuse"
-    assert not runner.queue.has_asset(assets.hash_bytes(b"dog"))
+    assert not runner.queue.assets.has_asset(assets.hash_bytes(b"dog"))
 
 
 def test_a_reference_to_an_asset_not_held_is_422_missing_asset_at_submit(api: Any) -> None:
@@ -277,7 +277,7 @@ def test_a_reference_to_an_asset_not_held_is_422_missing_asset_at_submit(api: An
             workflow.set_input("1", "image", {"__type": "core/ASSET", "info": {"id": asset_id}})
             client.submit(workflow)
         assert refused.value.code == "missing_asset"
-    assert runner.queue.status().counts["queued"] == 0
+    assert runner.queue.reads.status().counts["queued"] == 0
     data = random_png(3)
     accepted = upload(url, data).json()["id"]
     answer = submit({"id": accepted})
@@ -303,7 +303,8 @@ def test_delete_removes_an_upload_but_not_what_a_job_needs(api: Any) -> None:
         kept.delete()
         lone.delete()
     assert envelope(httpx.get(f"{url}/api/v2/assets/{kept_id}"), 404) == "not_found"
-    assert runner.queue.read_asset(digests[0]) == b"needed by a job" and not runner.queue.has_asset(digests[1])
+    assert runner.queue.assets.read_asset(digests[0]) == b"needed by a job"
+    assert not runner.queue.assets.has_asset(digests[1])
     assert envelope(httpx.delete(f"{url}/api/v2/assets/{kept_id}"), 404) == "not_found"
     assert envelope(httpx.delete(f"{url}/api/v2/assets/{uuid.uuid4()}.0"), 403) == "forbidden"
 
@@ -352,8 +353,8 @@ def test_postgresql_keeps_uploads_in_the_database_and_serves_ranges(tmp_path: Pa
         assert envelope(httpx.post(f"{url}/api/v2/jobs", json={"workflow": missing}), 422) == "missing_asset"
     queue = open_queue(config)
     try:
-        assert queue.get(answer.json()["id"]).params["1.image"]["info"]["hash"] == body.hash
-        assert queue.assets_dir is None and queue.read_asset(body.hash) == data
+        assert queue.reads.get(answer.json()["id"]).params["1.image"]["info"]["hash"] == body.hash
+        assert queue.assets.assets_dir is None and queue.assets.read_asset(body.hash) == data
     finally:
         queue.close()
 

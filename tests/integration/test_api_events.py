@@ -45,13 +45,13 @@ def api(config: Config, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, 
         monkeypatch.delenv("COMFY_API_KEY", raising=False)
         queue = app[STATE_KEY].queue
         batches: list[Any] = []
-        read = queue.pulses
+        read = queue.reads.pulses
 
         def pulses(ids: Any) -> Any:
             batches.append(list(ids))
             return read(ids)
 
-        monkeypatch.setattr(queue, "pulses", pulses)
+        monkeypatch.setattr(queue.reads, "pulses", pulses)
         runner = StandInRunner(config)
         try:
             yield url, app[WATCHER_KEY], runner, batches
@@ -90,9 +90,9 @@ def test_queued_running_progress_output_succeeded_in_order_on_two_streams(tmp_pa
                     wait_for(lambda: watcher.open_streams() == 2, 10, "both streams open")
                     claim = runner.claim()
                 case StatusChange(status="running"):
-                    runner.queue.set_progress(claim, progress_write(5))
+                    runner.queue.leases.set_progress(claim, progress_write(5))
                 case ProgressEvent(step=5):
-                    runner.queue.set_progress(claim, progress_write(15))
+                    runner.queue.leases.set_progress(claim, progress_write(15))
                 case ProgressEvent(step=15):
                     data = runner.complete(claim)
                 case OutputReady() as o:
@@ -127,7 +127,7 @@ def test_cancel_of_a_running_job_gives_canceling_then_canceled(tmp_path: Path, m
                 case StatusChange(status="running"):
                     job.cancel()
                 case StatusChange(status="canceling"):
-                    runner.queue.cancelled(claim, "cancelled by a user")
+                    runner.queue.leases.cancelled(claim, "cancelled by a user")
             statuses.append(event.status)
         assert statuses == ["running", "canceling", "canceled"]
         queued = client.submit(client.workflows.from_file(TRIVIAL), idempotency_key="another")
@@ -143,12 +143,12 @@ def test_failed_and_already_ended_jobs_end_the_stream_at_their_terminal_status(t
     with api(api_config(tmp_path), monkeypatch) as (url, watcher, runner, _), Comfy() as client:
         job = client.submit(client.workflows.from_file(TRIVIAL))
         claim = runner.claim()
-        runner.queue.set_progress(claim, progress_write(3))
+        runner.queue.leases.set_progress(claim, progress_write(3))
         raw: list[RawEvent] = []
         other = threading.Thread(target=raw_frames, args=(url, job.id, raw), daemon=True)
         other.start()
         wait_for(lambda: len(raw) == 2, 10, "the snapshot: status and the latest progress")
-        runner.queue.dead(claim, "node 2 (KSampler): boom", kind="node_error")
+        runner.queue.leases.dead(claim, "node 2 (KSampler): boom", kind="node_error")
         other.join(20)
         assert not other.is_alive()
         assert [(e.event, e.data.get("status") or e.data.get("step")) for e in raw] == [
@@ -209,7 +209,7 @@ def test_postgres_streams_a_job_to_its_end(tmp_path: Path, monkeypatch: pytest.M
                 case StatusChange(status="queued"):
                     claim = runner.claim()
                 case StatusChange(status="running"):
-                    runner.queue.set_progress(claim, progress_write(7))
+                    runner.queue.leases.set_progress(claim, progress_write(7))
                 case ProgressEvent(step=7):
                     runner.complete(claim)
     assert [type(e).__name__ for e in seen] == ["StatusChange", "StatusChange", "Progress", "Progress",

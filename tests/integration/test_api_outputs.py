@@ -57,7 +57,8 @@ def test_an_output_in_a_bucket_is_refused_saying_how_to_name_it(api: Any, monkey
     made = httpx.post(f"{url}/api/v2/jobs", json={"workflow": MAKE}).json()
     claim = runner.claim()
     location = f"s3://outputs/run/{claim.id}/comfysup_00001_.png"
-    runner.queue.complete(claim, [Output("comfysup_00001_.png", 3, hashlib.sha256(b"abc").hexdigest(), location)])
+    output = Output("comfysup_00001_.png", 3, hashlib.sha256(b"abc").hexdigest(), location)
+    runner.queue.leases.complete(claim, [output])
     [output] = httpx.get(made["urls"]["self"]).json()["outputs"]
 
     refused = httpx.post(f"{url}/api/v2/jobs", json={"workflow": referencing(output["id"])})

@@ -92,7 +92,7 @@ def fleet(tmp_path: Path, pg_url: str) -> Iterator[Fleet]:  # noqa: F811
     queue = open_queue(a_config)
     runner = StandInRunner(b_config, machine="machine-b")
     try:
-        wait_for(lambda: remote.fresh(queue.api_endpoint("machine-b")), 30, "machine B's API in the queue",
+        wait_for(lambda: remote.fresh(queue.endpoints.api_endpoint("machine-b")), 30, "machine B's API in the queue",
                  lambda: b_log.read_text())
         with running_api(a_config) as a_url:
             posted = httpx.post(f"{a_url}/api/v2/jobs", json={"workflow": GRAPH}, headers=_auth())
@@ -200,7 +200,7 @@ def test_a_machine_whose_api_does_not_answer_is_a_502_naming_it(lone_a: Any) -> 
     content = _completed_elsewhere(config, url, "machine-c")
     with socket.socket() as held:  # bound, held, never listening: nobody listens there, nobody can start to
         held.bind(("127.0.0.1", 0))
-        queue.advertise_api("machine-c", f"http://127.0.0.1:{held.getsockname()[1]}", 4242)
+        queue.endpoints.advertise_api("machine-c", f"http://127.0.0.1:{held.getsockname()[1]}", 4242)
         answer = httpx.get(content, timeout=30)
     assert answer.status_code == 502
     message = answer.json()["error"]["message"]
@@ -219,7 +219,7 @@ def test_two_apis_cannot_bounce_a_request_between_them(lone_a: Any) -> None:
     """machine-c's row names this very API: the request comes back once, marked, and stops there."""
     config, url, queue = lone_a
     content = _completed_elsewhere(config, url, "machine-c")
-    queue.advertise_api("machine-c", url, 4242)
+    queue.endpoints.advertise_api("machine-c", url, 4242)
     answer = httpx.get(content, timeout=30)
     assert answer.status_code == 404
     assert "machine 'machine-c'" in answer.json()["error"]["message"]
@@ -254,7 +254,7 @@ def test_a_stream_that_breaks_off_ends_the_clients_answer_short(lone_a: Any) -> 
     received = b""
     with _answering_once(b"HTTP/1.1 200 OK\r\nContent-Type: image/png\r\nContent-Length: 1000\r\n\r\n"
                          + sent) as (other, served):
-        queue.advertise_api("machine-e", other, 4242)
+        queue.endpoints.advertise_api("machine-e", other, 4242)
         with pytest.raises(httpx.RemoteProtocolError), httpx.stream("GET", content, timeout=30) as answer:
             assert answer.status_code == 200 and answer.headers["Content-Length"] == "1000"
             for chunk in answer.iter_bytes():
@@ -268,7 +268,7 @@ def test_a_redirect_from_the_other_machine_is_not_followed(lone_a: Any) -> None:
     content = _completed_elsewhere(config, url, "machine-f")
     with _answering_once(b"HTTP/1.1 302 Found\r\nLocation: http://169.254.169.254/latest/meta-data/\r\n"
                          b"Content-Length: 0\r\n\r\n") as (other, served):
-        queue.advertise_api("machine-f", other, 4242)
+        queue.endpoints.advertise_api("machine-f", other, 4242)
         answer = httpx.get(content, timeout=30)
         assert served.wait(10)
     assert answer.status_code == 502
@@ -282,10 +282,10 @@ def test_the_api_refreshes_its_row_and_removes_it_when_it_stops(tmp_path: Path, 
     queue = open_queue(config)
     try:
         with running_api_app(config):
-            row = queue.api_endpoint(host_name())
+            row = queue.endpoints.api_endpoint(host_name())
             assert row is not None and row.url == "http://10.9.9.9:9189"
-            queue.withdraw_api(host_name(), os.getpid())  # gone: the next heartbeat writes it again
-            wait_for(lambda: queue.api_endpoint(host_name()), 10, "the heartbeat to write the row again")
-        assert queue.api_endpoint(host_name()) is None  # stopped: removed at once, not left to age out
+            queue.endpoints.withdraw_api(host_name(), os.getpid())  # gone: the next heartbeat writes it again
+            wait_for(lambda: queue.endpoints.api_endpoint(host_name()), 10, "the heartbeat to write the row again")
+        assert queue.endpoints.api_endpoint(host_name()) is None  # stopped: removed at once, not left to age out
     finally:
         queue.close()

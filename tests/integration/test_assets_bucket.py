@@ -34,7 +34,7 @@ class BucketAssets(AssetsContract):
         self.bucket = AssetBucket(s3.Location(s3_server.bucket("assets"), "inputs"), Settings(s3_server))
 
     def with_bucket(self, queue: Any) -> Any:
-        queue.asset_bucket = self.bucket
+        queue.assets.asset_bucket = self.bucket
         return queue
 
 def cat_bytes(asset: Any) -> bytes:
@@ -47,7 +47,7 @@ class TestSQLiteBucketAssets(BucketAssets):
         return self.with_bucket(SQLiteQueue(tmp_path / "queue.db"))
 
     def count(self, q: SQLiteQueue, table: str) -> int:  # type: ignore[override]
-        return q._read(f"SELECT count(*) FROM {table}")[0][0]
+        return q.db._read(f"SELECT count(*) FROM {table}")[0][0]
 
     @pytest.fixture
     def q(self, tmp_path: Path) -> Any:
@@ -65,7 +65,7 @@ class TestPostgresBucketAssets(BucketAssets):
         return self.with_bucket(PostgresQueue(self.url))
 
     def count(self, q: PostgresQueue, table: str) -> int:  # type: ignore[override]
-        return q._scalar(f"SELECT count(*) FROM {table}")
+        return q.db._scalar(f"SELECT count(*) FROM {table}")
 
     @pytest.fixture
     def q(self, tmp_path: Path) -> Any:
@@ -77,13 +77,13 @@ class TestPostgresBucketAssets(BucketAssets):
         from tests.queue_contract import make_job
 
         cat = asset_file(tmp_path, b"PNG cat from machine A")
-        q.submit([dataclasses.replace(make_job(1), assets=(cat,))], now=T0)
+        q.intake.submit([dataclasses.replace(make_job(1), assets=(cat,))], now=T0)
         hexa = cat.hash.removeprefix("blake3:")
         assert self.server.objects(self.bucket.location.bucket) == {f"inputs/{hexa[:2]}/{hexa}": cat_bytes(cat)}
         assert self.count(q, "asset_chunks") == 0
         other = self.make_queue(tmp_path)  # another machine: the database and the bucket are all it shares
         try:
-            assert other.read_asset(cat.hash) == b"PNG cat from machine A"
-            assert other.asset_chunk(cat.hash, 0) == b"PNG cat from machine A"
+            assert other.assets.read_asset(cat.hash) == b"PNG cat from machine A"
+            assert other.assets.asset_chunk(cat.hash, 0) == b"PNG cat from machine A"
         finally:
             other.close()

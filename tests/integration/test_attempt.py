@@ -57,7 +57,7 @@ def test_the_next_claim_and_its_posted_prompt_come_back_as_values(tmp_path: Path
         asked.append((claim.id, dataclasses.replace(outcome)))
         return NextClaim("runner-a", "cpu0", 30, claim.model_key, 0)
 
-    first = queue.claim("runner-a", "cpu0", lease_seconds=30)
+    first = queue.leases.claim("runner-a", "cpu0", lease_seconds=30)
     assert first is not None
     result = Attempt(station, first, next_job).run()
     assert result.outcome.state == "done" and result.next_claim is not None
@@ -70,7 +70,7 @@ def test_the_next_claim_and_its_posted_prompt_come_back_as_values(tmp_path: Path
     second = Attempt(station, result.next_claim, posted=result.posted).run()
     assert (second.outcome.state, second.next_claim, second.posted) == ("done", None, None)
     assert fake.stats()["prompts"][job_id(2)]["posted"] == 1
-    assert queue.get(job_id(3)).state == "queued"  # no next_job: nothing claimed
+    assert queue.reads.get(job_id(3)).state == "queued"  # no next_job: nothing claimed
     station.close()
     queue.close()
 
@@ -81,7 +81,7 @@ def test_a_posted_prompt_of_another_job_is_ignored(tmp_path: Path, fake: FakeCom
     queue = submit(config, [trivial_job(1), trivial_job(2)])
     station = Station(AttemptSettings.from_config(config_of(config), "cpu0", fake.url, {}), queue,
                       ResultStore(tmp_path / "store", 1 << 30))
-    first = queue.claim("runner-a", "cpu0", lease_seconds=30)
+    first = queue.leases.claim("runner-a", "cpu0", lease_seconds=30)
     assert first is not None
     result = Attempt(station, first, lambda claim, o: NextClaim("runner-a", "cpu0", 30, None, 0)).run()
     assert result.next_claim is not None and result.posted is not None
@@ -118,7 +118,7 @@ def test_a_stuck_prompt_whose_restart_outlasts_the_alarm_slack_ends_stuck_not_ti
         return real_decide(*args)
 
     monkeypatch.setattr(attempt_module, "decide", slow_decide)
-    claim = queue.claim("runner-a", "cpu0", lease_seconds=30)
+    claim = queue.leases.claim("runner-a", "cpu0", lease_seconds=30)
     assert claim is not None
     result = Attempt(station, claim).run()
     assert (result.outcome.state, result.outcome.kind) == ("retry", "stuck"), result.outcome

@@ -23,12 +23,12 @@ def test_a_published_file_becomes_exactly_its_jobs(tmp_path: Path, broker: Broke
     broker.publish([encode(line) for line in lines], [line["id"] for line in lines])
     queue = open_queue(config)
     with Running(Consumer(config, queue)) as consumer:
-        wait_for(lambda: queue.status().counts["queued"] == 40, what="40 queued jobs")
+        wait_for(lambda: queue.reads.status().counts["queued"] == 40, what="40 queued jobs")
         wait_for(lambda: consumer.counts["acked"] == 40, what="every message acknowledged")
         state = read_broker_state(config)
         assert state is not None and state["state"] == "consuming" and "stale" not in state
-    assert sorted(j.id for j in queue.iter_jobs()) == sorted(line["id"] for line in lines)
-    job = queue.get(lines[3]["id"])
+    assert sorted(j.id for j in queue.reads.iter_jobs()) == sorted(line["id"] for line in lines)
+    job = queue.reads.get(lines[3]["id"])
     assert job.params == lines[3]["set"] and job.meta == {"n": 3}
     assert broker.depth(broker.names["queue"]) == 0
     queue.close()
@@ -51,7 +51,7 @@ def test_duplicates_and_redeliveries_create_nothing_twice(tmp_path: Path, broker
         wait_for(lambda: consumer.counts["acked"] == 27, what="27 acknowledged")
         assert consumer.counts["received"] > 27  # the cut batch came again
         assert consumer.counts["inserted"] == 20
-    assert queue.status().counts["queued"] == 20
+    assert queue.reads.status().counts["queued"] == 20
     assert broker.depth(broker.names["queue"]) == 0
     assert broker.depth(broker.names["invalid_queue"]) == 0
     queue.close()
@@ -78,7 +78,7 @@ def test_an_invalid_message_lands_in_the_invalid_queue_with_its_reason(tmp_path:
     assert by_id["m0"][1]["message"] == "{not json"
     assert "workflows_dir" in by_id["m1"][1]["reason"]
     assert "different content" in by_id["m5"][1]["reason"]
-    assert [j.id for j in queue.iter_jobs()] == [good["id"]]
+    assert [j.id for j in queue.reads.iter_jobs()] == [good["id"]]
     assert broker.depth(broker.names["queue"]) == 0
     queue.close()
 
@@ -91,21 +91,21 @@ def test_results_arrive_on_both_exchanges_from_the_outbox(tmp_path: Path, broker
     queue = open_queue(config)
     with Running(Consumer(config, queue)) as consumer:
         wait_for(lambda: consumer.counts["acked"] == 3, what="3 acknowledged")
-        first = queue.claim("r", "gpu0", 30)
+        first = queue.leases.claim("r", "gpu0", 30)
         assert first is not None
-        queue.complete(first, [])
-        second = queue.claim("r", "gpu0", 30)
+        queue.leases.complete(first, [])
+        second = queue.leases.claim("r", "gpu0", 30)
         assert second is not None
-        queue.dead(second, "broken on purpose")
+        queue.leases.dead(second, "broken on purpose")
         got = broker.drain(results, expect=2)
-        wait_for(lambda: queue.announcement_backlog() == 0, what="the outbox emptied")
+        wait_for(lambda: queue.deliveries.announcement_backlog() == 0, what="the outbox emptied")
     assert sorted((p.message_id, p.headers["x-comfysup-state"]) for p, _ in got) == sorted(
         [(first.id, "done"), (second.id, "dead")])
     for props, body in got:
         record = json.loads(body)
         assert record["id"] == props.message_id and props.delivery_mode == 2
         assert record["status"] == props.headers["x-comfysup-state"]
-    assert [a["sent_at"] is not None for a in queue.announcements(first.id)] == [True]
+    assert [a["sent_at"] is not None for a in queue.deliveries.announcements(first.id)] == [True]
     queue.close()
 
 
@@ -130,5 +130,5 @@ def test_submit_to_rabbitmq_publishes_every_line_after_the_same_validation(tmp_p
     queue = open_queue(config)
     with Running(Consumer(config, queue)) as consumer:
         wait_for(lambda: consumer.counts["acked"] == 10, what="10 acknowledged")
-    assert queue.status().counts["queued"] == 10
+    assert queue.reads.status().counts["queued"] == 10
     queue.close()

@@ -96,7 +96,7 @@ def test_a_message_that_kills_the_consumer_ends_in_the_invalid_queue_alone(tmp_p
     assert headers["x-first-death-reason"] == "delivery_limit"
     assert headers["x-death"][0]["queue"] == broker.names["queue"]
     queue = open_queue(open_config(config_path))
-    assert sorted(j.id for j in queue.iter_jobs()) == sorted(line["id"] for line in good)  # none taken with it
+    assert sorted(j.id for j in queue.reads.iter_jobs()) == sorted(line["id"] for line in good)  # none taken with it
     queue.close()
     assert broker.depth(broker.names["queue"]) == 0
 
@@ -146,13 +146,13 @@ def test_a_result_nobody_listens_to_stays_in_the_outbox_until_a_queue_is_bound(
     queue = open_queue(config)
     with Running(Consumer(config, queue)) as consumer:
         wait_for(lambda: consumer.counts["acked"] == 1, what="the job taken")
-        claim = queue.claim("r", "gpu0", 30)
+        claim = queue.leases.claim("r", "gpu0", 30)
         assert claim is not None
-        queue.complete(claim, [])
+        queue.leases.complete(claim, [])
         done = broker.names["done_exchange"]
         wait_for(lambda: ((read_broker_state(config) or {}).get("unroutable") or {}).get(done) == 1,
                  what="the result held in the outbox, as the state file says")
-        assert queue.announcement_backlog() == 1
+        assert queue.deliveries.announcement_backlog() == 1
         wait_for(lambda: (read_broker_state(config) or {}).get("returned", 0) >= 2,
                  what="the result returned by the broker, twice (tried again)")
         state = read_broker_state(config)
@@ -164,7 +164,7 @@ def test_a_result_nobody_listens_to_stays_in_the_outbox_until_a_queue_is_bound(
         results = broker.listen()  # a downstream service binds its queue: the held result goes out
         got = broker.drain(results, expect=1)
         assert [p.message_id for p, _ in got] == [claim.id]
-        wait_for(lambda: queue.announcement_backlog() == 0, what="the outbox emptied")
+        wait_for(lambda: queue.deliveries.announcement_backlog() == 0, what="the outbox emptied")
         wait_for(lambda: consumer.announcer.unroutable == 0, what="nothing held any more")
     queue.close()
 

@@ -24,11 +24,11 @@ BLURLESS = {**TRIVIAL, "2": {"class_type": "ImageBlur", "inputs": {"image": ["1"
 
 
 def _submit(queue: SQLiteQueue, path: Path) -> JobsFile:
-    cats = [Catalogue(r.id, r.info, tuple(r.servers)) for r in queue.catalogues()]
+    cats = [Catalogue(r.id, r.info, tuple(r.servers)) for r in queue.fleet.catalogues()]
     jobs = JobsFile(path, catalogues=cats)
     checked = jobs.validate()
     assert checked.ok, checked.problems
-    queue.submit(jobs.jobs())
+    queue.intake.submit(jobs.jobs())
     return jobs
 
 
@@ -48,22 +48,22 @@ def test_a_job_only_one_server_can_run_goes_only_there(tmp_path: Path) -> None:
             FakeComfy(base_directory=tmp_path / "b", without_nodes=["ImageBlur"]) as b:
         for name, fake in (("a", a), ("b", b)):  # each runner records its catalogue when it starts
             Runner(config_of(config), name, fake.url, until_empty=True).run()
-        assert len(queue.catalogues()) == 2
+        assert len(queue.fleet.catalogues()) == 2
         jobs = [trivial_job(1), {**trivial_job(2), "workflow": BLURLESS}, trivial_job(3), trivial_job(4)]
         _submit(queue, jobs_file(tmp_path, jobs))
         assert [len(j.refused) for j in JobsFile(jobs_file(tmp_path, jobs),
                                                   catalogues=_cats(queue)).jobs()] == [0, 1, 0, 0]
         _drain(Runner(config_of(config), "a", a.url, until_empty=True),
                Runner(config_of(config), "b", b.url, until_empty=True))
-        blurred = queue.get(job_id(2))
+        blurred = queue.reads.get(job_id(2))
         assert blurred.state == "done"
         assert [(t.server, t.outcome) for t in blurred.attempts] == [("a", "done")]
         assert job_id(2) not in b.stats()["prompts"]
-        assert all(queue.get(job_id(n)).state == "done" for n in (1, 3, 4))
+        assert all(queue.reads.get(job_id(n)).state == "done" for n in (1, 3, 4))
 
 
 def _cats(queue: SQLiteQueue) -> list[Catalogue]:
-    return [Catalogue(r.id, r.info, tuple(r.servers)) for r in queue.catalogues()]
+    return [Catalogue(r.id, r.info, tuple(r.servers)) for r in queue.fleet.catalogues()]
 
 
 def test_a_job_submitted_before_a_catalogue_is_refused_by_the_runner_that_meets_it(tmp_path: Path) -> None:
@@ -78,23 +78,23 @@ def test_a_job_submitted_before_a_catalogue_is_refused_by_the_runner_that_meets_
             FakeComfy(base_directory=tmp_path / "b", without_nodes=["ImageBlur"]) as b:
         runner_b = Runner(config_of(config), "b", b.url)
         runner_b.catalogue.refresh()
-        claim = queue.claim("test", "b", 10, catalogue=runner_b.catalogue.id)
+        claim = queue.leases.claim("test", "b", 10, catalogue=runner_b.catalogue.id)
         assert claim is not None and claim.id == job_id(1)
         assert runner_b.run_one(claim) == (None, None, None)
-        dead = queue.get(job_id(1))
+        dead = queue.reads.get(job_id(1))
         assert dead.state == "dead"
         assert dead.reason == "no server can run it: node 2 (ImageBlur): class 'ImageBlur' is not installed"
 
         Runner(config_of(config), "a", a.url).catalogue.refresh()
-        claim = queue.claim("test", "b", 10, catalogue=runner_b.catalogue.id)
+        claim = queue.leases.claim("test", "b", 10, catalogue=runner_b.catalogue.id)
         assert claim is not None and claim.id == job_id(2)
         assert runner_b.run_one(claim) == (None, None, None)
-        job = queue.get(job_id(2))
+        job = queue.reads.get(job_id(2))
         assert (job.state, job.attempt) == ("queued", 0)
         assert [(t.server, t.outcome) for t in job.attempts] == [("b", "released_uncounted")]
-        assert queue.claim("test", "b", 10, catalogue=runner_b.catalogue.id) is None
+        assert queue.leases.claim("test", "b", 10, catalogue=runner_b.catalogue.id) is None
         Runner(config_of(config), "a", a.url, until_empty=True).run()
-        job = queue.get(job_id(2))
+        job = queue.reads.get(job_id(2))
         assert job.state == "done" and job.attempt == 1
         assert not set(b.stats()["prompts"]) & {job_id(1), job_id(2)}
 
@@ -109,7 +109,7 @@ def test_a_job_no_server_can_run_is_refused_at_submit(tmp_path: Path, capsys: An
     conf = write_config(tmp_path)
     queue = SQLiteQueue(tmp_path / "var" / "queue.db")
     info = _object_info_of_fake(tmp_path)
-    queue.record_catalogue("gpu0", "host", info)
+    queue.fleet.record_catalogue("gpu0", "host", info)
     queue.close()
     lines = [{"id": job_id(1), "workflow": {**TRIVIAL, "2": {"class_type": "Foo", "inputs": {"image": ["1", 0]}}}},
              {"id": job_id(2), "workflow": TRIVIAL, "set": {"1.width": 0}}]

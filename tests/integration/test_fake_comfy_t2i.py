@@ -190,7 +190,7 @@ def test_comfysup_runs_the_t2i_workflow_on_the_fakes_model_list(tmp_path: Path) 
         config = write_config(tmp_path)
         queue = submit(config, [line(1), line(2)])
         Runner(config_of(config), "cpu0", fc.url, until_empty=True).run()
-        jobs = {job.id: job for job in queue.iter_jobs()}
+        jobs = {job.id: job for job in queue.reads.iter_jobs()}
         assert [job.state for job in jobs.values()] == ["done", "done"]
         outputs = sorted((tmp_path / "store").rglob("*.png"))
         assert len(outputs) == 2 and all(decode_png(p.read_bytes())[:2] == (64, 64) for p in outputs)

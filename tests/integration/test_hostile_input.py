@@ -232,11 +232,11 @@ def test_a_refused_delivery_says_why(tmp_path: Path) -> None:
     queue = SQLiteQueue(tmp_path / "q.db", create=True)
     try:
         job = make_job(1, callback_url=f"http://2130706433:{receiver.url.rsplit(':', 1)[1]}/hook")
-        queue.submit([job])
-        queue.cancel([job.id])  # a terminal state: its delivery is due
+        queue.intake.submit([job])
+        queue.intake.cancel([job.id])  # a terminal state: its delivery is due
         deliverer = Deliverer(queue, WebhooksConfig(attempts=1))
         deliverer.run_once()
-        [delivery] = queue.deliveries(job.id)
+        [delivery] = queue.deliveries.deliveries(job.id)
         assert delivery.state == "failed" and "127.0.0.1 is a loopback address" in (delivery.last_error or "")
         assert receiver.got == []
     finally:

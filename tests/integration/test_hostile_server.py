@@ -70,7 +70,7 @@ def test_every_mutation_ends_in_a_recorded_state_and_the_runner_lives_on(
     wait_for(lambda: requests.get(f"{fake.url}/queue", timeout=10).json() == {"queue_running": [], "queue_pending": []},
              30, "the prompts run outside comfysup to end")
     run_all(config, fake)
-    records = {j.id: j for j in queue.get_many([j["id"] for j in jobs])}
+    records = {j.id: j for j in queue.reads.get_many([j["id"] for j in jobs])}
     problems = []
     for i, mutation in enumerate(MUTATIONS, 1):
         job = records[job_id(i)]
@@ -119,7 +119,7 @@ def test_a_trickling_download_is_bounded_by_the_jobs_timeout(tmp_path: Path, fak
     start = time.monotonic()
     run_all(config, fake)
     took = time.monotonic() - start
-    job = queue.get(job_id(1))
+    job = queue.reads.get(job_id(1))
     assert job.state == "dead" and "timed out after 3 s (while downloading" in (job.reason or ""), job.reason
     assert took < 3 + 2 + 2, f"the attempt took {took:.1f} s against a timeout of 3 s"
 
@@ -131,7 +131,7 @@ def test_an_endless_history_answer_is_bounded_by_the_calls_timeout(tmp_path: Pat
     queue = submit(config, [trivial_job(1)])
     start = time.monotonic()
     run_all(config, fake)
-    job = queue.get(job_id(1))
+    job = queue.reads.get(job_id(1))
     assert job.state in TERMINAL and time.monotonic() - start < 10 + 3, job.reason
 
 
@@ -160,7 +160,7 @@ def test_sigterm_during_a_trickling_download_is_honoured_within_its_grace(tmp_pa
         signal.signal(signal.SIGTERM, previous)
         signal.signal(signal.SIGINT, signal.default_int_handler)
     assert stopped_at and ended - stopped_at[0] < 1.0 + 1.0 + 1.0, f"{ended - stopped_at[0]:.1f} s after SIGTERM"
-    job = queue.get(job_id(1))
+    job = queue.reads.get(job_id(1))
     assert (job.state == "queued" and job.attempt == 0) or job.state == "queued", (job.state, job.attempt, job.reason)
 
 
@@ -176,8 +176,8 @@ def test_a_job_folder_replaced_by_a_symlink_is_dead_lettered_and_nothing_outside
     store.mkdir(parents=True)
     (store / job_id(1)).symlink_to(outside)  # <store>/<id> -> /etc, as the issue found it followed
     run_all(config, fake)
-    job = queue.get(job_id(1))
+    job = queue.reads.get(job_id(1))
     assert job.state == "dead" and "is a symlink" in (job.reason or ""), job.reason
     assert sorted(p.name for p in outside.iterdir()) == ["passwd"]
     assert (outside / "passwd").read_text() == "root:x:0:0"
-    assert queue.get(job_id(2)).state == "done"  # the runner carries on
+    assert queue.reads.get(job_id(2)).state == "done"  # the runner carries on

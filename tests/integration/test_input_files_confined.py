@@ -98,7 +98,7 @@ def test_a_message_names_no_file_when_inputs_dir_is_unset(tmp_path: Path, broker
            broker.drain(broker.names["invalid_queue"], expect=3)}
     assert set(got) == {"environ", "config", "plain"}
     assert all("[rabbitmq] inputs_dir, which is not set" in reason for reason in got.values()), got
-    assert queue.asset_totals()["assets"] == 0 and list(queue.iter_jobs()) == []
+    assert queue.assets.asset_totals()["assets"] == 0 and list(queue.reads.iter_jobs()) == []
     queue.close()
 
 
@@ -120,5 +120,5 @@ def test_a_message_reads_only_regular_files_below_inputs_dir(tmp_path: Path, bro
     got = {props.message_id: props.headers[REASON_HEADER] for props, _ in
            broker.drain(broker.names["invalid_queue"], expect=3)}
     assert "not a regular file" in got["pipe"] and "symlink" in got["link"] and "no .." in got["abs"], got
-    assert queue.asset_totals()["assets"] == 1 and len(list(queue.iter_jobs())) == 1
+    assert queue.assets.asset_totals()["assets"] == 1 and len(list(queue.reads.iter_jobs())) == 1
     queue.close()

@@ -36,7 +36,7 @@ def submit(path: Path, q: SQLiteQueue, **kwargs) -> int:
     jobs = JobsFile(path, **kwargs)
     checked = jobs.validate()
     assert checked.ok, [p.message for p in checked.problems]
-    return q.submit(jobs.jobs()).inserted
+    return q.intake.submit(jobs.jobs()).inserted
 
 
 def test_a_file_in_set_is_stored_once_and_the_job_keeps_its_reference(tmp_path: Path) -> None:
@@ -48,11 +48,11 @@ def test_a_file_in_set_is_stored_once_and_the_job_keeps_its_reference(tmp_path: 
     q = SQLiteQueue(tmp_path / "var" / "queue.db")
     assert submit(path, q) == 50
     digest = assets.hash_bytes(data)
-    record = q.get(job_id(7))
+    record = q.reads.get(job_id(7))
     ref = record.params["1.image"]
     assert assets.is_reference(ref) and assets.ref_hash(ref) == digest and assets.ref_name(ref) == "cat.png"
-    assert q.read_asset(digest) == data
-    assert q.asset_totals() == {"assets": 1, "bytes": len(data), "uploads": 0}
+    assert q.assets.read_asset(digest) == data
+    assert q.assets.asset_totals() == {"assets": 1, "bytes": len(data), "uploads": 0}
     stored = list((tmp_path / "var" / "assets").rglob("*"))
     assert [p.name for p in stored if p.is_file()] == [digest.removeprefix("blake3:")]
 
@@ -66,7 +66,7 @@ def test_a_changed_file_under_an_existing_id_is_refused_like_a_changed_job(tmp_p
     (tmp_path / "cat.png").write_bytes(b"two")
     with pytest.raises(SubmitConflict):
         submit(path, q)
-    assert q.asset_totals()["assets"] == 1  # the changed file was not stored either
+    assert q.assets.asset_totals()["assets"] == 1  # the changed file was not stored either
 
 
 def test_size_limits_per_file_and_per_job(tmp_path: Path) -> None:
@@ -99,7 +99,7 @@ def test_an_api_v2_asset_reference_names_a_stored_file(tmp_path: Path) -> None:
     ref = {"__type": "core/ASSET", "info": {"id": str(uuid.uuid4()), "hash": digest, "file_path": "cat.png"}}
     path = write_jobs(tmp_path, [{"id": job_id(2), "set": {"1.image": ref}}])
     assert submit(path, q) == 1
-    assert assets.ref_hash(q.get(job_id(2)).params["1.image"]) == digest
+    assert assets.ref_hash(q.reads.get(job_id(2)).params["1.image"]) == digest
     bad = write_jobs(tmp_path, [{"id": job_id(3), "set": {"1.image": {"__type": "core/ASSET", "info": {"hash": "x"}}}}])
     assert "blake3:<64 hex digits>" in JobsFile(bad).validate().problems[0].message
 
@@ -109,5 +109,5 @@ def test_the_bundled_image_to_image_examples_validate(tmp_path: Path) -> None:
     jobs = JobsFile(examples / "image-to-image.jsonl")
     assert jobs.validate().ok
     q = SQLiteQueue(tmp_path / "queue.db")
-    assert q.submit(jobs.jobs()).inserted == 2
-    assert q.asset_totals()["assets"] == 2
+    assert q.intake.submit(jobs.jobs()).inserted == 2
+    assert q.assets.asset_totals()["assets"] == 2

@@ -61,15 +61,15 @@ def test_a_url_input_is_fetched_once_stored_and_its_staging_removed(tmp_path: Pa
             assert jobs.validate().ok
             staged = jobs.inputs._staging
             assert staged is not None and os.listdir(staged) == ["0"]
-            assert q.submit(jobs.jobs()).inserted == 20
+            assert q.intake.submit(jobs.jobs()).inserted == 20
         finally:
             jobs.close()
         assert not os.path.exists(staged)  # removed once the jobs are in
         assert server.got == ["/photos/cat.png"]  # twenty lines, one download
     digest = assets.hash_bytes(DATA)
-    ref = q.get(job_id(5)).params["1.image"]
+    ref = q.reads.get(job_id(5)).params["1.image"]
     assert assets.ref_hash(ref) == digest and assets.ref_name(ref) == "cat.png" and ref["info"]["size"] == len(DATA)
-    assert q.read_asset(digest) == DATA
+    assert q.assets.read_asset(digest) == DATA
     q.close()
 
 
@@ -295,9 +295,9 @@ def test_a_held_blake3_is_not_fetched_again(tmp_path: Path) -> None:
         url = f"{server.url}/cat.png"
         path = write_jobs(tmp_path, [url_line(1, {"url": url, "blake3": digest})])
         jobs = JobsFile(path, remote=PRIVATE_OK)
-        jobs.inputs.stored = q.asset_size
+        jobs.inputs.stored = q.assets.asset_size
         try:
-            assert jobs.validate().ok and q.submit(jobs.jobs()).inserted == 1
+            assert jobs.validate().ok and q.intake.submit(jobs.jobs()).inserted == 1
         finally:
             jobs.close()
         assert server.got == ["/cat.png"]
@@ -306,7 +306,7 @@ def test_a_held_blake3_is_not_fetched_again(tmp_path: Path) -> None:
                                  url_line(2, {"url": url, "blake3": digest, "name": "again.png"}),
                                  url_line(3, {"url": url, "blake3": digest, "sha256": sha})])
     jobs = JobsFile(path, remote=PRIVATE_OK)
-    jobs.inputs.stored = q.asset_size
+    jobs.inputs.stored = q.assets.asset_size
     try:
         found = [f"{p.line}: {p.message}" for p in jobs.validate().problems]
         assert len(found) == 1 and found[0].startswith("3: ") and "cannot connect" in found[0], found
@@ -314,14 +314,14 @@ def test_a_held_blake3_is_not_fetched_again(tmp_path: Path) -> None:
         jobs.close()
     jobs = JobsFile(write_jobs(tmp_path, [url_line(n, {"url": url, "blake3": digest}) for n in (1, 2)]),
                     remote=PRIVATE_OK)
-    jobs.inputs.stored = q.asset_size
+    jobs.inputs.stored = q.assets.asset_size
     try:
         assert jobs.validate().ok
-        result = q.submit(jobs.jobs())
+        result = q.intake.submit(jobs.jobs())
     finally:
         jobs.close()
     assert (result.inserted, result.existing) == (1, 1)  # the same job again: nothing new
-    assert assets.ref_hash(q.get(job_id(2)).params["1.image"]) == digest
+    assert assets.ref_hash(q.reads.get(job_id(2)).params["1.image"]) == digest
     q.close()
 
 
@@ -334,13 +334,13 @@ def test_the_forked_reader_of_a_large_submit_uses_what_validation_fetched(tmp_pa
         assert jobs.validate().ok
     q = SQLiteQueue(tmp_path / "queue.db")
     try:
-        assert q.submit(jobs.jobs_read_ahead(batch=2)).inserted == 5  # the server is gone: nothing fetched again
+        assert q.intake.submit(jobs.jobs_read_ahead(batch=2)).inserted == 5  # the server is gone: nothing fetched again
         staged = jobs.inputs._staging
         assert staged is not None and os.path.isdir(staged)  # the child did not remove the parent's staging
     finally:
         jobs.close()
     assert not os.path.exists(staged)
-    assert q.read_asset(assets.hash_bytes(DATA)) == DATA
+    assert q.assets.read_asset(assets.hash_bytes(DATA)) == DATA
     q.close()
 
 
@@ -358,10 +358,10 @@ def test_a_line_submitted_again_after_its_urls_content_changed_is_the_same_job(t
             jobs = JobsFile(path, remote=PRIVATE_OK)
             try:
                 assert jobs.validate().ok
-                results.append(q.submit(list(jobs.jobs())))
+                results.append(q.intake.submit(list(jobs.jobs())))
             finally:
                 jobs.close()
         assert server.got == ["/cat.png", "/cat.png"]  # fetched each time: the new bytes were seen
     assert [(r.inserted, r.existing) for r in results] == [(2, 0), (0, 2)]
-    assert {assets.ref_hash(job.params["1.image"]) for job in q.iter_jobs()} == {assets.hash_bytes(DATA)}
+    assert {assets.ref_hash(job.params["1.image"]) for job in q.reads.iter_jobs()} == {assets.hash_bytes(DATA)}
     q.close()

@@ -62,10 +62,10 @@ def test_submit_fetches_with_allow_private_and_refuses_without_it(capsys: pytest
         assert server.got == ["/in/cat.png"]
     q = SQLiteQueue(db_path(tmp_path))
     try:
-        first, second = (q.get(str(uuid.UUID(int=n))).params["1.image"] for n in (1, 2))
+        first, second = (q.reads.get(str(uuid.UUID(int=n))).params["1.image"] for n in (1, 2))
         assert assets.ref_name(first) == "cat.png" and assets.ref_name(second) == "two.png"
         assert assets.ref_hash(first) == assets.ref_hash(second) == assets.hash_bytes(DATA)
-        assert q.read_asset(assets.hash_bytes(DATA)) == DATA
+        assert q.assets.read_asset(assets.hash_bytes(DATA)) == DATA
     finally:
         q.close()  # the jobs hold the file itself, read from the asset store after the server stopped
 
@@ -101,9 +101,9 @@ def test_the_consumer_fetches_and_sends_a_refused_input_to_the_invalid_queue(tmp
             assert set(got) == {"m2", "m3"}
             assert "HTTP 404" in got["m2"]["reason"]
             assert "bucket 'secrets' is not one of [inputs] s3_buckets" in got["m3"]["reason"]
-            [job] = list(queue.iter_jobs())
+            [job] = list(queue.reads.iter_jobs())
             assert assets.ref_hash(job.params["1.image"]) == assets.hash_bytes(DATA)
-            assert queue.read_asset(assets.hash_bytes(DATA)) == DATA
+            assert queue.assets.read_asset(assets.hash_bytes(DATA)) == DATA
             assert consumer._reader is not None and consumer._reader.inputs._staging is None  # staging removed
         finally:
             queue.close()
@@ -134,7 +134,7 @@ def test_a_message_redelivered_after_its_urls_content_changed_is_the_same_job(tm
                 wait_for(lambda: consumer.counts["acked"] == 1, what="the redelivery acknowledged")
                 assert (consumer.counts["inserted"], consumer.counts["existing"]) == (1, 1)
             assert server.got == ["/cat.png", "/cat.png"]  # the redelivery fetched the changed bytes
-            [job] = list(queue.iter_jobs())
+            [job] = list(queue.reads.iter_jobs())
             assert assets.ref_hash(job.params["1.image"]) == assets.hash_bytes(DATA)
             assert broker.depth(broker.names["invalid_queue"]) == 0
         finally:
@@ -168,10 +168,10 @@ def test_the_api_fetches_an_asset_reference_by_url_and_refuses_one_it_cannot(tmp
         assert envelope.details["missing"][0]["node_id"] == "1"
     queue = open_queue(config)
     try:
-        ref = queue.get(job.id).params["1.image"]
+        ref = queue.reads.get(job.id).params["1.image"]
         assert assets.ref_name(ref) == "photo.png" and assets.ref_hash(ref) == assets.hash_bytes(DATA)
-        assert queue.read_asset(assets.hash_bytes(DATA)) == DATA
-        assert len(list(queue.iter_jobs())) == 1
+        assert queue.assets.read_asset(assets.hash_bytes(DATA)) == DATA
+        assert len(list(queue.reads.iter_jobs())) == 1
     finally:
         queue.close()
 
@@ -210,7 +210,7 @@ def test_the_api_removes_the_download_of_a_client_that_left(tmp_path: Path, monk
         wait_for(lambda: not any(staging.iterdir()), 10, "the staging folder emptied")
     queue = open_queue(config)
     try:
-        assert list(queue.iter_jobs()) == []
+        assert list(queue.reads.iter_jobs()) == []
     finally:
         queue.close()
 
@@ -345,7 +345,7 @@ def test_a_job_runs_from_the_stored_copy_after_its_url_is_gone(tmp_path: Path) -
         queue = SQLiteQueue(tmp_path / "queue.db")
         try:
             assert jobs.validate().ok
-            queue.submit(jobs.jobs())
+            queue.intake.submit(jobs.jobs())
         finally:
             jobs.close()
     fake = FakeComfy(base_directory=tmp_path / "fake", node_ms=1)
@@ -354,7 +354,7 @@ def test_a_job_runs_from_the_stored_copy_after_its_url_is_gone(tmp_path: Path) -
         Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
     finally:
         fake.stop()
-    job = queue.get(str(uuid.UUID(int=1)))
+    job = queue.reads.get(str(uuid.UUID(int=1)))
     assert job.state == "done", job.reason
     (out,) = job.outputs
     _w, _h, _c, inverted = decode_png(Path(out.path).read_bytes())

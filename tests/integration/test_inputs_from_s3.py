@@ -56,12 +56,12 @@ def test_an_s3_input_is_stored_and_what_s3_refuses_is_said_per_line(tmp_path: Pa
     jobs = JobsFile(path, remote=settings(seaweed))
     try:
         assert jobs.validate().ok
-        assert q.submit(jobs.jobs()).inserted == 1
+        assert q.intake.submit(jobs.jobs()).inserted == 1
     finally:
         jobs.close()
-    ref = q.get(str(uuid.UUID(int=1))).params["1.image"]
+    ref = q.reads.get(str(uuid.UUID(int=1))).params["1.image"]
     assert assets.ref_name(ref) == "cat.png" and assets.ref_hash(ref) == assets.hash_bytes(DATA)
-    assert q.read_asset(assets.hash_bytes(DATA)) == DATA
+    assert q.assets.read_asset(assets.hash_bytes(DATA)) == DATA
     q.close()
 
 
@@ -99,7 +99,7 @@ def test_submit_reads_its_endpoint_from_the_config_and_doors_read_only_named_buc
     code, out, err = cli(capsys, "submit", "--config", str(config), str(path))
     assert code == 0 and "submitted 1 job(s)" in out, err
     q = SQLiteQueue(db_path(tmp_path))
-    assert q.read_asset(assets.hash_bytes(DATA)) == DATA
+    assert q.assets.read_asset(assets.hash_bytes(DATA)) == DATA
     q.close()
     # The broker and the API read no bucket unless [inputs] s3_buckets names it (their callers would read with
     # this machine's credentials); comfysup submit, run by its user, reads any.

@@ -41,7 +41,7 @@ def test_files_submitted_on_machine_a_run_on_machine_b(tmp_path: Path, pg_url: s
     queue_a = PostgresQueue(pg_url)
     file = JobsFile(a / "jobs.jsonl")
     assert file.validate().ok
-    assert queue_a.submit(file.jobs()).inserted == 3
+    assert queue_a.intake.submit(file.jobs()).inserted == 3
     queue_a.close()
     shutil.rmtree(a)  # machine B cannot see A's files: only the database
     monkeypatch.setenv(HOSTNAME_VARIABLE, "machine-b")
@@ -50,14 +50,14 @@ def test_files_submitted_on_machine_a_run_on_machine_b(tmp_path: Path, pg_url: s
         Runner(pg_config(b, pg_url), "gpu0", fake.url, until_empty=True).run()
     queue = PostgresQueue(pg_url)
     for n in range(1, 4):
-        job = queue.get(job_id(n))
+        job = queue.reads.get(job_id(n))
         assert job.state == "done", job.reason
         assert job.machine == "machine-b"
         (out,) = job.outputs
         _w, _h, _c, inverted = decode_png(Path(out.path).read_bytes())
         _w, _h, _c, original = decode_png(originals[n])
         assert list(inverted) == [expected_inverse(v) for v in original]
-    assert queue.asset_totals()["uploads"] == 3
-    assert len(queue.server_assets("machine-b/gpu0")) == 3
-    assert queue.server_assets("machine-a/gpu0") == {}
+    assert queue.assets.asset_totals()["uploads"] == 3
+    assert len(queue.assets.server_assets("machine-b/gpu0")) == 3
+    assert queue.assets.server_assets("machine-a/gpu0") == {}
     queue.close()

@@ -46,8 +46,8 @@ def work_with_a_claim(tmp_path: Path) -> tuple[Work, FakeOps, SQLiteQueue, int]:
     runner = work.manager.fork_runner("gpu0", lambda token: 0)
     queue = SQLiteQueue(tmp_path / "q.db")
     work.queue = queue
-    queue.submit([make_job(1)], now=T0)
-    assert queue.claim(runner.owner, "gpu0", 30.0) is not None
+    queue.intake.submit([make_job(1)], now=T0)
+    assert queue.leases.claim(runner.owner, "gpu0", 30.0) is not None
     return work, ops, queue, runner.pid
 
 

@@ -10,6 +10,7 @@ import re
 import sqlite3
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -20,6 +21,7 @@ from comfysup.commands.status import MACHINE_STALE_SECONDS, render_machines
 from comfysup.config import load_config
 from comfysup.errors import DatabaseUnavailable
 from comfysup.queue.base import HOSTNAME_VARIABLE, Machine, host_name
+from comfysup.queue.db import Role
 from comfysup.queue.sqlite import SQLiteQueue
 from comfysup.runner.loop import make_owner
 from comfysup.supervisor.supervisor import Supervisor
@@ -77,7 +79,11 @@ class FlakyQueue:
         self.down = False
 
     def __getattr__(self, name: str) -> Any:
-        attr = getattr(self.inner, name)
+        return self._flaky(getattr(self.inner, name))
+
+    def _flaky(self, attr: Any) -> Any:
+        if isinstance(attr, Role):  # a role of the queue: its calls fail with the rest
+            return SimpleNamespace(**{n: self._flaky(getattr(attr, n)) for n in dir(attr) if not n.startswith("_")})
         if not callable(attr):
             return attr
 
@@ -108,12 +114,12 @@ def test_the_supervisor_registers_its_machine_and_heartbeats_its_slots(tmp_path:
     sup, queue = supervisor_of(tmp_path)
     sup.queue = queue
     sup.heartbeat_machine(register=True)
-    [machine] = queue.machines()
+    [machine] = queue.fleet.machines()
     assert (machine.host, machine.pid) == ("machine-a", os.getpid())
     assert [s["name"] for s in machine.slots] == ["remote0", "remote1"]
     assert machine.age_seconds < 5
     sup.tick(sup.clock())  # forks the runners (made up) and heartbeats with their pids
-    [machine] = queue.machines()
+    [machine] = queue.fleet.machines()
     assert all(s["runner_pid"] for s in machine.slots)
     queue.close()
 
@@ -128,7 +134,7 @@ def test_a_write_lock_held_elsewhere_skips_the_machine_heartbeat_instead_of_hold
     sup, queue = supervisor_of(tmp_path)
     sup.queue = queue
     sup.heartbeat_machine(register=True)
-    [before] = queue.machines()
+    [before] = queue.fleet.machines()
     holder = sqlite3.connect(tmp_path / "var" / "queue.db", isolation_level=None)
     holder.execute("BEGIN IMMEDIATE")  # the stopped runner's transaction
     try:
@@ -138,7 +144,7 @@ def test_a_write_lock_held_elsewhere_skips_the_machine_heartbeat_instead_of_hold
         holder.execute("ROLLBACK")
         holder.close()
     sup.heartbeat_machine()
-    [after] = queue.machines()
+    [after] = queue.fleet.machines()
     assert after.heartbeat_at > before.heartbeat_at  # the lock gone, the next beat is written
     queue.close()
 
@@ -178,9 +184,9 @@ def test_status_shows_every_machine_and_marks_the_stale(tmp_path: Path, capsys: 
     config.write_text(f'[queue]\npath = "{tmp_path / "q.db"}"\n')
     queue = SQLiteQueue(tmp_path / "q.db")
     now = time.time()
-    queue.register_machine("machine-a", 11, [{"name": "gpu0", "device": "cuda:0", "state": "running",
+    queue.fleet.register_machine("machine-a", 11, [{"name": "gpu0", "device": "cuda:0", "state": "running",
                                               "job": "0000-job"}], now=now - 2)
-    queue.register_machine("machine-b", 22, [{"name": "gpu0", "device": "cuda:0", "state": "running"}],
+    queue.fleet.register_machine("machine-b", 22, [{"name": "gpu0", "device": "cuda:0", "state": "running"}],
                            now=now - MACHINE_STALE_SECONDS - 40)
     queue.close()
     assert cli(["status", "--config", str(config)]) == 0

@@ -43,7 +43,7 @@ def test_video_and_audio_outputs_are_stored_and_served_with_their_type(tmp_path:
     queue = submit(write_config(tmp_path), [{"id": job_id(1), "workflow": MEDIA}])
     outputs = {"cpu0": tmp_path / "fake_comfy" / "output"} if launched else None
     Runner(config_of(tmp_path / "config.toml"), "cpu0", fake_comfy.url, until_empty=True, output_dirs=outputs).run()
-    job = queue.get(job_id(1))
+    job = queue.reads.get(job_id(1))
     assert job.state == "done", job.reason
     stored = {o.name: o for o in job.outputs}
     assert set(stored) == set(EXPECTED), stored

@@ -33,7 +33,7 @@ def test_an_oom_frees_memory_and_runs_the_job_again_in_the_same_attempt(tmp_path
     queue = submit(write_config(tmp_path), [trivial_job(1)])
     hooks = MemoryHooks(count=counter(counted := Counter[str]()))
     run(tmp_path, fake_comfy, hooks)
-    job = queue.get(job_id(1))
+    job = queue.reads.get(job_id(1))
     assert job.state == "done" and job.attempt == 1 and len(job.outputs) == 1
     stats = fake_comfy.stats()
     assert [(f["unload_models"], f["free_memory"]) for f in stats["frees"]] == [(True, True)]
@@ -48,7 +48,7 @@ def test_a_second_oom_takes_the_normal_retry_path(tmp_path: Path, fake_comfy: Fa
     # No job queued ahead: one waiting behind an OOM starts at once, and the OOM then takes the normal path.
     queue = submit(write_config(tmp_path, queue_ahead=False), [trivial_job(1), trivial_job(2)])
     run(tmp_path, fake_comfy, MemoryHooks())
-    dead, retried = queue.get(job_id(1)), queue.get(job_id(2))
+    dead, retried = queue.reads.get(job_id(1)), queue.reads.get(job_id(2))
     assert dead.state == "dead" and dead.attempt == 2  # attempts = 2, each ran twice
     assert dead.reason is not None and dead.reason.startswith("gave up after 2 attempts, last: execution_error")
     assert "OutOfMemoryError" in dead.reason
@@ -65,7 +65,7 @@ def test_a_lost_device_asks_for_a_restart_and_is_retried(tmp_path: Path, fake_co
     queue = submit(write_config(tmp_path), [trivial_job(1)])
     hooks = MemoryHooks(restarts=True, restart=(restarts := []).append, count=counter(counted := Counter[str]()))
     run(tmp_path, fake_comfy, hooks)
-    job = queue.get(job_id(1))
+    job = queue.reads.get(job_id(1))
     # Nobody restarted the fake here: its device stays lost, so the retry fails the same way, and is dead-lettered.
     assert job.state == "dead" and [a.kind for a in job.attempts] == ["device_lost", "device_lost"]
     assert job.reason is not None and "device-side assert triggered" in job.reason
@@ -74,7 +74,7 @@ def test_a_lost_device_asks_for_a_restart_and_is_retried(tmp_path: Path, fake_co
     fake_comfy.restart()  # what the supervisor does: a new process has a working device
     queue2 = submit(tmp_path / "config.toml", [trivial_job(2)])
     run(tmp_path, fake_comfy, MemoryHooks())
-    assert queue2.get(job_id(2)).state == "done"
+    assert queue2.reads.get(job_id(2)).state == "done"
     queue.close()
     queue2.close()
 
@@ -88,7 +88,7 @@ def test_an_oom_with_a_job_queued_behind_goes_back_to_the_queue_uncounted(tmp_pa
     fake_comfy.script_by_id({job_id(1): ["oom", "oom", "ok"]})
     queue = submit(write_config(tmp_path), [trivial_job(1), trivial_job(2)])
     run(tmp_path, fake_comfy, MemoryHooks(count=counter(counted := Counter[str]())))
-    first, second = queue.get(job_id(1)), queue.get(job_id(2))
+    first, second = queue.reads.get(job_id(1)), queue.reads.get(job_id(2))
     assert second.state == "done" and first.state == "done"
     outcomes = [(a.outcome, a.kind) for a in first.attempts]
     # released uncounted after the first OOM (a job behind it), then a counted OOM (no second free-and-retry for

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -20,6 +21,7 @@ from queue_contract import T0, make_job
 
 from comfysup.observability.metrics import LOOKBACK_SECONDS, Observer
 from comfysup.queue.base import Claim
+from comfysup.queue.db import Role
 from comfysup.queue.sqlite import SQLiteQueue
 
 pytestmark = pytest.mark.timeout(60)
@@ -40,7 +42,12 @@ class Recording:
         """The largest value handed out (characters of a string; a dict or list would be a trace: inf)."""
 
     def __getattr__(self, name: str) -> Any:
-        method = getattr(self.queue, name)
+        return self.record(name, getattr(self.queue, name))
+
+    def record(self, name: str, method: Any) -> Any:
+        if isinstance(method, Role):  # a role of the queue: its reads are recorded by their names, as the queue's
+            return SimpleNamespace(**{n: self.record(n, getattr(method, n)) for n in dir(method)
+                                      if not n.startswith("_") and callable(getattr(method, n))})
 
         def recorded(*args: Any, **kwargs: Any) -> Any:
             out = method(*args, **kwargs)
@@ -63,7 +70,7 @@ class Recording:
 
 
 def claimed(queue: SQLiteQueue, owner: str, now: float) -> Claim:
-    claim = queue.claim(owner, "gpu0", 600, now=now)
+    claim = queue.leases.claim(owner, "gpu0", 600, now=now)
     assert claim is not None
     return claim
 
@@ -72,10 +79,10 @@ def test_a_look_reads_the_new_attempts_only_never_a_trace_and_keeps_only_the_win
     queue = SQLiteQueue(tmp_path / "queue.db")
     try:
         n = 300
-        queue.submit([make_job(i) for i in range(n + 3)], now=T0 - 30)
+        queue.intake.submit([make_job(i) for i in range(n + 3)], now=T0 - 30)
         claims = [claimed(queue, f"r{i}", T0) for i in range(n + 3)]
         for i, claim in enumerate(claims[:n]):  # 300 attempts end within 30 s, each with a 6 KB trace
-            queue.complete(claim, [], now=T0 + 1 + i * 0.1, trace=BIG_TRACE)
+            queue.leases.complete(claim, [], now=T0 + 1 + i * 0.1, trace=BIG_TRACE)
         spy: Any = Recording(queue)  # stands in for the Queue it wraps
         registry = CollectorRegistry()
         observer = Observer(registry, since=T0)
@@ -95,7 +102,7 @@ def test_a_look_reads_the_new_attempts_only_never_a_trace_and_keeps_only_the_win
         # A write that lands late (stamped inside the window, committed now) is counted once; its look
         # reads the window's keys, and rows only from its own end on.
         spy.reset()
-        queue.dead(claims[n], "gave up", now=T0 + 1 + (n - 5) * 0.1, kind="timeout", trace=BIG_TRACE)
+        queue.leases.dead(claims[n], "gave up", now=T0 + 1 + (n - 5) * 0.1, kind="timeout", trace=BIG_TRACE)
         assert observer.catch_up(spy) == 1
         assert spy.calls["ended_keys"] == 1 and spy.rows["ended_since"] <= 7, spy.rows
         assert spy.largest <= 64
@@ -105,15 +112,15 @@ def test_a_look_reads_the_new_attempts_only_never_a_trace_and_keeps_only_the_win
         assert len(observer.seen) == len(observer.expiry) == n + 1
 
         # The window moves on: the keys it left are dropped, nothing else is kept.
-        queue.complete(claims[n + 1], [], now=T0 + 1 + n * 0.1 + LOOKBACK_SECONDS + 1, trace=BIG_TRACE)
+        queue.leases.complete(claims[n + 1], [], now=T0 + 1 + n * 0.1 + LOOKBACK_SECONDS + 1, trace=BIG_TRACE)
         assert observer.catch_up(spy) == 1
         assert len(observer.seen) == len(observer.expiry) == 1
         assert registry.get_sample_value("comfysup_attempts_total", {"outcome": "done", "kind": "none"}) == n + 1
 
         # Keys of attempts pruned while still in the window leave too, so the counts agree again.
-        queue.complete(claims[n + 2], [], now=T0 + 1 + n * 0.1 + LOOKBACK_SECONDS + 2)
+        queue.leases.complete(claims[n + 2], [], now=T0 + 1 + n * 0.1 + LOOKBACK_SECONDS + 2)
         assert observer.catch_up(spy) == 1
-        assert len(queue.prune(finished_before=T0 + 1e6).removed) == n + 3
+        assert len(queue.intake.prune(finished_before=T0 + 1e6).removed) == n + 3
         spy.reset()
         assert observer.catch_up(spy) == 0 and spy.calls["ended_keys"] == 1
         assert observer.seen == set() and observer.expiry == []

@@ -34,20 +34,20 @@ def value(registry: CollectorRegistry, name: str, **labels: str) -> float:
 
 
 def test_each_ended_attempt_is_counted_once_even_when_its_write_lands_late(queue: SQLiteQueue) -> None:
-    queue.submit([make_job(i) for i in range(4)], now=T0 - 30)
+    queue.intake.submit([make_job(i) for i in range(4)], now=T0 - 30)
     registry = CollectorRegistry()
     observer = Observer(registry, since=T0)
-    c0 = queue.claim("a", "gpu0", 60, now=T0)
-    queue.retry_later(c0, T0, "oom", now=T0 + 1, kind="oom", trace={"nodes": [{"id": "1"}], "cached": ["2"]})
-    c0 = queue.claim("a", "gpu0", 60, now=T0 + 2)
-    queue.complete(c0, [], now=T0 + 10, trace={"nodes": [{"id": "1"}, {"id": "2"}], "cached": []})
+    c0 = queue.leases.claim("a", "gpu0", 60, now=T0)
+    queue.leases.retry_later(c0, T0, "oom", now=T0 + 1, kind="oom", trace={"nodes": [{"id": "1"}], "cached": ["2"]})
+    c0 = queue.leases.claim("a", "gpu0", 60, now=T0 + 2)
+    queue.leases.complete(c0, [], now=T0 + 10, trace={"nodes": [{"id": "1"}, {"id": "2"}], "cached": []})
     assert observer.catch_up(queue) == 2
     assert observer.catch_up(queue) == 0  # nothing new: nothing counted twice
-    c1 = queue.claim("b", "gpu1", 60, now=T0)
-    c2 = queue.claim("c", "gpu1", 60, now=T0)
-    queue.dead(c1, "POST /prompt 400", now=T0 + 12, kind="validation")
+    c1 = queue.leases.claim("b", "gpu1", 60, now=T0)
+    c2 = queue.leases.claim("c", "gpu1", 60, now=T0)
+    queue.leases.dead(c1, "POST /prompt 400", now=T0 + 12, kind="validation")
     assert observer.catch_up(queue) == 1
-    queue.dead(c2, "gave up", now=T0 + 5, kind="timeout")  # stamped before the last one, committed after
+    queue.leases.dead(c2, "gave up", now=T0 + 5, kind="timeout")  # stamped before the last one, committed after
     assert observer.catch_up(queue) == 1
     assert value(registry, "comfysup_attempts_total", outcome="retry", kind="oom") == 1
     assert value(registry, "comfysup_attempts_total", outcome="done", kind="none") == 1
@@ -67,11 +67,12 @@ def test_each_ended_attempt_is_counted_once_even_when_its_write_lands_late(queue
 
 
 def test_a_scrape_shows_the_attempts_that_ended_before_it_not_one_scrape_later(queue: SQLiteQueue) -> None:
-    queue.submit([make_job(i) for i in range(2)], now=T0 - 30)
+    queue.intake.submit([make_job(i) for i in range(2)], now=T0 - 30)
     metrics = Metrics(queue, lambda: None, since=T0)
-    queue.complete(queue.claim("a", "gpu0", 60, now=T0), [], now=T0 + 1)
+    queue.leases.complete(queue.leases.claim("a", "gpu0", 60, now=T0), [], now=T0 + 1)
     assert 'comfysup_attempts_total{kind="none",outcome="done"} 1.0' in metrics.exposition().decode()
-    queue.dead(queue.claim("a", "gpu0", 60, now=T0 + 2), "POST /prompt 400", now=T0 + 3, kind="validation")
+    queue.leases.dead(queue.leases.claim("a", "gpu0", 60, now=T0 + 2), "POST /prompt 400", now=T0 + 3,
+                      kind="validation")
     text = metrics.exposition().decode()
     assert 'comfysup_attempts_total{kind="validation",outcome="dead"} 1.0' in text
     assert 'comfysup_dead_letters_total{kind="validation"} 1.0' in text
@@ -119,10 +120,10 @@ def test_gpu_samples_from_nvml_honour_cuda_visible_devices_and_are_absent_withou
 
 
 def test_live_gauges_come_from_the_queue_the_supervisor_state_and_nvml(queue: SQLiteQueue) -> None:
-    queue.submit([make_job(i) for i in range(3)])
-    claim = queue.claim("a", "cpu0", 60)
+    queue.intake.submit([make_job(i) for i in range(3)])
+    claim = queue.leases.claim("a", "cpu0", 60)
     assert claim is not None
-    queue.set_progress(claim, {"node": 1, "nodes": 2})
+    queue.leases.set_progress(claim, {"node": 1, "nodes": 2})
     state = {"pid": os.getpid(), "updated_at": 1e12, "state": "running", "slots": [
         {"name": "cpu0", "device": "cpu", "state": "running", "restarts": 2, "runner_restarts": 1,
          "job": claim.id, "jobs": 7},
@@ -155,8 +156,8 @@ def test_live_gauges_come_from_the_queue_the_supervisor_state_and_nvml(queue: SQ
 
 def app_with_a_done_job(tmp_path: Path, queue: SQLiteQueue) -> tuple[App, str]:
     job = make_job(1)
-    queue.submit([job])
-    claim = queue.claim("a", "cpu0", 60)
+    queue.intake.submit([job])
+    claim = queue.leases.claim("a", "cpu0", 60)
     assert claim is not None
     folder = tmp_path / "store" / job.id
     (folder / "sub").mkdir(parents=True)
@@ -164,7 +165,7 @@ def app_with_a_done_job(tmp_path: Path, queue: SQLiteQueue) -> tuple[App, str]:
     (folder / "page.html").write_text("<script>alert(1)</script>")
     (tmp_path / "secret.txt").write_text("outside the store")
     (folder / "link.png").symlink_to(tmp_path / "secret.txt")
-    queue.complete(claim, [Output("sub/a b.png", 9, "ab" * 32, str(folder / "sub" / "a b.png")),
+    queue.leases.complete(claim, [Output("sub/a b.png", 9, "ab" * 32, str(folder / "sub" / "a b.png")),
                            Output("page.html", 25, "cd" * 32, str(folder / "page.html"))])
     metrics = Metrics(queue, lambda: None)
     return App(queue, metrics, lambda: None, tmp_path / "store"), job.id
@@ -200,10 +201,10 @@ def test_a_job_folder_that_is_a_symlink_is_not_served(tmp_path: Path, queue: SQL
 def test_the_page_links_the_files_and_escapes_what_it_shows(tmp_path: Path, queue: SQLiteQueue) -> None:
     app, job = app_with_a_done_job(tmp_path, queue)
     bad = make_job(2)
-    queue.submit([bad])
-    claim = queue.claim("a", "cpu0", 60)
+    queue.intake.submit([bad])
+    claim = queue.leases.claim("a", "cpu0", 60)
     assert claim is not None
-    queue.dead(claim, "<img src=x onerror=alert(1)> node 2")
+    queue.leases.dead(claim, "<img src=x onerror=alert(1)> node 2")
     page = app.get("/")
     text = page.body.decode()
     assert page.status == 200 and "default-src 'none'" in page.headers["Content-Security-Policy"]

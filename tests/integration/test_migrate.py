@@ -21,19 +21,19 @@ def sqlite_queue_in_every_state(tmp_path: Path) -> tuple[Path, dict[str, str]]:
     config = tmp_path / "config.toml"
     config.write_text(f'[queue]\npath = "{tmp_path / "q.db"}"\n')
     q = SQLiteQueue(tmp_path / "q.db")
-    q.submit([make_job(i, priority=i) for i in range(1, 8)], now=T0)
-    done = q.claim("host-a/1/gpu0/t", "gpu0", 30, now=T0)  # priority 7 first
-    q.record_prompt(done, "gpu0", 5)
-    q.complete(done, [Output("a.png", 1, "aa" * 32, "/r/a.png")], now=T0 + 1)
-    dead = q.claim("host-a/1/gpu0/t", "gpu0", 30, now=T0)
-    q.dead(dead, "broken", now=T0 + 1)
-    waiting = q.claim("host-a/1/gpu0/t", "gpu0", 30, now=T0)
-    q.retry_later(waiting, run_after=4_000_000_000.0, reason="out of memory", now=T0 + 1)
-    expired = q.claim("host-a/1/gpu0/t", "gpu0", 30, now=T0)  # lease ran out long ago
-    q.record_prompt(expired, "gpu0", 9)
-    cancelled = q.claim("host-a/1/gpu0/t", "gpu0", 30, now=T0)
-    q.cancelled(cancelled, "cancelled by user", now=T0 + 1)
-    states = {j.id: j.state for j in q.iter_jobs()}
+    q.intake.submit([make_job(i, priority=i) for i in range(1, 8)], now=T0)
+    done = q.leases.claim("host-a/1/gpu0/t", "gpu0", 30, now=T0)  # priority 7 first
+    q.leases.record_prompt(done, "gpu0", 5)
+    q.leases.complete(done, [Output("a.png", 1, "aa" * 32, "/r/a.png")], now=T0 + 1)
+    dead = q.leases.claim("host-a/1/gpu0/t", "gpu0", 30, now=T0)
+    q.leases.dead(dead, "broken", now=T0 + 1)
+    waiting = q.leases.claim("host-a/1/gpu0/t", "gpu0", 30, now=T0)
+    q.leases.retry_later(waiting, run_after=4_000_000_000.0, reason="out of memory", now=T0 + 1)
+    expired = q.leases.claim("host-a/1/gpu0/t", "gpu0", 30, now=T0)  # lease ran out long ago
+    q.leases.record_prompt(expired, "gpu0", 9)
+    cancelled = q.leases.claim("host-a/1/gpu0/t", "gpu0", 30, now=T0)
+    q.leases.cancelled(cancelled, "cancelled by user", now=T0 + 1)
+    states = {j.id: j.state for j in q.reads.iter_jobs()}
     q.close()
     assert sorted(states.values()) == ["cancelled", "dead", "done", "queued", "queued", "queued", "running"]
     return config, states
@@ -61,14 +61,14 @@ def test_migrate_copies_what_is_not_terminal_and_nothing_twice(tmp_path: Path, p
     assert set(pg_ids(pg_url).values()) == {"queued"}  # the expired running job went over as queued
     assert attempt_rows(pg_url) == 0
     target = PostgresQueue(pg_url)
-    waiting = target.get(make_job(5).id)
+    waiting = target.reads.get(make_job(5).id)
     assert (waiting.attempt, waiting.run_after, waiting.reason) == (1, 4_000_000_000.0, "out of memory")
-    was_running = target.get(make_job(4).id)
+    was_running = target.reads.get(make_job(4).id)
     assert (was_running.owner, was_running.last_server, was_running.last_prompt_number) == (None, "gpu0", 9)
     assert was_running.workflow == make_job(4).workflow
     assert was_running.spec_hash == make_job(4, priority=4).spec_hash
     # Claim order is kept: priority, then submission order.
-    order = [target.claim("host-b/2/gpu0/t", "gpu0", 30).id for _ in range(3)]
+    order = [target.leases.claim("host-b/2/gpu0/t", "gpu0", 30).id for _ in range(3)]
     assert order == [make_job(4).id, make_job(2).id, make_job(1).id]
     target.close()
     assert cli(["migrate", "--config", str(config), "--to", pg_url]) == 0
@@ -83,10 +83,10 @@ def test_migrate_with_history_copies_terminal_jobs_and_attempts_once(tmp_path: P
     copied = pg_ids(pg_url)
     assert copied == {i: ("queued" if s == "running" else s) for i, s in states.items()}
     target = PostgresQueue(pg_url)
-    done = target.get(make_job(7).id)
+    done = target.reads.get(make_job(7).id)
     assert (done.machine, done.outputs[0].path, done.finished_at) == ("host-a", "/r/a.png", T0 + 1)
     assert [(a.outcome, a.prompt_number) for a in done.attempts] == [("done", 5)]
-    expired = target.get(make_job(4).id)
+    expired = target.reads.get(make_job(4).id)
     assert [a.outcome for a in expired.attempts] == ["lease_expired"]
     target.close()
     assert cli(["migrate", "--config", str(config), "--to", pg_url, "--history"]) == 0
@@ -98,13 +98,13 @@ def test_the_same_id_with_other_content_is_reported_and_the_rest_copied(tmp_path
                                                                         capsys: pytest.CaptureFixture[str]) -> None:
     config, _ = sqlite_queue_in_every_state(tmp_path)
     target = PostgresQueue(pg_url)
-    target.submit([make_job(1, seed=99)])
+    target.intake.submit([make_job(1, seed=99)])
     target.close()
     assert cli(["migrate", "--config", str(config), "--to", pg_url]) == 1
     out = capsys.readouterr().out
     assert "copied 3 job(s), 0 already in" in out and "1 conflict(s)" in out
     assert f"{make_job(1).id}: already in" in out and "different content" in out
-    assert PostgresQueue(pg_url).get(make_job(1).id).spec_hash == make_job(1, seed=99).spec_hash
+    assert PostgresQueue(pg_url).reads.get(make_job(1).id).spec_hash == make_job(1, seed=99).spec_hash
 
 
 def test_a_job_running_under_a_live_lease_is_refused(tmp_path: Path, pg_url: str,  # noqa: F811
@@ -112,8 +112,8 @@ def test_a_job_running_under_a_live_lease_is_refused(tmp_path: Path, pg_url: str
     config = tmp_path / "config.toml"
     config.write_text(f'[queue]\npath = "{tmp_path / "q.db"}"\n')
     q = SQLiteQueue(tmp_path / "q.db")
-    q.submit([make_job(1), make_job(2)])
-    q.claim("host-a/1/gpu0/t", "gpu0", 600, now=time.time())
+    q.intake.submit([make_job(1), make_job(2)])
+    q.leases.claim("host-a/1/gpu0/t", "gpu0", 600, now=time.time())
     q.close()
     assert cli(["migrate", "--config", str(config), "--to", pg_url]) == 2
     err = capsys.readouterr().err
@@ -159,8 +159,8 @@ def test_jobs_with_input_files_arrive_with_their_bytes(tmp_path: Path, pg_url: s
     target = PostgresQueue(pg_url)
     try:
         for data in images.values():
-            assert target.read_asset(assets.hash_bytes(data)) == data
-        assert target.assets_needed() == {assets.hash_bytes(d) for d in images.values()}
+            assert target.assets.read_asset(assets.hash_bytes(data)) == data
+        assert target.assets.assets_needed() == {assets.hash_bytes(d) for d in images.values()}
     finally:
         target.close()
     with psycopg.connect(pg_url) as conn:

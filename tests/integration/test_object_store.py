@@ -52,13 +52,13 @@ def test_a_done_job_has_every_output_confirmed_in_the_bucket_and_nothing_left_st
     assert counts["done"] == 2
     stored = s3_server.objects(bucket)
     for n in (1, 2):
-        job = queue.get(job_id(n))
+        job = queue.reads.get(job_id(n))
         assert job.state == "done" and job.outputs
         for output in job.outputs:
             key = f"renders/prod/{job_id(n)}/{output.name}"
             assert output.path == f"s3://{bucket}/{key}"
             assert hashlib.sha256(stored[key]).hexdigest() == output.sha256 and len(stored[key]) == output.size
-    assert len(stored) == sum(len(queue.get(job_id(n)).outputs) for n in (1, 2))  # nothing else in the bucket
+    assert len(stored) == sum(len(queue.reads.get(job_id(n)).outputs) for n in (1, 2))  # nothing else in the bucket
     assert not any((tmp_path / "staging").iterdir())  # each staging folder removed once uploaded
 
 
@@ -74,7 +74,7 @@ def test_a_bucket_that_does_not_answer_never_makes_a_job_done(tmp_path: Path, s3
         queue = submit(path, [trivial_job(1)])
         counts = Runner(config, "cpu0", fake.url, until_empty=True).run()
         assert fake.stats()["prompts"][job_id(1)]["executed"] == 1  # the retry adopted the run: no second one
-    job = queue.get(job_id(1))
+    job = queue.reads.get(job_id(1))
     assert job.state == "dead" and counts["dead"] == 1 and not job.outputs
     assert "gave up after 2 attempts, last: cannot store the output in the bucket: uploading s3://nowhere/p/" \
         in job.reason
@@ -130,7 +130,7 @@ def test_comfysup_work_refuses_to_start_with_a_missing_bucket(tmp_path: Path, s3
     assert "[store] url s3://no-such-bucket-at-all/x: no such bucket" in answer.stderr
     assert SECRET_KEY not in answer.stderr + answer.stdout
     queue = SQLiteQueue(tmp_path / "queue.db")
-    assert queue.get(job_id(1)).state == "queued" and queue.get(job_id(1)).attempt == 0
+    assert queue.reads.get(job_id(1)).state == "queued" and queue.reads.get(job_id(1)).attempt == 0
 
 
 class LeaseLost(Exception):

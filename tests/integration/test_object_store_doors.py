@@ -49,7 +49,7 @@ def done(tmp_path_factory: pytest.TempPathFactory, seaweed: SeaweedS3) -> Iterat
     with FakeComfy(base_directory=tmp / "fake", node_ms=5) as fake:
         queue = submit(Path(config.source), [trivial_job(1)])
         assert Runner(config, "cpu0", fake.url, until_empty=True).run()["done"] == 1
-    job = queue.get(job_id(1))
+    job = queue.reads.get(job_id(1))
     queue.close()
     [output] = job.outputs
     yield Done(config, job, bucket, seaweed.objects(bucket)[f"out/{job.id}/{output.name}"])

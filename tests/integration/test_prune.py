@@ -40,17 +40,17 @@ def _queue_with_history(tmp_path: Path) -> tuple[Path, SQLiteQueue, Path]:
     queue = SQLiteQueue(tmp_path / "var" / "queue.db")
     store = tmp_path / "var" / "results"
     now = time.time()
-    queue.submit([make_job(n) for n in range(6)], now=now - 10 * DAY)
+    queue.intake.submit([make_job(n) for n in range(6)], now=now - 10 * DAY)
     for n, (state, age_days) in enumerate([("done", 9), ("dead", 8), ("done", 7), ("done", 0.5)]):
-        claim = queue.claim("host-a/1/gpu0/t", "gpu0", 60, now=now - age_days * DAY)
+        claim = queue.leases.claim("host-a/1/gpu0/t", "gpu0", 60, now=now - age_days * DAY)
         assert claim is not None and claim.id == make_job(n).id
         if state == "done":
-            queue.complete(claim, [], now=now - age_days * DAY)
+            queue.leases.complete(claim, [], now=now - age_days * DAY)
         else:
-            queue.dead(claim, "broken", now=now - age_days * DAY)
+            queue.leases.dead(claim, "broken", now=now - age_days * DAY)
         (store / claim.id).mkdir(parents=True)
         (store / claim.id / "out.png").write_bytes(b"png")
-    queue.cancel([make_job(4).id], now=now - 8 * DAY)
+    queue.intake.cancel([make_job(4).id], now=now - 8 * DAY)
     return config, queue, store
 
 
@@ -59,11 +59,11 @@ def test_prune_removes_old_finished_jobs_and_with_files_their_folders(tmp_path: 
     config, queue, store = _queue_with_history(tmp_path)
     assert main(["prune", "--config", str(config), "--done-before", "2d", "--dry-run"]) == 0
     assert "4 finished job(s)" in capsys.readouterr().out
-    assert queue.prunable(time.time()) == 5  # nothing was removed by the dry run
+    assert queue.intake.prunable(time.time()) == 5  # nothing was removed by the dry run
     assert main(["prune", "--config", str(config), "--done-before", "2d", "--files", "--batch", "2"]) == 0
     out = capsys.readouterr().out
     assert "removed 4 finished job(s)" in out and "3 result folder(s)" in out  # the cancelled one had none
-    assert {j.id for j in queue.iter_jobs()} == {make_job(3).id, make_job(5).id}  # recent done, and queued
+    assert {j.id for j in queue.reads.iter_jobs()} == {make_job(3).id, make_job(5).id}  # recent done, and queued
     assert sorted(p.name for p in store.iterdir()) == [make_job(3).id]
     queue.close()
 
@@ -89,9 +89,9 @@ def test_runners_keep_claiming_and_recording_while_prune_runs(tmp_path: Path) ->
     path = tmp_path / "q.db"
     queue = SQLiteQueue(path)
     old = time.time() - 10 * DAY
-    queue.submit([make_job(n) for n in range(1000)], now=old)
+    queue.intake.submit([make_job(n) for n in range(1000)], now=old)
     for _ in range(800):
-        queue.complete(queue.claim("old", "gpu0", 60, now=old), [], now=old)
+        queue.leases.complete(queue.leases.claim("old", "gpu0", 60, now=old), [], now=old)
     runner = SQLiteQueue(path, busy_timeout_seconds=1.0)
     errors: list[BaseException] = []
     stop = threading.Event()
@@ -100,10 +100,10 @@ def test_runners_keep_claiming_and_recording_while_prune_runs(tmp_path: Path) ->
         done = 0
         try:
             while not stop.is_set() and done < 150:
-                claim = runner.claim("live", "gpu1", 60)
+                claim = runner.leases.claim("live", "gpu1", 60)
                 if claim is None:
                     break
-                runner.complete(claim, [])
+                runner.leases.complete(claim, [])
                 done += 1
         except BaseException as exc:
             errors.append(exc)
@@ -111,12 +111,13 @@ def test_runners_keep_claiming_and_recording_while_prune_runs(tmp_path: Path) ->
     thread = threading.Thread(target=work)
     thread.start()
     removed = 0
-    while batch := queue.prune(time.time() - DAY, limit=20).removed:
+    while batch := queue.intake.prune(time.time() - DAY, limit=20).removed:
         removed += len(batch)
     stop.set()
     thread.join(30)
     assert errors == []
     assert removed == 800
-    assert queue.prunable(time.time()) == queue.status().counts["done"] > 0  # the live runner's work is kept
+    # the live runner's work is kept
+    assert queue.intake.prunable(time.time()) == queue.reads.status().counts["done"] > 0
     runner.close()
     queue.close()

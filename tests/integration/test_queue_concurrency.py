@@ -37,18 +37,18 @@ def _worker(path: str, owner: str, lease_seconds: float, stall_every: int, stall
     lost: list[str] = []
     start.wait()
     while True:
-        claim = queue.claim(owner, f"server-{owner}", lease_seconds)
+        claim = queue.leases.claim(owner, f"server-{owner}", lease_seconds)
         if claim is None:
-            if not queue.running_owners():
+            if not queue.reads.running_owners():
                 break
             queue.maintenance()  # another runner may still lose a lease to us; look again
             continue
         try:
-            queue.heartbeat(claim, lease_seconds)
+            queue.leases.heartbeat(claim, lease_seconds)
             if stall_every and rng.randrange(stall_every) == 0:
                 time.sleep(stall_seconds)  # a hung call, not synchronisation
-                queue.heartbeat(claim, lease_seconds)
-            queue.complete(claim, [Output(f"{claim.id}.png", 1, "00" * 32)])
+                queue.leases.heartbeat(claim, lease_seconds)
+            queue.leases.complete(claim, [Output(f"{claim.id}.png", 1, "00" * 32)])
             completed.append(claim.id)
         except LeaseLost:
             lost.append(claim.id)
@@ -60,7 +60,7 @@ def _drain(tmp_path: Path, lease_seconds: float, stall_every: int = 0,
            stall_seconds: float = 0.0) -> tuple[SQLiteQueue, dict[str, dict[str, list[str]]]]:
     path = tmp_path / "q.db"
     queue = SQLiteQueue(path)
-    queue.submit([make_job(i) for i in range(JOBS)])
+    queue.intake.submit([make_job(i) for i in range(JOBS)])
     start = CTX.Barrier(WORKERS)
     procs = []
     for n in range(WORKERS):
@@ -81,13 +81,13 @@ def _check_invariants(queue: SQLiteQueue, reports: dict[str, dict[str, list[str]
     completions = [(owner, job_id) for owner, r in reports.items() for job_id in r["completed"]]
     assert len(completions) == JOBS, "some job was completed twice, or not at all"
     assert {job_id for _, job_id in completions} == ids
-    assert queue.status().counts["done"] == JOBS
+    assert queue.reads.status().counts["done"] == JOBS
 
-    rows = queue.conn.execute(
+    rows = queue.db.conn.execute(
         "SELECT job_id, attempt, owner, started_at, ended_at, outcome FROM attempts ORDER BY job_id, started_at"
     ).fetchall()
     check_attempt_history(rows, ids, completions)
-    assert queue.conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    assert queue.db.conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
 
 
 @pytest.mark.timeout(120)
@@ -104,7 +104,7 @@ def test_leases_lost_under_load_are_fenced_and_the_job_still_completes_once(tmp_
     queue, reports = _drain(tmp_path, lease_seconds=0.3, stall_every=150, stall_seconds=0.6)
     _check_invariants(queue, reports)
     lost = [job_id for r in reports.values() for job_id in r["lost"]]
-    expired = queue.conn.execute("SELECT count(*) FROM attempts WHERE outcome = 'lease_expired'").fetchone()[0]
+    expired = queue.db.conn.execute("SELECT count(*) FROM attempts WHERE outcome = 'lease_expired'").fetchone()[0]
     assert len(lost) <= expired
     assert expired >= 1  # the stalls did make other runners take jobs over
     queue.close()

@@ -16,6 +16,7 @@ from queue_contract import LEASE, T0, QueueContract, make_job
 
 from comfysup.errors import DatabaseUnavailable, LeaseLost, QueueError
 from comfysup.queue.base import NewJob, Output
+from comfysup.queue.db import ClaimAsk
 from comfysup.queue.postgres import SCHEMA_VERSION, PostgresQueue, describe_url
 
 
@@ -28,7 +29,7 @@ class TestPostgresQueue(QueueContract):
         return PostgresQueue(self.url)
 
     def count(self, q: PostgresQueue, table: str) -> int:  # type: ignore[override]
-        return q._scalar(f"SELECT count(*) FROM {table}")
+        return q.db._scalar(f"SELECT count(*) FROM {table}")
 
 
 def _sql(url: str, sql: str, args: tuple = ()) -> list[tuple]:
@@ -53,7 +54,7 @@ def test_schema_version_is_recorded_and_a_newer_one_refused(pg_url: str) -> None
 def test_v9_adds_the_api_registry_and_keeps_the_jobs(pg_url: str) -> None:  # noqa: F811
     """A v8 database opened by this comfysup: the registry of machines' APIs is added, the jobs stay."""
     q = PostgresQueue(pg_url)
-    q.submit([make_job(1)], now=T0)
+    q.intake.submit([make_job(1)], now=T0)
     q.close()
     _sql(pg_url, "DROP TABLE api_endpoints, output_assets, job_previews")  # back to v8 (v10 and v11 undone first)
     _sql(pg_url, "ALTER TABLE jobs DROP COLUMN waiting_since")
@@ -61,9 +62,9 @@ def test_v9_adds_the_api_registry_and_keeps_the_jobs(pg_url: str) -> None:  # no
     q = PostgresQueue(pg_url)
     try:
         assert _sql(pg_url, "SELECT max(version) FROM schema_version") == [(SCHEMA_VERSION,)]
-        assert q.get(make_job(1).id).state == "queued"
-        q.advertise_api("render-07", "http://10.0.0.7:9189", 100, now=T0)
-        endpoint = q.api_endpoint("render-07", now=T0 + 1)
+        assert q.reads.get(make_job(1).id).state == "queued"
+        q.endpoints.advertise_api("render-07", "http://10.0.0.7:9189", 100, now=T0)
+        endpoint = q.endpoints.api_endpoint("render-07", now=T0 + 1)
         assert endpoint is not None and endpoint.url == "http://10.0.0.7:9189"
     finally:
         q.close()
@@ -73,8 +74,8 @@ def test_v10_adds_when_a_running_job_began_to_wait_and_keeps_the_jobs(pg_url: st
     """A v9 database opened by this comfysup: a running job is shown running, as it was counted; one
     posted behind another from now on is shown posted."""
     q = PostgresQueue(pg_url)
-    q.submit([make_job(1), make_job(2)], now=T0)
-    running = q.claim("host-a/1/gpu0/t", "gpu0", 30, now=T0)
+    q.intake.submit([make_job(1), make_job(2)], now=T0)
+    running = q.leases.claim("host-a/1/gpu0/t", "gpu0", 30, now=T0)
     assert running is not None
     q.close()
     _sql(pg_url, "DROP TABLE output_assets, job_previews")  # back to v9 (v11 undone first)
@@ -83,11 +84,11 @@ def test_v10_adds_when_a_running_job_began_to_wait_and_keeps_the_jobs(pg_url: st
     q = PostgresQueue(pg_url)
     try:
         assert _sql(pg_url, "SELECT max(version) FROM schema_version") == [(SCHEMA_VERSION,)]
-        assert q.states([running.id]) == {running.id: "running"}
-        behind = q.claim("host-a/1/gpu0/t", "gpu0", 30, now=T0)
+        assert q.reads.states([running.id]) == {running.id: "running"}
+        behind = q.leases.claim("host-a/1/gpu0/t", "gpu0", 30, now=T0)
         assert behind is not None
-        q.record_prompt(behind, "gpu0", 2, waiting=True)
-        assert q.status(now=T0 + 1).counts["posted"] == 1
+        q.leases.record_prompt(behind, "gpu0", 2, waiting=True)
+        assert q.reads.status(now=T0 + 1).counts["posted"] == 1
     finally:
         q.close()
 
@@ -95,8 +96,8 @@ def test_v10_adds_when_a_running_job_began_to_wait_and_keeps_the_jobs(pg_url: st
 def test_v11_gives_outputs_asset_ids_and_keeps_earlier_outputs(pg_url: str) -> None:  # noqa: F811
     """A v10 database with a job done before: its outputs keep no id; a job done now gets one per file."""
     q = PostgresQueue(pg_url)
-    q.submit([make_job(1), make_job(2)], now=T0)
-    q.complete(q.claim("r", "gpu0", 30, now=T0), [Output("a.png", 1, "00")], now=T0 + 1)
+    q.intake.submit([make_job(1), make_job(2)], now=T0)
+    q.leases.complete(q.leases.claim("r", "gpu0", 30, now=T0), [Output("a.png", 1, "00")], now=T0 + 1)
     q.close()
     _sql(pg_url, "DROP TABLE output_assets, job_previews")  # back to v10, its done job as v10 wrote it
     _sql(pg_url, "UPDATE jobs SET outputs = '[{\"name\": \"a.png\", \"size\": 1, \"sha256\": \"00\"}]'")
@@ -104,10 +105,10 @@ def test_v11_gives_outputs_asset_ids_and_keeps_earlier_outputs(pg_url: str) -> N
     q = PostgresQueue(pg_url)
     try:
         assert _sql(pg_url, "SELECT max(version) FROM schema_version") == [(SCHEMA_VERSION,)] == [(11,)]
-        assert [o.id for o in q.get(make_job(1).id).outputs] == [""]
-        q.complete(q.claim("r", "gpu0", 30, now=T0), [Output("b.png", 1, "00")], now=T0 + 2)
-        (made,) = q.get(make_job(2).id).outputs
-        assert made.id and q.output_asset(made.id) == (q.get(make_job(2).id), 0)
+        assert [o.id for o in q.reads.get(make_job(1).id).outputs] == [""]
+        q.leases.complete(q.leases.claim("r", "gpu0", 30, now=T0), [Output("b.png", 1, "00")], now=T0 + 2)
+        (made,) = q.reads.get(make_job(2).id).outputs
+        assert made.id and q.reads.output_asset(made.id) == (q.reads.get(make_job(2).id), 0)
     finally:
         q.close()
 
@@ -140,16 +141,16 @@ def test_machines_opening_at_once_create_the_schema_once(pg_url: str) -> None:  
 def test_leases_and_run_after_use_the_database_clock(pg_url: str) -> None:  # noqa: F811
     """Without now=, every stamp comes from the server's clock, however wrong this machine's is."""
     q = PostgresQueue(pg_url)
-    q.submit([make_job(1), make_job(2)])
+    q.intake.submit([make_job(1), make_job(2)])
     (db_now,) = _sql(pg_url, "SELECT extract(epoch from now())::float8")[0]
-    claim = q.claim("runner-a", "gpu0", 30)
+    claim = q.leases.claim("runner-a", "gpu0", 30)
     assert claim is not None
     assert abs(claim.lease_until - (db_now + 30)) < 5
-    record = q.get(claim.id)
+    record = q.reads.get(claim.id)
     assert abs(record.submitted_at - db_now) < 5
     # A retry 100 s from now on this machine's clock is 100 s from now on the database's.
-    q.retry_later(claim, time.time() + 100, "later")
-    assert abs(q.get(claim.id).run_after - (db_now + 100)) < 5
+    q.leases.retry_later(claim, time.time() + 100, "later")
+    assert abs(q.reads.get(claim.id).run_after - (db_now + 100)) < 5
     q.close()
 
 
@@ -158,18 +159,18 @@ def test_a_claim_starts_after_the_end_that_freed_its_job_even_when_its_transacti
     """now() is a transaction's start: a claim whose transaction began (with ``expire``) before another
     machine's release began, and took the job once that release committed, still starts after its end."""
     a, b = PostgresQueue(pg_url), PostgresQueue(pg_url)
-    a.submit([make_job(1)])
-    held = a.claim("machine-a/1/gpu0/x", "gpu0", 60)
+    a.intake.submit([make_job(1)])
+    held = a.leases.claim("machine-a/1/gpu0/x", "gpu0", 60)
     assert held is not None
 
     def claim_after_the_release(cur: psycopg.Cursor) -> tuple:
         cur.execute("SELECT now()")  # b's transaction, and so its now(), begins here
-        a.release(held, "withdrawn", count_attempt=False)  # another connection: begins and commits meanwhile
-        return b._claim(cur, "machine-b/2/gpu1/y", "gpu1", 60, None, None, 0)
+        a.leases.release(held, "withdrawn", count_attempt=False)  # another connection: begins and commits meanwhile
+        return b.db.take(cur, ClaimAsk("machine-b/2/gpu1/y", "gpu1", 60, None, 0, None, None), None, {})
 
-    row = b._transaction(claim_after_the_release)
-    assert row is not None and row[2] == held.id
-    [first, second] = a.get(held.id).attempts
+    row = b.db.transaction(claim_after_the_release)
+    assert row is not None and row["id"] == held.id
+    [first, second] = a.reads.get(held.id).attempts
     assert (first.owner, first.outcome) == ("machine-a/1/gpu0/x", "released_uncounted")
     assert second.owner == "machine-b/2/gpu1/y" and second.started_at >= first.ended_at, (first, second)
     a.close()
@@ -179,44 +180,44 @@ def test_a_claim_starts_after_the_end_that_freed_its_job_even_when_its_transacti
 def test_a_machine_clock_far_ahead_cannot_expire_a_live_lease(pg_url: str,  # noqa: F811
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     q = PostgresQueue(pg_url)
-    q.submit([make_job(1)])
-    first = q.claim("runner-a", "gpu0", 60)
+    q.intake.submit([make_job(1)])
+    first = q.leases.claim("runner-a", "gpu0", 60)
     assert first is not None
     monkeypatch.setattr(time, "time", lambda: 4_000_000_000.0)  # this machine thinks it is 2096
-    assert q.claim("runner-b", "gpu1", 60) is None
-    q.heartbeat(first, 60)
+    assert q.leases.claim("runner-b", "gpu1", 60) is None
+    q.leases.heartbeat(first, 60)
     q.close()
 
 
 def test_skip_locked_claims_never_wait_for_each_other(pg_url: str) -> None:  # noqa: F811
     """A claim whose transaction is still open holds its row; another claim takes the next row at once."""
     q = PostgresQueue(pg_url)
-    q.submit([make_job(1), make_job(2)], now=T0)
+    q.intake.submit([make_job(1), make_job(2)], now=T0)
     holder = psycopg.connect(pg_url)
     try:
         holder.execute("SELECT seq FROM jobs WHERE id = %s FOR UPDATE", (make_job(1).id,))
         started = time.monotonic()
-        claim = q.claim("runner-b", "gpu1", LEASE, now=T0)
+        claim = q.leases.claim("runner-b", "gpu1", LEASE, now=T0)
         assert claim is not None and claim.id == make_job(2).id
         assert time.monotonic() - started < 1.0
-        assert q.claim("runner-c", "gpu2", LEASE, now=T0) is None  # job 1 is locked, not free
+        assert q.leases.claim("runner-c", "gpu2", LEASE, now=T0) is None  # job 1 is locked, not free
     finally:
         holder.rollback()
         holder.close()
-    assert q.claim("runner-c", "gpu2", LEASE, now=T0).id == make_job(1).id
+    assert q.leases.claim("runner-c", "gpu2", LEASE, now=T0).id == make_job(1).id
     q.close()
 
 
 def test_a_stale_connection_is_replaced_and_the_operation_retried(pg_url: str) -> None:  # noqa: F811
     """The server ended our idle session (a restart, an idle timeout): the next call still works."""
     q = PostgresQueue(pg_url)
-    q.submit([make_job(1)], now=T0)
-    claim = q.claim("runner-a", "gpu0", LEASE, now=T0)
+    q.intake.submit([make_job(1)], now=T0)
+    claim = q.leases.claim("runner-a", "gpu0", LEASE, now=T0)
     assert claim is not None
-    pid = q._conn.info.backend_pid  # type: ignore[union-attr]
+    pid = q.db._conn.info.backend_pid  # type: ignore[union-attr]
     _sql(pg_url, "SELECT pg_terminate_backend(%s)", (pid,))
-    assert q.heartbeat(claim, LEASE, now=T0 + 1) is False
-    assert q._conn.info.backend_pid != pid  # type: ignore[union-attr]
+    assert q.leases.heartbeat(claim, LEASE, now=T0 + 1) is False
+    assert q.db._conn.info.backend_pid != pid  # type: ignore[union-attr]
     q.close()
 
 
@@ -238,26 +239,26 @@ def test_a_failed_transaction_rolls_back_and_the_queue_stays_usable(pg_url: str)
         cur.execute("INSERT INTO no_such_table VALUES (1)")
 
     with pytest.raises(QueueError, match="no_such_table"):
-        q._transaction(half)
-    assert q.status(now=T0).counts["queued"] == 0
-    q.submit([make_job(1)], now=T0)
-    assert q.status(now=T0).counts["queued"] == 1
+        q.db.transaction(half)
+    assert q.reads.status(now=T0).counts["queued"] == 0
+    q.intake.submit([make_job(1)], now=T0)
+    assert q.reads.status(now=T0).counts["queued"] == 1
     q.close()
 
 
 def test_a_forked_child_uses_its_own_connection_and_the_parent_keeps_its_own(pg_url: str) -> None:  # noqa: F811
     q = PostgresQueue(pg_url)
-    q.submit([make_job(1), make_job(2)], now=T0)
-    parent_pid = q._conn.info.backend_pid  # type: ignore[union-attr]
+    q.intake.submit([make_job(1), make_job(2)], now=T0)
+    parent_pid = q.db._conn.info.backend_pid  # type: ignore[union-attr]
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:
         code = 1
         try:
-            claim = q.claim("child", "gpu0", LEASE, now=T0)
+            claim = q.leases.claim("child", "gpu0", LEASE, now=T0)
             assert claim is not None
-            q.complete(claim, [], now=T0 + 1)
-            os.write(w, str(q._conn.info.backend_pid).encode())  # type: ignore[union-attr]
+            q.leases.complete(claim, [], now=T0 + 1)
+            os.write(w, str(q.db._conn.info.backend_pid).encode())  # type: ignore[union-attr]
             q.close()
             code = 0
         finally:
@@ -266,8 +267,8 @@ def test_a_forked_child_uses_its_own_connection_and_the_parent_keeps_its_own(pg_
     assert os.waitstatus_to_exitcode(status) == 0
     child_backend = int(os.read(r, 32))
     assert child_backend != parent_pid
-    assert q._conn.info.backend_pid == parent_pid  # the child neither used nor closed the parent's session
-    counts = q.status(now=T0 + 1).counts
+    assert q.db._conn.info.backend_pid == parent_pid  # the child neither used nor closed the parent's session
+    counts = q.reads.status(now=T0 + 1).counts
     assert (counts["queued"], counts["done"]) == (1, 1)
     q.close()
 
@@ -288,7 +289,7 @@ def test_wait_for_work_wakes_at_a_submit(pg_url: str) -> None:  # noqa: F811
     time.sleep(0.1)  # let the waiter block in its wait (a wait that returned early would fail below)
     assert not woke.is_set()
     started = time.monotonic()
-    submitter.submit([make_job(1)])
+    submitter.intake.submit([make_job(1)])
     assert woke.wait(5)
     assert time.monotonic() - started < 1.0
     thread.join(5)
@@ -299,24 +300,24 @@ def test_wait_for_work_wakes_at_a_submit(pg_url: str) -> None:  # noqa: F811
 @pytest.mark.parametrize("action", ["release", "retry_now", "requeue", "release_owner"])
 def test_what_makes_a_job_claimable_again_notifies(pg_url: str, action: str) -> None:  # noqa: F811
     q = PostgresQueue(pg_url)
-    q.submit([make_job(1)])
-    claim = q.claim("runner-a", "gpu0", LEASE)
+    q.intake.submit([make_job(1)])
+    claim = q.leases.claim("runner-a", "gpu0", LEASE)
     assert claim is not None
     if action == "requeue":
-        q.dead(claim, "broken")
+        q.leases.dead(claim, "broken")
     q.wait_for_work(0.01)
     q.wait_for_work(0.01)  # nothing pending now
     started = time.monotonic()
     q.wait_for_work(0.3)
     assert time.monotonic() - started >= 0.25  # no notification yet: the wait ran its course
     if action == "release":
-        q.release(claim, "test")
+        q.leases.release(claim, "test")
     elif action == "retry_now":
-        q.retry_later(claim, time.time() - 1, "again")
+        q.leases.retry_later(claim, time.time() - 1, "again")
     elif action == "requeue":
-        q.requeue_dead([claim.id])
+        q.intake.requeue_dead([claim.id])
     else:
-        q.release_owner("runner-a", "gone")
+        q.leases.release_owner("runner-a", "gone")
     started = time.monotonic()
     q.wait_for_work(5)
     assert time.monotonic() - started < 1.0
@@ -325,11 +326,11 @@ def test_what_makes_a_job_claimable_again_notifies(pg_url: str, action: str) -> 
 
 def test_a_retry_due_later_does_not_notify(pg_url: str) -> None:  # noqa: F811
     q = PostgresQueue(pg_url)
-    q.submit([make_job(1)])
-    claim = q.claim("runner-a", "gpu0", LEASE)
+    q.intake.submit([make_job(1)])
+    claim = q.leases.claim("runner-a", "gpu0", LEASE)
     assert claim is not None
     q.wait_for_work(0.01)
-    q.retry_later(claim, time.time() + 60, "later")
+    q.leases.retry_later(claim, time.time() + 60, "later")
     started = time.monotonic()
     q.wait_for_work(0.3)
     assert time.monotonic() - started >= 0.25
@@ -339,16 +340,16 @@ def test_a_retry_due_later_does_not_notify(pg_url: str) -> None:  # noqa: F811
 def test_wait_for_work_sleeps_when_the_listen_connection_dropped(pg_url: str) -> None:  # noqa: F811
     q = PostgresQueue(pg_url)
     q.wait_for_work(0.01)
-    listener_pid = q._listen.info.backend_pid  # type: ignore[union-attr]
+    listener_pid = q.db._listen.info.backend_pid  # type: ignore[union-attr]
     _sql(pg_url, "SELECT pg_terminate_backend(%s)", (listener_pid,))
     started = time.monotonic()
     q.wait_for_work(0.3)  # the dropped connection is noticed; the rest of the timeout is slept
     assert 0.25 <= time.monotonic() - started < 2
-    q._listen_failed_at = None  # do not wait LISTEN_RETRY_SECONDS in a test
+    q.db._listen_failed_at = None  # do not wait LISTEN_RETRY_SECONDS in a test
     submitter = PostgresQueue(pg_url)
     q.wait_for_work(0.01)  # reconnected and listening again
-    assert q._listen is not None and q._listen.info.backend_pid != listener_pid
-    submitter.submit([make_job(1)])
+    assert q.db._listen is not None and q.db._listen.info.backend_pid != listener_pid
+    submitter.intake.submit([make_job(1)])
     started = time.monotonic()
     q.wait_for_work(5)
     assert time.monotonic() - started < 1.0
@@ -359,14 +360,14 @@ def test_wait_for_work_sleeps_when_the_listen_connection_dropped(pg_url: str) ->
 def test_an_old_owner_is_fenced_across_sessions(pg_url: str) -> None:  # noqa: F811
     """Two sessions: a reclaim committed through one fences the stale claim of the other out."""
     a, b = PostgresQueue(pg_url), PostgresQueue(pg_url)
-    a.submit([make_job(1)], now=T0)
-    old = a.claim("runner-a", "gpu0", 10, now=T0)
-    new = b.claim("runner-b", "gpu1", 10, now=T0 + 11)
+    a.intake.submit([make_job(1)], now=T0)
+    old = a.leases.claim("runner-a", "gpu0", 10, now=T0)
+    new = b.leases.claim("runner-b", "gpu1", 10, now=T0 + 11)
     assert old is not None and new is not None and new.attempt == 2
     with pytest.raises(LeaseLost):
-        a.complete(old, [], now=T0 + 12)
-    b.complete(new, [], now=T0 + 13)
-    record = a.get(old.id)
+        a.leases.complete(old, [], now=T0 + 12)
+    b.leases.complete(new, [], now=T0 + 13)
+    record = a.reads.get(old.id)
     assert (record.state, record.machine) == ("done", "runner-b")
     a.close()
     b.close()
@@ -379,7 +380,7 @@ def test_open_queue_selects_postgres_when_the_config_has_a_url(pg_url: str, tmp_
     config = build_config({"queue": {"url": pg_url, "busy_timeout_seconds": 7}}, root=str(tmp_path))
     q = open_queue(config, create=False)
     assert isinstance(q, PostgresQueue)
-    assert q.busy_timeout_seconds == 7
+    assert q.db.busy_timeout_seconds == 7
     assert _sql(pg_url, "SELECT to_regclass('jobs') IS NOT NULL") == [(True,)]
     q.close()
 
@@ -413,13 +414,13 @@ def test_a_version_2_database_keeps_its_jobs_and_stores_each_workflow_once_in_v3
     q = PostgresQueue(pg_url)
     assert _sql(pg_url, "SELECT max(version) FROM schema_version") == [(SCHEMA_VERSION,)]
     assert _sql(pg_url, "SELECT count(*) FROM workflows") == [(3,)]
-    records = q.get_many(ids)
+    records = q.reads.get_many(ids)
     assert [r.state for r in records] == states
     assert [r.workflow for r in records] == [json.loads(t) for t in texts]
     assert [(r.extra_data, r.meta) for r in records] == [({"k": n}, {"n": n}) for n in range(4)]
     key = model_key(loaded)
     assert [r.model_key for r in records] == [None, None, key, key]
-    claim = q.claim("r2", "gpu1", LEASE, now=T0, prefer_model=key, max_wait_seconds=60)
+    claim = q.leases.claim("r2", "gpu1", LEASE, now=T0, prefer_model=key, max_wait_seconds=60)
     assert claim is not None and claim.id == make_job(7).id and claim.workflow == loaded
     q.close()
 
@@ -432,7 +433,7 @@ class _Explaining:
 
     def execute(self, sql: str, args: object = None) -> psycopg.Cursor:
         if "INSERT INTO attempts" in sql:
-            self.plan = "\n".join(r[0] for r in self.cur.execute("EXPLAIN " + sql, args).fetchall())
+            self.plan = "\n".join(r["QUERY PLAN"] for r in self.cur.execute("EXPLAIN " + sql, args).fetchall())
         return self.cur.execute(sql, args)
 
 
@@ -441,16 +442,17 @@ def test_a_claim_walks_the_ready_index_whatever_the_statistics_say(pg_url: str) 
     planner scan every queued row and sort them for each claim; the claim must stop at the index's first row."""
     q = PostgresQueue(pg_url)
     text = '{"1":{"class_type":"EmptyImage","inputs":{}}}'  # one small workflow: small rows, few pages
-    q.submit([NewJob(id=str(uuid.uuid4()), workflow=json.loads(text), spec_hash=str(n), workflow_json=text)
+    q.intake.submit([NewJob(id=str(uuid.uuid4()), workflow=json.loads(text), spec_hash=str(n), workflow_json=text)
               for n in range(3000)])
     for strict, key in ((True, None), (False, "model-a")):
         spy = _Explaining.__new__(_Explaining)
 
         def claim(cur: psycopg.Cursor, spy: _Explaining = spy, key: str | None = key) -> object:
             spy.__init__(cur)
-            return q._claim(spy, "host/1/s/t", "s", LEASE, None, key, 0.0 if key is None else 60.0)
+            ask = ClaimAsk("host/1/s/t", "s", LEASE, key, 0.0 if key is None else 60.0, None, None)
+            return q.db.take(spy, ask, None, {})
 
-        assert q._transaction(claim) is not None
+        assert q.db.transaction(claim) is not None
         assert ("jobs_ready" if strict else "jobs_affinity") in spy.plan, spy.plan
         assert "Sort" not in spy.plan and "Bitmap Heap Scan on jobs" not in spy.plan, spy.plan
     q.close()
@@ -462,9 +464,9 @@ def test_only_writes_marked_not_durable_skip_the_wal_flush(pg_url: str) -> None:
     q = PostgresQueue(pg_url)
 
     def setting(cur: psycopg.Cursor) -> str:
-        return cur.execute("SHOW synchronous_commit").fetchone()[0]
+        return cur.execute("SHOW synchronous_commit").fetchone()["synchronous_commit"]
 
-    assert q._transaction(setting, durable=False) == "off"
-    assert q._transaction(setting) == "on"
-    assert q._transaction(setting, write=False) == "on"  # and it did not outlive its transaction
+    assert q.db.transaction(setting, durable=False) == "off"
+    assert q.db.transaction(setting) == "on"
+    assert q.db.transaction(setting, write=False) == "on"  # and it did not outlive its transaction
     q.close()

@@ -37,18 +37,18 @@ def _worker(url: str, owner: str, lease_seconds: float, stall_every: int, stall_
     lost: list[str] = []
     start.wait()
     while True:
-        claim = queue.claim(owner, f"server-{owner}", lease_seconds)
+        claim = queue.leases.claim(owner, f"server-{owner}", lease_seconds)
         if claim is None:
-            if not queue.running_owners():
+            if not queue.reads.running_owners():
                 break
             queue.wait_for_work(0.05)  # another runner may still lose a lease to us; look again
             continue
         try:
-            queue.heartbeat(claim, lease_seconds)
+            queue.leases.heartbeat(claim, lease_seconds)
             if stall_every and rng.randrange(stall_every) == 0:
                 time.sleep(stall_seconds)  # a hung call, not synchronisation
-                queue.heartbeat(claim, lease_seconds)
-            queue.complete(claim, [Output(f"{claim.id}.png", 1, "00" * 32)])
+                queue.leases.heartbeat(claim, lease_seconds)
+            queue.leases.complete(claim, [Output(f"{claim.id}.png", 1, "00" * 32)])
             completed.append(claim.id)
         except LeaseLost:
             lost.append(claim.id)
@@ -59,7 +59,7 @@ def _worker(url: str, owner: str, lease_seconds: float, stall_every: int, stall_
 def _drain(url: str, tmp_path: Path, jobs: int, lease_seconds: float, stall_every: int = 0,
            stall_seconds: float = 0.0) -> dict[str, dict[str, list[str]]]:
     queue = PostgresQueue(url)
-    queue.submit([make_job(i) for i in range(jobs)])
+    queue.intake.submit([make_job(i) for i in range(jobs)])
     queue.close()
     start = CTX.Barrier(WORKERS)
     procs = []

@@ -13,7 +13,7 @@ def test_replaced_says_none_while_the_file_is_the_open_one(tmp_path: Path) -> No
     queue = SQLiteQueue(path)
     try:
         assert queue.replaced() is None
-        queue.status()
+        queue.reads.status()
         assert queue.replaced() is None
         moved = tmp_path / "moved.db"
         path.rename(moved)

@@ -26,21 +26,21 @@ class TestSQLiteQueue(QueueContract):
         return SQLiteQueue(tmp_path / "queue.db")
 
     def count(self, q: SQLiteQueue, table: str) -> int:  # type: ignore[override]
-        return q._read(f"SELECT count(*) FROM {table}")[0][0]
+        return q.db._read(f"SELECT count(*) FROM {table}")[0][0]
 
 
 def test_connection_is_wal_with_full_sync_and_a_busy_timeout(tmp_path: Path) -> None:
     q = SQLiteQueue(tmp_path / "q.db", busy_timeout_seconds=7)
-    assert q.conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-    assert q.conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
-    assert q.conn.execute("PRAGMA busy_timeout").fetchone()[0] == 7000
+    assert q.db.conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert q.db.conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+    assert q.db.conn.execute("PRAGMA busy_timeout").fetchone()[0] == 7000
     q.close()
 
 
 def test_new_file_is_0600_in_a_new_0700_directory(tmp_path: Path) -> None:
     path = tmp_path / "new" / "queue.db"
     q = SQLiteQueue(path)
-    q.submit([make_job(1)], now=T0)
+    q.intake.submit([make_job(1)], now=T0)
     assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     wal = path.with_name("queue.db-wal")
@@ -61,10 +61,10 @@ def test_schema_version_is_recorded_and_a_newer_one_refused(tmp_path: Path) -> N
 
 def test_reopening_keeps_the_jobs(tmp_path: Path) -> None:
     q = SQLiteQueue(tmp_path / "q.db")
-    q.submit([make_job(i) for i in range(3)], now=T0)
+    q.intake.submit([make_job(i) for i in range(3)], now=T0)
     q.close()
     again = SQLiteQueue(tmp_path / "q.db", create=False)
-    assert again.status(now=T0).counts["queued"] == 3
+    assert again.reads.status(now=T0).counts["queued"] == 3
     again.close()
 
 
@@ -104,18 +104,18 @@ def _hold_write_lock(path: Path) -> sqlite3.Connection:
 def test_a_write_lock_held_beyond_the_busy_timeout_is_database_locked(tmp_path: Path) -> None:
     path = tmp_path / "q.db"
     q = SQLiteQueue(path, busy_timeout_seconds=0.2)
-    q.submit([make_job(1)], now=T0)
+    q.intake.submit([make_job(1)], now=T0)
     holder = _hold_write_lock(path)
     try:
         started = time.monotonic()
         with pytest.raises(DatabaseLocked, match="another process holds a write lock"):
-            q.claim("runner-a", "gpu0", 30, now=T0)
+            q.leases.claim("runner-a", "gpu0", 30, now=T0)
         assert time.monotonic() - started >= 0.15  # it waited for the busy timeout, not SQLITE_BUSY at once
-        assert q.status(now=T0).counts["queued"] == 1  # WAL: reads go on under a writer
+        assert q.reads.status(now=T0).counts["queued"] == 1  # WAL: reads go on under a writer
     finally:
         holder.execute("ROLLBACK")
         holder.close()
-    assert q.claim("runner-a", "gpu0", 30, now=T0) is not None  # and the connection is still usable
+    assert q.leases.claim("runner-a", "gpu0", 30, now=T0) is not None  # and the connection is still usable
     q.close()
 
 
@@ -126,8 +126,8 @@ def test_a_retry_waits_its_backoff_after_the_write_that_records_it_even_behind_a
 
     path = tmp_path / "q.db"
     q = SQLiteQueue(path, busy_timeout_seconds=5.0)
-    q.submit([make_job(1)])
-    claim = q.claim("runner-a", "gpu0", 30)
+    q.intake.submit([make_job(1)])
+    claim = q.leases.claim("runner-a", "gpu0", 30)
     held = threading.Event()
 
     def hold() -> None:  # the lock held 0.3 s by another connection: the fault, not a synchronisation
@@ -141,11 +141,11 @@ def test_a_retry_waits_its_backoff_after_the_write_that_records_it_even_behind_a
     locker.start()
     try:
         assert held.wait(5)
-        q.retry_later(claim, time.time() + 0.2, "out of memory", kind="oom")
+        q.leases.retry_later(claim, time.time() + 0.2, "out of memory", kind="oom")
     finally:
         locker.join(5)
-    (run_after,) = q._read("SELECT run_after FROM jobs")[0]
-    (ended_at,) = q._read("SELECT ended_at FROM attempts")[0]
+    (run_after,) = q.db._read("SELECT run_after FROM jobs")[0]
+    (ended_at,) = q.db._read("SELECT ended_at FROM attempts")[0]
     assert run_after - ended_at >= 0.19
     q.close()
 
@@ -156,11 +156,11 @@ def test_a_reconnect_never_makes_an_empty_database_where_the_queue_was_deleted(t
     a writer would carry on in a database without the jobs."""
     path = tmp_path / "q.db"
     q = SQLiteQueue(path)
-    q.submit([make_job(1)], now=T0)
+    q.intake.submit([make_job(1)], now=T0)
     q.close()
     path.unlink()
     with pytest.raises(DatabaseMissing, match="deleted or moved"):
-        q.status(now=T0)
+        q.reads.status(now=T0)
     assert not path.exists()
 
 
@@ -171,7 +171,7 @@ def test_opening_an_existing_queue_does_not_need_the_write_lock(tmp_path: Path) 
     holder = _hold_write_lock(path)
     try:
         q = SQLiteQueue(path, create=False, busy_timeout_seconds=0.2)
-        assert q.status(now=T0).counts["queued"] == 0
+        assert q.reads.status(now=T0).counts["queued"] == 0
         q.close()
     finally:
         holder.execute("ROLLBACK")
@@ -195,18 +195,18 @@ def _fork(child: object) -> int:
 @pytest.mark.timeout(30)
 def test_a_forked_child_uses_its_own_connection(tmp_path: Path) -> None:
     q = SQLiteQueue(tmp_path / "q.db")
-    q.submit([make_job(1)], now=T0)
-    parent_conn = q.conn
+    q.intake.submit([make_job(1)], now=T0)
+    parent_conn = q.db.conn
 
     def child() -> None:
-        assert q.conn is not parent_conn
-        q.submit([make_job(2)], now=T0)
-        claim = q.claim("child", "gpu0", 30, now=T0)
+        assert q.db.conn is not parent_conn
+        q.intake.submit([make_job(2)], now=T0)
+        claim = q.leases.claim("child", "gpu0", 30, now=T0)
         assert claim is not None
-        q.complete(claim, [], now=T0 + 1)
+        q.leases.complete(claim, [], now=T0 + 1)
 
     assert _fork(child) == 0
-    counts = q.status(now=T0).counts
+    counts = q.reads.status(now=T0).counts
     assert (counts["queued"], counts["done"]) == (1, 1)
     q.close()
 
@@ -222,18 +222,18 @@ def test_a_child_keeps_its_commits_when_the_parent_closes_first(tmp_path: Path) 
     """
     path = tmp_path / "q.db"
     q = SQLiteQueue(path)
-    q.submit([make_job(1)], now=T0)
+    q.intake.submit([make_job(1)], now=T0)
     to_parent_r, to_parent_w = os.pipe()
     to_child_r, to_child_w = os.pipe()
     pid = os.fork()
     if pid == 0:
         code = 1
         try:
-            q.submit([make_job(2)], now=T0)
+            q.intake.submit([make_job(2)], now=T0)
             os.write(to_parent_w, b"1")
             os.read(to_child_r, 1)  # the parent has closed its connection
-            q.submit([make_job(3)], now=T0)
-            q.submit([make_job(4)], now=T0)
+            q.intake.submit([make_job(3)], now=T0)
+            q.intake.submit([make_job(4)], now=T0)
             code = 0
         finally:
             os._exit(code)
@@ -252,7 +252,7 @@ def test_maintenance_checkpoints_the_wal_at_its_pace(tmp_path: Path) -> None:
     """A checkpoint copies the WAL into the database file; between two, maintenance does nothing."""
     path = tmp_path / "q.db"
     idle = SQLiteQueue(path, checkpoint_seconds=3600)
-    idle.submit([make_job(i) for i in range(200)], now=T0)
+    idle.intake.submit([make_job(i) for i in range(200)], now=T0)
     before = path.stat().st_size
     idle.maintenance()
     assert path.stat().st_size == before
@@ -272,13 +272,13 @@ def test_a_file_that_is_not_a_database_is_a_queue_error(tmp_path: Path) -> None:
 
 def test_a_failed_write_rolls_back_and_the_queue_stays_usable(tmp_path: Path) -> None:
     q = SQLiteQueue(tmp_path / "q.db")
-    q.submit([make_job(1)], now=T0)
-    with pytest.raises(QueueError, match="no such table"), q._write() as conn:
+    q.intake.submit([make_job(1)], now=T0)
+    with pytest.raises(QueueError, match="no such table"), q.db._write() as conn:
         conn.execute("UPDATE jobs SET priority = 7")
         conn.execute("INSERT INTO no_such_table VALUES (1)")
-    assert q.get(make_job(1).id).priority == 0  # the first statement was rolled back with the second
-    q.submit([make_job(2)], now=T0)
-    assert q.status(now=T0).counts["queued"] == 2
+    assert q.reads.get(make_job(1).id).priority == 0  # the first statement was rolled back with the second
+    q.intake.submit([make_job(2)], now=T0)
+    assert q.reads.status(now=T0).counts["queued"] == 2
     q.close()
 
 
@@ -321,13 +321,13 @@ def test_wait_for_work_ends_at_another_connections_commit(tmp_path: Path, monkey
     """A job submitted by another process while a runner waits is seen at the next check, not after the cap;
     the waiter's own commits do not end its wait."""
     q, other = SQLiteQueue(tmp_path / "q.db"), SQLiteQueue(tmp_path / "q.db")
-    clock = FakeClock(during_sleep=lambda: other.submit([make_job(1)], now=T0))
+    clock = FakeClock(during_sleep=lambda: other.intake.submit([make_job(1)], now=T0))
     monkeypatch.setattr(sqlite_backend.time, "monotonic", clock.monotonic)
     monkeypatch.setattr(sqlite_backend.time, "sleep", clock.sleep)
     q.wait_for_work(30)
     assert clock.sleeps == [sqlite_backend.WAKE_CHECK_SECONDS]
     clock.sleeps.clear()
-    clock.during_sleep = lambda: q.submit([make_job(2)], now=T0)
+    clock.during_sleep = lambda: q.intake.submit([make_job(2)], now=T0)
     q.wait_for_work(30)
     assert sum(clock.sleeps) == pytest.approx(sqlite_backend.IDLE_WAIT_CAP_SECONDS)
     monkeypatch.undo()
@@ -348,13 +348,13 @@ def test_a_version_1_database_is_migrated_and_keeps_its_jobs(tmp_path: Path) -> 
     conn.commit()
     conn.close()
     q = SQLiteQueue(path, create=False)
-    assert q.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
-    claim = q.claim("host-a/1/gpu0/t", "gpu0", 30, now=T0)
+    assert q.db.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    claim = q.leases.claim("host-a/1/gpu0/t", "gpu0", 30, now=T0)
     assert claim is not None and claim.id == make_job(1).id
-    q.complete(claim, [], now=T0 + 1)
-    assert q.get(claim.id).machine == "host-a"
-    q.register_machine("host-a", 1, [], now=T0)
-    assert [m.host for m in q.machines(now=T0)] == ["host-a"]
+    q.leases.complete(claim, [], now=T0 + 1)
+    assert q.reads.get(claim.id).machine == "host-a"
+    q.fleet.register_machine("host-a", 1, [], now=T0)
+    assert [m.host for m in q.fleet.machines(now=T0)] == ["host-a"]
     q.close()
 
 
@@ -376,16 +376,16 @@ def test_a_version_2_database_keeps_every_jobs_workflow_and_data_through_v3(tmp_
     conn.commit()
     conn.close()
     q = SQLiteQueue(path, create=False)
-    assert q.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
-    for job, record in zip(jobs, q.get_many([j.id for j in jobs]), strict=True):
+    assert q.db.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    for job, record in zip(jobs, q.reads.get_many([j.id for j in jobs]), strict=True):
         assert (record.workflow, record.extra_data, record.meta, record.params) == \
             (job.workflow, job.extra_data, job.meta, job.params)
-    assert q.submit(jobs, now=T0).existing == 3  # the same content is still recognised
-    claim = q.claim("runner-a", "gpu0", 30, now=T0)
+    assert q.intake.submit(jobs, now=T0).existing == 3  # the same content is still recognised
+    claim = q.leases.claim("runner-a", "gpu0", 30, now=T0)
     assert claim is not None and claim.workflow == jobs[0].workflow
     assert claim.extra_data == {"api_key_comfy_org": "k0"}
-    q.submit([make_job(9)], now=T0)  # new jobs after the migrated ones
-    assert [j.id for j in q.iter_jobs()] == [*(j.id for j in jobs), make_job(9).id]
+    q.intake.submit([make_job(9)], now=T0)  # new jobs after the migrated ones
+    assert [j.id for j in q.reads.iter_jobs()] == [*(j.id for j in jobs), make_job(9).id]
     q.close()
 
 
@@ -415,16 +415,16 @@ def test_a_version_4_database_keeps_its_jobs_and_stores_each_workflow_once_in_v5
     conn.commit()
     conn.close()
     q = SQLiteQueue(path, create=False)
-    assert q.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
-    assert q._read("SELECT count(*) FROM workflows")[0][0] == 4  # the two identical ones stored once
-    records = q.get_many(ids)
+    assert q.db.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    assert q.db._read("SELECT count(*) FROM workflows")[0][0] == 4  # the two identical ones stored once
+    records = q.reads.get_many(ids)
     assert [r.state for r in records] == states
     assert [r.workflow for r in records] == [json.loads(t) for t in texts]
     assert [r.extra_data for r in records] == [{"api_key_comfy_org": f"k{n}"} for n in range(1, 6)]
     assert [r.meta for r in records] == [{"n": n} for n in range(1, 6)]
     key = model_key(loaded)
     assert [r.model_key for r in records] == [None, None, None, key, key]  # done: not needed any more
-    claim = q.claim("r2", "gpu1", 30, now=T0 + 1, prefer_model=key, max_wait_seconds=60)
+    claim = q.leases.claim("r2", "gpu1", 30, now=T0 + 1, prefer_model=key, max_wait_seconds=60)
     assert claim is not None and claim.id == make_job(7).id and claim.workflow == loaded
     q.close()
 
@@ -436,35 +436,35 @@ def test_finished_counts_follow_every_transition(tmp_path: Path) -> None:
 
     rng = random.Random(11)
     q = SQLiteQueue(tmp_path / "q.db")
-    q.submit([make_job(n) for n in range(120)], now=T0)
+    q.intake.submit([make_job(n) for n in range(120)], now=T0)
     held = []
     for step in range(400):
         at = T0 + step
         action = rng.choice(["claim", "claim", "end", "end", "cancel", "requeue", "prune", "release"])
-        if action == "claim" and (claim := q.claim(f"r{step}", "gpu0", 1e6, now=at)) is not None:
+        if action == "claim" and (claim := q.leases.claim(f"r{step}", "gpu0", 1e6, now=at)) is not None:
             held.append(claim)
         elif action == "end" and held:
             claim, how = held.pop(rng.randrange(len(held))), rng.choice(["done", "dead", "cancelled", "retry"])
             if how == "done":
-                q.complete(claim, [], now=at)
+                q.leases.complete(claim, [], now=at)
             elif how == "dead":
-                q.dead(claim, "x", now=at)
+                q.leases.dead(claim, "x", now=at)
             elif how == "cancelled":
-                q.cancelled(claim, "x", now=at)
+                q.leases.cancelled(claim, "x", now=at)
             else:
-                q.retry_later(claim, at, "x", now=at)
+                q.leases.retry_later(claim, at, "x", now=at)
         elif action == "release" and held:
-            q.release(held.pop(), "x", now=at)
+            q.leases.release(held.pop(), "x", now=at)
         elif action == "cancel":
-            q.cancel([make_job(rng.randrange(120)).id], now=at)
+            q.intake.cancel([make_job(rng.randrange(120)).id], now=at)
         elif action == "requeue":
-            q.requeue_dead([make_job(rng.randrange(120)).id], now=at)
+            q.intake.requeue_dead([make_job(rng.randrange(120)).id], now=at)
         elif action == "prune":
-            q.prune(at - 50, limit=5)
-        full = dict(q._read("SELECT state, count(*) FROM jobs GROUP BY state"))
-        shown = q.status(now=at).counts
+            q.intake.prune(at - 50, limit=5)
+        full = dict(q.db._read("SELECT state, count(*) FROM jobs GROUP BY state"))
+        shown = q.reads.status(now=at).counts
         assert {s: shown[s] + (shown["waiting"] if s == "queued" else 0) for s in full} == full, (step, action)
-    assert set(dict(q._read("SELECT state, n FROM finished_counts"))) == {"done", "dead", "cancelled"}
+    assert set(dict(q.db._read("SELECT state, n FROM finished_counts"))) == {"done", "dead", "cancelled"}
     q.close()
 
 
@@ -500,18 +500,18 @@ def _back_to(path: Path, version: int) -> None:
 def test_a_version_5_database_counts_its_finished_jobs_in_v6(tmp_path: Path) -> None:
     path = tmp_path / "q.db"
     q = SQLiteQueue(path)
-    q.submit([make_job(n) for n in range(6)], now=T0)
-    q.complete(q.claim("r", "gpu0", 30, now=T0), [], now=T0 + 1)
-    q.dead(q.claim("r", "gpu0", 30, now=T0), "x", now=T0 + 1)
-    q.cancel([make_job(5).id], now=T0 + 2)
-    q.claim("r", "gpu0", 30, now=T0)
+    q.intake.submit([make_job(n) for n in range(6)], now=T0)
+    q.leases.complete(q.leases.claim("r", "gpu0", 30, now=T0), [], now=T0 + 1)
+    q.leases.dead(q.leases.claim("r", "gpu0", 30, now=T0), "x", now=T0 + 1)
+    q.intake.cancel([make_job(5).id], now=T0 + 2)
+    q.leases.claim("r", "gpu0", 30, now=T0)
     q.close()
     _back_to(path, 5)  # as a queue made by the comfysup before this one left it
     q = SQLiteQueue(path, create=False)
-    assert q.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
-    assert q.status(now=T0 + 3).counts == {"queued": 2, "waiting": 0, "posted": 0, "running": 1, "done": 1, "dead": 1,
-                                           "cancelled": 1}
-    assert [j.state for j in q.iter_jobs()].count("queued") == 2  # every job kept
+    assert q.db.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    assert q.reads.status(now=T0 + 3).counts == {"queued": 2, "waiting": 0, "posted": 0, "running": 1, "done": 1,
+                                                 "dead": 1, "cancelled": 1}
+    assert [j.state for j in q.reads.iter_jobs()].count("queued") == 2  # every job kept
     q.close()
 
 
@@ -520,18 +520,18 @@ def test_v7_drops_the_insert_trigger_and_counts_stay_right(tmp_path: Path) -> No
     trigger is gone, and the finished counts still follow every finish, removal and fresh submit."""
     path = tmp_path / "q.db"
     q = SQLiteQueue(path)
-    q.submit([make_job(n) for n in range(4)], now=T0)
-    q.complete(q.claim("r", "gpu0", 30, now=T0), [], now=T0 + 1)
+    q.intake.submit([make_job(n) for n in range(4)], now=T0)
+    q.leases.complete(q.leases.claim("r", "gpu0", 30, now=T0), [], now=T0 + 1)
     q.close()
     _back_to(path, 6)  # as the comfysup before this one left it, with the per-row insert trigger
     q = SQLiteQueue(path, create=False)
-    assert q.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
-    assert q._read("SELECT name FROM sqlite_master WHERE type = 'trigger' AND name = 'jobs_finished_insert'") == []
-    q.submit([make_job(n) for n in range(4, 8)], now=T0 + 2)
-    q.dead(q.claim("r", "gpu0", 30, now=T0 + 2), "x", now=T0 + 3)
-    q.cancel([make_job(7).id], now=T0 + 4)
-    assert q.status(now=T0 + 5).counts == {"queued": 5, "waiting": 0, "posted": 0, "running": 0, "done": 1, "dead": 1,
-                                           "cancelled": 1}
+    assert q.db.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    assert q.db._read("SELECT name FROM sqlite_master WHERE type = 'trigger' AND name = 'jobs_finished_insert'") == []
+    q.intake.submit([make_job(n) for n in range(4, 8)], now=T0 + 2)
+    q.leases.dead(q.leases.claim("r", "gpu0", 30, now=T0 + 2), "x", now=T0 + 3)
+    q.intake.cancel([make_job(7).id], now=T0 + 4)
+    assert q.reads.status(now=T0 + 5).counts == {"queued": 5, "waiting": 0, "posted": 0, "running": 0, "done": 1,
+                                                 "dead": 1, "cancelled": 1}
     q.close()
 
 
@@ -540,15 +540,15 @@ def test_v9_adds_the_attempts_server_url(tmp_path: Path) -> None:
     record_prompt; earlier attempts have none."""
     path = tmp_path / "q.db"
     q = SQLiteQueue(path)
-    q.submit([make_job(1)], now=T0)
-    old = q.claim("host-a/1/gpu0/t", "gpu0", 30, now=T0)
+    q.intake.submit([make_job(1)], now=T0)
+    old = q.leases.claim("host-a/1/gpu0/t", "gpu0", 30, now=T0)
     q.close()
     _back_to(path, 8)
     q = SQLiteQueue(path, create=False)
-    assert q.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
-    assert q.attempt_urls(old.id) == []
-    q.record_prompt(old, "gpu0", 3, "http://10.0.0.1:8188")
-    assert q.attempt_urls(old.id) == [("http://10.0.0.1:8188", 3)]
+    assert q.db.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    assert q.leases.attempt_urls(old.id) == []
+    q.leases.record_prompt(old, "gpu0", 3, "http://10.0.0.1:8188")
+    assert q.leases.attempt_urls(old.id) == [("http://10.0.0.1:8188", 3)]
     q.close()
 
 
@@ -560,15 +560,15 @@ def test_v12_adds_api_upload_records_and_keeps_the_inputs_jobs_have(tmp_path: Pa
     path = tmp_path / "q.db"
     q = SQLiteQueue(path)
     cat = asset_file(tmp_path, b"cat bytes")
-    q.submit([dataclasses.replace(make_job(1), assets=(cat,))], now=T0)
+    q.intake.submit([dataclasses.replace(make_job(1), assets=(cat,))], now=T0)
     q.close()
     _back_to(path, 11)
     q = SQLiteQueue(path, create=False)
-    assert q.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
-    assert q.prune_assets(now=T0 + 10**6) == (0, 0)
-    assert q.read_asset(cat.hash) == b"cat bytes"
-    record, created_new = q.add_api_asset(cat, "image/png", 3600.0, now=T0)
-    assert not created_new and q.api_asset(record.id) == record
+    assert q.db.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    assert q.assets.prune_assets(now=T0 + 10**6) == (0, 0)
+    assert q.assets.read_asset(cat.hash) == b"cat bytes"
+    record, created_new = q.assets.add_api_asset(cat, "image/png", 3600.0, now=T0)
+    assert not created_new and q.assets.api_asset(record.id) == record
     q.close()
 
 
@@ -576,14 +576,14 @@ def test_v13_adds_the_api_registry_and_keeps_the_jobs(tmp_path: Path) -> None:
     """A v12 queue opened by this comfysup: the registry of machines' APIs is added, the jobs stay."""
     path = tmp_path / "q.db"
     q = SQLiteQueue(path)
-    q.submit([make_job(1)], now=T0)
+    q.intake.submit([make_job(1)], now=T0)
     q.close()
     _back_to(path, 12)
     q = SQLiteQueue(path, create=False)
-    assert q.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
-    assert q.get(make_job(1).id).state == "queued"
-    q.advertise_api("render-07", "http://10.0.0.7:9189", 100, now=T0)
-    endpoint = q.api_endpoint("render-07", now=T0 + 1)
+    assert q.db.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    assert q.reads.get(make_job(1).id).state == "queued"
+    q.endpoints.advertise_api("render-07", "http://10.0.0.7:9189", 100, now=T0)
+    endpoint = q.endpoints.api_endpoint("render-07", now=T0 + 1)
     assert endpoint is not None and endpoint.url == "http://10.0.0.7:9189"
     q.close()
 
@@ -593,16 +593,16 @@ def test_v14_adds_when_a_running_job_began_to_wait_and_keeps_the_jobs(tmp_path: 
     behind another from now on is shown posted."""
     path = tmp_path / "q.db"
     q = SQLiteQueue(path)
-    q.submit([make_job(1), make_job(2)], now=T0)
-    running = q.claim("host-a/1/gpu0/t", "gpu0", 30, now=T0)
+    q.intake.submit([make_job(1), make_job(2)], now=T0)
+    running = q.leases.claim("host-a/1/gpu0/t", "gpu0", 30, now=T0)
     q.close()
     _back_to(path, 13)
     q = SQLiteQueue(path, create=False)
-    assert q.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
-    assert q.states([running.id]) == {running.id: "running"}
-    behind = q.claim("host-a/1/gpu0/t", "gpu0", 30, now=T0)
-    q.record_prompt(behind, "gpu0", 2, waiting=True)
-    assert q.status(now=T0 + 1).counts["posted"] == 1
+    assert q.db.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    assert q.reads.states([running.id]) == {running.id: "running"}
+    behind = q.leases.claim("host-a/1/gpu0/t", "gpu0", 30, now=T0)
+    q.leases.record_prompt(behind, "gpu0", 2, waiting=True)
+    assert q.reads.status(now=T0 + 1).counts["posted"] == 1
     q.close()
 
 
@@ -611,18 +611,18 @@ def test_v15_gives_outputs_asset_ids_and_keeps_earlier_outputs(tmp_path: Path) -
     job done now gets an asset id per file, found by output_asset."""
     path = tmp_path / "q.db"
     q = SQLiteQueue(path)
-    q.submit([make_job(1), make_job(2)], now=T0)
-    q.complete(q.claim("r", "gpu0", 30, now=T0), [Output("a.png", 1, "00")], now=T0 + 1)
-    q.conn.execute("UPDATE jobs SET outputs = '[{\"name\": \"a.png\", \"size\": 1, \"sha256\": \"00\"}]'")
-    q.conn.commit()
+    q.intake.submit([make_job(1), make_job(2)], now=T0)
+    q.leases.complete(q.leases.claim("r", "gpu0", 30, now=T0), [Output("a.png", 1, "00")], now=T0 + 1)
+    q.db.conn.execute("UPDATE jobs SET outputs = '[{\"name\": \"a.png\", \"size\": 1, \"sha256\": \"00\"}]'")
+    q.db.conn.commit()
     q.close()
     _back_to(path, 14)
     q = SQLiteQueue(path, create=False)
-    assert q.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 15
-    assert [o.id for o in q.get(make_job(1).id).outputs] == [""]
-    q.complete(q.claim("r", "gpu0", 30, now=T0), [Output("b.png", 1, "00")], now=T0 + 2)
-    (made,) = q.get(make_job(2).id).outputs
-    assert made.id and q.output_asset(made.id) == (q.get(make_job(2).id), 0)
+    assert q.db.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 15
+    assert [o.id for o in q.reads.get(make_job(1).id).outputs] == [""]
+    q.leases.complete(q.leases.claim("r", "gpu0", 30, now=T0), [Output("b.png", 1, "00")], now=T0 + 2)
+    (made,) = q.reads.get(make_job(2).id).outputs
+    assert made.id and q.reads.output_asset(made.id) == (q.reads.get(make_job(2).id), 0)
     q.close()
 
 
@@ -631,7 +631,7 @@ def test_a_write_waits_for_the_lock_in_short_steps_of_its_own(tmp_path: Path, mo
     slept on long after the lock was free, while its server waited for the next prompt."""
     path = tmp_path / "q.db"
     q = SQLiteQueue(path, busy_timeout_seconds=30)
-    q.submit([make_job(1)], now=T0)
+    q.intake.submit([make_job(1)], now=T0)
     holder = _hold_write_lock(path)
     steps: list[float] = []
     real_sleep = time.sleep
@@ -644,12 +644,12 @@ def test_a_write_waits_for_the_lock_in_short_steps_of_its_own(tmp_path: Path, mo
 
     monkeypatch.setattr(sqlite_backend.time, "sleep", sleep)
     try:
-        assert q.claim("runner-a", "gpu0", 30, now=T0) is not None
+        assert q.leases.claim("runner-a", "gpu0", 30, now=T0) is not None
     finally:
         holder.close()
     assert len(steps) == 8 and max(steps) <= sqlite_backend.BUSY_STEP_SECONDS, steps
     assert steps == sorted(steps)  # growing from BUSY_FIRST_STEP_SECONDS, capped
-    assert q.conn.execute("PRAGMA busy_timeout").fetchone()[0] == 30_000  # every other statement keeps it
+    assert q.db.conn.execute("PRAGMA busy_timeout").fetchone()[0] == 30_000  # every other statement keeps it
     q.close()
 
 
@@ -658,19 +658,19 @@ def test_a_runner_s_commits_leave_the_checkpoint_to_a_thread_of_its_own(tmp_path
     monkeypatch.setattr(sqlite_file, "BACKGROUND_CHECKPOINT_SECONDS", 0.02)
     path = tmp_path / "q.db"
     q = SQLiteQueue(path, checkpoint_seconds=3600)
-    assert q.conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 1000  # SQLite's own, in line
+    assert q.db.conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 1000  # SQLite's own, in line
     q.checkpoint_in_background()
-    assert q.conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 0
+    assert q.db.conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 0
     before = path.stat().st_size
-    q.submit([make_job(i) for i in range(300)], now=T0)
+    q.intake.submit([make_job(i) for i in range(300)], now=T0)
     deadline = time.monotonic() + 20
     while path.stat().st_size <= before:  # the thread copies the WAL into the database file
         assert time.monotonic() < deadline, "no checkpoint came from the thread"
         time.sleep(0.01)
-    q._conn.close()
-    q._conn = None  # a reconnect (after a fork, say) keeps it off for this process's commits
-    assert q.conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 0
-    thread = q._checkpointer.thread
+    q.db._conn.close()
+    q.db._conn = None  # a reconnect (after a fork, say) keeps it off for this process's commits
+    assert q.db.conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 0
+    thread = q.db._checkpointer.thread
     q.close()
     assert not thread.is_alive()
 
@@ -687,11 +687,11 @@ def test_the_checkpoint_thread_is_woken_by_its_process_s_commits(tmp_path: Path,
     q.checkpoint_in_background()
     before = path.stat().st_size
     for n in range(3):
-        q.submit([make_job(100 * n + i) for i in range(100)], now=T0)
+        q.intake.submit([make_job(100 * n + i) for i in range(100)], now=T0)
     deadline = time.monotonic() + 20
     while path.stat().st_size <= before:  # the thread copied the WAL into the database file
         assert time.monotonic() < deadline, "three commits did not wake the checkpoint thread"
         time.sleep(0.01)
-    thread = q._checkpointer.thread
+    thread = q.db._checkpointer.thread
     q.close()
     assert not thread.is_alive()  # a stop wakes it from its hour-long wait

@@ -28,11 +28,11 @@ def job(n: int) -> NewJob:
 @pytest.mark.timeout(30)
 def test_a_claim_that_waited_for_the_lock_starts_and_leases_from_when_it_got_it(tmp_path: Path) -> None:
     queue = SQLiteQueue(tmp_path / "q.db")
-    queue.submit([job(1)])
+    queue.intake.submit([job(1)])
     blocker = sqlite3.connect(tmp_path / "q.db", isolation_level=None)
     blocker.execute("BEGIN IMMEDIATE")  # another process holds the write lock
     claimed: list[Claim | None] = []
-    thread = threading.Thread(target=lambda: claimed.append(queue.claim("runner-b", "cpu1", lease_seconds=10)))
+    thread = threading.Thread(target=lambda: claimed.append(queue.leases.claim("runner-b", "cpu1", lease_seconds=10)))
     thread.start()
     time.sleep(HELD_SECONDS)  # the lock is held this long: the fault itself, not a wait for something
     released_at = time.time()
@@ -40,7 +40,7 @@ def test_a_claim_that_waited_for_the_lock_starts_and_leases_from_when_it_got_it(
     thread.join(10)
     claim = claimed[0]
     assert claim is not None
-    started = queue.get(claim.id).attempts[0].started_at
+    started = queue.reads.get(claim.id).attempts[0].started_at
     assert started >= released_at - 0.01, f"the attempt starts {released_at - started:.3f} s before it was claimed"
     assert claim.lease_until >= released_at + 10 - 0.01
     blocker.close()

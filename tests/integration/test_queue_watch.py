@@ -15,7 +15,7 @@ from comfysup.queue.watch import QueueWatch
 def _queue(tmp_path: Path) -> tuple[SQLiteQueue, Path]:
     path = tmp_path / "q.db"
     queue = SQLiteQueue(path)
-    queue.status()
+    queue.reads.status()
     with sqlite3.connect(path) as conn:  # every page in the file itself
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
     return queue, path

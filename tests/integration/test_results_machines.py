@@ -30,12 +30,12 @@ def config_path(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
 def test_results_csv_names_the_machine_and_each_file_as_host_path(config_path: Path,
                                                                   capsys: pytest.CaptureFixture[str]) -> None:
     queue = open_queue(load_config(str(config_path), env={}))
-    queue.submit([make_job(1), make_job(2)], now=T0)
-    claim = queue.claim("machine-b/4242/gpu1/abcd", "gpu1", 30, now=T0)
+    queue.intake.submit([make_job(1), make_job(2)], now=T0)
+    claim = queue.leases.claim("machine-b/4242/gpu1/abcd", "gpu1", 30, now=T0)
     assert claim is not None
     files = [Output("out/a.png", 3, "aa" * 32, f"/srv/results/{claim.id}/out/a.png"),
              Output("b.png", 4, "bb" * 32, f"/srv/results/{claim.id}/b.png")]
-    queue.complete(claim, files, now=T0 + 2)
+    queue.leases.complete(claim, files, now=T0 + 2)
     queue.close()
     assert cli(["results", "--csv", "--config", str(config_path)]) == 0
     rows = {r["id"]: r for r in csv.DictReader(io.StringIO(capsys.readouterr().out))}

@@ -64,10 +64,10 @@ def test_the_table_cuts_a_reason_at_a_word_with_an_ellipsis(tmp_path: Path,
     assert cli(capsys, "submit", str(jobs), "--config", str(config))[0] == 0
     queue = open_queue(load_config(str(config), env={}))
     now = time.time()
-    claim = queue.claim("host/1/gpu0/abcd", "gpu0", 30, now=now)
+    claim = queue.leases.claim("host/1/gpu0/abcd", "gpu0", 30, now=now)
     assert claim is not None
     reason = "gave up after 4 attempts, last: POST /prompt on http://127.0.0.1:8188: connection refused"
-    queue.dead(claim, reason, now=now + 1)
+    queue.leases.dead(claim, reason, now=now + 1)
     queue.close()
     code, out, _ = cli(capsys, "results", "--config", str(config))
     assert code == 0

@@ -56,7 +56,7 @@ def test_files_keep_their_names_and_the_servers_job_folder_is_removed_once_done(
         queue = submit(config, [job])
         _runner(config, a).run()
 
-        record = queue.get(job["id"])
+        record = queue.reads.get(job["id"])
         assert record.state == "done"
         assert [o.name for o in record.outputs] == ["portraits/job1_00001_.png"]
         stored = tmp_path / "store" / job["id"] / "portraits" / "job1_00001_.png"
@@ -80,7 +80,7 @@ def test_files_come_through_view_when_the_servers_folder_is_unknown_or_not_the_s
         queue = submit(config, [job])
         dirs = {} if output_dir == "none" else {"a": tmp_path / "not-the-servers-output"}
         Runner(config_of(config), "a", a.url, until_empty=True, output_dirs=dirs).run()
-        record = queue.get(job["id"])
+        record = queue.reads.get(job["id"])
         assert record.state == "done", record.reason
         (out,) = record.outputs
         assert out.name == "job4_00001_.png"
@@ -109,7 +109,7 @@ def _crash_after_the_file(tmp_path: Path, damage: bool) -> tuple[object, FakeCom
         assert not thread.is_alive()
     finally:
         a.stop()
-    return queue.get(job["id"]), a, job["id"]
+    return queue.reads.get(job["id"]), a, job["id"]
 
 
 @pytest.mark.timeout(60)
@@ -161,7 +161,7 @@ def test_a_run_on_a_server_still_down_is_adopted_by_another_servers_runner(tmp_p
             Runner(config_of(config), "b", b.url, peers=peers, until_empty=True, output_dirs=dirs).run()
         finally:
             a.stop()
-        record = queue.get(job["id"])
+        record = queue.reads.get(job["id"])
         assert record.state == "done", record.reason
         assert b.stats()["prompts"].get(job["id"], {}).get("executed", 0) == 0, "run again on b"
         assert any(p == "adopted" for p, _ in record.attempts[-1].trace["phases"])

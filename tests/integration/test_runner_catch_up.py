@@ -30,19 +30,19 @@ def test_a_prompt_posted_by_a_runner_that_died_before_recording_it_is_followed_o
         config = write_config(tmp_path)
         queue = submit(config, [trivial_job(1)])
         if recorded:  # an earlier attempt ran on b and was retried: last_server names b
-            first = queue.claim("runner-b", "b", lease_seconds=30)
+            first = queue.leases.claim("runner-b", "b", lease_seconds=30)
             assert first is not None
-            queue.record_prompt(first, "b", 99)
-            queue.retry_later(first, time.time(), "POST /prompt 500")
-        claim = queue.claim("runner-a", "a", lease_seconds=30)
+            queue.leases.record_prompt(first, "b", 99)
+            queue.leases.retry_later(first, time.time(), "POST /prompt 500")
+        claim = queue.leases.claim("runner-a", "a", lease_seconds=30)
         assert claim is not None
         ComfyClient(a.url).post_prompt(claim.workflow, claim.id, "runner-a-socket")
         # runner-a was killed here, before record_prompt: the supervisor proves it dead and releases it.
-        assert queue.release_owner("runner-a", "runner process died") == [claim.id]
+        assert queue.leases.release_owner("runner-a", "runner process died") == [claim.id]
 
         Runner(config_of(config), "b", b.url, peers={"a": a.url, "b": b.url}, until_empty=True).run()
 
-        job = queue.get(claim.id)
+        job = queue.reads.get(claim.id)
         assert job.state == "done" and job.attempt == (3 if recorded else 2)
         assert a.stats()["prompts"][claim.id]["executed"] == 1
         assert b.stats()["prompts"].get(claim.id, {}).get("posted", 0) == 0, "posted again on b"
@@ -58,19 +58,19 @@ def test_an_attempt_that_never_posted_does_not_hide_a_run_on_another_machines_se
             FakeComfy(base_directory=tmp_path / "b", node_ms=5) as b:
         config = write_config(tmp_path)
         queue = submit(config, [trivial_job(1)])
-        claim = queue.claim("machine-a/1/gpu0/t", "gpu0", lease_seconds=30, url=a.url)
+        claim = queue.leases.claim("machine-a/1/gpu0/t", "gpu0", lease_seconds=30, url=a.url)
         assert claim is not None
         number = ComfyClient(a.url).post_prompt(claim.workflow, claim.id, "machine-a-socket")
-        queue.record_prompt(claim, "gpu0", number, a.url)
-        assert queue.release_owner("machine-a/1/gpu0/t", "machine A died") == [claim.id]
+        queue.leases.record_prompt(claim, "gpu0", number, a.url)
+        assert queue.leases.release_owner("machine-a/1/gpu0/t", "machine A died") == [claim.id]
         peer = "http://127.0.0.1:9"  # B's other server: refused the job and never posted it
-        refused = queue.claim("machine-b/2/gpu1/t", "gpu1", lease_seconds=30, url=peer)
+        refused = queue.leases.claim("machine-b/2/gpu1/t", "gpu1", lease_seconds=30, url=peer)
         assert refused is not None and refused.id == claim.id
-        queue.release(refused, "refused by gpu1's catalogue", count_attempt=False)
+        queue.leases.release(refused, "refused by gpu1's catalogue", count_attempt=False)
 
         Runner(config_of(config), "gpu0", b.url, peers={"gpu1": peer}, until_empty=True).run()
 
-        job = queue.get(claim.id)
+        job = queue.reads.get(claim.id)
         assert job.state == "done"
         assert a.stats()["prompts"][claim.id]["executed"] == 1
         assert b.stats()["prompts"].get(claim.id, {}).get("posted", 0) == 0, "posted again on B's server"
@@ -89,7 +89,7 @@ def test_a_run_adopted_from_another_machines_server_is_read_from_that_server_not
         config = write_config(tmp_path)
         queue = submit(config, [trivial_job(1)])
         claim = _ran_on_machine_a(queue, a)
-        assert queue.release_owner("machine-a/1/gpu0/t", "machine A died") == [claim.id]
+        assert queue.leases.release_owner("machine-a/1/gpu0/t", "machine A died") == [claim.id]
         (a_file,) = (Path(a.output_directory) / "comfysup" / claim.id).glob("*.png")
         stale = Path(b.output_directory) / "comfysup" / claim.id / a_file.name
         stale.parent.mkdir(parents=True)
@@ -103,7 +103,7 @@ def test_a_run_adopted_from_another_machines_server_is_read_from_that_server_not
         Runner(config_of(config), "gpu0", b.url, until_empty=True,
                output_dirs={"gpu0": Path(b.output_directory)}).run()
 
-        job = queue.get(claim.id)
+        job = queue.reads.get(claim.id)
         assert job.state == "done", job.reason
         (out,) = job.outputs
         assert out.sha256 == hashlib.sha256(a_file.read_bytes()).hexdigest(), "stored B's stale file, not A's run"
@@ -131,12 +131,12 @@ def test_another_machines_same_named_server_down_does_not_stand_for_this_ones_fo
         mine.write_bytes(a_file.read_bytes())
         digest = hashlib.sha256(mine.read_bytes()).hexdigest()
         a.stop()  # machine A and its server are gone
-        assert queue.release_owner("machine-a/1/gpu0/t", "machine A died") == [claim.id]
+        assert queue.leases.release_owner("machine-a/1/gpu0/t", "machine A died") == [claim.id]
 
         Runner(config_of(config), "gpu0", b.url, until_empty=True,
                output_dirs={"gpu0": Path(b.output_directory)}).run()
 
-        job = queue.get(claim.id)
+        job = queue.reads.get(claim.id)
         assert job.state == "done", job.reason
         (out,) = job.outputs
         assert out.sha256 == digest and "adopted" in [p for p, _ in job.attempts[-1].trace["phases"]]
@@ -147,8 +147,8 @@ def test_another_machines_same_named_server_down_does_not_stand_for_this_ones_fo
 def _ran_on_machine_a(queue, a: FakeComfy):
     """Machine A's runner (its gpu0 at ``a``) claimed the job, ran it into its own folder of A's output folder
     (as for a server that machine launched) and recorded the prompt there; then machine A died."""
-    claim = queue.claim("machine-a/1/gpu0/t", "gpu0", lease_seconds=30, url=a.url)
+    claim = queue.leases.claim("machine-a/1/gpu0/t", "gpu0", lease_seconds=30, url=a.url)
     assert claim is not None
     number = post_and_wait(a.url, outputs.plan(claim.workflow, claim.id).workflow, claim.id, "machine-a-socket")
-    queue.record_prompt(claim, "gpu0", number, a.url)
+    queue.leases.record_prompt(claim, "gpu0", number, a.url)
     return claim

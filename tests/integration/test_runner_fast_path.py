@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from comfysup.comfy import ComfyClient, EventStream
-from comfysup.queue.sqlite import SQLiteQueue
+from comfysup.queue.leases import Leases
 from comfysup.runner.attempt import Attempt
 from comfysup.runner.loop import Runner
 from comfysup.runner.nextjob import EarlyJobs
@@ -59,12 +59,12 @@ def test_the_next_job_is_posted_before_the_last_ones_files_are_recorded(tmp_path
     posted at once, and the finished one is downloaded and recorded while the server runs it."""
     counts = Counts(monkeypatch)
     for cls, name in ((EventStream, "connect"), (ComfyClient, "queue"), (ComfyClient, "history"),
-                      (SQLiteQueue, "claim"), (SQLiteQueue, "complete"), (SQLiteQueue, "complete_and_claim")):
+                      (Leases, "claim"), (Leases, "complete"), (Leases, "complete_and_claim")):
         counts.watch(cls, name)
     config = write_config(tmp_path, queue_ahead=False)  # the hand-off at the end
     queue = submit(config, [trivial_job(n) for n in range(1, 7)])
     Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
-    jobs = list(queue.iter_jobs())
+    jobs = list(queue.reads.iter_jobs())
     assert [j.state for j in jobs] == ["done"] * 6
     assert all(p["posted"] == p["executed"] == 1 for p in fake.stats()["prompts"].values())
     assert fake.stats()["order"] == [job_id(n) for n in range(1, 7)]
@@ -106,7 +106,7 @@ def test_the_next_job_is_posted_before_the_last_ones_files_are_read(tmp_path: Pa
     config = write_config(tmp_path, queue_ahead=False)  # the hand-off at the end
     queue = submit(config, [trivial_job(n) for n in range(1, 5)])
     Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
-    assert [j.state for j in queue.iter_jobs()] == ["done"] * 4
+    assert [j.state for j in queue.reads.iter_jobs()] == ["done"] * 4
     for n in range(2, 5):
         assert calls.index(("post", job_id(n))) < calls.index(("download", job_id(n - 1))), calls
     queue.close()
@@ -116,14 +116,14 @@ def test_the_next_job_is_posted_before_the_last_ones_files_are_read(tmp_path: Pa
 def test_without_a_handoff_the_done_and_the_next_claim_are_one_transaction(
         tmp_path: Path, fake: FakeComfy, monkeypatch: pytest.MonkeyPatch) -> None:
     counts = Counts(monkeypatch)
-    for cls, name in ((ComfyClient, "queue"), (SQLiteQueue, "claim"), (SQLiteQueue, "complete"),
-                      (SQLiteQueue, "complete_and_claim")):
+    for cls, name in ((ComfyClient, "queue"), (Leases, "claim"), (Leases, "complete"),
+                      (Leases, "complete_and_claim")):
         counts.watch(cls, name)
     monkeypatch.setattr(EarlyJobs, "may_hand_off", lambda self, run: False)  # as when the server's queue was not empty
     config = write_config(tmp_path, queue_ahead=False)  # the hand-off at the end
     queue = submit(config, [trivial_job(n) for n in range(1, 7)])
     Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
-    assert [j.state for j in queue.iter_jobs()] == ["done"] * 6
+    assert [j.state for j in queue.reads.iter_jobs()] == ["done"] * 6
     assert all(p["executed"] == 1 for p in fake.stats()["prompts"].values())
     assert counts["complete_and_claim"] == 6 and counts["complete"] == 0  # the sixth finds nothing left
     assert counts["claim"] == 2  # the first job, and the empty queue at the end
@@ -144,8 +144,8 @@ def test_a_job_posted_again_gets_a_socket_of_its_own(tmp_path: Path, fake: FakeC
     config = write_config(tmp_path, queue_ahead=False)  # the hand-off at the end
     queue = submit(config, [trivial_job(1), trivial_job(2)])
     Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
-    assert queue.get(job_id(1)).state == "done" and queue.get(job_id(1)).attempt == 1
-    assert queue.get(job_id(2)).state == "done"
+    assert queue.reads.get(job_id(1)).state == "done" and queue.reads.get(job_id(1)).attempt == 1
+    assert queue.reads.get(job_id(2)).state == "done"
     assert counts["connect"] == 2  # the kept socket, and a new client id for the repost
     assert len(fake.stats()["frees"]) == 1
     queue.close()
@@ -169,7 +169,7 @@ def test_a_runner_keeps_to_the_model_its_server_has_loaded(tmp_path: Path, fake:
     models = ["a.safetensors", "b.safetensors"] * 4
     queue = submit(config, [model_job(n, m) for n, m in enumerate(models, start=1)])
     Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
-    assert [j.state for j in queue.iter_jobs()] == ["done"] * 8
+    assert [j.state for j in queue.reads.iter_jobs()] == ["done"] * 8
     assert len([m for m in fake.stats()["model_loads"] if m["class_type"] == "CheckpointLoaderSimple"]) == loads
     order = fake.stats()["order"]  # execution starts
     expected = [job_id(n) for n in (1, 3, 5, 7, 2, 4, 6, 8)] if max_wait else [job_id(n) for n in range(1, 9)]
@@ -184,17 +184,17 @@ def test_a_job_claimed_with_the_last_done_goes_back_uncounted_when_the_runner_st
     config = write_config(tmp_path, queue_ahead=False)  # the hand-off at the end
     queue = submit(config, [trivial_job(1), trivial_job(2)])
     runner = Runner(config_of(config), "cpu0", fake.url, until_empty=True)
-    original = SQLiteQueue.complete_and_claim
+    original = Leases.complete_and_claim
 
-    def then_stop(self: SQLiteQueue, *args: Any, **kwargs: Any) -> Any:
+    def then_stop(self: Leases, *args: Any, **kwargs: Any) -> Any:
         claim = original(self, *args, **kwargs)
         runner.state.stopping = True  # SIGTERM right after the transaction that claimed job 2
         return claim
 
-    monkeypatch.setattr(SQLiteQueue, "complete_and_claim", then_stop)
+    monkeypatch.setattr(Leases, "complete_and_claim", then_stop)
     runner.run()
-    assert queue.get(job_id(1)).state == "done"
-    second = queue.get(job_id(2))
+    assert queue.reads.get(job_id(1)).state == "done"
+    second = queue.reads.get(job_id(2))
     assert (second.state, second.attempt) == ("queued", 0)
     assert [a.outcome for a in second.attempts] == ["released_uncounted"]
     assert job_id(2) not in fake.stats()["prompts"]  # never posted
@@ -218,7 +218,7 @@ def test_a_job_handed_off_before_a_stop_is_followed_to_its_end(tmp_path: Path, f
 
     monkeypatch.setattr(Runner, "_next_job", then_stop)
     runner.run()
-    assert [queue.get(job_id(n)).state for n in (1, 2, 3)] == ["done", "done", "queued"]
+    assert [queue.reads.get(job_id(n)).state for n in (1, 2, 3)] == ["done", "done", "queued"]
     assert fake.stats()["order"] == [job_id(1), job_id(2)]
     queue.close()
 
@@ -245,12 +245,12 @@ def test_a_runner_killed_after_a_handoff_leaves_both_jobs_to_be_adopted_not_reru
     monkeypatch.setattr(ResultStore, "write", die)
     with pytest.raises(Killed):
         runner.run()
-    assert queue.get(job_id(2)).last_server == "cpu0"  # its number was recorded with the handoff
-    assert sorted(queue.release_owner(runner.owner, "runner process died")) == [job_id(1), job_id(2)]
+    assert queue.reads.get(job_id(2)).last_server == "cpu0"  # its number was recorded with the handoff
+    assert sorted(queue.leases.release_owner(runner.owner, "runner process died")) == [job_id(1), job_id(2)]
     monkeypatch.setattr(ResultStore, "write", original)
     Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
     for n in (1, 2):
-        job = queue.get(job_id(n))
+        job = queue.reads.get(job_id(n))
         assert (job.state, job.attempt) == ("done", 2)
         assert fake.stats()["prompts"][job_id(n)]["posted"] == fake.stats()["prompts"][job_id(n)]["executed"] == 1
     queue.close()

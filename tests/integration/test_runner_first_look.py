@@ -41,7 +41,7 @@ def test_a_second_queue_in_front_of_a_server_that_ran_its_ids_adopts_them_all(tm
         second = _run(tmp_path / "second", fake.url, [10, 1, 11, 2, 12, 3])
         prompts = fake.stats()["prompts"]
         for n in (10, 1, 11, 2, 12, 3):
-            job = second.get(trivial_job(n)["id"])
+            job = second.reads.get(trivial_job(n)["id"])
             assert job.state == "done" and job.attempt == 1 and len(job.outputs) == 1, job
             assert prompts[job.id]["posted"] == 1 and prompts[job.id]["executed"] == 1, (n, prompts[job.id])
             assert ("adopted" in _phases(job)) == (n < 10), (n, _phases(job))
@@ -55,7 +55,7 @@ def test_a_prompt_of_the_id_queued_by_another_client_is_followed_not_posted_agai
         ComfyClient(fake.url).post_prompt(job["workflow"], job["id"], "another-installation")
         # max_queue 2: the runner claims while the other client's prompt is still queued or running.
         queue = _run(tmp_path / "q", fake.url, [5], max_queue=2)
-        record = queue.get(job["id"])
+        record = queue.reads.get(job["id"])
         assert record.state == "done" and record.attempt == 1, record
         stats = fake.stats()["prompts"][job["id"]]
         assert stats["posted"] == 1 and stats["executed"] == 1, stats
@@ -85,7 +85,7 @@ def test_another_clients_post_between_two_of_ours_makes_the_runner_look_again(tm
         queue = _run(tmp_path / "q", fake.url, [1, 2, 3, 4], queue_ahead=queue_ahead)
         prompts = fake.stats()["prompts"]
         for n in (1, 2, 3, 4):
-            job = queue.get(trivial_job(n)["id"])
+            job = queue.reads.get(trivial_job(n)["id"])
             assert job.state == "done" and job.attempt == 1, job
             assert prompts[job.id]["executed"] == 1, (n, prompts[job.id])  # job 3: the other client's run alone
             assert ("adopted" in _phases(job)) == (n == 3), (n, _phases(job))
@@ -96,7 +96,7 @@ def test_another_clients_post_between_two_of_ours_makes_the_runner_look_again(tm
 def _wait_done(queue, job_id: str, seconds: float = 30.0) -> None:
     end = time.monotonic() + seconds
     while time.monotonic() < end:
-        if queue.get(job_id).state in ("done", "dead"):
+        if queue.reads.get(job_id).state in ("done", "dead"):
             return
         time.sleep(0.02)
     raise AssertionError(f"job {job_id} did not end")
@@ -127,7 +127,7 @@ def test_after_a_pause_a_job_is_looked_up_again_and_another_clients_run_of_it_ad
         finally:
             runner.state.stopping = True
             thread.join(20)
-        record = queue.get(third["id"])
+        record = queue.reads.get(third["id"])
         assert record.state == "done" and "adopted" in _phases(record), _phases(record)
         assert fake.stats()["prompts"][third["id"]]["executed"] == 1  # the other client's run alone
         queue.close()

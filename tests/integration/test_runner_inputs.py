@@ -45,7 +45,7 @@ def test_every_output_pixel_is_the_inverse_of_its_input(tmp_path: Path, fake: Fa
     queue = submit(config, invert_jobs(tmp_path, names))
     Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
     for n, name in enumerate(names, start=1):
-        job = queue.get(job_id(n))
+        job = queue.reads.get(job_id(n))
         assert job.state == "done", job.reason
         (out,) = job.outputs
         _w, _h, _c, inverted = decode_png(Path(out.path).read_bytes())
@@ -66,9 +66,9 @@ def test_an_input_many_jobs_share_is_uploaded_once_per_server(tmp_path: Path, fa
     (tmp_path / "cat.png").write_bytes(random_png(7))
     queue = submit(config, invert_jobs(tmp_path, ["cat.png"] * 8))
     Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
-    assert [j.state for j in queue.iter_jobs()] == ["done"] * 8
+    assert [j.state for j in queue.reads.iter_jobs()] == ["done"] * 8
     assert len(calls) == 1
-    assert queue.asset_totals() == {"assets": 1, "bytes": (tmp_path / "cat.png").stat().st_size, "uploads": 1}
+    assert queue.assets.asset_totals() == {"assets": 1, "bytes": (tmp_path / "cat.png").stat().st_size, "uploads": 1}
     # A second runner of the same server (a restart) trusts what the queue recorded: still one upload.
     submit(config, invert_jobs(tmp_path, ["cat.png"] * 2, first=20))
     Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
@@ -84,12 +84,12 @@ def test_an_upload_the_server_lost_is_uploaded_again_on_the_retry(tmp_path: Path
     (tmp_path / "cat.png").write_bytes(random_png(11))
     queue = submit(config, invert_jobs(tmp_path, ["cat.png"]))
     Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
-    assert queue.get(job_id(1)).state == "done"
+    assert queue.reads.get(job_id(1)).state == "done"
     for path in (Path(fake.input_directory) / "comfysup").iterdir():
         path.unlink()
     submit(config, invert_jobs(tmp_path, ["cat.png"], first=2))
     Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
-    job = queue.get(job_id(2))
+    job = queue.reads.get(job_id(2))
     assert job.state == "done", job.reason
     assert job.attempt == 2 and "Invalid image file: comfysup/" in (job.attempts[0].reason or "")
     assert len(list((Path(fake.input_directory) / "comfysup").iterdir())) == 1  # uploaded again
@@ -115,7 +115,7 @@ def test_a_failed_upload_is_a_transient_failure_of_the_attempt(tmp_path: Path, f
     (tmp_path / "cat.png").write_bytes(random_png(3))
     queue = submit(config, invert_jobs(tmp_path, ["cat.png"]))
     Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
-    job = queue.get(job_id(1))
+    job = queue.reads.get(job_id(1))
     assert job.state == "done" and job.attempt == 2 and "upload" in (job.attempts[0].reason or "")
     prompts = fake.stats()["prompts"]
     assert [p["executed"] for p in prompts.values()] == [1]  # nothing was posted by the failed attempt
@@ -135,7 +135,7 @@ def test_a_launched_servers_copy_stays_under_server_cache_mb(tmp_path: Path, fak
     output_dir = Path(fake.output_directory)
     Runner(config_of(config), "cpu0", fake.url, until_empty=True, output_dirs={"cpu0": output_dir}).run()
     assert doc.assets.server_cache_mb == 2048 and config_of(config).assets.server_cache_mb == 1
-    assert [j.state for j in queue.iter_jobs()] == ["done"] * 4
+    assert [j.state for j in queue.reads.iter_jobs()] == ["done"] * 4
     left = list((Path(fake.input_directory) / "comfysup").iterdir())
     assert sum(p.stat().st_size for p in left) <= 2**20
     last = assets.upload_name(assets.hash_bytes((tmp_path / names[-1]).read_bytes()), names[-1])
@@ -153,7 +153,7 @@ def test_show_results_webhooks_page_status_and_metrics_list_inputs(tmp_path: Pat
     digest = assets.hash_bytes((tmp_path / "cat.png").read_bytes())
     queue = submit(config, invert_jobs(tmp_path, ["cat.png"]))
     Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
-    job = queue.get(job_id(1))
+    job = queue.reads.get(job_id(1))
     text = show.render(job, with_workflow=False)
     assert f"input      1.image  cat.png  {digest}" in text
     assert show.as_dict(job, False)["inputs"] == [{"input": "1.image", "name": "cat.png", "hash": digest,
@@ -162,7 +162,7 @@ def test_show_results_webhooks_page_status_and_metrics_list_inputs(tmp_path: Pat
     assert webhooks.record_body(job)["inputs"][0]["hash"] == digest
     page = web.render_page(overview(queue, None, done=5), 5.0)
     assert digest[:19] in page
-    totals = queue.asset_totals()
+    totals = queue.assets.asset_totals()
     assert status.render_inputs(totals) == (f"inputs: 1 file(s) stored, {totals['bytes']:,} bytes, 1 upload(s) to "
                                             "servers")
     from comfysup.observability.metrics import Metrics
@@ -184,7 +184,7 @@ def test_a_stored_input_changed_on_disk_is_never_sent_under_its_old_hash(tmp_pat
     stored = next(p for p in tmp_path.rglob(digest.removeprefix("blake3:")) if p.is_file())
     stored.write_bytes(random_png(8)[: stored.stat().st_size].ljust(stored.stat().st_size, b"\0"))
     Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
-    job = queue.get(job_id(1))
+    job = queue.reads.get(job_id(1))
     assert job.state == "dead" and "no longer matches its hash" in (job.reason or ""), job.reason
     folder = Path(fake.input_directory) / "comfysup"
     assert not folder.exists() or list(folder.iterdir()) == []

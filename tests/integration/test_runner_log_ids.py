@@ -52,7 +52,7 @@ def test_log_lines_name_whole_ids_and_the_job_they_concern(tmp_path: Path, json_
         config = write_config(tmp_path, queue_ahead=queue_ahead)  # an early post: at the hand-off, or queued ahead
         queue = submit(config, [trivial_job(n) | {"id": i} for n, i in enumerate(IDS)])
         Runner(config_of(config), "a", fake.url, until_empty=True).run()
-        assert [queue.get(i).state for i in IDS] == ["done"] * 4
+        assert [queue.reads.get(i).state for i in IDS] == ["done"] * 4
         events = [json.loads(line) for line in json_log.getvalue().splitlines()]
 
         posted = [e for e in events if e["event"] == "posted"]
@@ -74,8 +74,8 @@ def test_log_lines_name_whole_ids_and_the_job_they_concern(tmp_path: Path, json_
         reconnected = [e for e in events if e["event"] == "reconnected"]
         assert [e["job"] for e in reconnected] == [IDS[2]], events
         assert "WebSocket dropped" in reconnected[0]["message"] and IDS[2] in reconnected[0]["message"]
-        trace = queue.get(IDS[2]).attempts[-1].trace
+        trace = queue.reads.get(IDS[2]).attempts[-1].trace
         assert len(trace["reconnects"]) == 1 and trace["reconnects"][0][1] is True
         assert any("WebSocket dropped: reconnected with the same client id" in line for line in timeline(trace))
-        assert "reconnects" not in queue.get(IDS[1]).attempts[-1].trace
+        assert "reconnects" not in queue.reads.get(IDS[1]).attempts[-1].trace
         queue.close()

@@ -61,7 +61,7 @@ def test_a_job_queued_ahead_is_posted_until_it_executes_and_its_wait_is_not_its_
         assert code == 0 and '"posted": 1' in out
         code, out, _ = cli(capsys, "show", "--config", str(config), job_id(2)[:10])  # a prefix, as a person types
         assert code == 0 and out.startswith(f"job {job_id(2)}: posted (waiting in cpu0's queue"), out
-        assert queue.queue_position(job_id(2)) == 1 and queue.queue_position(job_id(1)) is None
+        assert queue.reads.queue_position(job_id(2)) == 1 and queue.reads.queue_position(job_id(1)) is None
         assert 'comfysup_jobs{state="posted"} 1.0' in metrics.exposition().decode()
         assert "<b>1</b> posted" in render_page(overview(queue, None), 5)
         # Job 1 is done and job 2 executes: running, no longer posted (said by job 1's own end).
@@ -74,7 +74,7 @@ def test_a_job_queued_ahead_is_posted_until_it_executes_and_its_wait_is_not_its_
     record = fake.stats()["prompts"][job_id(2)]
     post, start = record["posts"][0]["at"], record["executions"][0]["started_at"]
     assert start - post > 0.5  # it did wait behind job 1
-    trace = queue.get(job_id(2)).attempts[-1].trace
+    trace = queue.reads.get(job_id(2)).attempts[-1].trace
     phases = {name: (at, seconds) for name, at, seconds in phase_durations(trace)}
     assert abs(phases["executing"][0] - start) < 0.25  # timed as read, not when job 1's attempt handed it on
     code, out, _ = cli(capsys, "results", "--config", str(config), "--csv")
@@ -106,9 +106,10 @@ def test_a_job_claimed_ahead_but_left_to_its_own_attempt_waits_as_posted(
     fake.start()
     config = write_config(tmp_path, queue_ahead=True)
     queue = submit(config, [trivial_job(1)])
-    first = queue.claim("elsewhere/1/gpu0/t", "gpu0", 60)  # job 1, back to the queue counted: its attempt 2 is next
+    # job 1, back to the queue counted: its attempt 2 is next
+    first = queue.leases.claim("elsewhere/1/gpu0/t", "gpu0", 60)
     assert first is not None
-    queue.release(first, "its runner died")
+    queue.leases.release(first, "its runner died")
     queue.close()
     queue = submit(config, [trivial_job(2, priority=5)])  # runs first: job 1 is the one claimed ahead
     thread = threading.Thread(target=Runner(config_of(config), "cpu0", fake.url, until_empty=True).run, daemon=True)
@@ -121,6 +122,6 @@ def test_a_job_claimed_ahead_but_left_to_its_own_attempt_waits_as_posted(
         assert not thread.is_alive()
     finally:
         fake.stop()
-    assert [queue.get(job_id(n)).shown_state for n in (1, 2)] == ["done", "done"]
+    assert [queue.reads.get(job_id(n)).shown_state for n in (1, 2)] == ["done", "done"]
     assert fake.stats()["order"] == [job_id(2), job_id(1)]
     queue.close()

@@ -44,7 +44,7 @@ def pg_config(tmp: Path, url: str, **runner: Any) -> Config:
 def submit(tmp: Path, queue: PostgresQueue, jobs: list[dict[str, Any]]) -> None:
     file = JobsFile(jobs_file(tmp, jobs, name=f"jobs-{jobs[0]['id'][:8]}.jsonl"))
     assert file.validate().ok
-    queue.submit(file.jobs())
+    queue.intake.submit(file.jobs())
 
 
 @pytest.mark.timeout(60)
@@ -72,9 +72,9 @@ def test_an_idle_runner_is_woken_by_notify_not_by_its_poll(tmp_path: Path, pg_ur
             idle.clear()
             submit(tmp_path, submitter, [trivial_job(n)])
             deadline = time.monotonic() + 10
-            while submitter.get(job_id(n)).state != "done" and time.monotonic() < deadline:
+            while submitter.reads.get(job_id(n)).state != "done" and time.monotonic() < deadline:
                 time.sleep(0.02)
-            job = submitter.get(job_id(n))
+            job = submitter.reads.get(job_id(n))
             assert job.state == "done"
             waited = job.attempts[0].started_at - job.submitted_at  # both on the database's clock
             assert waited < 1.0, f"job {n} waited {waited:.3f} s for an idle runner"

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from comfysup.comfy import ComfyClient, ServerUnavailable
-from comfysup.queue.sqlite import SQLiteQueue
+from comfysup.queue.leases import Leases
 from comfysup.runner import attempt as attempt_module
 from comfysup.runner import nextjob as nextjob_module
 from comfysup.runner.attempt import Attempt
@@ -77,14 +77,14 @@ def test_the_next_job_waits_in_the_servers_queue_behind_the_running_one(tmp_path
     config = write_config(tmp_path, queue_ahead=True)
     queue = submit(config, [trivial_job(n) for n in range(1, 6)])
     Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
-    assert [j.state for j in queue.iter_jobs()] == ["done"] * 5
+    assert [j.state for j in queue.reads.iter_jobs()] == ["done"] * 5
     assert fake.stats()["order"] == [job_id(n) for n in range(1, 6)]
     for n in range(2, 6):
         last, this = _runs(fake, n - 1), _runs(fake, n)
         assert this["posted"] < last["ended_at"]  # waiting in ComfyUI before the last one ended
         if n > 2:  # the bound: posted only once the one before it executes, so never two of ours waiting
             assert this["posted"] >= last["started_at"]
-        assert queue.get(job_id(n)).last_server == "cpu0"  # recorded where it waits (for catch-up)
+        assert queue.reads.get(job_id(n)).last_server == "cpu0"  # recorded where it waits (for catch-up)
     _assert_one_at_a_time(fake, range(1, 6))
     queue.close()
 
@@ -94,7 +94,7 @@ def test_off_the_next_job_is_posted_only_when_the_server_is_free(tmp_path: Path,
     config = write_config(tmp_path, queue_ahead=False)
     queue = submit(config, [trivial_job(n) for n in range(1, 4)])
     Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
-    assert [j.state for j in queue.iter_jobs()] == ["done"] * 3
+    assert [j.state for j in queue.reads.iter_jobs()] == ["done"] * 3
     for n in (2, 3):
         assert _runs(fake, n)["posted"] >= _runs(fake, n - 1)["ended_at"]
     queue.close()
@@ -105,7 +105,7 @@ def test_a_queued_jobs_timeout_starts_when_it_starts_executing(tmp_path: Path, f
     # About 0.9 s a prompt: the second waits that long in the queue, then runs as long.
     config, queue = _two_jobs(tmp_path, fake, timeout_seconds=1.5, attempts=1)
     Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
-    assert [queue.get(job_id(n)).state for n in (1, 2)] == ["done", "done"]
+    assert [queue.reads.get(job_id(n)).state for n in (1, 2)] == ["done", "done"]
     second = _runs(fake, 2)
     assert second["ended_at"] - second["posted"] > 1.5  # it would have timed out counted from its POST
     queue.close()
@@ -137,10 +137,10 @@ def _when_queued(monkeypatch: pytest.MonkeyPatch, act: Any) -> None:
 def test_a_cancel_takes_the_queued_job_out_of_the_servers_queue(tmp_path: Path, fake: FakeComfy,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     config, queue = _two_jobs(tmp_path, fake, heartbeat_seconds=0.2)
-    _when_queued(monkeypatch, lambda attempt: attempt.queue.cancel([job_id(2)]))
+    _when_queued(monkeypatch, lambda attempt: attempt.queue.intake.cancel([job_id(2)]))
     Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
-    assert queue.get(job_id(1)).state == "done"
-    assert queue.get(job_id(2)).state == "cancelled"
+    assert queue.reads.get(job_id(1)).state == "done"
+    assert queue.reads.get(job_id(2)).state == "cancelled"
     _assert_taken_out(fake, job_id(2))
     queue.close()
 
@@ -152,8 +152,8 @@ def test_a_graceful_stop_releases_the_queued_job_uncounted(tmp_path: Path, fake:
     runner = Runner(config_of(config), "cpu0", fake.url)
     _when_queued(monkeypatch, lambda attempt: runner._on_signal(signal.SIGTERM, None))
     runner.run()
-    assert queue.get(job_id(1)).state == "done"  # the running one had its grace
-    second = queue.get(job_id(2))
+    assert queue.reads.get(job_id(1)).state == "done"  # the running one had its grace
+    second = queue.reads.get(job_id(2))
     assert (second.state, second.attempt) == ("queued", 0), second
     _assert_taken_out(fake, job_id(2))
     queue.close()
@@ -179,12 +179,12 @@ def test_a_graceful_stop_takes_out_a_queued_job_whose_posts_answer_was_lost(tmp_
     _when_queued(monkeypatch, lambda attempt: runner._on_signal(signal.SIGTERM, None))
     runner.run()
     monkeypatch.undo()
-    assert queue.get(job_id(1)).state == "done"
-    second = queue.get(job_id(2))
+    assert queue.reads.get(job_id(1)).state == "done"
+    second = queue.reads.get(job_id(2))
     assert (second.state, second.attempt) == ("queued", 0), second
     _assert_taken_out(fake, job_id(2))
     Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
-    assert queue.get(job_id(2)).state == "done"
+    assert queue.reads.get(job_id(2)).state == "done"
     assert fake.stats()["prompts"][job_id(2)]["executed"] == 1, "ran after the stop, and again"
     queue.close()
 
@@ -206,11 +206,11 @@ def test_after_a_crash_the_queued_job_is_followed_where_it_is_not_posted_again(
     with pytest.raises(Killed):
         runner.run()
     monkeypatch.undo()
-    assert sorted(queue.release_owner(runner.owner, "runner process died", count_attempt=False)) == \
+    assert sorted(queue.leases.release_owner(runner.owner, "runner process died", count_attempt=False)) == \
         [job_id(1), job_id(2)]
     Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
     for n in (1, 2):
-        job = queue.get(job_id(n))
+        job = queue.reads.get(job_id(n))
         assert job.state == "done", job
     _assert_one_at_a_time(fake, range(1, 3))  # each posted once, executed once
     queue.close()
@@ -222,7 +222,7 @@ def test_other_clients_prompts_are_respected(tmp_path: Path, fake: FakeComfy) ->
     config = write_config(tmp_path, queue_ahead=True)
     queue = submit(config, [trivial_job(1), trivial_job(2)])
     runner = Runner(config_of(config), "cpu0", fake.url)
-    claim = queue.claim(runner.owner, "cpu0", 10.0)
+    claim = queue.leases.claim(runner.owner, "cpu0", 10.0)
     assert claim is not None
     assert runner._ahead_job(claim, 1) is not None  # the running prompt alone: free
     client = ComfyClient(fake.url)
@@ -250,7 +250,7 @@ def test_a_queued_job_destroyed_by_a_server_death_before_it_started_is_not_count
     # Job 2 waits behind job 1, which executes: the server dies.
     _when_queued(monkeypatch, lambda attempt: _server_dies(fake))
     Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
-    first, second = queue.get(job_id(1)), queue.get(job_id(2))
+    first, second = queue.reads.get(job_id(1)), queue.reads.get(job_id(2))
     assert (first.state, first.attempt) == ("done", 2)  # it executed: its destroyed run is counted
     assert first.attempts[0].kind == "server_died"
     assert (second.state, second.attempt) == ("done", 1), second  # it never started: not counted
@@ -275,7 +275,7 @@ def test_a_queued_job_whose_start_may_have_been_missed_is_counted(
 
     monkeypatch.setattr(Attempt, "_record", record)
     Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
-    second = queue.get(job_id(2))
+    second = queue.reads.get(job_id(2))
     assert (second.state, second.attempt) == ("done", 2), second
     assert (second.attempts[0].outcome, second.attempts[0].kind) == ("retry", "server_died")
     queue.close()
@@ -301,11 +301,11 @@ def test_a_stop_after_the_running_job_ended_gives_the_queued_one_its_grace(
 
     monkeypatch.setattr(Attempt, "_download", download)
     runner.run()
-    assert [queue.get(job_id(n)).state for n in (1, 2)] == ["done", "done"]
+    assert [queue.reads.get(job_id(n)).state for n in (1, 2)] == ["done", "done"]
     stats = fake.stats()
     assert stats["prompts"][job_id(2)]["executed"] == 1
     assert not [i for i in stats["interrupts"] if i["prompt_id"] == job_id(2)]
-    third = queue.get(job_id(3))
+    third = queue.reads.get(job_id(3))
     assert (third.state, third.attempt) == ("queued", 0), third
     assert stats["prompts"].get(job_id(3), {"executed": 0})["executed"] == 0
     queue.close()
@@ -320,7 +320,7 @@ def test_a_queued_jobs_end_read_before_its_attempt_began_is_not_thrown_away(tmp_
     config = write_config(tmp_path, queue_ahead=True, poll_seconds=30.0, timeout_seconds=10.0, attempts=1)
     queue = submit(config, [trivial_job(n) for n in range(1, 7)])
     Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
-    assert [j.state for j in queue.iter_jobs()] == ["done"] * 6
+    assert [j.state for j in queue.reads.iter_jobs()] == ["done"] * 6
     queue.close()
 
 
@@ -332,8 +332,8 @@ def test_the_job_after_next_is_queued_before_this_ones_files_are_recorded(tmp_pa
     config = write_config(tmp_path, queue_ahead=True)
     queue = submit(config, [trivial_job(n) for n in range(1, 7)])
     Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
-    assert [j.state for j in queue.iter_jobs()] == ["done"] * 6
-    early = [n for n in range(1, 5) if _runs(fake, n + 2)["posted"] < (queue.get(job_id(n)).finished_at or 0)]
+    assert [j.state for j in queue.reads.iter_jobs()] == ["done"] * 6
+    early = [n for n in range(1, 5) if _runs(fake, n + 2)["posted"] < (queue.reads.get(job_id(n)).finished_at or 0)]
     assert early, "job n+2 was never posted before job n's done"  # the attempt of n+1 would post it after
     for n in range(3, 7):  # and still the bound: posted only once the one before it executes
         assert _runs(fake, n)["posted"] >= _runs(fake, n - 1)["started_at"]
@@ -350,17 +350,17 @@ def test_the_record_of_the_job_after_next_renews_the_lease_the_download_needs(
     FRESH_RENEWAL_SECONDS (0 here: every one) is not taken: each download renews itself, as before."""
     monkeypatch.setattr(nextjob_module, "FRESH_RENEWAL_SECONDS", fresh_seconds)
     renewed: list[str] = []
-    heartbeat = SQLiteQueue.heartbeat
+    heartbeat = Leases.heartbeat
 
-    def counted(self: SQLiteQueue, claim: Any, *args: Any, **kwargs: Any) -> Any:
+    def counted(self: Leases, claim: Any, *args: Any, **kwargs: Any) -> Any:
         renewed.append(claim.id)
         return heartbeat(self, claim, *args, **kwargs)
 
-    monkeypatch.setattr(SQLiteQueue, "heartbeat", counted)
+    monkeypatch.setattr(Leases, "heartbeat", counted)
     config = write_config(tmp_path, queue_ahead=True)
     queue = submit(config, [trivial_job(n) for n in range(1, 7)])
     Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
-    assert [j.state for j in queue.iter_jobs()] == ["done"] * 6
+    assert [j.state for j in queue.reads.iter_jobs()] == ["done"] * 6
     own = [n for n in range(1, 7) if job_id(n) in renewed]
     if fresh_seconds:
         assert len(own) <= 3, f"jobs {own} renewed with a heartbeat of their own before their download"
@@ -393,7 +393,7 @@ def test_the_job_after_next_is_posted_before_this_runs_files_are_read(tmp_path: 
     config = write_config(tmp_path, queue_ahead=True)
     queue = submit(config, [trivial_job(n) for n in range(1, 7)])
     Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
-    assert [j.state for j in queue.iter_jobs()] == ["done"] * 6
+    assert [j.state for j in queue.reads.iter_jobs()] == ["done"] * 6
     for n in range(1, 5):
         assert calls.index(("post", job_id(n + 2))) < calls.index(("download", job_id(n))), \
             f"job {n}'s files were read before job {n + 2} was posted: {calls}"
@@ -417,8 +417,8 @@ def test_a_queued_job_goes_back_to_a_runner_that_waits_for_work(tmp_path: Path, 
 
     runner.on_job = first_done
     runner.run()
-    assert queue.get(job_id(1)).state == "done"
-    second = queue.get(job_id(2))
+    assert queue.reads.get(job_id(1)).state == "done"
+    second = queue.reads.get(job_id(2))
     assert (second.state, second.attempt) == ("queued", 0), second
     assert (second.attempts[0].outcome, second.attempts[0].kind) == ("released_uncounted", "withdrawn")
     assert "another runner waiting for work" in (second.attempts[0].reason or "")
@@ -443,8 +443,8 @@ def test_a_queued_job_that_started_unseen_is_never_taken_back(tmp_path: Path, fa
 
     _when_queued(monkeypatch, once_it_runs)
     runner.run()
-    assert [queue.get(job_id(n)).state for n in (1, 2)] == ["done", "done"]
-    assert queue.get(job_id(2)).attempt == 1 and len(queue.get(job_id(2)).attempts) == 1
+    assert [queue.reads.get(job_id(n)).state for n in (1, 2)] == ["done", "done"]
+    assert queue.reads.get(job_id(2)).attempt == 1 and len(queue.reads.get(job_id(2)).attempts) == 1
     stats = fake.stats()
     assert stats["prompts"][job_id(2)]["executed"] == 1
     assert not [i for i in stats["interrupts"] if i["prompt_id"] == job_id(2)]
@@ -468,18 +468,18 @@ def test_cancelling_the_next_job_keeps_the_one_queued_behind_it(tmp_path: Path, 
         original(self, run)
         if self.then_claim is not None and not cancelled and self.next_claim is not None:
             cancelled.append(self.next_claim.id)
-            queue.cancel([self.next_claim.id])  # a user's cancel of the running job 2,
+            queue.intake.cancel([self.next_claim.id])  # a user's cancel of the running job 2,
             self.renew_early(self.ctx.clock() + self.ctx.s.heartbeat_seconds)  # seen at its next heartbeat, now
 
     monkeypatch.setattr(EarlyJobs, "queue_behind_next", queue_behind_next)
     Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
     assert cancelled, "no job was ever queued behind the next one"
-    states = {j.id: j.state for j in queue.iter_jobs()}
+    states = {j.id: j.state for j in queue.reads.iter_jobs()}
     assert states.pop(cancelled[0]) == "cancelled" and set(states.values()) == {"done"}, states
     for job in states:  # each done job ran once on the server, posted once
         record = fake.stats()["prompts"][job]
         assert (record["posted"], record["executed"]) == (1, 1), (job, record)
-    assert all(len(queue.get(j).attempts) == 1 for j in states)
+    assert all(len(queue.reads.get(j).attempts) == 1 for j in states)
     queue.close()
 
 
@@ -494,7 +494,7 @@ def test_while_a_stuck_prompt_is_waited_out_the_job_queued_behind_it_keeps_its_l
                               lease_seconds=3.0)
     renewed_while_waiting: list[str] = []
     waiting = {"now": False}
-    interrupt_now, heartbeat = Interrupter._interrupt_now, SQLiteQueue.heartbeat
+    interrupt_now, heartbeat = Interrupter._interrupt_now, Leases.heartbeat
 
     def interrupt_watched(self: Interrupter, *args: Any) -> Any:
         waiting["now"] = True
@@ -503,18 +503,18 @@ def test_while_a_stuck_prompt_is_waited_out_the_job_queued_behind_it_keeps_its_l
         finally:
             waiting["now"] = False
 
-    def heartbeat_watched(self: SQLiteQueue, claim: Any, *args: Any, **kwargs: Any) -> Any:
+    def heartbeat_watched(self: Leases, claim: Any, *args: Any, **kwargs: Any) -> Any:
         if waiting["now"]:
             renewed_while_waiting.append(claim.id)
         return heartbeat(self, claim, *args, **kwargs)
 
     monkeypatch.setattr(Interrupter, "_interrupt_now", interrupt_watched)
-    monkeypatch.setattr(SQLiteQueue, "heartbeat", heartbeat_watched)
+    monkeypatch.setattr(Leases, "heartbeat", heartbeat_watched)
     # The supervisor's part: the stuck server is restarted (here at once), and with it the stuck prompt is gone.
     stuck = StuckChannel(restarts=True, report=lambda prompt_id: _server_dies(fake) if prompt_id else None)
     Runner(config_of(config), "cpu0", fake.url, until_empty=True, stuck=stuck).run()
     assert renewed_while_waiting.count(job_id(2)) >= 3, renewed_while_waiting  # 1.5 s of wait, every 0.2 s
-    first, second = queue.get(job_id(1)), queue.get(job_id(2))
+    first, second = queue.reads.get(job_id(1)), queue.reads.get(job_id(2))
     assert (first.state, first.attempt, first.attempts[0].kind) == ("done", 2, "stuck"), first.attempts
     told = [(a.attempt, a.outcome, a.kind, a.reason, a.started_at, a.ended_at) for a in second.attempts]
     assert (second.state, second.attempt) == ("done", 1), told  # released uncounted, then run once
@@ -547,7 +547,7 @@ def test_a_queued_job_whose_start_was_read_before_a_reconnect_is_judged_by_its_h
     monkeypatch.setattr(Attempt, "_download", drop_then_download)
     monkeypatch.setattr(ComfyClient, "history", history_logged)
     Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
-    assert [(j.state, j.attempt) for j in queue.iter_jobs()] == [("done", 1), ("done", 1)]
+    assert [(j.state, j.attempt) for j in queue.reads.iter_jobs()] == [("done", 1), ("done", 1)]
     # No id is looked up before its POST (the client's one look at the server found neither, and nobody else posted
     # there); job 1, watched whole, is judged by its messages; job 2's run by its entry, read after the reconnect.
     assert (read.count(job_id(1)), read.count(job_id(2))) == (0, 1), read

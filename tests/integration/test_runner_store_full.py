@@ -33,7 +33,7 @@ def test_a_job_folder_that_cannot_be_made_is_a_transient_failure_not_a_crash(
         queue = submit(config, [trivial_job(1)])
         counts = Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()  # no exception
 
-        job = queue.get(job_id(1))
+        job = queue.reads.get(job_id(1))
         assert job.state == "dead" and counts["dead"] == 1
         assert job.reason == (f"gave up after 2 attempts, last: the result store's disk is full: "
                               f"No space left on device ({job_id(1)})")

@@ -90,7 +90,7 @@ def test_no_fragment_of_the_key_anywhere(tmp_path: Path, capsys: pytest.CaptureF
     finally:
         logging.getLogger("comfysup").removeHandler(handler)
         server.stop()
-    job = queue.get(job_id(1))
+    job = queue.reads.get(job_id(1))
     assert job.state == "dead" and "POST /prompt 500" in (job.reason or ""), job.reason
     assert job.reason.endswith('"api_key_comfy_org":"***')  # the cut landed inside the key: masked
     from comfysup.cli import main

@@ -43,6 +43,6 @@ def test_a_job_done_after_a_killed_attempt_has_only_its_recorded_files(tmp_path:
         leftover.parent.mkdir(parents=True)
         leftover.write_bytes(b"\x89PNG a run whose attempt was killed before its done record")
         Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
-        job = queue.get(job_id(1))
+        job = queue.reads.get(job_id(1))
         assert job.state == "done"
         assert sorted(p.name for p in leftover.parent.iterdir()) == [o.name for o in job.outputs]

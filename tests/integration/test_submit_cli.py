@@ -186,7 +186,7 @@ def test_submitted_jobs_keep_their_settings(capsys: pytest.CaptureFixture[str], 
     code, _, _ = submit(capsys, tmp_path, lines)
     assert code == 0
     q = SQLiteQueue(tmp_path / "var" / "queue.db", create=False)
-    first, second = q.get(job_id(1)), q.get(job_id(2))
+    first, second = q.reads.get(job_id(1)), q.reads.get(job_id(2))
     assert first.workflow["1"]["inputs"]["color"] == 7
     assert first.workflow["3"]["inputs"]["filename_prefix"] == "red"
     assert (first.priority, first.params, first.meta, first.extra_data) == \
@@ -253,7 +253,7 @@ def test_a_large_file_is_read_ahead_and_stored_alike_on_either_backend(
     assert used == [path]
     queue = open_queue(load_config(str(config)))
     try:
-        jobs = {j.id: j for j in queue.iter_jobs()}
+        jobs = {j.id: j for j in queue.reads.iter_jobs()}
         assert len(jobs) == 60
         for n in range(60):
             job = jobs[job_id(n)]

@@ -53,7 +53,7 @@ def submit(capsys: pytest.CaptureFixture[str], tmp_path: Path, lines: list[str],
     problem lines of stderr)."""
     config = write_config(tmp_path)
     queue = SQLiteQueue(db_path(tmp_path))
-    queue.record_catalogue("gpu0", "host", info or catalogue())
+    queue.fleet.record_catalogue("gpu0", "host", info or catalogue())
     queue.close()
     write_jobs(tmp_path, lines, workflow=workflow)
     code, out, err = cli(capsys, "submit", "--config", str(config), "jobs.jsonl")
@@ -167,7 +167,7 @@ def test_the_command_itself_prints_each_problem(tmp_path: Path) -> None:
     """``python -m comfysup submit`` as typed: the same lines, exit code 2."""
     config = write_config(tmp_path)
     queue = SQLiteQueue(db_path(tmp_path))
-    queue.record_catalogue("gpu0", "host", catalogue())
+    queue.fleet.record_catalogue("gpu0", "host", catalogue())
     queue.close()
     write_jobs(tmp_path, [json.dumps({"id": job_id(1), "workflow": "wf.json", "set": {"1.width": "wide",
                                                                                       "2.image": "photo.png"}})])

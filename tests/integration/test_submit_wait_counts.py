@@ -26,14 +26,14 @@ def _runner(path: Path, jobs: int, stop: threading.Event) -> None:
     ended = 0
     try:
         while ended < jobs and not stop.is_set():
-            first = queue.claim("host/1/gpu0/t", "gpu0", 60)
+            first = queue.leases.claim("host/1/gpu0/t", "gpu0", 60)
             if first is None:
                 time.sleep(0.02)  # submit --wait may not have inserted them yet
                 continue
-            behind = queue.claim("host/1/gpu0/t", "gpu0", 60)
-            queue.record_prompt(first, "gpu0", 2 * ended)
+            behind = queue.leases.claim("host/1/gpu0/t", "gpu0", 60)
+            queue.leases.record_prompt(first, "gpu0", 2 * ended)
             if behind is not None:
-                queue.record_prompt(behind, "gpu0", 2 * ended + 1, waiting=True)
+                queue.leases.record_prompt(behind, "gpu0", 2 * ended + 1, waiting=True)
             for claim in (first, behind):
                 if claim is None:
                     continue
@@ -46,11 +46,11 @@ def _runner(path: Path, jobs: int, stop: threading.Event) -> None:
 
 def _end(queue: SQLiteQueue, claim: Claim, n: int, started: Claim | None) -> None:
     if n % 6 == 0:
-        queue.dead(claim, "permanent: ComfyUI refused the prompt")
+        queue.leases.dead(claim, "permanent: ComfyUI refused the prompt")
         if started is not None:
-            queue.set_waiting(started, False)
+            queue.leases.set_waiting(started, False)
     else:
-        queue.complete(claim, [], started=started)
+        queue.leases.complete(claim, [], started=started)
 
 
 @pytest.mark.timeout(30)

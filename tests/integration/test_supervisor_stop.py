@@ -141,8 +141,8 @@ def work_with_a_claim(tmp_path: Path) -> tuple[Work, FakeOps, SQLiteQueue, int, 
     queue = SQLiteQueue(tmp_path / "q.db")
     work.queue = queue
     job = make_job(1)
-    queue.submit([job], now=T0)
-    assert queue.claim(runners[0].owner, "gpu0", 30.0) is not None
+    queue.intake.submit([job], now=T0)
+    assert queue.leases.claim(runners[0].owner, "gpu0", 30.0) is not None
     return work, ops, queue, runners[0].pid, job.id
 
 
@@ -150,7 +150,7 @@ def test_work_releases_a_dead_runners_claim_at_once_and_counts_the_attempt(tmp_p
     work, ops, queue, pid, job_id = work_with_a_claim(tmp_path)
     ops.ended.append((pid, signal.SIGKILL))  # the wait status of a process killed by SIGKILL
     work.tick(T)
-    record = queue.get(job_id)
+    record = queue.reads.get(job_id)
     assert (record.state, record.attempt) == ("queued", 1)
     assert "runner process died (killed by SIGKILL)" in (record.reason or "")
     assert work.failed == ["comfysup-runner-gpu0 exited with killed by SIGKILL"]
@@ -175,7 +175,7 @@ def test_work_stops_gracefully_then_cold_and_releases_without_counting(tmp_path:
     ops.ended += [(p, signal.SIGKILL) for p in work.manager.runners]
     work.tick(T + 2)
     assert not work.manager.runners
-    record = queue.get(job_id)
+    record = queue.reads.get(job_id)
     assert (record.state, record.attempt) == ("queued", 0)  # a stop is not the job's fault
     assert record.reason == "comfysup work stopping (cold stop of comfysup work); attempt not counted"
     queue.close()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+from types import SimpleNamespace
 from typing import Any
 
 from comfy_low.models import Output, Progress, StatusEvent
@@ -86,6 +87,8 @@ class SlowQueue:
         self.gate = asyncio.Event()
         self.gate.set()
         self.batches: list[list[str]] = []
+        self.reads = self  # the read role and the preview role, as the API's watcher asks them
+        self.previews = SimpleNamespace(previews=self.moved_previews)
 
     def get(self, job_id: str) -> JobRecord:
         return self.record
@@ -98,7 +101,7 @@ class SlowQueue:
         r = self.record
         return {r.id: JobPulse(r.id, r.state, r.attempt, r.cancel_requested, r.progress)}
 
-    def previews(self, ids: list[str], known: dict[str, int]) -> dict[str, Any]:
+    def moved_previews(self, ids: list[str], known: dict[str, int]) -> dict[str, Any]:
         return {}  # a running job that has sent no preview yet (the watcher asks each tick for those that moved)
 
     async def call(self, fn: Any, *args: Any) -> Any:

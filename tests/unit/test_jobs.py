@@ -173,10 +173,10 @@ def test_the_queue_stores_the_template_once_and_claims_exactly_the_applied_workf
         {**LOADED, "1": {"class_type": "CheckpointLoaderSimple", "inputs": {"ckpt_name": "flux.safetensors"}}}),
         model_key(LOADED), model_key(LOADED)]
     q = SQLiteQueue(tmp_path / "q.db")
-    q.submit(jobs)
-    assert q._read("SELECT count(*) FROM workflows")[0][0] == 1
+    q.intake.submit(jobs)
+    assert q.db._read("SELECT count(*) FROM workflows")[0][0] == 1
     for job in jobs:
-        claim = q.claim("r", "gpu0", 30)
+        claim = q.leases.claim("r", "gpu0", 30)
         assert claim is not None and claim.id == job.id and claim.model_key == job.model_key
         assert json.dumps(claim.workflow, sort_keys=True, separators=(",", ":")) == \
             json.dumps(job.workflow, sort_keys=True, separators=(",", ":"))
@@ -210,11 +210,12 @@ def test_the_read_ahead_yields_the_jobs_that_jobs_builds_workflow_aside(tmp_path
 def test_a_read_ahead_submit_stores_what_a_plain_one_stores(tmp_path: Path) -> None:
     jobs = JobsFile(_mixed_file(tmp_path, 600))
     plain, ahead = SQLiteQueue(tmp_path / "a.db"), SQLiteQueue(tmp_path / "b.db")
-    assert plain.submit(jobs.jobs()).inserted == ahead.submit(jobs.jobs_read_ahead(batch=64)).inserted == 600
-    for a, b in zip(plain.iter_jobs(), ahead.iter_jobs(), strict=True):
+    assert plain.intake.submit(jobs.jobs()).inserted == ahead.intake.submit(jobs.jobs_read_ahead(batch=64)).inserted \
+        == 600
+    for a, b in zip(plain.reads.iter_jobs(), ahead.reads.iter_jobs(), strict=True):
         assert (a.id, a.workflow, a.extra_data, a.meta, a.params, a.priority, a.workflow_name) == (
             b.id, b.workflow, b.extra_data, b.meta, b.params, b.priority, b.workflow_name)
-    assert ahead.submit(jobs.jobs_read_ahead()).existing == 600  # the same spec hashes: nothing twice
+    assert ahead.intake.submit(jobs.jobs_read_ahead()).existing == 600  # the same spec hashes: nothing twice
     plain.close()
     ahead.close()
 
@@ -238,8 +239,8 @@ def test_a_reader_that_fails_leaves_nothing_inserted(tmp_path: Path, monkeypatch
     monkeypatch.setattr(JobsFile, "jobs", failing)
     queue = SQLiteQueue(tmp_path / "q.db")
     with pytest.raises(ComfysupError, match="exit code 3" if how == "dies" else "OSError: disk read error"):
-        queue.submit(jobs.jobs_read_ahead(batch=50))
-    assert queue.status().counts["queued"] == 0
+        queue.intake.submit(jobs.jobs_read_ahead(batch=50))
+    assert queue.reads.status().counts["queued"] == 0
     queue.close()
 
 

@@ -26,9 +26,13 @@ class Client:
         return answer
 
 
-class Queue:
+class Fleet:
     def record_catalogue(self, server: str, machine: str, info: dict[str, Any]) -> int:
         return 7
+
+
+class Queue:
+    fleet = Fleet()
 
 
 def test_a_malformed_catalogue_waits_its_retry_and_a_server_down_is_asked_again_at_once() -> None:

@@ -3,19 +3,15 @@
 -- start), so every machine's leases are stamped by one clock. Claims take rows with SKIP LOCKED.
 
 -- name: now
--- the operation's time, as a positional parameter
-coalesce(CAST(? AS float8), extract(epoch from now())::float8)
-
--- name: at
--- the operation's time, as the named parameter %(now)s
-coalesce(%(now)s::float8, extract(epoch from now())::float8)
+-- the operation's time: the parameter :now, else the database clock
+coalesce(CAST(:now AS float8), extract(epoch from now())::float8)
 
 -- name: claim_at
 -- a claim's start: the caller's now, else the database clock as the claim runs (clock_timestamp), never the
 -- transaction's start: the claim statement sees the job queued only after the end that freed it committed,
 -- while its transaction (begun by ``expire``) may have started before that end's own, so now() could stamp
 -- the new attempt as begun before the last one ended
-coalesce(%(now)s::float8, extract(epoch from clock_timestamp())::float8)
+coalesce(:now::float8, extract(epoch from clock_timestamp())::float8)
 
 -- name: for_update
 -- lock the row for the change that follows
@@ -44,15 +40,15 @@ CASE json_typeof(t.doc -> 'nodes') WHEN 'array' THEN json_array_length(t.doc -> 
 CASE json_typeof(t.doc -> 'cached') WHEN 'array' THEN json_array_length(t.doc -> 'cached') ELSE 0 END
 
 -- name: trace_wait
--- (issue 32) seconds an attempt waited in ComfyUI's queue, from its trace (NULL without one, or not a number)
+-- seconds an attempt waited in ComfyUI's queue, from its trace (NULL without one, or not a number)
 CASE json_typeof(t.doc -> 'comfyui_wait_s') WHEN 'number' THEN (t.doc ->> 'comfyui_wait_s')::float8 END
 
 -- name: trace_run
--- (issue 32) seconds an attempt ran (its claim to its end, less that wait), from its trace
+-- seconds an attempt ran (its claim to its end, less that wait), from its trace
 CASE json_typeof(t.doc -> 'run_s') WHEN 'number' THEN (t.doc ->> 'run_s')::float8 END
 
 -- name: first_wait
--- (issue 32) of a job's first attempt (f): seconds it waited in ComfyUI's queue, from its trace
+-- of a job's first attempt (f): seconds it waited in ComfyUI's queue, from its trace
 CASE json_typeof(f.trace::json -> 'comfyui_wait_s') WHEN 'number' THEN (f.trace::json ->> 'comfyui_wait_s')::float8 END
 
 -- name: trace_doc
@@ -70,8 +66,8 @@ SELECT submitted_at FROM jobs WHERE state = 'queued' ORDER BY seq LIMIT 1
 
 -- name: head
 -- the job strict order hands out, skipping rows another claim holds
-SELECT seq, priority FROM jobs WHERE state = 'queued' AND run_after <= {at}
-    AND NOT EXISTS (SELECT 1 FROM job_refusals r WHERE r.seq = jobs.seq AND r.catalogue_id = %(cat)s)
+SELECT seq, priority FROM jobs WHERE state = 'queued' AND run_after <= {now}
+    AND NOT EXISTS (SELECT 1 FROM job_refusals r WHERE r.seq = jobs.seq AND r.catalogue_id = :cat)
 ORDER BY priority DESC, seq LIMIT 1 FOR UPDATE SKIP LOCKED
 
 -- name: pick_head
@@ -79,12 +75,12 @@ ORDER BY priority DESC, seq LIMIT 1 FOR UPDATE SKIP LOCKED
 SELECT seq FROM head
 
 -- name: pick_affine
--- the first job of the head's priority with model %(key)s, unless the head has been passed over for %(wait)s s
-SELECT coalesce((SELECT j.seq FROM jobs j WHERE j.state = 'queued' AND j.model_key = %(key)s
-    AND j.priority = h.priority AND j.run_after <= {at}
-    AND NOT EXISTS (SELECT 1 FROM job_refusals r WHERE r.seq = j.seq AND r.catalogue_id = %(cat)s)
+-- the first job of the head's priority with model :key, unless the head has been passed over for :wait s
+SELECT coalesce((SELECT j.seq FROM jobs j WHERE j.state = 'queued' AND j.model_key = :key
+    AND j.priority = h.priority AND j.run_after <= {now}
+    AND NOT EXISTS (SELECT 1 FROM job_refusals r WHERE r.seq = j.seq AND r.catalogue_id = :cat)
     AND coalesce((SELECT min(s.at) FROM affinity_skips s WHERE s.priority = h.priority
-        AND s.seq_bound > h.seq), {at}) > {at} - %(wait)s
+        AND s.seq_bound > h.seq), {now}) > {now} - :wait
     ORDER BY j.seq LIMIT 1 FOR UPDATE SKIP LOCKED), h.seq) FROM head h
 
 -- name: claim_strict
@@ -98,25 +94,26 @@ WITH head AS ({head}), pick AS ({pick_affine}), {claimed}
 -- name: claimed
 -- take the picked job, open its attempt, and read its workflow unless this process has it cached
 claimed AS (
-    UPDATE jobs SET state = 'running', attempt = attempt + 1, owner = %(owner)s, server = %(server)s,
-        lease_until = {claim_at} + %(lease)s, started_at = {claim_at}, progress = NULL, waiting_since = NULL
+    UPDATE jobs SET state = 'running', attempt = attempt + 1, owner = :owner, server = :server,
+        lease_until = {claim_at} + :lease, started_at = {claim_at}, progress = NULL, waiting_since = NULL
     WHERE seq = (SELECT * FROM pick)
     RETURNING seq, id, attempt, workflow_id, extra_data, params, last_server, last_prompt_number, reason,
         cancel_requested, lease_until, started_at, model_key),
 opened AS (INSERT INTO attempts (job_id, attempt, owner, server, started_at, url)
-    SELECT id, attempt, %(owner)s, %(server)s, started_at, %(url)s FROM claimed)
+    SELECT id, attempt, :owner, :server, started_at, :url FROM claimed)
 SELECT c.id, c.attempt, c.workflow_id, c.extra_data, c.params, c.last_server, c.last_prompt_number, c.reason,
     c.cancel_requested, c.lease_until, c.model_key,
-    (SELECT w.workflow FROM workflows w WHERE w.id = c.workflow_id AND NOT w.id = ANY(%(cached)s::bigint[])),
-    c.seq, h.seq, h.priority
+    (SELECT w.workflow FROM workflows w WHERE w.id = c.workflow_id AND NOT w.id = ANY(:cached::bigint[]))
+        AS workflow,
+    c.seq, h.seq AS head, h.priority
 FROM claimed c, head h
 
 -- name: not_durable
 -- a transaction the code marks durable=False (a prompt number, progress, a preview, an announcement's mark; as
 -- SQLite's synchronous=NORMAL for them) commits without waiting for the WAL's flush: one fsync fewer each, the
 -- server still writes it within 3 x wal_writer_delay. A crash of the server may lose the last of them and
--- nothing else: never a claim, a submit, an end or a lease's renewal (PostgresQueue.DURABLE_RENEWALS), which
--- stay durable, as a prompt number that replaces an earlier attempt's does (core.record_prompt). A lost first
+-- nothing else: never a claim, a submit, an end or a lease's renewal (PostgresDb.DURABLE_RENEWALS), which
+-- stay durable, as a prompt number that replaces an earlier attempt's does (leases.record_prompt). A lost first
 -- prompt number leaves the attempt's URL, recorded with its (durable) claim, and the prompt's id, the job's, to
 -- find it by; a lost announcement's mark publishes it again (at least once).
 SET LOCAL synchronous_commit = off
@@ -141,7 +138,7 @@ FROM expired e WHERE a.job_id = e.id AND a.attempt = e.attempt AND a.ended_at IS
 
 -- name: insert_workflows
 -- each new workflow text stored by hash; the upsert locks an existing row, so a concurrent prune keeps it
-INSERT INTO workflows (hash, workflow) SELECT * FROM unnest(?::text[], ?::text[])
+INSERT INTO workflows (hash, workflow) SELECT * FROM unnest(:hashes::text[], :texts::text[])
 ON CONFLICT (hash) DO UPDATE SET hash = excluded.hash RETURNING hash, id
 
 -- name: insert_jobs
@@ -150,24 +147,25 @@ INSERT INTO jobs (id, priority, submitted_at, spec_hash, workflow_name, workflow
     callback_url, model_key)
 SELECT t.id, t.priority, {now}, t.spec_hash, t.workflow_name, t.workflow_id, t.extra_data, t.meta, t.params,
     t.callback_url, t.model_key
-FROM unnest(?::text[], ?::bigint[], ?::text[], ?::text[], ?::bigint[], ?::text[], ?::text[], ?::text[], ?::text[],
-    ?::text[]) WITH ORDINALITY
+FROM unnest(:ids::text[], :priorities::bigint[], :spec_hashes::text[], :workflow_names::text[],
+    :workflow_ids::bigint[], :extra_datas::text[], :metas::text[], :paramses::text[], :callback_urls::text[],
+    :model_keys::text[]) WITH ORDINALITY
     AS t(id, priority, spec_hash, workflow_name, workflow_id, extra_data, meta, params, callback_url, model_key, ord)
 ORDER BY t.ord ON CONFLICT (id) DO NOTHING RETURNING id
 
 -- name: claim_deliveries
 -- due deliveries, each held for a while; SKIP LOCKED, as the job claim
-UPDATE deliveries SET next_at = {now} + ? WHERE id IN (SELECT id FROM deliveries
-    WHERE next_at IS NOT NULL AND next_at <= {now} ORDER BY next_at LIMIT ? FOR UPDATE SKIP LOCKED)
+UPDATE deliveries SET next_at = {now} + :hold WHERE id IN (SELECT id FROM deliveries
+    WHERE next_at IS NOT NULL AND next_at <= {now} ORDER BY next_at LIMIT :limit FOR UPDATE SKIP LOCKED)
 RETURNING {delivery_columns}
 
 -- name: prune_batch
 -- old terminal jobs (not one whose webhook is pending) with their attempts and deliveries
 WITH gone AS (DELETE FROM jobs WHERE seq IN (SELECT seq FROM jobs j
-    WHERE state IN ('done', 'dead', 'cancelled') AND finished_at < ? AND NOT EXISTS
+    WHERE state IN ('done', 'dead', 'cancelled') AND finished_at < :before AND NOT EXISTS
     (SELECT 1 FROM deliveries d WHERE d.job_id = j.id AND d.next_at IS NOT NULL) AND NOT EXISTS
     (SELECT 1 FROM announcements n WHERE n.job_id = j.id AND n.sent_at IS NULL)
-    LIMIT ? FOR UPDATE SKIP LOCKED) RETURNING id, machine, workflow_id, seq),
+    LIMIT :limit FOR UPDATE SKIP LOCKED) RETURNING id, machine, workflow_id, seq),
 a AS (DELETE FROM attempts WHERE job_id IN (SELECT id FROM gone)),
 d AS (DELETE FROM deliveries WHERE job_id IN (SELECT id FROM gone)),
 n AS (DELETE FROM announcements WHERE job_id IN (SELECT id FROM gone)),
@@ -178,7 +176,7 @@ SELECT id, machine, workflow_id FROM gone
 
 -- name: prune_workflow
 -- a workflow no job uses any more
-DELETE FROM workflows w WHERE id = ? AND NOT EXISTS (SELECT 1 FROM jobs WHERE workflow_id = w.id)
+DELETE FROM workflows w WHERE id = :id AND NOT EXISTS (SELECT 1 FROM jobs WHERE workflow_id = w.id)
 
 -- name: fill_model_keys
 -- v3's Python step reads the jobs still to run
@@ -190,10 +188,10 @@ WHERE j.state IN ('queued', 'running')
 INSERT INTO jobs (id, state, priority, run_after, attempt, owner, server, lease_until, started_at, cancel_requested,
     submitted_at, finished_at, reason, outputs, machine, last_server, last_prompt_number, spec_hash, workflow_name,
     workflow_id, extra_data, meta, params, progress, callback_url, model_key)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+VALUES (:id, :state, :priority, :run_after, :attempt, :owner, :server, :lease_until, :started_at, :cancel_requested, :submitted_at, :finished_at, :reason, :outputs, :machine, :last_server, :last_prompt_number, :spec_hash, :workflow_name, :workflow_id, :extra_data, :meta, :params, :progress, :callback_url, :model_key)
 
 -- name: import_attempt
 -- an attempt copied with its job
 INSERT INTO attempts (job_id, attempt, owner, server, started_at, ended_at, outcome, reason, prompt_number, kind,
     trace)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+VALUES (:job_id, :attempt, :owner, :server, :started_at, :ended_at, :outcome, :reason, :prompt_number, :kind, :trace)

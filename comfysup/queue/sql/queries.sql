@@ -1,131 +1,131 @@
--- Queries both backends run, written once. ``?`` is a positional parameter (PostgreSQL's ``%s``, translated
+-- Queries both backends run, written once. ``:name`` is a named parameter (PostgreSQL's ``%(name)s``, translated
 -- by comfysup.queue.queries); ``{name}`` is a fragment each dialect file defines: ``{now}`` is the
--- operation's time (a parameter on SQLite, the caller's ``now`` or the database clock on PostgreSQL),
+-- operation's time (the parameter :now on SQLite, the caller's ``now`` or the database clock on PostgreSQL),
 -- ``{by_jobs_state}`` and the like are SQLite's index hints (empty on PostgreSQL).
 
 -- name: fence
 -- the guard of every write after the claim: the row is still this claim's
-WHERE id = ? AND attempt = ? AND owner = ? AND state = 'running'
+WHERE id = :id AND attempt = :attempt AND owner = :owner AND state = 'running'
 
 -- name: set_progress
 -- a running job's progress, fenced
-UPDATE jobs SET progress = ? {fence} RETURNING 1
+UPDATE jobs SET progress = :progress {fence} RETURNING 1
 
 -- name: heartbeat
 -- renew the lease, fenced; says whether a cancel was requested
-UPDATE jobs SET lease_until = {now} + ? {fence} RETURNING cancel_requested
+UPDATE jobs SET lease_until = {now} + :lease {fence} RETURNING cancel_requested
 
 -- name: record_prompt
 -- the prompt a running job was queued as on its server, and whether it waits there behind another (since now), fenced
-UPDATE jobs SET last_server = ?, last_prompt_number = ?, waiting_since = CASE WHEN ? THEN {now} END {fence} RETURNING 1
+UPDATE jobs SET last_server = :server, last_prompt_number = :number, waiting_since = CASE WHEN :waiting THEN {now} END {fence} RETURNING 1
 
 -- name: set_waiting
--- (issue 32) a running job waits for its server (since now), or no longer does: its execution started, fenced
-UPDATE jobs SET waiting_since = CASE WHEN ? THEN {now} END {fence} RETURNING 1
+-- a running job waits for its server (since now), or no longer does: its execution started, fenced
+UPDATE jobs SET waiting_since = CASE WHEN :waiting THEN {now} END {fence} RETURNING 1
 
 -- name: executing
--- (issue 32) the execution of a job queued behind the one that ends in this transaction started (read before
+-- the execution of a job queued behind the one that ends in this transaction started (read before
 -- that end): no longer waiting; nothing when that job's claim no longer holds (its own attempt finds out)
 UPDATE jobs SET waiting_since = NULL {fence}
 
 -- name: complete
 -- the job is done: its outputs and the machine that holds them, fenced
-UPDATE jobs SET state = 'done', outputs = ?, finished_at = {now}, reason = NULL, owner = NULL, lease_until = NULL,
-    machine = ? {fence} RETURNING 1
+UPDATE jobs SET state = 'done', outputs = :outputs, finished_at = {now}, reason = NULL, owner = NULL, lease_until = NULL,
+    machine = :machine {fence} RETURNING 1
 
 -- name: forget_output_assets
 -- the output asset ids of a job done before (a person's retry of it): its new outputs replace them
-DELETE FROM output_assets WHERE job_id = ?
+DELETE FROM output_assets WHERE job_id = :job_id
 
 -- name: add_output_asset
 -- an output's asset id, in the transaction that ends its job done
-INSERT INTO output_assets (id, job_id) VALUES (?, ?)
+INSERT INTO output_assets (id, job_id) VALUES (:asset_id, :job_id)
 
 -- name: output_asset_job
 -- the job whose outputs an asset id names
-SELECT job_id FROM output_assets WHERE id = ?
+SELECT job_id FROM output_assets WHERE id = :asset_id
 
 -- name: set_preview
 -- a running job's latest preview, replacing the one before; fenced (a lost claim writes nothing)
-INSERT INTO job_previews (job_id, n, node_id, content_type, data) SELECT id, 1, ?, ?, ? FROM jobs {fence}
+INSERT INTO job_previews (job_id, n, node_id, content_type, data) SELECT id, 1, :node_id, :content_type, :data FROM jobs {fence}
 ON CONFLICT (job_id) DO UPDATE SET n = job_previews.n + 1, node_id = excluded.node_id,
     content_type = excluded.content_type, data = excluded.data
 
 -- name: preview_numbers
 -- how many times each watched job's preview was replaced: the reader fetches only the ones that moved
-SELECT job_id, n FROM job_previews WHERE job_id = ANY(?)
+SELECT job_id, n FROM job_previews WHERE job_id = ANY(:ids)
 
 -- name: previews
 -- the latest previews of some jobs
-SELECT job_id, n, node_id, content_type, data FROM job_previews WHERE job_id = ANY(?)
+SELECT job_id, n, node_id, content_type, data FROM job_previews WHERE job_id = ANY(:ids)
 
 -- name: forget_preview
 -- an attempt ended: its job's preview goes
-DELETE FROM job_previews WHERE job_id = ?
+DELETE FROM job_previews WHERE job_id = :job_id
 
 -- name: retry_later
 -- back to the queue until run_after (given, else the delay from now); the prompt number is forgotten
-UPDATE jobs SET state = 'queued', run_after = coalesce(CAST(? AS double precision), {now} + ?), reason = ?,
-    owner = NULL, lease_until = NULL, last_prompt_number = NULL {fence} RETURNING run_after <= {now}
+UPDATE jobs SET state = 'queued', run_after = coalesce(CAST(:given AS double precision), {now} + :delay), reason = :reason,
+    owner = NULL, lease_until = NULL, last_prompt_number = NULL {fence} RETURNING run_after <= {now} AS due
 
 -- name: finish
 -- a terminal state other than done (dead, cancelled), fenced
-UPDATE jobs SET state = ?, reason = ?, finished_at = {now}, owner = NULL, lease_until = NULL {fence} RETURNING 1
+UPDATE jobs SET state = :state, reason = :reason, finished_at = {now}, owner = NULL, lease_until = NULL {fence} RETURNING 1
 
 -- name: release
 -- put a claimed job back at once (its attempt counted or not), fenced
-UPDATE jobs SET state = 'queued', owner = NULL, lease_until = NULL, reason = ?, attempt = attempt - ?,
+UPDATE jobs SET state = 'queued', owner = NULL, lease_until = NULL, reason = :reason, attempt = attempt - :uncount,
     last_prompt_number = NULL {fence} RETURNING 1
 
 -- name: attempt_row
 -- the open attempt row of a claim
-WHERE job_id = ? AND attempt = ? AND owner = ? AND ended_at IS NULL
+WHERE job_id = :id AND attempt = :attempt AND owner = :owner AND ended_at IS NULL
 
 -- name: end_attempt
 -- close the claim's attempt with its outcome, reason class and trace
-UPDATE attempts SET ended_at = {now}, outcome = ?, reason = ?, kind = ?, trace = ? {attempt_row}
+UPDATE attempts SET ended_at = {now}, outcome = :outcome, reason = :end_reason, kind = :kind, trace = :trace {attempt_row}
 
 -- name: attempt_prompt
 -- the prompt number, server and server URL of the claim's open attempt (a caller that names no URL keeps the claim's)
-UPDATE attempts SET prompt_number = ?, server = ?, url = coalesce(?, url) {attempt_row}
+UPDATE attempts SET prompt_number = :number, server = :server, url = coalesce(:url, url) {attempt_row}
 
 -- name: passed_over
 -- an affinity claim took a job behind the head: its priority's jobs before it are passed over from now,
 -- unless an older row already covers them (a staircase); ON CONFLICT: two machines passing over at once
-INSERT INTO affinity_skips (priority, seq_bound, at) SELECT ?, ?, {now}
-WHERE NOT EXISTS (SELECT 1 FROM affinity_skips WHERE priority = ? AND seq_bound >= ?) ON CONFLICT DO NOTHING
+INSERT INTO affinity_skips (priority, seq_bound, at) SELECT :priority, :taken, {now}
+WHERE NOT EXISTS (SELECT 1 FROM affinity_skips WHERE priority = :priority AND seq_bound >= :taken) ON CONFLICT DO NOTHING
 
 -- name: head_taken
 -- an affinity claim took the head: rows covering only jobs before it (claimed, or waiting to retry) go
-DELETE FROM affinity_skips WHERE priority = ? AND seq_bound <= ?
+DELETE FROM affinity_skips WHERE priority = :priority AND seq_bound <= :head
 
 -- name: deliver
 -- a terminal job's webhook (its own url, else the default), due at once
 INSERT INTO deliveries (job_id, url, created_at, next_at)
-SELECT id, coalesce(nullif(callback_url, ''), ?), {now}, {now} FROM jobs
-WHERE id = ? AND coalesce(nullif(callback_url, ''), ?) != ''
+SELECT id, coalesce(nullif(callback_url, ''), :url), {now}, {now} FROM jobs
+WHERE id = :job_id AND coalesce(nullif(callback_url, ''), :url) != ''
 
 -- name: release_owner
 -- every job of one owner back to the queue; the attempt each held
-UPDATE jobs SET state = 'queued', owner = NULL, lease_until = NULL, reason = ?, attempt = attempt - ?
-WHERE state = 'running' AND owner = ? RETURNING id, attempt + ? AS attempt
+UPDATE jobs SET state = 'queued', owner = NULL, lease_until = NULL, reason = :reason, attempt = attempt - :uncount
+WHERE state = 'running' AND owner = :owner RETURNING id, attempt + :uncount AS attempt
 
 -- name: end_owner_attempt
 -- close one attempt of a released owner
-UPDATE attempts SET ended_at = {now}, outcome = ?, reason = ?, kind = ?
-WHERE job_id = ? AND attempt = ? AND owner = ? AND ended_at IS NULL
+UPDATE attempts SET ended_at = {now}, outcome = :outcome, reason = :reason, kind = :kind
+WHERE job_id = :job_id AND attempt = :attempt AND owner = :owner AND ended_at IS NULL
 
 -- name: job_state
 -- one job's state, locked for the change that follows (cancel, requeue)
-SELECT state FROM jobs WHERE id = ? {for_update}
+SELECT state FROM jobs WHERE id = :id {for_update}
 
 -- name: cancel_queued
 -- a queued job cancelled by a person
-UPDATE jobs SET state = 'cancelled', finished_at = {now}, reason = 'cancelled by user' WHERE id = ?
+UPDATE jobs SET state = 'cancelled', finished_at = {now}, reason = 'cancelled by user' WHERE id = :id
 
 -- name: cancel_running
 -- ask the runner of a running job to stop it
-UPDATE jobs SET cancel_requested = true WHERE id = ?
+UPDATE jobs SET cancel_requested = true WHERE id = :id
 
 -- name: requeue
 -- a dead job runs afresh: no earlier prompt is looked for, so its old failure is not adopted
@@ -134,7 +134,7 @@ UPDATE jobs SET state = 'queued', attempt = 0, run_after = 0, reason = NULL, fin
 
 -- name: requeue_one
 -- requeue one dead job
-{requeue} WHERE id = ?
+{requeue} WHERE id = :id
 
 -- name: requeue_all
 -- requeue every dead job
@@ -142,11 +142,11 @@ UPDATE jobs SET state = 'queued', attempt = 0, run_after = 0, reason = NULL, fin
 
 -- name: known_ids
 -- the spec hashes of the ids of a batch already in the table
-SELECT id, spec_hash FROM jobs WHERE id = ANY(?)
+SELECT id, spec_hash FROM jobs WHERE id = ANY(:ids)
 
 -- name: workflow_text
 -- a stored workflow by id (a runner's template cache missed)
-SELECT workflow FROM workflows WHERE id = ?
+SELECT workflow FROM workflows WHERE id = :id
 
 -- name: job_columns
 -- what a JobRecord is read from
@@ -155,56 +155,56 @@ submitted_at, run_after, owner, server, lease_until, started_at, finished_at, re
 machine, spec_hash, last_server, last_prompt_number, progress, callback_url, model_key, waiting_since
 
 -- name: ids_starting
--- (issue 32) the ids that begin with a prefix a person typed, as git takes a commit's (at most a few)
-SELECT id FROM jobs WHERE id LIKE ? ORDER BY id LIMIT ?
+-- the ids that begin with a prefix a person typed, as git takes a commit's (at most a few)
+SELECT id FROM jobs WHERE id LIKE :prefix ORDER BY id LIMIT :limit
 
 -- name: jobs_by_id
 -- the records of some jobs
-SELECT {job_columns} FROM {job_from} WHERE jobs.id = ANY(?)
+SELECT {job_columns} FROM {job_from} WHERE jobs.id = ANY(:ids)
 
 -- name: jobs_page
 -- a page of every job, in submission order
-SELECT jobs.seq AS seq, {job_columns} FROM {job_from} WHERE jobs.seq > ? ORDER BY jobs.seq LIMIT ?
+SELECT jobs.seq AS seq, {job_columns} FROM {job_from} WHERE jobs.seq > :after ORDER BY jobs.seq LIMIT :limit
 
 -- name: jobs_page_newest
 -- a page of every job, newest first, below a seq (the API's GET /api/v2/jobs and its cursor)
-SELECT jobs.seq AS seq, {job_columns} FROM {job_from} WHERE jobs.seq < ? ORDER BY jobs.seq DESC LIMIT ?
+SELECT jobs.seq AS seq, {job_columns} FROM {job_from} WHERE jobs.seq < :before ORDER BY jobs.seq DESC LIMIT :limit
 
 -- name: jobs_page_in_states
 -- a page of the jobs in some states, in submission order
-SELECT jobs.seq AS seq, {job_columns} FROM {job_from} WHERE jobs.seq > ? AND state = ANY(?)
-ORDER BY jobs.seq LIMIT ?
+SELECT jobs.seq AS seq, {job_columns} FROM {job_from} WHERE jobs.seq > :after AND state = ANY(:states)
+ORDER BY jobs.seq LIMIT :limit
 
 -- name: attempts_of
 -- the attempts of some jobs, in the order they were opened
 SELECT job_id, attempt, owner, server, started_at, ended_at, outcome, reason, prompt_number, kind, trace
-FROM attempts WHERE job_id = ANY(?) ORDER BY {attempt_order}
+FROM attempts WHERE job_id = ANY(:ids) ORDER BY {attempt_order}
 
 -- name: attempt_urls
 -- where the job's attempts (but the one given: attempt, owner) ran it or were to run it, newest first: the server's
 -- URL (named at the claim, or with the prompt) and the prompt number recorded there
-SELECT url, prompt_number FROM attempts WHERE job_id = ? AND url IS NOT NULL AND NOT (attempt = ? AND owner = ?)
+SELECT url, prompt_number FROM attempts WHERE job_id = :job_id AND url IS NOT NULL AND NOT (attempt = :attempt AND owner = :owner)
 ORDER BY started_at DESC, attempt DESC LIMIT 100
 
 -- name: states
 -- id and state of some jobs as people see it (posted: running, waiting in its server's queue), without workflows
 SELECT id, CASE WHEN state = 'running' AND waiting_since IS NOT NULL THEN 'posted' ELSE state END AS state
-FROM jobs WHERE id = ANY(?)
+FROM jobs WHERE id = ANY(:ids)
 
 -- name: pulses
 -- what the API's event streams watch of some jobs (state, attempt, cancel flag, progress), without their workflows
-SELECT id, state, attempt, cancel_requested, progress, waiting_since FROM jobs WHERE id = ANY(?)
+SELECT id, state, attempt, cancel_requested, progress, waiting_since FROM jobs WHERE id = ANY(:ids)
 
 -- name: place_of
--- (issue 32) what a job's place in line is read from: its state, priority and seq, its runner and since when it
+-- what a job's place in line is read from: its state, priority and seq, its runner and since when it
 -- waits in that runner's server (posted), and whether some catalogue refused it
 SELECT state, priority, seq, owner, waiting_since,
-    EXISTS (SELECT 1 FROM job_refusals r WHERE r.seq = jobs.seq) AS refused FROM jobs WHERE id = ?
+    EXISTS (SELECT 1 FROM job_refusals r WHERE r.seq = jobs.seq) AS refused FROM jobs WHERE id = :id
 
 -- name: posted_ahead
 -- the jobs posted to one runner's server that wait there ahead of one posted at (waiting_since, seq)
-SELECT count(*) AS n FROM jobs WHERE state = 'running' AND owner = ? AND waiting_since IS NOT NULL
-    AND (waiting_since < ? OR (waiting_since = ? AND seq < ?))
+SELECT count(*) AS n FROM jobs WHERE state = 'running' AND owner = :owner AND waiting_since IS NOT NULL
+    AND (waiting_since < :since OR (waiting_since = :since AND seq < :seq))
 
 -- name: posted_count
 -- the jobs that wait in their servers' queues: each starts before any queued job
@@ -212,21 +212,21 @@ SELECT count(*) AS n FROM jobs {by_jobs_state} WHERE state = 'running' AND waiti
 
 -- name: queued_ahead
 -- the ready queued jobs a claim takes before the job at (priority, seq): two ranges of jobs_ready
-SELECT (SELECT count(*) FROM jobs {by_jobs_ready} WHERE state = 'queued' AND priority > ? AND run_after <= {now})
-    + (SELECT count(*) FROM jobs {by_jobs_ready} WHERE state = 'queued' AND priority = ? AND seq < ?
+SELECT (SELECT count(*) FROM jobs {by_jobs_ready} WHERE state = 'queued' AND priority > :priority AND run_after <= {now})
+    + (SELECT count(*) FROM jobs {by_jobs_ready} WHERE state = 'queued' AND priority = :priority AND seq < :seq
         AND run_after <= {now}) AS n
 
 -- name: able_both
--- (a fragment) some server's current catalogue can run both the job at seq ? and the row of jobs
+-- (a fragment) some server's current catalogue can run both the job at :seq and the row of jobs
 EXISTS (SELECT 1 FROM server_catalogues s
-    WHERE NOT EXISTS (SELECT 1 FROM job_refusals r WHERE r.seq = ? AND r.catalogue_id = s.catalogue_id)
+    WHERE NOT EXISTS (SELECT 1 FROM job_refusals r WHERE r.seq = :seq AND r.catalogue_id = s.catalogue_id)
     AND NOT EXISTS (SELECT 1 FROM job_refusals r WHERE r.seq = jobs.seq AND r.catalogue_id = s.catalogue_id))
 
 -- name: queued_ahead_able
 -- queued_ahead for a job some catalogue refused: only the jobs that a server able to run it could run instead
-SELECT (SELECT count(*) FROM jobs {by_jobs_ready} WHERE state = 'queued' AND priority > ? AND run_after <= {now}
+SELECT (SELECT count(*) FROM jobs {by_jobs_ready} WHERE state = 'queued' AND priority > :priority AND run_after <= {now}
         AND {able_both})
-    + (SELECT count(*) FROM jobs {by_jobs_ready} WHERE state = 'queued' AND priority = ? AND seq < ?
+    + (SELECT count(*) FROM jobs {by_jobs_ready} WHERE state = 'queued' AND priority = :priority AND seq < :seq
         AND run_after <= {now} AND {able_both}) AS n
 
 -- name: waiting
@@ -240,15 +240,15 @@ ORDER BY started_at
 
 -- name: recent_dead
 -- the newest dead jobs
-SELECT id, finished_at, reason FROM jobs WHERE state = 'dead' ORDER BY finished_at DESC LIMIT ?
+SELECT id, finished_at, reason FROM jobs WHERE state = 'dead' ORDER BY finished_at DESC LIMIT :limit
 
 -- name: recent_done
 -- the newest done jobs
-SELECT id, finished_at FROM jobs WHERE state = 'done' ORDER BY finished_at DESC LIMIT ?
+SELECT id, finished_at FROM jobs WHERE state = 'done' ORDER BY finished_at DESC LIMIT :limit
 
 -- name: finished_counts
 -- jobs that reached each terminal state since a time
-SELECT state, count(*) AS n FROM jobs WHERE state IN ('done', 'dead', 'cancelled') AND finished_at >= ?
+SELECT state, count(*) AS n FROM jobs WHERE state IN ('done', 'dead', 'cancelled') AND finished_at >= :since
 GROUP BY state
 
 -- name: ended_since
@@ -260,15 +260,15 @@ SELECT a.job_id AS job_id, a.attempt AS attempt, a.outcome AS outcome, a.kind AS
     (SELECT min(f.started_at) FROM attempts f WHERE f.job_id = a.job_id) AS first_started_at,
     CASE WHEN a.outcome IN ('done', 'dead', 'cancelled') THEN (SELECT {first_wait} FROM attempts f
         WHERE f.job_id = a.job_id ORDER BY f.started_at, f.attempt LIMIT 1) END AS first_comfyui_wait_s
-FROM attempts a JOIN jobs j ON j.id = a.job_id {trace_doc} WHERE a.ended_at >= ? ORDER BY a.ended_at LIMIT ?
+FROM attempts a JOIN jobs j ON j.id = a.job_id {trace_doc} WHERE a.ended_at >= :since ORDER BY a.ended_at LIMIT :limit
 
 -- name: ended_count
 -- how many attempts ended in a range of time (an index range)
-SELECT count(*) AS n FROM attempts WHERE ended_at >= ? AND ended_at <= ?
+SELECT count(*) AS n FROM attempts WHERE ended_at >= :since AND ended_at <= :until
 
 -- name: ended_keys
 -- the attempts that ended in a range of time, oldest end first
-SELECT job_id, attempt, started_at, ended_at FROM attempts WHERE ended_at >= ? AND ended_at <= ? ORDER BY ended_at
+SELECT job_id, attempt, started_at, ended_at FROM attempts WHERE ended_at >= :since AND ended_at <= :until ORDER BY ended_at
 
 -- name: active_count
 -- jobs not yet terminal
@@ -278,64 +278,34 @@ SELECT count(*) AS n FROM jobs WHERE state IN ('queued', 'running')
 -- the owners holding jobs
 SELECT DISTINCT owner FROM jobs WHERE state = 'running'
 
--- name: passed_over
--- an affinity claim took a job behind the head: its priority's jobs before it are passed over from now,
--- unless an older row already covers them (a staircase); ON CONFLICT: two machines passing over at once
-INSERT INTO affinity_skips (priority, seq_bound, at) SELECT ?, ?, {now}
-WHERE NOT EXISTS (SELECT 1 FROM affinity_skips WHERE priority = ? AND seq_bound >= ?) ON CONFLICT DO NOTHING
-
--- name: head_taken
--- an affinity claim took the head: rows covering only jobs before it (claimed, or waiting to retry) go
-DELETE FROM affinity_skips WHERE priority = ? AND seq_bound <= ?
-
 -- name: delivery_columns
 -- what a Delivery is read from
 id, job_id, url, attempts, created_at, next_at, last_status, last_error, delivered_at
 
--- name: passed_over
--- an affinity claim took a job behind the head: its priority's jobs before it are passed over from now,
--- unless an older row already covers them (a staircase); ON CONFLICT: two machines passing over at once
-INSERT INTO affinity_skips (priority, seq_bound, at) SELECT ?, ?, {now}
-WHERE NOT EXISTS (SELECT 1 FROM affinity_skips WHERE priority = ? AND seq_bound >= ?) ON CONFLICT DO NOTHING
-
--- name: head_taken
--- an affinity claim took the head: rows covering only jobs before it (claimed, or waiting to retry) go
-DELETE FROM affinity_skips WHERE priority = ? AND seq_bound <= ?
-
 -- name: deliveries
 -- the webhook deliveries of one job, oldest first
-SELECT {delivery_columns} FROM deliveries WHERE job_id = ? ORDER BY id
+SELECT {delivery_columns} FROM deliveries WHERE job_id = :job_id ORDER BY id
 
 -- name: pending_deliveries
 -- deliveries still to send
 SELECT count(*) AS n FROM deliveries WHERE next_at IS NOT NULL
 
--- name: passed_over
--- an affinity claim took a job behind the head: its priority's jobs before it are passed over from now,
--- unless an older row already covers them (a staircase); ON CONFLICT: two machines passing over at once
-INSERT INTO affinity_skips (priority, seq_bound, at) SELECT ?, ?, {now}
-WHERE NOT EXISTS (SELECT 1 FROM affinity_skips WHERE priority = ? AND seq_bound >= ?) ON CONFLICT DO NOTHING
-
--- name: head_taken
--- an affinity claim took the head: rows covering only jobs before it (claimed, or waiting to retry) go
-DELETE FROM affinity_skips WHERE priority = ? AND seq_bound <= ?
-
 -- name: delivery_result
 -- one try of a delivery: delivered, due again at next_at, or given up
-UPDATE deliveries SET attempts = attempts + 1, last_status = ?, last_error = ?,
-    delivered_at = CASE WHEN ? THEN {now} END, next_at = ? WHERE id = ?
+UPDATE deliveries SET attempts = attempts + 1, last_status = :status, last_error = :error,
+    delivered_at = CASE WHEN :delivered THEN {now} END, next_at = :next_at WHERE id = :id
 
 -- name: prunable
 -- terminal jobs finished before a time
-SELECT count(*) AS n FROM jobs {by_jobs_state} WHERE state IN ('done', 'dead', 'cancelled') AND finished_at < ?
+SELECT count(*) AS n FROM jobs {by_jobs_state} WHERE state IN ('done', 'dead', 'cancelled') AND finished_at < :before
 
 -- name: forget_machine
 -- a supervisor starts: earlier rows of its host go
-DELETE FROM machines WHERE host = ?
+DELETE FROM machines WHERE host = :host
 
 -- name: machine_heartbeat
 -- a supervisor's row, inserted or refreshed
-INSERT INTO machines (host, pid, slots, started_at, heartbeat_at) VALUES (?, ?, ?, {now}, {now})
+INSERT INTO machines (host, pid, slots, started_at, heartbeat_at) VALUES (:host, :pid, :slots, {now}, {now})
 ON CONFLICT (host, pid) DO UPDATE SET slots = excluded.slots, heartbeat_at = excluded.heartbeat_at
 
 -- name: machines
@@ -344,15 +314,15 @@ SELECT host, pid, slots, started_at, heartbeat_at, {now} - heartbeat_at AS age F
 
 -- name: insert_catalogue
 -- a server's /object_info, stored once per distinct text (by its sha256)
-INSERT INTO catalogues (hash, info, recorded_at) VALUES (?, ?, {now}) ON CONFLICT (hash) DO NOTHING
+INSERT INTO catalogues (hash, info, recorded_at) VALUES (:hash, :info, {now}) ON CONFLICT (hash) DO NOTHING
 
 -- name: catalogue_id
 -- a stored catalogue's id by hash
-SELECT id FROM catalogues WHERE hash = ?
+SELECT id FROM catalogues WHERE hash = :hash
 
 -- name: server_catalogue
 -- the catalogue a runner's server (runner name, machine) has now
-INSERT INTO server_catalogues (runner, machine, catalogue_id, recorded_at) VALUES (?, ?, ?, {now})
+INSERT INTO server_catalogues (runner, machine, catalogue_id, recorded_at) VALUES (:runner, :machine, :catalogue_id, {now})
 ON CONFLICT (runner, machine) DO UPDATE SET catalogue_id = excluded.catalogue_id, recorded_at = excluded.recorded_at
 
 -- name: stranded_jobs
@@ -364,7 +334,7 @@ SELECT DISTINCT j.id FROM job_refusals r JOIN jobs j ON j.seq = r.seq WHERE j.st
 
 -- name: dead_queued
 -- a queued job no server can run, dead-lettered without a claim (there is no attempt to end)
-UPDATE jobs SET state = 'dead', finished_at = {now}, reason = ? WHERE id = ? AND state = 'queued'
+UPDATE jobs SET state = 'dead', finished_at = {now}, reason = :reason WHERE id = :id AND state = 'queued'
 
 -- name: current_catalogues
 -- the catalogues some server has now, with the servers that have each
@@ -373,37 +343,37 @@ ORDER BY c.id, s.machine, s.runner
 
 -- name: insert_refusal
 -- a job that a catalogue cannot run, and why: the claim of a server with that catalogue passes it over
-INSERT INTO job_refusals (seq, catalogue_id, reason) SELECT seq, ?, ? FROM jobs WHERE id = ?
+INSERT INTO job_refusals (seq, catalogue_id, reason) SELECT seq, :catalogue_id, :reason FROM jobs WHERE id = :job_id
 ON CONFLICT (seq, catalogue_id) DO NOTHING
 
 -- name: able_servers
 -- how many servers have a catalogue that has not refused the job
-SELECT count(*) FROM server_catalogues s WHERE NOT EXISTS (SELECT 1 FROM job_refusals r JOIN jobs j ON j.seq = r.seq
-    WHERE j.id = ? AND r.catalogue_id = s.catalogue_id)
+SELECT count(*) AS n FROM server_catalogues s WHERE NOT EXISTS (SELECT 1 FROM job_refusals r JOIN jobs j ON j.seq = r.seq
+    WHERE j.id = :id AND r.catalogue_id = s.catalogue_id)
 
 -- name: refusals_of
 -- why catalogues refused a job
-SELECT r.catalogue_id, r.reason FROM job_refusals r JOIN jobs j ON j.seq = r.seq WHERE j.id = ? ORDER BY r.catalogue_id
+SELECT r.catalogue_id, r.reason FROM job_refusals r JOIN jobs j ON j.seq = r.seq WHERE j.id = :id ORDER BY r.catalogue_id
 
 -- name: asset_size
--- (issue 17) whether an input file is stored, and its size
-SELECT size FROM assets WHERE hash = ?
+-- whether an input file is stored, and its size
+SELECT size FROM assets WHERE hash = :hash
 
 -- name: insert_asset
 -- an input file's row, once per content (its bytes are stored first, in the same transaction or before it)
-INSERT INTO assets (hash, size, name, stored_at) VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING
+INSERT INTO assets (hash, size, name, stored_at) VALUES (:hash, :size, :name, :stored_at) ON CONFLICT DO NOTHING
 
 -- name: insert_asset_chunk
 -- a piece of an input file kept in the database
-INSERT INTO asset_chunks (hash, n, data) VALUES (?, ?, ?) ON CONFLICT DO NOTHING
+INSERT INTO asset_chunks (hash, n, data) VALUES (:hash, :n, :data) ON CONFLICT DO NOTHING
 
 -- name: asset_chunks
 -- an input file kept in the database, in order
-SELECT data FROM asset_chunks WHERE hash = ? ORDER BY n
+SELECT data FROM asset_chunks WHERE hash = :hash ORDER BY n
 
 -- name: insert_job_asset
 -- a job needs an input file (idempotent: the same job submitted again)
-INSERT INTO job_assets (seq, hash) SELECT seq, ? FROM jobs WHERE id = ? ON CONFLICT DO NOTHING
+INSERT INTO job_assets (seq, hash) SELECT seq, :hash FROM jobs WHERE id = :job_id ON CONFLICT DO NOTHING
 
 -- name: assets_needed
 -- the input files of queued and running jobs: a server's copy of them is never evicted
@@ -411,21 +381,21 @@ SELECT DISTINCT ja.hash FROM job_assets ja JOIN jobs j ON j.seq = ja.seq WHERE j
 
 -- name: server_assets
 -- what a server has been given: name, size, last use
-SELECT hash, name, size, used_at FROM server_assets WHERE server = ?
+SELECT hash, name, size, used_at FROM server_assets WHERE server = :server
 
 -- name: record_upload
 -- an input file uploaded to a server (again: counted)
-INSERT INTO server_assets (server, hash, name, size, uploads, used_at) VALUES (?, ?, ?, ?, 1, ?)
+INSERT INTO server_assets (server, hash, name, size, uploads, used_at) VALUES (:server, :hash, :name, :size, 1, :used_at)
 ON CONFLICT (server, hash) DO UPDATE SET name = excluded.name, uploads = server_assets.uploads + 1,
     used_at = excluded.used_at
 
 -- name: touch_upload
 -- a server's copy of an input file used again (the LRU's clock)
-UPDATE server_assets SET used_at = ? WHERE server = ? AND hash = ?
+UPDATE server_assets SET used_at = :used_at WHERE server = :server AND hash = :hash
 
 -- name: forget_upload
 -- a server's copy removed (evicted, or found missing)
-DELETE FROM server_assets WHERE server = ? AND hash = ?
+DELETE FROM server_assets WHERE server = :server AND hash = :hash
 
 -- name: asset_totals
 -- status and metrics: input files stored, their bytes, uploads to servers
@@ -437,72 +407,72 @@ SELECT (SELECT count(*) FROM assets) AS assets, (SELECT coalesce(sum(size), 0) F
 DELETE FROM job_assets WHERE NOT EXISTS (SELECT 1 FROM jobs WHERE jobs.seq = job_assets.seq)
 
 -- name: unreferenced_assets
--- input files no job needs any more and no API upload keeps (issue 18: until the upload expires)
+-- input files no job needs any more and no API upload keeps (until the upload expires)
 SELECT hash, size FROM assets a WHERE NOT EXISTS (SELECT 1 FROM job_assets ja WHERE ja.hash = a.hash)
     AND NOT EXISTS (SELECT 1 FROM api_assets u WHERE u.hash = a.hash)
 
 -- name: delete_asset
 -- an input file no job needs and no API upload keeps (its chunks too, below)
-DELETE FROM assets WHERE hash = ? AND NOT EXISTS (SELECT 1 FROM job_assets ja WHERE ja.hash = ?)
-    AND NOT EXISTS (SELECT 1 FROM api_assets u WHERE u.hash = ?)
+DELETE FROM assets WHERE hash = :hash AND NOT EXISTS (SELECT 1 FROM job_assets ja WHERE ja.hash = :hash)
+    AND NOT EXISTS (SELECT 1 FROM api_assets u WHERE u.hash = :hash)
 
 -- name: delete_asset_chunks
 -- the database's copy of a removed input file
-DELETE FROM asset_chunks WHERE hash = ?
+DELETE FROM asset_chunks WHERE hash = :hash
 
 -- name: asset_chunk
--- (issue 18) one piece of an input file kept in the database (a ranged read of an uploaded asset)
-SELECT data FROM asset_chunks WHERE hash = ? AND n = ?
+-- one piece of an input file kept in the database (a ranged read of an uploaded asset)
+SELECT data FROM asset_chunks WHERE hash = :hash AND n = :n
 
 -- name: api_asset
--- (issue 18) an asset uploaded through the API, with its content's size
+-- an asset uploaded through the API, with its content's size
 SELECT u.id, u.hash, a.size, u.file_path, u.content_type, u.created_at, u.expires_at
-FROM api_assets u JOIN assets a ON a.hash = u.hash WHERE u.id = ?
+FROM api_assets u JOIN assets a ON a.hash = u.hash WHERE u.id = :id
 
 -- name: api_asset_by_key
 -- an upload's record by its Idempotency-Key (a retried upload)
 SELECT u.id, u.hash, a.size, u.file_path, u.content_type, u.created_at, u.expires_at
-FROM api_assets u JOIN assets a ON a.hash = u.hash WHERE u.idem_key = ?
+FROM api_assets u JOIN assets a ON a.hash = u.hash WHERE u.idem_key = :key
 
 -- name: api_asset_same
 -- a live record of this content under this name (POST /assets/from-hash answers it rather than a new one)
 SELECT u.id, u.hash, a.size, u.file_path, u.content_type, u.created_at, u.expires_at
-FROM api_assets u JOIN assets a ON a.hash = u.hash WHERE u.hash = ? AND u.file_path = ? AND u.expires_at > ?
+FROM api_assets u JOIN assets a ON a.hash = u.hash WHERE u.hash = :hash AND u.file_path = :file_path AND u.expires_at > :at
 ORDER BY u.created_at LIMIT 1
 
 -- name: insert_api_asset
 -- an asset record minted over stored content
 INSERT INTO api_assets (id, hash, file_path, content_type, created_at, expires_at, idem_key)
-VALUES (?, ?, ?, ?, ?, ?, ?)
+VALUES (:id, :hash, :file_path, :content_type, :created_at, :expires_at, :idem_key)
 
 -- name: insert_keyed_api_asset
 -- an uploaded asset's record under its Idempotency-Key; no row back: another upload with the key committed first
 INSERT INTO api_assets (id, hash, file_path, content_type, created_at, expires_at, idem_key)
-VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (idem_key) DO NOTHING RETURNING id
+VALUES (:id, :hash, :file_path, :content_type, :created_at, :expires_at, :idem_key) ON CONFLICT (idem_key) DO NOTHING RETURNING id
 
 -- name: extend_api_asset
 -- content referenced again: its record lives at least until the new deadline (never shortened)
-UPDATE api_assets SET expires_at = ? WHERE id = ? AND expires_at < ?
+UPDATE api_assets SET expires_at = :until WHERE id = :id AND expires_at < :until
 
 -- name: delete_api_asset
 -- DELETE /api/v2/assets/{id}: the record goes; its content stays while a job or another record needs it
-DELETE FROM api_assets WHERE id = ? RETURNING hash
+DELETE FROM api_assets WHERE id = :id RETURNING hash
 
 -- name: prune_api_assets
 -- upload records past their retention (their content then goes with prune's unreferenced assets)
-DELETE FROM api_assets WHERE expires_at <= ?
+DELETE FROM api_assets WHERE expires_at <= :at
 
 -- name: announce
 -- a terminal job's broker announcement ([rabbitmq] url set), in the transaction that ended it
-INSERT INTO announcements (job_id, state, created_at) SELECT id, state, {now} FROM jobs WHERE id = ?
+INSERT INTO announcements (job_id, state, created_at) SELECT id, state, {now} FROM jobs WHERE id = :job_id
 
 -- name: pending_announcements
 -- the oldest announcements not yet confirmed by the broker
-SELECT id, job_id, state FROM announcements WHERE sent_at IS NULL ORDER BY id LIMIT ?
+SELECT id, job_id, state FROM announcements WHERE sent_at IS NULL ORDER BY id LIMIT :limit
 
 -- name: announced
 -- the broker confirmed an announcement
-UPDATE announcements SET sent_at = {now} WHERE id = ?
+UPDATE announcements SET sent_at = {now} WHERE id = :id
 
 -- name: announcement_backlog
 -- announcements still to publish
@@ -510,18 +480,18 @@ SELECT count(*) AS n FROM announcements WHERE sent_at IS NULL
 
 -- name: announcements_of
 -- one job's announcements, oldest first
-SELECT id, job_id, state, created_at, sent_at FROM announcements WHERE job_id = ? ORDER BY id
+SELECT id, job_id, state, created_at, sent_at FROM announcements WHERE job_id = :job_id ORDER BY id
 
 -- name: advertise_api
 -- a machine's API: where the other machines reach it, inserted or refreshed (a new process takes the row over)
-INSERT INTO api_endpoints (host, url, pid, started_at, heartbeat_at) VALUES (?, ?, ?, {now}, {now})
+INSERT INTO api_endpoints (host, url, pid, started_at, heartbeat_at) VALUES (:host, :url, :pid, {now}, {now})
 ON CONFLICT (host) DO UPDATE SET url = excluded.url, pid = excluded.pid, heartbeat_at = excluded.heartbeat_at,
     started_at = CASE WHEN api_endpoints.pid = excluded.pid THEN api_endpoints.started_at ELSE excluded.started_at END
 
 -- name: withdraw_api
 -- a stopping API's own row goes (not a newer process's of the same host)
-DELETE FROM api_endpoints WHERE host = ? AND pid = ?
+DELETE FROM api_endpoints WHERE host = :host AND pid = :pid
 
 -- name: api_endpoint
 -- a machine's advertised API with the age of its heartbeat on the clock that stamped it
-SELECT url, {now} - heartbeat_at AS age FROM api_endpoints WHERE host = ?
+SELECT url, {now} - heartbeat_at AS age FROM api_endpoints WHERE host = :host

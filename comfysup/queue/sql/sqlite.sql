@@ -3,8 +3,8 @@
 -- the planner, without statistics, would pick jobs_state and sort every queued row.
 
 -- name: now
--- the operation's time: a parameter
-?
+-- the operation's time: the parameter :now
+:now
 
 -- name: for_update
 -- BEGIN IMMEDIATE already holds the write lock
@@ -34,15 +34,15 @@ coalesce(json_array_length(a.trace, '$.nodes'), 0)
 coalesce(json_array_length(a.trace, '$.cached'), 0)
 
 -- name: trace_wait
--- (issue 32) seconds an attempt waited in ComfyUI's queue, from its trace (NULL without one)
+-- seconds an attempt waited in ComfyUI's queue, from its trace (NULL without one)
 json_extract(a.trace, '$.comfyui_wait_s')
 
 -- name: trace_run
--- (issue 32) seconds an attempt ran (its claim to its end, less that wait), from its trace
+-- seconds an attempt ran (its claim to its end, less that wait), from its trace
 json_extract(a.trace, '$.run_s')
 
 -- name: first_wait
--- (issue 32) of a job's first attempt (f): seconds it waited in ComfyUI's queue, from its trace
+-- of a job's first attempt (f): seconds it waited in ComfyUI's queue, from its trace
 json_extract(f.trace, '$.comfyui_wait_s')
 
 -- name: trace_doc
@@ -68,119 +68,119 @@ ORDER BY priority DESC, seq LIMIT 1
 
 -- name: pick
 -- the head and, unless it has been passed over for :wait seconds, the first job of its priority with model :key
-WITH head AS ({head}) SELECT head.seq, head.priority,
+WITH head AS ({head}) SELECT head.seq AS head, head.priority AS priority,
     CASE WHEN coalesce((SELECT min(at) FROM affinity_skips s WHERE s.priority = head.priority
         AND s.seq_bound > head.seq), :now) > :now - :wait
     THEN (SELECT seq FROM jobs INDEXED BY jobs_affinity WHERE state = 'queued' AND model_key = :key
         AND priority = head.priority AND run_after <= :now
         AND NOT EXISTS (SELECT 1 FROM job_refusals r WHERE r.seq = jobs.seq AND r.catalogue_id = :cat)
-        ORDER BY seq LIMIT 1) END FROM head
+        ORDER BY seq LIMIT 1) END AS affine FROM head
 
 -- name: take
 -- the claimed job's row
-UPDATE jobs SET state = 'running', attempt = attempt + 1, owner = ?, server = ?, lease_until = ?, started_at = ?,
-    progress = NULL, waiting_since = NULL WHERE seq = ?
+UPDATE jobs SET state = 'running', attempt = attempt + 1, owner = :owner, server = :server, lease_until = :lease_until, started_at = :now,
+    progress = NULL, waiting_since = NULL WHERE seq = :seq
 RETURNING id, attempt, last_server, last_prompt_number, reason, cancel_requested, model_key
 
 -- name: spec
 -- the claimed job's workflow id and own data
-SELECT workflow_id, extra_data, params FROM job_specs WHERE seq = ?
+SELECT workflow_id, extra_data, params FROM job_specs WHERE seq = :seq
 
 -- name: open_attempt
 -- the attempt row a claim opens
-INSERT INTO attempts (job_id, attempt, owner, server, started_at, url) VALUES (?, ?, ?, ?, ?, ?)
+INSERT INTO attempts (job_id, attempt, owner, server, started_at, url) VALUES (:job_id, :attempt, :owner, :server, :now, :url)
 
 -- name: any_expired
 -- a read first: an UPDATE that changes nothing still cost a fifth of a claim's statements
-SELECT 1 FROM jobs INDEXED BY jobs_state WHERE state = 'running' AND lease_until < ? LIMIT 1
+SELECT 1 FROM jobs INDEXED BY jobs_state WHERE state = 'running' AND lease_until < :now LIMIT 1
 
 -- name: expire
 -- running jobs whose lease passed go back to the queue (read through jobs_state: running rows are few)
 UPDATE jobs INDEXED BY jobs_state SET state = 'queued', owner = NULL, lease_until = NULL,
     reason = 'lease expired: the runner stopped renewing it'
-WHERE state = 'running' AND lease_until < ? RETURNING id, attempt
+WHERE state = 'running' AND lease_until < :now RETURNING id, attempt
 
 -- name: end_expired
 -- the attempt whose lease expired
-UPDATE attempts SET ended_at = ?, outcome = 'lease_expired', kind = 'lease_expired', reason = 'lease expired'
-WHERE job_id = ? AND attempt = ? AND ended_at IS NULL
+UPDATE attempts SET ended_at = :now, outcome = 'lease_expired', kind = 'lease_expired', reason = 'lease expired'
+WHERE job_id = :job_id AND attempt = :attempt AND ended_at IS NULL
 
 -- name: last_seq
 -- the last seq given out: a batch numbers its rows itself, so the spec row needs no round trip
-SELECT coalesce(max(seq), 0) FROM jobs
+SELECT coalesce(max(seq), 0) AS seq FROM jobs
 
 -- name: workflow_id
 -- a stored workflow's id by hash
-SELECT id FROM workflows WHERE hash = ?
+SELECT id FROM workflows WHERE hash = :hash
 
 -- name: insert_workflow
 -- a workflow text stored for the first time
-INSERT INTO workflows (hash, workflow) VALUES (?, ?)
+INSERT INTO workflows (hash, workflow) VALUES (:hash, :workflow)
 
 -- name: insert_job
 -- a new job's row
 INSERT INTO jobs (seq, id, priority, submitted_at, spec_hash, workflow_name, callback_url, model_key)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+VALUES (:seq, :id, :priority, :now, :spec_hash, :workflow_name, :callback_url, :model_key)
 
 -- name: insert_spec
 -- a new job's workflow id and own data, beside the row every claim rewrites
-INSERT INTO job_specs (seq, workflow_id, extra_data, meta, params) VALUES (?, ?, ?, ?, ?)
+INSERT INTO job_specs (seq, workflow_id, extra_data, meta, params) VALUES (:seq, :workflow_id, :extra_data, :meta, :params)
 
 -- name: any_due
 -- a read first: an idle deliverer's poll must not take the write lock
-SELECT 1 FROM deliveries WHERE next_at IS NOT NULL AND next_at <= ? LIMIT 1
+SELECT 1 FROM deliveries WHERE next_at IS NOT NULL AND next_at <= :now LIMIT 1
 
 -- name: due_deliveries
 -- due deliveries, soonest first
-SELECT {delivery_columns} FROM deliveries WHERE next_at IS NOT NULL AND next_at <= ? ORDER BY next_at LIMIT ?
+SELECT {delivery_columns} FROM deliveries WHERE next_at IS NOT NULL AND next_at <= :now ORDER BY next_at LIMIT :limit
 
 -- name: hold_delivery
 -- a delivery held by this deliverer until next_at
-UPDATE deliveries SET next_at = ? WHERE id = ?
+UPDATE deliveries SET next_at = :until WHERE id = :id
 
 -- name: prune_batch
 -- terminal jobs finished before a time whose webhook is not pending
 SELECT seq, id, machine FROM jobs INDEXED BY jobs_state WHERE state IN ('done', 'dead', 'cancelled')
-AND finished_at < ? AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.job_id = jobs.id AND d.next_at IS NOT NULL)
+AND finished_at < :before AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.job_id = jobs.id AND d.next_at IS NOT NULL)
 AND NOT EXISTS (SELECT 1 FROM announcements a WHERE a.job_id = jobs.id AND a.sent_at IS NULL)
-LIMIT ?
+LIMIT :limit
 
 -- name: prune_workflows_of
 -- the workflows the pruned jobs used
-SELECT DISTINCT workflow_id FROM job_specs WHERE seq IN (SELECT value FROM json_each(?))
+SELECT DISTINCT workflow_id FROM job_specs WHERE seq IN (SELECT value FROM json_each(:seqs))
 
 -- name: prune_jobs
 -- the pruned jobs' rows
-DELETE FROM jobs WHERE seq IN (SELECT value FROM json_each(?))
+DELETE FROM jobs WHERE seq IN (SELECT value FROM json_each(:seqs))
 
 -- name: prune_specs
 -- the pruned jobs' spec rows
-DELETE FROM job_specs WHERE seq IN (SELECT value FROM json_each(?))
+DELETE FROM job_specs WHERE seq IN (SELECT value FROM json_each(:seqs))
 
 -- name: prune_refusals
 -- the pruned jobs' catalogue refusals
-DELETE FROM job_refusals WHERE seq IN (SELECT value FROM json_each(?))
+DELETE FROM job_refusals WHERE seq IN (SELECT value FROM json_each(:seqs))
 
 -- name: prune_attempts
 -- the pruned jobs' attempts
-DELETE FROM attempts WHERE job_id = ANY(?)
+DELETE FROM attempts WHERE job_id = ANY(:ids)
 
 -- name: prune_deliveries
 -- the pruned jobs' deliveries
-DELETE FROM deliveries WHERE job_id = ANY(?)
+DELETE FROM deliveries WHERE job_id = ANY(:ids)
 
 -- name: prune_announcements
 -- the pruned jobs' broker announcements
-DELETE FROM announcements WHERE job_id = ANY(?)
+DELETE FROM announcements WHERE job_id = ANY(:ids)
 
 -- name: prune_output_assets
 -- the pruned jobs' output asset ids
-DELETE FROM output_assets WHERE job_id = ANY(?)
+DELETE FROM output_assets WHERE job_id = ANY(:ids)
 
 -- name: prune_previews
 -- the pruned jobs' previews (one outlives its attempt only when its runner died)
-DELETE FROM job_previews WHERE job_id = ANY(?)
+DELETE FROM job_previews WHERE job_id = ANY(:ids)
 
 -- name: prune_workflow
 -- a workflow no remaining job uses
-DELETE FROM workflows WHERE id = ? AND NOT EXISTS (SELECT 1 FROM job_specs WHERE workflow_id = ?)
+DELETE FROM workflows WHERE id = :id AND NOT EXISTS (SELECT 1 FROM job_specs WHERE workflow_id = :id)
