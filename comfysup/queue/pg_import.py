@@ -49,38 +49,53 @@ def import_records(db: SQLDb, store: Assets, records: Sequence[JobRecord], *, wi
     def copy(cur: psycopg.Cursor[Any]) -> None:
         if not records:
             return
-        rows = cur.execute(SQL["known_ids"], {"ids": [r.id for r in records]}).fetchall()
-        known = {row["id"]: row["spec_hash"] for row in rows}
-        fresh: list[JobRecord] = []
-        for r in records:
-            if r.id in known:
-                (result.existing if known[r.id] == r.spec_hash else result.conflicts).append(r.id)
-                continue
-            known[r.id] = r.spec_hash
-            fresh.append(r)
-        # A batch's jobs share one stored template: it is copied once, not once per job.
-        memo: dict[str, str] = {}
-        stored = [_stored_template(r, memo) for r in fresh]
-        specs = SpecCache()
-        pg_statements.workflow_ids(cur, {h: t for t, h in stored}, specs)
-        cur.executemany(SQL["import_job"],
-                        [_job_row(r, specs.ids[h]) for r, (_t, h) in zip(fresh, stored, strict=True)])
-        rows = [{"job_id": r.id, "attempt": a.attempt, "owner": a.owner, "server": a.server,
-                 "started_at": a.started_at, "ended_at": a.ended_at, "outcome": a.outcome, "reason": a.reason,
-                 "prompt_number": a.prompt_number, "kind": a.kind, "trace": dumps(a.trace)}
-                for r in fresh if with_attempts for a in r.attempts]
-        if rows:
-            cur.executemany(SQL["import_attempt"], rows)
+        fresh = _fresh(cur, records, result)
+        _insert_jobs(cur, fresh)
+        attempts = _attempt_rows(fresh) if with_attempts else []
+        if attempts:
+            cur.executemany(SQL["import_attempt"], attempts)
         cur.executemany(SQL["add_output_asset"],
                         [{"asset_id": o.id, "job_id": r.id} for r in fresh for o in r.outputs if o.id])
         result.assets = _import_inputs(db, store, cur, fresh, source_file)
         result.inserted = [r.id for r in fresh]
-        result.attempts = len(rows)
+        result.attempts = len(attempts)
         if any(r.state == QUEUED for r in fresh):
             db.notify(cur)
 
     db.transaction(copy)
     return result
+
+
+def _fresh(cur: Any, records: Sequence[JobRecord], result: ImportResult) -> list[JobRecord]:
+    """The records whose id is not here yet; an id already here goes to ``existing`` with the same spec_hash,
+    to ``conflicts`` with another one (and a repeated id within ``records`` counts as already here)."""
+    rows = cur.execute(SQL["known_ids"], {"ids": [r.id for r in records]}).fetchall()
+    known = {row["id"]: row["spec_hash"] for row in rows}
+    fresh: list[JobRecord] = []
+    for r in records:
+        if r.id in known:
+            (result.existing if known[r.id] == r.spec_hash else result.conflicts).append(r.id)
+            continue
+        known[r.id] = r.spec_hash
+        fresh.append(r)
+    return fresh
+
+
+def _insert_jobs(cur: Any, fresh: Sequence[JobRecord]) -> None:
+    """The jobs' rows; a batch's jobs share one stored template, copied once, not once per job."""
+    memo: dict[str, str] = {}
+    stored = [_stored_template(r, memo) for r in fresh]
+    specs = SpecCache()
+    pg_statements.workflow_ids(cur, {h: t for t, h in stored}, specs)
+    cur.executemany(SQL["import_job"], [_job_row(r, specs.ids[h]) for r, (_t, h) in zip(fresh, stored, strict=True)])
+
+
+def _attempt_rows(fresh: Sequence[JobRecord]) -> list[dict[str, Any]]:
+    """The parameters of ``import_attempt``: every attempt of the jobs inserted now, as it was recorded."""
+    return [{"job_id": r.id, "attempt": a.attempt, "owner": a.owner, "server": a.server,
+             "started_at": a.started_at, "ended_at": a.ended_at, "outcome": a.outcome, "reason": a.reason,
+             "prompt_number": a.prompt_number, "kind": a.kind, "trace": dumps(a.trace)}
+            for r in fresh for a in r.attempts]
 
 
 def _import_inputs(db: SQLDb, store: Assets, cur: Any, fresh: Sequence[JobRecord],
