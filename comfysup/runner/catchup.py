@@ -1,7 +1,7 @@
 """Step 1 of an attempt (DESIGN.md): catch up with a run of the job that an earlier attempt left on a server,
 following it, adopting its history, or adopting its files from the server's output folder when the history
-died with the server. Plain functions of the attempt's :class:`Context` and of the job it may have posted
-at the previous attempt's hand-off (``posted_in``).
+died with the server. Plain functions of the attempt's :class:`Context` and of this job's post, when the
+previous attempt took it ahead and posted it (``taken``).
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ from comfysup.runner import outputs as job_outputs
 from comfysup.runner.running import Context, Run
 
 if TYPE_CHECKING:
-    from comfysup.runner.result import Posted
+    from comfysup.runner.result import Ahead
 
 log = logging.getLogger("comfysup.runner")
 
 
-def catch_up(ctx: Context, posted_in: Posted | None) -> tuple[Run | None, bool]:
+def catch_up(ctx: Context, taken: Ahead | None) -> tuple[Run | None, bool]:
     """A run of this job that an earlier attempt left on a server, to follow or adopt (None: post the job), and
     whether it is one to follow (still in a server's queue: the attempt records where, with its number).
 
@@ -35,7 +35,7 @@ def catch_up(ctx: Context, posted_in: Posted | None) -> tuple[Run | None, bool]:
     kill-after-POST found exactly that).
     """
     first = ctx.claim.last_server is None and ctx.claim.attempt <= 1
-    if first and posted_in is not None:
+    if first and taken is not None:
         return None, False  # the hand-off looked in this server's /history before it posted (its queue was empty)
     if first and not ctx.station.client.may_have_run(ctx.claim.id):
         return None, False  # the client knows every prompt this server was given, and this id is none of them

@@ -44,7 +44,7 @@ from comfysup.runner.attempt import Attempt
 from comfysup.runner.catalogue import ServerCatalogue
 from comfysup.runner.memory import MemoryHooks
 from comfysup.runner.objectstore import result_store
-from comfysup.runner.result import Early, NextClaim, Outcome, Posted
+from comfysup.runner.result import Ahead, AheadAsks, ClaimArgs, Outcome
 from comfysup.runner.running import redactor_of
 from comfysup.runner.station import AttemptSettings, Station
 from comfysup.runner.stuck import OutOfService, StuckChannel
@@ -167,14 +167,12 @@ class Runner:
         """Claim and run until stopped (or, with until_empty, until no job is left to do)."""
         deadline.keep_between()  # a deadline per call and per job, all this process's life
         self.catalogue.refresh()
-        claim: Claim | None = None
-        posted: Posted | None = None  # claim's prompt, posted by the last attempt's hand-off
-        behind: Early | None = None  # a job queued behind claim's prompt by the last attempt
+        taken: tuple[Ahead, ...] = ()  # the jobs the last attempt took ahead, the next first
         try:
             while not self.state.stopping:
                 self.on_alive()
-                if claim is not None:  # claimed by the last attempt: at its hand-off, or with its done
-                    claim, posted, behind = self.run_one(claim, posted, behind)
+                if taken:  # taken ahead by the last attempt: queued, at its hand-off, or with its done
+                    taken = self.run_one(taken[0].claim, taken)
                     continue
                 if self.warmup is not None:  # its server is starting, so it may not claim: nothing is held now
                     self.warmup.step(self.server, self.station.client, self.on_alive, lambda: self.state.stopping)
@@ -205,16 +203,16 @@ class Runner:
                     # idle_seconds, so a stop flag set by a signal is seen soon.
                     self.queue.wait_for_work(self.idle_seconds)
                     continue
-                claim, posted, behind = self.run_one(claim)
-            while claim is not None and posted is not None:
-                # Stopping with a job already posted by a hand-off: its attempt follows it through the grace
-                # and interrupts it after, as any running job; left alone it would run here unowned (a job
-                # queued behind it is taken out of the server's queue by that attempt, uncounted).
-                claim, posted, behind = self.run_one(claim, posted, behind)
-            if claim is not None:  # stopping with a job claimed and not started: give it back, uncounted
+                taken = self.run_one(claim)
+            while taken and taken[0].posted:
+                # Stopping with a job already posted ahead: its attempt follows it through the grace and
+                # interrupts it after, as any running job; left alone it would run here unowned (a job queued
+                # behind it is taken out of the server's queue by that attempt, uncounted).
+                taken = self.run_one(taken[0].claim, taken)
+            if taken:  # stopping with a job claimed and not started: give it back, uncounted
                 with contextlib.suppress(QueueError):
-                    self.queue.release(claim, "the runner stopped before starting it", count_attempt=False,
-                                       kind="shutdown")
+                    self.queue.release(taken[0].claim, "the runner stopped before starting it",
+                                       count_attempt=False, kind="shutdown")
         finally:
             self.on_waiting(False)  # gone: its peers no longer leave work for it
             self.station.close()
@@ -256,25 +254,23 @@ class Runner:
                      time.monotonic() - self.queue_down_since)
             self.queue_down_since = None
 
-    def run_one(self, claim: Claim, posted: Posted | None = None,
-                behind: Early | None = None) -> tuple[Claim | None, Posted | None, Early | None]:
-        """One attempt (``posted``: its prompt, posted by the last attempt's hand-off; ``behind``: a job the
-        last attempt queued behind it); returns the next job when this attempt claimed it, its prompt when the
-        hand-off posted it too, and a job queued behind that one."""
+    def run_one(self, claim: Claim, taken: tuple[Ahead, ...] = ()) -> tuple[Ahead, ...]:
+        """One attempt (``taken``: the jobs the last attempt took ahead, ``claim``'s first); returns the jobs
+        this attempt took ahead, the runner's next first."""
         with job_context(claim.id, claim.attempt, redactor_of(claim)):
-            if posted is None and self._refused(claim):
-                return None, None, None
+            if not (taken and taken[0].posted) and self._refused(claim):
+                return ()
             self.on_job(claim, None)
             self._counted = None
-            ahead = self._ahead_job if self.config.runner.queue_ahead else None
-            result = Attempt(self.station, claim, self._next_job, posted, ahead, behind).run()
+            asks = AheadAsks(self._hand_off_claim, self._queue_ahead_claim if self.config.runner.queue_ahead else None)
+            result = Attempt(self.station, claim, asks, taken).run()
             outcome = result.outcome
             self.state.counts[outcome.state] += 1
             if self._counted != claim.id:
                 self.on_job(claim, outcome)
             self.last_model = self._model_after(claim, outcome)
             self._log(claim, outcome)
-        return result.next_claim, result.posted, result.behind
+        return result.ahead
 
     def _affinity(self) -> dict[str, Any]:
         """The claim's model preference: the model its server ran last, within [runner]
@@ -296,7 +292,7 @@ class Runner:
             self.on_job(claim, outcome)
             self._counted = claim.id
 
-    def _next_job(self, claim: Claim, outcome: Outcome) -> NextClaim | None:
+    def _hand_off_claim(self, claim: Claim, outcome: Outcome) -> ClaimArgs | None:
         """Whether the attempt of ``claim`` may claim the next job for this server now (see Attempt): at its
         hand-off, or in the transaction that records its done.
 
@@ -308,10 +304,10 @@ class Runner:
         if not outcome.server_free and not self._server_free():
             return None
         r = self.config.runner
-        return NextClaim(self.owner, self.server, r.lease_seconds, claim.model_key, r.affinity_max_wait_seconds,
+        return ClaimArgs(self.owner, self.server, r.lease_seconds, claim.model_key, r.affinity_max_wait_seconds,
                          self.catalogue.id, self.catalogue.runnable)
 
-    def _ahead_job(self, claim: Claim, queue_remaining: int | None, uncounted: int = 1) -> NextClaim | None:
+    def _queue_ahead_claim(self, claim: Claim, queue_remaining: int | None, uncounted: int = 1) -> ClaimArgs | None:
         """Whether a job may be queued behind ``claim``'s prompt, which executes on this server now: not
         while stopping or about to be recycled (``uncounted``: this runner's jobs on the server not counted
         yet), and only when the server holds no other waiting prompt of ours and fewer than max_queue of other
@@ -332,7 +328,7 @@ class Runner:
             if len(entries) - len(ours) >= self.config.runner.max_queue:
                 return None
         r = self.config.runner
-        return NextClaim(self.owner, self.server, r.lease_seconds, claim.model_key, r.affinity_max_wait_seconds,
+        return ClaimArgs(self.owner, self.server, r.lease_seconds, claim.model_key, r.affinity_max_wait_seconds,
                          self.catalogue.id, self.catalogue.runnable)
 
     def _refused(self, claim: Claim) -> bool:

@@ -15,9 +15,9 @@ import pytest
 
 from comfysup.comfy import ComfyClient, EventStream
 from comfysup.queue.sqlite import SQLiteQueue
+from comfysup.runner.ahead import AheadJobs
 from comfysup.runner.attempt import Attempt
 from comfysup.runner.loop import Runner
-from comfysup.runner.nextjob import EarlyJobs
 from fake_comfy import FakeComfy
 from tests.runner_helpers import TRIVIAL, config_of, job_id, submit, trivial_job, write_config
 
@@ -119,7 +119,7 @@ def test_without_a_handoff_the_done_and_the_next_claim_are_one_transaction(
     for cls, name in ((ComfyClient, "queue"), (SQLiteQueue, "claim"), (SQLiteQueue, "complete"),
                       (SQLiteQueue, "complete_and_claim")):
         counts.watch(cls, name)
-    monkeypatch.setattr(EarlyJobs, "may_hand_off", lambda self, run: False)  # as when the server's queue was not empty
+    monkeypatch.setattr(AheadJobs, "may_hand_off", lambda self, run: False)  # as when the server's queue was not empty
     config = write_config(tmp_path, queue_ahead=False)  # the hand-off at the end (issue 7)
     queue = submit(config, [trivial_job(n) for n in range(1, 7)])
     Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
@@ -180,7 +180,7 @@ def test_a_runner_keeps_to_the_model_its_server_has_loaded(tmp_path: Path, fake:
 @pytest.mark.timeout(60)
 def test_a_job_claimed_with_the_last_done_goes_back_uncounted_when_the_runner_stops(
         tmp_path: Path, fake: FakeComfy, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(EarlyJobs, "may_hand_off", lambda self, run: False)  # the job comes with the done
+    monkeypatch.setattr(AheadJobs, "may_hand_off", lambda self, run: False)  # the job comes with the done
     config = write_config(tmp_path, queue_ahead=False)  # the hand-off at the end (issue 7)
     queue = submit(config, [trivial_job(1), trivial_job(2)])
     runner = Runner(config_of(config), "cpu0", fake.url, until_empty=True)
@@ -209,14 +209,14 @@ def test_a_job_handed_off_before_a_stop_is_followed_to_its_end(tmp_path: Path, f
     config = write_config(tmp_path, queue_ahead=False)  # the hand-off at the end (issue 7)
     queue = submit(config, [trivial_job(n) for n in range(1, 4)])
     runner = Runner(config_of(config), "cpu0", fake.url, until_empty=True)
-    original = Runner._next_job
+    original = Runner._hand_off_claim
 
     def then_stop(self: Runner, claim: Any, outcome: Any) -> Any:
         more = original(self, claim, outcome)
         self.state.stopping = True  # SIGTERM right as the hand-off goes on to claim job 2
         return more
 
-    monkeypatch.setattr(Runner, "_next_job", then_stop)
+    monkeypatch.setattr(Runner, "_hand_off_claim", then_stop)
     runner.run()
     assert [queue.get(job_id(n)).state for n in (1, 2, 3)] == ["done", "done", "queued"]
     assert fake.stats()["order"] == [job_id(1), job_id(2)]

@@ -17,12 +17,13 @@ import pytest
 
 from comfysup.comfy import ComfyClient, ServerUnavailable
 from comfysup.queue.sqlite import SQLiteQueue
+from comfysup.runner import ahead as ahead_module
 from comfysup.runner import attempt as attempt_module
-from comfysup.runner import nextjob as nextjob_module
+from comfysup.runner import driver as driver_module
+from comfysup.runner.ahead import AheadJobs
 from comfysup.runner.attempt import Attempt
 from comfysup.runner.interrupt import Interrupter
 from comfysup.runner.loop import Runner
-from comfysup.runner.nextjob import EarlyJobs
 from comfysup.runner.stuck import StuckChannel
 from fake_comfy import FakeComfy
 from tests.runner_helpers import config_of, job_id, submit, trivial_job, write_config
@@ -123,14 +124,14 @@ def test_priority_chooses_the_queued_job_when_it_is_posted(tmp_path: Path, fake:
 
 def _when_queued(monkeypatch: pytest.MonkeyPatch, act: Any) -> None:
     """Call ``act`` (given the attempt's Context) once a job has been posted behind the running one."""
-    original = EarlyJobs.hand_off
+    original = AheadJobs._take
 
-    def hand_off(self: EarlyJobs, run: Any = None, then: bool = False) -> None:
-        original(self, run, then)
-        if run is not None and self.posted_out is not None:
+    def take(self: AheadJobs, args: Any, behind: str | None) -> None:
+        original(self, args, behind)
+        if behind is not None and self.next_posted is not None:
             act(self.ctx)  # what the attempt's steps read: its queue, claim, client
 
-    monkeypatch.setattr(EarlyJobs, "hand_off", hand_off)
+    monkeypatch.setattr(AheadJobs, "_take", take)
 
 
 @pytest.mark.timeout(60)
@@ -224,19 +225,19 @@ def test_other_clients_prompts_are_respected(tmp_path: Path, fake: FakeComfy) ->
     runner = Runner(config_of(config), "cpu0", fake.url)
     claim = queue.claim(runner.owner, "cpu0", 10.0)
     assert claim is not None
-    assert runner._ahead_job(claim, 1) is not None  # the running prompt alone: free
+    assert runner._queue_ahead_claim(claim, 1) is not None  # the running prompt alone: free
     client = ComfyClient(fake.url)
     other = trivial_job(7)
     client.post_prompt(other["workflow"], other["id"], "someone-else")
     client.post_prompt(trivial_job(8)["workflow"], job_id(8), "someone-else")
     time.sleep(0.05)
-    assert runner._ahead_job(claim, None) is None  # one of theirs waits: max_queue 1 says no
+    assert runner._queue_ahead_claim(claim, None) is None  # one of theirs waits: max_queue 1 says no
     (tmp_path / "wide").mkdir()
     wide_config = config_of(write_config(tmp_path / "wide", max_queue=3, queue_ahead=True))
     wide = Runner(wide_config, "cpu0", fake.url, queue=queue)
-    assert wide._ahead_job(claim, None) is not None
+    assert wide._queue_ahead_claim(claim, None) is not None
     client.post_prompt(trivial_job(9)["workflow"], job_id(9), runner.station.client.own_stream().client_id)
-    assert wide._ahead_job(claim, None) is None  # one of ours already waits: the bound is one
+    assert wide._queue_ahead_claim(claim, None) is None  # one of ours already waits: the bound is one
     runner.station.close()
     wide.station.close()
     queue.close()
@@ -266,14 +267,14 @@ def test_a_queued_job_whose_start_may_have_been_missed_is_counted(
     """The run ahead of it ended (its end was read) before the server died: the queued one may have started,
     so its loss is counted as the running one's is."""
     config, queue = _two_jobs(tmp_path, fake, attempts=3)
-    original = Attempt._record
+    original = attempt_module.record
 
-    def record(self: Attempt, outcome: Any) -> None:  # job 1 ended, job 2 runs: the server dies now
-        if self.claim.id == job_id(1) and self.early.posted_out is not None:
+    def record(ctx: Any, outcome: Any, ahead: AheadJobs, redact: Any) -> None:  # job 1 ended, job 2 runs: the
+        if ctx.claim.id == job_id(1) and ahead.next_posted is not None:  # server dies now
             _server_dies(fake)
-        original(self, outcome)
+        original(ctx, outcome, ahead, redact)
 
-    monkeypatch.setattr(Attempt, "_record", record)
+    monkeypatch.setattr(attempt_module, "record", record)
     Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
     second = queue.get(job_id(2))
     assert (second.state, second.attempt) == ("done", 2), second
@@ -295,7 +296,7 @@ def test_a_stop_after_the_running_job_ended_gives_the_queued_one_its_grace(
 
     def download(self: Attempt, run: Any, entry: Any) -> Any:
         if self.claim.id == job_id(1):
-            assert self.early.posted_out is not None and self.early.posted_out.claim_id == job_id(2)
+            assert self.ahead.next_posted is not None and self.ahead.next_posted.claim.id == job_id(2)
             runner._on_signal(signal.SIGTERM, None)
         return original(self, run, entry)
 
@@ -348,7 +349,7 @@ def test_the_record_of_the_job_after_next_renews_the_lease_the_download_needs(
     """The record of job n+2's prompt renews job n's lease in its transaction: job n's download takes that as its
     fence instead of a heartbeat of its own (one transaction a job fewer). A renewal older than
     FRESH_RENEWAL_SECONDS (0 here: every one) is not taken: each download renews itself, as before."""
-    monkeypatch.setattr(nextjob_module, "FRESH_RENEWAL_SECONDS", fresh_seconds)
+    monkeypatch.setattr(ahead_module, "FRESH_RENEWAL_SECONDS", fresh_seconds)
     renewed: list[str] = []
     heartbeat = SQLiteQueue.heartbeat
 
@@ -389,7 +390,7 @@ def test_the_job_after_next_is_posted_before_this_runs_files_are_read(tmp_path: 
 
     monkeypatch.setattr(Attempt, "_download", download_logged)
     monkeypatch.setattr(ComfyClient, "post_prompt", post_logged)
-    monkeypatch.setattr(attempt_module, "NEXT_START_WAIT_SECONDS", 5.0)  # the order, whatever the machine's load
+    monkeypatch.setattr(driver_module, "NEXT_START_WAIT_SECONDS", 5.0)  # the order, whatever the machine's load
     config = write_config(tmp_path, queue_ahead=True)
     queue = submit(config, [trivial_job(n) for n in range(1, 7)])
     Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
@@ -462,16 +463,16 @@ def test_cancelling_the_next_job_keeps_the_one_queued_behind_it(tmp_path: Path, 
     config = write_config(tmp_path, queue_ahead=True, heartbeat_seconds=0.2, lease_seconds=3.0)
     queue = submit(config, [trivial_job(n) for n in range(1, 4)])  # none left to claim when job 1 is recorded
     cancelled: list[str] = []
-    original = EarlyJobs.queue_behind_next
+    original = AheadJobs.queue_behind_next
 
-    def queue_behind_next(self: EarlyJobs, run: Any) -> None:
-        original(self, run)
-        if self.then_claim is not None and not cancelled and self.next_claim is not None:
-            cancelled.append(self.next_claim.id)
-            queue.cancel([self.next_claim.id])  # a user's cancel of the running job 2,
-            self.renew_early(self.ctx.clock() + self.ctx.s.heartbeat_seconds)  # seen at its next heartbeat, now
+    def queue_behind_next(self: AheadJobs, run: Any, read_buffered: Any) -> None:
+        original(self, run, read_buffered)
+        if len(self.jobs) == 2 and not cancelled:
+            cancelled.append(self.jobs[0].claim.id)
+            queue.cancel([self.jobs[0].claim.id])  # a user's cancel of the running job 2,
+            self.renew(self.ctx.clock() + self.ctx.s.heartbeat_seconds)  # seen at its next heartbeat, now
 
-    monkeypatch.setattr(EarlyJobs, "queue_behind_next", queue_behind_next)
+    monkeypatch.setattr(AheadJobs, "queue_behind_next", queue_behind_next)
     Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
     assert cancelled, "no job was ever queued behind the next one"
     states = {j.id: j.state for j in queue.iter_jobs()}
@@ -533,7 +534,7 @@ def test_a_queued_job_whose_start_was_read_before_a_reconnect_is_judged_by_its_h
 
     def drop_then_download(self: Attempt, *args: Any) -> Any:
         if self.claim.id == job_id(1):
-            assert self.early.posted_out is not None and self.early.posted_out.started  # job 2's start was read here
+            assert self.ahead.next_posted is not None and self.ahead.next_posted.started  # job 2's start was read here
             self.client.stream.close()  # the socket drops; job 2's attempt connects again
         return download(self, *args)
 
