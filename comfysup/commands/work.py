@@ -116,6 +116,7 @@ def _child(config: Config, name: str, url: str, peers: dict[str, str], until_emp
     """In a forked runner process (its own process group, default signals, dying with ``work``). ``others``:
     the other runners' shared blocks (no job is queued ahead while one of them waits for work)."""
     from comfysup.runner.loop import Runner
+    from comfysup.runner.options import RunnerHooks, RunnerOptions
 
     def report_stuck(prompt_id: str) -> None:
         shared.stuck = prompt_id.encode()[:39]
@@ -128,9 +129,11 @@ def _child(config: Config, name: str, url: str, peers: dict[str, str], until_emp
     def on_problem(reason: str) -> None:
         shared.problem = problem_bytes(reason)
 
-    runner = Runner(config, name, url, peers=peers, until_empty=until_empty, owner_token=token, stuck=stuck,
-                    on_waiting=on_waiting, peer_waiting=lambda: waiting_peer(others), on_problem=on_problem,
-                    output_dirs=own_output_dirs(config, peers))
+    options = RunnerOptions(peers=peers, until_empty=until_empty, owner_token=token,
+                            output_dirs=own_output_dirs(config, peers))
+    hooks = RunnerHooks(stuck=stuck, on_waiting=on_waiting, peer_waiting=lambda: waiting_peer(others),
+                        on_problem=on_problem)
+    runner = Runner(config, name, url, options, hooks)
     runner.install_signals()
     counts = runner.run()
     results.put((name, dict(counts)))

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from comfysup.comfy import ComfyError, MalformedAnswer, PermanentError, SocketLost, new_client_id, wire
 from comfysup.comfy.history import judge, prompt_number
-from comfysup.runner.machine import Fail, KeepPreview, Message, OtherPrompt, PollIn, Reconnected, TraceIt
+from comfysup.runner.machine import Action, Fail, KeepPreview, Message, OtherPrompt, PollIn, Reconnected, TraceIt
 from comfysup.runner.running import Context, Run
 
 if TYPE_CHECKING:
@@ -77,19 +77,26 @@ def on_message(ctx: Context, run: Run, message: dict[str, Any], ahead: AheadJobs
     read_at = message.pop(READ_AT, None)
     poll_in = None
     for act in run.m.step(Message(kind, data, connection)):
-        if type(act) is TraceIt:
-            ctx.trace.on_event(kind, data, read_at or ctx.wall())
-        elif type(act) is PollIn:
+        if type(act) is PollIn:
             poll_in = act.seconds
-        elif type(act) is KeepPreview:
-            node = data.get("node_id") or (ctx.trace.current.id if ctx.trace.current is not None else None)
-            run.preview = (node, data["content_type"], data["image"])
-        elif type(act) is OtherPrompt:
-            tagged = {**message, READ_ON: connection, READ_AT: read_at or ctx.wall()}
-            ahead.keep_message(data["prompt_id"], tagged, act.started)
-        elif type(act) is Fail:
-            raise ComfyError(act.reason, act.kind) if act.transient else PermanentError(act.reason, act.kind)
+        elif type(act) is TraceIt:
+            ctx.trace.on_event(kind, data, read_at or ctx.wall())
+        else:
+            _carry_out(ctx, run, act, message, connection, read_at or ctx.wall(), ahead)
     return poll_in
+
+
+def _carry_out(ctx: Context, run: Run, act: Action, message: dict[str, Any], connection: int, read_at: float,
+               ahead: AheadJobs) -> None:
+    """What the machine asks of a message besides its trace and the next /history read (those are the hot path)."""
+    data = message.get("data") or {}
+    if type(act) is KeepPreview:
+        node = data.get("node_id") or (ctx.trace.current.id if ctx.trace.current is not None else None)
+        run.preview = (node, data["content_type"], data["image"])
+    elif type(act) is OtherPrompt:
+        ahead.keep_message(data["prompt_id"], {**message, READ_ON: connection, READ_AT: read_at}, act.started)
+    elif type(act) is Fail:
+        raise ComfyError(act.reason, act.kind) if act.transient else PermanentError(act.reason, act.kind)
 
 
 def poll(ctx: Context, run: Run, ahead: AheadJobs) -> dict[str, Any] | None:

@@ -207,6 +207,8 @@ _READ_HISTORY: tuple[Action, ...] = (ReadHistory(),)
 _FROM_SOCKET: tuple[Action, ...] = (EntryFromSocket(),)
 _FOUND: tuple[Action, ...] = (ReadBuffered(),)
 _RENEW = RenewLeases()
+_OFFER = OfferAheadToPeer()
+_WITHDRAW = WithdrawAhead()
 CANCELLED = Stop(Ending.CANCELLED, "cancelled by user", "cancelled")
 GRACEFUL_STOP = Stop(Ending.RELEASED, "interrupted by a graceful stop; attempt not counted", "shutdown")
 
@@ -330,25 +332,36 @@ class RunMachine:
     def _on_woke(self, w: Woke) -> tuple[Action, ...]:
         """The checkpoints of a wake-up, in order: the lease, the deadline, the job taken ahead, the stop; then
         /history when due (or the entry made of the socket's messages, for a run watched whole)."""
+        acts = self._checkpoints(w)
+        if acts and isinstance(acts[-1], Interrupt):
+            return acts
+        due = self._due(w)
+        return acts + due if acts else due
+
+    def _checkpoints(self, w: Woke) -> tuple[Action, ...]:
+        if not (w.heartbeat_due or w.ahead_unstarted or w.stop_at is not None or w.now >= self.limits.deadline):
+            return NOTHING  # the common wake-up: nothing allocated
         acts: list[Action] = [_RENEW] if w.heartbeat_due else []
         if w.now >= self.limits.deadline:
             acts.append(Interrupt(Fail("timeout", f"timed out after {self.limits.timeout_seconds:g} s")))
             return tuple(acts)
-        running = not self.over and (self.phase is Phase.QUEUED or self.phase is Phase.EXECUTING)
-        if w.ahead_unstarted and running:
+        if w.ahead_unstarted and not self.over and self.phase in (Phase.QUEUED, Phase.EXECUTING):
             # Queued behind this one, which still runs: it cannot have started. Once this one has ended it may
             # run (its start unread): its own attempt follows it through the grace instead.
-            acts.append(OfferAheadToPeer())
+            acts.append(_OFFER)
             if w.stop_at is not None:
-                acts.append(WithdrawAhead())
+                acts.append(_WITHDRAW)
         if w.stop_at is not None and w.now >= w.stop_at:
             acts.append(Interrupt(GRACEFUL_STOP))
-            return tuple(acts)
+        return tuple(acts)
+
+    def _due(self, w: Woke) -> tuple[Action, ...]:
+        """/history to read now, or the entry to make of the messages of a run watched whole."""
         if self.over or w.now < self.next_poll:
-            return tuple(acts) if acts else NOTHING
+            return NOTHING
         if self.phase is Phase.ENDED and self.watched_on and w.connection == self.watched_on and w.every_output:
-            return (*acts, EntryFromSocket()) if acts else _FROM_SOCKET
-        return (*acts, ReadHistory()) if acts else _READ_HISTORY
+            return _FROM_SOCKET
+        return _READ_HISTORY
 
     def _on_polled(self, p: Polled) -> tuple[Action, ...]:
         self.unreachable_since = None

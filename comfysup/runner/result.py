@@ -45,6 +45,9 @@ class Outcome:
     """The server's own broadcast said its queue was empty once this prompt left it: the runner may claim
     the next job without asking GET /queue (see Runner._hand_off_claim)."""
 
+    def __post_init__(self) -> None:
+        self.state = Ending(self.state)  # given as its text too ("done"): always the enum, compared by identity
+
 
 @dataclass(frozen=True)
 class ClaimArgs:

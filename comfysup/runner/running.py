@@ -53,7 +53,7 @@ class Context:
 
 @dataclass
 class Heartbeat:
-    """When the attempt next renews its lease (and those of the jobs it claimed early): one clock, read by the
+    """When the attempt next renews its lease (and those of the jobs it took ahead): one clock, read by the
     follow loop, the wait for an interrupted prompt to leave and the download (which asks for one at once)."""
 
     interval: float

@@ -18,6 +18,7 @@ from comfysup.queue.sqlite import SQLiteQueue
 from comfysup.runner.ahead import AheadJobs
 from comfysup.runner.attempt import Attempt
 from comfysup.runner.loop import Runner
+from comfysup.runner.options import RunnerOptions
 from fake_comfy import FakeComfy
 from tests.runner_helpers import TRIVIAL, config_of, job_id, submit, trivial_job, write_config
 
@@ -63,7 +64,7 @@ def test_the_next_job_is_posted_before_the_last_ones_files_are_recorded(tmp_path
         counts.watch(cls, name)
     config = write_config(tmp_path, queue_ahead=False)  # the hand-off at the end (issue 7)
     queue = submit(config, [trivial_job(n) for n in range(1, 7)])
-    Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
+    Runner(config_of(config), "cpu0", fake.url, RunnerOptions(until_empty=True)).run()
     jobs = list(queue.iter_jobs())
     assert [j.state for j in jobs] == ["done"] * 6
     assert all(p["posted"] == p["executed"] == 1 for p in fake.stats()["prompts"].values())
@@ -105,7 +106,7 @@ def test_the_next_job_is_posted_before_the_last_ones_files_are_read(tmp_path: Pa
     monkeypatch.setattr(Attempt, "_download", download_logged)
     config = write_config(tmp_path, queue_ahead=False)  # the hand-off at the end (issue 7)
     queue = submit(config, [trivial_job(n) for n in range(1, 5)])
-    Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
+    Runner(config_of(config), "cpu0", fake.url, RunnerOptions(until_empty=True)).run()
     assert [j.state for j in queue.iter_jobs()] == ["done"] * 4
     for n in range(2, 5):
         assert calls.index(("post", job_id(n))) < calls.index(("download", job_id(n - 1))), calls
@@ -122,7 +123,7 @@ def test_without_a_handoff_the_done_and_the_next_claim_are_one_transaction(
     monkeypatch.setattr(AheadJobs, "may_hand_off", lambda self, run: False)  # as when the server's queue was not empty
     config = write_config(tmp_path, queue_ahead=False)  # the hand-off at the end (issue 7)
     queue = submit(config, [trivial_job(n) for n in range(1, 7)])
-    Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
+    Runner(config_of(config), "cpu0", fake.url, RunnerOptions(until_empty=True)).run()
     assert [j.state for j in queue.iter_jobs()] == ["done"] * 6
     assert all(p["executed"] == 1 for p in fake.stats()["prompts"].values())
     assert counts["complete_and_claim"] == 6 and counts["complete"] == 0  # the sixth finds nothing left
@@ -143,7 +144,7 @@ def test_a_job_posted_again_gets_a_socket_of_its_own(tmp_path: Path, fake: FakeC
     fake.script_by_id({job_id(1): ["oom", "ok"]})
     config = write_config(tmp_path, queue_ahead=False)  # the hand-off at the end (issue 7)
     queue = submit(config, [trivial_job(1), trivial_job(2)])
-    Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
+    Runner(config_of(config), "cpu0", fake.url, RunnerOptions(until_empty=True)).run()
     assert queue.get(job_id(1)).state == "done" and queue.get(job_id(1)).attempt == 1
     assert queue.get(job_id(2)).state == "done"
     assert counts["connect"] == 2  # the kept socket, and a new client id for the repost
@@ -168,7 +169,7 @@ def test_a_runner_keeps_to_the_model_its_server_has_loaded(tmp_path: Path, fake:
     config = write_config(tmp_path, affinity_max_wait_seconds=max_wait)
     models = ["a.safetensors", "b.safetensors"] * 4
     queue = submit(config, [model_job(n, m) for n, m in enumerate(models, start=1)])
-    Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
+    Runner(config_of(config), "cpu0", fake.url, RunnerOptions(until_empty=True)).run()
     assert [j.state for j in queue.iter_jobs()] == ["done"] * 8
     assert len([m for m in fake.stats()["model_loads"] if m["class_type"] == "CheckpointLoaderSimple"]) == loads
     order = fake.stats()["order"]  # execution starts
@@ -183,7 +184,7 @@ def test_a_job_claimed_with_the_last_done_goes_back_uncounted_when_the_runner_st
     monkeypatch.setattr(AheadJobs, "may_hand_off", lambda self, run: False)  # the job comes with the done
     config = write_config(tmp_path, queue_ahead=False)  # the hand-off at the end (issue 7)
     queue = submit(config, [trivial_job(1), trivial_job(2)])
-    runner = Runner(config_of(config), "cpu0", fake.url, until_empty=True)
+    runner = Runner(config_of(config), "cpu0", fake.url, RunnerOptions(until_empty=True))
     original = SQLiteQueue.complete_and_claim
 
     def then_stop(self: SQLiteQueue, *args: Any, **kwargs: Any) -> Any:
@@ -208,7 +209,7 @@ def test_a_job_handed_off_before_a_stop_is_followed_to_its_end(tmp_path: Path, f
     left running there without an owner, nor put back in the queue while it runs."""
     config = write_config(tmp_path, queue_ahead=False)  # the hand-off at the end (issue 7)
     queue = submit(config, [trivial_job(n) for n in range(1, 4)])
-    runner = Runner(config_of(config), "cpu0", fake.url, until_empty=True)
+    runner = Runner(config_of(config), "cpu0", fake.url, RunnerOptions(until_empty=True))
     original = Runner._hand_off_claim
 
     def then_stop(self: Runner, claim: Any, outcome: Any) -> Any:
@@ -234,7 +235,7 @@ def test_a_runner_killed_after_a_handoff_leaves_both_jobs_to_be_adopted_not_reru
 
     config = write_config(tmp_path, queue_ahead=False)  # the hand-off at the end (issue 7)
     queue = submit(config, [trivial_job(1), trivial_job(2)])
-    runner = Runner(config_of(config), "cpu0", fake.url, until_empty=True)
+    runner = Runner(config_of(config), "cpu0", fake.url, RunnerOptions(until_empty=True))
     original = ResultStore.write
 
     def die(self: ResultStore, job: str, *args: Any, **kwargs: Any) -> Any:
@@ -248,7 +249,7 @@ def test_a_runner_killed_after_a_handoff_leaves_both_jobs_to_be_adopted_not_reru
     assert queue.get(job_id(2)).last_server == "cpu0"  # its number was recorded with the handoff
     assert sorted(queue.release_owner(runner.owner, "runner process died")) == [job_id(1), job_id(2)]
     monkeypatch.setattr(ResultStore, "write", original)
-    Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
+    Runner(config_of(config), "cpu0", fake.url, RunnerOptions(until_empty=True)).run()
     for n in (1, 2):
         job = queue.get(job_id(n))
         assert (job.state, job.attempt) == ("done", 2)
