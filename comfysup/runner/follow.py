@@ -4,7 +4,7 @@ with the same client id when it drops), what each message means for the run, its
 
 Plain functions of the attempt's :class:`Context` and the :class:`Run` followed: what a message means is the run's
 pure machine's to say (comfysup.runner.machine), what it asks is done here; the loop that calls them, with the
-heartbeat, the deadline and the jobs taken ahead between them, is the attempt's (``Attempt._follow``).
+heartbeat, the deadline and the jobs taken ahead between them, is comfysup.runner.driver's.
 """
 
 from __future__ import annotations

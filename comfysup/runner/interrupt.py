@@ -44,7 +44,7 @@ class Interrupter:
 
     def _interrupt_now(self, run: Run, renew: bool, prompt_id: str | None) -> str | None:
         ctx = self.ctx
-        run.m.interrupt_asked = True
+        run.m.interrupting()
         target = prompt_id or ctx.claim.id
         until = ctx.clock() + ctx.s.leave_queue_seconds
         try:

@@ -275,6 +275,10 @@ class RunMachine:
         """How long the loop may wait for a message before its next wake-up."""
         return max(0.0, min(self.next_poll, self.limits.deadline, heartbeat_at) - now)
 
+    def interrupting(self) -> None:
+        """The attempt asks for its prompt's interrupt (an ``execution_interrupted`` is no failure from now)."""
+        self.interrupt_asked = True
+
     def poll_within(self, now: float, seconds: float) -> None:
         """Read /history within ``seconds`` of ``now`` (never later than planned)."""
         self.next_poll = min(self.next_poll, now + seconds)

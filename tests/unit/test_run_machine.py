@@ -155,7 +155,8 @@ def test_a_recorded_interrupt_not_asked_for_fails_the_run_and_one_asked_for_does
     for asked in (False, True):
         m = machine(job)
         m.step(Message("execution_start", {"prompt_id": job}, 1))
-        m.interrupt_asked = asked
+        if asked:
+            m.interrupting()
         fails = [a for a in m.step(Message(message["type"], message["data"], 1)) if isinstance(a, Fail)]
         assert [f.kind for f in fails] == ([] if asked else ["interrupted"])
 
