@@ -12,6 +12,7 @@ import enum
 import logging
 from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
 from comfysup.comfy import ComfyError, PromptRejected
 from comfysup.errors import LeaseLost
@@ -205,7 +206,7 @@ class AheadJobs:
 
     # -- while this attempt holds them -------------------------------------------------------------------
 
-    def keep_message(self, prompt_id: str, message: dict[str, object], started: bool) -> None:
+    def keep_message(self, prompt_id: str, message: dict[str, Any], started: bool) -> None:
         """A message of another prompt of ours: the next job's, once posted here (it runs now), is kept for its
         attempt; any other is nobody's."""
         nxt = self.next_posted
@@ -288,7 +289,7 @@ class AheadJobs:
                 return
             log.info("job %s: %s", claim.id, "cancelled while queued" if cancelled else
                      f"taken out of {self.ctx.s.server}'s queue by {because} before it started and released, attempt "
-                     "not counted", extra={"event": "cancelled" if cancelled else "released",
+                     "not counted", extra={"event": Ending.CANCELLED if cancelled else Ending.RELEASED,
                                            "kind": "cancelled" if cancelled else kind})
 
     def _deleted_unrun(self, nxt: Ahead) -> bool:

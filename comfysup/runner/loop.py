@@ -341,13 +341,13 @@ class Runner:
         except (LeaseLost, QueueError) as exc:
             log.warning("job %s: its refusal by %s's catalogue was not recorded: %s", claim.id, self.server, exc)
             return True
-        self.state.counts["dead" if dead else "refused"] += 1
+        self.state.counts[Ending.DEAD if dead else "refused"] += 1
         if dead:
             log.info("job %s: dead-lettered, no server can run it (here: %s)", claim.id, reason,
-                     extra={"event": "dead", "kind": "catalogue"})
+                     extra={"event": Ending.DEAD, "kind": "catalogue"})
         else:
             log.info("job %s: left for another server without counting the attempt: %s cannot run it (%s)",
-                     claim.id, self.server, reason, extra={"event": "released", "kind": "catalogue"})
+                     claim.id, self.server, reason, extra={"event": Ending.RELEASED, "kind": "catalogue"})
         return True
 
     def _stuck_here(self, prompt_id: str) -> None:
