@@ -105,9 +105,11 @@ class FollowDriver:
         self.ctx.station.on_alive()
         self.progress.write(run)
         nxt = self.ahead.next_posted
-        every_output = run.m.phase is not Phase.ENDED or tells_every_output(run.client.version())
+        connection = run.stream.connection if run.stream is not None else 0
+        # Asked of the server only when it decides: a run that ended, read whole on the connection that reads.
+        whole = run.m.phase is Phase.ENDED and not run.m.over and run.m.watched_on == connection
         woke = Woke(now, self.heartbeat.due(now), self.ctx.station.stop_deadline(), nxt is not None and not nxt.started,
-                    run.stream.connection if run.stream is not None else 0, every_output)
+                    connection, not whole or tells_every_output(run.client.version()))
         return self._carry_out(run, run.m.step(woke), now)
 
     def _carry_out(self, run: Run, actions: tuple[Action, ...], now: float) -> dict[str, Any] | None:

@@ -189,12 +189,7 @@ class Runner:
         if free:
             self.catalogue.refresh()
         try:
-            claim = self.queue.claim(self.owner, self.server, self.config.runner.lease_seconds,
-                                     catalogue=self.catalogue.id, url=self.station.settings.url,
-                                     **self._affinity()) if free else None
-            drained = claim is None and self.until_empty and self.queue.active_count() == 0
-            if claim is None:
-                self.queue.maintenance()
+            claim, drained = self._claim(free)
         except QueueError as exc:
             self._queue_down(exc)
             return None, False
@@ -209,6 +204,17 @@ class Runner:
             # a stop flag set by a signal is seen soon.
             self.queue.wait_for_work(self.idle_seconds)
         return claim, False
+
+    def _claim(self, free: bool) -> tuple[Claim | None, bool]:
+        """A job, when the server is free (None: none now), and whether the queue is drained (with until_empty:
+        no job left to do); the queue's maintenance when none was claimed."""
+        claim = self.queue.claim(self.owner, self.server, self.config.runner.lease_seconds,
+                                 catalogue=self.catalogue.id, url=self.station.settings.url,
+                                 **self._affinity()) if free else None
+        drained = claim is None and self.until_empty and self.queue.active_count() == 0
+        if claim is None:
+            self.queue.maintenance()
+        return claim, drained
 
     def _stopping(self, taken: tuple[Ahead, ...]) -> None:
         """The loop ended with ``taken`` in hand. A job already posted ahead is run: its attempt follows it
