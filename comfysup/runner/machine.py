@@ -1,6 +1,6 @@
 """The protocol of one attempt's run, as a small pure state machine (the supervisor's Policy is its model).
 
-The attempt's driver (comfysup.runner.attempt) reads the socket, /history and the clocks, and feeds what it saw
+The attempt's driver (comfysup.runner.driver) reads the socket, /history and the clocks, and feeds what it saw
 here as events; :meth:`RunMachine.step` moves the run's :class:`Phase` and returns what to do as actions, which
 the driver carries out (trace a message, read /history, renew the leases, interrupt the prompt, end the
 attempt). Nothing here does I/O or reads a clock: every event carries its ``now``, so the whole protocol is
@@ -18,7 +18,8 @@ What the protocol promises (DESIGN.md "One attempt, step by step"):
   for ``server_lost_seconds`` is taken as dead;
 - on the deadline, a cancel or the end of a stop's grace, the prompt is interrupted before the attempt ends.
 
-Hot path: a message allocates no action (the common answers are shared constants); a failure allocates one.
+Hot path: a message allocates its event and no action (the common answers are shared constants); a failure
+allocates one.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from comfysup.comfy.errors import Failure, execution_failure
+from comfysup.comfy.errors import execution_failure
 from comfysup.runner.result import Ending
 
 HISTORY_AFTER_SUCCESS_SECONDS = 0.05
@@ -395,7 +396,3 @@ _TABLE: dict[type, Callable[[RunMachine, Any], tuple[Action, ...]]] = {
     Polled: RunMachine._on_polled, Unreachable: RunMachine._on_unreachable, LeaseAnswer: RunMachine._on_lease,
     Over: RunMachine._on_over}
 
-
-def failure_of(action: Fail) -> Failure:
-    """The retry policy's view of a failed run."""
-    return Failure(action.kind, action.reason, action.transient)
