@@ -82,22 +82,21 @@ class AheadJobs:
     def may_hand_off(self, run: Run) -> bool:
         """This run has ended on its server (``executing`` with node None), the server's queue is empty, and
         it was followed on this runner's own socket: the server is free for the next job."""
-        return (self.asks.hand_off is not None and Asked.HAND_OFF not in self.asked and not self.jobs
-                and run.m.end_seen and run.m.queue_remaining == 0 and run.client is self.ctx.client)
+        return (run.m.end_seen and run.m.queue_remaining == 0 and not self.jobs and self.asks.hand_off is not None
+                and run.client is self.ctx.client and Asked.HAND_OFF not in self.asked)
 
     def may_queue_ahead(self, run: Run) -> bool:
         """This run executes on this runner's own server (execution_start seen), nothing was taken ahead of it
         yet, and no stop has begun: one more job may wait in the server's queue behind it."""
-        return (self.asks.queue_ahead is not None and Asked.QUEUE_AHEAD not in self.asked and not self.jobs
-                and run.m.started and not run.m.end_seen and run.client is self.ctx.client
+        return (not self.jobs and run.m.started and not run.m.end_seen and self.asks.queue_ahead is not None
+                and run.client is self.ctx.client and Asked.QUEUE_AHEAD not in self.asked
                 and self.ctx.station.stop_deadline() is None)
 
     def may_queue_behind_next(self, run: Run) -> bool:
         """This run has ended on its own server and the next job was posted there: once that one is seen
         executing, one more may wait behind it (see :meth:`queue_behind_next`)."""
-        nxt = self.next
-        return (self.asks.queue_ahead is not None and Asked.BEHIND_NEXT not in self.asked and len(self.jobs) == 1
-                and nxt is not None and nxt.number is not None and run.client is self.ctx.client
+        return (len(self.jobs) == 1 and self.jobs[0].number is not None and self.asks.queue_ahead is not None
+                and run.client is self.ctx.client and Asked.BEHIND_NEXT not in self.asked
                 and self.ctx.station.stop_deadline() is None)
 
     # -- taking one --------------------------------------------------------------------------------------

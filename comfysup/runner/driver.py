@@ -32,7 +32,7 @@ from comfysup.runner.machine import (
     Woke,
 )
 from comfysup.runner.record import Progress
-from comfysup.runner.result import Outcome
+from comfysup.runner.result import AheadPhase, Outcome
 from comfysup.runner.running import Context, Heartbeat, Run, Stop
 from comfysup.runner.stuck import STUCK_KIND
 
@@ -104,34 +104,38 @@ class FollowDriver:
         when it was read (or made of its messages) now."""
         self.ctx.station.on_alive()
         self.progress.write(run)
-        nxt = self.ahead.next_posted
+        jobs = self.ahead.jobs
+        unstarted = bool(jobs) and jobs[0].phase is AheadPhase.POSTED  # the next job waits behind this run
         connection = run.stream.connection if run.stream is not None else 0
         # Asked of the server only when it decides: a run that ended, read whole on the connection that reads.
         whole = run.m.phase is Phase.ENDED and not run.m.over and run.m.watched_on == connection
-        woke = Woke(now, self.heartbeat.due(now), self.ctx.station.stop_deadline(), nxt is not None and not nxt.started,
-                    connection, not whole or tells_every_output(run.client.version()))
+        woke = Woke(now, self.heartbeat.due(now), self.ctx.station.stop_deadline(), unstarted, connection,
+                    not whole or tells_every_output(run.client.version()))
         return self._carry_out(run, run.m.step(woke), now)
 
     def _carry_out(self, run: Run, actions: tuple[Action, ...], now: float) -> dict[str, Any] | None:
-        """The machine's actions of a wake-up, in order."""
+        """The machine's actions of a wake-up, in order; the run's history entry when one of them read it."""
         for act in actions:
-            if isinstance(act, RenewLeases):
-                self.ahead.renew(now)
-                cancelled = self.ctx.queue.heartbeat(self.ctx.claim, self.ctx.s.lease_seconds)
-                self._carry_out(run, run.m.step(LeaseAnswer(cancelled)), now)
-            elif isinstance(act, Interrupt):
-                self._end_interrupted(run, act)
-            elif isinstance(act, OfferAheadToPeer):
-                self.ahead.give_to_waiting_peer()
-            elif isinstance(act, WithdrawAhead):
-                self.ahead.withdraw_next(cancelled=False)
-            elif isinstance(act, EntryFromSocket):
-                return follow.entry_from_socket(self.ctx, run)
-            elif isinstance(act, ReadHistory):
-                return self._poll(run, now)
+            entry = _WAKE_ACTIONS[type(act)](self, run, act, now)
+            if entry is not None:
+                return entry
         return None
 
-    def _end_interrupted(self, run: Run, act: Interrupt) -> None:
+    def _renew(self, run: Run, act: Action, now: float) -> None:
+        self.ahead.renew(now)
+        cancelled = self.ctx.queue.heartbeat(self.ctx.claim, self.ctx.s.lease_seconds)
+        self._carry_out(run, run.m.step(LeaseAnswer(cancelled)), now)
+
+    def _offer(self, run: Run, act: Action, now: float) -> None:
+        self.ahead.give_to_waiting_peer()
+
+    def _withdraw(self, run: Run, act: Action, now: float) -> None:
+        self.ahead.withdraw_next(cancelled=False)
+
+    def _from_socket(self, run: Run, act: Action, now: float) -> dict[str, Any]:
+        return follow.entry_from_socket(self.ctx, run)
+
+    def _end_interrupted(self, run: Run, act: Interrupt, now: float) -> None:
         """The attempt ends here (its timeout, a cancel, a stop): its prompt is interrupted and waited out first."""
         stuck = self.interrupt_to_end(run)
         then = act.then
@@ -139,7 +143,7 @@ class FollowDriver:
             raise ComfyError(stuck, STUCK_KIND) if stuck else ComfyError(then.reason, then.kind)
         raise Stop(Outcome(then.ending, then.reason, kind=then.kind))
 
-    def _poll(self, run: Run, now: float) -> dict[str, Any] | None:
+    def _poll(self, run: Run, act: Action, now: float) -> dict[str, Any] | None:
         """Read /history: the run's entry when it succeeded (with what the socket already holds read too)."""
         try:
             entry = follow.poll(self.ctx, run, self.ahead)
@@ -168,3 +172,11 @@ class FollowDriver:
         """``_read_buffered`` once this run has ended: a failure read now is no longer this run's to raise."""
         with contextlib.suppress(ComfyError):
             self._read_buffered(run)
+
+
+_WAKE_ACTIONS: dict[type, Callable[[FollowDriver, Run, Any, float], dict[str, Any] | None]] = {
+    RenewLeases: FollowDriver._renew, Interrupt: FollowDriver._end_interrupted,
+    OfferAheadToPeer: FollowDriver._offer, WithdrawAhead: FollowDriver._withdraw,
+    EntryFromSocket: FollowDriver._from_socket, ReadHistory: FollowDriver._poll,
+}
+"""What the driver does for each action of a wake-up (a lease answer's own actions included)."""

@@ -27,7 +27,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from comfysup.comfy.errors import execution_failure
 from comfysup.runner.result import Ending
@@ -46,10 +46,9 @@ class Phase(enum.StrEnum):
     LEFT = "left"  # its end read without its success: an interrupt asked for, or a success lost in a reconnect
 
 
-# -- events: what the driver saw ---------------------------------------------------------------------------
+# -- events: what the driver saw (immutable values, tuples: the cheapest to make, one a message) ----------------
 
-@dataclass(frozen=True, slots=True)
-class Message:
+class Message(NamedTuple):
     """One message of the server's socket (``connection``: which connection read it; 0 for none)."""
 
     kind: str | None
@@ -57,13 +56,11 @@ class Message:
     connection: int
 
 
-@dataclass(frozen=True, slots=True)
-class Reconnected:
+class Reconnected(NamedTuple):
     """The socket dropped and was connected again with the same client id (or is being): messages are lost."""
 
 
-@dataclass(frozen=True, slots=True)
-class Woke:
+class Woke(NamedTuple):
     """A wake-up of the follow loop (or a checkpoint of the download) at ``now``."""
 
     now: float
@@ -78,31 +75,27 @@ class Woke:
     """The server's messages carry every output (comfysup.comfyversion.tells_every_output)."""
 
 
-@dataclass(frozen=True, slots=True)
-class Polled:
+class Polled(NamedTuple):
     """/history was read at ``now``: ``found`` this run's entry, or not (not yet written, or still running)."""
 
     now: float
     found: bool
 
 
-@dataclass(frozen=True, slots=True)
-class Unreachable:
+class Unreachable(NamedTuple):
     """/history (or /queue) could not be read at ``now``: the server does not answer."""
 
     now: float
     reason: str
 
 
-@dataclass(frozen=True, slots=True)
-class LeaseAnswer:
+class LeaseAnswer(NamedTuple):
     """The attempt's lease was renewed; ``cancelled``: a user asked to cancel the job."""
 
     cancelled: bool
 
 
-@dataclass(frozen=True, slots=True)
-class Over:
+class Over(NamedTuple):
     """This run's history entry was read (or made of its messages): the run is over on its server."""
 
 
@@ -210,6 +203,7 @@ _FOUND: tuple[Action, ...] = (ReadBuffered(),)
 _RENEW = RenewLeases()
 _OFFER = OfferAheadToPeer()
 _WITHDRAW = WithdrawAhead()
+_OFFER_ONLY: tuple[Action, ...] = (_OFFER,)
 CANCELLED = Stop(Ending.CANCELLED, "cancelled by user", "cancelled")
 GRACEFUL_STOP = Stop(Ending.RELEASED, "interrupted by a graceful stop; attempt not counted", "shutdown")
 
@@ -336,21 +330,27 @@ class RunMachine:
 
     def _on_woke(self, w: Woke) -> tuple[Action, ...]:
         """The checkpoints of a wake-up, in order: the lease, the deadline, the job taken ahead, the stop; then
-        /history when due (or the entry made of the socket's messages, for a run watched whole)."""
-        acts = self._checkpoints(w)
-        if acts and isinstance(acts[-1], Interrupt):
-            return acts
+        /history when due (or the entry made of the socket's messages, for a run watched whole). The common
+        wake-up allocates nothing."""
+        if w.heartbeat_due or w.stop_at is not None or w.now >= self.limits.deadline:
+            return self._checkpoints(w)
         due = self._due(w)
-        return acts + due if acts else due
+        if w.ahead_unstarted and self._running():
+            # A job taken ahead waits behind this one, which still runs: it cannot have started; it may go to
+            # another runner that waits for work.
+            return (_OFFER, *due) if due else _OFFER_ONLY
+        return due
+
+    def _running(self) -> bool:
+        return not self.over and (self.phase is Phase.QUEUED or self.phase is Phase.EXECUTING)
 
     def _checkpoints(self, w: Woke) -> tuple[Action, ...]:
-        if not (w.heartbeat_due or w.ahead_unstarted or w.stop_at is not None or w.now >= self.limits.deadline):
-            return NOTHING  # the common wake-up: nothing allocated
+        """A wake-up with a heartbeat due, a stop begun or the deadline passed."""
         acts: list[Action] = [_RENEW] if w.heartbeat_due else []
         if w.now >= self.limits.deadline:
             acts.append(Interrupt(Fail("timeout", f"timed out after {self.limits.timeout_seconds:g} s")))
             return tuple(acts)
-        if w.ahead_unstarted and not self.over and self.phase in (Phase.QUEUED, Phase.EXECUTING):
+        if w.ahead_unstarted and self._running():
             # Queued behind this one, which still runs: it cannot have started. Once this one has ended it may
             # run (its start unread): its own attempt follows it through the grace instead.
             acts.append(_OFFER)
@@ -358,7 +358,8 @@ class RunMachine:
                 acts.append(_WITHDRAW)
         if w.stop_at is not None and w.now >= w.stop_at:
             acts.append(Interrupt(GRACEFUL_STOP))
-        return tuple(acts)
+            return tuple(acts)
+        return (*acts, *self._due(w))
 
     def _due(self, w: Woke) -> tuple[Action, ...]:
         """/history to read now, or the entry to make of the messages of a run watched whole."""
