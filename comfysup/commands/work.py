@@ -22,6 +22,7 @@ from comfysup.logs import FORMATS, setup_logging
 from comfysup.queue.base import host_name
 from comfysup.queue.watch import DEEP_CHECK_SECONDS, EXIT_DATABASE_REPLACED, QueueWatch
 from comfysup.runner.objectstore import check_buckets
+from comfysup.runner.options import RunnerHooks, RunnerOptions
 from comfysup.runner.stuck import StuckChannel, out_of_service_reason
 from comfysup.slotstate import StateFile, work_state_path
 from comfysup.storage.links import Links
@@ -116,7 +117,6 @@ def _child(config: Config, name: str, url: str, peers: dict[str, str], until_emp
     """In a forked runner process (its own process group, default signals, dying with ``work``). ``others``:
     the other runners' shared blocks (no job is queued ahead while one of them waits for work)."""
     from comfysup.runner.loop import Runner
-    from comfysup.runner.options import RunnerHooks, RunnerOptions
 
     def report_stuck(prompt_id: str) -> None:
         shared.stuck = prompt_id.encode()[:39]

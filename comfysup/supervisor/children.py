@@ -28,6 +28,7 @@ from comfysup.queue.base import Claim
 from comfysup.runner import warmup
 from comfysup.runner.attempt import Outcome
 from comfysup.runner.memory import MemoryHooks
+from comfysup.runner.options import RunnerHooks, RunnerOptions
 from comfysup.runner.stuck import StuckChannel
 from comfysup.runner.warmup import WarmUp
 from comfysup.supervisor import server as servers
@@ -318,7 +319,6 @@ def runner_main(config: Config, unit: Unit, peers: dict[str, str], token: str,
     supervisor launched (by name), where a job's files can be adopted from disk. ``others``: the other slots'
     Shared blocks (a job is queued ahead only while none of their runners waits for work)."""
     from comfysup.runner.loop import Runner
-    from comfysup.runner.options import RunnerHooks, RunnerOptions
 
     shared = unit.shared
 
