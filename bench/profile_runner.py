@@ -69,13 +69,14 @@ def main() -> None:
         (tmp / "config.toml").write_bytes(tomli_w.dumps(doc).encode())
         submit(tmp / "config.toml", [trivial_job(n) for n in range(args.jobs)]).close()
         from comfysup.runner.loop import Runner
+        from comfysup.runner.options import RunnerOptions
 
         if args.durable == "off":
             without_durability()
 
         # As comfysup run launches it: the runner sees the server's output folder (files read from the disk).
-        runner = Runner(config_of(tmp / "config.toml"), "cpu0", url, until_empty=True,
-                        output_dirs={"cpu0": tmp / "fake" / "output"})
+        runner = Runner(config_of(tmp / "config.toml"), "cpu0", url,
+                        RunnerOptions(until_empty=True, output_dirs={"cpu0": tmp / "fake" / "output"}))
         profiler: object = None
         if args.profile == "wall":
             import pyinstrument

@@ -49,6 +49,7 @@ from comfysup.jobs import JobsFile
 from comfysup.queue.sqlite import SQLiteQueue
 from comfysup.runner.loop import Runner
 from comfysup.runner.objectstore import result_store
+from comfysup.runner.options import RunnerOptions
 from fake_comfy import FakeComfy
 
 LARGE_BYTES = 200 * 10**6
@@ -105,7 +106,7 @@ def whole_jobs(cfg: Config, jobs: int, tmp: Path) -> float:
     queue.close()
     with FakeComfy(base_directory=tmp / f"fake-{uuid.uuid4().hex[:6]}", node_ms=0) as fake:
         t0 = time.perf_counter()
-        counts = Runner(cfg, "cpu0", fake.url, until_empty=True).run()
+        counts = Runner(cfg, "cpu0", fake.url, RunnerOptions(until_empty=True)).run()
         seconds = time.perf_counter() - t0
     assert counts["done"] == jobs, counts
     return seconds * 1000 / jobs

@@ -25,6 +25,7 @@ from comfysup.queue.base import host_name
 from comfysup.queue.watch import DEEP_CHECK_SECONDS, EXIT_DATABASE_REPLACED, QueueWatch
 from comfysup.runner.loop import Runner
 from comfysup.runner.objectstore import check_buckets
+from comfysup.runner.options import RunnerHooks, RunnerOptions
 from comfysup.runner.stuck import StuckChannel, out_of_service_reason
 from comfysup.slotstate import StateFile, work_state_path
 from comfysup.storage.links import Links
@@ -129,9 +130,11 @@ def _child(config: Config, name: str, url: str, peers: dict[str, str], until_emp
     def on_problem(reason: str) -> None:
         shared.problem = problem_bytes(reason)
 
-    runner = Runner(config, name, url, peers=peers, until_empty=until_empty, owner_token=token, stuck=stuck,
-                    on_waiting=on_waiting, peer_waiting=lambda: waiting_peer(others), on_problem=on_problem,
-                    output_dirs=own_output_dirs(config, peers))
+    options = RunnerOptions(peers=peers, until_empty=until_empty, owner_token=token,
+                            output_dirs=own_output_dirs(config, peers))
+    hooks = RunnerHooks(stuck=stuck, on_waiting=on_waiting, peer_waiting=lambda: waiting_peer(others),
+                        on_problem=on_problem)
+    runner = Runner(config, name, url, options, hooks)
     runner.install_signals()
     counts = runner.run()
     results.put((name, dict(counts)))

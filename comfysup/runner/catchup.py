@@ -1,7 +1,7 @@
 """Step 1 of an attempt (DESIGN.md): catch up with a run of the job that an earlier attempt left on a server,
 following it, adopting its history, or adopting its files from the server's output folder when the history
-died with the server. Plain functions of the attempt's :class:`Context` and of the job it may have posted
-at the previous attempt's hand-off (``posted_in``).
+died with the server. Plain functions of the attempt's :class:`Context` and of this job's post, when the
+previous attempt took it ahead and posted it (``taken``).
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ from comfysup.runner import outputs as job_outputs
 from comfysup.runner.running import Context, Run
 
 if TYPE_CHECKING:
-    from comfysup.runner.result import Posted
+    from comfysup.runner.result import Ahead
 
 log = logging.getLogger("comfysup.runner")
 
 
-def catch_up(ctx: Context, posted_in: Posted | None) -> tuple[Run | None, bool]:
+def catch_up(ctx: Context, taken: Ahead | None) -> tuple[Run | None, bool]:
     """A run of this job that an earlier attempt left on a server, to follow or adopt (None: post the job), and
     whether it is one to follow (still in a server's queue: the attempt records where, with its number).
 
@@ -35,7 +35,7 @@ def catch_up(ctx: Context, posted_in: Posted | None) -> tuple[Run | None, bool]:
     kill-after-POST found exactly that).
     """
     first = ctx.claim.last_server is None and ctx.claim.attempt <= 1
-    if first and posted_in is not None:
+    if first and taken is not None:
         return None, False  # the hand-off looked in this server's /history before it posted (its queue was empty)
     if first and not ctx.station.client.may_have_run(ctx.claim.id):
         return None, False  # the client knows every prompt this server was given, and this id is none of them
@@ -43,42 +43,50 @@ def catch_up(ctx: Context, posted_in: Posted | None) -> tuple[Run | None, bool]:
     # server may have run the id for another queue (restored from a backup, a second installation): its
     # /queue and /history are read before the first POST (two cheap calls), and what is there is followed
     # or adopted. A file left in its output folder is not adopted on a first look (no run to vouch for).
-    places = _places(ctx, first)
     gone: list[tuple[str, ComfyClient]] = []
     down: list[tuple[str, ComfyClient]] = []
-    """Servers that answered and hold neither the prompt nor its history: restarted since, if it ran there."""
-    for server, client, known in places:
-        folder = ctx.station.output_dir(server, client)  # None for another machine's server of that name
-        try:
-            live = next((e for e in client.queue() if e.prompt_id == ctx.claim.id), None)
-            history = None if live else client.history(ctx.claim.id, ctx.s.max_files_per_job)
-        except ServerUnavailable:
-            if folder is not None:
-                down.append((server, client))  # killed and not back yet: its folder may hold a whole run
-            continue
-        if live is not None:
-            log.info("job %s attempt %d on %s: following prompt #%d left by an earlier attempt",
-                     ctx.claim.id, ctx.claim.attempt, server, live.number)
-            # Already running: its execution_start was sent before this socket existed.
-            ctx.trace.phase("followed", ctx.wall())
-            if live.running:
-                ctx.trace.phase("executing", ctx.wall())
-            return Run(client, server, live.number, started=live.running), True
-        if history is None:
-            if folder is not None:
-                gone.append((server, client))
-            continue
-        if known is not None and prompt_number(history) != known:
-            continue
-        if known is None and status_of(history) != "success":
-            continue
-        ctx.trace.from_history(history, ctx.wall())
-        judge(history)  # a run that ended in failure: that failure is this attempt's outcome
-        log.info("job %s attempt %d on %s: adopting finished prompt #%s from /history",
-                 ctx.claim.id, ctx.claim.attempt, server, prompt_number(history), extra={"event": "adopted"})
-        ctx.trace.phase("adopted", ctx.wall())
-        return Run(client, server, prompt_number(history), adopted_entry=history), False
+    """Servers that answered and hold neither the prompt nor its history (restarted since, if it ran there), and
+    servers of this machine that did not answer at all."""
+    for server, client, known in _places(ctx, first):
+        found = _look(ctx, server, client, known, gone, down)
+        if found is not None:
+            return found
     return (None if first else _adopt_from_disk(ctx, gone, down)), False
+
+
+def _look(ctx: Context, server: str, client: ComfyClient, known: int | None, gone: list[tuple[str, ComfyClient]],
+          down: list[tuple[str, ComfyClient]]) -> tuple[Run, bool] | None:
+    """A run of this job on ``server`` (``known``: the prompt number recorded there), to follow or adopt; None:
+    none there (the server joins ``gone`` or ``down`` when comfysup can see its output folder)."""
+    folder = ctx.station.output_dir(server, client)  # None for another machine's server of that name
+    try:
+        live = next((e for e in client.queue() if e.prompt_id == ctx.claim.id), None)
+        history = None if live else client.history(ctx.claim.id, ctx.s.max_files_per_job)
+    except ServerUnavailable:
+        if folder is not None:
+            down.append((server, client))  # killed and not back yet: its folder may hold a whole run
+        return None
+    if live is not None:
+        log.info("job %s attempt %d on %s: following prompt #%d left by an earlier attempt",
+                 ctx.claim.id, ctx.claim.attempt, server, live.number)
+        # Already running: its execution_start was sent before this socket existed.
+        ctx.trace.phase("followed", ctx.wall())
+        if live.running:
+            ctx.trace.phase("executing", ctx.wall())
+        return Run(client, server, live.number, started=live.running), True
+    if history is None:
+        if folder is not None:
+            gone.append((server, client))
+        return None
+    if (known is not None and prompt_number(history) != known) or (known is None and status_of(history) != "success"):
+        return None
+    ctx.trace.from_history(history, ctx.wall())
+    judge(history)  # a run that ended in failure: that failure is this attempt's outcome
+    log.info("job %s attempt %d on %s: adopting finished prompt #%s from /history",
+             ctx.claim.id, ctx.claim.attempt, server, prompt_number(history), extra={"event": "adopted"})
+    ctx.trace.phase("adopted", ctx.wall())
+    return Run(client, server, prompt_number(history), adopted_entry=history), False
+
 
 def _places(ctx: Context, first: bool) -> list[tuple[str, ComfyClient, int | None]]:
     """Where to look, in order: (server name, its client, the prompt number recorded there or None).
@@ -92,7 +100,19 @@ def _places(ctx: Context, first: bool) -> list[tuple[str, ComfyClient, int | Non
     """
     if first:
         return [(ctx.s.server, ctx.station.client, None)]
+    out, recorded_here = _elsewhere(ctx)
     names = [ctx.claim.last_server, ctx.s.server, *(sorted(ctx.s.peers) if ctx.claim.attempt > 1 else [])]
+    for server in dict.fromkeys(c for c in names if c):
+        client = ctx.station.client_for(server)
+        if client is not None:
+            recorded = recorded_here and server == ctx.claim.last_server
+            out.append((server, client, ctx.claim.last_prompt_number if recorded else None))
+    return out
+
+
+def _elsewhere(ctx: Context) -> tuple[list[tuple[str, ComfyClient, int | None]], bool]:
+    """The other machines' servers an attempt of this job named (newest first), and whether the recorded prompt
+    is on one of this machine's servers (False: on one of those)."""
     urls = ctx.queue.leases.attempt_urls(ctx.claim.id, other_than=ctx.claim)
     # The claim's last_server and last_prompt_number are the newest recorded prompt's (cleared once an attempt
     # judged its run): that attempt's URL says on which machine.
@@ -108,12 +128,8 @@ def _places(ctx: Context, first: bool) -> list[tuple[str, ComfyClient, int | Non
             out.append((ctx.claim.last_server or elsewhere.url, elsewhere, ctx.claim.last_prompt_number))
         else:
             out.append((elsewhere.url, elsewhere, None))
-    for server in dict.fromkeys(c for c in names if c):
-        client = ctx.station.client_for(server)
-        if client is not None:
-            recorded = recorded_here and server == ctx.claim.last_server
-            out.append((server, client, ctx.claim.last_prompt_number if recorded else None))
-    return out
+    return out, recorded_here
+
 
 def _adopt_from_disk(ctx: Context, gone: list[tuple[str, ComfyClient]],
                     down: list[tuple[str, ComfyClient]]) -> Run | None:

@@ -124,7 +124,7 @@ class InputDelivery:
 
     def trim(self) -> None:
         """After a job ended: what the last eviction had to keep for it may go now. With a job queued behind
-        the running one (issue 19) two jobs' inputs are on the server at once, and no later post may come to
+        the running one ([runner] queue_ahead) two jobs' inputs are on the server at once, and no later post may come to
         evict them."""
         if self.over and self.folder is not None:
             self._evict(keep=set())

@@ -2,9 +2,9 @@
 has left; a prompt that will not leave is reported (comfysup.runner.stuck) and its server restarted.
 
 An :class:`Interrupter` is made once per attempt. What it needs besides the attempt's :class:`Context` is given to
-it: the attempt's heartbeat clock, how to renew the leases of the jobs the attempt claimed early
-(``renew_early``) and how to take back the one queued behind a stuck prompt (``withdraw_next``): both are the
-attempt's :class:`comfysup.runner.nextjob.EarlyJobs`.
+it: the attempt's heartbeat clock, how to renew the leases of the jobs the attempt took ahead
+(``renew_ahead``) and how to take back the one queued behind a stuck prompt (``withdraw_next``): both are the
+attempt's :class:`comfysup.runner.ahead.AheadJobs`.
 """
 
 from __future__ import annotations
@@ -22,16 +22,16 @@ log = logging.getLogger("comfysup.runner")
 
 
 class Interrupter:
-    """Interrupts the prompts of one attempt (its own, or a job's it claimed early) and waits for them to leave."""
+    """Interrupts the prompts of one attempt (its own, or a job's it took ahead) and waits for them to leave."""
 
-    def __init__(self, ctx: Context, heartbeat: Heartbeat, renew_early: Callable[[float], None],
+    def __init__(self, ctx: Context, heartbeat: Heartbeat, renew_ahead: Callable[[float], None],
                  withdraw_next: Callable[..., None]) -> None:
         self.ctx = ctx
         self.heartbeat = heartbeat
-        self.renew_early = renew_early
-        """Renews the leases of the jobs claimed early (``EarlyJobs.renew_early``), given the clock's now."""
+        self.renew_ahead = renew_ahead
+        """Renews the leases of the jobs taken ahead (``AheadJobs.renew``), given the clock's now."""
         self.withdraw_next = withdraw_next
-        """Takes the job queued behind this one out of the server's queue (``EarlyJobs.withdraw_next``)."""
+        """Takes the job queued ahead behind this one out of the server's queue (``AheadJobs.withdraw_next``)."""
 
     def interrupt(self, run: Run | None, renew: bool = True, prompt_id: str | None = None) -> str | None:
         """Interrupt our prompt (this job's, or ``prompt_id``), delete it from the queue, and wait until it
@@ -44,7 +44,7 @@ class Interrupter:
 
     def _interrupt_now(self, run: Run, renew: bool, prompt_id: str | None) -> str | None:
         ctx = self.ctx
-        run.interrupt_asked = True
+        run.m.interrupting()
         target = prompt_id or ctx.claim.id
         until = ctx.clock() + ctx.s.leave_queue_seconds
         try:
@@ -65,13 +65,13 @@ class Interrupter:
 
     def _alive(self, renew: bool) -> None:
         """A sign of life and the leases, while an interrupt is waited out (up to leave_queue_seconds, then a
-        stuck server's restart): this job's, and those of the jobs claimed early behind it, whose leases would
+        stuck server's restart): this job's, and those of the jobs taken ahead behind it, whose leases would
         otherwise run out meanwhile and hand them to another runner as expired, their attempt counted."""
         ctx = self.ctx
         ctx.station.on_alive()
         if renew and self.heartbeat.due(ctx.clock()):
             ctx.queue.leases.heartbeat(ctx.claim, ctx.s.lease_seconds)
-            self.renew_early(ctx.clock())
+            self.renew_ahead(ctx.clock())
 
     def _stuck(self, run: Run, target: str, renew: bool) -> str:
         """The prompt ignored /interrupt: reported, when in this runner's own server (comfysup.runner.stuck)."""

@@ -4,17 +4,17 @@ A runner blocks on its server. It claims only while the server answers and holds
 ``max_queue`` prompts of other clients, so several runners pulling from one queue make a
 "least loaded server" scheduler with no scheduler. Signals only set flags; the loop acts on them.
 
-Between two jobs the server waits, so that stretch is kept short (issue 7). When a prompt has succeeded
-and the server's own ``status`` broadcast said its queue is empty, the next job is claimed and posted at
-once and the finished one's files are downloaded and recorded while the server runs it (the handoff).
-Otherwise the next claim rides in the transaction that records the done (``Queue.complete_and_claim``).
-Either way the claim prefers the model the server ran last, and no GET /queue is asked when the broadcast
-already answered it.
+Between two jobs the server waits, so that stretch is kept short: the next job is taken ahead
+(comfysup.runner.ahead). When a prompt has succeeded and the server's own ``status`` broadcast said its queue
+is empty, the next job is claimed and posted at once and the finished one's files are downloaded and recorded
+while the server runs it (the hand-off). Otherwise the next claim rides in the transaction that records the
+done (``Queue.complete_and_claim``). Either way the claim prefers the model the server ran last, and no GET
+/queue is asked when the broadcast already answered it.
 
-Better still (issue 19, [runner] queue_ahead): once a prompt executes, one more job is claimed and posted
-behind it, so ComfyUI starts it the moment the running one ends while this runner downloads and records
-(see Attempt). One at most per server, and only while the server holds fewer than ``max_queue`` prompts of
-other clients.
+Better still ([runner] queue_ahead): once a prompt executes, one more job is claimed and queued ahead behind
+it, so ComfyUI starts it the moment the running one ends while this runner downloads and records (see
+Attempt). One at most per server, and only while the server holds fewer than ``max_queue`` prompts of other
+clients.
 """
 
 from __future__ import annotations
@@ -42,13 +42,12 @@ from comfysup.queue.watch import EXIT_DATABASE_REPLACED, QueueWatch
 from comfysup.redact import bound
 from comfysup.runner.attempt import Attempt
 from comfysup.runner.catalogue import ServerCatalogue
-from comfysup.runner.memory import MemoryHooks
 from comfysup.runner.objectstore import result_store
-from comfysup.runner.result import Early, NextClaim, Outcome, Posted
+from comfysup.runner.options import RunnerHooks, RunnerOptions
+from comfysup.runner.result import Ahead, AheadAsks, ClaimArgs, Ending, Outcome
 from comfysup.runner.running import redactor_of
 from comfysup.runner.station import AttemptSettings, Station
 from comfysup.runner.stuck import OutOfService, StuckChannel
-from comfysup.runner.warmup import WarmUp
 
 log = logging.getLogger("comfysup.runner")
 QUEUE_RETRY_SECONDS = 1.0
@@ -69,6 +68,10 @@ def owner_pid(owner: str) -> int | None:
     return int(parts[1]) if len(parts) >= 2 and parts[1].isdigit() else None
 
 
+NO_OPTIONS = RunnerOptions()
+NO_HOOKS = RunnerHooks()
+"""A runner nobody supervises: every hook does nothing."""
+
 settings_from = AttemptSettings.from_config
 """A runner's attempt settings, from [runner] (the one place their defaults are written)."""
 
@@ -83,65 +86,44 @@ class RunnerState:
 
 
 class Runner:
-    def __init__(self, config: Config, server: str, url: str, *, peers: dict[str, str] | None = None,
-                 until_empty: bool = False, queue: Queue | None = None, owner_token: str | None = None,
-                 on_alive: Callable[[], None] = lambda: None,
-                 may_claim: Callable[[], bool] = lambda: True,
-                 on_job: Callable[[Claim, Outcome | None], None] = lambda claim, outcome: None,
-                 stuck: StuckChannel | None = None, output_dirs: dict[str, Path] | None = None,
-                 may_queue_ahead: Callable[[int], bool] = lambda uncounted: True,
-                 on_waiting: Callable[[bool], None] = lambda waiting: None,
-                 peer_waiting: Callable[[], bool] = lambda: False,
-                 on_problem: Callable[[str], None] = lambda reason: None,
-                 memory: MemoryHooks | None = None, warmup: WarmUp | None = None) -> None:
+    """One server's runner: ``Runner(config, server, url, options, hooks).run()`` claims and runs its jobs until
+    stopped (or, with ``options.until_empty``, until none is left). ``queue``: an open queue to use (else the
+    config's, waited for while its database does not answer)."""
+
+    def __init__(self, config: Config, server: str, url: str, options: RunnerOptions = NO_OPTIONS,
+                 hooks: RunnerHooks = NO_HOOKS, queue: Queue | None = None) -> None:
         self.config = config
         self.server = server
         bind(slot=server)  # every log line of this runner names its slot
-        self.owner = make_owner(server, token=owner_token)
-        self.until_empty = until_empty
+        self.owner = make_owner(server, token=options.owner_token)
+        self.until_empty = options.until_empty
+        self.hooks = hooks
         self.state = RunnerState()
         self.queue_down_since: float | None = None
-        self.queue = queue or self._open_queue(config, on_alive)
+        self.queue = queue or self._open_queue(config, hooks.on_alive)
         self.queue.checkpoint_in_background()  # no commit of this runner's waits for a WAL checkpoint
-        self.on_alive = on_alive
         self.watch = QueueWatch(self.queue, every_seconds=config.runner.heartbeat_seconds)
         """The queue's file: deleted, replaced or corrupt, no job is claimed any more (comfysup.queue.watch)."""
-        self.may_claim = lambda: self.watch.check() is None and may_claim()
-        self.on_job = on_job
-        """Called with (claim, None) when an attempt starts and (claim, outcome) when it ends: a supervisor
-        learns the current job and counts jobs per server (for recycling) without asking the queue."""
-        self.may_queue_ahead = may_queue_ahead
-        """Whether a job may be claimed to wait behind the running one, given how many jobs of this runner are
-        on the server and not counted yet (False: the server is recycled after those)."""
-        self.peer_waiting = peer_waiting
-        """Whether another runner of this machine waits for work: then no job waits here behind a running
-        prompt (none is queued ahead, and one queued ahead goes back to the queue, uncounted)."""
-        self.on_waiting = on_waiting
-        """Called with True when this runner found no job (it waits for work), False when it holds a job or its
-        server cannot take one (busy with other clients' prompts, out of service): what its peers'
-        may_queue_ahead reads."""
-        self.on_problem = on_problem
-        """Called with why the server, though it answers, can take no job (its /queue cannot be read), and with ""
-        once it answers well again: what status, health and /metrics show."""
         self.problem = ""
-        self.stuck = stuck or StuckChannel()
-        """How this runner says that a prompt is stuck in its server (comfysup.runner.stuck)."""
+        self.stuck = hooks.stuck or StuckChannel()
         self.out_of_service = OutOfService()
         """When nobody restarts the server (comfysup work): no claim for it until its queue is empty."""
         store = result_store(config)  # a folder, or a bucket staged through it ([store] url)
-        self.station = Station(settings_from(config, server, url, peers or {}, output_dirs), self.queue, store,
-                               stop_deadline=lambda: self.state.stop_deadline, on_alive=on_alive,
-                               stuck=self.stuck if self.stuck.restarts else
-                               StuckChannel(False, self._stuck_here, self.stuck.pending), peer_waiting=peer_waiting,
-                               memory=memory)
+        settings = settings_from(config, server, url, options.peers, options.output_dirs)
+        self.station = Station(settings, self.queue, store, stop_deadline=lambda: self.state.stop_deadline,
+                               on_alive=hooks.on_alive, stuck=self.stuck if self.stuck.restarts else
+                               StuckChannel(False, self._stuck_here, self.stuck.pending),
+                               peer_waiting=hooks.peer_waiting, memory=hooks.memory)
         self.catalogue = ServerCatalogue(self.queue, self.station.client, server)
         """The server's /object_info, recorded in the queue at start and after the server was seen down."""
-        self.warmup = warmup
-        """The warm-up its supervisor asks of each start of its server (comfysup.runner.warmup), run while idle."""
         self.idle_seconds = min(config.runner.poll_seconds, 0.25)
         self.last_model: str | None = None
         """The model key of what this runner's server ran last (None: unknown, or unloaded since)."""
         self._counted: str | None = None
+
+    def may_claim(self) -> bool:
+        """The queue's file is still this runner's, and its supervisor lets it claim."""
+        return self.watch.check() is None and self.hooks.may_claim()
 
     # -- signals --------------------------------------------------------------------------------------
 
@@ -167,56 +149,10 @@ class Runner:
         """Claim and run until stopped (or, with until_empty, until no job is left to do)."""
         deadline.keep_between()  # a deadline per call and per job, all this process's life
         self.catalogue.refresh()
-        claim: Claim | None = None
-        posted: Posted | None = None  # claim's prompt, posted by the last attempt's hand-off
-        behind: Early | None = None  # a job queued behind claim's prompt by the last attempt
         try:
-            while not self.state.stopping:
-                self.on_alive()
-                if claim is not None:  # claimed by the last attempt: at its hand-off, or with its done
-                    claim, posted, behind = self.run_one(claim, posted, behind)
-                    continue
-                if self.warmup is not None:  # its server is starting, so it may not claim: nothing is held now
-                    self.warmup.step(self.server, self.station.client, self.on_alive, lambda: self.state.stopping)
-                allowed = self.may_claim()
-                if self.watch.lost is not None:
-                    break
-                free = allowed and self._in_service() and self._server_free()
-                if free:
-                    self.catalogue.refresh()
-                try:
-                    claim = self.queue.leases.claim(self.owner, self.server, self.config.runner.lease_seconds,
-                                             catalogue=self.catalogue.id, url=self.station.settings.url,
-                                             **self._affinity()) if free else None
-                    drained = claim is None and self.until_empty and self.queue.reads.active_count() == 0
-                    if claim is None:
-                        self.queue.maintenance()
-                except QueueError as exc:
-                    self._queue_down(exc)
-                    continue
-                self._queue_up()
-                if drained:
-                    break
-                # Waiting for work: no job, and nothing of its own server's stops it from taking one (the
-                # supervisor's "may not claim" is its own to weigh: it is in the same block).
-                self.on_waiting(claim is None and (free or not allowed))
-                if claim is None:
-                    # PostgreSQL returns at the NOTIFY of a new job; SQLite sleeps. Either way at most
-                    # idle_seconds, so a stop flag set by a signal is seen soon.
-                    self.queue.wait_for_work(self.idle_seconds)
-                    continue
-                claim, posted, behind = self.run_one(claim)
-            while claim is not None and posted is not None:
-                # Stopping with a job already posted by a hand-off: its attempt follows it through the grace
-                # and interrupts it after, as any running job; left alone it would run here unowned (a job
-                # queued behind it is taken out of the server's queue by that attempt, uncounted).
-                claim, posted, behind = self.run_one(claim, posted, behind)
-            if claim is not None:  # stopping with a job claimed and not started: give it back, uncounted
-                with contextlib.suppress(QueueError):
-                    self.queue.leases.release(claim, "the runner stopped before starting it", count_attempt=False,
-                                       kind="shutdown")
+            self._stopping(self._loop())
         finally:
-            self.on_waiting(False)  # gone: its peers no longer leave work for it
+            self.hooks.on_waiting(False)  # gone: its peers no longer leave work for it
             self.station.close()
             self.queue.close()
         if self.watch.lost is not None:  # the reason is its parent's to say (comfysup run or work): said once
@@ -224,6 +160,73 @@ class Runner:
                      EXIT_DATABASE_REPLACED)
             raise SystemExit(EXIT_DATABASE_REPLACED)
         return self.state.counts
+
+    def _loop(self) -> tuple[Ahead, ...]:
+        """Turns until stopped, drained or the queue's file lost; returns the jobs the last attempt took ahead."""
+        taken: tuple[Ahead, ...] = ()  # the jobs the last attempt took ahead, the next first
+        while not self.state.stopping:
+            self.hooks.on_alive()
+            if taken:  # taken ahead by the last attempt: queued, at its hand-off, or with its done
+                taken = self.run_one(taken[0].claim, taken)
+                continue
+            claim, stop = self._claim_turn()
+            if stop:
+                break
+            if claim is not None:
+                taken = self.run_one(claim)
+        return taken
+
+    def _claim_turn(self) -> tuple[Claim | None, bool]:
+        """A turn with no job in hand: a claim when the server can take one (None: none now), and whether the
+        loop ends (drained, or the queue's file lost)."""
+        warmup = self.hooks.warmup
+        if warmup is not None:  # its server is starting, so it may not claim: nothing is held now
+            warmup.step(self.server, self.station.client, self.hooks.on_alive, lambda: self.state.stopping)
+        allowed = self.may_claim()
+        if self.watch.lost is not None:
+            return None, True
+        free = allowed and self._in_service() and self._server_free()
+        if free:
+            self.catalogue.refresh()
+        try:
+            claim, drained = self._claim(free)
+        except QueueError as exc:
+            self._queue_down(exc)
+            return None, False
+        self._queue_up()
+        if drained:
+            return None, True
+        # Waiting for work: no job, and nothing of its own server's stops it from taking one (the supervisor's
+        # "may not claim" is its own to weigh: it is in the same block).
+        self.hooks.on_waiting(claim is None and (free or not allowed))
+        if claim is None:
+            # PostgreSQL returns at the NOTIFY of a new job; SQLite sleeps. Either way at most idle_seconds, so
+            # a stop flag set by a signal is seen soon.
+            self.queue.wait_for_work(self.idle_seconds)
+        return claim, False
+
+    def _claim(self, free: bool) -> tuple[Claim | None, bool]:
+        """A job, when the server is free (None: none now), and whether the queue is drained (with until_empty:
+        no job left to do); the queue's maintenance when none was claimed."""
+        claim = self.queue.leases.claim(self.owner, self.server, self.config.runner.lease_seconds,
+                                 catalogue=self.catalogue.id, url=self.station.settings.url,
+                                 **self._affinity()) if free else None
+        drained = claim is None and self.until_empty and self.queue.reads.active_count() == 0
+        if claim is None:
+            self.queue.maintenance()
+        return claim, drained
+
+    def _stopping(self, taken: tuple[Ahead, ...]) -> None:
+        """The loop ended with ``taken`` in hand. A job already posted ahead is run: its attempt follows it
+        through the grace and interrupts it after, as any running job; left alone it would run here unowned (a
+        job queued behind it is taken out of the server's queue by that attempt, uncounted). A job claimed and
+        not started is given back, uncounted."""
+        while taken and taken[0].posted:
+            taken = self.run_one(taken[0].claim, taken)
+        if taken:
+            with contextlib.suppress(QueueError):
+                self.queue.leases.release(taken[0].claim, "the runner stopped before starting it", count_attempt=False,
+                                   kind="shutdown")
 
     def _open_queue(self, config: Config, on_alive: Callable[[], None]) -> Queue:
         """The queue, waited for while its database does not answer: a runner that crashed instead would be
@@ -256,25 +259,23 @@ class Runner:
                      time.monotonic() - self.queue_down_since)
             self.queue_down_since = None
 
-    def run_one(self, claim: Claim, posted: Posted | None = None,
-                behind: Early | None = None) -> tuple[Claim | None, Posted | None, Early | None]:
-        """One attempt (``posted``: its prompt, posted by the last attempt's hand-off; ``behind``: a job the
-        last attempt queued behind it); returns the next job when this attempt claimed it, its prompt when the
-        hand-off posted it too, and a job queued behind that one."""
+    def run_one(self, claim: Claim, taken: tuple[Ahead, ...] = ()) -> tuple[Ahead, ...]:
+        """One attempt (``taken``: the jobs the last attempt took ahead, ``claim``'s first); returns the jobs
+        this attempt took ahead, the runner's next first."""
         with job_context(claim.id, claim.attempt, redactor_of(claim)):
-            if posted is None and self._refused(claim):
-                return None, None, None
-            self.on_job(claim, None)
+            if not (taken and taken[0].posted) and self._refused(claim):
+                return ()
+            self.hooks.on_job(claim, None)
             self._counted = None
-            ahead = self._ahead_job if self.config.runner.queue_ahead else None
-            result = Attempt(self.station, claim, self._next_job, posted, ahead, behind).run()
+            asks = AheadAsks(self._hand_off_claim, self._queue_ahead_claim if self.config.runner.queue_ahead else None)
+            result = Attempt(self.station, claim, asks, taken).run()
             outcome = result.outcome
             self.state.counts[outcome.state] += 1
             if self._counted != claim.id:
-                self.on_job(claim, outcome)
+                self.hooks.on_job(claim, outcome)
             self.last_model = self._model_after(claim, outcome)
             self._log(claim, outcome)
-        return result.next_claim, result.posted, result.behind
+        return result.ahead
 
     def _affinity(self) -> dict[str, Any]:
         """The claim's model preference: the model its server ran last, within [runner]
@@ -293,10 +294,10 @@ class Runner:
         """The attempt is over on the server: counted before the next claim is considered (a supervisor
         recycling after N jobs must see this one before it answers may_claim), and only once."""
         if self._counted != claim.id:
-            self.on_job(claim, outcome)
+            self.hooks.on_job(claim, outcome)
             self._counted = claim.id
 
-    def _next_job(self, claim: Claim, outcome: Outcome) -> NextClaim | None:
+    def _hand_off_claim(self, claim: Claim, outcome: Outcome) -> ClaimArgs | None:
         """Whether the attempt of ``claim`` may claim the next job for this server now (see Attempt): at its
         hand-off, or in the transaction that records its done.
 
@@ -308,18 +309,18 @@ class Runner:
         if not outcome.server_free and not self._server_free():
             return None
         r = self.config.runner
-        return NextClaim(self.owner, self.server, r.lease_seconds, claim.model_key, r.affinity_max_wait_seconds,
+        return ClaimArgs(self.owner, self.server, r.lease_seconds, claim.model_key, r.affinity_max_wait_seconds,
                          self.catalogue.id, self.catalogue.runnable)
 
-    def _ahead_job(self, claim: Claim, queue_remaining: int | None, uncounted: int = 1) -> NextClaim | None:
+    def _queue_ahead_claim(self, claim: Claim, queue_remaining: int | None, uncounted: int = 1) -> ClaimArgs | None:
         """Whether a job may be queued behind ``claim``'s prompt, which executes on this server now: not
         while stopping or about to be recycled (``uncounted``: this runner's jobs on the server not counted
         yet), and only when the server holds no other waiting prompt of ours and fewer than max_queue of other
         clients. Its broadcast ``queue_remaining`` of 1 (the running prompt alone) or 0 (the prompt before it
         over already: a runner slower than the prompts, on a busy CPU server) says so; otherwise GET /queue
         decides (a round trip to a server that executes: it waited for ComfyUI's GIL)."""
-        if (self.state.stopping or not self.may_claim() or not self.may_queue_ahead(uncounted)
-                or self.peer_waiting()):
+        if (self.state.stopping or not self.may_claim() or not self.hooks.may_queue_ahead(uncounted)
+                or self.hooks.peer_waiting()):
             return None
         if queue_remaining not in (0, 1):
             try:
@@ -332,7 +333,7 @@ class Runner:
             if len(entries) - len(ours) >= self.config.runner.max_queue:
                 return None
         r = self.config.runner
-        return NextClaim(self.owner, self.server, r.lease_seconds, claim.model_key, r.affinity_max_wait_seconds,
+        return ClaimArgs(self.owner, self.server, r.lease_seconds, claim.model_key, r.affinity_max_wait_seconds,
                          self.catalogue.id, self.catalogue.runnable)
 
     def _refused(self, claim: Claim) -> bool:
@@ -346,13 +347,13 @@ class Runner:
         except (LeaseLost, QueueError) as exc:
             log.warning("job %s: its refusal by %s's catalogue was not recorded: %s", claim.id, self.server, exc)
             return True
-        self.state.counts["dead" if dead else "refused"] += 1
+        self.state.counts[Ending.DEAD if dead else "refused"] += 1
         if dead:
             log.info("job %s: dead-lettered, no server can run it (here: %s)", claim.id, reason,
-                     extra={"event": "dead", "kind": "catalogue"})
+                     extra={"event": Ending.DEAD, "kind": "catalogue"})
         else:
             log.info("job %s: left for another server without counting the attempt: %s cannot run it (%s)",
-                     claim.id, self.server, reason, extra={"event": "released", "kind": "catalogue"})
+                     claim.id, self.server, reason, extra={"event": Ending.RELEASED, "kind": "catalogue"})
         return True
 
     def _stuck_here(self, prompt_id: str) -> None:
@@ -400,7 +401,7 @@ class Runner:
         if reason == self.problem:
             return
         self.problem = reason
-        self.on_problem(reason)
+        self.hooks.on_problem(reason)
         if reason:
             log.warning("%s: %s", self.server, reason, extra={"event": "server_malformed"})
         else:
@@ -410,21 +411,21 @@ class Runner:
     def _log(self, claim: Claim, o: Outcome) -> None:
         short = claim.id  # whole: ids that share their first 8 characters are common (11111111-…)
         event = {"event": o.state, "kind": o.kind}
-        if o.state == "done":
+        if o.state is Ending.DONE:
             files = ", ".join(f"{Path(f.name).name} {f.sha256[:16]}" for f in o.outputs[:4])
             more = ", …" if len(o.outputs) > 4 else ""
             how = ((" (adopted from its files in the server's output folder)" if o.adopted_from_disk
                     else " (adopted from /history)") if o.adopted else "")
             log.info("job %s: done on %s after %d attempt(s)%s, %d file(s): %s%s", short, self.server,
                      claim.attempt, how, len(o.outputs), files, more, extra=event)
-        elif o.state == "retry":
+        elif o.state is Ending.RETRY:
             log.info("job %s: attempt %d failed, %s; retry in %s", short, claim.attempt, bound(o.reason, 500),
                      _delay(o.delay_seconds), extra=event)
-        elif o.state == "dead":
+        elif o.state is Ending.DEAD:
             log.info("job %s: dead-lettered, %s", short, bound(o.reason, 500), extra=event)
-        elif o.state == "cancelled":
+        elif o.state is Ending.CANCELLED:
             log.info("job %s: cancelled on %s", short, self.server, extra=event)
-        elif o.state == "released":
+        elif o.state is Ending.RELEASED:
             # o.reason already says "attempt not counted": in parentheses, it read "(…; attempt not counted)".
             log.info("job %s: released, %s", short, o.reason, extra=event)
         else:

@@ -1,4 +1,4 @@
-"""Memory recovery after an ``execution_error`` (issue 34): what a runner does about its server's device.
+"""Memory recovery after an ``execution_error``: what a runner does about its server's device.
 
 - Out of memory: ComfyUI has already unloaded its models (model_management after an OOM), but the CUDA cache
   and a fragmented allocator may still hold the memory the next run needs. The attempt asks the server to
@@ -58,7 +58,7 @@ def after_oom(kind: str, retried: bool, own_server: bool, queued_behind: bool) -
     Only after an OOM, once per counted attempt (``retried``: already done in this attempt, or the attempt
     before was such a release), and on this runner's own server (a run caught up on a peer server is that
     server's). While a job of ours waits behind it in the server's queue, that job starts the moment the OOM
-    ends this run, and a second run of this one would queue behind it, outside the order the early jobs keep:
+    ends this run, and a second run of this one would queue behind it, outside the order the jobs taken ahead keep:
     the job is released instead, to be claimed again (by this runner, after that job, unless another is
     quicker)."""
     if kind != OOM_KIND or retried or not own_server:

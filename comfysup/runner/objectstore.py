@@ -1,4 +1,4 @@
-"""The result store in a bucket ([store] url, issue 33): the same ``prepare``/``write`` as ResultStore, each file
+"""The result store in a bucket ([store] url): the same ``prepare``/``write`` as ResultStore, each file
 downloaded to a staging file in ``[store] dir`` (hashed and checked there exactly as on disk), uploaded to
 ``<prefix>/<job id>/<name>``, confirmed by the service, and only then returned for the job's ``done``.
 

@@ -4,13 +4,14 @@ follows (``Run``), how it stops early (``Stop``), its shielded queue."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from comfysup.comfy import ComfyClient, EventStream, deadline
 from comfysup.queue.base import Claim, Queue
 from comfysup.redact import Redactor
 from comfysup.runner import outputs as job_outputs
+from comfysup.runner.machine import Phase, RunMachine
 from comfysup.runner.result import Outcome
 
 if TYPE_CHECKING:
@@ -52,7 +53,7 @@ class Context:
 
 @dataclass
 class Heartbeat:
-    """When the attempt next renews its lease (and those of the jobs it claimed early): one clock, read by the
+    """When the attempt next renews its lease (and those of the jobs it took ahead): one clock, read by the
     follow loop, the wait for an interrupted prompt to leave and the download (which asks for one at once)."""
 
     interval: float
@@ -99,7 +100,8 @@ class Stop(Exception):
 
 @dataclass
 class Run:
-    """The prompt being followed: where, which number, and what was seen of it."""
+    """The prompt being followed: where, which number, and its protocol state (``m``, a pure
+    :class:`comfysup.runner.machine.RunMachine`)."""
 
     client: ComfyClient
     server: str
@@ -110,22 +112,14 @@ class Run:
     from_disk: list[job_outputs.Found] | None = None
     """A finished run whose history died with its server, adopted from the job's folder in the server's
     output folder (``adopted_entry`` is then empty): its files are read from there, not through /view."""
-    started: bool = False
-    success_seen: bool = False
-    interrupt_asked: bool = False
-    end_seen: bool = False
-    """``executing`` with node None for this prompt: ComfyUI sends it after the history is written, and
-    after the ``status`` broadcast that follows the prompt leaving its queue."""
-    queue_remaining: int | None = None
-    """``exec_info.queue_remaining`` of the last ``status`` broadcast read on this run's socket."""
     behind_lost: bool = False
-    """Queued behind a prompt its server lost before that one ended (see ``Posted.behind_lost``)."""
-    watched_on: int = 0
-    """The connection of the socket its execution_start was read on (here, or by the attempt that posted it; 0:
-    none). While that connection still reads (a reconnect is another), no message of the run was lost, and its
-    ``executed`` outputs and its end, read there, are the whole of what /history would say."""
-    outputs: dict[str, Any] = field(default_factory=dict)
-    """The ``output`` of each ``executed`` message of this run, by node id (what its history entry lists)."""
+    """Queued behind a prompt its server lost before that one ended (see ``Ahead.behind_lost``)."""
     preview: tuple[str | None, str, bytes] | None = None
     """The newest preview frame of this run not yet written to the queue (node, content type, image): each
     frame replaces the one before, so however fast ComfyUI sends them, one is held."""
+    started: InitVar[bool] = False
+    """Its execution_start was read (by the attempt that posted it), or the server shows it running."""
+    m: RunMachine = field(init=False)
+
+    def __post_init__(self, started: bool) -> None:
+        self.m = RunMachine(Phase.EXECUTING if started else Phase.QUEUED)

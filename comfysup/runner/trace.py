@@ -12,6 +12,7 @@ tested as a table of events.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,37 +73,47 @@ class Trace:
 
     def on_event(self, kind: str | None, data: dict[str, Any], now: float) -> None:
         """One event of this attempt's prompt, in the order the socket delivered it."""
-        if kind == "execution_start":
-            self.phase("executing", now)
-        elif kind == "execution_cached":
-            nodes = data.get("nodes") or []
-            self.cached = (self.cached + [str(n) for n in nodes if str(n) not in self.cached])[:MAX_NODES]
+        handler = _EVENTS.get(kind)  # type: ignore[arg-type]
+        if handler is not None:
+            handler(self, data, now)
+
+    def _started(self, data: dict[str, Any], now: float) -> None:
+        self.phase("executing", now)
+
+    def _cached(self, data: dict[str, Any], now: float) -> None:
+        nodes = data.get("nodes") or []
+        self.cached = (self.cached + [str(n) for n in nodes if str(n) not in self.cached])[:MAX_NODES]
+        self.changed = True
+
+    def _executing(self, data: dict[str, Any], now: float) -> None:
+        node = data.get("node")
+        self._close(now)
+        if node is None:
+            return
+        node = str(node)
+        self.current = NodeTime(node, self.classes.get(node, "?"), now)
+        if len(self.nodes) < MAX_NODES:
+            self.nodes.append(self.current)
+        self.step = None
+        self.changed = True
+
+    def _progress(self, data: dict[str, Any], now: float) -> None:
+        value, maximum = data.get("value"), data.get("max")
+        if isinstance(value, int | float) and isinstance(maximum, int | float) and maximum > 0:
+            self.step = (int(value), int(maximum))
             self.changed = True
-        elif kind == "executing":
-            node = data.get("node")
-            self._close(now)
-            if node is not None:
-                node = str(node)
-                self.current = NodeTime(node, self.classes.get(node, "?"), now)
-                if len(self.nodes) < MAX_NODES:
-                    self.nodes.append(self.current)
-                self.step = None
-                self.changed = True
-        elif kind == "progress":
-            value, maximum = data.get("value"), data.get("max")
-            if isinstance(value, int | float) and isinstance(maximum, int | float) and maximum > 0:
-                self.step = (int(value), int(maximum))
-                self.changed = True
-        elif kind == "execution_success":
-            self._close(now)
-        elif kind == "execution_error":
-            node = data.get("node_id")
-            lines = data.get("traceback") if isinstance(data.get("traceback"), list) else []
-            self.error = {"node_id": None if node is None else str(node),
-                          "class_type": data.get("node_type") or self.classes.get(str(node)),
-                          "exception_type": str(data.get("exception_type") or ""),
-                          "message": str(data.get("exception_message") or "")[:MAX_ERROR_CHARS],
-                          "traceback": "".join(str(line) for line in lines)[:MAX_ERROR_CHARS] or None}
+
+    def _succeeded(self, data: dict[str, Any], now: float) -> None:
+        self._close(now)
+
+    def _failed(self, data: dict[str, Any], now: float) -> None:
+        node = data.get("node_id")
+        lines = data.get("traceback") if isinstance(data.get("traceback"), list) else []
+        self.error = {"node_id": None if node is None else str(node),
+                      "class_type": data.get("node_type") or self.classes.get(str(node)),
+                      "exception_type": str(data.get("exception_type") or ""),
+                      "message": str(data.get("exception_message") or "")[:MAX_ERROR_CHARS],
+                      "traceback": "".join(str(line) for line in lines)[:MAX_ERROR_CHARS] or None}
 
     def from_history(self, entry: dict[str, Any], now: float) -> None:
         """A history entry's ``execution_cached`` and ``execution_error`` messages, for a run read from /history
@@ -155,6 +166,13 @@ class Trace:
         }
 
 
+_EVENTS: dict[str, Callable[[Trace, dict[str, Any], float], None]] = {
+    "execution_start": Trace._started, "execution_cached": Trace._cached, "executing": Trace._executing,
+    "progress": Trace._progress, "execution_success": Trace._succeeded, "execution_error": Trace._failed,
+}
+"""What each of ComfyUI's events does to a trace (any other is not traced)."""
+
+
 def phase_durations(trace: dict[str, Any]) -> list[tuple[str, float, float | None]]:
     """(phase, start, seconds until the next phase) from a stored trace; the last phase has no length."""
     phases = [(str(p[0]), float(p[1])) for p in trace.get("phases") or [] if isinstance(p, list) and len(p) == 2]
@@ -163,7 +181,7 @@ def phase_durations(trace: dict[str, Any]) -> list[tuple[str, float, float | Non
 
 
 def figures(trace: dict[str, Any] | None) -> tuple[float, float | None]:
-    """(waited in ComfyUI's queue, ran) of an attempt, in seconds, from its stored trace (issue 32): the wait is the
+    """(waited in ComfyUI's queue, ran) of an attempt, in seconds, from its stored trace: the wait is the
     ``posted`` phase, from its POST to its execution_start (to its end when it never started; 0 when it was not
     posted: it followed or adopted a run); the run is the rest of the attempt, from its claim to its end. A job
     queued ahead waits behind the prompt ahead of it: that time is its wait, never its run. ``ran`` is None

@@ -1,4 +1,4 @@
-"""The warm-up (issue 34, ``[comfyui] warmup``): a workflow each launched server runs after every start, before its
+"""The warm-up (``[comfyui] warmup``): a workflow each launched server runs after every start, before its
 slot takes a job, so the first job does not pay for loading models and compiling kernels (a cold first job of a
 real SDXL server takes three times a warm one's time).
 

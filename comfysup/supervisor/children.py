@@ -29,6 +29,7 @@ from comfysup.runner import warmup
 from comfysup.runner.attempt import Outcome
 from comfysup.runner.loop import Runner
 from comfysup.runner.memory import MemoryHooks
+from comfysup.runner.options import RunnerHooks, RunnerOptions
 from comfysup.runner.stuck import StuckChannel
 from comfysup.runner.warmup import WarmUp
 from comfysup.supervisor import server as servers
@@ -353,10 +354,12 @@ def runner_main(config: Config, unit: Unit, peers: dict[str, str], token: str,
     def on_waiting(waiting: bool) -> None:
         shared.waiting = int(waiting)
 
-    runner = Runner(config, unit.name, unit.url, peers=peers, owner_token=token, on_alive=on_alive,
-                    on_problem=on_problem, may_claim=may_claim, on_job=on_job, stuck=stuck, output_dirs=output_dirs,
-                    may_queue_ahead=may_queue_ahead, on_waiting=on_waiting, peer_waiting=lambda: waiting_peer(others),
-                    memory=memory_hooks(unit), warmup=warm_up(config, unit))
+    options = RunnerOptions(peers=peers, owner_token=token, output_dirs=output_dirs)
+    hooks = RunnerHooks(on_alive=on_alive, on_problem=on_problem, may_claim=may_claim, on_job=on_job, stuck=stuck,
+                        may_queue_ahead=may_queue_ahead, on_waiting=on_waiting,
+                        peer_waiting=lambda: waiting_peer(others), memory=memory_hooks(unit),
+                        warmup=warm_up(config, unit))
+    runner = Runner(config, unit.name, unit.url, options, hooks)
     runner.install_signals()
     runner.run()
     return 0

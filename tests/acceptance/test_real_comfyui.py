@@ -14,6 +14,7 @@ import pytest
 
 from comfysup.comfy import ComfyClient
 from comfysup.runner.loop import Runner
+from comfysup.runner.options import RunnerOptions
 from tests import real_comfyui
 from tests.runner_helpers import ROOT, config_of, job_id, submit, write_config
 
@@ -38,7 +39,7 @@ def _job(n: int, workflow: str, **set_: object) -> dict:
 def test_real_comfyui_runs_the_model_free_workflows(tmp_path, comfyui):
     config = write_config(tmp_path, attempts=2, timeout_seconds=120)
     queue = submit(config, [_job(1, "trivial.json"), _job(2, "error_image_to_mask.json"), _job(3, "slow.json")])
-    Runner(config_of(config), "real", comfyui, until_empty=True).run()
+    Runner(config_of(config), "real", comfyui, RunnerOptions(until_empty=True)).run()
     trivial, error, slow = (queue.reads.get(job_id(n)) for n in (1, 2, 3))
     assert trivial.state == "done" and trivial.outputs[0].size > 0
     assert error.state == "dead" and error.reason.startswith("execution_error, node 2 (ImageToMask): IndexError:")
@@ -60,7 +61,7 @@ def test_real_comfyui_finished_prompt_is_adopted_not_rerun(tmp_path, comfyui):
     while client.history(claim.id) is None and time.monotonic() < deadline:
         time.sleep(0.05)
     queue.leases.release_owner("dead-runner", "runner process died")
-    Runner(config_of(config), "real", comfyui, until_empty=True).run()
+    Runner(config_of(config), "real", comfyui, RunnerOptions(until_empty=True)).run()
     job = queue.reads.get(claim.id)
     assert job.state == "done" and job.attempt == 2
     # Not re-run: the history entry is still the first run's number.
@@ -85,7 +86,7 @@ def test_real_comfyui_animated_outputs_are_stored_with_their_type(tmp_path, comf
                                                                        "codec": "vp9", "fps": 8.0, "crf": 32.0}}}
     config = write_config(tmp_path, attempts=1, timeout_seconds=120)
     queue = submit(config, [{"id": job_id(5), "workflow": batch}, {"id": job_id(6), "workflow": webm}])
-    Runner(config_of(config), "real", comfyui, until_empty=True).run()
+    Runner(config_of(config), "real", comfyui, RunnerOptions(until_empty=True)).run()
     animated, video = queue.reads.get(job_id(5)), queue.reads.get(job_id(6))
     assert animated.state == "done", animated.reason
     [output] = animated.outputs

@@ -16,6 +16,7 @@ from comfysup.comfy import ComfyClient
 from comfysup.errors import LeaseLost
 from comfysup.runner.attempt import Attempt
 from comfysup.runner.loop import Runner, settings_from
+from comfysup.runner.options import RunnerOptions
 from comfysup.runner.station import Station
 from comfysup.runner.store import ResultStore
 from fake_comfy import FakeComfy
@@ -45,7 +46,7 @@ def prompts(fake: FakeComfy) -> dict:
 
 
 def run_until_empty(config_path: Path, fake: FakeComfy, name: str = "cpu0", **kw) -> Runner:
-    runner = Runner(config_of(config_path), name, fake.url, until_empty=True, **kw)
+    runner = Runner(config_of(config_path), name, fake.url, RunnerOptions(until_empty=True), **kw)
     runner.run()
     return runner
 
@@ -287,7 +288,7 @@ def test_cancel_interrupts_a_running_job(tmp_path, fake):
     fake.script(["hang"])
     config = write_config(tmp_path, heartbeat_seconds=0.1)
     queue = submit(config, [trivial_job(1)])
-    runner = Runner(config_of(config), "cpu0", fake.url, until_empty=True)
+    runner = Runner(config_of(config), "cpu0", fake.url, RunnerOptions(until_empty=True))
     thread = threading.Thread(target=runner.run)
     thread.start()
     deadline = time.monotonic() + 10

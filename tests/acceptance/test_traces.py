@@ -25,6 +25,7 @@ from comfysup.queue.leases import Leases
 from comfysup.queue.sqlite import SQLiteQueue
 from comfysup.redact import MASK, Redactor
 from comfysup.runner.loop import Runner
+from comfysup.runner.options import RunnerOptions
 from comfysup.runner.trace import Trace, phase_durations
 from fake_comfy import FakeComfy
 from tests.runner_helpers import comfysup, config_of, job_id, jobs_file, submit, trivial_job, write_config
@@ -105,7 +106,7 @@ def test_progress_is_throttled_and_the_trace_is_stored_and_shown(tmp_path: Path)
     queue = RecordingQueue(tmp_path / "queue.db")
     queue.writes = []
     with FakeComfy(base_directory=tmp_path / "fake", node_ms=20) as fake:
-        Runner(config_of(config_path), "cpu0", fake.url, until_empty=True, queue=queue).run()
+        Runner(config_of(config_path), "cpu0", fake.url, RunnerOptions(until_empty=True), queue=queue).run()
     record = SQLiteQueue(tmp_path / "queue.db").reads.get(job_id(1))
     assert record.state == "done"
     times = [t for t, _ in queue.writes]
@@ -138,7 +139,7 @@ def test_each_attempt_keeps_the_reason_class_of_its_outcome(tmp_path: Path) -> N
     queue = submit(config_path, [trivial_job(n) for n in (1, 2, 3)])
     with FakeComfy(base_directory=tmp_path / "fake", node_ms=5) as fake:
         fake.script_by_id({job_id(1): ["500", "ok"], job_id(2): ["oom"] * 4, job_id(3): ["error"]})
-        Runner(config_of(config_path), "cpu0", fake.url, until_empty=True).run()
+        Runner(config_of(config_path), "cpu0", fake.url, RunnerOptions(until_empty=True)).run()
     kinds = {n: [(a.outcome, a.kind) for a in queue.reads.get(job_id(n)).attempts] for n in (1, 2, 3)}
     assert kinds == {1: [("retry", "http_5xx"), ("done", None)],
                      2: [("retry", "oom"), ("dead", "oom")],

@@ -21,6 +21,7 @@ from comfysup.jobs import PRIORITY_RANGE
 from comfysup.queue import open_queue
 from comfysup.queue.base import Output
 from comfysup.runner.loop import Runner
+from comfysup.runner.options import RunnerOptions
 from fake_comfy import FakeComfy
 from tests import real_comfyui
 from tests.api_support import api_config, running_api
@@ -100,7 +101,7 @@ class Contract:
 
     def run_queued(self) -> None:
         """Every queued job run by a real runner on the fake, to its end."""
-        Runner(self.config, "cpu0", self.server_url, until_empty=True).run()
+        Runner(self.config, "cpu0", self.server_url, RunnerOptions(until_empty=True)).run()
 
     @contextmanager
     def bounded(self) -> Iterator[str]:

@@ -365,6 +365,7 @@ def test_end_to_end_an_uploaded_image_is_inverted_by_a_real_runner(tmp_path: Pat
     """LoadImage → ImageInvert → SaveImage: the SDK uploads the input and submits; a real runner uploads it to
     fake_comfy (runner/inputs.py) and runs the job; every output pixel is the inverse of its input."""
     from comfysup.runner.loop import Runner
+    from comfysup.runner.options import RunnerOptions
 
     fake = FakeComfy(base_directory=tmp_path / "fake", node_ms=1)
     fake.start()
@@ -382,7 +383,7 @@ def test_end_to_end_an_uploaded_image_is_inverted_by_a_real_runner(tmp_path: Pat
                 workflow = client.workflows.from_json(copy.deepcopy(INVERT))
                 workflow.set_input("1", "image", client.assets.from_file(photo))
                 job = client.submit(workflow)
-                Runner(config, "cpu0", fake.url, until_empty=True).run()
+                Runner(config, "cpu0", fake.url, RunnerOptions(until_empty=True)).run()
                 job.wait(timeout=30)
                 assert job.status == "succeeded"
                 [output] = job.get_outputs("3")

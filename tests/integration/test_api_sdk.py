@@ -60,6 +60,7 @@ def stack(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.Mo
     """The stack on a loopback API; ``params`` (indirect): its [api] token, which COMFY_API_KEY then carries, and
     COMFY_BASE_URL names the API as localhost (the Host check lets loopback names through)."""
     from comfysup.runner.loop import Runner
+    from comfysup.runner.options import RunnerHooks
 
     s = Stack(tmp_path, token=request.param)
     s.fake.start()
@@ -70,7 +71,7 @@ def stack(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.Mo
                 monkeypatch.setenv("COMFY_API_KEY", request.param)
             else:
                 monkeypatch.delenv("COMFY_API_KEY", raising=False)
-            runner = Runner(s.config, "cpu0", s.fake.url, may_claim=s.claiming.is_set)
+            runner = Runner(s.config, "cpu0", s.fake.url, hooks=RunnerHooks(may_claim=s.claiming.is_set))
             thread = threading.Thread(target=runner.run, name="runner-under-test", daemon=True)
             thread.start()
             try:

@@ -14,7 +14,7 @@ from comfysup.config import Config, RunnerConfig
 from comfysup.queue.base import Claim
 from comfysup.runner import attempt as attempt_module
 from comfysup.runner.attempt import ALARM_SLACK_SECONDS, Attempt
-from comfysup.runner.result import NextClaim, Outcome
+from comfysup.runner.result import AheadAsks, ClaimArgs, Outcome
 from comfysup.runner.station import AttemptSettings, Station
 from comfysup.runner.store import ResultStore
 from comfysup.runner.stuck import StuckChannel
@@ -53,22 +53,22 @@ def test_the_next_claim_and_its_posted_prompt_come_back_as_values(tmp_path: Path
                       ResultStore(tmp_path / "store", 1 << 30))
     asked: list[tuple[str, Outcome]] = []
 
-    def next_job(claim: Claim, outcome: Outcome) -> NextClaim | None:
+    def next_job(claim: Claim, outcome: Outcome) -> ClaimArgs | None:
         asked.append((claim.id, dataclasses.replace(outcome)))
-        return NextClaim("runner-a", "cpu0", 30, claim.model_key, 0)
+        return ClaimArgs("runner-a", "cpu0", 30, claim.model_key, 0)
 
     first = queue.leases.claim("runner-a", "cpu0", lease_seconds=30)
     assert first is not None
-    result = Attempt(station, first, next_job).run()
+    result = Attempt(station, first, AheadAsks(next_job)).run()
     assert result.outcome.state == "done" and result.next_claim is not None
-    assert result.next_claim.id == job_id(2) and result.posted is not None
-    assert (result.posted.claim_id, result.posted.error) == (job_id(2), None)
+    assert result.next_claim.id == job_id(2) and result.ahead[0].posted
+    assert (result.ahead[0].claim.id, result.ahead[0].error) == (job_id(2), None)
     assert [(i, o.server_free) for i, o in asked] == [(job_id(1), True)]  # the hand-off, once
     assert fake.stats()["prompts"][job_id(2)]["posted"] == 1  # posted before job 1's done was recorded
 
     # The next attempt starts from the value: it follows the posted prompt and does not post it again.
-    second = Attempt(station, result.next_claim, posted=result.posted).run()
-    assert (second.outcome.state, second.next_claim, second.posted) == ("done", None, None)
+    second = Attempt(station, result.next_claim, taken=result.ahead).run()
+    assert (second.outcome.state, second.next_claim, second.ahead) == ("done", None, ())
     assert fake.stats()["prompts"][job_id(2)]["posted"] == 1
     assert queue.reads.get(job_id(3)).state == "queued"  # no next_job: nothing claimed
     station.close()
@@ -83,10 +83,10 @@ def test_a_posted_prompt_of_another_job_is_ignored(tmp_path: Path, fake: FakeCom
                       ResultStore(tmp_path / "store", 1 << 30))
     first = queue.leases.claim("runner-a", "cpu0", lease_seconds=30)
     assert first is not None
-    result = Attempt(station, first, lambda claim, o: NextClaim("runner-a", "cpu0", 30, None, 0)).run()
-    assert result.next_claim is not None and result.posted is not None
-    other = dataclasses.replace(result.posted, claim_id=job_id(9))
-    assert Attempt(station, result.next_claim, posted=other).posted_in is None
+    result = Attempt(station, first, AheadAsks(lambda claim, o: ClaimArgs("runner-a", "cpu0", 30, None, 0))).run()
+    assert result.next_claim is not None and result.ahead[0].posted
+    other = dataclasses.replace(result.ahead[0], claim=dataclasses.replace(result.ahead[0].claim, id=job_id(9)))
+    assert Attempt(station, result.next_claim, taken=(other,)).taken is None
     station.close()
     queue.close()
 

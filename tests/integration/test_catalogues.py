@@ -17,6 +17,7 @@ from comfysup.jobs import JobsFile
 from comfysup.jobs.catalogue import Catalogue
 from comfysup.queue.sqlite import SQLiteQueue
 from comfysup.runner.loop import Runner
+from comfysup.runner.options import RunnerOptions
 from fake_comfy.inprocess import FakeComfy
 
 BLURLESS = {**TRIVIAL, "2": {"class_type": "ImageBlur", "inputs": {"image": ["1", 0], "blur_radius": 1,
@@ -47,14 +48,14 @@ def test_a_job_only_one_server_can_run_goes_only_there(tmp_path: Path) -> None:
     with FakeComfy(base_directory=tmp_path / "a") as a, \
             FakeComfy(base_directory=tmp_path / "b", without_nodes=["ImageBlur"]) as b:
         for name, fake in (("a", a), ("b", b)):  # each runner records its catalogue when it starts
-            Runner(config_of(config), name, fake.url, until_empty=True).run()
+            Runner(config_of(config), name, fake.url, RunnerOptions(until_empty=True)).run()
         assert len(queue.fleet.catalogues()) == 2
         jobs = [trivial_job(1), {**trivial_job(2), "workflow": BLURLESS}, trivial_job(3), trivial_job(4)]
         _submit(queue, jobs_file(tmp_path, jobs))
         assert [len(j.refused) for j in JobsFile(jobs_file(tmp_path, jobs),
                                                   catalogues=_cats(queue)).jobs()] == [0, 1, 0, 0]
-        _drain(Runner(config_of(config), "a", a.url, until_empty=True),
-               Runner(config_of(config), "b", b.url, until_empty=True))
+        _drain(Runner(config_of(config), "a", a.url, RunnerOptions(until_empty=True)),
+               Runner(config_of(config), "b", b.url, RunnerOptions(until_empty=True)))
         blurred = queue.reads.get(job_id(2))
         assert blurred.state == "done"
         assert [(t.server, t.outcome) for t in blurred.attempts] == [("a", "done")]
@@ -80,7 +81,7 @@ def test_a_job_submitted_before_a_catalogue_is_refused_by_the_runner_that_meets_
         runner_b.catalogue.refresh()
         claim = queue.leases.claim("test", "b", 10, catalogue=runner_b.catalogue.id)
         assert claim is not None and claim.id == job_id(1)
-        assert runner_b.run_one(claim) == (None, None, None)
+        assert runner_b.run_one(claim) == ()  # nothing taken ahead
         dead = queue.reads.get(job_id(1))
         assert dead.state == "dead"
         assert dead.reason == "no server can run it: node 2 (ImageBlur): class 'ImageBlur' is not installed"
@@ -88,12 +89,12 @@ def test_a_job_submitted_before_a_catalogue_is_refused_by_the_runner_that_meets_
         Runner(config_of(config), "a", a.url).catalogue.refresh()
         claim = queue.leases.claim("test", "b", 10, catalogue=runner_b.catalogue.id)
         assert claim is not None and claim.id == job_id(2)
-        assert runner_b.run_one(claim) == (None, None, None)
+        assert runner_b.run_one(claim) == ()  # nothing taken ahead
         job = queue.reads.get(job_id(2))
         assert (job.state, job.attempt) == ("queued", 0)
         assert [(t.server, t.outcome) for t in job.attempts] == [("b", "released_uncounted")]
         assert queue.leases.claim("test", "b", 10, catalogue=runner_b.catalogue.id) is None
-        Runner(config_of(config), "a", a.url, until_empty=True).run()
+        Runner(config_of(config), "a", a.url, RunnerOptions(until_empty=True)).run()
         job = queue.reads.get(job_id(2))
         assert job.state == "done" and job.attempt == 1
         assert not set(b.stats()["prompts"]) & {job_id(1), job_id(2)}

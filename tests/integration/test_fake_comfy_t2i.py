@@ -179,6 +179,7 @@ def test_comfysup_runs_the_t2i_workflow_on_the_fakes_model_list(tmp_path: Path) 
     from runner_helpers import comfysup, config_of, jobs_file, submit, write_config
 
     from comfysup.runner.loop import Runner
+    from comfysup.runner.options import RunnerOptions
 
     def line(n: int, ckpt: str = "v1-5-pruned-emaonly.safetensors") -> dict[str, Any]:
         return {"id": str(uuid.UUID(int=n << 96)), "workflow": T2I,
@@ -189,7 +190,7 @@ def test_comfysup_runs_the_t2i_workflow_on_the_fakes_model_list(tmp_path: Path) 
                    step_ms=1) as fc:
         config = write_config(tmp_path)
         queue = submit(config, [line(1), line(2)])
-        Runner(config_of(config), "cpu0", fc.url, until_empty=True).run()
+        Runner(config_of(config), "cpu0", fc.url, RunnerOptions(until_empty=True)).run()
         jobs = {job.id: job for job in queue.reads.iter_jobs()}
         assert [job.state for job in jobs.values()] == ["done", "done"]
         outputs = sorted((tmp_path / "store").rglob("*.png"))

@@ -18,6 +18,7 @@ import pytest
 import requests
 
 from comfysup.runner.loop import Runner
+from comfysup.runner.options import RunnerOptions
 from fake_comfy import FakeComfy
 from tests.runner_helpers import TRIVIAL, config_of, job_id, submit, trivial_job, write_config
 from tests.supervisor_support import wait_for
@@ -46,7 +47,7 @@ def fake(tmp_path: Path) -> Any:
 
 
 def run_all(config_path: Path, fake: FakeComfy) -> Runner:
-    runner = Runner(config_of(config_path), "cpu0", fake.url, until_empty=True)
+    runner = Runner(config_of(config_path), "cpu0", fake.url, RunnerOptions(until_empty=True))
     runner.run()
     return runner
 
@@ -145,7 +146,7 @@ def test_sigterm_during_a_trickling_download_is_honoured_within_its_grace(tmp_pa
     fake.script_by_id({job_id(1): ["hostile:view:trickle"]})
     config = write_config(tmp_path, attempts=2, timeout_seconds=60.0, grace_seconds=1.0)
     queue = submit(config, [trivial_job(1)])
-    runner = Runner(config_of(config), "cpu0", fake.url, until_empty=True)
+    runner = Runner(config_of(config), "cpu0", fake.url, RunnerOptions(until_empty=True))
     runner.install_signals()
 
     stopped_at: list[float] = []

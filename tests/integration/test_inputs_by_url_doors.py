@@ -332,6 +332,7 @@ def test_a_job_runs_from_the_stored_copy_after_its_url_is_gone(tmp_path: Path) -
     ComfyUI (fake_comfy's LoadImage reads real pixels) and every output pixel is the inverse of its input."""
     from comfysup.jobs import JobsFile
     from comfysup.runner.loop import Runner
+    from comfysup.runner.options import RunnerOptions
     from fake_comfy import FakeComfy
     from fake_comfy.uploads import decode_png
     from tests.input_images import expected_inverse
@@ -351,7 +352,7 @@ def test_a_job_runs_from_the_stored_copy_after_its_url_is_gone(tmp_path: Path) -
     fake = FakeComfy(base_directory=tmp_path / "fake", node_ms=1)
     fake.start()
     try:
-        Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
+        Runner(config_of(config), "cpu0", fake.url, RunnerOptions(until_empty=True)).run()
     finally:
         fake.stop()
     job = queue.reads.get(str(uuid.UUID(int=1)))

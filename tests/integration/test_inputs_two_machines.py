@@ -15,6 +15,7 @@ from comfysup.jobs import JobsFile
 from comfysup.queue.base import HOSTNAME_VARIABLE
 from comfysup.queue.postgres import PostgresQueue
 from comfysup.runner.loop import Runner
+from comfysup.runner.options import RunnerOptions
 from fake_comfy import FakeComfy
 from fake_comfy.uploads import decode_png
 from tests.integration.test_runner_inputs import INVERT, expected_inverse, random_png
@@ -47,7 +48,7 @@ def test_files_submitted_on_machine_a_run_on_machine_b(tmp_path: Path, pg_url: s
     monkeypatch.setenv(HOSTNAME_VARIABLE, "machine-b")
     fake: Any = FakeComfy(base_directory=b / "fake", node_ms=1)
     with fake:
-        Runner(pg_config(b, pg_url), "gpu0", fake.url, until_empty=True).run()
+        Runner(pg_config(b, pg_url), "gpu0", fake.url, RunnerOptions(until_empty=True)).run()
     queue = PostgresQueue(pg_url)
     for n in range(1, 4):
         job = queue.reads.get(job_id(n))

@@ -14,6 +14,7 @@ from comfysup.api import views
 from comfysup.observability.metrics import Metrics
 from comfysup.observability.web import App
 from comfysup.runner.loop import Runner
+from comfysup.runner.options import RunnerOptions
 from fake_comfy import FakeComfy
 from tests.runner_helpers import config_of, job_id, submit, write_config
 
@@ -42,7 +43,8 @@ def test_video_and_audio_outputs_are_stored_and_served_with_their_type(tmp_path:
                                                                        launched: bool) -> None:
     queue = submit(write_config(tmp_path), [{"id": job_id(1), "workflow": MEDIA}])
     outputs = {"cpu0": tmp_path / "fake_comfy" / "output"} if launched else None
-    Runner(config_of(tmp_path / "config.toml"), "cpu0", fake_comfy.url, until_empty=True, output_dirs=outputs).run()
+    Runner(config_of(tmp_path / "config.toml"), "cpu0", fake_comfy.url,
+           RunnerOptions(until_empty=True, output_dirs=outputs)).run()
     job = queue.reads.get(job_id(1))
     assert job.state == "done", job.reason
     stored = {o.name: o for o in job.outputs}

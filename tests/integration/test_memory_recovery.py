@@ -13,6 +13,7 @@ import pytest
 
 from comfysup.runner.loop import Runner
 from comfysup.runner.memory import MemoryHooks
+from comfysup.runner.options import RunnerHooks, RunnerOptions
 from fake_comfy import FakeComfy
 from tests.runner_helpers import config_of, job_id, submit, trivial_job, write_config
 
@@ -24,7 +25,8 @@ def counter(counted: Counter[str]) -> Any:
 
 
 def run(tmp_path: Path, fake_comfy: FakeComfy, hooks: MemoryHooks) -> None:
-    Runner(config_of(tmp_path / "config.toml"), "cpu0", fake_comfy.url, until_empty=True, memory=hooks).run()
+    Runner(config_of(tmp_path / "config.toml"), "cpu0", fake_comfy.url,
+           RunnerOptions(until_empty=True), RunnerHooks(memory=hooks)).run()
 
 
 @pytest.mark.timeout(30)

@@ -21,6 +21,7 @@ from comfysup.errors import ConfigError
 from comfysup.queue.sqlite import SQLiteQueue
 from comfysup.runner.loop import Runner
 from comfysup.runner.objectstore import check_buckets, result_store
+from comfysup.runner.options import RunnerOptions
 from comfysup.storage import s3
 from fake_comfy import FakeComfy
 from tests.runner_helpers import comfysup, job_id, submit, trivial_job
@@ -48,7 +49,7 @@ def test_a_done_job_has_every_output_confirmed_in_the_bucket_and_nothing_left_st
     assert check_buckets(config) == []
     with FakeComfy(base_directory=tmp_path / "fake", node_ms=5) as fake:
         queue = submit(path, [trivial_job(1), trivial_job(2)])
-        counts = Runner(config, "cpu0", fake.url, until_empty=True).run()
+        counts = Runner(config, "cpu0", fake.url, RunnerOptions(until_empty=True)).run()
     assert counts["done"] == 2
     stored = s3_server.objects(bucket)
     for n in (1, 2):
@@ -72,7 +73,7 @@ def test_a_bucket_that_does_not_answer_never_makes_a_job_done(tmp_path: Path, s3
     assert "s3://nowhere/p" in warning and "cannot reach the service" in warning
     with FakeComfy(base_directory=tmp_path / "fake", node_ms=5) as fake:
         queue = submit(path, [trivial_job(1)])
-        counts = Runner(config, "cpu0", fake.url, until_empty=True).run()
+        counts = Runner(config, "cpu0", fake.url, RunnerOptions(until_empty=True)).run()
         assert fake.stats()["prompts"][job_id(1)]["executed"] == 1  # the retry adopted the run: no second one
     job = queue.reads.get(job_id(1))
     assert job.state == "dead" and counts["dead"] == 1 and not job.outputs

@@ -23,6 +23,7 @@ from comfysup.config import Config
 from comfysup.observability.webhooks import record_body
 from comfysup.queue.base import JobRecord
 from comfysup.runner.loop import Runner
+from comfysup.runner.options import RunnerOptions
 from comfysup.storage.links import Links, origin
 from fake_comfy import FakeComfy
 from tests.api_support import api_config, running_api
@@ -48,7 +49,7 @@ def done(tmp_path_factory: pytest.TempPathFactory, seaweed: SeaweedS3) -> Iterat
     config = api_config(tmp, {"store": store, "runner": {"poll_seconds": 0.2, "heartbeat_seconds": 0.5}})
     with FakeComfy(base_directory=tmp / "fake", node_ms=5) as fake:
         queue = submit(Path(config.source), [trivial_job(1)])
-        assert Runner(config, "cpu0", fake.url, until_empty=True).run()["done"] == 1
+        assert Runner(config, "cpu0", fake.url, RunnerOptions(until_empty=True)).run()["done"] == 1
     job = queue.reads.get(job_id(1))
     queue.close()
     [output] = job.outputs

@@ -16,6 +16,7 @@ import pytest
 
 from comfysup.runner import station as station_module
 from comfysup.runner.loop import Runner
+from comfysup.runner.options import RunnerOptions
 from comfysup.runner.outputs import complete_png
 from fake_comfy import FakeComfy
 from tests.runner_helpers import config_of, submit, trivial_job, write_config
@@ -33,8 +34,8 @@ def complete_png_bytes(data: bytes) -> bool:
 
 
 def _runner(config: Path, fake: FakeComfy) -> Runner:
-    return Runner(config_of(config), "a", fake.url, until_empty=True,
-                  output_dirs={"a": Path(fake.output_directory)})
+    return Runner(config_of(config), "a", fake.url,
+                  RunnerOptions(until_empty=True, output_dirs={"a": Path(fake.output_directory)}))
 
 
 def _wait_for_file(folder: Path, seconds: float = 20.0) -> Path:
@@ -79,7 +80,7 @@ def test_files_come_through_view_when_the_servers_folder_is_unknown_or_not_the_s
         job = trivial_job(4)
         queue = submit(config, [job])
         dirs = {} if output_dir == "none" else {"a": tmp_path / "not-the-servers-output"}
-        Runner(config_of(config), "a", a.url, until_empty=True, output_dirs=dirs).run()
+        Runner(config_of(config), "a", a.url, RunnerOptions(until_empty=True, output_dirs=dirs)).run()
         record = queue.reads.get(job["id"])
         assert record.state == "done", record.reason
         (out,) = record.outputs
@@ -150,7 +151,7 @@ def test_a_run_on_a_server_still_down_is_adopted_by_another_servers_runner(tmp_p
         dirs = {"a": Path(a.output_directory), "b": Path(b.output_directory)}
         peers = {"a": a.url, "b": b.url}
         a.history_delay_ms = 5000  # the file is written, the history is not yet: the window of the kill
-        runner_a = Runner(config_of(config), "a", a.url, peers=peers, until_empty=True, output_dirs=dirs)
+        runner_a = Runner(config_of(config), "a", a.url, RunnerOptions(peers=peers, until_empty=True, output_dirs=dirs))
         thread = threading.Thread(target=runner_a.run, daemon=True)
         thread.start()
         try:
@@ -158,7 +159,7 @@ def test_a_run_on_a_server_still_down_is_adopted_by_another_servers_runner(tmp_p
             a.crash()  # and it stays down
             runner_a.state.stopping = True  # its runner goes too, as with a killed machine; its lease runs out
             thread.join(30)
-            Runner(config_of(config), "b", b.url, peers=peers, until_empty=True, output_dirs=dirs).run()
+            Runner(config_of(config), "b", b.url, RunnerOptions(peers=peers, until_empty=True, output_dirs=dirs)).run()
         finally:
             a.stop()
         record = queue.reads.get(job["id"])

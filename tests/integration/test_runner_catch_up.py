@@ -15,6 +15,7 @@ import pytest
 from comfysup.comfy import ComfyClient
 from comfysup.runner import outputs
 from comfysup.runner.loop import Runner
+from comfysup.runner.options import RunnerOptions
 from fake_comfy import FakeComfy
 from tests.runner_helpers import config_of, post_and_wait, submit, trivial_job, write_config
 
@@ -40,7 +41,7 @@ def test_a_prompt_posted_by_a_runner_that_died_before_recording_it_is_followed_o
         # runner-a was killed here, before record_prompt: the supervisor proves it dead and releases it.
         assert queue.leases.release_owner("runner-a", "runner process died") == [claim.id]
 
-        Runner(config_of(config), "b", b.url, peers={"a": a.url, "b": b.url}, until_empty=True).run()
+        Runner(config_of(config), "b", b.url, RunnerOptions(peers={"a": a.url, "b": b.url}, until_empty=True)).run()
 
         job = queue.reads.get(claim.id)
         assert job.state == "done" and job.attempt == (3 if recorded else 2)
@@ -68,7 +69,7 @@ def test_an_attempt_that_never_posted_does_not_hide_a_run_on_another_machines_se
         assert refused is not None and refused.id == claim.id
         queue.leases.release(refused, "refused by gpu1's catalogue", count_attempt=False)
 
-        Runner(config_of(config), "gpu0", b.url, peers={"gpu1": peer}, until_empty=True).run()
+        Runner(config_of(config), "gpu0", b.url, RunnerOptions(peers={"gpu1": peer}, until_empty=True)).run()
 
         job = queue.reads.get(claim.id)
         assert job.state == "done"
@@ -100,8 +101,8 @@ def test_a_run_adopted_from_another_machines_server_is_read_from_that_server_not
         stale.write_bytes(data[:33] + chunk + data[33:])
         assert stale.read_bytes() != a_file.read_bytes()
 
-        Runner(config_of(config), "gpu0", b.url, until_empty=True,
-               output_dirs={"gpu0": Path(b.output_directory)}).run()
+        Runner(config_of(config), "gpu0", b.url,
+               RunnerOptions(until_empty=True, output_dirs={"gpu0": Path(b.output_directory)})).run()
 
         job = queue.reads.get(claim.id)
         assert job.state == "done", job.reason
@@ -133,8 +134,8 @@ def test_another_machines_same_named_server_down_does_not_stand_for_this_ones_fo
         a.stop()  # machine A and its server are gone
         assert queue.leases.release_owner("machine-a/1/gpu0/t", "machine A died") == [claim.id]
 
-        Runner(config_of(config), "gpu0", b.url, until_empty=True,
-               output_dirs={"gpu0": Path(b.output_directory)}).run()
+        Runner(config_of(config), "gpu0", b.url,
+               RunnerOptions(until_empty=True, output_dirs={"gpu0": Path(b.output_directory)})).run()
 
         job = queue.reads.get(claim.id)
         assert job.state == "done", job.reason

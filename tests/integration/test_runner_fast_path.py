@@ -1,4 +1,4 @@
-"""In the runner: what a job no longer pays between two prompts, and model affinity end to end.
+"""Issue 7 in the runner: what a job no longer pays between two prompts, and model affinity end to end.
 
 Each test counts what actually happened (sockets opened, GET /queue calls, transactions, model loads in
 the fake), so a change that brings a cost back makes it fail; nothing here is timed.
@@ -15,9 +15,10 @@ import pytest
 
 from comfysup.comfy import ComfyClient, EventStream
 from comfysup.queue.leases import Leases
+from comfysup.runner.ahead import AheadJobs
 from comfysup.runner.attempt import Attempt
 from comfysup.runner.loop import Runner
-from comfysup.runner.nextjob import EarlyJobs
+from comfysup.runner.options import RunnerOptions
 from fake_comfy import FakeComfy
 from tests.runner_helpers import TRIVIAL, config_of, job_id, submit, trivial_job, write_config
 
@@ -61,9 +62,9 @@ def test_the_next_job_is_posted_before_the_last_ones_files_are_recorded(tmp_path
     for cls, name in ((EventStream, "connect"), (ComfyClient, "queue"), (ComfyClient, "history"),
                       (Leases, "claim"), (Leases, "complete"), (Leases, "complete_and_claim")):
         counts.watch(cls, name)
-    config = write_config(tmp_path, queue_ahead=False)  # the hand-off at the end
+    config = write_config(tmp_path, queue_ahead=False)  # the hand-off at the end (issue 7)
     queue = submit(config, [trivial_job(n) for n in range(1, 7)])
-    Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
+    Runner(config_of(config), "cpu0", fake.url, RunnerOptions(until_empty=True)).run()
     jobs = list(queue.reads.iter_jobs())
     assert [j.state for j in jobs] == ["done"] * 6
     assert all(p["posted"] == p["executed"] == 1 for p in fake.stats()["prompts"].values())
@@ -76,7 +77,7 @@ def test_the_next_job_is_posted_before_the_last_ones_files_are_recorded(tmp_path
     # the last done still tries to take a job in its own transaction.
     assert counts["claim"] == 8 and counts["complete"] == 5 and counts["complete_and_claim"] == 1
     # The server's own status broadcast said it was free: GET /queue only before the first and last claims, and
-    # in the client's one look at what the server holds, before the first POST.
+    # in the client's one look at what the server holds, before the first POST (issue 15).
     assert counts["queue"] == 3
     # Never read per job: that look (its /queue and /history) found no id of these jobs, and each later POST's
     # number followed the one before (no other client posted), so no id can have run there since; never after a
@@ -103,9 +104,9 @@ def test_the_next_job_is_posted_before_the_last_ones_files_are_read(tmp_path: Pa
 
     monkeypatch.setattr(ComfyClient, "post_prompt", post_logged)
     monkeypatch.setattr(Attempt, "_download", download_logged)
-    config = write_config(tmp_path, queue_ahead=False)  # the hand-off at the end
+    config = write_config(tmp_path, queue_ahead=False)  # the hand-off at the end (issue 7)
     queue = submit(config, [trivial_job(n) for n in range(1, 5)])
-    Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
+    Runner(config_of(config), "cpu0", fake.url, RunnerOptions(until_empty=True)).run()
     assert [j.state for j in queue.reads.iter_jobs()] == ["done"] * 4
     for n in range(2, 5):
         assert calls.index(("post", job_id(n))) < calls.index(("download", job_id(n - 1))), calls
@@ -119,16 +120,16 @@ def test_without_a_handoff_the_done_and_the_next_claim_are_one_transaction(
     for cls, name in ((ComfyClient, "queue"), (Leases, "claim"), (Leases, "complete"),
                       (Leases, "complete_and_claim")):
         counts.watch(cls, name)
-    monkeypatch.setattr(EarlyJobs, "may_hand_off", lambda self, run: False)  # as when the server's queue was not empty
-    config = write_config(tmp_path, queue_ahead=False)  # the hand-off at the end
+    monkeypatch.setattr(AheadJobs, "may_hand_off", lambda self, run: False)  # as when the server's queue was not empty
+    config = write_config(tmp_path, queue_ahead=False)  # the hand-off at the end (issue 7)
     queue = submit(config, [trivial_job(n) for n in range(1, 7)])
-    Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
+    Runner(config_of(config), "cpu0", fake.url, RunnerOptions(until_empty=True)).run()
     assert [j.state for j in queue.reads.iter_jobs()] == ["done"] * 6
     assert all(p["executed"] == 1 for p in fake.stats()["prompts"].values())
     assert counts["complete_and_claim"] == 6 and counts["complete"] == 0  # the sixth finds nothing left
     assert counts["claim"] == 2  # the first job, and the empty queue at the end
     # Before the first and last claims, and once in the client's look at what the server holds before the first
-    # POST: no job's id was in it, and no other client posted since, so none is looked up again.
+    # POST (issue 15): no job's id was in it, and no other client posted since, so none is looked up again.
     assert counts["queue"] == 2 + 1
     queue.close()
 
@@ -137,13 +138,13 @@ def test_without_a_handoff_the_done_and_the_next_claim_are_one_transaction(
 def test_a_job_posted_again_gets_a_socket_of_its_own(tmp_path: Path, fake: FakeComfy,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """A job posted again must not read its first run's late messages as its own: here the post after an
-    out-of-memory error, in the same attempt, as for a second attempt."""
+    out-of-memory error, in the same attempt (issue 34), as for a second attempt."""
     counts = Counts(monkeypatch)
     counts.watch(EventStream, "connect")
     fake.script_by_id({job_id(1): ["oom", "ok"]})
-    config = write_config(tmp_path, queue_ahead=False)  # the hand-off at the end
+    config = write_config(tmp_path, queue_ahead=False)  # the hand-off at the end (issue 7)
     queue = submit(config, [trivial_job(1), trivial_job(2)])
-    Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
+    Runner(config_of(config), "cpu0", fake.url, RunnerOptions(until_empty=True)).run()
     assert queue.reads.get(job_id(1)).state == "done" and queue.reads.get(job_id(1)).attempt == 1
     assert queue.reads.get(job_id(2)).state == "done"
     assert counts["connect"] == 2  # the kept socket, and a new client id for the repost
@@ -168,7 +169,7 @@ def test_a_runner_keeps_to_the_model_its_server_has_loaded(tmp_path: Path, fake:
     config = write_config(tmp_path, affinity_max_wait_seconds=max_wait)
     models = ["a.safetensors", "b.safetensors"] * 4
     queue = submit(config, [model_job(n, m) for n, m in enumerate(models, start=1)])
-    Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
+    Runner(config_of(config), "cpu0", fake.url, RunnerOptions(until_empty=True)).run()
     assert [j.state for j in queue.reads.iter_jobs()] == ["done"] * 8
     assert len([m for m in fake.stats()["model_loads"] if m["class_type"] == "CheckpointLoaderSimple"]) == loads
     order = fake.stats()["order"]  # execution starts
@@ -180,10 +181,10 @@ def test_a_runner_keeps_to_the_model_its_server_has_loaded(tmp_path: Path, fake:
 @pytest.mark.timeout(60)
 def test_a_job_claimed_with_the_last_done_goes_back_uncounted_when_the_runner_stops(
         tmp_path: Path, fake: FakeComfy, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(EarlyJobs, "may_hand_off", lambda self, run: False)  # the job comes with the done
-    config = write_config(tmp_path, queue_ahead=False)  # the hand-off at the end
+    monkeypatch.setattr(AheadJobs, "may_hand_off", lambda self, run: False)  # the job comes with the done
+    config = write_config(tmp_path, queue_ahead=False)  # the hand-off at the end (issue 7)
     queue = submit(config, [trivial_job(1), trivial_job(2)])
-    runner = Runner(config_of(config), "cpu0", fake.url, until_empty=True)
+    runner = Runner(config_of(config), "cpu0", fake.url, RunnerOptions(until_empty=True))
     original = Leases.complete_and_claim
 
     def then_stop(self: Leases, *args: Any, **kwargs: Any) -> Any:
@@ -206,17 +207,17 @@ def test_a_job_handed_off_before_a_stop_is_followed_to_its_end(tmp_path: Path, f
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """Already on the server when the stop came: it runs within the grace like any running job, and is not
     left running there without an owner, nor put back in the queue while it runs."""
-    config = write_config(tmp_path, queue_ahead=False)  # the hand-off at the end
+    config = write_config(tmp_path, queue_ahead=False)  # the hand-off at the end (issue 7)
     queue = submit(config, [trivial_job(n) for n in range(1, 4)])
-    runner = Runner(config_of(config), "cpu0", fake.url, until_empty=True)
-    original = Runner._next_job
+    runner = Runner(config_of(config), "cpu0", fake.url, RunnerOptions(until_empty=True))
+    original = Runner._hand_off_claim
 
     def then_stop(self: Runner, claim: Any, outcome: Any) -> Any:
         more = original(self, claim, outcome)
         self.state.stopping = True  # SIGTERM right as the hand-off goes on to claim job 2
         return more
 
-    monkeypatch.setattr(Runner, "_next_job", then_stop)
+    monkeypatch.setattr(Runner, "_hand_off_claim", then_stop)
     runner.run()
     assert [queue.reads.get(job_id(n)).state for n in (1, 2, 3)] == ["done", "done", "queued"]
     assert fake.stats()["order"] == [job_id(1), job_id(2)]
@@ -232,9 +233,9 @@ def test_a_runner_killed_after_a_handoff_leaves_both_jobs_to_be_adopted_not_reru
         tmp_path: Path, fake: FakeComfy, monkeypatch: pytest.MonkeyPatch) -> None:
     from comfysup.runner.store import ResultStore
 
-    config = write_config(tmp_path, queue_ahead=False)  # the hand-off at the end
+    config = write_config(tmp_path, queue_ahead=False)  # the hand-off at the end (issue 7)
     queue = submit(config, [trivial_job(1), trivial_job(2)])
-    runner = Runner(config_of(config), "cpu0", fake.url, until_empty=True)
+    runner = Runner(config_of(config), "cpu0", fake.url, RunnerOptions(until_empty=True))
     original = ResultStore.write
 
     def die(self: ResultStore, job: str, *args: Any, **kwargs: Any) -> Any:
@@ -248,7 +249,7 @@ def test_a_runner_killed_after_a_handoff_leaves_both_jobs_to_be_adopted_not_reru
     assert queue.reads.get(job_id(2)).last_server == "cpu0"  # its number was recorded with the handoff
     assert sorted(queue.leases.release_owner(runner.owner, "runner process died")) == [job_id(1), job_id(2)]
     monkeypatch.setattr(ResultStore, "write", original)
-    Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
+    Runner(config_of(config), "cpu0", fake.url, RunnerOptions(until_empty=True)).run()
     for n in (1, 2):
         job = queue.reads.get(job_id(n))
         assert (job.state, job.attempt) == ("done", 2)

@@ -13,6 +13,7 @@ import pytest
 
 from comfysup.comfy import ComfyClient
 from comfysup.runner.loop import Runner
+from comfysup.runner.options import RunnerOptions
 from fake_comfy import FakeComfy
 from tests.runner_helpers import config_of, post_and_wait, submit, trivial_job, write_config
 
@@ -23,7 +24,7 @@ def _run(folder: Path, url: str, jobs: list[int], **runner: object):
     folder.mkdir()
     config = write_config(folder, **runner)
     queue = submit(config, [trivial_job(n) for n in jobs])
-    Runner(config_of(config), "a", url, until_empty=True).run()
+    Runner(config_of(config), "a", url, RunnerOptions(until_empty=True)).run()
     return queue
 
 

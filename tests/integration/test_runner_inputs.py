@@ -14,6 +14,7 @@ import tomli_w
 from comfysup import assets
 from comfysup.comfy import ComfyClient, ServerUnavailable
 from comfysup.runner.loop import Runner
+from comfysup.runner.options import RunnerOptions
 from fake_comfy import FakeComfy
 from fake_comfy.uploads import decode_png
 from tests.input_images import INVERT, expected_inverse, random_png
@@ -43,7 +44,7 @@ def test_every_output_pixel_is_the_inverse_of_its_input(tmp_path: Path, fake: Fa
         (tmp_path / f"in{n}.png").write_bytes(random_png(n))
         names.append(f"in{n}.png")
     queue = submit(config, invert_jobs(tmp_path, names))
-    Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
+    Runner(config_of(config), "cpu0", fake.url, RunnerOptions(until_empty=True)).run()
     for n, name in enumerate(names, start=1):
         job = queue.reads.get(job_id(n))
         assert job.state == "done", job.reason
@@ -65,13 +66,13 @@ def test_an_input_many_jobs_share_is_uploaded_once_per_server(tmp_path: Path, fa
     config = write_config(tmp_path)
     (tmp_path / "cat.png").write_bytes(random_png(7))
     queue = submit(config, invert_jobs(tmp_path, ["cat.png"] * 8))
-    Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
+    Runner(config_of(config), "cpu0", fake.url, RunnerOptions(until_empty=True)).run()
     assert [j.state for j in queue.reads.iter_jobs()] == ["done"] * 8
     assert len(calls) == 1
     assert queue.assets.asset_totals() == {"assets": 1, "bytes": (tmp_path / "cat.png").stat().st_size, "uploads": 1}
     # A second runner of the same server (a restart) trusts what the queue recorded: still one upload.
     submit(config, invert_jobs(tmp_path, ["cat.png"] * 2, first=20))
-    Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
+    Runner(config_of(config), "cpu0", fake.url, RunnerOptions(until_empty=True)).run()
     assert len(calls) == 1
 
 
@@ -83,12 +84,12 @@ def test_an_upload_the_server_lost_is_uploaded_again_on_the_retry(tmp_path: Path
     config = write_config(tmp_path)
     (tmp_path / "cat.png").write_bytes(random_png(11))
     queue = submit(config, invert_jobs(tmp_path, ["cat.png"]))
-    Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
+    Runner(config_of(config), "cpu0", fake.url, RunnerOptions(until_empty=True)).run()
     assert queue.reads.get(job_id(1)).state == "done"
     for path in (Path(fake.input_directory) / "comfysup").iterdir():
         path.unlink()
     submit(config, invert_jobs(tmp_path, ["cat.png"], first=2))
-    Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
+    Runner(config_of(config), "cpu0", fake.url, RunnerOptions(until_empty=True)).run()
     job = queue.reads.get(job_id(2))
     assert job.state == "done", job.reason
     assert job.attempt == 2 and "Invalid image file: comfysup/" in (job.attempts[0].reason or "")
@@ -114,7 +115,7 @@ def test_a_failed_upload_is_a_transient_failure_of_the_attempt(tmp_path: Path, f
     config = write_config(tmp_path)
     (tmp_path / "cat.png").write_bytes(random_png(3))
     queue = submit(config, invert_jobs(tmp_path, ["cat.png"]))
-    Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
+    Runner(config_of(config), "cpu0", fake.url, RunnerOptions(until_empty=True)).run()
     job = queue.reads.get(job_id(1))
     assert job.state == "done" and job.attempt == 2 and "upload" in (job.attempts[0].reason or "")
     prompts = fake.stats()["prompts"]
@@ -133,7 +134,7 @@ def test_a_launched_servers_copy_stays_under_server_cache_mb(tmp_path: Path, fak
         names.append(f"big{n}.png")
     queue = submit(config, invert_jobs(tmp_path, names))
     output_dir = Path(fake.output_directory)
-    Runner(config_of(config), "cpu0", fake.url, until_empty=True, output_dirs={"cpu0": output_dir}).run()
+    Runner(config_of(config), "cpu0", fake.url, RunnerOptions(until_empty=True, output_dirs={"cpu0": output_dir})).run()
     assert doc.assets.server_cache_mb == 2048 and config_of(config).assets.server_cache_mb == 1
     assert [j.state for j in queue.reads.iter_jobs()] == ["done"] * 4
     left = list((Path(fake.input_directory) / "comfysup").iterdir())
@@ -152,7 +153,7 @@ def test_show_results_webhooks_page_status_and_metrics_list_inputs(tmp_path: Pat
     (tmp_path / "cat.png").write_bytes(random_png(11))
     digest = assets.hash_bytes((tmp_path / "cat.png").read_bytes())
     queue = submit(config, invert_jobs(tmp_path, ["cat.png"]))
-    Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
+    Runner(config_of(config), "cpu0", fake.url, RunnerOptions(until_empty=True)).run()
     job = queue.reads.get(job_id(1))
     text = show.render(job, with_workflow=False)
     assert f"input      1.image  cat.png  {digest}" in text
@@ -183,7 +184,7 @@ def test_a_stored_input_changed_on_disk_is_never_sent_under_its_old_hash(tmp_pat
     digest = assets.hash_bytes((tmp_path / "in.png").read_bytes())
     stored = next(p for p in tmp_path.rglob(digest.removeprefix("blake3:")) if p.is_file())
     stored.write_bytes(random_png(8)[: stored.stat().st_size].ljust(stored.stat().st_size, b"\0"))
-    Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
+    Runner(config_of(config), "cpu0", fake.url, RunnerOptions(until_empty=True)).run()
     job = queue.reads.get(job_id(1))
     assert job.state == "dead" and "no longer matches its hash" in (job.reason or ""), job.reason
     folder = Path(fake.input_directory) / "comfysup"

@@ -17,6 +17,7 @@ import pytest
 from comfysup import logs
 from comfysup.commands.show import timeline
 from comfysup.runner.loop import Runner
+from comfysup.runner.options import RunnerOptions
 from fake_comfy import FakeComfy
 from tests.runner_helpers import config_of, submit, trivial_job, write_config
 
@@ -51,7 +52,7 @@ def test_log_lines_name_whole_ids_and_the_job_they_concern(tmp_path: Path, json_
         fake.script_by_id({IDS[2]: ["drop"]})  # its WebSocket drops mid-run; the run goes on
         config = write_config(tmp_path, queue_ahead=queue_ahead)  # an early post: at the hand-off, or queued ahead
         queue = submit(config, [trivial_job(n) | {"id": i} for n, i in enumerate(IDS)])
-        Runner(config_of(config), "a", fake.url, until_empty=True).run()
+        Runner(config_of(config), "a", fake.url, RunnerOptions(until_empty=True)).run()
         assert [queue.reads.get(i).state for i in IDS] == ["done"] * 4
         events = [json.loads(line) for line in json_log.getvalue().splitlines()]
 

@@ -20,6 +20,7 @@ from comfysup.observability.metrics import Metrics
 from comfysup.observability.views import overview
 from comfysup.observability.web import render_page
 from comfysup.runner.loop import Runner
+from comfysup.runner.options import RunnerOptions
 from comfysup.runner.trace import phase_durations
 from fake_comfy import FakeComfy
 from tests.cli_support import cli
@@ -48,7 +49,8 @@ def test_a_job_queued_ahead_is_posted_until_it_executes_and_its_wait_is_not_its_
     config = write_config(tmp_path, queue_ahead=True)
     queue = submit(config, [trivial_job(1), trivial_job(2)])
     metrics = Metrics(queue, state=lambda: None)
-    thread = threading.Thread(target=Runner(config_of(config), "cpu0", fake.url, until_empty=True).run, daemon=True)
+    thread = threading.Thread(target=Runner(config_of(config), "cpu0", fake.url,
+                                            RunnerOptions(until_empty=True)).run, daemon=True)
     thread.start()
     try:
         # Job 1 executes; job 2 waits in the server's queue behind it: one running on one server, one posted.
@@ -112,7 +114,8 @@ def test_a_job_claimed_ahead_but_left_to_its_own_attempt_waits_as_posted(
     queue.leases.release(first, "its runner died")
     queue.close()
     queue = submit(config, [trivial_job(2, priority=5)])  # runs first: job 1 is the one claimed ahead
-    thread = threading.Thread(target=Runner(config_of(config), "cpu0", fake.url, until_empty=True).run, daemon=True)
+    thread = threading.Thread(target=Runner(config_of(config), "cpu0", fake.url,
+                                            RunnerOptions(until_empty=True)).run, daemon=True)
     thread.start()
     try:
         wait_for(lambda: _status_with(capsys, config, "posted 1 · running 1 ·"), 10,

@@ -1,4 +1,4 @@
-"""A runner keeps one more job waiting in its server's queue behind the running prompt.
+"""Issue 19: a runner keeps one more job waiting in its server's queue behind the running prompt.
 
 What must still hold: one at most per server, the queued job's timeout counts from its start, a cancel or a
 graceful stop takes it out of the server's queue, a crash leaves it to be followed, priority picks it when it
@@ -17,12 +17,14 @@ import pytest
 
 from comfysup.comfy import ComfyClient, ServerUnavailable
 from comfysup.queue.leases import Leases
+from comfysup.runner import ahead as ahead_module
 from comfysup.runner import attempt as attempt_module
-from comfysup.runner import nextjob as nextjob_module
+from comfysup.runner import driver as driver_module
+from comfysup.runner.ahead import AheadJobs
 from comfysup.runner.attempt import Attempt
 from comfysup.runner.interrupt import Interrupter
 from comfysup.runner.loop import Runner
-from comfysup.runner.nextjob import EarlyJobs
+from comfysup.runner.options import RunnerHooks, RunnerOptions
 from comfysup.runner.stuck import StuckChannel
 from fake_comfy import FakeComfy
 from tests.runner_helpers import config_of, job_id, submit, trivial_job, write_config
@@ -76,7 +78,7 @@ def _server_dies(fake: FakeComfy) -> None:
 def test_the_next_job_waits_in_the_servers_queue_behind_the_running_one(tmp_path: Path, fake: FakeComfy) -> None:
     config = write_config(tmp_path, queue_ahead=True)
     queue = submit(config, [trivial_job(n) for n in range(1, 6)])
-    Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
+    Runner(config_of(config), "cpu0", fake.url, RunnerOptions(until_empty=True)).run()
     assert [j.state for j in queue.reads.iter_jobs()] == ["done"] * 5
     assert fake.stats()["order"] == [job_id(n) for n in range(1, 6)]
     for n in range(2, 6):
@@ -93,7 +95,7 @@ def test_the_next_job_waits_in_the_servers_queue_behind_the_running_one(tmp_path
 def test_off_the_next_job_is_posted_only_when_the_server_is_free(tmp_path: Path, fake: FakeComfy) -> None:
     config = write_config(tmp_path, queue_ahead=False)
     queue = submit(config, [trivial_job(n) for n in range(1, 4)])
-    Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
+    Runner(config_of(config), "cpu0", fake.url, RunnerOptions(until_empty=True)).run()
     assert [j.state for j in queue.reads.iter_jobs()] == ["done"] * 3
     for n in (2, 3):
         assert _runs(fake, n)["posted"] >= _runs(fake, n - 1)["ended_at"]
@@ -104,7 +106,7 @@ def test_off_the_next_job_is_posted_only_when_the_server_is_free(tmp_path: Path,
 def test_a_queued_jobs_timeout_starts_when_it_starts_executing(tmp_path: Path, fake: FakeComfy) -> None:
     # About 0.9 s a prompt: the second waits that long in the queue, then runs as long.
     config, queue = _two_jobs(tmp_path, fake, timeout_seconds=1.5, attempts=1)
-    Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
+    Runner(config_of(config), "cpu0", fake.url, RunnerOptions(until_empty=True)).run()
     assert [queue.reads.get(job_id(n)).state for n in (1, 2)] == ["done", "done"]
     second = _runs(fake, 2)
     assert second["ended_at"] - second["posted"] > 1.5  # it would have timed out counted from its POST
@@ -115,7 +117,7 @@ def test_a_queued_jobs_timeout_starts_when_it_starts_executing(tmp_path: Path, f
 def test_priority_chooses_the_queued_job_when_it_is_posted(tmp_path: Path, fake: FakeComfy) -> None:
     config = write_config(tmp_path, queue_ahead=True)
     queue = submit(config, [trivial_job(1, priority=10), trivial_job(2), trivial_job(3, priority=5)])
-    Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
+    Runner(config_of(config), "cpu0", fake.url, RunnerOptions(until_empty=True)).run()
     assert fake.stats()["order"] == [job_id(1), job_id(3), job_id(2)]
     assert _runs(fake, 3)["posted"] < _runs(fake, 1)["ended_at"]
     queue.close()
@@ -123,14 +125,14 @@ def test_priority_chooses_the_queued_job_when_it_is_posted(tmp_path: Path, fake:
 
 def _when_queued(monkeypatch: pytest.MonkeyPatch, act: Any) -> None:
     """Call ``act`` (given the attempt's Context) once a job has been posted behind the running one."""
-    original = EarlyJobs.hand_off
+    original = AheadJobs._take
 
-    def hand_off(self: EarlyJobs, run: Any = None, then: bool = False) -> None:
-        original(self, run, then)
-        if run is not None and self.posted_out is not None:
+    def take(self: AheadJobs, args: Any, behind: str | None) -> None:
+        original(self, args, behind)
+        if behind is not None and self.next_posted is not None:
             act(self.ctx)  # what the attempt's steps read: its queue, claim, client
 
-    monkeypatch.setattr(EarlyJobs, "hand_off", hand_off)
+    monkeypatch.setattr(AheadJobs, "_take", take)
 
 
 @pytest.mark.timeout(60)
@@ -138,7 +140,7 @@ def test_a_cancel_takes_the_queued_job_out_of_the_servers_queue(tmp_path: Path, 
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     config, queue = _two_jobs(tmp_path, fake, heartbeat_seconds=0.2)
     _when_queued(monkeypatch, lambda attempt: attempt.queue.intake.cancel([job_id(2)]))
-    Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
+    Runner(config_of(config), "cpu0", fake.url, RunnerOptions(until_empty=True)).run()
     assert queue.reads.get(job_id(1)).state == "done"
     assert queue.reads.get(job_id(2)).state == "cancelled"
     _assert_taken_out(fake, job_id(2))
@@ -183,7 +185,7 @@ def test_a_graceful_stop_takes_out_a_queued_job_whose_posts_answer_was_lost(tmp_
     second = queue.reads.get(job_id(2))
     assert (second.state, second.attempt) == ("queued", 0), second
     _assert_taken_out(fake, job_id(2))
-    Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
+    Runner(config_of(config), "cpu0", fake.url, RunnerOptions(until_empty=True)).run()
     assert queue.reads.get(job_id(2)).state == "done"
     assert fake.stats()["prompts"][job_id(2)]["executed"] == 1, "ran after the stop, and again"
     queue.close()
@@ -208,7 +210,7 @@ def test_after_a_crash_the_queued_job_is_followed_where_it_is_not_posted_again(
     monkeypatch.undo()
     assert sorted(queue.leases.release_owner(runner.owner, "runner process died", count_attempt=False)) == \
         [job_id(1), job_id(2)]
-    Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
+    Runner(config_of(config), "cpu0", fake.url, RunnerOptions(until_empty=True)).run()
     for n in (1, 2):
         job = queue.reads.get(job_id(n))
         assert job.state == "done", job
@@ -224,19 +226,19 @@ def test_other_clients_prompts_are_respected(tmp_path: Path, fake: FakeComfy) ->
     runner = Runner(config_of(config), "cpu0", fake.url)
     claim = queue.leases.claim(runner.owner, "cpu0", 10.0)
     assert claim is not None
-    assert runner._ahead_job(claim, 1) is not None  # the running prompt alone: free
+    assert runner._queue_ahead_claim(claim, 1) is not None  # the running prompt alone: free
     client = ComfyClient(fake.url)
     other = trivial_job(7)
     client.post_prompt(other["workflow"], other["id"], "someone-else")
     client.post_prompt(trivial_job(8)["workflow"], job_id(8), "someone-else")
     time.sleep(0.05)
-    assert runner._ahead_job(claim, None) is None  # one of theirs waits: max_queue 1 says no
+    assert runner._queue_ahead_claim(claim, None) is None  # one of theirs waits: max_queue 1 says no
     (tmp_path / "wide").mkdir()
     wide_config = config_of(write_config(tmp_path / "wide", max_queue=3, queue_ahead=True))
     wide = Runner(wide_config, "cpu0", fake.url, queue=queue)
-    assert wide._ahead_job(claim, None) is not None
+    assert wide._queue_ahead_claim(claim, None) is not None
     client.post_prompt(trivial_job(9)["workflow"], job_id(9), runner.station.client.own_stream().client_id)
-    assert wide._ahead_job(claim, None) is None  # one of ours already waits: the bound is one
+    assert wide._queue_ahead_claim(claim, None) is None  # one of ours already waits: the bound is one
     runner.station.close()
     wide.station.close()
     queue.close()
@@ -249,7 +251,7 @@ def test_a_queued_job_destroyed_by_a_server_death_before_it_started_is_not_count
 
     # Job 2 waits behind job 1, which executes: the server dies.
     _when_queued(monkeypatch, lambda attempt: _server_dies(fake))
-    Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
+    Runner(config_of(config), "cpu0", fake.url, RunnerOptions(until_empty=True)).run()
     first, second = queue.reads.get(job_id(1)), queue.reads.get(job_id(2))
     assert (first.state, first.attempt) == ("done", 2)  # it executed: its destroyed run is counted
     assert first.attempts[0].kind == "server_died"
@@ -266,15 +268,15 @@ def test_a_queued_job_whose_start_may_have_been_missed_is_counted(
     """The run ahead of it ended (its end was read) before the server died: the queued one may have started,
     so its loss is counted as the running one's is."""
     config, queue = _two_jobs(tmp_path, fake, attempts=3)
-    original = Attempt._record
+    original = attempt_module.record
 
-    def record(self: Attempt, outcome: Any) -> None:  # job 1 ended, job 2 runs: the server dies now
-        if self.claim.id == job_id(1) and self.early.posted_out is not None:
+    def record(ctx: Any, outcome: Any, ahead: AheadJobs, redact: Any) -> None:  # job 1 ended, job 2 runs: the
+        if ctx.claim.id == job_id(1) and ahead.next_posted is not None:  # server dies now
             _server_dies(fake)
-        original(self, outcome)
+        original(ctx, outcome, ahead, redact)
 
-    monkeypatch.setattr(Attempt, "_record", record)
-    Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
+    monkeypatch.setattr(attempt_module, "record", record)
+    Runner(config_of(config), "cpu0", fake.url, RunnerOptions(until_empty=True)).run()
     second = queue.reads.get(job_id(2))
     assert (second.state, second.attempt) == ("done", 2), second
     assert (second.attempts[0].outcome, second.attempts[0].kind) == ("retry", "server_died")
@@ -295,7 +297,7 @@ def test_a_stop_after_the_running_job_ended_gives_the_queued_one_its_grace(
 
     def download(self: Attempt, run: Any, entry: Any) -> Any:
         if self.claim.id == job_id(1):
-            assert self.early.posted_out is not None and self.early.posted_out.claim_id == job_id(2)
+            assert self.ahead.next_posted is not None and self.ahead.next_posted.claim.id == job_id(2)
             runner._on_signal(signal.SIGTERM, None)
         return original(self, run, entry)
 
@@ -319,7 +321,7 @@ def test_a_queued_jobs_end_read_before_its_attempt_began_is_not_thrown_away(tmp_
     fake.node_ms = 1
     config = write_config(tmp_path, queue_ahead=True, poll_seconds=30.0, timeout_seconds=10.0, attempts=1)
     queue = submit(config, [trivial_job(n) for n in range(1, 7)])
-    Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
+    Runner(config_of(config), "cpu0", fake.url, RunnerOptions(until_empty=True)).run()
     assert [j.state for j in queue.reads.iter_jobs()] == ["done"] * 6
     queue.close()
 
@@ -331,7 +333,7 @@ def test_the_job_after_next_is_queued_before_this_ones_files_are_recorded(tmp_pa
     the server waiting for the next attempt to begin."""
     config = write_config(tmp_path, queue_ahead=True)
     queue = submit(config, [trivial_job(n) for n in range(1, 7)])
-    Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
+    Runner(config_of(config), "cpu0", fake.url, RunnerOptions(until_empty=True)).run()
     assert [j.state for j in queue.reads.iter_jobs()] == ["done"] * 6
     early = [n for n in range(1, 5) if _runs(fake, n + 2)["posted"] < (queue.reads.get(job_id(n)).finished_at or 0)]
     assert early, "job n+2 was never posted before job n's done"  # the attempt of n+1 would post it after
@@ -348,7 +350,7 @@ def test_the_record_of_the_job_after_next_renews_the_lease_the_download_needs(
     """The record of job n+2's prompt renews job n's lease in its transaction: job n's download takes that as its
     fence instead of a heartbeat of its own (one transaction a job fewer). A renewal older than
     FRESH_RENEWAL_SECONDS (0 here: every one) is not taken: each download renews itself, as before."""
-    monkeypatch.setattr(nextjob_module, "FRESH_RENEWAL_SECONDS", fresh_seconds)
+    monkeypatch.setattr(ahead_module, "FRESH_RENEWAL_SECONDS", fresh_seconds)
     renewed: list[str] = []
     heartbeat = Leases.heartbeat
 
@@ -359,7 +361,7 @@ def test_the_record_of_the_job_after_next_renews_the_lease_the_download_needs(
     monkeypatch.setattr(Leases, "heartbeat", counted)
     config = write_config(tmp_path, queue_ahead=True)
     queue = submit(config, [trivial_job(n) for n in range(1, 7)])
-    Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
+    Runner(config_of(config), "cpu0", fake.url, RunnerOptions(until_empty=True)).run()
     assert [j.state for j in queue.reads.iter_jobs()] == ["done"] * 6
     own = [n for n in range(1, 7) if job_id(n) in renewed]
     if fresh_seconds:
@@ -389,10 +391,10 @@ def test_the_job_after_next_is_posted_before_this_runs_files_are_read(tmp_path: 
 
     monkeypatch.setattr(Attempt, "_download", download_logged)
     monkeypatch.setattr(ComfyClient, "post_prompt", post_logged)
-    monkeypatch.setattr(attempt_module, "NEXT_START_WAIT_SECONDS", 5.0)  # the order, whatever the machine's load
+    monkeypatch.setattr(driver_module, "NEXT_START_WAIT_SECONDS", 5.0)  # the order, whatever the machine's load
     config = write_config(tmp_path, queue_ahead=True)
     queue = submit(config, [trivial_job(n) for n in range(1, 7)])
-    Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
+    Runner(config_of(config), "cpu0", fake.url, RunnerOptions(until_empty=True)).run()
     assert [j.state for j in queue.reads.iter_jobs()] == ["done"] * 6
     for n in range(1, 5):
         assert calls.index(("post", job_id(n + 2))) < calls.index(("download", job_id(n))), \
@@ -408,14 +410,14 @@ def test_a_queued_job_goes_back_to_a_runner_that_waits_for_work(tmp_path: Path, 
     job goes back to the queue, uncounted, for that server's runner, instead of waiting a whole prompt."""
     config, queue = _two_jobs(tmp_path, fake)
     peer = {"waiting": False}
-    runner = Runner(config_of(config), "cpu0", fake.url, peer_waiting=lambda: peer["waiting"])
     _when_queued(monkeypatch, lambda attempt: peer.update(waiting=True))
 
     def first_done(claim: Any, outcome: Any) -> None:
         if outcome is not None:
             runner.state.stopping = True  # the peer takes job 2: this runner stops after job 1
 
-    runner.on_job = first_done
+    runner = Runner(config_of(config), "cpu0", fake.url,
+                    hooks=RunnerHooks(peer_waiting=lambda: peer["waiting"], on_job=first_done))
     runner.run()
     assert queue.reads.get(job_id(1)).state == "done"
     second = queue.reads.get(job_id(2))
@@ -434,7 +436,8 @@ def test_a_queued_job_that_started_unseen_is_never_taken_back(tmp_path: Path, fa
     /history say it ran, so it stays this runner's next job."""
     config, queue = _two_jobs(tmp_path, fake)
     peer = {"waiting": False}
-    runner = Runner(config_of(config), "cpu0", fake.url, until_empty=True, peer_waiting=lambda: peer["waiting"])
+    runner = Runner(config_of(config), "cpu0", fake.url,
+                    RunnerOptions(until_empty=True), RunnerHooks(peer_waiting=lambda: peer["waiting"]))
     client = ComfyClient(fake.url)
 
     def once_it_runs(attempt: Any) -> None:
@@ -462,17 +465,17 @@ def test_cancelling_the_next_job_keeps_the_one_queued_behind_it(tmp_path: Path, 
     config = write_config(tmp_path, queue_ahead=True, heartbeat_seconds=0.2, lease_seconds=3.0)
     queue = submit(config, [trivial_job(n) for n in range(1, 4)])  # none left to claim when job 1 is recorded
     cancelled: list[str] = []
-    original = EarlyJobs.queue_behind_next
+    original = AheadJobs.queue_behind_next
 
-    def queue_behind_next(self: EarlyJobs, run: Any) -> None:
-        original(self, run)
-        if self.then_claim is not None and not cancelled and self.next_claim is not None:
-            cancelled.append(self.next_claim.id)
-            queue.intake.cancel([self.next_claim.id])  # a user's cancel of the running job 2,
-            self.renew_early(self.ctx.clock() + self.ctx.s.heartbeat_seconds)  # seen at its next heartbeat, now
+    def queue_behind_next(self: AheadJobs, run: Any, read_buffered: Any) -> None:
+        original(self, run, read_buffered)
+        if len(self.jobs) == 2 and not cancelled:
+            cancelled.append(self.jobs[0].claim.id)
+            queue.intake.cancel([self.jobs[0].claim.id])  # a user's cancel of the running job 2,
+            self.renew(self.ctx.clock() + self.ctx.s.heartbeat_seconds)  # seen at its next heartbeat, now
 
-    monkeypatch.setattr(EarlyJobs, "queue_behind_next", queue_behind_next)
-    Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
+    monkeypatch.setattr(AheadJobs, "queue_behind_next", queue_behind_next)
+    Runner(config_of(config), "cpu0", fake.url, RunnerOptions(until_empty=True)).run()
     assert cancelled, "no job was ever queued behind the next one"
     states = {j.id: j.state for j in queue.reads.iter_jobs()}
     assert states.pop(cancelled[0]) == "cancelled" and set(states.values()) == {"done"}, states
@@ -512,7 +515,7 @@ def test_while_a_stuck_prompt_is_waited_out_the_job_queued_behind_it_keeps_its_l
     monkeypatch.setattr(Leases, "heartbeat", heartbeat_watched)
     # The supervisor's part: the stuck server is restarted (here at once), and with it the stuck prompt is gone.
     stuck = StuckChannel(restarts=True, report=lambda prompt_id: _server_dies(fake) if prompt_id else None)
-    Runner(config_of(config), "cpu0", fake.url, until_empty=True, stuck=stuck).run()
+    Runner(config_of(config), "cpu0", fake.url, RunnerOptions(until_empty=True), RunnerHooks(stuck=stuck)).run()
     assert renewed_while_waiting.count(job_id(2)) >= 3, renewed_while_waiting  # 1.5 s of wait, every 0.2 s
     first, second = queue.reads.get(job_id(1)), queue.reads.get(job_id(2))
     assert (first.state, first.attempt, first.attempts[0].kind) == ("done", 2, "stuck"), first.attempts
@@ -533,7 +536,7 @@ def test_a_queued_job_whose_start_was_read_before_a_reconnect_is_judged_by_its_h
 
     def drop_then_download(self: Attempt, *args: Any) -> Any:
         if self.claim.id == job_id(1):
-            assert self.early.posted_out is not None and self.early.posted_out.started  # job 2's start was read here
+            assert self.ahead.next_posted is not None and self.ahead.next_posted.started  # job 2's start was read here
             self.client.stream.close()  # the socket drops; job 2's attempt connects again
         return download(self, *args)
 
@@ -546,7 +549,7 @@ def test_a_queued_job_whose_start_was_read_before_a_reconnect_is_judged_by_its_h
 
     monkeypatch.setattr(Attempt, "_download", drop_then_download)
     monkeypatch.setattr(ComfyClient, "history", history_logged)
-    Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
+    Runner(config_of(config), "cpu0", fake.url, RunnerOptions(until_empty=True)).run()
     assert [(j.state, j.attempt) for j in queue.reads.iter_jobs()] == [("done", 1), ("done", 1)]
     # No id is looked up before its POST (the client's one look at the server found neither, and nobody else posted
     # there); job 1, watched whole, is judged by its messages; job 2's run by its entry, read after the reconnect.

@@ -21,6 +21,7 @@ from comfysup.queue.db import Role
 from comfysup.queue.sqlite import SQLiteQueue
 from comfysup.runner.attempt import Attempt
 from comfysup.runner.loop import Runner, settings_from
+from comfysup.runner.options import RunnerHooks, RunnerOptions
 from comfysup.runner.station import Station
 from comfysup.runner.store import ResultStore
 from fake_comfy import FakeComfy
@@ -140,7 +141,7 @@ def test_the_runner_claims_nothing_while_the_queue_is_down_and_resumes_after(
                        DatabaseUnavailable("postgresql://db:5432/q: the database does not answer"))
     flaky.down.set()
     caplog.set_level(logging.INFO, logger="comfysup.runner")
-    runner = Runner(config_of(config), "cpu0", fake.url, until_empty=True, queue=flaky)  # type: ignore[arg-type]
+    runner = Runner(config_of(config), "cpu0", fake.url, RunnerOptions(until_empty=True), queue=flaky)  # type: ignore[arg-type]
     thread = threading.Thread(target=runner.run)
     thread.start()
     wait_until(lambda: flaky.calls.get("claim", 0) >= 2, 10, "the runner to try claiming twice")
@@ -175,7 +176,8 @@ def test_a_runner_started_while_the_database_is_down_waits_for_it(tmp_path: Path
 
     monkeypatch.setattr(loop, "open_queue", open_queue)
     alive: list[float] = []
-    runner = Runner(config_of(config), "cpu0", fake.url, until_empty=True, on_alive=lambda: alive.append(1))
+    runner = Runner(config_of(config), "cpu0", fake.url,
+                    RunnerOptions(until_empty=True), RunnerHooks(on_alive=lambda: alive.append(1)))
     assert len(tries) == 3 and tries[2] - tries[0] >= 1.5  # retried about once a second
     assert len(alive) >= 2  # and told the supervisor it is alive meanwhile
     runner.run()

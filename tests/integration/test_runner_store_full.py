@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from comfysup.runner.loop import Runner
+from comfysup.runner.options import RunnerOptions
 from comfysup.runner.store import ResultStore
 from fake_comfy import FakeComfy
 from tests.runner_helpers import config_of, job_id, submit, trivial_job, write_config
@@ -31,7 +32,7 @@ def test_a_job_folder_that_cannot_be_made_is_a_transient_failure_not_a_crash(
     with FakeComfy(base_directory=tmp_path / "fake", node_ms=5) as fake:
         config = write_config(tmp_path, attempts=2)
         queue = submit(config, [trivial_job(1)])
-        counts = Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()  # no exception
+        counts = Runner(config_of(config), "cpu0", fake.url, RunnerOptions(until_empty=True)).run()  # no exception
 
         job = queue.reads.get(job_id(1))
         assert job.state == "dead" and counts["dead"] == 1

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from comfysup.runner.loop import Runner
+from comfysup.runner.options import RunnerOptions
 from fake_comfy import FakeComfy
 from tests.runner_helpers import config_of, job_id, submit, trivial_job, write_config
 
@@ -20,7 +21,7 @@ def test_a_timed_out_prompt_is_stopped_the_way_its_server_offers(tmp_path: Path,
         fake.script_by_id({job_id(1): ["hang"]})
         config = write_config(tmp_path, attempts=1, timeout_seconds=1.5)
         queue = submit(config, [trivial_job(1)])
-        Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
+        Runner(config_of(config), "cpu0", fake.url, RunnerOptions(until_empty=True)).run()
         job = queue.reads.get(job_id(1))
         assert job.state == "dead" and "timed out" in (job.reason or ""), job.reason
         interrupts = [i for i in fake.stats()["interrupts"] if i.get("prompt_id") == job_id(1)]

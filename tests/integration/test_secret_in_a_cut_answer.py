@@ -17,6 +17,7 @@ from aiohttp import web
 from comfysup.logs import JsonFormatter
 from comfysup.observability.webhooks import record_body
 from comfysup.runner.loop import Runner
+from comfysup.runner.options import RunnerOptions
 from tests.runner_helpers import config_of, job_id, submit, trivial_job, write_config
 
 KEY = "sk-comfy-" + "0123456789abcdefABCDEF" * 2
@@ -86,7 +87,7 @@ def test_no_fragment_of_the_key_anywhere(tmp_path: Path, capsys: pytest.CaptureF
     try:
         config = write_config(tmp_path, attempts=1)
         queue = submit(config, [trivial_job(1, extra_data={"api_key_comfy_org": KEY})])
-        Runner(config_of(config), "cpu0", f"http://127.0.0.1:{server.port}", until_empty=True).run()
+        Runner(config_of(config), "cpu0", f"http://127.0.0.1:{server.port}", RunnerOptions(until_empty=True)).run()
     finally:
         logging.getLogger("comfysup").removeHandler(handler)
         server.stop()

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from comfysup.runner.loop import Runner
+from comfysup.runner.options import RunnerOptions
 from comfysup.runner.store import ResultStore
 from fake_comfy import FakeComfy
 from tests.runner_helpers import config_of, job_id, submit, trivial_job, write_config
@@ -42,7 +43,7 @@ def test_a_job_done_after_a_killed_attempt_has_only_its_recorded_files(tmp_path:
         leftover = tmp_path / "store" / job_id(1) / "job1_00007_.png"
         leftover.parent.mkdir(parents=True)
         leftover.write_bytes(b"\x89PNG a run whose attempt was killed before its done record")
-        Runner(config_of(config), "cpu0", fake.url, until_empty=True).run()
+        Runner(config_of(config), "cpu0", fake.url, RunnerOptions(until_empty=True)).run()
         job = queue.reads.get(job_id(1))
         assert job.state == "done"
         assert sorted(p.name for p in leftover.parent.iterdir()) == [o.name for o in job.outputs]

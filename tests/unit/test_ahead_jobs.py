@@ -1,0 +1,234 @@
+"""The jobs an attempt takes ahead (comfysup.runner.ahead): one ordered list of Ahead entries, each with its phase,
+against a recording queue and server; no socket, no database."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from comfysup.errors import LeaseLost
+from comfysup.queue.base import Claim
+from comfysup.runner.ahead import AheadJobs
+from comfysup.runner.machine import Limits, Message
+from comfysup.runner.result import Ahead, AheadAsks, AheadPhase, AttemptResult, ClaimArgs, Ending, Outcome
+from comfysup.runner.running import Context, Run
+
+
+def claim(n: int, **kw: Any) -> Claim:
+    return Claim(id=f"job-{n}", attempt=1, owner="runner", server="gpu0", workflow={}, extra_data={},
+                 lease_until=0.0, **kw)
+
+
+class Queue:
+    """Records every write; hands out the claims it is given, in order."""
+
+    def __init__(self, *claims: Claim) -> None:
+        self.claims = list(claims)
+        self.calls: list[tuple[Any, ...]] = []
+        self.lost: set[str] = set()
+        self.cancel: set[str] = set()
+
+    def claim(self, *args: Any, **kwargs: Any) -> Claim | None:
+        return self.claims.pop(0) if self.claims else None
+
+    def record_prompt(self, c: Claim, server: str, number: int, url: str, **kwargs: Any) -> bool:
+        self.calls.append(("record_prompt", c.id, number, kwargs["waiting"], kwargs["renew"] is not None))
+        if c.id in self.lost:
+            raise LeaseLost(c.id)
+        return kwargs["renew"] is not None
+
+    def heartbeat(self, c: Claim, lease_seconds: float) -> bool:
+        self.calls.append(("heartbeat", c.id))
+        if c.id in self.lost:
+            raise LeaseLost(c.id)
+        return c.id in self.cancel
+
+    def set_waiting(self, c: Claim, waiting: bool) -> None:
+        self.calls.append(("set_waiting", c.id, waiting))
+
+    def cancelled(self, c: Claim, reason: str) -> None:
+        self.calls.append(("cancelled", c.id))
+
+    def release(self, c: Claim, reason: str, **kwargs: Any) -> None:
+        self.calls.append(("release", c.id, kwargs["kind"]))
+
+
+class Client:
+    """A server whose queue and history are given; a post gets the next number."""
+
+    def __init__(self) -> None:
+        self.posted: list[str] = []
+        self.running: set[str] = set()
+
+    def own_stream(self, **kwargs: Any) -> Any:
+        return SimpleNamespace(client_id="comfysup-1")
+
+    def post_prompt(self, workflow: Any, prompt_id: str, client_id: str, extra_data: Any) -> int:
+        self.posted.append(prompt_id)
+        return len(self.posted)
+
+    def may_have_run(self, prompt_id: str) -> bool:
+        return False
+
+    def delete_queued(self, ids: list[str]) -> None:
+        pass
+
+    def queue(self) -> list[Any]:
+        return [SimpleNamespace(prompt_id=p) for p in self.running]
+
+    def history(self, prompt_id: str, max_files: int) -> None:
+        return None
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def jobs(queue: Queue, asks: AheadAsks, carried: Ahead | None = None) -> tuple[AheadJobs, list[str]]:
+    """AheadJobs of job-1's attempt; the prompts it interrupted."""
+    settings = SimpleNamespace(server="gpu0", url="http://gpu0", lease_seconds=30.0, heartbeat_seconds=5.0,
+                               max_files_per_job=10, output_dirs={})
+    station = SimpleNamespace(inputs=SimpleNamespace(workflow=lambda w: w), stop_deadline=lambda: None,
+                              peer_waiting=lambda: False)
+    client = Client()
+    ctx = Context(station, settings, claim(1), queue, client, Clock(), lambda: 1000.0, None)  # type: ignore[arg-type]
+    interrupted: list[str] = []
+
+    def interrupt(run: Run, prompt_id: str | None = None, **kwargs: Any) -> None:
+        interrupted.append(prompt_id or "")
+
+    return AheadJobs(ctx, asks, carried, interrupt), interrupted
+
+
+ARGS = ClaimArgs("runner", "gpu0", 30.0, None, 0.0)
+QUEUE_AHEAD = AheadAsks(queue_ahead=lambda c, remaining, uncounted: ARGS)
+
+
+def executing(ctx: Context) -> Run:
+    """Job 1's run, its execution_start read, the server's broadcast saying it alone is in the queue."""
+    run = Run(ctx.client, "gpu0", 1)
+    run.m.follow(Limits("job-1", 1e9, 1e9, 1.0, 10.0), 0.0, True)
+    for kind, data in (("execution_start", {"prompt_id": "job-1"}),
+                       ("status", {"status": {"exec_info": {"queue_remaining": 1}}})):
+        run.m.step(Message(kind, data, 1))
+    return run
+
+
+def ended(run: Run) -> None:
+    """Job 1's success and end, read."""
+    run.m.step(Message("execution_success", {"prompt_id": "job-1"}, 1))
+    run.m.step(Message("executing", {"node": None, "prompt_id": "job-1"}, 1))
+
+
+def test_a_job_queued_ahead_is_one_posted_entry_shown_waiting() -> None:
+    queue = Queue(claim(2))
+    ahead, _ = jobs(queue, QUEUE_AHEAD)
+    run = executing(ahead.ctx)
+    assert ahead.may_queue_ahead(run)
+    ahead.queue_ahead(run)
+    assert not ahead.may_queue_ahead(run)  # asked once an attempt
+    (entry,) = ahead.jobs
+    assert (entry.claim.id, entry.phase, entry.number, entry.waiting) == ("job-2", AheadPhase.POSTED, 1, True)
+    assert queue.calls == [("record_prompt", "job-2", 1, True, False)]
+
+
+def test_its_start_read_on_the_shared_socket_is_kept_for_its_attempt() -> None:
+    ahead, _ = jobs(Queue(claim(2)), QUEUE_AHEAD)
+    ahead.queue_ahead(executing(ahead.ctx))
+    ahead.keep_message("job-9", {"type": "executing"}, started=False)  # nobody's
+    ahead.keep_message("job-2", {"type": "execution_start"}, started=True)
+    assert ahead.jobs[0].started and ahead.jobs[0].events == [{"type": "execution_start"}]
+    assert ahead.started_ahead() is ahead.jobs[0].claim  # the end of job 1 says it executes
+    ahead.start_recorded()
+    assert ahead.started_ahead() is None
+
+
+def test_the_one_queued_behind_the_next_renews_this_attempts_lease_in_the_same_write() -> None:
+    queue = Queue(claim(2), claim(3))
+    ahead, _ = jobs(queue, QUEUE_AHEAD)
+    run = executing(ahead.ctx)
+    ahead.queue_ahead(run)
+    ahead.keep_message("job-2", {"type": "execution_start"}, started=True)
+    ended(run)
+    assert ahead.may_queue_behind_next(run)
+    read: list[bool] = []
+    ahead.queue_behind_next(run, lambda: read.append(True))
+    assert read == [True]  # what the socket holds is read first
+    assert [e.claim.id for e in ahead.jobs] == ["job-2", "job-3"]
+    assert queue.calls[-1] == ("record_prompt", "job-3", 2, True, True)
+    assert ahead.renewed_own(ahead.ctx.clock())
+    result = AttemptResult(Outcome(Ending.DONE), tuple(ahead.jobs))
+    assert result.next_claim is not None and result.next_claim.id == "job-2"
+
+
+def test_when_the_next_loses_its_lease_the_one_behind_it_becomes_the_next() -> None:
+    queue = Queue(claim(2), claim(3))
+    ahead, interrupted = jobs(queue, QUEUE_AHEAD)
+    run = executing(ahead.ctx)
+    ahead.queue_ahead(run)
+    ahead.keep_message("job-2", {}, started=True)
+    ahead.queue_behind_next(run, lambda: None)
+    queue.lost.add("job-2")
+    ahead.ctx.clock.now += 10  # type: ignore[attr-defined]
+    ahead.renew(ahead.ctx.clock())
+    assert interrupted == ["job-2"]  # its prompt must not run here
+    assert [e.claim.id for e in ahead.jobs] == ["job-3"]
+    assert ("heartbeat", "job-3") in queue.calls  # still renewed here, handed to the next attempt
+
+
+def test_a_cancel_of_the_next_takes_it_out_of_the_server_and_records_it() -> None:
+    queue = Queue(claim(2))
+    ahead, interrupted = jobs(queue, QUEUE_AHEAD)
+    ahead.queue_ahead(executing(ahead.ctx))
+    queue.cancel.add("job-2")
+    ahead.ctx.clock.now += 10  # type: ignore[attr-defined]
+    ahead.renew(ahead.ctx.clock())
+    assert interrupted == ["job-2"] and ("cancelled", "job-2") in queue.calls and ahead.jobs == []
+
+
+@pytest.mark.parametrize(("running", "released"), [(False, True), (True, False)])
+def test_a_stop_releases_the_next_only_when_the_server_shows_it_never_ran(running: bool, released: bool) -> None:
+    queue = Queue(claim(2))
+    ahead, _ = jobs(queue, QUEUE_AHEAD)
+    ahead.queue_ahead(executing(ahead.ctx))
+    if running:
+        ahead.ctx.client.running.add("job-2")  # type: ignore[attr-defined]
+    ahead.withdraw_next(cancelled=False)
+    assert (("release", "job-2", "shutdown") in queue.calls) is released
+    assert [e.phase for e in ahead.jobs] == ([] if released else [AheadPhase.STARTED])
+
+
+def test_a_job_that_may_have_run_elsewhere_is_claimed_ahead_but_posted_by_its_own_attempt() -> None:
+    queue = Queue(claim(2, last_server="gpu1"))
+    ahead, _ = jobs(queue, QUEUE_AHEAD)
+    ahead.queue_ahead(executing(ahead.ctx))
+    (entry,) = ahead.jobs
+    assert entry.phase is AheadPhase.CLAIMED and not entry.posted and entry.claim.waiting
+    assert queue.calls == [("set_waiting", "job-2", True)]
+
+
+def test_the_hand_off_asks_with_a_done_on_a_free_server_and_posts_without_waiting() -> None:
+    asked: list[Outcome] = []
+
+    def hand_off(c: Claim, outcome: Outcome) -> ClaimArgs:
+        asked.append(outcome)
+        return ARGS
+
+    queue = Queue(claim(2))
+    ahead, _ = jobs(queue, AheadAsks(hand_off=hand_off))
+    ahead.hand_off()
+    assert [(o.state, o.server_free) for o in asked] == [(Ending.DONE, True)]
+    assert (ahead.jobs[0].phase, ahead.jobs[0].waiting) == (AheadPhase.POSTED, False)
+
+
+def test_a_job_carried_from_the_attempt_before_is_this_attempts_next_from_the_start() -> None:
+    carried = Ahead(claim(2), 1.0, 0.0, AheadPhase.POSTED, number=7)
+    ahead, _ = jobs(Queue(), QUEUE_AHEAD, carried)
+    assert ahead.next is carried and not ahead.may_queue_ahead(executing(ahead.ctx))
+    assert carried.renewed_at == ahead.ctx.clock()
