@@ -22,6 +22,11 @@ from pathlib import Path
 
 from .hostile import mutation_of
 
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not Unix: the lock below is then a no-op
+    fcntl = None  # type: ignore[assignment]
+
 #: The words and what they do; README-style summary for --help and errors.
 WORDS: dict[str, str] = {
     "ok": "runs every node, then execution_success",
@@ -70,9 +75,7 @@ def load_script_file(path: Path) -> dict[str, list[str]]:
 @contextlib.contextmanager
 def _file_lock(path: Path) -> Iterator[None]:
     """An exclusive lock shared by every process using one script file (no-op where flock is absent)."""
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - not Unix
+    if fcntl is None:  # pragma: no cover - not Unix
         yield
         return
     with open(f"{path}.lock", "a") as handle:

@@ -306,7 +306,7 @@ class QueueContract(CatalogueContract, AssetsContract):
 
     def test_record_prompt_renews_another_claim_in_its_transaction(self, q: Queue) -> None:
         """The record of the job queued behind the next one renews the lease of the attempt about to store its own
-        files (comfysup.runner.nextjob): True when that renewal held with no cancel asked; False when a cancel is
+        files (comfysup.runner.ahead): True when that renewal held with no cancel asked; False when a cancel is
         asked (the attempt's own heartbeat finds it) or the claim is lost (nothing of it changed); the record is
         kept either way."""
         self.submit(q, make_job(1), make_job(2))

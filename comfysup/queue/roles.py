@@ -63,7 +63,7 @@ class Leases(Protocol):
 
         ``renew``: another claim of the same runner, whose lease is renewed for ``lease_seconds`` in the same
         transaction, fenced as ``heartbeat`` (one transaction a job instead of two: the attempt about to store
-        that claim's files, comfysup.runner.nextjob). Returns whether that renewal held with no cancel asked (None
+        that claim's files, comfysup.runner.ahead). Returns whether that renewal held with no cancel asked (None
         without ``renew``); nothing is raised for it: a claim lost is left as it was, a cancel asked of it is the
         caller's own heartbeat's to find."""
         ...

@@ -1,4 +1,4 @@
-"""Step 1 of an attempt (DESIGN.md): catch up with a run of the job that an earlier attempt left on a server,
+"""Step 1 of an attempt (docs/design.md): catch up with a run of the job that an earlier attempt left on a server,
 following it, adopting its history, or adopting its files from the server's output folder when the history
 died with the server. Plain functions of the attempt's :class:`Context` and of this job's post, when the
 previous attempt took it ahead and posted it (``taken``).

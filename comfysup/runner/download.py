@@ -1,4 +1,4 @@
-"""Step 5 of an attempt (DESIGN.md): each output of a finished run into the result store, under a temporary
+"""Step 5 of an attempt (docs/design.md): each output of a finished run into the result store, under a temporary
 name then renamed, from the server's output folder where comfysup can see it, else through /view.
 
 Plain functions of the attempt's :class:`Context`, the run and its history entry; ``checkpoint`` is the

@@ -1,4 +1,4 @@
-"""Step 3 of an attempt (DESIGN.md), its driver: the follow loop of one run. It reads the socket, /history and the
+"""Step 3 of an attempt (docs/design.md), its driver: the follow loop of one run. It reads the socket, /history and the
 clocks, feeds what it read to the run's pure machine (comfysup.runner.machine), and carries out the actions that
 machine returns; between messages, it takes jobs ahead (comfysup.runner.ahead). The same wake-up serves the
 download's checkpoints, once the run is over.

@@ -1,4 +1,4 @@
-"""Step 3 of an attempt (DESIGN.md): what following a prompt reads. The next message of its socket (reconnected
+"""Step 3 of an attempt (docs/design.md): what following a prompt reads. The next message of its socket (reconnected
 with the same client id when it drops), what each message means for the run, its history entry read from
 /history, or made of its messages when the run was watched whole on one connection.
 

@@ -1,4 +1,4 @@
-"""Step 4 of an attempt (DESIGN.md): interrupt its prompt, take it out of the server's queue, and wait until it
+"""Step 4 of an attempt (docs/design.md): interrupt its prompt, take it out of the server's queue, and wait until it
 has left; a prompt that will not leave is reported (comfysup.runner.stuck) and its server restarted.
 
 An :class:`Interrupter` is made once per attempt. What it needs besides the attempt's :class:`Context` is given to

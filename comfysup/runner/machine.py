@@ -6,7 +6,7 @@ the driver carries out (trace a message, read /history, renew the leases, interr
 attempt). Nothing here does I/O or reads a clock: every event carries its ``now``, so the whole protocol is
 tested by feeding recorded ComfyUI message sequences and faults (tests/unit/test_run_machine.py).
 
-What the protocol promises (DESIGN.md "One attempt, step by step"):
+What the protocol promises (docs/design.md "One attempt, step by step"):
 - a run is this job's from its ``execution_start`` on; nothing before it, and no other prompt's message, is
   taken as this run's (a message of the job taken ahead is kept for that job's attempt);
 - ``execution_success`` comes before ComfyUI writes the history, ``executing`` with node None right after it:

@@ -1,4 +1,4 @@
-"""Step 2 of an attempt (DESIGN.md), the part that talks to the server: deliver the job's input files, then POST
+"""Step 2 of an attempt (docs/design.md), the part that talks to the server: deliver the job's input files, then POST
 /prompt with the job's id. Used by the attempt's own post and by the post of a job taken ahead (comfysup.runner.ahead).
 """
 

@@ -1,4 +1,4 @@
-"""Step 6 of an attempt (DESIGN.md): its outcome, its reason class and its trace, recorded in one fenced write
+"""Step 6 of an attempt (docs/design.md): its outcome, its reason class and its trace, recorded in one fenced write
 (with the claim of the runner's next job, in one transaction, when the runner goes on); and, while it runs, its
 live progress and newest preview, written at most so often.
 """

@@ -4,7 +4,7 @@ RetryStrategy).
 Transient failures are retried after the policy's full-jitter backoff (comfysup.backoff) until
 ``attempts`` is spent; then the job is dead with ``gave up after N attempts, last: <reason>``. Permanent
 failures are dead at once. Which of ComfyUI's failures are transient is comfysup.comfy.errors' to say
-(DESIGN.md's failure table); ``Failure``, ``execution_failure`` and ``is_oom`` are importable from here too,
+(docs/design.md's failure table); ``Failure``, ``execution_failure`` and ``is_oom`` are importable from here too,
 beside the decisions on them.
 """
 

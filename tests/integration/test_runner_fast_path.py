@@ -1,4 +1,4 @@
-"""Issue 7 in the runner: what a job no longer pays between two prompts, and model affinity end to end.
+"""In the runner: what a job no longer pays between two prompts, and model affinity end to end.
 
 Each test counts what actually happened (sockets opened, GET /queue calls, transactions, model loads in
 the fake), so a change that brings a cost back makes it fail; nothing here is timed.
@@ -62,7 +62,7 @@ def test_the_next_job_is_posted_before_the_last_ones_files_are_recorded(tmp_path
     for cls, name in ((EventStream, "connect"), (ComfyClient, "queue"), (ComfyClient, "history"),
                       (Leases, "claim"), (Leases, "complete"), (Leases, "complete_and_claim")):
         counts.watch(cls, name)
-    config = write_config(tmp_path, queue_ahead=False)  # the hand-off at the end (issue 7)
+    config = write_config(tmp_path, queue_ahead=False)  # the hand-off at the end
     queue = submit(config, [trivial_job(n) for n in range(1, 7)])
     Runner(config_of(config), "cpu0", fake.url, RunnerOptions(until_empty=True)).run()
     jobs = list(queue.reads.iter_jobs())
@@ -77,7 +77,7 @@ def test_the_next_job_is_posted_before_the_last_ones_files_are_recorded(tmp_path
     # the last done still tries to take a job in its own transaction.
     assert counts["claim"] == 8 and counts["complete"] == 5 and counts["complete_and_claim"] == 1
     # The server's own status broadcast said it was free: GET /queue only before the first and last claims, and
-    # in the client's one look at what the server holds, before the first POST (issue 15).
+    # in the client's one look at what the server holds, before the first POST.
     assert counts["queue"] == 3
     # Never read per job: that look (its /queue and /history) found no id of these jobs, and each later POST's
     # number followed the one before (no other client posted), so no id can have run there since; never after a
@@ -104,7 +104,7 @@ def test_the_next_job_is_posted_before_the_last_ones_files_are_read(tmp_path: Pa
 
     monkeypatch.setattr(ComfyClient, "post_prompt", post_logged)
     monkeypatch.setattr(Attempt, "_download", download_logged)
-    config = write_config(tmp_path, queue_ahead=False)  # the hand-off at the end (issue 7)
+    config = write_config(tmp_path, queue_ahead=False)  # the hand-off at the end
     queue = submit(config, [trivial_job(n) for n in range(1, 5)])
     Runner(config_of(config), "cpu0", fake.url, RunnerOptions(until_empty=True)).run()
     assert [j.state for j in queue.reads.iter_jobs()] == ["done"] * 4
@@ -121,7 +121,7 @@ def test_without_a_handoff_the_done_and_the_next_claim_are_one_transaction(
                       (Leases, "complete_and_claim")):
         counts.watch(cls, name)
     monkeypatch.setattr(AheadJobs, "may_hand_off", lambda self, run: False)  # as when the server's queue was not empty
-    config = write_config(tmp_path, queue_ahead=False)  # the hand-off at the end (issue 7)
+    config = write_config(tmp_path, queue_ahead=False)  # the hand-off at the end
     queue = submit(config, [trivial_job(n) for n in range(1, 7)])
     Runner(config_of(config), "cpu0", fake.url, RunnerOptions(until_empty=True)).run()
     assert [j.state for j in queue.reads.iter_jobs()] == ["done"] * 6
@@ -129,7 +129,7 @@ def test_without_a_handoff_the_done_and_the_next_claim_are_one_transaction(
     assert counts["complete_and_claim"] == 6 and counts["complete"] == 0  # the sixth finds nothing left
     assert counts["claim"] == 2  # the first job, and the empty queue at the end
     # Before the first and last claims, and once in the client's look at what the server holds before the first
-    # POST (issue 15): no job's id was in it, and no other client posted since, so none is looked up again.
+    # POST: no job's id was in it, and no other client posted since, so none is looked up again.
     assert counts["queue"] == 2 + 1
     queue.close()
 
@@ -138,11 +138,11 @@ def test_without_a_handoff_the_done_and_the_next_claim_are_one_transaction(
 def test_a_job_posted_again_gets_a_socket_of_its_own(tmp_path: Path, fake: FakeComfy,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """A job posted again must not read its first run's late messages as its own: here the post after an
-    out-of-memory error, in the same attempt (issue 34), as for a second attempt."""
+    out-of-memory error, in the same attempt, as for a second attempt."""
     counts = Counts(monkeypatch)
     counts.watch(EventStream, "connect")
     fake.script_by_id({job_id(1): ["oom", "ok"]})
-    config = write_config(tmp_path, queue_ahead=False)  # the hand-off at the end (issue 7)
+    config = write_config(tmp_path, queue_ahead=False)  # the hand-off at the end
     queue = submit(config, [trivial_job(1), trivial_job(2)])
     Runner(config_of(config), "cpu0", fake.url, RunnerOptions(until_empty=True)).run()
     assert queue.reads.get(job_id(1)).state == "done" and queue.reads.get(job_id(1)).attempt == 1
@@ -182,7 +182,7 @@ def test_a_runner_keeps_to_the_model_its_server_has_loaded(tmp_path: Path, fake:
 def test_a_job_claimed_with_the_last_done_goes_back_uncounted_when_the_runner_stops(
         tmp_path: Path, fake: FakeComfy, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(AheadJobs, "may_hand_off", lambda self, run: False)  # the job comes with the done
-    config = write_config(tmp_path, queue_ahead=False)  # the hand-off at the end (issue 7)
+    config = write_config(tmp_path, queue_ahead=False)  # the hand-off at the end
     queue = submit(config, [trivial_job(1), trivial_job(2)])
     runner = Runner(config_of(config), "cpu0", fake.url, RunnerOptions(until_empty=True))
     original = Leases.complete_and_claim
@@ -207,7 +207,7 @@ def test_a_job_handed_off_before_a_stop_is_followed_to_its_end(tmp_path: Path, f
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """Already on the server when the stop came: it runs within the grace like any running job, and is not
     left running there without an owner, nor put back in the queue while it runs."""
-    config = write_config(tmp_path, queue_ahead=False)  # the hand-off at the end (issue 7)
+    config = write_config(tmp_path, queue_ahead=False)  # the hand-off at the end
     queue = submit(config, [trivial_job(n) for n in range(1, 4)])
     runner = Runner(config_of(config), "cpu0", fake.url, RunnerOptions(until_empty=True))
     original = Runner._hand_off_claim
@@ -233,7 +233,7 @@ def test_a_runner_killed_after_a_handoff_leaves_both_jobs_to_be_adopted_not_reru
         tmp_path: Path, fake: FakeComfy, monkeypatch: pytest.MonkeyPatch) -> None:
     from comfysup.runner.store import ResultStore
 
-    config = write_config(tmp_path, queue_ahead=False)  # the hand-off at the end (issue 7)
+    config = write_config(tmp_path, queue_ahead=False)  # the hand-off at the end
     queue = submit(config, [trivial_job(1), trivial_job(2)])
     runner = Runner(config_of(config), "cpu0", fake.url, RunnerOptions(until_empty=True))
     original = ResultStore.write

@@ -1,4 +1,4 @@
-"""Issue 19: a runner keeps one more job waiting in its server's queue behind the running prompt.
+"""A runner keeps one more job waiting in its server's queue behind the running prompt.
 
 What must still hold: one at most per server, the queued job's timeout counts from its start, a cancel or a
 graceful stop takes it out of the server's queue, a crash leaves it to be followed, priority picks it when it
