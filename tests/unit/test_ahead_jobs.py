@@ -22,9 +22,11 @@ def claim(n: int, **kw: Any) -> Claim:
 
 
 class Queue:
-    """Records every write; hands out the claims it is given, in order."""
+    """The lease role the jobs taken ahead write through (``queue.leases``): records every write, hands out the
+    claims it is given, in order."""
 
     def __init__(self, *claims: Claim) -> None:
+        self.leases = self
         self.claims = list(claims)
         self.calls: list[tuple[Any, ...]] = []
         self.lost: set[str] = set()
