@@ -129,8 +129,7 @@ class JobsFile:
         self._local: dict[str, bool] = {}
         self._any_refused: bool | None = None
         """Whether ``validate`` met a line that some catalogue refused; False: building the jobs skips the check."""
-        self.cache = WorkflowCache(self.object_info, "the node catalogue of " + "; ".join(
-            c.label for c in catalogues) if catalogues else "the node catalogue")
+        self.cache = WorkflowCache(self.object_info, _catalogue_name(catalogues))
         self._named: dict[str, Template] = {}
         """Workflow text by the path as the lines spell it: each path is resolved (realpath, one lstat per path
         component) once, not for every line that names it."""
@@ -353,6 +352,11 @@ def _bound_inputs(inputs: InputFiles, max_file_bytes: int | None, max_job_bytes:
         inputs.max_job_bytes = max_job_bytes
     if s3_buckets is not None:
         inputs.s3_buckets = tuple(s3_buckets)
+
+
+def _catalogue_name(catalogues: Sequence[Catalogue]) -> str:
+    """How a refusal of a UI workflow's conversion names the catalogues it was converted with (their servers)."""
+    return "the node catalogue of " + "; ".join(c.label for c in catalogues) if catalogues else "the node catalogue"
 
 
 def _collect(reasons: list[str], check: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
