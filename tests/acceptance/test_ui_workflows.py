@@ -6,7 +6,10 @@ person reads it at submit, ``file:line``, every problem of the line."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -118,3 +121,22 @@ def test_refusals_as_a_person_reads_them(tmp_path: Path, config: Path) -> None:
     assert f"{jobs}:3: set key 'CLIPTextEncode.text': 'CLIPTextEncode' names 2 nodes (57:210:100, 57:210:101): " \
            "name one by its id" in text
     assert "nothing was submitted" in out.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_demo_jobs_runs_a_ui_workflow(tmp_path: Path) -> None:
+    """``comfysup demo --jobs``: submitted once the fake servers recorded their catalogues, which convert it."""
+    workflow = json.dumps(NESTED["workflow"]).replace(CHECKPOINT, "v1-5-pruned-emaonly.safetensors")
+    (tmp_path / "t2i.json").write_text(workflow)
+    jobs = jobs_file(tmp_path, [{"id": job_id(n), "workflow": "t2i.json", "set": {"KSampler.seed": n}}
+                                for n in (1, 2)])
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COMFYSUP_")}
+    env["XDG_CACHE_HOME"] = str(tmp_path / "cache")
+    result = subprocess.run([sys.executable, "-m", "comfysup", "demo", "--jobs", str(jobs), "--dir",
+                             str(tmp_path / "demo")], env=env, capture_output=True, text=True, timeout=100,
+                            cwd=Path(__file__).resolve().parents[2])
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "2 of 2 job(s) done" in result.stdout
+    [made] = sorted((tmp_path / "demo" / "var" / "results" / job_id(2)).glob("*.png"))[:1]
+    assert image.read(made).workflow == json.loads(workflow)
