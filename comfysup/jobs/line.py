@@ -87,9 +87,10 @@ def priority_problems(priority: Any) -> list[str]:
 def new_job(line: Line, made: Made) -> NewJob:
     """The job of a checked line. Its spec hash: the applied workflow's text (an input from elsewhere as written:
     its fetched bytes never make a redelivery a conflict), then its extra_data, meta, priority and, only when
-    given, its callback, so the ids of every file without one keep their hash."""
+    given, its callback, so the ids of every file without one keep their hash. The UI workflow a job came from is
+    added to its extra_data after: the applied workflow already holds what it makes ComfyUI run."""
     meta = line.fields.get("meta", {})
-    extra = with_workflow(line.fields.get("extra_data", {}), made.ui)
+    extra = line.fields.get("extra_data", {})
     digest = made.digest
     digest.update(b"\0")
     callback = [line.callback] if line.callback else []
@@ -98,7 +99,8 @@ def new_job(line: Line, made: Made) -> NewJob:
         digest.update(b"\0")
     name = meta["kind"] if isinstance(meta.get("kind"), str) and meta["kind"] else made.name
     return NewJob(id=line.job_id, workflow=made.workflow, spec_hash=digest.hexdigest(), priority=line.priority,
-                  extra_data=extra, meta=meta, params=line.params or {}, workflow_name=name, workflow_json=made.text,
+                  extra_data=with_workflow(extra, made.ui), meta=meta, params=line.params or {}, workflow_name=name,
+                  workflow_json=made.text,
                   callback_url=line.callback, template_json=made.stored, template_hash=made.stored_hash,
                   model_key=made.key, refused=made.refused, assets=line.found)
 
