@@ -356,7 +356,9 @@ def _bound_inputs(inputs: InputFiles, max_file_bytes: int | None, max_job_bytes:
 
 def _catalogue_name(catalogues: Sequence[Catalogue]) -> str:
     """How a refusal of a UI workflow's conversion names the catalogues it was converted with (their servers)."""
-    return "the node catalogue of " + "; ".join(c.label for c in catalogues) if catalogues else "the node catalogue"
+    if len(catalogues) > 1:
+        return f"the node catalogue of every server ({'; '.join(c.label for c in catalogues)})"
+    return f"the node catalogue of {catalogues[0].label}" if catalogues else "the node catalogue"
 
 
 def _collect(reasons: list[str], check: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

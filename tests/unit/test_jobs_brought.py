@@ -145,3 +145,14 @@ def test_every_problem_of_a_ui_workflow_is_refused_with_its_line(tmp_path: Path,
     assert any("node 2 (EmptyLatentImage): its saved widget values ['wide', 512, 1] do not fit the widgets the node "
                "catalogue of cpu0@host expects ['width', 'height', 'batch_size']" in m for m in messages)
     assert any("input 'model': its link 1 comes from node 999, which is not there" in m for m in messages)
+
+
+def test_a_node_type_no_server_has_names_every_server(tmp_path: Path) -> None:
+    workflow = json.loads(json.dumps(NESTED["workflow"]).replace('"VAEDecode"', '"FancyDecode"'))
+    (tmp_path / "ui.json").write_text(json.dumps(workflow))
+    path = tmp_path / "jobs.jsonl"
+    path.write_text(json.dumps({"workflow": "ui.json"}) + "\n")
+    found = [Catalogue(1, OBJECT_INFO, ("cpu0@a",)), Catalogue(2, OBJECT_INFO, ("gpu0@b", "gpu1@b"))]
+    [problem] = JobsFile(path, catalogues=found).validate().problems
+    assert problem.message.endswith("node 58 (FancyDecode): the node catalogue of every server (cpu0@a; gpu0@b, "
+                                    "gpu1@b) has no node type 'FancyDecode' (a custom node that is not installed?)")
