@@ -36,7 +36,7 @@ class WorkflowRefused(ComfysupError):
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
-    p = sub.add_parser("workflow", parents=[common], help="show a workflow as the API prompt a job runs, or what a "
+    p = sub.add_parser("workflow", help="show a workflow as the API prompt a job runs, or what a "
                        "job can set", description="A workflow as you have it: the file ComfyUI's Save wrote (UI "
                        "format, subgraphs and all), its API export, or a PNG/WEBP that ComfyUI saved (which carries "
                        "its prompt and workflow). `convert` prints the API prompt a job runs; `inspect` lists every "
