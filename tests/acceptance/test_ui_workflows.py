@@ -140,3 +140,19 @@ def test_demo_jobs_runs_a_ui_workflow(tmp_path: Path) -> None:
     assert "2 of 2 job(s) done" in result.stdout
     [made] = sorted((tmp_path / "demo" / "var" / "results" / job_id(2)).glob("*.png"))[:1]
     assert image.read(made).workflow == json.loads(workflow)
+
+
+@pytest.mark.timeout(120)
+def test_dynamic_prompts_run_the_choice_of_each_job_id(tmp_path: Path, config: Path, fake: FakeComfy) -> None:
+    """Each job runs its own choice of ``{a|b}``, the one its id seeds, which a resubmit recomputes the same."""
+    options = ["cat", "dog", "fox", "owl", "bee", "elk"]
+    (tmp_path / "t2i.json").write_text(json.dumps(NESTED["workflow"]).replace('"a cat"', '"a {' + "|".join(options)
+                                                                                + '}"'))
+    lines = [{"id": job_id(n), "workflow": "t2i.json", "set": {"KSampler.seed": n}} for n in range(1, 5)]
+    jobs = jobs_file(tmp_path, lines)
+    assert comfysup("submit", str(jobs), "--config", str(config)).returncode == 0
+    assert "summary: 4 done" in work(config, fake)
+    ran = [image.read(outputs(tmp_path, n)[0]).prompt["57:210:100"]["inputs"]["text"] for n in range(1, 5)]
+    assert all(text in {f"a {o}" for o in options} for text in ran) and len(set(ran)) > 1
+    again = comfysup("submit", str(jobs), "--config", str(config))
+    assert again.returncode == 0 and "0 job(s), 4 already submitted" in again.stdout, again.stdout + again.stderr
