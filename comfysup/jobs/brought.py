@@ -10,6 +10,10 @@ ComfyUI with their graph.
 A widget with dynamic prompts (``{a|b}``) is where the frontend chooses at random each time it queues. A job
 chooses seeded by its id (``Brought.for_job``): the same line submitted again, or a retry, runs the same text,
 and each job of a batch has its own choice.
+
+A line without an id is named by the workflow as it was given (the UI file's content), not by the converted
+prompt: the id is known before the conversion that it seeds, and the same line stays the same job when a
+server's catalogue changes what the conversion gives.
 """
 
 from __future__ import annotations
@@ -38,9 +42,9 @@ _ID = re.compile(r"[0-9:]+")
 
 @dataclass
 class Brought:
-    """A workflow brought: its API ``prompt``, the UI workflow it came from (None for an API prompt), the
-    address of the UI workflow converted (what a line's derived id takes; empty for an API prompt, whose own
-    address it takes), and whether its conversion chose among the
+    """A workflow brought: its API ``prompt``; the UI workflow it came from, or that an image carried beside its
+    prompt (None for an API prompt); the address of the UI workflow converted (what a line's derived id takes;
+    empty where the prompt was given, whose own address it takes); and whether its conversion chose among the
     options of a dynamic prompt (then each job converts it again, ``for_job``)."""
 
     prompt: dict[str, Any]
