@@ -23,7 +23,7 @@ from comfysup.errors import ComfysupError
 MODULE_OF = {"retry": "manage", "cancel": "manage", "systemd-unit": "systemd_unit"}
 """Commands whose module is not named after them."""
 COMMANDS = ("init", "submit", "status", "show", "manage", "work", "results", "run", "health", "systemd_unit",
-            "demo", "migrate", "prune", "api", "consume", "models")
+            "demo", "migrate", "prune", "api", "consume", "models", "workflow")
 
 
 class _Parser(argparse.ArgumentParser):

@@ -4,7 +4,9 @@ The body (comfy-api-proxy ``spec/openapi.yaml`` 2.0.0 ``postJobs``; comfy-sdk 0.
 ``_jobs_body``) is ``{"workflow": {...API format...}, "extra_data": {...}, "metadata": {"k": "v"}}``; comfysup
 adds ``priority`` (a whole number, as a jobs.jsonl line has it). It becomes the line ``{"id", "workflow",
 "priority", "extra_data", "meta"}`` and goes through ``comfysup.jobs.JobsFile.parse`` with the node catalogues
-the servers recorded: one validation for every front door.
+the servers recorded: one validation for every front door. A UI-format workflow (ComfyUI's Save) is converted
+there with those catalogues (comfysup.jobs.brought); before any server has recorded one, it is 422
+``workflow_format_ui``, saying how to convert it.
 
 What the spec draws, refused before anything else: a body that is not an object or carries a field no job has is
 400 ``invalid_request``; the reserved ``webhook_url`` and ``inputs`` are 422 ``invalid_workflow`` (the spec:
@@ -32,10 +34,12 @@ from comfysup.api.errors import ApiError
 from comfysup.api.references import references, remote_references
 from comfysup.config import Config
 from comfysup.jobs import PRIORITY_RANGE, JobLineError, JobsFile
+from comfysup.jobs.brought import NO_CATALOGUE
 from comfysup.jobs.catalogue import Catalogue
 from comfysup.jobs.inputs import InputFiles
 from comfysup.queue.assets import ApiAsset
 from comfysup.queue.base import NewJob
+from comfysup.workflows.ui import is_ui_workflow
 
 KEY_NAMESPACE = uuid.UUID("6f0c4d8e-3b1a-5c7e-9d2f-4a8b6c1e0f35")
 """The namespace of job ids derived from an Idempotency-Key that is not a UUID (fixed: every API process of
@@ -186,11 +190,9 @@ class Intake:
             raise ApiError(400, "invalid_request", f"unknown field {sorted(unknown)[0]!r}; a job has "
                            f"{', '.join(sorted(BODY_KEYS))}")
         workflow = body.get("workflow")
-        if isinstance(workflow, dict) and "nodes" in workflow and "links" in workflow:
-            raise ApiError(422, "workflow_format_ui", "workflow is in UI-export format (nodes/links); submit the "
-                           "API-format graph (Workflow > Export (API) in ComfyUI)")
         if not isinstance(workflow, dict):
-            raise ApiError(422, "invalid_workflow", "workflow must be an API-format object of nodes")
+            raise ApiError(422, "invalid_workflow", "workflow must be an object: an API-format prompt or a UI-format "
+                           "workflow")
         return {"id": job_id_for(key), "workflow": workflow, "extra_data": _extra_data(body),
                 "meta": _labels(body.get("metadata")), "priority": _priority(body)}
 
@@ -200,6 +202,8 @@ class Intake:
         ``core/ASSET`` references; each becomes a ``set`` value by hash, as a jobs.jsonl line carries it.
         ``fetched``: what ``fetch`` answered for this body (its inputs by URL, already fetched)."""
         line = self.line(body, key)
+        if is_ui_workflow(line["workflow"]) and not catalogues:
+            raise ApiError(422, "workflow_format_ui", f"workflow is in ComfyUI's UI format; {NO_CATALOGUE}")
         inputs = references(line["workflow"], lookup, time.time(), self.models_dir)
         if inputs:
             line["set"] = inputs

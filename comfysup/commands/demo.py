@@ -27,7 +27,7 @@ import tomli_w
 
 from comfysup.commands import submit
 from comfysup.commands.results import _ids_of, _table, row
-from comfysup.config import load_config
+from comfysup.config import Config, load_config
 from comfysup.errors import ComfysupError, UsageError
 from comfysup.queue import open_queue
 from comfysup.queue.base import TERMINAL
@@ -35,6 +35,7 @@ from comfysup.supervisor.process import die_with_parent
 from comfysup.supervisor.server import port_holder
 
 POLL_SECONDS = 0.5
+CATALOGUE_WAIT_SECONDS = 60.0
 FIRST_PORT = 8188
 
 
@@ -202,6 +203,20 @@ def follow(config_path: Path, ids: list[str], proc: subprocess.Popen[bytes], tim
     return counts
 
 
+def wait_for_catalogues(config: Config, proc: subprocess.Popen[bytes], log_path: Path) -> None:
+    """Return once a server has recorded its node catalogue in the queue (its runner does when it starts), or
+    after CATALOGUE_WAIT_SECONDS (then submit checks without one, and says so); fail if the supervisor dies."""
+    queue = open_queue(config, create=False)
+    deadline = time.monotonic() + CATALOGUE_WAIT_SECONDS
+    try:
+        while not queue.fleet.catalogues() and time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise DemoFailed(f"the supervisor exited ({proc.returncode}); see {log_path}")
+            time.sleep(POLL_SECONDS)
+    finally:
+        queue.close()
+
+
 def report(config_path: Path, ids: list[str]) -> str:
     config = load_config(str(config_path), env={})
     queue = open_queue(config, create=False)
@@ -223,19 +238,22 @@ def run(args: argparse.Namespace) -> int:
     config_path = write_config(directory, free_ports(2))
     log_path = directory / "supervisor.log"
     print(f"demo in {directory}: two fake ComfyUI servers on the CPU, config {config_path}", file=sys.stderr)
-    code = submit.run(argparse.Namespace(config=str(config_path), file=str(jobs), dry_run=False, wait=False))
-    if code:
-        return code
-    ids = _ids_of(jobs)
+    config = load_config(str(config_path), env={})
+    open_queue(config, create=True).close()
     proc = start_supervisor(config_path, log_path)
     print(f"supervisor started (pid {proc.pid}), log {log_path}", file=sys.stderr)
     try:
-        counts = follow(config_path, ids, proc, args.timeout_seconds, log_path)
+        # Submitted once the servers recorded their node catalogues, which a UI-format workflow is converted with.
+        wait_for_catalogues(config, proc, log_path)
+        code = submit.run(argparse.Namespace(config=str(config_path), file=str(jobs), dry_run=False, wait=False))
+        ids = [] if code else _ids_of(jobs)
+        counts = follow(config_path, ids, proc, args.timeout_seconds, log_path) if ids else Counter[str]()
     finally:
-        config = load_config(str(config_path), env={})
         stopped = stop_supervisor(proc, config.runner.grace_seconds + 30)
         print(f"supervisor stopped ({'exit code ' + str(stopped) if stopped is not None else '?'})",
               file=sys.stderr)
+    if code:
+        return code
     print(report(config_path, ids))
     print()
     print(f"files:   {config.resolve(config.store.dir)}/<job id>/")

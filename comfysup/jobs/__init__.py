@@ -16,6 +16,7 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from comfysup.config import InputsConfig
+from comfysup.jobs.brought import Brought, bring, name_by_id
 from comfysup.jobs.catalogue import Catalogue, Hints, TemplateCheck, refusal_texts
 from comfysup.jobs.graph import (  # noqa: F401  (the names callers import from comfysup.jobs)
     BUILTIN_OTHER_NODES,
@@ -128,7 +129,7 @@ class JobsFile:
         self._local: dict[str, bool] = {}
         self._any_refused: bool | None = None
         """Whether ``validate`` met a line that some catalogue refused; False: building the jobs skips the check."""
-        self.cache = WorkflowCache(self.object_info)
+        self.cache = WorkflowCache(self.object_info, _catalogue_name(catalogues))
         self._named: dict[str, Template] = {}
         """Workflow text by the path as the lines spell it: each path is resolved (realpath, one lstat per path
         component) once, not for every line that names it."""
@@ -240,10 +241,12 @@ class JobsFile:
             template = self._template(value)
         except JobLineError as exc:
             raise JobLineError(*line.reasons, *exc.reasons) from None
-        self._derive_id(line, template.stored_hash)
-        changed = apply_set(template.workflow, line.params, self.object_info, line.reasons)
+        self._derive_id(line, template.source_hash)
+        name_by_id(template.workflow, line)
+        ran = template.for_job(line.job_id) if build else template
+        changed = apply_set(ran.workflow, line.params, self.object_info, line.reasons)
         if check:
-            line.warnings = _collect(line.reasons, template.check, changed, line.params, self.object_info) or []
+            line.warnings = _collect(line.reasons, ran.check, changed, line.params, self.object_info) or []
         refused = self._refused(self._template_check(template), changed, check, line.reasons, line.params)
         if line.reasons:
             raise JobLineError(*line.reasons)
@@ -253,16 +256,18 @@ class JobsFile:
         # is needed, and it starts from the template's saved state.
         named = changed
         if line.named is not line.params:  # an input from elsewhere: hashed as written
-            named = apply_set(template.workflow, line.named, self.object_info, [])
-        return Made({**template.workflow, **changed}, template.name, "", template.hasher(named), template.stored,
-                     template.stored_hash, template.model_key(changed), refused)
+            named = apply_set(ran.workflow, line.named, self.object_info, [])
+        return Made({**ran.workflow, **changed}, ran.name, "", ran.hasher(named), ran.stored, ran.stored_hash,
+                    ran.model_key(changed), refused, ran.brought.ui)
 
     def _from_inline(self, line: Line, value: Any, check: bool, build: bool) -> Made | None:
         """A line whose workflow is in the line itself: checked as ComfyUI would (and with ``build``, hashed)."""
-        inline = _collect(line.reasons, self._inline, value)
-        if inline is None:
+        brought = _collect(line.reasons, self._inline, value)
+        if brought is None:
             raise JobLineError(*line.reasons)
-        self._derive_id(line, content_hash(canonical(inline)))
+        self._derive_id(line, brought.source_hash or content_hash(canonical(brought.prompt)))
+        inline = brought.for_job(line.job_id)
+        name_by_id(inline, line)
         workflow = {**inline, **apply_set(inline, line.params, self.object_info, line.reasons)}
         if check:
             line.warnings = _collect(line.reasons, check_graph, workflow, self.object_info) or []
@@ -278,7 +283,7 @@ class JobsFile:
         # Stored before its `set`, so lines that share an inline workflow share one stored copy.
         stored = canonical(inline) if line.params else text
         return Made(workflow, "inline", text, hashlib.sha256(named.encode()), stored, content_hash(stored),
-                     model_key(workflow) or "", refused)
+                    model_key(workflow) or "", refused, brought.ui)
 
     def _template_check(self, template: Template) -> TemplateCheck | None:
         if not self.catalogues:
@@ -327,14 +332,15 @@ class JobsFile:
             self._named[value] = self.cache.template(path)
         return self._named[value]
 
-    def _inline(self, value: Any) -> dict[str, Any]:
+    def _inline(self, value: Any) -> Brought:
         if isinstance(value, dict):
-            check_api_format(value, "the inline workflow")
-            return value
+            brought = bring(value, self.object_info.data, "the inline workflow", self.cache.catalogue_name)
+            check_api_format(brought.prompt, "the inline workflow")
+            return brought
         if value is None:
-            raise JobLineError("workflow is missing: give a path relative to the jobs file, or an API-format "
-                               "object")
-        raise JobLineError(f"workflow must be a path or an API-format object, not {type(value).__name__}")
+            raise JobLineError("workflow is missing: give a path relative to the jobs file, or a workflow object "
+                               "(API or UI format)")
+        raise JobLineError(f"workflow must be a path or a workflow object, not {type(value).__name__}")
 
 
 def _bound_inputs(inputs: InputFiles, max_file_bytes: int | None, max_job_bytes: int | None,
@@ -346,6 +352,13 @@ def _bound_inputs(inputs: InputFiles, max_file_bytes: int | None, max_job_bytes:
         inputs.max_job_bytes = max_job_bytes
     if s3_buckets is not None:
         inputs.s3_buckets = tuple(s3_buckets)
+
+
+def _catalogue_name(catalogues: Sequence[Catalogue]) -> str:
+    """How a refusal of a UI workflow's conversion names the catalogues it was converted with (their servers)."""
+    if len(catalogues) > 1:
+        return f"the node catalogue of every server ({'; '.join(c.label for c in catalogues)})"
+    return f"the node catalogue of {catalogues[0].label}" if catalogues else "the node catalogue"
 
 
 def _collect(reasons: list[str], check: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

@@ -48,6 +48,8 @@ class Made:
     stored_hash: str
     key: str
     refused: tuple[tuple[int, str], ...]
+    ui: dict[str, Any] | None = None
+    """The UI workflow the line's workflow was converted from (or its image carried): posted with the job."""
 
 
 def load_line(raw: bytes) -> dict[str, Any]:
@@ -85,7 +87,8 @@ def priority_problems(priority: Any) -> list[str]:
 def new_job(line: Line, made: Made) -> NewJob:
     """The job of a checked line. Its spec hash: the applied workflow's text (an input from elsewhere as written:
     its fetched bytes never make a redelivery a conflict), then its extra_data, meta, priority and, only when
-    given, its callback, so the ids of every file without one keep their hash."""
+    given, its callback, so the ids of every file without one keep their hash. The UI workflow a job came from is
+    added to its extra_data after: the applied workflow already holds what it makes ComfyUI run."""
     meta = line.fields.get("meta", {})
     extra = line.fields.get("extra_data", {})
     digest = made.digest
@@ -96,6 +99,19 @@ def new_job(line: Line, made: Made) -> NewJob:
         digest.update(b"\0")
     name = meta["kind"] if isinstance(meta.get("kind"), str) and meta["kind"] else made.name
     return NewJob(id=line.job_id, workflow=made.workflow, spec_hash=digest.hexdigest(), priority=line.priority,
-                  extra_data=extra, meta=meta, params=line.params or {}, workflow_name=name, workflow_json=made.text,
+                  extra_data=with_workflow(extra, made.ui), meta=meta, params=line.params or {}, workflow_name=name,
+                  workflow_json=made.text,
                   callback_url=line.callback, template_json=made.stored, template_hash=made.stored_hash,
                   model_key=made.key, refused=made.refused, assets=line.found)
+
+
+def with_workflow(extra_data: dict[str, Any], ui: dict[str, Any] | None) -> dict[str, Any]:
+    """A job's extra_data with the UI workflow it came from in ``extra_pnginfo.workflow`` (as the frontend posts
+    it); unchanged without one, or where the line gave its own."""
+    if ui is None:
+        return extra_data
+    pnginfo = extra_data.get("extra_pnginfo")
+    pnginfo = pnginfo if isinstance(pnginfo, dict) else {}
+    if "workflow" in pnginfo:
+        return extra_data
+    return {**extra_data, "extra_pnginfo": {**pnginfo, "workflow": ui}}

@@ -7,6 +7,7 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
+from comfysup.jobs.brought import Brought, bring, bring_image, is_image
 from comfysup.jobs.graph import ObjectInfo, check_api_format, check_graph, is_link
 from comfysup.jobs.values import JobLineError, check_depth, loads_strict
 from comfysup.workflows import canonical, content_hash, model_key, touches_loader
@@ -24,15 +25,19 @@ class Template:
     is exactly ``canonical(workflow)``: spec hashes do not depend on these shortcuts.
     """
 
-    def __init__(self, workflow: dict[str, Any], name: str) -> None:
+    def __init__(self, workflow: dict[str, Any], name: str, brought: Brought | None = None) -> None:
         self.workflow = workflow
         self.name = name
+        self.brought = brought or Brought(workflow)
+        """What the file held: the UI workflow converted, or an image's (comfysup.jobs.brought)."""
         self.order = sorted(workflow)
         self.node_text = {k: f"{canonical(k)}:{canonical(workflow[k])}" for k in self.order}
         self._graph: tuple[list[str], JobLineError | None] | None = None
         self.stored = self.text({})
         """What the queue stores once for every line of this file: the workflow before any ``set``."""
         self.stored_hash = content_hash(self.stored)
+        self.source_hash = self.brought.source_hash or self.stored_hash
+        """What a line's derived id takes: the address of the workflow as the file holds it."""
         self._model_key = model_key(workflow) or ""
         self.index = {k: i for i, k in enumerate(self.order)}
         self._keys = {k: f"{canonical(k)}:" for k in self.order}
@@ -46,6 +51,12 @@ class Template:
             self._states.append(digest.copy())
             digest.update(part if i == len(self._parts) - 1 else part + b",")
         self._states.append(digest)
+
+    def for_job(self, job_id: str) -> Template:
+        """The template job ``job_id`` runs: this one, or where a dynamic prompt chooses, its own conversion."""
+        if not self.brought.dynamic:
+            return self
+        return Template(self.brought.for_job(job_id), self.name, self.brought)
 
     def hasher(self, changed: dict[str, Any]) -> Any:
         """sha256 fed with exactly ``text(changed)``, from the saved state before the first changed node
@@ -140,28 +151,40 @@ class _NodeLayout:
 class WorkflowCache:
     """Workflow files parsed and checked once per file, however many lines name them."""
 
-    def __init__(self, object_info: ObjectInfo) -> None:
+    def __init__(self, object_info: ObjectInfo, catalogue_name: str = "the node catalogue") -> None:
         self.object_info = object_info
+        self.catalogue_name = catalogue_name
         self._files: dict[Path, Template] = {}
 
     def template(self, path: Path) -> Template:
-        """The API-format workflow file at ``path``, parsed once."""
+        """The workflow file at ``path`` (API or UI format, or an image ComfyUI saved), read once."""
         key = path.resolve()
         if key not in self._files:
             if not path.is_file():
                 raise JobLineError(f"workflow file {str(path)!r} does not exist")
-            if path.stat().st_size > MAX_WORKFLOW_BYTES:
-                raise JobLineError(f"workflow file {str(path)!r} is larger than "
-                                   f"{MAX_WORKFLOW_BYTES // 2**20} MiB")
-            try:
-                workflow = loads_strict(path.read_bytes())
-            except JobLineError as exc:
-                raise JobLineError(f"workflow file {str(path)!r}: {exc}") from exc
-            except RecursionError as exc:
-                raise JobLineError(f"workflow file {str(path)!r} is nested too deeply to be a workflow") from exc
-            except ValueError as exc:
-                raise JobLineError(f"workflow file {str(path)!r} is not valid JSON: {exc}") from exc
-            check_api_format(workflow, f"workflow file {str(path)!r}")
-            check_depth(workflow, f"workflow file {str(path)!r}")
-            self._files[key] = Template(workflow, path.stem)
+            brought = self._read(path)
+            check_api_format(brought.prompt, f"workflow file {str(path)!r}")
+            check_depth(brought.prompt, f"workflow file {str(path)!r}")
+            self._files[key] = Template(brought.prompt, path.stem, brought)
         return self._files[key]
+
+    def _read(self, path: Path) -> Brought:
+        """The file's workflow as an API prompt: a JSON file's (a UI workflow converted), or an image's."""
+        where = f"workflow file {str(path)!r}"
+        with open(path, "rb") as file:
+            head = file.read(12)
+        if is_image(head):  # its metadata read within bounds, whatever the size of its pixels
+            return bring_image(path, self.object_info.data, where, self.catalogue_name)
+        if path.stat().st_size > MAX_WORKFLOW_BYTES:
+            raise JobLineError(f"{where} is larger than {MAX_WORKFLOW_BYTES // 2**20} MiB")
+        try:
+            workflow = loads_strict(path.read_bytes())
+        except JobLineError as exc:
+            raise JobLineError(f"{where}: {exc}") from exc
+        except RecursionError as exc:
+            raise JobLineError(f"{where} is nested too deeply to be a workflow") from exc
+        except ValueError as exc:
+            raise JobLineError(f"{where} is not valid JSON: {exc}") from exc
+        if not isinstance(workflow, dict):
+            raise JobLineError(f"{where} is not an API-format workflow (expected an object of nodes)")
+        return bring(workflow, self.object_info.data, where, self.catalogue_name)

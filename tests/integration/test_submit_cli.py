@@ -74,8 +74,8 @@ BAD_LINES = [
                  f"id {job_id(1)} appears twice (first on line 1)", id="same-id-twice"),
     pytest.param([line(1, workflow="missing.json")], None, 1, "missing.json' does not exist",
                  id="missing-workflow-file"),
-    pytest.param([line(1)], UI_FORMAT, 1, "in ComfyUI's UI format (it has 'nodes' and 'links'); export it in "
-                 "API format: in ComfyUI, Workflow > Export (API)", id="ui-format"),
+    pytest.param([line(1)], UI_FORMAT, 1, "is in ComfyUI's UI format; converting it needs the node catalogue "
+                 "(/object_info) that a server records in the queue when it starts", id="ui-format-no-catalogue"),
     pytest.param([line(1, set={"9.color": 1})], None, 1,
                  "set key '9.color' names node '9', which is not in the workflow", id="set-missing-node"),
     pytest.param([line(1, set={"1.colour": 1})], None, 1,
