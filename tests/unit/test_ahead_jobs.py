@@ -30,6 +30,11 @@ class Queue:
         self.lost: set[str] = set()
         self.cancel: set[str] = set()
 
+    @property
+    def leases(self) -> Queue:
+        """The queue's lease role, which the attempt writes through: this fake is its own."""
+        return self
+
     def claim(self, *args: Any, **kwargs: Any) -> Claim | None:
         return self.claims.pop(0) if self.claims else None
 
