@@ -27,9 +27,10 @@ next (settings, queue, result store, the server's client and its kept WebSocket,
 runner's hooks and clocks); the values an attempt returns are in comfysup.runner.result.
 An :class:`Attempt` lives for one attempt: ``Attempt(station, claim, ...).run()`` returns an
 :class:`AttemptResult`: the outcome it recorded and, when the runner goes on, the jobs it took ahead (claimed,
-and maybe already posted), which the runner hands to the next ``Attempt`` as values. What the follow loop reads
-is fed to the run's pure protocol machine (comfysup.runner.machine); the attempt is its driver, carrying out
-the actions it returns.
+and maybe already posted), which the runner hands to the next ``Attempt`` as values. Its steps are the phases of
+a pure machine (comfysup.runner.steps.AttemptMachine): the attempt is its driver, carrying out the one step the
+machine asks for and feeding back what that step found. What the follow loop reads is fed to the run's own pure
+protocol machine (comfysup.runner.machine) by its driver (comfysup.runner.driver).
 """
 
 from __future__ import annotations
