@@ -1,4 +1,4 @@
-"""One attempt at one job, step by step (DESIGN.md "One attempt"), ending in exactly one recorded outcome.
+"""One attempt at one job (docs/design.md "One attempt, step by step"), ending in exactly one recorded outcome.
 
 1. Catch up: a prompt of an earlier attempt that finished is adopted from /history; one still queued is
    followed where it is. Nothing is posted twice while a run of it may still exist.
