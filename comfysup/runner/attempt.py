@@ -1,4 +1,4 @@
-"""One attempt at one job, step by step (docs/design.md "One attempt"), ending in exactly one recorded outcome.
+"""One attempt at one job (docs/design.md "One attempt, step by step"), ending in exactly one recorded outcome.
 
 1. Catch up: a prompt of an earlier attempt that finished is adopted from /history; one still queued is
    followed where it is. Nothing is posted twice while a run of it may still exist.
@@ -27,15 +27,17 @@ next (settings, queue, result store, the server's client and its kept WebSocket,
 runner's hooks and clocks); the values an attempt returns are in comfysup.runner.result.
 An :class:`Attempt` lives for one attempt: ``Attempt(station, claim, ...).run()`` returns an
 :class:`AttemptResult`: the outcome it recorded and, when the runner goes on, the jobs it took ahead (claimed,
-and maybe already posted), which the runner hands to the next ``Attempt`` as values. What the follow loop reads
-is fed to the run's pure protocol machine (comfysup.runner.machine); the attempt is its driver, carrying out
-the actions it returns.
+and maybe already posted), which the runner hands to the next ``Attempt`` as values. Its steps are the phases of
+a pure machine (comfysup.runner.steps.AttemptMachine): the attempt is its driver, carrying out the one step the
+machine asks for and feeding back what that step found. What the follow loop reads is fed to the run's own pure
+protocol machine (comfysup.runner.machine) by its driver (comfysup.runner.driver).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -53,19 +55,47 @@ from comfysup.runner.machine import Limits, Over
 from comfysup.runner.post import post_prompt
 from comfysup.runner.record import Progress, record
 from comfysup.runner.result import Ahead, AheadAsks, AttemptResult, Ending, Outcome
-from comfysup.runner.retry import Failure, decide, gave_up
+from comfysup.runner.retry import decide
 from comfysup.runner.running import Context, Heartbeat, Run, ShieldedQueue, Stop, redactor_of
 from comfysup.runner.station import AttemptSettings, Station
-from comfysup.runner.stuck import STUCK_KIND
+from comfysup.runner.steps import (
+    CATCH_UP,
+    POSTED,
+    STEPS,
+    Action,
+    Alarm,
+    AttemptMachine,
+    AttemptPhase,
+    Broke,
+    CatchUp,
+    CaughtUp,
+    Download,
+    Downloaded,
+    Event,
+    Failed,
+    Follow,
+    Found,
+    Free,
+    Freed,
+    Interrupt,
+    Interrupted,
+    LeaseGone,
+    Post,
+    Posted,
+    QueueGone,
+    Record,
+    Recorded,
+    RecordFailure,
+    Stopped,
+    Succeeded,
+    Terms,
+)
 from comfysup.runner.trace import Trace
 
 __all__ = ["Attempt", "AttemptResult", "AttemptSettings", "Ending", "Outcome", "Station"]
 """Outcome and the rest are also importable from here, where the supervisor and tests find them."""
 
 log = logging.getLogger("comfysup.runner")
-NEXT_START_WAIT_SECONDS = 0.02
-"""How long the end of a run with a job queued ahead behind it waits for that job's start before reading its own
-history: the job after it is queued first (comfysup.runner.ahead), since the server needs it next."""
 ALARM_SLACK_SECONDS = 1.0
 """The job's deadline is checked at every wake-up of the follow loop, which interrupts the prompt then; the
 alarm (comfysup.comfy.deadline) falls this much later, for what no wake-up reaches: a read that blocks, a
@@ -114,7 +144,6 @@ class Attempt:
         self.limits = Limits(claim.id, self.deadline, self.s.timeout_seconds, self.s.poll_seconds,
                              self.s.server_lost_seconds)
         self.heartbeat = Heartbeat(self.s.heartbeat_seconds, self.clock() + self.s.heartbeat_seconds)
-        self.cancel_requested = claim.cancel_requested
         self.trace = Trace.start(claim.workflow, self.taken.claimed_at if self.taken else station.wall())
         self.ctx = Context(station, self.s, claim, self.queue, self.client, self.clock, station.wall, self.trace)
         """What each step reads (comfysup.runner.running.Context)."""
@@ -128,107 +157,130 @@ class Attempt:
         """What follows a run: the driver of its machine (comfysup.runner.driver)."""
         self.live: Run | None = None
         """The prompt of this job known to be on a server (posted or followed), to stop if the queue goes."""
+        self.current: Run | None = None
+        """The run the steps work on: the one catch-up found (followed or adopted), or the one posted."""
+        self.machine = AttemptMachine(Terms(claim.attempt, self.s.policy.attempts, claim.last_reason,
+                                            claim.cancel_requested, self.s.timeout_seconds))
+        """The attempt's steps (comfysup.runner.steps): this object carries out the actions it returns."""
         self.timeout_due: deadline.Due | None = None
         """The alarm of the job's timeout, while the steps run under it."""
-        self.oom_retried = False
-        """The job was posted once more on this server after an out-of-memory error (comfysup.runner.memory)."""
 
     def run(self) -> AttemptResult:
         """Run the attempt (once) and record its outcome; LeaseLost at any point means: stop, write nothing."""
+        m = self.machine
         try:
-            outcome = self._outcome()
-            outcome.reason = self.redact(outcome.reason)
-            record(self.ctx, outcome, self.ahead, self.redact)
-            if outcome.state is Ending.DONE:  # a dead job's run stays: a person's retry adopts it from /history
-                download.remove_job_folders(self.ctx)
-            with contextlib.suppress(QueueError):  # best-effort: the next post evicts again
-                self.station.inputs.trim()  # its inputs may go now
+            self._carry(self._through_steps(), _RECORDING)
         except LeaseLost as exc:
-            outcome = Outcome(Ending.LOST, str(exc), kind="lease_lost")
+            self._carry(m.step(LeaseGone(str(exc))), _RECORDING)
         except QueueError as exc:
-            self._interrupt(self.live, renew=False)
             if self.live is not None and self.live.stream is not None:
-                self.live.stream.close()  # idempotent; _attempt did not get the run when record_prompt failed
-            outcome = Outcome(Ending.LOST, f"the queue did not answer ({exc}); the prompt was interrupted and "
-                              "nothing was recorded: the job comes back when its lease expires",
-                              kind="queue_unavailable")
-        return AttemptResult(outcome, tuple(self.ahead.jobs))
+                self.live.stream.close()  # idempotent; the steps did not close it when record_prompt failed
+            self._carry(m.step(QueueGone(str(exc))), _INTERRUPTING)
+        assert m.outcome is not None
+        return AttemptResult(m.outcome, tuple(self.ahead.jobs))
 
-    def _outcome(self) -> Outcome:
-        """The attempt's outcome, whatever ended it (a lost lease or queue aside: those end it unrecorded)."""
+    def _through_steps(self) -> Action:
+        """The steps, and the interrupt that ends them early, up to the outcome to record. An internal error, or
+        an alarm that fell outside the steps (their own ends them), ends them too; a lost lease or queue ends the
+        attempt unrecorded (raised)."""
         try:
-            return self._attempt()
+            return self._carry(self._under_alarm(), _INTERRUPTING)
         except (LeaseLost, QueueError):
             raise
-        except deadline.DeadlineExceeded as exc:  # one that fell outside the steps (their own ends them)
-            with deadline.suspended():
-                self._interrupt(self.live)
-            if exc.kind == "stop":
-                return Outcome(Ending.RELEASED, f"interrupted by {exc.what}; attempt not counted", kind="shutdown")
-            return self._failed(Failure("timeout", f"timed out ({exc.what})", True))
+        except deadline.DeadlineExceeded as exc:
+            return self._carry(self.machine.step(Alarm(exc.kind, exc.what, None)), _INTERRUPTING)
         except Exception as exc:  # a bug of ours: this attempt fails, the runner lives on
             log.exception("job %s attempt %d: internal error", self.claim.id, self.claim.attempt)
-            with deadline.suspended():
-                self._interrupt(self.live)
-            return self._failed(Failure("internal", f"comfysup internal error: {type(exc).__name__}: {exc}",
-                                        transient=True))
+            broke = Broke(f"comfysup internal error: {type(exc).__name__}: {exc}")
+            return self._carry(self.machine.step(broke), _INTERRUPTING)
 
-    def _attempt(self) -> Outcome:
-        """The attempt under its deadline: a read that blocks or trickles past the job's timeout (or a stop's
-        grace) is interrupted by the alarm, and the prompt is interrupted after it."""
+    def _under_alarm(self) -> Action:
+        """The steps under the job's deadline: a read that blocks or trickles past the job's timeout (or a stop's
+        grace) is interrupted by the alarm, and the prompt is interrupted after it. Returns the action that
+        follows the steps."""
         try:
             with deadline.until(self.deadline + ALARM_SLACK_SECONDS,
                                 f"the job's timeout of {self.s.timeout_seconds:g} s", kind="attempt") as due:
                 self.timeout_due = due
                 return self._steps()
         except deadline.DeadlineExceeded as exc:
-            phase = self.trace.phases[-1][0] if self.trace.phases else "starting"
-            stuck = self._interrupt(self.live)
-            if self.live is not None and self.live.stream is not None and self.live.stream is not self.client.stream:
-                self.live.stream.close()
-            if exc.kind == "stop":
-                return Outcome(Ending.RELEASED, f"interrupted by a stop ({exc.what}) while {phase}; attempt not "
-                               "counted", kind="shutdown")
-            if stuck:
-                return self._failed(Failure(STUCK_KIND, stuck, transient=True))
-            return self._failed(Failure("timeout", f"timed out after {self.s.timeout_seconds:g} s (while {phase}: "
-                                        "the server did not answer in time)", transient=True))
+            during = self.trace.phases[-1][0] if self.trace.phases else "starting"
+            return self.machine.step(Alarm(exc.kind, exc.what, during))
 
-    def _steps(self) -> Outcome:
-        run: Run | None = None
+    def _steps(self) -> Action:
         try:
-            run = self._start()
-            if run is None:
-                return Outcome(Ending.DEAD, gave_up(self.claim.attempt - 1, self.claim.last_reason), kind="gave_up")
-            run, entry = self._follow_recovering(run)
-            return self._over(run, entry)
-        except Stop as stop:
-            return stop.outcome
-        except ComfyError as exc:
-            memory.device_lost(exc.kind, exc.reason, self.s.server, self.station.memory)
-            return self._failed(Failure(exc.kind, exc.reason, transient=not isinstance(exc, PermanentError)))
+            return self._carry(CATCH_UP, STEPS)
         finally:
             if self.live is not None and self.live.stream is not None and self.live.stream is not self.client.stream:
                 self.live.stream.close()  # a followed run's own socket; the client's kept one stays open
 
-    def _start(self) -> Run | None:
-        """Steps 1 and 2: the run of this job to follow (caught up, or posted now); None: out of attempts."""
-        run, followed = catch_up(self.ctx, self.taken)
-        if followed:  # still in a server's queue: where, and its number, recorded before anything else
-            assert run is not None and run.number is not None
-            self.live = run
-            self.queue.leases.record_prompt(self.claim, run.server, run.number, run.client.url,
-                                            waiting=not run.m.started)
-            self.waiting = not run.m.started  # still pending in that server's queue: shown posted until it runs
-        if self.cancel_requested:
-            self._interrupt(run)
-            raise Stop(Outcome(Ending.CANCELLED, "cancelled by user", kind="cancelled"))
-        if run is None and self.claim.attempt > self.s.policy.attempts:
-            return None
-        return run if run is not None else self._post()
+    def _carry(self, action: Action, phases: frozenset[AttemptPhase]) -> Action:
+        """Carry out the machine's actions while it is in one of ``phases``, feeding it what each found; the
+        action it asked for on leaving them."""
+        m = self.machine
+        while m.phase in phases:
+            action = m.step(self._do(action))
+        return action
 
-    def _over(self, run: Run, entry: dict[str, Any]) -> Outcome:
-        """Steps 5 and 6 of a run that succeeded: the jobs taken ahead first, then its files."""
+    def _do(self, action: Action) -> Event:
+        """One action; what it found. A step's failure (ComfyError) or early end (Stop) is what it found too."""
+        if self.machine.phase not in STEPS:
+            return _ACTIONS[type(action)](self, action)
+        try:
+            return _ACTIONS[type(action)](self, action)
+        except Stop as stop:
+            return Stopped(stop.outcome.state, stop.outcome.reason, stop.outcome.kind)
+        except ComfyError as exc:
+            memory.device_lost(exc.kind, exc.reason, self.s.server, self.station.memory)
+            run = self.current
+            return Failed(exc.kind, exc.reason, not isinstance(exc, PermanentError),
+                          run is not None and run.client is self.client, self.ahead.next_posted is not None)
+
+    # -- the steps, each as the machine asks for it ------------------------------------------------------
+
+    def _catch_up(self, act: CatchUp) -> CaughtUp:
+        """Step 1: the run of this job an earlier attempt left, to follow or adopt (comfysup.runner.catchup)."""
+        run, followed = catch_up(self.ctx, self.taken)
+        self.current = run
+        if run is None:
+            return _NOTHING
+        if not followed:
+            return _ADOPTED
+        # Still in a server's queue: where, and its number, recorded before anything else.
+        assert run.number is not None
+        self.live = run
+        self.queue.leases.record_prompt(self.claim, run.server, run.number, run.client.url,
+                                        waiting=not run.m.started)
+        self.waiting = not run.m.started  # still pending in that server's queue: shown posted until it runs
+        return _FOLLOW
+
+    def _post_step(self, act: Post) -> Posted:
+        if act.again:  # after an out-of-memory error and POST /free: the failed run is dropped
+            failed = self.current
+            if failed is not None and failed.stream is not None and failed.stream is not failed.client.stream:
+                failed.stream.close()
+            log.info("job %s attempt %d on %s: out of memory; POST /free, then posted again on this server "
+                     "(not counted as an attempt)", self.claim.id, self.claim.attempt, self.s.server,
+                     extra={"event": "oom_retry"})
+        self.current = self._post(again=act.again)
+        return POSTED
+
+    def _follow(self, act: Follow) -> Succeeded:
+        """Step 3 (comfysup.runner.driver): until the run's history entry says success."""
+        assert self.current is not None
+        return Succeeded(self.driver.follow(self.current))
+
+    def _free(self, act: Free) -> Freed:
+        """POST /free after an out-of-memory error (comfysup.runner.memory)."""
+        if not memory.free(self.client.free, self.s.server, self.station.memory):
+            return _NOT_FREED
+        self.station.memory.count("oom_retries")
+        return _FREED
+
+    def _over(self, act: Download) -> Downloaded:
+        """Step 5 of a run that succeeded: the jobs taken ahead first, then its files."""
+        run, entry = self.current, act.entry
+        assert run is not None
         if self.waiting:  # over (adopted, or its start was not read): no longer waiting for its server
             self._executes()
         run.m.step(OVER)
@@ -240,41 +292,34 @@ class Attempt:
             raise MalformedAnswer(f"server sent a history entry of a successful run that lists no file of "
                                   f"{', '.join(unlisted[:5])}")
         outputs = self._download(run, entry)
-        return Outcome(Ending.DONE, kind="done", outputs=outputs, adopted=run.adopted_entry is not None,
-                       adopted_from_disk=run.from_disk is not None,
-                       server_free=run.m.end_seen and run.m.queue_remaining == 0 and run.client is self.client)
+        return Downloaded(outputs, run.adopted_entry is not None, run.from_disk is not None,
+                          run.m.end_seen and run.m.queue_remaining == 0 and run.client is self.client)
 
-    def _follow_recovering(self, run: Run) -> tuple[Run, dict[str, Any]]:
-        """Follow ``run``; after an out-of-memory error, POST /free and post the job once more on this server, or
-        give it back uncounted (comfysup.runner.memory.after_oom says which, and when neither). Returns the run
-        that succeeded."""
-        try:
-            return run, self.driver.follow(run)
-        except ComfyError as exc:
-            retried = self.oom_retried or (self.claim.last_reason or "").startswith(memory.RELEASED_REASON)
-            action = memory.after_oom(exc.kind, retried, run.client is self.client, self.ahead.next_posted is not None)
-            if action is None:
-                raise
-            self.oom_retried = True
-            if not memory.free(self.client.free, self.s.server, self.station.memory):
-                raise
-            self.station.memory.count("oom_retries")
-            if action == memory.RELEASE:
-                raise Stop(Outcome(Ending.RELEASED, f"{memory.RELEASED_REASON} (last: {exc.reason})",
-                                   kind="oom")) from exc
-            if run.stream is not None and run.stream is not run.client.stream:
-                run.stream.close()
-            log.info("job %s attempt %d on %s: out of memory; POST /free, then posted again on this server "
-                     "(not counted as an attempt)", self.claim.id, self.claim.attempt, self.s.server,
-                     extra={"event": "oom_retry"})
-        again = self._post(again=True)
-        return again, self.driver.follow(again)
+    def _interrupt_step(self, act: Interrupt) -> Interrupted:
+        """Step 4 for an attempt that ends early: its prompt interrupted and waited out."""
+        return Interrupted(self._interrupt(self.current if act.caught_up else self.live, renew=act.renew))
 
-    def _failed(self, failure: Failure) -> Outcome:
+    def _record_failure(self, act: RecordFailure) -> Recorded:
+        """Step 6 of a failure: retried or dead, as the retry policy decides (comfysup.runner.retry)."""
+        failure = act.failure
         decision = decide(self.s.policy, self.claim.attempt, failure)
         if decision.dead:
-            return Outcome(Ending.DEAD, decision.reason, kind=failure.kind)
-        return Outcome(Ending.RETRY, decision.reason, kind=failure.kind, delay_seconds=decision.delay_seconds)
+            return self._record(Outcome(Ending.DEAD, decision.reason, kind=failure.kind))
+        return self._record(Outcome(Ending.RETRY, decision.reason, kind=failure.kind,
+                                    delay_seconds=decision.delay_seconds))
+
+    def _record_step(self, act: Record) -> Recorded:
+        return self._record(act.outcome)
+
+    def _record(self, outcome: Outcome) -> Recorded:
+        """Step 6 (comfysup.runner.record): the outcome, redacted, in one fenced write."""
+        outcome.reason = self.redact(outcome.reason)
+        record(self.ctx, outcome, self.ahead, self.redact)
+        if outcome.state is Ending.DONE:  # a dead job's run stays: a person's retry adopts it from /history
+            download.remove_job_folders(self.ctx)
+        with contextlib.suppress(QueueError):  # best-effort: the next post evicts again
+            self.station.inputs.trim()  # its inputs may go now
+        return Recorded(outcome)
 
     # -- 2. post ----------------------------------------------------------------------------------------
 
@@ -337,3 +382,18 @@ class Attempt:
             self.driver.wake(run, self.clock())
 
         return download.download(self.ctx, run, entry, checkpoint)
+
+
+_ACTIONS: dict[type, Callable[[Attempt, Any], Event]] = {
+    CatchUp: Attempt._catch_up, Post: Attempt._post_step, Follow: Attempt._follow, Free: Attempt._free,
+    Download: Attempt._over, Interrupt: Attempt._interrupt_step, Record: Attempt._record_step,
+    RecordFailure: Attempt._record_failure,
+}
+"""What the attempt does for each action of its machine."""
+_INTERRUPTING = frozenset({AttemptPhase.INTERRUPTING})
+_RECORDING = frozenset({AttemptPhase.RECORDING})
+_NOTHING = CaughtUp(Found.NOTHING)
+_ADOPTED = CaughtUp(Found.ADOPTED)
+_FOLLOW = CaughtUp(Found.FOLLOW)
+_FREED = Freed(True)
+_NOT_FREED = Freed(False)

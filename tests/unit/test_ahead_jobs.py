@@ -26,11 +26,15 @@ class Queue:
     claims it is given, in order."""
 
     def __init__(self, *claims: Claim) -> None:
-        self.leases = self
         self.claims = list(claims)
         self.calls: list[tuple[Any, ...]] = []
         self.lost: set[str] = set()
         self.cancel: set[str] = set()
+
+    @property
+    def leases(self) -> Queue:
+        """The queue's lease role, which the attempt writes through: this fake is its own."""
+        return self
 
     def claim(self, *args: Any, **kwargs: Any) -> Claim | None:
         return self.claims.pop(0) if self.claims else None
