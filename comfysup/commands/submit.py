@@ -15,8 +15,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from tqdm import tqdm
-
 from comfysup.commands._common import config_from, queue_from
 from comfysup.config import Config
 from comfysup.errors import ComfysupError, QueueError, UsageError
@@ -141,6 +139,8 @@ class DownloadBar:
         self.file, self.terminal_only, self.delay = file, terminal_only, delay
 
     def start(self, name: str, total: int | None) -> None:
+        from tqdm import tqdm  # a bar is drawn by a download and by --wait only; tqdm costs more than a submit
+
         self.bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=f"fetching {name}",
                         file=self.file or sys.stderr, delay=self.delay, leave=False,
                         disable=None if self.terminal_only else False, dynamic_ncols=True)
@@ -182,6 +182,7 @@ def wait(config: Config, ids: list[str]) -> int:
     Only the jobs not yet terminal are asked about on each poll (``Queue.states``, no workflows read), so
     waiting on a file of 100,000 jobs costs the queue less with every job that ends.
     """
+    from tqdm import tqdm  # see Progress.start: only --wait and a download draw a bar
 
     queue = queue_from(config)
     ended: dict[str, str] = {}

@@ -10,7 +10,6 @@ is half-inserted.
 
 from __future__ import annotations
 
-import multiprocessing
 from collections.abc import Callable, Iterator, Mapping
 from types import MappingProxyType
 from typing import Any
@@ -25,6 +24,8 @@ NOT_SENT: Mapping[str, Any] = MappingProxyType({})
 def read_ahead(jobs: Callable[[], Iterator[NewJob]], label: str, batch: int) -> Iterator[NewJob]:
     """``jobs()``, run in a forked child, its jobs sent back ``batch`` at a time; ``label`` names the file in
     messages."""
+    import multiprocessing  # its pipes and pickling serve a file of READ_AHEAD_LINES or more only
+
     context = multiprocessing.get_context("fork")
     receive, send = context.Pipe(duplex=False)
     child = context.Process(target=_send_jobs, args=(jobs, receive, send, batch), name="comfysup-submit-reader",

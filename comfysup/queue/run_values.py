@@ -57,6 +57,8 @@ class Preview:
 
 @dataclass(frozen=True)
 class Attempt:
+    """One attempt of a job as recorded: who ran it where, when, how it ended and why, and its trace."""
+
     attempt: int
     owner: str
     server: str
@@ -184,6 +186,8 @@ class NewAsset:
 
 @dataclass(frozen=True)
 class JobRecord:
+    """A job as the queue holds it: its state, its workflow and parameters, its attempts and its outputs."""
+
     id: str
     state: str
     priority: int

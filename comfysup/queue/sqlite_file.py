@@ -14,8 +14,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote
 
-import psutil
-
 from comfysup.errors import DatabaseCorrupt, DatabaseLocked, QueueError
 from comfysup.queue import queries
 
@@ -80,7 +78,9 @@ def _mounts() -> list[tuple[str, str]]:
     try:
         with open("/proc/self/mounts", encoding="utf-8", errors="replace") as f:
             lines = f.read().splitlines()
-    except OSError:
+    except OSError:  # not Linux: psutil, which costs a command's start-up more than Linux ever needs it
+        import psutil
+
         return [(p.mountpoint, p.fstype) for p in psutil.disk_partitions(all=True)]
     octal = re.compile(r"\\([0-7]{3})")  # a space in a mount point is written \040
     fields = (line.split() for line in lines)

@@ -64,9 +64,13 @@ DEFERRED: dict[tuple[str, str], str] = {
     ("comfysup/observability/webhooks.py", "comfysup.safehttp"): _NO_HTTP,
     ("comfysup/commands/run.py", "comfysup.models.pull"): "the model downloads (urllib3), for a supervisor with a "
                                                           "manifest; " + _NO_HTTP,
-    ("comfysup/jobs/inputs.py", "comfysup.jobs.fetch"): "requests and urllib3 cost more than a submit's whole "
-                                                        "start-up, and only an input by URL or from a bucket needs "
-                                                        "them",
+    # Start-up kept by these alone: each library costs a start-up-bound command (submit, status: within 0.1 s of
+    # a bare Python, bench/startup.py) more than its whole budget, and serves one rare path of it.
+    ("comfysup/jobs/inputs.py", "comfysup.jobs.fetch"): "requests and urllib3 (about 80 ms), for an input by URL "
+                                                        "or from a bucket only",
+    ("comfysup/commands/submit.py", "tqdm"): "about 45 ms, for the bars of --wait and of a download only",
+    ("comfysup/jobs/readahead.py", "multiprocessing"): "about 12 ms, for a file of READ_AHEAD_LINES or more only",
+    ("comfysup/queue/sqlite_file.py", "psutil"): "about 28 ms, for a machine without /proc/self/mounts only",
 }
 
 _LAYOUT = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER,
