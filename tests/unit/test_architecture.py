@@ -293,6 +293,18 @@ def test_every_deferred_import_is_still_there():
     assert sorted(set(DEFERRED) - present) == []
 
 
+def test_the_import_and_citation_checks_can_fail(tmp_path, monkeypatch):
+    """An import inside a function is found, whatever its depth; a dotted name resolves through attributes, and
+    one that names nothing does not."""
+    module = tmp_path / "m.py"
+    module.write_text("import os\n\ndef f():\n    if os:\n        import json\n        from uuid import uuid4\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    assert deferred_imports(module) == [("m.py", "json"), ("m.py", "uuid")]
+    assert resolves("comfysup.queue.roles.Leases.claim")
+    assert not resolves("comfysup.queue.roles.Leases.no_such_method")
+    assert not resolves("comfysup.no_such_module")
+
+
 def prose_files() -> list[Path]:
     return sources(*PACKAGES, "tests", "bench") + sorted((ROOT / "docs").glob("*.md")) + [ROOT / "README.md"]
 
