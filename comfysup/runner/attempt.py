@@ -177,7 +177,15 @@ class Attempt:
                 self.live.stream.close()  # idempotent; the steps did not close it when record_prompt failed
             self._carry(m.step(QueueGone(str(exc))), _INTERRUPTING)
         assert m.outcome is not None
-        return AttemptResult(m.outcome, tuple(self.ahead.jobs))
+        result = AttemptResult(m.outcome, tuple(self.ahead.jobs))
+        self._let_go()
+        return result
+
+    def _let_go(self) -> None:
+        """The attempt is over: the parts that call back into it (its driver, its jobs taken ahead, its
+        interrupter) are dropped, so that it and all it read (messages, trace, run) are freed by their reference
+        counts the moment the runner drops it, not left as cycles for the garbage collector to walk."""
+        del self.driver, self.ahead, self.interrupter
 
     def _through_steps(self) -> Action:
         """The steps, and the interrupt that ends them early, up to the outcome to record. An internal error, or

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from functools import partial
+from functools import lru_cache, partial
 from typing import Any
 
 from comfysup.comfy import ComfyError, ServerUnavailable
@@ -39,6 +39,8 @@ from comfysup.runner.stuck import STUCK_KIND
 NEXT_START_WAIT_SECONDS = 0.02
 """How long the end of a run with a job queued ahead behind it waits for that job's start before reading its own
 history: the job after it is queued first (comfysup.runner.ahead), since the server needs it next."""
+_every_output = lru_cache(maxsize=16)(tells_every_output)
+"""``tells_every_output`` of a server's version, worked out once per version: a wake-up of a run that ended asks it."""
 
 
 class FollowDriver:
@@ -110,7 +112,7 @@ class FollowDriver:
         # Asked of the server only when it decides: a run that ended, read whole on the connection that reads.
         whole = run.m.phase is Phase.ENDED and not run.m.over and run.m.watched_on == connection
         woke = Woke(now, self.heartbeat.due(now), self.ctx.station.stop_deadline(), unstarted, connection,
-                    not whole or tells_every_output(run.client.version()))
+                    not whole or _every_output(run.client.version()))
         return self._carry_out(run, run.m.step(woke), now)
 
     def _carry_out(self, run: Run, actions: tuple[Action, ...], now: float) -> dict[str, Any] | None:

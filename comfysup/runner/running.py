@@ -81,7 +81,9 @@ class ShieldedQueue:
     def __getattr__(self, name: str) -> Any:
         method = getattr(self._queue, name)
         if not callable(method):  # a role of the queue (its leases, assets, ...): its calls are shielded too
-            return ShieldedQueue(method)
+            role = ShieldedQueue(method)
+            setattr(self, name, role)  # a queue's roles are fixed: the next lookup finds this one directly
+            return role
 
         def shielded(*args: Any, **kwargs: Any) -> Any:
             with deadline.deferred():
