@@ -104,7 +104,7 @@ def test_v11_gives_outputs_asset_ids_and_keeps_earlier_outputs(pg_url: str) -> N
     _sql(pg_url, "DELETE FROM schema_version WHERE version = 11")
     q = PostgresQueue(pg_url)
     try:
-        assert _sql(pg_url, "SELECT max(version) FROM schema_version") == [(SCHEMA_VERSION,)] == [(11,)]
+        assert _sql(pg_url, "SELECT max(version) FROM schema_version") == [(SCHEMA_VERSION,)] == [(12,)]
         assert [o.id for o in q.reads.get(make_job(1).id).outputs] == [""]
         q.leases.complete(q.leases.claim("r", "gpu0", 30, now=T0), [Output("b.png", 1, "00")], now=T0 + 2)
         (made,) = q.reads.get(make_job(2).id).outputs
