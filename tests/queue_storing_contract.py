@@ -33,7 +33,7 @@ class StoringContract:
         assert [a.outcome for a in record.attempts] == ["storing"]
         assert q.leases.claim("hostB/1/gpu0/t", "gpu0", LEASE, now=T0 + 10_000) is None  # long past any lease
         assert q.reads.get(job_id).state == "storing"
-        assert q.reads.active_count() == 1
+        assert q.reads.active_count() == 0  # drained for the runners: the uploader ends it
         status = q.reads.status(now=T0 + 2)
         assert (status.counts["storing"], status.counts["running"], status.counts["done"]) == (1, 0, 0)
         assert q.uploads.staging_bytes("hostA") == 15 and q.uploads.staging_bytes("hostB") == 0

@@ -89,10 +89,12 @@ from comfysup.queue.values import (  # noqa: F401  (re-exported: callers import 
     Machine,
     NewAsset,
     NewJob,
+    OutboxLevel,
     Output,
     Preview,
     PruneBatch,
     RunningJob,
+    StagedJob,
     Status,
     SubmitResult,
 )

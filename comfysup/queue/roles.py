@@ -222,7 +222,8 @@ class Reads(Protocol):
     def running_owners(self) -> list[str]: ...
 
     def active_count(self) -> int:
-        """Jobs not yet terminal (queued, waiting to retry, running): zero means the queue is drained."""
+        """Jobs a runner may still take or holds (queued, waiting to retry, running): zero means the queue is drained
+        for the runners (storing jobs wait for their machine's uploader, not for a runner)."""
         ...
 
 

@@ -323,8 +323,8 @@ SELECT count(*) AS n FROM attempts WHERE ended_at >= :since AND ended_at <= :unt
 SELECT job_id, attempt, started_at, ended_at FROM attempts WHERE ended_at >= :since AND ended_at <= :until ORDER BY ended_at
 
 -- name: active_count
--- jobs not yet terminal
-SELECT count(*) AS n FROM jobs WHERE state IN ('queued', 'running', 'storing')
+-- jobs a runner may still take or holds (a storing job waits for its machine's uploader, not for a runner)
+SELECT count(*) AS n FROM jobs WHERE state IN ('queued', 'running')
 
 -- name: running_owners
 -- the owners holding jobs
