@@ -118,10 +118,14 @@ class Uploader:
         self.plan = UploadPlan(s.upload_base_delay_seconds, s.upload_max_delay_seconds, s.upload_give_up_hours * 3600)
         self.uploaded = 0
         """Jobs this uploader made done."""
+        self.swept = False
+        """The staging folders of ended jobs removed (once, at the first pass)."""
 
     def run_once(self) -> float:
         """Every due job of this machine tried, oldest first, until one fails; the seconds to wait before the next
         pass (a short idle wait, or what is left of the backoff)."""
+        if not self.swept:
+            self.sweep()
         for job in self.queue.uploads.staged(self.machine, BATCH):
             step = self.plan.decide(job, self.clock(), self.wall())
             if step is Step.WAIT:
@@ -152,6 +156,20 @@ class Uploader:
                 log.warning("uploads: %s; trying again", exc)
                 wait = 1.0
             stop.wait(max(wait, 0.05))
+
+    def sweep(self) -> None:
+        """The staging folders of jobs that have ended removed: an uploader stopped between a job's done and the
+        removal of its folder left it (the next attempt of a job that runs again empties its own folder)."""
+        try:
+            names = [entry.name for entry in os.scandir(self.store.root) if entry.is_dir(follow_symlinks=False)]
+        except OSError:
+            names = []
+        for start in range(0, len(names), BATCH):
+            states = self.queue.reads.states(names[start:start + BATCH])
+            for job_id, state in states.items():
+                if state in TERMINAL:
+                    self.store.forget(job_id)
+        self.swept = True
 
     def _stored(self, job: StagedJob, outputs: list[Output]) -> None:
         if self.queue.uploads.stored(job, outputs):

@@ -41,7 +41,8 @@ def test_the_plan_gives_up_only_past_upload_give_up_hours(give_up: float, waited
 class FlakyStore:
     """An object store whose bucket is up or down: ``upload`` answers an s3:// path, or raises Unreachable."""
 
-    def __init__(self) -> None:
+    def __init__(self, root: Path = Path("/nonexistent-staging")) -> None:
+        self.root = root
         self.up = False
         self.forgotten: list[str] = []
 
@@ -96,4 +97,21 @@ def test_a_cancelled_storing_job_is_not_made_done_and_its_staged_files_go(tmp_pa
     queue.intake.cancel([claim.id])
     uploader._stored(job, job.outputs)
     assert queue.reads.get(claim.id).state == "cancelled" and store.forgotten == [claim.id]
+    queue.close()
+
+
+def test_the_first_pass_removes_the_staging_folders_of_ended_jobs_only(tmp_path: Path) -> None:
+    """An uploader stopped between a done and the removal of its folder: the next one's first pass removes it, and
+    leaves the folder of a job that is still running (its runner downloads into it)."""
+    queue = SQLiteQueue(tmp_path / "q.db")
+    queue.intake.submit([make_job(1), make_job(2)])
+    ended = queue.leases.claim("m/1/gpu0/t", "gpu0", 30.0)
+    running = queue.leases.claim("m/1/gpu1/t", "gpu1", 30.0)
+    assert ended is not None and running is not None
+    queue.leases.complete(ended, [])
+    for job_id in (ended.id, running.id):
+        (tmp_path / "staging" / job_id).mkdir(parents=True)
+    store = FlakyStore(tmp_path / "staging")
+    Uploader(Config(store=StoreConfig(url="s3://b")), queue, store, machine="m").run_once()  # type: ignore[arg-type]
+    assert store.forgotten == [ended.id]
     queue.close()
