@@ -87,8 +87,12 @@ U2_STORE = {"upload_base_delay_seconds": 0.05, "upload_max_delay_seconds": 0.5}
 """The uploader's backoff, short: an outage of minutes is hundreds of failed tries, as hours are at the defaults."""
 
 
+KILL_GAP_SECONDS = 1.0
+"""About this long between two runner kills during the outage (a killed runner is back in about a second)."""
+
+
 def u2_bucket_down_for_minutes(tmp: Path, seed: int, server: SeaweedS3, *, jobs: int, down_seconds: float,
-                               kills: int, node_ms: float = 150.0) -> Report:
+                               kills: int, node_ms: float = 400.0) -> Report:
     h = ChaosRun(tmp, "U2", seed, node_ms=node_ms, runner=U2_RUNNER)
     bucket = server.bucket("chaos")
     doc = tomllib.loads(h.config_path.read_text())
@@ -104,7 +108,7 @@ def u2_bucket_down_for_minutes(tmp: Path, seed: int, server: SeaweedS3, *, jobs:
         h.faults.record("bucket_stop", pids=(server.process.pid,) if server.process else ())
         server.stop()
         down_until = time.monotonic() + down_seconds
-        next_kill = time.monotonic() + h.rng.uniform(0, 2 * down_seconds / max(kills, 1))
+        next_kill = time.monotonic() + h.rng.uniform(0.0, 0.5)
         while time.monotonic() < down_until:
             if killed < kills and time.monotonic() >= next_kill:  # a random moment: a runner holding a job
                 for slot in h.slots():
@@ -112,7 +116,7 @@ def u2_bucket_down_for_minutes(tmp: Path, seed: int, server: SeaweedS3, *, jobs:
                     if pid and slot.get("job") and h.age(pid) >= MIN_LIFE_SECONDS:
                         h.kill("runner_kill", pid, job=slot["job"], slot=slot["name"], during="outage")
                         killed += 1
-                        next_kill = time.monotonic() + h.rng.uniform(0, 2 * down_seconds / kills)
+                        next_kill = time.monotonic() + h.rng.uniform(KILL_GAP_SECONDS / 2, KILL_GAP_SECONDS * 2)
                         break
             peak = max(peak, h.sql("SELECT count(*) FROM jobs WHERE state = 'storing'")[0][0])
             time.sleep(0.05)  # the outage's clock, not a wait for anything
