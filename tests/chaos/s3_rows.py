@@ -1,6 +1,7 @@
 """Rows U1 and U2: outputs go to a bucket on a real S3 server (SeaweedFS).
 
-U1: the server is stopped and started again while jobs upload, and runners are killed while it is down.
+U1: the server is stopped and started again while jobs upload; in each outage the machine's uploader is killed
+(its uploads failing; the supervisor starts it again) and a runner holding a job, when one holds one then.
 U2: the server is down for a long outage (minutes at full size, compressed in time by short upload backoff
 settings) while the jobs run and runners are killed: the GPU work goes on, every job waits ``storing`` with its
 outputs staged, no attempt is spent on the outage (the runners have only 3), and once the bucket is back the
@@ -13,10 +14,12 @@ adopted from its server's history by the next attempt, never executed again).
 
 from __future__ import annotations
 
+import contextlib
 import time
 import tomllib
 from pathlib import Path
 
+import psutil
 import tomli_w
 from s3_support import SeaweedS3
 
@@ -45,7 +48,7 @@ def u1_bucket_stopped(tmp: Path, seed: int, server: SeaweedS3, *, jobs: int, out
     h.config_path.write_bytes(tomli_w.dumps(doc).encode())
     h.config = load_config(str(h.config_path), env={})
     h.bucket_objects = lambda: {f"s3://{bucket}/{key}": data for key, data in server.objects(bucket).items()}
-    kills = 0
+    kills = uploader_kills = 0
     try:
         h.submit(h.jobs_for(jobs))
         proc = h.start()
@@ -59,21 +62,28 @@ def u1_bucket_stopped(tmp: Path, seed: int, server: SeaweedS3, *, jobs: int, out
             # Down at least that long, and on until a runner holding a job was killed (a loaded machine may have
             # none old enough at first), for at most OUTAGE_MAX_SECONDS.
             give_up = time.monotonic() + OUTAGE_MAX_SECONDS
-            killed = False
+            killed = runner_killed = False
             while time.monotonic() < down_until or (not killed and time.monotonic() < give_up):
-                if not killed:  # one runner holding a job killed while its upload cannot succeed
+                if not killed:  # the uploader killed while its uploads cannot succeed (it is restarted)
+                    pid = uploader_pid(proc.pid)
+                    if pid is not None and lived(pid) >= MIN_LIFE_SECONDS:
+                        h.kill("uploader_kill", pid, during="outage")
+                        killed = True
+                        uploader_kills += 1
+                if not runner_killed:  # and a runner holding a job, if one holds one now
                     for slot in h.slots():
                         pid = slot.get("runner_pid")
                         if pid and slot.get("job") and h.age(pid) >= MIN_LIFE_SECONDS:
                             h.kill("runner_kill", pid, job=slot["job"], slot=slot["name"], during="outage")
-                            killed = True
+                            runner_killed = True
                             kills += 1
                             break
                 time.sleep(0.02)
             server.start()
             h.faults.record("bucket_start")
         report = h.finish(proc, drain_seconds=120 + jobs * 0.5)
-        report.figures.update(outages=outages, runner_kills_during_outages=kills)
+        report.figures.update(outages=outages, runner_kills_during_outages=kills,
+                              uploader_kills_during_outages=uploader_kills)
         return report
     finally:
         h.cleanup()
@@ -90,6 +100,27 @@ U2_STORE = {"upload_base_delay_seconds": 0.05, "upload_max_delay_seconds": 0.5}
 
 KILL_GAP_SECONDS = 1.0
 """About this long between two runner kills during the outage (a killed runner is back in about a second)."""
+
+
+def uploader_pid(supervisor: int) -> int | None:
+    """The supervisor's uploader child (named ``comfysup-uploader``, its process name cut to 15 characters)."""
+    try:
+        children = psutil.Process(supervisor).children()
+    except psutil.Error:
+        return None
+    for child in children:
+        with contextlib.suppress(psutil.Error):
+            if child.name().startswith("comfysup-upload"):
+                return child.pid
+    return None
+
+
+def lived(pid: int) -> float:
+    """Seconds since ``pid`` started (0 when it is gone)."""
+    try:
+        return time.time() - psutil.Process(pid).create_time()
+    except psutil.Error:
+        return 0.0
 
 
 def u2_bucket_down_for_minutes(tmp: Path, seed: int, server: SeaweedS3, *, jobs: int, down_seconds: float,
