@@ -11,6 +11,7 @@ import pytest
 from comfysup.config import Config, StoreConfig
 from comfysup.queue.base import Output, StagedJob
 from comfysup.queue.sqlite import SQLiteQueue
+from comfysup.runner.staging import StagingBound
 from comfysup.runner.uploader import Step, Uploader, UploadPlan
 from comfysup.storage.s3 import Unreachable
 from tests.queue_contract import make_job
@@ -115,3 +116,30 @@ def test_the_first_pass_removes_the_staging_folders_of_ended_jobs_only(tmp_path:
     Uploader(Config(store=StoreConfig(url="s3://b")), queue, store, machine="m").run_once()  # type: ignore[arg-type]
     assert store.forgotten == [ended.id]
     queue.close()
+
+
+class Staged:
+    """A queue's uploads role that says how much this machine's storing jobs hold."""
+
+    def __init__(self) -> None:
+        self.bytes = 0
+        self.uploads = self
+
+    def staging_bytes(self, machine: str) -> int:
+        return self.bytes
+
+
+def test_the_staging_bound_stops_claims_when_full_and_lets_them_go_again() -> None:
+    config = Config(store=StoreConfig(url="s3://b", staging_max_gb=1.0))
+    bound = StagingBound(config, machine="m")
+    queue = Staged()
+    assert bound.look(queue, now=0.0) is False  # type: ignore[arg-type]
+    queue.bytes = 2**30
+    assert bound.look(queue, now=0.5) is False  # type: ignore[arg-type]  # looked at most once a second
+    assert bound.look(queue, now=1.0) is True  # type: ignore[arg-type]
+    assert bound.snapshot() == {"bytes": 2**30, "max_bytes": 2**30, "full": True, "reason": bound.reason()}
+    assert "the staging folder is full (1.00 of 1 GiB, [store] staging_max_gb)" in bound.reason()
+    queue.bytes = 0
+    assert bound.look(queue, now=2.0) is False  # type: ignore[arg-type]
+    assert StagingBound(Config(store=StoreConfig(staging_max_gb=1.0))).snapshot() is None  # no bucket: no bound
+    assert StagingBound(Config(store=StoreConfig(url="s3://b", staging_max_gb=0))).look(queue, 5.0) is False  # type: ignore[arg-type]
