@@ -684,8 +684,8 @@ class QueueContract(CatalogueContract, AssetsContract, StoringContract):
         running = self.claim(q, "runner-b", "gpu1", now=T0 + 4, lease=60)
         q.intake.cancel([make_job(7).id], now=T0 + 5)
         status = q.reads.status(now=T0 + 10, dead_limit=5)
-        assert status.counts == {"queued": 2, "waiting": 1, "posted": 0, "running": 1, "done": 1, "dead": 2,
-                                 "cancelled": 1}
+        assert status.counts == {"queued": 2, "waiting": 1, "posted": 0, "running": 1, "storing": 0, "done": 1,
+                                 "dead": 2, "cancelled": 1}
         assert status.oldest_queued_at == T0
         assert [(r.id, r.owner, r.server, r.attempt, r.started_at, r.lease_until) for r in status.running] == \
             [(running.id, "runner-b", "gpu1", 1, T0 + 4, T0 + 64)]
@@ -712,8 +712,8 @@ class QueueContract(CatalogueContract, AssetsContract, StoringContract):
 
     def test_status_of_an_empty_queue(self, q: Queue) -> None:
         status = q.reads.status(now=T0)
-        assert status.counts == {"queued": 0, "waiting": 0, "posted": 0, "running": 0, "done": 0, "dead": 0,
-                                 "cancelled": 0}
+        assert status.counts == {"queued": 0, "waiting": 0, "posted": 0, "running": 0, "storing": 0, "done": 0,
+                                 "dead": 0, "cancelled": 0}
         assert status.oldest_queued_at is None
         assert status.running == [] and status.recent_dead == []
 
