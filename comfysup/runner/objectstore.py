@@ -35,6 +35,8 @@ class ObjectStore:
         self.settings = settings
         self.part_bytes = part_bytes
         self.root = staging.root
+        self._root_durable = False
+        """The staging folder's entry in its parent fsynced by this process (once: it is made once)."""
 
     def job_dir(self, job_id: str) -> Path:
         return self.staging.job_dir(job_id)
@@ -55,12 +57,20 @@ class ObjectStore:
 
     def finish(self, job_id: str) -> None:
         """Every file of the job is staged: the job's folder entry made durable too (each file's own entry is
-        fsynced as it is renamed), so the files outlive a power cut once the job is recorded storing."""
+        fsynced as it is renamed), and once per process the staging folder's own entry in its parent, so the files
+        outlive a power cut once the job is recorded storing."""
         root = safefs.open_root(self.root)
         try:
             os.fsync(root)
         finally:
             os.close(root)
+        if not self._root_durable:
+            parent = os.open(Path(self.root).parent, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                os.fsync(parent)
+            finally:
+                os.close(parent)
+            self._root_durable = True
 
     def staged_in(self, job_id: str) -> str | None:
         """Where the job's files wait for the bucket (recorded with the job: ``comfysup show`` says it)."""
