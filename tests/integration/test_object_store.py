@@ -172,3 +172,17 @@ def test_comfysup_work_refuses_to_start_with_a_missing_bucket(tmp_path: Path, s3
     assert SECRET_KEY not in answer.stderr + answer.stdout
     queue = SQLiteQueue(tmp_path / "queue.db")
     assert queue.reads.get(job_id(1)).state == "queued" and queue.reads.get(job_id(1)).attempt == 0
+
+
+def test_comfysup_work_uploads_through_its_own_thread_and_ends_with_every_job_done(
+        tmp_path: Path, s3_server: SeaweedS3) -> None:
+    bucket = s3_server.bucket("work")
+    path = s3_config(tmp_path, s3_server.store_section(f"s3://{bucket}/w"))
+    with FakeComfy(base_directory=tmp_path / "fake", node_ms=5) as fake:
+        queue = submit(path, [trivial_job(1), trivial_job(2), trivial_job(3)])
+        answer = comfysup("work", "--config", str(path), "--server", f"a={fake.url}", "--until-empty", timeout=60)
+    assert answer.returncode == 0, answer.stderr[-2000:]
+    jobs = queue.reads.get_many([job_id(n) for n in (1, 2, 3)])
+    assert {j.state for j in jobs} == {"done"} and all(o.path.startswith(f"s3://{bucket}/w/") for j in jobs
+                                                       for o in j.outputs)
+    assert len(s3_server.objects(bucket)) == 3
