@@ -120,6 +120,8 @@ class Uploader:
         """Jobs this uploader made done."""
         self.swept = False
         """The staging folders of ended jobs removed (once, at the first pass)."""
+        self.stop: threading.Event | None = None
+        """Set by ``loop``: a stop ends a pass between two jobs, not after the whole batch."""
 
     def run_once(self) -> float:
         """Every due job of this machine tried, oldest first, until one fails; the seconds to wait before the next
@@ -127,6 +129,8 @@ class Uploader:
         if not self.swept:
             self.sweep()
         for job in self.queue.uploads.staged(self.machine, BATCH):
+            if self.stop is not None and self.stop.is_set():
+                break
             step = self.plan.decide(job, self.clock(), self.wall())
             if step is Step.WAIT:
                 return max(0.0, self.plan.next_at - self.clock())
@@ -149,6 +153,7 @@ class Uploader:
 
     def loop(self, stop: threading.Event) -> None:
         """Passes until ``stop``; a queue that does not answer is waited for (its rows are the outbox)."""
+        self.stop = stop
         while not stop.is_set():
             try:
                 wait = self.run_once()
@@ -267,6 +272,7 @@ class UploadThread:
             return
         self.stop.set()
         self.thread.join()
+        self.uploader.stop = None  # the last passes below run to their end
         try:
             deadline = time.monotonic() + seconds
             while (self.queue.uploads.staged(self.uploader.machine, 1) and self.uploader.plan.failures == 0
