@@ -33,9 +33,10 @@ from comfysup.backoff import RetryPolicy
 from comfysup.config import Config
 from comfysup.errors import ComfysupError, NotFound
 from comfysup.queue import open_queue
-from comfysup.queue.base import TERMINAL, Output, Queue, StagedJob, host_name
+from comfysup.queue.base import DONE, TERMINAL, Output, Queue, StagedJob, host_name
 from comfysup.redact import bound
 from comfysup.runner.objectstore import ObjectStore, result_store
+from comfysup.storage import s3
 
 log = logging.getLogger("comfysup.uploader")
 
@@ -163,17 +164,18 @@ class Uploader:
             stop.wait(max(wait, 0.05))
 
     def sweep(self) -> None:
-        """The staging folders of jobs that have ended removed: an uploader stopped between a job's done and the
-        removal of its folder left it (the next attempt of a job that runs again empties its own folder)."""
+        """The staging folders of done jobs whose every output is in the bucket removed: an uploader stopped
+        between a job's done and the removal of its folder left a copy nothing needs. Only those: a folder of a job
+        done before ``[store] url`` was set (the same ``dir``, its files the only copy) is never touched."""
         try:
             names = [entry.name for entry in os.scandir(self.store.root) if entry.is_dir(follow_symlinks=False)]
         except OSError:
             names = []
         for start in range(0, len(names), BATCH):
-            states = self.queue.reads.states(names[start:start + BATCH])
-            for job_id, state in states.items():
-                if state in TERMINAL:
-                    self.store.forget(job_id)
+            done = [i for i, state in self.queue.reads.states(names[start:start + BATCH]).items() if state == DONE]
+            for job in self.queue.reads.get_many(done) if done else []:
+                if job.outputs and all(o.path.startswith(f"{s3.SCHEME}://") for o in job.outputs):
+                    self.store.forget(job.id)
         self.swept = True
 
     def _stored(self, job: StagedJob, outputs: list[Output]) -> None:

@@ -101,16 +101,19 @@ def test_a_cancelled_storing_job_is_not_made_done_and_its_staged_files_go(tmp_pa
     queue.close()
 
 
-def test_the_first_pass_removes_the_staging_folders_of_ended_jobs_only(tmp_path: Path) -> None:
-    """An uploader stopped between a done and the removal of its folder: the next one's first pass removes it, and
-    leaves the folder of a job that is still running (its runner downloads into it)."""
+def test_the_first_pass_removes_the_staging_folders_of_jobs_done_in_the_bucket_only(tmp_path: Path) -> None:
+    """An uploader stopped between a done and the removal of its folder: the next one's first pass removes it; it
+    leaves the folder of a job that is still running (its runner downloads into it) and the folder of a job done
+    on disk before [store] url was set (the same dir: its files are the only copy)."""
     queue = SQLiteQueue(tmp_path / "q.db")
-    queue.intake.submit([make_job(1), make_job(2)])
+    queue.intake.submit([make_job(1), make_job(2), make_job(3)])
     ended = queue.leases.claim("m/1/gpu0/t", "gpu0", 30.0)
     running = queue.leases.claim("m/1/gpu1/t", "gpu1", 30.0)
-    assert ended is not None and running is not None
-    queue.leases.complete(ended, [])
-    for job_id in (ended.id, running.id):
+    on_disk = queue.leases.claim("m/1/gpu2/t", "gpu2", 30.0)
+    assert ended is not None and running is not None and on_disk is not None
+    queue.leases.complete(ended, [Output(name="a.png", size=1, sha256="00" * 32, path="s3://b/x/a.png")])
+    queue.leases.complete(on_disk, [Output(name="a.png", size=1, sha256="00" * 32, path="/r/a.png")])
+    for job_id in (ended.id, running.id, on_disk.id):
         (tmp_path / "staging" / job_id).mkdir(parents=True)
     store = FlakyStore(tmp_path / "staging")
     Uploader(Config(store=StoreConfig(url="s3://b")), queue, store, machine="m").run_once()  # type: ignore[arg-type]
