@@ -38,6 +38,8 @@ class StoringContract:
         assert (status.counts["storing"], status.counts["running"], status.counts["done"]) == (1, 0, 0)
         assert q.uploads.staging_bytes("hostA") == 15 and q.uploads.staging_bytes("hostB") == 0
         assert [j.id for j in q.uploads.staged("hostA")] == [job_id] and q.uploads.staged("hostB") == []
+        [(machine, level)] = q.uploads.by_machine(now=T0 + 11).items()
+        assert (machine, level.items, level.bytes, level.oldest_age_seconds) == ("hostA", 1, 15, 10)
 
     def test_a_stale_attempt_cannot_write_a_storing_job(self, q: Queue) -> None:
         from tests.queue_contract import make_job

@@ -227,6 +227,7 @@ def run(args: argparse.Namespace) -> int:
         inputs = queue.assets.asset_totals()
         backlog = queue.deliveries.announcement_backlog()
         outboxes = queue.deliveries.outboxes(now)
+        waiting = queue.uploads.by_machine(now) if outboxes["uploads"].items else {}
     finally:
         queue.close()
     state = read_state(config)
@@ -239,6 +240,7 @@ def run(args: argparse.Namespace) -> int:
         out["machines"] = machines_snapshot(machines)
         out["inputs"] = inputs
         out["outboxes"] = {name: level.__dict__ for name, level in outboxes.items()}
+        out["outboxes"]["uploads_by_machine"] = {m: level.__dict__ for m, level in waiting.items()}
         if config.rabbitmq.url:
             out["rabbitmq"] = {"consumer": read_broker_state(config), "outbox_backlog": backlog}
         print(json.dumps(out, indent=2))
@@ -247,6 +249,9 @@ def run(args: argparse.Namespace) -> int:
         if inputs["assets"]:
             print(render_inputs(inputs))
         print(outboxes_text(outboxes))
+        for machine, level in waiting.items():
+            print(f"  uploads waiting on {machine}: {level.items} job(s), oldest {age(level.oldest_age_seconds or 0)} "
+                  f"(its uploader sends them; machine gone for good: `comfysup show ID`, `comfysup retry ID`)")
         for full in filter(None, (staging_text(state), staging_text(work))):
             print(full)
         print()

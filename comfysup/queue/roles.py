@@ -124,6 +124,11 @@ class Uploads(Protocol):
         """What ``machine``'s storing jobs hold in its staging folder (the [store] staging_max_gb bound)."""
         ...
 
+    def by_machine(self, now: float | None = None) -> dict[str, OutboxLevel]:
+        """The storing jobs of each machine whose staging folder holds their files (a machine gone for good shows
+        here, its jobs for an operator to retry)."""
+        ...
+
     def stored(self, job: StagedJob, outputs: Sequence[Output], now: float | None = None) -> bool:
         """Every object confirmed: the job is done with ``outputs`` (their s3:// paths), its webhook and
         announcement in the same transaction. False, changing nothing, when it is no longer storing these files

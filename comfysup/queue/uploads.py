@@ -16,7 +16,7 @@ from typing import Any
 
 from comfysup.queue import ends
 from comfysup.queue.db import Role, in_transaction
-from comfysup.queue.values import Output, StagedJob
+from comfysup.queue.values import OutboxLevel, Output, StagedJob
 
 
 class Uploads(Role):
@@ -29,6 +29,11 @@ class Uploads(Role):
                           staged_at=r["staged_at"], staged_bytes=int(r["staged_bytes"] or 0),
                           outputs=[Output(**o) for o in json.loads(r["outputs"] or "[]")], reason=r["reason"])
                 for r in rows]
+
+    @in_transaction(write=False)
+    def by_machine(self, cur: Any, now: float | None = None) -> dict[str, OutboxLevel]:
+        rows = cur.execute(self.db.sql["outbox_uploads_by_machine"], {"now": self.db.time(now)}).fetchall()
+        return {str(r["machine"]): OutboxLevel(int(r["n"]), r["age"], int(r["bytes"])) for r in rows}
 
     @in_transaction(write=False)
     def staging_bytes(self, cur: Any, machine: str) -> int:

@@ -78,6 +78,7 @@ def test_a_storing_job_in_status_show_and_retry(capsys: pytest.CaptureFixture[st
     code, out, _ = cli(capsys, "status", "--config", str(filled))
     assert code == 0 and "running 1 · storing 1 · done 1" in out.splitlines()[0]
     assert "outboxes: uploads 1 (1.0 MiB, oldest " in out and "· webhooks 0 · broker results 0" in out
+    assert "  uploads waiting on box-2: 1 job(s), oldest " in out
     code, out, _ = cli(capsys, "show", "--config", str(filled), claim.id)
     assert out.startswith(f"job {claim.id}: storing")
     assert "staged     on box-2 in /srv/staging/x since " in out and "attempt 1" in out and ": storing" in out

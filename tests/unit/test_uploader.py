@@ -146,3 +146,24 @@ def test_the_staging_bound_stops_claims_when_full_and_lets_them_go_again() -> No
     assert bound.look(queue, now=2.0) is False  # type: ignore[arg-type]
     assert StagingBound(Config(store=StoreConfig(staging_max_gb=1.0))).snapshot() is None  # no bucket: no bound
     assert StagingBound(Config(store=StoreConfig(url="s3://b", staging_max_gb=0))).look(queue, 5.0) is False  # type: ignore[arg-type]
+
+
+def test_each_machine_uploads_only_what_it_staged(tmp_path: Path) -> None:
+    """Two machines on one queue: each uploader takes its own machine's storing jobs, never the other's files."""
+    queue = SQLiteQueue(tmp_path / "q.db")
+    staged = tmp_path / "staged.png"
+    staged.write_bytes(b"x")
+    queue.intake.submit([make_job(1), make_job(2)])
+    for host in ("box-a", "box-b"):
+        claim = queue.leases.claim(f"{host}/1/gpu0/t", "gpu0", 30.0)
+        assert claim is not None
+        queue.leases.complete(claim, [Output(name="a.png", size=1, sha256="00" * 32, path=str(staged))],
+                              staged_in=str(tmp_path))
+    store = FlakyStore()
+    store.up = True
+    config = Config(store=StoreConfig(url="s3://b"))
+    Uploader(config, queue, store, machine="box-a").run_once()  # type: ignore[arg-type]
+    states = {j.machine: j.state for j in queue.reads.get_many([make_job(1).id, make_job(2).id])}
+    assert states == {"box-a": "done", "box-b": "storing"} and len(store.forgotten) == 1
+    assert list(queue.uploads.by_machine()) == ["box-b"]
+    queue.close()

@@ -70,6 +70,11 @@ SELECT coalesce(sum(staged_bytes), 0) AS n FROM jobs WHERE state = 'storing' AND
 SELECT count(*) AS n, coalesce(sum(staged_bytes), 0) AS bytes, {now} - min(staged_at) AS age FROM jobs
 {by_jobs_state} WHERE state = 'storing'
 
+-- name: outbox_uploads_by_machine
+-- the upload outbox per machine whose staging folder holds the files (one gone for good shows here)
+SELECT machine, count(*) AS n, coalesce(sum(staged_bytes), 0) AS bytes, {now} - min(staged_at) AS age FROM jobs
+{by_jobs_state} WHERE state = 'storing' GROUP BY machine ORDER BY machine
+
 -- name: outbox_webhooks
 -- the webhook outbox: deliveries still to send, the age of the oldest
 SELECT count(*) AS n, {now} - min(created_at) AS age FROM deliveries WHERE next_at IS NOT NULL
