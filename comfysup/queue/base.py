@@ -135,8 +135,6 @@ TERMINAL = frozenset({DONE, DEAD, CANCELLED})
 STATES = (QUEUED, POSTED, RUNNING, STORING, DONE, DEAD, CANCELLED)
 """A job's states as people see them, in the order status shows them (a posted job is counted as posted, not
 running: the running ones execute, at most one a server; a storing one has run, its files wait for the bucket)."""
-LIVE = frozenset({QUEUED, RUNNING, STORING})
-"""The states of a job not yet ended (a storing job is still running for the API and comfy-sdk)."""
 
 
 class SubmitConflict(QueueError):
