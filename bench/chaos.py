@@ -90,6 +90,8 @@ ROWS = [
         {"api_kills": 50, "runner_kills": 30, "server_kills": 30}, ("api_kills", "runner_kills", "server_kills")),
     Row("U1", "outputs to a bucket (SeaweedFS) stopped and started again while jobs upload; a runner killed in "
         "each outage", scenarios.u1_own_server, {"jobs": 200, "outages": 20}, ("jobs", "outages")),
+    Row("U2", "the bucket (SeaweedFS) down for minutes, short upload backoff, runners killed meanwhile; 3 attempts "
+        "a job", scenarios.u2_own_server, {"jobs": 300, "down_seconds": 150, "kills": 40}, ("jobs", "kills")),
 ]
 
 

@@ -11,7 +11,8 @@ the machine's drift hits both alike, and reporting medians:
    (the bucket's time beyond the disk's: the upload and its confirmation).
 3. **Whole jobs**: ``Runner(until_empty)`` on fake_comfy (nodes of 0 ms) draining N trivial jobs, one output
    each, with each store: milliseconds per job end to end, so the bucket's share of a job is seen beside
-   everything else a job costs.
+   everything else a job costs. With the bucket the runner only stages (the job is then ``storing``): the
+   uploads are the machine's uploader's (comfysup.runner.uploader), beside the runner, not in its time.
 
 The bucket is a SeaweedFS started here on loopback (tests/s3_support.py), unless ``--endpoint`` and
 ``--bucket`` name another one (credentials then from the environment: AWS_ACCESS_KEY_ID, … or a profile).
@@ -46,10 +47,12 @@ from input_images import random_png
 
 from comfysup.config import Config, load_config
 from comfysup.jobs import JobsFile
+from comfysup.queue.base import Output
 from comfysup.queue.sqlite import SQLiteQueue
 from comfysup.runner.loop import Runner
-from comfysup.runner.objectstore import result_store
+from comfysup.runner.objectstore import ObjectStore, result_store
 from comfysup.runner.options import RunnerOptions
+from comfysup.runner.store import ResultStore
 from fake_comfy import FakeComfy
 
 LARGE_BYTES = 200 * 10**6
@@ -73,9 +76,17 @@ def small_images(cfg: Config, jobs: int, image: bytes) -> float:
     for _ in range(jobs):
         job = str(uuid.uuid4())
         store.prepare(job)
-        store.write(job, "image_00001_.png", [image])
+        sent(store, job, store.write(job, "image_00001_.png", [image]))
         store.finish(job)
     return (time.perf_counter() - t0) * 1000 / jobs
+
+
+def sent(store: ResultStore | ObjectStore, job: str, staged: Output) -> None:
+    """A bucket's: the staged file uploaded and confirmed (the uploader's part, comfysup.runner.uploader), then its
+    staging folder removed; on disk nothing more."""
+    if isinstance(store, ObjectStore):
+        store.upload(job, staged)
+        store.forget(job)
 
 
 def large_file(cfg: Config) -> float:
@@ -85,7 +96,7 @@ def large_file(cfg: Config) -> float:
     t0 = time.perf_counter()
     store.prepare(job)
     blocks = (BLOCK[: min(len(BLOCK), LARGE_BYTES - i)] for i in range(0, LARGE_BYTES, len(BLOCK)))
-    store.write(job, "clip.mp4", blocks, progress=lambda: None)  # as the runner: its checkpoint between parts
+    sent(store, job, store.write(job, "clip.mp4", blocks, progress=lambda: None))  # the runner's, then the uploader's
     store.finish(job)
     return time.perf_counter() - t0
 

@@ -172,14 +172,18 @@ def ready_slots(state: dict[str, Any] | None, now: float | None = None) -> int:
 
 
 def readiness(state: dict[str, Any] | None, queued: int, max_per_slot: float, now: float | None = None) -> Readiness:
-    """Not ready until a slot is warm, nor while the queued jobs per ready slot exceed ``max_per_slot``
-    (``[api] ready_max_queue_per_slot``; 0: no bound). Pure: the caller reads the state file and the queue."""
+    """Not ready until a slot is warm, nor while the staging folder is full ([store] staging_max_gb: no runner
+    claims), nor while the queued jobs per ready slot exceed ``max_per_slot`` (``[api] ready_max_queue_per_slot``;
+    0: no bound). Pure: the caller reads the state file and the queue."""
     if state is None:
         return Readiness(False, "no supervisor state here: comfysup run is not running on this machine", 0, queued)
     stale = staleness(state, now)
     if stale is not None:
         return Readiness(False, stale, 0, queued)
     ready = ready_slots(state, now)
+    staging = state.get("staging")
+    if isinstance(staging, dict) and staging.get("full"):  # no runner claims: outputs wait for the bucket
+        return Readiness(False, str(staging.get("reason") or "the staging folder is full"), ready, queued)
     if not ready:
         slots = [s for s in state.get("slots") or [] if isinstance(s, dict)]
         what = ", ".join(f"{s.get('name')}: {'warming up' if s.get('warming') else s.get('state')}" for s in slots[:8])

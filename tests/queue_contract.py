@@ -24,6 +24,7 @@ from comfysup.queue.base import Claim, JobPulse, NewJob, Output, Queue, SubmitCo
 from comfysup.workflows import model_key
 from tests.queue_assets_contract import AssetsContract
 from tests.queue_catalogue_contract import CatalogueContract
+from tests.queue_storing_contract import StoringContract
 
 T0 = 1_700_000_000.0
 LEASE = 30.0
@@ -74,7 +75,7 @@ def batch_job(n: int, template: dict[str, Any] = BIG_TEMPLATE) -> NewJob:
                   template_json=stored, template_hash=hashlib.sha256(stored.encode()).hexdigest(), model_key="")
 
 
-class QueueContract(CatalogueContract, AssetsContract):
+class QueueContract(CatalogueContract, AssetsContract, StoringContract):
     """Subclass with ``make_queue(self, tmp_path) -> Queue`` and ``count(self, q, table) -> int`` (rows in
     one of the backend's tables); the name keeps pytest from collecting it."""
 
@@ -683,8 +684,8 @@ class QueueContract(CatalogueContract, AssetsContract):
         running = self.claim(q, "runner-b", "gpu1", now=T0 + 4, lease=60)
         q.intake.cancel([make_job(7).id], now=T0 + 5)
         status = q.reads.status(now=T0 + 10, dead_limit=5)
-        assert status.counts == {"queued": 2, "waiting": 1, "posted": 0, "running": 1, "done": 1, "dead": 2,
-                                 "cancelled": 1}
+        assert status.counts == {"queued": 2, "waiting": 1, "posted": 0, "running": 1, "storing": 0, "done": 1,
+                                 "dead": 2, "cancelled": 1}
         assert status.oldest_queued_at == T0
         assert [(r.id, r.owner, r.server, r.attempt, r.started_at, r.lease_until) for r in status.running] == \
             [(running.id, "runner-b", "gpu1", 1, T0 + 4, T0 + 64)]
@@ -711,8 +712,8 @@ class QueueContract(CatalogueContract, AssetsContract):
 
     def test_status_of_an_empty_queue(self, q: Queue) -> None:
         status = q.reads.status(now=T0)
-        assert status.counts == {"queued": 0, "waiting": 0, "posted": 0, "running": 0, "done": 0, "dead": 0,
-                                 "cancelled": 0}
+        assert status.counts == {"queued": 0, "waiting": 0, "posted": 0, "running": 0, "storing": 0, "done": 0,
+                                 "dead": 0, "cancelled": 0}
         assert status.oldest_queued_at is None
         assert status.running == [] and status.recent_dead == []
 

@@ -29,7 +29,9 @@ URL_SECONDS = 3600
 """``url_expires_at`` of an output's URL: the URL is served by this API and does not expire by itself; an
 hour tells a client when to fetch the job again for a fresh one, as it would on Cloud."""
 
-STATUS = {"queued": "queued", "running": "running", "done": "succeeded", "dead": "failed", "cancelled": "canceled"}
+STATUS = {"queued": "queued", "running": "running", "storing": "running", "done": "succeeded", "dead": "failed",
+          "cancelled": "canceled"}
+"""comfysup's states in the contract's words: a storing job (its outputs wait for the bucket) is still running."""
 TERMINAL = frozenset({"succeeded", "failed", "canceled", "expired"})
 _OUTPUT_TYPES = {"image": "image", "video": "video", "audio": "audio", "text": "text"}
 

@@ -43,6 +43,12 @@ DOCS: dict[str, dict[str, str]] = {
         "secret_access_key": "Its secret (better: $COMFYSUP_STORE_SECRET_ACCESS_KEY). Never shown or logged.",
         "url_ttl_seconds": "How long the presigned URLs every door hands out stay valid; 0: the s3:// location only.",
         "multipart_threshold_mb": "Outputs larger than this are uploaded in parts of this size, in MiB.",
+        "staging_max_gb": "With url: what jobs waiting for the bucket may hold in the staging folder, in GiB; "
+                          "when reached, no new job is claimed until uploads free room. 0: no bound.",
+        "upload_give_up_hours": "With url: dead-letter a job whose outputs could not be uploaded for this many "
+                                "hours; 0: wait out any outage.",
+        "upload_base_delay_seconds": "The uploader's first wait after a failed upload (full jitter), in seconds.",
+        "upload_max_delay_seconds": "The uploader's longest wait while the bucket does not answer, in seconds.",
     },
     "assets": {
         "": "Input files of jobs ({\"file\": ...} in set), stored once per content (BLAKE3).",

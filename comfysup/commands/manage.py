@@ -12,13 +12,18 @@ from comfysup.errors import UsageError
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser("retry", parents=[common], help="put dead jobs back in the queue",
                        description="Put dead jobs back in the queue with their attempts reset; their "
-                                   "earlier attempts stay in their history.")
+                                   "earlier attempts stay in their history. A storing job named by id is run "
+                                   "again too: for one whose machine is gone for good with the staged files "
+                                   "(`comfysup show` says which machine and folder); a storing job whose machine "
+                                   "is alive is uploaded by it, no retry needed.")
     p.add_argument("ids", nargs="*", metavar="ID", help="job ids, or any unique prefix of one (as git takes it)")
     p.add_argument("--all-dead", action="store_true", help="every dead job")
     p.set_defaults(func=retry)
-    p = sub.add_parser("cancel", parents=[common], help="cancel queued or running jobs",
+    p = sub.add_parser("cancel", parents=[common], help="cancel queued, running or storing jobs",
                        description="A queued job becomes cancelled at once; a running one is marked, and "
-                                   "its runner interrupts it on the server and records it as cancelled.")
+                                   "its runner interrupts it on the server and records it as cancelled. A storing "
+                                   "job (its outputs waiting for the bucket) is cancelled at once: its staged files "
+                                   "are dropped, objects already uploaded stay under its prefix until prune.")
     p.add_argument("ids", nargs="+", metavar="ID", help="job ids, or any unique prefix of one (as git takes it)")
     p.set_defaults(func=cancel)
 

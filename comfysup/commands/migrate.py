@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 from comfysup.commands._common import config_from
 from comfysup.errors import ConfigError, UsageError
-from comfysup.queue.base import CANCELLED, DEAD, DONE, QUEUED, RUNNING, Attempt, JobRecord
+from comfysup.queue.base import CANCELLED, DEAD, DONE, QUEUED, RUNNING, STORING, Attempt, JobRecord
 from comfysup.queue.sqlite import SQLiteQueue
 
 if TYPE_CHECKING:  # psycopg is an extra: imported at run time only by run, which says when it is missing
@@ -40,7 +40,8 @@ SHOWN_CONFLICTS = 20
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser("migrate", parents=[common], help="copy the SQLite queue's jobs into PostgreSQL",
                        description="Copy the jobs of the configured SQLite queue ([queue] path) that are not "
-                                   "yet done, dead or cancelled into a PostgreSQL queue, so several machines can "
+                                   "yet done, dead or cancelled (storing ones too: this machine's uploader sends "
+                                   "them from the new queue) into a PostgreSQL queue, so several machines can "
                                    "share it; with --history also the finished jobs and every attempt. Running "
                                    "it again copies nothing twice. Then set [queue] url to the same URL.")
     p.add_argument("--to", required=True, metavar="URL", help="the PostgreSQL queue: postgresql://user@host/db")
@@ -98,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         now = time.time()
         _refuse_live_leases(source, now)
-        states = [QUEUED, RUNNING, *([DONE, DEAD, CANCELLED] if args.history else [])]
+        states = [QUEUED, RUNNING, STORING, *([DONE, DEAD, CANCELLED] if args.history else [])]
         counts = source.reads.status(now=now, dead_limit=0).counts
         total = sum(counts[s] for s in states) + (counts["waiting"] if QUEUED in states else 0)
         target = PostgresQueue(args.to, busy_timeout_seconds=config.queue.busy_timeout_seconds)

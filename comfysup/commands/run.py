@@ -12,6 +12,7 @@ from comfysup.logs import FORMATS, setup_logging
 from comfysup.supervisor.children import runner_limits
 from comfysup.supervisor.notify import send
 from comfysup.supervisor.sidecar import Sidecar
+from comfysup.supervisor.sidecars import uploader_sidecar
 from comfysup.supervisor.supervisor import Supervisor
 
 log = logging.getLogger("comfysup.run")
@@ -39,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
     setup_logging(fmt=args.log_format)
     config = config_from(args)
     pull_models(config)
-    sidecars = []
+    sidecars = [uploader_sidecar(config)]  # the upload outbox ([store] url; not started without one)
     if config.rabbitmq.url:  # the RabbitMQ front door: a child restarted like the monitor
         # pika is an optional dependency (comfysup[rabbitmq]): imported only where [rabbitmq] url is set.
         from comfysup.broker.consumer import consumer_main

@@ -26,7 +26,8 @@ PHASE_NOTES = {"posted": "waiting in ComfyUI's queue", "followed": "following a 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser("show", parents=[common], help="one job: parameters, attempts, reasons, files",
                        description="Show one job: its state, parameters, every attempt with its server, "
-                                   "prompt number, outcome and reason, and its files. Secrets are masked.")
+                                   "prompt number, outcome and reason, and its files (for a storing job: the "
+                                   "machine and folder where they wait for the bucket). Secrets are masked.")
     p.add_argument("id", help="the job id, or any unique prefix of it (as git takes a commit's)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead")
     p.add_argument("--workflow", action="store_true", help="also print the workflow (secrets masked)")
@@ -49,6 +50,8 @@ def as_dict(job: JobRecord, with_workflow: bool, deliveries: list[Delivery] | No
                      for a in job.attempts],
         "waiting_since": job.waiting_since if job.shown_state == "posted" else None,
         "progress": job.progress if job.state == "running" else None,
+        "staged": ({"machine": job.machine, "folder": job.staged_in, "since": job.staged_at}
+                   if job.state == "storing" else None),
         "callback_url": display_url(job.callback_url) if job.callback_url else None,
         "deliveries": [{**d.__dict__, "url": display_url(d.url), "state": d.state,
                         "last_error": clean(d.last_error) if d.last_error else None} for d in deliveries or []],
@@ -151,6 +154,9 @@ def _heading(job: JobRecord) -> list[str]:
              f"  submitted  {when(job.submitted_at)}"]
     if job.finished_at:
         lines.append(f"  finished   {when(job.finished_at)} ({age(job.finished_at - job.submitted_at)} after submit)")
+    if job.state == "storing":
+        lines.append(f"  staged     on {job.machine} in {job.staged_in} since {when(job.staged_at)}: its uploader "
+                     "sends them when the bucket answers (machine gone for good: `comfysup retry` runs it again)")
     return lines
 
 

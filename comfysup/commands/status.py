@@ -10,7 +10,15 @@ from typing import Any, TextIO
 
 from comfysup.commands._common import config_from, queue_from
 from comfysup.observability.brokerview import broker_text
-from comfysup.observability.views import POSTED_TEXT, WINDOW_SECONDS, Overview, overview, progress_text
+from comfysup.observability.views import (
+    POSTED_TEXT,
+    WINDOW_SECONDS,
+    Overview,
+    outboxes_text,
+    overview,
+    progress_text,
+    staging_text,
+)
 from comfysup.queue.base import Machine, Status
 from comfysup.redact import bound
 from comfysup.slotstate import memory_note, read_broker_state, read_state, read_work_state, staleness, warmup_cell
@@ -21,7 +29,9 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p = sub.add_parser("status", parents=[common], help="counts by state, running jobs, last dead letters",
                        description="Show how many jobs are queued, waiting to retry, posted (claimed ahead and "
                                    "waiting in their server's queue behind the prompt that runs there), running "
-                                   "(executing, or its files being stored), done, dead and cancelled; the oldest "
+                                   "(executing, or its files being downloaded), storing (its outputs staged on its "
+                                   "machine, waiting for the bucket), done, dead and cancelled; what each outbox "
+                                   "holds (uploads, webhooks, broker results) and its oldest's age; the oldest "
                                    "queued job's age; each running and posted job; and the last dead letters with "
                                    "their reasons.")
     p.add_argument("--json", action="store_true", help="print one JSON object instead")
@@ -51,7 +61,8 @@ def snapshot(status: Status, now: float) -> dict[str, Any]:
 def counts_line(c: dict[str, int]) -> str:
     """The counts in one line: posted (waiting in a server's queue) apart from running (executing)."""
     return (f"queued {c['queued']} · waiting to retry {c['waiting']} · posted {c.get('posted', 0)} · "
-            f"running {c['running']} · done {c['done']} · dead {c['dead']} · cancelled {c['cancelled']}")
+            f"running {c['running']} · storing {c.get('storing', 0)} · done {c['done']} · dead {c['dead']} · "
+            f"cancelled {c['cancelled']}")
 
 
 def render(status: Status, now: float) -> str:
@@ -166,7 +177,8 @@ def render_watch(view: Overview, interval: float) -> str:
             "Ctrl-C stops)")
     rate = (f"last {WINDOW_SECONDS / 60:.0f} min: {f.get('done', 0)} done ({view.per_minute:.1f} jobs/min), "
             f"{f.get('dead', 0)} dead, {f.get('cancelled', 0)} cancelled")
-    return "\n".join([head, "", render(view.status, view.now), rate, "", render_slots(view.supervisor, view.now)])
+    return "\n".join([head, "", render(view.status, view.now), rate, outboxes_text(view.outboxes), "",
+                      render_slots(view.supervisor, view.now)])
 
 
 CLEAR_HOME, CLEAR_LINE, CLEAR_BELOW = "\x1b[H", "\x1b[K", "\x1b[J"
@@ -214,6 +226,8 @@ def run(args: argparse.Namespace) -> int:
         machines = queue.fleet.machines()
         inputs = queue.assets.asset_totals()
         backlog = queue.deliveries.announcement_backlog()
+        outboxes = queue.deliveries.outboxes(now)
+        waiting = queue.uploads.by_machine(now) if outboxes["uploads"].items else {}
     finally:
         queue.close()
     state = read_state(config)
@@ -225,6 +239,8 @@ def run(args: argparse.Namespace) -> int:
         out["work"] = None if work is None else {**work, "stale": staleness(work, now)}
         out["machines"] = machines_snapshot(machines)
         out["inputs"] = inputs
+        out["outboxes"] = {name: level.__dict__ for name, level in outboxes.items()}
+        out["outboxes"]["uploads_by_machine"] = {m: level.__dict__ for m, level in waiting.items()}
         if config.rabbitmq.url:
             out["rabbitmq"] = {"consumer": read_broker_state(config), "outbox_backlog": backlog}
         print(json.dumps(out, indent=2))
@@ -232,6 +248,12 @@ def run(args: argparse.Namespace) -> int:
         print(render(status, now))
         if inputs["assets"]:
             print(render_inputs(inputs))
+        print(outboxes_text(outboxes))
+        for machine, level in waiting.items():
+            print(f"  uploads waiting on {machine}: {level.items} job(s), oldest {age(level.oldest_age_seconds or 0)} "
+                  f"(its uploader sends them; machine gone for good: `comfysup show ID`, `comfysup retry ID`)")
+        for full in filter(None, (staging_text(state), staging_text(work))):
+            print(full)
         print()
         print(render_slots(state, now))
         if work_text:

@@ -20,7 +20,18 @@ from comfysup.config import Config
 from comfysup.errors import ComfysupError, QueueError, UsageError
 from comfysup.jobs import READ_AHEAD_LINES, JobsFile, Problem, format_problems
 from comfysup.jobs.catalogue import Catalogue
-from comfysup.queue.base import CANCELLED, DEAD, DONE, POSTED, QUEUED, RUNNING, TERMINAL, Queue, SubmitConflict
+from comfysup.queue.base import (
+    CANCELLED,
+    DEAD,
+    DONE,
+    POSTED,
+    QUEUED,
+    RUNNING,
+    STORING,
+    TERMINAL,
+    Queue,
+    SubmitConflict,
+)
 from comfysup.redact import bound
 
 WAIT_POLL_SECONDS = 0.5
@@ -208,13 +219,15 @@ def wait(config: Config, ids: list[str]) -> int:
 def wait_counts(ended: dict[str, str], states: dict[str, str], left: list[str]) -> dict[str, int]:
     """One set of counts for the bar, from one poll: the ended jobs by state (their sum is the bar's
     position), then the jobs still to end by state as ``status`` counts them, a posted job apart from the running
-    ones; ``queued`` holds every other one (waiting to retry, or not in the queue yet). They add up to the
-    file's jobs, the bar's total."""
+    ones, and the storing ones (their outputs waiting for the bucket) when there are any; ``queued`` holds every
+    other one (waiting to retry, or not in the queue yet). They add up to the file's jobs, the bar's total."""
     ended_counts = Counter(ended.values())
     rest = Counter(states.get(i, QUEUED) for i in left)
     counts = {"done": ended_counts[DONE], "dead": ended_counts[DEAD], "cancelled": ended_counts[CANCELLED],
               "running": rest[RUNNING], "posted": rest[POSTED]}
-    counts["queued"] = len(left) - counts["running"] - counts["posted"]
+    if rest[STORING]:
+        counts["storing"] = rest[STORING]
+    counts["queued"] = len(left) - counts["running"] - counts["posted"] - rest[STORING]
     return counts
 
 

@@ -26,7 +26,9 @@ from comfysup.queue.watch import DEEP_CHECK_SECONDS, EXIT_DATABASE_REPLACED, Que
 from comfysup.runner.loop import Runner
 from comfysup.runner.objectstore import check_buckets
 from comfysup.runner.options import RunnerHooks, RunnerOptions
+from comfysup.runner.staging import StagingBound
 from comfysup.runner.stuck import StuckChannel, out_of_service_reason
+from comfysup.runner.uploader import UploadThread
 from comfysup.slotstate import StateFile, work_state_path
 from comfysup.storage.links import Links
 from comfysup.supervisor.children import new_shared, problem_bytes, problem_of, waiting_peer
@@ -205,6 +207,8 @@ class Work:
         that it waits for work (about to ask, at first)."""
         for shared in self.shared.values():
             shared.may_claim = shared.waiting = 1  # nothing here forbids a claim; each is about to ask
+        self.staging = StagingBound(config)
+        """Full while this machine's jobs waiting for the bucket hold [store] staging_max_gb: no runner claims."""
         self.state_path = work_state_path(config)
         self.state_file = StateFile(self.state_path)
         self.said: dict[str, str | None] = {}
@@ -256,7 +260,7 @@ class Work:
                 self.said[slot["name"]] = stuck
         out = sum(1 for s in slots if s["reason"])
         snapshot = {"pid": os.getpid(), "host": host_name(), "state": "stopped" if final else "running",
-                    "updated_at": time.time(), "slots": slots,
+                    "updated_at": time.time(), "slots": slots, "staging": self.staging.snapshot(),
                     "summary": f"{len(slots)} server(s), {out} out of service" if out else f"{len(slots)} server(s)"}
         try:
             try:
@@ -290,6 +294,9 @@ class Work:
             if runner is not None and status != 0:
                 self.failed.append(f"comfysup-runner-{runner.name} exited with {runner.kill_reason or how}")
         self._check_queue(now)
+        full = self.staging.look(self.queue, now)
+        for runner in self.manager.runners.values():  # a runner gone keeps its may_claim of 0
+            self.shared[runner.name].may_claim = int(not full)
         if self.plan.stopping:
             self._carry_out(self.plan.step(now, runners=bool(self.manager.runners), servers=False, monitor=False))
         self.write_state()
@@ -335,10 +342,13 @@ def run(args: argparse.Namespace) -> int:
     work.watch = QueueWatch(work.queue, every_seconds=config.runner.heartbeat_seconds, deep_seconds=DEEP_CHECK_SECONDS)
     webhooks = Webhooks(config)
     webhooks.start()
+    uploads = UploadThread(config)  # the upload outbox ([store] url): a thread, as the webhooks
+    uploads.start()
     try:
         work.loop()
     finally:
         work.queue.close()
+        uploads.finish()
     totals: Counter[str] = Counter()
     for _ in range(len(servers) - len(work.failed)):
         try:

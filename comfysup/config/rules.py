@@ -45,8 +45,14 @@ def webhook_delays(c: Config) -> Answer:
     return _base_within_max("webhooks", c.webhooks.base_delay_seconds, c.webhooks.max_delay_seconds)
 
 
-def _base_within_max(section: str, base: float, longest: float) -> Answer:
-    return f"must not exceed [{section}] max_delay_seconds ({longest:g})" if base > longest else None
+def upload_delays(c: Config) -> Answer:
+    """[store]: the uploader's first wait is no longer than its longest."""
+    return _base_within_max("store", c.store.upload_base_delay_seconds, c.store.upload_max_delay_seconds,
+                            "upload_max_delay_seconds")
+
+
+def _base_within_max(section: str, base: float, longest: float, name: str = "max_delay_seconds") -> Answer:
+    return f"must not exceed [{section}] {name} ({longest:g})" if base > longest else None
 
 
 def comfyui_on_loopback(c: Config) -> Answer:

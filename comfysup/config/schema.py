@@ -74,6 +74,20 @@ class StoreConfig:
     multipart_threshold_mb: int = setting(64, addresses.s3_part_size)
     """Outputs larger than this are uploaded in parts of this size (boto3's transfer manager, parts in parallel,
     each part's SHA-256 checked by the service); a smaller one in one PUT whose SHA-256 the service checks."""
+    # -- the upload outbox: staged outputs wait in ``dir`` for the bucket ---------------------------------------
+    staging_max_gb: float = setting(50.0, zero_or_more("(no bound)"))
+    """With ``url``: what the jobs waiting for the bucket (``storing``) may hold in this machine's staging folder.
+    When it is reached the runners claim no new job (``comfysup status`` and /ready say why) until uploads free
+    room; nothing staged is ever dropped. 0: no bound."""
+    upload_give_up_hours: float = setting(0.0, zero_or_more("(never)"))
+    """With ``url``: a job whose outputs could not be uploaded for this long is dead-lettered (its staged files are
+    removed); 0: the uploader keeps trying for as long as it takes (an outage spends no attempt)."""
+    upload_base_delay_seconds: float = setting(1.0, greater_than_zero)
+    """The uploader's backoff after a failed upload: full jitter, ``random(0, min(max, base × 2^(n-1)))``."""
+    upload_max_delay_seconds: float = setting(60.0, greater_than_zero)
+    """The longest wait between the uploader's tries while the bucket does not answer."""
+
+    RULES: ClassVar[tuple[Rule, ...]] = (Rule("upload_base_delay_seconds", rules.upload_delays),)
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ from comfysup.config import MetricsConfig
 from comfysup.gpus import GpuSample
 from comfysup.observability.brokermetrics import broker_metrics
 from comfysup.observability.slotgauges import label, slot_metrics
-from comfysup.queue.base import TERMINAL, EndedAttempt, Queue
+from comfysup.queue.base import STORING, TERMINAL, EndedAttempt, OutboxLevel, Queue
 from comfysup.slotstate import ready_slots, staleness
 
 LOOKBACK_SECONDS = 120.0
@@ -162,7 +162,7 @@ class Observer:
             workflow = self.workflow_label(row.workflow_name)
             self.comfy_wait.labels(workflow=workflow).observe(max(0.0, row.comfyui_wait_s or 0.0))
             self.attempt_run.labels(workflow=workflow, outcome=label(row.outcome)).observe(max(0.0, row.run_s))
-        if row.outcome in TERMINAL:
+        if row.outcome in TERMINAL or row.outcome == STORING:  # storing: the job's run is over, its upload waits
             workflow = self.workflow_label(row.workflow_name)
             # The first attempt's wait in ComfyUI's queue (a job queued ahead) is queueing, not duration.
             started = row.first_started_at + (row.first_comfyui_wait_s or 0.0)
@@ -197,7 +197,8 @@ class Live(Collector):
         status = self.queue.reads.status(now, dead_limit=0)
         jobs = GaugeMetricFamily("comfysup_jobs", "Jobs by state (waiting: queued, waiting to retry; posted: "
                                  "claimed ahead, waiting in its server's queue behind the prompt that runs there; "
-                                 "running: executing, downloading, recording).", labels=["state"])
+                                 "running: executing, downloading, recording; storing: its outputs staged, "
+                                 "waiting for the bucket).", labels=["state"])
         for state, count in sorted(status.counts.items()):
             jobs.add_metric([state], count)
         yield jobs
@@ -211,6 +212,7 @@ class Live(Collector):
                                     "nodes of the attempts that ended since this process started.")
             hit.add_metric([], ratio)
             yield hit
+        yield from outbox_metrics(self.queue.deliveries.outboxes())
         pending = GaugeMetricFamily("comfysup_webhook_deliveries_pending", "Webhook deliveries not yet sent "
                                     "(due, or waiting for their next try).")
         pending.add_metric([], self.queue.deliveries.pending_deliveries())
@@ -292,3 +294,24 @@ class Metrics:
         live gauges, so a catch-up inside ``Live.collect`` would show this scrape's attempts only in the next."""
         self.catch_up()
         return generate_latest(self.registry)
+
+
+def outbox_metrics(levels: dict[str, OutboxLevel]) -> Iterator[Metric]:
+    """Each outbox (uploads: storing jobs; webhooks: deliveries to send; broker: announcements to confirm): what it
+    holds, the age of its oldest, and the staged bytes of the uploads."""
+    items = GaugeMetricFamily("comfysup_outbox_items", "What each outbox holds (uploads: jobs whose outputs wait "
+                              "for the bucket; webhooks: deliveries not yet sent; broker: results not yet "
+                              "confirmed by the broker).", labels=["outbox"])
+    oldest = GaugeMetricFamily("comfysup_outbox_oldest_age_seconds", "Age of each outbox's oldest item (0: empty).",
+                               labels=["outbox"])
+    for name, level in sorted(levels.items()):
+        items.add_metric([name], level.items)
+        oldest.add_metric([name], max(0.0, level.oldest_age_seconds or 0.0))
+    yield items
+    yield oldest
+    staged = GaugeMetricFamily("comfysup_outbox_bytes", "Bytes each outbox holds where known (uploads: the staged "
+                               "outputs of this queue's storing jobs, every machine's).", labels=["outbox"])
+    for name, level in sorted(levels.items()):
+        if level.bytes is not None:
+            staged.add_metric([name], level.bytes)
+    yield staged

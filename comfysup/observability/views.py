@@ -8,11 +8,12 @@ are, how many wait, how fast jobs finish, what died lately), so both are built f
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from comfysup.queue.base import Queue, Status
+from comfysup.queue.base import OutboxLevel, Queue, Status
 from comfysup.slotstate import staleness
+from comfysup.timefmt import age
 
 if TYPE_CHECKING:
     from comfysup.queue.run_values import JobRecord
@@ -35,6 +36,8 @@ class Overview:
     """Why the supervisor's state should not be believed (None while it runs, or when there is none)."""
     announcements: int = 0
     """The broker outbox's backlog: ended jobs not yet announced to RabbitMQ."""
+    outboxes: dict[str, OutboxLevel] = field(default_factory=dict)
+    """What each outbox holds (comfysup.queue.roles ``Deliveries.outboxes``)."""
 
     @property
     def per_minute(self) -> float:
@@ -50,7 +53,32 @@ def overview(queue: Queue, state: dict[str, Any] | None, now: float | None = Non
     recent = queue.reads.get_many([i for i, _ in status.recent_done]) if status.recent_done else []
     return Overview(now=now, status=status, finished=finished, recent_done=recent, supervisor=state,
                     stale=None if state is None else staleness(state, now),
-                    announcements=queue.deliveries.announcement_backlog())
+                    announcements=queue.deliveries.announcement_backlog(), outboxes=queue.deliveries.outboxes(now))
+
+
+OUTBOX_NAMES = (("uploads", "uploads"), ("webhooks", "webhooks"), ("broker", "broker results"))
+
+
+def outboxes_text(levels: dict[str, OutboxLevel]) -> str:
+    """``outboxes: uploads 3 (12.5 MiB, oldest 2m 3s) · webhooks 0 · broker results 0``: what each holds."""
+    parts = []
+    for key, name in OUTBOX_NAMES:
+        level = levels.get(key)
+        if level is None:
+            continue
+        more = [f"{level.bytes / 2**20:.1f} MiB"] if level.bytes else []
+        if level.items and level.oldest_age_seconds is not None:
+            more.append(f"oldest {age(max(0.0, level.oldest_age_seconds))}")
+        parts.append(f"{name} {level.items}" + (f" ({', '.join(more)})" if more else ""))
+    return "outboxes: " + " · ".join(parts)
+
+
+def staging_text(state: dict[str, Any] | None) -> str | None:
+    """Why runners claim nothing while the staging folder is full (supervisor.json's or work.json's ``staging``)."""
+    staging = (state or {}).get("staging")
+    if isinstance(staging, dict) and staging.get("full"):
+        return f"{staging.get('reason')}; no new job is claimed until uploads free room"
+    return None
 
 
 def progress_text(progress: dict[str, Any] | None) -> str:

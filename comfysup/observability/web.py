@@ -39,9 +39,11 @@ from comfysup.observability.views import (
     POSTED_TEXT,
     WINDOW_SECONDS,
     Overview,
+    outboxes_text,
     overview,
     progress_fraction,
     progress_text,
+    staging_text,
 )
 from comfysup.queue.base import Queue
 from comfysup.queue.run_values import JobRecord
@@ -188,6 +190,10 @@ def render_page(view: Overview, refresh_seconds: float) -> str:
     out = _head(view, refresh_seconds)
     out += _supervisor_note(view)
     out += _counts(view)
+    out.append(f"<p>{html.escape(outboxes_text(view.outboxes))}</p>")
+    full = staging_text(view.supervisor)
+    if full:
+        out.append(f"<p class=stale>{html.escape(full)}</p>")
     state = view.supervisor
     if state is not None and "broker" in state:
         out.append(f"<h2>RabbitMQ</h2><pre>{html.escape(broker_text(state['broker'], view.announcements))}</pre>")
@@ -234,7 +240,8 @@ def _counts(view: Overview) -> list[str]:
                 f"<span class={k}><b>{c.get(k, 0)}</b> {label}</span>"
                 for k, label in (("queued", "queued"), ("waiting", "waiting to retry"),
                                  ("posted", "posted (in a server's queue)"), ("running", "running"),
-                                 ("done", "done"), ("dead", "dead"), ("cancelled", "cancelled"))) + "</div>",
+                                 ("storing", "storing (waiting for the bucket)"), ("done", "done"), ("dead", "dead"),
+                                 ("cancelled", "cancelled"))) + "</div>",
             f"<p class=muted>last {WINDOW_SECONDS / 60:.0f} min: {f.get('done', 0)} done "
             f"({view.per_minute:.1f} jobs/min), {f.get('dead', 0)} dead, {f.get('cancelled', 0)} cancelled</p>"]
 

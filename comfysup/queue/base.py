@@ -2,8 +2,9 @@
 
 A queue is roles over one database (``Queue``): ``leases`` (claim, renew, end an attempt), ``intake`` (submit,
 cancel, requeue, prune), ``reads``, ``deliveries`` (webhooks, the broker outbox), ``fleet`` (catalogues, the
-machine registry), ``endpoints`` (the API registry), ``assets`` and ``previews``; comfysup.queue.roles says what
-each offers. The methods named below are the roles' (``claim`` is ``queue.leases.claim``).
+machine registry), ``endpoints`` (the API registry), ``assets``, ``previews`` and ``uploads`` (storing jobs);
+comfysup.queue.roles says what each offers. The methods named below are the roles' (``claim`` is
+``queue.leases.claim``).
 
 The contract (tested once in tests/queue_contract.py and run against every backend):
 
@@ -38,6 +39,13 @@ The contract (tested once in tests/queue_contract.py and run against every backe
   attempt does not count (a graceful stop). ``release_owner`` does that for every claim of one owner,
   which the supervisor calls when a runner's pid has died.
 - Terminal states are ``done``, ``dead`` and ``cancelled``; a job reaches one of them exactly once.
+- Storing (uploads through an outbox, ``[store] url``): ``complete(..., staged_in=folder)`` records the job
+  ``storing`` instead of ``done``: its outputs (hashed, fsynced) wait in ``folder`` on the machine of its owner,
+  the row has no owner and no lease (no claim takes it, no lease expires, every stale attempt's fenced write finds
+  it no longer running). The ``uploads`` role hands each machine its own storing jobs; ``stored`` makes one done
+  with the confirmed objects (webhook and announcement as any done), ``give_up`` dead; both are fenced by id +
+  attempt + state, so a job cancelled (``cancel`` ends a storing job at once) or requeued (``requeue_dead`` takes a
+  storing job named by id: its machine is gone) meanwhile is left as it is.
 - ``complete`` records the machine that did the work (the host part of the owner), so a result store on
   each machine's own disk can still be found: ``JobRecord.machine`` plus each ``Output.path``.
 - ``wait_for_work`` returns when a job may have become claimable (PostgreSQL: a NOTIFY from ``submit``,
@@ -81,10 +89,12 @@ from comfysup.queue.values import (  # noqa: F401  (re-exported: callers import 
     Machine,
     NewAsset,
     NewJob,
+    OutboxLevel,
     Output,
     Preview,
     PruneBatch,
     RunningJob,
+    StagedJob,
     Status,
     SubmitResult,
 )
@@ -104,6 +114,10 @@ class State(StrEnum):
     """Shown, not stored: a running job (claimed, leased, fenced as any) that waits for its server,
     posted behind the prompt that runs there ([runner] queue_ahead), until its execution starts."""
     RUNNING = "running"
+    STORING = "storing"
+    """Its outputs are staged on the machine that ran it, waiting for the bucket ([store] url): no runner holds it,
+    no lease expires; that machine's uploader makes it done (or dead past [store] upload_give_up_hours). Also an
+    attempt's outcome: the attempt ended with every output staged."""
     DONE = "done"
     DEAD = "dead"
     CANCELLED = "cancelled"
@@ -114,13 +128,13 @@ class State(StrEnum):
 
 
 QUEUED, RUNNING, DONE, DEAD, CANCELLED = State.QUEUED, State.RUNNING, State.DONE, State.DEAD, State.CANCELLED
-POSTED = State.POSTED
+POSTED, STORING = State.POSTED, State.STORING
 RETRY, RELEASED, RELEASED_UNCOUNTED, LEASE_EXPIRED = (State.RETRY, State.RELEASED, State.RELEASED_UNCOUNTED,
                                                       State.LEASE_EXPIRED)
 TERMINAL = frozenset({DONE, DEAD, CANCELLED})
-STATES = (QUEUED, POSTED, RUNNING, DONE, DEAD, CANCELLED)
+STATES = (QUEUED, POSTED, RUNNING, STORING, DONE, DEAD, CANCELLED)
 """A job's states as people see them, in the order status shows them (a posted job is counted as posted, not
-running: the running ones execute, at most one a server)."""
+running: the running ones execute, at most one a server; a storing one has run, its files wait for the bucket)."""
 
 
 class SubmitConflict(QueueError):
@@ -165,6 +179,7 @@ class Queue(Protocol):
     endpoints: roles.Endpoints
     assets: roles.Assets
     previews: roles.Previews
+    uploads: roles.Uploads
 
     def maintenance(self) -> None:
         """Periodic upkeep (a WAL checkpoint for SQLite); cheap to call often."""

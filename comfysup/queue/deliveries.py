@@ -11,7 +11,7 @@ from typing import Any
 
 from comfysup.queue import records
 from comfysup.queue.db import Role, in_transaction
-from comfysup.queue.values import Delivery
+from comfysup.queue.values import Delivery, OutboxLevel
 
 
 class Deliveries(Role):
@@ -65,3 +65,14 @@ class Deliveries(Role):
     def announcements(self, job_id: str) -> list[dict[str, Any]]:
         """One job's broker announcements (id, state, created_at, sent_at), oldest first."""
         return [dict(r) for r in self._rows("announcements_of", {"job_id": job_id})]
+
+    @in_transaction(write=False)
+    def outboxes(self, cur: Any, now: float | None = None) -> dict[str, OutboxLevel]:
+        """What each outbox holds now, with its oldest's age (see comfysup.queue.roles)."""
+        at = {"now": self.db.time(now)}
+        uploads = cur.execute(self.db.sql["outbox_uploads"], at).fetchone()
+        out = {"uploads": OutboxLevel(int(uploads["n"]), uploads["age"], int(uploads["bytes"]))}
+        for name, query in (("webhooks", "outbox_webhooks"), ("broker", "outbox_broker")):
+            row = cur.execute(self.db.sql[query], at).fetchone()
+            out[name] = OutboxLevel(int(row["n"]), row["age"])
+        return out

@@ -4,7 +4,10 @@ webhook and broker announcement a terminal job owes. The lease role ends its own
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from comfysup.errors import LeaseLost
@@ -13,7 +16,7 @@ from comfysup.queue.base import RELEASED, RELEASED_UNCOUNTED
 
 if TYPE_CHECKING:
     from comfysup.queue.db import SQLDb
-    from comfysup.queue.run_values import Claim
+    from comfysup.queue.run_values import Claim, Output
 
 
 def fence(claim: Claim) -> dict[str, Any]:
@@ -66,3 +69,22 @@ def release(db: SQLDb, cur: Any, claim: Claim, reason: str, count_attempt: bool,
     end(db, cur, claim, db.sql["release"], {"reason": reason, "uncount": 0 if count_attempt else 1}, at,
         RELEASED if count_attempt else RELEASED_UNCOUNTED, reason, kind, trace)
     db.notify(cur)
+
+
+def outputs_text(outputs: Sequence[Output]) -> str:
+    """The outputs as the row keeps them (compact JSON)."""
+    return json.dumps([o.__dict__ for o in outputs], separators=(",", ":"))
+
+
+
+def with_ids(outputs: Sequence[Output]) -> list[Output]:
+    """Each output with its asset UUID (outputs are assets), given where the job is made done."""
+    return [o if o.id else replace(o, id=str(uuid.uuid4())) for o in outputs]
+
+
+def made_done(db: SQLDb, cur: Any, job_id: str, outputs: Sequence[Output], at: float | None) -> None:
+    """After the statement that made the job done (its runner's, or its machine's uploader's), in its transaction:
+    each output's asset id (``with_ids``), the webhook and the broker announcement."""
+    cur.execute(db.sql["forget_output_assets"], {"job_id": job_id})
+    cur.executemany(db.sql["add_output_asset"], [{"asset_id": o.id, "job_id": job_id} for o in outputs])
+    deliver(db, cur, job_id, at)

@@ -10,7 +10,7 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from comfysup.queue import ends
-from comfysup.queue.base import DEAD, QUEUED, RUNNING, NewJob, SubmitConflict, SubmitResult
+from comfysup.queue.base import DEAD, QUEUED, RUNNING, STORING, NewJob, SubmitConflict, SubmitResult
 from comfysup.queue.db import Role, SQLDb, in_transaction
 from comfysup.queue.fleet import insert_refusals
 from comfysup.queue.specs import SpecCache
@@ -51,15 +51,18 @@ class Intake(Role):
 
     @in_transaction()
     def cancel(self, cur: Any, ids: Sequence[str], now: float | None = None) -> dict[str, str]:
-        """Cancel queued jobs, mark running ones; returns id -> what happened (or 'unknown')."""
+        """Cancel queued and storing jobs, mark running ones; returns id -> what happened (or 'unknown'). A storing
+        job ends at once: a person asked for no result, and its uploader drops the staged files when its end is
+        refused (objects already uploaded stay under the job's prefix until ``comfysup prune``)."""
         at = self.db.time(now)
         out: dict[str, str] = {}
+        ends_at_once = {QUEUED: "cancel_queued", STORING: "cancel_storing"}
         for job_id in ids:
             row = cur.execute(self.db.sql["job_state"], {"id": job_id}).fetchone()
             if row is None:
                 out[job_id] = "unknown"
-            elif row["state"] == QUEUED:
-                cur.execute(self.db.sql["cancel_queued"], {"now": at, "id": job_id})
+            elif row["state"] in ends_at_once:
+                cur.execute(self.db.sql[ends_at_once[row["state"]]], {"now": at, "id": job_id})
                 ends.deliver(self.db, cur, job_id, at)
                 out[job_id] = "cancelled"
             elif row["state"] == RUNNING:
@@ -71,7 +74,9 @@ class Intake(Role):
 
     @in_transaction()
     def requeue_dead(self, cur: Any, ids: Sequence[str] | None, now: float | None = None) -> dict[str, str]:
-        """Dead jobs back to the queue with attempts reset (``None``: all dead jobs)."""
+        """Dead jobs back to the queue with attempts reset (``None``: all dead jobs). A storing job named by id too:
+        for an operator whose machine is gone with the staged files (``comfysup show`` says which machine and
+        folder); its uploader, should it come back, finds the job no longer storing and drops its copy."""
         out: dict[str, str] = {}
         if ids is None:
             out = {r["id"]: "requeued" for r in cur.execute(self.db.sql["requeue_all"]).fetchall()}
@@ -86,7 +91,7 @@ class Intake(Role):
         row = cur.execute(self.db.sql["job_state"], {"id": job_id}).fetchone()
         if row is None:
             return "unknown"
-        if row["state"] != DEAD:
+        if row["state"] not in (DEAD, STORING):
             return f"not dead ({row['state']})"
         cur.execute(self.db.sql["requeue_one"], {"id": job_id})
         return "requeued"

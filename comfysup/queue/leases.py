@@ -10,14 +10,12 @@ from __future__ import annotations
 import json
 import threading
 import time
-import uuid
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from typing import Any
 
 from comfysup.queue import ends, records, values
-from comfysup.queue.base import CANCELLED, DEAD, DONE, RELEASED, RELEASED_UNCOUNTED, RETRY, owner_host
+from comfysup.queue.base import CANCELLED, DEAD, DONE, RELEASED, RELEASED_UNCOUNTED, RETRY, STORING, owner_host
 from comfysup.queue.db import ClaimAsk, Role, SQLDb, in_transaction
 from comfysup.queue.ends import fence
 from comfysup.queue.values import Claim, Output
@@ -57,14 +55,15 @@ class Leases(Role):
     def complete_and_claim(self, claim: Claim, outputs: Sequence[Output], owner: str, server: str,
                            lease_seconds: float, now: float | None = None, *, trace: dict[str, Any] | None = None,
                            prefer_model: str | None = None, max_wait_seconds: float = 0.0,
-                           catalogue: int | None = None, url: str | None = None) -> Claim | None:
+                           catalogue: int | None = None, url: str | None = None,
+                           staged_in: str | None = None) -> Claim | None:
         """One transaction, so one durable commit, for a job done and the next one claimed. A lost fence
         raises LeaseLost before anything is claimed (the transaction is rolled back)."""
         ask = ClaimAsk(owner, server, lease_seconds, prefer_model, max_wait_seconds, catalogue, url)
 
         def done_then_take(cur: Any) -> Mapping[str, Any] | None:
             at = self.db.time(now)
-            self._complete(cur, claim, outputs, at, trace)
+            self._complete(cur, claim, outputs, at, trace, staged_in)
             return self._take(cur, ask, at)
 
         return self._claim_from(self.db.transaction(done_then_take))
@@ -144,21 +143,26 @@ class Leases(Role):
 
     @in_transaction()
     def complete(self, cur: Any, claim: Claim, outputs: Sequence[Output], now: float | None = None, *,
-                 trace: dict[str, Any] | None = None, started: Claim | None = None) -> None:
-        self._complete(cur, claim, outputs, self.db.time(now), trace)
+                 trace: dict[str, Any] | None = None, started: Claim | None = None,
+                 staged_in: str | None = None) -> None:
+        self._complete(cur, claim, outputs, self.db.time(now), trace, staged_in)
         if started is not None:  # the job queued behind this one executes: one statement more, no transaction
             cur.execute(self.db.sql["executing"], fence(started))
 
     def _complete(self, cur: Any, claim: Claim, outputs: Sequence[Output], at: float | None,
-                  trace: dict[str, Any] | None) -> None:
+                  trace: dict[str, Any] | None, staged_in: str | None) -> None:
         sql = self.db.sql
-        outputs = [o if o.id else replace(o, id=str(uuid.uuid4())) for o in outputs]  # outputs are assets
-        files = json.dumps([o.__dict__ for o in outputs], separators=(",", ":"))
-        ends.end(self.db, cur, claim, sql["complete"], {"outputs": files, "machine": owner_host(claim.owner)}, at,
-                 DONE, None, None, trace)
-        cur.execute(sql["forget_output_assets"], {"job_id": claim.id})
-        cur.executemany(sql["add_output_asset"], [{"asset_id": o.id, "job_id": claim.id} for o in outputs])
-        ends.deliver(self.db, cur, claim.id, at)
+        if staged_in is not None:  # storing: the machine's uploader makes it done (comfysup.queue.uploads)
+            ends.end(self.db, cur, claim, sql["stage"],
+                     {"outputs": ends.outputs_text(outputs), "machine": owner_host(claim.owner),
+                      "staged_in": staged_in, "staged_bytes": sum(o.size for o in outputs)}, at, STORING, None, None,
+                     trace)
+            return
+        outputs = ends.with_ids(outputs)
+        ends.end(self.db, cur, claim, sql["complete"],
+                 {"outputs": ends.outputs_text(outputs), "machine": owner_host(claim.owner)}, at, DONE, None, None,
+                 trace)
+        ends.made_done(self.db, cur, claim.id, outputs, at)
 
     def retry_later(self, claim: Claim, run_after: float, reason: str, now: float | None = None, *,
                     kind: str | None = None, trace: dict[str, Any] | None = None) -> None:

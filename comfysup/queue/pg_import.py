@@ -126,7 +126,9 @@ def _job_row(r: JobRecord, workflow_id: int) -> dict[str, Any]:
             "spec_hash": r.spec_hash, "workflow_name": r.workflow_name, "workflow_id": workflow_id,
             "extra_data": dumps_plain(r.extra_data), "meta": dumps_plain(r.meta), "params": dumps_plain(r.params),
             "progress": dumps(r.progress), "callback_url": r.callback_url,
-            "model_key": r.model_key if r.model_key is not None else model_key(r.workflow)}
+            "model_key": r.model_key if r.model_key is not None else model_key(r.workflow),
+            "staged_at": r.staged_at, "staged_in": r.staged_in,
+            "staged_bytes": sum(o.size for o in r.outputs) if r.state == "storing" else None}
 
 
 def _stored_template(record: JobRecord, memo: dict[str, str]) -> tuple[str, str]:

@@ -46,7 +46,7 @@ from comfysup.queue.reads import fetch
 from comfysup.queue.specs import SpecCache
 from comfysup.workflows import apply_params, model_key
 
-SCHEMA_VERSION = 11
+SCHEMA_VERSION = 12
 CHANNEL = "comfysup_jobs"
 MIGRATION_LOCK = 0x636F6D6679737570  # "comfysup": one advisory lock key for schema changes
 CONNECT_TIMEOUT_SECONDS = 5
@@ -64,7 +64,7 @@ def _fuse(job_sql: str, attempt_sql: str) -> str:
 
 
 FUSED = {(SQL[job], SQL[attempt]): _fuse(SQL[job], SQL[attempt])
-         for job in ("complete", "retry_later", "finish", "release", "record_prompt")
+         for job in ("complete", "stage", "retry_later", "finish", "release", "record_prompt")
          for attempt in ("end_attempt", "attempt_prompt")}
 """Every pair the lease role may pass to ``fenced``, built once at import."""
 

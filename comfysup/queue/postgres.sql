@@ -234,3 +234,10 @@ CREATE TABLE job_previews (
     content_type text    NOT NULL,
     data         bytea   NOT NULL
 );
+
+-- name: v12
+-- Uploads through an outbox: the storing state and where its staged files wait (see schema.sql's v16).
+ALTER TABLE jobs ADD COLUMN staged_at double precision;
+ALTER TABLE jobs ADD COLUMN staged_in text;
+ALTER TABLE jobs ADD COLUMN staged_bytes bigint;
+CREATE INDEX jobs_storing ON jobs (machine, staged_at) WHERE state = 'storing';

@@ -20,9 +20,11 @@ from comfysup.queue.values import (
     Machine,
     NewAsset,
     NewJob,
+    OutboxLevel,
     Output,
     Preview,
     PruneBatch,
+    StagedJob,
     Status,
     SubmitResult,
 )
@@ -46,7 +48,8 @@ class Leases(Protocol):
     def complete_and_claim(self, claim: Claim, outputs: Sequence[Output], owner: str, server: str,
                            lease_seconds: float, now: float | None = None, *, trace: dict[str, Any] | None = None,
                            prefer_model: str | None = None, max_wait_seconds: float = 0.0,
-                           catalogue: int | None = None, url: str | None = None) -> Claim | None:
+                           catalogue: int | None = None, url: str | None = None,
+                           staged_in: str | None = None) -> Claim | None:
         """``complete`` and then ``claim`` in one transaction: one durable commit (one fsync) per job for a
         runner that goes on. Raises LeaseLost, claiming nothing, when ``claim`` is no longer held."""
         ...
@@ -85,9 +88,12 @@ class Leases(Protocol):
         ...
 
     def complete(self, claim: Claim, outputs: Sequence[Output], now: float | None = None, *,
-                 trace: dict[str, Any] | None = None, started: Claim | None = None) -> None:
+                 trace: dict[str, Any] | None = None, started: Claim | None = None,
+                 staged_in: str | None = None) -> None:
         """Record done (fenced). ``started``: the job queued behind this one, whose execution_start was read
-        before this end; in the same transaction it stops waiting (nothing if its claim no longer holds)."""
+        before this end; in the same transaction it stops waiting (nothing if its claim no longer holds).
+        ``staged_in``: the outputs are staged there on the owner's machine, for the bucket: the job is recorded
+        storing (no owner, no lease), and its machine's uploader makes it done (``Uploads.stored``)."""
         ...
 
     def retry_later(self, claim: Claim, run_after: float, reason: str, now: float | None = None, *,
@@ -107,17 +113,50 @@ class Leases(Protocol):
                       now: float | None = None) -> list[str]: ...
 
 
+class Uploads(Protocol):
+    """The upload role: storing jobs, whose outputs wait in a machine's staging folder (comfysup.queue.uploads)."""
+
+    def staged(self, machine: str, limit: int = 100) -> list[StagedJob]:
+        """``machine``'s storing jobs, oldest first (at most ``limit``)."""
+        ...
+
+    def staging_bytes(self, machine: str) -> int:
+        """What ``machine``'s storing jobs hold in its staging folder (the [store] staging_max_gb bound)."""
+        ...
+
+    def by_machine(self, now: float | None = None) -> dict[str, OutboxLevel]:
+        """The storing jobs of each machine whose staging folder holds their files (a machine gone for good shows
+        here, its jobs for an operator to retry)."""
+        ...
+
+    def stored(self, job: StagedJob, outputs: Sequence[Output], now: float | None = None) -> bool:
+        """Every object confirmed: the job is done with ``outputs`` (their s3:// paths), its webhook and
+        announcement in the same transaction. False, changing nothing, when it is no longer storing these files
+        (cancelled, requeued, ended by another uploader)."""
+        ...
+
+    def give_up(self, job: StagedJob, reason: str, now: float | None = None) -> bool:
+        """The job is dead with ``reason`` ([store] upload_give_up_hours passed); False as ``stored``."""
+        ...
+
+    def upload_failed(self, job: StagedJob, reason: str) -> None:
+        """Why its last upload failed, shown by status and show while it is storing (not durable)."""
+        ...
+
+
 class Intake(Protocol):
     """The intake role: submit, cancel, requeue, prune (comfysup.queue.intake)."""
 
     def submit(self, jobs: Iterable[NewJob], now: float | None = None) -> SubmitResult: ...
 
     def cancel(self, ids: Sequence[str], now: float | None = None) -> dict[str, str]:
-        """Cancel queued jobs, mark running ones; returns id -> what happened (or 'unknown')."""
+        """Cancel queued and storing jobs (a storing job's staged files are then dropped by its uploader), mark
+        running ones; returns id -> what happened (or 'unknown')."""
         ...
 
     def requeue_dead(self, ids: Sequence[str] | None, now: float | None = None) -> dict[str, str]:
-        """Dead jobs back to the queue with attempts reset (``None``: all dead jobs)."""
+        """Dead jobs back to the queue with attempts reset (``None``: all dead jobs). A storing job named by id is
+        requeued too (its machine is gone with the staged files: the job runs again, elsewhere)."""
         ...
 
     def prune(self, finished_before: float, limit: int = 500) -> PruneBatch:
@@ -188,7 +227,8 @@ class Reads(Protocol):
     def running_owners(self) -> list[str]: ...
 
     def active_count(self) -> int:
-        """Jobs not yet terminal (queued, waiting to retry, running): zero means the queue is drained."""
+        """Jobs a runner may still take or holds (queued, waiting to retry, running): zero means the queue is drained
+        for the runners (storing jobs wait for their machine's uploader, not for a runner)."""
         ...
 
 
@@ -225,6 +265,11 @@ class Deliveries(Protocol):
 
     def announcements(self, job_id: str) -> list[dict[str, Any]]:
         """One job's broker announcements (id, state, created_at, sent_at), oldest first."""
+        ...
+
+    def outboxes(self, now: float | None = None) -> dict[str, OutboxLevel]:
+        """What each outbox holds now: ``uploads`` (storing jobs, their staged bytes), ``webhooks`` (deliveries
+        not yet sent or given up) and ``broker`` (announcements not yet confirmed), each with its oldest's age."""
         ...
 
 

@@ -221,6 +221,10 @@ class JobRecord:
     """The stored workflow before ``params`` (shared by every job of a batch); what a migration copies."""
     waiting_since: float | None = None
     """A running job that waits in its server's queue (posted behind the prompt that runs there): since when."""
+    staged_at: float | None = None
+    """A storing job: since when its outputs wait for the bucket in ``staged_in`` on ``machine``."""
+    staged_in: str | None = None
+    """A storing job: the staging folder on ``machine`` that holds its outputs (``Output.path`` of each)."""
 
     @property
     def shown_state(self) -> str:

@@ -308,3 +308,15 @@ CREATE TABLE job_previews (
     content_type TEXT    NOT NULL,
     data         BLOB    NOT NULL
 ) WITHOUT ROWID;
+
+-- name: v16
+-- Uploads through an outbox ([store] url): a job whose outputs are downloaded, hashed and fsynced in the
+-- staging folder of the machine that ran it is 'storing' (no owner, no lease: no runner claims it, no lease
+-- expires) until that machine's uploader has every object confirmed in the bucket (then 'done', as before), or
+-- gives up ([store] upload_give_up_hours: 'dead'). `machine` says whose staging folder holds the files,
+-- staged_in where, staged_bytes how much (the staging bound), staged_at since when (the outbox's oldest age).
+ALTER TABLE jobs ADD COLUMN staged_at REAL;
+ALTER TABLE jobs ADD COLUMN staged_in TEXT;
+ALTER TABLE jobs ADD COLUMN staged_bytes INTEGER;
+-- Each machine's uploader takes its own storing jobs, oldest first, without reading other rows.
+CREATE INDEX jobs_storing ON jobs (machine, staged_at) WHERE state = 'storing';

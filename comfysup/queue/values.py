@@ -100,6 +100,32 @@ class Status:
 
 
 @dataclass(frozen=True)
+class StagedJob:
+    """A storing job as its machine's uploader takes it: the outputs staged in ``staged_in`` (``Output.path``: each
+    file there), since ``staged_at``; ``attempt`` fences the uploader's end of it."""
+
+    id: str
+    attempt: int
+    machine: str
+    staged_in: str
+    staged_at: float
+    staged_bytes: int
+    outputs: list[Output]
+    reason: str | None
+    """Why the last try failed (None: none failed yet)."""
+
+
+@dataclass(frozen=True)
+class OutboxLevel:
+    """What one outbox holds (uploads: storing jobs; webhooks: pending deliveries; broker: unconfirmed
+    announcements): how many, their bytes where known, and the age of the oldest in seconds (None: empty)."""
+
+    items: int
+    oldest_age_seconds: float | None
+    bytes: int | None = None
+
+
+@dataclass(frozen=True)
 class Machine:
     """A supervisor sharing the queue: one row per host and pid, refreshed by its heartbeat."""
 
@@ -114,5 +140,5 @@ class Machine:
 
 
 __all__ = ["ApiAsset", "ApiEndpoint", "Attempt", "CatalogueRecord", "Claim", "Delivery", "EndedAttempt", "JobPulse",
-           "JobRecord", "Machine", "NewAsset", "NewJob", "Output", "Preview", "PruneBatch", "RunningJob", "Status",
-           "SubmitResult"]
+           "JobRecord", "Machine", "NewAsset", "NewJob", "OutboxLevel", "Output", "Preview", "PruneBatch",
+           "RunningJob", "StagedJob", "Status", "SubmitResult"]

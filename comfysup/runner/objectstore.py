@@ -1,13 +1,12 @@
 """The result store in a bucket ([store] url): the same ``prepare``/``write`` as ResultStore, each file
-downloaded to a staging file in ``[store] dir`` (hashed and checked there exactly as on disk), uploaded to
-``<prefix>/<job id>/<name>``, confirmed by the service, and only then returned for the job's ``done``.
+downloaded to a staging file in ``[store] dir`` (hashed, checked and fsynced there exactly as on disk). The attempt
+ends with the job recorded ``storing`` (``staged_in``): the uploads go through an outbox, this machine's uploader
+(comfysup.runner.uploader), which sends each file to ``<prefix>/<job id>/<name>``, has it confirmed by the
+service, and only then makes the job ``done``. A bucket that does not answer spends no attempt of the job and
+keeps no GPU waiting.
 
-The key is stable per job and name, so an attempt that died between its upload and its ``done`` is retried by
-overwriting the same object, never by adding a second one. The staging file is removed whether the upload
-worked or not (a job being downloaded is not done: nothing staged belongs to a recorded result). A service
-that does not answer, answers 5xx, or refuses now what it accepted at start is a transient failure of the
-result store (an OSError, as a full disk): the job is retried with the usual backoff and is never ``done``
-before its objects are confirmed.
+The key is stable per job and name, so an upload repeated (an uploader restarted mid-upload) overwrites the same
+object with the same bytes, never adding a second one.
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ from comfysup import safefs
 from comfysup.config import Config
 from comfysup.errors import ConfigError
 from comfysup.queue.base import Output
-from comfysup.runner.store import PROGRESS_SECONDS, ResultStore, every
+from comfysup.runner.store import ResultStore
 from comfysup.storage import s3
 
 
@@ -36,6 +35,8 @@ class ObjectStore:
         self.settings = settings
         self.part_bytes = part_bytes
         self.root = staging.root
+        self._root_durable = False
+        """The staging folder's entry in its parent fsynced by this process (once: it is made once)."""
 
     def job_dir(self, job_id: str) -> Path:
         return self.staging.job_dir(job_id)
@@ -49,28 +50,47 @@ class ObjectStore:
 
     def write(self, job_id: str, relative: str, chunks: Iterable[bytes], *, limit_bytes: int | None = None,
               limit_name: str = "[store] max_file_mb", progress: Callable[[], None] | None = None) -> Output:
-        """ResultStore.write to the staging folder, then the upload; ``progress`` (the attempt's checkpoint) is
-        called during both, so an upload longer than the lease keeps the job, and a cancel, the job's timeout or a
-        stop still end it: what it raises ends the upload and propagates as it is."""
-        staged = self.staging.write(job_id, relative, chunks, limit_bytes=limit_bytes, limit_name=limit_name,
-                                    progress=progress)
-        key = self.location.key(job_id, relative)
-        try:
-            s3.upload(self.client(), self.location.bucket, key, Path(staged.path), staged.size, staged.sha256,
-                      self.part_bytes, progress=every(PROGRESS_SECONDS, progress) if progress else None)
-        except s3.service_errors() as exc:
-            sorted_ = s3.sort_error(exc, f"uploading {self.location.uri(key)}", self.settings)
-            # Refused now though the bucket was checked at start (a key rotated, a policy changed): retried like
-            # a service that does not answer, so a fixed credential lets the job end done.
-            raise sorted_ if isinstance(sorted_, OSError) else s3.Unreachable(str(sorted_)) from None
-        finally:
-            with contextlib.suppress(OSError):
-                os.unlink(staged.path)
-        return replace(staged, path=self.location.uri(key))
+        """ResultStore.write to the staging folder: the file complete, hashed and fsynced under its final name
+        there; ``Output.path`` is where it waits. The uploader sends it once the job is recorded storing."""
+        return self.staging.write(job_id, relative, chunks, limit_bytes=limit_bytes, limit_name=limit_name,
+                                  progress=progress)
 
     def finish(self, job_id: str) -> None:
-        """The job's staging folder removed once every file is uploaded (best-effort: an empty folder costs only
-        an inode, and the next attempt's ``prepare`` empties it anyway)."""
+        """Every file of the job is staged: the job's folder entry made durable too (each file's own entry is
+        fsynced as it is renamed), and once per process the staging folder's own entry in its parent, so the files
+        outlive a power cut once the job is recorded storing."""
+        root = safefs.open_root(self.root)
+        try:
+            os.fsync(root)
+        finally:
+            os.close(root)
+        if not self._root_durable:
+            parent = os.open(Path(self.root).parent, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                os.fsync(parent)
+            finally:
+                os.close(parent)
+            self._root_durable = True
+
+    def staged_in(self, job_id: str) -> str | None:
+        """Where the job's files wait for the bucket (recorded with the job: ``comfysup show`` says it)."""
+        return str(self.job_dir(job_id))
+
+    def upload(self, job_id: str, staged: Output) -> Output:
+        """One staged file sent to its key and confirmed; the Output with its s3:// path. The service's errors are
+        sorted: an OSError (``s3.Unreachable``) for one that does not answer and for a refusal now of what was
+        accepted at start (a key rotated, a policy changed: a fixed credential lets the job end done)."""
+        key = self.location.key(job_id, staged.name)
+        try:
+            s3.upload(self.client(), self.location.bucket, key, Path(staged.path), staged.size, staged.sha256,
+                      self.part_bytes)
+        except s3.service_errors() as exc:
+            sorted_ = s3.sort_error(exc, f"uploading {self.location.uri(key)}", self.settings)
+            raise sorted_ if isinstance(sorted_, OSError) else s3.Unreachable(str(sorted_)) from None
+        return replace(staged, path=self.location.uri(key))
+
+    def forget(self, job_id: str) -> None:
+        """The job's staging folder removed (its job ended: done, cancelled, given up); best-effort."""
         with contextlib.suppress(OSError):
             root = safefs.open_root(self.root)
             try:
@@ -108,5 +128,6 @@ def check_buckets(config: Config) -> list[str]:
         except s3.Refused as exc:
             raise ConfigError(str(exc)) from None
         except s3.Unreachable as exc:
-            warnings.append(f"{exc.strerror}; jobs that end now are retried until it answers")
+            warnings.append(f"{exc.strerror}; the outputs of jobs that end now wait in the staging folder until it "
+                            "answers")
     return warnings

@@ -51,17 +51,18 @@ def _record_done(ctx: Context, outcome: Outcome, ahead: AheadJobs, trace: dict[s
     with the next job's start, when it waits shown as posted and its start was read here."""
     ask = ahead.asks.hand_off
     args = ask(ctx.claim, outcome) if ask is not None and ahead.next is None else None
+    staged_in = ctx.station.store.staged_in(ctx.claim.id)  # a bucket's: storing, until its uploader has them
     if args is not None:
         claimed_at = ctx.wall()
         claim = ctx.queue.leases.complete_and_claim(
             ctx.claim, outcome.outputs, args.owner, args.server, args.lease_seconds, trace=trace,
             prefer_model=args.prefer_model, max_wait_seconds=args.max_wait_seconds, catalogue=args.catalogue,
-            url=ctx.s.url)
+            url=ctx.s.url, staged_in=staged_in)
         if claim is not None:
             ahead.jobs.append(Ahead(claim, claimed_at, ctx.clock()))
         return
     started = ahead.started_ahead()  # the job queued behind this one executes: said in this end
-    ctx.queue.leases.complete(ctx.claim, outcome.outputs, trace=trace, started=started)
+    ctx.queue.leases.complete(ctx.claim, outcome.outputs, trace=trace, started=started, staged_in=staged_in)
     if started is not None:
         ahead.start_recorded()
 

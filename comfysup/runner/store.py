@@ -201,7 +201,11 @@ class ResultStore:
         return Output(name=relative, size=size, sha256=digest.hexdigest(), path=self._job_path(job_id, relative))
 
     def finish(self, job_id: str) -> None:
-        """Every file of the job is written: here they stay (an object store removes its staging folder)."""
+        """Every file of the job is written: here they stay."""
+
+    def staged_in(self, job_id: str) -> str | None:
+        """None: the files are in the store itself, the job is done when recorded (an object store's wait)."""
+        return None
 
     @staticmethod
     def _create(folder: int, tmp: str) -> int:

@@ -1,8 +1,9 @@
 """The sidecars ``comfysup run`` keeps beside its servers and runners, each made by one of ``Sidecar``'s two ways
-(comfysup.supervisor.sidecar): the monitor (/metrics, the status page, webhook deliveries; forked) and the Comfy
-API v2 (``comfysup api``; spawned as its own command). The RabbitMQ consumer comes from the command, forked
-the same way. The supervisor starts, watches, restarts and stops every one of them alike; what differs is
-here: how each starts, and what happens when its address cannot be bound.
+(comfysup.supervisor.sidecar): the monitor (/metrics, the status page, webhook deliveries; forked), the uploader
+(the upload outbox, with [store] url; forked) and the Comfy API v2 (``comfysup api``; spawned as its own
+command). The RabbitMQ consumer comes from the command, forked the same way. The supervisor starts, watches,
+restarts and stops every one of them alike; what differs is here: how each starts, and what happens when its
+address cannot be bound.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 
 from comfysup.config import Config
 from comfysup.observability.monitor import monitor_main as serve_monitor
+from comfysup.runner.uploader import uploader_main
 from comfysup.supervisor.children import runner_limits
 from comfysup.supervisor.sidecar import Sidecar
 
@@ -49,6 +51,13 @@ def api_sidecar(config: Config, env: Mapping[str, str], state_dir: Path) -> Side
                            cwd=str(Path(config.root)), limits=runner_limits(config), bind_failed=bind_failed,
                            wanted=bool(config.api.listen),
                            about=f"on {config.api.listen} (log {state_dir / API_LOG})")
+
+
+def uploader_sidecar(config: Config) -> Sidecar:
+    """The upload outbox's sender when [store] url is set (comfysup.runner.uploader): forked, restarted like the
+    monitor, stopped last, so the files of jobs that end during the grace are still sent."""
+    return Sidecar.forked("uploader", lambda: uploader_main(config), runner_limits(config),
+                          wanted=bool(config.store.url))
 
 
 def monitor_main(config: Config, port_out: Any, serve_endpoint: bool) -> int:

@@ -40,6 +40,7 @@ from comfysup.config import Config, check_supervisor
 from comfysup.queue import Queue, open_queue
 from comfysup.queue.watch import QueueWatch
 from comfysup.runner.objectstore import check_buckets
+from comfysup.runner.staging import StagingBound
 from comfysup.supervisor import recycle, stuck, vram
 from comfysup.supervisor import server as servers
 from comfysup.supervisor.children import (
@@ -104,6 +105,8 @@ class Supervisor:
         self._next_housekeeping = 0.0
         self.queue_ok = True
         """False while the queue database does not answer: runners are told not to claim."""
+        self.staging = StagingBound(self.config)
+        """Full while this machine's jobs waiting for the bucket hold [store] staging_max_gb: no claim either."""
         self.monitor_wanted = False
         """Set by run(): unit tests that tick a supervisor by hand fork no monitor, API or other sidecar."""
         self.monitor_hub = Monitor(self.config)
@@ -192,8 +195,9 @@ class Supervisor:
                 self._housekeeping(now)
         else:
             self._stop_step(now)
+        staging_full = self.staging.look(self.queue, now)
         for unit in self.units:
-            unit.shared.may_claim = int(not self.stopping and unit.usable and self.queue_ok)
+            unit.shared.may_claim = int(not self.stopping and unit.usable and self.queue_ok and not staging_full)
         self.reporter.notify(self.units, now, stopping=self.stopping)
         self.write_state()
 
@@ -348,8 +352,9 @@ class Supervisor:
     # -- what people and systemd see ---------------------------------------------------------------------
 
     def snapshot(self, *, final: bool = False) -> dict[str, Any]:
-        return self.reporter.snapshot(self.units, stopping=self.stopping, monitor_pid=self.monitor.pid,
-                                      monitor_port=self.monitor_hub.port.value, final=final)
+        return {**self.reporter.snapshot(self.units, stopping=self.stopping, monitor_pid=self.monitor.pid,
+                                         monitor_port=self.monitor_hub.port.value, final=final),
+                "staging": self.staging.snapshot()}
 
     def write_state(self, *, final: bool = False) -> None:
         """Looked at every tick, written when it changed (comfysup.slotstate.StateFile): ``comfysup status`` and

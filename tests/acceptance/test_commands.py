@@ -45,8 +45,8 @@ def test_status_shows_counts_running_jobs_and_dead_letters(capsys: pytest.Captur
                                                            filled: Path) -> None:
     code, out, err = cli(capsys, "status", "--config", str(filled))
     assert (code, err) == (0, "")
-    assert out.splitlines()[0] == ("queued 1 · waiting to retry 1 · posted 0 · running 1 · done 1 · dead 1 · "
-                                   "cancelled 0")
+    assert out.splitlines()[0] == ("queued 1 · waiting to retry 1 · posted 0 · running 1 · storing 0 · done 1 · "
+                                   "dead 1 · cancelled 0")
     assert "oldest queued job:" in out
     assert f"{job_id(2)}  gpu1" in out
     assert f"{job_id(1)}" in out and "ComfyUI refused the prompt" in out
@@ -56,13 +56,36 @@ def test_status_json_is_for_scripts(capsys: pytest.CaptureFixture[str], filled: 
     code, out, _ = cli(capsys, "status", "--config", str(filled), "--json")
     assert code == 0
     data = json.loads(out)
-    assert data["counts"] == {"queued": 1, "waiting": 1, "posted": 0, "running": 1, "done": 1, "dead": 1,
-                              "cancelled": 0}
+    assert data["counts"] == {"queued": 1, "waiting": 1, "posted": 0, "running": 1, "storing": 0, "done": 1,
+                              "dead": 1, "cancelled": 0}
+    assert data["outboxes"]["uploads"] == {"items": 0, "oldest_age_seconds": None, "bytes": 0}
+    assert data["outboxes"]["webhooks"]["items"] == 0 and data["outboxes"]["broker"]["items"] == 0
     assert [(r["id"], r["server"], r["owner"], r["attempt"]) for r in data["running"]] == \
         [(job_id(2), "gpu1", "runner-b", 1)]
     assert data["running"][0]["lease_left_seconds"] > 50
     assert [d["id"] for d in data["recent_dead"]] == [job_id(1)]
     assert data["oldest_queued_age_seconds"] >= 0
+
+
+def test_a_storing_job_in_status_show_and_retry(capsys: pytest.CaptureFixture[str], filled: Path) -> None:
+    """Its outputs staged on a machine, waiting for the bucket: counted, the outbox's oldest shown, ``show`` says
+    where the files wait, and ``retry`` runs it again (for a machine gone for good)."""
+    q = SQLiteQueue(db_path(filled.parent))
+    claim = q.leases.claim("box-2/7/gpu0/t", "gpu0", 60)
+    assert claim is not None
+    q.leases.complete(claim, [Output("a.png", 2**20, "cd" * 32, "/srv/staging/x/a.png")], staged_in="/srv/staging/x")
+    q.close()
+    code, out, _ = cli(capsys, "status", "--config", str(filled))
+    assert code == 0 and "running 1 · storing 1 · done 1" in out.splitlines()[0]
+    assert "outboxes: uploads 1 (1.0 MiB, oldest " in out and "· webhooks 0 · broker results 0" in out
+    assert "  uploads waiting on box-2: 1 job(s), oldest " in out
+    code, out, _ = cli(capsys, "show", "--config", str(filled), claim.id)
+    assert out.startswith(f"job {claim.id}: storing")
+    assert "staged     on box-2 in /srv/staging/x since " in out and "attempt 1" in out and ": storing" in out
+    assert json.loads(cli(capsys, "show", "--config", str(filled), "--json", claim.id)[1])["staged"]["machine"] == \
+        "box-2"
+    code, out, _ = cli(capsys, "retry", "--config", str(filled), claim.id)
+    assert (code, out.strip()) == (0, f"{claim.id}: requeued")
 
 
 def test_show_prints_the_job_its_attempts_and_files(capsys: pytest.CaptureFixture[str], filled: Path) -> None:

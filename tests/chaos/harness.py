@@ -158,7 +158,7 @@ class ChaosRun(Supervised):
             conn.close()
 
     def active(self) -> int:
-        return self.sql("SELECT count(*) FROM jobs WHERE state IN ('queued', 'running')")[0][0]
+        return self.sql("SELECT count(*) FROM jobs WHERE state IN ('queued', 'running', 'storing')")[0][0]
 
     def terminal(self) -> int:
         return self.sql("SELECT count(*) FROM jobs WHERE state IN ('done', 'dead', 'cancelled')")[0][0]

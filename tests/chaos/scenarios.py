@@ -1230,4 +1230,4 @@ def b1_fuzzed_lines(tmp: Path, seed: int, *, examples: int) -> Report:
     return report
 from chaos.api_rows import a1_api_kills  # noqa: E402, F401
 from chaos.broker_rows import r1_consumer_killed_before_ack, r2_broker_restarted, r3_connections_closed  # noqa: E402, F401
-from chaos.s3_rows import u1_own_server  # noqa: E402, F401
+from chaos.s3_rows import u1_own_server, u2_own_server  # noqa: E402, F401

@@ -9,7 +9,9 @@ a row cannot pass by missing its target.
 K1, K2 and K3 give about 40 % of their jobs an input image (LoadImage → ImageInvert → SaveImage), and the
 checker holds each of their outputs to its input, pixel for pixel.
 
-U1 sends outputs to a real S3 server that is stopped and started again while jobs upload.
+U1 sends outputs to a real S3 server that is stopped and started again while jobs upload (the uploader killed
+in each outage); U2 keeps it down
+through the whole run while runners are killed (the uploads wait in the outbox).
 
 Rows marked ``chaos`` (Z2, D2) take longer and are deselected by default; run them with ``-m chaos``.
 """
@@ -233,4 +235,15 @@ def test_u1_the_bucket_stopped_and_started_again_while_jobs_upload(tmp_path: Pat
     verdict(report)  # every done job's objects read back from the bucket and hashed
     assert report.states["done"] == report.jobs and report.re_executions.total() == 0
     assert report.figures["objects_checked"] >= report.jobs
-    assert report.figures["runner_kills_during_outages"] >= 1
+    assert report.figures["uploader_kills_during_outages"] == 2
+
+
+@pytest.mark.timeout(120)
+def test_u2_the_bucket_down_through_the_run_while_runners_are_killed(tmp_path: Path, chaos_seed: int,
+                                                                       s3_server: SeaweedS3) -> None:
+    report = s3_rows.u2_bucket_down_for_minutes(tmp_path, chaos_seed, s3_server, jobs=16, down_seconds=5.0,
+                                                kills=2)
+    verdict(report)  # every done job's objects read back from the bucket and hashed
+    assert report.states["done"] == report.jobs and report.states["dead"] == 0
+    assert report.figures["objects_checked"] >= report.jobs
+    assert report.figures["runner_kills_during_outage"] >= 1 and report.figures["storing_peak"] >= 1

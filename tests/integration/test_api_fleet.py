@@ -60,7 +60,7 @@ def test_api_jobs_and_submitted_jobs_are_one_queue(tmp_path: Path) -> None:
         for job_id in (api_id, cli_id):
             assert httpx.get(f"{url}/api/v2/jobs/{job_id}").json()["status"] == "succeeded"
     code, status = _command(config_path, "status")
-    assert code == 0 and "running 0 · done 2 · dead 0" in status
+    assert code == 0 and "running 0 · storing 0 · done 2 · dead 0" in status
     code, shown = _command(config_path, "show", api_id, "--workflow")
     assert code == 0 and api_id in shown and "web" in shown
     assert SECRET not in shown and SECRET[:8] not in shown  # partner keys are stored, never shown

@@ -313,3 +313,30 @@ def test_a_malformed_request_line_is_one_log_line(status_server: str, caplog: py
     # capture stream ("--- Logging error ---" … "Arguments: …") is not this server's traceback: cut before the check.
     err = re.sub(r"--- Logging error ---\n.*?\nArguments: [^\n]*\n", "", err, flags=re.S)
     assert "Traceback" not in err, err
+
+
+def test_each_outbox_says_how_much_it_holds_and_its_oldest_age_and_a_full_staging_folder_is_not_ready(
+        tmp_path: Path, queue: SQLiteQueue) -> None:
+    """/metrics, the page and /ready: uploads (storing jobs), webhooks and broker results, and the staging bound."""
+    queue.default_callback_url = "http://hooks.example/x"  # type: ignore[misc]
+    queue.intake.submit([make_job(1), make_job(2)], now=T0)
+    storing = queue.leases.claim("box/1/cpu0/t", "cpu0", 60, now=T0)
+    ended = queue.leases.claim("box/1/cpu1/t", "cpu1", 60, now=T0)
+    assert storing is not None and ended is not None
+    queue.leases.complete(storing, [Output("a.png", 300, "ab" * 32, "/staging/a.png")], now=T0, staged_in="/staging")
+    queue.leases.dead(ended, "broken", now=T0)  # a webhook to deliver
+    metrics = Metrics(queue, lambda: None)
+    registry = metrics.registry
+    assert value(registry, "comfysup_jobs", state="storing") == 1
+    assert value(registry, "comfysup_outbox_items", outbox="uploads") == 1
+    assert value(registry, "comfysup_outbox_bytes", outbox="uploads") == 300
+    assert value(registry, "comfysup_outbox_items", outbox="webhooks") == 1
+    assert value(registry, "comfysup_outbox_items", outbox="broker") == 0
+    assert value(registry, "comfysup_outbox_oldest_age_seconds", outbox="uploads") > 1000  # since T0 (2023)
+    full = {"pid": os.getpid(), "updated_at": 9e9, "slots": [{"name": "cpu0", "state": "running", "ready": True}],
+            "staging": {"bytes": 5, "max_bytes": 5, "full": True, "reason": "the staging folder is full (x)"}}
+    app = App(queue, metrics, lambda: full, tmp_path / "store")
+    ready = app.get("/ready")
+    assert ready.status == 503 and b"the staging folder is full (x)" in ready.content()
+    page = app.get("/").body.decode()
+    assert "<b>1</b> storing" in page and "outboxes: uploads 1" in page and "no new job is claimed" in page

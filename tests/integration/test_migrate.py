@@ -168,3 +168,24 @@ def test_jobs_with_input_files_arrive_with_their_bytes(tmp_path: Path, pg_url: s
 
     assert cli(["migrate", "--config", str(config), "--to", pg_url]) == 0
     assert "copied 0 job(s), 3 already in" in capsys.readouterr().out
+
+
+def test_a_storing_job_goes_over_with_where_its_files_wait(tmp_path: Path, pg_url: str,  # noqa: F811
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """Its machine's uploader sends its staged files from the new queue: the row keeps machine, folder and time."""
+    config = tmp_path / "config.toml"
+    config.write_text(f'[queue]\npath = "{tmp_path / "q.db"}"\n')
+    q = SQLiteQueue(tmp_path / "q.db")
+    q.intake.submit([make_job(1)], now=T0)
+    claim = q.leases.claim("host-a/1/gpu0/t", "gpu0", 30, now=T0)
+    assert claim is not None
+    q.leases.complete(claim, [Output("a.png", 7, "00", "/staging/a.png")], now=T0 + 1, staged_in="/staging")
+    q.close()
+    assert cli(["migrate", "--config", str(config), "--to", pg_url]) == 0
+    assert "copied 1 job(s)" in capsys.readouterr().out
+    target = PostgresQueue(pg_url)
+    try:
+        [job] = target.uploads.staged("host-a")
+        assert (job.id, job.staged_in, job.staged_at, job.staged_bytes) == (claim.id, "/staging", T0 + 1, 7)
+    finally:
+        target.close()

@@ -1,14 +1,16 @@
 """Outputs in a bucket ([store] url), against a real S3 server (SeaweedFS, tests/s3_support.py).
 
-``done`` means every object is confirmed in the bucket with the hash recorded for it; a bucket that does not
-answer is a transient failure (the job is never done early); wrong credentials or a missing bucket are said at
-start, never by a credential's value.
+The attempt stages the outputs and records the job ``storing``; the machine's uploader (comfysup.runner.uploader)
+makes it ``done`` once every object is confirmed in the bucket with the hash recorded for it. A bucket that does
+not answer spends no attempt (the job is never done early, never dead-lettered by it); wrong credentials or a
+missing bucket are said at start, never by a credential's value.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -20,8 +22,9 @@ from comfysup.config import load_config
 from comfysup.errors import ConfigError
 from comfysup.queue.sqlite import SQLiteQueue
 from comfysup.runner.loop import Runner
-from comfysup.runner.objectstore import check_buckets, result_store
+from comfysup.runner.objectstore import ObjectStore, check_buckets, result_store
 from comfysup.runner.options import RunnerOptions
+from comfysup.runner.uploader import Uploader
 from comfysup.storage import s3
 from fake_comfy import FakeComfy
 from tests.runner_helpers import comfysup, job_id, submit, trivial_job
@@ -50,11 +53,16 @@ def test_a_done_job_has_every_output_confirmed_in_the_bucket_and_nothing_left_st
     with FakeComfy(base_directory=tmp_path / "fake", node_ms=5) as fake:
         queue = submit(path, [trivial_job(1), trivial_job(2)])
         counts = Runner(config, "cpu0", fake.url, RunnerOptions(until_empty=True)).run()
-    assert counts["done"] == 2
+    assert counts["done"] == 2  # the runner's part is over: the jobs wait for the uploader
+    assert {queue.reads.get(job_id(n)).state for n in (1, 2)} == {"storing"}
+    assert s3_server.objects(bucket) == {}
+    uploader = Uploader(config, queue, result_store(config))  # type: ignore[arg-type]
+    uploader.run_once()
+    assert uploader.uploaded == 2
     stored = s3_server.objects(bucket)
     for n in (1, 2):
         job = queue.reads.get(job_id(n))
-        assert job.state == "done" and job.outputs
+        assert job.state == "done" and job.outputs and len(job.attempts) == 1
         for output in job.outputs:
             key = f"renders/prod/{job_id(n)}/{output.name}"
             assert output.path == f"s3://{bucket}/{key}"
@@ -63,10 +71,12 @@ def test_a_done_job_has_every_output_confirmed_in_the_bucket_and_nothing_left_st
     assert not any((tmp_path / "staging").iterdir())  # each staging folder removed once uploaded
 
 
-def test_a_bucket_that_does_not_answer_never_makes_a_job_done(tmp_path: Path, s3_server: SeaweedS3) -> None:
-    """A closed port stands for a service that is down: each attempt's upload fails, the job is retried with the
-    usual backoff and dead-lettered with the reason, and the staging file is gone all the same."""
-    closed = s3_server.store_section("s3://nowhere/p", endpoint_url="http://127.0.0.1:9")
+def test_a_bucket_that_does_not_answer_spends_no_attempt_and_the_files_wait_staged(
+        tmp_path: Path, s3_server: SeaweedS3) -> None:
+    """A closed port stands for a service that is down: the job ran once, its attempt ended with the files
+    staged (storing, not retried, not dead); each upload that fails only says why and backs off."""
+    closed = s3_server.store_section("s3://nowhere/p", endpoint_url="http://127.0.0.1:9",
+                                     upload_base_delay_seconds=0.01, upload_max_delay_seconds=0.02)
     path = s3_config(tmp_path, closed, attempts=2)
     config = load_config(str(path), env={})
     [warning] = check_buckets(config)  # said at start, but not a refusal: the service may come back
@@ -74,12 +84,38 @@ def test_a_bucket_that_does_not_answer_never_makes_a_job_done(tmp_path: Path, s3
     with FakeComfy(base_directory=tmp_path / "fake", node_ms=5) as fake:
         queue = submit(path, [trivial_job(1)])
         counts = Runner(config, "cpu0", fake.url, RunnerOptions(until_empty=True)).run()
-        assert fake.stats()["prompts"][job_id(1)]["executed"] == 1  # the retry adopted the run: no second one
+        assert fake.stats()["prompts"][job_id(1)]["executed"] == 1
+    now = [0.0]
+    uploader = Uploader(config, queue, result_store(config), clock=lambda: now[0])  # type: ignore[arg-type]
+    for _ in range(3):
+        wait = uploader.run_once()
+        assert 0 <= wait <= 0.02
+        now[0] += 0.02  # the backoff passed
     job = queue.reads.get(job_id(1))
-    assert job.state == "dead" and counts["dead"] == 1 and not job.outputs
-    assert "gave up after 2 attempts, last: cannot store the output in the bucket: uploading s3://nowhere/p/" \
-        in job.reason
-    assert not list((tmp_path / "staging").rglob("*.png"))
+    assert (job.state, job.attempt, counts["dead"]) == ("storing", 1, 0)
+    assert "cannot store the output in the bucket: uploading s3://nowhere/p/" in (job.reason or "")
+    assert [Path(o.path).is_file() for o in job.outputs] == [True] and job.staged_in == str(tmp_path / "staging" /
+                                                                                             job_id(1))
+    assert uploader.plan.failures == 3 and uploader.uploaded == 0
+
+
+def test_a_job_waiting_past_upload_give_up_hours_is_dead_with_why_and_its_files_go(
+        tmp_path: Path, s3_server: SeaweedS3) -> None:
+    closed = s3_server.store_section("s3://nowhere/p", endpoint_url="http://127.0.0.1:9", upload_give_up_hours=1.0)
+    path = s3_config(tmp_path, closed)
+    config = load_config(str(path), env={})
+    with FakeComfy(base_directory=tmp_path / "fake", node_ms=5) as fake:
+        queue = submit(path, [trivial_job(1)])
+        Runner(config, "cpu0", fake.url, RunnerOptions(until_empty=True)).run()
+    uploader = Uploader(config, queue, result_store(config))  # type: ignore[arg-type]
+    uploader.run_once()
+    later = Uploader(config, queue, result_store(config), wall=lambda: time.time() + 3601)  # type: ignore[arg-type]
+    later.run_once()
+    job = queue.reads.get(job_id(1))
+    assert job.state == "dead" and job.reason is not None
+    assert job.reason.startswith("could not store the outputs in the bucket for 1 h ([store] upload_give_up_hours)"
+                                 ", last: cannot store the output in the bucket")
+    assert not (tmp_path / "staging" / job_id(1)).exists()
 
 
 @pytest.mark.parametrize("problem", ["secret", "bucket"])
@@ -104,11 +140,14 @@ def test_a_large_output_goes_up_in_parts_and_its_presigned_url_serves_its_bytes(
     section = s3_server.store_section(f"s3://{bucket}", multipart_threshold_mb=5)
     config = load_config(str(s3_config(tmp_path, section)), env={})
     store = result_store(config)
+    assert isinstance(store, ObjectStore)
     body = os.urandom(11 * 2**20 + 123)  # three parts of 5 MiB
     job = job_id(7)
     store.prepare(job)
-    output = store.write(job, "clips/video.mp4", iter([body[i:i + 2**20] for i in range(0, len(body), 2**20)]))
+    staged = store.write(job, "clips/video.mp4", iter([body[i:i + 2**20] for i in range(0, len(body), 2**20)]))
     store.finish(job)
+    assert staged.path == str(tmp_path / "staging" / job / "clips" / "video.mp4")
+    output = store.upload(job, staged)
     assert output.path == f"s3://{bucket}/{job}/clips/video.mp4" and output.sha256 == hashlib.sha256(body).hexdigest()
     head = s3_server.client().head_object(Bucket=bucket, Key=f"{job}/clips/video.mp4")
     assert head["ETag"].endswith('-3"')  # uploaded as three parts
@@ -116,6 +155,7 @@ def test_a_large_output_goes_up_in_parts_and_its_presigned_url_serves_its_bytes(
     url = s3.presign(s3.client(config.store), output.path, 60)
     with urllib.request.urlopen(url, timeout=10) as answer:
         assert answer.read() == body
+    store.forget(job)
     assert not (tmp_path / "staging" / job).exists()
     assert s3.delete_prefixes(s3.client(config.store), [s3.job_prefix(output.path, job)]) == 1
     assert s3_server.objects(bucket) == {}
@@ -134,37 +174,15 @@ def test_comfysup_work_refuses_to_start_with_a_missing_bucket(tmp_path: Path, s3
     assert queue.reads.get(job_id(1)).state == "queued" and queue.reads.get(job_id(1)).attempt == 0
 
 
-class LeaseLost(Exception):
-    """Stands for what the attempt's checkpoint raises (a lost lease, a cancel, the job's timeout)."""
-
-
-def test_a_long_upload_calls_the_checkpoint_and_what_it_raises_ends_the_upload(
-        tmp_path: Path, s3_server: SeaweedS3, monkeypatch: pytest.MonkeyPatch) -> None:
-    """An upload longer than the lease renews it on the way (the checkpoint), and a cancel or a lost lease seen
-    there stops it and propagates as it is: never taken for a failure of the service, nothing left staged."""
-    from comfysup.runner import objectstore, store
-
-    monkeypatch.setattr(store, "PROGRESS_SECONDS", 0.0)
-    monkeypatch.setattr(objectstore, "PROGRESS_SECONDS", 0.0)
-    bucket = s3_server.bucket("progress")
-    config = load_config(str(s3_config(tmp_path, s3_server.store_section(f"s3://{bucket}", multipart_threshold_mb=5))),
-                         env={})
-    body = os.urandom(11 * 2**20)
-    chunks = [body[i:i + 2**20] for i in range(0, len(body), 2**20)]
-    calls: list[int] = []
-    target = result_store(config)
-    target.prepare(job_id(8))
-    target.write(job_id(8), "a.mp4", iter(chunks), progress=lambda: calls.append(1))
-    staged = len(chunks)  # once a chunk while it was staged, then as the parts went up
-    assert len(calls) > staged
-
-    def lost() -> None:
-        calls.append(1)
-        if len(calls) > staged + 2:
-            raise LeaseLost("the lease was lost during the upload")
-
-    calls.clear()
-    with pytest.raises(LeaseLost):
-        target.write(job_id(8), "b.mp4", iter(chunks), progress=lost)
-    assert not list((tmp_path / "staging" / job_id(8)).iterdir())
-    assert f"{job_id(8)}/b.mp4" not in s3_server.objects(bucket)
+def test_comfysup_work_uploads_through_its_own_thread_and_ends_with_every_job_done(
+        tmp_path: Path, s3_server: SeaweedS3) -> None:
+    bucket = s3_server.bucket("work")
+    path = s3_config(tmp_path, s3_server.store_section(f"s3://{bucket}/w"))
+    with FakeComfy(base_directory=tmp_path / "fake", node_ms=5) as fake:
+        queue = submit(path, [trivial_job(1), trivial_job(2), trivial_job(3)])
+        answer = comfysup("work", "--config", str(path), "--server", f"a={fake.url}", "--until-empty", timeout=60)
+    assert answer.returncode == 0, answer.stderr[-2000:]
+    jobs = queue.reads.get_many([job_id(n) for n in (1, 2, 3)])
+    assert {j.state for j in jobs} == {"done"} and all(o.path.startswith(f"s3://{bucket}/w/") for j in jobs
+                                                       for o in j.outputs)
+    assert len(s3_server.objects(bucket)) == 3

@@ -23,7 +23,9 @@ from comfysup.config import Config
 from comfysup.observability.webhooks import record_body
 from comfysup.queue.base import JobRecord
 from comfysup.runner.loop import Runner
+from comfysup.runner.objectstore import result_store
 from comfysup.runner.options import RunnerOptions
+from comfysup.runner.uploader import Uploader
 from comfysup.storage.links import Links, origin
 from fake_comfy import FakeComfy
 from tests.api_support import api_config, running_api
@@ -50,7 +52,9 @@ def done(tmp_path_factory: pytest.TempPathFactory, seaweed: SeaweedS3) -> Iterat
     with FakeComfy(base_directory=tmp / "fake", node_ms=5) as fake:
         queue = submit(Path(config.source), [trivial_job(1)])
         assert Runner(config, "cpu0", fake.url, RunnerOptions(until_empty=True)).run()["done"] == 1
+    Uploader(config, queue, result_store(config)).run_once()  # type: ignore[arg-type]  # the outbox: storing → done
     job = queue.reads.get(job_id(1))
+    assert job.state == "done"
     queue.close()
     [output] = job.outputs
     yield Done(config, job, bucket, seaweed.objects(bucket)[f"out/{job.id}/{output.name}"])

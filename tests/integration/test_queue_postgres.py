@@ -51,6 +51,30 @@ def test_schema_version_is_recorded_and_a_newer_one_refused(pg_url: str) -> None
         _sql(pg_url, "DELETE FROM schema_version WHERE version > %s", (SCHEMA_VERSION,))
 
 
+UNDO_V12 = "ALTER TABLE jobs DROP COLUMN staged_at, DROP COLUMN staged_in, DROP COLUMN staged_bytes"
+"""The storing state's columns (and with them their index) taken away: a database as v11 left it."""
+
+
+def test_v12_adds_the_storing_columns_and_keeps_the_jobs(pg_url: str) -> None:  # noqa: F811
+    """A v11 database opened by this comfysup: a job is staged (storing) and made done by its machine's uploader."""
+    q = PostgresQueue(pg_url)
+    q.intake.submit([make_job(1)], now=T0)
+    q.close()
+    _sql(pg_url, UNDO_V12)
+    _sql(pg_url, "DELETE FROM schema_version WHERE version >= 12")
+    q = PostgresQueue(pg_url)
+    try:
+        assert _sql(pg_url, "SELECT max(version) FROM schema_version") == [(SCHEMA_VERSION,)]
+        claim = q.leases.claim("host-a/1/gpu0/t", "gpu0", 30, now=T0)
+        assert claim is not None
+        q.leases.complete(claim, [Output("a.png", 1, "00", "/s/a.png")], now=T0 + 1, staged_in="/s")
+        [job] = q.uploads.staged("host-a")
+        assert q.uploads.stored(job, [Output("a.png", 1, "00", "s3://b/a.png")], now=T0 + 2)
+        assert q.reads.get(claim.id).state == "done"
+    finally:
+        q.close()
+
+
 def test_v9_adds_the_api_registry_and_keeps_the_jobs(pg_url: str) -> None:  # noqa: F811
     """A v8 database opened by this comfysup: the registry of machines' APIs is added, the jobs stay."""
     q = PostgresQueue(pg_url)
@@ -58,6 +82,7 @@ def test_v9_adds_the_api_registry_and_keeps_the_jobs(pg_url: str) -> None:  # no
     q.close()
     _sql(pg_url, "DROP TABLE api_endpoints, output_assets, job_previews")  # back to v8 (v10 and v11 undone first)
     _sql(pg_url, "ALTER TABLE jobs DROP COLUMN waiting_since")
+    _sql(pg_url, UNDO_V12)
     _sql(pg_url, "DELETE FROM schema_version WHERE version >= 9")
     q = PostgresQueue(pg_url)
     try:
@@ -80,6 +105,7 @@ def test_v10_adds_when_a_running_job_began_to_wait_and_keeps_the_jobs(pg_url: st
     q.close()
     _sql(pg_url, "DROP TABLE output_assets, job_previews")  # back to v9 (v11 undone first)
     _sql(pg_url, "ALTER TABLE jobs DROP COLUMN waiting_since")
+    _sql(pg_url, UNDO_V12)
     _sql(pg_url, "DELETE FROM schema_version WHERE version >= 10")
     q = PostgresQueue(pg_url)
     try:
@@ -101,10 +127,11 @@ def test_v11_gives_outputs_asset_ids_and_keeps_earlier_outputs(pg_url: str) -> N
     q.close()
     _sql(pg_url, "DROP TABLE output_assets, job_previews")  # back to v10, its done job as v10 wrote it
     _sql(pg_url, "UPDATE jobs SET outputs = '[{\"name\": \"a.png\", \"size\": 1, \"sha256\": \"00\"}]'")
-    _sql(pg_url, "DELETE FROM schema_version WHERE version = 11")
+    _sql(pg_url, UNDO_V12)
+    _sql(pg_url, "DELETE FROM schema_version WHERE version >= 11")
     q = PostgresQueue(pg_url)
     try:
-        assert _sql(pg_url, "SELECT max(version) FROM schema_version") == [(SCHEMA_VERSION,)] == [(11,)]
+        assert _sql(pg_url, "SELECT max(version) FROM schema_version") == [(SCHEMA_VERSION,)] == [(12,)]
         assert [o.id for o in q.reads.get(make_job(1).id).outputs] == [""]
         q.leases.complete(q.leases.claim("r", "gpu0", 30, now=T0), [Output("b.png", 1, "00")], now=T0 + 2)
         (made,) = q.reads.get(make_job(2).id).outputs

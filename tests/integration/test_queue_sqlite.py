@@ -469,6 +469,8 @@ def test_finished_counts_follow_every_transition(tmp_path: Path) -> None:
 
 
 UNDO = {
+    16: "DROP INDEX jobs_storing; ALTER TABLE jobs DROP COLUMN staged_at; ALTER TABLE jobs DROP COLUMN staged_in; "
+        "ALTER TABLE jobs DROP COLUMN staged_bytes",
     15: "DROP TABLE output_assets; DROP TABLE job_previews",
     14: "ALTER TABLE jobs DROP COLUMN waiting_since",
     13: "DROP TABLE api_endpoints",
@@ -509,8 +511,8 @@ def test_a_version_5_database_counts_its_finished_jobs_in_v6(tmp_path: Path) -> 
     _back_to(path, 5)  # as a queue made by the comfysup before this one left it
     q = SQLiteQueue(path, create=False)
     assert q.db.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
-    assert q.reads.status(now=T0 + 3).counts == {"queued": 2, "waiting": 0, "posted": 0, "running": 1, "done": 1,
-                                                 "dead": 1, "cancelled": 1}
+    assert q.reads.status(now=T0 + 3).counts == {"queued": 2, "waiting": 0, "posted": 0, "running": 1, "storing": 0,
+                                                 "done": 1, "dead": 1, "cancelled": 1}
     assert [j.state for j in q.reads.iter_jobs()].count("queued") == 2  # every job kept
     q.close()
 
@@ -530,8 +532,8 @@ def test_v7_drops_the_insert_trigger_and_counts_stay_right(tmp_path: Path) -> No
     q.intake.submit([make_job(n) for n in range(4, 8)], now=T0 + 2)
     q.leases.dead(q.leases.claim("r", "gpu0", 30, now=T0 + 2), "x", now=T0 + 3)
     q.intake.cancel([make_job(7).id], now=T0 + 4)
-    assert q.reads.status(now=T0 + 5).counts == {"queued": 5, "waiting": 0, "posted": 0, "running": 0, "done": 1,
-                                                 "dead": 1, "cancelled": 1}
+    assert q.reads.status(now=T0 + 5).counts == {"queued": 5, "waiting": 0, "posted": 0, "running": 0, "storing": 0,
+                                                 "done": 1, "dead": 1, "cancelled": 1}
     q.close()
 
 
@@ -618,7 +620,7 @@ def test_v15_gives_outputs_asset_ids_and_keeps_earlier_outputs(tmp_path: Path) -
     q.close()
     _back_to(path, 14)
     q = SQLiteQueue(path, create=False)
-    assert q.db.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 15
+    assert q.db.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 16
     assert [o.id for o in q.reads.get(make_job(1).id).outputs] == [""]
     q.leases.complete(q.leases.claim("r", "gpu0", 30, now=T0), [Output("b.png", 1, "00")], now=T0 + 2)
     (made,) = q.reads.get(make_job(2).id).outputs

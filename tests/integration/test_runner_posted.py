@@ -67,7 +67,7 @@ def test_a_job_queued_ahead_is_posted_until_it_executes_and_its_wait_is_not_its_
         assert 'comfysup_jobs{state="posted"} 1.0' in metrics.exposition().decode()
         assert "<b>1</b> posted" in render_page(overview(queue, None), 5)
         # Job 1 is done and job 2 executes: running, no longer posted (said by job 1's own end).
-        wait_for(lambda: _status_with(capsys, config, "posted 0 · running 1 · done 1"), 10,
+        wait_for(lambda: _status_with(capsys, config, "posted 0 · running 1 · storing 0 · done 1"), 10,
                  "job 2 to run once job 1 is done", lambda: _status(capsys, config))
         thread.join(30)
         assert not thread.is_alive()

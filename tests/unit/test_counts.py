@@ -45,10 +45,11 @@ def test_an_attempt_that_never_started_waited_all_along_and_one_not_posted_did_n
 
 def test_the_bar_counts_add_up_to_the_files_jobs() -> None:
     ended = {"a": "done", "b": "done", "c": "dead"}
-    left = ["d", "e", "f", "g", "h"]
-    states = {"a": "done", "b": "done", "c": "dead", "d": "running", "e": "posted", "f": "queued"}  # g, h unknown
+    left = ["d", "e", "f", "g", "h", "i"]
+    states = {"a": "done", "b": "done", "c": "dead", "d": "running", "e": "posted", "f": "queued",
+              "i": "storing"}  # g, h unknown
     counts = wait_counts(ended, states, left)
-    assert counts == {"done": 2, "dead": 1, "cancelled": 0, "running": 1, "posted": 1, "queued": 3}
+    assert counts == {"done": 2, "dead": 1, "cancelled": 0, "running": 1, "posted": 1, "storing": 1, "queued": 3}
     assert counts["done"] + counts["dead"] + counts["cancelled"] == len(ended)  # the bar's position
     assert sum(counts.values()) == len(ended) + len(left)  # the bar's total
 

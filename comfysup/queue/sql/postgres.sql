@@ -187,8 +187,8 @@ WHERE j.state IN ('queued', 'running')
 -- a job copied from another queue as it is (state, attempts, times)
 INSERT INTO jobs (id, state, priority, run_after, attempt, owner, server, lease_until, started_at, cancel_requested,
     submitted_at, finished_at, reason, outputs, machine, last_server, last_prompt_number, spec_hash, workflow_name,
-    workflow_id, extra_data, meta, params, progress, callback_url, model_key)
-VALUES (:id, :state, :priority, :run_after, :attempt, :owner, :server, :lease_until, :started_at, :cancel_requested, :submitted_at, :finished_at, :reason, :outputs, :machine, :last_server, :last_prompt_number, :spec_hash, :workflow_name, :workflow_id, :extra_data, :meta, :params, :progress, :callback_url, :model_key)
+    workflow_id, extra_data, meta, params, progress, callback_url, model_key, staged_at, staged_in, staged_bytes)
+VALUES (:id, :state, :priority, :run_after, :attempt, :owner, :server, :lease_until, :started_at, :cancel_requested, :submitted_at, :finished_at, :reason, :outputs, :machine, :last_server, :last_prompt_number, :spec_hash, :workflow_name, :workflow_id, :extra_data, :meta, :params, :progress, :callback_url, :model_key, :staged_at, :staged_in, :staged_bytes)
 
 -- name: import_attempt
 -- an attempt copied with its job

@@ -33,6 +33,61 @@ UPDATE jobs SET waiting_since = NULL {fence}
 UPDATE jobs SET state = 'done', outputs = :outputs, finished_at = {now}, reason = NULL, owner = NULL, lease_until = NULL,
     machine = :machine {fence} RETURNING 1
 
+-- name: stage
+-- the job's outputs are staged on its machine (downloaded, hashed, fsynced): storing until the bucket has them,
+-- held by no owner and no lease, fenced
+UPDATE jobs SET state = 'storing', outputs = :outputs, reason = NULL, owner = NULL, lease_until = NULL,
+    machine = :machine, staged_at = {now}, staged_in = :staged_in, staged_bytes = :staged_bytes {fence} RETURNING 1
+
+-- name: staged_fence
+-- the guard of an uploader's write: the job is still storing the files that attempt staged then (a job requeued
+-- and staged again has the same attempt number, never the same time)
+WHERE id = :id AND attempt = :attempt AND staged_at = :staged_at AND state = 'storing'
+
+-- name: stored
+-- every object of a storing job confirmed in the bucket: done, with the objects as its outputs
+UPDATE jobs SET state = 'done', outputs = :outputs, finished_at = {now}, reason = NULL {staged_fence} RETURNING 1
+
+-- name: storing_dead
+-- a storing job given up on ([store] upload_give_up_hours)
+UPDATE jobs SET state = 'dead', reason = :reason, finished_at = {now} {staged_fence} RETURNING 1
+
+-- name: upload_failed
+-- why the last try of a storing job's upload failed, shown until it is done
+UPDATE jobs SET reason = :reason {staged_fence}
+
+-- name: staged_jobs
+-- one machine's storing jobs, oldest first
+SELECT id, attempt, machine, staged_in, staged_at, staged_bytes, outputs, reason FROM jobs
+WHERE state = 'storing' AND machine = :machine ORDER BY staged_at LIMIT :limit
+
+-- name: staging_bytes
+-- what one machine's storing jobs hold in its staging folder
+SELECT coalesce(sum(staged_bytes), 0) AS n FROM jobs WHERE state = 'storing' AND machine = :machine
+
+-- name: outbox_uploads
+-- the upload outbox: storing jobs, their staged bytes, the age of the oldest (on the clock that stamped it)
+SELECT count(*) AS n, coalesce(sum(staged_bytes), 0) AS bytes, {now} - min(staged_at) AS age FROM jobs
+{by_jobs_state} WHERE state = 'storing'
+
+-- name: outbox_uploads_by_machine
+-- the upload outbox per machine whose staging folder holds the files (one gone for good shows here)
+SELECT machine, count(*) AS n, coalesce(sum(staged_bytes), 0) AS bytes, {now} - min(staged_at) AS age FROM jobs
+{by_jobs_state} WHERE state = 'storing' GROUP BY machine ORDER BY machine
+
+-- name: outbox_webhooks
+-- the webhook outbox: deliveries still to send, the age of the oldest
+SELECT count(*) AS n, {now} - min(created_at) AS age FROM deliveries WHERE next_at IS NOT NULL
+
+-- name: outbox_broker
+-- the broker outbox: announcements not yet confirmed, the age of the oldest
+SELECT count(*) AS n, {now} - min(created_at) AS age FROM announcements WHERE sent_at IS NULL
+
+-- name: cancel_storing
+-- a storing job cancelled by a person: its staged files are dropped by its uploader
+UPDATE jobs SET state = 'cancelled', finished_at = {now}, reason = 'cancelled by user while its files were stored'
+WHERE id = :id AND state = 'storing'
+
 -- name: forget_output_assets
 -- the output asset ids of a job done before (a person's retry of it): its new outputs replace them
 DELETE FROM output_assets WHERE job_id = :job_id
@@ -128,9 +183,11 @@ UPDATE jobs SET state = 'cancelled', finished_at = {now}, reason = 'cancelled by
 UPDATE jobs SET cancel_requested = true WHERE id = :id
 
 -- name: requeue
--- a dead job runs afresh: no earlier prompt is looked for, so its old failure is not adopted
+-- a dead job (or a storing one whose files are lost with their machine) runs afresh: no earlier prompt is looked
+-- for, so its old failure is not adopted
 UPDATE jobs SET state = 'queued', attempt = 0, run_after = 0, reason = NULL, finished_at = NULL,
-    cancel_requested = false, last_server = NULL, last_prompt_number = NULL
+    cancel_requested = false, last_server = NULL, last_prompt_number = NULL, outputs = NULL, staged_at = NULL,
+    staged_in = NULL, staged_bytes = NULL
 
 -- name: requeue_one
 -- requeue one dead job
@@ -152,7 +209,7 @@ SELECT workflow FROM workflows WHERE id = :id
 -- what a JobRecord is read from
 jobs.id AS id, state, priority, attempt, workflows.workflow AS workflow, extra_data, meta, params, workflow_name,
 submitted_at, run_after, owner, server, lease_until, started_at, finished_at, reason, outputs, cancel_requested,
-machine, spec_hash, last_server, last_prompt_number, progress, callback_url, model_key, waiting_since
+machine, spec_hash, last_server, last_prompt_number, progress, callback_url, model_key, waiting_since, staged_at, staged_in
 
 -- name: ids_starting
 -- the ids that begin with a prefix a person typed, as git takes a commit's (at most a few)
@@ -271,7 +328,7 @@ SELECT count(*) AS n FROM attempts WHERE ended_at >= :since AND ended_at <= :unt
 SELECT job_id, attempt, started_at, ended_at FROM attempts WHERE ended_at >= :since AND ended_at <= :until ORDER BY ended_at
 
 -- name: active_count
--- jobs not yet terminal
+-- jobs a runner may still take or holds (a storing job waits for its machine's uploader, not for a runner)
 SELECT count(*) AS n FROM jobs WHERE state IN ('queued', 'running')
 
 -- name: running_owners

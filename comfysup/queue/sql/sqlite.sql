@@ -49,9 +49,9 @@ json_extract(f.trace, '$.comfyui_wait_s')
 -- SQLite reads the trace text as it is
 
 -- name: state_counts
--- running and queued jobs counted through the index, finished ones as their triggers counted them; posted: the
--- running jobs that wait in their server's queue (counted among running too)
-SELECT state, count(*) AS n FROM jobs INDEXED BY jobs_state WHERE state IN ('queued', 'running') GROUP BY state
+-- running, storing and queued jobs counted through the index, finished ones as their triggers counted them; posted:
+-- the running jobs that wait in their server's queue (counted among running too)
+SELECT state, count(*) AS n FROM jobs INDEXED BY jobs_state WHERE state IN ('queued', 'running', 'storing') GROUP BY state
 UNION ALL SELECT state, n FROM finished_counts
 UNION ALL SELECT 'posted', count(*) FROM jobs INDEXED BY jobs_state WHERE state = 'running' AND waiting_since IS NOT NULL
 
