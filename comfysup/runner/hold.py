@@ -61,10 +61,14 @@ class LeaseHold:
         return Verdict.GIVE_UP if now + self.reserve_seconds >= self.held_until(oldest) else Verdict.KEEP
 
     def renewed(self, sent_at: float) -> float | None:
-        """A renewal sent at ``sent_at`` held; how long renewals had failed before it (None: they had not)."""
+        """A renewal sent at ``sent_at`` held; how long calls had failed before it (None: they had not)."""
         self.renewed_at = max(self.renewed_at, sent_at)
+        return self.answered(sent_at)
+
+    def answered(self, now: float) -> float | None:
+        """A call that renews nothing held at ``now``; how long calls had failed before it (None: they had not)."""
         since, self.failing_since = self.failing_since, None
-        return None if since is None else sent_at - since
+        return None if since is None else now - since
 
 
 class Keeper:
@@ -103,10 +107,13 @@ class Keeper:
         is within the reserve."""
         while True:
             try:
-                return write()
+                answer = write()
             except QueueUnavailable as exc:
                 self._failed(exc)
-            time.sleep(RETRY_SECONDS)
+                time.sleep(RETRY_SECONDS)
+                continue
+            self._answered(self.hold.answered(self.clock()), "")
+            return answer
 
     def _failed(self, exc: QueueUnavailable) -> None:
         first = self.hold.failing_since is None
@@ -121,7 +128,9 @@ class Keeper:
                         "(the lease holds %.0f s more)", self.job_id, exc, left, extra={"event": "queue_down"})
 
     def _renewed(self, sent_at: float) -> None:
-        failed_for = self.hold.renewed(sent_at)
+        self._answered(self.hold.renewed(sent_at), "; lease renewed")
+
+    def _answered(self, failed_for: float | None, what: str) -> None:
         if failed_for is not None:
-            log.info("job %s: the queue answers again after %.1f s; lease renewed", self.job_id, failed_for,
+            log.info("job %s: the queue answers again after %.1f s%s", self.job_id, failed_for, what,
                      extra={"event": "queue_up"})
