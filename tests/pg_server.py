@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.port_support import server_port
+from port_support import server_port
 
 START_SECONDS = 30.0
 

@@ -153,7 +153,8 @@ class Attempt:
         """The jobs this attempt takes ahead (comfysup.runner.ahead)."""
         hold = LeaseHold(self.s.lease_seconds, reserve_seconds(self.s.heartbeat_seconds, self.s.queue_wait_seconds),
                          own.renewed_at if own is not None else self.clock() - self.s.heartbeat_seconds)
-        self.keeper = Keeper(hold, self.clock, self.heartbeat.now, self.ahead.oldest_renewal, claim.id)
+        self.keeper = Keeper(hold, self.clock, self.heartbeat.now, self.ahead.oldest_renewal, claim.id,
+                             station.on_alive)
         """The attempt's hold on its leases while the queue does not answer (comfysup.runner.hold)."""
         self.interrupter = Interrupter(self.ctx, self.heartbeat, self.keeper, self.ahead.renew,
                                        self.ahead.withdraw_next)

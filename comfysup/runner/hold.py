@@ -73,11 +73,14 @@ class LeaseHold:
 
 class Keeper:
     """Carries out ``LeaseHold`` for one attempt: its clock, its heartbeat (a failed renewal is tried again
-    RETRY_SECONDS later), the oldest renewal of the jobs it took ahead (``oldest``) and its job's id (the log)."""
+    RETRY_SECONDS later), the oldest renewal of the jobs it took ahead (``oldest``), its job's id (the log) and
+    the runner's sign of life (``alive``)."""
 
     def __init__(self, hold: LeaseHold, clock: Callable[[], float], retry_at: Callable[[float], None],
-                 oldest: Callable[[], float], job_id: str) -> None:
+                 oldest: Callable[[], float], job_id: str, alive: Callable[[], None] = lambda: None) -> None:
         self.hold = hold
+        self.alive = alive
+        """The runner's sign of life to its supervisor, given while a write waits for the queue."""
         self.clock = clock
         self.retry_at = retry_at
         self.oldest = oldest
@@ -110,6 +113,7 @@ class Keeper:
                 answer = write()
             except QueueUnavailable as exc:
                 self._failed(exc)
+                self.alive()
                 time.sleep(RETRY_SECONDS)
                 continue
             self._answered(self.hold.answered(self.clock()), "")
