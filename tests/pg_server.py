@@ -21,7 +21,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 from port_support import server_port
 
 START_SECONDS = 30.0
