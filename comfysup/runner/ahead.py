@@ -302,6 +302,10 @@ class AheadJobs:
                                            "started; attempt not counted", count_attempt=False, kind=kind)
             except LeaseLost:
                 return
+            except QueueUnavailable as exc:  # out of the server's queue all the same: it never ran
+                log.warning("job %s: taken out of %s's queue, but the queue does not answer (%s): it comes back "
+                            "when its lease expires", claim.id, self.ctx.s.server, exc)
+                return
             log.info("job %s: %s", claim.id, "cancelled while queued" if cancelled else
                      f"taken out of {self.ctx.s.server}'s queue by {because} before it started and released, attempt "
                      "not counted", extra={"event": Ending.CANCELLED if cancelled else Ending.RELEASED,

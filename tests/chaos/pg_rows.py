@@ -81,6 +81,8 @@ def _outages(tmp: Path, seed: int, server: OwnPostgres, *, jobs: int, outages: i
         except AssertionError as exc:  # the checker still runs: it says which jobs never ended
             stuck.append(str(exc).splitlines()[0])
         m.outputs["status"] = m.command("status")[1]
+        slots = (m.state() or {}).get("slots", [])
+        figures["restarts"] = sum(s.get("runner_restarts", 0) + s.get("restarts", 0) for s in slots)
         figures["exit"] = m.stop(proc)
         figures["seconds"] = round(time.monotonic() - started, 1)
         evidence = Evidence(root=tmp, queue_path=m.queue_path, store=m.store, exec_logs=[m.exec_log],
@@ -88,6 +90,8 @@ def _outages(tmp: Path, seed: int, server: OwnPostgres, *, jobs: int, outages: i
                             not_scanned=[s.path for s in m.submissions], ended_at=time.time())
         report = check_machines(evidence, server.url, {HOST: m.store})
         report.row_failures += stuck
+        if figures["restarts"]:  # a runner or server that crashed on the database's absence, or was killed as silent
+            report.row_failures.append(f"{figures['restarts']} runner or server restart(s) during the outages")
         if figures["exit"] != 0:
             report.row_failures.append(f"SIGTERM: the supervisor exited {figures['exit']}, not 0")
         figures.update(interruptions(evidence))
@@ -110,7 +114,7 @@ def _submit(m: Machine, count: int, slow: dict[str, list[str]]) -> None:
 def _outage(m: Machine, server: OwnPostgres, long: bool, figures: dict[str, Any]) -> None:
     """One outage: the server killed (a crash) or stopped (a restart), down for a drawn time, started again."""
     seconds = (m.rng.uniform(LEASE_SECONDS + 0.5, LEASE_SECONDS + 2.5) if long
-               else m.rng.uniform(0.2, quiet_limit() - 0.5))
+               else m.rng.uniform(0.2, quiet_limit() - 1.5))  # a margin for a loaded machine's late wake-ups
     how = m.rng.choice(("kill", "stop"))
     start = time.time()
     server.kill() if how == "kill" else server.stop()
