@@ -255,7 +255,13 @@ class Attempt:
 
     def _catch_up(self, act: CatchUp) -> CaughtUp:
         """Step 1: the run of this job an earlier attempt left, to follow or adopt (comfysup.runner.catchup)."""
-        run, followed = catch_up(self.ctx, self.taken)
+        # Where earlier attempts ran is read from the queue: waited for within the lease. A prompt already posted
+        # (taken ahead) is the one to stop meanwhile if the lease runs out first: never left running unowned.
+        taken = self.taken
+        if taken is not None and taken.number is not None:
+            self.live = Run(self.client, self.s.server, taken.number)
+        run, followed = self.keeper.persist(partial(catch_up, self.ctx, taken))
+        self.live = None
         self.current = run
         if run is None:
             return _NOTHING
