@@ -160,3 +160,20 @@ def test_sqlite_locked_past_busy_timeout_leaves_the_prompt_running(tmp_path: Pat
     assert all(outcomes == ["success"] for outcomes in runs.values()) and len(runs) == 2, runs
     assert_rode_out(caplog)
     runner.station.close()
+
+
+@pytest.mark.timeout(60)
+def test_an_api_started_while_postgres_is_down_waits_for_it(tmp_path: Path, own_postgres: OwnPostgres,  # noqa: F811
+                                                            caplog: pytest.LogCaptureFixture) -> None:
+    """Exiting instead, it would be restarted in a loop by its supervisor and answer nothing meanwhile."""
+    config = api_config(tmp_path, queue_url=own_postgres.url)
+    own_postgres.kill()
+    caplog.set_level(logging.WARNING, logger="comfysup.api")
+    back = threading.Timer(1.0, own_postgres.start)  # the outage the API starts into: a second long
+    back.start()
+    try:
+        with running_api(config) as url:
+            assert httpx.post(f"{url}/api/v2/jobs", json={"workflow": GRAPH}, timeout=30).status_code == 201
+    finally:
+        back.join()
+    assert any("the API starts once it does" in r.getMessage() for r in caplog.records)
