@@ -17,10 +17,12 @@
 5. Download outputs to temporary names, then rename. 6. Record done, fenced (with the next claim, in one
    transaction, when the runner goes on: see comfysup.runner.record).
 
-Every write to the queue is fenced; a LeaseLost anywhere ends the attempt without writing anything. A
-queue that does not answer (QueueError) ends it the same way, after interrupting the prompt: the attempt
-can no longer renew its lease, and the job must not still run here when the lease hands it to another
-runner, perhaps on another machine that cannot see this server.
+Every write to the queue is fenced; a LeaseLost anywhere ends the attempt without writing anything. A queue
+that does not answer (QueueUnavailable) is ridden out while the lease holds by this machine's clock: the prompt
+is followed on, and renewals and the writes the attempt cannot go on without are tried again
+(comfysup.runner.hold). Once the lease's end is near, or on any other QueueError, the attempt ends as for a lost
+lease, after interrupting the prompt: the job must not still run here when the lease hands it to another runner,
+perhaps on another machine that cannot see this server.
 
 The shape: a :class:`Station` (comfysup.runner.station) holds what a runner keeps from one attempt to the
 next (settings, queue, result store, the server's client and its kept WebSocket, peers' clients, the
