@@ -17,6 +17,7 @@ import signal
 import subprocess
 import tempfile
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -44,7 +45,8 @@ class OwnPostgres:
         shutil.chown(self.root, "postgres")
         self.data = self.root / "data"
         self.port = server_port()
-        self.url = f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+        self.admin_url = f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+        self.url = self.admin_url
         self._as_postgres("initdb", "-D", str(self.data), "-A", "trust", "-U", "postgres", "--no-sync", "-E", "UTF8")
         settings = (f"port = {self.port}\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = '{self.root}'\n"
                     "fsync = off\nfull_page_writes = off\nsynchronous_commit = on\nshared_buffers = 16MB\n"
@@ -80,6 +82,19 @@ class OwnPostgres:
             with contextlib.suppress(FileNotFoundError):
                 lock.unlink()  # a dead postmaster's: what a crashed machine's reboot leaves behind
 
+    def running(self) -> bool:
+        pid = self.pid()
+        return pid is not None and self.up_process(pid)
+
+    def fresh_database(self) -> None:
+        """An empty database of its own on this server; ``url`` names it from now on."""
+        import psycopg
+
+        name = f"t_{uuid.uuid4().hex[:12]}"
+        with psycopg.connect(self.admin_url, autocommit=True, connect_timeout=10) as conn:
+            conn.execute(f"CREATE DATABASE {name}")
+        self.url = f"postgresql://postgres@127.0.0.1:{self.port}/{name}"
+
     def pid(self) -> int | None:
         try:
             return int((self.data / "postmaster.pid").read_text().split()[0])
@@ -100,12 +115,23 @@ class OwnPostgres:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
-@pytest.fixture
-def own_postgres() -> Iterator[OwnPostgres]:
-    """A running PostgreSQL of this test's own, removed after it."""
+@pytest.fixture(scope="module")
+def module_postgres() -> Iterator[OwnPostgres]:
+    """One PostgreSQL for a test module's tests (initdb costs a second or two), removed after them."""
     server = OwnPostgres()
     try:
         server.start()
         yield server
     finally:
         server.close()
+
+
+@pytest.fixture
+def own_postgres(module_postgres: OwnPostgres) -> OwnPostgres:
+    """The module's PostgreSQL, running (a test before may have left it stopped), ``url`` naming a database of this
+    test's own. Import both fixtures by name: ``from tests.pg_server import module_postgres, own_postgres``."""
+    server = module_postgres
+    if not server.running():
+        server.start()
+    server.fresh_database()
+    return server

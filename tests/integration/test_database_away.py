@@ -28,7 +28,7 @@ from comfysup.runner.loop import Runner
 from comfysup.runner.options import RunnerOptions
 from fake_comfy import FakeComfy
 from tests.api_support import api_config, running_api
-from tests.pg_server import OwnPostgres, own_postgres  # noqa: F401
+from tests.pg_server import OwnPostgres, module_postgres, own_postgres  # noqa: F401
 from tests.runner_helpers import job_id, jobs_file, trivial_job
 
 ROOT = Path(__file__).resolve().parents[2]
