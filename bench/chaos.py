@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # bench/ itself must not be on the path: its queue.py would shadow the standard library's queue module.
 sys.path[:] = [str(ROOT), str(ROOT / "tests")] + [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
 
-from chaos import scenarios  # noqa: E402  (after the path above)
+from chaos import pg_rows, scenarios  # noqa: E402  (after the path above)
 from chaos.checker import Report  # noqa: E402
 from chaos.faults import SEED_VARIABLE, run_seed  # noqa: E402
 
@@ -92,6 +92,8 @@ ROWS = [
         "each outage", scenarios.u1_own_server, {"jobs": 200, "outages": 20}, ("jobs", "outages")),
     Row("U2", "the bucket (SeaweedFS) down for minutes, short upload backoff, runners killed meanwhile; 3 attempts "
         "a job", scenarios.u2_own_server, {"jobs": 300, "down_seconds": 150, "kills": 40}, ("jobs", "kills")),
+    Row("G1", "the queue's PostgreSQL killed or stopped at random moments, outages shorter and longer than a lease",
+        pg_rows.g1_postgres_outages, {"jobs": 200, "outages": 40}, ("jobs", "outages")),
 ]
 
 
@@ -172,6 +174,11 @@ def _injected(row: str, f: dict[str, Any], rep: dict[str, Any]) -> str:
                 f"(longest stuck attempt {f.get('longest_stuck_attempt_seconds')} s)")
     if row == "D2":
         return f"WAL peaks {f.get('wal_peak_mib')} MiB"
+    if row == "G1":
+        return (f"{f.get('outages_short', 0)} outages under {f.get('quiet_limit')} s, {f.get('outages_long', 0)} past "
+                f"the {f.get('lease_seconds')} s lease ({f.get('kills', 0)} kills, {f.get('stops', 0)} stops); "
+                f"{f.get('interruptions', 0)} interruptions, {f.get('interrupted_in_long_outages', 0)} in outages "
+                f"past the lease; {f.get('submits_refused', 0)} submits refused")
     return ", ".join(f"{v} {k}" for k, v in sorted(faults.items())) or "-"
 
 

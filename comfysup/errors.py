@@ -43,7 +43,17 @@ class DatabaseCorrupt(QueueError):
     exit_code = 75
 
 
-class DatabaseLocked(QueueError):
+class QueueUnavailable(QueueError):
+    """The queue database cannot be used for now (locked beyond the wait allowed, or not answering); it may answer
+    again by itself, and every process that holds a connection opens a new one when it does. ``maybe_stored``: the
+    failure came while a commit was sent, so what it wrote may or may not have been made."""
+
+    def __init__(self, message: str | None = None, *, maybe_stored: bool = False) -> None:
+        super().__init__(message)
+        self.maybe_stored = maybe_stored
+
+
+class DatabaseLocked(QueueUnavailable):
     """The queue database stayed locked beyond the busy timeout: another process holds a write lock."""
 
 
@@ -55,5 +65,5 @@ class NotFound(QueueError):
     """No job has this id."""
 
 
-class DatabaseUnavailable(QueueError):
+class DatabaseUnavailable(QueueUnavailable):
     """The queue database does not answer (server down, network lost, connection refused)."""

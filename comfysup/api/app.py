@@ -20,12 +20,13 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 from comfysup.api import assets, events, jobs, outputs, placement, remote, views
 from comfysup.api.connections import track
-from comfysup.api.errors import ApiError, not_found
+from comfysup.api.errors import ApiError, not_found, queue_unavailable
 from comfysup.api.replies import STATE_KEY, harden
 from comfysup.api.replies import json_response as _json
 from comfysup.api.security import check_origin, check_token
 from comfysup.api.state import State
 from comfysup.config import Config
+from comfysup.errors import QueueUnavailable
 from comfysup.slotstate import read_state, readiness
 
 log = logging.getLogger("comfysup.api")
@@ -57,6 +58,9 @@ async def guard(request: web.Request, handler: Callable[[web.Request], Awaitable
         return await handler(request)
     except ApiError as exc:
         return exc.response()
+    except QueueUnavailable as exc:  # the database went away (or a backup holds its lock): it comes back by itself
+        log.warning("api %s %s: the queue does not answer: %s", request.method, request.path, exc)
+        return queue_unavailable(exc, writes=request.method not in ("GET", "HEAD")).response()
     except HttpProcessingError as exc:  # a body aiohttp's readers cannot parse (a multipart part's header line)
         return ApiError(400, "invalid_request", f"the request's body is malformed: {exc.message}",
                         close=True).response()

@@ -21,6 +21,11 @@ from typing import Any
 
 from aiohttp import web
 
+from comfysup.errors import QueueUnavailable
+
+QUEUE_RETRY_AFTER_SECONDS = 5
+"""What a 503 ``queue_unavailable`` asks the client to wait before it tries again (``Retry-After``)."""
+
 
 class ApiError(Exception):
     """An answer that is an error envelope; raised anywhere in a handler, rendered by the app's middleware."""
@@ -47,3 +52,19 @@ class ApiError(Exception):
 
 def not_found(what: str) -> ApiError:
     return ApiError(404, "not_found", f"{what} not found")
+
+
+def queue_unavailable(exc: QueueUnavailable, writes: bool) -> ApiError:
+    """503 ``queue_unavailable`` for a queue database that does not answer now (restarted, unreachable, locked by a
+    backup): said with Retry-After, and with whether a request that writes (``writes``) stored anything: nothing,
+    unless the failure came as its commit was sent (then sending the same request again stores it once)."""
+    if not writes:
+        stored = ""
+    elif exc.maybe_stored:
+        stored = ("; the database stopped answering as the change was committed, so it may or may not have been "
+                  "stored: send the same request again (a job's id stores it once)")
+    else:
+        stored = "; nothing was stored: send the request again once the queue answers"
+    return ApiError(503, "queue_unavailable", f"the queue is unavailable: {exc}{stored}",
+                    details={"retry_after_seconds": QUEUE_RETRY_AFTER_SECONDS},
+                    headers={"Retry-After": str(QUEUE_RETRY_AFTER_SECONDS)})

@@ -23,12 +23,15 @@ from comfysup.api.connections import Gate, OneLineLog
 from comfysup.api.events import fit_open_files
 from comfysup.api.replies import STATE_KEY
 from comfysup.config import Config
-from comfysup.errors import ConfigError
+from comfysup.errors import ConfigError, QueueUnavailable
 from comfysup.queue import open_queue
+from comfysup.queue.base import Queue
 from comfysup.queue.watch import CHECK_SECONDS, DEEP_CHECK_SECONDS, EXIT_DATABASE_REPLACED, QueueWatch
 from comfysup.supervisor.sidecar import BIND_FAILED  # [api] listen cannot be bound: restarting cannot help
 
 log = logging.getLogger("comfysup.api")
+QUEUE_RETRY_SECONDS = 1.0
+"""How often an API starting while the queue's database does not answer tries it again."""
 LOST_LINGER_SECONDS = 2.0
 """How long the API answers 503 (with why) once its queue's file is lost, before it exits: clients and load
 balancers see the reason rather than a refused connection."""
@@ -36,6 +39,22 @@ balancers see the reason rather than a refused connection."""
 def split_listen(listen: str) -> tuple[str, int]:
     host, _, port = listen.rpartition(":")
     return host.strip("[]"), int(port)
+
+
+async def _open_when_it_answers(config: Config, create: bool, stop: asyncio.Event | None) -> Queue:
+    """The queue, waited for (said once, tried every QUEUE_RETRY_SECONDS) while its database does not answer: an
+    API that exited instead would be restarted in a loop by its supervisor, and answer nothing meanwhile."""
+    said = False
+    while True:
+        try:
+            return open_queue(config, create=create)
+        except QueueUnavailable as exc:
+            if stop is not None and stop.is_set():
+                raise
+            if not said:
+                log.warning("the queue does not answer (%s); the API starts once it does", exc)
+                said = True
+        await asyncio.sleep(QUEUE_RETRY_SECONDS)
 
 
 async def serve(config: Config, on_bound: Callable[[int], None] | None = None,
@@ -46,7 +65,7 @@ async def serve(config: Config, on_bound: Callable[[int], None] | None = None,
     not exist (False under ``comfysup run``, which made it: one deleted since is not made again empty)."""
     if not config.api.listen:
         raise ConfigError(f"{config.source}: [api] listen is empty: there is no address to serve the API on")
-    queue = open_queue(config, create=create)
+    queue = await _open_when_it_answers(config, create, stop)
     app = make_app(config, queue)
     if on_app is not None:
         on_app(app)

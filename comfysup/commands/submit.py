@@ -17,7 +17,7 @@ from typing import Any
 
 from comfysup.commands._common import config_from, queue_from
 from comfysup.config import Config
-from comfysup.errors import ComfysupError, QueueError, UsageError
+from comfysup.errors import ComfysupError, QueueError, QueueUnavailable, UsageError
 from comfysup.jobs import READ_AHEAD_LINES, JobsFile, Problem, format_problems
 from comfysup.jobs.catalogue import Catalogue
 from comfysup.queue.base import (
@@ -69,13 +69,26 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
 
 def run(args: argparse.Namespace) -> int:
     config = config_from(args)
-    queue = _queue(config, args.dry_run)
     try:
-        with _opened(args.file) as (path, label, base_dir), _without_cycle_collection():
-            return _submit(args, config, queue, path, label, base_dir)
-    finally:
-        if queue is not None:
-            queue.close()
+        queue = _queue(config, args.dry_run)
+        try:
+            with _opened(args.file) as (path, label, base_dir), _without_cycle_collection():
+                return _submit(args, config, queue, path, label, base_dir)
+        finally:
+            if queue is not None:
+                queue.close()
+    except QueueUnavailable as exc:
+        raise unavailable(exc) from exc
+
+
+def unavailable(exc: QueueUnavailable) -> QueueUnavailable:
+    """What submit says when the queue's database does not answer (restarted, unreachable, locked by a backup):
+    that nothing was submitted, unless the failure came as the commit was sent; either way, that submitting the
+    same file again is safe (a job already stored is not queued twice)."""
+    stored = ("it stopped answering as the jobs were committed, so they may or may not have been stored"
+              if exc.maybe_stored else "nothing was submitted")
+    return QueueUnavailable(f"the queue is unavailable ({exc}); {stored}. Submit the same file again once it "
+                            "answers: a job already stored is not queued twice", maybe_stored=exc.maybe_stored)
 
 
 def _queue(config: Config, dry_run: bool) -> Queue | None:

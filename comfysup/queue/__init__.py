@@ -10,27 +10,31 @@ from comfysup.queue.sqlite import SQLiteQueue
 from comfysup.storage import s3
 
 
-def open_queue(config: Config, *, create: bool = True) -> Queue:
-    """The backend the config names: ``[queue] url`` (PostgreSQL) or ``[queue] path`` (SQLite).
+def open_queue(config: Config, *, create: bool = True, wait_seconds: float | None = None) -> Queue:
+    """The backend the config names: ``[queue] url`` (PostgreSQL) or ``[queue] path`` (SQLite). ``wait_seconds``:
+    the longest one call waits for the database (a lock, a connect, an answer) before it raises QueueUnavailable,
+    when shorter than [queue] busy_timeout_seconds (a runner's, which must not wait out its lease).
 
     PostgreSQL creates its schema on open whatever ``create`` says: the database itself is made by
     whoever runs the server, and an empty one is a queue with no jobs yet.
     """
+    busy = config.queue.busy_timeout_seconds
     if config.queue.url:
         try:  # psycopg is optional: installed with comfysup[postgres]
-            from comfysup.queue.postgres import PostgresQueue
+            from comfysup.queue.postgres import NETWORK_TIMEOUT_SECONDS, PostgresQueue
         except ImportError as exc:
             raise ConfigError(f"{config.source}: [queue] url needs psycopg 3: pip install 'comfysup[postgres]' "
                               f"({exc})") from exc
         queue: Queue = PostgresQueue(
-            config.queue.url, busy_timeout_seconds=config.queue.busy_timeout_seconds,
+            config.queue.url, busy_timeout_seconds=min(busy, wait_seconds or busy),
+            network_timeout_seconds=wait_seconds or NETWORK_TIMEOUT_SECONDS,
             default_callback_url=config.webhooks.url,
             assets_dir=str(config.resolve(config.assets.dir)) if config.assets.dir else None)
         queue.announce = bool(config.rabbitmq.url)
         _asset_bucket(queue, config)
         return queue
     queue = SQLiteQueue(config.resolve(config.queue.path), create=create,
-                        busy_timeout_seconds=config.queue.busy_timeout_seconds,
+                        busy_timeout_seconds=min(busy, wait_seconds or busy),
                         checkpoint_seconds=config.queue.checkpoint_seconds,
                         default_callback_url=config.webhooks.url,
                         assets_dir=config.resolve(config.assets.dir) if config.assets.dir else None)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import threading
 import time
@@ -97,9 +98,10 @@ class PostgresQueue(SQLQueue):
     comfysup.queue.base for the contract, comfysup.queue.core for the code both backends share."""
 
     def __init__(self, url: str, *, busy_timeout_seconds: float = 30.0, default_callback_url: str = "",
-                 assets_dir: str | None = None) -> None:
+                 assets_dir: str | None = None, network_timeout_seconds: float = NETWORK_TIMEOUT_SECONDS) -> None:
         self.url = url
-        db = PostgresDb(url, busy_timeout_seconds=busy_timeout_seconds, default_callback_url=default_callback_url)
+        db = PostgresDb(url, busy_timeout_seconds=busy_timeout_seconds, default_callback_url=default_callback_url,
+                        network_timeout_seconds=network_timeout_seconds)
         super().__init__(db, assets_dir=Path(assets_dir) if assets_dir else None)
         """Input files: in the database (chunked) unless [assets] dir names a folder every machine shares."""
 
@@ -121,8 +123,12 @@ class PostgresDb(SQLDb):
     """A renewal lost with the server would put the lease back one heartbeat: with heartbeat_seconds over half of
     lease_seconds (allowed) it can expire under a live runner, whose job then runs twice at once."""
 
-    def __init__(self, url: str, *, busy_timeout_seconds: float = 30.0, default_callback_url: str = "") -> None:
+    def __init__(self, url: str, *, busy_timeout_seconds: float = 30.0, default_callback_url: str = "",
+                 network_timeout_seconds: float = NETWORK_TIMEOUT_SECONDS) -> None:
         self.url = url
+        self.network_timeout_seconds = network_timeout_seconds
+        """How long a connect or a statement may go unanswered before it fails (NETWORK_TIMEOUT_SECONDS unless a
+        runner asks for less: comfysup.runner.station's queue_wait_seconds)."""
         self.default_callback_url = default_callback_url
         self.where = describe_url(url)
         self.busy_timeout_seconds = busy_timeout_seconds
@@ -140,9 +146,11 @@ class PostgresDb(SQLDb):
     def _params(self) -> dict[str, Any]:
         """Timeouts that make a lost server an error in seconds; the URL's own settings win."""
         given = conninfo_to_dict(self.url)
-        wanted = {"connect_timeout": CONNECT_TIMEOUT_SECONDS, "application_name": "comfysup",
+        network = self.network_timeout_seconds
+        wanted = {"connect_timeout": max(2, math.ceil(min(CONNECT_TIMEOUT_SECONDS, network))),  # libpq: 2 at least
+                  "application_name": "comfysup",
                   "keepalives": 1, "keepalives_idle": 5, "keepalives_interval": 2, "keepalives_count": 3,
-                  "tcp_user_timeout": int(NETWORK_TIMEOUT_SECONDS * 1000)}
+                  "tcp_user_timeout": int(network * 1000)}
         return {k: v for k, v in wanted.items() if k not in given}
 
     def _open(self, *, autocommit: bool) -> psycopg.Connection[Any]:
@@ -239,7 +247,8 @@ class PostgresDb(SQLDb):
                                   "(lock_timeout); another session holds it in a long transaction")
         if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
             when = " while committing (the change may or may not have been made)" if committing else ""
-            return DatabaseUnavailable(f"{self.where}: the database does not answer{when}: {text}")
+            return DatabaseUnavailable(f"{self.where}: the database does not answer{when}: {text}",
+                                       maybe_stored=committing)
         return QueueError(f"{self.where}: {text}")
 
     def _migrate(self) -> None:

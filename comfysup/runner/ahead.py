@@ -10,12 +10,13 @@ from __future__ import annotations
 import contextlib
 import enum
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
 from comfysup.comfy import ComfyError, PromptRejected
-from comfysup.errors import LeaseLost
+from comfysup.errors import LeaseLost, QueueUnavailable
 from comfysup.logs import job_context
 from comfysup.queue.base import Claim
 from comfysup.runner.inputs import StaleUpload
@@ -135,12 +136,16 @@ class AheadJobs:
         if args is None:
             return
         ctx = self.ctx
-        claimed_at = ctx.wall()
-        claim = ctx.queue.leases.claim(args.owner, args.server, args.lease_seconds, prefer_model=args.prefer_model,
-                                max_wait_seconds=args.max_wait_seconds, catalogue=args.catalogue, url=ctx.s.url)
+        claimed_at, renewed_at = ctx.wall(), ctx.clock()
+        try:
+            claim = ctx.queue.leases.claim(args.owner, args.server, args.lease_seconds, prefer_model=args.prefer_model,
+                                           max_wait_seconds=args.max_wait_seconds, catalogue=args.catalogue,
+                                           url=ctx.s.url)
+        except QueueUnavailable:
+            return  # nothing taken ahead while the queue does not answer; this attempt's own prompt goes on
         if claim is None:
             return
-        entry = Ahead(claim, claimed_at, ctx.clock())
+        entry = Ahead(claim, claimed_at, renewed_at)
         self.jobs.append(entry)
         waiting = behind is not None  # behind a prompt that runs: it waits in the server's queue (shown posted)
         if (claim.attempt != 1 or claim.last_server is not None or claim.cancel_requested
@@ -179,6 +184,8 @@ class AheadJobs:
         except LeaseLost:
             self.drop(entry)
             return
+        except QueueUnavailable:
+            return  # its number stays in the entry; its lease is renewed with this attempt's (comfysup.runner.hold)
         if renewed:
             self.own_renewed_at = self.ctx.clock()
 
@@ -190,6 +197,8 @@ class AheadJobs:
         except LeaseLost:
             self.drop(entry)
             return
+        except QueueUnavailable:
+            return  # shown as claimed rather than posted until its attempt says more
         entry.claim = replace(entry.claim, waiting=True)
 
     def _ran_here(self, claim: Claim) -> bool:
@@ -240,14 +249,21 @@ class AheadJobs:
         for entry in list(self.jobs):
             if now - entry.renewed_at < self.ctx.s.heartbeat_seconds:
                 continue
-            entry.renewed_at = now
+            renewed_at, entry.renewed_at = entry.renewed_at, now
             try:
                 cancelled = self.ctx.queue.leases.heartbeat(entry.claim, self.ctx.s.lease_seconds)
             except LeaseLost:
                 self.drop(entry)
                 continue
+            except QueueUnavailable:
+                entry.renewed_at = renewed_at  # its lease still runs from the renewal that held (comfysup.runner.hold)
+                raise
             if cancelled and entry is self.next:
                 self.withdraw_next(cancelled=True)
+
+    def oldest_renewal(self) -> float:
+        """The clock's time of the oldest renewal (or claim) of a job taken ahead that held; infinity: none held."""
+        return min((entry.renewed_at for entry in self.jobs), default=math.inf)
 
     def drop(self, entry: Ahead) -> None:
         """A job taken ahead lost its lease (another runner may hold it now): its prompt must not run here. When
@@ -285,6 +301,10 @@ class AheadJobs:
                     self.ctx.queue.leases.release(claim, f"taken out of the server's queue by {because} before it "
                                            "started; attempt not counted", count_attempt=False, kind=kind)
             except LeaseLost:
+                return
+            except QueueUnavailable as exc:  # out of the server's queue all the same: it never ran
+                log.warning("job %s: taken out of %s's queue, but the queue does not answer (%s): it comes back "
+                            "when its lease expires", claim.id, self.ctx.s.server, exc)
                 return
             log.info("job %s: %s", claim.id, "cancelled while queued" if cancelled else
                      f"taken out of {self.ctx.s.server}'s queue by {because} before it started and released, attempt "

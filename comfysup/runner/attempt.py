@@ -17,10 +17,12 @@
 5. Download outputs to temporary names, then rename. 6. Record done, fenced (with the next claim, in one
    transaction, when the runner goes on: see comfysup.runner.record).
 
-Every write to the queue is fenced; a LeaseLost anywhere ends the attempt without writing anything. A
-queue that does not answer (QueueError) ends it the same way, after interrupting the prompt: the attempt
-can no longer renew its lease, and the job must not still run here when the lease hands it to another
-runner, perhaps on another machine that cannot see this server.
+Every write to the queue is fenced; a LeaseLost anywhere ends the attempt without writing anything. A queue
+that does not answer (QueueUnavailable) is ridden out while the lease holds by this machine's clock: the prompt
+is followed on, and renewals and the writes the attempt cannot go on without are tried again
+(comfysup.runner.hold). Once the lease's end is near, or on any other QueueError, the attempt ends as for a lost
+lease, after interrupting the prompt: the job must not still run here when the lease hands it to another runner,
+perhaps on another machine that cannot see this server.
 
 The shape: a :class:`Station` (comfysup.runner.station) holds what a runner keeps from one attempt to the
 next (settings, queue, result store, the server's client and its kept WebSocket, peers' clients, the
@@ -43,13 +45,14 @@ from typing import Any
 
 from comfysup.comfy import ComfyError, MalformedAnswer, PermanentError, deadline
 from comfysup.comfy.history import unlisted_savers
-from comfysup.errors import LeaseLost, QueueError
+from comfysup.errors import LeaseLost, QueueError, QueueUnavailable
 from comfysup.queue.base import Claim, Output, Queue
 from comfysup.runner import download, memory
 from comfysup.runner import outputs as job_outputs
 from comfysup.runner.ahead import AheadJobs
 from comfysup.runner.catchup import catch_up
 from comfysup.runner.driver import FollowDriver
+from comfysup.runner.hold import Keeper, LeaseHold, reserve_seconds
 from comfysup.runner.interrupt import Interrupter
 from comfysup.runner.machine import Limits, Over
 from comfysup.runner.post import post_prompt
@@ -150,10 +153,16 @@ class Attempt:
         self.ahead = AheadJobs(self.ctx, asks or AheadAsks(), taken[1] if len(taken) > 1 else None,
                                interrupt=self._interrupt)
         """The jobs this attempt takes ahead (comfysup.runner.ahead)."""
-        self.interrupter = Interrupter(self.ctx, self.heartbeat, self.ahead.renew, self.ahead.withdraw_next)
-        self.progress = Progress(self.ctx)
+        hold = LeaseHold(self.s.lease_seconds, reserve_seconds(self.s.heartbeat_seconds, self.s.queue_wait_seconds),
+                         own.renewed_at if own is not None else self.clock() - self.s.heartbeat_seconds)
+        self.keeper = Keeper(hold, self.clock, self.heartbeat.now, self.ahead.oldest_renewal, claim.id,
+                             station.on_alive)
+        """The attempt's hold on its leases while the queue does not answer (comfysup.runner.hold)."""
+        self.interrupter = Interrupter(self.ctx, self.heartbeat, self.keeper, self.ahead.renew,
+                                       self.ahead.withdraw_next)
+        self.progress = Progress(self.ctx, self.keeper)
         self.driver = FollowDriver(self.ctx, self.ahead, self.heartbeat, self.progress, self.limits, self.replay,
-                                   self._interrupt_to_end, self._started)
+                                   self._interrupt_to_end, self._started, self.keeper)
         """What follows a run: the driver of its machine (comfysup.runner.driver)."""
         self.live: Run | None = None
         """The prompt of this job known to be on a server (posted or followed), to stop if the queue goes."""
@@ -248,7 +257,13 @@ class Attempt:
 
     def _catch_up(self, act: CatchUp) -> CaughtUp:
         """Step 1: the run of this job an earlier attempt left, to follow or adopt (comfysup.runner.catchup)."""
-        run, followed = catch_up(self.ctx, self.taken)
+        # Where earlier attempts ran is read from the queue: waited for within the lease. A prompt already posted
+        # (taken ahead) is the one to stop meanwhile if the lease runs out first: never left running unowned.
+        taken = self.taken
+        if taken is not None and taken.number is not None:
+            self.live = Run(self.client, self.s.server, taken.number)
+        run, followed = self.keeper.persist(partial(catch_up, self.ctx, taken))
+        self.live = None
         self.current = run
         if run is None:
             return _NOTHING
@@ -257,8 +272,8 @@ class Attempt:
         # Still in a server's queue: where, and its number, recorded before anything else.
         assert run.number is not None
         self.live = run
-        self.queue.leases.record_prompt(self.claim, run.server, run.number, run.client.url,
-                                        waiting=not run.m.started)
+        self.keeper.persist(partial(self.queue.leases.record_prompt, self.claim, run.server, run.number,
+                                    run.client.url, waiting=not run.m.started))
         self.waiting = not run.m.started  # still pending in that server's queue: shown posted until it runs
         return _FOLLOW
 
@@ -322,7 +337,7 @@ class Attempt:
     def _record(self, outcome: Outcome) -> Recorded:
         """Step 6 (comfysup.runner.record): the outcome, redacted, in one fenced write."""
         outcome.reason = self.redact(outcome.reason)
-        record(self.ctx, outcome, self.ahead, self.redact)
+        self.keeper.persist(partial(record, self.ctx, outcome, self.ahead, self.redact))
         if outcome.state is Ending.DONE:  # a dead job's run stays: a person's retry adopts it from /history
             download.remove_job_folders(self.ctx)
         with contextlib.suppress(QueueError):  # best-effort: the next post evicts again
@@ -354,7 +369,8 @@ class Attempt:
                  extra={"event": "posted"})
         self.trace.phase("posted", self.ctx.wall())
         self.live = Run(self.client, self.s.server, number, stream=stream)
-        self.queue.leases.record_prompt(self.claim, self.s.server, number, self.s.url)  # on a free server: it executes
+        # On a free server: it executes. Its number is recorded before it is followed, the queue answering or not.
+        self.keeper.persist(partial(self.queue.leases.record_prompt, self.claim, self.s.server, number, self.s.url))
         self.waiting = False
         return self.live
 
@@ -367,7 +383,9 @@ class Attempt:
         """The job's execution started (or its run is over) and the queue still shows it as posted: one fenced
         write, only when the attempt ahead of it did not record the start with its own end."""
         self.waiting = False
-        self.queue.leases.set_waiting(self.claim, False)
+        if not self.keeper.failing:  # else shown posted a while longer: renewals come first
+            with contextlib.suppress(QueueUnavailable):
+                self.queue.leases.set_waiting(self.claim, False)
 
     def _interrupt_to_end(self, run: Run) -> str | None:
         """Interrupt the run because the attempt ends here (its timeout, a cancel, a stop), seen at a wake-up: the

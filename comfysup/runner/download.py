@@ -37,7 +37,8 @@ def download(ctx: Context, run: Run, entry: dict[str, Any], checkpoint: Callable
         raise PermanentError(f"the server names two outputs that are both stored as {twice!r}", "unsafe_output")
     ctx.trace.phase("downloading", ctx.wall())
     # Only the attempt that holds the job may clear its folder: a fenced heartbeat now stops a stale
-    # one (LeaseLost) before it touches files that the job's new owner may be writing.
+    # one (LeaseLost) before it touches files that the job's new owner may be writing. While the queue does
+    # not answer, the lease still held by this machine's clock stands for it (comfysup.runner.hold).
     checkpoint(True)
     try:
         ctx.station.store.prepare(ctx.claim.id)

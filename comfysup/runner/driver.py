@@ -15,6 +15,7 @@ from comfysup.comfy import ComfyError, ServerUnavailable
 from comfysup.comfyversion import tells_every_output
 from comfysup.runner import follow
 from comfysup.runner.ahead import AheadJobs
+from comfysup.runner.hold import Keeper
 from comfysup.runner.machine import (
     Action,
     EntryFromSocket,
@@ -47,11 +48,12 @@ class FollowDriver:
     """Follows the runs of one attempt (its own; once more after an out-of-memory error). Given, besides the
     attempt's :class:`Context`: its jobs taken ahead, heartbeat clock, progress writer and limits, the messages
     to read before the socket's (``replay``), how to interrupt the run to end the attempt
-    (``interrupt_to_end``), and what to do once the run is seen started (``on_started``)."""
+    (``interrupt_to_end``), what to do once the run is seen started (``on_started``), and the attempt's hold on
+    its leases (``keeper``)."""
 
     def __init__(self, ctx: Context, ahead: AheadJobs, heartbeat: Heartbeat, progress: Progress, limits: Limits,
                  replay: list[dict[str, Any]], interrupt_to_end: Callable[[Run], str | None],
-                 on_started: Callable[[], None]) -> None:
+                 on_started: Callable[[], None], keeper: Keeper) -> None:
         self.ctx = ctx
         self.ahead = ahead
         self.heartbeat = heartbeat
@@ -60,6 +62,7 @@ class FollowDriver:
         self.replay = replay
         self.interrupt_to_end = interrupt_to_end
         self.on_started = on_started
+        self.keeper = keeper
 
     def follow(self, run: Run) -> dict[str, Any]:
         """Until this run's history entry says success; raises Stop or ComfyError otherwise."""
@@ -124,9 +127,14 @@ class FollowDriver:
         return None
 
     def _renew(self, run: Run, act: Action, now: float) -> None:
+        """The leases, renewed; a queue that does not answer is tried again soon while they hold (Keeper)."""
+        cancelled = self.keeper.renew(partial(self._renew_all, now))
+        if cancelled is not None:
+            self._carry_out(run, run.m.step(LeaseAnswer(cancelled)), now)
+
+    def _renew_all(self, now: float) -> bool:
         self.ahead.renew(now)
-        cancelled = self.ctx.queue.leases.heartbeat(self.ctx.claim, self.ctx.s.lease_seconds)
-        self._carry_out(run, run.m.step(LeaseAnswer(cancelled)), now)
+        return self.ctx.queue.leases.heartbeat(self.ctx.claim, self.ctx.s.lease_seconds)
 
     def _offer(self, run: Run, act: Action, now: float) -> None:
         self.ahead.give_to_waiting_peer()

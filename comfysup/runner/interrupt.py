@@ -2,7 +2,7 @@
 has left; a prompt that will not leave is reported (comfysup.runner.stuck) and its server restarted.
 
 An :class:`Interrupter` is made once per attempt. What it needs besides the attempt's :class:`Context` is given to
-it: the attempt's heartbeat clock, how to renew the leases of the jobs the attempt took ahead
+it: the attempt's heartbeat clock and hold on its leases, how to renew the leases of the jobs the attempt took ahead
 (``renew_ahead``) and how to take back the one queued behind a stuck prompt (``withdraw_next``): both are the
 attempt's :class:`comfysup.runner.ahead.AheadJobs`.
 """
@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 from comfysup.comfy import ComfyError, deadline
 from comfysup.comfyversion import has_jobs_api
+from comfysup.runner.hold import Keeper
 from comfysup.runner.running import Context, Heartbeat, Run
 from comfysup.runner.stuck import report_stuck, stuck_reason
 
@@ -24,10 +25,12 @@ log = logging.getLogger("comfysup.runner")
 class Interrupter:
     """Interrupts the prompts of one attempt (its own, or a job's it took ahead) and waits for them to leave."""
 
-    def __init__(self, ctx: Context, heartbeat: Heartbeat, renew_ahead: Callable[[float], None],
+    def __init__(self, ctx: Context, heartbeat: Heartbeat, keeper: Keeper, renew_ahead: Callable[[float], None],
                  withdraw_next: Callable[..., None]) -> None:
         self.ctx = ctx
         self.heartbeat = heartbeat
+        self.keeper = keeper
+        """The attempt's hold on its leases while the queue does not answer (comfysup.runner.hold)."""
         self.renew_ahead = renew_ahead
         """Renews the leases of the jobs taken ahead (``AheadJobs.renew``), given the clock's now."""
         self.withdraw_next = withdraw_next
@@ -70,8 +73,12 @@ class Interrupter:
         ctx = self.ctx
         ctx.station.on_alive()
         if renew and self.heartbeat.due(ctx.clock()):
-            ctx.queue.leases.heartbeat(ctx.claim, ctx.s.lease_seconds)
-            self.renew_ahead(ctx.clock())
+            self.keeper.renew(self._renew_all)
+
+    def _renew_all(self) -> None:
+        ctx = self.ctx
+        ctx.queue.leases.heartbeat(ctx.claim, ctx.s.lease_seconds)
+        self.renew_ahead(ctx.clock())
 
     def _stuck(self, run: Run, target: str, renew: bool) -> str:
         """The prompt ignored /interrupt: reported, when in this runner's own server (comfysup.runner.stuck)."""

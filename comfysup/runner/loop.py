@@ -46,7 +46,7 @@ from comfysup.runner.objectstore import result_store
 from comfysup.runner.options import RunnerHooks, RunnerOptions
 from comfysup.runner.result import Ahead, AheadAsks, ClaimArgs, Ending, Outcome
 from comfysup.runner.running import redactor_of
-from comfysup.runner.station import AttemptSettings, Station
+from comfysup.runner.station import AttemptSettings, Station, queue_wait_seconds
 from comfysup.runner.stuck import OutOfService, StuckChannel
 
 log = logging.getLogger("comfysup.runner")
@@ -236,7 +236,7 @@ class Runner:
                 raise SystemExit(0)
             try:
                 # Its supervisor (run or work) made the queue: one deleted since is not made again empty here.
-                queue = open_queue(config, create=False)
+                queue = open_queue(config, create=False, wait_seconds=queue_wait_seconds(config))
             except (DatabaseUnavailable, DatabaseLocked) as exc:  # not a wrong config: that must fail
                 on_alive()
                 self._queue_down(exc)

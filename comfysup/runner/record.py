@@ -9,10 +9,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from comfysup.errors import QueueUnavailable
 from comfysup.queue.base import Claim
 from comfysup.queue.roles import Leases
 from comfysup.redact import Redactor
 from comfysup.runner.ahead import AheadJobs
+from comfysup.runner.hold import Keeper
 from comfysup.runner.result import Ahead, Ending, Outcome
 from comfysup.runner.running import Context, Run
 
@@ -53,13 +55,13 @@ def _record_done(ctx: Context, outcome: Outcome, ahead: AheadJobs, trace: dict[s
     args = ask(ctx.claim, outcome) if ask is not None and ahead.next is None else None
     staged_in = ctx.station.store.staged_in(ctx.claim.id)  # a bucket's: storing, until its uploader has them
     if args is not None:
-        claimed_at = ctx.wall()
+        claimed_at, renewed_at = ctx.wall(), ctx.clock()
         claim = ctx.queue.leases.complete_and_claim(
             ctx.claim, outcome.outputs, args.owner, args.server, args.lease_seconds, trace=trace,
             prefer_model=args.prefer_model, max_wait_seconds=args.max_wait_seconds, catalogue=args.catalogue,
             url=ctx.s.url, staged_in=staged_in)
         if claim is not None:
-            ahead.jobs.append(Ahead(claim, claimed_at, ctx.clock()))
+            ahead.jobs.append(Ahead(claim, claimed_at, renewed_at))
         return
     started = ahead.started_ahead()  # the job queued behind this one executes: said in this end
     ctx.queue.leases.complete(ctx.claim, outcome.outputs, trace=trace, started=started, staged_in=staged_in)
@@ -70,8 +72,10 @@ def _record_done(ctx: Context, outcome: Outcome, ahead: AheadJobs, trace: dict[s
 class Progress:
     """The attempt's live progress and newest preview, written when they moved and no oftener than allowed."""
 
-    def __init__(self, ctx: Context) -> None:
+    def __init__(self, ctx: Context, keeper: Keeper) -> None:
         self.ctx = ctx
+        self.keeper = keeper
+        """Its hold on the leases: while renewals fail, nothing here is written (it can wait; renewals cannot)."""
         self.progress_at = ctx.clock()
         """The first progress is written a second into the attempt: a job that ends sooner costs no write for it
         (its trace, recorded with its end, has the whole of it)."""
@@ -81,6 +85,14 @@ class Progress:
     def write(self, run: Run | None) -> None:
         """The live progress, when it moved and a second has passed since the last write (fenced); the newest
         preview, at most every [runner] preview_seconds (fenced, not durable)."""
+        if self.keeper.failing:
+            return
+        try:
+            self._write(run)
+        except QueueUnavailable:
+            return  # written when it next moves; the heartbeat finds out whether the queue is gone
+
+    def _write(self, run: Run | None) -> None:
         ctx = self.ctx
         now = ctx.clock()
         if run is not None and run.preview is not None and now - self.preview_at >= ctx.s.preview_seconds:

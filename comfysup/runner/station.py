@@ -31,6 +31,13 @@ SERVER_LOST_MIN_SECONDS = 10.0
 """A server unreachable this long (or [runner] http_timeout_seconds, if longer) is taken as dead."""
 
 
+def queue_wait_seconds(config: Config) -> float:
+    """The longest one call of a runner waits for its queue's database (a lock another process holds, an answer):
+    [queue] busy_timeout_seconds, but never longer than a heartbeat, so that a backup holding SQLite's lock, or a
+    PostgreSQL that went away, leaves the attempt its lease to wait in (comfysup.runner.hold)."""
+    return min(config.queue.busy_timeout_seconds, config.runner.heartbeat_seconds)
+
+
 @dataclass(frozen=True)
 class AttemptSettings:
     """A runner's settings for its attempts; no defaults here: they are [runner]'s, in comfysup.config."""
@@ -55,6 +62,9 @@ class AttemptSettings:
     """The output folders comfysup can see, by server name (servers ``comfysup run`` launched): each job's
     files go to its own folder there, adopted from disk when the history died with the server
     (comfysup.runner.outputs). A server not named here is used as it always was."""
+    queue_wait_seconds: float = RunnerConfig.heartbeat_seconds
+    """The longest one call of the runner waits for its queue's database (``queue_wait_seconds``): how close to its
+    lease's end an attempt whose queue does not answer may follow its prompt (comfysup.runner.hold)."""
     server_cache_bytes: int = AssetsConfig.server_cache_mb * 2**20
     preview_seconds: float = RunnerConfig.preview_seconds
     """[runner] preview_seconds: how often the latest preview of the running job is written (0: never read)."""
@@ -74,7 +84,8 @@ class AttemptSettings:
             leave_queue_seconds=r.leave_queue_seconds,
             peers={k: v for k, v in peers.items() if k != server}, output_dirs=dict(output_dirs or {}),
             max_files_per_job=config.store.max_files_per_job, max_job_bytes=config.store.max_job_mb * 2**20,
-            server_cache_bytes=config.assets.server_cache_mb * 2**20, preview_seconds=r.preview_seconds)
+            server_cache_bytes=config.assets.server_cache_mb * 2**20, preview_seconds=r.preview_seconds,
+            queue_wait_seconds=queue_wait_seconds(config))
 
 
 class Station:

@@ -16,8 +16,9 @@ What the steps promise:
   given back uncounted while a job of ours waits behind it (comfysup.runner.memory.after_oom);
 - the job's alarm (its timeout, or the end of a stop's grace), met inside a blocking step, and an internal error
   interrupt the prompt and wait it out before the outcome is recorded; a stuck prompt is a timeout's failure;
-- a lost lease ends the attempt at once with nothing written; a queue that does not answer ends it the same way,
-  after its prompt was interrupted (its lease cannot be renewed, so it must not run on).
+- a lost lease ends the attempt at once with nothing written; a queue that does not answer until the lease's end
+  is near (comfysup.runner.hold) ends it the same way, after its prompt was interrupted (it must not run on once
+  the lease could hand the job to another runner).
 """
 
 from __future__ import annotations

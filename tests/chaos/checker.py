@@ -353,6 +353,9 @@ def _cause(previous: Execution, following: Execution, job: _Job | None, faults: 
         for fault in faults:
             if fault.kind == "db_lock" and fault.at <= previous.end <= (fault.until or fault.at) + LOCK_SLACK_SECONDS:
                 return "db_lock"
+            if (fault.kind == "db_down" and (fault.detail or {}).get("past_lease")
+                    and fault.at <= previous.end <= (fault.until or fault.at) + LOCK_SLACK_SECONDS):
+                return "db_down past the lease"  # a shorter outage interrupts nothing: unmatched then
         for started, ended, _outcome, reason, _owner in (job.attempts if job else []):
             if reason and "timed out" in reason and started <= previous.end <= (ended or previous.end) + 1.0:
                 return "timeout"

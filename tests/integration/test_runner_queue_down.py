@@ -77,35 +77,78 @@ def wait_until(condition: Any, seconds: float, what: str) -> None:
         time.sleep(0.02)
 
 
+def attempt_in_thread(station: Station, claim: Any) -> tuple[threading.Thread, dict[str, Any]]:
+    result: dict[str, Any] = {}
+    thread = threading.Thread(target=lambda: result.setdefault("outcome", Attempt(station, claim).run().outcome))
+    thread.start()
+    return thread, result
+
+
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("error", [DatabaseLocked("q.db: database is locked for more than 30 s"),
-                                   DatabaseUnavailable("postgresql://db:5432/q: the database does not answer")])
-def test_a_heartbeat_that_fails_interrupts_the_prompt_and_writes_nothing(tmp_path: Path, fake: FakeComfy,
-                                                                         error: Exception) -> None:
+def test_a_queue_down_past_the_lease_interrupts_the_prompt_before_the_lease_ends_and_writes_nothing(
+        tmp_path: Path, fake: FakeComfy) -> None:
+    """Renewals are tried again while the lease holds; the prompt is interrupted before it could end (by this
+    machine's clock, which stamps no later than the database), and nothing is written. (A lock and a lost server
+    are one QueueUnavailable to the attempt.)"""
+    error = DatabaseLocked("q.db: database is locked for more than 0.1 s")
     fake.script(["hang"])
-    config = write_config(tmp_path, heartbeat_seconds=0.1)
+    config = write_config(tmp_path, heartbeat_seconds=0.1, lease_seconds=1.5)
     queue = submit(config, [trivial_job(1)])
-    claim = queue.leases.claim("runner-a", "cpu0", lease_seconds=30)
+    claim = queue.leases.claim("runner-a", "cpu0", lease_seconds=1.5)
     assert claim is not None
     flaky = FlakyQueue(queue, {"heartbeat", "complete", "retry_later", "dead", "release", "cancelled"}, error)
     station = Station(settings_from(config_of(config), "cpu0", fake.url, {}), flaky,  # type: ignore[arg-type]
                       ResultStore(tmp_path / "store", 1 << 30))
-    result: dict[str, Any] = {}
-    thread = threading.Thread(target=lambda: result.setdefault("outcome", Attempt(station, claim).run().outcome))
-    thread.start()
+    thread, result = attempt_in_thread(station, claim)
     wait_until(lambda: executions(fake, 1), 10, "the prompt to run")
     flaky.down.set()
+    down_at = time.monotonic()
+    lease_end = queue.reads.get(job_id(1)).lease_until  # this machine's clock: SQLite
     thread.join(20)
     assert not thread.is_alive()
     outcome = result["outcome"]
     assert (outcome.state, outcome.kind) == ("lost", "queue_unavailable")
     assert str(error) in outcome.reason
-    assert flaky.calls == {"heartbeat": 1}  # no second try, no write of any outcome
     assert executions(fake, 1)[-1]["outcome"] == "interrupted"
+    assert time.time() < lease_end  # over before the lease could hand the job to another runner
+    assert time.monotonic() - down_at > 0.6  # not at the first failed renewal
+    assert set(flaky.calls) == {"heartbeat"} and flaky.calls["heartbeat"] >= 2  # tried again; no outcome written
     assert not any(e.prompt_id == job_id(1) for e in station.client.queue())  # gone from the server
     job = queue.reads.get(job_id(1))
     assert (job.state, job.owner, job.attempt) == ("running", "runner-a", 1)  # untouched: the lease decides
     assert job.attempts[0].ended_at is None
+    station.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_queue_down_for_less_than_a_lease_leaves_the_prompt_running(tmp_path: Path, fake: FakeComfy) -> None:
+    """Every write fails for a while (renewals, progress, the outcome): the prompt runs on, the lease is renewed
+    once the queue answers, and the job is done once, never interrupted."""
+    error = DatabaseUnavailable("postgresql://db:5432/q: the database does not answer")
+    fake.node_ms = 300  # three nodes: about a second a prompt
+    config = write_config(tmp_path, heartbeat_seconds=0.1, lease_seconds=5.0)
+    queue = submit(config, [trivial_job(1)])
+    claim = queue.leases.claim("runner-a", "cpu0", lease_seconds=5.0)
+    assert claim is not None
+    every = {"heartbeat", "complete", "complete_and_claim", "retry_later", "dead", "release", "cancelled",
+             "set_progress", "set_preview", "set_waiting", "record_prompt", "claim"}
+    flaky = FlakyQueue(queue, every, error)
+    station = Station(settings_from(config_of(config), "cpu0", fake.url, {}), flaky,  # type: ignore[arg-type]
+                      ResultStore(tmp_path / "store", 1 << 30))
+    thread, result = attempt_in_thread(station, claim)
+    wait_until(lambda: executions(fake, 1), 10, "the prompt to run")
+    flaky.down.set()
+    wait_until(lambda: executions(fake, 1)[-1].get("outcome") is not None, 10, "the prompt to end")
+    wait_until(lambda: flaky.calls.get("complete", 0) + flaky.calls.get("complete_and_claim", 0) >= 1, 10,
+               "its outcome to be tried")
+    assert flaky.calls.get("heartbeat", 0) >= 1 and thread.is_alive()
+    flaky.down.clear()
+    thread.join(20)
+    outcome = result["outcome"]
+    assert (outcome.state, outcome.kind) == ("done", "done")
+    assert [e["outcome"] for e in executions(fake, 1)] == ["success"]  # once, never interrupted
+    job = queue.reads.get(job_id(1))
+    assert (job.state, job.attempt) == ("done", 1)
     station.close()
 
 
@@ -168,11 +211,11 @@ def test_a_runner_started_while_the_database_is_down_waits_for_it(tmp_path: Path
     tries: list[float] = []
     real_open = loop.open_queue
 
-    def open_queue(cfg: Any, create: bool = True) -> Any:
+    def open_queue(cfg: Any, create: bool = True, **kwargs: Any) -> Any:
         tries.append(time.monotonic())
         if len(tries) < 3:
             raise DatabaseUnavailable("postgresql://db:5432/q: cannot connect: connection refused")
-        return real_open(cfg, create=create)
+        return real_open(cfg, create=create, **kwargs)
 
     monkeypatch.setattr(loop, "open_queue", open_queue)
     alive: list[float] = []
