@@ -9,6 +9,7 @@ import time
 from typing import Any, TextIO
 
 from comfysup.commands._common import config_from, queue_from
+from comfysup.config import Config
 from comfysup.observability.brokerview import broker_text
 from comfysup.observability.views import (
     POSTED_TEXT,
@@ -222,47 +223,65 @@ def run(args: argparse.Namespace) -> int:
     queue = queue_from(config)
     try:
         now = time.time()
-        status = queue.reads.status(now, dead_limit=args.dead)
-        machines = queue.fleet.machines()
-        inputs = queue.assets.asset_totals()
-        backlog = queue.deliveries.announcement_backlog()
-        outboxes = queue.deliveries.outboxes(now)
-        waiting = queue.uploads.by_machine(now) if outboxes["uploads"].items else {}
+        read = Read(status=queue.reads.status(now, dead_limit=args.dead), machines=queue.fleet.machines(),
+                    inputs=queue.assets.asset_totals(), backlog=queue.deliveries.announcement_backlog(),
+                    outboxes=queue.deliveries.outboxes(now))
+        read.waiting = queue.uploads.by_machine(now) if read.outboxes["uploads"].items else {}
     finally:
         queue.close()
-    state = read_state(config)
-    work = read_work_state(config)
-    work_text = render_work(work, now)
     if args.json:
-        out = snapshot(status, now)
-        out["supervisor"] = None if state is None else {**state, "stale": staleness(state, now)}
-        out["work"] = None if work is None else {**work, "stale": staleness(work, now)}
-        out["machines"] = machines_snapshot(machines)
-        out["inputs"] = inputs
-        out["outboxes"] = {name: level.__dict__ for name, level in outboxes.items()}
-        out["outboxes"]["uploads_by_machine"] = {m: level.__dict__ for m, level in waiting.items()}
-        if config.rabbitmq.url:
-            out["rabbitmq"] = {"consumer": read_broker_state(config), "outbox_backlog": backlog}
-        print(json.dumps(out, indent=2))
+        print(json.dumps(json_report(config, read, now), indent=2))
     else:
-        print(render(status, now))
-        if inputs["assets"]:
-            print(render_inputs(inputs))
-        print(outboxes_text(outboxes))
-        for machine, level in waiting.items():
-            print(f"  uploads waiting on {machine}: {level.items} job(s), oldest {age(level.oldest_age_seconds or 0)} "
-                  f"(its uploader sends them; machine gone for good: `comfysup show ID`, `comfysup retry ID`)")
-        for full in filter(None, (staging_text(state), staging_text(work))):
-            print(full)
-        print()
-        print(render_slots(state, now))
-        if work_text:
-            print()
-            print(work_text)
-        if machines:
-            print()
-            print(render_machines(machines))
-        if config.rabbitmq.url:
-            print()
-            print(broker_text(read_broker_state(config), backlog))
+        print(text_report(config, read, now))
     return 0
+
+
+class Read:
+    """What one ``comfysup status`` read of the queue found (the supervisor's and work's files are read apart)."""
+
+    def __init__(self, status: Status, machines: list[Machine], inputs: dict[str, Any], backlog: Any,
+                 outboxes: dict[str, Any]) -> None:
+        self.status = status
+        self.machines = machines
+        self.inputs = inputs
+        self.backlog = backlog
+        self.outboxes = outboxes
+        self.waiting: dict[str, Any] = {}
+
+
+def json_report(config: Config, read: Read, now: float) -> dict[str, Any]:
+    """``status --json``: the queue's counts, the supervisor's and work's states, machines, inputs and outboxes."""
+    state, work = read_state(config), read_work_state(config)
+    out = snapshot(read.status, now)
+    out["supervisor"] = None if state is None else {**state, "stale": staleness(state, now)}
+    out["work"] = None if work is None else {**work, "stale": staleness(work, now)}
+    out["machines"] = machines_snapshot(read.machines)
+    out["inputs"] = read.inputs
+    out["outboxes"] = {name: level.__dict__ for name, level in read.outboxes.items()}
+    out["outboxes"]["uploads_by_machine"] = {m: level.__dict__ for m, level in read.waiting.items()}
+    if config.rabbitmq.url:
+        out["rabbitmq"] = {"consumer": read_broker_state(config), "outbox_backlog": read.backlog}
+    return out
+
+
+def text_report(config: Config, read: Read, now: float) -> str:
+    """``status`` for a person: counts, inputs, outboxes, staging, slots, work, machines and the broker."""
+    state, work = read_state(config), read_work_state(config)
+    lines = [render(read.status, now)]
+    if read.inputs["assets"]:
+        lines.append(render_inputs(read.inputs))
+    lines.append(outboxes_text(read.outboxes))
+    for machine, level in read.waiting.items():
+        oldest = age(level.oldest_age_seconds or 0)
+        lines.append(f"  uploads waiting on {machine}: {level.items} job(s), oldest {oldest} "
+                     f"(its uploader sends them; machine gone for good: `comfysup show ID`, `comfysup retry ID`)")
+    lines.extend(filter(None, (staging_text(state), staging_text(work))))
+    lines += ["", render_slots(state, now)]
+    work_text = render_work(work, now)
+    if work_text:
+        lines += ["", work_text]
+    if read.machines:
+        lines += ["", render_machines(read.machines)]
+    if config.rabbitmq.url:
+        lines += ["", broker_text(read_broker_state(config), read.backlog)]
+    return "\n".join(lines)
