@@ -138,8 +138,8 @@ def test_a_queue_down_for_less_than_a_lease_leaves_the_prompt_running(tmp_path: 
     thread, result = attempt_in_thread(station, claim)
     wait_until(lambda: executions(fake, 1), 10, "the prompt to run")
     flaky.down.set()
-    wait_until(lambda: executions(fake, 1)[-1].get("outcome") is not None, 10, "the prompt to end")
-    wait_until(lambda: flaky.calls.get("complete", 0) + flaky.calls.get("complete_and_claim", 0) >= 1, 10,
+    wait_until(lambda: executions(fake, 1)[-1].get("outcome") is not None, 30, "the prompt to end")
+    wait_until(lambda: flaky.calls.get("complete", 0) + flaky.calls.get("complete_and_claim", 0) >= 1, 30,
                "its outcome to be tried")
     assert flaky.calls.get("heartbeat", 0) >= 1 and thread.is_alive()
     flaky.down.clear()
