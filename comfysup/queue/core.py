@@ -19,6 +19,7 @@ from comfysup.queue.intake import Intake
 from comfysup.queue.leases import Leases
 from comfysup.queue.previews import Previews
 from comfysup.queue.reads import Reads
+from comfysup.queue.search import Search
 
 
 class SQLQueue:
@@ -36,6 +37,7 @@ class SQLQueue:
         self.fleet = Fleet(db)
         self.endpoints = Endpoints(db)
         self.previews = Previews(db)
+        self.search = Search(db)
 
     @property
     def announce(self) -> bool:

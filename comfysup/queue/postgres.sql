@@ -234,3 +234,11 @@ CREATE TABLE job_previews (
     content_type text    NOT NULL,
     data         bytea   NOT NULL
 );
+
+-- name: v12
+-- The operator's console (comfysup.queue.search): a workflow's jobs newest first, and one state's jobs by end
+-- then submission. jobs_state gains seq (SQLite's index has the rowid in it already), so it is replaced, not
+-- joined by another: a claim or an end still writes the same number of index entries.
+CREATE INDEX jobs_workflow_name ON jobs (workflow_name, seq);
+CREATE INDEX jobs_state_seq ON jobs (state, finished_at, seq);
+DROP INDEX jobs_state;

@@ -29,6 +29,7 @@ from comfysup.queue.values import (
 
 if TYPE_CHECKING:
     from comfysup.queue.asset_bucket import AssetBucket
+    from comfysup.queue.search import JobPage, JobSearch
 
 
 class Leases(Protocol):
@@ -273,6 +274,22 @@ class Endpoints(Protocol):
 
     def api_endpoint(self, host: str, now: float | None = None) -> ApiEndpoint | None:
         """``host``'s advertised API with the age of its heartbeat; None when it advertises none."""
+        ...
+
+
+class Search(Protocol):
+    """The search role: the operator's console finds jobs, a keyset page at a time (comfysup.queue.search)."""
+
+    def search(self, search: JobSearch) -> JobPage:
+        """One page of the jobs ``search`` matches, and the cursor of the next (None: the last)."""
+        ...
+
+    def count(self, search: JobSearch, bound: int = ...) -> int:
+        """How many jobs ``search`` matches, counted up to ``bound`` (``bound`` + 1: more)."""
+        ...
+
+    def ids(self, search: JobSearch, bound: int = ...) -> list[str]:
+        """The ids of up to ``bound`` jobs ``search`` matches, oldest first."""
         ...
 
 

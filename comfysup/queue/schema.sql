@@ -308,3 +308,8 @@ CREATE TABLE job_previews (
     content_type TEXT    NOT NULL,
     data         BLOB    NOT NULL
 ) WITHOUT ROWID;
+
+-- name: v16
+-- The operator's console finds a workflow's jobs, newest first, without walking every job (comfysup.queue.search):
+-- (workflow_name, rowid) is written once, at submit (the name never changes, so a claim or an end never touches it).
+CREATE INDEX jobs_workflow_name ON jobs (workflow_name);
