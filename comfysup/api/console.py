@@ -146,6 +146,7 @@ def install(app: web.Application) -> None:
     state = app[STATE_KEY]
     app[SESSIONS_KEY] = Sessions(state.config.api.token)
     app[HUB_KEY] = Hub(state.call, state.queue, state.config)
+    app.on_shutdown.append(app[HUB_KEY].stop)
     app.router.add_get(ROOT, to_overview)
     app.router.add_get(f"{ROOT}/", overview_page)
     app.router.add_get(f"{ROOT}/jobs", overview_page)

@@ -9,7 +9,7 @@
 - An action (a POST) passes three checks: the session; its ``X-CSRF-Token`` header equal to the session's own
   (a value only the console's script, reading ``session``, knows); and an ``Origin`` (or ``Sec-Fetch-Site:
   same-origin``) that is the console's own or one of ``[api] allowed_origins``. Each action is logged once on the
-  ``comfysup.console`` logger: who (the name given at login, and the address), what, and which jobs.
+  ``comfysup.api.console`` logger: who (the name given at login, and the address), what, and which jobs.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from aiohttp import web
 from comfysup.api.errors import ApiError
 from comfysup.api.security import normal_origin
 
-audit = logging.getLogger("comfysup.console")
+audit = logging.getLogger("comfysup.api.console")
 COOKIE = "comfysup_console"
 SESSION_SECONDS = 12 * 3600.0
 MAX_SESSIONS = 1000

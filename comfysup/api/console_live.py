@@ -71,6 +71,12 @@ class Hub:
         self.previews: dict[str, Preview] = {}
         self._task: asyncio.Task[None] | None = None
         self._gpus: GpuSampler | None = None
+        self.closing = False
+
+    async def stop(self, app: web.Application) -> None:
+        """``on_shutdown``: every open stream ends now, so the API's stop never waits for an open overview."""
+        self.closing = True
+        self.changed.set()
 
     def read(self, now: float | None = None) -> dict[str, Any]:
         """In the queue's thread: the overview now."""
@@ -81,6 +87,14 @@ class Hub:
         running = {r.id: views.running_progress(r.progress) for r in status.running}
         moved = self.queue.previews.previews(list(running), {k: p.n for k, p in self.previews.items()})
         self.previews = {k: p for k, p in {**self.previews, **moved}.items() if k in running}
+        return {"now": now, "counts": status.counts, "oldest_queued_at": status.oldest_queued_at,
+                "running": len(status.running), "recent_dead": [
+                    {"id": i, "finished_at": f, "reason": r} for i, f, r in status.recent_dead],
+                "hour": console_views.hour(ended, now), "machines": self._cards(machines, running, now)}
+
+    def _cards(self, machines: list[Any], running: dict[str, Any], now: float) -> list[dict[str, Any]]:
+        """Each machine sharing the queue with its slots; this machine's from its state file when the queue has no
+        machine (yet). Only this machine's slots carry their GPU's NVML sample."""
         if self._gpus is None:
             self._gpus = GpuSampler()
         gpus = self._gpus.sample()
@@ -93,16 +107,13 @@ class Hub:
             cards = [{"host": host, "age": now - float(local.get("updated_at") or now), "local": True,
                       "stale": staleness(local, now),
                       "slots": [_slot(s, running, numbers, gpus, True) for s in local.get("slots") or []]}]
-        return {"now": now, "counts": status.counts, "oldest_queued_at": status.oldest_queued_at,
-                "running": len(status.running), "recent_dead": [
-                    {"id": i, "finished_at": f, "reason": r} for i, f, r in status.recent_dead],
-                "hour": console_views.hour(ended, now), "machines": cards}
+        return cards
 
     async def overview(self) -> dict[str, Any]:
         return await self.call(self.read)
 
     async def _run(self) -> None:
-        while self.viewers > 0:
+        while self.viewers > 0 and not self.closing:
             try:
                 body = await self.overview()
                 self.frame = b"event: overview\ndata: " + json.dumps(body).encode() + b"\n\n"
@@ -124,14 +135,16 @@ class Hub:
         try:
             if self.frame:
                 await response.write(self.frame)
-            while True:
+            while not self.closing:
                 changed = self.changed
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(KEEPALIVE_SECONDS):
                         await changed.wait()
-                await response.write(self.frame if changed.is_set() else b": keepalive\n\n")
+                if not self.closing:
+                    await response.write(self.frame if changed.is_set() else b": keepalive\n\n")
         finally:
             self.viewers -= 1
+        return response
 
 
 HUB_KEY = web.AppKey("console_hub", Hub)

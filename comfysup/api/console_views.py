@@ -8,6 +8,7 @@ works behind a proxy's path prefix) or, for an output in a bucket, its presigned
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -81,7 +82,7 @@ def percentile(values: Sequence[float], q: float) -> float | None:
     if not values:
         return None
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered) + 0.5) - 1))]
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
 
 
 def hour(ended: Sequence[EndedAttempt], now: float) -> dict[str, Any]:

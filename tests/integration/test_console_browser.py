@@ -1,0 +1,211 @@
+"""The operator's console in a real headless Chromium (Debian's chromium and chromium-driver, driven by Selenium):
+one browser and one API (with a token, over SQLite) shared by the module, so each check costs a page or two.
+
+Skipped, saying why, where chromium, chromedriver or selenium is absent.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import shutil
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import requests
+
+from comfysup.queue.base import Output
+from tests.api_support import StandInRunner, api_config, running_api
+from tests.queue_contract import make_job
+
+TOKEN = "console-test-token"
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMEDRIVER = shutil.which("chromedriver")
+WHY_NOT = None if CHROMIUM and CHROMEDRIVER else "chromium or chromedriver is not installed (apt-get install " \
+    "chromium chromium-driver)"
+pytestmark = pytest.mark.skipif(WHY_NOT is not None, reason=WHY_NOT or "")
+
+RECORD_WEBM = """
+const done = arguments[arguments.length - 1];
+const canvas = document.createElement('canvas'); canvas.width = 64; canvas.height = 48;
+const g = canvas.getContext('2d'); let n = 0;
+const timer = setInterval(() => { g.fillStyle = n++ % 2 ? '#c33' : '#36c'; g.fillRect(0, 0, 64, 48); }, 30);
+const rec = new MediaRecorder(canvas.captureStream(30), {mimeType: 'video/webm;codecs=vp8'});
+const parts = []; rec.ondataavailable = (e) => parts.push(e.data);
+rec.onstop = async () => { clearInterval(timer);
+  const buf = new Uint8Array(await new Blob(parts).arrayBuffer()); let s = '';
+  for (const b of buf) s += String.fromCharCode(b); done(btoa(s)); };
+rec.start(); setTimeout(() => rec.stop(), 600);
+"""
+"""A short real WebM (VP8) the browser itself encodes: a video output its player can play."""
+
+
+def until(what: Callable[[], Any], seconds: float = 10.0, step: float = 0.05) -> Any:
+    deadline = time.monotonic() + seconds
+    while True:
+        got = what()
+        if got:
+            return got
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(step)
+
+
+class Console:
+    """The shared pieces: the browser, the API's URL, a queue of its own, and a stand-in runner."""
+
+    def __init__(self, driver: Any, url: str, runner: StandInRunner) -> None:
+        self.driver, self.url, self.runner = driver, url, runner
+        self.queue = runner.queue
+
+    def open(self, path: str) -> None:
+        self.driver.get(f"{self.url}/console/{path}")
+
+    def css(self, selector: str) -> Any:
+        from selenium.webdriver.common.by import By
+
+        return until(lambda: self.driver.find_elements(By.CSS_SELECTOR, selector))[0]
+
+    def text_of(self, selector: str) -> str:
+        """The element's text once it is there (read in the page: a live re-render never leaves it stale)."""
+        script = "const e = document.querySelector(arguments[0]); return e ? e.innerText : null;"
+        return str(until(lambda: self.driver.execute_script(script, selector) is not None and
+                         self.driver.execute_script(script, selector)))
+
+
+@pytest.fixture(scope="module")
+def console(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Console]:
+    webdriver = pytest.importorskip("selenium.webdriver")
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                 "--window-size=1280,900", "--autoplay-policy=no-user-gesture-required"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
+    driver.set_script_timeout(20)
+    tmp = tmp_path_factory.mktemp("console")
+    config = api_config(tmp, token=TOKEN)
+    try:
+        with running_api(config) as url:
+            runner = StandInRunner(config)
+            try:
+                yield Console(driver, url, runner)
+            finally:
+                runner.close()
+    finally:
+        driver.quit()
+
+
+def _login(c: Console) -> None:
+    c.open("")
+    c.css("#login-token").send_keys(TOKEN)
+    c.css("#login-name").send_keys("ann")
+    c.css("#login button[type=submit]").click()
+    until(lambda: "Signed in as ann" in c.text_of("#who"))
+
+
+def _done_with_video(c: Console, n: int, video: bytes) -> str:
+    """A job done with a WebM output and a traced attempt (claimed, posted, executing, downloading)."""
+    job = make_job(n, meta={"team": "video"})
+    c.queue.intake.submit([job])
+    claim = c.queue.leases.claim("host/1/gpu0/t", "gpu0", 60.0)
+    assert claim is not None and claim.id == job.id
+    folder = c.runner.store / claim.id
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "clip.webm").write_bytes(video)
+    t = time.time()
+    trace = {"phases": [["claimed", t - 3], ["posted", t - 2.9], ["executing", t - 2.5], ["downloading", t - 0.4],
+                        ["recorded", t]],
+             "nodes": [{"id": "1", "class_type": "EmptyImage", "started": t - 2.5, "seconds": 0.5},
+                       {"id": "2", "class_type": "SaveWEBM", "started": t - 2.0, "seconds": 1.6}], "cached": []}
+    output = Output("clip.webm", len(video), hashlib.sha256(video).hexdigest(), str(folder / "clip.webm"))
+    c.queue.leases.complete(claim, [output], trace=trace)
+    return job.id
+
+
+def _dead(c: Console, n: int, team: str) -> str:
+    job = make_job(n, meta={"team": team})
+    c.queue.intake.submit([job])
+    claim = c.queue.leases.claim("host/1/gpu0/t", "gpu0", 60.0)
+    assert claim is not None and claim.id == job.id
+    c.queue.leases.dead(claim, "KSampler raised: CUDA out of memory", kind="oom")
+    return job.id
+
+
+@pytest.mark.timeout(60)
+def test_search_a_job_page_with_its_timeline_and_video_and_a_bulk_retry_with_authority(console: Console) -> None:
+    c = console
+    c.open("")
+    assert "Sign in" in c.text_of("main h1")  # a token is set: nothing of the queue without a login
+    _login(c)
+    c.driver.get("about:blank")
+    video = base64.b64decode(c.driver.execute_async_script(RECORD_WEBM))
+    assert video[:4] == b"\x1a\x45\xdf\xa3", "the browser did not record a WebM"
+    job_id = _done_with_video(c, 1, video)
+    dead = [_dead(c, 10 + n, "red") for n in range(3)] + [_dead(c, 20, "blue")]
+
+    # a search finds the job, from the search box, and its URL can be shared
+    c.open("jobs")
+    box = c.css("#q")
+    box.send_keys("team=video")
+    box.submit()
+    until(lambda: "q=team%3Dvideo" in c.driver.current_url)
+    link = c.css(f"tr[data-id='{job_id}'] a")
+    assert link.get_attribute("href").endswith(f"/console/jobs/{job_id}")
+    link.click()
+
+    # the job's page: its attempt as a timeline, and its video output plays
+    until(lambda: "Attempt 1: done" in c.text_of("section.attempt h3"))
+    phases = [e.get_attribute("class") for e in c.driver.find_elements("css selector", ".timeline span")]
+    assert phases == ["ph-claimed", "ph-posted", "ph-executing", "ph-downloading"]
+    c.css(".gallery video")
+    played = c.driver.execute_async_script(
+        "const done = arguments[0]; const v = document.querySelector('.gallery video');"
+        "v.play().then(() => setTimeout(() => done({t: v.currentTime, e: v.error && v.error.code}), 300),"
+        " (err) => done({t: -1, e: String(err)}));")
+    assert played["e"] is None and played["t"] > 0, played
+
+    # retry every dead letter of a search: counted, confirmed, done
+    c.open("jobs?q=team%3Dred&state=dead")
+    c.css("#bulk-retry").click()
+    assert c.text_of("#bulk-confirm") == "Retry 3 dead job(s)"
+    c.css("#bulk-confirm").click()
+    until(lambda: "Retried 3 dead job(s)" in c.text_of("#bulk"))
+    states = c.queue.reads.states(dead)
+    assert [states[i] for i in dead] == ["queued", "queued", "queued", "dead"]
+
+    # refused without a login, without the CSRF token, and from a foreign origin
+    url = f"{c.url}/console/api/actions/retry-search"
+    body = {"q": "team=blue", "expected": 1}
+    assert requests.post(url, json=body, headers={"Origin": c.url}, timeout=10).status_code == 401
+    cookie = {"comfysup_console": c.driver.get_cookie("comfysup_console")["value"]}
+    assert requests.post(url, json=body, headers={"Origin": c.url}, cookies=cookie, timeout=10).status_code == 403
+    csrf = c.driver.execute_script("return fetch('api/session').then(r => r.json()).then(s => s.csrf)")
+    foreign = requests.post(url, json=body, cookies=cookie, timeout=10,
+                            headers={"Origin": "http://evil.example", "X-CSRF-Token": csrf})
+    assert foreign.status_code == 403
+    assert c.queue.reads.states([dead[3]])[dead[3]] == "dead"
+    allowed = requests.post(url, json=body, cookies=cookie, timeout=10, headers={"Origin": c.url, "X-CSRF-Token": csrf})
+    assert allowed.status_code == 200 and allowed.json()["retried"] == 1
+
+
+@pytest.mark.timeout(60)
+def test_the_overview_updates_live_while_jobs_run(console: Console) -> None:
+    c = console
+    c.open("")
+    shown = "return document.querySelector('#login-token') ? 'login' : document.querySelector('#counts') && 'counts'"
+    if until(lambda: c.driver.execute_script(shown)) == "login":
+        _login(c)
+    done_before = int(c.text_of("a.count[data-state=done] b"))
+    c.driver.execute_script("window.notReloaded = true")
+    c.queue.intake.submit([make_job(100 + n) for n in range(3)])
+    stop = threading.Event()
+    worker = threading.Thread(target=lambda: [c.runner.run_one() for _ in range(3)] and stop.set(), daemon=True)
+    worker.start()
+    until(lambda: int(c.text_of("a.count[data-state=done] b")) >= done_before + 3, seconds=15)
+    assert c.driver.execute_script("return window.notReloaded === true"), "the page reloaded instead of updating"
+    worker.join(10)
