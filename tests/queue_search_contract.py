@@ -65,3 +65,17 @@ class SearchContract:
         for bad in (JobSearch(id_prefix="xyz"), JobSearch(state="sleeping"), JobSearch(labels=(("a'b", "1"),))):
             with pytest.raises(SearchError):
                 q.search.search(bad)
+
+    def test_a_slot_held_put_back_and_a_restart_asked_once(self, q: Queue) -> None:
+        q.orders.hold_slot("h1", "gpu0", "ann@1.2.3.4", now=T0)
+        q.orders.ask_restart("h1", "gpu1", "bo", now=T0 + 1)
+        q.orders.ask_restart("h2", "gpu0", "bo", now=T0 + 2)
+        mine = {o.slot: o for o in q.orders.slot_orders("h1")}
+        assert mine["gpu0"].held_by == "ann@1.2.3.4" and mine["gpu0"].restart_at is None
+        assert mine["gpu1"].held_by is None and (mine["gpu1"].restart_at, mine["gpu1"].restart_by) == (T0 + 1, "bo")
+        q.orders.restart_done("h1", "gpu1", T0 + 0.5)  # an older ask: the pending one stays
+        assert len(q.orders.slot_orders("h1")) == 2
+        q.orders.restart_done("h1", "gpu1", T0 + 1)
+        q.orders.hold_slot("h1", "gpu0", None, now=T0 + 3)
+        assert q.orders.slot_orders("h1") == []
+        assert [o.host for o in q.orders.slot_orders()] == ["h2"]

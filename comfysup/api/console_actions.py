@@ -1,6 +1,7 @@
 """What the console changes, each only with authority (comfysup.api.console_auth: a session, its CSRF token,
-the console's own origin) and each with an audit line: log in and out, cancel jobs, retry dead jobs, and retry
-every dead letter a search matches.
+the console's own origin) and each with an audit line: log in and out, cancel jobs, retry dead jobs, retry
+every dead letter a search matches, hold a slot (drain it: its job finishes, it claims no other) and put it
+back, and restart a slot's server (comfysup.queue.orders, carried out by comfysup.supervisor.orders).
 
 A bulk retry is asked twice: ``GET api/count`` says how many dead jobs the search matches, the person confirms
 that number, and ``POST api/actions/retry-search`` carries it as ``expected``; when the search matches another
@@ -130,7 +131,38 @@ async def retry_search(request: web.Request) -> web.Response:
     return json_response({"retried": sum(1 for v in result.values() if v == "requeued"), "result": result})
 
 
+def _slot(data: Any) -> tuple[str, str]:
+    host, slot = (data.get("host"), data.get("slot")) if isinstance(data, dict) else (None, None)
+    if not isinstance(host, str) or not isinstance(slot, str) or not host or not slot or \
+            len(host) > 255 or len(slot) > 100:
+        raise ApiError(400, "invalid_request", "host and slot: the machine and the slot's name, as the overview shows")
+    return host, slot
+
+
+async def hold(request: web.Request) -> web.Response:
+    """``{"host", "slot", "hold"}``: the slot finishes its job and claims no other (hold), or claims again; its
+    supervisor reads the order at its next housekeeping pass (comfysup.supervisor.orders)."""
+    state, session, data = await _act(request)
+    host, slot = _slot(data)
+    held = bool(data.get("hold"))
+    await state.call(state.queue.orders.hold_slot, host, slot, session.who if held else None)
+    console_auth.audit.warning("console: %s %s slot %s of %s", session.who, "held" if held else "put back", slot,
+                               host)
+    return json_response({"host": host, "slot": slot, "held": held})
+
+
+async def restart(request: web.Request) -> web.Response:
+    """``{"host", "slot"}``: the slot's server restarts once its job is over."""
+    state, session, data = await _act(request)
+    host, slot = _slot(data)
+    await state.call(state.queue.orders.ask_restart, host, slot, session.who)
+    console_auth.audit.warning("console: %s asked a restart of slot %s of %s", session.who, slot, host)
+    return json_response({"host": host, "slot": slot, "restart": "asked"})
+
+
 def install(app: web.Application, root: str) -> None:
+    app.router.add_post(f"{root}/api/actions/hold", hold)
+    app.router.add_post(f"{root}/api/actions/restart", restart)
     app.router.add_post(f"{root}/api/login", login)
     app.router.add_post(f"{root}/api/logout", logout)
     app.router.add_get(f"{root}/api/count", count)

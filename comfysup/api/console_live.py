@@ -49,7 +49,8 @@ def _slot(slot: dict[str, Any], running: dict[str, Any], previews: dict[str, int
     job = slot.get("job")
     return {
         "name": slot.get("name"), "device": slot.get("device"), "state": slot.get("state"),
-        "ready": slot.get("ready"), "draining": slot.get("draining"), "restarts": slot.get("restarts"),
+        "ready": slot.get("ready"), "draining": slot.get("draining"), "held_by": slot.get("held_by"),
+        "restarts": slot.get("restarts"),
         "runner_restarts": slot.get("runner_restarts"), "comfyui_version": slot.get("comfyui_version"),
         "warmup_seconds": slot.get("warmup_seconds"), "warming": slot.get("warming"), "jobs": slot.get("jobs"),
         "problem": slot.get("out_of_service"), "rss_mb": slot.get("rss_mb"),

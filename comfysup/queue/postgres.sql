@@ -242,3 +242,13 @@ CREATE TABLE job_previews (
 CREATE INDEX jobs_workflow_name ON jobs (workflow_name, seq);
 CREATE INDEX jobs_state_seq ON jobs (state, finished_at, seq);
 DROP INDEX jobs_state;
+-- What an operator asked of a slot from the console (see schema.sql's v16).
+CREATE TABLE slot_orders (
+    host         text             NOT NULL,
+    slot         text             NOT NULL,
+    held_by      text,
+    restart_at   double precision,
+    restart_by   text,
+    changed_at   double precision NOT NULL,
+    PRIMARY KEY (host, slot)
+);

@@ -29,6 +29,7 @@ from comfysup.queue.values import (
 
 if TYPE_CHECKING:
     from comfysup.queue.asset_bucket import AssetBucket
+    from comfysup.queue.orders import SlotOrder
     from comfysup.queue.search import JobPage, JobSearch
 
 
@@ -290,6 +291,26 @@ class Search(Protocol):
 
     def ids(self, search: JobSearch, bound: int = ...) -> list[str]:
         """The ids of up to ``bound`` jobs ``search`` matches, oldest first."""
+        ...
+
+
+class Orders(Protocol):
+    """The order role: an operator's hold and restart of a slot, read by its supervisor (comfysup.queue.orders)."""
+
+    def hold_slot(self, host: str, slot: str, by: str | None, now: float | None = None) -> None:
+        """Hold the slot for ``by`` (its runner claims nothing more), or put it back (``by`` None)."""
+        ...
+
+    def ask_restart(self, host: str, slot: str, by: str, now: float | None = None) -> None:
+        """Ask the slot's supervisor to restart its server once its job is over."""
+        ...
+
+    def restart_done(self, host: str, slot: str, asked_at: float) -> None:
+        """The restart asked at ``asked_at`` began (a newer ask stays)."""
+        ...
+
+    def slot_orders(self, host: str | None = None) -> list[SlotOrder]:
+        """The orders that say something (held, a restart pending) of ``host``'s slots (None: every host's)."""
         ...
 
 

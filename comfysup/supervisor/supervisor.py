@@ -40,7 +40,7 @@ from comfysup.config import Config, check_supervisor
 from comfysup.queue import Queue, open_queue
 from comfysup.queue.watch import QueueWatch
 from comfysup.runner.objectstore import check_buckets
-from comfysup.supervisor import recycle, stuck, vram
+from comfysup.supervisor import orders, recycle, stuck, vram
 from comfysup.supervisor import server as servers
 from comfysup.supervisor.children import (
     Shared,
@@ -341,6 +341,8 @@ class Supervisor:
 
     def _housekeeping(self, now: float) -> None:
         self.heartbeat_machine()
+        if self.queue is not None and self.queue_ok:
+            orders.carry_out(self.queue, self.units, now)
         for unit in self.units:
             recycle.housekeeping(unit, self.config.supervisor, now)
         self.idle.look(self.units, now)

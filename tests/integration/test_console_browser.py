@@ -12,6 +12,7 @@ import shutil
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -67,6 +68,12 @@ class Console:
         from selenium.webdriver.common.by import By
 
         return until(lambda: self.driver.find_elements(By.CSS_SELECTOR, selector))[0]
+
+    def click(self, selector: str) -> None:
+        """Click the element once it is there, found and clicked in one step of the page (a live overview
+        re-renders its cards every few seconds: an element found first and clicked later may be gone)."""
+        script = "const e = document.querySelector(arguments[0]); if (e) { e.click(); return true; } return false;"
+        until(lambda: self.driver.execute_script(script, selector))
 
     def text_of(self, selector: str) -> str:
         """The element's text once it is there (read in the page: a live re-render never leaves it stale)."""
@@ -209,3 +216,34 @@ def test_the_overview_updates_live_while_jobs_run(console: Console) -> None:
     until(lambda: int(c.text_of("a.count[data-state=done] b")) >= done_before + 3, seconds=15)
     assert c.driver.execute_script("return window.notReloaded === true"), "the page reloaded instead of updating"
     worker.join(10)
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_slot_drained_from_the_console_takes_no_new_job(console: Console, tmp_path: Path) -> None:
+    """A real ``comfysup run`` with two fake ComfyUI servers: Drain on cpu0's card, and every job runs on cpu1
+    until it is put back."""
+    from tests.port_support import server_port
+    from tests.supervisor_support import Supervised, job
+
+    port = server_port()
+    sup = Supervised(tmp_path, extra_sections={"api": {"listen": f"127.0.0.1:{port}", "token": TOKEN}})
+    proc = sup.start()
+    try:
+        sup.wait_ready(proc)
+        url = f"http://127.0.0.1:{port}"
+        sup.wait_api(url)
+        c = Console(console.driver, url, console.runner)
+        _login(c)
+        c.click("section.slot[data-slot=cpu0] button.drain")
+        until(lambda: sup.slot("cpu0").get("held_by"), seconds=15)
+        ids = sup.submit([job(n) for n in range(6)])
+        ran = sup.wait_terminal(ids)
+        assert {j.state for j in ran.values()} == {"done"}
+        assert {a.server for j in ran.values() for a in j.attempts} == {"cpu1"}
+        c.click("section.slot[data-slot=cpu0] button.put-back")
+        until(lambda: sup.slot("cpu0").get("held_by") is None and sup.slot("cpu0").get("ready"), seconds=15)
+    finally:
+        sup.stop(proc)
+        sup.cleanup()

@@ -469,7 +469,7 @@ def test_finished_counts_follow_every_transition(tmp_path: Path) -> None:
 
 
 UNDO = {
-    16: "DROP INDEX jobs_workflow_name",
+    16: "DROP INDEX jobs_workflow_name; DROP TABLE slot_orders",
     15: "DROP TABLE output_assets; DROP TABLE job_previews",
     14: "ALTER TABLE jobs DROP COLUMN waiting_since",
     13: "DROP TABLE api_endpoints",

@@ -178,8 +178,23 @@ function slotCard(slot, machine) {
       el("dd", {}, slot.gpu.utilization === null ? "–" : `${Math.round(slot.gpu.utilization * 100)} %`));
   }
   if (slot.problem) facts.append(el("dt", {}, "Problem"), el("dd", { class: "error" }, slot.problem));
+  if (slot.held_by) facts.append(el("dt", {}, "Held"), el("dd", { class: "held" }, `by ${slot.held_by}: takes no new job`));
   const card = el("section", { class: "slot", "aria-label": `slot ${slot.name} on ${machine.host}`,
                                 "data-slot": slot.name }, el("h3", {}, slot.name), facts);
+  if (mayAct()) {
+    const order = (what, data, done) => async () => {
+      try { await post(`api/actions/${what}`, Object.assign({ host: machine.host, slot: slot.name }, data)); banner(done); }
+      catch (e) { banner(`${what} refused: ${e.message}`, true); }
+    };
+    card.append(el("div", { class: "actions" },
+      slot.held_by ? el("button", { type: "button", class: "put-back", id: `put-back-${machine.host}-${slot.name}`,
+                                    onclick: order("hold", { hold: false }, `${slot.name}: put back`) }, "Put back")
+                   : el("button", { type: "button", class: "drain", id: `drain-${machine.host}-${slot.name}`,
+                                    onclick: order("hold", { hold: true }, `${slot.name}: held (drains within seconds)`) },
+                        "Drain"),
+      el("button", { type: "button", class: "restart danger", id: `restart-${machine.host}-${slot.name}`,
+                     onclick: order("restart", {}, `${slot.name}: restart asked (after its job)`) }, "Restart server")));
+  }
   if (slot.job) {
     const p = slot.progress;
     card.append(el("p", {}, "Runs ", el("a", { href: `jobs/${slot.job}`, class: "mono" }, slot.job.slice(0, 8))),
