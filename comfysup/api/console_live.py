@@ -1,6 +1,7 @@
 """The console's overview, and its live stream (Server-Sent Events) to every open overview.
 
-One ``Hub`` per API process: while at least one overview is open it reads the overview every TICK_SECONDS, in
+One ``Hub`` per API process: while at least one overview is open it reads the overview every TICK_SECONDS (or
+less often where that read is slow: BUSY_SHARE; the last hour's charts every HOUR_EVERY_SECONDS), in
 the API's queue thread (counts by state, the running jobs, the attempts that ended in the last hour, the
 machines sharing the queue and their slots, the running jobs' preview numbers), samples the GPUs once (NVML,
 where there is one), and hands every open stream the same bytes: a hundred viewers cost one read a tick, never a
@@ -26,6 +27,11 @@ from comfysup.queue.run_values import Preview
 from comfysup.slotstate import read_state, staleness
 
 TICK_SECONDS = 2.0
+HOUR_EVERY_SECONDS = 10.0
+"""The last hour's charts are read again at most this often (the counts and slots every tick)."""
+BUSY_SHARE = 0.25
+"""A tick waits at least three times as long as its read took: on a queue whose overview is slow to read (a
+large PostgreSQL one), the live streams take at most a quarter of the API's one queue thread."""
 KEEPALIVE_SECONDS = 15.0
 ENDED_LIMIT = 50_000
 """Attempts of the last hour read for its charts (a busier hour is shown from its newest ones)."""
@@ -73,6 +79,8 @@ class Hub:
         self._task: asyncio.Task[None] | None = None
         self._gpus: GpuSampler | None = None
         self.closing = False
+        self._hour: dict[str, Any] | None = None
+        self._hour_at = float("-inf")
 
     async def stop(self, app: web.Application) -> None:
         """``on_shutdown``: every open stream ends now, so the API's stop never waits for an open overview."""
@@ -83,7 +91,9 @@ class Hub:
         """In the queue's thread: the overview now."""
         now = time.time() if now is None else now
         status = self.queue.reads.status(now, dead_limit=5)
-        ended = self.queue.reads.ended_since(now - console_views.HOUR_SECONDS, limit=ENDED_LIMIT)
+        if self._hour is None or not 0 <= now - self._hour_at < HOUR_EVERY_SECONDS:
+            ended = self.queue.reads.ended_since(now - console_views.HOUR_SECONDS, limit=ENDED_LIMIT)
+            self._hour, self._hour_at = console_views.hour(ended, now), now
         machines = self.queue.fleet.machines(now)
         running = {r.id: views.running_progress(r.progress) for r in status.running}
         moved = self.queue.previews.previews(list(running), {k: p.n for k, p in self.previews.items()})
@@ -91,7 +101,7 @@ class Hub:
         return {"now": now, "counts": status.counts, "oldest_queued_at": status.oldest_queued_at,
                 "running": len(status.running), "recent_dead": [
                     {"id": i, "finished_at": f, "reason": r} for i, f, r in status.recent_dead],
-                "hour": console_views.hour(ended, now), "machines": self._cards(machines, running, now)}
+                "hour": self._hour, "machines": self._cards(machines, running, now)}
 
     def _cards(self, machines: list[Any], running: dict[str, Any], now: float) -> list[dict[str, Any]]:
         """Each machine sharing the queue with its slots; this machine's from its state file when the queue has no
@@ -115,6 +125,7 @@ class Hub:
 
     async def _run(self) -> None:
         while self.viewers > 0 and not self.closing:
+            started = time.monotonic()
             try:
                 body = await self.overview()
                 self.frame = b"event: overview\ndata: " + json.dumps(body).encode() + b"\n\n"
@@ -122,7 +133,8 @@ class Hub:
                 self.frame = b"event: trouble\ndata: " + json.dumps({"error": str(exc)[:300]}).encode() + b"\n\n"
             self.changed.set()
             self.changed = asyncio.Event()
-            await asyncio.sleep(TICK_SECONDS)
+            took = time.monotonic() - started
+            await asyncio.sleep(max(TICK_SECONDS, took * (1 - BUSY_SHARE) / BUSY_SHARE))
         self._task = None
 
     async def stream(self, request: web.Request) -> web.StreamResponse:
