@@ -83,7 +83,7 @@ function mayAct() { return !session.read_only && session.logged_in; }
 
 function main(...children) {
   const m = document.getElementById("main");
-  m.replaceChildren(...children.flat());
+  m.replaceChildren(...children.flat().filter((c) => c !== null && c !== undefined && c !== false));
   return m;
 }
 
@@ -197,7 +197,8 @@ function slotCard(slot, machine) {
   }
   if (slot.job) {
     const p = slot.progress;
-    card.append(el("p", {}, "Runs ", el("a", { href: `jobs/${slot.job}`, class: "mono" }, slot.job.slice(0, 8))),
+    card.append(el("p", {}, "Runs ", el("a", { href: `jobs/${slot.job}`, class: "mono",
+                                               id: `runs-${machine.host}-${slot.name}` }, slot.job.slice(0, 8))),
       el("progress", { max: 1, value: p ? p.value : 0, "aria-label": `progress of job ${slot.job}` }),
       el("div", { class: "progress-text" }, p ? (p.message || `node ${p.nodes_done + 1} of ${p.nodes_total}`)
                                                : "waiting in ComfyUI's queue"));
@@ -214,7 +215,7 @@ function slotCard(slot, machine) {
 function renderOverview(o) {
   const counts = el("div", { class: "cards", id: "counts" }, STATES.map((s) =>
     el("a", { class: "count", href: `jobs?state=${s === "waiting" ? "queued" : (s === "posted" ? "running" : s)}`,
-              "data-state": s }, el("b", {}, String(o.counts[s] ?? 0)), s)));
+              "data-state": s, id: `count-${s}` }, el("b", {}, String(o.counts[s] ?? 0)), s)));
   const oldest = o.oldest_queued_at ? seconds(o.now - o.oldest_queued_at) : "none queued";
   const h = o.hour;
   const charts = el("div", { class: "charts" },
