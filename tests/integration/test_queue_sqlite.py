@@ -619,7 +619,7 @@ def test_v15_gives_outputs_asset_ids_and_keeps_earlier_outputs(tmp_path: Path) -
     q.close()
     _back_to(path, 14)
     q = SQLiteQueue(path, create=False)
-    assert q.db.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 15
+    assert q.db.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     assert [o.id for o in q.reads.get(make_job(1).id).outputs] == [""]
     q.leases.complete(q.leases.claim("r", "gpu0", 30, now=T0), [Output("b.png", 1, "00")], now=T0 + 2)
     (made,) = q.reads.get(make_job(2).id).outputs
