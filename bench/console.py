@@ -199,7 +199,7 @@ async def _viewers(url: str, viewers: int, seconds: float) -> int:
 
 def viewers_cost(config: Any, viewers: int, seconds: float) -> dict[str, Any]:
     """``comfysup api`` on the queue: its CPU a minute and memory with no viewer, then with ``viewers``."""
-    proc = subprocess.Popen([sys.executable, "-m", "comfysup", "api", "--config", config.source],
+    proc = subprocess.Popen([sys.executable, "-m", "comfysup", "api", "--existing-queue", "--config", config.source],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     base = f"http://{config.api.listen}"
     try:
