@@ -154,7 +154,7 @@ def install(app: web.Application) -> None:
     app.router.add_get(f"{ROOT}/static/{{name}}", static)
     app.router.add_get(f"{ROOT}/api/session", session)
     app.router.add_get(f"{ROOT}/api/overview", overview)
-    app.router.add_get(f"{ROOT}/api/events", events)
+    app.router.add_get(f"{ROOT}/api/events", events, allow_head=False)  # a HEAD would get frames after its headers
     app.router.add_get(f"{ROOT}/api/jobs", jobs)
     app.router.add_get(f"{ROOT}/api/jobs/{{id}}", job)
     app.router.add_get(f"{ROOT}/api/previews/{{id}}", preview)

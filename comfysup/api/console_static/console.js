@@ -231,7 +231,8 @@ function renderOverview(o) {
       el("div", { class: "slots" }, m.slots.map((s) => slotCard(s, m)))))
     : [el("p", {}, "No supervisor shares this queue yet (comfysup run).")];
   const dead = o.recent_dead.length ? el("ul", {}, o.recent_dead.map((d) => el("li", {},
-      el("a", { href: `jobs/${d.id}`, class: "mono" }, d.id.slice(0, 8)), " ", when(d.finished_at), " ", d.reason || "")))
+      el("a", { href: `jobs/${d.id}`, class: "mono", id: `dead-${d.id}` }, d.id.slice(0, 8)), " ", when(d.finished_at), " ",
+      d.reason || "")))
     : el("p", {}, "None.");
   main(el("h1", {}, "Overview"), counts,
        el("p", { id: "oldest" }, "Oldest queued job: ", oldest, " · running now: ", String(o.running)),
