@@ -247,3 +247,73 @@ def test_a_slot_drained_from_the_console_takes_no_new_job(console: Console, tmp_
     finally:
         sup.stop(proc)
         sup.cleanup()
+
+
+def _prefix_proxy(target: str, prefix: str) -> tuple[str, Callable[[], None]]:
+    """A reverse proxy on its own loopback port that serves ``target`` under ``prefix`` (keeping Host, sending
+    X-Forwarded-Prefix), streaming each answer as it comes; its URL and a function that stops it."""
+    import asyncio
+
+    from aiohttp import ClientSession, web
+
+    async def forward(request: web.Request) -> web.StreamResponse:
+        path = request.path_qs.removeprefix(prefix)
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in ("content-length",
+                                                                                "transfer-encoding")}
+        headers["X-Forwarded-Prefix"] = prefix
+        async with ClientSession(auto_decompress=False) as session, session.request(
+                request.method, target + path, headers=headers, data=await request.read(),
+                allow_redirects=False) as answer:
+            response = web.StreamResponse(status=answer.status, headers={
+                k: v for k, v in answer.headers.items() if k.lower() not in ("content-length", "transfer-encoding")})
+            await response.prepare(request)
+            async for chunk in answer.content.iter_any():
+                await response.write(chunk)
+            return response
+
+    box: dict[str, Any] = {}
+    ready = threading.Event()
+
+    def main() -> None:
+        async def go() -> None:
+            app = web.Application()
+            app.router.add_route("*", prefix + "/{tail:.*}", forward)
+            runner = web.AppRunner(app)
+            await runner.setup()
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+            box["port"] = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+            box["loop"], box["stop"] = asyncio.get_running_loop(), asyncio.Event()
+            ready.set()
+            await box["stop"].wait()
+            await runner.cleanup()
+        asyncio.run(go())
+
+    thread = threading.Thread(target=main, daemon=True)
+    thread.start()
+    assert ready.wait(10)
+    return f"http://127.0.0.1:{box['port']}{prefix}", lambda: (box["loop"].call_soon_threadsafe(box["stop"].set),
+                                                                 thread.join(10))
+
+
+@pytest.mark.timeout(60)
+def test_behind_a_reverse_proxy_under_a_path_prefix(console: Console) -> None:
+    c = console
+    url, stop = _prefix_proxy(c.url, "/ops")
+    try:
+        proxied = Console(c.driver, url, c.runner)
+        job = make_job(300, meta={"team": "proxied"})
+        c.queue.intake.submit([job])
+        proxied.open("jobs?q=team%3Dproxied")
+        shown = "return document.querySelector('#login-token') ? 'login' : document.querySelector('table') && 'jobs'"
+        if until(lambda: c.driver.execute_script(shown)) == "login":
+            proxied.css("#login-token").send_keys(TOKEN)
+            proxied.click("#login button[type=submit]")
+        proxied.click(f"tr[data-id='{job.id}'] a")
+        until(lambda: c.driver.current_url == f"{url}/console/jobs/{job.id}")
+        assert c.driver.get_cookie("comfysup_console")["path"] in ("/ops/console/", "/console/")
+        until(lambda: job.id in proxied.text_of("main h1"))
+        proxied.click("#cancel")
+        until(lambda: c.queue.reads.states([job.id])[job.id] == "cancelled")
+    finally:
+        stop()
