@@ -215,6 +215,17 @@ def test_the_overview_updates_live_while_jobs_run(console: Console) -> None:
     worker.start()
     until(lambda: int(c.text_of("a.count[data-state=done] b")) >= done_before + 3, seconds=15)
     assert c.driver.execute_script("return window.notReloaded === true"), "the page reloaded instead of updating"
+    # by keyboard: the first Tab reaches the skip link, and a focused control keeps its focus through a live update
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.keys import Keys
+
+    c.driver.execute_script("document.activeElement.blur(); window.focus();")
+    ActionChains(c.driver).send_keys(Keys.TAB).perform()
+    assert c.driver.execute_script("return document.activeElement.className") == "skip"
+    stamp = "return document.querySelector('.updated time').getAttribute('datetime')"
+    before = c.driver.execute_script("document.getElementById('count-done').focus();" + stamp)
+    until(lambda: c.driver.execute_script(stamp) != before, seconds=10)  # the page was rendered again
+    assert c.driver.execute_script("return document.activeElement.id") == "count-done"
     worker.join(10)
 
 
