@@ -18,7 +18,7 @@ from typing import Any
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from comfysup.api import assets, events, jobs, outputs, placement, remote, views
+from comfysup.api import assets, console, events, jobs, outputs, placement, remote, views
 from comfysup.api.connections import track
 from comfysup.api.errors import ApiError, not_found, queue_unavailable
 from comfysup.api.replies import STATE_KEY, harden
@@ -50,7 +50,7 @@ async def guard(request: web.Request, handler: Callable[[web.Request], Awaitable
         if request.method == "OPTIONS":
             return web.Response(status=204, headers=state.cors.preflight(origin, _methods(request)))
         check_origin(origin, request.headers.get("Sec-Fetch-Site"), request.host, state.config.api.allowed_origins)
-        if not _is_health(request):
+        if not _is_health(request) and not console.is_console(request.path):  # the console asks its session
             check_token(state.config.api.token, request.headers.get("Authorization"))
         lost = await state.lost(write=request.method not in ("GET", "HEAD"))
         if lost is not None and not _is_health(request):
@@ -176,6 +176,7 @@ def make_app(config: Config, queue: Any) -> web.Application:
     app.router.add_get(f"{API}/assets/{{id}}/content", outputs.content_of)
     events.install(app, state.call, queue, config.api.max_event_streams, state.links)
     remote.install(app)
+    console.install(app)
 
     async def stopping(app: web.Application) -> None:  # before the requests in flight are waited for
         state.intake.stopping.set()

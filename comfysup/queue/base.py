@@ -2,9 +2,9 @@
 
 A queue is roles over one database (``Queue``): ``leases`` (claim, renew, end an attempt), ``intake`` (submit,
 cancel, requeue, prune), ``reads``, ``deliveries`` (webhooks, the broker outbox), ``fleet`` (catalogues, the
-machine registry), ``endpoints`` (the API registry), ``assets``, ``previews`` and ``uploads`` (storing jobs);
-comfysup.queue.roles says what each offers. The methods named below are the roles' (``claim`` is
-``queue.leases.claim``).
+machine registry), ``endpoints`` (the API registry), ``assets``, ``previews``, ``uploads`` (storing jobs),
+``search`` and ``orders`` (the console's); comfysup.queue.roles says what each offers. The methods named below are
+the roles' (``claim`` is ``queue.leases.claim``).
 
 The contract (tested once in tests/queue_contract.py and run against every backend):
 
@@ -180,6 +180,8 @@ class Queue(Protocol):
     assets: roles.Assets
     previews: roles.Previews
     uploads: roles.Uploads
+    search: roles.Search
+    orders: roles.Orders
 
     def maintenance(self) -> None:
         """Periodic upkeep (a WAL checkpoint for SQLite); cheap to call often."""

@@ -17,8 +17,10 @@ from comfysup.queue.endpoints import Endpoints
 from comfysup.queue.fleet import Fleet
 from comfysup.queue.intake import Intake
 from comfysup.queue.leases import Leases
+from comfysup.queue.orders import Orders
 from comfysup.queue.previews import Previews
 from comfysup.queue.reads import Reads
+from comfysup.queue.search import Search
 from comfysup.queue.uploads import Uploads
 
 
@@ -38,6 +40,8 @@ class SQLQueue:
         self.endpoints = Endpoints(db)
         self.previews = Previews(db)
         self.uploads = Uploads(db)
+        self.search = Search(db)
+        self.orders = Orders(db)
 
     @property
     def announce(self) -> bool:

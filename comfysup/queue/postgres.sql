@@ -241,3 +241,21 @@ ALTER TABLE jobs ADD COLUMN staged_at double precision;
 ALTER TABLE jobs ADD COLUMN staged_in text;
 ALTER TABLE jobs ADD COLUMN staged_bytes bigint;
 CREATE INDEX jobs_storing ON jobs (machine, staged_at) WHERE state = 'storing';
+
+-- name: v13
+-- The operator's console (comfysup.queue.search): a workflow's jobs newest first, and one state's jobs by end
+-- then submission. jobs_state gains seq (SQLite's index has the rowid in it already), so it is replaced, not
+-- joined by another: a claim or an end still writes the same number of index entries.
+CREATE INDEX jobs_workflow_name ON jobs (workflow_name, seq);
+CREATE INDEX jobs_state_seq ON jobs (state, finished_at, seq);
+DROP INDEX jobs_state;
+-- What an operator asked of a slot from the console (see schema.sql's v17).
+CREATE TABLE slot_orders (
+    host         text             NOT NULL,
+    slot         text             NOT NULL,
+    held_by      text,
+    restart_at   double precision,
+    restart_by   text,
+    changed_at   double precision NOT NULL,
+    PRIMARY KEY (host, slot)
+);

@@ -31,6 +31,8 @@ from comfysup.queue.values import (
 
 if TYPE_CHECKING:
     from comfysup.queue.asset_bucket import AssetBucket
+    from comfysup.queue.orders import SlotOrder
+    from comfysup.queue.search import JobPage, JobSearch
 
 
 class Leases(Protocol):
@@ -318,6 +320,42 @@ class Endpoints(Protocol):
 
     def api_endpoint(self, host: str, now: float | None = None) -> ApiEndpoint | None:
         """``host``'s advertised API with the age of its heartbeat; None when it advertises none."""
+        ...
+
+
+class Search(Protocol):
+    """The search role: the operator's console finds jobs, a keyset page at a time (comfysup.queue.search)."""
+
+    def search(self, search: JobSearch) -> JobPage:
+        """One page of the jobs ``search`` matches, and the cursor of the next (None: the last)."""
+        ...
+
+    def count(self, search: JobSearch, bound: int = ...) -> int:
+        """How many jobs ``search`` matches, counted up to ``bound`` (``bound`` + 1: more)."""
+        ...
+
+    def ids(self, search: JobSearch, bound: int = ...) -> list[str]:
+        """The ids of up to ``bound`` jobs ``search`` matches, oldest first."""
+        ...
+
+
+class Orders(Protocol):
+    """The order role: an operator's hold and restart of a slot, read by its supervisor (comfysup.queue.orders)."""
+
+    def hold_slot(self, host: str, slot: str, by: str | None, now: float | None = None) -> None:
+        """Hold the slot for ``by`` (its runner claims nothing more), or put it back (``by`` None)."""
+        ...
+
+    def ask_restart(self, host: str, slot: str, by: str, now: float | None = None) -> None:
+        """Ask the slot's supervisor to restart its server once its job is over."""
+        ...
+
+    def restart_done(self, host: str, slot: str, asked_at: float) -> None:
+        """The restart asked at ``asked_at`` began (a newer ask stays)."""
+        ...
+
+    def slot_orders(self, host: str | None = None) -> list[SlotOrder]:
+        """The orders that say something (held, a restart pending) of ``host``'s slots (None: every host's)."""
         ...
 
 

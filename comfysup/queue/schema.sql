@@ -320,3 +320,20 @@ ALTER TABLE jobs ADD COLUMN staged_in TEXT;
 ALTER TABLE jobs ADD COLUMN staged_bytes INTEGER;
 -- Each machine's uploader takes its own storing jobs, oldest first, without reading other rows.
 CREATE INDEX jobs_storing ON jobs (machine, staged_at) WHERE state = 'storing';
+
+-- name: v17
+-- The operator's console finds a workflow's jobs, newest first, without walking every job (comfysup.queue.search):
+-- (workflow_name, rowid) is written once, at submit (the name never changes, so a claim or an end never touches it).
+CREATE INDEX jobs_workflow_name ON jobs (workflow_name);
+-- What an operator asked of a slot from the console (comfysup.queue.orders): held (its runner finishes its job and
+-- claims no more until put back), and a restart of its server asked at a time (done once its job is over). The
+-- supervisor of that host reads its rows at each housekeeping pass.
+CREATE TABLE slot_orders (
+    host         TEXT    NOT NULL,
+    slot         TEXT    NOT NULL,
+    held_by      TEXT,
+    restart_at   REAL,
+    restart_by   TEXT,
+    changed_at   REAL    NOT NULL,
+    PRIMARY KEY (host, slot)
+) WITHOUT ROWID;

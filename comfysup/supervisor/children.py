@@ -98,6 +98,8 @@ class Unit:
     jobs_at_server_start: int = 0
     draining: str | None = None
     draining_since: float = 0.0
+    held_by: str | None = None
+    """Who holds the slot from the console (comfysup.supervisor.orders): its runner claims nothing meanwhile."""
     first_start_over: bool = False
     last_rss_mb: float = 0.0
     stuck_restarts: int = 0
@@ -133,8 +135,9 @@ class Unit:
 
     @property
     def usable(self) -> bool:
-        """The runner may claim: its server answers and is not being recycled."""
-        return self.draining is None and (self.server is None or self.server.state is State.RUNNING)
+        """The runner may claim: its server answers, is not being recycled, and is not held."""
+        return self.draining is None and self.held_by is None and (self.server is None or
+                                                                    self.server.state is State.RUNNING)
 
 
 # -- limits -------------------------------------------------------------------------------------------

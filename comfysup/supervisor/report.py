@@ -91,7 +91,7 @@ def slot_rows(units: Sequence[Unit], *, final: bool = False) -> list[dict[str, A
             "name": u.name, "device": u.device, "state": "stopped" if final else u.state,
             "pid": u.server_pid, "port": u.plan.port if u.plan else None, "url": u.url,
             "restarts": u.server.restarts if u.server else 0, "reason": policy.reason or None,
-            "log": str(u.plan.log_path) if u.plan else None, "draining": u.draining,
+            "log": str(u.plan.log_path) if u.plan else None, "draining": u.draining, "held_by": u.held_by,
             "rss_mb": round(u.last_rss_mb, 1) if u.plan else None,
             "runner_pid": u.runner_pid, "runner_state": u.runner.state.value,
             "runner_restarts": u.runner.restarts, "runner_reason": u.runner.reason or None,

@@ -41,7 +41,7 @@ from comfysup.queue import Queue, open_queue
 from comfysup.queue.watch import QueueWatch
 from comfysup.runner.objectstore import check_buckets
 from comfysup.runner.staging import StagingBound
-from comfysup.supervisor import recycle, stuck, vram
+from comfysup.supervisor import orders, recycle, stuck, vram
 from comfysup.supervisor import server as servers
 from comfysup.supervisor.children import (
     Shared,
@@ -345,6 +345,8 @@ class Supervisor:
 
     def _housekeeping(self, now: float) -> None:
         self.heartbeat_machine()
+        if self.queue is not None and self.queue_ok:
+            orders.carry_out(self.queue, self.units, now)
         for unit in self.units:
             recycle.housekeeping(unit, self.config.supervisor, now)
         self.idle.look(self.units, now)

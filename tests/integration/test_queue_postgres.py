@@ -32,6 +32,10 @@ class TestPostgresQueue(QueueContract):
         return q.db._scalar(f"SELECT count(*) FROM {table}")
 
 
+UNDO_V13 = ("DROP TABLE slot_orders; DROP INDEX jobs_workflow_name; DROP INDEX jobs_state_seq; "
+            "CREATE INDEX jobs_state ON jobs (state, finished_at)")
+"""What schema v13 (the console's) added, taken away again: a test of an older database undoes it first."""
+
 def _sql(url: str, sql: str, args: tuple = ()) -> list[tuple]:
     with psycopg.connect(url, autocommit=True) as conn:
         cur = conn.execute(sql, args)
@@ -60,6 +64,7 @@ def test_v12_adds_the_storing_columns_and_keeps_the_jobs(pg_url: str) -> None:  
     q = PostgresQueue(pg_url)
     q.intake.submit([make_job(1)], now=T0)
     q.close()
+    _sql(pg_url, UNDO_V13)
     _sql(pg_url, UNDO_V12)
     _sql(pg_url, "DELETE FROM schema_version WHERE version >= 12")
     q = PostgresQueue(pg_url)
@@ -80,6 +85,7 @@ def test_v9_adds_the_api_registry_and_keeps_the_jobs(pg_url: str) -> None:  # no
     q = PostgresQueue(pg_url)
     q.intake.submit([make_job(1)], now=T0)
     q.close()
+    _sql(pg_url, UNDO_V13)
     _sql(pg_url, "DROP TABLE api_endpoints, output_assets, job_previews")  # back to v8 (v10 and v11 undone first)
     _sql(pg_url, "ALTER TABLE jobs DROP COLUMN waiting_since")
     _sql(pg_url, UNDO_V12)
@@ -103,6 +109,7 @@ def test_v10_adds_when_a_running_job_began_to_wait_and_keeps_the_jobs(pg_url: st
     running = q.leases.claim("host-a/1/gpu0/t", "gpu0", 30, now=T0)
     assert running is not None
     q.close()
+    _sql(pg_url, UNDO_V13)
     _sql(pg_url, "DROP TABLE output_assets, job_previews")  # back to v9 (v11 undone first)
     _sql(pg_url, "ALTER TABLE jobs DROP COLUMN waiting_since")
     _sql(pg_url, UNDO_V12)
@@ -125,13 +132,14 @@ def test_v11_gives_outputs_asset_ids_and_keeps_earlier_outputs(pg_url: str) -> N
     q.intake.submit([make_job(1), make_job(2)], now=T0)
     q.leases.complete(q.leases.claim("r", "gpu0", 30, now=T0), [Output("a.png", 1, "00")], now=T0 + 1)
     q.close()
+    _sql(pg_url, UNDO_V13)
     _sql(pg_url, "DROP TABLE output_assets, job_previews")  # back to v10, its done job as v10 wrote it
     _sql(pg_url, "UPDATE jobs SET outputs = '[{\"name\": \"a.png\", \"size\": 1, \"sha256\": \"00\"}]'")
     _sql(pg_url, UNDO_V12)
     _sql(pg_url, "DELETE FROM schema_version WHERE version >= 11")
     q = PostgresQueue(pg_url)
     try:
-        assert _sql(pg_url, "SELECT max(version) FROM schema_version") == [(SCHEMA_VERSION,)] == [(12,)]
+        assert _sql(pg_url, "SELECT max(version) FROM schema_version") == [(SCHEMA_VERSION,)]
         assert [o.id for o in q.reads.get(make_job(1).id).outputs] == [""]
         q.leases.complete(q.leases.claim("r", "gpu0", 30, now=T0), [Output("b.png", 1, "00")], now=T0 + 2)
         (made,) = q.reads.get(make_job(2).id).outputs
@@ -144,7 +152,7 @@ def test_machines_opening_at_once_create_the_schema_once(pg_url: str) -> None:  
     """The advisory lock: several processes opening a new database at the same moment all succeed."""
     _sql(pg_url, "DROP TABLE IF EXISTS announcements, jobs, attempts, machines, deliveries, workflows, affinity_skips, "
          "catalogues, server_catalogues, job_refusals, assets, job_assets, asset_chunks, server_assets, api_assets, "
-         "api_endpoints, output_assets, job_previews, schema_version")
+         "api_endpoints, output_assets, job_previews, slot_orders, schema_version")
     errors: list[BaseException] = []
     start = threading.Barrier(6)
 
@@ -420,7 +428,7 @@ def test_a_version_2_database_keeps_its_jobs_and_stores_each_workflow_once_in_v3
 
     _sql(pg_url, "DROP TABLE IF EXISTS announcements, jobs, attempts, machines, deliveries, workflows, affinity_skips, "
          "catalogues, server_catalogues, job_refusals, assets, job_assets, asset_chunks, server_assets, api_assets, "
-         "api_endpoints, output_assets, job_previews, schema_version")
+         "api_endpoints, output_assets, job_previews, slot_orders, schema_version")
     sql = pg_backend._named_sql()
     loaded = {"1": {"class_type": "UNETLoader", "inputs": {"unet_name": "flux.safetensors"}},
               "2": {"class_type": "SaveImage", "inputs": {"images": ["1", 0], "filename_prefix": "m"}}}

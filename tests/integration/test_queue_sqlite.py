@@ -469,6 +469,7 @@ def test_finished_counts_follow_every_transition(tmp_path: Path) -> None:
 
 
 UNDO = {
+    17: "DROP INDEX jobs_workflow_name; DROP TABLE slot_orders",
     16: "DROP INDEX jobs_storing; ALTER TABLE jobs DROP COLUMN staged_at; ALTER TABLE jobs DROP COLUMN staged_in; "
         "ALTER TABLE jobs DROP COLUMN staged_bytes",
     15: "DROP TABLE output_assets; DROP TABLE job_previews",
@@ -620,7 +621,7 @@ def test_v15_gives_outputs_asset_ids_and_keeps_earlier_outputs(tmp_path: Path) -
     q.close()
     _back_to(path, 14)
     q = SQLiteQueue(path, create=False)
-    assert q.db.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 16
+    assert q.db.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     assert [o.id for o in q.reads.get(make_job(1).id).outputs] == [""]
     q.leases.complete(q.leases.claim("r", "gpu0", 30, now=T0), [Output("b.png", 1, "00")], now=T0 + 2)
     (made,) = q.reads.get(make_job(2).id).outputs
