@@ -24,6 +24,7 @@ tricks, moving imports), so each one measures what layout cannot change.
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
 import io
 import re
@@ -107,6 +108,7 @@ def code_tokens(source: str) -> int:
                if t.type not in _LAYOUT and not (t.type == tokenize.STRING and t.start in starts))
 
 
+@functools.cache
 def prose(path: Path) -> str:
     """What a person reads in ``path``: a Markdown file whole; of Python, its comments and docstrings."""
     text = path.read_text(encoding="utf-8")
