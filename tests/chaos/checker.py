@@ -55,10 +55,11 @@ from chaos.faults import Fault
 from chaos.inverted import check_inverted
 
 TERMINAL = ("done", "dead", "cancelled")
-KILLS = ("server_kill", "supervisor_kill", "stuck_restart")
+KILLS = ("server_kill", "supervisor_kill", "stuck_restart", "power_cut")
 """Faults that kill ComfyUI servers (and so end their executions, and lose their history). A
 ``stuck_restart`` is the supervisor's own restart of a server whose prompt ignored /interrupt, recorded
-when the supervisor said the server was gone: it ends the stuck execution as a kill does."""
+when the supervisor said the server was gone: it ends the stuck execution as a kill does. A ``power_cut``
+(rows P1, P2) kills every process of the installation, the servers with the rest."""
 DEATH_SLACK_SECONDS = 1.0
 """A supervisor's children die of PR_SET_PDEATHSIG a moment after it: a run may still end, and write its
 history, in that moment, and the history dies with the server all the same."""

@@ -21,8 +21,9 @@ from typing import TYPE_CHECKING
 
 import pytest
 from broker_support import connection_kept
+from lazyfs import fuse_missing
 
-from chaos import s3_rows, scenarios
+from chaos import power_rows, s3_rows, scenarios
 from chaos.checker import Report
 
 if TYPE_CHECKING:
@@ -234,3 +235,28 @@ def test_u1_the_bucket_stopped_and_started_again_while_jobs_upload(tmp_path: Pat
     assert report.states["done"] == report.jobs and report.re_executions.total() == 0
     assert report.figures["objects_checked"] >= report.jobs
     assert report.figures["runner_kills_during_outages"] >= 1
+
+
+@pytest.fixture
+def fuse() -> None:
+    """Rows P1 and P2 mount a lazy filesystem (tests/lazyfs.py): skipped, saying why, where FUSE is missing."""
+    why = fuse_missing()
+    if why:
+        pytest.skip(f"no lazy filesystem for the power cuts: {why}")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.usefixtures("fuse")
+def test_p1_power_cut_while_jobs_are_submitted_run_and_stored(tmp_path: Path, chaos_seed: int) -> None:
+    report = power_rows.p1_power_cuts(tmp_path, chaos_seed, cuts=2, jobs_per_cut=6)
+    verdict(report)  # every acknowledged job done, its files whole with their hashes, the queue intact
+    assert report.faults["power_cut"] == 2 and report.figures["cuts_during"].get("running", 0) >= 1
+    assert report.states["done"] == report.jobs
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.usefixtures("fuse")
+def test_p2_power_cut_during_submits_of_large_files(tmp_path: Path, chaos_seed: int) -> None:
+    report = power_rows.p2_power_cuts_in_submits(tmp_path, chaos_seed, cuts=3, inputs=2, input_kib=1024, lines=200)
+    verdict(report)  # every acknowledged submit whole in the queue, a cut one whole or absent, inputs intact
+    assert report.faults["power_cut"] == 3 and report.figures["inputs_checked"] >= 2

@@ -1,0 +1,243 @@
+"""Rows P1 and P2: power cuts, not just kill -9. The queue, its input files, the result store and its staging
+folder lie on a filesystem that forgets what was not fsynced (tests/lazyfs.py); a cut drops it and kills every
+process of the installation (supervisor, runners, servers, submits) at once, as a power loss does; the
+filesystem is mounted again with only what was durable, and ``comfysup run`` starts again on it.
+
+- **P1**: cuts at random moments while jobs are submitted, run, downloaded into the store (and uploaded, when a
+  bucket is given), then a last ``comfysup run`` drains the queue.
+- **P2**: cuts at random moments during ``comfysup submit`` of large files: input images of several MiB (new
+  contents, so each is written to the asset folder) and jobs files of many lines.
+
+The promise after a power loss: every acknowledged submit (one that exited 0 before the cut) is in the queue
+whole, and a killed one is there whole or not at all; every ``done`` job's files are complete with their
+recorded hashes; each acknowledged job's input files are in the asset folder with their bytes; the database
+passes its integrity check; and nothing is run again that had completed (the servers' output folders are on
+the ordinary disk: ComfyUI's files are not comfysup's to make durable).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+import tomllib
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import blake3
+import psutil
+import tomli_w
+from input_images import INVERT, random_png
+from lazyfs import LazyMount
+from supervisor_support import REPO, job
+
+from chaos.checker import Report, Submission
+from chaos.harness import ChaosRun, hash_seed
+from comfysup.config import load_config
+
+DISK = "disk"
+"""The mount point of the lazy filesystem inside the row's folder: the queue and the store are on it."""
+
+
+class PowerRun(ChaosRun):
+    """A ChaosRun whose queue (with its asset folder) and store are on a lazy filesystem, with submits as
+    processes of their own (a cut must be able to kill them) and a ``power_cut``."""
+
+    def __init__(self, tmp: Path, name: str, seed: int, **kwargs: Any) -> None:
+        super().__init__(tmp, name, seed, **kwargs)
+        doc = tomllib.loads(self.config_path.read_text())
+        doc["queue"]["path"] = f"{DISK}/queue.db"
+        doc["store"]["dir"] = f"{DISK}/results"
+        self.config_path.write_bytes(tomli_w.dumps(doc).encode())
+        self.reload()
+        self.state_path = tmp / DISK / "supervisor.json"
+        # Beside the row's folder, not in it: the serving process must not look like one of the installation's.
+        self.lazy = LazyMount(tmp.parent / f"lazyfs-{tmp.name}", tmp / DISK)
+        self.pending: list[tuple[subprocess.Popen[bytes], Path, tuple[str, ...]]] = []
+        self.moments: Counter[str] = Counter()
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("COMFYSUP_")}
+        self.env["PYTHONPATH"] = str(REPO)
+
+    def reload(self) -> None:
+        self.config = load_config(str(self.config_path), env={})
+        self.queue_path = self.config.resolve(self.config.queue.path)
+        self.store = self.config.resolve(self.config.store.dir)
+
+    # -- submits ----------------------------------------------------------------------------------------
+
+    def submit_later(self, jobs: list[dict[str, Any]], path: Path | None = None) -> None:
+        """``comfysup submit`` of a new jobs file (or ``path`` again), as a process; settled by ``settle``."""
+        path = path or self.write_jobs(jobs)
+        ids = tuple(j["id"] for j in jobs)
+        proc = subprocess.Popen([sys.executable, "-m", "comfysup", "submit", "--config", str(self.config_path),
+                                 str(path)], env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self.pending.append((proc, path, ids))
+
+    def submit(self, jobs: list[dict[str, Any]]) -> list[str]:  # type: ignore[override]
+        self.submit_later(jobs)
+        self.settle(wait=True)
+        return [j["id"] for j in jobs]
+
+    def settle(self, *, wait: bool = False) -> Counter[str]:
+        """Each pending submit's outcome: accepted (exit 0), killed (by a cut), rejected (anything else)."""
+        outcomes: Counter[str] = Counter()
+        for proc, path, ids in self.pending:
+            code = proc.wait(120 if wait else 30)
+            err = proc.communicate()[1].decode(errors="replace")
+            outcome = "accepted" if code == 0 else "killed" if code == -9 else "rejected"
+            if outcome == "rejected":
+                self.figures.setdefault("submit_errors", []).append(err.strip().splitlines()[-1:])
+            self.submissions.append(Submission(path, ids, outcome))
+            outcomes[outcome] += 1
+        self.pending = []
+        return outcomes
+
+    # -- the cut ----------------------------------------------------------------------------------------
+
+    def installation(self) -> set[int]:
+        """Every live process of the installation: supervisors and their descendants, servers, submits."""
+        pids = {p.pid for p in self.procs if p.poll() is None} | {p.pid for p, _, _ in self.pending}
+        for pid in list(pids):
+            with contextlib.suppress(psutil.Error):
+                pids |= {c.pid for c in psutil.Process(pid).children(recursive=True)}
+        return pids | set(self.strays())
+
+    def observe(self) -> None:
+        """What the system is doing at the cut's moment, counted for the row's figures."""
+        if any(p.poll() is None for p, _, _ in self.pending):
+            self.moments["submit"] += 1
+        if any(s.get("job") for s in self.slots()):
+            self.moments["running"] += 1
+        if self.store.exists() and any(p.name.endswith(".part") for p in self.store.rglob(".*")):
+            self.moments["download"] += 1
+
+    def power_cut(self) -> dict[str, Any]:
+        self.observe()
+        pids = self.installation()
+        answer = self.lazy.cut(kill=sorted(pids))
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.wait(20)
+        killed = sorted(pids | set(answer["killed"]))
+        self.faults.record("power_cut", pids=killed, undone_pages=answer["pages_undone"],
+                           unsynced_files=answer["dirty_files"])
+        self.lazy.mount()
+        return answer
+
+
+def _cut_figures(h: PowerRun, cuts: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"cuts": len(cuts), "cuts_during": dict(h.moments),
+            "unsynced_files_dropped": sum(c["dirty_files"] for c in cuts),
+            "pages_undone": sum(c["pages_undone"] for c in cuts),
+            "slowest_cut_seconds": max((c["seconds"] for c in cuts), default=0.0)}
+
+
+# -- P1: power cuts while jobs are submitted, run, downloaded ----------------------------------------------
+
+
+def p1_power_cuts(tmp: Path, seed: int, *, cuts: int, jobs_per_cut: int = 6, node_ms: float = 40.0,
+                  input_share: float = 0.4) -> Report:
+    """``cuts`` power cuts, each at a random moment up to 1.5 s after a supervisor is ready while a submit of
+    ``jobs_per_cut`` jobs runs beside it; then a last ``comfysup run`` drains the queue and the checker looks."""
+    h = PowerRun(tmp, "P1", seed, node_ms=node_ms, input_share=input_share)
+    answers = []
+    try:
+        h.lazy.mount()
+        h.submit(h.jobs_for(jobs_per_cut))
+        outcomes: Counter[str] = Counter()
+        for _ in range(cuts):
+            proc = h.start()
+            h.wait_ready(proc, seconds=30)
+            if h.active() < jobs_per_cut:
+                h.submit_later(h.jobs_for(jobs_per_cut))
+            time.sleep(h.rng.uniform(0.0, 1.5))  # the random moment of the cut, not a wait for anything
+            answers.append(h.power_cut())
+            outcomes.update(h.settle())
+        proc = h.start()
+        report = h.finish(proc, drain_seconds=120 + cuts * jobs_per_cut)
+        report.figures.update(_cut_figures(h, answers), submits=dict(outcomes))
+        return report
+    finally:
+        h.cleanup()
+        h.lazy.unmount()
+
+
+# -- P2: power cuts during submits of large files ----------------------------------------------------------
+
+
+def _big_jobs(h: PowerRun, inputs: int, input_kib: int, lines: int) -> list[dict[str, Any]]:
+    """``inputs`` jobs that each bring a new input image of about ``input_kib`` KiB, and ``lines`` trivial jobs."""
+    folder = h.tmp / "inputs"
+    folder.mkdir(exist_ok=True)
+    (folder / "invert.json").write_text(json.dumps(INVERT))
+    out = []
+    for n in range(h.next_job, h.next_job + inputs):
+        path = folder / f"big{n}.png"
+        path.write_bytes(random_png(hash_seed(f"{h.seed}/big{n}"), width=8, height=8, pad=input_kib * 1024))
+        h.inputs[job(n)["id"]] = path
+        out.append({**job(n), "workflow": "inputs/invert.json",
+                    "set": {"1.image": {"file": f"inputs/{path.name}"}, "3.filename_prefix": f"job{n}"}})
+    h.next_job += inputs
+    return out + h.jobs_for(lines)
+
+
+def check_inputs(h: PowerRun, report: Report) -> None:
+    """Every acknowledged job's input image is in the asset folder, byte for byte (a missing one could never
+    run: the submit that said yes to it would have lied)."""
+    accepted = {i for s in h.submissions if s.outcome == "accepted" for i in s.ids}
+    folder = Path(f"{h.queue_path}.assets")
+    checked = 0
+    for job_id, source in h.inputs.items():
+        if job_id not in accepted:
+            continue
+        data = source.read_bytes()
+        hexa = blake3.blake3(data).hexdigest()
+        stored = folder / hexa[:2] / hexa
+        try:
+            same = stored.read_bytes() == data
+        except OSError as exc:
+            report.missing_files.append(f"{job_id}: its input {source.name} is not in the asset folder ({exc})")
+            continue
+        if not same:
+            report.partial_files.append(f"{job_id}: its input {source.name} differs in the asset folder")
+        checked += 1
+    report.figures["inputs_checked"] = checked
+
+
+def p2_power_cuts_in_submits(tmp: Path, seed: int, *, cuts: int, inputs: int = 2, input_kib: int = 1024,
+                             lines: int = 200) -> Report:
+    """``cuts`` power cuts, each at a random moment of a ``comfysup submit`` of a file of ``inputs`` new input
+    images and ``lines`` lines, spread over a calibrated full submit; half the killed files are submitted again
+    after the cut, as a person would. No supervisor runs: the submits alone are judged, and the inputs."""
+    h = PowerRun(tmp, "P2", seed)
+    answers = []
+    try:
+        h.lazy.mount()
+        started = time.monotonic()
+        h.submit(_big_jobs(h, inputs, input_kib, lines))  # also makes the queue
+        full = time.monotonic() - started
+        outcomes: Counter[str] = Counter()
+        resubmitted = 0
+        for _ in range(cuts):
+            batch = _big_jobs(h, inputs, input_kib, lines)
+            h.submit_later(batch)
+            time.sleep(h.rng.uniform(0.0, full * 1.1))  # the random moment of the cut, not a wait for anything
+            answers.append(h.power_cut())
+            settled = h.settle()
+            outcomes.update(settled)
+            if settled["killed"] and h.rng.random() < 0.5:  # a person submits the file again: it goes in whole
+                h.submit_later(batch, h.submissions[-1].path)
+                resubmitted += h.settle(wait=True)["accepted"]
+        report = h.finish(None)
+        check_inputs(h, report)
+        report.figures.update(_cut_figures(h, answers), submits=dict(outcomes), resubmitted=resubmitted,
+                              full_submit_seconds=round(full, 2), lines_per_file=lines + inputs,
+                              input_kib=input_kib, rows=h.sql("SELECT count(*) FROM jobs")[0][0])
+        return report
+    finally:
+        h.cleanup()
+        h.lazy.unmount()
