@@ -189,7 +189,7 @@ def check_inputs(h: PowerRun, report: Report) -> None:
     """Every acknowledged job's input image is in the asset folder, byte for byte (a missing one could never
     run: the submit that said yes to it would have lied)."""
     accepted = {i for s in h.submissions if s.outcome == "accepted" for i in s.ids}
-    folder = Path(f"{h.queue_path}.assets")
+    folder = h.config.resolve(h.config.assets.dir) if h.config.assets.dir else h.queue_path.parent / "assets"
     checked = 0
     for job_id, source in h.inputs.items():
         if job_id not in accepted:
