@@ -245,6 +245,8 @@ class _Job:
 
 
 def read_queue(path: Path) -> tuple[dict[str, _Job], str, sqlite3.Connection]:
+    if not path.exists():  # a power cut took the file, or its folder: every accepted job is lost
+        return {}, f"{path} is not there", sqlite3.connect(":memory:")
     conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:
         integrity = "; ".join(r[0] for r in conn.execute("PRAGMA integrity_check"))

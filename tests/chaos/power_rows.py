@@ -50,11 +50,11 @@ class PowerRun(ChaosRun):
     def __init__(self, tmp: Path, name: str, seed: int, **kwargs: Any) -> None:
         super().__init__(tmp, name, seed, **kwargs)
         doc = tomllib.loads(self.config_path.read_text())
-        doc["queue"]["path"] = f"{DISK}/queue.db"
-        doc["store"]["dir"] = f"{DISK}/results"
+        doc["queue"]["path"] = f"{DISK}/var/queue.db"  # the defaults' folders, made on the lazy disk by comfysup
+        doc["store"]["dir"] = f"{DISK}/var/results"
         self.config_path.write_bytes(tomli_w.dumps(doc).encode())
         self.reload()
-        self.state_path = tmp / DISK / "supervisor.json"
+        self.state_path = tmp / DISK / "var" / "supervisor.json"
         # Beside the row's folder, not in it: the serving process must not look like one of the installation's.
         self.lazy = LazyMount(tmp.parent / f"lazyfs-{tmp.name}", tmp / DISK)
         self.pending: list[tuple[subprocess.Popen[bytes], Path, tuple[str, ...]]] = []
@@ -139,22 +139,54 @@ def _cut_figures(h: PowerRun, cuts: list[dict[str, Any]]) -> dict[str, Any]:
 # -- P1: power cuts while jobs are submitted, run, downloaded ----------------------------------------------
 
 
+AIMS = ("run", "stored", "submit")
+"""Where P1's cuts land, in turn: a random moment while a slot runs a job, just after an output file landed in
+the store, a random moment of a submit (a submit runs beside every cut)."""
+AIM_SECONDS = 10.0
+"""How long a cut waits for its moment before it falls anyway (counted as ``missed``)."""
+
+
+def _stored(h: PowerRun) -> set[str]:
+    if not h.store.exists():
+        return set()
+    return {f"{d.name}/{f.name}" for d in h.store.iterdir() if d.is_dir() for f in d.iterdir()
+            if not f.name.endswith(".part")}
+
+
+def _aim(h: PowerRun, aim: str) -> bool:
+    """Wait for the moment ``aim`` names (with a deadline): True when it came."""
+    deadline = time.monotonic() + AIM_SECONDS
+    before = _stored(h) if aim == "stored" else set()
+    while time.monotonic() < deadline:
+        if aim == "submit":
+            time.sleep(h.rng.uniform(0.0, 0.8))  # the random moment of the cut within the submit, not a wait
+            return True
+        if aim == "run" and any(s.get("job") for s in h.slots()):
+            time.sleep(h.rng.uniform(0.0, 0.3))  # the random moment of the cut within the run, not a wait
+            return True
+        if aim == "stored" and _stored(h) - before:
+            return True
+        time.sleep(0.005)  # polling supervisor.json and the store for the moment, with a deadline
+    return False
+
+
 def p1_power_cuts(tmp: Path, seed: int, *, cuts: int, jobs_per_cut: int = 6, node_ms: float = 40.0,
                   input_share: float = 0.4) -> Report:
-    """``cuts`` power cuts, each at a random moment up to 1.5 s after a supervisor is ready while a submit of
-    ``jobs_per_cut`` jobs runs beside it; then a last ``comfysup run`` drains the queue and the checker looks."""
+    """``cuts`` power cuts, aimed in turn (AIMS) while a submit of ``jobs_per_cut`` jobs runs beside the
+    supervisor; then a last ``comfysup run`` drains the queue and the checker looks."""
     h = PowerRun(tmp, "P1", seed, node_ms=node_ms, input_share=input_share)
     answers = []
     try:
         h.lazy.mount()
         h.submit(h.jobs_for(jobs_per_cut))
         outcomes: Counter[str] = Counter()
-        for _ in range(cuts):
+        for n in range(cuts):
             proc = h.start()
             h.wait_ready(proc, seconds=30)
-            if h.active() < jobs_per_cut:
-                h.submit_later(h.jobs_for(jobs_per_cut))
-            time.sleep(h.rng.uniform(0.0, 1.5))  # the random moment of the cut, not a wait for anything
+            h.submit_later(h.jobs_for(jobs_per_cut))
+            h.moments["aimed " + AIMS[n % len(AIMS)]] += 1
+            if not _aim(h, AIMS[n % len(AIMS)]):
+                h.moments["missed"] += 1
             answers.append(h.power_cut())
             outcomes.update(h.settle())
         proc = h.start()

@@ -251,6 +251,7 @@ def test_p1_power_cut_while_jobs_are_submitted_run_and_stored(tmp_path: Path, ch
     report = power_rows.p1_power_cuts(tmp_path, chaos_seed, cuts=2, jobs_per_cut=6)
     verdict(report)  # every acknowledged job done, its files whole with their hashes, the queue intact
     assert report.faults["power_cut"] == 2 and report.figures["cuts_during"].get("running", 0) >= 1
+    assert not report.figures["cuts_during"].get("missed"), report.figures
     assert report.states["done"] == report.jobs
 
 
