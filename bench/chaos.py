@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # bench/ itself must not be on the path: its queue.py would shadow the standard library's queue module.
 sys.path[:] = [str(ROOT), str(ROOT / "tests")] + [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
 
-from chaos import scenarios  # noqa: E402  (after the path above)
+from chaos import power_rows, scenarios  # noqa: E402  (after the path above)
 from chaos.checker import Report  # noqa: E402
 from chaos.faults import SEED_VARIABLE, run_seed  # noqa: E402
 
@@ -90,6 +90,11 @@ ROWS = [
         {"api_kills": 50, "runner_kills": 30, "server_kills": 30}, ("api_kills", "runner_kills", "server_kills")),
     Row("U1", "outputs to a bucket (SeaweedFS) stopped and started again while jobs upload; a runner killed in "
         "each outage", scenarios.u1_own_server, {"jobs": 200, "outages": 20}, ("jobs", "outages")),
+    Row("P1", "power cut (tests/lazyfs.py: unsynced writes and names forgotten, every process killed) mid-run, just "
+        "after an output landed, mid-submit; then comfysup run again", power_rows.p1_power_cuts,
+        {"cuts": 60, "jobs_per_cut": 6}, ("cuts",)),
+    Row("P2", "power cut during comfysup submit of large files (new input images, long jobs files)",
+        power_rows.p2_power_cuts_in_submits, {"cuts": 60, "inputs": 4, "input_kib": 8192, "lines": 2000}, ("cuts",)),
 ]
 
 
@@ -168,6 +173,10 @@ def _injected(row: str, f: dict[str, Any], rep: dict[str, Any]) -> str:
     if row == "H2":
         return (f"{f.get('stuck_prompts', 0)} stuck prompts, {f.get('stuck_restarts', 0)} server restarts "
                 f"(longest stuck attempt {f.get('longest_stuck_attempt_seconds')} s)")
+    if row in ("P1", "P2"):
+        during = ", ".join(f"{k} {v}" for k, v in sorted(f.get("cuts_during", {}).items()))
+        return (f"{f.get('cuts', 0)} power cuts ({during}); {f.get('unsynced_files_dropped', 0)} unsynced files and "
+                f"{f.get('pages_undone', 0)} unsynced pages forgotten; submits {f.get('submits', {})}")
     if row == "D2":
         return f"WAL peaks {f.get('wal_peak_mib')} MiB"
     return ", ".join(f"{v} {k}" for k, v in sorted(faults.items())) or "-"
