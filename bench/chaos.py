@@ -177,8 +177,10 @@ def _injected(row: str, f: dict[str, Any], rep: dict[str, Any]) -> str:
                 f"(longest stuck attempt {f.get('longest_stuck_attempt_seconds')} s)")
     if row in ("P1", "P1S3", "P2"):
         during = ", ".join(f"{k} {v}" for k, v in sorted(f.get("cuts_during", {}).items()))
-        return (f"{f.get('cuts', 0)} power cuts ({during}); {f.get('unsynced_files_dropped', 0)} unsynced files and "
-                f"{f.get('pages_undone', 0)} unsynced pages forgotten; submits {f.get('submits', {})}")
+        return (f"{f.get('cuts', 0)} power cuts ({during}); {f.get('files_with_unsynced_writes', 0)} files with "
+                f"unsynced writes, {f.get('pages_undone', 0)} overwritten pages undone, "
+                f"{f.get('unsynced_pages_kept', 0)} unsynced pages and {f.get('unsynced_folders_kept', 0)} folders' "
+                f"entries kept; submits {f.get('submits', {})}")
     if row == "D2":
         return f"WAL peaks {f.get('wal_peak_mib')} MiB"
     return ", ".join(f"{v} {k}" for k, v in sorted(faults.items())) or "-"

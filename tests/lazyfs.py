@@ -16,7 +16,10 @@ what a disk would still hold after a power cut:
 ``cut`` is the power cut: from that moment every operation fails (EIO), every process with a file, folder or
 mapping on the mount is killed with SIGKILL, and the folder is rewritten to exactly the durable state (each
 durable file's saved pages written back and cut to its durable size, every entry not durable removed); then
-the filesystem unmounts and its process exits. Mounting ``<base>`` again shows only what was durable.
+the filesystem unmounts and its process exits. Mounting ``<base>`` again shows only what was durable. A cut
+with ``keep`` > 0 is a disk that wrote some of the rest before the power went (its own writeback, a journal
+commit): each unsynced page, each file's unsynced size and each folder's current entries reach it with that
+probability, so that what was synced must hold up beside a random part of what was not.
 
 SQLite's ``-shm`` files (its WAL index, shared memory mapped by every connection) are never durable: they are
 dropped at the cut as their contents are by a real power loss (SQLite rebuilds the index from the WAL when the
@@ -27,7 +30,7 @@ times) and hard links made on the mount.
 Command line (the tests use :class:`LazyMount`, which runs these)::
 
     python tests/lazyfs.py serve BASE MOUNTPOINT     # mount BASE/root at MOUNTPOINT (foreground)
-    python tests/lazyfs.py cut BASE                  # power cut: kill the mount's users, keep what was durable
+    python tests/lazyfs.py cut BASE [--keep 0.5]     # power cut: kill the mount's users, keep what was durable
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ import contextlib
 import errno
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -211,11 +215,23 @@ class Durable:
                     out.setdefault(self.ids[ino], path)
         return out
 
-    def restore(self, target: Path) -> dict[str, int]:
+    def restore(self, target: Path, keep: float = 0.0, rng: random.Random | None = None) -> dict[str, int]:
         """Make ``target`` (absent) the durable tree: each durable file's saved pages written back, cut to its
-        durable size, and hard-linked under its durable name; folders made from their durable entries."""
+        durable size, and hard-linked under its durable name; folders made from their durable entries.
+
+        ``keep`` (0 to 1): a disk that wrote some of what was never synced before the power went, as a real one
+        may (its own writeback, a journal commit): each unsynced page, each file's unsynced size and each
+        folder's unsynced entries reach the disk with that probability, drawn from ``rng``."""
+        rng = rng or random.Random(0)
         sources = self.live_paths()
-        counts = {"files": 0, "dirs": 0, "pages_undone": 0, "dropped": 0, "missing": 0}
+        counts = {"files": 0, "dirs": 0, "pages_undone": 0, "pages_kept": 0, "folders_kept": 0, "dropped": 0,
+                  "missing": 0}
+        if keep:
+            for folder, _dirs, _files in os.walk(self.root):
+                if rng.random() < keep:  # this folder's entries as they are: written back before the cut
+                    self.entries[self.ident_of(Path(folder))] = self._listing(Path(folder))
+                    counts["folders_kept"] += 1
+            sources = self.live_paths()
         done: set[int] = set()
 
         def build(ident: int, folder: Path) -> None:
@@ -231,7 +247,9 @@ class Durable:
                     counts["dropped"] += 1
                 elif entry.ident in sources:
                     if entry.ident not in done:
-                        counts["pages_undone"] += self._undo(entry.ident, sources[entry.ident])
+                        undone, kept = self._undo(entry.ident, sources[entry.ident], keep, rng)
+                        counts["pages_undone"] += undone
+                        counts["pages_kept"] += kept
                         done.add(entry.ident)
                     os.link(sources[entry.ident], path, follow_symlinks=False)
                     counts["files"] += 1
@@ -242,18 +260,28 @@ class Durable:
         build(self.root_id, target)
         return counts
 
-    def _undo(self, ident: int, path: Path) -> int:
+    @staticmethod
+    def _live_keeps(keep: float, rng: random.Random) -> bool:
+        return bool(keep) and rng.random() < keep
+
+    def _undo(self, ident: int, path: Path, keep: float, rng: random.Random) -> tuple[int, int]:
+        """The file at ``path`` back to its durable bytes (but for the unsynced pages that ``keep`` lets reach
+        the disk): (pages undone, pages kept)."""
         dirty = self.dirty.get(ident)
         if dirty is None:
-            return 0
+            return 0, 0
+        undone = 0
         fd = os.open(path, os.O_WRONLY)
         try:
             for page, data in dirty.pages.items():
-                os.pwrite(fd, data, page * PAGE)
-            os.ftruncate(fd, dirty.size)
+                if not self._live_keeps(keep, rng):
+                    os.pwrite(fd, data, page * PAGE)
+                    undone += 1
+            if not self._live_keeps(keep, rng):
+                os.ftruncate(fd, dirty.size)
         finally:
             os.close(fd)
-        return len(dirty.pages)
+        return undone, len(dirty.pages) - undone
 
 
 # -- the filesystem ------------------------------------------------------------------------------------------
@@ -542,7 +570,7 @@ class Control:
         model = self.ops.model
         dirty_bytes = sum(len(p) for d in model.dirty.values() for p in d.pages.values())
         after = self.base / "next"
-        counts = model.restore(after)
+        counts = model.restore(after, float(request.get("keep", 0.0)), random.Random(request.get("seed", 0)))
         old = self.base / "before-the-cut"
         os.rename(model.root, old)
         os.rename(after, model.root)
@@ -606,9 +634,11 @@ class LazyMount:
                 raise RuntimeError(f"lazyfs did not mount {self.mountpoint}: {self.log_tail()}")
             time.sleep(0.01)  # the mount appears when the FUSE process is ready: polled, with a deadline
 
-    def cut(self, kill: tuple[int, ...] | list[int] = (), seconds: float = 60.0) -> dict[str, Any]:
-        """The power cut: returns what it did (pids killed, files restored, pages undone, its time)."""
-        answer = request(self.base, {"op": "cut", "kill": list(kill)}, seconds)
+    def cut(self, kill: tuple[int, ...] | list[int] = (), seconds: float = 60.0, keep: float = 0.0,
+            seed: int = 0) -> dict[str, Any]:
+        """The power cut: returns what it did (pids killed, files restored, pages undone, its time). ``keep``:
+        the share of unsynced pages, sizes and folders' entries that reached the disk anyway (``Durable.restore``)."""
+        answer = request(self.base, {"op": "cut", "kill": list(kill), "keep": keep, "seed": seed}, seconds)
         if self.proc is not None:
             self.proc.wait(seconds)
             self.proc = None
@@ -657,6 +687,8 @@ def main(argv: list[str] | None = None) -> int:
     one.add_argument("mountpoint", type=Path, nargs="?")
     two = sub.add_parser("cut", help="the power cut: kill the mount's users, keep only what was durable, unmount")
     two.add_argument("base", type=Path)
+    two.add_argument("--keep", type=float, default=0.0,
+                     help="the share of unsynced pages and folder entries written anyway (default 0: none)")
     args = parser.parse_args(argv)
     why = fuse_missing()
     if why:
@@ -664,7 +696,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     base = args.base.resolve()
     if args.command == "cut":
-        print(json.dumps(request(base, {"op": "cut"}, 60.0)))
+        print(json.dumps(request(base, {"op": "cut", "keep": args.keep, "seed": random.randrange(2**32)}, 60.0)))
         return 0
     mountpoint = args.mountpoint or Path((base / "mountpoint").read_text())
     serve(base, mountpoint.resolve())
