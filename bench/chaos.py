@@ -224,6 +224,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{row.id}: figures {json.dumps(result['report']['figures'])}", flush=True)
         if result["status"] == "ok" and not args.keep:
             shutil.rmtree(folder, ignore_errors=True)
+            shutil.rmtree(base / f"lazyfs-{row.id}", ignore_errors=True)  # P1, P2: the lazy disk's backing folder
         if args.json:
             args.json.write_text(json.dumps({"seed": seed, "command": command, "rows": results}, indent=1))
     table = markdown(results, seed, f"{command} (seed {seed})")
