@@ -309,9 +309,23 @@ class LazyOps(_operations_base() if fuse_missing() is None else object):  # type
         self.root = base / "root"
         self.model = Durable(self.root, base / "grave")
         self.mutex = threading.Lock()
+        self.fd_mutex = threading.Lock()
         self.off = False
+        self.trace_file = open(base / "trace.log", "a") if os.environ.get("LAZYFS_TRACE") else None  # noqa: SIM115
         self.fds: dict[int, tuple[int, int, bool]] = {}
         """fh → (backing fd, identity, tracked: False for a file that is never durable)."""
+
+    def trace(self, op: str, *args: object) -> None:
+        """One line per change and sync in ``<base>/trace.log`` when $LAZYFS_TRACE is set (to debug a row)."""
+        if self.trace_file is not None:
+            import mfusepy
+
+            try:
+                pid = mfusepy.fuse_get_context()[2]
+            except ValueError:  # not in a FUSE request (the power switch's own thread)
+                pid = 0
+            self.trace_file.write(f"{time.time():.6f} {pid} {op} {' '.join(map(str, args))}\n")
+            self.trace_file.flush()
 
     def _path(self, path: str) -> Path:
         return self.root / path.lstrip("/")
@@ -381,6 +395,7 @@ class LazyOps(_operations_base() if fuse_missing() is None else object):  # type
         with self._on():
             fd = os.open(self._path(path), (flags & ~os.O_APPEND) | os.O_CREAT | os.O_CLOEXEC, mode)
             fh = self._opened(fd, path)
+            self.trace("create", path, self.fds[fh][1])
             if os.fstat(fd).st_size == 0:
                 self.model.created(self.fds[fh][1])
             return fh
@@ -414,6 +429,7 @@ class LazyOps(_operations_base() if fuse_missing() is None else object):  # type
 
     def fsync(self, path: str, datasync: int, fh: int) -> int:
         with self._on():
+            self.trace("fsync", path, self.fds[fh][1])
             self.model.synced(self.fds[fh][1])
         return 0
 
@@ -421,10 +437,20 @@ class LazyOps(_operations_base() if fuse_missing() is None else object):  # type
         return 0
 
     def release(self, path: str, fh: int) -> int:
-        entry = self.fds.pop(fh, None)
-        if entry is not None:
-            os.close(entry[0])
+        with self.fd_mutex:  # not the operations' mutex: see the class; the cut closes what is left under it
+            entry = self.fds.pop(fh, None)
+            if entry is not None:
+                os.close(entry[0])
         return 0
+
+    def close_all(self) -> None:
+        """Close every backing descriptor still open (the cut's, once the mount's users are dead); a release that
+        comes later finds nothing to close, and no descriptor number is closed twice."""
+        with self.fd_mutex:
+            for fd, _ident, _tracked in self.fds.values():
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            self.fds.clear()
 
     def utimens(self, path: str, times: tuple[int, int] | None = None) -> int:
         with self._on():
@@ -445,23 +471,27 @@ class LazyOps(_operations_base() if fuse_missing() is None else object):  # type
 
     def mkdir(self, path: str, mode: int) -> int:
         with self._on():
+            self.trace("mkdir", path)
             os.mkdir(self._path(path), mode)
         return 0
 
     def rmdir(self, path: str) -> int:
         with self._on():
+            self.trace("rmdir", path)
             self.model.keep(self._path(path))
             os.rmdir(self._path(path))
         return 0
 
     def unlink(self, path: str) -> int:
         with self._on():
+            self.trace("unlink", path)
             self.model.keep(self._path(path))
             os.unlink(self._path(path))
         return 0
 
     def rename(self, old: str, new: str) -> int:
         with self._on():
+            self.trace("rename", old, new)
             self.model.keep(self._path(new))
             os.rename(self._path(old), self._path(new))
         return 0
@@ -473,6 +503,7 @@ class LazyOps(_operations_base() if fuse_missing() is None else object):  # type
 
     def fsyncdir(self, path: str, datasync: int, fh: int) -> int:
         with self._on():
+            self.trace("fsyncdir", path, self.model.ident_of(self._path(path)))
             self.model.dir_synced(self._path(path))
         return 0
 
@@ -481,6 +512,7 @@ class LazyOps(_operations_base() if fuse_missing() is None else object):  # type
     def power_off(self) -> None:
         with self.mutex:  # after the operation in flight: nothing from now on changes the live tree
             self.off = True
+            self.trace("power off")
 
 
 def users(mountpoint: Path, spare: set[int]) -> list[int]:
@@ -563,10 +595,7 @@ class Control:
         self.ops.power_off()
         off_at = time.time()
         killed = kill_users(self.mountpoint, spare | set(request.get("spare", [])), list(request.get("kill", [])))
-        for fd, _ident, _tracked in list(self.ops.fds.values()):
-            with contextlib.suppress(OSError):
-                os.close(fd)
-        self.ops.fds.clear()
+        self.ops.close_all()
         model = self.ops.model
         dirty_bytes = sum(len(p) for d in model.dirty.values() for p in d.pages.values())
         after = self.base / "next"
@@ -602,8 +631,10 @@ def serve(base: Path, mountpoint: Path) -> None:
     Control(ops, base, mountpoint)
     # kernel_cache: every change comes through this mount, so the kernel's page cache of a file stays true
     # across opens; without it each open of SQLite's -shm would drop the pages other connections have mapped.
-    mfusepy.FUSE(ops, str(mountpoint), foreground=True, nothreads=False, kernel_cache=True, fsname="lazyfs",
-                 subtype="lazyfs")
+    # hard_remove: an open file unlinked is unlinked at once, as on a disk (libfuse otherwise renames it to a
+    # .fuse_hidden name until it is closed, which a folder's fsync would make durable).
+    mfusepy.FUSE(ops, str(mountpoint), foreground=True, nothreads=False, kernel_cache=True, hard_remove=True,
+                 fsname="lazyfs", subtype="lazyfs")
 
 
 # -- the tests' handle -----------------------------------------------------------------------------------------
