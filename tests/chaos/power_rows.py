@@ -121,7 +121,8 @@ class PowerRun(ChaosRun):
             self.moments["submit"] += 1
         if any(s.get("job") for s in self.slots()):
             self.moments["running"] += 1
-        if self.store.exists() and any(p.name.endswith(".part") for p in self.store.rglob(".*")):
+        # os.walk: a job's folder removed while it is walked (an uploaded staging folder) is skipped, not an error
+        if any(name.endswith(".part") for _d, _s, names in os.walk(self.store) for name in names):
             self.moments["download"] += 1
 
     def power_cut(self) -> dict[str, Any]:
@@ -162,10 +163,9 @@ AIM_SECONDS = 10.0
 
 
 def _stored(h: PowerRun) -> set[str]:
-    if not h.store.exists():
-        return set()
-    return {f"{d.name}/{f.name}" for d in h.store.iterdir() if d.is_dir() for f in d.iterdir()
-            if not f.name.endswith(".part")}
+    """Every complete file in the store (a folder removed while it is read, as an uploaded staging one, is skipped)."""
+    return {f"{Path(d).name}/{name}" for d, _s, names in os.walk(h.store) for name in names
+            if not name.endswith(".part")}
 
 
 def _aim(h: PowerRun, aim: str) -> bool:
