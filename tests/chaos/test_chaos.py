@@ -11,6 +11,9 @@ checker holds each of their outputs to its input, pixel for pixel.
 
 U1 sends outputs to a real S3 server that is stopped and started again while jobs upload.
 
+P1 and P2 cut the power: the queue and the store on tests/lazyfs.py, which forgets what was not fsynced
+(skipped, saying why, where FUSE is missing); P1 with a bucket is marked ``chaos``.
+
 Rows marked ``chaos`` (Z2, D2) take longer and are deselected by default; run them with ``-m chaos``.
 """
 
