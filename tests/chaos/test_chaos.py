@@ -261,7 +261,7 @@ def test_p1_power_cut_while_jobs_are_submitted_run_and_stored(tmp_path: Path, ch
 @pytest.mark.timeout(120)
 @pytest.mark.usefixtures("fuse")
 def test_p2_power_cut_during_submits_of_large_files(tmp_path: Path, chaos_seed: int) -> None:
-    report = power_rows.p2_power_cuts_in_submits(tmp_path, chaos_seed, cuts=3, inputs=2, input_kib=1024, lines=200)
+    report = power_rows.p2_power_cuts_in_submits(tmp_path, chaos_seed, cuts=3, inputs=2, input_kib=512, lines=100)
     verdict(report)  # every acknowledged submit whole in the queue, a cut one whole or absent, inputs intact
     assert report.faults["power_cut"] == 3 and report.figures["inputs_checked"] >= 2
 
