@@ -620,6 +620,13 @@ def _unmount(mountpoint: Path) -> None:
         subprocess.run([FUSERMOUNT, "-u", "-z", str(mountpoint)], capture_output=True)
 
 
+def _orphaned(parent: int, mountpoint: Path) -> None:
+    """Unmount once the process that started this one is gone (a test run killed): no mount is left behind."""
+    while os.getppid() == parent:
+        time.sleep(1.0)  # a parent's death has no event to wait on here: looked at once a second
+    _unmount(mountpoint)
+
+
 def serve(base: Path, mountpoint: Path) -> None:
     """Mount ``<base>/root`` at ``mountpoint`` until unmounted or cut (in the foreground)."""
     import mfusepy
@@ -629,6 +636,7 @@ def serve(base: Path, mountpoint: Path) -> None:
     mountpoint.mkdir(parents=True, exist_ok=True)
     ops = LazyOps(base)
     Control(ops, base, mountpoint)
+    threading.Thread(target=_orphaned, args=(os.getppid(), mountpoint), name="lazyfs-orphan", daemon=True).start()
     # kernel_cache: every change comes through this mount, so the kernel's page cache of a file stays true
     # across opens; without it each open of SQLite's -shm would drop the pages other connections have mapped.
     # hard_remove: an open file unlinked is unlinked at once, as on a disk (libfuse otherwise renames it to a
