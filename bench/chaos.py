@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # bench/ itself must not be on the path: its queue.py would shadow the standard library's queue module.
 sys.path[:] = [str(ROOT), str(ROOT / "tests")] + [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
 
-from chaos import pg_rows, scenarios  # noqa: E402  (after the path above)
+from chaos import pg_rows, power_rows, scenarios  # noqa: E402  (after the path above)
 from chaos.checker import Report  # noqa: E402
 from chaos.faults import SEED_VARIABLE, run_seed  # noqa: E402
 
@@ -94,6 +94,13 @@ ROWS = [
         "a job", scenarios.u2_own_server, {"jobs": 300, "down_seconds": 150, "kills": 40}, ("jobs", "kills")),
     Row("G1", "the queue's PostgreSQL killed or stopped at random moments, outages shorter and longer than a lease",
         pg_rows.g1_postgres_outages, {"jobs": 200, "outages": 40}, ("jobs", "outages")),
+    Row("P1", "power cut (tests/lazyfs.py: unsynced writes and names forgotten, every process killed) mid-run, just "
+        "after an output landed, mid-submit; then comfysup run again", power_rows.p1_power_cuts,
+        {"cuts": 60, "jobs_per_cut": 6}, ("cuts",)),
+    Row("P1S3", "P1 with the outputs in a bucket (SeaweedFS), the staging folder on the lazy disk",
+        power_rows.p1_bucket_own_server, {"cuts": 30, "jobs_per_cut": 6}, ("cuts",)),
+    Row("P2", "power cut during comfysup submit of large files (new input images, long jobs files)",
+        power_rows.p2_power_cuts_in_submits, {"cuts": 60, "inputs": 4, "input_kib": 8192, "lines": 2000}, ("cuts",)),
 ]
 
 
@@ -172,6 +179,12 @@ def _injected(row: str, f: dict[str, Any], rep: dict[str, Any]) -> str:
     if row == "H2":
         return (f"{f.get('stuck_prompts', 0)} stuck prompts, {f.get('stuck_restarts', 0)} server restarts "
                 f"(longest stuck attempt {f.get('longest_stuck_attempt_seconds')} s)")
+    if row in ("P1", "P1S3", "P2"):
+        during = ", ".join(f"{k} {v}" for k, v in sorted(f.get("cuts_during", {}).items()))
+        return (f"{f.get('cuts', 0)} power cuts ({during}); {f.get('files_with_unsynced_writes', 0)} files with "
+                f"unsynced writes, {f.get('pages_undone', 0)} overwritten pages undone, "
+                f"{f.get('unsynced_pages_kept', 0)} unsynced pages and {f.get('unsynced_folders_kept', 0)} folders' "
+                f"entries kept; submits {f.get('submits', {})}")
     if row == "D2":
         return f"WAL peaks {f.get('wal_peak_mib')} MiB"
     if row == "G1":
@@ -220,6 +233,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{row.id}: figures {json.dumps(result['report']['figures'])}", flush=True)
         if result["status"] == "ok" and not args.keep:
             shutil.rmtree(folder, ignore_errors=True)
+            shutil.rmtree(base / f"lazyfs-{row.id}", ignore_errors=True)  # P1, P2: the lazy disk's backing folder
         if args.json:
             args.json.write_text(json.dumps({"seed": seed, "command": command, "rows": results}, indent=1))
     table = markdown(results, seed, f"{command} (seed {seed})")

@@ -33,21 +33,26 @@ def _refuse(exc: OSError, where: str) -> Escapes:
 
 
 def open_root(root: str | Path, *, create: bool = False) -> int:
-    """A descriptor of ``root`` (made 0700 with its parents when ``create``)."""
+    """A descriptor of ``root`` (made 0700 with its parents when ``create``, each made folder's entry fsynced)."""
     try:
         return os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except FileNotFoundError:
         if not create:
             raise
-    Path(root).mkdir(mode=0o700, parents=True, exist_ok=True)  # once: the store's root is there for every later file
+    private_dirs(Path(root), durable=True)  # once: the root is there for every later file, after a power loss too
     return os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
 
 
 def open_dir(parent_fd: int, name: str, *, create: bool = False, where: str = "") -> int:
-    """The folder ``name`` inside ``parent_fd``, never through a symlink; made 0700 when ``create``."""
+    """The folder ``name`` inside ``parent_fd``, never through a symlink; made 0700 when ``create``, and then
+    its entry fsynced in ``parent_fd``: a file made durable in it later must not vanish with it in a power loss."""
     if create:
-        with contextlib.suppress(FileExistsError):
+        try:
             os.mkdir(name, 0o700, dir_fd=parent_fd)
+        except FileExistsError:
+            pass
+        else:
+            os.fsync(parent_fd)
     try:
         return os.open(name, _DIR, dir_fd=parent_fd)
     except OSError as exc:
@@ -130,15 +135,29 @@ def open_beneath(root: Path, relative: str) -> int:
         os.close(root_fd)
 
 
-def private_dirs(path: Path) -> None:
+def private_dirs(path: Path, *, durable: bool = False) -> None:
     """``mkdir -p`` whose every folder it makes is 0700 (``mkdir -p`` makes the parents with the umask's mode);
-    a folder that exists is left as it is (its owner chose its mode)."""
+    a folder that exists is left as it is (its owner chose its mode). ``durable``: the parent of each folder that
+    was missing is fsynced once the folder is there (made here or by a process that raced this one), so that
+    what is later made durable inside it survives a power loss with its folder."""
     missing = []
     while not path.exists():
         missing.append(path)
         path = path.parent
     for folder in reversed(missing):
         folder.mkdir(mode=0o700, exist_ok=True)
+        if durable:
+            sync_dir(folder.parent)
+
+
+def sync_dir(path: str | Path) -> None:
+    """fsync the folder ``path``: the entries made, renamed or removed in it are on disk once this returns (a
+    file's own fsync does not make its name durable)."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def open_regular(path: str | Path) -> int:

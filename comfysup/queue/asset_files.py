@@ -36,11 +36,15 @@ def path_of(folder: Path | None, digest: str) -> Path:
 
 
 def write_file(folder: Path, asset: NewAsset) -> int:
-    """The asset's bytes as their file in ``folder``, durable (the file and its rename) before this returns."""
+    """The asset's bytes as their file in ``folder``, durable (the file, its rename and any folder made for it)
+    before this returns."""
     target = path_of(folder, asset.hash)
     if target.is_file() and target.stat().st_size == asset.size:
-        return asset.size  # left by a submit that rolled back, or stored by another queue: same content
-    target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        # Left by a submit that rolled back, or stored by another queue: same content, synced before its rename,
+        # but its name maybe not (a writer killed before its folder's fsync): synced here before the row is.
+        safefs.sync_dir(target.parent)
+        return asset.size
+    safefs.private_dirs(target.parent, durable=True)  # the folders' entries too: a power loss must not take them
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".incoming-")
     try:
         with os.fdopen(fd, "wb") as out:
@@ -48,11 +52,7 @@ def write_file(folder: Path, asset: NewAsset) -> int:
             out.flush()
             os.fsync(out.fileno())
         os.replace(tmp, target)
-        folder_fd = os.open(target.parent, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(folder_fd)  # the rename itself, before the row that says the file exists is committed
-        finally:
-            os.close(folder_fd)
+        safefs.sync_dir(target.parent)  # the rename itself, before the row that says the file exists is committed
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

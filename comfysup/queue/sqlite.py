@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import quote
 
+from comfysup import safefs
 from comfysup.errors import DatabaseMissing, QueueError
 from comfysup.queue import queries, records
 from comfysup.queue import sqlite_statements as statements_of
@@ -122,14 +123,16 @@ class SQLiteDb(SQLDb):
     def _create_file(self) -> None:
         directory = self.path.parent
         try:
-            if not directory.exists():
-                directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            safefs.private_dirs(directory, durable=True)
             fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
         except FileExistsError:
             return  # another process created it first; its file is as good as ours
         except OSError as exc:
             raise QueueError(f"{self.path}: cannot create the queue database: {exc.strerror}") from exc
         os.close(fd)
+        # Its name, before a first submit is acknowledged: SQLite syncs the folder for its WAL, never for the
+        # database file it is handed, and the folders made above are synced in theirs.
+        safefs.sync_dir(directory)
 
     @property
     def conn(self) -> sqlite3.Connection:

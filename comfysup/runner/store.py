@@ -124,7 +124,8 @@ class ResultStore:
         return f"{self._root}/{job_id}/{relative}" if relative else f"{self._root}/{job_id}"
 
     def prepare(self, job_id: str) -> Path:
-        """The job's folder, created 0700, with leftovers of an interrupted earlier attempt removed.
+        """The job's folder, created 0700 (its entry in the root fsynced), with leftovers of an interrupted earlier
+        attempt removed.
 
         Everything in it is a leftover: a job being downloaded is not done, so no file there belongs to a
         recorded result. An attempt killed after downloading and before its done record leaves complete
@@ -137,11 +138,13 @@ class ResultStore:
         with contextlib.suppress(FileNotFoundError, FileExistsError):  # no root yet; a folder (or a link) there
             # by its path: mkdir never follows a link in its last component (EEXIST), the root's are followed
             os.mkdir(self._job_path(job_id), 0o700)
-            return self.job_dir(job_id)  # just made: nothing left over (a scan saved on every first attempt)
+            safefs.sync_dir(self._root)  # its entry: the done record names files in it, which a power loss
+            return self.job_dir(job_id)  # must not take with it; just made: nothing left over (no scan)
         root = safefs.open_root(self.root, create=True)
         try:
             try:
                 os.mkdir(job_id, 0o700, dir_fd=root)
+                os.fsync(root)
                 return self.job_dir(job_id)
             except FileExistsError:
                 pass

@@ -11,6 +11,7 @@ shown here by figures, in the style of Jepsen's queue checkers:
 - :mod:`chaos.harness`: ``comfysup run`` on ``cpu:2`` with fake servers that keep an execution log.
 - :mod:`chaos.scenarios`: one function per row of the fault table, sized by its caller: the
   fast tests (tests/chaos/test_chaos.py) run them small, ``bench/chaos.py`` at full scale.
+  :mod:`chaos.power_rows` holds the power cuts (P1, P2), on the lazy filesystem of tests/lazyfs.py.
 
 Imported as ``chaos`` with ``tests/`` on ``sys.path`` (pytest puts it there; bench/chaos.py does it itself),
 next to the helpers it reuses (``supervisor_support``, ``cli_support``).

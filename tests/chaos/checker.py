@@ -55,10 +55,11 @@ from chaos.faults import Fault
 from chaos.inverted import check_inverted
 
 TERMINAL = ("done", "dead", "cancelled")
-KILLS = ("server_kill", "supervisor_kill", "stuck_restart")
+KILLS = ("server_kill", "supervisor_kill", "stuck_restart", "power_cut")
 """Faults that kill ComfyUI servers (and so end their executions, and lose their history). A
 ``stuck_restart`` is the supervisor's own restart of a server whose prompt ignored /interrupt, recorded
-when the supervisor said the server was gone: it ends the stuck execution as a kill does."""
+when the supervisor said the server was gone: it ends the stuck execution as a kill does. A ``power_cut``
+(rows P1, P2) kills every process of the installation, the servers with the rest."""
 DEATH_SLACK_SECONDS = 1.0
 """A supervisor's children die of PR_SET_PDEATHSIG a moment after it: a run may still end, and write its
 history, in that moment, and the history dies with the server all the same."""
@@ -244,6 +245,8 @@ class _Job:
 
 
 def read_queue(path: Path) -> tuple[dict[str, _Job], str, sqlite3.Connection]:
+    if not path.exists():  # a power cut took the file, or its folder: every accepted job is lost
+        return {}, f"{path} is not there", sqlite3.connect(":memory:")
     conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:
         integrity = "; ".join(r[0] for r in conn.execute("PRAGMA integrity_check"))
@@ -534,9 +537,15 @@ def _check_store(store: Path, jobs: dict[str, _Job], report: Report,
             continue
         if path in recorded:
             continue
+        job = jobs[relative.parts[0]]
         if not complete_png(path.read_bytes()):
             report.partial_files.append(f"{relative}: under a final name and not a complete image")
-        elif jobs[relative.parts[0]].state == "done":
+        elif job.state == "done" and job.outputs and all(str(o.get("path", "")).startswith("s3://")
+                                                         for o in job.outputs):
+            # A done job's outputs are in the bucket: a file in its staging folder is a staged copy whose removal a
+            # power cut undid (not synced), not a second result. Counted: the staging folder holds it for nothing.
+            report.figures["staging_leftovers"] = report.figures.get("staging_leftovers", 0) + 1
+        elif job.state == "done":
             report.extra_results.append(f"{relative}: complete, in a done job's folder, not in its record")
         else:
             report.orphan_files += 1

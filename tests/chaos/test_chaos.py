@@ -13,6 +13,9 @@ U1 sends outputs to a real S3 server that is stopped and started again while job
 in each outage); U2 keeps it down
 through the whole run while runners are killed (the uploads wait in the outbox).
 
+P1 and P2 cut the power: the queue and the store on tests/lazyfs.py, which forgets what was not fsynced
+(skipped, saying why, where FUSE is missing); P1 with a bucket is marked ``chaos``.
+
 Rows marked ``chaos`` (Z2, D2) take longer and are deselected by default; run them with ``-m chaos``.
 """
 
@@ -23,8 +26,9 @@ from typing import TYPE_CHECKING
 
 import pytest
 from broker_support import connection_kept
+from lazyfs import fuse_missing
 
-from chaos import s3_rows, scenarios
+from chaos import power_rows, s3_rows, scenarios
 from chaos.checker import Report
 
 if TYPE_CHECKING:
@@ -247,3 +251,38 @@ def test_u2_the_bucket_down_through_the_run_while_runners_are_killed(tmp_path: P
     assert report.states["done"] == report.jobs and report.states["dead"] == 0
     assert report.figures["objects_checked"] >= report.jobs
     assert report.figures["runner_kills_during_outage"] >= 1 and report.figures["storing_peak"] >= 1
+
+@pytest.fixture
+def fuse() -> None:
+    """Rows P1 and P2 mount a lazy filesystem (tests/lazyfs.py): skipped, saying why, where FUSE is missing."""
+    why = fuse_missing()
+    if why:
+        pytest.skip(f"no lazy filesystem for the power cuts: {why}")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.usefixtures("fuse")
+def test_p1_power_cut_while_jobs_are_submitted_run_and_stored(tmp_path: Path, chaos_seed: int) -> None:
+    report = power_rows.p1_power_cuts(tmp_path, chaos_seed, cuts=2, jobs_per_cut=6)
+    verdict(report)  # every acknowledged job done, its files whole with their hashes, the queue intact
+    assert report.faults["power_cut"] == 2 and report.figures["cuts_during"].get("running", 0) >= 1
+    assert not report.figures["cuts_during"].get("missed"), report.figures
+    assert report.states["done"] == report.jobs
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.usefixtures("fuse")
+def test_p2_power_cut_during_submits_of_large_files(tmp_path: Path, chaos_seed: int) -> None:
+    report = power_rows.p2_power_cuts_in_submits(tmp_path, chaos_seed, cuts=3, inputs=2, input_kib=512, lines=100)
+    verdict(report)  # every acknowledged submit whole in the queue, a cut one whole or absent, inputs intact
+    assert report.faults["power_cut"] == 3 and report.figures["inputs_checked"] >= 2
+
+
+@pytest.mark.chaos
+@pytest.mark.timeout(180)
+@pytest.mark.usefixtures("fuse")
+def test_p1_power_cut_with_outputs_in_a_bucket(tmp_path: Path, chaos_seed: int, s3_server: SeaweedS3) -> None:
+    report = power_rows.p1_power_cuts(tmp_path, chaos_seed, cuts=3, jobs_per_cut=6, bucket=s3_server)
+    verdict(report)  # every done job's objects read back from the bucket and hashed
+    assert report.faults["power_cut"] == 3 and report.states["done"] == report.jobs
+    assert report.figures["objects_checked"] >= report.jobs
