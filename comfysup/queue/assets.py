@@ -186,7 +186,7 @@ class Assets(Role):
         if row is not None:
             known = _api_asset(row)
             cur.execute(self.db.sql["extend_api_asset"], {"until": until, "id": known.id})
-            return values.ApiAsset(**{**known.__dict__, "expires_at": max(known.expires_at, until)}), False
+            return values.ApiAsset(**{**known._asdict(), "expires_at": max(known.expires_at, until)}), False
         record = values.ApiAsset(str(uuid.uuid4()), digest, int(size["size"]), file_path, content_type, at, until)
         cur.execute(self.db.sql["insert_api_asset"], _api_asset_row(record, None))
         return record, True

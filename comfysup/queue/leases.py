@@ -13,7 +13,6 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from typing import Any
 
 from comfysup.queue import ends, records, values
@@ -152,8 +151,8 @@ class Leases(Role):
     def _complete(self, cur: Any, claim: Claim, outputs: Sequence[Output], at: float | None,
                   trace: dict[str, Any] | None) -> None:
         sql = self.db.sql
-        outputs = [o if o.id else replace(o, id=str(uuid.uuid4())) for o in outputs]  # outputs are assets
-        files = json.dumps([o.__dict__ for o in outputs], separators=(",", ":"))
+        outputs = [o if o.id else o._replace(id=str(uuid.uuid4())) for o in outputs]  # outputs are assets
+        files = json.dumps([o._asdict() for o in outputs], separators=(",", ":"))
         ends.end(self.db, cur, claim, sql["complete"], {"outputs": files, "machine": owner_host(claim.owner)}, at,
                  DONE, None, None, trace)
         cur.execute(sql["forget_output_assets"], {"job_id": claim.id})

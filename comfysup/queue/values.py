@@ -1,6 +1,6 @@
 """The records the queue takes and hands out (comfysup.queue.base's ``Queue`` protocol speaks in them).
 
-Frozen dataclasses, one per thing a caller holds: a job to submit and its input files, a claim, a job's
+Immutable records, one per thing a caller holds: a job to submit and its input files, a claim, a job's
 record with its attempts and outputs, what status, metrics, webhooks and the machine registry read. The
 backends build them from rows (comfysup.queue.records). Those that a plain submit or status never makes are in
 comfysup.queue.run_values, re-exported here.

@@ -11,7 +11,6 @@ import contextlib
 import enum
 import logging
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 from comfysup.comfy import ComfyError, PromptRejected
@@ -190,7 +189,7 @@ class AheadJobs:
         except LeaseLost:
             self.drop(entry)
             return
-        entry.claim = replace(entry.claim, waiting=True)
+        entry.claim = entry.claim._replace(waiting=True)
 
     def _ran_here(self, claim: Claim) -> bool:
         """Whether the server already holds a history entry of the job's id (run for another queue): its

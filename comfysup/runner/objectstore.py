@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Callable, Iterable
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -66,7 +65,7 @@ class ObjectStore:
         finally:
             with contextlib.suppress(OSError):
                 os.unlink(staged.path)
-        return replace(staged, path=self.location.uri(key))
+        return staged._replace(path=self.location.uri(key))
 
     def finish(self, job_id: str) -> None:
         """The job's staging folder removed once every file is uploaded (best-effort: an empty folder costs only
