@@ -10,12 +10,12 @@ from __future__ import annotations
 import json
 import threading
 import time
-import uuid
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from comfysup.queue import ends, records, values
+from comfysup.queue.asset_ids import new_asset_id
 from comfysup.queue.base import CANCELLED, DEAD, DONE, RELEASED, RELEASED_UNCOUNTED, RETRY, owner_host
 from comfysup.queue.db import ClaimAsk, Role, SQLDb, in_transaction
 from comfysup.queue.ends import fence
@@ -151,7 +151,7 @@ class Leases(Role):
     def _complete(self, cur: Any, claim: Claim, outputs: Sequence[Output], at: float | None,
                   trace: dict[str, Any] | None) -> None:
         sql = self.db.sql
-        outputs = [o if o.id else o._replace(id=str(uuid.uuid4())) for o in outputs]  # outputs are assets
+        outputs = [o if o.id else o._replace(id=new_asset_id()) for o in outputs]  # outputs are assets
         files = json.dumps([o._asdict() for o in outputs], separators=(",", ":"))
         ends.end(self.db, cur, claim, sql["complete"], {"outputs": files, "machine": owner_host(claim.owner)}, at,
                  DONE, None, None, trace)
