@@ -13,7 +13,7 @@ import hashlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from comfysup.config import InputsConfig
 from comfysup.jobs.brought import Brought, bring, name_by_id
@@ -66,8 +66,7 @@ READ_AHEAD_LINES = 5000
 """From this many lines, comfysup submit reads and builds the jobs in a second process while it inserts."""
 READ_AHEAD_BATCH = 500
 
-@dataclass
-class Problem:
+class Problem(NamedTuple):
     line: int
     message: str
     warning: bool = False
