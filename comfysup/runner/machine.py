@@ -73,6 +73,9 @@ class Woke(NamedTuple):
     """The connection that reads now (0: none)."""
     every_output: bool = True
     """The server's messages carry every output (comfysup.comfyversion.tells_every_output)."""
+    peer_waiting: bool = True
+    """Another runner of this machine may wait for work (False: none does, so a job taken ahead is offered to
+    nobody)."""
 
 
 class Polled(NamedTuple):
@@ -334,8 +337,8 @@ class RunMachine:
         wake-up allocates nothing."""
         if w.heartbeat_due or w.stop_at is not None or w.now >= self.limits.deadline:
             return self._checkpoints(w)
-        due = self._due(w)
-        if w.ahead_unstarted and self._running():
+        due = NOTHING if self.over or w.now < self.next_poll else self._due(w)  # nothing due: the common wake-up
+        if w.ahead_unstarted and w.peer_waiting and self._running():
             # A job taken ahead waits behind this one, which still runs: it cannot have started; it may go to
             # another runner that waits for work.
             return (_OFFER, *due) if due else _OFFER_ONLY
@@ -353,7 +356,8 @@ class RunMachine:
         if w.ahead_unstarted and self._running():
             # Queued behind this one, which still runs: it cannot have started. Once this one has ended it may
             # run (its start unread): its own attempt follows it through the grace instead.
-            acts.append(_OFFER)
+            if w.peer_waiting:
+                acts.append(_OFFER)
             if w.stop_at is not None:
                 acts.append(_WITHDRAW)
         if w.stop_at is not None and w.now >= w.stop_at:
