@@ -39,6 +39,10 @@ from comfysup.runner.stuck import STUCK_KIND
 NEXT_START_WAIT_SECONDS = 0.02
 """How long the end of a run with a job queued ahead behind it waits for that job's start before reading its own
 history: the job after it is queued first (comfysup.runner.ahead), since the server needs it next."""
+_ENDED, _POSTED = Phase.ENDED, AheadPhase.POSTED
+"""The members as module names, for the code that runs at every message or wake-up: in Python 3.11 reading
+``Phase.X`` goes through the enum's metaclass's ``__getattr__`` hook (a call and an allocation each time),
+reading a module name does not."""
 _every_output = lru_cache(maxsize=16)(tells_every_output)
 """``tells_every_output`` of a server's version, worked out once per version: a wake-up of a run that ended asks it."""
 
@@ -108,10 +112,10 @@ class FollowDriver:
         self.ctx.station.on_alive()
         self.progress.write(run)
         jobs = self.ahead.jobs
-        unstarted = bool(jobs) and jobs[0].phase is AheadPhase.POSTED  # the next job waits behind this run
+        unstarted = bool(jobs) and jobs[0].phase is _POSTED  # the next job waits behind this run
         connection = run.stream.connection if run.stream is not None else 0
         # Asked of the server only when it decides: a run that ended, read whole on the connection that reads.
-        whole = run.m.phase is Phase.ENDED and not run.m.over and run.m.watched_on == connection
+        whole = run.m.phase is _ENDED and not run.m.over and run.m.watched_on == connection
         woke = Woke(now, self.heartbeat.due(now), self.ctx.station.stop_deadline(), unstarted, connection,
                     not whole or _every_output(run.client.version()), unstarted and self.ctx.station.peer_waiting())
         actions = run.m.step(woke)
