@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
+import types
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
@@ -183,17 +184,20 @@ def in_transaction(*, write: bool = True, durable: bool | Callable[..., bool] = 
     arguments (``self`` first) that says."""
 
     def wrap(fn: Method[R, P, T]) -> Callable[Concatenate[R, P], T]:
-        # The call's own work, once per call: one partial (``fn(self, cur, *args, **kwargs)`` when the database
-        # gives it its cursor), and the durability a function decides asked only where it is one.
+        # The transaction is given the method bound (named as it is: what a reader of the calls sees), and the
+        # durability a function decides is asked only where it is one.
         if isinstance(durable, bool):
             @functools.wraps(fn)
             def run(self: R, *args: P.args, **kwargs: P.kwargs) -> T:
-                return self.db.transaction(functools.partial(fn, self, **kwargs), *args, write=write, durable=durable)
+                method = types.MethodType(fn, self)
+                step = functools.partial(method, **kwargs) if kwargs else method
+                return self.db.transaction(step, *args, write=write, durable=durable)
         else:
             @functools.wraps(fn)
             def run(self: R, *args: P.args, **kwargs: P.kwargs) -> T:
-                return self.db.transaction(functools.partial(fn, self, **kwargs), *args, write=write,
-                                           durable=durable(self, *args, **kwargs))
+                method = types.MethodType(fn, self)
+                step = functools.partial(method, **kwargs) if kwargs else method
+                return self.db.transaction(step, *args, write=write, durable=durable(self, *args, **kwargs))
 
         return run
 
