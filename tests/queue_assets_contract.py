@@ -88,7 +88,7 @@ class AssetsContract:
     def test_an_upload_is_a_record_over_one_stored_content(self, q: Any, tmp_path: Path) -> None:
         cat = asset_file(tmp_path, b"PNG cat")
         first, new = q.assets.add_api_asset(cat, "image/png", 3600.0, key="k1", now=T0)
-        second, new2 = q.assets.add_api_asset(dataclasses.replace(cat, name="again.png"), "image/png", 3600.0, now=T0)
+        second, new2 = q.assets.add_api_asset(cat._replace(name="again.png"), "image/png", 3600.0, now=T0)
         assert (new, new2) == (True, False)
         assert first.id != second.id and first.hash == second.hash == cat.hash
         assert (first.size, first.file_path, first.expires_at) == (7, "cat.png", T0 + 3600.0)
@@ -125,7 +125,7 @@ class AssetsContract:
 
             def upload(queue: Any, n: int, name: str) -> None:
                 cat = asset_file(tmp_path, f"cat {n}".encode(), f"{name}-{n}.png")
-                cat = dataclasses.replace(cat, name="cat.png")
+                cat = cat._replace(name="cat.png")
                 barrier.wait()
                 try:
                     record, _ = queue.assets.add_api_asset(cat, "image/png", 3600.0, key=f"key-{n}", now=T0)

@@ -41,6 +41,9 @@ message of a trivial prompt usually fits, a large preview takes a few."""
 CONTINUATION, TEXT, BINARY, CLOSE, PING, PONG = 0x0, 0x1, 0x2, 0x8, 0x9, 0xA
 _DATA = (TEXT, BINARY)
 _CONTROL = (CLOSE, PING, PONG)
+_WHOLE_DATA = (0x80 | TEXT, 0x80 | BINARY)
+"""The first byte of an unfragmented text or binary frame without reserved bits: with a second byte under 126
+(unmasked, its 7-bit length) the frame is one a server may send, nothing more to check (most of ComfyUI's)."""
 
 
 NOTHING_BUFFERED = (BlockingIOError, ssl.SSLWantReadError)
@@ -139,11 +142,14 @@ class FrameReader:
         if available < 2:
             return None
         first, second = buf[pos], buf[pos + 1]
-        opcode = _checked_opcode(first, second)
-        length = _payload_length(buf, pos, second & 0x7F, available)
-        if length is None:
-            return None
-        size, head = length
+        if first in _WHOLE_DATA and second < 126:  # the common frame: nothing to check
+            opcode, size, head = first & 0x0F, second, 2
+        else:
+            opcode = _checked_opcode(first, second)
+            length = _payload_length(buf, pos, second & 0x7F, available)
+            if length is None:
+                return None
+            size, head = length
         if size > MAX_MESSAGE_BYTES:
             raise ProtocolError(f"a frame of {size:,} bytes, over {MAX_MESSAGE_BYTES:,}")
         end = pos + head + size

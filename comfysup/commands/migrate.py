@@ -17,7 +17,6 @@ would have requeued it.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -54,10 +53,10 @@ def _ready(job: JobRecord, now: float) -> JobRecord:
     """A running job whose lease expired goes over as queued, its open attempt ended as expired."""
     if job.state != RUNNING:
         return job
-    attempts = [a if a.ended_at is not None else dataclasses.replace(a, ended_at=now, outcome="lease_expired",
+    attempts = [a if a.ended_at is not None else a._replace(ended_at=now, outcome="lease_expired",
                                                                       reason="lease expired")
                 for a in job.attempts]
-    return dataclasses.replace(job, state=QUEUED, owner=None, lease_until=None, attempts=attempts,
+    return job._replace(state=QUEUED, owner=None, lease_until=None, attempts=attempts,
                                reason="lease expired: the runner stopped renewing it (before the migration)")
 
 
@@ -74,7 +73,7 @@ def _chunks(source: SQLiteQueue, states: Sequence[str], now: float) -> Iterator[
 
 def _without_attempts(jobs: list[JobRecord]) -> list[JobRecord]:
     empty: list[Attempt] = []
-    return [dataclasses.replace(j, attempts=empty) for j in jobs]
+    return [j._replace(attempts=empty) for j in jobs]
 
 
 def _file_of(source: SQLiteQueue) -> Callable[[str], str | None]:

@@ -177,12 +177,12 @@ def _jobs(queue: Any, lines: list[Line] | None) -> Iterator[JobRecord | Line]:
 
 
 def _params_of(item: JobRecord | Line) -> dict[str, Any]:
-    return item[1] if isinstance(item, tuple) else item.params
+    return item.params if isinstance(item, JobRecord) else item[1]
 
 
 def _row(item: JobRecord | Line, params: list[str], full: bool,
          links: Callable[[str], dict[str, Any]]) -> dict[str, Any]:
-    if isinstance(item, tuple):
+    if not isinstance(item, JobRecord):
         return not_submitted_row(item[0], item[1], params, full)
     return row(item, params, full, links)
 
@@ -209,7 +209,7 @@ def run(args: argparse.Namespace) -> int:
         keys: set[str] = set()
         for item in _jobs(queue, lines):
             keys.update(_params_of(item))
-            missing += isinstance(item, tuple)
+            missing += not isinstance(item, JobRecord)
         if missing:
             print(f"{args.file}: {missing} line(s) not in the queue, listed as {NOT_SUBMITTED!r} "
                   f"(comfysup submit {args.file})", file=sys.stderr)

@@ -45,15 +45,15 @@ def as_dict(job: JobRecord, with_workflow: bool, deliveries: list[Delivery] | No
         "server": job.server, "reason": clean(job.reason) if job.reason else None,
         "cancel_requested": job.cancel_requested,
         "inputs": assets.listing(job.params),
-        "outputs": [{**o.__dict__, **links(o.path)} for o in job.outputs],
-        "attempts": [{**a.__dict__, "reason": clean(a.reason) if a.reason else None, **_figures(a.trace)}
+        "outputs": [{**o._asdict(), **links(o.path)} for o in job.outputs],
+        "attempts": [{**a._asdict(), "reason": clean(a.reason) if a.reason else None, **_figures(a.trace)}
                      for a in job.attempts],
         "waiting_since": job.waiting_since if job.shown_state == "posted" else None,
         "progress": job.progress if job.state == "running" else None,
         "staged": ({"machine": job.machine, "folder": job.staged_in, "since": job.staged_at}
                    if job.state == "storing" else None),
         "callback_url": display_url(job.callback_url) if job.callback_url else None,
-        "deliveries": [{**d.__dict__, "url": display_url(d.url), "state": d.state,
+        "deliveries": [{**d._asdict(), "url": display_url(d.url), "state": d.state,
                         "last_error": clean(d.last_error) if d.last_error else None} for d in deliveries or []],
     }
     if with_workflow:

@@ -257,8 +257,8 @@ def json_report(config: Config, read: Read, now: float) -> dict[str, Any]:
     out["work"] = None if work is None else {**work, "stale": staleness(work, now)}
     out["machines"] = machines_snapshot(read.machines)
     out["inputs"] = read.inputs
-    out["outboxes"] = {name: level.__dict__ for name, level in read.outboxes.items()}
-    out["outboxes"]["uploads_by_machine"] = {m: level.__dict__ for m, level in read.waiting.items()}
+    out["outboxes"] = {name: level._asdict() for name, level in read.outboxes.items()}
+    out["outboxes"]["uploads_by_machine"] = {m: level._asdict() for m, level in read.waiting.items()}
     if config.rabbitmq.url:
         out["rabbitmq"] = {"consumer": read_broker_state(config), "outbox_backlog": read.backlog}
     return out

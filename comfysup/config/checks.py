@@ -11,8 +11,8 @@ only where a supervisor starts.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields, is_dataclass
-from typing import TYPE_CHECKING, Any
+from dataclasses import field, fields, is_dataclass
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from comfysup.errors import ConfigError
 
@@ -20,8 +20,7 @@ if TYPE_CHECKING:
     from comfysup.config.schema import Config
 
 
-@dataclass(frozen=True)
-class Problem:
+class Problem(NamedTuple):
     """What is wrong with a value: ``text`` says what would be accepted; ``about`` is how the message names the
     value after ``[section] key`` (`` = 'value'`` when None)."""
 
@@ -35,8 +34,7 @@ Check = Callable[[Any], Answer]
 """A key's own check: its value alone decides."""
 
 
-@dataclass(frozen=True)
-class Rule:
+class Rule(NamedTuple):
     """A check of ``key`` that needs other keys too (of its section or another): ``check`` takes the config."""
 
     key: str
@@ -142,8 +140,7 @@ def check_supervisor(c: Config) -> None:
             "answer from ComfyUI is killed as if it had hung")
 
 
-@dataclass(frozen=True)
-class GpuSpec:
+class GpuSpec(NamedTuple):
     """What ``gpus`` asks for: ``auto`` (NVML), explicit CUDA indices, or ``cpu`` slots."""
 
     mode: str  # "auto" | "list" | "cpu" | "none" (launch nothing: supervise only the [[servers]])

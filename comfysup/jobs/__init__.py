@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from comfysup.config import InputsConfig
 from comfysup.jobs.brought import Brought, bring, name_by_id
@@ -66,23 +65,25 @@ READ_AHEAD_LINES = 5000
 """From this many lines, comfysup submit reads and builds the jobs in a second process while it inserts."""
 READ_AHEAD_BATCH = 500
 
-@dataclass
-class Problem:
+class Problem(NamedTuple):
     line: int
     message: str
     warning: bool = False
 
 
-@dataclass
 class Validation:
-    """What the first pass over a file found."""
+    """What the first pass over a file found (a plain class: submit imports it, and none of a dataclass's
+    methods, made by ``exec`` at import, is needed)."""
 
-    count: int = 0
-    problems: list[Problem] = field(default_factory=list)
-    warnings: list[Problem] = field(default_factory=list)
-    lines_by_id: dict[str, int] = field(default_factory=dict)
-    hidden: int = 0
-    """Problems of lines with more than MAX_REASONS, counted but not in ``problems``."""
+    __slots__ = ("count", "hidden", "lines_by_id", "problems", "warnings")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.problems: list[Problem] = []
+        self.warnings: list[Problem] = []
+        self.lines_by_id: dict[str, int] = {}
+        self.hidden = 0
+        """Problems of lines with more than MAX_REASONS, counted but not in ``problems``."""
 
     @property
     def problem_count(self) -> int:

@@ -21,9 +21,8 @@ from __future__ import annotations
 import random
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from comfysup.jobs.line import Line
 from comfysup.jobs.values import JobLineError
@@ -40,8 +39,7 @@ _ID = re.compile(r"[0-9:]+")
 """A node id or id path: a set key naming one that the workflow lacks is refused as apply_set refuses it."""
 
 
-@dataclass
-class Brought:
+class Brought(NamedTuple):
     """A workflow brought: its API ``prompt``; the UI workflow it came from, or that an image carried beside its
     prompt (None for an API prompt); the address of the UI workflow converted (what a line's derived id takes;
     empty where the prompt was given, whose own address it takes); and whether its conversion chose among the

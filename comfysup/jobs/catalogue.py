@@ -26,8 +26,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from comfysup.jobs.values import article, close_matches, did_you_mean
 
@@ -45,8 +44,7 @@ LocalFile = Callable[[str], bool]
 """Whether a name is a file on this side that a ``{"file": …}`` value could send."""
 
 
-@dataclass(frozen=True)
-class Issue:
+class Issue(NamedTuple):
     """Why one node cannot run on one catalogue. ``input`` is None for a missing class; ``choices`` are the
     catalogue's choices for a combo value it lacks."""
 
@@ -64,8 +62,7 @@ class Issue:
         return self.node_id, self.input, self.kind
 
 
-@dataclass(frozen=True)
-class Catalogue:
+class Catalogue(NamedTuple):
     """One server's /object_info, with the runners (``runner@machine``) whose server has it now."""
 
     id: int

@@ -5,7 +5,7 @@ becomes once its workflow is applied and hashed (comfysup.jobs.JobsFile reads th
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from comfysup.jobs.identity import sorted_json
 from comfysup.jobs.values import JobLineError, check_depth, did_you_mean, loads_strict
@@ -34,8 +34,7 @@ class Line:
     warnings: list[str] = field(default_factory=list)
 
 
-@dataclass
-class Made:
+class Made(NamedTuple):
     """A line's workflow as its job stores it: the workflow applied, its label, the text ComfyUI is given (empty
     for a template's line: its template is stored), the spec hash begun, the stored template and its hash, the
     model key, and the catalogues that refuse it."""

@@ -19,7 +19,6 @@ A role of the queue over its database (comfysup.queue.db): the SQL is in sql/que
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,6 +27,7 @@ from comfysup.errors import QueueError
 from comfysup.queue import asset_files as files
 from comfysup.queue import values
 from comfysup.queue.asset_files import CHUNK_BYTES, AssetMissing
+from comfysup.queue.asset_ids import new_asset_id
 from comfysup.queue.base import NewJob
 from comfysup.queue.db import Role, SQLDb, in_transaction
 from comfysup.queue.values import ApiAsset, NewAsset
@@ -154,7 +154,7 @@ class Assets(Role):
         self._check_key(cur, key)
         created_new = cur.execute(self.db.sql["asset_size"], {"hash": asset.hash}).fetchone() is None
         self.store(cur, asset, at)
-        record = values.ApiAsset(str(uuid.uuid4()), asset.hash, asset.size, asset.name, content_type, at,
+        record = values.ApiAsset(new_asset_id(), asset.hash, asset.size, asset.name, content_type, at,
                                  at + retention_seconds)
         if key is None:
             cur.execute(self.db.sql["insert_api_asset"], _api_asset_row(record, None))
@@ -186,8 +186,8 @@ class Assets(Role):
         if row is not None:
             known = _api_asset(row)
             cur.execute(self.db.sql["extend_api_asset"], {"until": until, "id": known.id})
-            return values.ApiAsset(**{**known.__dict__, "expires_at": max(known.expires_at, until)}), False
-        record = values.ApiAsset(str(uuid.uuid4()), digest, int(size["size"]), file_path, content_type, at, until)
+            return values.ApiAsset(**{**known._asdict(), "expires_at": max(known.expires_at, until)}), False
+        record = values.ApiAsset(new_asset_id(), digest, int(size["size"]), file_path, content_type, at, until)
         cur.execute(self.db.sql["insert_api_asset"], _api_asset_row(record, None))
         return record, True
 

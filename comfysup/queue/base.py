@@ -71,7 +71,6 @@ The contract (tested once in tests/queue_contract.py and run against every backe
 from __future__ import annotations
 
 import os
-import socket
 from collections.abc import Sequence
 from enum import StrEnum
 from typing import TYPE_CHECKING, Protocol
@@ -154,9 +153,10 @@ def host_name() -> str:
 
     ``$COMFYSUP_HOSTNAME`` overrides the system's host name: two supervisors on one host can then act as
     two machines (the two-machine tests), and a container's random host name can be replaced by one that
-    means something to people. A ``/`` would break the owner token, so it is replaced.
+    means something to people. A ``/`` would break the owner token, so it is replaced. The system's name is
+    uname's node name, what ``socket.gethostname`` answers on every POSIX system (without loading socket).
     """
-    return (os.environ.get(HOSTNAME_VARIABLE) or socket.gethostname()).replace("/", "-")
+    return (os.environ.get(HOSTNAME_VARIABLE) or os.uname().nodename).replace("/", "-")
 
 
 def owner_host(owner: str) -> str:

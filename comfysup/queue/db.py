@@ -184,12 +184,20 @@ def in_transaction(*, write: bool = True, durable: bool | Callable[..., bool] = 
     arguments (``self`` first) that says."""
 
     def wrap(fn: Method[R, P, T]) -> Callable[Concatenate[R, P], T]:
-        @functools.wraps(fn)
-        def run(self: R, *args: P.args, **kwargs: P.kwargs) -> T:
-            sure = durable if isinstance(durable, bool) else durable(self, *args, **kwargs)
-            method = types.MethodType(fn, self)
-            step = functools.partial(method, **kwargs) if kwargs else method
-            return self.db.transaction(step, *args, write=write, durable=sure)
+        # The transaction is given the method bound (named as it is: what a reader of the calls sees), and the
+        # durability a function decides is asked only where it is one.
+        if isinstance(durable, bool):
+            @functools.wraps(fn)
+            def run(self: R, *args: P.args, **kwargs: P.kwargs) -> T:
+                method = types.MethodType(fn, self)
+                step = functools.partial(method, **kwargs) if kwargs else method
+                return self.db.transaction(step, *args, write=write, durable=durable)
+        else:
+            @functools.wraps(fn)
+            def run(self: R, *args: P.args, **kwargs: P.kwargs) -> T:
+                method = types.MethodType(fn, self)
+                step = functools.partial(method, **kwargs) if kwargs else method
+                return self.db.transaction(step, *args, write=write, durable=durable(self, *args, **kwargs))
 
         return run
 

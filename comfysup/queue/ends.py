@@ -5,13 +5,12 @@ webhook and broker announcement a terminal job owes. The lease role ends its own
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from comfysup.errors import LeaseLost
 from comfysup.queue import records
+from comfysup.queue.asset_ids import new_asset_id
 from comfysup.queue.base import RELEASED, RELEASED_UNCOUNTED
 
 if TYPE_CHECKING:
@@ -73,13 +72,13 @@ def release(db: SQLDb, cur: Any, claim: Claim, reason: str, count_attempt: bool,
 
 def outputs_text(outputs: Sequence[Output]) -> str:
     """The outputs as the row keeps them (compact JSON)."""
-    return json.dumps([o.__dict__ for o in outputs], separators=(",", ":"))
+    return json.dumps([o._asdict() for o in outputs], separators=(",", ":"))
 
 
 
 def with_ids(outputs: Sequence[Output]) -> list[Output]:
     """Each output with its asset UUID (outputs are assets), given where the job is made done."""
-    return [o if o.id else replace(o, id=str(uuid.uuid4())) for o in outputs]
+    return [o if o.id else o._replace(id=new_asset_id()) for o in outputs]
 
 
 def made_done(db: SQLDb, cur: Any, job_id: str, outputs: Sequence[Output], at: float | None) -> None:

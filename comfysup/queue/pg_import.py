@@ -121,7 +121,7 @@ def _job_row(r: JobRecord, workflow_id: int) -> dict[str, Any]:
     return {"id": r.id, "state": r.state, "priority": r.priority, "run_after": r.run_after, "attempt": r.attempt,
             "owner": r.owner, "server": r.server, "lease_until": r.lease_until, "started_at": r.started_at,
             "cancel_requested": r.cancel_requested, "submitted_at": r.submitted_at, "finished_at": r.finished_at,
-            "reason": r.reason, "outputs": json.dumps([o.__dict__ for o in r.outputs]) if r.outputs else None,
+            "reason": r.reason, "outputs": json.dumps([o._asdict() for o in r.outputs]) if r.outputs else None,
             "machine": r.machine, "last_server": r.last_server, "last_prompt_number": r.last_prompt_number,
             "spec_hash": r.spec_hash, "workflow_name": r.workflow_name, "workflow_id": workflow_id,
             "extra_data": dumps_plain(r.extra_data), "meta": dumps_plain(r.meta), "params": dumps_plain(r.params),

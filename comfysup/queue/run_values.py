@@ -1,14 +1,18 @@
 """The queue's records that a runner, the API, the monitor, webhooks, show and prune make and read (and submit, for
-a job with input files); comfysup.queue.values re-exports them beside the records every command makes."""
+a job with input files); comfysup.queue.values re-exports them beside the records every command makes.
+
+Named tuples, not dataclasses: every command that opens a queue imports them all, and a named tuple is defined
+without the ``exec`` of each generated method that makes a frozen dataclass slow to import. They are immutable and
+compare by value alike; ``_replace`` makes a changed copy, ``_asdict`` the fields by name. A record is a tuple:
+code that tells it from another tuple asks for the record's class, never for ``tuple``.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 
-@dataclass(frozen=True)
-class Claim:
+class Claim(NamedTuple):
     """A job held by one runner: the fence (id, attempt, owner) and what is needed to run it."""
 
     id: str
@@ -29,8 +33,7 @@ class Claim:
     when that ends (a claim from the queue is never waiting)."""
 
 
-@dataclass(frozen=True)
-class Output:
+class Output(NamedTuple):
     """A file in the result store: its name in the job's folder, size and sha256, and the output node that made
     it (the key of the history's ``outputs``; "" when a run adopted from disk cannot tell, or for a record of
     an earlier version)."""
@@ -45,8 +48,7 @@ class Output:
     of an earlier version, whose API id is ``<job id>.<n>``."""
 
 
-@dataclass(frozen=True)
-class Preview:
+class Preview(NamedTuple):
     """A running job's latest preview image (comfysup.queue.previews): ``n`` counts its replacements."""
 
     n: int
@@ -55,8 +57,7 @@ class Preview:
     data: bytes
 
 
-@dataclass(frozen=True)
-class Attempt:
+class Attempt(NamedTuple):
     """One attempt of a job as recorded: who ran it where, when, how it ended and why, and its trace."""
 
     attempt: int
@@ -73,8 +74,7 @@ class Attempt:
     """What the attempt saw: phases with times, each node's time, cached nodes, last progress."""
 
 
-@dataclass(frozen=True)
-class JobPulse:
+class JobPulse(NamedTuple):
     """What changes while a job runs, read without its workflow (the API's event streams watch this)."""
 
     id: str
@@ -86,8 +86,7 @@ class JobPulse:
     """Running, but waiting in its server's queue (posted): since when."""
 
 
-@dataclass(frozen=True)
-class RunningJob:
+class RunningJob(NamedTuple):
     """A running job; with ``waiting_since``, one that waits in its server's queue (shown as posted)."""
 
     id: str
@@ -104,8 +103,7 @@ class RunningJob:
         return self.waiting_since is not None
 
 
-@dataclass(frozen=True, slots=True)
-class EndedAttempt:
+class EndedAttempt(NamedTuple):
     """An attempt that ended, with what metrics need of its job (observed once each, as it ends).
 
     Never its trace (several KB of JSON): only the two numbers metrics take from it, counted by the
@@ -134,8 +132,7 @@ class EndedAttempt:
     the job's metrics count as queueing, not as its duration."""
 
 
-@dataclass(frozen=True)
-class Delivery:
+class Delivery(NamedTuple):
     """One webhook of one terminal job: pending while ``next_at`` is set, else delivered or given up."""
 
     id: int
@@ -155,16 +152,14 @@ class Delivery:
         return "pending" if self.next_at is not None else "failed"
 
 
-@dataclass(frozen=True)
-class PruneBatch:
+class PruneBatch(NamedTuple):
     """One transaction of ``prune``: the jobs removed (with the machine that holds their files)."""
 
     removed: list[tuple[str, str | None]]
     workflows_removed: int = 0
 
 
-@dataclass(frozen=True)
-class ApiEndpoint:
+class ApiEndpoint(NamedTuple):
     """A machine's Comfy API v2 as the other machines reach it (``[api] public_url``), and how fresh that is."""
 
     host: str
@@ -173,8 +168,7 @@ class ApiEndpoint:
     """Seconds since its API's last heartbeat, on the clock that stamped it (the database's for PostgreSQL)."""
 
 
-@dataclass(frozen=True)
-class NewAsset:
+class NewAsset(NamedTuple):
     """An input file a job needs: stored by its hash at submit. ``path`` is the file to read; None for an asset
     the job names by its hash alone (an API v2 reference), which must be in the store already."""
 
@@ -184,8 +178,7 @@ class NewAsset:
     path: str | None = None
 
 
-@dataclass(frozen=True)
-class JobRecord:
+class JobRecord(NamedTuple):
     """A job as the queue holds it: its state, its workflow and parameters, its attempts and its outputs."""
 
     id: str
@@ -207,7 +200,7 @@ class JobRecord:
     reason: str | None
     outputs: list[Output]
     cancel_requested: bool
-    attempts: list[Attempt] = field(default_factory=list)
+    attempts: list[Attempt] = []  # noqa: RUF012  (never changed in place: a record is immutable)
     machine: str | None = None
     """The host whose runner completed the job: where its files are when ``store.dir`` is not shared."""
     spec_hash: str = ""
@@ -232,8 +225,7 @@ class JobRecord:
         return "posted" if self.state == "running" and self.waiting_since is not None else self.state
 
 
-@dataclass(frozen=True)
-class ApiAsset:
+class ApiAsset(NamedTuple):
     """An asset uploaded through the API: the record a client's ``core/ASSET`` reference names by ``id``."""
 
     id: str

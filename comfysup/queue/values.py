@@ -1,6 +1,7 @@
 """The records the queue takes and hands out (comfysup.queue.base's ``Queue`` protocol speaks in them).
 
-Frozen dataclasses, one per thing a caller holds: a job to submit and its input files, a claim, a job's
+Immutable records (named tuples, and dataclasses where callers copy them with ``dataclasses.replace``), one
+per thing a caller holds: a job to submit and its input files, a claim, a job's
 record with its attempts and outputs, what status, metrics, webhooks and the machine registry read. The
 backends build them from rows (comfysup.queue.records). Those that a plain submit or status never makes are in
 comfysup.queue.run_values, re-exported here.
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from comfysup.queue.run_values import (
     ApiAsset,
@@ -65,16 +66,14 @@ class NewJob:
     """The input files the job's ``set`` names (comfysup.assets): stored with the job, in its transaction."""
 
 
-@dataclass(frozen=True)
-class SubmitResult:
+class SubmitResult(NamedTuple):
     """What one submit did: the jobs inserted, and those already in the queue with the same content."""
 
     inserted: int
     existing: int
 
 
-@dataclass
-class CatalogueRecord:
+class CatalogueRecord(NamedTuple):
     """A node catalogue (a server's /object_info) that some server has now, with those servers
     (``runner@machine``)."""
 
@@ -83,8 +82,7 @@ class CatalogueRecord:
     servers: list[str]
 
 
-@dataclass(frozen=True)
-class Status:
+class Status(NamedTuple):
     """What ``comfysup status`` and the status page show: counts by state, the running jobs, the last ended."""
 
     counts: dict[str, int]
@@ -95,12 +93,11 @@ class Status:
     """The running jobs, the posted ones among them (``RunningJob.posted``)."""
     recent_dead: list[tuple[str, float, str]]
     """(id, finished_at, reason), newest first."""
-    recent_done: list[tuple[str, float]] = field(default_factory=list)
+    recent_done: list[tuple[str, float]]
     """(id, finished_at), newest first: what the status page links the files of."""
 
 
-@dataclass(frozen=True)
-class StagedJob:
+class StagedJob(NamedTuple):
     """A storing job as its machine's uploader takes it: the outputs staged in ``staged_in`` (``Output.path``: each
     file there), since ``staged_at``; ``attempt`` fences the uploader's end of it."""
 
@@ -115,8 +112,7 @@ class StagedJob:
     """Why the last try failed (None: none failed yet)."""
 
 
-@dataclass(frozen=True)
-class OutboxLevel:
+class OutboxLevel(NamedTuple):
     """What one outbox holds (uploads: storing jobs; webhooks: pending deliveries; broker: unconfirmed
     announcements): how many, their bytes where known, and the age of the oldest in seconds (None: empty)."""
 
@@ -125,8 +121,7 @@ class OutboxLevel:
     bytes: int | None = None
 
 
-@dataclass(frozen=True)
-class Machine:
+class Machine(NamedTuple):
     """A supervisor sharing the queue: one row per host and pid, refreshed by its heartbeat."""
 
     host: str

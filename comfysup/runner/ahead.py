@@ -12,7 +12,6 @@ import enum
 import logging
 import math
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 from comfysup.comfy import ComfyError, PromptRejected
@@ -30,12 +29,18 @@ FRESH_RENEWAL_SECONDS = 0.5
 it as its fence (``AheadJobs.renewed_own``): a lease is many seconds, and a runner that stalled longer renews."""
 
 
-class Asked(enum.Enum):
-    """What an attempt asks its runner for, once each."""
+class Asked(enum.StrEnum):
+    """What an attempt asks its runner for, once each (a StrEnum: a member hashes as its text, without a call)."""
 
     HAND_OFF = "hand_off"  # a job to post the moment this run ends on a free server
     QUEUE_AHEAD = "queue_ahead"  # a job to queue behind this run as soon as it executes
     BEHIND_NEXT = "behind_next"  # a job to queue behind the next one, once this run has ended and that one runs
+
+
+_HAND_OFF, _QUEUE_AHEAD, _BEHIND_NEXT = Asked.HAND_OFF, Asked.QUEUE_AHEAD, Asked.BEHIND_NEXT
+"""The members as module names, for the code that runs at every message or wake-up: in Python 3.11 reading
+``Asked.X`` goes through the enum's metaclass's ``__getattr__`` hook (a call and an allocation each time),
+reading a module name does not."""
 
 
 class AheadJobs:
@@ -84,20 +89,20 @@ class AheadJobs:
         """This run has ended on its server (``executing`` with node None), the server's queue is empty, and
         it was followed on this runner's own socket: the server is free for the next job."""
         return (run.m.end_seen and run.m.queue_remaining == 0 and not self.jobs and self.asks.hand_off is not None
-                and run.client is self.ctx.client and Asked.HAND_OFF not in self.asked)
+                and run.client is self.ctx.client and _HAND_OFF not in self.asked)
 
     def may_queue_ahead(self, run: Run) -> bool:
         """This run executes on this runner's own server (execution_start seen), nothing was taken ahead of it
         yet, and no stop has begun: one more job may wait in the server's queue behind it."""
         return (not self.jobs and run.m.started and not run.m.end_seen and self.asks.queue_ahead is not None
-                and run.client is self.ctx.client and Asked.QUEUE_AHEAD not in self.asked
+                and run.client is self.ctx.client and _QUEUE_AHEAD not in self.asked
                 and self.ctx.station.stop_deadline() is None)
 
     def may_queue_behind_next(self, run: Run) -> bool:
         """This run has ended on its own server and the next job was posted there: once that one is seen
         executing, one more may wait behind it (see :meth:`queue_behind_next`)."""
         return (len(self.jobs) == 1 and self.jobs[0].number is not None and self.asks.queue_ahead is not None
-                and run.client is self.ctx.client and Asked.BEHIND_NEXT not in self.asked
+                and run.client is self.ctx.client and _BEHIND_NEXT not in self.asked
                 and self.ctx.station.stop_deadline() is None)
 
     # -- taking one --------------------------------------------------------------------------------------
@@ -199,7 +204,7 @@ class AheadJobs:
             return
         except QueueUnavailable:
             return  # shown as claimed rather than posted until its attempt says more
-        entry.claim = replace(entry.claim, waiting=True)
+        entry.claim = entry.claim._replace(waiting=True)
 
     def _ran_here(self, claim: Claim) -> bool:
         """Whether the server already holds a history entry of the job's id (run for another queue): its

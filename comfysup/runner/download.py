@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -54,7 +53,7 @@ def download(ctx: Context, run: Run, entry: dict[str, Any], checkpoint: Callable
             stored = ctx.station.store.write(ctx.claim.id, relative, chunks(), limit_bytes=left,
                                              limit_name="what is left of [store] max_job_mb",
                                              progress=lambda: checkpoint(False))
-            outputs.append(replace(stored, node_id=node))  # the node that made it: the API's get_outputs(node)
+            outputs.append(stored._replace(node_id=node))  # the node that made it: the API's get_outputs(node)
         except UnsafeName as exc:
             raise PermanentError(str(exc), "unsafe_output") from exc
         except TooLarge as exc:

@@ -40,6 +40,10 @@ from comfysup.runner.stuck import STUCK_KIND
 NEXT_START_WAIT_SECONDS = 0.02
 """How long the end of a run with a job queued ahead behind it waits for that job's start before reading its own
 history: the job after it is queued first (comfysup.runner.ahead), since the server needs it next."""
+_ENDED, _POSTED = Phase.ENDED, AheadPhase.POSTED
+"""The members as module names, for the code that runs at every message or wake-up: in Python 3.11 reading
+``Phase.X`` goes through the enum's metaclass's ``__getattr__`` hook (a call and an allocation each time),
+reading a module name does not."""
 _every_output = lru_cache(maxsize=16)(tells_every_output)
 """``tells_every_output`` of a server's version, worked out once per version: a wake-up of a run that ended asks it."""
 
@@ -69,8 +73,9 @@ class FollowDriver:
         run.m.follow(self.limits, self.ctx.clock(), run.stream is not None)
         if run.adopted_entry is not None:
             return run.adopted_entry
+        told = False  # on_started was called (once a run)
         while True:
-            entry = self.wake(run, self.ctx.clock())
+            entry = self.wake(run, self.ctx.clock())  # the progress is written here, first thing each turn
             if entry is not None:
                 return entry
             message = follow.receive(self.ctx, run, self.replay, run.m.wait(self.ctx.clock(), self.heartbeat.next))
@@ -78,23 +83,23 @@ class FollowDriver:
             poll_in = self._take_ahead(run, poll_in)
             if poll_in is not None:
                 run.m.poll_within(self.ctx.clock(), poll_in)
-            if run.m.started:  # after the posts above: the server's next job never waits for it
+            if not told and run.m.started:  # after the posts above: the server's next job never waits for it
+                told = True
                 self.on_started()
-            self.progress.write(run)
 
     def _take_ahead(self, run: Run, poll_in: float | None) -> float | None:
         """The jobs taken ahead after a message: queued behind this run as it executes, posted at the hand-off as
         it ends on a free server, or queued behind the next job once that one starts. Returns ``poll_in``, or
         sooner."""
-        ahead = self.ahead
+        ahead, m = self.ahead, run.m
         if ahead.may_queue_ahead(run):
             ahead.queue_ahead(run)  # this run executes: the next waits behind it in the server's queue
-        if run.m.success_seen and ahead.may_hand_off(run):
+        if m.success_seen and ahead.may_hand_off(run):
             # execution_success, then the end with an empty queue: the server is idle from this moment, so the
             # next job goes to it before this run's history is read (that read costs the server a round trip
             # of idle time, and it comes next anyway).
             ahead.hand_off()
-        if run.m.end_seen and ahead.may_queue_behind_next(run):
+        if m.end_seen and ahead.may_queue_behind_next(run):
             # Ended, the job queued behind it starts: the one after that is queued before this run's history is
             # read, whose round trip would come first otherwise (a prompt of a few ms is over by then).
             if ahead.next is not None and ahead.next.started:
@@ -110,13 +115,14 @@ class FollowDriver:
         self.ctx.station.on_alive()
         self.progress.write(run)
         jobs = self.ahead.jobs
-        unstarted = bool(jobs) and jobs[0].phase is AheadPhase.POSTED  # the next job waits behind this run
+        unstarted = bool(jobs) and jobs[0].phase is _POSTED  # the next job waits behind this run
         connection = run.stream.connection if run.stream is not None else 0
         # Asked of the server only when it decides: a run that ended, read whole on the connection that reads.
-        whole = run.m.phase is Phase.ENDED and not run.m.over and run.m.watched_on == connection
+        whole = run.m.phase is _ENDED and not run.m.over and run.m.watched_on == connection
         woke = Woke(now, self.heartbeat.due(now), self.ctx.station.stop_deadline(), unstarted, connection,
-                    not whole or _every_output(run.client.version()))
-        return self._carry_out(run, run.m.step(woke), now)
+                    not whole or _every_output(run.client.version()), unstarted and self.ctx.station.peer_waiting())
+        actions = run.m.step(woke)
+        return self._carry_out(run, actions, now) if actions else None  # the common wake-up asks nothing
 
     def _carry_out(self, run: Run, actions: tuple[Action, ...], now: float) -> dict[str, Any] | None:
         """The machine's actions of a wake-up, in order; the run's history entry when one of them read it."""

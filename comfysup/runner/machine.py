@@ -46,6 +46,12 @@ class Phase(enum.StrEnum):
     LEFT = "left"  # its end read without its success: an interrupt asked for, or a success lost in a reconnect
 
 
+_QUEUED, _EXECUTING, _SUCCEEDED, _ENDED, _LEFT = Phase.QUEUED, Phase.EXECUTING, Phase.SUCCEEDED, Phase.ENDED, Phase.LEFT
+"""The members as module names, for the code that runs at every message or wake-up: in Python 3.11 reading
+``Phase.X`` goes through the enum's metaclass's ``__getattr__`` hook (a call and an allocation each time),
+reading a module name does not."""
+
+
 # -- events: what the driver saw (immutable values, tuples: the cheapest to make, one a message) ----------------
 
 class Message(NamedTuple):
@@ -73,6 +79,9 @@ class Woke(NamedTuple):
     """The connection that reads now (0: none)."""
     every_output: bool = True
     """The server's messages carry every output (comfysup.comfyversion.tells_every_output)."""
+    peer_waiting: bool = True
+    """Another runner of this machine may wait for work (False: none does, so a job taken ahead is offered to
+    nobody)."""
 
 
 class Polled(NamedTuple):
@@ -250,15 +259,15 @@ class RunMachine:
 
     @property
     def started(self) -> bool:
-        return self.phase is not Phase.QUEUED
+        return self.phase is not _QUEUED
 
     @property
     def success_seen(self) -> bool:
-        return self.phase in (Phase.SUCCEEDED, Phase.ENDED)
+        return self.phase is _SUCCEEDED or self.phase is _ENDED
 
     @property
     def end_seen(self) -> bool:
-        return self.phase in (Phase.ENDED, Phase.LEFT)
+        return self.phase is _ENDED or self.phase is _LEFT
 
     def follow(self, limits: Limits, now: float, socket: bool) -> None:
         """The follow loop begins at ``now``: a run without a socket (caught up) may be over already, so its
@@ -292,18 +301,18 @@ class RunMachine:
             return NOTHING
         prompt_id = data.get("prompt_id")
         if kind == "preview":  # of the prompt executing now: this run's between its start and its end
-            running = self.phase is Phase.EXECUTING or self.phase is Phase.SUCCEEDED
+            running = self.phase is _EXECUTING or self.phase is _SUCCEEDED
             return _PREVIEW if running and prompt_id in (None, self.limits.job_id) else NOTHING
         if prompt_id != self.limits.job_id:
             if prompt_id is None:  # a reconnection's bare ``executing``, a broadcast: nobody's
                 return NOTHING
             return _OTHER_STARTED if kind == "execution_start" else _OTHER
         if kind == "execution_start":
-            self.phase = Phase.EXECUTING
+            self.phase = _EXECUTING
             self.watched_on = m.connection
             self.outputs.clear()
             return TRACE
-        if self.phase is Phase.QUEUED:
+        if self.phase is _QUEUED:
             return NOTHING
         return self._own(kind, data)
 
@@ -312,10 +321,10 @@ class RunMachine:
         if kind == "executed" and self.watched_on and data.get("output") is not None:
             self.outputs[str(data.get("node"))] = data["output"]
         elif kind == "execution_success":
-            self.phase = Phase.SUCCEEDED
+            self.phase = _SUCCEEDED
             return _TRACE_POLL_SOON
         elif kind == "executing" and data.get("node") is None:
-            self.phase = Phase.ENDED if self.phase is Phase.SUCCEEDED else Phase.LEFT
+            self.phase = _ENDED if self.phase is _SUCCEEDED else _LEFT
             return _TRACE_POLL_NOW
         elif kind == "execution_error":
             failure = execution_failure(data)
@@ -334,15 +343,15 @@ class RunMachine:
         wake-up allocates nothing."""
         if w.heartbeat_due or w.stop_at is not None or w.now >= self.limits.deadline:
             return self._checkpoints(w)
-        due = self._due(w)
-        if w.ahead_unstarted and self._running():
+        due = NOTHING if self.over or w.now < self.next_poll else self._due(w)  # nothing due: the common wake-up
+        if w.ahead_unstarted and w.peer_waiting and self._running():
             # A job taken ahead waits behind this one, which still runs: it cannot have started; it may go to
             # another runner that waits for work.
             return (_OFFER, *due) if due else _OFFER_ONLY
         return due
 
     def _running(self) -> bool:
-        return not self.over and (self.phase is Phase.QUEUED or self.phase is Phase.EXECUTING)
+        return not self.over and (self.phase is _QUEUED or self.phase is _EXECUTING)
 
     def _checkpoints(self, w: Woke) -> tuple[Action, ...]:
         """A wake-up with a heartbeat due, a stop begun or the deadline passed."""
@@ -353,7 +362,8 @@ class RunMachine:
         if w.ahead_unstarted and self._running():
             # Queued behind this one, which still runs: it cannot have started. Once this one has ended it may
             # run (its start unread): its own attempt follows it through the grace instead.
-            acts.append(_OFFER)
+            if w.peer_waiting:
+                acts.append(_OFFER)
             if w.stop_at is not None:
                 acts.append(_WITHDRAW)
         if w.stop_at is not None and w.now >= w.stop_at:
@@ -365,7 +375,7 @@ class RunMachine:
         """/history to read now, or the entry to make of the messages of a run watched whole."""
         if self.over or w.now < self.next_poll:
             return NOTHING
-        if self.phase is Phase.ENDED and self.watched_on and w.connection == self.watched_on and w.every_output:
+        if self.phase is _ENDED and self.watched_on and w.connection == self.watched_on and w.every_output:
             return _FROM_SOCKET
         return _READ_HISTORY
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Callable, Iterable
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -87,7 +86,7 @@ class ObjectStore:
         except s3.service_errors() as exc:
             sorted_ = s3.sort_error(exc, f"uploading {self.location.uri(key)}", self.settings)
             raise sorted_ if isinstance(sorted_, OSError) else s3.Unreachable(str(sorted_)) from None
-        return replace(staged, path=self.location.uri(key))
+        return staged._replace(path=self.location.uri(key))
 
     def forget(self, job_id: str) -> None:
         """The job's staging folder removed (its job ended: done, cancelled, given up); best-effort."""

@@ -95,6 +95,12 @@ class AheadPhase(enum.StrEnum):
     STARTED = "started"  # its execution_start read here, or its server showed it ran: it runs
 
 
+_CLAIMED, _STARTED = AheadPhase.CLAIMED, AheadPhase.STARTED
+"""The members as module names, for the code that runs at every message or wake-up: in Python 3.11 reading
+``AheadPhase.X`` goes through the enum's metaclass's ``__getattr__`` hook (a call and an allocation each time),
+reading a module name does not."""
+
+
 @dataclass(slots=True)
 class Ahead:
     """A job taken ahead: its claim, and what became of its post. Held (and its lease renewed) by the attempt
@@ -123,11 +129,11 @@ class Ahead:
     @property
     def posted(self) -> bool:
         """Posted here (or its post tried): its attempt follows it instead of posting."""
-        return self.phase is not AheadPhase.CLAIMED
+        return self.phase is not _CLAIMED
 
     @property
     def started(self) -> bool:
-        return self.phase is AheadPhase.STARTED
+        return self.phase is _STARTED
 
 
 @dataclass(frozen=True)

@@ -22,9 +22,8 @@ import functools
 import mimetypes
 import os
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 from urllib.parse import urlsplit
 
 from comfysup.errors import ComfysupError
@@ -61,8 +60,7 @@ class Refused(ComfysupError):
     """The service refused who we are or where we write (credentials, bucket, profile): the config is wrong."""
 
 
-@dataclass(frozen=True)
-class Location:
+class Location(NamedTuple):
     """``s3://bucket/prefix``: a bucket and a key prefix (no leading or trailing slash; "" for the bucket's root)."""
 
     bucket: str

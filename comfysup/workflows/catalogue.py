@@ -12,16 +12,14 @@ from __future__ import annotations
 import random
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 PRIMITIVE_TYPES = frozenset({"INT", "FLOAT", "STRING", "BOOLEAN", "COMBO"})
 _UPLOAD = re.compile(r"[a-z_]*upload")
 _COMMENTS = re.compile(r"/\*[\s\S]*?\*/|//.*")
 
 
-@dataclass(frozen=True)
-class Widget:
+class Widget(NamedTuple):
     """One entry of a node's ``widgets_values``: an input's widget, or a value the frontend adds (``input`` None)."""
 
     name: str

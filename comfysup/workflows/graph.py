@@ -14,8 +14,7 @@ itself is refused. Nothing is executed.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from comfysup.workflows import groupnodes
 from comfysup.workflows.errors import UIWorkflowError
@@ -28,37 +27,47 @@ SUBGRAPH_INPUT = -10
 SUBGRAPH_OUTPUT = -20
 
 
-@dataclass(frozen=True)
 class Value:
-    """A constant that takes a link's place: a PrimitiveNode's value, or a subgraph instance's widget."""
+    """A constant that takes a link's place: a PrimitiveNode's value, or a subgraph instance's widget. Never a
+    tuple, so that it is told from a link's ``(item id, slot)`` by its class.
 
-    value: Any
+    The records of this module are plain classes and named tuples, not dataclasses: the module is imported by
+    every door that reads a workflow, and a dataclass's generated methods (none needed here) are made by ``exec``
+    at import."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
 
 
 Source = tuple[str, int] | Value | None
 
 
-@dataclass
-class Slot:
+class Slot(NamedTuple):
     name: str
     type: str
     source: Source
     widget: bool
 
 
-@dataclass
 class Item:
     """One node after expansion (``kind``: node, exit) with its inputs' sources."""
 
-    id: str
-    type: str
-    title: str | None
-    mode: int
-    inputs: list[Slot]
-    widgets_values: Any
-    outputs: list[str] = field(default_factory=list)
-    exits: list[Source] = field(default_factory=list)
-    kind: str = "node"
+    __slots__ = ("exits", "id", "inputs", "kind", "mode", "outputs", "title", "type", "widgets_values")
+
+    def __init__(self, id: str, type: str, title: str | None, mode: int, inputs: list[Slot],
+                 widgets_values: Any, outputs: list[str] | None = None, exits: list[Source] | None = None,
+                 kind: str = "node") -> None:
+        self.id = id
+        self.type = type
+        self.title = title
+        self.mode = mode
+        self.inputs = inputs
+        self.widgets_values = widgets_values
+        self.outputs = [] if outputs is None else outputs
+        self.exits = [] if exits is None else exits
+        self.kind = kind
 
 
 def _links(graph: Mapping[str, Any]) -> dict[int, tuple[int, int]]:
@@ -72,8 +81,7 @@ def _links(graph: Mapping[str, Any]) -> dict[int, tuple[int, int]]:
     return table
 
 
-@dataclass
-class _Scope:
+class _Scope(NamedTuple):
     prefix: str
     links: dict[int, tuple[int, int]]
     bindings: list[Source]

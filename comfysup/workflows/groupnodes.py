@@ -12,7 +12,6 @@ linked inside. Inner nodes execute as ``group_id:index``.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from comfysup.workflows import catalogue
@@ -21,20 +20,23 @@ PREFIXES = ("workflow>", "workflow/")
 SEED_NAMES = ("seed", "noise_seed")
 
 
-@dataclass
 class Layout:
-    """Where a group node's widgets, inputs and outputs lead inside it."""
+    """Where a group node's widgets, inputs and outputs lead inside it (a plain class: no dataclass's methods,
+    made by ``exec`` at import, are needed)."""
 
-    widgets: list[tuple[int, str] | None] = field(default_factory=list)
-    """Per group widget value: (inner index, input name), or None for a value that is no input."""
-    inputs: list[tuple[int, str]] = field(default_factory=list)
-    """Per group input: (inner index, input name)."""
-    outputs: list[tuple[int, int]] = field(default_factory=list)
-    """Per group output: (inner index, output slot)."""
-    internal: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)
-    """(to index, to slot) -> (from index, from slot) of the links inside."""
-    slot_names: dict[int, list[str]] = field(default_factory=dict)
-    """Per inner node: its input names in slot order (sockets, then converted widgets)."""
+    __slots__ = ("inputs", "internal", "outputs", "slot_names", "widgets")
+
+    def __init__(self, internal: dict[tuple[int, int], tuple[int, int]] | None = None) -> None:
+        self.widgets: list[tuple[int, str] | None] = []
+        """Per group widget value: (inner index, input name), or None for a value that is no input."""
+        self.inputs: list[tuple[int, str]] = []
+        """Per group input: (inner index, input name)."""
+        self.outputs: list[tuple[int, int]] = []
+        """Per group output: (inner index, output slot)."""
+        self.internal = {} if internal is None else internal
+        """(to index, to slot) -> (from index, from slot) of the links inside."""
+        self.slot_names: dict[int, list[str]] = {}
+        """Per inner node: its input names in slot order (sockets, then converted widgets)."""
 
 
 def group_name(node_type: str) -> str | None:

@@ -12,9 +12,8 @@ from __future__ import annotations
 import json
 import struct
 import zlib
-from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, NamedTuple
 
 from comfysup.workflows.errors import UIWorkflowError
 
@@ -25,8 +24,7 @@ MAX_CHUNKS = 100_000
 _KEYS = ("prompt", "workflow")
 
 
-@dataclass(frozen=True)
-class ImageWorkflows:
+class ImageWorkflows(NamedTuple):
     """What an image carries: the API prompt and the UI workflow it was made with (None where absent)."""
 
     prompt: dict[str, Any] | None

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from comfysup.workflows import catalogue
 from comfysup.workflows.errors import UIWorkflowError
@@ -64,8 +63,7 @@ def resolve(prompt: Mapping[str, Any], key: str) -> tuple[str, str]:
     return node_id, input_name
 
 
-@dataclass(frozen=True)
-class Parameter:
+class Parameter(NamedTuple):
     """One input a job can set: where it is, what it holds now, and what the catalogue allows."""
 
     node_id: str

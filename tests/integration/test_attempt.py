@@ -85,7 +85,7 @@ def test_a_posted_prompt_of_another_job_is_ignored(tmp_path: Path, fake: FakeCom
     assert first is not None
     result = Attempt(station, first, AheadAsks(lambda claim, o: ClaimArgs("runner-a", "cpu0", 30, None, 0))).run()
     assert result.next_claim is not None and result.ahead[0].posted
-    other = dataclasses.replace(result.ahead[0], claim=dataclasses.replace(result.ahead[0].claim, id=job_id(9)))
+    other = dataclasses.replace(result.ahead[0], claim=result.ahead[0].claim._replace(id=job_id(9)))
     assert Attempt(station, result.next_claim, taken=(other,)).taken is None
     station.close()
     queue.close()

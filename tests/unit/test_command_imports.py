@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from comfysup.queue.asset_ids import new_asset_id
 from comfysup.slotstate import pid_exists
 
 REPO = Path(__file__).resolve().parents[2]
@@ -114,3 +115,13 @@ def test_a_runner_imports_no_http_library_it_does_not_use() -> None:
     assert done.returncode == 0, done.stderr
     modules = set(done.stdout.split())
     assert not sorted(m for m in modules if m.split(".")[0] in ("urllib3", "requests"))
+
+
+def test_an_asset_id_is_a_random_version_4_uuid_in_its_text_form() -> None:
+    """The queue's asset ids are made without the uuid module (which loads platform at import): each one is what
+    ``str(uuid.uuid4())`` would give, and no two are alike."""
+    made = [new_asset_id() for _ in range(200)]
+    for text in made:
+        parsed = uuid.UUID(text)
+        assert (str(parsed), parsed.version, parsed.variant) == (text, 4, uuid.RFC_4122)
+    assert len(set(made)) == len(made)

@@ -4,7 +4,6 @@ is, and its watcher over a queue that answers when the test says."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 from types import SimpleNamespace
 from typing import Any
@@ -83,7 +82,7 @@ class SlowQueue:
     order they are asked); a pulses read is handed back only when ``gate`` is open."""
 
     def __init__(self, progress: dict[str, Any]) -> None:
-        self.record = dataclasses.replace(done_record(0), state="running", finished_at=None, progress=progress)
+        self.record = done_record(0)._replace(state="running", finished_at=None, progress=progress)
         self.gate = asyncio.Event()
         self.gate.set()
         self.batches: list[list[str]] = []
@@ -128,7 +127,7 @@ def test_the_watcher_reads_each_job_once_a_tick_and_never_sends_a_stream_news_ol
         queue.gate.clear()
         tick = asyncio.create_task(watcher.tick())  # asks for the pulses at step 1, then waits at the gate
         await asyncio.sleep(0)
-        queue.record = dataclasses.replace(queue.record, progress={**STEP, "step": 2})
+        queue.record = queue.record._replace(progress={**STEP, "step": 2})
         late = watcher.open(ID, ORIGIN)
         snapshot = await watcher.attach(late)  # read after the tick's read was asked: step 2
         assert [f.kind for f in snapshot] == ["status", "progress"] and b'"step":2' in snapshot[1].data
@@ -138,7 +137,7 @@ def test_the_watcher_reads_each_job_once_a_tick_and_never_sends_a_stream_news_ol
         await watcher.tick()
         assert [len(drained(s)) for s in early] == [1, 1, 1] and drained(late) == []
         assert queue.batches == [[ID], [ID]]  # four streams, one job: one id a read
-        queue.record = dataclasses.replace(done_record(1), attempts=[])
+        queue.record = done_record(1)._replace(attempts=[])
         await watcher.tick()
         assert [drained(s)[-1] for s in [*early, late]] == ['data: {"status":"succeeded"}'] * 4
         assert (watcher.open_streams(), watcher.watched_jobs()) == (4, 0)  # told the end: unwatched, slots held
@@ -152,7 +151,7 @@ def test_the_watcher_reads_each_job_once_a_tick_and_never_sends_a_stream_news_ol
 def test_an_output_in_a_bucket_is_framed_with_the_url_the_job_gives() -> None:
     """The output frame of a file in a bucket carries its presigned URL, as GET /api/v2/jobs/{id} does (one URL
     for one output, whichever the client read)."""
-    record = dataclasses.replace(done_record(1), outputs=[StoredOutput("img_0.png", 10, "0" * 64, "s3://b/o/img_0.png")])
+    record = done_record(1)._replace(outputs=[StoredOutput("img_0.png", 10, "0" * 64, "s3://b/o/img_0.png")])
 
     def links(path: str, ttl_seconds: int | None = None) -> dict[str, Any]:
         return {"location": path, "url": f"https://b.example/{path[5:]}?X-Amz-Signature=1", "url_expires_at": 2e9}
