@@ -3,7 +3,6 @@ with a store that fails while the bucket is "down" (no S3 server: comfysup.runne
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import pytest
@@ -50,7 +49,7 @@ class FlakyStore:
     def upload(self, job_id: str, staged: Output) -> Output:
         if not self.up:
             raise Unreachable("cannot reach the service")
-        return dataclasses.replace(staged, path=f"s3://b/{job_id}/{staged.name}")
+        return staged._replace(path=f"s3://b/{job_id}/{staged.name}")
 
     def forget(self, job_id: str) -> None:
         self.forgotten.append(job_id)
