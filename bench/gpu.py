@@ -17,7 +17,8 @@ client's and at least 99 % while work is queued, the median gap at most 2 ms.
 On the GPU machine (a copy of the working tree, no internet; python3 there holds PyTorch with CUDA and
 nvidia-ml-py), about 6-8 minutes:
 
-    python3 bench/gpu.py                      # expects .gpu/ (below); --runs 5 --prompts 10
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/gpu-site .gpu/whl/*.whl &&
+        PYTHONPATH=/tmp/gpu-site:$PWD python3 bench/gpu.py          # expects .gpu/ (below); --runs 5 --prompts 10
 
 What must be carried (ignored paths, 64 MiB in all, made here by ``bench/gpu.py --prepare``):
 
@@ -25,7 +26,7 @@ What must be carried (ignored paths, 64 MiB in all, made here by ``bench/gpu.py 
   names an empty folder);
 - ``.gpu/whl``: the wheels (CPython 3.12, manylinux x86-64) that python3 there lacks: ComfyUI's (torchsde, av,
   alembic, SQLAlchemy, kornia, spandrel, pydantic, ...), comfysup's (tomli-w, websocket-client, blake3) and the
-  proxy's and the SDK's, installed with ``pip --no-index --target /tmp/gpu-site`` at the start.
+  proxy's and the SDK's, installed into /tmp/gpu-site by the command above (this bench's imports need some).
 
 The checkpoint (about 2 GB) is made there at the start, on the GPU, in about 10-30 s. Here, to know the script
 runs (ComfyUI on the CPU, 64x64, 2 steps; NVML absent, which it says):

@@ -2,10 +2,10 @@
 
 On the GPU machine everything comes from the working tree's ``.gpu/`` (an ignored folder, carried): ComfyUI's
 tree in ``.gpu/comfyui.tar.xz`` (about 3 MiB; unpacked into ``/tmp/gpu-comfyui``) and the wheels python3 there
-lacks in ``.gpu/whl`` (about 50 MiB, av's 35 of them), installed into ``/tmp/gpu-site``
-(``pip --no-index --no-deps --target``) and put on PYTHONPATH for every process the bench starts. ``prepare()``
-fills ``.gpu/`` here from COMFYUI_DIR and the package index. With ``--cpu`` (this machine) COMFYUI_DIR and
-COMFYUI_PYTHON name ComfyUI and its environment, and the proxy's environment is bench/real.py's.
+lacks in ``.gpu/whl`` (about 50 MiB, av's 35 of them), installed into ``/tmp/gpu-site`` by the command that
+starts the bench (``RUN``), which puts it and the working tree on PYTHONPATH for every process the bench
+starts. ``prepare()`` fills ``.gpu/`` here from COMFYUI_DIR and the package index. With ``--cpu`` (this
+machine) COMFYUI_DIR and COMFYUI_PYTHON name ComfyUI and its environment, and the proxy's is bench/real.py's.
 """
 
 from __future__ import annotations
@@ -33,6 +33,9 @@ WHEELS = ("torchsde", "trampoline", "av", "alembic", "mako", "sqlalchemy", "gree
           "spandrel", "pydantic", "pydantic-core", "pydantic-settings", "annotated-types", "typing-inspection",
           "python-dotenv", "tomli-w", "websocket-client", "blake3", "comfy-api-proxy", "comfy-sdk")
 """What python3 on the GPU machine lacks (its image lists the rest: torch, numpy, aiohttp, transformers, ...)."""
+RUN = ("python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/gpu-site .gpu/whl/*.whl && "
+       "PYTHONPATH=/tmp/gpu-site:$PWD python3 bench/gpu.py")
+"""The command on the GPU machine: the wheels first, since this bench's own imports need some of them."""
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
              "manylinux1_x86_64")
 
@@ -69,11 +72,8 @@ def environment(cpu: bool) -> Env:
     if not (comfyui / "main.py").is_file():
         comfyui.mkdir(parents=True, exist_ok=True)
         subprocess.run(["tar", "-xJf", str(tree), "-C", str(comfyui), "--strip-components=1"], check=True)
-    if (CARRIED / "whl").is_dir() and not SITE.is_dir():
-        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
-                        "--target", str(SITE), *map(str, sorted((CARRIED / "whl").glob("*.whl")))], check=True)
-    os.environ["PYTHONPATH"] = os.pathsep.join([str(SITE), str(ROOT), os.environ.get("PYTHONPATH", "")])
-    sys.path[:0] = [str(SITE)]
+    if str(SITE) not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+        raise SystemExit(f"the carried wheels are not installed: run {RUN}")
     return Env(comfyui, sys.executable, proxy_venv(), False)
 
 
