@@ -28,7 +28,7 @@ def test_only_launched_servers_that_start_and_have_not_answered_are_looked_at():
 
 
 class Stats(http.server.BaseHTTPRequestHandler):
-    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+    def do_GET(self) -> None:
         self.send_response(200 if self.path == "/system_stats" else 404)
         self.send_header("Content-Length", "2")
         self.end_headers()
