@@ -18,6 +18,12 @@ fresh installations:
     .venv/bin/python bench/coldstart.py --load-ms 8000 --repeats 3
     .venv/bin/python bench/coldstart.py --comfyui /work/comfyui --python /work/comfyui-venv/bin/python --repeats 3
 
+Beside them, the **bare ComfyUI** the goal compares with: the same server started directly (the command line
+comfysup gives it, from its start to its answering at 10 ms polls), the same job posted at once (POST /prompt)
+and polled at 10 ms on GET /history/{id}: its start plus its first prompt. It runs alternately with the
+queued-before-the-start cells, and ``comfysup - bare`` is the median of the paired differences (the goal: at
+most 0.5 s without a warm-up).
+
 With ``--comfyui`` the server is a real ComfyUI (its main.py, run with ``--python``) on the CPU, and the job a
 model-free graph with real work (EmptyImage 768², ImageBlur, ImageInvert, SaveImage; the warm-up the same graph
 into a PreviewImage): its cold start is ComfyUI's own start-up (torch, its nodes) and the first prompt's lazy work.
@@ -152,6 +158,42 @@ def once(warmup: bool, queued_first: bool, load_ms: float, node_ms: float,
                 stop(proc)
 
 
+def bare_once(load_ms: float, node_ms: float, real: tuple[str, str] | None = None) -> dict[str, float]:
+    """A bare ComfyUI: started as comfysup starts it, the job posted as soon as it answers, timed to its history
+    entry: a user's script with nothing between it and the server."""
+    with tempfile.TemporaryDirectory(prefix="coldstart-bare-") as tmp:
+        base = Path(tmp) / "comfyui"
+        (base / "custom_nodes").mkdir(parents=True)
+        port = free_base_port()
+        main_py = str(Path(real[0]) / "main.py") if real else str(ROOT / "fake_comfy" / "main.py")
+        extra = [] if real else ["--node-ms", str(node_ms), "--load-ms", str(load_ms), "--models",
+                                 f"checkpoints={CHECKPOINT}"]
+        command = [real[1] if real else sys.executable, main_py, "--listen", "127.0.0.1", "--port", str(port),
+                   "--cpu", "--base-directory", str(base), "--database-url", f"sqlite:///{base / 'comfyui.db'}",
+                   *extra]
+        url = f"http://127.0.0.1:{port}"
+        with open(Path(tmp) / "comfyui.log", "wb") as log:
+            start = time.monotonic()
+            proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            try:
+                with requests.Session() as http:
+                    wait(lambda: answering(http, url), 300, "the bare ComfyUI")
+                    answered = time.monotonic() - start
+                    prompt_id = http.post(f"{url}/prompt", json={"prompt": workflow(real is not None)},
+                                          timeout=30).json()["prompt_id"]
+                    wait(lambda: http.get(f"{url}/history/{prompt_id}", timeout=30).json(), 300, "its prompt")
+                return {"answered": answered, "run_to_done": time.monotonic() - start}
+            finally:
+                stop(proc)
+
+
+def answering(http: requests.Session, url: str) -> bool:
+    try:
+        return http.get(f"{url}/system_stats", timeout=1).status_code == 200
+    except requests.RequestException:
+        return False
+
+
 def measure(config: Path, job: str, queued_first: bool, start: float, real: bool = False) -> dict[str, float]:
     out: dict[str, float] = {}
     if not queued_first:
@@ -167,6 +209,14 @@ def measure(config: Path, job: str, queued_first: bool, start: float, real: bool
     return out
 
 
+def cell_of(samples: dict[bool, list[dict[str, float]]], warmup: bool) -> list[float]:
+    return [s["run_to_done"] for s in samples[warmup]]
+
+
+def spread(values: list[float]) -> str:
+    return f"run→done {min(values):.2f}-{max(values):.2f}" if values else ""
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--load-ms", type=float, default=2000.0, help="the fake's first model load (default 2000)")
@@ -180,10 +230,14 @@ def main() -> None:
         print(f"ComfyUI at {args.comfyui} (--cpu), 1 slot, the REAL graph, median of {args.repeats}")
     else:
         print(f"fake_comfy, 1 slot, load {args.load_ms:g} ms, nodes {args.node_ms:g} ms, median of {args.repeats}")
-    print(f"{'measure':<22} {'warm-up':<8} {'run→ready s':>12} {'submit→done s':>14} {'run→done s':>11}")
+    print(f"{'measure':<22} {'warm-up':<8} {'run→ready s':>12} {'submit→done s':>14} {'run→done s':>11}  spread")
+    print("(bare ComfyUI: run→ready is its start to its first answer; run→done its start to the job's history entry)")
+    bare: list[dict[str, float]] = []
     for queued_first in (True, False):
         samples: dict[bool, list[dict[str, float]]] = {False: [], True: []}
         for _ in range(args.repeats):
+            if queued_first:  # the bare ComfyUI beside the cells it is the goal of
+                bare.append(bare_once(args.load_ms, args.node_ms, real))
             for warmup in (False, True):  # alternated, so a slow moment of the machine hits both alike
                 samples[warmup].append(once(warmup, queued_first, args.load_ms, args.node_ms, real))
         for warmup in (False, True):
@@ -193,7 +247,16 @@ def main() -> None:
 
             name = "queued before start" if queued_first else "sent when ready"
             print(f"{name:<22} {'yes' if warmup else 'no':<8} {median('run_to_ready'):>12} "
-                  f"{median('submit_to_done'):>14} {median('run_to_done'):>11}", flush=True)
+                  f"{median('submit_to_done'):>14} {median('run_to_done'):>11}  {spread(cell_of(samples, warmup))}",
+                  flush=True)
+        if queued_first:
+            done_s = [b["run_to_done"] for b in bare]
+            print(f"{'bare ComfyUI':<22} {'-':<8} {statistics.median(b['answered'] for b in bare):>12.2f} {'-':>14} "
+                  f"{statistics.median(done_s):>11.2f}  {spread(done_s)}")
+            paired = [s["run_to_done"] - b for s, b in zip(samples[False], done_s, strict=True)]
+            print(f"comfysup - bare (no warm-up, paired): median {statistics.median(paired):+.2f} s "
+                  f"({min(paired):+.2f} to {max(paired):+.2f}); goal at most +0.50 s: "
+                  f"{'met' if statistics.median(paired) <= 0.5 else 'not met'}", flush=True)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,8 @@
 
     .venv/bin/python bench/scale.py              # the figures in docs/benchmarks.md
     .venv/bin/python bench/scale.py --quick      # 100,000 jobs instead of a million, 20,000 lines, 20,000 pruned
+    .venv/bin/python bench/scale.py --only fleet --backend postgres --own-postgres --procs 64 \
+        --slots 1024,4096,8192 --job-s 5         # the fleet on a 16-core machine, a PostgreSQL of its own
 """
 
 # ruff: noqa: E402  (the sys.path fix below must run before the other imports)
@@ -28,6 +30,7 @@ HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE] + [str(HERE)]
 
 import argparse
+import contextlib
 import gc
 import json
 import multiprocessing
@@ -45,6 +48,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from own_postgres import own_postgres
 from workload import workflow_10kb
 
 from comfysup.jobs import JobsFile
@@ -291,11 +295,14 @@ def main() -> int:
     fleet.add_argument("--seconds", type=float, default=20.0, help="measured window per cell (default 20)")
     fleet.add_argument("--backend", choices=["sqlite", "postgres"], action="append",
                        help="default both; they alternate within each cell")
-    fleet.add_argument("--processes", type=int, default=32,
+    fleet.add_argument("--processes", "--procs", type=int, default=32,
                        help="most worker processes (one queue connection each; default 32, PostgreSQL's "
                             "max_connections is 100 by default)")
     fleet.add_argument("--postgres", default="postgresql://postgres@127.0.0.1:5432/test",
                        help="a server where the bench may create and drop a database of its own")
+    fleet.add_argument("--own-postgres", action="store_true",
+                       help="start a PostgreSQL of the run's own (initdb in a temporary folder, its own port, "
+                            "max_connections for --processes) instead of --postgres: its CPU is all the bench's")
     fleet.add_argument("--pg-cores", type=float, default=float(os.cpu_count() or 1),
                        help="cores the capacity estimate gives the PostgreSQL server (default: this machine's)")
     args = parser.parse_args()
@@ -312,9 +319,14 @@ def main() -> int:
         print(f"# fleet: {os.cpu_count()} CPUs, load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}, "
               f"SQLite {sqlite3.sqlite_version}, window {args.seconds:g} s a cell")
         try:
-            run_fleet(workdir, args.backend or ["sqlite", "postgres"], [int(x) for x in args.slots.split(",")],
-                      [float(x) for x in args.job_s.split(",")], args.lease, args.seconds, args.processes,
-                      args.postgres, args.pg_cores)
+            with contextlib.ExitStack() as stack:
+                url, postmaster = args.postgres, None
+                if args.own_postgres:
+                    url, postmaster = stack.enter_context(own_postgres(max_connections=args.processes + 20))
+                    print(f"# PostgreSQL of this run's own at {url} (max_connections {args.processes + 20})")
+                run_fleet(workdir, args.backend or ["sqlite", "postgres"], [int(x) for x in args.slots.split(",")],
+                          [float(x) for x in args.job_s.split(",")], args.lease, args.seconds, args.processes,
+                          url, args.pg_cores, postmaster)
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
         parts.discard("fleet")

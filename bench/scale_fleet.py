@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from own_postgres import server_processes
 from workload import pg_database
 
 from comfysup.errors import LeaseLost
@@ -205,8 +206,10 @@ def cpu_seconds(procs: list[Any]) -> dict[int, float]:
     return got
 
 
-def run_cell(cell: Cell, open_queue: Any, workdir: Path, database: str | None) -> dict[str, Any]:
-    """One cell; ``open_queue`` opens a fresh connection to an already filled queue."""
+def run_cell(cell: Cell, open_queue: Any, workdir: Path, database: str | None,
+             postmaster: Any = None) -> dict[str, Any]:
+    """One cell; ``open_queue`` opens a fresh connection to an already filled queue. ``postmaster``: the server is
+    the benchmark's own (bench/own_postgres.py), and every one of its processes counts as this database's."""
     import psutil
 
     per = [list(range(cell.slots))[i::cell.processes] for i in range(cell.processes)]
@@ -220,8 +223,12 @@ def run_cell(cell: Cell, open_queue: Any, workdir: Path, database: str | None) -
     workers = [psutil.Process(p.pid) for p in procs]
     window = (t0 + cell.job_s, t0 + cell.job_s + cell.seconds)
     time.sleep(max(0.0, window[0] - time.time()))
-    db_procs = postgres_processes(database) if database else []
-    mine = {p.pid for p in db_procs if database and database in " ".join(p.cmdline())}
+    if postmaster is not None:
+        db_procs = server_processes(postmaster)
+        mine = {p.pid for p in db_procs}
+    else:
+        db_procs = postgres_processes(database) if database else []
+        mine = {p.pid for p in db_procs if database and database in " ".join(p.cmdline())}
     before = (cpu_seconds(workers), cpu_seconds(db_procs), time.time())
     time.sleep(max(0.0, window[1] - time.time()))
     after = (cpu_seconds(workers), cpu_seconds(db_procs), time.time())
@@ -310,8 +317,10 @@ def capacity(results: list[dict[str, Any]], cores: float, target: float = 0.7) -
 
 
 def run_fleet(workdir: Path, backends: list[str], slots: list[int], job_s: list[float], lease_s: float | None,
-              seconds: float, max_processes: int, postgres_url: str, pg_cores: float) -> list[dict[str, Any]]:
-    """Every cell, backends alternating within each (slots, job length) so the machine's drift hits both."""
+              seconds: float, max_processes: int, postgres_url: str, pg_cores: float,
+              postmaster: Any = None) -> list[dict[str, Any]]:
+    """Every cell, backends alternating within each (slots, job length) so the machine's drift hits both.
+    ``postmaster``: the server at ``postgres_url`` is the benchmark's own (its processes' CPU is the database's)."""
     from comfysup.queue.sqlite import SQLiteQueue
 
     results = []
@@ -336,7 +345,7 @@ def run_fleet(workdir: Path, backends: list[str], slots: list[int], job_s: list[
                         q = PostgresQueue(url)
                         fill(q, jobs_needed(cell))
                         q.close()
-                        results.append(run_cell(cell, lambda url=url: PostgresQueue(url), here, name))
+                        results.append(run_cell(cell, lambda url=url: PostgresQueue(url), here, name, postmaster))
                     finally:
                         drop()
                 print(row(results[-1]), flush=True)

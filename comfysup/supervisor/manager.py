@@ -87,9 +87,9 @@ class ProcessManager:
         signals, self.signals = self.signals, []
         return signals
 
-    def wait(self, seconds: float) -> None:
-        """Sleep until a signal or a child's exit comes, or ``seconds`` pass."""
-        self.ops.wait_wakeup(self._wakeup[0], seconds)
+    def wait(self, seconds: float) -> bool:
+        """Sleep until a signal or a child's exit comes, or ``seconds`` pass; whether one came."""
+        return self.ops.wait_wakeup(self._wakeup[0], seconds)
 
     def hold(self, handle: Any) -> None:
         """A file only this process keeps open (the supervisor's lock): children close it at once."""

@@ -190,10 +190,12 @@ class ProcessOps:
                 with contextlib.suppress(OSError):
                     os.close(fd)
 
-    def wait_wakeup(self, read_fd: int, seconds: float) -> None:
-        """Sleep until the pipe is written to or ``seconds`` pass, then empty it."""
+    def wait_wakeup(self, read_fd: int, seconds: float) -> bool:
+        """Sleep until the pipe is written to or ``seconds`` pass, then empty it; whether it was written to."""
+        woken = True  # a signal interrupted the wait: its handler wrote to the pipe
         with contextlib.suppress(InterruptedError):
-            select.select([read_fd], [], [], seconds)
+            woken = bool(select.select([read_fd], [], [], seconds)[0])
         with contextlib.suppress(BlockingIOError, OSError):
             while os.read(read_fd, 512):
                 pass
+        return woken

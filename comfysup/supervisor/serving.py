@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import logging
 import signal
+import socket
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
 from comfysup.comfy import probe
 from comfysup.config import Config
@@ -58,6 +60,24 @@ class ServerDriver:
             unit.first_start_over = True
             log.error("%s: slot failed: %s. The other slots keep working; fix the cause and restart comfysup",
                       unit.name, policy.reason)
+
+    def awaited(self, units: list[Unit]) -> list[Unit]:
+        """The launched servers that are starting and have not answered yet (a warm-up's wait is not theirs)."""
+        return [u for u in units if u.server is not None and u.server.state is State.STARTING
+                and u.server_pid is not None and u.warm_since is None]
+
+    def any_answers(self, units: list[Unit]) -> bool:
+        """Whether one of these servers answers now: its port accepts a connection (cheap while it refuses),
+        then GET /system_stats answers."""
+        for unit in units:
+            where = urlsplit(unit.url)
+            try:
+                socket.create_connection((where.hostname, where.port or 80), timeout=0.2).close()
+            except OSError:
+                continue
+            if not probe.readiness(unit.url, timeout_seconds=0.5):
+                return True
+        return False
 
     def act(self, unit: Unit, now: float, action: Action) -> None:
         """A policy's action on the unit's server: spawn it, or signal its process group."""

@@ -76,6 +76,8 @@ log = logging.getLogger("comfysup.supervisor")
 
 TICK_SECONDS = 0.25
 """The loop wakes at least this often; signals and child exits wake it at once."""
+STARTING_LOOK_SECONDS = 0.02
+"""While a launched server starts, how often the supervisor looks whether it answers (between two ticks)."""
 HOUSEKEEPING_SECONDS = 5.0
 """How often log sizes and servers' memory are checked."""
 
@@ -157,7 +159,7 @@ class Supervisor:
             while not self.finished:
                 self.tick(self.clock())
                 if not self.finished:
-                    self.manager.wait(TICK_SECONDS)
+                    self.wait_for_tick()
         finally:
             for child in self.children:
                 child.kill(self.ops)
@@ -169,6 +171,20 @@ class Supervisor:
         log.info("comfysup supervisor %d: stopped%s", os.getpid(),
                  f" (exit code {self.exit_code})" if self.exit_code else "")
         return self.exit_code
+
+    def wait_for_tick(self) -> None:
+        """Until the next tick: TICK_SECONDS, a signal or a child's exit, or, while a launched server starts, the
+        moment it answers (looked at every STARTING_LOOK_SECONDS): its runner may then claim without waiting out
+        the rest of a tick."""
+        starting = self.serving.awaited(self.units)
+        if not starting:
+            self.manager.wait(TICK_SECONDS)
+            return
+        end = time.monotonic() + TICK_SECONDS  # real time: these waits are real, whatever clock ticks are given
+        while True:
+            left = end - time.monotonic()
+            if left <= 0 or self.manager.wait(min(STARTING_LOOK_SECONDS, left)) or self.serving.any_answers(starting):
+                return
 
     def tick(self, now: float) -> None:
         """One pass: signals, exits, servers, runners, recycling, housekeeping, state for people."""
