@@ -8,6 +8,7 @@ dialect. Callers hold the role they need (``queue.leases`` for a runner, ``queue
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 from comfysup.queue.assets import Assets
@@ -19,6 +20,7 @@ from comfysup.queue.intake import Intake
 from comfysup.queue.leases import Leases
 from comfysup.queue.previews import Previews
 from comfysup.queue.reads import Reads
+from comfysup.queue.tenants import TenantBook, TenantLimits
 
 
 class SQLQueue:
@@ -54,6 +56,15 @@ class SQLQueue:
     @default_callback_url.setter
     def default_callback_url(self, url: str) -> None:
         self.db.default_callback_url = url
+
+    @property
+    def tenants(self) -> Mapping[str, TenantLimits]:
+        """The declared tenants' weights and limits (the config's [tenants.NAME]; comfysup.queue.tenants)."""
+        return self.db.tenants.limits
+
+    @tenants.setter
+    def tenants(self, limits: Mapping[str, TenantLimits]) -> None:
+        self.db.tenants = TenantBook(limits)
 
     def maintenance(self) -> None:
         """Periodic upkeep (a WAL checkpoint for SQLite); cheap to call often."""

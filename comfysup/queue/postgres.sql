@@ -234,3 +234,45 @@ CREATE TABLE job_previews (
     content_type text    NOT NULL,
     data         bytea   NOT NULL
 );
+
+-- name: v12
+-- Tenants (see schema.sql's v16): a tenant on every job, a row per tenant with its weight, max_running and the
+-- running total of the seconds its attempts held a slot (added by the trigger as each attempt ends), and
+-- affinity's staircase kept per tenant.
+ALTER TABLE jobs ADD COLUMN tenant text NOT NULL DEFAULT 'default';
+CREATE INDEX jobs_tenant_ready ON jobs (tenant, priority DESC, seq) INCLUDE (run_after) WHERE state = 'queued';
+CREATE INDEX jobs_tenant_affinity ON jobs (tenant, model_key, priority, seq) INCLUDE (run_after)
+    WHERE state = 'queued' AND model_key IS NOT NULL;
+CREATE INDEX jobs_tenant_running ON jobs (tenant) WHERE state = 'running';
+CREATE TABLE tenants (
+    name        text             PRIMARY KEY,
+    weight      double precision NOT NULL DEFAULT 1,
+    max_running integer,
+    gpu_seconds double precision NOT NULL DEFAULT 0,
+    done        bigint           NOT NULL DEFAULT 0
+);
+CREATE INDEX tenants_share ON tenants ((gpu_seconds / weight), name);
+INSERT INTO tenants (name, done) VALUES ('default', (SELECT count(*) FROM jobs WHERE state = 'done'));
+CREATE FUNCTION comfysup_count_done() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE tenants SET done = done + 1 WHERE name = NEW.tenant;
+    RETURN NULL;
+END $$;
+CREATE TRIGGER jobs_done_tenant AFTER UPDATE OF state ON jobs FOR EACH ROW
+    WHEN (NEW.state = 'done' AND OLD.state IS DISTINCT FROM 'done') EXECUTE FUNCTION comfysup_count_done();
+CREATE FUNCTION comfysup_charge_tenant() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE tenants SET gpu_seconds = gpu_seconds + greatest(0.0, NEW.ended_at - NEW.started_at)
+    WHERE name = (SELECT tenant FROM jobs WHERE id = NEW.job_id);
+    RETURN NULL;
+END $$;
+CREATE TRIGGER attempts_ended_charge AFTER UPDATE OF ended_at ON attempts FOR EACH ROW
+    WHEN (OLD.ended_at IS NULL AND NEW.ended_at IS NOT NULL) EXECUTE FUNCTION comfysup_charge_tenant();
+DROP TABLE affinity_skips;
+CREATE TABLE affinity_skips (
+    tenant    text             NOT NULL,
+    priority  bigint           NOT NULL,
+    seq_bound bigint           NOT NULL,
+    at        double precision NOT NULL,
+    PRIMARY KEY (tenant, priority, seq_bound)
+);

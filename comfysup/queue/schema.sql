@@ -308,3 +308,44 @@ CREATE TABLE job_previews (
     content_type TEXT    NOT NULL,
     data         BLOB    NOT NULL
 ) WITHOUT ROWID;
+
+-- name: v16
+-- Tenants: every job belongs to one (``default`` when none is named), and the claim serves the tenant furthest
+-- below its weighted share of slot time first (comfysup.queue.tenants). A tenant's row keeps its weight and
+-- max_running (from the config's [tenants.NAME]) and the running total of the seconds its attempts held a
+-- slot, added by the trigger below as each attempt ends, so a claim reads one row a tenant, never the history.
+ALTER TABLE jobs ADD COLUMN tenant TEXT NOT NULL DEFAULT 'default';
+CREATE INDEX jobs_tenant_ready ON jobs (tenant, priority DESC, seq, run_after) WHERE state = 'queued';
+CREATE INDEX jobs_tenant_affinity ON jobs (tenant, model_key, priority, seq, run_after)
+    WHERE state = 'queued' AND model_key IS NOT NULL;
+CREATE INDEX jobs_tenant_running ON jobs (tenant) WHERE state = 'running';
+CREATE TABLE tenants (
+    name        TEXT    PRIMARY KEY,
+    weight      REAL    NOT NULL DEFAULT 1,
+    max_running INTEGER,
+    gpu_seconds REAL    NOT NULL DEFAULT 0,
+    done        INTEGER NOT NULL DEFAULT 0
+) WITHOUT ROWID;
+-- The claim walks tenants in the order of their share used (seconds over weight).
+CREATE INDEX tenants_share ON tenants (gpu_seconds / weight, name);
+INSERT INTO tenants (name, done) VALUES ('default', (SELECT count(*) FROM jobs WHERE state = 'done'));
+-- done counts the jobs each tenant got done (a counter: prune does not take from it).
+CREATE TRIGGER jobs_done_tenant AFTER UPDATE OF state ON jobs WHEN new.state = 'done' AND old.state IS NOT 'done'
+BEGIN
+    UPDATE tenants SET done = done + 1 WHERE name = new.tenant;
+END;
+CREATE TRIGGER attempts_ended_charge AFTER UPDATE OF ended_at ON attempts
+WHEN old.ended_at IS NULL AND new.ended_at IS NOT NULL
+BEGIN
+    UPDATE tenants SET gpu_seconds = gpu_seconds + max(0.0, new.ended_at - new.started_at)
+    WHERE name = (SELECT tenant FROM jobs WHERE id = new.job_id);
+END;
+-- Affinity's staircase is kept per tenant: a claim passes over the jobs of the tenant it serves only.
+DROP TABLE affinity_skips;
+CREATE TABLE affinity_skips (
+    tenant    TEXT    NOT NULL,
+    priority  INTEGER NOT NULL,
+    seq_bound INTEGER NOT NULL,
+    at        REAL    NOT NULL,
+    PRIMARY KEY (tenant, priority, seq_bound)
+) WITHOUT ROWID;

@@ -63,6 +63,8 @@ class NewJob:
     a server whose catalogue it is never claims the job."""
     assets: tuple[NewAsset, ...] = ()
     """The input files the job's ``set`` names (comfysup.assets): stored with the job, in its transaction."""
+    tenant: str = ""
+    """Who the job belongs to (comfysup.queue.tenants): its share of the fleet and its limits; empty: ``default``."""
 
 
 @dataclass(frozen=True)

@@ -469,6 +469,11 @@ def test_finished_counts_follow_every_transition(tmp_path: Path) -> None:
 
 
 UNDO = {
+    16: "DROP TRIGGER jobs_done_tenant; DROP TRIGGER attempts_ended_charge; DROP TABLE tenants; "
+        "DROP INDEX jobs_tenant_ready; DROP INDEX jobs_tenant_affinity; DROP INDEX jobs_tenant_running; "
+        "ALTER TABLE jobs DROP COLUMN tenant; DROP TABLE affinity_skips; CREATE TABLE affinity_skips (priority "
+        "INTEGER NOT NULL, seq_bound INTEGER NOT NULL, at REAL NOT NULL, PRIMARY KEY (priority, seq_bound)) "
+        "WITHOUT ROWID",
     15: "DROP TABLE output_assets; DROP TABLE job_previews",
     14: "ALTER TABLE jobs DROP COLUMN waiting_since",
     13: "DROP TABLE api_endpoints",
@@ -618,7 +623,7 @@ def test_v15_gives_outputs_asset_ids_and_keeps_earlier_outputs(tmp_path: Path) -
     q.close()
     _back_to(path, 14)
     q = SQLiteQueue(path, create=False)
-    assert q.db.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 15
+    assert q.db.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 16
     assert [o.id for o in q.reads.get(make_job(1).id).outputs] == [""]
     q.leases.complete(q.leases.claim("r", "gpu0", 30, now=T0), [Output("b.png", 1, "00")], now=T0 + 2)
     (made,) = q.reads.get(make_job(2).id).outputs

@@ -90,14 +90,15 @@ UPDATE attempts SET ended_at = {now}, outcome = :outcome, reason = :end_reason, 
 UPDATE attempts SET prompt_number = :number, server = :server, url = coalesce(:url, url) {attempt_row}
 
 -- name: passed_over
--- an affinity claim took a job behind the head: its priority's jobs before it are passed over from now,
--- unless an older row already covers them (a staircase); ON CONFLICT: two machines passing over at once
-INSERT INTO affinity_skips (priority, seq_bound, at) SELECT :priority, :taken, {now}
-WHERE NOT EXISTS (SELECT 1 FROM affinity_skips WHERE priority = :priority AND seq_bound >= :taken) ON CONFLICT DO NOTHING
+-- an affinity claim took a job behind its tenant's head: that tenant's jobs of its priority before it are passed
+-- over from now, unless an older row already covers them (a staircase); ON CONFLICT: two machines passing over at once
+INSERT INTO affinity_skips (tenant, priority, seq_bound, at) SELECT :tenant, :priority, :taken, {now}
+WHERE NOT EXISTS (SELECT 1 FROM affinity_skips WHERE tenant = :tenant AND priority = :priority AND seq_bound >= :taken)
+ON CONFLICT DO NOTHING
 
 -- name: head_taken
--- an affinity claim took the head: rows covering only jobs before it (claimed, or waiting to retry) go
-DELETE FROM affinity_skips WHERE priority = :priority AND seq_bound <= :head
+-- an affinity claim took its tenant's head: rows covering only jobs before it (claimed, or waiting to retry) go
+DELETE FROM affinity_skips WHERE tenant = :tenant AND priority = :priority AND seq_bound <= :head
 
 -- name: deliver
 -- a terminal job's webhook (its own url, else the default), due at once
@@ -495,3 +496,23 @@ DELETE FROM api_endpoints WHERE host = :host AND pid = :pid
 -- name: api_endpoint
 -- a machine's advertised API with the age of its heartbeat on the clock that stamped it
 SELECT url, {now} - heartbeat_at AS age FROM api_endpoints WHERE host = :host
+
+-- name: declare_tenant
+-- a tenant the config declares, with its weight and cap (NULL: none); its seconds used are kept
+INSERT INTO tenants (name, weight, max_running) VALUES (:name, :weight, :max_running)
+ON CONFLICT (name) DO UPDATE SET weight = excluded.weight, max_running = excluded.max_running
+
+-- name: add_tenant
+-- a tenant a submit names, kept as it is when known
+INSERT INTO tenants (name) VALUES (:name) ON CONFLICT (name) DO NOTHING
+
+-- name: tenant_queued
+-- a tenant's queued jobs (jobs_tenant_ready)
+SELECT count(*) AS n FROM jobs WHERE tenant = :name AND state = 'queued'
+
+-- name: tenant_counts
+-- each tenant's queued and running jobs (through their indexes), jobs done and seconds used (kept as they change)
+SELECT t.name AS tenant, t.weight, t.max_running, t.gpu_seconds, t.done,
+    (SELECT count(*) FROM jobs j WHERE j.tenant = t.name AND j.state = 'queued') AS queued,
+    (SELECT count(*) FROM jobs j WHERE j.tenant = t.name AND j.state = 'running') AS running
+FROM tenants t ORDER BY t.name
