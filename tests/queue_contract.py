@@ -24,6 +24,7 @@ from comfysup.queue.base import Claim, JobPulse, NewJob, Output, Queue, SubmitCo
 from comfysup.workflows import model_key
 from tests.queue_assets_contract import AssetsContract
 from tests.queue_catalogue_contract import CatalogueContract
+from tests.queue_tenants_contract import TenantsContract
 
 T0 = 1_700_000_000.0
 LEASE = 30.0
@@ -74,7 +75,7 @@ def batch_job(n: int, template: dict[str, Any] = BIG_TEMPLATE) -> NewJob:
                   template_json=stored, template_hash=hashlib.sha256(stored.encode()).hexdigest(), model_key="")
 
 
-class QueueContract(CatalogueContract, AssetsContract):
+class QueueContract(CatalogueContract, AssetsContract, TenantsContract):
     """Subclass with ``make_queue(self, tmp_path) -> Queue`` and ``count(self, q, table) -> int`` (rows in
     one of the backend's tables); the name keeps pytest from collecting it."""
 

@@ -58,7 +58,8 @@ COLUMNS = ("ids", "priorities", "spec_hashes", "workflow_names", "workflow_ids",
 def _columns(batch: list[NewJob], workflow_ids: list[int], specs: SpecCache) -> dict[str, list[Any]]:
     """The batch as ``insert_jobs`` takes it: one array per column, by its parameter's name (COLUMNS)."""
     rows = [(j.id, j.priority, j.spec_hash, j.workflow_name, workflow_id, dumps_plain(j.extra_data),
-             dumps_plain(j.meta), dumps_plain(j.params), j.callback_url or None, specs.model_key(j), tenant_of(j.tenant))
+             dumps_plain(j.meta), dumps_plain(j.params), j.callback_url or None, specs.model_key(j),
+             tenant_of(j.tenant))
             for j, workflow_id in zip(batch, workflow_ids, strict=True)]
     return {name: list(column) for name, column in zip(COLUMNS, zip(*rows, strict=True), strict=True)}
 

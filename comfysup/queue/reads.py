@@ -11,7 +11,7 @@ from comfysup.errors import NotFound
 from comfysup.queue import records
 from comfysup.queue.base import POSTED, QUEUED, RUNNING, STATES, Status
 from comfysup.queue.db import Role, in_transaction
-from comfysup.queue.values import EndedAttempt, JobPulse, JobRecord
+from comfysup.queue.values import EndedAttempt, JobPulse, JobRecord, TenantCount
 
 PAGE = 500
 """Jobs read per page by ``iter_jobs``: memory stays flat on a large table."""
@@ -172,6 +172,11 @@ class Reads(Role):
             chunk = self.db.id_list(ids[start:start + self.db.ID_CHUNK])
             out += [(r["id"], records.pulse(r)) for r in cur.execute(self.db.sql["pulses"], {"ids": chunk}).fetchall()]
         return out
+
+    def tenant_counts(self) -> list[TenantCount]:
+        return [TenantCount(tenant=r["tenant"], weight=r["weight"], max_running=r["max_running"], queued=r["queued"],
+                            running=r["running"], done=r["done"], gpu_seconds=r["gpu_seconds"])
+                for r in self._rows("tenant_counts", {})]
 
     def finished_counts(self, since: float, now: float | None = None) -> dict[str, int]:
         return {r["state"]: r["n"] for r in self._rows("finished_counts", {"since": since})}

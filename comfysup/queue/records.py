@@ -41,7 +41,7 @@ def job_record(row: Row, attempts: list[Attempt]) -> JobRecord:
         cancel_requested=bool(row["cancel_requested"]), attempts=attempts, machine=row["machine"],
         spec_hash=row["spec_hash"], last_server=row["last_server"], last_prompt_number=row["last_prompt_number"],
         progress=loads(row["progress"]), callback_url=row["callback_url"], model_key=row["model_key"],
-        template=template, waiting_since=row["waiting_since"])
+        template=template, waiting_since=row["waiting_since"], tenant=row["tenant"])
 
 
 def attempt(row: Row) -> Attempt:

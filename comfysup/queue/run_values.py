@@ -221,6 +221,8 @@ class JobRecord:
     """The stored workflow before ``params`` (shared by every job of a batch); what a migration copies."""
     waiting_since: float | None = None
     """A running job that waits in its server's queue (posted behind the prompt that runs there): since when."""
+    tenant: str = "default"
+    """Who the job belongs to (comfysup.queue.tenants)."""
 
     @property
     def shown_state(self) -> str:

@@ -102,6 +102,20 @@ class Status:
 
 
 @dataclass(frozen=True)
+class TenantCount:
+    """One tenant as status, the page and /metrics show it: its jobs queued and running now, its jobs done so far,
+    and the seconds its attempts held a slot (what its share is measured in)."""
+
+    tenant: str
+    weight: float
+    max_running: int | None
+    queued: int
+    running: int
+    done: int
+    gpu_seconds: float
+
+
+@dataclass(frozen=True)
 class Machine:
     """A supervisor sharing the queue: one row per host and pid, refreshed by its heartbeat."""
 
@@ -117,4 +131,4 @@ class Machine:
 
 __all__ = ["ApiAsset", "ApiEndpoint", "Attempt", "CatalogueRecord", "Claim", "Delivery", "EndedAttempt", "JobPulse",
            "JobRecord", "Machine", "NewAsset", "NewJob", "Output", "Preview", "PruneBatch", "RunningJob", "Status",
-           "SubmitResult"]
+           "SubmitResult", "TenantCount"]

@@ -153,7 +153,7 @@ SELECT workflow FROM workflows WHERE id = :id
 -- what a JobRecord is read from
 jobs.id AS id, state, priority, attempt, workflows.workflow AS workflow, extra_data, meta, params, workflow_name,
 submitted_at, run_after, owner, server, lease_until, started_at, finished_at, reason, outputs, cancel_requested,
-machine, spec_hash, last_server, last_prompt_number, progress, callback_url, model_key, waiting_since
+machine, spec_hash, last_server, last_prompt_number, progress, callback_url, model_key, waiting_since, tenant
 
 -- name: ids_starting
 -- the ids that begin with a prefix a person typed, as git takes a commit's (at most a few)
