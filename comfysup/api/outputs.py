@@ -29,7 +29,7 @@ from aiohttp import web
 
 from comfysup import assets as content
 from comfysup import safefs
-from comfysup.api import assets, references, remote, views
+from comfysup.api import assets, references, remote, tenancy, views
 from comfysup.api.errors import ApiError, not_found
 from comfysup.api.replies import STATE_KEY, json_response, origin, send
 from comfysup.errors import NotFound
@@ -74,6 +74,8 @@ async def _output(request: web.Request) -> tuple[Any, tuple[JobRecord, int] | No
     found = await state.call(find, state, asset_id)
     if found is None and views.parse_output_id(asset_id) is not None:
         raise not_found("asset")
+    if found is not None:
+        tenancy.owned(tenancy.tenant(request), found[0], "asset")
     return state, found
 
 
