@@ -35,7 +35,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import PurePosixPath
 from types import FrameType
 from typing import Any
@@ -47,11 +47,13 @@ from comfysup import stopsignals
 from comfysup.broker.connection import BrokerError, Reconnect, connect, declare_all, persistent, where
 from comfysup.broker.outbox import Announcer
 from comfysup.config import Config
+from comfysup.config.tenants import TENANT_NAME
 from comfysup.errors import QueueError
 from comfysup.jobs import JobLineError, JobsFile, NewJob
 from comfysup.jobs.catalogue import Catalogue
 from comfysup.queue import open_queue
 from comfysup.queue.base import Queue, SubmitConflict
+from comfysup.queue.tenants import TenantFull, tenant_of
 from comfysup.queue.watch import DEEP_CHECK_SECONDS, EXIT_DATABASE_REPLACED, QueueWatch, lost_line
 from comfysup.redact import bound
 from comfysup.slotstate import read_broker_state, write_broker_state
@@ -139,6 +141,8 @@ class Message:
     message_id: str | None
     deliveries: int = 0
     """Deliveries before this one that were not acknowledged (the quorum queue's x-delivery-count)."""
+    tenant: Any = None
+    """The message's ``tenant`` header: the tenant of its job when its line names none."""
 
     @property
     def digest(self) -> str:
@@ -146,6 +150,18 @@ class Message:
 
     def name(self) -> str:
         return f"message {self.message_id}" if self.message_id else f"message sha256:{self.digest[:12]}"
+
+
+def _with_tenant(job: NewJob, header: Any) -> NewJob:
+    """The job with its tenant: its line's, else the message's ``tenant`` header, else ``default``."""
+    if job.tenant or header is None:
+        return replace(job, tenant=tenant_of(job.tenant))
+    if isinstance(header, bytes):
+        header = header.decode("utf-8", "replace")
+    if not isinstance(header, str) or not TENANT_NAME.fullmatch(header):
+        raise JobLineError(f"the tenant header {str(header)[:80]!r} is not a tenant's name: 1 to 64 letters, "
+                           "digits, '_', '.' or '-'")
+    return replace(job, tenant=header)
 
 
 class Consumer:
@@ -267,7 +283,8 @@ class Consumer:
                     body: bytes) -> None:
         count = (properties.headers or {}).get("x-delivery-count")
         deliveries = count if isinstance(count, int) and count > 0 else int(bool(method.redelivered))
-        self.held.append(Message(method.delivery_tag, body, properties.message_id, deliveries))
+        self.held.append(Message(method.delivery_tag, body, properties.message_id, deliveries,
+                                 (properties.headers or {}).get("tenant")))
         self.counts["received"] += 1
 
     # -- one batch -----------------------------------------------------------------------------------------
@@ -315,6 +332,9 @@ class Consumer:
                     invalid += [(m, f"id {i} is already in the queue with different content; give the changed job "
                                  "a new id") for i, (_, m) in valid.items() if i in bad]
                     jobs = [j for j in jobs if j.id not in bad]
+                except TenantFull as exc:  # that tenant's jobs of the batch refused, the others inserted
+                    invalid += [(m, str(exc)) for j, m in valid.values() if j.tenant == exc.tenant]
+                    jobs = [j for j in jobs if j.tenant != exc.tenant]
         finally:
             if self._reader is not None:
                 self._reader.close()  # the batch's inputs fetched by URL: in the asset store now, or refused
@@ -341,6 +361,7 @@ class Consumer:
                 continue
             try:
                 job, _warnings = reader.parse(message.body, check=True)
+                job = _with_tenant(job, message.tenant)
             except JobLineError as exc:
                 invalid.append((message, str(exc)))
                 continue

@@ -10,7 +10,15 @@ from typing import Any, TextIO
 
 from comfysup.commands._common import config_from, queue_from
 from comfysup.observability.brokerview import broker_text
-from comfysup.observability.views import POSTED_TEXT, WINDOW_SECONDS, Overview, overview, progress_text
+from comfysup.observability.views import (
+    POSTED_TEXT,
+    WINDOW_SECONDS,
+    Overview,
+    overview,
+    progress_text,
+    several_tenants,
+    tenant_lines,
+)
 from comfysup.queue.base import Machine, Status
 from comfysup.redact import bound
 from comfysup.slotstate import memory_note, read_broker_state, read_state, read_work_state, staleness, warmup_cell
@@ -26,6 +34,8 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
                                    "their reasons.")
     p.add_argument("--json", action="store_true", help="print one JSON object instead")
     p.add_argument("--dead", type=int, default=5, metavar="N", help="how many dead letters to list (default 5)")
+    p.add_argument("--by", choices=("tenant",), help="tenant: each tenant's jobs queued, running and done, and the "
+                   "GPU seconds its jobs held a slot with its share of them (the fair share the claim keeps)")
     p.add_argument("--watch", nargs="?", const=2.0, type=float, metavar="SECONDS",
                    help="refresh in place every SECONDS (default 2): slots, running jobs with their progress, "
                         "counts, jobs per minute, the last dead letters; Ctrl-C stops")
@@ -214,8 +224,12 @@ def run(args: argparse.Namespace) -> int:
         machines = queue.fleet.machines()
         inputs = queue.assets.asset_totals()
         backlog = queue.deliveries.announcement_backlog()
+        tenants = queue.reads.tenant_counts()
     finally:
         queue.close()
+    if args.by == "tenant":
+        print(json.dumps([t.__dict__ for t in tenants], indent=2) if args.json else "\n".join(tenant_lines(tenants)))
+        return 0
     state = read_state(config)
     work = read_work_state(config)
     work_text = render_work(work, now)
@@ -225,6 +239,7 @@ def run(args: argparse.Namespace) -> int:
         out["work"] = None if work is None else {**work, "stale": staleness(work, now)}
         out["machines"] = machines_snapshot(machines)
         out["inputs"] = inputs
+        out["tenants"] = [t.__dict__ for t in tenants]
         if config.rabbitmq.url:
             out["rabbitmq"] = {"consumer": read_broker_state(config), "outbox_backlog": backlog}
         print(json.dumps(out, indent=2))
@@ -232,6 +247,9 @@ def run(args: argparse.Namespace) -> int:
         print(render(status, now))
         if inputs["assets"]:
             print(render_inputs(inputs))
+        if several_tenants(tenants):
+            print()
+            print("\n".join(tenant_lines(tenants)))
         print()
         print(render_slots(state, now))
         if work_text:

@@ -11,7 +11,7 @@ from comfysup.config.checks import check_keys
 from comfysup.config.schema import TenantConfig
 from comfysup.errors import ConfigError
 
-NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+TENANT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 """A tenant's name: what a label, a header and a CSV column can carry as it is."""
 KINDS: dict[str, tuple[type, ...]] = {"weight": (int, float), "max_running": (int,), "max_queued": (int,),
                                       "token_sha256": (str,)}
@@ -37,7 +37,7 @@ def read_tenants(body: Any, source: str) -> tuple[TenantConfig, ...]:
 
 def _tenant(name: str, entry: Any, source: str) -> TenantConfig:
     where = f"{source}: [tenants.{name}]"
-    if not NAME.fullmatch(name):
+    if not TENANT_NAME.fullmatch(name):
         raise ConfigError(f"{where}: a tenant's name is 1 to 64 letters, digits, '_', '.' or '-', starting with a "
                           "letter or digit")
     if not isinstance(entry, dict):

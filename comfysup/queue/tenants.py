@@ -43,7 +43,9 @@ class TenantLimits:
 
 
 class TenantFull(QueueError):
-    """A submit would take a tenant past its ``max_queued``; nothing was inserted."""
+    """A submit would take a tenant past its ``max_queued``; nothing was inserted. ``comfysup submit`` exits 4."""
+
+    exit_code = 4
 
     def __init__(self, tenant: str, queued: int, max_queued: int) -> None:
         self.tenant, self.queued, self.max_queued = tenant, queued, max_queued

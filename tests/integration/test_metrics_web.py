@@ -313,3 +313,25 @@ def test_a_malformed_request_line_is_one_log_line(status_server: str, caplog: py
     # capture stream ("--- Logging error ---" … "Arguments: …") is not this server's traceback: cut before the check.
     err = re.sub(r"--- Logging error ---\n.*?\nArguments: [^\n]*\n", "", err, flags=re.S)
     assert "Traceback" not in err, err
+
+
+def test_tenants_in_metrics_status_and_the_page_name_only_declared_tenants(queue: SQLiteQueue) -> None:
+    import dataclasses
+
+    from comfysup.queue.tenants import TenantLimits
+
+    queue.tenants = {"studio": TenantLimits(weight=3.0)}
+    queue.intake.submit([dataclasses.replace(make_job(1), tenant="studio"),
+                         dataclasses.replace(make_job(2), tenant="studio"),
+                         dataclasses.replace(make_job(3), tenant="stray")], now=T0)
+    claim = queue.leases.claim("a", "cpu0", 60, now=T0)  # stray's: no seconds used yet, and first by name
+    queue.leases.complete(claim, [], now=T0 + 12.5)
+    metrics = Metrics(queue, lambda: None)
+    sample = metrics.registry.get_sample_value
+    assert sample("comfysup_tenant_jobs", {"tenant": "studio", "state": "queued"}) == 2
+    assert sample("comfysup_tenant_jobs_done_total", {"tenant": "studio"}) == 0
+    assert sample("comfysup_tenant_gpu_seconds_total", {"tenant": "other"}) == 12.5
+    assert sample("comfysup_tenant_jobs_done_total", {"tenant": "other"}) == 1
+    assert 'tenant="stray"' not in metrics.exposition().decode()
+    page = render_page(overview(queue, None, now=T0 + 13), 5)
+    assert "<h2>Tenants</h2>" in page and "studio" in page and "stray" in page
