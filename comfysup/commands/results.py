@@ -70,8 +70,9 @@ TABLE_CELL_CHARS = 60
 RESULT_COLUMNS = ("status", "server", "machine", "attempts", "files", "reason", "queue_wait_s", "comfyui_wait_s",
                   "attempt_run_s", "total_s")
 CSV_COLUMNS = (*RESULT_COLUMNS, "tenant", "locations", "urls", "url_expires_at")
-"""``tenant``: who the job belongs to (comfysup.queue.tenants); ``locations``: each file as host:path, since store.dir may be each machine's own disk, or as the s3://bucket/key
-of its object ([store] url); ``urls``: each object's presigned URL, valid until ``url_expires_at``."""
+"""``tenant``: who the job belongs to (comfysup.queue.tenants); ``locations``: each file as host:path, since
+store.dir may be each machine's own disk, or as the s3://bucket/key of its object ([store] url); ``urls``: each
+object's presigned URL, valid until ``url_expires_at``."""
 
 
 def cell(value: Any) -> str:
