@@ -100,3 +100,11 @@ class TenantsContract:
         assert (refused.value.tenant, refused.value.queued, refused.value.max_queued) == ("a", 4, 3)
         assert q.reads.states([j.id for j in jobs_of("b", 20, 1)]) == {}
         q.intake.submit(jobs_of("a", 10, 1), now=T0)  # up to the bound is fine
+
+    def test_a_tenant_is_charged_its_execution_not_its_wait_in_comfyuis_queue(self, q: Queue) -> None:
+        q.intake.submit(jobs_of("a", 0, 2), now=T0)
+        posted = q.leases.claim("r", "gpu0", LEASE, now=T0)
+        q.leases.complete(posted, [], now=T0 + 100, trace={"comfyui_wait_s": 93.0, "run_s": 7.0})
+        lost = q.leases.claim("r", "gpu0", LEASE, now=T0 + 100)  # no trace (a runner that died): claim to end
+        q.leases.release(lost, "shutdown", now=T0 + 104)
+        assert next(t for t in q.reads.tenant_counts() if t.tenant == "a").gpu_seconds == pytest.approx(11.0)

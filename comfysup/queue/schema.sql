@@ -312,8 +312,10 @@ CREATE TABLE job_previews (
 -- name: v16
 -- Tenants: every job belongs to one (``default`` when none is named), and the claim serves the tenant furthest
 -- below its weighted share of slot time first (comfysup.queue.tenants). A tenant's row keeps its weight and
--- max_running (from the config's [tenants.NAME]) and the running total of the seconds its attempts held a
--- slot, added by the trigger below as each attempt ends, so a claim reads one row a tenant, never the history.
+-- max_running (from the config's [tenants.NAME]) and the running total of the seconds its attempts executed
+-- (the trace's run_s: the claim to the end less the wait in ComfyUI's queue behind another prompt; without a
+-- trace, the claim to the end), added by the trigger below as each attempt ends, so a claim reads one row a
+-- tenant, never the history.
 ALTER TABLE jobs ADD COLUMN tenant TEXT NOT NULL DEFAULT 'default';
 CREATE INDEX jobs_tenant_ready ON jobs (tenant, priority DESC, seq, run_after) WHERE state = 'queued';
 CREATE INDEX jobs_tenant_affinity ON jobs (tenant, model_key, priority, seq, run_after)
@@ -337,7 +339,8 @@ END;
 CREATE TRIGGER attempts_ended_charge AFTER UPDATE OF ended_at ON attempts
 WHEN old.ended_at IS NULL AND new.ended_at IS NOT NULL
 BEGIN
-    UPDATE tenants SET gpu_seconds = gpu_seconds + max(0.0, new.ended_at - new.started_at)
+    UPDATE tenants SET gpu_seconds = gpu_seconds
+        + max(0.0, coalesce(json_extract(new.trace, '$.run_s'), new.ended_at - new.started_at))
     WHERE name = (SELECT tenant FROM jobs WHERE id = new.job_id);
 END;
 -- Affinity's staircase is kept per tenant: a claim passes over the jobs of the tenant it serves only.
