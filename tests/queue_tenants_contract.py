@@ -108,3 +108,16 @@ class TenantsContract:
         lost = q.leases.claim("r", "gpu0", LEASE, now=T0 + 100)  # no trace (a runner that died): claim to end
         q.leases.release(lost, "shutdown", now=T0 + 104)
         assert next(t for t in q.reads.tenant_counts() if t.tenant == "a").gpu_seconds == pytest.approx(11.0)
+
+    def test_a_tenant_back_from_idle_starts_level_with_the_busy_ones(self, q: Queue) -> None:
+        q.intake.submit(jobs_of("a", 0, 3) + jobs_of("b", 100, 1), now=T0)
+        assert run(q, "r", 10.0, T0) == "a"
+        assert run(q, "r", 10.0, T0 + 20) == "b"  # b is idle from now on
+        for i in range(2):
+            run(q, "r", 50.0, T0 + 40 + i * 60)  # a alone: 110 s
+        q.intake.submit(jobs_of("a", 10, 3) + jobs_of("c", 200, 3), now=T0 + 200)  # c new: level with a
+        q.intake.submit(jobs_of("b", 300, 3), now=T0 + 200)  # b back: level with a too, not 100 s ahead
+        counts = {t.tenant: t.gpu_seconds for t in q.reads.tenant_counts()}
+        assert counts["a"] == counts["b"] == counts["c"] == pytest.approx(110.0)
+        served = [run(q, "r", 10.0, T0 + 300 + i * 20) for i in range(6)]
+        assert sorted(served) == ["a", "a", "b", "b", "c", "c"]

@@ -118,8 +118,10 @@ class _Batches:
 
     def insert(self, batch: list[NewJob]) -> None:
         intake = self.intake
+        tenants = [tenant_of(j.tenant) for j in batch]
+        intake.db.tenants.arrive(intake.db, self.cur, tenants)
         inserted, existing = intake.db.insert_batch(self.cur, batch, self.at, self.conflicts, self.specs)
-        intake.db.tenants.admit(intake.db, self.cur, [tenant_of(j.tenant) for j in batch], intake.db.ADVISORY_LOCKS)
+        intake.db.tenants.admit(intake.db, self.cur, tenants, intake.db.ADVISORY_LOCKS)
         insert_refusals(intake.db, self.cur, batch)
         intake.assets.insert_assets(self.cur, batch, self.at, self.stored)
         self.inserted += inserted

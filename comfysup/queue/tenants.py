@@ -2,9 +2,12 @@
 
 Every job has a tenant (``default`` when none is named). The claim (the dialects' ``head`` statement) serves the
 tenant furthest below its weighted share of slot time first: tenants are walked in the order of
-``gpu_seconds / weight``, where ``gpu_seconds`` is the running total of the seconds that tenant's attempts held
-a slot, added by a trigger as each attempt ends; inside the tenant, priority then submission order (and model
-affinity) as before. A tenant at its ``max_running`` is passed over. ``max_queued`` bounds a tenant's queued
+``gpu_seconds / weight``, where ``gpu_seconds`` is the running total of the seconds that tenant's attempts
+executed, added by a trigger as each attempt ends; inside the tenant, priority then submission order (and model
+affinity) as before. A tenant that submits while it has no job queued or running starts level with the
+least-served tenant that has work, or with the most-served one when none has (``arrive``): shares count while a
+tenant has work, so an idle tenant does not come back with a credit that would take the whole fleet from the
+others. A tenant at its ``max_running`` is passed over. ``max_queued`` bounds a tenant's queued
 jobs: a submit that would pass it is refused whole (``TenantFull``).
 
 The limits come from the config's ``[tenants.NAME]`` (comfysup.config.schema.TenantConfig); each process writes
@@ -81,12 +84,18 @@ class TenantBook:
             cur.executemany(db.sql["declare_tenant"], rows)
         self.written = True
 
-    def admit(self, db: Any, cur: Any, tenants: Iterable[str], lock: bool) -> None:
-        """Rows for the tenants a submit names, then each ``max_queued`` checked against the queued jobs this
-        transaction sees (its own included); raises TenantFull."""
+    def arrive(self, db: Any, cur: Any, tenants: Iterable[str]) -> None:
+        """Before a submit's jobs are inserted: a row for each tenant it names, and one that has no job queued or
+        running starts level with the least-served tenant that has (``level_tenant``)."""
         self.write(db, cur)
         for name in sorted(set(tenants)):
             cur.execute(db.sql["add_tenant"], {"name": name})
+            cur.execute(db.sql["level_tenant"], {"name": name})
+
+    def admit(self, db: Any, cur: Any, tenants: Iterable[str], lock: bool) -> None:
+        """After a submit's jobs are inserted: each ``max_queued`` checked against the queued jobs this transaction
+        sees (its own included); raises TenantFull."""
+        for name in sorted(set(tenants)):
             bound = self.limits.get(name, TenantLimits()).max_queued
             if not bound:
                 continue

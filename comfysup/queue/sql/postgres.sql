@@ -13,6 +13,10 @@ coalesce(CAST(:now AS float8), extract(epoch from now())::float8)
 -- the new attempt as begun before the last one ended
 coalesce(:now::float8, extract(epoch from clock_timestamp())::float8)
 
+-- name: greatest
+-- the larger of two numbers
+greatest
+
 -- name: for_update
 -- lock the row for the change that follows
 FOR UPDATE

@@ -502,6 +502,17 @@ SELECT url, {now} - heartbeat_at AS age FROM api_endpoints WHERE host = :host
 INSERT INTO tenants (name, weight, max_running) VALUES (:name, :weight, :max_running)
 ON CONFLICT (name) DO UPDATE SET weight = excluded.weight, max_running = excluded.max_running
 
+-- name: level_tenant
+-- a tenant with no job queued or running (idle, or new) starts level with the least-served tenant that has work
+-- (when none has, with the most-served tenant): its share counts while it has work, so credit does not pile up
+-- while it is away
+UPDATE tenants SET gpu_seconds = {greatest}(gpu_seconds, weight * coalesce((SELECT t.gpu_seconds / t.weight
+    FROM tenants t WHERE t.name <> :name AND (EXISTS (SELECT 1 FROM jobs j WHERE j.tenant = t.name AND j.state = 'queued')
+        OR EXISTS (SELECT 1 FROM jobs j WHERE j.tenant = t.name AND j.state = 'running'))
+    ORDER BY t.gpu_seconds / t.weight, t.name LIMIT 1), (SELECT max(t.gpu_seconds / t.weight) FROM tenants t), 0))
+WHERE name = :name AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.tenant = :name AND j.state = 'queued')
+    AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.tenant = :name AND j.state = 'running')
+
 -- name: add_tenant
 -- a tenant a submit names, kept as it is when known
 INSERT INTO tenants (name) VALUES (:name) ON CONFLICT (name) DO NOTHING

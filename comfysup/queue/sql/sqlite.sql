@@ -6,6 +6,10 @@
 -- the operation's time: the parameter :now
 :now
 
+-- name: greatest
+-- the larger of two numbers
+max
+
 -- name: for_update
 -- BEGIN IMMEDIATE already holds the write lock
 
