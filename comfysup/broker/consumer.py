@@ -35,7 +35,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import PurePosixPath
 from types import FrameType
 from typing import Any
@@ -45,15 +45,14 @@ from pika.adapters.blocking_connection import BlockingChannel
 
 from comfysup import stopsignals
 from comfysup.broker.connection import BrokerError, Reconnect, connect, declare_all, persistent, where
+from comfysup.broker.insert import insert, with_tenant
 from comfysup.broker.outbox import Announcer
 from comfysup.config import Config
-from comfysup.config.tenants import TENANT_NAME
 from comfysup.errors import QueueError
 from comfysup.jobs import JobLineError, JobsFile, NewJob
 from comfysup.jobs.catalogue import Catalogue
 from comfysup.queue import open_queue
-from comfysup.queue.base import Queue, SubmitConflict
-from comfysup.queue.tenants import TenantFull, tenant_of
+from comfysup.queue.base import Queue
 from comfysup.queue.watch import DEEP_CHECK_SECONDS, EXIT_DATABASE_REPLACED, QueueWatch, lost_line
 from comfysup.redact import bound
 from comfysup.slotstate import read_broker_state, write_broker_state
@@ -150,18 +149,6 @@ class Message:
 
     def name(self) -> str:
         return f"message {self.message_id}" if self.message_id else f"message sha256:{self.digest[:12]}"
-
-
-def _with_tenant(job: NewJob, header: Any) -> NewJob:
-    """The job with its tenant: its line's, else the message's ``tenant`` header, else ``default``."""
-    if job.tenant or header is None:
-        return replace(job, tenant=tenant_of(job.tenant))
-    if isinstance(header, bytes):
-        header = header.decode("utf-8", "replace")
-    if not isinstance(header, str) or not TENANT_NAME.fullmatch(header):
-        raise JobLineError(f"the tenant header {str(header)[:80]!r} is not a tenant's name: 1 to 64 letters, "
-                           "digits, '_', '.' or '-'")
-    return replace(job, tenant=header)
 
 
 class Consumer:
@@ -320,21 +307,7 @@ class Consumer:
         """Validate and insert ``batch``, then acknowledge it: with one ack when it is all that is held."""
         try:
             valid, invalid = self.judge(batch)
-            jobs = [job for job, _ in valid.values()]
-            while jobs:
-                try:
-                    result = self.queue.intake.submit(jobs)
-                    self.counts["inserted"] += result.inserted
-                    self.counts["existing"] += result.existing
-                    break
-                except SubmitConflict as exc:
-                    bad = set(exc.ids)
-                    invalid += [(m, f"id {i} is already in the queue with different content; give the changed job "
-                                 "a new id") for i, (_, m) in valid.items() if i in bad]
-                    jobs = [j for j in jobs if j.id not in bad]
-                except TenantFull as exc:  # that tenant's jobs of the batch refused, the others inserted
-                    invalid += [(m, str(exc)) for j, m in valid.values() if j.tenant == exc.tenant]
-                    jobs = [j for j in jobs if j.tenant != exc.tenant]
+            invalid += insert(self.queue, valid, self.counts)
         finally:
             if self._reader is not None:
                 self._reader.close()  # the batch's inputs fetched by URL: in the asset store now, or refused
@@ -361,7 +334,7 @@ class Consumer:
                 continue
             try:
                 job, _warnings = reader.parse(message.body, check=True)
-                job = _with_tenant(job, message.tenant)
+                job = with_tenant(job, message.tenant)
             except JobLineError as exc:
                 invalid.append((message, str(exc)))
                 continue
