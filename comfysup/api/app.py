@@ -168,7 +168,7 @@ def make_app(config: Config, queue: Any) -> web.Application:
     app.router.add_post(f"{API}/assets/from-path", placement.from_path)
     app.router.add_route("HEAD", f"{API}/assets/by-hash/{{hash}}", assets.by_hash)
     app.router.add_get(f"{API}/assets/{{id}}", outputs.get_asset)
-    app.router.add_delete(f"{API}/assets/{{id}}", assets.delete_asset)
+    app.router.add_delete(f"{API}/assets/{{id}}", outputs.delete_asset)
     app.router.add_get(f"{API}/assets/{{id}}/content", outputs.content_of)
     events.install(app, state.call, queue, config.api.max_event_streams, state.links)
     remote.install(app)

@@ -7,6 +7,7 @@ import asyncio
 import base64
 import binascii
 import dataclasses
+import functools
 import time
 from typing import Any
 
@@ -82,7 +83,7 @@ def _submit(state: State, body: Any, key: str | None, who: str, origin: str, fet
     request with that key, before, after or at the same time, finds the job in the queue and is 422
     ``idempotency_key_reuse`` naming it (``details.job_id``), so a retry after a lost answer never makes a second
     job and can still find the first (docs/reliability.md)."""
-    job = state.intake.job(body, key, state.catalogues(), state.inputs, fetched)
+    job = state.intake.job(body, key, state.catalogues(), functools.partial(state.inputs, who=who), fetched)
     job = dataclasses.replace(job, id=tenancy.job_id(key, who) if key is not None else job.id, tenant=tenant_of(who))
     if key is not None and _known(state, job.id):
         raise _reused(job.id)

@@ -69,6 +69,11 @@ def full(exc: Any, retry_seconds: int) -> ApiError:
                     headers={"Retry-After": str(retry_seconds)}, details={"queued": exc.queued})
 
 
+def upload_key(key: str | None, who: str) -> str | None:
+    """An upload's Idempotency-Key as the queue keeps it: kept apart per tenant, as a job's is."""
+    return f"{who}\0{key}" if who and key is not None else key
+
+
 def job_id(key: str | None, who: str) -> str:
     """The id of the job an Idempotency-Key makes (comfysup.api.intake.job_id_for), kept apart per tenant: one
     tenant's key never names, nor reveals, another's job."""

@@ -271,6 +271,7 @@ BEGIN
 END $$;
 CREATE TRIGGER attempts_ended_charge AFTER UPDATE OF ended_at ON attempts FOR EACH ROW
     WHEN (OLD.ended_at IS NULL AND NEW.ended_at IS NOT NULL) EXECUTE FUNCTION comfysup_charge_tenant();
+ALTER TABLE api_assets ADD COLUMN tenant text NOT NULL DEFAULT 'default';
 DROP TABLE affinity_skips;
 CREATE TABLE affinity_skips (
     tenant    text             NOT NULL,

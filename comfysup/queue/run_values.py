@@ -241,3 +241,5 @@ class ApiAsset:
     content_type: str
     created_at: float
     expires_at: float
+    tenant: str = "default"
+    """Whose upload it is (comfysup.queue.tenants): only that tenant's token, or the admin's, sees it."""

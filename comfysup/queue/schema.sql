@@ -343,6 +343,8 @@ BEGIN
         + max(0.0, coalesce(json_extract(new.trace, '$.run_s'), new.ended_at - new.started_at))
     WHERE name = (SELECT tenant FROM jobs WHERE id = new.job_id);
 END;
+-- An upload through the API is its tenant's: another tenant's token cannot read, use or delete it.
+ALTER TABLE api_assets ADD COLUMN tenant TEXT NOT NULL DEFAULT 'default';
 -- Affinity's staircase is kept per tenant: a claim passes over the jobs of the tenant it serves only.
 DROP TABLE affinity_skips;
 CREATE TABLE affinity_skips (

@@ -64,6 +64,13 @@ def test_a_tenants_token_sees_only_its_own_jobs_and_outputs(fleet: tuple[str, St
         assert httpx.post(f"{url}/api/v2/jobs/{queued.id}/cancel", headers=headers).status_code == 404
         assert a.jobs.get(queued.id).status == "queued"  # b's cancel did nothing
         assert httpx.get(f"{url}/api/v2/jobs", headers={"Authorization": "Bearer nobody"}).status_code == 401
+        upload = a.assets.from_bytes(b"\x89PNG a's own bytes", filename="a.png")
+        upload.commit()
+        with pytest.raises(NotFound):
+            b.assets.get(upload.id)
+        assert httpx.delete(f"{url}/api/v2/assets/{upload.id}", headers=headers).status_code == 404
+        assert httpx.delete(f"{url}/api/v2/assets/{output.id}", headers=headers).status_code == 404
+        assert a.assets.get(upload.id).id == upload.id and admin.assets.get(upload.id).id == upload.id
     assert runner.queue.reads.get(mine.id).tenant == "b" and runner.queue.reads.get(done.id).tenant == "a"
 
 

@@ -53,6 +53,7 @@ def test_schema_version_is_recorded_and_a_newer_one_refused(pg_url: str) -> None
 
 UNDO_V12 = ("DROP TABLE tenants; DROP FUNCTION comfysup_charge_tenant CASCADE; "
             "DROP FUNCTION comfysup_count_done CASCADE; ALTER TABLE jobs DROP COLUMN tenant; "
+            "ALTER TABLE api_assets DROP COLUMN tenant; "
             "DROP TABLE affinity_skips; CREATE TABLE affinity_skips (priority bigint NOT NULL, "
             "seq_bound bigint NOT NULL, at double precision NOT NULL, PRIMARY KEY (priority, seq_bound))")
 """v12 (tenants) taken away again, for the tests that open a database of an older version."""

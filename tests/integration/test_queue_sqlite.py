@@ -471,7 +471,8 @@ def test_finished_counts_follow_every_transition(tmp_path: Path) -> None:
 UNDO = {
     16: "DROP TRIGGER jobs_done_tenant; DROP TRIGGER attempts_ended_charge; DROP TABLE tenants; "
         "DROP INDEX jobs_tenant_ready; DROP INDEX jobs_tenant_affinity; DROP INDEX jobs_tenant_running; "
-        "ALTER TABLE jobs DROP COLUMN tenant; DROP TABLE affinity_skips; CREATE TABLE affinity_skips (priority "
+        "ALTER TABLE jobs DROP COLUMN tenant; ALTER TABLE api_assets DROP COLUMN tenant; DROP TABLE affinity_skips; "
+        "CREATE TABLE affinity_skips (priority "
         "INTEGER NOT NULL, seq_bound INTEGER NOT NULL, at REAL NOT NULL, PRIMARY KEY (priority, seq_bound)) "
         "WITHOUT ROWID",
     15: "DROP TABLE output_assets; DROP TABLE job_previews",

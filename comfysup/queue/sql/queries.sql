@@ -427,29 +427,30 @@ SELECT data FROM asset_chunks WHERE hash = :hash AND n = :n
 
 -- name: api_asset
 -- an asset uploaded through the API, with its content's size
-SELECT u.id, u.hash, a.size, u.file_path, u.content_type, u.created_at, u.expires_at
+SELECT u.id, u.hash, a.size, u.file_path, u.content_type, u.created_at, u.expires_at, u.tenant
 FROM api_assets u JOIN assets a ON a.hash = u.hash WHERE u.id = :id
 
 -- name: api_asset_by_key
 -- an upload's record by its Idempotency-Key (a retried upload)
-SELECT u.id, u.hash, a.size, u.file_path, u.content_type, u.created_at, u.expires_at
+SELECT u.id, u.hash, a.size, u.file_path, u.content_type, u.created_at, u.expires_at, u.tenant
 FROM api_assets u JOIN assets a ON a.hash = u.hash WHERE u.idem_key = :key
 
 -- name: api_asset_same
--- a live record of this content under this name (POST /assets/from-hash answers it rather than a new one)
-SELECT u.id, u.hash, a.size, u.file_path, u.content_type, u.created_at, u.expires_at
+-- a live record of this content under this name of this tenant (POST /assets/from-hash answers it, not a new one)
+SELECT u.id, u.hash, a.size, u.file_path, u.content_type, u.created_at, u.expires_at, u.tenant
 FROM api_assets u JOIN assets a ON a.hash = u.hash WHERE u.hash = :hash AND u.file_path = :file_path AND u.expires_at > :at
+    AND u.tenant = :tenant
 ORDER BY u.created_at LIMIT 1
 
 -- name: insert_api_asset
 -- an asset record minted over stored content
-INSERT INTO api_assets (id, hash, file_path, content_type, created_at, expires_at, idem_key)
-VALUES (:id, :hash, :file_path, :content_type, :created_at, :expires_at, :idem_key)
+INSERT INTO api_assets (id, hash, file_path, content_type, created_at, expires_at, idem_key, tenant)
+VALUES (:id, :hash, :file_path, :content_type, :created_at, :expires_at, :idem_key, :tenant)
 
 -- name: insert_keyed_api_asset
 -- an uploaded asset's record under its Idempotency-Key; no row back: another upload with the key committed first
-INSERT INTO api_assets (id, hash, file_path, content_type, created_at, expires_at, idem_key)
-VALUES (:id, :hash, :file_path, :content_type, :created_at, :expires_at, :idem_key) ON CONFLICT (idem_key) DO NOTHING RETURNING id
+INSERT INTO api_assets (id, hash, file_path, content_type, created_at, expires_at, idem_key, tenant)
+VALUES (:id, :hash, :file_path, :content_type, :created_at, :expires_at, :idem_key, :tenant) ON CONFLICT (idem_key) DO NOTHING RETURNING id
 
 -- name: extend_api_asset
 -- content referenced again: its record lives at least until the new deadline (never shortened)
