@@ -121,3 +121,16 @@ class TenantsContract:
         assert counts["a"] == counts["b"] == counts["c"] == pytest.approx(110.0)
         served = [run(q, "r", 10.0, T0 + 300 + i * 20) for i in range(6)]
         assert sorted(served) == ["a", "a", "b", "b", "c", "c"]
+
+    def test_a_queue_without_tenants_writes_no_tenant_row_as_jobs_end(self, q: Queue) -> None:
+        from tests.queue_contract import make_job
+
+        q.intake.submit([make_job(n) for n in range(3)], now=T0)
+        for i in range(2):
+            run(q, "r", 5.0, T0 + i * 10)
+        (alone,) = q.reads.tenant_counts()
+        assert (alone.tenant, alone.done, alone.gpu_seconds) == ("default", 2, 0.0)
+        q.intake.submit(jobs_of("b", 10, 1), now=T0 + 30)  # the first other tenant: default's done seeded
+        run(q, "r", 5.0, T0 + 40)
+        counts = {t.tenant: t for t in q.reads.tenant_counts()}
+        assert counts["default"].done + counts["b"].done == 3 and counts["default"].done >= 2

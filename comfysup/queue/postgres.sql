@@ -255,6 +255,9 @@ CREATE INDEX tenants_share ON tenants ((gpu_seconds / weight), name);
 INSERT INTO tenants (name, done) VALUES ('default', (SELECT count(*) FROM jobs WHERE state = 'done'));
 CREATE FUNCTION comfysup_count_done() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
+    IF NOT EXISTS (SELECT 1 FROM tenants WHERE name <> 'default') THEN
+        RETURN NULL;  -- no tenants: no row that every end would write (see schema.sql's v16)
+    END IF;
     UPDATE tenants SET done = done + 1 WHERE name = NEW.tenant;
     RETURN NULL;
 END $$;
@@ -264,6 +267,9 @@ CREATE FUNCTION comfysup_charge_tenant() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
     ran json := CASE WHEN NEW.trace IS NOT NULL THEN NEW.trace::json -> 'run_s' END;
 BEGIN
+    IF NOT EXISTS (SELECT 1 FROM tenants WHERE name <> 'default') THEN
+        RETURN NULL;
+    END IF;
     UPDATE tenants SET gpu_seconds = gpu_seconds + greatest(0.0, CASE WHEN json_typeof(ran) = 'number'
         THEN (ran #>> '{}')::float8 ELSE NEW.ended_at - NEW.started_at END)
     WHERE name = (SELECT tenant FROM jobs WHERE id = NEW.job_id);

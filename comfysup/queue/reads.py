@@ -174,9 +174,13 @@ class Reads(Role):
         return out
 
     def tenant_counts(self) -> list[TenantCount]:
+        """Without a tenant other than default, no trigger counts default's jobs done: its count is every job's."""
+        rows = self._rows("tenant_counts", {})
+        alone = [r["tenant"] for r in rows] == ["default"]
+        done = {r["state"]: r["n"] for r in self._rows("state_counts")}.get("done", 0) if alone else None
         return [TenantCount(tenant=r["tenant"], weight=r["weight"], max_running=r["max_running"], queued=r["queued"],
-                            running=r["running"], done=r["done"], gpu_seconds=r["gpu_seconds"])
-                for r in self._rows("tenant_counts", {})]
+                            running=r["running"], done=r["done"] if done is None else done,
+                            gpu_seconds=r["gpu_seconds"]) for r in rows]
 
     def finished_counts(self, since: float, now: float | None = None) -> dict[str, int]:
         return {r["state"]: r["n"] for r in self._rows("finished_counts", {"since": since})}

@@ -81,6 +81,7 @@ class TenantBook:
         rows = [{"name": name, "weight": t.weight, "max_running": t.max_running or None}
                 for name, t in sorted(self.limits.items())]
         if rows:
+            cur.execute(db.sql["seed_default"], max(rows, key=lambda r: r["name"] != DEFAULT))
             cur.executemany(db.sql["declare_tenant"], rows)
         self.written = True
 
@@ -89,6 +90,7 @@ class TenantBook:
         running starts level with the least-served tenant that has (``level_tenant``)."""
         self.write(db, cur)
         for name in sorted(set(tenants)):
+            cur.execute(db.sql["seed_default"], {"name": name})
             cur.execute(db.sql["add_tenant"], {"name": name})
             cur.execute(db.sql["level_tenant"], {"name": name})
 

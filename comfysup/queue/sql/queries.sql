@@ -514,6 +514,12 @@ UPDATE tenants SET gpu_seconds = {greatest}(gpu_seconds, weight * coalesce((SELE
 WHERE name = :name AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.tenant = :name AND j.state = 'queued')
     AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.tenant = :name AND j.state = 'running')
 
+-- name: seed_default
+-- before the first tenant other than default: default's jobs done so far, which no trigger counted while it was
+-- alone (its seconds need no seed: the first other tenant starts level with it)
+UPDATE tenants SET done = (SELECT count(*) FROM jobs WHERE tenant = 'default' AND state = 'done')
+WHERE name = 'default' AND :name <> 'default' AND NOT EXISTS (SELECT 1 FROM tenants WHERE name <> 'default')
+
 -- name: add_tenant
 -- a tenant a submit names, kept as it is when known
 INSERT INTO tenants (name) VALUES (:name) ON CONFLICT (name) DO NOTHING
