@@ -1,8 +1,9 @@
 """bench/fairness.py: tenants' fair shares of the fleet, through `comfysup run` on fake ComfyUI servers (4 slots).
 
 1. **A small tenant behind a big one.** Tenant A has --a-jobs jobs queued (5,000); tenant B submits one job every
-   --every seconds (`comfysup submit --tenant b`, a one-line file each time) for --b-jobs jobs. B's queue wait
-   (its first attempt's start less its submit) against the job's duration, median and p95, run twice on a fresh
+   --every seconds (`comfysup submit --tenant b`, a one-line file each time) for --b-jobs jobs. B's wait (from
+   its submit to the start of its execution: the claim, plus the wait in ComfyUI's queue of a job claimed ahead)
+   against a job's duration (its execution, the trace's run_s), median and p95, run twice on a fresh
    queue: without fairness (no tenants: every job the default tenant's, strict priority then age) and with it
    (A's jobs tenant a, B's tenant b, weights 1:1). Without fairness B's jobs wait behind all of A's: a job of B
    that had not started when the run stopped is counted with the wait it had so far (a lower bound), and the
@@ -153,12 +154,16 @@ def wait_run(tmp: Path, fair: bool, args: argparse.Namespace) -> dict[str, Any]:
                 break
             time.sleep(0.25)
         stopped = time.time()
-        rows = fleet.rows("SELECT j.id, j.submitted_at, a.started_at, a.ended_at, j.tenant FROM jobs j LEFT JOIN "
-                          "attempts a ON a.job_id = j.id AND a.attempt = 1")
+        # Its execution's start: the claim, plus the wait in ComfyUI's queue of a job claimed ahead (posted behind
+        # the prompt that ran there); the job's duration: its execution (the trace's run_s).
+        rows = fleet.rows("SELECT j.id, j.submitted_at, a.started_at + coalesce(json_extract(a.trace, "
+                          "'$.comfyui_wait_s'), 0), coalesce(json_extract(a.trace, '$.run_s'), a.ended_at - "
+                          "a.started_at), a.ended_at FROM jobs j LEFT JOIN attempts a ON a.job_id = j.id AND "
+                          "a.attempt = 1")
     finally:
         fleet.stop()
-    done = [r for r in rows if r[3] is not None]
-    duration = statistics.mean(r[3] - r[2] for r in done)
+    done = [r for r in rows if r[4] is not None]
+    duration = statistics.mean(r[3] for r in done)
     b = {i for i in b_ids}
     waits = [(r[2] if r[2] is not None else stopped) - r[1] for r in rows if r[0] in b]
     started = sum(1 for r in rows if r[0] in b and r[2] is not None)

@@ -237,8 +237,8 @@ CREATE TABLE job_previews (
 
 -- name: v12
 -- Tenants (see schema.sql's v16): a tenant on every job, a row per tenant with its weight, max_running and the
--- running total of the seconds its attempts executed (added by the trigger as each attempt ends), and affinity's
--- staircase kept per tenant.
+-- running total of the seconds its attempts executed and of its jobs done (added by one trigger as each attempt
+-- ends), and affinity's staircase kept per tenant.
 ALTER TABLE jobs ADD COLUMN tenant text NOT NULL DEFAULT 'default';
 CREATE INDEX jobs_tenant_ready ON jobs (tenant, priority DESC, seq) INCLUDE (run_after) WHERE state = 'queued';
 CREATE INDEX jobs_tenant_affinity ON jobs (tenant, model_key, priority, seq) INCLUDE (run_after)
@@ -253,25 +253,16 @@ CREATE TABLE tenants (
 );
 CREATE INDEX tenants_share ON tenants ((gpu_seconds / weight), name);
 INSERT INTO tenants (name, done) VALUES ('default', (SELECT count(*) FROM jobs WHERE state = 'done'));
-CREATE FUNCTION comfysup_count_done() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    IF NOT EXISTS (SELECT 1 FROM tenants WHERE name <> 'default') THEN
-        RETURN NULL;  -- no tenants: no row that every end would write (see schema.sql's v16)
-    END IF;
-    UPDATE tenants SET done = done + 1 WHERE name = NEW.tenant;
-    RETURN NULL;
-END $$;
-CREATE TRIGGER jobs_done_tenant AFTER UPDATE OF state ON jobs FOR EACH ROW
-    WHEN (NEW.state = 'done' AND OLD.state IS DISTINCT FROM 'done') EXECUTE FUNCTION comfysup_count_done();
 CREATE FUNCTION comfysup_charge_tenant() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
     ran json := CASE WHEN NEW.trace IS NOT NULL THEN NEW.trace::json -> 'run_s' END;
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM tenants WHERE name <> 'default') THEN
-        RETURN NULL;
+        RETURN NULL;  -- no tenants: no row that every end would write (see schema.sql's v16)
     END IF;
     UPDATE tenants SET gpu_seconds = gpu_seconds + greatest(0.0, CASE WHEN json_typeof(ran) = 'number'
-        THEN (ran #>> '{}')::float8 ELSE NEW.ended_at - NEW.started_at END)
+        THEN (ran #>> '{}')::float8 ELSE NEW.ended_at - NEW.started_at END),
+        done = done + (NEW.outcome IS NOT DISTINCT FROM 'done')::int
     WHERE name = (SELECT tenant FROM jobs WHERE id = NEW.job_id);
     RETURN NULL;
 END $$;

@@ -331,20 +331,17 @@ CREATE TABLE tenants (
 -- The claim walks tenants in the order of their share used (seconds over weight).
 CREATE INDEX tenants_share ON tenants (gpu_seconds / weight, name);
 INSERT INTO tenants (name, done) VALUES ('default', (SELECT count(*) FROM jobs WHERE state = 'done'));
--- done counts the jobs each tenant got done (a counter: prune does not take from it). Both counters are kept only
--- once a tenant other than default exists: a queue without tenants writes no tenant row as jobs end (one row
--- that every end wrote would make ends wait for each other on PostgreSQL); the first other tenant's row seeds
--- default's done (``seed_default``), and its seconds start level (comfysup.queue.tenants).
-CREATE TRIGGER jobs_done_tenant AFTER UPDATE OF state ON jobs
-WHEN new.state = 'done' AND old.state IS NOT 'done' AND EXISTS (SELECT 1 FROM tenants WHERE name <> 'default')
-BEGIN
-    UPDATE tenants SET done = done + 1 WHERE name = new.tenant;
-END;
+-- The same trigger counts the jobs each tenant got done (an attempt that ends done: a counter, prune does not
+-- take from it): one write of the tenant's row an end. Both are kept only once a tenant other than default
+-- exists: a queue without tenants writes no tenant row as jobs end (one row that every end wrote would make ends
+-- wait for each other on PostgreSQL); the first other tenant's row seeds default's done (``seed_default``), and
+-- its seconds start level (comfysup.queue.tenants).
 CREATE TRIGGER attempts_ended_charge AFTER UPDATE OF ended_at ON attempts
 WHEN old.ended_at IS NULL AND new.ended_at IS NOT NULL AND EXISTS (SELECT 1 FROM tenants WHERE name <> 'default')
 BEGIN
     UPDATE tenants SET gpu_seconds = gpu_seconds
-        + max(0.0, coalesce(json_extract(new.trace, '$.run_s'), new.ended_at - new.started_at))
+        + max(0.0, coalesce(json_extract(new.trace, '$.run_s'), new.ended_at - new.started_at)),
+        done = done + (new.outcome IS 'done')
     WHERE name = (SELECT tenant FROM jobs WHERE id = new.job_id);
 END;
 -- An upload through the API is its tenant's: another tenant's token cannot read, use or delete it.

@@ -52,7 +52,7 @@ def test_schema_version_is_recorded_and_a_newer_one_refused(pg_url: str) -> None
 
 
 UNDO_V12 = ("DROP TABLE tenants; DROP FUNCTION comfysup_charge_tenant CASCADE; "
-            "DROP FUNCTION comfysup_count_done CASCADE; ALTER TABLE jobs DROP COLUMN tenant; "
+            "ALTER TABLE jobs DROP COLUMN tenant; "
             "ALTER TABLE api_assets DROP COLUMN tenant; "
             "DROP TABLE affinity_skips; CREATE TABLE affinity_skips (priority bigint NOT NULL, "
             "seq_bound bigint NOT NULL, at double precision NOT NULL, PRIMARY KEY (priority, seq_bound))")
@@ -126,7 +126,7 @@ def test_v11_gives_outputs_asset_ids_and_keeps_earlier_outputs(pg_url: str) -> N
 
 def test_machines_opening_at_once_create_the_schema_once(pg_url: str) -> None:  # noqa: F811
     """The advisory lock: several processes opening a new database at the same moment all succeed."""
-    _sql(pg_url, "DROP FUNCTION IF EXISTS comfysup_charge_tenant, comfysup_count_done CASCADE")
+    _sql(pg_url, "DROP FUNCTION IF EXISTS comfysup_charge_tenant CASCADE")
     _sql(pg_url, "DROP TABLE IF EXISTS announcements, jobs, attempts, machines, deliveries, workflows, affinity_skips, "
          "catalogues, server_catalogues, job_refusals, assets, job_assets, asset_chunks, server_assets, api_assets, "
          "api_endpoints, output_assets, job_previews, tenants, schema_version")
@@ -403,7 +403,7 @@ def test_a_version_2_database_keeps_its_jobs_and_stores_each_workflow_once_in_v3
     from comfysup.queue import postgres as pg_backend
     from comfysup.workflows import model_key
 
-    _sql(pg_url, "DROP FUNCTION IF EXISTS comfysup_charge_tenant, comfysup_count_done CASCADE")
+    _sql(pg_url, "DROP FUNCTION IF EXISTS comfysup_charge_tenant CASCADE")
     _sql(pg_url, "DROP TABLE IF EXISTS announcements, jobs, attempts, machines, deliveries, workflows, affinity_skips, "
          "catalogues, server_catalogues, job_refusals, assets, job_assets, asset_chunks, server_assets, api_assets, "
          "api_endpoints, output_assets, job_previews, tenants, schema_version")
