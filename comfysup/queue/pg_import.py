@@ -88,6 +88,7 @@ def _insert_jobs(cur: Any, fresh: Sequence[JobRecord]) -> None:
     specs = SpecCache()
     pg_statements.workflow_ids(cur, {h: t for t, h in stored}, specs)
     cur.executemany(SQL["import_job"], [_job_row(r, specs.ids[h]) for r, (_t, h) in zip(fresh, stored, strict=True)])
+    cur.executemany(SQL["add_tenant"], [{"name": name} for name in sorted({r.tenant for r in fresh})])  # claimable
 
 
 def _attempt_rows(fresh: Sequence[JobRecord]) -> list[dict[str, Any]]:
@@ -126,7 +127,7 @@ def _job_row(r: JobRecord, workflow_id: int) -> dict[str, Any]:
             "spec_hash": r.spec_hash, "workflow_name": r.workflow_name, "workflow_id": workflow_id,
             "extra_data": dumps_plain(r.extra_data), "meta": dumps_plain(r.meta), "params": dumps_plain(r.params),
             "progress": dumps(r.progress), "callback_url": r.callback_url,
-            "model_key": r.model_key if r.model_key is not None else model_key(r.workflow)}
+            "model_key": r.model_key if r.model_key is not None else model_key(r.workflow), "tenant": r.tenant}
 
 
 def _stored_template(record: JobRecord, memo: dict[str, str]) -> tuple[str, str]:

@@ -195,11 +195,11 @@ SELECT j.seq, w.workflow, j.params FROM jobs j JOIN workflows w ON w.id = j.work
 WHERE j.state IN ('queued', 'running')
 
 -- name: import_job
--- a job copied from another queue as it is (state, attempts, times)
+-- a job copied from another queue as it is (state, attempts, times, tenant: its tenant's row is added with it)
 INSERT INTO jobs (id, state, priority, run_after, attempt, owner, server, lease_until, started_at, cancel_requested,
     submitted_at, finished_at, reason, outputs, machine, last_server, last_prompt_number, spec_hash, workflow_name,
-    workflow_id, extra_data, meta, params, progress, callback_url, model_key)
-VALUES (:id, :state, :priority, :run_after, :attempt, :owner, :server, :lease_until, :started_at, :cancel_requested, :submitted_at, :finished_at, :reason, :outputs, :machine, :last_server, :last_prompt_number, :spec_hash, :workflow_name, :workflow_id, :extra_data, :meta, :params, :progress, :callback_url, :model_key)
+    workflow_id, extra_data, meta, params, progress, callback_url, model_key, tenant)
+VALUES (:id, :state, :priority, :run_after, :attempt, :owner, :server, :lease_until, :started_at, :cancel_requested, :submitted_at, :finished_at, :reason, :outputs, :machine, :last_server, :last_prompt_number, :spec_hash, :workflow_name, :workflow_id, :extra_data, :meta, :params, :progress, :callback_url, :model_key, :tenant)
 
 -- name: import_attempt
 -- an attempt copied with its job
