@@ -176,7 +176,9 @@ def render_watch(view: Overview, interval: float) -> str:
             "Ctrl-C stops)")
     rate = (f"last {WINDOW_SECONDS / 60:.0f} min: {f.get('done', 0)} done ({view.per_minute:.1f} jobs/min), "
             f"{f.get('dead', 0)} dead, {f.get('cancelled', 0)} cancelled")
-    return "\n".join([head, "", render(view.status, view.now), rate, "", render_slots(view.supervisor, view.now)])
+    tenants = ["", *tenant_lines(view.tenants)] if several_tenants(view.tenants) else []
+    return "\n".join([head, "", render(view.status, view.now), rate, *tenants, "",
+                      render_slots(view.supervisor, view.now)])
 
 
 CLEAR_HOME, CLEAR_LINE, CLEAR_BELOW = "\x1b[H", "\x1b[K", "\x1b[J"
