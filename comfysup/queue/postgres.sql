@@ -255,11 +255,15 @@ CREATE INDEX tenants_share ON tenants ((gpu_seconds / weight), name);
 INSERT INTO tenants (name, done) VALUES ('default', (SELECT count(*) FROM jobs WHERE state = 'done'));
 CREATE FUNCTION comfysup_charge_tenant() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
-    ran json := CASE WHEN NEW.trace IS NOT NULL THEN NEW.trace::json -> 'run_s' END;
+    ran json;
 BEGIN
-    IF NOT EXISTS (SELECT 1 FROM tenants WHERE name <> 'default') THEN
-        RETURN NULL;  -- no tenants: no row that every end would write (see schema.sql's v16)
+    -- no tenants: no row that every end would write (see schema.sql's v16); two probes of the primary key, not a
+    -- scan that would step over every dead row version of the table
+    IF NOT EXISTS (SELECT 1 FROM tenants WHERE name < 'default') AND NOT EXISTS (SELECT 1 FROM tenants
+            WHERE name > 'default') THEN
+        RETURN NULL;
     END IF;
+    ran := CASE WHEN NEW.trace IS NOT NULL THEN NEW.trace::json -> 'run_s' END;
     UPDATE tenants SET gpu_seconds = gpu_seconds + greatest(0.0, CASE WHEN json_typeof(ran) = 'number'
         THEN (ran #>> '{}')::float8 ELSE NEW.ended_at - NEW.started_at END),
         done = done + (NEW.outcome IS NOT DISTINCT FROM 'done')::int

@@ -337,7 +337,8 @@ INSERT INTO tenants (name, done) VALUES ('default', (SELECT count(*) FROM jobs W
 -- wait for each other on PostgreSQL); the first other tenant's row seeds default's done (``seed_default``), and
 -- its seconds start level (comfysup.queue.tenants).
 CREATE TRIGGER attempts_ended_charge AFTER UPDATE OF ended_at ON attempts
-WHEN old.ended_at IS NULL AND new.ended_at IS NOT NULL AND EXISTS (SELECT 1 FROM tenants WHERE name <> 'default')
+WHEN old.ended_at IS NULL AND new.ended_at IS NOT NULL
+    AND (EXISTS (SELECT 1 FROM tenants WHERE name < 'default') OR EXISTS (SELECT 1 FROM tenants WHERE name > 'default'))
 BEGIN
     UPDATE tenants SET gpu_seconds = gpu_seconds
         + max(0.0, coalesce(json_extract(new.trace, '$.run_s'), new.ended_at - new.started_at)),
