@@ -9,6 +9,7 @@ import binascii
 import dataclasses
 import functools
 import time
+import uuid
 from typing import Any
 
 from aiohttp import web
@@ -16,6 +17,7 @@ from aiohttp import web
 from comfysup import assets as file_assets
 from comfysup.api import tenancy, views
 from comfysup.api.errors import ApiError, not_found
+from comfysup.api.intake import KEY_NAMESPACE, job_id_for
 from comfysup.api.replies import STATE_KEY, read_json
 from comfysup.api.replies import job_id as _job_id
 from comfysup.api.replies import json_response as _json
@@ -84,7 +86,7 @@ def _submit(state: State, body: Any, key: str | None, who: str, origin: str, fet
     ``idempotency_key_reuse`` naming it (``details.job_id``), so a retry after a lost answer never makes a second
     job and can still find the first (docs/reliability.md)."""
     job = state.intake.job(body, key, state.catalogues(), functools.partial(state.inputs, who=who), fetched)
-    job = dataclasses.replace(job, id=tenancy.job_id(key, who) if key is not None else job.id, tenant=tenant_of(who))
+    job = dataclasses.replace(job, id=_job_id_of(key, who) if key is not None else job.id, tenant=tenant_of(who))
     if key is not None and _known(state, job.id):
         raise _reused(job.id)
     bound = state.config.api.max_queued
@@ -107,11 +109,18 @@ def _submit(state: State, body: Any, key: str | None, who: str, origin: str, fet
                  headers={"Location": views.job_urls(job.id, origin)["self"]})
 
 
+def _job_id_of(key: str | None, who: str) -> str:
+    """The id of the job an Idempotency-Key makes (comfysup.api.intake.job_id_for), kept apart per tenant: one
+    tenant's key never names, nor reveals, another's job."""
+    made = job_id_for(key)
+    return str(uuid.uuid5(KEY_NAMESPACE, f"{who}\0{made}")) if who and key is not None else made
+
+
 async def _refuse_reuse(state: State, key: str | None, who: str) -> None:
     """A key whose job the queue holds is 422 idempotency_key_reuse naming it, whatever the body: before the body is
     checked or its URLs fetched (a retry downloads nothing again; a link expired since does not hide the job)."""
-    if key is not None and await state.call(_known, state, tenancy.job_id(key, who)):
-        raise _reused(tenancy.job_id(key, who))
+    if key is not None and await state.call(_known, state, _job_id_of(key, who)):
+        raise _reused(_job_id_of(key, who))
 
 
 def _known(state: State, job_id: str) -> bool:

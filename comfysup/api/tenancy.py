@@ -12,13 +12,11 @@ with ``hmac.compare_digest`` (comfysup.api.security). Neither is ever logged.
 from __future__ import annotations
 
 import hashlib
-import uuid
 from typing import Any
 
 from aiohttp import web
 
 from comfysup.api.errors import ApiError, not_found
-from comfysup.api.intake import KEY_NAMESPACE, job_id_for
 from comfysup.api.security import check_token
 from comfysup.config import Config
 
@@ -72,10 +70,3 @@ def full(exc: Any, retry_seconds: int) -> ApiError:
 def upload_key(key: str | None, who: str) -> str | None:
     """An upload's Idempotency-Key as the queue keeps it: kept apart per tenant, as a job's is."""
     return f"{who}\0{key}" if who and key is not None else key
-
-
-def job_id(key: str | None, who: str) -> str:
-    """The id of the job an Idempotency-Key makes (comfysup.api.intake.job_id_for), kept apart per tenant: one
-    tenant's key never names, nor reveals, another's job."""
-    made = job_id_for(key)
-    return str(uuid.uuid5(KEY_NAMESPACE, f"{who}\0{made}")) if who and key is not None else made
