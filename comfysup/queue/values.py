@@ -63,6 +63,8 @@ class NewJob:
     a server whose catalogue it is never claims the job."""
     assets: tuple[NewAsset, ...] = ()
     """The input files the job's ``set`` names (comfysup.assets): stored with the job, in its transaction."""
+    tenant: str = ""
+    """Who the job belongs to (comfysup.queue.tenants): its share of the fleet and its limits; empty: ``default``."""
 
 
 @dataclass(frozen=True)
@@ -126,6 +128,20 @@ class OutboxLevel:
 
 
 @dataclass(frozen=True)
+class TenantCount:
+    """One tenant as status, the page and /metrics show it: its jobs queued and running now, its jobs done so far,
+    and the seconds its attempts held a slot (what its share is measured in)."""
+
+    tenant: str
+    weight: float
+    max_running: int | None
+    queued: int
+    running: int
+    done: int
+    gpu_seconds: float
+
+
+@dataclass(frozen=True)
 class Machine:
     """A supervisor sharing the queue: one row per host and pid, refreshed by its heartbeat."""
 
@@ -141,4 +157,4 @@ class Machine:
 
 __all__ = ["ApiAsset", "ApiEndpoint", "Attempt", "CatalogueRecord", "Claim", "Delivery", "EndedAttempt", "JobPulse",
            "JobRecord", "Machine", "NewAsset", "NewJob", "OutboxLevel", "Output", "Preview", "PruneBatch",
-           "RunningJob", "StagedJob", "Status", "SubmitResult"]
+           "RunningJob", "StagedJob", "Status", "SubmitResult", "TenantCount"]
