@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from comfysup.queue.base import Queue
+from comfysup.queue.base import Output, Queue
 from comfysup.queue.tenants import TenantFull, TenantLimits
 from comfysup.workflows import model_key
 
@@ -134,3 +134,20 @@ class TenantsContract:
         run(q, "r", 5.0, T0 + 40)
         counts = {t.tenant: t for t in q.reads.tenant_counts()}
         assert counts["default"].done + counts["b"].done == 3 and counts["default"].done >= 2
+
+    def test_a_storing_job_holds_no_slot_of_its_tenant_and_counts_done_once_stored(self, q: Queue) -> None:
+        """Storing (outputs staged on the machine, waiting for the bucket): neither running for max_running nor
+        queued for max_queued; its seconds are charged as its attempt ends, and it is done when stored."""
+        q.tenants = {"a": TenantLimits(max_running=1, max_queued=1)}
+        first, second = jobs_of("a", 0, 2)
+        q.intake.submit([first], now=T0)
+        claim = q.leases.claim("hostA/1/gpu0/t", "gpu0", LEASE, now=T0)
+        q.leases.complete(claim, [Output("a.png", 1, "00", "/staging/j/a.png")], now=T0 + 4, staged_in="/staging/j")
+        q.intake.submit([second], now=T0 + 5)  # storing is not queued: within max_queued
+        assert q.leases.claim("hostA/1/gpu1/t", "gpu1", LEASE, now=T0 + 5).id == second.id  # nor running
+        counts = next(t for t in q.reads.tenant_counts() if t.tenant == "a")
+        assert (counts.queued, counts.running, counts.done, counts.gpu_seconds) == (0, 1, 0, pytest.approx(4.0))
+        (staged,) = q.uploads.staged("hostA")
+        assert staged.tenant == "a"
+        assert q.uploads.stored(staged, [Output("a.png", 1, "00", "s3://b/a.png")], now=T0 + 6)
+        assert next(t for t in q.reads.tenant_counts() if t.tenant == "a").done == 1

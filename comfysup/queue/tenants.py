@@ -8,7 +8,9 @@ affinity) as before. A tenant that submits while it has no job queued or running
 least-served tenant that has work, or with the most-served one when none has (``arrive``): shares count while a
 tenant has work, so an idle tenant does not come back with a credit that would take the whole fleet from the
 others. A tenant at its ``max_running`` is passed over. ``max_queued`` bounds a tenant's queued
-jobs: a submit that would pass it is refused whole (``TenantFull``).
+jobs: a submit that would pass it is refused whole (``TenantFull``). A storing job (its outputs staged on its
+machine for the bucket, comfysup.queue.uploads) holds no slot: it counts toward neither bound, and among its
+tenant's jobs done once its uploader has stored it.
 
 The limits come from the config's ``[tenants.NAME]`` (comfysup.config.schema.TenantConfig); each process writes
 the ones it knows into the ``tenants`` table once, in its first claim or submit, so the claim reads them there.

@@ -115,6 +115,8 @@ class StagedJob:
     outputs: list[Output]
     reason: str | None
     """Why the last try failed (None: none failed yet)."""
+    tenant: str = "default"
+    """Whose job it is (comfysup.queue.tenants): its tenant counts it done once it is stored."""
 
 
 @dataclass(frozen=True)

@@ -48,6 +48,12 @@ WHERE id = :id AND attempt = :attempt AND staged_at = :staged_at AND state = 'st
 -- every object of a storing job confirmed in the bucket: done, with the objects as its outputs
 UPDATE jobs SET state = 'done', outputs = :outputs, finished_at = {now}, reason = NULL {staged_fence} RETURNING 1
 
+-- name: stored_for_tenant
+-- a storing job made done by its uploader: one more job done for its tenant (the attempt's end, which the trigger
+-- counts, ended it storing, not done); kept only once a tenant other than default exists, as the trigger keeps it
+UPDATE tenants SET done = done + 1 WHERE name = :tenant
+    AND (EXISTS (SELECT 1 FROM tenants WHERE name < 'default') OR EXISTS (SELECT 1 FROM tenants WHERE name > 'default'))
+
 -- name: storing_dead
 -- a storing job given up on ([store] upload_give_up_hours)
 UPDATE jobs SET state = 'dead', reason = :reason, finished_at = {now} {staged_fence} RETURNING 1
@@ -58,7 +64,7 @@ UPDATE jobs SET reason = :reason {staged_fence}
 
 -- name: staged_jobs
 -- one machine's storing jobs, oldest first
-SELECT id, attempt, machine, staged_in, staged_at, staged_bytes, outputs, reason FROM jobs
+SELECT id, attempt, machine, staged_in, staged_at, staged_bytes, outputs, reason, tenant FROM jobs
 WHERE state = 'storing' AND machine = :machine ORDER BY staged_at LIMIT :limit
 
 -- name: staging_bytes
