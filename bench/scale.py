@@ -292,6 +292,8 @@ def main() -> int:
     fleet.add_argument("--job-s", default="1,5", help="job lengths in seconds, comma-separated (default 1,5)")
     fleet.add_argument("--lease", type=float, help="lease seconds; heartbeats every lease/3 (default 15: every 5 s, "
                        "the runner's default heartbeat_seconds)")
+    fleet.add_argument("--tenants", default="0", help="tenants the jobs are spread over, comma-separated (default "
+                       "0: every job the default tenant's; 0,1000 runs both, alternating)")
     fleet.add_argument("--seconds", type=float, default=20.0, help="measured window per cell (default 20)")
     fleet.add_argument("--backend", choices=["sqlite", "postgres"], action="append",
                        help="default both; they alternate within each cell")
@@ -326,7 +328,7 @@ def main() -> int:
                     print(f"# PostgreSQL of this run's own at {url} (max_connections {args.processes + 20})")
                 run_fleet(workdir, args.backend or ["sqlite", "postgres"], [int(x) for x in args.slots.split(",")],
                           [float(x) for x in args.job_s.split(",")], args.lease, args.seconds, args.processes,
-                          url, args.pg_cores, postmaster)
+                          url, args.pg_cores, postmaster, tuple(int(x) for x in args.tenants.split(",")))
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
         parts.discard("fleet")

@@ -80,18 +80,21 @@ class Cell:
     lease_s: float
     seconds: float  # measured window, after one job length of warm-up
     processes: int
+    tenants: int = 0  # jobs spread over this many tenants (0: all the default tenant's)
 
 
 def jobs_needed(cell: Cell) -> int:
     return int(cell.slots * (cell.seconds + cell.job_s * 2) / cell.job_s * 1.3) + cell.slots * 2 + 100
 
 
-def fill(queue: Any, n: int) -> None:
+def fill(queue: Any, n: int, tenants: int = 0) -> None:
+    """``n`` jobs; with ``tenants``, job i is tenant ``t<i mod tenants>``'s, so every tenant has jobs queued."""
     batch = 5000
     for start in range(0, n, batch):
         queue.intake.submit([NewJob(id=str(uuid.uuid4()), workflow=TRIVIAL, spec_hash=f"s{start + i}",
-                             workflow_json=TRIVIAL_JSON, workflow_name="scale")
-                      for i in range(min(batch, n - start))])
+                                    workflow_json=TRIVIAL_JSON, workflow_name="scale",
+                                    tenant=f"t{(start + i) % tenants}" if tenants else "")
+                             for i in range(min(batch, n - start))])
 
 
 def _worker(open_queue: Any, cell: Cell, slots: list[int], t0: float, out: str, measured: Any) -> None:
@@ -270,15 +273,16 @@ def run_cell(cell: Cell, open_queue: Any, workdir: Path, database: str | None,
             / max(1, done) * 1e3}
 
 
-HEADER = (f"{'backend':>8} {'slots':>5} {'job s':>5} {'lease':>5} {'procs':>5} {'claims/s':>8} {'want/s':>7} "
-          f"{'hb/s':>6} {'p50 ms':>7} {'p99 ms':>7} {'done p99':>8} {'lag p99':>7} {'DB CPU %':>8} {'ms/job':>6} "
-          f"{'own ms/job':>10} {'clients %':>9} {'busy':>6} {'lost':>5}")
+HEADER = (f"{'backend':>8} {'tenants':>7} {'slots':>5} {'job s':>5} {'lease':>5} {'procs':>5} {'claims/s':>8} "
+          f"{'want/s':>7} {'hb/s':>6} {'p50 ms':>7} {'p99 ms':>7} {'done p99':>8} {'lag p99':>7} {'DB CPU %':>8} "
+          f"{'ms/job':>6} {'own ms/job':>10} {'clients %':>9} {'busy':>6} {'lost':>5}")
 
 
 def row(r: dict[str, Any]) -> str:
     c = r["cell"]
-    return (f"{c.backend:>8} {c.slots:>5} {c.job_s:>5g} {c.lease_s:>5g} {c.processes:>5} {r['claims_s']:>8.1f} "
-            f"{r['expected_s']:>7.1f} {r['heartbeats_s']:>6.1f} {r['p50_ms']:>7.2f} {r['p99_ms']:>7.2f} "
+    return (f"{c.backend:>8} {c.tenants:>7} {c.slots:>5} {c.job_s:>5g} {c.lease_s:>5g} {c.processes:>5} "
+            f"{r['claims_s']:>8.1f} {r['expected_s']:>7.1f} {r['heartbeats_s']:>6.1f} {r['p50_ms']:>7.2f} "
+            f"{r['p99_ms']:>7.2f} "
             f"{r['complete_p99_ms']:>8.2f} {r['lag_p99_ms']:>7.1f} {r['db_cpu_pct']:>8.1f} {r['db_cpu_ms_job']:>6.2f} "
             f"{r['own_ms_job']:>10.2f} {r['client_cpu_pct']:>9.1f} {r['busy']:>6.4f} {r['lost']:>5}")
 
@@ -318,23 +322,24 @@ def capacity(results: list[dict[str, Any]], cores: float, target: float = 0.7) -
 
 def run_fleet(workdir: Path, backends: list[str], slots: list[int], job_s: list[float], lease_s: float | None,
               seconds: float, max_processes: int, postgres_url: str, pg_cores: float,
-              postmaster: Any = None) -> list[dict[str, Any]]:
-    """Every cell, backends alternating within each (slots, job length) so the machine's drift hits both.
-    ``postmaster``: the server at ``postgres_url`` is the benchmark's own (its processes' CPU is the database's)."""
+              postmaster: Any = None, tenants: tuple[int, ...] = (0,)) -> list[dict[str, Any]]:
+    """Every cell, backends (then tenant counts) alternating within each (slots, job length) so the machine's
+    drift hits all alike. ``postmaster``: the server at ``postgres_url`` is the benchmark's own (its processes' CPU
+    is the database's)."""
     from comfysup.queue.sqlite import SQLiteQueue
 
     results = []
     print(HEADER, flush=True)
     for n in slots:
         for j in job_s:
-            for backend in backends:
-                cell = Cell(backend, n, j, lease_s if lease_s else 15.0, seconds, min(n, max_processes))
-                here = workdir / f"{backend}-{n}-{j:g}"
+            for backend, spread in [(b, t) for b in backends for t in tenants]:
+                cell = Cell(backend, n, j, lease_s if lease_s else 15.0, seconds, min(n, max_processes), spread)
+                here = workdir / f"{backend}-{n}-{j:g}-{spread}"
                 here.mkdir()
                 if backend == "sqlite":
                     path = here / "queue.db"
                     q = SQLiteQueue(path)
-                    fill(q, jobs_needed(cell))
+                    fill(q, jobs_needed(cell), spread)
                     q.close()
                     results.append(run_cell(cell, lambda path=path: SQLiteQueue(path, create=False), here, None))
                 else:
@@ -343,7 +348,7 @@ def run_fleet(workdir: Path, backends: list[str], slots: list[int], job_s: list[
                     url, name, drop = pg_database(postgres_url, "comfysup_scale")
                     try:
                         q = PostgresQueue(url)
-                        fill(q, jobs_needed(cell))
+                        fill(q, jobs_needed(cell), spread)
                         q.close()
                         results.append(run_cell(cell, lambda url=url: PostgresQueue(url), here, name, postmaster))
                     finally:

@@ -67,14 +67,16 @@ class Broker:
         conn.close()
         return name
 
-    def publish(self, bodies: list[bytes], message_ids: list[str | None] | None = None) -> None:
+    def publish(self, bodies: list[bytes], message_ids: list[str | None] | None = None,
+                headers: list[dict[str, Any] | None] | None = None) -> None:
         conn = self.connection()
         ch = conn.channel()
         ch.confirm_delivery()
         self.declare()
         for i, body in enumerate(bodies):
             mid = message_ids[i] if message_ids else None
-            ch.basic_publish("", self.names["queue"], body, pika.BasicProperties(message_id=mid, delivery_mode=2))
+            ch.basic_publish("", self.names["queue"], body, pika.BasicProperties(
+                message_id=mid, delivery_mode=2, headers=headers[i] if headers else None))
         conn.close()
 
     def declare(self, settings: RabbitMQConfig | None = None) -> None:
@@ -162,13 +164,14 @@ def broker() -> Iterator[Broker]:
     b.delete()
 
 
-def broker_config(tmp_path: Path, broker: Broker, **rabbitmq: Any) -> Config:
+def broker_config(tmp_path: Path, broker: Broker, tenants: dict[str, Any] | None = None, **rabbitmq: Any) -> Config:
     workflows = tmp_path / "workflows"
     if not workflows.exists():
         shutil.copytree(EXAMPLES / "workflows", workflows)
     raw = {"queue": {"path": str(tmp_path / "queue.db")}, "comfyui": {"gpus": "cpu:1"},
            "rabbitmq": {"url": URL, "workflows_dir": "workflows", "prefetch": 50,
-                        "reconnect_max_delay_seconds": 1.0, **broker.names, **rabbitmq}}
+                        "reconnect_max_delay_seconds": 1.0, **broker.names, **rabbitmq},
+           **({"tenants": tenants} if tenants else {})}
     return build_config(raw, source=str(tmp_path / "config.toml"), root=str(tmp_path), env={})
 
 

@@ -26,6 +26,7 @@ from tests.queue_assets_contract import AssetsContract
 from tests.queue_catalogue_contract import CatalogueContract
 from tests.queue_search_contract import SearchContract
 from tests.queue_storing_contract import StoringContract
+from tests.queue_tenants_contract import TenantsContract
 
 T0 = 1_700_000_000.0
 LEASE = 30.0
@@ -76,7 +77,7 @@ def batch_job(n: int, template: dict[str, Any] = BIG_TEMPLATE) -> NewJob:
                   template_json=stored, template_hash=hashlib.sha256(stored.encode()).hexdigest(), model_key="")
 
 
-class QueueContract(CatalogueContract, AssetsContract, StoringContract, SearchContract):
+class QueueContract(CatalogueContract, AssetsContract, StoringContract, SearchContract, TenantsContract):
     """Subclass with ``make_queue(self, tmp_path) -> Queue`` and ``count(self, q, table) -> int`` (rows in
     one of the backend's tables); the name keeps pytest from collecting it."""
 

@@ -55,6 +55,13 @@ class SearchContract:
         row = q.search.search(JobSearch(state="dead", limit=1)).rows[0]
         assert (row.state, row.reason, row.labels, row.workflow_name) == ("dead", "failed 2", {"team": "a"}, "even")
 
+    def test_a_row_names_its_jobs_tenant(self, q: Queue) -> None:
+        from tests.queue_contract import make_job
+
+        q.intake.submit([dataclasses.replace(make_job(1), tenant="acme"), make_job(2)], now=T0)
+        assert {r.id: r.tenant for r in q.search.search(JobSearch()).rows} == {make_job(1).id: "acme",
+                                                                                make_job(2).id: "default"}
+
     def test_count_and_ids_of_a_search(self, q: Queue) -> None:
         ids = self._fill(q)
         assert q.search.count(JobSearch(state="dead")) == 3

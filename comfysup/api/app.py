@@ -23,8 +23,9 @@ from comfysup.api.connections import track
 from comfysup.api.errors import ApiError, not_found, queue_unavailable
 from comfysup.api.replies import STATE_KEY, harden
 from comfysup.api.replies import json_response as _json
-from comfysup.api.security import check_origin, check_token
+from comfysup.api.security import check_origin
 from comfysup.api.state import State
+from comfysup.api.tenancy import TENANT_KEY
 from comfysup.config import Config
 from comfysup.errors import QueueUnavailable
 from comfysup.slotstate import read_state, readiness
@@ -51,7 +52,7 @@ async def guard(request: web.Request, handler: Callable[[web.Request], Awaitable
             return web.Response(status=204, headers=state.cors.preflight(origin, _methods(request)))
         check_origin(origin, request.headers.get("Sec-Fetch-Site"), request.host, state.config.api.allowed_origins)
         if not _is_health(request) and not console.is_console(request.path):  # the console asks its session
-            check_token(state.config.api.token, request.headers.get("Authorization"))
+            request[TENANT_KEY] = state.tenancy.caller(request.headers.get("Authorization"))
         lost = await state.lost(write=request.method not in ("GET", "HEAD"))
         if lost is not None and not _is_health(request):
             raise ApiError(503, "queue_unavailable", f"{lost}; this API accepts nothing more and stops")
@@ -80,12 +81,11 @@ def _is_health(request: web.Request) -> bool:
 
 
 def _trusted(state: State, request: web.Request) -> bool:
-    """Whether the caller holds the token: only then do health and readiness say more than their status."""
+    """Whether the caller holds the admin token: only then do health and readiness say more than their status."""
     try:
-        check_token(state.config.api.token, request.headers.get("Authorization"))
+        return state.tenancy.caller(request.headers.get("Authorization")) == ""
     except ApiError:
         return False
-    return True
 
 
 def _methods(request: web.Request) -> set[str]:
@@ -172,7 +172,7 @@ def make_app(config: Config, queue: Any) -> web.Application:
     app.router.add_post(f"{API}/assets/from-path", placement.from_path)
     app.router.add_route("HEAD", f"{API}/assets/by-hash/{{hash}}", assets.by_hash)
     app.router.add_get(f"{API}/assets/{{id}}", outputs.get_asset)
-    app.router.add_delete(f"{API}/assets/{{id}}", assets.delete_asset)
+    app.router.add_delete(f"{API}/assets/{{id}}", outputs.delete_asset)
     app.router.add_get(f"{API}/assets/{{id}}/content", outputs.content_of)
     events.install(app, state.call, queue, config.api.max_event_streams, state.links)
     remote.install(app)

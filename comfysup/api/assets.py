@@ -25,6 +25,7 @@ upload of ``comfy_low/transport.py`` ``post_assets``; ``delete_asset`` expects 2
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import tempfile
 import time
@@ -37,12 +38,13 @@ import blake3
 from aiohttp import BodyPartReader, MultipartReader, web
 
 from comfysup import assets
-from comfysup.api import placement, views
+from comfysup.api import placement, tenancy, views
 from comfysup.api.errors import ApiError, not_found
 from comfysup.api.references import is_id
 from comfysup.api.replies import STATE_KEY, json_response, origin, read_json, send, timed, too_large
 from comfysup.queue.assets import CHUNK_BYTES, ApiAsset, UploadConflict
 from comfysup.queue.base import NewAsset
+from comfysup.queue.tenants import tenant_of
 
 MIB = 1 << 20
 READ_BYTES = 1 << 20
@@ -227,7 +229,7 @@ async def post_asset(request: web.Request) -> web.Response:
         model = placement.model_name(file_path)
         if model is not None and not state.config.api.models_dir:
             placement.place_model("", received.path, file_path)  # the refusal that says what to set
-        record, created_new = await _store(state, received, content_type, file_path, key)
+        record, created_new = await _store(state, received, content_type, file_path, key, tenancy.tenant(request))
         if model is not None:
             await _place_model(state, record, received, file_path)
     finally:
@@ -265,12 +267,13 @@ def _checked_fields(received: Received) -> tuple[str, str]:
 
 
 async def _store(state: Any, received: Received, content_type: str, file_path: str,
-                 key: str | None) -> tuple[ApiAsset, bool]:
-    """The content and its record in the queue, durably: the record and whether it is new (a key used before is
-    422 ``idempotency_key_reuse``)."""
+                 key: str | None, who: str) -> tuple[ApiAsset, bool]:
+    """The content and its record in the queue, durably, as the tenant ``who``'s: the record and whether it is new
+    (a key used before is 422 ``idempotency_key_reuse``)."""
     asset = NewAsset(received.digest, received.size, file_path, str(received.path))
+    add = functools.partial(state.queue.assets.add_api_asset, tenant=tenant_of(who))
     try:
-        return await state.call(state.queue.assets.add_api_asset, asset, content_type, _retention(state), key)
+        return await state.call(add, asset, content_type, _retention(state), tenancy.upload_key(key, who))
     except UploadConflict as exc:
         raise ApiError(422, "idempotency_key_reuse", f"{exc}; keys are single-use: GET that asset instead of "
                        "uploading again, or send a new key", details={"asset_id": exc.asset_id}) from None
@@ -298,8 +301,8 @@ async def from_hash(request: web.Request) -> web.Response:
     if not isinstance(file_path, str) or len(file_path) > MAX_FIELD_BYTES or not file_path.isprintable():
         raise _bad("file_path must be a name of printable characters")
     _check_name(file_path)
-    minted = await state.call(state.queue.assets.mint_api_asset, body["hash"], file_path,
-                              views.content_type(file_path), _retention(state))
+    mint = functools.partial(state.queue.assets.mint_api_asset, tenant=tenant_of(tenancy.tenant(request)))
+    minted = await state.call(mint, body["hash"], file_path, views.content_type(file_path), _retention(state))
     if minted is None:
         raise ApiError(404, "blob_not_found", f"no stored content has the hash {body['hash']}; upload the file")
     record, new = minted
@@ -319,7 +322,7 @@ async def _record(request: web.Request) -> tuple[Any, ApiAsset]:
     state = request.app[STATE_KEY]
     asset_id = request.match_info["id"]
     record = await state.call(state.queue.assets.api_asset, asset_id) if is_id(asset_id) else None
-    if record is None or record.expires_at <= time.time():
+    if record is None or record.expires_at <= time.time() or not tenancy.sees(tenancy.tenant(request), record):
         raise not_found("asset")
     return state, record
 
@@ -361,15 +364,3 @@ def _chunks(state: Any, digest: str) -> Callable[[int, int], Any]:
         return held[index][offset:offset + n]
 
     return read
-
-
-async def delete_asset(request: web.Request) -> web.Response:
-    """204: the record is gone, its content too unless a job (or another record) needs it."""
-    state = request.app[STATE_KEY]
-    asset_id = request.match_info["id"]
-    if views.parse_output_id(asset_id) is not None or \
-            (is_id(asset_id) and await state.call(state.queue.reads.output_asset, asset_id) is not None):
-        raise ApiError(403, "forbidden", "an output is removed with its job (comfysup prune), not by DELETE")
-    if not (is_id(asset_id) and await state.call(state.queue.assets.delete_api_asset, asset_id)):
-        raise not_found("asset")
-    return web.Response(status=204)

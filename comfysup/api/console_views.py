@@ -29,7 +29,7 @@ def row(r: JobRow) -> dict[str, Any]:
     return {"id": r.id, "state": r.state, "workflow": r.workflow_name, "priority": r.priority,
             "attempt": r.attempt, "submitted_at": r.submitted_at, "started_at": r.started_at,
             "finished_at": r.finished_at, "reason": r.reason, "server": r.server, "machine": r.machine,
-            "labels": mask(r.labels), "cancel_requested": r.cancel_requested}
+            "labels": mask(r.labels), "cancel_requested": r.cancel_requested, "tenant": r.tenant}
 
 
 def _attempt(a: Any, clean: Redactor) -> dict[str, Any]:
@@ -66,7 +66,7 @@ def job(record: JobRecord, now: float, links: Callable[..., dict[str, Any]] = no
         "id": record.id, "state": record.shown_state, "priority": record.priority, "attempt": record.attempt,
         "workflow": record.workflow_name, "submitted_at": record.submitted_at, "started_at": record.started_at,
         "finished_at": record.finished_at, "run_after": record.run_after, "server": record.server,
-        "machine": record.machine, "reason": clean(record.reason) if record.reason else None,
+        "machine": record.machine, "tenant": record.tenant, "reason": clean(record.reason) if record.reason else None,
         "cancel_requested": record.cancel_requested, "queue_position": position,
         "params": mask(record.params), "labels": mask(record.meta), "extra_data": mask(record.extra_data),
         "progress": views.running_progress(record.progress) if record.state == "running" else None,

@@ -54,7 +54,7 @@ from typing import Any
 
 from aiohttp import web
 
-from comfysup.api import replies, views
+from comfysup.api import replies, tenancy, views
 from comfysup.api.errors import ApiError, not_found
 from comfysup.errors import NotFound
 from comfysup.queue.base import JobPulse, JobRecord, Preview
@@ -218,12 +218,14 @@ class Watcher:
         number = self._asked
         return number, await self._call(fn, *args)
 
-    async def attach(self, stream: Stream) -> list[Frame]:
-        """Read the stream's job (404 when there is none) and watch it from that read on; its snapshot frames."""
+    async def attach(self, stream: Stream, who: str = "") -> list[Frame]:
+        """Read the stream's job (404 when there is none, or it is not the tenant ``who``'s) and watch it from that
+        read on; its snapshot frames."""
         try:
             stream.since, record = await self._ask(self._queue.reads.get, stream.job_id)
         except NotFound:
             raise not_found("job") from None
+        tenancy.owned(who, record)
         stream.seen = pulse(record)
         frames = snapshot(record)
         if record.state == "running":
@@ -353,7 +355,7 @@ async def job_events(request: web.Request) -> web.StreamResponse:
     stream = watcher.open(replies.job_id(request), replies.origin(request))
     response = web.StreamResponse(headers=HEADERS)
     try:
-        frames = await watcher.attach(stream)
+        frames = await watcher.attach(stream, tenancy.tenant(request))
         await response.prepare(request)
         for item in frames:
             await response.write(item.data)

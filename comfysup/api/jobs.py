@@ -6,15 +6,18 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import dataclasses
+import functools
 import time
+import uuid
 from typing import Any
 
 from aiohttp import web
 
 from comfysup import assets as file_assets
-from comfysup.api import views
+from comfysup.api import tenancy, views
 from comfysup.api.errors import ApiError, not_found
-from comfysup.api.intake import job_id_for
+from comfysup.api.intake import KEY_NAMESPACE, job_id_for
 from comfysup.api.replies import STATE_KEY, read_json
 from comfysup.api.replies import job_id as _job_id
 from comfysup.api.replies import json_response as _json
@@ -25,6 +28,7 @@ from comfysup.jobs import MAX_WORKFLOW_BYTES
 from comfysup.jobs.inputs import InputFiles
 from comfysup.queue.assets import AssetMissing
 from comfysup.queue.base import SubmitConflict
+from comfysup.queue.tenants import TenantFull, tenant_of
 
 LIST_LIMIT = 50
 MAX_LIST_LIMIT = 500
@@ -39,19 +43,20 @@ async def post_job(request: web.Request) -> web.Response:
     state: State = request.app[STATE_KEY]
     body = await read_json(request, MAX_WORKFLOW_BYTES, f"{MAX_WORKFLOW_BYTES // 2**20} MiB (a job's workflow)")
     key = request.headers.get("Idempotency-Key")
-    await _refuse_reuse(state, key)
+    who = tenancy.tenant(request)
+    await _refuse_reuse(state, key, who)
     state.intake.line(body, key)  # refused on its face before any URL of it is fetched
     try:
         fetched = await _fetch(state, body)
     except ApiError as exc:
         if exc.code == "missing_asset":  # its job made meanwhile by a request with the same key: that is the answer
-            await _refuse_reuse(state, key)
+            await _refuse_reuse(state, key, who)
         raise
     if fetched is None:
-        return await state.call(_submit, state, body, key, _origin(request))
+        return await state.call(_submit, state, body, key, who, _origin(request))
     # Removed once the worker is done with them, not when this request is: a client that leaves cancels the
     # request (handler_cancellation) while the worker may be copying the staged files into the asset store.
-    submitting = state.worker.submit(_submit, state, body, key, _origin(request), fetched)
+    submitting = state.worker.submit(_submit, state, body, key, who, _origin(request), fetched)
     submitting.add_done_callback(lambda _done: fetched.release())
     return await asyncio.wrap_future(submitting)
 
@@ -72,14 +77,16 @@ def _release_fetched(done: asyncio.Future[InputFiles | None]) -> None:
         fetched.release()
 
 
-def _submit(state: State, body: Any, key: str | None, origin: str, fetched: Any = None) -> web.Response:
-    """In the worker thread: validate, bound the queue, insert (durable before the answer), answer.
+def _submit(state: State, body: Any, key: str | None, who: str, origin: str, fetched: Any = None) -> web.Response:
+    """In the worker thread: validate, bound the queue, insert as the caller's tenant ``who`` (durable before the
+    answer), answer.
 
     The Idempotency-Key is single-use: the request whose transaction inserts the key's job wins (201); every other
     request with that key, before, after or at the same time, finds the job in the queue and is 422
     ``idempotency_key_reuse`` naming it (``details.job_id``), so a retry after a lost answer never makes a second
     job and can still find the first (docs/reliability.md)."""
-    job = state.intake.job(body, key, state.catalogues(), state.inputs, fetched)
+    job = state.intake.job(body, key, state.catalogues(), functools.partial(state.inputs, who=who), fetched)
+    job = dataclasses.replace(job, id=_job_id_of(key, who) if key is not None else job.id, tenant=tenant_of(who))
     if key is not None and _known(state, job.id):
         raise _reused(job.id)
     bound = state.config.api.max_queued
@@ -90,6 +97,8 @@ def _submit(state: State, body: Any, key: str | None, origin: str, fetched: Any 
         result = state.queue.intake.submit([job])
     except SubmitConflict:
         raise _reused(job.id) from None
+    except TenantFull as exc:
+        raise tenancy.full(exc, QUEUE_FULL_RETRY_SECONDS) from None
     except AssetMissing as exc:  # pruned between the lookup and the insert
         raise ApiError(422, "missing_asset", str(exc)) from None
     if not result.inserted:  # another request with this key committed the job since the look above
@@ -100,11 +109,18 @@ def _submit(state: State, body: Any, key: str | None, origin: str, fetched: Any 
                  headers={"Location": views.job_urls(job.id, origin)["self"]})
 
 
-async def _refuse_reuse(state: State, key: str | None) -> None:
+def _job_id_of(key: str | None, who: str) -> str:
+    """The id of the job an Idempotency-Key makes (comfysup.api.intake.job_id_for), kept apart per tenant: one
+    tenant's key never names, nor reveals, another's job."""
+    made = job_id_for(key)
+    return str(uuid.uuid5(KEY_NAMESPACE, f"{who}\0{made}")) if who and key is not None else made
+
+
+async def _refuse_reuse(state: State, key: str | None, who: str) -> None:
     """A key whose job the queue holds is 422 idempotency_key_reuse naming it, whatever the body: before the body is
     checked or its URLs fetched (a retry downloads nothing again; a link expired since does not hide the job)."""
-    if key is not None and await state.call(_known, state, job_id_for(key)):
-        raise _reused(job_id_for(key))
+    if key is not None and await state.call(_known, state, _job_id_of(key, who)):
+        raise _reused(_job_id_of(key, who))
 
 
 def _known(state: State, job_id: str) -> bool:
@@ -123,12 +139,12 @@ def _reused(job_id: str) -> ApiError:
 
 async def get_job(request: web.Request) -> web.Response:
     state: State = request.app[STATE_KEY]
-    record, place = await state.call(_placed, state, _job_id(request))
+    record, place = await state.call(_placed, state, _job_id(request), tenancy.tenant(request))
     return _json(views.job(record, _origin(request), time.time(), place, links=state.links))
 
 
-def _placed(state: State, job_id: str) -> tuple[Any, int | None]:
-    record = _record(state, job_id)
+def _placed(state: State, job_id: str, who: str) -> tuple[Any, int | None]:
+    record = _record(state, job_id, who)
     return record, _place(state, record)
 
 
@@ -137,9 +153,10 @@ def _place(state: State, record: Any) -> int | None:
     return state.queue.reads.queue_position(record.id) if views.status(record) == "queued" else None
 
 
-def _record(state: State, job_id: str) -> Any:
+def _record(state: State, job_id: str, who: str) -> Any:
+    """The job ``job_id`` as the caller ``who`` may see it; 404 when there is none, or it is another tenant's."""
     try:
-        return state.queue.reads.get(job_id)
+        return tenancy.owned(who, state.queue.reads.get(job_id))
     except NotFound:
         raise not_found("job") from None
 
@@ -150,7 +167,7 @@ async def get_workflow(request: web.Request) -> web.Response:
     (``comfysup/<hash>.<ext>``, as comfy-api-proxy answers the name it gave), never the ``core/ASSET`` object.
     comfysup keeps no UI export, so ``format`` is never ``save``."""
     state: State = request.app[STATE_KEY]
-    record = await state.call(_record, state, _job_id(request))
+    record = await state.call(_record, state, _job_id(request), tenancy.tenant(request))
     workflow = file_assets.with_names(record.workflow, {
         file_assets.ref_hash(ref): file_assets.upload_name(file_assets.ref_hash(ref), file_assets.ref_name(ref))
         for _node, _input, ref in file_assets.references(record.workflow)})
@@ -162,9 +179,10 @@ async def cancel_job(request: web.Request) -> web.Response:
     its runner interrupts it; an ended job stays as it is (idempotent, as the contract says)."""
     state: State = request.app[STATE_KEY]
     job_id = _job_id(request)
+    who = tenancy.tenant(request)
 
     def cancel() -> Any:
-        record = _record(state, job_id)
+        record = _record(state, job_id, who)
         if record.state not in ("done", "dead", "cancelled"):
             state.queue.intake.cancel([job_id])
             record = state.queue.reads.get(job_id)
@@ -209,6 +227,7 @@ async def list_jobs(request: web.Request) -> web.Response:
     if unknown:
         raise ApiError(400, "invalid_request", f"unknown status {sorted(unknown)[0]!r}")
     before = _cursor(query.get("cursor"))
+    who = tenancy.tenant(request)
 
     def page() -> tuple[list[Any], int | None]:
         found: list[Any] = []
@@ -217,10 +236,10 @@ async def list_jobs(request: web.Request) -> web.Response:
             cursor, records = state.queue.reads.newest(cursor, limit)
             for record in records:
                 labels = views.labels(record.meta)
-                if (not statuses or views.status(record) in statuses) and \
+                if (not statuses or views.status(record) in statuses) and tenancy.sees(who, record) and \
                         all(labels.get(k) == v for k, v in wanted.items()):
                     found.append(record)
-            if cursor is None or len(found) >= limit or not (wanted or statuses):
+            if cursor is None or len(found) >= limit or not (wanted or statuses or who):
                 break
         return found[:limit], cursor
 

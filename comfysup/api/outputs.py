@@ -29,12 +29,13 @@ from aiohttp import web
 
 from comfysup import assets as content
 from comfysup import safefs
-from comfysup.api import assets, references, remote, views
+from comfysup.api import assets, references, remote, tenancy, views
 from comfysup.api.errors import ApiError, not_found
 from comfysup.api.replies import STATE_KEY, json_response, origin, send
 from comfysup.errors import NotFound
 from comfysup.queue.assets import ApiAsset
 from comfysup.queue.base import JobRecord, NewAsset
+from comfysup.queue.tenants import tenant_of
 from comfysup.storage import s3
 
 REDIRECT_TTL_SECONDS = 300
@@ -74,6 +75,8 @@ async def _output(request: web.Request) -> tuple[Any, tuple[JobRecord, int] | No
     found = await state.call(find, state, asset_id)
     if found is None and views.parse_output_id(asset_id) is not None:
         raise not_found("asset")
+    if found is not None:
+        tenancy.owned(tenancy.tenant(request), found[0], "asset")
     return state, found
 
 
@@ -118,6 +121,23 @@ async def content_of(request: web.Request) -> web.StreamResponse:
         return await send(request, os.fstat(f.fileno()).st_size, views.content_type(name), read, name=name)
 
 
+async def delete_asset(request: web.Request) -> web.Response:
+    """204: an upload's record is gone, its content too unless a job (or another record) needs it; an output is
+    403 (removed with its job); another tenant's upload or output is 404, as an unknown id."""
+    state = request.app[STATE_KEY]
+    asset_id = request.match_info["id"]
+    who = tenancy.tenant(request)
+    found = await state.call(find, state, asset_id)
+    if (found is not None and tenancy.sees(who, found[0])) or (found is None and views.parse_output_id(asset_id)):
+        raise ApiError(403, "forbidden", "an output is removed with its job (comfysup prune), not by DELETE")
+    upload = await state.call(state.queue.assets.api_asset, asset_id) if found is None and references.is_id(
+        asset_id) else None
+    if upload is None or not tenancy.sees(who, upload) or \
+            not await state.call(state.queue.assets.delete_api_asset, asset_id):
+        raise not_found("asset")
+    return web.Response(status=204)
+
+
 class Inputs:
     """The lookup of a submitted workflow's ``core/ASSET`` references (comfysup.api.assets ``references``): an
     upload's record, or an output made an upload over its content. Runs in the queue's thread."""
@@ -126,21 +146,24 @@ class Inputs:
         self.state = state
         self._hashed: dict[str, tuple[str, int]] = {}
 
-    def __call__(self, asset_id: str) -> ApiAsset | None:
+    def __call__(self, asset_id: str, who: str = "") -> ApiAsset | None:
+        """The record ``asset_id`` names, as the tenant ``who`` sees it (another tenant's: None, as unknown)."""
         upload = self.state.queue.assets.api_asset(asset_id)
         if upload is not None:
-            return upload
+            return upload if tenancy.sees(who, upload) else None
         found = find(self.state, asset_id)
-        return None if found is None else self._staged(asset_id, *found)
+        if found is None or not tenancy.sees(who, found[0]):
+            return None
+        return self._staged(asset_id, *found, tenant_of(who))
 
-    def _staged(self, asset_id: str, record: JobRecord, index: int) -> ApiAsset:
+    def _staged(self, asset_id: str, record: JobRecord, index: int, tenant: str) -> ApiAsset:
         state, output = self.state, record.outputs[index]
         name, kind = output.name.rsplit("/", 1)[-1], views.content_type(output.name)
         retention = float(state.config.api.upload_retention_hours) * 3600.0
         path = Path(state.store, record.id, output.name)
         known = self._hashed.get(asset_id)
         if known is not None:
-            minted = state.queue.assets.mint_api_asset(known[0], name, kind, retention)
+            minted = state.queue.assets.mint_api_asset(known[0], name, kind, retention, tenant=tenant)
             if minted is not None:
                 return minted[0]
         if s3.split_uri(output.path) is not None:  # uploaded to a bucket: no file here, and no download in
@@ -165,8 +188,9 @@ class Inputs:
         if len(self._hashed) >= MAX_HASHED:
             self._hashed.clear()
         self._hashed[asset_id] = (digest, size)
-        minted = state.queue.assets.mint_api_asset(digest, name, kind, retention)
+        minted = state.queue.assets.mint_api_asset(digest, name, kind, retention, tenant=tenant)
         if minted is not None:
             return minted[0]
-        staged, _new = state.queue.assets.add_api_asset(NewAsset(digest, size, name, str(path)), kind, retention)
+        staged, _new = state.queue.assets.add_api_asset(NewAsset(digest, size, name, str(path)), kind, retention,
+                                                        tenant=tenant)
         return staged

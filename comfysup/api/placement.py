@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import functools
 import json
 import os
 import struct
@@ -33,10 +34,11 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from comfysup import assets, safefs
-from comfysup.api import views
+from comfysup.api import tenancy, views
 from comfysup.api.errors import ApiError
 from comfysup.api.replies import STATE_KEY, json_response, origin, read_json
 from comfysup.queue.base import NewAsset
+from comfysup.queue.tenants import tenant_of
 
 MODEL_PREFIX = "models/"
 MODEL_FOLDERS = frozenset({
@@ -206,7 +208,8 @@ async def from_path(request: Any) -> Any:
     digest, size, where = await asyncio.get_running_loop().run_in_executor(None, _hash, roots, body["path"], limit)
     name = body.get("file_path") or PurePosixPath(where).name
     content_type = body.get("content_type") or views.content_type(name)
-    record, created_new = await state.call(state.queue.assets.add_api_asset, NewAsset(digest, size, name, where),
-                                           content_type, float(api.upload_retention_hours) * 3600.0, None)
+    add = functools.partial(state.queue.assets.add_api_asset, tenant=tenant_of(tenancy.tenant(request)))
+    record, created_new = await state.call(add, NewAsset(digest, size, name, where), content_type,
+                                           float(api.upload_retention_hours) * 3600.0, None)
     return json_response(views.uploaded(record, origin(request), time.time(), created_new),
                          status=201 if created_new else 200)

@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 from comfysup.api import outputs
 from comfysup.api.intake import Intake
 from comfysup.api.security import Cors, HostCheck
+from comfysup.api.tenancy import Tenancy
 from comfysup.config import Config
 from comfysup.jobs.catalogue import Catalogue
 from comfysup.queue.watch import EXIT_DATABASE_REPLACED, QueueWatch, lost_line
@@ -42,6 +43,8 @@ class State:
         self.links = Links(config.store)
         """Presigned URLs of outputs in a bucket ([store] url)."""
         self.hosts = HostCheck(config.api.listen.rpartition(":")[0], config.api.public_url, config.api.allowed_hosts)
+        self.tenancy = Tenancy(config)
+        """Which tenant a request's token acts as (comfysup.api.tenancy)."""
         self.inputs = outputs.Inputs(self)
         """What a workflow's core/ASSET reference names: an upload, or an output (comfysup.api.outputs)."""
         self._catalogues: list[Catalogue] = []

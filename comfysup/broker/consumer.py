@@ -45,13 +45,14 @@ from pika.adapters.blocking_connection import BlockingChannel
 
 from comfysup import stopsignals
 from comfysup.broker.connection import BrokerError, Reconnect, connect, declare_all, persistent, where
+from comfysup.broker.insert import insert, with_tenant
 from comfysup.broker.outbox import Announcer
 from comfysup.config import Config
 from comfysup.errors import QueueError
 from comfysup.jobs import JobLineError, JobsFile, NewJob
 from comfysup.jobs.catalogue import Catalogue
 from comfysup.queue import open_queue
-from comfysup.queue.base import Queue, SubmitConflict
+from comfysup.queue.base import Queue
 from comfysup.queue.watch import DEEP_CHECK_SECONDS, EXIT_DATABASE_REPLACED, QueueWatch, lost_line
 from comfysup.redact import bound
 from comfysup.slotstate import read_broker_state, write_broker_state
@@ -139,6 +140,8 @@ class Message:
     message_id: str | None
     deliveries: int = 0
     """Deliveries before this one that were not acknowledged (the quorum queue's x-delivery-count)."""
+    tenant: Any = None
+    """The message's ``tenant`` header: the tenant of its job when its line names none."""
 
     @property
     def digest(self) -> str:
@@ -267,7 +270,8 @@ class Consumer:
                     body: bytes) -> None:
         count = (properties.headers or {}).get("x-delivery-count")
         deliveries = count if isinstance(count, int) and count > 0 else int(bool(method.redelivered))
-        self.held.append(Message(method.delivery_tag, body, properties.message_id, deliveries))
+        self.held.append(Message(method.delivery_tag, body, properties.message_id, deliveries,
+                                 (properties.headers or {}).get("tenant")))
         self.counts["received"] += 1
 
     # -- one batch -----------------------------------------------------------------------------------------
@@ -303,18 +307,7 @@ class Consumer:
         """Validate and insert ``batch``, then acknowledge it: with one ack when it is all that is held."""
         try:
             valid, invalid = self.judge(batch)
-            jobs = [job for job, _ in valid.values()]
-            while jobs:
-                try:
-                    result = self.queue.intake.submit(jobs)
-                    self.counts["inserted"] += result.inserted
-                    self.counts["existing"] += result.existing
-                    break
-                except SubmitConflict as exc:
-                    bad = set(exc.ids)
-                    invalid += [(m, f"id {i} is already in the queue with different content; give the changed job "
-                                 "a new id") for i, (_, m) in valid.items() if i in bad]
-                    jobs = [j for j in jobs if j.id not in bad]
+            invalid += insert(self.queue, valid, self.counts)
         finally:
             if self._reader is not None:
                 self._reader.close()  # the batch's inputs fetched by URL: in the asset store now, or refused
@@ -341,6 +334,7 @@ class Consumer:
                 continue
             try:
                 job, _warnings = reader.parse(message.body, check=True)
+                job = with_tenant(job, message.tenant)
             except JobLineError as exc:
                 invalid.append((message, str(exc)))
                 continue

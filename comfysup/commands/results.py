@@ -69,9 +69,10 @@ TABLE_CELL_CHARS = 60
 
 RESULT_COLUMNS = ("status", "server", "machine", "attempts", "files", "reason", "queue_wait_s", "comfyui_wait_s",
                   "attempt_run_s", "total_s")
-CSV_COLUMNS = (*RESULT_COLUMNS, "locations", "urls", "url_expires_at")
-"""``locations``: each file as host:path, since store.dir may be each machine's own disk, or as the s3://bucket/key
-of its object ([store] url); ``urls``: each object's presigned URL, valid until ``url_expires_at``."""
+CSV_COLUMNS = (*RESULT_COLUMNS, "tenant", "locations", "urls", "url_expires_at")
+"""``tenant``: who the job belongs to (comfysup.queue.tenants); ``locations``: each file as host:path, since
+store.dir may be each machine's own disk, or as the s3://bucket/key of its object ([store] url); ``urls``: each
+object's presigned URL, valid until ``url_expires_at``."""
 
 
 def cell(value: Any) -> str:
@@ -124,6 +125,7 @@ def row(job: JobRecord, params: list[str], full: bool,
     })
     out.update(_timing_cells(job))
     if full:
+        out["tenant"] = job.tenant
         out.update(_location_cells(job, links))
     return clean.scrub(out)  # by value too: a secret in a file name or a set value's key
 

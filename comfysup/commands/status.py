@@ -18,9 +18,12 @@ from comfysup.observability.views import (
     outboxes_text,
     overview,
     progress_text,
+    several_tenants,
     staging_text,
+    tenant_lines,
 )
 from comfysup.queue.base import Machine, Status
+from comfysup.queue.values import TenantCount
 from comfysup.redact import bound
 from comfysup.slotstate import memory_note, read_broker_state, read_state, read_work_state, staleness, warmup_cell
 from comfysup.timefmt import age
@@ -37,6 +40,8 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
                                    "their reasons.")
     p.add_argument("--json", action="store_true", help="print one JSON object instead")
     p.add_argument("--dead", type=int, default=5, metavar="N", help="how many dead letters to list (default 5)")
+    p.add_argument("--by", choices=("tenant",), help="tenant: each tenant's jobs queued, running and done, and the "
+                   "GPU seconds its jobs held a slot with its share of them (the fair share the claim keeps)")
     p.add_argument("--watch", nargs="?", const=2.0, type=float, metavar="SECONDS",
                    help="refresh in place every SECONDS (default 2): slots, running jobs with their progress, "
                         "counts, jobs per minute, the last dead letters; Ctrl-C stops")
@@ -178,7 +183,8 @@ def render_watch(view: Overview, interval: float) -> str:
             "Ctrl-C stops)")
     rate = (f"last {WINDOW_SECONDS / 60:.0f} min: {f.get('done', 0)} done ({view.per_minute:.1f} jobs/min), "
             f"{f.get('dead', 0)} dead, {f.get('cancelled', 0)} cancelled")
-    return "\n".join([head, "", render(view.status, view.now), rate, outboxes_text(view.outboxes), "",
+    tenants = ["", *tenant_lines(view.tenants)] if several_tenants(view.tenants) else []
+    return "\n".join([head, "", render(view.status, view.now), rate, outboxes_text(view.outboxes), *tenants, "",
                       render_slots(view.supervisor, view.now)])
 
 
@@ -225,11 +231,14 @@ def run(args: argparse.Namespace) -> int:
         now = time.time()
         read = Read(status=queue.reads.status(now, dead_limit=args.dead), machines=queue.fleet.machines(),
                     inputs=queue.assets.asset_totals(), backlog=queue.deliveries.announcement_backlog(),
-                    outboxes=queue.deliveries.outboxes(now))
+                    outboxes=queue.deliveries.outboxes(now), tenants=queue.reads.tenant_counts())
         read.waiting = queue.uploads.by_machine(now) if read.outboxes["uploads"].items else {}
     finally:
         queue.close()
-    if args.json:
+    if args.by == "tenant":
+        print(json.dumps([t.__dict__ for t in read.tenants], indent=2) if args.json
+              else "\n".join(tenant_lines(read.tenants)))
+    elif args.json:
         print(json.dumps(json_report(config, read, now), indent=2))
     else:
         print(text_report(config, read, now))
@@ -240,17 +249,19 @@ class Read:
     """What one ``comfysup status`` read of the queue found (the supervisor's and work's files are read apart)."""
 
     def __init__(self, status: Status, machines: list[Machine], inputs: dict[str, Any], backlog: Any,
-                 outboxes: dict[str, Any]) -> None:
+                 outboxes: dict[str, Any], tenants: list[TenantCount]) -> None:
         self.status = status
         self.machines = machines
         self.inputs = inputs
         self.backlog = backlog
         self.outboxes = outboxes
+        self.tenants = tenants
         self.waiting: dict[str, Any] = {}
 
 
 def json_report(config: Config, read: Read, now: float) -> dict[str, Any]:
-    """``status --json``: the queue's counts, the supervisor's and work's states, machines, inputs and outboxes."""
+    """``status --json``: the queue's counts, the supervisor's and work's states, machines, inputs, outboxes and
+    tenants."""
     state, work = read_state(config), read_work_state(config)
     out = snapshot(read.status, now)
     out["supervisor"] = None if state is None else {**state, "stale": staleness(state, now)}
@@ -259,13 +270,15 @@ def json_report(config: Config, read: Read, now: float) -> dict[str, Any]:
     out["inputs"] = read.inputs
     out["outboxes"] = {name: level._asdict() for name, level in read.outboxes.items()}
     out["outboxes"]["uploads_by_machine"] = {m: level._asdict() for m, level in read.waiting.items()}
+    out["tenants"] = [t._asdict() for t in read.tenants]
     if config.rabbitmq.url:
         out["rabbitmq"] = {"consumer": read_broker_state(config), "outbox_backlog": read.backlog}
     return out
 
 
 def text_report(config: Config, read: Read, now: float) -> str:
-    """``status`` for a person: counts, inputs, outboxes, staging, slots, work, machines and the broker."""
+    """``status`` for a person: counts, inputs, outboxes, staging, tenants (when there are several), slots, work,
+    machines and the broker."""
     state, work = read_state(config), read_work_state(config)
     lines = [render(read.status, now)]
     if read.inputs["assets"]:
@@ -276,6 +289,8 @@ def text_report(config: Config, read: Read, now: float) -> str:
         lines.append(f"  uploads waiting on {machine}: {level.items} job(s), oldest {oldest} "
                      f"(its uploader sends them; machine gone for good: `comfysup show ID`, `comfysup retry ID`)")
     lines.extend(filter(None, (staging_text(state), staging_text(work))))
+    if several_tenants(read.tenants):
+        lines += ["", *tenant_lines(read.tenants)]
     lines += ["", render_slots(state, now)]
     work_text = render_work(work, now)
     if work_text:

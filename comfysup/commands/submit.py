@@ -12,11 +12,13 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from comfysup.commands._common import config_from, queue_from
 from comfysup.config import Config
+from comfysup.config.tenants import TENANT_NAME
 from comfysup.errors import ComfysupError, QueueError, QueueUnavailable, UsageError
 from comfysup.jobs import READ_AHEAD_LINES, JobsFile, Problem, format_problems
 from comfysup.jobs.catalogue import Catalogue
@@ -54,6 +56,9 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("file", help="the jobs file, one JSON object a line; - reads standard input (workflow "
                    "paths are then relative to the current directory)")
     p.add_argument("--dry-run", action="store_true", help="validate only; insert nothing")
+    p.add_argument("--tenant", metavar="NAME", help="the tenant of every line that names none (a line's own "
+                   "\"tenant\" wins); without either, the jobs are the default tenant's. A tenant's [tenants.NAME] "
+                   "max_queued refuses a submit that would pass it: nothing is queued and submit exits 4")
     p.add_argument("--queue", metavar="PATH", help="the SQLite queue file to submit to ([queue] path), made when "
                    "missing; without it and without a config file, submit says where it looked and stops rather "
                    "than make a queue that no supervisor reads")
@@ -68,6 +73,8 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
 
 
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "tenant", None) is not None and not TENANT_NAME.fullmatch(args.tenant):
+        raise UsageError(f"--tenant {args.tenant!r}: a tenant's name is 1 to 64 letters, digits, '_', '.' or '-'")
     config = config_from(args)
     try:
         queue = _queue(config, args.dry_run)
@@ -139,7 +146,10 @@ def _insert(args: argparse.Namespace, config: Config, queue: Queue | None, jobs:
     try:
         # A large file is read a second time by a child process while this one inserts (see jobs_read_ahead).
         two_cpus = checked.count >= READ_AHEAD_LINES and (os.cpu_count() or 1) > 1
-        result = queue.intake.submit(jobs.jobs_read_ahead() if two_cpus else jobs.jobs())
+        made = jobs.jobs_read_ahead() if two_cpus else jobs.jobs()
+        tenant = getattr(args, "tenant", None)
+        result = queue.intake.submit(made if not tenant else (j if j.tenant else replace(j, tenant=tenant)
+                                                               for j in made))
     except SubmitConflict as exc:
         problems = [Problem(checked.lines_by_id[i], f"id {i} is already in the queue with different "
                             "content; give the changed job a new id") for i in exc.ids]

@@ -10,6 +10,7 @@ only where a supervisor starts.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import field, fields, is_dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -67,6 +68,13 @@ def zero_or_more(meaning: str = "") -> Check:
     return lambda value: text if value < 0 else None
 
 
+def hex_sha256(value: str) -> Answer:
+    """Empty, or 64 hex digits: a SHA-256 as ``sha256sum`` prints it."""
+    if value and not re.fullmatch(r"[0-9a-fA-F]{64}", value):
+        return "must be 64 hex digits, the SHA-256 of the token (printf %s TOKEN | sha256sum), never the token itself"
+    return None
+
+
 def between(low: int, high: int, text: str) -> Check:
     """A number from ``low`` to ``high``, both included; ``text`` says so in the key's words."""
     return lambda value: text if not low <= value <= high else None
@@ -84,14 +92,19 @@ def check(c: Config) -> None:
     """Impossible values: every key's own checks, section by section, then every section's rules, then the one
     rule of every number (``no_negative_numbers``)."""
     for name, values in _sections(c):
-        for f in fields(values):
-            value = getattr(values, f.name)
-            for key_check in f.metadata.get("checks", ()):
-                _refuse(c.source, name, f.name, value, key_check(value))
+        check_keys(c.source, name, values)
     for name, values in _sections(c):
         for rule in getattr(values, "RULES", ()):
             _refuse(c.source, name, rule.key, getattr(values, rule.key), rule.check(c))
     no_negative_numbers(c)
+
+
+def check_keys(source: str, name: str, values: Any) -> None:
+    """Every key's own checks of one section (or one ``[tenants.NAME]`` table), in their order."""
+    for f in fields(values):
+        value = getattr(values, f.name)
+        for key_check in f.metadata.get("checks", ()):
+            _refuse(source, name, f.name, value, key_check(value))
 
 
 def _sections(c: Config) -> list[tuple[str, Any]]:

@@ -22,6 +22,7 @@ from urllib.parse import urlparse
 from comfysup.config.checks import check
 from comfysup.config.models import read_models
 from comfysup.config.schema import SECTIONS, Config, ServerConfig
+from comfysup.config.tenants import read_tenants
 from comfysup.errors import ConfigError
 
 DEFAULT_PATHS = (Path("config.toml"), Path("/etc/comfysup/config.toml"))
@@ -155,7 +156,8 @@ def build_config(
             values[section][key] = (value, "command line")
     sections = {name: _section(name, cls, values[name]) for name, cls in SECTIONS.items()}
     models = read_models(raw.get("models"), source, sections["comfyui"].models_manifest, root, read_toml)
-    config = Config(**sections, servers=servers, models=models, source=source, root=root)
+    tenants = read_tenants(raw.get("tenants"), source)
+    config = Config(**sections, servers=servers, models=models, tenants=tenants, source=source, root=root)
     check(config)
     return config
 
@@ -169,11 +171,11 @@ def _file_values(raw: Mapping[str, Any], source: str,
         if section == "servers":
             servers = _servers(body, source)
             continue
-        if section == "models":
+        if section in ("models", "tenants"):
             continue
         if section not in SECTIONS:
             raise ConfigError(f"{source}: unknown section [{section}]; expected one of "
-                              f"{', '.join(sorted([*SECTIONS, 'servers', 'models']))}")
+                              f"{', '.join(sorted([*SECTIONS, 'servers', 'models', 'tenants']))}")
         if not isinstance(body, dict):
             raise ConfigError(f"{source}: {section} = {body!r}: expected a table [{section}]")
         for key, value in body.items():

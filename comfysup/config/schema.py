@@ -18,6 +18,7 @@ from comfysup.config.checks import (
     each,
     gpus_problem,
     greater_than_zero,
+    hex_sha256,
     positive,
     seconds_greater_than_zero,
     setting,
@@ -191,6 +192,27 @@ class ServerConfig:
     the job's folder there is removed once its files are stored, as for the servers ``comfysup run`` launches.
     Its input folder is taken to be ``input`` beside it, as in a ComfyUI installation. A relative path is
     relative to the config file's folder, as every path of the config is."""
+
+
+@dataclass(frozen=True)
+class TenantConfig:
+    """One ``[tenants.NAME]`` table: a customer, team or app that shares the fleet (comfysup.queue.tenants). A job
+    belongs to the tenant whose token submitted it through the API, or that its broker message names; else to
+    ``default`` (which a ``[tenants.default]`` table may weigh and bound too)."""
+
+    name: str = ""
+    """The tenant's name: the table's (``[tenants.studio-a]``), stored on each of its jobs."""
+    weight: float = setting(1.0, greater_than_zero)
+    """Its share of slot time against the other tenants' weights while they have work: weights 3 and 1 give three
+    quarters and one quarter of the seconds the slots run jobs; a tenant alone gets every slot."""
+    max_running: int = setting(0, zero_or_more("(no cap)"))
+    """Its jobs running at once over the whole fleet (every machine of the queue); 0: no cap."""
+    max_queued: int = setting(0, zero_or_more("(no bound)"))
+    """Its jobs waiting in the queue: a submit that would pass it is refused whole (``comfysup submit`` exits 4,
+    the API answers 429 with Retry-After, the broker's message goes to the invalid queue); 0: no bound."""
+    token_sha256: str = setting("", hex_sha256)
+    """The SHA-256 (hex) of this tenant's API token: a request that carries that token acts as the tenant and sees
+    its own jobs, assets and outputs only. Never the token itself: ``printf %s TOKEN | sha256sum``."""
 
 
 @dataclass(frozen=True)
@@ -424,6 +446,8 @@ class Config:
     webhooks: WebhooksConfig = field(default_factory=WebhooksConfig)
     api: ApiConfig = field(default_factory=ApiConfig)
     rabbitmq: RabbitMQConfig = field(default_factory=RabbitMQConfig)
+    tenants: tuple[TenantConfig, ...] = ()
+    """The ``[tenants.NAME]`` tables, by name."""
     source: str = "<defaults>"
     """Where the file values came from, for messages."""
     root: str = "."

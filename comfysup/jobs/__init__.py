@@ -36,6 +36,7 @@ from comfysup.jobs.line import (  # noqa: F401
     load_line,
     new_job,
     priority_problems,
+    tenant_problems,
     unknown_key,
 )
 from comfysup.jobs.readahead import read_ahead
@@ -213,6 +214,7 @@ class JobsFile:
                 reasons += exc.reasons
         priority = fields.get("priority", 0)
         reasons += priority_problems(priority)
+        reasons += tenant_problems(fields.get("tenant"))
         reasons += [f"{key} must be an object" for key in ("extra_data", "meta")
                     if not isinstance(fields.get(key, {}), dict)]
         written = fields.get("set", {})

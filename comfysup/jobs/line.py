@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from comfysup.config.tenants import TENANT_NAME
 from comfysup.jobs.identity import sorted_json
 from comfysup.jobs.values import JobLineError, check_depth, did_you_mean, loads_strict
 from comfysup.queue.base import NewJob
@@ -14,7 +15,7 @@ from comfysup.queue.base import NewJob
 MAX_LINE_BYTES = 16 * 1024 * 1024
 PRIORITY_RANGE = (-(2**63), 2**63 - 1)
 """What SQLite's INTEGER holds; a larger number would fail at insert, after validation said yes."""
-LINE_KEYS = frozenset({"id", "workflow", "set", "priority", "extra_data", "meta", "callback_url"})
+LINE_KEYS = frozenset({"id", "workflow", "set", "priority", "extra_data", "meta", "callback_url", "tenant"})
 
 
 @dataclass
@@ -74,6 +75,13 @@ def unknown_key(unknown: str) -> str:
     return f"unknown key {unknown!r}; {hint + ' ' if hint else ''}a line may have {', '.join(sorted(LINE_KEYS))}"
 
 
+def tenant_problems(tenant: Any) -> list[str]:
+    """A line's ``tenant``: absent (``default``), or a name as ``[tenants.NAME]`` spells one."""
+    if tenant is None or (isinstance(tenant, str) and TENANT_NAME.fullmatch(tenant)):
+        return []
+    return [f"tenant {tenant!r} is not a tenant's name: 1 to 64 letters, digits, '_', '.' or '-'"]
+
+
 def priority_problems(priority: Any) -> list[str]:
     if isinstance(priority, bool) or not isinstance(priority, int):
         return [f"priority {priority!r} is not a whole number"]
@@ -101,7 +109,7 @@ def new_job(line: Line, made: Made) -> NewJob:
                   extra_data=with_workflow(extra, made.ui), meta=meta, params=line.params or {}, workflow_name=name,
                   workflow_json=made.text,
                   callback_url=line.callback, template_json=made.stored, template_hash=made.stored_hash,
-                  model_key=made.key, refused=made.refused, assets=line.found)
+                  model_key=made.key, refused=made.refused, assets=line.found, tenant=line.fields.get("tenant") or "")
 
 
 def with_workflow(extra_data: dict[str, Any], ui: dict[str, Any] | None) -> dict[str, Any]:

@@ -38,6 +38,7 @@ from comfysup.config import MetricsConfig
 from comfysup.gpus import GpuSample
 from comfysup.observability.brokermetrics import broker_metrics
 from comfysup.observability.slotgauges import label, slot_metrics
+from comfysup.observability.tenantmetrics import tenant_metrics
 from comfysup.queue.base import STORING, TERMINAL, EndedAttempt, OutboxLevel, Queue
 from comfysup.slotstate import ready_slots, staleness
 
@@ -235,6 +236,7 @@ class Live(Collector):
         yield uploads
         yield from self._slots(now)
         yield from self._gpus()
+        yield from tenant_metrics(self.queue.reads.tenant_counts(), self.queue.tenants)
         state = self.state()
         yield from broker_metrics((state or {}).get("broker"), self.queue.deliveries.announcement_backlog())
 

@@ -8,10 +8,12 @@ are, how many wait, how fast jobs finish, what died lately), so both are built f
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from comfysup.queue.base import OutboxLevel, Queue, Status
+from comfysup.queue.values import TenantCount
 from comfysup.slotstate import staleness
 from comfysup.timefmt import age
 
@@ -38,6 +40,8 @@ class Overview:
     """The broker outbox's backlog: ended jobs not yet announced to RabbitMQ."""
     outboxes: dict[str, OutboxLevel] = field(default_factory=dict)
     """What each outbox holds (comfysup.queue.roles ``Deliveries.outboxes``)."""
+    tenants: tuple[TenantCount, ...] = ()
+    """Each tenant's jobs and seconds used (comfysup.queue.tenants)."""
 
     @property
     def per_minute(self) -> float:
@@ -53,7 +57,8 @@ def overview(queue: Queue, state: dict[str, Any] | None, now: float | None = Non
     recent = queue.reads.get_many([i for i, _ in status.recent_done]) if status.recent_done else []
     return Overview(now=now, status=status, finished=finished, recent_done=recent, supervisor=state,
                     stale=None if state is None else staleness(state, now),
-                    announcements=queue.deliveries.announcement_backlog(), outboxes=queue.deliveries.outboxes(now))
+                    announcements=queue.deliveries.announcement_backlog(), outboxes=queue.deliveries.outboxes(now),
+                    tenants=tuple(queue.reads.tenant_counts()))
 
 
 OUTBOX_NAMES = (("uploads", "uploads"), ("webhooks", "webhooks"), ("broker", "broker results"))
@@ -79,6 +84,24 @@ def staging_text(state: dict[str, Any] | None) -> str | None:
     if isinstance(staging, dict) and staging.get("full"):
         return f"{staging.get('reason')}; no new job is claimed until uploads free room"
     return None
+
+
+def several_tenants(tenants: Sequence[TenantCount]) -> bool:
+    """Whether the queue serves tenants at all: some tenant other than ``default`` is known."""
+    return any(t.tenant != "default" for t in tenants)
+
+
+def tenant_lines(tenants: Sequence[TenantCount]) -> list[str]:
+    """Each tenant's jobs queued, running and done, its slot seconds and its share of them, as a table."""
+    used = sum(t.gpu_seconds for t in tenants) or 1.0
+    width = max([len("tenant"), *(len(t.tenant) for t in tenants)])
+    lines = [f"{'tenant':<{width}}  {'weight':>6}  {'cap':>4}  {'queued':>7}  {'running':>7}  {'done':>8}  "
+             f"{'GPU s':>10}  {'share':>6}"]
+    for t in tenants:
+        cap = "-" if t.max_running is None else str(t.max_running)
+        lines.append(f"{t.tenant:<{width}}  {t.weight:>6g}  {cap:>4}  {t.queued:>7}  {t.running:>7}  {t.done:>8}  "
+                     f"{t.gpu_seconds:>10.1f}  {t.gpu_seconds / used:>6.1%}")
+    return lines
 
 
 def progress_text(progress: dict[str, Any] | None) -> str:

@@ -43,7 +43,9 @@ from comfysup.observability.views import (
     overview,
     progress_fraction,
     progress_text,
+    several_tenants,
     staging_text,
+    tenant_lines,
 )
 from comfysup.queue.base import Queue
 from comfysup.queue.run_values import JobRecord
@@ -194,6 +196,8 @@ def render_page(view: Overview, refresh_seconds: float) -> str:
     full = staging_text(view.supervisor)
     if full:
         out.append(f"<p class=stale>{html.escape(full)}</p>")
+    if several_tenants(view.tenants):
+        out.append(f"<h2>Tenants</h2><pre>{html.escape(chr(10).join(tenant_lines(view.tenants)))}</pre>")
     state = view.supervisor
     if state is not None and "broker" in state:
         out.append(f"<h2>RabbitMQ</h2><pre>{html.escape(broker_text(state['broker'], view.announcements))}</pre>")

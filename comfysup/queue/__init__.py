@@ -7,6 +7,7 @@ from comfysup.errors import ConfigError
 from comfysup.queue.asset_bucket import AssetBucket
 from comfysup.queue.base import Queue
 from comfysup.queue.sqlite import SQLiteQueue
+from comfysup.queue.tenants import TenantLimits
 from comfysup.storage import s3
 
 
@@ -31,6 +32,7 @@ def open_queue(config: Config, *, create: bool = True, wait_seconds: float | Non
             default_callback_url=config.webhooks.url,
             assets_dir=str(config.resolve(config.assets.dir)) if config.assets.dir else None)
         queue.announce = bool(config.rabbitmq.url)
+        queue.tenants = tenant_limits(config)
         _asset_bucket(queue, config)
         return queue
     queue = SQLiteQueue(config.resolve(config.queue.path), create=create,
@@ -39,8 +41,14 @@ def open_queue(config: Config, *, create: bool = True, wait_seconds: float | Non
                         default_callback_url=config.webhooks.url,
                         assets_dir=config.resolve(config.assets.dir) if config.assets.dir else None)
     queue.announce = bool(config.rabbitmq.url)  # the broker outbox: results go to the broker too
+    queue.tenants = tenant_limits(config)
     _asset_bucket(queue, config)
     return queue
+
+
+def tenant_limits(config: Config) -> dict[str, TenantLimits]:
+    """The config's [tenants.NAME] tables as the queue keeps them."""
+    return {t.name: TenantLimits(float(t.weight), t.max_running, t.max_queued) for t in config.tenants}
 
 
 def _asset_bucket(queue: Queue, config: Config) -> None:

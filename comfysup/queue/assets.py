@@ -30,6 +30,7 @@ from comfysup.queue.asset_files import CHUNK_BYTES, AssetMissing
 from comfysup.queue.asset_ids import new_asset_id
 from comfysup.queue.base import NewJob
 from comfysup.queue.db import Role, SQLDb, in_transaction
+from comfysup.queue.tenants import DEFAULT
 from comfysup.queue.values import ApiAsset, NewAsset
 
 if TYPE_CHECKING:
@@ -47,7 +48,8 @@ class UploadConflict(QueueError):
 
 def _api_asset(row: Any) -> ApiAsset:
     return values.ApiAsset(str(row["id"]), str(row["hash"]), int(row["size"]), str(row["file_path"]),
-                           str(row["content_type"]), float(row["created_at"]), float(row["expires_at"]))
+                           str(row["content_type"]), float(row["created_at"]), float(row["expires_at"]),
+                           str(row["tenant"]))
 
 
 class Assets(Role):
@@ -145,7 +147,8 @@ class Assets(Role):
 
     @in_transaction()
     def add_api_asset(self, cur: Any, asset: NewAsset, content_type: str, retention_seconds: float,
-                      key: str | None = None, now: float | None = None) -> tuple[ApiAsset, bool]:
+                      key: str | None = None, now: float | None = None, tenant: str = DEFAULT
+                      ) -> tuple[ApiAsset, bool]:
         """Store ``asset`` (its bytes at ``asset.path``, hashed again while copied) unless its content is already
         stored, and mint a record over it, in one durable transaction: ``(record, created_new)``. ``key`` (the
         upload's Idempotency-Key) is single-use, held by the record's unique ``idem_key``: one seen before, or
@@ -155,7 +158,7 @@ class Assets(Role):
         created_new = cur.execute(self.db.sql["asset_size"], {"hash": asset.hash}).fetchone() is None
         self.store(cur, asset, at)
         record = values.ApiAsset(new_asset_id(), asset.hash, asset.size, asset.name, content_type, at,
-                                 at + retention_seconds)
+                                 at + retention_seconds, tenant)
         if key is None:
             cur.execute(self.db.sql["insert_api_asset"], _api_asset_row(record, None))
         elif cur.execute(self.db.sql["insert_keyed_api_asset"], _api_asset_row(record, key)).fetchone() is None:
@@ -173,21 +176,23 @@ class Assets(Role):
 
     @in_transaction()
     def mint_api_asset(self, cur: Any, digest: str, file_path: str, content_type: str, retention_seconds: float,
-                       now: float | None = None) -> tuple[ApiAsset, bool] | None:
+                       now: float | None = None, tenant: str = DEFAULT) -> tuple[ApiAsset, bool] | None:
         """A record over content already stored (``POST /assets/from-hash``): ``(record, minted)``; a live record
-        of the same content and name is answered instead of a new one (its deadline extended, never shortened).
+        of the same content, name and tenant is answered instead of a new one (its deadline extended, never shortened).
         None when the content is not stored."""
         at = time.time() if now is None else now
         until = at + retention_seconds
         size = cur.execute(self.db.sql["asset_size"], {"hash": digest}).fetchone()
         if size is None:
             return None
-        row = cur.execute(self.db.sql["api_asset_same"], {"hash": digest, "file_path": file_path, "at": at}).fetchone()
+        row = cur.execute(self.db.sql["api_asset_same"],
+                          {"hash": digest, "file_path": file_path, "at": at, "tenant": tenant}).fetchone()
         if row is not None:
             known = _api_asset(row)
             cur.execute(self.db.sql["extend_api_asset"], {"until": until, "id": known.id})
             return values.ApiAsset(**{**known._asdict(), "expires_at": max(known.expires_at, until)}), False
-        record = values.ApiAsset(new_asset_id(), digest, int(size["size"]), file_path, content_type, at, until)
+        record = values.ApiAsset(new_asset_id(), digest, int(size["size"]), file_path, content_type, at, until,
+                                 tenant)
         cur.execute(self.db.sql["insert_api_asset"], _api_asset_row(record, None))
         return record, True
 
@@ -277,7 +282,7 @@ def _run(cur: Any, sql: str, args: Mapping[str, Any]) -> None:
 def _api_asset_row(record: ApiAsset, key: str | None) -> dict[str, Any]:
     """The parameters of ``insert_api_asset`` (and its keyed twin) for a record."""
     return {"id": record.id, "hash": record.hash, "file_path": record.file_path, "content_type": record.content_type,
-            "created_at": record.created_at, "expires_at": record.expires_at, "idem_key": key}
+            "created_at": record.created_at, "expires_at": record.expires_at, "idem_key": key, "tenant": record.tenant}
 
 
 def _now() -> float:

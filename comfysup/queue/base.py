@@ -99,7 +99,10 @@ from comfysup.queue.values import (  # noqa: F401  (re-exported: callers import 
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from comfysup.queue import roles
+    from comfysup.queue.tenants import TenantLimits
 
 
 class State(StrEnum):
@@ -171,6 +174,8 @@ class Queue(Protocol):
     where: str
     """Where the database is, for messages (a path, or a PostgreSQL URL without its password)."""
     announce: bool
+    tenants: Mapping[str, TenantLimits]
+    """The declared tenants' weights and limits (comfysup.queue.tenants), as the config's [tenants.NAME] say."""
     leases: roles.Leases
     intake: roles.Intake
     reads: roles.Reads

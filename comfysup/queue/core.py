@@ -8,6 +8,7 @@ dialect. Callers hold the role they need (``queue.leases`` for a runner, ``queue
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 from comfysup.queue.assets import Assets
@@ -21,6 +22,7 @@ from comfysup.queue.orders import Orders
 from comfysup.queue.previews import Previews
 from comfysup.queue.reads import Reads
 from comfysup.queue.search import Search
+from comfysup.queue.tenants import TenantBook, TenantLimits
 from comfysup.queue.uploads import Uploads
 
 
@@ -60,6 +62,15 @@ class SQLQueue:
     @default_callback_url.setter
     def default_callback_url(self, url: str) -> None:
         self.db.default_callback_url = url
+
+    @property
+    def tenants(self) -> Mapping[str, TenantLimits]:
+        """The declared tenants' weights and limits (the config's [tenants.NAME]; comfysup.queue.tenants)."""
+        return self.db.tenants.limits
+
+    @tenants.setter
+    def tenants(self, limits: Mapping[str, TenantLimits]) -> None:
+        self.db.tenants = TenantBook(limits)
 
     def maintenance(self) -> None:
         """Periodic upkeep (a WAL checkpoint for SQLite); cheap to call often."""

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 from comfysup.errors import QueueError
 from comfysup.queue import forks
 from comfysup.queue.queries import load, read
+from comfysup.queue.tenants import TenantBook
 
 if TYPE_CHECKING:
     from comfysup.queue.run_values import Delivery, PruneBatch
@@ -56,8 +57,13 @@ class SQLDb:
     announce = False
     """[rabbitmq] url is set: a job's end also writes a broker announcement (the outbox) in its transaction."""
 
+    ADVISORY_LOCKS = False
+    """Whether a count that bounds a tenant takes the backend's advisory lock first (PostgreSQL: other machines
+    write at once; SQLite's write lock already serialises every write)."""
+
     def _setup(self) -> None:
         self.sql = load(self.DIALECT)
+        self.tenants = TenantBook()
         self._lock = threading.RLock()
         forks.register(self)
 
@@ -204,10 +210,12 @@ def in_transaction(*, write: bool = True, durable: bool | Callable[..., bool] = 
     return wrap
 
 
-def note_passed_over(sql: Mapping[str, str], cur: Any, priority: int, head: int, taken: int, at: float | None) -> None:
-    """After an affinity claim, keep the staircase of affinity_skips: taking a job behind the head passes over
-    every ready job of its priority before it; taking the head drops the rows that cover only jobs before it."""
-    if taken != head:
-        cur.execute(sql["passed_over"], {"priority": priority, "taken": taken, "now": at})
+def note_passed_over(sql: Mapping[str, str], cur: Any, head: Mapping[str, Any], taken: int, at: float | None) -> None:
+    """After an affinity claim, keep the staircase of affinity_skips of the tenant served (``head``: its head's
+    ``head`` seq, ``priority`` and ``tenant``): taking a job behind the head passes over every ready job of that
+    tenant and priority before it; taking the head drops the rows that cover only jobs before it."""
+    where = {"tenant": head["tenant"], "priority": head["priority"]}
+    if taken != head["head"]:
+        cur.execute(sql["passed_over"], {**where, "taken": taken, "now": at})
     else:
-        cur.execute(sql["head_taken"], {"priority": priority, "head": head})
+        cur.execute(sql["head_taken"], {**where, "head": head["head"]})

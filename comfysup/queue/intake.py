@@ -14,6 +14,7 @@ from comfysup.queue.base import DEAD, QUEUED, RUNNING, STORING, NewJob, SubmitCo
 from comfysup.queue.db import Role, SQLDb, in_transaction
 from comfysup.queue.fleet import insert_refusals
 from comfysup.queue.specs import SpecCache
+from comfysup.queue.tenants import tenant_of
 
 if TYPE_CHECKING:
     from comfysup.queue.assets import Assets
@@ -122,7 +123,10 @@ class _Batches:
 
     def insert(self, batch: list[NewJob]) -> None:
         intake = self.intake
+        tenants = [tenant_of(j.tenant) for j in batch]
+        intake.db.tenants.arrive(intake.db, self.cur, tenants)
         inserted, existing = intake.db.insert_batch(self.cur, batch, self.at, self.conflicts, self.specs)
+        intake.db.tenants.admit(intake.db, self.cur, tenants, intake.db.ADVISORY_LOCKS)
         insert_refusals(intake.db, self.cur, batch)
         intake.assets.insert_assets(self.cur, batch, self.at, self.stored)
         self.inserted += inserted

@@ -69,6 +69,7 @@ class Leases(Role):
         return self._claim_from(self.db.transaction(done_then_take))
 
     def _take(self, cur: Any, ask: ClaimAsk, at: float | None) -> Mapping[str, Any] | None:
+        self.db.tenants.write(self.db, cur)
         return self.db.take(cur, ask, at, self._templates)
 
     def _claim_from(self, row: Mapping[str, Any] | None) -> Claim | None:

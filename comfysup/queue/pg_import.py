@@ -88,6 +88,7 @@ def _insert_jobs(cur: Any, fresh: Sequence[JobRecord]) -> None:
     specs = SpecCache()
     pg_statements.workflow_ids(cur, {h: t for t, h in stored}, specs)
     cur.executemany(SQL["import_job"], [_job_row(r, specs.ids[h]) for r, (_t, h) in zip(fresh, stored, strict=True)])
+    cur.executemany(SQL["add_tenant"], [{"name": name} for name in sorted({r.tenant for r in fresh})])  # claimable
 
 
 def _attempt_rows(fresh: Sequence[JobRecord]) -> list[dict[str, Any]]:
@@ -128,7 +129,7 @@ def _job_row(r: JobRecord, workflow_id: int) -> dict[str, Any]:
             "progress": dumps(r.progress), "callback_url": r.callback_url,
             "model_key": r.model_key if r.model_key is not None else model_key(r.workflow),
             "staged_at": r.staged_at, "staged_in": r.staged_in,
-            "staged_bytes": sum(o.size for o in r.outputs) if r.state == "storing" else None}
+            "staged_bytes": sum(o.size for o in r.outputs) if r.state == "storing" else None, "tenant": r.tenant}
 
 
 def _stored_template(record: JobRecord, memo: dict[str, str]) -> tuple[str, str]:

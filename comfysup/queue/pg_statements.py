@@ -13,6 +13,7 @@ import psycopg
 from comfysup.queue import queries
 from comfysup.queue.db import ClaimAsk
 from comfysup.queue.specs import SpecCache, dumps_plain
+from comfysup.queue.tenants import CLAIM_LOCK, tenant_of
 from comfysup.queue.values import NewJob, PruneBatch
 
 SQL = queries.load("postgres")
@@ -50,14 +51,15 @@ def insert_batch(cur: psycopg.Cursor[Any], batch: list[NewJob], now: float | Non
 
 
 COLUMNS = ("ids", "priorities", "spec_hashes", "workflow_names", "workflow_ids", "extra_datas", "metas", "paramses",
-           "callback_urls", "model_keys")
+           "callback_urls", "model_keys", "tenants")
 """The array parameters of ``insert_jobs``, one a column."""
 
 
 def _columns(batch: list[NewJob], workflow_ids: list[int], specs: SpecCache) -> dict[str, list[Any]]:
     """The batch as ``insert_jobs`` takes it: one array per column, by its parameter's name (COLUMNS)."""
     rows = [(j.id, j.priority, j.spec_hash, j.workflow_name, workflow_id, dumps_plain(j.extra_data),
-             dumps_plain(j.meta), dumps_plain(j.params), j.callback_url or None, specs.model_key(j))
+             dumps_plain(j.meta), dumps_plain(j.params), j.callback_url or None, specs.model_key(j),
+             tenant_of(j.tenant))
             for j, workflow_id in zip(batch, workflow_ids, strict=True)]
     return {name: list(column) for name, column in zip(COLUMNS, zip(*rows, strict=True), strict=True)}
 
@@ -75,12 +77,16 @@ def _not_inserted(batch: list[NewJob], fresh: set[str]) -> list[NewJob]:
     return rest
 
 
-def take(cur: psycopg.Cursor[Any], ask: ClaimAsk, now: float | None, cached: Mapping[int, Any]
+def take(cur: psycopg.Cursor[Any], ask: ClaimAsk, now: float | None, cached: Mapping[int, Any], capped: bool = False
          ) -> dict[str, Any] | None:
     """Expired leases go back to the queue, then the next ready job is taken in one statement (planned as
-    claim_plan says): the claim's row by name, with ``head`` and ``priority`` for the affinity's staircase."""
+    claim_plan says): the claim's row by name, with ``head``, ``priority`` and ``tenant`` for the affinity's
+    staircase. ``capped``: a tenant has a max_running, so the claim first takes the claim lock
+    (comfysup.queue.tenants)."""
     cur.execute(SQL["claim_plan"])
     cur.execute(SQL["expire"], {"now": now})
+    if capped:
+        cur.execute(SQL["lock_claims"], {"key": CLAIM_LOCK})
     taken = cur.execute(
         SQL["claim_affine" if ask.affinity else "claim_strict"],
         {"owner": ask.owner, "server": ask.server, "lease": ask.lease_seconds, "now": now, "key": ask.prefer_model,

@@ -47,7 +47,7 @@ from comfysup.queue.reads import fetch
 from comfysup.queue.specs import SpecCache
 from comfysup.workflows import apply_params, model_key
 
-SCHEMA_VERSION = 13
+SCHEMA_VERSION = 14
 CHANNEL = "comfysup_jobs"
 MIGRATION_LOCK = 0x636F6D6679737570  # "comfysup": one advisory lock key for schema changes
 CONNECT_TIMEOUT_SECONDS = 5
@@ -122,6 +122,7 @@ class PostgresDb(SQLDb):
     DURABLE_RENEWALS = True
     """A renewal lost with the server would put the lease back one heartbeat: with heartbeat_seconds over half of
     lease_seconds (allowed) it can expire under a live runner, whose job then runs twice at once."""
+    ADVISORY_LOCKS = True
 
     def __init__(self, url: str, *, busy_timeout_seconds: float = 30.0, default_callback_url: str = "",
                  network_timeout_seconds: float = NETWORK_TIMEOUT_SECONDS) -> None:
@@ -384,9 +385,9 @@ class PostgresDb(SQLDb):
              ) -> dict[str, Any] | None:
         """Expired leases go back to the queue, then the next ready job is taken in one statement (planned as
         claim_plan says)."""
-        row = pg_statements.take(cur, ask, now, cached)
+        row = pg_statements.take(cur, ask, now, cached, self.tenants.capped)
         if row is not None and ask.affinity:
-            note_passed_over(SQL, cur, row["priority"], row["head"], row["seq"], now)
+            note_passed_over(SQL, cur, row, row["seq"], now)
         return row
 
     # -- webhook deliveries and prune ------------------------------------------------------------------------

@@ -259,3 +259,50 @@ CREATE TABLE slot_orders (
     changed_at   double precision NOT NULL,
     PRIMARY KEY (host, slot)
 );
+
+-- name: v14
+-- Tenants (see schema.sql's v18): a tenant on every job, a row per tenant with its weight, max_running and the
+-- running total of the seconds its attempts executed and of its jobs done (added by one trigger as each attempt
+-- ends), and affinity's staircase kept per tenant.
+ALTER TABLE jobs ADD COLUMN tenant text NOT NULL DEFAULT 'default';
+CREATE INDEX jobs_tenant_ready ON jobs (tenant, priority DESC, seq) INCLUDE (run_after) WHERE state = 'queued';
+CREATE INDEX jobs_tenant_affinity ON jobs (tenant, model_key, priority, seq) INCLUDE (run_after)
+    WHERE state = 'queued' AND model_key IS NOT NULL;
+CREATE INDEX jobs_tenant_running ON jobs (tenant) WHERE state = 'running';
+CREATE TABLE tenants (
+    name        text             PRIMARY KEY,
+    weight      double precision NOT NULL DEFAULT 1,
+    max_running integer,
+    gpu_seconds double precision NOT NULL DEFAULT 0,
+    done        bigint           NOT NULL DEFAULT 0
+);
+CREATE INDEX tenants_share ON tenants ((gpu_seconds / weight), name);
+INSERT INTO tenants (name, done) VALUES ('default', (SELECT count(*) FROM jobs WHERE state = 'done'));
+CREATE FUNCTION comfysup_charge_tenant() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    ran json;
+BEGIN
+    -- no tenants: no row that every end would write (see schema.sql's v18); two probes of the primary key, not a
+    -- scan that would step over every dead row version of the table
+    IF NOT EXISTS (SELECT 1 FROM tenants WHERE name < 'default') AND NOT EXISTS (SELECT 1 FROM tenants
+            WHERE name > 'default') THEN
+        RETURN NULL;
+    END IF;
+    ran := CASE WHEN NEW.trace IS NOT NULL THEN NEW.trace::json -> 'run_s' END;
+    UPDATE tenants SET gpu_seconds = gpu_seconds + greatest(0.0, CASE WHEN json_typeof(ran) = 'number'
+        THEN (ran #>> '{}')::float8 ELSE NEW.ended_at - NEW.started_at END),
+        done = done + (NEW.outcome IS NOT DISTINCT FROM 'done')::int
+    WHERE name = (SELECT tenant FROM jobs WHERE id = NEW.job_id);
+    RETURN NULL;
+END $$;
+CREATE TRIGGER attempts_ended_charge AFTER UPDATE OF ended_at ON attempts FOR EACH ROW
+    WHEN (OLD.ended_at IS NULL AND NEW.ended_at IS NOT NULL) EXECUTE FUNCTION comfysup_charge_tenant();
+ALTER TABLE api_assets ADD COLUMN tenant text NOT NULL DEFAULT 'default';
+DROP TABLE affinity_skips;
+CREATE TABLE affinity_skips (
+    tenant    text             NOT NULL,
+    priority  bigint           NOT NULL,
+    seq_bound bigint           NOT NULL,
+    at        double precision NOT NULL,
+    PRIMARY KEY (tenant, priority, seq_bound)
+);

@@ -11,7 +11,7 @@ from comfysup.errors import NotFound
 from comfysup.queue import records
 from comfysup.queue.base import POSTED, QUEUED, RUNNING, STATES, Status
 from comfysup.queue.db import Role, in_transaction
-from comfysup.queue.values import EndedAttempt, JobPulse, JobRecord
+from comfysup.queue.values import EndedAttempt, JobPulse, JobRecord, TenantCount
 
 PAGE = 500
 """Jobs read per page by ``iter_jobs``: memory stays flat on a large table."""
@@ -172,6 +172,15 @@ class Reads(Role):
             chunk = self.db.id_list(ids[start:start + self.db.ID_CHUNK])
             out += [(r["id"], records.pulse(r)) for r in cur.execute(self.db.sql["pulses"], {"ids": chunk}).fetchall()]
         return out
+
+    def tenant_counts(self) -> list[TenantCount]:
+        """Without a tenant other than default, no trigger counts default's jobs done: its count is every job's."""
+        rows = self._rows("tenant_counts", {})
+        alone = [r["tenant"] for r in rows] == ["default"]
+        done = {r["state"]: r["n"] for r in self._rows("state_counts")}.get("done", 0) if alone else None
+        return [TenantCount(tenant=r["tenant"], weight=r["weight"], max_running=r["max_running"], queued=r["queued"],
+                            running=r["running"], done=r["done"] if done is None else done,
+                            gpu_seconds=r["gpu_seconds"]) for r in rows]
 
     def finished_counts(self, since: float, now: float | None = None) -> dict[str, int]:
         return {r["state"]: r["n"] for r in self._rows("finished_counts", {"since": since})}

@@ -42,7 +42,7 @@ def job_record(row: Row, attempts: list[Attempt]) -> JobRecord:
         spec_hash=row["spec_hash"], last_server=row["last_server"], last_prompt_number=row["last_prompt_number"],
         progress=loads(row["progress"]), callback_url=row["callback_url"], model_key=row["model_key"],
         template=template, waiting_since=row["waiting_since"], staged_at=row["staged_at"],
-        staged_in=row["staged_in"])
+        staged_in=row["staged_in"], tenant=row["tenant"])
 
 
 def attempt(row: Row) -> Attempt:

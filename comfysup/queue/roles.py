@@ -27,6 +27,7 @@ from comfysup.queue.values import (
     StagedJob,
     Status,
     SubmitResult,
+    TenantCount,
 )
 
 if TYPE_CHECKING:
@@ -207,6 +208,10 @@ class Reads(Protocol):
 
     def pulses(self, ids: Sequence[str]) -> dict[str, JobPulse]:
         """id -> JobPulse, without reading workflows (the API's event watcher); unknown ids are left out."""
+        ...
+
+    def tenant_counts(self) -> list[TenantCount]:
+        """Every tenant the queue knows, by name: queued, running, done and seconds used (comfysup.queue.tenants)."""
         ...
 
     def finished_counts(self, since: float, now: float | None = None) -> dict[str, int]:

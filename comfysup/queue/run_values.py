@@ -218,6 +218,8 @@ class JobRecord(NamedTuple):
     """A storing job: since when its outputs wait for the bucket in ``staged_in`` on ``machine``."""
     staged_in: str | None = None
     """A storing job: the staging folder on ``machine`` that holds its outputs (``Output.path`` of each)."""
+    tenant: str = "default"
+    """Who the job belongs to (comfysup.queue.tenants)."""
 
     @property
     def shown_state(self) -> str:
@@ -235,3 +237,5 @@ class ApiAsset(NamedTuple):
     content_type: str
     created_at: float
     expires_at: float
+    tenant: str = "default"
+    """Whose upload it is (comfysup.queue.tenants): only that tenant's token, or the admin's, sees it."""

@@ -337,3 +337,51 @@ CREATE TABLE slot_orders (
     changed_at   REAL    NOT NULL,
     PRIMARY KEY (host, slot)
 ) WITHOUT ROWID;
+
+-- name: v18
+-- Tenants: every job belongs to one (``default`` when none is named), and the claim serves the tenant furthest
+-- below its weighted share of slot time first (comfysup.queue.tenants). A tenant's row keeps its weight and
+-- max_running (from the config's [tenants.NAME]) and the running total of the seconds its attempts executed
+-- (the trace's run_s: the claim to the end less the wait in ComfyUI's queue behind another prompt; without a
+-- trace, the claim to the end), added by the trigger below as each attempt ends, so a claim reads one row a
+-- tenant, never the history.
+ALTER TABLE jobs ADD COLUMN tenant TEXT NOT NULL DEFAULT 'default';
+CREATE INDEX jobs_tenant_ready ON jobs (tenant, priority DESC, seq, run_after) WHERE state = 'queued';
+CREATE INDEX jobs_tenant_affinity ON jobs (tenant, model_key, priority, seq, run_after)
+    WHERE state = 'queued' AND model_key IS NOT NULL;
+CREATE INDEX jobs_tenant_running ON jobs (tenant) WHERE state = 'running';
+CREATE TABLE tenants (
+    name        TEXT    PRIMARY KEY,
+    weight      REAL    NOT NULL DEFAULT 1,
+    max_running INTEGER,
+    gpu_seconds REAL    NOT NULL DEFAULT 0,
+    done        INTEGER NOT NULL DEFAULT 0
+) WITHOUT ROWID;
+-- The claim walks tenants in the order of their share used (seconds over weight).
+CREATE INDEX tenants_share ON tenants (gpu_seconds / weight, name);
+INSERT INTO tenants (name, done) VALUES ('default', (SELECT count(*) FROM jobs WHERE state = 'done'));
+-- The same trigger counts the jobs each tenant got done (an attempt that ends done: a counter, prune does not
+-- take from it): one write of the tenant's row an end. Both are kept only once a tenant other than default
+-- exists: a queue without tenants writes no tenant row as jobs end (one row that every end wrote would make ends
+-- wait for each other on PostgreSQL); the first other tenant's row seeds default's done (``seed_default``), and
+-- its seconds start level (comfysup.queue.tenants).
+CREATE TRIGGER attempts_ended_charge AFTER UPDATE OF ended_at ON attempts
+WHEN old.ended_at IS NULL AND new.ended_at IS NOT NULL
+    AND (EXISTS (SELECT 1 FROM tenants WHERE name < 'default') OR EXISTS (SELECT 1 FROM tenants WHERE name > 'default'))
+BEGIN
+    UPDATE tenants SET gpu_seconds = gpu_seconds
+        + max(0.0, coalesce(json_extract(new.trace, '$.run_s'), new.ended_at - new.started_at)),
+        done = done + (new.outcome IS 'done')
+    WHERE name = (SELECT tenant FROM jobs WHERE id = new.job_id);
+END;
+-- An upload through the API is its tenant's: another tenant's token cannot read, use or delete it.
+ALTER TABLE api_assets ADD COLUMN tenant TEXT NOT NULL DEFAULT 'default';
+-- Affinity's staircase is kept per tenant: a claim passes over the jobs of the tenant it serves only.
+DROP TABLE affinity_skips;
+CREATE TABLE affinity_skips (
+    tenant    TEXT    NOT NULL,
+    priority  INTEGER NOT NULL,
+    seq_bound INTEGER NOT NULL,
+    at        REAL    NOT NULL,
+    PRIMARY KEY (tenant, priority, seq_bound)
+) WITHOUT ROWID;

@@ -33,7 +33,8 @@ MAX_PAGE = 200
 MAX_COUNT = 100_000
 """``count`` stops here: a bulk action over more is refused rather than read whole."""
 ROW_COLUMNS = ("jobs.seq AS seq, jobs.id AS id, state, priority, attempt, workflow_name, submitted_at, started_at, "
-               "finished_at, reason, cancel_requested, waiting_since, server, machine, {meta} AS meta")
+               "finished_at, reason, cancel_requested, waiting_since, server, machine, jobs.tenant AS tenant, "
+               "{meta} AS meta")
 META = {"sqlite": "job_specs.meta", "postgres": "jobs.meta"}
 FROM = {"sqlite": "jobs JOIN job_specs ON job_specs.seq = jobs.seq", "postgres": "jobs"}
 LABEL = {"sqlite": "json_extract(job_specs.meta, '$.\"' || :{k} || '\"') = :{v}",
@@ -96,6 +97,8 @@ class JobRow:
     server: str | None
     machine: str | None
     labels: dict[str, str] = field(default_factory=dict)
+    tenant: str = "default"
+    """Whose job it is (comfysup.queue.tenants)."""
 
 
 @dataclass(frozen=True)
@@ -182,7 +185,7 @@ def _row(r: Any) -> JobRow:
     return JobRow(id=r["id"], state=state, priority=r["priority"], attempt=r["attempt"],
                   workflow_name=r["workflow_name"], submitted_at=r["submitted_at"], started_at=r["started_at"],
                   finished_at=r["finished_at"], reason=r["reason"], cancel_requested=bool(r["cancel_requested"]),
-                  server=r["server"], machine=r["machine"], labels=labels)
+                  server=r["server"], machine=r["machine"], labels=labels, tenant=r["tenant"])
 
 
 class Search(Role):

@@ -17,6 +17,7 @@ from comfysup.queue import queries, values
 from comfysup.queue.base import NewJob
 from comfysup.queue.db import ClaimAsk, note_passed_over
 from comfysup.queue.specs import SpecCache, dumps_plain
+from comfysup.queue.tenants import tenant_of
 from comfysup.workflows import model_key
 
 if TYPE_CHECKING:
@@ -81,7 +82,7 @@ def insert_batch(conn: sqlite3.Connection, batch: list[NewJob], at: float | None
                 SQL["insert_workflow"], {"hash": digest, "workflow": text}).lastrowid
         fresh.append({"seq": seq, "id": job.id, "priority": job.priority, "now": at, "spec_hash": job.spec_hash,
                       "workflow_name": job.workflow_name, "callback_url": job.callback_url or None,
-                      "model_key": cache.model_key(job)})
+                      "model_key": cache.model_key(job), "tenant": tenant_of(job.tenant)})
         specs.append({"seq": seq, "workflow_id": workflow_id, "extra_data": dumps_plain(job.extra_data),
                       "meta": dumps_plain(job.meta), "params": dumps_plain(job.params)})
     conn.executemany(SQL["insert_job"], fresh)
@@ -118,7 +119,7 @@ def _pick(conn: sqlite3.Connection, ask: ClaimAsk, at: float) -> int | None:
     if row is None:
         return None
     seq = row["affine"] if row["affine"] is not None else row["head"]
-    note_passed_over(SQL, conn, row["priority"], row["head"], seq, at)
+    note_passed_over(SQL, conn, row, seq, at)
     return seq
 
 

@@ -6,6 +6,10 @@ machine that staged the files (``jobs.machine``) takes it here; its writes are f
 it was staged + state storing, so a job cancelled or requeued meanwhile is left as it is, and two uploaders of one
 machine (a restart that overlapped) end it once: the objects' keys are the job's and the file's names, so an
 upload repeated overwrites the same object with the same bytes.
+
+A storing job holds no slot: its tenant's ``max_running`` and ``max_queued`` count it neither running nor queued
+(comfysup.queue.tenants). Its attempt's seconds are charged to its tenant as the attempt ends storing; it counts
+among its tenant's jobs done when ``stored`` makes it done.
 """
 
 from __future__ import annotations
@@ -27,7 +31,8 @@ class Uploads(Role):
         rows = cur.execute(self.db.sql["staged_jobs"], {"machine": machine, "limit": limit}).fetchall()
         return [StagedJob(id=r["id"], attempt=r["attempt"], machine=r["machine"], staged_in=r["staged_in"] or "",
                           staged_at=r["staged_at"], staged_bytes=int(r["staged_bytes"] or 0),
-                          outputs=[Output(**o) for o in json.loads(r["outputs"] or "[]")], reason=r["reason"])
+                          outputs=[Output(**o) for o in json.loads(r["outputs"] or "[]")], reason=r["reason"],
+                          tenant=r["tenant"])
                 for r in rows]
 
     @in_transaction(write=False)
@@ -47,6 +52,7 @@ class Uploads(Role):
         if cur.execute(self.db.sql["stored"], args).fetchone() is None:
             return False
         ends.made_done(self.db, cur, job.id, outputs, at)
+        cur.execute(self.db.sql["stored_for_tenant"], {"tenant": job.tenant})
         return True
 
     @in_transaction()

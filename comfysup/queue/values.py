@@ -64,6 +64,8 @@ class NewJob:
     a server whose catalogue it is never claims the job."""
     assets: tuple[NewAsset, ...] = ()
     """The input files the job's ``set`` names (comfysup.assets): stored with the job, in its transaction."""
+    tenant: str = ""
+    """Who the job belongs to (comfysup.queue.tenants): its share of the fleet and its limits; empty: ``default``."""
 
 
 class SubmitResult(NamedTuple):
@@ -110,6 +112,8 @@ class StagedJob(NamedTuple):
     outputs: list[Output]
     reason: str | None
     """Why the last try failed (None: none failed yet)."""
+    tenant: str = "default"
+    """Whose job it is (comfysup.queue.tenants): its tenant counts it done once it is stored."""
 
 
 class OutboxLevel(NamedTuple):
@@ -119,6 +123,19 @@ class OutboxLevel(NamedTuple):
     items: int
     oldest_age_seconds: float | None
     bytes: int | None = None
+
+
+class TenantCount(NamedTuple):
+    """One tenant as status, the page and /metrics show it: its jobs queued and running now, its jobs done so far,
+    and the seconds its attempts held a slot (what its share is measured in)."""
+
+    tenant: str
+    weight: float
+    max_running: int | None
+    queued: int
+    running: int
+    done: int
+    gpu_seconds: float
 
 
 class Machine(NamedTuple):
@@ -136,4 +153,4 @@ class Machine(NamedTuple):
 
 __all__ = ["ApiAsset", "ApiEndpoint", "Attempt", "CatalogueRecord", "Claim", "Delivery", "EndedAttempt", "JobPulse",
            "JobRecord", "Machine", "NewAsset", "NewJob", "OutboxLevel", "Output", "Preview", "PruneBatch",
-           "RunningJob", "StagedJob", "Status", "SubmitResult"]
+           "RunningJob", "StagedJob", "Status", "SubmitResult", "TenantCount"]

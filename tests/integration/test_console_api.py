@@ -3,6 +3,8 @@ the page's relative base (a proxy's path prefix), and the audit line of an actio
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import logging
 from pathlib import Path
 
@@ -60,5 +62,32 @@ def test_with_a_token_the_api_still_asks_it_and_the_console_its_login(tmp_path: 
             assert done.status_code == 200 and done.json()["result"] == {job.id: "cancelled"}
             assert any("bo@127.0.0.1 cancelled 1 job(s)" in r.getMessage() and job.id in r.getMessage()
                        for r in caplog.records)
+        finally:
+            runner.close()
+
+
+def test_a_tenants_token_opens_no_console_and_the_admins_sees_every_tenants_jobs(tmp_path: Path) -> None:
+    """The console is the admin's (its login is ``[api] token``): a tenant's token neither logs in nor reads it,
+    and the console's lists and pages name each job's tenant."""
+    tenant_token = "token-of-studio-a"
+    tenants = {"a": {"token_sha256": hashlib.sha256(tenant_token.encode()).hexdigest()}}
+    config = api_config(tmp_path, sections={"tenants": tenants}, token="t0ken")
+    with running_api(config) as url:
+        runner = StandInRunner(config)
+        try:
+            theirs, ours = dataclasses.replace(make_job(3), tenant="a"), make_job(4)
+            runner.queue.intake.submit([theirs, ours])
+            bearer = {"Authorization": f"Bearer {tenant_token}"}
+            assert requests.get(f"{url}/console/api/jobs", headers=bearer, timeout=10).status_code == 401
+            assert requests.post(f"{url}/console/api/login", json={"token": tenant_token},
+                                 headers={"Origin": url}, timeout=10).status_code == 401
+            assert [j["id"] for j in requests.get(f"{url}/api/v2/jobs", headers=bearer, timeout=10).json()["jobs"]] \
+                == [theirs.id]
+            web = requests.Session()
+            assert web.post(f"{url}/console/api/login", json={"token": "t0ken"}, headers={"Origin": url},
+                            timeout=10).status_code == 200
+            rows = web.get(f"{url}/console/api/jobs", timeout=10).json()["rows"]
+            assert {r["id"]: r["tenant"] for r in rows} == {theirs.id: "a", ours.id: "default"}
+            assert web.get(f"{url}/console/api/jobs/{theirs.id}", timeout=10).json()["tenant"] == "a"
         finally:
             runner.close()

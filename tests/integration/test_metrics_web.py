@@ -340,3 +340,25 @@ def test_each_outbox_says_how_much_it_holds_and_its_oldest_age_and_a_full_stagin
     assert ready.status == 503 and b"the staging folder is full (x)" in ready.content()
     page = app.get("/").body.decode()
     assert "<b>1</b> storing" in page and "outboxes: uploads 1" in page and "no new job is claimed" in page
+
+
+def test_tenants_in_metrics_status_and_the_page_name_only_declared_tenants(queue: SQLiteQueue) -> None:
+    import dataclasses
+
+    from comfysup.queue.tenants import TenantLimits
+
+    queue.tenants = {"studio": TenantLimits(weight=3.0)}
+    queue.intake.submit([dataclasses.replace(make_job(1), tenant="studio"),
+                         dataclasses.replace(make_job(2), tenant="studio"),
+                         dataclasses.replace(make_job(3), tenant="stray")], now=T0)
+    claim = queue.leases.claim("a", "cpu0", 60, now=T0)  # stray's: no seconds used yet, and first by name
+    queue.leases.complete(claim, [], now=T0 + 12.5)
+    metrics = Metrics(queue, lambda: None)
+    sample = metrics.registry.get_sample_value
+    assert sample("comfysup_tenant_jobs", {"tenant": "studio", "state": "queued"}) == 2
+    assert sample("comfysup_tenant_jobs_done_total", {"tenant": "studio"}) == 0
+    assert sample("comfysup_tenant_gpu_seconds_total", {"tenant": "other"}) == 12.5
+    assert sample("comfysup_tenant_jobs_done_total", {"tenant": "other"}) == 1
+    assert 'tenant="stray"' not in metrics.exposition().decode()
+    page = render_page(overview(queue, None, now=T0 + 13), 5)
+    assert "<h2>Tenants</h2>" in page and "studio" in page and "stray" in page

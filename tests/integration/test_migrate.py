@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 
@@ -172,11 +173,12 @@ def test_jobs_with_input_files_arrive_with_their_bytes(tmp_path: Path, pg_url: s
 
 def test_a_storing_job_goes_over_with_where_its_files_wait(tmp_path: Path, pg_url: str,  # noqa: F811
                                                            capsys: pytest.CaptureFixture[str]) -> None:
-    """Its machine's uploader sends its staged files from the new queue: the row keeps machine, folder and time."""
+    """Its machine's uploader sends its staged files from the new queue: the row keeps machine, folder, time and
+    tenant, and the job counts among its tenant's done there once stored."""
     config = tmp_path / "config.toml"
     config.write_text(f'[queue]\npath = "{tmp_path / "q.db"}"\n')
     q = SQLiteQueue(tmp_path / "q.db")
-    q.intake.submit([make_job(1)], now=T0)
+    q.intake.submit([dataclasses.replace(make_job(1), tenant="studio")], now=T0)
     claim = q.leases.claim("host-a/1/gpu0/t", "gpu0", 30, now=T0)
     assert claim is not None
     q.leases.complete(claim, [Output("a.png", 7, "00", "/staging/a.png")], now=T0 + 1, staged_in="/staging")
@@ -187,5 +189,8 @@ def test_a_storing_job_goes_over_with_where_its_files_wait(tmp_path: Path, pg_ur
     try:
         [job] = target.uploads.staged("host-a")
         assert (job.id, job.staged_in, job.staged_at, job.staged_bytes) == (claim.id, "/staging", T0 + 1, 7)
+        assert job.tenant == "studio"
+        assert target.uploads.stored(job, [Output("a.png", 7, "00", "s3://b/a.png")], now=T0 + 2)
+        assert {t.tenant: t.done for t in target.reads.tenant_counts()}["studio"] == 1
     finally:
         target.close()

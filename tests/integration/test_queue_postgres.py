@@ -36,6 +36,14 @@ UNDO_V13 = ("DROP TABLE slot_orders; DROP INDEX jobs_workflow_name; DROP INDEX j
             "CREATE INDEX jobs_state ON jobs (state, finished_at)")
 """What schema v13 (the console's) added, taken away again: a test of an older database undoes it first."""
 
+UNDO_V14 = ("DROP TABLE tenants; DROP FUNCTION comfysup_charge_tenant CASCADE; "
+            "ALTER TABLE jobs DROP COLUMN tenant; "
+            "ALTER TABLE api_assets DROP COLUMN tenant; "
+            "DROP TABLE affinity_skips; CREATE TABLE affinity_skips (priority bigint NOT NULL, "
+            "seq_bound bigint NOT NULL, at double precision NOT NULL, PRIMARY KEY (priority, seq_bound))")
+"""v14 (tenants) taken away again: a test of an older database undoes it before v13."""
+
+
 def _sql(url: str, sql: str, args: tuple = ()) -> list[tuple]:
     with psycopg.connect(url, autocommit=True) as conn:
         cur = conn.execute(sql, args)
@@ -64,6 +72,7 @@ def test_v12_adds_the_storing_columns_and_keeps_the_jobs(pg_url: str) -> None:  
     q = PostgresQueue(pg_url)
     q.intake.submit([make_job(1)], now=T0)
     q.close()
+    _sql(pg_url, UNDO_V14)
     _sql(pg_url, UNDO_V13)
     _sql(pg_url, UNDO_V12)
     _sql(pg_url, "DELETE FROM schema_version WHERE version >= 12")
@@ -85,6 +94,7 @@ def test_v9_adds_the_api_registry_and_keeps_the_jobs(pg_url: str) -> None:  # no
     q = PostgresQueue(pg_url)
     q.intake.submit([make_job(1)], now=T0)
     q.close()
+    _sql(pg_url, UNDO_V14)
     _sql(pg_url, UNDO_V13)
     _sql(pg_url, "DROP TABLE api_endpoints, output_assets, job_previews")  # back to v8 (v10 and v11 undone first)
     _sql(pg_url, "ALTER TABLE jobs DROP COLUMN waiting_since")
@@ -109,6 +119,7 @@ def test_v10_adds_when_a_running_job_began_to_wait_and_keeps_the_jobs(pg_url: st
     running = q.leases.claim("host-a/1/gpu0/t", "gpu0", 30, now=T0)
     assert running is not None
     q.close()
+    _sql(pg_url, UNDO_V14)
     _sql(pg_url, UNDO_V13)
     _sql(pg_url, "DROP TABLE output_assets, job_previews")  # back to v9 (v11 undone first)
     _sql(pg_url, "ALTER TABLE jobs DROP COLUMN waiting_since")
@@ -132,6 +143,7 @@ def test_v11_gives_outputs_asset_ids_and_keeps_earlier_outputs(pg_url: str) -> N
     q.intake.submit([make_job(1), make_job(2)], now=T0)
     q.leases.complete(q.leases.claim("r", "gpu0", 30, now=T0), [Output("a.png", 1, "00")], now=T0 + 1)
     q.close()
+    _sql(pg_url, UNDO_V14)
     _sql(pg_url, UNDO_V13)
     _sql(pg_url, "DROP TABLE output_assets, job_previews")  # back to v10, its done job as v10 wrote it
     _sql(pg_url, "UPDATE jobs SET outputs = '[{\"name\": \"a.png\", \"size\": 1, \"sha256\": \"00\"}]'")
@@ -150,9 +162,10 @@ def test_v11_gives_outputs_asset_ids_and_keeps_earlier_outputs(pg_url: str) -> N
 
 def test_machines_opening_at_once_create_the_schema_once(pg_url: str) -> None:  # noqa: F811
     """The advisory lock: several processes opening a new database at the same moment all succeed."""
+    _sql(pg_url, "DROP FUNCTION IF EXISTS comfysup_charge_tenant CASCADE")
     _sql(pg_url, "DROP TABLE IF EXISTS announcements, jobs, attempts, machines, deliveries, workflows, affinity_skips, "
          "catalogues, server_catalogues, job_refusals, assets, job_assets, asset_chunks, server_assets, api_assets, "
-         "api_endpoints, output_assets, job_previews, slot_orders, schema_version")
+         "api_endpoints, output_assets, job_previews, slot_orders, tenants, schema_version")
     errors: list[BaseException] = []
     start = threading.Barrier(6)
 
@@ -426,9 +439,10 @@ def test_a_version_2_database_keeps_its_jobs_and_stores_each_workflow_once_in_v3
     from comfysup.queue import postgres as pg_backend
     from comfysup.workflows import model_key
 
+    _sql(pg_url, "DROP FUNCTION IF EXISTS comfysup_charge_tenant CASCADE")
     _sql(pg_url, "DROP TABLE IF EXISTS announcements, jobs, attempts, machines, deliveries, workflows, affinity_skips, "
          "catalogues, server_catalogues, job_refusals, assets, job_assets, asset_chunks, server_assets, api_assets, "
-         "api_endpoints, output_assets, job_previews, slot_orders, schema_version")
+         "api_endpoints, output_assets, job_previews, slot_orders, tenants, schema_version")
     sql = pg_backend._named_sql()
     loaded = {"1": {"class_type": "UNETLoader", "inputs": {"unet_name": "flux.safetensors"}},
               "2": {"class_type": "SaveImage", "inputs": {"images": ["1", 0], "filename_prefix": "m"}}}
@@ -488,7 +502,8 @@ def test_a_claim_walks_the_ready_index_whatever_the_statistics_say(pg_url: str) 
             return q.db.take(spy, ask, None, {})
 
         assert q.db.transaction(claim) is not None
-        assert ("jobs_ready" if strict else "jobs_affinity") in spy.plan, spy.plan
+        assert "tenants_share" in spy.plan, spy.plan
+        assert ("jobs_tenant_ready" if strict else "jobs_tenant_affinity") in spy.plan, spy.plan
         assert "Sort" not in spy.plan and "Bitmap Heap Scan on jobs" not in spy.plan, spy.plan
     q.close()
 

@@ -469,6 +469,12 @@ def test_finished_counts_follow_every_transition(tmp_path: Path) -> None:
 
 
 UNDO = {
+    18: "DROP TRIGGER attempts_ended_charge; DROP TABLE tenants; "
+        "DROP INDEX jobs_tenant_ready; DROP INDEX jobs_tenant_affinity; DROP INDEX jobs_tenant_running; "
+        "ALTER TABLE jobs DROP COLUMN tenant; ALTER TABLE api_assets DROP COLUMN tenant; DROP TABLE affinity_skips; "
+        "CREATE TABLE affinity_skips (priority "
+        "INTEGER NOT NULL, seq_bound INTEGER NOT NULL, at REAL NOT NULL, PRIMARY KEY (priority, seq_bound)) "
+        "WITHOUT ROWID",
     17: "DROP INDEX jobs_workflow_name; DROP TABLE slot_orders",
     16: "DROP INDEX jobs_storing; ALTER TABLE jobs DROP COLUMN staged_at; ALTER TABLE jobs DROP COLUMN staged_in; "
         "ALTER TABLE jobs DROP COLUMN staged_bytes",

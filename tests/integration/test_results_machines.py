@@ -4,6 +4,7 @@ each one's own disk, so a path alone does not find a file."""
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 from pathlib import Path
 
@@ -30,7 +31,7 @@ def config_path(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
 def test_results_csv_names_the_machine_and_each_file_as_host_path(config_path: Path,
                                                                   capsys: pytest.CaptureFixture[str]) -> None:
     queue = open_queue(load_config(str(config_path), env={}))
-    queue.intake.submit([make_job(1), make_job(2)], now=T0)
+    queue.intake.submit([make_job(1), dataclasses.replace(make_job(2), tenant="studio")], now=T0)
     claim = queue.leases.claim("machine-b/4242/gpu1/abcd", "gpu1", 30, now=T0)
     assert claim is not None
     files = [Output("out/a.png", 3, "aa" * 32, f"/srv/results/{claim.id}/out/a.png"),
@@ -45,6 +46,7 @@ def test_results_csv_names_the_machine_and_each_file_as_host_path(config_path: P
                                  f"machine-b:/srv/results/{claim.id}/b.png")
     other = rows[make_job(2).id]
     assert (other["status"], other["machine"], other["locations"]) == ("queued", "", "")
+    assert (done["tenant"], other["tenant"]) == ("default", "studio")
     assert cli(["results", "--config", str(config_path)]) == 0
     table = capsys.readouterr().out
     assert "machine" in table.splitlines()[0] and "machine-b" in table

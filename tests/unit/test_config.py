@@ -327,3 +327,23 @@ def test_a_sections_rules_are_not_a_key_of_the_file(tmp_path: Path) -> None:
     message = error_of(write(tmp_path, "[runner]\nRULES = []\n"))
     assert "unknown key 'RULES' in [runner]; known keys: attempts," in message
     assert "RULES" not in message.partition("known keys:")[2]
+
+
+def test_tenants_are_read_by_name_with_their_checks() -> None:
+    import tomllib
+
+    from comfysup.config.loader import build_config
+
+    digest = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
+    c = build_config(tomllib.loads(f'[tenants.studio-a]\nweight = 3\nmax_running = 2\ntoken_sha256 = "{digest}"\n'
+                                   '[tenants.b]\nmax_queued = 10\n'), source="c.toml")
+    assert [(t.name, t.weight, t.max_running, t.max_queued) for t in c.tenants] == [("b", 1.0, 0, 10),
+                                                                                  ("studio-a", 3, 2, 0)]
+    for text, says in (("[tenants.a]\nweight = 0", "[tenants.a] weight = 0: must be greater than 0"),
+                       ("[tenants.a]\nwieght = 1", "unknown key 'wieght'"),
+                       ('[tenants."a b"]\nweight = 1', "a tenant's name is"),
+                       ('[tenants.a]\ntoken_sha256 = "secret"', "must be 64 hex digits"),
+                       (f'[tenants.a]\ntoken_sha256 = "{digest}"\n[tenants.b]\ntoken_sha256 = "{digest}"',
+                        "another tenant has the same token")):
+        with pytest.raises(ConfigError, match=re.escape(says)):
+            build_config(tomllib.loads(text), source="c.toml")

@@ -409,7 +409,7 @@ async function job(id) {
            ["Queue wait", j.metrics.queue_ms === null ? "–" : seconds(j.metrics.queue_ms / 1000)],
            ["Execution", j.metrics.execution_ms === null ? "–" : seconds(j.metrics.execution_ms / 1000)],
            ["Place in line", j.queue_position ?? "–"], ["Server", j.server || "–"], ["Machine", j.machine || "–"],
-           ["Reason", j.reason || "–"]]),
+           ["Tenant", j.tenant || "default"], ["Reason", j.reason || "–"]]),
     j.progress ? el("progress", { max: 1, value: j.progress.value, "aria-label": "progress" }) : null,
     error,
     el("h2", {}, "Outputs"), j.outputs.length ? el("div", { class: "gallery" }, j.outputs.map(media)) : el("p", {}, "None."),

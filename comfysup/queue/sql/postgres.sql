@@ -13,6 +13,10 @@ coalesce(CAST(:now AS float8), extract(epoch from now())::float8)
 -- the new attempt as begun before the last one ended
 coalesce(:now::float8, extract(epoch from clock_timestamp())::float8)
 
+-- name: greatest
+-- the larger of two numbers
+greatest
+
 -- name: for_update
 -- lock the row for the change that follows
 FOR UPDATE
@@ -65,21 +69,27 @@ UNION ALL SELECT 'posted', count(*) FROM jobs WHERE state = 'running' AND waitin
 SELECT submitted_at FROM jobs WHERE state = 'queued' ORDER BY seq LIMIT 1
 
 -- name: head
--- the job strict order hands out, skipping rows another claim holds
-SELECT seq, priority FROM jobs WHERE state = 'queued' AND run_after <= {now}
+-- the fair head: tenants walked in the order of their share used (seconds held over weight, tenants_share),
+-- passing over one at its max_running, and the first whose own head (priority, then seq: jobs_tenant_ready) is
+-- ready and not held by another claim (SKIP LOCKED); a tenant without a ready job costs one index probe
+SELECT j.seq, j.priority, t.name AS tenant FROM tenants t CROSS JOIN LATERAL (SELECT seq, priority FROM jobs
+    WHERE jobs.tenant = t.name AND state = 'queued' AND run_after <= {now}
     AND NOT EXISTS (SELECT 1 FROM job_refusals r WHERE r.seq = jobs.seq AND r.catalogue_id = :cat)
-ORDER BY priority DESC, seq LIMIT 1 FOR UPDATE SKIP LOCKED
+    ORDER BY priority DESC, seq LIMIT 1 FOR UPDATE SKIP LOCKED) j
+WHERE t.max_running IS NULL
+    OR (SELECT count(*) FROM jobs r WHERE r.tenant = t.name AND r.state = 'running') < t.max_running
+ORDER BY t.gpu_seconds / t.weight, t.name LIMIT 1
 
 -- name: pick_head
 -- strict order: the head
 SELECT seq FROM head
 
 -- name: pick_affine
--- the first job of the head's priority with model :key, unless the head has been passed over for :wait s
-SELECT coalesce((SELECT j.seq FROM jobs j WHERE j.state = 'queued' AND j.model_key = :key
+-- the first job of the head's tenant and priority with model :key, unless the head has been passed over for :wait s
+SELECT coalesce((SELECT j.seq FROM jobs j WHERE j.state = 'queued' AND j.tenant = h.tenant AND j.model_key = :key
     AND j.priority = h.priority AND j.run_after <= {now}
     AND NOT EXISTS (SELECT 1 FROM job_refusals r WHERE r.seq = j.seq AND r.catalogue_id = :cat)
-    AND coalesce((SELECT min(s.at) FROM affinity_skips s WHERE s.priority = h.priority
+    AND coalesce((SELECT min(s.at) FROM affinity_skips s WHERE s.tenant = h.tenant AND s.priority = h.priority
         AND s.seq_bound > h.seq), {now}) > {now} - :wait
     ORDER BY j.seq LIMIT 1 FOR UPDATE SKIP LOCKED), h.seq) FROM head h
 
@@ -105,7 +115,7 @@ SELECT c.id, c.attempt, c.workflow_id, c.extra_data, c.params, c.last_server, c.
     c.cancel_requested, c.lease_until, c.model_key,
     (SELECT w.workflow FROM workflows w WHERE w.id = c.workflow_id AND NOT w.id = ANY(:cached::bigint[]))
         AS workflow,
-    c.seq, h.seq AS head, h.priority
+    c.seq, h.seq AS head, h.priority, h.tenant
 FROM claimed c, head h
 
 -- name: not_durable
@@ -119,11 +129,11 @@ FROM claimed c, head h
 SET LOCAL synchronous_commit = off
 
 -- name: claim_plan
--- the claim walks jobs_ready (or jobs_affinity) in order and stops at its first row, whatever the table's
+-- the claim walks tenants_share and jobs_tenant_ready (or jobs_tenant_affinity) in order and stops at its first row, whatever the table's
 -- statistics say: on a table analysed while small (or never: autovacuum off, its first minute) the planner
 -- took a bitmap scan of every queued row and a sort, 15 ms of server CPU a claim at 2,700 queued jobs and
 -- growing with the queue, against 0.1-0.5 ms for the walk. For this transaction only.
-SET LOCAL enable_bitmapscan = off
+SELECT set_config('enable_bitmapscan', 'off', true), set_config('enable_sort', 'off', true)
 
 -- name: expire
 -- running jobs whose lease passed go back to the queue and their attempts end; SKIP LOCKED: a row
@@ -144,13 +154,14 @@ ON CONFLICT (hash) DO UPDATE SET hash = excluded.hash RETURNING hash, id
 -- name: insert_jobs
 -- a batch of new jobs in one statement; an id already there is left alone and judged after
 INSERT INTO jobs (id, priority, submitted_at, spec_hash, workflow_name, workflow_id, extra_data, meta, params,
-    callback_url, model_key)
+    callback_url, model_key, tenant)
 SELECT t.id, t.priority, {now}, t.spec_hash, t.workflow_name, t.workflow_id, t.extra_data, t.meta, t.params,
-    t.callback_url, t.model_key
+    t.callback_url, t.model_key, t.tenant
 FROM unnest(:ids::text[], :priorities::bigint[], :spec_hashes::text[], :workflow_names::text[],
     :workflow_ids::bigint[], :extra_datas::text[], :metas::text[], :paramses::text[], :callback_urls::text[],
-    :model_keys::text[]) WITH ORDINALITY
-    AS t(id, priority, spec_hash, workflow_name, workflow_id, extra_data, meta, params, callback_url, model_key, ord)
+    :model_keys::text[], :tenants::text[]) WITH ORDINALITY
+    AS t(id, priority, spec_hash, workflow_name, workflow_id, extra_data, meta, params, callback_url, model_key, tenant,
+    ord)
 ORDER BY t.ord ON CONFLICT (id) DO NOTHING RETURNING id
 
 -- name: claim_deliveries
@@ -184,14 +195,23 @@ SELECT j.seq, w.workflow, j.params FROM jobs j JOIN workflows w ON w.id = j.work
 WHERE j.state IN ('queued', 'running')
 
 -- name: import_job
--- a job copied from another queue as it is (state, attempts, times)
+-- a job copied from another queue as it is (state, attempts, times, tenant: its tenant's row is added with it)
 INSERT INTO jobs (id, state, priority, run_after, attempt, owner, server, lease_until, started_at, cancel_requested,
     submitted_at, finished_at, reason, outputs, machine, last_server, last_prompt_number, spec_hash, workflow_name,
-    workflow_id, extra_data, meta, params, progress, callback_url, model_key, staged_at, staged_in, staged_bytes)
-VALUES (:id, :state, :priority, :run_after, :attempt, :owner, :server, :lease_until, :started_at, :cancel_requested, :submitted_at, :finished_at, :reason, :outputs, :machine, :last_server, :last_prompt_number, :spec_hash, :workflow_name, :workflow_id, :extra_data, :meta, :params, :progress, :callback_url, :model_key, :staged_at, :staged_in, :staged_bytes)
+    workflow_id, extra_data, meta, params, progress, callback_url, model_key, staged_at, staged_in, staged_bytes,
+    tenant)
+VALUES (:id, :state, :priority, :run_after, :attempt, :owner, :server, :lease_until, :started_at, :cancel_requested, :submitted_at, :finished_at, :reason, :outputs, :machine, :last_server, :last_prompt_number, :spec_hash, :workflow_name, :workflow_id, :extra_data, :meta, :params, :progress, :callback_url, :model_key, :staged_at, :staged_in, :staged_bytes, :tenant)
 
 -- name: import_attempt
 -- an attempt copied with its job
 INSERT INTO attempts (job_id, attempt, owner, server, started_at, ended_at, outcome, reason, prompt_number, kind,
     trace)
 VALUES (:job_id, :attempt, :owner, :server, :started_at, :ended_at, :outcome, :reason, :prompt_number, :kind, :trace)
+
+-- name: lock_claims
+-- while a tenant has a cap: one claim at a time counts a tenant's running jobs (comfysup.queue.tenants)
+SELECT pg_advisory_xact_lock(:key)
+
+-- name: lock_tenant_queue
+-- a submit to a tenant with max_queued counts its queued jobs alone (comfysup.queue.tenants)
+SELECT pg_advisory_xact_lock(:kind, hashtext(:name))

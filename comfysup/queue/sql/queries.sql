@@ -48,6 +48,12 @@ WHERE id = :id AND attempt = :attempt AND staged_at = :staged_at AND state = 'st
 -- every object of a storing job confirmed in the bucket: done, with the objects as its outputs
 UPDATE jobs SET state = 'done', outputs = :outputs, finished_at = {now}, reason = NULL {staged_fence} RETURNING 1
 
+-- name: stored_for_tenant
+-- a storing job made done by its uploader: one more job done for its tenant (the attempt's end, which the trigger
+-- counts, ended it storing, not done); kept only once a tenant other than default exists, as the trigger keeps it
+UPDATE tenants SET done = done + 1 WHERE name = :tenant
+    AND (EXISTS (SELECT 1 FROM tenants WHERE name < 'default') OR EXISTS (SELECT 1 FROM tenants WHERE name > 'default'))
+
 -- name: storing_dead
 -- a storing job given up on ([store] upload_give_up_hours)
 UPDATE jobs SET state = 'dead', reason = :reason, finished_at = {now} {staged_fence} RETURNING 1
@@ -58,7 +64,7 @@ UPDATE jobs SET reason = :reason {staged_fence}
 
 -- name: staged_jobs
 -- one machine's storing jobs, oldest first
-SELECT id, attempt, machine, staged_in, staged_at, staged_bytes, outputs, reason FROM jobs
+SELECT id, attempt, machine, staged_in, staged_at, staged_bytes, outputs, reason, tenant FROM jobs
 WHERE state = 'storing' AND machine = :machine ORDER BY staged_at LIMIT :limit
 
 -- name: staging_bytes
@@ -145,14 +151,15 @@ UPDATE attempts SET ended_at = {now}, outcome = :outcome, reason = :end_reason, 
 UPDATE attempts SET prompt_number = :number, server = :server, url = coalesce(:url, url) {attempt_row}
 
 -- name: passed_over
--- an affinity claim took a job behind the head: its priority's jobs before it are passed over from now,
--- unless an older row already covers them (a staircase); ON CONFLICT: two machines passing over at once
-INSERT INTO affinity_skips (priority, seq_bound, at) SELECT :priority, :taken, {now}
-WHERE NOT EXISTS (SELECT 1 FROM affinity_skips WHERE priority = :priority AND seq_bound >= :taken) ON CONFLICT DO NOTHING
+-- an affinity claim took a job behind its tenant's head: that tenant's jobs of its priority before it are passed
+-- over from now, unless an older row already covers them (a staircase); ON CONFLICT: two machines passing over at once
+INSERT INTO affinity_skips (tenant, priority, seq_bound, at) SELECT :tenant, :priority, :taken, {now}
+WHERE NOT EXISTS (SELECT 1 FROM affinity_skips WHERE tenant = :tenant AND priority = :priority AND seq_bound >= :taken)
+ON CONFLICT DO NOTHING
 
 -- name: head_taken
--- an affinity claim took the head: rows covering only jobs before it (claimed, or waiting to retry) go
-DELETE FROM affinity_skips WHERE priority = :priority AND seq_bound <= :head
+-- an affinity claim took its tenant's head: rows covering only jobs before it (claimed, or waiting to retry) go
+DELETE FROM affinity_skips WHERE tenant = :tenant AND priority = :priority AND seq_bound <= :head
 
 -- name: deliver
 -- a terminal job's webhook (its own url, else the default), due at once
@@ -209,7 +216,8 @@ SELECT workflow FROM workflows WHERE id = :id
 -- what a JobRecord is read from
 jobs.id AS id, state, priority, attempt, workflows.workflow AS workflow, extra_data, meta, params, workflow_name,
 submitted_at, run_after, owner, server, lease_until, started_at, finished_at, reason, outputs, cancel_requested,
-machine, spec_hash, last_server, last_prompt_number, progress, callback_url, model_key, waiting_since, staged_at, staged_in
+machine, spec_hash, last_server, last_prompt_number, progress, callback_url, model_key, waiting_since, staged_at,
+staged_in, tenant
 
 -- name: ids_starting
 -- the ids that begin with a prefix a person typed, as git takes a commit's (at most a few)
@@ -483,29 +491,30 @@ SELECT data FROM asset_chunks WHERE hash = :hash AND n = :n
 
 -- name: api_asset
 -- an asset uploaded through the API, with its content's size
-SELECT u.id, u.hash, a.size, u.file_path, u.content_type, u.created_at, u.expires_at
+SELECT u.id, u.hash, a.size, u.file_path, u.content_type, u.created_at, u.expires_at, u.tenant
 FROM api_assets u JOIN assets a ON a.hash = u.hash WHERE u.id = :id
 
 -- name: api_asset_by_key
 -- an upload's record by its Idempotency-Key (a retried upload)
-SELECT u.id, u.hash, a.size, u.file_path, u.content_type, u.created_at, u.expires_at
+SELECT u.id, u.hash, a.size, u.file_path, u.content_type, u.created_at, u.expires_at, u.tenant
 FROM api_assets u JOIN assets a ON a.hash = u.hash WHERE u.idem_key = :key
 
 -- name: api_asset_same
--- a live record of this content under this name (POST /assets/from-hash answers it rather than a new one)
-SELECT u.id, u.hash, a.size, u.file_path, u.content_type, u.created_at, u.expires_at
+-- a live record of this content under this name of this tenant (POST /assets/from-hash answers it, not a new one)
+SELECT u.id, u.hash, a.size, u.file_path, u.content_type, u.created_at, u.expires_at, u.tenant
 FROM api_assets u JOIN assets a ON a.hash = u.hash WHERE u.hash = :hash AND u.file_path = :file_path AND u.expires_at > :at
+    AND u.tenant = :tenant
 ORDER BY u.created_at LIMIT 1
 
 -- name: insert_api_asset
 -- an asset record minted over stored content
-INSERT INTO api_assets (id, hash, file_path, content_type, created_at, expires_at, idem_key)
-VALUES (:id, :hash, :file_path, :content_type, :created_at, :expires_at, :idem_key)
+INSERT INTO api_assets (id, hash, file_path, content_type, created_at, expires_at, idem_key, tenant)
+VALUES (:id, :hash, :file_path, :content_type, :created_at, :expires_at, :idem_key, :tenant)
 
 -- name: insert_keyed_api_asset
 -- an uploaded asset's record under its Idempotency-Key; no row back: another upload with the key committed first
-INSERT INTO api_assets (id, hash, file_path, content_type, created_at, expires_at, idem_key)
-VALUES (:id, :hash, :file_path, :content_type, :created_at, :expires_at, :idem_key) ON CONFLICT (idem_key) DO NOTHING RETURNING id
+INSERT INTO api_assets (id, hash, file_path, content_type, created_at, expires_at, idem_key, tenant)
+VALUES (:id, :hash, :file_path, :content_type, :created_at, :expires_at, :idem_key, :tenant) ON CONFLICT (idem_key) DO NOTHING RETURNING id
 
 -- name: extend_api_asset
 -- content referenced again: its record lives at least until the new deadline (never shortened)
@@ -552,3 +561,40 @@ DELETE FROM api_endpoints WHERE host = :host AND pid = :pid
 -- name: api_endpoint
 -- a machine's advertised API with the age of its heartbeat on the clock that stamped it
 SELECT url, {now} - heartbeat_at AS age FROM api_endpoints WHERE host = :host
+
+-- name: declare_tenant
+-- a tenant the config declares, with its weight and cap (NULL: none); its seconds used are kept
+INSERT INTO tenants (name, weight, max_running) VALUES (:name, :weight, :max_running)
+ON CONFLICT (name) DO UPDATE SET weight = excluded.weight, max_running = excluded.max_running
+
+-- name: level_tenant
+-- a tenant with no job queued or running (idle, or new) starts level with the least-served tenant that has work
+-- (when none has, with the most-served tenant): its share counts while it has work, so credit does not pile up
+-- while it is away
+UPDATE tenants SET gpu_seconds = {greatest}(gpu_seconds, weight * coalesce((SELECT t.gpu_seconds / t.weight
+    FROM tenants t WHERE t.name <> :name AND (EXISTS (SELECT 1 FROM jobs j WHERE j.tenant = t.name AND j.state = 'queued')
+        OR EXISTS (SELECT 1 FROM jobs j WHERE j.tenant = t.name AND j.state = 'running'))
+    ORDER BY t.gpu_seconds / t.weight, t.name LIMIT 1), (SELECT max(t.gpu_seconds / t.weight) FROM tenants t), 0))
+WHERE name = :name AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.tenant = :name AND j.state = 'queued')
+    AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.tenant = :name AND j.state = 'running')
+
+-- name: seed_default
+-- before the first tenant other than default: default's jobs done so far, which no trigger counted while it was
+-- alone (its seconds need no seed: the first other tenant starts level with it)
+UPDATE tenants SET done = (SELECT count(*) FROM jobs WHERE tenant = 'default' AND state = 'done')
+WHERE name = 'default' AND :name <> 'default' AND NOT EXISTS (SELECT 1 FROM tenants WHERE name <> 'default')
+
+-- name: add_tenant
+-- a tenant a submit names, kept as it is when known
+INSERT INTO tenants (name) VALUES (:name) ON CONFLICT (name) DO NOTHING
+
+-- name: tenant_queued
+-- a tenant's queued jobs (jobs_tenant_ready)
+SELECT count(*) AS n FROM jobs WHERE tenant = :name AND state = 'queued'
+
+-- name: tenant_counts
+-- each tenant's queued and running jobs (through their indexes), jobs done and seconds used (kept as they change)
+SELECT t.name AS tenant, t.weight, t.max_running, t.gpu_seconds, t.done,
+    (SELECT count(*) FROM jobs j WHERE j.tenant = t.name AND j.state = 'queued') AS queued,
+    (SELECT count(*) FROM jobs j WHERE j.tenant = t.name AND j.state = 'running') AS running
+FROM tenants t ORDER BY t.name

@@ -6,6 +6,10 @@
 -- the operation's time: the parameter :now
 :now
 
+-- name: greatest
+-- the larger of two numbers
+max
+
 -- name: for_update
 -- BEGIN IMMEDIATE already holds the write lock
 
@@ -60,19 +64,26 @@ UNION ALL SELECT 'posted', count(*) FROM jobs INDEXED BY jobs_state WHERE state 
 SELECT submitted_at FROM jobs WHERE seq = (SELECT min(seq) FROM jobs WHERE state = 'queued' AND finished_at IS NULL)
 
 -- name: head
--- the job strict order hands out (INDEXED BY: else O(queued) per claim), passing over a job that the
--- claiming server's catalogue :cat refused (one primary-key probe per job passed; NULL: none)
-SELECT seq, priority FROM jobs INDEXED BY jobs_ready WHERE state = 'queued' AND run_after <= :now
-    AND NOT EXISTS (SELECT 1 FROM job_refusals r WHERE r.seq = jobs.seq AND r.catalogue_id = :cat)
-ORDER BY priority DESC, seq LIMIT 1
+-- the fair head: tenants walked in the order of their share used (seconds held over weight, tenants_share),
+-- passing over one at its max_running, and the first whose own head (priority, then seq: jobs_tenant_ready) is
+-- ready; a job that the claiming server's catalogue :cat refused is passed over (one primary-key probe a job)
+SELECT seq, priority, tenant FROM jobs WHERE seq = (SELECT (SELECT j.seq FROM jobs j INDEXED BY jobs_tenant_ready
+        WHERE j.tenant = t.name AND j.state = 'queued' AND j.run_after <= :now
+        AND NOT EXISTS (SELECT 1 FROM job_refusals r WHERE r.seq = j.seq AND r.catalogue_id = :cat)
+        ORDER BY j.priority DESC, j.seq LIMIT 1) AS ready
+    FROM tenants t INDEXED BY tenants_share
+    WHERE (t.max_running IS NULL OR (SELECT count(*) FROM jobs r INDEXED BY jobs_tenant_running
+        WHERE r.tenant = t.name AND r.state = 'running') < t.max_running) AND ready IS NOT NULL
+    ORDER BY t.gpu_seconds / t.weight, t.name LIMIT 1)
 
 -- name: pick
--- the head and, unless it has been passed over for :wait seconds, the first job of its priority with model :key
-WITH head AS ({head}) SELECT head.seq AS head, head.priority AS priority,
-    CASE WHEN coalesce((SELECT min(at) FROM affinity_skips s WHERE s.priority = head.priority
-        AND s.seq_bound > head.seq), :now) > :now - :wait
-    THEN (SELECT seq FROM jobs INDEXED BY jobs_affinity WHERE state = 'queued' AND model_key = :key
-        AND priority = head.priority AND run_after <= :now
+-- the fair head and, unless it has been passed over for :wait seconds, the first job of its tenant and priority
+-- with model :key
+WITH head AS ({head}) SELECT head.seq AS head, head.priority AS priority, head.tenant AS tenant,
+    CASE WHEN coalesce((SELECT min(at) FROM affinity_skips s WHERE s.tenant = head.tenant
+        AND s.priority = head.priority AND s.seq_bound > head.seq), :now) > :now - :wait
+    THEN (SELECT seq FROM jobs INDEXED BY jobs_tenant_affinity WHERE state = 'queued' AND tenant = head.tenant
+        AND model_key = :key AND priority = head.priority AND run_after <= :now
         AND NOT EXISTS (SELECT 1 FROM job_refusals r WHERE r.seq = jobs.seq AND r.catalogue_id = :cat)
         ORDER BY seq LIMIT 1) END AS affine FROM head
 
@@ -119,8 +130,8 @@ INSERT INTO workflows (hash, workflow) VALUES (:hash, :workflow)
 
 -- name: insert_job
 -- a new job's row
-INSERT INTO jobs (seq, id, priority, submitted_at, spec_hash, workflow_name, callback_url, model_key)
-VALUES (:seq, :id, :priority, :now, :spec_hash, :workflow_name, :callback_url, :model_key)
+INSERT INTO jobs (seq, id, priority, submitted_at, spec_hash, workflow_name, callback_url, model_key, tenant)
+VALUES (:seq, :id, :priority, :now, :spec_hash, :workflow_name, :callback_url, :model_key, :tenant)
 
 -- name: insert_spec
 -- a new job's workflow id and own data, beside the row every claim rewrites
