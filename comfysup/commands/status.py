@@ -236,7 +236,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         queue.close()
     if args.by == "tenant":
-        print(json.dumps([t.__dict__ for t in read.tenants], indent=2) if args.json
+        print(json.dumps([t._asdict() for t in read.tenants], indent=2) if args.json
               else "\n".join(tenant_lines(read.tenants)))
     elif args.json:
         print(json.dumps(json_report(config, read, now), indent=2))
