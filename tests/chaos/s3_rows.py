@@ -18,6 +18,7 @@ import contextlib
 import time
 import tomllib
 from pathlib import Path
+from typing import Any
 
 import psutil
 import tomli_w
@@ -37,17 +38,23 @@ OUTAGE_MAX_SECONDS = 10.0
 """The longest an outage is held open waiting for a runner that holds a job to kill."""
 
 
+def store_in_bucket(h: ChaosRun, server: SeaweedS3, prefix: str, **store: Any) -> None:
+    """The run's [store] on a bucket of ``server`` under ``prefix`` (``store``: more [store] keys), and the
+    checker's view of every object in it."""
+    bucket = server.bucket("chaos")
+    doc = tomllib.loads(h.config_path.read_text())
+    doc["store"].update(server.store_section(f"s3://{bucket}/{prefix}", **store))
+    h.config_path.write_bytes(tomli_w.dumps(doc).encode())
+    h.config = load_config(str(h.config_path), env={})
+    h.bucket_objects = lambda: {f"s3://{bucket}/{key}": data for key, data in server.objects(bucket).items()}
+
+
 def u1_bucket_stopped(tmp: Path, seed: int, server: SeaweedS3, *, jobs: int, outages: int,
                       node_ms: float = 30.0) -> Report:
     from chaos.scenarios import _top_up  # here: chaos.scenarios imports this module's rows at its end
 
     h = ChaosRun(tmp, "U1", seed, node_ms=node_ms, runner=RUNNER)
-    bucket = server.bucket("chaos")
-    doc = tomllib.loads(h.config_path.read_text())
-    doc["store"].update(server.store_section(f"s3://{bucket}/o1"))
-    h.config_path.write_bytes(tomli_w.dumps(doc).encode())
-    h.config = load_config(str(h.config_path), env={})
-    h.bucket_objects = lambda: {f"s3://{bucket}/{key}": data for key, data in server.objects(bucket).items()}
+    store_in_bucket(h, server, "o1")
     kills = uploader_kills = 0
     try:
         h.submit(h.jobs_for(jobs))
@@ -126,12 +133,7 @@ def lived(pid: int) -> float:
 def u2_bucket_down_for_minutes(tmp: Path, seed: int, server: SeaweedS3, *, jobs: int, down_seconds: float,
                                kills: int, node_ms: float = 400.0) -> Report:
     h = ChaosRun(tmp, "U2", seed, node_ms=node_ms, runner=U2_RUNNER)
-    bucket = server.bucket("chaos")
-    doc = tomllib.loads(h.config_path.read_text())
-    doc["store"].update(server.store_section(f"s3://{bucket}/o2", **U2_STORE))
-    h.config_path.write_bytes(tomli_w.dumps(doc).encode())
-    h.config = load_config(str(h.config_path), env={})
-    h.bucket_objects = lambda: {f"s3://{bucket}/{key}": data for key, data in server.objects(bucket).items()}
+    store_in_bucket(h, server, "o2", **U2_STORE)
     killed = peak = 0
     try:
         h.submit(h.jobs_for(jobs))

@@ -8,24 +8,9 @@ import os
 import sqlite3
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-from lazyfs import PAGE, LazyMount, fuse_missing
-
-
-@pytest.fixture
-def lazy(tmp_path: Path) -> Iterator[LazyMount]:
-    why = fuse_missing()
-    if why:
-        pytest.skip(f"no lazy filesystem: {why}")
-    mount = LazyMount(tmp_path / "lazyfs-base", tmp_path / "disk")
-    mount.mount()
-    try:
-        yield mount
-    finally:
-        mount.unmount()
+from lazyfs import PAGE, LazyMount
 
 
 def fsync(path: Path) -> None:

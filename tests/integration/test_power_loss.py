@@ -9,30 +9,15 @@ import os
 import sqlite3
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import blake3
-import pytest
 import tomli_w
 from input_images import INVERT, random_png
-from lazyfs import LazyMount, fuse_missing
+from lazyfs import LazyMount
 from supervisor_support import REPO, job
 
 from comfysup.runner.store import ResultStore
-
-
-@pytest.fixture
-def lazy(tmp_path: Path) -> Iterator[LazyMount]:
-    why = fuse_missing()
-    if why:
-        pytest.skip(f"no lazy filesystem: {why}")
-    mount = LazyMount(tmp_path / "lazyfs-base", tmp_path / "disk")
-    mount.mount()
-    try:
-        yield mount
-    finally:
-        mount.unmount()
 
 
 def power_cycle(lazy: LazyMount) -> None:
