@@ -469,6 +469,7 @@ def test_finished_counts_follow_every_transition(tmp_path: Path) -> None:
 
 
 UNDO = {
+    19: "DROP INDEX jobs_tenant",
     18: "DROP TRIGGER attempts_ended_charge; DROP TABLE tenants; "
         "DROP INDEX jobs_tenant_ready; DROP INDEX jobs_tenant_affinity; DROP INDEX jobs_tenant_running; "
         "ALTER TABLE jobs DROP COLUMN tenant; ALTER TABLE api_assets DROP COLUMN tenant; DROP TABLE affinity_skips; "
