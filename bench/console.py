@@ -2,12 +2,13 @@
 
 - Builds a queue of ``--jobs`` jobs (default 1,000,000) in SQLite (a recursive CTE) and in PostgreSQL
   (``generate_series``), written with SQL directly: 70% done, 15% queued, 5% waiting to retry, 5% dead, 5%
-  cancelled; ten workflow names and one rare one (a job in 10,000); a ``team`` label of twenty values.
+  cancelled; ten workflow names and one rare one (a job in 10,000); a ``team`` label of twenty values; one job in
+  ten is tenant ``studio-a``'s, the others ``default``'s.
 - Times each read the console makes, ``--repeat`` times (p50 and p95, milliseconds): the overview (what the
   live stream reads each tick), a job's page, and searches: the newest page, a page deep in the list (by its
   cursor), one state's newest and deep pages, a workflow, the rare workflow, a label, a label no job has (the
-  worst case: every row is looked at), an id prefix, an hour of submissions, and the count a bulk retry
-  confirms.
+  worst case: every row is looked at), an id prefix, an hour of submissions, the count a bulk retry
+  confirms, and a tenant's newest and deep pages.
 - Starts ``comfysup api`` on the SQLite million and holds ``--viewers`` overview streams open for
   ``--seconds``: the API process's CPU seconds per minute and its resident memory, against the same time with
   no viewer.
@@ -56,6 +57,7 @@ STATE = ("CASE WHEN i % 100 < 70 THEN 'done' WHEN i % 100 < 90 THEN 'queued' WHE
 FINISHED = "CASE WHEN i % 100 < 70 OR i % 100 >= 90 THEN {t} + i + 60 END"
 STARTED = "CASE WHEN i % 100 < 70 OR i % 100 >= 85 THEN {t} + i + 1 END"
 WORKFLOW_NAME = "CASE WHEN i % 10000 = 7 THEN 'rare' ELSE 'wf' || (i % 10) END"
+TENANT = "CASE WHEN i % 10 = 3 THEN 'studio-a' ELSE 'default' END"
 ATTEMPT = ("SELECT id, 1, 'host/1/' || server || '/t', server, started_at, coalesce(finished_at, started_at + 30), "
            "CASE state WHEN 'queued' THEN 'retry' ELSE state END, reason ")
 REASON = "CASE WHEN i % 100 BETWEEN 90 AND 94 THEN 'gave up after 4 attempts, last: out of memory' END"
@@ -73,11 +75,11 @@ def build_sqlite(path: Path, rows: int) -> float:
     conn.execute(
         "WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i + 1 < ?) "
         "INSERT INTO jobs (seq, id, state, priority, run_after, attempt, server, started_at, submitted_at, "
-        "finished_at, reason, spec_hash, workflow_name) "
+        "finished_at, reason, spec_hash, workflow_name, tenant) "
         f"SELECT i + 1, printf('%08x-0000-4000-8000-%012x', i, i), {STATE}, i % 3, "
         "CASE WHEN i % 100 BETWEEN 85 AND 89 THEN 4e9 ELSE 0 END, CASE WHEN i % 100 BETWEEN 70 AND 84 THEN 0 "
         f"ELSE 1 END, 'gpu' || (i % 8), {STARTED.format(t=t)}, {t} + i, {FINISHED.format(t=t)}, {REASON}, "
-        f"'h' || i, {WORKFLOW_NAME} FROM n", (rows,))
+        f"'h' || i, {WORKFLOW_NAME}, {TENANT} FROM n", (rows,))
     conn.execute("INSERT INTO job_specs (seq, workflow_id, extra_data, meta, params) "
                  "SELECT seq, 1, '{}', '{\"team\": \"t' || (seq % 20) || '\"}', '{}' FROM jobs")
     conn.execute("INSERT INTO attempts (job_id, attempt, owner, server, started_at, ended_at, outcome, reason) "
@@ -108,11 +110,11 @@ def build_postgres(rows: int) -> tuple[str, float]:
         conn.execute("INSERT INTO workflows (id, hash, workflow) OVERRIDING SYSTEM VALUE VALUES (1, 'bench', '{}')")
         conn.execute(
             "INSERT INTO jobs (id, state, priority, run_after, attempt, server, started_at, submitted_at, "
-            "finished_at, reason, spec_hash, workflow_name, workflow_id, meta) "
+            "finished_at, reason, spec_hash, workflow_name, workflow_id, meta, tenant) "
             f"SELECT lpad(to_hex(i), 8, '0') || '-0000-4000-8000-' || lpad(to_hex(i), 12, '0'), {STATE}, i % 3, "
             "CASE WHEN i % 100 BETWEEN 85 AND 89 THEN 4e9 ELSE 0 END, CASE WHEN i % 100 BETWEEN 70 AND 84 "
             f"THEN 0 ELSE 1 END, 'gpu' || (i % 8), {STARTED.format(t=t)}, {t} + i, {FINISHED.format(t=t)}, "
-            f"{REASON}, 'h' || i, {WORKFLOW_NAME}, 1, '{{\"team\": \"t' || (i % 20) || '\"}}' "
+            f"{REASON}, 'h' || i, {WORKFLOW_NAME}, 1, '{{\"team\": \"t' || (i % 20) || '\"}}', {TENANT} "
             f"FROM generate_series(0, {int(rows) - 1}) AS i ORDER BY i")  # no parameters: '%' is SQL's modulo
         conn.execute("INSERT INTO attempts (job_id, attempt, owner, server, started_at, ended_at, outcome, reason) "
                      + ATTEMPT +
@@ -167,6 +169,8 @@ def reads(queue: Any, config: Any, rows: int, repeat: int) -> dict[str, dict[str
         "an hour of submissions, mid-list": lambda: search.search(JobSearch(since=T_BASE + mid, until=T_BASE + mid
                                                                             + 3600)),
         "count of dead (bulk retry's confirmation)": lambda: search.count(JobSearch(state="dead"), 10_000),
+        "tenant=studio-a (1 in 10), newest": lambda: search.search(JobSearch(tenant="studio-a")),
+        "tenant=studio-a, half-way down (cursor)": lambda: search.search(JobSearch(tenant="studio-a", after=(mid,))),
     }
     return {name: timed(fn, repeat) for name, fn in cases.items()}
 

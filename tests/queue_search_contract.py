@@ -62,6 +62,21 @@ class SearchContract:
         assert {r.id: r.tenant for r in q.search.search(JobSearch()).rows} == {make_job(1).id: "acme",
                                                                                 make_job(2).id: "default"}
 
+    def test_a_tenants_search_pages_through_its_jobs_only(self, q: Queue) -> None:
+        from tests.queue_contract import make_job
+
+        jobs = [dataclasses.replace(make_job(n), tenant="acme" if n % 3 else "default") for n in range(10)]
+        for n, job in enumerate(jobs):
+            q.intake.submit([job], now=T0 + n)
+        acme = [j.id for j in jobs if j.tenant == "acme"]
+        assert self._all(q, JobSearch(tenant="acme")) == acme[::-1]  # pages of 2, none repeated or skipped
+        assert self._all(q, JobSearch(tenant="acme", oldest_first=True)) == acme
+        assert self._all(q, JobSearch(tenant="default")) == [j.id for j in jobs if j.tenant == "default"][::-1]
+        assert self._all(q, JobSearch(tenant="acme", state="queued", since=T0 + 4)) == acme[:1:-1]
+        assert self._all(q, JobSearch(tenant="nobody")) == []
+        assert q.search.count(JobSearch(tenant="acme")) == len(acme)
+        assert q.search.ids(JobSearch(tenant="acme")) == acme
+
     def test_count_and_ids_of_a_search(self, q: Queue) -> None:
         ids = self._fill(q)
         assert q.search.count(JobSearch(state="dead")) == 3

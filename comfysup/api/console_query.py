@@ -4,6 +4,7 @@
 
 - ``state:dead`` (or the ``state`` parameter): one state;
 - ``workflow:NAME``: the workflow's name, exactly;
+- ``tenant:NAME`` (or the ``tenant`` parameter): the tenant the jobs belong to, exactly;
 - ``KEY=VALUE`` or ``label:KEY=VALUE``: a metadata label;
 - ``since:WHEN`` / ``until:WHEN``: submitted in that range; WHEN is an ISO 8601 time (``2026-12-06``,
   ``2026-12-06T14:00``, UTC unless it names a zone) or an age back from now (``90m``, ``2h``, ``7d``);
@@ -48,7 +49,7 @@ def when(text: str, now: float) -> float:
 def _word(word: str, found: dict[str, Any], now: float) -> None:
     """One word of ``q`` into ``found`` (JobSearch's fields)."""
     name, colon, value = word.partition(":")
-    if colon and name in ("state", "workflow", "since", "until", "label", "id"):
+    if colon and name in ("state", "workflow", "tenant", "since", "until", "label", "id"):
         if name in ("since", "until"):
             found[name] = when(value, now)
         elif name == "label":
@@ -73,8 +74,8 @@ def _label(text: str, found: dict[str, Any]) -> None:
 
 
 def parse(params: Mapping[str, str], now: float | None = None, limit: int = 50) -> JobSearch:
-    """The search that the URL's parameters ask (``q``, ``state``, ``order``, ``after``); SearchError says what
-    is wrong."""
+    """The search that the URL's parameters ask (``q``, ``state``, ``tenant``, ``order``, ``after``); SearchError
+    says what is wrong."""
     now = time.time() if now is None else now
     q = params.get("q", "")
     if len(q) > MAX_QUERY_CHARS:
@@ -82,15 +83,16 @@ def parse(params: Mapping[str, str], now: float | None = None, limit: int = 50) 
     found: dict[str, Any] = {}
     for word in q.split():
         _word(word, found, now)
-    if params.get("state"):
-        found["state"] = params["state"]
+    for name in ("state", "tenant"):
+        if params.get(name):
+            found[name] = params[name]
     order = params.get("order", "newest")
     if order not in ("newest", "oldest"):
         raise SearchError(f"order {order!r}: newest or oldest")
     search = JobSearch(id_prefix=found.get("id_prefix", ""), state=found.get("state", ""),
-                       workflow=found.get("workflow", ""), labels=tuple(found.get("labels", ())),
-                       since=found.get("since"), until=found.get("until"), oldest_first=order == "oldest",
-                       after=cursor_of(params.get("after", "")), limit=limit)
+                       workflow=found.get("workflow", ""), tenant=found.get("tenant", ""),
+                       labels=tuple(found.get("labels", ())), since=found.get("since"), until=found.get("until"),
+                       oldest_first=order == "oldest", after=cursor_of(params.get("after", "")), limit=limit)
     search.check()
     return search
 

@@ -306,3 +306,7 @@ CREATE TABLE affinity_skips (
     at        double precision NOT NULL,
     PRIMARY KEY (tenant, priority, seq_bound)
 );
+
+-- name: v15
+-- The operator's console: a tenant's jobs newest first (see schema.sql's v19).
+CREATE INDEX jobs_tenant ON jobs (tenant, seq);

@@ -385,3 +385,8 @@ CREATE TABLE affinity_skips (
     at        REAL    NOT NULL,
     PRIMARY KEY (tenant, priority, seq_bound)
 ) WITHOUT ROWID;
+
+-- name: v19
+-- The operator's console finds a tenant's jobs, newest first, without walking every job (comfysup.queue.search):
+-- (tenant, rowid) is written once, at submit (a job's tenant never changes, so a claim or an end never touches it).
+CREATE INDEX jobs_tenant ON jobs (tenant);

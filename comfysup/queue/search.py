@@ -1,13 +1,14 @@
 """The search role: the operator's console finds jobs among millions, a page at a time, written once for both
 backends.
 
-A search (``JobSearch``) filters by id prefix, state, workflow name, metadata labels and submission time, and
-pages by KEYSET: each page ends with a cursor (the last row's sort key), and the next page starts strictly
+A search (``JobSearch``) filters by id prefix, state, workflow name, tenant, metadata labels and submission
+time, and pages by KEYSET: each page ends with a cursor (the last row's sort key), and the next page starts strictly
 after it, so a page costs the same on the first page and the ten-thousandth, and a job submitted meanwhile
 never shifts a page. Which index answers:
 
 - an id prefix: the unique index on ``id`` (a range, ordered by id);
 - a workflow name: ``jobs_workflow_name`` (workflow_name, seq), newest first;
+- a tenant: ``jobs_tenant`` (tenant, seq), newest first;
 - one state: ``jobs_state`` (state, finished_at, seq): terminal states by when they ended, the others (no
   end time) by submission;
 - otherwise the primary key (seq), newest first.
@@ -55,6 +56,8 @@ class JobSearch:
     """One stored state (queued, running, done, dead, cancelled)."""
     workflow: str = ""
     """The workflow name, exactly."""
+    tenant: str = ""
+    """The tenant the jobs belong to, exactly (comfysup.queue.tenants)."""
     labels: tuple[tuple[str, str], ...] = ()
     """(key, value) pairs the job's metadata must hold, as strings."""
     since: float | None = None
@@ -112,7 +115,7 @@ def _key(search: JobSearch) -> str:
     """Which ordering (and so which index) answers the search."""
     if search.id_prefix:
         return "id"
-    if search.workflow:
+    if search.workflow or search.tenant:
         return "seq"
     if search.state:
         return "ended" if search.state in TERMINAL else "seq"
@@ -142,11 +145,14 @@ def _filters(dialect: str, search: JobSearch) -> tuple[list[str], dict[str, Any]
     if search.state:
         where.append("jobs.state = :state")
         args["state"] = search.state
-        if search.state not in TERMINAL and not search.workflow and not search.id_prefix:
+        if search.state not in TERMINAL and not (search.workflow or search.tenant or search.id_prefix):
             where.append("jobs.finished_at IS NULL")  # the index's order within the state is then seq's
     if search.workflow:
         where.append("jobs.workflow_name = :workflow")
         args["workflow"] = search.workflow
+    if search.tenant:
+        where.append("jobs.tenant = :tenant")
+        args["tenant"] = search.tenant
     for n, (key, value) in enumerate(search.labels):
         where.append(LABEL[dialect].format(k=f"lk{n}", v=f"lv{n}"))
         args.update({f"lk{n}": key, f"lv{n}": value})

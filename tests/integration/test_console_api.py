@@ -68,7 +68,7 @@ def test_with_a_token_the_api_still_asks_it_and_the_console_its_login(tmp_path: 
 
 def test_a_tenants_token_opens_no_console_and_the_admins_sees_every_tenants_jobs(tmp_path: Path) -> None:
     """The console is the admin's (its login is ``[api] token``): a tenant's token neither logs in nor reads it,
-    and the console's lists and pages name each job's tenant."""
+    and the console's lists and pages name each job's tenant, and find one tenant's jobs."""
     tenant_token = "token-of-studio-a"
     tenants = {"a": {"token_sha256": hashlib.sha256(tenant_token.encode()).hexdigest()}}
     config = api_config(tmp_path, sections={"tenants": tenants}, token="t0ken")
@@ -89,5 +89,9 @@ def test_a_tenants_token_opens_no_console_and_the_admins_sees_every_tenants_jobs
             rows = web.get(f"{url}/console/api/jobs", timeout=10).json()["rows"]
             assert {r["id"]: r["tenant"] for r in rows} == {theirs.id: "a", ours.id: "default"}
             assert web.get(f"{url}/console/api/jobs/{theirs.id}", timeout=10).json()["tenant"] == "a"
+            for asked in ({"q": "tenant:a"}, {"tenant": "a"}):  # the search box's word or the URL's parameter
+                found = web.get(f"{url}/console/api/jobs", params=asked, timeout=10).json()
+                assert [(r["id"], r["tenant"]) for r in found["rows"]] == [(theirs.id, "a")] and found["after"] is None
+            assert web.get(f"{url}/console/api/jobs", params={"tenant": "b"}, timeout=10).json()["rows"] == []
         finally:
             runner.close()

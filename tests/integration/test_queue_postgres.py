@@ -36,6 +36,9 @@ UNDO_V13 = ("DROP TABLE slot_orders; DROP INDEX jobs_workflow_name; DROP INDEX j
             "CREATE INDEX jobs_state ON jobs (state, finished_at)")
 """What schema v13 (the console's) added, taken away again: a test of an older database undoes it first."""
 
+UNDO_V15 = "DROP INDEX jobs_tenant"
+"""v15 (the console's tenant index) taken away again: a test of an older database undoes it before v14."""
+
 UNDO_V14 = ("DROP TABLE tenants; DROP FUNCTION comfysup_charge_tenant CASCADE; "
             "ALTER TABLE jobs DROP COLUMN tenant; "
             "ALTER TABLE api_assets DROP COLUMN tenant; "
@@ -72,6 +75,7 @@ def test_v12_adds_the_storing_columns_and_keeps_the_jobs(pg_url: str) -> None:  
     q = PostgresQueue(pg_url)
     q.intake.submit([make_job(1)], now=T0)
     q.close()
+    _sql(pg_url, UNDO_V15)
     _sql(pg_url, UNDO_V14)
     _sql(pg_url, UNDO_V13)
     _sql(pg_url, UNDO_V12)
@@ -94,6 +98,7 @@ def test_v9_adds_the_api_registry_and_keeps_the_jobs(pg_url: str) -> None:  # no
     q = PostgresQueue(pg_url)
     q.intake.submit([make_job(1)], now=T0)
     q.close()
+    _sql(pg_url, UNDO_V15)
     _sql(pg_url, UNDO_V14)
     _sql(pg_url, UNDO_V13)
     _sql(pg_url, "DROP TABLE api_endpoints, output_assets, job_previews")  # back to v8 (v10 and v11 undone first)
@@ -119,6 +124,7 @@ def test_v10_adds_when_a_running_job_began_to_wait_and_keeps_the_jobs(pg_url: st
     running = q.leases.claim("host-a/1/gpu0/t", "gpu0", 30, now=T0)
     assert running is not None
     q.close()
+    _sql(pg_url, UNDO_V15)
     _sql(pg_url, UNDO_V14)
     _sql(pg_url, UNDO_V13)
     _sql(pg_url, "DROP TABLE output_assets, job_previews")  # back to v9 (v11 undone first)
@@ -143,6 +149,7 @@ def test_v11_gives_outputs_asset_ids_and_keeps_earlier_outputs(pg_url: str) -> N
     q.intake.submit([make_job(1), make_job(2)], now=T0)
     q.leases.complete(q.leases.claim("r", "gpu0", 30, now=T0), [Output("a.png", 1, "00")], now=T0 + 1)
     q.close()
+    _sql(pg_url, UNDO_V15)
     _sql(pg_url, UNDO_V14)
     _sql(pg_url, UNDO_V13)
     _sql(pg_url, "DROP TABLE output_assets, job_previews")  # back to v10, its done job as v10 wrote it

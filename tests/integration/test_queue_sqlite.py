@@ -17,6 +17,7 @@ from comfysup.errors import DatabaseLocked, DatabaseMissing, QueueError
 from comfysup.queue import sqlite as sqlite_backend
 from comfysup.queue import sqlite_file
 from comfysup.queue.base import Output
+from comfysup.queue.search import JobSearch
 from comfysup.queue.sqlite import SCHEMA_VERSION, SQLiteQueue
 from comfysup.workflows import model_key
 
@@ -469,6 +470,7 @@ def test_finished_counts_follow_every_transition(tmp_path: Path) -> None:
 
 
 UNDO = {
+    19: "DROP INDEX jobs_tenant",
     18: "DROP TRIGGER attempts_ended_charge; DROP TABLE tenants; "
         "DROP INDEX jobs_tenant_ready; DROP INDEX jobs_tenant_affinity; DROP INDEX jobs_tenant_running; "
         "ALTER TABLE jobs DROP COLUMN tenant; ALTER TABLE api_assets DROP COLUMN tenant; DROP TABLE affinity_skips; "
@@ -704,3 +706,20 @@ def test_the_checkpoint_thread_is_woken_by_its_process_s_commits(tmp_path: Path,
     thread = q.db._checkpointer.thread
     q.close()
     assert not thread.is_alive()  # a stop wakes it from its hour-long wait
+
+
+def test_a_tenants_search_walks_its_index_without_sorting(tmp_path: Path) -> None:
+    """A tenant's page is read from jobs_tenant in seq order (no scan of every job, no sort), first page and later."""
+    q = SQLiteQueue(tmp_path / "q.db")
+    q.intake.submit([dataclasses.replace(make_job(n), tenant="acme" if n % 2 else "default") for n in range(6)],
+                    now=T0)
+    statements: list[str] = []
+    q.db.conn.set_trace_callback(lambda sql: statements.append(sql) if "jobs.tenant =" in sql else None)
+    first = q.search.search(JobSearch(tenant="acme", limit=2))
+    q.search.search(JobSearch(tenant="acme", after=first.cursor, limit=2))
+    q.db.conn.set_trace_callback(None)
+    assert len(statements) == 2
+    for sql in statements:
+        plan = " ".join(r[3] for r in q.db.conn.execute("EXPLAIN QUERY PLAN " + sql))
+        assert "USING INDEX jobs_tenant (tenant=?" in plan and "TEMP B-TREE" not in plan, plan
+    q.close()

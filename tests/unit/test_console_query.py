@@ -20,6 +20,14 @@ def test_words_of_a_search() -> None:
     assert console_query.parse({"q": "flux", "state": "dead"}, now=NOW).state == "dead"
 
 
+def test_a_tenant_in_the_box_or_the_url() -> None:
+    s = console_query.parse({"q": "tenant:studio-a state:dead flux"}, now=NOW)
+    assert (s.tenant, s.state, s.workflow) == ("studio-a", "dead", "flux")
+    assert console_query.parse({"q": "flux", "tenant": "acme"}, now=NOW).tenant == "acme"
+    assert console_query.parse({"q": "tenant:acme", "tenant": "beta"}, now=NOW).tenant == "beta"  # as state is
+    assert console_query.parse({"q": "flux"}, now=NOW).tenant == ""  # no tenant: every tenant's jobs
+
+
 @pytest.mark.parametrize("params", [{"q": "since:yesterday"}, {"state": "asleep"}, {"order": "sideways"},
                                     {"after": "not-a-cursor"}, {"q": "label:nokey"}])
 def test_a_search_that_cannot_be_asked(params: dict[str, str]) -> None:

@@ -295,6 +295,7 @@ async function jobs() {
   const params = new URLSearchParams(location.search);
   document.getElementById("q").value = params.get("q") || "";
   document.getElementById("state").value = params.get("state") || "";
+  document.getElementById("tenant").value = params.get("tenant") || "";
   document.title = `Jobs${params.get("q") ? ": " + params.get("q") : ""} · comfysup`;
   let page;
   try {
@@ -309,6 +310,7 @@ async function jobs() {
     el("td", { "data-label": "Job", class: "mono" }, el("a", { href: `jobs/${r.id}` }, r.id.slice(0, 13))),
     el("td", { "data-label": "State" }, stateTag(r.state)),
     el("td", { "data-label": "Workflow" }, r.workflow || "–"),
+    el("td", { "data-label": "Tenant" }, el("a", { href: `jobs?${new URLSearchParams({ tenant: r.tenant })}` }, r.tenant)),
     el("td", { "data-label": "Labels" }, Object.entries(r.labels).map(([k, v]) => `${k}=${v}`).join(" ")),
     el("td", { "data-label": "Submitted" }, when(r.submitted_at)),
     el("td", { "data-label": "Ended" }, when(r.finished_at)),
@@ -316,7 +318,7 @@ async function jobs() {
     el("td", { "data-label": "Reason", class: "reason" }, r.reason || "")));
   const table = el("table", { class: "jobs", "aria-label": "jobs found" },
     el("thead", {}, el("tr", {}, pick ? el("th", { scope: "col" }, el("span", { class: "sr-only" }, "Select")) : null,
-      ["Job", "State", "Workflow", "Labels", "Submitted", "Ended", "Attempts", "Reason"].map((h) =>
+      ["Job", "State", "Workflow", "Tenant", "Labels", "Submitted", "Ended", "Attempts", "Reason"].map((h) =>
         el("th", { scope: "col" }, h)))),
     el("tbody", {}, rows));
   const order = params.get("order") === "oldest" ? "newest" : "oldest";
