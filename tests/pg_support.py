@@ -21,7 +21,7 @@ ADMIN_URL = os.environ.get("COMFYSUP_TEST_POSTGRES", "postgresql://postgres@127.
 SKIP_VARIABLE = "COMFYSUP_SKIP_POSTGRES"
 TABLES = ("jobs", "attempts", "machines", "deliveries", "workflows", "affinity_skips", "catalogues",
           "server_catalogues", "job_refusals", "assets", "job_assets", "asset_chunks", "server_assets", "api_assets",
-          "api_endpoints", "output_assets", "job_previews", "slot_orders", "tenants")
+          "api_endpoints", "output_assets", "job_previews", "slot_orders", "tenants", "job_labels")
 
 _created: dict[str, str] = {}
 """The session's database URL, made once even when several modules import the fixture."""

@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from comfysup.queue.base import Queue
-from comfysup.queue.search import JobSearch, SearchError
+from comfysup.queue.search import JobPage, JobSearch, SearchError
 
 T0 = 1_700_000_000.0
 LEASE = 30.0
@@ -76,6 +76,25 @@ class SearchContract:
         assert self._all(q, JobSearch(tenant="nobody")) == []
         assert q.search.count(JobSearch(tenant="acme")) == len(acme)
         assert q.search.ids(JobSearch(tenant="acme")) == acme
+
+    def test_a_rare_label_pages_through_its_jobs_and_an_absent_one_finds_none(self, q: Queue) -> None:
+        from tests.queue_contract import make_job
+
+        rare = {1, 4, 5, 9, 12}
+        jobs = [make_job(n, meta={"team": "a", "run": "r7" if n in rare else "r1", "n": n, "flag": n == 4})
+                for n in range(14)]
+        for n, job in enumerate(jobs):
+            q.intake.submit([job], now=T0 + n)
+        found = [jobs[n].id for n in sorted(rare)]
+        assert self._all(q, JobSearch(labels=(("run", "r7"),))) == found[::-1]  # pages of 2, none repeated or skipped
+        assert self._all(q, JobSearch(labels=(("run", "r7"),), oldest_first=True)) == found
+        assert self._all(q, JobSearch(labels=(("team", "a"), ("run", "r7")), since=T0 + 5)) == found[:1:-1]
+        assert self._all(q, JobSearch(labels=(("run", "r7"),), workflow=jobs[0].workflow_name)) == found[::-1]
+        for absent in (("run", "r9"), ("nobody", "r7"), ("n", "4"), ("flag", "true")):  # non-strings are no labels
+            assert q.search.search(JobSearch(labels=(absent,))) == JobPage([], None)
+        assert self._all(q, JobSearch(labels=(("run", "r7"), ("team", "b")))) == []
+        assert q.search.count(JobSearch(labels=(("run", "r7"),))) == len(rare)
+        assert q.search.ids(JobSearch(labels=(("run", "r7"),), state="queued")) == found
 
     def test_count_and_ids_of_a_search(self, q: Queue) -> None:
         ids = self._fill(q)

@@ -310,3 +310,28 @@ CREATE TABLE affinity_skips (
 -- name: v15
 -- The operator's console: a tenant's jobs newest first (see schema.sql's v19).
 CREATE INDEX jobs_tenant ON jobs (tenant, seq);
+
+-- name: v16
+-- A job's labels, one row each, written and deleted with the job by a trigger (see schema.sql's v20).
+CREATE TABLE job_labels (
+    key   text   NOT NULL,
+    value text   NOT NULL,
+    seq   bigint NOT NULL,
+    PRIMARY KEY (key, value, seq)
+);
+CREATE OR REPLACE FUNCTION comfysup_labels(meta text) RETURNS TABLE (key text, value text) LANGUAGE sql IMMUTABLE AS $$
+    SELECT e.key, e.value #>> '{}' FROM jsonb_each(CASE WHEN jsonb_typeof(meta::jsonb) = 'object'
+        THEN meta::jsonb ELSE '{}'::jsonb END) AS e WHERE jsonb_typeof(e.value) = 'string'
+$$;
+CREATE OR REPLACE FUNCTION comfysup_job_labels() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP = 'INSERT' THEN
+        INSERT INTO job_labels (key, value, seq) SELECT l.key, l.value, NEW.seq FROM comfysup_labels(NEW.meta) AS l;
+    ELSE
+        DELETE FROM job_labels AS j WHERE (j.key, j.value, j.seq) IN
+            (SELECT l.key, l.value, OLD.seq FROM comfysup_labels(OLD.meta) AS l);
+    END IF;
+    RETURN NULL;
+END $$;
+CREATE TRIGGER jobs_labels AFTER INSERT OR DELETE ON jobs FOR EACH ROW EXECUTE FUNCTION comfysup_job_labels();
+INSERT INTO job_labels (key, value, seq) SELECT l.key, l.value, jobs.seq FROM jobs, comfysup_labels(jobs.meta) AS l;

@@ -390,3 +390,27 @@ CREATE TABLE affinity_skips (
 -- The operator's console finds a tenant's jobs, newest first, without walking every job (comfysup.queue.search):
 -- (tenant, rowid) is written once, at submit (a job's tenant never changes, so a claim or an end never touches it).
 CREATE INDEX jobs_tenant ON jobs (tenant);
+
+-- name: v20
+-- A job's labels (the string-valued top-level entries of its metadata, as comfysup.queue.search reads them), one
+-- row each, so the console finds the jobs with a label newest first from (key, value, seq) rather than reading
+-- every job's metadata. Triggers on job_specs write them with the job, in its transaction, by every door
+-- (submit, import), and delete them with it (prune). Duplicate keys in a metadata text keep the first row.
+CREATE TABLE job_labels (
+    key   TEXT    NOT NULL,
+    value TEXT    NOT NULL,
+    seq   INTEGER NOT NULL,
+    PRIMARY KEY (key, value, seq)
+) WITHOUT ROWID;
+CREATE TRIGGER job_labels_insert AFTER INSERT ON job_specs
+BEGIN
+    INSERT OR IGNORE INTO job_labels (key, value, seq) SELECT key, value, new.seq FROM json_each(CASE WHEN
+        json_valid(new.meta) THEN CASE WHEN json_type(new.meta) = 'object' THEN new.meta END END) WHERE type = 'text';
+END;
+CREATE TRIGGER job_labels_delete AFTER DELETE ON job_specs
+BEGIN
+    DELETE FROM job_labels WHERE (key, value, seq) IN (SELECT key, value, old.seq FROM json_each(CASE WHEN
+        json_valid(old.meta) THEN CASE WHEN json_type(old.meta) = 'object' THEN old.meta END END) WHERE type = 'text');
+END;
+INSERT OR IGNORE INTO job_labels (key, value, seq) SELECT l.key, l.value, s.seq FROM job_specs AS s, json_each(CASE
+    WHEN json_valid(s.meta) THEN CASE WHEN json_type(s.meta) = 'object' THEN s.meta END END) AS l WHERE l.type = 'text';

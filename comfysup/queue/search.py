@@ -9,13 +9,15 @@ never shifts a page. Which index answers:
 - an id prefix: the unique index on ``id`` (a range, ordered by id);
 - a workflow name: ``jobs_workflow_name`` (workflow_name, seq), newest first;
 - a tenant: ``jobs_tenant`` (tenant, seq), newest first;
+- one or more labels: ``job_labels`` (key, value, seq) of the first label, newest first, the job rows joined to
+  it (the other labels are probes of the same table);
 - one state: ``jobs_state`` (state, finished_at, seq): terminal states by when they ended, the others (no
   end time) by submission;
 - otherwise the primary key (seq), newest first.
 
-Labels and the time range are filters on the rows that index walks: cheap when matches are common, a longer
-walk when they are rare (the page stops as soon as it is full). ``count`` counts what a search matches, up to a
-bound (what a bulk action asks to confirm); ``ids`` lists them.
+The time range (and every filter but the one whose index answers) is a filter on the rows that index walks:
+cheap when matches are common, a longer walk when they are rare (the page stops as soon as it is full).
+``count`` counts what a search matches, up to a bound (what a bulk action asks to confirm); ``ids`` lists them.
 """
 
 from __future__ import annotations
@@ -38,8 +40,11 @@ ROW_COLUMNS = ("jobs.seq AS seq, jobs.id AS id, state, priority, attempt, workfl
                "{meta} AS meta")
 META = {"sqlite": "job_specs.meta", "postgres": "jobs.meta"}
 FROM = {"sqlite": "jobs JOIN job_specs ON job_specs.seq = jobs.seq", "postgres": "jobs"}
-LABEL = {"sqlite": "json_extract(job_specs.meta, '$.\"' || :{k} || '\"') = :{v}",
-         "postgres": "(jobs.meta::jsonb ->> :{k}) = :{v}"}
+LABELLED = {"sqlite": "job_labels AS l0 CROSS JOIN jobs CROSS JOIN job_specs", "postgres": "job_labels AS l0 JOIN jobs"
+            " ON jobs.seq = l0.seq"}
+"""A labelled search's rows: the first label's index drives (SQLite's CROSS JOIN keeps it the outer loop)."""
+LABELLED_JOIN = {"sqlite": "jobs.seq = l0.seq AND job_specs.seq = l0.seq", "postgres": ""}
+LABEL = "EXISTS (SELECT 1 FROM job_labels AS l WHERE l.key = :{k} AND l.value = :{v} AND l.seq = l0.seq)"
 
 
 class SearchError(ValueError):
@@ -115,17 +120,26 @@ def _key(search: JobSearch) -> str:
     """Which ordering (and so which index) answers the search."""
     if search.id_prefix:
         return "id"
-    if search.workflow or search.tenant:
+    if search.workflow or search.tenant or search.labels:
         return "seq"
     if search.state:
         return "ended" if search.state in TERMINAL else "seq"
     return "seq"
 
 
-ORDER = {"id": "jobs.id {d}", "seq": "jobs.seq {d}", "ended": "jobs.finished_at {d}, jobs.seq {d}"}
+ORDER = {"id": "jobs.id {d}", "seq": "{seq} {d}", "ended": "jobs.finished_at {d}, jobs.seq {d}"}
 
 
-def _after(key: str, older: bool, cursor: tuple[Any, ...]) -> tuple[str, dict[str, Any]]:
+def _seq(search: JobSearch) -> str:
+    """The column a search's seq order reads: the label index's own, so its walk needs no sort."""
+    return "l0.seq" if search.labels else "jobs.seq"
+
+
+def _from(dialect: str, search: JobSearch) -> str:
+    return LABELLED[dialect] if search.labels else FROM[dialect]
+
+
+def _after(key: str, older: bool, cursor: tuple[Any, ...], seq: str) -> tuple[str, dict[str, Any]]:
     """The keyset predicate: rows strictly past ``cursor`` in the search's order."""
     op = "<" if older else ">"
     if key == "id":
@@ -133,7 +147,16 @@ def _after(key: str, older: bool, cursor: tuple[Any, ...]) -> tuple[str, dict[st
     if key == "ended":
         return (f"(jobs.finished_at, jobs.seq) {op} (:after_f, :after_s)",
                 {"after_f": float(cursor[0]), "after_s": int(cursor[1])})
-    return f"jobs.seq {op} :after_s", {"after_s": int(cursor[0])}
+    return f"{seq} {op} :after_s", {"after_s": int(cursor[0])}
+
+
+def _label_filters(dialect: str, labels: tuple[tuple[str, str], ...], where: list[str], args: dict[str, Any]) -> None:
+    """The first label is the driving index's range (``l0``); each other one a probe of the same index."""
+    where.extend(w for w in ("l0.key = :lk0 AND l0.value = :lv0", LABELLED_JOIN[dialect]) if w)
+    for n, (key, value) in enumerate(labels):
+        if n:
+            where.append(LABEL.format(k=f"lk{n}", v=f"lv{n}"))
+        args.update({f"lk{n}": key, f"lv{n}": value})
 
 
 def _filters(dialect: str, search: JobSearch) -> tuple[list[str], dict[str, Any]]:
@@ -145,7 +168,7 @@ def _filters(dialect: str, search: JobSearch) -> tuple[list[str], dict[str, Any]
     if search.state:
         where.append("jobs.state = :state")
         args["state"] = search.state
-        if search.state not in TERMINAL and not (search.workflow or search.tenant or search.id_prefix):
+        if search.state not in TERMINAL and not (search.workflow or search.tenant or search.labels or search.id_prefix):
             where.append("jobs.finished_at IS NULL")  # the index's order within the state is then seq's
     if search.workflow:
         where.append("jobs.workflow_name = :workflow")
@@ -153,9 +176,8 @@ def _filters(dialect: str, search: JobSearch) -> tuple[list[str], dict[str, Any]
     if search.tenant:
         where.append("jobs.tenant = :tenant")
         args["tenant"] = search.tenant
-    for n, (key, value) in enumerate(search.labels):
-        where.append(LABEL[dialect].format(k=f"lk{n}", v=f"lv{n}"))
-        args.update({f"lk{n}": key, f"lv{n}": value})
+    if search.labels:
+        _label_filters(dialect, search.labels, where, args)
     if search.since is not None:
         where.append("jobs.submitted_at >= :since")
         args["since"] = float(search.since)
@@ -206,13 +228,13 @@ class Search(Role):
         where, args = _filters(dialect, search)
         older = not search.oldest_first
         if search.after:
-            clause, more = _after(key, older, search.after)
+            clause, more = _after(key, older, search.after, _seq(search))
             where.append(clause)
             args.update(more)
         args["limit"] = search.limit + 1
-        sql = (f"SELECT {ROW_COLUMNS.format(meta=META[dialect])} FROM {FROM[dialect]}"
+        sql = (f"SELECT {ROW_COLUMNS.format(meta=META[dialect])} FROM {_from(dialect, search)}"
                f"{' WHERE ' + ' AND '.join(where) if where else ''}"
-               f" ORDER BY {ORDER[key].format(d='DESC' if older else 'ASC')} LIMIT :limit")
+               f" ORDER BY {ORDER[key].format(d='DESC' if older else 'ASC', seq=_seq(search))} LIMIT :limit")
         rows = cur.execute(spell(dialect, sql), args).fetchall()
         page = rows[:search.limit]
         cursor = _cursor(key, page[-1]) if len(rows) > search.limit and page else None
@@ -225,7 +247,7 @@ class Search(Role):
         dialect = self.db.DIALECT
         where, args = _filters(dialect, search)
         args["bound"] = bound + 1
-        sql = (f"SELECT count(*) AS n FROM (SELECT 1 FROM {FROM[dialect]}"
+        sql = (f"SELECT count(*) AS n FROM (SELECT 1 FROM {_from(dialect, search)}"
                f"{' WHERE ' + ' AND '.join(where) if where else ''} LIMIT :bound) AS matched")
         return int(cur.execute(spell(dialect, sql), args).fetchone()["n"])
 
@@ -236,6 +258,6 @@ class Search(Role):
         dialect = self.db.DIALECT
         where, args = _filters(dialect, search)
         args["bound"] = bound
-        sql = (f"SELECT jobs.id AS id FROM {FROM[dialect]}{' WHERE ' + ' AND '.join(where) if where else ''}"
-               " ORDER BY jobs.seq LIMIT :bound")
+        sql = (f"SELECT jobs.id AS id FROM {_from(dialect, search)}{' WHERE ' + ' AND '.join(where) if where else ''}"
+               f" ORDER BY {_seq(search)} LIMIT :bound")
         return [r["id"] for r in cur.execute(spell(dialect, sql), args).fetchall()]

@@ -18,6 +18,7 @@ from comfysup.errors import DatabaseUnavailable, LeaseLost, QueueError
 from comfysup.queue.base import NewJob, Output
 from comfysup.queue.db import ClaimAsk
 from comfysup.queue.postgres import SCHEMA_VERSION, PostgresQueue, describe_url
+from comfysup.queue.search import JobSearch
 
 
 class TestPostgresQueue(QueueContract):
@@ -35,6 +36,9 @@ class TestPostgresQueue(QueueContract):
 UNDO_V13 = ("DROP TABLE slot_orders; DROP INDEX jobs_workflow_name; DROP INDEX jobs_state_seq; "
             "CREATE INDEX jobs_state ON jobs (state, finished_at)")
 """What schema v13 (the console's) added, taken away again: a test of an older database undoes it first."""
+
+UNDO_V16 = "DROP TABLE job_labels; DROP FUNCTION comfysup_job_labels CASCADE; DROP FUNCTION comfysup_labels"
+"""v16 (the console's label index) taken away again: a test of an older database undoes it before v15."""
 
 UNDO_V15 = "DROP INDEX jobs_tenant"
 """v15 (the console's tenant index) taken away again: a test of an older database undoes it before v14."""
@@ -70,11 +74,32 @@ UNDO_V12 = "ALTER TABLE jobs DROP COLUMN staged_at, DROP COLUMN staged_in, DROP 
 """The storing state's columns (and with them their index) taken away: a database as v11 left it."""
 
 
+def test_v16_indexes_the_labels_of_the_jobs_already_there_and_prune_removes_them(pg_url: str) -> None:  # noqa: F811
+    """A v15 database opened by this comfysup: every job's string labels fill job_labels; a pruned job's go."""
+    q = PostgresQueue(pg_url)
+    q.intake.submit([make_job(n, meta={"run": "r7" if n % 2 else "r1", "n": n}) for n in range(4)], now=T0)
+    q.close()
+    _sql(pg_url, UNDO_V16)
+    _sql(pg_url, "DELETE FROM schema_version WHERE version >= 16")
+    q = PostgresQueue(pg_url)
+    try:
+        assert _sql(pg_url, "SELECT max(version) FROM schema_version") == [(SCHEMA_VERSION,)]
+        assert [r.id for r in q.search.search(JobSearch(labels=(("run", "r7"),))).rows] == \
+            [make_job(n).id for n in (3, 1)]
+        q.leases.complete(q.leases.claim("r", "gpu0", 30, now=T0), [], now=T0 + 1)
+        assert len(q.intake.prune(T0 + 2).removed) == 1
+        assert _sql(pg_url, "SELECT key, value FROM job_labels ORDER BY seq") == [("run", "r7"), ("run", "r1"),
+                                                                                ("run", "r7")]
+    finally:
+        q.close()
+
+
 def test_v12_adds_the_storing_columns_and_keeps_the_jobs(pg_url: str) -> None:  # noqa: F811
     """A v11 database opened by this comfysup: a job is staged (storing) and made done by its machine's uploader."""
     q = PostgresQueue(pg_url)
     q.intake.submit([make_job(1)], now=T0)
     q.close()
+    _sql(pg_url, UNDO_V16)
     _sql(pg_url, UNDO_V15)
     _sql(pg_url, UNDO_V14)
     _sql(pg_url, UNDO_V13)
@@ -98,6 +123,7 @@ def test_v9_adds_the_api_registry_and_keeps_the_jobs(pg_url: str) -> None:  # no
     q = PostgresQueue(pg_url)
     q.intake.submit([make_job(1)], now=T0)
     q.close()
+    _sql(pg_url, UNDO_V16)
     _sql(pg_url, UNDO_V15)
     _sql(pg_url, UNDO_V14)
     _sql(pg_url, UNDO_V13)
@@ -124,6 +150,7 @@ def test_v10_adds_when_a_running_job_began_to_wait_and_keeps_the_jobs(pg_url: st
     running = q.leases.claim("host-a/1/gpu0/t", "gpu0", 30, now=T0)
     assert running is not None
     q.close()
+    _sql(pg_url, UNDO_V16)
     _sql(pg_url, UNDO_V15)
     _sql(pg_url, UNDO_V14)
     _sql(pg_url, UNDO_V13)
@@ -149,6 +176,7 @@ def test_v11_gives_outputs_asset_ids_and_keeps_earlier_outputs(pg_url: str) -> N
     q.intake.submit([make_job(1), make_job(2)], now=T0)
     q.leases.complete(q.leases.claim("r", "gpu0", 30, now=T0), [Output("a.png", 1, "00")], now=T0 + 1)
     q.close()
+    _sql(pg_url, UNDO_V16)
     _sql(pg_url, UNDO_V15)
     _sql(pg_url, UNDO_V14)
     _sql(pg_url, UNDO_V13)
@@ -172,7 +200,7 @@ def test_machines_opening_at_once_create_the_schema_once(pg_url: str) -> None:  
     _sql(pg_url, "DROP FUNCTION IF EXISTS comfysup_charge_tenant CASCADE")
     _sql(pg_url, "DROP TABLE IF EXISTS announcements, jobs, attempts, machines, deliveries, workflows, affinity_skips, "
          "catalogues, server_catalogues, job_refusals, assets, job_assets, asset_chunks, server_assets, api_assets, "
-         "api_endpoints, output_assets, job_previews, slot_orders, tenants, schema_version")
+         "api_endpoints, output_assets, job_previews, slot_orders, tenants, job_labels, schema_version")
     errors: list[BaseException] = []
     start = threading.Barrier(6)
 
@@ -449,7 +477,7 @@ def test_a_version_2_database_keeps_its_jobs_and_stores_each_workflow_once_in_v3
     _sql(pg_url, "DROP FUNCTION IF EXISTS comfysup_charge_tenant CASCADE")
     _sql(pg_url, "DROP TABLE IF EXISTS announcements, jobs, attempts, machines, deliveries, workflows, affinity_skips, "
          "catalogues, server_catalogues, job_refusals, assets, job_assets, asset_chunks, server_assets, api_assets, "
-         "api_endpoints, output_assets, job_previews, slot_orders, tenants, schema_version")
+         "api_endpoints, output_assets, job_previews, slot_orders, tenants, job_labels, schema_version")
     sql = pg_backend._named_sql()
     loaded = {"1": {"class_type": "UNETLoader", "inputs": {"unet_name": "flux.safetensors"}},
               "2": {"class_type": "SaveImage", "inputs": {"images": ["1", 0], "filename_prefix": "m"}}}

@@ -469,7 +469,54 @@ def test_finished_counts_follow_every_transition(tmp_path: Path) -> None:
     q.close()
 
 
+def test_a_label_search_walks_the_label_index_without_sorting(tmp_path: Path) -> None:
+    """A label's page is read from job_labels (key=?, value=?) newest first, the jobs joined by seq (no scan of
+    every job, no sort), first page and later; a second label is a probe of the same index."""
+    q = SQLiteQueue(tmp_path / "q.db")
+    q.intake.submit([make_job(n, meta={"run": "r7" if n % 2 else "r1", "team": "a"}) for n in range(6)], now=T0)
+    statements: list[str] = []
+    q.db.conn.set_trace_callback(lambda sql: statements.append(sql) if "l0.key =" in sql else None)
+    first = q.search.search(JobSearch(labels=(("run", "r7"),), limit=2))
+    q.search.search(JobSearch(labels=(("run", "r7"), ("team", "a")), after=first.cursor, limit=2))
+    q.db.conn.set_trace_callback(None)
+    assert len(statements) == 2
+    for sql in statements:
+        plan = " ".join(r[3] for r in q.db.conn.execute("EXPLAIN QUERY PLAN " + sql))
+        assert "SEARCH l0 USING PRIMARY KEY (key=? AND value=?" in plan and "TEMP B-TREE" not in plan, plan
+        assert "SCAN" not in plan, plan
+    q.close()
+
+
+def test_prune_removes_the_labels_of_the_jobs_it_removes(tmp_path: Path) -> None:
+    q = SQLiteQueue(tmp_path / "q.db")
+    q.intake.submit([make_job(n, meta={"run": "r7", "n": n, "team": str(n)}) for n in range(3)], now=T0)
+    claim = q.leases.claim("r", "gpu0", 30, now=T0)
+    q.leases.complete(claim, [], now=T0 + 1)
+    assert q.db._read("SELECT count(*) AS n FROM job_labels")[0]["n"] == 6
+    assert len(q.intake.prune(T0 + 2).removed) == 1
+    labels = q.db._read("SELECT key, value, seq FROM job_labels ORDER BY seq, key")
+    assert [(r["key"], r["value"]) for r in labels] == [("run", "r7"), ("team", "1"), ("run", "r7"), ("team", "2")]
+    q.close()
+
+
+def test_v20_indexes_the_labels_of_the_jobs_already_there(tmp_path: Path) -> None:
+    """A v19 queue opened by this comfysup: every job's string labels fill job_labels, and new jobs add theirs."""
+    path = tmp_path / "q.db"
+    q = SQLiteQueue(path)
+    q.intake.submit([make_job(n, meta={"run": "r7" if n % 2 else "r1", "n": n}) for n in range(4)], now=T0)
+    q.close()
+    _back_to(path, 19)
+    q = SQLiteQueue(path, create=False)
+    assert q.db.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    q.intake.submit([make_job(9, meta={"run": "r7"})], now=T0 + 1)
+    assert [r.id for r in q.search.search(JobSearch(labels=(("run", "r7"),))).rows] == \
+        [make_job(n).id for n in (9, 3, 1)]
+    assert q.db._read("SELECT count(*) AS n FROM job_labels")[0]["n"] == 5
+    q.close()
+
+
 UNDO = {
+    20: "DROP TRIGGER job_labels_insert; DROP TRIGGER job_labels_delete; DROP TABLE job_labels",
     19: "DROP INDEX jobs_tenant",
     18: "DROP TRIGGER attempts_ended_charge; DROP TABLE tenants; "
         "DROP INDEX jobs_tenant_ready; DROP INDEX jobs_tenant_affinity; DROP INDEX jobs_tenant_running; "
