@@ -74,12 +74,20 @@ UNDO_V12 = "ALTER TABLE jobs DROP COLUMN staged_at, DROP COLUMN staged_in, DROP 
 """The storing state's columns (and with them their index) taken away: a database as v11 left it."""
 
 
+def _undo_steps_since(url: str, first: int) -> None:
+    """Every schema step from ``first`` on taken away, newest first (the tests of older databases begin so)."""
+    undo = {12: UNDO_V12, 13: UNDO_V13, 14: UNDO_V14, 15: UNDO_V15, 16: UNDO_V16}
+    assert set(undo) == set(range(12, SCHEMA_VERSION + 1)), "a new schema step needs its undo here"
+    for step in range(SCHEMA_VERSION, first - 1, -1):
+        _sql(url, undo[step])
+
+
 def test_v16_indexes_the_labels_of_the_jobs_already_there_and_prune_removes_them(pg_url: str) -> None:  # noqa: F811
     """A v15 database opened by this comfysup: every job's string labels fill job_labels; a pruned job's go."""
     q = PostgresQueue(pg_url)
     q.intake.submit([make_job(n, meta={"run": "r7" if n % 2 else "r1", "n": n}) for n in range(4)], now=T0)
     q.close()
-    _sql(pg_url, UNDO_V16)
+    _undo_steps_since(pg_url, 16)
     _sql(pg_url, "DELETE FROM schema_version WHERE version >= 16")
     q = PostgresQueue(pg_url)
     try:
@@ -99,11 +107,7 @@ def test_v12_adds_the_storing_columns_and_keeps_the_jobs(pg_url: str) -> None:  
     q = PostgresQueue(pg_url)
     q.intake.submit([make_job(1)], now=T0)
     q.close()
-    _sql(pg_url, UNDO_V16)
-    _sql(pg_url, UNDO_V15)
-    _sql(pg_url, UNDO_V14)
-    _sql(pg_url, UNDO_V13)
-    _sql(pg_url, UNDO_V12)
+    _undo_steps_since(pg_url, 12)
     _sql(pg_url, "DELETE FROM schema_version WHERE version >= 12")
     q = PostgresQueue(pg_url)
     try:
@@ -123,13 +127,9 @@ def test_v9_adds_the_api_registry_and_keeps_the_jobs(pg_url: str) -> None:  # no
     q = PostgresQueue(pg_url)
     q.intake.submit([make_job(1)], now=T0)
     q.close()
-    _sql(pg_url, UNDO_V16)
-    _sql(pg_url, UNDO_V15)
-    _sql(pg_url, UNDO_V14)
-    _sql(pg_url, UNDO_V13)
+    _undo_steps_since(pg_url, 12)
     _sql(pg_url, "DROP TABLE api_endpoints, output_assets, job_previews")  # back to v8 (v10 and v11 undone first)
     _sql(pg_url, "ALTER TABLE jobs DROP COLUMN waiting_since")
-    _sql(pg_url, UNDO_V12)
     _sql(pg_url, "DELETE FROM schema_version WHERE version >= 9")
     q = PostgresQueue(pg_url)
     try:
@@ -150,13 +150,9 @@ def test_v10_adds_when_a_running_job_began_to_wait_and_keeps_the_jobs(pg_url: st
     running = q.leases.claim("host-a/1/gpu0/t", "gpu0", 30, now=T0)
     assert running is not None
     q.close()
-    _sql(pg_url, UNDO_V16)
-    _sql(pg_url, UNDO_V15)
-    _sql(pg_url, UNDO_V14)
-    _sql(pg_url, UNDO_V13)
+    _undo_steps_since(pg_url, 12)
     _sql(pg_url, "DROP TABLE output_assets, job_previews")  # back to v9 (v11 undone first)
     _sql(pg_url, "ALTER TABLE jobs DROP COLUMN waiting_since")
-    _sql(pg_url, UNDO_V12)
     _sql(pg_url, "DELETE FROM schema_version WHERE version >= 10")
     q = PostgresQueue(pg_url)
     try:
@@ -176,13 +172,9 @@ def test_v11_gives_outputs_asset_ids_and_keeps_earlier_outputs(pg_url: str) -> N
     q.intake.submit([make_job(1), make_job(2)], now=T0)
     q.leases.complete(q.leases.claim("r", "gpu0", 30, now=T0), [Output("a.png", 1, "00")], now=T0 + 1)
     q.close()
-    _sql(pg_url, UNDO_V16)
-    _sql(pg_url, UNDO_V15)
-    _sql(pg_url, UNDO_V14)
-    _sql(pg_url, UNDO_V13)
+    _undo_steps_since(pg_url, 12)
     _sql(pg_url, "DROP TABLE output_assets, job_previews")  # back to v10, its done job as v10 wrote it
     _sql(pg_url, "UPDATE jobs SET outputs = '[{\"name\": \"a.png\", \"size\": 1, \"sha256\": \"00\"}]'")
-    _sql(pg_url, UNDO_V12)
     _sql(pg_url, "DELETE FROM schema_version WHERE version >= 11")
     q = PostgresQueue(pg_url)
     try:
