@@ -195,10 +195,11 @@ def test_h2_prompts_stuck_after_interrupt_restart_their_server(tmp_path: Path, c
 
 @pytest.mark.timeout(120)
 def test_r1_consumer_killed_between_commit_and_ack(tmp_path: Path, chaos_seed: int) -> None:
-    report = scenarios.r1_consumer_killed_before_ack(tmp_path, chaos_seed, jobs=48, prefetch=2, rate=0.7)
+    report = scenarios.r1_consumer_killed_before_ack(tmp_path, chaos_seed, jobs=24, prefetch=2, rate=0.7)
     verdict(report)  # every published job done exactly once, every end announced, none lost
-    assert report.figures["consumer_kills"] >= 24, "fewer than twenty-four kills between commit and ack"
-    assert report.states["done"] == report.jobs == 48
+    # 0.7 of 24 messages expected, at least 10 asked: a row killed far less often tests nothing
+    assert report.figures["consumer_kills"] >= 10, "fewer than ten kills between commit and ack"
+    assert report.states["done"] == report.jobs == 24
 
 
 @pytest.mark.timeout(120)
