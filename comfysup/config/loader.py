@@ -8,7 +8,6 @@ comfysup.config.checks.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 import tomllib
@@ -22,6 +21,7 @@ from urllib.parse import urlparse
 from comfysup.config.checks import check
 from comfysup.config.models import read_models
 from comfysup.config.schema import SECTIONS, Config, ServerConfig
+from comfysup.config.sections import fields
 from comfysup.config.tenants import read_tenants
 from comfysup.errors import ConfigError
 
@@ -204,7 +204,7 @@ def _env_key(name: str) -> tuple[str, str]:
 
 def _key_types(cls: type) -> dict[str, Any]:
     """A section's keys and their types (evaluated in comfysup.config.schema, so read as they are)."""
-    return {f.name: f.type for f in dataclasses.fields(cls)}
+    return {f.name: f.type for f in fields(cls)}
 
 
 def _field_type(section: str, key: str, where: str) -> Any:

@@ -1,0 +1,49 @@
+"""comfysup.config.sections: a section is a frozen record of its keys, compared, hashed and copied by value, and
+its keys (with their types, defaults and checks) are read back in the order they are declared.
+
+No ``from __future__ import annotations`` here: a section's annotations are types, as in comfysup.config.schema.
+"""
+
+import pickle
+from typing import ClassVar
+
+import pytest
+
+from comfysup.config import QueueConfig, ServerConfig
+from comfysup.config.sections import Section, fields, replace, setting, values
+
+
+def test_keys_are_read_in_order_with_their_types_defaults_and_checks() -> None:
+    def positive(value: float) -> str | None:
+        return None if value > 0 else "must be more than 0"
+
+    class Sample(Section):
+        name: str
+        weight: float = setting(1.0, positive)
+        tags: tuple[str, ...] = ()
+        RULES: ClassVar[tuple[str, ...]] = ("not a key",)
+
+    assert [(k.name, k.type, k.checks) for k in fields(Sample)] == [
+        ("name", str, ()), ("weight", float, (positive,)), ("tags", tuple[str, ...], ())]
+    assert Sample.weight == 1.0  # the class attribute is the default, not what ``setting`` left
+    assert values(Sample("a")) == {"name": "a", "weight": 1.0, "tags": ()}
+    with pytest.raises(TypeError, match="needs 'name'"):
+        Sample()
+    with pytest.raises(TypeError, match="'RULES'"):
+        Sample(name="a", RULES=())
+    with pytest.raises(TypeError, match="'name'"):
+        Sample("a", name="b")
+    with pytest.raises(TypeError, match="read as types"):
+        type("Postponed", (Section,), {"__annotations__": {"name": "str"}})
+
+
+def test_a_section_is_frozen_and_compared_hashed_copied_and_pickled_by_value() -> None:
+    queue = QueueConfig(path="q.db")
+    with pytest.raises(AttributeError, match="frozen"):
+        queue.path = "other.db"  # type: ignore[misc]
+    assert queue == QueueConfig("q.db") and hash(queue) == hash(QueueConfig("q.db"))
+    assert queue != QueueConfig() and queue != ServerConfig("q.db", "http://x")
+    changed = replace(queue, busy_timeout_seconds=5.0)
+    assert (changed.path, changed.busy_timeout_seconds, queue.busy_timeout_seconds) == ("q.db", 5.0, 30.0)
+    assert pickle.loads(pickle.dumps(changed)) == changed
+    assert repr(ServerConfig("a", "http://x")) == "ServerConfig(name='a', url='http://x', output_dir='')"
