@@ -15,9 +15,9 @@ from typing import Any
 import tomli_w
 
 from comfysup.config import SECTIONS, Config, build_config
-from comfysup.config.sections import values as values_of
 from comfysup.errors import UsageError
 from comfysup.gpus import discover
+from comfysup.records import values as values_of
 
 DOCS: dict[str, dict[str, str]] = {
     "queue": {

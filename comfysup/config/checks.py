@@ -14,8 +14,9 @@ import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from comfysup.config.sections import fields, is_section
+from comfysup.config.sections import is_section
 from comfysup.errors import ConfigError
+from comfysup.records import fields
 
 if TYPE_CHECKING:
     from comfysup.config.schema import Config

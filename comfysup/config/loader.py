@@ -21,9 +21,9 @@ from urllib.parse import urlparse
 from comfysup.config.checks import check
 from comfysup.config.models import read_models
 from comfysup.config.schema import SECTIONS, Config, ServerConfig
-from comfysup.config.sections import fields
 from comfysup.config.tenants import read_tenants
 from comfysup.errors import ConfigError
+from comfysup.records import fields
 
 DEFAULT_PATHS = (Path("config.toml"), Path("/etc/comfysup/config.toml"))
 """Where a config is looked for when none is named: see ``config_paths`` (the user's own folder sits between)."""

@@ -301,7 +301,7 @@ def test_no_number_of_the_config_may_be_negative_even_without_a_rule_of_its_own(
     """The last check of every config: a key whose own rule was forgotten is still never negative."""
     from comfysup.config.checks import no_negative_numbers
     from comfysup.config.schema import Config
-    from comfysup.config.sections import replace
+    from comfysup.records import replace
 
     config = Config()
     no_negative_numbers(config)
@@ -313,7 +313,7 @@ def test_no_number_of_the_config_may_be_negative_even_without_a_rule_of_its_own(
 def test_every_rule_of_a_section_names_one_of_its_keys() -> None:
     """A section's RULES (keys that must agree with other keys) report on a key of that section."""
     from comfysup.config import SECTIONS
-    from comfysup.config.sections import fields
+    from comfysup.records import fields
 
     for name, cls in SECTIONS.items():
         keys = {f.name for f in fields(cls)}

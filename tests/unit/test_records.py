@@ -1,5 +1,5 @@
-"""comfysup.config.sections: a section is a frozen record of its keys, compared, hashed and copied by value, and
-its keys (with their types, defaults and checks) are read back in the order they are declared.
+"""comfysup.records and comfysup.config.sections: a record (a config section among them) is frozen, compared,
+hashed and copied by value, and its keys (with their types, defaults and checks) are read back in their order.
 
 No ``from __future__ import annotations`` here: a section's annotations are types, as in comfysup.config.schema.
 """
@@ -10,7 +10,8 @@ from typing import ClassVar
 import pytest
 
 from comfysup.config import QueueConfig, ServerConfig
-from comfysup.config.sections import Section, fields, replace, setting, values
+from comfysup.config.sections import Section, setting
+from comfysup.records import Record, fields, new, replace, values
 
 
 def test_keys_are_read_in_order_with_their_types_defaults_and_checks() -> None:
@@ -35,6 +36,16 @@ def test_keys_are_read_in_order_with_their_types_defaults_and_checks() -> None:
         Sample("a", name="b")
     with pytest.raises(TypeError, match="read as types"):
         type("Postponed", (Section,), {"__annotations__": {"name": "str"}})
+
+
+def test_a_key_with_a_factory_gets_a_fresh_value_in_each_record() -> None:
+    class Job(Record):
+        id: str
+        meta: dict[str, str] = new(dict)
+
+    first, second = Job("a"), Job("b")
+    assert first.meta == {} and first.meta is not second.meta and not hasattr(Job, "meta")
+    assert replace(first, meta={"k": "v"}).meta == {"k": "v"} and first.meta == {}
 
 
 def test_a_section_is_frozen_and_compared_hashed_copied_and_pickled_by_value() -> None:
