@@ -1,6 +1,6 @@
 """`comfysup status` and `comfysup submit` import only the parts of comfysup, and the libraries, that their work
-needs: neither reaches into the runner, the supervisor or the metrics, and neither loads an HTTP client for a job
-that fetches nothing. How fast they start is measured by bench/startup.py, not here."""
+needs: neither reaches into the runner, the supervisor or the metrics, neither loads an HTTP client for a job
+that fetches nothing, and neither imports dataclasses. How fast they start is measured by bench/startup.py, not here."""
 
 from __future__ import annotations
 
@@ -22,7 +22,9 @@ RUN = ("import atexit, sys\n"
        "from comfysup.cli import main\n"
        "raise SystemExit(main(sys.argv[1:]))\n")
 # An input from elsewhere (comfysup.jobs.fetch) is the one part of a submit that speaks HTTP (urllib3, requests).
-NOT_ON_EITHER = ("comfysup.jobs.fetch", "requests", "urllib3", "websocket", "prometheus_client", "comfysup.runner")
+# The records both define are comfysup.records' (no dataclasses, which generates code and imports inspect).
+NOT_ON_EITHER = ("comfysup.jobs.fetch", "requests", "urllib3", "websocket", "prometheus_client", "comfysup.runner",
+                 "dataclasses", "inspect")
 NOT_FOR_STATUS = ("comfysup.jobs", *NOT_ON_EITHER)
 NOT_FOR_SUBMIT = ("comfysup.supervisor", *NOT_ON_EITHER)
 
