@@ -4,10 +4,9 @@ Immutable records (named tuples, and records of comfysup.records where callers c
 per thing a caller holds: a job to submit and its input files, a claim, a job's
 record with its attempts and outputs, what status, metrics, webhooks and the machine registry read. The
 backends build them from rows (comfysup.queue.records). Those that a plain submit or status never makes are in
-comfysup.queue.run_values, re-exported here.
+comfysup.queue.run_values, re-exported here. The annotations are evaluated, as there (typing.NamedTuple compiles
+each postponed one).
 """
-
-from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any, NamedTuple
