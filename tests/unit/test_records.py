@@ -58,3 +58,10 @@ def test_a_section_is_frozen_and_compared_hashed_copied_and_pickled_by_value() -
     assert (changed.path, changed.busy_timeout_seconds, queue.busy_timeout_seconds) == ("q.db", 5.0, 30.0)
     assert pickle.loads(pickle.dumps(changed)) == changed
     assert repr(ServerConfig("a", "http://x")) == "ServerConfig(name='a', url='http://x', output_dir='')"
+
+
+def test_a_record_of_a_module_with_postponed_annotations_reads_its_keys_and_class_attributes() -> None:
+    postponed = type("Postponed", (Record,), {"__annotations__": {"LIMIT": "ClassVar[int]", "name": "str",
+                                                                  "size": "int"}, "LIMIT": 3, "size": 0})
+    assert [(k.name, k.type) for k in fields(postponed)] == [("name", "str"), ("size", "int")]
+    assert postponed.LIMIT == 3 and values(postponed("a")) == {"name": "a", "size": 0}
