@@ -11,11 +11,11 @@ import contextlib
 import json
 import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from comfysup.config import Config
+from comfysup.records import Record
 
 
 def pid_exists(pid: int) -> bool:
@@ -150,8 +150,7 @@ def read_broker_state(config: Config) -> dict[str, Any] | None:
     return data
 
 
-@dataclass(frozen=True)
-class Readiness:
+class Readiness(Record):
     """GET /ready's answer (the API's and the status server's): whether a load balancer should send work here."""
 
     ready: bool

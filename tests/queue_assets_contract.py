@@ -4,14 +4,13 @@ them, the servers' copies recorded, and prune removing what no job references.""
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from comfysup import assets
+from comfysup import assets, records
 from comfysup.errors import QueueError
 from comfysup.queue.base import NewAsset, Queue
 
@@ -33,7 +32,7 @@ class AssetsContract:
 
         data = bytes(range(256)) * 40_000  # 10 MB: more than one chunk in the database
         cat = asset_file(tmp_path, data)
-        jobs = [dataclasses.replace(make_job(n), assets=(cat,)) for n in range(30)]
+        jobs = [records.replace(make_job(n), assets=(cat,)) for n in range(30)]
         assert q.intake.submit(jobs, now=T0).inserted == 30
         assert self.count(q, "assets") == 1
         assert self.count(q, "job_assets") == 30
@@ -46,16 +45,16 @@ class AssetsContract:
 
         missing = NewAsset(assets.hash_bytes(b"never stored"), 12, "x.png")
         with pytest.raises(QueueError, match="not in the asset store"):
-            q.intake.submit([make_job(1), dataclasses.replace(make_job(2), assets=(missing,))], now=T0)
+            q.intake.submit([make_job(1), records.replace(make_job(2), assets=(missing,))], now=T0)
         assert q.reads.states([make_job(1).id]) == {}
 
     def test_a_reference_to_a_stored_asset_is_accepted(self, q: Any, tmp_path: Path) -> None:
         from tests.queue_contract import make_job
 
         cat = asset_file(tmp_path, b"PNG bytes")
-        q.intake.submit([dataclasses.replace(make_job(1), assets=(cat,))], now=T0)
+        q.intake.submit([records.replace(make_job(1), assets=(cat,))], now=T0)
         ref = NewAsset(cat.hash, cat.size, "cat.png")
-        assert q.intake.submit([dataclasses.replace(make_job(2), assets=(ref,))], now=T0).inserted == 1
+        assert q.intake.submit([records.replace(make_job(2), assets=(ref,))], now=T0).inserted == 1
         assert self.count(q, "job_assets") == 2
 
     def test_servers_copies_are_recorded_and_counted(self, q: Any, tmp_path: Path) -> None:
@@ -72,8 +71,8 @@ class AssetsContract:
         from tests.queue_contract import make_job
 
         kept, gone = asset_file(tmp_path, b"kept", "a.png"), asset_file(tmp_path, b"gone!", "b.png")
-        q.intake.submit([dataclasses.replace(make_job(1), assets=(kept,)),
-                         dataclasses.replace(make_job(2), assets=(gone,))], now=T0)
+        q.intake.submit([records.replace(make_job(1), assets=(kept,)),
+                         records.replace(make_job(2), assets=(gone,))], now=T0)
         q.intake.cancel([make_job(2).id], now=T0 + 1)
         assert q.assets.prune_assets() == (0, 0)  # job 2 has ended but is still in the queue
         q.intake.prune(T0 + 10)
@@ -170,7 +169,7 @@ class AssetsContract:
         kept, _ = q.assets.add_api_asset(fresh, "image/png", 3600.0, now=T0)
         gone, _ = q.assets.add_api_asset(old, "image/png", 10.0, now=T0)
         referenced, _ = q.assets.add_api_asset(used, "image/png", 10.0, now=T0)
-        q.intake.submit([dataclasses.replace(make_job(1), assets=(NewAsset(used.hash, used.size, "c.png"),))],
+        q.intake.submit([records.replace(make_job(1), assets=(NewAsset(used.hash, used.size, "c.png"),))],
                         now=T0 + 1)
         assert q.assets.prune_assets(now=T0 + 5) == (0, 0)
         assert q.assets.prune_assets(now=T0 + 60) == (1, 4)
@@ -186,7 +185,7 @@ class AssetsContract:
         lone, shared = asset_file(tmp_path, b"lone", "a.png"), asset_file(tmp_path, b"shared", "b.png")
         a, _ = q.assets.add_api_asset(lone, "image/png", 3600.0, now=T0)
         b, _ = q.assets.add_api_asset(shared, "image/png", 3600.0, now=T0)
-        q.intake.submit([dataclasses.replace(make_job(1), assets=(NewAsset(shared.hash, shared.size, "b.png"),))],
+        q.intake.submit([records.replace(make_job(1), assets=(NewAsset(shared.hash, shared.size, "b.png"),))],
                         now=T0)
         assert q.assets.delete_api_asset(a.id) and q.assets.delete_api_asset(b.id)
         assert not q.assets.delete_api_asset(a.id)

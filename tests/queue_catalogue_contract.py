@@ -4,9 +4,9 @@ passes over a job the claiming server's catalogue refused."""
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
+from comfysup import records
 from comfysup.queue.base import Queue
 
 T0 = 1_700_000_000.0
@@ -41,7 +41,7 @@ class CatalogueContract:
 
         a = q.fleet.record_catalogue("gpu0", "host1", CAT_A, now=T0)
         b = q.fleet.record_catalogue("gpu1", "host1", CAT_B, now=T0)
-        first = dataclasses.replace(make_job(1, priority=5), refused=((a, "node 1 (FooNode) is not installed"),))
+        first = records.replace(make_job(1, priority=5), refused=((a, "node 1 (FooNode) is not installed"),))
         q.intake.submit([first, make_job(2)], now=T0)
         claim = q.leases.claim("runner-a", "gpu0", LEASE, now=T0, catalogue=a)
         assert claim is not None and claim.id == make_job(2).id
@@ -54,7 +54,7 @@ class CatalogueContract:
         from tests.queue_contract import model_job
 
         a = q.fleet.record_catalogue("gpu0", "host1", CAT_A, now=T0)
-        refused = dataclasses.replace(model_job(1, "x.safetensors"), refused=((a, "no x"),))
+        refused = records.replace(model_job(1, "x.safetensors"), refused=((a, "no x"),))
         q.intake.submit([refused, model_job(2, "y.safetensors")], now=T0)
         claim = q.leases.claim("runner-a", "gpu0", LEASE, now=T0, prefer_model="x.safetensors", max_wait_seconds=30,
                         catalogue=a)
@@ -80,7 +80,7 @@ class CatalogueContract:
 
         a = q.fleet.record_catalogue("gpu0", "host1", CAT_A, now=T0)
         b = q.fleet.record_catalogue("gpu1", "host1", CAT_B, now=T0)
-        q.intake.submit([dataclasses.replace(make_job(1), refused=((b, "class 'X' is not installed"),))], now=T0)
+        q.intake.submit([records.replace(make_job(1), refused=((b, "class 'X' is not installed"),))], now=T0)
         claim = q.leases.claim("runner-a", "gpu0", LEASE, now=T0, catalogue=a)
         assert claim is not None
         assert q.fleet.refuse(claim, a, "class 'X' is not installed", now=T0) is True
@@ -96,7 +96,7 @@ class CatalogueContract:
 
         a = q.fleet.record_catalogue("gpu0", "host1", CAT_A, now=T0)
         q.fleet.record_catalogue("gpu1", "host1", CAT_B, now=T0)
-        stranded = dataclasses.replace(make_job(1, callback_url="http://hooks.example/1"),
+        stranded = records.replace(make_job(1, callback_url="http://hooks.example/1"),
                                        refused=((a, "class 'FooNode' is not installed"),))
         q.intake.submit([stranded, make_job(2)], now=T0)
         assert q.reads.get(stranded.id).state == "queued"
@@ -110,7 +110,7 @@ class CatalogueContract:
         from tests.queue_contract import make_job
 
         a = q.fleet.record_catalogue("gpu0", "host1", CAT_A, now=T0)
-        job = dataclasses.replace(make_job(1), refused=((a, "no"),))
+        job = records.replace(make_job(1), refused=((a, "no"),))
         q.intake.submit([job], now=T0)
         assert q.intake.submit([job], now=T0 + 1).existing == 1
         assert self.count(q, "job_refusals") == 1

@@ -7,7 +7,6 @@ leases and retry delays are tested without sleeping.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import itertools
 import json
@@ -19,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from comfysup import records
 from comfysup.errors import LeaseLost, NotFound
 from comfysup.queue.base import Claim, JobPulse, NewJob, Output, Queue, SubmitConflict
 from comfysup.workflows import model_key
@@ -436,9 +436,9 @@ class QueueContract(CatalogueContract, AssetsContract, StoringContract, SearchCo
         instead: one that only the refusing server could take is not ahead of it."""
         a = q.fleet.record_catalogue("gpu0", "host1", {"A": {}}, now=T0)
         b = q.fleet.record_catalogue("gpu1", "host1", {"B": {}}, now=T0)
-        only_a = dataclasses.replace(make_job(1), refused=((b, "no B"),))
+        only_a = records.replace(make_job(1), refused=((b, "no B"),))
         anywhere = make_job(2)
-        only_b = dataclasses.replace(make_job(3), refused=((a, "no A"),))
+        only_b = records.replace(make_job(3), refused=((a, "no A"),))
         self.submit(q, only_a, anywhere, only_b)
         assert q.reads.queue_position(only_b.id) == 2  # behind the job any server runs, not the one only gpu0 can
         assert q.reads.queue_position(only_a.id) == 1

@@ -3,10 +3,9 @@ that never repeat or skip a job, and the counts a bulk action confirms."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
+from comfysup import records
 from comfysup.queue.base import Queue
 from comfysup.queue.search import JobPage, JobSearch, SearchError
 
@@ -20,7 +19,7 @@ class SearchContract:
         """Twelve jobs a second apart: odd ones of workflow ``odd`` labelled team=b, three of them dead."""
         from tests.queue_contract import make_job
 
-        jobs = [dataclasses.replace(make_job(n, meta={"team": "b" if n % 2 else "a", "n": n}),
+        jobs = [records.replace(make_job(n, meta={"team": "b" if n % 2 else "a", "n": n}),
                                     workflow_name="odd" if n % 2 else "even") for n in range(12)]
         for n, job in enumerate(jobs):
             assert q.intake.submit([job], now=T0 + n).inserted == 1
@@ -35,7 +34,7 @@ class SearchContract:
         out: list[str] = []
         cursor = None
         while True:
-            page = q.search.search(dataclasses.replace(search, after=cursor, limit=2))
+            page = q.search.search(records.replace(search, after=cursor, limit=2))
             out += [r.id for r in page.rows]
             cursor = page.cursor
             if cursor is None:
@@ -58,14 +57,14 @@ class SearchContract:
     def test_a_row_names_its_jobs_tenant(self, q: Queue) -> None:
         from tests.queue_contract import make_job
 
-        q.intake.submit([dataclasses.replace(make_job(1), tenant="acme"), make_job(2)], now=T0)
+        q.intake.submit([records.replace(make_job(1), tenant="acme"), make_job(2)], now=T0)
         assert {r.id: r.tenant for r in q.search.search(JobSearch()).rows} == {make_job(1).id: "acme",
                                                                                 make_job(2).id: "default"}
 
     def test_a_tenants_search_pages_through_its_jobs_only(self, q: Queue) -> None:
         from tests.queue_contract import make_job
 
-        jobs = [dataclasses.replace(make_job(n), tenant="acme" if n % 3 else "default") for n in range(10)]
+        jobs = [records.replace(make_job(n), tenant="acme" if n % 3 else "default") for n in range(10)]
         for n, job in enumerate(jobs):
             q.intake.submit([job], now=T0 + n)
         acme = [j.id for j in jobs if j.tenant == "acme"]

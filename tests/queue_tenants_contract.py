@@ -4,11 +4,11 @@ inside the tenant chosen, and max_queued refusing a submit whole."""
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import pytest
 
+from comfysup import records
 from comfysup.queue.base import Output, Queue
 from comfysup.queue.tenants import TenantFull, TenantLimits
 from comfysup.workflows import model_key
@@ -21,7 +21,7 @@ def jobs_of(tenant: str, first: int, n: int, *, model: str | None = None) -> lis
     from tests.queue_contract import make_job, model_job
 
     made = [make_job(first + i) if model is None else model_job(first + i, model) for i in range(n)]
-    return [dataclasses.replace(j, tenant=tenant) for j in made]
+    return [records.replace(j, tenant=tenant) for j in made]
 
 
 def run(q: Queue, owner: str, seconds: float, at: float) -> str:
@@ -61,8 +61,8 @@ class TenantsContract:
     def test_inside_a_tenant_priority_then_age(self, q: Queue) -> None:
         from tests.queue_contract import make_job
 
-        q.intake.submit([dataclasses.replace(make_job(1), tenant="a"),
-                         dataclasses.replace(make_job(2, priority=5), tenant="a")], now=T0)
+        q.intake.submit([records.replace(make_job(1), tenant="a"),
+                         records.replace(make_job(2, priority=5), tenant="a")], now=T0)
         assert q.leases.claim("r", "gpu0", LEASE, now=T0).id == make_job(2).id
 
     def test_a_tenant_alone_gets_every_slot(self, q: Queue) -> None:

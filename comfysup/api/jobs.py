@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import dataclasses
 import functools
 import time
 import uuid
@@ -29,6 +28,7 @@ from comfysup.jobs.inputs import InputFiles
 from comfysup.queue.assets import AssetMissing
 from comfysup.queue.base import SubmitConflict
 from comfysup.queue.tenants import TenantFull, tenant_of
+from comfysup.records import replace
 
 LIST_LIMIT = 50
 MAX_LIST_LIMIT = 500
@@ -86,7 +86,7 @@ def _submit(state: State, body: Any, key: str | None, who: str, origin: str, fet
     ``idempotency_key_reuse`` naming it (``details.job_id``), so a retry after a lost answer never makes a second
     job and can still find the first (docs/reliability.md)."""
     job = state.intake.job(body, key, state.catalogues(), functools.partial(state.inputs, who=who), fetched)
-    job = dataclasses.replace(job, id=_job_id_of(key, who) if key is not None else job.id, tenant=tenant_of(who))
+    job = replace(job, id=_job_id_of(key, who) if key is not None else job.id, tenant=tenant_of(who))
     if key is not None and _known(state, job.id):
         raise _reused(job.id)
     bound = state.config.api.max_queued

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import replace
 from typing import Any, TypeVar
 
 from comfysup.config.tenants import TENANT_NAME
 from comfysup.jobs import JobLineError, NewJob
 from comfysup.queue.base import Queue, SubmitConflict
 from comfysup.queue.tenants import TenantFull, tenant_of
+from comfysup.records import replace
 
 M = TypeVar("M")
 

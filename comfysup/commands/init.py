@@ -7,7 +7,6 @@ reference for every key (the example config.toml at the top of the repository is
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -18,6 +17,7 @@ import tomli_w
 from comfysup.config import SECTIONS, Config, build_config
 from comfysup.errors import UsageError
 from comfysup.gpus import discover
+from comfysup.records import values as values_of
 
 DOCS: dict[str, dict[str, str]] = {
     "queue": {
@@ -224,7 +224,7 @@ def render(config: Config, header: str = "") -> str:
     for section in SECTIONS:
         out.append(f"# {DOCS[section]['']}")
         out.append(f"[{section}]")
-        values = dataclasses.asdict(getattr(config, section))
+        values = values_of(getattr(config, section))
         for key, value in values.items():
             out.append(f"# {DOCS[section][key]}")
             out.append(tomli_w.dumps({key: _plain(value)}).strip())

@@ -12,7 +12,6 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +33,7 @@ from comfysup.queue.base import (
     Queue,
     SubmitConflict,
 )
+from comfysup.records import replace
 from comfysup.redact import bound
 
 WAIT_POLL_SECONDS = 0.5

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import field, fields, is_dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from comfysup.config.sections import is_section
 from comfysup.errors import ConfigError
+from comfysup.records import fields
 
 if TYPE_CHECKING:
     from comfysup.config.schema import Config
@@ -40,11 +41,6 @@ class Rule(NamedTuple):
 
     key: str
     check: Callable[[Config], Answer]
-
-
-def setting(default: Any, *checks: Check) -> Any:
-    """A key's default and its checks, in the order they are asked (the first that refuses is reported)."""
-    return field(default=default, metadata={"checks": checks})
 
 
 def positive(text: str) -> Check:
@@ -103,13 +99,13 @@ def check_keys(source: str, name: str, values: Any) -> None:
     """Every key's own checks of one section (or one ``[tenants.NAME]`` table), in their order."""
     for f in fields(values):
         value = getattr(values, f.name)
-        for key_check in f.metadata.get("checks", ()):
+        for key_check in f.checks:
             _refuse(source, name, f.name, value, key_check(value))
 
 
 def _sections(c: Config) -> list[tuple[str, Any]]:
     """The config's sections (``[queue]`` to ``[rabbitmq]``, not its [[servers]] or [[models]]) by name."""
-    return [(f.name, getattr(c, f.name)) for f in fields(c) if is_dataclass(getattr(c, f.name))]
+    return [(f.name, getattr(c, f.name)) for f in fields(c) if is_section(getattr(c, f.name))]
 
 
 def _refuse(source: str, section: str, key: str, value: Any, answer: Answer) -> None:

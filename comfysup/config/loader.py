@@ -8,7 +8,6 @@ comfysup.config.checks.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 import tomllib
@@ -24,6 +23,7 @@ from comfysup.config.models import read_models
 from comfysup.config.schema import SECTIONS, Config, ServerConfig
 from comfysup.config.tenants import read_tenants
 from comfysup.errors import ConfigError
+from comfysup.records import fields
 
 DEFAULT_PATHS = (Path("config.toml"), Path("/etc/comfysup/config.toml"))
 """Where a config is looked for when none is named: see ``config_paths`` (the user's own folder sits between)."""
@@ -204,7 +204,7 @@ def _env_key(name: str) -> tuple[str, str]:
 
 def _key_types(cls: type) -> dict[str, Any]:
     """A section's keys and their types (evaluated in comfysup.config.schema, so read as they are)."""
-    return {f.name: f.type for f in dataclasses.fields(cls)}
+    return {f.name: f.type for f in fields(cls)}
 
 
 def _field_type(section: str, key: str, where: str) -> Any:

@@ -1,12 +1,12 @@
-"""The settings' schema: every section of config.toml as a frozen dataclass, every key with its type, its default,
+"""The settings' schema: every section of config.toml as a frozen record (comfysup.config.sections), every key with
+its type, its default,
 its checks and a docstring saying what it does. This is the only place a default or a key's check is written;
 comfysup.config.loader reads the file, the environment and the flags into these classes, and
 comfysup.config.checks asks each key's checks (``setting``) and each section's ``RULES``, the checks of keys that
 must agree with other keys (comfysup.config.rules). The annotations are evaluated here (no ``from __future__
-import annotations``): the loader reads each key's type from its dataclass field as it is.
+import annotations``): the loader reads each key's type from its ``Key`` as it is.
 """
 
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
@@ -21,13 +21,12 @@ from comfysup.config.checks import (
     hex_sha256,
     positive,
     seconds_greater_than_zero,
-    setting,
     zero_or_more,
 )
+from comfysup.config.sections import Section, setting
 
 
-@dataclass(frozen=True)
-class QueueConfig:
+class QueueConfig(Section):
     """[queue]: the SQLite file (``path``) or PostgreSQL database (``url``) that holds the jobs."""
 
     path: str = "var/queue.db"
@@ -38,8 +37,7 @@ class QueueConfig:
     RULES: ClassVar[tuple[Rule, ...]] = (Rule("path", rules.path_or_url),)
 
 
-@dataclass(frozen=True)
-class StoreConfig:
+class StoreConfig(Section):
     """[store]: where the output files of done jobs are kept (a folder or a bucket) and how large they may be."""
 
     dir: str = "var/results"
@@ -91,8 +89,7 @@ class StoreConfig:
     RULES: ClassVar[tuple[Rule, ...]] = (Rule("upload_base_delay_seconds", rules.upload_delays),)
 
 
-@dataclass(frozen=True)
-class AssetsConfig:
+class AssetsConfig(Section):
     """[assets]: where the input files that jobs name are kept, once per content, and how large they may be."""
 
     dir: str = ""
@@ -118,8 +115,7 @@ class AssetsConfig:
     credentials are [store]'s (endpoint_url, region, profile, access keys). Empty: ``dir`` or the database."""
 
 
-@dataclass(frozen=True)
-class InputsConfig:
+class InputsConfig(Section):
     """Input files fetched at submit from elsewhere: ``{"url": "https://…"}`` and ``{"s3": "s3://bucket/key"}``
     (comfysup.jobs.fetch). Each is read once into the asset store, bounded by ``[assets] max_file_mb``."""
 
@@ -145,8 +141,7 @@ class InputsConfig:
     machine's credentials."""
 
 
-@dataclass(frozen=True)
-class ComfyUIConfig:
+class ComfyUIConfig(Section):
     """[comfyui]: the ComfyUI servers that ``comfysup run`` launches, one per GPU, and their model files."""
 
     main: str = "ComfyUI/main.py"
@@ -180,8 +175,7 @@ class ComfyUIConfig:
     RULES: ClassVar[tuple[Rule, ...]] = (Rule("listen", rules.comfyui_on_loopback),)
 
 
-@dataclass(frozen=True)
-class ServerConfig:
+class ServerConfig(Section):
     """One ``[[servers]]`` entry: a ComfyUI server that comfysup does not launch, by name and URL."""
 
     name: str
@@ -194,8 +188,7 @@ class ServerConfig:
     relative to the config file's folder, as every path of the config is."""
 
 
-@dataclass(frozen=True)
-class TenantConfig:
+class TenantConfig(Section):
     """One ``[tenants.NAME]`` table: a customer, team or app that shares the fleet (comfysup.queue.tenants). A job
     belongs to the tenant whose token submitted it through the API, or that its broker message names; else to
     ``default`` (which a ``[tenants.default]`` table may weigh and bound too)."""
@@ -215,8 +208,7 @@ class TenantConfig:
     its own jobs, assets and outputs only. Never the token itself: ``printf %s TOKEN | sha256sum``."""
 
 
-@dataclass(frozen=True)
-class ModelFile:
+class ModelFile(Section):
     """One ``[[models]]`` entry: a file every server comfysup launches sees in a ComfyUI model folder."""
 
     folder: str
@@ -232,8 +224,7 @@ class ModelFile:
     """Where the entry was written (``config.toml: [[models]] #2``), for messages."""
 
 
-@dataclass(frozen=True)
-class RunnerConfig:
+class RunnerConfig(Section):
     """[runner]: how each server's runner claims, retries and follows its jobs."""
 
     attempts: int = setting(4, at_least(1))
@@ -274,8 +265,7 @@ class RunnerConfig:
     )
 
 
-@dataclass(frozen=True)
-class SupervisorConfig:
+class SupervisorConfig(Section):
     """[supervisor]: how ``comfysup run`` watches, recycles and restarts its runners and servers."""
 
     runner_timeout_seconds: float = setting(45.0, greater_than_zero)
@@ -287,8 +277,7 @@ class SupervisorConfig:
     log_max_mb: int = setting(50, at_least(1))
 
 
-@dataclass(frozen=True)
-class MetricsConfig:
+class MetricsConfig(Section):
     """[metrics]: the /metrics endpoint and the status page."""
 
     listen: str = setting("127.0.0.1:9188", addresses.metrics_listen)
@@ -310,8 +299,7 @@ class MetricsConfig:
     RULES: ClassVar[tuple[Rule, ...]] = (Rule("listen", rules.metrics_on_loopback),)
 
 
-@dataclass(frozen=True)
-class WebhooksConfig:
+class WebhooksConfig(Section):
     """[webhooks]: where and how each terminal job's record is POSTed."""
 
     url: str = setting("", addresses.webhook_url)
@@ -332,8 +320,7 @@ class WebhooksConfig:
     )
 
 
-@dataclass(frozen=True)
-class ApiConfig:
+class ApiConfig(Section):
     """[api]: the Comfy API v2 that ``comfysup run`` and ``comfysup api`` serve."""
 
     listen: str = setting("127.0.0.1:9189", addresses.api_listen)
@@ -398,8 +385,7 @@ class ApiConfig:
     )
 
 
-@dataclass(frozen=True)
-class RabbitMQConfig:
+class RabbitMQConfig(Section):
     """[rabbitmq]: the broker that ``comfysup consume`` takes jobs from and publishes their records to."""
 
     url: str = setting("", addresses.amqp_url)
@@ -428,24 +414,23 @@ class RabbitMQConfig:
     """Reconnection waits random(0, min(this, 0.5 × 2^(n-1))) after the n-th failure in a row."""
 
 
-@dataclass(frozen=True)
-class Config:
+class Config(Section):
     """Every section of config.toml, with the file it came from."""
 
-    queue: QueueConfig = field(default_factory=QueueConfig)
-    store: StoreConfig = field(default_factory=StoreConfig)
-    assets: AssetsConfig = field(default_factory=AssetsConfig)
-    inputs: InputsConfig = field(default_factory=InputsConfig)
-    comfyui: ComfyUIConfig = field(default_factory=ComfyUIConfig)
+    queue: QueueConfig = QueueConfig()
+    store: StoreConfig = StoreConfig()
+    assets: AssetsConfig = AssetsConfig()
+    inputs: InputsConfig = InputsConfig()
+    comfyui: ComfyUIConfig = ComfyUIConfig()
     servers: tuple[ServerConfig, ...] = ()
     models: tuple[ModelFile, ...] = ()
     """The model manifest: ``[[models]]`` of the file and of ``[comfyui] models_manifest`` (comfysup.models)."""
-    runner: RunnerConfig = field(default_factory=RunnerConfig)
-    supervisor: SupervisorConfig = field(default_factory=SupervisorConfig)
-    metrics: MetricsConfig = field(default_factory=MetricsConfig)
-    webhooks: WebhooksConfig = field(default_factory=WebhooksConfig)
-    api: ApiConfig = field(default_factory=ApiConfig)
-    rabbitmq: RabbitMQConfig = field(default_factory=RabbitMQConfig)
+    runner: RunnerConfig = RunnerConfig()
+    supervisor: SupervisorConfig = SupervisorConfig()
+    metrics: MetricsConfig = MetricsConfig()
+    webhooks: WebhooksConfig = WebhooksConfig()
+    api: ApiConfig = ApiConfig()
+    rabbitmq: RabbitMQConfig = RabbitMQConfig()
     tenants: tuple[TenantConfig, ...] = ()
     """The ``[tenants.NAME]`` tables, by name."""
     source: str = "<defaults>"

@@ -3,7 +3,6 @@ checks, each name's spelling, and tokens that two tenants cannot share."""
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from typing import Any
 
@@ -47,6 +46,6 @@ def _tenant(name: str, entry: Any, source: str) -> TenantConfig:
             raise ConfigError(f"{where}: unknown key {key!r}; known keys: {', '.join(KINDS)}")
         if isinstance(value, bool) or not isinstance(value, KINDS[key]):
             raise ConfigError(f"{where} {key} = {value!r}: expected {SAYS[key]}")
-    tenant = dataclasses.replace(TenantConfig(**entry), name=name)
+    tenant = TenantConfig(**entry, name=name)
     check_keys(source, f"tenants.{name}", tenant)
     return tenant

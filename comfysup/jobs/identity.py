@@ -10,15 +10,17 @@ changed (a broker consumer cut between its commit and its ack) is the job alread
 
 from __future__ import annotations
 
+import hashlib
 import json
-import uuid
 from typing import Any
 
 from comfysup.jobs.inputs import remote_source
+from comfysup.jobs.values import hyphenated
 
 NAMESPACE = "7a1c0f3e-3b8e-5b6a-9d2e-63f0c0a5e1d4"
 """The namespace of the ids comfysup derives for lines that give none (uuid5)."""
-ID_NAMESPACE = uuid.UUID(NAMESPACE)
+ID_NAMESPACE = bytes.fromhex(NAMESPACE.replace("-", ""))
+"""The namespace's 16 bytes, as ``uuid5`` takes it."""
 
 
 def as_written(written: dict[str, Any], resolved: dict[str, Any]) -> dict[str, Any]:
@@ -36,7 +38,17 @@ def derived_id(line: dict[str, Any], params: dict[str, Any], workflow_hash: str)
     line whose workflow or input file changed is another job."""
     content = {k: v for k, v in line.items() if k not in ("id", "workflow", "set")}
     text = sorted_json({"workflow": workflow_hash, "set": params, **content})
-    return str(uuid.uuid5(ID_NAMESPACE, text))
+    return uuid5(ID_NAMESPACE, text)
+
+
+def uuid5(namespace: bytes, name: str) -> str:
+    """``str(uuid.uuid5(uuid.UUID(bytes=namespace), name))`` (RFC 4122's name-based UUID): the first 16 bytes of the
+    SHA-1 of the namespace and the name, with version 5 and the RFC's variant in their bits. From hashlib, not the
+    uuid module, which loads platform for the submit of every line that gives no id."""
+    digest = bytearray(hashlib.sha1(namespace + name.encode("utf-8"), usedforsecurity=False).digest()[:16])
+    digest[6] = (digest[6] & 0x0F) | 0x50
+    digest[8] = (digest[8] & 0x3F) | 0x80
+    return hyphenated(digest.hex())
 
 
 def sorted_json(value: dict[str, Any]) -> str:

@@ -28,7 +28,6 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
@@ -52,39 +51,38 @@ REMOTE_KEYS = frozenset({"url", "s3", "sha256", "blake3", "name"})
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
-@dataclass
 class InputFiles:
     """Resolves the file values of every line of one jobs file (relative to ``base_dir``)."""
 
-    base_dir: Path
-    roots: tuple[Path, ...] | None = None
-    """The folders an input file may come from (the first that has it); None: ``base_dir`` alone. Empty: none,
-    file inputs are refused (``where`` says why)."""
-    where: str = "the jobs file's folder"
-    """The roots as a person reads them, for messages."""
-    max_file_bytes: int = 100 * MIB
-    max_job_bytes: int = 512 * MIB
-    remote: InputsConfig = field(default_factory=InputsConfig)
-    """How ``url`` and ``s3`` inputs are fetched ([inputs])."""
-    s3_buckets: tuple[str, ...] | None = None
-    """The buckets an ``s3`` input may name; None: any the credentials reach (comfysup submit's own user)."""
-    progress: Progress | None = None
-    """Shown while an input downloads (comfysup submit on a terminal)."""
-    stored: Callable[[str], int | None] | None = None
-    """The asset store's size of a content by hash (None: not held): an input from elsewhere whose ``blake3`` the
-    store holds already is not fetched again (a file submitted again, a URL since gone)."""
-    stopping: threading.Event | None = None
-    """Set when the service stops (the API's): a download in flight ends at its next bytes."""
-    _seen: dict[tuple[str, int, int, int], NewAsset] = field(default_factory=dict)
-    _fetched: dict[str, Fetched | str] = field(default_factory=dict)
-    """By source: the fetched file, or why it could not be fetched."""
-    _staging: str | None = None
-    _staging_pid: int = 0
-    _fetcher: Fetcher | None = None
-
-    def __post_init__(self) -> None:
-        if self.roots is None:
-            self.roots = (self.base_dir,)
+    def __init__(self, base_dir: Path, roots: tuple[Path, ...] | None = None, where: str = "the jobs file's folder",
+                 max_file_bytes: int = 100 * MIB, max_job_bytes: int = 512 * MIB, remote: InputsConfig | None = None,
+                 s3_buckets: tuple[str, ...] | None = None, progress: Progress | None = None,
+                 stored: Callable[[str], int | None] | None = None, stopping: threading.Event | None = None) -> None:
+        self.base_dir = base_dir
+        self.roots: tuple[Path, ...] = (base_dir,) if roots is None else roots
+        """The folders an input file may come from (the first that has it); ``base_dir`` alone when none are given.
+        Empty: none, file inputs are refused (``where`` says why)."""
+        self.where = where
+        """The roots as a person reads them, for messages."""
+        self.max_file_bytes = max_file_bytes
+        self.max_job_bytes = max_job_bytes
+        self.remote = remote if remote is not None else InputsConfig()
+        """How ``url`` and ``s3`` inputs are fetched ([inputs])."""
+        self.s3_buckets = s3_buckets
+        """The buckets an ``s3`` input may name; None: any the credentials reach (comfysup submit's own user)."""
+        self.progress = progress
+        """Shown while an input downloads (comfysup submit on a terminal)."""
+        self.stored = stored
+        """The asset store's size of a content by hash (None: not held): an input from elsewhere whose ``blake3``
+        the store holds already is not fetched again (a file submitted again, a URL since gone)."""
+        self.stopping = stopping
+        """Set when the service stops (the API's): a download in flight ends at its next bytes."""
+        self._seen: dict[tuple[str, int, int, int], NewAsset] = {}
+        self._fetched: dict[str, Fetched | str] = {}
+        """By source: the fetched file, or why it could not be fetched."""
+        self._staging: str | None = None
+        self._staging_pid = 0
+        self._fetcher: Fetcher | None = None
 
     def resolve(self, params: dict[str, Any],
                 until: float | None = None) -> tuple[dict[str, Any], tuple[NewAsset, ...]]:

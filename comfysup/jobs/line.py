@@ -4,7 +4,6 @@ becomes once its workflow is applied and hashed (comfysup.jobs.JobsFile reads th
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from comfysup.config.tenants import TENANT_NAME
@@ -18,21 +17,25 @@ PRIORITY_RANGE = (-(2**63), 2**63 - 1)
 LINE_KEYS = frozenset({"id", "workflow", "set", "priority", "extra_data", "meta", "callback_url", "tenant"})
 
 
-@dataclass
 class Line:
     """One line's own fields, checked: its id (derived once its workflow is read, when it gives none), its ``set``
     resolved and as written (``named``, what the id and the spec hash take), the assets it names, and every
     problem found so far."""
 
-    fields: dict[str, Any]
-    job_id: str
-    priority: Any
-    params: dict[str, Any]
-    named: dict[str, Any]
-    found: tuple[Any, ...]
-    callback: str
-    reasons: list[str]
-    warnings: list[str] = field(default_factory=list)
+    __slots__ = ("callback", "fields", "found", "job_id", "named", "params", "priority", "reasons", "warnings")
+
+    def __init__(self, fields: dict[str, Any], job_id: str, priority: Any, params: dict[str, Any],
+                 named: dict[str, Any], found: tuple[Any, ...], callback: str, reasons: list[str],
+                 warnings: list[str] | None = None) -> None:
+        self.fields = fields
+        self.job_id = job_id
+        self.priority = priority
+        self.params = params
+        self.named = named
+        self.found = found
+        self.callback = callback
+        self.reasons = reasons
+        self.warnings: list[str] = [] if warnings is None else warnings
 
 
 class Made(NamedTuple):

@@ -6,7 +6,6 @@ import difflib
 import json
 import math
 import re
-import uuid
 from collections.abc import Iterable
 from typing import Any
 
@@ -20,7 +19,8 @@ then stays far from Python's recursion limit, and no workflow needs more than a 
 
 
 _CANONICAL_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
-"""Exactly the strings ``str(uuid.UUID(s)) == s`` accepts: checked first, uuid only to explain a refusal."""
+"""Exactly the strings ``str(uuid.UUID(s)) == s`` accepts."""
+NIL_UUID = "00000000-0000-0000-0000-000000000000"
 
 
 MAX_REASONS = 20
@@ -100,17 +100,30 @@ def canonical_id(value: Any) -> str:
     if isinstance(value, str) and _CANONICAL_UUID.fullmatch(value):
         return value
     if not isinstance(value, str):
-        raise JobLineError(f"id {value!r} is not a string; expected a lowercase hyphenated UUID like "
-                           f"{uuid.UUID(int=0)}")
-    try:
-        parsed = str(uuid.UUID(value))
-    except ValueError as exc:
+        raise JobLineError(f"id {value!r} is not a string; expected a lowercase hyphenated UUID like {NIL_UUID}")
+    parsed = uuid_form(value)
+    if parsed is None:
         raise JobLineError(f"id {value!r} is not a UUID; expected a lowercase hyphenated UUID "
-                           "(python -c 'import uuid; print(uuid.uuid4())')") from exc
-    if parsed != value:
-        raise JobLineError(f"id {value!r} is not in canonical form; write it as {parsed!r} (lowercase, "
-                           "hyphenated): ComfyUI uses it as the prompt id")
-    return value
+                           "(python -c 'import uuid; print(uuid.uuid4())')")
+    raise JobLineError(f"id {value!r} is not in canonical form; write it as {parsed!r} (lowercase, "
+                       "hyphenated): ComfyUI uses it as the prompt id")
+
+
+def uuid_form(text: str) -> str | None:
+    """``text`` read as uuid.UUID reads it (braces, ``urn:uuid:``, hyphens anywhere, either case) and written in
+    canonical form, as ``str(uuid.UUID(text))``; None where uuid.UUID would refuse it. The uuid module is not
+    imported for it: it loads platform, and every submit checks ids."""
+    digits = text.replace("urn:", "").replace("uuid:", "").strip("{}").replace("-", "")
+    try:
+        number = int(digits, 16) if len(digits) == 32 else -1
+    except ValueError:
+        return None
+    return None if number < 0 else hyphenated(f"{number:032x}")
+
+
+def hyphenated(hex32: str) -> str:
+    """32 lowercase hex digits as a UUID's text: 8-4-4-4-12."""
+    return f"{hex32[:8]}-{hex32[8:12]}-{hex32[12:16]}-{hex32[16:20]}-{hex32[20:]}"
 
 
 def _reject_constant(name: str) -> Any:

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from comfysup.queue.base import OutboxLevel, Queue, Status
 from comfysup.queue.values import TenantCount
+from comfysup.records import Record, new
 from comfysup.slotstate import staleness
 from comfysup.timefmt import age
 
@@ -26,8 +26,7 @@ WINDOW_SECONDS = 300.0
 """Jobs per minute are counted over the last five minutes."""
 
 
-@dataclass(frozen=True)
-class Overview:
+class Overview(Record):
     now: float
     status: Status
     finished: dict[str, int]
@@ -38,7 +37,7 @@ class Overview:
     """Why the supervisor's state should not be believed (None while it runs, or when there is none)."""
     announcements: int = 0
     """The broker outbox's backlog: ended jobs not yet announced to RabbitMQ."""
-    outboxes: dict[str, OutboxLevel] = field(default_factory=dict)
+    outboxes: dict[str, OutboxLevel] = new(dict)
     """What each outbox holds (comfysup.queue.roles ``Deliveries.outboxes``)."""
     tenants: tuple[TenantCount, ...] = ()
     """Each tenant's jobs and seconds used (comfysup.queue.tenants)."""

@@ -11,18 +11,17 @@ Written once for both backends; a person's order is durable (it must outlive a s
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from comfysup.queue.db import Role, in_transaction
 from comfysup.queue.search import spell
+from comfysup.records import Record
 
 UPSERT = ("INSERT INTO slot_orders (host, slot, held_by, restart_at, restart_by, changed_at) "
           "VALUES (:host, :slot, :held_by, NULL, NULL, {now}) ON CONFLICT (host, slot) DO UPDATE SET ")
 
 
-@dataclass(frozen=True)
-class SlotOrder:
+class SlotOrder(Record):
     host: str
     slot: str
     held_by: str | None

@@ -12,6 +12,7 @@ JSON text, see ``SQLiteDb.id_list``).
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator, Mapping
 from functools import cache
 from pathlib import Path
 
@@ -46,18 +47,40 @@ def _code(block: str) -> str:
     return "\n".join(line for line in block.splitlines() if not line.lstrip().startswith("--")).strip()
 
 
-@cache
-def load(dialect: str) -> dict[str, str]:
-    """Every query of ``dialect`` ("sqlite" or "postgres") by name, ready to execute."""
-    raw = {name: _code(block) for name, block in read("sql/queries.sql").items()}
-    raw.update((name, _code(block)) for name, block in read(f"sql/{dialect}.sql").items())
+class Queries(Mapping[str, str]):
+    """Every query of a dialect by name, its fragments inlined and its spelling translated the first time it is
+    asked for: a command runs a few of them (a submit, a handful of the nearly two hundred), and never pays for
+    the rest."""
 
-    def expand(name: str, seen: tuple[str, ...] = ()) -> str:
+    def __init__(self, dialect: str, blocks: dict[str, str]) -> None:
+        self.dialect = dialect
+        self._blocks = blocks
+        self._ready: dict[str, str] = {}
+
+    def __getitem__(self, name: str) -> str:
+        text = self._ready.get(name)
+        if text is None:
+            text = self._ready[name] = self._translate(self._expand(name, ()))
+        return text
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._blocks)
+
+    def __len__(self) -> int:
+        return len(self._blocks)
+
+    def _expand(self, name: str, seen: tuple[str, ...]) -> str:
         if name in seen:
             raise ValueError(f"SQL fragment {name} includes itself")
-        return FRAGMENT.sub(lambda m: expand(m.group(1), (*seen, name)), raw[name])
+        return FRAGMENT.sub(lambda m: self._expand(m.group(1), (*seen, name)), _code(self._blocks[name]))
 
-    out = {name: expand(name) for name in raw}
-    if dialect == "postgres":
-        return {name: PARAMETER.sub(r"%(\1)s", text) for name, text in out.items()}
-    return {name: ANY.sub(r" IN (SELECT value FROM json_each(\1))", text) for name, text in out.items()}
+    def _translate(self, text: str) -> str:
+        if self.dialect == "postgres":
+            return PARAMETER.sub(r"%(\1)s", text)
+        return ANY.sub(r" IN (SELECT value FROM json_each(\1))", text)
+
+
+@cache
+def load(dialect: str) -> Queries:
+    """Every query of ``dialect`` ("sqlite" or "postgres") by name, ready to execute."""
+    return Queries(dialect, {**read("sql/queries.sql"), **read(f"sql/{dialect}.sql")})

@@ -23,12 +23,12 @@ cheap when matches are common, a longer walk when they are rare (the page stops 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from typing import Any
 
 from comfysup.queue.base import STATES
 from comfysup.queue.db import Role, in_transaction
 from comfysup.queue.queries import ANY, PARAMETER
+from comfysup.records import Record, new
 
 TERMINAL = frozenset({"done", "dead", "cancelled"})
 LABEL_KEY_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.")
@@ -51,8 +51,7 @@ class SearchError(ValueError):
     """A search that cannot be asked: what is wrong with it, for the person who typed it."""
 
 
-@dataclass(frozen=True)
-class JobSearch:
+class JobSearch(Record):
     """What to find. Every filter narrows (AND); empty ones do not filter."""
 
     id_prefix: str = ""
@@ -87,8 +86,7 @@ class JobSearch:
             raise SearchError(f"limit {self.limit}: between 1 and {MAX_PAGE}")
 
 
-@dataclass(frozen=True)
-class JobRow:
+class JobRow(Record):
     """A job as a list shows it: no workflow, no parameters (see ``Reads.get`` for the whole)."""
 
     id: str
@@ -104,13 +102,12 @@ class JobRow:
     cancel_requested: bool
     server: str | None
     machine: str | None
-    labels: dict[str, str] = field(default_factory=dict)
+    labels: dict[str, str] = new(dict)
     tenant: str = "default"
     """Whose job it is (comfysup.queue.tenants)."""
 
 
-@dataclass(frozen=True)
-class JobPage:
+class JobPage(Record):
     rows: list[JobRow]
     cursor: tuple[Any, ...] | None
     """Pass as ``JobSearch.after`` for the next page; None: this was the last."""

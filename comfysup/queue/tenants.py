@@ -25,10 +25,10 @@ advisory lock (``TENANT_QUEUED_LOCK``, the tenant's name) before it counts.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from comfysup.errors import QueueError
+from comfysup.records import Record
 
 DEFAULT = "default"
 """The tenant of a job that names none."""
@@ -38,8 +38,7 @@ TENANT_QUEUED_LOCK = 0x636F6D66
 """PostgreSQL's advisory lock class of a tenant's queued count (the second key is the name's hash)."""
 
 
-@dataclass(frozen=True)
-class TenantLimits:
+class TenantLimits(Record):
     """What the queue keeps of a declared tenant: its share's ``weight``, and its bounds (0: none)."""
 
     weight: float = 1.0

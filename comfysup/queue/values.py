@@ -1,16 +1,14 @@
 """The records the queue takes and hands out (comfysup.queue.base's ``Queue`` protocol speaks in them).
 
-Immutable records (named tuples, and dataclasses where callers copy them with ``dataclasses.replace``), one
+Immutable records (named tuples, and records of comfysup.records where callers copy them with ``replace``), one
 per thing a caller holds: a job to submit and its input files, a claim, a job's
 record with its attempts and outputs, what status, metrics, webhooks and the machine registry read. The
 backends build them from rows (comfysup.queue.records). Those that a plain submit or status never makes are in
-comfysup.queue.run_values, re-exported here.
+comfysup.queue.run_values, re-exported here. The annotations are evaluated, as there (typing.NamedTuple compiles
+each postponed one).
 """
 
-from __future__ import annotations
-
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from comfysup.queue.run_values import (
@@ -28,10 +26,10 @@ from comfysup.queue.run_values import (
     PruneBatch,
     RunningJob,
 )
+from comfysup.records import Record, new
 
 
-@dataclass(frozen=True)
-class NewJob:
+class NewJob(Record):
     """A validated job, ready to insert. ``workflow`` has ``set`` applied already.
 
     A queue stores ``template_json`` (else ``workflow_json``, else ``workflow``'s text) and ``params``, and
@@ -42,9 +40,9 @@ class NewJob:
     workflow: Mapping[str, Any]
     spec_hash: str
     priority: int = 0
-    extra_data: dict[str, Any] = field(default_factory=dict)
-    meta: dict[str, Any] = field(default_factory=dict)
-    params: dict[str, Any] = field(default_factory=dict)
+    extra_data: dict[str, Any] = new(dict)
+    meta: dict[str, Any] = new(dict)
+    params: dict[str, Any] = new(dict)
     """The job's ``set`` overrides, kept to show and to tabulate results by."""
     workflow_name: str = ""
     workflow_json: str = ""

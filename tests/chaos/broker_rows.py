@@ -41,6 +41,7 @@ from supervisor_support import wait_for
 
 from chaos.checker import Report, Submission
 from chaos.harness import ChaosRun
+from comfysup import records
 from comfysup.broker.consumer import Consumer
 from comfysup.config import load_config
 from comfysup.queue import open_queue
@@ -162,7 +163,7 @@ def _killed_consumer(config_path: Path, queue_name: str, rate: float, seed: int)
     threading.Thread(target=orphaned, daemon=True).start()
     try:
         config = load_config(str(config_path), env={})
-        config = dataclasses.replace(config, rabbitmq=dataclasses.replace(config.rabbitmq, queue=queue_name))
+        config = records.replace(config, rabbitmq=records.replace(config.rabbitmq, queue=queue_name))
         rng = random.Random(seed)
 
         def after_commit() -> None:

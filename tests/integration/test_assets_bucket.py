@@ -4,7 +4,6 @@ bucket; and the bytes are in the bucket, not in the database's chunks nor in a f
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +11,7 @@ import pytest
 from pg_support import pg_url  # noqa: F401  (a fixture)
 from queue_assets_contract import T0, AssetsContract, asset_file
 
+from comfysup import records
 from comfysup.queue.asset_bucket import AssetBucket
 from comfysup.queue.postgres import PostgresQueue
 from comfysup.queue.sqlite import SQLiteQueue
@@ -77,7 +77,7 @@ class TestPostgresBucketAssets(BucketAssets):
         from tests.queue_contract import make_job
 
         cat = asset_file(tmp_path, b"PNG cat from machine A")
-        q.intake.submit([dataclasses.replace(make_job(1), assets=(cat,))], now=T0)
+        q.intake.submit([records.replace(make_job(1), assets=(cat,))], now=T0)
         hexa = cat.hash.removeprefix("blake3:")
         assert self.server.objects(self.bucket.location.bucket) == {f"inputs/{hexa[:2]}/{hexa}": cat_bytes(cat)}
         assert self.count(q, "asset_chunks") == 0

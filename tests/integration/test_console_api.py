@@ -3,7 +3,6 @@ the page's relative base (a proxy's path prefix), and the audit line of an actio
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import logging
 from pathlib import Path
@@ -11,6 +10,7 @@ from pathlib import Path
 import pytest
 import requests
 
+from comfysup import records
 from tests.api_support import StandInRunner, api_config, running_api
 from tests.queue_contract import make_job
 
@@ -75,7 +75,7 @@ def test_a_tenants_token_opens_no_console_and_the_admins_sees_every_tenants_jobs
     with running_api(config) as url:
         runner = StandInRunner(config)
         try:
-            theirs, ours = dataclasses.replace(make_job(3), tenant="a"), make_job(4)
+            theirs, ours = records.replace(make_job(3), tenant="a"), make_job(4)
             runner.queue.intake.submit([theirs, ours])
             bearer = {"Authorization": f"Bearer {tenant_token}"}
             assert requests.get(f"{url}/console/api/jobs", headers=bearer, timeout=10).status_code == 401

@@ -4,7 +4,6 @@ hash checked; every problem reported as file:line; the staging files removed aft
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import os
@@ -14,7 +13,7 @@ from pathlib import Path
 import pytest
 from input_server import elapsed, file_server, silent_port
 
-from comfysup import assets, destinations, safehttp
+from comfysup import assets, destinations, records, safehttp
 from comfysup.config import InputsConfig
 from comfysup.jobs import JobsFile
 from comfysup.queue.sqlite import SQLiteQueue
@@ -166,7 +165,7 @@ def test_redirects_are_bounded(tmp_path: Path) -> None:
     with file_server() as server:
         server.redirects = {"/a": "/b", "/b": "/a"}
         path = write_jobs(tmp_path, [url_line(1, {"url": f"{server.url}/a"})])
-        found = problems(path, remote=dataclasses.replace(PRIVATE_OK, max_redirects=3))
+        found = problems(path, remote=records.replace(PRIVATE_OK, max_redirects=3))
         assert len(server.got) == 4
     assert "more than 3 redirects ([inputs] max_redirects)" in found[0]
 
@@ -183,7 +182,7 @@ def test_the_size_bound_with_and_without_a_content_length(tmp_path: Path) -> Non
 def test_a_server_that_never_answers_fails_after_the_timeout(tmp_path: Path) -> None:
     with silent_port() as port:
         path = write_jobs(tmp_path, [url_line(n, {"url": f"http://127.0.0.1:{port}/cat.png"}) for n in (1, 2)])
-        found, took = elapsed(problems, path, remote=dataclasses.replace(PRIVATE_OK, timeout_seconds=0.3))
+        found, took = elapsed(problems, path, remote=records.replace(PRIVATE_OK, timeout_seconds=0.3))
     assert "no answer within 0.3 s ([inputs] timeout_seconds)" in found[0] and found[0] == "1" + found[1][1:]
     assert took < 5  # once for both lines: a failure is remembered
 
@@ -195,7 +194,7 @@ def test_a_jobs_downloads_together_are_bounded_by_max_seconds(tmp_path: Path) ->
         value = {f"{node}.{key}": {"url": f"http://127.0.0.1:{port}/{n}.png"}
                  for n, (node, key) in enumerate((("1", "image"), ("2", "image"), ("3", "filename_prefix")))}
         path = write_jobs(tmp_path, [{"id": job_id(1), "set": value}])
-        settings = dataclasses.replace(PRIVATE_OK, timeout_seconds=0.4, max_seconds=0.6)
+        settings = records.replace(PRIVATE_OK, timeout_seconds=0.4, max_seconds=0.6)
         found = problems(path, remote=settings)
     assert sum("no answer within 0.4 s" in f for f in found) == 2, found
     assert any("/…: not fetched: the job's inputs took more than 0.6 s together ([inputs] max_seconds)" in f
@@ -205,7 +204,7 @@ def test_a_jobs_downloads_together_are_bounded_by_max_seconds(tmp_path: Path) ->
 def test_a_trickle_is_cut_at_the_whole_download_bound(tmp_path: Path) -> None:
     with file_server() as server:
         path = write_jobs(tmp_path, [url_line(1, {"url": f"{server.url}/trickle"})])
-        found, took = elapsed(problems, path, remote=dataclasses.replace(PRIVATE_OK, max_seconds=0.5))
+        found, took = elapsed(problems, path, remote=records.replace(PRIVATE_OK, max_seconds=0.5))
     assert "not fetched within 0.5 s ([inputs] max_seconds)" in found[0]
     assert took < 5
 

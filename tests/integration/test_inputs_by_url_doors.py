@@ -5,7 +5,6 @@ queue) and the API (an ``info.url`` in a ``core/ASSET`` reference; 422 ``missing
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import io
 import json
 import socket
@@ -22,7 +21,7 @@ from comfy_low.models import ErrorEnvelope
 from comfy_low.models import Job as JobModel
 from input_server import file_server
 
-from comfysup import assets
+from comfysup import assets, records
 from comfysup.broker.consumer import Consumer
 from comfysup.config import InputsConfig
 from comfysup.queue import open_queue
@@ -85,7 +84,7 @@ def test_the_download_bar_draws_on_a_terminal_only() -> None:
 def test_the_consumer_fetches_and_sends_a_refused_input_to_the_invalid_queue(tmp_path: Path,
                                                                              broker: Broker) -> None:  # noqa: F811
     config = broker_config(tmp_path, broker)
-    config = dataclasses.replace(config, inputs=InputsConfig(allow_private=True, timeout_seconds=5.0))
+    config = records.replace(config, inputs=InputsConfig(allow_private=True, timeout_seconds=5.0))
     (tmp_path / "workflows" / "wf.json").write_text(json.dumps(INVERT))
     with file_server(files={"/cat.png": DATA}) as server:
         good = line(1, {"url": f"{server.url}/cat.png"})
@@ -115,7 +114,7 @@ def test_a_message_redelivered_after_its_urls_content_changed_is_the_same_job(tm
     bytes by the redelivery. The message is named by its line as written (the URL), not by the bytes fetched: the
     redelivery is the job already in the queue, not a second job (none runs twice) nor an invalid message."""
     config = broker_config(tmp_path, broker)
-    config = dataclasses.replace(config, inputs=InputsConfig(allow_private=True, timeout_seconds=5.0))
+    config = records.replace(config, inputs=InputsConfig(allow_private=True, timeout_seconds=5.0))
     (tmp_path / "workflows" / "wf.json").write_text(json.dumps(INVERT))
     with file_server(files={"/cat.png": DATA}) as server:
         body = json.dumps({"workflow": "wf.json", "set": {"1.image": {"url": f"{server.url}/cat.png"}}}).encode()
@@ -265,7 +264,7 @@ def test_the_api_stops_fetching_once_a_jobs_inputs_pass_its_bound(tmp_path: Path
     files = {f"/{n}.png": bytes([n]) * 3000 for n in range(3)}
     config = api_config(tmp_path, sections={"inputs": {"allow_private": True, "timeout_seconds": 5.0},
                                             "assets": {"max_file_mb": 1, "max_job_mb": 1}})
-    config = dataclasses.replace(config, assets=dataclasses.replace(config.assets, max_job_mb=5000 / 2**20))
+    config = records.replace(config, assets=records.replace(config.assets, max_job_mb=5000 / 2**20))
     with file_server(files=files) as server, running_api(config) as url:
         workflow = json.loads(json.dumps(INVERT))
         for n, (node, key) in enumerate((("1", "image"), ("2", "image"), ("3", "filename_prefix"))):

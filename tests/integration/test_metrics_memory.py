@@ -9,7 +9,6 @@ keys of the window and nothing more.
 
 from __future__ import annotations
 
-import dataclasses
 from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
@@ -19,6 +18,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 from queue_contract import T0, make_job
 
+from comfysup import records
 from comfysup.observability.metrics import LOOKBACK_SECONDS, Observer
 from comfysup.queue.base import Claim
 from comfysup.queue.db import Role
@@ -55,8 +55,7 @@ class Recording:
             if isinstance(out, list):
                 self.rows[name] += len(out)
                 for row in out:
-                    values = [getattr(row, f.name) for f in dataclasses.fields(row)] \
-                        if dataclasses.is_dataclass(row) else list(row)
+                    values = list(records.values(row).values()) if isinstance(row, records.Record) else list(row)
                     for v in values:
                         size = float("inf") if isinstance(v, (dict, list)) else len(v) if isinstance(v, str) else 0
                         self.largest = max(self.largest, size)

@@ -343,14 +343,13 @@ def test_each_outbox_says_how_much_it_holds_and_its_oldest_age_and_a_full_stagin
 
 
 def test_tenants_in_metrics_status_and_the_page_name_only_declared_tenants(queue: SQLiteQueue) -> None:
-    import dataclasses
-
+    from comfysup import records
     from comfysup.queue.tenants import TenantLimits
 
     queue.tenants = {"studio": TenantLimits(weight=3.0)}
-    queue.intake.submit([dataclasses.replace(make_job(1), tenant="studio"),
-                         dataclasses.replace(make_job(2), tenant="studio"),
-                         dataclasses.replace(make_job(3), tenant="stray")], now=T0)
+    queue.intake.submit([records.replace(make_job(1), tenant="studio"),
+                         records.replace(make_job(2), tenant="studio"),
+                         records.replace(make_job(3), tenant="stray")], now=T0)
     claim = queue.leases.claim("a", "cpu0", 60, now=T0)  # stray's: no seconds used yet, and first by name
     queue.leases.complete(claim, [], now=T0 + 12.5)
     metrics = Metrics(queue, lambda: None)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from pathlib import Path
 
@@ -11,6 +10,7 @@ import pytest
 from pg_support import pg_url  # noqa: F401  (a fixture)
 from queue_contract import T0, make_job
 
+from comfysup import records
 from comfysup.cli import main as cli
 from comfysup.queue.base import Output
 from comfysup.queue.postgres import PostgresQueue
@@ -178,7 +178,7 @@ def test_a_storing_job_goes_over_with_where_its_files_wait(tmp_path: Path, pg_ur
     config = tmp_path / "config.toml"
     config.write_text(f'[queue]\npath = "{tmp_path / "q.db"}"\n')
     q = SQLiteQueue(tmp_path / "q.db")
-    q.intake.submit([dataclasses.replace(make_job(1), tenant="studio")], now=T0)
+    q.intake.submit([records.replace(make_job(1), tenant="studio")], now=T0)
     claim = q.leases.claim("host-a/1/gpu0/t", "gpu0", 30, now=T0)
     assert claim is not None
     q.leases.complete(claim, [Output("a.png", 7, "00", "/staging/a.png")], now=T0 + 1, staged_in="/staging")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import sqlite3
@@ -13,6 +12,7 @@ from pathlib import Path
 import pytest
 from queue_contract import T0, QueueContract, make_job
 
+from comfysup import records
 from comfysup.errors import DatabaseLocked, DatabaseMissing, QueueError
 from comfysup.queue import sqlite as sqlite_backend
 from comfysup.queue import sqlite_file
@@ -618,7 +618,7 @@ def test_v12_adds_api_upload_records_and_keeps_the_inputs_jobs_have(tmp_path: Pa
     path = tmp_path / "q.db"
     q = SQLiteQueue(path)
     cat = asset_file(tmp_path, b"cat bytes")
-    q.intake.submit([dataclasses.replace(make_job(1), assets=(cat,))], now=T0)
+    q.intake.submit([records.replace(make_job(1), assets=(cat,))], now=T0)
     q.close()
     _back_to(path, 11)
     q = SQLiteQueue(path, create=False)
@@ -758,7 +758,7 @@ def test_the_checkpoint_thread_is_woken_by_its_process_s_commits(tmp_path: Path,
 def test_a_tenants_search_walks_its_index_without_sorting(tmp_path: Path) -> None:
     """A tenant's page is read from jobs_tenant in seq order (no scan of every job, no sort), first page and later."""
     q = SQLiteQueue(tmp_path / "q.db")
-    q.intake.submit([dataclasses.replace(make_job(n), tenant="acme" if n % 2 else "default") for n in range(6)],
+    q.intake.submit([records.replace(make_job(n), tenant="acme" if n % 2 else "default") for n in range(6)],
                     now=T0)
     statements: list[str] = []
     q.db.conn.set_trace_callback(lambda sql: statements.append(sql) if "jobs.tenant =" in sql else None)

@@ -4,7 +4,6 @@ each one's own disk, so a path alone does not find a file."""
 from __future__ import annotations
 
 import csv
-import dataclasses
 import io
 from pathlib import Path
 
@@ -12,6 +11,7 @@ import pytest
 from pg_support import pg_url  # noqa: F401  (a fixture)
 from queue_contract import T0, make_job
 
+from comfysup import records
 from comfysup.cli import main as cli
 from comfysup.config import load_config
 from comfysup.queue import open_queue
@@ -31,7 +31,7 @@ def config_path(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
 def test_results_csv_names_the_machine_and_each_file_as_host_path(config_path: Path,
                                                                   capsys: pytest.CaptureFixture[str]) -> None:
     queue = open_queue(load_config(str(config_path), env={}))
-    queue.intake.submit([make_job(1), dataclasses.replace(make_job(2), tenant="studio")], now=T0)
+    queue.intake.submit([make_job(1), records.replace(make_job(2), tenant="studio")], now=T0)
     claim = queue.leases.claim("machine-b/4242/gpu1/abcd", "gpu1", 30, now=T0)
     assert claim is not None
     files = [Output("out/a.png", 3, "aa" * 32, f"/srv/results/{claim.id}/out/a.png"),

@@ -4,13 +4,13 @@ third connection while they work, never pass its cap."""
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 import time
 
 from pg_support import pg_url  # noqa: F401  (a fixture)
 from queue_contract import make_job
 
+from comfysup import records
 from comfysup.queue.postgres import PostgresQueue
 from comfysup.queue.tenants import TenantLimits
 
@@ -23,8 +23,8 @@ def test_max_running_holds_across_two_machines(pg_url: str) -> None:  # noqa: F8
     machines = [PostgresQueue(pg_url), PostgresQueue(pg_url)]
     for m in machines:
         m.tenants = limits
-    jobs = [dataclasses.replace(make_job(n), tenant="a") for n in range(40)]
-    machines[0].intake.submit(jobs + [dataclasses.replace(make_job(100 + n), tenant="b") for n in range(40)])
+    jobs = [records.replace(make_job(n), tenant="a") for n in range(40)]
+    machines[0].intake.submit(jobs + [records.replace(make_job(100 + n), tenant="b") for n in range(40)])
     watcher = PostgresQueue(pg_url)
     seen: list[int] = []
     done = threading.Event()

@@ -1,6 +1,6 @@
 """`comfysup status` and `comfysup submit` import only the parts of comfysup, and the libraries, that their work
-needs: neither reaches into the runner, the supervisor or the metrics, and neither loads an HTTP client for a job
-that fetches nothing. How fast they start is measured by bench/startup.py, not here."""
+needs: neither reaches into the runner, the supervisor or the metrics, neither loads an HTTP client for a job
+that fetches nothing, and neither imports dataclasses. How fast they start is measured by bench/startup.py, not here."""
 
 from __future__ import annotations
 
@@ -22,9 +22,12 @@ RUN = ("import atexit, sys\n"
        "from comfysup.cli import main\n"
        "raise SystemExit(main(sys.argv[1:]))\n")
 # An input from elsewhere (comfysup.jobs.fetch) is the one part of a submit that speaks HTTP (urllib3, requests).
-NOT_ON_EITHER = ("comfysup.jobs.fetch", "requests", "urllib3", "websocket", "prometheus_client", "comfysup.runner")
+# The records both define are comfysup.records' (no dataclasses, which generates code and imports inspect).
+NOT_ON_EITHER = ("comfysup.jobs.fetch", "requests", "urllib3", "websocket", "prometheus_client", "comfysup.runner",
+                 "dataclasses", "inspect")
 NOT_FOR_STATUS = ("comfysup.jobs", *NOT_ON_EITHER)
-NOT_FOR_SUBMIT = ("comfysup.supervisor", *NOT_ON_EITHER)
+# A line's id is read and derived without the uuid module, which loads platform (comfysup.jobs.identity).
+NOT_FOR_SUBMIT = ("comfysup.supervisor", "uuid", "platform", *NOT_ON_EITHER)
 
 
 def _modules(tmp_path: Path, *argv: str) -> set[str]:
@@ -59,16 +62,28 @@ def test_pid_exists_tells_a_live_process_from_one_that_ended() -> None:
 
 
 def test_the_derived_id_is_the_uuid5_of_the_line_in_comfysups_namespace() -> None:
-    """uuid is imported where an id is derived, not at import; the ids stay what they were."""
+    """Ids are derived without the uuid module (which loads platform) and stay what uuid.uuid5 makes them; an id
+    written otherwise is read as uuid.UUID reads it."""
     from comfysup import jobs
-    from comfysup.jobs.identity import derived_id, sorted_json
+    from comfysup.jobs.identity import derived_id, sorted_json, uuid5
+    from comfysup.jobs.values import uuid_form
 
     namespace = uuid.UUID("7a1c0f3e-3b8e-5b6a-9d2e-63f0c0a5e1d4")
-    assert namespace == jobs.ID_NAMESPACE and isinstance(jobs.ID_NAMESPACE, uuid.UUID)
+    assert namespace.bytes == jobs.ID_NAMESPACE
     line = {"workflow": "w.json", "set": {"seed": 1}, "priority": 3}
     expected = uuid.uuid5(namespace, sorted_json({"workflow": "blake3:ab", "set": {"seed": 1}, "priority": 3}))
     assert derived_id(line, {"seed": 1}, "blake3:ab") == str(expected)
     assert derived_id(line, {"seed": 2}, "blake3:ab") != str(expected)
+    for name in ("", "a", "é 漢字 \U0001f600", "x" * 1000):
+        assert uuid5(namespace.bytes, name) == str(uuid.uuid5(namespace, name))
+    some = uuid.uuid4()
+    for text in (str(some), str(some).upper(), some.hex, f"{{{some}}}", some.urn, f"urn:{some.hex}", "0" * 31 + "_",
+                 "-" + "0" * 31, "+" + "0" * 31, "g" * 32, "not-a-uuid", "0" * 33):
+        try:
+            expected_form: str | None = str(uuid.UUID(text))
+        except ValueError:
+            expected_form = None
+        assert uuid_form(text) == expected_form, text
     with pytest.raises(AttributeError):
         jobs.NO_SUCH_NAME  # noqa: B018
 

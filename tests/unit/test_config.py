@@ -299,26 +299,24 @@ def test_a_public_url_with_credentials_is_refused_without_showing_them(tmp_path:
 
 def test_no_number_of_the_config_may_be_negative_even_without_a_rule_of_its_own() -> None:
     """The last check of every config: a key whose own rule was forgotten is still never negative."""
-    import dataclasses
-
     from comfysup.config.checks import no_negative_numbers
     from comfysup.config.schema import Config
+    from comfysup.records import replace
 
     config = Config()
     no_negative_numbers(config)
-    broken = dataclasses.replace(config, api=dataclasses.replace(config.api, max_queued=-1), source="c.toml")
+    broken = replace(config, api=replace(config.api, max_queued=-1), source="c.toml")
     with pytest.raises(ConfigError, match=r"c\.toml: \[api\] max_queued = -1: must be 0 or more"):
         no_negative_numbers(broken)
 
 
 def test_every_rule_of_a_section_names_one_of_its_keys() -> None:
     """A section's RULES (keys that must agree with other keys) report on a key of that section."""
-    import dataclasses
-
     from comfysup.config import SECTIONS
+    from comfysup.records import fields
 
     for name, cls in SECTIONS.items():
-        keys = {f.name for f in dataclasses.fields(cls)}
+        keys = {f.name for f in fields(cls)}
         for rule in getattr(cls, "RULES", ()):
             assert rule.key in keys, f"[{name}] rule {rule.check.__name__} names no key {rule.key!r}"
 

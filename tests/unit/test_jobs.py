@@ -9,7 +9,6 @@ which adds a link is still checked in full.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import hashlib
 import json
 import os
@@ -21,6 +20,7 @@ from cli_support import TRIVIAL, job_id, line, write_jobs
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from comfysup import records
 from comfysup.errors import ComfysupError
 from comfysup.jobs import JobsFile
 from comfysup.queue.base import NewJob
@@ -200,7 +200,7 @@ def _mixed_file(tmp_path: Path, n: int) -> Path:
 def test_the_read_ahead_yields_the_jobs_that_jobs_builds_workflow_aside(tmp_path: Path) -> None:
     jobs = JobsFile(_mixed_file(tmp_path, 1234))
     assert jobs.validate().ok
-    fields = [f.name for f in dataclasses.fields(NewJob) if f.name != "workflow"]
+    fields = [f.name for f in records.fields(NewJob) if f.name != "workflow"]
     direct = [tuple(getattr(j, f) for f in fields) for j in jobs.jobs()]
     ahead = list(jobs.jobs_read_ahead(batch=100))
     assert [tuple(getattr(j, f) for f in fields) for j in ahead] == direct
