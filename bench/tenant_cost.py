@@ -11,6 +11,7 @@ out; and after the run, how many tenants a claim walks past (those before the fi
 
     .venv/bin/python bench/tenant_cost.py                            # 1,000 tenants against none
     .venv/bin/python bench/tenant_cost.py --tenants 1000,100,0 --cycles 3000
+    .venv/bin/python bench/tenant_cost.py --tenants 1000,1000,0 --setup "DROP TRIGGER attempts_ended_charge ON attempts"
 """
 
 # ruff: noqa: E402  (the sys.path fix below must run before the other imports)
