@@ -4,8 +4,10 @@
     .venv/bin/python bench/startup.py              # 15 rounds
     .venv/bin/python bench/startup.py --rounds 31
 
-Each round runs, in turn: ``python -c pass``, ``comfysup status`` on a queue of one job and ``comfysup submit``
-of a one-line file on a fresh queue (the whole command: start-up, imports, config, the queue, the output).
+Each round runs, in turn: ``python -c pass``, ``comfysup status`` on a queue of one job, ``comfysup submit`` of a
+one-line file on a fresh queue (the whole command: start-up, imports, config, creating the queue's schema, the
+output) and ``comfysup submit`` of a new one-line file to a queue that exists (the common case: the queue a
+supervisor serves; start-up, imports, config, the insert, the output).
 Where the time goes: ``python -X importtime -m comfysup status …``.
 """
 
@@ -56,18 +58,22 @@ def measure(rounds: int, tmp: Path) -> int:
     comfysup = [sys.executable, "-m", "comfysup"]
     subprocess.run([*comfysup, "submit", "jobs.jsonl", "--config", "config.toml"], env=env, cwd=tmp, check=True,
                    capture_output=True)
-    runs: dict[str, list[tuple[float, float]]] = {"python -c pass": [], "comfysup status": [], "comfysup submit": []}
+    runs: dict[str, list[tuple[float, float]]] = {"python -c pass": [], "comfysup status": [], "comfysup submit": [],
+                                                  "submit, queue exists": []}
     for n in range(rounds):
         runs["python -c pass"].append(timed([sys.executable, "-c", "pass"], env, tmp))
         runs["comfysup status"].append(timed([*comfysup, "status", "--config", "config.toml"], env, tmp))
         (tmp / f"submit{n}.toml").write_text(f'[queue]\npath = "{tmp / f"submit{n}.db"}"\n')
         runs["comfysup submit"].append(timed([*comfysup, "submit", "jobs.jsonl", "--config", f"submit{n}.toml"], env,
                                              tmp))
+        (tmp / f"more{n}.jsonl").write_text(json.dumps({"id": str(uuid.uuid4()), "workflow": WORKFLOW}) + "\n")
+        runs["submit, queue exists"].append(timed([*comfysup, "submit", f"more{n}.jsonl", "--config", "config.toml"],
+                                                  env, tmp))
     load = os.getloadavg()
     print(f"# {rounds} alternating rounds; {os.cpu_count()} CPUs, load average {load[0]:.1f} {load[1]:.1f} "
           f"{load[2]:.1f}")
     bare = [statistics.median(x[i] for x in runs["python -c pass"]) for i in (0, 1)]
-    print(f"{'command':>18} {'wall median ms':>15} {'min':>7} {'max':>7} {'beyond bare':>12}   "
+    print(f"{'command':>20} {'wall median ms':>15} {'min':>7} {'max':>7} {'beyond bare':>12}   "
           f"{'CPU median ms':>14} {'min':>7} {'max':>7} {'beyond bare':>12}")
     for name, xs in runs.items():
         cells = []
@@ -75,7 +81,7 @@ def measure(rounds: int, tmp: Path) -> int:
             got = [x[i] * 1e3 for x in xs]
             median = statistics.median(got)
             cells.append(f"{median:>{15 - i}.1f} {min(got):>7.1f} {max(got):>7.1f} {median - bare[i] * 1e3:>12.1f}")
-        print(f"{name:>18} {cells[0]}   {cells[1]}")
+        print(f"{name:>20} {cells[0]}   {cells[1]}")
     return 0
 
 
