@@ -293,7 +293,7 @@ def main() -> int:
     fleet.add_argument("--lease", type=float, help="lease seconds; heartbeats every lease/3 (default 15: every 5 s, "
                        "the runner's default heartbeat_seconds)")
     fleet.add_argument("--tenants", default="0", help="tenants the jobs are spread over, comma-separated (default "
-                       "0: every job the default tenant's; 0,1000 runs both, alternating)")
+                       "0: every job the default tenant's; 0,1000 runs both, alternating; 1000,0,1000,0 two pairs)")
     fleet.add_argument("--seconds", type=float, default=20.0, help="measured window per cell (default 20)")
     fleet.add_argument("--backend", choices=["sqlite", "postgres"], action="append",
                        help="default both; they alternate within each cell")

@@ -334,7 +334,8 @@ def run_fleet(workdir: Path, backends: list[str], slots: list[int], job_s: list[
         for j in job_s:
             for backend, spread in [(b, t) for b in backends for t in tenants]:
                 cell = Cell(backend, n, j, lease_s if lease_s else 15.0, seconds, min(n, max_processes), spread)
-                here = workdir / f"{backend}-{n}-{j:g}-{spread}"
+                # numbered: a tenant count may come twice (--tenants 1000,0,1000,0)
+                here = workdir / f"{backend}-{n}-{j:g}-{spread}-{len(results)}"
                 here.mkdir()
                 if backend == "sqlite":
                     path = here / "queue.db"
