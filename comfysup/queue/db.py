@@ -45,6 +45,10 @@ class SQLDb:
     DIALECT = ""
     SCHEMA = ""
     """The named-SQL file of the schema's steps (``-- name: vN``)."""
+    WHOLE_SCHEMA = ""
+    """A named-SQL file holding the schema the steps make, in one block named for its version: a new database is
+    made from it in one step (a dozen ALTER TABLEs each re-read the whole schema); empty: every new database runs
+    the steps."""
     SCHEMA_VERSION = 0
     DURABLE_RENEWALS = False
     """Whether a heartbeat's commit waits for the disk: not SQLite's (only a power cut loses one, and it stops the
@@ -90,10 +94,15 @@ class SQLDb:
         return list(ids)
 
     def schema_steps(self, version: int) -> list[tuple[int, str]]:
-        """The schema steps a database at ``version`` still needs, in order; a newer one is refused."""
+        """The schema steps a database at ``version`` still needs, in order; a newer one is refused. A new database
+        (version 0) takes the whole schema in one step where ``WHOLE_SCHEMA`` holds this version's."""
         if version > self.SCHEMA_VERSION:
             raise QueueError(f"{self.where}: schema version {version} is newer than this comfysup "
                              f"({self.SCHEMA_VERSION}); upgrade comfysup")
+        if version == 0 and self.WHOLE_SCHEMA:
+            whole = read(self.WHOLE_SCHEMA).get(f"v{self.SCHEMA_VERSION}")
+            if whole is not None:  # another version's: the steps, until it is made again from them
+                return [(self.SCHEMA_VERSION, whole)]
         sql = read(self.SCHEMA)
         return [(step, sql[f"v{step}"]) for step in range(version + 1, self.SCHEMA_VERSION + 1)]
 

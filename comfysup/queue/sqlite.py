@@ -90,6 +90,7 @@ class SQLiteDb(SQLDb):
     CHEAP_SYNC = "NORMAL"
     """``synchronous`` of a durable commit and of one that need not be (``_write``'s ``durable=False``)."""
     SCHEMA = "schema.sql"
+    WHOLE_SCHEMA = "schema_whole.sql"
     SCHEMA_VERSION = SCHEMA_VERSION
 
     def __init__(self, path: str | Path, *, create: bool = True, busy_timeout_seconds: float = 30.0,

@@ -14,11 +14,11 @@ from queue_contract import T0, QueueContract, make_job
 
 from comfysup import records
 from comfysup.errors import DatabaseLocked, DatabaseMissing, QueueError
+from comfysup.queue import queries, sqlite_file
 from comfysup.queue import sqlite as sqlite_backend
-from comfysup.queue import sqlite_file
 from comfysup.queue.base import Output
 from comfysup.queue.search import JobSearch
-from comfysup.queue.sqlite import SCHEMA_VERSION, SQLiteQueue
+from comfysup.queue.sqlite import SCHEMA_VERSION, SQLiteDb, SQLiteQueue
 from comfysup.workflows import model_key
 
 
@@ -513,6 +513,43 @@ def test_v20_indexes_the_labels_of_the_jobs_already_there(tmp_path: Path) -> Non
         [make_job(n).id for n in (9, 3, 1)]
     assert q.db._read("SELECT count(*) AS n FROM job_labels")[0]["n"] == 5
     q.close()
+
+
+WHOLE = Path(sqlite_file.__file__).parent / SQLiteDb.WHOLE_SCHEMA
+WHOLE_HEADER = """\
+-- The schema that every step of schema.sql makes, at the version this block is named for: a new SQLite queue is
+-- made from it in one step (comfysup.queue.db.SQLDb.schema_steps); an older queue is brought forward by the steps.
+-- Written from the steps, never by hand, after a step is added or changed:
+--     COMFYSUP_WRITE_WHOLE_SCHEMA=1 .venv/bin/python -m pytest tests/integration/test_queue_sqlite.py -k made_whole
+"""
+
+
+def _dump(path: Path) -> list[str]:
+    """The database as SQL (its schema and its rows, sqlite3's iterdump), without the dump's own transaction."""
+    conn = sqlite3.connect(path)
+    try:
+        return [line for line in conn.iterdump() if line not in ("BEGIN TRANSACTION;", "COMMIT;")]
+    finally:
+        conn.close()
+
+
+def test_a_new_queue_made_whole_is_the_queue_the_steps_make(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The schema, its rows and its version of a new queue made from comfysup/queue/schema_whole.sql are those of
+    one made by every step of schema.sql; a step added without writing the file again fails here."""
+    with monkeypatch.context() as patched:
+        patched.setattr(SQLiteDb, "WHOLE_SCHEMA", "")
+        SQLiteQueue(tmp_path / "steps.db").close()
+    stepped = _dump(tmp_path / "steps.db")
+    if os.environ.get("COMFYSUP_WRITE_WHOLE_SCHEMA"):
+        WHOLE.write_text(f"{WHOLE_HEADER}-- name: v{SCHEMA_VERSION}\n" + "\n".join(stepped) + "\n", encoding="utf-8")
+    assert queries.read(SQLiteDb.WHOLE_SCHEMA).keys() == {f"v{SCHEMA_VERSION}"}, \
+        f"{WHOLE} is not this version's schema: write it again (its first lines say how)"
+    SQLiteQueue(tmp_path / "whole.db").close()
+    assert _dump(tmp_path / "whole.db") == stepped, f"{WHOLE} is not what the steps make: write it again"
+    for name in ("steps.db", "whole.db"):
+        conn = sqlite3.connect(tmp_path / name)
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+        conn.close()
 
 
 UNDO = {
