@@ -24,6 +24,7 @@ from typing import Any
 
 from comfysup import stopsignals
 from comfysup.config import Config
+from comfysup.errors import DatabaseCorrupt
 from comfysup.gpus import GpuSampler
 from comfysup.observability.brokerview import state_with_broker
 from comfysup.observability.metrics import Metrics
@@ -55,7 +56,9 @@ def monitor_main(config: Config, port_out: Any, serve_endpoint: bool = True) -> 
     web_queue = open_queue(config, create=False)
     deliver_queue = open_queue(config, create=False)
     deliverer = Deliverer(deliver_queue, config.webhooks, links=Links(config.store))
-    watch = QueueWatch(web_queue, deep_seconds=DEEP_CHECK_SECONDS)  # the supervisor, which forks, reads no whole file
+    # Each connection is watched: a corrupt page met by the deliverer's queries is known to its connection only. The
+    # deep look is the monitor's (the supervisor, which forks, reads no whole file), once.
+    watches = (QueueWatch(web_queue, deep_seconds=DEEP_CHECK_SECONDS), QueueWatch(deliver_queue))
     metrics = Metrics(web_queue, lambda: state_with_broker(config), gpus.sample, lambda: dict(deliverer.counts),
                       max_workflow_labels=config.metrics.max_workflow_labels)
     if serve_endpoint and config.metrics.listen:
@@ -78,13 +81,20 @@ def monitor_main(config: Config, port_out: Any, serve_endpoint: bool = True) -> 
         address = f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
         log.info("metrics on http://%s/metrics, status page on http://%s/", address, address)
     try:
+        corrupt = False  # a query met a corrupt page: the next look is made at once, and says it
         while not stop.is_set():
-            if (why := watch.check()) is not None:  # the supervisor sees the exit status and stops everyone
+            why = _lost(watches, force=corrupt)
+            if why is not None:  # the supervisor sees the exit status and stops everyone
                 log.error("%s; the monitor stops (exit code %d)", lost_line(why), EXIT_DATABASE_REPLACED)
                 return EXIT_DATABASE_REPLACED
             try:
                 deliverer.run_once()
                 metrics.catch_up()  # keeps the look-back window small even when nobody scrapes
+                corrupt = False
+            except DatabaseCorrupt as exc:  # said once, by the look above, in SQLite's words
+                if corrupt:  # no watch saw it: said as any other failure
+                    log.warning("monitor: %s", exc)
+                corrupt = True
             except Exception as exc:  # a queue that does not answer: try again at the next pass
                 log.warning("monitor: %s", exc)
             stop.wait(PASS_SECONDS)
@@ -96,3 +106,13 @@ def monitor_main(config: Config, port_out: Any, serve_endpoint: bool = True) -> 
         web_queue.close()
         deliver_queue.close()
     return 0
+
+
+def _lost(watches: tuple[QueueWatch, ...], force: bool) -> str | None:
+    """Why the queue's file is lost, from the first of the monitor's connections that knows; None while it is
+    sound. ``force``: look now, whenever the last look was."""
+    for watch in watches:
+        why = watch.check(force=force)
+        if why is not None:
+            return why
+    return None
