@@ -20,7 +20,7 @@ import pytest
 
 from comfysup import records
 from comfysup.errors import LeaseLost, NotFound
-from comfysup.queue.base import Claim, JobPulse, NewJob, Output, Queue, SubmitConflict
+from comfysup.queue.base import Claim, JobPulse, NewJob, Output, PromptRecord, Queue, SubmitConflict
 from comfysup.workflows import model_key
 from tests.queue_assets_contract import AssetsContract
 from tests.queue_catalogue_contract import CatalogueContract
@@ -307,36 +307,54 @@ class QueueContract(CatalogueContract, AssetsContract, StoringContract, SearchCo
         third = self.claim(q, "runner-c", "gpu0", now=T0 + 13)
         assert (third.id, third.last_server, third.last_prompt_number) == (claim.id, "gpu1", 4)
 
-    def test_record_prompt_renews_another_claim_in_its_transaction(self, q: Queue) -> None:
-        """The record of the job queued behind the next one renews the lease of the attempt about to store its own
+    def test_renew_and_claim_renews_another_claim_in_the_claims_transaction(self, q: Queue) -> None:
+        """The claim of the job queued behind the next one renews the lease of the attempt about to store its own
         files (comfysup.runner.ahead): True when that renewal held with no cancel asked; False when a cancel is
-        asked (the attempt's own heartbeat finds it) or the claim is lost (nothing of it changed); the record is
-        kept either way."""
-        self.submit(q, make_job(1), make_job(2))
+        asked (the attempt's own heartbeat finds it) or the claim is lost (nothing of it changed); the claim is
+        made either way."""
+        self.submit(q, make_job(1), make_job(2), make_job(3), make_job(4))
         own = self.claim(q, "runner-a", "gpu0", now=T0)
-        behind = self.claim(q, "runner-a", "gpu0", now=T0)
         start = time.time()
-        assert q.leases.record_prompt(behind, "gpu0", 2, waiting=True, renew=own, lease_seconds=600) is True
+        behind, renewed = q.leases.renew_and_claim(own, "runner-a", "gpu0", 600)
+        assert renewed is True and behind is not None and behind.id == make_job(2).id
         assert q.reads.get(own.id).lease_until >= start + 590  # the queue's clock (the database's on PostgreSQL)
-        assert q.reads.get(behind.id).attempts[0].prompt_number == 2
-        assert q.leases.record_prompt(behind, "gpu0", 3) is None
+        assert q.reads.get(behind.id).state == "running"
         stale = Claim(**{**own._asdict(), "owner": "runner-z"})
         lease = q.reads.get(own.id).lease_until
-        assert q.leases.record_prompt(behind, "gpu0", 4, renew=stale, lease_seconds=6000) is False
-        assert q.reads.get(own.id).lease_until == lease
-        assert q.reads.get(behind.id).attempts[0].prompt_number == 4
+        third, renewed = q.leases.renew_and_claim(stale, "runner-a", "gpu0", 6000)
+        assert renewed is False and third is not None and q.reads.get(own.id).lease_until == lease
         q.intake.cancel([own.id])
-        assert q.leases.record_prompt(behind, "gpu0", 5, renew=own, lease_seconds=600) is False
+        fourth, renewed = q.leases.renew_and_claim(own, "runner-a", "gpu0", 600)
+        assert renewed is False and fourth is not None and fourth.id == make_job(4).id
+        assert q.leases.renew_and_claim(own, "runner-a", "gpu0", 600) == (None, False)  # nothing left to claim
 
-    def test_a_record_fenced_out_renews_nothing(self, q: Queue) -> None:
-        self.submit(q, make_job(1), make_job(2))
-        own = self.claim(q, "runner-a", "gpu0", now=T0)
+    def test_a_record_fenced_out_changes_nothing(self, q: Queue) -> None:
+        self.submit(q, make_job(1))
         behind = self.claim(q, "runner-a", "gpu0", now=T0)
-        lease = q.reads.get(own.id).lease_until
         with pytest.raises(LeaseLost):
-            q.leases.record_prompt(Claim(**{**behind._asdict(), "attempt": 9}), "gpu0", 2, renew=own, lease_seconds=600)
-        assert q.reads.get(own.id).lease_until == lease
+            q.leases.record_prompt(Claim(**{**behind._asdict(), "attempt": 9}), "gpu0", 2)
         assert q.reads.get(behind.id).attempts[0].prompt_number is None
+        assert q.reads.get(behind.id).last_prompt_number is None
+
+    def test_complete_records_the_prompt_of_the_job_queued_behind_the_next(self, q: Queue) -> None:
+        """A done records, in its own transaction, the prompt of the job posted behind the next one (one write a
+        job fewer): its number and server on the job and its attempt, shown posted until its start is said;
+        a prompt whose claim no longer holds changes nothing and is said (False), the done is kept."""
+        self.submit(q, make_job(1), make_job(2), make_job(3))
+        first = self.claim(q, "runner-a", "gpu0", now=T0)
+        nxt = self.claim(q, "runner-a", "gpu0", now=T0)
+        behind = self.claim(q, "runner-a", "gpu0", now=T0)
+        q.leases.record_prompt(nxt, "gpu0", 2, waiting=True)
+        prompt = PromptRecord(behind, "gpu0", 3, "http://gpu0", waiting=True)
+        assert q.leases.complete(first, [], now=T0 + 1, started=nxt, prompt=prompt) is True
+        record = q.reads.get(behind.id)
+        assert (record.last_server, record.last_prompt_number, record.attempts[0].prompt_number) == ("gpu0", 3, 3)
+        assert q.reads.states([first.id, nxt.id, behind.id]) == {first.id: "done", nxt.id: "running",
+                                                                 behind.id: "posted"}
+        q.leases.release(behind, "taken out of the server's queue", count_attempt=False, now=T0 + 2)
+        assert q.leases.complete(nxt, [], now=T0 + 3, prompt=prompt._replace(number=4)) is False
+        assert q.reads.get(nxt.id).state == "done" and q.reads.get(behind.id).state == "queued"
+        assert q.reads.get(behind.id).attempts[0].prompt_number == 3
 
     def test_an_attempt_records_its_server_url_for_a_claim_taken_over(self, q: Queue) -> None:
         """Server names are per machine: a claim taken over from another machine finds the earlier run's server

@@ -91,6 +91,7 @@ from comfysup.queue.values import (  # noqa: F401  (re-exported: callers import 
     OutboxLevel,
     Output,
     Preview,
+    PromptRecord,
     PruneBatch,
     RunningJob,
     StagedJob,

@@ -28,8 +28,13 @@ def held(db: SQLDb, cur: Any, claim: Claim, job_sql: str, job_args: Mapping[str,
          attempt_sql: str | None = None, attempt_args: Mapping[str, Any] | None = None) -> Any:
     """``db.fenced``, raising LeaseLost (nothing changed) when the row is no longer this claim's."""
     if (row := db.fenced(cur, job_sql, job_args, attempt_sql, attempt_args)) is None:
-        raise LeaseLost(f"job {claim.id}: attempt {claim.attempt} of {claim.owner} no longer holds the job")
+        raise lost(claim)
     return row
+
+
+def lost(claim: Claim) -> LeaseLost:
+    """What a fenced write raises when the row is no longer this claim's."""
+    return LeaseLost(f"job {claim.id}: attempt {claim.attempt} of {claim.owner} no longer holds the job")
 
 
 def end(db: SQLDb, cur: Any, claim: Claim, job_sql: str, job_args: Mapping[str, Any], at: float | None,

@@ -18,7 +18,7 @@ from comfysup.queue import ends, records, values
 from comfysup.queue.base import CANCELLED, DEAD, DONE, RELEASED, RELEASED_UNCOUNTED, RETRY, STORING, owner_host
 from comfysup.queue.db import ClaimAsk, Role, SQLDb, in_transaction
 from comfysup.queue.ends import fence
-from comfysup.queue.values import Claim, Output
+from comfysup.queue.values import Claim, Output, PromptRecord
 from comfysup.workflows import apply_params
 
 TEMPLATE_CACHE = 32
@@ -30,10 +30,10 @@ def _renewals(leases: Leases, *args: Any, **kwargs: Any) -> bool:
     return leases.db.DURABLE_RENEWALS
 
 
-def _prompt_durable(leases: Leases, claim: Claim, *args: Any, renew: Claim | None = None, **kwargs: Any) -> bool:
+def _prompt_durable(leases: Leases, claim: Claim, *args: Any, **kwargs: Any) -> bool:
     """A prompt number lost would leave an earlier attempt's, which makes catch-up pass over this run's history
     entry (a success run again): durable then, where a crash of the database leaves the runners running."""
-    return leases.db.DURABLE_RENEWALS and (claim.last_prompt_number is not None or renew is not None)
+    return leases.db.DURABLE_RENEWALS and claim.last_prompt_number is not None
 
 
 class Leases(Role):
@@ -67,6 +67,20 @@ class Leases(Role):
             return self._take(cur, ask, at)
 
         return self._claim_from(self.db.transaction(done_then_take))
+
+    def renew_and_claim(self, renew: Claim, owner: str, server: str, lease_seconds: float, now: float | None = None,
+                        *, prefer_model: str | None = None, max_wait_seconds: float = 0.0,
+                        catalogue: int | None = None, url: str | None = None) -> tuple[Claim | None, bool]:
+        """One transaction, so one commit, for a renewal and a claim (comfysup.queue.roles.Leases)."""
+        ask = ClaimAsk(owner, server, lease_seconds, prefer_model, max_wait_seconds, catalogue, url)
+
+        def renew_then_take(cur: Any) -> tuple[Mapping[str, Any] | None, bool]:
+            at = self.db.time(now)
+            row = self.db.fenced(cur, self.db.sql["heartbeat"], {"now": at, "lease": lease_seconds, **fence(renew)})
+            return self._take(cur, ask, at), row is not None and not row["cancel_requested"]
+
+        row, renewed = self.db.transaction(renew_then_take)
+        return self._claim_from(row), renewed
 
     def _take(self, cur: Any, ask: ClaimAsk, at: float | None) -> Mapping[str, Any] | None:
         self.db.tenants.write(self.db, cur)
@@ -116,16 +130,18 @@ class Leases(Role):
 
     @in_transaction(durable=_prompt_durable)
     def record_prompt(self, cur: Any, claim: Claim, server: str, prompt_number: int, url: str | None = None, *,
-                      waiting: bool = False, renew: Claim | None = None, lease_seconds: float = 0.0) -> bool | None:
-        sql = self.db.sql
-        at = self.db.time(None)
-        ends.held(self.db, cur, claim, sql["record_prompt"],
-                  {"server": server, "number": prompt_number, "waiting": waiting, "now": at, **fence(claim)},
-                  sql["attempt_prompt"], {"number": prompt_number, "server": server, "url": url, **fence(claim)})
-        if renew is None:
-            return None
-        row = self.db.fenced(cur, sql["heartbeat"], {"now": at, "lease": lease_seconds, **fence(renew)})
-        return row is not None and not row["cancel_requested"]
+                      waiting: bool = False) -> None:
+        if self._record_prompt(cur, PromptRecord(claim, server, prompt_number, url, waiting)) is None:
+            raise ends.lost(claim)
+
+    def _record_prompt(self, cur: Any, prompt: PromptRecord) -> Any:
+        """The prompt's statements, fenced: the job row's RETURNING row, None when the fence did not hold."""
+        sql, on = self.db.sql, fence(prompt.claim)
+        return self.db.fenced(cur, sql["record_prompt"],
+                              {"server": prompt.server, "number": prompt.number, "waiting": prompt.waiting,
+                               "now": self.db.time(None), **on},
+                              sql["attempt_prompt"], {"number": prompt.number, "server": prompt.server,
+                                                      "url": prompt.url, **on})
 
     @in_transaction(durable=False)
     def set_waiting(self, cur: Any, claim: Claim, waiting: bool) -> None:
@@ -145,10 +161,12 @@ class Leases(Role):
     @in_transaction()
     def complete(self, cur: Any, claim: Claim, outputs: Sequence[Output], now: float | None = None, *,
                  trace: dict[str, Any] | None = None, started: Claim | None = None,
-                 staged_in: str | None = None) -> None:
+                 staged_in: str | None = None, prompt: PromptRecord | None = None) -> bool:
         self._complete(cur, claim, outputs, self.db.time(now), trace, staged_in)
+        held = prompt is None or self._record_prompt(cur, prompt) is not None
         if started is not None:  # the job queued behind this one executes: one statement more, no transaction
-            cur.execute(self.db.sql["executing"], fence(started))
+            cur.execute(self.db.sql["executing"], fence(started))  # after the prompt's record: it may be that job's
+        return held
 
     def _complete(self, cur: Any, claim: Claim, outputs: Sequence[Output], at: float | None,
                   trace: dict[str, Any] | None, staged_in: str | None) -> None:

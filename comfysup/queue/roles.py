@@ -23,6 +23,7 @@ from comfysup.queue.values import (
     OutboxLevel,
     Output,
     Preview,
+    PromptRecord,
     PruneBatch,
     StagedJob,
     Status,
@@ -48,6 +49,16 @@ class Leases(Protocol):
         ``catalogue`` (the claiming server's node catalogue) refused is passed over."""
         ...
 
+    def renew_and_claim(self, renew: Claim, owner: str, server: str, lease_seconds: float, now: float | None = None,
+                        *, prefer_model: str | None = None, max_wait_seconds: float = 0.0,
+                        catalogue: int | None = None, url: str | None = None) -> tuple[Claim | None, bool]:
+        """``renew``'s lease renewed for ``lease_seconds`` as ``heartbeat`` renews it, and ``claim``, in one
+        transaction (the attempt about to store ``renew``'s files takes that renewal as its fence,
+        comfysup.runner.ahead). Returns the claim (or None) and whether the renewal held with no cancel asked;
+        nothing is raised for it: a claim lost is left as it was, a cancel asked of it is the caller's own
+        heartbeat's to find."""
+        ...
+
     def complete_and_claim(self, claim: Claim, outputs: Sequence[Output], owner: str, server: str,
                            lease_seconds: float, now: float | None = None, *, trace: dict[str, Any] | None = None,
                            prefer_model: str | None = None, max_wait_seconds: float = 0.0,
@@ -62,16 +73,10 @@ class Leases(Protocol):
         ...
 
     def record_prompt(self, claim: Claim, server: str, prompt_number: int, url: str | None = None, *,
-                      waiting: bool = False, renew: Claim | None = None, lease_seconds: float = 0.0) -> bool | None:
+                      waiting: bool = False) -> None:
         """The prompt the claim's job runs as on ``server`` (at ``url``), fenced (raises LeaseLost). ``waiting``:
         it was posted behind another prompt that runs there ([runner] queue_ahead), so the job is shown as
-        posted until ``set_waiting(claim, False)`` or ``complete(..., started=claim)`` says it executes.
-
-        ``renew``: another claim of the same runner, whose lease is renewed for ``lease_seconds`` in the same
-        transaction, fenced as ``heartbeat`` (one transaction a job instead of two: the attempt about to store
-        that claim's files, comfysup.runner.ahead). Returns whether that renewal held with no cancel asked (None
-        without ``renew``); nothing is raised for it: a claim lost is left as it was, a cancel asked of it is the
-        caller's own heartbeat's to find."""
+        posted until ``set_waiting(claim, False)`` or ``complete(..., started=claim)`` says it executes."""
         ...
 
     def set_waiting(self, claim: Claim, waiting: bool) -> None:
@@ -92,11 +97,14 @@ class Leases(Protocol):
 
     def complete(self, claim: Claim, outputs: Sequence[Output], now: float | None = None, *,
                  trace: dict[str, Any] | None = None, started: Claim | None = None,
-                 staged_in: str | None = None) -> None:
+                 staged_in: str | None = None, prompt: PromptRecord | None = None) -> bool:
         """Record done (fenced). ``started``: the job queued behind this one, whose execution_start was read
         before this end; in the same transaction it stops waiting (nothing if its claim no longer holds).
         ``staged_in``: the outputs are staged there on the owner's machine, for the bucket: the job is recorded
-        storing (no owner, no lease), and its machine's uploader makes it done (``Uploads.stored``)."""
+        storing (no owner, no lease), and its machine's uploader makes it done (``Uploads.stored``).
+        ``prompt``: another job's prompt, recorded in the same transaction as ``record_prompt`` records it
+        (the job queued behind the next one: one transaction a job fewer). Returns whether that record held
+        (True without ``prompt``); nothing is raised for it: its claim lost is its attempt's to find."""
         ...
 
     def retry_later(self, claim: Claim, run_after: float, reason: str, now: float | None = None, *,

@@ -48,6 +48,17 @@ class Output(NamedTuple):
     of an earlier version, whose API id is ``<job id>.<n>``."""
 
 
+class PromptRecord(NamedTuple):
+    """The prompt a claimed job was posted as, to be recorded (``Leases.record_prompt``'s arguments): ``number`` on
+    ``server`` (at ``url``), ``waiting`` behind another prompt that runs there."""
+
+    claim: Claim
+    server: str
+    number: int
+    url: str | None = None
+    waiting: bool = False
+
+
 class Preview(NamedTuple):
     """A running job's latest preview image (comfysup.queue.previews): ``n`` counts its replacements."""
 

@@ -23,6 +23,7 @@ from comfysup.queue.run_values import (
     NewAsset,
     Output,
     Preview,
+    PromptRecord,
     PruneBatch,
     RunningJob,
 )
@@ -150,5 +151,5 @@ class Machine(NamedTuple):
 
 
 __all__ = ["ApiAsset", "ApiEndpoint", "Attempt", "CatalogueRecord", "Claim", "Delivery", "EndedAttempt", "JobPulse",
-           "JobRecord", "Machine", "NewAsset", "NewJob", "OutboxLevel", "Output", "Preview", "PruneBatch",
-           "RunningJob", "StagedJob", "Status", "SubmitResult", "TenantCount"]
+           "JobRecord", "Machine", "NewAsset", "NewJob", "OutboxLevel", "Output", "Preview", "PromptRecord",
+           "PruneBatch", "RunningJob", "StagedJob", "Status", "SubmitResult", "TenantCount"]

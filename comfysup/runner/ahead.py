@@ -17,7 +17,7 @@ from typing import Any
 from comfysup.comfy import ComfyError, PromptRejected
 from comfysup.errors import LeaseLost, QueueUnavailable
 from comfysup.logs import job_context
-from comfysup.queue.base import Claim
+from comfysup.queue.base import Claim, PromptRecord
 from comfysup.runner.inputs import StaleUpload
 from comfysup.runner.post import post_prompt
 from comfysup.runner.result import Ahead, AheadAsks, AheadPhase, ClaimArgs, Ending, Outcome
@@ -25,7 +25,7 @@ from comfysup.runner.running import Context, Run, Stop, redactor_of
 
 log = logging.getLogger("comfysup.runner")
 FRESH_RENEWAL_SECONDS = 0.5
-"""How old the renewal made with the record of the job queued behind the next one may be for the download to take
+"""How old the renewal made with the claim of the job queued behind the next one may be for the download to take
 it as its fence (``AheadJobs.renewed_own``): a lease is many seconds, and a runner that stalled longer renews."""
 
 
@@ -59,8 +59,10 @@ class AheadJobs:
         self.jobs: list[Ahead] = []
         self.asked: set[Asked] = set()
         self.own_renewed_at: float | None = None
-        """When this attempt's own lease was last renewed with the record of a job queued behind the next one (it
+        """When this attempt's own lease was last renewed with the claim of a job queued behind the next one (it
         held, no cancel asked): see ``renewed_own``."""
+        self.unrecorded: Ahead | None = None
+        """The job queued behind the next one, posted and its number not recorded yet (``unrecorded_prompt``)."""
         if carried is not None:  # queued behind this one by the attempt before: this attempt's next job
             carried.renewed_at = ctx.clock()
             self.jobs.append(carried)
@@ -135,17 +137,17 @@ class AheadJobs:
 
     def _take(self, args: ClaimArgs | None, behind: str | None) -> None:
         """Claim a job and post it (``behind``: the job whose running prompt it waits behind; None: posted on a
-        free server). As in an attempt's own post, the claim is durable before the prompt is posted and its
-        number is recorded right after; a job that may have an earlier run somewhere is claimed here but posted
-        by its own attempt, which looks for that run first."""
+        free server). As in an attempt's own post, the claim is durable before the prompt is posted; its number
+        is recorded right after, or, behind the next job, with this attempt's end (``unrecorded_prompt``). A job
+        that may have an earlier run somewhere is claimed here but posted by its own attempt, which looks for
+        that run first."""
         if args is None:
             return
         ctx = self.ctx
+        behind_next = bool(self.jobs)  # queued behind the next job: this attempt's own files come next
         claimed_at, renewed_at = ctx.wall(), ctx.clock()
         try:
-            claim = ctx.queue.leases.claim(args.owner, args.server, args.lease_seconds, prefer_model=args.prefer_model,
-                                           max_wait_seconds=args.max_wait_seconds, catalogue=args.catalogue,
-                                           url=ctx.s.url)
+            claim = self._claim(args, renew_own=behind_next)
         except QueueUnavailable:
             return  # nothing taken ahead while the queue does not answer; this attempt's own prompt goes on
         if claim is None:
@@ -176,23 +178,61 @@ class AheadJobs:
             log.info("job %s attempt %d on %s: POST /prompt 200 (%s)", claim.id, claim.attempt, ctx.s.server,
                      f"queued behind job {behind}" if waiting else f"while job {ctx.claim.id} is downloaded",
                      extra={"event": "posted"})
-        self._record_post(entry, number, waiting, renew_own=len(self.jobs) == 2)
+        if behind_next:
+            # This attempt's files come next, then its end, which records the number in its own transaction: one
+            # transaction a job fewer. A kill meanwhile leaves the number unrecorded, as a kill right after any
+            # POST does: the job's next attempt looks for its prompt on every server (comfysup.runner.catchup).
+            self.unrecorded = entry
+        else:
+            self._record_post(entry)
 
-    def _record_post(self, entry: Ahead, number: int, waiting: bool, renew_own: bool) -> None:
-        """Its number, recorded. Behind the next job (``renew_own``), this attempt's own files come next: its lease
-        is renewed in the same transaction, the fence the download needs before it touches them
-        (``renewed_own``), one transaction a job fewer."""
+    def _claim(self, args: ClaimArgs, renew_own: bool) -> Claim | None:
+        """The claim; with ``renew_own``, this attempt's own lease renewed in its transaction: the fence its
+        download needs before it touches its files (``renewed_own``), one transaction a job fewer."""
+        leases, now = self.ctx.queue.leases, self.ctx.clock()
+        if not renew_own:
+            return leases.claim(args.owner, args.server, args.lease_seconds, prefer_model=args.prefer_model,
+                                max_wait_seconds=args.max_wait_seconds, catalogue=args.catalogue, url=self.ctx.s.url)
+        claim, renewed = leases.renew_and_claim(self.ctx.claim, args.owner, args.server, args.lease_seconds,
+                                                prefer_model=args.prefer_model,
+                                                max_wait_seconds=args.max_wait_seconds, catalogue=args.catalogue,
+                                                url=self.ctx.s.url)
+        if renewed:
+            self.own_renewed_at = now
+        return claim
+
+    def _record_post(self, entry: Ahead) -> None:
+        """Its number, recorded (in a transaction of its own)."""
+        assert entry.number is not None
         try:
-            renewed = self.ctx.queue.leases.record_prompt(entry.claim, self.ctx.s.server, number, self.ctx.s.url,
-                                                   waiting=waiting, renew=self.ctx.claim if renew_own else None,
-                                                   lease_seconds=self.ctx.s.lease_seconds)
+            self.ctx.queue.leases.record_prompt(entry.claim, self.ctx.s.server, entry.number, self.ctx.s.url,
+                                                waiting=entry.waiting)
         except LeaseLost:
             self.drop(entry)
-            return
         except QueueUnavailable:
-            return  # its number stays in the entry; its lease is renewed with this attempt's (comfysup.runner.hold)
-        if renewed:
-            self.own_renewed_at = self.ctx.clock()
+            pass  # its number stays in the entry; its lease is renewed with this attempt's (comfysup.runner.hold)
+
+    def unrecorded_prompt(self) -> PromptRecord | None:
+        """The prompt of the job queued behind the next one, posted here and not recorded yet: this attempt's end
+        records it in its own transaction (``prompt_recorded`` then)."""
+        entry = self.unrecorded
+        if entry is None or entry not in self.jobs or entry.number is None:
+            return None
+        return PromptRecord(entry.claim, self.ctx.s.server, entry.number, self.ctx.s.url, entry.waiting)
+
+    def prompt_recorded(self, held: bool) -> None:
+        """This attempt's end recorded ``unrecorded_prompt``; ``held``: its claim still held (else it is dropped:
+        its prompt must not run here)."""
+        entry, self.unrecorded = self.unrecorded, None
+        if entry is not None and not held:
+            self.drop(entry)
+
+    def record_unrecorded(self) -> None:
+        """A prompt this attempt's end did not record (an end other than done, or none written): recorded now,
+        in a transaction of its own, before the jobs taken ahead pass to the next attempt."""
+        entry, self.unrecorded = self.unrecorded, None
+        if entry is not None and entry in self.jobs and entry.number is not None:
+            self._record_post(entry)
 
     def _mark_waiting(self, entry: Ahead) -> None:
         """A job taken ahead that this attempt did not post waits for the server all the same: shown posted

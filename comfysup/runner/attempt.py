@@ -186,6 +186,8 @@ class Attempt:
                 self.live.stream.close()  # idempotent; the steps did not close it when record_prompt failed
             self._carry(m.step(QueueGone(str(exc))), _INTERRUPTING)
         assert m.outcome is not None
+        with contextlib.suppress(QueueError):  # a queue that does not answer: left unrecorded, as after a kill
+            self.ahead.record_unrecorded()
         result = AttemptResult(m.outcome, tuple(self.ahead.jobs))
         self._let_go()
         return result

@@ -50,7 +50,8 @@ def record(ctx: Context, outcome: Outcome, ahead: AheadJobs, redact: Redactor) -
 
 def _record_done(ctx: Context, outcome: Outcome, ahead: AheadJobs, trace: dict[str, Any]) -> None:
     """Done, with the claim of the runner's next job when none was taken ahead yet and the runner goes on; else
-    with the next job's start, when it waits shown as posted and its start was read here."""
+    with the next job's start, when it waits shown as posted and its start was read here, and the number of the
+    job queued behind it, when it was posted here and not recorded yet."""
     ask = ahead.asks.hand_off
     args = ask(ctx.claim, outcome) if ask is not None and ahead.next is None else None
     staged_in = ctx.station.store.staged_in(ctx.claim.id)  # a bucket's: storing, until its uploader has them
@@ -64,9 +65,13 @@ def _record_done(ctx: Context, outcome: Outcome, ahead: AheadJobs, trace: dict[s
             ahead.jobs.append(Ahead(claim, claimed_at, renewed_at))
         return
     started = ahead.started_ahead()  # the job queued behind this one executes: said in this end
-    ctx.queue.leases.complete(ctx.claim, outcome.outputs, trace=trace, started=started, staged_in=staged_in)
+    prompt = ahead.unrecorded_prompt()  # the job queued behind the next one: its number recorded in this end
+    held = ctx.queue.leases.complete(ctx.claim, outcome.outputs, trace=trace, started=started, staged_in=staged_in,
+                                     prompt=prompt)
     if started is not None:
         ahead.start_recorded()
+    if prompt is not None:
+        ahead.prompt_recorded(held)
 
 
 class Progress:

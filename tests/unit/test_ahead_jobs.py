@@ -39,11 +39,14 @@ class Queue:
     def claim(self, *args: Any, **kwargs: Any) -> Claim | None:
         return self.claims.pop(0) if self.claims else None
 
-    def record_prompt(self, c: Claim, server: str, number: int, url: str, **kwargs: Any) -> bool:
-        self.calls.append(("record_prompt", c.id, number, kwargs["waiting"], kwargs["renew"] is not None))
+    def renew_and_claim(self, renew: Claim, *args: Any, **kwargs: Any) -> tuple[Claim | None, bool]:
+        self.calls.append(("renew_and_claim", renew.id))
+        return (self.claims.pop(0) if self.claims else None), renew.id not in self.lost | self.cancel
+
+    def record_prompt(self, c: Claim, server: str, number: int, url: str, *, waiting: bool) -> None:
+        self.calls.append(("record_prompt", c.id, number, waiting))
         if c.id in self.lost:
             raise LeaseLost(c.id)
-        return kwargs["renew"] is not None
 
     def heartbeat(self, c: Claim, lease_seconds: float) -> bool:
         self.calls.append(("heartbeat", c.id))
@@ -141,7 +144,7 @@ def test_a_job_queued_ahead_is_one_posted_entry_shown_waiting() -> None:
     assert not ahead.may_queue_ahead(run)  # asked once an attempt
     (entry,) = ahead.jobs
     assert (entry.claim.id, entry.phase, entry.number, entry.waiting) == ("job-2", AheadPhase.POSTED, 1, True)
-    assert queue.calls == [("record_prompt", "job-2", 1, True, False)]
+    assert queue.calls == [("record_prompt", "job-2", 1, True)]
 
 
 def test_its_start_read_on_the_shared_socket_is_kept_for_its_attempt() -> None:
@@ -155,7 +158,9 @@ def test_its_start_read_on_the_shared_socket_is_kept_for_its_attempt() -> None:
     assert ahead.started_ahead() is None
 
 
-def test_the_one_queued_behind_the_next_renews_this_attempts_lease_in_the_same_write() -> None:
+def test_the_one_queued_behind_the_next_renews_this_attempts_lease_with_its_claim() -> None:
+    """Queued behind the next job: claimed with this attempt's own lease renewed in the claim's write (the fence
+    of this attempt's download), its number left for this attempt's end to record (one write a job fewer)."""
     queue = Queue(claim(2), claim(3))
     ahead, _ = jobs(queue, QUEUE_AHEAD)
     run = executing(ahead.ctx)
@@ -167,10 +172,56 @@ def test_the_one_queued_behind_the_next_renews_this_attempts_lease_in_the_same_w
     ahead.queue_behind_next(run, lambda: read.append(True))
     assert read == [True]  # what the socket holds is read first
     assert [e.claim.id for e in ahead.jobs] == ["job-2", "job-3"]
-    assert queue.calls[-1] == ("record_prompt", "job-3", 2, True, True)
+    assert queue.calls[-1] == ("renew_and_claim", "job-1")  # posted, not recorded yet
     assert ahead.renewed_own(ahead.ctx.clock())
+    prompt = ahead.unrecorded_prompt()
+    assert prompt is not None and (prompt.claim.id, prompt.server, prompt.number, prompt.waiting) == \
+        ("job-3", "gpu0", 2, True)
+    ahead.prompt_recorded(True)  # by this attempt's end
+    assert ahead.unrecorded_prompt() is None
+    ahead.record_unrecorded()
+    assert queue.calls[-1] == ("renew_and_claim", "job-1")  # nothing left to record
     result = AttemptResult(Outcome(Ending.DONE), tuple(ahead.jobs))
     assert result.next_claim is not None and result.next_claim.id == "job-2"
+
+
+def test_a_number_the_end_did_not_record_is_recorded_before_the_jobs_pass_on() -> None:
+    """An end other than done writes no number: the one queued behind the next job is recorded on its own."""
+    queue = Queue(claim(2), claim(3))
+    ahead, _ = jobs(queue, QUEUE_AHEAD)
+    run = executing(ahead.ctx)
+    ahead.queue_ahead(run)
+    ahead.keep_message("job-2", {"type": "execution_start"}, started=True)
+    ended(run)
+    ahead.queue_behind_next(run, lambda: None)
+    ahead.record_unrecorded()
+    assert queue.calls[-1] == ("record_prompt", "job-3", 2, True)
+    ahead.record_unrecorded()  # once
+    assert queue.calls[-1] == ("record_prompt", "job-3", 2, True) and len(queue.calls) == 3
+
+
+def test_a_number_recorded_by_the_end_for_a_claim_lost_interrupts_its_prompt() -> None:
+    queue = Queue(claim(2), claim(3))
+    ahead, interrupted = jobs(queue, QUEUE_AHEAD)
+    run = executing(ahead.ctx)
+    ahead.queue_ahead(run)
+    ahead.keep_message("job-2", {"type": "execution_start"}, started=True)
+    ended(run)
+    ahead.queue_behind_next(run, lambda: None)
+    ahead.prompt_recorded(False)
+    assert interrupted == ["job-3"] and [e.claim.id for e in ahead.jobs] == ["job-2"]
+
+
+def test_a_lost_own_lease_at_the_claim_behind_the_next_leaves_the_download_to_renew() -> None:
+    queue = Queue(claim(2), claim(3))
+    ahead, _ = jobs(queue, QUEUE_AHEAD)
+    run = executing(ahead.ctx)
+    ahead.queue_ahead(run)
+    ahead.keep_message("job-2", {"type": "execution_start"}, started=True)
+    ended(run)
+    queue.lost.add("job-1")
+    ahead.queue_behind_next(run, lambda: None)
+    assert [e.claim.id for e in ahead.jobs] == ["job-2", "job-3"] and not ahead.renewed_own(ahead.ctx.clock())
 
 
 def test_when_the_next_loses_its_lease_the_one_behind_it_becomes_the_next() -> None:
