@@ -135,6 +135,17 @@ def ended(run: Run) -> None:
     run.m.step(Message("executing", {"node": None, "prompt_id": "job-1"}, 1))
 
 
+def next_started(queue: Queue) -> tuple[AheadJobs, Run, list[str]]:
+    """Job 1's attempt with job 2 queued behind it and seen starting, job 1's run ended: one more may be queued
+    behind the next; with the prompts it interrupted."""
+    ahead, interrupted = jobs(queue, QUEUE_AHEAD)
+    run = executing(ahead.ctx)
+    ahead.queue_ahead(run)
+    ahead.keep_message("job-2", {"type": "execution_start"}, started=True)
+    ended(run)
+    return ahead, run, interrupted
+
+
 def test_a_job_queued_ahead_is_one_posted_entry_shown_waiting() -> None:
     queue = Queue(claim(2))
     ahead, _ = jobs(queue, QUEUE_AHEAD)
@@ -162,11 +173,7 @@ def test_the_one_queued_behind_the_next_renews_this_attempts_lease_with_its_clai
     """Queued behind the next job: claimed with this attempt's own lease renewed in the claim's write (the fence
     of this attempt's download), its number left for this attempt's end to record (one write a job fewer)."""
     queue = Queue(claim(2), claim(3))
-    ahead, _ = jobs(queue, QUEUE_AHEAD)
-    run = executing(ahead.ctx)
-    ahead.queue_ahead(run)
-    ahead.keep_message("job-2", {"type": "execution_start"}, started=True)
-    ended(run)
+    ahead, run, _ = next_started(queue)
     assert ahead.may_queue_behind_next(run)
     read: list[bool] = []
     ahead.queue_behind_next(run, lambda: read.append(True))
@@ -188,11 +195,7 @@ def test_the_one_queued_behind_the_next_renews_this_attempts_lease_with_its_clai
 def test_a_number_the_end_did_not_record_is_recorded_before_the_jobs_pass_on() -> None:
     """An end other than done writes no number: the one queued behind the next job is recorded on its own."""
     queue = Queue(claim(2), claim(3))
-    ahead, _ = jobs(queue, QUEUE_AHEAD)
-    run = executing(ahead.ctx)
-    ahead.queue_ahead(run)
-    ahead.keep_message("job-2", {"type": "execution_start"}, started=True)
-    ended(run)
+    ahead, run, _ = next_started(queue)
     ahead.queue_behind_next(run, lambda: None)
     ahead.record_unrecorded()
     assert queue.calls[-1] == ("record_prompt", "job-3", 2, True)
@@ -202,11 +205,7 @@ def test_a_number_the_end_did_not_record_is_recorded_before_the_jobs_pass_on() -
 
 def test_a_number_recorded_by_the_end_for_a_claim_lost_interrupts_its_prompt() -> None:
     queue = Queue(claim(2), claim(3))
-    ahead, interrupted = jobs(queue, QUEUE_AHEAD)
-    run = executing(ahead.ctx)
-    ahead.queue_ahead(run)
-    ahead.keep_message("job-2", {"type": "execution_start"}, started=True)
-    ended(run)
+    ahead, run, interrupted = next_started(queue)
     ahead.queue_behind_next(run, lambda: None)
     ahead.prompt_recorded(False)
     assert interrupted == ["job-3"] and [e.claim.id for e in ahead.jobs] == ["job-2"]
@@ -214,11 +213,7 @@ def test_a_number_recorded_by_the_end_for_a_claim_lost_interrupts_its_prompt() -
 
 def test_a_lost_own_lease_at_the_claim_behind_the_next_leaves_the_download_to_renew() -> None:
     queue = Queue(claim(2), claim(3))
-    ahead, _ = jobs(queue, QUEUE_AHEAD)
-    run = executing(ahead.ctx)
-    ahead.queue_ahead(run)
-    ahead.keep_message("job-2", {"type": "execution_start"}, started=True)
-    ended(run)
+    ahead, run, _ = next_started(queue)
     queue.lost.add("job-1")
     ahead.queue_behind_next(run, lambda: None)
     assert [e.claim.id for e in ahead.jobs] == ["job-2", "job-3"] and not ahead.renewed_own(ahead.ctx.clock())
