@@ -39,10 +39,10 @@ from comfysup.queue.postgres import PostgresQueue
 from comfysup.queue.values import Output
 
 OUTPUT = [Output(name="cost_00001_.png", size=1_234_567, sha256="ab" * 32, node_id="7")]
-WALKED = """SELECT count(*) AS n FROM tenants t WHERE (t.gpu_seconds / t.weight, t.name) <
-    (SELECT f.gpu_seconds / f.weight, f.name FROM tenants f
+WALKED = """SELECT count(*) AS n FROM tenants t WHERE ((t.gpu_seconds + t.running_seconds) / t.weight, t.name) <
+    (SELECT (f.gpu_seconds + f.running_seconds) / f.weight, f.name FROM tenants f
      WHERE EXISTS (SELECT 1 FROM jobs j WHERE j.tenant = f.name AND j.state = 'queued')
-     ORDER BY f.gpu_seconds / f.weight, f.name LIMIT 1)"""
+     ORDER BY (f.gpu_seconds + f.running_seconds) / f.weight, f.name LIMIT 1)"""
 """The tenants a claim walks past now: those before the first with a job queued."""
 
 

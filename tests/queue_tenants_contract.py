@@ -122,6 +122,23 @@ class TenantsContract:
         served = [run(q, "r", 10.0, T0 + 300 + i * 20) for i in range(6)]
         assert sorted(served) == ["a", "a", "b", "b", "c", "c"]
 
+    def test_running_jobs_count_in_the_share_at_the_seconds_their_tenant_last_took(self, q: Queue) -> None:
+        """A claim adds its tenant's last attempt's seconds to the tenant's share until that attempt ends: tenants
+        level with each other take turns while their jobs run, where charging only at the end served one tenant
+        until its first job ended. A tenant new to the queue expects what the tenant it starts level with took."""
+        q.intake.submit(jobs_of("a", 0, 5), now=T0)
+        assert run(q, "r", 60.0, T0) == "a"
+        q.intake.submit(jobs_of("b", 100, 5), now=T0 + 100)  # level with a at 60 s, expecting 60 s a job
+        held = [q.leases.claim(f"r{i}", "gpu0", LEASE, now=T0 + 100) for i in range(6)]
+        assert [q.reads.get(c.id).tenant for c in held] == ["a", "b", "a", "b", "a", "b"]
+        for claim in held[:4]:
+            q.leases.complete(claim, [], now=T0 + 110)  # 10 s each, not the 60 expected: 10 charged, 60 taken back
+        counts = {t.tenant: t.gpu_seconds for t in q.reads.tenant_counts()}
+        assert (counts["a"], counts["b"]) == (pytest.approx(80.0), pytest.approx(80.0))
+        q.leases.complete(held[5], [], now=T0 + 130)  # b: 110 executed, its last 30 s; a: 80 + 60 expected
+        served = [q.leases.claim(f"s{i}", "gpu0", LEASE, now=T0 + 130) for i in range(3)]
+        assert [q.reads.get(c.id).tenant for c in served] == ["b", "a", "b"]  # b 110 + 30 = a's 140: a by name
+
     def test_a_queue_without_tenants_writes_no_tenant_row_as_jobs_end(self, q: Queue) -> None:
         from tests.queue_contract import make_job
 

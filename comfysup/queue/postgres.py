@@ -47,7 +47,7 @@ from comfysup.queue.reads import fetch
 from comfysup.queue.specs import SpecCache
 from comfysup.workflows import apply_params, model_key
 
-SCHEMA_VERSION = 16
+SCHEMA_VERSION = 17
 CHANNEL = "comfysup_jobs"
 MIGRATION_LOCK = 0x636F6D6679737570  # "comfysup": one advisory lock key for schema changes
 CONNECT_TIMEOUT_SECONDS = 5

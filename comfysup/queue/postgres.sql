@@ -335,3 +335,33 @@ BEGIN
 END $$;
 CREATE TRIGGER jobs_labels AFTER INSERT OR DELETE ON jobs FOR EACH ROW EXECUTE FUNCTION comfysup_job_labels();
 INSERT INTO job_labels (key, value, seq) SELECT l.key, l.value, jobs.seq FROM jobs, comfysup_labels(jobs.meta) AS l;
+
+-- name: v17
+-- A tenant's running jobs count in its share (see schema.sql's v21): each claim adds its attempt's expected
+-- seconds (the tenant's last attempt's, at least a millisecond) to the tenant's running_seconds, and the
+-- attempt's end takes back what its claim added as it charges what the attempt executed.
+ALTER TABLE tenants ADD COLUMN running_seconds double precision NOT NULL DEFAULT 0,
+    ADD COLUMN last_seconds double precision NOT NULL DEFAULT 0;
+ALTER TABLE attempts ADD COLUMN expected_seconds double precision NOT NULL DEFAULT 0;
+DROP INDEX tenants_share;
+CREATE INDEX tenants_share ON tenants (((gpu_seconds + running_seconds) / weight), name);
+CREATE OR REPLACE FUNCTION comfysup_charge_tenant() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    ran json;
+    executed float8;
+BEGIN
+    -- no tenants: no row that every end would write (see schema.sql's v18); two probes of the primary key, not a
+    -- scan that would step over every dead row version of the table
+    IF NOT EXISTS (SELECT 1 FROM tenants WHERE name < 'default') AND NOT EXISTS (SELECT 1 FROM tenants
+            WHERE name > 'default') THEN
+        RETURN NULL;
+    END IF;
+    ran := CASE WHEN NEW.trace IS NOT NULL THEN NEW.trace::json -> 'run_s' END;
+    executed := greatest(0.0, CASE WHEN json_typeof(ran) = 'number' THEN (ran #>> '{}')::float8
+        ELSE NEW.ended_at - NEW.started_at END);
+    UPDATE tenants SET gpu_seconds = gpu_seconds + executed, last_seconds = executed,
+        running_seconds = greatest(0.0, running_seconds - NEW.expected_seconds),
+        done = done + (NEW.outcome IS NOT DISTINCT FROM 'done')::int
+    WHERE name = (SELECT tenant FROM jobs WHERE id = NEW.job_id);
+    RETURN NULL;
+END $$;

@@ -414,3 +414,28 @@ BEGIN
 END;
 INSERT OR IGNORE INTO job_labels (key, value, seq) SELECT l.key, l.value, s.seq FROM job_specs AS s, json_each(CASE
     WHEN json_valid(s.meta) THEN CASE WHEN json_type(s.meta) = 'object' THEN s.meta END END) AS l WHERE l.type = 'text';
+
+-- name: v21
+-- A tenant's running jobs count in its share. Seconds are charged as an attempt ends, so a tenant whose jobs had
+-- all been claimed stayed first in the share order for a job's length: it took every slot that freed while it
+-- had jobs queued, and once it had none every claim walked past it. Now each claim adds its attempt's expected
+-- seconds (its tenant's last attempt's, at least a millisecond; kept in the attempt's row) to its tenant's
+-- running_seconds, and the attempt's end takes back what its claim added as it charges what the attempt
+-- executed: the claim walks tenants in the order of (gpu_seconds + running_seconds) / weight.
+ALTER TABLE tenants ADD COLUMN running_seconds REAL NOT NULL DEFAULT 0;
+ALTER TABLE tenants ADD COLUMN last_seconds REAL NOT NULL DEFAULT 0;
+ALTER TABLE attempts ADD COLUMN expected_seconds REAL NOT NULL DEFAULT 0;
+DROP INDEX tenants_share;
+CREATE INDEX tenants_share ON tenants ((gpu_seconds + running_seconds) / weight, name);
+DROP TRIGGER attempts_ended_charge;
+CREATE TRIGGER attempts_ended_charge AFTER UPDATE OF ended_at ON attempts
+WHEN old.ended_at IS NULL AND new.ended_at IS NOT NULL
+    AND (EXISTS (SELECT 1 FROM tenants WHERE name < 'default') OR EXISTS (SELECT 1 FROM tenants WHERE name > 'default'))
+BEGIN
+    UPDATE tenants SET gpu_seconds = gpu_seconds + max(0.0, coalesce(json_extract(new.trace, '$.run_s'),
+            new.ended_at - new.started_at)),
+        last_seconds = max(0.0, coalesce(json_extract(new.trace, '$.run_s'), new.ended_at - new.started_at)),
+        running_seconds = max(0.0, running_seconds - new.expected_seconds),
+        done = done + (new.outcome IS 'done')
+    WHERE name = (SELECT tenant FROM jobs WHERE id = new.job_id);
+END;

@@ -2,7 +2,7 @@
 -- made from it in one step (comfysup.queue.db.SQLDb.schema_steps); an older queue is brought forward by the steps.
 -- Written from the steps, never by hand, after a step is added or changed:
 --     COMFYSUP_WRITE_WHOLE_SCHEMA=1 .venv/bin/python -m pytest tests/integration/test_queue_sqlite.py -k made_whole
--- name: v20
+-- name: v21
 CREATE TABLE affinity_skips (
     tenant    TEXT    NOT NULL,
     priority  INTEGER NOT NULL,
@@ -55,7 +55,7 @@ CREATE TABLE attempts (
     outcome       TEXT,
     reason        TEXT,
     prompt_number INTEGER
-, kind TEXT, trace TEXT, url TEXT);
+, kind TEXT, trace TEXT, url TEXT, expected_seconds REAL NOT NULL DEFAULT 0);
 CREATE TABLE catalogues (
     id          INTEGER PRIMARY KEY,
     hash        TEXT    NOT NULL UNIQUE,
@@ -174,8 +174,8 @@ CREATE TABLE tenants (
     max_running INTEGER,
     gpu_seconds REAL    NOT NULL DEFAULT 0,
     done        INTEGER NOT NULL DEFAULT 0
-) WITHOUT ROWID;
-INSERT INTO "tenants" VALUES('default',1.0,NULL,0.0,0);
+, running_seconds REAL NOT NULL DEFAULT 0, last_seconds REAL NOT NULL DEFAULT 0) WITHOUT ROWID;
+INSERT INTO "tenants" VALUES('default',1.0,NULL,0.0,0,0.0,0.0);
 CREATE TABLE workflows (
     id       INTEGER PRIMARY KEY AUTOINCREMENT,
     hash     TEXT    NOT NULL UNIQUE,
@@ -215,16 +215,6 @@ CREATE INDEX jobs_tenant_ready ON jobs (tenant, priority DESC, seq, run_after) W
 CREATE INDEX jobs_tenant_affinity ON jobs (tenant, model_key, priority, seq, run_after)
     WHERE state = 'queued' AND model_key IS NOT NULL;
 CREATE INDEX jobs_tenant_running ON jobs (tenant) WHERE state = 'running';
-CREATE INDEX tenants_share ON tenants (gpu_seconds / weight, name);
-CREATE TRIGGER attempts_ended_charge AFTER UPDATE OF ended_at ON attempts
-WHEN old.ended_at IS NULL AND new.ended_at IS NOT NULL
-    AND (EXISTS (SELECT 1 FROM tenants WHERE name < 'default') OR EXISTS (SELECT 1 FROM tenants WHERE name > 'default'))
-BEGIN
-    UPDATE tenants SET gpu_seconds = gpu_seconds
-        + max(0.0, coalesce(json_extract(new.trace, '$.run_s'), new.ended_at - new.started_at)),
-        done = done + (new.outcome IS 'done')
-    WHERE name = (SELECT tenant FROM jobs WHERE id = new.job_id);
-END;
 CREATE INDEX jobs_tenant ON jobs (tenant);
 CREATE TRIGGER job_labels_insert AFTER INSERT ON job_specs
 BEGIN
@@ -235,6 +225,18 @@ CREATE TRIGGER job_labels_delete AFTER DELETE ON job_specs
 BEGIN
     DELETE FROM job_labels WHERE (key, value, seq) IN (SELECT key, value, old.seq FROM json_each(CASE WHEN
         json_valid(old.meta) THEN CASE WHEN json_type(old.meta) = 'object' THEN old.meta END END) WHERE type = 'text');
+END;
+CREATE INDEX tenants_share ON tenants ((gpu_seconds + running_seconds) / weight, name);
+CREATE TRIGGER attempts_ended_charge AFTER UPDATE OF ended_at ON attempts
+WHEN old.ended_at IS NULL AND new.ended_at IS NOT NULL
+    AND (EXISTS (SELECT 1 FROM tenants WHERE name < 'default') OR EXISTS (SELECT 1 FROM tenants WHERE name > 'default'))
+BEGIN
+    UPDATE tenants SET gpu_seconds = gpu_seconds + max(0.0, coalesce(json_extract(new.trace, '$.run_s'),
+            new.ended_at - new.started_at)),
+        last_seconds = max(0.0, coalesce(json_extract(new.trace, '$.run_s'), new.ended_at - new.started_at)),
+        running_seconds = max(0.0, running_seconds - new.expected_seconds),
+        done = done + (new.outcome IS 'done')
+    WHERE name = (SELECT tenant FROM jobs WHERE id = new.job_id);
 END;
 DELETE FROM "sqlite_sequence";
 INSERT INTO "sqlite_sequence" VALUES('workflows',0);

@@ -49,7 +49,7 @@ from comfysup.workflows import content_hash
 if TYPE_CHECKING:
     from comfysup.queue.run_values import Delivery, PruneBatch
 
-SCHEMA_VERSION = 20
+SCHEMA_VERSION = 21
 BUSY_FIRST_STEP_SECONDS = 0.0002
 BUSY_STEP_SECONDS = 0.002
 """How a write waits for the lock another process holds: 0.2 ms, doubling to 2 ms a try (see ``_begin``)."""

@@ -92,11 +92,13 @@ def insert_batch(conn: sqlite3.Connection, batch: list[NewJob], at: float | None
 
 def take(conn: sqlite3.Connection, ask: ClaimAsk, at: float, cached: Mapping[int, Any]) -> dict[str, Any] | None:
     """Several statements, under the write lock: the head (or the affine pick: one statement, three index
-    seeks), the job's row, its spec, its workflow unless cached, and its attempt row."""
+    seeks), the job's row, its spec, its workflow unless cached, its attempt row, and the seconds its tenant is
+    expected to hold added to the tenant's share."""
     expire_leases(conn, at)
-    seq = _pick(conn, ask, at)
-    if seq is None:
+    picked = _pick(conn, ask, at)
+    if picked is None:
         return None
+    seq, head = picked
     lease_until = at + ask.lease_seconds
     job = conn.execute(SQL["take"], {"owner": ask.owner, "server": ask.server, "lease_until": lease_until,
                                      "now": at, "seq": seq}).fetchone()
@@ -105,22 +107,27 @@ def take(conn: sqlite3.Connection, ask: ClaimAsk, at: float, cached: Mapping[int
     if spec["workflow_id"] not in cached:
         text = conn.execute(SQL["workflow_text"], {"id": spec["workflow_id"]}).fetchone()["workflow"]
     conn.execute(SQL["open_attempt"], {"job_id": job["id"], "attempt": job["attempt"], "owner": ask.owner,
-                                       "server": ask.server, "now": at, "url": ask.url})
+                                       "server": ask.server, "now": at, "url": ask.url,
+                                       "expected": head["expected"]})
+    if head["expected"]:
+        conn.execute(SQL["hold_share"], {"tenant": head["tenant"], "expected": head["expected"]})
     return {**dict(job), **dict(spec), "owner": ask.owner, "server": ask.server, "lease_until": lease_until,
             "workflow": text}
 
-def _pick(conn: sqlite3.Connection, ask: ClaimAsk, at: float) -> int | None:
-    """The seq of the job to take: the head, or with affinity the affine pick (noting the head passed over)."""
+
+def _pick(conn: sqlite3.Connection, ask: ClaimAsk, at: float) -> tuple[int, sqlite3.Row] | None:
+    """The seq of the job to take, the head (or with affinity the affine pick, noting the head passed over), and
+    the head's row (its ``tenant`` and ``expected`` seconds)."""
     if not ask.affinity:
         row = conn.execute(SQL["head"], {"now": at, "cat": ask.catalogue}).fetchone()
-        return None if row is None else row["seq"]
+        return None if row is None else (row["seq"], row)
     row = conn.execute(SQL["pick"], {"now": at, "wait": ask.max_wait_seconds, "key": ask.prefer_model,
                                      "cat": ask.catalogue}).fetchone()
     if row is None:
         return None
     seq = row["affine"] if row["affine"] is not None else row["head"]
     note_passed_over(SQL, conn, row, seq, at)
-    return seq
+    return seq, row
 
 
 def expire_leases(conn: sqlite3.Connection, at: float) -> None:

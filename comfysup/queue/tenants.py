@@ -2,21 +2,26 @@
 
 Every job has a tenant (``default`` when none is named). The claim (the dialects' ``head`` statement) serves the
 tenant furthest below its weighted share of slot time first: tenants are walked in the order of
-``gpu_seconds / weight``, where ``gpu_seconds`` is the running total of the seconds that tenant's attempts
-executed, added by a trigger as each attempt ends; inside the tenant, priority then submission order (and model
-affinity) as before. A tenant that submits while it has no job queued or running starts level with the
-least-served tenant that has work, or with the most-served one when none has (``arrive``): shares count while a
-tenant has work, so an idle tenant does not come back with a credit that would take the whole fleet from the
-others. A tenant at its ``max_running`` is passed over. ``max_queued`` bounds a tenant's queued
-jobs: a submit that would pass it is refused whole (``TenantFull``). A storing job (its outputs staged on its
-machine for the bucket, comfysup.queue.uploads) holds no slot: it counts toward neither bound, and among its
-tenant's jobs done once its uploader has stored it.
+``(gpu_seconds + running_seconds) / weight``, where ``gpu_seconds`` is the running total of the seconds that
+tenant's attempts executed, added by a trigger as each attempt ends, and ``running_seconds`` what its running
+attempts are expected to take: each claim adds its tenant's last attempt's seconds (at least a millisecond, so that
+tenants level with each other take turns), kept in the attempt's row, and the attempt's end takes them back.
+Inside the tenant, priority then submission order (and model affinity) as before. A tenant that submits while it
+has no job queued or running starts level with the least-served tenant that has work, or with the most-served one
+when none has, and expects its attempts to take what that tenant's last took until one of its own ends
+(``arrive``): shares count while a tenant has work, so an idle tenant does not come back with a credit that would
+take the whole fleet from the others. A tenant at its ``max_running`` is passed over. ``max_queued`` bounds a
+tenant's queued jobs: a submit that would pass it is refused whole (``TenantFull``). A storing job (its outputs
+staged on its machine for the bucket, comfysup.queue.uploads) holds no slot: it counts toward neither bound, and
+among its tenant's jobs done once its uploader has stored it.
 
 The limits come from the config's ``[tenants.NAME]`` (comfysup.config.schema.TenantConfig); each process writes
 the ones it knows into the ``tenants`` table once, in its first claim or submit, so the claim reads them there.
 Every machine of a queue should declare the same tenants.
 
-On PostgreSQL, two claims at once must not both see a tenant one below its cap: while any declared tenant has a
+On PostgreSQL a claim never waits for its tenant's row (an end holds it until its commit): while another
+transaction holds it, the claim's attempt expects nothing and its tenant is charged when it ends. Two claims at
+once must not both see a tenant one below its cap: while any declared tenant has a
 ``max_running``, every claim takes one transaction-scoped advisory lock (CLAIM_LOCK) before it counts, so each
 count includes every claim committed before it. A submit to a tenant with ``max_queued`` takes that tenant's own
 advisory lock (``TENANT_QUEUED_LOCK``, the tenant's name) before it counts.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 import time
 import uuid
@@ -14,7 +15,9 @@ import pytest
 from pg_support import pg_url  # noqa: F401  (a fixture)
 from queue_contract import LEASE, T0, QueueContract, make_job
 
+from comfysup import records
 from comfysup.errors import DatabaseUnavailable, LeaseLost, QueueError
+from comfysup.queue import queries
 from comfysup.queue.base import NewJob, Output
 from comfysup.queue.db import ClaimAsk
 from comfysup.queue.postgres import SCHEMA_VERSION, PostgresQueue, describe_url
@@ -36,6 +39,15 @@ class TestPostgresQueue(QueueContract):
 UNDO_V13 = ("DROP TABLE slot_orders; DROP INDEX jobs_workflow_name; DROP INDEX jobs_state_seq; "
             "CREATE INDEX jobs_state ON jobs (state, finished_at)")
 """What schema v13 (the console's) added, taken away again: a test of an older database undoes it first."""
+
+V14_CHARGE = re.search(r"CREATE FUNCTION comfysup_charge_tenant\(\).*?END \$\$;", queries.read("postgres.sql")["v14"],
+                       re.S).group(0).replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION")
+"""The tenant's charge as v14 wrote it (v17 replaced it)."""
+
+UNDO_V17 = ("DROP INDEX tenants_share; ALTER TABLE tenants DROP COLUMN running_seconds, DROP COLUMN last_seconds; "
+            "ALTER TABLE attempts DROP COLUMN expected_seconds; "
+            "CREATE INDEX tenants_share ON tenants ((gpu_seconds / weight), name); " + V14_CHARGE)
+"""v17 (running jobs in the share) taken away again: a test of an older database undoes it before v16."""
 
 UNDO_V16 = "DROP TABLE job_labels; DROP FUNCTION comfysup_job_labels CASCADE; DROP FUNCTION comfysup_labels"
 """v16 (the console's label index) taken away again: a test of an older database undoes it before v15."""
@@ -76,7 +88,7 @@ UNDO_V12 = "ALTER TABLE jobs DROP COLUMN staged_at, DROP COLUMN staged_in, DROP 
 
 def _undo_steps_since(url: str, first: int) -> None:
     """Every schema step from ``first`` on taken away, newest first (the tests of older databases begin so)."""
-    undo = {12: UNDO_V12, 13: UNDO_V13, 14: UNDO_V14, 15: UNDO_V15, 16: UNDO_V16}
+    undo = {12: UNDO_V12, 13: UNDO_V13, 14: UNDO_V14, 15: UNDO_V15, 16: UNDO_V16, 17: UNDO_V17}
     assert set(undo) == set(range(12, SCHEMA_VERSION + 1)), "a new schema step needs its undo here"
     for step in range(SCHEMA_VERSION, first - 1, -1):
         _sql(url, undo[step])
@@ -280,6 +292,35 @@ def test_skip_locked_claims_never_wait_for_each_other(pg_url: str) -> None:  # n
         holder.rollback()
         holder.close()
     assert q.leases.claim("runner-c", "gpu2", LEASE, now=T0).id == make_job(1).id
+    q.close()
+
+
+@pytest.mark.timeout(20)
+def test_a_claim_never_waits_for_its_tenants_row(pg_url: str) -> None:  # noqa: F811
+    """An end holds its tenant's row until its commit (and a transaction that ends one tenant's attempt and claims
+    another's must not wait in a circle with one doing the opposite): a claim meanwhile takes its job at once and
+    adds nothing to the share, so that its end takes nothing back. Were it to wait, the test would time out."""
+    q = PostgresQueue(pg_url)
+    q.intake.submit([records.replace(make_job(n), tenant=name) for n, name in ((1, "a"), (3, "b"))],
+                    now=T0)
+    holder = psycopg.connect(pg_url)
+    try:
+        holder.execute("UPDATE tenants SET done = done WHERE name = 'a'")
+        claim = q.leases.claim("runner-a", "gpu0", LEASE, now=T0)
+        assert claim is not None and claim.id == make_job(1).id
+    finally:
+        holder.rollback()
+        holder.close()
+    held = q.leases.claim("runner-b", "gpu1", LEASE, now=T0)  # b's row is free: its share holds this claim
+    assert held.id == make_job(3).id
+    expected = dict(_sql(pg_url, "SELECT job_id, expected_seconds FROM attempts"))
+    assert expected == {make_job(1).id: 0.0, make_job(3).id: 0.001}
+    assert dict(_sql(pg_url, "SELECT name, running_seconds FROM tenants WHERE name <> 'default'")) == \
+        {"a": 0.0, "b": 0.001}
+    q.leases.complete(claim, [], now=T0 + 5)
+    q.leases.complete(held, [], now=T0 + 5)
+    assert dict(_sql(pg_url, "SELECT name, running_seconds FROM tenants WHERE name <> 'default'")) == \
+        {"a": 0.0, "b": 0.0}
     q.close()
 
 

@@ -515,6 +515,27 @@ def test_v20_indexes_the_labels_of_the_jobs_already_there(tmp_path: Path) -> Non
     q.close()
 
 
+def test_v21_counts_running_jobs_in_the_share_and_ends_the_ones_already_running(tmp_path: Path) -> None:
+    """A v20 queue with a tenant's job running opened by this comfysup: that attempt expected nothing, so its end
+    takes nothing back and charges what it executed; the claims after it hold their tenants' shares."""
+    path = tmp_path / "q.db"
+    q = SQLiteQueue(path)
+    q.intake.submit([records.replace(make_job(n), tenant="ab"[n % 2]) for n in range(6)], now=T0)
+    running = q.leases.claim("r", "gpu0", 30, now=T0)
+    q.close()
+    _back_to(path, 20)
+    q = SQLiteQueue(path, create=False)
+    q.leases.complete(running, [], now=T0 + 20)
+    shares = {r["name"]: (r["gpu_seconds"], r["running_seconds"], r["last_seconds"])
+              for r in q.db._read("SELECT * FROM tenants WHERE name <> 'default'")}
+    assert shares == {"a": (20.0, 0.0, 20.0), "b": (0.0, 0.0, 0.0)}
+    served = [q.leases.claim(f"r{i}", "gpu0", 30, now=T0 + 20) for i in range(4)]
+    assert [q.reads.get(c.id).tenant for c in served] == ["b", "b", "b", "a"]  # b at 0 s, a at 20
+    held = {r["name"]: r["running_seconds"] for r in q.db._read("SELECT * FROM tenants WHERE name <> 'default'")}
+    assert held == {"a": pytest.approx(20.0), "b": pytest.approx(0.003)}  # a's last took 20 s; b has none yet
+    q.close()
+
+
 WHOLE = Path(sqlite_file.__file__).parent / SQLiteDb.WHOLE_SCHEMA
 WHOLE_HEADER = """\
 -- The schema that every step of schema.sql makes, at the version this block is named for: a new SQLite queue is
@@ -553,6 +574,16 @@ def test_a_new_queue_made_whole_is_the_queue_the_steps_make(tmp_path: Path, monk
 
 
 UNDO = {
+    21: "DROP TRIGGER attempts_ended_charge; DROP INDEX tenants_share; "
+        "ALTER TABLE tenants DROP COLUMN running_seconds; ALTER TABLE tenants DROP COLUMN last_seconds; "
+        "ALTER TABLE attempts DROP COLUMN expected_seconds; "
+        "CREATE INDEX tenants_share ON tenants (gpu_seconds / weight, name); "
+        "CREATE TRIGGER attempts_ended_charge AFTER UPDATE OF ended_at ON attempts "
+        "WHEN old.ended_at IS NULL AND new.ended_at IS NOT NULL AND (EXISTS (SELECT 1 FROM tenants "
+        "WHERE name < 'default') OR EXISTS (SELECT 1 FROM tenants WHERE name > 'default')) BEGIN "
+        "UPDATE tenants SET gpu_seconds = gpu_seconds + max(0.0, coalesce(json_extract(new.trace, '$.run_s'), "
+        "new.ended_at - new.started_at)), done = done + (new.outcome IS 'done') "
+        "WHERE name = (SELECT tenant FROM jobs WHERE id = new.job_id); END",
     20: "DROP TRIGGER job_labels_insert; DROP TRIGGER job_labels_delete; DROP TABLE job_labels",
     19: "DROP INDEX jobs_tenant",
     18: "DROP TRIGGER attempts_ended_charge; DROP TABLE tenants; "

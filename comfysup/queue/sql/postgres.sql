@@ -69,16 +69,22 @@ UNION ALL SELECT 'posted', count(*) FROM jobs WHERE state = 'running' AND waitin
 SELECT submitted_at FROM jobs WHERE state = 'queued' ORDER BY seq LIMIT 1
 
 -- name: head
--- the fair head: tenants walked in the order of their share used (seconds held over weight, tenants_share),
--- passing over one at its max_running, and the first whose own head (priority, then seq: jobs_tenant_ready) is
--- ready and not held by another claim (SKIP LOCKED); a tenant without a ready job costs one index probe
-SELECT j.seq, j.priority, t.name AS tenant FROM tenants t CROSS JOIN LATERAL (SELECT seq, priority FROM jobs
+-- the fair head: tenants walked in the order of their share used (seconds executed and expected of the running
+-- over weight, tenants_share), passing over one at its max_running, and the first whose own head (priority, then
+-- seq: jobs_tenant_ready) is ready and not held by another claim (SKIP LOCKED); a tenant without a ready job
+-- costs one index probe. expected: the seconds the claim adds to its tenant's share until its attempt ends (its
+-- last attempt's, at least a millisecond so that tenants level with each other take turns; none while default is
+-- the only tenant)
+SELECT j.seq, j.priority, t.name AS tenant, CASE WHEN t.name <> 'default'
+        OR EXISTS (SELECT 1 FROM tenants o WHERE o.name < 'default') OR EXISTS (SELECT 1 FROM tenants o
+        WHERE o.name > 'default') THEN greatest(t.last_seconds, 0.001) ELSE 0 END AS expected
+FROM tenants t CROSS JOIN LATERAL (SELECT seq, priority FROM jobs
     WHERE jobs.tenant = t.name AND state = 'queued' AND run_after <= {now}
     AND NOT EXISTS (SELECT 1 FROM job_refusals r WHERE r.seq = jobs.seq AND r.catalogue_id = :cat)
     ORDER BY priority DESC, seq LIMIT 1 FOR UPDATE SKIP LOCKED) j
 WHERE t.max_running IS NULL
     OR (SELECT count(*) FROM jobs r WHERE r.tenant = t.name AND r.state = 'running') < t.max_running
-ORDER BY t.gpu_seconds / t.weight, t.name LIMIT 1
+ORDER BY (t.gpu_seconds + t.running_seconds) / t.weight, t.name LIMIT 1
 
 -- name: pick_head
 -- strict order: the head
@@ -102,15 +108,24 @@ WITH head AS ({head}), pick AS ({pick_head}), {claimed}
 WITH head AS ({head}), pick AS ({pick_affine}), {claimed}
 
 -- name: claimed
--- take the picked job, open its attempt, and read its workflow unless this process has it cached
+-- take the picked job, add the seconds it is expected to take to its tenant's share and open its attempt with
+-- them, and read its workflow unless this process has it cached. The claim never waits for the tenant's row: an
+-- end holds it until its commit, and a transaction that ends one tenant's attempt and then claims another's would
+-- wait in a circle with one doing the opposite; while another holds it, this attempt expects nothing (its tenant
+-- is charged when it ends, as it always is)
 claimed AS (
     UPDATE jobs SET state = 'running', attempt = attempt + 1, owner = :owner, server = :server,
         lease_until = {claim_at} + :lease, started_at = {claim_at}, progress = NULL, waiting_since = NULL
     WHERE seq = (SELECT * FROM pick)
     RETURNING seq, id, attempt, workflow_id, extra_data, params, last_server, last_prompt_number, reason,
         cancel_requested, lease_until, started_at, model_key),
-opened AS (INSERT INTO attempts (job_id, attempt, owner, server, started_at, url)
-    SELECT id, attempt, :owner, :server, started_at, :url FROM claimed)
+held AS (UPDATE tenants SET running_seconds = running_seconds + h.expected FROM head h, claimed c
+    WHERE tenants.name = h.tenant AND h.expected > 0
+    AND tenants.name = (SELECT l.name FROM tenants l WHERE l.name = h.tenant FOR UPDATE SKIP LOCKED)
+    RETURNING h.expected),
+opened AS (INSERT INTO attempts (job_id, attempt, owner, server, started_at, url, expected_seconds)
+    SELECT c.id, c.attempt, :owner, :server, c.started_at, :url, coalesce((SELECT expected FROM held), 0)
+    FROM claimed c)
 SELECT c.id, c.attempt, c.workflow_id, c.extra_data, c.params, c.last_server, c.last_prompt_number, c.reason,
     c.cancel_requested, c.lease_until, c.model_key,
     (SELECT w.workflow FROM workflows w WHERE w.id = c.workflow_id AND NOT w.id = ANY(:cached::bigint[]))

@@ -569,13 +569,18 @@ ON CONFLICT (name) DO UPDATE SET weight = excluded.weight, max_running = exclude
 
 -- name: level_tenant
 -- a tenant with no job queued or running (idle, or new) starts level with the least-served tenant that has work
--- (when none has, with the most-served tenant): its share counts while it has work, so credit does not pile up
--- while it is away
-UPDATE tenants SET gpu_seconds = {greatest}(gpu_seconds, weight * coalesce((SELECT t.gpu_seconds / t.weight
-    FROM tenants t WHERE t.name <> :name AND (EXISTS (SELECT 1 FROM jobs j WHERE j.tenant = t.name AND j.state = 'queued')
+-- (when none has, with the most-served tenant), and until an attempt of its own ends, expects its attempts to take
+-- as long as that tenant's last: its share counts while it has work, so credit does not pile up while it is away
+UPDATE tenants SET gpu_seconds = {greatest}(tenants.gpu_seconds, tenants.weight * coalesce(l.share,
+        (SELECT max((t.gpu_seconds + t.running_seconds) / t.weight) FROM tenants t), 0)),
+    running_seconds = 0,
+    last_seconds = CASE WHEN tenants.last_seconds > 0 THEN tenants.last_seconds ELSE coalesce(l.seed_seconds, 0) END
+FROM (SELECT 1 AS one) d LEFT JOIN (SELECT (t.gpu_seconds + t.running_seconds) / t.weight AS share,
+        t.last_seconds AS seed_seconds FROM tenants t WHERE t.name <> :name
+        AND (EXISTS (SELECT 1 FROM jobs j WHERE j.tenant = t.name AND j.state = 'queued')
         OR EXISTS (SELECT 1 FROM jobs j WHERE j.tenant = t.name AND j.state = 'running'))
-    ORDER BY t.gpu_seconds / t.weight, t.name LIMIT 1), (SELECT max(t.gpu_seconds / t.weight) FROM tenants t), 0))
-WHERE name = :name AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.tenant = :name AND j.state = 'queued')
+        ORDER BY (t.gpu_seconds + t.running_seconds) / t.weight, t.name LIMIT 1) l ON 1 = 1
+WHERE tenants.name = :name AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.tenant = :name AND j.state = 'queued')
     AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.tenant = :name AND j.state = 'running')
 
 -- name: seed_default

@@ -64,22 +64,30 @@ UNION ALL SELECT 'posted', count(*) FROM jobs INDEXED BY jobs_state WHERE state 
 SELECT submitted_at FROM jobs WHERE seq = (SELECT min(seq) FROM jobs WHERE state = 'queued' AND finished_at IS NULL)
 
 -- name: head
--- the fair head: tenants walked in the order of their share used (seconds held over weight, tenants_share),
--- passing over one at its max_running, and the first whose own head (priority, then seq: jobs_tenant_ready) is
--- ready; a job that the claiming server's catalogue :cat refused is passed over (one primary-key probe a job)
-SELECT seq, priority, tenant FROM jobs WHERE seq = (SELECT (SELECT j.seq FROM jobs j INDEXED BY jobs_tenant_ready
+-- the fair head: tenants walked in the order of their share used (seconds executed and expected of the running
+-- over weight, tenants_share), passing over one at its max_running, and the first whose own head (priority, then
+-- seq: jobs_tenant_ready) is ready; a job that the claiming server's catalogue :cat refused is passed over (one
+-- primary-key probe a job). expected: the seconds the claim adds to its tenant's share until its attempt ends (its
+-- last attempt's, at least a millisecond so that tenants level with each other take turns; none while default is
+-- the only tenant)
+SELECT seq, priority, tenant, coalesce((SELECT CASE WHEN t.name <> 'default'
+        OR EXISTS (SELECT 1 FROM tenants o WHERE o.name < 'default') OR EXISTS (SELECT 1 FROM tenants o
+        WHERE o.name > 'default') THEN max(t.last_seconds, 0.001) ELSE 0 END
+    FROM tenants t WHERE t.name = jobs.tenant), 0) AS expected
+FROM jobs WHERE seq = (SELECT (SELECT j.seq FROM jobs j INDEXED BY jobs_tenant_ready
         WHERE j.tenant = t.name AND j.state = 'queued' AND j.run_after <= :now
         AND NOT EXISTS (SELECT 1 FROM job_refusals r WHERE r.seq = j.seq AND r.catalogue_id = :cat)
         ORDER BY j.priority DESC, j.seq LIMIT 1) AS ready
     FROM tenants t INDEXED BY tenants_share
     WHERE (t.max_running IS NULL OR (SELECT count(*) FROM jobs r INDEXED BY jobs_tenant_running
         WHERE r.tenant = t.name AND r.state = 'running') < t.max_running) AND ready IS NOT NULL
-    ORDER BY t.gpu_seconds / t.weight, t.name LIMIT 1)
+    ORDER BY (t.gpu_seconds + t.running_seconds) / t.weight, t.name LIMIT 1)
 
 -- name: pick
 -- the fair head and, unless it has been passed over for :wait seconds, the first job of its tenant and priority
 -- with model :key
 WITH head AS ({head}) SELECT head.seq AS head, head.priority AS priority, head.tenant AS tenant,
+    head.expected AS expected,
     CASE WHEN coalesce((SELECT min(at) FROM affinity_skips s WHERE s.tenant = head.tenant
         AND s.priority = head.priority AND s.seq_bound > head.seq), :now) > :now - :wait
     THEN (SELECT seq FROM jobs INDEXED BY jobs_tenant_affinity WHERE state = 'queued' AND tenant = head.tenant
@@ -98,8 +106,13 @@ RETURNING id, attempt, last_server, last_prompt_number, reason, cancel_requested
 SELECT workflow_id, extra_data, params FROM job_specs WHERE seq = :seq
 
 -- name: open_attempt
--- the attempt row a claim opens
-INSERT INTO attempts (job_id, attempt, owner, server, started_at, url) VALUES (:job_id, :attempt, :owner, :server, :now, :url)
+-- the attempt row a claim opens, with the seconds its tenant is expected to hold until it ends
+INSERT INTO attempts (job_id, attempt, owner, server, started_at, url, expected_seconds)
+VALUES (:job_id, :attempt, :owner, :server, :now, :url, :expected)
+
+-- name: hold_share
+-- a claim's expected seconds added to its tenant's share, taken back by the attempt's end (attempts_ended_charge)
+UPDATE tenants SET running_seconds = running_seconds + :expected WHERE name = :tenant
 
 -- name: any_expired
 -- a read first: an UPDATE that changes nothing still cost a fifth of a claim's statements
