@@ -416,9 +416,9 @@ INSERT OR IGNORE INTO job_labels (key, value, seq) SELECT l.key, l.value, s.seq 
     WHEN json_valid(s.meta) THEN CASE WHEN json_type(s.meta) = 'object' THEN s.meta END END) AS l WHERE l.type = 'text';
 
 -- name: v21
--- A tenant's running jobs count in its share. Seconds are charged as an attempt ends, so a tenant whose jobs had
--- all been claimed stayed first in the share order for a job's length: it took every slot that freed while it
--- had jobs queued, and once it had none every claim walked past it. Now each claim adds its attempt's expected
+-- A tenant's running jobs count in its share. Seconds were charged only as an attempt ended, so a tenant whose
+-- jobs had all been claimed stayed first in the share order for a job's length: it took every slot that freed
+-- while it had jobs queued, and once it had none every claim walked past it. Now each claim adds its attempt's expected
 -- seconds (its tenant's last attempt's, at least a millisecond; kept in the attempt's row) to its tenant's
 -- running_seconds, and the attempt's end takes back what its claim added as it charges what the attempt
 -- executed: the claim walks tenants in the order of (gpu_seconds + running_seconds) / weight.

@@ -21,9 +21,9 @@ Every machine of a queue should declare the same tenants.
 
 On PostgreSQL a claim never waits for its tenant's row (an end holds it until its commit): while another
 transaction holds it, the claim's attempt expects nothing and its tenant is charged when it ends. Two claims at
-once must not both see a tenant one below its cap: while any declared tenant has a
-``max_running``, every claim takes one transaction-scoped advisory lock (CLAIM_LOCK) before it counts, so each
-count includes every claim committed before it. A submit to a tenant with ``max_queued`` takes that tenant's own
+once must not both see a tenant one below its cap: while any declared tenant has a ``max_running``, every claim
+takes one transaction-scoped advisory lock (CLAIM_LOCK) before it counts, so each count includes every claim
+committed before it. A submit to a tenant with ``max_queued`` takes that tenant's own
 advisory lock (``TENANT_QUEUED_LOCK``, the tenant's name) before it counts.
 """
 
