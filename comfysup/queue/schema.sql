@@ -432,10 +432,9 @@ CREATE TRIGGER attempts_ended_charge AFTER UPDATE OF ended_at ON attempts
 WHEN old.ended_at IS NULL AND new.ended_at IS NOT NULL
     AND (EXISTS (SELECT 1 FROM tenants WHERE name < 'default') OR EXISTS (SELECT 1 FROM tenants WHERE name > 'default'))
 BEGIN
-    UPDATE tenants SET gpu_seconds = gpu_seconds + max(0.0, coalesce(json_extract(new.trace, '$.run_s'),
-            new.ended_at - new.started_at)),
-        last_seconds = max(0.0, coalesce(json_extract(new.trace, '$.run_s'), new.ended_at - new.started_at)),
+    UPDATE tenants SET gpu_seconds = gpu_seconds + e.executed, last_seconds = e.executed,
         running_seconds = max(0.0, running_seconds - new.expected_seconds),
         done = done + (new.outcome IS 'done')
+    FROM (SELECT max(0.0, coalesce(json_extract(new.trace, '$.run_s'), new.ended_at - new.started_at)) AS executed) e
     WHERE name = (SELECT tenant FROM jobs WHERE id = new.job_id);
 END;

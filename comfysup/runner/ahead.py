@@ -215,10 +215,16 @@ class AheadJobs:
     def unrecorded_prompt(self) -> PromptRecord | None:
         """The prompt of the job queued behind the next one, posted here and not recorded yet: this attempt's end
         records it in its own transaction (``prompt_recorded`` then)."""
-        entry = self.unrecorded
-        if entry is None or entry not in self.jobs or entry.number is None:
+        entry = self._unrecorded_kept()
+        if entry is None:
             return None
+        assert entry.number is not None
         return PromptRecord(entry.claim, self.ctx.s.server, entry.number, self.ctx.s.url, entry.waiting)
+
+    def _unrecorded_kept(self) -> Ahead | None:
+        """``unrecorded`` while it is still among the jobs taken ahead, with its number."""
+        entry = self.unrecorded
+        return entry if entry is not None and entry in self.jobs and entry.number is not None else None
 
     def prompt_recorded(self, held: bool) -> None:
         """This attempt's end recorded ``unrecorded_prompt``; ``held``: its claim still held (else it is dropped:
@@ -230,8 +236,8 @@ class AheadJobs:
     def record_unrecorded(self) -> None:
         """A prompt this attempt's end did not record (an end other than done, or none written): recorded now,
         in a transaction of its own, before the jobs taken ahead pass to the next attempt."""
-        entry, self.unrecorded = self.unrecorded, None
-        if entry is not None and entry in self.jobs and entry.number is not None:
+        entry, self.unrecorded = self._unrecorded_kept(), None
+        if entry is not None:
             self._record_post(entry)
 
     def _mark_waiting(self, entry: Ahead) -> None:
