@@ -89,7 +89,7 @@ class ChainDriver(bq.ComfysupDriver):
         claim = q.leases.claim(owner, "bench", bq.LEASE_SECONDS)
         while claim is not None:
             report.claimed.append(claim.id)
-            nxt = q.leases.complete_and_claim(claim, [], owner, "bench", bq.LEASE_SECONDS)
+            nxt, _ = q.leases.complete_and_claim(claim, [], owner, "bench", bq.LEASE_SECONDS)
             report.completed += 1
             claim = nxt
         report.ended = time.time()

@@ -128,7 +128,7 @@ def measure_round(q: SQLiteQueue, ops: int, out: dict[str, list[tuple[float, flo
     claim = q.leases.claim("bench/1/gpu9/t", "gpu9", LEASE)
     for _ in range(ops):
         t, c = time.perf_counter(), time.process_time()
-        claim = q.leases.complete_and_claim(claim, [], "bench/1/gpu9/t", "gpu9", LEASE)
+        claim, _ = q.leases.complete_and_claim(claim, [], "bench/1/gpu9/t", "gpu9", LEASE)
         out["complete_and_claim"].append((time.perf_counter() - t, time.process_time() - c))
         assert claim is not None
     q.leases.complete(claim, [])

@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-import time
 import uuid
 from collections import defaultdict
 from pathlib import Path
@@ -307,26 +306,29 @@ class QueueContract(CatalogueContract, AssetsContract, StoringContract, SearchCo
         third = self.claim(q, "runner-c", "gpu0", now=T0 + 13)
         assert (third.id, third.last_server, third.last_prompt_number) == (claim.id, "gpu1", 4)
 
-    def test_renew_and_claim_renews_another_claim_in_the_claims_transaction(self, q: Queue) -> None:
-        """The claim of the job queued behind the next one renews the lease of the attempt about to store its own
-        files (comfysup.runner.ahead): True when that renewal held with no cancel asked; False when a cancel is
-        asked (the attempt's own heartbeat finds it) or the claim is lost (nothing of it changed); the claim is
-        made either way."""
-        self.submit(q, make_job(1), make_job(2), make_job(3), make_job(4))
-        own = self.claim(q, "runner-a", "gpu0", now=T0)
-        start = time.time()
-        behind, renewed = q.leases.renew_and_claim(own, "runner-a", "gpu0", 600)
-        assert renewed is True and behind is not None and behind.id == make_job(2).id
-        assert q.reads.get(own.id).lease_until >= start + 590  # the queue's clock (the database's on PostgreSQL)
-        assert q.reads.get(behind.id).state == "running"
-        stale = Claim(**{**own._asdict(), "owner": "runner-z"})
-        lease = q.reads.get(own.id).lease_until
-        third, renewed = q.leases.renew_and_claim(stale, "runner-a", "gpu0", 6000)
-        assert renewed is False and third is not None and q.reads.get(own.id).lease_until == lease
-        q.intake.cancel([own.id])
-        fourth, renewed = q.leases.renew_and_claim(own, "runner-a", "gpu0", 600)
-        assert renewed is False and fourth is not None and fourth.id == make_job(4).id
-        assert q.leases.renew_and_claim(own, "runner-a", "gpu0", 600) == (None, False)  # nothing left to claim
+    def test_complete_and_claim_says_the_next_jobs_start_and_number_as_complete_does(self, q: Queue) -> None:
+        """A done that claims the job to queue behind the next one (comfysup.runner.ahead) says in the same write
+        what ``complete`` says: the next job executes, and its prompt's number (posted after the done before); the
+        claim is made at the done's time. A number whose claim no longer holds changes nothing and is said (False),
+        the done and the claim are kept."""
+        self.submit(q, make_job(1), make_job(2), make_job(3), make_job(4), make_job(5))
+        first = self.claim(q, "runner-a", "gpu0", now=T0)
+        nxt = self.claim(q, "runner-a", "gpu0", now=T0)
+        prompt = PromptRecord(nxt, "gpu0", 2, "http://gpu0", waiting=True)
+        behind, held = q.leases.complete_and_claim(first, [], "runner-a", "gpu0", LEASE, now=T0 + 1, started=nxt,
+                                                   prompt=prompt)
+        assert held is True and behind is not None and behind.id == make_job(3).id
+        assert behind.lease_until == T0 + 1 + LEASE and q.reads.get(behind.id).attempts[0].started_at == T0 + 1
+        record = q.reads.get(nxt.id)
+        assert (record.last_server, record.last_prompt_number, record.attempts[0].prompt_number) == ("gpu0", 2, 2)
+        assert q.reads.states([first.id, nxt.id, behind.id]) == {first.id: "done", nxt.id: "running",
+                                                                 behind.id: "running"}
+        assert q.reads.get(first.id).finished_at == T0 + 1
+        q.leases.release(behind, "taken out of the server's queue", count_attempt=False, now=T0 + 2)
+        stale = PromptRecord(behind, "gpu0", 3, "http://gpu0", waiting=True)
+        fourth, held = q.leases.complete_and_claim(nxt, [], "runner-a", "gpu0", LEASE, now=T0 + 3, prompt=stale)
+        assert held is False and fourth is not None and fourth.id == make_job(3).id  # released: the head again
+        assert q.reads.get(nxt.id).state == "done" and q.reads.get(behind.id).attempts[0].prompt_number is None
 
     def test_a_record_fenced_out_changes_nothing(self, q: Queue) -> None:
         self.submit(q, make_job(1))
@@ -1134,8 +1136,8 @@ class QueueContract(CatalogueContract, AssetsContract, StoringContract, SearchCo
         first = self.claim(q, owner="host-a/1/gpu0/t")
         b = model_key(model_job(3, "b").workflow)
         out = [Output(name="x.png", size=3, sha256="ab" * 32)]
-        nxt = q.leases.complete_and_claim(first, out, "host-a/1/gpu0/t", "gpu0", LEASE, now=T0 + 5, trace={"t": 1},
-                                   prefer_model=b, max_wait_seconds=WAIT)
+        nxt, _ = q.leases.complete_and_claim(first, out, "host-a/1/gpu0/t", "gpu0", LEASE, now=T0 + 5,
+                                             trace={"t": 1}, prefer_model=b, max_wait_seconds=WAIT)
         assert nxt is not None and (nxt.id, nxt.attempt, nxt.owner, nxt.lease_until) == \
             (model_job(3, "b").id, 1, "host-a/1/gpu0/t", T0 + 5 + LEASE)
         done = q.reads.get(first.id)
@@ -1144,9 +1146,9 @@ class QueueContract(CatalogueContract, AssetsContract, StoringContract, SearchCo
         assert (done.attempts[0].outcome, done.attempts[0].ended_at, done.attempts[0].trace) == ("done", T0 + 5,
                                                                                                 {"t": 1})
         assert q.reads.get(nxt.id).state == "running"
-        last = q.leases.complete_and_claim(nxt, [], "host-a/1/gpu0/t", "gpu0", LEASE, now=T0 + 6)
+        last, _ = q.leases.complete_and_claim(nxt, [], "host-a/1/gpu0/t", "gpu0", LEASE, now=T0 + 6)
         assert last is not None and last.id == model_job(2, "a").id
-        assert q.leases.complete_and_claim(last, [], "host-a/1/gpu0/t", "gpu0", LEASE, now=T0 + 7) is None
+        assert q.leases.complete_and_claim(last, [], "host-a/1/gpu0/t", "gpu0", LEASE, now=T0 + 7) == (None, True)
         assert q.reads.get(last.id).state == "done"  # the done is kept when there is nothing more to claim
 
     def test_complete_and_claim_with_a_lost_lease_claims_nothing(self, q: Queue) -> None:

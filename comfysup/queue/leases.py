@@ -56,31 +56,19 @@ class Leases(Role):
                            lease_seconds: float, now: float | None = None, *, trace: dict[str, Any] | None = None,
                            prefer_model: str | None = None, max_wait_seconds: float = 0.0,
                            catalogue: int | None = None, url: str | None = None,
-                           staged_in: str | None = None) -> Claim | None:
+                           staged_in: str | None = None, started: Claim | None = None,
+                           prompt: PromptRecord | None = None) -> tuple[Claim | None, bool]:
         """One transaction, so one durable commit, for a job done and the next one claimed. A lost fence
         raises LeaseLost before anything is claimed (the transaction is rolled back)."""
         ask = ClaimAsk(owner, server, lease_seconds, prefer_model, max_wait_seconds, catalogue, url)
 
-        def done_then_take(cur: Any) -> Mapping[str, Any] | None:
+        def done_then_take(cur: Any) -> tuple[Mapping[str, Any] | None, bool]:
             at = self.db.time(now)
-            self._complete(cur, claim, outputs, at, trace, staged_in)
-            return self._take(cur, ask, at)
+            held = self._done(cur, claim, outputs, at, trace, staged_in, started, prompt)
+            return self._take(cur, ask, at), held
 
-        return self._claim_from(self.db.transaction(done_then_take))
-
-    def renew_and_claim(self, renew: Claim, owner: str, server: str, lease_seconds: float, now: float | None = None,
-                        *, prefer_model: str | None = None, max_wait_seconds: float = 0.0,
-                        catalogue: int | None = None, url: str | None = None) -> tuple[Claim | None, bool]:
-        """One transaction, so one commit, for a renewal and a claim (comfysup.queue.roles.Leases)."""
-        ask = ClaimAsk(owner, server, lease_seconds, prefer_model, max_wait_seconds, catalogue, url)
-
-        def renew_then_take(cur: Any) -> tuple[Mapping[str, Any] | None, bool]:
-            at = self.db.time(now)
-            row = self.db.fenced(cur, self.db.sql["heartbeat"], {"now": at, "lease": lease_seconds, **fence(renew)})
-            return self._take(cur, ask, at), row is not None and not row["cancel_requested"]
-
-        row, renewed = self.db.transaction(renew_then_take)
-        return self._claim_from(row), renewed
+        row, held = self.db.transaction(done_then_take)
+        return self._claim_from(row), held
 
     def _take(self, cur: Any, ask: ClaimAsk, at: float | None) -> Mapping[str, Any] | None:
         self.db.tenants.write(self.db, cur)
@@ -162,7 +150,13 @@ class Leases(Role):
     def complete(self, cur: Any, claim: Claim, outputs: Sequence[Output], now: float | None = None, *,
                  trace: dict[str, Any] | None = None, started: Claim | None = None,
                  staged_in: str | None = None, prompt: PromptRecord | None = None) -> bool:
-        self._complete(cur, claim, outputs, self.db.time(now), trace, staged_in)
+        return self._done(cur, claim, outputs, self.db.time(now), trace, staged_in, started, prompt)
+
+    def _done(self, cur: Any, claim: Claim, outputs: Sequence[Output], at: float | None,
+              trace: dict[str, Any] | None, staged_in: str | None, started: Claim | None,
+              prompt: PromptRecord | None) -> bool:
+        """The end of a done attempt, with what it also says of the jobs taken ahead (see ``complete``)."""
+        self._complete(cur, claim, outputs, at, trace, staged_in)
         held = prompt is None or self._record_prompt(cur, prompt) is not None
         if started is not None:  # the job queued behind this one executes: one statement more, no transaction
             cur.execute(self.db.sql["executing"], fence(started))  # after the prompt's record: it may be that job's

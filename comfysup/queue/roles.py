@@ -49,23 +49,16 @@ class Leases(Protocol):
         ``catalogue`` (the claiming server's node catalogue) refused is passed over."""
         ...
 
-    def renew_and_claim(self, renew: Claim, owner: str, server: str, lease_seconds: float, now: float | None = None,
-                        *, prefer_model: str | None = None, max_wait_seconds: float = 0.0,
-                        catalogue: int | None = None, url: str | None = None) -> tuple[Claim | None, bool]:
-        """``renew``'s lease renewed for ``lease_seconds`` as ``heartbeat`` renews it, and ``claim``, in one
-        transaction (the attempt about to store ``renew``'s files takes that renewal as its fence,
-        comfysup.runner.ahead). Returns the claim (or None) and whether the renewal held with no cancel asked;
-        nothing is raised for it: a claim lost is left as it was, a cancel asked of it is the caller's own
-        heartbeat's to find."""
-        ...
-
     def complete_and_claim(self, claim: Claim, outputs: Sequence[Output], owner: str, server: str,
                            lease_seconds: float, now: float | None = None, *, trace: dict[str, Any] | None = None,
                            prefer_model: str | None = None, max_wait_seconds: float = 0.0,
                            catalogue: int | None = None, url: str | None = None,
-                           staged_in: str | None = None) -> Claim | None:
-        """``complete`` and then ``claim`` in one transaction: one durable commit (one fsync) per job for a
-        runner that goes on. Raises LeaseLost, claiming nothing, when ``claim`` is no longer held."""
+                           staged_in: str | None = None, started: Claim | None = None,
+                           prompt: PromptRecord | None = None) -> tuple[Claim | None, bool]:
+        """``complete`` (with its ``started`` and ``prompt``) and then ``claim`` in one transaction: one durable
+        commit (one fsync) per job for a runner that goes on. Returns the claim (or None) and whether the
+        ``prompt``'s record held, as ``complete`` returns it. Raises LeaseLost, claiming nothing, when ``claim`` is
+        no longer held."""
         ...
 
     def heartbeat(self, claim: Claim, lease_seconds: float, now: float | None = None) -> bool:

@@ -1,8 +1,9 @@
 """The jobs an attempt takes ahead (see comfysup.runner.result): queued ahead behind its running prompt ([runner]
 queue_ahead), posted at the hand-off the moment it ends, or claimed with its done; and taken back when they must
 not run (a cancel, a stop, a prompt stuck ahead of them, a lost lease). One :class:`AheadJobs` per attempt holds
-them, in the order the server runs them (at most two: the next job, and one queued behind it once this
-attempt's own run has ended), their posts and their leases; the attempt asks it at the points of its follow loop.
+them, in the order the server runs them (at most two: the next job, and one queued behind it, claimed with this
+attempt's done once the next one runs), their posts and their leases; the attempt asks it at the points of its
+follow loop and of its end.
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ from comfysup.runner.running import Context, Run, Stop, redactor_of
 
 log = logging.getLogger("comfysup.runner")
 FRESH_RENEWAL_SECONDS = 0.5
-"""How old the renewal made with the claim of the job queued behind the next one may be for the download to take
-it as its fence (``AheadJobs.renewed_own``): a lease is many seconds, and a runner that stalled longer renews."""
+"""How old the last renewal of an attempt's own lease (its claim by the attempt before, or that attempt's renewal
+of it) may be for the download to take it as its fence (``AheadJobs.renewed_own``): a lease is many seconds, and a
+runner that stalled longer renews."""
 
 
 class Asked(enum.StrEnum):
@@ -34,7 +36,7 @@ class Asked(enum.StrEnum):
 
     HAND_OFF = "hand_off"  # a job to post the moment this run ends on a free server
     QUEUE_AHEAD = "queue_ahead"  # a job to queue behind this run as soon as it executes
-    BEHIND_NEXT = "behind_next"  # a job to queue behind the next one, once this run has ended and that one runs
+    BEHIND_NEXT = "behind_next"  # a job to queue behind the next one, claimed with this done once that one runs
 
 
 _HAND_OFF, _QUEUE_AHEAD, _BEHIND_NEXT = Asked.HAND_OFF, Asked.QUEUE_AHEAD, Asked.BEHIND_NEXT
@@ -48,25 +50,29 @@ class AheadJobs:
     attempt takes them as its own, and taken back when they must not run.
 
     Given, besides the attempt's :class:`Context`: what to ask the runner (``asks``), a job the attempt before
-    queued behind this one (``carried``: this attempt's next job from the start), and how to interrupt a prompt
-    (``interrupt``, the attempt's :class:`comfysup.runner.interrupt.Interrupter`)."""
+    queued behind this one (``carried``: this attempt's next job from the start), how to interrupt a prompt
+    (``interrupt``, the attempt's :class:`comfysup.runner.interrupt.Interrupter`), and when the attempt's own lease
+    was last renewed without a cancel asked (``own_renewed_at``: by the attempt before, which claimed it)."""
 
     def __init__(self, ctx: Context, asks: AheadAsks, carried: Ahead | None,
-                 interrupt: Callable[..., str | None]) -> None:
+                 interrupt: Callable[..., str | None], own_renewed_at: float | None = None) -> None:
         self.ctx = ctx
         self.asks = asks
         self.interrupt = interrupt
         self.jobs: list[Ahead] = []
         self.asked: set[Asked] = set()
-        self.own_renewed_at: float | None = None
-        """When this attempt's own lease was last renewed with the claim of a job queued behind the next one (it
-        held, no cancel asked): see ``renewed_own``."""
+        self.own_renewed_at = own_renewed_at
+        """When this attempt's own lease was last renewed, fenced, with no cancel asked: see ``renewed_own``."""
         self.unrecorded: Ahead | None = None
-        """The job queued behind the next one, posted and its number not recorded yet (``unrecorded_prompt``)."""
+        """The next job, posted by the attempt before once its done had committed, its number not recorded yet
+        (``unrecorded_prompt``)."""
+        self.behind: ClaimArgs | None = None
+        """The claim of a job to queue behind the next one, which runs: made with this attempt's done."""
         if carried is not None:  # queued behind this one by the attempt before: this attempt's next job
-            carried.renewed_at = ctx.clock()
             self.jobs.append(carried)
             self.asked.add(Asked.QUEUE_AHEAD)
+            if carried.unrecorded:  # posted after the done of the attempt before: this attempt's end records it
+                self.unrecorded, carried.unrecorded = carried, False
 
     @property
     def next(self) -> Ahead | None:
@@ -102,7 +108,7 @@ class AheadJobs:
 
     def may_queue_behind_next(self, run: Run) -> bool:
         """This run has ended on its own server and the next job was posted there: once that one is seen
-        executing, one more may wait behind it (see :meth:`queue_behind_next`)."""
+        executing, one more may wait behind it (see :meth:`ask_behind_next`)."""
         return (len(self.jobs) == 1 and self.jobs[0].number is not None and self.asks.queue_ahead is not None
                 and run.client is self.ctx.client and _BEHIND_NEXT not in self.asked
                 and self.ctx.station.stop_deadline() is None)
@@ -123,36 +129,63 @@ class AheadJobs:
         ask = self.asks.queue_ahead
         self._take(ask(self.ctx.claim, run.m.queue_remaining, 1) if ask else None, behind=self.ctx.claim.id)
 
-    def queue_behind_next(self, run: Run, read_buffered: Callable[[], None]) -> None:
-        """This run has ended; the next job runs now. One more is queued behind that one before this one's files
-        are downloaded and recorded, so the server never waits for that work either (a prompt of 20 ms is over
-        before it: the next one would be posted late). Its claim is this attempt's (renewed here) until the
-        next attempt takes it over as its own next job. ``read_buffered`` reads what the socket already holds
-        first (the next job's start, the status broadcasts)."""
+    def ask_behind_next(self, run: Run, read_buffered: Callable[[], None]) -> None:
+        """This run's files are stored and its done comes next; the next job runs now. One more is to be queued
+        behind that one: its claim rides in this done's transaction (``behind``, see :meth:`take_behind_next`), and
+        it is posted as soon as that commits, while the next job executes. ``read_buffered`` reads what the socket
+        already holds first (the next job's start, the status broadcasts)."""
         read_buffered()
         nxt, ask = self.next, self.asks.queue_ahead
         if nxt is not None and nxt.started and ask is not None:
-            self.asked.add(Asked.BEHIND_NEXT)  # once: as its start is read, or after this run's history at the latest
-            self._take(ask(nxt.claim, run.m.queue_remaining, 2), behind=nxt.claim.id)
+            self.asked.add(Asked.BEHIND_NEXT)
+            self.behind = ask(nxt.claim, run.m.queue_remaining, 2)
+
+    def may_take_behind_next(self) -> bool:
+        """A job to queue behind the next one was asked for (``behind``), the next one is still this attempt's,
+        posted, and no stop has begun since: the done claims it."""
+        return (self.behind is not None and len(self.jobs) == 1 and self.jobs[0].number is not None
+                and self.ctx.station.stop_deadline() is None)
+
+    def take_behind_next(self, claim: Claim | None, claimed_at: float, renewed_at: float) -> None:
+        """The job claimed with this attempt's done, to queue behind the next one (``post_behind_next``)."""
+        if claim is not None:
+            self.jobs.append(Ahead(claim, claimed_at, renewed_at))
+
+    def post_behind_next(self) -> None:
+        """Post the job claimed with this attempt's done behind the next job, which executes. Its number is
+        recorded by the end of the attempt it is handed to (``Ahead.unrecorded``): one transaction a job."""
+        args, self.behind = self.behind, None
+        if args is None or len(self.jobs) != 2 or self.jobs[1].posted:
+            return
+        entry = self.jobs.pop()
+        self._post(entry, args, behind=self.jobs[0].claim.id)
+        if entry.number is not None:
+            entry.unrecorded = True
 
     def _take(self, args: ClaimArgs | None, behind: str | None) -> None:
         """Claim a job and post it (``behind``: the job whose running prompt it waits behind; None: posted on a
-        free server). As in an attempt's own post, the claim is durable before the prompt is posted; its number
-        is recorded right after, or, behind the next job, with this attempt's end (``unrecorded_prompt``). A job
-        that may have an earlier run somewhere is claimed here but posted by its own attempt, which looks for
-        that run first."""
+        free server), its number recorded right after."""
         if args is None:
             return
-        ctx = self.ctx
-        behind_next = bool(self.jobs)  # queued behind the next job: this attempt's own files come next
-        claimed_at, renewed_at = ctx.wall(), ctx.clock()
+        claimed_at, renewed_at = self.ctx.wall(), self.ctx.clock()
         try:
-            claim = self._claim(args, renew_own=behind_next)
+            claim = self.ctx.queue.leases.claim(args.owner, args.server, args.lease_seconds,
+                                                prefer_model=args.prefer_model, max_wait_seconds=args.max_wait_seconds,
+                                                catalogue=args.catalogue, url=self.ctx.s.url)
         except QueueUnavailable:
             return  # nothing taken ahead while the queue does not answer; this attempt's own prompt goes on
         if claim is None:
             return
         entry = Ahead(claim, claimed_at, renewed_at)
+        self._post(entry, args, behind)
+        if entry.number is not None:
+            self._record_post(entry)
+
+    def _post(self, entry: Ahead, args: ClaimArgs, behind: str | None) -> None:
+        """Post a job claimed ahead (durable before its prompt is posted, as an attempt's own claim is), kept in
+        ``jobs`` whatever comes of it. A job that may have an earlier run somewhere is posted by its own attempt,
+        which looks for that run first."""
+        ctx, claim = self.ctx, entry.claim
         self.jobs.append(entry)
         waiting = behind is not None  # behind a prompt that runs: it waits in the server's queue (shown posted)
         if (claim.attempt != 1 or claim.last_server is not None or claim.cancel_requested
@@ -178,28 +211,6 @@ class AheadJobs:
             log.info("job %s attempt %d on %s: POST /prompt 200 (%s)", claim.id, claim.attempt, ctx.s.server,
                      f"queued behind job {behind}" if waiting else f"while job {ctx.claim.id} is downloaded",
                      extra={"event": "posted"})
-        if behind_next:
-            # This attempt's files come next, then its end, which records the number in its own transaction: one
-            # transaction a job fewer. A kill meanwhile leaves the number unrecorded, as a kill right after any
-            # POST does: the job's next attempt looks for its prompt on every server (comfysup.runner.catchup).
-            self.unrecorded = entry
-        else:
-            self._record_post(entry)
-
-    def _claim(self, args: ClaimArgs, renew_own: bool) -> Claim | None:
-        """The claim; with ``renew_own``, this attempt's own lease renewed in its transaction: the fence its
-        download needs before it touches its files (``renewed_own``), one transaction a job fewer."""
-        leases, now = self.ctx.queue.leases, self.ctx.clock()
-        if not renew_own:
-            return leases.claim(args.owner, args.server, args.lease_seconds, prefer_model=args.prefer_model,
-                                max_wait_seconds=args.max_wait_seconds, catalogue=args.catalogue, url=self.ctx.s.url)
-        claim, renewed = leases.renew_and_claim(self.ctx.claim, args.owner, args.server, args.lease_seconds,
-                                                prefer_model=args.prefer_model,
-                                                max_wait_seconds=args.max_wait_seconds, catalogue=args.catalogue,
-                                                url=self.ctx.s.url)
-        if renewed:
-            self.own_renewed_at = now
-        return claim
 
     def _record_post(self, entry: Ahead) -> None:
         """Its number, recorded (in a transaction of its own)."""
@@ -213,8 +224,10 @@ class AheadJobs:
             pass  # its number stays in the entry; its lease is renewed with this attempt's (comfysup.runner.hold)
 
     def unrecorded_prompt(self) -> PromptRecord | None:
-        """The prompt of the job queued behind the next one, posted here and not recorded yet: this attempt's end
-        records it in its own transaction (``prompt_recorded`` then)."""
+        """The prompt of the next job, posted by the attempt before after its done and not recorded yet: this
+        attempt's end records it in its own transaction (``prompt_recorded`` then). A kill before that leaves the
+        number unrecorded, as a kill right after any POST does: the job's next attempt looks for its prompt on
+        every server (comfysup.runner.catchup)."""
         entry = self._unrecorded_kept()
         if entry is None:
             return None

@@ -116,8 +116,8 @@ class Attempt:
       doing then. At most one: it is asked once, and only while the server holds no other waiting prompt of
       ours. Its lease is renewed here; a cancel of it, or a graceful stop before it started, takes it out of
       the server's queue (and records the cancel, or releases it uncounted). Once this prompt has ended and
-      the queued one runs, one more is queued behind that one before this one's files are downloaded, and
-      handed to the next attempt with it;
+      the queued one runs, one more is claimed with this one's done (one transaction) and posted behind that
+      one as soon as it committed, while that one executes, and handed to the next attempt with it;
     - the hand-off (``asks.hand_off``): when the prompt succeeded and the server's broadcast said its queue is
       empty, the next job is claimed and posted at once, and this job's outputs are downloaded and recorded
       while the server runs it;
@@ -151,7 +151,7 @@ class Attempt:
         self.ctx = Context(station, self.s, claim, self.queue, self.client, self.clock, station.wall, self.trace)
         """What each step reads (comfysup.runner.running.Context)."""
         self.ahead = AheadJobs(self.ctx, asks or AheadAsks(), taken[1] if len(taken) > 1 else None,
-                               interrupt=self._interrupt)
+                               interrupt=self._interrupt, own_renewed_at=own.renewed_at if own is not None else None)
         """The jobs this attempt takes ahead (comfysup.runner.ahead)."""
         hold = LeaseHold(self.s.lease_seconds, reserve_seconds(self.s.heartbeat_seconds, self.s.queue_wait_seconds),
                          own.renewed_at if own is not None else self.clock() - self.s.heartbeat_seconds)
@@ -309,8 +309,6 @@ class Attempt:
         if self.waiting:  # over (adopted, or its start was not read): no longer waiting for its server
             self._executes()
         run.m.step(OVER)
-        if self.ahead.may_queue_behind_next(run):
-            self.ahead.queue_behind_next(run, partial(self.driver.drain, run))
         if self.ahead.may_hand_off(run):
             self.ahead.hand_off()
         if run.from_disk is None and (unlisted := unlisted_savers(entry, self.claim.workflow)):
@@ -337,9 +335,14 @@ class Attempt:
         return self._record(act.outcome)
 
     def _record(self, outcome: Outcome) -> Recorded:
-        """Step 6 (comfysup.runner.record): the outcome, redacted, in one fenced write."""
+        """Step 6 (comfysup.runner.record): the outcome, redacted, in one fenced write; a done claims the job to
+        queue behind the next one in it, posted once it committed (comfysup.runner.ahead)."""
         outcome.reason = self.redact(outcome.reason)
+        run = self.current
+        if outcome.state is Ending.DONE and run is not None and self.ahead.may_queue_behind_next(run):
+            self.ahead.ask_behind_next(run, partial(self.driver.drain, run))
         self.keeper.persist(partial(record, self.ctx, outcome, self.ahead, self.redact))
+        self.ahead.post_behind_next()
         if outcome.state is Ending.DONE:  # a dead job's run stays: a person's retry adopts it from /history
             download.remove_job_folders(self.ctx)
         with contextlib.suppress(QueueError):  # best-effort: the next post evicts again

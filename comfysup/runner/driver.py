@@ -37,9 +37,6 @@ from comfysup.runner.result import AheadPhase, Outcome
 from comfysup.runner.running import Context, Heartbeat, Run, Stop
 from comfysup.runner.stuck import STUCK_KIND
 
-NEXT_START_WAIT_SECONDS = 0.02
-"""How long the end of a run with a job queued ahead behind it waits for that job's start before reading its own
-history: the job after it is queued first (comfysup.runner.ahead), since the server needs it next."""
 _ENDED, _POSTED = Phase.ENDED, AheadPhase.POSTED
 """The members as module names, for the code that runs at every message or wake-up: in Python 3.11 reading
 ``Phase.X`` goes through the enum's metaclass's ``__getattr__`` hook (a call and an allocation each time),
@@ -80,34 +77,24 @@ class FollowDriver:
                 return entry
             message = follow.receive(self.ctx, run, self.replay, run.m.wait(self.ctx.clock(), self.heartbeat.next))
             poll_in = None if message is None else follow.on_message(self.ctx, run, message, self.ahead)
-            poll_in = self._take_ahead(run, poll_in)
+            self._take_ahead(run)
             if poll_in is not None:
                 run.m.poll_within(self.ctx.clock(), poll_in)
             if not told and run.m.started:  # after the posts above: the server's next job never waits for it
                 told = True
                 self.on_started()
 
-    def _take_ahead(self, run: Run, poll_in: float | None) -> float | None:
-        """The jobs taken ahead after a message: queued behind this run as it executes, posted at the hand-off as
-        it ends on a free server, or queued behind the next job once that one starts. Returns ``poll_in``, or
-        sooner."""
-        ahead, m = self.ahead, run.m
+    def _take_ahead(self, run: Run) -> None:
+        """The jobs taken ahead after a message: queued behind this run as it executes, or posted at the hand-off
+        as it ends on a free server (the job queued behind the next one is claimed with this attempt's done)."""
+        ahead = self.ahead
         if ahead.may_queue_ahead(run):
             ahead.queue_ahead(run)  # this run executes: the next waits behind it in the server's queue
-        if m.success_seen and ahead.may_hand_off(run):
+        if run.m.success_seen and ahead.may_hand_off(run):
             # execution_success, then the end with an empty queue: the server is idle from this moment, so the
             # next job goes to it before this run's history is read (that read costs the server a round trip
             # of idle time, and it comes next anyway).
             ahead.hand_off()
-        if m.end_seen and ahead.may_queue_behind_next(run):
-            # Ended, the job queued behind it starts: the one after that is queued before this run's history is
-            # read, whose round trip would come first otherwise (a prompt of a few ms is over by then).
-            if ahead.next is not None and ahead.next.started:
-                ahead.queue_behind_next(run, partial(self.drain, run))
-                return 0.0
-            if poll_in == 0.0:
-                return NEXT_START_WAIT_SECONDS  # its start comes next, unless the server lost it
-        return poll_in
 
     def wake(self, run: Run, now: float) -> dict[str, Any] | None:
         """A wake-up (or a download's checkpoint): the machine's checkpoints carried out; the run's history entry
@@ -176,7 +163,7 @@ class FollowDriver:
     def _read_buffered(self, run: Run) -> None:
         """What the socket already holds, read now without waiting: after the history said success (a poll comes
         on its own clock), so the trace closes its last nodes and a message of the next job reaches that job's
-        attempt; before a job is queued behind the next one, whose start it may hold."""
+        attempt; before the done asks for a job to queue behind the next one, whose start it may hold."""
         for _ in range(1000):  # bounded: a server may keep sending (previews of the next prompt)
             if run.stream is None or (message := follow.receive(self.ctx, run, self.replay, 0.0)) is None:
                 return

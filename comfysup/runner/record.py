@@ -49,15 +49,15 @@ def record(ctx: Context, outcome: Outcome, ahead: AheadJobs, redact: Redactor) -
 
 
 def _record_done(ctx: Context, outcome: Outcome, ahead: AheadJobs, trace: dict[str, Any]) -> None:
-    """Done, with the claim of the runner's next job when none was taken ahead yet and the runner goes on; else
-    with the next job's start, when it waits shown as posted and its start was read here, and the number of the
-    job queued behind it, when it was posted here and not recorded yet."""
+    """Done, with the claim of the runner's next job when none was taken ahead yet and the runner goes on, or of
+    the job to queue behind the next one (``AheadJobs.behind``); with the next job's start, when it waits shown as
+    posted and its start was read here, and its number, when the attempt before posted it after its own done."""
     ask = ahead.asks.hand_off
     args = ask(ctx.claim, outcome) if ask is not None and ahead.next is None else None
     staged_in = ctx.station.store.staged_in(ctx.claim.id)  # a bucket's: storing, until its uploader has them
     if args is not None:
         claimed_at, renewed_at = ctx.wall(), ctx.clock()
-        claim = ctx.queue.leases.complete_and_claim(
+        claim, _ = ctx.queue.leases.complete_and_claim(
             ctx.claim, outcome.outputs, args.owner, args.server, args.lease_seconds, trace=trace,
             prefer_model=args.prefer_model, max_wait_seconds=args.max_wait_seconds, catalogue=args.catalogue,
             url=ctx.s.url, staged_in=staged_in)
@@ -65,9 +65,18 @@ def _record_done(ctx: Context, outcome: Outcome, ahead: AheadJobs, trace: dict[s
             ahead.jobs.append(Ahead(claim, claimed_at, renewed_at))
         return
     started = ahead.started_ahead()  # the job queued behind this one executes: said in this end
-    prompt = ahead.unrecorded_prompt()  # the job queued behind the next one: its number recorded in this end
-    held = ctx.queue.leases.complete(ctx.claim, outcome.outputs, trace=trace, started=started, staged_in=staged_in,
-                                     prompt=prompt)
+    prompt = ahead.unrecorded_prompt()  # and its number, when it was posted after the done before this one
+    behind = ahead.behind if ahead.may_take_behind_next() else None
+    if behind is not None:
+        claimed_at, renewed_at = ctx.wall(), ctx.clock()
+        claim, held = ctx.queue.leases.complete_and_claim(
+            ctx.claim, outcome.outputs, behind.owner, behind.server, behind.lease_seconds, trace=trace,
+            prefer_model=behind.prefer_model, max_wait_seconds=behind.max_wait_seconds, catalogue=behind.catalogue,
+            url=ctx.s.url, staged_in=staged_in, started=started, prompt=prompt)
+        ahead.take_behind_next(claim, claimed_at, renewed_at)
+    else:
+        held = ctx.queue.leases.complete(ctx.claim, outcome.outputs, trace=trace, started=started,
+                                         staged_in=staged_in, prompt=prompt)
     if started is not None:
         ahead.start_recorded()
     if prompt is not None:

@@ -121,6 +121,8 @@ class Ahead:
     """Posted behind a prompt that ran on the server then (queued ahead): the queue shows the job as posted until
     its execution start is recorded, by the end of the attempt that took it (``Queue.complete(started=)``) when
     that attempt read the start, else by its own attempt (``Queue.set_waiting``)."""
+    unrecorded: bool = False
+    """Posted, its number not recorded yet: the end of the attempt it was handed to records it."""
     behind_lost: bool = False
     """The prompt it was queued behind was lost by the server (gone without a history entry: a death or a
     restart) before it was seen to end, and this one was not seen to start: ComfyUI runs one prompt at a time,

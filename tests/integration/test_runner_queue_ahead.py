@@ -19,7 +19,6 @@ from comfysup.comfy import ComfyClient, ServerUnavailable
 from comfysup.queue.leases import Leases
 from comfysup.runner import ahead as ahead_module
 from comfysup.runner import attempt as attempt_module
-from comfysup.runner import driver as driver_module
 from comfysup.runner.ahead import AheadJobs
 from comfysup.runner.attempt import Attempt
 from comfysup.runner.interrupt import Interrupter
@@ -327,16 +326,21 @@ def test_a_queued_jobs_end_read_before_its_attempt_began_is_not_thrown_away(tmp_
 
 
 @pytest.mark.timeout(60)
-def test_the_job_after_next_is_queued_before_this_ones_files_are_recorded(tmp_path: Path, fake: FakeComfy) -> None:
-    """Once a run ends and the job queued behind it starts, the attempt that followed it queues one more behind
-    that one before it downloads and records its own files: a prompt shorter than that work no longer leaves
-    the server waiting for the next attempt to begin."""
+def test_the_job_after_next_is_claimed_with_this_ones_done_and_posted_while_the_next_runs(
+        tmp_path: Path, fake: FakeComfy) -> None:
+    """Once a run ends and the job queued behind it starts, the attempt that followed it claims one more in the
+    transaction of its done (one durable write a job: the claim made at the done's time) and posts it behind the
+    running one as soon as that committed, so the server still finds it waiting when the running one ends."""
     config = write_config(tmp_path, queue_ahead=True)
     queue = submit(config, [trivial_job(n) for n in range(1, 7)])
     Runner(config_of(config), "cpu0", fake.url, RunnerOptions(until_empty=True)).run()
     assert [j.state for j in queue.reads.iter_jobs()] == ["done"] * 6
-    early = [n for n in range(1, 5) if _runs(fake, n + 2)["posted"] < (queue.reads.get(job_id(n)).finished_at or 0)]
-    assert early, "job n+2 was never posted before job n's done"  # the attempt of n+1 would post it after
+    together = [n for n in range(1, 5)
+                if queue.reads.get(job_id(n + 2)).attempts[0].started_at == queue.reads.get(job_id(n)).finished_at]
+    assert together, "job n+2 was never claimed in job n's done"  # the attempt of n+1 would claim it later
+    for n in together:
+        finished = queue.reads.get(job_id(n)).finished_at or 0
+        assert _runs(fake, n + 2)["posted"] >= finished  # posted once its claim was durable, with the done
     for n in range(3, 7):  # and still the bound: posted only once the one before it executes
         assert _runs(fake, n)["posted"] >= _runs(fake, n - 1)["started_at"]
     _assert_one_at_a_time(fake, range(1, 7))
@@ -345,11 +349,11 @@ def test_the_job_after_next_is_queued_before_this_ones_files_are_recorded(tmp_pa
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("fresh_seconds", [0.5, 0.0])
-def test_the_record_of_the_job_after_next_renews_the_lease_the_download_needs(
+def test_a_claim_made_by_the_attempt_before_is_the_fence_of_the_download(
         tmp_path: Path, fake: FakeComfy, monkeypatch: pytest.MonkeyPatch, fresh_seconds: float) -> None:
-    """The record of job n+2's prompt renews job n's lease in its transaction: job n's download takes that as its
-    fence instead of a heartbeat of its own (one transaction a job fewer). A renewal older than
-    FRESH_RENEWAL_SECONDS (0 here: every one) is not taken: each download renews itself, as before."""
+    """Job n's lease was written by its claim, in the done of the attempt two before it (or as it was queued
+    ahead): job n's download takes that as its fence instead of a heartbeat of its own (no transaction a job for
+    it). A claim older than FRESH_RENEWAL_SECONDS (0 here: every one) is not taken: each download renews."""
     monkeypatch.setattr(ahead_module, "FRESH_RENEWAL_SECONDS", fresh_seconds)
     renewed: list[str] = []
     heartbeat = Leases.heartbeat
@@ -359,7 +363,7 @@ def test_the_record_of_the_job_after_next_renews_the_lease_the_download_needs(
         return heartbeat(self, claim, *args, **kwargs)
 
     monkeypatch.setattr(Leases, "heartbeat", counted)
-    config = write_config(tmp_path, queue_ahead=True)
+    config = write_config(tmp_path, queue_ahead=True, heartbeat_seconds=4.0)  # fresh: within min(0.5 s, 4 s / 4)
     queue = submit(config, [trivial_job(n) for n in range(1, 7)])
     Runner(config_of(config), "cpu0", fake.url, RunnerOptions(until_empty=True)).run()
     assert [j.state for j in queue.reads.iter_jobs()] == ["done"] * 6
@@ -368,38 +372,6 @@ def test_the_record_of_the_job_after_next_renews_the_lease_the_download_needs(
         assert len(own) <= 3, f"jobs {own} renewed with a heartbeat of their own before their download"
     else:
         assert own == list(range(1, 7))
-    queue.close()
-
-
-@pytest.mark.timeout(60)
-def test_the_job_after_next_is_posted_before_this_runs_files_are_read(tmp_path: Path, fake: FakeComfy,
-                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    """When a run ends, the job queued behind it starts, and the server needs the one after it next: it is posted
-    as that start is read, before this run's files are read and recorded (a prompt of a few ms on a real ComfyUI
-    is over before that)."""
-    calls: list[tuple[str, str]] = []
-    download, post = Attempt._download, ComfyClient.post_prompt
-
-    def download_logged(self: Attempt, *args: Any) -> Any:
-        calls.append(("download", self.claim.id))
-        return download(self, *args)
-
-    def post_logged(self: ComfyClient, workflow: Any, prompt_id: str, *args: Any, **kwargs: Any) -> Any:
-        number = post(self, workflow, prompt_id, *args, **kwargs)
-        calls.append(("post", prompt_id))
-        return number
-
-    monkeypatch.setattr(Attempt, "_download", download_logged)
-    monkeypatch.setattr(ComfyClient, "post_prompt", post_logged)
-    monkeypatch.setattr(driver_module, "NEXT_START_WAIT_SECONDS", 5.0)  # the order, whatever the machine's load
-    config = write_config(tmp_path, queue_ahead=True)
-    queue = submit(config, [trivial_job(n) for n in range(1, 7)])
-    Runner(config_of(config), "cpu0", fake.url, RunnerOptions(until_empty=True)).run()
-    assert [j.state for j in queue.reads.iter_jobs()] == ["done"] * 6
-    for n in range(1, 5):
-        assert calls.index(("post", job_id(n + 2))) < calls.index(("download", job_id(n))), \
-            f"job {n}'s files were read before job {n + 2} was posted: {calls}"
-    _assert_one_at_a_time(fake, range(1, 7))
     queue.close()
 
 
@@ -458,23 +430,23 @@ def test_a_queued_job_that_started_unseen_is_never_taken_back(tmp_path: Path, fa
 @pytest.mark.timeout(60)
 def test_cancelling_the_next_job_keeps_the_one_queued_behind_it(tmp_path: Path, fake: FakeComfy,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    """Job 1 ended, job 2 runs, job 3 waits behind it (queued before job 1's record), and then job 2 is cancelled:
+    """Job 1 ended, job 2 runs, job 3 waits behind it (claimed with job 1's done), and then job 2 is cancelled:
     job 3's prompt is still in the server's queue, so it becomes this runner's next job, renewed and followed
     there; never left unowned (its lease would lapse and another attempt post it again)."""
     fake.node_ms = 150
     config = write_config(tmp_path, queue_ahead=True, heartbeat_seconds=0.2, lease_seconds=3.0)
     queue = submit(config, [trivial_job(n) for n in range(1, 4)])  # none left to claim when job 1 is recorded
     cancelled: list[str] = []
-    original = AheadJobs.queue_behind_next
+    original = AheadJobs.post_behind_next
 
-    def queue_behind_next(self: AheadJobs, run: Any, read_buffered: Any) -> None:
-        original(self, run, read_buffered)
+    def post_behind_next(self: AheadJobs) -> None:
+        original(self)
         if len(self.jobs) == 2 and not cancelled:
             cancelled.append(self.jobs[0].claim.id)
             queue.intake.cancel([self.jobs[0].claim.id])  # a user's cancel of the running job 2,
             self.renew(self.ctx.clock() + self.ctx.s.heartbeat_seconds)  # seen at its next heartbeat, now
 
-    monkeypatch.setattr(AheadJobs, "queue_behind_next", queue_behind_next)
+    monkeypatch.setattr(AheadJobs, "post_behind_next", post_behind_next)
     Runner(config_of(config), "cpu0", fake.url, RunnerOptions(until_empty=True)).run()
     assert cancelled, "no job was ever queued behind the next one"
     states = {j.id: j.state for j in queue.reads.iter_jobs()}
@@ -532,13 +504,13 @@ def test_a_queued_job_whose_start_was_read_before_a_reconnect_is_judged_by_its_h
     before job 2's attempt reconnects are lost, so its run was not watched whole and /history says how it went,
     whatever its end on the new connection says."""
     config, queue = _two_jobs(tmp_path, fake, poll_seconds=30.0)  # no /history poll while a run goes on
-    download = Attempt._download
+    ask = AheadJobs.ask_behind_next
 
-    def drop_then_download(self: Attempt, *args: Any) -> Any:
-        if self.claim.id == job_id(1):
-            assert self.ahead.next_posted is not None and self.ahead.next_posted.started  # job 2's start was read here
-            self.client.stream.close()  # the socket drops; job 2's attempt connects again
-        return download(self, *args)
+    def read_then_drop(self: AheadJobs, run: Any, read_buffered: Any) -> None:
+        ask(self, run, read_buffered)  # at job 1's done: what the socket holds is read
+        if self.ctx.claim.id == job_id(1):
+            assert self.next_posted is not None and self.next_posted.started  # job 2's start was read here
+            self.ctx.client.stream.close()  # the socket drops; job 2's attempt connects again
 
     read: list[str] = []
     history = ComfyClient.history
@@ -547,7 +519,7 @@ def test_a_queued_job_whose_start_was_read_before_a_reconnect_is_judged_by_its_h
         read.append(prompt_id)
         return history(self, prompt_id, *args, **kwargs)
 
-    monkeypatch.setattr(Attempt, "_download", drop_then_download)
+    monkeypatch.setattr(AheadJobs, "ask_behind_next", read_then_drop)
     monkeypatch.setattr(ComfyClient, "history", history_logged)
     Runner(config_of(config), "cpu0", fake.url, RunnerOptions(until_empty=True)).run()
     assert [(j.state, j.attempt) for j in queue.reads.iter_jobs()] == [("done", 1), ("done", 1)]

@@ -39,10 +39,6 @@ class Queue:
     def claim(self, *args: Any, **kwargs: Any) -> Claim | None:
         return self.claims.pop(0) if self.claims else None
 
-    def renew_and_claim(self, renew: Claim, *args: Any, **kwargs: Any) -> tuple[Claim | None, bool]:
-        self.calls.append(("renew_and_claim", renew.id))
-        return (self.claims.pop(0) if self.claims else None), renew.id not in self.lost | self.cancel
-
     def record_prompt(self, c: Claim, server: str, number: int, url: str, *, waiting: bool) -> None:
         self.calls.append(("record_prompt", c.id, number, waiting))
         if c.id in self.lost:
@@ -169,63 +165,106 @@ def test_its_start_read_on_the_shared_socket_is_kept_for_its_attempt() -> None:
     assert ahead.started_ahead() is None
 
 
-def test_the_one_queued_behind_the_next_renews_this_attempts_lease_with_its_claim() -> None:
-    """Queued behind the next job: claimed with this attempt's own lease renewed in the claim's write (the fence
-    of this attempt's download), its number left for this attempt's end to record (one write a job fewer)."""
+def behind_next(queue: Queue) -> tuple[AheadJobs, list[str]]:
+    """Job 1's attempt at its done: job 2 runs, job 3 claimed with the done and posted behind it; with the prompts
+    it interrupted."""
+    ahead, run, interrupted = next_started(queue)
+    ahead.ask_behind_next(run, lambda: None)
+    assert ahead.may_take_behind_next()
+    ahead.take_behind_next(queue.claim(), 1000.0, ahead.ctx.clock())
+    ahead.post_behind_next()
+    return ahead, interrupted
+
+
+def test_the_one_queued_behind_the_next_is_claimed_with_the_done_and_recorded_by_the_next_end() -> None:
+    """Queued behind the next job: asked for as the done is written (what the socket holds read first), claimed in
+    the done's transaction, posted once it committed; its number is left for the end of the attempt it is handed
+    to (one write a job)."""
     queue = Queue(claim(2), claim(3))
     ahead, run, _ = next_started(queue)
     assert ahead.may_queue_behind_next(run)
     read: list[bool] = []
-    ahead.queue_behind_next(run, lambda: read.append(True))
-    assert read == [True]  # what the socket holds is read first
-    assert [e.claim.id for e in ahead.jobs] == ["job-2", "job-3"]
-    assert queue.calls[-1] == ("renew_and_claim", "job-1")  # posted, not recorded yet
-    assert ahead.renewed_own(ahead.ctx.clock())
-    prompt = ahead.unrecorded_prompt()
-    assert prompt is not None and (prompt.claim.id, prompt.server, prompt.number, prompt.waiting) == \
-        ("job-3", "gpu0", 2, True)
-    ahead.prompt_recorded(True)  # by this attempt's end
-    assert ahead.unrecorded_prompt() is None
-    ahead.record_unrecorded()
-    assert queue.calls[-1] == ("renew_and_claim", "job-1")  # nothing left to record
+    ahead.ask_behind_next(run, lambda: read.append(True))
+    assert read == [True] and ahead.behind == ARGS and ahead.may_take_behind_next()
+    ahead.take_behind_next(queue.claim(), 1000.0, ahead.ctx.clock())
+    assert ahead.jobs[1].phase is AheadPhase.CLAIMED  # claimed with the done: posted once that committed
+    ahead.post_behind_next()
+    assert [(e.claim.id, e.phase, e.number, e.waiting) for e in ahead.jobs] == \
+        [("job-2", AheadPhase.STARTED, 1, True), ("job-3", AheadPhase.POSTED, 2, True)]
+    assert ahead.jobs[1].unrecorded and ahead.unrecorded_prompt() is None  # not this attempt's to record
+    assert not [c for c in queue.calls if c[1] == "job-3"]  # no write of its own
     result = AttemptResult(Outcome(Ending.DONE), tuple(ahead.jobs))
     assert result.next_claim is not None and result.next_claim.id == "job-2"
+    nxt, _ = jobs(queue, QUEUE_AHEAD, carried=result.ahead[1])  # job 2's attempt
+    prompt = nxt.unrecorded_prompt()
+    assert prompt is not None and (prompt.claim.id, prompt.server, prompt.number, prompt.waiting) == \
+        ("job-3", "gpu0", 2, True)
+    nxt.prompt_recorded(True)  # by job 2's end
+    assert nxt.unrecorded_prompt() is None
+    nxt.record_unrecorded()
+    assert not [c for c in queue.calls if c[1] == "job-3"]  # nothing left to record
 
 
 def test_a_number_the_end_did_not_record_is_recorded_before_the_jobs_pass_on() -> None:
-    """An end other than done writes no number: the one queued behind the next job is recorded on its own."""
+    """An end other than done writes no number: the next job's, posted after the done before, is recorded on its
+    own."""
     queue = Queue(claim(2), claim(3))
-    ahead, run, _ = next_started(queue)
-    ahead.queue_behind_next(run, lambda: None)
-    ahead.record_unrecorded()
+    ahead, _ = behind_next(queue)
+    nxt, _ = jobs(queue, QUEUE_AHEAD, carried=ahead.jobs[1])
+    nxt.record_unrecorded()
     assert queue.calls[-1] == ("record_prompt", "job-3", 2, True)
-    ahead.record_unrecorded()  # once
-    assert queue.calls[-1] == ("record_prompt", "job-3", 2, True) and len(queue.calls) == 3
+    nxt.record_unrecorded()  # once
+    assert [c for c in queue.calls if c[1] == "job-3"] == [("record_prompt", "job-3", 2, True)]
 
 
 def test_a_number_recorded_by_the_end_for_a_claim_lost_interrupts_its_prompt() -> None:
     queue = Queue(claim(2), claim(3))
-    ahead, run, interrupted = next_started(queue)
-    ahead.queue_behind_next(run, lambda: None)
-    ahead.prompt_recorded(False)
-    assert interrupted == ["job-3"] and [e.claim.id for e in ahead.jobs] == ["job-2"]
+    ahead, _ = behind_next(queue)
+    nxt, interrupted = jobs(queue, QUEUE_AHEAD, carried=ahead.jobs[1])
+    nxt.prompt_recorded(False)
+    assert interrupted == ["job-3"] and nxt.jobs == []
 
 
-def test_a_lost_own_lease_at_the_claim_behind_the_next_leaves_the_download_to_renew() -> None:
+def test_nothing_is_claimed_behind_the_next_once_a_stop_began_or_the_next_went() -> None:
+    stopping: list[float] = []
+    ahead, run, _ = next_started(Queue(claim(2), claim(3)))
+    ahead.ask_behind_next(run, lambda: None)
+    ahead.ctx.station.stop_deadline = lambda: stopping[0] if stopping else None
+    stopping.append(5.0)  # a graceful stop began while the files were stored
+    assert not ahead.may_take_behind_next()
+    stopping.clear()
+    ahead.jobs.clear()  # the next job lost its lease meanwhile
+    assert not ahead.may_take_behind_next()
+    ahead.post_behind_next()
+    assert ahead.jobs == [] and ahead.behind is None
+
+
+def test_a_claim_behind_a_next_dropped_by_the_done_waits_for_its_own_attempt() -> None:
+    """The done found the next job's lease lost (its number's record held nothing): it is dropped, and the job
+    claimed with the done is not posted behind it; it becomes the next job, which its own attempt posts."""
     queue = Queue(claim(2), claim(3))
     ahead, run, _ = next_started(queue)
-    queue.lost.add("job-1")
-    ahead.queue_behind_next(run, lambda: None)
-    assert [e.claim.id for e in ahead.jobs] == ["job-2", "job-3"] and not ahead.renewed_own(ahead.ctx.clock())
+    ahead.ask_behind_next(run, lambda: None)
+    ahead.take_behind_next(queue.claim(), 1000.0, ahead.ctx.clock())
+    ahead.drop(ahead.jobs[0])
+    ahead.post_behind_next()
+    assert [(e.claim.id, e.phase) for e in ahead.jobs] == [("job-3", AheadPhase.CLAIMED)]
+
+
+@pytest.mark.parametrize(("age", "fence"), [(0.1, True), (0.6, False), (None, False)])
+def test_the_own_claim_made_by_the_attempt_before_is_the_downloads_fence_while_fresh(age: float | None,
+                                                                                    fence: bool) -> None:
+    """A job claimed by the attempt before (queued ahead, claimed with its done) holds a lease written then: within
+    FRESH_RENEWAL_SECONDS that write is the download's fence, and no heartbeat of its own is needed."""
+    ahead, _ = jobs(Queue(), QUEUE_AHEAD)
+    now = ahead.ctx.clock()
+    ahead.own_renewed_at = None if age is None else now - age
+    assert ahead.renewed_own(now) is fence
 
 
 def test_when_the_next_loses_its_lease_the_one_behind_it_becomes_the_next() -> None:
     queue = Queue(claim(2), claim(3))
-    ahead, interrupted = jobs(queue, QUEUE_AHEAD)
-    run = executing(ahead.ctx)
-    ahead.queue_ahead(run)
-    ahead.keep_message("job-2", {}, started=True)
-    ahead.queue_behind_next(run, lambda: None)
+    ahead, interrupted = behind_next(queue)
     queue.lost.add("job-2")
     ahead.ctx.clock.now += 10  # type: ignore[attr-defined]
     ahead.renew(ahead.ctx.clock())
@@ -283,4 +322,4 @@ def test_a_job_carried_from_the_attempt_before_is_this_attempts_next_from_the_st
     carried = Ahead(claim(2), 1.0, 0.0, AheadPhase.POSTED, number=7)
     ahead, _ = jobs(Queue(), QUEUE_AHEAD, carried)
     assert ahead.next is carried and not ahead.may_queue_ahead(executing(ahead.ctx))
-    assert carried.renewed_at == ahead.ctx.clock()
+    assert carried.renewed_at == 0.0  # its last renewal as the attempt before made it: being handed on renews nothing
