@@ -7,6 +7,7 @@ prompts take T ms, with the runner's CPU time per job, its efficiency (ideal N*T
     .venv/bin/python bench/profile_runner.py --t-ms 20 --profile cpu              # cProfile on process time
     SORT=cumulative TOP=90 .venv/bin/python bench/profile_runner.py --profile cpu # another order, more rows
     .venv/bin/python bench/profile_runner.py --t-ms 20 --jobs 300 --durable off   # what durability costs
+    .venv/bin/python bench/profile_runner.py --t-ms 5 --jobs 300 --log 2>/dev/null # with comfysup work's log lines
 
 ``--durable off`` is a measurement, never a setting comfysup has: the runner's fsyncs become no-ops (the result
 file's and its folder's) and its SQLite commits run with ``synchronous = OFF``, so the CPU per job beside the
@@ -60,6 +61,8 @@ def main() -> None:
     parser.add_argument("--profile", choices=("none", "wall", "cpu"), default="none")
     parser.add_argument("--durable", choices=("on", "off"), default="on",
                         help="off: no fsync and synchronous = OFF in the runner (a measurement of their cost)")
+    parser.add_argument("--log", action="store_true",
+                        help="log as comfysup work does (INFO lines on stderr, plain): their cost is the runner's too")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="comfysup-profile-"))
     proc, url = start_fake(tmp / "fake", args.t_ms / 3)
@@ -73,6 +76,10 @@ def main() -> None:
 
         if args.durable == "off":
             without_durability()
+        if args.log:
+            from comfysup.logs import setup_logging
+
+            setup_logging()
 
         # As comfysup run launches it: the runner sees the server's output folder (files read from the disk).
         runner = Runner(config_of(tmp / "config.toml"), "cpu0", url,
