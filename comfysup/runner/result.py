@@ -119,7 +119,7 @@ class Ahead:
     """Its messages read from the shared socket by the attempt that took it: replayed to its own attempt."""
     waiting: bool = False
     """Posted behind a prompt that ran on the server then (queued ahead): the queue shows the job as posted until
-    its execution start is recorded, by the end of the attempt that took it (``Queue.complete(started=)``) when
+    its execution start is recorded, by the end of the attempt ahead of it (``Queue.complete(started=)``) when
     that attempt read the start, else by its own attempt (``Queue.set_waiting``)."""
     unrecorded: bool = False
     """Posted, its number not recorded yet: the end of the attempt it was handed to records it."""
