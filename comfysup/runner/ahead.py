@@ -131,7 +131,7 @@ class AheadJobs:
 
     def ask_behind_next(self, run: Run, read_buffered: Callable[[], None]) -> None:
         """This run's files are stored and its done comes next; the next job runs now. One more is to be queued
-        behind that one: its claim rides in this done's transaction (``behind``, see :meth:`take_behind_next`), and
+        behind that one: its claim rides in this done's transaction (``behind``, see :meth:`take_claimed`), and
         it is posted as soon as that commits, while the next job executes. ``read_buffered`` reads what the socket
         already holds first (the next job's start, the status broadcasts)."""
         read_buffered()
@@ -146,8 +146,9 @@ class AheadJobs:
         return (self.behind is not None and len(self.jobs) == 1 and self.jobs[0].number is not None
                 and self.ctx.station.stop_deadline() is None)
 
-    def take_behind_next(self, claim: Claim | None, claimed_at: float, renewed_at: float) -> None:
-        """The job claimed with this attempt's done, to queue behind the next one (``post_behind_next``)."""
+    def take_claimed(self, claim: Claim | None, claimed_at: float, renewed_at: float) -> None:
+        """The job claimed with this attempt's done: the runner's next one (posted by its own attempt), or the one to
+        queue behind the next (``post_behind_next``)."""
         if claim is not None:
             self.jobs.append(Ahead(claim, claimed_at, renewed_at))
 

@@ -15,7 +15,7 @@ from comfysup.queue.roles import Leases
 from comfysup.redact import Redactor
 from comfysup.runner.ahead import AheadJobs
 from comfysup.runner.hold import Keeper
-from comfysup.runner.result import Ahead, Ending, Outcome
+from comfysup.runner.result import Ending, Outcome
 from comfysup.runner.running import Context, Run
 
 ERROR_CHARS = {"message": 2000, "traceback": 8000}
@@ -54,29 +54,21 @@ def _record_done(ctx: Context, outcome: Outcome, ahead: AheadJobs, trace: dict[s
     posted and its start was read here, and its number, when the attempt before posted it after its own done."""
     ask = ahead.asks.hand_off
     args = ask(ctx.claim, outcome) if ask is not None and ahead.next is None else None
-    staged_in = ctx.station.store.staged_in(ctx.claim.id)  # a bucket's: storing, until its uploader has them
-    if args is not None:
-        claimed_at, renewed_at = ctx.wall(), ctx.clock()
-        claim, _ = ctx.queue.leases.complete_and_claim(
-            ctx.claim, outcome.outputs, args.owner, args.server, args.lease_seconds, trace=trace,
-            prefer_model=args.prefer_model, max_wait_seconds=args.max_wait_seconds, catalogue=args.catalogue,
-            url=ctx.s.url, staged_in=staged_in)
-        if claim is not None:
-            ahead.jobs.append(Ahead(claim, claimed_at, renewed_at))
-        return
+    if args is None and ahead.may_take_behind_next():
+        args = ahead.behind
     started = ahead.started_ahead()  # the job queued behind this one executes: said in this end
     prompt = ahead.unrecorded_prompt()  # and its number, when it was posted after the done before this one
-    behind = ahead.behind if ahead.may_take_behind_next() else None
-    if behind is not None:
-        claimed_at, renewed_at = ctx.wall(), ctx.clock()
-        claim, held = ctx.queue.leases.complete_and_claim(
-            ctx.claim, outcome.outputs, behind.owner, behind.server, behind.lease_seconds, trace=trace,
-            prefer_model=behind.prefer_model, max_wait_seconds=behind.max_wait_seconds, catalogue=behind.catalogue,
-            url=ctx.s.url, staged_in=staged_in, started=started, prompt=prompt)
-        ahead.take_behind_next(claim, claimed_at, renewed_at)
-    else:
+    staged_in = ctx.station.store.staged_in(ctx.claim.id)  # a bucket's: storing, until its uploader has them
+    if args is None:
         held = ctx.queue.leases.complete(ctx.claim, outcome.outputs, trace=trace, started=started,
                                          staged_in=staged_in, prompt=prompt)
+    else:
+        claimed_at, renewed_at = ctx.wall(), ctx.clock()
+        claim, held = ctx.queue.leases.complete_and_claim(
+            ctx.claim, outcome.outputs, args.owner, args.server, args.lease_seconds, trace=trace,
+            prefer_model=args.prefer_model, max_wait_seconds=args.max_wait_seconds, catalogue=args.catalogue,
+            url=ctx.s.url, staged_in=staged_in, started=started, prompt=prompt)
+        ahead.take_claimed(claim, claimed_at, renewed_at)
     if started is not None:
         ahead.start_recorded()
     if prompt is not None:

@@ -171,7 +171,7 @@ def behind_next(queue: Queue) -> tuple[AheadJobs, list[str]]:
     ahead, run, interrupted = next_started(queue)
     ahead.ask_behind_next(run, lambda: None)
     assert ahead.may_take_behind_next()
-    ahead.take_behind_next(queue.claim(), 1000.0, ahead.ctx.clock())
+    ahead.take_claimed(queue.claim(), 1000.0, ahead.ctx.clock())
     ahead.post_behind_next()
     return ahead, interrupted
 
@@ -186,7 +186,7 @@ def test_the_one_queued_behind_the_next_is_claimed_with_the_done_and_recorded_by
     read: list[bool] = []
     ahead.ask_behind_next(run, lambda: read.append(True))
     assert read == [True] and ahead.behind == ARGS and ahead.may_take_behind_next()
-    ahead.take_behind_next(queue.claim(), 1000.0, ahead.ctx.clock())
+    ahead.take_claimed(queue.claim(), 1000.0, ahead.ctx.clock())
     assert ahead.jobs[1].phase is AheadPhase.CLAIMED  # claimed with the done: posted once that committed
     ahead.post_behind_next()
     assert [(e.claim.id, e.phase, e.number, e.waiting) for e in ahead.jobs] == \
@@ -245,7 +245,7 @@ def test_a_claim_behind_a_next_dropped_by_the_done_waits_for_its_own_attempt() -
     queue = Queue(claim(2), claim(3))
     ahead, run, _ = next_started(queue)
     ahead.ask_behind_next(run, lambda: None)
-    ahead.take_behind_next(queue.claim(), 1000.0, ahead.ctx.clock())
+    ahead.take_claimed(queue.claim(), 1000.0, ahead.ctx.clock())
     ahead.drop(ahead.jobs[0])
     ahead.post_behind_next()
     assert [(e.claim.id, e.phase) for e in ahead.jobs] == [("job-3", AheadPhase.CLAIMED)]
