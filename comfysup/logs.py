@@ -113,6 +113,11 @@ def setup_logging(level: int = logging.INFO, fmt: str | None = None) -> None:
     handler.setFormatter(JsonFormatter() if chosen == "json" else logging.Formatter("%(message)s"))
     root.setLevel(level)
     root.propagate = False
+    # Neither format reads where a call was made, the thread or the multiprocessing name: logging's own
+    # "Optimization" switches (the logging HOWTO) skip gathering them for every record. The pid stays (JSON).
+    logging._srcfile = None
+    logging.logThreads = False
+    logging.logMultiprocessing = False
     # Python's warnings (a library's deprecation notice) become log events too, in the same format,
     # instead of bare lines on stderr between JSON objects.
     logging.captureWarnings(True)
