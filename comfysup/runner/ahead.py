@@ -158,7 +158,7 @@ class AheadJobs:
         args, self.behind = self.behind, None
         if args is None or len(self.jobs) != 2 or self.jobs[1].posted:
             return
-        entry = self.jobs.pop()
+        entry = self.jobs[1]  # kept there by ``take_claimed``
         self._post(entry, args, behind=self.jobs[0].claim.id)
         if entry.number is not None:
             entry.unrecorded = True
@@ -178,16 +178,16 @@ class AheadJobs:
         if claim is None:
             return
         entry = Ahead(claim, claimed_at, renewed_at)
+        self.jobs.append(entry)  # held whatever comes of its post
         self._post(entry, args, behind)
         if entry.number is not None:
             self._record_post(entry)
 
     def _post(self, entry: Ahead, args: ClaimArgs, behind: str | None) -> None:
-        """Post a job claimed ahead (durable before its prompt is posted, as an attempt's own claim is), kept in
-        ``jobs`` whatever comes of it. A job that may have an earlier run somewhere is posted by its own attempt,
-        which looks for that run first."""
+        """Post a job claimed ahead and already among ``jobs`` (durable before its prompt is posted, as an
+        attempt's own claim is). A job that may have an earlier run somewhere is posted by its own attempt, which
+        looks for that run first."""
         ctx, claim = self.ctx, entry.claim
-        self.jobs.append(entry)
         waiting = behind is not None  # behind a prompt that runs: it waits in the server's queue (shown posted)
         if (claim.attempt != 1 or claim.last_server is not None or claim.cancel_requested
                 or not args.runnable(claim) or self._ran_here(claim)):
