@@ -136,15 +136,22 @@ def u2_bucket_down_for_minutes(tmp: Path, seed: int, server: SeaweedS3, *, jobs:
     store_in_bucket(h, server, "o2", **U2_STORE)
     killed = peak = 0
     try:
-        h.submit(h.jobs_for(jobs))
         proc = h.start()
         h.wait_ready(proc)
+        h.slots()  # the runners seen from here: how long they lived counts from now
         h.faults.record("bucket_stop", pids=(server.process.pid,) if server.process else ())
-        server.stop()
+        server.stop()  # a graceful stop of seconds, its port closed first
+        # The jobs go in once the bucket is down: every one of them runs in the outage, however long the stop took.
+        h.submit(h.jobs_for(jobs))
         down_until = time.monotonic() + down_seconds
+        # Down at least that long, and on until ``kills`` runners holding a job were killed (a loaded machine
+        # may run the jobs out before then: more are submitted), for at most OUTAGE_MAX_SECONDS more.
+        give_up = down_until + OUTAGE_MAX_SECONDS
         next_kill = time.monotonic() + h.rng.uniform(0.0, 0.5)
-        while time.monotonic() < down_until:
+        while time.monotonic() < down_until or (killed < kills and time.monotonic() < give_up):
             if killed < kills and time.monotonic() >= next_kill:  # a random moment: a runner holding a job
+                if runnable(h) < 2:
+                    h.submit(h.jobs_for(4))
                 for slot in h.slots():
                     pid = slot.get("runner_pid")
                     if pid and slot.get("job") and h.age(pid) >= MIN_LIFE_SECONDS:
@@ -165,6 +172,11 @@ def u2_bucket_down_for_minutes(tmp: Path, seed: int, server: SeaweedS3, *, jobs:
         h.cleanup()
         if server.process is None or server.process.poll() is not None:
             server.start()  # the session's server, for the tests after this one
+
+
+def runnable(h: ChaosRun) -> int:
+    """Jobs queued or running: those a runner holds or may claim (a staged one waits for the bucket alone)."""
+    return h.sql("SELECT count(*) FROM jobs WHERE state IN ('queued', 'running')")[0][0]
 
 
 def u1_own_server(tmp: Path, seed: int, *, jobs: int, outages: int) -> Report:
