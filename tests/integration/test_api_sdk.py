@@ -33,15 +33,40 @@ T2I = json.loads((WORKFLOWS / "t2i_sd15.json").read_text())
 CHECKPOINT = "v1-5-pruned-emaonly.safetensors"
 
 
+class ClaimGate:
+    """The runner's ``may_claim``: open, or shut. ``shut`` returns once the runner has asked again, so no turn
+    it let through before (asked, then on its way to a claim) can still take a job submitted after it."""
+
+    def __init__(self) -> None:
+        self._open = True
+        self._asks = 0
+        self._asked = threading.Condition()
+
+    def __call__(self) -> bool:
+        with self._asked:
+            self._asks += 1
+            self._asked.notify_all()
+            return self._open
+
+    def shut(self, seconds: float = 10.0) -> None:
+        with self._asked:
+            self._open = False
+            before = self._asks
+            assert self._asked.wait_for(lambda: self._asks > before, seconds), "the runner did not ask to claim"
+
+    def open(self) -> None:
+        with self._asked:
+            self._open = True
+
+
 class Stack:
-    """The fake ComfyUI, the API, and a runner in a thread that claims only while ``claiming`` is set."""
+    """The fake ComfyUI, the API, and a runner in a thread that claims only while ``claiming`` is open."""
 
     def __init__(self, tmp: Path, token: str = "") -> None:
         self.tmp = tmp
         self.fake = FakeComfy(base_directory=tmp / "fake", node_ms=1, step_ms=1,
                               models=f"checkpoints={CHECKPOINT}")
-        self.claiming = threading.Event()
-        self.claiming.set()
+        self.claiming = ClaimGate()
         self.config: Config = api_config(tmp, sections={"runner": {
             "attempts": 1, "base_delay_seconds": 0.05, "max_delay_seconds": 0.2, "jitter": False,
             "timeout_seconds": 20.0, "poll_seconds": 0.2, "lease_seconds": 10.0, "heartbeat_seconds": 0.5,
@@ -71,7 +96,7 @@ def stack(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.Mo
                 monkeypatch.setenv("COMFY_API_KEY", request.param)
             else:
                 monkeypatch.delenv("COMFY_API_KEY", raising=False)
-            runner = Runner(s.config, "cpu0", s.fake.url, hooks=RunnerHooks(may_claim=s.claiming.is_set))
+            runner = Runner(s.config, "cpu0", s.fake.url, hooks=RunnerHooks(may_claim=s.claiming))
             thread = threading.Thread(target=runner.run, name="runner-under-test", daemon=True)
             thread.start()
             try:
@@ -129,12 +154,12 @@ def test_the_readme_example_runs_as_written_with_the_default_prefix_and_two_save
 @pytest.mark.timeout(60)
 def test_submit_wait_events_outputs_and_ranges(stack: Stack, tmp_path: Path) -> None:
     with Comfy() as client:
-        stack.claiming.clear()
+        stack.claiming.shut()
         workflow = client.workflows.from_json(readme_workflow("render/frame"))
         workflow.set_input("10", "image", client.assets.from_bytes(random_png(1), filename="a.png"))
         job = client.submit(workflow, metadata={"suite": "sdk"})
         assert job.status == "queued" and job.metadata == {"suite": "sdk"}
-        stack.claiming.set()
+        stack.claiming.open()
         seen = list(job.events())
         assert isinstance(seen[0], StatusChange)
         assert any(isinstance(e, Progress) for e in seen)
@@ -197,7 +222,7 @@ def test_assets_by_hash_cancel_and_lists_with_filters_and_cursors(stack: Stack) 
         two = client.assets.from_bytes(data, filename="same.png")
         two.commit()  # HEAD by-hash finds the content: from-hash mints, nothing is uploaded again
         assert one.hash == two.hash and two.created_new is False
-        stack.claiming.clear()
+        stack.claiming.shut()
         jobs = []
         for n in range(3):
             workflow = client.workflows.from_json(copy.deepcopy(INVERT))
@@ -212,7 +237,7 @@ def test_assets_by_hash_cancel_and_lists_with_filters_and_cursors(stack: Stack) 
         assert [s.id for s in listed] == [j.id for j in reversed(jobs)]
         assert {s.status for s in listed} == {"queued", "canceled"}
         assert len(list(client.list_jobs(limit=2))) == 4
-        stack.claiming.set()
+        stack.claiming.open()
         for job in jobs[1:]:
             assert job.wait(timeout=30).status == "succeeded"
 
