@@ -75,6 +75,9 @@ def _server_dies(fake: FakeComfy) -> None:
 
 @pytest.mark.timeout(60)
 def test_the_next_job_waits_in_the_servers_queue_behind_the_running_one(tmp_path: Path, fake: FakeComfy) -> None:
+    # The next job is posted while the running one executes: that is the window its claim (a durable commit) and
+    # its POST have, long enough here for a loaded machine's fsyncs.
+    fake.node_ms = 150
     config = write_config(tmp_path, queue_ahead=True)
     queue = submit(config, [trivial_job(n) for n in range(1, 6)])
     Runner(config_of(config), "cpu0", fake.url, RunnerOptions(until_empty=True)).run()
