@@ -40,6 +40,12 @@ def fake(tmp_path: Path) -> Any:
     server.stop()
 
 
+WINDOW_NODE_MS = 150
+"""Where a test asserts that the next job was posted while the running one executed: that execution is the
+window its claim (a durable commit) and its POST have, long enough at 150 ms a node for a loaded machine's
+fsyncs."""
+
+
 def _runs(fake: FakeComfy, n: int) -> dict[str, Any]:
     record = fake.stats()["prompts"][job_id(n)]
     assert record["posted"] == 1 and record["executed"] == 1, record
@@ -75,9 +81,7 @@ def _server_dies(fake: FakeComfy) -> None:
 
 @pytest.mark.timeout(60)
 def test_the_next_job_waits_in_the_servers_queue_behind_the_running_one(tmp_path: Path, fake: FakeComfy) -> None:
-    # The next job is posted while the running one executes: that is the window its claim (a durable commit) and
-    # its POST have, long enough here for a loaded machine's fsyncs.
-    fake.node_ms = 150
+    fake.node_ms = WINDOW_NODE_MS
     config = write_config(tmp_path, queue_ahead=True)
     queue = submit(config, [trivial_job(n) for n in range(1, 6)])
     Runner(config_of(config), "cpu0", fake.url, RunnerOptions(until_empty=True)).run()
@@ -117,6 +121,7 @@ def test_a_queued_jobs_timeout_starts_when_it_starts_executing(tmp_path: Path, f
 
 @pytest.mark.timeout(60)
 def test_priority_chooses_the_queued_job_when_it_is_posted(tmp_path: Path, fake: FakeComfy) -> None:
+    fake.node_ms = WINDOW_NODE_MS
     config = write_config(tmp_path, queue_ahead=True)
     queue = submit(config, [trivial_job(1, priority=10), trivial_job(2), trivial_job(3, priority=5)])
     Runner(config_of(config), "cpu0", fake.url, RunnerOptions(until_empty=True)).run()
