@@ -156,8 +156,13 @@ def _release(lazy: bool = False) -> None:
         return
     _armed_at = None
     _foreign = None
+    # Ours is disarmed before the handler is theirs: one falling between the two would be theirs to take (a
+    # test harness's timeout, or the default action, which kills the process). One that fell already is ours:
+    # signal.signal runs the handlers of signals that arrived before it changes one.
+    signal.setitimer(signal.ITIMER_REAL, 0.0)
     signal.signal(signal.SIGALRM, handler)  # type: ignore[arg-type]
-    signal.setitimer(signal.ITIMER_REAL, 0.0 if due is None else max(due - _clock(), 0.001))
+    if due is not None:
+        signal.setitimer(signal.ITIMER_REAL, max(due - _clock(), 0.001))
 
 
 def _arm() -> None:

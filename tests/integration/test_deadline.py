@@ -178,6 +178,40 @@ def test_a_caller_tells_its_own_deadline_from_one_around_it() -> None:
     assert info.value.due is outer and info.value.kind == "attempt"
 
 
+def test_a_timer_of_ours_left_set_never_falls_to_the_handler_given_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A deadline that ends leaves its timer set; the last one gives SIGALRM back to the handler that had it (here
+    one with a timer of its own, as pytest-timeout's). Preempted right after that handler is back, the process
+    must not be woken by our timer in it: the handler would take our alarm for its own (pytest-timeout failed
+    a test so, and with the default action back the process would be killed)."""
+    fell: list[int] = []
+
+    def theirs(signum: int, frame: object) -> None:
+        fell.append(signum)
+
+    previous = signal.signal(signal.SIGALRM, theirs)
+    old = signal.setitimer(signal.ITIMER_REAL, 60)  # their own timer, far off
+    swap = signal.signal
+
+    def swap_then_pause(signum: int, handler: object) -> object:
+        before = swap(signum, handler)
+        if handler is theirs:
+            time.sleep(0.2)  # preempted right after the handler is theirs again
+        return before
+
+    try:
+        monkeypatch.setattr(signal, "signal", swap_then_pause)
+        with deadline.within(0.05, "GET /queue"):
+            pass  # ends at once: our timer, set for 50 ms from now, is left to fall
+        monkeypatch.undo()
+        assert signal.getsignal(signal.SIGALRM) is theirs
+        assert 59 < signal.getitimer(signal.ITIMER_REAL)[0] <= 60  # theirs, with what was left of it
+        assert fell == []
+    finally:
+        monkeypatch.undo()
+        signal.signal(signal.SIGALRM, previous)
+        signal.setitimer(signal.ITIMER_REAL, *old)
+
+
 def test_calls_inside_a_suspended_block_keep_their_own_bound_but_not_a_stops() -> None:
     with deadline.within(30, "the job"):
         deadline.shorten(0.0, "a stop")  # the stop's grace is over
