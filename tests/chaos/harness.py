@@ -160,6 +160,10 @@ class ChaosRun(Supervised):
     def active(self) -> int:
         return self.sql("SELECT count(*) FROM jobs WHERE state IN ('queued', 'running', 'storing')")[0][0]
 
+    def runnable(self) -> int:
+        """Jobs queued or running: those a runner holds or may claim (a staged one waits for the bucket alone)."""
+        return self.sql("SELECT count(*) FROM jobs WHERE state IN ('queued', 'running')")[0][0]
+
     def terminal(self) -> int:
         return self.sql("SELECT count(*) FROM jobs WHERE state IN ('done', 'dead', 'cancelled')")[0][0]
 

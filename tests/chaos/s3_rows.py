@@ -150,7 +150,7 @@ def u2_bucket_down_for_minutes(tmp: Path, seed: int, server: SeaweedS3, *, jobs:
         next_kill = time.monotonic() + h.rng.uniform(0.0, 0.5)
         while time.monotonic() < down_until or (killed < kills and time.monotonic() < give_up):
             if killed < kills and time.monotonic() >= next_kill:  # a random moment: a runner holding a job
-                if runnable(h) < 2:
+                if h.runnable() < 2:
                     h.submit(h.jobs_for(4))
                 for slot in h.slots():
                     pid = slot.get("runner_pid")
@@ -172,11 +172,6 @@ def u2_bucket_down_for_minutes(tmp: Path, seed: int, server: SeaweedS3, *, jobs:
         h.cleanup()
         if server.process is None or server.process.poll() is not None:
             server.start()  # the session's server, for the tests after this one
-
-
-def runnable(h: ChaosRun) -> int:
-    """Jobs queued or running: those a runner holds or may claim (a staged one waits for the bucket alone)."""
-    return h.sql("SELECT count(*) FROM jobs WHERE state IN ('queued', 'running')")[0][0]
 
 
 def u1_own_server(tmp: Path, seed: int, *, jobs: int, outages: int) -> Report:
